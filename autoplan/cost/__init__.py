@@ -1,0 +1,1 @@
+"""The analytic cost model: compute, communication and memory of one plan."""

@@ -1,0 +1,69 @@
+"""Collectives, alpha-beta (Hockney 1994; ring algorithms of Thakur et al. 2005).
+
+A group is placed by rank order (TP innermost, then CP, DP, PP: Megatron-LM's
+tp-cp-dp-pp). A group whose members all sit in one NVLink domain uses the
+intra-node link. A group spanning domains with k members per domain runs
+hierarchically, as NCCL does with one ring per NIC: reduce-scatter inside the
+domain, the cross-domain step on 1/k of the data through the k members' NICs
+at once, then all-gather inside the domain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.descriptors.hardware import Cluster, Link
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """A communicator of ``size`` ranks, ``per_domain`` of them sharing an NVLink domain."""
+
+    size: int
+    per_domain: int
+    intra: Link
+    inter: Link
+
+    @property
+    def domains(self) -> int:
+        return -(-self.size // self.per_domain)
+
+
+def place_group(cluster: Cluster, size: int, stride: int) -> Group:
+    """The group of ``size`` ranks ``stride`` apart (stride = product of the inner degrees)."""
+    domain = min(cluster.nvlink_domain, cluster.gpus)
+    per_domain = 1 if stride >= domain else max(1, min(size, domain // stride))
+    return Group(size, per_domain, cluster.intra_node, cluster.inter_node)
+
+
+def _ring_phase(nbytes: float, ranks: int, link: Link) -> float:
+    """One reduce-scatter or all-gather over a ring: (n-1) steps of nbytes/n each."""
+    if ranks <= 1:
+        return 0.0
+    return (ranks - 1) * link.latency_s + (ranks - 1) / ranks * nbytes / link.effective_Bps
+
+
+def reduce_scatter(nbytes: float, g: Group) -> float:
+    """Reduce-scatter of an ``nbytes`` buffer (equally: all-gather into one)."""
+    if g.size <= 1:
+        return 0.0
+    if g.domains == 1:
+        return _ring_phase(nbytes, g.size, g.intra)
+    inner = _ring_phase(nbytes, g.per_domain, g.intra)
+    # each of the k members carries 1/k of the buffer across domains on its own NIC
+    outer = _ring_phase(nbytes / g.per_domain, g.domains, g.inter)
+    return inner + outer
+
+
+all_gather = reduce_scatter
+
+
+def all_reduce(nbytes: float, g: Group) -> float:
+    """Ring all-reduce = reduce-scatter + all-gather: 2(n-1)/n * M / B + 2(n-1) alpha."""
+    return 2 * reduce_scatter(nbytes, g)
+
+
+def p2p(nbytes: float, cross_domain: bool, cluster: Cluster) -> float:
+    """One send/recv between neighbouring pipeline stages."""
+    link = cluster.inter_node if cross_domain else cluster.intra_node
+    return link.latency_s + nbytes / link.effective_Bps

@@ -1,0 +1,285 @@
+"""One plan in, one Prediction out: per-stage work, the simulated pipeline,
+data-parallel communication, the optimizer step and memory per stage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from autoplan.cost import comm, flops, memory
+from autoplan.cost.compute import BF16_BYTES, LayerTimes, Shard, layer_times, logits_times
+from autoplan.descriptors.hardware import GiB, Cluster, Device
+from autoplan.descriptors.model import Model
+from autoplan.plan import Memory, Plan, Prediction, TimeBreakdown
+from autoplan.schedules.simulator import simulate
+from autoplan.vocab import Dtype, Recompute, ZeroStage
+
+# Adam step per parameter: read fp32 master, m, v and grad, write master, m, v and
+# the 16-bit weight: 4*4 + 3*4 + 2 bytes (memory-bound; ZeRO paper's K=12 states).
+ADAM_BYTES_PER_PARAM = 30
+
+
+@dataclass(frozen=True, slots=True)
+class StageWork:
+    """Seconds one pipeline stage spends per microbatch (all its chunks), by cause."""
+
+    layers: int
+    compute_f: float
+    compute_b: float
+    recompute: float
+    tp_f: float
+    tp_b: float  # exposed part of backward TP communication
+    cp: float  # exposed ring-attention transfers, forward + backward
+    pp_f: float  # blocking send of activations (0 on the last stage)
+    pp_b: float  # blocking send of gradients (0 on the first stage)
+    zero3_f: float  # exposed ZeRO-3 parameter gather in forward
+    zero3_b: float  # exposed ZeRO-3 gather + gradient reduce-scatter in backward
+    params: float  # parameters held by one rank of this stage (before ZeRO)
+
+    @property
+    def forward(self) -> float:
+        return self.compute_f + self.tp_f + self.cp / 3 + self.pp_f + self.zero3_f
+
+    @property
+    def backward(self) -> float:
+        return (self.compute_b + self.recompute + self.tp_b + 2 * self.cp / 3 + self.pp_b
+                + self.zero3_b)
+
+
+def shard_of(plan: Plan) -> Shard:
+    lay = plan.layout
+    return Shard(plan.micro_batch, plan.job.seq_len, lay.tp, lay.cp, plan.sequence_parallel,
+                 plan.job.dtype)
+
+
+@lru_cache(maxsize=16384)
+def _layer_times(model: Model, shard: Shard, device: Device) -> LayerTimes:
+    return layer_times(model, shard, device)
+
+
+def _layer_params_per_rank(model: Model, tp: int) -> float:
+    """GEMM weights split by TP; the norms are replicated on every TP rank."""
+    return (model.params_attention + model.params_mlp) / tp + 2 * model.params_norm
+
+
+def stage_params(model: Model, tp: int, pp: int, stage: int, layers: int) -> float:
+    """Parameters on one rank of ``stage``: its layers, plus the vocab-parallel embedding on
+    the first stage and the final norm and output layer on the last. With tied
+    embeddings and pp > 1 the last stage keeps its own copy (Megatron-LM)."""
+    params = layers * _layer_params_per_rank(model, tp)
+    if stage == 0:
+        params += model.vocab * model.hidden / tp + (model.params_embedding - model.vocab * model.hidden)
+    if stage == pp - 1:
+        params += model.params_norm
+        if not model.tied_embeddings or pp > 1:
+            params += model.vocab * model.hidden / tp
+    return params
+
+
+def _groups(plan: Plan) -> dict[str, comm.Group]:
+    lay, c = plan.layout, plan.cluster
+    return {
+        "tp": comm.place_group(c, lay.tp, 1),
+        "cp": comm.place_group(c, lay.cp, lay.tp),
+        # gradients are reduced (and ZeRO shards) over dp x cp (Megatron-LM)
+        "dp": comm.place_group(c, lay.dp * lay.cp, lay.tp),
+    }
+
+
+def _pp_cross_domain(plan: Plan) -> bool:
+    lay = plan.layout
+    return lay.tp * lay.cp * lay.dp >= min(plan.cluster.nvlink_domain, plan.cluster.gpus)
+
+
+def stage_work(plan: Plan) -> tuple[StageWork, ...]:
+    model, lay, device = plan.model, plan.layout, plan.cluster.device
+    shard = shard_of(plan)
+    lt = _layer_times(model, shard, device)
+    groups = _groups(plan)
+    act_bytes = BF16_BYTES * shard.tokens * model.hidden  # one layer's output, unsplit by TP
+    # Megatron-LM: 2 all-reduces per layer forward and 2 backward (Shoeybi et al. 2019, Fig. 4);
+    # with SP each becomes an all-gather + reduce-scatter of the same total time.
+    tp_layer = 2 * comm.all_reduce(act_bytes, groups["tp"])
+    # ring attention (Liu et al. 2023): cp - 1 steps, each passing this rank's K and V chunk
+    kv_chunk = 2 * BF16_BYTES * shard.tokens * model.kv_dim / lay.tp
+    cp_ring = (lay.cp - 1) * comm.p2p(kv_chunk, groups["cp"].domains > 1, plan.cluster)
+    # pipeline p2p: Megatron's scatter-gather sends 1/t of the activation with SP
+    pp_bytes = act_bytes / (lay.tp if plan.sequence_parallel else 1)
+    pp_send = comm.p2p(pp_bytes, _pp_cross_domain(plan), plan.cluster) if lay.pp > 1 else 0.0
+    sends = lay.vpp  # every chunk hands its output on (interleaving multiplies the sends)
+    out = []
+    for s, layers in enumerate(plan.stage_layers):
+        first, last = s == 0, s == lay.pp - 1
+        compute_f, compute_b = layers * lt.forward, layers * lt.backward
+        tp_f = layers * tp_layer
+        tp_b_total = layers * tp_layer
+        if first:  # vocab-parallel embedding output is all-reduced (reduce-scattered with SP)
+            tp_f += comm.all_reduce(act_bytes, groups["tp"])
+        if last:
+            lf, lb = logits_times(model, shard, device)
+            compute_f, compute_b = compute_f + lf, compute_b + lb
+            tp_f += comm.all_reduce(act_bytes, groups["tp"])
+            tp_b_total += comm.all_reduce(act_bytes, groups["tp"])
+        # backward TP collectives overlap the weight-gradient GEMMs (Megatron-LM's
+        # LinearWithGradAccumulationAndAsyncCommunication)
+        tp_b = max(0.0, tp_b_total - layers * lt.backward_weight)
+        recompute = 0.0
+        if plan.recompute is Recompute.FULL:
+            recompute = layers * lt.forward
+            tp_b += layers * tp_layer  # the recomputed forward repeats its collectives
+        elif plan.recompute is Recompute.SELECTIVE:
+            recompute = layers * lt.attention_forward
+        # exposed = max(0, comm - attention compute), forward and backward (2x the traffic)
+        attn_f = lt.attention_forward
+        attn_b = lt.backward_input - lt.forward + lt.attention_forward  # ~ the attention backward
+        cp = layers * (max(0.0, cp_ring - attn_f) + max(0.0, 2 * cp_ring - attn_b))
+        params = stage_params(model, lay.tp, lay.pp, s, layers)
+        zero3_f = zero3_b = 0.0
+        if plan.zero is ZeroStage.PARAMETERS and groups["dp"].size > 1:
+            gather = comm.all_gather(params * BF16_BYTES, groups["dp"])
+            scatter = comm.reduce_scatter(params * _grad_bytes(plan.job.dtype), groups["dp"])
+            zero3_f = max(0.0, gather - compute_f)
+            zero3_b = max(0.0, gather + scatter - compute_b)
+        out.append(StageWork(
+            layers=layers, compute_f=compute_f, compute_b=compute_b, recompute=recompute,
+            tp_f=tp_f, tp_b=tp_b, cp=cp,
+            pp_f=0.0 if last else sends * pp_send, pp_b=0.0 if first else sends * pp_send,
+            zero3_f=zero3_f, zero3_b=zero3_b, params=params,
+        ))
+    return tuple(out)
+
+
+def _grad_bytes(dtype: Dtype) -> float:
+    """Bytes per gradient element reduced: Megatron-LM reduces bf16 grads in fp32."""
+    return memory.bytes_per_param(dtype).grads
+
+
+def static_memory(plan: Plan, work: StageWork) -> memory.BytesPerParam:
+    return memory.sharded_state_bytes(work.params, plan.job.dtype, plan.zero,
+                                      plan.layout.dp * plan.layout.cp)
+
+
+def stage_memory(plan: Plan, stage: int, work: StageWork, inflight_chunks: int) -> Memory:
+    model, lay = plan.model, plan.layout
+    shard = shard_of(plan)
+    states = static_memory(plan, work)
+    per_layer = memory.layer_activation_bytes(model, shard, plan.recompute)
+    layers_per_chunk = work.layers / lay.vpp
+    activations = inflight_chunks * layers_per_chunk * per_layer
+    if plan.recompute is Recompute.FULL:
+        activations += memory.full_recompute_working_bytes(model, shard)
+    microbatches_held = -(-inflight_chunks // lay.vpp)
+    if stage == 0:
+        activations += microbatches_held * memory.embedding_output_bytes(model, shard)
+    if stage == lay.pp - 1:
+        activations += microbatches_held * memory.logits_bytes(model, shard)
+    other = plan.cluster.device.reserve_bytes
+    if plan.zero is ZeroStage.PARAMETERS:
+        # FSDP/ZeRO-3 hold the gathered current layer and prefetch the next one
+        other += 2 * BF16_BYTES * _layer_params_per_rank(model, lay.tp)
+    return Memory(weights=states.weights, grads=states.grads, optimizer=states.optimizer,
+                  activations=activations, other=other)
+
+
+def _dp_exposed(plan: Plan, works: tuple[StageWork, ...], makespan: float,
+                finish: tuple[float, ...]) -> float:
+    """Gradient reduction (and the ZeRO-1/2 parameter all-gather) left after the pipeline.
+
+    The reduction of a stage overlaps its last backward and the time until the
+    whole pipeline drains (Megatron-LM --overlap-grad-reduce); the parameter
+    all-gather overlaps the next step's first forward (--overlap-param-gather).
+    """
+    if plan.zero is ZeroStage.PARAMETERS:
+        return 0.0  # ZeRO-3 communicates per microbatch, inside the stage times
+    group = _groups(plan)["dp"]
+    if group.size <= 1:
+        return 0.0
+    exposed = 0.0
+    for work, end in zip(works, finish):
+        grads = work.params * _grad_bytes(plan.job.dtype)
+        if plan.zero is ZeroStage.NONE:
+            reduce_s, gather_s = comm.all_reduce(grads, group), 0.0
+        else:
+            reduce_s = comm.reduce_scatter(grads, group)
+            gather_s = comm.all_gather(work.params * BF16_BYTES, group)
+        window = makespan - end + work.backward / plan.layout.vpp
+        exposed = max(exposed, max(0.0, reduce_s - window)
+                      + max(0.0, gather_s - work.forward / plan.layout.vpp))
+    return exposed
+
+
+def _optimizer_time(plan: Plan, works: tuple[StageWork, ...]) -> float:
+    device = plan.cluster.device
+    shard_group = plan.layout.dp * plan.layout.cp if plan.zero >= ZeroStage.OPTIMIZER else 1
+    largest = max(w.params for w in works) / shard_group
+    return largest * ADAM_BYTES_PER_PARAM / (device.hbm_Bps * device.hbm_efficiency)
+
+
+def model_flops(plan: Plan) -> float:
+    return flops.model_flops_per_step(plan.model, plan.job.tokens_per_step, plan.job.seq_len)
+
+
+def hardware_flops(plan: Plan) -> float:
+    extra = 0.0
+    if plan.recompute is not Recompute.NONE:
+        extra = plan.job.tokens_per_step * flops.recompute_flops_per_token(
+            plan.model, plan.job.seq_len, full=plan.recompute is Recompute.FULL)
+    return model_flops(plan) + extra
+
+
+def evaluate(plan: Plan) -> Prediction:
+    """Predict step time and memory of a valid plan (see ``plan.plan_problems``)."""
+    works = stage_work(plan)
+    lay, m = plan.layout, plan.num_microbatches
+    v = lay.vpp
+    sim = simulate(plan.schedule, tuple(w.forward / v for w in works),
+                   tuple(w.backward / v for w in works), m, v)
+    dp_exposed = _dp_exposed(plan, works, sim.makespan, sim.finish)
+    optimizer = _optimizer_time(plan, works)
+    step = sim.makespan + dp_exposed + optimizer
+
+    per_stage = tuple(stage_memory(plan, s, w, sim.peak_inflight[s]) for s, w in enumerate(works))
+    worst = max(range(lay.pp), key=lambda s: (per_stage[s].peak, -s))
+    capacity = plan.cluster.device.mem_bytes
+    feasible = per_stage[worst].peak <= capacity
+    reason = "" if feasible else memory_shortfall(plan, worst, per_stage[worst], capacity)
+
+    crit = max(range(lay.pp), key=lambda s: (sim.busy[s], -s))
+    w = works[crit]
+    breakdown = TimeBreakdown(
+        compute=m * (w.compute_f + w.compute_b),
+        recompute=m * w.recompute,
+        tp_comm=m * (w.tp_f + w.tp_b),
+        cp_comm=m * w.cp,
+        pp_comm=m * (w.pp_f + w.pp_b),
+        dp_comm=dp_exposed + m * (w.zero3_f + w.zero3_b),
+        bubble=sim.makespan - sim.busy[crit],
+        optimizer=optimizer,
+    )
+    gpus = lay.gpus
+    peak = plan.cluster.device.peak_flops(plan.job.dtype)
+    mflops = model_flops(plan)
+    return Prediction(
+        feasible=feasible,
+        step_time_s=step,
+        tokens_per_s=plan.job.tokens_per_step / step,
+        tflops_per_gpu=mflops / gpus / step / 1e12,
+        hw_tflops_per_gpu=hardware_flops(plan) / gpus / step / 1e12,
+        mfu=mflops / (gpus * peak * step),
+        memory=per_stage[worst],
+        memory_per_stage=per_stage,
+        breakdown=breakdown,
+        capacity_bytes=capacity,
+        reason=reason,
+    )
+
+
+def memory_shortfall(plan: Plan, stage: int, mem: Memory, capacity: float) -> str:
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in mem.to_gib_dict().items() if k != "peak")
+    where = f"stage {stage} " if plan.layout.pp > 1 else ""
+    return (f"{where}needs {mem.peak / GiB:.1f} GiB per GPU on {plan.cluster.device.name} "
+            f"({capacity / GiB:.0f} GiB): {parts}")
+
+
+def cluster_label(cluster: Cluster) -> str:
+    return f"{cluster.nodes} x {cluster.gpus_per_node} {cluster.device.name}"

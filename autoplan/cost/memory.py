@@ -1,0 +1,101 @@
+"""Memory per GPU.
+
+Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation
+in Large Transformer Models"), Sec. 4.1: per layer, in bytes, with s tokens,
+b microbatch, h hidden, a heads, t tensor-parallel degree,
+    no SP:  s*b*h*(10 + 24/t + 5*a*s/(h*t))      (eq. 2)
+    SP:     s*b*h*(34 + 5*a*s/h)/t               (eq. 4)
+generalised here term by term to GQA (K and V of kv_heads), gated MLPs
+(Megatron's fused SwiGLU keeps fc1's 2f-wide output), flash attention (no
+s x s tensors: the softmax statistics instead) and no dropout.
+
+Weights, gradients and optimizer states follow Megatron-LM's
+docs/distrib_optimizer.md table (bytes per parameter): bf16 params with fp32
+grads 2 + 4 + 12, fp16 params and grads 2 + 2 + 16; ZeRO stages (Rajbhandari
+et al. 2020) divide optimizer states (1), also gradients (2), also parameters
+(3) by the sharding group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.cost.compute import BF16_BYTES, Shard
+from autoplan.descriptors.model import Model
+from autoplan.vocab import Dtype, Recompute, ZeroStage
+
+
+@dataclass(frozen=True, slots=True)
+class BytesPerParam:
+    weights: float
+    grads: float
+    optimizer: float
+
+
+def bytes_per_param(dtype: Dtype) -> BytesPerParam:
+    """Megatron-LM docs/distrib_optimizer.md: fp16 keeps fp16 grads and an fp32 grad
+    copy in the optimizer (20 B/param); bf16 (and fp8, whose master weights are bf16
+    in Transformer Engine) accumulates grads in fp32 (18 B/param)."""
+    if dtype is Dtype.FP16:
+        return BytesPerParam(weights=2, grads=2, optimizer=16)
+    return BytesPerParam(weights=2, grads=4, optimizer=12)
+
+
+def sharded_state_bytes(
+    params: float, dtype: Dtype, zero: ZeroStage, shard_group: int
+) -> BytesPerParam:
+    """Bytes on one rank for ``params`` parameters under a ZeRO stage over ``shard_group`` ranks."""
+    per = bytes_per_param(dtype)
+    d = shard_group
+    return BytesPerParam(
+        weights=params * per.weights / (d if zero >= ZeroStage.PARAMETERS else 1),
+        grads=params * per.grads / (d if zero >= ZeroStage.GRADIENTS else 1),
+        optimizer=params * per.optimizer / (d if zero >= ZeroStage.OPTIMIZER else 1),
+    )
+
+
+def layer_activation_bytes(
+    model: Model, shard: Shard, recompute: Recompute, flash: bool = True
+) -> float:
+    """Activations one layer keeps for backward, per microbatch, on one rank."""
+    if recompute is Recompute.FULL:
+        # only the layer input is checkpointed (Korthikanti et al. 2022, Sec. 4.2: 2sbh)
+        return BF16_BYTES * shard.norm_tokens * model.hidden
+    s_b = shard.tokens  # s*b on this rank (the sequence already split by cp)
+    h, f, t, e = model.hidden, model.ffn_hidden, shard.tp, BF16_BYTES
+    mask = 1 if model.dropout else 0  # 1-byte dropout masks
+    # outside the TP region: replicated across TP ranks unless sequence parallel
+    outside = shard.norm_tokens * h * (
+        2 * e  # the two norms' inputs
+        + 2 * e  # inputs of the QKV and MLP-up GEMMs (norm outputs)
+        + 2 * mask  # dropout masks after attention and MLP
+    )
+    # inside the TP region: split by t
+    attention = s_b * e * (model.q_dim + model.kv_dim) / t  # Q and K for QK^T
+    attention += s_b * e * model.kv_dim / t  # V
+    attention += s_b * e * model.q_dim / t  # input of the output projection
+    heads = model.heads / t
+    if not flash:
+        core = 5 * heads * (shard.seq_len / shard.cp) * s_b  # softmax 2, its mask 1, output 2
+        attention += 0 if recompute is Recompute.SELECTIVE else core
+    elif recompute is not Recompute.SELECTIVE:
+        attention += 4 * heads * s_b  # fp32 log-sum-exp per query and head (FlashAttention-2)
+    fc1_out = (2 if model.activation.gated else 1) * f / t
+    mlp = s_b * e * (fc1_out + f / t)  # activation input and fc2 input
+    return outside + attention + mlp
+
+
+def full_recompute_working_bytes(model: Model, shard: Shard) -> float:
+    """During backward with full recompute, one layer's activations exist at a time."""
+    return layer_activation_bytes(model, shard, Recompute.NONE)
+
+
+def logits_bytes(model: Model, shard: Shard) -> float:
+    """The last stage's logits for one microbatch, vocab-parallel, upcast to fp32 for the
+    cross-entropy (Megatron-LM ``vocab_parallel_cross_entropy``): 4*b*s*V/t."""
+    return 4 * shard.tokens * model.vocab / shard.tp
+
+
+def embedding_output_bytes(model: Model, shard: Shard) -> float:
+    """The first stage's embedding output (+ dropout mask), one microbatch."""
+    return shard.norm_tokens * model.hidden * (BF16_BYTES + (1 if model.dropout else 0))

@@ -1,0 +1,200 @@
+"""The system: devices, links and clusters. YAML numbers are human-scale with the
+unit in the key; fields here are SI (FLOP/s, bytes, bytes/s, seconds)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autoplan.descriptors.strict import Fields
+from autoplan.errors import AutoplanError
+from autoplan.vocab import Dtype
+
+GiB = 2**30
+GB = 1e9
+TFLOPS = 1e12
+
+# Defaults for the efficiency block of a device file. They are starting points,
+# not measurements: benchmarks/accuracy.py fits gemm and the links' efficiency
+# per device class on published runs, and the built-in files carry the fitted
+# values with that provenance.
+DEFAULT_GEMM_EFFICIENCY = 0.70  # large bf16 GEMMs reach ~70-80% of peak (cuBLAS on A100/H100)
+DEFAULT_GEMM_HALF_GFLOP = 2.0  # GEMM size at which half of that is reached
+DEFAULT_ATTENTION_EFFICIENCY = 0.55  # FlashAttention-2 fwd+bwd: ~50-70% of peak (Dao 2023, Fig. 4)
+DEFAULT_HBM_EFFICIENCY = 0.80  # STREAM-like kernels reach ~80% of datasheet HBM bandwidth
+DEFAULT_RESERVE_GIB = 3.0  # CUDA context + NCCL buffers + allocator fragmentation
+DEFAULT_LINK_EFFICIENCY = 0.80  # NCCL bus bandwidth / link bandwidth on large messages
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Device:
+    """One accelerator."""
+
+    name: str
+    peak_bf16_flops: float
+    peak_fp16_flops: float
+    peak_fp8_flops: float | None
+    mem_bytes: float
+    hbm_Bps: float
+    gemm_efficiency: float = DEFAULT_GEMM_EFFICIENCY
+    gemm_half_flop: float = DEFAULT_GEMM_HALF_GFLOP * 1e9
+    attention_efficiency: float = DEFAULT_ATTENTION_EFFICIENCY
+    hbm_efficiency: float = DEFAULT_HBM_EFFICIENCY
+    reserve_bytes: float = DEFAULT_RESERVE_GIB * GiB
+
+    def peak_flops(self, dtype: Dtype) -> float:
+        if dtype is Dtype.BF16:
+            return self.peak_bf16_flops
+        if dtype is Dtype.FP16:
+            return self.peak_fp16_flops
+        if self.peak_fp8_flops is None:
+            raise AutoplanError(f"device {self.name} has no fp8 peak (peak_tflops.fp8)")
+        return self.peak_fp8_flops
+
+    def supports(self, dtype: Dtype) -> bool:
+        return dtype is not Dtype.FP8 or self.peak_fp8_flops is not None
+
+    @property
+    def mem_GiB(self) -> float:
+        return self.mem_bytes / GiB
+
+    def to_dict(self) -> dict[str, Any]:
+        peaks = {"bf16": self.peak_bf16_flops / TFLOPS, "fp16": self.peak_fp16_flops / TFLOPS}
+        if self.peak_fp8_flops is not None:
+            peaks["fp8"] = self.peak_fp8_flops / TFLOPS
+        return {
+            "name": self.name,
+            "peak_tflops": peaks,
+            "mem_GiB": self.mem_bytes / GiB,
+            "hbm_GBps": self.hbm_Bps / GB,
+            "reserve_GiB": self.reserve_bytes / GiB,
+            "efficiency": {
+                "gemm": self.gemm_efficiency,
+                "gemm_half_gflop": self.gemm_half_flop / 1e9,
+                "attention": self.attention_efficiency,
+                "hbm": self.hbm_efficiency,
+            },
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Link:
+    """A fabric as one GPU sees it: per-GPU, per-direction bandwidth and latency."""
+
+    bandwidth_Bps: float
+    latency_s: float
+    efficiency: float = DEFAULT_LINK_EFFICIENCY
+
+    @property
+    def effective_Bps(self) -> float:
+        return self.bandwidth_Bps * self.efficiency
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "bandwidth_GBps": self.bandwidth_Bps / GB,
+            "latency_us": self.latency_s * 1e6,
+            "efficiency": self.efficiency,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cluster:
+    """Identical nodes of identical devices."""
+
+    name: str
+    device: Device
+    gpus_per_node: int
+    nvlink_domain: int
+    intra_node: Link
+    inter_node: Link
+    nodes: int = 1
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "device": self.device.to_dict(),
+            "gpus_per_node": self.gpus_per_node,
+            "nvlink_domain": self.nvlink_domain,
+            "intra_node": self.intra_node.to_dict(),
+            "inter_node": self.inter_node.to_dict(),
+            "nodes": self.nodes,
+        }
+
+
+def read_device(f: Fields) -> Device | None:
+    before = len(f.problems)
+    name = f.str("name")
+    peaks = f.child("peak_tflops", f.raw("peak_tflops"))
+    bf16 = peaks.float("bf16", positive=True)
+    fp16 = peaks.float("fp16", bf16, positive=True) if bf16 is not None else None
+    fp8 = peaks.float("fp8", None, positive=True)
+    peaks.float("tf32", None, positive=True)  # accepted for completeness; GEMMs here are 16/8-bit
+    peaks.close()
+    mem = f.float("mem_GiB", positive=True)
+    hbm = f.float("hbm_GBps", positive=True)
+    reserve = f.float("reserve_GiB", DEFAULT_RESERVE_GIB, min=0.0)
+    eff = f.child("efficiency", f.raw("efficiency", {}))
+    gemm = eff.float("gemm", DEFAULT_GEMM_EFFICIENCY, min=0.01, max=1.0)
+    half = eff.float("gemm_half_gflop", DEFAULT_GEMM_HALF_GFLOP, min=0.0)
+    attn = eff.float("attention", DEFAULT_ATTENTION_EFFICIENCY, min=0.01, max=1.0)
+    hbm_eff = eff.float("hbm", DEFAULT_HBM_EFFICIENCY, min=0.01, max=1.0)
+    eff.close()
+    f.close()
+    if len(f.problems) > before:
+        return None
+    return Device(
+        name=name,
+        peak_bf16_flops=bf16 * TFLOPS,
+        peak_fp16_flops=fp16 * TFLOPS,
+        peak_fp8_flops=None if fp8 is None else fp8 * TFLOPS,
+        mem_bytes=mem * GiB,
+        hbm_Bps=hbm * GB,
+        gemm_efficiency=gemm,
+        gemm_half_flop=half * 1e9,
+        attention_efficiency=attn,
+        hbm_efficiency=hbm_eff,
+        reserve_bytes=reserve * GiB,
+    )
+
+
+def read_link(f: Fields) -> Link | None:
+    before = len(f.problems)
+    bandwidth = f.float("bandwidth_GBps", positive=True)
+    latency = f.float("latency_us", min=0.0)
+    efficiency = f.float("efficiency", DEFAULT_LINK_EFFICIENCY, min=0.01, max=1.0)
+    f.close()
+    if len(f.problems) > before:
+        return None
+    return Link(bandwidth_Bps=bandwidth * GB, latency_s=latency * 1e-6, efficiency=efficiency)
+
+
+def read_cluster(f: Fields, device: Device | None) -> Cluster | None:
+    """``device`` is resolved by the caller (a name, a path or an inline mapping)."""
+    before = len(f.problems)
+    name = f.str("name")
+    gpus_per_node = f.int("gpus_per_node", min=1)
+    domain = f.int("nvlink_domain", gpus_per_node, min=1)
+    intra = read_link(f.child("intra_node", f.raw("intra_node")))
+    inter = read_link(f.child("inter_node", f.raw("inter_node")))
+    nodes = f.int("nodes", 1, min=1)
+    f.close(extra_known=["device"])
+    if gpus_per_node and domain and domain % gpus_per_node and gpus_per_node % domain:
+        f.fail(
+            "nvlink_domain",
+            f"expected a multiple or a divisor of gpus_per_node ({gpus_per_node}), got {domain}",
+        )
+    if len(f.problems) > before or device is None or intra is None or inter is None:
+        return None
+    return Cluster(
+        name=name,
+        device=device,
+        gpus_per_node=gpus_per_node,
+        nvlink_domain=domain,
+        intra_node=intra,
+        inter_node=inter,
+        nodes=nodes,
+    )

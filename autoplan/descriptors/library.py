@@ -1,0 +1,171 @@
+"""Resolve a model, device or cluster reference: a built-in name, a file path,
+or an inline mapping. Every error names the file (or option) and the field."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from autoplan.descriptors.hardware import Cluster, Device, read_cluster, read_device
+from autoplan.descriptors.model import Model, read_model
+from autoplan.descriptors.strict import Fields, read_yaml
+from autoplan.errors import InputError, Problem
+from autoplan.resources import profiles_dir
+
+
+@cache
+def _index() -> dict[str, dict[str, Path]]:
+    """Built-in files by kind ("model", "device", "cluster") and name."""
+    found: dict[str, dict[str, Path]] = {"model": {}, "device": {}, "cluster": {}}
+    for sub in ("models", "hardware"):
+        for path in sorted((profiles_dir() / sub).glob("*.yaml")):
+            data = read_yaml(path)
+            kind = next(iter(data)) if isinstance(data, Mapping) and len(data) == 1 else None
+            assert kind in found, f"{path}: expected one top-level key model/device/cluster"
+            found[kind][path.stem] = path
+    return found
+
+
+def builtin_names(kind: str) -> list[str]:
+    return sorted(_index()[kind])
+
+
+def _unknown_name(kind: str, name: str, source: str, field: str) -> InputError:
+    names = builtin_names(kind)
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return InputError.single(
+        source, field, f"unknown {kind} {name!r}{hint}; built-in {kind}s: {', '.join(names)}"
+    )
+
+
+def _looks_like_path(ref: str) -> bool:
+    return ref.endswith((".yaml", ".yml", ".json")) or "/" in ref or Path(ref).is_file()
+
+
+def _raise_if(problems: list[Problem]) -> None:
+    if problems:
+        raise InputError(problems)
+
+
+def _document(ref: str, kind: str, source: str, field: str) -> tuple[Any, str]:
+    """The parsed file for a path or a built-in name, and the label to report it by."""
+    if _looks_like_path(ref):
+        return read_yaml(Path(ref)), ref
+    path = _index()[kind].get(ref)
+    if path is None:
+        raise _unknown_name(kind, ref, source, field)
+    return read_yaml(path), str(path)
+
+
+def _section(data: Any, kind: str, label: str) -> Any:
+    if not isinstance(data, Mapping) or kind not in data:
+        raise InputError.single(label, kind, f"expected a top-level '{kind}:' mapping")
+    extra = sorted(set(data) - {kind})
+    if extra:
+        raise InputError.single(label, extra[0], f"unknown top-level key; expected only '{kind}:'")
+    return data[kind]
+
+
+def resolve_model(ref: Any, source: str = "--model", field: str = "model") -> Model:
+    """A built-in name, a descriptor file, a HuggingFace config.json, or a mapping."""
+    from autoplan.descriptors.hf import is_hf_config, model_from_hf_config
+
+    problems: list[Problem] = []
+    if isinstance(ref, Mapping):
+        model = read_model(Fields(ref, source, field, problems))
+    elif isinstance(ref, str):
+        data, label = _document(ref, "model", source, field)
+        if isinstance(data, Mapping) and is_hf_config(data):
+            return model_from_hf_config(data, label)
+        model = read_model(Fields(_section(data, "model", label), label, "model", problems))
+    else:
+        raise InputError.single(source, field, f"expected a model name, path or mapping, got {ref!r}")
+    _raise_if(problems)
+    assert model is not None
+    return model
+
+
+def resolve_device(ref: Any, source: str, field: str) -> Device:
+    problems: list[Problem] = []
+    if isinstance(ref, Mapping):
+        device = read_device(Fields(ref, source, field, problems))
+    elif isinstance(ref, str):
+        data, label = _document(ref, "device", source, field)
+        device = read_device(Fields(_section(data, "device", label), label, "device", problems))
+    else:
+        raise InputError.single(source, field, f"expected a device name or mapping, got {ref!r}")
+    _raise_if(problems)
+    assert device is not None
+    return device
+
+
+def _cluster_from_mapping(data: Any, source: str, field: str) -> Cluster:
+    problems: list[Problem] = []
+    f = Fields(data, source, field, problems)
+    device = None
+    if f.ok:
+        device_ref = f.raw("device")
+        if device_ref is not None:
+            try:
+                device = resolve_device(device_ref, source, f.key_path("device"))
+            except InputError as exc:
+                problems.extend(exc.problems)
+    cluster = read_cluster(f, device)
+    _raise_if(problems)
+    assert cluster is not None
+    return cluster
+
+
+def resolve_cluster(ref: Any, source: str = "--cluster", field: str = "cluster") -> Cluster:
+    """A built-in name or path (optionally as ``{name: ..., nodes: N}``), or a full mapping."""
+    if isinstance(ref, Mapping) and "gpus_per_node" not in ref and "name" in ref:
+        # the short form of DESIGN.md: {name: dgx-h100, nodes: 32}
+        problems: list[Problem] = []
+        f = Fields(ref, source, field, problems)
+        name, nodes = f.str("name"), f.int("nodes", 1, min=1)
+        f.close()
+        _raise_if(problems)
+        return dataclasses.replace(resolve_cluster(name, source, f"{field}.name"), nodes=nodes)
+    if isinstance(ref, Mapping):
+        return _cluster_from_mapping(ref, source, field)
+    if isinstance(ref, str):
+        data, label = _document(ref, "cluster", source, field)
+        return _cluster_from_mapping(_section(data, "cluster", label), label, "cluster")
+    raise InputError.single(source, field, f"expected a cluster name, path or mapping, got {ref!r}")
+
+
+def with_gpus(cluster: Cluster, gpus: int, source: str = "--gpus") -> Cluster:
+    """The cluster sized to ``gpus``: whole nodes, or part of one node."""
+    if gpus < 1:
+        raise InputError.single(source, "gpus", f"expected a positive GPU count, got {gpus}")
+    if gpus < cluster.gpus_per_node:
+        return dataclasses.replace(
+            cluster, nodes=1, gpus_per_node=gpus, nvlink_domain=min(cluster.nvlink_domain, gpus)
+        )
+    if gpus % cluster.gpus_per_node:
+        raise InputError.single(
+            source,
+            "gpus",
+            f"expected a multiple of {cluster.name}'s {cluster.gpus_per_node} GPUs per node "
+            f"(or fewer than one node), got {gpus}",
+        )
+    return dataclasses.replace(cluster, nodes=gpus // cluster.gpus_per_node)
+
+
+def builtin_model_matches(model: Model) -> bool:
+    """True when ``model`` is exactly the built-in of its name (so a plan can name it)."""
+    if model.name not in _index()["model"]:
+        return False
+    return resolve_model(model.name) == model
+
+
+def builtin_cluster_matches(cluster: Cluster) -> bool:
+    """True when ``cluster`` is the built-in of its name, up to the node count."""
+    if cluster.name not in _index()["cluster"]:
+        return False
+    return dataclasses.replace(resolve_cluster(cluster.name), nodes=cluster.nodes) == cluster

@@ -1,0 +1,342 @@
+"""Plans (the execution), predictions (what the cost model says of one), and the
+plan file: schema v1 of DESIGN.md, read strictly and written deterministically."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from autoplan.descriptors.hardware import Cluster
+from autoplan.descriptors.job import Job, read_job
+from autoplan.descriptors.model import Model
+from autoplan.descriptors.strict import Fields
+from autoplan.errors import InputError, Problem
+from autoplan.vocab import Axis, Recompute, Schedule, ZeroStage
+
+SCHEMA_VERSION = 1
+
+# Schedules the cost model simulates today; the others of the Schedule enum are
+# accepted by the schema and refused with a clear message until they land.
+SIMULATED_SCHEDULES = (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    """One degree per mesh axis; their product (without ep) is the GPU count."""
+
+    dp: int
+    tp: int
+    pp: int
+    cp: int = 1
+    ep: int = 1
+    vpp: int = 1
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    def degree(self, axis: Axis) -> int:
+        return int(getattr(self, axis.value))
+
+    def to_dict(self) -> dict[str, int]:
+        return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep,
+                "vpp": self.vpp}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    model: Model
+    cluster: Cluster
+    job: Job
+    layout: Layout
+    micro_batch: int
+    schedule: Schedule
+    recompute: Recompute
+    zero: ZeroStage
+    sequence_parallel: bool
+    stages: tuple[int, ...] | None = None  # layers per pipeline stage; None = uniform
+
+    @property
+    def num_microbatches(self) -> int:
+        """Microbatches per pipeline per step (gradient-accumulation steps)."""
+        return self.job.global_batch // (self.layout.dp * self.micro_batch)
+
+    @property
+    def stage_layers(self) -> tuple[int, ...]:
+        """Transformer layers per pipeline stage (uniform split unless ``stages`` is set)."""
+        if self.stages is not None:
+            return self.stages
+        return uniform_stages(self.model.layers, self.layout.pp)
+
+    def to_dict(self, builtin_model: bool = False, builtin_cluster: bool = False) -> dict[str, Any]:
+        """The plan-file mapping (without prediction). Built-ins are written by name."""
+        model: Any = self.model.name if builtin_model else self.model.to_dict()
+        cluster: Any = (
+            {"name": self.cluster.name, "nodes": self.cluster.nodes}
+            if builtin_cluster
+            else self.cluster.to_dict()
+        )
+        out: dict[str, Any] = {
+            "autoplan": SCHEMA_VERSION,
+            "model": model,
+            "cluster": cluster,
+            "job": self.job.to_dict(),
+            "layout": self.layout.to_dict(),
+            "micro_batch": self.micro_batch,
+            "schedule": self.schedule.value,
+            "recompute": self.recompute.value,
+            "zero": int(self.zero),
+            "sequence_parallel": self.sequence_parallel,
+        }
+        if self.stages is not None:
+            out["stages"] = list(self.stages)
+        return out
+
+
+def uniform_stages(layers: int, pp: int) -> tuple[int, ...]:
+    """Split layers as evenly as possible; the remainder goes to the middle stages.
+
+    The first stage also holds the embedding and the most in-flight activations
+    and the last the output layer and logits, so extra layers go to the stages
+    between them first (then outward), never to the ends when avoidable.
+    """
+    base, extra = divmod(layers, pp)
+    counts = [base] * pp
+    middle = list(range(1, pp - 1)) or list(range(pp))
+    order = sorted(middle, key=lambda s: (abs(s - (pp - 1) / 2), s))
+    for s in order[:extra] if extra <= len(order) else range(extra):
+        counts[s] += 1
+    # more remainder than middle stages (pp <= 2): fall back to the front
+    rest = extra - min(extra, len(order))
+    for s in range(rest):
+        counts[s] += 1
+    return tuple(counts)
+
+
+def plan_problems(plan: Plan) -> list[tuple[str, str]]:
+    """Every rule the plan breaks, as (field, message). Empty when it can run."""
+    m, lay, job = plan.model, plan.layout, plan.job
+    out: list[tuple[str, str]] = []
+    if lay.gpus != plan.cluster.gpus:
+        out.append(("layout", f"dp*tp*pp*cp = {lay.dp}*{lay.tp}*{lay.pp}*{lay.cp} = {lay.gpus}, "
+                              f"but the cluster has {plan.cluster.gpus} GPUs "
+                              f"({plan.cluster.nodes} nodes x {plan.cluster.gpus_per_node})"))
+    if m.heads % lay.tp:
+        out.append(("layout.tp", f"tp={lay.tp} must divide heads={m.heads}"))
+    if m.kv_heads % lay.tp and lay.tp % m.kv_heads:
+        out.append(("layout.tp", f"tp={lay.tp} must divide kv_heads={m.kv_heads} (or be a multiple)"))
+    if m.ffn_hidden % lay.tp:
+        out.append(("layout.tp", f"tp={lay.tp} must divide ffn_hidden={m.ffn_hidden}"))
+    if lay.ep != 1:
+        out.append(("layout.ep", f"ep={lay.ep} needs a mixture-of-experts model; {m.name} is dense"))
+    if job.global_batch % (lay.dp * plan.micro_batch):
+        out.append(("micro_batch", f"dp*micro_batch = {lay.dp}*{plan.micro_batch} must divide "
+                                   f"global_batch={job.global_batch}"))
+    if job.seq_len % lay.cp or (lay.cp > 1 and job.seq_len % (2 * lay.cp)):
+        out.append(("layout.cp", f"2*cp = {2 * lay.cp} must divide seq_len={job.seq_len} "
+                                 "(causal load balancing splits the sequence in 2*cp chunks)"))
+    if plan.sequence_parallel and lay.tp == 1:
+        out.append(("sequence_parallel", "sequence parallelism needs tp > 1"))
+    if plan.sequence_parallel and job.seq_len % (lay.tp * lay.cp):
+        out.append(("sequence_parallel", f"tp*cp={lay.tp * lay.cp} must divide seq_len={job.seq_len}"))
+    if not plan.cluster.device.supports(job.dtype):
+        out.append(("job.dtype", f"{plan.cluster.device.name} has no {job.dtype.value} tensor cores"))
+    out.extend(_schedule_problems(plan))
+    out.extend(_stage_problems(plan))
+    return out
+
+
+def _schedule_problems(plan: Plan) -> list[tuple[str, str]]:
+    lay, sched = plan.layout, plan.schedule
+    if sched not in SIMULATED_SCHEDULES:
+        supported = ", ".join(s.value for s in SIMULATED_SCHEDULES)
+        return [("schedule", f"{sched.value} is not simulated yet; supported: {supported}")]
+    if sched is Schedule.INTERLEAVED:
+        out = []
+        if lay.vpp < 2 or lay.pp < 2:
+            out.append(("layout.vpp", "the interleaved schedule needs pp >= 2 and vpp >= 2"))
+        elif plan.num_microbatches % lay.pp:
+            out.append(("layout.vpp", f"interleaved 1F1B needs the number of microbatches "
+                                      f"({plan.num_microbatches}) to be a multiple of pp={lay.pp} "
+                                      "(Megatron-LM's rule)"))
+        return out
+    if lay.vpp != 1:
+        return [("layout.vpp", f"vpp={lay.vpp} needs schedule: interleaved")]
+    return []
+
+
+def _stage_problems(plan: Plan) -> list[tuple[str, str]]:
+    lay, layers = plan.layout, plan.model.layers
+    if plan.stages is None:
+        if layers < lay.pp * lay.vpp:
+            return [("layout.pp", f"pp*vpp = {lay.pp * lay.vpp} exceeds the {layers} layers")]
+        if lay.vpp > 1 and layers % (lay.pp * lay.vpp):
+            return [("layout.vpp", f"pp*vpp = {lay.pp * lay.vpp} must divide layers={layers}")]
+        return []
+    if lay.vpp > 1:
+        return [("stages", "explicit stages with vpp > 1 are not supported yet")]
+    if len(plan.stages) != lay.pp:
+        return [("stages", f"expected {lay.pp} entries (one per pipeline stage), "
+                           f"got {len(plan.stages)}")]
+    if sum(plan.stages) != layers:
+        return [("stages", f"expected entries summing to layers={layers}, got {sum(plan.stages)}")]
+    return []
+
+
+# --------------------------------------------------------------------------- predictions
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Memory:
+    """Bytes per GPU, by what holds them."""
+
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    other: float
+
+    @property
+    def peak(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.activations + self.other
+
+    def to_gib_dict(self) -> dict[str, float]:
+        gib = 2.0**30
+        return {"peak": self.peak / gib, "weights": self.weights / gib, "grads": self.grads / gib,
+                "optimizer": self.optimizer / gib, "activations": self.activations / gib,
+                "other": self.other / gib}
+
+
+TIME_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
+              "bubble", "optimizer")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimeBreakdown:
+    """Seconds of the step on the critical stage, by cause; they sum to the step time."""
+
+    compute: float = 0.0
+    recompute: float = 0.0
+    tp_comm: float = 0.0
+    cp_comm: float = 0.0
+    ep_comm: float = 0.0
+    pp_comm: float = 0.0
+    dp_comm: float = 0.0
+    bubble: float = 0.0
+    optimizer: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return sum(getattr(self, t) for t in TIME_TERMS)
+
+    def to_dict(self) -> dict[str, float]:
+        return {t: getattr(self, t) for t in TIME_TERMS}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prediction:
+    feasible: bool
+    step_time_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float  # model FLOPs (recompute not counted)
+    hw_tflops_per_gpu: float  # hardware FLOPs (recompute counted)
+    mfu: float
+    memory: Memory  # the stage with the highest peak
+    memory_per_stage: tuple[Memory, ...]
+    breakdown: TimeBreakdown
+    capacity_bytes: float
+    reason: str = ""  # why infeasible
+
+    @property
+    def headroom_bytes(self) -> float:
+        return self.capacity_bytes - self.memory.peak
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "feasible": self.feasible,
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "hw_tflops_per_gpu": self.hw_tflops_per_gpu,
+            "mfu": self.mfu,
+            "memory_gib": self.memory.to_gib_dict(),
+            "memory_gib_per_stage": [m.to_gib_dict() for m in self.memory_per_stage],
+            "capacity_gib": self.capacity_bytes / 2.0**30,
+            "breakdown_s": self.breakdown.to_dict(),
+        }
+        if self.reason:
+            out["reason"] = self.reason
+        return out
+
+
+# --------------------------------------------------------------------------- reading plans
+
+def read_plan(data: Any, source: str, path: str = "") -> Plan:
+    """Build and check a Plan from a plan-file mapping; every problem is reported at once."""
+    from autoplan.descriptors.library import resolve_cluster, resolve_model
+
+    problems: list[Problem] = []
+    f = Fields(data, source, path, problems)
+    if not f.ok:
+        raise InputError(problems)
+    version = f.int("autoplan")
+    if version is not None and version != SCHEMA_VERSION:
+        f.fail("autoplan", f"expected schema version {SCHEMA_VERSION}, got {version}")
+    model = cluster = None
+    for key, resolve in (("model", resolve_model), ("cluster", resolve_cluster)):
+        ref = f.raw(key)
+        if ref is None:
+            continue
+        try:
+            if key == "model":
+                model = resolve(ref, source, f.key_path(key))
+            else:
+                cluster = resolve(ref, source, f.key_path(key))
+        except InputError as exc:
+            problems.extend(exc.problems)
+    job = read_job(f.child("job", f.raw("job")))
+    lf = f.child("layout", f.raw("layout"))
+    layout_values = dict(
+        dp=lf.int("dp", min=1), tp=lf.int("tp", min=1), pp=lf.int("pp", min=1),
+        cp=lf.int("cp", 1, min=1), ep=lf.int("ep", 1, min=1), vpp=lf.int("vpp", 1, min=1),
+    )
+    lf.close()
+    values = dict(
+        micro_batch=f.int("micro_batch", min=1),
+        schedule=f.enum("schedule", Schedule, Schedule.ONE_F_ONE_B),
+        recompute=f.enum("recompute", Recompute, Recompute.NONE),
+        zero=f.enum("zero", ZeroStage, ZeroStage.NONE),
+        sequence_parallel=f.bool("sequence_parallel", False),
+        stages=f.int_list("stages", None, min=1),
+    )
+    f.raw("prediction", {})  # written by search/evaluate, ignored on input
+    f.close()
+    if problems or model is None or cluster is None or job is None:
+        raise InputError(problems or [Problem(source, path, "incomplete plan")])
+    plan = Plan(model=model, cluster=cluster, job=job, layout=Layout(**layout_values), **values)
+    rule_problems = [Problem(source, _join(path, k), msg) for k, msg in plan_problems(plan)]
+    if rule_problems:
+        raise InputError(rule_problems)
+    return plan
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def plan_document(plan: Plan, prediction: Prediction | None = None) -> dict[str, Any]:
+    """The mapping written to plan.yaml / JSON; built-ins are referenced by name."""
+    from autoplan.descriptors.library import builtin_cluster_matches, builtin_model_matches
+
+    out = plan.to_dict(
+        builtin_model=builtin_model_matches(plan.model),
+        builtin_cluster=builtin_cluster_matches(plan.cluster),
+    )
+    if prediction is not None:
+        out["prediction"] = prediction.to_dict()
+    return out
+
+
+def is_plan_mapping(data: Any) -> bool:
+    return isinstance(data, Mapping) and "layout" in data

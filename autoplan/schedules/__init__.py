@@ -1,0 +1,1 @@
+"""Pipeline schedules as per-stage operation orders, and their simulator."""

@@ -1,0 +1,108 @@
+"""The fixed vocabulary of autoplan: parallel axes and the choices a plan makes.
+
+"axis" is a device-mesh axis, "degree" its size. Sequence parallelism is a flag
+on TP and the ZeRO stage a property of DP, as in torchtitan's ParallelDims.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Axis(str, enum.Enum):
+    """Device-mesh axes, listed innermost first (the rank order autoplan assumes).
+
+    Megatron-LM's default order is tp-cp-ep-dp-pp: TP ranks are adjacent so
+    they share NVLink, PP ranks are the farthest apart.
+    """
+
+    TP = "tp"
+    """Tensor parallel: GEMMs split across ranks (Shoeybi et al. 2019)."""
+    CP = "cp"
+    """Context parallel: the sequence split across ranks (ring attention)."""
+    DP = "dp"
+    """Data parallel: replicas, optionally ZeRO-sharded."""
+    PP = "pp"
+    """Pipeline parallel: layers split into stages."""
+    EP = "ep"
+    """Expert parallel: MoE experts split across ranks carved from dp x cp."""
+
+
+class Schedule(str, enum.Enum):
+    """Pipeline schedules."""
+
+    GPIPE = "gpipe"
+    """All forwards, then all backwards (Huang et al. 2019)."""
+    ONE_F_ONE_B = "1f1b"
+    """One-forward-one-backward (PipeDream-Flush; Narayanan et al. 2021)."""
+    INTERLEAVED = "interleaved"
+    """1F1B over vpp model chunks per stage (Narayanan et al. 2021, Sec. 2.2.2)."""
+    ZB_H1 = "zb-h1"
+    """Zero-bubble, 1F1B memory (Qi et al. 2024)."""
+    ZB_H2 = "zb-h2"
+    """Zero-bubble, about twice 1F1B's activation memory (Qi et al. 2024)."""
+    ZB_V = "zb-v"
+    """Zero-bubble V-shape, two chunks per stage (Qi et al. 2024b)."""
+
+
+class Recompute(str, enum.Enum):
+    """Activation recomputation, ordered from least to most memory saved."""
+
+    NONE = "none"
+    """Keep every activation."""
+    SELECTIVE = "selective"
+    """Recompute the attention core only (Korthikanti et al. 2022, Sec. 4.2)."""
+    FULL = "full"
+    """Keep each layer's input only, recompute the layer in backward."""
+
+    @property
+    def level(self) -> int:
+        return list(Recompute).index(self)
+
+
+class ZeroStage(int, enum.Enum):
+    """ZeRO stages (Rajbhandari et al. 2020): what the data-parallel group shards."""
+
+    NONE = 0
+    """Nothing sharded: plain data parallel."""
+    OPTIMIZER = 1
+    """Optimizer states sharded (Megatron-LM's distributed optimizer)."""
+    GRADIENTS = 2
+    """Optimizer states and gradients sharded."""
+    PARAMETERS = 3
+    """Optimizer states, gradients and parameters sharded (FSDP full shard)."""
+
+
+class Dtype(str, enum.Enum):
+    """Training precision of the GEMMs."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+
+
+class Activation(str, enum.Enum):
+    """MLP activation. The gated ones (GLU variants) have three weight matrices."""
+
+    GELU = "gelu"
+    RELU2 = "relu2"
+    SWIGLU = "swiglu"
+    GEGLU = "geglu"
+
+    @property
+    def gated(self) -> bool:
+        return self in (Activation.SWIGLU, Activation.GEGLU)
+
+
+class Position(str, enum.Enum):
+    """Position encoding."""
+
+    ROPE = "rope"
+    LEARNED = "learned"
+
+
+class Norm(str, enum.Enum):
+    """Normalization layer."""
+
+    LAYERNORM = "layernorm"
+    RMSNORM = "rmsnorm"
