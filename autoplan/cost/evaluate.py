@@ -57,11 +57,13 @@ def _layer_times(model: Model, shard: Shard, device: Device) -> LayerTimes:
     return layer_times(model, shard, device)
 
 
+@lru_cache(maxsize=1024)
 def _layer_params_per_rank(model: Model, tp: int) -> float:
     """GEMM weights split by TP; the norms are replicated on every TP rank."""
     return (model.params_attention + model.params_mlp) / tp + 2 * model.params_norm
 
 
+@lru_cache(maxsize=16384)
 def stage_params(model: Model, tp: int, pp: int, stage: int, layers: int) -> float:
     """Parameters on one rank of ``stage``: its layers, plus the vocab-parallel embedding on
     the first stage and the final norm and output layer on the last. With tied
@@ -107,9 +109,13 @@ def stage_work(plan: Plan) -> tuple[StageWork, ...]:
     pp_bytes = act_bytes / (lay.tp if plan.sequence_parallel else 1)
     pp_send = comm.p2p(pp_bytes, _pp_cross_domain(plan), plan.cluster) if lay.pp > 1 else 0.0
     sends = lay.vpp  # every chunk hands its output on (interleaving multiplies the sends)
-    out = []
+    out: list[StageWork] = []
+    seen: dict[tuple[int, bool, bool], StageWork] = {}  # middle stages repeat
     for s, layers in enumerate(plan.stage_layers):
         first, last = s == 0, s == lay.pp - 1
+        if (layers, first, last) in seen:
+            out.append(seen[(layers, first, last)])
+            continue
         compute_f, compute_b = layers * lt.forward, layers * lt.backward
         tp_f = layers * tp_layer
         tp_b_total = layers * tp_layer
@@ -140,12 +146,13 @@ def stage_work(plan: Plan) -> tuple[StageWork, ...]:
             scatter = comm.reduce_scatter(params * _grad_bytes(plan.job.dtype), groups["dp"])
             zero3_f = max(0.0, gather - compute_f)
             zero3_b = max(0.0, gather + scatter - compute_b)
-        out.append(StageWork(
+        seen[(layers, first, last)] = StageWork(
             layers=layers, compute_f=compute_f, compute_b=compute_b, recompute=recompute,
             tp_f=tp_f, tp_b=tp_b, cp=cp,
             pp_f=0.0 if last else sends * pp_send, pp_b=0.0 if first else sends * pp_send,
             zero3_f=zero3_f, zero3_b=zero3_b, params=params,
-        ))
+        )
+        out.append(seen[(layers, first, last)])
     return tuple(out)
 
 
@@ -155,28 +162,47 @@ def _grad_bytes(dtype: Dtype) -> float:
 
 
 def static_memory(plan: Plan, work: StageWork) -> memory.BytesPerParam:
+    """Weights, gradients and optimizer states of one rank of the stage."""
     return memory.sharded_state_bytes(work.params, plan.job.dtype, plan.zero,
                                       plan.layout.dp * plan.layout.cp)
 
 
+@dataclass(frozen=True, slots=True)
+class _ActivationTerms:
+    per_layer: float  # one layer, one microbatch
+    working: float  # held once per stage (full recompute's one rebuilt layer)
+    embedding: float  # first stage, per microbatch held
+    logits: float  # last stage, per microbatch held
+
+
+@lru_cache(maxsize=16384)
+def _activation_terms(model: Model, shard: Shard, recompute: Recompute) -> _ActivationTerms:
+    working = 0.0
+    if recompute is Recompute.FULL:
+        working = memory.full_recompute_working_bytes(model, shard)
+    return _ActivationTerms(
+        per_layer=memory.layer_activation_bytes(model, shard, recompute),
+        working=working,
+        embedding=memory.embedding_output_bytes(model, shard),
+        logits=memory.logits_bytes(model, shard),
+    )
+
+
 def stage_memory(plan: Plan, stage: int, work: StageWork, inflight_chunks: int) -> Memory:
-    model, lay = plan.model, plan.layout
-    shard = shard_of(plan)
+    """Bytes on one GPU of ``stage`` holding ``inflight_chunks`` microbatch-chunks."""
+    lay = plan.layout
+    terms = _activation_terms(plan.model, shard_of(plan), plan.recompute)
     states = static_memory(plan, work)
-    per_layer = memory.layer_activation_bytes(model, shard, plan.recompute)
-    layers_per_chunk = work.layers / lay.vpp
-    activations = inflight_chunks * layers_per_chunk * per_layer
-    if plan.recompute is Recompute.FULL:
-        activations += memory.full_recompute_working_bytes(model, shard)
+    activations = inflight_chunks * (work.layers / lay.vpp) * terms.per_layer + terms.working
     microbatches_held = -(-inflight_chunks // lay.vpp)
     if stage == 0:
-        activations += microbatches_held * memory.embedding_output_bytes(model, shard)
+        activations += microbatches_held * terms.embedding
     if stage == lay.pp - 1:
-        activations += microbatches_held * memory.logits_bytes(model, shard)
+        activations += microbatches_held * terms.logits
     other = plan.cluster.device.reserve_bytes
     if plan.zero is ZeroStage.PARAMETERS:
         # FSDP/ZeRO-3 hold the gathered current layer and prefetch the next one
-        other += 2 * BF16_BYTES * _layer_params_per_rank(model, lay.tp)
+        other += 2 * BF16_BYTES * _layer_params_per_rank(plan.model, lay.tp)
     return Memory(weights=states.weights, grads=states.grads, optimizer=states.optimizer,
                   activations=activations, other=other)
 
@@ -213,6 +239,20 @@ def _optimizer_time(plan: Plan, works: tuple[StageWork, ...]) -> float:
     shard_group = plan.layout.dp * plan.layout.cp if plan.zero >= ZeroStage.OPTIMIZER else 1
     largest = max(w.params for w in works) / shard_group
     return largest * ADAM_BYTES_PER_PARAM / (device.hbm_Bps * device.hbm_efficiency)
+
+
+def step_time_lower_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
+    """A bound no schedule beats: stage s cannot start before the first microbatch's
+    forward crosses the stages before it, must run m forwards and backwards, and its
+    last backward must still cross those stages back; then the optimizer step.
+    Exact for 1F1B and GPipe with uniform stages ((m + p - 1)(f + b))."""
+    m, v = plan.num_microbatches, plan.layout.vpp
+    best, fill, drain = 0.0, 0.0, 0.0
+    for w in works:
+        best = max(best, fill + m * (w.forward + w.backward) + drain)
+        fill += w.forward / v
+        drain += w.backward / v
+    return best + _optimizer_time(plan, works)
 
 
 def model_flops(plan: Plan) -> float:

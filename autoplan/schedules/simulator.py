@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from autoplan.schedules.orders import stage_orders
+from autoplan.schedules.orders import stage_orders as orders_for
 from autoplan.vocab import Schedule
 
 
@@ -35,10 +35,11 @@ def simulate_exact(
 ) -> SimResult:
     """Simulate every operation. ``forward[s]``/``backward[s]``: one chunk's time on stage s."""
     p = len(forward)
-    orders = stage_orders(schedule, p, m, v)
+    orders = _compiled_orders(schedule, p, m, v)
     last_vs = p * v - 1
-    f_end: dict[tuple[int, int], float] = {}  # (virtual stage, microbatch) -> end time
-    b_end: dict[tuple[int, int], float] = {}
+    nan = float("nan")
+    f_end = [[nan] * m for _ in range(p * v)]  # [virtual stage][microbatch] -> end time
+    b_end = [[nan] * m for _ in range(p * v)]
     pos = [0] * p
     free = [0.0] * p
     busy = [0.0] * p
@@ -48,33 +49,44 @@ def simulate_exact(
     while remaining:
         progressed = False
         for s in range(p):
-            order = orders[s]
-            while pos[s] < len(order):
-                kind, j, chunk = order[pos[s]]
-                vs = chunk * p + s
-                if kind == "F":
-                    ready = 0.0 if vs == 0 else f_end.get((vs - 1, j))
-                    duration = forward[s]
+            order, i, t = orders[s], pos[s], free[s]
+            n = len(order)
+            while i < n:
+                is_f, j, vs = order[i]
+                if is_f:
+                    ready = 0.0 if vs == 0 else f_end[vs - 1][j]
                 else:
-                    ready = f_end.get((vs, j)) if vs == last_vs else b_end.get((vs + 1, j))
-                    duration = backward[s]
-                if ready is None:
+                    ready = f_end[vs][j] if vs == last_vs else b_end[vs + 1][j]
+                if ready != ready:  # NaN: the dependency has not run yet
                     break
-                end = max(free[s], ready) + duration
-                free[s] = end
-                busy[s] += duration
-                if kind == "F":
-                    f_end[(vs, j)] = end
+                if is_f:
+                    t = (t if t > ready else ready) + forward[s]
+                    f_end[vs][j] = t
                     held[s] += 1
-                    peak[s] = max(peak[s], held[s])
+                    if held[s] > peak[s]:
+                        peak[s] = held[s]
                 else:
-                    b_end[(vs, j)] = end
+                    t = (t if t > ready else ready) + backward[s]
+                    b_end[vs][j] = t
                     held[s] -= 1
-                pos[s] += 1
-                remaining -= 1
+                i += 1
+            if i != pos[s]:
+                remaining -= i - pos[s]
+                done_f = sum(1 for k in range(pos[s], i) if order[k][0])
+                busy[s] += done_f * forward[s] + (i - pos[s] - done_f) * backward[s]
+                pos[s], free[s] = i, t
                 progressed = True
         assert progressed, f"{schedule.value}: operation order deadlocks (p={p}, m={m}, v={v})"
     return SimResult(max(free), tuple(busy), tuple(free), tuple(peak))
+
+
+@lru_cache(maxsize=256)
+def _compiled_orders(schedule: Schedule, p: int, m: int, v: int) -> tuple[tuple, ...]:
+    """Operation orders as (is_forward, microbatch, virtual stage) tuples."""
+    return tuple(
+        tuple((kind == "F", j, chunk * p + s) for kind, j, chunk in order)
+        for s, order in enumerate(orders_for(schedule, p, m, v))
+    )
 
 
 @lru_cache(maxsize=4096)

@@ -1,0 +1,1 @@
+"""The command line (Typer). The library never imports this package."""

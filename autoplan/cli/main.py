@@ -1,0 +1,231 @@
+"""`autoplan`: thin commands that parse, call the library and render."""
+
+from __future__ import annotations
+
+import enum
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+import yaml
+
+from autoplan import __version__
+from autoplan.cli import output, render
+from autoplan.errors import AutoplanError, InputError
+from autoplan.vocab import Dtype
+
+app = typer.Typer(
+    name="autoplan",
+    help="Choose a parallel execution plan for large-model training: search, evaluate, list.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+class Format(str, enum.Enum):
+    table = "table"
+    json = "json"
+
+
+FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="table for people, json for machines")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        output.out.print(f"autoplan {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
+                                                    help="Print the version and exit.")] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+) -> None:
+    if debug:
+        os.environ["AUTOPLAN_DEBUG"] = "1"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write the whole file or nothing (a temp file renamed into place)."""
+    path = path.expanduser()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise InputError.single(str(path), "", f"cannot write: {exc.strerror or exc}") from None
+
+
+def _yaml(doc: Any) -> str:
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)
+
+
+@app.command()
+def search(
+    job_file: Annotated[Optional[Path], typer.Argument(
+        metavar="[JOB.yaml]", help="Job file: model, cluster, job, optional gpus and space.")] = None,
+    model: Annotated[Optional[str], typer.Option(
+        "--model", "-m", help="Built-in model name, descriptor path, or HuggingFace config.json.")] = None,
+    cluster: Annotated[Optional[str], typer.Option(
+        "--cluster", "-c", help="Built-in cluster name or descriptor path.")] = None,
+    gpus: Annotated[Optional[int], typer.Option("--gpus", "-n", help="Total GPUs.")] = None,
+    global_batch: Annotated[Optional[int], typer.Option(
+        "--global-batch", "-b", help="Sequences per optimizer step.")] = None,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", "-s", help="Tokens per sequence.")] = None,
+    dtype: Annotated[Optional[Dtype], typer.Option("--dtype", help="Training precision.")] = None,
+    space: Annotated[Optional[str], typer.Option(
+        "--space", help="Search space: default, megatron, deepspeed, torchtitan, fsdp, or a path.")] = None,
+    top: Annotated[int, typer.Option("--top", "-k", min=1, help="How many plans to show.")] = 10,
+    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the best plan here.")] = None,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Rank the plans that fit: exit 0 found, 1 none fits, 2 bad input."""
+    from autoplan.plan import plan_document
+    from autoplan.request import build_request
+    from autoplan.search.engine import search as run_search
+
+    req = build_request(job_file, model=model, cluster=cluster, gpus=gpus,
+                        global_batch=global_batch, seq_len=seq_len, dtype=dtype, space=space)
+    if output.interactive(fmt.value):
+        with output.err.status(f"searching {req.space.name} space on {req.cluster.gpus} GPUs ..."):
+            result = run_search(req.model, req.cluster, req.job, req.space, top_k=top)
+    else:
+        result = run_search(req.model, req.cluster, req.job, req.space, top_k=top)
+    if not result.plans:
+        if fmt is Format.json:
+            output.emit_json({"plans": [], "stats": result.stats.to_dict(),
+                              "reason": result.why_none()})
+        else:
+            output.out.print(render.stats_text(result.stats))
+        output.err.print(f"autoplan: {result.why_none()}", markup=False)
+        raise typer.Exit(1)
+    docs = [plan_document(r.plan, r.prediction) for r in result.plans]
+    if out_path is not None:
+        _write_atomic(out_path, _yaml(docs[0]))
+    if fmt is Format.json:
+        output.emit_json({"plans": docs, "stats": result.stats.to_dict()})
+    else:
+        title = (f"{req.model.name} on {req.cluster.gpus} x {req.cluster.device.name} "
+                 f"({req.cluster.name}), global batch {req.job.global_batch} x "
+                 f"{req.job.seq_len} tokens, {req.job.dtype.value}, space {req.space.name}")
+        output.out.print(render.plans_table([(r.plan, r.prediction) for r in result.plans], title))
+        output.out.print(render.stats_text(result.stats))
+        if out_path is not None:
+            output.err.print(f"wrote the best plan to {out_path}")
+
+
+@app.command()
+def evaluate(
+    plans: Annotated[list[Path], typer.Argument(metavar="PLAN.yaml...", help="Plan files.")],
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Predict each plan with a breakdown: exit 0 all fit, 1 some do not fit, 2 bad input."""
+    from autoplan.cost.evaluate import evaluate as predict
+    from autoplan.descriptors.strict import read_yaml
+    from autoplan.plan import plan_document, read_plan
+
+    loaded = [read_plan(read_yaml(p), str(p)) for p in plans]  # all validated before any output
+    results = [(plan, predict(plan)) for plan in loaded]
+    if fmt is Format.json:
+        output.emit_json({"plans": [plan_document(p, r) for p, r in results]})
+    else:
+        for path, (plan, pred) in zip(plans, results):
+            output.out.print(f"[bold]{path}[/bold]: {plan.model.name} on {plan.cluster.gpus} x "
+                             f"{plan.cluster.device.name}")
+            output.out.print(render.summary_line(plan, pred))
+            if not pred.feasible:
+                output.out.print(f"[red]{pred.reason}[/red]")
+            output.out.print(render.breakdown_table(plan, pred, "where the step time goes"))
+            output.out.print(render.memory_table(pred))
+    if not all(pred.feasible for _, pred in results):
+        raise typer.Exit(1)
+
+
+@app.command()
+def models(fmt: FormatOpt = Format.table) -> None:
+    """List the built-in models with their parameter counts."""
+    from rich.table import Table
+
+    from autoplan.descriptors.library import builtin_names, resolve_model
+
+    rows = [resolve_model(name) for name in builtin_names("model")]
+    if fmt is Format.json:
+        output.emit_json({"models": [
+            {**m.to_dict(), "params_total": m.params_total, "params_active": m.params_active}
+            for m in rows]})
+        return
+    table = Table(title="built-in models", title_justify="left")
+    for col in ("name", "layers", "hidden", "heads", "kv", "ffn", "vocab", "activation",
+                "params total", "params active"):
+        table.add_column(col, justify="left" if col in ("name", "activation") else "right")
+    for m in rows:
+        table.add_row(m.name, str(m.layers), str(m.hidden), str(m.heads), str(m.kv_heads),
+                      str(m.ffn_hidden), str(m.vocab), m.activation.value,
+                      f"{m.params_total / 1e9:.2f}B", f"{m.params_active / 1e9:.2f}B")
+    output.out.print(table)
+
+
+@app.command()
+def hardware(fmt: FormatOpt = Format.table) -> None:
+    """List the built-in devices and clusters."""
+    from rich.table import Table
+
+    from autoplan.descriptors.library import builtin_names, resolve_cluster, resolve_device
+
+    devices = [resolve_device(n, "profiles", "device") for n in builtin_names("device")]
+    clusters = [resolve_cluster(n) for n in builtin_names("cluster")]
+    if fmt is Format.json:
+        output.emit_json({"devices": [d.to_dict() for d in devices],
+                          "clusters": [c.to_dict() for c in clusters]})
+        return
+    dt = Table(title="built-in devices", title_justify="left")
+    for col in ("name", "bf16 TFLOP/s", "fp8 TFLOP/s", "memory GiB", "HBM GB/s"):
+        dt.add_column(col, justify="left" if col == "name" else "right")
+    for d in devices:
+        fp8 = f"{d.peak_fp8_flops / 1e12:.0f}" if d.peak_fp8_flops else "-"
+        dt.add_row(d.name, f"{d.peak_bf16_flops / 1e12:.0f}", fp8, f"{d.mem_GiB:.0f}",
+                   f"{d.hbm_Bps / 1e9:.0f}")
+    ct = Table(title="built-in clusters", title_justify="left")
+    for col in ("name", "device", "GPUs/node", "NVLink domain", "intra GB/s", "inter GB/s"):
+        ct.add_column(col, justify="left" if col in ("name", "device") else "right")
+    for c in clusters:
+        ct.add_row(c.name, c.device.name, str(c.gpus_per_node), str(c.nvlink_domain),
+                   f"{c.intra_node.bandwidth_Bps / 1e9:.0f}", f"{c.inter_node.bandwidth_Bps / 1e9:.0f}")
+    output.out.print(dt)
+    output.out.print(ct)
+
+
+def main() -> None:
+    """Entry point: one error handler turns a known error into one message and its exit code."""
+    try:
+        app(standalone_mode=False)
+    except AutoplanError as exc:
+        if os.environ.get("AUTOPLAN_DEBUG"):
+            raise
+        for line in str(exc).splitlines():
+            output.err.print(f"autoplan: error: {line}", markup=False)
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        output.err.print("autoplan: aborted")
+        sys.exit(130)
+    except Exception as exc:  # click usage errors and the like
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            sys.exit(2)
+        raise
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""A search request: a job file (model, cluster, job, optional gpus and space)
+merged with command-line overrides. Options win over the file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autoplan.descriptors.hardware import Cluster
+from autoplan.descriptors.job import Job, read_job
+from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
+from autoplan.descriptors.model import Model
+from autoplan.descriptors.strict import Fields, read_yaml
+from autoplan.errors import InputError, Problem
+from autoplan.search.space import SearchSpace, load_space
+from autoplan.vocab import Dtype
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    model: Model
+    cluster: Cluster
+    job: Job
+    space: SearchSpace
+
+
+def build_request(
+    job_file: Path | None,
+    *,
+    model: str | None = None,
+    cluster: str | None = None,
+    gpus: int | None = None,
+    global_batch: int | None = None,
+    seq_len: int | None = None,
+    dtype: Dtype | None = None,
+    space: str | None = None,
+) -> Request:
+    problems: list[Problem] = []
+    doc: dict[str, Any] = {}
+    source = str(job_file) if job_file else "command line"
+    if job_file is not None:
+        data = read_yaml(job_file)
+        f = Fields(data, source, "", problems)
+        doc = {k: f.raw(k, None) for k in ("model", "cluster", "gpus", "job", "space")}
+        f.close()
+        _raise(problems)
+    # options override the file
+    model_ref, model_src = (model, "--model") if model else (doc.get("model"), source)
+    cluster_ref, cluster_src = (cluster, "--cluster") if cluster else (doc.get("cluster"), source)
+    job_doc = dict(doc.get("job") or {}) if isinstance(doc.get("job") or {}, dict) else doc["job"]
+    for key, value in (("global_batch", global_batch), ("seq_len", seq_len),
+                       ("dtype", dtype.value if dtype else None)):
+        if value is not None and isinstance(job_doc, dict):
+            job_doc[key] = value
+    if model_ref is None:
+        problems.append(Problem(source, "model", "missing: give --model or 'model:' in a job file"))
+    if cluster_ref is None:
+        problems.append(Problem(source, "cluster",
+                                "missing: give --cluster or 'cluster:' in a job file"))
+    jf = Fields(job_doc, source, "job", problems)
+    job = read_job(jf)
+    if job is None and isinstance(job_doc, dict):
+        # name the option a user would reach for, not only the file field
+        for p in list(problems):
+            if p.field in ("job.global_batch", "job.seq_len") and "missing" in p.message:
+                problems.remove(p)
+                flag = "--" + p.field.split(".")[1].replace("_", "-")
+                problems.append(Problem(source, p.field, f"missing: give {flag} or set it in a job file"))
+    resolved_model = resolved_cluster = None
+    try:
+        if model_ref is not None:
+            resolved_model = resolve_model(model_ref, model_src, "model")
+    except InputError as exc:
+        problems.extend(exc.problems)
+    try:
+        if cluster_ref is not None:
+            resolved_cluster = resolve_cluster(cluster_ref, cluster_src, "cluster")
+    except InputError as exc:
+        problems.extend(exc.problems)
+    space_ref = space or doc.get("space") or "default"
+    try:
+        resolved_space = load_space(str(space_ref), "--space" if space else source)
+    except InputError as exc:
+        problems.extend(exc.problems)
+    _raise(problems)
+    assert resolved_model is not None and resolved_cluster is not None and job is not None
+    n = gpus if gpus is not None else doc.get("gpus")
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise InputError.single(source, "gpus", f"expected an integer, got {n!r}")
+        resolved_cluster = with_gpus(resolved_cluster, n, "--gpus" if gpus is not None else source)
+    if not resolved_cluster.device.supports(job.dtype):
+        raise InputError.single(source if dtype is None else "--dtype", "job.dtype",
+                                f"{resolved_cluster.device.name} has no {job.dtype.value} support")
+    return Request(resolved_model, resolved_cluster, job, resolved_space)
+
+
+def _raise(problems: list[Problem]) -> None:
+    if problems:
+        raise InputError(problems)

@@ -1,0 +1,1 @@
+"""Enumerate plans over a search space, prune, evaluate, rank."""

@@ -1,0 +1,291 @@
+"""The search: generate candidate plans over a SearchSpace, prune by rule, decide
+memory before any pipeline simulation, then evaluate in order of a lower bound
+on step time and stop once no remaining candidate can enter the top k
+(branch and bound: the result equals brute-force evaluation of every candidate).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from autoplan.cost.evaluate import (
+    StageWork,
+    evaluate,
+    memory_shortfall,
+    stage_memory,
+    stage_params,
+    stage_work,
+    step_time_lower_bound,
+)
+from autoplan.cost.memory import sharded_state_bytes
+from autoplan.descriptors.hardware import Cluster
+from autoplan.descriptors.job import Job
+from autoplan.descriptors.model import Model
+from autoplan.plan import Layout, Memory, Plan, Prediction, uniform_stages
+from autoplan.search.space import SearchSpace
+from autoplan.vocab import Recompute, Schedule, ZeroStage
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def inflight_chunks(schedule: Schedule, p: int, m: int, v: int, stage: int) -> int:
+    """Most microbatch-chunks a stage holds activations for: GPipe all m; 1F1B
+    min(p - s, m) (Narayanan et al. 2021, Sec. 2.2.1); interleaved its warm-up
+    2(p - s - 1) + (v - 1)p plus one (Megatron-LM), at most m*v. The simulator
+    reproduces these counts (tests/test_simulator.py)."""
+    if schedule is Schedule.GPIPE:
+        return m
+    if schedule is Schedule.ONE_F_ONE_B:
+        return min(p - stage, m)
+    if m == p:
+        return m * v
+    return min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)
+
+
+def _distinct_stages(works: tuple[StageWork, ...], sched: Schedule) -> list[tuple[int, StageWork]]:
+    """Stages that can hold the most memory: the first, the last, and the first of each
+    run of equal middle stages (in-flight activations never grow with the stage index)."""
+    out = []
+    for s, w in enumerate(works):
+        if s in (0, len(works) - 1) or works[s - 1] != w:
+            out.append((s, w))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Ranked:
+    plan: Plan
+    prediction: Prediction
+
+
+@dataclass(slots=True)
+class SearchStats:
+    generated: int = 0
+    pruned: Counter = field(default_factory=Counter)  # rule -> candidates
+    infeasible: Counter = field(default_factory=Counter)  # reason -> candidates
+    evaluated: int = 0
+
+    def to_dict(self) -> dict:
+        return {"generated": self.generated, "pruned": dict(sorted(self.pruned.items())),
+                "infeasible": dict(sorted(self.infeasible.items())), "evaluated": self.evaluated}
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    plans: tuple[Ranked, ...]  # best first
+    stats: SearchStats
+    closest: tuple[Plan, Memory] | None  # the lowest-memory candidate when none fits
+
+    def why_none(self) -> str:
+        if self.closest is None:
+            rules = "; ".join(f"{n} by '{r}'" for r, n in self.stats.pruned.most_common())
+            return f"no candidate passes the divisibility rules ({rules or 'no candidates'})"
+        plan, mem = self.closest
+        return ("no plan fits in memory: the smallest plan "
+                + memory_shortfall(plan, _worst_stage(plan), mem,
+                                   plan.cluster.device.mem_bytes).split(" ", 0)[0]
+                + f" (layout {_layout_text(plan)}, micro_batch {plan.micro_batch}, "
+                  f"recompute {plan.recompute.value}, zero {int(plan.zero)})")
+
+
+def _layout_text(plan: Plan) -> str:
+    lay = plan.layout
+    return f"dp{lay.dp} tp{lay.tp} pp{lay.pp} cp{lay.cp}" + (f" vpp{lay.vpp}" if lay.vpp > 1 else "")
+
+
+def _worst_stage(plan: Plan) -> int:
+    return 0
+
+
+def rank_key(plan: Plan, pred: Prediction) -> tuple:
+    """Faster first; then less memory; then the simpler plan, deterministically."""
+    lay = plan.layout
+    return (round(pred.step_time_s, 12), round(pred.memory.peak), lay.tp, lay.pp, lay.cp, lay.vpp,
+            list(Schedule).index(plan.schedule), plan.recompute.level, int(plan.zero),
+            not plan.sequence_parallel, plan.micro_batch)
+
+
+def _layout_rule(model: Model, job: Job, lay: Layout) -> str | None:
+    """The first divisibility rule a layout breaks, named as it is reported."""
+    if model.heads % lay.tp or (model.kv_heads % lay.tp and lay.tp % model.kv_heads) \
+            or model.ffn_hidden % lay.tp:
+        return "tp must divide heads, kv_heads and ffn_hidden"
+    if lay.pp > model.layers:
+        return "pp must not exceed layers"
+    if job.global_batch % lay.dp:
+        return "dp must divide global_batch"
+    if lay.cp > 1 and job.seq_len % (2 * lay.cp):
+        return "2*cp must divide seq_len"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    bound: float
+    key: tuple
+    plan: Plan
+    works: tuple[StageWork, ...]
+
+
+class _Search:
+    def __init__(self, model: Model, cluster: Cluster, job: Job, space: SearchSpace, top_k: int):
+        self.model, self.cluster, self.job, self.space, self.top_k = model, cluster, job, space, top_k
+        self.stats = SearchStats()
+        self.capacity = cluster.device.mem_bytes
+        self.closest: tuple[float, tuple, Plan, Memory] | None = None
+
+    # -- generation ------------------------------------------------------------------
+    def layouts(self) -> Iterator[Layout]:
+        n, sp = self.cluster.gpus, self.space
+        domain = min(self.cluster.nvlink_domain, n)
+        for tp in divisors(n):
+            if tp > sp.tp_max or (sp.tp_within_nvlink and tp > domain):
+                continue
+            for pp in divisors(n // tp):
+                if pp > sp.pp_max:
+                    continue
+                for cp in divisors(n // (tp * pp)):
+                    if cp <= sp.cp_max:
+                        yield Layout(dp=n // (tp * pp * cp), tp=tp, pp=pp, cp=cp)
+
+    def schedules(self, lay: Layout) -> list[tuple[Schedule, int]]:
+        if lay.pp == 1:  # without a pipeline every schedule is the same: generate one
+            return [(Schedule.ONE_F_ONE_B, 1)]
+        out: list[tuple[Schedule, int]] = []
+        for sched in self.space.schedules:
+            if sched is Schedule.INTERLEAVED:
+                out.extend((sched, v) for v in range(2, self.space.vpp_max + 1))
+            else:
+                out.append((sched, 1))
+        return out
+
+    def zeros(self, lay: Layout) -> list[ZeroStage]:
+        cap = self.space.zero_max_with_pp if lay.pp > 1 else ZeroStage.PARAMETERS
+        return [z for z in self.space.zero if z <= cap]
+
+    def sps(self, lay: Layout) -> tuple[bool, ...]:
+        return self.space.sequence_parallel if lay.tp > 1 else (False,)
+
+    # -- the walk ----------------------------------------------------------------------
+    def candidates(self) -> list[_Candidate]:
+        out: list[_Candidate] = []
+        space, stats = self.space, self.stats
+        for base in self.layouts():
+            scheds, zeros, sps = self.schedules(base), self.zeros(base), self.sps(base)
+            per_mbs = len(scheds) * len(space.recompute) * len(zeros) * len(sps)
+            stats.generated += per_mbs * len(space.micro_batches)
+            rule = _layout_rule(self.model, self.job, base)
+            if rule:
+                stats.pruned[rule] += per_mbs * len(space.micro_batches)
+                continue
+            for mbs in space.micro_batches:
+                if self.job.global_batch % (base.dp * mbs):
+                    stats.pruned["dp*micro_batch must divide global_batch"] += per_mbs
+                    continue
+                for sp in sps:
+                    if sp and self.job.seq_len % (base.tp * base.cp):
+                        stats.pruned["tp*cp must divide seq_len (sequence parallel)"] += (
+                            per_mbs // len(sps))
+                        continue
+                    for zero in zeros:
+                        if self._states_exceed_memory(base, zero):
+                            stats.infeasible["model states exceed memory"] += (
+                                len(scheds) * len(space.recompute))
+                            continue
+                        for rc in space.recompute:
+                            out.extend(self._schedule_candidates(base, mbs, sp, zero, rc, scheds))
+        return out
+
+    def _states_exceed_memory(self, lay: Layout, zero: ZeroStage) -> bool:
+        """Weights, grads and optimizer states of the fullest stage (no activations) plus
+        the reserve already exceed the device: no micro-batch or recompute can help."""
+        layers = uniform_stages(self.model.layers, lay.pp)
+        reserve = self.cluster.device.reserve_bytes
+        for s in {0, lay.pp - 1, max(range(lay.pp), key=lambda i: layers[i])}:
+            params = stage_params(self.model, lay.tp, lay.pp, s, layers[s])
+            st = sharded_state_bytes(params, self.job.dtype, zero, lay.dp * lay.cp)
+            if st.weights + st.grads + st.optimizer + reserve > self.capacity:
+                return True
+        return False
+
+    def _schedule_candidates(self, base: Layout, mbs: int, sp: bool, zero: ZeroStage,
+                             rc: Recompute, scheds: list[tuple[Schedule, int]]) -> list[_Candidate]:
+        out = []
+        works_by_v: dict[int, tuple[StageWork, ...]] = {}
+        for sched, v in scheds:
+            lay = Layout(dp=base.dp, tp=base.tp, pp=base.pp, cp=base.cp, vpp=v)
+            plan = Plan(model=self.model, cluster=self.cluster, job=self.job, layout=lay,
+                        micro_batch=mbs, schedule=sched, recompute=rc, zero=zero,
+                        sequence_parallel=sp)
+            m = plan.num_microbatches
+            if v > 1 and (self.model.layers % (lay.pp * v) or m % lay.pp):
+                self.stats.pruned["interleaved: pp*vpp must divide layers, pp the microbatches"] += 1
+                continue
+            if v not in works_by_v:
+                works_by_v[v] = stage_work(plan)
+            works = works_by_v[v]
+            worst = max((stage_memory(plan, s, w, inflight_chunks(sched, lay.pp, m, v, s))
+                         for s, w in _distinct_stages(works, sched)), key=lambda mem: mem.peak)
+            if worst.peak > self.capacity:
+                static = worst.weights + worst.grads + worst.optimizer + worst.other
+                reason = ("model states exceed memory" if static > self.capacity
+                          else "activations exceed memory")
+                self.stats.infeasible[reason] += 1
+                key = (worst.peak, rank_key_static(plan))
+                if self.closest is None or key < self.closest[:2]:
+                    self.closest = (worst.peak, key[1], plan, worst)
+                continue
+            bound = step_time_lower_bound(plan, works)
+            out.append(_Candidate(bound, rank_key_static(plan), plan, works))
+        return out
+
+    def run(self) -> SearchResult:
+        cands = sorted(self.candidates(), key=lambda c: (c.bound, c.key))
+        best: list[tuple[tuple, int, Ranked]] = []  # max-heap by rank key (negated via wrapper)
+        ranked: list[Ranked] = []
+        threshold = float("inf")
+        for i, cand in enumerate(cands):
+            if cand.bound > threshold:
+                self.stats.pruned["bound: cannot enter the top k"] += len(cands) - i
+                break
+            pred = evaluate(cand.plan)
+            self.stats.evaluated += 1
+            ranked.append(Ranked(cand.plan, pred))
+            heapq.heappush(best, (_neg(rank_key(cand.plan, pred)), i, ranked[-1]))
+            if len(best) > self.top_k:
+                heapq.heappop(best)
+            if len(best) == self.top_k:
+                threshold = best[0][2].prediction.step_time_s
+        top = sorted((r for _, _, r in best), key=lambda r: rank_key(r.plan, r.prediction))
+        closest = None if top or self.closest is None else (self.closest[2], self.closest[3])
+        return SearchResult(tuple(top), self.stats, closest)
+
+
+def rank_key_static(plan: Plan) -> tuple:
+    lay = plan.layout
+    return (lay.tp, lay.pp, lay.cp, lay.vpp, list(Schedule).index(plan.schedule),
+            plan.recompute.level, int(plan.zero), not plan.sequence_parallel, plan.micro_batch)
+
+
+class _neg:
+    """Reverses the order of a key so heapq's min-heap keeps the worst on top."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple):
+        self.key = key
+
+    def __lt__(self, other: _neg) -> bool:
+        return self.key > other.key
+
+
+def search(model: Model, cluster: Cluster, job: Job, space: SearchSpace,
+           top_k: int = 10) -> SearchResult:
+    """The top_k plans by predicted tokens/s over ``space``; see module doc."""
+    assert top_k >= 1
+    return _Search(model, cluster, job, space, top_k).run()

@@ -1,0 +1,94 @@
+"""A search space is data: what one launcher can actually run (searchspace/*.yaml)."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autoplan.descriptors.strict import Fields, read_yaml
+from autoplan.errors import InputError, Problem
+from autoplan.resources import searchspace_dir
+from autoplan.vocab import Recompute, Schedule, ZeroStage
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchSpace:
+    name: str
+    launcher: str  # the `export --to` target whose rules this space encodes, or "any"
+    tp_max: int
+    tp_within_nvlink: bool  # TP groups never leave an NVLink domain
+    pp_max: int
+    cp_max: int
+    vpp_max: int
+    micro_batches: tuple[int, ...]
+    schedules: tuple[Schedule, ...]
+    recompute: tuple[Recompute, ...]
+    zero: tuple[ZeroStage, ...]
+    zero_max_with_pp: ZeroStage  # highest ZeRO stage the launcher combines with pp > 1
+    sequence_parallel: tuple[bool, ...]  # tried where tp > 1
+
+
+def _choices(f: Fields, key: str, kind: Any) -> tuple:
+    raw = f.raw(key)
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not raw:
+        f.fail(key, f"expected a non-empty list, got {raw!r}")
+        return ()
+    sub = f.child(key, {str(i): v for i, v in enumerate(raw)})
+    values = []
+    for i in range(len(raw)):
+        value = sub.enum(str(i), kind) if kind is not bool else sub.bool(str(i))
+        if value is not None:
+            values.append(value)
+    return tuple(dict.fromkeys(values))
+
+
+def read_space(data: Any, source: str) -> SearchSpace:
+    problems: list[Problem] = []
+    top = Fields(data, source, "", problems)
+    f = top.child("searchspace", top.raw("searchspace"))
+    top.close()
+    name = f.str("name")
+    launcher = f.str("launcher", "any")
+    tp = f.child("tp", f.raw("tp"))
+    tp_max, within = tp.int("max", min=1), tp.bool("within_nvlink", True)
+    tp.close()
+    pp_max, cp_max, vpp_max = (f.int(k, min=1) for k in ("pp_max", "cp_max", "vpp_max"))
+    micro = f.int_list("micro_batch", min=1)
+    schedules = _choices(f, "schedules", Schedule)
+    recompute = _choices(f, "recompute", Recompute)
+    zero = _choices(f, "zero", ZeroStage)
+    zero_pp = f.enum("zero_max_with_pp", ZeroStage, ZeroStage.PARAMETERS)
+    sp = _choices(f, "sequence_parallel", bool)
+    f.close()
+    if problems:
+        raise InputError(problems)
+    return SearchSpace(
+        name=name, launcher=launcher, tp_max=tp_max, tp_within_nvlink=within, pp_max=pp_max,
+        cp_max=cp_max, vpp_max=vpp_max, micro_batches=tuple(sorted(set(micro))),
+        schedules=tuple(s for s in Schedule if s in schedules),
+        recompute=tuple(r for r in Recompute if r in recompute),
+        zero=tuple(z for z in ZeroStage if z in zero), zero_max_with_pp=zero_pp,
+        sequence_parallel=tuple(sorted(sp, reverse=True)),
+    )
+
+
+def builtin_spaces() -> list[str]:
+    return sorted(p.stem for p in searchspace_dir().glob("*.yaml"))
+
+
+def load_space(ref: str, source: str = "--space") -> SearchSpace:
+    """A built-in space name (default, megatron, ...) or a path to a space file."""
+    path = Path(ref)
+    if not (ref.endswith((".yaml", ".yml")) or "/" in ref):
+        names = builtin_spaces()
+        if ref not in names:
+            close = difflib.get_close_matches(ref, names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise InputError.single(source, "space",
+                                    f"unknown search space {ref!r}{hint}; built-in: {', '.join(names)}")
+        path = searchspace_dir() / f"{ref}.yaml"
+    return read_space(read_yaml(path), str(path))
