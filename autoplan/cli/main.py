@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import sys
@@ -53,14 +54,24 @@ def _root(
 def _write_atomic(path: Path, text: str) -> None:
     """Write the whole file or nothing (a temp file renamed into place)."""
     path = path.expanduser()
+    tmp: str | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+        # mkstemp makes the file 0600; give it the mode a plain open() would
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
+        tmp = None
     except OSError as exc:
         raise InputError.single(str(path), "", f"cannot write: {exc.strerror or exc}") from None
+    finally:
+        if tmp is not None:  # the rename did not happen: leave nothing behind
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def _yaml(doc: Any) -> str:
@@ -205,7 +216,7 @@ def hardware(fmt: FormatOpt = Format.table) -> None:
 def main() -> None:
     """Entry point: one error handler turns a known error into one message and its exit code."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # returns typer.Exit's code instead of raising it
     except AutoplanError as exc:
         if os.environ.get("AUTOPLAN_DEBUG"):
             raise
@@ -224,7 +235,7 @@ def main() -> None:
             exc.show()
             sys.exit(2)
         raise
-    sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,9 @@ from autoplan.search.space import SearchSpace
 from autoplan.vocab import Recompute, Schedule, ZeroStage
 
 
+BOUND_SLACK = 1e-9  # relative; keeps exact ties (broken by memory) in the top k
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -47,7 +50,7 @@ def inflight_chunks(schedule: Schedule, p: int, m: int, v: int, stage: int) -> i
     return min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)
 
 
-def _distinct_stages(works: tuple[StageWork, ...], sched: Schedule) -> list[tuple[int, StageWork]]:
+def _distinct_stages(works: tuple[StageWork, ...]) -> list[tuple[int, StageWork]]:
     """Stages that can hold the most memory: the first, the last, and the first of each
     run of equal middle stages (in-flight activations never grow with the stage index)."""
     out = []
@@ -79,27 +82,18 @@ class SearchStats:
 class SearchResult:
     plans: tuple[Ranked, ...]  # best first
     stats: SearchStats
-    closest: tuple[Plan, Memory] | None  # the lowest-memory candidate when none fits
+    closest: tuple[Plan, int, Memory] | None  # lowest-memory candidate, its fullest stage
 
     def why_none(self) -> str:
         if self.closest is None:
             rules = "; ".join(f"{n} by '{r}'" for r, n in self.stats.pruned.most_common())
             return f"no candidate passes the divisibility rules ({rules or 'no candidates'})"
-        plan, mem = self.closest
-        return ("no plan fits in memory: the smallest plan "
-                + memory_shortfall(plan, _worst_stage(plan), mem,
-                                   plan.cluster.device.mem_bytes).split(" ", 0)[0]
-                + f" (layout {_layout_text(plan)}, micro_batch {plan.micro_batch}, "
-                  f"recompute {plan.recompute.value}, zero {int(plan.zero)})")
-
-
-def _layout_text(plan: Plan) -> str:
-    lay = plan.layout
-    return f"dp{lay.dp} tp{lay.tp} pp{lay.pp} cp{lay.cp}" + (f" vpp{lay.vpp}" if lay.vpp > 1 else "")
-
-
-def _worst_stage(plan: Plan) -> int:
-    return 0
+        plan, stage, mem = self.closest
+        lay = plan.layout
+        return (f"no plan fits in memory: the smallest plan (dp{lay.dp} tp{lay.tp} pp{lay.pp} "
+                f"cp{lay.cp}, micro_batch {plan.micro_batch}, recompute {plan.recompute.value}, "
+                f"zero {int(plan.zero)}) "
+                + memory_shortfall(plan, stage, mem, plan.cluster.device.mem_bytes))
 
 
 def rank_key(plan: Plan, pred: Prediction) -> tuple:
@@ -137,7 +131,7 @@ class _Search:
         self.model, self.cluster, self.job, self.space, self.top_k = model, cluster, job, space, top_k
         self.stats = SearchStats()
         self.capacity = cluster.device.mem_bytes
-        self.closest: tuple[float, tuple, Plan, Memory] | None = None
+        self.closest: tuple[float, tuple, Plan, int, Memory] | None = None
 
     # -- generation ------------------------------------------------------------------
     def layouts(self) -> Iterator[Layout]:
@@ -193,7 +187,7 @@ class _Search:
                             per_mbs // len(sps))
                         continue
                     for zero in zeros:
-                        if self._states_exceed_memory(base, zero):
+                        if self._states_exceed_memory(base, zero, mbs, sp):
                             stats.infeasible["model states exceed memory"] += (
                                 len(scheds) * len(space.recompute))
                             continue
@@ -201,17 +195,33 @@ class _Search:
                             out.extend(self._schedule_candidates(base, mbs, sp, zero, rc, scheds))
         return out
 
-    def _states_exceed_memory(self, lay: Layout, zero: ZeroStage) -> bool:
+    def _states_exceed_memory(self, lay: Layout, zero: ZeroStage, mbs: int, sp: bool) -> bool:
         """Weights, grads and optimizer states of the fullest stage (no activations) plus
-        the reserve already exceed the device: no micro-batch or recompute can help."""
+        the reserve already exceed the device: no micro-batch or recompute can help.
+        Such a candidate still counts for the 'smallest plan needs ...' message."""
         layers = uniform_stages(self.model.layers, lay.pp)
         reserve = self.cluster.device.reserve_bytes
-        for s in {0, lay.pp - 1, max(range(lay.pp), key=lambda i: layers[i])}:
+        worst: tuple[float, int, Memory] | None = None
+        for s in sorted({0, lay.pp - 1, max(range(lay.pp), key=lambda i: layers[i])}):
             params = stage_params(self.model, lay.tp, lay.pp, s, layers[s])
             st = sharded_state_bytes(params, self.job.dtype, zero, lay.dp * lay.cp)
-            if st.weights + st.grads + st.optimizer + reserve > self.capacity:
-                return True
-        return False
+            mem = Memory(weights=st.weights, grads=st.grads, optimizer=st.optimizer,
+                         activations=0.0, other=reserve)
+            if worst is None or mem.peak > worst[0]:
+                worst = (mem.peak, s, mem)
+        assert worst is not None
+        if worst[0] <= self.capacity:
+            return False
+        plan = Plan(model=self.model, cluster=self.cluster, job=self.job, layout=lay,
+                    micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.FULL,
+                    zero=zero, sequence_parallel=sp)
+        self._note_closest(plan, worst[1], worst[2])
+        return True
+
+    def _note_closest(self, plan: Plan, stage: int, mem: Memory) -> None:
+        key = (mem.peak, rank_key_static(plan))
+        if self.closest is None or key < self.closest[:2]:
+            self.closest = (mem.peak, key[1], plan, stage, mem)
 
     def _schedule_candidates(self, base: Layout, mbs: int, sp: bool, zero: ZeroStage,
                              rc: Recompute, scheds: list[tuple[Schedule, int]]) -> list[_Candidate]:
@@ -229,16 +239,15 @@ class _Search:
             if v not in works_by_v:
                 works_by_v[v] = stage_work(plan)
             works = works_by_v[v]
-            worst = max((stage_memory(plan, s, w, inflight_chunks(sched, lay.pp, m, v, s))
-                         for s, w in _distinct_stages(works, sched)), key=lambda mem: mem.peak)
+            stage, worst = max(
+                ((s, stage_memory(plan, s, w, inflight_chunks(sched, lay.pp, m, v, s)))
+                 for s, w in _distinct_stages(works)), key=lambda sm: (sm[1].peak, -sm[0]))
             if worst.peak > self.capacity:
                 static = worst.weights + worst.grads + worst.optimizer + worst.other
                 reason = ("model states exceed memory" if static > self.capacity
                           else "activations exceed memory")
                 self.stats.infeasible[reason] += 1
-                key = (worst.peak, rank_key_static(plan))
-                if self.closest is None or key < self.closest[:2]:
-                    self.closest = (worst.peak, key[1], plan, worst)
+                self._note_closest(plan, stage, worst)
                 continue
             bound = step_time_lower_bound(plan, works)
             out.append(_Candidate(bound, rank_key_static(plan), plan, works))
@@ -250,7 +259,8 @@ class _Search:
         ranked: list[Ranked] = []
         threshold = float("inf")
         for i, cand in enumerate(cands):
-            if cand.bound > threshold:
+            # the bound and a simulated time of a tie may differ in the last bits
+            if cand.bound > threshold * (1 + BOUND_SLACK):
                 self.stats.pruned["bound: cannot enter the top k"] += len(cands) - i
                 break
             pred = evaluate(cand.plan)
@@ -262,7 +272,7 @@ class _Search:
             if len(best) == self.top_k:
                 threshold = best[0][2].prediction.step_time_s
         top = sorted((r for _, _, r in best), key=lambda r: rank_key(r.plan, r.prediction))
-        closest = None if top or self.closest is None else (self.closest[2], self.closest[3])
+        closest = None if top or self.closest is None else self.closest[2:]
         return SearchResult(tuple(top), self.stats, closest)
 
 

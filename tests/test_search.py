@@ -1,0 +1,135 @@
+"""Search invariants, determinism, and equality with brute-force enumeration."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autoplan.cost.evaluate import evaluate
+from autoplan.descriptors.job import Job
+from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
+from autoplan.plan import Layout, Plan, plan_problems
+from autoplan.search.engine import divisors, rank_key, search
+from autoplan.search.space import SearchSpace, load_space
+from autoplan.vocab import Dtype, Recompute, Schedule, ZeroStage
+
+SMALL = SearchSpace(
+    name="small", launcher="any", tp_max=8, tp_within_nvlink=True, pp_max=8, cp_max=2,
+    vpp_max=2, micro_batches=(1, 2), schedules=tuple(Schedule)[:3],
+    recompute=tuple(Recompute), zero=(ZeroStage.NONE, ZeroStage.OPTIMIZER, ZeroStage.PARAMETERS),
+    zero_max_with_pp=ZeroStage.OPTIMIZER, sequence_parallel=(True, False),
+)
+
+
+def brute_force(model, cluster, job, space):
+    """Every plan the space allows, evaluated; no pruning, no bound."""
+    n = cluster.gpus
+    found = []
+    for tp, pp, cp in itertools.product(divisors(n), repeat=3):
+        if n % (tp * pp * cp) or tp > space.tp_max or pp > space.pp_max or cp > space.cp_max:
+            continue
+        if tp > min(cluster.nvlink_domain, n):
+            continue
+        dp = n // (tp * pp * cp)
+        scheds = [(Schedule.ONE_F_ONE_B, 1)] if pp == 1 else [
+            (s, v) for s in space.schedules
+            for v in (range(2, space.vpp_max + 1) if s is Schedule.INTERLEAVED else [1])]
+        zeros = [z for z in space.zero if pp == 1 or z <= space.zero_max_with_pp]
+        sps = space.sequence_parallel if tp > 1 else (False,)
+        for mbs, (sched, v), rc, zero, sp in itertools.product(
+                space.micro_batches, scheds, space.recompute, zeros, sps):
+            if job.global_batch % (dp * mbs):
+                continue
+            plan = Plan(model=model, cluster=cluster, job=job,
+                        layout=Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=v), micro_batch=mbs,
+                        schedule=sched, recompute=rc, zero=zero, sequence_parallel=sp)
+            if plan_problems(plan):
+                continue
+            pred = evaluate(plan)
+            if pred.feasible:
+                found.append((rank_key(plan, pred), plan, pred))
+    found.sort(key=lambda t: t[0])
+    return found
+
+
+@pytest.mark.parametrize(("model", "gpus", "gbs", "seq"), [
+    ("llama3-8b", 8, 16, 4096),
+    ("llama2-13b", 16, 32, 4096),
+    ("gpt-7.5b", 8, 8, 2048),
+])
+def test_the_engines_best_plans_equal_brute_force_enumeration(model, gpus, gbs, seq):
+    m = resolve_model(model)
+    c = with_gpus(resolve_cluster("dgx-a100"), gpus)
+    job = Job(global_batch=gbs, seq_len=seq, dtype=Dtype.BF16)
+    expected = brute_force(m, c, job, SMALL)
+    result = search(m, c, job, SMALL, top_k=5)
+    assert expected, "the brute force found nothing to compare with"
+    assert [r.plan for r in result.plans] == [p for _, p, _ in expected[:5]]
+    assert [r.prediction for r in result.plans] == [q for _, _, q in expected[:5]]
+
+
+def test_search_reports_where_every_candidate_went():
+    m = resolve_model("llama3-8b")
+    c = with_gpus(resolve_cluster("dgx-h100"), 16)
+    result = search(m, c, Job(global_batch=32, seq_len=4096), SMALL, top_k=3)
+    s = result.stats
+    assert s.generated == sum(s.pruned.values()) + sum(s.infeasible.values()) + s.evaluated
+    assert s.evaluated >= 3
+
+
+@settings(max_examples=12, deadline=None)
+@given(model=st.sampled_from(["llama3-8b", "llama2-13b", "gpt-18b", "llama2-70b"]),
+       gpus=st.sampled_from([8, 16, 32, 64]), gbs_per_gpu=st.sampled_from([1, 2, 4]),
+       seq=st.sampled_from([2048, 4096]),
+       space=st.sampled_from(["default", "megatron", "deepspeed", "torchtitan", "fsdp"]))
+def test_every_reported_plan_divides_fits_and_respects_its_space(model, gpus, gbs_per_gpu, seq,
+                                                                 space):
+    m = resolve_model(model)
+    c = with_gpus(resolve_cluster("dgx-h100"), gpus)
+    sp = load_space(space)
+    job = Job(global_batch=gbs_per_gpu * gpus, seq_len=seq)
+    result = search(m, c, job, sp, top_k=4)
+    for r in result.plans:
+        plan, pred = r.plan, r.prediction
+        assert plan.layout.gpus == gpus
+        assert plan_problems(plan) == []
+        assert sum(plan.stage_layers) == m.layers
+        assert pred.feasible and all(mem.peak <= c.device.mem_bytes for mem in pred.memory_per_stage)
+        assert pred.breakdown.total == pytest.approx(pred.step_time_s, rel=1e-9)
+        assert plan.schedule in sp.schedules or plan.layout.pp == 1
+        assert plan.zero in sp.zero and plan.layout.tp <= sp.tp_max
+        assert evaluate(plan) == pred  # a reported prediction is the evaluator's
+    keys = [rank_key(r.plan, r.prediction) for r in result.plans]
+    assert keys == sorted(keys)
+    again = search(m, c, job, sp, top_k=4)
+    assert again.plans == result.plans and again.stats.to_dict() == result.stats.to_dict()
+
+
+def test_plans_are_distinct_objects_not_one_mutated_plan():
+    m = resolve_model("llama3-8b")
+    c = with_gpus(resolve_cluster("dgx-h100"), 16)
+    result = search(m, c, Job(global_batch=64, seq_len=4096), load_space("default"), top_k=10)
+    assert len({r.plan for r in result.plans}) == len(result.plans) == 10
+
+
+def test_no_plan_fits_reports_the_smallest_need_with_numbers():
+    m = resolve_model("llama3-405b")
+    c = with_gpus(resolve_cluster("dgx-h100"), 8)
+    result = search(m, c, Job(global_batch=8, seq_len=8192), load_space("default"))
+    assert result.plans == ()
+    why = result.why_none()
+    assert "GiB per GPU on h100-sxm (80 GiB)" in why and "optimizer" in why
+
+
+def test_more_memory_never_makes_the_best_plan_slower():
+    m = resolve_model("llama2-13b")
+    c = with_gpus(resolve_cluster("dgx-a100"), 16)
+    job = Job(global_batch=32, seq_len=4096)
+    small = dataclasses.replace(c, device=dataclasses.replace(c.device, mem_bytes=40 * 2**30))
+    best_big = search(m, c, job, SMALL, top_k=1).plans[0].prediction.step_time_s
+    best_small = search(m, small, job, SMALL, top_k=1).plans[0].prediction.step_time_s
+    assert best_big <= best_small
