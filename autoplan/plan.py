@@ -3,7 +3,6 @@ plan file: schema v1 of DESIGN.md, read strictly and written deterministically."
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -283,18 +282,18 @@ def read_plan(data: Any, source: str, path: str = "") -> Plan:
     version = f.int("autoplan")
     if version is not None and version != SCHEMA_VERSION:
         f.fail("autoplan", f"expected schema version {SCHEMA_VERSION}, got {version}")
-    model = cluster = None
-    for key, resolve in (("model", resolve_model), ("cluster", resolve_cluster)):
-        ref = f.raw(key)
-        if ref is None:
-            continue
-        try:
-            if key == "model":
-                model = resolve(ref, source, f.key_path(key))
-            else:
-                cluster = resolve(ref, source, f.key_path(key))
-        except InputError as exc:
-            problems.extend(exc.problems)
+    model: Model | None = None
+    cluster: Cluster | None = None
+    try:
+        if (ref := f.raw("model")) is not None:
+            model = resolve_model(ref, source, f.key_path("model"))
+    except InputError as exc:
+        problems.extend(exc.problems)
+    try:
+        if (ref := f.raw("cluster")) is not None:
+            cluster = resolve_cluster(ref, source, f.key_path("cluster"))
+    except InputError as exc:
+        problems.extend(exc.problems)
     job = read_job(f.child("job", f.raw("job")))
     lf = f.child("layout", f.raw("layout"))
     layout_values = dict(

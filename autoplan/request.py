@@ -42,7 +42,8 @@ def build_request(
     if job_file is not None:
         data = read_yaml(job_file)
         f = Fields(data, source, "", problems)
-        doc = {k: f.raw(k, None) for k in ("model", "cluster", "gpus", "job", "space")}
+        doc = {k: f.raw(k, None) for k in ("model", "cluster", "job", "space")}
+        doc["gpus"] = f.int("gpus", None, min=1)
         f.close()
         _raise(problems)
     # options override the file

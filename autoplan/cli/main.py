@@ -8,10 +8,11 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 import yaml
+from rich.markup import escape
 
 from autoplan import __version__
 from autoplan.cli import output, render
@@ -43,7 +44,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
+    version: Annotated[bool | None, typer.Option("--version", callback=_version, is_eager=True,
                                                     help="Print the version and exit.")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
 ) -> None:
@@ -80,21 +81,21 @@ def _yaml(doc: Any) -> str:
 
 @app.command()
 def search(
-    job_file: Annotated[Optional[Path], typer.Argument(
-        metavar="[JOB.yaml]", help="Job file: model, cluster, job, optional gpus and space.")] = None,
-    model: Annotated[Optional[str], typer.Option(
+    job_file: Annotated[Path | None, typer.Argument(
+        metavar="JOB.yaml", help="Job file: model, cluster, job, optional gpus and space.")] = None,
+    model: Annotated[str | None, typer.Option(
         "--model", "-m", help="Built-in model name, descriptor path, or HuggingFace config.json.")] = None,
-    cluster: Annotated[Optional[str], typer.Option(
+    cluster: Annotated[str | None, typer.Option(
         "--cluster", "-c", help="Built-in cluster name or descriptor path.")] = None,
-    gpus: Annotated[Optional[int], typer.Option("--gpus", "-n", help="Total GPUs.")] = None,
-    global_batch: Annotated[Optional[int], typer.Option(
+    gpus: Annotated[int | None, typer.Option("--gpus", "-n", help="Total GPUs.")] = None,
+    global_batch: Annotated[int | None, typer.Option(
         "--global-batch", "-b", help="Sequences per optimizer step.")] = None,
-    seq_len: Annotated[Optional[int], typer.Option("--seq-len", "-s", help="Tokens per sequence.")] = None,
-    dtype: Annotated[Optional[Dtype], typer.Option("--dtype", help="Training precision.")] = None,
-    space: Annotated[Optional[str], typer.Option(
+    seq_len: Annotated[int | None, typer.Option("--seq-len", "-s", help="Tokens per sequence.")] = None,
+    dtype: Annotated[Dtype | None, typer.Option("--dtype", help="Training precision.")] = None,
+    space: Annotated[str | None, typer.Option(
         "--space", help="Search space: default, megatron, deepspeed, torchtitan, fsdp, or a path.")] = None,
     top: Annotated[int, typer.Option("--top", "-k", min=1, help="How many plans to show.")] = 10,
-    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the best plan here.")] = None,
+    out_path: Annotated[Path | None, typer.Option("--out", "-o", help="Write the best plan here.")] = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Rank the plans that fit: exit 0 found, 1 none fits, 2 bad input."""
@@ -123,9 +124,10 @@ def search(
     if fmt is Format.json:
         output.emit_json({"plans": docs, "stats": result.stats.to_dict()})
     else:
-        title = (f"{req.model.name} on {req.cluster.gpus} x {req.cluster.device.name} "
-                 f"({req.cluster.name}), global batch {req.job.global_batch} x "
-                 f"{req.job.seq_len} tokens, {req.job.dtype.value}, space {req.space.name}")
+        # names come from user files: escape them, or rich reads "[...]" as markup
+        title = escape(f"{req.model.name} on {req.cluster.gpus} x {req.cluster.device.name} "
+                       f"({req.cluster.name}), global batch {req.job.global_batch} x "
+                       f"{req.job.seq_len} tokens, {req.job.dtype.value}, space {req.space.name}")
         output.out.print(render.plans_table([(r.plan, r.prediction) for r in result.plans], title))
         output.out.print(render.stats_text(result.stats))
         if out_path is not None:
@@ -134,7 +136,7 @@ def search(
 
 @app.command()
 def evaluate(
-    plans: Annotated[list[Path], typer.Argument(metavar="PLAN.yaml...", help="Plan files.")],
+    plans: Annotated[list[Path], typer.Argument(metavar="PLAN.yaml", help="Plan files.")],
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Predict each plan with a breakdown: exit 0 all fit, 1 some do not fit, 2 bad input."""
@@ -147,12 +149,12 @@ def evaluate(
     if fmt is Format.json:
         output.emit_json({"plans": [plan_document(p, r) for p, r in results]})
     else:
-        for path, (plan, pred) in zip(plans, results):
-            output.out.print(f"[bold]{path}[/bold]: {plan.model.name} on {plan.cluster.gpus} x "
-                             f"{plan.cluster.device.name}")
+        for path, (plan, pred) in zip(plans, results, strict=True):
+            output.out.print(f"[bold]{escape(str(path))}[/bold]: " + escape(
+                f"{plan.model.name} on {plan.cluster.gpus} x {plan.cluster.device.name}"))
             output.out.print(render.summary_line(plan, pred))
             if not pred.feasible:
-                output.out.print(f"[red]{pred.reason}[/red]")
+                output.out.print(f"[red]{escape(pred.reason)}[/red]")
             output.out.print(render.breakdown_table(plan, pred, "where the step time goes"))
             output.out.print(render.memory_table(pred))
     if not all(pred.feasible for _, pred in results):
@@ -213,6 +215,20 @@ def hardware(fmt: FormatOpt = Format.table) -> None:
     output.out.print(ct)
 
 
+def _usage_errors() -> tuple[type[Exception], ...]:
+    """Click's usage-error base classes: recent typer vendors click as ``typer._click``,
+    whose exceptions derive from ``typer.TyperException``, not ``click.ClickException``."""
+    found: list[type[Exception]] = []
+    with contextlib.suppress(ImportError):
+        import click
+
+        found.append(click.exceptions.ClickException)
+    vendored = getattr(typer, "TyperException", None)
+    if isinstance(vendored, type) and issubclass(vendored, Exception):
+        found.append(vendored)
+    return tuple(found)
+
+
 def main() -> None:
     """Entry point: one error handler turns a known error into one message and its exit code."""
     try:
@@ -229,10 +245,8 @@ def main() -> None:
         output.err.print("autoplan: aborted")
         sys.exit(130)
     except Exception as exc:  # click usage errors and the like
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
+        if isinstance(exc, _usage_errors()) and callable(getattr(exc, "show", None)):
+            exc.show()  # type: ignore[attr-defined]
             sys.exit(2)
         raise
     sys.exit(code if isinstance(code, int) else 0)

@@ -3,16 +3,17 @@ data-parallel communication, the optimizer step and memory per stage."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
 from autoplan.cost import comm, flops, memory
 from autoplan.cost.compute import BF16_BYTES, LayerTimes, Shard, layer_times, logits_times
-from autoplan.descriptors.hardware import GiB, Cluster, Device
+from autoplan.descriptors.hardware import Cluster, Device, GiB
 from autoplan.descriptors.model import Model
 from autoplan.plan import Memory, Plan, Prediction, TimeBreakdown
 from autoplan.schedules.simulator import simulate
-from autoplan.vocab import Dtype, Recompute, ZeroStage
+from autoplan.vocab import Dtype, Recompute, Schedule, ZeroStage
 
 # Adam step per parameter: read fp32 master, m, v and grad, write master, m, v and
 # the 16-bit weight: 4*4 + 3*4 + 2 bytes (memory-bound; ZeRO paper's K=12 states).
@@ -94,6 +95,16 @@ def _pp_cross_domain(plan: Plan) -> bool:
 
 
 def stage_work(plan: Plan) -> tuple[StageWork, ...]:
+    """Per-stage work of a plan. The schedule does not enter it and ZeRO 0-2 differ only
+    in memory (their collectives run after the pipeline), so those share one entry."""
+    key = dataclasses.replace(
+        plan, schedule=Schedule.ONE_F_ONE_B,
+        zero=plan.zero if plan.zero is ZeroStage.PARAMETERS else ZeroStage.NONE)
+    return _stage_work(key)
+
+
+@lru_cache(maxsize=8192)
+def _stage_work(plan: Plan) -> tuple[StageWork, ...]:
     model, lay, device = plan.model, plan.layout, plan.cluster.device
     shard = shard_of(plan)
     lt = _layer_times(model, shard, device)
@@ -221,7 +232,7 @@ def _dp_exposed(plan: Plan, works: tuple[StageWork, ...], makespan: float,
     if group.size <= 1:
         return 0.0
     exposed = 0.0
-    for work, end in zip(works, finish):
+    for work, end in zip(works, finish, strict=True):
         grads = work.params * _grad_bytes(plan.job.dtype)
         if plan.zero is ZeroStage.NONE:
             reduce_s, gather_s = comm.all_reduce(grads, group), 0.0
@@ -234,7 +245,7 @@ def _dp_exposed(plan: Plan, works: tuple[StageWork, ...], makespan: float,
     return exposed
 
 
-def _optimizer_time(plan: Plan, works: tuple[StageWork, ...]) -> float:
+def optimizer_time(plan: Plan, works: tuple[StageWork, ...]) -> float:
     device = plan.cluster.device
     shard_group = plan.layout.dp * plan.layout.cp if plan.zero >= ZeroStage.OPTIMIZER else 1
     largest = max(w.params for w in works) / shard_group
@@ -252,7 +263,7 @@ def step_time_lower_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
         best = max(best, fill + m * (w.forward + w.backward) + drain)
         fill += w.forward / v
         drain += w.backward / v
-    return best + _optimizer_time(plan, works)
+    return best + optimizer_time(plan, works)
 
 
 def model_flops(plan: Plan) -> float:
@@ -269,13 +280,13 @@ def hardware_flops(plan: Plan) -> float:
 
 def evaluate(plan: Plan) -> Prediction:
     """Predict step time and memory of a valid plan (see ``plan.plan_problems``)."""
-    works = stage_work(plan)
+    works = stage_work(plan)  # memoized: the search computed it for the bound
     lay, m = plan.layout, plan.num_microbatches
     v = lay.vpp
     sim = simulate(plan.schedule, tuple(w.forward / v for w in works),
                    tuple(w.backward / v for w in works), m, v)
     dp_exposed = _dp_exposed(plan, works, sim.makespan, sim.finish)
-    optimizer = _optimizer_time(plan, works)
+    optimizer = optimizer_time(plan, works)
     step = sim.makespan + dp_exposed + optimizer
 
     per_stage = tuple(stage_memory(plan, s, w, sim.peak_inflight[s]) for s, w in enumerate(works))

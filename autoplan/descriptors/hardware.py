@@ -146,6 +146,7 @@ def read_device(f: Fields) -> Device | None:
     f.close()
     if len(f.problems) > before:
         return None
+    assert bf16 is not None and fp16 is not None and mem is not None and hbm is not None
     return Device(
         name=name,
         peak_bf16_flops=bf16 * TFLOPS,

@@ -9,6 +9,7 @@ problems are reported at once.
 
 from __future__ import annotations
 
+import builtins
 import difflib
 import enum
 import math
@@ -112,22 +113,22 @@ class Fields:
         self._asked: set[str] = set()
 
     # -- reporting -------------------------------------------------------------
-    def key_path(self, key: str) -> str:
+    def key_path(self, key: builtins.str) -> str:
         if not key:
             return self.path
         return f"{self.path}.{key}" if self.path else key
 
-    def fail(self, key: str, message: str) -> None:
+    def fail(self, key: builtins.str, message: str) -> None:
         self.problems.append(Problem(self.source, self.key_path(key), message))
 
-    def child(self, key: str, data: Any) -> Fields:
+    def child(self, key: builtins.str, data: Any) -> Fields:
         return Fields(data, self.source, self.key_path(key), self.problems)
 
-    def has(self, key: str) -> bool:
+    def has(self, key: builtins.str) -> bool:
         self._asked.add(key)
         return key in self.data and self.data[key] is not None
 
-    def raw(self, key: str, default: Any = _MISSING) -> Any:
+    def raw(self, key: builtins.str, default: Any = _MISSING) -> Any:
         self._asked.add(key)
         if key in self.data and self.data[key] is not None:
             return self.data[key]
@@ -147,7 +148,7 @@ class Fields:
 
     # -- typed getters ---------------------------------------------------------
     def int(
-        self, key: str, default: Any = _MISSING, *, min: int | None = None, max: int | None = None
+        self, key: builtins.str, default: Any = _MISSING, *, min: int | None = None, max: int | None = None
     ) -> Any:
         value = self.raw(key, default)
         if value is None or (value is default and default is not _MISSING):
@@ -164,7 +165,7 @@ class Fields:
 
     def float(
         self,
-        key: str,
+        key: builtins.str,
         default: Any = _MISSING,
         *,
         min: float | None = None,
@@ -186,7 +187,7 @@ class Fields:
             return None
         return self._bounded(key, value, min, max)
 
-    def _bounded(self, key: str, value: Any, lo: Any, hi: Any) -> Any:
+    def _bounded(self, key: builtins.str, value: Any, lo: Any, hi: Any) -> Any:
         if lo is not None and value < lo:
             self.fail(key, f"expected a value >= {lo}, got {value}")
             return None
@@ -195,14 +196,14 @@ class Fields:
             return None
         return value
 
-    def bool(self, key: str, default: Any = _MISSING) -> Any:
+    def bool(self, key: builtins.str, default: Any = _MISSING) -> Any:
         value = self.raw(key, default)
         if value is None or isinstance(value, bool):
             return value
         self.fail(key, f"expected true or false, got {_type_name(value)}")
         return None
 
-    def str(self, key: str, default: Any = _MISSING) -> Any:
+    def str(self, key: builtins.str, default: Any = _MISSING) -> Any:
         value = self.raw(key, default)
         if value is None or isinstance(value, str):
             if isinstance(value, str) and not value.strip():
@@ -212,7 +213,7 @@ class Fields:
         self.fail(key, f"expected a string, got {_type_name(value)}")
         return None
 
-    def enum(self, key: str, kind: type[E], default: Any = _MISSING) -> Any:
+    def enum(self, key: builtins.str, kind: type[E], default: Any = _MISSING) -> Any:
         value = self.raw(key, default)
         if value is None or isinstance(value, kind):
             return value
@@ -223,7 +224,7 @@ class Fields:
         self.fail(key, f"expected one of {choices}, got {_type_name(value)}")
         return None
 
-    def int_list(self, key: str, default: Any = _MISSING, *, min: int | None = None) -> Any:
+    def int_list(self, key: builtins.str, default: Any = _MISSING, *, min: builtins.int | None = None) -> Any:
         value = self.raw(key, default)
         if value is None or (value is default and default is not _MISSING):
             return value

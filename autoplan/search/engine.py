@@ -6,6 +6,7 @@ on step time and stop once no remaining candidate can enter the top k
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections import Counter
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from autoplan.cost.evaluate import (
     StageWork,
     evaluate,
     memory_shortfall,
+    optimizer_time,
     stage_memory,
     stage_params,
     stage_work,
@@ -27,7 +29,6 @@ from autoplan.descriptors.model import Model
 from autoplan.plan import Layout, Memory, Plan, Prediction, uniform_stages
 from autoplan.search.space import SearchSpace
 from autoplan.vocab import Recompute, Schedule, ZeroStage
-
 
 BOUND_SLACK = 1e-9  # relative; keeps exact ties (broken by memory) in the top k
 
@@ -119,6 +120,14 @@ def _layout_rule(model: Model, job: Job, lay: Layout) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
+class _Group:
+    bound: float
+    key: tuple
+    plan: Plan  # the group's 1F1B, vpp = 1 member
+    schedules: tuple[tuple[Schedule, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class _Candidate:
     bound: float
     key: tuple
@@ -166,8 +175,9 @@ class _Search:
         return self.space.sequence_parallel if lay.tp > 1 else (False,)
 
     # -- the walk ----------------------------------------------------------------------
-    def candidates(self) -> list[_Candidate]:
-        out: list[_Candidate] = []
+    def groups(self) -> Iterator[_Group]:
+        """Candidates grouped by everything but the schedule, after the divisibility and
+        model-state rules; each group carries a bound valid for all its schedules."""
         space, stats = self.space, self.stats
         for base in self.layouts():
             scheds, zeros, sps = self.schedules(base), self.zeros(base), self.sps(base)
@@ -192,8 +202,17 @@ class _Search:
                                 len(scheds) * len(space.recompute))
                             continue
                         for rc in space.recompute:
-                            out.extend(self._schedule_candidates(base, mbs, sp, zero, rc, scheds))
-        return out
+                            plan = Plan(model=self.model, cluster=self.cluster, job=self.job,
+                                        layout=base, micro_batch=mbs,
+                                        schedule=Schedule.ONE_F_ONE_B, recompute=rc, zero=zero,
+                                        sequence_parallel=sp)
+                            # vpp = 1 sends the fewest activations and fill/drain are >= 0,
+                            # so this bounds every schedule of the group from below
+                            works = stage_work(plan)
+                            bound = (plan.num_microbatches * max(w.forward + w.backward
+                                                                 for w in works)
+                                     + optimizer_time(plan, works))
+                            yield _Group(bound, rank_key_static(plan), plan, tuple(scheds))
 
     def _states_exceed_memory(self, lay: Layout, zero: ZeroStage, mbs: int, sp: bool) -> bool:
         """Weights, grads and optimizer states of the fullest stage (no activations) plus
@@ -223,15 +242,14 @@ class _Search:
         if self.closest is None or key < self.closest[:2]:
             self.closest = (mem.peak, key[1], plan, stage, mem)
 
-    def _schedule_candidates(self, base: Layout, mbs: int, sp: bool, zero: ZeroStage,
-                             rc: Recompute, scheds: list[tuple[Schedule, int]]) -> list[_Candidate]:
+    def expand(self, group: _Group) -> list[_Candidate]:
+        """The group's schedules that fit in memory, each with its own bound."""
         out = []
         works_by_v: dict[int, tuple[StageWork, ...]] = {}
-        for sched, v in scheds:
-            lay = Layout(dp=base.dp, tp=base.tp, pp=base.pp, cp=base.cp, vpp=v)
-            plan = Plan(model=self.model, cluster=self.cluster, job=self.job, layout=lay,
-                        micro_batch=mbs, schedule=sched, recompute=rc, zero=zero,
-                        sequence_parallel=sp)
+        base = group.plan.layout
+        for sched, v in group.schedules:
+            lay = dataclasses.replace(base, vpp=v)
+            plan = dataclasses.replace(group.plan, layout=lay, schedule=sched)
             m = plan.num_microbatches
             if v > 1 and (self.model.layers % (lay.pp * v) or m % lay.pp):
                 self.stats.pruned["interleaved: pp*vpp must divide layers, pp the microbatches"] += 1
@@ -254,19 +272,32 @@ class _Search:
         return out
 
     def run(self) -> SearchResult:
-        cands = sorted(self.candidates(), key=lambda c: (c.bound, c.key))
-        best: list[tuple[tuple, int, Ranked]] = []  # max-heap by rank key (negated via wrapper)
-        ranked: list[Ranked] = []
+        """Best-first: pop the lowest bound; expand groups, evaluate candidates; stop when
+        the lowest remaining bound cannot beat the k-th best step time."""
+        heap: list[tuple[float, tuple, int, _Group | _Candidate]] = []
+        for i, group in enumerate(self.groups()):
+            heap.append((group.bound, group.key, i, group))
+        heapq.heapify(heap)
+        seq = len(heap)
+        best: list[tuple[_neg, int, Ranked]] = []  # the k best so far, worst on top
         threshold = float("inf")
-        for i, cand in enumerate(cands):
+        while heap:
+            bound, _, _, item = heap[0]
             # the bound and a simulated time of a tie may differ in the last bits
-            if cand.bound > threshold * (1 + BOUND_SLACK):
-                self.stats.pruned["bound: cannot enter the top k"] += len(cands) - i
+            if bound > threshold * (1 + BOUND_SLACK):
+                self.stats.pruned["bound: cannot enter the top k"] += sum(
+                    len(it.schedules) if isinstance(it, _Group) else 1 for *_, it in heap)
                 break
-            pred = evaluate(cand.plan)
+            heapq.heappop(heap)
+            if isinstance(item, _Group):
+                for cand in self.expand(item):
+                    heapq.heappush(heap, (cand.bound, cand.key, seq, cand))
+                    seq += 1
+                continue
+            pred = evaluate(item.plan)
             self.stats.evaluated += 1
-            ranked.append(Ranked(cand.plan, pred))
-            heapq.heappush(best, (_neg(rank_key(cand.plan, pred)), i, ranked[-1]))
+            heapq.heappush(best, (_neg(rank_key(item.plan, pred)), seq, Ranked(item.plan, pred)))
+            seq += 1
             if len(best) > self.top_k:
                 heapq.heappop(best)
             if len(best) == self.top_k:

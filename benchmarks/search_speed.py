@@ -1,0 +1,64 @@
+"""Wall time of full searches (issue targets on a 2-core machine: < 2 s and < 10 s).
+
+    python benchmarks/search_speed.py [--repeat N]
+
+Prints one row per case: the best of N cold runs (caches cleared between runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+from autoplan.cost import evaluate as evaluate_mod
+from autoplan.descriptors.job import Job
+from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
+from autoplan.schedules import simulator
+from autoplan.search.engine import search
+from autoplan.search.space import load_space
+
+CASES = [
+    # (model, cluster, gpus, global batch, seq len, target seconds)
+    ("gpt3-175b", "dgx-a100", 1024, 1536, 2048, 2.0),
+    ("llama3-405b", "dgx-h100", 16384, 2048, 8192, 10.0),
+]
+
+
+def clear_caches() -> None:
+    for fn in (evaluate_mod._layer_times, evaluate_mod._activation_terms,
+               evaluate_mod.stage_params, evaluate_mod._stage_work, evaluate_mod._layer_params_per_rank,
+               simulator.simulate, simulator._compiled_orders):
+        fn.cache_clear()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--space", default="default")
+    args = parser.parse_args()
+    space = load_space(args.space)
+    print(f"python {platform.python_version()} on {platform.machine()}, space {space.name}, "
+          f"best of {args.repeat} cold runs")
+    print(f"{'model':<12} {'GPUs':>6} {'generated':>10} {'evaluated':>9} {'seconds':>8} "
+          f"{'target':>7}  best plan")
+    for name, cluster, gpus, gbs, seq, target in CASES:
+        model = resolve_model(name)
+        c = with_gpus(resolve_cluster(cluster), gpus)
+        job = Job(global_batch=gbs, seq_len=seq)
+        best = float("inf")
+        for _ in range(args.repeat):
+            clear_caches()
+            t0 = time.perf_counter()
+            result = search(model, c, job, space)
+            best = min(best, time.perf_counter() - t0)
+        top = result.plans[0].plan
+        lay = top.layout
+        desc = (f"dp{lay.dp} tp{lay.tp} pp{lay.pp} cp{lay.cp} vpp{lay.vpp} mbs{top.micro_batch} "
+                f"{top.schedule.value} {top.recompute.value} zero{int(top.zero)}")
+        print(f"{name:<12} {gpus:>6} {result.stats.generated:>10,} {result.stats.evaluated:>9,} "
+              f"{best:>8.2f} {target:>7.1f}  {desc}")
+
+
+if __name__ == "__main__":
+    main()
