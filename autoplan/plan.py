@@ -89,27 +89,20 @@ class Plan:
             "zero": int(self.zero),
             "sequence_parallel": self.sequence_parallel,
         }
-        if self.stages is not None:
-            out["stages"] = list(self.stages)
+        if self.stages is not None or len(set(self.stage_layers)) > 1:
+            out["stages"] = list(self.stage_layers)  # uneven splits are written out
         return out
 
 
 def uniform_stages(layers: int, pp: int) -> tuple[int, ...]:
-    """Split layers as evenly as possible; the remainder goes to the middle stages.
-
-    The first stage also holds the embedding and the most in-flight activations
-    and the last the output layer and logits, so extra layers go to the stages
-    between them first (then outward), never to the ends when avoidable.
-    """
+    """Split layers as evenly as possible. The remainder goes one layer each to the
+    stages nearest the middle: the first stage also holds the embedding and the most
+    in-flight activations, the last the output layer and the logits, so they get an
+    extra layer only when every middle stage has one."""
     base, extra = divmod(layers, pp)
+    order = sorted(range(pp), key=lambda s: (s in (0, pp - 1), abs(s - (pp - 1) / 2), s))
     counts = [base] * pp
-    middle = list(range(1, pp - 1)) or list(range(pp))
-    order = sorted(middle, key=lambda s: (abs(s - (pp - 1) / 2), s))
-    for s in order[:extra] if extra <= len(order) else range(extra):
-        counts[s] += 1
-    # more remainder than middle stages (pp <= 2): fall back to the front
-    rest = extra - min(extra, len(order))
-    for s in range(rest):
+    for s in order[:extra]:
         counts[s] += 1
     return tuple(counts)
 

@@ -133,3 +133,27 @@ def test_more_memory_never_makes_the_best_plan_slower():
     best_big = search(m, c, job, SMALL, top_k=1).plans[0].prediction.step_time_s
     best_small = search(m, small, job, SMALL, top_k=1).plans[0].prediction.step_time_s
     assert best_big <= best_small
+
+
+@pytest.mark.parametrize(("layers", "pp", "expected"), [
+    (80, 4, (20, 20, 20, 20)),
+    (126, 4, (31, 32, 32, 31)),
+    (126, 8, (15, 16, 16, 16, 16, 16, 16, 15)),
+    (10, 4, (2, 3, 3, 2)),
+    (7, 2, (4, 3)),
+    (13, 3, (4, 5, 4)),
+])
+def test_uneven_layers_go_to_the_middle_stages_first(layers, pp, expected):
+    from autoplan.plan import uniform_stages
+
+    assert uniform_stages(layers, pp) == expected
+    assert sum(expected) == layers
+
+
+def test_a_plan_with_an_uneven_split_writes_its_stages():
+    from tests.helpers import make_plan
+
+    plan = make_plan(model="llama3-405b", gpus=64, dp=1, tp=8, pp=8, global_batch=16,
+                     seq_len=8192)
+    assert plan.to_dict()["stages"] == [15, 16, 16, 16, 16, 16, 16, 15]
+    assert "stages" not in make_plan(pp=2, dp=4).to_dict()

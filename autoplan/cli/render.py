@@ -15,6 +15,8 @@ def layout_text(plan: Plan) -> str:
         text += f" cp{lay.cp}"
     if lay.vpp > 1:
         text += f" vpp{lay.vpp}"
+    if len(set(plan.stage_layers)) > 1:
+        text += " stages " + "/".join(str(n) for n in plan.stage_layers)
     return text
 
 
