@@ -272,6 +272,10 @@ def read_plan(data: Any, source: str, path: str = "") -> Plan:
     f = Fields(data, source, path, problems)
     if not f.ok:
         raise InputError(problems)
+    if "layout" not in f.data and "job" in f.data:
+        raise InputError.single(source, _join(path, "layout"),
+                                "missing: this looks like a job file (no layout); "
+                                "use `autoplan search` on it, or add a layout to make it a plan")
     version = f.int("autoplan")
     if version is not None and version != SCHEMA_VERSION:
         f.fail("autoplan", f"expected schema version {SCHEMA_VERSION}, got {version}")

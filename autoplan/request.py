@@ -71,17 +71,17 @@ def build_request(
     resolved_model = resolved_cluster = None
     try:
         if model_ref is not None:
-            resolved_model = resolve_model(model_ref, model_src, "model")
+            resolved_model = resolve_model(model_ref, model_src, "" if model else "model")
     except InputError as exc:
         problems.extend(exc.problems)
     try:
         if cluster_ref is not None:
-            resolved_cluster = resolve_cluster(cluster_ref, cluster_src, "cluster")
+            resolved_cluster = resolve_cluster(cluster_ref, cluster_src, "" if cluster else "cluster")
     except InputError as exc:
         problems.extend(exc.problems)
     space_ref = space or doc.get("space") or "default"
     try:
-        resolved_space = load_space(str(space_ref), "--space" if space else source)
+        resolved_space = load_space(str(space_ref), "--space" if space else source, "" if space else "space")
     except InputError as exc:
         problems.extend(exc.problems)
     _raise(problems)
@@ -90,9 +90,11 @@ def build_request(
     if n is not None:
         if isinstance(n, bool) or not isinstance(n, int):
             raise InputError.single(source, "gpus", f"expected an integer, got {n!r}")
-        resolved_cluster = with_gpus(resolved_cluster, n, "--gpus" if gpus is not None else source)
+        resolved_cluster = with_gpus(resolved_cluster, n, "--gpus" if gpus is not None else source,
+                                     "" if gpus is not None else "gpus")
     if not resolved_cluster.device.supports(job.dtype):
-        raise InputError.single(source if dtype is None else "--dtype", "job.dtype",
+        raise InputError.single(source if dtype is None else "--dtype",
+                                "job.dtype" if dtype is None else "",
                                 f"{resolved_cluster.device.name} has no {job.dtype.value} support")
     return Request(resolved_model, resolved_cluster, job, resolved_space)
 

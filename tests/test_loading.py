@@ -348,7 +348,8 @@ def test_a_plan_with_problems_in_several_sections_reports_them_all_at_once() -> 
     with pytest.raises(InputError) as exc:
         read_plan(bad, "plan.yaml")
     fields = [p.field for p in exc.value.problems]
-    assert {"layout.tp", "job.seq_len", "micro_bach", "micro_batch"} <= set(fields)
+    assert {"layout.tp", "job.seq_len", "micro_bach"} <= set(fields)
+    assert "micro_batch" not in fields  # the typo's suggestion says it; no second "missing"
     (typo,) = [p for p in exc.value.problems if p.field == "micro_bach"]
     assert "did you mean 'micro_batch'?" in typo.message
 
@@ -441,3 +442,33 @@ def test_request_options_win_over_the_job_file() -> None:
     assert request.cluster.gpus == 64
     assert (request.job.global_batch, request.job.seq_len) == (1024, 4096)
     assert request.space.name == "megatron"
+
+
+def test_a_relative_path_inside_a_file_is_taken_relative_to_that_file(tmp_path, monkeypatch) -> None:
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "dev.yaml").write_text(
+        "device: {name: d, peak_tflops: {bf16: 100}, mem_GiB: 40, hbm_GBps: 1000}\n")
+    (sub / "cl.yaml").write_text(
+        "cluster:\n  name: c\n  device: dev.yaml\n  gpus_per_node: 4\n"
+        "  intra_node: {bandwidth_GBps: 100, latency_us: 3}\n"
+        "  inter_node: {bandwidth_GBps: 10, latency_us: 10}\n")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_cluster("sub/cl.yaml").device.name == "d"
+
+
+def test_a_job_file_given_as_a_plan_says_so() -> None:
+    job_file = {"model": "llama3-8b", "cluster": "dgx-h100", "job": {"global_batch": 8,
+                                                                    "seq_len": 4096}}
+    with pytest.raises(InputError) as exc:
+        read_plan(job_file, "job.yaml")
+    assert len(exc.value.problems) == 1
+    assert "looks like a job file" in str(exc.value) and "autoplan search" in str(exc.value)
+
+
+def test_an_option_is_named_once_in_its_error() -> None:
+    from autoplan.request import build_request
+
+    with pytest.raises(InputError) as exc:
+        build_request(None, model="llama9", cluster="dgx-h100", global_batch=8, seq_len=128)
+    assert str(exc.value).startswith("--model: unknown model 'llama9'")

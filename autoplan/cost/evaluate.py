@@ -304,7 +304,8 @@ def evaluate(plan: Plan) -> Prediction:
         cp_comm=m * w.cp,
         pp_comm=m * (w.pp_f + w.pp_b),
         dp_comm=dp_exposed + m * (w.zero3_f + w.zero3_b),
-        bubble=sim.makespan - sim.busy[crit],
+        # idle time of the critical stage; exactly 0 without a pipeline (no float residue)
+        bubble=max(0.0, sim.makespan - sim.busy[crit]) if lay.pp > 1 else 0.0,
         optimizer=optimizer,
     )
     gpus = lay.gpus

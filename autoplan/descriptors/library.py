@@ -53,9 +53,15 @@ def _raise_if(problems: list[Problem]) -> None:
 
 
 def _document(ref: str, kind: str, source: str, field: str) -> tuple[Any, str]:
-    """The parsed file for a path or a built-in name, and the label to report it by."""
+    """The parsed file for a path or a built-in name, and the label to report it by.
+    A relative path inside a file is taken relative to that file."""
     if _looks_like_path(ref):
-        return read_yaml(Path(ref)), ref
+        path = Path(ref)
+        if not path.is_absolute() and Path(source).is_file():
+            beside = Path(source).parent / path
+            if beside.exists():
+                path = beside
+        return read_yaml(path), str(path)
     path = _index()[kind].get(ref)
     if path is None:
         raise _unknown_name(kind, ref, source, field)
@@ -139,10 +145,10 @@ def resolve_cluster(ref: Any, source: str = "--cluster", field: str = "cluster")
     raise InputError.single(source, field, f"expected a cluster name, path or mapping, got {ref!r}")
 
 
-def with_gpus(cluster: Cluster, gpus: int, source: str = "--gpus") -> Cluster:
+def with_gpus(cluster: Cluster, gpus: int, source: str = "--gpus", field: str = "") -> Cluster:
     """The cluster sized to ``gpus``: whole nodes, or part of one node."""
     if gpus < 1:
-        raise InputError.single(source, "gpus", f"expected a positive GPU count, got {gpus}")
+        raise InputError.single(source, field, f"expected a positive GPU count, got {gpus}")
     if gpus < cluster.gpus_per_node:
         return dataclasses.replace(
             cluster, nodes=1, gpus_per_node=gpus, nvlink_domain=min(cluster.nvlink_domain, gpus)
@@ -150,7 +156,7 @@ def with_gpus(cluster: Cluster, gpus: int, source: str = "--gpus") -> Cluster:
     if gpus % cluster.gpus_per_node:
         raise InputError.single(
             source,
-            "gpus",
+            field,
             f"expected a multiple of {cluster.name}'s {cluster.gpus_per_node} GPUs per node "
             f"(or fewer than one node), got {gpus}",
         )

@@ -144,6 +144,10 @@ class Fields:
             close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             valid = ", ".join(sorted(known))
+            if close:  # a misspelt key: its "missing" twin says nothing new
+                missing = Problem(self.source, self.key_path(close[0]), "missing required field")
+                if missing in self.problems:
+                    self.problems.remove(missing)
             self.fail(str(key), f"unknown field{hint}; valid fields: {valid}")
 
     # -- typed getters ---------------------------------------------------------

@@ -80,7 +80,7 @@ def builtin_spaces() -> list[str]:
     return sorted(p.stem for p in searchspace_dir().glob("*.yaml"))
 
 
-def load_space(ref: str, source: str = "--space") -> SearchSpace:
+def load_space(ref: str, source: str = "--space", field: str = "") -> SearchSpace:
     """A built-in space name (default, megatron, ...) or a path to a space file."""
     path = Path(ref)
     if not (ref.endswith((".yaml", ".yml")) or "/" in ref):
@@ -88,7 +88,7 @@ def load_space(ref: str, source: str = "--space") -> SearchSpace:
         if ref not in names:
             close = difflib.get_close_matches(ref, names, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise InputError.single(source, "space",
+            raise InputError.single(source, field,
                                     f"unknown search space {ref!r}{hint}; built-in: {', '.join(names)}")
         path = searchspace_dir() / f"{ref}.yaml"
     return read_space(read_yaml(path), str(path))
