@@ -62,10 +62,10 @@ def _document(ref: str, kind: str, source: str, field: str) -> tuple[Any, str]:
             if beside.exists():
                 path = beside
         return read_yaml(path), str(path)
-    path = _index()[kind].get(ref)
-    if path is None:
+    builtin = _index()[kind].get(ref)
+    if builtin is None:
         raise _unknown_name(kind, ref, source, field)
-    return read_yaml(path), str(path)
+    return read_yaml(builtin), str(builtin)
 
 
 def _section(data: Any, kind: str, label: str) -> Any:
