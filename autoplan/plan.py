@@ -3,7 +3,6 @@ plan file: schema v1 of DESIGN.md, read strictly and written deterministically."
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +11,7 @@ from autoplan.descriptors.job import Job, read_job
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.strict import Fields
 from autoplan.errors import InputError, Problem
-from autoplan.vocab import Axis, Recompute, Schedule, ZeroStage
+from autoplan.vocab import Recompute, Schedule, ZeroStage
 
 SCHEMA_VERSION = 1
 
@@ -35,9 +34,6 @@ class Layout:
     @property
     def gpus(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
-
-    def degree(self, axis: Axis) -> int:
-        return int(getattr(self, axis.value))
 
     def to_dict(self) -> dict[str, int]:
         return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep,
@@ -333,6 +329,3 @@ def plan_document(plan: Plan, prediction: Prediction | None = None) -> dict[str,
         out["prediction"] = prediction.to_dict()
     return out
 
-
-def is_plan_mapping(data: Any) -> bool:
-    return isinstance(data, Mapping) and "layout" in data

@@ -9,11 +9,11 @@ from functools import lru_cache
 
 from autoplan.cost import comm, flops, memory
 from autoplan.cost.compute import BF16_BYTES, LayerTimes, Shard, layer_times, logits_times
-from autoplan.descriptors.hardware import Cluster, Device, GiB
+from autoplan.descriptors.hardware import Device, GiB
 from autoplan.descriptors.model import Model
 from autoplan.plan import Memory, Plan, Prediction, TimeBreakdown
 from autoplan.schedules.simulator import simulate
-from autoplan.vocab import Dtype, Recompute, Schedule, ZeroStage
+from autoplan.vocab import Axis, Dtype, Recompute, Schedule, ZeroStage
 
 # Adam step per parameter: read fp32 master, m, v and grad, write master, m, v and
 # the 16-bit weight: 4*4 + 3*4 + 2 bytes (memory-bound; ZeRO paper's K=12 states).
@@ -79,13 +79,14 @@ def stage_params(model: Model, tp: int, pp: int, stage: int, layers: int) -> flo
     return params
 
 
-def _groups(plan: Plan) -> dict[str, comm.Group]:
+def _groups(plan: Plan) -> dict[Axis, comm.Group]:
+    """Communicators by axis, placed in the rank order of ``Axis`` (TP innermost)."""
     lay, c = plan.layout, plan.cluster
     return {
-        "tp": comm.place_group(c, lay.tp, 1),
-        "cp": comm.place_group(c, lay.cp, lay.tp),
+        Axis.TP: comm.place_group(c, lay.tp, 1),
+        Axis.CP: comm.place_group(c, lay.cp, lay.tp),
         # gradients are reduced (and ZeRO shards) over dp x cp (Megatron-LM)
-        "dp": comm.place_group(c, lay.dp * lay.cp, lay.tp),
+        Axis.DP: comm.place_group(c, lay.dp * lay.cp, lay.tp),
     }
 
 
@@ -112,10 +113,10 @@ def _stage_work(plan: Plan) -> tuple[StageWork, ...]:
     act_bytes = BF16_BYTES * shard.tokens * model.hidden  # one layer's output, unsplit by TP
     # Megatron-LM: 2 all-reduces per layer forward and 2 backward (Shoeybi et al. 2019, Fig. 4);
     # with SP each becomes an all-gather + reduce-scatter of the same total time.
-    tp_layer = 2 * comm.all_reduce(act_bytes, groups["tp"])
+    tp_layer = 2 * comm.all_reduce(act_bytes, groups[Axis.TP])
     # ring attention (Liu et al. 2023): cp - 1 steps, each passing this rank's K and V chunk
     kv_chunk = 2 * BF16_BYTES * shard.tokens * model.kv_dim / lay.tp
-    cp_ring = (lay.cp - 1) * comm.p2p(kv_chunk, groups["cp"].domains > 1, plan.cluster)
+    cp_ring = (lay.cp - 1) * comm.p2p(kv_chunk, groups[Axis.CP].domains > 1, plan.cluster)
     # pipeline p2p: Megatron's scatter-gather sends 1/t of the activation with SP
     pp_bytes = act_bytes / (lay.tp if plan.sequence_parallel else 1)
     pp_send = comm.p2p(pp_bytes, _pp_cross_domain(plan), plan.cluster) if lay.pp > 1 else 0.0
@@ -131,12 +132,12 @@ def _stage_work(plan: Plan) -> tuple[StageWork, ...]:
         tp_f = layers * tp_layer
         tp_b_total = layers * tp_layer
         if first:  # vocab-parallel embedding output is all-reduced (reduce-scattered with SP)
-            tp_f += comm.all_reduce(act_bytes, groups["tp"])
+            tp_f += comm.all_reduce(act_bytes, groups[Axis.TP])
         if last:
             lf, lb = logits_times(model, shard, device)
             compute_f, compute_b = compute_f + lf, compute_b + lb
-            tp_f += comm.all_reduce(act_bytes, groups["tp"])
-            tp_b_total += comm.all_reduce(act_bytes, groups["tp"])
+            tp_f += comm.all_reduce(act_bytes, groups[Axis.TP])
+            tp_b_total += comm.all_reduce(act_bytes, groups[Axis.TP])
         # backward TP collectives overlap the weight-gradient GEMMs (Megatron-LM's
         # LinearWithGradAccumulationAndAsyncCommunication)
         tp_b = max(0.0, tp_b_total - layers * lt.backward_weight)
@@ -152,9 +153,9 @@ def _stage_work(plan: Plan) -> tuple[StageWork, ...]:
         cp = layers * (max(0.0, cp_ring - attn_f) + max(0.0, 2 * cp_ring - attn_b))
         params = stage_params(model, lay.tp, lay.pp, s, layers)
         zero3_f = zero3_b = 0.0
-        if plan.zero is ZeroStage.PARAMETERS and groups["dp"].size > 1:
-            gather = comm.all_gather(params * BF16_BYTES, groups["dp"])
-            scatter = comm.reduce_scatter(params * _grad_bytes(plan.job.dtype), groups["dp"])
+        if plan.zero is ZeroStage.PARAMETERS and groups[Axis.DP].size > 1:
+            gather = comm.all_gather(params * BF16_BYTES, groups[Axis.DP])
+            scatter = comm.reduce_scatter(params * _grad_bytes(plan.job.dtype), groups[Axis.DP])
             zero3_f = max(0.0, gather - compute_f)
             zero3_b = max(0.0, gather + scatter - compute_b)
         seen[(layers, first, last)] = StageWork(
@@ -228,7 +229,7 @@ def _dp_exposed(plan: Plan, works: tuple[StageWork, ...], makespan: float,
     """
     if plan.zero is ZeroStage.PARAMETERS:
         return 0.0  # ZeRO-3 communicates per microbatch, inside the stage times
-    group = _groups(plan)["dp"]
+    group = _groups(plan)[Axis.DP]
     if group.size <= 1:
         return 0.0
     exposed = 0.0
@@ -332,6 +333,3 @@ def memory_shortfall(plan: Plan, stage: int, mem: Memory, capacity: float) -> st
     return (f"{where}needs {mem.peak / GiB:.1f} GiB per GPU on {plan.cluster.device.name} "
             f"({capacity / GiB:.0f} GiB): {parts}")
 
-
-def cluster_label(cluster: Cluster) -> str:
-    return f"{cluster.nodes} x {cluster.gpus_per_node} {cluster.device.name}"

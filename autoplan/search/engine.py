@@ -132,7 +132,6 @@ class _Candidate:
     bound: float
     key: tuple
     plan: Plan
-    works: tuple[StageWork, ...]
 
 
 class _Search:
@@ -268,7 +267,7 @@ class _Search:
                 self._note_closest(plan, stage, worst)
                 continue
             bound = step_time_lower_bound(plan, works)
-            out.append(_Candidate(bound, rank_key_static(plan), plan, works))
+            out.append(_Candidate(bound, rank_key_static(plan), plan))
         return out
 
     def run(self) -> SearchResult:
