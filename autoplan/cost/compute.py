@@ -52,6 +52,7 @@ class LayerTimes:
     backward_input: float
     backward_weight: float
     attention_forward: float  # the attention-core part of ``forward`` (selective recompute)
+    attention_backward: float  # the attention-core part of ``backward_input``
 
     @property
     def backward(self) -> float:
@@ -121,6 +122,7 @@ def layer_times(model: Model, shard: Shard, device: Device) -> LayerTimes:
         backward_input=gemm_fwd + attn_bwd + 2 * elem_fwd,  # dgrad GEMMs match forward shapes
         backward_weight=gemm_fwd,  # wgrad GEMMs: same FLOPs, transposed shapes
         attention_forward=attn_fwd,
+        attention_backward=attn_bwd,
     )
 
 

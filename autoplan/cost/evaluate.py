@@ -30,7 +30,8 @@ class StageWork:
     recompute: float
     tp_f: float
     tp_b: float  # exposed part of backward TP communication
-    cp: float  # exposed ring-attention transfers, forward + backward
+    cp_f: float  # exposed ring-attention transfers in forward
+    cp_b: float  # ... and in backward
     pp_f: float  # blocking send of activations (0 on the last stage)
     pp_b: float  # blocking send of gradients (0 on the first stage)
     zero3_f: float  # exposed ZeRO-3 parameter gather in forward
@@ -39,11 +40,11 @@ class StageWork:
 
     @property
     def forward(self) -> float:
-        return self.compute_f + self.tp_f + self.cp / 3 + self.pp_f + self.zero3_f
+        return self.compute_f + self.tp_f + self.cp_f + self.pp_f + self.zero3_f
 
     @property
     def backward(self) -> float:
-        return (self.compute_b + self.recompute + self.tp_b + 2 * self.cp / 3 + self.pp_b
+        return (self.compute_b + self.recompute + self.tp_b + self.cp_b + self.pp_b
                 + self.zero3_b)
 
 
@@ -120,7 +121,9 @@ def _stage_work(plan: Plan) -> tuple[StageWork, ...]:
     # pipeline p2p: Megatron's scatter-gather sends 1/t of the activation with SP
     pp_bytes = act_bytes / (lay.tp if plan.sequence_parallel else 1)
     pp_send = comm.p2p(pp_bytes, _pp_cross_domain(plan), plan.cluster) if lay.pp > 1 else 0.0
-    sends = lay.vpp  # every chunk hands its output on (interleaving multiplies the sends)
+    # every chunk hands its activations on, except the model's last chunk (forward) and
+    # first chunk (backward); with interleaving the other chunks wrap between the ends
+    v = lay.vpp
     out: list[StageWork] = []
     seen: dict[tuple[int, bool, bool], StageWork] = {}  # middle stages repeat
     for s, layers in enumerate(plan.stage_layers):
@@ -147,10 +150,9 @@ def _stage_work(plan: Plan) -> tuple[StageWork, ...]:
             tp_b += layers * tp_layer  # the recomputed forward repeats its collectives
         elif plan.recompute is Recompute.SELECTIVE:
             recompute = layers * lt.attention_forward
-        # exposed = max(0, comm - attention compute), forward and backward (2x the traffic)
-        attn_f = lt.attention_forward
-        attn_b = lt.backward_input - lt.forward + lt.attention_forward  # ~ the attention backward
-        cp = layers * (max(0.0, cp_ring - attn_f) + max(0.0, 2 * cp_ring - attn_b))
+        # exposed = max(0, comm - attention compute); backward passes K, V and their grads
+        cp_f = layers * max(0.0, cp_ring - lt.attention_forward)
+        cp_b = layers * max(0.0, 2 * cp_ring - lt.attention_backward)
         params = stage_params(model, lay.tp, lay.pp, s, layers)
         zero3_f = zero3_b = 0.0
         if plan.zero is ZeroStage.PARAMETERS and groups[Axis.DP].size > 1:
@@ -160,8 +162,8 @@ def _stage_work(plan: Plan) -> tuple[StageWork, ...]:
             zero3_b = max(0.0, gather + scatter - compute_b)
         seen[(layers, first, last)] = StageWork(
             layers=layers, compute_f=compute_f, compute_b=compute_b, recompute=recompute,
-            tp_f=tp_f, tp_b=tp_b, cp=cp,
-            pp_f=0.0 if last else sends * pp_send, pp_b=0.0 if first else sends * pp_send,
+            tp_f=tp_f, tp_b=tp_b, cp_f=cp_f, cp_b=cp_b,
+            pp_f=(v - 1 if last else v) * pp_send, pp_b=(v - 1 if first else v) * pp_send,
             zero3_f=zero3_f, zero3_b=zero3_b, params=params,
         )
         out.append(seen[(layers, first, last)])
@@ -302,7 +304,7 @@ def evaluate(plan: Plan) -> Prediction:
         compute=m * (w.compute_f + w.compute_b),
         recompute=m * w.recompute,
         tp_comm=m * (w.tp_f + w.tp_b),
-        cp_comm=m * w.cp,
+        cp_comm=m * (w.cp_f + w.cp_b),
         pp_comm=m * (w.pp_f + w.pp_b),
         dp_comm=dp_exposed + m * (w.zero3_f + w.zero3_b),
         # idle time of the critical stage; exactly 0 without a pipeline (no float residue)
