@@ -15,11 +15,6 @@ from autoplan.vocab import Recompute, Schedule, ZeroStage
 
 SCHEMA_VERSION = 1
 
-# Schedules the cost model simulates today; the others of the Schedule enum are
-# accepted by the schema and refused with a clear message until they land.
-SIMULATED_SCHEDULES = (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Layout:
     """One degree per mesh axis; their product (without ep) is the GPU count."""
@@ -138,20 +133,22 @@ def plan_problems(plan: Plan) -> list[tuple[str, str]]:
 
 def _schedule_problems(plan: Plan) -> list[tuple[str, str]]:
     lay, sched = plan.layout, plan.schedule
-    if sched not in SIMULATED_SCHEDULES:
-        supported = ", ".join(s.value for s in SIMULATED_SCHEDULES)
-        return [("schedule", f"{sched.value} is not simulated yet; supported: {supported}")]
     if sched is Schedule.INTERLEAVED:
-        out = []
         if lay.vpp < 2 or lay.pp < 2:
-            out.append(("layout.vpp", "the interleaved schedule needs pp >= 2 and vpp >= 2"))
-        elif plan.num_microbatches % lay.pp:
-            out.append(("layout.vpp", f"interleaved 1F1B needs the number of microbatches "
-                                      f"({plan.num_microbatches}) to be a multiple of pp={lay.pp} "
-                                      "(Megatron-LM's rule)"))
-        return out
+            return [("layout.vpp", "the interleaved schedule needs pp >= 2 and vpp >= 2")]
+        if plan.num_microbatches % lay.pp:
+            return [("layout.vpp", f"interleaved 1F1B needs the number of microbatches "
+                                   f"({plan.num_microbatches}) to be a multiple of pp={lay.pp} "
+                                   "(Megatron-LM's rule)")]
+        return []
+    if sched.v_shape:
+        if lay.vpp != 2 or lay.pp < 2:
+            return [("layout.vpp", f"{sched.value} places two model chunks per stage in a V: "
+                                   f"it needs vpp = 2 and pp >= 2, got vpp={lay.vpp}, pp={lay.pp}")]
+        return []
     if lay.vpp != 1:
-        return [("layout.vpp", f"vpp={lay.vpp} needs schedule: interleaved")]
+        return [("layout.vpp", f"vpp={lay.vpp} needs schedule: interleaved (or a V-shape schedule "
+                               "with vpp = 2)")]
     return []
 
 

@@ -43,6 +43,22 @@ class Schedule(str, enum.Enum):
     """Zero-bubble, about twice 1F1B's activation memory (Qi et al. 2024)."""
     ZB_V = "zb-v"
     """Zero-bubble V-shape, two chunks per stage (Qi et al. 2024b)."""
+    V_HALF = "v-half"
+    """V-shape at about half of 1F1B's activation memory (Qi et al. 2024b, "Pipeline
+    Parallelism with Controllable Memory")."""
+    V_MIN = "v-min"
+    """V-shape at about a third of 1F1B's activation memory (Qi et al. 2024b)."""
+
+    @property
+    def splits_backward(self) -> bool:
+        """Runs input-gradient (B) and weight-gradient (W) as separate operations."""
+        return self in (Schedule.ZB_H1, Schedule.ZB_H2, Schedule.ZB_V, Schedule.V_HALF,
+                        Schedule.V_MIN)
+
+    @property
+    def v_shape(self) -> bool:
+        """Places two model chunks per stage, down the pipeline and back (vpp = 2)."""
+        return self in (Schedule.ZB_V, Schedule.V_HALF, Schedule.V_MIN)
 
 
 class Recompute(str, enum.Enum):

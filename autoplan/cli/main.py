@@ -162,6 +162,54 @@ def evaluate(
 
 
 @app.command()
+def explain(
+    plan_path: Annotated[Path, typer.Argument(metavar="PLAN.yaml", help="A plan file.")],
+    timeline: Annotated[Path | None, typer.Option(
+        "--timeline", "-t", help="Also write the simulated schedule as an image (.svg, or .png "
+        "with matplotlib installed).")] = None,
+    microbatches: Annotated[int | None, typer.Option(
+        "--microbatches", min=1, help="Draw the schedule with this many microbatches instead of "
+        "the plan's (a readable picture of the same schedule).")] = None,
+) -> None:
+    """Where time and memory go, and the simulated pipeline schedule as a timeline."""
+    from autoplan.cost.evaluate import evaluate as predict
+    from autoplan.cost.evaluate import simulate_timeline, stage_work
+    from autoplan.descriptors.strict import read_yaml
+    from autoplan.plan import read_plan
+    from autoplan.schedules import timeline as tl
+
+    if timeline is not None and timeline.suffix.lower() not in (".svg", ".png"):
+        raise InputError.single("--timeline", "", f"expected a .svg or .png file, got {timeline}")
+    plan = read_plan(read_yaml(plan_path), str(plan_path))
+    pred = predict(plan)
+    sim = simulate_timeline(plan, microbatches)
+    m = sim_m = plan.num_microbatches
+    if microbatches is not None:
+        sim_m = microbatches
+    output.out.print(f"[bold]{escape(str(plan_path))}[/bold]: " + escape(
+        f"{plan.model.name} on {plan.cluster.gpus} x {plan.cluster.device.name}"))
+    output.out.print(render.summary_line(plan, pred))
+    if not pred.feasible:
+        output.out.print(f"[red]{escape(pred.reason)}[/red]")
+    output.out.print(render.breakdown_table(plan, pred, "where the step time goes"))
+    output.out.print(render.stage_table(plan, stage_work(plan)))
+    output.out.print(render.memory_table(pred))
+    title = (f"{plan.model.name}: {plan.schedule.value}, pp={plan.layout.pp}"
+             + (f", vpp={plan.layout.vpp}" if plan.layout.vpp > 1 else "")
+             + f", {sim_m} microbatches" + (f" (the plan runs {m})" if sim_m != m else ""))
+    output.out.print(f"[bold]timeline[/bold]: {escape(title)}")
+    label = len(f"stage {plan.layout.pp - 1} ") + 12  # stage label and idle share per line
+    output.out.print(tl.timeline_rich(sim.events, plan.layout.pp,
+                                      width=max(20, min(160, output.out.width - label))))
+    if timeline is not None:
+        if timeline.suffix.lower() == ".svg":
+            _write_atomic(timeline, tl.timeline_svg(sim.events, plan.layout.pp, title=title))
+        else:
+            tl.timeline_png(sim.events, plan.layout.pp, timeline, title=title)
+        output.err.print(f"wrote the timeline to {escape(str(timeline))}")
+
+
+@app.command()
 def models(fmt: FormatOpt = Format.table) -> None:
     """List the built-in models with their parameter counts."""
     from rich.table import Table

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from autoplan.cost.evaluate import StageWork
 from autoplan.plan import TIME_TERMS, Plan, Prediction
 from autoplan.search.engine import SearchStats
 
@@ -57,6 +58,19 @@ def breakdown_table(plan: Plan, pred: Prediction, title: str) -> Table:
         value = getattr(pred.breakdown, term)
         table.add_row(term, f"{value:.3f}", f"{value / total:.1%}" if total else "-")
     table.add_row("[bold]step[/bold]", f"[bold]{total:.3f}[/bold]", "100%")
+    return table
+
+
+def stage_table(plan: Plan, works: tuple[StageWork, ...]) -> Table:
+    """Per-stage layers and per-microbatch times: forward, input-grad (B), weight-grad (W)."""
+    table = Table(title="per pipeline stage, one microbatch (ms)", title_justify="left")
+    for col in ("stage", "layers", "F", "B", "W", "of which comm"):
+        table.add_column(col, justify="right")
+    for s, w in enumerate(works):
+        comm_s = w.tp_f + w.tp_b + w.cp_f + w.cp_b + w.pp_f + w.pp_b + w.zero3_f + w.zero3_b
+        table.add_row(str(s), str(w.layers), f"{w.forward * 1e3:.2f}",
+                      f"{w.backward_input * 1e3:.2f}", f"{w.backward_weight * 1e3:.2f}",
+                      f"{comm_s * 1e3:.2f}")
     return table
 
 

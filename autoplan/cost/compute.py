@@ -126,10 +126,11 @@ def layer_times(model: Model, shard: Shard, device: Device) -> LayerTimes:
     )
 
 
-def logits_times(model: Model, shard: Shard, device: Device) -> tuple[float, float]:
-    """(forward, backward) of the vocab-parallel output GEMM and the fp32 cross-entropy."""
+def logits_times(model: Model, shard: Shard, device: Device) -> tuple[float, float, float]:
+    """(forward, input-grad, weight-grad) seconds of the vocab-parallel output GEMM and
+    the fp32 cross-entropy (its backward belongs to the input-grad pass)."""
     gemm = gemm_time(shard.tokens, model.vocab / shard.tp, model.hidden, device, shard.dtype)
     # cross-entropy: upcast logits to fp32, softmax, loss; backward writes the grad
     ce_bytes = shard.tokens * model.vocab / shard.tp * (BF16_BYTES + 4 + 4)
     ce = ce_bytes / (device.hbm_Bps * device.hbm_efficiency)
-    return gemm + ce, 2 * gemm + ce
+    return gemm + ce, gemm + ce, gemm

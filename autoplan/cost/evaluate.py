@@ -12,7 +12,7 @@ from autoplan.cost.compute import BF16_BYTES, LayerTimes, Shard, layer_times, lo
 from autoplan.descriptors.hardware import Device, GiB
 from autoplan.descriptors.model import Model
 from autoplan.plan import Memory, Plan, Prediction, TimeBreakdown
-from autoplan.schedules.simulator import simulate
+from autoplan.schedules.simulator import SimResult, simulate, simulate_exact
 from autoplan.vocab import Axis, Dtype, Recompute, Schedule, ZeroStage
 
 # Adam step per parameter: read fp32 master, m, v and grad, write master, m, v and
@@ -26,7 +26,8 @@ class StageWork:
 
     layers: int
     compute_f: float
-    compute_b: float
+    compute_b: float  # input-gradient (B) compute
+    compute_w: float  # weight-gradient (W) compute
     recompute: float
     tp_f: float
     tp_b: float  # exposed part of backward TP communication
@@ -43,9 +44,19 @@ class StageWork:
         return self.compute_f + self.tp_f + self.cp_f + self.pp_f + self.zero3_f
 
     @property
-    def backward(self) -> float:
+    def backward_input(self) -> float:
+        """B: recompute, input-gradient kernels and the communication they expose."""
         return (self.compute_b + self.recompute + self.tp_b + self.cp_b + self.pp_b
                 + self.zero3_b)
+
+    @property
+    def backward_weight(self) -> float:
+        """W: the weight-gradient GEMMs (zero-bubble schedules run them apart)."""
+        return self.compute_w
+
+    @property
+    def backward(self) -> float:
+        return self.backward_input + self.backward_weight
 
 
 def shard_of(plan: Plan) -> Shard:
@@ -100,7 +111,7 @@ def stage_work(plan: Plan) -> tuple[StageWork, ...]:
     """Per-stage work of a plan. The schedule does not enter it and ZeRO 0-2 differ only
     in memory (their collectives run after the pipeline), so those share one entry."""
     key = dataclasses.replace(
-        plan, schedule=Schedule.ONE_F_ONE_B,
+        plan, schedule=Schedule.ZB_H1 if plan.schedule.splits_backward else Schedule.ONE_F_ONE_B,
         zero=plan.zero if plan.zero is ZeroStage.PARAMETERS else ZeroStage.NONE)
     return _stage_work(key)
 
@@ -131,19 +142,22 @@ def _stage_work(plan: Plan) -> tuple[StageWork, ...]:
         if (layers, first, last) in seen:
             out.append(seen[(layers, first, last)])
             continue
-        compute_f, compute_b = layers * lt.forward, layers * lt.backward
+        compute_f = layers * lt.forward
+        compute_b, compute_w = layers * lt.backward_input, layers * lt.backward_weight
         tp_f = layers * tp_layer
         tp_b_total = layers * tp_layer
         if first:  # vocab-parallel embedding output is all-reduced (reduce-scattered with SP)
             tp_f += comm.all_reduce(act_bytes, groups[Axis.TP])
         if last:
-            lf, lb = logits_times(model, shard, device)
-            compute_f, compute_b = compute_f + lf, compute_b + lb
+            lf, lb, lw = logits_times(model, shard, device)
+            compute_f, compute_b, compute_w = compute_f + lf, compute_b + lb, compute_w + lw
             tp_f += comm.all_reduce(act_bytes, groups[Axis.TP])
             tp_b_total += comm.all_reduce(act_bytes, groups[Axis.TP])
         # backward TP collectives overlap the weight-gradient GEMMs (Megatron-LM's
-        # LinearWithGradAccumulationAndAsyncCommunication)
-        tp_b = max(0.0, tp_b_total - layers * lt.backward_weight)
+        # LinearWithGradAccumulationAndAsyncCommunication); a schedule that defers W to
+        # fill bubbles leaves nothing to hide them behind
+        overlap = 0.0 if plan.schedule.splits_backward else compute_w
+        tp_b = max(0.0, tp_b_total - overlap)
         recompute = 0.0
         if plan.recompute is Recompute.FULL:
             recompute = layers * lt.forward
@@ -159,9 +173,10 @@ def _stage_work(plan: Plan) -> tuple[StageWork, ...]:
             gather = comm.all_gather(params * BF16_BYTES, groups[Axis.DP])
             scatter = comm.reduce_scatter(params * _grad_bytes(plan.job.dtype), groups[Axis.DP])
             zero3_f = max(0.0, gather - compute_f)
-            zero3_b = max(0.0, gather + scatter - compute_b)
+            zero3_b = max(0.0, gather + scatter - compute_b - compute_w)
         seen[(layers, first, last)] = StageWork(
-            layers=layers, compute_f=compute_f, compute_b=compute_b, recompute=recompute,
+            layers=layers, compute_f=compute_f, compute_b=compute_b, compute_w=compute_w,
+            recompute=recompute,
             tp_f=tp_f, tp_b=tp_b, cp_f=cp_f, cp_b=cp_b,
             pp_f=(v - 1 if last else v) * pp_send, pp_b=(v - 1 if first else v) * pp_send,
             zero3_f=zero3_f, zero3_b=zero3_b, params=params,
@@ -287,7 +302,8 @@ def evaluate(plan: Plan) -> Prediction:
     lay, m = plan.layout, plan.num_microbatches
     v = lay.vpp
     sim = simulate(plan.schedule, tuple(w.forward / v for w in works),
-                   tuple(w.backward / v for w in works), m, v)
+                   tuple(w.backward_input / v for w in works),
+                   tuple(w.backward_weight / v for w in works), m, v)
     dp_exposed = _dp_exposed(plan, works, sim.makespan, sim.finish)
     optimizer = optimizer_time(plan, works)
     step = sim.makespan + dp_exposed + optimizer
@@ -301,7 +317,7 @@ def evaluate(plan: Plan) -> Prediction:
     crit = max(range(lay.pp), key=lambda s: (sim.busy[s], -s))
     w = works[crit]
     breakdown = TimeBreakdown(
-        compute=m * (w.compute_f + w.compute_b),
+        compute=m * (w.compute_f + w.compute_b + w.compute_w),
         recompute=m * w.recompute,
         tp_comm=m * (w.tp_f + w.tp_b),
         cp_comm=m * (w.cp_f + w.cp_b),
@@ -335,3 +351,16 @@ def memory_shortfall(plan: Plan, stage: int, mem: Memory, capacity: float) -> st
     return (f"{where}needs {mem.peak / GiB:.1f} GiB per GPU on {plan.cluster.device.name} "
             f"({capacity / GiB:.0f} GiB): {parts}")
 
+
+
+def simulate_timeline(plan: Plan, microbatches: int | None = None) -> SimResult:
+    """The plan's pipeline step, every operation traced (for ``autoplan explain``).
+
+    ``microbatches`` simulates fewer microbatches than the plan runs, to draw a
+    readable picture of the same schedule; None simulates all of them."""
+    works = stage_work(plan)
+    m = plan.num_microbatches if microbatches is None else microbatches
+    v = plan.layout.vpp
+    return simulate_exact(plan.schedule, [w.forward / v for w in works],
+                          [w.backward_input / v for w in works],
+                          [w.backward_weight / v for w in works], m, v, trace=True)

@@ -1,11 +1,32 @@
 """A discrete-event simulator of a pipeline step.
 
-Each stage runs its operations in the order its schedule gives; an operation
-starts when the stage is free and its dependency has finished: F of virtual
-stage k after F of k - 1 (same microbatch), B of k after B of k + 1, and B of
-the last virtual stage after its own F. Point-to-point transfers are blocking
-(Megatron-LM's non-interleaved 1F1B sends and receives synchronously), so they
-are part of an operation's duration. Times are per stage and per chunk.
+Each stage runs its operations in the order its schedule gives
+(:mod:`autoplan.schedules.orders`); an operation starts when the stage is free
+and its dependency has finished:
+
+* F of virtual stage k after F of k - 1 (same microbatch);
+* B of k after B of k + 1, and B of the last virtual stage after its own F;
+* W after the B of the same (virtual stage, microbatch), on the same stage.
+
+Durations are per stage and per chunk: ``forward[s]``, ``backward_input[s]``,
+``backward_weight[s]`` are one chunk's F, B and W on stage s. Schedules that
+do not split the backward (GPipe, 1F1B, interleaved) run B and W as one
+operation of b + w, reported as kind "B". Point-to-point transfers are part of
+the durations (blocking sends, as in Megatron-LM's non-interleaved 1F1B); a
+``p2p_latency_s`` can instead delay every dependency that crosses stages
+without occupying either stage, which is how Qi et al. 2024 (Sec. 5.3,
+Appendix G, Eq. 4-5) count T_comm.
+
+Activation accounting, in (microbatch, chunk) activations per stage: +1 when
+an F finishes; -1 when the fused B finishes, or for split schedules when the W
+finishes. W still needs the layer inputs and the output gradients B saved, so
+a microbatch between B and W is counted as held: conservative, since Qi et al.
+2024 (Table 1) put W's memory M_W below B's M_B. ``memory.peak_inflight`` gives
+the same peaks in closed form.
+
+Every order is checked when compiled: each (kind, virtual stage, microbatch)
+exactly once, on the stage that holds that chunk; an order whose dependencies
+cannot all be met (a deadlock, or a W before its own B) fails an assertion.
 """
 
 from __future__ import annotations
@@ -14,91 +35,202 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from autoplan.schedules.orders import stage_orders as orders_for
+from autoplan.schedules.events import Event
+from autoplan.schedules.orders import Op, chunks_per_stage, stage_orders, virtual_stage
 from autoplan.vocab import Schedule
+
+KINDS = ("F", "B", "W")
+F, B, W = 0, 1, 2  # kind codes in compiled orders
+
+# A compiled operation: (kind code, microbatch, virtual stage, 1 if its dependency is on
+# another stage else 0, chunk).
+CompiledOp = tuple[int, int, int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
 class SimResult:
-    makespan: float  # seconds from the first forward to the last backward
+    makespan: float  # seconds from the first forward to the end of the last operation
     busy: tuple[float, ...]  # seconds each stage computes (or transfers)
     finish: tuple[float, ...]  # when each stage ends its last operation
     peak_inflight: tuple[int, ...]  # most (microbatch, chunk) activations held per stage
+    events: tuple[Event, ...] = ()  # every operation, only when simulated with trace=True
+
+
+@dataclass(frozen=True, slots=True)
+class Compiled:
+    """Operation orders ready to simulate, checked once."""
+
+    orders: tuple[tuple[CompiledOp, ...], ...]  # per stage
+    virtual_stages: int
+    split: bool  # B and W are separate operations
+    counts: tuple[tuple[int, int, int], ...]  # per stage: number of F, B, W
+
+
+def compile_orders(schedule: Schedule, p: int, m: int, v: int,
+                   orders: Sequence[Sequence[Op]]) -> Compiled:
+    """Check ``orders`` (one list of (kind, microbatch, chunk) per stage) and compile them.
+
+    Asserts that every operation the schedule needs appears exactly once, on the
+    stage that holds its chunk, and nothing else does."""
+    assert len(orders) == p, f"{schedule.value}: {len(orders)} stage orders for p={p}"
+    chunks = chunks_per_stage(schedule, v)
+    vstages = p * chunks
+    split = schedule.splits_backward
+    kinds = KINDS if split else KINDS[:2]
+    home = [-1] * vstages
+    for s in range(p):
+        for c in range(chunks):
+            home[virtual_stage(schedule, p, s, c)] = s
+    assert -1 not in home, f"{schedule.value}: placement misses a virtual stage"
+    seen: set[tuple[int, int, int]] = set()
+    out = []
+    counts = []
+    for s, order in enumerate(orders):
+        ops = []
+        n = [0, 0, 0]
+        for kind, j, c in order:
+            assert kind in kinds, f"{schedule.value}: stage {s} runs {kind!r}; kinds are {kinds}"
+            assert 0 <= j < m and 0 <= c < chunks, (
+                f"{schedule.value}: stage {s} runs {kind}{j} of chunk {c} (m={m}, {chunks} chunks)")
+            code, vs = KINDS.index(kind), virtual_stage(schedule, p, s, c)
+            assert (code, vs, j) not in seen, f"{schedule.value}: {kind}{j} of chunk {c} runs twice"
+            seen.add((code, vs, j))
+            if code == F:
+                cross = int(vs > 0 and home[vs - 1] != s)
+            elif code == B:
+                cross = int(vs < vstages - 1 and home[vs + 1] != s)
+            else:
+                cross = 0
+            ops.append((code, j, vs, cross, c))
+            n[code] += 1
+        out.append(tuple(ops))
+        counts.append((n[0], n[1], n[2]))
+    missing = len(kinds) * vstages * m - len(seen)
+    assert not missing, f"{schedule.value}: {missing} operations never run (p={p}, m={m}, v={v})"
+    return Compiled(tuple(out), vstages, split, tuple(counts))
+
+
+@lru_cache(maxsize=256)
+def _compiled_orders(schedule: Schedule, p: int, m: int, v: int) -> Compiled:
+    """The schedule's own orders, compiled (raises ValueError for an undefined (p, m, v))."""
+    return compile_orders(schedule, p, m, v, stage_orders(schedule, p, m, v))
 
 
 def simulate_exact(
     schedule: Schedule,
     forward: Sequence[float],
-    backward: Sequence[float],
+    backward_input: Sequence[float],
+    backward_weight: Sequence[float],
     m: int,
     v: int = 1,
+    trace: bool = False,
+    *,
+    p2p_latency_s: float = 0.0,
 ) -> SimResult:
-    """Simulate every operation. ``forward[s]``/``backward[s]``: one chunk's time on stage s."""
+    """Simulate every operation of one step on ``len(forward)`` stages.
+
+    ``forward[s]``, ``backward_input[s]``, ``backward_weight[s]``: one chunk's F, B,
+    W time on stage s. ``trace`` records every operation as an :class:`Event`.
+    Raises ValueError where the schedule is not defined (see ``orders.check``)."""
     p = len(forward)
-    orders = _compiled_orders(schedule, p, m, v)
-    last_vs = p * v - 1
+    assert len(backward_input) == p == len(backward_weight), "one duration per stage and kind"
+    return run(_compiled_orders(schedule, p, m, v), schedule, forward, backward_input,
+               backward_weight, m, trace, p2p_latency_s)
+
+
+def run(compiled: Compiled, schedule: Schedule, forward: Sequence[float],
+        backward_input: Sequence[float], backward_weight: Sequence[float], m: int,
+        trace: bool = False, p2p_latency_s: float = 0.0) -> SimResult:
+    """Simulate compiled orders (see :func:`simulate_exact`)."""
+    p = len(compiled.orders)
+    split = compiled.split
+    last = compiled.virtual_stages - 1
+    lat = p2p_latency_s
     nan = float("nan")
-    f_end = [[nan] * m for _ in range(p * v)]  # [virtual stage][microbatch] -> end time
-    b_end = [[nan] * m for _ in range(p * v)]
+    f_end = [[nan] * m for _ in range(compiled.virtual_stages)]  # [virtual stage][microbatch]
+    b_end = [[nan] * m for _ in range(compiled.virtual_stages)]
     pos = [0] * p
     free = [0.0] * p
-    busy = [0.0] * p
     held = [0] * p
     peak = [0] * p
-    remaining = sum(len(o) for o in orders)
+    log: list[tuple[int, int, int, int, float, float]] = []
+    remaining = sum(len(o) for o in compiled.orders)
     while remaining:
         progressed = False
         for s in range(p):
-            order, i, t = orders[s], pos[s], free[s]
+            order, i, t = compiled.orders[s], pos[s], free[s]
             n = len(order)
+            if i == n:
+                continue
+            df = forward[s]
+            db = backward_input[s] if split else backward_input[s] + backward_weight[s]
+            dw = backward_weight[s]
+            h, top = held[s], peak[s]
             while i < n:
-                is_f, j, vs = order[i]
-                if is_f:
-                    ready = 0.0 if vs == 0 else f_end[vs - 1][j]
+                kind, j, vs, cross, c = order[i]
+                if kind == F:
+                    ready = f_end[vs - 1][j] + cross * lat if vs else 0.0
+                elif kind == B:
+                    ready = f_end[vs][j] if vs == last else b_end[vs + 1][j] + cross * lat
                 else:
-                    ready = f_end[vs][j] if vs == last_vs else b_end[vs + 1][j]
+                    ready = b_end[vs][j]
                 if ready != ready:  # NaN: the dependency has not run yet
                     break
-                if is_f:
-                    t = (t if t > ready else ready) + forward[s]
+                start = t if t > ready else ready
+                if kind == F:
+                    t = start + df
                     f_end[vs][j] = t
-                    held[s] += 1
-                    if held[s] > peak[s]:
-                        peak[s] = held[s]
-                else:
-                    t = (t if t > ready else ready) + backward[s]
+                    h += 1
+                    if h > top:
+                        top = h
+                elif kind == B:
+                    t = start + db
                     b_end[vs][j] = t
-                    held[s] -= 1
+                    if not split:
+                        h -= 1
+                else:
+                    t = start + dw
+                    h -= 1
+                if trace:
+                    log.append((s, kind, j, c, start, t))
                 i += 1
             if i != pos[s]:
                 remaining -= i - pos[s]
-                done_f = sum(1 for k in range(pos[s], i) if order[k][0])
-                busy[s] += done_f * forward[s] + (i - pos[s] - done_f) * backward[s]
-                pos[s], free[s] = i, t
+                pos[s], free[s], held[s], peak[s] = i, t, h, top
                 progressed = True
-        assert progressed, f"{schedule.value}: operation order deadlocks (p={p}, m={m}, v={v})"
-    return SimResult(max(free), tuple(busy), tuple(free), tuple(peak))
+        assert progressed, f"{schedule.value}: operation order deadlocks ({_stuck(compiled, pos)})"
+    busy = tuple(nf * forward[s] + nb * (backward_input[s] if split else
+                                          backward_input[s] + backward_weight[s])
+                 + nw * backward_weight[s]
+                 for s, (nf, nb, nw) in enumerate(compiled.counts))
+    events = tuple(Event(s, KINDS[k], j, c, a, b) for s, k, j, c, a, b in log)
+    return SimResult(max(free), busy, tuple(free), tuple(peak), events)
 
 
-@lru_cache(maxsize=256)
-def _compiled_orders(schedule: Schedule, p: int, m: int, v: int) -> tuple[tuple, ...]:
-    """Operation orders as (is_forward, microbatch, virtual stage) tuples."""
-    return tuple(
-        tuple((kind == "F", j, chunk * p + s) for kind, j, chunk in order)
-        for s, order in enumerate(orders_for(schedule, p, m, v))
-    )
+def _stuck(compiled: Compiled, pos: list[int]) -> str:
+    """Each unfinished stage's next operation, e.g. 'stage 1 waits to run B0 of chunk 0'."""
+    waits = []
+    for s, order in enumerate(compiled.orders):
+        if pos[s] < len(order):
+            kind, j, _, _, c = order[pos[s]]
+            waits.append(f"stage {s} waits to run {KINDS[kind]}{j} of chunk {c}")
+    return "; ".join(waits)
 
 
 @lru_cache(maxsize=4096)
 def simulate(
     schedule: Schedule,
     forward: tuple[float, ...],
-    backward: tuple[float, ...],
+    backward_input: tuple[float, ...],
+    backward_weight: tuple[float, ...],
     m: int,
     v: int = 1,
+    *,
+    p2p_latency_s: float = 0.0,
 ) -> SimResult:
-    """Memoized :func:`simulate_exact`. Every operation is simulated: extrapolating
-    long runs from short ones is not exact for uneven stages (the max-plus
-    transient can outlast several periods), and the search bounds before it
-    simulates, so few simulations run."""
-    return simulate_exact(schedule, forward, backward, m, v)
+    """Memoized :func:`simulate_exact` without a trace. Every operation is simulated:
+    extrapolating long runs from short ones is not exact for uneven stages (the
+    max-plus transient can outlast several periods), and the search bounds before
+    it simulates, so few simulations run."""
+    return simulate_exact(schedule, forward, backward_input, backward_weight, m, v,
+                          p2p_latency_s=p2p_latency_s)

@@ -27,6 +27,7 @@ from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
 from autoplan.plan import Layout, Memory, Plan, Prediction, uniform_stages
+from autoplan.schedules.memory import peak_inflight
 from autoplan.search.space import SearchSpace
 from autoplan.vocab import Recompute, Schedule, ZeroStage
 
@@ -35,30 +36,6 @@ BOUND_SLACK = 1e-9  # relative; keeps exact ties (broken by memory) in the top k
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def inflight_chunks(schedule: Schedule, p: int, m: int, v: int, stage: int) -> int:
-    """Most microbatch-chunks a stage holds activations for: GPipe all m; 1F1B
-    min(p - s, m) (Narayanan et al. 2021, Sec. 2.2.1); interleaved its warm-up
-    2(p - s - 1) + (v - 1)p plus one (Megatron-LM), at most m*v. The simulator
-    reproduces these counts (tests/test_simulator.py)."""
-    if schedule is Schedule.GPIPE:
-        return m
-    if schedule is Schedule.ONE_F_ONE_B:
-        return min(p - stage, m)
-    if m == p:
-        return m * v
-    return min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)
-
-
-def _distinct_stages(works: tuple[StageWork, ...]) -> list[tuple[int, StageWork]]:
-    """Stages that can hold the most memory: the first, the last, and the first of each
-    run of equal middle stages (in-flight activations never grow with the stage index)."""
-    out = []
-    for s, w in enumerate(works):
-        if s in (0, len(works) - 1) or works[s - 1] != w:
-            out.append((s, w))
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +139,8 @@ class _Search:
         for sched in self.space.schedules:
             if sched is Schedule.INTERLEAVED:
                 out.extend((sched, v) for v in range(2, self.space.vpp_max + 1))
+            elif sched.v_shape:
+                out.append((sched, 2))  # two chunks per stage, down and back
             else:
                 out.append((sched, 1))
         return out
@@ -250,15 +229,19 @@ class _Search:
             lay = dataclasses.replace(base, vpp=v)
             plan = dataclasses.replace(group.plan, layout=lay, schedule=sched)
             m = plan.num_microbatches
-            if v > 1 and (self.model.layers % (lay.pp * v) or m % lay.pp):
-                self.stats.pruned["interleaved: pp*vpp must divide layers, pp the microbatches"] += 1
+            if v > 1 and self.model.layers % (lay.pp * v):
+                self.stats.pruned["pp*vpp must divide layers (model chunks)"] += 1
+                continue
+            if sched is Schedule.INTERLEAVED and m % lay.pp:
+                self.stats.pruned["interleaved: pp must divide the microbatches"] += 1
                 continue
             if v not in works_by_v:
                 works_by_v[v] = stage_work(plan)
             works = works_by_v[v]
+            # every stage: in-flight counts need not fall with the stage index (V-Min)
             stage, worst = max(
-                ((s, stage_memory(plan, s, w, inflight_chunks(sched, lay.pp, m, v, s)))
-                 for s, w in _distinct_stages(works)), key=lambda sm: (sm[1].peak, -sm[0]))
+                ((s, stage_memory(plan, s, w, peak_inflight(sched, lay.pp, m, v, s)))
+                 for s, w in enumerate(works)), key=lambda sm: (sm[1].peak, -sm[0]))
             if worst.peak > self.capacity:
                 static = worst.weights + worst.grads + worst.optimizer + worst.other
                 reason = ("model states exceed memory" if static > self.capacity
