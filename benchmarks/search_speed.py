@@ -14,6 +14,7 @@ import time
 from autoplan.cost import evaluate as evaluate_mod
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
+from autoplan.schedules import memory as schedule_memory
 from autoplan.schedules import simulator
 from autoplan.search.engine import search
 from autoplan.search.space import load_space
@@ -27,7 +28,8 @@ CASES = [
 
 def clear_caches() -> None:
     for fn in (evaluate_mod._layer_times, evaluate_mod._activation_terms,
-               evaluate_mod.stage_params, evaluate_mod._stage_work, evaluate_mod._layer_params_per_rank,
+               evaluate_mod.stage_params, evaluate_mod._stage, evaluate_mod._stage_works,
+               evaluate_mod._shared, evaluate_mod._layer_params_per_rank, schedule_memory.peak_inflight,
                simulator.simulate, simulator._compiled_orders):
         fn.cache_clear()
 

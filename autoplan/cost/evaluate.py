@@ -107,17 +107,45 @@ def _pp_cross_domain(plan: Plan) -> bool:
     return lay.tp * lay.cp * lay.dp >= min(plan.cluster.nvlink_domain, plan.cluster.gpus)
 
 
-def stage_work(plan: Plan) -> tuple[StageWork, ...]:
-    """Per-stage work of a plan. The schedule does not enter it and ZeRO 0-2 differ only
-    in memory (their collectives run after the pipeline), so those share one entry."""
-    key = dataclasses.replace(
+def _cost_key(plan: Plan) -> Plan:
+    """The plan as far as per-stage work depends on it. The schedule enters only through
+    whether it splits the backward; ZeRO 0-2 differ only in memory (their collectives run
+    after the pipeline); the layer split is applied per stage."""
+    return dataclasses.replace(
         plan, schedule=Schedule.ZB_H1 if plan.schedule.splits_backward else Schedule.ONE_F_ONE_B,
-        zero=plan.zero if plan.zero is ZeroStage.PARAMETERS else ZeroStage.NONE)
-    return _stage_work(key)
+        zero=plan.zero if plan.zero is ZeroStage.PARAMETERS else ZeroStage.NONE, stages=None)
+
+
+def stage_work(plan: Plan) -> tuple[StageWork, ...]:
+    """Per-stage work of a plan, one entry per pipeline stage."""
+    return _stage_works(_cost_key(plan), plan.stage_layers)
+
+
+@lru_cache(maxsize=16384)
+def _stage_works(key: Plan, stage_layers: tuple[int, ...]) -> tuple[StageWork, ...]:
+    pp = len(stage_layers)
+    return tuple(_stage(key, s == 0, s == pp - 1, layers) for s, layers in enumerate(stage_layers))
+
+
+def stage_work_for(plan: Plan, stage: int, layers: int) -> StageWork:
+    """Work of ``stage`` if it held ``layers`` layers (the partitioner asks this)."""
+    return _stage(_cost_key(plan), stage == 0, stage == plan.layout.pp - 1, layers)
+
+
+@dataclass(frozen=True, slots=True)
+class _Shared:
+    """Per-plan quantities every stage uses."""
+
+    lt: LayerTimes
+    groups: dict[Axis, comm.Group]
+    act_bytes: float
+    tp_layer: float
+    cp_ring: float
+    pp_send: float
 
 
 @lru_cache(maxsize=8192)
-def _stage_work(plan: Plan) -> tuple[StageWork, ...]:
+def _shared(plan: Plan) -> _Shared:
     model, lay, device = plan.model, plan.layout, plan.cluster.device
     shard = shard_of(plan)
     lt = _layer_times(model, shard, device)
@@ -132,57 +160,58 @@ def _stage_work(plan: Plan) -> tuple[StageWork, ...]:
     # pipeline p2p: Megatron's scatter-gather sends 1/t of the activation with SP
     pp_bytes = act_bytes / (lay.tp if plan.sequence_parallel else 1)
     pp_send = comm.p2p(pp_bytes, _pp_cross_domain(plan), plan.cluster) if lay.pp > 1 else 0.0
+    return _Shared(lt, groups, act_bytes, tp_layer, cp_ring, pp_send)
+
+
+@lru_cache(maxsize=65536)
+def _stage(plan: Plan, first: bool, last: bool, layers: int) -> StageWork:
+    model, lay, device = plan.model, plan.layout, plan.cluster.device
+    shard = shard_of(plan)
+    shared = _shared(plan)
+    lt, groups, act_bytes, tp_layer = shared.lt, shared.groups, shared.act_bytes, shared.tp_layer
+    cp_ring, pp_send = shared.cp_ring, shared.pp_send
     # every chunk hands its activations on, except the model's last chunk (forward) and
     # first chunk (backward); with interleaving the other chunks wrap between the ends
     v = lay.vpp
-    out: list[StageWork] = []
-    seen: dict[tuple[int, bool, bool], StageWork] = {}  # middle stages repeat
-    for s, layers in enumerate(plan.stage_layers):
-        first, last = s == 0, s == lay.pp - 1
-        if (layers, first, last) in seen:
-            out.append(seen[(layers, first, last)])
-            continue
-        compute_f = layers * lt.forward
-        compute_b, compute_w = layers * lt.backward_input, layers * lt.backward_weight
-        tp_f = layers * tp_layer
-        tp_b_total = layers * tp_layer
-        if first:  # vocab-parallel embedding output is all-reduced (reduce-scattered with SP)
-            tp_f += comm.all_reduce(act_bytes, groups[Axis.TP])
-        if last:
-            lf, lb, lw = logits_times(model, shard, device)
-            compute_f, compute_b, compute_w = compute_f + lf, compute_b + lb, compute_w + lw
-            tp_f += comm.all_reduce(act_bytes, groups[Axis.TP])
-            tp_b_total += comm.all_reduce(act_bytes, groups[Axis.TP])
-        # backward TP collectives overlap the weight-gradient GEMMs (Megatron-LM's
-        # LinearWithGradAccumulationAndAsyncCommunication); a schedule that defers W to
-        # fill bubbles leaves nothing to hide them behind
-        overlap = 0.0 if plan.schedule.splits_backward else compute_w
-        tp_b = max(0.0, tp_b_total - overlap)
-        recompute = 0.0
-        if plan.recompute is Recompute.FULL:
-            recompute = layers * lt.forward
-            tp_b += layers * tp_layer  # the recomputed forward repeats its collectives
-        elif plan.recompute is Recompute.SELECTIVE:
-            recompute = layers * lt.attention_forward
-        # exposed = max(0, comm - attention compute); backward passes K, V and their grads
-        cp_f = layers * max(0.0, cp_ring - lt.attention_forward)
-        cp_b = layers * max(0.0, 2 * cp_ring - lt.attention_backward)
-        params = stage_params(model, lay.tp, lay.pp, s, layers)
-        zero3_f = zero3_b = 0.0
-        if plan.zero is ZeroStage.PARAMETERS and groups[Axis.DP].size > 1:
-            gather = comm.all_gather(params * BF16_BYTES, groups[Axis.DP])
-            scatter = comm.reduce_scatter(params * _grad_bytes(plan.job.dtype), groups[Axis.DP])
-            zero3_f = max(0.0, gather - compute_f)
-            zero3_b = max(0.0, gather + scatter - compute_b - compute_w)
-        seen[(layers, first, last)] = StageWork(
-            layers=layers, compute_f=compute_f, compute_b=compute_b, compute_w=compute_w,
-            recompute=recompute,
-            tp_f=tp_f, tp_b=tp_b, cp_f=cp_f, cp_b=cp_b,
-            pp_f=(v - 1 if last else v) * pp_send, pp_b=(v - 1 if first else v) * pp_send,
-            zero3_f=zero3_f, zero3_b=zero3_b, params=params,
-        )
-        out.append(seen[(layers, first, last)])
-    return tuple(out)
+    s = 0 if first else lay.pp - 1 if last else 1  # stage_params asks only first/last
+    compute_f = layers * lt.forward
+    compute_b, compute_w = layers * lt.backward_input, layers * lt.backward_weight
+    tp_f = layers * tp_layer
+    tp_b_total = layers * tp_layer
+    if first:  # vocab-parallel embedding output is all-reduced (reduce-scattered with SP)
+        tp_f += comm.all_reduce(act_bytes, groups[Axis.TP])
+    if last:
+        lf, lb, lw = logits_times(model, shard, device)
+        compute_f, compute_b, compute_w = compute_f + lf, compute_b + lb, compute_w + lw
+        tp_f += comm.all_reduce(act_bytes, groups[Axis.TP])
+        tp_b_total += comm.all_reduce(act_bytes, groups[Axis.TP])
+    # backward TP collectives overlap the weight-gradient GEMMs (Megatron-LM's
+    # LinearWithGradAccumulationAndAsyncCommunication); a schedule that defers W to
+    # fill bubbles leaves nothing to hide them behind
+    overlap = 0.0 if plan.schedule.splits_backward else compute_w
+    tp_b = max(0.0, tp_b_total - overlap)
+    recompute = 0.0
+    if plan.recompute is Recompute.FULL:
+        recompute = layers * lt.forward
+        tp_b += layers * tp_layer  # the recomputed forward repeats its collectives
+    elif plan.recompute is Recompute.SELECTIVE:
+        recompute = layers * lt.attention_forward
+    # exposed = max(0, comm - attention compute); backward passes K, V and their grads
+    cp_f = layers * max(0.0, cp_ring - lt.attention_forward)
+    cp_b = layers * max(0.0, 2 * cp_ring - lt.attention_backward)
+    params = stage_params(model, lay.tp, lay.pp, s, layers)
+    zero3_f = zero3_b = 0.0
+    if plan.zero is ZeroStage.PARAMETERS and groups[Axis.DP].size > 1:
+        gather = comm.all_gather(params * BF16_BYTES, groups[Axis.DP])
+        scatter = comm.reduce_scatter(params * _grad_bytes(plan.job.dtype), groups[Axis.DP])
+        zero3_f = max(0.0, gather - compute_f)
+        zero3_b = max(0.0, gather + scatter - compute_b - compute_w)
+    return StageWork(
+        layers=layers, compute_f=compute_f, compute_b=compute_b, compute_w=compute_w,
+        recompute=recompute, tp_f=tp_f, tp_b=tp_b, cp_f=cp_f, cp_b=cp_b,
+        pp_f=(v - 1 if last else v) * pp_send, pp_b=(v - 1 if first else v) * pp_send,
+        zero3_f=zero3_f, zero3_b=zero3_b, params=params,
+    )
 
 
 def _grad_bytes(dtype: Dtype) -> float:

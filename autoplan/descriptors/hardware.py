@@ -3,7 +3,8 @@ unit in the key; fields here are SI (FLOP/s, bytes, bytes/s, seconds)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any
 
 from autoplan.descriptors.strict import Fields
@@ -41,6 +42,13 @@ class Device:
     attention_efficiency: float = DEFAULT_ATTENTION_EFFICIENCY
     hbm_efficiency: float = DEFAULT_HBM_EFFICIENCY
     reserve_bytes: float = DEFAULT_RESERVE_GIB * GiB
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _cache_hash(self)
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def peak_flops(self, dtype: Dtype) -> float:
         if dtype is Dtype.BF16:
@@ -108,6 +116,13 @@ class Cluster:
     intra_node: Link
     inter_node: Link
     nodes: int = 1
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _cache_hash(self)
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def gpus(self) -> int:
@@ -199,3 +214,9 @@ def read_cluster(f: Fields, device: Device | None) -> Cluster | None:
         inter_node=inter,
         nodes=nodes,
     )
+
+
+def _cache_hash(obj: object) -> None:
+    """Frozen descriptors are hashed on every memoized cost lookup: hash them once."""
+    values = tuple(getattr(obj, f.name) for f in dataclasses.fields(obj) if f.compare)  # type: ignore[arg-type]
+    object.__setattr__(obj, "_hash", hash(values))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any
 
 from autoplan.descriptors.strict import Fields
@@ -32,6 +33,13 @@ class Model:
     bias: bool = False  # linear layers carry biases (GPT-2/GPT-3/Megatron GPT do)
     dropout: bool = False  # dropout after attention/MLP (GPT-3 era yes, Llama no)
     head_dim: int = 0  # 0: hidden // heads
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _cache_hash(self)
+
+    def __hash__(self) -> int:
+        return self._hash
 
     # -- shapes ----------------------------------------------------------------
     @property
@@ -157,3 +165,9 @@ def read_model(f: Fields) -> Model | None:
     if len(f.problems) > before:
         return None
     return Model(**values)
+
+
+def _cache_hash(obj: object) -> None:
+    """Frozen descriptors are hashed on every memoized cost lookup: hash them once."""
+    values = tuple(getattr(obj, f.name) for f in dataclasses.fields(obj) if f.compare)  # type: ignore[arg-type]
+    object.__setattr__(obj, "_hash", hash(values))

@@ -13,10 +13,13 @@ microbatches of a whole stage is ``peak_inflight / v`` (V-shape: / 2).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from autoplan.schedules.orders import PERIOD, check, v_block
 from autoplan.vocab import Schedule
 
 
+@lru_cache(maxsize=65536)
 def peak_inflight(schedule: Schedule, p: int, m: int, v: int, stage: int) -> int:
     """Most (microbatch, chunk) activations stage ``stage`` of p holds at once.
 

@@ -38,6 +38,21 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _fullest_stages(plan: Plan, works: tuple[StageWork, ...]) -> list[tuple[int, int]]:
+    """(stage, in-flight count) of the stages that can hold the most memory: among stages
+    with the same work and position class (first, middle, last), memory grows only with
+    the in-flight count, so the first stage holding the most stands for them. In-flight
+    counts need not fall with the stage index (V-Min), so every stage is looked at."""
+    lay, m = plan.layout, plan.num_microbatches
+    best: dict[tuple[bool, bool, StageWork], tuple[int, int]] = {}
+    for s, w in enumerate(works):
+        n = peak_inflight(plan.schedule, lay.pp, m, lay.vpp, s)
+        key = (s == 0, s == lay.pp - 1, w)
+        if key not in best or n > best[key][1]:
+            best[key] = (s, n)
+    return list(best.values())
+
+
 @dataclass(frozen=True, slots=True)
 class Ranked:
     plan: Plan
@@ -238,10 +253,9 @@ class _Search:
             if v not in works_by_v:
                 works_by_v[v] = stage_work(plan)
             works = works_by_v[v]
-            # every stage: in-flight counts need not fall with the stage index (V-Min)
             stage, worst = max(
-                ((s, stage_memory(plan, s, w, peak_inflight(sched, lay.pp, m, v, s)))
-                 for s, w in enumerate(works)), key=lambda sm: (sm[1].peak, -sm[0]))
+                ((s, stage_memory(plan, s, works[s], n)) for s, n in _fullest_stages(plan, works)),
+                key=lambda sm: (sm[1].peak, -sm[0]))
             if worst.peak > self.capacity:
                 static = worst.weights + worst.grads + worst.optimizer + worst.other
                 reason = ("model states exceed memory" if static > self.capacity
