@@ -286,3 +286,24 @@ def test_the_dp_returns_the_best_ranked_split_of_all(prob):
     else:
         assert got is not None
         assert got.layers == min(fitting, key=lambda s: rank(prob, s))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_min_bottleneck_is_the_dp_optimum_of_equal_layers_without_memory(seed):
+    """stages.min_bottleneck, the search's cheap bound, is exact for equal layers."""
+    import random
+
+    from autoplan.search.stages import min_bottleneck
+
+    rnd = random.Random(seed)
+    p, n = rnd.randint(1, 6), rnd.randint(6, 30)
+    if n < p:
+        return
+    t = rnd.choice([1.0, 0.5, 0.25])
+    fixed = tuple(rnd.choice([0.0, 0.25, 0.5, 1.0, 2.5]) for _ in range(p))
+    problem = PartitionProblem(layer_time=(t,) * n, layer_static=(1.0,) * n,
+                               layer_activation=(0.0,) * n, stage_time=fixed,
+                               stage_static=(0.0,) * p, inflight=(1,) * p, capacity=1e12)
+    part = partition_dp(problem)
+    assert part is not None
+    assert min_bottleneck(t, fixed, n) == pytest.approx(part.bottleneck_s)

@@ -28,7 +28,14 @@ from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
 from autoplan.plan import Layout, Memory, Plan, Prediction, uniform_stages
 from autoplan.schedules.memory import peak_inflight
+from autoplan.search.partition import StageShape
 from autoplan.search.space import SearchSpace
+from autoplan.search.stages import (
+    partition_problem,
+    split_bound,
+    split_bound_with_memory,
+    with_best_stages,
+)
 from autoplan.vocab import Recompute, Schedule, ZeroStage
 
 BOUND_SLACK = 1e-9  # relative; keeps exact ties (broken by memory) in the top k
@@ -116,7 +123,7 @@ class _Group:
     bound: float
     key: tuple
     plan: Plan  # the group's 1F1B, vpp = 1 member
-    schedules: tuple[tuple[Schedule, int], ...]
+    schedules: tuple[tuple[Schedule, int, bool], ...]  # (schedule, vpp, split)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +131,16 @@ class _Candidate:
     bound: float
     key: tuple
     plan: Plan
+
+
+@dataclass(frozen=True, slots=True)
+class _Split:
+    """A plan whose best uneven layer split is yet to be found (only if it can win)."""
+
+    bound: float  # valid for every split: see _Search._group_bound
+    key: tuple
+    plan: Plan  # with the uniform split
+    memory_checked: bool = False  # the bound already accounts for each stage's memory
 
 
 class _Search:
@@ -147,17 +164,21 @@ class _Search:
                     if cp <= sp.cp_max:
                         yield Layout(dp=n // (tp * pp * cp), tp=tp, pp=pp, cp=cp)
 
-    def schedules(self, lay: Layout) -> list[tuple[Schedule, int]]:
+    def schedules(self, lay: Layout) -> list[tuple[Schedule, int, bool]]:
+        """(schedule, vpp, split): split variants take the best uneven layer split the
+        launcher can express (one chunk per stage only); the others the uniform one."""
         if lay.pp == 1:  # without a pipeline every schedule is the same: generate one
-            return [(Schedule.ONE_F_ONE_B, 1)]
-        out: list[tuple[Schedule, int]] = []
+            return [(Schedule.ONE_F_ONE_B, 1, False)]
+        out: list[tuple[Schedule, int, bool]] = []
         for sched in self.space.schedules:
             if sched is Schedule.INTERLEAVED:
-                out.extend((sched, v) for v in range(2, self.space.vpp_max + 1))
+                out.extend((sched, v, False) for v in range(2, self.space.vpp_max + 1))
             elif sched.v_shape:
-                out.append((sched, 2))  # two chunks per stage, down and back
+                out.append((sched, 2, False))  # two chunks per stage, down and back
             else:
-                out.append((sched, 1))
+                out.append((sched, 1, False))
+        if self.space.stage_shape is not StageShape.UNIFORM:
+            out.extend((sched, 1, True) for sched, v, _ in list(out) if v == 1)
         return out
 
     def zeros(self, lay: Layout) -> list[ZeroStage]:
@@ -199,12 +220,7 @@ class _Search:
                                         layout=base, micro_batch=mbs,
                                         schedule=Schedule.ONE_F_ONE_B, recompute=rc, zero=zero,
                                         sequence_parallel=sp)
-                            # vpp = 1 sends the fewest activations and fill/drain are >= 0,
-                            # so this bounds every schedule of the group from below
-                            works = stage_work(plan)
-                            bound = (plan.num_microbatches * max(w.forward + w.backward
-                                                                 for w in works)
-                                     + optimizer_time(plan, works))
+                            bound = self._group_bound(plan)
                             yield _Group(bound, rank_key_static(plan), plan, tuple(scheds))
 
     def _states_exceed_memory(self, lay: Layout, zero: ZeroStage, mbs: int, sp: bool) -> bool:
@@ -235,12 +251,25 @@ class _Search:
         if self.closest is None or key < self.closest[:2]:
             self.closest = (mem.peak, key[1], plan, stage, mem)
 
-    def expand(self, group: _Group) -> list[_Candidate]:
-        """The group's schedules that fit in memory, each with its own bound."""
-        out = []
-        works_by_v: dict[int, tuple[StageWork, ...]] = {}
+    def _group_bound(self, plan: Plan) -> float:
+        """A step time no schedule of the group beats. vpp = 1 sends the fewest
+        activations and a pipeline's fill and drain are >= 0, so m times the busiest
+        stage bounds them all; where the split itself is searched, the mean stage
+        (the total is the same for every split) and the mean stage's optimizer step."""
+        works = stage_work(plan)
+        m = plan.num_microbatches
+        per_stage = [w.forward + w.backward for w in works]
+        optimizer = optimizer_time(plan, works)
+        if self.space.stage_shape is StageShape.UNIFORM or plan.layout.pp == 1:
+            return m * max(per_stage) + optimizer
+        return min(m * max(per_stage) + optimizer, split_bound(plan, works))
+
+    def expand(self, group: _Group) -> list[_Candidate | _Split]:
+        """The group's schedules: uniform splits that fit in memory as candidates with
+        their own bound; split variants deferred with a bound valid for any split."""
+        out: list[_Candidate | _Split] = []
         base = group.plan.layout
-        for sched, v in group.schedules:
+        for sched, v, split in group.schedules:
             lay = dataclasses.replace(base, vpp=v)
             plan = dataclasses.replace(group.plan, layout=lay, schedule=sched)
             m = plan.num_microbatches
@@ -250,27 +279,56 @@ class _Search:
             if sched is Schedule.INTERLEAVED and m % lay.pp:
                 self.stats.pruned["interleaved: pp must divide the microbatches"] += 1
                 continue
-            if v not in works_by_v:
-                works_by_v[v] = stage_work(plan)
-            works = works_by_v[v]
-            stage, worst = max(
-                ((s, stage_memory(plan, s, works[s], n)) for s, n in _fullest_stages(plan, works)),
-                key=lambda sm: (sm[1].peak, -sm[0]))
-            if worst.peak > self.capacity:
-                static = worst.weights + worst.grads + worst.optimizer + worst.other
-                reason = ("model states exceed memory" if static > self.capacity
-                          else "activations exceed memory")
-                self.stats.infeasible[reason] += 1
-                self._note_closest(plan, stage, worst)
+            if split:
+                bound = split_bound(plan, stage_work(plan))
+                out.append(_Split(bound, rank_key_static(plan), plan))
                 continue
-            bound = step_time_lower_bound(plan, works)
-            out.append(_Candidate(bound, rank_key_static(plan), plan))
+            cand = self._candidate(plan)
+            if cand is not None:
+                out.append(cand)
         return out
+
+    def _candidate(self, plan: Plan) -> _Candidate | None:
+        """The plan as a candidate with its exact lower bound, or None (and counted)
+        when it does not fit in memory."""
+        works = stage_work(plan)
+        stage, worst = max(
+            ((s, stage_memory(plan, s, works[s], n)) for s, n in _fullest_stages(plan, works)),
+            key=lambda sm: (sm[1].peak, -sm[0]))
+        if worst.peak > self.capacity:
+            static = worst.weights + worst.grads + worst.optimizer + worst.other
+            reason = ("model states exceed memory" if static > self.capacity
+                      else "activations exceed memory")
+            self.stats.infeasible[reason] += 1
+            self._note_closest(plan, stage, worst)
+            return None
+        return _Candidate(step_time_lower_bound(plan, works), rank_key_static(plan), plan)
+
+    def realize(self, item: _Split) -> _Candidate | _Split | None:
+        """Tighten the split variant's bound with each stage's memory (back to the queue
+        if that raises it), then find its best layer split: the partitioner runs only
+        for splits that can still enter the top k."""
+        problem = partition_problem(item.plan, self.space.stage_shape)
+        if not item.memory_checked:
+            bound = split_bound_with_memory(item.plan, problem)
+            if bound is None:
+                self.stats.infeasible["no layer split the launcher can express fits memory"] += 1
+                return None
+            if bound > item.bound:
+                return _Split(bound, item.key, item.plan, memory_checked=True)
+        plan = with_best_stages(item.plan, self.space.stage_shape, problem)
+        if plan is None:
+            self.stats.infeasible["no layer split the launcher can express fits memory"] += 1
+            return None
+        if plan.stages is None:
+            self.stats.pruned["best layer split is the uniform one (evaluated as such)"] += 1
+            return None
+        return self._candidate(plan)
 
     def run(self) -> SearchResult:
         """Best-first: pop the lowest bound; expand groups, evaluate candidates; stop when
         the lowest remaining bound cannot beat the k-th best step time."""
-        heap: list[tuple[float, tuple, int, _Group | _Candidate]] = []
+        heap: list[tuple[float, tuple, int, _Group | _Candidate | _Split]] = []
         for i, group in enumerate(self.groups()):
             heap.append((group.bound, group.key, i, group))
         heapq.heapify(heap)
@@ -285,10 +343,12 @@ class _Search:
                     len(it.schedules) if isinstance(it, _Group) else 1 for *_, it in heap)
                 break
             heapq.heappop(heap)
-            if isinstance(item, _Group):
-                for cand in self.expand(item):
-                    heapq.heappush(heap, (cand.bound, cand.key, seq, cand))
-                    seq += 1
+            if isinstance(item, _Group | _Split):
+                found = self.expand(item) if isinstance(item, _Group) else [self.realize(item)]
+                for new in found:
+                    if new is not None:
+                        heapq.heappush(heap, (new.bound, new.key, seq, new))
+                        seq += 1
                 continue
             pred = evaluate(item.plan)
             self.stats.evaluated += 1

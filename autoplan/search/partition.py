@@ -251,6 +251,16 @@ def _fit_end(problem: PartitionProblem, s: int) -> tuple[int, ...]:
     """For each start i, the largest end j such that layers [i, j) fit on stage s
     (i - 1 when not even an empty stage fits). Nondecreasing in i, as _bytes is."""
     n, cap = problem.n_layers, problem.capacity
+    if len(set(problem.layer_static)) == 1 and len(set(problem.layer_activation)) == 1:
+        # identical layers (a dense model): memory depends only on how many layers a
+        # stage holds, so one binary search over that count serves every start
+        if _bytes(problem, s, 0, 0) > cap:
+            return tuple(i - 1 for i in range(n + 1))
+        lo, hi = 0, n  # largest k with layers [0, k) fitting
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if _bytes(problem, s, 0, mid) <= cap else (lo, mid - 1)
+        return tuple(min(n, i + lo) for i in range(n + 1))
     out, j = [], -1
     for i in range(n + 1):
         j = max(j, i - 1)

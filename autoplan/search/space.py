@@ -10,6 +10,7 @@ from typing import Any
 from autoplan.descriptors.strict import Fields, read_yaml
 from autoplan.errors import InputError, Problem
 from autoplan.resources import searchspace_dir
+from autoplan.search.partition import StageShape
 from autoplan.vocab import Recompute, Schedule, ZeroStage
 
 
@@ -28,6 +29,7 @@ class SearchSpace:
     zero: tuple[ZeroStage, ...]
     zero_max_with_pp: ZeroStage  # highest ZeRO stage the launcher combines with pp > 1
     sequence_parallel: tuple[bool, ...]  # tried where tp > 1
+    stage_shape: StageShape = StageShape.UNIFORM  # which uneven layer splits the launcher takes
 
 
 def _choices(f: Fields, key: str, kind: Any) -> tuple:
@@ -63,6 +65,7 @@ def read_space(data: Any, source: str) -> SearchSpace:
     zero = _choices(f, "zero", ZeroStage)
     zero_pp = f.enum("zero_max_with_pp", ZeroStage, ZeroStage.PARAMETERS)
     sp = _choices(f, "sequence_parallel", bool)
+    shape = f.enum("stages", StageShape, StageShape.UNIFORM)
     f.close()
     if problems:
         raise InputError(problems)
@@ -72,7 +75,7 @@ def read_space(data: Any, source: str) -> SearchSpace:
         schedules=tuple(s for s in Schedule if s in schedules),
         recompute=tuple(r for r in Recompute if r in recompute),
         zero=tuple(z for z in ZeroStage if z in zero), zero_max_with_pp=zero_pp,
-        sequence_parallel=tuple(sorted(sp, reverse=True)),
+        sequence_parallel=tuple(sorted(sp, reverse=True)), stage_shape=shape,
     )
 
 
