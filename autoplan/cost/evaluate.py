@@ -77,18 +77,39 @@ def _layer_params_per_rank(model: Model, tp: int) -> float:
 
 
 @lru_cache(maxsize=16384)
-def stage_params(model: Model, tp: int, pp: int, stage: int, layers: int) -> float:
-    """Parameters on one rank of ``stage``: its layers, plus the vocab-parallel embedding on
-    the first stage and the final norm and output layer on the last. With tied
-    embeddings and pp > 1 the last stage keeps its own copy (Megatron-LM)."""
+def stage_params(model: Model, tp: int, embedding: bool, output: bool, layers: int) -> float:
+    """Parameters on one rank of a stage: its layers, plus the vocab-parallel embedding
+    where the model starts and the final norm and output layer where it ends. Tied
+    embeddings on another stage than the embedding keep their own copy (Megatron-LM)."""
     params = layers * _layer_params_per_rank(model, tp)
-    if stage == 0:
+    if embedding:
         params += model.vocab * model.hidden / tp + (model.params_embedding - model.vocab * model.hidden)
-    if stage == pp - 1:
+    if output:
         params += model.params_norm
-        if not model.tied_embeddings or pp > 1:
+        if not model.tied_embeddings or not embedding:
             params += model.vocab * model.hidden / tp
     return params
+
+
+def output_stage(plan: Plan) -> int:
+    """The stage holding the output layer and the logits: the last, except for V-shape
+    schedules, whose last model chunk comes back to stage 0."""
+    return 0 if plan.schedule.v_shape else plan.layout.pp - 1
+
+
+def _sends(plan: Plan, stage: int) -> tuple[int, int]:
+    """Activation sends (forward) and gradient sends (backward) of one stage per microbatch.
+
+    Every chunk hands its output on, except the model's last chunk (forward) and first
+    chunk (backward); interleaved chunks wrap between the end stages; in a V the turning
+    stage passes chunk 0 to its own chunk 1 without a send."""
+    p, v = plan.layout.pp, plan.layout.vpp
+    if p == 1:
+        return 0, 0
+    if plan.schedule.v_shape:
+        both = (stage < p - 1) + (stage > 0)
+        return both, both
+    return (v - 1 if stage == p - 1 else v), (v - 1 if stage == 0 else v)
 
 
 def _groups(plan: Plan) -> dict[Axis, comm.Group]:
@@ -111,8 +132,10 @@ def _cost_key(plan: Plan) -> Plan:
     """The plan as far as per-stage work depends on it. The schedule enters only through
     whether it splits the backward; ZeRO 0-2 differ only in memory (their collectives run
     after the pipeline); the layer split is applied per stage."""
+    schedule = (Schedule.ZB_V if plan.schedule.v_shape
+                else Schedule.ZB_H1 if plan.schedule.splits_backward else Schedule.ONE_F_ONE_B)
     return dataclasses.replace(
-        plan, schedule=Schedule.ZB_H1 if plan.schedule.splits_backward else Schedule.ONE_F_ONE_B,
+        plan, schedule=schedule,
         zero=plan.zero if plan.zero is ZeroStage.PARAMETERS else ZeroStage.NONE, stages=None)
 
 
@@ -123,13 +146,15 @@ def stage_work(plan: Plan) -> tuple[StageWork, ...]:
 
 @lru_cache(maxsize=16384)
 def _stage_works(key: Plan, stage_layers: tuple[int, ...]) -> tuple[StageWork, ...]:
-    pp = len(stage_layers)
-    return tuple(_stage(key, s == 0, s == pp - 1, layers) for s, layers in enumerate(stage_layers))
+    out = output_stage(key)
+    return tuple(_stage(key, s == 0, s == out, layers, *_sends(key, s))
+                 for s, layers in enumerate(stage_layers))
 
 
 def stage_work_for(plan: Plan, stage: int, layers: int) -> StageWork:
     """Work of ``stage`` if it held ``layers`` layers (the partitioner asks this)."""
-    return _stage(_cost_key(plan), stage == 0, stage == plan.layout.pp - 1, layers)
+    key = _cost_key(plan)
+    return _stage(key, stage == 0, stage == output_stage(key), layers, *_sends(key, stage))
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,16 +189,14 @@ def _shared(plan: Plan) -> _Shared:
 
 
 @lru_cache(maxsize=65536)
-def _stage(plan: Plan, first: bool, last: bool, layers: int) -> StageWork:
+def _stage(plan: Plan, first: bool, last: bool, layers: int, sends_f: int,
+           sends_b: int) -> StageWork:
+    """One stage: ``first`` holds the embedding, ``last`` the output layer and logits."""
     model, lay, device = plan.model, plan.layout, plan.cluster.device
     shard = shard_of(plan)
     shared = _shared(plan)
     lt, groups, act_bytes, tp_layer = shared.lt, shared.groups, shared.act_bytes, shared.tp_layer
     cp_ring, pp_send = shared.cp_ring, shared.pp_send
-    # every chunk hands its activations on, except the model's last chunk (forward) and
-    # first chunk (backward); with interleaving the other chunks wrap between the ends
-    v = lay.vpp
-    s = 0 if first else lay.pp - 1 if last else 1  # stage_params asks only first/last
     compute_f = layers * lt.forward
     compute_b, compute_w = layers * lt.backward_input, layers * lt.backward_weight
     tp_f = layers * tp_layer
@@ -199,7 +222,7 @@ def _stage(plan: Plan, first: bool, last: bool, layers: int) -> StageWork:
     # exposed = max(0, comm - attention compute); backward passes K, V and their grads
     cp_f = layers * max(0.0, cp_ring - lt.attention_forward)
     cp_b = layers * max(0.0, 2 * cp_ring - lt.attention_backward)
-    params = stage_params(model, lay.tp, lay.pp, s, layers)
+    params = stage_params(model, lay.tp, first, last, layers)
     zero3_f = zero3_b = 0.0
     if plan.zero is ZeroStage.PARAMETERS and groups[Axis.DP].size > 1:
         gather = comm.all_gather(params * BF16_BYTES, groups[Axis.DP])
@@ -209,7 +232,7 @@ def _stage(plan: Plan, first: bool, last: bool, layers: int) -> StageWork:
     return StageWork(
         layers=layers, compute_f=compute_f, compute_b=compute_b, compute_w=compute_w,
         recompute=recompute, tp_f=tp_f, tp_b=tp_b, cp_f=cp_f, cp_b=cp_b,
-        pp_f=(v - 1 if last else v) * pp_send, pp_b=(v - 1 if first else v) * pp_send,
+        pp_f=sends_f * pp_send, pp_b=sends_b * pp_send,
         zero3_f=zero3_f, zero3_b=zero3_b, params=params,
     )
 
@@ -255,7 +278,7 @@ def stage_memory(plan: Plan, stage: int, work: StageWork, inflight_chunks: int) 
     microbatches_held = -(-inflight_chunks // lay.vpp)
     if stage == 0:
         activations += microbatches_held * terms.embedding
-    if stage == lay.pp - 1:
+    if stage == output_stage(plan):
         activations += microbatches_held * terms.logits
     other = plan.cluster.device.reserve_bytes
     if plan.zero is ZeroStage.PARAMETERS:

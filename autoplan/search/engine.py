@@ -17,6 +17,7 @@ from autoplan.cost.evaluate import (
     evaluate,
     memory_shortfall,
     optimizer_time,
+    output_stage,
     stage_memory,
     stage_params,
     stage_work,
@@ -50,11 +51,11 @@ def _fullest_stages(plan: Plan, works: tuple[StageWork, ...]) -> list[tuple[int,
     with the same work and position class (first, middle, last), memory grows only with
     the in-flight count, so the first stage holding the most stands for them. In-flight
     counts need not fall with the stage index (V-Min), so every stage is looked at."""
-    lay, m = plan.layout, plan.num_microbatches
+    lay, m, out = plan.layout, plan.num_microbatches, output_stage(plan)
     best: dict[tuple[bool, bool, StageWork], tuple[int, int]] = {}
     for s, w in enumerate(works):
         n = peak_inflight(plan.schedule, lay.pp, m, lay.vpp, s)
-        key = (s == 0, s == lay.pp - 1, w)
+        key = (s == 0, s == out, w)
         if key not in best or n > best[key][1]:
             best[key] = (s, n)
     return list(best.values())
@@ -231,7 +232,7 @@ class _Search:
         reserve = self.cluster.device.reserve_bytes
         worst: tuple[float, int, Memory] | None = None
         for s in sorted({0, lay.pp - 1, max(range(lay.pp), key=lambda i: layers[i])}):
-            params = stage_params(self.model, lay.tp, lay.pp, s, layers[s])
+            params = stage_params(self.model, lay.tp, s == 0, s == lay.pp - 1, layers[s])
             st = sharded_state_bytes(params, self.job.dtype, zero, lay.dp * lay.cp)
             mem = Memory(weights=st.weights, grads=st.grads, optimizer=st.optimizer,
                          activations=0.0, other=reserve)
