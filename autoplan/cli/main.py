@@ -17,6 +17,7 @@ from rich.markup import escape
 from autoplan import __version__
 from autoplan.cli import output, render
 from autoplan.errors import AutoplanError, InputError
+from autoplan.plan import Plan, Prediction
 from autoplan.vocab import Dtype
 
 app = typer.Typer(
@@ -134,6 +135,19 @@ def search(
             output.err.print(f"wrote the best plan to {out_path}")
 
 
+def _print_prediction(path: Path, plan: Plan, pred: Prediction, *extra: Any) -> None:
+    """A plan's prediction for people: summary, where time goes, (extra), memory."""
+    output.out.print(f"[bold]{escape(str(path))}[/bold]: " + escape(
+        f"{plan.model.name} on {plan.cluster.gpus} x {plan.cluster.device.name}"))
+    output.out.print(render.summary_line(plan, pred))
+    if not pred.feasible:
+        output.out.print(f"[red]{escape(pred.reason)}[/red]")
+    output.out.print(render.breakdown_table(plan, pred, "where the step time goes"))
+    for renderable in extra:
+        output.out.print(renderable)
+    output.out.print(render.memory_table(pred))
+
+
 @app.command()
 def evaluate(
     plans: Annotated[list[Path], typer.Argument(metavar="PLAN.yaml", help="Plan files.")],
@@ -150,13 +164,7 @@ def evaluate(
         output.emit_json({"plans": [plan_document(p, r) for p, r in results]})
     else:
         for path, (plan, pred) in zip(plans, results, strict=True):
-            output.out.print(f"[bold]{escape(str(path))}[/bold]: " + escape(
-                f"{plan.model.name} on {plan.cluster.gpus} x {plan.cluster.device.name}"))
-            output.out.print(render.summary_line(plan, pred))
-            if not pred.feasible:
-                output.out.print(f"[red]{escape(pred.reason)}[/red]")
-            output.out.print(render.breakdown_table(plan, pred, "where the step time goes"))
-            output.out.print(render.memory_table(pred))
+            _print_prediction(path, plan, pred)
     if not all(pred.feasible for _, pred in results):
         raise typer.Exit(1)
 
@@ -183,17 +191,9 @@ def explain(
     plan = read_plan(read_yaml(plan_path), str(plan_path))
     pred = predict(plan)
     sim = simulate_timeline(plan, microbatches)
-    m = sim_m = plan.num_microbatches
-    if microbatches is not None:
-        sim_m = microbatches
-    output.out.print(f"[bold]{escape(str(plan_path))}[/bold]: " + escape(
-        f"{plan.model.name} on {plan.cluster.gpus} x {plan.cluster.device.name}"))
-    output.out.print(render.summary_line(plan, pred))
-    if not pred.feasible:
-        output.out.print(f"[red]{escape(pred.reason)}[/red]")
-    output.out.print(render.breakdown_table(plan, pred, "where the step time goes"))
-    output.out.print(render.stage_table(plan, stage_work(plan)))
-    output.out.print(render.memory_table(pred))
+    m = plan.num_microbatches
+    sim_m = m if microbatches is None else microbatches
+    _print_prediction(plan_path, plan, pred, render.stage_table(plan, stage_work(plan)))
     title = (f"{plan.model.name}: {plan.schedule.value}, pp={plan.layout.pp}"
              + (f", vpp={plan.layout.vpp}" if plan.layout.vpp > 1 else "")
              + f", {sim_m} microbatches" + (f" (the plan runs {m})" if sim_m != m else ""))
