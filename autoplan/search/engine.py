@@ -2,6 +2,10 @@
 memory before any pipeline simulation, then evaluate in order of a lower bound
 on step time and stop once no remaining candidate can enter the top k
 (branch and bound: the result equals brute-force evaluation of every candidate).
+
+Where the space lets a launcher take uneven layer splits, each pipelined schedule
+also has a split variant, kept in the queue with a bound valid for any split; the
+partitioner (search/partition.py) runs only for the variants that reach the front.
 """
 
 from __future__ import annotations
@@ -138,7 +142,7 @@ class _Candidate:
 class _Split:
     """A plan whose best uneven layer split is yet to be found (only if it can win)."""
 
-    bound: float  # valid for every split: see _Search._group_bound
+    bound: float  # valid for every split: stages.split_bound (then split_bound_with_memory)
     key: tuple
     plan: Plan  # with the uniform split
     memory_checked: bool = False  # the bound already accounts for each stage's memory
@@ -255,8 +259,8 @@ class _Search:
     def _group_bound(self, plan: Plan) -> float:
         """A step time no schedule of the group beats. vpp = 1 sends the fewest
         activations and a pipeline's fill and drain are >= 0, so m times the busiest
-        stage bounds them all; where the split itself is searched, the mean stage
-        (the total is the same for every split) and the mean stage's optimizer step."""
+        stage bounds them all; where the split itself is searched, the least
+        bottleneck any split can reach (``stages.split_bound``) if that is lower."""
         works = stage_work(plan)
         m = plan.num_microbatches
         per_stage = [w.forward + w.backward for w in works]
