@@ -4,6 +4,7 @@ plan file: schema v1 of DESIGN.md, read strictly and written deterministically."
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from autoplan.descriptors.hardware import Cluster
@@ -85,6 +86,7 @@ class Plan:
         return out
 
 
+@lru_cache(maxsize=4096)
 def uniform_stages(layers: int, pp: int) -> tuple[int, ...]:
     """Split layers as evenly as possible. The remainder goes one layer each to the
     stages nearest the middle: the first stage also holds the embedding and the most

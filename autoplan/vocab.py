@@ -52,13 +52,16 @@ class Schedule(str, enum.Enum):
     @property
     def splits_backward(self) -> bool:
         """Runs input-gradient (B) and weight-gradient (W) as separate operations."""
-        return self in (Schedule.ZB_H1, Schedule.ZB_H2, Schedule.ZB_V, Schedule.V_HALF,
-                        Schedule.V_MIN)
+        return self.value in _SPLIT_BACKWARD
 
     @property
     def v_shape(self) -> bool:
         """Places two model chunks per stage, down the pipeline and back (vpp = 2)."""
-        return self in (Schedule.ZB_V, Schedule.V_HALF, Schedule.V_MIN)
+        return self.value in _V_SHAPE
+
+
+_V_SHAPE = frozenset({"zb-v", "v-half", "v-min"})
+_SPLIT_BACKWARD = frozenset({"zb-h1", "zb-h2"}) | _V_SHAPE
 
 
 class Recompute(str, enum.Enum):

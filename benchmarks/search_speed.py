@@ -11,6 +11,7 @@ import argparse
 import platform
 import time
 
+from autoplan import plan as plan_mod
 from autoplan.cost import evaluate as evaluate_mod
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
@@ -30,7 +31,7 @@ def clear_caches() -> None:
     for fn in (evaluate_mod._layer_times, evaluate_mod._activation_terms,
                evaluate_mod.stage_params, evaluate_mod._stage, evaluate_mod._stage_works,
                evaluate_mod._shared, evaluate_mod._layer_params_per_rank, schedule_memory.peak_inflight,
-               simulator.simulate, simulator._compiled_orders):
+               simulator.simulate, simulator._compiled_orders, plan_mod.uniform_stages):
         fn.cache_clear()
 
 
