@@ -348,14 +348,19 @@ def hardware_flops(plan: Plan) -> float:
     return model_flops(plan) + extra
 
 
+def _chunk_durations(works: tuple[StageWork, ...], v: int
+                     ) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
+    """Per-stage F, B and W seconds of one model chunk (a stage's work split over vpp)."""
+    return (tuple(w.forward / v for w in works), tuple(w.backward_input / v for w in works),
+            tuple(w.backward_weight / v for w in works))
+
+
 def evaluate(plan: Plan) -> Prediction:
     """Predict step time and memory of a valid plan (see ``plan.plan_problems``)."""
     works = stage_work(plan)  # memoized: the search computed it for the bound
     lay, m = plan.layout, plan.num_microbatches
     v = lay.vpp
-    sim = simulate(plan.schedule, tuple(w.forward / v for w in works),
-                   tuple(w.backward_input / v for w in works),
-                   tuple(w.backward_weight / v for w in works), m, v)
+    sim = simulate(plan.schedule, *_chunk_durations(works, v), m, v)
     dp_exposed = _dp_exposed(plan, works, sim.makespan, sim.finish)
     optimizer = optimizer_time(plan, works)
     step = sim.makespan + dp_exposed + optimizer
@@ -413,6 +418,4 @@ def simulate_timeline(plan: Plan, microbatches: int | None = None) -> SimResult:
     works = stage_work(plan)
     m = plan.num_microbatches if microbatches is None else microbatches
     v = plan.layout.vpp
-    return simulate_exact(plan.schedule, [w.forward / v for w in works],
-                          [w.backward_input / v for w in works],
-                          [w.backward_weight / v for w in works], m, v, trace=True)
+    return simulate_exact(plan.schedule, *_chunk_durations(works, v), m, v, trace=True)

@@ -33,7 +33,7 @@ from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
 from autoplan.plan import Layout, Memory, Plan, Prediction, uniform_stages
 from autoplan.schedules.memory import peak_inflight
-from autoplan.search.partition import StageShape
+from autoplan.search.partition import PartitionProblem, StageShape
 from autoplan.search.space import SearchSpace
 from autoplan.search.stages import (
     partition_problem,
@@ -145,7 +145,7 @@ class _Split:
     bound: float  # valid for every split: stages.split_bound (then split_bound_with_memory)
     key: tuple
     plan: Plan  # with the uniform split
-    memory_checked: bool = False  # the bound already accounts for each stage's memory
+    problem: PartitionProblem | None = None  # set once its bound accounts for memory
 
 
 class _Search:
@@ -313,14 +313,15 @@ class _Search:
         """Tighten the split variant's bound with each stage's memory (back to the queue
         if that raises it), then find its best layer split: the partitioner runs only
         for splits that can still enter the top k."""
-        problem = partition_problem(item.plan, self.space.stage_shape)
-        if not item.memory_checked:
+        problem = item.problem
+        if problem is None:
+            problem = partition_problem(item.plan, self.space.stage_shape)
             bound = split_bound_with_memory(item.plan, problem)
             if bound is None:
                 self.stats.infeasible["no layer split the launcher can express fits memory"] += 1
                 return None
             if bound > item.bound:
-                return _Split(bound, item.key, item.plan, memory_checked=True)
+                return _Split(bound, item.key, item.plan, problem)
         plan = with_best_stages(item.plan, self.space.stage_shape, problem)
         if plan is None:
             self.stats.infeasible["no layer split the launcher can express fits memory"] += 1
