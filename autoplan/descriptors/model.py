@@ -33,6 +33,23 @@ class Model:
     bias: bool = False  # linear layers carry biases (GPT-2/GPT-3/Megatron GPT do)
     dropout: bool = False  # dropout after attention/MLP (GPT-3 era yes, Llama no)
     head_dim: int = 0  # 0: hidden // heads
+    qk_norm: bool = False  # per-head RMSNorm on Q and K (Qwen3, OLMo 2)
+    # -- mixture of experts (Shazeer et al. 2017; Fedus et al. 2022); experts = 0: dense
+    experts: int = 0  # routed experts per MoE layer
+    top_k: int = 0  # routed experts each token goes to
+    moe_ffn_hidden: int = 0  # hidden width of one routed expert
+    shared_experts: int = 0  # experts every token goes through (DeepSeekMoE, Dai et al. 2024)
+    shared_ffn_hidden: int = 0  # hidden width of one shared expert; 0: moe_ffn_hidden
+    dense_layers: int = 0  # the first k layers keep a dense MLP of ffn_hidden
+    capacity_factor: float = 0.0  # tokens an expert takes, x its fair share; 0: dropless
+    # -- multi-head latent attention (DeepSeek-V2, Sec. 2.1); kv_lora_rank = 0: none
+    q_lora_rank: int = 0  # 0: queries projected directly
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # -- multi-token prediction (DeepSeek-V3, Sec. 2.2): extra depth on the output stage
+    mtp_layers: int = 0
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -57,6 +74,51 @@ class Model:
         return self.kv_heads * self.kv_channels
 
     @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts (all but the first dense_layers)."""
+        return self.layers - self.dense_layers if self.is_moe else 0
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether layer ``index`` (0-based, model order) has a mixture of experts."""
+        return self.is_moe and index >= self.dense_layers
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Width of one head's query and key (MLA: the no-RoPE and RoPE parts)."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.kv_channels
+
+    @property
+    def v_channels(self) -> int:
+        """Width of one head's value."""
+        return self.v_head_dim if self.is_mla else self.kv_channels
+
+    @property
+    def attn_widths(self) -> tuple[int, int, int, int]:
+        """(Q, K, V, attention output) widths over all heads, before TP. MLA trains with
+        K and V decompressed per head (DeepSeek-V2, eq. 12-17); GQA shares K and V
+        among the heads of a group (Ainslie et al. 2023)."""
+        if self.is_mla:
+            qk = self.heads * self.qk_head_dim
+            return qk, qk, self.heads * self.v_head_dim, self.heads * self.v_head_dim
+        return self.q_dim, self.kv_dim, self.kv_dim, self.q_dim
+
+    @property
+    def expert_width(self) -> int:
+        return self.moe_ffn_hidden or self.ffn_hidden
+
+    @property
+    def shared_width(self) -> int:
+        return self.shared_ffn_hidden or self.expert_width
+
+    @property
     def mlp_matrices(self) -> int:
         """Weight matrices of hidden x ffn size: gated MLPs (GLU, Shazeer 2020) have 3."""
         return 3 if self.activation.gated else 2
@@ -69,10 +131,29 @@ class Model:
 
     @property
     def params_attention(self) -> int:
-        """Q, K, V and output projections (+ biases)."""
+        """Q, K, V and output projections (+ biases, + Q/K norms)."""
+        if self.is_mla:
+            return self.params_mla
         weights = 2 * self.hidden * self.q_dim + 2 * self.hidden * self.kv_dim
         biases = self.q_dim + 2 * self.kv_dim + self.hidden if self.bias else 0
-        return weights + biases
+        qk_norms = 2 * self.kv_channels if self.qk_norm else 0
+        return weights + biases + qk_norms
+
+    @property
+    def params_mla(self) -> int:
+        """Multi-head latent attention (DeepSeek-V2 Sec. 2.1.2; DeepSeek-V3 modeling code):
+        queries through a low-rank down/up projection with an RMSNorm between (or one
+        projection without q_lora_rank); keys and values from one down projection to the
+        kv latent plus the shared RoPE key, an RMSNorm, one up projection to every head's
+        no-RoPE key and value; the output projection."""
+        h, n = self.hidden, self.heads
+        if self.q_lora_rank:
+            q = h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * n * self.qk_head_dim
+        else:
+            q = h * n * self.qk_head_dim
+        kv = (h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+              + self.kv_lora_rank * n * (self.qk_nope_head_dim + self.v_head_dim))
+        return q + kv + n * self.v_head_dim * h
 
     @property
     def params_mlp(self) -> int:
@@ -82,9 +163,34 @@ class Model:
         return weights + biases
 
     @property
+    def params_expert(self) -> int:
+        """One routed expert: an MLP of moe_ffn_hidden without biases."""
+        return self.mlp_matrices * self.hidden * self.expert_width
+
+    @property
+    def params_router(self) -> int:
+        """The router's linear layer, hidden -> experts (no bias)."""
+        return self.experts * self.hidden
+
+    @property
+    def params_shared_experts(self) -> int:
+        return self.shared_experts * self.mlp_matrices * self.hidden * self.shared_width
+
+    @property
     def params_layer(self) -> int:
-        """One transformer layer: attention, MLP and its two norms."""
+        """One dense transformer layer: attention, MLP and its two norms."""
         return self.params_attention + self.params_mlp + 2 * self.params_norm
+
+    @property
+    def params_moe_layer(self) -> int:
+        """One MoE layer: attention, router, every routed and shared expert, two norms."""
+        return (self.params_attention + self.params_router + self.experts * self.params_expert
+                + self.params_shared_experts + 2 * self.params_norm)
+
+    @property
+    def params_moe_layer_active(self) -> int:
+        """What one token touches of an MoE layer: top_k of the routed experts."""
+        return self.params_moe_layer - (self.experts - self.top_k) * self.params_expert
 
     @property
     def params_embedding(self) -> int:
@@ -100,12 +206,30 @@ class Model:
 
     @property
     def params_total(self) -> int:
-        return self.layers * self.params_layer + self.params_embedding + self.params_output
+        """Every parameter of the model, the multi-token-prediction module excluded (as
+        DeepSeek-V3 reports its 671B)."""
+        dense = self.layers - self.moe_layers
+        return (dense * self.params_layer + self.moe_layers * self.params_moe_layer
+                + self.params_embedding + self.params_output)
 
     @property
     def params_active(self) -> int:
-        """Parameters touched per token; equals the total for dense models."""
-        return self.params_total
+        """Parameters touched per token (top_k of the routed experts); the total for
+        dense models."""
+        unused = self.moe_layers * (self.experts - self.top_k) * self.params_expert
+        return self.params_total - unused
+
+    @property
+    def params_mtp_layer(self) -> int:
+        """One multi-token-prediction module (DeepSeek-V3 Sec. 2.2, Fig. 3): RMSNorms of
+        the hidden state and of the next token's embedding, the 2h -> h projection, one
+        transformer layer and its output norm; embedding and output head are shared."""
+        layer = self.params_moe_layer if self.is_moe else self.params_layer
+        return 2 * self.params_norm + 2 * self.hidden * self.hidden + layer + self.params_norm
+
+    @property
+    def params_mtp(self) -> int:
+        return self.mtp_layers * self.params_mtp_layer
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -126,7 +250,17 @@ class Model:
         }
         if self.head_dim:
             out["head_dim"] = self.head_dim
+        for key in _OPTIONAL:
+            value = getattr(self, key)
+            if value:
+                out[key] = value
         return out
+
+
+# written only when set, so dense models' files stay as they were
+_OPTIONAL = ("qk_norm", "experts", "top_k", "moe_ffn_hidden", "shared_experts",
+             "shared_ffn_hidden", "dense_layers", "capacity_factor", "q_lora_rank",
+             "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mtp_layers")
 
 
 def read_model(f: Fields) -> Model | None:
@@ -137,7 +271,7 @@ def read_model(f: Fields) -> Model | None:
         layers=f.int("layers", min=1),
         hidden=f.int("hidden", min=1),
         heads=f.int("heads", min=1),
-        kv_heads=f.int("kv_heads", min=1),
+        kv_heads=f.int("kv_heads", f.raw("heads", None), min=1),
         ffn_hidden=f.int("ffn_hidden", min=1),
         vocab=f.int("vocab", min=1),
         activation=f.enum("activation", Activation),
@@ -148,23 +282,58 @@ def read_model(f: Fields) -> Model | None:
         bias=f.bool("bias", False),
         dropout=f.bool("dropout", False),
         head_dim=f.int("head_dim", 0, min=0),
+        qk_norm=f.bool("qk_norm", False),
+        capacity_factor=f.float("capacity_factor", 0.0, min=0.0),
     )
+    for key in ("experts", "top_k", "moe_ffn_hidden", "shared_experts", "shared_ffn_hidden",
+                "dense_layers", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                "qk_rope_head_dim", "v_head_dim", "mtp_layers"):
+        values[key] = f.int(key, 0, min=0)
     f.close()
     if len(f.problems) > before:
         return None
-    heads, kv_heads, hidden, head_dim = (
-        values["heads"],
-        values["kv_heads"],
-        values["hidden"],
-        values["head_dim"],
-    )
-    if heads % kv_heads:
-        f.fail("kv_heads", f"expected a divisor of heads ({heads}), got {kv_heads}")
-    if not head_dim and hidden % heads:
-        f.fail("heads", f"expected a divisor of hidden ({hidden}) or an explicit head_dim")
+    v = values
+    if v["heads"] % v["kv_heads"]:
+        f.fail("kv_heads", f"expected a divisor of heads ({v['heads']}), got {v['kv_heads']}")
+    if not v["head_dim"] and not v["kv_lora_rank"] and v["hidden"] % v["heads"]:
+        f.fail("heads", f"expected a divisor of hidden ({v['hidden']}) or an explicit head_dim")
+    _check_moe(f, v)
+    _check_mla(f, v)
     if len(f.problems) > before:
         return None
-    return Model(**values)
+    return Model(**v)
+
+
+def _check_moe(f: Fields, v: dict[str, Any]) -> None:
+    if not v["experts"]:
+        for key in ("top_k", "moe_ffn_hidden", "shared_experts", "shared_ffn_hidden",
+                    "dense_layers", "capacity_factor"):
+            if v[key]:
+                f.fail(key, "is a mixture-of-experts field: give experts too (or leave it out)")
+        return
+    if not 1 <= v["top_k"] <= v["experts"]:
+        f.fail("top_k", f"expected 1 <= top_k <= experts ({v['experts']}), got {v['top_k']}")
+    if v["dense_layers"] >= v["layers"]:
+        f.fail("dense_layers", f"expected fewer than layers ({v['layers']}), got {v['dense_layers']}")
+    if v["shared_ffn_hidden"] and not v["shared_experts"]:
+        f.fail("shared_ffn_hidden", "needs shared_experts >= 1")
+    if v["capacity_factor"] and v["capacity_factor"] * v["top_k"] < 1:
+        f.fail("capacity_factor", "expected capacity_factor * top_k >= 1 (each token needs a slot)")
+
+
+def _check_mla(f: Fields, v: dict[str, Any]) -> None:
+    dims = ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+    if not v["kv_lora_rank"]:
+        for key in (*dims, "q_lora_rank"):
+            if v[key]:
+                f.fail(key, "is a multi-head latent attention field: give kv_lora_rank too")
+        return
+    for key in dims:
+        if not v[key]:
+            f.fail(key, "missing: multi-head latent attention (kv_lora_rank > 0) needs it")
+    if v["kv_heads"] != v["heads"]:
+        f.fail("kv_heads", f"multi-head latent attention has one key and value per head: "
+                           f"expected heads ({v['heads']}) or nothing, got {v['kv_heads']}")
 
 
 def _cache_hash(obj: object) -> None:
