@@ -12,13 +12,17 @@ from autoplan.descriptors.job import Job, read_job
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.strict import Fields
 from autoplan.errors import InputError, Problem
-from autoplan.vocab import Recompute, Schedule, ZeroStage
+from autoplan.vocab import CpComm, Recompute, Schedule, ZeroStage
 
 SCHEMA_VERSION = 1
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Layout:
-    """One degree per mesh axis; their product (without ep) is the GPU count."""
+    """One degree per mesh axis; their product (without ep and etp) is the GPU count.
+
+    Expert layers fold the same ranks differently (Megatron-Core's MoE parallel folding,
+    Liu et al. 2025): the tp*cp*dp ranks of a stage are etp x ep x edp for the experts,
+    etp innermost. etp = 0 on construction means "as tp" (Megatron-LM's default)."""
 
     dp: int
     tp: int
@@ -26,14 +30,27 @@ class Layout:
     cp: int = 1
     ep: int = 1
     vpp: int = 1
+    etp: int = 0
+
+    def __post_init__(self) -> None:
+        if self.etp == 0:
+            object.__setattr__(self, "etp", self.tp)
 
     @property
     def gpus(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
 
+    @property
+    def edp(self) -> int:
+        """Expert data parallel degree: replicas of each expert within a stage."""
+        return self.dp * self.cp * self.tp // (self.ep * self.etp)
+
     def to_dict(self) -> dict[str, int]:
-        return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep,
-                "vpp": self.vpp}
+        out = {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep,
+               "vpp": self.vpp}
+        if self.etp != self.tp:
+            out["etp"] = self.etp
+        return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,6 +65,7 @@ class Plan:
     zero: ZeroStage
     sequence_parallel: bool
     stages: tuple[int, ...] | None = None  # layers per pipeline stage; None = uniform
+    cp_comm: CpComm = CpComm.RING
 
     @property
     def num_microbatches(self) -> int:
@@ -81,6 +99,8 @@ class Plan:
             "zero": int(self.zero),
             "sequence_parallel": self.sequence_parallel,
         }
+        if self.layout.cp > 1:
+            out["cp_comm"] = self.cp_comm.value
         if self.stages is not None or len(set(self.stage_layers)) > 1:
             out["stages"] = list(self.stage_layers)  # uneven splits are written out
         return out
@@ -112,16 +132,13 @@ def plan_problems(plan: Plan) -> list[tuple[str, str]]:
         out.append(("layout.tp", f"tp={lay.tp} must divide heads={m.heads}"))
     if m.kv_heads % lay.tp and lay.tp % m.kv_heads:
         out.append(("layout.tp", f"tp={lay.tp} must divide kv_heads={m.kv_heads} (or be a multiple)"))
-    if m.ffn_hidden % lay.tp:
+    if m.ffn_hidden % lay.tp and m.layers > m.moe_layers:
         out.append(("layout.tp", f"tp={lay.tp} must divide ffn_hidden={m.ffn_hidden}"))
-    if lay.ep != 1:
-        out.append(("layout.ep", f"ep={lay.ep} needs a mixture-of-experts model; {m.name} is dense"))
+    out.extend(_expert_problems(plan))
     if job.global_batch % (lay.dp * plan.micro_batch):
         out.append(("micro_batch", f"dp*micro_batch = {lay.dp}*{plan.micro_batch} must divide "
                                    f"global_batch={job.global_batch}"))
-    if job.seq_len % lay.cp or (lay.cp > 1 and job.seq_len % (2 * lay.cp)):
-        out.append(("layout.cp", f"2*cp = {2 * lay.cp} must divide seq_len={job.seq_len} "
-                                 "(causal load balancing splits the sequence in 2*cp chunks)"))
+    out.extend(_cp_problems(plan))
     if plan.sequence_parallel and lay.tp == 1:
         out.append(("sequence_parallel", "sequence parallelism needs tp > 1"))
     if plan.sequence_parallel and job.seq_len % (lay.tp * lay.cp):
@@ -131,6 +148,52 @@ def plan_problems(plan: Plan) -> list[tuple[str, str]]:
     out.extend(_schedule_problems(plan))
     out.extend(_stage_problems(plan))
     return out
+
+
+def _expert_problems(plan: Plan) -> list[tuple[str, str]]:
+    """Megatron-Core's rules for expert layers (MoE parallel folding): experts divide
+    evenly over ep; etp x ep x edp re-folds a stage's tp x cp x dp ranks; with TP the
+    token dispatcher needs sequence parallelism."""
+    m, lay = plan.model, plan.layout
+    if not m.is_moe:
+        out = []
+        if lay.ep != 1:
+            out.append(("layout.ep", f"ep={lay.ep} needs a mixture-of-experts model; {m.name} is dense"))
+        if lay.etp != lay.tp:
+            out.append(("layout.etp", f"etp={lay.etp} needs a mixture-of-experts model; "
+                                      f"{m.name} is dense"))
+        return out
+    out = []
+    if m.experts % lay.ep:
+        out.append(("layout.ep", f"ep={lay.ep} must divide experts={m.experts}"))
+    ranks = lay.tp * lay.cp * lay.dp
+    if ranks % (lay.ep * lay.etp):
+        out.append(("layout.ep", f"ep*etp = {lay.ep}*{lay.etp} must divide tp*cp*dp = {ranks} "
+                                 "(expert ranks are carved from a stage's ranks)"))
+    if m.expert_width % lay.etp:
+        out.append(("layout.etp", f"etp={lay.etp} must divide moe_ffn_hidden={m.expert_width}"))
+    if m.shared_experts and (m.shared_experts * m.shared_width) % lay.tp:
+        out.append(("layout.tp", f"tp={lay.tp} must divide the shared experts' width "
+                                 f"{m.shared_experts * m.shared_width}"))
+    if lay.tp > 1 and not plan.sequence_parallel:
+        out.append(("sequence_parallel", "mixture-of-experts layers with tp > 1 need sequence "
+                                         "parallelism (Megatron-Core's token dispatcher)"))
+    return out
+
+
+def _cp_problems(plan: Plan) -> list[tuple[str, str]]:
+    m, lay, job = plan.model, plan.layout, plan.job
+    if job.seq_len % lay.cp or (lay.cp > 1 and job.seq_len % (2 * lay.cp)):
+        return [("layout.cp", f"2*cp = {2 * lay.cp} must divide seq_len={job.seq_len} "
+                              "(causal load balancing splits the sequence in 2*cp chunks)")]
+    if lay.cp > 1 and plan.cp_comm is CpComm.A2A:
+        heads = m.heads // lay.tp if m.heads >= lay.tp else 1
+        kv = m.kv_heads // lay.tp if m.kv_heads >= lay.tp else 1
+        if heads % lay.cp or (kv % lay.cp and lay.cp % kv):
+            return [("cp_comm", f"all-to-all context parallelism splits heads over cp: cp={lay.cp} "
+                                f"must divide the {heads} query heads per TP rank and divide (or "
+                                f"be a multiple of) its {kv} key-value heads")]
+    return []
 
 
 def _schedule_problems(plan: Plan) -> list[tuple[str, str]]:
@@ -291,6 +354,7 @@ def read_plan(data: Any, source: str, path: str = "") -> Plan:
     layout_values = dict(
         dp=lf.int("dp", min=1), tp=lf.int("tp", min=1), pp=lf.int("pp", min=1),
         cp=lf.int("cp", 1, min=1), ep=lf.int("ep", 1, min=1), vpp=lf.int("vpp", 1, min=1),
+        etp=lf.int("etp", 0, min=1),
     )
     lf.close()
     values = dict(
@@ -300,6 +364,7 @@ def read_plan(data: Any, source: str, path: str = "") -> Plan:
         zero=f.enum("zero", ZeroStage, ZeroStage.NONE),
         sequence_parallel=f.bool("sequence_parallel", False),
         stages=f.int_list("stages", None, min=1),
+        cp_comm=f.enum("cp_comm", CpComm, CpComm.RING),
     )
     f.raw("prediction", {})  # written by search/evaluate, ignored on input
     f.close()

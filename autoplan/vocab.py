@@ -25,7 +25,22 @@ class Axis(str, enum.Enum):
     PP = "pp"
     """Pipeline parallel: layers split into stages."""
     EP = "ep"
-    """Expert parallel: MoE experts split across ranks carved from dp x cp."""
+    """Expert parallel: MoE experts split across ranks carved from tp x cp x dp."""
+    ETP = "etp"
+    """Expert tensor parallel: each expert's MLP split across ranks (1 or tp)."""
+    EDP = "edp"
+    """Expert data parallel: replicas of the expert layers (tp*cp*dp / (ep*etp))."""
+
+
+class CpComm(str, enum.Enum):
+    """How context parallelism exchanges the sequence (Megatron-LM --cp-comm-type)."""
+
+    RING = "ring"
+    """Ring attention: K and V chunks passed around the CP ring, overlapped with the
+    attention of the chunk in hand (Liu et al. 2023; Megatron-LM's p2p)."""
+    A2A = "a2a"
+    """All-to-all before and after attention, which then runs on heads/cp with the whole
+    sequence (DeepSpeed-Ulysses, Jacobs et al. 2023)."""
 
 
 class Schedule(str, enum.Enum):

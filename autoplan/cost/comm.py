@@ -67,3 +67,18 @@ def p2p(nbytes: float, cross_domain: bool, cluster: Cluster) -> float:
     """One send/recv between neighbouring pipeline stages."""
     link = cluster.inter_node if cross_domain else cluster.intra_node
     return link.latency_s + nbytes / link.effective_Bps
+
+
+def all_to_all(nbytes: float, g: Group) -> float:
+    """All-to-all where each rank holds ``nbytes`` and keeps 1/n of it: pairwise exchange
+    (Thakur et al. 2005, Sec. 4.4), n - 1 steps, each sending nbytes/n to one peer and
+    paying its latency. Peers in the rank's own NVLink domain are reached over the
+    intra-node link, the others through the rank's own NIC (one per GPU, as on
+    rail-optimized DGX clusters)."""
+    if g.size <= 1:
+        return 0.0
+    chunk = nbytes / g.size
+    near = min(g.per_domain, g.size) - 1  # peers in the same domain
+    far = g.size - 1 - near
+    return (near * (g.intra.latency_s + chunk / g.intra.effective_Bps)
+            + far * (g.inter.latency_s + chunk / g.inter.effective_Bps))

@@ -8,6 +8,7 @@ GEMMs under-fill the GPU. Both constants come from the device profile.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from autoplan.cost import flops
@@ -28,6 +29,10 @@ class Shard:
     cp: int
     sequence_parallel: bool
     dtype: Dtype
+    ep: int = 1  # expert parallel degree
+    etp: int = 1  # expert tensor parallel degree
+    expert_load: float = 1.0  # tokens of the busiest expert rank over the mean (>= 1)
+    cp_ring: bool = True  # context parallel by ring attention (else all-to-all, Ulysses)
 
     @property
     def tokens(self) -> int:
@@ -38,6 +43,12 @@ class Shard:
     def norm_tokens(self) -> float:
         """Tokens in the regions outside TP (norms, residual, dropout): SP splits them too."""
         return self.tokens / self.tp if self.sequence_parallel else self.tokens
+
+    def routed_tokens(self, model: Model) -> float:
+        """Token copies the busiest rank's experts receive per layer: each rank routes its
+        sequence-parallel share top_k times (Megatron-Core's all-to-all dispatcher), and
+        the busiest rank gets ``expert_load`` times the mean."""
+        return self.norm_tokens * model.top_k * self.expert_load
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,17 +79,64 @@ def gemm_time(m: float, n: float, k: float, device: Device, dtype: Dtype) -> flo
     return max(compute_s, bytes_moved / (device.hbm_Bps * device.hbm_efficiency))
 
 
-def layer_gemms(model: Model, shard: Shard) -> list[tuple[float, float, float]]:
-    """(m, n, k) of one layer's forward GEMMs after TP sharding (Shoeybi et al. 2019):
-    QKV and MLP-up split by columns, output projection and MLP-down by rows."""
-    t, tokens = shard.tp, shard.tokens
-    h, f = model.hidden, model.ffn_hidden
-    return [
-        (tokens, (model.q_dim + 2 * model.kv_dim) / t, h),  # fused QKV
-        (tokens, h, model.q_dim / t),  # attention output projection
-        (tokens, (model.mlp_matrices - 1) * f / t, h),  # MLP up (+ gate)
-        (tokens, h, f / t),  # MLP down
-    ]
+def attention_gemms(model: Model, shard: Shard) -> list[tuple[float, float, float]]:
+    """(m, n, k) of one layer's attention GEMMs after TP sharding (Shoeybi et al. 2019):
+    QKV split by columns, the output projection by rows. MLA (DeepSeek-V2 Sec. 2.1;
+    Megatron-Core MLASelfAttention) runs its down projections unsplit on every TP rank
+    and splits the up projections by heads."""
+    t, tokens, h = shard.tp, shard.tokens, model.hidden
+    q, k, v, out = model.attn_widths
+    if not model.is_mla:
+        return [(tokens, (q + k + v) / t, h), (tokens, h, out / t)]
+    gemms = [(tokens, model.kv_lora_rank + model.qk_rope_head_dim, h),  # kv down (+ RoPE key)
+             (tokens, model.heads * (model.qk_nope_head_dim + model.v_head_dim) / t,
+              model.kv_lora_rank)]  # kv up
+    if model.q_lora_rank:
+        gemms += [(tokens, model.q_lora_rank, h), (tokens, q / t, model.q_lora_rank)]
+    else:
+        gemms.append((tokens, q / t, h))
+    return [*gemms, (tokens, h, out / t)]
+
+
+def mlp_gemms(model: Model, shard: Shard, width: int) -> list[tuple[float, float, float]]:
+    """A TP-split MLP of hidden width ``width``: up (+ gate) by columns, down by rows."""
+    t, tokens, h = shard.tp, shard.tokens, model.hidden
+    return [(tokens, (model.mlp_matrices - 1) * width / t, h), (tokens, h, width / t)]
+
+
+def layer_gemms(model: Model, shard: Shard, moe: bool = False) -> list[tuple[float, float, float]]:
+    """(m, n, k) of one layer's forward GEMMs, the routed experts excepted (see
+    :func:`expert_time`): attention, and the dense MLP or the MoE router and shared experts."""
+    gemms = attention_gemms(model, shard)
+    if not moe:
+        return gemms + mlp_gemms(model, shard, model.ffn_hidden)
+    gemms.append((shard.norm_tokens, model.experts, model.hidden))  # router, on SP tokens
+    if model.shared_experts:  # fused into one MLP of their summed width (Megatron-Core)
+        gemms += mlp_gemms(model, shard, model.shared_experts * model.shared_width)
+    return gemms
+
+
+GROUPED_GEMM_TILE = 128  # rows per CTA tile of grouped GEMM kernels (CUTLASS, MegaBlocks' 128 blocks)
+
+
+def expert_time(model: Model, shard: Shard, device: Device) -> float:
+    """Forward seconds of the routed experts on the busiest rank: one grouped GEMM per
+    matrix over its experts/ep local experts (Gale et al. 2023, MegaBlocks), the tokens
+    gathered over the expert-TP group and each expert's width split by it. Each expert's
+    rows are padded to whole tiles, so few tokens per expert waste work; the efficiency
+    curve applies to the whole grouped kernel, which launches once."""
+    local = model.experts // shard.ep
+    rows = shard.routed_tokens(model) * shard.etp / local  # per local expert
+    padded = math.ceil(rows / GROUPED_GEMM_TILE) * GROUPED_GEMM_TILE
+    f, h = model.expert_width / shard.etp, model.hidden
+    total = 0.0
+    for n, k in (((model.mlp_matrices - 1) * f, h), (h, f)):
+        work = 2.0 * padded * n * k * local
+        eff = device.gemm_efficiency * work / (work + device.gemm_half_flop)
+        compute_s = work / (device.peak_flops(shard.dtype) * eff)
+        bytes_moved = BF16_BYTES * local * (rows * k + k * n + rows * n)
+        total += max(compute_s, bytes_moved / (device.hbm_Bps * device.hbm_efficiency))
+    return total
 
 
 def attention_core_time(model: Model, shard: Shard, device: Device) -> tuple[float, float]:
@@ -94,27 +152,52 @@ def attention_core_time(model: Model, shard: Shard, device: Device) -> tuple[flo
     return fwd_flops / rate, 2.5 * fwd_flops / rate
 
 
-def elementwise_bytes_forward(model: Model, shard: Shard) -> float:
+def ring_correction_bytes(model: Model, shard: Shard) -> float:
+    """Bytes moved per ring-attention step beyond the attention kernel: the partial output
+    is merged into the running fp32 accumulator with the log-sum-exp rescaling (Liu et al.
+    2023, Ring Attention; Transformer Engine's context-parallel attention): read and write
+    the fp32 output and the per-head statistics."""
+    heads = model.heads / shard.tp
+    return shard.tokens * (heads * model.v_channels * 4 * 2 + heads * 4 * 2)
+
+
+def elementwise_bytes_forward(model: Model, shard: Shard, moe: bool = False) -> float:
     """Bytes moved by one layer's memory-bound forward ops (norms, residual adds,
-    activation function, rotary embedding, dropout), each read once and written once."""
-    e, h, f, t = BF16_BYTES, model.hidden, model.ffn_hidden, shard.tp
+    activation function, rotary embedding, dropout; an MoE layer's token permutation),
+    each read once and written once."""
+    e, h, t = BF16_BYTES, model.hidden, shard.tp
     outside_tp = shard.norm_tokens * h * e * (
         2 * 2  # two norms: read x, write y
         + 2 * 3  # two residual adds: read a, b; write a + b
         + (2 * 2.5 if model.dropout else 0)  # two dropouts: read, write, 1-byte mask
     )
-    act_in = (2 if model.activation.gated else 1) * f / t
-    inside_tp = shard.tokens * e * (act_in + f / t)
+    act_in = 2 if model.activation.gated else 1
+    q, k, _, _ = model.attn_widths
+    inside_tp = 0.0
     if model.position is Position.ROPE:
-        inside_tp += shard.tokens * e * 2 * (model.q_dim + model.kv_dim) / t
-    return outside_tp + inside_tp
+        inside_tp += shard.tokens * e * 2 * (q + k) / t
+    if not moe:
+        return outside_tp + inside_tp + shard.tokens * e * (act_in + 1) * model.ffn_hidden / t
+    shared = model.shared_experts * model.shared_width
+    inside_tp += shard.tokens * e * (act_in + 1) * shared / t
+    routed = shard.routed_tokens(model)
+    # permute (read, write) and unpermute (read, weighted write) the routed copies,
+    # and the experts' activation function over them
+    experts = routed * e * (4 * h + (act_in + 1) * model.expert_width)
+    return outside_tp + inside_tp + experts
 
 
-def layer_times(model: Model, shard: Shard, device: Device) -> LayerTimes:
-    gemm_fwd = sum(gemm_time(m, n, k, device, shard.dtype) for m, n, k in layer_gemms(model, shard))
+def layer_times(model: Model, shard: Shard, device: Device, moe: bool = False) -> LayerTimes:
+    gemm_fwd = sum(gemm_time(m, n, k, device, shard.dtype)
+                   for m, n, k in layer_gemms(model, shard, moe))
+    if moe:
+        gemm_fwd += expert_time(model, shard, device)
     attn_fwd, attn_bwd = attention_core_time(model, shard, device)
     hbm = device.hbm_Bps * device.hbm_efficiency
-    elem_fwd = elementwise_bytes_forward(model, shard) / hbm
+    elem_fwd = elementwise_bytes_forward(model, shard, moe) / hbm
+    if shard.cp > 1 and shard.cp_ring:  # the ring's per-step merges, forward; backward merges the grads too
+        merge = (shard.cp - 1) * ring_correction_bytes(model, shard) / hbm
+        attn_fwd, attn_bwd = attn_fwd + merge, attn_bwd + 2 * merge
     # backward of an elementwise op reads the saved input and the output grad and
     # writes the input grad: about twice the forward traffic
     return LayerTimes(

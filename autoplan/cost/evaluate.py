@@ -11,9 +11,9 @@ from autoplan.cost import comm, flops, memory
 from autoplan.cost.compute import BF16_BYTES, LayerTimes, Shard, layer_times, logits_times
 from autoplan.descriptors.hardware import Device, GiB
 from autoplan.descriptors.model import Model
-from autoplan.plan import Memory, Plan, Prediction, TimeBreakdown
+from autoplan.plan import Layout, Memory, Plan, Prediction, TimeBreakdown
 from autoplan.schedules.simulator import SimResult, simulate, simulate_exact
-from autoplan.vocab import Axis, Dtype, Recompute, Schedule, ZeroStage
+from autoplan.vocab import Axis, CpComm, Dtype, Recompute, Schedule, ZeroStage
 
 # Adam step per parameter: read fp32 master, m, v and grad, write master, m, v and
 # the 16-bit weight: 4*4 + 3*4 + 2 bytes (memory-bound; ZeRO paper's K=12 states).
@@ -37,16 +37,21 @@ class StageWork:
     pp_b: float  # blocking send of gradients (0 on the first stage)
     zero3_f: float  # exposed ZeRO-3 parameter gather in forward
     zero3_b: float  # exposed ZeRO-3 gather + gradient reduce-scatter in backward
-    params: float  # parameters held by one rank of this stage (before ZeRO)
+    params: float  # non-expert parameters held by one rank of this stage (before ZeRO)
+    ep_f: float = 0.0  # MoE all-to-all dispatch and combine (+ expert-TP gathers), forward
+    ep_b: float = 0.0  # ... and backward
+    expert_params: float = 0.0  # routed-expert parameters on one rank (before ZeRO)
+    dense: int = 0  # of ``layers``, those with a dense MLP (the rest are MoE layers)
+    mtp: int = 0  # multi-token-prediction layers held here (the output stage)
 
     @property
     def forward(self) -> float:
-        return self.compute_f + self.tp_f + self.cp_f + self.pp_f + self.zero3_f
+        return self.compute_f + self.tp_f + self.cp_f + self.ep_f + self.pp_f + self.zero3_f
 
     @property
     def backward_input(self) -> float:
         """B: recompute, input-gradient kernels and the communication they expose."""
-        return (self.compute_b + self.recompute + self.tp_b + self.cp_b + self.pp_b
+        return (self.compute_b + self.recompute + self.tp_b + self.cp_b + self.ep_b + self.pp_b
                 + self.zero3_b)
 
     @property
@@ -59,29 +64,67 @@ class StageWork:
         return self.backward_input + self.backward_weight
 
 
+def expert_load(plan: Plan) -> float:
+    """Tokens of the busiest expert rank over the mean: the capacity factor where routing
+    drops (and pads to) capacity, else the job's imbalance for dropless routing."""
+    return plan.model.capacity_factor or plan.job.moe_imbalance
+
+
 def shard_of(plan: Plan) -> Shard:
     lay = plan.layout
+    moe = plan.model.is_moe
     return Shard(plan.micro_batch, plan.job.seq_len, lay.tp, lay.cp, plan.sequence_parallel,
-                 plan.job.dtype)
+                 plan.job.dtype, ep=lay.ep if moe else 1, etp=lay.etp if moe else 1,
+                 expert_load=expert_load(plan) if moe else 1.0,
+                 cp_ring=plan.cp_comm is CpComm.RING)
 
 
 @lru_cache(maxsize=16384)
-def _layer_times(model: Model, shard: Shard, device: Device) -> LayerTimes:
-    return layer_times(model, shard, device)
+def _layer_times(model: Model, shard: Shard, device: Device, moe: bool = False) -> LayerTimes:
+    return layer_times(model, shard, device, moe)
 
 
 @lru_cache(maxsize=1024)
-def _layer_params_per_rank(model: Model, tp: int) -> float:
-    """GEMM weights split by TP; the norms are replicated on every TP rank."""
-    return (model.params_attention + model.params_mlp) / tp + 2 * model.params_norm
+def _layer_params_per_rank(model: Model, tp: int, moe: bool = False) -> float:
+    """Non-expert weights of one layer on one rank: GEMMs split by TP (MLA's down
+    projections and latent norms are replicated), norms replicated; an MoE layer's
+    router and shared experts in place of the dense MLP."""
+    attn = model.params_attention
+    replicated = 2 * model.params_norm
+    if model.is_mla:
+        down = model.hidden * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim)
+        norms = model.q_lora_rank + model.kv_lora_rank
+        attn -= down + norms
+        replicated += down + norms
+    if not moe:
+        return (attn + model.params_mlp) / tp + replicated
+    return (attn + model.params_shared_experts) / tp + replicated + model.params_router
+
+
+def _expert_params_per_rank(model: Model, ep: int, etp: int) -> float:
+    """One MoE layer's routed experts on one rank: experts/ep of them, split by etp."""
+    return model.experts // ep * model.params_expert / etp
+
+
+def _mtp_params_per_rank(model: Model, tp: int) -> float:
+    """One MTP module without its transformer layer: three norms and the 2h -> h
+    projection (TP-split); embedding and output head are the model's own."""
+    return 3 * model.params_norm + 2 * model.hidden * model.hidden / tp
 
 
 @lru_cache(maxsize=16384)
-def stage_params(model: Model, tp: int, embedding: bool, output: bool, layers: int) -> float:
-    """Parameters on one rank of a stage: its layers, plus the vocab-parallel embedding
-    where the model starts and the final norm and output layer where it ends. Tied
-    embeddings on another stage than the embedding keep their own copy (Megatron-LM)."""
-    params = layers * _layer_params_per_rank(model, tp)
+def stage_params(model: Model, tp: int, embedding: bool, output: bool, layers: int,
+                 dense: int | None = None, mtp: int = 0) -> float:
+    """Non-expert parameters on one rank of a stage: its layers (``dense`` of them with a
+    dense MLP; None: all of a dense model), plus the vocab-parallel embedding where the
+    model starts and the final norm and output layer where it ends. Tied embeddings on
+    another stage than the embedding keep their own copy (Megatron-LM)."""
+    dense = layers if dense is None else dense
+    params = dense * _layer_params_per_rank(model, tp)
+    params += (layers - dense + (mtp if model.is_moe else 0)) * _layer_params_per_rank(model, tp, True)
+    if mtp:
+        params += mtp * _mtp_params_per_rank(model, tp)
+        params += 0 if model.is_moe else mtp * _layer_params_per_rank(model, tp)
     if embedding:
         params += model.vocab * model.hidden / tp + (model.params_embedding - model.vocab * model.hidden)
     if output:
@@ -89,6 +132,35 @@ def stage_params(model: Model, tp: int, embedding: bool, output: bool, layers: i
         if not model.tied_embeddings or not embedding:
             params += model.vocab * model.hidden / tp
     return params
+
+
+def stage_expert_params(model: Model, lay: Layout, moe_layers: int) -> float:
+    """Routed-expert parameters on one rank of a stage holding ``moe_layers`` MoE layers
+    (its MTP layers included)."""
+    return moe_layers * _expert_params_per_rank(model, lay.ep, lay.etp) if model.is_moe else 0.0
+
+
+def stage_dense_layers(plan: Plan) -> tuple[int, ...]:
+    """Of each stage's layers, those with a dense MLP (the first ``dense_layers`` of the
+    model). Interleaved and V-shape stages hold several chunks: chunk c of stage s is
+    virtual stage c*p + s (Narayanan et al. 2021), or 2p - 1 - s for a V's second."""
+    k, p, v = plan.model.layers - plan.model.moe_layers, plan.layout.pp, plan.layout.vpp
+    layers = plan.stage_layers
+    if k == 0 or k == plan.model.layers:
+        return layers if k else (0,) * p
+    if v == 1:
+        starts = [sum(layers[:s]) for s in range(p)]
+        return tuple(max(0, min(k - a, n)) for a, n in zip(starts, layers, strict=True))
+    n = plan.model.layers // (p * v)  # layers per chunk (pp*vpp divides layers)
+
+    def dense_in(virtual: int) -> int:
+        return max(0, min(k - virtual * n, n))
+
+    out = []
+    for s in range(p):
+        chunks = (s, 2 * p - 1 - s) if plan.schedule.v_shape else tuple(c * p + s for c in range(v))
+        out.append(sum(dense_in(c) for c in chunks))
+    return tuple(out)
 
 
 def output_stage(plan: Plan) -> int:
@@ -113,13 +185,17 @@ def _sends(plan: Plan, stage: int) -> tuple[int, int]:
 
 
 def _groups(plan: Plan) -> dict[Axis, comm.Group]:
-    """Communicators by axis, placed in the rank order of ``Axis`` (TP innermost)."""
+    """Communicators by axis, placed in the rank order of ``Axis`` (TP innermost); the
+    expert axes by Megatron-Core's expert rank order etp-ep-edp over the same ranks."""
     lay, c = plan.layout, plan.cluster
     return {
         Axis.TP: comm.place_group(c, lay.tp, 1),
         Axis.CP: comm.place_group(c, lay.cp, lay.tp),
         # gradients are reduced (and ZeRO shards) over dp x cp (Megatron-LM)
         Axis.DP: comm.place_group(c, lay.dp * lay.cp, lay.tp),
+        Axis.ETP: comm.place_group(c, lay.etp, 1),
+        Axis.EP: comm.place_group(c, lay.ep, lay.etp),
+        Axis.EDP: comm.place_group(c, lay.edp, lay.etp * lay.ep),
     }
 
 
@@ -141,31 +217,39 @@ def _cost_key(plan: Plan) -> Plan:
 
 def stage_work(plan: Plan) -> tuple[StageWork, ...]:
     """Per-stage work of a plan, one entry per pipeline stage."""
-    return _stage_works(_cost_key(plan), plan.stage_layers)
+    return _stage_works(_cost_key(plan), plan.stage_layers, stage_dense_layers(plan))
 
 
 @lru_cache(maxsize=16384)
-def _stage_works(key: Plan, stage_layers: tuple[int, ...]) -> tuple[StageWork, ...]:
+def _stage_works(key: Plan, stage_layers: tuple[int, ...],
+                 dense: tuple[int, ...]) -> tuple[StageWork, ...]:
     out = output_stage(key)
-    return tuple(_stage(key, s == 0, s == out, layers, *_sends(key, s))
+    return tuple(_stage(key, s == 0, s == out, layers, dense[s], *_sends(key, s))
                  for s, layers in enumerate(stage_layers))
 
 
-def stage_work_for(plan: Plan, stage: int, layers: int) -> StageWork:
-    """Work of ``stage`` if it held ``layers`` layers (the partitioner asks this)."""
+def stage_work_for(plan: Plan, stage: int, layers: int, dense: int | None = None) -> StageWork:
+    """Work of ``stage`` if it held ``layers`` layers, ``dense`` of them with a dense MLP
+    (None: as many as the model's layer kinds allow, all for a dense model, none for a
+    mixture of experts). The partitioner asks this."""
     key = _cost_key(plan)
-    return _stage(key, stage == 0, stage == output_stage(key), layers, *_sends(key, stage))
+    if dense is None:
+        dense = layers if not plan.model.is_moe else 0
+    return _stage(key, stage == 0, stage == output_stage(key), layers, dense, *_sends(key, stage))
 
 
 @dataclass(frozen=True, slots=True)
 class _Shared:
     """Per-plan quantities every stage uses."""
 
-    lt: LayerTimes
+    lt: LayerTimes  # a dense layer
+    lt_moe: LayerTimes  # an MoE layer (the dense one's for a dense model)
     groups: dict[Axis, comm.Group]
     act_bytes: float
     tp_layer: float
-    cp_ring: float
+    cp_f: float  # exposed context-parallel communication per layer, forward
+    cp_b: float  # ... backward
+    ep_layer: float  # MoE token dispatch and combine per MoE layer, one direction
     pp_send: float
 
 
@@ -174,66 +258,124 @@ def _shared(plan: Plan) -> _Shared:
     model, lay, device = plan.model, plan.layout, plan.cluster.device
     shard = shard_of(plan)
     lt = _layer_times(model, shard, device)
+    lt_moe = _layer_times(model, shard, device, True) if model.is_moe else lt
     groups = _groups(plan)
     act_bytes = BF16_BYTES * shard.tokens * model.hidden  # one layer's output, unsplit by TP
     # Megatron-LM: 2 all-reduces per layer forward and 2 backward (Shoeybi et al. 2019, Fig. 4);
     # with SP each becomes an all-gather + reduce-scatter of the same total time.
     tp_layer = 2 * comm.all_reduce(act_bytes, groups[Axis.TP])
-    # ring attention (Liu et al. 2023): cp - 1 steps, each passing this rank's K and V chunk
-    kv_chunk = 2 * BF16_BYTES * shard.tokens * model.kv_dim / lay.tp
-    cp_ring = (lay.cp - 1) * comm.p2p(kv_chunk, groups[Axis.CP].domains > 1, plan.cluster)
+    cp_f, cp_b = _cp_exposed(plan, shard, lt, groups[Axis.CP])
+    ep_layer = _ep_layer(plan, shard, groups) if model.is_moe else 0.0
     # pipeline p2p: Megatron's scatter-gather sends 1/t of the activation with SP
     pp_bytes = act_bytes / (lay.tp if plan.sequence_parallel else 1)
     pp_send = comm.p2p(pp_bytes, _pp_cross_domain(plan), plan.cluster) if lay.pp > 1 else 0.0
-    return _Shared(lt, groups, act_bytes, tp_layer, cp_ring, pp_send)
+    return _Shared(lt, lt_moe, groups, act_bytes, tp_layer, cp_f, cp_b, ep_layer, pp_send)
+
+
+def _cp_exposed(plan: Plan, shard: Shard, lt: LayerTimes, group: comm.Group
+                ) -> tuple[float, float]:
+    """Exposed context-parallel communication of one layer, (forward, backward).
+
+    Ring (Liu et al. 2023; Megatron-LM/Transformer Engine p2p with causal load balancing,
+    so every step carries equal work): cp - 1 steps, each passing this rank's K and V
+    chunk to the next rank while attention runs on the chunk in hand, so a step costs
+    max(0, transfer - attention/cp) beyond compute; backward passes K, V and their grads.
+    All-to-all (DeepSpeed-Ulysses, Jacobs et al. 2023, Sec. 3.1): Q, K, V are exchanged
+    before attention and the output after it, forward and (as their grads) backward,
+    with nothing to hide behind."""
+    model, lay = plan.model, plan.layout
+    if lay.cp == 1:
+        return 0.0, 0.0
+    q, k, v, out = model.attn_widths
+    tokens = shard.tokens
+    if plan.cp_comm is CpComm.A2A:
+        qkv = comm.all_to_all(BF16_BYTES * tokens * (q + k + v) / lay.tp, group)
+        after = comm.all_to_all(BF16_BYTES * tokens * out / lay.tp, group)
+        return qkv + after, qkv + after
+    kv_chunk = BF16_BYTES * tokens * (k + v) / lay.tp
+    step = comm.p2p(kv_chunk, group.domains > 1, plan.cluster)
+    steps = lay.cp - 1
+    return (steps * max(0.0, step - lt.attention_forward / lay.cp),
+            steps * max(0.0, 2 * step - lt.attention_backward / lay.cp))
+
+
+def _ep_layer(plan: Plan, shard: Shard, groups: dict[Axis, comm.Group]) -> float:
+    """One direction's MoE communication of one layer: the all-to-all dispatching each
+    routed token copy to its expert's rank and the one combining the outputs back
+    (Lepikhin et al. 2021, GShard; Megatron-Core MoEAlltoAllTokenDispatcher), on the
+    busiest rank's volume; with expert TP the dispatched tokens are all-gathered over
+    etp ranks before the experts and reduce-scattered after."""
+    model = plan.model
+    routed = BF16_BYTES * shard.routed_tokens(model) * model.hidden
+    out = 2 * comm.all_to_all(routed, groups[Axis.EP])
+    if plan.layout.etp > 1:
+        gathered = routed * plan.layout.etp
+        out += comm.all_gather(gathered, groups[Axis.ETP]) + comm.reduce_scatter(
+            gathered, groups[Axis.ETP])
+    return out
 
 
 @lru_cache(maxsize=65536)
-def _stage(plan: Plan, first: bool, last: bool, layers: int, sends_f: int,
+def _stage(plan: Plan, first: bool, last: bool, layers: int, dense: int, sends_f: int,
            sends_b: int) -> StageWork:
-    """One stage: ``first`` holds the embedding, ``last`` the output layer and logits."""
+    """One stage: ``first`` holds the embedding, ``last`` the output layer and logits;
+    ``dense`` of its ``layers`` have a dense MLP, the others experts."""
     model, lay, device = plan.model, plan.layout, plan.cluster.device
     shard = shard_of(plan)
     shared = _shared(plan)
-    lt, groups, act_bytes, tp_layer = shared.lt, shared.groups, shared.act_bytes, shared.tp_layer
-    cp_ring, pp_send = shared.cp_ring, shared.pp_send
-    compute_f = layers * lt.forward
-    compute_b, compute_w = layers * lt.backward_input, layers * lt.backward_weight
-    tp_f = layers * tp_layer
-    tp_b_total = layers * tp_layer
+    lt, lt_moe, groups, act_bytes = shared.lt, shared.lt_moe, shared.groups, shared.act_bytes
+    tp_layer, pp_send = shared.tp_layer, shared.pp_send
+    mtp = model.mtp_layers if last else 0
+    own_dense = dense
+    moe = layers - dense + (mtp if model.is_moe else 0)  # MTP modules repeat the last layer kind
+    dense += 0 if model.is_moe else mtp
+    n = dense + moe
+    compute_f = dense * lt.forward + moe * lt_moe.forward
+    compute_b = dense * lt.backward_input + moe * lt_moe.backward_input
+    compute_w = dense * lt.backward_weight + moe * lt_moe.backward_weight
+    tp_f = n * tp_layer
+    tp_b_total = n * tp_layer
     if first:  # vocab-parallel embedding output is all-reduced (reduce-scattered with SP)
         tp_f += comm.all_reduce(act_bytes, groups[Axis.TP])
     if last:
         lf, lb, lw = logits_times(model, shard, device)
-        compute_f, compute_b, compute_w = compute_f + lf, compute_b + lb, compute_w + lw
-        tp_f += comm.all_reduce(act_bytes, groups[Axis.TP])
-        tp_b_total += comm.all_reduce(act_bytes, groups[Axis.TP])
+        heads = 1 + mtp  # each MTP depth predicts one more token through the shared head
+        compute_f, compute_b, compute_w = compute_f + heads * lf, compute_b + heads * lb, compute_w + heads * lw
+        tp_f += heads * comm.all_reduce(act_bytes, groups[Axis.TP])
+        tp_b_total += heads * comm.all_reduce(act_bytes, groups[Axis.TP])
     # backward TP collectives overlap the weight-gradient GEMMs (Megatron-LM's
     # LinearWithGradAccumulationAndAsyncCommunication); a schedule that defers W to
     # fill bubbles leaves nothing to hide them behind
     overlap = 0.0 if plan.schedule.splits_backward else compute_w
     tp_b = max(0.0, tp_b_total - overlap)
+    ep_f = ep_b = moe * shared.ep_layer  # not overlapped (Megatron-LM's default)
+    cp_f, cp_b = n * shared.cp_f, n * shared.cp_b
     recompute = 0.0
     if plan.recompute is Recompute.FULL:
-        recompute = layers * lt.forward
-        tp_b += layers * tp_layer  # the recomputed forward repeats its collectives
+        recompute = dense * lt.forward + moe * lt_moe.forward
+        tp_b += n * tp_layer  # the recomputed forward repeats its collectives
+        ep_b += ep_f
+        cp_b += cp_f
     elif plan.recompute is Recompute.SELECTIVE:
-        recompute = layers * lt.attention_forward
-    # exposed = max(0, comm - attention compute); backward passes K, V and their grads
-    cp_f = layers * max(0.0, cp_ring - lt.attention_forward)
-    cp_b = layers * max(0.0, 2 * cp_ring - lt.attention_backward)
-    params = stage_params(model, lay.tp, first, last, layers)
+        recompute = dense * lt.attention_forward + moe * lt_moe.attention_forward
+    params = stage_params(model, lay.tp, first, last, layers, own_dense, mtp)
+    expert_params = stage_expert_params(model, lay, moe)
     zero3_f = zero3_b = 0.0
     if plan.zero is ZeroStage.PARAMETERS and groups[Axis.DP].size > 1:
         gather = comm.all_gather(params * BF16_BYTES, groups[Axis.DP])
         scatter = comm.reduce_scatter(params * _grad_bytes(plan.job.dtype), groups[Axis.DP])
+        if expert_params:
+            gather += comm.all_gather(expert_params * BF16_BYTES, groups[Axis.EDP])
+            scatter += comm.reduce_scatter(expert_params * _grad_bytes(plan.job.dtype),
+                                           groups[Axis.EDP])
         zero3_f = max(0.0, gather - compute_f)
         zero3_b = max(0.0, gather + scatter - compute_b - compute_w)
     return StageWork(
         layers=layers, compute_f=compute_f, compute_b=compute_b, compute_w=compute_w,
         recompute=recompute, tp_f=tp_f, tp_b=tp_b, cp_f=cp_f, cp_b=cp_b,
         pp_f=sends_f * pp_send, pp_b=sends_b * pp_send,
-        zero3_f=zero3_f, zero3_b=zero3_b, params=params,
+        zero3_f=zero3_f, zero3_b=zero3_b, params=params, ep_f=ep_f, ep_b=ep_b,
+        expert_params=expert_params, dense=own_dense, mtp=mtp,
     )
 
 
@@ -242,15 +384,29 @@ def _grad_bytes(dtype: Dtype) -> float:
     return memory.bytes_per_param(dtype).grads
 
 
+def state_bytes(plan: Plan, params: float, expert_params: float) -> memory.BytesPerParam:
+    """Weights, gradients and optimizer states of one rank: ZeRO shards the non-expert
+    states over dp x cp and the experts' over the expert-data-parallel group (Megatron-Core
+    distributed optimizer)."""
+    lay = plan.layout
+    dense = memory.sharded_state_bytes(params, plan.job.dtype, plan.zero, lay.dp * lay.cp)
+    if not expert_params:
+        return dense
+    experts = memory.sharded_state_bytes(expert_params, plan.job.dtype, plan.zero, lay.edp)
+    return memory.BytesPerParam(weights=dense.weights + experts.weights,
+                                grads=dense.grads + experts.grads,
+                                optimizer=dense.optimizer + experts.optimizer)
+
+
 def static_memory(plan: Plan, work: StageWork) -> memory.BytesPerParam:
     """Weights, gradients and optimizer states of one rank of the stage."""
-    return memory.sharded_state_bytes(work.params, plan.job.dtype, plan.zero,
-                                      plan.layout.dp * plan.layout.cp)
+    return state_bytes(plan, work.params, work.expert_params)
 
 
 @dataclass(frozen=True, slots=True)
 class _ActivationTerms:
-    per_layer: float  # one layer, one microbatch
+    per_layer: float  # one dense layer, one microbatch
+    per_moe_layer: float  # one MoE layer, one microbatch
     working: float  # held once per stage (full recompute's one rebuilt layer)
     embedding: float  # first stage, per microbatch held
     logits: float  # last stage, per microbatch held
@@ -260,9 +416,14 @@ class _ActivationTerms:
 def _activation_terms(model: Model, shard: Shard, recompute: Recompute) -> _ActivationTerms:
     working = 0.0
     if recompute is Recompute.FULL:
-        working = memory.full_recompute_working_bytes(model, shard)
+        working = memory.full_recompute_working_bytes(model, shard, moe=model.is_moe)
+        if model.layers > model.moe_layers:
+            working = max(working, memory.full_recompute_working_bytes(model, shard))
+    per_layer = memory.layer_activation_bytes(model, shard, recompute)
     return _ActivationTerms(
-        per_layer=memory.layer_activation_bytes(model, shard, recompute),
+        per_layer=per_layer,
+        per_moe_layer=(memory.layer_activation_bytes(model, shard, recompute, moe=True)
+                       if model.is_moe else per_layer),
         working=working,
         embedding=memory.embedding_output_bytes(model, shard),
         logits=memory.logits_bytes(model, shard),
@@ -274,16 +435,27 @@ def stage_memory(plan: Plan, stage: int, work: StageWork, inflight_chunks: int) 
     lay = plan.layout
     terms = _activation_terms(plan.model, shard_of(plan), plan.recompute)
     states = static_memory(plan, work)
-    activations = inflight_chunks * (work.layers / lay.vpp) * terms.per_layer + terms.working
+    # a stage's chunks hold equal layer counts; the dense layers are averaged over them
+    per_chunk = (work.dense * terms.per_layer
+                 + (work.layers - work.dense) * terms.per_moe_layer) / lay.vpp
+    activations = inflight_chunks * per_chunk + terms.working
     microbatches_held = -(-inflight_chunks // lay.vpp)
     if stage == 0:
         activations += microbatches_held * terms.embedding
     if stage == output_stage(plan):
-        activations += microbatches_held * terms.logits
+        # the MTP modules run at the end of the last chunk: one layer and logits each
+        mtp_layer = terms.per_moe_layer if plan.model.is_moe else terms.per_layer
+        activations += microbatches_held * (
+            terms.logits + work.mtp * (mtp_layer + terms.logits + terms.embedding))
     other = plan.cluster.device.reserve_bytes
     if plan.zero is ZeroStage.PARAMETERS:
         # FSDP/ZeRO-3 hold the gathered current layer and prefetch the next one
-        other += 2 * BF16_BYTES * _layer_params_per_rank(plan.model, lay.tp)
+        model = plan.model
+        largest = _layer_params_per_rank(model, lay.tp)
+        if model.is_moe:
+            largest = max(largest, _layer_params_per_rank(model, lay.tp, True)
+                          + _expert_params_per_rank(model, lay.ep, lay.etp))
+        other += 2 * BF16_BYTES * largest
     return Memory(weights=states.weights, grads=states.grads, optimizer=states.optimizer,
                   activations=activations, other=other)
 
@@ -298,17 +470,20 @@ def _dp_exposed(plan: Plan, works: tuple[StageWork, ...], makespan: float,
     """
     if plan.zero is ZeroStage.PARAMETERS:
         return 0.0  # ZeRO-3 communicates per microbatch, inside the stage times
-    group = _groups(plan)[Axis.DP]
-    if group.size <= 1:
-        return 0.0
+    groups = _groups(plan)
     exposed = 0.0
     for work, end in zip(works, finish, strict=True):
-        grads = work.params * _grad_bytes(plan.job.dtype)
-        if plan.zero is ZeroStage.NONE:
-            reduce_s, gather_s = comm.all_reduce(grads, group), 0.0
-        else:
-            reduce_s = comm.reduce_scatter(grads, group)
-            gather_s = comm.all_gather(work.params * BF16_BYTES, group)
+        reduce_s = gather_s = 0.0
+        for params, group in ((work.params, groups[Axis.DP]),
+                              (work.expert_params, groups[Axis.EDP])):
+            if not params or group.size <= 1:
+                continue
+            grads = params * _grad_bytes(plan.job.dtype)
+            if plan.zero is ZeroStage.NONE:
+                reduce_s += comm.all_reduce(grads, group)
+            else:
+                reduce_s += comm.reduce_scatter(grads, group)
+                gather_s += comm.all_gather(params * BF16_BYTES, group)
         window = makespan - end + work.backward / plan.layout.vpp
         exposed = max(exposed, max(0.0, reduce_s - window)
                       + max(0.0, gather_s - work.forward / plan.layout.vpp))
@@ -316,9 +491,12 @@ def _dp_exposed(plan: Plan, works: tuple[StageWork, ...], makespan: float,
 
 
 def optimizer_time(plan: Plan, works: tuple[StageWork, ...]) -> float:
+    """The Adam step of the rank with the most optimizer state (memory-bound)."""
     device = plan.cluster.device
-    shard_group = plan.layout.dp * plan.layout.cp if plan.zero >= ZeroStage.OPTIMIZER else 1
-    largest = max(w.params for w in works) / shard_group
+    sharded = plan.zero >= ZeroStage.OPTIMIZER
+    dense_group = plan.layout.dp * plan.layout.cp if sharded else 1
+    expert_group = plan.layout.edp if sharded else 1
+    largest = max(w.params / dense_group + w.expert_params / expert_group for w in works)
     return largest * ADAM_BYTES_PER_PARAM / (device.hbm_Bps * device.hbm_efficiency)
 
 
@@ -378,6 +556,7 @@ def evaluate(plan: Plan) -> Prediction:
         recompute=m * w.recompute,
         tp_comm=m * (w.tp_f + w.tp_b),
         cp_comm=m * (w.cp_f + w.cp_b),
+        ep_comm=m * (w.ep_f + w.ep_b),
         pp_comm=m * (w.pp_f + w.pp_b),
         dp_comm=dp_exposed + m * (w.zero3_f + w.zero3_b),
         # idle time of the critical stage; exactly 0 without a pipeline (no float residue)

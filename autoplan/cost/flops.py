@@ -13,24 +13,54 @@ from __future__ import annotations
 from autoplan.descriptors.model import Model
 
 
-def gemm_params_per_layer(model: Model) -> int:
-    """Weights of one layer's GEMMs: Q, K, V, output projection and MLP matrices."""
-    attn = 2 * model.hidden * model.q_dim + 2 * model.hidden * model.kv_dim
-    return attn + model.mlp_matrices * model.hidden * model.ffn_hidden
+def attention_gemm_params(model: Model) -> int:
+    """Weights of one layer's attention GEMMs: Q, K, V and output projections, or MLA's
+    down and up projections (its latent RMSNorms are not GEMMs)."""
+    if model.is_mla:
+        return model.params_mla - model.q_lora_rank - model.kv_lora_rank
+    return 2 * model.hidden * model.q_dim + 2 * model.hidden * model.kv_dim
+
+
+def mlp_gemm_params(model: Model, moe: bool) -> int:
+    """Weights one token's MLP GEMMs touch: the dense MLP, or (MoE; Megatron-LM's formula
+    with --num-experts) the router, top_k routed experts and the shared experts."""
+    if not moe:
+        return model.mlp_matrices * model.hidden * model.ffn_hidden
+    return model.params_router + model.top_k * model.params_expert + model.params_shared_experts
+
+
+def gemm_params_per_layer(model: Model, moe: bool = False) -> int:
+    return attention_gemm_params(model) + mlp_gemm_params(model, moe)
 
 
 def attention_core_flops_per_token(model: Model, seq_len: int, causal: bool = True) -> float:
-    """Forward QK^T and softmax(.)V for one token in one layer: 2 GEMMs of 2*s*d_q each.
+    """Forward QK^T and softmax(.)V for one token in one layer: 2*s*d_qk + 2*s*d_v per head
+    (4*s*d_head for standard attention; MLA's keys are wider than its values).
 
     Causal masking halves the useful work (Megatron-LM's formula since 2024
     counts it so; the SC'21 paper counts the full s x s square).
     """
-    full = 2 * 2 * seq_len * model.q_dim
+    full = 2 * seq_len * model.heads * (model.qk_head_dim + model.v_channels)
     return full / 2 if causal else full
 
 
-def layer_forward_flops_per_token(model: Model, seq_len: int, causal: bool = True) -> float:
-    return 2 * gemm_params_per_layer(model) + attention_core_flops_per_token(model, seq_len, causal)
+def layer_forward_flops_per_token(model: Model, seq_len: int, causal: bool = True,
+                                  moe: bool = False) -> float:
+    return (2 * gemm_params_per_layer(model, moe)
+            + attention_core_flops_per_token(model, seq_len, causal))
+
+
+def model_layers_forward_flops_per_token(model: Model, seq_len: int, causal: bool = True) -> float:
+    """Every transformer layer, dense and MoE, plus the MTP modules (DeepSeek-V3 Sec. 2.2:
+    each runs one more layer, a 2h -> h projection and the shared output head)."""
+    dense = model.layers - model.moe_layers
+    out = dense * layer_forward_flops_per_token(model, seq_len, causal)
+    out += model.moe_layers * layer_forward_flops_per_token(model, seq_len, causal, moe=True)
+    if model.mtp_layers:
+        mtp = layer_forward_flops_per_token(model, seq_len, causal, moe=model.is_moe)
+        mtp += 2 * 2 * model.hidden * model.hidden + logit_forward_flops_per_token(model)
+        out += model.mtp_layers * mtp
+    return out
 
 
 def logit_forward_flops_per_token(model: Model) -> float:
@@ -38,8 +68,9 @@ def logit_forward_flops_per_token(model: Model) -> float:
 
 
 def model_flops_per_step(model: Model, tokens: int, seq_len: int, causal: bool = True) -> float:
-    """Model FLOPs of one training step: 3x the forward (fwd + dgrad + wgrad), no recompute."""
-    per_token = model.layers * layer_forward_flops_per_token(model, seq_len, causal)
+    """Model FLOPs of one training step: 3x the forward (fwd + dgrad + wgrad), no recompute.
+    For MoE models only the routed experts a token uses count (active parameters)."""
+    per_token = model_layers_forward_flops_per_token(model, seq_len, causal)
     per_token += logit_forward_flops_per_token(model)
     return 3 * per_token * tokens
 
@@ -51,5 +82,7 @@ def recompute_flops_per_token(model: Model, seq_len: int, full: bool, causal: bo
     attention core (Korthikanti et al. 2022, Sec. 4.2).
     """
     if full:
-        return model.layers * layer_forward_flops_per_token(model, seq_len, causal)
+        dense = model.layers - model.moe_layers
+        return (dense * layer_forward_flops_per_token(model, seq_len, causal)
+                + model.moe_layers * layer_forward_flops_per_token(model, seq_len, causal, moe=True))
     return model.layers * attention_core_flops_per_token(model, seq_len, causal)

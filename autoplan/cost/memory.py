@@ -55,14 +55,14 @@ def sharded_state_bytes(
 
 
 def layer_activation_bytes(
-    model: Model, shard: Shard, recompute: Recompute, flash: bool = True
+    model: Model, shard: Shard, recompute: Recompute, flash: bool = True, moe: bool = False
 ) -> float:
     """Activations one layer keeps for backward, per microbatch, on one rank."""
     if recompute is Recompute.FULL:
         # only the layer input is checkpointed (Korthikanti et al. 2022, Sec. 4.2: 2sbh)
         return BF16_BYTES * shard.norm_tokens * model.hidden
     s_b = shard.tokens  # s*b on this rank (the sequence already split by cp)
-    h, f, t, e = model.hidden, model.ffn_hidden, shard.tp, BF16_BYTES
+    h, t, e = model.hidden, shard.tp, BF16_BYTES
     mask = 1 if model.dropout else 0  # 1-byte dropout masks
     # outside the TP region: replicated across TP ranks unless sequence parallel
     outside = shard.norm_tokens * h * (
@@ -71,23 +71,43 @@ def layer_activation_bytes(
         + 2 * mask  # dropout masks after attention and MLP
     )
     # inside the TP region: split by t
-    attention = s_b * e * (model.q_dim + model.kv_dim) / t  # Q and K for QK^T
-    attention += s_b * e * model.kv_dim / t  # V
-    attention += s_b * e * model.q_dim / t  # input of the output projection
+    q, k, v, out = model.attn_widths
+    attention = s_b * e * (q + k) / t  # Q and K for QK^T
+    attention += s_b * e * v / t  # V
+    attention += s_b * e * out / t  # input of the output projection
+    if model.is_mla:  # the latents, inputs of the up projections (unsplit by TP)
+        attention += s_b * e * (model.q_lora_rank + model.kv_lora_rank)
     heads = model.heads / t
     if not flash:
         core = 5 * heads * (shard.seq_len / shard.cp) * s_b  # softmax 2, its mask 1, output 2
         attention += 0 if recompute is Recompute.SELECTIVE else core
     elif recompute is not Recompute.SELECTIVE:
         attention += 4 * heads * s_b  # fp32 log-sum-exp per query and head (FlashAttention-2)
-    fc1_out = (2 if model.activation.gated else 1) * f / t
-    mlp = s_b * e * (fc1_out + f / t)  # activation input and fc2 input
-    return outside + attention + mlp
+    fc1 = 2 if model.activation.gated else 1  # fc1 output width, in units of the MLP width
+    if not moe:
+        mlp = s_b * e * (fc1 + 1) * model.ffn_hidden / t  # activation input and fc2 input
+        return outside + attention + mlp
+    return outside + attention + moe_mlp_activation_bytes(model, shard)
 
 
-def full_recompute_working_bytes(model: Model, shard: Shard) -> float:
+def moe_mlp_activation_bytes(model: Model, shard: Shard) -> float:
+    """An MoE layer's MLP activations on the busiest rank: the router's fp32 logits, and
+    per routed token copy (Megatron-Core GroupedMLP with the all-to-all dispatcher) the
+    permuted expert input, fc1's output, fc2's input and the expert output the combine
+    weights by the router probabilities; the shared experts as a dense MLP."""
+    e, h, t = BF16_BYTES, model.hidden, shard.tp
+    fc1 = 2 if model.activation.gated else 1
+    router = shard.norm_tokens * model.experts * 4
+    shared = shard.tokens * e * (fc1 + 1) * model.shared_experts * model.shared_width / t
+    routed = shard.routed_tokens(model)
+    # with expert TP the input and output are gathered over etp ranks, the widths split
+    experts = routed * e * (2 * h * shard.etp + (fc1 + 1) * model.expert_width)
+    return router + shared + experts
+
+
+def full_recompute_working_bytes(model: Model, shard: Shard, moe: bool = False) -> float:
     """During backward with full recompute, one layer's activations exist at a time."""
-    return layer_activation_bytes(model, shard, Recompute.NONE)
+    return layer_activation_bytes(model, shard, Recompute.NONE, moe=moe)
 
 
 def logits_bytes(model: Model, shard: Shard) -> float:

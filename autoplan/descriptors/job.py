@@ -9,18 +9,30 @@ from autoplan.descriptors.strict import Fields
 from autoplan.vocab import Dtype
 
 
+# The capacity factor at which Switch Transformer drops almost no tokens (Fedus et al.
+# 2022, Sec. 2.2 and Table 1): the busiest expert takes about 1.25x its fair share.
+DEFAULT_MOE_IMBALANCE = 1.25
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Job:
     global_batch: int  # sequences per optimizer step
     seq_len: int  # tokens per sequence
     dtype: Dtype = Dtype.BF16
+    # tokens the busiest expert-parallel rank receives over the mean (dropless routing)
+    moe_imbalance: float = DEFAULT_MOE_IMBALANCE
 
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_len
 
     def to_dict(self) -> dict[str, Any]:
-        return {"global_batch": self.global_batch, "seq_len": self.seq_len, "dtype": self.dtype.value}
+        out: dict[str, Any] = {"global_batch": self.global_batch, "seq_len": self.seq_len,
+                               "dtype": self.dtype.value}
+        if self.moe_imbalance != DEFAULT_MOE_IMBALANCE:
+            out["moe_imbalance"] = self.moe_imbalance
+        return out
+
 
 
 def read_job(f: Fields) -> Job | None:
@@ -29,6 +41,7 @@ def read_job(f: Fields) -> Job | None:
         global_batch=f.int("global_batch", min=1),
         seq_len=f.int("seq_len", min=1),
         dtype=f.enum("dtype", Dtype, Dtype.BF16),
+        moe_imbalance=f.float("moe_imbalance", DEFAULT_MOE_IMBALANCE, min=1.0),
     )
     f.close()
     if len(f.problems) > before:
