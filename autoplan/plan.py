@@ -138,7 +138,7 @@ def plan_problems(plan: Plan) -> list[tuple[str, str]]:
     if job.global_batch % (lay.dp * plan.micro_batch):
         out.append(("micro_batch", f"dp*micro_batch = {lay.dp}*{plan.micro_batch} must divide "
                                    f"global_batch={job.global_batch}"))
-    out.extend(_cp_problems(plan))
+    out.extend(cp_problems(plan))
     if plan.sequence_parallel and lay.tp == 1:
         out.append(("sequence_parallel", "sequence parallelism needs tp > 1"))
     if plan.sequence_parallel and job.seq_len % (lay.tp * lay.cp):
@@ -181,7 +181,7 @@ def _expert_problems(plan: Plan) -> list[tuple[str, str]]:
     return out
 
 
-def _cp_problems(plan: Plan) -> list[tuple[str, str]]:
+def cp_problems(plan: Plan) -> list[tuple[str, str]]:
     m, lay, job = plan.model, plan.layout, plan.job
     if job.seq_len % lay.cp or (lay.cp > 1 and job.seq_len % (2 * lay.cp)):
         return [("layout.cp", f"2*cp = {2 * lay.cp} must divide seq_len={job.seq_len} "
@@ -391,5 +391,7 @@ def plan_document(plan: Plan, prediction: Prediction | None = None) -> dict[str,
     )
     if prediction is not None:
         out["prediction"] = prediction.to_dict()
+        if plan.model.is_moe:  # tflops_per_gpu and mfu count what each token computes
+            out["prediction"]["mfu_basis"] = "active parameters"
     return out
 

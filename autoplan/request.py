@@ -35,6 +35,7 @@ def build_request(
     seq_len: int | None = None,
     dtype: Dtype | None = None,
     space: str | None = None,
+    moe_imbalance: float | None = None,
 ) -> Request:
     problems: list[Problem] = []
     doc: dict[str, Any] = {}
@@ -51,7 +52,7 @@ def build_request(
     cluster_ref, cluster_src = (cluster, "--cluster") if cluster else (doc.get("cluster"), source)
     job_doc = dict(doc.get("job") or {}) if isinstance(doc.get("job") or {}, dict) else doc["job"]
     for key, value in (("global_batch", global_batch), ("seq_len", seq_len),
-                       ("dtype", dtype.value if dtype else None)):
+                       ("dtype", dtype.value if dtype else None), ("moe_imbalance", moe_imbalance)):
         if value is not None and isinstance(job_doc, dict):
             job_doc[key] = value
     if model_ref is None:

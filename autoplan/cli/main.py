@@ -95,6 +95,9 @@ def search(
     dtype: Annotated[Dtype | None, typer.Option("--dtype", help="Training precision.")] = None,
     space: Annotated[str | None, typer.Option(
         "--space", help="Search space: default, megatron, deepspeed, torchtitan, fsdp, or a path.")] = None,
+    moe_imbalance: Annotated[float | None, typer.Option(
+        "--moe-imbalance", help="MoE: tokens of the busiest expert rank over the mean "
+                                "(default 1.25, Switch Transformer's capacity factor).")] = None,
     top: Annotated[int, typer.Option("--top", "-k", min=1, help="How many plans to show.")] = 10,
     out_path: Annotated[Path | None, typer.Option("--out", "-o", help="Write the best plan here.")] = None,
     fmt: FormatOpt = Format.table,
@@ -105,7 +108,8 @@ def search(
     from autoplan.search.engine import search as run_search
 
     req = build_request(job_file, model=model, cluster=cluster, gpus=gpus,
-                        global_batch=global_batch, seq_len=seq_len, dtype=dtype, space=space)
+                        global_batch=global_batch, seq_len=seq_len, dtype=dtype, space=space,
+                        moe_imbalance=moe_imbalance)
     if output.interactive(fmt.value):
         with output.err.status(f"searching {req.space.name} space on {req.cluster.gpus} GPUs ..."):
             result = run_search(req.model, req.cluster, req.job, req.space, top_k=top)

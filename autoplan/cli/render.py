@@ -7,13 +7,18 @@ from rich.table import Table
 from autoplan.cost.evaluate import StageWork
 from autoplan.plan import TIME_TERMS, Plan, Prediction
 from autoplan.search.engine import SearchStats
+from autoplan.vocab import CpComm
+
+MOE_MFU_NOTE = " of active parameters"
 
 
 def layout_text(plan: Plan) -> str:
     lay = plan.layout
     text = f"dp{lay.dp} tp{lay.tp} pp{lay.pp}"
     if lay.cp > 1:
-        text += f" cp{lay.cp}"
+        text += f" cp{lay.cp}" + (" a2a" if plan.cp_comm is CpComm.A2A else "")
+    if plan.model.is_moe:
+        text += f" ep{lay.ep}" + (f" etp{lay.etp}" if lay.etp != lay.tp else "")
     if lay.vpp > 1:
         text += f" vpp{lay.vpp}"
     if len(set(plan.stage_layers)) > 1:
@@ -22,7 +27,9 @@ def layout_text(plan: Plan) -> str:
 
 
 def plans_table(rows: list[tuple[Plan, Prediction]], title: str) -> Table:
-    table = Table(title=title, title_justify="left")
+    caption = ("MFU counts the active parameters only (top_k routed experts per token)"
+               if any(plan.model.is_moe for plan, _ in rows) else None)
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for name, justify in (("#", "right"), ("layout", "left"), ("mbs", "right"),
                           ("schedule", "left"), ("recompute", "left"), ("zero", "right"),
                           ("sp", "left"), ("step s", "right"), ("tokens/s", "right"),
@@ -67,7 +74,8 @@ def stage_table(plan: Plan, works: tuple[StageWork, ...]) -> Table:
     for col in ("stage", "layers", "F", "B", "W", "of which comm"):
         table.add_column(col, justify="right")
     for s, w in enumerate(works):
-        comm_s = w.tp_f + w.tp_b + w.cp_f + w.cp_b + w.pp_f + w.pp_b + w.zero3_f + w.zero3_b
+        comm_s = (w.tp_f + w.tp_b + w.cp_f + w.cp_b + w.ep_f + w.ep_b + w.pp_f + w.pp_b
+                  + w.zero3_f + w.zero3_b)
         table.add_row(str(s), str(w.layers), f"{w.forward * 1e3:.2f}",
                       f"{w.backward_input * 1e3:.2f}", f"{w.backward_weight * 1e3:.2f}",
                       f"{comm_s * 1e3:.2f}")
@@ -94,6 +102,7 @@ def summary_line(plan: Plan, pred: Prediction) -> str:
             f"recompute {plan.recompute.value}, zero {int(plan.zero)}"
             f"{', sp' if plan.sequence_parallel else ''}: "
             f"step {pred.step_time_s:.3f} s, {pred.tokens_per_s:,.0f} tokens/s, "
-            f"MFU {pred.mfu:.1%} ({pred.tflops_per_gpu:.0f} model / "
+            f"MFU {pred.mfu:.1%}{MOE_MFU_NOTE if plan.model.is_moe else ''} "
+            f"({pred.tflops_per_gpu:.0f} model / "
             f"{pred.hw_tflops_per_gpu:.0f} hardware TFLOP/s per GPU), "
             f"peak {pred.memory.peak / 2**30:.1f} of {pred.capacity_bytes / 2**30:.0f} GiB, {status}")

@@ -22,16 +22,18 @@ from autoplan.cost.evaluate import (
     memory_shortfall,
     optimizer_time,
     output_stage,
+    stage_dense_layers,
+    stage_expert_params,
     stage_memory,
     stage_params,
     stage_work,
+    state_bytes,
     step_time_lower_bound,
 )
-from autoplan.cost.memory import sharded_state_bytes
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
-from autoplan.plan import Layout, Memory, Plan, Prediction, uniform_stages
+from autoplan.plan import Layout, Memory, Plan, Prediction, cp_problems
 from autoplan.schedules.memory import peak_inflight
 from autoplan.search.partition import PartitionProblem, StageShape
 from autoplan.search.space import SearchSpace
@@ -41,7 +43,7 @@ from autoplan.search.stages import (
     split_bound_with_memory,
     with_best_stages,
 )
-from autoplan.vocab import Recompute, Schedule, ZeroStage
+from autoplan.vocab import CpComm, Recompute, Schedule, ZeroStage
 
 BOUND_SLACK = 1e-9  # relative; keeps exact ties (broken by memory) in the top k
 
@@ -96,7 +98,7 @@ class SearchResult:
         plan, stage, mem = self.closest
         lay = plan.layout
         return (f"no plan fits in memory: the smallest plan (dp{lay.dp} tp{lay.tp} pp{lay.pp} "
-                f"cp{lay.cp}, micro_batch {plan.micro_batch}, recompute {plan.recompute.value}, "
+                f"cp{lay.cp}{f' ep{lay.ep}' if lay.ep > 1 else ''}, micro_batch {plan.micro_batch}, recompute {plan.recompute.value}, "
                 f"zero {int(plan.zero)}) "
                 + memory_shortfall(plan, stage, mem, plan.cluster.device.mem_bytes))
 
@@ -104,9 +106,7 @@ class SearchResult:
 def rank_key(plan: Plan, pred: Prediction) -> tuple:
     """Faster first; then less memory; then the simpler plan, deterministically."""
     lay = plan.layout
-    return (round(pred.step_time_s, 12), round(pred.memory.peak), lay.tp, lay.pp, lay.cp, lay.vpp,
-            list(Schedule).index(plan.schedule), plan.recompute.level, int(plan.zero),
-            not plan.sequence_parallel, plan.micro_batch)
+    return (round(pred.step_time_s, 12), round(pred.memory.peak), *rank_key_static(plan))
 
 
 def _layout_rule(model: Model, job: Job, lay: Layout) -> str | None:
@@ -167,7 +167,25 @@ class _Search:
                     continue
                 for cp in divisors(n // (tp * pp)):
                     if cp <= sp.cp_max:
-                        yield Layout(dp=n // (tp * pp * cp), tp=tp, pp=pp, cp=cp)
+                        yield from self.expert_layouts(Layout(dp=n // (tp * pp * cp), tp=tp,
+                                                              pp=pp, cp=cp))
+
+    def expert_layouts(self, lay: Layout) -> Iterator[Layout]:
+        """The layout with each expert folding the space allows: ep dividing the experts,
+        etp of 1 or tp, ep*etp dividing the stage's tp*cp*dp ranks (Megatron-Core MoE
+        parallel folding; torchtitan's dp_shard*cp*tp = edp*ep with etp 1 or tp)."""
+        model = self.model
+        if not model.is_moe:
+            yield lay
+            return
+        ranks = lay.tp * lay.cp * lay.dp
+        etps = sorted({1 if e == "1" else lay.tp for e in self.space.etp})
+        for ep in divisors(model.experts):
+            if ep > self.space.ep_max:
+                break
+            for etp in etps:
+                if ranks % (ep * etp) == 0 and model.expert_width % etp == 0:
+                    yield dataclasses.replace(lay, ep=ep, etp=etp)
 
     def schedules(self, lay: Layout) -> list[tuple[Schedule, int, bool]]:
         """(schedule, vpp, split): split variants take the best uneven layer split the
@@ -191,7 +209,25 @@ class _Search:
         return [z for z in self.space.zero if z <= cap]
 
     def sps(self, lay: Layout) -> tuple[bool, ...]:
-        return self.space.sequence_parallel if lay.tp > 1 else (False,)
+        if lay.tp == 1:
+            return (False,)
+        if self.model.is_moe:  # Megatron-Core's token dispatcher needs SP with TP
+            return (True,) if True in self.space.sequence_parallel else ()
+        return self.space.sequence_parallel
+
+    def cp_comms(self, lay: Layout) -> tuple[CpComm, ...]:
+        """Context-parallel exchanges for the layout: none to choose without CP; the
+        all-to-all only where cp divides the heads each TP rank holds."""
+        if lay.cp == 1:
+            return (CpComm.RING,)
+        out = []
+        for c in self.space.cp_comm:
+            probe = Plan(model=self.model, cluster=self.cluster, job=self.job, layout=lay,
+                         micro_batch=1, schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.NONE,
+                         zero=ZeroStage.NONE, sequence_parallel=lay.tp > 1, cp_comm=c)
+            if c is CpComm.RING or not cp_problems(probe):
+                out.append(c)
+        return tuple(out)
 
     # -- the walk ----------------------------------------------------------------------
     def groups(self) -> Iterator[_Group]:
@@ -200,9 +236,12 @@ class _Search:
         space, stats = self.space, self.stats
         for base in self.layouts():
             scheds, zeros, sps = self.schedules(base), self.zeros(base), self.sps(base)
-            per_mbs = len(scheds) * len(space.recompute) * len(zeros) * len(sps)
+            cps = self.cp_comms(base)
+            per_mbs = len(scheds) * len(space.recompute) * len(zeros) * max(1, len(sps)) * len(cps)
             stats.generated += per_mbs * len(space.micro_batches)
             rule = _layout_rule(self.model, self.job, base)
+            if rule is None and not sps:
+                rule = "mixture of experts with tp > 1 needs sequence parallelism"
             if rule:
                 stats.pruned[rule] += per_mbs * len(space.micro_batches)
                 continue
@@ -218,26 +257,33 @@ class _Search:
                     for zero in zeros:
                         if self._states_exceed_memory(base, zero, mbs, sp):
                             stats.infeasible["model states exceed memory"] += (
-                                len(scheds) * len(space.recompute))
+                                len(scheds) * len(space.recompute) * len(cps))
                             continue
-                        for rc in space.recompute:
-                            plan = Plan(model=self.model, cluster=self.cluster, job=self.job,
-                                        layout=base, micro_batch=mbs,
-                                        schedule=Schedule.ONE_F_ONE_B, recompute=rc, zero=zero,
-                                        sequence_parallel=sp)
-                            bound = self._group_bound(plan)
-                            yield _Group(bound, rank_key_static(plan), plan, tuple(scheds))
+                        for cpc in cps:
+                            for rc in space.recompute:
+                                plan = Plan(model=self.model, cluster=self.cluster, job=self.job,
+                                            layout=base, micro_batch=mbs,
+                                            schedule=Schedule.ONE_F_ONE_B, recompute=rc,
+                                            zero=zero, sequence_parallel=sp, cp_comm=cpc)
+                                bound = self._group_bound(plan)
+                                yield _Group(bound, rank_key_static(plan), plan, tuple(scheds))
 
     def _states_exceed_memory(self, lay: Layout, zero: ZeroStage, mbs: int, sp: bool) -> bool:
         """Weights, grads and optimizer states of the fullest stage (no activations) plus
         the reserve already exceed the device: no micro-batch or recompute can help.
         Such a candidate still counts for the 'smallest plan needs ...' message."""
-        layers = uniform_stages(self.model.layers, lay.pp)
+        plan = Plan(model=self.model, cluster=self.cluster, job=self.job, layout=lay,
+                    micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.FULL,
+                    zero=zero, sequence_parallel=sp)
+        layers, dense = plan.stage_layers, stage_dense_layers(plan)
         reserve = self.cluster.device.reserve_bytes
+        model, last = self.model, lay.pp - 1
         worst: tuple[float, int, Memory] | None = None
-        for s in sorted({0, lay.pp - 1, max(range(lay.pp), key=lambda i: layers[i])}):
-            params = stage_params(self.model, lay.tp, s == 0, s == lay.pp - 1, layers[s])
-            st = sharded_state_bytes(params, self.job.dtype, zero, lay.dp * lay.cp)
+        for s in sorted({0, last, max(range(lay.pp), key=lambda i: layers[i] - dense[i])}):
+            mtp = model.mtp_layers if s == last else 0
+            params = stage_params(model, lay.tp, s == 0, s == last, layers[s], dense[s], mtp)
+            experts = stage_expert_params(model, lay, layers[s] - dense[s] + mtp)
+            st = state_bytes(plan, params, experts)
             mem = Memory(weights=st.weights, grads=st.grads, optimizer=st.optimizer,
                          activations=0.0, other=reserve)
             if worst is None or mem.peak > worst[0]:
@@ -245,9 +291,6 @@ class _Search:
         assert worst is not None
         if worst[0] <= self.capacity:
             return False
-        plan = Plan(model=self.model, cluster=self.cluster, job=self.job, layout=lay,
-                    micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.FULL,
-                    zero=zero, sequence_parallel=sp)
         self._note_closest(plan, worst[1], worst[2])
         return True
 
@@ -372,7 +415,8 @@ class _Search:
 def rank_key_static(plan: Plan) -> tuple:
     lay = plan.layout
     return (lay.tp, lay.pp, lay.cp, lay.vpp, list(Schedule).index(plan.schedule),
-            plan.recompute.level, int(plan.zero), not plan.sequence_parallel, plan.micro_batch)
+            plan.recompute.level, int(plan.zero), not plan.sequence_parallel, plan.micro_batch,
+            lay.ep, lay.etp, list(CpComm).index(plan.cp_comm))
 
 
 class _neg:

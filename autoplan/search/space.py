@@ -11,7 +11,7 @@ from autoplan.descriptors.strict import Fields, read_yaml
 from autoplan.errors import InputError, Problem
 from autoplan.resources import searchspace_dir
 from autoplan.search.partition import StageShape
-from autoplan.vocab import Recompute, Schedule, ZeroStage
+from autoplan.vocab import CpComm, Recompute, Schedule, ZeroStage
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,6 +30,9 @@ class SearchSpace:
     zero_max_with_pp: ZeroStage  # highest ZeRO stage the launcher combines with pp > 1
     sequence_parallel: tuple[bool, ...]  # tried where tp > 1
     stage_shape: StageShape = StageShape.UNIFORM  # which uneven layer splits the launcher takes
+    ep_max: int = 1  # expert parallel degree (mixture-of-experts models only)
+    etp: tuple[str, ...] = ("tp",)  # expert tensor parallel: "1" (experts unsplit) and/or "tp"
+    cp_comm: tuple[CpComm, ...] = (CpComm.RING,)  # context-parallel exchanges tried where cp > 1
 
 
 def _choices(f: Fields, key: str, kind: Any) -> tuple:
@@ -66,6 +69,9 @@ def read_space(data: Any, source: str) -> SearchSpace:
     zero_pp = f.enum("zero_max_with_pp", ZeroStage, ZeroStage.PARAMETERS)
     sp = _choices(f, "sequence_parallel", bool)
     shape = f.enum("stages", StageShape, StageShape.UNIFORM)
+    ep_max = f.int("ep_max", 1, min=1)
+    etp = _etp_choices(f)
+    cp_comm = _choices(f, "cp_comm", CpComm) if f.has("cp_comm") else (CpComm.RING,)
     f.close()
     if problems:
         raise InputError(problems)
@@ -76,7 +82,17 @@ def read_space(data: Any, source: str) -> SearchSpace:
         recompute=tuple(r for r in Recompute if r in recompute),
         zero=tuple(z for z in ZeroStage if z in zero), zero_max_with_pp=zero_pp,
         sequence_parallel=tuple(sorted(sp, reverse=True)), stage_shape=shape,
+        ep_max=ep_max, etp=etp, cp_comm=tuple(c for c in CpComm if c in cp_comm),
     )
+
+
+def _etp_choices(f: Fields) -> tuple[str, ...]:
+    """``etp: [1, tp]``: expert layers unsplit, or split like the dense layers."""
+    raw = f.raw("etp", ["tp"])
+    if not isinstance(raw, list) or not raw or any(str(v) not in ("1", "tp") for v in raw):
+        f.fail("etp", f"expected a non-empty list of 1 and/or tp, got {raw!r}")
+        return ("tp",)
+    return tuple(sorted({str(v) for v in raw}))
 
 
 def builtin_spaces() -> list[str]:
