@@ -9,7 +9,7 @@ from functools import lru_cache
 
 from autoplan.cost import comm, flops, memory
 from autoplan.cost.compute import BF16_BYTES, LayerTimes, Shard, layer_times, logits_times
-from autoplan.descriptors.hardware import Device, GiB
+from autoplan.descriptors.hardware import Cluster, Device, GiB
 from autoplan.descriptors.model import Model
 from autoplan.plan import Layout, Memory, Plan, Prediction, TimeBreakdown
 from autoplan.schedules.simulator import SimResult, simulate, simulate_exact
@@ -144,21 +144,30 @@ def stage_dense_layers(plan: Plan) -> tuple[int, ...]:
     """Of each stage's layers, those with a dense MLP (the first ``dense_layers`` of the
     model). Interleaved and V-shape stages hold several chunks: chunk c of stage s is
     virtual stage c*p + s (Narayanan et al. 2021), or 2p - 1 - s for a V's second."""
-    k, p, v = plan.model.layers - plan.model.moe_layers, plan.layout.pp, plan.layout.vpp
-    layers = plan.stage_layers
-    if k == 0 or k == plan.model.layers:
-        return layers if k else (0,) * p
+    model = plan.model
+    if not model.is_moe:
+        return plan.stage_layers
+    return _dense_per_stage(model.layers, model.layers - model.moe_layers, plan.stage_layers,
+                            plan.layout.vpp, plan.schedule.v_shape)
+
+
+@lru_cache(maxsize=4096)
+def _dense_per_stage(n_layers: int, k: int, layers: tuple[int, ...], v: int,
+                     v_shape: bool) -> tuple[int, ...]:
+    p = len(layers)
+    if k == 0:
+        return (0,) * p
     if v == 1:
         starts = [sum(layers[:s]) for s in range(p)]
         return tuple(max(0, min(k - a, n)) for a, n in zip(starts, layers, strict=True))
-    n = plan.model.layers // (p * v)  # layers per chunk (pp*vpp divides layers)
+    n = n_layers // (p * v)  # layers per chunk (pp*vpp divides layers)
 
     def dense_in(virtual: int) -> int:
         return max(0, min(k - virtual * n, n))
 
     out = []
     for s in range(p):
-        chunks = (s, 2 * p - 1 - s) if plan.schedule.v_shape else tuple(c * p + s for c in range(v))
+        chunks = (s, 2 * p - 1 - s) if v_shape else tuple(c * p + s for c in range(v))
         out.append(sum(dense_in(c) for c in chunks))
     return tuple(out)
 
@@ -187,7 +196,11 @@ def _sends(plan: Plan, stage: int) -> tuple[int, int]:
 def _groups(plan: Plan) -> dict[Axis, comm.Group]:
     """Communicators by axis, placed in the rank order of ``Axis`` (TP innermost); the
     expert axes by Megatron-Core's expert rank order etp-ep-edp over the same ranks."""
-    lay, c = plan.layout, plan.cluster
+    return _groups_of(plan.cluster, plan.layout)
+
+
+@lru_cache(maxsize=4096)
+def _groups_of(c: Cluster, lay: Layout) -> dict[Axis, comm.Group]:
     return {
         Axis.TP: comm.place_group(c, lay.tp, 1),
         Axis.CP: comm.place_group(c, lay.cp, lay.tp),

@@ -35,8 +35,14 @@ def _linear_times(plan: Plan) -> tuple[float, tuple[float, ...]]:
 
     Stage time is linear in the layers a stage holds, so a layer's share is the
     difference between the stage with two layers and with one; the rest (embedding,
-    logits, transfers) is the stage's fixed share."""
+    logits, transfers) is the stage's fixed share. A mixture of experts with dense
+    first layers has two kinds of layer: the cheaper one's time is returned, so the
+    bounds built on it stay valid for every split."""
     return _linear_times_of(_cost_key(plan))
+
+
+def _total(w: StageWork) -> float:
+    return w.forward + w.backward
 
 
 @lru_cache(maxsize=16384)
@@ -46,11 +52,22 @@ def _linear_times_of(plan: Plan) -> tuple[float, tuple[float, ...]]:
     per_layer = 0.0
     for c in _classes(p):
         one, two = stage_work_for(plan, c, 1), stage_work_for(plan, c, 2)
-        step = (two.forward + two.backward) - (one.forward + one.backward)
+        step = _total(two) - _total(one)
         if c == min(1, p - 1):  # a middle stage's layer stands for every layer
-            per_layer = step
-        fixed[c] = one.forward + one.backward - step
+            per_layer = min(step, _dense_step(plan)) if _mixed(plan) else step
+        fixed[c] = _total(one) - step
     return per_layer, tuple(fixed[_class_of(s, p)] for s in range(p))
+
+
+def _mixed(plan: Plan) -> bool:
+    """The model has both dense and MoE layers."""
+    return 0 < plan.model.moe_layers < plan.model.layers
+
+
+def _dense_step(plan: Plan) -> float:
+    """Seconds per microbatch one dense layer adds to a middle stage of an MoE model."""
+    mid = min(1, plan.layout.pp - 1)
+    return _total(stage_work_for(plan, mid, 2, dense=1)) - _total(stage_work_for(plan, mid, 1))
 
 
 def partition_problem(plan: Plan, shape: StageShape) -> PartitionProblem:
@@ -77,9 +94,22 @@ def partition_problem(plan: Plan, shape: StageShape) -> PartitionProblem:
         base, per_inflight, static_layer, act_layer = coef[_class_of(s, p)]
         one_layer = base + inflight[s] * per_inflight  # the stage holding one layer
         stage_static.append(one_layer - static_layer - inflight[s] * act_layer)
+    times = [layer_time] * layers
+    statics, acts = [layer_static] * layers, [layer_act] * layers
+    if _mixed(plan):  # the dense first layers: their own time and memory per layer
+        mid = min(1, p - 1)
+        key = _cost_key(plan)
+        one, two = stage_work_for(key, mid, 1), stage_work_for(key, mid, 2)
+        mixed = stage_work_for(key, mid, 2, dense=1)
+        times = [_total(two) - _total(one)] * layers
+        a1, d1 = stage_memory(plan, mid, one, 1), stage_memory(plan, mid, mixed, 1)
+        for i in range(plan.model.layers - plan.model.moe_layers):
+            times[i] = _total(mixed) - _total(one)
+            statics[i] = (d1.weights + d1.grads + d1.optimizer) - (a1.weights + a1.grads + a1.optimizer)
+            acts[i] = d1.activations - a1.activations
     return PartitionProblem(
-        layer_time=(layer_time,) * layers, layer_static=(layer_static,) * layers,
-        layer_activation=(layer_act,) * layers, stage_time=stage_time,
+        layer_time=tuple(times), layer_static=tuple(statics),
+        layer_activation=tuple(acts), stage_time=stage_time,
         stage_static=tuple(stage_static), inflight=inflight,
         capacity=plan.cluster.device.mem_bytes, shape=shape,
     )
@@ -115,8 +145,9 @@ def layer_caps(problem: PartitionProblem) -> tuple[int, ...]:
     """Most (equal) layers each stage can hold within its memory."""
     caps = []
     n = problem.n_layers
+    static, act = min(problem.layer_static), min(problem.layer_activation)  # the lightest layer
     for s in range(problem.n_stages):
-        per = problem.layer_static[0] + problem.inflight[s] * problem.layer_activation[0]
+        per = static + problem.inflight[s] * act
         room = problem.capacity - problem.stage_static[s]
         caps.append(-1 if room < 0 else n if per <= 0 else min(n, math.floor(room / per)))
     return tuple(caps)
@@ -130,7 +161,7 @@ def min_bottleneck_capped(problem: PartitionProblem) -> float | None:
     caps, n = layer_caps(problem), problem.n_layers
     if min(caps) < problem.min_layers or sum(caps) < n:
         return None
-    t, c = problem.layer_time[0], problem.stage_time
+    t, c = min(problem.layer_time), problem.stage_time  # the cheapest layer: still a bound
     if t <= 0:
         return max(c)
 
