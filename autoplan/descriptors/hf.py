@@ -13,6 +13,13 @@ derived from other keys (``tie_word_embeddings``, ``attention_bias``,
 default is merely the flagship model's value (``hidden_size: 4096``) are
 required: a file that leaves them out is broken, and guessing would plan for a
 different model.
+
+Mixture-of-experts families (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3) map
+onto Model's layout: the first ``dense_layers`` layers dense, every later one
+sparse. A config whose dense layers fall elsewhere (``decoder_sparse_step``,
+``mlp_only_layers``, ``moe_layer_freq``) is refused on that key rather than
+approximated. Weights Model cannot express (biases on some projections only,
+Qwen2-MoE's shared-expert gate) are named, with their size, where each family is read.
 """
 
 from __future__ import annotations
@@ -84,13 +91,23 @@ def model_from_hf_config(data: Any, source: str, name: str | None = None) -> Mod
 
 
 def _read_llama_like(
-    f: Fields, *, kv_heads_class_default: int | None, bias: bool | None
+    f: Fields,
+    *,
+    kv_heads_class_default: int | None,
+    bias: bool | None,
+    head_dim_class_default: int | None = None,
+    intermediate_size_required: bool = True,
 ) -> dict[str, Any]:
-    """Llama, Mistral and Qwen2: pre-norm RMSNorm, RoPE, gated MLP, optional GQA.
+    """Llama, Mistral, Qwen2/3 and the MoE families built on them: pre-norm RMSNorm,
+    RoPE, gated MLP, optional GQA.
 
     ``kv_heads_class_default`` is the family config class's fixed default for
     ``num_key_value_heads``; None where the class derives it from
-    ``num_attention_heads``. ``bias`` None lets ``attention_bias``/``mlp_bias`` decide.
+    ``num_attention_heads``. ``head_dim_class_default`` likewise for ``head_dim``
+    (None: derived from hidden_size // num_attention_heads). ``bias`` None lets
+    ``attention_bias``/``mlp_bias`` decide. With ``intermediate_size_required``
+    False a missing ``intermediate_size`` leaves ``ffn_hidden`` None for the
+    caller (an MoE family whose dense MLP width matters only if some layer is dense).
     """
     layers = f.int("num_hidden_layers", min=1)
     hidden = f.int("hidden_size", min=1)
@@ -100,13 +117,16 @@ def _read_llama_like(
     else:
         # A fixed class default is the flagship model's value: refuse to assume it.
         kv_heads = None
-        f.fail(
-            "num_key_value_heads",
-            f"missing required field (transformers would assume {kv_heads_class_default}, "
-            f"not num_attention_heads; give it explicitly)",
-        )
-    head_dim = f.int("head_dim", None, min=1)
-    ffn_hidden = f.int("intermediate_size", min=1)
+        _fail_flagship_default(f, "num_key_value_heads", kv_heads_class_default, "num_attention_heads")
+    if head_dim_class_default is None or f.has("head_dim"):
+        head_dim = f.int("head_dim", None, min=1)
+    else:
+        head_dim = None
+        _fail_flagship_default(f, "head_dim", head_dim_class_default, "hidden_size // num_attention_heads")
+    if intermediate_size_required:
+        ffn_hidden = f.int("intermediate_size", min=1)
+    else:
+        ffn_hidden = f.int("intermediate_size", None, min=1)
     vocab = f.int("vocab_size", min=1)
     max_seq_len = f.int("max_position_embeddings", min=1)
     # The MLP is gate_proj/up_proj/down_proj whatever the activation, so it is gated.
@@ -167,6 +187,217 @@ def _read_qwen2(f: Fields) -> dict[str, Any]:
     # parameters of Qwen2-7B's 7.6 billion (0.002 %). True would overcount by
     # more (o_proj and MLP biases, 1.26 million for Qwen2-7B).
     return _read_llama_like(f, kv_heads_class_default=32, bias=False)
+
+
+def _read_qwen3(f: Fields) -> dict[str, Any]:
+    # Qwen3Config defaults num_key_value_heads to 32 and head_dim to 128: fixed
+    # values, not derived, so both are required. Qwen3Attention applies an RMSNorm
+    # of head_dim to every query and key head (q_norm, k_norm). attention_bias
+    # (default False) biases q/k/v/o and never the MLP, so Model.bias is False
+    # either way; with attention_bias true the count misses
+    # (heads + 2 * kv_heads) * head_dim + hidden_size per layer.
+    values = _read_llama_like(f, kv_heads_class_default=32, bias=False, head_dim_class_default=128)
+    return {**values, "qk_norm": True}
+
+
+# -- mixtures of experts -------------------------------------------------------------
+
+
+def _read_mixtral(f: Fields) -> dict[str, Any]:
+    """Mixtral: Mistral's attention; every MLP is a sparse block of num_local_experts
+    SwiGLU experts of width intermediate_size, num_experts_per_tok of them per token,
+    chosen by one bias-free hidden_size -> num_local_experts router."""
+    # MixtralConfig defaults num_key_value_heads to 8, num_local_experts to 8 and
+    # num_experts_per_tok to 2: Mixtral-8x7B's values, so all three are required.
+    values = _read_llama_like(f, kv_heads_class_default=8, bias=False)
+    experts = f.int("num_local_experts", min=1)
+    top_k = f.int("num_experts_per_tok", min=1)
+    _check_routing(f, experts, top_k, experts_key="num_local_experts")
+    # intermediate_size is the width of one expert: moe_ffn_hidden 0 means ffn_hidden.
+    return {**values, "experts": experts, "top_k": top_k}
+
+
+def _read_qwen2_moe(f: Fields) -> dict[str, Any]:
+    """Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention; each sparse MLP has
+    num_experts routed experts of moe_intermediate_size, num_experts_per_tok per token,
+    and one shared expert of shared_expert_intermediate_size that every token uses."""
+    # Qwen2MoeConfig defaults num_key_value_heads to 16 and the expert sizes to
+    # Qwen1.5-MoE-A2.7B's values, so they are required.
+    # Two small weights are not counted. (1) Biases on q/k/v only (qkv_bias, default
+    # true; o_proj and the experts have none): Model.bias means every linear layer,
+    # so it is False and (heads + 2 * kv_heads) * head_dim per layer are missed.
+    # (2) shared_expert_gate, a bias-free hidden_size -> 1 linear layer scaling the
+    # shared expert's output in every sparse layer: hidden_size per sparse layer.
+    # Together 8,192 per layer for Qwen1.5-MoE-A2.7B, 196,608 of its 14.3 billion.
+    return _read_qwen_moe(f, kv_heads_class_default=16, shared_expert=True, qk_norm=False)
+
+
+def _read_qwen3_moe(f: Fields) -> dict[str, Any]:
+    """Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B): Qwen3's attention with per-head Q/K
+    RMSNorm; each sparse MLP has num_experts routed experts of moe_intermediate_size,
+    num_experts_per_tok per token, and no shared expert."""
+    # Qwen3MoeConfig defaults num_key_value_heads to 4 (fixed: required). Its
+    # attention reads head_dim with getattr(config, "head_dim", hidden_size //
+    # num_attention_heads), so a missing head_dim is derived. attention_bias
+    # (default False) biases q/k/v/o only: see _read_qwen3 for what it misses.
+    return _read_qwen_moe(f, kv_heads_class_default=4, shared_expert=False, qk_norm=True)
+
+
+def _read_qwen_moe(
+    f: Fields, *, kv_heads_class_default: int, shared_expert: bool, qk_norm: bool
+) -> dict[str, Any]:
+    values = _read_llama_like(
+        f, kv_heads_class_default=kv_heads_class_default, bias=False, intermediate_size_required=False
+    )
+    experts = f.int("num_experts", min=1)
+    top_k = f.int("num_experts_per_tok", min=1)
+    moe_ffn = f.int("moe_intermediate_size", min=1)
+    shared_ffn = f.int("shared_expert_intermediate_size", min=0) if shared_expert else 0
+    _check_routing(f, experts, top_k, experts_key="num_experts")
+    dense_layers = _qwen_dense_layers(f, values["layers"])
+    why = "decoder_sparse_step, mlp_only_layers"
+    ffn_hidden = _dense_width(f, values["ffn_hidden"], dense_layers, moe_ffn, why)
+    return {
+        **values,
+        "ffn_hidden": ffn_hidden,
+        "qk_norm": qk_norm,
+        "experts": experts,
+        "top_k": top_k,
+        "moe_ffn_hidden": moe_ffn,
+        "shared_experts": 1 if shared_ffn else 0,
+        "shared_ffn_hidden": shared_ffn,
+        "dense_layers": dense_layers,
+    }
+
+
+def _qwen_dense_layers(f: Fields, layers: int | None) -> int | None:
+    """How many leading layers Qwen2/3-MoE keep dense; a problem where it is no leading block.
+
+    Qwen2MoeDecoderLayer and Qwen3MoeDecoderLayer use the sparse block where
+    ``layer_idx not in mlp_only_layers and (layer_idx + 1) % decoder_sparse_step == 0``
+    and a dense MLP of intermediate_size elsewhere. Model keeps the first
+    dense_layers dense and every later layer sparse, so other patterns are refused
+    rather than approximated (they change both the count and each stage's work).
+    """
+    step = f.int("decoder_sparse_step", 1, min=1)
+    only_raw = f.raw("mlp_only_layers", [])
+    only = () if only_raw == [] else f.int_list("mlp_only_layers", min=0)
+    if layers is None or step is None or only is None:
+        return None
+    beyond = sorted(i for i in set(only) if i >= layers)
+    if beyond:
+        f.fail("mlp_only_layers", f"expected layer indices below num_hidden_layers ({layers}), got {beyond}")
+        return None
+    dense = [i for i in range(layers) if i in only or (i + 1) % step]
+    key = "decoder_sparse_step" if step != 1 else "mlp_only_layers"
+    pattern = f"(decoder_sparse_step {step}, mlp_only_layers {list(only)})"
+    if len(dense) == layers:
+        f.fail(key, f"leaves no mixture-of-experts layer {pattern}; import it as a dense model")
+        return None
+    if dense != list(range(len(dense))):
+        f.fail(
+            key,
+            f"dense layers {_indices(dense)} are not a leading block {pattern}: autoplan models "
+            f"the first k layers dense and every later one mixture-of-experts, and cannot "
+            f"represent this pattern",
+        )
+        return None
+    return len(dense)
+
+
+def _read_deepseek(f: Fields) -> dict[str, Any]:
+    """DeepSeek-V2 and -V3: multi-head latent attention (MLA), first_k_dense_replace
+    dense layers, then DeepSeekMoE layers of n_routed_experts routed experts
+    (num_experts_per_tok per token) and n_shared_experts shared ones, all of width
+    moe_intermediate_size; V3 adds num_nextn_predict_layers multi-token-prediction
+    modules.
+
+    Keys are those of transformers' DeepseekV3Config and of the checkpoints' own
+    configuration_deepseek.py (V2 and V3 share them). Two small weights are not
+    counted: attention_bias (default false) would bias q_a/kv_a/o projections, which
+    Model's MLA count leaves out; and V3's router (topk_method noaux_tc) keeps an
+    e_score_correction_bias of n_routed_experts per sparse layer, 14,848 for
+    DeepSeek-V3 (256 x 58).
+    """
+    layers = f.int("num_hidden_layers", min=1)
+    hidden = f.int("hidden_size", min=1)
+    heads = f.int("num_attention_heads", min=1)
+    # Both config classes turn num_key_value_heads None into num_attention_heads.
+    # MLA decompresses one key and one value per head, so nothing else is meaningful.
+    kv_heads = f.int("num_key_value_heads", heads, min=1)
+    if heads is not None and kv_heads is not None and kv_heads != heads:
+        f.fail(
+            "num_key_value_heads",
+            f"multi-head latent attention has one key and value per head: expected "
+            f"num_attention_heads ({heads}), got {kv_heads}",
+        )
+    vocab = f.int("vocab_size", min=1)
+    max_seq_len = f.int("max_position_embeddings", min=1)
+    activation = _activation(f, "hidden_act", "silu", gated=True)
+    tied = f.bool("tie_word_embeddings", False)
+    attention_dropout = f.float("attention_dropout", 0.0, min=0.0, max=1.0)
+    # MLA. q_lora_rank null (DeepSeek-V2-Lite) projects queries directly; its class
+    # default (1536) is DeepSeek-V3's value, so the key must be there.
+    q_lora_rank = _int_or_null(f, "q_lora_rank", min=1)
+    kv_lora_rank = f.int("kv_lora_rank", min=1)
+    qk_nope_head_dim = f.int("qk_nope_head_dim", min=1)
+    qk_rope_head_dim = f.int("qk_rope_head_dim", min=1)
+    v_head_dim = f.int("v_head_dim", min=1)
+    # DeepSeekMoE. Every class default here is a flagship value: all required.
+    experts = f.int("n_routed_experts", min=1)
+    top_k = f.int("num_experts_per_tok", min=1)
+    moe_ffn = f.int("moe_intermediate_size", min=1)
+    # V2's code builds shared experts only when n_shared_experts is not null.
+    shared = _int_or_null(f, "n_shared_experts", min=0)
+    first_k_dense = f.int("first_k_dense_replace", min=0)
+    # The sparse block goes where layer_idx >= first_k_dense_replace and
+    # layer_idx % moe_layer_freq == 0 (class default 1: every such layer).
+    moe_layer_freq = f.int("moe_layer_freq", 1, min=1)
+    if moe_layer_freq is not None and moe_layer_freq != 1:
+        f.fail(
+            "moe_layer_freq",
+            f"expected 1, got {moe_layer_freq}: dense layers between the sparse ones cannot be "
+            f"represented (autoplan models the first first_k_dense_replace layers dense and "
+            f"every later one mixture-of-experts)",
+        )
+    # transformers' DeepseekV3Config has no num_nextn_predict_layers and builds no
+    # MTP module; V2 has none. A file without the key describes a model without one.
+    mtp_layers = f.int("num_nextn_predict_layers", 0, min=0)
+    _check_routing(f, experts, top_k, experts_key="n_routed_experts")
+    if first_k_dense is not None and layers is not None and first_k_dense >= layers:
+        f.fail(
+            "first_k_dense_replace",
+            f"expected fewer than num_hidden_layers ({layers}), got {first_k_dense}",
+        )
+        first_k_dense = None
+    ffn_hidden = f.int("intermediate_size", None, min=1)
+    ffn_hidden = _dense_width(f, ffn_hidden, first_k_dense, moe_ffn, "first_k_dense_replace")
+    return dict(
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=heads,
+        ffn_hidden=ffn_hidden,
+        vocab=vocab,
+        activation=activation,
+        position=Position.ROPE,
+        tied_embeddings=tied,
+        max_seq_len=max_seq_len,
+        norm=Norm.RMSNORM,
+        bias=False,
+        dropout=bool(attention_dropout),
+        experts=experts,
+        top_k=top_k,
+        moe_ffn_hidden=moe_ffn,
+        shared_experts=shared,
+        dense_layers=first_k_dense,
+        q_lora_rank=q_lora_rank,
+        kv_lora_rank=kv_lora_rank,
+        qk_nope_head_dim=qk_nope_head_dim,
+        qk_rope_head_dim=qk_rope_head_dim,
+        v_head_dim=v_head_dim,
+        mtp_layers=mtp_layers,
+    )
 
 
 def _read_gpt2(f: Fields) -> dict[str, Any]:
@@ -256,11 +487,17 @@ def _read_gpt_neox(f: Fields) -> dict[str, Any]:
 
 
 _READERS: dict[str, Callable[[Fields], dict[str, Any]]] = {
+    "deepseek_v2": _read_deepseek,
+    "deepseek_v3": _read_deepseek,
     "gpt2": _read_gpt2,
     "gpt_neox": _read_gpt_neox,
     "llama": _read_llama,
     "mistral": _read_mistral,
+    "mixtral": _read_mixtral,
     "qwen2": _read_qwen2,
+    "qwen2_moe": _read_qwen2_moe,
+    "qwen3": _read_qwen3,
+    "qwen3_moe": _read_qwen3_moe,
 }
 
 
@@ -269,6 +506,45 @@ _READERS: dict[str, Callable[[Fields], dict[str, Any]]] = {
 
 def _supported() -> str:
     return ", ".join(sorted(_READERS))
+
+
+def _fail_flagship_default(f: Fields, key: str, class_default: int, instead: str) -> None:
+    f.fail(
+        key,
+        f"missing required field (transformers would assume {class_default}, not {instead}; "
+        f"give it explicitly)",
+    )
+
+
+def _int_or_null(f: Fields, key: str, *, min: int) -> int | None:
+    """A key that must be present, whose null means none (0)."""
+    if key not in f.data:
+        f.fail(key, "missing required field (null if the model has none)")
+        return None
+    return f.int(key, 0, min=min)
+
+
+def _check_routing(f: Fields, experts: int | None, top_k: int | None, *, experts_key: str) -> None:
+    if experts is not None and top_k is not None and top_k > experts:
+        f.fail("num_experts_per_tok", f"expected at most {experts_key} ({experts}), got {top_k}")
+
+
+def _dense_width(
+    f: Fields, ffn_hidden: int | None, dense_layers: int | None, moe_ffn: int | None, why: str
+) -> int | None:
+    """intermediate_size, needed only where some layer is dense; else the expert width
+    stands in (Model wants a width, and no layer uses it)."""
+    if ffn_hidden is not None or f.has("intermediate_size"):
+        return ffn_hidden
+    if dense_layers:
+        f.fail("intermediate_size", f"missing required field: the {dense_layers} dense layers ({why}) use it")
+        return None
+    return moe_ffn
+
+
+def _indices(values: list[int], shown: int = 8) -> str:
+    head = ", ".join(str(v) for v in values[:shown])
+    return f"[{head}, ...]" if len(values) > shown else f"[{head}]"
 
 
 def _activation(f: Fields, key: str, default: str, *, gated: bool) -> Activation | None:
