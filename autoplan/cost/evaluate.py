@@ -353,7 +353,9 @@ def _stage(plan: Plan, first: bool, last: bool, layers: int, dense: int, sends_f
     if last:
         lf, lb, lw = logits_times(model, shard, device)
         heads = 1 + mtp  # each MTP depth predicts one more token through the shared head
-        compute_f, compute_b, compute_w = compute_f + heads * lf, compute_b + heads * lb, compute_w + heads * lw
+        compute_f += heads * lf
+        compute_b += heads * lb
+        compute_w += heads * lw
         tp_f += heads * comm.all_reduce(act_bytes, groups[Axis.TP])
         tp_b_total += heads * comm.all_reduce(act_bytes, groups[Axis.TP])
     # backward TP collectives overlap the weight-gradient GEMMs (Megatron-LM's

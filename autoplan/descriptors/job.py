@@ -8,7 +8,6 @@ from typing import Any
 from autoplan.descriptors.strict import Fields
 from autoplan.vocab import Dtype
 
-
 # The capacity factor at which Switch Transformer drops almost no tokens (Fedus et al.
 # 2022, Sec. 2.2 and Table 1): the busiest expert takes about 1.25x its fair share.
 DEFAULT_MOE_IMBALANCE = 1.25

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -98,14 +99,14 @@ class SearchResult:
         plan, stage, mem = self.closest
         lay = plan.layout
         return (f"no plan fits in memory: the smallest plan (dp{lay.dp} tp{lay.tp} pp{lay.pp} "
-                f"cp{lay.cp}{f' ep{lay.ep}' if lay.ep > 1 else ''}, micro_batch {plan.micro_batch}, recompute {plan.recompute.value}, "
+                f"cp{lay.cp}{f' ep{lay.ep}' if lay.ep > 1 else ''}, micro_batch {plan.micro_batch}, "
+                f"recompute {plan.recompute.value}, "
                 f"zero {int(plan.zero)}) "
                 + memory_shortfall(plan, stage, mem, plan.cluster.device.mem_bytes))
 
 
 def rank_key(plan: Plan, pred: Prediction) -> tuple:
     """Faster first; then less memory; then the simpler plan, deterministically."""
-    lay = plan.layout
     return (round(pred.step_time_s, 12), round(pred.memory.peak), *rank_key_static(plan))
 
 
@@ -129,6 +130,11 @@ class _Group:
     key: tuple
     plan: Plan  # the group's 1F1B, vpp = 1 member
     schedules: tuple[tuple[Schedule, int, bool], ...]  # (schedule, vpp, split)
+    cp_comms: tuple[CpComm, ...] = (CpComm.RING,)  # context-parallel exchanges to try
+
+    @property
+    def size(self) -> int:
+        return len(self.schedules) * len(self.cp_comms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,14 +265,16 @@ class _Search:
                             stats.infeasible["model states exceed memory"] += (
                                 len(scheds) * len(space.recompute) * len(cps))
                             continue
-                        for cpc in cps:
-                            for rc in space.recompute:
-                                plan = Plan(model=self.model, cluster=self.cluster, job=self.job,
-                                            layout=base, micro_batch=mbs,
-                                            schedule=Schedule.ONE_F_ONE_B, recompute=rc,
-                                            zero=zero, sequence_parallel=sp, cp_comm=cpc)
-                                bound = self._group_bound(plan)
-                                yield _Group(bound, rank_key_static(plan), plan, tuple(scheds))
+                        for rc in space.recompute:
+                            # the group's member without the ring's merges (all-to-all
+                            # where allowed): its time less all CP communication bounds
+                            # every exchange
+                            plan = Plan(model=self.model, cluster=self.cluster, job=self.job,
+                                        layout=base, micro_batch=mbs,
+                                        schedule=Schedule.ONE_F_ONE_B, recompute=rc,
+                                        zero=zero, sequence_parallel=sp, cp_comm=cps[-1])
+                            bound = self._group_bound(plan, without_cp=len(cps) > 1)
+                            yield _Group(bound, rank_key_static(plan), plan, tuple(scheds), cps)
 
     def _states_exceed_memory(self, lay: Layout, zero: ZeroStage, mbs: int, sp: bool) -> bool:
         """Weights, grads and optimizer states of the fullest stage (no activations) plus
@@ -299,27 +307,32 @@ class _Search:
         if self.closest is None or key < self.closest[:2]:
             self.closest = (mem.peak, key[1], plan, stage, mem)
 
-    def _group_bound(self, plan: Plan) -> float:
+    def _group_bound(self, plan: Plan, without_cp: bool = False) -> float:
         """A step time no schedule of the group beats. vpp = 1 sends the fewest
         activations and a pipeline's fill and drain are >= 0, so m times the busiest
         stage bounds them all; where the split itself is searched, the least
         bottleneck any split can reach (``stages.split_bound``) if that is lower."""
         works = stage_work(plan)
         m = plan.num_microbatches
-        per_stage = [w.forward + w.backward for w in works]
+        per_stage = [w.forward + w.backward - (w.cp_f + w.cp_b if without_cp else 0.0)
+                     for w in works]
         optimizer = optimizer_time(plan, works)
         if self.space.stage_shape is StageShape.UNIFORM or plan.layout.pp == 1:
             return m * max(per_stage) + optimizer
-        return min(m * max(per_stage) + optimizer, split_bound(plan, works))
+        bound = min(m * max(per_stage) + optimizer, split_bound(plan, works))
+        if without_cp:  # each exchange's split variants are bounded by their own
+            ring = dataclasses.replace(plan, cp_comm=CpComm.RING)
+            bound = min(bound, split_bound(ring, stage_work(ring)))
+        return bound
 
     def expand(self, group: _Group) -> list[_Candidate | _Split]:
         """The group's schedules: uniform splits that fit in memory as candidates with
         their own bound; split variants deferred with a bound valid for any split."""
         out: list[_Candidate | _Split] = []
         base = group.plan.layout
-        for sched, v, split in group.schedules:
+        for (sched, v, split), cp_comm in itertools.product(group.schedules, group.cp_comms):
             lay = dataclasses.replace(base, vpp=v)
-            plan = dataclasses.replace(group.plan, layout=lay, schedule=sched)
+            plan = dataclasses.replace(group.plan, layout=lay, schedule=sched, cp_comm=cp_comm)
             m = plan.num_microbatches
             if v > 1 and self.model.layers % (lay.pp * v):
                 self.stats.pruned["pp*vpp must divide layers (model chunks)"] += 1
@@ -389,7 +402,7 @@ class _Search:
             # the bound and a simulated time of a tie may differ in the last bits
             if bound > threshold * (1 + BOUND_SLACK):
                 self.stats.pruned["bound: cannot enter the top k"] += sum(
-                    len(it.schedules) if isinstance(it, _Group) else 1 for *_, it in heap)
+                    it.size if isinstance(it, _Group) else 1 for *_, it in heap)
                 break
             heapq.heappop(heap)
             if isinstance(item, _Group | _Split):
