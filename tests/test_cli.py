@@ -535,3 +535,52 @@ def test_one_bad_plan_among_good_ones_stops_evaluate_before_any_output(tmp_path:
     result = autoplan("evaluate", good, bad, "--format", "json")
     assert_bad_input(result, str(bad), "layout.tp")
     assert result.stdout == ""
+
+
+# -- mixture of experts and long context (issue 4's acceptance commands) ------------------
+
+def test_deepseek_v3_search_returns_expert_parallel_plans_with_all_to_all_cost():
+    result = autoplan("search", "--model", "deepseek-v3", "--cluster", "dgx-h100", "--gpus", "2048",
+                      "--global-batch", "15360", "--seq-len", "4096", "--top", "3",
+                      "--format", "json")
+    assert result.returncode == 0, result.stderr
+    plans = json_out(result)["plans"]
+    assert plans and all(p["layout"]["ep"] > 1 for p in plans)
+    for p in plans:
+        assert p["prediction"]["breakdown_s"]["ep_comm"] > 0
+        assert p["prediction"]["mfu_basis"] == "active parameters"
+
+
+def test_128k_context_search_uses_context_parallelism():
+    result = autoplan("search", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "256",
+                      "--global-batch", "64", "--seq-len", "131072", "--top", "3", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    assert json_out(result)["plans"][0]["layout"]["cp"] > 1
+
+
+def test_moe_table_says_mfu_counts_active_parameters():
+    result = autoplan("search", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "64",
+                      "--global-batch", "256", "--seq-len", "4096", "--top", "2")
+    assert result.returncode == 0, result.stderr
+    assert "MFU counts the active parameters only" in result.stdout
+    assert " ep" in result.stdout
+
+
+def test_bad_moe_imbalance_names_the_option():
+    assert_bad_input(autoplan("search", *SMALL_JOB, "--moe-imbalance", "0.5"), "moe_imbalance")
+
+
+@pytest.mark.parametrize(("extra", "field", "needle"), [
+    ("experts: 8\n  top_k: 9\n", "model.top_k", "1 <= top_k <= experts"),
+    ("top_k: 2\n", "model.top_k", "give experts too"),
+    ("experts: 8\n  top_k: 2\n  dense_layers: 32\n", "model.dense_layers", "fewer than layers"),
+    ("kv_lora_rank: 512\n", "model.qk_nope_head_dim", "needs it"),
+])
+def test_bad_moe_and_mla_fields_name_the_field(tmp_path, extra, field, needle):
+    text = (PROFILES / "models" / "llama3-8b.yaml").read_text().replace(
+        "  max_seq_len:", "  " + extra + "  max_seq_len:")
+    path = tmp_path / "model.yaml"
+    path.write_text(text)
+    result = autoplan("search", "--model", str(path), "--cluster",
+                      "dgx-h100", "--global-batch", "64", "--seq-len", "4096")
+    assert_bad_input(result, field, needle)

@@ -228,11 +228,16 @@ def models(fmt: FormatOpt = Format.table) -> None:
         return
     table = Table(title="built-in models", title_justify="left")
     for col in ("name", "layers", "hidden", "heads", "kv", "ffn", "vocab", "activation",
-                "params total", "params active"):
-        table.add_column(col, justify="left" if col in ("name", "activation") else "right")
+                "experts", "params total", "params active"):
+        table.add_column(col, justify="left" if col in ("name", "activation", "experts") else "right")
     for m in rows:
-        table.add_row(m.name, str(m.layers), str(m.hidden), str(m.heads), str(m.kv_heads),
-                      str(m.ffn_hidden), str(m.vocab), m.activation.value,
+        experts = ""
+        if m.is_moe:
+            shared = f"+{m.shared_experts}" if m.shared_experts else ""
+            experts = f"{m.experts}{shared} top{m.top_k} x {m.expert_width}"
+        table.add_row(m.name, str(m.layers), str(m.hidden), str(m.heads),
+                      "mla" if m.is_mla else str(m.kv_heads),
+                      str(m.ffn_hidden), str(m.vocab), m.activation.value, experts,
                       f"{m.params_total / 1e9:.2f}B", f"{m.params_active / 1e9:.2f}B")
     output.out.print(table)
 
