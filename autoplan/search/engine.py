@@ -287,7 +287,9 @@ class _Search:
         reserve = self.cluster.device.reserve_bytes
         model, last = self.model, lay.pp - 1
         worst: tuple[float, int, Memory] | None = None
-        for s in sorted({0, last, max(range(lay.pp), key=lambda i: layers[i] - dense[i])}):
+        # the stage with the most MoE layers (then the most layers) holds the most state
+        heaviest = max(range(lay.pp), key=lambda i: (layers[i] - dense[i], layers[i]))
+        for s in sorted({0, last, heaviest}):
             mtp = model.mtp_layers if s == last else 0
             params = stage_params(model, lay.tp, s == 0, s == last, layers[s], dense[s], mtp)
             experts = stage_expert_params(model, lay, layers[s] - dense[s] + mtp)
