@@ -134,10 +134,17 @@ def stage_params(model: Model, tp: int, embedding: bool, output: bool, layers: i
     return params
 
 
-def stage_expert_params(model: Model, lay: Layout, moe_layers: int) -> float:
-    """Routed-expert parameters on one rank of a stage holding ``moe_layers`` MoE layers
-    (its MTP layers included)."""
-    return moe_layers * _expert_params_per_rank(model, lay.ep, lay.etp) if model.is_moe else 0.0
+def stage_state_params(model: Model, lay: Layout, first: bool, last: bool, layers: int,
+                       dense: int) -> tuple[float, float]:
+    """(non-expert, routed-expert) parameters on one rank of a stage holding ``layers``
+    layers, ``dense`` of them with a dense MLP, and the MTP modules if it is the output
+    stage (``last``). Experts: experts/ep per MoE layer, each split by etp."""
+    mtp = model.mtp_layers if last else 0
+    params = stage_params(model, lay.tp, first, last, layers, dense, mtp)
+    if not model.is_moe:
+        return params, 0.0
+    moe = layers - dense + mtp
+    return params, moe * _expert_params_per_rank(model, lay.ep, lay.etp)
 
 
 def stage_dense_layers(plan: Plan) -> tuple[int, ...]:
@@ -339,13 +346,13 @@ def _stage(plan: Plan, first: bool, last: bool, layers: int, dense: int, sends_f
     lt, lt_moe, groups, act_bytes = shared.lt, shared.lt_moe, shared.groups, shared.act_bytes
     tp_layer, pp_send = shared.tp_layer, shared.pp_send
     mtp = model.mtp_layers if last else 0
-    own_dense = dense
-    moe = layers - dense + (mtp if model.is_moe else 0)  # MTP modules repeat the last layer kind
-    dense += 0 if model.is_moe else mtp
-    n = dense + moe
-    compute_f = dense * lt.forward + moe * lt_moe.forward
-    compute_b = dense * lt.backward_input + moe * lt_moe.backward_input
-    compute_w = dense * lt.backward_weight + moe * lt_moe.backward_weight
+    # layers run, by kind: the MTP modules repeat the model's last layer kind
+    moe_n = layers - dense + (mtp if model.is_moe else 0)
+    dense_n = dense + (0 if model.is_moe else mtp)
+    n = dense_n + moe_n
+    compute_f = dense_n * lt.forward + moe_n * lt_moe.forward
+    compute_b = dense_n * lt.backward_input + moe_n * lt_moe.backward_input
+    compute_w = dense_n * lt.backward_weight + moe_n * lt_moe.backward_weight
     tp_f = n * tp_layer
     tp_b_total = n * tp_layer
     if first:  # vocab-parallel embedding output is all-reduced (reduce-scattered with SP)
@@ -363,18 +370,17 @@ def _stage(plan: Plan, first: bool, last: bool, layers: int, dense: int, sends_f
     # fill bubbles leaves nothing to hide them behind
     overlap = 0.0 if plan.schedule.splits_backward else compute_w
     tp_b = max(0.0, tp_b_total - overlap)
-    ep_f = ep_b = moe * shared.ep_layer  # not overlapped (Megatron-LM's default)
+    ep_f = ep_b = moe_n * shared.ep_layer  # not overlapped (Megatron-LM's default)
     cp_f, cp_b = n * shared.cp_f, n * shared.cp_b
     recompute = 0.0
     if plan.recompute is Recompute.FULL:
-        recompute = dense * lt.forward + moe * lt_moe.forward
+        recompute = dense_n * lt.forward + moe_n * lt_moe.forward
         tp_b += n * tp_layer  # the recomputed forward repeats its collectives
         ep_b += ep_f
         cp_b += cp_f
     elif plan.recompute is Recompute.SELECTIVE:
-        recompute = dense * lt.attention_forward + moe * lt_moe.attention_forward
-    params = stage_params(model, lay.tp, first, last, layers, own_dense, mtp)
-    expert_params = stage_expert_params(model, lay, moe)
+        recompute = dense_n * lt.attention_forward + moe_n * lt_moe.attention_forward
+    params, expert_params = stage_state_params(model, lay, first, last, layers, dense)
     zero3_f = zero3_b = 0.0
     if plan.zero is ZeroStage.PARAMETERS and groups[Axis.DP].size > 1:
         gather = comm.all_gather(params * BF16_BYTES, groups[Axis.DP])
@@ -390,7 +396,7 @@ def _stage(plan: Plan, first: bool, last: bool, layers: int, dense: int, sends_f
         recompute=recompute, tp_f=tp_f, tp_b=tp_b, cp_f=cp_f, cp_b=cp_b,
         pp_f=sends_f * pp_send, pp_b=sends_b * pp_send,
         zero3_f=zero3_f, zero3_b=zero3_b, params=params, ep_f=ep_f, ep_b=ep_b,
-        expert_params=expert_params, dense=own_dense, mtp=mtp,
+        expert_params=expert_params, dense=dense, mtp=mtp,
     )
 
 

@@ -24,9 +24,8 @@ from autoplan.cost.evaluate import (
     optimizer_time,
     output_stage,
     stage_dense_layers,
-    stage_expert_params,
     stage_memory,
-    stage_params,
+    stage_state_params,
     stage_work,
     state_bytes,
     step_time_lower_bound,
@@ -285,15 +284,13 @@ class _Search:
                     zero=zero, sequence_parallel=sp)
         layers, dense = plan.stage_layers, stage_dense_layers(plan)
         reserve = self.cluster.device.reserve_bytes
-        model, last = self.model, lay.pp - 1
+        last = lay.pp - 1
         worst: tuple[float, int, Memory] | None = None
         # the stage with the most MoE layers (then the most layers) holds the most state
         heaviest = max(range(lay.pp), key=lambda i: (layers[i] - dense[i], layers[i]))
         for s in sorted({0, last, heaviest}):
-            mtp = model.mtp_layers if s == last else 0
-            params = stage_params(model, lay.tp, s == 0, s == last, layers[s], dense[s], mtp)
-            experts = stage_expert_params(model, lay, layers[s] - dense[s] + mtp)
-            st = state_bytes(plan, params, experts)
+            st = state_bytes(plan, *stage_state_params(self.model, lay, s == 0, s == last,
+                                                       layers[s], dense[s]))
             mem = Memory(weights=st.weights, grads=st.grads, optimizer=st.optimizer,
                          activations=0.0, other=reserve)
             if worst is None or mem.peak > worst[0]:

@@ -49,14 +49,10 @@ def _total(w: StageWork) -> float:
 def _linear_times_of(plan: Plan) -> tuple[float, tuple[float, ...]]:
     p = plan.layout.pp
     fixed: dict[int, float] = {}
-    per_layer = 0.0
     for c in _classes(p):
         one, two = stage_work_for(plan, c, 1), stage_work_for(plan, c, 2)
-        step = _total(two) - _total(one)
-        if c == min(1, p - 1):  # a middle stage's layer stands for every layer
-            per_layer = min(step, _dense_step(plan)) if _mixed(plan) else step
-        fixed[c] = _total(one) - step
-    return per_layer, tuple(fixed[_class_of(s, p)] for s in range(p))
+        fixed[c] = _total(one) - (_total(two) - _total(one))
+    return min(_layer_steps(plan)), tuple(fixed[_class_of(s, p)] for s in range(p))
 
 
 def _mixed(plan: Plan) -> bool:
@@ -64,17 +60,24 @@ def _mixed(plan: Plan) -> bool:
     return 0 < plan.model.moe_layers < plan.model.layers
 
 
-def _dense_step(plan: Plan) -> float:
-    """Seconds per microbatch one dense layer adds to a middle stage of an MoE model."""
-    mid = min(1, plan.layout.pp - 1)
-    return _total(stage_work_for(plan, mid, 2, dense=1)) - _total(stage_work_for(plan, mid, 1))
+@lru_cache(maxsize=16384)
+def _layer_steps(key: Plan) -> tuple[float, float]:
+    """(seconds, seconds of a dense layer) per microbatch that one more layer adds to a
+    middle stage, whose layers stand for every layer; the two are equal unless the model
+    mixes dense and MoE layers (``key``: a cost key, see evaluate._cost_key)."""
+    mid = min(1, key.layout.pp - 1)
+    one = _total(stage_work_for(key, mid, 1))
+    step = _total(stage_work_for(key, mid, 2)) - one
+    if not _mixed(key):
+        return step, step
+    return step, _total(stage_work_for(key, mid, 2, dense=1)) - one
 
 
 def partition_problem(plan: Plan, shape: StageShape) -> PartitionProblem:
     """Per-layer and per-stage costs of ``plan`` (vpp = 1), for the partitioner."""
     assert plan.layout.vpp == 1, "uneven splits are for one chunk per stage"
     p, m, layers = plan.layout.pp, plan.num_microbatches, plan.model.layers
-    layer_time, stage_time = _linear_times(plan)
+    _, stage_time = _linear_times(plan)
     inflight = tuple(peak_inflight(plan.schedule, p, m, 1, s) for s in range(p))
     # memory is linear in the layers and, per stage class, in the in-flight count:
     # two evaluations per class at 1 and 2 in-flight microbatches give its coefficients
@@ -94,17 +97,15 @@ def partition_problem(plan: Plan, shape: StageShape) -> PartitionProblem:
         base, per_inflight, static_layer, act_layer = coef[_class_of(s, p)]
         one_layer = base + inflight[s] * per_inflight  # the stage holding one layer
         stage_static.append(one_layer - static_layer - inflight[s] * act_layer)
-    times = [layer_time] * layers
+    step, dense_step = _layer_steps(_cost_key(plan))
+    times = [step] * layers
     statics, acts = [layer_static] * layers, [layer_act] * layers
     if _mixed(plan):  # the dense first layers: their own time and memory per layer
         mid = min(1, p - 1)
-        key = _cost_key(plan)
-        one, two = stage_work_for(key, mid, 1), stage_work_for(key, mid, 2)
-        mixed = stage_work_for(key, mid, 2, dense=1)
-        times = [_total(two) - _total(one)] * layers
-        a1, d1 = stage_memory(plan, mid, one, 1), stage_memory(plan, mid, mixed, 1)
+        a1 = stage_memory(plan, mid, stage_work_for(plan, mid, 1), 1)
+        d1 = stage_memory(plan, mid, stage_work_for(plan, mid, 2, dense=1), 1)
         for i in range(plan.model.layers - plan.model.moe_layers):
-            times[i] = _total(mixed) - _total(one)
+            times[i] = dense_step
             statics[i] = (d1.weights + d1.grads + d1.optimizer) - (a1.weights + a1.grads + a1.optimizer)
             acts[i] = d1.activations - a1.activations
     return PartitionProblem(
