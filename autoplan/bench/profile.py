@@ -1,0 +1,231 @@
+"""Microbenchmark profiles: the CSV that ``autoplan bench`` writes and the surrogate reads.
+
+A profile is a CSV file with a header of ``# key: value`` lines (provenance: device,
+software versions, date, command) and one row per measured kernel or collective.
+Every row has every column; a column that does not apply to a row's kind is 0.
+
+=========== ================================================================
+column      meaning
+=========== ================================================================
+kind        gemm | attention | elementwise | collective
+op          gemm: ``matmul``; attention: ``sdpa_fwd`` | ``sdpa_bwd`` (backward alone);
+            elementwise: ``copy`` | ``add`` | ``mul``;
+            collective: ``all_reduce`` | ``all_gather`` | ``reduce_scatter`` |
+            ``all_to_all`` | ``p2p``
+dtype       bf16 | fp16 | fp32 | fp8
+m, n, k     gemm: (m x k) @ (k x n)
+batch       attention: batch size
+heads       attention: query heads
+kv_heads    attention: key/value heads (GQA)
+seq         attention: sequence length (queries = keys)
+head_dim    attention: channels per head
+causal      attention: 1 causal, 0 full
+nbytes      elementwise: bytes read + written; collective: the buffer size in the
+            convention of :mod:`autoplan.cost.comm` (all-reduce: the buffer;
+            all-gather: the gathered output; reduce-scatter: the input;
+            all-to-all: each rank's buffer; p2p: the message)
+ranks       collective: ranks in the group
+ranks_per_node  collective: of those, ranks on one node (= ranks on one machine)
+seconds     median time of one call over ``repeats`` timed calls (after warm-up)
+seconds_p10, seconds_p90  10th / 90th percentile of the timed calls
+repeats     timed calls
+=========== ================================================================
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from autoplan.errors import InputError, Problem
+
+FORMAT_VERSION = "1"
+KINDS: dict[str, tuple[str, ...]] = {
+    "gemm": ("matmul",),
+    "attention": ("sdpa_fwd", "sdpa_bwd"),
+    "elementwise": ("copy", "add", "mul"),
+    "collective": ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"),
+}
+DTYPES = ("bf16", "fp16", "fp32", "fp8")
+INT_COLUMNS = ("m", "n", "k", "batch", "heads", "kv_heads", "seq", "head_dim", "causal",
+               "nbytes", "ranks", "ranks_per_node", "repeats")
+FLOAT_COLUMNS = ("seconds", "seconds_p10", "seconds_p90")
+COLUMNS = ("kind", "op", "dtype", *INT_COLUMNS, *FLOAT_COLUMNS)
+# shape columns each kind must set (> 0)
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "gemm": ("m", "n", "k"),
+    "attention": ("batch", "heads", "kv_heads", "seq", "head_dim"),
+    "elementwise": ("nbytes",),
+    "collective": ("nbytes", "ranks", "ranks_per_node"),
+}
+# provenance every profile carries in its header
+REQUIRED_META = ("autoplan-profile", "device_kind", "device_name", "torch", "date", "command")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Profile:
+    """A validated profile: provenance and rows (a DataFrame with :data:`COLUMNS`)."""
+
+    source: str
+    meta: Mapping[str, str]
+    rows: pd.DataFrame = field(compare=False, repr=False)
+    digest: str  # sha256 of the CSV text: identifies the profile in caches
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    def of_kind(self, kind: str) -> pd.DataFrame:
+        return self.rows[self.rows["kind"] == kind]
+
+    @property
+    def descriptor(self) -> str | None:
+        """The autoplan device name the profile was taken on (``descriptor`` in the header)."""
+        return self.meta.get("descriptor") or None
+
+
+def row_flops(row: Mapping[str, Any]) -> float:
+    """FLOPs of one gemm or attention row (attention: causal halves the square; backward
+    is 2.5 x forward, FlashAttention-2's 5 GEMMs against 2; Dao 2023, Algorithm 2)."""
+    if row["kind"] == "gemm":
+        return 2.0 * row["m"] * row["n"] * row["k"]
+    if row["kind"] == "attention":
+        fwd = 4.0 * row["batch"] * row["heads"] * row["seq"] ** 2 * row["head_dim"]
+        fwd *= 0.5 if row["causal"] else 1.0
+        return fwd * (2.5 if row["op"] == "sdpa_bwd" else 1.0)
+    return 0.0
+
+
+def _check_rows(frame: pd.DataFrame, source: str) -> list[Problem]:
+    problems: list[Problem] = []
+    for col in COLUMNS:
+        if col not in frame.columns:
+            problems.append(Problem(source, col, "missing column"))
+    for col in frame.columns:
+        if col not in COLUMNS:
+            problems.append(Problem(source, str(col), f"unknown column; expected {', '.join(COLUMNS)}"))
+    if problems:
+        return problems
+    for i, rec in enumerate(frame.to_dict("records")):
+        where = f"row {i + 1}"  # data rows, 1-based, after the header
+        kind, op = rec["kind"], rec["op"]
+        if kind not in KINDS:
+            problems.append(Problem(source, f"{where}.kind", f"expected one of {', '.join(KINDS)}, "
+                                                              f"got {kind!r}"))
+            continue
+        if op not in KINDS[kind]:
+            problems.append(Problem(source, f"{where}.op", f"expected one of {', '.join(KINDS[kind])} "
+                                                            f"for {kind}, got {op!r}"))
+        if rec["dtype"] not in DTYPES:
+            problems.append(Problem(source, f"{where}.dtype", f"expected one of {', '.join(DTYPES)}, "
+                                                               f"got {rec['dtype']!r}"))
+        for col in INT_COLUMNS:
+            v = rec[col]
+            if not _is_int(v) or int(v) < 0:
+                problems.append(Problem(source, f"{where}.{col}", f"expected a whole number >= 0, got {v!r}"))
+        for col in REQUIRED[kind]:
+            if _is_int(rec[col]) and int(rec[col]) == 0:
+                problems.append(Problem(source, f"{where}.{col}", f"expected > 0 for {kind}, got {rec[col]}"))
+        for col in FLOAT_COLUMNS:
+            v = rec[col]
+            if not _is_number(v) or not float(v) > 0:
+                problems.append(Problem(source, f"{where}.{col}", f"expected seconds > 0, got {v!r}"))
+        if len(problems) > 50:
+            problems.append(Problem(source, "", "too many problems; stopped here"))
+            break
+    return problems
+
+
+def _is_int(v: Any) -> bool:
+    return _is_number(v) and float(v) == int(v)
+
+
+def _is_number(v: Any) -> bool:
+    if isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def parse_profile(text: str, source: str) -> Profile:
+    """Validate a profile's text; every problem is reported at once with the file and field."""
+    meta: dict[str, str] = {}
+    body: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            key, sep, value = line[1:].partition(":")
+            if sep:
+                meta[key.strip()] = value.strip()
+        elif line.strip():
+            body.append(line)
+    problems = [Problem(source, f"header.{k}", "missing (a '# key: value' line)")
+                for k in REQUIRED_META if k not in meta]
+    if meta.get("autoplan-profile", FORMAT_VERSION) != FORMAT_VERSION:
+        problems.append(Problem(source, "header.autoplan-profile",
+                                f"expected {FORMAT_VERSION}, got {meta['autoplan-profile']!r}"))
+    if not body:
+        raise InputError([*problems, Problem(source, "", "no rows")])
+    try:
+        frame = pd.read_csv(io.StringIO("\n".join(body)), dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, ValueError) as exc:
+        raise InputError([*problems, Problem(source, "", f"not a CSV table: {exc}")]) from None
+    problems += _check_rows(frame, source)
+    if problems:
+        raise InputError(problems)
+    for col in INT_COLUMNS:
+        frame[col] = frame[col].astype(float).astype("int64")
+    for col in FLOAT_COLUMNS:
+        frame[col] = frame[col].astype(float)
+    frame = frame[list(COLUMNS)].reset_index(drop=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return Profile(source=source, meta=meta, rows=frame, digest=digest)
+
+
+def read_profile(path: Path) -> Profile:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError.single(str(path), "", "file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError.single(str(path), "", f"cannot read file: {exc}") from None
+    return parse_profile(text, str(path))
+
+
+def format_profile(meta: Mapping[str, Any], rows: Iterable[Mapping[str, Any]]) -> str:
+    """The CSV text of a profile: the header lines, then the rows (missing columns are 0)."""
+    head = {"autoplan-profile": FORMAT_VERSION, **{k: str(v) for k, v in meta.items()}}
+    lines = [f"# {k}: {' '.join(str(v).split())}" for k, v in head.items()]
+    frame = pd.DataFrame([{c: r.get(c, 0) for c in COLUMNS} for r in rows], columns=list(COLUMNS))
+    for col in FLOAT_COLUMNS:
+        frame[col] = frame[col].map(lambda s: f"{float(s):.6e}")
+    return "\n".join(lines) + "\n" + frame.to_csv(index=False, lineterminator="\n")
+
+
+@dataclass(frozen=True, slots=True)
+class Achieved:
+    """The best rates a profile shows: what a descriptor of the measured machine calls peak."""
+
+    gemm_flops: Mapping[str, float]  # dtype -> FLOP/s of the fastest GEMM
+    attention_flops: float | None  # FLOP/s of the fastest attention call (forward or backward)
+    memory_Bps: float | None  # bytes/s of the fastest elementwise op
+
+
+def achieved(profile: Profile) -> Achieved:
+    """Best achieved rates: max FLOPs/second over the GEMM rows (per dtype) and attention
+    rows, and max bytes/second over the elementwise rows."""
+    rows = profile.rows
+    gemm: dict[str, float] = {}
+    for rec in rows[rows["kind"] == "gemm"].to_dict("records"):
+        rate = row_flops(rec) / rec["seconds"]
+        gemm[rec["dtype"]] = max(gemm.get(rec["dtype"], 0.0), rate)
+    attn = [row_flops(r) / r["seconds"] for r in rows[rows["kind"] == "attention"].to_dict("records")]
+    mem = [r["nbytes"] / r["seconds"] for r in rows[rows["kind"] == "elementwise"].to_dict("records")]
+    return Achieved(gemm, max(attn) if attn else None, max(mem) if mem else None)
