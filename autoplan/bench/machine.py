@@ -1,0 +1,148 @@
+"""A descriptor of the measured machine, fitted on its profile.
+
+The analytic model's constants are fitted so that it reproduces the profile as well
+as its functional form allows; what it cannot reproduce is left for the surrogate.
+
+- GEMM: the efficiency curve eff(F) = F / (F + h) makes a GEMM of F FLOPs take
+  t = F / P + h / P (``autoplan.cost.compute.gemm_time`` with gemm_efficiency 1):
+  linear in F, so a least-squares line over the GEMM rows gives the peak P = 1/slope
+  and the half-efficiency size h = intercept * P.
+- Memory-bound ops: t = bytes / B, B from the same kind of line over the
+  elementwise rows (its intercept is launch overhead the analytic model leaves out).
+- Attention: achieved FLOP/s over all attention rows, as a fraction of P.
+- Links: every collective of :mod:`autoplan.cost.comm` on a group inside one node is
+  t = L * alpha + W / B with L latency terms and W bytes on the wire per rank (ring:
+  Thakur et al. 2005); non-negative least squares over the collective rows gives the
+  latency alpha and bandwidth B.
+
+Rows are weighted by 1/seconds, so the fit minimizes relative error.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+
+from autoplan.bench.profile import Profile, achieved, row_flops
+from autoplan.descriptors.hardware import Cluster, Device, Link
+from autoplan.errors import InputError, Problem
+
+
+def _line(x: np.ndarray, t: np.ndarray) -> tuple[float, float]:
+    """(slope, intercept) >= 0 of t = slope * x + intercept, relative least squares."""
+    w = 1.0 / t
+    coef, _ = nnls(np.column_stack([x * w, w]), t * w)
+    return float(coef[0]), float(coef[1])
+
+
+def link_terms(op: str, ranks: int, nbytes: float) -> tuple[float, float]:
+    """(latency terms, bytes on the wire per rank) of one collective in a single-node
+    group, as :mod:`autoplan.cost.comm` costs it."""
+    n = ranks
+    if op == "p2p":
+        return 1.0, nbytes
+    if op in ("all_gather", "reduce_scatter"):  # one ring phase
+        return n - 1.0, (n - 1) / n * nbytes
+    if op == "all_reduce":  # reduce-scatter + all-gather
+        return 2.0 * (n - 1), 2.0 * (n - 1) / n * nbytes
+    if op == "all_to_all":  # pairwise exchange: n - 1 steps of nbytes / n
+        return n - 1.0, (n - 1) / n * nbytes
+    raise AssertionError(op)
+
+
+def _fit_link(rows: pd.DataFrame) -> tuple[float, float]:
+    """(bandwidth bytes/s, latency s) of the local fabric from the collective rows."""
+    terms = np.array([link_terms(r["op"], r["ranks"], r["nbytes"]) for r in rows.to_dict("records")])
+    t = rows["seconds"].to_numpy()
+    w = 1.0 / t
+    coef, _ = nnls(np.column_stack([terms[:, 0] * w, terms[:, 1] * w]), t * w)
+    alpha, inv_bw = float(coef[0]), float(coef[1])
+    if inv_bw <= 0:  # latency explains everything: take the best achieved rate
+        inv_bw = float(np.min(t / terms[:, 1]))
+    return 1.0 / inv_bw, alpha
+
+
+def describe_machine(profile: Profile, *, name: str, ranks_per_node: int, mem_bytes: float,
+                     compute_dtype: str) -> Cluster:
+    """A one-node cluster of ``ranks_per_node`` devices like the profiled one.
+
+    ``compute_dtype`` is the profile dtype whose GEMM rows define the descriptor's
+    bf16/fp16 peak: what the validated model really computes in (fp32 on most CPUs,
+    whose bf16 GEMMs are emulated).
+    """
+    rows = profile.rows
+    gemm = rows[(rows["kind"] == "gemm") & (rows["dtype"] == compute_dtype)]
+    elem = rows[rows["kind"] == "elementwise"]
+    coll = rows[(rows["kind"] == "collective") & (rows["ranks"] > 1)]
+    problems = [Problem(profile.source, field, f"needs {what} rows to describe the machine")
+                for field, what, frame in (("kind", f"gemm ({compute_dtype})", gemm),
+                                           ("kind", "elementwise", elem),
+                                           ("kind", "collective", coll)) if frame.empty]
+    if problems:
+        raise InputError(problems)
+    flops = np.array([row_flops(r) for r in gemm.to_dict("records")])
+    slope, intercept = _line(flops, gemm["seconds"].to_numpy())
+    best = achieved(profile)
+    peak = 1.0 / slope if slope > 0 else best.gemm_flops[compute_dtype]
+    half = intercept * peak
+    mem_slope, _ = _line(elem["nbytes"].to_numpy().astype(float), elem["seconds"].to_numpy())
+    hbm = 1.0 / mem_slope if mem_slope > 0 else float(best.memory_Bps or 0.0)
+    attn_rows = rows[rows["kind"] == "attention"]
+    if attn_rows.empty:
+        attention = 1.0
+    else:
+        attn_flops = sum(row_flops(r) for r in attn_rows.to_dict("records"))
+        attention = min(1.0, attn_flops / float(attn_rows["seconds"].sum()) / peak)
+    bandwidth, latency = _fit_link(coll)
+    device = Device(name=f"{name}-device", peak_bf16_flops=peak, peak_fp16_flops=peak,
+                    peak_fp8_flops=None, mem_bytes=mem_bytes, hbm_Bps=hbm,
+                    gemm_efficiency=1.0, gemm_half_flop=half, attention_efficiency=max(attention, 0.01),
+                    hbm_efficiency=1.0, reserve_bytes=0.0)
+    link = Link(bandwidth_Bps=bandwidth, latency_s=latency, efficiency=1.0)
+    return Cluster(name=name, device=device, gpus_per_node=ranks_per_node,
+                   nvlink_domain=ranks_per_node, intra_node=link, inter_node=link, nodes=1)
+
+
+def cluster_yaml(cluster: Cluster, profile: Profile, command: str) -> str:
+    """The cluster as a descriptor file, with where its numbers came from."""
+    import yaml
+
+    d = cluster.device
+    doc = {"cluster": {
+        "name": cluster.name,
+        "device": {
+            "name": d.name,
+            "peak_tflops": {"bf16": _r(d.peak_bf16_flops / 1e12), "fp16": _r(d.peak_fp16_flops / 1e12)},
+            "mem_GiB": _r(d.mem_bytes / 2**30),
+            "hbm_GBps": _r(d.hbm_Bps / 1e9),
+            "reserve_GiB": 0,
+            "efficiency": {"gemm": 1.0, "gemm_half_gflop": _r(d.gemm_half_flop / 1e9),
+                           "attention": _r(d.attention_efficiency), "hbm": 1.0},
+        },
+        "gpus_per_node": cluster.gpus_per_node,
+        "nvlink_domain": cluster.nvlink_domain,
+        "intra_node": _link(cluster.intra_node),
+        "inter_node": _link(cluster.inter_node),
+        "nodes": 1,
+    }}
+    meta = profile.meta
+    head = [
+        f"# Fitted by `{command}` on the profile {profile.source}",
+        f"#   (taken by `{meta.get('command', '?')}` on {meta.get('date', '?')}:",
+        f"#   {meta.get('device_name', '?')}, torch {meta.get('torch', '?')}).",
+        "# peak_tflops and gemm_half_gflop: least-squares line t = (F + h) / P over the GEMM rows;",
+        "# hbm_GBps: line over the elementwise rows; attention: achieved attention FLOP/s over peak;",
+        "# links: non-negative least squares of the collective rows on autoplan's ring model",
+        "# (autoplan/bench/machine.py). A 'GPU' here is one local process.",
+    ]
+    return "\n".join(head) + "\n" + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)
+
+
+def _r(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
+def _link(link: Link) -> dict[str, float]:
+    return {"bandwidth_GBps": _r(link.bandwidth_Bps / 1e9), "latency_us": _r(link.latency_s * 1e6),
+            "efficiency": 1.0}
