@@ -272,6 +272,71 @@ def hardware(fmt: FormatOpt = Format.table) -> None:
     output.out.print(ct)
 
 
+@app.command()
+def bench(
+    device: Annotated[str | None, typer.Option(
+        "--device", "-d", help="cpu or cuda (default: cuda when a GPU is visible).")] = None,
+    out_path: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Write the profile CSV here and print a summary "
+                            "(default: the CSV to stdout).")] = None,
+    preset: Annotated[str, typer.Option(
+        "--preset", "-p", help="tiny (seconds), default (about a minute on a CPU), or full.")] = "default",
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", help="Models whose sharded layer shapes to measure: comma-separated built-in "
+                              "names or descriptor paths (default: the preset's).")] = None,
+    world: Annotated[int | None, typer.Option(
+        "--world", "-w", help="Processes for the collectives (default: 2 on CPU, every GPU on CUDA; "
+                              "under torchrun: the launched world).")] = None,
+    descriptor: Annotated[str | None, typer.Option(
+        "--descriptor", help="The built-in device this machine is (default: known from the CUDA "
+                             "device name; none on CPU).")] = None,
+) -> None:
+    """Microbenchmarks on the local devices (GEMMs, attention, elementwise, collectives) as a
+    profile CSV: exit 0, or 2 on bad input or when the benchmarks cannot run here."""
+    import shlex
+    import time
+
+    from autoplan.bench import run as bench_run
+    from autoplan.bench.profile import format_profile, parse_profile
+
+    models = [m.strip() for m in model.split(",") if m.strip()] if model is not None else None
+    if models == []:
+        raise InputError.single("--model", "", "expected one or more model names or paths")
+    kwargs: dict[str, Any] = dict(device=device, preset=preset, models=models, world=world,
+                                  descriptor=descriptor, command=shlex.join(["autoplan", *sys.argv[1:]]))
+    started = time.monotonic()
+    if output.interactive("table") and bench_run.is_writer():
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.description}"), console=output.err, transient=True) as bar:
+            task = bar.add_task("", total=None)
+            meta, rows = bench_run.run_bench(
+                **kwargs, progress=lambda done, total, label: bar.update(
+                    task, completed=done, total=total, description=escape(label)))
+    else:
+        meta, rows = bench_run.run_bench(**kwargs)
+    if not bench_run.is_writer():
+        return  # torchrun: rank 0 writes
+    text = format_profile(meta, rows)
+    profile = parse_profile(text, str(out_path or "<stdout>"))  # what we write must read back
+    if out_path is None:
+        sys.stdout.write(text)
+        return
+    _write_atomic(out_path, text)
+    from rich.table import Table
+
+    title = f"bench: {meta['device_name']} ({meta['device_kind']}, preset {meta['preset']})"
+    table = Table(title=escape(title), title_justify="left")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for label, value in bench_run.summary(profile):
+        table.add_row(escape(label), value)
+    output.out.print(table)
+    output.err.print(f"wrote {len(rows)} rows to {escape(str(out_path))} "
+                     f"in {time.monotonic() - started:.0f} s")
+
+
 def _usage_errors() -> tuple[type[Exception], ...]:
     """Click's usage-error base classes: recent typer vendors click as ``typer._click``,
     whose exceptions derive from ``typer.TyperException``, not ``click.ClickException``."""
