@@ -337,6 +337,58 @@ def bench(
                      f"in {time.monotonic() - started:.0f} s")
 
 
+@app.command("export")
+def export_plan(
+    plan_path: Annotated[Path, typer.Argument(metavar="PLAN.yaml", help="A plan file.")],
+    to: Annotated[str, typer.Option(
+        "--to", "-t", help="megatron, deepspeed, nemo, torchtitan or slurm.")],
+    launcher: Annotated[str, typer.Option(
+        "--launcher", help="slurm only: what the job runs (megatron, deepspeed or torchtitan).")
+    ] = "megatron",
+    out_path: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Write here (a directory when the target writes several files) "
+                            "instead of printing.")] = None,
+) -> None:
+    """Write the launcher configuration for a plan: exit 0, or 2 when the input is bad or the
+    launcher cannot run the plan (the message names the plan field)."""
+    from autoplan.descriptors.strict import read_yaml
+    from autoplan.export import Launcher, Target
+    from autoplan.export import export as run_export
+    from autoplan.plan import read_plan
+
+    target = _choice("--to", to, Target)
+    runs = _choice("--launcher", launcher, Launcher)
+    if target is not Target.SLURM and runs is not Launcher.MEGATRON:
+        raise InputError.single("--launcher", "", "only --to slurm takes a launcher")
+    plan = read_plan(read_yaml(plan_path), str(plan_path))
+    files = run_export(plan, target, str(plan_path), runs)
+    if out_path is None:
+        for name, text in files.items():
+            if len(files) > 1:
+                sys.stdout.write(f"# ==> {name} <==\n")
+            sys.stdout.write(text)
+        return
+    out_path = out_path.expanduser()
+    if len(files) > 1 or out_path.is_dir():
+        paths = {name: out_path / name for name in files}
+    else:
+        paths = {name: out_path for name in files}
+    for name, path in paths.items():
+        _write_atomic(path, files[name])
+        if name.endswith((".sh", ".sbatch")):  # scripts run as ./name
+            path.chmod(path.stat().st_mode | ((path.stat().st_mode & 0o444) >> 2))
+        output.err.print(f"wrote {escape(str(path))}")
+
+
+def _choice(option: str, value: str, kind: type[enum.Enum]) -> Any:
+    """An enum member by value, or a usage error listing the valid ones (exit 2)."""
+    for member in kind:
+        if member.value == value:
+            return member
+    valid = ", ".join(m.value for m in kind)
+    raise InputError.single(option, "", f"expected one of {valid}, got {value!r}")
+
+
 def _usage_errors() -> tuple[type[Exception], ...]:
     """Click's usage-error base classes: recent typer vendors click as ``typer._click``,
     whose exceptions derive from ``typer.TyperException``, not ``click.ClickException``."""

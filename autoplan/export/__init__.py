@@ -1,0 +1,80 @@
+"""Launcher configurations from a plan: one pure module per launcher.
+
+Each module's ``export(plan)`` returns ``{filename: text}``; nothing here prints,
+writes files or exits. ``export`` below first checks the plan against the launcher's
+search space (``searchspace/<launcher>.yaml``, the same rules the search obeys) and
+the few things a launcher's configuration cannot express, and refuses with every
+reason at once, naming the plan file and field.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+from autoplan.errors import InputError, Problem
+from autoplan.export.rules import space_problems
+from autoplan.plan import Plan
+from autoplan.search.space import load_space
+
+from . import deepspeed, megatron, nemo, slurm, torchtitan
+
+
+class Target(str, enum.Enum):
+    """What ``autoplan export --to`` writes."""
+
+    MEGATRON = "megatron"
+    """Megatron-LM: a bash script running torchrun pretrain_gpt.py."""
+    DEEPSPEED = "deepspeed"
+    """DeepSpeed: ds_config.json and the deepspeed launcher line."""
+    NEMO = "nemo"
+    """NeMo 2 / Megatron-Bridge: recipe overrides (YAML) for Megatron-Core."""
+    TORCHTITAN = "torchtitan"
+    """torchtitan: its job configuration (TOML) and the torchrun line."""
+    SLURM = "slurm"
+    """An sbatch script wrapping one of the launchers (torchrun, c10d rendezvous)."""
+
+
+class Launcher(str, enum.Enum):
+    """What a Slurm job runs."""
+
+    MEGATRON = "megatron"
+    DEEPSPEED = "deepspeed"
+    TORCHTITAN = "torchtitan"
+
+
+# the search space whose rules a target must obey: NeMo and Megatron-Bridge run Megatron-Core
+_SPACE = {Target.MEGATRON: "megatron", Target.DEEPSPEED: "deepspeed", Target.NEMO: "megatron",
+          Target.TORCHTITAN: "torchtitan"}
+_EXTRA: dict[str, Callable[[Plan], list[tuple[str, str]]]] = {
+    "megatron": megatron.problems, "deepspeed": deepspeed.problems,
+    "torchtitan": torchtitan.problems,
+}
+
+
+def refusals(plan: Plan, target: Target, launcher: Launcher = Launcher.MEGATRON) -> list[tuple[str, str]]:
+    """Why the target cannot run the plan, as (plan field, message); empty when it can."""
+    space_name = launcher.value if target is Target.SLURM else _SPACE[target]
+    out = space_problems(plan, load_space(space_name))
+    if target is not Target.NEMO:
+        out += _EXTRA[space_name](plan)
+    return out
+
+
+def export(plan: Plan, target: Target, source: str = "<plan>",
+           launcher: Launcher = Launcher.MEGATRON) -> dict[str, str]:
+    """``{filename: text}`` for the target, or InputError naming ``source`` and each field."""
+    problems = refusals(plan, target, launcher)
+    if problems:
+        name = launcher.value if target is Target.SLURM else target.value
+        raise InputError([Problem(source, field, f"cannot export to {name}: {msg}")
+                          for field, msg in problems])
+    if target is Target.MEGATRON:
+        return megatron.export(plan)
+    if target is Target.DEEPSPEED:
+        return deepspeed.export(plan)
+    if target is Target.NEMO:
+        return nemo.export(plan)
+    if target is Target.TORCHTITAN:
+        return torchtitan.export(plan)
+    return slurm.export(plan, launcher.value)

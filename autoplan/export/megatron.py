@@ -1,0 +1,265 @@
+"""Megatron-LM: a bash script that runs ``torchrun pretrain_gpt.py`` with the plan's flags.
+
+Flag names were checked against NVIDIA/Megatron-LM ``megatron/training/arguments.py``
+(main branch, commit 000c4ac, read through the code search), function by function:
+
+- ``_add_network_size_args``: --num-layers, --hidden-size, --ffn-hidden-size,
+  --num-attention-heads, --kv-channels, --group-query-attention, --num-query-groups,
+  --max-position-embeddings, --position-embedding-type {learned_absolute, rope},
+  --normalization {LayerNorm, RMSNorm}, --swiglu, --squared-relu,
+  --untie-embeddings-and-output-weights, --multi-latent-attention, --mtp-num-layers.
+  There is no GeGLU flag (only --quick-geglu, a different function), so a GeGLU
+  model is refused.
+- ``_add_regularization_args``: --attention-dropout, --hidden-dropout.
+- ``_add_training_args``: --micro-batch-size, --global-batch-size,
+  --recompute-granularity {full, selective} (selective recomputes --recompute-modules,
+  default core_attn: the attention core, as autoplan's ``selective``),
+  --recompute-method {uniform, block}, --recompute-num-layers, --sequence-parallel,
+  --disable-bias-linear, --train-iters, --lr.
+- ``_add_mixed_precision_args``: --bf16, --fp16. ``_add_transformer_engine_args``:
+  --fp8-format {e4m3, hybrid} (dest fp8; FP8 GEMMs inside a bf16 model).
+- ``_add_distributed_args``: --tensor-model-parallel-size, --pipeline-model-parallel-size,
+  --decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers,
+  --num-virtual-stages-per-pipeline-rank (the current spelling of the virtual pipeline
+  size; --num-layers-per-virtual-pipeline-stage is the older one), --use-distributed-optimizer,
+  --overlap-grad-reduce, --overlap-param-gather (the overlaps the cost model assumes),
+  --context-parallel-size, --cp-comm-type {p2p, a2a, allgather, a2a+p2p}.
+- ``_add_data_args``: --seq-length, --mock-data. ``_add_tokenizer_args``: --tokenizer-type
+  NullTokenizer, --vocab-size. ``_add_checkpointing_args``: --save, --load.
+  ``_add_logging_args``: --log-interval, --wandb-exp-name.
+- ``_add_moe_args``: --num-experts, --moe-router-topk, --moe-ffn-hidden-size,
+  --expert-model-parallel-size, --expert-tensor-parallel-size,
+  --moe-shared-expert-intermediate-size (all shared experts together), --moe-layer-freq
+  (a pattern such as ``([0]*3+[1]*58)`` for dense-first layers), --moe-grouped-gemm,
+  --moe-token-dispatcher-type alltoall, --moe-expert-capacity-factor.
+- ``_add_mla_args``: --q-lora-rank, --kv-lora-rank, --qk-head-dim (the no-RoPE part),
+  --qk-pos-emb-head-dim (the RoPE part), --v-head-dim. ``_add_vision_args``: --qk-layernorm.
+
+The torchrun options are torch.distributed.run's (--nnodes, --nproc-per-node,
+--node-rank, --master-addr, --master-port); the tests parse them with its parser.
+"""
+
+from __future__ import annotations
+
+from autoplan.export.shell import Arg, bash_array, comment, continued, quote, slug
+from autoplan.plan import Plan
+from autoplan.vocab import Activation, CpComm, Dtype, Norm, Position, Recompute, ZeroStage
+
+FILENAME = "pretrain_megatron.sh"
+
+
+def problems(plan: Plan) -> list[tuple[str, str]]:
+    """What Megatron-LM cannot express beyond its search space's rules."""
+    if plan.model.activation is Activation.GEGLU:
+        return [("model.activation", "Megatron-LM has no GeGLU flag (--swiglu, --squared-relu, "
+                                     "--quick-geglu or the default GeLU)")]
+    return []
+
+
+def model_args(plan: Plan) -> list[Arg]:
+    m, job = plan.model, plan.job
+    out: list[Arg] = [
+        ("--num-layers", str(m.layers)),
+        ("--hidden-size", str(m.hidden)),
+        ("--ffn-hidden-size", str(m.ffn_hidden)),
+        ("--num-attention-heads", str(m.heads)),
+    ]
+    if m.is_mla:
+        out.append(("--multi-latent-attention",))
+        if m.q_lora_rank:
+            out.append(("--q-lora-rank", str(m.q_lora_rank)))
+        out += [("--kv-lora-rank", str(m.kv_lora_rank)), ("--qk-head-dim", str(m.qk_nope_head_dim)),
+                ("--qk-pos-emb-head-dim", str(m.qk_rope_head_dim)), ("--v-head-dim", str(m.v_head_dim))]
+    else:
+        if m.head_dim and m.head_dim != m.hidden // m.heads:
+            out.append(("--kv-channels", str(m.head_dim)))
+        if m.kv_heads < m.heads:
+            out += [("--group-query-attention",), ("--num-query-groups", str(m.kv_heads))]
+    if m.qk_norm:
+        out.append(("--qk-layernorm",))
+    out += [
+        ("--seq-length", str(job.seq_len)),
+        ("--max-position-embeddings", str(max(m.max_seq_len, job.seq_len))),
+        ("--position-embedding-type", "rope" if m.position is Position.ROPE else "learned_absolute"),
+        ("--normalization", "RMSNorm" if m.norm is Norm.RMSNORM else "LayerNorm"),
+    ]
+    if m.activation is Activation.SWIGLU:
+        out.append(("--swiglu",))
+    elif m.activation is Activation.RELU2:
+        out.append(("--squared-relu",))
+    if not m.tied_embeddings:
+        out.append(("--untie-embeddings-and-output-weights",))
+    if not m.bias:
+        out.append(("--disable-bias-linear",))
+    if not m.dropout:
+        out += [("--attention-dropout", "0.0"), ("--hidden-dropout", "0.0")]
+    if m.mtp_layers:
+        out.append(("--mtp-num-layers", str(m.mtp_layers)))
+    return out
+
+
+def moe_args(plan: Plan) -> list[Arg]:
+    m, lay = plan.model, plan.layout
+    if not m.is_moe:
+        return []
+    out: list[Arg] = [
+        ("--num-experts", str(m.experts)),
+        ("--moe-router-topk", str(m.top_k)),
+        ("--moe-ffn-hidden-size", str(m.expert_width)),
+        ("--expert-model-parallel-size", str(lay.ep)),
+        ("--expert-tensor-parallel-size", str(lay.etp)),
+        ("--moe-token-dispatcher-type", "alltoall"),
+        ("--moe-grouped-gemm",),
+    ]
+    if m.shared_experts:
+        out.append(("--moe-shared-expert-intermediate-size", str(m.shared_experts * m.shared_width)))
+    if m.dense_layers:
+        out.append(("--moe-layer-freq", f"([0]*{m.dense_layers}+[1]*{m.moe_layers})"))
+    if m.capacity_factor:
+        out.append(("--moe-expert-capacity-factor", f"{m.capacity_factor:g}"))
+    return out
+
+
+def parallel_args(plan: Plan) -> list[Arg]:
+    lay = plan.layout
+    out: list[Arg] = [
+        ("--tensor-model-parallel-size", str(lay.tp)),
+        ("--pipeline-model-parallel-size", str(lay.pp)),
+    ]
+    if lay.vpp > 1:
+        out.append(("--num-virtual-stages-per-pipeline-rank", str(lay.vpp)))
+    layers = plan.stage_layers
+    if len(set(layers)) > 1:  # middle stages equal (the space's first_last rule)
+        out += [("--decoder-first-pipeline-num-layers", str(layers[0])),
+                ("--decoder-last-pipeline-num-layers", str(layers[-1]))]
+    if lay.cp > 1:
+        out += [("--context-parallel-size", str(lay.cp)),
+                ("--cp-comm-type", "a2a" if plan.cp_comm is CpComm.A2A else "p2p")]
+    if plan.sequence_parallel:
+        out.append(("--sequence-parallel",))
+    if plan.zero >= ZeroStage.OPTIMIZER:
+        out.append(("--use-distributed-optimizer",))
+    if lay.dp > 1 or lay.cp > 1:
+        out.append(("--overlap-grad-reduce",))
+        if plan.zero >= ZeroStage.OPTIMIZER:
+            out.append(("--overlap-param-gather",))
+    return out
+
+
+def batch_args(plan: Plan) -> list[Arg]:
+    out: list[Arg] = [("--micro-batch-size", str(plan.micro_batch)),
+                      ("--global-batch-size", str(plan.job.global_batch))]
+    if plan.recompute is Recompute.SELECTIVE:
+        out.append(("--recompute-granularity", "selective"))
+    elif plan.recompute is Recompute.FULL:
+        out += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+                ("--recompute-num-layers", "1")]
+    return out
+
+
+def precision_args(plan: Plan) -> list[Arg]:
+    dtype = plan.job.dtype
+    if dtype is Dtype.FP16:
+        return [("--fp16",)]
+    if dtype is Dtype.FP8:
+        # E4M3 forward, E5M2 gradients (Transformer Engine's hybrid recipe) in a bf16 model
+        return [("--bf16",), ("--fp8-format", "hybrid")]
+    return [("--bf16",)]
+
+
+def arrays(plan: Plan) -> str:
+    """The bash arrays of pretrain_gpt.py arguments (shared with the Slurm export)."""
+    parts = [
+        bash_array("MODEL_ARGS", model_args(plan)),
+        bash_array("PARALLEL_ARGS", parallel_args(plan)),
+        bash_array("BATCH_ARGS", batch_args(plan)),
+        bash_array("PRECISION_ARGS", precision_args(plan)),
+    ]
+    if plan.model.is_moe:
+        parts.append(bash_array("MOE_ARGS", moe_args(plan)))
+    return "\n".join(parts)
+
+
+def program_words(plan: Plan) -> list[str]:
+    """pretrain_gpt.py and its arguments, as words of the torchrun command."""
+    words = ['"$MEGATRON_LM/pretrain_gpt.py"', '"${MODEL_ARGS[@]}"', '"${PARALLEL_ARGS[@]}"',
+             '"${BATCH_ARGS[@]}"', '"${PRECISION_ARGS[@]}"']
+    if plan.model.is_moe:
+        words.append('"${MOE_ARGS[@]}"')
+    return words + ['"${RUN_ARGS[@]}"', "$DATA_ARGS", '"$@"']
+
+
+def settings(plan: Plan) -> str:
+    """Variables the user may override from the environment: paths, data, run length."""
+    m = plan.model
+    return "\n".join([
+        comment("Paths and data are not part of the plan: override them from the environment."),
+        'MEGATRON_LM="${MEGATRON_LM:-/opt/Megatron-LM}"  # a checkout of NVIDIA/Megatron-LM',
+        f"RUN_NAME={quote(m.name)}",
+        f'CHECKPOINT_DIR="${{CHECKPOINT_DIR:-checkpoints/{slug(m.name)}}}"',
+        comment("mock data and a null tokenizer of the model's vocabulary unless DATA_ARGS is set"),
+        f'DATA_ARGS="${{DATA_ARGS:---mock-data --tokenizer-type NullTokenizer --vocab-size {m.vocab}}}"',
+        'TRAIN_ITERS="${TRAIN_ITERS:-100}"',
+        "RUN_ARGS=(",
+        '    --train-iters "$TRAIN_ITERS"',
+        '    --lr "${LR:-3e-4}"',
+        "    --log-interval 1",
+        '    --save "$CHECKPOINT_DIR"',
+        '    --load "$CHECKPOINT_DIR"',
+        '    --wandb-exp-name "$RUN_NAME"',
+        ")",
+    ])
+
+
+def header(plan: Plan, what: str) -> list[str]:
+    m, c, lay = plan.model, plan.cluster, plan.layout
+    layout = (f"dp={lay.dp} tp={lay.tp} pp={lay.pp} cp={lay.cp}"
+              + (f" ep={lay.ep} etp={lay.etp}" if m.is_moe else "")
+              + (f" vpp={lay.vpp}" if lay.vpp > 1 else ""))
+    return [
+        comment(f"{what} for {m.name} on {c.gpus} x {c.device.name} "
+                f"({c.nodes} x {c.gpus_per_node} GPUs, {c.name}), exported by autoplan."),
+        comment(f"plan: {layout}, micro batch {plan.micro_batch}, global batch "
+                f"{plan.job.global_batch} x {plan.job.seq_len} tokens, {plan.job.dtype.value}, "
+                f"{plan.schedule.value}, recompute {plan.recompute.value}, zero {int(plan.zero)}, "
+                f"stages {list(plan.stage_layers)}"),
+        comment("Extra arguments after the script name go to pretrain_gpt.py last (they win)."),
+    ]
+
+
+def script(plan: Plan) -> str:
+    c = plan.cluster
+    torchrun = [
+        "torchrun",
+        '--nnodes "$NNODES"',
+        f"--nproc-per-node {c.gpus_per_node}",
+        '--node-rank "$NODE_RANK"',
+        '--master-addr "$MASTER_ADDR"',
+        '--master-port "$MASTER_PORT"',
+        *program_words(plan),
+    ]
+    lines = [
+        "#!/usr/bin/env bash",
+        *header(plan, "Megatron-LM pretraining"),
+        comment(f"Run it on each of the {c.nodes} nodes with NODE_RANK and MASTER_ADDR set"
+                " (or use the slurm export)."),
+        "set -euo pipefail",
+        "",
+        settings(plan),
+        f'NNODES="${{NNODES:-{c.nodes}}}"',
+        'NODE_RANK="${NODE_RANK:-0}"',
+        'MASTER_ADDR="${MASTER_ADDR:-localhost}"',
+        'MASTER_PORT="${MASTER_PORT:-29500}"',
+        "",
+        arrays(plan),
+        "",
+        'echo "autoplan: launching $RUN_NAME on node $NODE_RANK of $NNODES" >&2',
+        "# shellcheck disable=SC2086  # DATA_ARGS is a list of words",
+        continued(torchrun),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def export(plan: Plan) -> dict[str, str]:
+    return {FILENAME: script(plan)}

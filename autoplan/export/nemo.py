@@ -1,0 +1,115 @@
+"""NeMo / Megatron-Bridge: recipe overrides (YAML) for a Megatron-Core pretraining recipe.
+
+The file follows Megatron-Bridge's ``ConfigContainer`` (megatron/bridge/training/config.py):
+``model`` is a GPTModelProvider, a Megatron-Core ``TransformerConfig`` (so
+tensor_model_parallel_size, pipeline_model_parallel_size,
+virtual_pipeline_model_parallel_size, context_parallel_size, cp_comm_type,
+expert_model_parallel_size, expert_tensor_parallel_size, sequence_parallel,
+num_layers_in_first/last_pipeline_stage, recompute_granularity/method/num_layers and
+seq_length are that dataclass's fields, which the tests construct with megatron-core);
+``train`` takes global_batch_size and micro_batch_size; ``optimizer`` and ``ddp`` are
+Megatron-Core's ``OptimizerConfig`` and ``DistributedDataParallelConfig``;
+``mixed_precision`` names one of Bridge's recipes (bf16_mixed, fp16_mixed,
+bf16_with_fp8_delayed_scaling_mixed). Pass it as ``--config-file`` to a Bridge recipe
+script (examples/recipes/*/pretrain_*.py). NeMo 2's ``nemo llm pretrain`` recipes take
+the same parallel sizes as ``trainer.strategy.<name>=<value>`` and the batch sizes as
+``data.micro_batch_size`` / ``data.global_batch_size``; the header lists them.
+
+NeMo runs Megatron-Core, so a plan must fit the megatron search space to export here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from autoplan.export.shell import comment
+from autoplan.plan import Plan
+from autoplan.vocab import CpComm, Dtype, Recompute, ZeroStage
+
+FILENAME = "nemo_overrides.yaml"
+
+_PRECISION = {Dtype.BF16: "bf16_mixed", Dtype.FP16: "fp16_mixed",
+              Dtype.FP8: "bf16_with_fp8_delayed_scaling_mixed"}
+
+
+def model_overrides(plan: Plan) -> dict[str, Any]:
+    """Megatron-Core TransformerConfig fields of the plan."""
+    lay = plan.layout
+    out: dict[str, Any] = {
+        "tensor_model_parallel_size": lay.tp,
+        "pipeline_model_parallel_size": lay.pp,
+        "virtual_pipeline_model_parallel_size": lay.vpp if lay.vpp > 1 else None,
+        "context_parallel_size": lay.cp,
+        "sequence_parallel": plan.sequence_parallel,
+        "seq_length": plan.job.seq_len,
+    }
+    if lay.cp > 1:
+        out["cp_comm_type"] = "a2a" if plan.cp_comm is CpComm.A2A else "p2p"
+    if plan.model.is_moe:
+        out["expert_model_parallel_size"] = lay.ep
+        out["expert_tensor_parallel_size"] = lay.etp
+    layers = plan.stage_layers
+    if len(set(layers)) > 1:
+        out["num_layers_in_first_pipeline_stage"] = layers[0]
+        out["num_layers_in_last_pipeline_stage"] = layers[-1]
+    if plan.recompute is Recompute.SELECTIVE:
+        out["recompute_granularity"] = "selective"
+    elif plan.recompute is Recompute.FULL:
+        out.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    else:
+        out["recompute_granularity"] = None
+    return out
+
+
+def overrides(plan: Plan) -> dict[str, Any]:
+    distributed = plan.zero >= ZeroStage.OPTIMIZER
+    return {
+        "model": model_overrides(plan),
+        "train": {"global_batch_size": plan.job.global_batch, "micro_batch_size": plan.micro_batch},
+        "optimizer": {"use_distributed_optimizer": distributed},
+        "ddp": {"use_distributed_optimizer": distributed, "overlap_grad_reduce": True,
+                "overlap_param_gather": distributed},
+        "dataset": {"sequence_length": plan.job.seq_len},
+        "mixed_precision": _PRECISION[plan.job.dtype],
+    }
+
+
+def nemo2_overrides(plan: Plan) -> list[str]:
+    """The same plan as NeMo 2 ``nemo llm pretrain`` dotted overrides."""
+    model = model_overrides(plan)
+    strategy = [k for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                            "virtual_pipeline_model_parallel_size", "context_parallel_size",
+                            "sequence_parallel", "expert_model_parallel_size",
+                            "expert_tensor_parallel_size") if k in model]
+    out = [f"trainer.strategy.{k}={_dotted(model[k])}" for k in strategy]
+    return out + [f"data.micro_batch_size={plan.micro_batch}",
+                  f"data.global_batch_size={plan.job.global_batch}",
+                  f"data.seq_length={plan.job.seq_len}"]
+
+
+def _dotted(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def render(plan: Plan) -> str:
+    c = plan.cluster
+    head = [
+        comment(f"NeMo / Megatron-Bridge overrides for {plan.model.name} on {c.gpus} x "
+                f"{c.device.name} ({c.nodes} x {c.gpus_per_node} GPUs, {c.name}), exported by autoplan."),
+        comment("Megatron-Bridge: torchrun ... examples/recipes/<model>/pretrain_<model>.py "
+                f"--config-file {FILENAME}"),
+        comment("NeMo 2 (nemo llm pretrain --factory <recipe>) takes the same values as:"),
+        *(comment("  " + line) for line in nemo2_overrides(plan)),
+    ]
+    body = yaml.safe_dump(overrides(plan), sort_keys=False, default_flow_style=False)
+    return "\n".join(head) + "\n" + body
+
+
+def export(plan: Plan) -> dict[str, str]:
+    return {FILENAME: render(plan)}

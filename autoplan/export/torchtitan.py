@@ -1,0 +1,160 @@
+"""torchtitan: the job configuration (TOML) that ``torchrun -m torchtitan.train`` reads.
+
+Keys checked against torchtitan 0.2.2's ``torchtitan/config/job_config.py`` (the last
+release configured by TOML; 0.3 moved to Python config registries), and parsed in the
+tests by its own ``ConfigManager``:
+
+- ``[parallelism]``: data_parallel_replicate_degree (DDP, zero 0),
+  data_parallel_shard_degree (FSDP2, zero 3), tensor_parallel_degree (always with
+  sequence parallel), pipeline_parallel_degree, pipeline_parallel_schedule (class names
+  of torch.distributed.pipelining: GPipe, 1F1B, Interleaved1F1B, ZBVZeroBubble),
+  pipeline_parallel_microbatch_size, module_fqns_per_model_part (the plan's layer split,
+  one list of module names per model chunk), context_parallel_degree,
+  context_parallel_rotate_method, expert_parallel_degree, expert_tensor_parallel_degree.
+- ``[activation_checkpoint] mode`` (none, selective, full); selective_ac_option "op"
+  is op-level selective checkpointing (keeps the matmul and attention outputs,
+  recomputes the cheap element-wise work), the nearest torchtitan has to recomputing
+  the attention core only.
+- ``[training]``: local_batch_size (per data-parallel rank; with a pipeline, all of a
+  step's microbatches), global_batch_size, seq_len, steps, dataset.
+- ``[model]``: name, flavor, converters ("float8" for fp8 GEMMs, through torchao).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoplan.export.shell import comment
+from autoplan.plan import Plan
+from autoplan.vocab import Dtype, Recompute, Schedule, ZeroStage
+
+FILENAME = "torchtitan.toml"
+
+_SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B",
+              Schedule.INTERLEAVED: "Interleaved1F1B", Schedule.ZB_V: "ZBVZeroBubble"}
+# torchtitan's own models of the same architecture (torchtitan/models/*/__init__.py)
+_MODELS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
+           "llama3-405b": ("llama3", "405B"), "deepseek-v3": ("deepseek_v3", "671B"),
+           "qwen3-235b-a22b": ("qwen3", "235B-A22B")}
+
+
+def problems(plan: Plan) -> list[tuple[str, str]]:
+    """What torchtitan cannot run beyond its search space's rules."""
+    out = []
+    if plan.job.dtype is Dtype.FP16:
+        out.append(("job.dtype", "torchtitan trains in bf16 (training.mixed_precision_param: "
+                                 "bfloat16 or float32), not fp16"))
+    lay = plan.layout
+    if plan.zero is ZeroStage.NONE and lay.dp > 1 and lay.cp == 1 and lay.tp * lay.pp > 1:
+        out.append(("zero", "torchtitan's plain data parallel (DDP, zero 0) runs only without "
+                            "tensor or pipeline parallelism (\"DDP has not supported > 1D "
+                            "parallelism\"); use zero: 3 (FSDP)"))
+    return out
+
+
+def schedule_name(schedule: Schedule) -> str:
+    return _SCHEDULES[schedule]
+
+
+def model_parts(plan: Plan) -> list[list[str]]:
+    """Module names of each model chunk in model order: embedding with the first layers,
+    final norm and output with the last (torchtitan's llama3/deepseek_v3/qwen3 names)."""
+    lay, layers = plan.layout, plan.model.layers
+    if lay.vpp > 1:
+        counts = [layers // (lay.pp * lay.vpp)] * (lay.pp * lay.vpp)
+    else:
+        counts = list(plan.stage_layers)
+    parts, first = [], 0
+    for n in counts:
+        parts.append([f"layers.{i}" for i in range(first, first + n)])
+        first += n
+    parts[0].insert(0, "tok_embeddings")
+    parts[-1] += ["norm", "output"]
+    return parts
+
+
+def config(plan: Plan) -> dict[str, dict[str, Any]]:
+    m, lay, job = plan.model, plan.layout, plan.job
+    name, flavor = _MODELS.get(m.name, (m.name, m.name))
+    model: dict[str, Any] = {"name": name, "flavor": flavor}
+    if job.dtype is Dtype.FP8:
+        model["converters"] = ["float8"]
+    pipelined = lay.pp > 1
+    training = {
+        "local_batch_size": plan.micro_batch * plan.num_microbatches if pipelined else plan.micro_batch,
+        "global_batch_size": job.global_batch,
+        "seq_len": job.seq_len,
+        "steps": 100,
+        "dataset": "c4",
+    }
+    shard = plan.zero is ZeroStage.PARAMETERS
+    par: dict[str, Any] = {
+        "data_parallel_replicate_degree": 1 if shard else lay.dp,
+        "data_parallel_shard_degree": lay.dp if shard else 1,
+        "tensor_parallel_degree": lay.tp,
+        "pipeline_parallel_degree": lay.pp,
+    }
+    if pipelined:
+        par["pipeline_parallel_schedule"] = schedule_name(plan.schedule)
+        par["pipeline_parallel_microbatch_size"] = plan.micro_batch
+        par["module_fqns_per_model_part"] = model_parts(plan)
+    par["context_parallel_degree"] = lay.cp
+    if m.is_moe:
+        par["expert_parallel_degree"] = lay.ep
+        par["expert_tensor_parallel_degree"] = lay.etp
+    ac: dict[str, Any] = {"mode": plan.recompute.value}
+    if plan.recompute is Recompute.SELECTIVE:
+        ac["selective_ac_option"] = "op"
+    return {"job": {"description": f"{m.name} (autoplan export)"}, "model": model,
+            "training": training, "parallelism": par, "activation_checkpoint": ac}
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return _toml_string(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    raise AssertionError(f"no TOML form for {value!r}")
+
+
+def _toml_string(text: str) -> str:
+    """A TOML basic string: backslash, quote and control characters escaped."""
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def render(plan: Plan) -> str:
+    c = plan.cluster
+    lines = [
+        comment(f"torchtitan job for {plan.model.name} on {c.gpus} x {c.device.name} "
+                f"({c.nodes} x {c.gpus_per_node} GPUs, {c.name}), exported by autoplan."),
+        comment(f"Run on each node: torchrun --nnodes {c.nodes} --nproc-per-node {c.gpus_per_node} "
+                "--rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500 -m torchtitan.train "
+                f"--job.config_file {FILENAME} (or use the slurm export)."),
+        comment("Data, tokenizer (model.hf_assets_path) and run length are not part of the plan."),
+    ]
+    for section, values in config(plan).items():
+        lines += ["", f"[{section}]"]
+        for key, value in values.items():
+            if key == "module_fqns_per_model_part":
+                lines.append(f"{key} = [")
+                lines += [f"    {toml_value(part)}," for part in value]
+                lines.append("]")
+            else:
+                lines.append(f"{key} = {toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def export(plan: Plan) -> dict[str, str]:
+    return {FILENAME: render(plan)}
