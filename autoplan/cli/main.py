@@ -349,8 +349,7 @@ def export_plan(
         "--out", "-o", help="Write here (a directory when the target writes several files) "
                             "instead of printing.")] = None,
 ) -> None:
-    """Write the launcher configuration for a plan: exit 0, or 2 when the input is bad or the
-    launcher cannot run the plan (the message names the plan field)."""
+    """Write a launcher's configuration for a plan: exit 0, or 2 on bad input or a plan it can't run."""
     from autoplan.descriptors.strict import read_yaml
     from autoplan.export import Launcher, Target
     from autoplan.export import export as run_export

@@ -1,0 +1,675 @@
+"""autoplan export: golden files per launcher, the launchers' own parsers on the exports,
+refusals that name the plan file and field, shell quoting, and search -> export.
+
+Regenerate the golden files (tests/data/exports/) and the committed examples
+(examples/exports/) after an intended change with ``AUTOPLAN_REGEN_GOLDEN=1 pytest
+tests/test_export.py``, then read the diff.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import types
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from autoplan.descriptors.strict import read_yaml
+from autoplan.errors import InputError
+from autoplan.export import Launcher, Target, export, refusals
+from autoplan.plan import Plan, read_plan
+from autoplan.vocab import Activation, CpComm, Dtype, Recompute, Schedule, ZeroStage
+from tests.helpers import make_plan
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT / "tests" / "data" / "exports"
+EXAMPLES = ROOT / "examples"
+REGEN = os.environ.get("AUTOPLAN_REGEN_GOLDEN") == "1"
+EVIL = 'x"; rm -rf / #$(id)'
+
+
+def plan_file(name: str) -> Plan:
+    path = EXAMPLES / "plans" / name
+    return read_plan(read_yaml(path), str(path))
+
+
+# each case: a plan, and the targets it exports to (slurm with its launcher)
+CASES: dict[str, tuple[Callable[[], Plan], list[tuple[Target, Launcher]]]] = {
+    "llama3-8b-64xh100-megatron-best": (
+        lambda: plan_file("llama3-8b-64xh100-megatron-best.yaml"),
+        [(Target.MEGATRON, Launcher.MEGATRON), (Target.NEMO, Launcher.MEGATRON),
+         (Target.SLURM, Launcher.MEGATRON)]),
+    "deepseek-v3-2048xh100-megatron": (
+        lambda: plan_file("deepseek-v3-2048xh100-megatron.yaml"),
+        [(Target.MEGATRON, Launcher.MEGATRON), (Target.NEMO, Launcher.MEGATRON)]),
+    "llama3-70b-64xh100-interleaved-fp8": (
+        lambda: make_plan("llama3-70b", gpus=64, global_batch=256, seq_len=4096, dtype=Dtype.FP8,
+                          dp=2, tp=8, pp=4, vpp=2, schedule=Schedule.INTERLEAVED,
+                          recompute=Recompute.FULL, sequence_parallel=True),
+        [(Target.MEGATRON, Launcher.MEGATRON), (Target.NEMO, Launcher.MEGATRON)]),
+    "llama3-8b-16xh100-deepspeed-pp2": (
+        lambda: make_plan("llama3-8b", gpus=16, global_batch=64, dp=8, pp=2, micro_batch=2,
+                          recompute=Recompute.FULL, zero=ZeroStage.OPTIMIZER),
+        [(Target.DEEPSPEED, Launcher.MEGATRON), (Target.SLURM, Launcher.DEEPSPEED)]),
+    "llama3-8b-16xh100-torchtitan-interleaved": (
+        lambda: make_plan("llama3-8b", gpus=16, global_batch=64, dp=2, tp=2, pp=2, vpp=2,
+                          schedule=Schedule.INTERLEAVED, recompute=Recompute.SELECTIVE,
+                          zero=ZeroStage.PARAMETERS, sequence_parallel=True),
+        [(Target.TORCHTITAN, Launcher.MEGATRON), (Target.SLURM, Launcher.TORCHTITAN)]),
+    "llama3-8b-32xh100-torchtitan-uneven-cp": (
+        lambda: make_plan("llama3-8b", gpus=32, global_batch=64, seq_len=8192, dp=4, pp=4, cp=2,
+                          stages=(7, 9, 9, 7), recompute=Recompute.FULL, zero=ZeroStage.PARAMETERS),
+        [(Target.TORCHTITAN, Launcher.MEGATRON)]),
+}
+
+
+def _export_dir(case: str, target: Target, launcher: Launcher) -> str:
+    return f"{case}/{target.value}" + (f"-{launcher.value}" if target is Target.SLURM else "")
+
+
+GOLDEN_PARAMS = [pytest.param(case, t, lch, id=_export_dir(case, t, lch))
+                 for case, (_, targets) in CASES.items() for t, lch in targets]
+
+
+def exported(case: str, target: Target, launcher: Launcher = Launcher.MEGATRON) -> dict[str, str]:
+    return export(CASES[case][0](), target, case, launcher)
+
+
+# --------------------------------------------------------------------------- golden files
+
+@pytest.mark.parametrize(("case", "target", "launcher"), GOLDEN_PARAMS)
+def test_each_export_matches_its_golden_files(case: str, target: Target, launcher: Launcher) -> None:
+    files = exported(case, target, launcher)
+    where = GOLDEN / _export_dir(case, target, launcher)
+    if REGEN:
+        where.mkdir(parents=True, exist_ok=True)
+        for old in where.iterdir():
+            old.unlink()
+        for name, text in files.items():
+            (where / name).write_text(text, encoding="utf-8")
+    assert sorted(p.name for p in where.iterdir()) == sorted(files), "regenerate the golden files"
+    for name, text in files.items():
+        assert (where / name).read_text(encoding="utf-8") == text, f"{where / name} differs"
+
+
+def test_the_same_plan_exports_the_same_bytes_twice() -> None:
+    for case, target, launcher in (("deepseek-v3-2048xh100-megatron", Target.MEGATRON, Launcher.MEGATRON),
+                                   ("llama3-8b-16xh100-deepspeed-pp2", Target.SLURM, Launcher.DEEPSPEED)):
+        assert exported(case, target, launcher) == exported(case, target, launcher)
+
+
+# --------------------------------------------------------------------------- running the scripts
+
+STUBS = r"""
+_record() { printf '%s\0' "$@" >> "$STUB_LOG"; printf '\001' >> "$STUB_LOG"; }
+torchrun() { _record torchrun "$@"; }
+srun() { _record srun "$@"; }
+deepspeed() { _record deepspeed "$@"; }
+scontrol() { printf 'node001\nnode002\n'; }
+"""
+
+
+def run_script(tmp_path: Path, files: dict[str, str], script: str) -> tuple[list[list[str]], str]:
+    """Run an exported script with torchrun/srun/deepspeed/scontrol replaced by functions
+    that record their arguments; (each recorded command's words, stderr)."""
+    for name, text in files.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    (tmp_path / "stubs.sh").write_text(STUBS, encoding="utf-8")
+    log = tmp_path / "commands.log"
+    log.write_bytes(b"")
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "BASH_ENV": str(tmp_path / "stubs.sh"),
+           "STUB_LOG": str(log), "SLURM_JOB_NODELIST": "node[001-002]", "SLURM_JOB_ID": "42",
+           "SLURM_JOB_NUM_NODES": "2", "SLURM_SUBMIT_DIR": str(tmp_path)}
+    result = subprocess.run(["bash", str(tmp_path / script)], capture_output=True, text=True,
+                            cwd=tmp_path, env=env, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    records = [r.split(b"\0")[:-1] for r in log.read_bytes().split(b"\1") if r]
+    return [[w.decode() for w in rec] for rec in records], result.stderr
+
+
+def torchrun_args(words: list[str]) -> argparse.Namespace:
+    """torchrun's own parser (torch.distributed.run) on the recorded words."""
+    pytest.importorskip("torch")
+    from torch.distributed.run import get_args_parser
+
+    start = words.index("torchrun")
+    return get_args_parser().parse_args(words[start + 1:])
+
+
+def flags(words: list[str]) -> dict[str, list[str]]:
+    """``--a-b 1 --c`` as {"a_b": ["1"], "c": []} (argparse dest names), in order."""
+    out: dict[str, list[str]] = {}
+    key = None
+    for word in words:
+        if word.startswith("--"):
+            key = word[2:].replace("-", "_")
+            assert key not in out, f"{word} given twice"
+            out[key] = []
+        else:
+            assert key is not None, word
+            out[key].append(word)
+    return out
+
+
+def test_every_script_passes_bash_syntax_check(tmp_path: Path) -> None:
+    for case, target, launcher in ((p.values[0], p.values[1], p.values[2]) for p in GOLDEN_PARAMS):
+        for name, text in exported(case, target, launcher).items():
+            if name.endswith((".sh", ".sbatch")):
+                path = tmp_path / name
+                path.write_text(text, encoding="utf-8")
+                result = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True,
+                                        check=False)
+                assert result.returncode == 0, (case, name, result.stderr)
+
+
+def evil_plan(base: Plan) -> Plan:
+    return dataclasses.replace(base, model=dataclasses.replace(base.model, name=EVIL))
+
+
+@pytest.mark.parametrize(("target", "launcher", "script", "base"), [
+    (Target.MEGATRON, Launcher.MEGATRON, "pretrain_megatron.sh", "llama3-8b-64xh100-megatron-best"),
+    (Target.DEEPSPEED, Launcher.MEGATRON, "launch.sh", "llama3-8b-16xh100-deepspeed-pp2"),
+    (Target.SLURM, Launcher.MEGATRON, "job.sbatch", "llama3-8b-64xh100-megatron-best"),
+    (Target.SLURM, Launcher.DEEPSPEED, "job.sbatch", "llama3-8b-16xh100-deepspeed-pp2"),
+    (Target.SLURM, Launcher.TORCHTITAN, "job.sbatch", "llama3-8b-16xh100-torchtitan-interleaved"),
+])
+def test_a_model_name_with_quotes_and_dollars_stays_a_literal_word(
+        tmp_path: Path, target: Target, launcher: Launcher, script: str, base: str) -> None:
+    files = export(evil_plan(CASES[base][0]()), target, "<evil>", launcher)
+    path = tmp_path / script
+    path.write_text(files[script], encoding="utf-8")
+    assert subprocess.run(["bash", "-n", str(path)], check=False).returncode == 0
+    commands, stderr = run_script(tmp_path, files, script)
+    assert EVIL in stderr  # the banner names the run literally
+    assert "uid=" not in stderr and all("uid=" not in w for c in commands for w in c)
+    if target is Target.MEGATRON or (target is Target.SLURM and launcher is Launcher.MEGATRON):
+        words = commands[0]
+        assert words[words.index("--wandb-exp-name") + 1] == EVIL
+    assert "#$(id)" not in files[script].split("\n#SBATCH --job-name=")[-1].split("\n")[0]
+
+
+def test_the_toml_and_yaml_exports_keep_an_odd_model_name_as_data() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    plan = evil_plan(make_plan("llama3-8b", gpus=16, global_batch=64, dp=16, zero=ZeroStage.PARAMETERS))
+    toml = tomllib.loads(export(plan, Target.TORCHTITAN)["torchtitan.toml"])
+    assert toml["job"]["description"].startswith(EVIL)
+    nemo = export(dataclasses.replace(plan, zero=ZeroStage.OPTIMIZER), Target.NEMO)["nemo_overrides.yaml"]
+    assert yaml.safe_load(nemo)["train"]["global_batch_size"] == 64
+
+
+# --------------------------------------------------------------------------- Megatron-LM
+
+# Megatron-LM's core_transformer_config_from_args copies every argument whose dest names a
+# TransformerConfig field; these are the arguments it renames or translates.
+MEGATRON_RENAMES = {"num_experts": "num_moe_experts",
+                    "decoder_first_pipeline_num_layers": "num_layers_in_first_pipeline_stage",
+                    "decoder_last_pipeline_num_layers": "num_layers_in_last_pipeline_stage",
+                    "num_virtual_stages_per_pipeline_rank": "virtual_pipeline_model_parallel_size",
+                    "fp8_format": "fp8"}
+# arguments of training, data, checkpointing and the model's embedding, not of TransformerConfig
+MEGATRON_TRAINING = {"seq_length", "max_position_embeddings", "position_embedding_type",
+                     "untie_embeddings_and_output_weights", "multi_latent_attention",
+                     "use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather",
+                     "micro_batch_size", "global_batch_size", "train_iters", "lr", "log_interval",
+                     "save", "load", "wandb_exp_name", "mock_data", "tokenizer_type", "vocab_size",
+                     "group_query_attention", "swiglu", "squared_relu", "disable_bias_linear"}
+
+
+def megatron_config(args: dict[str, list[str]]) -> Any:
+    """Megatron-Core's TransformerConfig (or MLATransformerConfig) from pretrain_gpt.py
+    arguments, as Megatron-LM builds it; its __post_init__ checks the parallel layout."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    import torch.nn.functional as F
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer import MLATransformerConfig, TransformerConfig
+    cls = MLATransformerConfig if "multi_latent_attention" in args else TransformerConfig
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kw: dict[str, Any] = {}
+    for name, values in args.items():
+        if name in MEGATRON_TRAINING:
+            continue
+        field = MEGATRON_RENAMES.get(name, name)
+        assert field in fields, f"--{name.replace('_', '-')} is no {cls.__name__} field"
+        if not values:
+            kw[field] = True
+        elif field == "moe_layer_freq":  # Megatron-LM's moe_freq_type evaluates the pattern
+            m = re.fullmatch(r"\(\[0\]\*(\d+)\+\[1\]\*(\d+)\)", values[0])
+            assert m, values[0]
+            kw[field] = [0] * int(m[1]) + [1] * int(m[2])
+        else:
+            kw[field] = _number(values[0])
+    if "swiglu" in args:
+        kw.update(gated_linear_unit=True, activation_func=F.silu)
+    if "disable_bias_linear" in args:
+        kw["add_bias_linear"] = False
+    dtype = torch.float16 if "fp16" in args else torch.bfloat16
+    return cls(**kw, params_dtype=dtype, pipeline_dtype=dtype)
+
+
+def _number(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+MEGATRON_CASES = [c for c in CASES if (Target.MEGATRON, Launcher.MEGATRON) in CASES[c][1]]
+
+
+@pytest.mark.parametrize("case", MEGATRON_CASES)
+def test_megatron_script_arguments_build_a_megatron_core_config(tmp_path: Path, case: str) -> None:
+    plan = CASES[case][0]()
+    commands, _ = run_script(tmp_path, exported(case, Target.MEGATRON), "pretrain_megatron.sh")
+    (words,) = commands
+    run = torchrun_args(words)
+    assert (run.nnodes, run.nproc_per_node) == (str(plan.cluster.nodes), str(plan.cluster.gpus_per_node))
+    assert run.training_script.endswith("/pretrain_gpt.py")
+    args = flags(run.training_script_args)
+    cfg = megatron_config(args)
+    lay = plan.layout
+    assert (cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size,
+            cfg.context_parallel_size) == (lay.tp, lay.pp, lay.cp)
+    assert cfg.virtual_pipeline_model_parallel_size == (lay.vpp if lay.vpp > 1 else None)
+    assert cfg.sequence_parallel is plan.sequence_parallel
+    assert cfg.num_layers == plan.model.layers
+    assert cfg.recompute_granularity == (None if plan.recompute is Recompute.NONE else plan.recompute.value)
+    gpus = plan.cluster.gpus
+    assert int(args["global_batch_size"][0]) % (int(args["micro_batch_size"][0]) * gpus
+                                                // (lay.tp * lay.pp * lay.cp)) == 0
+    assert ("use_distributed_optimizer" in args) is (plan.zero is ZeroStage.OPTIMIZER)
+    if plan.model.is_moe:
+        assert (cfg.num_moe_experts, cfg.moe_router_topk) == (plan.model.experts, plan.model.top_k)
+        assert (cfg.expert_model_parallel_size, cfg.expert_tensor_parallel_size) == (lay.ep, lay.etp)
+        assert sum(cfg.moe_layer_freq) == plan.model.moe_layers
+    if len(set(plan.stage_layers)) > 1:
+        assert (cfg.num_layers_in_first_pipeline_stage,
+                cfg.num_layers_in_last_pipeline_stage) == (plan.stage_layers[0], plan.stage_layers[-1])
+    if plan.job.dtype is Dtype.FP8:
+        assert cfg.fp8 == "hybrid" and cfg.bf16
+
+
+def test_megatron_core_rejects_a_split_the_middle_stages_cannot_share(tmp_path: Path) -> None:
+    """The check above has teeth: a first/last split leaving uneven middle stages fails."""
+    commands, _ = run_script(tmp_path, exported("deepseek-v3-2048xh100-megatron", Target.MEGATRON),
+                             "pretrain_megatron.sh")
+    args = flags(torchrun_args(commands[0]).training_script_args)
+    args["decoder_last_pipeline_num_layers"] = ["2"]
+    with pytest.raises((ValueError, AssertionError)):
+        megatron_config(args)
+
+
+def test_megatron_exports_cp_all_to_all_and_dense_models_without_moe_flags() -> None:
+    plan = make_plan("llama3-8b", gpus=16, global_batch=64, seq_len=8192, dp=4, tp=2, cp=2,
+                     cp_comm=CpComm.A2A, sequence_parallel=True)
+    text = export(plan, Target.MEGATRON)["pretrain_megatron.sh"]
+    assert "--cp-comm-type a2a" in text and "--context-parallel-size 2" in text
+    assert "--num-experts" not in text and "MOE_ARGS" not in text
+
+
+# --------------------------------------------------------------------------- NeMo / Megatron-Bridge
+
+NEMO_CASES = [c for c in CASES if (Target.NEMO, Launcher.MEGATRON) in CASES[c][1]]
+
+
+@pytest.mark.parametrize("case", NEMO_CASES)
+def test_nemo_overrides_are_megatron_core_config_fields(case: str) -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.distributed import DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig
+        from megatron.core.transformer import TransformerConfig
+    plan = CASES[case][0]()
+    doc = yaml.safe_load(exported(case, Target.NEMO)["nemo_overrides.yaml"])
+    assert set(doc) == {"model", "train", "optimizer", "ddp", "dataset", "mixed_precision"}
+    m = plan.model
+    model = {k: v for k, v in doc["model"].items() if k != "seq_length"}  # GPTModelProvider's own
+    cfg = TransformerConfig(num_layers=m.layers, hidden_size=m.hidden, num_attention_heads=m.heads,
+                            num_moe_experts=m.experts or None, moe_ffn_hidden_size=m.expert_width
+                            if m.is_moe else None, moe_token_dispatcher_type="alltoall",
+                            pipeline_dtype=torch.bfloat16, bf16=True, **model)
+    assert cfg.tensor_model_parallel_size == plan.layout.tp
+    DistributedDataParallelConfig(**doc["ddp"])
+    OptimizerConfig(**doc["optimizer"])
+    assert doc["train"] == {"global_batch_size": plan.job.global_batch, "micro_batch_size": plan.micro_batch}
+    assert doc["mixed_precision"] in ("bf16_mixed", "fp16_mixed", "bf16_with_fp8_delayed_scaling_mixed")
+
+
+# --------------------------------------------------------------------------- DeepSpeed
+
+class _FakeMpu:
+    """Just enough of a model-parallel unit for DeepSpeedConfig to know the DP size."""
+
+    def __init__(self, dp: int):
+        self.dp = dp
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.dp
+
+
+@pytest.fixture
+def ds_config_class(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """DeepSpeedConfig as rank 0 of a job: without a process group it would take the
+    data-parallel size as 1 and skip the mpu that says what it is."""
+    pytest.importorskip("deepspeed")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from deepspeed.runtime import config
+
+    monkeypatch.setattr(config.dist, "get_rank", lambda *a, **k: 0)
+    return config.DeepSpeedConfig
+
+
+def test_ds_config_is_read_by_deepspeeds_own_config_classes(ds_config_class: Any) -> None:
+    DeepSpeedConfig = ds_config_class
+    plan = CASES["llama3-8b-16xh100-deepspeed-pp2"][0]()
+    raw = json.loads(exported("llama3-8b-16xh100-deepspeed-pp2", Target.DEEPSPEED)["ds_config.json"])
+    cfg = DeepSpeedConfig(raw, mpu=_FakeMpu(plan.layout.dp))  # asserts train = micro x accum x dp
+    assert cfg.train_batch_size == plan.job.global_batch
+    assert cfg.train_micro_batch_size_per_gpu == plan.micro_batch
+    assert cfg.gradient_accumulation_steps == plan.num_microbatches
+    assert cfg.zero_optimization_stage == int(plan.zero)
+    assert cfg.bfloat16_config.enabled and not cfg.float16_config.enabled
+    assert cfg.pipeline["stages"] == plan.layout.pp
+    assert cfg.pipeline["activation_checkpoint_interval"] == 1
+
+
+@pytest.mark.parametrize("zero", list(ZeroStage))
+def test_every_zero_stage_and_fp16_parse_in_deepspeed(ds_config_class: Any, zero: ZeroStage) -> None:
+    DeepSpeedConfig = ds_config_class
+    plan = make_plan("llama3-8b", gpus=16, global_batch=64, dp=16, micro_batch=2, zero=zero,
+                     dtype=Dtype.FP16)
+    cfg = DeepSpeedConfig(json.loads(export(plan, Target.DEEPSPEED)["ds_config.json"]), mpu=_FakeMpu(16))
+    assert cfg.zero_optimization_stage == int(zero)
+    assert cfg.float16_config.enabled and not cfg.bfloat16_config.enabled
+    assert cfg.gradient_accumulation_steps == 2
+
+
+def test_deepspeed_launch_line_parses_with_deepspeeds_launcher(tmp_path: Path) -> None:
+    pytest.importorskip("deepspeed")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import deepspeed
+        from deepspeed.launcher.runner import parse_args
+    files = exported("llama3-8b-16xh100-deepspeed-pp2", Target.DEEPSPEED)
+    commands, _ = run_script(tmp_path, files, "launch.sh")
+    (words,) = commands
+    run = parse_args(words[1:])
+    assert (run.num_nodes, run.num_gpus, run.hostfile) == (2, 8, "hostfile")
+    assert run.user_script == "train.py"
+    user = deepspeed.add_config_arguments(argparse.ArgumentParser())
+    user.add_argument("--pipeline-parallel-size", type=int)
+    ns = user.parse_args(run.user_args)
+    assert ns.deepspeed and ns.deepspeed_config == str(tmp_path / "ds_config.json")
+    assert ns.pipeline_parallel_size == 2
+
+
+# --------------------------------------------------------------------------- torchtitan
+
+def torchtitan_config(path: Path) -> Any:
+    """torchtitan's ConfigManager on the exported TOML. torchtitan's package __init__
+    imports its tokenizer (tokenizers, huggingface_hub); its config module needs only
+    tyro, so the package is entered without running that __init__."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torchtitan")
+    if spec is None or importlib.util.find_spec("tyro") is None:
+        pytest.skip("torchtitan (and tyro) not installed")
+    saved = {k: v for k, v in sys.modules.items() if k == "torchtitan" or k.startswith("torchtitan.")}
+    package = types.ModuleType("torchtitan")
+    package.__path__ = list(spec.submodule_search_locations or [])
+    sys.modules["torchtitan"] = package
+    try:
+        try:
+            from torchtitan.config import ConfigManager
+        except ImportError as exc:
+            pytest.skip(f"torchtitan's config module does not import: {exc}")
+        return ConfigManager().parse_args(["--job.config_file", str(path)])
+    finally:
+        for k in [k for k in sys.modules if k == "torchtitan" or k.startswith("torchtitan.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+
+
+TORCHTITAN_CASES = [c for c in CASES if (Target.TORCHTITAN, Launcher.MEGATRON) in CASES[c][1]]
+
+
+@pytest.mark.parametrize("case", TORCHTITAN_CASES)
+def test_torchtitan_toml_is_read_by_torchtitans_config_manager(tmp_path: Path, case: str) -> None:
+    plan = CASES[case][0]()
+    path = tmp_path / "torchtitan.toml"
+    path.write_text(exported(case, Target.TORCHTITAN)["torchtitan.toml"], encoding="utf-8")
+    cfg = torchtitan_config(path)
+    par, lay = cfg.parallelism, plan.layout
+    assert par.data_parallel_shard_degree * par.data_parallel_replicate_degree == lay.dp
+    assert (par.tensor_parallel_degree, par.pipeline_parallel_degree,
+            par.context_parallel_degree) == (lay.tp, lay.pp, lay.cp)
+    assert cfg.activation_checkpoint.mode == plan.recompute.value
+    assert cfg.training.global_batch_size == plan.job.global_batch
+    assert cfg.training.seq_len == plan.job.seq_len
+    if lay.pp > 1:
+        parts = par.module_fqns_per_model_part
+        assert len(parts) == lay.pp * lay.vpp
+        assert sum(len([m for m in p if m.startswith("layers.")]) for p in parts) == plan.model.layers
+        if lay.vpp == 1:
+            assert [len([m for m in p if m.startswith("layers.")]) for p in parts] == list(plan.stage_layers)
+        micro = par.pipeline_parallel_microbatch_size
+        assert cfg.training.local_batch_size // micro == plan.num_microbatches  # per DP rank
+        from torch.distributed.pipelining.schedules import get_schedule_class
+
+        get_schedule_class(par.pipeline_parallel_schedule)  # a schedule torch knows
+    else:
+        assert cfg.training.local_batch_size == plan.micro_batch
+
+
+@pytest.mark.parametrize("schedule", [Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED,
+                                      Schedule.ZB_V])
+def test_every_torchtitan_schedule_is_a_torch_pipelining_schedule(schedule: Schedule) -> None:
+    pytest.importorskip("torch")
+    from torch.distributed.pipelining.schedules import get_schedule_class
+
+    from autoplan.export.torchtitan import schedule_name
+
+    assert get_schedule_class(schedule_name(schedule)) is not None
+
+
+# --------------------------------------------------------------------------- Slurm
+
+@pytest.mark.parametrize("launcher", list(Launcher))
+def test_slurm_runs_one_torchrun_per_node_with_c10d_rendezvous_on_the_first_host(
+        tmp_path: Path, launcher: Launcher) -> None:
+    case = {Launcher.MEGATRON: "llama3-8b-64xh100-megatron-best",
+            Launcher.DEEPSPEED: "llama3-8b-16xh100-deepspeed-pp2",
+            Launcher.TORCHTITAN: "llama3-8b-16xh100-torchtitan-interleaved"}[launcher]
+    plan = CASES[case][0]()
+    files = exported(case, Target.SLURM, launcher)
+    text = files["job.sbatch"]
+    assert f"#SBATCH --nodes={plan.cluster.nodes}\n" in text
+    assert f"#SBATCH --gpus-per-node={plan.cluster.gpus_per_node}\n" in text
+    commands, _ = run_script(tmp_path, files, "job.sbatch")
+    (words,) = commands
+    assert words[0] == "srun"
+    run = torchrun_args(words)
+    assert (run.rdzv_backend, run.rdzv_endpoint, run.rdzv_id) == ("c10d", "node001:29500", "42")
+    assert (run.nnodes, run.nproc_per_node) == (str(plan.cluster.nodes), str(plan.cluster.gpus_per_node))
+    if launcher is Launcher.DEEPSPEED:
+        assert run.training_script_args[:3] == ["--deepspeed", "--deepspeed_config",
+                                                str(tmp_path / "ds_config.json")]
+        assert set(files) == {"job.sbatch", "ds_config.json"}
+    if launcher is Launcher.TORCHTITAN:
+        assert run.module and run.training_script == "torchtitan.train"
+        assert run.training_script_args == ["--job.config_file", str(tmp_path / "torchtitan.toml")]
+
+
+# --------------------------------------------------------------------------- refusals
+
+def test_a_plan_outside_the_launchers_space_is_refused_naming_each_field() -> None:
+    plan = plan_file("deepseek-v3-2048xh100-megatron.yaml")
+    with pytest.raises(InputError) as err:
+        export(plan, Target.DEEPSPEED, "plans/dsv3.yaml")
+    fields = {p.field for p in err.value.problems}
+    assert {"layout.tp", "layout.cp", "layout.ep", "sequence_parallel", "stages"} <= fields
+    assert all(p.source == "plans/dsv3.yaml" for p in err.value.problems)
+    assert "searchspace/deepspeed.yaml" in str(err.value)
+
+
+@pytest.mark.parametrize(("plan_kwargs", "target", "field"), [
+    (dict(zero=ZeroStage.GRADIENTS), Target.MEGATRON, "zero"),
+    (dict(pp=2, dp=4, schedule=Schedule.GPIPE), Target.MEGATRON, "schedule"),
+    (dict(pp=2, dp=4, schedule=Schedule.ZB_V, vpp=2), Target.NEMO, "schedule"),
+    (dict(pp=2, dp=4, zero=ZeroStage.GRADIENTS), Target.DEEPSPEED, "zero"),
+    (dict(recompute=Recompute.SELECTIVE), Target.DEEPSPEED, "recompute"),
+    (dict(dtype=Dtype.FP8), Target.DEEPSPEED, "job.dtype"),
+    (dict(zero=ZeroStage.OPTIMIZER), Target.TORCHTITAN, "zero"),
+    (dict(dtype=Dtype.FP16, zero=ZeroStage.PARAMETERS), Target.TORCHTITAN, "job.dtype"),
+    (dict(tp=2, dp=4, zero=ZeroStage.NONE, sequence_parallel=True), Target.TORCHTITAN, "zero"),
+    (dict(tp=2, dp=4, zero=ZeroStage.PARAMETERS), Target.TORCHTITAN, "sequence_parallel"),
+    (dict(pp=4, dp=2, stages=(7, 9, 8, 8)), Target.MEGATRON, "stages"),
+    (dict(pp=4, dp=2, stages=(7, 9, 9, 7), zero=ZeroStage.OPTIMIZER), Target.DEEPSPEED, "stages"),
+])
+def test_each_launcher_rule_is_refused_with_its_field(plan_kwargs: dict[str, Any], target: Target,
+                                                      field: str) -> None:
+    kwargs: dict[str, Any] = dict(gpus=8, global_batch=64, dp=8)
+    kwargs.update(plan_kwargs)
+    plan = make_plan("llama3-8b", **kwargs)
+    assert field in {f for f, _ in refusals(plan, target)}
+
+
+def test_megatron_refuses_a_geglu_model_it_has_no_flag_for() -> None:
+    plan = make_plan("llama3-8b", gpus=8, global_batch=64, dp=8)
+    geglu = dataclasses.replace(plan, model=dataclasses.replace(plan.model, activation=Activation.GEGLU))
+    assert "model.activation" in {f for f, _ in refusals(geglu, Target.MEGATRON)}
+    assert refusals(geglu, Target.NEMO) == []  # the recipe, not the overrides, sets the activation
+
+
+# --------------------------------------------------------------------------- the command line
+
+def autoplan(*args: Any, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "AUTOPLAN_DEBUG"}
+    return subprocess.run([sys.executable, "-m", "autoplan.cli.main", *(str(a) for a in args)],
+                          capture_output=True, text=True, cwd=cwd or ROOT, env=env, timeout=300,
+                          check=False)
+
+
+def test_export_prints_to_stdout_and_writes_an_executable_script_with_o(tmp_path: Path) -> None:
+    plan = EXAMPLES / "plans" / "llama3-8b-64xh100-megatron-best.yaml"
+    shown = autoplan("export", plan, "--to", "megatron")
+    assert shown.returncode == 0, shown.stderr
+    expected = exported("llama3-8b-64xh100-megatron-best", Target.MEGATRON)
+    assert shown.stdout == expected["pretrain_megatron.sh"]
+    out = tmp_path / "run" / "train.sh"
+    written = autoplan("export", plan, "--to", "megatron", "-o", out)
+    assert written.returncode == 0, written.stderr
+    assert out.read_text(encoding="utf-8") == shown.stdout
+    assert out.stat().st_mode & stat.S_IXUSR
+    assert [p.name for p in out.parent.iterdir()] == ["train.sh"]  # no temporary left behind
+
+
+def test_a_multi_file_export_with_o_fills_a_directory(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump(_plan_doc(CASES["llama3-8b-16xh100-deepspeed-pp2"][0]())),
+                    encoding="utf-8")
+    result = autoplan("export", plan, "--to", "slurm", "--launcher", "deepspeed", "-o", tmp_path / "job")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == ["ds_config.json", "job.sbatch"]
+    assert (tmp_path / "job" / "job.sbatch").stat().st_mode & stat.S_IXUSR
+
+
+def _plan_doc(plan: Plan) -> dict[str, Any]:
+    from autoplan.plan import plan_document
+
+    return plan_document(plan)
+
+
+def test_a_refused_export_exits_2_naming_the_file_and_field_and_writes_nothing(tmp_path: Path) -> None:
+    plan = EXAMPLES / "plans" / "llama3-70b-256xh100-tp8pp2.yaml"
+    out = tmp_path / "ds"
+    result = autoplan("export", plan, "--to", "deepspeed", "-o", out)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"{plan}: layout.tp: cannot export to deepspeed" in result.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args", [["--to", "fairscale"], ["--to", "megatron", "--launcher", "deepspeed"],
+                                  ["--to", "slurm", "--launcher", "nemo"]])
+def test_a_bad_target_or_launcher_exits_2_without_a_traceback(args: list[str]) -> None:
+    result = autoplan("export", EXAMPLES / "plans" / "llama3-8b-64xh100-megatron-best.yaml", *args)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--to" in result.stderr or "--launcher" in result.stderr
+
+
+def test_a_missing_plan_file_exits_2(tmp_path: Path) -> None:
+    result = autoplan("export", tmp_path / "nope.yaml", "--to", "megatron")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+# --------------------------------------------------------------------------- search -> export
+
+@pytest.mark.parametrize("space", ["megatron", "deepspeed", "torchtitan"])
+def test_the_best_plan_of_a_launchers_space_exports_to_that_launcher(tmp_path: Path, space: str) -> None:
+    best = tmp_path / "best.yaml"
+    found = autoplan("search", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", 64,
+                     "--global-batch", 256, "--seq-len", 4096, "--space", space, "--top", 1,
+                     "--out", best, "--format", "json")
+    assert found.returncode == 0, found.stderr
+    result = autoplan("export", best, "--to", space)
+    assert result.returncode == 0, result.stderr
+    slurm = autoplan("export", best, "--to", "slurm", "--launcher", space)
+    assert slurm.returncode == 0, slurm.stderr
+
+
+# --------------------------------------------------------------------------- examples
+
+# (plan, target, launcher, output) as examples/exports/README.md lists them
+EXAMPLE_EXPORTS = [
+    ("llama3-8b-64xh100-megatron-best.yaml", Target.MEGATRON, Launcher.MEGATRON,
+     "llama3-8b-64xh100-megatron.sh"),
+    ("llama3-8b-64xh100-megatron-best.yaml", Target.NEMO, Launcher.MEGATRON,
+     "llama3-8b-64xh100-nemo.yaml"),
+    ("llama3-8b-64xh100-megatron-best.yaml", Target.SLURM, Launcher.MEGATRON,
+     "llama3-8b-64xh100-megatron.sbatch"),
+    ("deepseek-v3-2048xh100-megatron.yaml", Target.MEGATRON, Launcher.MEGATRON,
+     "deepseek-v3-2048xh100-megatron.sh"),
+    ("llama3-70b-64xh100-deepspeed.yaml", Target.DEEPSPEED, Launcher.MEGATRON,
+     "llama3-70b-64xh100-deepspeed"),
+    ("llama3-70b-64xh100-torchtitan.yaml", Target.TORCHTITAN, Launcher.MEGATRON,
+     "llama3-70b-64xh100-torchtitan.toml"),
+    ("llama3-70b-64xh100-torchtitan.yaml", Target.SLURM, Launcher.TORCHTITAN,
+     "llama3-70b-64xh100-torchtitan-slurm"),
+]
+
+
+@pytest.mark.parametrize(("plan", "target", "launcher", "out"), EXAMPLE_EXPORTS,
+                         ids=[e[3] for e in EXAMPLE_EXPORTS])
+def test_the_committed_example_exports_are_current(plan: str, target: Target, launcher: Launcher,
+                                                   out: str) -> None:
+    files = export(plan_file(plan), target, plan, launcher)
+    where = EXAMPLES / "exports" / out
+    paths = {name: where / name for name in files} if len(files) > 1 else {next(iter(files)): where}
+    if REGEN:
+        for name, path in paths.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(files[name], encoding="utf-8")
+            if name.endswith((".sh", ".sbatch")):
+                path.chmod(0o755)
+    for name, path in paths.items():
+        assert path.read_text(encoding="utf-8") == files[name], f"{path} is stale"
+    readme = (EXAMPLES / "exports" / "README.md").read_text(encoding="utf-8")
+    assert out in readme and plan in readme
