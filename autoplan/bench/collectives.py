@@ -278,7 +278,8 @@ def _collect(out: Any, procs: list[Any], limit_s: float, step: Step | None) -> R
             dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
             if dead:
                 r, code = dead[0]
-                raise BenchError(f"collectives: rank {r} exited with code {code}") from None
+                raise BenchError(f"collectives: rank {r} exited with code {code} before reporting "
+                                 "(its error, if any, is printed above)") from None
             if time.monotonic() > deadline:
                 raise BenchError(f"collectives: the workers did not finish within {limit_s:.0f} s "
                                  "(the preset's timeout)") from None
@@ -293,10 +294,12 @@ def _collect(out: Any, procs: list[Any], limit_s: float, step: Step | None) -> R
             return result
 
 
-def _reap(procs: list[Any]) -> None:
-    """Join every worker; one that does not exit in time is terminated, then killed."""
+def _reap(procs: list[Any], wait_s: float) -> None:
+    """Join every worker; one still running after ``wait_s`` is terminated, then killed."""
     for p in procs:
-        p.join(JOIN_S)
+        if p.pid is None:  # never started
+            continue
+        p.join(wait_s)
         if p.is_alive():
             p.terminate()
             p.join(JOIN_S)
@@ -314,12 +317,15 @@ def spawn_collectives(spec: Spec, world: int, step: Step | None = None) -> Resul
     port = _free_port()
     procs = [ctx.Process(target=_worker, args=(r, world, port, spec, out), daemon=True,
                          name=f"autoplan-bench-rank{r}") for r in range(world)]
+    finished = False
     try:
         for p in procs:
             p.start()
-        return _collect(out, procs, spec.timeout_s, step)
-    finally:
-        _reap(procs)
+        result = _collect(out, procs, spec.timeout_s, step)
+        finished = True
+        return result
+    finally:  # after a failure the other workers may wait on the failed one forever: stop them now
+        _reap(procs, JOIN_S if finished else 0.0)
         out.close()
 
 

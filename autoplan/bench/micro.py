@@ -279,7 +279,7 @@ def _run_attention(case: AttentionCase, env: _Env) -> list[Row]:
 
 
 def clock_for(device_kind: str) -> Clock:
-    return CudaClock() if device_kind == "cuda" else CpuClock()
+    return CudaClock(flush_l2=True) if device_kind == "cuda" else CpuClock()
 
 
 def run_micro(plan: MicroPlan, device_kind: str, budget: Budget, step: Step | None = None) -> list[Row]:

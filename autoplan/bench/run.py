@@ -252,6 +252,14 @@ def bus_bandwidth(profile: Profile) -> list[tuple[str, int, int, float]]:
     return out
 
 
+def largest_memory_Bps(profile: Profile) -> float:
+    """Bytes/s of the fastest elementwise op at each op's largest size (on a CPU, the small
+    sizes run from the caches; the largest are the closest to memory bandwidth)."""
+    rows = profile.of_kind("elementwise")
+    top = rows.sort_values("nbytes").groupby(["op", "dtype"]).tail(1)
+    return float((top["nbytes"] / top["seconds"]).max())
+
+
 def summary(profile: Profile) -> list[tuple[str, str]]:
     """Rows per kind, the best rates, and the collectives' bus bandwidth at the largest size."""
     lines = [(f"{kind} rows", str(len(profile.of_kind(kind))))
@@ -263,6 +271,7 @@ def summary(profile: Profile) -> list[tuple[str, str]]:
         lines.append(("best attention TFLOP/s", f"{best.attention_flops / 1e12:.3g}"))
     if best.memory_Bps:
         lines.append(("best memory GB/s", f"{best.memory_Bps / 1e9:.3g}"))
+        lines.append(("memory GB/s, largest tensors", f"{largest_memory_Bps(profile) / 1e9:.3g}"))
     lines += [(f"{op} bus GB/s ({n} ranks, {nbytes / 2**20:g} MiB)", f"{bw / 1e9:.3g}")
               for op, n, nbytes, bw in bus_bandwidth(profile)]
     return lines

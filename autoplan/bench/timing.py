@@ -3,8 +3,11 @@ median with 10th/90th percentiles (the ``seconds*`` and ``repeats`` columns of a
 
 CPU calls are timed with ``time.perf_counter``; CUDA calls with CUDA events recorded around
 each call on the current stream, read after one synchronize (events time the device, not
-the host's launch overhead; PyTorch's ``torch.utils.benchmark`` and Triton's ``do_bench``
-time GPU kernels the same way). torch is imported only by the CUDA clock.
+the host's launch overhead). As Triton's ``triton.testing.do_bench`` does, the CUDA clock
+can overwrite a buffer larger than the L2 cache before each timed call, so a kernel reads
+its inputs from HBM as it does in training rather than from the cache its previous call
+warmed. CPU calls are not flushed: rows whose tensors fit the CPU's caches measure the
+caches. torch is imported only by the CUDA clock.
 """
 
 from __future__ import annotations
@@ -87,19 +90,26 @@ class CpuClock:
         return self.times(fn, 1)[0]
 
 
+L2_FLUSH_BYTES = 256 * 2**20  # > the L2 of current GPUs (H100: 50 MB); do_bench's 256 MB
+
+
 class CudaClock:
     """CUDA events around each call; one synchronize after the batch, so calls queue back to
-    back as they do in training and the host's launch latency stays out of small kernels."""
+    back as they do in training and the host's launch latency stays out of small kernels.
+    With ``flush_l2``, a buffer of L2_FLUSH_BYTES is zeroed before each call, untimed."""
 
-    def __init__(self) -> None:
+    def __init__(self, flush_l2: bool = False) -> None:
         import torch
 
         self._torch = torch
+        self._flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush_l2 else None
 
     def times(self, fn: Callable[[], Any], n: int) -> list[float]:
         cuda = self._torch.cuda
         marks = [(cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)) for _ in range(n)]
         for start, end in marks:
+            if self._flush is not None:
+                self._flush.zero_()
             start.record()
             fn()
             end.record()

@@ -1,0 +1,248 @@
+"""autoplan bench: the tiny preset end to end on this CPU, through the library and the
+command line, judged by the profile contract (autoplan/bench/profile.py); bad input and
+failing workers end in one clear message, and no worker outlives its run.
+
+Tests that run kernels need torch (the optional ``bench`` extra) and skip without it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autoplan.bench import collectives as coll
+from autoplan.bench.micro import model_gemm_shapes, plan_micro
+from autoplan.bench.presets import get_preset
+from autoplan.bench.profile import KINDS, REQUIRED_META, Profile, parse_profile, read_profile
+from autoplan.bench.timing import Budget, summarize
+from autoplan.descriptors.library import resolve_model
+
+ROOT = Path(__file__).resolve().parent.parent
+# llama3-8b (hidden 4096, 32 heads, 8 KV heads of 128, ffn 14336, vocab 128256) on one of
+# 8 TP ranks, 16 tokens: QKV (4096 + 2 x 1024) / 8, out 4096 / 8, SwiGLU up+gate 2 x 14336 / 8,
+# down 14336 / 8, logits 128256 / 8 (Shoeybi et al. 2019's column/row split)
+LLAMA3_8B_TP8_16 = {(16, 768, 4096), (16, 4096, 512), (16, 3584, 4096), (16, 4096, 1792),
+                    (16, 16032, 4096)}
+
+
+def autoplan(*args: Any, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The command line in a subprocess, never on a terminal, never in debug mode."""
+    base = {k: v for k, v in os.environ.items() if k not in ("AUTOPLAN_DEBUG", "RANK", "WORLD_SIZE")}
+    return subprocess.run([sys.executable, "-m", "autoplan.cli.main", *(str(a) for a in args)],
+                          capture_output=True, text=True, cwd=ROOT, env={**base, **(env or {})},
+                          timeout=300, check=False)
+
+
+def autoplan_here(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                  *args: Any) -> subprocess.CompletedProcess[str]:
+    """The command line's main() in this process (torch already imported: saves seconds)."""
+    from autoplan.cli.main import main
+
+    argv = ["autoplan", *(str(a) for a in args)]
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.delenv("AUTOPLAN_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    out = capsys.readouterr()
+    code = exit_.value.code
+    return subprocess.CompletedProcess(argv, code if isinstance(code, int) else 1, out.out, out.err)
+
+
+def assert_bad_input(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    for needle in needles:
+        assert needle in result.stderr, f"{needle!r} not in:\n{result.stderr}"
+
+
+def assert_valid_profile(profile: Profile, kinds: tuple[str, ...] = tuple(KINDS)) -> None:
+    rows = profile.rows
+    assert set(rows["kind"]) == set(kinds)
+    assert (rows["seconds"] > 0).all() and (rows["repeats"] > 0).all()
+    assert (rows["seconds_p10"] <= rows["seconds"]).all()
+    assert (rows["seconds"] <= rows["seconds_p90"]).all()
+    for key in REQUIRED_META:
+        assert profile.meta[key], key
+
+
+# -- planning: no torch needed ------------------------------------------------------------
+
+def test_gemm_shapes_are_the_cost_models_sharded_layer_shapes() -> None:
+    assert set(model_gemm_shapes(resolve_model("llama3-8b"), tp=8, tokens=16)) == LLAMA3_8B_TP8_16
+
+
+def test_moe_model_shapes_include_the_router_and_the_dense_first_layers() -> None:
+    dsv3 = resolve_model("deepseek-v3")
+    shapes = model_gemm_shapes(dsv3, tp=8, tokens=64)
+    assert (64, dsv3.experts, dsv3.hidden) in shapes  # router
+    assert (64, 2 * dsv3.ffn_hidden // 8, dsv3.hidden) in shapes  # a dense-first layer's up+gate
+
+
+def test_caps_drop_big_shapes_and_say_so() -> None:
+    preset = get_preset("default", "cpu")
+    plan = plan_micro(preset, [resolve_model("llama3-8b")])
+    flops = [2 * c.m * c.n * c.k for c in plan.cases if type(c).__name__ == "GemmCase"]
+    assert flops and max(flops) <= max(preset.max_gemm_flops.values())
+    assert any("GEMM shapes over" in note for note in plan.skipped)
+
+
+def test_mla_attention_is_left_out_with_a_reason() -> None:
+    plan = plan_micro(get_preset("tiny", "cpu"), [resolve_model("deepseek-v3")])
+    assert not [c for c in plan.cases if type(c).__name__ == "AttentionCase"]
+    assert any("MLA" in note for note in plan.skipped)
+
+
+def test_collective_groups_are_powers_of_two_up_to_the_world() -> None:
+    assert coll.group_sizes(1) == []
+    assert coll.group_sizes(6) == [2, 4]
+    assert coll.group_sizes(8) == [2, 4, 8]
+
+
+def test_p2p_crosses_nodes_when_the_world_spans_them() -> None:
+    spec = coll.Spec(device_kind="cuda", dtype="bf16", message_bytes=(1024,),
+                     budget=Budget(warmup=1, min_repeats=1, max_repeats=1, seconds=0), timeout_s=1, threads=1)
+    p2p = [c for c in coll.plan_collectives(spec, world=16, per_node=8) if c.op == "p2p"]
+    assert [(c.ranks, c.ranks_per_node) for c in p2p] == [((0, 1), 2), ((0, 8), 1)]
+    groups = [(len(c.ranks), c.ranks_per_node) for c in coll.plan_collectives(spec, 16, 8)
+              if c.op == "all_reduce"]
+    assert groups == [(2, 2), (4, 4), (8, 8), (16, 8)]
+
+
+def test_percentiles_bracket_the_median() -> None:
+    t = summarize([3.0, 1.0, 2.0, 10.0, 4.0])
+    assert t.seconds_p10 <= t.seconds == 3.0 <= t.seconds_p90 and t.repeats == 5
+
+
+def test_without_torch_the_command_says_how_to_get_it() -> None:
+    code = ("import sys; sys.modules['torch'] = None; sys.argv = ['autoplan', 'bench', '--preset', 'tiny'];"
+            "from autoplan.cli.main import main; main()")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                            timeout=60, check=False)
+    assert_bad_input(result, "autoplan bench needs torch: pip install 'autoplan[bench]'")
+
+
+# -- running on this CPU --------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_profile() -> Profile:
+    pytest.importorskip("torch")
+    from autoplan.bench.profile import format_profile
+    from autoplan.bench.run import run_bench
+
+    seen: list[tuple[int, int]] = []
+    meta, rows = run_bench(device="cpu", preset="tiny", world=2, command="pytest tiny",
+                           progress=lambda done, total, label: seen.append((done, total)))
+    assert seen and seen[-1][0] == seen[-1][1]  # progress reached its total
+    assert not multiprocessing.active_children()  # every worker joined
+    return parse_profile(format_profile(meta, rows), "<tiny>")
+
+
+def test_tiny_profile_has_every_kind_and_sane_timings(tiny_profile: Profile) -> None:
+    assert_valid_profile(tiny_profile)
+    for kind, ops in KINDS.items():
+        assert set(tiny_profile.of_kind(kind)["op"]) == set(ops), kind
+
+
+def test_tiny_profile_header_names_device_software_and_command(tiny_profile: Profile) -> None:
+    meta = tiny_profile.meta
+    assert meta["device_kind"] == "cpu" and meta["torch"] and meta["command"] == "pytest tiny"
+    assert meta["date"].endswith("+00:00") and meta["preset"] == "tiny" and meta["world_size"] == "2"
+    assert "descriptor" not in meta  # a CPU is no built-in device
+
+
+def test_tiny_profile_measures_the_models_sharded_gemms(tiny_profile: Profile) -> None:
+    gemm = tiny_profile.of_kind("gemm")
+    for dtype in ("fp32", "bf16"):
+        mine = gemm[gemm["dtype"] == dtype]
+        assert LLAMA3_8B_TP8_16 <= set(zip(mine["m"], mine["n"], mine["k"], strict=True)), dtype
+
+
+def test_tiny_profile_attention_is_causal_gqa_after_tp(tiny_profile: Profile) -> None:
+    attn = tiny_profile.of_kind("attention")
+    assert set(zip(attn["heads"], attn["kv_heads"], attn["head_dim"], attn["causal"], strict=True)) \
+        == {(4, 1, 128, 1)}  # llama3-8b's 32 heads and 8 KV heads over 8 TP ranks
+
+
+def test_tiny_profile_collectives_ran_on_two_processes(tiny_profile: Profile) -> None:
+    c = tiny_profile.of_kind("collective")
+    assert set(c["ranks"]) == {2} and set(c["ranks_per_node"]) == {2}
+    assert set(c["nbytes"]) == {4 * 1024, 256 * 1024}
+    assert "skipped" not in tiny_profile.meta  # gloo runs all five ops in torch >= 2.5
+
+
+def test_cli_writes_a_profile_and_prints_a_summary(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    out = tmp_path / "sub" / "cpu.csv"
+    result = autoplan("bench", "--device", "cpu", "--preset", "tiny", "-o", out)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    profile = read_profile(out)
+    assert_valid_profile(profile)
+    assert profile.meta["command"] == f"autoplan bench --device cpu --preset tiny -o {out}"
+    assert "best GEMM fp32 TFLOP/s" in result.stdout and "all_reduce bus GB/s" in result.stdout
+    assert not list(out.parent.glob(".*.tmp"))
+
+
+def test_cli_world_of_one_writes_the_csv_to_stdout_without_collectives(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    result = autoplan_here(capsys, monkeypatch, "bench", "--device", "cpu", "--preset", "tiny",
+                           "--world", "1", "--model", "llama3-8b")
+    assert result.returncode == 0, result.stderr
+    profile = parse_profile(result.stdout, "<stdout>")
+    assert_valid_profile(profile, ("gemm", "attention", "elementwise"))
+    assert "world size 1" in profile.meta["skipped_collectives"]
+
+
+@pytest.mark.parametrize(("args", "needles"), [
+    (["--model", "llama3-8b,no-such-model"], ["--model", "unknown model 'no-such-model'"]),
+    (["--device", "cuda"], ["--device", "no CUDA device"]),
+    (["--device", "tpu"], ["--device", "expected cpu or cuda"]),
+    (["--preset", "huge"], ["--preset", "expected one of tiny, default, full"]),
+    (["--world", "0"], ["--world", "at least 1"]),
+    (["--descriptor", "h1000"], ["--descriptor", "unknown device 'h1000'"]),
+])
+def test_bad_input_exits_2_with_one_clear_message(args: list[str], needles: list[str], tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    out = tmp_path / "never.csv"
+    result = autoplan_here(capsys, monkeypatch, "bench", "--device", "cpu", "--preset", "tiny", *args,
+                           "-o", out)
+    assert_bad_input(result, *needles)
+    assert not out.exists()
+
+
+# -- workers that fail or hang --------------------------------------------------------------
+
+def _spec(**changes: Any) -> coll.Spec:
+    fields: dict[str, Any] = dict(device_kind="cpu", dtype="fp32", message_bytes=(4096,),
+                                  budget=Budget(warmup=1, min_repeats=2, max_repeats=2, seconds=0),
+                                  timeout_s=60, threads=1)
+    return coll.Spec(**{**fields, **changes})
+
+
+def test_a_failing_worker_is_an_error_in_the_parent() -> None:
+    pytest.importorskip("torch")
+    from autoplan.bench.timing import BenchError
+
+    with pytest.raises(BenchError, match=r"collectives: rank \d failed: KeyError: 'fp8'"):
+        coll.spawn_collectives(_spec(dtype="fp8"), world=2)
+    assert not multiprocessing.active_children()
+
+
+def test_workers_past_the_time_limit_are_stopped() -> None:
+    pytest.importorskip("torch")
+    from autoplan.bench.timing import BenchError
+
+    with pytest.raises(BenchError, match="did not finish within"):
+        coll.spawn_collectives(_spec(timeout_s=0.5), world=2)
+    assert not multiprocessing.active_children()
