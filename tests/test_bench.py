@@ -114,6 +114,19 @@ def test_p2p_crosses_nodes_when_the_world_spans_them() -> None:
     assert groups == [(2, 2), (4, 4), (8, 8), (16, 8)]
 
 
+@pytest.mark.parametrize(("cuda_name", "descriptor"), [
+    ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H200", "h200"), ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
+    ("NVIDIA GB200", "gb200"), ("NVIDIA B200", "b200"), ("NVIDIA H100 PCIe", None),
+    ("NVIDIA H200 NVL", None), ("AMD Instinct MI300X", "mi300x"),
+])
+def test_cuda_device_names_map_to_built_in_descriptors(cuda_name: str, descriptor: str | None) -> None:
+    from autoplan.bench.run import descriptor_name
+
+    assert descriptor_name("cuda", cuda_name, None) == descriptor
+    assert descriptor_name("cuda", cuda_name, "h200") == "h200"  # --descriptor wins
+    assert descriptor_name("cpu", "AMD EPYC", None) is None
+
+
 def test_percentiles_bracket_the_median() -> None:
     t = summarize([3.0, 1.0, 2.0, 10.0, 4.0])
     assert t.seconds_p10 <= t.seconds == 3.0 <= t.seconds_p90 and t.repeats == 5

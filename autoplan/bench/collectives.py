@@ -338,8 +338,7 @@ def launched_collectives(spec: Spec, step: Step | None = None) -> Result:
     assert launch is not None
     rank, world, per_node = launch
     owned = not dist.is_initialized()
-    if owned:
-        torch.set_num_threads(spec.threads)
+    if owned:  # threads: as torchrun set them (OMP_NUM_THREADS), for the kernels rank 0 runs next
         if spec.device_kind == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank % per_node)))
         dist.init_process_group("nccl" if spec.device_kind == "cuda" else "gloo",

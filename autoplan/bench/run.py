@@ -26,13 +26,15 @@ from autoplan.errors import InputError, Problem
 Progress = Callable[[int, int, str], None]  # (cases done, cases in all, the case just done)
 TORCH_MISSING = "autoplan bench needs torch: pip install 'autoplan[bench]'"
 
-# torch.cuda.get_device_name -> built-in device descriptor. Only names that identify the
-# part exactly: an H100 PCIe or an A100 PCIe has other clocks and memory than the SXM
-# parts the descriptors describe, so it gets none (pass --descriptor to choose).
-DESCRIPTORS: tuple[tuple[str, str], ...] = (
+# torch.cuda.get_device_name -> built-in device descriptor; the first part of the name
+# found wins. Only names that identify the part: an H100 PCIe, an H200 NVL or an A100 PCIe
+# has other clocks, power or memory than the SXM parts the descriptors describe, so it
+# gets none (pass --descriptor to choose).
+DESCRIPTORS: tuple[tuple[str, str | None], ...] = (
     ("H100 80GB HBM3", "h100-sxm"),
     ("GB200", "gb200"),  # before B200, which it contains
     ("B200", "b200"),
+    ("H200 NVL", None),  # before H200, which it contains
     ("H200", "h200"),
     ("A100-SXM4-80GB", "a100-80gb"),
     ("A100-SXM4-40GB", "a100-40gb"),
@@ -185,6 +187,8 @@ def run_bench(*, device: str | None = None, preset: str = "default", models: Seq
         if progress is not None:
             progress(done, total, label)
 
+    if progress is not None:
+        progress(0, total, f"starting {ranks} worker processes" if ranks >= 2 else "starting")
     rows: list[Row] = []
     if ranks >= 2:
         result = _collectives(chosen, kind, ranks, step)
