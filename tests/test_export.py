@@ -58,6 +58,9 @@ CASES: dict[str, tuple[Callable[[], Plan], list[tuple[Target, Launcher]]]] = {
                           dp=2, tp=8, pp=4, vpp=2, schedule=Schedule.INTERLEAVED,
                           recompute=Recompute.FULL, sequence_parallel=True),
         [(Target.MEGATRON, Launcher.MEGATRON), (Target.NEMO, Launcher.MEGATRON)]),
+    "llama3-8b-48xh100-megatron-pp6-layout": (
+        lambda: make_plan("llama3-8b", gpus=48, global_batch=64, dp=8, pp=6),
+        [(Target.MEGATRON, Launcher.MEGATRON), (Target.NEMO, Launcher.MEGATRON)]),
     "llama3-8b-16xh100-deepspeed-pp2": (
         lambda: make_plan("llama3-8b", gpus=16, global_batch=64, dp=8, pp=2, micro_batch=2,
                           recompute=Recompute.FULL, zero=ZeroStage.OPTIMIZER),
@@ -296,7 +299,10 @@ def test_megatron_script_arguments_build_a_megatron_core_config(tmp_path: Path, 
         assert (cfg.num_moe_experts, cfg.moe_router_topk) == (plan.model.experts, plan.model.top_k)
         assert (cfg.expert_model_parallel_size, cfg.expert_tensor_parallel_size) == (lay.ep, lay.etp)
         assert sum(cfg.moe_layer_freq) == plan.model.moe_layers
-    if len(set(plan.stage_layers)) > 1:
+    if len(set(plan.stage_layers[1:-1])) > 1:  # only a layout can place the uniform split
+        ranks = cfg.pipeline_model_parallel_layout.layout  # [pp rank][virtual stage][layer]
+        assert [sum(x.name == "decoder" for x in rank[0]) for rank in ranks] == list(plan.stage_layers)
+    elif len(set(plan.stage_layers)) > 1:
         assert (cfg.num_layers_in_first_pipeline_stage,
                 cfg.num_layers_in_last_pipeline_stage) == (plan.stage_layers[0], plan.stage_layers[-1])
     if plan.job.dtype is Dtype.FP8:

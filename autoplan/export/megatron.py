@@ -20,6 +20,8 @@ Flag names were checked against NVIDIA/Megatron-LM ``megatron/training/arguments
   --fp8-format {e4m3, hybrid} (dest fp8; FP8 GEMMs inside a bf16 model).
 - ``_add_distributed_args``: --tensor-model-parallel-size, --pipeline-model-parallel-size,
   --decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers,
+  --pipeline-model-parallel-layout (E, t, m, L and ``|`` between stages: autoplan's
+  uniform split when its extra layers sit in the middle stages, which first/last cannot say),
   --num-virtual-stages-per-pipeline-rank (the current spelling of the virtual pipeline
   size; --num-layers-per-virtual-pipeline-stage is the older one), --use-distributed-optimizer,
   --overlap-grad-reduce, --overlap-param-gather (the overlaps the cost model assumes),
@@ -129,7 +131,9 @@ def parallel_args(plan: Plan) -> list[Arg]:
     if lay.vpp > 1:
         out.append(("--num-virtual-stages-per-pipeline-rank", str(lay.vpp)))
     layers = plan.stage_layers
-    if len(set(layers)) > 1:  # middle stages equal (the space's first_last rule)
+    if len(set(layers[1:-1])) > 1:  # only the uniform split, with the extra layers in the middle
+        out.append(("--pipeline-model-parallel-layout", layout_string(plan)))
+    elif len(set(layers)) > 1:  # middle stages equal (the space's first_last rule)
         out += [("--decoder-first-pipeline-num-layers", str(layers[0])),
                 ("--decoder-last-pipeline-num-layers", str(layers[-1]))]
     if lay.cp > 1:
@@ -144,6 +148,14 @@ def parallel_args(plan: Plan) -> list[Arg]:
         if plan.zero >= ZeroStage.OPTIMIZER:
             out.append(("--overlap-param-gather",))
     return out
+
+
+def layout_string(plan: Plan) -> str:
+    """Megatron-Core's pipeline layout for a split whose middle stages differ: stages
+    split by ``|``, E the embedding, t a transformer layer (``t*5`` five), m an MTP
+    layer and L the loss, on the first and last stage."""
+    stages = [f"t*{n}" for n in plan.stage_layers]
+    return "E" + "|".join(stages) + "m" * plan.model.mtp_layers + "L"
 
 
 def batch_args(plan: Plan) -> list[Arg]:

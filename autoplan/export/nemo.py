@@ -5,8 +5,9 @@ The file follows Megatron-Bridge's ``ConfigContainer`` (megatron/bridge/training
 tensor_model_parallel_size, pipeline_model_parallel_size,
 virtual_pipeline_model_parallel_size, context_parallel_size, cp_comm_type,
 expert_model_parallel_size, expert_tensor_parallel_size, sequence_parallel,
-num_layers_in_first/last_pipeline_stage, recompute_granularity/method/num_layers and
-seq_length are that dataclass's fields, which the tests construct with megatron-core);
+num_layers_in_first/last_pipeline_stage, pipeline_model_parallel_layout,
+recompute_granularity/method/num_layers and seq_length are that dataclass's fields,
+which the tests construct with megatron-core);
 ``train`` takes global_batch_size and micro_batch_size; ``optimizer`` and ``ddp`` are
 Megatron-Core's ``OptimizerConfig`` and ``DistributedDataParallelConfig``;
 ``mixed_precision`` names one of Bridge's recipes (bf16_mixed, fp16_mixed,
@@ -24,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from autoplan.export.megatron import layout_string
 from autoplan.export.shell import comment
 from autoplan.plan import Plan
 from autoplan.vocab import CpComm, Dtype, Recompute, ZeroStage
@@ -51,7 +53,9 @@ def model_overrides(plan: Plan) -> dict[str, Any]:
         out["expert_model_parallel_size"] = lay.ep
         out["expert_tensor_parallel_size"] = lay.etp
     layers = plan.stage_layers
-    if len(set(layers)) > 1:
+    if len(set(layers[1:-1])) > 1:
+        out["pipeline_model_parallel_layout"] = layout_string(plan)
+    elif len(set(layers)) > 1:
         out["num_layers_in_first_pipeline_stage"] = layers[0]
         out["num_layers_in_last_pipeline_stage"] = layers[-1]
     if plan.recompute is Recompute.SELECTIVE:

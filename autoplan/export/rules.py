@@ -61,11 +61,11 @@ def space_problems(plan: Plan, space: SearchSpace) -> list[tuple[str, str]]:
 def _stage_shape_problem(plan: Plan, shape: StageShape) -> str:
     """Which splits the launcher takes, when the plan's split is not one of them."""
     layers = plan.stage_layers
-    if shape is StageShape.ANY:
+    uniform = uniform_stages(plan.model.layers, plan.layout.pp)
+    if shape is StageShape.ANY or layers == uniform:  # the search always tries the uniform split
         return ""
     if shape is StageShape.UNIFORM:
-        uniform = uniform_stages(plan.model.layers, plan.layout.pp)
-        return "" if layers == uniform else f"only the uniform split {list(uniform)}"
+        return f"only the uniform split {list(uniform)}"
     middle = layers[1:-1]
     if len(set(middle)) <= 1:
         return ""
