@@ -144,6 +144,9 @@ def render(plan: Plan) -> str:
                 f"--job.config_file {FILENAME} (or use the slurm export)."),
         comment("Data, tokenizer (model.hf_assets_path) and run length are not part of the plan."),
     ]
+    if plan.model.name not in _MODELS:
+        lines.append(comment(f"torchtitan has no built-in model named {plan.model.name}: register one "
+                             "(a TrainSpec) with its architecture, or set [model] name and flavor."))
     for section, values in config(plan).items():
         lines += ["", f"[{section}]"]
         for key, value in values.items():
