@@ -388,6 +388,111 @@ def _choice(option: str, value: str, kind: type[enum.Enum]) -> Any:
     raise InputError.single(option, "", f"expected one of {valid}, got {value!r}")
 
 
+@app.command()
+def validate(
+    plan_path: Annotated[Path, typer.Argument(metavar="PLAN.yaml", help="A plan file.")],
+    device: Annotated[str, typer.Option(
+        "--device", "-d", help="cpu: the plan's world size as local processes over gloo; cuda: one "
+                               "rank's slice on one GPU (with --slice).")] = "cpu",
+    profile: Annotated[Path | None, typer.Option(
+        "--profile", help="Profile CSV from `autoplan bench` on this machine: the prediction is made "
+                          "on a descriptor fitted on it (default: the plan's own cluster, which must "
+                          "describe this machine, e.g. examples/cpu/local-cpu.yaml).")] = None,
+    slice_: Annotated[bool, typer.Option(
+        "--slice", help="Run one rank's share of the plan (one pipeline stage at TP-sharded widths, "
+                        "its ZeRO optimizer shard, no communication) and compare its compute time "
+                        "and peak memory.")] = False,
+    stage: Annotated[int | None, typer.Option(
+        "--stage", min=0, help="--slice: the pipeline stage to run (default: the one with the highest "
+                               "predicted peak memory).")] = None,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Timed steps (the median is compared).")] = 5,
+    warmup: Annotated[int, typer.Option("--warmup", min=1, help="Untimed steps before them.")] = 2,
+    tolerance: Annotated[float, typer.Option(
+        "--tolerance", min=0.0, help="Allowed relative error of the step time (slice: compute time), "
+                                     "and of peak memory unless --memory-tolerance is given.")] = 0.3,
+    memory_tolerance: Annotated[float | None, typer.Option(
+        "--memory-tolerance", min=0.0, help="Allowed relative error of peak memory.")] = None,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", min=1.0, help="Seconds the whole run may take before its processes are stopped.")
+    ] = 900.0,
+    max_step_s: Annotated[float, typer.Option(
+        "--max-step-s", min=0.01, help="Make a plan predicted slower than this per step smaller "
+                                       "(fewer layers, then narrower, then fewer microbatches).")] = 20.0,
+    exact: Annotated[bool, typer.Option(
+        "--exact", help="Run the plan as it is, even where it is larger than the machine's budget.")
+    ] = False,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Run the plan for real with torch's distributed engine and compare measured with predicted
+    step time and peak memory: exit 0 within tolerance, 1 not, 2 bad input or a failed run."""
+    from autoplan.bench.validate import Options
+    from autoplan.bench.validate import validate as run_validation
+    from autoplan.descriptors.strict import read_yaml
+    from autoplan.plan import read_plan
+
+    if device not in ("cpu", "cuda"):
+        raise InputError.single("--device", "", f"expected cpu or cuda, got {device!r}")
+    plan = read_plan(read_yaml(plan_path), str(plan_path))
+    options = Options(device=device, profile=profile, slice=slice_, stage=stage, steps=steps,
+                      warmup=warmup, tolerance=tolerance, memory_tolerance=memory_tolerance,
+                      timeout_s=timeout, max_step_s=max_step_s, fit=not exact)
+    if output.interactive(fmt.value):
+        what = "one rank's slice" if slice_ else f"{plan.layout.gpus} processes"
+        with output.err.status(f"validating {escape(str(plan_path))}: {what} on {device} ..."):
+            result = run_validation(plan, str(plan_path), options)
+    else:
+        result = run_validation(plan, str(plan_path), options)
+    if fmt is Format.json:
+        output.emit_json(result.to_dict())
+    else:
+        _print_validation(result)
+    if not result.within:
+        raise typer.Exit(1)
+
+
+def _print_validation(result: Any) -> None:
+    """A validation for people: what ran, measured against predicted, per rank, notes."""
+    import statistics
+
+    from rich.table import Table
+
+    doc = result.to_dict()
+    ran = doc["ran"]
+    lay = ", ".join(f"{k}={v}" for k, v in ran["layout"].items() if v != 1 or k in ("dp", "tp", "pp"))
+    output.out.print(f"[bold]{escape(result.source)}[/bold]: " + escape(
+        f"{result.plan.model.name} ({result.plan.model.layers} layers, hidden {result.plan.model.hidden}), "
+        f"{lay}, {ran['schedule']}, zero {ran['zero']}, {ran['microbatches']} microbatches of "
+        f"{ran['micro_batch']} x {ran['seq_len']}, {ran['mode']} on {ran['device']}"
+        + (f", stage {ran['stage']}" if ran["stage"] is not None else "")))
+    output.out.print(escape(f"predicted on {ran['descriptor']}"))
+    what = "step time" if ran["mode"] == "distributed" else "compute time (fwd+bwd)"
+    table = Table(title="measured against predicted", title_justify="left")
+    for col in ("", "measured", "predicted", "ratio", "tolerance", ""):
+        table.add_column(col, justify="left" if col == "" else "right")
+    tol = doc["tolerance"]
+    lo, hi = doc["measured"]["step_time_spread_s"]
+    table.add_row(what, f"{result.measured_time_s:.3f} s", f"{result.predicted_time_s:.3f} s",
+                  f"{tol['step_time_ratio']:.2f}", f"±{tol['step_time']:.0%}",
+                  "[green]ok[/green]" if result.time_within else "[red]outside[/red]")
+    table.add_row("peak memory", f"{result.measured_peak_bytes / 2**30:.3f} GiB",
+                  f"{result.predicted_peak_bytes / 2**30:.3f} GiB", f"{tol['peak_memory_ratio']:.2f}",
+                  f"±{tol['peak_memory']:.0%}",
+                  "[green]ok[/green]" if result.memory_within else "[red]outside[/red]")
+    output.out.print(table)
+    output.out.print(f"timed steps {len(result.step_times_s)}: {lo:.3f} to {hi:.3f} s; "
+                     f"peak memory over {escape(ran['peak_memory_window'])}")
+    ranks = Table(title="per rank", title_justify="left")
+    for col in ("rank", "stage", "median step s", "peak GiB", "predicted GiB", "threads"):
+        ranks.add_column(col, justify="right")
+    for r in result.ranks:
+        ranks.add_row(str(r.rank), str(r.stage), f"{statistics.median(r.step_times_s):.3f}",
+                      f"{r.peak_memory_bytes / 2**30:.3f}", f"{r.predicted_peak_bytes / 2**30:.3f}",
+                      str(r.threads))
+    output.out.print(ranks)
+    for line in (*result.adjustments, *result.notes):
+        output.err.print(f"note: {line}", markup=False)
+
+
 def _usage_errors() -> tuple[type[Exception], ...]:
     """Click's usage-error base classes: recent typer vendors click as ``typer._click``,
     whose exceptions derive from ``typer.TyperException``, not ``click.ClickException``."""

@@ -1,0 +1,661 @@
+"""``autoplan validate``: run a plan for real with torch's own distributed engine and
+compare the measured step time and peak memory with autoplan's prediction for exactly
+what ran.
+
+Pure library: no printing, no exits. Bad input and what torch cannot run here are
+:class:`~autoplan.errors.InputError` (exit 2, naming the plan file and field); a rank
+that fails or a run that times out is :class:`ValidateError` (exit 2, the rank's own
+message). The command line turns :class:`Validation` into a table or JSON and exits 0
+within tolerance, 1 not.
+
+Two modes:
+
+- distributed (``--device cpu``): the plan's world size as local processes
+  (:mod:`autoplan.bench.worker`) over gloo, one pipeline stage (or ``vpp`` chunks) per
+  pp rank, tp (+ sp) with DTensor, dp / ZeRO with FSDP2 (see
+  :mod:`autoplan.bench.torch_model`). Compared: the median over the timed steps of the
+  step time (each step's time is the slowest rank's), and each rank's peak memory
+  against its stage's predicted peak (summary: the largest of each).
+- slice (``--slice``; the only mode on ``--device cuda``): one process runs one rank's
+  share of a plan of any size: the layers of one pipeline stage at TP-sharded widths,
+  its microbatches in the schedule's order for that stage, the optimizer state that rank
+  keeps under ZeRO, and no communication. Compared: the compute time (forward and
+  backward of the stage's microbatches; the prediction's compute + recompute of that
+  stage, no communication or bubble) and the peak memory (the stage's predicted peak).
+
+Predicted peaks are compared without the device's ``reserve`` (CUDA context, NCCL buffers,
+allocator fragmentation: memory no tensor holds, which neither the resident-set growth
+over the post-init baseline nor ``max_memory_allocated`` sees; 0 on a fitted CPU).
+
+Predicted for exactly what runs: the model that runs is the plan's, made smaller only
+where the machine is too small (fewer layers, then narrower, then fewer microbatches:
+:func:`fit_plan`), and the prediction is ``evaluate`` of that smaller plan on a
+descriptor of this machine:
+
+- ``--profile CSV`` (from ``autoplan bench``): :func:`autoplan.bench.machine.describe_machine`
+  fitted on it, corrected by :func:`autoplan.cost.surrogate.calibrate` when that module is
+  installed and its dtype rule matches what runs (below);
+- else the plan's own cluster, when it describes this machine (a cluster file such as
+  ``examples/cpu/local-cpu.yaml``). A built-in GPU cluster on ``--device cpu`` is refused.
+
+What computes: bf16 GEMMs and attention with fp32 master weights, fp32 gradients and fp32
+Adam moments, the plan's dtype and autoplan's memory accounting (2 + 4 + 12 bytes per
+parameter). The descriptor's peak comes from the profile's bf16 GEMM rows: measured, so
+a CPU that emulates bf16 gets its emulated rate, and one with native bf16 (this
+project's 2-core AMD EPYC: 0.44 TFLOP/s bf16 against 0.10 fp32 per core) its native one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autoplan.cost.evaluate import evaluate, stage_work
+from autoplan.descriptors.hardware import Cluster, GiB
+from autoplan.errors import AutoplanError, InputError, Problem
+from autoplan.plan import Plan, Prediction, plan_problems
+from autoplan.vocab import Dtype, Schedule, ZeroStage
+
+DEFAULT_TOLERANCE = 0.30  # +-30% on step time and on peak memory (see README's validation section)
+DEFAULT_STEPS = 5  # timed steps; the median is compared
+DEFAULT_WARMUP = 2  # untimed steps first: pipelining's metadata inference, optimizer state, caches
+DEFAULT_TIMEOUT_S = 900.0  # the whole run, all ranks
+COLLECTIVE_TIMEOUT_S = 300.0  # gloo: a collective waiting longer than this fails the rank
+MAX_STEP_S = 20.0  # fit_plan shrinks a plan whose predicted step (or slice compute) exceeds this
+MEMORY_SHARE = 0.6  # fit_plan keeps every rank's predicted peak under this share of its memory
+COMPUTE_DTYPE = "bf16"  # the profile GEMM rows whose rate is the descriptor's peak (what runs)
+
+TORCH_SCHEDULES = {Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.ZB_H1,
+                   Schedule.ZB_V}  # torch.distributed.pipelining classes: torch_model.SCHEDULE_CLASSES
+
+
+class ValidateError(AutoplanError):
+    """The run itself failed: a rank raised, died or timed out (exit 2)."""
+
+
+# --------------------------------------------------------------------------- the machine
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Machine:
+    """What this machine offers a validation run."""
+
+    cpus: tuple[int, ...]  # CPU cores this process may run on
+    mem_bytes: float  # physical memory (CPU) or the GPU's memory (CUDA)
+    cuda_name: str = ""  # the GPU's name under --device cuda
+
+    @classmethod
+    def local(cls, device: str) -> Machine:
+        cpus = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") \
+            else tuple(range(os.cpu_count() or 1))
+        mem = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        if device != "cuda":
+            return cls(cpus=cpus, mem_bytes=mem)
+        try:
+            import torch
+        except ImportError:
+            raise AutoplanError(TORCH_MISSING) from None
+        if not torch.cuda.is_available():
+            build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", built without CUDA")
+            raise InputError.single("--device", "", f"cuda requested but no CUDA device is available "
+                                                    f"({build})")
+        props = torch.cuda.get_device_properties(0)
+        return cls(cpus=cpus, mem_bytes=float(props.total_memory), cuda_name=props.name)
+
+
+TORCH_MISSING = "autoplan validate needs torch: pip install 'autoplan[bench]'"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    device: str = "cpu"  # cpu | cuda
+    profile: Path | None = None
+    slice: bool = False
+    stage: int | None = None  # slice: which pipeline stage (default: the highest predicted peak)
+    steps: int = DEFAULT_STEPS
+    warmup: int = DEFAULT_WARMUP
+    tolerance: float = DEFAULT_TOLERANCE  # step time (slice: compute time), relative
+    memory_tolerance: float | None = None  # None: as ``tolerance``
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    max_step_s: float = MAX_STEP_S
+    fit: bool = True  # shrink the plan where the machine is too small
+
+    @property
+    def mode(self) -> str:
+        return "slice" if self.slice else "distributed"
+
+
+def threads_per_rank(machine: Machine, world: int) -> int:
+    """CPU threads each rank computes with: the cores shared evenly (each rank pinned to its own)."""
+    return max(1, len(machine.cpus) // world)
+
+
+# --------------------------------------------------------------------------- what torch runs
+
+def unsupported(plan: Plan, source: str, options: Options, machine: Machine) -> list[Problem]:
+    """Every reason this plan cannot run here under torch, each naming the plan's field."""
+    m, lay = plan.model, plan.layout
+    out: list[Problem] = []
+
+    def no(fld: str, message: str) -> None:
+        out.append(Problem(source, fld, message))
+
+    if options.device not in ("cpu", "cuda"):
+        out.append(Problem("--device", "", f"expected cpu or cuda, got {options.device!r}"))
+        return out
+    if plan.job.dtype is not Dtype.BF16:
+        no("job.dtype", f"validate runs bf16 (fp32 master weights and gradients); {plan.job.dtype.value} "
+                        "needs loss scaling (fp16) or Transformer Engine (fp8), which it does not build")
+    if m.is_moe:
+        no("model.experts", "mixture-of-experts layers are not built by validate")
+    if m.is_mla:
+        no("model.kv_lora_rank", "multi-head latent attention is not built by validate")
+    if m.mtp_layers:
+        no("model.mtp_layers", "multi-token prediction is not built by validate")
+    if m.qk_norm:
+        no("model.qk_norm", "Q/K norms are not built by validate")
+    if lay.cp > 1:
+        no("layout.cp", "context parallelism is not built by validate (torch's context_parallel "
+                        "is CUDA-only and experimental)")
+    if plan.schedule not in TORCH_SCHEDULES and lay.pp > 1:
+        names = ", ".join(s.value for s in Schedule if s in TORCH_SCHEDULES)
+        no("schedule", f"{plan.schedule.value} has no torch.distributed.pipelining schedule "
+                       f"(validate runs {names})")
+    if m.tied_embeddings and lay.tp > 1 and lay.pp * lay.vpp == 1:
+        no("model.tied_embeddings", "tied embeddings with tp > 1 on one stage are not built by validate")
+    if options.slice:
+        if plan.zero is ZeroStage.PARAMETERS:
+            no("zero", "--slice keeps one rank's optimizer shard but cannot gather ZeRO-3 "
+                       "parameters without communication; validate zero 3 without --slice")
+        if plan.schedule.splits_backward and lay.pp > 1:
+            no("schedule", f"--slice runs fused backwards; {plan.schedule.value} splits them")
+        if options.stage is not None and not 0 <= options.stage < lay.pp:
+            out.append(Problem("--stage", "", f"expected a stage in 0..{lay.pp - 1}, got {options.stage}"))
+        return out
+    if options.device == "cuda":
+        out.append(Problem("--device", "", "on cuda validate runs one rank's slice: add --slice "
+                                            "(multi-GPU runs are not built)"))
+    if lay.pp > 1 and plan.zero >= ZeroStage.GRADIENTS:
+        no("zero", f"zero {int(plan.zero)} with pp > 1: torch.distributed.pipelining defers the "
+                   "gradient reduction to the last microbatch and keeps parameters gathered across "
+                   "microbatches, which is not ZeRO-2/3's memory; use zero 0 or 1")
+    cores = len(machine.cpus)
+    if lay.gpus > cores:
+        no("layout", f"dp*tp*pp = {lay.gpus} processes, but this machine has {cores} CPU cores "
+                     "(validate runs one process per core at least; use --slice for one rank)")
+    return out
+
+
+# --------------------------------------------------------------------------- the machine descriptor
+
+@dataclass(frozen=True, slots=True)
+class Descriptor:
+    cluster: Cluster
+    source: str  # where its numbers come from, in words
+    notes: tuple[str, ...] = ()
+
+
+def _placed(cluster: Cluster, gpus: int) -> Cluster:
+    """The cluster resized to ``gpus`` devices: one node of them, or whole nodes."""
+    if gpus <= cluster.gpus_per_node:
+        return dataclasses.replace(cluster, gpus_per_node=gpus,
+                                   nvlink_domain=min(cluster.nvlink_domain, gpus), nodes=1)
+    return dataclasses.replace(cluster, nodes=-(-gpus // cluster.gpus_per_node))
+
+
+def machine_descriptor(plan: Plan, source: str, options: Options, machine: Machine) -> Descriptor:
+    """The cluster the prediction is made on (see the module docstring)."""
+    from autoplan.descriptors.library import builtin_cluster_matches
+
+    world = plan.layout.gpus
+    if options.profile is not None:
+        return _profile_descriptor(plan, options, machine)
+    if options.device == "cpu" and builtin_cluster_matches(plan.cluster):
+        raise InputError.single(source, "cluster", (
+            f"{plan.cluster.name} is a built-in GPU cluster, not this machine: give --profile CSV "
+            "(from `autoplan bench --device cpu`), or a plan whose cluster describes this machine "
+            "(examples/cpu/local-cpu.yaml)"))
+    notes: tuple[str, ...] = ()
+    if options.device == "cuda":
+        notes = (f"predicted on the plan's device {plan.cluster.device.name}, taken to be this "
+                 f"GPU ({machine.cuda_name}); give --profile for a measured descriptor",)
+    assert plan.cluster.gpus == world  # read_plan checks it
+    return Descriptor(plan.cluster, f"the plan's cluster {plan.cluster.name}", notes)
+
+
+def _profile_descriptor(plan: Plan, options: Options, machine: Machine) -> Descriptor:
+    from autoplan.bench.machine import describe_machine
+    from autoplan.bench.profile import read_profile
+
+    assert options.profile is not None
+    profile = read_profile(options.profile)
+    label = str(options.profile)
+    kind = profile.meta.get("device_kind")
+    if kind != options.device:
+        raise InputError.single(label, "header.device_kind",
+                                f"the profile was taken on {kind}, validate runs on {options.device}")
+    world = plan.layout.gpus
+    if options.device == "cpu":
+        threads = threads_per_rank(machine, 1 if options.slice else world)
+        taken = profile.meta.get("torch_threads")
+        if taken is not None and taken.isdigit() and int(taken) != threads:
+            raise InputError.single(label, "header.torch_threads", (
+                f"kernels measured with {taken} torch threads, but each of the {world} ranks runs "
+                f"with {threads}; measure with `OMP_NUM_THREADS={threads} autoplan bench --device cpu`"))
+    per_rank_mem = machine.mem_bytes if options.device == "cuda" else machine.mem_bytes / world
+    per_node = world if not options.slice else min(world, plan.cluster.gpus_per_node)
+    cluster = describe_machine(profile, name=f"local-{options.device}", ranks_per_node=per_node,
+                               mem_bytes=per_rank_mem, compute_dtype=COMPUTE_DTYPE)
+    cluster = _placed(cluster, world)
+    notes: list[str] = []
+    corrected, note = _calibrated(cluster, profile)
+    if note:
+        notes.append(note)
+    source = f"fitted on {label}" + (" with the learned correction" if corrected is not cluster else "")
+    return Descriptor(corrected, source, tuple(notes))
+
+
+def _calibrated(cluster: Cluster, profile: Any) -> tuple[Cluster, str]:
+    """The cluster with the surrogate's correction, where one is installed and stands for
+    what runs; else itself and why not."""
+    try:
+        from autoplan.cost import surrogate
+    except ImportError:
+        return cluster, "no learned correction (autoplan.cost.surrogate not installed): analytic descriptor"
+    rule: Callable[[Any], str] | None = getattr(surrogate, "compute_dtype", None)
+    used = rule(profile) if rule is not None else COMPUTE_DTYPE
+    if used != COMPUTE_DTYPE:
+        return cluster, (f"learned correction not applied: autoplan.cost.surrogate fits this profile's "
+                         f"{used} GEMM rows for bf16 jobs, but validate computes in {COMPUTE_DTYPE}")
+    return surrogate.calibrate(cluster, profile), ""
+
+
+# --------------------------------------------------------------------------- fitting to the machine
+
+@dataclass(frozen=True, slots=True)
+class Fitted:
+    plan: Plan
+    prediction: Prediction
+    adjustments: tuple[str, ...]  # what was made smaller, and why
+
+
+def predicted_time(plan: Plan, pred: Prediction, options: Options, stage: int) -> float:
+    """The time compared: the step (distributed), or the slice's compute: forward, backward
+    and recompute of ``stage`` for all its microbatches, no communication or bubble."""
+    if not options.slice:
+        return pred.step_time_s
+    w = stage_work(plan)[stage]
+    return plan.num_microbatches * (w.compute_f + w.compute_b + w.compute_w + w.recompute)
+
+
+def slice_stage(plan: Plan, pred: Prediction, options: Options) -> int:
+    if options.stage is not None:
+        return options.stage
+    peaks = [m.peak for m in pred.memory_per_stage]
+    return max(range(len(peaks)), key=lambda s: (peaks[s], -s))
+
+
+def _budget_problem(plan: Plan, pred: Prediction, options: Options, mem_budget: float) -> str:
+    stage = slice_stage(plan, pred, options)
+    peak = pred.memory_per_stage[stage].peak if options.slice else pred.memory.peak
+    if peak > mem_budget:
+        return f"memory: predicted {peak / GiB:.2f} GiB per rank over {mem_budget / GiB:.2f} GiB"
+    t = predicted_time(plan, pred, options, stage)
+    if t > options.max_step_s:
+        return f"time: predicted {t:.1f} s per step over {options.max_step_s:.0f} s"
+    return ""
+
+
+def fit_plan(plan: Plan, options: Options, mem_budget: float) -> Fitted:
+    """The plan itself if it fits this machine, else the first smaller one that does: fewer
+    layers (halving the layers of each model chunk), then narrower (hidden, heads' width,
+    MLP and vocabulary halved), then fewer microbatches. The prediction is of the plan
+    returned. Raises when even the smallest does not fit."""
+    pred = evaluate(plan)
+    why = _budget_problem(plan, pred, options, mem_budget)
+    if not why or not options.fit:
+        return Fitted(plan, pred, ())
+    last = why
+    for smaller, change in _smaller(plan):
+        pred = evaluate(smaller)
+        problem = _budget_problem(smaller, pred, options, mem_budget)
+        if not problem:
+            return Fitted(smaller, pred, (f"{change} ({why})",))
+        last = problem
+    raise InputError.single("<plan>", "model", f"too large for this machine even made smaller: {last}")
+
+
+def _smaller(plan: Plan) -> Iterator[tuple[Plan, str]]:
+    """Ever smaller valid variants of the plan, each with what changed from the original."""
+    model, lay = plan.model, plan.layout
+    chunks = lay.pp * lay.vpp
+    p = plan
+    per_chunk = max(plan.stage_layers) // lay.vpp
+    while per_chunk > 1:
+        per_chunk //= 2
+        layers = chunks * per_chunk
+        p = dataclasses.replace(p, model=dataclasses.replace(p.model, layers=layers), stages=None)
+        yield p, f"{layers} of the model's {model.layers} layers"
+    t = lay.tp
+    while p.model.kv_channels >= 32 and p.model.hidden >= 256:
+        m = p.model
+        narrower = dataclasses.replace(
+            m, hidden=m.hidden // 2, head_dim=m.kv_channels // 2 if m.head_dim else 0,
+            ffn_hidden=max(t, m.ffn_hidden // 2 // t * t), vocab=max(t, m.vocab // 2 // t * t),
+            max_seq_len=m.max_seq_len)
+        candidate = dataclasses.replace(p, model=narrower)
+        if plan_problems(candidate):
+            break
+        p = candidate
+        yield p, (f"{p.model.layers} layers of hidden {p.model.hidden} (of {model.hidden}), "
+                  f"ffn {p.model.ffn_hidden}, vocab {p.model.vocab}")
+    step = lay.dp * plan.micro_batch * (lay.pp if plan.schedule is Schedule.INTERLEAVED else 1)
+    least = max(lay.pp, 1)
+    while p.num_microbatches // 2 >= least and (p.job.global_batch // 2) % step == 0:
+        p = dataclasses.replace(p, job=dataclasses.replace(p.job, global_batch=p.job.global_batch // 2))
+        yield p, f"as before, with {p.num_microbatches} microbatches (global batch {p.job.global_batch})"
+
+
+# --------------------------------------------------------------------------- results
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankRun:
+    rank: int
+    stage: int
+    step_times_s: tuple[float, ...]
+    peak_memory_bytes: float
+    predicted_peak_bytes: float
+    state_bytes: dict[str, int]
+    threads: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "stage": self.stage,
+                "step_times_s": list(self.step_times_s),
+                "peak_memory_gib": self.peak_memory_bytes / GiB,
+                "predicted_peak_memory_gib": self.predicted_peak_bytes / GiB,
+                "state_gib": {k: v / GiB for k, v in self.state_bytes.items()},
+                "threads": self.threads}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Validation:
+    source: str
+    mode: str  # distributed | slice
+    device: str
+    plan: Plan  # what ran, on the machine descriptor
+    prediction: Prediction
+    descriptor: str
+    step_times_s: tuple[float, ...]  # per timed step: the slowest rank's (slice: compute time)
+    measured_peak_bytes: float
+    predicted_time_s: float
+    predicted_peak_bytes: float
+    ranks: tuple[RankRun, ...]
+    time_tolerance: float
+    memory_tolerance: float
+    adjustments: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    stage: int | None = None  # slice: the stage run
+    load_average: float = 0.0
+    wall_s: float = 0.0
+    peak_window: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def measured_time_s(self) -> float:
+        return statistics.median(self.step_times_s)
+
+    @property
+    def time_ratio(self) -> float:
+        return self.measured_time_s / self.predicted_time_s
+
+    @property
+    def memory_ratio(self) -> float:
+        return self.measured_peak_bytes / self.predicted_peak_bytes
+
+    @property
+    def time_within(self) -> bool:
+        return abs(self.time_ratio - 1.0) <= self.time_tolerance
+
+    @property
+    def memory_within(self) -> bool:
+        return abs(self.memory_ratio - 1.0) <= self.memory_tolerance
+
+    @property
+    def within(self) -> bool:
+        return self.time_within and self.memory_within
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        """(min, max) of the timed steps."""
+        return min(self.step_times_s), max(self.step_times_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        time_key = "step_time_s" if self.mode == "distributed" else "compute_time_s"
+        lay = self.plan.layout
+        out: dict[str, Any] = {
+            "plan": self.source,
+            "within_tolerance": self.within,
+            "measured": {
+                "step_time_s": self.measured_time_s,
+                "peak_memory_gib": self.measured_peak_bytes / GiB,
+                "step_times_s": list(self.step_times_s),
+                "step_time_spread_s": list(self.spread),
+            },
+            "predicted": {
+                "step_time_s": self.predicted_time_s,
+                "peak_memory_gib": self.predicted_peak_bytes / GiB,
+                "prediction": self.prediction.to_dict(),
+            },
+            "tolerance": {
+                "step_time": self.time_tolerance, "peak_memory": self.memory_tolerance,
+                "step_time_ratio": self.time_ratio, "peak_memory_ratio": self.memory_ratio,
+                "step_time_within": self.time_within, "peak_memory_within": self.memory_within,
+            },
+            "ran": {
+                "mode": self.mode, "device": self.device, "time_compared": time_key,
+                "model": self.plan.model.to_dict(),
+                "layout": lay.to_dict(), "micro_batch": self.plan.micro_batch,
+                "microbatches": self.plan.num_microbatches,
+                "global_batch": self.plan.job.global_batch, "seq_len": self.plan.job.seq_len,
+                "schedule": self.plan.schedule.value, "zero": int(self.plan.zero),
+                "recompute": self.plan.recompute.value,
+                "sequence_parallel": self.plan.sequence_parallel,
+                "stage": self.stage,
+                "processes": len(self.ranks),
+                "descriptor": self.descriptor,
+                "peak_memory_window": self.peak_window,
+                "load_average_1min": self.load_average,
+                "wall_s": self.wall_s,
+                "adjustments": list(self.adjustments),
+                "notes": list(self.notes),
+                **self.extra,
+            },
+            "ranks": [r.to_dict() for r in self.ranks],
+        }
+        return out
+
+
+# --------------------------------------------------------------------------- running
+
+def validate(plan: Plan, source: str, options: Options, machine: Machine | None = None) -> Validation:
+    """Check, fit, predict, run, compare."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise AutoplanError(TORCH_MISSING) from None
+    machine = machine or Machine.local(options.device)
+    problems = unsupported(plan, source, options, machine)
+    if problems:
+        raise InputError(problems)
+    desc = machine_descriptor(plan, source, options, machine)
+    on_machine = dataclasses.replace(plan, cluster=desc.cluster)
+    world = plan.layout.gpus
+    per_rank = machine.mem_bytes if options.slice else machine.mem_bytes / world
+    fitted = fit_plan(on_machine, options, per_rank * MEMORY_SHARE)
+    run_plan, pred = fitted.plan, fitted.prediction
+    stage = slice_stage(run_plan, pred, options) if options.slice else None
+    threads = threads_per_rank(machine, 1 if options.slice else world)
+    if options.device == "cuda":
+        threads = len(machine.cpus)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    notes = list(desc.notes)
+    if load > 0.25 * len(machine.cpus):
+        notes.append(f"the machine was busy before the run (1-minute load average {load:.1f} on "
+                     f"{len(machine.cpus)} cores): timings include other work")
+    spec = {
+        "plan": _worker_plan(run_plan),
+        "threads": threads,
+        "cpus": (_pinning(machine, 1 if options.slice else world, threads)
+                 if options.device == "cpu" else None),
+        "device": options.device,
+        "warmup": options.warmup,
+        "steps": options.steps,
+        "collective_timeout_s": min(COLLECTIVE_TIMEOUT_S, options.timeout_s),
+        "slice": options.slice,
+        "stage": stage,
+    }
+    started = time.monotonic()
+    results = spawn(spec, 1 if options.slice else world, options.timeout_s, threads)
+    wall = time.monotonic() - started
+    return _compare(source, options, run_plan, pred, desc, fitted.adjustments, tuple(notes), stage,
+                    results, load, wall)
+
+
+def _compare(source: str, options: Options, plan: Plan, pred: Prediction, desc: Descriptor,
+             adjustments: tuple[str, ...], notes: tuple[str, ...], stage: int | None,
+             results: list[dict[str, Any]], load: float, wall: float) -> Validation:
+    reserve = plan.cluster.device.reserve_bytes  # context, comm buffers, fragmentation: not tensors
+    ranks = tuple(RankRun(
+        rank=r["rank"], stage=r["stage"], step_times_s=tuple(r["step_times_s"]),
+        peak_memory_bytes=float(r["peak_memory_bytes"]),
+        predicted_peak_bytes=pred.memory_per_stage[r["stage"]].peak - reserve,
+        state_bytes=r.get("state_bytes") or {}, threads=r["threads"]) for r in results)
+    steps = len(ranks[0].step_times_s)
+    per_step = tuple(max(r.step_times_s[i] for r in ranks) for i in range(steps))
+    worst = max(ranks, key=lambda r: (r.peak_memory_bytes / r.predicted_peak_bytes, -r.rank))
+    if options.slice:
+        assert stage is not None
+        measured_peak, predicted_peak = worst.peak_memory_bytes, worst.predicted_peak_bytes
+        t_pred = predicted_time(plan, pred, options, stage)
+    else:
+        measured_peak = max(r.peak_memory_bytes for r in ranks)
+        predicted_peak = pred.memory.peak - reserve
+        t_pred = pred.step_time_s
+    mem_tol = options.tolerance if options.memory_tolerance is None else options.memory_tolerance
+    extra = {k: v for k, v in results[0].items() if k in ("slice_layers", "slice_widths")}
+    return Validation(
+        source=source, mode=options.mode, device=options.device, plan=plan, prediction=pred,
+        descriptor=desc.source, step_times_s=per_step, measured_peak_bytes=measured_peak,
+        predicted_time_s=t_pred, predicted_peak_bytes=predicted_peak, ranks=ranks,
+        time_tolerance=options.tolerance, memory_tolerance=mem_tol, adjustments=adjustments,
+        notes=notes, stage=stage, load_average=load, wall_s=wall,
+        peak_window=str(results[0].get("peak_window", "")), extra=extra)
+
+
+def _worker_plan(plan: Plan) -> dict[str, Any]:
+    """The plan as the workers read it back: its model and layout; the cluster is a
+    placeholder of the right size (workers use no hardware numbers)."""
+    doc = plan.to_dict()
+    world = plan.layout.gpus
+    link = {"bandwidth_GBps": 1.0, "latency_us": 1.0}
+    doc["cluster"] = {"name": "validate-local", "device": {
+        "name": "validate-local-device", "peak_tflops": {"bf16": 1.0}, "mem_GiB": 1.0, "hbm_GBps": 1.0},
+        "gpus_per_node": world, "nvlink_domain": world, "intra_node": link, "inter_node": link}
+    return doc
+
+
+def _pinning(machine: Machine, ranks: int, threads: int) -> list[list[int]]:
+    """Cores of each rank: consecutive blocks of ``threads`` cores."""
+    cpus = list(machine.cpus)
+    return [cpus[r * threads:(r + 1) * threads] for r in range(ranks)]
+
+
+def _package_root() -> str:
+    import autoplan
+
+    return str(Path(autoplan.__file__).resolve().parent.parent)
+
+
+# The workers start with glibc returning memory at once (for the memory step) and switch
+# to keeping it before the timed steps (see worker.py). Set for the children only.
+ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "131072"}
+
+
+def spawn(spec: dict[str, Any], ranks: int, timeout_s: float, threads: int) -> list[dict[str, Any]]:
+    """Run ``ranks`` worker processes on ``spec``; their results, by rank. A rank that fails
+    stops the others at once and its message becomes a :class:`ValidateError`; so does a
+    run over ``timeout_s``."""
+    tmp = Path(tempfile.mkdtemp(prefix="autoplan-validate-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        spec = {**spec, "store": str(tmp / "store")}
+        (tmp / "spec.json").write_text(json.dumps(spec))
+        env = {**os.environ, **ALLOCATOR_ENV, "OMP_NUM_THREADS": str(threads),
+               "MKL_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore",
+               "PYTHONPATH": os.pathsep.join(p for p in (_package_root(), os.environ.get("PYTHONPATH"))
+                                             if p)}
+        for rank in range(ranks):
+            with open(tmp / f"rank{rank}.log", "wb") as log:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "autoplan.bench.worker", str(tmp / "spec.json"), str(rank)],
+                    stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            codes = [p.poll() for p in procs]
+            if any(c not in (None, 0) for c in codes):
+                time.sleep(0.5)  # let the others record their own errors
+                raise ValidateError(_failure(tmp, procs))
+            if all(c == 0 for c in codes):
+                break
+            if time.monotonic() > deadline:
+                running = [r for r, c in enumerate(codes) if c is None]
+                raise ValidateError(f"the run timed out after {timeout_s:.0f} s "
+                                    f"(ranks {', '.join(map(str, running))} still running)")
+            time.sleep(0.1)
+        return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(ranks)]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                _kill(p)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """Stop one worker we started, and what it started (its own session)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.wait(timeout=30)
+
+
+def _failure(tmp: Path, procs: list[subprocess.Popen[bytes]]) -> str:
+    """The failing rank's message: the earliest error a rank recorded, else the tail of
+    the log of the first rank that exited with an error."""
+    errors = []
+    for r in range(len(procs)):
+        path = tmp / f"rank{r}.json"
+        if path.exists():
+            with_err = json.loads(path.read_text())
+            if "error" in with_err:
+                errors.append((with_err.get("time", math.inf), r, with_err["error"]))
+    if errors:
+        _, rank, message = min(errors)
+        return f"rank {rank} failed: {message}"
+    for r, p in enumerate(procs):
+        if p.poll() not in (None, 0):
+            tail = (tmp / f"rank{r}.log").read_text(errors="replace").strip().splitlines()[-5:]
+            return f"rank {r} exited with status {p.returncode}: " + " | ".join(tail)
+    return "a rank failed without a message"
