@@ -3,7 +3,7 @@ plan file: schema v1 of DESIGN.md, read strictly and written deterministically."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -285,6 +285,19 @@ class TimeBreakdown:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Uncertainty:
+    """The spread of the step time over a learned correction's trees (autoplan.cost.surrogate)."""
+
+    step_time_s_p10: float
+    step_time_s_p90: float
+    profile: str  # the measured profile the correction was fitted on
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step_time_s_p10": self.step_time_s_p10, "step_time_s_p90": self.step_time_s_p90,
+                "profile": self.profile}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Prediction:
     feasible: bool
     step_time_s: float
@@ -297,6 +310,7 @@ class Prediction:
     breakdown: TimeBreakdown
     capacity_bytes: float
     reason: str = ""  # why infeasible
+    uncertainty: Uncertainty | None = None  # with a measured profile only
 
     @property
     def headroom_bytes(self) -> float:
@@ -317,6 +331,8 @@ class Prediction:
         }
         if self.reason:
             out["reason"] = self.reason
+        if self.uncertainty is not None:
+            out["uncertainty"] = self.uncertainty.to_dict()
         return out
 
 
@@ -385,9 +401,12 @@ def plan_document(plan: Plan, prediction: Prediction | None = None) -> dict[str,
     """The mapping written to plan.yaml / JSON; built-ins are referenced by name."""
     from autoplan.descriptors.library import builtin_cluster_matches, builtin_model_matches
 
+    cluster = plan.cluster
+    if cluster.device.correction is not None:  # a measured correction is no part of the cluster file
+        cluster = replace(cluster, device=replace(cluster.device, correction=None))
     out = plan.to_dict(
         builtin_model=builtin_model_matches(plan.model),
-        builtin_cluster=builtin_cluster_matches(plan.cluster),
+        builtin_cluster=builtin_cluster_matches(cluster),
     )
     if prediction is not None:
         out["prediction"] = prediction.to_dict()

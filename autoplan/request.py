@@ -1,12 +1,19 @@
-"""A search request: a job file (model, cluster, job, optional gpus and space)
-merged with command-line overrides. Options win over the file."""
+"""A search request: a job file (model, cluster, job, optional gpus, space and profile)
+merged with command-line overrides. Options win over the file.
+
+A measured profile (``--profile`` or ``profile:``; else the one shipped under
+``profiles/measured/`` for the cluster's device, if any) corrects the cost model:
+the request's cluster then carries the fitted correction (autoplan.cost.surrogate)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from autoplan import resources
+from autoplan.bench.profile import Profile, parse_profile, read_profile
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import Job, read_job
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
@@ -23,6 +30,7 @@ class Request:
     cluster: Cluster
     job: Job
     space: SearchSpace
+    profile: Profile | None = None  # the measured profile the cluster is corrected by
 
 
 def build_request(
@@ -36,6 +44,7 @@ def build_request(
     dtype: Dtype | None = None,
     space: str | None = None,
     moe_imbalance: float | None = None,
+    profile: Path | None = None,
 ) -> Request:
     problems: list[Problem] = []
     doc: dict[str, Any] = {}
@@ -43,7 +52,7 @@ def build_request(
     if job_file is not None:
         data = read_yaml(job_file)
         f = Fields(data, source, "", problems)
-        doc = {k: f.raw(k, None) for k in ("model", "cluster", "job", "space")}
+        doc = {k: f.raw(k, None) for k in ("model", "cluster", "job", "space", "profile")}
         doc["gpus"] = f.int("gpus", None, min=1)
         f.close()
         _raise(problems)
@@ -85,6 +94,11 @@ def build_request(
         resolved_space = load_space(str(space_ref), "--space" if space else source, "" if space else "space")
     except InputError as exc:
         problems.extend(exc.problems)
+    measured: Profile | None = None
+    try:
+        measured = _read_profile(profile, doc.get("profile"), job_file, source)
+    except InputError as exc:
+        problems.extend(exc.problems)
     _raise(problems)
     assert resolved_model is not None and resolved_cluster is not None and job is not None
     n = gpus if gpus is not None else doc.get("gpus")
@@ -97,9 +111,61 @@ def build_request(
         raise InputError.single(source if dtype is None else "--dtype",
                                 "job.dtype" if dtype is None else "",
                                 f"{resolved_cluster.device.name} has no {job.dtype.value} support")
-    return Request(resolved_model, resolved_cluster, job, resolved_space)
+    if measured is None:
+        measured = shipped_profile(resolved_cluster.device.name)
+    if measured is not None:
+        # imported here: scikit-learn takes most of a second to import, which a search
+        # without a profile should not pay
+        from autoplan.cost.surrogate import calibrate
+
+        resolved_cluster = calibrate(resolved_cluster, measured)
+    return Request(resolved_model, resolved_cluster, job, resolved_space, measured)
+
+
+def _read_profile(option: Path | None, ref: Any, job_file: Path | None, source: str) -> Profile | None:
+    """The profile named by ``--profile``, else by the job file's ``profile:`` (a path
+    relative to the job file), else None."""
+    if option is not None:
+        return read_profile(option)
+    if ref is None:
+        return None
+    if not isinstance(ref, str) or not ref:
+        raise InputError.single(source, "profile", f"expected the path of a profile CSV, got {ref!r}")
+    path = Path(ref).expanduser()
+    if not path.is_absolute() and job_file is not None:
+        path = job_file.parent / path
+    return read_profile(path)
 
 
 def _raise(problems: list[Problem]) -> None:
     if problems:
         raise InputError(problems)
+
+
+MEASURED_DIR = "measured"
+
+
+@lru_cache(maxsize=64)
+def _read_shipped(path: Path, mtime_ns: int) -> Profile:
+    label = f"profiles/{MEASURED_DIR}/{path.name}"  # the same on every install
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError.single(label, "", f"cannot read file: {exc}") from None
+    return parse_profile(text, label)
+
+
+def shipped_profiles() -> list[Profile]:
+    """The profiles shipped under ``profiles/measured/``, by file name."""
+    folder = resources.profiles_dir() / MEASURED_DIR
+    if not folder.is_dir():
+        return []
+    paths = sorted(p for p in folder.iterdir() if p.suffix == ".csv" and p.is_file())
+    return [_read_shipped(p, p.stat().st_mtime_ns) for p in paths]
+
+
+def shipped_profile(device_name: str) -> Profile | None:
+    """The shipped profile taken on ``device_name`` (its ``descriptor`` header line); of
+    several, the latest by ``date``, then by file name."""
+    found = [p for p in shipped_profiles() if p.descriptor == device_name]
+    return max(found, key=lambda p: (p.meta.get("date", ""), p.source)) if found else None

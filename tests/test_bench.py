@@ -2,7 +2,9 @@
 command line, judged by the profile contract (autoplan/bench/profile.py); bad input and
 failing workers end in one clear message, and no worker outlives its run.
 
-Tests that run kernels need torch (the optional ``bench`` extra) and skip without it.
+Tests that run kernels need torch (the optional ``bench`` extra) and skip without it. They
+run torch on one thread: on a shared 2-core machine, OpenMP threads that spin at barriers
+while another process holds the cores slow small kernels down tenfold.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ LLAMA3_8B_TP8_16 = {(16, 768, 4096), (16, 4096, 512), (16, 3584, 4096), (16, 409
 def autoplan(*args: Any, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The command line in a subprocess, never on a terminal, never in debug mode."""
     base = {k: v for k, v in os.environ.items() if k not in ("AUTOPLAN_DEBUG", "RANK", "WORLD_SIZE")}
+    base["OMP_NUM_THREADS"] = "1"
     return subprocess.run([sys.executable, "-m", "autoplan.cli.main", *(str(a) for a in args)],
                           capture_output=True, text=True, cwd=ROOT, env={**base, **(env or {})},
                           timeout=300, check=False)
@@ -144,13 +147,18 @@ def test_without_torch_the_command_says_how_to_get_it() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_profile() -> Profile:
-    pytest.importorskip("torch")
+    torch = pytest.importorskip("torch")
     from autoplan.bench.profile import format_profile
     from autoplan.bench.run import run_bench
 
     seen: list[tuple[int, int]] = []
-    meta, rows = run_bench(device="cpu", preset="tiny", world=2, command="pytest tiny",
-                           progress=lambda done, total, label: seen.append((done, total)))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        meta, rows = run_bench(device="cpu", preset="tiny", world=2, command="pytest tiny",
+                               progress=lambda done, total, label: seen.append((done, total)))
+    finally:
+        torch.set_num_threads(threads)
     assert seen and seen[-1][0] == seen[-1][1]  # progress reached its total
     assert not multiprocessing.active_children()  # every worker joined
     return parse_profile(format_profile(meta, rows), "<tiny>")
@@ -204,9 +212,14 @@ def test_cli_writes_a_profile_and_prints_a_summary(tmp_path: Path) -> None:
 
 def test_cli_world_of_one_writes_the_csv_to_stdout_without_collectives(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("torch")
-    result = autoplan_here(capsys, monkeypatch, "bench", "--device", "cpu", "--preset", "tiny",
-                           "--world", "1", "--model", "llama3-8b")
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = autoplan_here(capsys, monkeypatch, "bench", "--device", "cpu", "--preset", "tiny",
+                               "--world", "1", "--model", "llama3-8b")
+    finally:
+        torch.set_num_threads(threads)
     assert result.returncode == 0, result.stderr
     profile = parse_profile(result.stdout, "<stdout>")
     assert_valid_profile(profile, ("gemm", "attention", "elementwise"))

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.table import Table
 
 from autoplan.cost.evaluate import StageWork
-from autoplan.plan import TIME_TERMS, Plan, Prediction
+from autoplan.descriptors.hardware import Cluster
+from autoplan.plan import TIME_TERMS, Plan, Prediction, Uncertainty
 from autoplan.search.engine import SearchStats
 from autoplan.vocab import CpComm
+
+if TYPE_CHECKING:
+    from autoplan.bench.profile import Profile
 
 MOE_MFU_NOTE = " of active parameters"
 
@@ -106,3 +112,21 @@ def summary_line(plan: Plan, pred: Prediction) -> str:
             f"({pred.tflops_per_gpu:.0f} model / "
             f"{pred.hw_tflops_per_gpu:.0f} hardware TFLOP/s per GPU), "
             f"peak {pred.memory.peak / 2**30:.1f} of {pred.capacity_bytes / 2**30:.0f} GiB, {status}")
+
+
+def band_line(pred: Prediction, unc: Uncertainty) -> str:
+    """The step time with its band over the learned correction's trees."""
+    return (f"step time {pred.step_time_s:.3f} s (p10 {unc.step_time_s_p10:.3f} s, "
+            f"p90 {unc.step_time_s_p90:.3f} s, profile {unc.profile})")
+
+
+def profile_text(source: str) -> str:
+    return f"times corrected by the measured profile {source} (learned ratio to the analytic model)"
+
+
+def profile_note(profile: Profile, cluster: Cluster) -> str | None:
+    """A note when a profile corrects another device than the one it was taken on."""
+    if profile.descriptor and profile.descriptor != cluster.device.name:
+        return (f"autoplan: note: {profile.source} was taken on {profile.descriptor}; "
+                f"it corrects {cluster.device.name} here")
+    return None

@@ -6,23 +6,29 @@ intra-node link. A group spanning domains with k members per domain runs
 hierarchically, as NCCL does with one ring per NIC: reduce-scatter inside the
 domain, the cross-domain step on 1/k of the data through the k members' NICs
 at once, then all-gather inside the domain.
+
+A device corrected by a measured profile (autoplan.cost.surrogate) scales each
+collective by its predicted measured/analytic ratio; the surrogate is fitted on
+these same functions evaluated for each profile row.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplan.descriptors.hardware import Cluster, Link
+from autoplan.descriptors.hardware import Cluster, Correction, Link
 
 
 @dataclass(frozen=True, slots=True)
 class Group:
-    """A communicator of ``size`` ranks, ``per_domain`` of them sharing an NVLink domain."""
+    """A communicator of ``size`` ranks, ``per_domain`` of them sharing an NVLink domain;
+    ``correction``: the devices' measured/analytic ratios, if any."""
 
     size: int
     per_domain: int
     intra: Link
     inter: Link
+    correction: Correction | None = None
 
     @property
     def domains(self) -> int:
@@ -33,7 +39,14 @@ def place_group(cluster: Cluster, size: int, stride: int) -> Group:
     """The group of ``size`` ranks ``stride`` apart (stride = product of the inner degrees)."""
     domain = min(cluster.nvlink_domain, cluster.gpus)
     per_domain = 1 if stride >= domain else max(1, min(size, domain // stride))
-    return Group(size, per_domain, cluster.intra_node, cluster.inter_node)
+    return Group(size, per_domain, cluster.intra_node, cluster.inter_node, cluster.device.correction)
+
+
+def _ratio(op: str, nbytes: float, g: Group) -> float:
+    """The correction's measured/analytic ratio of this collective (1 without one)."""
+    if g.correction is None:
+        return 1.0
+    return g.correction.collective(op, nbytes, g.size, g.per_domain)
 
 
 def _ring_phase(nbytes: float, ranks: int, link: Link) -> float:
@@ -43,10 +56,8 @@ def _ring_phase(nbytes: float, ranks: int, link: Link) -> float:
     return (ranks - 1) * link.latency_s + (ranks - 1) / ranks * nbytes / link.effective_Bps
 
 
-def reduce_scatter(nbytes: float, g: Group) -> float:
-    """Reduce-scatter of an ``nbytes`` buffer (equally: all-gather into one)."""
-    if g.size <= 1:
-        return 0.0
+def _ring_pass(nbytes: float, g: Group) -> float:
+    """One reduce-scatter or all-gather pass over the group, hierarchical across domains."""
     if g.domains == 1:
         return _ring_phase(nbytes, g.size, g.intra)
     inner = _ring_phase(nbytes, g.per_domain, g.intra)
@@ -55,18 +66,35 @@ def reduce_scatter(nbytes: float, g: Group) -> float:
     return inner + outer
 
 
-all_gather = reduce_scatter
+def reduce_scatter(nbytes: float, g: Group) -> float:
+    """Reduce-scatter of an ``nbytes`` buffer."""
+    if g.size <= 1:
+        return 0.0
+    return _ring_pass(nbytes, g) * _ratio("reduce_scatter", nbytes, g)
+
+
+def all_gather(nbytes: float, g: Group) -> float:
+    """All-gather into an ``nbytes`` buffer: the reduce-scatter's ring run backwards."""
+    if g.size <= 1:
+        return 0.0
+    return _ring_pass(nbytes, g) * _ratio("all_gather", nbytes, g)
 
 
 def all_reduce(nbytes: float, g: Group) -> float:
     """Ring all-reduce = reduce-scatter + all-gather: 2(n-1)/n * M / B + 2(n-1) alpha."""
-    return 2 * reduce_scatter(nbytes, g)
+    if g.size <= 1:
+        return 0.0
+    return 2 * _ring_pass(nbytes, g) * _ratio("all_reduce", nbytes, g)
 
 
 def p2p(nbytes: float, cross_domain: bool, cluster: Cluster) -> float:
-    """One send/recv between neighbouring pipeline stages."""
+    """One send/recv between neighbouring pipeline stages (corrected as a two-rank group)."""
     link = cluster.inter_node if cross_domain else cluster.intra_node
-    return link.latency_s + nbytes / link.effective_Bps
+    t = link.latency_s + nbytes / link.effective_Bps
+    correction = cluster.device.correction
+    if correction is not None:
+        t *= correction.collective("p2p", nbytes, 2, 1 if cross_domain else 2)
+    return t
 
 
 def all_to_all(nbytes: float, g: Group) -> float:
@@ -81,4 +109,4 @@ def all_to_all(nbytes: float, g: Group) -> float:
     near = min(g.per_domain, g.size) - 1  # peers in the same domain
     far = g.size - 1 - near
     return (near * (g.intra.latency_s + chunk / g.intra.effective_Bps)
-            + far * (g.inter.latency_s + chunk / g.inter.effective_Bps))
+            + far * (g.inter.latency_s + chunk / g.inter.effective_Bps)) * _ratio("all_to_all", nbytes, g)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from autoplan.cost import flops
 from autoplan.descriptors.hardware import Device
@@ -70,13 +71,23 @@ class LayerTimes:
         return self.backward_input + self.backward_weight
 
 
-def gemm_time(m: float, n: float, k: float, device: Device, dtype: Dtype) -> float:
-    """One (m x k) @ (k x n) GEMM: roofline with the device's efficiency curve."""
-    work = 2.0 * m * n * k
+def gemm_roofline(work: float, bytes_moved: float, device: Device, dtype: Dtype) -> float:
+    """A GEMM-like kernel of ``work`` FLOPs moving ``bytes_moved`` bytes: roofline (Williams
+    et al. 2009) with the device's efficiency curve eff(F) = gemm_efficiency * F / (F + h)."""
     eff = device.gemm_efficiency * work / (work + device.gemm_half_flop)
     compute_s = work / (device.peak_flops(dtype) * eff)
-    bytes_moved = BF16_BYTES * (m * k + k * n + m * n)
     return max(compute_s, bytes_moved / (device.hbm_Bps * device.hbm_efficiency))
+
+
+def gemm_time(m: float, n: float, k: float, device: Device, dtype: Dtype) -> float:
+    """One (m x k) @ (k x n) GEMM: the roofline, times the measured/analytic ratio the
+    device's correction predicts for this shape (autoplan.cost.surrogate), if it has one.
+    The surrogate is fitted on this same function (uncorrected) evaluated for each
+    profile row."""
+    t = gemm_roofline(2.0 * m * n * k, BF16_BYTES * (m * k + k * n + m * n), device, dtype)
+    if device.correction is not None:
+        t *= device.correction.gemm(m, n, k, dtype)
+    return t
 
 
 def attention_gemms(model: Model, shard: Shard) -> list[tuple[float, float, float]]:
@@ -119,24 +130,65 @@ def layer_gemms(model: Model, shard: Shard, moe: bool = False) -> list[tuple[flo
 GROUPED_GEMM_TILE = 128  # rows per CTA tile of grouped GEMM kernels (CUTLASS, MegaBlocks' 128 blocks)
 
 
+def grouped_gemm_time(rows: float, n: float, k: float, groups: int, device: Device,
+                      dtype: Dtype) -> float:
+    """``groups`` GEMMs (rows x k) @ (k x n) in one grouped kernel (Gale et al. 2023,
+    MegaBlocks). Each group's rows are padded to whole tiles, so few rows per group waste
+    work; the efficiency curve applies to the whole kernel, which launches once, and so
+    does the correction: that of one GEMM over all groups' padded rows."""
+    padded = math.ceil(rows / GROUPED_GEMM_TILE) * GROUPED_GEMM_TILE
+    work = 2.0 * padded * n * k * groups
+    t = gemm_roofline(work, BF16_BYTES * groups * (rows * k + k * n + rows * n), device, dtype)
+    if device.correction is not None:
+        t *= device.correction.gemm(padded * groups, n, k, dtype)
+    return t
+
+
 def expert_time(model: Model, shard: Shard, device: Device) -> float:
     """Forward seconds of the routed experts on the busiest rank: one grouped GEMM per
-    matrix over its experts/ep local experts (Gale et al. 2023, MegaBlocks), the tokens
-    gathered over the expert-TP group and each expert's width split by it. Each expert's
-    rows are padded to whole tiles, so few tokens per expert waste work; the efficiency
-    curve applies to the whole grouped kernel, which launches once."""
+    matrix over its experts/ep local experts, the tokens gathered over the expert-TP
+    group and each expert's width split by it."""
     local = model.experts // shard.ep
     rows = shard.routed_tokens(model) * shard.etp / local  # per local expert
-    padded = math.ceil(rows / GROUPED_GEMM_TILE) * GROUPED_GEMM_TILE
     f, h = model.expert_width / shard.etp, model.hidden
-    total = 0.0
-    for n, k in (((model.mlp_matrices - 1) * f, h), (h, f)):
-        work = 2.0 * padded * n * k * local
-        eff = device.gemm_efficiency * work / (work + device.gemm_half_flop)
-        compute_s = work / (device.peak_flops(shard.dtype) * eff)
-        bytes_moved = BF16_BYTES * local * (rows * k + k * n + rows * n)
-        total += max(compute_s, bytes_moved / (device.hbm_Bps * device.hbm_efficiency))
-    return total
+    return sum(grouped_gemm_time(rows, n, k, local, device, shard.dtype)
+               for n, k in (((model.mlp_matrices - 1) * f, h), (h, f)))
+
+
+class AttentionCall(NamedTuple):
+    """One flash-attention kernel call, described as a profile row describes it
+    (autoplan/bench/profile.py): the fields of :meth:`Correction.attention`."""
+
+    batch_heads: float  # batch x query heads
+    seq: float  # queries (= keys) per call
+    head_dim: float  # query/key channels per head
+    kv_ratio: float  # query heads per key/value head (GQA)
+    causal: bool
+    backward: bool  # the backward alone
+
+
+def attention_time(work: float, call: AttentionCall, device: Device) -> float:
+    """A flash-attention call of ``work`` FLOPs: compute-bound at the device's attention
+    efficiency of its 16-bit peak (FlashAttention-2 keeps the s x s scores on chip; Dao
+    2023), times the measured/analytic ratio the device's correction predicts for the
+    call, if it has one. The surrogate is fitted on this same function (uncorrected)."""
+    t = work / (device.peak_bf16_flops * device.attention_efficiency)
+    if device.correction is not None:
+        t *= device.correction.attention(*call)
+    return t
+
+
+def attention_call(model: Model, shard: Shard, backward: bool) -> AttentionCall:
+    """The flash-attention call of one rank: its micro-batch x heads/tp, causal. Ring CP
+    runs one call per ring step on s/cp queries against s/cp keys (Liu et al. 2023);
+    Ulysses CP runs heads/cp on the whole sequence (Jacobs et al. 2023)."""
+    heads, seq = model.heads / shard.tp, float(shard.seq_len)
+    if shard.cp > 1 and shard.cp_ring:
+        seq /= shard.cp
+    elif shard.cp > 1:
+        heads /= shard.cp
+    return AttentionCall(shard.micro_batch * heads, seq, model.qk_head_dim,
+                         model.heads / model.kv_heads, True, backward)
 
 
 def attention_core_time(model: Model, shard: Shard, device: Device) -> tuple[float, float]:
@@ -148,8 +200,8 @@ def attention_core_time(model: Model, shard: Shard, device: Device) -> tuple[flo
     """
     per_token = flops.attention_core_flops_per_token(model, shard.seq_len) / shard.tp
     fwd_flops = per_token * shard.tokens
-    rate = device.peak_bf16_flops * device.attention_efficiency
-    return fwd_flops / rate, 2.5 * fwd_flops / rate
+    return (attention_time(fwd_flops, attention_call(model, shard, False), device),
+            attention_time(2.5 * fwd_flops, attention_call(model, shard, True), device))
 
 
 def ring_correction_bytes(model: Model, shard: Shard) -> float:

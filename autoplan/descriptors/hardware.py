@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from autoplan.descriptors.strict import Fields
 from autoplan.errors import AutoplanError
@@ -27,6 +27,29 @@ DEFAULT_RESERVE_GIB = 3.0  # CUDA context + NCCL buffers + allocator fragmentati
 DEFAULT_LINK_EFFICIENCY = 0.80  # NCCL bus bandwidth / link bandwidth on large messages
 
 
+class Correction(Protocol):
+    """Measured over analytic time of one kernel or collective, learned from a microbenchmark
+    profile (the surrogate of :mod:`autoplan.cost.surrogate`). A device carrying one is
+    another device: it takes part in the device's equality and hash, so memoized costs of
+    corrected and uncorrected devices never mix. Each method returns the factor the cost
+    model multiplies its analytic time by (1.0 where the profile has nothing to say)."""
+
+    def gemm(self, m: float, n: float, k: float, dtype: Dtype) -> float:
+        """An (m x k) @ (k x n) GEMM computed in ``dtype``."""
+        ...
+
+    def attention(self, batch_heads: float, seq: float, head_dim: float, kv_ratio: float,
+                  causal: bool, backward: bool) -> float:
+        """One flash-attention call: batch x query heads, queries (= keys), channels per head,
+        query heads per key/value head; the forward or the backward alone."""
+        ...
+
+    def collective(self, op: str, nbytes: float, ranks: int, per_domain: int) -> float:
+        """One collective (``op`` as in a profile row) of ``nbytes`` over ``ranks`` ranks,
+        ``per_domain`` of them in each NVLink domain."""
+        ...
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Device:
     """One accelerator."""
@@ -42,6 +65,9 @@ class Device:
     attention_efficiency: float = DEFAULT_ATTENTION_EFFICIENCY
     hbm_efficiency: float = DEFAULT_HBM_EFFICIENCY
     reserve_bytes: float = DEFAULT_RESERVE_GIB * GiB
+    # measured/analytic ratios from a profile (autoplan.cost.surrogate.calibrate); not in
+    # the descriptor file, and not written by to_dict
+    correction: Correction | None = None
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,480 @@
+"""The learned correction: one random forest per kernel kind predicts measured over
+analytic time from shape features, fitted on a microbenchmark profile
+(:mod:`autoplan.bench.profile`).
+
+Target: log(measured seconds / analytic seconds) of each profile row, where "analytic"
+is the cost model's own function for that row on the uncorrected device and cluster:
+:func:`~autoplan.cost.compute.gemm_time`, :func:`~autoplan.cost.compute.attention_time`,
+and the collectives of :mod:`autoplan.cost.comm` on the row's group. A corrected device
+multiplies those same functions by exp(prediction), so fit and use cannot drift apart.
+Log ratios make over- and under-prediction symmetric; trees predict inside the range
+of the ratios they saw, so a shape far from every measured one gets its nearest
+neighbours' ratio, never an extrapolation (Breiman 2001, random forests).
+
+Features (kinds corrected: gemm, attention, collective; elementwise rows only serve
+:func:`autoplan.bench.machine.describe_machine`):
+
+- gemm: log2 of m, n, k, FLOPs and arithmetic intensity (FLOPs per byte moved), dtype;
+- attention: log2 of batch x heads, sequence and head dim, query heads per KV head,
+  causal, backward;
+- collective: op, log2 bytes, ranks, ranks per NVLink domain (per node in a profile),
+  domains spanned.
+
+Dtype rule: each profile row stands for the job dtype whose peak the analytic model
+uses for it. On an accelerator a bf16, fp16 or fp8 row stands for itself and fp32 rows
+stand for nothing (no job computes its GEMMs in fp32). On a CPU (``device_kind: cpu``)
+the machine computes 16-bit models in fp32 (its bf16 GEMMs are emulated), so the fp32
+rows stand for bf16 and fp16 jobs, costed at the descriptor's bf16 peak (the fp32 rate,
+as ``describe_machine(compute_dtype="fp32")`` fits it), and the emulated 16-bit rows
+are left out. Attention runs in 16 bits (fp8 jobs too): attention rows standing for
+bf16 or fp16 are used.
+
+Coverage: a GEMM in a dtype the profile did not measure, and a collective spanning
+more ranks or more NVLink domains than any profile row of its op (a single-node
+profile says nothing of the inter-node network), keep their analytic time.
+
+Uncertainty: every tree of a forest is one plausible correction. Evaluating a plan once
+per tree (member i uses tree i of every kind) gives a distribution of step times; its
+10th and 90th percentiles are the band (tree spread as uncertainty: Meinshausen 2006,
+quantile regression forests, taken at the level of whole trees).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.ensemble import RandomForestRegressor
+from sklearn.model_selection import KFold
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from autoplan.bench.profile import DTYPES, KINDS, Profile, row_flops
+from autoplan.cost import comm
+from autoplan.cost.compute import BF16_BYTES, AttentionCall, attention_time, gemm_time
+from autoplan.cost.evaluate import evaluate
+from autoplan.descriptors.hardware import Cluster, GiB
+from autoplan.errors import InputError, Problem
+from autoplan.plan import Plan, Prediction, Uncertainty
+from autoplan.vocab import Dtype
+
+CORRECTED_KINDS = ("gemm", "attention", "collective")
+MIN_ROWS = 5  # a kind with fewer usable rows keeps its analytic time (and KFold needs 5)
+BAND_PERCENTILES = (10.0, 90.0)
+CV_FOLDS = 5
+SEED = 0  # forests and cross-validation folds: same profile, same numbers
+
+
+# --------------------------------------------------------------------------- the estimator
+
+class RatioForest(RegressorMixin, BaseEstimator):
+    """A random forest regressor that also predicts per tree (for the uncertainty band).
+
+    Generic over X and y (the log transform and the features live outside it), and a
+    scikit-learn estimator by its rules: ``__init__`` stores hyperparameters, ``fit``
+    returns self and sets ``forest_``, ``predict`` checks the model is fitted.
+    ``predict`` is the mean of ``predict_members``, so the two never disagree.
+    """
+
+    def __init__(self, n_estimators: int = 100, min_samples_leaf: int = 2,
+                 max_features: float | str | None = 1.0, random_state: int | None = SEED):
+        self.n_estimators = n_estimators
+        self.min_samples_leaf = min_samples_leaf  # 2: a single noisy row never makes a leaf
+        self.max_features = max_features  # 1.0: every feature at every split (sklearn's default)
+        self.random_state = random_state  # fixed: the same profile gives the same forest
+
+    def fit(self, X: Any, y: Any) -> RatioForest:
+        X, y = validate_data(self, X, y, y_numeric=True)
+        self.forest_ = RandomForestRegressor(
+            n_estimators=self.n_estimators, min_samples_leaf=self.min_samples_leaf,
+            max_features=self.max_features, random_state=self.random_state).fit(X, y)
+        return self
+
+    def predict_members(self, X: Any) -> np.ndarray:
+        """Predictions of every tree: shape (n_estimators, n_samples)."""
+        check_is_fitted(self)
+        # float32, as the trees split (RandomForestRegressor converts the same way)
+        X = validate_data(self, X, reset=False, dtype=np.float32, order="C")
+        # each tree's ``tree_.predict`` (what DecisionTreeRegressor.predict returns after
+        # its input checks, done once above): ~4 us a tree against ~15 us through predict
+        return np.stack([tree.tree_.predict(X)[:, 0] for tree in self.forest_.estimators_])
+
+    def predict(self, X: Any) -> np.ndarray:
+        return self.predict_members(X).mean(axis=0)
+
+
+# --------------------------------------------------------------------------- features
+
+DTYPE_CODE = {d: float(i) for i, d in enumerate(DTYPES)}
+OP_CODE = {op: float(i) for i, op in enumerate(KINDS["collective"])}
+
+
+def gemm_features(m: float, n: float, k: float, dtype: str) -> tuple[float, ...]:
+    """Shape of an (m x k) @ (k x n) GEMM in a profile dtype; bytes as the roofline counts them."""
+    work = 2.0 * m * n * k
+    moved = BF16_BYTES * (m * k + k * n + m * n)
+    return (math.log2(m), math.log2(n), math.log2(k), math.log2(work), math.log2(work / moved),
+            DTYPE_CODE[dtype])
+
+
+def attention_features(call: AttentionCall) -> tuple[float, ...]:
+    return (math.log2(call.batch_heads), math.log2(call.seq), math.log2(call.head_dim),
+            float(call.kv_ratio), float(call.causal), float(call.backward))
+
+
+def collective_features(op: str, nbytes: float, ranks: int, per_domain: int) -> tuple[float, ...]:
+    domains = -(-ranks // per_domain)
+    return (OP_CODE[op], math.log2(nbytes), float(ranks), float(per_domain), float(domains))
+
+
+def analytic_dtype(profile_dtype: str, device_kind: str) -> Dtype | None:
+    """The job dtype a profile row stands for (the module's dtype rule); None: none."""
+    if device_kind == "cpu":
+        return Dtype.BF16 if profile_dtype == "fp32" else None
+    return {"bf16": Dtype.BF16, "fp16": Dtype.FP16, "fp8": Dtype.FP8}.get(profile_dtype)
+
+
+def measured_dtype(dtype: Dtype, device_kind: str) -> str:
+    """The profile dtype whose rows stand for a job dtype (the module's dtype rule)."""
+    return "fp32" if device_kind == "cpu" else dtype.value
+
+
+def compute_dtype(profile: Profile) -> str:
+    """The profile dtype whose GEMMs define a measured machine's 16-bit peak."""
+    return measured_dtype(Dtype.BF16, profile.meta.get("device_kind", ""))
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingSet:
+    """The usable rows of one kind: features, analytic and measured seconds."""
+
+    X: np.ndarray
+    analytic_s: np.ndarray
+    measured_s: np.ndarray
+
+    @property
+    def log_ratio(self) -> np.ndarray:
+        return np.log(self.measured_s / self.analytic_s)
+
+    def __len__(self) -> int:
+        return len(self.measured_s)
+
+
+def _collective_time(op: str, nbytes: float, ranks: int, per_domain: int, cluster: Cluster) -> float:
+    """The cost model's time of one profile collective on ``cluster``'s links."""
+    if op == "p2p":
+        return comm.p2p(nbytes, per_domain < 2, cluster)
+    group = comm.Group(ranks, per_domain, cluster.intra_node, cluster.inter_node,
+                       cluster.device.correction)
+    fn: Callable[[float, comm.Group], float] = {
+        "all_reduce": comm.all_reduce, "all_gather": comm.all_gather,
+        "reduce_scatter": comm.reduce_scatter, "all_to_all": comm.all_to_all}[op]
+    return fn(nbytes, group)
+
+
+def training_set(profile: Profile, cluster: Cluster, kind: str) -> TrainingSet:
+    """The rows of ``kind`` the surrogate learns from, with the analytic time of each on
+    ``cluster`` (uncorrected). Rows the dtype rule maps to no job dtype, fp8 rows on a
+    device without an fp8 peak, and one-rank collectives (free in the model) are left out."""
+    base = uncorrected(cluster)
+    device, device_kind = base.device, profile.meta.get("device_kind", "")
+    feats: list[tuple[float, ...]] = []
+    analytic: list[float] = []
+    measured: list[float] = []
+    for rec in profile.of_kind(kind).to_dict("records"):
+        if kind == "collective":
+            ranks = int(rec["ranks"])
+            if ranks < 2:
+                continue
+            per_domain = min(ranks, int(rec["ranks_per_node"]))
+            f = collective_features(rec["op"], rec["nbytes"], ranks, per_domain)
+            t = _collective_time(rec["op"], float(rec["nbytes"]), ranks, per_domain, base)
+        else:
+            dtype = analytic_dtype(rec["dtype"], device_kind)
+            if dtype is None or not device.supports(dtype):
+                continue
+            if kind == "gemm":
+                m, n, k = float(rec["m"]), float(rec["n"]), float(rec["k"])
+                f = gemm_features(m, n, k, rec["dtype"])
+                t = gemm_time(m, n, k, device, dtype)
+            else:
+                if dtype is Dtype.FP8:
+                    continue  # attention runs in 16 bits
+                call = _row_call(rec)
+                f = attention_features(call)
+                t = attention_time(row_flops(rec), call, device)
+        if t > 0:
+            feats.append(f)
+            analytic.append(t)
+            measured.append(float(rec["seconds"]))
+    width = {"gemm": 6, "attention": 6, "collective": 5}[kind]
+    return TrainingSet(np.array(feats, dtype=float).reshape(-1, width), np.array(analytic),
+                       np.array(measured))
+
+
+def _row_call(rec: Mapping[str, Any]) -> AttentionCall:
+    return AttentionCall(float(rec["batch"] * rec["heads"]), float(rec["seq"]), float(rec["head_dim"]),
+                         rec["heads"] / rec["kv_heads"], bool(rec["causal"]), rec["op"] == "sdpa_bwd")
+
+
+# --------------------------------------------------------------------------- the correction
+
+_Entry = tuple[float, list[float]]  # (ratio of the whole forest, ratio of each tree)
+
+
+class _Fitted:
+    """The forests fitted on one profile for one machine, and every prediction made so far
+    (the search asks for few distinct shapes hundreds of thousands of times; one
+    prediction costs about half a millisecond, so each shape is predicted once, for all
+    trees at once)."""
+
+    def __init__(self, profile: Profile, cluster: Cluster):
+        self.label = profile.source
+        self.key = (profile.digest, cluster.device, cluster.intra_node, cluster.inter_node)
+        self.device_kind = profile.meta.get("device_kind", "")
+        self.forests: dict[str, RatioForest] = {}
+        self.members = RatioForest().n_estimators
+        for kind in CORRECTED_KINDS:
+            data = training_set(profile, cluster, kind)
+            if len(data) >= MIN_ROWS:
+                self.forests[kind] = RatioForest().fit(data.X, data.log_ratio)
+        if not self.forests:
+            raise InputError.single(profile.source, "kind", (
+                f"no {', '.join(CORRECTED_KINDS)} rows the surrogate can use on {cluster.device.name} "
+                f"(at least {MIN_ROWS} of a kind; device_kind "
+                f"{self.device_kind or '?'}: see autoplan/cost/surrogate.py for which dtypes count)"))
+        rows = profile.rows
+        self.gemm_dtypes = frozenset(rows[rows["kind"] == "gemm"]["dtype"])
+        self.reach: dict[str, tuple[int, int]] = {}  # op -> (most ranks, most domains)
+        for rec in profile.of_kind("collective").to_dict("records"):
+            ranks, domains = int(rec["ranks"]), -(-int(rec["ranks"]) // int(rec["ranks_per_node"]))
+            most = self.reach.get(rec["op"], (0, 0))
+            self.reach[rec["op"]] = (max(most[0], ranks), max(most[1], domains))
+        self.ones: _Entry = (1.0, [1.0] * self.members)
+        self.cache: dict[tuple[Any, ...], _Entry] = {}
+
+    def predict(self, kind: str, features: tuple[float, ...]) -> _Entry:
+        logs = self.forests[kind].predict_members(np.array([features]))[:, 0]
+        return float(np.exp(logs.mean())), np.exp(logs).tolist()
+
+    def gemm(self, key: tuple[Any, ...], m: float, n: float, k: float, dtype: Dtype) -> _Entry:
+        profile_dtype = measured_dtype(dtype, self.device_kind)
+        if "gemm" not in self.forests or profile_dtype not in self.gemm_dtypes:
+            entry = self.ones  # a dtype the profile did not measure
+        else:
+            entry = self.predict("gemm", gemm_features(m, n, k, profile_dtype))
+        self.cache[key] = entry
+        return entry
+
+    def attention(self, key: tuple[Any, ...], call: AttentionCall) -> _Entry:
+        entry = (self.predict("attention", attention_features(call)) if "attention" in self.forests
+                 else self.ones)
+        self.cache[key] = entry
+        return entry
+
+    def collective(self, key: tuple[Any, ...], op: str, nbytes: float, ranks: int,
+                   per_domain: int) -> _Entry:
+        most_ranks, most_domains = self.reach.get(op, (0, 0))
+        # beyond what the profile measured (more ranks, or a fabric it never crossed, as a
+        # single-node profile never crosses the network): keep the analytic time
+        if ("collective" not in self.forests or nbytes <= 0 or ranks > most_ranks
+                or -(-ranks // per_domain) > most_domains):
+            entry = self.ones
+        else:
+            entry = self.predict("collective", collective_features(op, nbytes, ranks, per_domain))
+        self.cache[key] = entry
+        return entry
+
+
+class SurrogateCorrection:
+    """A :class:`~autoplan.descriptors.hardware.Correction` from fitted forests: the whole
+    forest (``member`` None: the geometric mean of the trees' ratios, exp of the forest's
+    mean log ratio) or one tree of each kind (``member`` i, for the uncertainty band).
+    Equal, and hashed alike, when fitted on the same profile (digest) for the same
+    machine and taken as the same member."""
+
+    __slots__ = ("fitted", "member", "_key")
+
+    def __init__(self, fitted: _Fitted, member: int | None = None):
+        assert member is None or 0 <= member < fitted.members
+        self.fitted = fitted
+        self.member = member
+        self._key = (fitted.key, member)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SurrogateCorrection) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __repr__(self) -> str:
+        return f"SurrogateCorrection(profile={self.profile!r}, member={self.member})"
+
+    @property
+    def profile(self) -> str:
+        """The profile the forests were fitted on (its path, as given)."""
+        return self.fitted.label
+
+    @property
+    def members(self) -> int:
+        return self.fitted.members
+
+    def with_member(self, member: int | None) -> SurrogateCorrection:
+        return SurrogateCorrection(self.fitted, member)
+
+    def _pick(self, entry: _Entry) -> float:
+        return entry[0] if self.member is None else entry[1][self.member]
+
+    def gemm(self, m: float, n: float, k: float, dtype: Dtype) -> float:
+        key = ("gemm", m, n, k, dtype)
+        entry = self.fitted.cache.get(key) or self.fitted.gemm(key, m, n, k, dtype)
+        return self._pick(entry)
+
+    def attention(self, batch_heads: float, seq: float, head_dim: float, kv_ratio: float,
+                  causal: bool, backward: bool) -> float:
+        call = AttentionCall(batch_heads, seq, head_dim, kv_ratio, causal, backward)
+        key = ("attention", *call)
+        entry = self.fitted.cache.get(key) or self.fitted.attention(key, call)
+        return self._pick(entry)
+
+    def collective(self, op: str, nbytes: float, ranks: int, per_domain: int) -> float:
+        key = ("collective", op, nbytes, ranks, per_domain)
+        entry = self.fitted.cache.get(key) or self.fitted.collective(key, op, nbytes, ranks, per_domain)
+        return self._pick(entry)
+
+
+def uncorrected(cluster: Cluster) -> Cluster:
+    """The cluster without a correction on its device (itself if it has none)."""
+    if cluster.device.correction is None:
+        return cluster
+    return dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, correction=None))
+
+
+@lru_cache(maxsize=16)
+def _fit(profile: Profile, cluster: Cluster) -> _Fitted:
+    return _Fitted(profile, cluster)
+
+
+def fit_correction(profile: Profile, cluster: Cluster) -> SurrogateCorrection:
+    """The correction fitted on ``profile`` for ``cluster``'s device and links (once per
+    profile and machine; fitting a few hundred rows takes well under a second)."""
+    base = uncorrected(cluster)
+    return SurrogateCorrection(_fit(profile, dataclasses.replace(base, nodes=1)))
+
+
+def calibrate(cluster: Cluster, profile: Profile) -> Cluster:
+    """The cluster whose device carries the correction fitted on ``profile``."""
+    base = uncorrected(cluster)
+    device = dataclasses.replace(base.device, correction=fit_correction(profile, base))
+    return dataclasses.replace(base, device=device)
+
+
+def clear_caches() -> None:
+    """Forget fitted forests and their predictions (benchmarks time cold runs)."""
+    _fit.cache_clear()
+
+
+# --------------------------------------------------------------------------- the band
+
+def member_plans(plan: Plan) -> list[Plan]:
+    """The plan once per tree of its device's correction (none without one)."""
+    correction = plan.cluster.device.correction
+    if not isinstance(correction, SurrogateCorrection):
+        return []
+    device = plan.cluster.device
+    return [dataclasses.replace(plan, cluster=dataclasses.replace(
+        plan.cluster, device=dataclasses.replace(device, correction=correction.with_member(i))))
+        for i in range(correction.members)]
+
+
+def band(plan: Plan) -> Uncertainty | None:
+    """The 10th and 90th percentile of the step time over the correction's trees, and the
+    profile they were fitted on; None for a plan on an uncorrected device."""
+    members = member_plans(plan)
+    if not members:
+        return None
+    times = np.array([evaluate(p).step_time_s for p in members])
+    p10, p90 = np.percentile(times, BAND_PERCENTILES)
+    correction = plan.cluster.device.correction
+    assert isinstance(correction, SurrogateCorrection)
+    return Uncertainty(step_time_s_p10=float(p10), step_time_s_p90=float(p90),
+                       profile=correction.profile)
+
+
+def predict_with_band(plan: Plan) -> Prediction:
+    """The plan's prediction, with the uncertainty band when its device is corrected."""
+    pred = evaluate(plan)
+    unc = band(plan)
+    return pred if unc is None else dataclasses.replace(pred, uncertainty=unc)
+
+
+# --------------------------------------------------------------------------- fit report
+
+@dataclass(frozen=True, slots=True)
+class FitRow:
+    """How well the analytic model and the surrogate reproduce one kind's rows."""
+
+    kind: str
+    rows: int  # usable rows (see :func:`training_set`)
+    analytic_mape: float  # mean |analytic - measured| / measured
+    surrogate_mape: float | None  # the same, cross-validated; None: too few rows
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "rows": self.rows, "analytic_mape": self.analytic_mape,
+                "surrogate_mape": self.surrogate_mape}
+
+
+def _mape(predicted: np.ndarray, measured: np.ndarray) -> float:
+    return float(np.mean(np.abs(predicted - measured) / measured))
+
+
+def cross_validated(data: TrainingSet) -> np.ndarray:
+    """Surrogate-corrected seconds of every row, each predicted by a forest fitted without
+    it: KFold(5), shuffled with a fixed seed."""
+    log_ratio = data.log_ratio
+    predicted = np.empty(len(data))
+    for train, test in KFold(CV_FOLDS, shuffle=True, random_state=SEED).split(data.X):
+        forest = RatioForest().fit(data.X[train], log_ratio[train])
+        predicted[test] = forest.predict(data.X[test])
+    return data.analytic_s * np.exp(predicted)
+
+
+def measured_machine(profile: Profile) -> Cluster:
+    """The analytic descriptor of the profiled machine (the dtype rule picks the GEMM rows
+    that define its peak; memory size does not enter times)."""
+    from autoplan.bench.machine import describe_machine
+
+    rows = profile.rows
+    per_node = rows.loc[rows["kind"] == "collective", "ranks_per_node"]
+    return describe_machine(profile, name=profile.descriptor or "measured",
+                            ranks_per_node=max(1, int(per_node.max()) if len(per_node) else 1),
+                            mem_bytes=80 * GiB, compute_dtype=compute_dtype(profile))
+
+
+def fit_report(profile: Profile, cluster: Cluster | None = None) -> list[FitRow]:
+    """Per corrected kind: usable rows, the analytic model's error (MAPE against the
+    measured seconds) and the surrogate's cross-validated error. Without a cluster the
+    analytic baseline is the machine described from the profile itself."""
+    cluster = measured_machine(profile) if cluster is None else uncorrected(cluster)
+    out = []
+    for kind in CORRECTED_KINDS:
+        data = training_set(profile, cluster, kind)
+        if not len(data):
+            continue
+        surrogate = (_mape(cross_validated(data), data.measured_s) if len(data) >= MIN_ROWS
+                     else None)
+        out.append(FitRow(kind, len(data), _mape(data.analytic_s, data.measured_s), surrogate))
+    return out
+
+
+def profile_problem(profile: Profile, cluster: Cluster) -> Problem | None:
+    """A note when the profile was taken on another device than ``cluster``'s."""
+    if profile.descriptor and profile.descriptor != cluster.device.name:
+        return Problem(profile.source, "header.descriptor",
+                       f"taken on {profile.descriptor}, applied to {cluster.device.name}")
+    return None
