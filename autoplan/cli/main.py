@@ -35,6 +35,9 @@ class Format(str, enum.Enum):
 
 
 FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="table for people, json for machines")]
+ProfileOpt = Annotated[Path | None, typer.Option(
+    "--profile", help="Microbenchmark profile CSV (autoplan bench) whose learned correction and "
+                      "uncertainty band apply; default: the one shipped for the cluster's device.")]
 
 
 def _version(value: bool) -> None:
@@ -100,6 +103,7 @@ def search(
                                 "(default 1.25, Switch Transformer's capacity factor).")] = None,
     top: Annotated[int, typer.Option("--top", "-k", min=1, help="How many plans to show.")] = 10,
     out_path: Annotated[Path | None, typer.Option("--out", "-o", help="Write the best plan here.")] = None,
+    profile: ProfileOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Rank the plans that fit: exit 0 found, 1 none fits, 2 bad input."""
@@ -109,7 +113,9 @@ def search(
 
     req = build_request(job_file, model=model, cluster=cluster, gpus=gpus,
                         global_batch=global_batch, seq_len=seq_len, dtype=dtype, space=space,
-                        moe_imbalance=moe_imbalance)
+                        moe_imbalance=moe_imbalance, profile=profile)
+    if req.profile is not None and (note := render.profile_note(req.profile, req.cluster)):
+        output.err.print(note, markup=False)
     if output.interactive(fmt.value):
         with output.err.status(f"searching {req.space.name} space on {req.cluster.gpus} GPUs ..."):
             result = run_search(req.model, req.cluster, req.job, req.space, top_k=top)
@@ -127,7 +133,10 @@ def search(
     if out_path is not None:
         _write_atomic(out_path, _yaml(docs[0]))
     if fmt is Format.json:
-        output.emit_json({"plans": docs, "stats": result.stats.to_dict()})
+        doc: dict[str, Any] = {"plans": docs, "stats": result.stats.to_dict()}
+        if req.profile is not None:
+            doc["profile"] = req.profile.source
+        output.emit_json(doc)
     else:
         # names come from user files: escape them, or rich reads "[...]" as markup
         title = escape(f"{req.model.name} on {req.cluster.gpus} x {req.cluster.device.name} "
@@ -135,6 +144,8 @@ def search(
                        f"{req.job.seq_len} tokens, {req.job.dtype.value}, space {req.space.name}")
         output.out.print(render.plans_table([(r.plan, r.prediction) for r in result.plans], title))
         output.out.print(render.stats_text(result.stats))
+        if req.profile is not None:
+            output.out.print(escape(render.profile_text(req.profile.source)))
         if out_path is not None:
             output.err.print(f"wrote the best plan to {out_path}")
 
@@ -144,6 +155,8 @@ def _print_prediction(path: Path, plan: Plan, pred: Prediction, *extra: Any) -> 
     output.out.print(f"[bold]{escape(str(path))}[/bold]: " + escape(
         f"{plan.model.name} on {plan.cluster.gpus} x {plan.cluster.device.name}"))
     output.out.print(render.summary_line(plan, pred))
+    if pred.uncertainty is not None:
+        output.out.print(escape(render.band_line(pred, pred.uncertainty)))
     if not pred.feasible:
         output.out.print(f"[red]{escape(pred.reason)}[/red]")
     output.out.print(render.breakdown_table(plan, pred, "where the step time goes"))
@@ -155,15 +168,33 @@ def _print_prediction(path: Path, plan: Plan, pred: Prediction, *extra: Any) -> 
 @app.command()
 def evaluate(
     plans: Annotated[list[Path], typer.Argument(metavar="PLAN.yaml", help="Plan files.")],
+    profile: ProfileOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Predict each plan with a breakdown: exit 0 all fit, 1 some do not fit, 2 bad input."""
+    import dataclasses
+
+    from autoplan.bench.profile import read_profile
     from autoplan.cost.evaluate import evaluate as predict
     from autoplan.descriptors.strict import read_yaml
     from autoplan.plan import plan_document, read_plan
+    from autoplan.request import shipped_profile
 
+    given = read_profile(profile) if profile is not None else None
     loaded = [read_plan(read_yaml(p), str(p)) for p in plans]  # all validated before any output
-    results = [(plan, predict(plan)) for plan in loaded]
+    results = []
+    for plan in loaded:
+        measured = given or shipped_profile(plan.cluster.device.name)
+        if measured is None:
+            results.append((plan, predict(plan)))
+            continue
+        # scikit-learn loads only when a profile is in use
+        from autoplan.cost.surrogate import calibrate, predict_with_band
+
+        if note := render.profile_note(measured, plan.cluster):
+            output.err.print(note, markup=False)
+        plan = dataclasses.replace(plan, cluster=calibrate(plan.cluster, measured))
+        results.append((plan, predict_with_band(plan)))
     if fmt is Format.json:
         output.emit_json({"plans": [plan_document(p, r) for p, r in results]})
     else:
