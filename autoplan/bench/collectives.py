@@ -89,9 +89,16 @@ def plan_collectives(spec: Spec, world: int, per_node: int,
                 pairs.append(((0, per_node), 1))
         else:
             pairs = [(tuple(range(g)), min(g, per_node)) for g in group_sizes(world)]
-        cases += [CollectiveCase(op, ranks, rpn, nbytes)
+        cases += [CollectiveCase(op, ranks, rpn, _whole(nbytes, op, len(ranks), spec.dtype))
                   for ranks, rpn in pairs for nbytes in spec.message_bytes]
     return cases
+
+
+def _whole(nbytes: int, op: str, ranks: int, dtype: str) -> int:
+    """``nbytes`` rounded down to whole elements, and for the ops that split the buffer
+    among the ranks, to whole elements per rank (at least one)."""
+    unit = ELEMENT_BYTES[dtype] * (1 if op == "p2p" else ranks)
+    return max(unit, nbytes // unit * unit)
 
 
 def ranks_per_node(world: int) -> int:
@@ -187,21 +194,18 @@ def _supported(ctx: _Ctx, spec: Spec, per_node: int) -> dict[str, str]:
     """Ops this backend cannot run, with the reason, agreed by all ranks (an op that fails
     on any rank is skipped everywhere, so no rank waits on a peer that gave up)."""
     backend = ctx.dist.get_backend()
-    failed = []
+    why: dict[str, str] = {}
     for op in OPS:
         first = plan_collectives(spec, ctx.world, per_node, (op,))[0]
         try:
-            call = _op_call(CollectiveCase(op, first.ranks, 1, 64 * ctx.world), ctx, spec.dtype)
+            call = _op_call(first, ctx, spec.dtype)
             if call is not None:
                 call()
-            ok, why = 1.0, ""
         except (RuntimeError, NotImplementedError, AttributeError, ValueError) as exc:
-            ok, why = 0.0, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        failed.append((op, ok, why))
-    flags = [-ok for _, ok, _ in failed]  # MAX of -ok: -0 everywhere it worked
-    agreed = ctx.all_max(flags)
-    return {op: f"{backend}: {why or 'failed on another rank'}"[:200]
-            for (op, _, why), flag in zip(failed, agreed, strict=True) if flag > -1.0}
+            why[op] = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    failed_anywhere = ctx.all_max([1.0 if op in why else 0.0 for op in OPS])
+    return {op: f"{backend}: {why.get(op, 'failed on another rank')}"[:200]
+            for op, failed in zip(OPS, failed_anywhere, strict=True) if failed}
 
 
 def _groups(dist: Any, world: int) -> dict[int, Any]:
