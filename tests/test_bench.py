@@ -247,6 +247,23 @@ def test_bad_input_exits_2_with_one_clear_message(args: list[str], needles: list
     assert not out.exists()
 
 
+def test_attention_without_in_kernel_gqa_repeats_kv_heads(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    from autoplan.bench import micro
+
+    monkeypatch.setattr(micro, "_gqa_in_kernel", lambda *args: False)
+    case = micro.AttentionCase(batch=1, heads=4, kv_heads=1, seq=64, head_dim=32, dtype="fp32")
+    budget = Budget(warmup=1, min_repeats=3, max_repeats=3, seconds=0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rows = micro.run_micro(micro.MicroPlan((case,), ()), "cpu", budget)
+    finally:
+        torch.set_num_threads(threads)
+    assert [r["op"] for r in rows] == ["sdpa_fwd", "sdpa_bwd"]
+    assert all(r["kv_heads"] == 1 and r["seconds"] > 0 and r["repeats"] == 3 for r in rows)
+
+
 # -- workers that fail or hang --------------------------------------------------------------
 
 def _spec(**changes: Any) -> coll.Spec:

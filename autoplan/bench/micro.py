@@ -231,25 +231,32 @@ def _fused_attention_only(env: _Env) -> Iterator[None]:
         yield
 
 
-def _sdpa_fn(q: Any, k: Any, v: Any, env: _Env) -> Callable[[], Any]:
-    """The attention call for these tensors. GQA runs in the kernel (``enable_gqa``, torch >=
-    2.5) where a fused backend takes it, forward and backward; otherwise K and V are repeated
-    to all query heads beforehand, outside the timed call (same FLOPs; the fused kernel
-    would only load less)."""
+def _gqa_in_kernel(q: Any, k: Any, v: Any, env: _Env) -> bool:
+    """Whether SDPA takes these GQA tensors as they are (``enable_gqa``, torch >= 2.5), in a
+    fused kernel, forward and backward."""
     torch = env.torch
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    if q.shape[1] == k.shape[1]:
-        return lambda: sdpa(q, k, v, is_causal=True)
     try:
         with _fused_attention_only(env), torch.enable_grad():
-            out = sdpa(q, k, v, is_causal=True, enable_gqa=True)
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
-        return lambda: sdpa(q, k, v, is_causal=True, enable_gqa=True)
+        return True
     except (TypeError, RuntimeError, ImportError, AttributeError):  # no enable_gqa, backend or API
-        reps = q.shape[1] // k.shape[1]
-        k2 = k.detach().repeat_interleave(reps, dim=1).requires_grad_(k.requires_grad)
-        v2 = v.detach().repeat_interleave(reps, dim=1).requires_grad_(v.requires_grad)
-        return lambda: sdpa(q, k2, v2, is_causal=True)
+        return False
+
+
+def _attention_call(q: Any, k: Any, v: Any, env: _Env) -> tuple[Callable[[], Any], tuple[Any, ...]]:
+    """The attention call for these tensors, and the tensors it differentiates. GQA runs in
+    the kernel where it can; otherwise K and V are repeated to all query heads beforehand,
+    outside the timed call (the same FLOPs; the fused GQA kernel would only load less)."""
+    sdpa = env.torch.nn.functional.scaled_dot_product_attention
+    if q.shape[1] == k.shape[1]:
+        return (lambda: sdpa(q, k, v, is_causal=True)), (q, k, v)
+    if _gqa_in_kernel(q, k, v, env):
+        return (lambda: sdpa(q, k, v, is_causal=True, enable_gqa=True)), (q, k, v)
+    reps = q.shape[1] // k.shape[1]
+    k2 = k.detach().repeat_interleave(reps, dim=1).requires_grad_(True)
+    v2 = v.detach().repeat_interleave(reps, dim=1).requires_grad_(True)
+    return (lambda: sdpa(q, k2, v2, is_causal=True)), (q, k2, v2)
 
 
 def _backward_alone(fwd: Sequence[float], both: Sequence[float]) -> list[float]:
@@ -263,16 +270,14 @@ def _run_attention(case: AttentionCase, env: _Env) -> list[Row]:
     q = env.randn(b, case.heads, s, d, dtype=case.dtype, grad=True)
     k = env.randn(b, case.kv_heads, s, d, dtype=case.dtype, grad=True)
     v = env.randn(b, case.kv_heads, s, d, dtype=case.dtype, grad=True)
-    call = _sdpa_fn(q, k, v, env)
+    call, leaves = _attention_call(q, k, v, env)
     grad_out = env.randn(b, case.heads, s, d, dtype=case.dtype)
-    leaves = (q, k, v)
 
     def fwd_bwd() -> Any:
         return torch.autograd.grad(call(), leaves, grad_out)
 
-    with torch.no_grad():
+    with torch.enable_grad():  # the forward as training runs it: saving what backward needs
         fwd = env.time(call)
-    with torch.enable_grad():
         both = env.time(fwd_bwd)
     return [{**case.row("sdpa_fwd"), **summarize(fwd).columns()},
             {**case.row("sdpa_bwd"), **summarize(_backward_alone(fwd, both)).columns()}]
