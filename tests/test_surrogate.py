@@ -33,6 +33,7 @@ from autoplan.cost.surrogate import (
     fit_report,
 )
 from autoplan.descriptors.library import resolve_cluster
+from autoplan.errors import InputError
 from autoplan.request import build_request, shipped_profile
 from autoplan.vocab import Dtype
 from tests.helpers import make_plan
@@ -247,6 +248,20 @@ def test_a_shipped_profile_is_found_by_its_descriptor(tmp_path, monkeypatch, pro
     assert plain.profile is None and plain.cluster.device.correction is None
 
 
+def test_a_job_file_names_its_profile_relative_to_itself(tmp_path, profile_text):
+    (tmp_path / "h100.csv").write_text(profile_text)
+    job = tmp_path / "job.yaml"
+    job.write_text("model: llama3-8b\ncluster: dgx-h100\njob: {global_batch: 64, seq_len: 4096}\n"
+                   "profile: h100.csv\n")
+    req = build_request(job)
+    assert req.profile is not None and req.profile.source == str(tmp_path / "h100.csv")
+    assert req.cluster.device.correction is not None
+    job.write_text("model: llama3-8b\ncluster: dgx-h100\njob: {global_batch: 64, seq_len: 4096}\n"
+                   "profile: 3\n")
+    with pytest.raises(InputError, match="job.yaml: profile: expected the path of a profile CSV"):
+        build_request(job)
+
+
 def test_no_shipped_profile_leaves_the_cluster_alone():
     req = build_request(None, model="llama3-8b", cluster="dgx-h100", global_batch=64, seq_len=4096)
     assert req.profile is None and req.cluster == resolve_cluster("dgx-h100")
@@ -285,7 +300,9 @@ def test_evaluate_with_a_profile_shows_a_band(plan_path, profile_path):
     assert "p10" not in plain.stdout
     line = next(line for line in table.stdout.splitlines() if line.startswith("step time"))
     assert "p10" in line and "p90" in line and f"profile {profile_path}" in line
-    doc = json.loads(autoplan("evaluate", plan_path, "--profile", profile_path, "-f", "json").stdout)
+    runs = [autoplan("evaluate", plan_path, "--profile", profile_path, "-f", "json") for _ in range(2)]
+    assert runs[0].stdout == runs[1].stdout  # same input, same output, across processes
+    doc = json.loads(runs[0].stdout)
     pred = doc["plans"][0]["prediction"]
     unc = pred["uncertainty"]
     assert set(unc) == {"step_time_s_p10", "step_time_s_p90", "profile"}
@@ -315,6 +332,13 @@ def test_search_with_a_profile_says_which_profile_it_used(profile_path):
     assert doc["plans"][0]["prediction"]["step_time_s"] != plain["plans"][0]["prediction"]["step_time_s"]
     table = autoplan("search", *job, "--profile", profile_path)
     assert f"profile {profile_path}" in table.stdout
+
+
+def test_a_profile_of_another_device_is_noted(profile_path):
+    result = autoplan("evaluate", ROOT / "examples" / "plans" / "gpt3-175b-1024xa100-sc21.yaml",
+                      "--profile", profile_path, "-f", "json")
+    assert result.returncode == 0
+    assert f"note: {profile_path} was taken on h100-sxm; it corrects a100-80gb here" in result.stderr
 
 
 def test_a_malformed_profile_is_exit_2_naming_file_and_field(tmp_path, plan_path, profile_text):

@@ -4,6 +4,12 @@ Roofline (Williams et al. 2009): a kernel takes max(FLOPs / achievable FLOP/s,
 bytes / achievable bytes/s). Achievable GEMM FLOP/s follow a per-device
 efficiency curve eff(F) = gemm_efficiency * F / (F + gemm_half_flop): small
 GEMMs under-fill the GPU. Both constants come from the device profile.
+
+A device calibrated on a measured profile carries a learned correction
+(autoplan.cost.surrogate): the per-kernel primitives here (gemm_time,
+grouped_gemm_time, attention_time) multiply their analytic time by its
+predicted measured/analytic ratio. The surrogate is fitted on these same
+primitives, evaluated uncorrected for each profile row.
 """
 
 from __future__ import annotations

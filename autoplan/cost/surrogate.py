@@ -239,17 +239,18 @@ class _Fitted:
         self.device_kind = profile.meta.get("device_kind", "")
         self.forests: dict[str, RatioForest] = {}
         self.members = RatioForest().n_estimators
+        self.gemm_dtypes: frozenset[str] = frozenset()  # profile dtypes of the usable GEMM rows
         for kind in CORRECTED_KINDS:
             data = training_set(profile, cluster, kind)
             if len(data) >= MIN_ROWS:
                 self.forests[kind] = RatioForest().fit(data.X, data.log_ratio)
+                if kind == "gemm":
+                    self.gemm_dtypes = frozenset(DTYPES[int(code)] for code in data.X[:, -1])
         if not self.forests:
             raise InputError.single(profile.source, "kind", (
                 f"no {', '.join(CORRECTED_KINDS)} rows the surrogate can use on {cluster.device.name} "
                 f"(at least {MIN_ROWS} of a kind; device_kind "
                 f"{self.device_kind or '?'}: see autoplan/cost/surrogate.py for which dtypes count)"))
-        rows = profile.rows
-        self.gemm_dtypes = frozenset(rows[rows["kind"] == "gemm"]["dtype"])
         self.reach: dict[str, tuple[int, int]] = {}  # op -> (most ranks, most domains)
         for rec in profile.of_kind("collective").to_dict("records"):
             ranks, domains = int(rec["ranks"]), -(-int(rec["ranks"]) // int(rec["ranks_per_node"]))
@@ -264,7 +265,7 @@ class _Fitted:
 
     def gemm(self, key: tuple[Any, ...], m: float, n: float, k: float, dtype: Dtype) -> _Entry:
         profile_dtype = measured_dtype(dtype, self.device_kind)
-        if "gemm" not in self.forests or profile_dtype not in self.gemm_dtypes:
+        if profile_dtype not in self.gemm_dtypes or min(m, n, k) <= 0:
             entry = self.ones  # a dtype the profile did not measure
         else:
             entry = self.predict("gemm", gemm_features(m, n, k, profile_dtype))
@@ -272,7 +273,8 @@ class _Fitted:
         return entry
 
     def attention(self, key: tuple[Any, ...], call: AttentionCall) -> _Entry:
-        entry = (self.predict("attention", attention_features(call)) if "attention" in self.forests
+        entry = (self.predict("attention", attention_features(call))
+                 if "attention" in self.forests and min(call.batch_heads, call.seq, call.head_dim) > 0
                  else self.ones)
         self.cache[key] = entry
         return entry
