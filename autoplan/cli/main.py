@@ -524,6 +524,103 @@ def _print_validation(result: Any) -> None:
         output.err.print(f"note: {line}", markup=False)
 
 
+class CheckFormat(str, enum.Enum):
+    text = "text"
+    json = "json"
+    junit = "junit"
+
+
+@app.command("check")
+def check_plan_file(
+    plan_path: Annotated[Path, typer.Argument(metavar="PLAN.yaml", help="A committed plan file.")],
+    max_regression: Annotated[float | None, typer.Option(
+        "--max-regression", "-r", min=0.0,
+        help="Fail when the plan's predicted step time is more than this fraction (0.05 = 5%) "
+             "slower than the best plan the search finds for the same model, cluster and job.")] = None,
+    min_headroom: Annotated[float, typer.Option(
+        "--min-headroom", min=0.0, help="GiB every pipeline stage must leave free on the device "
+                                        "(beyond its peak, which includes the device's reserve).")] = 0.0,
+    space: Annotated[str, typer.Option(
+        "--space", help="Search space of --max-regression: default, megatron, deepspeed, torchtitan, "
+                        "fsdp, or a path (plan files record none: use the one the plan was searched in).")
+    ] = "default",
+    out_path: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Write the report here (in --format, also on bad input) and print the text "
+                            "report to stdout.")] = None,
+    fmt: Annotated[CheckFormat, typer.Option(
+        "--format", "-f", help="text for people and CI logs, json for machines, junit for CI test "
+                               "reports.")] = CheckFormat.text,
+) -> None:
+    """CI gate for a committed plan: valid, fits memory (with --min-headroom), within
+    --max-regression of the best plan: exit 0 pass, 1 a rule failed (each named), 2 bad input.
+    With --format json or junit a plan that does not read is still reported, rule `valid` in error."""
+    import json
+
+    from autoplan.check import Status, check_plan
+    from autoplan.search.space import load_space
+
+    searchspace = load_space(space)
+    if output.interactive(fmt.value) and max_regression is not None:
+        with output.err.status(f"checking {escape(str(plan_path))}: searching the {searchspace.name} "
+                               "space ..."):
+            report = check_plan(plan_path, space=searchspace, max_regression=max_regression,
+                                min_headroom_gib=min_headroom)
+    else:
+        report = check_plan(plan_path, space=searchspace, max_regression=max_regression,
+                            min_headroom_gib=min_headroom)
+    if fmt is CheckFormat.json:
+        doc = json.dumps(report.to_dict(), indent=2) + "\n"
+    elif fmt is CheckFormat.junit:
+        doc = render.check_junit(report)
+    else:
+        doc = render.check_text(report)
+    if out_path is not None:
+        _write_atomic(out_path, doc)
+    if not report.bad_input:
+        sys.stdout.write(doc if out_path is None else render.check_text(report))
+    elif fmt is not CheckFormat.text and out_path is None:
+        sys.stdout.write(doc)  # a complete report for the CI's reporter; the reason on stderr
+    for result in report.rules:
+        if result.status is Status.ERROR:
+            for line in (result.message, *result.details):
+                output.err.print(f"autoplan: error: {line}", markup=False)
+    if out_path is not None:
+        output.err.print(f"wrote the {fmt.value} report to {escape(str(out_path))}")
+    if report.exit_code:
+        raise typer.Exit(report.exit_code)
+
+
+@app.command("diff")
+def diff_plan_files(
+    a_path: Annotated[Path, typer.Argument(metavar="A.yaml", help="The plan to compare against.")],
+    b_path: Annotated[Path, typer.Argument(metavar="B.yaml", help="The plan compared.")],
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """What changed from plan A to plan B, and what it does to the predicted step time,
+    throughput, MFU and memory (each term, each stage): exit 0, 2 bad input."""
+    from autoplan.descriptors.strict import read_yaml
+    from autoplan.diff import diff_plans
+    from autoplan.errors import Problem
+    from autoplan.plan import read_plan
+
+    problems: list[Problem] = []
+    plans: list[Plan] = []
+    for path in (a_path, b_path):  # both read before any output: every problem at once
+        try:
+            plans.append(read_plan(read_yaml(path), str(path)))
+        except InputError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise InputError(problems)
+    result = diff_plans(plans[0], plans[1], str(a_path), str(b_path))
+    if fmt is Format.json:
+        output.emit_json(result.to_dict())
+        return
+    output.out.print(escape(render.diff_summary(result)))
+    output.out.print(render.diff_changes_table(result))
+    output.out.print(render.diff_metrics_table(result))
+
+
 def _usage_errors() -> tuple[type[Exception], ...]:
     """Click's usage-error base classes: recent typer vendors click as ``typer._click``,
     whose exceptions derive from ``typer.TyperException``, not ``click.ClickException``."""

@@ -130,3 +130,159 @@ def profile_note(profile: Profile, cluster: Cluster) -> str | None:
         return (f"autoplan: note: {profile.source} was taken on {profile.descriptor}; "
                 f"it corrects {cluster.device.name} here")
     return None
+
+
+# --------------------------------------------------------------------------- check and diff
+
+if TYPE_CHECKING:
+    from autoplan.check import CheckReport, RuleResult
+    from autoplan.diff import Delta, PlanDiff
+
+CHECK_SUITE = "autoplan check"  # the JUnit testsuite's name
+
+
+def plan_words(plan: Plan) -> str:
+    """A plan in a few words: layout, micro-batch, schedule, recompute, ZeRO, sp."""
+    return (f"{layout_text(plan)}, micro_batch {plan.micro_batch}, {plan.schedule.value}, "
+            f"recompute {plan.recompute.value}, zero {int(plan.zero)}"
+            + (", sp" if plan.sequence_parallel else ""))
+
+
+def check_message(report: CheckReport, result: RuleResult) -> str:
+    """A rule's one-line message; the regression rule names the best plan."""
+    from autoplan.check import Rule
+
+    reg = report.regression
+    if result.rule is Rule.REGRESSION and reg is not None and reg.best is not None:
+        return f"{result.message} (best: {plan_words(reg.best.plan)})"
+    return result.message
+
+
+def check_text(report: CheckReport) -> str:
+    """The check for a CI log: what was checked, one line per rule, the verdict. Plain
+    text (names come from user files), the same bytes for the same input."""
+    from autoplan.check import Status
+
+    marks = {Status.PASSED: "PASS", Status.FAILED: "FAIL", Status.ERROR: "ERROR",
+             Status.SKIPPED: "SKIP"}
+    plan = report.plan
+    head = report.source
+    if plan is not None:
+        head += (f": {plan.model.name} on {plan.cluster.gpus} x {plan.cluster.device.name} "
+                 f"({plan.cluster.name}), {plan_words(plan)}")
+    lines = [head]
+    width = max(len(r.rule.value) for r in report.rules)
+    for r in report.rules:
+        lines.append(f"  {marks[r.status]:<5} {r.rule.value:<{width}}  {check_message(report, r)}")
+        lines.extend(f"  {'':<5} {'':<{width}}    {d}" for d in r.details)
+    if report.bad_input:
+        lines.append("check: bad input (exit 2)")
+    elif report.passed:
+        lines.append(f"check passed: {len(report.rules)} rules")
+    else:
+        failed = ", ".join(r.rule.value for r in report.failed)
+        lines.append(f"check failed: {len(report.failed)} of {len(report.rules)} rules ({failed})")
+    return "\n".join(lines) + "\n"
+
+
+def check_junit(report: CheckReport) -> str:
+    """JUnit XML as CI systems render it: one testsuite "autoplan check", one testcase per
+    rule, ``<failure>`` for a failed rule, ``<error>`` for bad input, ``<skipped>`` for a
+    rule not evaluated. No times: the same bytes for the same input."""
+    import xml.etree.ElementTree as ET
+
+    from autoplan.check import Status
+
+    counts = {s: sum(r.status is s for r in report.rules) for s in Status}
+    attrs = {"tests": str(len(report.rules)), "failures": str(counts[Status.FAILED]),
+             "errors": str(counts[Status.ERROR]), "skipped": str(counts[Status.SKIPPED])}
+    root = ET.Element("testsuites", {"name": "autoplan", **attrs})
+    suite = ET.SubElement(root, "testsuite", {"name": CHECK_SUITE, **attrs})
+    props = ET.SubElement(suite, "properties")
+    ET.SubElement(props, "property", {"name": "plan", "value": report.source})
+    if report.regression is not None:
+        ET.SubElement(props, "property", {"name": "space", "value": report.regression.space})
+        ET.SubElement(props, "property", {"name": "max_regression",
+                                          "value": repr(report.regression.max_regression)})
+    for r in report.rules:
+        case = ET.SubElement(suite, "testcase", {"classname": report.source, "name": r.rule.value})
+        message = check_message(report, r)
+        text = "\n".join((message, *r.details))
+        if r.status is Status.FAILED:
+            ET.SubElement(case, "failure", {"message": message, "type": r.rule.value}).text = text
+        elif r.status is Status.ERROR:
+            ET.SubElement(case, "error", {"message": message, "type": "bad input"}).text = text
+        elif r.status is Status.SKIPPED:
+            ET.SubElement(case, "skipped", {"message": message})
+        else:
+            ET.SubElement(case, "system-out").text = text
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _value_text(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, tuple):
+        return "/".join(str(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def diff_changes_table(diff: PlanDiff) -> Table:
+    from rich.markup import escape
+
+    table = Table(title="what changed", title_justify="left")
+    table.add_column("field")
+    table.add_column("A", justify="right")
+    table.add_column("B", justify="right")
+    for c in diff.changes:
+        table.add_row(escape(c.field), escape(_value_text(c.a)), escape(_value_text(c.b)))
+    if not diff.changes:
+        table.add_row("(nothing: the same plan)", "", "")
+    return table
+
+
+def _metric_text(delta: Delta, value: float | None, signed: bool = False) -> str:
+    if value is None:
+        return "-"
+    sign = "+" if signed else ""
+    if delta.unit == "fraction":
+        return f"{value * 100:{sign}.1f} pp" if signed else f"{value:.1%}"
+    if delta.unit == "tokens/s":
+        return f"{value:{sign},.0f}"
+    if delta.unit == "TFLOP/s":
+        return f"{value:{sign}.0f}"
+    if delta.unit == "GiB":
+        return f"{value:{sign}.1f}"
+    return f"{value:{sign}.3f}"
+
+
+def diff_metrics_table(diff: PlanDiff) -> Table:
+    """Both predictions side by side: A, B, B - A and (B - A) / A."""
+    from rich.markup import escape
+
+    table = Table(title="what it does to the prediction", title_justify="left")
+    for col, justify in (("metric", "left"), ("unit", "left"), ("A", "right"), ("B", "right"),
+                         ("change", "right"), ("relative", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for d in diff.deltas:
+        rel = d.relative
+        table.add_row(escape(d.metric), d.unit, _metric_text(d, d.a), _metric_text(d, d.b),
+                      _metric_text(d, d.change, signed=True), "-" if rel is None else f"{rel:+.1%}")
+    return table
+
+
+def diff_summary(diff: PlanDiff) -> str:
+    """For people: which file is A and which B, each in a few words, and B against A in step
+    time and peak memory."""
+    pa, pb = diff.prediction_a, diff.prediction_b
+    fits = {True: "fits", False: "does not fit"}
+    step = pb.step_time_s / pa.step_time_s - 1.0
+    return (f"A: {diff.source_a}: {plan_words(diff.plan_a)} ({fits[pa.feasible]})\n"
+            f"B: {diff.source_b}: {plan_words(diff.plan_b)} ({fits[pb.feasible]})\n"
+            f"B against A: step {pa.step_time_s:.3f} -> {pb.step_time_s:.3f} s ({step:+.1%}), "
+            f"peak {pa.memory.peak / 2**30:.1f} -> {pb.memory.peak / 2**30:.1f} GiB")

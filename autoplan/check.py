@@ -1,0 +1,228 @@
+"""`autoplan check`: the CI gate for a committed plan.
+
+A plan passes when every rule it is checked against passes. The rules, by stable id:
+
+- ``valid``: the file reads as a plan (schema v1, every field valid) and its layout
+  divides the model, the batch and the GPUs. Both come from :func:`autoplan.plan.read_plan`,
+  the one reader every command uses; when it fails, the input is bad (exit 2) and the
+  other rules are skipped.
+- ``fits-memory``: every pipeline stage's predicted peak (which includes the device's
+  ``reserve_GiB`` for the CUDA context, communication buffers and fragmentation) fits
+  the device memory.
+- ``headroom`` (with a minimum headroom): every stage's peak plus that headroom fits.
+- ``regression`` (with a maximum regression F): the plan's predicted step time is at
+  most (1 + F) x that of the best plan the search finds for the same model, cluster and
+  job over the search space. A search that finds nothing, or nothing faster, passes:
+  the committed plan is then the best known.
+
+Rules are evaluated independently, so a report names every rule that failed. The
+report is data (frozen dataclasses); ``to_dict`` is its stable machine form, the same
+bytes for the same input (text and JUnit XML are rendered by the command line).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autoplan.cost.evaluate import evaluate
+from autoplan.descriptors.strict import read_yaml
+from autoplan.errors import InputError
+from autoplan.plan import SCHEMA_VERSION, Plan, Prediction, plan_document, read_plan
+from autoplan.search.engine import Ranked, search
+from autoplan.search.space import SearchSpace
+
+GiB = 2.0**30
+
+
+class Rule(str, enum.Enum):
+    """What a plan is checked for; the value is the stable id in every report format."""
+
+    VALID = "valid"
+    """The file reads as a plan: schema v1, and the layout divides model, batch and GPUs."""
+    FITS_MEMORY = "fits-memory"
+    """Every stage's predicted peak memory fits the device."""
+    HEADROOM = "headroom"
+    """Every stage's predicted peak plus the minimum headroom fits the device."""
+    REGRESSION = "regression"
+    """The predicted step time is within F of the best plan the search finds."""
+
+
+class Status(str, enum.Enum):
+    PASSED = "passed"
+    FAILED = "failed"
+    ERROR = "error"  # the rule could not be evaluated: the input is bad
+    SKIPPED = "skipped"  # not evaluated because the plan did not read
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuleResult:
+    rule: Rule
+    status: Status
+    message: str  # one line: what was found
+    details: tuple[str, ...] = ()  # further lines (every problem, every stage over)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rule": self.rule.value, "status": self.status.value,
+                               "message": self.message}
+        if self.details:
+            out["details"] = list(self.details)
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Regression:
+    """The plan against the best plan the search found (None: it found none that fits)."""
+
+    space: str
+    max_regression: float
+    best: Ranked | None
+
+    def gap(self, step_time_s: float) -> float | None:
+        """How much slower the plan is than the best, relative (0.12 = 12 % slower)."""
+        if self.best is None:
+            return None
+        return step_time_s / self.best.prediction.step_time_s - 1.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckReport:
+    source: str
+    rules: tuple[RuleResult, ...]
+    plan: Plan | None = None  # None when the plan did not read
+    prediction: Prediction | None = None
+    regression: Regression | None = None  # with a maximum regression only
+    min_headroom_bytes: float = 0.0
+
+    @property
+    def bad_input(self) -> bool:
+        return any(r.status is Status.ERROR for r in self.rules)
+
+    @property
+    def failed(self) -> tuple[RuleResult, ...]:
+        return tuple(r for r in self.rules if r.status in (Status.FAILED, Status.ERROR))
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed
+
+    @property
+    def exit_code(self) -> int:
+        """0 pass, 1 a rule failed, 2 bad input."""
+        return 2 if self.bad_input else 1 if self.failed else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "plan": self.source,
+            "passed": self.passed,
+            "status": "error" if self.bad_input else "passed" if self.passed else "failed",
+            "failed": [r.rule.value for r in self.failed],
+            "rules": [r.to_dict() for r in self.rules],
+        }
+        if self.prediction is not None:
+            out["prediction"] = self.prediction.to_dict()
+        if self.regression is not None:
+            reg = self.regression
+            best: dict[str, Any] | None = None
+            if reg.best is not None:
+                best = plan_document(reg.best.plan, reg.best.prediction)
+            gap = reg.gap(self.prediction.step_time_s) if self.prediction is not None else None
+            out["regression"] = {"space": reg.space, "max_regression": reg.max_regression,
+                                 "gap": gap, "best": best}
+        return out
+
+
+def check_plan(path: Path, *, space: SearchSpace, max_regression: float | None = None,
+               min_headroom_gib: float = 0.0) -> CheckReport:
+    """Check the plan file at ``path``. A plan that does not read is reported (rule
+    ``valid`` in error, exit code 2), not raised, so CI reports can show why; bad options
+    (a negative regression or headroom) raise :class:`InputError`."""
+    if max_regression is not None and not max_regression >= 0.0:
+        raise InputError.single("--max-regression", "", f"expected a fraction >= 0 (0.05 = 5 %), "
+                                                         f"got {max_regression}")
+    if not min_headroom_gib >= 0.0:
+        raise InputError.single("--min-headroom", "", f"expected GiB >= 0, got {min_headroom_gib}")
+    source = str(path)
+    headroom = min_headroom_gib * GiB
+    later = [Rule.FITS_MEMORY]
+    if headroom > 0:
+        later.append(Rule.HEADROOM)
+    if max_regression is not None:
+        later.append(Rule.REGRESSION)
+    try:
+        plan = read_plan(read_yaml(path), source)
+    except InputError as exc:
+        problems = tuple(str(p) for p in exc.problems)
+        # every problem, the first as the message (the one line CI reports show)
+        rules = [RuleResult(rule=Rule.VALID, status=Status.ERROR, message=problems[0],
+                            details=problems[1:])]
+        rules += [RuleResult(rule=r, status=Status.SKIPPED, message="not checked: the plan does not read")
+                  for r in later]
+        return CheckReport(source=source, rules=tuple(rules), min_headroom_bytes=headroom)
+
+    pred = evaluate(plan)
+    lay = plan.layout
+    rules = [RuleResult(rule=Rule.VALID, status=Status.PASSED,
+                        message=f"schema v{SCHEMA_VERSION}; dp*tp*pp*cp = {lay.gpus} GPUs, the layout "
+                                f"divides the model and the global batch")]
+    rules.append(_memory_rule(plan, pred, Rule.FITS_MEMORY, 0.0))
+    if headroom > 0:
+        rules.append(_memory_rule(plan, pred, Rule.HEADROOM, headroom))
+    regression = None
+    if max_regression is not None:
+        result = search(plan.model, plan.cluster, plan.job, space, top_k=1)
+        regression = Regression(space=space.name, max_regression=max_regression,
+                                best=result.plans[0] if result.plans else None)
+        rules.append(_regression_rule(plan, pred, regression))
+    return CheckReport(source=source, rules=tuple(rules), plan=plan, prediction=pred,
+                       regression=regression, min_headroom_bytes=headroom)
+
+
+def _memory_rule(plan: Plan, pred: Prediction, rule: Rule, headroom: float) -> RuleResult:
+    """Every stage's peak (reserve included) plus ``headroom`` against the device memory."""
+    capacity = pred.capacity_bytes
+    reserve = plan.cluster.device.reserve_bytes
+    need = f" + {headroom / GiB:.1f} GiB headroom" if headroom else ""
+    over = [(s, m) for s, m in enumerate(pred.memory_per_stage) if m.peak + headroom > capacity]
+    worst = max(range(len(pred.memory_per_stage)),
+                key=lambda s: (pred.memory_per_stage[s].peak, -s))
+    peak = pred.memory_per_stage[worst].peak
+    where = f"stage {worst} peak" if plan.layout.pp > 1 else "peak"
+    device = (f"{plan.cluster.device.name} ({capacity / GiB:.1f} GiB; the peak includes its "
+              f"{reserve / GiB:.1f} GiB reserve)")
+    if not over:
+        return RuleResult(rule=rule, status=Status.PASSED,
+                          message=f"{where} {peak / GiB:.1f} GiB{need} fits {device}, "
+                                  f"{(capacity - peak) / GiB:.1f} GiB free")
+    also = f"; stages {', '.join(str(s) for s, _ in over)} over" if len(over) > 1 else ""
+    details = tuple(
+        f"stage {s}: peak {m.peak / GiB:.1f} GiB{need}, {(m.peak + headroom - capacity) / GiB:.1f} GiB "
+        "over (" + ", ".join(f"{k} {v:.1f}" for k, v in m.to_gib_dict().items() if k != "peak") + ")"
+        for s, m in over)
+    return RuleResult(rule=rule, status=Status.FAILED,
+                      message=f"{where} {peak / GiB:.1f} GiB{need} exceeds {device}{also}",
+                      details=details)
+
+
+def _regression_rule(plan: Plan, pred: Prediction, reg: Regression) -> RuleResult:
+    if reg.best is None:
+        return RuleResult(rule=Rule.REGRESSION, status=Status.PASSED,
+                          message=f"the search over the {reg.space} space finds no plan that fits; "
+                                  "the committed plan is the best known")
+    best = reg.best.prediction.step_time_s
+    gap = reg.gap(pred.step_time_s)
+    assert gap is not None
+    limit = f"{reg.max_regression:.1%}"
+    text = f"step {pred.step_time_s:.3f} s; the best plan in the {reg.space} space {best:.3f} s"
+    if gap <= reg.max_regression:
+        if gap > 0:
+            verdict = f"{gap:.1%} slower, within {limit}"
+        elif pred.feasible:
+            verdict = "the committed plan is the best known"
+        else:
+            verdict = "faster than every plan that fits, but it does not fit itself (see fits-memory)"
+        return RuleResult(rule=Rule.REGRESSION, status=Status.PASSED, message=f"{text}: {verdict}")
+    return RuleResult(rule=Rule.REGRESSION, status=Status.FAILED,
+                      message=f"{text}: {gap:.1%} slower, more than {limit}")

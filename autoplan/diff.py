@@ -1,0 +1,168 @@
+"""`autoplan diff`: what changed between two plans, and what it does to the prediction.
+
+A diff has two parts, both data: the plan fields whose values differ (model and cluster
+field by field, the GPU count, the job, each layout degree, micro-batch, microbatches
+per step, schedule, recompute, ZeRO stage, sequence parallelism, the stage split), and
+the predicted metrics of both plans side by side with absolute and relative deltas
+(step time, throughput, MFU, peak memory and each of its components, each step-time
+term, each stage's peak memory). Metric names follow the plan file's ``prediction``
+keys, so ``memory_gib.peak`` here is ``prediction.memory_gib.peak`` there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autoplan.cost.evaluate import evaluate
+from autoplan.plan import TIME_TERMS, Plan, Prediction
+
+GiB = 2.0**30
+MEMORY_TERMS = ("peak", "weights", "grads", "optimizer", "activations", "other")
+Value = Any  # a JSON scalar, or a tuple of them (the stage split)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Change:
+    """One plan field whose value differs; None where a plan has no such field."""
+
+    field: str  # dotted, as in the plan file: "layout.tp", "model.layers", "cluster.nodes"
+    a: Value
+    b: Value
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"field": self.field, "a": _json(self.a), "b": _json(self.b)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Delta:
+    """One predicted metric of both plans. None where a plan has no such value (a
+    pipeline stage the other plan does not have)."""
+
+    metric: str  # "step_time_s", "memory_gib.peak", "breakdown_s.bubble", "memory_gib_per_stage[1].peak"
+    unit: str  # "s", "tokens/s", "TFLOP/s", "fraction", "GiB"
+    a: float | None
+    b: float | None
+
+    @property
+    def change(self) -> float | None:
+        """b - a."""
+        return None if self.a is None or self.b is None else self.b - self.a
+
+    @property
+    def relative(self) -> float | None:
+        """(b - a) / a; None where a is 0 or either is missing."""
+        if self.a is None or self.b is None or self.a == 0:
+            return None
+        return (self.b - self.a) / abs(self.a)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "unit": self.unit, "a": self.a, "b": self.b,
+                "change": self.change, "relative": self.relative}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanDiff:
+    source_a: str
+    source_b: str
+    plan_a: Plan
+    plan_b: Plan
+    prediction_a: Prediction
+    prediction_b: Prediction
+    changes: tuple[Change, ...]
+    deltas: tuple[Delta, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "a": self.source_a,
+            "b": self.source_b,
+            "changes": [c.to_dict() for c in self.changes],
+            "feasible": {"a": self.prediction_a.feasible, "b": self.prediction_b.feasible},
+            "deltas": [d.to_dict() for d in self.deltas],
+        }
+
+
+def diff_plans(a: Plan, b: Plan, source_a: str = "A", source_b: str = "B") -> PlanDiff:
+    """Compare two valid plans (``autoplan.plan.read_plan``); both are evaluated."""
+    pa, pb = evaluate(a), evaluate(b)
+    return PlanDiff(source_a=source_a, source_b=source_b, plan_a=a, plan_b=b,
+                    prediction_a=pa, prediction_b=pb, changes=plan_changes(a, b),
+                    deltas=prediction_deltas(pa, pb))
+
+
+def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:
+    """The fields whose values differ, in plan-file order."""
+    fa, fb = plan_fields(a), plan_fields(b)
+    keys = list(fa) + [k for k in fb if k not in fa]
+    return tuple(Change(field=k, a=fa.get(k), b=fb.get(k)) for k in keys if fa.get(k) != fb.get(k))
+
+
+def plan_fields(plan: Plan) -> dict[str, Value]:
+    """Every field that makes up a plan, flattened to dotted keys in plan-file order.
+    Derived facts people compare plans by sit beside the fields they follow from
+    (``gpus`` after the cluster, ``microbatches`` after ``micro_batch``)."""
+    out: dict[str, Value] = {}
+    _flatten("model", plan.model.to_dict(), out)
+    cluster = plan.cluster.to_dict()
+    _flatten("cluster", cluster, out)
+    out["gpus"] = plan.cluster.gpus
+    job = plan.job
+    out.update({"job.global_batch": job.global_batch, "job.seq_len": job.seq_len,
+                "job.dtype": job.dtype.value})
+    if plan.model.is_moe:
+        out["job.moe_imbalance"] = job.moe_imbalance
+    lay = plan.layout
+    for axis in ("dp", "tp", "pp", "cp", "ep", "vpp"):
+        out[f"layout.{axis}"] = getattr(lay, axis)
+    if plan.model.is_moe:  # dense models: etp is tp
+        out["layout.etp"] = lay.etp
+    out["micro_batch"] = plan.micro_batch
+    out["microbatches"] = plan.num_microbatches
+    out["schedule"] = plan.schedule.value
+    out["recompute"] = plan.recompute.value
+    out["zero"] = int(plan.zero)
+    out["sequence_parallel"] = plan.sequence_parallel
+    out["cp_comm"] = plan.cp_comm.value if lay.cp > 1 else None
+    out["stages"] = plan.stage_layers
+    return out
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, Value]) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _flatten(f"{prefix}.{key}", item, out)
+    elif isinstance(value, list):
+        out[prefix] = tuple(value)
+    else:
+        out[prefix] = value
+
+
+def prediction_deltas(a: Prediction, b: Prediction) -> tuple[Delta, ...]:
+    """Headline metrics, then memory, the step-time terms and each stage's peak memory."""
+    rows = [
+        Delta(metric="step_time_s", unit="s", a=a.step_time_s, b=b.step_time_s),
+        Delta(metric="tokens_per_s", unit="tokens/s", a=a.tokens_per_s, b=b.tokens_per_s),
+        Delta(metric="tflops_per_gpu", unit="TFLOP/s", a=a.tflops_per_gpu, b=b.tflops_per_gpu),
+        Delta(metric="hw_tflops_per_gpu", unit="TFLOP/s", a=a.hw_tflops_per_gpu, b=b.hw_tflops_per_gpu),
+        Delta(metric="mfu", unit="fraction", a=a.mfu, b=b.mfu),
+        Delta(metric="capacity_gib", unit="GiB", a=a.capacity_bytes / GiB, b=b.capacity_bytes / GiB),
+        Delta(metric="headroom_gib", unit="GiB", a=a.headroom_bytes / GiB, b=b.headroom_bytes / GiB),
+    ]
+    ma, mb = a.memory.to_gib_dict(), b.memory.to_gib_dict()
+    rows += [Delta(metric=f"memory_gib.{k}", unit="GiB", a=ma[k], b=mb[k]) for k in MEMORY_TERMS]
+    ta, tb = a.breakdown.to_dict(), b.breakdown.to_dict()
+    rows += [Delta(metric=f"breakdown_s.{t}", unit="s", a=ta[t], b=tb[t]) for t in TIME_TERMS]
+    for s in range(max(len(a.memory_per_stage), len(b.memory_per_stage))):
+        rows.append(Delta(metric=f"memory_gib_per_stage[{s}].peak", unit="GiB",
+                          a=_stage_peak(a, s), b=_stage_peak(b, s)))
+    return tuple(rows)
+
+
+def _stage_peak(pred: Prediction, stage: int) -> float | None:
+    if stage >= len(pred.memory_per_stage):
+        return None
+    return pred.memory_per_stage[stage].peak / GiB
+
+
+def _json(value: Value) -> Any:
+    return list(value) if isinstance(value, tuple) else value
