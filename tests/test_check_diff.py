@@ -1,0 +1,417 @@
+"""`autoplan check` (the CI gate for a committed plan) and `autoplan diff`, as the library
+returns them and as CI systems and people meet them on the command line.
+
+Every regression search here is over at most 256 GPUs of a dense model: seconds on a CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from autoplan.check import Rule, Status, check_plan
+from autoplan.descriptors.strict import read_yaml
+from autoplan.diff import diff_plans
+from autoplan.plan import read_plan
+from autoplan.search.space import load_space
+
+ROOT = Path(__file__).resolve().parent.parent
+PLANS = ROOT / "examples" / "plans"
+CI = ROOT / "examples" / "ci"
+BEST = PLANS / "llama3-8b-64xh100-megatron-best.yaml"  # the search's best in the megatron space
+OOM = PLANS / "llama3-70b-256xh100-oom.yaml"
+SLOW = PLANS / "llama3-8b-8xh100-slow.yaml"
+ONE_F_ONE_B = PLANS / "llama3-8b-32xh100-1f1b.yaml"
+ZB_V = PLANS / "llama3-8b-32xh100-zbv.yaml"  # the same plan with the zb-v schedule
+
+MALFORMED = """\
+autoplan: 1
+model: llama3-8b
+cluster: {name: dgx-h100, nodes: 1}
+job: {global_batch: 64, seq_len: 4096, dtype: bf16}
+layout: {dp: 8, tp: eight, pp: 1}
+micro_batch: 1
+schedul: 1f1b
+"""
+
+NOT_DIVISIBLE = """\
+autoplan: 1
+model: llama3-8b
+cluster: {name: dgx-h100, nodes: 1}
+job: {global_batch: 64, seq_len: 4096, dtype: bf16}
+layout: {dp: 2, tp: 4, pp: 1}
+micro_batch: 3
+"""
+
+
+def autoplan(*args: Any) -> subprocess.CompletedProcess[str]:
+    """Run the command line as CI would: no terminal, no debug mode."""
+    env = {k: v for k, v in os.environ.items() if k != "AUTOPLAN_DEBUG"}
+    return subprocess.run([sys.executable, "-m", "autoplan.cli.main", *(str(a) for a in args)],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300, check=False)
+
+
+def junit(text: str) -> ET.Element:
+    root = ET.fromstring(text)
+    suites = root.findall("testsuite")
+    assert root.tag == "testsuites" and len(suites) == 1
+    assert suites[0].get("name") == "autoplan check"
+    return suites[0]
+
+
+def cases(suite: ET.Element) -> dict[str, ET.Element]:
+    return {case.get("name", ""): case for case in suite.findall("testcase")}
+
+
+def write(tmp_path: Path, text: str, name: str = "plan.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# --------------------------------------------------------------------------- check: the library
+
+def test_the_searched_best_plan_passes_a_five_percent_gate_in_its_own_space() -> None:
+    report = check_plan(BEST, space=load_space("megatron"), max_regression=0.05)
+    assert report.exit_code == 0 and report.passed
+    assert [r.rule for r in report.rules] == [Rule.VALID, Rule.FITS_MEMORY, Rule.REGRESSION]
+    assert all(r.status is Status.PASSED for r in report.rules)
+    assert report.regression is not None and report.regression.best is not None
+    assert report.prediction is not None
+    gap = report.regression.gap(report.prediction.step_time_s)
+    assert gap is not None and abs(gap) < 1e-9  # it is the best the search finds
+
+
+def test_a_plan_that_does_not_fit_fails_fits_memory_and_names_the_numbers() -> None:
+    report = check_plan(OOM, space=load_space("default"))
+    assert report.exit_code == 1
+    assert [r.rule for r in report.failed] == [Rule.FITS_MEMORY]
+    rule = report.failed[0]
+    assert "1357.4 GiB exceeds h100-sxm (80.0 GiB" in rule.message
+    assert "3.0 GiB reserve" in rule.message  # the peak includes the device's reserve
+    assert rule.details and "optimizer 788.5" in rule.details[0]
+
+
+def test_a_slow_plan_fails_the_regression_gate_naming_the_best_plan_and_the_gap() -> None:
+    report = check_plan(SLOW, space=load_space("default"), max_regression=0.05)
+    assert report.exit_code == 1
+    assert [r.rule for r in report.failed] == [Rule.REGRESSION]
+    assert report.regression is not None and report.regression.best is not None
+    assert report.prediction is not None
+    gap = report.regression.gap(report.prediction.step_time_s)
+    assert gap is not None and gap > 0.3
+    best = report.regression.best
+    assert best.prediction.step_time_s * 1.05 < report.prediction.step_time_s
+    assert f"{gap:.1%} slower, more than 5.0%" in report.failed[0].message
+    assert best.plan.layout.pp == 1  # the search beats the pipeline with plain data parallelism
+
+
+def test_a_looser_gate_passes_the_slow_plan() -> None:
+    report = check_plan(SLOW, space=load_space("default"), max_regression=1.0)
+    assert report.exit_code == 0
+    assert "slower, within 100.0%" in report.rules[-1].message
+
+
+def test_every_failed_rule_is_reported_not_only_the_first() -> None:
+    report = check_plan(SLOW, space=load_space("default"), max_regression=0.05, min_headroom_gib=60)
+    assert [r.rule.value for r in report.rules] == ["valid", "fits-memory", "headroom", "regression"]
+    assert [r.rule.value for r in report.failed] == ["headroom", "regression"]
+    headroom = report.failed[0]
+    assert "+ 60.0 GiB headroom exceeds" in headroom.message
+    assert [d.split(":")[0] for d in headroom.details] == ["stage 0", "stage 3"]  # every stage over
+
+
+def test_headroom_passes_when_every_stage_leaves_that_much_free() -> None:
+    report = check_plan(BEST, space=load_space("default"), min_headroom_gib=10)
+    assert report.exit_code == 0
+    assert [r.rule for r in report.rules] == [Rule.VALID, Rule.FITS_MEMORY, Rule.HEADROOM]
+    assert check_plan(BEST, space=load_space("default"), min_headroom_gib=12).exit_code == 1
+
+
+def test_a_search_that_finds_nothing_that_fits_leaves_the_committed_plan_the_best_known(
+        tmp_path: Path) -> None:
+    space = write(tmp_path, yaml.safe_dump({"searchspace": {
+        "name": "dp-only", "tp": {"max": 1}, "pp_max": 1, "cp_max": 1, "vpp_max": 1,
+        "micro_batch": [1], "schedules": ["1f1b"], "recompute": ["none"], "zero": [0],
+        "sequence_parallel": [False]}}), "dp-only.yaml")
+    report = check_plan(OOM, space=load_space(str(space)), max_regression=0.05)
+    regression = report.rules[-1]
+    assert regression.rule is Rule.REGRESSION and regression.status is Status.PASSED
+    assert "finds no plan that fits" in regression.message
+    assert report.exit_code == 1  # fits-memory still fails
+
+
+def test_a_malformed_plan_is_reported_as_bad_input_with_every_problem(tmp_path: Path) -> None:
+    path = write(tmp_path, MALFORMED)
+    report = check_plan(path, space=load_space("default"), max_regression=0.05)
+    assert report.exit_code == 2 and report.bad_input
+    valid, *rest = report.rules
+    assert valid.status is Status.ERROR
+    lines = (valid.message, *valid.details)
+    assert any(f"{path}: layout.tp: expected an integer" in line for line in lines)
+    assert any(f"{path}: schedul: unknown field" in line for line in lines)
+    assert [(r.rule, r.status) for r in rest] == [(Rule.FITS_MEMORY, Status.SKIPPED),
+                                                  (Rule.REGRESSION, Status.SKIPPED)]
+
+
+def test_a_layout_that_does_not_divide_is_bad_input_naming_the_field(tmp_path: Path) -> None:
+    path = write(tmp_path, NOT_DIVISIBLE)
+    report = check_plan(path, space=load_space("default"))
+    assert report.exit_code == 2
+    lines = (report.rules[0].message, *report.rules[0].details)
+    assert any(f"{path}: micro_batch: dp*micro_batch = 2*3 must divide" in line for line in lines)
+
+
+def test_negative_or_nan_limits_are_bad_input() -> None:
+    from autoplan.errors import InputError
+
+    with pytest.raises(InputError, match="--max-regression"):
+        check_plan(BEST, space=load_space("default"), max_regression=float("nan"))
+    with pytest.raises(InputError, match="--min-headroom"):
+        check_plan(BEST, space=load_space("default"), min_headroom_gib=-1.0)
+
+
+# --------------------------------------------------------------------------- check: the command line
+
+def test_check_passes_the_best_plan_with_exit_0() -> None:
+    result = autoplan("check", BEST, "--space", "megatron", "--max-regression", "0.05")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "PASS  regression" in result.stdout
+    assert result.stdout.rstrip().endswith("check passed: 3 rules")
+
+
+def test_check_fails_the_oom_plan_with_exit_1_naming_the_rule() -> None:
+    result = autoplan("check", OOM)
+    assert result.returncode == 1
+    assert "FAIL  fits-memory" in result.stdout
+    assert "check failed: 1 of 2 rules (fits-memory)" in result.stdout
+
+
+def test_check_fails_the_slow_plan_naming_the_best_plan_and_the_gap() -> None:
+    result = autoplan("check", SLOW, "--max-regression", "0.05")
+    assert result.returncode == 1
+    line = next(x for x in result.stdout.splitlines() if "regression" in x)
+    assert line.lstrip().startswith("FAIL  regression")
+    assert "% slower, more than 5.0% (best: dp8 tp1 pp1" in line
+
+
+def test_check_of_a_malformed_plan_exits_2_with_file_and_field_and_no_traceback(tmp_path: Path) -> None:
+    path = write(tmp_path, MALFORMED)
+    result = autoplan("check", path, "--max-regression", "0.05")
+    assert result.returncode == 2
+    assert result.stdout == ""  # text: the reason goes to stderr, as for every command
+    assert f"autoplan: error: {path}: layout.tp: expected an integer" in result.stderr
+    assert f"autoplan: error: {path}: schedul: unknown field (did you mean 'schedule'?)" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_check_of_a_missing_file_exits_2(tmp_path: Path) -> None:
+    result = autoplan("check", tmp_path / "nope.yaml")
+    assert result.returncode == 2
+    assert "nope.yaml: file not found" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--max-regression", "-0.1"], "--max-regression"),
+    (["--min-headroom", "-1"], "--min-headroom"),
+    (["--space", "megatorn"], "did you mean 'megatron'"),
+    (["--format", "xml"], "--format"),
+])
+def test_check_refuses_bad_options_with_exit_2(args: list[str], needle: str) -> None:
+    result = autoplan("check", BEST, *args)
+    assert result.returncode == 2
+    assert needle in result.stderr and "Traceback" not in result.stderr
+
+
+def test_junit_has_one_suite_one_case_per_rule_and_a_failure_per_failed_rule() -> None:
+    result = autoplan("check", SLOW, "--max-regression", "0.05", "--min-headroom", "60", "-f", "junit")
+    assert result.returncode == 1
+    suite = junit(result.stdout)
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == (
+        "4", "2", "0", "0")
+    by_name = cases(suite)
+    assert list(by_name) == ["valid", "fits-memory", "headroom", "regression"]
+    for name, case in by_name.items():
+        failure = case.find("failure")
+        assert (failure is not None) is (name in ("headroom", "regression")), name
+        assert case.get("classname") == str(SLOW)
+    failure = by_name["regression"].find("failure")
+    assert failure is not None
+    assert "more than 5.0% (best: dp8 tp1 pp1" in failure.get("message", "")
+
+
+def test_junit_of_a_malformed_plan_still_reports_why_and_exits_2(tmp_path: Path) -> None:
+    """CI uploads the report whatever the exit code: a bad file shows as an error in it
+    (rule `valid`), the rules it could not check as skipped; the reason also goes to stderr."""
+    path = write(tmp_path, MALFORMED)
+    out = tmp_path / "reports" / "check.xml"
+    result = autoplan("check", path, "--max-regression", "0.05", "-f", "junit", "-o", out)
+    assert result.returncode == 2
+    assert "layout.tp: expected an integer" in result.stderr
+    suite = junit(out.read_text(encoding="utf-8"))
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == (
+        "3", "0", "1", "2")
+    error = cases(suite)["valid"].find("error")
+    assert error is not None and "layout.tp: expected an integer" in error.get("message", "")
+    assert "schedul: unknown field" in (error.text or "")
+
+
+def test_junit_escapes_what_comes_from_file_names(tmp_path: Path) -> None:
+    path = write(tmp_path, OOM.read_text(encoding="utf-8"), 'odd <&"> plan.yaml')
+    result = autoplan("check", path, "-f", "junit")
+    assert result.returncode == 1
+    suite = junit(result.stdout)
+    assert {case.get("classname") for case in suite.findall("testcase")} == {str(path)}
+    assert cases(suite)["fits-memory"].find("failure") is not None
+
+
+def test_json_report_names_every_rule_and_the_best_plan() -> None:
+    result = autoplan("check", SLOW, "--max-regression", "0.05", "--format", "json")
+    assert result.returncode == 1
+    doc = json.loads(result.stdout)
+    assert doc["status"] == "failed" and doc["failed"] == ["regression"]
+    assert [r["rule"] for r in doc["rules"]] == ["valid", "fits-memory", "regression"]
+    reg = doc["regression"]
+    assert reg["space"] == "default" and reg["max_regression"] == 0.05 and reg["gap"] > 0.05
+    assert reg["best"]["layout"]["pp"] == 1
+    assert reg["best"]["prediction"]["step_time_s"] * (1 + reg["gap"]) == pytest.approx(
+        doc["prediction"]["step_time_s"])
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "junit"])
+def test_check_output_is_the_same_bytes_every_time(fmt: str) -> None:
+    runs = [autoplan("check", SLOW, "--max-regression", "0.05", "--min-headroom", "60", "-f", fmt)
+            for _ in range(2)]
+    assert runs[0].returncode == runs[1].returncode == 1
+    assert runs[0].stdout == runs[1].stdout
+
+
+def test_out_writes_the_report_and_the_log_gets_the_text(tmp_path: Path) -> None:
+    out = tmp_path / "check.xml"
+    result = autoplan("check", BEST, "--space", "megatron", "-r", "0.05", "-f", "junit", "-o", out)
+    assert result.returncode == 0, result.stderr
+    assert "check passed" in result.stdout
+    assert junit(out.read_text(encoding="utf-8")).get("failures") == "0"
+
+
+# --------------------------------------------------------------------------- check: the CI examples
+
+def _check_commands(text: str) -> list[list[str]]:
+    return [shlex.split(cmd) for cmd in text.split("\n") if cmd.strip().startswith("autoplan check")]
+
+
+def _run_example(command: list[str], tmp_path: Path) -> tuple[ET.Element, str]:
+    """Run an example's `autoplan check` with its report written under tmp_path."""
+    args = command[1:]
+    out_at = args.index("--out") + 1
+    report_path = args[out_at]
+    args[out_at] = str(tmp_path / report_path)
+    result = autoplan(*args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "junit" == args[args.index("--format") + 1]
+    return junit((tmp_path / report_path).read_text(encoding="utf-8")), report_path
+
+
+def test_the_github_actions_example_runs_check_and_reports_its_junit_file(tmp_path: Path) -> None:
+    doc = yaml.safe_load((CI / "github-actions.yml").read_text(encoding="utf-8"))
+    assert "on" in doc or True in doc  # PyYAML reads the key `on` as a boolean
+    steps = [step for job in doc["jobs"].values() for step in job["steps"]]
+    commands = [c for step in steps for c in _check_commands(step.get("run", ""))]
+    assert len(commands) == 1
+    suite, report = _run_example(commands[0], tmp_path)
+    assert suite.get("tests") == "4" and suite.get("failures") == "0"
+    uses = {step["uses"].split("@")[0]: step for step in steps if "uses" in step}
+    assert uses["actions/upload-artifact"]["with"]["path"] == report
+    assert uses["mikepenz/action-junit-report"]["with"]["report_paths"] == report
+    for name in ("actions/upload-artifact", "mikepenz/action-junit-report"):
+        assert "cancelled()" in uses[name]["if"]  # the report is kept when the check fails
+
+
+def test_the_gitlab_example_runs_check_and_reports_its_junit_file(tmp_path: Path) -> None:
+    doc = yaml.safe_load((CI / "gitlab-ci.yml").read_text(encoding="utf-8"))
+    job = doc["autoplan-check"]
+    commands = [c for line in job["script"] for c in _check_commands(line)]
+    assert len(commands) == 1
+    suite, report = _run_example(commands[0], tmp_path)
+    assert suite.get("tests") == "4" and suite.get("failures") == "0"
+    assert job["artifacts"]["reports"]["junit"] == report
+    assert job["artifacts"]["when"] == "always"
+
+
+# --------------------------------------------------------------------------- diff
+
+def _plan(path: Path) -> Any:
+    return read_plan(read_yaml(path), str(path))
+
+
+def test_diff_names_only_what_changed_and_what_it_does_to_time_and_memory() -> None:
+    d = diff_plans(_plan(ONE_F_ONE_B), _plan(ZB_V))
+    assert [(c.field, c.a, c.b) for c in d.changes] == [("layout.vpp", 1, 2), ("schedule", "1f1b", "zb-v")]
+    deltas = {x.metric: x for x in d.deltas}
+    step = deltas["step_time_s"]
+    assert step.change is not None and step.relative is not None
+    assert step.change == pytest.approx(d.prediction_b.step_time_s - d.prediction_a.step_time_s)
+    assert step.relative == pytest.approx(step.change / d.prediction_a.step_time_s)
+    assert deltas["breakdown_s.bubble"].change < 0 < deltas["memory_gib.activations"].change  # type: ignore[operator]
+    assert {f"memory_gib_per_stage[{s}].peak" for s in range(4)} <= set(deltas)
+    for key in ("tokens_per_s", "mfu", "memory_gib.peak", "memory_gib.weights", "breakdown_s.compute"):
+        assert key in deltas
+
+
+def test_diff_of_a_plan_with_itself_is_empty_and_every_delta_is_zero() -> None:
+    d = diff_plans(_plan(SLOW), _plan(SLOW))
+    assert d.changes == ()
+    assert all(x.change == 0 for x in d.deltas)
+
+
+def test_diff_across_models_clusters_and_pipeline_depths() -> None:
+    d = diff_plans(_plan(SLOW), _plan(OOM))
+    fields = {c.field: (c.a, c.b) for c in d.changes}
+    assert fields["model.name"] == ("llama3-8b", "llama3-70b")
+    assert fields["model.layers"] == (32, 80)
+    assert fields["cluster.nodes"] == (1, 32) and fields["gpus"] == (8, 256)
+    assert fields["job.global_batch"] == (64, 1024)
+    assert fields["layout.pp"] == (4, 1) and fields["stages"] == ((8, 8, 8, 8), (80,))
+    assert fields["recompute"] == ("full", "none") and fields["sequence_parallel"] == (True, False)
+    stage3 = next(x for x in d.deltas if x.metric == "memory_gib_per_stage[3].peak")
+    assert stage3.b is None and stage3.change is None and stage3.relative is None
+
+
+def test_diff_json_is_stable_and_keeps_a_and_b_apart() -> None:
+    runs = [autoplan("diff", ONE_F_ONE_B, ZB_V, "--format", "json") for _ in range(2)]
+    assert runs[0].returncode == 0, runs[0].stderr
+    assert runs[0].stdout == runs[1].stdout
+    doc = json.loads(runs[0].stdout)
+    assert doc["a"] == str(ONE_F_ONE_B) and doc["b"] == str(ZB_V)
+    assert doc["changes"] == [{"field": "layout.vpp", "a": 1, "b": 2},
+                              {"field": "schedule", "a": "1f1b", "b": "zb-v"}]
+    assert doc["feasible"] == {"a": True, "b": True}
+    row = next(x for x in doc["deltas"] if x["metric"] == "step_time_s")
+    assert set(row) == {"metric", "unit", "a", "b", "change", "relative"} and row["unit"] == "s"
+
+
+def test_diff_table_for_people() -> None:
+    result = autoplan("diff", ONE_F_ONE_B, ZB_V)
+    assert result.returncode == 0, result.stderr
+    for needle in ("what changed", "layout.vpp", "zb-v", "what it does to the prediction",
+                   "breakdown_s.bubble", "memory_gib_per_stage[3].peak", "B against A: step"):
+        assert needle in result.stdout, needle
+
+
+def test_diff_reports_the_problems_of_both_files_at_once_with_exit_2(tmp_path: Path) -> None:
+    a = write(tmp_path, MALFORMED, "a.yaml")
+    b = write(tmp_path, NOT_DIVISIBLE, "b.yaml")
+    result = autoplan("diff", a, b)
+    assert result.returncode == 2 and result.stdout == ""
+    assert f"{a}: layout.tp: expected an integer" in result.stderr
+    assert f"{b}: micro_batch: dp*micro_batch" in result.stderr
+    assert "Traceback" not in result.stderr
