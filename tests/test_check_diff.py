@@ -415,3 +415,10 @@ def test_diff_reports_the_problems_of_both_files_at_once_with_exit_2(tmp_path: P
     assert f"{a}: layout.tp: expected an integer" in result.stderr
     assert f"{b}: micro_batch: dp*micro_batch" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["check", "diff"])
+def test_check_and_diff_have_a_help_that_exits_zero(command: str) -> None:
+    result = autoplan(command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "Usage" in result.stdout and "exit" in result.stdout
