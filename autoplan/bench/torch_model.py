@@ -495,6 +495,29 @@ def apply_fsdp(chunk: Chunk, dp_mesh: Any, settings: FsdpSettings) -> None:
                 reshard_after_forward=settings.reshard_after_forward)
 
 
+def preload(device: torch.device) -> None:
+    """Import every torch module a run uses and run each kind of kernel once, tiny: the
+    libraries' one-time state (Python modules, oneDNN/cuBLAS kernels and handles, thread
+    pools) then exists before the memory baseline is taken, and is not counted as the
+    plan's memory."""
+    import torch.distributed.algorithms._checkpoint.checkpoint_wrapper  # noqa: F401
+    import torch.distributed.fsdp  # noqa: F401
+    import torch.distributed.pipelining  # noqa: F401
+    import torch.distributed.tensor.parallel  # noqa: F401
+    import torch.utils.checkpoint  # noqa: F401
+
+    lin = nn.Linear(64, 64, device=device, dtype=torch.bfloat16)
+    x = torch.randn(2, 16, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
+    q = lin(x).view(2, 16, 4, 16).transpose(1, 2)
+    out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    loss = F.cross_entropy(out.float().flatten(0, -2), torch.zeros(out[..., 0].numel(), dtype=torch.long,
+                                                                   device=device))
+    loss.backward()
+    p = torch.zeros(64, device=device, requires_grad=True)
+    p.grad = torch.zeros_like(p)
+    adamw([p]).step()
+
+
 def init_weights(module: nn.Module, generator_seed: int) -> None:
     """Normal(0, 0.02) weights, zero biases, unit norms (values do not change timing)."""
     torch.manual_seed(generator_seed)

@@ -248,7 +248,7 @@ def _profile_descriptor(plan: Plan, options: Options, machine: Machine) -> Descr
                                 f"the profile was taken on {kind}, validate runs on {options.device}")
     world = plan.layout.gpus
     if options.device == "cpu":
-        threads = threads_per_rank(machine, 1 if options.slice else world)
+        threads = threads_per_rank(machine, world)
         taken = profile.meta.get("torch_threads")
         if taken is not None and taken.isdigit() and int(taken) != threads:
             raise InputError.single(label, "header.torch_threads", (
@@ -506,7 +506,7 @@ def validate(plan: Plan, source: str, options: Options, machine: Machine | None 
     fitted = fit_plan(on_machine, options, per_rank * MEMORY_SHARE)
     run_plan, pred = fitted.plan, fitted.prediction
     stage = slice_stage(run_plan, pred, options) if options.slice else None
-    threads = threads_per_rank(machine, 1 if options.slice else world)
+    threads = threads_per_rank(machine, world)  # a slice computes as one rank of the plan would
     if options.device == "cuda":
         threads = len(machine.cpus)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0

@@ -177,6 +177,8 @@ def _train(spec: dict[str, Any], plan: Any, rank: int) -> dict[str, Any]:
     stage = mesh["pp"].get_local_rank()
     dp_index = mesh["dp_replicate"].get_local_rank() * fsdp.shard + mesh["dp_shard"].get_local_rank()
     tp_rank = mesh["tp"].get_local_rank()
+    tm.preload(torch.device("cpu"))
+    dist.barrier()
     baseline = rss_bytes()
 
     v_shape = plan.schedule.v_shape
@@ -267,6 +269,9 @@ def _run_slice(spec: dict[str, Any]) -> dict[str, Any]:
     device = torch.device("cuda" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(0)
+    tm.preload(device)
+    if cuda:
+        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     baseline = torch.cuda.memory_allocated() if cuda else rss_bytes()
 

@@ -1,0 +1,219 @@
+"""``autoplan validate``: plans run for real with torch on this machine's CPU cores.
+
+End to end through the command line on the committed CPU example plans (a 2-process dp
+plan, a 2-stage pp plan, one rank's slice of the tp plan) with their model made small
+(:data:`SMALL`) and one warm-up and one timed step, so the file stays near a minute on a
+2-core machine. These tests check the contract (JSON keys, exit code agreeing with the
+reported tolerance, numbers that belong to the run) and the refusals; they do not assert
+that the measured numbers are within tolerance, which depends on how busy the machine
+is (examples/cpu/README.md reports full runs of the examples).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autoplan.bench import validate as v
+from autoplan.descriptors.strict import read_yaml
+from autoplan.errors import InputError
+from autoplan.plan import read_plan
+from autoplan.vocab import Dtype, Schedule, ZeroStage
+
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU = ROOT / "examples" / "cpu"
+TWO_CORES = v.Machine(cpus=(0, 1), mem_bytes=16 * 2**30)
+QUICK = ("--steps", "1", "--warmup", "1")
+# the examples' model, small enough that a step takes a fraction of a second
+SMALL = {"name": "tiny-llama-test", "layers": 2, "hidden": 256, "heads": 4, "kv_heads": 2,
+         "ffn_hidden": 704, "vocab": 2048, "activation": "swiglu", "position": "rope",
+         "tied_embeddings": False, "max_seq_len": 128}
+
+
+def autoplan(*args: Any) -> subprocess.CompletedProcess[str]:
+    env = {k: val for k, val in os.environ.items() if k != "AUTOPLAN_DEBUG"}
+    return subprocess.run([sys.executable, "-m", "autoplan.cli.main", *(str(a) for a in args)],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=600, check=False)
+
+
+def example(name: str) -> Any:
+    path = CPU / name
+    return read_plan(read_yaml(path), str(path))
+
+
+def small(name: str, tmp_path: Path) -> Path:
+    """The example plan with the small model and sequences of 128 tokens, beside its cluster."""
+    doc = read_yaml(CPU / name)
+    doc["model"] = SMALL
+    doc["cluster"] = str(CPU / doc["cluster"])
+    doc["job"] = {**doc["job"], "seq_len": 128}
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+needs_two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
+                                     reason="the examples run 2 processes, one per core")
+
+
+def check_contract(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert result.returncode in (0, 1), result.stderr
+    doc = json.loads(result.stdout)
+    assert {"step_time_s", "peak_memory_gib"} <= set(doc["measured"])
+    assert {"step_time_s", "peak_memory_gib"} <= set(doc["predicted"])
+    assert {"step_time", "peak_memory"} <= set(doc["tolerance"])
+    assert (result.returncode == 0) == doc["within_tolerance"]
+    tol = doc["tolerance"]
+    for key, ratio in (("step_time", "step_time_ratio"), ("peak_memory", "peak_memory_ratio")):
+        assert tol[f"{key}_within"] == (abs(tol[ratio] - 1) <= tol[key])
+    for side in ("measured", "predicted"):
+        assert doc[side]["step_time_s"] > 0 and math.isfinite(doc[side]["step_time_s"])
+        assert doc[side]["peak_memory_gib"] > 0
+    return doc
+
+
+# --------------------------------------------------------------------------- end to end
+
+@needs_two_cores
+def test_a_two_process_data_parallel_plan_runs_and_is_compared(tmp_path: Path) -> None:
+    doc = check_contract(autoplan("validate", small("plan-dp2.yaml", tmp_path), *QUICK, "--format", "json"))
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1]
+    assert doc["ran"]["mode"] == "distributed" and doc["ran"]["processes"] == 2
+    # every rank holds the same fp32 parameters and Adam moments: what FSDP2 keeps under ZeRO-0
+    states = [r["state_gib"] for r in doc["ranks"]]
+    assert states[0] == states[1]
+    assert states[0]["optimizer"] == pytest.approx(2 * states[0]["params"])
+    # memory is what the machine's load does not move; this small model is 1/3 fixed overhead
+    assert 0.5 < doc["tolerance"]["peak_memory_ratio"] < 2.5
+
+
+@needs_two_cores
+def test_a_two_stage_pipeline_plan_runs_each_stage_against_its_own_prediction(tmp_path: Path) -> None:
+    doc = check_contract(autoplan("validate", small("plan-pp2.yaml", tmp_path), *QUICK, "--format", "json"))
+    stages = {r["stage"]: r for r in doc["ranks"]}
+    assert set(stages) == {0, 1}
+    per_stage = doc["predicted"]["prediction"]["memory_gib_per_stage"]
+    for s, rank in stages.items():
+        assert rank["predicted_peak_memory_gib"] == pytest.approx(per_stage[s]["peak"])
+        assert 0.5 < rank["peak_memory_gib"] / rank["predicted_peak_memory_gib"] < 2.5
+
+
+def test_one_ranks_slice_runs_on_cpu_and_compares_compute_time(tmp_path: Path) -> None:
+    result = autoplan("validate", small("plan-tp2.yaml", tmp_path), "--slice", *QUICK, "--format", "json")
+    doc = check_contract(result)
+    assert doc["ran"]["mode"] == "slice" and doc["ran"]["time_compared"] == "compute_time_s"
+    assert doc["ran"]["processes"] == 1
+    widths = doc["ran"]["slice_widths"]
+    assert widths["heads"] == SMALL["heads"] // 2 and widths["ffn_hidden"] == SMALL["ffn_hidden"] // 2
+    assert widths["kv_heads"] == SMALL["kv_heads"] // 2 and widths["vocab"] == SMALL["vocab"] // 2
+
+
+def test_the_table_says_what_ran_and_how_it_compares(tmp_path: Path) -> None:
+    result = autoplan("validate", small("plan-tp2.yaml", tmp_path), "--slice", *QUICK)
+    assert result.returncode in (0, 1), result.stderr
+    assert "measured against predicted" in result.stdout
+    assert "compute time" in result.stdout and "peak memory" in result.stdout
+
+
+# --------------------------------------------------------------------------- refusals
+
+def test_a_gpu_cluster_on_cpu_without_a_profile_is_refused_naming_the_plan() -> None:
+    result = autoplan("validate", ROOT / "examples" / "plans" / "llama3-70b-256xh100-tp8pp2.yaml",
+                      "--slice")
+    assert result.returncode == 2
+    assert "llama3-70b-256xh100-tp8pp2.yaml: cluster: dgx-h100 is a built-in GPU cluster" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cuda_without_a_gpu_is_refused() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    result = autoplan("validate", CPU / "plan-dp2.yaml", "--device", "cuda", "--slice")
+    assert result.returncode == 2
+    assert "--device: cuda requested but no CUDA device is available" in result.stderr
+
+
+def problems(plan: Any, **options: Any) -> dict[str, str]:
+    found = v.unsupported(plan, "plan.yaml", v.Options(**options), TWO_CORES)
+    return {p.field or p.source: p.message for p in found}
+
+
+def test_what_torch_cannot_run_here_is_named_by_field() -> None:
+    pp2 = example("plan-pp2.yaml")
+    assert problems(pp2) == {}
+    assert "job.dtype" in problems(dataclasses.replace(
+        pp2, job=dataclasses.replace(pp2.job, dtype=Dtype.FP16)))
+    assert "zb-h2 has no torch.distributed.pipelining schedule" in problems(
+        dataclasses.replace(pp2, schedule=Schedule.ZB_H2))["schedule"]
+    assert "zero 2 with pp > 1" in problems(dataclasses.replace(pp2, zero=ZeroStage.GRADIENTS))["zero"]
+    too_many = dataclasses.replace(pp2, layout=dataclasses.replace(pp2.layout, dp=2))
+    assert "4 processes, but this machine has 2 CPU cores" in problems(too_many)["layout"]
+    assert "layout" not in problems(too_many, slice=True)  # one rank's slice runs anywhere
+    assert "--slice" in problems(pp2, device="cuda")["--device"]
+    assert "zero" in problems(dataclasses.replace(pp2, zero=ZeroStage.PARAMETERS), slice=True)
+
+
+def test_a_profile_taken_with_other_thread_counts_is_refused(tmp_path: Path) -> None:
+    from autoplan.bench.profile import format_profile
+
+    rows = [{"kind": "gemm", "op": "matmul", "dtype": "bf16", "m": n, "n": n, "k": n, "repeats": 3,
+             "seconds": 2 * n**3 / 3e11, "seconds_p10": 1e-3, "seconds_p90": 1e-3} for n in (256, 512)]
+    meta = {"device_kind": "cpu", "device_name": "test", "torch": "x", "date": "x", "command": "x",
+            "torch_threads": "2"}
+    path = tmp_path / "profile.csv"
+    path.write_text(format_profile(meta, rows))
+    options = v.Options(profile=path)
+    with pytest.raises(InputError, match="header.torch_threads: kernels measured with 2 torch threads"):
+        v.machine_descriptor(example("plan-dp2.yaml"), "plan.yaml", options, TWO_CORES)
+
+
+# --------------------------------------------------------------------------- fitting
+
+def test_a_plan_too_big_for_the_machine_is_made_smaller_and_predicted_as_it_runs() -> None:
+    plan = example("plan-pp2.yaml")
+    big = dataclasses.replace(plan, model=dataclasses.replace(plan.model, layers=64))
+    fitted = v.fit_plan(big, v.Options(max_step_s=5.0), mem_budget=8 * 2**30)
+    assert fitted.plan.model.layers < 64 and fitted.plan.model.layers % 2 == 0
+    assert fitted.adjustments and "of the model's 64 layers" in fitted.adjustments[0]
+    from autoplan.cost.evaluate import evaluate
+
+    assert fitted.prediction == evaluate(fitted.plan)
+    assert fitted.prediction.step_time_s <= 5.0
+    exact = v.fit_plan(big, v.Options(max_step_s=5.0, fit=False), mem_budget=8 * 2**30)
+    assert exact.plan == big and exact.adjustments == ()
+
+
+def test_every_cpu_example_plan_loads_and_is_predicted() -> None:
+    from autoplan.cost.evaluate import evaluate
+
+    for path in sorted(CPU.glob("plan-*.yaml")):
+        plan = read_plan(read_yaml(path), str(path))
+        assert evaluate(plan).feasible, path
+
+
+# --------------------------------------------------------------------------- failures
+
+def test_a_rank_that_fails_becomes_one_error_with_its_message() -> None:
+    spec = {"plan": {"autoplan": 1}, "threads": 1, "cpus": None, "device": "cpu", "warmup": 1,
+            "steps": 1, "collective_timeout_s": 10, "slice": False, "stage": None}
+    with pytest.raises(v.ValidateError, match=r"rank 0 failed: InputError: .*model"):
+        v.spawn(spec, 1, timeout_s=120, threads=1)
+
+
+def test_a_run_over_its_time_is_stopped(tmp_path: Path) -> None:
+    path = small("plan-pp2.yaml", tmp_path)
+    plan = read_plan(read_yaml(path), str(path))
+    spec = {"plan": v._worker_plan(plan), "threads": 1, "cpus": None, "device": "cpu",
+            "warmup": 1, "steps": 1, "collective_timeout_s": 10, "slice": False, "stage": None}
+    with pytest.raises(v.ValidateError, match="timed out after 1 s"):
+        v.spawn(spec, 2, timeout_s=1.0, threads=1)
