@@ -321,6 +321,19 @@ def bench(
     descriptor: Annotated[str | None, typer.Option(
         "--descriptor", help="The built-in device this machine is (default: known from the CUDA "
                              "device name; none on CPU).")] = None,
+    fit: Annotated[bool, typer.Option(
+        "--fit", help="Fit the random-forest surrogate on the profile and print its cross-validated "
+                      "error against the analytic model's.")] = False,
+    profile_path: Annotated[Path | None, typer.Option(
+        "--profile", help="Fit (--fit) or describe (--describe) this profile instead of measuring.")
+    ] = None,
+    fit_cluster: Annotated[str | None, typer.Option(
+        "--cluster", "-c", help="--fit: the analytic baseline (default: the machine described from "
+                                "the profile itself).")] = None,
+    describe: Annotated[Path | None, typer.Option(
+        "--describe", help="Write a cluster descriptor of this machine fitted on the profile "
+                           "(peaks, memory bandwidth, link bandwidth and latency).")] = None,
+    name: Annotated[str, typer.Option("--name", help="--describe: the cluster's name.")] = "local-cpu",
 ) -> None:
     """Microbenchmarks on the local devices (GEMMs, attention, elementwise, collectives) as a
     profile CSV: exit 0, or 2 on bad input or when the benchmarks cannot run here."""
@@ -328,8 +341,13 @@ def bench(
     import time
 
     from autoplan.bench import run as bench_run
-    from autoplan.bench.profile import format_profile, parse_profile
+    from autoplan.bench.profile import format_profile, parse_profile, read_profile
 
+    if profile_path is not None:
+        if not (fit or describe):
+            raise InputError.single("--profile", "", "give --fit or --describe with a profile to read")
+        _fit_and_describe(read_profile(profile_path), fit, fit_cluster, describe, name)
+        return
     models = [m.strip() for m in model.split(",") if m.strip()] if model is not None else None
     if models == []:
         raise InputError.single("--model", "", "expected one or more model names or paths")
@@ -366,6 +384,51 @@ def bench(
     output.out.print(table)
     output.err.print(f"wrote {len(rows)} rows to {escape(str(out_path))} "
                      f"in {time.monotonic() - started:.0f} s")
+    _fit_and_describe(profile, fit, fit_cluster, describe, name)
+
+
+def _fit_and_describe(profile: Any, fit: bool, cluster_ref: str | None, describe: Path | None,
+                      name: str) -> None:
+    """bench --fit: the surrogate's cross-validated error; --describe: the machine descriptor."""
+    from rich.table import Table
+
+    from autoplan.bench.machine import cluster_yaml, describe_machine
+    from autoplan.cost import surrogate
+
+    if fit:
+        from autoplan.descriptors.library import resolve_cluster
+
+        cluster = resolve_cluster(cluster_ref) if cluster_ref is not None else None
+        table = Table(title="surrogate fit: mean relative error per kind", title_justify="left",
+                      caption=escape(f"{profile.source}; surrogate error cross-validated over "
+                                     f"{surrogate.CV_FOLDS} folds"), caption_justify="left")
+        for col in ("kind", "rows", "analytic", "surrogate"):
+            table.add_column(col, justify="left" if col == "kind" else "right")
+        for row in surrogate.fit_report(profile, cluster):
+            table.add_row(row.kind, str(row.rows), f"{row.analytic_mape:.1%}",
+                          "-" if row.surrogate_mape is None else f"{row.surrogate_mape:.1%}")
+        output.out.print(table)
+        output.out.print("analytic: the cost model's formula on " + escape(
+            cluster.name if cluster else "the machine described from the profile")
+            + "; surrogate: the same corrected by forests fitted without the row")
+    if describe is not None:
+        import shlex
+
+        if profile.meta.get("device_kind") != "cpu":
+            raise InputError.single("--describe", "", "describes a CPU profile's machine; for a GPU, use "
+                                    "its built-in device with --profile on search and evaluate")
+        machine = surrogate.measured_machine(profile)
+        cluster = describe_machine(profile, name=name, ranks_per_node=machine.gpus_per_node,
+                                   mem_bytes=_machine_memory_bytes(),
+                                   compute_dtype=surrogate.compute_dtype(profile))
+        command = shlex.join(["autoplan", *sys.argv[1:]])
+        _write_atomic(describe, cluster_yaml(cluster, profile, command))
+        output.err.print(f"wrote the machine descriptor to {escape(str(describe))}")
+
+
+def _machine_memory_bytes() -> float:
+    """Physical memory of this machine (a CPU 'device' holds all of it)."""
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 @app.command("export")
