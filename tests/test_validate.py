@@ -193,6 +193,17 @@ def test_a_plan_too_big_for_the_machine_is_made_smaller_and_predicted_as_it_runs
     assert exact.plan == big and exact.adjustments == ()
 
 
+def test_a_plan_only_too_slow_runs_fewer_microbatches_of_the_same_shapes() -> None:
+    from autoplan.cost.evaluate import evaluate
+
+    plan = example("plan-pp2.yaml")
+    budget = 0.9 * evaluate(plan).step_time_s
+    fitted = v.fit_plan(plan, v.Options(max_step_s=budget), mem_budget=8 * 2**30)
+    assert fitted.plan.model == plan.model and fitted.plan.micro_batch == plan.micro_batch
+    assert fitted.plan.num_microbatches == plan.num_microbatches // 2
+    assert "microbatches" in fitted.adjustments[0] and "time: predicted" in fitted.adjustments[0]
+
+
 def test_every_cpu_example_plan_loads_and_is_predicted() -> None:
     from autoplan.cost.evaluate import evaluate
 

@@ -29,8 +29,9 @@ What runs is what autoplan's cost model accounts for, as closely as eager PyTorc
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -518,6 +519,17 @@ def preload(device: torch.device) -> None:
     adamw([p]).step()
 
 
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Build modules with parameters of ``dtype``."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
 def init_weights(module: nn.Module, generator_seed: int) -> None:
     """Normal(0, 0.02) weights, zero biases, unit norms (values do not change timing)."""
     torch.manual_seed(generator_seed)
@@ -592,42 +604,57 @@ def adamw(params: Sequence[torch.Tensor]) -> torch.optim.Optimizer:
         return torch.optim.AdamW(params, lr=1e-5, foreach=False)
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (a plain tensor is its own)."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 class RankStates:
-    """Megatron-LM's distributed optimizer on data-parallel rank 0 of ``d``, without its
-    communication (docs/distrib_optimizer.md): the model's bf16 parameters; an fp32
+    """Megatron-LM's mixed-precision distributed optimizer as one data-parallel rank (rank 0
+    of ``d``) keeps it (docs/distrib_optimizer.md): the model's bf16 parameters; an fp32
     main-gradient buffer every backward accumulates into (a hook frees each bf16 gradient
     as soon as it is added), whole, or only this rank's 1/d of it under ZeRO-2; fp32 master
     weights and Adam moments for this rank's 1/d of the parameters under ZeRO-1 and 2
     (all of them under ZeRO-0). A step runs Adam on the master shard and copies it back
-    into the bf16 parameters it covers (the all-gather of the others is communication)."""
+    into the bf16 parameters it covers. With d = 1 that is the whole optimizer (no
+    communication to leave out); with d > 1 (``--slice``) the reduce-scatter of the
+    gradients and the all-gather of the other ranks' parameters are what is left out.
+    TP-sharded (DTensor) parameters keep their local shard."""
 
     def __init__(self, params: Sequence[torch.Tensor], zero: ZeroStage, d: int):
         self.params = list(dict.fromkeys(params))  # tied weights once
-        n = sum(p.numel() for p in self.params)
+        n = sum(_local(p).numel() for p in self.params)
         shard = -(-n // d)
         self.opt_hi = shard if zero >= ZeroStage.OPTIMIZER else n
         self.grad_hi = shard if zero >= ZeroStage.GRADIENTS else n
-        device = self.params[0].device
+        device = _local(self.params[0]).device
         self.main_grad = torch.zeros(self.grad_hi, dtype=torch.float32, device=device)
         self.master = torch.zeros(self.opt_hi, dtype=torch.float32, device=device, requires_grad=True)
         self.offsets: dict[int, int] = {}
         off = 0
         for p in self.params:
             self.offsets[id(p)] = off
-            lo, hi = off, min(off + p.numel(), self.opt_hi)
-            if lo < hi:
+            numel = _local(p).numel()
+            hi = min(off + numel, self.opt_hi)
+            if off < hi:
                 with torch.no_grad():
-                    self.master[lo:hi] = p.detach().flatten()[:hi - lo].float()
+                    self.master[off:hi] = _local(p).detach().flatten()[:hi - off].float()
             p.register_post_accumulate_grad_hook(self._accumulate)
-            off += p.numel()
+            off += numel
         self.optimizer = adamw([self.master])
 
     def _accumulate(self, p: torch.Tensor) -> None:
         assert p.grad is not None
         off = self.offsets[id(p)]
-        hi = min(off + p.numel(), self.grad_hi)
+        grad = _local(p.grad)
+        hi = min(off + grad.numel(), self.grad_hi)
         if off < hi:
-            self.main_grad[off:hi] += p.grad.flatten()[:hi - off]
+            # upcast first: torch's CPU add of a bf16 tensor into an fp32 one takes a
+            # non-vectorized path (~3 ns per element); Megatron-LM fuses this accumulation
+            # into the weight-gradient GEMM (gradient_accumulation_fusion)
+            self.main_grad[off:hi] += grad.flatten()[:hi - off].float()
         p.grad = None
 
     def step(self) -> None:
@@ -635,28 +662,24 @@ class RankStates:
         self.optimizer.step()
         with torch.no_grad():
             for p in self.params:
-                off = self.offsets[id(p)]
-                hi = min(off + p.numel(), self.opt_hi)
+                off, local = self.offsets[id(p)], _local(p)
+                hi = min(off + local.numel(), self.opt_hi)
                 if off < hi:
-                    p.view(-1)[:hi - off].copy_(self.master[off:hi])
+                    local.view(-1)[:hi - off].copy_(self.master[off:hi])
         self.master.grad = None
         self.main_grad.zero_()
 
     def bytes(self) -> dict[str, int]:
         moments = sum(v.numel() * v.element_size() for st in self.optimizer.state.values()
                       for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
-        return {"params": sum(p.numel() * p.element_size() for p in self.params),
+        return {"params": sum(_local(p).numel() * _local(p).element_size() for p in self.params),
                 "grads": self.main_grad.numel() * 4,
                 "optimizer": self.master.numel() * 4 + moments}
 
 
 def state_bytes(modules: Sequence[nn.Module], optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes this rank holds in parameters (fp32 shards), gradients and optimizer states."""
-    from torch.distributed.tensor import DTensor
-
-    def local(t: torch.Tensor) -> torch.Tensor:
-        return t.to_local() if isinstance(t, DTensor) else t
-
+    local = _local
     params = {id(p): p for m in modules for p in m.parameters()}
     p_bytes = sum(local(p).numel() * local(p).element_size() for p in params.values())
     g_bytes = sum(local(p.grad).numel() * local(p.grad).element_size()

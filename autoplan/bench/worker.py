@@ -185,21 +185,42 @@ def _train(spec: dict[str, Any], plan: Any, rank: int) -> dict[str, Any]:
     layers = tm.chunk_layers(plan.stage_layers, lay.pp, lay.vpp, v_shape)
     n_virtual = lay.pp * lay.vpp
     chunk_ids = tm.stage_chunks(stage, lay.pp, lay.vpp, v_shape)
+    # dp > 1: FSDP2 keeps fp32 parameters and casts them to bf16 (torch_model.FsdpSettings);
+    # dp = 1: bf16 parameters with Megatron-LM's fp32 main gradients, master weights and
+    # Adam moments (torch_model.RankStates): nothing to reduce or shard
+    use_fsdp = lay.dp > 1
     chunks = []
     for vid in chunk_ids:
-        with torch.device("meta"):
+        with torch.device("meta"), tm.default_dtype(torch.float32 if use_fsdp else torch.bfloat16):
             chunk = tm.Chunk(model, layers[vid], first=vid == 0, last=vid == n_virtual - 1,
                              tied=model.tied_embeddings and n_virtual == 1)
         if lay.tp > 1:
             tm.apply_tp(chunk, mesh["tp"], plan.sequence_parallel)
         tm.apply_recompute(chunk, plan.recompute)
-        tm.apply_fsdp(chunk, mesh["dp_replicate", "dp_shard"], fsdp)
+        if use_fsdp:
+            tm.apply_fsdp(chunk, mesh["dp_replicate", "dp_shard"], fsdp)
         chunk.to_empty(device="cpu")
         tm.init_weights(chunk, 17 + vid)
         chunk.train()
         chunks.append(chunk)
 
-    optimizer = tm.adamw([p for c in chunks for p in c.parameters()])
+    params = [p for c in chunks for p in c.parameters()]
+    if use_fsdp:
+        optimizer = tm.adamw(params)
+
+        def optimizer_step() -> dict[str, int]:
+            optimizer.step()
+            held = tm.state_bytes(chunks, optimizer)
+            optimizer.zero_grad(set_to_none=True)
+            return held
+    else:
+        rank_states = tm.RankStates(params, plan.zero, 1)
+
+        def optimizer_step() -> dict[str, int]:
+            held = rank_states.bytes()
+            rank_states.step()
+            return held
+
     loss_fn = tm.make_loss(mesh["tp"].get_group(), tp_rank, lay.tp, model.vocab)
     m, b, s = plan.num_microbatches, plan.micro_batch, plan.job.seq_len
 
@@ -218,13 +239,14 @@ def _train(spec: dict[str, Any], plan: Any, rank: int) -> dict[str, Any]:
             if holds_last:
                 tm.check_finite(kwargs["losses"][-1])
     else:
-        root: Any = chunks[0]  # an FSDPModule
+        root: Any = chunks[0]  # an FSDPModule when dp > 1
 
         def microbatches(tokens: torch.Tensor, targets: torch.Tensor) -> None:
             for i in range(m):
                 last = i == m - 1
-                root.set_requires_gradient_sync(last or fsdp.sync_every_microbatch)
-                root.set_reshard_after_backward(last or fsdp.sync_every_microbatch)
+                if use_fsdp:  # ZeRO-2 keeps parameters gathered over the microbatches
+                    root.set_requires_gradient_sync(last or fsdp.sync_every_microbatch)
+                    root.set_reshard_after_backward(last or fsdp.reshard_after_forward)
                 rows = slice(i * b, (i + 1) * b)
                 loss = loss_fn(root(tokens[rows]), targets[rows]) / m
                 loss.backward()
@@ -236,9 +258,7 @@ def _train(spec: dict[str, Any], plan: Any, rank: int) -> dict[str, Any]:
         tokens, targets = tm.random_batch(model.vocab, m * b, s, tm.seeds(dp_index, i))
         t0 = time.perf_counter()
         microbatches(tokens, targets)
-        optimizer.step()
-        states.update(tm.state_bytes(chunks, optimizer))
-        optimizer.zero_grad(set_to_none=True)
+        states.update(optimizer_step())
         return time.perf_counter() - t0
 
     spec = {**spec, "memory_window": start_memory_window}
@@ -282,13 +302,13 @@ def _run_slice(spec: dict[str, Any]) -> dict[str, Any]:
     chunk_ids = tm.stage_chunks(stage, lay.pp, lay.vpp, v_shape)
     chunks = []
     for vid in chunk_ids:
-        with torch.device(device):
+        with torch.device(device), tm.default_dtype(torch.bfloat16):
             chunk = tm.Chunk(local, layers[vid], first=vid == 0, last=vid == n_virtual - 1,
                              tied=plan.model.tied_embeddings and n_virtual == 1 and lay.tp == 1)
             tm.init_weights(chunk, 17 + vid)
         tm.use_standins(chunk, lay.tp, plan.sequence_parallel)
         tm.apply_recompute(chunk, plan.recompute)
-        chunk.to(torch.bfloat16).train()
+        chunk.train()
         chunks.append(chunk)
     states = tm.RankStates([p for c in chunks for p in c.parameters()], plan.zero, lay.dp * lay.cp)
     loss_fn = tm.make_loss(None, 0, 1, local.vocab)
