@@ -417,9 +417,10 @@ def _fit_and_describe(profile: Any, fit: bool, cluster_ref: str | None, describe
         if profile.meta.get("device_kind") != "cpu":
             raise InputError.single("--describe", "", "describes a CPU profile's machine; for a GPU, use "
                                     "its built-in device with --profile on search and evaluate")
-        machine = surrogate.measured_machine(profile)
-        cluster = describe_machine(profile, name=name, ranks_per_node=machine.gpus_per_node,
-                                   mem_bytes=_machine_memory_bytes(),
+        ranks = surrogate.measured_machine(profile).gpus_per_node
+        # each local process is one "GPU" and gets an equal share of the machine's memory
+        cluster = describe_machine(profile, name=name, ranks_per_node=ranks,
+                                   mem_bytes=_machine_memory_bytes() / ranks,
                                    compute_dtype=surrogate.compute_dtype(profile))
         command = shlex.join(["autoplan", *sys.argv[1:]])
         _write_atomic(describe, cluster_yaml(cluster, profile, command))

@@ -21,12 +21,10 @@ Features (kinds corrected: gemm, attention, collective; elementwise rows only se
   domains spanned.
 
 Dtype rule: each profile row stands for the job dtype whose peak the analytic model
-uses for it. On an accelerator a bf16, fp16 or fp8 row stands for itself and fp32 rows
-stand for nothing (no job computes its GEMMs in fp32). On a CPU (``device_kind: cpu``)
-the machine computes 16-bit models in fp32 (its bf16 GEMMs are emulated), so the fp32
-rows stand for bf16 and fp16 jobs, costed at the descriptor's bf16 peak (the fp32 rate,
-as ``describe_machine(compute_dtype="fp32")`` fits it), and the emulated 16-bit rows
-are left out. Attention runs in 16 bits (fp8 jobs too): attention rows standing for
+uses for it: a bf16, fp16 or fp8 row stands for itself, on a CPU as on an accelerator
+(``autoplan validate`` computes in bf16 on a CPU too, and ``describe_machine`` fits the
+descriptor's peak on the bf16 rows); fp32 rows stand for nothing (no job computes its
+GEMMs in fp32). Attention runs in 16 bits (fp8 jobs too): attention rows standing for
 bf16 or fp16 are used.
 
 Coverage: a GEMM in a dtype the profile did not measure, and a collective spanning
@@ -133,15 +131,15 @@ def collective_features(op: str, nbytes: float, ranks: int, per_domain: int) -> 
 
 
 def analytic_dtype(profile_dtype: str, device_kind: str) -> Dtype | None:
-    """The job dtype a profile row stands for (the module's dtype rule); None: none."""
-    if device_kind == "cpu":
-        return Dtype.BF16 if profile_dtype == "fp32" else None
+    """The job dtype a profile row stands for (the module's dtype rule); None: none.
+    ``device_kind`` does not change the rule today; it stays in the signature because a
+    device whose 16-bit GEMMs are emulated would need one."""
     return {"bf16": Dtype.BF16, "fp16": Dtype.FP16, "fp8": Dtype.FP8}.get(profile_dtype)
 
 
 def measured_dtype(dtype: Dtype, device_kind: str) -> str:
     """The profile dtype whose rows stand for a job dtype (the module's dtype rule)."""
-    return "fp32" if device_kind == "cpu" else dtype.value
+    return dtype.value
 
 
 def compute_dtype(profile: Profile) -> str:
