@@ -137,9 +137,10 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + rotated * sin
 
 
-def _rope_tables(seq: int, dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    inv = 1.0 / (ROPE_THETA ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-    angles = torch.outer(torch.arange(seq, dtype=torch.float32), inv)
+def _rope_tables(seq: int, dim: int, dtype: torch.dtype,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (ROPE_THETA ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
+    angles = torch.outer(torch.arange(seq, dtype=torch.float32, device=device), inv)
     angles = torch.cat((angles, angles), dim=-1)[:, None, :]  # (s, 1, d): broadcast over heads
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
@@ -168,7 +169,7 @@ class Attention(nn.Module):
         if self.rope:
             key = (s, q.dtype)
             if key not in self._tables:
-                self._tables[key] = _rope_tables(s, d, q.dtype)
+                self._tables[key] = _rope_tables(s, d, q.dtype, q.device)
             cos, sin = self._tables[key]
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         # (b, s, heads, d) viewed as (b, heads, s, d): the CPU and CUDA flash kernels write

@@ -12,8 +12,9 @@ Two modes:
 
 - distributed (``--device cpu``): the plan's world size as local processes
   (:mod:`autoplan.bench.worker`) over gloo, one pipeline stage (or ``vpp`` chunks) per
-  pp rank, tp (+ sp) with DTensor, dp / ZeRO with FSDP2 (see
-  :mod:`autoplan.bench.torch_model`). Compared: the median over the timed steps of the
+  pp rank, tp (+ sp) with DTensor, dp / ZeRO with FSDP2 (dp = 1: Megatron-style fp32 main
+  gradients and master weights, nothing to shard; see :mod:`autoplan.bench.torch_model`),
+  each rank pinned to its own cores. Compared: the median over the timed steps of the
   step time (each step's time is the slowest rank's), and each rank's peak memory
   against its stage's predicted peak (summary: the largest of each).
 - slice (``--slice``; the only mode on ``--device cuda``): one process runs one rank's
@@ -28,8 +29,8 @@ allocator fragmentation: memory no tensor holds, which neither the resident-set 
 over the post-init baseline nor ``max_memory_allocated`` sees; 0 on a fitted CPU).
 
 Predicted for exactly what runs: the model that runs is the plan's, made smaller only
-where the machine is too small (fewer layers, then narrower, then fewer microbatches:
-:func:`fit_plan`), and the prediction is ``evaluate`` of that smaller plan on a
+where the machine is too small (:func:`fit_plan`: fewer microbatches, fewer layers,
+narrower), and the prediction is ``evaluate`` of that smaller plan on a
 descriptor of this machine:
 
 - ``--profile CSV`` (from ``autoplan bench``): :func:`autoplan.bench.machine.describe_machine`
@@ -42,7 +43,10 @@ What computes: bf16 GEMMs and attention with fp32 master weights, fp32 gradients
 Adam moments, the plan's dtype and autoplan's memory accounting (2 + 4 + 12 bytes per
 parameter). The descriptor's peak comes from the profile's bf16 GEMM rows: measured, so
 a CPU that emulates bf16 gets its emulated rate, and one with native bf16 (this
-project's 2-core AMD EPYC: 0.44 TFLOP/s bf16 against 0.10 fp32 per core) its native one.
+project's 2-core AMD EPYC: 0.47 TFLOP/s bf16 against 0.10 fp32 per core) its native one.
+
+The run reports what could bend its timings: other work on the machine before and during
+the run (/proc/stat against the workers' own CPU time).
 """
 
 from __future__ import annotations

@@ -23,8 +23,10 @@ CUDA (slice mode): ``max_memory_allocated`` over the memory step.
 Time: wall time of a whole step (every microbatch's forward and backward, the gradient
 reduction, the optimizer step), after a barrier of all ranks. Before the timed steps the
 allocator is switched to keep what it frees (``mallopt``: no mmap, no trimming), as a
-GPU's caching allocator does: otherwise each large tensor is a fresh mmap whose page
-faults (the kernel zeroing pages) cost more than the kernels on it, which a GPU never pays.
+GPU's caching allocator does, from a heap whose pages are touched once beforehand (as
+many bytes as the memory step's peak, at most 1.5 GiB): otherwise large tensors land on
+fresh pages whose faults (here a virtual machine's, ~0.3 GB/s) cost more than the kernels
+on them, which a GPU never pays.
 """
 
 from __future__ import annotations
@@ -84,12 +86,24 @@ def start_memory_window() -> str:
     return "the process lifetime (getrusage)"
 
 
-def use_caching_allocator() -> bool:
-    """From now on keep freed memory for reuse instead of returning it (see the module
-    docstring); False where the C library is not glibc."""
+POOL_MAX = 3 * 2**30 // 2  # glibc trims a free heap top over M_TRIM_THRESHOLD (an int: < 2 GiB)
+
+
+def use_caching_allocator(pool_bytes: int) -> bool:
+    """From now on keep freed memory for reuse instead of returning it, in a heap of
+    ``pool_bytes`` whose pages are touched once here (see the module docstring): a GPU
+    caching allocator's reserved memory. False where the C library is not glibc."""
     try:
         libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+        libc.malloc.restype = ctypes.c_void_p
+        libc.free.argtypes = [ctypes.c_void_p]
+        ok = bool(libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+        size = min(pool_bytes, POOL_MAX)
+        block = libc.malloc(ctypes.c_size_t(size)) if ok and size > 0 else None
+        if block:
+            ctypes.memset(block, 0, size)
+            libc.free(block)
+        return ok
     except (OSError, AttributeError):
         return False
 
@@ -134,7 +148,7 @@ def _timed(spec: dict[str, Any], step: Callable[[int], float], barrier: Callable
     barrier()
     step(warmup)
     peak_bytes = peak() - baseline
-    caching = use_caching_allocator()
+    caching = use_caching_allocator(0 if spec.get("device") == "cuda" else peak_bytes)
     for i in range(warmup + 1, warmup + 2 + steps):
         barrier()
         times.append(step(i))
