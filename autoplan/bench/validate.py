@@ -17,7 +17,7 @@ Two modes:
   each rank pinned to its own cores. Compared: the median over the timed steps of the
   step time (each step's time is the slowest rank's), and each rank's peak memory
   against its stage's predicted peak (summary: the largest of each).
-- slice (``--slice``; the only mode on ``--device cuda``): one process runs one rank's
+- slice (``--slice``; always on ``--device cuda``): one process runs one rank's
   share of a plan of any size: the layers of one pipeline stage at TP-sharded widths,
   its microbatches in the schedule's order for that stage, the optimizer state that rank
   keeps under ZeRO, and no communication. Compared: the compute time (forward and
@@ -202,9 +202,6 @@ def unsupported(plan: Plan, source: str, options: Options, machine: Machine) -> 
         if options.stage is not None and not 0 <= options.stage < lay.pp:
             out.append(Problem("--stage", "", f"expected a stage in 0..{lay.pp - 1}, got {options.stage}"))
         return out
-    if options.device == "cuda":
-        out.append(Problem("--device", "", "on cuda validate runs one rank's slice: add --slice "
-                                            "(multi-GPU runs are not built)"))
     if lay.pp > 1 and plan.zero >= ZeroStage.GRADIENTS:
         no("zero", f"zero {int(plan.zero)} with pp > 1: torch.distributed.pipelining defers the "
                    "gradient reduction to the last microbatch and keeps parameters gathered across "
@@ -533,6 +530,8 @@ def validate(plan: Plan, source: str, options: Options, machine: Machine | None 
     except ImportError:
         raise AutoplanError(TORCH_MISSING) from None
     machine = machine or Machine.local(options.device)
+    if options.device == "cuda":  # one GPU runs one rank's slice (multi-GPU runs are not built)
+        options = dataclasses.replace(options, slice=True)
     problems = unsupported(plan, source, options, machine)
     if problems:
         raise InputError(problems)
@@ -574,7 +573,23 @@ def validate(plan: Plan, source: str, options: Options, machine: Machine | None 
                          "timings include it")
     out = _compare(source, options, run_plan, pred, desc, fitted.adjustments, tuple(notes), stage,
                    results, load, wall)
-    return dataclasses.replace(out, extra={**out.extra, "others_cpu_share_during_run": others})
+    extra: dict[str, Any] = {"others_cpu_share_during_run": others}
+    band = _band(run_plan) if not options.slice else None
+    if band is not None:
+        extra["predicted_step_time_band_s"] = band
+    return dataclasses.replace(out, extra={**out.extra, **extra})
+
+
+def _band(plan: Plan) -> list[float] | None:
+    """The step time's 10th and 90th percentile over the learned correction's trees, where
+    the descriptor carries one (autoplan.cost.surrogate.band); else None."""
+    try:
+        from autoplan.cost import surrogate
+    except ImportError:
+        return None
+    band = getattr(surrogate, "band", None)
+    unc = band(plan) if band is not None else None
+    return None if unc is None else [unc.step_time_s_p10, unc.step_time_s_p90]
 
 
 def _compare(source: str, options: Options, plan: Plan, pred: Prediction, desc: Descriptor,

@@ -488,7 +488,7 @@ def validate(
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN.yaml", help="A plan file.")],
     device: Annotated[str, typer.Option(
         "--device", "-d", help="cpu: the plan's world size as local processes over gloo; cuda: one "
-                               "rank's slice on one GPU (with --slice).")] = "cpu",
+                               "rank's slice on one GPU (--slice implied).")] = "cpu",
     profile: Annotated[Path | None, typer.Option(
         "--profile", help="Profile CSV from `autoplan bench` on this machine: the prediction is made "
                           "on a descriptor fitted on it (default: the plan's own cluster, which must "
@@ -533,7 +533,7 @@ def validate(
                       warmup=warmup, tolerance=tolerance, memory_tolerance=memory_tolerance,
                       timeout_s=timeout, max_step_s=max_step_s, fit=not exact)
     if output.interactive(fmt.value):
-        what = "one rank's slice" if slice_ else f"{plan.layout.gpus} processes"
+        what = "one rank's slice" if slice_ or device == "cuda" else f"{plan.layout.gpus} processes"
         with output.err.status(f"validating {escape(str(plan_path))}: {what} on {device} ..."):
             result = run_validation(plan, str(plan_path), options)
     else:
@@ -577,6 +577,10 @@ def _print_validation(result: Any) -> None:
     output.out.print(table)
     output.out.print(f"timed steps {len(result.step_times_s)}: {lo:.3f} to {hi:.3f} s; "
                      f"peak memory over {escape(ran['peak_memory_window'])}")
+    if "predicted_step_time_band_s" in ran:
+        p10, p90 = ran["predicted_step_time_band_s"]
+        output.out.print(f"predicted step time over the learned correction's trees: {p10:.3f} to "
+                         f"{p90:.3f} s (10th to 90th percentile)")
     ranks = Table(title="per rank", title_justify="left")
     for col in ("rank", "stage", "median step s", "peak GiB", "predicted GiB", "threads"):
         ranks.add_column(col, justify="right")
