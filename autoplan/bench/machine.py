@@ -104,6 +104,13 @@ def describe_machine(profile: Profile, *, name: str, ranks_per_node: int, mem_by
                    nvlink_domain=ranks_per_node, intra_node=link, inter_node=link, nodes=1)
 
 
+def physical_memory_bytes() -> float:
+    """This machine's physical memory (a CPU 'device' shares it with the other local ranks)."""
+    import os
+
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
 def cluster_yaml(cluster: Cluster, profile: Profile, command: str) -> str:
     """The cluster as a descriptor file, with where its numbers came from."""
     import yaml
@@ -134,7 +141,9 @@ def cluster_yaml(cluster: Cluster, profile: Profile, command: str) -> str:
         "# peak_tflops and gemm_half_gflop: least-squares line t = (F + h) / P over the GEMM rows;",
         "# hbm_GBps: line over the elementwise rows; attention: achieved attention FLOP/s over peak;",
         "# links: non-negative least squares of the collective rows on autoplan's ring model",
-        "# (autoplan/bench/machine.py). A 'GPU' here is one local process.",
+        "# (autoplan/bench/machine.py). A 'GPU' here is one local process, computing with the",
+        f"# profile's {meta.get('torch_threads', '?')} torch thread(s); mem_GiB is its share of the "
+        "machine's memory.",
     ]
     return "\n".join(head) + "\n" + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)
 

@@ -114,7 +114,9 @@ class Machine:
     def local(cls, device: str) -> Machine:
         cpus = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") \
             else tuple(range(os.cpu_count() or 1))
-        mem = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        from autoplan.bench.machine import physical_memory_bytes
+
+        mem = physical_memory_bytes()
         if device != "cuda":
             return cls(cpus=cpus, mem_bytes=mem)
         try:

@@ -392,7 +392,7 @@ def _fit_and_describe(profile: Any, fit: bool, cluster_ref: str | None, describe
     """bench --fit: the surrogate's cross-validated error; --describe: the machine descriptor."""
     from rich.table import Table
 
-    from autoplan.bench.machine import cluster_yaml, describe_machine
+    from autoplan.bench.machine import cluster_yaml, describe_machine, physical_memory_bytes
     from autoplan.cost import surrogate
 
     if fit:
@@ -420,16 +420,11 @@ def _fit_and_describe(profile: Any, fit: bool, cluster_ref: str | None, describe
         ranks = surrogate.measured_machine(profile).gpus_per_node
         # each local process is one "GPU" and gets an equal share of the machine's memory
         cluster = describe_machine(profile, name=name, ranks_per_node=ranks,
-                                   mem_bytes=_machine_memory_bytes() / ranks,
+                                   mem_bytes=physical_memory_bytes() / ranks,
                                    compute_dtype=surrogate.compute_dtype(profile))
         command = shlex.join(["autoplan", *sys.argv[1:]])
         _write_atomic(describe, cluster_yaml(cluster, profile, command))
         output.err.print(f"wrote the machine descriptor to {escape(str(describe))}")
-
-
-def _machine_memory_bytes() -> float:
-    """Physical memory of this machine (a CPU 'device' holds all of it)."""
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 @app.command("export")
