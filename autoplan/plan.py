@@ -4,7 +4,6 @@ plan file: schema v1 of DESIGN.md, read strictly and written deterministically."
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from typing import Any
 
 from autoplan.descriptors.hardware import Cluster
@@ -12,6 +11,8 @@ from autoplan.descriptors.job import Job, read_job
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.strict import Fields
 from autoplan.errors import InputError, Problem
+from autoplan.parallel.pp import uniform_stages
+from autoplan.parallel.rules import plan_problems
 from autoplan.vocab import CpComm, Recompute, Schedule, ZeroStage
 
 SCHEMA_VERSION = 1
@@ -104,135 +105,6 @@ class Plan:
         if self.stages is not None or len(set(self.stage_layers)) > 1:
             out["stages"] = list(self.stage_layers)  # uneven splits are written out
         return out
-
-
-@lru_cache(maxsize=4096)
-def uniform_stages(layers: int, pp: int) -> tuple[int, ...]:
-    """Split layers as evenly as possible. The remainder goes one layer each to the
-    stages nearest the middle: the first stage also holds the embedding and the most
-    in-flight activations, the last the output layer and the logits, so they get an
-    extra layer only when every middle stage has one."""
-    base, extra = divmod(layers, pp)
-    order = sorted(range(pp), key=lambda s: (s in (0, pp - 1), abs(s - (pp - 1) / 2), s))
-    counts = [base] * pp
-    for s in order[:extra]:
-        counts[s] += 1
-    return tuple(counts)
-
-
-def plan_problems(plan: Plan) -> list[tuple[str, str]]:
-    """Every rule the plan breaks, as (field, message). Empty when it can run."""
-    m, lay, job = plan.model, plan.layout, plan.job
-    out: list[tuple[str, str]] = []
-    if lay.gpus != plan.cluster.gpus:
-        out.append(("layout", f"dp*tp*pp*cp = {lay.dp}*{lay.tp}*{lay.pp}*{lay.cp} = {lay.gpus}, "
-                              f"but the cluster has {plan.cluster.gpus} GPUs "
-                              f"({plan.cluster.nodes} nodes x {plan.cluster.gpus_per_node})"))
-    if m.heads % lay.tp:
-        out.append(("layout.tp", f"tp={lay.tp} must divide heads={m.heads}"))
-    if m.kv_heads % lay.tp and lay.tp % m.kv_heads:
-        out.append(("layout.tp", f"tp={lay.tp} must divide kv_heads={m.kv_heads} (or be a multiple)"))
-    if m.ffn_hidden % lay.tp and m.layers > m.moe_layers:
-        out.append(("layout.tp", f"tp={lay.tp} must divide ffn_hidden={m.ffn_hidden}"))
-    out.extend(_expert_problems(plan))
-    if job.global_batch % (lay.dp * plan.micro_batch):
-        out.append(("micro_batch", f"dp*micro_batch = {lay.dp}*{plan.micro_batch} must divide "
-                                   f"global_batch={job.global_batch}"))
-    out.extend(cp_problems(plan))
-    if plan.sequence_parallel and lay.tp == 1:
-        out.append(("sequence_parallel", "sequence parallelism needs tp > 1"))
-    if plan.sequence_parallel and job.seq_len % (lay.tp * lay.cp):
-        out.append(("sequence_parallel", f"tp*cp={lay.tp * lay.cp} must divide seq_len={job.seq_len}"))
-    if not plan.cluster.device.supports(job.dtype):
-        out.append(("job.dtype", f"{plan.cluster.device.name} has no {job.dtype.value} tensor cores"))
-    out.extend(_schedule_problems(plan))
-    out.extend(_stage_problems(plan))
-    return out
-
-
-def _expert_problems(plan: Plan) -> list[tuple[str, str]]:
-    """Megatron-Core's rules for expert layers (MoE parallel folding): experts divide
-    evenly over ep; etp x ep x edp re-folds a stage's tp x cp x dp ranks; with TP the
-    token dispatcher needs sequence parallelism."""
-    m, lay = plan.model, plan.layout
-    if not m.is_moe:
-        out = []
-        if lay.ep != 1:
-            out.append(("layout.ep", f"ep={lay.ep} needs a mixture-of-experts model; {m.name} is dense"))
-        if lay.etp != lay.tp:
-            out.append(("layout.etp", f"etp={lay.etp} needs a mixture-of-experts model; "
-                                      f"{m.name} is dense"))
-        return out
-    out = []
-    if m.experts % lay.ep:
-        out.append(("layout.ep", f"ep={lay.ep} must divide experts={m.experts}"))
-    ranks = lay.tp * lay.cp * lay.dp
-    if ranks % (lay.ep * lay.etp):
-        out.append(("layout.ep", f"ep*etp = {lay.ep}*{lay.etp} must divide tp*cp*dp = {ranks} "
-                                 "(expert ranks are carved from a stage's ranks)"))
-    if m.expert_width % lay.etp:
-        out.append(("layout.etp", f"etp={lay.etp} must divide moe_ffn_hidden={m.expert_width}"))
-    if m.shared_experts and (m.shared_experts * m.shared_width) % lay.tp:
-        out.append(("layout.tp", f"tp={lay.tp} must divide the shared experts' width "
-                                 f"{m.shared_experts * m.shared_width}"))
-    if lay.tp > 1 and not plan.sequence_parallel:
-        out.append(("sequence_parallel", "mixture-of-experts layers with tp > 1 need sequence "
-                                         "parallelism (Megatron-Core's token dispatcher)"))
-    return out
-
-
-def cp_problems(plan: Plan) -> list[tuple[str, str]]:
-    m, lay, job = plan.model, plan.layout, plan.job
-    if job.seq_len % lay.cp or (lay.cp > 1 and job.seq_len % (2 * lay.cp)):
-        return [("layout.cp", f"2*cp = {2 * lay.cp} must divide seq_len={job.seq_len} "
-                              "(causal load balancing splits the sequence in 2*cp chunks)")]
-    if lay.cp > 1 and plan.cp_comm is CpComm.A2A:
-        heads = m.heads // lay.tp if m.heads >= lay.tp else 1
-        kv = m.kv_heads // lay.tp if m.kv_heads >= lay.tp else 1
-        if heads % lay.cp or (kv % lay.cp and lay.cp % kv):
-            return [("cp_comm", f"all-to-all context parallelism splits heads over cp: cp={lay.cp} "
-                                f"must divide the {heads} query heads per TP rank and divide (or "
-                                f"be a multiple of) its {kv} key-value heads")]
-    return []
-
-
-def _schedule_problems(plan: Plan) -> list[tuple[str, str]]:
-    lay, sched = plan.layout, plan.schedule
-    if sched is Schedule.INTERLEAVED:
-        if lay.vpp < 2 or lay.pp < 2:
-            return [("layout.vpp", "the interleaved schedule needs pp >= 2 and vpp >= 2")]
-        if plan.num_microbatches % lay.pp:
-            return [("layout.vpp", f"interleaved 1F1B needs the number of microbatches "
-                                   f"({plan.num_microbatches}) to be a multiple of pp={lay.pp} "
-                                   "(Megatron-LM's rule)")]
-        return []
-    if sched.v_shape:
-        if lay.vpp != 2 or lay.pp < 2:
-            return [("layout.vpp", f"{sched.value} places two model chunks per stage in a V: "
-                                   f"it needs vpp = 2 and pp >= 2, got vpp={lay.vpp}, pp={lay.pp}")]
-        return []
-    if lay.vpp != 1:
-        return [("layout.vpp", f"vpp={lay.vpp} needs schedule: interleaved (or a V-shape schedule "
-                               "with vpp = 2)")]
-    return []
-
-
-def _stage_problems(plan: Plan) -> list[tuple[str, str]]:
-    lay, layers = plan.layout, plan.model.layers
-    if plan.stages is None:
-        if layers < lay.pp * lay.vpp:
-            return [("layout.pp", f"pp*vpp = {lay.pp * lay.vpp} exceeds the {layers} layers")]
-        if lay.vpp > 1 and layers % (lay.pp * lay.vpp):
-            return [("layout.vpp", f"pp*vpp = {lay.pp * lay.vpp} must divide layers={layers}")]
-        return []
-    if lay.vpp > 1:
-        return [("stages", "explicit stages with vpp > 1 are not supported yet")]
-    if len(plan.stages) != lay.pp:
-        return [("stages", f"expected {lay.pp} entries (one per pipeline stage), "
-                           f"got {len(plan.stages)}")]
-    if sum(plan.stages) != layers:
-        return [("stages", f"expected entries summing to layers={layers}, got {sum(plan.stages)}")]
-    return []
 
 
 # --------------------------------------------------------------------------- predictions

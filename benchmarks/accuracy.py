@@ -45,7 +45,8 @@ from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_cluster, resolve_device, with_gpus
 from autoplan.descriptors.model import Model
 from autoplan.errors import AutoplanError
-from autoplan.plan import Layout, Plan, plan_problems
+from autoplan.parallel.rules import plan_problems
+from autoplan.plan import Layout, Plan
 from autoplan.vocab import Activation, Dtype, Norm, Position, Recompute, Schedule, ZeroStage
 
 DEFAULT_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "calibration_runs.csv"

@@ -13,12 +13,9 @@ import argparse
 import platform
 import time
 
-from autoplan import plan as plan_mod
-from autoplan.cost import evaluate as evaluate_mod
+from autoplan.cost.evaluate import clear_caches
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
-from autoplan.schedules import memory as schedule_memory
-from autoplan.schedules import simulator
 from autoplan.search.engine import search
 from autoplan.search.space import load_space
 
@@ -29,15 +26,6 @@ CASES = [
     ("deepseek-v3", "dgx-h100", 2048, 15360, 4096, None),
     ("llama3-70b", "dgx-h100", 256, 64, 131072, None),
 ]
-
-
-def clear_caches() -> None:
-    for fn in (evaluate_mod._layer_times, evaluate_mod._activation_terms,
-               evaluate_mod.stage_params, evaluate_mod._stage, evaluate_mod._stage_works,
-               evaluate_mod._shared, evaluate_mod._layer_params_per_rank, schedule_memory.peak_inflight,
-               evaluate_mod._groups_of, evaluate_mod._dense_per_stage,
-               simulator.simulate, simulator._compiled_orders, plan_mod.uniform_stages):
-        fn.cache_clear()
 
 
 def main() -> None:

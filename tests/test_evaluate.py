@@ -38,7 +38,7 @@ def test_fp8_gemms_run_faster_than_bf16_on_hopper():
 
 
 def test_fp8_on_an_a100_is_refused_as_bad_input():
-    from autoplan.plan import plan_problems
+    from autoplan.parallel.rules import plan_problems
 
     problems = plan_problems(make_plan(cluster="dgx-a100", dtype=Dtype.FP8))
     assert any(field == "job.dtype" for field, _ in problems)

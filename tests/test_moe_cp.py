@@ -8,21 +8,17 @@ import dataclasses
 import pytest
 
 from autoplan.cost import comm, flops
-from autoplan.cost.evaluate import (
-    _layer_times,
-    evaluate,
-    shard_of,
-    stage_dense_layers,
-    stage_memory,
-    stage_work,
-)
+from autoplan.cost.evaluate import evaluate
+from autoplan.cost.stage import _layer_times, shard_of, stage_memory, stage_work
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
 from autoplan.descriptors.model import Model
-from autoplan.plan import Layout, plan_document, plan_problems, read_plan
+from autoplan.parallel.pp import dense_per_stage as stage_dense_layers
+from autoplan.parallel.rules import plan_problems
+from autoplan.plan import Layout, plan_document, read_plan
 from autoplan.search.engine import search
 from autoplan.search.space import load_space
-from autoplan.vocab import Activation, CpComm, Position, Schedule, ZeroStage
+from autoplan.vocab import Activation, Axis, CpComm, Position, Schedule, ZeroStage
 from tests.helpers import make_plan
 
 MOE = Model(name="tiny-moe", layers=4, hidden=1024, heads=8, kv_heads=8, ffn_hidden=4096,
@@ -75,10 +71,10 @@ def test_dispatch_and_combine_volume_by_hand():
     a2a = 7 * (INTRA.latency_s + routed / 8 / INTRA.effective_Bps)
     work = stage_work(plan)[0]
     moe_layers = 3  # 4 layers, the first dense
-    assert work.ep_f == pytest.approx(moe_layers * 2 * a2a)  # dispatch + combine
-    assert work.ep_b == pytest.approx(moe_layers * 2 * a2a)
+    assert work.comm[Axis.EP][0] == pytest.approx(moe_layers * 2 * a2a)  # dispatch + combine
+    assert work.comm[Axis.EP][1] == pytest.approx(moe_layers * 2 * a2a)
     pred = evaluate(plan)
-    assert pred.breakdown.ep_comm == pytest.approx(plan.num_microbatches * 2 * work.ep_f)
+    assert pred.breakdown.ep_comm == pytest.approx(plan.num_microbatches * 2 * work.comm[Axis.EP][0])
 
 
 def test_expert_tensor_parallel_adds_a_gather_and_a_scatter_of_the_routed_tokens():
@@ -89,7 +85,7 @@ def test_expert_tensor_parallel_adds_a_gather_and_a_scatter_of_the_routed_tokens
     assert comm.all_to_all(routed, ep_group) == pytest.approx(a2a)
     gathered = routed * 2
     phase = INTRA.latency_s + gathered / 2 / INTRA.effective_Bps  # one ring step of 2 ranks
-    assert stage_work(plan)[0].ep_f == pytest.approx(3 * (2 * a2a + 2 * phase))
+    assert stage_work(plan)[0].comm[Axis.EP][0] == pytest.approx(3 * (2 * a2a + 2 * phase))
 
 
 def test_imbalance_scales_the_expert_work_and_traffic():
@@ -97,10 +93,11 @@ def test_imbalance_scales_the_expert_work_and_traffic():
     routed = 1024 * 2 * 1.0 * 1024 * 2  # even routing: the mean volume
     bandwidth = 3 * 2 * 7 * routed / 8 / INTRA.effective_Bps  # 3 MoE layers, 2 all-to-alls
     # twice the tokens: the latency terms stay, the bandwidth terms double
-    assert stage_work(skewed)[0].ep_f - stage_work(even)[0].ep_f == pytest.approx(bandwidth)
+    skewed_ep, even_ep = stage_work(skewed)[0].comm[Axis.EP][0], stage_work(even)[0].comm[Axis.EP][0]
+    assert skewed_ep - even_ep == pytest.approx(bandwidth)
     assert stage_work(skewed)[0].compute_f > stage_work(even)[0].compute_f
     capped = _moe_plan(model=dataclasses.replace(MOE, capacity_factor=1.0), moe_imbalance=2.0)
-    assert stage_work(capped)[0].ep_f == pytest.approx(stage_work(even)[0].ep_f)
+    assert stage_work(capped)[0].comm[Axis.EP][0] == pytest.approx(stage_work(even)[0].comm[Axis.EP][0])
 
 
 def test_expert_weights_are_sharded_by_ep_and_their_optimizer_by_edp():
@@ -168,13 +165,13 @@ def test_ring_exposes_what_a_step_cannot_hide_behind_its_attention():
     want_b = 15 * max(0.0, 2 * step - lt.attention_backward / 16)
     work = stage_work(plan)[0]
     assert want_f > 0
-    assert work.cp_f == pytest.approx(m.layers * want_f)
-    assert work.cp_b == pytest.approx(m.layers * want_b)
+    assert work.comm[Axis.CP][0] == pytest.approx(m.layers * want_f)
+    assert work.comm[Axis.CP][1] == pytest.approx(m.layers * want_b)
 
 
 def test_ring_hides_its_transfers_behind_long_attention():
     plan = make_plan(gpus=8, dp=1, cp=8, seq_len=131072, global_batch=8)
-    assert stage_work(plan)[0].cp_f == 0.0
+    assert stage_work(plan)[0].comm[Axis.CP][0] == 0.0
 
 
 def test_ulysses_exchanges_qkv_before_and_the_output_after_attention():
@@ -187,8 +184,8 @@ def test_ulysses_exchanges_qkv_before_and_the_output_after_attention():
     want = sum(7 * (INTRA.latency_s + n / 8 / INTRA.effective_Bps) for n in (qkv, out))
     assert comm.all_to_all(qkv, g) + comm.all_to_all(out, g) == pytest.approx(want)
     work = stage_work(plan)[0]
-    assert work.cp_f == pytest.approx(m.layers * want)
-    assert work.cp_b == pytest.approx(m.layers * want)
+    assert work.comm[Axis.CP][0] == pytest.approx(m.layers * want)
+    assert work.comm[Axis.CP][1] == pytest.approx(m.layers * want)
 
 
 def test_activations_are_divided_by_cp():

@@ -16,18 +16,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoplan.errors import InputError
-from autoplan.plan import uniform_stages
+from autoplan.parallel.pp import uniform_stages
 from autoplan.search.partition import (
     Partition,
     PartitionProblem,
     SolverTimeout,
-    StageShape,
     best_partition,
     partition_cpsat,
     partition_dp,
     stage_memory,
     stage_time,
 )
+from autoplan.search.space import StageShape
 
 GB = 1e9
 

@@ -12,12 +12,12 @@ import pytest
 from autoplan.cost.evaluate import evaluate, simulate_timeline
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
-from autoplan.plan import plan_problems
+from autoplan.parallel.rules import plan_problems
 from autoplan.search.engine import search
-from autoplan.search.partition import StageShape, stage_memory
-from autoplan.search.space import load_space
+from autoplan.search.partition import stage_memory
+from autoplan.search.space import StageShape, load_space
 from autoplan.search.stages import partition_problem, with_best_stages
-from autoplan.vocab import Recompute, Schedule, ZeroStage
+from autoplan.vocab import Axis, Recompute, Schedule, ZeroStage
 from tests.helpers import make_plan
 
 LARGE_VOCAB = dict(model="nemotron-4-15b", gpus=16, dp=2, tp=2, pp=4, global_batch=64,
@@ -108,7 +108,8 @@ def test_explain_refuses_a_timeline_of_an_unknown_format(tmp_path):
 
 def test_a_v_shape_puts_the_output_layer_and_logits_back_on_stage_zero():
     """ZB-V's last model chunk runs on stage 0 (Qi et al. 2024b), and so does the loss."""
-    from autoplan.cost.evaluate import output_stage, stage_work
+    from autoplan.cost.stage import stage_work
+    from autoplan.parallel.pp import output_stage
 
     kw = dict(model="llama3-8b", gpus=8, dp=2, pp=4, global_batch=32)
     v = make_plan(schedule=Schedule.ZB_V, vpp=2, **kw)
@@ -119,4 +120,4 @@ def test_a_v_shape_puts_the_output_layer_and_logits_back_on_stage_zero():
                                               - works_one[1].params)
     assert works_v[3].params == pytest.approx(works_one[1].params)
     # the turning stage hands chunk 0 to its own chunk 1: one send each way, not two
-    assert works_v[3].pp_f == pytest.approx(works_v[1].pp_f / 2)
+    assert works_v[3].comm[Axis.PP][0] == pytest.approx(works_v[1].comm[Axis.PP][0] / 2)

@@ -546,10 +546,10 @@ def init_weights(module: nn.Module, generator_seed: int) -> None:
 
 # --------------------------------------------------------------------------- placement
 
-def chunk_layers(stage_layers: Sequence[int], pp: int, vpp: int, v_shape: bool) -> list[list[int]]:
-    """Layer indices of every virtual stage (model chunk), in model order. Chunk c of
-    stage s is virtual stage c*pp + s (interleaved; Narayanan et al. 2021) or, in a V,
-    s and 2*pp - 1 - s (Qi et al. 2024b). Uniform layers per chunk when vpp > 1."""
+def chunk_layers(stage_layers: Sequence[int], pp: int, vpp: int) -> list[list[int]]:
+    """Layer indices of every virtual stage (model chunk), in model order; which chunks
+    a rank runs is ``schedules.orders.stage_chunks``. Uniform layers per chunk when
+    vpp > 1."""
     total = sum(stage_layers)
     if vpp == 1:
         counts = list(stage_layers)
@@ -560,13 +560,6 @@ def chunk_layers(stage_layers: Sequence[int], pp: int, vpp: int, v_shape: bool) 
         out.append(list(range(start, start + n)))
         start += n
     return out
-
-
-def stage_chunks(stage: int, pp: int, vpp: int, v_shape: bool) -> list[int]:
-    """Virtual-stage indices a pipeline rank runs, in the order torch's schedules expect."""
-    if v_shape:
-        return [stage, 2 * pp - 1 - stage]
-    return [c * pp + stage for c in range(vpp)]
 
 
 SCHEDULE_CLASSES = {

@@ -68,10 +68,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoplan.cost.evaluate import evaluate, stage_work
+from autoplan.cost.evaluate import evaluate
+from autoplan.cost.stage import stage_work
 from autoplan.descriptors.hardware import Cluster, GiB
 from autoplan.errors import AutoplanError, InputError, Problem
-from autoplan.plan import Plan, Prediction, plan_problems
+from autoplan.parallel.rules import plan_problems
+from autoplan.plan import Plan, Prediction
 from autoplan.vocab import Dtype, Schedule, ZeroStage
 
 # Allowed relative error of the step time (slice: compute time), by device. autoplan prices

@@ -183,6 +183,7 @@ def _train(spec: dict[str, Any], plan: Any, rank: int) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
 
     from autoplan.bench import torch_model as tm
+    from autoplan.schedules.orders import stage_chunks
 
     lay, model = plan.layout, plan.model
     fsdp = tm.fsdp_settings(plan.zero, lay.dp)
@@ -195,10 +196,9 @@ def _train(spec: dict[str, Any], plan: Any, rank: int) -> dict[str, Any]:
     dist.barrier()
     baseline = rss_bytes()
 
-    v_shape = plan.schedule.v_shape
-    layers = tm.chunk_layers(plan.stage_layers, lay.pp, lay.vpp, v_shape)
+    layers = tm.chunk_layers(plan.stage_layers, lay.pp, lay.vpp)
     n_virtual = lay.pp * lay.vpp
-    chunk_ids = tm.stage_chunks(stage, lay.pp, lay.vpp, v_shape)
+    chunk_ids = stage_chunks(plan.schedule, lay.pp, lay.vpp, stage)
     # dp > 1: FSDP2 keeps fp32 parameters and casts them to bf16 (torch_model.FsdpSettings);
     # dp = 1: bf16 parameters with Megatron-LM's fp32 main gradients, master weights and
     # Adam moments (torch_model.RankStates): nothing to reduce or shard
@@ -295,7 +295,7 @@ def _run_slice(spec: dict[str, Any]) -> dict[str, Any]:
 
     from autoplan.bench import torch_model as tm
     from autoplan.plan import read_plan
-    from autoplan.schedules.orders import stage_orders
+    from autoplan.schedules.orders import stage_chunks, stage_orders
 
     plan = read_plan(spec["plan"], "<validate spec>")
     lay, stage = plan.layout, int(spec["stage"])
@@ -310,10 +310,9 @@ def _run_slice(spec: dict[str, Any]) -> dict[str, Any]:
     baseline = torch.cuda.memory_allocated() if cuda else rss_bytes()
 
     local = tm.tp_local_model(plan.model, lay.tp)
-    v_shape = plan.schedule.v_shape
-    layers = tm.chunk_layers(plan.stage_layers, lay.pp, lay.vpp, v_shape)
+    layers = tm.chunk_layers(plan.stage_layers, lay.pp, lay.vpp)
     n_virtual = lay.pp * lay.vpp
-    chunk_ids = tm.stage_chunks(stage, lay.pp, lay.vpp, v_shape)
+    chunk_ids = stage_chunks(plan.schedule, lay.pp, lay.vpp, stage)
     chunks = []
     for vid in chunk_ids:
         with torch.device(device), tm.default_dtype(torch.bfloat16):

@@ -216,7 +216,8 @@ def explain(
 ) -> None:
     """Where time and memory go, and the simulated pipeline schedule as a timeline."""
     from autoplan.cost.evaluate import evaluate as predict
-    from autoplan.cost.evaluate import simulate_timeline, stage_work
+    from autoplan.cost.evaluate import simulate_timeline
+    from autoplan.cost.stage import stage_work
     from autoplan.descriptors.strict import read_yaml
     from autoplan.plan import read_plan
     from autoplan.schedules import timeline as tl

@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from autoplan.cost.evaluate import StageWork
+from autoplan.cost.stage import StageWork
 from autoplan.descriptors.hardware import Cluster
 from autoplan.plan import TIME_TERMS, Plan, Prediction, Uncertainty
-from autoplan.search.engine import SearchStats
+from autoplan.search.engine import SearchStats, pruning_reason
 from autoplan.vocab import CpComm
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def plans_table(rows: list[tuple[Plan, Prediction]], title: str) -> Table:
 def stats_text(stats: SearchStats) -> str:
     lines = [f"candidates: {stats.generated:,} generated, {stats.evaluated:,} evaluated"]
     for rule, n in sorted(stats.pruned.items()):
-        lines.append(f"  pruned {n:>9,}  {rule}")
+        lines.append(f"  pruned {n:>9,}  {rule}: {pruning_reason(rule)}")
     for reason, n in sorted(stats.infeasible.items()):
         lines.append(f"  infeasible {n:>5,}  {reason}")
     return "\n".join(lines)
@@ -80,8 +80,7 @@ def stage_table(plan: Plan, works: tuple[StageWork, ...]) -> Table:
     for col in ("stage", "layers", "F", "B", "W", "of which comm"):
         table.add_column(col, justify="right")
     for s, w in enumerate(works):
-        comm_s = (w.tp_f + w.tp_b + w.cp_f + w.cp_b + w.ep_f + w.ep_b + w.pp_f + w.pp_b
-                  + w.zero3_f + w.zero3_b)
+        comm_s = w.comm.total
         table.add_row(str(s), str(w.layers), f"{w.forward * 1e3:.2f}",
                       f"{w.backward_input * 1e3:.2f}", f"{w.backward_weight * 1e3:.2f}",
                       f"{comm_s * 1e3:.2f}")

@@ -13,7 +13,7 @@ import enum
 from collections.abc import Callable
 
 from autoplan.errors import InputError, Problem
-from autoplan.export.rules import space_problems
+from autoplan.parallel.rules import space_problems
 from autoplan.plan import Plan
 from autoplan.search.space import load_space
 

@@ -31,10 +31,18 @@ PERIOD = 6  # slots of one V building block: F, B and W of two chunks, one slot 
 
 
 def virtual_stage(schedule: Schedule, p: int, stage: int, chunk: int) -> int:
-    """Position of (stage, chunk) in the model's sequence of p * v chunks."""
+    """Position of (stage, chunk) in the model's sequence of p * v chunks: the one home
+    of chunk placement (the cost model, the simulator and ``validate`` all ask here).
+    Chunk c of stage s is virtual stage c*p + s (interleaved; Narayanan et al. 2021), or
+    in a V the way back, 2p - 1 - s (Qi et al. 2024b)."""
     if schedule.v_shape and chunk == 1:
         return 2 * p - 1 - stage
     return chunk * p + stage
+
+
+def stage_chunks(schedule: Schedule, p: int, v: int, stage: int) -> list[int]:
+    """The virtual stages (model chunks) ``stage`` runs, in its chunk order."""
+    return [virtual_stage(schedule, p, stage, c) for c in range(chunks_per_stage(schedule, v))]
 
 
 # --- one chunk per stage, fused backward -----------------------------------------------------

@@ -12,31 +12,33 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import itertools
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from autoplan.cost.evaluate import (
+from autoplan.cost.bounds import (
     StageWork,
-    evaluate,
+    busiest_stage_bound,
+    dense_per_stage,
     memory_shortfall,
-    optimizer_time,
     output_stage,
-    stage_dense_layers,
     stage_memory,
     stage_state_params,
     stage_work,
     state_bytes,
     step_time_lower_bound,
 )
+from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
-from autoplan.plan import Layout, Memory, Plan, Prediction, cp_problems
+from autoplan.parallel import cp, dp, ep, pp, tp
+from autoplan.parallel.common import Scope
+from autoplan.parallel.rules import BY_ID, first_broken
+from autoplan.plan import Layout, Memory, Plan, Prediction
 from autoplan.schedules.memory import peak_inflight
-from autoplan.search.partition import PartitionProblem, StageShape
-from autoplan.search.space import SearchSpace
+from autoplan.search.partition import PartitionProblem
+from autoplan.search.space import SearchSpace, StageShape
 from autoplan.search.stages import (
     partition_problem,
     split_bound,
@@ -48,8 +50,19 @@ from autoplan.vocab import CpComm, Recompute, Schedule, ZeroStage
 BOUND_SLACK = 1e-9  # relative; keeps exact ties (broken by memory) in the top k
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+BOUND = "bound"
+SPLIT_IS_UNIFORM = "split-is-uniform"
+SEARCH_PRUNING = {
+    BOUND: "cannot enter the top k",
+    SPLIT_IS_UNIFORM: "best layer split is the uniform one (evaluated as such)",
+}
+"""Pruning that is the search's own (not a rule of a valid plan), by id."""
+
+
+def pruning_reason(rule_id: str) -> str:
+    """What a pruned-by id in ``SearchStats.pruned`` means."""
+    rule = BY_ID.get(rule_id)
+    return rule.summary if rule is not None else SEARCH_PRUNING[rule_id]
 
 
 def _fullest_stages(plan: Plan, works: tuple[StageWork, ...]) -> list[tuple[int, int]]:
@@ -76,7 +89,7 @@ class Ranked:
 @dataclass(slots=True)
 class SearchStats:
     generated: int = 0
-    pruned: Counter = field(default_factory=Counter)  # rule -> candidates
+    pruned: Counter = field(default_factory=Counter)  # rule id (see pruning_reason) -> candidates
     infeasible: Counter = field(default_factory=Counter)  # reason -> candidates
     evaluated: int = 0
 
@@ -93,7 +106,8 @@ class SearchResult:
 
     def why_none(self) -> str:
         if self.closest is None:
-            rules = "; ".join(f"{n} by '{r}'" for r, n in self.stats.pruned.most_common())
+            rules = "; ".join(f"{n} by {r} ('{pruning_reason(r)}')"
+                              for r, n in self.stats.pruned.most_common())
             return f"no candidate passes the divisibility rules ({rules or 'no candidates'})"
         plan, stage, mem = self.closest
         lay = plan.layout
@@ -107,20 +121,6 @@ class SearchResult:
 def rank_key(plan: Plan, pred: Prediction) -> tuple:
     """Faster first; then less memory; then the simpler plan, deterministically."""
     return (round(pred.step_time_s, 12), round(pred.memory.peak), *rank_key_static(plan))
-
-
-def _layout_rule(model: Model, job: Job, lay: Layout) -> str | None:
-    """The first divisibility rule a layout breaks, named as it is reported."""
-    if model.heads % lay.tp or (model.kv_heads % lay.tp and lay.tp % model.kv_heads) \
-            or model.ffn_hidden % lay.tp:
-        return "tp must divide heads, kv_heads and ffn_hidden"
-    if lay.pp > model.layers:
-        return "pp must not exceed layers"
-    if job.global_batch % lay.dp:
-        return "dp must divide global_batch"
-    if lay.cp > 1 and job.seq_len % (2 * lay.cp):
-        return "2*cp must divide seq_len"
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,102 +162,49 @@ class _Search:
 
     # -- generation ------------------------------------------------------------------
     def layouts(self) -> Iterator[Layout]:
-        n, sp = self.cluster.gpus, self.space
-        domain = min(self.cluster.nvlink_domain, n)
-        for tp in divisors(n):
-            if tp > sp.tp_max or (sp.tp_within_nvlink and tp > domain):
-                continue
-            for pp in divisors(n // tp):
-                if pp > sp.pp_max:
-                    continue
-                for cp in divisors(n // (tp * pp)):
-                    if cp <= sp.cp_max:
-                        yield from self.expert_layouts(Layout(dp=n // (tp * pp * cp), tp=tp,
-                                                              pp=pp, cp=cp))
+        """Every layout of the axes' degrees, expert foldings included."""
+        n, space = self.cluster.gpus, self.space
+        for t in tp.degrees(self.cluster, space):
+            for p in pp.degrees(n // t, space):
+                for c in cp.degrees(n // (t * p), space):
+                    yield from ep.foldings(self.model, Layout(dp=n // (t * p * c), tp=t, pp=p, cp=c),
+                                           space)
 
-    def expert_layouts(self, lay: Layout) -> Iterator[Layout]:
-        """The layout with each expert folding the space allows: ep dividing the experts,
-        etp of 1 or tp, ep*etp dividing the stage's tp*cp*dp ranks (Megatron-Core MoE
-        parallel folding; torchtitan's dp_shard*cp*tp = edp*ep with etp 1 or tp)."""
-        model = self.model
-        if not model.is_moe:
-            yield lay
-            return
-        ranks = lay.tp * lay.cp * lay.dp
-        etps = sorted({1 if e == "1" else lay.tp for e in self.space.etp})
-        for ep in divisors(model.experts):
-            if ep > self.space.ep_max:
-                break
-            for etp in etps:
-                if ranks % (ep * etp) == 0 and model.expert_width % etp == 0:
-                    yield dataclasses.replace(lay, ep=ep, etp=etp)
-
-    def schedules(self, lay: Layout) -> list[tuple[Schedule, int, bool]]:
-        """(schedule, vpp, split): split variants take the best uneven layer split the
-        launcher can express (one chunk per stage only); the others the uniform one."""
-        if lay.pp == 1:  # without a pipeline every schedule is the same: generate one
-            return [(Schedule.ONE_F_ONE_B, 1, False)]
-        out: list[tuple[Schedule, int, bool]] = []
-        for sched in self.space.schedules:
-            if sched is Schedule.INTERLEAVED:
-                out.extend((sched, v, False) for v in range(2, self.space.vpp_max + 1))
-            elif sched.v_shape:
-                out.append((sched, 2, False))  # two chunks per stage, down and back
-            else:
-                out.append((sched, 1, False))
-        if self.space.stage_shape is not StageShape.UNIFORM:
-            out.extend((sched, 1, True) for sched, v, _ in list(out) if v == 1)
-        return out
-
-    def zeros(self, lay: Layout) -> list[ZeroStage]:
-        cap = self.space.zero_max_with_pp if lay.pp > 1 else ZeroStage.PARAMETERS
-        return [z for z in self.space.zero if z <= cap]
-
-    def sps(self, lay: Layout) -> tuple[bool, ...]:
-        if lay.tp == 1:
-            return (False,)
-        if self.model.is_moe:  # Megatron-Core's token dispatcher needs SP with TP
-            return (True,) if True in self.space.sequence_parallel else ()
-        return self.space.sequence_parallel
-
-    def cp_comms(self, lay: Layout) -> tuple[CpComm, ...]:
-        """Context-parallel exchanges for the layout: none to choose without CP; the
-        all-to-all only where cp divides the heads each TP rank holds."""
-        if lay.cp == 1:
-            return (CpComm.RING,)
-        out = []
-        for c in self.space.cp_comm:
-            probe = Plan(model=self.model, cluster=self.cluster, job=self.job, layout=lay,
-                         micro_batch=1, schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.NONE,
-                         zero=ZeroStage.NONE, sequence_parallel=lay.tp > 1, cp_comm=c)
-            if c is CpComm.RING or not cp_problems(probe):
-                out.append(c)
-        return tuple(out)
+    def _probe(self, lay: Layout, mbs: int = 1, sp: bool = False) -> Plan:
+        """A plan of the layout whose later choices are not read by the rules asked."""
+        return Plan(model=self.model, cluster=self.cluster, job=self.job, layout=lay,
+                    micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.NONE,
+                    zero=ZeroStage.NONE, sequence_parallel=sp)
 
     # -- the walk ----------------------------------------------------------------------
     def groups(self) -> Iterator[_Group]:
-        """Candidates grouped by everything but the schedule, after the divisibility and
-        model-state rules; each group carries a bound valid for all its schedules."""
+        """Candidates grouped by everything but the schedule, after the rules of a valid
+        plan (``parallel.rules``, decided as each choice is fixed) and the model-state
+        check; each group carries a bound valid for all its schedules."""
         space, stats = self.space, self.stats
         for base in self.layouts():
-            scheds, zeros, sps = self.schedules(base), self.zeros(base), self.sps(base)
-            cps = self.cp_comms(base)
+            scheds = pp.schedule_choices(base, space)
+            zeros = dp.zero_stages(base, space)
+            sps = tp.sequence_parallel_choices(self.model, base, space)
+            cps = cp.exchanges(self.model, base, self.job.seq_len, space)
             per_mbs = len(scheds) * len(space.recompute) * len(zeros) * max(1, len(sps)) * len(cps)
             stats.generated += per_mbs * len(space.micro_batches)
-            rule = _layout_rule(self.model, self.job, base)
-            if rule is None and not sps:
-                rule = "mixture of experts with tp > 1 needs sequence parallelism"
+            probe = self._probe(base)
+            rule = first_broken(probe, Scope.JOB) or first_broken(probe, Scope.LAYOUT)
+            if rule is None and not sps:  # MoE with tp > 1 in a space without SP
+                rule = BY_ID["moe-tp-needs-sp"]
             if rule:
-                stats.pruned[rule] += per_mbs * len(space.micro_batches)
+                stats.pruned[rule.id] += per_mbs * len(space.micro_batches)
                 continue
             for mbs in space.micro_batches:
-                if self.job.global_batch % (base.dp * mbs):
-                    stats.pruned["dp*micro_batch must divide global_batch"] += per_mbs
+                rule = first_broken(self._probe(base, mbs), Scope.MICRO_BATCH)
+                if rule:
+                    stats.pruned[rule.id] += per_mbs
                     continue
                 for sp in sps:
-                    if sp and self.job.seq_len % (base.tp * base.cp):
-                        stats.pruned["tp*cp must divide seq_len (sequence parallel)"] += (
-                            per_mbs // len(sps))
+                    rule = first_broken(self._probe(base, mbs, sp), Scope.SEQUENCE_PARALLEL)
+                    if rule:
+                        stats.pruned[rule.id] += per_mbs // len(sps)
                         continue
                     for zero in zeros:
                         if self._states_exceed_memory(base, zero, mbs, sp):
@@ -282,7 +229,7 @@ class _Search:
         plan = Plan(model=self.model, cluster=self.cluster, job=self.job, layout=lay,
                     micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.FULL,
                     zero=zero, sequence_parallel=sp)
-        layers, dense = plan.stage_layers, stage_dense_layers(plan)
+        layers, dense = plan.stage_layers, dense_per_stage(plan)
         reserve = self.cluster.device.reserve_bytes
         last = lay.pp - 1
         worst: tuple[float, int, Memory] | None = None
@@ -307,38 +254,40 @@ class _Search:
             self.closest = (mem.peak, key[1], plan, stage, mem)
 
     def _group_bound(self, plan: Plan, without_cp: bool = False) -> float:
-        """A step time no schedule of the group beats. vpp = 1 sends the fewest
-        activations and a pipeline's fill and drain are >= 0, so m times the busiest
-        stage bounds them all; where the split itself is searched, the least
-        bottleneck any split can reach (``stages.split_bound``) if that is lower."""
+        """A step time no schedule of the group beats: the busiest stage's
+        (``cost.bounds.busiest_stage_bound``); where the split itself is searched, the
+        least bottleneck any split can reach (``stages.split_bound``) if that is lower."""
         works = stage_work(plan)
-        m = plan.num_microbatches
-        per_stage = [w.forward + w.backward - (w.cp_f + w.cp_b if without_cp else 0.0)
-                     for w in works]
-        optimizer = optimizer_time(plan, works)
+        bound = busiest_stage_bound(plan, works, without_cp)
         if self.space.stage_shape is StageShape.UNIFORM or plan.layout.pp == 1:
-            return m * max(per_stage) + optimizer
-        bound = min(m * max(per_stage) + optimizer, split_bound(plan, works))
+            return bound
+        bound = min(bound, split_bound(plan, works))
         if without_cp:  # each exchange's split variants are bounded by their own
             ring = dataclasses.replace(plan, cp_comm=CpComm.RING)
             bound = min(bound, split_bound(ring, stage_work(ring)))
         return bound
 
+    def schedule_plans(self, group: _Group) -> Iterator[tuple[Plan, bool]]:
+        """The group's plans, one per (schedule, vpp, split) and exchange, that pass the
+        schedule rules, with whether the split is still to be searched. The schedule
+        rules read neither the exchange nor the split: asked once a schedule."""
+        base, cps = group.plan.layout, group.cp_comms
+        for sched, v, split in group.schedules:
+            first = dataclasses.replace(group.plan, layout=dataclasses.replace(base, vpp=v),
+                                        schedule=sched, cp_comm=cps[0])
+            rule = first_broken(first, Scope.SCHEDULE)
+            if rule:
+                self.stats.pruned[rule.id] += len(cps)
+                continue
+            for cp_comm in cps:
+                yield (first if cp_comm is cps[0]
+                       else dataclasses.replace(first, cp_comm=cp_comm)), split
+
     def expand(self, group: _Group) -> list[_Candidate | _Split]:
         """The group's schedules: uniform splits that fit in memory as candidates with
         their own bound; split variants deferred with a bound valid for any split."""
         out: list[_Candidate | _Split] = []
-        base = group.plan.layout
-        for (sched, v, split), cp_comm in itertools.product(group.schedules, group.cp_comms):
-            lay = dataclasses.replace(base, vpp=v)
-            plan = dataclasses.replace(group.plan, layout=lay, schedule=sched, cp_comm=cp_comm)
-            m = plan.num_microbatches
-            if v > 1 and self.model.layers % (lay.pp * v):
-                self.stats.pruned["pp*vpp must divide layers (model chunks)"] += 1
-                continue
-            if sched is Schedule.INTERLEAVED and m % lay.pp:
-                self.stats.pruned["interleaved: pp must divide the microbatches"] += 1
-                continue
+        for plan, split in self.schedule_plans(group):
             if split:
                 bound = split_bound(plan, stage_work(plan))
                 out.append(_Split(bound, rank_key_static(plan), plan))
@@ -382,7 +331,7 @@ class _Search:
             self.stats.infeasible["no layer split the launcher can express fits memory"] += 1
             return None
         if plan.stages is None:
-            self.stats.pruned["best layer split is the uniform one (evaluated as such)"] += 1
+            self.stats.pruned[SPLIT_IS_UNIFORM] += 1
             return None
         return self._candidate(plan)
 
@@ -400,7 +349,7 @@ class _Search:
             bound, _, _, item = heap[0]
             # the bound and a simulated time of a tie may differ in the last bits
             if bound > threshold * (1 + BOUND_SLACK):
-                self.stats.pruned["bound: cannot enter the top k"] += sum(
+                self.stats.pruned[BOUND] += sum(
                     it.size if isinstance(it, _Group) else 1 for *_, it in heap)
                 break
             heapq.heappop(heap)
@@ -448,3 +397,13 @@ def search(model: Model, cluster: Cluster, job: Job, space: SearchSpace,
     """The top_k plans by predicted tokens/s over ``space``; see module doc."""
     assert top_k >= 1
     return _Search(model, cluster, job, space, top_k).run()
+
+
+def candidate_plans(model: Model, cluster: Cluster, job: Job, space: SearchSpace) -> Iterator[Plan]:
+    """Every plan the search generates past the rules and the model-state check, before
+    memory and bounds decide (split variants with the uniform split they start from).
+    For tests and tools: each must pass ``parallel.rules.plan_problems`` and the space."""
+    walk = _Search(model, cluster, job, space, top_k=1)
+    for group in walk.groups():
+        for plan, _ in walk.schedule_plans(group):
+            yield plan

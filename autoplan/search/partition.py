@@ -44,7 +44,6 @@ The times and bytes in a returned ``Partition`` are the float ones.
 from __future__ import annotations
 
 import bisect
-import enum
 import itertools
 import math
 import time
@@ -54,22 +53,11 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from autoplan.errors import AutoplanError, InputError, Problem
-from autoplan.plan import uniform_stages
+from autoplan.parallel.pp import uniform_stages
+from autoplan.search.space import StageShape
 
 _TICK_BITS = 40  # the largest possible stage time (or memory) is < 2**40 ticks; see the module doc
 _INF = 1 << 62  # above any sum of ticks
-
-
-class StageShape(str, enum.Enum):
-    """Which splits a launcher can express."""
-
-    ANY = "any"
-    """Every stage sized freely (torchtitan split points, DeepSpeed custom partition)."""
-    FIRST_LAST = "first_last"
-    """Middle stages all equal, first and last free (Megatron-LM
-    --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers)."""
-    UNIFORM = "uniform"
-    """The uniform split only (``autoplan.plan.uniform_stages``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

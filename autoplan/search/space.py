@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import enum
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,8 +11,19 @@ from typing import Any
 from autoplan.descriptors.strict import Fields, read_yaml
 from autoplan.errors import InputError, Problem
 from autoplan.resources import searchspace_dir
-from autoplan.search.partition import StageShape
 from autoplan.vocab import CpComm, Recompute, Schedule, ZeroStage
+
+
+class StageShape(str, enum.Enum):
+    """Which splits a launcher can express."""
+
+    ANY = "any"
+    """Every stage sized freely (torchtitan split points, DeepSpeed custom partition)."""
+    FIRST_LAST = "first_last"
+    """Middle stages all equal, first and last free (Megatron-LM
+    --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers)."""
+    UNIFORM = "uniform"
+    """The uniform split only (``autoplan.plan.uniform_stages``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

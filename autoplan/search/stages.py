@@ -8,17 +8,19 @@ import dataclasses
 import math
 from functools import lru_cache
 
-from autoplan.cost.evaluate import (
+from autoplan.cost.bounds import (
     StageWork,
-    _cost_key,
-    optimizer_time,
+    cost_key,
+    optimizer_seconds,
     stage_memory,
     stage_work,
     stage_work_for,
 )
-from autoplan.plan import Plan, uniform_stages
+from autoplan.parallel.pp import uniform_stages
+from autoplan.plan import Plan
 from autoplan.schedules.memory import peak_inflight
-from autoplan.search.partition import PartitionProblem, StageShape, best_partition
+from autoplan.search.partition import PartitionProblem, best_partition
+from autoplan.search.space import StageShape
 
 
 def _classes(p: int) -> list[int]:
@@ -38,7 +40,7 @@ def _linear_times(plan: Plan) -> tuple[float, tuple[float, ...]]:
     logits, transfers) is the stage's fixed share. A mixture of experts with dense
     first layers has two kinds of layer: the cheaper one's time is returned, so the
     bounds built on it stay valid for every split."""
-    return _linear_times_of(_cost_key(plan))
+    return _linear_times_of(cost_key(plan))
 
 
 def _total(w: StageWork) -> float:
@@ -64,7 +66,7 @@ def _mixed(plan: Plan) -> bool:
 def _layer_steps(key: Plan) -> tuple[float, float]:
     """(seconds, seconds of a dense layer) per microbatch that one more layer adds to a
     middle stage, whose layers stand for every layer; the two are equal unless the model
-    mixes dense and MoE layers (``key``: a cost key, see evaluate._cost_key)."""
+    mixes dense and MoE layers (``key``: a cost key, see ``cost_key``)."""
     mid = min(1, key.layout.pp - 1)
     one = _total(stage_work_for(key, mid, 1))
     step = _total(stage_work_for(key, mid, 2)) - one
@@ -97,7 +99,7 @@ def partition_problem(plan: Plan, shape: StageShape) -> PartitionProblem:
         base, per_inflight, static_layer, act_layer = coef[_class_of(s, p)]
         one_layer = base + inflight[s] * per_inflight  # the stage holding one layer
         stage_static.append(one_layer - static_layer - inflight[s] * act_layer)
-    step, dense_step = _layer_steps(_cost_key(plan))
+    step, dense_step = _layer_steps(cost_key(plan))
     times = [step] * layers
     statics, acts = [layer_static] * layers, [layer_act] * layers
     if _mixed(plan):  # the dense first layers: their own time and memory per layer
@@ -195,7 +197,7 @@ def split_bound_with_memory(plan: Plan, problem: PartitionProblem) -> float | No
 
 def _bound(plan: Plan, works: tuple[StageWork, ...], bottleneck: float) -> float:
     params = [w.params for w in works]
-    optimizer = optimizer_time(plan, works) * (sum(params) / len(params)) / max(params)
+    optimizer = optimizer_seconds(plan, works) * (sum(params) / len(params)) / max(params)
     return plan.num_microbatches * bottleneck + optimizer
 
 

@@ -1,17 +1,75 @@
-"""Whether a launcher can run a plan, judged by the launcher's own search space.
+"""The one registry of rules: what makes a plan valid, and what a launcher's search
+space lets it run.
 
-``searchspace/<launcher>.yaml`` is the one statement of what a launcher runs: the
-search generates only plans inside it, and export refuses a plan outside it with the
-rule it breaks. Nothing here is a second list of the launcher's rules; each check reads
-a field of ``SearchSpace``.
+Plan rules live beside their axis (``tp.py``, ``ep.py``, ``dp.py``, ``cp.py``,
+``pp.py``) and are listed here in the order the plan reader reports them. The reader
+(``plan.read_plan``) reports every broken rule; the search prunes by the first broken
+rule of each scope as it fixes choices, counting candidates by rule id; validate and
+the exporters judge plans by the same predicates. A rule's id is stable: search
+statistics and scripts key on it.
+
+Space rules (``space_problems``) judge a valid plan against ``searchspace/<name>.yaml``:
+the search generates only plans inside its space, and export refuses a plan outside
+its launcher's space with the rule it breaks. Each check reads a field of
+``SearchSpace``; nothing here is a second list of a launcher's rules.
 """
 
 from __future__ import annotations
 
-from autoplan.plan import Plan, uniform_stages
-from autoplan.search.partition import StageShape
-from autoplan.search.space import SearchSpace
+from typing import TYPE_CHECKING
 
+from autoplan.parallel import cp, dp, ep, pp, tp
+from autoplan.parallel.common import Rule, Scope
+from autoplan.parallel.pp import uniform_stages
+from autoplan.search.space import SearchSpace, StageShape
+
+if TYPE_CHECKING:
+    from autoplan.plan import Plan
+
+
+def _gpus(plan: Plan) -> str | None:
+    lay, c = plan.layout, plan.cluster
+    if lay.gpus != c.gpus:
+        return (f"dp*tp*pp*cp = {lay.dp}*{lay.tp}*{lay.pp}*{lay.cp} = {lay.gpus}, "
+                f"but the cluster has {c.gpus} GPUs ({c.nodes} nodes x {c.gpus_per_node})")
+    return None
+
+
+def _dtype(plan: Plan) -> str | None:
+    device, dtype = plan.cluster.device, plan.job.dtype
+    return None if device.supports(dtype) else f"{device.name} has no {dtype.value} tensor cores"
+
+
+GPUS = Rule("layout-gpus", "layout", Scope.LAYOUT, "dp*tp*pp*cp must equal the GPUs", _gpus)
+DTYPE = Rule("dtype-supported", "job.dtype", Scope.JOB,
+             "the device must support the precision", _dtype)
+
+RULES: tuple[Rule, ...] = (
+    GPUS, *tp.LAYOUT_RULES, *ep.RULES, *dp.RULES, *cp.RULES, *tp.SP_RULES, DTYPE,
+    *pp.STAGE_RULES, *pp.SCHEDULE_RULES,
+)
+"""Every rule of a valid plan, in the order the plan reader reports them."""
+
+BY_ID: dict[str, Rule] = {r.id: r for r in RULES}
+_BY_SCOPE: dict[Scope, tuple[Rule, ...]] = {
+    s: tuple(r for r in RULES if r.scope is s) for s in Scope}
+
+
+def plan_problems(plan: Plan) -> list[tuple[str, str]]:
+    """Every rule the plan breaks, as (field, message). Empty when it can run."""
+    return [(r.field, msg) for r in RULES if (msg := r.broken(plan)) is not None]
+
+
+def first_broken(plan: Plan, scope: Scope) -> Rule | None:
+    """The first rule of ``scope`` the plan breaks (the search's pruning), or None.
+    The plan's choices beyond ``scope`` are not read."""
+    for r in _BY_SCOPE[scope]:
+        if r.broken(plan) is not None:
+            return r
+    return None
+
+
+# ----------------------------------------------------------------------------- space rules
 
 def space_problems(plan: Plan, space: SearchSpace) -> list[tuple[str, str]]:
     """Every rule of ``space`` the plan breaks, as (plan field, message)."""

@@ -1,0 +1,358 @@
+"""What one pipeline stage costs per microbatch, and what it holds in memory: the
+compute of its layers (``cost.compute``) plus each axis's exposed communication and
+memory terms (``autoplan.parallel``), added up in one place."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+
+from autoplan.cost import comm, memory
+from autoplan.cost.compute import BF16_BYTES, LayerTimes, Shard, layer_times, logits_times
+from autoplan.descriptors.hardware import Device, GiB
+from autoplan.descriptors.model import Model
+from autoplan.parallel import cp, dp, ep, mesh, pp, tp
+from autoplan.plan import Layout, Memory, Plan
+from autoplan.vocab import Axis, CpComm, Recompute, Schedule, ZeroStage
+
+COMM_AXES = (Axis.TP, Axis.CP, Axis.EP, Axis.PP, Axis.DP)
+"""The axes whose communication a stage exposes, in the order their seconds add up
+(DP: ZeRO-3's per-microbatch gathers; the per-step gradient sync is ``dp.grad_sync_exposed``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AxisComm(Mapping[Axis, tuple[float, float]]):
+    """Exposed communication per microbatch by axis: (forward, backward) seconds, the
+    backward part charged to input-gradient (B) work. Hashable, in ``COMM_AXES`` order."""
+
+    seconds: tuple[tuple[float, float], ...]  # one (forward, backward) per COMM_AXES
+
+    def __getitem__(self, axis: Axis) -> tuple[float, float]:
+        return self.seconds[COMM_AXES.index(axis)]
+
+    def __iter__(self) -> Iterator[Axis]:
+        return iter(COMM_AXES)
+
+    def __len__(self) -> int:
+        return len(COMM_AXES)
+
+    @property
+    def total(self) -> float:
+        """Forward and backward of every axis."""
+        t = 0.0
+        for f, b in self.seconds:
+            t = t + f + b
+        return t
+
+
+@dataclass(frozen=True, slots=True)
+class StageWork:
+    """Seconds one pipeline stage spends per microbatch (all its chunks), by cause."""
+
+    layers: int
+    compute_f: float
+    compute_b: float  # input-gradient (B) compute
+    compute_w: float  # weight-gradient (W) compute
+    recompute: float
+    comm: AxisComm  # exposed communication by axis, (forward, backward)
+    params: float  # non-expert parameters held by one rank of this stage (before ZeRO)
+    expert_params: float = 0.0  # routed-expert parameters on one rank (before ZeRO)
+    dense: int = 0  # of ``layers``, those with a dense MLP (the rest are MoE layers)
+    mtp: int = 0  # multi-token-prediction layers held here (the output stage)
+
+    @property
+    def forward(self) -> float:
+        t = self.compute_f
+        for f, _ in self.comm.seconds:
+            t += f
+        return t
+
+    @property
+    def backward_input(self) -> float:
+        """B: recompute, input-gradient kernels and the communication they expose."""
+        t = self.compute_b + self.recompute
+        for _, b in self.comm.seconds:
+            t += b
+        return t
+
+    @property
+    def backward_weight(self) -> float:
+        """W: the weight-gradient GEMMs (zero-bubble schedules run them apart)."""
+        return self.compute_w
+
+    @property
+    def backward(self) -> float:
+        return self.backward_input + self.backward_weight
+
+
+def shard_of(plan: Plan) -> Shard:
+    lay = plan.layout
+    moe = plan.model.is_moe
+    return Shard(plan.micro_batch, plan.job.seq_len, lay.tp, lay.cp, plan.sequence_parallel,
+                 plan.job.dtype, ep=lay.ep if moe else 1, etp=lay.etp if moe else 1,
+                 expert_load=ep.expert_load(plan) if moe else 1.0,
+                 cp_ring=plan.cp_comm is CpComm.RING)
+
+
+@lru_cache(maxsize=16384)
+def _layer_times(model: Model, shard: Shard, device: Device, moe: bool = False) -> LayerTimes:
+    return layer_times(model, shard, device, moe)
+
+
+# ----------------------------------------------------------------------------- parameters
+
+@lru_cache(maxsize=1024)
+def layer_params_per_rank(model: Model, tp: int, moe: bool = False) -> float:
+    """Non-expert weights of one layer on one rank: GEMMs split by TP (MLA's down
+    projections and latent norms are replicated), norms replicated; an MoE layer's
+    router and shared experts in place of the dense MLP."""
+    attn = model.params_attention
+    replicated = 2 * model.params_norm
+    if model.is_mla:
+        down = model.hidden * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim)
+        norms = model.q_lora_rank + model.kv_lora_rank
+        attn -= down + norms
+        replicated += down + norms
+    if not moe:
+        return (attn + model.params_mlp) / tp + replicated
+    return (attn + model.params_shared_experts) / tp + replicated + model.params_router
+
+
+def _mtp_params_per_rank(model: Model, tp: int) -> float:
+    """One MTP module without its transformer layer: three norms and the 2h -> h
+    projection (TP-split); embedding and output head are the model's own."""
+    return 3 * model.params_norm + 2 * model.hidden * model.hidden / tp
+
+
+@lru_cache(maxsize=16384)
+def stage_params(model: Model, tp: int, embedding: bool, output: bool, layers: int,
+                 dense: int | None = None, mtp: int = 0) -> float:
+    """Non-expert parameters on one rank of a stage: its layers (``dense`` of them with a
+    dense MLP; None: all of a dense model), plus the vocab-parallel embedding where the
+    model starts and the final norm and output layer where it ends. Tied embeddings on
+    another stage than the embedding keep their own copy (Megatron-LM)."""
+    dense = layers if dense is None else dense
+    params = dense * layer_params_per_rank(model, tp)
+    params += (layers - dense + (mtp if model.is_moe else 0)) * layer_params_per_rank(model, tp, True)
+    if mtp:
+        params += mtp * _mtp_params_per_rank(model, tp)
+        params += 0 if model.is_moe else mtp * layer_params_per_rank(model, tp)
+    if embedding:
+        params += model.vocab * model.hidden / tp + (model.params_embedding - model.vocab * model.hidden)
+    if output:
+        params += model.params_norm
+        if not model.tied_embeddings or not embedding:
+            params += model.vocab * model.hidden / tp
+    return params
+
+
+def stage_state_params(model: Model, lay: Layout, first: bool, last: bool, layers: int,
+                       dense: int) -> tuple[float, float]:
+    """(non-expert, routed-expert) parameters on one rank of a stage holding ``layers``
+    layers, ``dense`` of them with a dense MLP, and the MTP modules if it is the output
+    stage (``last``). Experts: experts/ep per MoE layer, each split by etp."""
+    mtp = model.mtp_layers if last else 0
+    params = stage_params(model, lay.tp, first, last, layers, dense, mtp)
+    if not model.is_moe:
+        return params, 0.0
+    moe = layers - dense + mtp
+    return params, moe * ep.expert_params_per_rank(model, lay.ep, lay.etp)
+
+
+# ----------------------------------------------------------------------------- time
+
+def cost_key(plan: Plan) -> Plan:
+    """The plan as far as per-stage work depends on it. The schedule enters only through
+    whether it splits the backward; ZeRO 0-2 differ only in memory (their collectives run
+    after the pipeline); the layer split is applied per stage."""
+    schedule = (Schedule.ZB_V if plan.schedule.v_shape
+                else Schedule.ZB_H1 if plan.schedule.splits_backward else Schedule.ONE_F_ONE_B)
+    return dataclasses.replace(
+        plan, schedule=schedule,
+        zero=plan.zero if plan.zero is ZeroStage.PARAMETERS else ZeroStage.NONE, stages=None)
+
+
+def stage_work(plan: Plan) -> tuple[StageWork, ...]:
+    """Per-stage work of a plan, one entry per pipeline stage."""
+    return _stage_works(cost_key(plan), plan.stage_layers, pp.dense_per_stage(plan))
+
+
+@lru_cache(maxsize=16384)
+def _stage_works(key: Plan, stage_layers: tuple[int, ...],
+                 dense: tuple[int, ...]) -> tuple[StageWork, ...]:
+    out = pp.output_stage(key)
+    return tuple(_stage(key, s == 0, s == out, layers, dense[s], *pp.sends(key, s))
+                 for s, layers in enumerate(stage_layers))
+
+
+def stage_work_for(plan: Plan, stage: int, layers: int, dense: int | None = None) -> StageWork:
+    """Work of ``stage`` if it held ``layers`` layers, ``dense`` of them with a dense MLP
+    (None: as many as the model's layer kinds allow, all for a dense model, none for a
+    mixture of experts). The partitioner asks this."""
+    key = cost_key(plan)
+    if dense is None:
+        dense = layers if not plan.model.is_moe else 0
+    return _stage(key, stage == 0, stage == pp.output_stage(key), layers, dense,
+                  *pp.sends(key, stage))
+
+
+@dataclass(frozen=True, slots=True)
+class _Shared:
+    """Per-plan quantities every stage uses."""
+
+    lt: LayerTimes  # a dense layer
+    lt_moe: LayerTimes  # an MoE layer (the dense one's for a dense model)
+    groups: dict[Axis, comm.Group]
+    act_bytes: float
+    tp_layer: float
+    cp_f: float  # exposed context-parallel communication per layer, forward
+    cp_b: float  # ... backward
+    ep_layer: float  # MoE token dispatch and combine per MoE layer, one direction
+    pp_send: float
+
+
+@lru_cache(maxsize=8192)
+def _shared(plan: Plan) -> _Shared:
+    model, device = plan.model, plan.cluster.device
+    shard = shard_of(plan)
+    lt = _layer_times(model, shard, device)
+    lt_moe = _layer_times(model, shard, device, True) if model.is_moe else lt
+    groups = mesh.groups(plan)
+    act_bytes = BF16_BYTES * shard.tokens * model.hidden  # one layer's output, unsplit by TP
+    tp_layer = tp.layer_seconds(act_bytes, groups[Axis.TP])
+    cp_f, cp_b = cp.exposed(plan, shard, lt, groups[Axis.CP])
+    ep_layer = ep.layer_seconds(plan, shard, groups) if model.is_moe else 0.0
+    pp_send = pp.send_seconds(plan, act_bytes)
+    return _Shared(lt, lt_moe, groups, act_bytes, tp_layer, cp_f, cp_b, ep_layer, pp_send)
+
+
+@lru_cache(maxsize=65536)
+def _stage(plan: Plan, first: bool, last: bool, layers: int, dense: int, sends_f: int,
+           sends_b: int) -> StageWork:
+    """One stage: ``first`` holds the embedding, ``last`` the output layer and logits;
+    ``dense`` of its ``layers`` have a dense MLP, the others experts."""
+    model, lay, device = plan.model, plan.layout, plan.cluster.device
+    shard = shard_of(plan)
+    shared = _shared(plan)
+    lt, lt_moe, groups, act_bytes = shared.lt, shared.lt_moe, shared.groups, shared.act_bytes
+    tp_layer, pp_send = shared.tp_layer, shared.pp_send
+    mtp = model.mtp_layers if last else 0
+    # layers run, by kind: the MTP modules repeat the model's last layer kind
+    moe_n = layers - dense + (mtp if model.is_moe else 0)
+    dense_n = dense + (0 if model.is_moe else mtp)
+    n = dense_n + moe_n
+    compute_f = dense_n * lt.forward + moe_n * lt_moe.forward
+    compute_b = dense_n * lt.backward_input + moe_n * lt_moe.backward_input
+    compute_w = dense_n * lt.backward_weight + moe_n * lt_moe.backward_weight
+    tp_f = n * tp_layer
+    tp_b_total = n * tp_layer
+    if first:
+        tp_f += tp.boundary_seconds(act_bytes, groups[Axis.TP])
+    if last:
+        lf, lb, lw = logits_times(model, shard, device)
+        heads = 1 + mtp  # each MTP depth predicts one more token through the shared head
+        compute_f += heads * lf
+        compute_b += heads * lb
+        compute_w += heads * lw
+        tp_f += heads * tp.boundary_seconds(act_bytes, groups[Axis.TP])
+        tp_b_total += heads * tp.boundary_seconds(act_bytes, groups[Axis.TP])
+    tp_b = tp.exposed_backward(tp_b_total, compute_w, plan.schedule)
+    ep_f = ep_b = moe_n * shared.ep_layer
+    cp_f, cp_b = n * shared.cp_f, n * shared.cp_b
+    recompute = 0.0
+    if plan.recompute is Recompute.FULL:
+        recompute = dense_n * lt.forward + moe_n * lt_moe.forward
+        tp_b += n * tp_layer  # the recomputed forward repeats its collectives
+        ep_b += ep_f
+        cp_b += cp_f
+    elif plan.recompute is Recompute.SELECTIVE:
+        recompute = dense_n * lt.attention_forward + moe_n * lt_moe.attention_forward
+    params, expert_params = stage_state_params(model, lay, first, last, layers, dense)
+    zero3_f, zero3_b = dp.zero3_exposed(plan, groups, params, expert_params, compute_f,
+                                        compute_b, compute_w)
+    axis_comm = AxisComm(((tp_f, tp_b), (cp_f, cp_b), (ep_f, ep_b),
+                          (sends_f * pp_send, sends_b * pp_send), (zero3_f, zero3_b)))
+    return StageWork(
+        layers=layers, compute_f=compute_f, compute_b=compute_b, compute_w=compute_w,
+        recompute=recompute, comm=axis_comm, params=params, expert_params=expert_params,
+        dense=dense, mtp=mtp,
+    )
+
+
+# ----------------------------------------------------------------------------- memory
+
+def static_memory(plan: Plan, work: StageWork) -> memory.BytesPerParam:
+    """Weights, gradients and optimizer states of one rank of the stage."""
+    return dp.state_bytes(plan, work.params, work.expert_params)
+
+
+@dataclass(frozen=True, slots=True)
+class _ActivationTerms:
+    per_layer: float  # one dense layer, one microbatch
+    per_moe_layer: float  # one MoE layer, one microbatch
+    working: float  # held once per stage (full recompute's one rebuilt layer)
+    embedding: float  # first stage, per microbatch held
+    logits: float  # last stage, per microbatch held
+
+
+@lru_cache(maxsize=16384)
+def _activation_terms(model: Model, shard: Shard, recompute: Recompute) -> _ActivationTerms:
+    working = 0.0
+    if recompute is Recompute.FULL:
+        working = memory.full_recompute_working_bytes(model, shard, moe=model.is_moe)
+        if model.layers > model.moe_layers:
+            working = max(working, memory.full_recompute_working_bytes(model, shard))
+    per_layer = memory.layer_activation_bytes(model, shard, recompute)
+    return _ActivationTerms(
+        per_layer=per_layer,
+        per_moe_layer=(memory.layer_activation_bytes(model, shard, recompute, moe=True)
+                       if model.is_moe else per_layer),
+        working=working,
+        embedding=memory.embedding_output_bytes(model, shard),
+        logits=memory.logits_bytes(model, shard),
+    )
+
+
+def stage_memory(plan: Plan, stage: int, work: StageWork, inflight_chunks: int) -> Memory:
+    """Bytes on one GPU of ``stage`` holding ``inflight_chunks`` microbatch-chunks."""
+    lay = plan.layout
+    terms = _activation_terms(plan.model, shard_of(plan), plan.recompute)
+    states = static_memory(plan, work)
+    # a stage's chunks hold equal layer counts; the dense layers are averaged over them
+    per_chunk = (work.dense * terms.per_layer
+                 + (work.layers - work.dense) * terms.per_moe_layer) / lay.vpp
+    activations = inflight_chunks * per_chunk + terms.working
+    microbatches_held = -(-inflight_chunks // lay.vpp)
+    if stage == 0:
+        activations += microbatches_held * terms.embedding
+    if stage == pp.output_stage(plan):
+        # the MTP modules run at the end of the last chunk: one layer and logits each
+        mtp_layer = terms.per_moe_layer if plan.model.is_moe else terms.per_layer
+        activations += microbatches_held * (
+            terms.logits + work.mtp * (mtp_layer + terms.logits + terms.embedding))
+    other = plan.cluster.device.reserve_bytes
+    if plan.zero is ZeroStage.PARAMETERS:
+        model = plan.model
+        largest = layer_params_per_rank(model, lay.tp)
+        if model.is_moe:
+            largest = max(largest, layer_params_per_rank(model, lay.tp, True)
+                          + ep.expert_params_per_rank(model, lay.ep, lay.etp))
+        other += dp.zero3_buffer_bytes(largest)
+    return Memory(weights=states.weights, grads=states.grads, optimizer=states.optimizer,
+                  activations=activations, other=other)
+
+
+def memory_shortfall(plan: Plan, stage: int, mem: Memory, capacity: float) -> str:
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in mem.to_gib_dict().items() if k != "peak")
+    where = f"stage {stage} " if plan.layout.pp > 1 else ""
+    return (f"{where}needs {mem.peak / GiB:.1f} GiB per GPU on {plan.cluster.device.name} "
+            f"({capacity / GiB:.0f} GiB): {parts}")
+
+
+def clear_caches() -> None:
+    """Drop every memoized stage, layer and parameter count (benchmarks: cold runs)."""
+    for fn in (_layer_times, layer_params_per_rank, stage_params, _stage_works, _shared,
+               _stage, _activation_terms):
+        fn.cache_clear()

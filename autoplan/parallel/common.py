@@ -1,0 +1,49 @@
+"""What every axis module shares: the shape of a rule of a valid plan."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autoplan.plan import Plan
+
+
+class Scope(enum.IntEnum):
+    """What of a plan a rule reads, in the order the search fixes those choices: a rule
+    of scope S can be decided once everything up to S is chosen."""
+
+    JOB = 0
+    """The job and the cluster's device (precision support)."""
+    LAYOUT = 1
+    """The degrees dp, tp, pp, cp, ep, etp (vpp = 1) against model, job and cluster."""
+    CP_COMM = 2
+    """How context parallelism exchanges the sequence."""
+    MICRO_BATCH = 3
+    """The micro-batch size."""
+    SEQUENCE_PARALLEL = 4
+    """The sequence-parallel flag."""
+    SCHEDULE = 5
+    """The pipeline schedule and its vpp (the microbatch count follows from above)."""
+    STAGES = 6
+    """An explicit layer-to-stage split."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One rule of a valid plan. ``id`` is stable (scripts and search statistics key on
+    it); ``field`` is the plan field a broken rule is reported on; ``summary`` states the
+    rule in general; ``broken`` returns the message for one plan, or None if it holds."""
+
+    id: str
+    field: str
+    scope: Scope
+    summary: str
+    broken: Callable[[Plan], str | None]
+
+
+def divisors(n: int) -> list[int]:
+    """Every degree that divides ``n``, ascending."""
+    return [d for d in range(1, n + 1) if n % d == 0]

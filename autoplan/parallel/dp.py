@@ -1,0 +1,147 @@
+"""Data parallel and ZeRO (Rajbhandari et al. 2020): the batch rule, the ZeRO stages
+the search tries, the sharded model states, the gradient reduction and ZeRO-3
+parameter gathers left exposed, and the optimizer step.
+
+Gradients are reduced, and ZeRO shards, over dp x cp for the dense weights and over
+the expert-data-parallel group for the routed experts (Megatron-Core's distributed
+optimizer); the groups come from ``mesh``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from autoplan.cost import comm, memory
+from autoplan.cost.compute import BF16_BYTES
+from autoplan.parallel.common import Rule, Scope
+from autoplan.vocab import Axis, Dtype, ZeroStage
+
+if TYPE_CHECKING:
+    from autoplan.plan import Layout, Plan
+    from autoplan.search.space import SearchSpace
+
+# Adam step per parameter: read fp32 master, m, v and grad, write master, m, v and
+# the 16-bit weight: 4*4 + 3*4 + 2 bytes (memory-bound; ZeRO paper's K=12 states).
+ADAM_BYTES_PER_PARAM = 30
+
+
+class StageShare(Protocol):
+    """What the DP terms read of a stage's work (cost.stage.StageWork)."""
+
+    @property
+    def params(self) -> float: ...
+    @property
+    def expert_params(self) -> float: ...
+    @property
+    def forward(self) -> float: ...
+    @property
+    def backward(self) -> float: ...
+
+
+# ----------------------------------------------------------------------------- rules
+
+def _batch(plan: Plan) -> str | None:
+    dp, mbs, gbs = plan.layout.dp, plan.micro_batch, plan.job.global_batch
+    if gbs % (dp * mbs):
+        return f"dp*micro_batch = {dp}*{mbs} must divide global_batch={gbs}"
+    return None
+
+
+RULES = (
+    Rule("dp-batch", "micro_batch", Scope.MICRO_BATCH,
+         "dp*micro_batch must divide global_batch", _batch),
+)
+
+
+# ----------------------------------------------------------------------------- degrees
+
+def zero_stages(lay: Layout, space: SearchSpace) -> list[ZeroStage]:
+    """The space's ZeRO stages, capped where the launcher cannot combine them with pp."""
+    cap = space.zero_max_with_pp if lay.pp > 1 else ZeroStage.PARAMETERS
+    return [z for z in space.zero if z <= cap]
+
+
+# ----------------------------------------------------------------------------- memory
+
+def grad_bytes(dtype: Dtype) -> float:
+    """Bytes per gradient element reduced: Megatron-LM reduces bf16 grads in fp32."""
+    return memory.bytes_per_param(dtype).grads
+
+
+def state_bytes(plan: Plan, params: float, expert_params: float) -> memory.BytesPerParam:
+    """Weights, gradients and optimizer states of one rank: ZeRO shards the non-expert
+    states over dp x cp and the experts' over the expert-data-parallel group (Megatron-Core
+    distributed optimizer)."""
+    lay = plan.layout
+    dense = memory.sharded_state_bytes(params, plan.job.dtype, plan.zero, lay.dp * lay.cp)
+    if not expert_params:
+        return dense
+    experts = memory.sharded_state_bytes(expert_params, plan.job.dtype, plan.zero, lay.edp)
+    return memory.BytesPerParam(weights=dense.weights + experts.weights,
+                                grads=dense.grads + experts.grads,
+                                optimizer=dense.optimizer + experts.optimizer)
+
+
+def zero3_buffer_bytes(largest_layer_params: float) -> float:
+    """FSDP/ZeRO-3 hold the gathered current layer and prefetch the next one."""
+    return 2 * BF16_BYTES * largest_layer_params
+
+
+# ----------------------------------------------------------------------------- communication
+
+def zero3_exposed(plan: Plan, groups: dict[Axis, comm.Group], params: float,
+                  expert_params: float, forward: float, backward_input: float,
+                  backward_weight: float) -> tuple[float, float]:
+    """ZeRO-3 per microbatch, (forward, backward) exposed: the parameter all-gather
+    before forward, again before backward with the gradient reduce-scatter after it,
+    each hidden behind that pass's compute (FSDP prefetch)."""
+    if plan.zero is not ZeroStage.PARAMETERS or groups[Axis.DP].size <= 1:
+        return 0.0, 0.0
+    gather = comm.all_gather(params * BF16_BYTES, groups[Axis.DP])
+    scatter = comm.reduce_scatter(params * grad_bytes(plan.job.dtype), groups[Axis.DP])
+    if expert_params:
+        gather += comm.all_gather(expert_params * BF16_BYTES, groups[Axis.EDP])
+        scatter += comm.reduce_scatter(expert_params * grad_bytes(plan.job.dtype),
+                                       groups[Axis.EDP])
+    return (max(0.0, gather - forward),
+            max(0.0, gather + scatter - backward_input - backward_weight))
+
+
+def grad_sync_exposed(plan: Plan, groups: dict[Axis, comm.Group], works: Sequence[StageShare],
+                      makespan: float, finish: Sequence[float]) -> float:
+    """Gradient reduction (and the ZeRO-1/2 parameter all-gather) left after the pipeline.
+
+    The reduction of a stage overlaps its last backward and the time until the
+    whole pipeline drains (Megatron-LM --overlap-grad-reduce); the parameter
+    all-gather overlaps the next step's first forward (--overlap-param-gather).
+    """
+    if plan.zero is ZeroStage.PARAMETERS:
+        return 0.0  # ZeRO-3 communicates per microbatch, inside the stage times
+    exposed = 0.0
+    for work, end in zip(works, finish, strict=True):
+        reduce_s = gather_s = 0.0
+        for params, group in ((work.params, groups[Axis.DP]),
+                              (work.expert_params, groups[Axis.EDP])):
+            if not params or group.size <= 1:
+                continue
+            grads = params * grad_bytes(plan.job.dtype)
+            if plan.zero is ZeroStage.NONE:
+                reduce_s += comm.all_reduce(grads, group)
+            else:
+                reduce_s += comm.reduce_scatter(grads, group)
+                gather_s += comm.all_gather(params * BF16_BYTES, group)
+        window = makespan - end + work.backward / plan.layout.vpp
+        exposed = max(exposed, max(0.0, reduce_s - window)
+                      + max(0.0, gather_s - work.forward / plan.layout.vpp))
+    return exposed
+
+
+def optimizer_seconds(plan: Plan, works: Sequence[StageShare]) -> float:
+    """The Adam step of the rank with the most optimizer state (memory-bound)."""
+    device = plan.cluster.device
+    sharded = plan.zero >= ZeroStage.OPTIMIZER
+    dense_group = plan.layout.dp * plan.layout.cp if sharded else 1
+    expert_group = plan.layout.edp if sharded else 1
+    largest = max(w.params / dense_group + w.expert_params / expert_group for w in works)
+    return largest * ADAM_BYTES_PER_PARAM / (device.hbm_Bps * device.hbm_efficiency)

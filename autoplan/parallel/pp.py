@@ -1,0 +1,228 @@
+"""Pipeline parallel: the rules of stages, model chunks (vpp) and schedule shapes, the
+degrees and (schedule, vpp, split) choices the search tries, where chunks and the
+output layer sit, and the p2p sends between stages.
+
+Chunk placement itself (chunk c of stage s is virtual stage c*p + s, or 2p - 1 - s on
+a V's way back) lives in ``schedules.orders.virtual_stage``; the schedules' operation
+orders and simulator in ``schedules/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from autoplan.cost import comm
+from autoplan.parallel.common import Rule, Scope, divisors
+from autoplan.schedules.orders import virtual_stage
+from autoplan.search.space import StageShape
+from autoplan.vocab import Schedule
+
+if TYPE_CHECKING:
+    from autoplan.plan import Layout, Plan
+    from autoplan.search.space import SearchSpace
+
+
+# ----------------------------------------------------------------------------- rules
+
+def _pp_layers(plan: Plan) -> str | None:
+    lay, layers = plan.layout, plan.model.layers
+    if layers < lay.pp:  # every stage holds at least one layer
+        return f"pp*vpp = {lay.pp * lay.vpp} exceeds the {layers} layers"
+    return None
+
+
+def _vpp_layers(plan: Plan) -> str | None:
+    lay, layers = plan.layout, plan.model.layers
+    chunks = lay.pp * lay.vpp
+    if plan.stages is not None or lay.vpp == 1 or layers < lay.pp:
+        return None
+    if layers < chunks:
+        return f"pp*vpp = {chunks} exceeds the {layers} layers"
+    if layers % chunks:
+        return f"pp*vpp = {chunks} must divide layers={layers}"
+    return None
+
+
+def _interleaved_chunks(plan: Plan) -> str | None:
+    lay = plan.layout
+    if plan.schedule is Schedule.INTERLEAVED and (lay.vpp < 2 or lay.pp < 2):
+        return "the interleaved schedule needs pp >= 2 and vpp >= 2"
+    return None
+
+
+def _interleaved_microbatches(plan: Plan) -> str | None:
+    lay, m = plan.layout, plan.num_microbatches
+    if (plan.schedule is Schedule.INTERLEAVED and lay.vpp >= 2 and lay.pp >= 2
+            and m % lay.pp):
+        return (f"interleaved 1F1B needs the number of microbatches ({m}) to be a multiple "
+                f"of pp={lay.pp} (Megatron-LM's rule)")
+    return None
+
+
+def _v_chunks(plan: Plan) -> str | None:
+    lay, sched = plan.layout, plan.schedule
+    if sched.v_shape and (lay.vpp != 2 or lay.pp < 2):
+        return (f"{sched.value} places two model chunks per stage in a V: "
+                f"it needs vpp = 2 and pp >= 2, got vpp={lay.vpp}, pp={lay.pp}")
+    return None
+
+
+def _vpp_schedule(plan: Plan) -> str | None:
+    sched, vpp = plan.schedule, plan.layout.vpp
+    if sched is not Schedule.INTERLEAVED and not sched.v_shape and vpp != 1:
+        return f"vpp={vpp} needs schedule: interleaved (or a V-shape schedule with vpp = 2)"
+    return None
+
+
+def _stages_vpp(plan: Plan) -> str | None:
+    if plan.stages is not None and plan.layout.vpp > 1:
+        return "explicit stages with vpp > 1 are not supported yet"
+    return None
+
+
+def _stages_count(plan: Plan) -> str | None:
+    pp = plan.layout.pp
+    if plan.stages is not None and plan.layout.vpp == 1 and len(plan.stages) != pp:
+        return f"expected {pp} entries (one per pipeline stage), got {len(plan.stages)}"
+    return None
+
+
+def _stages_sum(plan: Plan) -> str | None:
+    stages, layers = plan.stages, plan.model.layers
+    if (stages is not None and plan.layout.vpp == 1 and len(stages) == plan.layout.pp
+            and sum(stages) != layers):
+        return f"expected entries summing to layers={layers}, got {sum(stages)}"
+    return None
+
+
+SCHEDULE_RULES = (
+    Rule("interleaved-chunks", "layout.vpp", Scope.SCHEDULE,
+         "the interleaved schedule needs pp >= 2 and vpp >= 2", _interleaved_chunks),
+    Rule("interleaved-microbatches", "layout.vpp", Scope.SCHEDULE,
+         "interleaved: pp must divide the microbatches", _interleaved_microbatches),
+    Rule("v-shape-chunks", "layout.vpp", Scope.SCHEDULE,
+         "V-shape schedules need vpp = 2 and pp >= 2", _v_chunks),
+    Rule("vpp-needs-schedule", "layout.vpp", Scope.SCHEDULE,
+         "vpp > 1 needs the interleaved or a V-shape schedule", _vpp_schedule),
+)
+STAGE_RULES = (
+    Rule("pp-layers", "layout.pp", Scope.LAYOUT, "pp must not exceed layers", _pp_layers),
+    Rule("vpp-layers", "layout.vpp", Scope.SCHEDULE,
+         "pp*vpp must divide layers (model chunks)", _vpp_layers),
+    Rule("stages-vpp", "stages", Scope.STAGES,
+         "explicit stages need vpp = 1", _stages_vpp),
+    Rule("stages-count", "stages", Scope.STAGES, "one entry per pipeline stage", _stages_count),
+    Rule("stages-sum", "stages", Scope.STAGES, "entries sum to the layers", _stages_sum),
+)
+
+
+@lru_cache(maxsize=4096)
+def uniform_stages(layers: int, pp: int) -> tuple[int, ...]:
+    """Split layers as evenly as possible. The remainder goes one layer each to the
+    stages nearest the middle: the first stage also holds the embedding and the most
+    in-flight activations, the last the output layer and the logits, so they get an
+    extra layer only when every middle stage has one."""
+    base, extra = divmod(layers, pp)
+    order = sorted(range(pp), key=lambda s: (s in (0, pp - 1), abs(s - (pp - 1) / 2), s))
+    counts = [base] * pp
+    for s in order[:extra]:
+        counts[s] += 1
+    return tuple(counts)
+
+
+# ----------------------------------------------------------------------------- degrees
+
+def degrees(rest: int, space: SearchSpace) -> Iterator[int]:
+    """pp dividing the ``rest`` of the GPUs, up to the space's cap."""
+    return (pp for pp in divisors(rest) if pp <= space.pp_max)
+
+
+def schedule_choices(lay: Layout, space: SearchSpace) -> list[tuple[Schedule, int, bool]]:
+    """(schedule, vpp, split): split variants take the best uneven layer split the
+    launcher can express (one chunk per stage only); the others the uniform one."""
+    if lay.pp == 1:  # without a pipeline every schedule is the same: generate one
+        return [(Schedule.ONE_F_ONE_B, 1, False)]
+    out: list[tuple[Schedule, int, bool]] = []
+    for sched in space.schedules:
+        if sched is Schedule.INTERLEAVED:
+            out.extend((sched, v, False) for v in range(2, space.vpp_max + 1))
+        elif sched.v_shape:
+            out.append((sched, 2, False))  # two chunks per stage, down and back
+        else:
+            out.append((sched, 1, False))
+    if space.stage_shape is not StageShape.UNIFORM:
+        out.extend((sched, 1, True) for sched, v, _ in list(out) if v == 1)
+    return out
+
+
+# ----------------------------------------------------------------------------- placement
+
+def output_stage(plan: Plan) -> int:
+    """The stage holding the output layer and the logits: the last, except for V-shape
+    schedules, whose last model chunk comes back to stage 0."""
+    return 0 if plan.schedule.v_shape else plan.layout.pp - 1
+
+
+def dense_per_stage(plan: Plan) -> tuple[int, ...]:
+    """Of each stage's layers, those with a dense MLP (the first ``dense_layers`` of the
+    model), through the chunks each stage holds."""
+    model = plan.model
+    if not model.is_moe:
+        return plan.stage_layers
+    return _dense_per_stage(model.layers, model.layers - model.moe_layers, plan.stage_layers,
+                            plan.layout.vpp, plan.schedule)
+
+
+@lru_cache(maxsize=4096)
+def _dense_per_stage(n_layers: int, k: int, layers: tuple[int, ...], v: int,
+                     schedule: Schedule) -> tuple[int, ...]:
+    p = len(layers)
+    if k == 0:
+        return (0,) * p
+    if v == 1:
+        starts = [sum(layers[:s]) for s in range(p)]
+        return tuple(max(0, min(k - a, n)) for a, n in zip(starts, layers, strict=True))
+    n = n_layers // (p * v)  # layers per chunk (pp*vpp divides layers)
+
+    def dense_in(virtual: int) -> int:
+        return max(0, min(k - virtual * n, n))
+
+    return tuple(sum(dense_in(virtual_stage(schedule, p, s, c)) for c in range(v))
+                 for s in range(p))
+
+
+def sends(plan: Plan, stage: int) -> tuple[int, int]:
+    """Activation sends (forward) and gradient sends (backward) of one stage per microbatch.
+
+    Every chunk hands its output on, except the model's last chunk (forward) and first
+    chunk (backward); interleaved chunks wrap between the end stages; in a V the turning
+    stage passes chunk 0 to its own chunk 1 without a send."""
+    p, v = plan.layout.pp, plan.layout.vpp
+    if p == 1:
+        return 0, 0
+    if plan.schedule.v_shape:
+        both = (stage < p - 1) + (stage > 0)
+        return both, both
+    return (v - 1 if stage == p - 1 else v), (v - 1 if stage == 0 else v)
+
+
+def _cross_domain(plan: Plan) -> bool:
+    """Neighbouring stages sit in different NVLink domains (PP is the outermost axis)."""
+    lay = plan.layout
+    return lay.tp * lay.cp * lay.dp >= min(plan.cluster.nvlink_domain, plan.cluster.gpus)
+
+
+def send_seconds(plan: Plan, act_bytes: float) -> float:
+    """One blocking send of a microbatch's activations (or their gradients) to the next
+    stage. Megatron's scatter-gather sends 1/t of the activation with SP."""
+    if plan.layout.pp == 1:
+        return 0.0
+    nbytes = act_bytes / (plan.layout.tp if plan.sequence_parallel else 1)
+    return comm.p2p(nbytes, _cross_domain(plan), plan.cluster)
+
+
+def clear_caches() -> None:
+    _dense_per_stage.cache_clear()
+    uniform_stages.cache_clear()
