@@ -38,9 +38,9 @@ from autoplan.request import build_request, shipped_profile
 from autoplan.vocab import Dtype
 from tests.helpers import make_plan
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 META = {"device_kind": "cuda", "device_name": "NVIDIA H100 80GB HBM3 (synthetic)", "torch": "2.13.0",
-        "date": "2026-11-22", "command": "synthetic (tests/test_surrogate.py)", "descriptor": "h100-sxm"}
+        "date": "2026-11-22", "command": "synthetic (tests/unit/test_surrogate.py)", "descriptor": "h100-sxm"}
 
 
 # --------------------------------------------------------------------------- a synthetic profile

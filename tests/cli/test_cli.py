@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 PROFILES = ROOT / "profiles"
 HF_LLAMA3_8B = ROOT / "tests" / "data" / "hf" / "Meta-Llama-3-8B.json"

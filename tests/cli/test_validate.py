@@ -30,7 +30,7 @@ from autoplan.vocab import Dtype, Schedule, ZeroStage
 
 torch = pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CPU = ROOT / "examples" / "cpu"
 TWO_CORES = v.Machine(cpus=(0, 1), mem_bytes=16 * 2**30)
 QUICK = ("--steps", "1", "--warmup", "1")

@@ -25,7 +25,7 @@ from autoplan.bench.profile import KINDS, REQUIRED_META, Profile, parse_profile,
 from autoplan.bench.timing import Budget, summarize
 from autoplan.descriptors.library import resolve_model
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # llama3-8b (hidden 4096, 32 heads, 8 KV heads of 128, ffn 14336, vocab 128256) on one of
 # 8 TP ranks, 16 tokens: QKV (4096 + 2 x 1024) / 8, out 4096 / 8, SwiGLU up+gate 2 x 14336 / 8,
 # down 14336 / 8, logits 128256 / 8 (Shoeybi et al. 2019's column/row split)

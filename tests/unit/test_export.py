@@ -3,7 +3,7 @@ refusals that name the plan file and field, shell quoting, and search -> export.
 
 Regenerate the golden files (tests/data/exports/) and the committed examples
 (examples/exports/) after an intended change with ``AUTOPLAN_REGEN_GOLDEN=1 pytest
-tests/test_export.py``, then read the diff.
+tests/unit/test_export.py``, then read the diff.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from autoplan.plan import Plan, read_plan
 from autoplan.vocab import Activation, CpComm, Dtype, Recompute, Schedule, ZeroStage
 from tests.helpers import make_plan
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "data" / "exports"
 EXAMPLES = ROOT / "examples"
 REGEN = os.environ.get("AUTOPLAN_REGEN_GOLDEN") == "1"
