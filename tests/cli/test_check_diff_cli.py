@@ -2,22 +2,23 @@
 and people meet them on the command line; tests/unit/test_check_diff.py has them as the
 library returns them.
 
+The commands run in this process (tests.helpers.autoplan), but for the checks that the
+same input prints the same bytes: their second run is a new process (another hash seed).
+
 Every regression search here is over at most 256 GPUs of a dense model: seconds on a CPU.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
+
+from tests.helpers import autoplan, autoplan_subprocess
 
 ROOT = Path(__file__).resolve().parents[2]
 PLANS = ROOT / "examples" / "plans"
@@ -46,13 +47,6 @@ job: {global_batch: 64, seq_len: 4096, dtype: bf16}
 layout: {dp: 2, tp: 4, pp: 1}
 micro_batch: 3
 """
-
-
-def autoplan(*args: Any) -> subprocess.CompletedProcess[str]:
-    """Run the command line as CI would: no terminal, no debug mode."""
-    env = {k: v for k, v in os.environ.items() if k != "AUTOPLAN_DEBUG"}
-    return subprocess.run([sys.executable, "-m", "autoplan.cli.main", *(str(a) for a in args)],
-                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300, check=False)
 
 
 def junit(text: str) -> ET.Element:
@@ -182,8 +176,8 @@ def test_json_report_names_every_rule_and_the_best_plan() -> None:
 
 @pytest.mark.parametrize("fmt", ["text", "json", "junit"])
 def test_check_output_is_the_same_bytes_every_time(fmt: str) -> None:
-    runs = [autoplan("check", SLOW, "--max-regression", "0.05", "--min-headroom", "60", "-f", fmt)
-            for _ in range(2)]
+    runs = [run("check", SLOW, "--max-regression", "0.05", "--min-headroom", "60", "-f", fmt)
+            for run in (autoplan, autoplan_subprocess)]
     assert runs[0].returncode == runs[1].returncode == 1
     assert runs[0].stdout == runs[1].stdout
 
@@ -243,7 +237,7 @@ def test_the_gitlab_example_runs_check_and_reports_its_junit_file(tmp_path: Path
 # --------------------------------------------------------------------------- diff
 
 def test_diff_json_is_stable_and_keeps_a_and_b_apart() -> None:
-    runs = [autoplan("diff", ONE_F_ONE_B, ZB_V, "--format", "json") for _ in range(2)]
+    runs = [run("diff", ONE_F_ONE_B, ZB_V, "--format", "json") for run in (autoplan, autoplan_subprocess)]
     assert runs[0].returncode == 0, runs[0].stderr
     assert runs[0].stdout == runs[1].stdout
     doc = json.loads(runs[0].stdout)

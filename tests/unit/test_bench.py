@@ -10,7 +10,6 @@ while another process holds the cores slow small kernels down tenfold.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from autoplan.bench.presets import get_preset
 from autoplan.bench.profile import KINDS, REQUIRED_META, Profile, parse_profile, read_profile
 from autoplan.bench.timing import Budget, summarize
 from autoplan.descriptors.library import resolve_model
+from tests.helpers import autoplan, autoplan_subprocess
 
 ROOT = Path(__file__).resolve().parents[2]
 # llama3-8b (hidden 4096, 32 heads, 8 KV heads of 128, ffn 14336, vocab 128256) on one of
@@ -33,28 +33,8 @@ LLAMA3_8B_TP8_16 = {(16, 768, 4096), (16, 4096, 512), (16, 3584, 4096), (16, 409
                     (16, 16032, 4096)}
 
 
-def autoplan(*args: Any, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """The command line in a subprocess, never on a terminal, never in debug mode."""
-    base = {k: v for k, v in os.environ.items() if k not in ("AUTOPLAN_DEBUG", "RANK", "WORLD_SIZE")}
-    base["OMP_NUM_THREADS"] = "1"
-    return subprocess.run([sys.executable, "-m", "autoplan.cli.main", *(str(a) for a in args)],
-                          capture_output=True, text=True, cwd=ROOT, env={**base, **(env or {})},
-                          timeout=300, check=False)
-
-
-def autoplan_here(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-                  *args: Any) -> subprocess.CompletedProcess[str]:
-    """The command line's main() in this process (torch already imported: saves seconds)."""
-    from autoplan.cli.main import main
-
-    argv = ["autoplan", *(str(a) for a in args)]
-    monkeypatch.setattr(sys, "argv", argv)
-    monkeypatch.delenv("AUTOPLAN_DEBUG", raising=False)
-    with pytest.raises(SystemExit) as exit_:
-        main()
-    out = capsys.readouterr()
-    code = exit_.value.code
-    return subprocess.CompletedProcess(argv, code if isinstance(code, int) else 1, out.out, out.err)
+# not under torchrun: the command is its own writer (autoplan.bench.run.is_writer)
+NOT_A_WORKER = {"RANK": None, "WORLD_SIZE": None}
 
 
 def assert_bad_input(result: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -200,7 +180,9 @@ def test_tiny_profile_collectives_ran_on_two_processes(tiny_profile: Profile) ->
 def test_cli_writes_a_profile_and_prints_a_summary(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     out = tmp_path / "sub" / "cpu.csv"
-    result = autoplan("bench", "--device", "cpu", "--preset", "tiny", "-o", out)
+    # in a new process: the bench spawns its collective workers from it
+    result = autoplan_subprocess("bench", "--device", "cpu", "--preset", "tiny", "-o", out,
+                                 env={**NOT_A_WORKER, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     profile = read_profile(out)
@@ -210,14 +192,13 @@ def test_cli_writes_a_profile_and_prints_a_summary(tmp_path: Path) -> None:
     assert not list(out.parent.glob(".*.tmp"))
 
 
-def test_cli_world_of_one_writes_the_csv_to_stdout_without_collectives(
-        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_world_of_one_writes_the_csv_to_stdout_without_collectives() -> None:
     torch = pytest.importorskip("torch")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        result = autoplan_here(capsys, monkeypatch, "bench", "--device", "cpu", "--preset", "tiny",
-                               "--world", "1", "--model", "llama3-8b")
+        result = autoplan("bench", "--device", "cpu", "--preset", "tiny", "--world", "1",
+                          "--model", "llama3-8b", env=NOT_A_WORKER)
     finally:
         torch.set_num_threads(threads)
     assert result.returncode == 0, result.stderr
@@ -234,15 +215,13 @@ def test_cli_world_of_one_writes_the_csv_to_stdout_without_collectives(
     (["--world", "0"], ["--world", "at least 1"]),
     (["--descriptor", "h1000"], ["--descriptor", "unknown device 'h1000'"]),
 ])
-def test_bad_input_exits_2_with_one_clear_message(args: list[str], needles: list[str], tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_input_exits_2_with_one_clear_message(args: list[str], needles: list[str],
+                                                  tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     if "cuda" in args and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     out = tmp_path / "never.csv"
-    result = autoplan_here(capsys, monkeypatch, "bench", "--device", "cpu", "--preset", "tiny", *args,
-                           "-o", out)
+    result = autoplan("bench", "--device", "cpu", "--preset", "tiny", *args, "-o", out, env=NOT_A_WORKER)
     assert_bad_input(result, *needles)
     assert not out.exists()
 

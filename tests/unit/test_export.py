@@ -30,7 +30,7 @@ from autoplan.errors import InputError
 from autoplan.export import Launcher, Target, export, refusals
 from autoplan.plan import Plan, read_plan
 from autoplan.vocab import Activation, CpComm, Dtype, Recompute, Schedule, ZeroStage
-from tests.helpers import make_plan
+from tests.helpers import autoplan, make_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "data" / "exports"
@@ -565,13 +565,7 @@ def test_megatron_refuses_a_geglu_model_it_has_no_flag_for() -> None:
 
 
 # --------------------------------------------------------------------------- the command line
-
-def autoplan(*args: Any, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "AUTOPLAN_DEBUG"}
-    return subprocess.run([sys.executable, "-m", "autoplan.cli.main", *(str(a) for a in args)],
-                          capture_output=True, text=True, cwd=cwd or ROOT, env=env, timeout=300,
-                          check=False)
-
+# (in this process: tests.helpers.autoplan)
 
 def test_export_prints_to_stdout_and_writes_an_executable_script_with_o(tmp_path: Path) -> None:
     plan = EXAMPLES / "plans" / "llama3-8b-64xh100-megatron-best.yaml"
