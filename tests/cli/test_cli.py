@@ -551,6 +551,7 @@ def test_one_bad_plan_among_good_ones_stops_evaluate_before_any_output(tmp_path:
 
 # -- mixture of experts and long context (issue 4's acceptance commands) ------------------
 
+@pytest.mark.slow
 def test_deepseek_v3_search_returns_expert_parallel_plans_with_all_to_all_cost():
     result = autoplan("search", "--model", "deepseek-v3", "--cluster", "dgx-h100", "--gpus", "2048",
                       "--global-batch", "15360", "--seq-len", "4096", "--top", "3",

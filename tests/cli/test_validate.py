@@ -29,6 +29,7 @@ from autoplan.vocab import Dtype, Schedule, ZeroStage
 from tests.helpers import autoplan, autoplan_subprocess
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = ROOT / "examples" / "cpu"
@@ -85,6 +86,7 @@ def check_contract(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- end to end
 
 @needs_two_cores
+@pytest.mark.slow
 def test_a_two_process_data_parallel_plan_runs_and_is_compared(tmp_path: Path) -> None:
     doc = check_contract(validate_run(small("plan-dp2.yaml", tmp_path), *QUICK, "--format", "json"))
     assert [r["rank"] for r in doc["ranks"]] == [0, 1]
@@ -98,6 +100,7 @@ def test_a_two_process_data_parallel_plan_runs_and_is_compared(tmp_path: Path) -
 
 
 @needs_two_cores
+@pytest.mark.slow
 def test_a_two_stage_pipeline_plan_runs_each_stage_against_its_own_prediction(tmp_path: Path) -> None:
     doc = check_contract(validate_run(small("plan-pp2.yaml", tmp_path), *QUICK, "--format", "json"))
     stages = {r["stage"]: r for r in doc["ranks"]}
@@ -108,6 +111,7 @@ def test_a_two_stage_pipeline_plan_runs_each_stage_against_its_own_prediction(tm
         assert 0.5 < rank["peak_memory_gib"] / rank["predicted_peak_memory_gib"] < 2.5
 
 
+@pytest.mark.slow
 def test_one_ranks_slice_runs_on_cpu_and_compares_compute_time(tmp_path: Path) -> None:
     result = validate_run(small("plan-tp2.yaml", tmp_path), "--slice", *QUICK, "--format", "json")
     doc = check_contract(result)
@@ -118,6 +122,7 @@ def test_one_ranks_slice_runs_on_cpu_and_compares_compute_time(tmp_path: Path) -
     assert widths["kv_heads"] == SMALL["kv_heads"] // 2 and widths["vocab"] == SMALL["vocab"] // 2
 
 
+@pytest.mark.slow
 def test_the_table_says_what_ran_and_how_it_compares(tmp_path: Path) -> None:
     result = validate_run(small("plan-tp2.yaml", tmp_path), "--slice", *QUICK)
     assert result.returncode in (0, 1), result.stderr

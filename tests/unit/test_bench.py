@@ -144,12 +144,17 @@ def tiny_profile() -> Profile:
     return parse_profile(format_profile(meta, rows), "<tiny>")
 
 
+# slow: their module-scoped tiny_profile runs the bench (about 4 s), whichever of them comes first
+@pytest.mark.torch
+@pytest.mark.slow
 def test_tiny_profile_has_every_kind_and_sane_timings(tiny_profile: Profile) -> None:
     assert_valid_profile(tiny_profile)
     for kind, ops in KINDS.items():
         assert set(tiny_profile.of_kind(kind)["op"]) == set(ops), kind
 
 
+@pytest.mark.torch
+@pytest.mark.slow
 def test_tiny_profile_header_names_device_software_and_command(tiny_profile: Profile) -> None:
     meta = tiny_profile.meta
     assert meta["device_kind"] == "cpu" and meta["torch"] and meta["command"] == "pytest tiny"
@@ -157,6 +162,8 @@ def test_tiny_profile_header_names_device_software_and_command(tiny_profile: Pro
     assert "descriptor" not in meta  # a CPU is no built-in device
 
 
+@pytest.mark.torch
+@pytest.mark.slow
 def test_tiny_profile_measures_the_models_sharded_gemms(tiny_profile: Profile) -> None:
     gemm = tiny_profile.of_kind("gemm")
     for dtype in ("fp32", "bf16"):
@@ -164,12 +171,16 @@ def test_tiny_profile_measures_the_models_sharded_gemms(tiny_profile: Profile) -
         assert LLAMA3_8B_TP8_16 <= set(zip(mine["m"], mine["n"], mine["k"], strict=True)), dtype
 
 
+@pytest.mark.torch
+@pytest.mark.slow
 def test_tiny_profile_attention_is_causal_gqa_after_tp(tiny_profile: Profile) -> None:
     attn = tiny_profile.of_kind("attention")
     assert set(zip(attn["heads"], attn["kv_heads"], attn["head_dim"], attn["causal"], strict=True)) \
         == {(4, 1, 128, 1)}  # llama3-8b's 32 heads and 8 KV heads over 8 TP ranks
 
 
+@pytest.mark.torch
+@pytest.mark.slow
 def test_tiny_profile_collectives_ran_on_two_processes(tiny_profile: Profile) -> None:
     c = tiny_profile.of_kind("collective")
     assert set(c["ranks"]) == {2} and set(c["ranks_per_node"]) == {2}
@@ -177,6 +188,8 @@ def test_tiny_profile_collectives_ran_on_two_processes(tiny_profile: Profile) ->
     assert "skipped" not in tiny_profile.meta  # gloo runs all five ops in torch >= 2.5
 
 
+@pytest.mark.torch
+@pytest.mark.slow
 def test_cli_writes_a_profile_and_prints_a_summary(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     out = tmp_path / "sub" / "cpu.csv"
@@ -192,6 +205,7 @@ def test_cli_writes_a_profile_and_prints_a_summary(tmp_path: Path) -> None:
     assert not list(out.parent.glob(".*.tmp"))
 
 
+@pytest.mark.torch
 def test_cli_world_of_one_writes_the_csv_to_stdout_without_collectives() -> None:
     torch = pytest.importorskip("torch")
     threads = torch.get_num_threads()
@@ -215,6 +229,7 @@ def test_cli_world_of_one_writes_the_csv_to_stdout_without_collectives() -> None
     (["--world", "0"], ["--world", "at least 1"]),
     (["--descriptor", "h1000"], ["--descriptor", "unknown device 'h1000'"]),
 ])
+@pytest.mark.torch
 def test_bad_input_exits_2_with_one_clear_message(args: list[str], needles: list[str],
                                                   tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
@@ -226,6 +241,7 @@ def test_bad_input_exits_2_with_one_clear_message(args: list[str], needles: list
     assert not out.exists()
 
 
+@pytest.mark.torch
 def test_attention_without_in_kernel_gqa_repeats_kv_heads(monkeypatch: pytest.MonkeyPatch) -> None:
     torch = pytest.importorskip("torch")
     from autoplan.bench import micro
@@ -252,6 +268,7 @@ def _spec(**changes: Any) -> coll.Spec:
     return coll.Spec(**{**fields, **changes})
 
 
+@pytest.mark.torch
 def test_a_failing_worker_is_an_error_in_the_parent() -> None:
     pytest.importorskip("torch")
     from autoplan.bench.timing import BenchError
@@ -261,6 +278,7 @@ def test_a_failing_worker_is_an_error_in_the_parent() -> None:
     assert not multiprocessing.active_children()
 
 
+@pytest.mark.torch
 def test_workers_past_the_time_limit_are_stopped() -> None:
     pytest.importorskip("torch")
     from autoplan.bench.timing import BenchError
