@@ -1,6 +1,16 @@
-"""Small builders shared by tests."""
+"""Small builders shared by tests, and the command line run in this process or in a new one."""
 
 from __future__ import annotations
+
+import importlib
+import io
+import os
+import subprocess
+import sys
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
@@ -26,3 +36,85 @@ def make_plan(model: str | Model = "llama3-8b", cluster: str = "dgx-h100", gpus:
         micro_batch=micro_batch, schedule=schedule, recompute=recompute, zero=zero,
         sequence_parallel=sequence_parallel, stages=stages, cp_comm=cp_comm,
     )
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _environ(changes: Mapping[str, str | None]) -> dict[str, str]:
+    """This process's environment with ``changes`` applied (None removes a variable)."""
+    env = dict(os.environ)
+    for key, value in changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def autoplan(*args: Any, cwd: Path | None = None,
+             env: Mapping[str, str | None] | None = None) -> subprocess.CompletedProcess[str]:
+    """``autoplan ARGS`` through its entry point, ``autoplan.cli.main:main``, in this process.
+
+    Returns what :func:`autoplan_subprocess` returns for the same command: the exit status
+    main() gives ``sys.exit``, everything written to stdout and stderr, and an uncaught
+    exception as the interpreter reports it (a traceback on stderr, exit status 1). As there,
+    the command runs from ``cwd`` (default: the repository root), never in debug mode, with
+    ``env`` changed for the call (None removes a variable), and never on a terminal: stdout
+    and stderr are in-memory text files, and the rich consoles of ``autoplan.cli.output``
+    are made again on them, as a new process's import makes them on pipes (the ones made at
+    the first import are bound to whatever ``sys.stdout`` was then, and are put back
+    afterwards). Saves the interpreter start and the imports: about half a second a command.
+    """
+    from autoplan.cli import main as cli
+    from autoplan.cli import output
+
+    argv = ["autoplan", *(str(a) for a in args)]
+    changes = {"AUTOPLAN_DEBUG": None, **(env or {})}
+    saved_env = {key: os.environ.get(key) for key in changes}
+    saved_consoles = dict(vars(output))
+    saved = sys.argv, sys.stdout, sys.stderr, os.getcwd()
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code = 0
+    try:
+        for key, value in changes.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        os.chdir(cwd or ROOT)
+        sys.argv, sys.stdout, sys.stderr = argv, stdout, stderr
+        importlib.reload(output)
+        try:
+            cli.main()
+        except SystemExit as exc:  # main() always ends in sys.exit
+            if exc.code is None or isinstance(exc.code, int):
+                code = exc.code or 0
+            else:  # what the interpreter does with sys.exit("message")
+                print(exc.code, file=sys.stderr)
+                code = 1
+        except Exception:
+            traceback.print_exc()
+            code = 1
+    finally:
+        sys.argv, sys.stdout, sys.stderr = saved[:3]
+        os.chdir(saved[3])
+        vars(output).update(saved_consoles)
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return subprocess.CompletedProcess(argv, code, stdout.getvalue(), stderr.getvalue())
+
+
+def autoplan_subprocess(*args: Any, cwd: Path | None = None, env: Mapping[str, str | None] | None = None,
+                        timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python -m autoplan.cli.main ARGS`` in a new interpreter, as a user or a script runs it:
+    from ``cwd`` (default: the repository root), never on a terminal, never in debug mode,
+    with ``env`` changed for the call (None removes a variable). For what needs a real
+    process: exit statuses, entry points, output that must not depend on the process."""
+    return subprocess.run([sys.executable, "-m", "autoplan.cli.main", *(str(a) for a in args)],
+                          capture_output=True, text=True, cwd=cwd or ROOT,
+                          env=_environ({"AUTOPLAN_DEBUG": None, **(env or {})}),
+                          timeout=timeout, check=False)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "accuracy.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy.py"
 
 COLUMNS = (
     "row_id,source,source_table,source_ref,framework,framework_version,model,model_type,"

@@ -88,6 +88,7 @@ def test_search_reports_where_every_candidate_went():
        gpus=st.sampled_from([8, 16, 32, 64]), gbs_per_gpu=st.sampled_from([1, 2, 4]),
        seq=st.sampled_from([2048, 4096]),
        space=st.sampled_from(["default", "megatron", "deepspeed", "torchtitan", "fsdp"]))
+@pytest.mark.slow  # 1 to 5 s, with the examples hypothesis draws
 def test_every_reported_plan_divides_fits_and_respects_its_space(model, gpus, gbs_per_gpu, seq,
                                                                  space):
     m = resolve_model(model)

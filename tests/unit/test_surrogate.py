@@ -10,9 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +33,11 @@ from autoplan.descriptors.library import resolve_cluster
 from autoplan.errors import InputError
 from autoplan.request import build_request, shipped_profile
 from autoplan.vocab import Dtype
-from tests.helpers import make_plan
+from tests.helpers import autoplan, autoplan_subprocess, make_plan
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 META = {"device_kind": "cuda", "device_name": "NVIDIA H100 80GB HBM3 (synthetic)", "torch": "2.13.0",
-        "date": "2026-11-22", "command": "synthetic (tests/test_surrogate.py)", "descriptor": "h100-sxm"}
+        "date": "2026-11-22", "command": "synthetic (tests/unit/test_surrogate.py)", "descriptor": "h100-sxm"}
 
 
 # --------------------------------------------------------------------------- a synthetic profile
@@ -268,12 +265,7 @@ def test_no_shipped_profile_leaves_the_cluster_alone():
 
 
 # --------------------------------------------------------------------------- command line
-
-def autoplan(*args: Any) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "AUTOPLAN_DEBUG"}
-    return subprocess.run([sys.executable, "-m", "autoplan.cli.main", *(str(a) for a in args)],
-                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300, check=False)
-
+# (in this process: tests.helpers.autoplan; the determinism check's second run in a new one)
 
 @pytest.fixture(scope="module")
 def plan_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -300,7 +292,8 @@ def test_evaluate_with_a_profile_shows_a_band(plan_path, profile_path):
     assert "p10" not in plain.stdout
     line = next(line for line in table.stdout.splitlines() if line.startswith("step time"))
     assert "p10" in line and "p90" in line and f"profile {profile_path}" in line
-    runs = [autoplan("evaluate", plan_path, "--profile", profile_path, "-f", "json") for _ in range(2)]
+    runs = [run("evaluate", plan_path, "--profile", profile_path, "-f", "json")
+            for run in (autoplan, autoplan_subprocess)]
     assert runs[0].stdout == runs[1].stdout  # same input, same output, across processes
     doc = json.loads(runs[0].stdout)
     pred = doc["plans"][0]["prediction"]

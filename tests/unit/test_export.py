@@ -3,7 +3,7 @@ refusals that name the plan file and field, shell quoting, and search -> export.
 
 Regenerate the golden files (tests/data/exports/) and the committed examples
 (examples/exports/) after an intended change with ``AUTOPLAN_REGEN_GOLDEN=1 pytest
-tests/test_export.py``, then read the diff.
+tests/unit/test_export.py``, then read the diff.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from autoplan.errors import InputError
 from autoplan.export import Launcher, Target, export, refusals
 from autoplan.plan import Plan, read_plan
 from autoplan.vocab import Activation, CpComm, Dtype, Recompute, Schedule, ZeroStage
-from tests.helpers import make_plan
+from tests.helpers import autoplan, make_plan
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "data" / "exports"
 EXAMPLES = ROOT / "examples"
 REGEN = os.environ.get("AUTOPLAN_REGEN_GOLDEN") == "1"
@@ -275,6 +275,7 @@ MEGATRON_CASES = [c for c in CASES if (Target.MEGATRON, Launcher.MEGATRON) in CA
 
 
 @pytest.mark.parametrize("case", MEGATRON_CASES)
+@pytest.mark.torch
 def test_megatron_script_arguments_build_a_megatron_core_config(tmp_path: Path, case: str) -> None:
     plan = CASES[case][0]()
     commands, _ = run_script(tmp_path, exported(case, Target.MEGATRON), "pretrain_megatron.sh")
@@ -309,6 +310,7 @@ def test_megatron_script_arguments_build_a_megatron_core_config(tmp_path: Path, 
         assert cfg.fp8 == "hybrid" and cfg.bf16
 
 
+@pytest.mark.torch
 def test_megatron_core_rejects_a_split_the_middle_stages_cannot_share(tmp_path: Path) -> None:
     """The check above has teeth: a first/last split leaving uneven middle stages fails."""
     commands, _ = run_script(tmp_path, exported("deepseek-v3-2048xh100-megatron", Target.MEGATRON),
@@ -333,6 +335,7 @@ NEMO_CASES = [c for c in CASES if (Target.NEMO, Launcher.MEGATRON) in CASES[c][1
 
 
 @pytest.mark.parametrize("case", NEMO_CASES)
+@pytest.mark.torch
 def test_nemo_overrides_are_megatron_core_config_fields(case: str) -> None:
     torch = pytest.importorskip("torch")
     pytest.importorskip("megatron.core")
@@ -382,6 +385,7 @@ def ds_config_class(monkeypatch: pytest.MonkeyPatch) -> Any:
     return config.DeepSpeedConfig
 
 
+@pytest.mark.torch
 def test_ds_config_is_read_by_deepspeeds_own_config_classes(ds_config_class: Any) -> None:
     DeepSpeedConfig = ds_config_class
     plan = CASES["llama3-8b-16xh100-deepspeed-pp2"][0]()
@@ -397,6 +401,7 @@ def test_ds_config_is_read_by_deepspeeds_own_config_classes(ds_config_class: Any
 
 
 @pytest.mark.parametrize("zero", list(ZeroStage))
+@pytest.mark.torch
 def test_every_zero_stage_and_fp16_parse_in_deepspeed(ds_config_class: Any, zero: ZeroStage) -> None:
     DeepSpeedConfig = ds_config_class
     plan = make_plan("llama3-8b", gpus=16, global_batch=64, dp=16, micro_batch=2, zero=zero,
@@ -407,6 +412,7 @@ def test_every_zero_stage_and_fp16_parse_in_deepspeed(ds_config_class: Any, zero
     assert cfg.gradient_accumulation_steps == 2
 
 
+@pytest.mark.torch
 def test_deepspeed_launch_line_parses_with_deepspeeds_launcher(tmp_path: Path) -> None:
     pytest.importorskip("deepspeed")
     with warnings.catch_warnings():
@@ -457,6 +463,7 @@ TORCHTITAN_CASES = [c for c in CASES if (Target.TORCHTITAN, Launcher.MEGATRON) i
 
 
 @pytest.mark.parametrize("case", TORCHTITAN_CASES)
+@pytest.mark.torch
 def test_torchtitan_toml_is_read_by_torchtitans_config_manager(tmp_path: Path, case: str) -> None:
     plan = CASES[case][0]()
     path = tmp_path / "torchtitan.toml"
@@ -486,6 +493,7 @@ def test_torchtitan_toml_is_read_by_torchtitans_config_manager(tmp_path: Path, c
 
 @pytest.mark.parametrize("schedule", [Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED,
                                       Schedule.ZB_V])
+@pytest.mark.torch
 def test_every_torchtitan_schedule_is_a_torch_pipelining_schedule(schedule: Schedule) -> None:
     pytest.importorskip("torch")
     from torch.distributed.pipelining.schedules import get_schedule_class
@@ -498,6 +506,7 @@ def test_every_torchtitan_schedule_is_a_torch_pipelining_schedule(schedule: Sche
 # --------------------------------------------------------------------------- Slurm
 
 @pytest.mark.parametrize("launcher", list(Launcher))
+@pytest.mark.torch
 def test_slurm_runs_one_torchrun_per_node_with_c10d_rendezvous_on_the_first_host(
         tmp_path: Path, launcher: Launcher) -> None:
     case = {Launcher.MEGATRON: "llama3-8b-64xh100-megatron-best",
@@ -565,13 +574,7 @@ def test_megatron_refuses_a_geglu_model_it_has_no_flag_for() -> None:
 
 
 # --------------------------------------------------------------------------- the command line
-
-def autoplan(*args: Any, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "AUTOPLAN_DEBUG"}
-    return subprocess.run([sys.executable, "-m", "autoplan.cli.main", *(str(a) for a in args)],
-                          capture_output=True, text=True, cwd=cwd or ROOT, env=env, timeout=300,
-                          check=False)
-
+# (in this process: tests.helpers.autoplan)
 
 def test_export_prints_to_stdout_and_writes_an_executable_script_with_o(tmp_path: Path) -> None:
     plan = EXAMPLES / "plans" / "llama3-8b-64xh100-megatron-best.yaml"

@@ -46,7 +46,7 @@ from autoplan.descriptors.library import resolve_model
 from autoplan.errors import InputError
 from autoplan.vocab import Activation, Norm, Position
 
-DATA = Path(__file__).parent / "data" / "hf"
+DATA = Path(__file__).resolve().parents[1] / "data" / "hf"
 
 
 def _load(stem: str) -> tuple[dict[str, Any], str]:

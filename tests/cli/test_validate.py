@@ -16,7 +16,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +26,12 @@ from autoplan.descriptors.strict import read_yaml
 from autoplan.errors import InputError
 from autoplan.plan import read_plan
 from autoplan.vocab import Dtype, Schedule, ZeroStage
+from tests.helpers import autoplan, autoplan_subprocess
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CPU = ROOT / "examples" / "cpu"
 TWO_CORES = v.Machine(cpus=(0, 1), mem_bytes=16 * 2**30)
 QUICK = ("--steps", "1", "--warmup", "1")
@@ -40,10 +41,10 @@ SMALL = {"name": "tiny-llama-test", "layers": 2, "hidden": 256, "heads": 4, "kv_
          "tied_embeddings": False, "max_seq_len": 128}
 
 
-def autoplan(*args: Any) -> subprocess.CompletedProcess[str]:
-    env = {k: val for k, val in os.environ.items() if k != "AUTOPLAN_DEBUG"}
-    return subprocess.run([sys.executable, "-m", "autoplan.cli.main", *(str(a) for a in args)],
-                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=600, check=False)
+def validate_run(*args: Any) -> subprocess.CompletedProcess[str]:
+    """``autoplan validate ARGS`` in a new process, as a user runs it: it spawns the plan's
+    processes and sets torch's threads (the refusals below run in this process)."""
+    return autoplan_subprocess("validate", *args, timeout=600)
 
 
 def example(name: str) -> Any:
@@ -85,8 +86,9 @@ def check_contract(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- end to end
 
 @needs_two_cores
+@pytest.mark.slow
 def test_a_two_process_data_parallel_plan_runs_and_is_compared(tmp_path: Path) -> None:
-    doc = check_contract(autoplan("validate", small("plan-dp2.yaml", tmp_path), *QUICK, "--format", "json"))
+    doc = check_contract(validate_run(small("plan-dp2.yaml", tmp_path), *QUICK, "--format", "json"))
     assert [r["rank"] for r in doc["ranks"]] == [0, 1]
     assert doc["ran"]["mode"] == "distributed" and doc["ran"]["processes"] == 2
     # every rank holds the same fp32 parameters and Adam moments: what FSDP2 keeps under ZeRO-0
@@ -98,8 +100,9 @@ def test_a_two_process_data_parallel_plan_runs_and_is_compared(tmp_path: Path) -
 
 
 @needs_two_cores
+@pytest.mark.slow
 def test_a_two_stage_pipeline_plan_runs_each_stage_against_its_own_prediction(tmp_path: Path) -> None:
-    doc = check_contract(autoplan("validate", small("plan-pp2.yaml", tmp_path), *QUICK, "--format", "json"))
+    doc = check_contract(validate_run(small("plan-pp2.yaml", tmp_path), *QUICK, "--format", "json"))
     stages = {r["stage"]: r for r in doc["ranks"]}
     assert set(stages) == {0, 1}
     per_stage = doc["predicted"]["prediction"]["memory_gib_per_stage"]
@@ -108,8 +111,9 @@ def test_a_two_stage_pipeline_plan_runs_each_stage_against_its_own_prediction(tm
         assert 0.5 < rank["peak_memory_gib"] / rank["predicted_peak_memory_gib"] < 2.5
 
 
+@pytest.mark.slow
 def test_one_ranks_slice_runs_on_cpu_and_compares_compute_time(tmp_path: Path) -> None:
-    result = autoplan("validate", small("plan-tp2.yaml", tmp_path), "--slice", *QUICK, "--format", "json")
+    result = validate_run(small("plan-tp2.yaml", tmp_path), "--slice", *QUICK, "--format", "json")
     doc = check_contract(result)
     assert doc["ran"]["mode"] == "slice" and doc["ran"]["time_compared"] == "compute_time_s"
     assert doc["ran"]["processes"] == 1
@@ -118,8 +122,9 @@ def test_one_ranks_slice_runs_on_cpu_and_compares_compute_time(tmp_path: Path) -
     assert widths["kv_heads"] == SMALL["kv_heads"] // 2 and widths["vocab"] == SMALL["vocab"] // 2
 
 
+@pytest.mark.slow
 def test_the_table_says_what_ran_and_how_it_compares(tmp_path: Path) -> None:
-    result = autoplan("validate", small("plan-tp2.yaml", tmp_path), "--slice", *QUICK)
+    result = validate_run(small("plan-tp2.yaml", tmp_path), "--slice", *QUICK)
     assert result.returncode in (0, 1), result.stderr
     assert "measured against predicted" in result.stdout
     assert "compute time" in result.stdout and "peak memory" in result.stdout

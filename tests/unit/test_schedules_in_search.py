@@ -3,8 +3,6 @@ the search and the command line."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -18,7 +16,7 @@ from autoplan.search.partition import stage_memory
 from autoplan.search.space import StageShape, load_space
 from autoplan.search.stages import partition_problem, with_best_stages
 from autoplan.vocab import Axis, Recompute, Schedule, ZeroStage
-from tests.helpers import make_plan
+from tests.helpers import autoplan, make_plan
 
 LARGE_VOCAB = dict(model="nemotron-4-15b", gpus=16, dp=2, tp=2, pp=4, global_batch=64,
                    sequence_parallel=True)
@@ -83,14 +81,9 @@ def test_the_timeline_traces_every_operation_of_the_step():
     assert max(e.end_s for e in sim.events) == pytest.approx(sim.makespan)
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autoplan.cli.main", *args],
-                          capture_output=True, text=True, timeout=300)
-
-
 def test_explain_prints_the_schedule_and_writes_an_svg_timeline(tmp_path):
     svg = tmp_path / "timeline.svg"
-    run = run_cli("explain", "examples/plans/gpt3-175b-1024xa100-sc21.yaml",
+    run = autoplan("explain", "examples/plans/gpt3-175b-1024xa100-sc21.yaml",
                   "--timeline", str(svg), "--microbatches", "16")
     assert run.returncode == 0, run.stderr
     assert "where the step time goes" in run.stdout and "timeline" in run.stdout
@@ -100,7 +93,7 @@ def test_explain_prints_the_schedule_and_writes_an_svg_timeline(tmp_path):
 
 
 def test_explain_refuses_a_timeline_of_an_unknown_format(tmp_path):
-    run = run_cli("explain", "examples/plans/gpt3-175b-1024xa100-sc21.yaml",
+    run = autoplan("explain", "examples/plans/gpt3-175b-1024xa100-sc21.yaml",
                   "--timeline", str(tmp_path / "t.gif"))
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert "--timeline" in run.stderr and not (tmp_path / "t.gif").exists()

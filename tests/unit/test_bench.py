@@ -10,7 +10,6 @@ while another process holds the cores slow small kernels down tenfold.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,8 +23,9 @@ from autoplan.bench.presets import get_preset
 from autoplan.bench.profile import KINDS, REQUIRED_META, Profile, parse_profile, read_profile
 from autoplan.bench.timing import Budget, summarize
 from autoplan.descriptors.library import resolve_model
+from tests.helpers import autoplan, autoplan_subprocess
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # llama3-8b (hidden 4096, 32 heads, 8 KV heads of 128, ffn 14336, vocab 128256) on one of
 # 8 TP ranks, 16 tokens: QKV (4096 + 2 x 1024) / 8, out 4096 / 8, SwiGLU up+gate 2 x 14336 / 8,
 # down 14336 / 8, logits 128256 / 8 (Shoeybi et al. 2019's column/row split)
@@ -33,28 +33,8 @@ LLAMA3_8B_TP8_16 = {(16, 768, 4096), (16, 4096, 512), (16, 3584, 4096), (16, 409
                     (16, 16032, 4096)}
 
 
-def autoplan(*args: Any, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """The command line in a subprocess, never on a terminal, never in debug mode."""
-    base = {k: v for k, v in os.environ.items() if k not in ("AUTOPLAN_DEBUG", "RANK", "WORLD_SIZE")}
-    base["OMP_NUM_THREADS"] = "1"
-    return subprocess.run([sys.executable, "-m", "autoplan.cli.main", *(str(a) for a in args)],
-                          capture_output=True, text=True, cwd=ROOT, env={**base, **(env or {})},
-                          timeout=300, check=False)
-
-
-def autoplan_here(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-                  *args: Any) -> subprocess.CompletedProcess[str]:
-    """The command line's main() in this process (torch already imported: saves seconds)."""
-    from autoplan.cli.main import main
-
-    argv = ["autoplan", *(str(a) for a in args)]
-    monkeypatch.setattr(sys, "argv", argv)
-    monkeypatch.delenv("AUTOPLAN_DEBUG", raising=False)
-    with pytest.raises(SystemExit) as exit_:
-        main()
-    out = capsys.readouterr()
-    code = exit_.value.code
-    return subprocess.CompletedProcess(argv, code if isinstance(code, int) else 1, out.out, out.err)
+# not under torchrun: the command is its own writer (autoplan.bench.run.is_writer)
+NOT_A_WORKER = {"RANK": None, "WORLD_SIZE": None}
 
 
 def assert_bad_input(result: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -164,12 +144,17 @@ def tiny_profile() -> Profile:
     return parse_profile(format_profile(meta, rows), "<tiny>")
 
 
+# slow: their module-scoped tiny_profile runs the bench (about 4 s), whichever of them comes first
+@pytest.mark.torch
+@pytest.mark.slow
 def test_tiny_profile_has_every_kind_and_sane_timings(tiny_profile: Profile) -> None:
     assert_valid_profile(tiny_profile)
     for kind, ops in KINDS.items():
         assert set(tiny_profile.of_kind(kind)["op"]) == set(ops), kind
 
 
+@pytest.mark.torch
+@pytest.mark.slow
 def test_tiny_profile_header_names_device_software_and_command(tiny_profile: Profile) -> None:
     meta = tiny_profile.meta
     assert meta["device_kind"] == "cpu" and meta["torch"] and meta["command"] == "pytest tiny"
@@ -177,6 +162,8 @@ def test_tiny_profile_header_names_device_software_and_command(tiny_profile: Pro
     assert "descriptor" not in meta  # a CPU is no built-in device
 
 
+@pytest.mark.torch
+@pytest.mark.slow
 def test_tiny_profile_measures_the_models_sharded_gemms(tiny_profile: Profile) -> None:
     gemm = tiny_profile.of_kind("gemm")
     for dtype in ("fp32", "bf16"):
@@ -184,12 +171,16 @@ def test_tiny_profile_measures_the_models_sharded_gemms(tiny_profile: Profile) -
         assert LLAMA3_8B_TP8_16 <= set(zip(mine["m"], mine["n"], mine["k"], strict=True)), dtype
 
 
+@pytest.mark.torch
+@pytest.mark.slow
 def test_tiny_profile_attention_is_causal_gqa_after_tp(tiny_profile: Profile) -> None:
     attn = tiny_profile.of_kind("attention")
     assert set(zip(attn["heads"], attn["kv_heads"], attn["head_dim"], attn["causal"], strict=True)) \
         == {(4, 1, 128, 1)}  # llama3-8b's 32 heads and 8 KV heads over 8 TP ranks
 
 
+@pytest.mark.torch
+@pytest.mark.slow
 def test_tiny_profile_collectives_ran_on_two_processes(tiny_profile: Profile) -> None:
     c = tiny_profile.of_kind("collective")
     assert set(c["ranks"]) == {2} and set(c["ranks_per_node"]) == {2}
@@ -197,10 +188,14 @@ def test_tiny_profile_collectives_ran_on_two_processes(tiny_profile: Profile) ->
     assert "skipped" not in tiny_profile.meta  # gloo runs all five ops in torch >= 2.5
 
 
+@pytest.mark.torch
+@pytest.mark.slow
 def test_cli_writes_a_profile_and_prints_a_summary(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     out = tmp_path / "sub" / "cpu.csv"
-    result = autoplan("bench", "--device", "cpu", "--preset", "tiny", "-o", out)
+    # in a new process: the bench spawns its collective workers from it
+    result = autoplan_subprocess("bench", "--device", "cpu", "--preset", "tiny", "-o", out,
+                                 env={**NOT_A_WORKER, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     profile = read_profile(out)
@@ -210,14 +205,14 @@ def test_cli_writes_a_profile_and_prints_a_summary(tmp_path: Path) -> None:
     assert not list(out.parent.glob(".*.tmp"))
 
 
-def test_cli_world_of_one_writes_the_csv_to_stdout_without_collectives(
-        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.torch
+def test_cli_world_of_one_writes_the_csv_to_stdout_without_collectives() -> None:
     torch = pytest.importorskip("torch")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        result = autoplan_here(capsys, monkeypatch, "bench", "--device", "cpu", "--preset", "tiny",
-                               "--world", "1", "--model", "llama3-8b")
+        result = autoplan("bench", "--device", "cpu", "--preset", "tiny", "--world", "1",
+                          "--model", "llama3-8b", env=NOT_A_WORKER)
     finally:
         torch.set_num_threads(threads)
     assert result.returncode == 0, result.stderr
@@ -234,19 +229,19 @@ def test_cli_world_of_one_writes_the_csv_to_stdout_without_collectives(
     (["--world", "0"], ["--world", "at least 1"]),
     (["--descriptor", "h1000"], ["--descriptor", "unknown device 'h1000'"]),
 ])
-def test_bad_input_exits_2_with_one_clear_message(args: list[str], needles: list[str], tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.torch
+def test_bad_input_exits_2_with_one_clear_message(args: list[str], needles: list[str],
+                                                  tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     if "cuda" in args and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     out = tmp_path / "never.csv"
-    result = autoplan_here(capsys, monkeypatch, "bench", "--device", "cpu", "--preset", "tiny", *args,
-                           "-o", out)
+    result = autoplan("bench", "--device", "cpu", "--preset", "tiny", *args, "-o", out, env=NOT_A_WORKER)
     assert_bad_input(result, *needles)
     assert not out.exists()
 
 
+@pytest.mark.torch
 def test_attention_without_in_kernel_gqa_repeats_kv_heads(monkeypatch: pytest.MonkeyPatch) -> None:
     torch = pytest.importorskip("torch")
     from autoplan.bench import micro
@@ -273,6 +268,7 @@ def _spec(**changes: Any) -> coll.Spec:
     return coll.Spec(**{**fields, **changes})
 
 
+@pytest.mark.torch
 def test_a_failing_worker_is_an_error_in_the_parent() -> None:
     pytest.importorskip("torch")
     from autoplan.bench.timing import BenchError
@@ -282,6 +278,7 @@ def test_a_failing_worker_is_an_error_in_the_parent() -> None:
     assert not multiprocessing.active_children()
 
 
+@pytest.mark.torch
 def test_workers_past_the_time_limit_are_stopped() -> None:
     pytest.importorskip("torch")
     from autoplan.bench.timing import BenchError

@@ -23,7 +23,7 @@ from autoplan.request import build_request
 from autoplan.search.space import builtin_spaces, load_space
 from autoplan.vocab import Dtype, Schedule
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 PROFILES = ROOT / "profiles"
 SEARCHSPACE = ROOT / "searchspace"
