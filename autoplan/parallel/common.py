@@ -47,3 +47,8 @@ class Rule:
 def divisors(n: int) -> list[int]:
     """Every degree that divides ``n``, ascending."""
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def capped_divisors(n: int, cap: int) -> list[int]:
+    """Divisors of ``n`` up to ``cap``: the degrees a space allows for one axis."""
+    return [d for d in divisors(n) if d <= cap]

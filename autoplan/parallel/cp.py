@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from autoplan.cost import comm
 from autoplan.cost.compute import BF16_BYTES, LayerTimes, Shard
-from autoplan.parallel.common import Rule, Scope, divisors
+from autoplan.parallel.common import Rule, Scope, capped_divisors
 from autoplan.vocab import CpComm
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ RULES = (
 
 def degrees(rest: int, space: SearchSpace) -> Iterator[int]:
     """cp dividing the ``rest`` of the GPUs, up to the space's cap."""
-    return (cp for cp in divisors(rest) if cp <= space.cp_max)
+    return iter(capped_divisors(rest, space.cp_max))
 
 
 def exchanges(model: Model, lay: Layout, seq_len: int, space: SearchSpace) -> tuple[CpComm, ...]:

@@ -14,7 +14,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from autoplan.cost import comm
-from autoplan.parallel.common import Rule, Scope, divisors
+from autoplan.parallel.common import Rule, Scope, capped_divisors
 from autoplan.schedules.orders import virtual_stage
 from autoplan.search.space import StageShape
 from autoplan.vocab import Schedule
@@ -136,7 +136,7 @@ def uniform_stages(layers: int, pp: int) -> tuple[int, ...]:
 
 def degrees(rest: int, space: SearchSpace) -> Iterator[int]:
     """pp dividing the ``rest`` of the GPUs, up to the space's cap."""
-    return (pp for pp in divisors(rest) if pp <= space.pp_max)
+    return iter(capped_divisors(rest, space.pp_max))
 
 
 def schedule_choices(lay: Layout, space: SearchSpace) -> list[tuple[Schedule, int, bool]]:

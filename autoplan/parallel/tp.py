@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from autoplan.cost import comm
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.model import Model
-from autoplan.parallel.common import Rule, Scope, divisors
+from autoplan.parallel.common import Rule, Scope, capped_divisors
 from autoplan.vocab import Schedule
 
 if TYPE_CHECKING:
@@ -70,11 +70,9 @@ SP_RULES = (
 
 def degrees(cluster: Cluster, space: SearchSpace) -> Iterator[int]:
     """tp up to the space's cap, inside one NVLink domain where the space says so."""
-    n = cluster.gpus
-    domain = min(cluster.nvlink_domain, n)
-    for tp in divisors(n):
-        if tp <= space.tp_max and not (space.tp_within_nvlink and tp > domain):
-            yield tp
+    domain = min(cluster.nvlink_domain, cluster.gpus)
+    cap = min(space.tp_max, domain) if space.tp_within_nvlink else space.tp_max
+    return iter(capped_divisors(cluster.gpus, cap))
 
 
 def sequence_parallel_choices(model: Model, lay: Layout, space: SearchSpace) -> tuple[bool, ...]:
