@@ -286,7 +286,7 @@ class TimeBreakdown:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Uncertainty:
-    """The spread of the step time over a learned correction's trees (autoplan.cost.surrogate)."""
+    """The spread of the step time over a learned correction's trees (autoplan.measured.surrogate)."""
 
     step_time_s_p10: float
     step_time_s_p90: float

@@ -164,7 +164,7 @@ def test_what_torch_cannot_run_here_is_named_by_field() -> None:
 
 
 def test_a_profile_taken_with_other_thread_counts_is_refused(tmp_path: Path) -> None:
-    from autoplan.bench.profile import format_profile
+    from autoplan.measured.profile import format_profile
 
     rows = [{"kind": "gemm", "op": "matmul", "dtype": "bf16", "m": n, "n": n, "k": n, "repeats": 3,
              "seconds": 2 * n**3 / 3e11, "seconds_p10": 1e-3, "seconds_p90": 1e-3} for n in (256, 512)]

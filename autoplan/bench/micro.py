@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoplan.bench.presets import Preset
-from autoplan.bench.profile import row_flops
 from autoplan.bench.timing import Budget, Clock, CpuClock, CudaClock, Row, Step, measure, summarize
 from autoplan.cost.compute import Shard, layer_gemms
 from autoplan.descriptors.model import Model
+from autoplan.measured.profile import row_flops
 from autoplan.vocab import Dtype
 
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}

@@ -33,8 +33,8 @@ where the machine is too small (:func:`fit_plan`: fewer microbatches, fewer laye
 narrower), and the prediction is ``evaluate`` of that smaller plan on a
 descriptor of this machine:
 
-- ``--profile CSV`` (from ``autoplan bench``): :func:`autoplan.bench.machine.describe_machine`
-  fitted on it, corrected by :func:`autoplan.cost.surrogate.calibrate` when that module is
+- ``--profile CSV`` (from ``autoplan bench``): :func:`autoplan.measured.machine.describe_machine`
+  fitted on it, corrected by :func:`autoplan.measured.surrogate.calibrate` when that module is
   installed and its dtype rule matches what runs (below);
 - else the plan's own cluster, when it describes this machine (a cluster file such as
   ``examples/cpu/local-cpu.yaml``). A built-in GPU cluster on ``--device cpu`` is refused.
@@ -114,7 +114,7 @@ class Machine:
     def local(cls, device: str) -> Machine:
         cpus = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") \
             else tuple(range(os.cpu_count() or 1))
-        from autoplan.bench.machine import physical_memory_bytes
+        from autoplan.measured.machine import physical_memory_bytes
 
         mem = physical_memory_bytes()
         if device != "cuda":
@@ -253,8 +253,8 @@ def machine_descriptor(plan: Plan, source: str, options: Options, machine: Machi
 
 
 def _profile_descriptor(plan: Plan, options: Options, machine: Machine) -> Descriptor:
-    from autoplan.bench.machine import describe_machine
-    from autoplan.bench.profile import read_profile
+    from autoplan.measured.machine import describe_machine
+    from autoplan.measured.profile import read_profile
 
     assert options.profile is not None
     profile = read_profile(options.profile)
@@ -288,13 +288,14 @@ def _calibrated(cluster: Cluster, profile: Any) -> tuple[Cluster, str]:
     """The cluster with the surrogate's correction, where one is installed and stands for
     what runs; else itself and why not."""
     try:
-        from autoplan.cost import surrogate
+        from autoplan.measured import surrogate
     except ImportError:
-        return cluster, "no learned correction (autoplan.cost.surrogate not installed): analytic descriptor"
+        return cluster, ("no learned correction (autoplan.measured.surrogate not installed): "
+                         "analytic descriptor")
     rule: Callable[[Any], str] | None = getattr(surrogate, "compute_dtype", None)
     used = rule(profile) if rule is not None else COMPUTE_DTYPE
     if used != COMPUTE_DTYPE:
-        return cluster, (f"learned correction not applied: autoplan.cost.surrogate fits this profile's "
+        return cluster, (f"learned correction not applied: autoplan.measured.surrogate fits this profile's "
                          f"{used} GEMM rows for bf16 jobs, but validate computes in {COMPUTE_DTYPE}")
     return surrogate.calibrate(cluster, profile), ""
 
@@ -584,9 +585,9 @@ def validate(plan: Plan, source: str, options: Options, machine: Machine | None 
 
 def _band(plan: Plan) -> list[float] | None:
     """The step time's 10th and 90th percentile over the learned correction's trees, where
-    the descriptor carries one (autoplan.cost.surrogate.band); else None."""
+    the descriptor carries one (autoplan.measured.surrogate.band); else None."""
     try:
-        from autoplan.cost import surrogate
+        from autoplan.measured import surrogate
     except ImportError:
         return None
     band = getattr(surrogate, "band", None)

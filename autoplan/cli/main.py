@@ -174,11 +174,11 @@ def evaluate(
     """Predict each plan with a breakdown: exit 0 all fit, 1 some do not fit, 2 bad input."""
     import dataclasses
 
-    from autoplan.bench.profile import read_profile
     from autoplan.cost.evaluate import evaluate as predict
     from autoplan.descriptors.strict import read_yaml
+    from autoplan.measured.profile import read_profile
+    from autoplan.measured.shipped import shipped_profile
     from autoplan.plan import plan_document, read_plan
-    from autoplan.request import shipped_profile
 
     given = read_profile(profile) if profile is not None else None
     loaded = [read_plan(read_yaml(p), str(p)) for p in plans]  # all validated before any output
@@ -189,7 +189,7 @@ def evaluate(
             results.append((plan, predict(plan)))
             continue
         # scikit-learn loads only when a profile is in use
-        from autoplan.cost.surrogate import calibrate, predict_with_band
+        from autoplan.measured.surrogate import calibrate, predict_with_band
 
         if note := render.profile_note(measured, plan.cluster):
             output.err.print(note, markup=False)
@@ -341,7 +341,7 @@ def bench(
     import time
 
     from autoplan.bench import run as bench_run
-    from autoplan.bench.profile import format_profile, parse_profile, read_profile
+    from autoplan.measured.profile import format_profile, parse_profile, read_profile
 
     if profile_path is not None:
         if not (fit or describe):
@@ -392,8 +392,8 @@ def _fit_and_describe(profile: Any, fit: bool, cluster_ref: str | None, describe
     """bench --fit: the surrogate's cross-validated error; --describe: the machine descriptor."""
     from rich.table import Table
 
-    from autoplan.bench.machine import cluster_yaml, describe_machine, physical_memory_bytes
-    from autoplan.cost import surrogate
+    from autoplan.measured import surrogate
+    from autoplan.measured.machine import cluster_yaml, describe_machine, physical_memory_bytes
 
     if fit:
         from autoplan.descriptors.library import resolve_cluster

@@ -13,7 +13,7 @@ from autoplan.search.engine import SearchStats
 from autoplan.vocab import CpComm
 
 if TYPE_CHECKING:
-    from autoplan.bench.profile import Profile
+    from autoplan.measured.profile import Profile
 
 MOE_MFU_NOTE = " of active parameters"
 

@@ -24,9 +24,9 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
-from autoplan.bench.profile import Profile, achieved, row_flops
 from autoplan.descriptors.hardware import Cluster, Device, Link
 from autoplan.errors import InputError, Problem
+from autoplan.measured.profile import Profile, achieved, row_flops
 
 
 def _line(x: np.ndarray, t: np.ndarray) -> tuple[float, float]:
@@ -141,7 +141,7 @@ def cluster_yaml(cluster: Cluster, profile: Profile, command: str) -> str:
         "# peak_tflops and gemm_half_gflop: least-squares line t = (F + h) / P over the GEMM rows;",
         "# hbm_GBps: line over the elementwise rows; attention: achieved attention FLOP/s over peak;",
         "# links: non-negative least squares of the collective rows on autoplan's ring model",
-        "# (autoplan/bench/machine.py). A 'GPU' here is one local process, computing with the",
+        "# (autoplan/measured/machine.py). A 'GPU' here is one local process, computing with the",
         f"# profile's {meta.get('torch_threads', '?')} torch thread(s); mem_GiB is its share of the "
         "machine's memory.",
     ]
