@@ -20,13 +20,17 @@ Rows are weighted by 1/seconds, so the fit minimizes relative error.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 from scipy.optimize import nnls
 
 from autoplan.descriptors.hardware import Cluster, Device, Link
 from autoplan.errors import InputError, Problem
 from autoplan.measured.profile import Profile, achieved, row_flops
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _line(x: np.ndarray, t: np.ndarray) -> tuple[float, float]:
