@@ -447,6 +447,9 @@ class Validation:
     load_average: float = 0.0
     wall_s: float = 0.0
     peak_window: str = ""
+    # the predicted step time's 10th and 90th percentile over the learned correction's
+    # trees (a distributed run on a corrected descriptor; else None)
+    step_time_band_s: tuple[float, float] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -521,6 +524,8 @@ class Validation:
             },
             "ranks": [r.to_dict() for r in self.ranks],
         }
+        if self.step_time_band_s is not None:
+            out["ran"]["predicted_step_time_band_s"] = list(self.step_time_band_s)
         return out
 
 
@@ -576,14 +581,11 @@ def validate(plan: Plan, source: str, options: Options, machine: Machine | None 
                          "timings include it")
     out = _compare(source, options, run_plan, pred, desc, fitted.adjustments, tuple(notes), stage,
                    results, load, wall)
-    extra: dict[str, Any] = {"others_cpu_share_during_run": others}
-    band = _band(run_plan) if not options.slice else None
-    if band is not None:
-        extra["predicted_step_time_band_s"] = band
-    return dataclasses.replace(out, extra={**out.extra, **extra})
+    return dataclasses.replace(out, extra={**out.extra, "others_cpu_share_during_run": others},
+                               step_time_band_s=_band(run_plan) if not options.slice else None)
 
 
-def _band(plan: Plan) -> list[float] | None:
+def _band(plan: Plan) -> tuple[float, float] | None:
     """The step time's 10th and 90th percentile over the learned correction's trees, where
     the descriptor carries one (autoplan.measured.surrogate.band); else None."""
     try:
@@ -592,7 +594,7 @@ def _band(plan: Plan) -> list[float] | None:
         return None
     band = getattr(surrogate, "band", None)
     unc = band(plan) if band is not None else None
-    return None if unc is None else [unc.step_time_s_p10, unc.step_time_s_p90]
+    return None if unc is None else (unc.step_time_s_p10, unc.step_time_s_p90)
 
 
 def _compare(source: str, options: Options, plan: Plan, pred: Prediction, desc: Descriptor,
