@@ -12,6 +12,7 @@ from autoplan.descriptors.job import Job, read_job
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.strict import Fields
 from autoplan.errors import InputError, Problem
+from autoplan.units import GiB
 from autoplan.vocab import CpComm, Recompute, Schedule, ZeroStage
 
 SCHEMA_VERSION = 1
@@ -252,10 +253,9 @@ class Memory:
         return self.weights + self.grads + self.optimizer + self.activations + self.other
 
     def to_gib_dict(self) -> dict[str, float]:
-        gib = 2.0**30
-        return {"peak": self.peak / gib, "weights": self.weights / gib, "grads": self.grads / gib,
-                "optimizer": self.optimizer / gib, "activations": self.activations / gib,
-                "other": self.other / gib}
+        return {"peak": self.peak / GiB, "weights": self.weights / GiB, "grads": self.grads / GiB,
+                "optimizer": self.optimizer / GiB, "activations": self.activations / GiB,
+                "other": self.other / GiB}
 
 
 TIME_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
@@ -326,7 +326,7 @@ class Prediction:
             "mfu": self.mfu,
             "memory_gib": self.memory.to_gib_dict(),
             "memory_gib_per_stage": [m.to_gib_dict() for m in self.memory_per_stage],
-            "capacity_gib": self.capacity_bytes / 2.0**30,
+            "capacity_gib": self.capacity_bytes / GiB,
             "breakdown_s": self.breakdown.to_dict(),
         }
         if self.reason:

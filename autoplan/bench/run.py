@@ -22,6 +22,7 @@ from autoplan.bench.timing import BenchError, Row
 from autoplan.descriptors.model import Model
 from autoplan.errors import InputError, Problem
 from autoplan.measured.profile import Profile, achieved
+from autoplan.units import MiB
 
 Progress = Callable[[int, int, str], None]  # (cases done, cases in all, the case just done)
 TORCH_MISSING = "autoplan bench needs torch: pip install 'autoplan[bench]'"
@@ -276,7 +277,7 @@ def summary(profile: Profile) -> list[tuple[str, str]]:
     if best.memory_Bps:
         lines.append(("best memory GB/s", f"{best.memory_Bps / 1e9:.3g}"))
         lines.append(("memory GB/s, largest tensors", f"{largest_memory_Bps(profile) / 1e9:.3g}"))
-    lines += [(f"{op} bus GB/s ({n} ranks, {nbytes / 2**20:g} MiB)", f"{bw / 1e9:.3g}")
+    lines += [(f"{op} bus GB/s ({n} ranks, {nbytes / MiB:g} MiB)", f"{bw / 1e9:.3g}")
               for op, n, nbytes, bw in bus_bandwidth(profile)]
     return lines
 

@@ -69,9 +69,10 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.cost.evaluate import evaluate, stage_work
-from autoplan.descriptors.hardware import Cluster, GiB
+from autoplan.descriptors.hardware import Cluster
 from autoplan.errors import AutoplanError, InputError, Problem
 from autoplan.plan import Plan, Prediction, plan_problems
+from autoplan.units import GiB
 from autoplan.vocab import Dtype, Schedule, ZeroStage
 
 # Allowed relative error of the step time (slice: compute time), by device. autoplan prices

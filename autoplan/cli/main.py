@@ -18,6 +18,7 @@ from autoplan import __version__
 from autoplan.cli import output, render
 from autoplan.errors import AutoplanError, InputError
 from autoplan.plan import Plan, Prediction
+from autoplan.units import GiB
 from autoplan.vocab import Dtype
 
 if TYPE_CHECKING:
@@ -569,8 +570,8 @@ def _print_validation(result: Validation) -> None:
     table.add_row(what, f"{result.measured_time_s:.3f} s", f"{result.predicted_time_s:.3f} s",
                   f"{result.time_ratio:.2f}", f"±{result.time_tolerance:.0%}",
                   "[green]ok[/green]" if result.time_within else "[red]outside[/red]")
-    table.add_row("peak memory", f"{result.measured_peak_bytes / 2**30:.3f} GiB",
-                  f"{result.predicted_peak_bytes / 2**30:.3f} GiB", f"{result.memory_ratio:.2f}",
+    table.add_row("peak memory", f"{result.measured_peak_bytes / GiB:.3f} GiB",
+                  f"{result.predicted_peak_bytes / GiB:.3f} GiB", f"{result.memory_ratio:.2f}",
                   f"±{result.memory_tolerance:.0%}",
                   "[green]ok[/green]" if result.memory_within else "[red]outside[/red]")
     output.out.print(table)
@@ -585,7 +586,7 @@ def _print_validation(result: Validation) -> None:
         ranks.add_column(col, justify="right")
     for r in result.ranks:
         ranks.add_row(str(r.rank), str(r.stage), f"{statistics.median(r.step_times_s):.3f}",
-                      f"{r.peak_memory_bytes / 2**30:.3f}", f"{r.predicted_peak_bytes / 2**30:.3f}",
+                      f"{r.peak_memory_bytes / GiB:.3f}", f"{r.predicted_peak_bytes / GiB:.3f}",
                       str(r.threads))
     output.out.print(ranks)
     for line in (*result.adjustments, *result.notes):

@@ -9,10 +9,11 @@ from functools import lru_cache
 
 from autoplan.cost import comm, flops, memory
 from autoplan.cost.compute import BF16_BYTES, LayerTimes, Shard, layer_times, logits_times
-from autoplan.descriptors.hardware import Cluster, Device, GiB
+from autoplan.descriptors.hardware import Cluster, Device
 from autoplan.descriptors.model import Model
 from autoplan.plan import Layout, Memory, Plan, Prediction, TimeBreakdown
 from autoplan.schedules.simulator import SimResult, simulate, simulate_exact
+from autoplan.units import GiB
 from autoplan.vocab import Axis, CpComm, Dtype, Recompute, Schedule, ZeroStage
 
 # Adam step per parameter: read fp32 master, m, v and grad, write master, m, v and

@@ -9,9 +9,9 @@ from typing import Any, Protocol
 
 from autoplan.descriptors.strict import Fields
 from autoplan.errors import AutoplanError
+from autoplan.units import GiB
 from autoplan.vocab import Dtype
 
-GiB = 2**30
 GB = 1e9
 TFLOPS = 1e12
 

@@ -28,6 +28,7 @@ from scipy.optimize import nnls
 from autoplan.descriptors.hardware import Cluster, Device, Link
 from autoplan.errors import InputError, Problem
 from autoplan.measured.profile import Profile, achieved, row_flops
+from autoplan.units import GiB
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -125,7 +126,7 @@ def cluster_yaml(cluster: Cluster, profile: Profile, command: str) -> str:
         "device": {
             "name": d.name,
             "peak_tflops": {"bf16": _r(d.peak_bf16_flops / 1e12), "fp16": _r(d.peak_fp16_flops / 1e12)},
-            "mem_GiB": _r(d.mem_bytes / 2**30),
+            "mem_GiB": _r(d.mem_bytes / GiB),
             "hbm_GBps": _r(d.hbm_Bps / 1e9),
             "reserve_GiB": 0,
             "efficiency": {"gemm": 1.0, "gemm_half_gflop": _r(d.gemm_half_flop / 1e9),

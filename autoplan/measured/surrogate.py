@@ -55,11 +55,12 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from autoplan.cost import comm
 from autoplan.cost.compute import BF16_BYTES, AttentionCall, attention_time, gemm_time
 from autoplan.cost.evaluate import evaluate
-from autoplan.descriptors.hardware import Cluster, GiB
+from autoplan.descriptors.hardware import Cluster
 from autoplan.errors import InputError, Problem
 from autoplan.measured.machine import describe_machine
 from autoplan.measured.profile import DTYPES, KINDS, Profile, row_flops
 from autoplan.plan import Plan, Prediction, Uncertainty
+from autoplan.units import GiB
 from autoplan.vocab import Dtype
 
 CORRECTED_KINDS = ("gemm", "attention", "collective")
