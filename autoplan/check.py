@@ -33,8 +33,7 @@ from autoplan.errors import InputError
 from autoplan.plan import SCHEMA_VERSION, Plan, Prediction, plan_document, read_plan
 from autoplan.search.engine import Ranked, search
 from autoplan.search.space import SearchSpace
-
-GiB = 2.0**30
+from autoplan.units import GiB
 
 
 class Rule(str, enum.Enum):

@@ -16,8 +16,8 @@ from typing import Any
 
 from autoplan.cost.evaluate import evaluate
 from autoplan.plan import TIME_TERMS, Plan, Prediction
+from autoplan.units import GiB
 
-GiB = 2.0**30
 MEMORY_TERMS = ("peak", "weights", "grads", "optimizer", "activations", "other")
 Value = Any  # a JSON scalar, or a tuple of them (the stage split)
 

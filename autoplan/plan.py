@@ -13,6 +13,7 @@ from autoplan.descriptors.strict import Fields
 from autoplan.errors import InputError, Problem
 from autoplan.parallel.pp import uniform_stages
 from autoplan.parallel.rules import plan_problems
+from autoplan.units import GiB
 from autoplan.vocab import CpComm, Recompute, Schedule, ZeroStage
 
 SCHEMA_VERSION = 1
@@ -124,10 +125,9 @@ class Memory:
         return self.weights + self.grads + self.optimizer + self.activations + self.other
 
     def to_gib_dict(self) -> dict[str, float]:
-        gib = 2.0**30
-        return {"peak": self.peak / gib, "weights": self.weights / gib, "grads": self.grads / gib,
-                "optimizer": self.optimizer / gib, "activations": self.activations / gib,
-                "other": self.other / gib}
+        return {"peak": self.peak / GiB, "weights": self.weights / GiB, "grads": self.grads / GiB,
+                "optimizer": self.optimizer / GiB, "activations": self.activations / GiB,
+                "other": self.other / GiB}
 
 
 TIME_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
@@ -158,7 +158,7 @@ class TimeBreakdown:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Uncertainty:
-    """The spread of the step time over a learned correction's trees (autoplan.cost.surrogate)."""
+    """The spread of the step time over a learned correction's trees (autoplan.measured.surrogate)."""
 
     step_time_s_p10: float
     step_time_s_p90: float
@@ -198,7 +198,7 @@ class Prediction:
             "mfu": self.mfu,
             "memory_gib": self.memory.to_gib_dict(),
             "memory_gib_per_stage": [m.to_gib_dict() for m in self.memory_per_stage],
-            "capacity_gib": self.capacity_bytes / 2.0**30,
+            "capacity_gib": self.capacity_bytes / GiB,
             "breakdown_s": self.breakdown.to_dict(),
         }
         if self.reason:

@@ -3,23 +3,22 @@ merged with command-line overrides. Options win over the file.
 
 A measured profile (``--profile`` or ``profile:``; else the one shipped under
 ``profiles/measured/`` for the cluster's device, if any) corrects the cost model:
-the request's cluster then carries the fitted correction (autoplan.cost.surrogate)."""
+the request's cluster then carries the fitted correction (autoplan.measured.surrogate)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from autoplan import resources
-from autoplan.bench.profile import Profile, parse_profile, read_profile
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import Job, read_job
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.strict import Fields, read_yaml
 from autoplan.errors import InputError, Problem
+from autoplan.measured.profile import Profile, read_profile
+from autoplan.measured.shipped import shipped_profile
 from autoplan.search.space import SearchSpace, load_space
 from autoplan.vocab import Dtype
 
@@ -116,7 +115,7 @@ def build_request(
     if measured is not None:
         # imported here: scikit-learn takes most of a second to import, which a search
         # without a profile should not pay
-        from autoplan.cost.surrogate import calibrate
+        from autoplan.measured.surrogate import calibrate
 
         resolved_cluster = calibrate(resolved_cluster, measured)
     return Request(resolved_model, resolved_cluster, job, resolved_space, measured)
@@ -141,31 +140,3 @@ def _raise(problems: list[Problem]) -> None:
     if problems:
         raise InputError(problems)
 
-
-MEASURED_DIR = "measured"
-
-
-@lru_cache(maxsize=64)
-def _read_shipped(path: Path, mtime_ns: int) -> Profile:
-    label = f"profiles/{MEASURED_DIR}/{path.name}"  # the same on every install
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError.single(label, "", f"cannot read file: {exc}") from None
-    return parse_profile(text, label)
-
-
-def shipped_profiles() -> list[Profile]:
-    """The profiles shipped under ``profiles/measured/``, by file name."""
-    folder = resources.profiles_dir() / MEASURED_DIR
-    if not folder.is_dir():
-        return []
-    paths = sorted(p for p in folder.iterdir() if p.suffix == ".csv" and p.is_file())
-    return [_read_shipped(p, p.stat().st_mtime_ns) for p in paths]
-
-
-def shipped_profile(device_name: str) -> Profile | None:
-    """The shipped profile taken on ``device_name`` (its ``descriptor`` header line); of
-    several, the latest by ``date``, then by file name."""
-    found = [p for p in shipped_profiles() if p.descriptor == device_name]
-    return max(found, key=lambda p: (p.meta.get("date", ""), p.source)) if found else None

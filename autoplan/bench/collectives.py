@@ -7,7 +7,7 @@ of two g up to the world size (TP-like groups: adjacent ranks). Each timed call 
 after a barrier; a call's time is the slowest rank's (an all-reduce MAX over the ranks of
 each call's elapsed time), and the row keeps the median and percentiles over the calls.
 
-``nbytes`` follows :mod:`autoplan.bench.profile` (= :mod:`autoplan.cost.comm`): the
+``nbytes`` follows :mod:`autoplan.measured.profile` (= :mod:`autoplan.cost.comm`): the
 all-reduce buffer, the all-gather output, the reduce-scatter input, each rank's all-to-all
 buffer, the p2p message.
 """
@@ -28,6 +28,7 @@ from typing import Any
 
 from autoplan.bench.micro import ELEMENT_BYTES
 from autoplan.bench.timing import BenchError, Budget, Clock, CpuClock, CudaClock, Row, Step, summarize
+from autoplan.units import MiB
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 JOIN_S = 10.0  # seconds a finished worker gets to exit before it is terminated
@@ -42,7 +43,7 @@ class CollectiveCase:
 
     @property
     def label(self) -> str:
-        return f"{self.op} {len(self.ranks)} ranks {self.nbytes / 2**20:g} MiB"
+        return f"{self.op} {len(self.ranks)} ranks {self.nbytes / MiB:g} MiB"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoplan.bench.presets import Preset
-from autoplan.bench.profile import row_flops
 from autoplan.bench.timing import Budget, Clock, CpuClock, CudaClock, Row, Step, measure, summarize
 from autoplan.cost.compute import Shard, layer_gemms
 from autoplan.descriptors.model import Model
+from autoplan.measured.profile import row_flops
+from autoplan.units import MiB
 from autoplan.vocab import Dtype
 
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -87,7 +88,7 @@ class ElementwiseCase:
 
     @property
     def label(self) -> str:
-        return f"{self.op} {self.dtype} {self.tensor_bytes / 2**20:g} MiB"
+        return f"{self.op} {self.dtype} {self.tensor_bytes / MiB:g} MiB"
 
 
 Case = GemmCase | AttentionCase | ElementwiseCase

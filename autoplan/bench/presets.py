@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from autoplan.bench.timing import Budget
 from autoplan.errors import InputError
+from autoplan.units import GiB, KiB, MiB
 
-KiB, MiB, GiB = 2**10, 2**20, 2**30
 PRESET_NAMES = ("tiny", "default", "full")
 
 

@@ -1,5 +1,5 @@
 """``autoplan bench``: kernel and collective microbenchmarks on the local devices, with the
-provenance header a profile needs (:mod:`autoplan.bench.profile`).
+provenance header a profile needs (:mod:`autoplan.measured.profile`).
 
 Pure library: validation errors are :class:`~autoplan.errors.InputError`, failures to run
 are :class:`~autoplan.bench.timing.BenchError`; progress goes through a callback.
@@ -18,10 +18,11 @@ from pathlib import Path
 from autoplan.bench import collectives as coll
 from autoplan.bench.micro import MicroPlan, plan_micro, run_micro
 from autoplan.bench.presets import Preset, get_preset
-from autoplan.bench.profile import Profile, achieved
 from autoplan.bench.timing import BenchError, Row
 from autoplan.descriptors.model import Model
 from autoplan.errors import InputError, Problem
+from autoplan.measured.profile import Profile, achieved
+from autoplan.units import MiB
 
 Progress = Callable[[int, int, str], None]  # (cases done, cases in all, the case just done)
 TORCH_MISSING = "autoplan bench needs torch: pip install 'autoplan[bench]'"
@@ -276,7 +277,7 @@ def summary(profile: Profile) -> list[tuple[str, str]]:
     if best.memory_Bps:
         lines.append(("best memory GB/s", f"{best.memory_Bps / 1e9:.3g}"))
         lines.append(("memory GB/s, largest tensors", f"{largest_memory_Bps(profile) / 1e9:.3g}"))
-    lines += [(f"{op} bus GB/s ({n} ranks, {nbytes / 2**20:g} MiB)", f"{bw / 1e9:.3g}")
+    lines += [(f"{op} bus GB/s ({n} ranks, {nbytes / MiB:g} MiB)", f"{bw / 1e9:.3g}")
               for op, n, nbytes, bw in bus_bandwidth(profile)]
     return lines
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from autoplan.errors import AutoplanError
 
-Row = dict[str, Any]  # one profile row: columns of autoplan.bench.profile.COLUMNS
+Row = dict[str, Any]  # one profile row: columns of autoplan.measured.profile.COLUMNS
 Step = Callable[[str], None]  # called once per finished case with a short label
 
 

@@ -33,8 +33,8 @@ where the machine is too small (:func:`fit_plan`: fewer microbatches, fewer laye
 narrower), and the prediction is ``evaluate`` of that smaller plan on a
 descriptor of this machine:
 
-- ``--profile CSV`` (from ``autoplan bench``): :func:`autoplan.bench.machine.describe_machine`
-  fitted on it, corrected by :func:`autoplan.cost.surrogate.calibrate` when that module is
+- ``--profile CSV`` (from ``autoplan bench``): :func:`autoplan.measured.machine.describe_machine`
+  fitted on it, corrected by :func:`autoplan.measured.surrogate.calibrate` when that module is
   installed and its dtype rule matches what runs (below);
 - else the plan's own cluster, when it describes this machine (a cluster file such as
   ``examples/cpu/local-cpu.yaml``). A built-in GPU cluster on ``--device cpu`` is refused.
@@ -70,10 +70,11 @@ from typing import Any
 
 from autoplan.cost.evaluate import evaluate
 from autoplan.cost.stage import stage_work
-from autoplan.descriptors.hardware import Cluster, GiB
+from autoplan.descriptors.hardware import Cluster
 from autoplan.errors import AutoplanError, InputError, Problem
 from autoplan.parallel.rules import plan_problems
 from autoplan.plan import Plan, Prediction
+from autoplan.units import GiB
 from autoplan.vocab import Dtype, Schedule, ZeroStage
 
 # Allowed relative error of the step time (slice: compute time), by device. autoplan prices
@@ -116,7 +117,7 @@ class Machine:
     def local(cls, device: str) -> Machine:
         cpus = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") \
             else tuple(range(os.cpu_count() or 1))
-        from autoplan.bench.machine import physical_memory_bytes
+        from autoplan.measured.machine import physical_memory_bytes
 
         mem = physical_memory_bytes()
         if device != "cuda":
@@ -255,8 +256,8 @@ def machine_descriptor(plan: Plan, source: str, options: Options, machine: Machi
 
 
 def _profile_descriptor(plan: Plan, options: Options, machine: Machine) -> Descriptor:
-    from autoplan.bench.machine import describe_machine
-    from autoplan.bench.profile import read_profile
+    from autoplan.measured.machine import describe_machine
+    from autoplan.measured.profile import read_profile
 
     assert options.profile is not None
     profile = read_profile(options.profile)
@@ -290,13 +291,14 @@ def _calibrated(cluster: Cluster, profile: Any) -> tuple[Cluster, str]:
     """The cluster with the surrogate's correction, where one is installed and stands for
     what runs; else itself and why not."""
     try:
-        from autoplan.cost import surrogate
+        from autoplan.measured import surrogate
     except ImportError:
-        return cluster, "no learned correction (autoplan.cost.surrogate not installed): analytic descriptor"
+        return cluster, ("no learned correction (autoplan.measured.surrogate not installed): "
+                         "analytic descriptor")
     rule: Callable[[Any], str] | None = getattr(surrogate, "compute_dtype", None)
     used = rule(profile) if rule is not None else COMPUTE_DTYPE
     if used != COMPUTE_DTYPE:
-        return cluster, (f"learned correction not applied: autoplan.cost.surrogate fits this profile's "
+        return cluster, (f"learned correction not applied: autoplan.measured.surrogate fits this profile's "
                          f"{used} GEMM rows for bf16 jobs, but validate computes in {COMPUTE_DTYPE}")
     return surrogate.calibrate(cluster, profile), ""
 
@@ -448,6 +450,9 @@ class Validation:
     load_average: float = 0.0
     wall_s: float = 0.0
     peak_window: str = ""
+    # the predicted step time's 10th and 90th percentile over the learned correction's
+    # trees (a distributed run on a corrected descriptor; else None)
+    step_time_band_s: tuple[float, float] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -522,6 +527,8 @@ class Validation:
             },
             "ranks": [r.to_dict() for r in self.ranks],
         }
+        if self.step_time_band_s is not None:
+            out["ran"]["predicted_step_time_band_s"] = list(self.step_time_band_s)
         return out
 
 
@@ -577,23 +584,20 @@ def validate(plan: Plan, source: str, options: Options, machine: Machine | None 
                          "timings include it")
     out = _compare(source, options, run_plan, pred, desc, fitted.adjustments, tuple(notes), stage,
                    results, load, wall)
-    extra: dict[str, Any] = {"others_cpu_share_during_run": others}
-    band = _band(run_plan) if not options.slice else None
-    if band is not None:
-        extra["predicted_step_time_band_s"] = band
-    return dataclasses.replace(out, extra={**out.extra, **extra})
+    return dataclasses.replace(out, extra={**out.extra, "others_cpu_share_during_run": others},
+                               step_time_band_s=_band(run_plan) if not options.slice else None)
 
 
-def _band(plan: Plan) -> list[float] | None:
+def _band(plan: Plan) -> tuple[float, float] | None:
     """The step time's 10th and 90th percentile over the learned correction's trees, where
-    the descriptor carries one (autoplan.cost.surrogate.band); else None."""
+    the descriptor carries one (autoplan.measured.surrogate.band); else None."""
     try:
-        from autoplan.cost import surrogate
+        from autoplan.measured import surrogate
     except ImportError:
         return None
     band = getattr(surrogate, "band", None)
     unc = band(plan) if band is not None else None
-    return None if unc is None else [unc.step_time_s_p10, unc.step_time_s_p90]
+    return None if unc is None else (unc.step_time_s_p10, unc.step_time_s_p90)
 
 
 def _compare(source: str, options: Options, plan: Plan, pred: Prediction, desc: Descriptor,

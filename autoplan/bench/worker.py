@@ -43,7 +43,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-KIB = 1024
+from autoplan.units import GiB, KiB
+
 # glibc mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
 
@@ -61,15 +62,15 @@ def _status_kib(key: str) -> int | None:
 def rss_bytes() -> int:
     kib = _status_kib("VmRSS")
     if kib is not None:
-        return kib * KIB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * KIB
+        return kib * KiB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * KiB
 
 
 def peak_rss_bytes() -> int:
     kib = _status_kib("VmHWM")
     if kib is not None:
-        return kib * KIB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * KIB  # Linux reports KiB
+        return kib * KiB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * KiB  # Linux reports KiB
 
 
 def start_memory_window() -> str:
@@ -86,7 +87,7 @@ def start_memory_window() -> str:
     return "the process lifetime (getrusage)"
 
 
-POOL_MAX = 3 * 2**30 // 2  # glibc trims a free heap top over M_TRIM_THRESHOLD (an int: < 2 GiB)
+POOL_MAX = 3 * GiB // 2  # glibc trims a free heap top over M_TRIM_THRESHOLD (an int: < 2 GiB)
 
 
 def use_caching_allocator(pool_bytes: int) -> bool:

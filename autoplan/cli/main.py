@@ -8,7 +8,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import yaml
@@ -18,7 +18,12 @@ from autoplan import __version__
 from autoplan.cli import output, render
 from autoplan.errors import AutoplanError, InputError
 from autoplan.plan import Plan, Prediction
+from autoplan.units import GiB
 from autoplan.vocab import Dtype
+
+if TYPE_CHECKING:
+    from autoplan.bench.validate import Validation
+    from autoplan.measured.profile import Profile
 
 app = typer.Typer(
     name="autoplan",
@@ -174,11 +179,11 @@ def evaluate(
     """Predict each plan with a breakdown: exit 0 all fit, 1 some do not fit, 2 bad input."""
     import dataclasses
 
-    from autoplan.bench.profile import read_profile
     from autoplan.cost.evaluate import evaluate as predict
     from autoplan.descriptors.strict import read_yaml
+    from autoplan.measured.profile import read_profile
+    from autoplan.measured.shipped import shipped_profile
     from autoplan.plan import plan_document, read_plan
-    from autoplan.request import shipped_profile
 
     given = read_profile(profile) if profile is not None else None
     loaded = [read_plan(read_yaml(p), str(p)) for p in plans]  # all validated before any output
@@ -189,7 +194,7 @@ def evaluate(
             results.append((plan, predict(plan)))
             continue
         # scikit-learn loads only when a profile is in use
-        from autoplan.cost.surrogate import calibrate, predict_with_band
+        from autoplan.measured.surrogate import calibrate, predict_with_band
 
         if note := render.profile_note(measured, plan.cluster):
             output.err.print(note, markup=False)
@@ -342,7 +347,7 @@ def bench(
     import time
 
     from autoplan.bench import run as bench_run
-    from autoplan.bench.profile import format_profile, parse_profile, read_profile
+    from autoplan.measured.profile import format_profile, parse_profile, read_profile
 
     if profile_path is not None:
         if not (fit or describe):
@@ -388,13 +393,13 @@ def bench(
     _fit_and_describe(profile, fit, fit_cluster, describe, name)
 
 
-def _fit_and_describe(profile: Any, fit: bool, cluster_ref: str | None, describe: Path | None,
+def _fit_and_describe(profile: Profile, fit: bool, cluster_ref: str | None, describe: Path | None,
                       name: str) -> None:
     """bench --fit: the surrogate's cross-validated error; --describe: the machine descriptor."""
     from rich.table import Table
 
-    from autoplan.bench.machine import cluster_yaml, describe_machine, physical_memory_bytes
-    from autoplan.cost import surrogate
+    from autoplan.measured import surrogate
+    from autoplan.measured.machine import cluster_yaml, describe_machine, physical_memory_bytes
 
     if fit:
         from autoplan.descriptors.library import resolve_cluster
@@ -542,39 +547,39 @@ def validate(
         raise typer.Exit(1)
 
 
-def _print_validation(result: Any) -> None:
+def _print_validation(result: Validation) -> None:
     """A validation for people: what ran, measured against predicted, per rank, notes."""
     import statistics
 
     from rich.table import Table
 
-    doc = result.to_dict()
-    ran = doc["ran"]
-    lay = ", ".join(f"{k}={v}" for k, v in ran["layout"].items() if v != 1 or k in ("dp", "tp", "pp"))
+    plan, lay = result.plan, result.plan.layout
+    degrees = [("dp", lay.dp), ("tp", lay.tp), ("pp", lay.pp), ("cp", lay.cp), ("ep", lay.ep),
+               ("vpp", lay.vpp)] + ([("etp", lay.etp)] if lay.etp != lay.tp else [])
+    shown = ", ".join(f"{k}={v}" for k, v in degrees if v != 1 or k in ("dp", "tp", "pp"))
     output.out.print(f"[bold]{escape(result.source)}[/bold]: " + escape(
-        f"{result.plan.model.name} ({result.plan.model.layers} layers, hidden {result.plan.model.hidden}), "
-        f"{lay}, {ran['schedule']}, zero {ran['zero']}, {ran['microbatches']} microbatches of "
-        f"{ran['micro_batch']} x {ran['seq_len']}, {ran['mode']} on {ran['device']}"
-        + (f", stage {ran['stage']}" if ran["stage"] is not None else "")))
-    output.out.print(escape(f"predicted on {ran['descriptor']}"))
-    what = "step time" if ran["mode"] == "distributed" else "compute time (fwd+bwd)"
+        f"{plan.model.name} ({plan.model.layers} layers, hidden {plan.model.hidden}), "
+        f"{shown}, {plan.schedule.value}, zero {int(plan.zero)}, {plan.num_microbatches} microbatches "
+        f"of {plan.micro_batch} x {plan.job.seq_len}, {result.mode} on {result.device}"
+        + (f", stage {result.stage}" if result.stage is not None else "")))
+    output.out.print(escape(f"predicted on {result.descriptor}"))
+    what = "step time" if result.mode == "distributed" else "compute time (fwd+bwd)"
     table = Table(title="measured against predicted", title_justify="left")
     for col in ("", "measured", "predicted", "ratio", "tolerance", ""):
         table.add_column(col, justify="left" if col == "" else "right")
-    tol = doc["tolerance"]
-    lo, hi = doc["measured"]["step_time_spread_s"]
+    lo, hi = result.spread
     table.add_row(what, f"{result.measured_time_s:.3f} s", f"{result.predicted_time_s:.3f} s",
-                  f"{tol['step_time_ratio']:.2f}", f"±{tol['step_time']:.0%}",
+                  f"{result.time_ratio:.2f}", f"±{result.time_tolerance:.0%}",
                   "[green]ok[/green]" if result.time_within else "[red]outside[/red]")
-    table.add_row("peak memory", f"{result.measured_peak_bytes / 2**30:.3f} GiB",
-                  f"{result.predicted_peak_bytes / 2**30:.3f} GiB", f"{tol['peak_memory_ratio']:.2f}",
-                  f"±{tol['peak_memory']:.0%}",
+    table.add_row("peak memory", f"{result.measured_peak_bytes / GiB:.3f} GiB",
+                  f"{result.predicted_peak_bytes / GiB:.3f} GiB", f"{result.memory_ratio:.2f}",
+                  f"±{result.memory_tolerance:.0%}",
                   "[green]ok[/green]" if result.memory_within else "[red]outside[/red]")
     output.out.print(table)
     output.out.print(f"timed steps {len(result.step_times_s)}: {lo:.3f} to {hi:.3f} s; "
-                     f"peak memory over {escape(ran['peak_memory_window'])}")
-    if "predicted_step_time_band_s" in ran:
-        p10, p90 = ran["predicted_step_time_band_s"]
+                     f"peak memory over {escape(result.peak_window)}")
+    if result.step_time_band_s is not None:
+        p10, p90 = result.step_time_band_s
         output.out.print(f"predicted step time over the learned correction's trees: {p10:.3f} to "
                          f"{p90:.3f} s (10th to 90th percentile)")
     ranks = Table(title="per rank", title_justify="left")
@@ -582,7 +587,7 @@ def _print_validation(result: Any) -> None:
         ranks.add_column(col, justify="right")
     for r in result.ranks:
         ranks.add_row(str(r.rank), str(r.stage), f"{statistics.median(r.step_times_s):.3f}",
-                      f"{r.peak_memory_bytes / 2**30:.3f}", f"{r.predicted_peak_bytes / 2**30:.3f}",
+                      f"{r.peak_memory_bytes / GiB:.3f}", f"{r.predicted_peak_bytes / GiB:.3f}",
                       str(r.threads))
     output.out.print(ranks)
     for line in (*result.adjustments, *result.notes):

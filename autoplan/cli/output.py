@@ -9,6 +9,8 @@ from typing import Any
 
 from rich.console import Console
 
+from autoplan.units import GiB
+
 out = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -23,4 +25,4 @@ def interactive(fmt: str) -> bool:
 
 
 def gib(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.1f}"
+    return f"{nbytes / GiB:.1f}"

@@ -10,10 +10,11 @@ from autoplan.cost.stage import StageWork
 from autoplan.descriptors.hardware import Cluster
 from autoplan.plan import TIME_TERMS, Plan, Prediction, Uncertainty
 from autoplan.search.engine import SearchStats, pruning_reason
+from autoplan.units import GiB
 from autoplan.vocab import CpComm
 
 if TYPE_CHECKING:
-    from autoplan.bench.profile import Profile
+    from autoplan.measured.profile import Profile
 
 MOE_MFU_NOTE = " of active parameters"
 
@@ -46,8 +47,8 @@ def plans_table(rows: list[tuple[Plan, Prediction]], title: str) -> Table:
             str(i), layout_text(plan), str(plan.micro_batch), plan.schedule.value,
             plan.recompute.value, str(int(plan.zero)), "yes" if plan.sequence_parallel else "no",
             f"{pred.step_time_s:.3f}", f"{pred.tokens_per_s:,.0f}", f"{pred.mfu:.1%}",
-            f"{pred.memory.peak / 2**30:.1f}",
-            f"{pred.headroom_bytes / 2**30:.1f}" if pred.feasible else "[red]OOM[/red]",
+            f"{pred.memory.peak / GiB:.1f}",
+            f"{pred.headroom_bytes / GiB:.1f}" if pred.feasible else "[red]OOM[/red]",
         )
     return table
 
@@ -110,7 +111,7 @@ def summary_line(plan: Plan, pred: Prediction) -> str:
             f"MFU {pred.mfu:.1%}{MOE_MFU_NOTE if plan.model.is_moe else ''} "
             f"({pred.tflops_per_gpu:.0f} model / "
             f"{pred.hw_tflops_per_gpu:.0f} hardware TFLOP/s per GPU), "
-            f"peak {pred.memory.peak / 2**30:.1f} of {pred.capacity_bytes / 2**30:.0f} GiB, {status}")
+            f"peak {pred.memory.peak / GiB:.1f} of {pred.capacity_bytes / GiB:.0f} GiB, {status}")
 
 
 def band_line(pred: Prediction, unc: Uncertainty) -> str:
@@ -284,4 +285,4 @@ def diff_summary(diff: PlanDiff) -> str:
     return (f"A: {diff.source_a}: {plan_words(diff.plan_a)} ({fits[pa.feasible]})\n"
             f"B: {diff.source_b}: {plan_words(diff.plan_b)} ({fits[pb.feasible]})\n"
             f"B against A: step {pa.step_time_s:.3f} -> {pb.step_time_s:.3f} s ({step:+.1%}), "
-            f"peak {pa.memory.peak / 2**30:.1f} -> {pb.memory.peak / 2**30:.1f} GiB")
+            f"peak {pa.memory.peak / GiB:.1f} -> {pb.memory.peak / GiB:.1f} GiB")

@@ -7,7 +7,7 @@ hierarchically, as NCCL does with one ring per NIC: reduce-scatter inside the
 domain, the cross-domain step on 1/k of the data through the k members' NICs
 at once, then all-gather inside the domain.
 
-A device corrected by a measured profile (autoplan.cost.surrogate) scales each
+A device corrected by a measured profile (autoplan.measured.surrogate) scales each
 collective by its predicted measured/analytic ratio; the surrogate is fitted on
 these same functions evaluated for each profile row.
 """

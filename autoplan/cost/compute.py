@@ -6,7 +6,7 @@ efficiency curve eff(F) = gemm_efficiency * F / (F + gemm_half_flop): small
 GEMMs under-fill the GPU. Both constants come from the device profile.
 
 A device calibrated on a measured profile carries a learned correction
-(autoplan.cost.surrogate): the per-kernel primitives here (gemm_time,
+(autoplan.measured.surrogate): the per-kernel primitives here (gemm_time,
 grouped_gemm_time, attention_time) multiply their analytic time by its
 predicted measured/analytic ratio. The surrogate is fitted on these same
 primitives, evaluated uncorrected for each profile row.
@@ -87,7 +87,7 @@ def gemm_roofline(work: float, bytes_moved: float, device: Device, dtype: Dtype)
 
 def gemm_time(m: float, n: float, k: float, device: Device, dtype: Dtype) -> float:
     """One (m x k) @ (k x n) GEMM: the roofline, times the measured/analytic ratio the
-    device's correction predicts for this shape (autoplan.cost.surrogate), if it has one.
+    device's correction predicts for this shape (autoplan.measured.surrogate), if it has one.
     The surrogate is fitted on this same function (uncorrected) evaluated for each
     profile row."""
     t = gemm_roofline(2.0 * m * n * k, BF16_BYTES * (m * k + k * n + m * n), device, dtype)
@@ -163,7 +163,7 @@ def expert_time(model: Model, shard: Shard, device: Device) -> float:
 
 class AttentionCall(NamedTuple):
     """One flash-attention kernel call, described as a profile row describes it
-    (autoplan/bench/profile.py): the fields of :meth:`Correction.attention`."""
+    (autoplan/measured/profile.py): the fields of :meth:`Correction.attention`."""
 
     batch_heads: float  # batch x query heads
     seq: float  # queries (= keys) per call

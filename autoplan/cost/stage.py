@@ -11,10 +11,11 @@ from functools import lru_cache
 
 from autoplan.cost import comm, memory
 from autoplan.cost.compute import BF16_BYTES, LayerTimes, Shard, layer_times, logits_times
-from autoplan.descriptors.hardware import Device, GiB
+from autoplan.descriptors.hardware import Device
 from autoplan.descriptors.model import Model
 from autoplan.parallel import cp, dp, ep, mesh, pp, tp
 from autoplan.plan import Layout, Memory, Plan
+from autoplan.units import GiB
 from autoplan.vocab import Axis, CpComm, Recompute, Schedule, ZeroStage
 
 COMM_AXES = (Axis.TP, Axis.CP, Axis.EP, Axis.PP, Axis.DP)

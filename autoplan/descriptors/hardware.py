@@ -9,9 +9,9 @@ from typing import Any, Protocol
 
 from autoplan.descriptors.strict import Fields
 from autoplan.errors import AutoplanError
+from autoplan.units import GiB
 from autoplan.vocab import Dtype
 
-GiB = 2**30
 GB = 1e9
 TFLOPS = 1e12
 
@@ -29,7 +29,7 @@ DEFAULT_LINK_EFFICIENCY = 0.80  # NCCL bus bandwidth / link bandwidth on large m
 
 class Correction(Protocol):
     """Measured over analytic time of one kernel or collective, learned from a microbenchmark
-    profile (the surrogate of :mod:`autoplan.cost.surrogate`). A device carrying one is
+    profile (the surrogate of :mod:`autoplan.measured.surrogate`). A device carrying one is
     another device: it takes part in the device's equality and hash, so memoized costs of
     corrected and uncorrected devices never mix. Each method returns the factor the cost
     model multiplies its analytic time by (1.0 where the profile has nothing to say)."""
@@ -65,7 +65,7 @@ class Device:
     attention_efficiency: float = DEFAULT_ATTENTION_EFFICIENCY
     hbm_efficiency: float = DEFAULT_HBM_EFFICIENCY
     reserve_bytes: float = DEFAULT_RESERVE_GIB * GiB
-    # measured/analytic ratios from a profile (autoplan.cost.surrogate.calibrate); not in
+    # measured/analytic ratios from a profile (autoplan.measured.surrogate.calibrate); not in
     # the descriptor file, and not written by to_dict
     correction: Correction | None = None
     _hash: int = field(default=0, init=False, repr=False, compare=False)

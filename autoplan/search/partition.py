@@ -50,8 +50,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ortools.sat.python import cp_model
-
 from autoplan.errors import AutoplanError, InputError, Problem
 from autoplan.parallel.pp import uniform_stages
 from autoplan.search.space import StageShape
@@ -427,6 +425,10 @@ def partition_cpsat(problem: PartitionProblem, time_limit_s: float = 10.0) -> Pa
     short, the best split found so far comes back with ``optimal=False``; if it cuts
     the first level short before any split is found, ``SolverTimeout``.
     """
+    # imported here: OR-Tools (and the pandas and numpy it loads) take ~0.4 s to import,
+    # which every command would pay; only this model needs it
+    from ortools.sat.python import cp_model
+
     deadline = time.monotonic() + time_limit_s
     t = _ticks(problem)
     p, n, m = t.n_stages, t.n_layers, t.min_layers

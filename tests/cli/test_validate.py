@@ -169,7 +169,7 @@ def test_what_torch_cannot_run_here_is_named_by_field() -> None:
 
 
 def test_a_profile_taken_with_other_thread_counts_is_refused(tmp_path: Path) -> None:
-    from autoplan.bench.profile import format_profile
+    from autoplan.measured.profile import format_profile
 
     rows = [{"kind": "gemm", "op": "matmul", "dtype": "bf16", "m": n, "n": n, "k": n, "repeats": 3,
              "seconds": 2 * n**3 / 3e11, "seconds_p10": 1e-3, "seconds_p90": 1e-3} for n in (256, 512)]
@@ -233,3 +233,28 @@ def test_a_run_over_its_time_is_stopped(tmp_path: Path) -> None:
             "warmup": 1, "steps": 1, "collective_timeout_s": 10, "slice": False, "stage": None}
     with pytest.raises(v.ValidateError, match="timed out after 1 s"):
         v.spawn(spec, 2, timeout_s=1.0, threads=1)
+
+
+def test_the_band_is_a_field_that_json_and_the_table_both_show(capsys: pytest.CaptureFixture[str]) -> None:
+    from autoplan.cli.main import _print_validation
+    from autoplan.cost.evaluate import evaluate
+
+    plan = example("plan-pp2.yaml")
+    pred = evaluate(plan)
+    rank = v.RankRun(rank=0, stage=0, step_times_s=(1.0, 1.2), peak_memory_bytes=2**30,
+                     predicted_peak_bytes=2**30, state_bytes={}, threads=1)
+    result = v.Validation(
+        source="plan-pp2.yaml", mode="distributed", device="cpu", plan=plan, prediction=pred,
+        descriptor="the plan's cluster", step_times_s=(1.0, 1.2), measured_peak_bytes=2**30,
+        predicted_time_s=1.0, predicted_peak_bytes=2**30, ranks=(rank,), time_tolerance=0.5,
+        memory_tolerance=0.25, extra={"others_cpu_share_during_run": 0.0},
+        step_time_band_s=(0.9, 1.3))
+    ran = result.to_dict()["ran"]
+    assert list(ran)[-2:] == ["others_cpu_share_during_run", "predicted_step_time_band_s"]
+    assert ran["predicted_step_time_band_s"] == [0.9, 1.3]
+    without = dataclasses.replace(result, step_time_band_s=None)
+    assert "predicted_step_time_band_s" not in without.to_dict()["ran"]
+    _print_validation(result)
+    out = capsys.readouterr().out
+    assert "trees: 0.900 to 1.300 s (10th to 90th percentile)" in out
+    assert "dp=1, tp=1, pp=2, 1f1b" in out and "timed steps 2: 1.000 to 1.200 s" in out

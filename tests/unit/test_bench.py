@@ -1,5 +1,5 @@
 """autoplan bench: the tiny preset end to end on this CPU, through the library and the
-command line, judged by the profile contract (autoplan/bench/profile.py); bad input and
+command line, judged by the profile contract (autoplan/measured/profile.py); bad input and
 failing workers end in one clear message, and no worker outlives its run.
 
 Tests that run kernels need torch (the optional ``bench`` extra) and skip without it. They
@@ -20,9 +20,9 @@ import pytest
 from autoplan.bench import collectives as coll
 from autoplan.bench.micro import model_gemm_shapes, plan_micro
 from autoplan.bench.presets import get_preset
-from autoplan.bench.profile import KINDS, REQUIRED_META, Profile, parse_profile, read_profile
 from autoplan.bench.timing import Budget, summarize
 from autoplan.descriptors.library import resolve_model
+from autoplan.measured.profile import KINDS, REQUIRED_META, Profile, parse_profile, read_profile
 from tests.helpers import autoplan, autoplan_subprocess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,8 +128,8 @@ def test_without_torch_the_command_says_how_to_get_it() -> None:
 @pytest.fixture(scope="module")
 def tiny_profile() -> Profile:
     torch = pytest.importorskip("torch")
-    from autoplan.bench.profile import format_profile
     from autoplan.bench.run import run_bench
+    from autoplan.measured.profile import format_profile
 
     seen: list[tuple[int, int]] = []
     threads = torch.get_num_threads()

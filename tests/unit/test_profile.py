@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from autoplan.bench.machine import cluster_yaml, describe_machine, link_terms
-from autoplan.bench.profile import COLUMNS, achieved, format_profile, parse_profile, row_flops
 from autoplan.cost import comm
 from autoplan.cost.compute import gemm_time
 from autoplan.descriptors.library import resolve_cluster
 from autoplan.descriptors.strict import parse_yaml
 from autoplan.errors import InputError
+from autoplan.measured.machine import cluster_yaml, describe_machine, link_terms
+from autoplan.measured.profile import COLUMNS, achieved, format_profile, parse_profile, row_flops
 from autoplan.vocab import Dtype
 
 META = {"device_kind": "cpu", "device_name": "test cpu", "torch": "2.13.0", "date": "2026-11-22",

@@ -18,20 +18,22 @@ import pytest
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from autoplan import resources
-from autoplan.bench.profile import format_profile, parse_profile, row_flops
-from autoplan.cost import comm, surrogate
+from autoplan.cost import comm
 from autoplan.cost.compute import attention_time, gemm_time, grouped_gemm_time
 from autoplan.cost.evaluate import evaluate
-from autoplan.cost.surrogate import (
+from autoplan.descriptors.library import resolve_cluster
+from autoplan.errors import InputError
+from autoplan.measured import surrogate
+from autoplan.measured.profile import format_profile, parse_profile, row_flops
+from autoplan.measured.shipped import shipped_profile
+from autoplan.measured.surrogate import (
     RatioForest,
     SurrogateCorrection,
     band,
     calibrate,
     fit_report,
 )
-from autoplan.descriptors.library import resolve_cluster
-from autoplan.errors import InputError
-from autoplan.request import build_request, shipped_profile
+from autoplan.request import build_request
 from autoplan.vocab import Dtype
 from tests.helpers import autoplan, autoplan_subprocess, make_plan
 

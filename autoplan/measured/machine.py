@@ -20,13 +20,18 @@ Rows are weighted by 1/seconds, so the fit minimizes relative error.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 from scipy.optimize import nnls
 
-from autoplan.bench.profile import Profile, achieved, row_flops
 from autoplan.descriptors.hardware import Cluster, Device, Link
 from autoplan.errors import InputError, Problem
+from autoplan.measured.profile import Profile, achieved, row_flops
+from autoplan.units import GiB
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _line(x: np.ndarray, t: np.ndarray) -> tuple[float, float]:
@@ -121,7 +126,7 @@ def cluster_yaml(cluster: Cluster, profile: Profile, command: str) -> str:
         "device": {
             "name": d.name,
             "peak_tflops": {"bf16": _r(d.peak_bf16_flops / 1e12), "fp16": _r(d.peak_fp16_flops / 1e12)},
-            "mem_GiB": _r(d.mem_bytes / 2**30),
+            "mem_GiB": _r(d.mem_bytes / GiB),
             "hbm_GBps": _r(d.hbm_Bps / 1e9),
             "reserve_GiB": 0,
             "efficiency": {"gemm": 1.0, "gemm_half_gflop": _r(d.gemm_half_flop / 1e9),
@@ -141,7 +146,7 @@ def cluster_yaml(cluster: Cluster, profile: Profile, command: str) -> str:
         "# peak_tflops and gemm_half_gflop: least-squares line t = (F + h) / P over the GEMM rows;",
         "# hbm_GBps: line over the elementwise rows; attention: achieved attention FLOP/s over peak;",
         "# links: non-negative least squares of the collective rows on autoplan's ring model",
-        "# (autoplan/bench/machine.py). A 'GPU' here is one local process, computing with the",
+        "# (autoplan/measured/machine.py). A 'GPU' here is one local process, computing with the",
         f"# profile's {meta.get('torch_threads', '?')} torch thread(s); mem_GiB is its share of the "
         "machine's memory.",
     ]

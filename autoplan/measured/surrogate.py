@@ -1,6 +1,6 @@
 """The learned correction: one random forest per kernel kind predicts measured over
 analytic time from shape features, fitted on a microbenchmark profile
-(:mod:`autoplan.bench.profile`).
+(:mod:`autoplan.measured.profile`).
 
 Target: log(measured seconds / analytic seconds) of each profile row, where "analytic"
 is the cost model's own function for that row on the uncorrected device and cluster:
@@ -12,7 +12,7 @@ of the ratios they saw, so a shape far from every measured one gets its nearest
 neighbours' ratio, never an extrapolation (Breiman 2001, random forests).
 
 Features (kinds corrected: gemm, attention, collective; elementwise rows only serve
-:func:`autoplan.bench.machine.describe_machine`):
+:func:`autoplan.measured.machine.describe_machine`):
 
 - gemm: log2 of m, n, k, FLOPs and arithmetic intensity (FLOPs per byte moved), dtype;
 - attention: log2 of batch x heads, sequence and head dim, query heads per KV head,
@@ -52,13 +52,15 @@ from sklearn.ensemble import RandomForestRegressor
 from sklearn.model_selection import KFold
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from autoplan.bench.profile import DTYPES, KINDS, Profile, row_flops
 from autoplan.cost import comm
 from autoplan.cost.compute import BF16_BYTES, AttentionCall, attention_time, gemm_time
 from autoplan.cost.evaluate import evaluate
-from autoplan.descriptors.hardware import Cluster, GiB
+from autoplan.descriptors.hardware import Cluster
 from autoplan.errors import InputError, Problem
+from autoplan.measured.machine import describe_machine
+from autoplan.measured.profile import DTYPES, KINDS, Profile, row_flops
 from autoplan.plan import Plan, Prediction, Uncertainty
+from autoplan.units import GiB
 from autoplan.vocab import Dtype
 
 CORRECTED_KINDS = ("gemm", "attention", "collective")
@@ -248,7 +250,7 @@ class _Fitted:
             raise InputError.single(profile.source, "kind", (
                 f"no {', '.join(CORRECTED_KINDS)} rows the surrogate can use on {cluster.device.name} "
                 f"(at least {MIN_ROWS} of a kind; device_kind "
-                f"{self.device_kind or '?'}: see autoplan/cost/surrogate.py for which dtypes count)"))
+                f"{self.device_kind or '?'}: see autoplan/measured/surrogate.py for which dtypes count)"))
         self.reach: dict[str, tuple[int, int]] = {}  # op -> (most ranks, most domains)
         for rec in profile.of_kind("collective").to_dict("records"):
             ranks, domains = int(rec["ranks"]), -(-int(rec["ranks"]) // int(rec["ranks_per_node"]))
@@ -447,8 +449,6 @@ def cross_validated(data: TrainingSet) -> np.ndarray:
 def measured_machine(profile: Profile) -> Cluster:
     """The analytic descriptor of the profiled machine (the dtype rule picks the GEMM rows
     that define its peak; memory size does not enter times)."""
-    from autoplan.bench.machine import describe_machine
-
     rows = profile.rows
     per_node = rows.loc[rows["kind"] == "collective", "ranks_per_node"]
     return describe_machine(profile, name=profile.descriptor or "measured",

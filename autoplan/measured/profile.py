@@ -40,11 +40,12 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from autoplan.errors import InputError, Problem
+
+if TYPE_CHECKING:  # pandas is imported where a profile is parsed or written: not at start-up
+    import pandas as pd
 
 FORMAT_VERSION = "1"
 KINDS: dict[str, tuple[str, ...]] = {
@@ -173,6 +174,8 @@ def parse_profile(text: str, source: str) -> Profile:
                                 f"expected {FORMAT_VERSION}, got {meta['autoplan-profile']!r}"))
     if not body:
         raise InputError([*problems, Problem(source, "", "no rows")])
+    import pandas as pd
+
     try:
         frame = pd.read_csv(io.StringIO("\n".join(body)), dtype=str, keep_default_na=False)
     except (pd.errors.ParserError, ValueError) as exc:
@@ -203,6 +206,8 @@ def format_profile(meta: Mapping[str, Any], rows: Iterable[Mapping[str, Any]]) -
     """The CSV text of a profile: the header lines, then the rows (missing columns are 0)."""
     head = {"autoplan-profile": FORMAT_VERSION, **{k: str(v) for k, v in meta.items()}}
     lines = [f"# {k}: {' '.join(str(v).split())}" for k, v in head.items()]
+    import pandas as pd
+
     frame = pd.DataFrame([{c: r.get(c, 0) for c in COLUMNS} for r in rows], columns=list(COLUMNS))
     for col in FLOAT_COLUMNS:
         frame[col] = frame[col].map(lambda s: f"{float(s):.6e}")

@@ -1,0 +1,149 @@
+"""The data flow (DESIGN.md: layers only call downwards) and what start-up loads.
+
+- ``autoplan.cost`` knows nothing of what corrects it (``autoplan.measured``), of the
+  search, of the command line, or of measuring (``autoplan.bench``, torch);
+- ``autoplan.measured`` (profiles, the machine fit, the learned correction) never
+  imports torch or ``autoplan.bench``: fitting and applying a profile needs no torch;
+- a command that needs no profile and no CP-SAT model loads none of OR-Tools, pandas,
+  scikit-learn, numpy or scipy (together ~0.45 s of every start, ``--help`` included).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "autoplan"
+HEAVY = ("ortools", "pandas", "sklearn", "numpy", "scipy")
+
+
+def imported_modules(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, module) of every import in a file, at any depth (inside functions and
+    ``if TYPE_CHECKING:`` too); ``from a import b`` yields both ``a`` and ``a.b``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}:{node.lineno}: relative import"
+            assert node.module is not None
+            yield node.lineno, node.module
+            for alias in node.names:
+                yield node.lineno, f"{node.module}.{alias.name}"
+
+
+def offending_imports(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    found = []
+    for path in sorted((PACKAGE / package).rglob("*.py")):
+        for line, module in imported_modules(path):
+            if any(module == f or module.startswith(f + ".") for f in forbidden):
+                found.append(f"{path.relative_to(ROOT)}:{line}: {module}")
+    return found
+
+
+def test_the_cost_model_imports_nothing_above_it_nor_torch():
+    forbidden = ("autoplan.measured", "autoplan.search", "autoplan.cli", "autoplan.request",
+                 "autoplan.bench", "torch")
+    assert offending_imports("cost", forbidden) == []
+
+
+def test_the_measured_package_imports_neither_torch_nor_bench_nor_the_layers_above():
+    forbidden = ("torch", "autoplan.bench", "autoplan.cli", "autoplan.request", "autoplan.search")
+    assert offending_imports("measured", forbidden) == []
+
+
+def test_the_import_scan_sees_imports_inside_functions(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("def f():\n    from autoplan.bench import run\n    import torch.nn\n")
+    assert [m for _, m in imported_modules(source)] == ["autoplan.bench", "autoplan.bench.run",
+                                                        "torch.nn"]
+
+
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "AUTOPLAN_DEBUG"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=300, check=False)
+
+
+def test_a_profile_is_fitted_and_applied_with_torch_blocked():
+    # a finder first on the meta path makes every `import torch` raise ImportError (and
+    # leaves sys.modules alone: scipy looks there for torch before it looks at arrays)
+    code = """if True:
+        import sys
+
+        class BlockTorch:
+            def find_spec(self, name, path=None, target=None):
+                if name == "torch" or name.startswith("torch."):
+                    raise ImportError(f"torch is blocked here: {name}")
+                return None
+
+        sys.meta_path.insert(0, BlockTorch())
+        from pathlib import Path
+        from autoplan.cost.evaluate import evaluate
+        from autoplan.descriptors.strict import read_yaml
+        from autoplan.measured.profile import read_profile
+        from autoplan.measured.surrogate import calibrate, predict_with_band
+        from autoplan.plan import read_plan
+        import dataclasses
+        path = Path("examples/cpu/plan-pp2.yaml")
+        plan = read_plan(read_yaml(path), str(path))
+        corrected = dataclasses.replace(
+            plan, cluster=calibrate(plan.cluster, read_profile(Path("examples/cpu/profile.csv"))))
+        pred = predict_with_band(corrected)
+        assert pred.uncertainty is not None
+        assert pred.step_time_s != evaluate(plan).step_time_s
+        print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
+    """
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def loaded_after(code: str) -> list[str]:
+    """The heavy modules in sys.modules when ``code`` has run (a command line: at exit)."""
+    probe = f"""if True:
+        import atexit, json, sys
+        atexit.register(lambda: sys.__stderr__.write(
+            "\\nLOADED " + json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)) + "\\n"))
+        {code}
+    """
+    result = run_python(probe)
+    assert result.returncode == 0, result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("LOADED "), result.stderr
+    return list(json.loads(line.removeprefix("LOADED ")))
+
+
+def cli(*args: str) -> str:
+    return f"sys.argv = ['autoplan', *{list(args)!r}]; from autoplan.cli.main import main; main()"
+
+
+@pytest.mark.parametrize("code", [
+    "import autoplan.cli.main",
+    "import autoplan.search.engine",
+    cli("--help"),
+    cli("search", "--help"),
+    cli("search", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
+        "--global-batch", "64", "--seq-len", "4096", "--format", "json"),
+    cli("evaluate", "examples/plans/llama3-8b-32xh100-1f1b.yaml", "--format", "json"),
+], ids=["import cli", "import engine", "--help", "search --help", "search", "evaluate"])
+def test_start_up_and_a_search_without_a_profile_load_no_ortools_pandas_sklearn_or_numpy(code):
+    # (a profile shipped for h100-sxm under profiles/measured/ would correct this search and
+    # evaluate, and rightly load pandas and scikit-learn: then pick a device without one)
+    assert loaded_after(code) == []
+
+
+def test_a_profile_loads_what_it_needs():
+    """The probe above sees the heavy modules when they are used."""
+    loaded = loaded_after(cli("evaluate", "examples/cpu/plan-pp2.yaml", "--profile",
+                              "examples/cpu/profile.csv", "--format", "json"))
+    assert {"pandas", "sklearn", "numpy"} <= set(loaded)
