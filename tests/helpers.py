@@ -118,3 +118,32 @@ def autoplan_subprocess(*args: Any, cwd: Path | None = None, env: Mapping[str, s
                           capture_output=True, text=True, cwd=cwd or ROOT,
                           env=_environ({"AUTOPLAN_DEBUG": None, **(env or {})}),
                           timeout=timeout, check=False)
+
+REPO = Path(__file__).resolve().parents[1]
+
+# ---- plans shared by the check/diff tests (library and command line)
+PLANS = REPO / "examples" / "plans"
+BEST = PLANS / "llama3-8b-64xh100-megatron-best.yaml"  # the search's best in the megatron space
+OOM = PLANS / "llama3-70b-256xh100-oom.yaml"
+SLOW = PLANS / "llama3-8b-8xh100-slow.yaml"
+ONE_F_ONE_B = PLANS / "llama3-8b-32xh100-1f1b.yaml"
+ZB_V = PLANS / "llama3-8b-32xh100-zbv.yaml"  # the same plan with the zb-v schedule
+
+MALFORMED = """\
+autoplan: 1
+model: llama3-8b
+cluster: {name: dgx-h100, nodes: 1}
+job: {global_batch: 64, seq_len: 4096, dtype: bf16}
+layout: {dp: 8, tp: eight, pp: 1}
+micro_batch: 1
+schedul: 1f1b
+"""
+
+NOT_DIVISIBLE = """\
+autoplan: 1
+model: llama3-8b
+cluster: {name: dgx-h100, nodes: 1}
+job: {global_batch: 64, seq_len: 4096, dtype: bf16}
+layout: {dp: 2, tp: 4, pp: 1}
+micro_batch: 3
+"""

@@ -18,37 +18,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import autoplan, autoplan_subprocess
+from tests.helpers import (
+    BEST,
+    MALFORMED,
+    NOT_DIVISIBLE,
+    ONE_F_ONE_B,
+    OOM,
+    SLOW,
+    ZB_V,
+    autoplan,
+    autoplan_subprocess,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-PLANS = ROOT / "examples" / "plans"
 CI = ROOT / "examples" / "ci"
-BEST = PLANS / "llama3-8b-64xh100-megatron-best.yaml"  # the search's best in the megatron space
-OOM = PLANS / "llama3-70b-256xh100-oom.yaml"
-SLOW = PLANS / "llama3-8b-8xh100-slow.yaml"
-ONE_F_ONE_B = PLANS / "llama3-8b-32xh100-1f1b.yaml"
-ZB_V = PLANS / "llama3-8b-32xh100-zbv.yaml"  # the same plan with the zb-v schedule
-
-MALFORMED = """\
-autoplan: 1
-model: llama3-8b
-cluster: {name: dgx-h100, nodes: 1}
-job: {global_batch: 64, seq_len: 4096, dtype: bf16}
-layout: {dp: 8, tp: eight, pp: 1}
-micro_batch: 1
-schedul: 1f1b
-"""
-
-NOT_DIVISIBLE = """\
-autoplan: 1
-model: llama3-8b
-cluster: {name: dgx-h100, nodes: 1}
-job: {global_batch: 64, seq_len: 4096, dtype: bf16}
-layout: {dp: 2, tp: 4, pp: 1}
-micro_batch: 3
-"""
-
-
 def junit(text: str) -> ET.Element:
     root = ET.fromstring(text)
     suites = root.findall("testsuite")
