@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from autoplan.cost import comm, memory
@@ -62,21 +62,19 @@ class StageWork:
     expert_params: float = 0.0  # routed-expert parameters on one rank (before ZeRO)
     dense: int = 0  # of ``layers``, those with a dense MLP (the rest are MoE layers)
     mtp: int = 0  # multi-token-prediction layers held here (the output stage)
+    # F and B: compute plus the communication each exposes; summed once, here, because
+    # the search and the simulator read them millions of times
+    forward: float = field(init=False, compare=False)
+    backward_input: float = field(init=False, compare=False)  # B, recompute included
 
-    @property
-    def forward(self) -> float:
-        t = self.compute_f
-        for f, _ in self.comm.seconds:
-            t += f
-        return t
-
-    @property
-    def backward_input(self) -> float:
-        """B: recompute, input-gradient kernels and the communication they expose."""
-        t = self.compute_b + self.recompute
-        for _, b in self.comm.seconds:
-            t += b
-        return t
+    def __post_init__(self) -> None:
+        f = self.compute_f
+        b = self.compute_b + self.recompute
+        for af, ab in self.comm.seconds:
+            f += af
+            b += ab
+        object.__setattr__(self, "forward", f)
+        object.__setattr__(self, "backward_input", b)
 
     @property
     def backward_weight(self) -> float:
@@ -85,7 +83,7 @@ class StageWork:
 
     @property
     def backward(self) -> float:
-        return self.backward_input + self.backward_weight
+        return self.backward_input + self.compute_w
 
 
 def shard_of(plan: Plan) -> Shard:
