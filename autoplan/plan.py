@@ -3,12 +3,14 @@ plan file: schema v1 of DESIGN.md, read strictly and written deterministically."
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import Job, read_job
+from autoplan.descriptors.library import default_stack
 from autoplan.descriptors.model import Model
+from autoplan.descriptors.stack import Stack
 from autoplan.descriptors.strict import Fields
 from autoplan.errors import InputError, Problem
 from autoplan.parallel.pp import uniform_stages
@@ -68,6 +70,7 @@ class Plan:
     sequence_parallel: bool
     stages: tuple[int, ...] | None = None  # layers per pipeline stage; None = uniform
     cp_comm: CpComm = CpComm.RING
+    stack: Stack = field(default_factory=default_stack)  # the software it runs on
 
     @property
     def num_microbatches(self) -> int:
@@ -81,7 +84,8 @@ class Plan:
             return self.stages
         return uniform_stages(self.model.layers, self.layout.pp)
 
-    def to_dict(self, builtin_model: bool = False, builtin_cluster: bool = False) -> dict[str, Any]:
+    def to_dict(self, builtin_model: bool = False, builtin_cluster: bool = False,
+                builtin_stack: bool = True) -> dict[str, Any]:
         """The plan-file mapping (without prediction). Built-ins are written by name."""
         model: Any = self.model.name if builtin_model else self.model.to_dict()
         cluster: Any = (
@@ -105,6 +109,8 @@ class Plan:
             out["cp_comm"] = self.cp_comm.value
         if self.stages is not None or len(set(self.stage_layers)) > 1:
             out["stages"] = list(self.stage_layers)  # uneven splits are written out
+        if self.stack != default_stack():
+            out["stack"] = self.stack.name if builtin_stack else self.stack.to_dict()
         return out
 
 
@@ -131,7 +137,7 @@ class Memory:
 
 
 TIME_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
-              "bubble", "optimizer")
+              "bubble", "optimizer", "overhead")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,6 +153,7 @@ class TimeBreakdown:
     dp_comm: float = 0.0
     bubble: float = 0.0
     optimizer: float = 0.0
+    overhead: float = 0.0  # the stack's per-step host costs and memory pressure
 
     @property
     def total(self) -> float:
@@ -212,7 +219,7 @@ class Prediction:
 
 def read_plan(data: Any, source: str, path: str = "") -> Plan:
     """Build and check a Plan from a plan-file mapping; every problem is reported at once."""
-    from autoplan.descriptors.library import resolve_cluster, resolve_model
+    from autoplan.descriptors.library import resolve_cluster, resolve_model, resolve_stack
 
     problems: list[Problem] = []
     f = Fields(data, source, path, problems)
@@ -237,6 +244,12 @@ def read_plan(data: Any, source: str, path: str = "") -> Plan:
             cluster = resolve_cluster(ref, source, f.key_path("cluster"))
     except InputError as exc:
         problems.extend(exc.problems)
+    stack = default_stack()
+    try:
+        if (ref := f.raw("stack", None)) is not None:
+            stack = resolve_stack(ref, source, f.key_path("stack"))
+    except InputError as exc:
+        problems.extend(exc.problems)
     job = read_job(f.child("job", f.raw("job")))
     lf = f.child("layout", f.raw("layout"))
     layout_values = dict(
@@ -258,7 +271,8 @@ def read_plan(data: Any, source: str, path: str = "") -> Plan:
     f.close()
     if problems or model is None or cluster is None or job is None:
         raise InputError(problems or [Problem(source, path, "incomplete plan")])
-    plan = Plan(model=model, cluster=cluster, job=job, layout=Layout(**layout_values), **values)
+    plan = Plan(model=model, cluster=cluster, job=job, layout=Layout(**layout_values), stack=stack,
+                **values)
     rule_problems = [Problem(source, _join(path, k), msg) for k, msg in plan_problems(plan)]
     if rule_problems:
         raise InputError(rule_problems)
@@ -271,7 +285,11 @@ def _join(prefix: str, key: str) -> str:
 
 def plan_document(plan: Plan, prediction: Prediction | None = None) -> dict[str, Any]:
     """The mapping written to plan.yaml / JSON; built-ins are referenced by name."""
-    from autoplan.descriptors.library import builtin_cluster_matches, builtin_model_matches
+    from autoplan.descriptors.library import (
+        builtin_cluster_matches,
+        builtin_model_matches,
+        builtin_stack_matches,
+    )
 
     cluster = plan.cluster
     if cluster.device.correction is not None:  # a measured correction is no part of the cluster file
@@ -279,9 +297,11 @@ def plan_document(plan: Plan, prediction: Prediction | None = None) -> dict[str,
     out = plan.to_dict(
         builtin_model=builtin_model_matches(plan.model),
         builtin_cluster=builtin_cluster_matches(cluster),
+        builtin_stack=builtin_stack_matches(plan.stack),
     )
     if prediction is not None:
         out["prediction"] = prediction.to_dict()
+        out["prediction"]["stack"] = plan.stack.name  # the software the prediction assumed
         if plan.model.is_moe:  # tflops_per_gpu and mfu count what each token computes
             out["prediction"]["mfu_basis"] = "active parameters"
     return out

@@ -1,4 +1,4 @@
-"""A search request: a job file (model, cluster, job, optional gpus, space and profile)
+"""A search request: a job file (model, cluster, job, optional gpus, space, stack and profile)
 merged with command-line overrides. Options win over the file.
 
 A measured profile (``--profile`` or ``profile:``; else the one shipped under
@@ -7,13 +7,14 @@ the request's cluster then carries the fitted correction (autoplan.measured.surr
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import Job, read_job
-from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
+from autoplan.descriptors.library import resolve_cluster, resolve_model, resolve_stack, with_gpus
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.strict import Fields, read_yaml
 from autoplan.errors import InputError, Problem
@@ -44,6 +45,7 @@ def build_request(
     space: str | None = None,
     moe_imbalance: float | None = None,
     profile: Path | None = None,
+    stack: str | None = None,
 ) -> Request:
     problems: list[Problem] = []
     doc: dict[str, Any] = {}
@@ -51,7 +53,8 @@ def build_request(
     if job_file is not None:
         data = read_yaml(job_file)
         f = Fields(data, source, "", problems)
-        doc = {k: f.raw(k, None) for k in ("model", "cluster", "job", "space", "profile")}
+        doc = {k: f.raw(k, None) for k in ("model", "cluster", "job", "space", "profile",
+                                                "stack")}
         doc["gpus"] = f.int("gpus", None, min=1)
         f.close()
         _raise(problems)
@@ -93,6 +96,13 @@ def build_request(
         resolved_space = load_space(str(space_ref), "--space" if space else source, "" if space else "space")
     except InputError as exc:
         problems.extend(exc.problems)
+    stack_ref, stack_src = (stack, "--stack") if stack else (doc.get("stack"), source)
+    if stack_ref is not None and not problems:
+        try:  # a named stack replaces the one the space implies
+            resolved_space = dataclasses.replace(
+                resolved_space, stack=resolve_stack(stack_ref, stack_src, "" if stack else "stack"))
+        except InputError as exc:
+            problems.extend(exc.problems)
     measured: Profile | None = None
     try:
         measured = _read_profile(profile, doc.get("profile"), job_file, source)

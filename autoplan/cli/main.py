@@ -43,6 +43,9 @@ FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="table for peo
 ProfileOpt = Annotated[Path | None, typer.Option(
     "--profile", help="Microbenchmark profile CSV (autoplan bench) whose learned correction and "
                       "uncertainty band apply; default: the one shipped for the cluster's device.")]
+StackOpt = Annotated[str | None, typer.Option(
+    "--stack", help="Software stack: megatron-core, megatron-lm, torchtitan, torchtitan-compiled, "
+                    "deepspeed, fsdp, or a stack file; default: the one the space (or plan) names.")]
 
 
 def _version(value: bool) -> None:
@@ -109,6 +112,7 @@ def search(
     top: Annotated[int, typer.Option("--top", "-k", min=1, help="How many plans to show.")] = 10,
     out_path: Annotated[Path | None, typer.Option("--out", "-o", help="Write the best plan here.")] = None,
     profile: ProfileOpt = None,
+    stack: StackOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Rank the plans that fit: exit 0 found, 1 none fits, 2 bad input."""
@@ -118,7 +122,7 @@ def search(
 
     req = build_request(job_file, model=model, cluster=cluster, gpus=gpus,
                         global_batch=global_batch, seq_len=seq_len, dtype=dtype, space=space,
-                        moe_imbalance=moe_imbalance, profile=profile)
+                        moe_imbalance=moe_imbalance, profile=profile, stack=stack)
     if req.profile is not None and (note := render.profile_note(req.profile, req.cluster)):
         output.err.print(note, markup=False)
     if output.interactive(fmt.value):
@@ -146,7 +150,8 @@ def search(
         # names come from user files: escape them, or rich reads "[...]" as markup
         title = escape(f"{req.model.name} on {req.cluster.gpus} x {req.cluster.device.name} "
                        f"({req.cluster.name}), global batch {req.job.global_batch} x "
-                       f"{req.job.seq_len} tokens, {req.job.dtype.value}, space {req.space.name}")
+                       f"{req.job.seq_len} tokens, {req.job.dtype.value}, space {req.space.name}, "
+                       f"stack {req.space.stack.name}")
         output.out.print(render.plans_table([(r.plan, r.prediction) for r in result.plans], title))
         output.out.print(render.stats_text(result.stats))
         if req.profile is not None:
@@ -160,6 +165,8 @@ def _print_prediction(path: Path, plan: Plan, pred: Prediction, *extra: Any) -> 
     output.out.print(f"[bold]{escape(str(path))}[/bold]: " + escape(
         f"{plan.model.name} on {plan.cluster.gpus} x {plan.cluster.device.name}"))
     output.out.print(render.summary_line(plan, pred))
+    output.out.print(escape(f"stack: {plan.stack.name} ({plan.stack.summary})"
+                            if plan.stack.summary else f"stack: {plan.stack.name}"))
     if pred.uncertainty is not None:
         output.out.print(escape(render.band_line(pred, pred.uncertainty)))
     if not pred.feasible:
@@ -174,6 +181,7 @@ def _print_prediction(path: Path, plan: Plan, pred: Prediction, *extra: Any) -> 
 def evaluate(
     plans: Annotated[list[Path], typer.Argument(metavar="PLAN.yaml", help="Plan files.")],
     profile: ProfileOpt = None,
+    stack: StackOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Predict each plan with a breakdown: exit 0 all fit, 1 some do not fit, 2 bad input."""
@@ -187,6 +195,11 @@ def evaluate(
 
     given = read_profile(profile) if profile is not None else None
     loaded = [read_plan(read_yaml(p), str(p)) for p in plans]  # all validated before any output
+    if stack is not None:
+        from autoplan.descriptors.library import resolve_stack
+
+        named = resolve_stack(stack, "--stack", "")
+        loaded = [dataclasses.replace(plan, stack=named) for plan in loaded]
     results = []
     for plan in loaded:
         measured = given or shipped_profile(plan.cluster.device.name)

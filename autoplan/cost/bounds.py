@@ -14,7 +14,7 @@ from autoplan.cost.stage import (
     stage_work,
     stage_work_for,
 )
-from autoplan.parallel.dp import optimizer_seconds, state_bytes
+from autoplan.parallel.dp import optimizer_seconds, state_bytes, step_overhead
 from autoplan.parallel.pp import dense_per_stage, output_stage
 from autoplan.plan import Plan
 from autoplan.vocab import Axis
@@ -22,14 +22,15 @@ from autoplan.vocab import Axis
 __all__ = [
     "StageWork", "cost_key", "dense_per_stage", "memory_shortfall", "optimizer_seconds",
     "output_stage", "stage_memory", "stage_state_params", "stage_work", "stage_work_for",
-    "state_bytes", "busiest_stage_bound", "step_time_lower_bound",
+    "state_bytes", "step_overhead", "busiest_stage_bound", "step_time_lower_bound",
 ]
 
 
 def step_time_lower_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
     """A bound no schedule beats: stage s cannot start before the first microbatch's
     forward crosses the stages before it, must run m forwards and backwards, and its
-    last backward must still cross those stages back; then the optimizer step.
+    last backward must still cross those stages back; then the optimizer step and the
+    stack's per-step overhead.
     Exact for 1F1B and GPipe with uniform stages ((m + p - 1)(f + b))."""
     m, v = plan.num_microbatches, plan.layout.vpp
     best, fill, drain = 0.0, 0.0, 0.0
@@ -37,7 +38,7 @@ def step_time_lower_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
         best = max(best, fill + m * (w.forward + w.backward) + drain)
         fill += w.forward / v
         drain += w.backward / v
-    return best + optimizer_seconds(plan, works)
+    return best + optimizer_seconds(plan, works) + step_overhead(plan)
 
 
 def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], without_cp: bool) -> float:
@@ -53,4 +54,4 @@ def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], without_cp: bo
             cp_f, cp_b = w.comm[Axis.CP]
             t -= cp_f + cp_b
         per_stage.append(t)
-    return m * max(per_stage) + optimizer_seconds(plan, works)
+    return m * max(per_stage) + optimizer_seconds(plan, works) + step_overhead(plan)

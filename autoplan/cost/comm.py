@@ -49,21 +49,44 @@ def _ratio(op: str, nbytes: float, g: Group) -> float:
     return g.correction.collective(op, nbytes, g.size, g.per_domain)
 
 
-def _ring_phase(nbytes: float, ranks: int, link: Link) -> float:
-    """One reduce-scatter or all-gather over a ring: (n-1) steps of nbytes/n each."""
+# NCCL's own cost model (src/graph/tuning.cc, ncclTopoTuneModel, NCCL 2.18-2.19), ring
+# algorithm: a protocol trades latency for bandwidth, and NCCL runs each call with the
+# protocol its model predicts fastest. Per protocol: base latency per call (us), per-step
+# latency relative to Simple's on NVLink (hwLat 0.6 / 1.9 / 3.4 us) and on the network
+# (2.7 / 4.0 / 14 us), and the share of bus bandwidth it carries (LL: 1/4 for all-reduce
+# and multi-node rings, else 1/3; LL128: 0.92, "120/128"). A cluster file's link latency
+# is Simple's per-step latency.
+PROTOCOLS = (
+    # name, base latency s, step scale NVLink, step scale network, bandwidth share
+    ("LL", 6.6e-6, 0.6 / 3.4, 2.7 / 14.0, 1 / 4),
+    ("LL128", 14.0e-6, 1.9 / 3.4, 4.0 / 14.0, 0.92),
+    ("Simple", 8.4e-6, 1.0, 1.0, 1.0),
+)
+# a link without NCCL's protocols (fitted on a measured profile): one alpha-beta protocol
+SINGLE_PROTOCOL = (("alpha-beta", 0.0, 1.0, 1.0, 1.0),)
+
+
+def _phase(nbytes: float, ranks: int, link: Link, step_scale: float, share: float) -> float:
+    """One reduce-scatter or all-gather over a ring of ``ranks``: (n-1) steps of nbytes/n."""
     if ranks <= 1:
         return 0.0
-    return (ranks - 1) * link.latency_s + (ranks - 1) / ranks * nbytes / link.effective_Bps
+    return ((ranks - 1) * link.latency_s * step_scale
+            + (ranks - 1) / ranks * nbytes / (link.effective_Bps * share))
 
 
-def _ring_pass(nbytes: float, g: Group) -> float:
-    """One reduce-scatter or all-gather pass over the group, hierarchical across domains."""
-    if g.domains == 1:
-        return _ring_phase(nbytes, g.size, g.intra)
-    inner = _ring_phase(nbytes, g.per_domain, g.intra)
-    # each of the k members carries 1/k of the buffer across domains on its own NIC
-    outer = _ring_phase(nbytes / g.per_domain, g.domains, g.inter)
-    return inner + outer
+def _ring_pass(nbytes: float, g: Group, passes: int = 1) -> float:
+    """``passes`` reduce-scatter or all-gather passes in one call (all-reduce: 2), each
+    hierarchical across domains, with the fastest protocol; the call's base latency once."""
+    best = float("inf")
+    for _, base, nvl, net, share in PROTOCOLS if g.intra.nccl_protocols else SINGLE_PROTOCOL:
+        if g.domains == 1:
+            t = _phase(nbytes, g.size, g.intra, nvl, share)
+        else:
+            # each of the k members carries 1/k of the buffer across domains on its own NIC
+            t = (_phase(nbytes, g.per_domain, g.intra, nvl, share)
+                 + _phase(nbytes / g.per_domain, g.domains, g.inter, net, share))
+        best = min(best, base + passes * t)
+    return best
 
 
 def reduce_scatter(nbytes: float, g: Group) -> float:
@@ -81,10 +104,11 @@ def all_gather(nbytes: float, g: Group) -> float:
 
 
 def all_reduce(nbytes: float, g: Group) -> float:
-    """Ring all-reduce = reduce-scatter + all-gather: 2(n-1)/n * M / B + 2(n-1) alpha."""
+    """Ring all-reduce = reduce-scatter + all-gather: 2(n-1)/n * M / B + 2(n-1) alpha,
+    plus the call's base latency."""
     if g.size <= 1:
         return 0.0
-    return 2 * _ring_pass(nbytes, g) * _ratio("all_reduce", nbytes, g)
+    return _ring_pass(nbytes, g, passes=2) * _ratio("all_reduce", nbytes, g)
 
 
 def p2p(nbytes: float, cross_domain: bool, cluster: Cluster) -> float:

@@ -1,9 +1,19 @@
 """Time of one transformer layer's kernels on one rank, for one microbatch.
 
+Hardware (the device file) says how fast a kernel can run; the software stack
+(``descriptors/stack.py``, carried on the Shard) says which kernels run and what
+each costs the host to launch.
+
 Roofline (Williams et al. 2009): a kernel takes max(FLOPs / achievable FLOP/s,
-bytes / achievable bytes/s). Achievable GEMM FLOP/s follow a per-device
-efficiency curve eff(F) = gemm_efficiency * F / (F + gemm_half_flop): small
-GEMMs under-fill the GPU. Both constants come from the device profile.
+bytes / achievable bytes/s). Achievable GEMM FLOP/s are the device's large-GEMM
+efficiency of the dtype's peak (fp8 its own), reduced by wave quantization: a GEMM
+runs in whole waves of output tiles over the SMs (the tile size is chosen as cuBLAS's
+heuristics do, the one that finishes first). Devices without an SM count keep the older
+size curve eff(F) = gemm_efficiency * F / (F + gemm_half_flop).
+
+Fixed costs: every kernel pays the device's kernel gap on the GPU, and a layer pass
+cannot run faster than the host dispatches its kernels (eager PyTorch; zero under
+CUDA graphs): pass time = max(GPU time, kernels x host time per kernel).
 
 A device calibrated on a measured profile carries a learned correction
 (autoplan.measured.surrogate): the per-kernel primitives here (gemm_time,
@@ -21,6 +31,7 @@ from typing import NamedTuple
 from autoplan.cost import flops
 from autoplan.descriptors.hardware import Device
 from autoplan.descriptors.model import Model
+from autoplan.descriptors.stack import AttentionKernel
 from autoplan.vocab import Dtype, Position
 
 BF16_BYTES = 2  # activations and weights move in 16-bit (fp8 GEMMs keep 16-bit I/O here)
@@ -40,6 +51,10 @@ class Shard:
     etp: int = 1  # expert tensor parallel degree
     expert_load: float = 1.0  # tokens of the busiest expert rank over the mean (>= 1)
     cp_ring: bool = True  # context parallel by ring attention (else all-to-all, Ulysses)
+    # what the software stack runs (descriptors/stack.py)
+    attention_kernel: AttentionKernel = AttentionKernel.FLASH2
+    layer_kernels: int = 0  # forward kernels per layer (backward: twice as many)
+    host_kernel_s: float = 0.0  # host dispatch per kernel (0 under CUDA graphs)
 
     @property
     def tokens(self) -> int:
@@ -77,10 +92,36 @@ class LayerTimes:
         return self.backward_input + self.backward_weight
 
 
-def gemm_roofline(work: float, bytes_moved: float, device: Device, dtype: Dtype) -> float:
-    """A GEMM-like kernel of ``work`` FLOPs moving ``bytes_moved`` bytes: roofline (Williams
-    et al. 2009) with the device's efficiency curve eff(F) = gemm_efficiency * F / (F + h)."""
-    eff = device.gemm_efficiency * work / (work + device.gemm_half_flop)
+# Output tiles cuBLAS / CUTLASS choose between on Ampere and Hopper (CUTLASS's
+# profiler kernels: 128x256, 128x128 and 64x128 threadblock tiles), with the fraction
+# of the large tile's per-SM rate each sustains: smaller tiles re-read more operand
+# bytes per FLOP from shared memory (the rates are this model's assumption, checked
+# only through the end-to-end fit; see docs/ACCURACY.md).
+GEMM_TILES = ((128, 256, 1.0), (128, 128, 0.92), (64, 128, 0.80))
+
+
+def wave_efficiency(m: float, n: float, sms: int) -> float:
+    """Fraction of the large-GEMM rate an (m x n) output reaches in whole waves of tiles
+    over ``sms`` SMs, with the tile that finishes first: tiles = ceil(m/tm) ceil(n/tn),
+    time ~ ceil(tiles / sms) waves x tile work / tile rate."""
+    if not sms:
+        return 1.0
+    best = math.inf
+    for tm, tn, rate in GEMM_TILES:
+        waves = math.ceil(math.ceil(m / tm) * math.ceil(n / tn) / sms)
+        best = min(best, waves * tm * tn / rate)
+    return m * n / (sms * best)
+
+
+def gemm_roofline(work: float, bytes_moved: float, device: Device, dtype: Dtype,
+                  m: float = 0.0, n: float = 0.0) -> float:
+    """A GEMM-like kernel of ``work`` FLOPs moving ``bytes_moved`` bytes with an (m x n)
+    output: roofline (Williams et al. 2009) at the device's large-GEMM efficiency for the
+    dtype, times the wave quantization of its output tiles (devices with an SM count), or
+    the older curve eff(F) = gemm_efficiency * F / (F + h) (devices without)."""
+    eff = device.gemm_peak_efficiency(dtype) * work / (work + device.gemm_half_flop)
+    if device.sms and m and n:
+        eff *= wave_efficiency(m, n, device.sms)
     compute_s = work / (device.peak_flops(dtype) * eff)
     return max(compute_s, bytes_moved / (device.hbm_Bps * device.hbm_efficiency))
 
@@ -90,7 +131,7 @@ def gemm_time(m: float, n: float, k: float, device: Device, dtype: Dtype) -> flo
     device's correction predicts for this shape (autoplan.measured.surrogate), if it has one.
     The surrogate is fitted on this same function (uncorrected) evaluated for each
     profile row."""
-    t = gemm_roofline(2.0 * m * n * k, BF16_BYTES * (m * k + k * n + m * n), device, dtype)
+    t = gemm_roofline(2.0 * m * n * k, BF16_BYTES * (m * k + k * n + m * n), device, dtype, m, n)
     if device.correction is not None:
         t *= device.correction.gemm(m, n, k, dtype)
     return t
@@ -144,7 +185,8 @@ def grouped_gemm_time(rows: float, n: float, k: float, groups: int, device: Devi
     does the correction: that of one GEMM over all groups' padded rows."""
     padded = math.ceil(rows / GROUPED_GEMM_TILE) * GROUPED_GEMM_TILE
     work = 2.0 * padded * n * k * groups
-    t = gemm_roofline(work, BF16_BYTES * groups * (rows * k + k * n + rows * n), device, dtype)
+    t = gemm_roofline(work, BF16_BYTES * groups * (rows * k + k * n + rows * n), device, dtype,
+                      padded * groups, n)
     if device.correction is not None:
         t *= device.correction.gemm(padded * groups, n, k, dtype)
     return t
@@ -173,12 +215,32 @@ class AttentionCall(NamedTuple):
     backward: bool  # the backward alone
 
 
-def attention_time(work: float, call: AttentionCall, device: Device) -> float:
-    """A flash-attention call of ``work`` FLOPs: compute-bound at the device's attention
-    efficiency of its 16-bit peak (FlashAttention-2 keeps the s x s scores on chip; Dao
-    2023), times the measured/analytic ratio the device's correction predicts for the
-    call, if it has one. The surrogate is fitted on this same function (uncorrected)."""
-    t = work / (device.peak_bf16_flops * device.attention_efficiency)
+def attention_efficiency(device: Device, kernel: AttentionKernel, backward: bool,
+                         seq: float) -> float:
+    """Fraction of the 16-bit peak a flash-attention kernel reaches: the device's rate for
+    the kernel generation (Hopper-class fused attention where the device has one, else
+    FlashAttention-2) and direction, ramped by query length q / (q + q_half): short
+    sequences leave the tiles' pipelines half full (Dao 2023, Fig. 4-7; Shah et al. 2024,
+    Fig. 5-6)."""
+    if kernel is AttentionKernel.FLASH3 and device.attention_fa3_efficiency is not None:
+        eff = (device.attention_fa3_backward_efficiency or device.attention_fa3_efficiency
+               if backward else device.attention_fa3_efficiency)
+    else:
+        eff = (device.attention_backward_efficiency or device.attention_efficiency
+               if backward else device.attention_efficiency)
+    if device.attention_seq_half:
+        eff *= seq / (seq + device.attention_seq_half)
+    return eff
+
+
+def attention_time(work: float, call: AttentionCall, device: Device,
+                   kernel: AttentionKernel = AttentionKernel.FLASH2) -> float:
+    """A flash-attention call of ``work`` FLOPs: compute-bound at the kernel's efficiency
+    of the 16-bit peak (FlashAttention keeps the s x s scores on chip; Dao 2023), times
+    the measured/analytic ratio the device's correction predicts for the call, if it has
+    one. The surrogate is fitted on this same function (uncorrected)."""
+    eff = attention_efficiency(device, kernel, call.backward, call.seq)
+    t = work / (device.peak_bf16_flops * eff)
     if device.correction is not None:
         t *= device.correction.attention(*call)
     return t
@@ -204,10 +266,41 @@ def attention_core_time(model: Model, shard: Shard, device: Device) -> tuple[flo
     square). FlashAttention-2's backward runs 5 GEMMs against the forward's 2
     (Dao 2023, Algorithm 2), so backward = 2.5 x forward.
     """
+    if shard.attention_kernel is AttentionKernel.UNFUSED:
+        return unfused_attention_time(model, shard, device)
     per_token = flops.attention_core_flops_per_token(model, shard.seq_len) / shard.tp
     fwd_flops = per_token * shard.tokens
-    return (attention_time(fwd_flops, attention_call(model, shard, False), device),
-            attention_time(2.5 * fwd_flops, attention_call(model, shard, True), device))
+    kernel = shard.attention_kernel
+    return (attention_time(fwd_flops, attention_call(model, shard, False), device, kernel),
+            attention_time(2.5 * fwd_flops, attention_call(model, shard, True), device, kernel))
+
+
+def unfused_attention_time(model: Model, shard: Shard, device: Device) -> tuple[float, float]:
+    """(forward, backward) seconds of attention without a fused kernel (Megatron-LM's
+    CoreAttention before FlashAttention): QK^T and AV as batched GEMMs over the full
+    s x s square (the causal mask is applied afterwards), and a fused scale-mask-softmax
+    kernel that writes the scores to HBM and reads them back, then dropout on the
+    probabilities (Shoeybi et al. 2019; Korthikanti et al. 2022, Sec. 4.1). Backward:
+    two GEMMs per forward GEMM, and the softmax and dropout gradients."""
+    call = attention_call(model, shard, False)
+    bh, s, d = call.batch_heads, call.seq, call.head_dim
+    dv = model.v_channels
+    scores = bh * s * s  # elements of the s x s square per call
+    qk = gemm_roofline(2.0 * scores * d, BF16_BYTES * (2 * bh * s * d + scores), device,
+                       shard.dtype, bh * s, s)
+    av = gemm_roofline(2.0 * scores * dv, BF16_BYTES * (scores + 2 * bh * s * dv), device,
+                       shard.dtype, bh * s, dv)
+    # softmax reads and writes the scores; dropout reads, writes and stores a 1-byte mask
+    soft_bytes = scores * BF16_BYTES * 2 + (scores * (BF16_BYTES * 2 + 1) if model.dropout else 0)
+    hbm = device.hbm_Bps * device.hbm_efficiency
+    calls = shard.cp if shard.cp > 1 and shard.cp_ring else 1  # ring: one per step
+    fwd = calls * (qk + av + soft_bytes / hbm)
+    # softmax backward reads probabilities and their grad, writes the score grad
+    soft_b = scores * BF16_BYTES * 3 + (scores * (BF16_BYTES * 2 + 1) if model.dropout else 0)
+    bwd = calls * (2 * qk + 2 * av + soft_b / hbm)
+    if shard.cp > 1 and shard.cp_ring:  # causal ring: half the steps skip masked blocks
+        fwd, bwd = fwd * (shard.cp + 1) / (2 * shard.cp), bwd * (shard.cp + 1) / (2 * shard.cp)
+    return fwd, bwd
 
 
 def ring_correction_bytes(model: Model, shard: Shard) -> float:
@@ -258,13 +351,30 @@ def layer_times(model: Model, shard: Shard, device: Device, moe: bool = False) -
         attn_fwd, attn_bwd = attn_fwd + merge, attn_bwd + 2 * merge
     # backward of an elementwise op reads the saved input and the output grad and
     # writes the input grad: about twice the forward traffic
-    return LayerTimes(
-        forward=gemm_fwd + attn_fwd + elem_fwd,
-        backward_input=gemm_fwd + attn_bwd + 2 * elem_fwd,  # dgrad GEMMs match forward shapes
-        backward_weight=gemm_fwd,  # wgrad GEMMs: same FLOPs, transposed shapes
-        attention_forward=attn_fwd,
-        attention_backward=attn_bwd,
-    )
+    forward = gemm_fwd + attn_fwd + elem_fwd
+    backward_input = gemm_fwd + attn_bwd + 2 * elem_fwd  # dgrad GEMMs match forward shapes
+    backward_weight = gemm_fwd  # wgrad GEMMs: same FLOPs, transposed shapes
+    if shard.layer_kernels:
+        forward, backward_input, backward_weight = _fixed_costs(
+            shard, device, forward, backward_input, backward_weight)
+    return LayerTimes(forward=forward, backward_input=backward_input,
+                      backward_weight=backward_weight, attention_forward=attn_fwd,
+                      attention_backward=attn_bwd)
+
+
+def _fixed_costs(shard: Shard, device: Device, forward: float, backward_input: float,
+                 backward_weight: float) -> tuple[float, float, float]:
+    """A layer's passes with their fixed costs: each kernel's GPU-side gap (launch
+    latency, ramp-up and tail), and the host's dispatch as a floor - a pass cannot finish
+    before the host has launched its kernels (eager PyTorch runs ahead of the GPU only
+    while kernels outlast their launch). The backward launches twice the forward's
+    kernels (input and weight gradients), split between B and W by their GPU time."""
+    k = shard.layer_kernels
+    forward = max(forward + k * device.kernel_gap_s, k * shard.host_kernel_s)
+    gpu_b = backward_input + backward_weight + 2 * k * device.kernel_gap_s
+    total_b = max(gpu_b, 2 * k * shard.host_kernel_s)
+    scale = total_b / (backward_input + backward_weight)
+    return forward, backward_input * scale, backward_weight * scale
 
 
 def logits_times(model: Model, shard: Shard, device: Device) -> tuple[float, float, float]:

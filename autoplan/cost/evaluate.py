@@ -39,12 +39,15 @@ def evaluate(plan: Plan) -> Prediction:
     dp_exposed = dp.grad_sync_exposed(plan, mesh.groups(plan), works, sim.makespan, sim.finish)
     optimizer = dp.optimizer_seconds(plan, works)
     step = sim.makespan + dp_exposed + optimizer
+    overhead = dp.step_overhead(plan)
 
     per_stage = tuple(stage_memory(plan, s, w, sim.peak_inflight[s]) for s, w in enumerate(works))
     worst = max(range(lay.pp), key=lambda s: (per_stage[s].peak, -s))
     capacity = plan.cluster.device.mem_bytes
     feasible = per_stage[worst].peak <= capacity
     reason = "" if feasible else memory_shortfall(plan, worst, per_stage[worst], capacity)
+    overhead += dp.memory_pressure(step, per_stage[worst].peak, capacity)
+    step += overhead
 
     crit = max(range(lay.pp), key=lambda s: (sim.busy[s], -s))
     w = works[crit]
@@ -61,6 +64,7 @@ def evaluate(plan: Plan) -> Prediction:
         # idle time of the critical stage; exactly 0 without a pipeline (no float residue)
         bubble=max(0.0, sim.makespan - sim.busy[crit]) if lay.pp > 1 else 0.0,
         optimizer=optimizer,
+        overhead=overhead,
     )
     gpus = lay.gpus
     peak = plan.cluster.device.peak_flops(plan.job.dtype)

@@ -87,12 +87,14 @@ class StageWork:
 
 
 def shard_of(plan: Plan) -> Shard:
-    lay = plan.layout
+    lay, stack = plan.layout, plan.stack
     moe = plan.model.is_moe
     return Shard(plan.micro_batch, plan.job.seq_len, lay.tp, lay.cp, plan.sequence_parallel,
                  plan.job.dtype, ep=lay.ep if moe else 1, etp=lay.etp if moe else 1,
                  expert_load=ep.expert_load(plan) if moe else 1.0,
-                 cp_ring=plan.cp_comm is CpComm.RING)
+                 cp_ring=plan.cp_comm is CpComm.RING, attention_kernel=stack.attention,
+                 layer_kernels=stack.layer_kernels,
+                 host_kernel_s=0.0 if stack.cuda_graphs else stack.host_kernel_s)
 
 
 @lru_cache(maxsize=16384)
@@ -270,7 +272,7 @@ def _stage(plan: Plan, first: bool, last: bool, layers: int, dense: int, sends_f
         recompute = dense_n * lt.attention_forward + moe_n * lt_moe.attention_forward
     params, expert_params = stage_state_params(model, lay, first, last, layers, dense)
     zero3_f, zero3_b = dp.zero3_exposed(plan, groups, params, expert_params, compute_f,
-                                        compute_b, compute_w)
+                                        compute_b, compute_w, n)
     axis_comm = AxisComm(((tp_f, tp_b), (cp_f, cp_b), (ep_f, ep_b),
                           (sends_f * pp_send, sends_b * pp_send), (zero3_f, zero3_b)))
     return StageWork(

@@ -25,6 +25,7 @@ DEFAULT_ATTENTION_EFFICIENCY = 0.55  # FlashAttention-2 fwd+bwd: ~50-70% of peak
 DEFAULT_HBM_EFFICIENCY = 0.80  # STREAM-like kernels reach ~80% of datasheet HBM bandwidth
 DEFAULT_RESERVE_GIB = 3.0  # CUDA context + NCCL buffers + allocator fragmentation
 DEFAULT_LINK_EFFICIENCY = 0.80  # NCCL bus bandwidth / link bandwidth on large messages
+DEFAULT_KERNEL_GAP_US = 0.0  # GPU time between back-to-back kernels (device files set theirs)
 
 
 class Correction(Protocol):
@@ -65,13 +66,25 @@ class Device:
     attention_efficiency: float = DEFAULT_ATTENTION_EFFICIENCY
     hbm_efficiency: float = DEFAULT_HBM_EFFICIENCY
     reserve_bytes: float = DEFAULT_RESERVE_GIB * GiB
+    # kernel physics (compute.py): streaming multiprocessors (0: no wave quantization);
+    # fp8 GEMMs' own large-GEMM efficiency (None: gemm_efficiency); flash attention's
+    # backward and the Hopper-class kernel's rates (None: the forward's, flash2's);
+    # the query length at which attention reaches half its long-sequence rate; and the
+    # GPU-side gap every kernel pays (launch latency, ramp-up and tail)
+    sms: int = 0
+    gemm_fp8_efficiency: float | None = None
+    attention_backward_efficiency: float | None = None
+    attention_fa3_efficiency: float | None = None
+    attention_fa3_backward_efficiency: float | None = None
+    attention_seq_half: float = 0.0
+    kernel_gap_s: float = DEFAULT_KERNEL_GAP_US * 1e-6
     # measured/analytic ratios from a profile (autoplan.measured.surrogate.calibrate); not in
     # the descriptor file, and not written by to_dict
     correction: Correction | None = None
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _cache_hash(self)
+        cache_hash(self)
 
     def __hash__(self) -> int:
         return self._hash
@@ -84,6 +97,12 @@ class Device:
         if self.peak_fp8_flops is None:
             raise AutoplanError(f"device {self.name} has no fp8 peak (peak_tflops.fp8)")
         return self.peak_fp8_flops
+
+    def gemm_peak_efficiency(self, dtype: Dtype) -> float:
+        """Large-GEMM fraction of the dtype's peak (fp8 has its own curve)."""
+        if dtype is Dtype.FP8 and self.gemm_fp8_efficiency is not None:
+            return self.gemm_fp8_efficiency
+        return self.gemm_efficiency
 
     def supports(self, dtype: Dtype) -> bool:
         return dtype is not Dtype.FP8 or self.peak_fp8_flops is not None
@@ -107,8 +126,20 @@ class Device:
                 "gemm_half_gflop": self.gemm_half_flop / 1e9,
                 "attention": self.attention_efficiency,
                 "hbm": self.hbm_efficiency,
+                **_optional({"gemm_fp8": self.gemm_fp8_efficiency,
+                             "attention_backward": self.attention_backward_efficiency,
+                             "attention_fa3": self.attention_fa3_efficiency,
+                             "attention_fa3_backward": self.attention_fa3_backward_efficiency,
+                             "attention_seq_half": self.attention_seq_half or None}),
             },
+            **_optional({"sms": self.sms or None,
+                         "kernel_gap_us": self.kernel_gap_s * 1e6 or None}),
         }
+
+
+def _optional(values: dict[str, Any]) -> dict[str, Any]:
+    """The entries that are set (device files written back stay as short as they were read)."""
+    return {k: v for k, v in values.items() if v is not None}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,19 +147,25 @@ class Link:
     """A fabric as one GPU sees it: per-GPU, per-direction bandwidth and latency."""
 
     bandwidth_Bps: float
-    latency_s: float
+    latency_s: float  # per ring step, NCCL's Simple protocol
     efficiency: float = DEFAULT_LINK_EFFICIENCY
+    # collectives pick the fastest of NCCL's LL / LL128 / Simple protocols (cost/comm.py);
+    # False: one alpha-beta protocol (a link fitted on a measured profile already is one)
+    nccl_protocols: bool = True
 
     @property
     def effective_Bps(self) -> float:
         return self.bandwidth_Bps * self.efficiency
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "bandwidth_GBps": self.bandwidth_Bps / GB,
             "latency_us": self.latency_s * 1e6,
             "efficiency": self.efficiency,
         }
+        if not self.nccl_protocols:
+            out["nccl_protocols"] = False
+        return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,7 +182,7 @@ class Cluster:
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _cache_hash(self)
+        cache_hash(self)
 
     def __hash__(self) -> int:
         return self._hash
@@ -183,7 +220,14 @@ def read_device(f: Fields) -> Device | None:
     half = eff.float("gemm_half_gflop", DEFAULT_GEMM_HALF_GFLOP, min=0.0)
     attn = eff.float("attention", DEFAULT_ATTENTION_EFFICIENCY, min=0.01, max=1.0)
     hbm_eff = eff.float("hbm", DEFAULT_HBM_EFFICIENCY, min=0.01, max=1.0)
+    fp8_eff = eff.float("gemm_fp8", None, min=0.01, max=1.0)
+    attn_b = eff.float("attention_backward", None, min=0.01, max=1.0)
+    fa3 = eff.float("attention_fa3", None, min=0.01, max=1.0)
+    fa3_b = eff.float("attention_fa3_backward", None, min=0.01, max=1.0)
+    seq_half = eff.float("attention_seq_half", 0.0, min=0.0, max=1e7)
     eff.close()
+    sms = f.int("sms", 0, min=0, max=100_000)
+    gap = f.float("kernel_gap_us", DEFAULT_KERNEL_GAP_US, min=0.0, max=1e4)
     f.close()
     if len(f.problems) > before:
         return None
@@ -200,6 +244,13 @@ def read_device(f: Fields) -> Device | None:
         attention_efficiency=attn,
         hbm_efficiency=hbm_eff,
         reserve_bytes=reserve * GiB,
+        sms=sms,
+        gemm_fp8_efficiency=fp8_eff,
+        attention_backward_efficiency=attn_b,
+        attention_fa3_efficiency=fa3,
+        attention_fa3_backward_efficiency=fa3_b,
+        attention_seq_half=seq_half,
+        kernel_gap_s=gap * 1e-6,
     )
 
 
@@ -208,10 +259,12 @@ def read_link(f: Fields) -> Link | None:
     bandwidth = f.float("bandwidth_GBps", positive=True)
     latency = f.float("latency_us", min=0.0)
     efficiency = f.float("efficiency", DEFAULT_LINK_EFFICIENCY, min=0.01, max=1.0)
+    protocols = f.bool("nccl_protocols", True)
     f.close()
     if len(f.problems) > before:
         return None
-    return Link(bandwidth_Bps=bandwidth * GB, latency_s=latency * 1e-6, efficiency=efficiency)
+    return Link(bandwidth_Bps=bandwidth * GB, latency_s=latency * 1e-6, efficiency=efficiency,
+                nccl_protocols=protocols)
 
 
 def read_cluster(f: Fields, device: Device | None) -> Cluster | None:
@@ -242,7 +295,7 @@ def read_cluster(f: Fields, device: Device | None) -> Cluster | None:
     )
 
 
-def _cache_hash(obj: object) -> None:
+def cache_hash(obj: object) -> None:
     """Frozen descriptors are hashed on every memoized cost lookup: hash them once."""
     values = tuple(getattr(obj, f.name) for f in dataclasses.fields(obj) if f.compare)  # type: ignore[arg-type]
     object.__setattr__(obj, "_hash", hash(values))

@@ -12,6 +12,7 @@ from typing import Any
 
 from autoplan.descriptors.hardware import Cluster, Device, read_cluster, read_device
 from autoplan.descriptors.model import Model, read_model
+from autoplan.descriptors.stack import DEFAULT_STACK, Stack, read_stack
 from autoplan.descriptors.strict import Fields, read_yaml
 from autoplan.errors import InputError, Problem
 from autoplan.resources import profiles_dir
@@ -19,13 +20,13 @@ from autoplan.resources import profiles_dir
 
 @cache
 def _index() -> dict[str, dict[str, Path]]:
-    """Built-in files by kind ("model", "device", "cluster") and name."""
-    found: dict[str, dict[str, Path]] = {"model": {}, "device": {}, "cluster": {}}
-    for sub in ("models", "hardware"):
+    """Built-in files by kind ("model", "device", "cluster", "stack") and name."""
+    found: dict[str, dict[str, Path]] = {"model": {}, "device": {}, "cluster": {}, "stack": {}}
+    for sub in ("models", "hardware", "stacks"):
         for path in sorted((profiles_dir() / sub).glob("*.yaml")):
             data = read_yaml(path)
             kind = next(iter(data)) if isinstance(data, Mapping) and len(data) == 1 else None
-            assert kind in found, f"{path}: expected one top-level key model/device/cluster"
+            assert kind in found, f"{path}: expected one top-level key model/device/cluster/stack"
             found[kind][path.stem] = path
     return found
 
@@ -175,3 +176,40 @@ def builtin_cluster_matches(cluster: Cluster) -> bool:
     if cluster.name not in _index()["cluster"]:
         return False
     return dataclasses.replace(resolve_cluster(cluster.name), nodes=cluster.nodes) == cluster
+
+
+@cache
+def _builtin_stack(name: str) -> Stack:
+    return resolve_stack(name, "stack", "stack")
+
+
+def default_stack() -> Stack:
+    """The stack a plan that names none runs on (Megatron-Core with Transformer Engine)."""
+    return _builtin_stack(DEFAULT_STACK)
+
+
+def builtin_stack(name: str) -> Stack:
+    """A built-in stack by name, loaded once."""
+    return _builtin_stack(name)
+
+
+def resolve_stack(ref: Any, source: str = "--stack", field: str = "stack") -> Stack:
+    """A built-in stack name, a stack file, or a mapping."""
+    problems: list[Problem] = []
+    if isinstance(ref, Mapping):
+        stack = read_stack(Fields(ref, source, field, problems))
+    elif isinstance(ref, str):
+        if not _looks_like_path(ref) and ref in _index()["stack"] and source != "stack":
+            return _builtin_stack(ref)
+        data, label = _document(ref, "stack", source, field)
+        stack = read_stack(Fields(_section(data, "stack", label), label, "stack", problems))
+    else:
+        raise InputError.single(source, field, f"expected a stack name, path or mapping, got {ref!r}")
+    _raise_if(problems)
+    assert stack is not None
+    return stack
+
+
+def builtin_stack_matches(stack: Stack) -> bool:
+    """True when ``stack`` is exactly the built-in of its name (so a plan can name it)."""
+    return stack.name in _index()["stack"] and _builtin_stack(stack.name) == stack

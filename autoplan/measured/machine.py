@@ -104,7 +104,7 @@ def describe_machine(profile: Profile, *, name: str, ranks_per_node: int, mem_by
                     peak_fp8_flops=None, mem_bytes=mem_bytes, hbm_Bps=hbm,
                     gemm_efficiency=1.0, gemm_half_flop=half, attention_efficiency=max(attention, 0.01),
                     hbm_efficiency=1.0, reserve_bytes=0.0)
-    link = Link(bandwidth_Bps=bandwidth, latency_s=latency, efficiency=1.0)
+    link = Link(bandwidth_Bps=bandwidth, latency_s=latency, efficiency=1.0, nccl_protocols=False)
     return Cluster(name=name, device=device, gpus_per_node=ranks_per_node,
                    nvlink_domain=ranks_per_node, intra_node=link, inter_node=link, nodes=1)
 

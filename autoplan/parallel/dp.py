@@ -90,12 +90,21 @@ def zero3_buffer_bytes(largest_layer_params: float) -> float:
 
 # ----------------------------------------------------------------------------- communication
 
+def overlapped(comm_s: float, compute_s: float, slowdown: float) -> float:
+    """Seconds a collective adds to the compute it runs behind: what sticks out, plus the
+    compute slowed while both run (NCCL's kernels hold SMs: one CTA per channel)."""
+    return max(0.0, comm_s - compute_s) + slowdown * min(comm_s, compute_s)
+
+
 def zero3_exposed(plan: Plan, groups: dict[Axis, comm.Group], params: float,
                   expert_params: float, forward: float, backward_input: float,
-                  backward_weight: float) -> tuple[float, float]:
+                  backward_weight: float, layers: int = 1) -> tuple[float, float]:
     """ZeRO-3 per microbatch, (forward, backward) exposed: the parameter all-gather
-    before forward, again before backward with the gradient reduce-scatter after it,
-    each hidden behind that pass's compute (FSDP prefetch)."""
+    before forward, again before backward with the gradient reduce-scatter after it.
+    FSDP and ZeRO-3 gather one layer ahead (FSDP's forward/backward prefetch; DeepSpeed's
+    stage-3 prefetch bucket), so each pass waits for its first layer's gather, and the
+    rest hide behind the layers' compute, slowed while they share the SMs; the gathers
+    and reduce-scatters of a pass share one link. All per layer, ``layers`` of them."""
     if plan.zero is not ZeroStage.PARAMETERS or groups[Axis.DP].size <= 1:
         return 0.0, 0.0
     gather = comm.all_gather(params * BF16_BYTES, groups[Axis.DP])
@@ -104,8 +113,10 @@ def zero3_exposed(plan: Plan, groups: dict[Axis, comm.Group], params: float,
         gather += comm.all_gather(expert_params * BF16_BYTES, groups[Axis.EDP])
         scatter += comm.reduce_scatter(expert_params * grad_bytes(plan.job.dtype),
                                        groups[Axis.EDP])
-    return (max(0.0, gather - forward),
-            max(0.0, gather + scatter - backward_input - backward_weight))
+    slow = plan.stack.comm_compute_slowdown
+    first = gather / max(1, layers)  # the first layer's gather, before any compute
+    return (first + overlapped(gather, forward, slow),
+            first + overlapped(gather + scatter, backward_input + backward_weight, slow))
 
 
 def grad_sync_exposed(plan: Plan, groups: dict[Axis, comm.Group], works: Sequence[StageShare],
@@ -115,6 +126,8 @@ def grad_sync_exposed(plan: Plan, groups: dict[Axis, comm.Group], works: Sequenc
     The reduction of a stage overlaps its last backward and the time until the
     whole pipeline drains (Megatron-LM --overlap-grad-reduce); the parameter
     all-gather overlaps the next step's first forward (--overlap-param-gather).
+    A stack that does not overlap them (``Stack.overlap_grad_reduce`` /
+    ``overlap_param_gather``) runs them after the pipeline, exposed.
     """
     if plan.zero is ZeroStage.PARAMETERS:
         return 0.0  # ZeRO-3 communicates per microbatch, inside the stage times
@@ -131,10 +144,42 @@ def grad_sync_exposed(plan: Plan, groups: dict[Axis, comm.Group], works: Sequenc
             else:
                 reduce_s += comm.reduce_scatter(grads, group)
                 gather_s += comm.all_gather(params * BF16_BYTES, group)
-        window = makespan - end + work.backward / plan.layout.vpp
-        exposed = max(exposed, max(0.0, reduce_s - window)
-                      + max(0.0, gather_s - work.forward / plan.layout.vpp))
+        stack = plan.stack
+        slow = stack.comm_compute_slowdown
+        if stack.overlap_grad_reduce:  # the last backward computes beside it, the drain idles
+            last_b = work.backward / plan.layout.vpp
+            drain = makespan - end
+            reduce_s = max(0.0, reduce_s - drain - last_b) + slow * min(reduce_s, last_b)
+        if stack.overlap_param_gather:
+            gather_s = overlapped(gather_s, work.forward / plan.layout.vpp, slow)
+        exposed = max(exposed, reduce_s + gather_s)
     return exposed
+
+
+def step_overhead(plan: Plan) -> float:
+    """The stack's fixed cost per step outside the layers: optimizer kernel launches, the
+    gradient-norm and loss syncs, logging (``Stack.step_overhead_s``)."""
+    return plan.stack.step_overhead_s
+
+
+# Allocator pressure near capacity. PyTorch's caching allocator, when a request finds no
+# cached block, frees its cache (synchronizing the device) and retries cudaMalloc
+# (torch.cuda.memory_stats "num_alloc_retries"; PyTorch docs "CUDA semantics: memory
+# management" warn that frequent retries slow training and suggest expandable_segments).
+# How much is not documented: this model charges nothing below PRESSURE_START of the
+# device's memory and up to PRESSURE_MAX of the step at 100%, quadratically between (an
+# assumption, stated in docs/ACCURACY.md), so a plan at 98% ranks below one at 70%.
+PRESSURE_START = 0.90
+PRESSURE_MAX = 0.10
+
+
+def memory_pressure(step_s: float, peak_bytes: float, capacity_bytes: float) -> float:
+    """Seconds the allocator's retries add to a step at ``peak_bytes`` of ``capacity_bytes``."""
+    used = peak_bytes / capacity_bytes
+    if used <= PRESSURE_START:
+        return 0.0
+    x = min(1.0, (used - PRESSURE_START) / (1.0 - PRESSURE_START))
+    return step_s * PRESSURE_MAX * x * x
 
 
 def optimizer_seconds(plan: Plan, works: Sequence[StageShare]) -> float:

@@ -172,7 +172,7 @@ class _Search:
 
     def _probe(self, lay: Layout, mbs: int = 1, sp: bool = False) -> Plan:
         """A plan of the layout whose later choices are not read by the rules asked."""
-        return Plan(model=self.model, cluster=self.cluster, job=self.job, layout=lay,
+        return Plan(model=self.model, cluster=self.cluster, job=self.job, stack=self.space.stack, layout=lay,
                     micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.NONE,
                     zero=ZeroStage.NONE, sequence_parallel=sp)
 
@@ -215,7 +215,7 @@ class _Search:
                             # the group's member without the ring's merges (all-to-all
                             # where allowed): its time less all CP communication bounds
                             # every exchange
-                            plan = Plan(model=self.model, cluster=self.cluster, job=self.job,
+                            plan = Plan(model=self.model, cluster=self.cluster, job=self.job, stack=self.space.stack,
                                         layout=base, micro_batch=mbs,
                                         schedule=Schedule.ONE_F_ONE_B, recompute=rc,
                                         zero=zero, sequence_parallel=sp, cp_comm=cps[-1])
@@ -226,7 +226,7 @@ class _Search:
         """Weights, grads and optimizer states of the fullest stage (no activations) plus
         the reserve already exceed the device: no micro-batch or recompute can help.
         Such a candidate still counts for the 'smallest plan needs ...' message."""
-        plan = Plan(model=self.model, cluster=self.cluster, job=self.job, layout=lay,
+        plan = Plan(model=self.model, cluster=self.cluster, job=self.job, stack=self.space.stack, layout=lay,
                     micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.FULL,
                     zero=zero, sequence_parallel=sp)
         layers, dense = plan.stage_layers, dense_per_stage(plan)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import difflib
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autoplan.descriptors.library import default_stack, resolve_stack
+from autoplan.descriptors.stack import DEFAULT_STACK, SPACE_STACKS, Stack
 from autoplan.descriptors.strict import Fields, read_yaml
 from autoplan.errors import InputError, Problem
 from autoplan.resources import searchspace_dir
@@ -45,6 +47,9 @@ class SearchSpace:
     ep_max: int = 1  # expert parallel degree (mixture-of-experts models only)
     etp: tuple[str, ...] = ("tp",)  # expert tensor parallel: "1" (experts unsplit) and/or "tp"
     cp_comm: tuple[CpComm, ...] = (CpComm.RING,)  # context-parallel exchanges tried where cp > 1
+    # the software the plans run on: the space's launcher implies it (SPACE_STACKS), a
+    # space file, job file or --stack may name another
+    stack: Stack = field(default_factory=default_stack)
 
 
 def _choices(f: Fields, key: str, kind: Any) -> tuple:
@@ -84,6 +89,12 @@ def read_space(data: Any, source: str) -> SearchSpace:
     ep_max = f.int("ep_max", 1, min=1)
     etp = _etp_choices(f)
     cp_comm = _choices(f, "cp_comm", CpComm) if f.has("cp_comm") else (CpComm.RING,)
+    stack = default_stack()
+    try:
+        stack = resolve_stack(f.raw("stack", SPACE_STACKS.get(name, DEFAULT_STACK)), source,
+                              f.key_path("stack"))
+    except InputError as exc:
+        problems.extend(exc.problems)
     f.close()
     if problems:
         raise InputError(problems)
@@ -94,7 +105,7 @@ def read_space(data: Any, source: str) -> SearchSpace:
         recompute=tuple(r for r in Recompute if r in recompute),
         zero=tuple(z for z in ZeroStage if z in zero), zero_max_with_pp=zero_pp,
         sequence_parallel=tuple(sorted(sp, reverse=True)), stage_shape=shape,
-        ep_max=ep_max, etp=etp, cp_comm=tuple(c for c in CpComm if c in cp_comm),
+        ep_max=ep_max, etp=etp, cp_comm=tuple(c for c in CpComm if c in cp_comm), stack=stack,
     )
 
 

@@ -13,6 +13,7 @@ from autoplan.cost.bounds import (
     cost_key,
     optimizer_seconds,
     stage_memory,
+    step_overhead,
     stage_work,
     stage_work_for,
 )
@@ -198,7 +199,7 @@ def split_bound_with_memory(plan: Plan, problem: PartitionProblem) -> float | No
 def _bound(plan: Plan, works: tuple[StageWork, ...], bottleneck: float) -> float:
     params = [w.params for w in works]
     optimizer = optimizer_seconds(plan, works) * (sum(params) / len(params)) / max(params)
-    return plan.num_microbatches * bottleneck + optimizer
+    return plan.num_microbatches * bottleneck + optimizer + step_overhead(plan)
 
 
 @lru_cache(maxsize=4096)

@@ -1,4 +1,6 @@
-"""Collective costs against the ring formulas (Thakur et al. 2005) worked by hand."""
+"""Collective costs against the ring formulas (Thakur et al. 2005) and NCCL's protocol
+model (src/graph/tuning.cc: base latency per call, per-step latency and bandwidth share
+per protocol, the fastest protocol wins), worked by hand."""
 
 from __future__ import annotations
 
@@ -11,13 +13,15 @@ from autoplan.descriptors.library import resolve_cluster, with_gpus
 
 CLUSTER = with_gpus(resolve_cluster("dgx-h100"), 64)
 INTRA, INTER = CLUSTER.intra_node, CLUSTER.inter_node
+SIMPLE_BASE = 8.4e-6  # NCCL baseLat[Ring][Simple]
+LL_BASE = 6.6e-6  # NCCL baseLat[Ring][LL]
 
 
-def test_all_reduce_inside_a_node_is_the_ring_formula():
+def test_a_large_all_reduce_inside_a_node_is_the_ring_formula_with_simple_protocol():
     g = comm.place_group(CLUSTER, 8, 1)
     assert g.domains == 1
     m = 1e9
-    expected = 2 * 7 / 8 * m / INTRA.effective_Bps + 2 * 7 * INTRA.latency_s
+    expected = SIMPLE_BASE + 2 * 7 / 8 * m / INTRA.effective_Bps + 2 * 7 * INTRA.latency_s
     assert comm.all_reduce(m, g) == pytest.approx(expected)
 
 
@@ -28,15 +32,15 @@ def test_group_spanning_nodes_reduces_inside_first_and_crosses_with_all_nics():
     m = 1e9
     inner = 3 * INTRA.latency_s + 3 / 4 * m / INTRA.effective_Bps
     outer = 3 * INTER.latency_s + 3 / 4 * (m / 4) / INTER.effective_Bps
-    assert comm.reduce_scatter(m, g) == pytest.approx(inner + outer)
-    assert comm.all_reduce(m, g) == pytest.approx(2 * (inner + outer))
+    assert comm.reduce_scatter(m, g) == pytest.approx(SIMPLE_BASE + inner + outer)
+    assert comm.all_reduce(m, g) == pytest.approx(SIMPLE_BASE + 2 * (inner + outer))
 
 
 def test_group_with_stride_of_a_node_crosses_the_network_on_one_nic_each():
     g = comm.place_group(CLUSTER, 8, 8)
     assert (g.per_domain, g.domains) == (1, 8)
     m = 1e8
-    expected = 2 * (7 * INTER.latency_s + 7 / 8 * m / INTER.effective_Bps)
+    expected = SIMPLE_BASE + 2 * (7 * INTER.latency_s + 7 / 8 * m / INTER.effective_Bps)
     assert comm.all_reduce(m, g) == pytest.approx(expected)
 
 
@@ -46,16 +50,47 @@ def test_a_72_gpu_nvlink_domain_keeps_larger_groups_on_nvlink():
     assert comm.place_group(nvl, 16, 8).domains == 2
 
 
-def test_many_small_collectives_pay_their_latency_each():
+def test_a_tiny_all_reduce_runs_the_low_latency_protocol():
+    """8 bytes over 8 NVLink ranks: LL's per-step latency is 0.6/3.4 of Simple's (NCCL's
+    hwLat on NVLink), so LL wins: 6.6 us + 14 steps x 0.6/3.4 x 3 us (+ a few bytes)."""
     g = comm.place_group(CLUSTER, 8, 1)
     tiny = comm.all_reduce(8, g)
-    assert tiny == pytest.approx(2 * 7 * INTRA.latency_s, rel=1e-3)
+    ll = LL_BASE + 2 * 7 * INTRA.latency_s * 0.6 / 3.4
+    assert tiny == pytest.approx(ll, rel=1e-3)
+    assert tiny < SIMPLE_BASE + 2 * 7 * INTRA.latency_s
+
+
+def test_the_protocol_switches_where_the_bandwidth_term_outweighs_the_latency_saved():
+    """The cost is the minimum over protocols: continuous in the size, and every protocol
+    bounds it from above."""
+    g = comm.place_group(CLUSTER, 8, 1)
+    sizes = [2.0 ** k for k in range(3, 34)]
+    times = [comm.all_reduce(m, g) for m in sizes]
+    assert times == sorted(times)
+    m = 2.0 ** 20
+    for _, base, nvl, _, share in comm.PROTOCOLS:
+        own = base + 2 * (7 * INTRA.latency_s * nvl + 7 / 8 * m / (INTRA.effective_Bps * share))
+        assert comm.all_reduce(m, g) <= own * (1 + 1e-12)
+
+
+def test_many_small_collectives_pay_their_latency_each():
+    g = comm.place_group(CLUSTER, 8, 1)
+    assert 100 * comm.all_reduce(8, g) == pytest.approx(100 * (LL_BASE + 14 * 3e-6 * 0.6 / 3.4),
+                                                        rel=1e-3)
+    assert 100 * comm.all_reduce(8, g) > comm.all_reduce(800, g)
 
 
 def test_link_efficiency_scales_only_the_bandwidth_term():
     slow = dataclasses.replace(INTRA, efficiency=INTRA.efficiency / 2)
     fast_g = comm.Group(8, 8, INTRA, INTER)
     slow_g = comm.Group(8, 8, slow, INTER)
-    m = 1e9
-    lat = 2 * 7 * INTRA.latency_s
+    m = 1e9  # Simple protocol at this size
+    lat = SIMPLE_BASE + 2 * 7 * INTRA.latency_s
     assert comm.all_reduce(m, slow_g) - lat == pytest.approx(2 * (comm.all_reduce(m, fast_g) - lat))
+
+
+def test_a_link_without_nccl_protocols_is_plain_alpha_beta():
+    plain = dataclasses.replace(INTRA, nccl_protocols=False)
+    g = comm.Group(8, 8, plain, plain)
+    assert comm.all_reduce(8, g) == pytest.approx(2 * 7 * INTRA.latency_s + 2 * 7 / 8 * 8
+                                                  / INTRA.effective_Bps)

@@ -60,7 +60,11 @@ def test_gpipe_holds_more_activations_than_1f1b_for_the_same_time():
     one = evaluate(make_plan(schedule=Schedule.ONE_F_ONE_B, **kw))
     gp = evaluate(make_plan(schedule=Schedule.GPIPE, **kw))
     assert gp.memory.activations > 3 * one.memory.activations
-    assert gp.step_time_s == pytest.approx(one.step_time_s, rel=0.02)
+    # the same pipeline time; GPipe's fuller memory pays the allocator's pressure
+    assert gp.step_time_s - gp.breakdown.overhead == pytest.approx(
+        one.step_time_s - one.breakdown.overhead, rel=0.02)
+    assert gp.memory.peak / gp.capacity_bytes > 0.9
+    assert gp.breakdown.overhead > one.breakdown.overhead
 
 
 def test_interleaving_shrinks_the_bubble():

@@ -14,6 +14,7 @@ from autoplan.descriptors.library import (
     resolve_cluster,
     resolve_device,
     resolve_model,
+    resolve_stack,
     with_gpus,
 )
 from autoplan.descriptors.strict import Fields, parse_yaml, read_yaml
@@ -381,6 +382,8 @@ def test_every_profile_file_loads(path: Path) -> None:
         assert resolve_model(str(path)).name == path.stem
     elif kind == "device":
         assert resolve_device(str(path), "test", "device").name == path.stem
+    elif kind == "stack":
+        assert resolve_stack(str(path)).name == path.stem
     else:
         assert kind == "cluster"
         assert resolve_cluster(str(path)).name == path.stem

@@ -1,0 +1,104 @@
+"""The software stack a plan runs on: which kernels it launches, which communication it
+overlaps with compute, and the fixed host costs it pays. Hardware says how fast a kernel
+can run (``descriptors/hardware.py``); the stack says which kernels run and what sits
+between them. A search space implies its stack (``SPACE_STACKS``); a job or plan may
+name one (``stack: torchtitan-compiled``).
+
+Built-in stacks live in ``profiles/stacks/``. Their kernel choices and overlap flags are
+read from each framework's documented defaults (cited in the files); the host costs are
+fitted by ``benchmarks/accuracy.py --fit`` with leave-one-source-out cross-validation."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from autoplan.descriptors.strict import Fields
+
+
+class AttentionKernel(str, enum.Enum):
+    """The attention implementation a stack runs."""
+
+    FLASH2 = "flash2"
+    """FlashAttention-2 (Dao 2023): tiled, scores kept on chip."""
+    FLASH3 = "flash3"
+    """Hopper-class fused attention: FlashAttention-3 (Shah et al. 2024) or cuDNN's fused
+    attention through Transformer Engine. Devices without its rate fall back to flash2."""
+    UNFUSED = "unfused"
+    """QK^T and AV as batched GEMMs around a fused scale-mask-softmax kernel that reads and
+    writes the s x s scores in HBM (Megatron-LM before FlashAttention; Shoeybi et al. 2019)."""
+
+
+# the stack each search space implies (`--space`)
+SPACE_STACKS = {"megatron": "megatron-core", "torchtitan": "torchtitan", "deepspeed": "deepspeed",
+                "fsdp": "fsdp"}
+DEFAULT_STACK = "megatron-core"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stack:
+    """A training framework as the cost model sees it."""
+
+    name: str
+    summary: str = ""
+    attention: AttentionKernel = AttentionKernel.FLASH2
+    # kernels one transformer layer launches per microbatch, forward (backward launches
+    # twice as many: input and weight gradients). Fused stacks (Transformer Engine's
+    # LayerNormLinear / LayerNormMLP, fused bias-activation and bias-dropout-add) launch
+    # about half what an eager PyTorch block does.
+    layer_kernels: int = 14
+    cuda_graphs: bool = False  # the step is captured: no per-kernel host dispatch
+    host_kernel_s: float = 0.0  # host time to dispatch one kernel (eager PyTorch)
+    step_overhead_s: float = 0.0  # per step: optimizer launch, grad-norm sync, logging
+    overlap_grad_reduce: bool = True  # DP gradient reduction overlaps the backward
+    overlap_param_gather: bool = True  # ZeRO-1/2 parameter all-gather overlaps the forward
+    # compute slowed while NCCL kernels share the SMs (one CTA per channel; NCCL's
+    # default up to 32 channels out of ~100-140 SMs)
+    comm_compute_slowdown: float = 0.0
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        from autoplan.descriptors.hardware import cache_hash
+
+        cache_hash(self)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "summary": self.summary,
+            "attention": self.attention.value,
+            "layer_kernels": self.layer_kernels,
+            "cuda_graphs": self.cuda_graphs,
+            "host_kernel_us": self.host_kernel_s * 1e6,
+            "step_overhead_ms": self.step_overhead_s * 1e3,
+            "overlap": {"grad_reduce": self.overlap_grad_reduce,
+                        "param_gather": self.overlap_param_gather},
+            "comm_compute_slowdown": self.comm_compute_slowdown,
+        }
+
+
+def read_stack(f: Fields) -> Stack | None:
+    before = len(f.problems)
+    name = f.str("name")
+    summary = f.str("summary", "")
+    attention = f.enum("attention", AttentionKernel, AttentionKernel.FLASH2)
+    kernels = f.int("layer_kernels", 14, min=1, max=1000)
+    graphs = f.bool("cuda_graphs", False)
+    host = f.float("host_kernel_us", 0.0, min=0.0, max=1e4)
+    step = f.float("step_overhead_ms", 0.0, min=0.0, max=1e5)
+    ov = f.child("overlap", f.raw("overlap", {}))
+    grad = ov.bool("grad_reduce", True)
+    gather = ov.bool("param_gather", True)
+    ov.close()
+    slowdown = f.float("comm_compute_slowdown", 0.0, min=0.0, max=0.9)
+    f.close()
+    if len(f.problems) > before:
+        return None
+    return Stack(name=name, summary=summary, attention=attention, layer_kernels=kernels,
+                 cuda_graphs=graphs, host_kernel_s=host * 1e-6, step_overhead_s=step * 1e-3,
+                 overlap_grad_reduce=grad, overlap_param_gather=gather,
+                 comm_compute_slowdown=slowdown)
