@@ -1,23 +1,25 @@
-"""Predicted vs measured step time on published training runs.
+"""Predicted vs measured step time on published training runs, cross-validated.
 
-    python benchmarks/accuracy.py [--csv PATH] [--markdown | --fit [--fit-links]]
+    python benchmarks/accuracy.py [--csv PATH] [--markdown | --fit | --no-cv] [--verbose]
 
 Reads ``calibration_runs.csv`` (default: ``shared/data/calibration_runs.csv``
 beside the checkout, see its README), builds one autoplan Plan per row marked
-``validation_ready == yes`` from that row's columns alone, evaluates it and
-compares the predicted step time with the measured one, per source and overall.
+``validation_ready == yes`` from that row's columns alone (the software stack from
+its framework), evaluates it and compares the predicted step time with the measured
+one: MAPE and bias by source, device, dtype and stack, and per ranking group
+(same model, GPUs, batch and sequence) Spearman's rank correlation and the top-1
+regret.
 
-The built-in A100 and H100 device files carry efficiency constants that
-``--fit`` chose on these same rows, so the numbers printed are a *calibration* claim
-(how well a few physical constants can explain these runs), not a validation
-claim (how well autoplan predicts runs it has not seen).
+What is fitted on these rows is small: the stacks' host costs (dispatch time per
+kernel, fixed cost per step), one value for every stack. Kernel rates come from
+public kernel benchmarks cited in the device files. Two columns per slice:
 
-``--fit`` chooses, per device class (A100, H100), the achievable GEMM and
-attention efficiencies that minimise the mean |ln(predicted / measured)| over
-that class's rows, starting from the uncalibrated defaults of
-``autoplan/descriptors/hardware.py``; it prints the values (as the YAML to put
-in the device files) and the error before and after. ``--fit-links`` also fits
-the NVLink and network bus efficiencies. It never looks at one row alone.
+- *files*: the committed values, fitted on every row (a calibration claim);
+- *held out*: each source's rows predicted with values fitted on the other
+  sources only (leave-one-source-out cross-validation: a validation claim).
+
+``--fit`` fits the host costs on every row and prints the lines to put in
+``profiles/stacks/*.yaml``. It never looks at one row alone.
 
 Exit codes: 0 printed a table, 2 bad input (missing CSV, no usable row).
 """
@@ -39,10 +41,9 @@ from pathlib import Path
 
 from autoplan.cost.evaluate import evaluate
 from autoplan.cost.flops import model_flops_per_step
-from autoplan.descriptors import hardware
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import Job
-from autoplan.descriptors.library import resolve_cluster, resolve_device, with_gpus
+from autoplan.descriptors.library import builtin_stack, resolve_cluster, resolve_device, with_gpus
 from autoplan.descriptors.model import Model
 from autoplan.errors import AutoplanError
 from autoplan.parallel.rules import plan_problems
@@ -156,6 +157,28 @@ class Case:
     # would use, and how far its implied step time is from the measured one
     check: tuple[str, float] | None = None
 
+    @property
+    def source(self) -> str:
+        """The publication the row comes from: the unit left out in cross-validation."""
+        return self.group.split(" Table")[0] if self.group.startswith("Megatron-LM SC'21") else (
+            "llm-foundry MPT" if self.group.startswith("llm-foundry MPT") else self.group)
+
+    @property
+    def stack(self) -> str:
+        return self.plan.stack.name
+
+    @property
+    def dtype(self) -> str:
+        return self.plan.job.dtype.value
+
+    @property
+    def job_key(self) -> tuple:
+        """Rows of one ranking group: same model, GPUs (kind and count), batch and sequence,
+        from one source."""
+        p = self.plan
+        return (p.model.name, p.cluster.device.name, p.layout.gpus, p.job.global_batch,
+                p.job.seq_len, self.source)
+
 
 @dataclass(frozen=True, slots=True)
 class Skip:
@@ -236,6 +259,24 @@ def zero_of(row: dict[str, str]) -> ZeroStage:
     if "zero-1" in fsdp or "distributed optimizer" in text or "distributed-optimizer" in text:
         return ZeroStage.OPTIMIZER
     return ZeroStage.NONE
+
+
+# framework text -> the software stack that ran it (profiles/stacks). First match wins.
+STACKS = (
+    (r"deepspeed", "deepspeed"),
+    (r"megatron-core|\bmcore\b|\bnemo\b", "megatron-core"),
+    (r"megatron", "megatron-lm"),
+    (r"torchtitan", "torchtitan"),
+    (r"llm-foundry|composer", "fsdp"),
+)
+
+
+def stack_of(row: dict[str, str]) -> str | None:
+    text = row["framework"].lower()
+    name = next((stack for pat, stack in STACKS if re.search(pat, text)), None)
+    if name == "torchtitan" and re.search(r"torch\.compile|compiled", row["notes"], re.I):
+        return "torchtitan-compiled"
+    return name
 
 
 def schedule_of(row: dict[str, str], vp: int) -> Schedule:
@@ -342,6 +383,9 @@ def build_case(row: dict[str, str]) -> Case | Skip:
             return Skip(rid, group, "ffn_hidden_size missing and the family has no fixed ratio")
         ffn = fam.ffn_ratio * hidden
         derived.append(f"ffn_hidden {fam.ffn_ratio}h ({fam.label} config)")
+    stack = stack_of(row)
+    if stack is None:
+        return Skip(rid, group, f"framework {row['framework']!r} names no known software stack")
     recompute = recompute_of(row["recompute"])
     if recompute is None:
         return Skip(rid, group, f"recompute {row['recompute']!r} not understood")
@@ -363,6 +407,7 @@ def build_case(row: dict[str, str]) -> Case | Skip:
         layout=Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vp), micro_batch=mbs,
         schedule=schedule_of(row, vp), recompute=recompute, zero=zero_of(row),
         sequence_parallel=row["sequence_parallel"].strip().lower() in ("yes", "true", "1"),
+        stack=builtin_stack(stack),
     )
     problems = plan_problems(plan)
     if problems:
@@ -389,37 +434,45 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 
 # --------------------------------------------------------------------------- parameters
 
-# What --fit chooses: the compute efficiencies. The link efficiencies join with
-# --fit-links; on these rows they are not identified (see docs/ACCURACY.md).
-FIT_PARAMS = ("gemm", "attention")
-LINK_PARAMS = ("intra", "inter")
-BOUNDS = {"gemm": (0.40, 0.95), "attention": (0.15, 0.90), "hbm": (0.40, 0.95), "intra": (0.40, 1.00),
-          "inter": (0.40, 1.00)}
+# What --fit chooses. Kernel rates are not fitted here: they come from kernel benchmarks,
+# cited in the device files. Fitted: the stacks' host costs (dispatch time per kernel,
+# fixed cost per step) and the compute slowed while NCCL overlaps it, one value for every
+# stack; and each stack's sustained share of the kernel rates (compute_efficiency), per
+# stack where the rows fitted on include that stack, else one value fitted on all stacks.
+GLOBAL_PARAMS = ("host_kernel_us", "step_overhead_ms", "comm_compute_slowdown",
+                 "compute_efficiency")
+BOUNDS = {"host_kernel_us": (0.0, 40.0), "step_overhead_ms": (0.0, 400.0),
+          # NCCL runs one CTA per channel, at most 32 channels by default (NCCL_MAX_NCHANNELS):
+          # at most a quarter of a 108-132-SM GPU
+          "comm_compute_slowdown": (0.0, 0.25), "compute_efficiency": (0.3, 1.0)}
+MIN_STACK_ROWS = 5  # a stack's own efficiency is fitted on at least this many rows
+STACK_NAMES = ("megatron-core", "megatron-lm", "deepspeed", "torchtitan", "torchtitan-compiled",
+               "fsdp")
 
-DEFAULTS = {"gemm": hardware.DEFAULT_GEMM_EFFICIENCY,
-            "attention": hardware.DEFAULT_ATTENTION_EFFICIENCY,
-            "hbm": hardware.DEFAULT_HBM_EFFICIENCY,
-            "intra": hardware.DEFAULT_LINK_EFFICIENCY, "inter": hardware.DEFAULT_LINK_EFFICIENCY}
+
+def _eff_key(stack: str) -> str:
+    return f"compute_efficiency:{stack}"
 
 
-def profile_params(cls: DeviceClass) -> dict[str, float]:
-    """The values the built-in files carry now (the first device of the class)."""
-    c = resolve_cluster(cls.cluster)
-    d = resolve_device(cls.devices[0], "benchmarks/accuracy.py", "device")
-    return {"gemm": d.gemm_efficiency, "attention": d.attention_efficiency,
-            "hbm": d.hbm_efficiency,
-            "intra": c.intra_node.efficiency, "inter": c.inter_node.efficiency}
+def committed_params() -> dict[str, float]:
+    """What the built-in stack files carry now: the shared values (megatron-core's, which
+    has no calibration rows of its own) and each stack's compute efficiency."""
+    s = builtin_stack("megatron-core")
+    p = {"host_kernel_us": s.host_kernel_s * 1e6, "step_overhead_ms": s.step_overhead_s * 1e3,
+         "comm_compute_slowdown": s.comm_compute_slowdown,
+         "compute_efficiency": s.compute_efficiency}
+    for name in STACK_NAMES:
+        p[_eff_key(name)] = builtin_stack(name).compute_efficiency
+    return p
 
 
 def with_params(plan: Plan, p: dict[str, float]) -> Plan:
-    c = plan.cluster
-    device = dataclasses.replace(c.device, gemm_efficiency=p["gemm"],
-                                 attention_efficiency=p["attention"], hbm_efficiency=p["hbm"])
-    cluster = dataclasses.replace(
-        c, device=device,
-        intra_node=dataclasses.replace(c.intra_node, efficiency=p["intra"]),
-        inter_node=dataclasses.replace(c.inter_node, efficiency=p["inter"]))
-    return dataclasses.replace(plan, cluster=cluster)
+    stack = dataclasses.replace(
+        plan.stack, host_kernel_s=p["host_kernel_us"] * 1e-6,
+        step_overhead_s=p["step_overhead_ms"] * 1e-3,
+        comm_compute_slowdown=p["comm_compute_slowdown"],
+        compute_efficiency=p.get(_eff_key(plan.stack.name), p["compute_efficiency"]))
+    return dataclasses.replace(plan, stack=stack)
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,11 +487,11 @@ class Result:
         return self.predicted_s / self.case.measured_s - 1
 
 
-def predict(cases: Iterable[Case], params: dict[str, dict[str, float]] | None) -> list[Result]:
-    """Evaluate every case with the class parameters given (None: the files as they are)."""
+def predict(cases: Iterable[Case], params: dict[str, float] | None) -> list[Result]:
+    """Evaluate every case with the parameters given (None: the files as they are)."""
     out = []
     for case in cases:
-        plan = case.plan if params is None else with_params(case.plan, params[case.device_class])
+        plan = case.plan if params is None else with_params(case.plan, params)
         pred = evaluate(plan)
         out.append(Result(case, pred.step_time_s, pred.feasible))
     return out
@@ -452,14 +505,71 @@ def median_signed(results: Sequence[Result]) -> float:
     return 100 * statistics.median(r.error for r in results)
 
 
+def bias(results: Sequence[Result]) -> float:
+    """Mean signed error, percent: negative means predicted too fast."""
+    return 100 * statistics.fmean(r.error for r in results)
+
+
 def log_loss(results: Sequence[Result]) -> float:
     """Mean |ln(predicted / measured)|: symmetric in over- and under-prediction."""
     return statistics.fmean(abs(math.log(r.predicted_s / r.case.measured_s)) for r in results)
 
 
+def _ranks(values: Sequence[float]) -> list[float]:
+    """Ranks from 1, ties sharing their average rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Spearman's rank correlation (Pearson on average ranks); None if either is constant."""
+    ra, rb = _ranks(a), _ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    va = sum((x - ma) ** 2 for x in ra)
+    vb = sum((y - mb) ** 2 for y in rb)
+    if va == 0 or vb == 0:
+        return None
+    return sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True)) / math.sqrt(va * vb)
+
+
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    """One group of rows a planner would choose between (same model, GPUs, batch, sequence)."""
+
+    key: tuple
+    rows: int
+    spearman: float | None
+    regret: float  # measured time of the plan predicted fastest over the fastest measured, - 1
+
+
+def rankings(results: Sequence[Result]) -> list[Ranking]:
+    by: dict[tuple, list[Result]] = {}
+    for r in results:
+        by.setdefault(r.case.job_key, []).append(r)
+    out = []
+    for key, rs in sorted(by.items()):
+        if len(rs) < 2 or len({r.case.measured_s for r in rs}) < 2:
+            continue
+        pick = min(rs, key=lambda r: r.predicted_s)
+        best = min(r.case.measured_s for r in rs)
+        out.append(Ranking(key, len(rs), spearman([r.predicted_s for r in rs],
+                                                  [r.case.measured_s for r in rs]),
+                           pick.case.measured_s / best - 1))
+    return out
+
+
 # --------------------------------------------------------------------------- fitting
 
-def _golden(f: Callable[[float], float], lo: float, hi: float, steps: int = 14) -> float:
+def _golden(f: Callable[[float], float], lo: float, hi: float, steps: int = 12) -> float:
     """Minimise f on [lo, hi] by golden-section search (f assumed unimodal)."""
     g = (math.sqrt(5) - 1) / 2
     a, b = lo, hi
@@ -477,30 +587,65 @@ def _golden(f: Callable[[float], float], lo: float, hi: float, steps: int = 14) 
     return (a + b) / 2
 
 
-def fit_class(cases: Sequence[Case], start: dict[str, float], names: Sequence[str],
-              sweeps: int = 4, log: Callable[[str], None] = lambda _: None) -> dict[str, float]:
-    """Coordinate descent over ``names`` within BOUNDS: a coarse grid to find the basin,
-    then golden-section inside it. Rounded to 0.01 (more digits would be noise)."""
-    p = dict(start)
+def _descend(cases: Sequence[Case], p: dict[str, float], names: Sequence[str],
+             sweeps: int, log: Callable[[str], None]) -> dict[str, float]:
+    """Coordinate descent over ``names`` within BOUNDS minimising mean |ln(pred/meas)|:
+    a coarse grid to find the basin, then golden-section inside it."""
+    p = dict(p)
 
     def loss_with(name: str, value: float) -> float:
-        q = dict(p, **{name: value})
-        return log_loss(predict(cases, {cases[0].device_class: q}))
+        return log_loss(predict(cases, dict(p, **{name: value})))
 
     for sweep in range(sweeps):
         before = dict(p)
         for name in names:
-            lo, hi = BOUNDS[name]
-            grid = [lo + (hi - lo) * i / 10 for i in range(11)]
+            lo, hi = BOUNDS[name.split(":")[0]]
+            grid = [lo + (hi - lo) * i / 8 for i in range(9)]
             losses = [loss_with(name, v) for v in grid]
             i = min(range(len(grid)), key=lambda k: (losses[k], k))
             a, b = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
-            p[name] = round(_golden(lambda v, n=name: loss_with(n, v), a, b), 2)
-        log(f"  sweep {sweep + 1}: " + ", ".join(f"{k}={v:.2f}" for k, v in p.items())
-            + f"  loss={log_loss(predict(cases, {cases[0].device_class: p})):.4f}\n")
+            p[name] = round(_golden(lambda v, n=name: loss_with(n, v), a, b, steps=10), 2)
+        log(f"  sweep {sweep + 1}: " + ", ".join(f"{k}={p[k]:g}" for k in names)
+            + f"  loss={log_loss(predict(cases, p)):.4f}\n")
         if p == before:
             break
     return p
+
+
+def fit(cases: Sequence[Case], start: dict[str, float], sweeps: int = 2,
+        log: Callable[[str], None] = lambda _: None) -> dict[str, float]:
+    """The shared values on every case (each stack at the shared efficiency), then each
+    stack with enough cases its own efficiency, then the shared values again. It sees
+    only the cases given; stacks it has no cases of keep the shared efficiency."""
+    p = {k: v for k, v in start.items() if ":" not in k}
+    p = _descend(cases, p, GLOBAL_PARAMS, sweeps, log)
+    counts: dict[str, int] = {}
+    for c in cases:
+        counts[c.stack] = counts.get(c.stack, 0) + 1
+    own = [_eff_key(s) for s, n in sorted(counts.items()) if n >= MIN_STACK_ROWS]
+    for key in own:
+        p[key] = p["compute_efficiency"]
+    p = _descend(cases, p, own, 1, log)
+    return _descend(cases, p, GLOBAL_PARAMS[:3], 1, log)
+
+
+def cross_validate(cases: Sequence[Case], log: Callable[[str], None] = lambda _: None
+                   ) -> tuple[list[Result], dict[str, dict[str, float]]]:
+    """Leave one source out: each source's rows predicted with parameters fitted on the
+    other sources only. Returns the held-out predictions and each fold's parameters."""
+    out: list[Result] = []
+    folds: dict[str, dict[str, float]] = {}
+    start = committed_params()
+    for source in sorted({c.source for c in cases}):
+        train = [c for c in cases if c.source != source]
+        held = [c for c in cases if c.source == source]
+        log(f"fold without {source}: {len(train)} rows to fit, {len(held)} held out\n")
+        params = fit(train, start, log=log) if train else dict(start)
+        folds[source] = params
+        out.extend(predict(held, params))
+    order = {c.row_id: i for i, c in enumerate(cases)}
+    out.sort(key=lambda r: order[r.case.row_id])
+    return out, folds
 
 
 # --------------------------------------------------------------------------- report
@@ -512,44 +657,72 @@ class Report:
     rows_ready: int
     cases: tuple[Case, ...]
     skips: tuple[Skip, ...]
-    calibrated: tuple[Result, ...]  # the built-in files as they are
-    uncalibrated: tuple[Result, ...]  # hardware.py defaults everywhere
+    committed: tuple[Result, ...]  # the built-in files as they are (fitted on all rows)
+    held_out: tuple[Result, ...]  # leave-one-source-out (empty with --no-cv)
+    folds: dict[str, dict[str, float]]
 
 
-def build_report(path: Path) -> Report:
+def build_report(path: Path, cv: bool = True, log: Callable[[str], None] = lambda _: None) -> Report:
     rows = read_rows(path)
     ready = [r for r in rows if r.get("validation_ready", "").strip().lower() == "yes"]
     built = [build_case(r) for r in ready]
     cases = tuple(c for c in built if isinstance(c, Case))
     skips = tuple(c for c in built if isinstance(c, Skip))
-    defaults = {cls.name: dict(DEFAULTS) for cls in CLASSES}
-    return Report(path, len(rows), len(ready), cases, skips,
-                  tuple(predict(cases, None)), tuple(predict(cases, defaults)))
+    held, folds = cross_validate(cases, log) if cv and cases else ([], {})
+    return Report(path, len(rows), len(ready), cases, skips, tuple(predict(cases, None)),
+                  tuple(held), folds)
 
 
-def _groups(results: Sequence[Result]) -> dict[str, list[Result]]:
+def _by(results: Sequence[Result], key: Callable[[Case], str]) -> dict[str, list[Result]]:
     out: dict[str, list[Result]] = {}
     for r in results:
-        out.setdefault(r.case.group, []).append(r)
+        out.setdefault(key(r.case), []).append(r)
     return out
 
 
-def _summary_rows(rep: Report) -> list[tuple[str, int, float, float, float, float]]:
-    """(label, rows, MAPE uncal., MAPE cal., median signed cal., median signed uncal.)"""
-    cal, unc = _groups(rep.calibrated), _groups(rep.uncalibrated)
-    rows = []
-    for g in sorted(cal):
-        rows.append((g, len(cal[g]), mape(unc[g]), mape(cal[g]), median_signed(cal[g]),
-                     median_signed(unc[g])))
-    for cls in CLASSES:
-        c = [r for r in rep.calibrated if r.case.device_class == cls.name]
-        u = [r for r in rep.uncalibrated if r.case.device_class == cls.name]
-        if c:
-            rows.append((f"all {cls.name}", len(c), mape(u), mape(c), median_signed(c),
-                         median_signed(u)))
-    rows.append(("overall", len(rep.calibrated), mape(rep.uncalibrated), mape(rep.calibrated),
-                 median_signed(rep.calibrated), median_signed(rep.uncalibrated)))
-    return rows
+SLICES: tuple[tuple[str, Callable[[Case], str]], ...] = (
+    ("source", lambda c: c.source),
+    ("source table", lambda c: c.group),
+    ("device", lambda c: c.device_class),
+    ("dtype", lambda c: c.dtype),
+    ("stack", lambda c: c.stack),
+)
+
+
+def _slice_rows(rep: Report, key: Callable[[Case], str]) -> list[tuple]:
+    """(label, rows, committed MAPE, committed bias, held-out MAPE, held-out bias,
+    median Spearman, worst regret, groups) per value of ``key``."""
+    com, held = _by(rep.committed, key), _by(rep.held_out, key)
+    out = []
+    for label in sorted(com):
+        h = held.get(label, [])
+        ranks = rankings(h or com[label])
+        rhos = [r.spearman for r in ranks if r.spearman is not None]
+        out.append((label, len(com[label]), mape(com[label]), bias(com[label]),
+                    mape(h) if h else None, bias(h) if h else None,
+                    statistics.median(rhos) if rhos else None,
+                    max((r.regret for r in ranks), default=None), len(ranks)))
+    return out
+
+
+def _overall(rep: Report) -> tuple:
+    ranks = rankings(rep.held_out or rep.committed)
+    rhos = [r.spearman for r in ranks if r.spearman is not None]
+    h = rep.held_out
+    return ("overall", len(rep.committed), mape(rep.committed), bias(rep.committed),
+            mape(h) if h else None, bias(h) if h else None,
+            statistics.median(rhos) if rhos else None,
+            max((r.regret for r in ranks), default=None), len(ranks))
+
+
+def _pct(x: float | None, signed: bool = False) -> str:
+    if x is None:
+        return "-"
+    return f"{x:+.1f}%" if signed else f"{x:.1f}%"
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def _how_counts(rep: Report) -> dict[str, int]:
@@ -577,10 +750,18 @@ def _skip_reasons(rep: Report) -> dict[str, list[str]]:
     return out
 
 
-def _param_text(cls: DeviceClass) -> str:
-    p = profile_params(cls)
-    return (f"gemm {p['gemm']:.2f}, attention {p['attention']:.2f}, "
-            f"NVLink bus {p['intra']:.2f}, network bus {p['inter']:.2f}")
+def _params_text(p: dict[str, float]) -> str:
+    return ", ".join(f"{k.replace('compute_efficiency:', 'eff ')} {v:g}" for k, v in p.items())
+
+
+TABLE_HEAD = ("rows", "MAPE (files)", "bias (files)", "MAPE (held out)", "bias (held out)",
+              "Spearman (median)", "top-1 regret (worst)", "groups")
+
+
+def _row_cells(row: tuple) -> list[str]:
+    label, n, m_c, b_c, m_h, b_h, rho, regret, groups = row
+    return [label, str(n), _pct(m_c), _pct(b_c, True), _pct(m_h), _pct(b_h, True), _num(rho),
+            _pct(None if regret is None else 100 * regret), str(groups)]
 
 
 def print_text(rep: Report, out=sys.stdout) -> None:
@@ -588,17 +769,20 @@ def print_text(rep: Report, out=sys.stdout) -> None:
     w(f"calibration rows: {rep.csv_path}\n")
     w(f"  {rep.rows_total} rows, {rep.rows_ready} validation-ready, {len(rep.cases)} predicted, "
       f"{len(rep.skips)} skipped\n")
-    w("  calibration, not validation: the efficiencies in profiles/ were fitted on these rows\n")
-    for cls in CLASSES:
-        w(f"  {cls.name} ({cls.cluster}): {_param_text(cls)}\n")
-    w("\n")
-    head = f"{'group':<44} {'rows':>4} {'MAPE uncal':>10} {'MAPE cal':>9} {'median err':>10}\n"
-    w(head)
-    w("-" * (len(head) - 1) + "\n")
-    for label, n, m_u, m_c, med_c, _ in _summary_rows(rep):
-        w(f"{label:<44} {n:>4} {m_u:>9.1f}% {m_c:>8.1f}% {med_c:>+9.1f}%\n")
-    w("\nMAPE uncal: every device and link at the defaults of autoplan/descriptors/hardware.py\n")
-    w("MAPE cal: the built-in profiles as they are; median err: signed, (pred - meas) / meas\n")
+    w(f"  in the files: {_params_text(committed_params())} (fitted on all rows: calibration); "
+      "held out: each source predicted by a fit on the others\n")
+    for name, key in SLICES:
+        w(f"\nby {name}:\n")
+        w(f"{name:<40} " + " ".join(f"{h:>12}" for h in TABLE_HEAD) + "\n")
+        for row in _slice_rows(rep, key):
+            cells = _row_cells(row)
+            w(f"{cells[0]:<40} " + " ".join(f"{c:>12}" for c in cells[1:]) + "\n")
+    cells = _row_cells(_overall(rep))
+    w(f"\n{cells[0]:<40} " + " ".join(f"{c:>12}" for c in cells[1:]) + "\n")
+    if rep.folds:
+        w("\nparameters fitted per fold (without the source named):\n")
+        for src, p in rep.folds.items():
+            w(f"  {src:<38} {_params_text(p)}\n")
     w("\nmeasured step time obtained from:\n")
     for how, n in sorted(_how_counts(rep).items()):
         w(f"  {n:>4}  {how}\n")
@@ -609,43 +793,60 @@ def print_text(rep: Report, out=sys.stdout) -> None:
         w("\nskipped validation-ready rows:\n")
         for reason, ids in sorted(_skip_reasons(rep).items()):
             w(f"  {len(ids):>4}  {reason}  ({', '.join(ids)})\n")
-    w("\nper row (calibrated):\n")
-    w(f"{'row':<11} {'class':<5} {'measured s':>10} {'predicted s':>11} {'error':>7}  how\n")
-    for r in rep.calibrated:
+    held = {r.case.row_id: r for r in rep.held_out}
+    w("\nper row:\n")
+    w(f"{'row':<11} {'class':<5} {'stack':<12} {'measured s':>10} {'files s':>9} {'error':>7} "
+      f"{'held out':>8}  how\n")
+    for r in rep.committed:
+        h = held.get(r.case.row_id)
         oom = "  [predicted OOM]" if not r.feasible else ""
-        w(f"{r.case.row_id:<11} {r.case.device_class:<5} {r.case.measured_s:>10.3f} "
-          f"{r.predicted_s:>11.3f} {100 * r.error:>+6.1f}%  {r.case.how}{oom}\n")
-    w(f"\nMAPE overall (calibrated): {mape(rep.calibrated):.1f}% over {len(rep.calibrated)} rows\n")
+        w(f"{r.case.row_id:<11} {r.case.device_class:<5} {r.case.stack:<12} "
+          f"{r.case.measured_s:>10.3f} {r.predicted_s:>9.3f} {100 * r.error:>+6.1f}% "
+          f"{'' if h is None else f'{100 * h.error:+.1f}%':>8}  {r.case.how}{oom}\n")
+    mh = f", {mape(rep.held_out):.1f}% held out" if rep.held_out else ""
+    w(f"\nMAPE overall: {mape(rep.committed):.1f}% with the files{mh}, "
+      f"over {len(rep.committed)} rows\n")
+
+
+def _md_table(rows: list[tuple], first: str, w: Callable[[str], None]) -> None:
+    w(f"| {first} | " + " | ".join(TABLE_HEAD) + " |\n|---|" + "---:|" * len(TABLE_HEAD) + "\n")
+    for row in rows:
+        cells = _row_cells(row)
+        bold = "**" if cells[0] == "overall" else ""
+        w(f"| {bold}{cells[0]}{bold} | " + " | ".join(cells[1:]) + " |\n")
 
 
 def print_markdown(rep: Report, out=sys.stdout) -> None:
     w = out.write
     today = datetime.date.today().isoformat()
     w("# Prediction accuracy on published training runs\n\n")
-    w("**This is a calibration result, not a validation result.** The efficiency constants in "
-      "`profiles/hardware/` (achievable GEMM and attention efficiency per device class) were "
-      "fitted with `python benchmarks/accuracy.py --fit` on the same rows this table scores; "
-      "the link efficiencies and the other device constants keep their defaults. The numbers "
-      "say how well a handful of physical constants explain these runs, not how well autoplan "
-      "predicts a run it has not seen. No row is special-cased.\n\n")
+    w("Two numbers per slice. **Held out** is the validation claim: every source's rows are "
+      "predicted with the stack host costs fitted on the *other* sources only "
+      "(leave-one-source-out cross-validation). **Files** is a calibration result: the "
+      "values committed in `profiles/stacks/` were fitted on all rows these tables score. "
+      "Kernel rates (GEMM, attention, HBM, links) are not fitted here: they come from public "
+      "kernel benchmarks cited in `profiles/hardware/`. No row is special-cased.\n\n")
     w(f"- Command: `{COMMAND}` (generated {today}); everything above the hand-written "
       "section *What dominates the error* at the end is its output\n")
     w(f"- Data: `shared/data/calibration_runs.csv`: {rep.rows_total} rows, {rep.rows_ready} "
       f"marked `validation_ready`, {len(rep.cases)} predicted, {len(rep.skips)} skipped (below)\n")
-    for cls in CLASSES:
-        w(f"- {cls.name} (`{cls.cluster}`, devices {', '.join(cls.devices)}): {_param_text(cls)}\n")
-    w("\n## Step time, per source\n\n")
-    w("| source group | rows | MAPE uncalibrated | MAPE calibrated | median signed error "
-      "(calibrated) |\n|---|---:|---:|---:|---:|\n")
-    for label, n, m_u, m_c, med_c, _ in _summary_rows(rep):
-        bold = "**" if label == "overall" else ""
-        w(f"| {bold}{label}{bold} | {n} | {m_u:.1f}% | {bold}{m_c:.1f}%{bold} | {med_c:+.1f}% |\n")
-    w("\n*Uncalibrated*: every device and link at the defaults of "
-      "`autoplan/descriptors/hardware.py` (gemm "
-      f"{DEFAULTS['gemm']:.2f}, attention {DEFAULTS['attention']:.2f}, links "
-      f"{DEFAULTS['intra']:.2f}). *Calibrated*: the built-in profiles as committed. "
-      "Signed error is (predicted - measured) / measured: negative means autoplan predicts "
-      "a faster step than was measured.\n\n")
+    w(f"- In the files: {_params_text(committed_params())}\n")
+    w("- Ranking: a group is the rows with the same model, GPU count, global batch and sequence "
+      "length from one source (the choices a planner makes between); Spearman is the rank "
+      "correlation of predicted and measured step time within a group (median over groups), "
+      "top-1 regret how much slower the plan predicted fastest measured than the fastest "
+      "measured (worst group)\n")
+    w("- Bias is the mean signed error (predicted - measured) / measured: negative means "
+      "autoplan predicts a faster step than was measured\n\n")
+    for name, key in SLICES:
+        w(f"## By {name}\n\n")
+        _md_table(_slice_rows(rep, key) + ([_overall(rep)] if name == "source" else []), name, w)
+        w("\n")
+    if rep.folds:
+        w("## Parameters per fold\n\n| left out | fitted on the others |\n|---|---|\n")
+        for src, p in rep.folds.items():
+            w(f"| {src} | {_params_text(p)} |\n")
+        w("\n")
     w("## How the measured step time was obtained\n\n")
     w("| rows | from |\n|---:|---|\n")
     for how, n in sorted(_how_counts(rep).items()):
@@ -657,8 +858,7 @@ def print_markdown(rep: Report, out=sys.stdout) -> None:
       "tokens/s use those directly; the cross-check below applies each inversion to rows that "
       "give both.\n\n")
     if _checks(rep):
-        w("Cross-check on rows that report both a step time and TFLOP/s:\n\n"
-          "| conversion | rows | median deviation | worst |\n|---|---:|---:|---:|\n")
+        w("| conversion | rows | median deviation | worst |\n|---|---:|---:|---:|\n")
         for how, n, med, worst in _checks(rep):
             w(f"| {how} | {n} | {med:+.1f}% | {worst:.1f}% |\n")
         w("\n")
@@ -683,6 +883,8 @@ def print_markdown(rep: Report, out=sys.stdout) -> None:
           f"{'dropout' if fam.dropout else 'no dropout'}; {fam.source}\n")
     w("- MPT and BLOOM use ALiBi, which autoplan's `Position` cannot express; `rope` stands in "
       "(no position parameters either).\n")
+    w("- Stack, from the row's framework: " + "; ".join(f"`{pat}` -> {st}" for pat, st in STACKS)
+      + " (torchtitan rows naming torch.compile: torchtitan-compiled).\n")
     w("- Recompute: `full...` is full, `selective...` selective. torchtitan's *selective layer* "
       "and *selective op* checkpointing are not Megatron-LM's attention-core recompute; "
       "autoplan has no closer choice.\n")
@@ -692,15 +894,17 @@ def print_markdown(rep: Report, out=sys.stdout) -> None:
       "on `dgx-a100`, H100 rows on `dgx-h100`, whatever site the row names.\n")
     for d, ids in sorted(derived.items()):
         w(f"- {d}: {len(ids)} row{'s' if len(ids) > 1 else ''} ({_id_span(ids)})\n")
-    w("\n## Per row (calibrated)\n\n<details><summary>"
-      f"{len(rep.calibrated)} rows</summary>\n\n")
-    w("| row | group | class | measured s | predicted s | error | measured from |\n"
-      "|---|---|---|---:|---:|---:|---|\n")
-    for r in rep.calibrated:
+    held = {r.case.row_id: r for r in rep.held_out}
+    w("\n## Per row\n\n<details><summary>"
+      f"{len(rep.committed)} rows</summary>\n\n")
+    w("| row | group | stack | class | measured s | files s | error | held out |\n"
+      "|---|---|---|---|---:|---:|---:|---:|\n")
+    for r in rep.committed:
+        h = held.get(r.case.row_id)
         oom = " (predicted OOM)" if not r.feasible else ""
-        w(f"| {r.case.row_id} | {r.case.group} | {r.case.device_class} | "
+        w(f"| {r.case.row_id} | {r.case.group} | {r.case.stack} | {r.case.device_class} | "
           f"{r.case.measured_s:.3f} | {r.predicted_s:.3f} | {100 * r.error:+.1f}%{oom} | "
-          f"{r.case.how} |\n")
+          f"{'-' if h is None else f'{100 * h.error:+.1f}%'} |\n")
     w("\n</details>\n")
 
 
@@ -710,42 +914,28 @@ def _id_span(ids: list[str]) -> str:
 
 # --------------------------------------------------------------------------- main
 
-def run_fit(rep: Report, fit_links: bool, out=sys.stdout) -> None:
+def run_fit(rep: Report, out=sys.stdout) -> None:
     w = out.write
-    names = FIT_PARAMS + (LINK_PARAMS if fit_links else ())
-    w(f"fitting {', '.join(names)} per device class, minimising mean |ln(pred/meas)| over the "
-      "class's rows, from the defaults of autoplan/descriptors/hardware.py\n")
+    w(f"fitting {', '.join(GLOBAL_PARAMS)} (shared) and each stack's compute_efficiency on "
+      f"all {len(rep.cases)} rows, minimising mean |ln(pred/meas)|\n")
+    start = committed_params()
+    before = predict(rep.cases, start)
+    fitted = fit(rep.cases, start, log=w)
+    after = predict(rep.cases, fitted)
+    w(f"  MAPE {mape(before):.1f}% -> {mape(after):.1f}%   "
+      f"mean |ln| {log_loss(before):.4f} -> {log_loss(after):.4f}\n")
+    at_bound = [n for n in fitted if fitted[n] in BOUNDS[n.split(":")[0]]]
+    if at_bound:
+        w(f"  at a bound of its range: {', '.join(at_bound)} (the term absorbs something the "
+          "model lacks)\n")
     today = datetime.date.today().isoformat()
-    for cls in CLASSES:
-        cases = [c for c in rep.cases if c.device_class == cls.name]
-        if not cases:
-            w(f"{cls.name}: no rows\n")
-            continue
-        w(f"{cls.name}: {len(cases)} rows\n")
-        start = dict(DEFAULTS)
-        before = predict(cases, {cls.name: start})
-        fitted = fit_class(cases, start, names, log=w)
-        after = predict(cases, {cls.name: fitted})
-        at_bound = [n for n in names if fitted[n] in BOUNDS[n]]
-        w(f"  MAPE {mape(before):.1f}% -> {mape(after):.1f}%   "
-          f"mean |ln| {log_loss(before):.4f} -> {log_loss(after):.4f}\n")
-        if at_bound:
-            w(f"  at a bound of its range: {', '.join(at_bound)} (the data push past what is "
-              "physically plausible; the term absorbs something the model lacks)\n")
-        for g, res in sorted(_groups(after).items()):
-            b = _groups(before)[g]
-            w(f"    {g:<44} {len(res):>4}  MAPE {mape(b):5.1f}% -> {mape(res):5.1f}%  "
-              f"median {median_signed(res):+.1f}%\n")
-        comment = (f"# fitted by `python benchmarks/accuracy.py --fit` on "
-                   f"shared/data/calibration_runs.csv ({len(cases)} {cls.name} rows, {today}); "
-                   "calibration, not validation")
-        w(f"  device files {', '.join(cls.devices)}:\n")
-        w(f"    {comment}\n    efficiency: {{gemm: {fitted['gemm']:.2f}, gemm_half_gflop: "
-          f"{hardware.DEFAULT_GEMM_HALF_GFLOP:g}, attention: {fitted['attention']:.2f}, "
-          f"hbm: {fitted['hbm']:.2f}}}\n")
-        if fit_links:
-            w(f"  cluster file {cls.cluster}: intra_node efficiency: {fitted['intra']:.2f}, "
-              f"inter_node efficiency: {fitted['inter']:.2f}\n")
+    w(f"  profiles/stacks/*.yaml (calibration, not validation; {today}):\n")
+    for name in STACK_NAMES:
+        eff = fitted.get(_eff_key(name), fitted["compute_efficiency"])
+        own = "own rows" if _eff_key(name) in fitted else "no rows: the shared value"
+        w(f"    {name}: host_kernel_us: {fitted['host_kernel_us']:g}, step_overhead_ms: "
+          f"{fitted['step_overhead_ms']:g}, comm_compute_slowdown: "
+          f"{fitted['comm_compute_slowdown']:g}, compute_efficiency: {eff:g} ({own})\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -755,24 +945,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help=f"calibration CSV (default: {DEFAULT_CSV})")
     ap.add_argument("--markdown", action="store_true", help="print docs/ACCURACY.md")
     ap.add_argument("--fit", action="store_true",
-                    help="fit gemm and attention efficiency per device class and print them")
-    ap.add_argument("--fit-links", action="store_true",
-                    help="with --fit: also fit the NVLink and network bus efficiencies")
+                    help="fit the stacks' host costs on every row and print them")
+    ap.add_argument("--no-cv", action="store_true",
+                    help="skip leave-one-source-out cross-validation (the files' numbers only)")
+    ap.add_argument("--verbose", action="store_true", help="log each fit's sweeps to stderr")
     args = ap.parse_args(argv)
     if not args.csv.is_file():
         print(f"error: calibration CSV not found: {args.csv} (pass --csv PATH)", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
+    log = sys.stderr.write if args.verbose else (lambda _: None)
     try:
-        rep = build_report(args.csv)
+        rep = build_report(args.csv, cv=not (args.no_cv or args.fit), log=log)
     except (KeyError, csv.Error) as exc:
         print(f"error: {args.csv}: not a calibration CSV ({exc})", file=sys.stderr)
         return 2
     if not rep.cases:
         print(f"error: {args.csv}: no validation-ready row could be predicted", file=sys.stderr)
         return 2
-    if args.fit or args.fit_links:
-        run_fit(rep, args.fit_links)
+    if args.fit:
+        run_fit(rep)
     elif args.markdown:
         print_markdown(rep)
     else:

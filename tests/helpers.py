@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.descriptors.job import Job
-from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
+from autoplan.descriptors.library import builtin_stack, resolve_cluster, resolve_model, with_gpus
 from autoplan.descriptors.model import Model
 from autoplan.plan import Layout, Plan
 from autoplan.vocab import CpComm, Dtype, Recompute, Schedule, ZeroStage
@@ -26,7 +26,8 @@ def make_plan(model: str | Model = "llama3-8b", cluster: str = "dgx-h100", gpus:
               recompute: Recompute = Recompute.NONE, zero: ZeroStage = ZeroStage.OPTIMIZER,
               sequence_parallel: bool = False, stages: tuple[int, ...] | None = None,
               ep: int = 1, etp: int = 0, cp_comm: CpComm = CpComm.RING,
-              moe_imbalance: float = 1.25) -> Plan:
+              moe_imbalance: float = 1.25, stack: str | None = None) -> Plan:
+    extra = {} if stack is None else {"stack": builtin_stack(stack)}
     return Plan(
         model=model if isinstance(model, Model) else resolve_model(model),
         cluster=with_gpus(resolve_cluster(cluster), gpus),
@@ -34,7 +35,7 @@ def make_plan(model: str | Model = "llama3-8b", cluster: str = "dgx-h100", gpus:
                 moe_imbalance=moe_imbalance),
         layout=Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, ep=ep, etp=etp),
         micro_batch=micro_batch, schedule=schedule, recompute=recompute, zero=zero,
-        sequence_parallel=sequence_parallel, stages=stages, cp_comm=cp_comm,
+        sequence_parallel=sequence_parallel, stages=stages, cp_comm=cp_comm, **extra,
     )
 
 

@@ -55,6 +55,7 @@ class Shard:
     attention_kernel: AttentionKernel = AttentionKernel.FLASH2
     layer_kernels: int = 0  # forward kernels per layer (backward: twice as many)
     host_kernel_s: float = 0.0  # host dispatch per kernel (0 under CUDA graphs)
+    kernel_efficiency: float = 1.0  # of the device's kernel rates, what the stack sustains
 
     @property
     def tokens(self) -> int:
@@ -349,6 +350,10 @@ def layer_times(model: Model, shard: Shard, device: Device, moe: bool = False) -
     if shard.cp > 1 and shard.cp_ring:  # the ring's per-step merges, forward; backward merges the grads too
         merge = (shard.cp - 1) * ring_correction_bytes(model, shard) / hbm
         attn_fwd, attn_bwd = attn_fwd + merge, attn_bwd + 2 * merge
+    sustained = shard.kernel_efficiency  # the stack's share of the benchmarks' rates
+    if sustained != 1.0:
+        gemm_fwd, attn_fwd, attn_bwd, elem_fwd = (
+            gemm_fwd / sustained, attn_fwd / sustained, attn_bwd / sustained, elem_fwd / sustained)
     # backward of an elementwise op reads the saved input and the output grad and
     # writes the input grad: about twice the forward traffic
     forward = gemm_fwd + attn_fwd + elem_fwd
@@ -380,8 +385,9 @@ def _fixed_costs(shard: Shard, device: Device, forward: float, backward_input: f
 def logits_times(model: Model, shard: Shard, device: Device) -> tuple[float, float, float]:
     """(forward, input-grad, weight-grad) seconds of the vocab-parallel output GEMM and
     the fp32 cross-entropy (its backward belongs to the input-grad pass)."""
-    gemm = gemm_time(shard.tokens, model.vocab / shard.tp, model.hidden, device, shard.dtype)
+    gemm = gemm_time(shard.tokens, model.vocab / shard.tp, model.hidden, device,
+                     shard.dtype) / shard.kernel_efficiency
     # cross-entropy: upcast logits to fp32, softmax, loss; backward writes the grad
     ce_bytes = shard.tokens * model.vocab / shard.tp * (BF16_BYTES + 4 + 4)
-    ce = ce_bytes / (device.hbm_Bps * device.hbm_efficiency)
+    ce = ce_bytes / (device.hbm_Bps * device.hbm_efficiency) / shard.kernel_efficiency
     return gemm + ce, gemm + ce, gemm

@@ -94,7 +94,8 @@ def shard_of(plan: Plan) -> Shard:
                  expert_load=ep.expert_load(plan) if moe else 1.0,
                  cp_ring=plan.cp_comm is CpComm.RING, attention_kernel=stack.attention,
                  layer_kernels=stack.layer_kernels,
-                 host_kernel_s=0.0 if stack.cuda_graphs else stack.host_kernel_s)
+                 host_kernel_s=0.0 if stack.cuda_graphs else stack.host_kernel_s,
+                 kernel_efficiency=stack.compute_efficiency)
 
 
 @lru_cache(maxsize=16384)

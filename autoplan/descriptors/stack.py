@@ -48,6 +48,10 @@ class Stack:
     # LayerNormLinear / LayerNormMLP, fused bias-activation and bias-dropout-add) launch
     # about half what an eager PyTorch block does.
     layer_kernels: int = 14
+    # fraction of the kernel benchmarks' rates (device file) the stack's kernels sustain
+    # inside a training step: sustained clocks under load, cache-cold operands, autocast
+    # casts and layouts the benchmarks leave out; fitted on end-to-end runs per stack
+    compute_efficiency: float = 1.0
     cuda_graphs: bool = False  # the step is captured: no per-kernel host dispatch
     host_kernel_s: float = 0.0  # host time to dispatch one kernel (eager PyTorch)
     step_overhead_s: float = 0.0  # per step: optimizer launch, grad-norm sync, logging
@@ -72,6 +76,7 @@ class Stack:
             "summary": self.summary,
             "attention": self.attention.value,
             "layer_kernels": self.layer_kernels,
+            "compute_efficiency": self.compute_efficiency,
             "cuda_graphs": self.cuda_graphs,
             "host_kernel_us": self.host_kernel_s * 1e6,
             "step_overhead_ms": self.step_overhead_s * 1e3,
@@ -87,6 +92,7 @@ def read_stack(f: Fields) -> Stack | None:
     summary = f.str("summary", "")
     attention = f.enum("attention", AttentionKernel, AttentionKernel.FLASH2)
     kernels = f.int("layer_kernels", 14, min=1, max=1000)
+    compute = f.float("compute_efficiency", 1.0, min=0.05, max=1.0)
     graphs = f.bool("cuda_graphs", False)
     host = f.float("host_kernel_us", 0.0, min=0.0, max=1e4)
     step = f.float("step_overhead_ms", 0.0, min=0.0, max=1e5)
@@ -99,6 +105,7 @@ def read_stack(f: Fields) -> Stack | None:
     if len(f.problems) > before:
         return None
     return Stack(name=name, summary=summary, attention=attention, layer_kernels=kernels,
+                 compute_efficiency=compute,
                  cuda_graphs=graphs, host_kernel_s=host * 1e-6, step_overhead_s=step * 1e-3,
                  overlap_grad_reduce=grad, overlap_param_gather=gather,
                  comm_compute_slowdown=slowdown)

@@ -1,0 +1,171 @@
+"""Kernel physics and fixed costs of the cost model (cost/compute.py), the software
+stack's part in them (descriptors/stack.py), and the per-step terms (parallel/dp.py),
+each against a number worked by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from autoplan.cost import comm, compute
+from autoplan.cost.compute import Shard, attention_efficiency, gemm_time, wave_efficiency
+from autoplan.cost.evaluate import evaluate
+from autoplan.cost.stage import stage_work
+from autoplan.descriptors.library import builtin_stack, resolve_device, resolve_model
+from autoplan.descriptors.stack import AttentionKernel
+from autoplan.parallel import dp, mesh
+from autoplan.vocab import Axis, Dtype, ZeroStage
+from tests.helpers import make_plan
+
+H100 = resolve_device("h100-sxm", "test", "device")
+A100 = resolve_device("a100-80gb", "test", "device")
+
+
+def test_a_single_tile_gemm_fills_one_sm_with_the_smallest_tile():
+    """128 x 256 output on 132 SMs: 1 big tile, 2 medium or 4 small ones, all one wave;
+    the small tile finishes first (64 x 128 at 0.80 of the rate)."""
+    best = 64 * 128 / 0.80
+    assert wave_efficiency(128, 256, 132) == pytest.approx(128 * 256 / (132 * best))
+
+
+def test_a_large_gemm_loses_only_its_last_partial_wave():
+    """8192 x 8192 with 128 x 256 tiles: 2048 tiles in 16 waves of 132 (2112 slots)."""
+    assert wave_efficiency(8192, 8192, 132) == pytest.approx(2048 / (16 * 132))
+    t = gemm_time(8192, 8192, 8192, H100, Dtype.BF16)
+    assert t == pytest.approx(2 * 8192**3 / (989e12 * 0.80 * 2048 / 2112))
+
+
+def test_fp8_gemms_run_at_their_own_efficiency_of_the_fp8_peak():
+    dev = dataclasses.replace(H100, gemm_fp8_efficiency=0.5)
+    bf16 = gemm_time(8192, 8192, 8192, dev, Dtype.BF16)
+    fp8 = gemm_time(8192, 8192, 8192, dev, Dtype.FP8)
+    # the fp8 peak (1979 TFLOPS) at 0.5 against the bf16 peak (989) at 0.8
+    assert bf16 / fp8 == pytest.approx(1979 * 0.5 / (989 * 0.8))
+
+
+def test_devices_without_an_sm_count_keep_the_size_curve():
+    dev = dataclasses.replace(H100, sms=0, gemm_half_flop=2e9)
+    work = 2.0 * 1024**3
+    eff = 0.80 * work / (work + 2e9)
+    assert gemm_time(1024, 1024, 1024, dev, Dtype.BF16) == pytest.approx(work / (989e12 * eff))
+
+
+def test_attention_rate_ramps_with_the_query_length_and_picks_the_stacks_kernel():
+    """FA3 fig. 5 ramp: E * s / (s + 500); flash2 on a device without a Hopper-class rate."""
+    fa3 = attention_efficiency(H100, AttentionKernel.FLASH3, False, 2048)
+    assert fa3 == pytest.approx(0.645 * 2048 / 2548)
+    assert attention_efficiency(H100, AttentionKernel.FLASH3, True, 1e9) == pytest.approx(0.55, rel=1e-6)
+    assert attention_efficiency(H100, AttentionKernel.FLASH2, False, 1e9) == pytest.approx(0.35, rel=1e-6)
+    # the A100 file has no Hopper-class rate: flash3 falls back to flash2's
+    assert (attention_efficiency(A100, AttentionKernel.FLASH3, False, 4096)
+            == attention_efficiency(A100, AttentionKernel.FLASH2, False, 4096))
+
+
+def test_unfused_attention_writes_the_score_square_to_memory():
+    """GPT-1.7B-like layer, s = 2048, mbs 1, tp 1, 24 heads of 96: QK^T and AV over the full
+    square (2 * 24 * 2048^2 * 96 FLOPs each), and softmax + dropout on 24 * 2048^2 scores."""
+    model = resolve_model("gpt-1.7b")
+    shard = Shard(1, 2048, 1, 1, False, Dtype.BF16, attention_kernel=AttentionKernel.UNFUSED)
+    fwd, bwd = compute.attention_core_time(model, shard, A100)
+    bh, s, d = model.heads, 2048, model.hidden // model.heads
+    scores = bh * s * s
+    hbm = A100.hbm_Bps * A100.hbm_efficiency
+    qk = compute.gemm_roofline(2.0 * scores * d, 2 * (2 * bh * s * d + scores), A100, Dtype.BF16,
+                               bh * s, s)
+    av = compute.gemm_roofline(2.0 * scores * d, 2 * (scores + 2 * bh * s * d), A100, Dtype.BF16,
+                               bh * s, d)
+    soft = scores * 4 + (scores * 5 if model.dropout else 0)
+    assert fwd == pytest.approx(qk + av + soft / hbm)
+    soft_b = scores * 6 + (scores * 5 if model.dropout else 0)
+    assert bwd == pytest.approx(2 * qk + 2 * av + soft_b / hbm)
+    # the fused kernel never touches the square in memory: much faster here
+    flash = dataclasses.replace(shard, attention_kernel=AttentionKernel.FLASH2)
+    assert compute.attention_core_time(model, flash, A100)[0] < fwd
+
+
+def test_a_layer_pass_cannot_beat_the_hosts_kernel_dispatch():
+    """A tiny layer: the GPU work is microseconds, the host needs kernels x dispatch."""
+    model = resolve_model("gpt-1.7b")
+    base = Shard(1, 64, 8, 1, False, Dtype.BF16, layer_kernels=16)
+    slow_host = dataclasses.replace(base, host_kernel_s=100e-6)
+    lt = compute.layer_times(model, slow_host, A100)
+    assert lt.forward == pytest.approx(16 * 100e-6)
+    assert lt.backward_input + lt.backward_weight == pytest.approx(32 * 100e-6)
+    # without the host floor: GPU time plus each kernel's gap
+    gpu = compute.layer_times(model, base, A100)
+    assert gpu.forward < lt.forward
+    bare = compute.layer_times(model, dataclasses.replace(base, layer_kernels=0), A100)
+    assert gpu.forward == pytest.approx(bare.forward + 16 * A100.kernel_gap_s)
+
+
+def test_cuda_graphs_remove_the_host_floor():
+    stack = dataclasses.replace(builtin_stack("megatron-core"), host_kernel_s=1e-3)
+    tiny = dict(model="gpt-1.7b", cluster="dgx-a100", gpus=8, dp=8, global_batch=8, seq_len=128)
+    eager = make_plan(**tiny)
+    eager = dataclasses.replace(eager, stack=stack)
+    graphed = dataclasses.replace(eager, stack=dataclasses.replace(stack, cuda_graphs=True))
+    assert evaluate(graphed).step_time_s < evaluate(eager).step_time_s / 5
+
+
+def test_a_stack_that_sustains_less_of_the_kernel_rates_is_slower_in_proportion():
+    plan = make_plan(model="llama3-8b")
+    half = dataclasses.replace(plan, stack=dataclasses.replace(plan.stack, compute_efficiency=0.5,
+                                                               layer_kernels=0))
+    full = dataclasses.replace(plan, stack=dataclasses.replace(plan.stack, layer_kernels=0))
+    assert stage_work(half)[0].compute_f == pytest.approx(2 * stage_work(full)[0].compute_f)
+
+
+def test_memory_pressure_is_quadratic_above_ninety_percent():
+    assert dp.memory_pressure(10.0, 0.89, 1.0) == 0.0
+    assert dp.memory_pressure(10.0, 0.95, 1.0) == pytest.approx(10.0 * 0.10 * 0.25)
+    assert dp.memory_pressure(10.0, 1.00, 1.0) == pytest.approx(1.0)
+    assert dp.memory_pressure(10.0, 1.30, 1.0) == pytest.approx(1.0)  # capped
+
+
+def test_the_step_pays_the_stacks_overhead_once():
+    plan = make_plan()
+    more = dataclasses.replace(plan, stack=dataclasses.replace(
+        plan.stack, step_overhead_s=plan.stack.step_overhead_s + 0.5))
+    a, b = evaluate(plan), evaluate(more)
+    assert b.step_time_s - a.step_time_s == pytest.approx(0.5, rel=1e-6)
+    assert b.breakdown.overhead - a.breakdown.overhead == pytest.approx(0.5, rel=1e-6)
+
+
+def test_zero3_waits_for_the_first_layers_gather_and_slows_the_compute_it_hides_behind():
+    plan = make_plan(model="llama3-8b", gpus=16, dp=16, global_batch=64, zero=ZeroStage.PARAMETERS)
+    work = stage_work(plan)[0]
+    groups = mesh.groups(plan)
+    gather = comm.all_gather(work.params * 2, groups[Axis.DP])
+    scatter = comm.reduce_scatter(work.params * dp.grad_bytes(plan.job.dtype), groups[Axis.DP])
+    slow = plan.stack.comm_compute_slowdown
+    n = work.layers
+    f, b = work.comm[Axis.DP]
+    assert f == pytest.approx(gather / n + max(0, gather - work.compute_f)
+                              + slow * min(gather, work.compute_f))
+    assert b == pytest.approx(gather / n + max(0, gather + scatter - work.compute_b - work.compute_w)
+                              + slow * min(gather + scatter, work.compute_b + work.compute_w))
+    # ZeRO-3 now costs more time than ZeRO-2 on the same layout
+    z2 = evaluate(dataclasses.replace(plan, zero=ZeroStage.GRADIENTS))
+    assert evaluate(plan).step_time_s > z2.step_time_s
+
+
+def test_a_stack_without_overlapped_gradient_reduction_exposes_all_of_it():
+    plan = make_plan(model="llama3-8b", gpus=16, dp=16, global_batch=64, zero=ZeroStage.NONE)
+    no = dataclasses.replace(plan, stack=dataclasses.replace(plan.stack, overlap_grad_reduce=False))
+    groups = mesh.groups(plan)
+    work = stage_work(plan)[0]
+    reduce_s = comm.all_reduce(work.params * dp.grad_bytes(plan.job.dtype), groups[Axis.DP])
+    pred = evaluate(no)
+    assert pred.breakdown.dp_comm == pytest.approx(reduce_s)
+    assert evaluate(plan).breakdown.dp_comm < reduce_s
+
+
+def test_every_built_in_stack_names_a_kernel_set_and_positive_costs():
+    for name in ("megatron-core", "megatron-lm", "deepspeed", "torchtitan", "torchtitan-compiled",
+                 "fsdp"):
+        s = builtin_stack(name)
+        assert s.name == name and s.layer_kernels > 0
+        assert 0 < s.compute_efficiency <= 1 and s.step_overhead_s >= 0
+        assert math.isfinite(s.host_kernel_s)
