@@ -216,22 +216,39 @@ class AttentionCall(NamedTuple):
     backward: bool  # the backward alone
 
 
+# Head dimensions: flash kernels are compiled for head dims in steps of 32 up to 256
+# (flash-attention csrc/flash_attn/src/flash_fwd_hdim*.cu), so a head of d channels runs
+# the kernel of the next multiple of 32 and computes d / padded of useful FLOPs. Heads
+# narrower than 128 sustain less: at 64 channels FlashAttention-2 reaches 324 of its
+# 370 TFLOPS at 128, FlashAttention-3 497 of 648 (Shah et al. 2024, Fig. 5, H100, 16k).
+HEAD_DIM_RATE_64 = {AttentionKernel.FLASH2: 324 / 370, AttentionKernel.FLASH3: 497 / 648}
+
+
+def head_dim_factor(head_dim: float, kernel: AttentionKernel) -> float:
+    """Fraction of the head-dim-128 rate a flash kernel reaches at ``head_dim``."""
+    padded = max(32, math.ceil(head_dim / 32) * 32)
+    at_64 = HEAD_DIM_RATE_64.get(kernel, HEAD_DIM_RATE_64[AttentionKernel.FLASH2])
+    rate = 1.0 if padded >= 128 else at_64 + (1.0 - at_64) * max(0, padded - 64) / 64
+    return rate * head_dim / padded
+
+
 def attention_efficiency(device: Device, kernel: AttentionKernel, backward: bool,
-                         seq: float) -> float:
+                         seq: float, head_dim: float = 128) -> float:
     """Fraction of the 16-bit peak a flash-attention kernel reaches: the device's rate for
     the kernel generation (Hopper-class fused attention where the device has one, else
     FlashAttention-2) and direction, ramped by query length q / (q + q_half): short
     sequences leave the tiles' pipelines half full (Dao 2023, Fig. 4-7; Shah et al. 2024,
-    Fig. 5-6)."""
+    Fig. 5-6); and by the head dimension (:func:`head_dim_factor`)."""
     if kernel is AttentionKernel.FLASH3 and device.attention_fa3_efficiency is not None:
         eff = (device.attention_fa3_backward_efficiency or device.attention_fa3_efficiency
                if backward else device.attention_fa3_efficiency)
     else:
+        kernel = AttentionKernel.FLASH2
         eff = (device.attention_backward_efficiency or device.attention_efficiency
                if backward else device.attention_efficiency)
     if device.attention_seq_half:
         eff *= seq / (seq + device.attention_seq_half)
-    return eff
+    return eff * head_dim_factor(head_dim, kernel)
 
 
 def attention_time(work: float, call: AttentionCall, device: Device,
@@ -240,7 +257,7 @@ def attention_time(work: float, call: AttentionCall, device: Device,
     of the 16-bit peak (FlashAttention keeps the s x s scores on chip; Dao 2023), times
     the measured/analytic ratio the device's correction predicts for the call, if it has
     one. The surrogate is fitted on this same function (uncorrected)."""
-    eff = attention_efficiency(device, kernel, call.backward, call.seq)
+    eff = attention_efficiency(device, kernel, call.backward, call.seq, call.head_dim)
     t = work / (device.peak_bf16_flops * eff)
     if device.correction is not None:
         t *= device.correction.attention(*call)
@@ -339,14 +356,34 @@ def elementwise_bytes_forward(model: Model, shard: Shard, moe: bool = False) -> 
     return outside_tp + inside_tp + experts
 
 
+# FP8 GEMMs take FP8 operands: Transformer Engine quantizes each GEMM's 16-bit input
+# with a fused cast-transpose kernel that reads it once and writes the FP8 copy and its
+# transpose (for the backward's other GEMM): 2 bytes read, 2 written per element; the
+# backward does the same for the output gradient. Weights are cast once per step
+# (TE's first-microbatch weight caching) and left out. (TE docs, "Using FP8 with
+# Transformer Engine"; transformer_engine/pytorch/cpp_extensions/cast.py.)
+FP8_CAST_BYTES = 4
+
+
+def fp8_cast_seconds(gemms: list[tuple[float, float, float]], device: Device
+                     ) -> tuple[float, float]:
+    """(forward, backward) seconds of quantizing the FP8 GEMMs' activations and gradients."""
+    hbm = device.hbm_Bps * device.hbm_efficiency
+    return (sum(m * k for m, _, k in gemms) * FP8_CAST_BYTES / hbm,
+            sum(m * n for m, n, _ in gemms) * FP8_CAST_BYTES / hbm)
+
+
 def layer_times(model: Model, shard: Shard, device: Device, moe: bool = False) -> LayerTimes:
-    gemm_fwd = sum(gemm_time(m, n, k, device, shard.dtype)
-                   for m, n, k in layer_gemms(model, shard, moe))
+    gemms = layer_gemms(model, shard, moe)
+    gemm_fwd = sum(gemm_time(m, n, k, device, shard.dtype) for m, n, k in gemms)
     if moe:
         gemm_fwd += expert_time(model, shard, device)
     attn_fwd, attn_bwd = attention_core_time(model, shard, device)
     hbm = device.hbm_Bps * device.hbm_efficiency
     elem_fwd = elementwise_bytes_forward(model, shard, moe) / hbm
+    cast_f = cast_b = 0.0
+    if shard.dtype is Dtype.FP8:
+        cast_f, cast_b = fp8_cast_seconds(gemms, device)
     if shard.cp > 1 and shard.cp_ring:  # the ring's per-step merges, forward; backward merges the grads too
         merge = (shard.cp - 1) * ring_correction_bytes(model, shard) / hbm
         attn_fwd, attn_bwd = attn_fwd + merge, attn_bwd + 2 * merge
@@ -356,8 +393,9 @@ def layer_times(model: Model, shard: Shard, device: Device, moe: bool = False) -
             gemm_fwd / sustained, attn_fwd / sustained, attn_bwd / sustained, elem_fwd / sustained)
     # backward of an elementwise op reads the saved input and the output grad and
     # writes the input grad: about twice the forward traffic
-    forward = gemm_fwd + attn_fwd + elem_fwd
-    backward_input = gemm_fwd + attn_bwd + 2 * elem_fwd  # dgrad GEMMs match forward shapes
+    forward = gemm_fwd + attn_fwd + elem_fwd + cast_f / sustained
+    # dgrad GEMMs match forward shapes
+    backward_input = gemm_fwd + attn_bwd + 2 * elem_fwd + cast_b / sustained
     backward_weight = gemm_fwd  # wgrad GEMMs: same FLOPs, transposed shapes
     if shard.layer_kernels:
         forward, backward_input, backward_weight = _fixed_costs(

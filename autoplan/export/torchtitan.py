@@ -44,11 +44,6 @@ def problems(plan: Plan) -> list[tuple[str, str]]:
     if plan.job.dtype is Dtype.FP16:
         out.append(("job.dtype", "torchtitan trains in bf16 (training.mixed_precision_param: "
                                  "bfloat16 or float32), not fp16"))
-    lay = plan.layout
-    if plan.zero is ZeroStage.NONE and lay.dp > 1 and lay.cp == 1 and lay.tp * lay.pp > 1:
-        out.append(("zero", "torchtitan's plain data parallel (DDP, zero 0) runs only without "
-                            "tensor or pipeline parallelism (\"DDP has not supported > 1D "
-                            "parallelism\"); use zero: 3 (FSDP)"))
     return out
 
 

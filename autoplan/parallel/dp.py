@@ -58,8 +58,10 @@ RULES = (
 
 def zero_stages(lay: Layout, space: SearchSpace) -> list[ZeroStage]:
     """The space's ZeRO stages, capped where the launcher cannot combine them with pp."""
+    from autoplan.parallel.rules import plain_dp_refused
+
     cap = space.zero_max_with_pp if lay.pp > 1 else ZeroStage.PARAMETERS
-    return [z for z in space.zero if z <= cap]
+    return [z for z in space.zero if z <= cap and not plain_dp_refused(lay, z, space)]
 
 
 # ----------------------------------------------------------------------------- memory

@@ -22,9 +22,10 @@ from autoplan.parallel import cp, dp, ep, pp, tp
 from autoplan.parallel.common import Rule, Scope
 from autoplan.parallel.pp import uniform_stages
 from autoplan.search.space import SearchSpace, StageShape
+from autoplan.vocab import ZeroStage
 
 if TYPE_CHECKING:
-    from autoplan.plan import Plan
+    from autoplan.plan import Layout, Plan
 
 
 def _gpus(plan: Plan) -> str | None:
@@ -105,6 +106,9 @@ def space_problems(plan: Plan, space: SearchSpace) -> list[tuple[str, str]]:
     elif lay.pp > 1 and plan.zero > space.zero_max_with_pp:
         outside("zero", f"zero: {int(plan.zero)} with pipeline parallelism (pp={lay.pp})",
                 f"zero up to {int(space.zero_max_with_pp)} when pp > 1")
+    elif plain_dp_refused(lay, plan.zero, space):
+        outside("zero", "plain data parallel (zero: 0) with tensor or pipeline parallelism",
+                "zero 0 only without tp and pp")
     if lay.tp > 1 and plan.sequence_parallel not in space.sequence_parallel:
         outside("sequence_parallel", f"sequence_parallel: {str(plan.sequence_parallel).lower()}",
                 "sequence_parallel: " + ", ".join(str(s).lower() for s in space.sequence_parallel))
@@ -114,6 +118,13 @@ def space_problems(plan: Plan, space: SearchSpace) -> list[tuple[str, str]]:
     if stage:
         outside("stages", f"the layer split {list(plan.stage_layers)}", stage)
     return out
+
+
+def plain_dp_refused(lay: Layout, zero: ZeroStage, space: SearchSpace) -> bool:
+    """The launcher's plain data parallel (zero 0) cannot join tensor or pipeline parallelism
+    (``SearchSpace.plain_dp_with_model_parallel``)."""
+    return (not space.plain_dp_with_model_parallel and zero is ZeroStage.NONE and lay.dp > 1
+            and lay.cp == 1 and lay.tp * lay.pp > 1)
 
 
 def _stage_shape_problem(plan: Plan, shape: StageShape) -> str:

@@ -215,8 +215,8 @@ class _Search:
                             # the group's member without the ring's merges (all-to-all
                             # where allowed): its time less all CP communication bounds
                             # every exchange
-                            plan = Plan(model=self.model, cluster=self.cluster, job=self.job, stack=self.space.stack,
-                                        layout=base, micro_batch=mbs,
+                            plan = Plan(model=self.model, cluster=self.cluster, job=self.job,
+                                        stack=self.space.stack, layout=base, micro_batch=mbs,
                                         schedule=Schedule.ONE_F_ONE_B, recompute=rc,
                                         zero=zero, sequence_parallel=sp, cp_comm=cps[-1])
                             bound = self._group_bound(plan, without_cp=len(cps) > 1)

@@ -47,6 +47,10 @@ class SearchSpace:
     ep_max: int = 1  # expert parallel degree (mixture-of-experts models only)
     etp: tuple[str, ...] = ("tp",)  # expert tensor parallel: "1" (experts unsplit) and/or "tp"
     cp_comm: tuple[CpComm, ...] = (CpComm.RING,)  # context-parallel exchanges tried where cp > 1
+    # plain data parallel (zero 0) with tensor or pipeline parallelism: False where the
+    # launcher's DDP runs only one-dimensional (torchtitan: "DDP has not supported > 1D
+    # parallelism", torchtitan/distributed/parallel_dims.py)
+    plain_dp_with_model_parallel: bool = True
     # the software the plans run on: the space's launcher implies it (SPACE_STACKS), a
     # space file, job file or --stack may name another
     stack: Stack = field(default_factory=default_stack)
@@ -89,6 +93,7 @@ def read_space(data: Any, source: str) -> SearchSpace:
     ep_max = f.int("ep_max", 1, min=1)
     etp = _etp_choices(f)
     cp_comm = _choices(f, "cp_comm", CpComm) if f.has("cp_comm") else (CpComm.RING,)
+    plain_dp_mp = f.bool("plain_dp_with_model_parallel", True)
     stack = default_stack()
     try:
         stack = resolve_stack(f.raw("stack", SPACE_STACKS.get(name, DEFAULT_STACK)), source,
@@ -106,6 +111,7 @@ def read_space(data: Any, source: str) -> SearchSpace:
         zero=tuple(z for z in ZeroStage if z in zero), zero_max_with_pp=zero_pp,
         sequence_parallel=tuple(sorted(sp, reverse=True)), stage_shape=shape,
         ep_max=ep_max, etp=etp, cp_comm=tuple(c for c in CpComm if c in cp_comm), stack=stack,
+        plain_dp_with_model_parallel=plain_dp_mp,
     )
 
 

@@ -13,9 +13,9 @@ from autoplan.cost.bounds import (
     cost_key,
     optimizer_seconds,
     stage_memory,
-    step_overhead,
     stage_work,
     stage_work_for,
+    step_overhead,
 )
 from autoplan.parallel.pp import uniform_stages
 from autoplan.plan import Plan

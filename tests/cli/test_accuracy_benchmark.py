@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy.py"
 
 COLUMNS = (
@@ -27,13 +29,15 @@ COLUMNS = (
 ROWS = [
     # FSDP Llama on 8 A100-80GB, step time given
     dict(row_id="T-1", source="synthetic torchtitan", source_table="t", model="Llama-test-1B",
+         framework="torchtitan (FSDP2)",
          model_type="dense", num_layers="16", hidden_size="2048", num_attention_heads="16",
          num_kv_heads="8", ffn_hidden_size="8192", vocab_size="32000", seq_len="2048",
          gpu_type="A100-80GB", num_gpus="8", tp="1", pp="1", dp="8", fsdp="FSDP2 over 8 GPUs",
          micro_batch_size="2", global_batch_size="16", recompute="none", precision="bf16",
          measured_step_time_s="1.5", validation_ready="yes"),
     # Megatron GPT on 16 H100 with TP and PP, only hardware TFLOP/s given
-    dict(row_id="T-2", source="synthetic Narayanan", source_table="Table 1 row x",
+    dict(row_id="T-2", source="Megatron-LM SC'21", source_table="Table 1 row x",
+         framework="Megatron-LM",
          model="GPT-test-3B", model_type="dense", num_layers="24", hidden_size="3072",
          num_attention_heads="24", vocab_size="51200", seq_len="2048", gpu_type="H100-80GB-SXM",
          num_gpus="16", tp="2", pp="2", dp="4", micro_batch_size="2", global_batch_size="64",
@@ -42,6 +46,7 @@ ROWS = [
          notes="TFLOP/s count the recompute (hardware FLOPs)"),
     # a GPU autoplan has no profile for: skipped, with the reason printed
     dict(row_id="T-3", source="synthetic", source_table="t", model="Llama-test-1B",
+         framework="torchtitan",
          model_type="dense", num_layers="16", hidden_size="2048", num_attention_heads="16",
          ffn_hidden_size="8192", vocab_size="32000", seq_len="2048", gpu_type="V100-32GB",
          num_gpus="8", tp="1", pp="1", dp="8", micro_batch_size="2", global_batch_size="16",
@@ -75,12 +80,13 @@ def test_benchmark_predicts_the_ready_rows_and_prints_mape(tmp_path):
     assert "'V100-32GB' is not among the built-in devices" in out
 
 
-def test_markdown_names_the_command_and_says_calibration_not_validation(tmp_path):
+def test_markdown_names_the_command_and_tells_validation_from_calibration(tmp_path):
     result = run("--csv", str(write_csv(tmp_path / "runs.csv")), "--markdown")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("# Prediction accuracy")
     assert "python benchmarks/accuracy.py --markdown" in result.stdout
-    assert "calibration result, not a validation result" in result.stdout
+    assert "**Held out** is the validation claim" in result.stdout
+    assert "**Files** is a calibration result" in result.stdout
     assert "| **overall** | 2 |" in result.stdout
 
 
@@ -100,8 +106,55 @@ def test_a_csv_without_a_usable_row_exits_2(tmp_path):
     assert "no validation-ready row" in result.stderr
 
 
-def test_fit_prints_the_efficiency_block_for_the_device_files(tmp_path):
+def test_fit_prints_the_lines_for_the_stack_files(tmp_path):
     result = run("--csv", str(write_csv(tmp_path / "runs.csv")), "--fit")
     assert result.returncode == 0, result.stderr
-    assert "efficiency: {gemm: " in result.stdout
-    assert "calibration, not validation" in result.stdout
+    assert "profiles/stacks/*.yaml (calibration, not validation" in result.stdout
+    assert "megatron-lm: step_overhead_ms: " in result.stdout
+    assert "compute_efficiency: " in result.stdout
+
+
+def test_the_report_holds_each_source_out_of_its_own_fit(tmp_path):
+    result = run("--csv", str(write_csv(tmp_path / "runs.csv")))
+    assert result.returncode == 0, result.stderr
+    assert "held out" in result.stdout
+    assert "parameters fitted per fold (without the source named):" in result.stdout
+
+
+def _module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("accuracy_benchmark", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["accuracy_benchmark"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_held_out_prediction_never_depends_on_its_own_measurements(tmp_path):
+    """Scaling one source's measured times changes nothing it is predicted with."""
+    import dataclasses
+
+    acc = _module()
+    rows = acc.read_rows(write_csv(tmp_path / "runs.csv"))
+    cases = [c for c in (acc.build_case(r) for r in rows
+                         if r["validation_ready"] == "yes") if isinstance(c, acc.Case)]
+    assert {c.source for c in cases} == {"torchtitan", "Megatron-LM SC'21"}
+    held, folds = acc.cross_validate(cases)
+    moved = [dataclasses.replace(c, measured_s=c.measured_s * 3)
+             if c.source == "Megatron-LM SC'21" else c for c in cases]
+    held2, folds2 = acc.cross_validate(moved)
+    mine = [r.predicted_s for r in held if r.case.source == "Megatron-LM SC'21"]
+    assert mine == [r.predicted_s for r in held2 if r.case.source == "Megatron-LM SC'21"]
+    assert folds["Megatron-LM SC'21"] == folds2["Megatron-LM SC'21"]
+    # the other source's fit did see the change
+    assert folds["torchtitan"] != folds2["torchtitan"]
+
+
+def test_spearman_and_regret_against_hand_numbers():
+    acc = _module()
+    assert acc.spearman([1, 2, 3], [10, 20, 30]) == 1.0
+    assert acc.spearman([1, 2, 3], [30, 20, 10]) == -1.0
+    assert acc.spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(0.8660254)  # ties: average ranks
+    assert acc.spearman([1, 1], [1, 2]) is None

@@ -113,7 +113,8 @@ def test_a_stack_that_sustains_less_of_the_kernel_rates_is_slower_in_proportion(
     plan = make_plan(model="llama3-8b")
     half = dataclasses.replace(plan, stack=dataclasses.replace(plan.stack, compute_efficiency=0.5,
                                                                layer_kernels=0))
-    full = dataclasses.replace(plan, stack=dataclasses.replace(plan.stack, layer_kernels=0))
+    full = dataclasses.replace(plan, stack=dataclasses.replace(plan.stack, compute_efficiency=1.0,
+                                                               layer_kernels=0))
     assert stage_work(half)[0].compute_f == pytest.approx(2 * stage_work(full)[0].compute_f)
 
 
@@ -169,3 +170,30 @@ def test_every_built_in_stack_names_a_kernel_set_and_positive_costs():
         assert s.name == name and s.layer_kernels > 0
         assert 0 < s.compute_efficiency <= 1 and s.step_overhead_s >= 0
         assert math.isfinite(s.host_kernel_s)
+
+
+def test_fp8_layers_pay_the_cast_transpose_of_each_gemm_input_and_output_gradient():
+    """Per GEMM (m, n, k): forward reads 2 and writes 2 bytes per input element (m k),
+    backward the same per output-gradient element (m n), at the device's HBM rate."""
+    model = resolve_model("llama3-8b")
+    shard = Shard(2, 4096, 1, 1, False, Dtype.FP8)
+    gemms = compute.layer_gemms(model, shard)
+    hbm = H100.hbm_Bps * H100.hbm_efficiency
+    f, b = compute.fp8_cast_seconds(gemms, H100)
+    assert f == pytest.approx(sum(m * k * 4 for m, _, k in gemms) / hbm)
+    assert b == pytest.approx(sum(m * n * 4 for m, n, _ in gemms) / hbm)
+    fp8 = compute.layer_times(model, shard, H100)
+    no_cast = sum(compute.gemm_time(m, n, k, H100, Dtype.FP8) for m, n, k in gemms)
+    assert fp8.forward > no_cast + f
+
+
+def test_narrow_and_odd_head_dims_run_a_padded_slower_kernel():
+    """hd 128: the full rate; hd 64: FA2's 324/370 of it (FA3 paper, fig. 5); hd 80 runs
+    the 96 kernel: 80/96 of the rate halfway between 64's and 128's."""
+    f2 = AttentionKernel.FLASH2
+    assert compute.head_dim_factor(128, f2) == 1.0
+    assert compute.head_dim_factor(64, f2) == pytest.approx(324 / 370)
+    assert compute.head_dim_factor(80, f2) == pytest.approx((324 / 370 + 1) / 2 * 80 / 96)
+    assert compute.head_dim_factor(192, f2) == 1.0
+    assert (attention_efficiency(H100, f2, False, 1e9, 64)
+            == pytest.approx(0.35 * 324 / 370, rel=1e-6))
