@@ -3,7 +3,7 @@ plan file: schema v1 of DESIGN.md, read strictly and written deterministically."
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from autoplan.descriptors.hardware import Cluster
@@ -71,6 +71,14 @@ class Plan:
     stages: tuple[int, ...] | None = None  # layers per pipeline stage; None = uniform
     cp_comm: CpComm = CpComm.RING
     stack: Stack = field(default_factory=default_stack)  # the software it runs on
+    # plans key every memoized cost: hashed on first use, then remembered (frozen fields)
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        if not self._hash:
+            object.__setattr__(self, "_hash", hash(tuple(
+                getattr(self, name) for name in _PLAN_FIELDS)) or 1)
+        return self._hash
 
     @property
     def num_microbatches(self) -> int:
@@ -112,6 +120,9 @@ class Plan:
         if self.stack != default_stack():
             out["stack"] = self.stack.name if builtin_stack else self.stack.to_dict()
         return out
+
+
+_PLAN_FIELDS = tuple(f.name for f in fields(Plan) if f.compare)
 
 
 # --------------------------------------------------------------------------- predictions

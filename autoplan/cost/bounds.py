@@ -14,13 +14,21 @@ from autoplan.cost.stage import (
     stage_work,
     stage_work_for,
 )
-from autoplan.parallel.dp import optimizer_seconds, state_bytes, step_overhead
+from autoplan.parallel import mesh
+from autoplan.parallel.dp import (
+    grad_sync_floor,
+    memory_pressure,
+    optimizer_seconds,
+    state_bytes,
+    step_overhead,
+)
 from autoplan.parallel.pp import dense_per_stage, output_stage
 from autoplan.plan import Plan
 from autoplan.vocab import Axis
 
 __all__ = [
-    "StageWork", "cost_key", "dense_per_stage", "memory_shortfall", "optimizer_seconds",
+    "StageWork", "cost_key", "dense_per_stage", "memory_pressure", "memory_shortfall",
+    "optimizer_seconds",
     "output_stage", "stage_memory", "stage_state_params", "stage_work", "stage_work_for",
     "state_bytes", "step_overhead", "busiest_stage_bound", "step_time_lower_bound",
 ]
@@ -29,8 +37,9 @@ __all__ = [
 def step_time_lower_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
     """A bound no schedule beats: stage s cannot start before the first microbatch's
     forward crosses the stages before it, must run m forwards and backwards, and its
-    last backward must still cross those stages back; then the optimizer step and the
-    stack's per-step overhead.
+    last backward must still cross those stages back; then the optimizer step, the
+    stack's per-step overhead and the gradient sync no drain hides
+    (``dp.grad_sync_floor``).
     Exact for 1F1B and GPipe with uniform stages ((m + p - 1)(f + b))."""
     m, v = plan.num_microbatches, plan.layout.vpp
     best, fill, drain = 0.0, 0.0, 0.0
@@ -38,7 +47,8 @@ def step_time_lower_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
         best = max(best, fill + m * (w.forward + w.backward) + drain)
         fill += w.forward / v
         drain += w.backward / v
-    return best + optimizer_seconds(plan, works) + step_overhead(plan)
+    return (best + optimizer_seconds(plan, works) + step_overhead(plan)
+            + grad_sync_floor(plan, mesh.groups(plan), works))
 
 
 def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], without_cp: bool) -> float:

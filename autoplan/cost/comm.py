@@ -51,42 +51,40 @@ def _ratio(op: str, nbytes: float, g: Group) -> float:
 
 # NCCL's own cost model (src/graph/tuning.cc, ncclTopoTuneModel, NCCL 2.18-2.19), ring
 # algorithm: a protocol trades latency for bandwidth, and NCCL runs each call with the
-# protocol its model predicts fastest. Per protocol: base latency per call (us), per-step
-# latency relative to Simple's on NVLink (hwLat 0.6 / 1.9 / 3.4 us) and on the network
-# (2.7 / 4.0 / 14 us), and the share of bus bandwidth it carries (LL: 1/4 for all-reduce
-# and multi-node rings, else 1/3; LL128: 0.92, "120/128"). A cluster file's link latency
-# is Simple's per-step latency.
+# protocol its model predicts fastest. Per protocol: base latency per call (baseLat, us)
+# and the share of the bus bandwidth it carries (LL: 1/4 for all-reduce and multi-node
+# rings; LL128: 0.92, "120/128"). Per ring step every protocol pays the link's latency
+# (a cluster file's latency_us): NCCL's tuner scales LL's step down to 0.6 of 3.4 us,
+# but measured small-message floors do not show it - nccl-tests all_reduce_perf on
+# 8 A100s takes 43.8 us at 32 KB, torch.distributed on 8 H200s 38-40 us up to 512 KiB
+# (stas00/ml-engineering network/README.md and network/benchmarks/results/
+# all-reduce-8xH200.md): 14 steps of about 3 us plus the base, as modelled here.
 PROTOCOLS = (
-    # name, base latency s, step scale NVLink, step scale network, bandwidth share
-    ("LL", 6.6e-6, 0.6 / 3.4, 2.7 / 14.0, 1 / 4),
-    ("LL128", 14.0e-6, 1.9 / 3.4, 4.0 / 14.0, 0.92),
-    ("Simple", 8.4e-6, 1.0, 1.0, 1.0),
+    # name, base latency s, bandwidth share
+    ("LL", 6.6e-6, 1 / 4),
+    ("LL128", 14.0e-6, 0.92),
+    ("Simple", 8.4e-6, 1.0),
 )
-# a link without NCCL's protocols (fitted on a measured profile): one alpha-beta protocol
-SINGLE_PROTOCOL = (("alpha-beta", 0.0, 1.0, 1.0, 1.0),)
-
-
-def _phase(nbytes: float, ranks: int, link: Link, step_scale: float, share: float) -> float:
-    """One reduce-scatter or all-gather over a ring of ``ranks``: (n-1) steps of nbytes/n."""
-    if ranks <= 1:
-        return 0.0
-    return ((ranks - 1) * link.latency_s * step_scale
-            + (ranks - 1) / ranks * nbytes / (link.effective_Bps * share))
 
 
 def _ring_pass(nbytes: float, g: Group, passes: int = 1) -> float:
     """``passes`` reduce-scatter or all-gather passes in one call (all-reduce: 2), each
-    hierarchical across domains, with the fastest protocol; the call's base latency once."""
-    best = float("inf")
-    for _, base, nvl, net, share in PROTOCOLS if g.intra.nccl_protocols else SINGLE_PROTOCOL:
-        if g.domains == 1:
-            t = _phase(nbytes, g.size, g.intra, nvl, share)
-        else:
-            # each of the k members carries 1/k of the buffer across domains on its own NIC
-            t = (_phase(nbytes, g.per_domain, g.intra, nvl, share)
-                 + _phase(nbytes / g.per_domain, g.domains, g.inter, net, share))
-        best = min(best, base + passes * t)
-    return best
+    hierarchical across domains, with the fastest protocol; the call's base latency once.
+    A ring phase over n ranks takes (n-1) steps of nbytes/n: (n-1) step latencies and
+    (n-1)/n nbytes over the link; across domains each of the k members of a domain
+    carries 1/k of the buffer on its own NIC."""
+    if g.domains == 1:
+        n = g.size
+        nvl_lat, net_lat = (n - 1) * g.intra.latency_s, 0.0
+        wire = (n - 1) / n * nbytes / g.intra.effective_Bps
+    else:
+        k, d = g.per_domain, g.domains
+        nvl_lat, net_lat = (k - 1) * g.intra.latency_s, (d - 1) * g.inter.latency_s
+        wire = ((k - 1) / k * nbytes / g.intra.effective_Bps
+                + (d - 1) / d * (nbytes / k) / g.inter.effective_Bps)
+    if not g.intra.nccl_protocols:
+        return passes * (nvl_lat + net_lat + wire)
+    return min(base + passes * (nvl_lat + net_lat + wire / share) for _, base, share in PROTOCOLS)
 
 
 def reduce_scatter(nbytes: float, g: Group) -> float:

@@ -86,6 +86,7 @@ class StageWork:
         return self.backward_input + self.compute_w
 
 
+@lru_cache(maxsize=16384)
 def shard_of(plan: Plan) -> Shard:
     lay, stack = plan.layout, plan.stack
     moe = plan.model.is_moe
@@ -356,5 +357,5 @@ def memory_shortfall(plan: Plan, stage: int, mem: Memory, capacity: float) -> st
 def clear_caches() -> None:
     """Drop every memoized stage, layer and parameter count (benchmarks: cold runs)."""
     for fn in (_layer_times, layer_params_per_rank, stage_params, _stage_works, _shared,
-               _stage, _activation_terms):
+               _stage, _activation_terms, shard_of):
         fn.cache_clear()

@@ -133,29 +133,48 @@ def grad_sync_exposed(plan: Plan, groups: dict[Axis, comm.Group], works: Sequenc
     """
     if plan.zero is ZeroStage.PARAMETERS:
         return 0.0  # ZeRO-3 communicates per microbatch, inside the stage times
-    exposed = 0.0
-    for work, end in zip(works, finish, strict=True):
-        reduce_s = gather_s = 0.0
-        for params, group in ((work.params, groups[Axis.DP]),
-                              (work.expert_params, groups[Axis.EDP])):
-            if not params or group.size <= 1:
-                continue
-            grads = params * grad_bytes(plan.job.dtype)
-            if plan.zero is ZeroStage.NONE:
-                reduce_s += comm.all_reduce(grads, group)
-            else:
-                reduce_s += comm.reduce_scatter(grads, group)
-                gather_s += comm.all_gather(params * BF16_BYTES, group)
-        stack = plan.stack
-        slow = stack.comm_compute_slowdown
-        if stack.overlap_grad_reduce:  # the last backward computes beside it, the drain idles
-            last_b = work.backward / plan.layout.vpp
-            drain = makespan - end
-            reduce_s = max(0.0, reduce_s - drain - last_b) + slow * min(reduce_s, last_b)
-        if stack.overlap_param_gather:
-            gather_s = overlapped(gather_s, work.forward / plan.layout.vpp, slow)
-        exposed = max(exposed, reduce_s + gather_s)
-    return exposed
+    return max(_stage_sync(plan, groups, work, makespan - end)
+               for work, end in zip(works, finish, strict=True))
+
+
+def grad_sync_floor(plan: Plan, groups: dict[Axis, comm.Group],
+                    works: Sequence[StageShare]) -> float:
+    """What :func:`grad_sync_exposed` charges whatever the pipeline's drain (a bound for
+    the search): the overlapped reduction still slows the last backward, the gather the
+    first forward, and what a stack does not overlap stays exposed."""
+    if plan.zero is ZeroStage.PARAMETERS:
+        return 0.0
+    seen: dict[tuple[float, float, float, float], float] = {}
+    for w in works:
+        key = (w.params, w.expert_params, w.forward, w.backward)
+        if key not in seen:
+            seen[key] = _stage_sync(plan, groups, w, float("inf"))
+    return max(seen.values())
+
+
+def _stage_sync(plan: Plan, groups: dict[Axis, comm.Group], work: StageShare,
+                drain: float) -> float:
+    """One stage's exposed reduction and gather, the pipeline draining ``drain`` seconds
+    after the stage's last backward."""
+    reduce_s = gather_s = 0.0
+    for params, group in ((work.params, groups[Axis.DP]),
+                          (work.expert_params, groups[Axis.EDP])):
+        if not params or group.size <= 1:
+            continue
+        grads = params * grad_bytes(plan.job.dtype)
+        if plan.zero is ZeroStage.NONE:
+            reduce_s += comm.all_reduce(grads, group)
+        else:
+            reduce_s += comm.reduce_scatter(grads, group)
+            gather_s += comm.all_gather(params * BF16_BYTES, group)
+    stack = plan.stack
+    slow = stack.comm_compute_slowdown
+    if stack.overlap_grad_reduce:  # the last backward computes beside it, the drain idles
+        last_b = work.backward / plan.layout.vpp
+        reduce_s = max(0.0, reduce_s - drain - last_b) + slow * min(reduce_s, last_b)
+    if stack.overlap_param_gather:
+        gather_s = overlapped(gather_s, work.forward / plan.layout.vpp, slow)
+    return reduce_s + gather_s
 
 
 def step_overhead(plan: Plan) -> float:

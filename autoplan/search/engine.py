@@ -20,12 +20,14 @@ from autoplan.cost.bounds import (
     StageWork,
     busiest_stage_bound,
     dense_per_stage,
+    memory_pressure,
     memory_shortfall,
     output_stage,
     stage_memory,
     stage_state_params,
     stage_work,
     state_bytes,
+    step_overhead,
     step_time_lower_bound,
 )
 from autoplan.cost.evaluate import evaluate
@@ -311,7 +313,11 @@ class _Search:
             self.stats.infeasible[reason] += 1
             self._note_closest(plan, stage, worst)
             return None
-        return _Candidate(step_time_lower_bound(plan, works), rank_key_static(plan), plan)
+        bound = step_time_lower_bound(plan, works)
+        # the allocator's pressure grows with the step and the peak: charged on the bound
+        # (without the stack's fixed overhead, as evaluate charges it) it stays a bound
+        bound += memory_pressure(bound - step_overhead(plan), worst.peak, self.capacity)
+        return _Candidate(bound, rank_key_static(plan), plan)
 
     def realize(self, item: _Split) -> _Candidate | _Split | None:
         """Tighten the split variant's bound with each stage's memory (back to the queue
