@@ -836,7 +836,7 @@ def print_markdown(rep: Report, out=sys.stdout) -> None:
     today = datetime.date.today().isoformat()
     w("# Prediction accuracy on published training runs\n\n")
     w("Two numbers per slice. **Held out** is the validation claim: every source's rows are "
-      "predicted with the stack host costs fitted on the *other* sources only "
+      "predicted with the stack constants fitted on the *other* sources only "
       "(leave-one-source-out cross-validation). **Files** is a calibration result: the "
       "values committed in `profiles/stacks/` were fitted on all rows these tables score. "
       "Kernel rates (GEMM, attention, HBM, links) are not fitted here: they come from public "
@@ -846,8 +846,8 @@ def print_markdown(rep: Report, out=sys.stdout) -> None:
     w(f"- Data: `shared/data/calibration_runs.csv`: {rep.rows_total} rows, {rep.rows_ready} "
       f"marked `validation_ready`, {len(rep.cases)} predicted, {len(rep.skips)} skipped (below)\n")
     w(f"- In the files: {_params_text(committed_params())}\n")
-    w("- Ranking: a group is the rows with the same model, GPU count, global batch and sequence "
-      "length from one source (the choices a planner makes between); Spearman is the rank "
+    w("- Ranking: a group is the rows with the same model, GPU kind and count, global batch "
+      "and sequence length from one source (the choices a planner makes between); Spearman is the rank "
       "correlation of predicted and measured step time within a group (median over groups), "
       "top-1 regret how much slower the plan predicted fastest measured than the fastest "
       "measured (worst group)\n")
