@@ -124,6 +124,7 @@ def plan_fields(plan: Plan) -> dict[str, Value]:
     out["sequence_parallel"] = plan.sequence_parallel
     out["cp_comm"] = plan.cp_comm.value if lay.cp > 1 else None
     out["stages"] = plan.stage_layers
+    _flatten("stack", plan.stack.to_dict(), out)
     return out
 
 

@@ -93,7 +93,7 @@ class Plan:
         return uniform_stages(self.model.layers, self.layout.pp)
 
     def to_dict(self, builtin_model: bool = False, builtin_cluster: bool = False,
-                builtin_stack: bool = True) -> dict[str, Any]:
+                builtin_stack: bool = False) -> dict[str, Any]:
         """The plan-file mapping (without prediction). Built-ins are written by name."""
         model: Any = self.model.name if builtin_model else self.model.to_dict()
         cluster: Any = (

@@ -72,3 +72,16 @@ def test_search_runs_on_the_stack_its_space_implies_and_says_so():
     named = autoplan("search", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
                      "--global-batch", "64", "--seq-len", "4096", "--stack", "fsdp", "--top", "1")
     assert named.returncode == 0 and "stack fsdp" in named.stdout
+
+
+def test_diff_names_a_change_of_stack(tmp_path: Path):
+    a = _plan_file(tmp_path)
+    b = tmp_path / "b.yaml"
+    doc = yaml.safe_load(a.read_text())
+    doc["stack"] = "torchtitan"
+    b.write_text(yaml.safe_dump(doc))
+    out = autoplan("diff", a, b, "--format", "json")
+    assert out.returncode in (0, 1), out.stderr
+    changes = {c["field"]: (c["a"], c["b"]) for c in json.loads(out.stdout)["changes"]}
+    assert changes["stack.name"] == ("megatron-core", "torchtitan")
+    assert changes["stack.attention"] == ("flash3", "flash2")
