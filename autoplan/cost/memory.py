@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from autoplan.cost.compute import BF16_BYTES, Shard
 from autoplan.descriptors.model import Model
+from autoplan.descriptors.stack import AttentionKernel
 from autoplan.vocab import Dtype, Recompute, ZeroStage
 
 
@@ -55,9 +56,13 @@ def sharded_state_bytes(
 
 
 def layer_activation_bytes(
-    model: Model, shard: Shard, recompute: Recompute, flash: bool = True, moe: bool = False
+    model: Model, shard: Shard, recompute: Recompute, flash: bool | None = None, moe: bool = False
 ) -> float:
-    """Activations one layer keeps for backward, per microbatch, on one rank."""
+    """Activations one layer keeps for backward, per microbatch, on one rank. ``flash``:
+    whether attention is a fused kernel that keeps no s x s scores (None: as the shard's
+    stack runs it; unfused attention keeps Korthikanti et al.'s 5 a s b bytes per layer)."""
+    if flash is None:
+        flash = shard.attention_kernel is not AttentionKernel.UNFUSED
     if recompute is Recompute.FULL:
         # only the layer input is checkpointed (Korthikanti et al. 2022, Sec. 4.2: 2sbh)
         return BF16_BYTES * shard.norm_tokens * model.hidden

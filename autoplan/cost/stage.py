@@ -342,7 +342,7 @@ def stage_memory(plan: Plan, stage: int, work: StageWork, inflight_chunks: int) 
         if model.is_moe:
             largest = max(largest, layer_params_per_rank(model, lay.tp, True)
                           + ep.expert_params_per_rank(model, lay.ep, lay.etp))
-        other += dp.zero3_buffer_bytes(largest)
+        other += dp.zero3_buffer_bytes(largest, plan.stack.zero3_max_live_params)
     return Memory(weights=states.weights, grads=states.grads, optimizer=states.optimizer,
                   activations=activations, other=other)
 

@@ -57,6 +57,8 @@ class Stack:
     step_overhead_s: float = 0.0  # per step: optimizer launch, grad-norm sync, logging
     overlap_grad_reduce: bool = True  # DP gradient reduction overlaps the backward
     overlap_param_gather: bool = True  # ZeRO-1/2 parameter all-gather overlaps the forward
+    # ZeRO-3 parameters gathered and alive at once (0: a layer and the next, as FSDP)
+    zero3_max_live_params: float = 0.0
     # compute slowed while NCCL kernels share the SMs (one CTA per channel; NCCL's
     # default up to 32 channels out of ~100-140 SMs)
     comm_compute_slowdown: float = 0.0
@@ -83,6 +85,8 @@ class Stack:
             "overlap": {"grad_reduce": self.overlap_grad_reduce,
                         "param_gather": self.overlap_param_gather},
             "comm_compute_slowdown": self.comm_compute_slowdown,
+            **({"zero3_max_live_params": self.zero3_max_live_params}
+               if self.zero3_max_live_params else {}),
         }
 
 
@@ -101,6 +105,7 @@ def read_stack(f: Fields) -> Stack | None:
     gather = ov.bool("param_gather", True)
     ov.close()
     slowdown = f.float("comm_compute_slowdown", 0.0, min=0.0, max=0.9)
+    live = f.float("zero3_max_live_params", 0.0, min=0.0, max=1e15)
     f.close()
     if len(f.problems) > before:
         return None
@@ -108,4 +113,4 @@ def read_stack(f: Fields) -> Stack | None:
                  compute_efficiency=compute,
                  cuda_graphs=graphs, host_kernel_s=host * 1e-6, step_overhead_s=step * 1e-3,
                  overlap_grad_reduce=grad, overlap_param_gather=gather,
-                 comm_compute_slowdown=slowdown)
+                 comm_compute_slowdown=slowdown, zero3_max_live_params=live)

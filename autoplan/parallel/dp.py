@@ -85,9 +85,14 @@ def state_bytes(plan: Plan, params: float, expert_params: float) -> memory.Bytes
                                 optimizer=dense.optimizer + experts.optimizer)
 
 
-def zero3_buffer_bytes(largest_layer_params: float) -> float:
-    """FSDP/ZeRO-3 hold the gathered current layer and prefetch the next one."""
-    return 2 * BF16_BYTES * largest_layer_params
+def zero3_buffer_bytes(largest_layer_params: float, max_live_params: float = 0.0) -> float:
+    """FSDP/ZeRO-3 hold the gathered current layer and prefetch the next one; DeepSpeed
+    caps the gathered parameters alive at once (``stage3_max_live_parameters``, 1e9 by
+    default in deepspeed/runtime/zero/config.py), given as ``max_live_params`` (0: no cap)."""
+    live = 2 * largest_layer_params
+    if max_live_params:
+        live = min(live, max_live_params)
+    return BF16_BYTES * live
 
 
 # ----------------------------------------------------------------------------- communication

@@ -85,3 +85,22 @@ def test_diff_names_a_change_of_stack(tmp_path: Path):
     changes = {c["field"]: (c["a"], c["b"]) for c in json.loads(out.stdout)["changes"]}
     assert changes["stack.name"] == ("megatron-core", "torchtitan")
     assert changes["stack.attention"] == ("flash3", "flash2")
+
+
+def test_explain_says_which_stack_it_assumed():
+    out = autoplan("explain", PLAN)
+    assert out.returncode == 0, out.stderr
+    assert "stack: megatron-core" in out.stdout
+
+
+def test_a_job_file_may_name_the_stack(tmp_path: Path):
+    job = tmp_path / "job.yaml"
+    job.write_text("model: llama3-8b\ncluster: dgx-h100\ngpus: 8\n"
+                   "job: {global_batch: 64, seq_len: 4096}\nstack: megatron-lm\n")
+    out = autoplan("search", job, "--top", "1", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["plans"][0]["prediction"]["stack"] == "megatron-lm"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(job.read_text().replace("megatron-lm", "megatron-lmm"))
+    out = autoplan("search", bad)
+    assert out.returncode == 2 and "stack" in out.stderr and "Traceback" not in out.stderr

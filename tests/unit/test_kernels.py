@@ -197,3 +197,31 @@ def test_narrow_and_odd_head_dims_run_a_padded_slower_kernel():
     assert compute.head_dim_factor(192, f2) == 1.0
     assert (attention_efficiency(H100, f2, False, 1e9, 64)
             == pytest.approx(0.35 * 324 / 370, rel=1e-6))
+
+
+def test_unfused_attention_keeps_the_score_square_for_backward():
+    """Korthikanti et al. 2022, eq. (1): 5 a s^2 b bytes per layer beyond flash attention's
+    per-query statistics, unless selective recompute rebuilds them."""
+    from autoplan.cost import memory
+    from autoplan.vocab import Recompute
+
+    model = resolve_model("gpt-1.7b")
+    flash = Shard(2, 2048, 2, 1, False, Dtype.BF16)
+    unfused = dataclasses.replace(flash, attention_kernel=AttentionKernel.UNFUSED)
+    a = model.heads / 2
+    square = 5 * a * 2048 * 2 * 2048
+    lse = 4 * a * 2 * 2048
+    diff = (memory.layer_activation_bytes(model, unfused, Recompute.NONE)
+            - memory.layer_activation_bytes(model, flash, Recompute.NONE))
+    assert diff == pytest.approx(square - lse)
+    assert (memory.layer_activation_bytes(model, unfused, Recompute.SELECTIVE)
+            == memory.layer_activation_bytes(model, flash, Recompute.SELECTIVE))
+
+
+def test_deepspeed_caps_the_gathered_zero3_parameters_alive_at_once():
+    """Two layers of 70B (2 x 856M params) gathered by FSDP; DeepSpeed keeps at most
+    stage3_max_live_parameters = 1e9 of them alive (2 GB in 16-bit)."""
+    assert dp.zero3_buffer_bytes(856e6) == pytest.approx(2 * 2 * 856e6)
+    assert dp.zero3_buffer_bytes(856e6, 1e9) == pytest.approx(2 * 1e9)
+    assert builtin_stack("deepspeed").zero3_max_live_params == 1e9
+    assert builtin_stack("fsdp").zero3_max_live_params == 0
