@@ -3,7 +3,7 @@ plan file: schema v1 of DESIGN.md, read strictly and written deterministically."
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autoplan.descriptors.hardware import Cluster
@@ -76,8 +76,10 @@ class Plan:
 
     def __hash__(self) -> int:
         if not self._hash:
-            object.__setattr__(self, "_hash", hash(tuple(
-                getattr(self, name) for name in _PLAN_FIELDS)) or 1)
+            object.__setattr__(self, "_hash", hash((
+                self.model, self.cluster, self.job, self.layout, self.micro_batch, self.schedule,
+                self.recompute, self.zero, self.sequence_parallel, self.stages, self.cp_comm,
+                self.stack)) or 1)
         return self._hash
 
     @property
@@ -120,9 +122,6 @@ class Plan:
         if self.stack != default_stack():
             out["stack"] = self.stack.name if builtin_stack else self.stack.to_dict()
         return out
-
-
-_PLAN_FIELDS = tuple(f.name for f in fields(Plan) if f.compare)
 
 
 # --------------------------------------------------------------------------- predictions

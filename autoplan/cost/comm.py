@@ -14,7 +14,7 @@ these same functions evaluated for each profile row.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autoplan.descriptors.hardware import Cluster, Correction, Link
 
@@ -29,6 +29,26 @@ class Group:
     intra: Link
     inter: Link
     correction: Correction | None = None
+    # one ring pass, worked out once (costs ask millions of times): the step latencies,
+    # and the seconds each byte of the buffer spends on the wires
+    ring_latency: float = field(init=False, compare=False, repr=False)
+    ring_s_per_byte: float = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # a ring phase over n ranks takes (n-1) steps of nbytes/n: (n-1) step latencies
+        # and (n-1)/n of the buffer over the link; across domains each of the k members
+        # of a domain carries 1/k of the buffer on its own NIC
+        if self.domains == 1:
+            n = self.size
+            lat = (n - 1) * self.intra.latency_s
+            per_byte = (n - 1) / n / self.intra.effective_Bps if n > 1 else 0.0
+        else:
+            k, d = self.per_domain, self.domains
+            lat = (k - 1) * self.intra.latency_s + (d - 1) * self.inter.latency_s
+            per_byte = ((k - 1) / k / self.intra.effective_Bps
+                        + (d - 1) / d / k / self.inter.effective_Bps)
+        object.__setattr__(self, "ring_latency", lat)
+        object.__setattr__(self, "ring_s_per_byte", per_byte)
 
     @property
     def domains(self) -> int:
@@ -65,26 +85,22 @@ PROTOCOLS = (
     ("LL128", 14.0e-6, 0.92),
     ("Simple", 8.4e-6, 1.0),
 )
+LL_BASE, LL_SHARE = PROTOCOLS[0][1], PROTOCOLS[0][2]
+SIMPLE_BASE = PROTOCOLS[2][1]
 
 
 def _ring_pass(nbytes: float, g: Group, passes: int = 1) -> float:
     """``passes`` reduce-scatter or all-gather passes in one call (all-reduce: 2), each
-    hierarchical across domains, with the fastest protocol; the call's base latency once.
-    A ring phase over n ranks takes (n-1) steps of nbytes/n: (n-1) step latencies and
-    (n-1)/n nbytes over the link; across domains each of the k members of a domain
-    carries 1/k of the buffer on its own NIC."""
-    if g.domains == 1:
-        n = g.size
-        nvl_lat, net_lat = (n - 1) * g.intra.latency_s, 0.0
-        wire = (n - 1) / n * nbytes / g.intra.effective_Bps
-    else:
-        k, d = g.per_domain, g.domains
-        nvl_lat, net_lat = (k - 1) * g.intra.latency_s, (d - 1) * g.inter.latency_s
-        wire = ((k - 1) / k * nbytes / g.intra.effective_Bps
-                + (d - 1) / d * (nbytes / k) / g.inter.effective_Bps)
+    hierarchical across domains (``Group.ring_latency``, ``ring_s_per_byte``), with the
+    fastest protocol; the call's base latency once."""
+    lat, wire = g.ring_latency, nbytes * g.ring_s_per_byte
     if not g.intra.nccl_protocols:
-        return passes * (nvl_lat + net_lat + wire)
-    return min(base + passes * (nvl_lat + net_lat + wire / share) for _, base, share in PROTOCOLS)
+        return passes * (lat + wire)
+    # LL128 never wins once every protocol pays the same step latency (a higher base and
+    # a lower bandwidth share than Simple's): LL for the smallest buffers, else Simple
+    ll = LL_BASE + passes * (lat + wire / LL_SHARE)
+    simple = SIMPLE_BASE + passes * (lat + wire)
+    return ll if ll < simple else simple
 
 
 def reduce_scatter(nbytes: float, g: Group) -> float:

@@ -104,6 +104,7 @@ def clear_caches() -> None:
     stage.clear_caches()
     mesh.clear_caches()
     pp.clear_caches()
+    dp.clear_caches()
     memory.peak_inflight.cache_clear()
     simulator.simulate.cache_clear()
     simulator._compiled_orders.cache_clear()

@@ -66,6 +66,7 @@ class StageWork:
     # the search and the simulator read them millions of times
     forward: float = field(init=False, compare=False)
     backward_input: float = field(init=False, compare=False)  # B, recompute included
+    backward: float = field(init=False, compare=False)  # B + W
 
     def __post_init__(self) -> None:
         f = self.compute_f
@@ -75,15 +76,12 @@ class StageWork:
             b += ab
         object.__setattr__(self, "forward", f)
         object.__setattr__(self, "backward_input", b)
+        object.__setattr__(self, "backward", b + self.compute_w)
 
     @property
     def backward_weight(self) -> float:
         """W: the weight-gradient GEMMs (zero-bubble schedules run them apart)."""
         return self.compute_w
-
-    @property
-    def backward(self) -> float:
-        return self.backward_input + self.compute_w
 
 
 @lru_cache(maxsize=16384)
@@ -166,6 +164,7 @@ def stage_state_params(model: Model, lay: Layout, first: bool, last: bool, layer
 
 # ----------------------------------------------------------------------------- time
 
+@lru_cache(maxsize=16384)
 def cost_key(plan: Plan) -> Plan:
     """The plan as far as per-stage work depends on it. The schedule enters only through
     whether it splits the backward; ZeRO 0-2 differ only in memory (their collectives run
@@ -186,8 +185,19 @@ def stage_work(plan: Plan) -> tuple[StageWork, ...]:
 def _stage_works(key: Plan, stage_layers: tuple[int, ...],
                  dense: tuple[int, ...]) -> tuple[StageWork, ...]:
     out = pp.output_stage(key)
-    return tuple(_stage(key, s == 0, s == out, layers, dense[s], *pp.sends(key, s))
+    one = _one_chunk(key)
+    return tuple(_stage(one, s == 0, s == out, layers, dense[s], *pp.sends(key, s))
                  for s, layers in enumerate(stage_layers))
+
+
+@lru_cache(maxsize=8192)
+def _one_chunk(key: Plan) -> Plan:
+    """The key with one model chunk per stage: a stage's work depends on its chunks only
+    through its sends, which ``_stage`` takes apart (so interleaved plans of every vpp
+    share one memo)."""
+    if key.layout.vpp == 1:
+        return key
+    return dataclasses.replace(key, layout=dataclasses.replace(key.layout, vpp=1))
 
 
 def stage_work_for(plan: Plan, stage: int, layers: int, dense: int | None = None) -> StageWork:
@@ -197,7 +207,7 @@ def stage_work_for(plan: Plan, stage: int, layers: int, dense: int | None = None
     key = cost_key(plan)
     if dense is None:
         dense = layers if not plan.model.is_moe else 0
-    return _stage(key, stage == 0, stage == pp.output_stage(key), layers, dense,
+    return _stage(_one_chunk(key), stage == 0, stage == pp.output_stage(key), layers, dense,
                   *pp.sends(key, stage))
 
 
@@ -357,5 +367,5 @@ def memory_shortfall(plan: Plan, stage: int, mem: Memory, capacity: float) -> st
 def clear_caches() -> None:
     """Drop every memoized stage, layer and parameter count (benchmarks: cold runs)."""
     for fn in (_layer_times, layer_params_per_rank, stage_params, _stage_works, _shared,
-               _stage, _activation_terms, shard_of):
+               _stage, _activation_terms, shard_of, cost_key, _one_chunk):
         fn.cache_clear()

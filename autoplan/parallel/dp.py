@@ -10,6 +10,7 @@ optimizer); the groups come from ``mesh``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import TYPE_CHECKING, Protocol
 
 from autoplan.cost import comm, memory
@@ -144,34 +145,39 @@ def grad_sync_exposed(plan: Plan, groups: dict[Axis, comm.Group], works: Sequenc
 
 def grad_sync_floor(plan: Plan, groups: dict[Axis, comm.Group],
                     works: Sequence[StageShare]) -> float:
-    """What :func:`grad_sync_exposed` charges whatever the pipeline's drain (a bound for
-    the search): the overlapped reduction still slows the last backward, the gather the
-    first forward, and what a stack does not overlap stays exposed."""
+    """What :func:`grad_sync_exposed` charges of the stage with the most parameters
+    whatever the pipeline's drain (a bound for the search: any one stage's part bounds
+    the maximum over stages): the overlapped reduction still slows its last backward,
+    the gather its first forward, and what a stack does not overlap stays exposed."""
     if plan.zero is ZeroStage.PARAMETERS:
         return 0.0
-    seen: dict[tuple[float, float, float, float], float] = {}
-    for w in works:
-        key = (w.params, w.expert_params, w.forward, w.backward)
-        if key not in seen:
-            seen[key] = _stage_sync(plan, groups, w, float("inf"))
-    return max(seen.values())
+    heaviest = max(works, key=lambda w: w.params + w.expert_params)
+    return _stage_sync(plan, groups, heaviest, float("inf"))
+
+
+@lru_cache(maxsize=16384)
+def _sync_seconds(zero: ZeroStage, dtype: Dtype, params: float, expert_params: float,
+                  dp: comm.Group, edp: comm.Group) -> tuple[float, float]:
+    """(reduction, parameter all-gather) seconds of one stage's gradient sync."""
+    reduce_s = gather_s = 0.0
+    for n, group in ((params, dp), (expert_params, edp)):
+        if not n or group.size <= 1:
+            continue
+        grads = n * grad_bytes(dtype)
+        if zero is ZeroStage.NONE:
+            reduce_s += comm.all_reduce(grads, group)
+        else:
+            reduce_s += comm.reduce_scatter(grads, group)
+            gather_s += comm.all_gather(n * BF16_BYTES, group)
+    return reduce_s, gather_s
 
 
 def _stage_sync(plan: Plan, groups: dict[Axis, comm.Group], work: StageShare,
                 drain: float) -> float:
     """One stage's exposed reduction and gather, the pipeline draining ``drain`` seconds
     after the stage's last backward."""
-    reduce_s = gather_s = 0.0
-    for params, group in ((work.params, groups[Axis.DP]),
-                          (work.expert_params, groups[Axis.EDP])):
-        if not params or group.size <= 1:
-            continue
-        grads = params * grad_bytes(plan.job.dtype)
-        if plan.zero is ZeroStage.NONE:
-            reduce_s += comm.all_reduce(grads, group)
-        else:
-            reduce_s += comm.reduce_scatter(grads, group)
-            gather_s += comm.all_gather(params * BF16_BYTES, group)
+    reduce_s, gather_s = _sync_seconds(plan.zero, plan.job.dtype, work.params,
+                                       work.expert_params, groups[Axis.DP], groups[Axis.EDP])
     stack = plan.stack
     slow = stack.comm_compute_slowdown
     if stack.overlap_grad_reduce:  # the last backward computes beside it, the drain idles
@@ -216,3 +222,7 @@ def optimizer_seconds(plan: Plan, works: Sequence[StageShare]) -> float:
     expert_group = plan.layout.edp if sharded else 1
     largest = max(w.params / dense_group + w.expert_params / expert_group for w in works)
     return largest * ADAM_BYTES_PER_PARAM / (device.hbm_Bps * device.hbm_efficiency)
+
+
+def clear_caches() -> None:
+    _sync_seconds.cache_clear()

@@ -143,6 +143,7 @@ class _Candidate:
     bound: float
     key: tuple
     plan: Plan
+    fits: bool = False  # its memory is checked (and its bound charges the pressure)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +162,7 @@ class _Search:
         self.stats = SearchStats()
         self.capacity = cluster.device.mem_bytes
         self.closest: tuple[float, tuple, Plan, int, Memory] | None = None
+        self.threshold = float("inf")  # the k-th best step time found so far
 
     # -- generation ------------------------------------------------------------------
     def layouts(self) -> Iterator[Layout]:
@@ -300,8 +302,20 @@ class _Search:
         return out
 
     def _candidate(self, plan: Plan) -> _Candidate | None:
-        """The plan as a candidate with its exact lower bound, or None (and counted)
-        when it does not fit in memory."""
+        """The plan as a candidate with its exact lower bound, or None (and counted) when
+        that bound already cannot beat the k-th best step time found. Its memory is
+        checked only when it comes up (:meth:`checked`): most candidates never do."""
+        bound = step_time_lower_bound(plan, stage_work(plan))
+        if bound > self.threshold * (1 + BOUND_SLACK):
+            self.stats.pruned[BOUND] += 1
+            return None
+        return _Candidate(bound, rank_key_static(plan), plan)
+
+    def checked(self, item: _Candidate) -> _Candidate | None:
+        """The candidate with its memory checked: None (and counted) when it does not fit,
+        else its bound with the allocator's pressure, which grows with the step and the
+        peak (charged without the stack's fixed overhead, as evaluate charges it)."""
+        plan = item.plan
         works = stage_work(plan)
         stage, worst = max(
             ((s, stage_memory(plan, s, works[s], n)) for s, n in _fullest_stages(plan, works)),
@@ -313,11 +327,8 @@ class _Search:
             self.stats.infeasible[reason] += 1
             self._note_closest(plan, stage, worst)
             return None
-        bound = step_time_lower_bound(plan, works)
-        # the allocator's pressure grows with the step and the peak: charged on the bound
-        # (without the stack's fixed overhead, as evaluate charges it) it stays a bound
-        bound += memory_pressure(bound - step_overhead(plan), worst.peak, self.capacity)
-        return _Candidate(bound, rank_key_static(plan), plan)
+        pressure = memory_pressure(item.bound - step_overhead(plan), worst.peak, self.capacity)
+        return _Candidate(item.bound + pressure, item.key, plan, fits=True)
 
     def realize(self, item: _Split) -> _Candidate | _Split | None:
         """Tighten the split variant's bound with each stage's memory (back to the queue
@@ -350,7 +361,7 @@ class _Search:
         heapq.heapify(heap)
         seq = len(heap)
         best: list[tuple[_neg, int, Ranked]] = []  # the k best so far, worst on top
-        threshold = float("inf")
+        threshold = self.threshold = float("inf")
         while heap:
             bound, _, _, item = heap[0]
             # the bound and a simulated time of a tie may differ in the last bits
@@ -359,6 +370,12 @@ class _Search:
                     it.size if isinstance(it, _Group) else 1 for *_, it in heap)
                 break
             heapq.heappop(heap)
+            if isinstance(item, _Candidate) and not item.fits:
+                fit = self.checked(item)
+                if fit is not None:  # back in line: its bound may have grown
+                    heapq.heappush(heap, (fit.bound, fit.key, seq, fit))
+                    seq += 1
+                continue
             if isinstance(item, _Group | _Split):
                 found = self.expand(item) if isinstance(item, _Group) else [self.realize(item)]
                 for new in found:
@@ -373,7 +390,7 @@ class _Search:
             if len(best) > self.top_k:
                 heapq.heappop(best)
             if len(best) == self.top_k:
-                threshold = best[0][2].prediction.step_time_s
+                threshold = self.threshold = best[0][2].prediction.step_time_s
         top = sorted((r for _, _, r in best), key=lambda r: rank_key(r.plan, r.prediction))
         closest = None if top or self.closest is None else self.closest[2:]
         return SearchResult(tuple(top), self.stats, closest)

@@ -225,3 +225,24 @@ def test_deepspeed_caps_the_gathered_zero3_parameters_alive_at_once():
     assert dp.zero3_buffer_bytes(856e6, 1e9) == pytest.approx(2 * 1e9)
     assert builtin_stack("deepspeed").zero3_max_live_params == 1e9
     assert builtin_stack("fsdp").zero3_max_live_params == 0
+
+
+def test_a_plans_hash_covers_every_field_it_is_compared_by():
+    """Plans hash once and remember it (memoized costs key on them): every field that
+    takes part in equality must change the hash, or two different plans could share
+    memoized costs by accident of a collision on a common path."""
+    from autoplan.plan import Layout, Plan
+    from autoplan.vocab import CpComm, Recompute, Schedule
+
+    plan = make_plan(model="llama3-8b", gpus=16, dp=8, pp=2)
+    other = {
+        "model": resolve_model("llama2-7b"), "cluster": dataclasses.replace(plan.cluster, nodes=4),
+        "job": dataclasses.replace(plan.job, seq_len=2048), "layout": Layout(dp=4, tp=2, pp=2),
+        "micro_batch": 2, "schedule": Schedule.GPIPE, "recompute": Recompute.FULL,
+        "zero": ZeroStage.GRADIENTS, "sequence_parallel": True, "stages": (15, 17),
+        "cp_comm": CpComm.A2A, "stack": builtin_stack("torchtitan"),
+    }
+    compared = {f.name for f in dataclasses.fields(Plan) if f.compare}
+    assert compared == set(other)
+    for name, value in other.items():
+        assert hash(dataclasses.replace(plan, **{name: value})) != hash(plan), name
