@@ -46,7 +46,7 @@ PARALLEL_ARGS=(
     --tensor-model-parallel-size 1
     --pipeline-model-parallel-size 1
     --context-parallel-size 2
-    --cp-comm-type p2p
+    --cp-comm-type a2a
     --use-distributed-optimizer
     --overlap-grad-reduce
     --overlap-param-gather
