@@ -13,7 +13,9 @@ from autoplan.descriptors.model import Model
 from autoplan.descriptors.stack import Stack
 from autoplan.descriptors.strict import Fields
 from autoplan.errors import InputError, Problem
-from autoplan.parallel.pp import uniform_stages
+from autoplan.parallel import pipeline_layout
+from autoplan.parallel.pipeline_layout import Chunk
+from autoplan.parallel.pp import chunk_stage_layers, uniform_stages
 from autoplan.parallel.rules import plan_problems
 from autoplan.units import GiB
 from autoplan.vocab import CpComm, Recompute, Schedule, ZeroStage
@@ -69,6 +71,9 @@ class Plan:
     zero: ZeroStage
     sequence_parallel: bool
     stages: tuple[int, ...] | None = None  # layers per pipeline stage; None = uniform
+    # per model chunk (virtual stage, Megatron's order), its layers and the embedding,
+    # loss and MTP it holds; None: ``stages`` (or uniform) with equal chunks per stage
+    chunks: tuple[Chunk, ...] | None = None
     cp_comm: CpComm = CpComm.RING
     stack: Stack = field(default_factory=default_stack)  # the software it runs on
     # plans key every memoized cost: hashed on first use, then remembered (frozen fields)
@@ -78,8 +83,8 @@ class Plan:
         if not self._hash:
             object.__setattr__(self, "_hash", hash((
                 self.model, self.cluster, self.job, self.layout, self.micro_batch, self.schedule,
-                self.recompute, self.zero, self.sequence_parallel, self.stages, self.cp_comm,
-                self.stack)) or 1)
+                self.recompute, self.zero, self.sequence_parallel, self.stages, self.chunks,
+                self.cp_comm, self.stack)) or 1)
         return self._hash
 
     @property
@@ -92,6 +97,8 @@ class Plan:
         """Transformer layers per pipeline stage (uniform split unless ``stages`` is set)."""
         if self.stages is not None:
             return self.stages
+        if self.chunks is not None:
+            return chunk_stage_layers(self.chunks, self.layout.pp)
         return uniform_stages(self.model.layers, self.layout.pp)
 
     def to_dict(self, builtin_model: bool = False, builtin_cluster: bool = False,
@@ -117,7 +124,12 @@ class Plan:
         }
         if self.layout.cp > 1:
             out["cp_comm"] = self.cp_comm.value
-        if self.stages is not None or len(set(self.stage_layers)) > 1:
+        if self.chunks is not None:
+            if pipeline_layout.is_plain(self.chunks, self.model.mtp_layers):
+                out["stages"] = pipeline_layout.stage_lists(self.chunks, self.layout.pp)
+            else:
+                out["pipeline_layout"] = pipeline_layout.render_layout(self.chunks)
+        elif self.stages is not None or len(set(self.stage_layers)) > 1:
             out["stages"] = list(self.stage_layers)  # uneven splits are written out
         if self.stack != default_stack():
             out["stack"] = self.stack.name if builtin_stack else self.stack.to_dict()
@@ -274,19 +286,69 @@ def read_plan(data: Any, source: str, path: str = "") -> Plan:
         recompute=f.enum("recompute", Recompute, Recompute.NONE),
         zero=f.enum("zero", ZeroStage, ZeroStage.NONE),
         sequence_parallel=f.bool("sequence_parallel", False),
-        stages=f.int_list("stages", None, min=1),
         cp_comm=f.enum("cp_comm", CpComm, CpComm.RING),
     )
+    stages, chunks = _read_split(f, layout_values["pp"], layout_values["vpp"], model)
     f.raw("prediction", {})  # written by search/evaluate, ignored on input
     f.close()
     if problems or model is None or cluster is None or job is None:
         raise InputError(problems or [Problem(source, path, "incomplete plan")])
     plan = Plan(model=model, cluster=cluster, job=job, layout=Layout(**layout_values), stack=stack,
-                **values)
-    rule_problems = [Problem(source, _join(path, k), msg) for k, msg in plan_problems(plan)]
+                stages=stages, chunks=chunks, **values)
+    given_as = "pipeline_layout" if "pipeline_layout" in f.data else "stages"
+    rule_problems = [Problem(source, _join(path, given_as if k == "stages" else k), msg)
+                     for k, msg in plan_problems(plan)]
     if rule_problems:
         raise InputError(rule_problems)
     return plan
+
+
+def _read_split(f: Fields, pp: int | None, vpp: int | None, model: Model | None
+                ) -> tuple[tuple[int, ...] | None, tuple[Chunk, ...] | None]:
+    """``stages`` (a list of layers per stage, or with model chunks one list of chunk
+    layer counts per stage) or ``pipeline_layout`` (Megatron's string), as (stages,
+    chunks). Counts are checked against the model by the plan rules."""
+    given = f.raw("stages", None)
+    text = f.raw("pipeline_layout", None)
+    if given is not None and text is not None:
+        f.fail("pipeline_layout", "give stages or pipeline_layout, not both")
+        return None, None
+    if text is not None:
+        if not isinstance(text, str):
+            f.fail("pipeline_layout", f"expected a Megatron layout string such as "
+                                      f"'Et*3|(tt|)*29,m|L', got {type(text).__name__}")
+            return None, None
+        try:
+            chunks = pipeline_layout.parse_layout(text)
+        except pipeline_layout.LayoutError as exc:
+            f.fail("pipeline_layout", str(exc))
+            return None, None
+        return _plain_or_chunks(chunks, pp, model)
+    if not isinstance(given, list) or not given or not isinstance(given[0], list):
+        return f.int_list("stages", None, min=1), None
+    if pp is None or vpp is None or model is None:
+        return None, None
+    if len(given) != pp:
+        f.fail("stages", f"expected {pp} lists (one per pipeline stage), got {len(given)}")
+        return None, None
+    for i, row in enumerate(given):
+        if (not isinstance(row, list) or len(row) != vpp
+                or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in row)):
+            f.fail(f"stages[{i}]", f"expected a list of vpp={vpp} chunk layer counts (integers "
+                                   f">= 0), got {row!r:.60}")
+            return None, None
+    chunks = pipeline_layout.with_mtp(pipeline_layout.from_stage_lists(given), model.mtp_layers)
+    return _plain_or_chunks(chunks, pp, model)
+
+
+def _plain_or_chunks(chunks: tuple[Chunk, ...], pp: int | None, model: Model | None
+                     ) -> tuple[tuple[int, ...] | None, tuple[Chunk, ...] | None]:
+    """One chunk per stage, the embedding first and the loss and MTP last, each stage
+    with a layer: plain per-stage ``stages`` (the form every launcher flag takes)."""
+    if (model is not None and len(chunks) == pp and all(c.layers for c in chunks)
+            and pipeline_layout.is_plain(chunks, model.mtp_layers)):
+        return tuple(c.layers for c in chunks), None
+    return None, chunks
 
 
 def _join(prefix: str, key: str) -> str:

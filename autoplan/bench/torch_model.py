@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autoplan.descriptors.model import Model
+from autoplan.parallel import pipeline_layout
 from autoplan.vocab import Activation, Norm, Position, Recompute, Schedule, ZeroStage
 
 DROPOUT_P = 0.1  # GPT-3 / Megatron-LM's hidden and attention dropout
@@ -546,12 +547,15 @@ def init_weights(module: nn.Module, generator_seed: int) -> None:
 
 # --------------------------------------------------------------------------- placement
 
-def chunk_layers(stage_layers: Sequence[int], pp: int, vpp: int) -> list[list[int]]:
+def chunk_layers(stage_layers: Sequence[int], pp: int, vpp: int,
+                 chunks: Sequence[pipeline_layout.Chunk] | None = None) -> list[list[int]]:
     """Layer indices of every virtual stage (model chunk), in model order; which chunks
-    a rank runs is ``schedules.orders.stage_chunks``. Uniform layers per chunk when
-    vpp > 1."""
+    a rank runs is ``schedules.orders.stage_chunks``. A plan's per-chunk layout
+    (``chunks``) where it has one, else uniform layers per chunk when vpp > 1."""
     total = sum(stage_layers)
-    if vpp == 1:
+    if chunks is not None:
+        counts = [c.layers for c in chunks]
+    elif vpp == 1:
         counts = list(stage_layers)
     else:
         counts = [total // (pp * vpp)] * (pp * vpp)

@@ -392,7 +392,8 @@ def _smaller_models(plan: Plan) -> Iterator[tuple[Plan, str]]:
     while per_chunk > 1:
         per_chunk //= 2
         layers = chunks * per_chunk
-        p = dataclasses.replace(p, model=dataclasses.replace(p.model, layers=layers), stages=None)
+        p = dataclasses.replace(p, model=dataclasses.replace(p.model, layers=layers), stages=None,
+                                chunks=None)
         yield p, f"{layers} of the model's {model.layers} layers"
     t = lay.tp
     while p.model.kv_channels >= 32 and p.model.hidden >= 256:

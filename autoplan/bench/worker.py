@@ -197,7 +197,7 @@ def _train(spec: dict[str, Any], plan: Any, rank: int) -> dict[str, Any]:
     dist.barrier()
     baseline = rss_bytes()
 
-    layers = tm.chunk_layers(plan.stage_layers, lay.pp, lay.vpp)
+    layers = tm.chunk_layers(plan.stage_layers, lay.pp, lay.vpp, plan.chunks)
     n_virtual = lay.pp * lay.vpp
     chunk_ids = stage_chunks(plan.schedule, lay.pp, lay.vpp, stage)
     # dp > 1: FSDP2 keeps fp32 parameters and casts them to bf16 (torch_model.FsdpSettings);
@@ -311,7 +311,7 @@ def _run_slice(spec: dict[str, Any]) -> dict[str, Any]:
     baseline = torch.cuda.memory_allocated() if cuda else rss_bytes()
 
     local = tm.tp_local_model(plan.model, lay.tp)
-    layers = tm.chunk_layers(plan.stage_layers, lay.pp, lay.vpp)
+    layers = tm.chunk_layers(plan.stage_layers, lay.pp, lay.vpp, plan.chunks)
     n_virtual = lay.pp * lay.vpp
     chunk_ids = stage_chunks(plan.schedule, lay.pp, lay.vpp, stage)
     chunks = []

@@ -4,7 +4,13 @@ pipeline, the data-parallel gradient sync, the optimizer step and memory per sta
 from __future__ import annotations
 
 from autoplan.cost import flops
-from autoplan.cost.stage import StageWork, memory_shortfall, stage_memory, stage_work
+from autoplan.cost.stage import (
+    StageWork,
+    chunk_work,
+    memory_shortfall,
+    stage_memory,
+    stage_work,
+)
 from autoplan.parallel import dp, mesh
 from autoplan.plan import Plan, Prediction, TimeBreakdown
 from autoplan.schedules.simulator import SimResult, simulate, simulate_exact
@@ -30,12 +36,24 @@ def chunk_durations(works: tuple[StageWork, ...], v: int
             tuple(w.backward_weight / v for w in works))
 
 
+def plan_durations(plan: Plan, works: tuple[StageWork, ...]
+                   ) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
+    """F, B and W seconds the simulator takes: per stage for equal chunks, per virtual
+    stage for a per-chunk layout (``simulate(..., per_chunk=True)``)."""
+    if plan.chunks is None:
+        return chunk_durations(works, plan.layout.vpp)
+    chunks = chunk_work(plan)
+    return (tuple(w.forward for w in chunks), tuple(w.backward_input for w in chunks),
+            tuple(w.backward_weight for w in chunks))
+
+
 def evaluate(plan: Plan) -> Prediction:
     """Predict step time and memory of a valid plan (see ``parallel.rules.plan_problems``)."""
     works = stage_work(plan)  # memoized: the search computed it for the bound
     lay, m = plan.layout, plan.num_microbatches
     v = lay.vpp
-    sim = simulate(plan.schedule, *chunk_durations(works, v), m, v)
+    sim = simulate(plan.schedule, *plan_durations(plan, works), m, v,
+                   per_chunk=plan.chunks is not None)
     dp_exposed = dp.grad_sync_exposed(plan, mesh.groups(plan), works, sim.makespan, sim.finish)
     optimizer = dp.optimizer_seconds(plan, works)
     step = sim.makespan + dp_exposed + optimizer
@@ -92,7 +110,8 @@ def simulate_timeline(plan: Plan, microbatches: int | None = None) -> SimResult:
     works = stage_work(plan)
     m = plan.num_microbatches if microbatches is None else microbatches
     v = plan.layout.vpp
-    return simulate_exact(plan.schedule, *chunk_durations(works, v), m, v, trace=True)
+    return simulate_exact(plan.schedule, *plan_durations(plan, works), m, v, trace=True,
+                          per_chunk=plan.chunks is not None)
 
 
 def clear_caches() -> None:

@@ -14,7 +14,9 @@ from autoplan.cost.compute import BF16_BYTES, LayerTimes, Shard, layer_times, lo
 from autoplan.descriptors.hardware import Device
 from autoplan.descriptors.model import Model
 from autoplan.parallel import cp, dp, ep, mesh, pp, tp
+from autoplan.parallel.pipeline_layout import Chunk
 from autoplan.plan import Layout, Memory, Plan
+from autoplan.schedules.memory import peak_held
 from autoplan.units import GiB
 from autoplan.vocab import Axis, CpComm, Recompute, Schedule, ZeroStage
 
@@ -140,6 +142,10 @@ def stage_params(model: Model, tp: int, embedding: bool, output: bool, layers: i
     if mtp:
         params += mtp * _mtp_params_per_rank(model, tp)
         params += 0 if model.is_moe else mtp * layer_params_per_rank(model, tp)
+        if not output:  # MTP apart from the loss (a layout's standalone MTP stage): its
+            # own copies of the shared embedding and output head (assumed, as tied
+            # embeddings on two stages are kept in Megatron-LM)
+            params += 2 * model.vocab * model.hidden / tp
     if embedding:
         params += model.vocab * model.hidden / tp + (model.params_embedding - model.vocab * model.hidden)
     if output:
@@ -150,11 +156,13 @@ def stage_params(model: Model, tp: int, embedding: bool, output: bool, layers: i
 
 
 def stage_state_params(model: Model, lay: Layout, first: bool, last: bool, layers: int,
-                       dense: int) -> tuple[float, float]:
-    """(non-expert, routed-expert) parameters on one rank of a stage holding ``layers``
-    layers, ``dense`` of them with a dense MLP, and the MTP modules if it is the output
-    stage (``last``). Experts: experts/ep per MoE layer, each split by etp."""
-    mtp = model.mtp_layers if last else 0
+                       dense: int, mtp: int | None = None) -> tuple[float, float]:
+    """(non-expert, routed-expert) parameters on one rank of a stage (or chunk) holding
+    ``layers`` layers, ``dense`` of them with a dense MLP, and ``mtp`` MTP modules (None:
+    the model's, if it is the output stage, ``last``). Experts: experts/ep per MoE
+    layer, each split by etp."""
+    if mtp is None:
+        mtp = model.mtp_layers if last else 0
     params = stage_params(model, lay.tp, first, last, layers, dense, mtp)
     if not model.is_moe:
         return params, 0.0
@@ -173,12 +181,60 @@ def cost_key(plan: Plan) -> Plan:
                 else Schedule.ZB_H1 if plan.schedule.splits_backward else Schedule.ONE_F_ONE_B)
     return dataclasses.replace(
         plan, schedule=schedule,
-        zero=plan.zero if plan.zero is ZeroStage.PARAMETERS else ZeroStage.NONE, stages=None)
+        zero=plan.zero if plan.zero is ZeroStage.PARAMETERS else ZeroStage.NONE, stages=None,
+        chunks=None)
 
 
 def stage_work(plan: Plan) -> tuple[StageWork, ...]:
     """Per-stage work of a plan, one entry per pipeline stage."""
+    if plan.chunks is not None:
+        return _chunked_stage_works(cost_key(plan), plan.chunks)
     return _stage_works(cost_key(plan), plan.stage_layers, pp.dense_per_stage(plan))
+
+
+def chunk_work(plan: Plan) -> tuple[StageWork, ...]:
+    """Work per microbatch of each model chunk, in virtual-stage order, for a plan with a
+    per-chunk layout (``plan.chunks``)."""
+    assert plan.chunks is not None, "chunk_work needs a per-chunk layout"
+    return _chunk_works(cost_key(plan), plan.chunks)
+
+
+@lru_cache(maxsize=4096)
+def _chunk_works(key: Plan, chunks: tuple[Chunk, ...]) -> tuple[StageWork, ...]:
+    """Each chunk as a stage of its own (``_stage``): its layers (the model's first
+    dense layers wherever they fall), the embedding, loss and MTP it holds, and a send
+    on to the next virtual stage (forward) and back to the previous one (backward)."""
+    model, p = key.model, key.layout.pp
+    dense_total = model.layers - model.moe_layers if model.is_moe else model.layers
+    one = _one_chunk(key)
+    last = len(chunks) - 1
+    out, start = [], 0
+    for vs, c in enumerate(chunks):
+        dense = max(0, min(dense_total - start, c.layers))
+        start += c.layers
+        out.append(_stage(one, c.embedding, c.loss, c.mtp, c.layers, dense,
+                          int(p > 1 and vs < last), int(p > 1 and vs > 0)))
+    return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def _chunked_stage_works(key: Plan, chunks: tuple[Chunk, ...]) -> tuple[StageWork, ...]:
+    """Per pipeline stage, the sum of its chunks' work (virtual stage i on rank i % pp)."""
+    works = _chunk_works(key, chunks)
+    p = key.layout.pp
+    return tuple(_summed(works[s::p]) for s in range(p))
+
+
+def _summed(works: tuple[StageWork, ...]) -> StageWork:
+    comm = AxisComm(tuple((sum(w.comm.seconds[a][0] for w in works),
+                           sum(w.comm.seconds[a][1] for w in works))
+                          for a in range(len(COMM_AXES))))
+    return StageWork(
+        layers=sum(w.layers for w in works), compute_f=sum(w.compute_f for w in works),
+        compute_b=sum(w.compute_b for w in works), compute_w=sum(w.compute_w for w in works),
+        recompute=sum(w.recompute for w in works), comm=comm,
+        params=sum(w.params for w in works), expert_params=sum(w.expert_params for w in works),
+        dense=sum(w.dense for w in works), mtp=sum(w.mtp for w in works))
 
 
 @lru_cache(maxsize=16384)
@@ -186,7 +242,9 @@ def _stage_works(key: Plan, stage_layers: tuple[int, ...],
                  dense: tuple[int, ...]) -> tuple[StageWork, ...]:
     out = pp.output_stage(key)
     one = _one_chunk(key)
-    return tuple(_stage(one, s == 0, s == out, layers, dense[s], *pp.sends(key, s))
+    mtp = key.model.mtp_layers
+    return tuple(_stage(one, s == 0, s == out, mtp if s == out else 0, layers, dense[s],
+                        *pp.sends(key, s))
                  for s, layers in enumerate(stage_layers))
 
 
@@ -207,8 +265,9 @@ def stage_work_for(plan: Plan, stage: int, layers: int, dense: int | None = None
     key = cost_key(plan)
     if dense is None:
         dense = layers if not plan.model.is_moe else 0
-    return _stage(_one_chunk(key), stage == 0, stage == pp.output_stage(key), layers, dense,
-                  *pp.sends(key, stage))
+    last = stage == pp.output_stage(key)
+    return _stage(_one_chunk(key), stage == 0, last, plan.model.mtp_layers if last else 0,
+                  layers, dense, *pp.sends(key, stage))
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,16 +301,16 @@ def _shared(plan: Plan) -> _Shared:
 
 
 @lru_cache(maxsize=65536)
-def _stage(plan: Plan, first: bool, last: bool, layers: int, dense: int, sends_f: int,
-           sends_b: int) -> StageWork:
-    """One stage: ``first`` holds the embedding, ``last`` the output layer and logits;
-    ``dense`` of its ``layers`` have a dense MLP, the others experts."""
+def _stage(plan: Plan, first: bool, last: bool, mtp: int, layers: int, dense: int,
+           sends_f: int, sends_b: int) -> StageWork:
+    """One stage (or model chunk): ``first`` holds the embedding, ``last`` the output
+    layer and logits, ``mtp`` MTP layers (each with its own logits through the shared
+    head); ``dense`` of its ``layers`` have a dense MLP, the others experts."""
     model, lay, device = plan.model, plan.layout, plan.cluster.device
     shard = shard_of(plan)
     shared = _shared(plan)
     lt, lt_moe, groups, act_bytes = shared.lt, shared.lt_moe, shared.groups, shared.act_bytes
     tp_layer, pp_send = shared.tp_layer, shared.pp_send
-    mtp = model.mtp_layers if last else 0
     # layers run, by kind: the MTP modules repeat the model's last layer kind
     moe_n = layers - dense + (mtp if model.is_moe else 0)
     dense_n = dense + (0 if model.is_moe else mtp)
@@ -263,9 +322,9 @@ def _stage(plan: Plan, first: bool, last: bool, layers: int, dense: int, sends_f
     tp_b_total = n * tp_layer
     if first:
         tp_f += tp.boundary_seconds(act_bytes, groups[Axis.TP])
-    if last:
+    if last or mtp:
         lf, lb, lw = logits_times(model, shard, device)
-        heads = 1 + mtp  # each MTP depth predicts one more token through the shared head
+        heads = last + mtp  # each MTP depth predicts one more token through the shared head
         compute_f += heads * lf
         compute_b += heads * lb
         compute_w += heads * lw
@@ -282,7 +341,7 @@ def _stage(plan: Plan, first: bool, last: bool, layers: int, dense: int, sends_f
         cp_b += cp_f
     elif plan.recompute is Recompute.SELECTIVE:
         recompute = dense_n * lt.attention_forward + moe_n * lt_moe.attention_forward
-    params, expert_params = stage_state_params(model, lay, first, last, layers, dense)
+    params, expert_params = stage_state_params(model, lay, first, last, layers, dense, mtp)
     zero3_f, zero3_b = dp.zero3_exposed(plan, groups, params, expert_params, compute_f,
                                         compute_b, compute_w, n)
     axis_comm = AxisComm(((tp_f, tp_b), (cp_f, cp_b), (ep_f, ep_b),
@@ -333,18 +392,26 @@ def stage_memory(plan: Plan, stage: int, work: StageWork, inflight_chunks: int) 
     lay = plan.layout
     terms = _activation_terms(plan.model, shard_of(plan), plan.recompute)
     states = static_memory(plan, work)
-    # a stage's chunks hold equal layer counts; the dense layers are averaged over them
-    per_chunk = (work.dense * terms.per_layer
-                 + (work.layers - work.dense) * terms.per_moe_layer) / lay.vpp
-    activations = inflight_chunks * per_chunk + terms.working
-    microbatches_held = -(-inflight_chunks // lay.vpp)
-    if stage == 0:
-        activations += microbatches_held * terms.embedding
-    if stage == pp.output_stage(plan):
-        # the MTP modules run at the end of the last chunk: one layer and logits each
-        mtp_layer = terms.per_moe_layer if plan.model.is_moe else terms.per_layer
-        activations += microbatches_held * (
-            terms.logits + work.mtp * (mtp_layer + terms.logits + terms.embedding))
+    mtp_layer = terms.per_moe_layer if plan.model.is_moe else terms.per_layer
+    if plan.chunks is not None:
+        # chunks of their own sizes: each in-flight (microbatch, chunk) weighs what that
+        # chunk keeps, walked through the stage's operation order
+        weights = tuple(_chunk_activations(terms, mtp_layer, c, w) for c, w in zip(
+            plan.chunks[stage::lay.pp], chunk_work(plan)[stage::lay.pp], strict=True))
+        held = peak_held(plan.schedule, lay.pp, plan.num_microbatches, lay.vpp, stage, weights)
+        activations = held + terms.working
+    else:
+        # a stage's chunks hold equal layer counts; the dense layers are averaged over them
+        per_chunk = (work.dense * terms.per_layer
+                     + (work.layers - work.dense) * terms.per_moe_layer) / lay.vpp
+        activations = inflight_chunks * per_chunk + terms.working
+        microbatches_held = -(-inflight_chunks // lay.vpp)
+        if stage == 0:
+            activations += microbatches_held * terms.embedding
+        if stage == pp.output_stage(plan):
+            # the MTP modules run at the end of the last chunk: one layer and logits each
+            activations += microbatches_held * (
+                terms.logits + work.mtp * (mtp_layer + terms.logits + terms.embedding))
     other = plan.cluster.device.reserve_bytes
     if plan.zero is ZeroStage.PARAMETERS:
         model = plan.model
@@ -357,6 +424,15 @@ def stage_memory(plan: Plan, stage: int, work: StageWork, inflight_chunks: int) 
                   activations=activations, other=other)
 
 
+def _chunk_activations(terms: _ActivationTerms, mtp_layer: float, chunk: Chunk,
+                       work: StageWork) -> float:
+    """Activations one microbatch leaves in one chunk: its layers, the embedding output,
+    the logits, and per MTP layer one layer, its logits and its embedding."""
+    out = work.dense * terms.per_layer + (work.layers - work.dense) * terms.per_moe_layer
+    out += chunk.embedding * terms.embedding + chunk.loss * terms.logits
+    return out + chunk.mtp * (mtp_layer + terms.logits + terms.embedding)
+
+
 def memory_shortfall(plan: Plan, stage: int, mem: Memory, capacity: float) -> str:
     parts = ", ".join(f"{k} {v:.1f}" for k, v in mem.to_gib_dict().items() if k != "peak")
     where = f"stage {stage} " if plan.layout.pp > 1 else ""
@@ -367,5 +443,6 @@ def memory_shortfall(plan: Plan, stage: int, mem: Memory, capacity: float) -> st
 def clear_caches() -> None:
     """Drop every memoized stage, layer and parameter count (benchmarks: cold runs)."""
     for fn in (_layer_times, layer_params_per_rank, stage_params, _stage_works, _shared,
-               _stage, _activation_terms, shard_of, cost_key, _one_chunk):
+               _stage, _activation_terms, shard_of, cost_key, _one_chunk, _chunk_works,
+               _chunked_stage_works, peak_held):
         fn.cache_clear()

@@ -44,6 +44,7 @@ The torchrun options are torch.distributed.run's (--nnodes, --nproc-per-node,
 from __future__ import annotations
 
 from autoplan.export.shell import Arg, bash_array, comment, continued, quote, slug
+from autoplan.parallel import pipeline_layout
 from autoplan.plan import Plan
 from autoplan.vocab import Activation, CpComm, Dtype, Norm, Position, Recompute, ZeroStage
 
@@ -128,14 +129,17 @@ def parallel_args(plan: Plan) -> list[Arg]:
         ("--tensor-model-parallel-size", str(lay.tp)),
         ("--pipeline-model-parallel-size", str(lay.pp)),
     ]
-    if lay.vpp > 1:
-        out.append(("--num-virtual-stages-per-pipeline-rank", str(lay.vpp)))
     layers = plan.stage_layers
-    if len(set(layers[1:-1])) > 1:  # only the uniform split, with the extra layers in the middle
+    if plan.chunks is not None:  # the layout sets vpp (Megatron takes one or the other)
         out.append(("--pipeline-model-parallel-layout", layout_string(plan)))
-    elif len(set(layers)) > 1:  # middle stages equal (the space's first_last rule)
-        out += [("--decoder-first-pipeline-num-layers", str(layers[0])),
-                ("--decoder-last-pipeline-num-layers", str(layers[-1]))]
+    else:
+        if lay.vpp > 1:
+            out.append(("--num-virtual-stages-per-pipeline-rank", str(lay.vpp)))
+        if len(set(layers[1:-1])) > 1:  # only the uniform split, extra layers in the middle
+            out.append(("--pipeline-model-parallel-layout", layout_string(plan)))
+        elif len(set(layers)) > 1:  # middle stages equal (the space's first_last rule)
+            out += [("--decoder-first-pipeline-num-layers", str(layers[0])),
+                    ("--decoder-last-pipeline-num-layers", str(layers[-1]))]
     if lay.cp > 1:
         out += [("--context-parallel-size", str(lay.cp)),
                 ("--cp-comm-type", "a2a" if plan.cp_comm is CpComm.A2A else "p2p")]
@@ -151,9 +155,11 @@ def parallel_args(plan: Plan) -> list[Arg]:
 
 
 def layout_string(plan: Plan) -> str:
-    """Megatron-Core's pipeline layout for a split whose middle stages differ: stages
-    split by ``|``, E the embedding, t a transformer layer (``t*5`` five), m an MTP
-    layer and L the loss, on the first and last stage."""
+    """Megatron-Core's pipeline layout for a per-chunk layout, or a split whose middle
+    stages differ: stages split by ``|``, E the embedding, t a transformer layer (``t*5``
+    five), m an MTP layer and L the loss, on the first and last stage."""
+    if plan.chunks is not None:
+        return pipeline_layout.render_layout(plan.chunks)
     stages = [f"t*{n}" for n in plan.stage_layers]
     return "E" + "|".join(stages) + "m" * plan.model.mtp_layers + "L"
 

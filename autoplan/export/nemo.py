@@ -52,8 +52,10 @@ def model_overrides(plan: Plan) -> dict[str, Any]:
     if plan.model.is_moe:
         out["expert_model_parallel_size"] = lay.ep
         out["expert_tensor_parallel_size"] = lay.etp
+    if plan.model.mtp_layers:  # the layout counts them (Megatron-Core checks the two agree)
+        out["mtp_num_layers"] = plan.model.mtp_layers
     layers = plan.stage_layers
-    if len(set(layers[1:-1])) > 1:
+    if plan.chunks is not None or len(set(layers[1:-1])) > 1:
         out["pipeline_model_parallel_layout"] = layout_string(plan)
     elif len(set(layers)) > 1:
         out["num_layers_in_first_pipeline_stage"] = layers[0]

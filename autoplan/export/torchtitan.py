@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from autoplan.export.shell import comment
+from autoplan.parallel import pipeline_layout
 from autoplan.plan import Plan
 from autoplan.vocab import Dtype, Recompute, Schedule, ZeroStage
 
@@ -55,16 +56,18 @@ def model_parts(plan: Plan) -> list[list[str]]:
     """Module names of each model chunk in model order: embedding with the first layers,
     final norm and output with the last (torchtitan's llama3/deepseek_v3/qwen3 names)."""
     lay, layers = plan.layout, plan.model.layers
-    if lay.vpp > 1:
-        counts = [layers // (lay.pp * lay.vpp)] * (lay.pp * lay.vpp)
+    if plan.chunks is not None:  # virtual stage i is chunk i // pp of rank i % pp in both
+        chunks = plan.chunks
     else:
-        counts = list(plan.stage_layers)
+        counts = ([layers // (lay.pp * lay.vpp)] * (lay.pp * lay.vpp) if lay.vpp > 1
+                  else list(plan.stage_layers))
+        chunks = pipeline_layout.from_stage_lists([counts])
     parts, first = [], 0
-    for n in counts:
-        parts.append([f"layers.{i}" for i in range(first, first + n)])
-        first += n
-    parts[0].insert(0, "tok_embeddings")
-    parts[-1] += ["norm", "output"]
+    for c in chunks:
+        parts.append(["tok_embeddings"] * c.embedding
+                     + [f"layers.{i}" for i in range(first, first + c.layers)]
+                     + ["norm", "output"] * c.loss)
+        first += c.layers
     return parts
 
 

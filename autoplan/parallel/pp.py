@@ -20,6 +20,7 @@ from autoplan.search.space import StageShape
 from autoplan.vocab import Schedule
 
 if TYPE_CHECKING:
+    from autoplan.parallel.pipeline_layout import Chunk
     from autoplan.plan import Layout, Plan
     from autoplan.search.space import SearchSpace
 
@@ -36,7 +37,7 @@ def _pp_layers(plan: Plan) -> str | None:
 def _vpp_layers(plan: Plan) -> str | None:
     lay, layers = plan.layout, plan.model.layers
     chunks = lay.pp * lay.vpp
-    if plan.stages is not None or lay.vpp == 1 or layers < lay.pp:
+    if plan.stages is not None or plan.chunks is not None or lay.vpp == 1 or layers < lay.pp:
         return None
     if layers < chunks:
         return f"pp*vpp = {chunks} exceeds the {layers} layers"
@@ -78,7 +79,47 @@ def _vpp_schedule(plan: Plan) -> str | None:
 
 def _stages_vpp(plan: Plan) -> str | None:
     if plan.stages is not None and plan.layout.vpp > 1:
-        return "explicit stages with vpp > 1 are not supported yet"
+        return (f"with vpp={plan.layout.vpp}, give one list of {plan.layout.vpp} chunk layer "
+                "counts per stage (or a pipeline_layout)")
+    return None
+
+
+def _chunks_count(plan: Plan) -> str | None:
+    lay, chunks = plan.layout, plan.chunks
+    if chunks is not None and len(chunks) != lay.pp * lay.vpp:
+        return (f"expected pp*vpp = {lay.pp * lay.vpp} virtual stages (pp={lay.pp}, "
+                f"vpp={lay.vpp}), got {len(chunks)}")
+    return None
+
+
+def _chunks_layers(plan: Plan) -> str | None:
+    chunks, model = plan.chunks, plan.model
+    if chunks is None:
+        return None
+    if (n := sum(c.layers for c in chunks)) != model.layers:
+        return f"expected {model.layers} transformer layers (t) in all, got {n}"
+    if (n := sum(c.mtp for c in chunks)) != model.mtp_layers:
+        return f"expected the model's {model.mtp_layers} MTP layers (m), got {n}"
+    return None
+
+
+def _chunks_mtp(plan: Plan) -> str | None:
+    """Megatron-Core's rule: every MTP layer in one virtual stage, the last of its rank."""
+    chunks, lay = plan.chunks, plan.layout
+    if chunks is None or len(chunks) != lay.pp * lay.vpp:
+        return None
+    holding = [vs for vs, c in enumerate(chunks) if c.mtp]
+    if len(holding) > 1:
+        return "all MTP layers (m) go in one virtual stage"
+    if holding and holding[0] // lay.pp != lay.vpp - 1:
+        return "the MTP layers (m) go in the last model chunk of their pipeline rank"
+    return None
+
+
+def _chunks_schedule(plan: Plan) -> str | None:
+    if plan.chunks is not None and plan.schedule.v_shape:
+        return (f"per-chunk layouts follow Megatron's order (chunk k of stage s is virtual "
+                f"stage k*pp + s); {plan.schedule.value} places its chunks in a V")
     return None
 
 
@@ -112,7 +153,15 @@ STAGE_RULES = (
     Rule("vpp-layers", "layout.vpp", Scope.SCHEDULE,
          "pp*vpp must divide layers (model chunks)", _vpp_layers),
     Rule("stages-vpp", "stages", Scope.STAGES,
-         "explicit stages need vpp = 1", _stages_vpp),
+         "with vpp > 1, stages lists chunk layer counts per stage", _stages_vpp),
+    Rule("chunks-count", "stages", Scope.STAGES,
+         "one layer count per virtual stage (pp*vpp)", _chunks_count),
+    Rule("chunks-layers", "stages", Scope.STAGES,
+         "chunks hold the model's layers and MTP layers", _chunks_layers),
+    Rule("chunks-mtp", "stages", Scope.STAGES,
+         "MTP layers in one chunk, the last of its rank", _chunks_mtp),
+    Rule("chunks-schedule", "stages", Scope.STAGES,
+         "per-chunk layouts need a non-V schedule", _chunks_schedule),
     Rule("stages-count", "stages", Scope.STAGES, "one entry per pipeline stage", _stages_count),
     Rule("stages-sum", "stages", Scope.STAGES, "entries sum to the layers", _stages_sum),
 )
@@ -130,6 +179,15 @@ def uniform_stages(layers: int, pp: int) -> tuple[int, ...]:
     for s in order[:extra]:
         counts[s] += 1
     return tuple(counts)
+
+
+def chunk_stage_layers(chunks: tuple[Chunk, ...], pp: int) -> tuple[int, ...]:
+    """Layers per pipeline stage: the sum over its chunks (virtual stage i on rank
+    i % pp)."""
+    out = [0] * pp
+    for vs, c in enumerate(chunks):
+        out[vs % pp] += c.layers
+    return tuple(out)
 
 
 # ----------------------------------------------------------------------------- degrees

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from autoplan.parallel import cp, dp, ep, pp, tp
 from autoplan.parallel.common import Rule, Scope
+from autoplan.parallel.pipeline_layout import render_layout
 from autoplan.parallel.pp import uniform_stages
 from autoplan.search.space import SearchSpace, StageShape
 from autoplan.vocab import ZeroStage
@@ -116,7 +117,9 @@ def space_problems(plan: Plan, space: SearchSpace) -> list[tuple[str, str]]:
         outside("cp_comm", f"cp_comm: {plan.cp_comm.value}", ", ".join(c.value for c in space.cp_comm))
     stage = _stage_shape_problem(plan, space.stage_shape)
     if stage:
-        outside("stages", f"the layer split {list(plan.stage_layers)}", stage)
+        what = (f"the per-chunk layout {render_layout(plan.chunks)}" if plan.chunks is not None
+                else f"the layer split {list(plan.stage_layers)}")
+        outside("stages", what, stage)
     return out
 
 
@@ -129,6 +132,8 @@ def plain_dp_refused(lay: Layout, zero: ZeroStage, space: SearchSpace) -> bool:
 
 def _stage_shape_problem(plan: Plan, shape: StageShape) -> str:
     """Which splits the launcher takes, when the plan's split is not one of them."""
+    if plan.chunks is not None:  # Megatron's layout flag and torchtitan's split points
+        return "" if shape is not StageShape.UNIFORM else "no per-chunk layouts"
     layers = plan.stage_layers
     uniform = uniform_stages(plan.model.layers, plan.layout.pp)
     if shape is StageShape.ANY or layers == uniform:  # the search always tries the uniform split

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from autoplan.schedules.orders import PERIOD, check, v_block
+from autoplan.schedules.orders import PERIOD, check, stage_orders, v_block
 from autoplan.vocab import Schedule
 
 
@@ -81,3 +81,21 @@ def block_peak(schedule: Schedule, p: int, m: int, stage: int) -> int:
                         for a, e in lives)
             best = max(best, alive)
     return best
+
+
+@lru_cache(maxsize=4096)
+def peak_held(schedule: Schedule, p: int, m: int, v: int, stage: int,
+              weights: tuple[float, ...]) -> float:
+    """Most activation bytes ``stage`` holds at once when its chunk c keeps ``weights[c]``
+    per microbatch: :func:`peak_inflight` with chunks of their own sizes. Walks the
+    stage's operation order (+ at an F, - at its fused B or at its W), which like the
+    count does not depend on durations."""
+    split = schedule.splits_backward
+    held = peak = 0.0
+    for kind, _, c in stage_orders(schedule, p, m, v)[stage]:
+        if kind == "F":
+            held += weights[c]
+            peak = max(peak, held)
+        elif kind == "W" or not split:
+            held -= weights[c]
+    return peak

@@ -126,22 +126,30 @@ def simulate_exact(
     trace: bool = False,
     *,
     p2p_latency_s: float = 0.0,
+    per_chunk: bool = False,
 ) -> SimResult:
     """Simulate every operation of one step on ``len(forward)`` stages.
 
     ``forward[s]``, ``backward_input[s]``, ``backward_weight[s]``: one chunk's F, B,
-    W time on stage s. ``trace`` records every operation as an :class:`Event`.
+    W time on stage s; with ``per_chunk``, one per virtual stage (``p * v`` of each:
+    chunks of their own sizes), the time of each model chunk.
+    ``trace`` records every operation as an :class:`Event`.
     Raises ValueError where the schedule is not defined (see ``orders.check``)."""
-    p = len(forward)
-    assert len(backward_input) == p == len(backward_weight), "one duration per stage and kind"
+    n = len(forward)
+    assert len(backward_input) == n == len(backward_weight), "one duration per stage and kind"
+    p = n // v if per_chunk else n
+    assert not per_chunk or p * v == n, "per_chunk: one duration per virtual stage (p*v)"
     return run(_compiled_orders(schedule, p, m, v), schedule, forward, backward_input,
-               backward_weight, m, trace, p2p_latency_s)
+               backward_weight, m, trace, p2p_latency_s, per_chunk)
 
 
 def run(compiled: Compiled, schedule: Schedule, forward: Sequence[float],
         backward_input: Sequence[float], backward_weight: Sequence[float], m: int,
-        trace: bool = False, p2p_latency_s: float = 0.0) -> SimResult:
+        trace: bool = False, p2p_latency_s: float = 0.0, per_chunk: bool = False) -> SimResult:
     """Simulate compiled orders (see :func:`simulate_exact`)."""
+    # per_chunk: durations by virtual stage, B fused with W unless the schedule splits
+    fused = [bi if compiled.split else bi + wi
+             for bi, wi in zip(backward_input, backward_weight, strict=True)] if per_chunk else []
     p = len(compiled.orders)
     split = compiled.split
     last = compiled.virtual_stages - 1
@@ -177,6 +185,8 @@ def run(compiled: Compiled, schedule: Schedule, forward: Sequence[float],
                 if ready != ready:  # NaN: the dependency has not run yet
                     break
                 start = t if t > ready else ready
+                if per_chunk:
+                    df, db, dw = forward[vs], fused[vs], backward_weight[vs]
                 if kind == F:
                     t = start + df
                     f_end[vs][j] = t
@@ -199,10 +209,15 @@ def run(compiled: Compiled, schedule: Schedule, forward: Sequence[float],
                 pos[s], free[s], held[s], peak[s] = i, t, h, top
                 progressed = True
         assert progressed, f"{schedule.value}: operation order deadlocks ({_stuck(compiled, pos)})"
-    busy = tuple(nf * forward[s] + nb * (backward_input[s] if split else
-                                          backward_input[s] + backward_weight[s])
-                 + nw * backward_weight[s]
-                 for s, (nf, nb, nw) in enumerate(compiled.counts))
+    if per_chunk:  # each virtual stage runs m of each kind on its home stage
+        busy = tuple(m * sum(forward[vs] + fused[vs] + (backward_weight[vs] if split else 0.0)
+                             for vs in {op[2] for op in order})
+                     for order in compiled.orders)
+    else:
+        busy = tuple(nf * forward[s] + nb * (backward_input[s] if split else
+                                              backward_input[s] + backward_weight[s])
+                     + nw * backward_weight[s]
+                     for s, (nf, nb, nw) in enumerate(compiled.counts))
     events = tuple(Event(s, KINDS[k], j, c, a, b) for s, k, j, c, a, b in log)
     return SimResult(max(free), busy, tuple(free), tuple(peak), events)
 
@@ -227,10 +242,11 @@ def simulate(
     v: int = 1,
     *,
     p2p_latency_s: float = 0.0,
+    per_chunk: bool = False,
 ) -> SimResult:
     """Memoized :func:`simulate_exact` without a trace. Every operation is simulated:
     extrapolating long runs from short ones is not exact for uneven stages (the
     max-plus transient can outlast several periods), and the search bounds before
     it simulates, so few simulations run."""
     return simulate_exact(schedule, forward, backward_input, backward_weight, m, v,
-                          p2p_latency_s=p2p_latency_s)
+                          p2p_latency_s=p2p_latency_s, per_chunk=per_chunk)

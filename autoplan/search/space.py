@@ -23,7 +23,8 @@ class StageShape(str, enum.Enum):
     """Every stage sized freely (torchtitan split points, DeepSpeed custom partition)."""
     FIRST_LAST = "first_last"
     """Middle stages all equal, first and last free (Megatron-LM
-    --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers)."""
+    --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers); a plan's
+    own per-chunk layout is taken too (--pipeline-model-parallel-layout)."""
     UNIFORM = "uniform"
     """The uniform split only (``autoplan.plan.uniform_stages``)."""
 

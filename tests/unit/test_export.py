@@ -28,6 +28,7 @@ import yaml
 from autoplan.descriptors.strict import read_yaml
 from autoplan.errors import InputError
 from autoplan.export import Launcher, Target, export, refusals
+from autoplan.parallel.pipeline_layout import from_stage_lists
 from autoplan.plan import Plan, read_plan
 from autoplan.vocab import Activation, CpComm, Dtype, Recompute, Schedule, ZeroStage
 from tests.helpers import autoplan, make_plan
@@ -58,6 +59,22 @@ CASES: dict[str, tuple[Callable[[], Plan], list[tuple[Target, Launcher]]]] = {
                           dp=2, tp=8, pp=4, vpp=2, schedule=Schedule.INTERLEAVED,
                           recompute=Recompute.FULL, sequence_parallel=True),
         [(Target.MEGATRON, Launcher.MEGATRON), (Target.NEMO, Launcher.MEGATRON)]),
+    "deepseek-v3-2048xh100-pp16vpp2-layout": (
+        lambda: plan_file("deepseek-v3-2048xh100-pp16vpp2-layout.yaml"),
+        [(Target.MEGATRON, Launcher.MEGATRON), (Target.NEMO, Launcher.MEGATRON)]),
+    "llama3-8b-16xh100-megatron-chunks": (
+        lambda: dataclasses.replace(
+            make_plan("llama3-8b", gpus=16, global_batch=64, dp=2, tp=2, pp=4, vpp=2,
+                      schedule=Schedule.INTERLEAVED, sequence_parallel=True),
+            chunks=from_stage_lists([[3, 5], [4, 4], [4, 4], [5, 3]])),
+        [(Target.MEGATRON, Launcher.MEGATRON), (Target.NEMO, Launcher.MEGATRON)]),
+    "llama3-8b-16xh100-torchtitan-chunks": (
+        lambda: dataclasses.replace(
+            make_plan("llama3-8b", gpus=16, global_batch=64, dp=2, tp=2, pp=4, vpp=2,
+                      schedule=Schedule.INTERLEAVED, zero=ZeroStage.PARAMETERS,
+                      sequence_parallel=True),
+            chunks=from_stage_lists([[3, 5], [4, 4], [4, 4], [5, 3]])),
+        [(Target.TORCHTITAN, Launcher.MEGATRON)]),
     "llama3-8b-48xh100-megatron-pp6-layout": (
         lambda: make_plan("llama3-8b", gpus=48, global_batch=64, dp=8, pp=6),
         [(Target.MEGATRON, Launcher.MEGATRON), (Target.NEMO, Launcher.MEGATRON)]),
@@ -300,7 +317,13 @@ def test_megatron_script_arguments_build_a_megatron_core_config(tmp_path: Path, 
         assert (cfg.num_moe_experts, cfg.moe_router_topk) == (plan.model.experts, plan.model.top_k)
         assert (cfg.expert_model_parallel_size, cfg.expert_tensor_parallel_size) == (lay.ep, lay.etp)
         assert sum(cfg.moe_layer_freq) == plan.model.moe_layers
-    if len(set(plan.stage_layers[1:-1])) > 1:  # only a layout can place the uniform split
+    if plan.chunks is not None:  # Megatron-Core reads back every chunk of the layout
+        ranks = cfg.pipeline_model_parallel_layout.layout  # [pp rank][virtual stage][layer]
+        for vs, chunk in enumerate(plan.chunks):
+            kinds = [x.name for x in ranks[vs % lay.pp][vs // lay.pp]]
+            assert (kinds.count("decoder"), kinds.count("mtp"), "embedding" in kinds,
+                    "loss" in kinds) == (chunk.layers, chunk.mtp, chunk.embedding, chunk.loss)
+    elif len(set(plan.stage_layers[1:-1])) > 1:  # only a layout can place the uniform split
         ranks = cfg.pipeline_model_parallel_layout.layout  # [pp rank][virtual stage][layer]
         assert [sum(x.name == "decoder" for x in rank[0]) for rank in ranks] == list(plan.stage_layers)
     elif len(set(plan.stage_layers)) > 1:
@@ -480,7 +503,10 @@ def test_torchtitan_toml_is_read_by_torchtitans_config_manager(tmp_path: Path, c
         parts = par.module_fqns_per_model_part
         assert len(parts) == lay.pp * lay.vpp
         assert sum(len([m for m in p if m.startswith("layers.")]) for p in parts) == plan.model.layers
-        if lay.vpp == 1:
+        if plan.chunks is not None:  # part i is virtual stage i, as in Megatron's order
+            assert [len([m for m in p if m.startswith("layers.")]) for p in parts] == [
+                c.layers for c in plan.chunks]
+        elif lay.vpp == 1:
             assert [len([m for m in p if m.startswith("layers.")]) for p in parts] == list(plan.stage_layers)
         micro = par.pipeline_parallel_microbatch_size
         assert cfg.training.local_batch_size // micro == plan.num_microbatches  # per DP rank

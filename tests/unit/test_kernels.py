@@ -231,6 +231,7 @@ def test_a_plans_hash_covers_every_field_it_is_compared_by():
     """Plans hash once and remember it (memoized costs key on them): every field that
     takes part in equality must change the hash, or two different plans could share
     memoized costs by accident of a collision on a common path."""
+    from autoplan.parallel.pipeline_layout import from_stage_lists
     from autoplan.plan import Layout, Plan
     from autoplan.vocab import CpComm, Recompute, Schedule
 
@@ -241,6 +242,7 @@ def test_a_plans_hash_covers_every_field_it_is_compared_by():
         "micro_batch": 2, "schedule": Schedule.GPIPE, "recompute": Recompute.FULL,
         "zero": ZeroStage.GRADIENTS, "sequence_parallel": True, "stages": (15, 17),
         "cp_comm": CpComm.A2A, "stack": builtin_stack("torchtitan"),
+        "chunks": from_stage_lists([[15], [17]]),
     }
     compared = {f.name for f in dataclasses.fields(Plan) if f.compare}
     assert compared == set(other)

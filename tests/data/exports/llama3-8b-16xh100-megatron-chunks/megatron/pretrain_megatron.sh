@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Megatron-LM pretraining for llama3-8b on 16 x h100-sxm (2 x 8 GPUs, dgx-h100), exported by autoplan.
+# plan: dp=2 tp=2 pp=4 cp=1 vpp=2, micro batch 1, global batch 64 x 4096 tokens, bf16, interleaved, recompute none, zero 1, stages [8, 8, 8, 8]
+# Extra arguments after the script name go to pretrain_gpt.py last (they win).
+# Run it on each of the 2 nodes with NODE_RANK and MASTER_ADDR set (or use the slurm export).
+set -euo pipefail
+
+# Paths and data are not part of the plan: override them from the environment.
+MEGATRON_LM="${MEGATRON_LM:-/opt/Megatron-LM}"  # a checkout of NVIDIA/Megatron-LM
+RUN_NAME=llama3-8b
+CHECKPOINT_DIR="${CHECKPOINT_DIR:-checkpoints/llama3-8b}"
+# mock data and a null tokenizer of the model's vocabulary unless DATA_ARGS is set
+DATA_ARGS="${DATA_ARGS:---mock-data --tokenizer-type NullTokenizer --vocab-size 128256}"
+TRAIN_ITERS="${TRAIN_ITERS:-100}"
+RUN_ARGS=(
+    --train-iters "$TRAIN_ITERS"
+    --lr "${LR:-3e-4}"
+    --log-interval 1
+    --save "$CHECKPOINT_DIR"
+    --load "$CHECKPOINT_DIR"
+    --wandb-exp-name "$RUN_NAME"
+)
+NNODES="${NNODES:-2}"
+NODE_RANK="${NODE_RANK:-0}"
+MASTER_ADDR="${MASTER_ADDR:-localhost}"
+MASTER_PORT="${MASTER_PORT:-29500}"
+
+MODEL_ARGS=(
+    --num-layers 32
+    --hidden-size 4096
+    --ffn-hidden-size 14336
+    --num-attention-heads 32
+    --group-query-attention
+    --num-query-groups 8
+    --seq-length 4096
+    --max-position-embeddings 8192
+    --position-embedding-type rope
+    --normalization RMSNorm
+    --swiglu
+    --untie-embeddings-and-output-weights
+    --disable-bias-linear
+    --attention-dropout 0.0
+    --hidden-dropout 0.0
+)
+PARALLEL_ARGS=(
+    --tensor-model-parallel-size 2
+    --pipeline-model-parallel-size 4
+    --pipeline-model-parallel-layout 'Et*3|t*4|t*4|t*5|t*5|t*4|t*4|t*3L'
+    --sequence-parallel
+    --use-distributed-optimizer
+    --overlap-grad-reduce
+    --overlap-param-gather
+)
+BATCH_ARGS=(
+    --micro-batch-size 1
+    --global-batch-size 64
+)
+PRECISION_ARGS=(
+    --bf16
+)
+
+echo "autoplan: launching $RUN_NAME on node $NODE_RANK of $NNODES" >&2
+# shellcheck disable=SC2086  # DATA_ARGS is a list of words
+torchrun \
+    --nnodes "$NNODES" \
+    --nproc-per-node 8 \
+    --node-rank "$NODE_RANK" \
+    --master-addr "$MASTER_ADDR" \
+    --master-port "$MASTER_PORT" \
+    "$MEGATRON_LM/pretrain_gpt.py" \
+    "${MODEL_ARGS[@]}" \
+    "${PARALLEL_ARGS[@]}" \
+    "${BATCH_ARGS[@]}" \
+    "${PRECISION_ARGS[@]}" \
+    "${RUN_ARGS[@]}" \
+    $DATA_ARGS \
+    "$@"
