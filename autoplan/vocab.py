@@ -67,12 +67,12 @@ class Schedule(str, enum.Enum):
     @property
     def splits_backward(self) -> bool:
         """Runs input-gradient (B) and weight-gradient (W) as separate operations."""
-        return self.value in _SPLIT_BACKWARD
+        return self._value_ in _SPLIT_BACKWARD  # _value_: a plain attribute (the search asks often)
 
     @property
     def v_shape(self) -> bool:
         """Places two model chunks per stage, down the pipeline and back (vpp = 2)."""
-        return self.value in _V_SHAPE
+        return self._value_ in _V_SHAPE
 
 
 _V_SHAPE = frozenset({"zb-v", "v-half", "v-min"})
@@ -91,7 +91,10 @@ class Recompute(str, enum.Enum):
 
     @property
     def level(self) -> int:
-        return list(Recompute).index(self)
+        return _RECOMPUTE_LEVEL[self._value_]
+
+
+_RECOMPUTE_LEVEL = {r.value: i for i, r in enumerate(Recompute)}
 
 
 class ZeroStage(int, enum.Enum):
