@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoplan.cost.evaluate import evaluate
+from autoplan.parallel.pipeline_layout import render_layout
 from autoplan.plan import TIME_TERMS, Plan, Prediction
 from autoplan.units import GiB
 
@@ -124,6 +125,8 @@ def plan_fields(plan: Plan) -> dict[str, Value]:
     out["sequence_parallel"] = plan.sequence_parallel
     out["cp_comm"] = plan.cp_comm.value if lay.cp > 1 else None
     out["stages"] = plan.stage_layers
+    # chunks of their own sizes, as Megatron's layout string (None: equal chunks)
+    out["pipeline_layout"] = render_layout(plan.chunks) if plan.chunks is not None else None
     _flatten("stack", plan.stack.to_dict(), out)
     return out
 
