@@ -245,3 +245,14 @@ def test_megatron_docs_deepseek_layout_puts_the_mtp_on_rank_14():
     assert works[14].layers == 2 and works[15].layers == 2 and works[0].layers == 5
     pred = evaluate(plan)
     assert pred.feasible and pred.step_time_s > 0
+
+
+def test_diff_names_the_layout_that_changed():
+    from autoplan.diff import plan_fields
+
+    uniform = _interleaved()
+    chunked = dataclasses.replace(uniform, chunks=from_stage_lists([[9, 11], [10, 10],
+                                                                    [10, 10], [11, 9]]))
+    assert plan_fields(uniform)["pipeline_layout"] is None
+    # virtual stage k*pp + s is chunk k of stage s: 9, 10, 10, 11 then 11, 10, 10, 9
+    assert plan_fields(chunked)["pipeline_layout"] == "Et*9|t*10|t*10|t*11|t*11|t*10|t*10|t*9L"
