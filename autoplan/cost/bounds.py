@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from autoplan.cost.stage import (
     StageWork,
+    chunk_work,
     cost_key,
     memory_shortfall,
     stage_memory,
@@ -19,6 +20,7 @@ from autoplan.parallel.dp import (
     grad_sync_floor,
     memory_pressure,
     optimizer_seconds,
+    optimizer_seconds_floor,
     state_bytes,
     step_overhead,
 )
@@ -28,25 +30,54 @@ from autoplan.vocab import Axis
 
 __all__ = [
     "StageWork", "cost_key", "dense_per_stage", "memory_pressure", "memory_shortfall",
-    "optimizer_seconds",
+    "optimizer_seconds", "optimizer_seconds_floor",
     "output_stage", "stage_memory", "stage_state_params", "stage_work", "stage_work_for",
     "state_bytes", "step_overhead", "busiest_stage_bound", "step_time_lower_bound",
 ]
 
 
 def step_time_lower_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
-    """A bound no schedule beats: stage s cannot start before the first microbatch's
-    forward crosses the stages before it, must run m forwards and backwards, and its
-    last backward must still cross those stages back; then the optimizer step, the
-    stack's per-step overhead and the gradient sync no drain hides
-    (``dp.grad_sync_floor``).
-    Exact for 1F1B and GPipe with uniform stages ((m + p - 1)(f + b))."""
+    """A step time no schedule of ``plan`` beats (the simulator's makespan plus the
+    terms ``evaluate`` adds, each bounded from below).
+
+    Per stage s, with F, B, W its forward, input-gradient and weight-gradient seconds
+    per microbatch (all its chunks; B and W fused into one backward unless the schedule
+    splits them) and f'_j, b'_j, w'_j those of the first chunk of stage j < s (virtual
+    stage j; a V's first leg is Megatron's order too):
+
+    1. s cannot start before the first microbatch's forward has crossed the virtual
+       stages before it: fill_s = sum_{j<s} f'_j. Every op of s then runs on s alone:
+       the step is at least fill_s + m(F + B + W).
+    2. s's last backward follows all of its m forwards and m backwards (B needs its
+       F; W is not needed), and its gradient still crosses the earlier virtual stages:
+       the step is at least fill_s + m(F + B) + sum_{j<s} b'_j, plus, where W runs
+       apart, stage 0's W of that microbatch (it follows that B): w'_0 for s > 0.
+       With B and W fused this is term 1 with the fused drain (1F1B and GPipe with
+       uniform stages: exactly (m + p - 1)(f + b)). Zero-bubble schedules fill the
+       drain with W, which is why it counts only B there (Qi et al. 2024, Sec. 2).
+    3. Then the optimizer step, the stack's per-step overhead and the gradient sync no
+       drain hides (``dp.grad_sync_floor``), which ``evaluate`` adds after the makespan.
+    """
     m, v = plan.num_microbatches, plan.layout.vpp
+    split = plan.schedule.splits_backward
+    if plan.chunks is not None:  # the first chunk of each stage, by its own size
+        firsts = chunk_work(plan)[:plan.layout.pp]
+        fwd = [c.forward for c in firsts]
+        bwd = [c.backward_input if split else c.backward for c in firsts]
+        w0 = firsts[0].backward_weight
+    else:
+        fwd = [w.forward / v for w in works]
+        bwd = [(w.backward_input if split else w.backward) / v for w in works]
+        w0 = works[0].backward_weight / v
     best, fill, drain = 0.0, 0.0, 0.0
-    for w in works:
-        best = max(best, fill + m * (w.forward + w.backward) + drain)
-        fill += w.forward / v
-        drain += w.backward / v
+    for s, w in enumerate(works):
+        if split:
+            best = max(best, fill + m * (w.forward + w.backward),
+                       fill + m * (w.forward + w.backward_input) + drain + (w0 if s else 0.0))
+        else:
+            best = max(best, fill + m * (w.forward + w.backward) + drain)
+        fill += fwd[s]
+        drain += bwd[s]
     return (best + optimizer_seconds(plan, works) + step_overhead(plan)
             + grad_sync_floor(plan, mesh.groups(plan), works))
 

@@ -216,12 +216,28 @@ def memory_pressure(step_s: float, peak_bytes: float, capacity_bytes: float) -> 
 
 def optimizer_seconds(plan: Plan, works: Sequence[StageShare]) -> float:
     """The Adam step of the rank with the most optimizer state (memory-bound)."""
-    device = plan.cluster.device
+    return max(_optimizer_params(plan, w) for w in works) * _adam_seconds_per_param(plan)
+
+
+def optimizer_seconds_floor(plan: Plan, works: Sequence[StageShare]) -> float:
+    """The least :func:`optimizer_seconds` of any layer split of ``works``: the stages'
+    parameters sum to the model's whatever the split, so the fullest holds at least
+    their mean."""
+    mean = sum(_optimizer_params(plan, w) for w in works) / len(works)
+    return mean * _adam_seconds_per_param(plan)
+
+
+def _optimizer_params(plan: Plan, work: StageShare) -> float:
+    """Parameters whose optimizer state one rank of the stage steps."""
     sharded = plan.zero >= ZeroStage.OPTIMIZER
     dense_group = plan.layout.dp * plan.layout.cp if sharded else 1
     expert_group = plan.layout.edp if sharded else 1
-    largest = max(w.params / dense_group + w.expert_params / expert_group for w in works)
-    return largest * ADAM_BYTES_PER_PARAM / (device.hbm_Bps * device.hbm_efficiency)
+    return work.params / dense_group + work.expert_params / expert_group
+
+
+def _adam_seconds_per_param(plan: Plan) -> float:
+    device = plan.cluster.device
+    return ADAM_BYTES_PER_PARAM / (device.hbm_Bps * device.hbm_efficiency)
 
 
 def clear_caches() -> None:

@@ -199,7 +199,8 @@ def degrees(rest: int, space: SearchSpace) -> Iterator[int]:
 
 def schedule_choices(lay: Layout, space: SearchSpace) -> list[tuple[Schedule, int, bool]]:
     """(schedule, vpp, split): split variants take the best uneven layer split the
-    launcher can express (one chunk per stage only); the others the uniform one."""
+    launcher can express (with vpp > 1 a per-chunk layout; not for V-shapes, whose
+    chunks do not follow Megatron's order); the others the uniform one."""
     if lay.pp == 1:  # without a pipeline every schedule is the same: generate one
         return [(Schedule.ONE_F_ONE_B, 1, False)]
     out: list[tuple[Schedule, int, bool]] = []
@@ -211,7 +212,7 @@ def schedule_choices(lay: Layout, space: SearchSpace) -> list[tuple[Schedule, in
         else:
             out.append((sched, 1, False))
     if space.stage_shape is not StageShape.UNIFORM:
-        out.extend((sched, 1, True) for sched, v, _ in list(out) if v == 1)
+        out.extend((sched, v, True) for sched, v, _ in list(out) if not sched.v_shape)
     return out
 
 

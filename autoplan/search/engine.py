@@ -40,8 +40,9 @@ from autoplan.parallel.rules import BY_ID, first_broken
 from autoplan.plan import Layout, Memory, Plan, Prediction
 from autoplan.schedules.memory import peak_inflight
 from autoplan.search.partition import PartitionProblem
-from autoplan.search.space import SearchSpace, StageShape
+from autoplan.search.space import SearchSpace
 from autoplan.search.stages import (
+    chunks_of,
     partition_problem,
     split_bound,
     split_bound_with_memory,
@@ -150,9 +151,10 @@ class _Candidate:
 class _Split:
     """A plan whose best uneven layer split is yet to be found (only if it can win)."""
 
-    bound: float  # valid for every split: stages.split_bound (then split_bound_with_memory)
+    bound: float  # valid for every split, tightened in turn (:meth:`_Search.realize`)
     key: tuple
     plan: Plan  # with the uniform split
+    filled: bool = False  # the bound is its own schedule's, with the pipeline fill
     problem: PartitionProblem | None = None  # set once its bound accounts for memory
 
 
@@ -223,7 +225,8 @@ class _Search:
                                         stack=self.space.stack, layout=base, micro_batch=mbs,
                                         schedule=Schedule.ONE_F_ONE_B, recompute=rc,
                                         zero=zero, sequence_parallel=sp, cp_comm=cps[-1])
-                            bound = self._group_bound(plan, without_cp=len(cps) > 1)
+                            bound = self._group_bound(plan, any(split for *_, split in scheds),
+                                                     without_cp=len(cps) > 1)
                             yield _Group(bound, rank_key_static(plan), plan, tuple(scheds), cps)
 
     def _states_exceed_memory(self, lay: Layout, zero: ZeroStage, mbs: int, sp: bool) -> bool:
@@ -257,18 +260,19 @@ class _Search:
         if self.closest is None or key < self.closest[:2]:
             self.closest = (mem.peak, key[1], plan, stage, mem)
 
-    def _group_bound(self, plan: Plan, without_cp: bool = False) -> float:
+    def _group_bound(self, plan: Plan, split: bool, without_cp: bool = False) -> float:
         """A step time no schedule of the group beats: the busiest stage's
-        (``cost.bounds.busiest_stage_bound``); where the split itself is searched, the
-        least bottleneck any split can reach (``stages.split_bound``) if that is lower."""
+        (``cost.bounds.busiest_stage_bound``); where the group has split variants, the
+        least bottleneck any split can reach (``stages.split_bound`` without the fill,
+        which differs by schedule) if that is lower."""
         works = stage_work(plan)
         bound = busiest_stage_bound(plan, works, without_cp)
-        if self.space.stage_shape is StageShape.UNIFORM or plan.layout.pp == 1:
+        if not split:
             return bound
-        bound = min(bound, split_bound(plan, works))
+        bound = min(bound, split_bound(plan, works, fill=False))
         if without_cp:  # each exchange's split variants are bounded by their own
             ring = dataclasses.replace(plan, cp_comm=CpComm.RING)
-            bound = min(bound, split_bound(ring, stage_work(ring)))
+            bound = min(bound, split_bound(ring, stage_work(ring), fill=False))
         return bound
 
     def schedule_plans(self, group: _Group) -> Iterator[tuple[Plan, bool]]:
@@ -276,9 +280,15 @@ class _Search:
         schedule rules, with whether the split is still to be searched. The schedule
         rules read neither the exchange nor the split: asked once a schedule."""
         base, cps = group.plan.layout, group.cp_comms
+        layers = self.model.layers
         for sched, v, split in group.schedules:
             first = dataclasses.replace(group.plan, layout=dataclasses.replace(base, vpp=v),
                                         schedule=sched, cp_comm=cps[0])
+            if split and v > 1 and layers >= base.pp * v:
+                # a per-chunk layout needs no pp*vpp | layers: the rules see one (its
+                # near-uniform stand-in until the partitioner picks the split)
+                first = dataclasses.replace(
+                    first, chunks=chunks_of(first, pp.uniform_stages(layers, base.pp)))
             rule = first_broken(first, Scope.SCHEDULE)
             if rule:
                 self.stats.pruned[rule.id] += len(cps)
@@ -289,12 +299,12 @@ class _Search:
 
     def expand(self, group: _Group) -> list[_Candidate | _Split]:
         """The group's schedules: uniform splits that fit in memory as candidates with
-        their own bound; split variants deferred with a bound valid for any split."""
+        their own bound; split variants deferred with the group's bound, valid for any
+        split of any of its schedules (tightened only for those that come up)."""
         out: list[_Candidate | _Split] = []
         for plan, split in self.schedule_plans(group):
             if split:
-                bound = split_bound(plan, stage_work(plan))
-                out.append(_Split(bound, rank_key_static(plan), plan))
+                out.append(_Split(group.bound, rank_key_static(plan), plan))
                 continue
             cand = self._candidate(plan)
             if cand is not None:
@@ -331,26 +341,38 @@ class _Search:
         return _Candidate(item.bound + pressure, item.key, plan, fits=True)
 
     def realize(self, item: _Split) -> _Candidate | _Split | None:
-        """Tighten the split variant's bound with each stage's memory (back to the queue
-        if that raises it), then find its best layer split: the partitioner runs only
-        for splits that can still enter the top k."""
+        """Tighten the split variant's bound, first with its schedule's pipeline fill,
+        then with each stage's memory (back to the queue each time that raises it), then
+        find its best layer split: the partitioner runs only for splits that can still
+        enter the top k, and each tightening only for variants that come up."""
+        if not item.filled:
+            bound = split_bound(item.plan, self._group_works(item.plan))
+            if bound > item.bound:
+                return _Split(bound, item.key, item.plan, filled=True)
         problem = item.problem
         if problem is None:
             problem = partition_problem(item.plan, self.space.stage_shape)
-            bound = split_bound_with_memory(item.plan, problem)
-            if bound is None:
+            capped = split_bound_with_memory(item.plan, problem, self._group_works(item.plan))
+            if capped is None:
                 self.stats.infeasible["no layer split the launcher can express fits memory"] += 1
                 return None
-            if bound > item.bound:
-                return _Split(bound, item.key, item.plan, problem)
+            if capped > item.bound:
+                return _Split(capped, item.key, item.plan, True, problem)
         plan = with_best_stages(item.plan, self.space.stage_shape, problem)
         if plan is None:
             self.stats.infeasible["no layer split the launcher can express fits memory"] += 1
             return None
-        if plan.stages is None:
+        if plan.stages is None and plan.chunks is None:
             self.stats.pruned[SPLIT_IS_UNIFORM] += 1
             return None
         return self._candidate(plan)
+
+    def _group_works(self, plan: Plan) -> tuple[StageWork, ...]:
+        """Per-stage work of the plan's uniform 1F1B, vpp = 1 form: what the split
+        bounds read of it (parameters per stage) whatever the schedule and chunks."""
+        return stage_work(dataclasses.replace(
+            plan, layout=dataclasses.replace(plan.layout, vpp=1), schedule=Schedule.ONE_F_ONE_B,
+            stages=None, chunks=None))
 
     def run(self) -> SearchResult:
         """Best-first: pop the lowest bound; expand groups, evaluate candidates; stop when

@@ -6,19 +6,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from bisect import bisect_right
 from functools import lru_cache
 
 from autoplan.cost.bounds import (
     StageWork,
     cost_key,
-    optimizer_seconds,
+    optimizer_seconds_floor,
     stage_memory,
-    stage_work,
     stage_work_for,
     step_overhead,
 )
+from autoplan.parallel.pipeline_layout import Chunk, from_stage_lists, with_mtp
 from autoplan.parallel.pp import uniform_stages
-from autoplan.plan import Plan
+from autoplan.plan import Memory, Plan
 from autoplan.schedules.memory import peak_inflight
 from autoplan.search.partition import PartitionProblem, best_partition
 from autoplan.search.space import StageShape
@@ -71,52 +72,78 @@ def _layer_steps(key: Plan) -> tuple[float, float]:
     mid = min(1, key.layout.pp - 1)
     one = _total(stage_work_for(key, mid, 1))
     step = _total(stage_work_for(key, mid, 2)) - one
+    # never below zero: a mixed stage's first ZeRO-3 gather is the mean layer's
+    # (``dp.zero3_exposed``), so a dense layer added to an MoE one can shorten it
+    step = max(0.0, step)
     if not _mixed(key):
         return step, step
-    return step, _total(stage_work_for(key, mid, 2, dense=1)) - one
+    return step, max(0.0, _total(stage_work_for(key, mid, 2, dense=1)) - one)
 
 
 def partition_problem(plan: Plan, shape: StageShape) -> PartitionProblem:
-    """Per-layer and per-stage costs of ``plan`` (vpp = 1), for the partitioner."""
-    assert plan.layout.vpp == 1, "uneven splits are for one chunk per stage"
-    p, m, layers = plan.layout.pp, plan.num_microbatches, plan.model.layers
+    """Per-layer and per-stage costs of ``plan``, for the partitioner. With vpp > 1 the
+    problem is the layers each pipeline rank holds over all its chunks (its time and
+    memory are the sum of its chunks', each chunk holding at least one layer); any such
+    split is expressible (:func:`chunks_of`), whatever the launcher's ``shape``."""
+    if plan.stages is not None or plan.chunks is not None:  # the split is what we solve for
+        plan = dataclasses.replace(plan, stages=None, chunks=None)
+    p, v, m, layers = plan.layout.pp, plan.layout.vpp, plan.num_microbatches, plan.model.layers
     _, stage_time = _linear_times(plan)
-    inflight = tuple(peak_inflight(plan.schedule, p, m, 1, s) for s in range(p))
-    # memory is linear in the layers and, per stage class, in the in-flight count:
-    # two evaluations per class at 1 and 2 in-flight microbatches give its coefficients
-    coef: dict[int, tuple[float, float, float, float]] = {}
-    for c in _classes(p):
-        one, two = stage_work_for(plan, c, 1), stage_work_for(plan, c, 2)
-        a1, a2 = stage_memory(plan, c, one, 1), stage_memory(plan, c, one, 2)
-        b1 = stage_memory(plan, c, two, 1)
-        static_layer = (b1.weights + b1.grads + b1.optimizer) - (a1.weights + a1.grads + a1.optimizer)
-        act_layer = b1.activations - a1.activations  # one layer, one in-flight microbatch
-        per_inflight = a2.peak - a1.peak  # one more in-flight microbatch of the 1-layer stage
-        coef[c] = (a1.peak - per_inflight, per_inflight, static_layer, act_layer)
-    middle = coef[min(1, p - 1)]
-    layer_static, layer_act = middle[2], middle[3]
+    inflight = tuple(peak_inflight(plan.schedule, p, m, v, s) for s in range(p))
+    # memory is linear in the layers: per stage class and in-flight count, the stage
+    # with one and with two layers give a layer's bytes (weights, grads and optimizer,
+    # plus activations per in-flight microbatch-chunk) and the stage's fixed bytes
+    one = {c: stage_work_for(plan, c, 1) for c in _classes(p)}
+    two = {c: stage_work_for(plan, c, 2) for c in _classes(p)}
+    a1 = {c: stage_memory(plan, c, one[c], 1) for c in _classes(p)}
+    b1 = {c: stage_memory(plan, c, two[c], 1) for c in _classes(p)}
+    mid = min(1, p - 1)
+    layer_static = _states(b1[mid]) - _states(a1[mid])
+    layer_act = b1[mid].activations - a1[mid].activations  # one layer, one in-flight chunk
     stage_static = []
     for s in range(p):
-        base, per_inflight, static_layer, act_layer = coef[_class_of(s, p)]
-        one_layer = base + inflight[s] * per_inflight  # the stage holding one layer
-        stage_static.append(one_layer - static_layer - inflight[s] * act_layer)
+        c = _class_of(s, p)
+        at = stage_memory(plan, c, one[c], inflight[s])  # the stage holding one layer
+        per_layer = _states(b1[c]) - _states(a1[c]) + inflight[s] * (
+            b1[c].activations - a1[c].activations)
+        stage_static.append(at.peak - per_layer)
     step, dense_step = _layer_steps(cost_key(plan))
     times = [step] * layers
     statics, acts = [layer_static] * layers, [layer_act] * layers
     if _mixed(plan):  # the dense first layers: their own time and memory per layer
-        mid = min(1, p - 1)
-        a1 = stage_memory(plan, mid, stage_work_for(plan, mid, 1), 1)
         d1 = stage_memory(plan, mid, stage_work_for(plan, mid, 2, dense=1), 1)
         for i in range(plan.model.layers - plan.model.moe_layers):
             times[i] = dense_step
-            statics[i] = (d1.weights + d1.grads + d1.optimizer) - (a1.weights + a1.grads + a1.optimizer)
-            acts[i] = d1.activations - a1.activations
+            statics[i] = _states(d1) - _states(a1[mid])
+            acts[i] = d1.activations - a1[mid].activations
     return PartitionProblem(
         layer_time=tuple(times), layer_static=tuple(statics),
         layer_activation=tuple(acts), stage_time=stage_time,
         stage_static=tuple(stage_static), inflight=inflight,
-        capacity=plan.cluster.device.mem_bytes, shape=shape,
+        capacity=plan.cluster.device.mem_bytes,
+        shape=shape if v == 1 else StageShape.ANY, min_layers=v,
     )
+
+
+def _states(mem: Memory) -> float:
+    return mem.weights + mem.grads + mem.optimizer
+
+
+def chunks_of(plan: Plan, per_stage: tuple[int, ...]) -> tuple[Chunk, ...]:
+    """A per-chunk layout giving pipeline rank s ``per_stage[s]`` layers over its vpp
+    chunks, as evenly as they divide. A rank's short chunks are the ones beside its fixed
+    work: the first rank's first chunks (the embedding's), the last rank's last chunks
+    (the loss's and MTP's), a middle rank's last, as NeMo's recipes place the embedding
+    and loss in the layer count (``account_for_embedding/loss_in_pipeline_split``)."""
+    v = plan.layout.vpp
+    lists = []
+    for s, total in enumerate(per_stage):
+        base, extra = divmod(total, v)
+        if s == 0:  # the embedding's chunk is the short one
+            lists.append([base + (k >= v - extra) for k in range(v)])
+        else:
+            lists.append([base + (k < extra) for k in range(v)])
+    return with_mtp(from_stage_lists(lists), plan.model.mtp_layers)
 
 
 def min_bottleneck(layer_time: float, stage_time: tuple[float, ...], layers: int) -> float:
@@ -157,49 +184,153 @@ def layer_caps(problem: PartitionProblem) -> tuple[int, ...]:
     return tuple(caps)
 
 
-def min_bottleneck_capped(problem: PartitionProblem) -> float | None:
-    """The least bottleneck of equal layers when each stage also holds at most what fits
-    in its memory (a lower bound for the partitioner's answer); None when no split fits.
-    f(B) = sum_s min(cap_s, floor((B - c_s) / t)) is a nondecreasing step function of B:
-    bisect for its first step reaching L."""
-    caps, n = layer_caps(problem), problem.n_layers
-    if min(caps) < problem.min_layers or sum(caps) < n:
+def split_bound(plan: Plan, works: tuple[StageWork, ...], fill: bool = True) -> float:
+    """A step time no uneven split of ``plan`` beats (:func:`min_pipeline_time`), plus
+    the optimizer step of a stage holding the mean parameters (``works``: of any split,
+    for the parameters). ``fill=False`` bounds every schedule and vpp of the layout
+    where ``plan`` is its 1F1B at vpp 1 (the fewest sends: the least fixed time per
+    stage): the least bottleneck of equal layers, the cheaper kind's, in closed form."""
+    n, m = plan.model.layers, plan.num_microbatches
+    if not fill:  # the cheaper layer kind's time: below every layer's
+        layer_time = min(_layer_steps(cost_key(plan)))
+        return _bound(plan, works, m * min_bottleneck(layer_time, _fixed_floors(plan), n))
+    times, fills, first = _layer_costs(plan)
+    return _bound(plan, works, min_pipeline_time(
+        times, fills, _fixed_floors(plan), (n,) * plan.layout.pp, m, first, plan.layout.vpp))
+
+
+def split_bound_with_memory(plan: Plan, problem: PartitionProblem,
+                            works: tuple[StageWork, ...]) -> float | None:
+    """:func:`split_bound` with each stage's memory cap taken into account; None when
+    no split of equal layers fits (``works``: of any split, for the parameters)."""
+    caps = layer_caps(problem)
+    if min(caps) < problem.min_layers or sum(caps) < problem.n_layers:
         return None
-    t, c = min(problem.layer_time), problem.stage_time  # the cheapest layer: still a bound
-    if t <= 0:
-        return max(c)
+    times, fills, first = _layer_costs(plan)
+    return _bound(plan, works, min_pipeline_time(
+        times, fills, _fixed_floors(plan), caps, plan.num_microbatches, first,
+        problem.min_layers))
 
-    def count(b: float) -> int:
-        return sum(min(k, max(0, math.floor((b - cs) / t + 1e-9))) for k, cs in zip(caps, c, strict=True))
 
-    lo = max(cs + problem.min_layers * t for cs in c)
-    hi = max(c) + n * t
-    if count(lo) >= n:
+def _layer_costs(plan: Plan) -> tuple[tuple[float, ...], tuple[float, ...], int]:
+    """(times, fills, first): per layer in model order, the seconds per microbatch it
+    adds to its stage and to the fill of the stages after it, and the first stage
+    whose fill counts.
+
+    A stage's first chunk holds at least 1/vpp of its layers but on stage 0, whose
+    short chunk holds the embedding (:func:`chunks_of`): its fill counts from stage 1
+    at vpp > 1. The first chunk runs the forward and the fused backward; the forward
+    only where the schedule runs W apart (its drain counts B alone; the fill alone
+    still bounds)."""
+    return _layer_costs_of(cost_key(plan), plan.schedule.splits_backward)
+
+
+@lru_cache(maxsize=16384)
+def _layer_costs_of(key: Plan, split: bool) -> tuple[tuple[float, ...], tuple[float, ...], int]:
+    step, dense_step = _layer_steps(key)
+    fwd, dense_fwd = _layer_forward_steps(key)
+    v, n = key.layout.vpp, key.model.layers
+    dense = n - key.model.moe_layers if _mixed(key) else 0
+    times = (dense_step,) * dense + (step,) * (n - dense)
+    fill, dense_fill = (fwd, dense_fwd) if split else (step, dense_step)
+    fills = (dense_fill / v,) * dense + (fill / v,) * (n - dense)
+    return times, fills, int(v > 1)
+
+
+def _fixed_floors(plan: Plan) -> tuple[float, ...]:
+    """Per stage, fixed seconds per microbatch c_s with the stage's time at least
+    c_s + t x for any x layers it can hold (t the middle stage's seconds per layer, as
+    in :func:`_layer_costs`). A stage's time is not quite linear in its layers: ZeRO-3
+    waits for its first layer's gather, the mean of the stage's (``dp.zero3_exposed``),
+    so the embedding's or the logits' parameters weigh less the more layers they share
+    the stage with. Time less t x is then least at one end: at one layer or at the
+    most a stage can hold (the others keeping their minimum)."""
+    return _fixed_floors_of(cost_key(plan))
+
+
+@lru_cache(maxsize=16384)
+def _fixed_floors_of(key: Plan) -> tuple[float, ...]:
+    p, v, n = key.layout.pp, key.layout.vpp, key.model.layers
+    most = max(1, n - (p - 1) * v)
+    t = _layer_steps(key)[0]
+    floor = {c: min(_total(stage_work_for(key, c, 1)) - t,
+                    _total(stage_work_for(key, c, most)) - t * most) for c in _classes(p)}
+    return tuple(floor[_class_of(s, p)] for s in range(p))
+
+
+@lru_cache(maxsize=16384)
+def _layer_forward_steps(key: Plan) -> tuple[float, float]:
+    """(seconds, seconds of a dense layer) of forward per microbatch that one more layer
+    adds to a middle stage, as :func:`_layer_steps`."""
+    mid = min(1, key.layout.pp - 1)
+    one = stage_work_for(key, mid, 1).forward
+    fwd = max(0.0, stage_work_for(key, mid, 2).forward - one)
+    if not _mixed(key):
+        return fwd, fwd
+    return fwd, max(0.0, stage_work_for(key, mid, 2, dense=1).forward - one)
+
+
+def min_pipeline_time(times: tuple[float, ...], fills: tuple[float, ...],
+                      stage_time: tuple[float, ...], caps: tuple[int, ...], m: int,
+                      first_fill: int = 0, min_layers: int = 1) -> float:
+    """A lower bound on the least A such that some split of the layers into contiguous
+    runs, stage s holding layers [e_s, e_{s+1}), at most caps[s] of them, has
+
+        m (c_s + sum(times[e_s:e_{s+1}])) + sum(fills[e_{first_fill}:e_s]) <= A
+
+    for every stage s: its busy time after the first microbatch's forward reached it
+    (terms 1 and 2 of ``cost.bounds.step_time_lower_bound``; c_s its fixed seconds per
+    microbatch, ``fills`` what a layer held before s adds to that fill).
+
+    Given A, the greedy split that ends each stage in turn as late as it can places the
+    most layers: moving a stage's start one layer later (+t of its time, +f <= t of
+    fill) lets its end move by m t - f >= 0 of time, never earlier; with the caps, by
+    induction the greedy's ends are at least any split's that meets A (each stage also
+    ends early enough to leave the later ones their minimum layers, as every split
+    does). An A whose greedy falls short of all layers is thus below the optimum, and
+    bisection keeps only such an A as its answer. The bound relaxes the rest: a stage
+    may hold fewer than the minimum, and one whose fixed time and fill exceed A alone
+    is passed over, not failed (a later-ending greedy than a split's brings it more
+    fill)."""
+    n = len(times)
+    prefix, fprefix = [0.0], [0.0]
+    for t, f in zip(times, fills, strict=True):
+        prefix.append(prefix[-1] + t)
+        fprefix.append(fprefix[-1] + f)
+    c = stage_time
+    lo = max(m * (cs + min_layers * min(times)) for cs in c)
+    if prefix[-1] <= 0:
         return lo
-    for _ in range(64):  # to float precision
+
+    p = len(c)
+
+    def reaches(a: float) -> bool:
+        end, fill = 0, 0.0
+        for s, (cap, cs) in enumerate(zip(caps, c, strict=True)):
+            room = (a - fill) / m - cs  # seconds of layers stage s can hold
+            if room >= 0:  # ... leaving the later stages their minimum
+                limit = min(n - (p - 1 - s) * min_layers, end + cap)
+                last = bisect_right(prefix, prefix[end] + room + 1e-12, end, limit + 1) - 1
+                if s >= first_fill:
+                    fill += fprefix[last] - fprefix[end]
+                end = last
+                if end >= n:
+                    return True
+        return False
+
+    if reaches(lo):
+        return lo
+    hi = m * (max(c) + prefix[-1]) + fprefix[-1]
+    for _ in range(64):  # to 1e-3 of the answer: a bound need not be sharper
+        if hi - lo <= 1e-3 * hi:
+            break
         mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if count(mid) >= n else (mid, hi)
+        lo, hi = (lo, mid) if reaches(mid) else (mid, hi)
     return lo
 
 
-def split_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
-    """A step time no uneven split of ``plan`` beats: m times the least bottleneck, plus
-    the optimizer step of a stage holding the mean parameters."""
-    layer_time, stage_time = _linear_times(plan)
-    return _bound(plan, works, min_bottleneck(layer_time, stage_time, plan.model.layers))
-
-
-def split_bound_with_memory(plan: Plan, problem: PartitionProblem) -> float | None:
-    """:func:`split_bound` with each stage's memory cap taken into account; None when
-    no split of equal layers fits."""
-    bottleneck = min_bottleneck_capped(problem)
-    return None if bottleneck is None else _bound(plan, stage_work(plan), bottleneck)
-
-
-def _bound(plan: Plan, works: tuple[StageWork, ...], bottleneck: float) -> float:
-    params = [w.params for w in works]
-    optimizer = optimizer_seconds(plan, works) * (sum(params) / len(params)) / max(params)
-    return plan.num_microbatches * bottleneck + optimizer + step_overhead(plan)
+def _bound(plan: Plan, works: tuple[StageWork, ...], busy: float) -> float:
+    return busy + optimizer_seconds_floor(plan, works) + step_overhead(plan)
 
 
 @lru_cache(maxsize=4096)
@@ -210,14 +341,21 @@ def _best(problem: PartitionProblem) -> tuple[int, ...] | None:
 
 def with_best_stages(plan: Plan, shape: StageShape,
                      problem: PartitionProblem | None = None) -> Plan | None:
-    """``plan`` with the split the partitioner picks for its schedule and memory;
-    None when no split the launcher can express fits in memory."""
-    if shape is StageShape.UNIFORM or plan.layout.pp == 1 or plan.layout.vpp > 1:
+    """``plan`` with the split the partitioner picks for its schedule and memory (with
+    vpp > 1, a per-chunk layout: :func:`chunks_of` the best layers per rank); None when
+    no split the launcher can express fits in memory."""
+    lay = plan.layout
+    if shape is StageShape.UNIFORM or lay.pp == 1 or plan.schedule.v_shape:
         return plan
     layers = _best(problem or partition_problem(plan, shape))
     if layers is None:
         return None
-    if layers == uniform_stages(plan.model.layers, plan.layout.pp):
+    if lay.vpp > 1:
+        chunks = chunks_of(plan, layers)
+        if len({c.layers for c in chunks}) == 1:  # equal chunks: the uniform split
+            return dataclasses.replace(plan, stages=None, chunks=None)
+        return dataclasses.replace(plan, stages=None, chunks=chunks)
+    if layers == uniform_stages(plan.model.layers, lay.pp):
         return dataclasses.replace(plan, stages=None)
     return dataclasses.replace(plan, stages=layers)
 

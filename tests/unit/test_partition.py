@@ -307,3 +307,47 @@ def test_min_bottleneck_is_the_dp_optimum_of_equal_layers_without_memory(seed):
     part = partition_dp(problem)
     assert part is not None
     assert min_bottleneck(t, fixed, n) == pytest.approx(part.bottleneck_s)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 9), st.integers(1, 8), st.integers(0, 1),
+       st.integers(1, 2),
+       st.lists(st.sampled_from([0.25, 0.5, 1.0]), min_size=9, max_size=9),
+       st.lists(st.sampled_from([0.0, 0.5, 2.0]), min_size=4, max_size=4),
+       st.sampled_from([1.0, 0.5, 0.25]))
+def test_min_pipeline_time_never_exceeds_any_splits_pipeline_time(p, n, m, first, least,
+                                                                    kinds, fixed, k):
+    """Against every split into contiguous runs of at least ``least`` layers."""
+    from autoplan.search.stages import min_pipeline_time
+
+    if n < p * least:
+        return
+    times, fixed = tuple(kinds[:n]), tuple(fixed[:p])
+    fills = tuple(t * k for t in times)  # a layer's fill never exceeds its time
+    got = min_pipeline_time(times, fills, fixed, (n,) * p, m, first, min_layers=least)
+    for cuts in itertools.combinations(range(1, n), p - 1):
+        ends = (*cuts, n)
+        if any(b - a < least for a, b in zip((0, *cuts), ends, strict=True)):
+            continue
+        worst, start, held = 0.0, 0, 0.0
+        for s, end in enumerate(ends):
+            worst = max(worst, m * (fixed[s] + sum(times[start:end])) + held)
+            if s >= first:
+                held += sum(fills[start:end])
+            start = end
+        assert got <= worst * (1 + 1e-12)
+
+
+def test_min_pipeline_time_by_hand():
+    """Two stages of 1F1B, 4 unit layers, 4 microbatches, the fill the first stage's
+    whole forward and backward: (2, 2) gives max(4*2, 4*2 + 2) = 10, (3, 1) 12, (1, 3)
+    13. Three stages, 6 layers, 2 microbatches: (2, 2, 2) gives max(4, 4 + 2, 4 + 4) = 8;
+    (3, 2, 1) max(6, 4 + 3, 2 + 5) = 7, the least."""
+    from autoplan.search.stages import min_pipeline_time
+
+    assert min_pipeline_time((1.0,) * 4, (1.0,) * 4, (0.0, 0.0), (4, 4), 4) == pytest.approx(10, rel=1e-3)
+    got = min_pipeline_time((1.0,) * 6, (1.0,) * 6, (0.0,) * 3, (6,) * 3, 2)
+    assert got == pytest.approx(7, rel=1e-3) and got <= 7
+    # stage 0's fill left out (vpp > 1): (2, 2, 2) gives max(4, 4, 4 + 2) = 6, the least
+    got = min_pipeline_time((1.0,) * 6, (1.0,) * 6, (0.0,) * 3, (6,) * 3, 2, first_fill=1)
+    assert got == pytest.approx(6, rel=1e-3) and got <= 6

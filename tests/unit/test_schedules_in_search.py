@@ -3,6 +3,7 @@ the search and the command line."""
 
 from __future__ import annotations
 
+import dataclasses
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -10,11 +11,14 @@ import pytest
 from autoplan.cost.evaluate import evaluate, simulate_timeline
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
-from autoplan.parallel.rules import plan_problems
+from autoplan.export.megatron import export as megatron_export
+from autoplan.parallel.pipeline_layout import render_layout, stage_lists
+from autoplan.parallel.rules import plan_problems, space_problems
+from autoplan.plan import plan_document, read_plan
 from autoplan.search.engine import search
 from autoplan.search.partition import stage_memory
 from autoplan.search.space import StageShape, load_space
-from autoplan.search.stages import partition_problem, with_best_stages
+from autoplan.search.stages import chunks_of, partition_problem, with_best_stages
 from autoplan.vocab import Axis, Recompute, Schedule, ZeroStage
 from tests.helpers import autoplan, make_plan
 
@@ -68,7 +72,8 @@ def test_megatrons_space_returns_splits_it_can_express():
     assert result.plans
     for r in result.plans:
         stages = r.plan.stage_layers
-        assert len(set(stages[1:-1])) <= 1  # --decoder-first/last-pipeline-num-layers
+        if r.plan.chunks is None:  # else --pipeline-model-parallel-layout
+            assert len(set(stages[1:-1])) <= 1  # --decoder-first/last-pipeline-num-layers
         assert r.plan.schedule in (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED)
 
 
@@ -114,3 +119,54 @@ def test_a_v_shape_puts_the_output_layer_and_logits_back_on_stage_zero():
     assert works_v[3].params == pytest.approx(works_one[1].params)
     # the turning stage hands chunk 0 to its own chunk 1: one send each way, not two
     assert works_v[3].comm[Axis.PP][0] == pytest.approx(works_v[1].comm[Axis.PP][0] / 2)
+
+
+# ----------------------------------------------------------------------------- per-chunk splits
+
+def test_chunks_of_puts_each_ranks_short_chunk_beside_its_fixed_work():
+    plan = make_plan(model="llama3-405b", gpus=64, dp=1, tp=4, pp=16, vpp=4)
+    per_rank = (7,) + (8,) * 14 + (7,)  # 126 layers
+    chunks = chunks_of(plan, per_rank)
+    assert stage_lists(chunks, 16) == [[1, 2, 2, 2]] + [[2, 2, 2, 2]] * 14 + [[2, 2, 2, 1]]
+    assert chunks[0].embedding and chunks[-1].loss
+    assert sum(c.layers for c in chunks) == 126
+    assert render_layout(chunks) == "Et|(tt|)*62,tL"
+
+
+def test_the_partitioner_finds_nemos_llama3_405b_layout():
+    """NeMo's Llama 3 405B recipe (pp16 vpp4 on 126 layers: the embedding and the loss
+    each stand for a layer, so the first and last chunks hold one layer)."""
+    plan = make_plan(model="llama3-405b", gpus=512, dp=4, tp=8, pp=16, vpp=4,
+                     global_batch=64, seq_len=8192, schedule=Schedule.INTERLEAVED,
+                     recompute=Recompute.FULL, sequence_parallel=True)
+    best = with_best_stages(plan, StageShape.ANY)
+    assert best is not None and best.chunks is not None
+    assert render_layout(best.chunks) == "Et|(tt|)*62,tL"
+    assert plan_problems(best) == []
+
+
+def test_an_uneven_per_chunk_split_beats_the_uniform_one_on_a_large_vocabulary():
+    plan = make_plan(schedule=Schedule.INTERLEAVED, vpp=2, **LARGE_VOCAB)
+    best = with_best_stages(plan, StageShape.ANY)
+    assert best is not None and best.chunks is not None
+    assert plan_problems(best) == []
+    assert sum(c.layers for c in best.chunks) == plan.model.layers
+    assert evaluate(best).step_time_s < 0.9 * evaluate(plan).step_time_s
+
+
+def test_searches_return_per_chunk_splits_their_launcher_can_write(tmp_path):
+    """30 layers on 4 stages of 2 chunks: no uniform interleaved split exists."""
+    model = dataclasses.replace(resolve_model("nemotron-4-15b"), layers=30)
+    cluster = with_gpus(resolve_cluster("dgx-a100"), 16)
+    for name in ("megatron", "torchtitan"):
+        space = dataclasses.replace(load_space(name), schedules=(Schedule.INTERLEAVED,),
+                                    cp_max=1, tp_max=2, micro_batches=(1,))
+        result = search(model, cluster, Job(global_batch=64, seq_len=4096), space, top_k=8)
+        chunked = [r.plan for r in result.plans if r.plan.chunks is not None]
+        assert chunked, name
+        for plan in chunked:
+            assert plan_problems(plan) == [] and space_problems(plan, space) == []
+            assert read_plan(plan_document(plan), "<searched>") == plan
+        if name == "megatron":
+            args = megatron_export(chunked[0])
+            assert any("--pipeline-model-parallel-layout" in text for text in args.values())

@@ -39,7 +39,8 @@ def brute_force(model, cluster, job, space):
         dp = n // (tp * pp * cp)
         scheds = [(Schedule.ONE_F_ONE_B, 1)] if pp == 1 else [
             (s, v) for s in space.schedules
-            for v in (range(2, space.vpp_max + 1) if s is Schedule.INTERLEAVED else [1])]
+            for v in (range(2, space.vpp_max + 1) if s is Schedule.INTERLEAVED
+                      else [2] if s.v_shape else [1])]
         zeros = [z for z in space.zero if pp == 1 or z <= space.zero_max_with_pp]
         sps = space.sequence_parallel if tp > 1 else (False,)
         for mbs, (sched, v), rc, zero, sp in itertools.product(
@@ -72,6 +73,28 @@ def test_the_engines_best_plans_equal_brute_force_enumeration(model, gpus, gbs, 
     assert expected, "the brute force found nothing to compare with"
     assert [r.plan for r in result.plans] == [p for _, p, _ in expected[:5]]
     assert [r.prediction for r in result.plans] == [q for _, _, q in expected[:5]]
+
+
+EVERY_SCHEDULE = dataclasses.replace(SMALL, name="every-schedule", schedules=tuple(Schedule))
+
+
+@pytest.mark.parametrize(("model", "cluster", "gpus", "gbs", "seq"), [
+    ("llama3-8b", "dgx-h100", 8, 16, 4096),
+    ("llama2-13b", "dgx-h100", 16, 64, 4096),  # zero-bubble plans lead; the old bound lost them
+    ("llama2-70b", "dgx-a100", 32, 64, 4096),
+    ("gpt3-175b", "dgx-a100", 64, 64, 2048),
+])
+def test_the_best_plans_equal_brute_force_over_every_schedule(model, cluster, gpus, gbs, seq):
+    """Zero-bubble and V-shape schedules too: their bound drains only input gradients
+    (``cost.bounds.step_time_lower_bound``), so none of their plans is pruned wrongly."""
+    m = resolve_model(model)
+    c = with_gpus(resolve_cluster(cluster), gpus)
+    job = Job(global_batch=gbs, seq_len=seq, dtype=Dtype.BF16)
+    expected = brute_force(m, c, job, EVERY_SCHEDULE)
+    result = search(m, c, job, EVERY_SCHEDULE, top_k=8)
+    assert {p.schedule for _, p, _ in expected} == set(Schedule)
+    assert [r.plan for r in result.plans] == [p for _, p, _ in expected[:8]]
+    assert [r.prediction for r in result.plans] == [q for _, _, q in expected[:8]]
 
 
 def test_search_reports_where_every_candidate_went():
