@@ -216,15 +216,14 @@ def memory_pressure(step_s: float, peak_bytes: float, capacity_bytes: float) -> 
 
 def optimizer_seconds(plan: Plan, works: Sequence[StageShare]) -> float:
     """The Adam step of the rank with the most optimizer state (memory-bound)."""
-    return max(_optimizer_params(plan, w) for w in works) * _adam_seconds_per_param(plan)
+    return _adam_seconds(plan, max(_optimizer_params(plan, w) for w in works))
 
 
 def optimizer_seconds_floor(plan: Plan, works: Sequence[StageShare]) -> float:
     """The least :func:`optimizer_seconds` of any layer split of ``works``: the stages'
     parameters sum to the model's whatever the split, so the fullest holds at least
     their mean."""
-    mean = sum(_optimizer_params(plan, w) for w in works) / len(works)
-    return mean * _adam_seconds_per_param(plan)
+    return _adam_seconds(plan, sum(_optimizer_params(plan, w) for w in works) / len(works))
 
 
 def _optimizer_params(plan: Plan, work: StageShare) -> float:
@@ -235,9 +234,9 @@ def _optimizer_params(plan: Plan, work: StageShare) -> float:
     return work.params / dense_group + work.expert_params / expert_group
 
 
-def _adam_seconds_per_param(plan: Plan) -> float:
+def _adam_seconds(plan: Plan, params: float) -> float:
     device = plan.cluster.device
-    return ADAM_BYTES_PER_PARAM / (device.hbm_Bps * device.hbm_efficiency)
+    return params * ADAM_BYTES_PER_PARAM / (device.hbm_Bps * device.hbm_efficiency)
 
 
 def clear_caches() -> None:
