@@ -216,22 +216,24 @@ def memory_pressure(step_s: float, peak_bytes: float, capacity_bytes: float) -> 
 
 def optimizer_seconds(plan: Plan, works: Sequence[StageShare]) -> float:
     """The Adam step of the rank with the most optimizer state (memory-bound)."""
-    return _adam_seconds(plan, max(_optimizer_params(plan, w) for w in works))
+    dense, expert = _optimizer_groups(plan)
+    return _adam_seconds(plan, max(w.params / dense + w.expert_params / expert for w in works))
 
 
 def optimizer_seconds_floor(plan: Plan, works: Sequence[StageShare]) -> float:
     """The least :func:`optimizer_seconds` of any layer split of ``works``: the stages'
     parameters sum to the model's whatever the split, so the fullest holds at least
     their mean."""
-    return _adam_seconds(plan, sum(_optimizer_params(plan, w) for w in works) / len(works))
+    dense, expert = _optimizer_groups(plan)
+    total = sum(w.params / dense + w.expert_params / expert for w in works)
+    return _adam_seconds(plan, total / len(works))
 
 
-def _optimizer_params(plan: Plan, work: StageShare) -> float:
-    """Parameters whose optimizer state one rank of the stage steps."""
-    sharded = plan.zero >= ZeroStage.OPTIMIZER
-    dense_group = plan.layout.dp * plan.layout.cp if sharded else 1
-    expert_group = plan.layout.edp if sharded else 1
-    return work.params / dense_group + work.expert_params / expert_group
+def _optimizer_groups(plan: Plan) -> tuple[int, int]:
+    """The ranks a dense and an expert parameter's optimizer state is sharded over."""
+    if plan.zero >= ZeroStage.OPTIMIZER:
+        return plan.layout.dp * plan.layout.cp, plan.layout.edp
+    return 1, 1
 
 
 def _adam_seconds(plan: Plan, params: float) -> float:

@@ -11,6 +11,7 @@ partitioner (search/partition.py) runs only for the variants that reach the fron
 from __future__ import annotations
 
 import dataclasses
+import gc
 import heapq
 from collections import Counter
 from collections.abc import Iterator
@@ -420,9 +421,13 @@ class _Search:
 
 def rank_key_static(plan: Plan) -> tuple:
     lay = plan.layout
-    return (lay.tp, lay.pp, lay.cp, lay.vpp, list(Schedule).index(plan.schedule),
+    return (lay.tp, lay.pp, lay.cp, lay.vpp, _SCHEDULE_ORDER[plan.schedule],
             plan.recompute.level, int(plan.zero), not plan.sequence_parallel, plan.micro_batch,
-            lay.ep, lay.etp, list(CpComm).index(plan.cp_comm))
+            lay.ep, lay.etp, _CP_COMM_ORDER[plan.cp_comm])
+
+
+_SCHEDULE_ORDER = {s: i for i, s in enumerate(Schedule)}
+_CP_COMM_ORDER = {c: i for i, c in enumerate(CpComm)}
 
 
 class _neg:
@@ -439,9 +444,19 @@ class _neg:
 
 def search(model: Model, cluster: Cluster, job: Job, space: SearchSpace,
            top_k: int = 10) -> SearchResult:
-    """The top_k plans by predicted tokens/s over ``space``; see module doc."""
+    """The top_k plans by predicted tokens/s over ``space``; see module doc.
+
+    The cyclic garbage collector is paused while it runs (and restored after): the
+    walk builds millions of short-lived acyclic plans that reference counting frees,
+    and the collector's passes over them cost tenths of a second a search."""
     assert top_k >= 1
-    return _Search(model, cluster, job, space, top_k).run()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _Search(model, cluster, job, space, top_k).run()
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def candidate_plans(model: Model, cluster: Cluster, job: Job, space: SearchSpace) -> Iterator[Plan]:
