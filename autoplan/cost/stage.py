@@ -243,9 +243,20 @@ def _stage_works(key: Plan, stage_layers: tuple[int, ...],
     out = pp.output_stage(key)
     one = _one_chunk(key)
     mtp = key.model.mtp_layers
-    return tuple(_stage(one, s == 0, s == out, mtp if s == out else 0, layers, dense[s],
-                        *pp.sends(key, s))
-                 for s, layers in enumerate(stage_layers))
+    last = len(stage_layers) - 1
+    works = []
+    seen: dict[tuple[int, int], StageWork] = {}  # middle stages (same sends): most repeat
+    for s, layers in enumerate(stage_layers):
+        if 0 < s < last and s != out:
+            mid = (layers, dense[s])
+            work = seen.get(mid)
+            if work is None:
+                work = seen[mid] = _stage(one, False, False, 0, layers, dense[s], *pp.sends(key, s))
+        else:
+            work = _stage(one, s == 0, s == out, mtp if s == out else 0, layers, dense[s],
+                          *pp.sends(key, s))
+        works.append(work)
+    return tuple(works)
 
 
 @lru_cache(maxsize=8192)

@@ -14,7 +14,7 @@ import dataclasses
 import gc
 import heapq
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from autoplan.cost.bounds import (
@@ -134,6 +134,7 @@ class _Group:
     plan: Plan  # the group's 1F1B, vpp = 1 member
     schedules: tuple[tuple[Schedule, int, bool], ...]  # (schedule, vpp, split)
     cp_comms: tuple[CpComm, ...] = (CpComm.RING,)  # context-parallel exchanges to try
+    exact: bool = False  # the bound is the group's own, not its layout's (every ZeRO x recompute)
 
     @property
     def size(self) -> int:
@@ -213,6 +214,7 @@ class _Search:
                     if rule:
                         stats.pruned[rule.id] += per_mbs // len(sps)
                         continue
+                    shared = self._layout_bound(base, mbs, sp, zeros, cps, scheds)
                     for zero in zeros:
                         if self._states_exceed_memory(base, zero, mbs, sp):
                             stats.infeasible["model states exceed memory"] += (
@@ -226,9 +228,7 @@ class _Search:
                                         stack=self.space.stack, layout=base, micro_batch=mbs,
                                         schedule=Schedule.ONE_F_ONE_B, recompute=rc,
                                         zero=zero, sequence_parallel=sp, cp_comm=cps[-1])
-                            bound = self._group_bound(plan, any(split for *_, split in scheds),
-                                                     without_cp=len(cps) > 1)
-                            yield _Group(bound, rank_key_static(plan), plan, tuple(scheds), cps)
+                            yield _Group(shared, rank_key_static(plan), plan, tuple(scheds), cps)
 
     def _states_exceed_memory(self, lay: Layout, zero: ZeroStage, mbs: int, sp: bool) -> bool:
         """Weights, grads and optimizer states of the fullest stage (no activations) plus
@@ -260,6 +260,25 @@ class _Search:
         key = (mem.peak, rank_key_static(plan))
         if self.closest is None or key < self.closest[:2]:
             self.closest = (mem.peak, key[1], plan, stage, mem)
+
+    def _layout_bound(self, base: Layout, mbs: int, sp: bool, zeros: Sequence[ZeroStage],
+                      cps: Sequence[CpComm], scheds: Sequence[tuple[Schedule, int, bool]]) -> float:
+        """A bound valid for the groups of every ZeRO stage and recompute of a layout,
+        micro-batch and sequence parallelism, so that a group's own bound is computed
+        only if the group comes up. It is the group bound of the member without
+        recompute (recompute only adds forward time to the backward), the least over
+        two ZeRO stages: stages 0-2 run the same per-stage work and 1 and 2 step a shard
+        of the optimizer (less time than 0), so the highest below 3 stands for them;
+        stage 3 adds gathers to that work but may shard the optimizer where the space
+        has no stage 1 or 2."""
+        below = [z for z in zeros if z is not ZeroStage.PARAMETERS]
+        stand_ins = ([max(below)] if below else []) + [z for z in zeros if z is ZeroStage.PARAMETERS]
+        split = any(s for *_, s in scheds)
+        return min(self._group_bound(
+            Plan(model=self.model, cluster=self.cluster, job=self.job, stack=self.space.stack,
+                 layout=base, micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B,
+                 recompute=Recompute.NONE, zero=zero, sequence_parallel=sp, cp_comm=cps[-1]),
+            split, len(cps) > 1) for zero in stand_ins)
 
     def _group_bound(self, plan: Plan, split: bool, without_cp: bool = False) -> float:
         """A step time no schedule of the group beats: the busiest stage's
@@ -399,6 +418,14 @@ class _Search:
                     heapq.heappush(heap, (fit.bound, fit.key, seq, fit))
                     seq += 1
                 continue
+            if isinstance(item, _Group) and not item.exact:
+                own = self._group_bound(item.plan, any(split for *_, split in item.schedules),
+                                        len(item.cp_comms) > 1)
+                item = dataclasses.replace(item, exact=True)
+                if own > bound:  # back in line at its own bound
+                    heapq.heappush(heap, (own, item.key, seq, dataclasses.replace(item, bound=own)))
+                    seq += 1
+                    continue
             if isinstance(item, _Group | _Split):
                 found = self.expand(item) if isinstance(item, _Group) else [self.realize(item)]
                 for new in found:

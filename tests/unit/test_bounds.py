@@ -22,7 +22,7 @@ from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
 from autoplan.parallel import mesh
 from autoplan.parallel.dp import grad_sync_floor
-from autoplan.search.engine import candidate_plans
+from autoplan.search.engine import _Search, candidate_plans
 from autoplan.search.space import StageShape, load_space
 from autoplan.search.stages import (
     partition_problem,
@@ -150,3 +150,19 @@ def test_the_optimizer_floor_is_the_step_of_a_rank_holding_the_mean_state():
     total = sum(w.params for w in works) / uniform.layout.dp  # ZeRO-1 shards over dp
     per_param = optimizer_seconds(uniform, works) / max(w.params / 2 for w in works)
     assert floor == pytest.approx(total / 4 * per_param, rel=1e-12)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[5]], ids=lambda c: f"{c[0]}-{c[5]}")
+def test_a_layouts_shared_bound_holds_for_its_every_zero_and_recompute_group(case):
+    """Groups enter the queue at their layout's bound (engine._Search._layout_bound) and
+    compute their own only when they come up: the shared one must not exceed it."""
+    name, cluster, gpus, gbs, seq, space_name, _ = case
+    walk = _Search(_model(name), with_gpus(resolve_cluster(cluster), gpus),
+                   Job(global_batch=gbs, seq_len=seq), load_space(space_name), top_k=1)
+    seen = set()
+    for group in walk.groups():
+        own = walk._group_bound(group.plan, any(s for *_, s in group.schedules),
+                                len(group.cp_comms) > 1)
+        assert group.bound <= own * TIGHT, group.plan
+        seen.add((group.plan.recompute, group.plan.zero))
+    assert len(seen) >= 6  # every recompute with two ZeRO stages at least
