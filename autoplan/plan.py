@@ -3,7 +3,7 @@ plan file: schema v1 of DESIGN.md, read strictly and written deterministically."
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from autoplan.descriptors.hardware import Cluster
@@ -86,6 +86,17 @@ class Plan:
                 self.recompute, self.zero, self.sequence_parallel, self.stages, self.chunks,
                 self.cp_comm, self.stack)) or 1)
         return self._hash
+
+    def replace(self, **changes: Any) -> Plan:
+        """``dataclasses.replace`` for the search's hot paths: the same plan, the fields
+        named changed, without the generated ``__init__``'s per-field frozen assignment
+        (the fields are the caller's, already valid: plans are checked where they are read)."""
+        new = object.__new__(Plan)
+        for name in _PLAN_FIELDS:
+            object.__setattr__(new, name, changes.pop(name) if name in changes else getattr(self, name))
+        assert not changes, f"Plan has no field {sorted(changes)}"
+        object.__setattr__(new, "_hash", 0)
+        return new
 
     @property
     def num_microbatches(self) -> int:
@@ -238,6 +249,9 @@ class Prediction:
 
 
 # --------------------------------------------------------------------------- reading plans
+
+_PLAN_FIELDS = tuple(f.name for f in fields(Plan) if f.name != "_hash")
+
 
 def read_plan(data: Any, source: str, path: str = "") -> Plan:
     """Build and check a Plan from a plan-file mapping; every problem is reported at once."""

@@ -179,8 +179,8 @@ def cost_key(plan: Plan) -> Plan:
     after the pipeline); the layer split is applied per stage."""
     schedule = (Schedule.ZB_V if plan.schedule.v_shape
                 else Schedule.ZB_H1 if plan.schedule.splits_backward else Schedule.ONE_F_ONE_B)
-    return dataclasses.replace(
-        plan, schedule=schedule,
+    return plan.replace(
+        schedule=schedule,
         zero=plan.zero if plan.zero is ZeroStage.PARAMETERS else ZeroStage.NONE, stages=None,
         chunks=None)
 

@@ -301,21 +301,22 @@ class _Search:
         rules read neither the exchange nor the split: asked once a schedule."""
         base, cps = group.plan.layout, group.cp_comms
         layers = self.model.layers
+        layouts = {1: base}
         for sched, v, split in group.schedules:
-            first = dataclasses.replace(group.plan, layout=dataclasses.replace(base, vpp=v),
-                                        schedule=sched, cp_comm=cps[0])
+            lay = layouts.get(v)
+            if lay is None:
+                lay = layouts[v] = dataclasses.replace(base, vpp=v)
+            first = group.plan.replace(layout=lay, schedule=sched, cp_comm=cps[0])
             if split and v > 1 and layers >= base.pp * v:
                 # a per-chunk layout needs no pp*vpp | layers: the rules see one (its
                 # near-uniform stand-in until the partitioner picks the split)
-                first = dataclasses.replace(
-                    first, chunks=chunks_of(first, pp.uniform_stages(layers, base.pp)))
+                first = first.replace(chunks=chunks_of(first, pp.uniform_stages(layers, base.pp)))
             rule = first_broken(first, Scope.SCHEDULE)
             if rule:
                 self.stats.pruned[rule.id] += len(cps)
                 continue
             for cp_comm in cps:
-                yield (first if cp_comm is cps[0]
-                       else dataclasses.replace(first, cp_comm=cp_comm)), split
+                yield (first if cp_comm is cps[0] else first.replace(cp_comm=cp_comm)), split
 
     def expand(self, group: _Group) -> list[_Candidate | _Split]:
         """The group's schedules: uniform splits that fit in memory as candidates with

@@ -183,3 +183,19 @@ def test_a_plan_with_an_uneven_split_writes_its_stages():
                      seq_len=8192)
     assert plan.to_dict()["stages"] == [15, 16, 16, 16, 16, 16, 16, 15]
     assert "stages" not in make_plan(pp=2, dp=4).to_dict()
+
+
+def test_plan_replace_is_dataclasses_replace_with_a_fresh_hash():
+    plan = Plan(
+        model=resolve_model("llama3-8b"), cluster=with_gpus(resolve_cluster("dgx-h100"), 8),
+        job=Job(global_batch=32, seq_len=4096), layout=Layout(dp=2, tp=1, pp=4), micro_batch=1,
+        schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.NONE, zero=ZeroStage.OPTIMIZER,
+        sequence_parallel=False)
+    hash(plan)  # remembered on the original
+    for changes in [{}, {"schedule": Schedule.ZB_H1}, {"micro_batch": 2, "stages": (9, 9, 9, 5)},
+                    {"layout": Layout(dp=2, tp=1, pp=4, vpp=2), "schedule": Schedule.INTERLEAVED}]:
+        fast, slow = plan.replace(**changes), dataclasses.replace(plan, **changes)
+        assert fast == slow and hash(fast) == hash(slow)
+        assert (hash(fast) == hash(plan)) == (not changes)
+    with pytest.raises(AssertionError, match="no field"):
+        plan.replace(vpp=2)
