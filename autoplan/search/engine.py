@@ -422,9 +422,9 @@ class _Search:
             if isinstance(item, _Group) and not item.exact:
                 own = self._group_bound(item.plan, any(split for *_, split in item.schedules),
                                         len(item.cp_comms) > 1)
-                item = dataclasses.replace(item, exact=True)
                 if own > bound:  # back in line at its own bound
-                    heapq.heappush(heap, (own, item.key, seq, dataclasses.replace(item, bound=own)))
+                    item = dataclasses.replace(item, bound=own, exact=True)
+                    heapq.heappush(heap, (own, item.key, seq, item))
                     seq += 1
                     continue
             if isinstance(item, _Group | _Split):

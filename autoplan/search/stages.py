@@ -34,15 +34,14 @@ def _class_of(s: int, p: int) -> int:
     return 0 if s == 0 else p - 1 if s == p - 1 else min(1, p - 1)
 
 
-def _linear_times(plan: Plan) -> tuple[float, tuple[float, ...]]:
-    """(seconds per layer, fixed seconds per stage), per microbatch, forward + backward.
+def _stage_fixed_times(plan: Plan) -> tuple[float, ...]:
+    """Fixed seconds per stage, per microbatch, forward + backward, for the partitioner.
 
-    Stage time is linear in the layers a stage holds, so a layer's share is the
+    Stage time is about linear in the layers a stage holds, so a layer's share is the
     difference between the stage with two layers and with one; the rest (embedding,
-    logits, transfers) is the stage's fixed share. A mixture of experts with dense
-    first layers has two kinds of layer: the cheaper one's time is returned, so the
-    bounds built on it stay valid for every split."""
-    return _linear_times_of(cost_key(plan))
+    logits, transfers) is the stage's fixed share. (The bounds use
+    :func:`_fixed_floors`, valid where the time is not quite linear.)"""
+    return _stage_fixed_times_of(cost_key(plan))
 
 
 def _total(w: StageWork) -> float:
@@ -50,13 +49,13 @@ def _total(w: StageWork) -> float:
 
 
 @lru_cache(maxsize=16384)
-def _linear_times_of(plan: Plan) -> tuple[float, tuple[float, ...]]:
-    p = plan.layout.pp
+def _stage_fixed_times_of(key: Plan) -> tuple[float, ...]:
+    p = key.layout.pp
     fixed: dict[int, float] = {}
     for c in _classes(p):
-        one, two = stage_work_for(plan, c, 1), stage_work_for(plan, c, 2)
+        one, two = stage_work_for(key, c, 1), stage_work_for(key, c, 2)
         fixed[c] = _total(one) - (_total(two) - _total(one))
-    return min(_layer_steps(plan)), tuple(fixed[_class_of(s, p)] for s in range(p))
+    return tuple(fixed[_class_of(s, p)] for s in range(p))
 
 
 def _mixed(plan: Plan) -> bool:
@@ -64,20 +63,27 @@ def _mixed(plan: Plan) -> bool:
     return 0 < plan.model.moe_layers < plan.model.layers
 
 
-@lru_cache(maxsize=16384)
 def _layer_steps(key: Plan) -> tuple[float, float]:
-    """(seconds, seconds of a dense layer) per microbatch that one more layer adds to a
-    middle stage, whose layers stand for every layer; the two are equal unless the model
-    mixes dense and MoE layers (``key``: a cost key, see ``cost_key``)."""
+    """(seconds, seconds of a dense layer) per microbatch, forward + backward, that one
+    more layer adds to a middle stage, whose layers stand for every layer; the two are
+    equal unless the model mixes dense and MoE layers (``key``: a cost key, see
+    ``cost_key``)."""
+    return _layer_deltas(key)[0]
+
+
+@lru_cache(maxsize=16384)
+def _layer_deltas(key: Plan) -> tuple[tuple[float, float], tuple[float, float]]:
+    """:func:`_layer_steps`, then the same of the forward alone."""
     mid = min(1, key.layout.pp - 1)
-    one = _total(stage_work_for(key, mid, 1))
-    step = _total(stage_work_for(key, mid, 2)) - one
+    one, two = stage_work_for(key, mid, 1), stage_work_for(key, mid, 2)
     # never below zero: a mixed stage's first ZeRO-3 gather is the mean layer's
     # (``dp.zero3_exposed``), so a dense layer added to an MoE one can shorten it
-    step = max(0.0, step)
+    step, fwd = max(0.0, _total(two) - _total(one)), max(0.0, two.forward - one.forward)
     if not _mixed(key):
-        return step, step
-    return step, max(0.0, _total(stage_work_for(key, mid, 2, dense=1)) - one)
+        return (step, step), (fwd, fwd)
+    dense = stage_work_for(key, mid, 2, dense=1)
+    return ((step, max(0.0, _total(dense) - _total(one))),
+            (fwd, max(0.0, dense.forward - one.forward)))
 
 
 def partition_problem(plan: Plan, shape: StageShape) -> PartitionProblem:
@@ -88,7 +94,7 @@ def partition_problem(plan: Plan, shape: StageShape) -> PartitionProblem:
     if plan.stages is not None or plan.chunks is not None:  # the split is what we solve for
         plan = dataclasses.replace(plan, stages=None, chunks=None)
     p, v, m, layers = plan.layout.pp, plan.layout.vpp, plan.num_microbatches, plan.model.layers
-    _, stage_time = _linear_times(plan)
+    stage_time = _stage_fixed_times(plan)
     inflight = tuple(peak_inflight(plan.schedule, p, m, v, s) for s in range(p))
     # memory is linear in the layers: per stage class and in-flight count, the stage
     # with one and with two layers give a layer's bytes (weights, grads and optimizer,
@@ -222,17 +228,16 @@ def _layer_costs(plan: Plan) -> tuple[tuple[float, ...], tuple[float, ...], int]
     at vpp > 1. The first chunk runs the forward and the fused backward; the forward
     only where the schedule runs W apart (its drain counts B alone; the fill alone
     still bounds)."""
-    return _layer_costs_of(cost_key(plan), plan.schedule.splits_backward)
+    return _layer_costs_of(cost_key(plan))
 
 
 @lru_cache(maxsize=16384)
-def _layer_costs_of(key: Plan, split: bool) -> tuple[tuple[float, ...], tuple[float, ...], int]:
-    step, dense_step = _layer_steps(key)
-    fwd, dense_fwd = _layer_forward_steps(key)
+def _layer_costs_of(key: Plan) -> tuple[tuple[float, ...], tuple[float, ...], int]:
+    (step, dense_step), (fwd, dense_fwd) = _layer_deltas(key)
     v, n = key.layout.vpp, key.model.layers
     dense = n - key.model.moe_layers if _mixed(key) else 0
     times = (dense_step,) * dense + (step,) * (n - dense)
-    fill, dense_fill = (fwd, dense_fwd) if split else (step, dense_step)
+    fill, dense_fill = (fwd, dense_fwd) if key.schedule.splits_backward else (step, dense_step)
     fills = (dense_fill / v,) * dense + (fill / v,) * (n - dense)
     return times, fills, int(v > 1)
 
@@ -256,18 +261,6 @@ def _fixed_floors_of(key: Plan) -> tuple[float, ...]:
     floor = {c: min(_total(stage_work_for(key, c, 1)) - t,
                     _total(stage_work_for(key, c, most)) - t * most) for c in _classes(p)}
     return tuple(floor[_class_of(s, p)] for s in range(p))
-
-
-@lru_cache(maxsize=16384)
-def _layer_forward_steps(key: Plan) -> tuple[float, float]:
-    """(seconds, seconds of a dense layer) of forward per microbatch that one more layer
-    adds to a middle stage, as :func:`_layer_steps`."""
-    mid = min(1, key.layout.pp - 1)
-    one = stage_work_for(key, mid, 1).forward
-    fwd = max(0.0, stage_work_for(key, mid, 2).forward - one)
-    if not _mixed(key):
-        return fwd, fwd
-    return fwd, max(0.0, stage_work_for(key, mid, 2, dense=1).forward - one)
 
 
 def min_pipeline_time(times: tuple[float, ...], fills: tuple[float, ...],
