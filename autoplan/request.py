@@ -8,6 +8,7 @@ the request's cluster then carries the fitted correction (autoplan.measured.surr
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from autoplan.measured.profile import Profile, read_profile
 from autoplan.measured.shipped import shipped_profile
 from autoplan.search.space import SearchSpace, load_space
 from autoplan.vocab import Dtype
+from autoplan.whatif.counts import check_gpu_counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +33,13 @@ class Request:
     job: Job
     space: SearchSpace
     profile: Profile | None = None  # the measured profile the cluster is corrected by
+    # one cluster per GPU count of a sweep (--gpus 64,128 or 64..1024, or a list under
+    # gpus: in the job file), ascending; () for one count, which ``cluster`` holds
+    sizes: tuple[Cluster, ...] = ()
+
+    @property
+    def clusters(self) -> tuple[Cluster, ...]:
+        return self.sizes or (self.cluster,)
 
 
 def build_request(
@@ -38,7 +47,7 @@ def build_request(
     *,
     model: str | None = None,
     cluster: str | None = None,
-    gpus: int | None = None,
+    gpus: int | Sequence[int] | None = None,
     global_batch: int | None = None,
     seq_len: int | None = None,
     dtype: Dtype | None = None,
@@ -55,7 +64,8 @@ def build_request(
         f = Fields(data, source, "", problems)
         doc = {k: f.raw(k, None) for k in ("model", "cluster", "job", "space", "profile",
                                                 "stack")}
-        doc["gpus"] = f.int("gpus", None, min=1)
+        doc["gpus"] = (f.int_list("gpus", None, min=1) if isinstance(f.raw("gpus", None), list)
+                       else f.int("gpus", None, min=1))
         f.close()
         _raise(problems)
     # options override the file
@@ -111,11 +121,19 @@ def build_request(
     _raise(problems)
     assert resolved_model is not None and resolved_cluster is not None and job is not None
     n = gpus if gpus is not None else doc.get("gpus")
-    if n is not None:
+    gpus_src, gpus_field = ("--gpus", "") if gpus is not None else (source, "gpus")
+    sizes: tuple[Cluster, ...] = ()
+    if isinstance(n, (list, tuple)):
+        counts = check_gpu_counts(n, gpus_src, gpus_field)
+        sizes = tuple(with_gpus(resolved_cluster, c, gpus_src, gpus_field) for c in counts)
+        if len(sizes) == 1:
+            resolved_cluster, sizes = sizes[0], ()
+        else:
+            resolved_cluster = sizes[0]
+    elif n is not None:
         if isinstance(n, bool) or not isinstance(n, int):
             raise InputError.single(source, "gpus", f"expected an integer, got {n!r}")
-        resolved_cluster = with_gpus(resolved_cluster, n, "--gpus" if gpus is not None else source,
-                                     "" if gpus is not None else "gpus")
+        resolved_cluster = with_gpus(resolved_cluster, n, gpus_src, gpus_field)
     if not resolved_cluster.device.supports(job.dtype):
         raise InputError.single(source if dtype is None else "--dtype",
                                 "job.dtype" if dtype is None else "",
@@ -128,7 +146,8 @@ def build_request(
         from autoplan.measured.surrogate import calibrate
 
         resolved_cluster = calibrate(resolved_cluster, measured)
-    return Request(resolved_model, resolved_cluster, job, resolved_space, measured)
+        sizes = tuple(calibrate(c, measured) for c in sizes)
+    return Request(resolved_model, resolved_cluster, job, resolved_space, measured, sizes)
 
 
 def _read_profile(option: Path | None, ref: Any, job_file: Path | None, source: str) -> Profile | None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import math
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -16,14 +18,17 @@ from rich.markup import escape
 
 from autoplan import __version__
 from autoplan.cli import output, render
-from autoplan.errors import AutoplanError, InputError
+from autoplan.errors import AutoplanError, InputError, Problem
 from autoplan.plan import Plan, Prediction
 from autoplan.units import GiB
 from autoplan.vocab import Dtype
+from autoplan.whatif.economics import Objective
 
 if TYPE_CHECKING:
     from autoplan.bench.validate import Validation
     from autoplan.measured.profile import Profile
+    from autoplan.request import Request
+    from autoplan.whatif.sweep import Sweep
 
 app = typer.Typer(
     name="autoplan",
@@ -99,7 +104,8 @@ def search(
         "--model", "-m", help="Built-in model name, descriptor path, or HuggingFace config.json.")] = None,
     cluster: Annotated[str | None, typer.Option(
         "--cluster", "-c", help="Built-in cluster name or descriptor path.")] = None,
-    gpus: Annotated[int | None, typer.Option("--gpus", "-n", help="Total GPUs.")] = None,
+    gpus: Annotated[str | None, typer.Option(
+        "--gpus", "-n", help="Total GPUs; several to compare: 64,128,256, or 64..1024 (doubling).")] = None,
     global_batch: Annotated[int | None, typer.Option(
         "--global-batch", "-b", help="Sequences per optimizer step.")] = None,
     seq_len: Annotated[int | None, typer.Option("--seq-len", "-s", help="Tokens per sequence.")] = None,
@@ -113,18 +119,42 @@ def search(
     out_path: Annotated[Path | None, typer.Option("--out", "-o", help="Write the best plan here.")] = None,
     profile: ProfileOpt = None,
     stack: StackOpt = None,
+    train_tokens: Annotated[float | None, typer.Option(
+        "--train-tokens", help="Tokens to train on (e.g. 15e12): adds days, GPU-hours, cost and "
+                               "energy per GPU count, and their Pareto front.")] = None,
+    objective: Annotated[Objective | None, typer.Option(
+        "--objective", help="With --train-tokens: rank by days (time), GPU-hours x price (cost) "
+                            "or energy. Default: time.")] = None,
+    price: Annotated[float | None, typer.Option(
+        "--price", help="USD per GPU-hour (default: the device file's price_per_gpu_hour).")] = None,
+    deadline: Annotated[float | None, typer.Option(
+        "--deadline", help="With --train-tokens: keep plans that train within DAYS.")] = None,
+    budget: Annotated[float | None, typer.Option(
+        "--budget", help="With --train-tokens: keep plans that cost at most USD.")] = None,
+    plot: Annotated[Path | None, typer.Option(
+        "--plot", help="With --train-tokens: draw the front (days against dollars) to FILE.svg.")] = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Rank the plans that fit: exit 0 found, 1 none fits, 2 bad input."""
     from autoplan.plan import plan_document
     from autoplan.request import build_request
     from autoplan.search.engine import search as run_search
+    from autoplan.whatif.counts import parse_gpu_counts
 
-    req = build_request(job_file, model=model, cluster=cluster, gpus=gpus,
+    counts = parse_gpu_counts(gpus) if gpus is not None else None
+    whatif = _WhatIf.read(train_tokens, objective, price, deadline, budget, plot)
+    req = build_request(job_file, model=model, cluster=cluster,
+                        gpus=None if counts is None else counts[0] if len(counts) == 1 else counts,
                         global_batch=global_batch, seq_len=seq_len, dtype=dtype, space=space,
                         moe_imbalance=moe_imbalance, profile=profile, stack=stack)
+    if whatif is None and len(req.clusters) > 1:
+        raise InputError.single("--gpus", "", "a sweep over GPU counts answers how long and how "
+                                              "much: give --train-tokens too")
     if req.profile is not None and (note := render.profile_note(req.profile, req.cluster)):
         output.err.print(note, markup=False)
+    if whatif is not None:
+        _search_whatif(req, whatif, top, out_path, fmt)
+        return
     if output.interactive(fmt.value):
         with output.err.status(f"searching {req.space.name} space on {req.cluster.gpus} GPUs ..."):
             result = run_search(req.model, req.cluster, req.job, req.space, top_k=top)
@@ -158,6 +188,139 @@ def search(
             output.out.print(escape(render.profile_text(req.profile.source)))
         if out_path is not None:
             output.err.print(f"wrote the best plan to {out_path}")
+
+
+MAX_TRAIN_TOKENS = 1e18  # ~50,000x Llama 3's 15T tokens
+MAX_MONEY = 1e15  # USD, per GPU-hour or in all
+
+
+@dataclass(frozen=True, slots=True)
+class _WhatIf:
+    """The time-to-train options of ``search``, checked."""
+
+    train_tokens: float
+    objective: Objective
+    price: float | None
+    deadline: float | None
+    budget: float | None
+    plot: Path | None
+
+    @classmethod
+    def read(cls, train_tokens: float | None, objective: Objective | None, price: float | None,
+             deadline: float | None, budget: float | None, plot: Path | None) -> _WhatIf | None:
+        given = {"--objective": objective, "--price": price, "--deadline": deadline,
+                 "--budget": budget, "--plot": plot}
+        if train_tokens is None:
+            for flag, value in given.items():
+                if value is not None:
+                    raise InputError.single(flag, "", "needs --train-tokens (the run it prices)")
+            return None
+        problems = []
+        for flag, value, hi in (("--train-tokens", train_tokens, MAX_TRAIN_TOKENS),
+                                ("--price", price, MAX_MONEY), ("--deadline", deadline, 1e6),
+                                ("--budget", budget, MAX_MONEY)):
+            if value is not None and not (math.isfinite(value) and 0 < value <= hi):
+                problems.append(Problem(flag, "", f"expected a number > 0 and <= {hi:g}, "
+                                                  f"got {value:g}"))
+        if plot is not None and plot.suffix.lower() != ".svg":
+            problems.append(Problem("--plot", "", f"expected a .svg file, got {plot}"))
+        if problems:
+            raise InputError(problems)
+        return cls(train_tokens, objective or Objective.TIME, price, deadline, budget, plot)
+
+
+def _search_whatif(req: Request, whatif: _WhatIf, top: int, out_path: Path | None,
+                   fmt: Format) -> None:
+    """``search --train-tokens``: a search per GPU count, ranked by the objective, with
+    the Pareto front of days against dollars (autoplan.whatif)."""
+    from autoplan.plan import plan_document
+    from autoplan.whatif.plot import front_svg
+    from autoplan.whatif.sweep import constrain, meets, sweep
+
+    device = req.cluster.device
+    price = whatif.price if whatif.price is not None else device.price_per_gpu_hour
+    if price is None and whatif.budget is not None:
+        raise InputError.single("--budget", "", f"{device.name} has no price_per_gpu_hour in its "
+                                                f"device file: give --price")
+    if whatif.objective is Objective.ENERGY and device.power_load_W is None:
+        raise InputError.single("--objective", "", f"energy needs {device.name}'s power_W "
+                                                   f"(load, idle) in its device file")
+    counts = [c.gpus for c in req.clusters]
+
+    def run() -> Sweep:
+        return sweep(req.model, req.clusters, req.job, req.space, train_tokens=whatif.train_tokens,
+                     objective=whatif.objective, price_per_gpu_hour=price, top_k=top)
+
+    if output.interactive(fmt.value):
+        with output.err.status(f"searching {req.space.name} space on "
+                               f"{', '.join(map(str, counts))} GPUs ..."):
+            result = run()
+    else:
+        result = run()
+    limits = constrain(result.front, whatif.objective, deadline_days=whatif.deadline,
+                       budget_usd=whatif.budget)
+    ranked = [p for p in result.ranked() if all(meets(p, whatif.deadline, whatif.budget))][:top]
+    labels = {p.gpus: render.layout_text(p.plan) for p in result.points}
+    summary = {
+        "tokens": whatif.train_tokens,
+        "objective": whatif.objective.value,
+        "gpus": counts,
+        "price_per_gpu_hour": price,
+        "price_source": ("--price" if whatif.price is not None
+                         else f"device {device.name}" if price is not None else None),
+        "pue": req.cluster.pue,
+        "deadline_days": whatif.deadline,
+        "budget_usd": whatif.budget,
+        "binding": list(limits.binding),
+        "best_gpus": limits.chosen.gpus if limits.chosen is not None else None,
+        "reason": limits.reason,
+    }
+    if not result.points:
+        why = result.why_none()
+        if fmt is Format.json:
+            output.emit_json({"plans": [], "stats": result.stats().to_dict(), "pareto": [],
+                              "train": summary, "reason": why})
+        else:
+            output.out.print(render.stats_text(result.stats()))
+        output.err.print(f"autoplan: {why}", markup=False)
+        raise typer.Exit(1)
+    if whatif.plot is not None:
+        title = (f"{req.model.name} on {device.name}, {whatif.train_tokens:.3g} tokens: "
+                 f"days against {'dollars' if price is not None else 'GPU-hours'}")
+        _write_atomic(whatif.plot, front_svg(
+            result.points, result.front, limits.chosen, labels, title,
+            deadline_days=whatif.deadline, budget_usd=whatif.budget))
+    if ranked and out_path is not None:
+        _write_atomic(out_path, _yaml(plan_document(ranked[0].plan, ranked[0].prediction)))
+    if fmt is Format.json:
+        pareto = [{**p.economics.to_dict(), "layout": labels[p.gpus],
+                   "plan": plan_document(p.plan, p.prediction)} for p in limits.kept]
+        output.emit_json({"plans": [plan_document(p.plan, p.prediction) for p in ranked],
+                          "stats": result.stats().to_dict(), "pareto": pareto, "train": summary})
+    else:
+        title = escape(f"{req.model.name} on {', '.join(map(str, counts))} x {device.name} "
+                       f"({req.cluster.name}), global batch {req.job.global_batch} x "
+                       f"{req.job.seq_len} tokens, {req.job.dtype.value}, space {req.space.name}, "
+                       f"ranked by {whatif.objective.value} to train {whatif.train_tokens:.3g} "
+                       f"tokens")
+        if ranked:
+            output.out.print(render.plans_table([(p.plan, p.prediction) for p in ranked], title,
+                                                show_gpus=True))
+        output.out.print(render.front_table(result.points, result.front, limits.kept,
+                                            limits.chosen, labels, price_known=price is not None))
+        for n, r in zip(result.counts, result.results, strict=True):
+            if not r.plans:
+                output.out.print(escape(f"{n} GPUs: {r.why_none()}"))
+        output.out.print(escape(render.economics_note(summary)))
+        if limits.reason:
+            output.out.print(escape(limits.reason))
+        if out_path is not None and ranked:
+            output.err.print(f"wrote the best plan to {out_path}")
+        if whatif.plot is not None:
+            output.err.print(f"wrote the front to {whatif.plot}")
+    if not ranked:
+        output.err.print(f"autoplan: {limits.reason}", markup=False)
+        raise typer.Exit(1)
 
 
 def _print_prediction(path: Path, plan: Plan, pred: Prediction, *extra: Any) -> None:
@@ -683,7 +846,6 @@ def diff_plan_files(
     throughput, MFU and memory (each term, each stage): exit 0, 2 bad input."""
     from autoplan.descriptors.strict import read_yaml
     from autoplan.diff import diff_plans
-    from autoplan.errors import Problem
     from autoplan.plan import read_plan
 
     problems: list[Problem] = []

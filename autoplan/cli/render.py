@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
@@ -15,6 +16,7 @@ from autoplan.vocab import CpComm
 
 if TYPE_CHECKING:
     from autoplan.measured.profile import Profile
+    from autoplan.whatif.sweep import Point
 
 MOE_MFU_NOTE = " of active parameters"
 
@@ -33,24 +35,57 @@ def layout_text(plan: Plan) -> str:
     return text
 
 
-def plans_table(rows: list[tuple[Plan, Prediction]], title: str) -> Table:
+def plans_table(rows: list[tuple[Plan, Prediction]], title: str, show_gpus: bool = False) -> Table:
     caption = ("MFU counts the active parameters only (top_k routed experts per token)"
                if any(plan.model.is_moe for plan, _ in rows) else None)
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-    for name, justify in (("#", "right"), ("layout", "left"), ("mbs", "right"),
+    for name, justify in (("#", "right"), *((("GPUs", "right"),) if show_gpus else ()),
+                          ("layout", "left"), ("mbs", "right"),
                           ("schedule", "left"), ("recompute", "left"), ("zero", "right"),
                           ("sp", "left"), ("step s", "right"), ("tokens/s", "right"),
                           ("MFU", "right"), ("peak GiB", "right"), ("headroom", "right")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for i, (plan, pred) in enumerate(rows, 1):
         table.add_row(
-            str(i), layout_text(plan), str(plan.micro_batch), plan.schedule.value,
+            str(i), *((str(plan.cluster.gpus),) if show_gpus else ()),
+            layout_text(plan), str(plan.micro_batch), plan.schedule.value,
             plan.recompute.value, str(int(plan.zero)), "yes" if plan.sequence_parallel else "no",
             f"{pred.step_time_s:.3f}", f"{pred.tokens_per_s:,.0f}", f"{pred.mfu:.1%}",
             f"{pred.memory.peak / GiB:.1f}",
             f"{pred.headroom_bytes / GiB:.1f}" if pred.feasible else "[red]OOM[/red]",
         )
     return table
+
+
+def front_table(points: Sequence[Point], front: Sequence[Point], kept: Sequence[Point],
+                chosen: Point | None, labels: dict[int, str], price_known: bool) -> Table:
+    """The best plan of each GPU count with what a whole run on it takes; ``*`` marks
+    the Pareto front (days against cost), ``x`` a front point a deadline or budget
+    rules out, ``>`` the chosen one."""
+    table = Table(title="time to train, by GPU count (* Pareto front, > best by the objective, "
+                        "x outside the deadline or budget)", title_justify="left")
+    for name in ("", "GPUs", "layout", "step s", "tokens/s", "days", "GPU-hours",
+                 "cost USD", "energy MWh"):
+        table.add_column(name, justify="left" if name in ("", "layout") else "right")
+    on_front, ok = {p.gpus for p in front}, {p.gpus for p in kept}
+    for p in points:
+        e = p.economics
+        mark = (">" if chosen is not None and p.gpus == chosen.gpus
+                else "*" if p.gpus in ok else "x" if p.gpus in on_front else "")
+        table.add_row(
+            mark, str(p.gpus), labels[p.gpus], f"{e.step_time_s:.3f}", f"{e.tokens_per_s:,.0f}",
+            f"{e.train_days:,.1f}", f"{e.gpu_hours:,.0f}",
+            f"{e.cost_usd:,.0f}" if price_known and e.cost_usd is not None else "-",
+            f"{e.energy_mwh:,.1f}" if e.energy_mwh is not None else "-")
+    return table
+
+
+def economics_note(summary: dict[str, Any]) -> str:
+    """Where the price and the PUE came from."""
+    price = summary["price_per_gpu_hour"]
+    priced = (f"price ${price:g} per GPU-hour ({summary['price_source']})" if price is not None
+              else "no price (the device file has none; --price sets one): cost by GPU-hours")
+    return f"{priced}; energy at PUE {summary['pue']:g}; objective {summary['objective']}"
 
 
 def stats_text(stats: SearchStats) -> str:

@@ -78,6 +78,11 @@ class Device:
     attention_fa3_backward_efficiency: float | None = None
     attention_seq_half: float = 0.0
     kernel_gap_s: float = DEFAULT_KERNEL_GAP_US * 1e-6
+    # economics (autoplan.whatif): board power running kernels and idle, in watts, and a
+    # rental price in USD per GPU-hour; None where the device file gives none
+    power_load_W: float | None = None
+    power_idle_W: float | None = None
+    price_per_gpu_hour: float | None = None
     # measured/analytic ratios from a profile (autoplan.measured.surrogate.calibrate); not in
     # the descriptor file, and not written by to_dict
     correction: Correction | None = None
@@ -133,7 +138,10 @@ class Device:
                              "attention_seq_half": self.attention_seq_half or None}),
             },
             **_optional({"sms": self.sms or None,
-                         "kernel_gap_us": self.kernel_gap_s * 1e6 or None}),
+                         "kernel_gap_us": self.kernel_gap_s * 1e6 or None,
+                         "price_per_gpu_hour": self.price_per_gpu_hour}),
+            **({"power_W": {"load": self.power_load_W, "idle": self.power_idle_W}}
+               if self.power_load_W is not None else {}),
         }
 
 
@@ -179,6 +187,8 @@ class Cluster:
     intra_node: Link
     inter_node: Link
     nodes: int = 1
+    # facility power over IT power (autoplan.whatif's energy); 1.0: the GPUs' own draw only
+    pue: float = 1.0
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -200,6 +210,7 @@ class Cluster:
             "intra_node": self.intra_node.to_dict(),
             "inter_node": self.inter_node.to_dict(),
             "nodes": self.nodes,
+            **({"pue": self.pue} if self.pue != 1.0 else {}),
         }
 
 
@@ -228,6 +239,15 @@ def read_device(f: Fields) -> Device | None:
     eff.close()
     sms = f.int("sms", 0, min=0, max=100_000)
     gap = f.float("kernel_gap_us", DEFAULT_KERNEL_GAP_US, min=0.0, max=1e4)
+    price = f.float("price_per_gpu_hour", None, positive=True, max=1e6)
+    load = idle = None
+    if f.has("power_W"):
+        power = f.child("power_W", f.raw("power_W"))
+        load = power.float("load", positive=True, max=1e5)
+        idle = power.float("idle", min=0.0, max=1e5)
+        power.close()
+        if load is not None and idle is not None and idle > load:
+            power.fail("idle", f"expected at most the load power ({load:g} W), got {idle:g}")
     f.close()
     if len(f.problems) > before:
         return None
@@ -251,6 +271,9 @@ def read_device(f: Fields) -> Device | None:
         attention_fa3_backward_efficiency=fa3_b,
         attention_seq_half=seq_half,
         kernel_gap_s=gap * 1e-6,
+        power_load_W=load,
+        power_idle_W=idle,
+        price_per_gpu_hour=price,
     )
 
 
@@ -276,6 +299,7 @@ def read_cluster(f: Fields, device: Device | None) -> Cluster | None:
     intra = read_link(f.child("intra_node", f.raw("intra_node")))
     inter = read_link(f.child("inter_node", f.raw("inter_node")))
     nodes = f.int("nodes", 1, min=1)
+    pue = f.float("pue", 1.0, min=1.0, max=10.0)
     f.close(extra_known=["device"])
     if gpus_per_node and domain and domain % gpus_per_node and gpus_per_node % domain:
         f.fail(
@@ -292,6 +316,7 @@ def read_cluster(f: Fields, device: Device | None) -> Cluster | None:
         intra_node=intra,
         inter_node=inter,
         nodes=nodes,
+        pue=pue,
     )
 
 

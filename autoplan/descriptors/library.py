@@ -17,6 +17,8 @@ from autoplan.descriptors.strict import Fields, read_yaml
 from autoplan.errors import InputError, Problem
 from autoplan.resources import profiles_dir
 
+MAX_GPUS = 1 << 20  # 1,048,576 GPUs in one cluster: several times the largest built
+
 
 @cache
 def _index() -> dict[str, dict[str, Path]]:
@@ -150,6 +152,8 @@ def with_gpus(cluster: Cluster, gpus: int, source: str = "--gpus", field: str = 
     """The cluster sized to ``gpus``: whole nodes, or part of one node."""
     if gpus < 1:
         raise InputError.single(source, field, f"expected a positive GPU count, got {gpus}")
+    if gpus > MAX_GPUS:
+        raise InputError.single(source, field, f"expected at most {MAX_GPUS:,} GPUs, got {gpus:,}")
     if gpus < cluster.gpus_per_node:
         return dataclasses.replace(
             cluster, nodes=1, gpus_per_node=gpus, nvlink_domain=min(cluster.nvlink_domain, gpus)

@@ -1,0 +1,222 @@
+"""How many GPUs, for how long, at what cost: a search per GPU count, the plans'
+economics (whatif/economics.py), and the Pareto front of days against dollars.
+
+Per count the search returns its top k plans by throughput; the count's point is the
+best of them by the objective (for time and cost that is the fastest plan: at a fixed
+count, GPU-hours are proportional to the step time). The front keeps the points no
+other point beats on both days and cost (cost by GPU-hours where there is no price:
+one price per GPU-hour orders them the same). ``constrain`` then applies a deadline
+and a budget and names the constraint that kept a better point out.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+from autoplan.descriptors.hardware import Cluster
+from autoplan.descriptors.job import Job
+from autoplan.descriptors.model import Model
+from autoplan.plan import Plan, Prediction
+from autoplan.search.engine import SearchResult, SearchStats
+from autoplan.search.space import SearchSpace
+from autoplan.whatif.economics import Economics, Objective, economics
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One plan with what a whole run on it takes."""
+
+    plan: Plan
+    prediction: Prediction
+    economics: Economics
+
+    @property
+    def gpus(self) -> int:
+        return self.economics.gpus
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    objective: Objective
+    train_tokens: float
+    price_per_gpu_hour: float | None
+    counts: tuple[int, ...]
+    results: tuple[SearchResult, ...]  # one per count, in count order
+    points: tuple[Point, ...]  # the best plan of each count that has one, by count
+    front: tuple[Point, ...]  # non-dominated in (days, cost), by count
+
+    def ranked(self) -> list[Point]:
+        """Every plan found, best first by the objective (ties: fewer GPUs, then the
+        search's own order)."""
+        every = [(p, i) for i, p in enumerate(self._all())]
+        every.sort(key=lambda pi: (pi[0].economics.key(self.objective), pi[0].gpus, pi[1]))
+        return [p for p, _ in every]
+
+    def _all(self) -> list[Point]:
+        out = []
+        for result in self.results:
+            for r in result.plans:
+                out.append(Point(r.plan, r.prediction, economics(
+                    r.plan, r.prediction, self.train_tokens, self.price_per_gpu_hour)))
+        return out
+
+    def stats(self) -> SearchStats:
+        total = SearchStats()
+        for result in self.results:
+            total.generated += result.stats.generated
+            total.evaluated += result.stats.evaluated
+            total.pruned.update(result.stats.pruned)
+            total.infeasible.update(result.stats.infeasible)
+        return total
+
+    def why_none(self) -> str:
+        return "; ".join(f"{n} GPUs: {r.why_none()}" for n, r in zip(self.counts, self.results, strict=True))
+
+
+Searcher = Callable[[Model, Cluster, Job, SearchSpace, int], SearchResult]
+
+
+def sweep(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpace, *,
+          train_tokens: float, objective: Objective = Objective.TIME,
+          price_per_gpu_hour: float | None = None, top_k: int = 10,
+          searcher: Searcher | None = None, jobs: int | None = None) -> Sweep:
+    """Search each cluster size (ascending GPUs); see module doc. ``price_per_gpu_hour``
+    None takes the device's (which may be None too: costs are then None). ``jobs``:
+    searches run at once (None: one per usable CPU)."""
+    clusters = sorted(clusters, key=lambda c: c.gpus)
+    assert clusters and train_tokens > 0
+    price = price_per_gpu_hour if price_per_gpu_hour is not None else \
+        clusters[0].device.price_per_gpu_hour
+    if searcher is not None:
+        results = tuple(searcher(model, c, job, space, top_k) for c in clusters)
+    else:
+        results = _search_all(model, clusters, job, space, top_k, jobs)
+    points = []
+    for result in results:
+        if not result.plans:
+            continue
+        candidates = [Point(r.plan, r.prediction,
+                            economics(r.plan, r.prediction, train_tokens, price))
+                      for r in result.plans]
+        points.append(min(candidates, key=lambda p: p.economics.key(objective)))
+    return Sweep(objective=objective, train_tokens=train_tokens, price_per_gpu_hour=price,
+                 counts=tuple(c.gpus for c in clusters), results=results,
+                 points=tuple(points), front=pareto_front(points))
+
+
+def _search_all(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpace,
+                top_k: int, jobs: int | None) -> tuple[SearchResult, ...]:
+    """One search per cluster, in ``jobs`` forked worker processes where the platform
+    forks (searches are independent and CPU-bound; the results are the same as one
+    after another, in cluster order). Forked workers share this interpreter's hash
+    seed, which the descriptors' cached hashes rely on; elsewhere they run in turn."""
+    from autoplan.search.engine import search
+
+    if jobs is None:
+        jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    jobs = max(1, min(jobs, len(clusters)))
+    if jobs == 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return tuple(search(model, c, job, space, top_k=top_k) for c in clusters)
+    # the largest count first: it takes longest, the others fill in around it
+    order = sorted(range(len(clusters)), key=lambda i: -clusters[i].gpus)
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = {i: pool.submit(search, model, clusters[i], job, space, top_k) for i in order}
+        return tuple(futures[i].result() for i in range(len(clusters)))
+
+
+def _cost(p: Point) -> float:
+    return p.economics.cost_usd if p.economics.cost_usd is not None else p.economics.gpu_hours
+
+
+def pareto_front(points: Sequence[Point]) -> tuple[Point, ...]:
+    """The points no other point dominates in (train days, cost): none is at most as
+    long and at most as dear and better in one. Of exact duplicates the one with fewer
+    GPUs stays. Ordered by GPUs."""
+    ordered = sorted(points, key=lambda p: p.gpus)
+    front = []
+    for i, p in enumerate(ordered):
+        dp_, cp_ = p.economics.train_days, _cost(p)
+        dominated = False
+        for j, q in enumerate(ordered):
+            if j == i:
+                continue
+            dq, cq = q.economics.train_days, _cost(q)
+            if dq <= dp_ and cq <= cp_ and (dq < dp_ or cq < cp_ or j < i):
+                dominated = True
+                break
+        if not dominated:
+            front.append(p)
+    return tuple(front)
+
+
+@dataclass(frozen=True, slots=True)
+class Constrained:
+    """The front under a deadline and a budget."""
+
+    kept: tuple[Point, ...]  # the front points that meet both, by GPUs
+    chosen: Point | None  # the best of them by the objective
+    binding: tuple[str, ...]  # "deadline" / "budget": each kept a better point out
+    reason: str  # one sentence: what bound, or why nothing is left
+
+
+def meets(p: Point, deadline_days: float | None, budget_usd: float | None) -> tuple[bool, bool]:
+    """(meets the deadline, meets the budget); no limit is always met."""
+    on_time = deadline_days is None or p.economics.train_days <= deadline_days
+    cost = p.economics.cost_usd
+    assert budget_usd is None or cost is not None, "a budget needs a price"
+    in_budget = budget_usd is None or (cost is not None and cost <= budget_usd)
+    return on_time, in_budget
+
+
+def constrain(front: Sequence[Point], objective: Objective, *,
+              deadline_days: float | None = None, budget_usd: float | None = None) -> Constrained:
+    """Keep the front points that meet the deadline and the budget; the chosen one is
+    the best kept by ``objective``, and a constraint binds when a point better by the
+    objective misses it (so lifting it would change the answer)."""
+    best = sorted(front, key=lambda p: (p.economics.key(objective), p.gpus))
+    kept = [p for p in best if all(meets(p, deadline_days, budget_usd))]
+    chosen = kept[0] if kept else None
+    better = best if chosen is None else best[:best.index(chosen)]
+    misses: Counter[str] = Counter()
+    for p in better:
+        on_time, in_budget = meets(p, deadline_days, budget_usd)
+        misses["deadline"] += not on_time
+        misses["budget"] += not in_budget
+    binding = tuple(c for c in ("deadline", "budget") if misses[c])
+    return Constrained(kept=tuple(sorted(kept, key=lambda p: p.gpus)), chosen=chosen,
+                       binding=binding,
+                       reason=_reason(front, chosen, binding, objective, deadline_days, budget_usd))
+
+
+def _reason(front: Sequence[Point], chosen: Point | None, binding: tuple[str, ...],
+            objective: Objective, deadline: float | None, budget: float | None) -> str:
+    if deadline is None and budget is None:
+        return ""
+    limits = " and ".join(x for x in (
+        f"a {deadline:g}-day deadline" if deadline is not None else "",
+        f"a ${budget:,.0f} budget" if budget is not None else "") if x)
+    if not front:
+        return f"no plan to hold to {limits}"
+    fastest = min(front, key=lambda p: (p.economics.train_days, p.gpus))
+    cheapest = min(front, key=lambda p: (_cost(p), p.gpus))
+    if chosen is None:
+        return (f"no GPU count meets {limits}: the fastest ({fastest.gpus} GPUs) takes "
+                f"{fastest.economics.train_days:.1f} days"
+                + (f" and costs ${fastest.economics.cost_usd:,.0f}"
+                   if fastest.economics.cost_usd is not None else "")
+                + (f"; the cheapest ({cheapest.gpus} GPUs) costs "
+                   f"${cheapest.economics.cost_usd:,.0f} and takes "
+                   f"{cheapest.economics.train_days:.1f} days"
+                   if cheapest.economics.cost_usd is not None else ""))
+    if not binding:
+        return f"{limits} do not bind: the best plan by {objective.value} meets them" \
+            if deadline is not None and budget is not None else \
+            f"{limits} does not bind: the best plan by {objective.value} meets it"
+    what = " and ".join(binding)
+    return (f"the {what} {'bind' if len(binding) > 1 else 'binds'}: "
+            f"{chosen.gpus} GPUs is the best by {objective.value} within {limits}")
