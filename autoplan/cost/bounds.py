@@ -5,6 +5,7 @@ only."""
 
 from __future__ import annotations
 
+from autoplan.cost.evaluate import plan_durations
 from autoplan.cost.stage import (
     StageWork,
     chunk_work,
@@ -26,6 +27,7 @@ from autoplan.parallel.dp import (
 )
 from autoplan.parallel.pp import dense_per_stage, output_stage
 from autoplan.plan import Plan
+from autoplan.schedules.simulator import critical_chain
 from autoplan.vocab import Axis
 
 __all__ = [
@@ -33,7 +35,10 @@ __all__ = [
     "optimizer_seconds", "optimizer_seconds_floor",
     "output_stage", "stage_memory", "stage_state_params", "stage_work", "stage_work_for",
     "state_bytes", "step_overhead", "busiest_stage_bound", "step_time_lower_bound",
+    "chain_bound",
 ]
+
+CHAIN_ROUNDING = 1e-12  # relative: the chain's sum and the simulator's add in another order
 
 
 def step_time_lower_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
@@ -82,17 +87,52 @@ def step_time_lower_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
             + grad_sync_floor(plan, mesh.groups(plan), works))
 
 
-def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], without_cp: bool) -> float:
-    """m times the busiest stage's forward + backward, plus the optimizer step: no
-    schedule of the plan's layout beats it (fill and drain are >= 0; vpp = 1 sends the
-    fewest activations). ``without_cp`` leaves out all context-parallel communication,
-    so the bound holds for every CP exchange."""
+def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], without_cp: bool,
+                        vpp: int = 1, skip_last: bool = False) -> float:
+    """A step time no schedule of the plan's layout beats, of up to ``vpp`` equal chunks
+    per stage, plus the optimizer step. ``works``: the layout's 1F1B, vpp = 1 form, whose
+    F, B and input-gradient B are the least of every schedule (``tp.exposed_backward``
+    hides backward TP traffic only behind a W run with it; more chunks send more).
+
+    Stage s runs m forwards and m backwards of its own one after another, and its first
+    cannot start before the first microbatch's forward has crossed stages 0..s-1, one
+    chunk of each (virtual stages 0..s-1, interleaved or V): fill_s = sum_{j<s} F_j/vpp,
+    so the step is at least fill_s + m(F_s + B_s). Its last input-gradient B is a first
+    chunk's (a later chunk's B of that microbatch precedes it on the stage) and follows
+    all of the stage's F and B; the gradient then crosses stages s-1..0:
+    fill_s + m(F_s + B_in,s) + sum_{j<s} B_in,j/vpp. W is needed by neither (zero-bubble
+    schedules run it in the drain). ``without_cp`` leaves out all context-parallel
+    communication, so the bound holds for every CP exchange.
+
+    A V places its output layer on stage 0: its schedules are bounded with the V's own
+    ``works`` (vpp = 2), or with the 1F1B placement's and ``skip_last``: its stages
+    0..p-2 hold no more than the V's (the V's stage 0 adds the output layer, the others
+    send more), the last stage, whose output layer the V moves, is left out."""
     m = plan.num_microbatches
-    per_stage = []
+    best = fill = drain = 0.0
+    if skip_last and len(works) > 1:
+        works = works[:-1]
     for w in works:
-        t = w.forward + w.backward
+        f, b_in, b = w.forward, w.backward_input, w.backward
         if without_cp:
             cp_f, cp_b = w.comm[Axis.CP]
-            t -= cp_f + cp_b
-        per_stage.append(t)
-    return m * max(per_stage) + optimizer_seconds(plan, works) + step_overhead(plan)
+            f, b_in, b = f - cp_f, b_in - cp_b, b - cp_b
+        best = max(best, fill + m * (f + b), fill + m * (f + b_in) + drain)
+        fill += f / vpp
+        drain += b_in / vpp
+    return best + optimizer_seconds(plan, works) + step_overhead(plan)
+
+
+def chain_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
+    """A step time the plan cannot beat, from one dependency chain of its own schedule
+    (``simulator.critical_chain``: the critical path with equal durations): the chain's
+    operations run one after another whatever the durations, so their total is at most
+    the simulated makespan; ``evaluate`` then adds the same optimizer step, overhead and
+    at least the gradient-sync floor as in :func:`step_time_lower_bound`. Tighter than
+    that bound where a schedule holds microbatches back to save memory (V-Half, V-Min:
+    Qi et al. 2024), whose extra bubbles no closed-form fill and drain sees."""
+    lay = plan.layout
+    chain = critical_chain(plan.schedule, lay.pp, plan.num_microbatches, lay.vpp)
+    makespan = chain.length(*plan_durations(plan, works), per_chunk=plan.chunks is not None)
+    return (makespan * (1 - CHAIN_ROUNDING) + optimizer_seconds(plan, works) + step_overhead(plan)
+            + grad_sync_floor(plan, mesh.groups(plan), works))

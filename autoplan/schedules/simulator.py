@@ -222,6 +222,72 @@ def run(compiled: Compiled, schedule: Schedule, forward: Sequence[float],
     return SimResult(max(free), busy, tuple(free), tuple(peak), events)
 
 
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """Operations on one dependency chain of a step, counted per virtual stage: each
+    follows the one before it on the same stage or depends on it. Whatever the
+    durations, no operation starts before its predecessor on a chain ends, so the
+    makespan is at least the chain's total duration (:meth:`length`)."""
+
+    counts: tuple[tuple[int, int, int], ...]  # per virtual stage: F, B, W on the chain
+    home: tuple[int, ...]  # per virtual stage: the pipeline stage that runs it
+    split: bool  # B and W are separate operations (else B runs b + w)
+
+    def length(self, forward: Sequence[float], backward_input: Sequence[float],
+               backward_weight: Sequence[float], per_chunk: bool = False) -> float:
+        """Seconds of the chain's operations, durations as :func:`simulate_exact` takes them."""
+        total = 0.0
+        for vs, (nf, nb, nw) in enumerate(self.counts):
+            i = vs if per_chunk else self.home[vs]
+            b = backward_input[i] if self.split else backward_input[i] + backward_weight[i]
+            total += nf * forward[i] + nb * b + nw * backward_weight[i]
+        return total
+
+
+@lru_cache(maxsize=1024)
+def critical_chain(schedule: Schedule, p: int, m: int, v: int = 1) -> Chain:
+    """The critical path of the step with equal durations (F = B = W = 1; B + W = 2
+    where fused), walked back from the last operation to end through, at each
+    operation, whatever made it start when it did: its dependency, else the operation
+    before it on its stage. A lower bound of the makespan for any durations
+    (``Chain.length``), tight where the stages are near equal."""
+    compiled = _compiled_orders(schedule, p, m, v)
+    ones = (1.0,) * p
+    sim = run(compiled, schedule, ones, ones, ones, m, trace=True)
+    last = compiled.virtual_stages - 1
+    # per stage, events in the order run, which is the stage's compiled order
+    per_stage: list[list[Event]] = [[] for _ in range(p)]
+    for e in sim.events:
+        per_stage[e.stage].append(e)
+    where: dict[tuple[int, int, int], tuple[int, int]] = {}  # (kind, vs, mb) -> (stage, index)
+    home = [0] * compiled.virtual_stages
+    for s, order in enumerate(compiled.orders):
+        for i, (kind, j, vs, _, _) in enumerate(order):
+            where[(kind, vs, j)] = (s, i)
+            home[vs] = s
+    counts = [[0, 0, 0] for _ in range(compiled.virtual_stages)]
+    s = max(range(p), key=lambda q: per_stage[q][-1].end_s if per_stage[q] else -1.0)
+    i = len(per_stage[s]) - 1
+    while True:
+        kind, j, vs, _, _ = compiled.orders[s][i]
+        counts[vs][kind] += 1
+        start = per_stage[s][i].start_s
+        dep = (None if kind == F and vs == 0 else
+               (F, vs - 1, j) if kind == F else
+               (F, vs, j) if kind == B and vs == last else
+               (B, vs + 1, j) if kind == B else (B, vs, j))
+        if dep is not None:
+            ds, di = where[dep]
+            if per_stage[ds][di].end_s == start:
+                s, i = ds, di
+                continue
+        if i == 0:
+            break
+        assert per_stage[s][i - 1].end_s == start, "an operation starts when nothing ends"
+        i -= 1
+    return Chain(tuple((a, b, c) for a, b, c in counts), tuple(home), compiled.split)
+
+
 def _stuck(compiled: Compiled, pos: list[int]) -> str:
     """Each unfinished stage's next operation, e.g. 'stage 1 waits to run B0 of chunk 0'."""
     waits = []

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from autoplan.cost.bounds import (
     StageWork,
     busiest_stage_bound,
+    chain_bound,
     dense_per_stage,
     memory_pressure,
     memory_shortfall,
@@ -52,6 +53,10 @@ from autoplan.search.stages import (
 from autoplan.vocab import CpComm, Recompute, Schedule, ZeroStage
 
 BOUND_SLACK = 1e-9  # relative; keeps exact ties (broken by memory) in the top k
+# schedules that hold microbatches back to save memory: their bubbles exceed the fill
+# and drain of ``step_time_lower_bound`` (by 16-40% on GPT-3 175B / 1024 A100), so a
+# candidate of theirs is bounded by its schedule's critical chain before it is simulated
+HELD_BACK = frozenset({Schedule.V_HALF, Schedule.V_MIN})
 
 
 BOUND = "bound"
@@ -135,6 +140,7 @@ class _Group:
     schedules: tuple[tuple[Schedule, int, bool], ...]  # (schedule, vpp, split)
     cp_comms: tuple[CpComm, ...] = (CpComm.RING,)  # context-parallel exchanges to try
     exact: bool = False  # the bound is the group's own, not its layout's (every ZeRO x recompute)
+    runnable: tuple[tuple[Schedule, int, bool], ...] = ()  # those passing the schedule rules
 
     @property
     def size(self) -> int:
@@ -147,6 +153,7 @@ class _Candidate:
     key: tuple
     plan: Plan
     fits: bool = False  # its memory is checked (and its bound charges the pressure)
+    chained: bool = False  # its bound counts its schedule's critical chain
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +174,9 @@ class _Search:
         self.capacity = cluster.device.mem_bytes
         self.closest: tuple[float, tuple, Plan, int, Memory] | None = None
         self.threshold = float("inf")  # the k-th best step time found so far
+        self._fullest_states: dict[tuple[Layout, ZeroStage], tuple[float, int, Memory]] = {}
+        # (pp, microbatches, schedule, vpp, split) -> passes the schedule rules
+        self._schedule_ok: dict[tuple[int, int, Schedule, int, bool], bool] = {}
 
     # -- generation ------------------------------------------------------------------
     def layouts(self) -> Iterator[Layout]:
@@ -214,7 +224,9 @@ class _Search:
                     if rule:
                         stats.pruned[rule.id] += per_mbs // len(sps)
                         continue
-                    shared = self._layout_bound(base, mbs, sp, zeros, cps, scheds)
+                    # the bounds read only the schedules that pass the schedule rules
+                    runnable = self._runnable(base, mbs, sp, scheds)
+                    shared = self._layout_bound(base, mbs, sp, zeros, cps, runnable)
                     for zero in zeros:
                         if self._states_exceed_memory(base, zero, mbs, sp):
                             stats.infeasible["model states exceed memory"] += (
@@ -228,15 +240,29 @@ class _Search:
                                         stack=self.space.stack, layout=base, micro_batch=mbs,
                                         schedule=Schedule.ONE_F_ONE_B, recompute=rc,
                                         zero=zero, sequence_parallel=sp, cp_comm=cps[-1])
-                            yield _Group(shared, rank_key_static(plan), plan, tuple(scheds), cps)
+                            yield _Group(shared, rank_key_static(plan), plan, tuple(scheds),
+                                         cps, runnable=runnable)
 
     def _states_exceed_memory(self, lay: Layout, zero: ZeroStage, mbs: int, sp: bool) -> bool:
         """Weights, grads and optimizer states of the fullest stage (no activations) plus
         the reserve already exceed the device: no micro-batch or recompute can help.
-        Such a candidate still counts for the 'smallest plan needs ...' message."""
+        Such a candidate still counts for the 'smallest plan needs ...' message. The
+        states depend on the layout and ZeRO only: worked out once for every micro-batch
+        and sequence-parallel choice."""
         plan = Plan(model=self.model, cluster=self.cluster, job=self.job, stack=self.space.stack, layout=lay,
                     micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.FULL,
                     zero=zero, sequence_parallel=sp)
+        worst = self._fullest_states.get((lay, zero))
+        if worst is None:
+            worst = self._fullest_states[(lay, zero)] = self._fullest_state(plan)
+        if worst[0] <= self.capacity:
+            return False
+        self._note_closest(plan, worst[1], worst[2])
+        return True
+
+    def _fullest_state(self, plan: Plan) -> tuple[float, int, Memory]:
+        """(peak, stage, memory) of the stage holding the most model state."""
+        lay = plan.layout
         layers, dense = plan.stage_layers, dense_per_stage(plan)
         reserve = self.cluster.device.reserve_bytes
         last = lay.pp - 1
@@ -251,10 +277,7 @@ class _Search:
             if worst is None or mem.peak > worst[0]:
                 worst = (mem.peak, s, mem)
         assert worst is not None
-        if worst[0] <= self.capacity:
-            return False
-        self._note_closest(plan, worst[1], worst[2])
-        return True
+        return worst
 
     def _note_closest(self, plan: Plan, stage: int, mem: Memory) -> None:
         key = (mem.peak, rank_key_static(plan))
@@ -269,24 +292,40 @@ class _Search:
         recompute (recompute only adds forward time to the backward), the least over
         two ZeRO stages: stages 0-2 run the same per-stage work and 1 and 2 step a shard
         of the optimizer (less time than 0), so the highest below 3 stands for them;
-        stage 3 adds gathers to that work but may shard the optimizer where the space
-        has no stage 1 or 2."""
+        stage 3 adds gathers to that work, and counts only where the space has no stage
+        1 or 2 (then its sharded optimizer may step faster). The schedules are those
+        that pass the schedule rules (``_runnable``)."""
         below = [z for z in zeros if z is not ZeroStage.PARAMETERS]
-        stand_ins = ([max(below)] if below else []) + [z for z in zeros if z is ZeroStage.PARAMETERS]
-        split = any(s for *_, s in scheds)
+        stand_ins: list[ZeroStage] = [max(below)] if below else []
+        if ZeroStage.PARAMETERS in zeros and (not below or max(below) < ZeroStage.OPTIMIZER):
+            # with stage 1 or 2 in the space, stage 3 shards the optimizer no further
+            # and only adds gathers to the same work: their bound stands for it too
+            stand_ins.append(ZeroStage.PARAMETERS)
         return min(self._group_bound(
             Plan(model=self.model, cluster=self.cluster, job=self.job, stack=self.space.stack,
                  layout=base, micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B,
                  recompute=Recompute.NONE, zero=zero, sequence_parallel=sp, cp_comm=cps[-1]),
-            split, len(cps) > 1) for zero in stand_ins)
+            scheds, len(cps) > 1) for zero in stand_ins)
 
-    def _group_bound(self, plan: Plan, split: bool, without_cp: bool = False) -> float:
-        """A step time no schedule of the group beats: the busiest stage's
-        (``cost.bounds.busiest_stage_bound``); where the group has split variants, the
-        least bottleneck any split can reach (``stages.split_bound`` without the fill,
-        which differs by schedule) if that is lower."""
+    def _group_bound(self, plan: Plan, scheds: Sequence[tuple[Schedule, int, bool]],
+                     without_cp: bool = False) -> float:
+        """A step time no schedule of ``scheds`` beats: the busiest stage's with the
+        pipeline's fill and drain (``cost.bounds.busiest_stage_bound``), the least of
+        the one read off the stage works of the group's 1F1B, vpp = 1 member, at the most
+        chunks any of its flat schedules runs, and, where it has V schedules, the one
+        read off the V's own works (its output layer on stage 0, two chunks). Where the
+        group has split variants, the least bottleneck any split can reach
+        (``stages.split_bound`` without the fill, which differs by schedule) if lower."""
+        split = any(s for *_, s in scheds)
         works = stage_work(plan)
-        bound = busiest_stage_bound(plan, works, without_cp)
+        bound = float("inf")
+        flat = [v for sched, v, _ in scheds if not sched.v_shape]
+        if flat:
+            bound = busiest_stage_bound(plan, works, without_cp, max(flat))
+        if len(flat) < len(scheds):
+            v_plan = plan.replace(layout=dataclasses.replace(plan.layout, vpp=2),
+                                  schedule=Schedule.ZB_V)
+            bound = min(bound, busiest_stage_bound(v_plan, stage_work(v_plan), without_cp, 2))
         if not split:
             return bound
         bound = min(bound, split_bound(plan, works, fill=False))
@@ -299,18 +338,10 @@ class _Search:
         """The group's plans, one per (schedule, vpp, split) and exchange, that pass the
         schedule rules, with whether the split is still to be searched. The schedule
         rules read neither the exchange nor the split: asked once a schedule."""
-        base, cps = group.plan.layout, group.cp_comms
-        layers = self.model.layers
-        layouts = {1: base}
+        cps = group.cp_comms
+        layouts = {1: group.plan.layout}
         for sched, v, split in group.schedules:
-            lay = layouts.get(v)
-            if lay is None:
-                lay = layouts[v] = dataclasses.replace(base, vpp=v)
-            first = group.plan.replace(layout=lay, schedule=sched, cp_comm=cps[0])
-            if split and v > 1 and layers >= base.pp * v:
-                # a per-chunk layout needs no pp*vpp | layers: the rules see one (its
-                # near-uniform stand-in until the partitioner picks the split)
-                first = first.replace(chunks=chunks_of(first, pp.uniform_stages(layers, base.pp)))
+            first = self._scheduled(group.plan.replace(cp_comm=cps[0]), sched, v, split, layouts)
             rule = first_broken(first, Scope.SCHEDULE)
             if rule:
                 self.stats.pruned[rule.id] += len(cps)
@@ -318,15 +349,51 @@ class _Search:
             for cp_comm in cps:
                 yield (first if cp_comm is cps[0] else first.replace(cp_comm=cp_comm)), split
 
+    def _scheduled(self, plan: Plan, sched: Schedule, v: int, split: bool,
+                   layouts: dict[int, Layout]) -> Plan:
+        """``plan`` (vpp = 1) run by ``sched`` on ``v`` chunks, as the schedule rules see it."""
+        base, layers = plan.layout, self.model.layers
+        lay = layouts.get(v)
+        if lay is None:
+            lay = layouts[v] = dataclasses.replace(base, vpp=v)
+        out = plan.replace(layout=lay, schedule=sched)
+        if split and v > 1 and layers >= base.pp * v:
+            # a per-chunk layout needs no pp*vpp | layers: the rules see one (its
+            # near-uniform stand-in until the partitioner picks the split)
+            out = out.replace(chunks=chunks_of(out, pp.uniform_stages(layers, base.pp)))
+        return out
+
+    def _runnable(self, base: Layout, mbs: int, sp: bool,
+                  scheds: Sequence[tuple[Schedule, int, bool]]) -> tuple[tuple[Schedule, int, bool], ...]:
+        """The schedules passing the schedule rules, which read the layout, the chunks and
+        the microbatch count only (not ZeRO, recompute or the exchange): the bounds of
+        the layout's groups need count no other. All of them where none passes (their
+        groups then end in the rules' count)."""
+        probe, layouts = self._probe(base, mbs, sp), {1: base}
+        m, memo = probe.num_microbatches, self._schedule_ok
+        out = []
+        for x in scheds:
+            key = (base.pp, m, *x)
+            ok = memo.get(key)
+            if ok is None:
+                ok = memo[key] = first_broken(self._scheduled(probe, *x, layouts),
+                                              Scope.SCHEDULE) is None
+            if ok:
+                out.append(x)
+        return tuple(out) or tuple(scheds)
+
     def expand(self, group: _Group) -> list[_Candidate | _Split]:
         """The group's schedules: uniform splits that fit in memory as candidates with
         their own bound; split variants deferred with the group's bound, valid for any
         split of any of its schedules (tightened only for those that come up)."""
         out: list[_Candidate | _Split] = []
+        flat_works = stage_work(group.plan)  # memoized: the group's bound read it
         for plan, split in self.schedule_plans(group):
             if split:
                 out.append(_Split(group.bound, rank_key_static(plan), plan))
                 continue
+            if not plan.schedule.v_shape and self._does_not_fit(plan, flat_works):
+                continue  # decided before its own stage works: none are needed
             cand = self._candidate(plan)
             if cand is not None:
                 out.append(cand)
@@ -347,19 +414,32 @@ class _Search:
         else its bound with the allocator's pressure, which grows with the step and the
         peak (charged without the stack's fixed overhead, as evaluate charges it)."""
         plan = item.plan
-        works = stage_work(plan)
-        stage, worst = max(
-            ((s, stage_memory(plan, s, works[s], n)) for s, n in _fullest_stages(plan, works)),
-            key=lambda sm: (sm[1].peak, -sm[0]))
-        if worst.peak > self.capacity:
-            static = worst.weights + worst.grads + worst.optimizer + worst.other
-            reason = ("model states exceed memory" if static > self.capacity
-                      else "activations exceed memory")
-            self.stats.infeasible[reason] += 1
-            self._note_closest(plan, stage, worst)
+        if self._does_not_fit(plan, stage_work(plan)):
             return None
+        worst = self._worst_memory(plan, stage_work(plan))[1]
         pressure = memory_pressure(item.bound - step_overhead(plan), worst.peak, self.capacity)
-        return _Candidate(item.bound + pressure, item.key, plan, fits=True)
+        return _Candidate(item.bound + pressure, item.key, plan, fits=True, chained=item.chained)
+
+    def _worst_memory(self, plan: Plan, works: tuple[StageWork, ...]) -> tuple[int, Memory]:
+        """The plan's fullest stage and its memory. ``works`` need only hold the plan's
+        per-stage layers and parameters: those of any schedule of its layout but a V
+        (which moves the output layer to stage 0), at any vpp."""
+        return max(((s, stage_memory(plan, s, works[s], n))
+                    for s, n in _fullest_stages(plan, works)),
+                   key=lambda sm: (sm[1].peak, -sm[0]))
+
+    def _does_not_fit(self, plan: Plan, works: tuple[StageWork, ...]) -> bool:
+        """True (counted, and noted for the 'smallest plan' message) when the plan's
+        fullest stage exceeds the device; see :meth:`_worst_memory` for ``works``."""
+        stage, worst = self._worst_memory(plan, works)
+        if worst.peak <= self.capacity:
+            return False
+        static = worst.weights + worst.grads + worst.optimizer + worst.other
+        reason = ("model states exceed memory" if static > self.capacity
+                  else "activations exceed memory")
+        self.stats.infeasible[reason] += 1
+        self._note_closest(plan, stage, worst)
+        return True
 
     def realize(self, item: _Split) -> _Candidate | _Split | None:
         """Tighten the split variant's bound, first with its schedule's pipeline fill,
@@ -413,6 +493,13 @@ class _Search:
                     it.size if isinstance(it, _Group) else 1 for *_, it in heap)
                 break
             heapq.heappop(heap)
+            if isinstance(item, _Candidate) and not item.chained and item.plan.schedule in HELD_BACK:
+                tight = chain_bound(item.plan, stage_work(item.plan))
+                item = _Candidate(max(bound, tight), item.key, item.plan, item.fits, True)
+                if tight > bound:  # back in line at the chain's bound
+                    heapq.heappush(heap, (item.bound, item.key, seq, item))
+                    seq += 1
+                    continue
             if isinstance(item, _Candidate) and not item.fits:
                 fit = self.checked(item)
                 if fit is not None:  # back in line: its bound may have grown
@@ -420,8 +507,7 @@ class _Search:
                     seq += 1
                 continue
             if isinstance(item, _Group) and not item.exact:
-                own = self._group_bound(item.plan, any(split for *_, split in item.schedules),
-                                        len(item.cp_comms) > 1)
+                own = self._group_bound(item.plan, item.runnable, len(item.cp_comms) > 1)
                 if own > bound:  # back in line at its own bound
                     item = dataclasses.replace(item, bound=own, exact=True)
                     heapq.heappush(heap, (own, item.key, seq, item))

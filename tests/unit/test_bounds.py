@@ -11,6 +11,7 @@ import pytest
 
 from autoplan.cost.bounds import (
     busiest_stage_bound,
+    chain_bound,
     optimizer_seconds,
     optimizer_seconds_floor,
     stage_work,
@@ -75,6 +76,8 @@ def test_the_step_time_bound_never_exceeds_the_evaluated_step(case):
         bound = step_time_lower_bound(plan, stage_work(plan))
         step = evaluate(plan).step_time_s
         assert bound <= step * TIGHT, (plan, bound, step)
+        chain = chain_bound(plan, stage_work(plan))
+        assert chain <= step * TIGHT, (plan, chain, step)
         seen.add(plan.schedule)
     if case[5] == "default" and case[0] == "llama3-8b":
         assert seen == set(Schedule)  # the sample holds every schedule
@@ -103,8 +106,12 @@ def test_the_busiest_stage_bound_holds_for_every_schedule_of_a_layout():
                          schedule=sched, vpp=vpp)
         base = dataclasses.replace(plan, schedule=Schedule.ONE_F_ONE_B,
                                    layout=dataclasses.replace(plan.layout, vpp=1))
-        bound = busiest_stage_bound(base, stage_work(base), without_cp=False)
-        assert bound <= evaluate(plan).step_time_s * TIGHT, sched
+        step = evaluate(plan).step_time_s
+        for v in range(1, vpp + 1):  # the fill and drain of vpp chunks bound fewer too
+            placed = (dataclasses.replace(base, schedule=Schedule.ZB_V, layout=plan.layout)
+                      if sched.v_shape else base)  # a V's output layer is on stage 0
+            bound = busiest_stage_bound(placed, stage_work(placed), without_cp=False, vpp=v)
+            assert bound <= step * TIGHT, (sched, v)
 
 
 def test_zero_bubble_drains_only_the_input_gradients():
@@ -161,8 +168,25 @@ def test_a_layouts_shared_bound_holds_for_its_every_zero_and_recompute_group(cas
                    Job(global_batch=gbs, seq_len=seq), load_space(space_name), top_k=1)
     seen = set()
     for group in walk.groups():
-        own = walk._group_bound(group.plan, any(s for *_, s in group.schedules),
+        own = walk._group_bound(group.plan, group.runnable,
                                 len(group.cp_comms) > 1)
         assert group.bound <= own * TIGHT, group.plan
         seen.add((group.plan.recompute, group.plan.zero))
     assert len(seen) >= 6  # every recompute with two ZeRO stages at least
+
+
+@pytest.mark.parametrize("schedule", list(Schedule))
+def test_the_critical_chain_is_the_makespan_of_equal_stages(schedule):
+    """With the durations it was found at, the chain is the simulated critical path;
+    with others it is one dependency chain, so at most the makespan."""
+    from autoplan.schedules.simulator import critical_chain, simulate_exact
+
+    v = 2 if schedule.v_shape or schedule is Schedule.INTERLEAVED else 1
+    p, m = 4, 8
+    chain = critical_chain(schedule, p, m, v)
+    ones = (1.0,) * p
+    assert chain.length(ones, ones, ones) == simulate_exact(schedule, ones, ones, ones, m, v).makespan
+    uneven = (1.0, 1.3, 0.7, 2.0), (2.0, 1.1, 1.9, 2.5), (0.5, 1.0, 0.9, 1.6)
+    assert chain.length(*uneven) <= simulate_exact(schedule, *uneven, m, v).makespan * TIGHT
+    # every virtual stage runs on the stage the schedule places it
+    assert sorted(set(chain.home)) == list(range(p))
