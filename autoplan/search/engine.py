@@ -154,6 +154,9 @@ class _Candidate:
     plan: Plan
     fits: bool = False  # its memory is checked (and its bound charges the pressure)
     chained: bool = False  # its bound counts its schedule's critical chain
+    # the group's 1F1B, vpp = 1 stage works when the bound is read off them (its own
+    # stage works, its exact bound and its memory are then yet to be worked out)
+    flat: tuple[StageWork, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,16 +390,26 @@ class _Search:
         their own bound; split variants deferred with the group's bound, valid for any
         split of any of its schedules (tightened only for those that come up)."""
         out: list[_Candidate | _Split] = []
-        flat_works = stage_work(group.plan)  # memoized: the group's bound read it
+        flat = stage_work(group.plan)  # memoized: the group's bound read it
+        without_cp = len(group.cp_comms) > 1
+        limit = self.threshold * (1 + BOUND_SLACK)
         for plan, split in self.schedule_plans(group):
             if split:
                 out.append(_Split(group.bound, rank_key_static(plan), plan))
                 continue
-            if not plan.schedule.v_shape and self._does_not_fit(plan, flat_works):
-                continue  # decided before its own stage works: none are needed
-            cand = self._candidate(plan)
-            if cand is not None:
-                out.append(cand)
+            if plan.schedule.v_shape:  # its works place the output layer elsewhere
+                cand = self._candidate(plan)
+                if cand is not None:
+                    out.append(cand)
+                continue
+            # the busiest-stage bound at its own chunk count, off the group's works:
+            # its own works, bound and memory wait until it comes up (:meth:`run`)
+            bound = max(group.bound, busiest_stage_bound(group.plan, flat, without_cp,
+                                                         plan.layout.vpp))
+            if bound > limit:
+                self.stats.pruned[BOUND] += 1
+                continue
+            out.append(_Candidate(bound, rank_key_static(plan), plan, flat=flat))
         return out
 
     def _candidate(self, plan: Plan) -> _Candidate | None:
@@ -493,6 +506,16 @@ class _Search:
                     it.size if isinstance(it, _Group) else 1 for *_, it in heap)
                 break
             heapq.heappop(heap)
+            if isinstance(item, _Candidate) and item.flat is not None:
+                # memory first: the group's works hold the plan's layers and parameters
+                if self._does_not_fit(item.plan, item.flat):
+                    continue
+                exact = self._candidate(item.plan)
+                if exact is not None:  # back in line at its own bound
+                    exact = _Candidate(max(bound, exact.bound), exact.key, exact.plan)
+                    heapq.heappush(heap, (exact.bound, exact.key, seq, exact))
+                    seq += 1
+                continue
             if isinstance(item, _Candidate) and not item.chained and item.plan.schedule in HELD_BACK:
                 tight = chain_bound(item.plan, stage_work(item.plan))
                 item = _Candidate(max(bound, tight), item.key, item.plan, item.fits, True)
