@@ -6,6 +6,7 @@ import contextlib
 import enum
 import math
 import os
+import stat
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -69,9 +70,30 @@ def _root(
         os.environ["AUTOPLAN_DEBUG"] = "1"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write the whole file or nothing (a temp file renamed into place)."""
+def _check_writable(path: Path) -> None:
+    """Refuse, before any work, a path ``_write_atomic`` must not rename over: anything
+    but a regular file (or a link to one), or nothing."""
     path = path.expanduser()
+    try:
+        mode = path.lstat().st_mode if path.is_symlink() or path.exists() else None
+    except OSError as exc:
+        raise InputError.single(str(path), "", f"cannot write: {exc.strerror or exc}") from None
+    if mode is None:
+        return
+    if stat.S_ISLNK(mode):
+        if not path.is_file():
+            raise InputError.single(str(path), "", "cannot write: a link to something other "
+                                                   "than a regular file")
+    elif not stat.S_ISREG(mode):
+        raise InputError.single(str(path), "", "cannot write: not a regular file")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write the whole file or nothing (a temp file renamed into place). Only a regular
+    file (or none) is replaced: a device, FIFO, socket or directory at ``path`` is
+    refused, never renamed over (``--out /dev/null`` must not replace /dev/null)."""
+    path = path.expanduser()
+    _check_writable(path)
     tmp: str | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -143,6 +165,9 @@ def search(
 
     counts = parse_gpu_counts(gpus) if gpus is not None else None
     whatif = _WhatIf.read(train_tokens, objective, price, deadline, budget, plot)
+    for target in (out_path, plot):  # refused before the search, not after it
+        if target is not None:
+            _check_writable(target)
     req = build_request(job_file, model=model, cluster=cluster,
                         gpus=None if counts is None else counts[0] if len(counts) == 1 else counts,
                         global_batch=global_batch, seq_len=seq_len, dtype=dtype, space=space,
