@@ -88,7 +88,7 @@ def step_time_lower_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
 
 
 def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], without_cp: bool,
-                        vpp: int = 1, skip_last: bool = False) -> float:
+                        vpp: int = 1) -> float:
     """A step time no schedule of the plan's layout beats, of up to ``vpp`` equal chunks
     per stage, plus the optimizer step. ``works``: the layout's 1F1B, vpp = 1 form, whose
     F, B and input-gradient B are the least of every schedule (``tp.exposed_backward``
@@ -102,16 +102,10 @@ def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], without_cp: bo
     all of the stage's F and B; the gradient then crosses stages s-1..0:
     fill_s + m(F_s + B_in,s) + sum_{j<s} B_in,j/vpp. W is needed by neither (zero-bubble
     schedules run it in the drain). ``without_cp`` leaves out all context-parallel
-    communication, so the bound holds for every CP exchange.
-
-    A V places its output layer on stage 0: its schedules are bounded with the V's own
-    ``works`` (vpp = 2), or with the 1F1B placement's and ``skip_last``: its stages
-    0..p-2 hold no more than the V's (the V's stage 0 adds the output layer, the others
-    send more), the last stage, whose output layer the V moves, is left out."""
+    communication, so the bound holds for every CP exchange. A V places its output
+    layer on stage 0: its schedules are bounded with the V's own ``works`` (vpp = 2)."""
     m = plan.num_microbatches
     best = fill = drain = 0.0
-    if skip_last and len(works) > 1:
-        works = works[:-1]
     for w in works:
         f, b_in, b = w.forward, w.backward_input, w.backward
         if without_cp:

@@ -20,11 +20,6 @@ FONT = "DejaVu Sans, Helvetica, Arial, sans-serif"
 FRONT, OTHER, LIMIT, CHOSEN = "#4c78a8", "#9d9d9d", "#e45756", "#f58518"
 
 
-def _cost(p: Point) -> float:
-    e = p.economics
-    return e.cost_usd if e.cost_usd is not None else e.gpu_hours
-
-
 def _ticks(lo: float, hi: float, log: bool) -> list[float]:
     """Round tick values covering [lo, hi]: 1-2-5 steps, or 1-2-5 per decade on a log axis."""
     if log:
@@ -65,7 +60,7 @@ def front_svg(points: Sequence[Point], front: Sequence[Point], chosen: Point | N
     assert points, "a front needs at least one point"
     money = all(p.economics.cost_usd is not None for p in points)
     xs = [p.economics.train_days for p in points] + ([deadline_days] if deadline_days else [])
-    ys = [_cost(p) for p in points] + ([budget_usd] if budget_usd else [])
+    ys = [p.cost for p in points] + ([budget_usd] if budget_usd else [])
     x_lo, x_hi = min(xs), max(xs)
     log = x_hi / x_lo > 4
     if log:
@@ -117,10 +112,10 @@ def front_svg(points: Sequence[Point], front: Sequence[Point], chosen: Point | N
     on_front = {p.gpus for p in front}
     by_days = sorted(front, key=lambda p: p.economics.train_days)
     if len(by_days) > 1:
-        path = " ".join(f"{fx(p.economics.train_days):.1f},{fy(_cost(p)):.1f}" for p in by_days)
+        path = " ".join(f"{fx(p.economics.train_days):.1f},{fy(p.cost):.1f}" for p in by_days)
         out.append(f'<polyline points="{path}" fill="none" stroke="{FRONT}" stroke-width="1.5"/>')
     for p in sorted(points, key=lambda p: p.gpus):
-        x, y = fx(p.economics.train_days), fy(_cost(p))
+        x, y = fx(p.economics.train_days), fy(p.cost)
         if p.gpus in on_front:
             out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="5" fill="{FRONT}"/>')
         else:

@@ -39,31 +39,27 @@ class Point:
     def gpus(self) -> int:
         return self.economics.gpus
 
+    @property
+    def cost(self) -> float:
+        """Dollars, or GPU-hours where there is no price (one price per GPU-hour orders
+        the points the same)."""
+        e = self.economics
+        return e.cost_usd if e.cost_usd is not None else e.gpu_hours
+
 
 @dataclass(frozen=True, slots=True)
 class Sweep:
     objective: Objective
-    train_tokens: float
-    price_per_gpu_hour: float | None
     counts: tuple[int, ...]
     results: tuple[SearchResult, ...]  # one per count, in count order
+    every: tuple[Point, ...]  # every plan found, by count, each count's in the search's order
     points: tuple[Point, ...]  # the best plan of each count that has one, by count
     front: tuple[Point, ...]  # non-dominated in (days, cost), by count
 
     def ranked(self) -> list[Point]:
         """Every plan found, best first by the objective (ties: fewer GPUs, then the
-        search's own order)."""
-        every = [(p, i) for i, p in enumerate(self._all())]
-        every.sort(key=lambda pi: (pi[0].economics.key(self.objective), pi[0].gpus, pi[1]))
-        return [p for p, _ in every]
-
-    def _all(self) -> list[Point]:
-        out = []
-        for result in self.results:
-            for r in result.plans:
-                out.append(Point(r.plan, r.prediction, economics(
-                    r.plan, r.prediction, self.train_tokens, self.price_per_gpu_hour)))
-        return out
+        search's own order; ``sorted`` is stable)."""
+        return sorted(self.every, key=lambda p: (p.economics.key(self.objective), p.gpus))
 
     def stats(self) -> SearchStats:
         total = SearchStats()
@@ -96,17 +92,16 @@ def sweep(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpac
         results = tuple(searcher(model, c, job, space, top_k) for c in clusters)
     else:
         results = _search_all(model, clusters, job, space, top_k, jobs)
+    every: list[Point] = []
     points = []
     for result in results:
-        if not result.plans:
-            continue
-        candidates = [Point(r.plan, r.prediction,
-                            economics(r.plan, r.prediction, train_tokens, price))
-                      for r in result.plans]
-        points.append(min(candidates, key=lambda p: p.economics.key(objective)))
-    return Sweep(objective=objective, train_tokens=train_tokens, price_per_gpu_hour=price,
-                 counts=tuple(c.gpus for c in clusters), results=results,
-                 points=tuple(points), front=pareto_front(points))
+        found = [Point(r.plan, r.prediction, economics(r.plan, r.prediction, train_tokens, price))
+                 for r in result.plans]
+        if found:
+            points.append(min(found, key=lambda p: p.economics.key(objective)))
+        every.extend(found)
+    return Sweep(objective=objective, counts=tuple(c.gpus for c in clusters), results=results,
+                 every=tuple(every), points=tuple(points), front=pareto_front(points))
 
 
 def _search_all(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpace,
@@ -129,10 +124,6 @@ def _search_all(model: Model, clusters: Sequence[Cluster], job: Job, space: Sear
         return tuple(futures[i].result() for i in range(len(clusters)))
 
 
-def _cost(p: Point) -> float:
-    return p.economics.cost_usd if p.economics.cost_usd is not None else p.economics.gpu_hours
-
-
 def pareto_front(points: Sequence[Point]) -> tuple[Point, ...]:
     """The points no other point dominates in (train days, cost): none is at most as
     long and at most as dear and better in one. Of exact duplicates the one with fewer
@@ -140,12 +131,12 @@ def pareto_front(points: Sequence[Point]) -> tuple[Point, ...]:
     ordered = sorted(points, key=lambda p: p.gpus)
     front = []
     for i, p in enumerate(ordered):
-        dp_, cp_ = p.economics.train_days, _cost(p)
+        dp_, cp_ = p.economics.train_days, p.cost
         dominated = False
         for j, q in enumerate(ordered):
             if j == i:
                 continue
-            dq, cq = q.economics.train_days, _cost(q)
+            dq, cq = q.economics.train_days, q.cost
             if dq <= dp_ and cq <= cp_ and (dq < dp_ or cq < cp_ or j < i):
                 dominated = True
                 break
@@ -203,7 +194,7 @@ def _reason(front: Sequence[Point], chosen: Point | None, binding: tuple[str, ..
     if not front:
         return f"no plan to hold to {limits}"
     fastest = min(front, key=lambda p: (p.economics.train_days, p.gpus))
-    cheapest = min(front, key=lambda p: (_cost(p), p.gpus))
+    cheapest = min(front, key=lambda p: (p.cost, p.gpus))
     if chosen is None:
         return (f"no GPU count meets {limits}: the fastest ({fastest.gpus} GPUs) takes "
                 f"{fastest.economics.train_days:.1f} days"
