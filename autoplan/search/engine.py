@@ -426,33 +426,32 @@ class _Search:
         """The candidate with its memory checked: None (and counted) when it does not fit,
         else its bound with the allocator's pressure, which grows with the step and the
         peak (charged without the stack's fixed overhead, as evaluate charges it)."""
-        plan = item.plan
-        if self._does_not_fit(plan, stage_work(plan)):
-            return None
-        worst = self._worst_memory(plan, stage_work(plan))[1]
-        pressure = memory_pressure(item.bound - step_overhead(plan), worst.peak, self.capacity)
-        return _Candidate(item.bound + pressure, item.key, plan, fits=True, chained=item.chained)
+        worst = self._fitting_memory(item.plan, stage_work(item.plan))
+        return None if worst is None else self._fitted(item, worst)
 
-    def _worst_memory(self, plan: Plan, works: tuple[StageWork, ...]) -> tuple[int, Memory]:
-        """The plan's fullest stage and its memory. ``works`` need only hold the plan's
-        per-stage layers and parameters: those of any schedule of its layout but a V
-        (which moves the output layer to stage 0), at any vpp."""
-        return max(((s, stage_memory(plan, s, works[s], n))
-                    for s, n in _fullest_stages(plan, works)),
-                   key=lambda sm: (sm[1].peak, -sm[0]))
+    def _fitted(self, item: _Candidate, worst: Memory) -> _Candidate:
+        """The candidate known to fit, its bound charged the pressure of its peak."""
+        pressure = memory_pressure(item.bound - step_overhead(item.plan), worst.peak,
+                                   self.capacity)
+        return _Candidate(item.bound + pressure, item.key, item.plan, fits=True,
+                          chained=item.chained)
 
-    def _does_not_fit(self, plan: Plan, works: tuple[StageWork, ...]) -> bool:
-        """True (counted, and noted for the 'smallest plan' message) when the plan's
-        fullest stage exceeds the device; see :meth:`_worst_memory` for ``works``."""
-        stage, worst = self._worst_memory(plan, works)
+    def _fitting_memory(self, plan: Plan, works: tuple[StageWork, ...]) -> Memory | None:
+        """The memory of the plan's fullest stage, or None (counted, and noted for the
+        'smallest plan' message) when it exceeds the device. ``works`` need only hold the
+        plan's per-stage layers and parameters: those of any schedule of its layout but
+        a V (which moves the output layer to stage 0), at any vpp."""
+        stage, worst = max(((s, stage_memory(plan, s, works[s], n))
+                            for s, n in _fullest_stages(plan, works)),
+                           key=lambda sm: (sm[1].peak, -sm[0]))
         if worst.peak <= self.capacity:
-            return False
+            return worst
         static = worst.weights + worst.grads + worst.optimizer + worst.other
         reason = ("model states exceed memory" if static > self.capacity
                   else "activations exceed memory")
         self.stats.infeasible[reason] += 1
         self._note_closest(plan, stage, worst)
-        return True
+        return None
 
     def realize(self, item: _Split) -> _Candidate | _Split | None:
         """Tighten the split variant's bound, first with its schedule's pipeline fill,
@@ -508,11 +507,13 @@ class _Search:
             heapq.heappop(heap)
             if isinstance(item, _Candidate) and item.flat is not None:
                 # memory first: the group's works hold the plan's layers and parameters
-                if self._does_not_fit(item.plan, item.flat):
+                worst = self._fitting_memory(item.plan, item.flat)
+                if worst is None:
                     continue
                 exact = self._candidate(item.plan)
-                if exact is not None:  # back in line at its own bound
-                    exact = _Candidate(max(bound, exact.bound), exact.key, exact.plan)
+                if exact is not None:  # back in line at its own bound, memory charged
+                    exact = self._fitted(dataclasses.replace(
+                        exact, bound=max(bound, exact.bound)), worst)
                     heapq.heappush(heap, (exact.bound, exact.key, seq, exact))
                     seq += 1
                 continue
