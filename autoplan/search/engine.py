@@ -141,6 +141,10 @@ class _Group:
     cp_comms: tuple[CpComm, ...] = (CpComm.RING,)  # context-parallel exchanges to try
     exact: bool = False  # the bound is the group's own, not its layout's (every ZeRO x recompute)
     runnable: tuple[tuple[Schedule, int, bool], ...] = ()  # those passing the schedule rules
+    # once exact: its own bound without the allocator's pressure, which ``bound`` charges
+    # at the group's memory floor (:meth:`_Search.memory_floor`)
+    bare: float = 0.0
+    floored: bool = False  # past the memory floor: ``bound`` charges its pressure
 
     @property
     def size(self) -> int:
@@ -157,6 +161,14 @@ class _Candidate:
     # the group's 1F1B, vpp = 1 stage works when the bound is read off them (its own
     # stage works, its exact bound and its memory are then yet to be worked out)
     flat: tuple[StageWork, ...] | None = None
+    # the bound without the allocator's pressure, where ``bound`` charges one already
+    # (its group's memory floor's, before its own memory is known); None: ``bound``
+    bare: float | None = None
+
+    @property
+    def unpressured(self) -> float:
+        """A step time the plan cannot beat before the allocator's pressure."""
+        return self.bound if self.bare is None else self.bare
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,8 +190,14 @@ class _Search:
         self.closest: tuple[float, tuple, Plan, int, Memory] | None = None
         self.threshold = float("inf")  # the k-th best step time found so far
         self._fullest_states: dict[tuple[Layout, ZeroStage], tuple[float, int, Memory]] = {}
-        # (pp, microbatches, schedule, vpp, split) -> passes the schedule rules
-        self._schedule_ok: dict[tuple[int, int, Schedule, int, bool], bool] = {}
+        # (pp, microbatches, schedule, vpp, split) -> the schedule rule it breaks ("": none)
+        self._schedule_rule: dict[tuple[int, int, Schedule, int, bool], str] = {}
+        # groups no member of which fits (their memory floor, their order): the 'smallest
+        # plan' message looks into them only if nothing fits (:meth:`_note_dropped`)
+        self._dropped: list[tuple[float, int, _Group]] = []
+        self._fewest_memo: dict[tuple, tuple[tuple[int, int, int, Schedule], ...]] = {}
+        self._vpp_layouts: dict[tuple[Layout, int], Layout] = {}
+        self._fullest_memo: dict[tuple, tuple[tuple[StageWork, ...], list[tuple[int, int]]]] = {}
 
     # -- generation ------------------------------------------------------------------
     def layouts(self) -> Iterator[Layout]:
@@ -341,14 +359,15 @@ class _Search:
         """The group's plans, one per (schedule, vpp, split) and exchange, that pass the
         schedule rules, with whether the split is still to be searched. The schedule
         rules read neither the exchange nor the split: asked once a schedule."""
-        cps = group.cp_comms
-        layouts = {1: group.plan.layout}
+        cps, lay = group.cp_comms, group.plan.layout
+        m, memo = group.plan.num_microbatches, self._schedule_rule
+        layouts = {1: lay}
         for sched, v, split in group.schedules:
-            first = self._scheduled(group.plan.replace(cp_comm=cps[0]), sched, v, split, layouts)
-            rule = first_broken(first, Scope.SCHEDULE)
+            rule = memo[(lay.pp, m, sched, v, split)]  # asked by ``_runnable``
             if rule:
-                self.stats.pruned[rule.id] += len(cps)
+                self.stats.pruned[rule] += len(cps)
                 continue
+            first = self._scheduled(group.plan.replace(cp_comm=cps[0]), sched, v, split, layouts)
             for cp_comm in cps:
                 yield (first if cp_comm is cps[0] else first.replace(cp_comm=cp_comm)), split
 
@@ -373,15 +392,15 @@ class _Search:
         the layout's groups need count no other. All of them where none passes (their
         groups then end in the rules' count)."""
         probe, layouts = self._probe(base, mbs, sp), {1: base}
-        m, memo = probe.num_microbatches, self._schedule_ok
+        m, memo = probe.num_microbatches, self._schedule_rule
         out = []
         for x in scheds:
             key = (base.pp, m, *x)
-            ok = memo.get(key)
-            if ok is None:
-                ok = memo[key] = first_broken(self._scheduled(probe, *x, layouts),
-                                              Scope.SCHEDULE) is None
-            if ok:
+            broken = memo.get(key)
+            if broken is None:
+                rule = first_broken(self._scheduled(probe, *x, layouts), Scope.SCHEDULE)
+                broken = memo[key] = rule.id if rule else ""
+            if not broken:
                 out.append(x)
         return tuple(out) or tuple(scheds)
 
@@ -393,23 +412,32 @@ class _Search:
         flat = stage_work(group.plan)  # memoized: the group's bound read it
         without_cp = len(group.cp_comms) > 1
         limit = self.threshold * (1 + BOUND_SLACK)
+        busiest: dict[int, float] = {}  # vpp -> the busiest-stage bound off the group's works
         for plan, split in self.schedule_plans(group):
             if split:
                 out.append(_Split(group.bound, rank_key_static(plan), plan))
                 continue
             if plan.schedule.v_shape:  # its works place the output layer elsewhere
-                cand = self._candidate(plan)
-                if cand is not None:
-                    out.append(cand)
-                continue
-            # the busiest-stage bound at its own chunk count, off the group's works:
-            # its own works, bound and memory wait until it comes up (:meth:`run`)
-            bound = max(group.bound, busiest_stage_bound(group.plan, flat, without_cp,
-                                                         plan.layout.vpp))
+                bare = step_time_lower_bound(plan, stage_work(plan))
+                flat_works = None
+            else:
+                # the busiest-stage bound at its own chunk count, off the group's works:
+                # its own works, bound and memory wait until it comes up (:meth:`run`)
+                v = plan.layout.vpp
+                known = busiest.get(v)
+                if known is None:
+                    known = busiest[v] = busiest_stage_bound(group.plan, flat, without_cp, v)
+                bare = known
+                flat_works = flat
+            # the group's bounds hold for it: the pressure-free one, and the one that
+            # charges the group's memory floor (its own peak is no lower)
+            bare = max(bare, group.bare)
+            bound = max(bare, group.bound)
             if bound > limit:
                 self.stats.pruned[BOUND] += 1
                 continue
-            out.append(_Candidate(bound, rank_key_static(plan), plan, flat=flat))
+            out.append(_Candidate(bound, rank_key_static(plan), plan, flat=flat_works,
+                                  bare=bare))
         return out
 
     def _candidate(self, plan: Plan) -> _Candidate | None:
@@ -430,10 +458,11 @@ class _Search:
         return None if worst is None else self._fitted(item, worst)
 
     def _fitted(self, item: _Candidate, worst: Memory) -> _Candidate:
-        """The candidate known to fit, its bound charged the pressure of its peak."""
-        pressure = memory_pressure(item.bound - step_overhead(item.plan), worst.peak,
-                                   self.capacity)
-        return _Candidate(item.bound + pressure, item.key, item.plan, fits=True,
+        """The candidate known to fit, its pressure-free bound charged the pressure of its
+        peak (at least what its group's floor charged: the peak is no lower)."""
+        bare = item.unpressured
+        pressure = memory_pressure(bare - step_overhead(item.plan), worst.peak, self.capacity)
+        return _Candidate(max(item.bound, bare + pressure), item.key, item.plan, fits=True,
                           chained=item.chained)
 
     def _fitting_memory(self, plan: Plan, works: tuple[StageWork, ...]) -> Memory | None:
@@ -441,9 +470,7 @@ class _Search:
         'smallest plan' message) when it exceeds the device. ``works`` need only hold the
         plan's per-stage layers and parameters: those of any schedule of its layout but
         a V (which moves the output layer to stage 0), at any vpp."""
-        stage, worst = max(((s, stage_memory(plan, s, works[s], n))
-                            for s, n in _fullest_stages(plan, works)),
-                           key=lambda sm: (sm[1].peak, -sm[0]))
+        stage, worst = self._fullest(plan, works)
         if worst.peak <= self.capacity:
             return worst
         static = worst.weights + worst.grads + worst.optimizer + worst.other
@@ -452,6 +479,118 @@ class _Search:
         self.stats.infeasible[reason] += 1
         self._note_closest(plan, stage, worst)
         return None
+
+    def memory_floor(self, group: _Group) -> Memory | None:
+        """Memory no member of the group needs less than (None where this does not say:
+        a group with split variants, whose layer splits move memory between stages).
+
+        A member's peak is its fullest stage's, so at least what it holds on any one
+        stage s; so the most, over s in {0, last}, of the least any member holds on s
+        bounds every member's peak from below. On s, a member of v equal chunks holding
+        n microbatch-chunks in flight (``peak_inflight``) holds its weights, gradients and
+        optimizer states (the same for every schedule but a V, whose stage 0 holds the
+        output layer), n/v of the stage's activations per microbatch and, on the first
+        and output stage, ceil(n/v) microbatches' embedding output and logits
+        (``stage_memory``): all growing with n/v, so the member with the fewest
+        microbatches in flight, n/v, holds the least of the flat schedules, and the one
+        with the fewest chunks in flight of the V schedules (``stage_memory`` of that
+        member is then the least on s). Schedules that break a schedule rule are no
+        members. ``test_bounds`` checks the floor against every member's evaluated peak."""
+        lay = group.plan.layout
+        fewest = self._fewest_inflight(lay, group.plan.num_microbatches, group.schedules)
+        if not fewest:
+            return None
+        flat = stage_work(group.plan)
+        least: dict[int, Memory] = {}  # stage -> the least any member holds there
+        for s, n, v, sched in fewest:
+            plan = group.plan.replace(layout=self._layouts(lay, v), schedule=sched)
+            mem = stage_memory(plan, s, (stage_work(plan) if sched.v_shape else flat)[s], n)
+            if s not in least or mem.peak < least[s].peak:
+                least[s] = mem
+        return max(least.values(), key=lambda mem: mem.peak)
+
+    def _fewest_inflight(self, lay: Layout, m: int, schedules: tuple[tuple[Schedule, int, bool], ...]
+                         ) -> tuple[tuple[int, int, int, Schedule], ...]:
+        """(stage, in flight, vpp, schedule) per stage in {0, last} and kind (flat first,
+        then V) of the member holding the fewest microbatches in flight there (n/vpp);
+        empty where a member is a split variant or none passes the schedule rules.
+        Memoized: every ZeRO and recompute group of a layout and micro-batch asks it."""
+        key = (lay.pp, m, schedules)
+        out = self._fewest_memo.get(key)
+        if out is not None:
+            return out
+        memo = self._schedule_rule
+        fewest: dict[tuple[int, bool], tuple[int, int, Schedule]] = {}  # (stage, V) -> (n, v, sched)
+        stages = sorted({0, lay.pp - 1})
+        for sched, v, split in schedules:
+            if split:
+                fewest.clear()
+                break
+            if memo[(lay.pp, m, sched, v, split)]:
+                continue
+            for s in stages:
+                n = peak_inflight(sched, lay.pp, m, v, s)
+                held = fewest.get((s, sched.v_shape))
+                if held is None or n * held[1] < held[0] * v:
+                    fewest[(s, sched.v_shape)] = (n, v, sched)
+        out = self._fewest_memo[key] = tuple((s, *fewest[(s, vs)]) for s, vs in sorted(fewest))
+        return out
+
+    def _layouts(self, lay: Layout, vpp: int) -> Layout:
+        """``lay`` at ``vpp`` chunks, built once per (layout, vpp)."""
+        if lay.vpp == vpp:
+            return lay
+        out = self._vpp_layouts.get((lay, vpp))
+        if out is None:
+            out = self._vpp_layouts[(lay, vpp)] = dataclasses.replace(lay, vpp=vpp)
+        return out
+
+    def _drop(self, group: _Group, floor: Memory, order: int) -> None:
+        """Count a group no member of which fits: its schedules that break a schedule
+        rule by that rule, the others as not fitting, and keep it for the 'smallest plan'
+        message."""
+        lay, m = group.plan.layout, group.plan.num_microbatches
+        static = floor.weights + floor.grads + floor.optimizer + floor.other
+        reason = ("model states exceed memory" if static > self.capacity
+                  else "activations exceed memory")
+        for sched, v, split in group.schedules:
+            rule = self._schedule_rule[(lay.pp, m, sched, v, split)]
+            if rule:
+                self.stats.pruned[rule] += len(group.cp_comms)
+            else:
+                self.stats.infeasible[reason] += len(group.cp_comms)
+        self._dropped.append((floor.peak, order, group))
+
+    def _note_dropped(self) -> None:
+        """Where nothing fits, the 'smallest plan' message names the member needing the
+        least memory: the dropped groups are looked into, least floor first, while one
+        could still hold a member below the smallest noted so far."""
+        for floor, _, group in sorted(self._dropped, key=lambda d: d[:2]):
+            if self.closest is not None and floor > self.closest[0]:
+                break
+            lay, m = group.plan.layout, group.plan.num_microbatches
+            layouts = {1: lay}
+            for sched, v, split in group.schedules:
+                if self._schedule_rule[(lay.pp, m, sched, v, split)]:
+                    continue
+                for cp_comm in group.cp_comms:
+                    plan = self._scheduled(group.plan.replace(cp_comm=cp_comm), sched, v, split,
+                                           layouts)
+                    stage, mem = self._fullest(plan, stage_work(plan))
+                    self._note_closest(plan, stage, mem)
+
+    def _fullest(self, plan: Plan, works: tuple[StageWork, ...]) -> tuple[int, Memory]:
+        """(stage, memory) of the plan's fullest stage, the first of equals (as
+        ``evaluate``). The stages that can be fullest (``_fullest_stages``) depend on the
+        schedule, the microbatch count and the works only: found once for each (the
+        memo keeps the works it was keyed on alive, so their id is not reused)."""
+        lay = plan.layout
+        key = (plan.schedule, lay.pp, plan.num_microbatches, lay.vpp, id(works))
+        hit = self._fullest_memo.get(key)
+        if hit is None:
+            hit = self._fullest_memo[key] = (works, _fullest_stages(plan, works))
+        return max(((s, stage_memory(plan, s, works[s], n)) for s, n in hit[1]),
+                   key=lambda sm: (sm[1].peak, -sm[0]))
 
     def realize(self, item: _Split) -> _Candidate | _Split | None:
         """Tighten the split variant's bound, first with its schedule's pipeline fill,
@@ -513,13 +652,15 @@ class _Search:
                 exact = self._candidate(item.plan)
                 if exact is not None:  # back in line at its own bound, memory charged
                     exact = self._fitted(dataclasses.replace(
-                        exact, bound=max(bound, exact.bound)), worst)
+                        exact, bound=max(bound, exact.bound),
+                        bare=max(item.unpressured, exact.bound)), worst)
                     heapq.heappush(heap, (exact.bound, exact.key, seq, exact))
                     seq += 1
                 continue
             if isinstance(item, _Candidate) and not item.chained and item.plan.schedule in HELD_BACK:
                 tight = chain_bound(item.plan, stage_work(item.plan))
-                item = _Candidate(max(bound, tight), item.key, item.plan, item.fits, True)
+                item = _Candidate(max(bound, tight), item.key, item.plan, item.fits, True,
+                                  bare=None if item.fits else max(item.unpressured, tight))
                 if tight > bound:  # back in line at the chain's bound
                     heapq.heappush(heap, (item.bound, item.key, seq, item))
                     seq += 1
@@ -532,11 +673,26 @@ class _Search:
                 continue
             if isinstance(item, _Group) and not item.exact:
                 own = self._group_bound(item.plan, item.runnable, len(item.cp_comms) > 1)
+                item = dataclasses.replace(item, bound=max(own, bound), exact=True,
+                                           bare=max(own, bound))
                 if own > bound:  # back in line at its own bound
-                    item = dataclasses.replace(item, bound=own, exact=True)
                     heapq.heappush(heap, (own, item.key, seq, item))
                     seq += 1
                     continue
+            if isinstance(item, _Group) and not item.floored:
+                floor = self.memory_floor(item)
+                if floor is not None and floor.peak > self.capacity:
+                    self._drop(item, floor, seq)
+                    continue
+                item = dataclasses.replace(item, floored=True)
+                if floor is not None:
+                    own = bound + memory_pressure(bound - step_overhead(item.plan), floor.peak,
+                                                  self.capacity)
+                    if own > bound:
+                        item = dataclasses.replace(item, bound=own)
+                        heapq.heappush(heap, (own, item.key, seq, item))
+                        seq += 1
+                        continue
             if isinstance(item, _Group | _Split):
                 found = self.expand(item) if isinstance(item, _Group) else [self.realize(item)]
                 for new in found:
@@ -553,6 +709,8 @@ class _Search:
             if len(best) == self.top_k:
                 threshold = self.threshold = best[0][2].prediction.step_time_s
         top = sorted((r for _, _, r in best), key=lambda r: rank_key(r.plan, r.prediction))
+        if not top:
+            self._note_dropped()
         closest = None if top or self.closest is None else self.closest[2:]
         return SearchResult(tuple(top), self.stats, closest)
 

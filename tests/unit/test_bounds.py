@@ -190,3 +190,28 @@ def test_the_critical_chain_is_the_makespan_of_equal_stages(schedule):
     assert chain.length(*uneven) <= simulate_exact(schedule, *uneven, m, v).makespan * TIGHT
     # every virtual stage runs on the stage the schedule places it
     assert sorted(set(chain.home)) == list(range(p))
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[5], CASES[7]],
+                         ids=lambda c: f"{c[0]}-{c[5]}")
+def test_a_groups_memory_floor_never_exceeds_a_members_peak(case):
+    """A group whose floor exceeds the device is dropped whole, and the floor's
+    allocator pressure raises the bound of every member (engine._Search.memory_floor):
+    it must not exceed the peak ``evaluate`` finds for any member, and it is that peak
+    where the member holding the least is the fullest (a lone 1F1B member, pp = 1)."""
+    name, cluster, gpus, gbs, seq, space_name, every = case
+    walk = _Search(_model(name), with_gpus(resolve_cluster(cluster), gpus),
+                   Job(global_batch=gbs, seq_len=seq), load_space(space_name), top_k=1)
+    checked = exact = 0
+    for group in itertools.islice(walk.groups(), 0, None, every):
+        floor = walk.memory_floor(group)
+        if floor is None:
+            continue
+        peaks = [evaluate(plan).memory.peak for plan, _ in walk.schedule_plans(group)]
+        if not peaks:
+            continue
+        assert floor.peak <= min(peaks) * TIGHT, group.plan
+        checked += 1
+        exact += floor.peak == pytest.approx(min(peaks), rel=1e-12)
+    assert checked >= 10
+    assert exact >= 1

@@ -15,7 +15,7 @@ from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gp
 from autoplan.parallel.common import divisors
 from autoplan.parallel.rules import plan_problems
 from autoplan.plan import Layout, Plan
-from autoplan.search.engine import rank_key, search
+from autoplan.search.engine import candidate_plans, rank_key, rank_key_static, search
 from autoplan.search.space import SearchSpace, load_space
 from autoplan.vocab import Dtype, Recompute, Schedule, ZeroStage
 
@@ -149,6 +149,23 @@ def test_no_plan_fits_reports_the_smallest_need_with_numbers():
     assert result.plans == ()
     why = result.why_none()
     assert "GiB per GPU on h100-sxm (80 GiB)" in why and "optimizer" in why
+
+
+def test_where_activations_never_fit_the_smallest_plan_is_brute_forces():
+    """Groups whose memory floor exceeds the device are dropped whole; the message
+    still names the candidate needing the least memory of all, as brute force finds it."""
+    m = resolve_model("llama3-8b")
+    c = with_gpus(resolve_cluster("dgx-h100"), 8)
+    job = Job(global_batch=8, seq_len=1048576)
+    sp = load_space("default")
+    result = search(m, c, job, sp)
+    assert result.plans == () and result.closest is not None
+    assert result.stats.infeasible["activations exceed memory"] > 1000
+    peaks = [(evaluate(p).memory.peak, rank_key_static(p), p) for p in candidate_plans(m, c, job, sp)]
+    peak, _, smallest = min(peaks, key=lambda x: x[:2])
+    assert result.closest[0] == smallest
+    assert result.closest[2].peak == pytest.approx(peak, rel=1e-12)
+    assert f"needs {peak / 2**30:.1f} GiB" in result.why_none()
 
 
 def test_more_memory_never_makes_the_best_plan_slower():
