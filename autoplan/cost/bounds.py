@@ -19,6 +19,7 @@ from autoplan.cost.stage import (
 from autoplan.parallel import mesh
 from autoplan.parallel.dp import (
     grad_sync_floor,
+    grad_sync_least,
     memory_pressure,
     optimizer_seconds,
     optimizer_seconds_floor,
@@ -88,7 +89,7 @@ def step_time_lower_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
 
 
 def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], without_cp: bool,
-                        vpp: int = 1) -> float:
+                        vpp: int = 1, sync: bool = False, forward_known: bool = False) -> float:
     """A step time no schedule of the plan's layout beats, of up to ``vpp`` equal chunks
     per stage, plus the optimizer step. ``works``: the layout's 1F1B, vpp = 1 form, whose
     F, B and input-gradient B are the least of every schedule (``tp.exposed_backward``
@@ -103,9 +104,17 @@ def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], without_cp: bo
     fill_s + m(F_s + B_in,s) + sum_{j<s} B_in,j/vpp. W is needed by neither (zero-bubble
     schedules run it in the drain). ``without_cp`` leaves out all context-parallel
     communication, so the bound holds for every CP exchange. A V places its output
-    layer on stage 0: its schedules are bounded with the V's own ``works`` (vpp = 2)."""
+    layer on stage 0: its schedules are bounded with the V's own ``works`` (vpp = 2).
+
+    ``sync``: plus the gradient sync no drain hides (``dp.grad_sync_least``) of every
+    schedule of the plan's ZeRO stage at up to ``vpp`` chunks: the heaviest stage's
+    parameters are every such schedule's (``works``: its own or its V's) and its backward
+    the least. ``forward_known``: every schedule bounded runs ``vpp`` chunks whose
+    forward is ``works``' (a V's own works; the flat works at one chunk), so with the
+    exchange known the gather hides behind that forward's chunk."""
     m = plan.num_microbatches
     best = fill = drain = 0.0
+    heaviest: StageWork | None = None
     for w in works:
         f, b_in, b = w.forward, w.backward_input, w.backward
         if without_cp:
@@ -114,7 +123,14 @@ def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], without_cp: bo
         best = max(best, fill + m * (f + b), fill + m * (f + b_in) + drain)
         fill += f / vpp
         drain += b_in / vpp
-    return best + optimizer_seconds(plan, works) + step_overhead(plan)
+        if heaviest is None or w.params + w.expert_params > heaviest.params + heaviest.expert_params:
+            heaviest, heaviest_f, heaviest_b = w, f, b
+    best += optimizer_seconds(plan, works) + step_overhead(plan)
+    if sync and heaviest is not None:
+        known = forward_known and not without_cp
+        best += grad_sync_least(plan, mesh.groups(plan), heaviest.params, heaviest.expert_params,
+                                heaviest_b, heaviest_f / vpp if known else None, vpp)
+    return best
 
 
 def chain_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:

@@ -155,6 +155,33 @@ def grad_sync_floor(plan: Plan, groups: dict[Axis, comm.Group],
     return _stage_sync(plan, groups, heaviest, float("inf"))
 
 
+def grad_sync_least(plan: Plan, groups: dict[Axis, comm.Group], params: float,
+                    expert_params: float, backward: float, forward: float | None,
+                    most_vpp: int) -> float:
+    """At most :func:`grad_sync_floor` of every plan of ``plan``'s layout, ZeRO stage and
+    stack whose heaviest stage holds ``params`` and ``expert_params`` with a backward per
+    microbatch of at least ``backward``, run at up to ``most_vpp`` chunks; ``forward``:
+    their heaviest stage's forward per chunk where all run the same chunks and it is
+    known, else None.
+
+    Of that stage's exposed sync (``_stage_sync`` with no drain), the overlapped
+    reduction slow * min(r, B/v) grows with B and falls with v: least at ``backward``
+    and ``most_vpp``. The overlapped gather max(0, g - x) + slow * min(g, x), x = F/v,
+    falls as x grows, to slow * g at x >= g and never below it (slow <= 1, as a stack
+    file must give it): with F unknown that is its bound."""
+    if plan.zero is ZeroStage.PARAMETERS:
+        return 0.0
+    reduce_s, gather_s = _sync_seconds(plan.zero, plan.job.dtype, params, expert_params,
+                                       groups[Axis.DP], groups[Axis.EDP])
+    stack = plan.stack
+    slow = stack.comm_compute_slowdown
+    if stack.overlap_grad_reduce:
+        reduce_s = slow * min(reduce_s, backward / most_vpp)
+    if stack.overlap_param_gather:
+        gather_s = overlapped(gather_s, forward, slow) if forward is not None else slow * gather_s
+    return reduce_s + gather_s
+
+
 @lru_cache(maxsize=16384)
 def _sync_seconds(zero: ZeroStage, dtype: Dtype, params: float, expert_params: float,
                   dp: comm.Group, edp: comm.Group) -> tuple[float, float]:

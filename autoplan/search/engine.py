@@ -314,8 +314,9 @@ class _Search:
         two ZeRO stages: stages 0-2 run the same per-stage work and 1 and 2 step a shard
         of the optimizer (less time than 0), so the highest below 3 stands for them;
         stage 3 adds gathers to that work, and counts only where the space has no stage
-        1 or 2 (then its sharded optimizer may step faster). The schedules are those
-        that pass the schedule rules (``_runnable``)."""
+        1 or 2 (then its sharded optimizer may step faster); without the gradient
+        sync, which differs by ZeRO stage. The schedules are those that pass the
+        schedule rules (``_runnable``)."""
         below = [z for z in zeros if z is not ZeroStage.PARAMETERS]
         stand_ins: list[ZeroStage] = [max(below)] if below else []
         if ZeroStage.PARAMETERS in zeros and (not below or max(below) < ZeroStage.OPTIMIZER):
@@ -326,27 +327,31 @@ class _Search:
             Plan(model=self.model, cluster=self.cluster, job=self.job, stack=self.space.stack,
                  layout=base, micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B,
                  recompute=Recompute.NONE, zero=zero, sequence_parallel=sp, cp_comm=cps[-1]),
-            scheds, len(cps) > 1) for zero in stand_ins)
+            scheds, len(cps) > 1, sync=False) for zero in stand_ins)
 
     def _group_bound(self, plan: Plan, scheds: Sequence[tuple[Schedule, int, bool]],
-                     without_cp: bool = False) -> float:
+                     without_cp: bool = False, sync: bool = True) -> float:
         """A step time no schedule of ``scheds`` beats: the busiest stage's with the
         pipeline's fill and drain (``cost.bounds.busiest_stage_bound``), the least of
         the one read off the stage works of the group's 1F1B, vpp = 1 member, at the most
         chunks any of its flat schedules runs, and, where it has V schedules, the one
         read off the V's own works (its output layer on stage 0, two chunks). Where the
         group has split variants, the least bottleneck any split can reach
-        (``stages.split_bound`` without the fill, which differs by schedule) if lower."""
+        (``stages.split_bound`` without the fill, which differs by schedule) if lower.
+        ``sync``: the uniform splits' bounds count the gradient sync of the plan's ZeRO
+        stage that no drain hides (not where the bound stands for other ZeRO stages)."""
         split = any(s for *_, s in scheds)
         works = stage_work(plan)
         bound = float("inf")
         flat = [v for sched, v, _ in scheds if not sched.v_shape]
         if flat:
-            bound = busiest_stage_bound(plan, works, without_cp, max(flat))
+            most = max(flat)
+            bound = busiest_stage_bound(plan, works, without_cp, most, sync, most == 1)
         if len(flat) < len(scheds):
             v_plan = plan.replace(layout=dataclasses.replace(plan.layout, vpp=2),
                                   schedule=Schedule.ZB_V)
-            bound = min(bound, busiest_stage_bound(v_plan, stage_work(v_plan), without_cp, 2))
+            bound = min(bound, busiest_stage_bound(v_plan, stage_work(v_plan), without_cp, 2,
+                                                   sync, True))
         if not split:
             return bound
         bound = min(bound, split_bound(plan, works, fill=False))
@@ -426,7 +431,8 @@ class _Search:
                 v = plan.layout.vpp
                 known = busiest.get(v)
                 if known is None:
-                    known = busiest[v] = busiest_stage_bound(group.plan, flat, without_cp, v)
+                    known = busiest[v] = busiest_stage_bound(group.plan, flat, without_cp, v,
+                                                             True, v == 1)
                 bare = known
                 flat_works = flat
             # the group's bounds hold for it: the pressure-free one, and the one that

@@ -22,8 +22,8 @@ from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
 from autoplan.parallel import mesh
-from autoplan.parallel.dp import grad_sync_floor
-from autoplan.search.engine import _Search, candidate_plans
+from autoplan.parallel.dp import _sync_seconds, grad_sync_floor, grad_sync_least
+from autoplan.search.engine import _Candidate, _Search, candidate_plans
 from autoplan.search.space import StageShape, load_space
 from autoplan.search.stages import (
     partition_problem,
@@ -31,7 +31,7 @@ from autoplan.search.stages import (
     split_bound_with_memory,
     with_best_stages,
 )
-from autoplan.vocab import Schedule
+from autoplan.vocab import Axis, Schedule, ZeroStage
 from tests.helpers import make_plan
 
 TIGHT = 1 + 1e-9  # a bound and a simulated time of a tie may differ in the last bits
@@ -215,3 +215,46 @@ def test_a_groups_memory_floor_never_exceeds_a_members_peak(case):
         exact += floor.peak == pytest.approx(min(peaks), rel=1e-12)
     assert checked >= 10
     assert exact >= 1
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[5], CASES[6]],
+                         ids=lambda c: f"{c[0]}-{c[5]}")
+def test_a_groups_bounds_never_exceed_a_members_step(case):
+    """A group's own bound (with the gradient sync no drain hides) and the bound each
+    candidate enters the queue with when the group is expanded hold for every member:
+    every schedule, chunk count and context-parallel exchange of the group."""
+    name, cluster, gpus, gbs, seq, space_name, every = case
+    walk = _Search(_model(name), with_gpus(resolve_cluster(cluster), gpus),
+                   Job(global_batch=gbs, seq_len=seq), load_space(space_name), top_k=1)
+    checked = 0
+    for group in itertools.islice(walk.groups(), 0, None, every):
+        own = walk._group_bound(group.plan, group.runnable, len(group.cp_comms) > 1)
+        group = dataclasses.replace(group, bound=own, bare=own, exact=True, floored=True)
+        steps = {plan: evaluate(plan).step_time_s
+                 for plan, split in walk.schedule_plans(group) if not split}
+        for plan, step in steps.items():
+            assert own <= step * TIGHT, plan
+        for cand in walk.expand(group):  # no threshold yet: nothing is pruned
+            if isinstance(cand, _Candidate):
+                assert cand.bound <= steps[cand.plan] * TIGHT, cand.plan
+                checked += 1
+    assert checked >= 20
+
+
+def test_the_least_sync_is_the_floor_where_the_forward_is_known():
+    """dp.grad_sync_least at one chunk with the stage's own forward is grad_sync_floor;
+    with the forward unknown the overlapped gather counts only its slowed share."""
+    plan = make_plan(model="llama3-8b", gpus=16, dp=4, tp=2, pp=2, global_batch=64,
+                     zero=ZeroStage.OPTIMIZER)
+    works, groups = stage_work(plan), mesh.groups(plan)
+    heavy = max(works, key=lambda w: w.params)
+    floor = grad_sync_floor(plan, groups, works)
+    assert floor > 0
+    assert grad_sync_least(plan, groups, heavy.params, 0.0, heavy.backward, heavy.forward,
+                           1) == pytest.approx(floor, rel=1e-12)
+    reduce_s, gather_s = _sync_seconds(plan.zero, plan.job.dtype, heavy.params, 0.0,
+                                       groups[Axis.DP], groups[Axis.EDP])
+    slow = plan.stack.comm_compute_slowdown
+    assert grad_sync_least(plan, groups, heavy.params, 0.0, heavy.backward, None, 4) == (
+        pytest.approx(slow * min(reduce_s, heavy.backward / 4) + slow * gather_s, rel=1e-12))
+    assert grad_sync_least(plan, groups, heavy.params, 0.0, heavy.backward, None, 4) <= floor
