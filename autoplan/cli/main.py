@@ -6,9 +6,7 @@ import contextlib
 import enum
 import math
 import os
-import stat
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -18,7 +16,7 @@ import yaml
 from rich.markup import escape
 
 from autoplan import __version__
-from autoplan.cli import output, render
+from autoplan.cli import files, output, render
 from autoplan.errors import AutoplanError, InputError, Problem
 from autoplan.plan import Plan, Prediction
 from autoplan.units import GiB
@@ -66,52 +64,9 @@ def _root(
                                                     help="Print the version and exit.")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
 ) -> None:
+    output.reset()
     if debug:
         os.environ["AUTOPLAN_DEBUG"] = "1"
-
-
-def _check_writable(path: Path) -> None:
-    """Refuse, before any work, a path ``_write_atomic`` must not rename over: anything
-    but a regular file (or a link to one), or nothing."""
-    path = path.expanduser()
-    try:
-        mode = path.lstat().st_mode if path.is_symlink() or path.exists() else None
-    except OSError as exc:
-        raise InputError.single(str(path), "", f"cannot write: {exc.strerror or exc}") from None
-    if mode is None:
-        return
-    if stat.S_ISLNK(mode):
-        if not path.is_file():
-            raise InputError.single(str(path), "", "cannot write: a link to something other "
-                                                   "than a regular file")
-    elif not stat.S_ISREG(mode):
-        raise InputError.single(str(path), "", "cannot write: not a regular file")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write the whole file or nothing (a temp file renamed into place). Only a regular
-    file (or none) is replaced: a device, FIFO, socket or directory at ``path`` is
-    refused, never renamed over (``--out /dev/null`` must not replace /dev/null)."""
-    path = path.expanduser()
-    _check_writable(path)
-    tmp: str | None = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        # mkstemp makes the file 0600; give it the mode a plain open() would
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as exc:
-        raise InputError.single(str(path), "", f"cannot write: {exc.strerror or exc}") from None
-    finally:
-        if tmp is not None:  # the rename did not happen: leave nothing behind
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
 
 
 def _yaml(doc: Any) -> str:
@@ -167,7 +122,11 @@ def search(
     whatif = _WhatIf.read(train_tokens, objective, price, deadline, budget, plot)
     for target in (out_path, plot):  # refused before the search, not after it
         if target is not None:
-            _check_writable(target)
+            files.check_target(target)
+    if files.is_stdout(out_path) and files.is_stdout(plot):
+        raise InputError.single("--plot", "", "--out already writes to stdout ('-')")
+    if files.is_stdout(out_path) or files.is_stdout(plot):
+        output.data_to_stderr()
     req = build_request(job_file, model=model, cluster=cluster,
                         gpus=None if counts is None else counts[0] if len(counts) == 1 else counts,
                         global_batch=global_batch, seq_len=seq_len, dtype=dtype, space=space,
@@ -195,7 +154,7 @@ def search(
         raise typer.Exit(1)
     docs = [plan_document(r.plan, r.prediction) for r in result.plans]
     if out_path is not None:
-        _write_atomic(out_path, _yaml(docs[0]))
+        files.write_text(out_path, _yaml(docs[0]))
     if fmt is Format.json:
         doc: dict[str, Any] = {"plans": docs, "stats": result.stats.to_dict()}
         if req.profile is not None:
@@ -212,7 +171,7 @@ def search(
         if req.profile is not None:
             output.out.print(escape(render.profile_text(req.profile.source)))
         if out_path is not None:
-            output.err.print(f"wrote the best plan to {out_path}")
+            output.err.print(f"wrote the best plan to {files.name(out_path)}")
 
 
 MAX_TRAIN_TOKENS = 1e18  # ~50,000x Llama 3's 15T tokens
@@ -247,7 +206,7 @@ class _WhatIf:
             if value is not None and not (math.isfinite(value) and 0 < value <= hi):
                 problems.append(Problem(flag, "", f"expected a number > 0 and <= {hi:g}, "
                                                   f"got {value:g}"))
-        if plot is not None and plot.suffix.lower() != ".svg":
+        if plot is not None and not files.is_stdout(plot) and plot.suffix.lower() != ".svg":
             problems.append(Problem("--plot", "", f"expected a .svg file, got {plot}"))
         if problems:
             raise InputError(problems)
@@ -312,11 +271,11 @@ def _search_whatif(req: Request, whatif: _WhatIf, top: int, out_path: Path | Non
     if whatif.plot is not None:
         title = (f"{req.model.name} on {device.name}, {whatif.train_tokens:.3g} tokens: "
                  f"days against {'dollars' if price is not None else 'GPU-hours'}")
-        _write_atomic(whatif.plot, front_svg(
+        files.write_text(whatif.plot, front_svg(
             result.points, result.front, limits.chosen, labels, title,
             deadline_days=whatif.deadline, budget_usd=whatif.budget))
     if ranked and out_path is not None:
-        _write_atomic(out_path, _yaml(plan_document(ranked[0].plan, ranked[0].prediction)))
+        files.write_text(out_path, _yaml(plan_document(ranked[0].plan, ranked[0].prediction)))
     if fmt is Format.json:
         pareto = [{**p.economics.to_dict(), "layout": labels[p.gpus],
                    "plan": plan_document(p.plan, p.prediction)} for p in limits.kept]
@@ -340,9 +299,9 @@ def _search_whatif(req: Request, whatif: _WhatIf, top: int, out_path: Path | Non
         if limits.reason:
             output.out.print(escape(limits.reason))
         if out_path is not None and ranked:
-            output.err.print(f"wrote the best plan to {out_path}")
+            output.err.print(f"wrote the best plan to {files.name(out_path)}")
         if whatif.plot is not None:
-            output.err.print(f"wrote the front to {whatif.plot}")
+            output.err.print(f"wrote the front to {files.name(whatif.plot)}")
     if not ranked:
         output.err.print(f"autoplan: {limits.reason}", markup=False)
         raise typer.Exit(1)
@@ -428,8 +387,12 @@ def explain(
     from autoplan.plan import read_plan
     from autoplan.schedules import timeline as tl
 
-    if timeline is not None and timeline.suffix.lower() not in (".svg", ".png"):
-        raise InputError.single("--timeline", "", f"expected a .svg or .png file, got {timeline}")
+    if timeline is not None:
+        if timeline.suffix.lower() not in (".svg", ".png"):
+            raise InputError.single("--timeline", "", f"expected a .svg or .png file, got {timeline}")
+        if timeline.suffix.lower() == ".png":
+            tl.require_png()  # before anything is printed
+        files.check_target(timeline)
     plan = read_plan(read_yaml(plan_path), str(plan_path))
     pred = predict(plan)
     sim = simulate_timeline(plan, microbatches)
@@ -445,9 +408,9 @@ def explain(
                                       width=max(20, min(160, output.out.width - label))))
     if timeline is not None:
         if timeline.suffix.lower() == ".svg":
-            _write_atomic(timeline, tl.timeline_svg(sim.events, plan.layout.pp, title=title))
+            files.write_text(timeline, tl.timeline_svg(sim.events, plan.layout.pp, title=title))
         else:
-            tl.timeline_png(sim.events, plan.layout.pp, timeline, title=title)
+            files.write_bytes(timeline, tl.timeline_png(sim.events, plan.layout.pp, title=title))
         output.err.print(f"wrote the timeline to {escape(str(timeline))}")
 
 
@@ -550,6 +513,9 @@ def bench(
     from autoplan.bench import run as bench_run
     from autoplan.measured.profile import format_profile, parse_profile, read_profile
 
+    for target in (out_path, describe):  # refused before minutes of measuring
+        if target is not None:
+            files.check_target(target)
     if profile_path is not None:
         if not (fit or describe):
             raise InputError.single("--profile", "", "give --fit or --describe with a profile to read")
@@ -576,10 +542,10 @@ def bench(
         return  # torchrun: rank 0 writes
     text = format_profile(meta, rows)
     profile = parse_profile(text, str(out_path or "<stdout>"))  # what we write must read back
-    if out_path is None:
+    if out_path is None or files.is_stdout(out_path):
         sys.stdout.write(text)
         return
-    _write_atomic(out_path, text)
+    files.write_text(out_path, text)
     from rich.table import Table
 
     title = f"bench: {meta['device_name']} ({meta['device_kind']}, preset {meta['preset']})"
@@ -630,7 +596,7 @@ def _fit_and_describe(profile: Profile, fit: bool, cluster_ref: str | None, desc
                                    mem_bytes=physical_memory_bytes() / ranks,
                                    compute_dtype=surrogate.compute_dtype(profile))
         command = shlex.join(["autoplan", *sys.argv[1:]])
-        _write_atomic(describe, cluster_yaml(cluster, profile, command))
+        files.write_text(describe, cluster_yaml(cluster, profile, command))
         output.err.print(f"wrote the machine descriptor to {escape(str(describe))}")
 
 
@@ -657,22 +623,22 @@ def export_plan(
     if target is not Target.SLURM and runs is not Launcher.MEGATRON:
         raise InputError.single("--launcher", "", "only --to slurm takes a launcher")
     plan = read_plan(read_yaml(plan_path), str(plan_path))
-    files = run_export(plan, target, str(plan_path), runs)
-    if out_path is None:
-        for name, text in files.items():
-            if len(files) > 1:
+    written = run_export(plan, target, str(plan_path), runs)
+    if out_path is None or files.is_stdout(out_path):
+        for name, text in written.items():
+            if len(written) > 1:
                 sys.stdout.write(f"# ==> {name} <==\n")
             sys.stdout.write(text)
         return
     out_path = out_path.expanduser()
-    if len(files) > 1 or out_path.is_dir():
-        paths = {name: out_path / name for name in files}
+    if len(written) > 1 or out_path.is_dir():
+        paths = {name: out_path / name for name in written}
     else:
-        paths = {name: out_path for name in files}
+        paths = {name: out_path for name in written}
+    for path in paths.values():
+        files.check_target(path)  # every one before any is written
     for name, path in paths.items():
-        _write_atomic(path, files[name])
-        if name.endswith((".sh", ".sbatch")):  # scripts run as ./name
-            path.chmod(path.stat().st_mode | ((path.stat().st_mode & 0o444) >> 2))
+        files.write_text(path, written[name], executable=name.endswith((".sh", ".sbatch")))
         output.err.print(f"wrote {escape(str(path))}")
 
 
@@ -831,6 +797,8 @@ def check_plan_file(
     from autoplan.search.space import load_space
 
     searchspace = load_space(space)
+    if out_path is not None:
+        files.check_target(out_path)
     if output.interactive(fmt.value) and max_regression is not None:
         with output.err.status(f"checking {escape(str(plan_path))}: searching the {searchspace.name} "
                                "space ..."):
@@ -845,8 +813,10 @@ def check_plan_file(
         doc = render.check_junit(report)
     else:
         doc = render.check_text(report)
+    if files.is_stdout(out_path):
+        out_path = None  # the report in --format, to stdout as without --out
     if out_path is not None:
-        _write_atomic(out_path, doc)
+        files.write_text(out_path, doc)
     if not report.bad_input:
         sys.stdout.write(doc if out_path is None else render.check_text(report))
     elif fmt is not CheckFormat.text and out_path is None:

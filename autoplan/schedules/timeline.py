@@ -6,21 +6,20 @@ weight-gradient; later model chunks of interleaved schedules in lighter shades
 of the same hue), idle time as the light-grey background. This is the picture
 of Narayanan et al. 2021, Fig. 3-4, drawn from the simulator's own trace.
 
-Everything here is pure: functions return text or a rich renderable, except
-:func:`timeline_png`, which writes the path it is given.
+Everything here is pure: functions return text, PNG bytes or a rich renderable.
 """
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Sequence
 from html import escape
-from pathlib import Path
 
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from autoplan.errors import AutoplanError, InputError
+from autoplan.errors import AutoplanError
 from autoplan.schedules.events import Event
 
 KINDS = ("F", "B", "W")
@@ -330,15 +329,22 @@ def timeline_rich(events: Sequence[Event], stages: int, *, width: int = 100) -> 
 # --- PNG ------------------------------------------------------------------------------------
 
 
-def timeline_png(events: Sequence[Event], stages: int, path: str | Path, *, title: str = "") -> None:
-    """Draw the timeline with matplotlib (an optional extra) and write it to ``path`` as PNG."""
-    _check(events, stages)
+def require_png() -> None:
+    """Raise the error :func:`timeline_png` would, before any work, where matplotlib (an
+    optional extra) is missing."""
     try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-        from matplotlib.patches import Patch
+        import matplotlib  # noqa: F401
     except ImportError:
         raise AutoplanError("PNG needs matplotlib: pip install matplotlib (or use .svg)") from None
+
+
+def timeline_png(events: Sequence[Event], stages: int, *, title: str = "") -> bytes:
+    """The timeline drawn with matplotlib (an optional extra), as PNG bytes."""
+    _check(events, stages)
+    require_png()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
 
     t0, span = _span(events)
     unit, per_s = _unit(span)
@@ -371,7 +377,6 @@ def timeline_png(events: Sequence[Event], stages: int, path: str | Path, *, titl
     if chunks > 1:
         handles.append(Patch(color=_shade("F", chunks - 1, chunks), label="lighter: later chunks"))
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), frameon=False)
-    try:
-        fig.savefig(Path(path).expanduser(), format="png")
-    except OSError as exc:
-        raise InputError.single(str(path), "", f"cannot write: {exc.strerror or exc}") from None
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
