@@ -17,7 +17,7 @@ from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import Job, read_job
 from autoplan.descriptors.library import resolve_cluster, resolve_model, resolve_stack, with_gpus
 from autoplan.descriptors.model import Model
-from autoplan.descriptors.strict import Fields, read_yaml
+from autoplan.descriptors.strict import Fields, read_yaml, shown
 from autoplan.errors import InputError, Problem
 from autoplan.measured.profile import Profile, read_profile
 from autoplan.measured.shipped import shipped_profile
@@ -132,7 +132,7 @@ def build_request(
             resolved_cluster = sizes[0]
     elif n is not None:
         if isinstance(n, bool) or not isinstance(n, int):
-            raise InputError.single(source, "gpus", f"expected an integer, got {n!r}")
+            raise InputError.single(source, "gpus", f"expected an integer, got {shown(n)}")
         resolved_cluster = with_gpus(resolved_cluster, n, gpus_src, gpus_field)
     if not resolved_cluster.device.supports(job.dtype):
         raise InputError.single(source if dtype is None else "--dtype",
@@ -158,7 +158,7 @@ def _read_profile(option: Path | None, ref: Any, job_file: Path | None, source: 
     if ref is None:
         return None
     if not isinstance(ref, str) or not ref:
-        raise InputError.single(source, "profile", f"expected the path of a profile CSV, got {ref!r}")
+        raise InputError.single(source, "profile", f"expected the path of a profile CSV, got {shown(ref)}")
     path = Path(ref).expanduser()
     if not path.is_absolute() and job_file is not None:
         path = job_file.parent / path

@@ -384,6 +384,7 @@ def explain(
     from autoplan.cost.evaluate import simulate_timeline
     from autoplan.cost.stage import stage_work
     from autoplan.descriptors.strict import read_yaml
+    from autoplan.parallel.pp import MAX_PIPELINE_OPS
     from autoplan.plan import read_plan
     from autoplan.schedules import timeline as tl
 
@@ -394,6 +395,11 @@ def explain(
             tl.require_png()  # before anything is printed
         files.check_target(timeline)
     plan = read_plan(read_yaml(plan_path), str(plan_path))
+    chunks = plan.layout.pp * plan.layout.vpp
+    if microbatches is not None and microbatches * chunks > MAX_PIPELINE_OPS:
+        raise InputError.single("--microbatches", "", f"at most {MAX_PIPELINE_OPS // chunks:,} for "
+                                f"this plan (pp x vpp = {chunks}: {MAX_PIPELINE_OPS:,} pipeline "
+                                f"operations), got {microbatches:,}")
     pred = predict(plan)
     sim = simulate_timeline(plan, microbatches)
     m = plan.num_microbatches

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.descriptors.model import Model
-from autoplan.descriptors.strict import Fields
+from autoplan.descriptors.strict import Fields, shown
 from autoplan.errors import InputError, Problem
 from autoplan.vocab import Activation, Norm, Position
 
@@ -78,7 +78,7 @@ def model_from_hf_config(data: Any, source: str, name: str | None = None) -> Mod
         raise InputError(problems)
     reader = _READERS.get(model_type)
     if reader is None:
-        f.fail("model_type", f"unsupported model type {model_type!r}; supported: {_supported()}")
+        f.fail("model_type", f"unsupported model type {shown(model_type)}; supported: {_supported()}")
         raise InputError(problems)
 
     values = reader(f)
@@ -560,7 +560,7 @@ def _activation(f: Fields, key: str, default: str, *, gated: bool) -> Activation
         return Activation.RELU2
     accepted = sorted(_SILU_NAMES | _GELU_NAMES) if gated else sorted(_GELU_NAMES | {"relu2"})
     kind = "gated" if gated else "plain"
-    f.fail(key, f"expected one of {', '.join(accepted)} ({kind} MLP), got {act!r}")
+    f.fail(key, f"expected one of {', '.join(accepted)} ({kind} MLP), got {shown(act)}")
     return None
 
 

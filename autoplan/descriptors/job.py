@@ -11,6 +11,10 @@ from autoplan.vocab import Dtype
 # The capacity factor at which Switch Transformer drops almost no tokens (Fedus et al.
 # 2022, Sec. 2.2 and Table 1): the busiest expert takes about 1.25x its fair share.
 DEFAULT_MOE_IMBALANCE = 1.25
+# Limits past any run: 16.7M sequences a step (Llama 3 405B: 2,048 to 16,384), 16.7M tokens
+# a sequence (the longest published contexts: 10M). Refused at loading, not searched.
+MAX_GLOBAL_BATCH = 1 << 24
+MAX_SEQ_LEN = 1 << 24
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,8 +41,8 @@ class Job:
 def read_job(f: Fields) -> Job | None:
     before = len(f.problems)
     values = dict(
-        global_batch=f.int("global_batch", min=1),
-        seq_len=f.int("seq_len", min=1),
+        global_batch=f.int("global_batch", min=1, max=MAX_GLOBAL_BATCH),
+        seq_len=f.int("seq_len", min=1, max=MAX_SEQ_LEN),
         dtype=f.enum("dtype", Dtype, Dtype.BF16),
         moe_imbalance=f.float("moe_imbalance", DEFAULT_MOE_IMBALANCE, min=1.0),
     )

@@ -4,7 +4,6 @@ or an inline mapping. Every error names the file (or option) and the field."""
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 from autoplan.descriptors.hardware import Cluster, Device, read_cluster, read_device
 from autoplan.descriptors.model import Model, read_model
 from autoplan.descriptors.stack import DEFAULT_STACK, Stack, read_stack
-from autoplan.descriptors.strict import Fields, read_yaml
+from autoplan.descriptors.strict import Fields, did_you_mean, read_yaml, shown
 from autoplan.errors import InputError, Problem
 from autoplan.resources import profiles_dir
 
@@ -39,15 +38,19 @@ def builtin_names(kind: str) -> list[str]:
 
 def _unknown_name(kind: str, name: str, source: str, field: str) -> InputError:
     names = builtin_names(kind)
-    close = difflib.get_close_matches(name, names, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
     return InputError.single(
-        source, field, f"unknown {kind} {name!r}{hint}; built-in {kind}s: {', '.join(names)}"
+        source, field, f"unknown {kind} {shown(name)}{did_you_mean(name, names)}; "
+                       f"built-in {kind}s: {', '.join(names)}"
     )
 
 
 def _looks_like_path(ref: str) -> bool:
-    return ref.endswith((".yaml", ".yml", ".json")) or "/" in ref or Path(ref).is_file()
+    if ref.endswith((".yaml", ".yml", ".json")) or "/" in ref:
+        return True
+    try:
+        return Path(ref).is_file()
+    except OSError:  # a name too long to be a file's, or one that cannot be looked at
+        return False
 
 
 def _raise_if(problems: list[Problem]) -> None:
@@ -93,7 +96,7 @@ def resolve_model(ref: Any, source: str = "--model", field: str = "model") -> Mo
             return model_from_hf_config(data, label)
         model = read_model(Fields(_section(data, "model", label), label, "model", problems))
     else:
-        raise InputError.single(source, field, f"expected a model name, path or mapping, got {ref!r}")
+        raise InputError.single(source, field, f"expected a model name, path or mapping, got {shown(ref)}")
     _raise_if(problems)
     assert model is not None
     return model
@@ -107,7 +110,7 @@ def resolve_device(ref: Any, source: str, field: str) -> Device:
         data, label = _document(ref, "device", source, field)
         device = read_device(Fields(_section(data, "device", label), label, "device", problems))
     else:
-        raise InputError.single(source, field, f"expected a device name or mapping, got {ref!r}")
+        raise InputError.single(source, field, f"expected a device name or mapping, got {shown(ref)}")
     _raise_if(problems)
     assert device is not None
     return device
@@ -145,7 +148,7 @@ def resolve_cluster(ref: Any, source: str = "--cluster", field: str = "cluster")
     if isinstance(ref, str):
         data, label = _document(ref, "cluster", source, field)
         return _cluster_from_mapping(_section(data, "cluster", label), label, "cluster")
-    raise InputError.single(source, field, f"expected a cluster name, path or mapping, got {ref!r}")
+    raise InputError.single(source, field, f"expected a cluster name, path or mapping, got {shown(ref)}")
 
 
 def with_gpus(cluster: Cluster, gpus: int, source: str = "--gpus", field: str = "") -> Cluster:
@@ -208,7 +211,7 @@ def resolve_stack(ref: Any, source: str = "--stack", field: str = "stack") -> St
         data, label = _document(ref, "stack", source, field)
         stack = read_stack(Fields(_section(data, "stack", label), label, "stack", problems))
     else:
-        raise InputError.single(source, field, f"expected a stack name, path or mapping, got {ref!r}")
+        raise InputError.single(source, field, f"expected a stack name, path or mapping, got {shown(ref)}")
     _raise_if(problems)
     assert stack is not None
     return stack

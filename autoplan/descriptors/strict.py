@@ -14,6 +14,7 @@ import difflib
 import enum
 import math
 import re
+import reprlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,8 +27,70 @@ E = TypeVar("E", bound=enum.Enum)
 _MISSING: Any = object()
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys."""
+MAX_FILE_BYTES = 32 << 10  # a descriptor, plan or job file: the largest shipped is 4 KiB
+MAX_DEPTH = 64  # nested mappings and lists (a plan file nests 4 deep)
+MAX_NODES = 20_000  # values once aliases are expanded (a plan file holds a few hundred)
+MAX_PROBLEMS = 20  # reported for one input; the rest are counted as "more"
+
+# libyaml's parser where PyYAML has it (every wheel on the common platforms): ten times
+# the pure-Python one's speed, and its own nesting limit before any recursion
+_Parser: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _StrictLoader(_Parser):  # type: ignore[misc,valid-type]
+    """A safe loader that refuses duplicate keys, and documents nested past ``MAX_DEPTH``
+    or holding more than ``MAX_NODES`` values once their aliases are expanded (a
+    "billion laughs" document: nine lines, 10^9 values once walked) or an alias inside
+    itself: checked on the composed tree, before any value is built."""
+
+    def get_single_node(self) -> yaml.Node | None:
+        node = super().get_single_node()
+        if node is not None:
+            _check_tree(node)
+        return node  # type: ignore[no-any-return]
+
+
+def _check_tree(root: yaml.Node) -> None:
+    """Depth and expanded size of a composed document, without expanding anything: a
+    node's count is 1 plus its children's and its depth 1 plus their deepest, each
+    shared (aliased) node worked out once. Iterative: no recursion on any input."""
+    counts: dict[int, tuple[int, int]] = {}  # id -> (values, depth)
+    open_: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        children = _children(node)
+        if done:
+            open_.discard(key)
+            below = [counts[id(c)] for c in children]
+            count = 1 + sum(n for n, _ in below)
+            depth = 1 + max((d for _, d in below), default=0)
+            if depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} "
+                                                              "levels", node.start_mark)
+            if count > MAX_NODES:
+                raise yaml.composer.ComposerError(
+                    None, None, f"more than {MAX_NODES:,} values (an alias counts each time "
+                                "it is used)", node.start_mark)
+            counts[key] = (count, depth)
+            continue
+        if key in counts:
+            continue
+        if key in open_:
+            raise yaml.composer.ComposerError(None, None, "an alias refers to the value holding it",
+                                              node.start_mark)
+        open_.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in counts)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -60,6 +123,9 @@ def parse_yaml(text: str, source: str) -> Any:
     """Parse YAML text; a syntax error or duplicate key becomes an InputError."""
     try:
         return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader subclass
+    except RecursionError:  # MAX_DEPTH stops the composer first; this is a second fence
+        raise InputError.single(source, "document", f"invalid YAML: nested deeper than "
+                                                    f"{MAX_DEPTH} levels") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "document"
@@ -70,12 +136,46 @@ def parse_yaml(text: str, source: str) -> Any:
 def read_yaml(path: Path) -> Any:
     """Read and parse a YAML (or JSON) file, reporting a missing file as input error."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise InputError.single(str(path), "", f"larger than {MAX_FILE_BYTES >> 10} KiB: not a "
+                                                   "descriptor, plan or job file")
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise InputError.single(str(path), "", "file not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError.single(str(path), "", f"cannot read file: {exc}") from None
     return parse_yaml(text, str(path))
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxdict, _SHOWN.maxlist, _SHOWN.maxstring, _SHOWN.maxother = 2, 4, 4, 60, 60
+
+
+def shown(value: Any) -> str:
+    """``repr`` of a value read from input, cut short: an error never echoes a whole
+    document back (a string of megabytes, a list aliased a billion times)."""
+    return _SHOWN.repr(value)
+
+
+def did_you_mean(given: str, names: Iterable[str]) -> str:
+    """" (did you mean 'x'?)" for the valid name ``given`` most likely meant, or "": one
+    it begins or holds (h100 -> h100-sxm) before the most similar spelling. Nothing
+    for a long ``given``, whose comparison would cost more than it could tell."""
+    names = sorted(names)
+    if len(given) > 100:
+        return ""
+    lowered = given.lower()
+    close = [n for n in names if n.lower().startswith(lowered)] if lowered else []
+    close = close or ([n for n in names if lowered in n.lower()] if lowered else [])
+    close = close[:3] or difflib.get_close_matches(given, names, n=1, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""
+
+
+def _number(value: float) -> str:
+    """An integer with thousands separators (limits read at a glance), else as given."""
+    return f"{value:,}" if isinstance(value, int) and abs(value) >= 10_000 else f"{value}"
 
 
 def _type_name(value: Any) -> str:
@@ -86,7 +186,7 @@ def _type_name(value: Any) -> str:
     if isinstance(value, (int, float)):
         return f"number {value}"
     if isinstance(value, str):
-        return f"string {value!r}"
+        return f"string {shown(value)}"
     if isinstance(value, Mapping):
         return "a mapping"
     if isinstance(value, list):
@@ -119,7 +219,17 @@ class Fields:
         return f"{self.path}.{key}" if self.path else key
 
     def fail(self, key: builtins.str, message: str) -> None:
-        self.problems.append(Problem(self.source, self.key_path(key), message))
+        """Record a problem; past ``MAX_PROBLEMS`` only that more were found."""
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(Problem(self.source, self.key_path(key), message))
+        elif len(self.problems) == MAX_PROBLEMS:
+            self.problems.append(Problem(self.source, "", f"more problems (the first "
+                                                          f"{MAX_PROBLEMS} are shown)"))
+
+    @property
+    def full(self) -> bool:
+        """As many problems as are reported: looking for more is wasted."""
+        return len(self.problems) > MAX_PROBLEMS
 
     def child(self, key: builtins.str, data: Any) -> Fields:
         return Fields(data, self.source, self.key_path(key), self.problems)
@@ -139,16 +249,19 @@ class Fields:
     def close(self, extra_known: Iterable[str] = ()) -> None:
         known = self._asked | set(extra_known)
         for key in self.data:
+            if self.full:
+                break
             if key in known:
                 continue
-            close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
+            close = difflib.get_close_matches(str(key)[:100], sorted(known), n=1, cutoff=0.6)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             valid = ", ".join(sorted(known))
             if close:  # a misspelt key: its "missing" twin says nothing new
                 missing = Problem(self.source, self.key_path(close[0]), "missing required field")
                 if missing in self.problems:
                     self.problems.remove(missing)
-            self.fail(str(key), f"unknown field{hint}; valid fields: {valid}")
+            name = str(key) if len(str(key)) <= 100 else str(key)[:97] + "..."
+            self.fail(name, f"unknown field{hint}; valid fields: {valid}")
 
     # -- typed getters ---------------------------------------------------------
     def int(
@@ -193,10 +306,10 @@ class Fields:
 
     def _bounded(self, key: builtins.str, value: Any, lo: Any, hi: Any) -> Any:
         if lo is not None and value < lo:
-            self.fail(key, f"expected a value >= {lo}, got {value}")
+            self.fail(key, f"expected a value >= {_number(lo)}, got {_number(value)}")
             return None
         if hi is not None and value > hi:
-            self.fail(key, f"expected a value <= {hi}, got {value}")
+            self.fail(key, f"expected a value <= {_number(hi)}, got {_number(value)}")
             return None
         return value
 

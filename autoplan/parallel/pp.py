@@ -53,6 +53,28 @@ def _interleaved_chunks(plan: Plan) -> str | None:
     return None
 
 
+MAX_PIPELINE_OPS = 1 << 17
+"""Microbatches x pp x vpp of one step at most: the simulator walks every (microbatch,
+virtual stage) once or three times (F, B, W), about 4-15 us each on one core (1F1B to
+V-Min), so a step of this many takes 0.5-2 s to simulate. Far past any launched run
+(Llama 3 405B on 16k GPUs: 128 x 16; GPT-3 175B on 64 A100: 1536 x 8); a plan past it
+wants a larger micro-batch or more data parallelism, not a longer simulation."""
+
+
+def pipeline_ops(plan: Plan) -> int:
+    """(microbatch, virtual stage) pairs of one step, what the simulator walks."""
+    lay = plan.layout
+    return plan.num_microbatches * lay.pp * lay.vpp
+
+
+def _pipeline_ops(plan: Plan) -> str | None:
+    if (n := pipeline_ops(plan)) > MAX_PIPELINE_OPS:
+        return (f"{plan.num_microbatches:,} microbatches x pp={plan.layout.pp} x "
+                f"vpp={plan.layout.vpp} = {n:,} pipeline operations per step, more than "
+                f"{MAX_PIPELINE_OPS:,} (raise micro_batch or dp)")
+    return None
+
+
 def _interleaved_microbatches(plan: Plan) -> str | None:
     lay, m = plan.layout, plan.num_microbatches
     if (plan.schedule is Schedule.INTERLEAVED and lay.vpp >= 2 and lay.pp >= 2
@@ -147,6 +169,8 @@ SCHEDULE_RULES = (
          "V-shape schedules need vpp = 2 and pp >= 2", _v_chunks),
     Rule("vpp-needs-schedule", "layout.vpp", Scope.SCHEDULE,
          "vpp > 1 needs the interleaved or a V-shape schedule", _vpp_schedule),
+    Rule("pipeline-ops", "micro_batch", Scope.SCHEDULE,
+         f"microbatches*pp*vpp must not exceed {MAX_PIPELINE_OPS:,}", _pipeline_ops),
 )
 STAGE_RULES = (
     Rule("pp-layers", "layout.pp", Scope.LAYOUT, "pp must not exceed layers", _pp_layers),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,7 +9,7 @@ from typing import Any
 
 from autoplan.descriptors.library import default_stack, resolve_stack
 from autoplan.descriptors.stack import DEFAULT_STACK, SPACE_STACKS, Stack
-from autoplan.descriptors.strict import Fields, read_yaml
+from autoplan.descriptors.strict import Fields, did_you_mean, read_yaml, shown
 from autoplan.errors import InputError, Problem
 from autoplan.resources import searchspace_dir
 from autoplan.vocab import CpComm, Recompute, Schedule, ZeroStage
@@ -135,9 +134,7 @@ def load_space(ref: str, source: str = "--space", field: str = "") -> SearchSpac
     if not (ref.endswith((".yaml", ".yml")) or "/" in ref):
         names = builtin_spaces()
         if ref not in names:
-            close = difflib.get_close_matches(ref, names, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise InputError.single(source, field,
-                                    f"unknown search space {ref!r}{hint}; built-in: {', '.join(names)}")
+            raise InputError.single(source, field, f"unknown search space {shown(ref)}"
+                                    f"{did_you_mean(ref, names)}; built-in: {', '.join(names)}")
         path = searchspace_dir() / f"{ref}.yaml"
     return read_space(read_yaml(path), str(path))

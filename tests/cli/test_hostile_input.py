@@ -1,0 +1,183 @@
+"""Absurd and hostile input ends quickly with exit 2, the file and field named, bounded
+memory and nothing echoed back whole: deep nesting, alias bombs, recursive aliases,
+oversized and endless files, absurd sizes, thousands of problems, fuzzed documents."""
+
+from __future__ import annotations
+
+import json
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autoplan.descriptors.job import MAX_GLOBAL_BATCH, MAX_SEQ_LEN
+from autoplan.descriptors.strict import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES, MAX_PROBLEMS
+from autoplan.parallel.pp import MAX_PIPELINE_OPS
+from tests.helpers import BEST, autoplan
+
+JOB = "cluster: dgx-h100\njob: {global_batch: 8, seq_len: 4096}\n"
+SMALL = ("-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _imported() -> None:
+    """The commands' imports happen once, as in a process that starts: not timed here."""
+    autoplan("search", "--help")
+    autoplan("evaluate", BEST)
+
+
+def _refused(*args: object, needles: tuple[str, ...] = (), seconds: float = 1.0,
+             megabytes: float = 64) -> str:
+    """Run in this process: exit 2 within ``seconds`` (well under the second a user
+    notices, imports aside), allocating under ``megabytes`` (a second run, traced)."""
+    start = time.perf_counter()
+    r = autoplan(*args)
+    elapsed = time.perf_counter() - start
+    tracemalloc.start()
+    try:
+        autoplan(*args)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr
+    assert elapsed < seconds, elapsed
+    assert peak < megabytes * 2**20, peak
+    for needle in needles:
+        assert needle in r.stderr, r.stderr[-2000:]
+    assert len(r.stderr) < 20_000  # nothing echoed back whole
+    return r.stderr
+
+
+def _file(tmp_path: Path, text: str, name: str = "job.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _bomb(levels: int = 9) -> str:
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, levels + 1):
+        prev, cur = chr(ord("a") + i - 1), chr(ord("a") + i)
+        lines.append(f"{cur}: &{cur} [" + ",".join([f"*{prev}"] * 9) + "]")
+    return "\n".join(lines) + f"\nmodel: *{chr(ord('a') + levels)}\n"
+
+
+@pytest.mark.parametrize("where", ["job", "plan"])
+def test_a_billion_laughs_is_refused_before_any_value_is_built(tmp_path: Path, where: str) -> None:
+    path = _file(tmp_path, _bomb() + JOB)
+    args = ("search", path) if where == "job" else ("evaluate", path)
+    _refused(*args, needles=(f"{path}: line", f"more than {MAX_NODES:,} values"))
+
+
+def test_an_alias_inside_itself_is_refused(tmp_path: Path) -> None:
+    path = _file(tmp_path, "model: &a [*a]\n" + JOB)
+    _refused("search", path, needles=("an alias refers to the value holding it",))
+
+
+@pytest.mark.parametrize("shape", ["flow", "block"])
+def test_deep_nesting_is_refused_without_a_recursion_error(tmp_path: Path, shape: str) -> None:
+    if shape == "flow":  # as deep as the file size allows
+        depth = MAX_FILE_BYTES // 2 - 10
+        text = "model: " + "[" * depth + "]" * depth + "\n"
+    else:
+        text = "".join("  " * i + "k:\n" for i in range(MAX_DEPTH + 10)) + "  " * 74 + "x: 1\n"
+    path = _file(tmp_path, text)
+    err = _refused("search", path, needles=(f"{path}: line",))
+    assert "nesting depth" in err or f"nested deeper than {MAX_DEPTH} levels" in err
+
+
+def test_an_oversized_file_is_refused_unread(tmp_path: Path) -> None:
+    path = _file(tmp_path, "model: '" + "x" * (MAX_FILE_BYTES + 1) + "'\n")
+    _refused("search", path, needles=(f"{path}: larger than {MAX_FILE_BYTES >> 10} KiB",))
+
+
+def test_an_endless_file_is_read_only_to_the_limit() -> None:
+    _refused("search", "/dev/zero", needles=("/dev/zero: larger than",))
+
+
+def test_a_long_name_is_shown_cut_short(tmp_path: Path) -> None:
+    name = "x" * 20_000
+    path = _file(tmp_path, f"model: {name}\n" + JOB)
+    err = _refused("search", path, needles=("unknown model 'xxx",))
+    assert name not in err and "..." in err
+
+
+def test_thousands_of_problems_are_reported_as_the_first_few(tmp_path: Path) -> None:
+    path = _file(tmp_path, "".join(f"k{i}: {i}\n" for i in range(2000)))
+    err = _refused("search", path, needles=(f"more problems (the first {MAX_PROBLEMS} are shown)",))
+    assert err.count("unknown field") == MAX_PROBLEMS
+
+
+@pytest.mark.parametrize(("flag", "value", "needle"), [
+    ("--global-batch", "1000000000000", f"expected a value <= {MAX_GLOBAL_BATCH:,}"),
+    ("--seq-len", "1000000000000", f"expected a value <= {MAX_SEQ_LEN:,}"),
+    ("--gpus", "1000000000", "expected GPU counts from 1 to 1,048,576"),
+])
+def test_absurd_sizes_are_refused_at_once(flag: str, value: str, needle: str) -> None:
+    args = {"--global-batch": 64, "--seq-len": 4096} | {flag: value}
+    base = ("search", "-m", "llama3-8b", "-c", "dgx-h100")
+    rest = [] if flag == "--gpus" else ["--gpus", "8"]
+    _refused(*base, *rest, *(x for kv in args.items() for x in map(str, kv)), needles=(needle,))
+
+
+def test_a_job_file_with_absurd_sizes_names_the_field(tmp_path: Path) -> None:
+    path = _file(tmp_path, "model: llama3-8b\ncluster: dgx-h100\ngpus: 8\n"
+                           "job: {global_batch: 1e15, seq_len: 4096}\n")
+    _refused("search", path, needles=(f"{path}: job.global_batch: expected a value <=",))
+
+
+def test_explain_refuses_a_timeline_longer_than_the_simulator_walks() -> None:
+    _refused("explain", BEST, "--microbatches", "100000000",
+             needles=("--microbatches: at most", f"{MAX_PIPELINE_OPS:,} pipeline operations"))
+
+
+def test_a_plan_past_the_simulators_limit_breaks_a_named_rule(tmp_path: Path) -> None:
+    doc = yaml.safe_load(BEST.read_text())
+    doc["job"]["global_batch"] = MAX_GLOBAL_BATCH
+    doc["micro_batch"] = 1
+    path = _file(tmp_path, yaml.safe_dump(doc), "plan.yaml")
+    _refused("evaluate", path, needles=("pipeline operations per step",))
+
+
+def test_the_search_counts_plans_past_the_limit_as_broken_rules() -> None:
+    r = autoplan("search", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "4", "--global-batch",
+                 str(MAX_GLOBAL_BATCH), "--seq-len", "1024", "-f", "json")
+    # every plan runs at least 2**24 / (4 * 16) = 2**18 microbatches: none is simulated
+    assert 2**18 > MAX_PIPELINE_OPS
+    assert r.returncode == 1, r.stderr
+    stats = json.loads(r.stdout)["stats"]
+    assert stats["pruned"]["pipeline-ops"] > 0 and stats["evaluated"] == 0
+
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
+                     st.floats(allow_nan=True), st.text(max_size=30))
+_docs = st.recursive(_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)),
+    max_leaves=25)
+_keys = st.sampled_from(["model", "cluster", "job", "layout", "micro_batch", "schedule", "zero",
+                         "recompute", "stages", "gpus", "space", "stack", "prediction"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=st.dictionaries(_keys, _docs, max_size=6))
+def test_fuzzed_plan_and_job_files_never_end_in_a_traceback(tmp_path: Path, doc: dict) -> None:
+    path = tmp_path / "fuzz.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    for command in ("evaluate", "check", "search"):
+        r = autoplan(command, path)
+        assert r.returncode in (1, 2), (command, doc, r.stderr[-2000:])
+        assert "Traceback" not in r.stderr, (command, doc, r.stderr[-3000:])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(max_size=400))
+def test_fuzzed_text_is_never_a_traceback(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "fuzz.yaml"
+    path.write_text(text, encoding="utf-8", errors="surrogatepass")
+    r = autoplan("evaluate", path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, (text, r.stderr[-2000:])
