@@ -30,9 +30,9 @@ from typing import Any
 from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.strict import read_yaml
 from autoplan.errors import InputError
-from autoplan.plan import SCHEMA_VERSION, Plan, Prediction, plan_document, read_plan
+from autoplan.plan import SCHEMA_VERSION, Plan, Prediction, plan_document, read_plan, searched_space
 from autoplan.search.engine import Ranked, search
-from autoplan.search.space import SearchSpace
+from autoplan.search.space import SearchSpace, load_space
 from autoplan.units import GiB
 
 
@@ -133,11 +133,13 @@ class CheckReport:
         return out
 
 
-def check_plan(path: Path, *, space: SearchSpace, max_regression: float | None = None,
+def check_plan(path: Path, *, space: SearchSpace | None = None, max_regression: float | None = None,
                min_headroom_gib: float = 0.0) -> CheckReport:
     """Check the plan file at ``path``. A plan that does not read is reported (rule
     ``valid`` in error, exit code 2), not raised, so CI reports can show why; bad options
-    (a negative regression or headroom) raise :class:`InputError`."""
+    (a negative regression or headroom) raise :class:`InputError`. ``space``: where
+    --max-regression searches; None: the space the plan file records (``space:``, written
+    by search), else the default one."""
     if max_regression is not None and not max_regression >= 0.0:
         raise InputError.single("--max-regression", "", f"expected a fraction >= 0 (0.05 = 5 %), "
                                                          f"got {max_regression}")
@@ -151,7 +153,10 @@ def check_plan(path: Path, *, space: SearchSpace, max_regression: float | None =
     if max_regression is not None:
         later.append(Rule.REGRESSION)
     try:
-        plan = read_plan(read_yaml(path), source)
+        data = read_yaml(path)
+        plan = read_plan(data, source)
+        if space is None and max_regression is not None:
+            space = load_space(searched_space(data) or "default", source, "space")
     except InputError as exc:
         problems = tuple(str(p) for p in exc.problems)
         # every problem, the first as the message (the one line CI reports show)
@@ -171,6 +176,7 @@ def check_plan(path: Path, *, space: SearchSpace, max_regression: float | None =
         rules.append(_memory_rule(plan, pred, Rule.HEADROOM, headroom))
     regression = None
     if max_regression is not None:
+        assert space is not None
         result = search(plan.model, plan.cluster, plan.job, space, top_k=1)
         regression = Regression(space=space.name, max_regression=max_regression,
                                 best=result.plans[0] if result.plans else None)

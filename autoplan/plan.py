@@ -304,6 +304,7 @@ def read_plan(data: Any, source: str, path: str = "") -> Plan:
     )
     stages, chunks = _read_split(f, layout_values["pp"], layout_values["vpp"], model)
     f.raw("prediction", {})  # written by search/evaluate, ignored on input
+    f.str("space", None)  # the space it was searched in: read by check (``searched_space``)
     f.close()
     if problems or model is None or cluster is None or job is None:
         raise InputError(problems or [Problem(source, path, "incomplete plan")])
@@ -369,8 +370,11 @@ def _join(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
 
 
-def plan_document(plan: Plan, prediction: Prediction | None = None) -> dict[str, Any]:
-    """The mapping written to plan.yaml / JSON; built-ins are referenced by name."""
+def plan_document(plan: Plan, prediction: Prediction | None = None,
+                  space: str | None = None) -> dict[str, Any]:
+    """The mapping written to plan.yaml / JSON; built-ins are referenced by name.
+    ``space``: the search space the plan was found in (``check --max-regression``
+    compares against it unless told otherwise)."""
     from autoplan.descriptors.library import (
         builtin_cluster_matches,
         builtin_model_matches,
@@ -385,6 +389,8 @@ def plan_document(plan: Plan, prediction: Prediction | None = None) -> dict[str,
         builtin_cluster=builtin_cluster_matches(cluster),
         builtin_stack=builtin_stack_matches(plan.stack),
     )
+    if space is not None:
+        out["space"] = space
     if prediction is not None:
         out["prediction"] = prediction.to_dict()
         out["prediction"]["stack"] = plan.stack.name  # the software the prediction assumed
@@ -392,3 +398,9 @@ def plan_document(plan: Plan, prediction: Prediction | None = None) -> dict[str,
             out["prediction"]["mfu_basis"] = "active parameters"
     return out
 
+
+
+def searched_space(data: Any) -> str | None:
+    """The ``space`` a plan-file mapping records it was searched in, if any."""
+    space = data.get("space") if isinstance(data, dict) else None
+    return space if isinstance(space, str) and space.strip() else None

@@ -152,7 +152,7 @@ def search(
             output.out.print(render.stats_text(result.stats))
         output.err.print(f"autoplan: {result.why_none()}", markup=False)
         raise typer.Exit(1)
-    docs = [plan_document(r.plan, r.prediction) for r in result.plans]
+    docs = [plan_document(r.plan, r.prediction, req.space.name) for r in result.plans]
     if out_path is not None:
         files.write_text(out_path, _yaml(docs[0]))
     if fmt is Format.json:
@@ -275,11 +275,13 @@ def _search_whatif(req: Request, whatif: _WhatIf, top: int, out_path: Path | Non
             result.points, result.front, limits.chosen, labels, title,
             deadline_days=whatif.deadline, budget_usd=whatif.budget))
     if ranked and out_path is not None:
-        files.write_text(out_path, _yaml(plan_document(ranked[0].plan, ranked[0].prediction)))
+        files.write_text(out_path, _yaml(plan_document(ranked[0].plan, ranked[0].prediction,
+                                                       req.space.name)))
     if fmt is Format.json:
         pareto = [{**p.economics.to_dict(), "layout": labels[p.gpus],
-                   "plan": plan_document(p.plan, p.prediction)} for p in limits.kept]
-        output.emit_json({"plans": [plan_document(p.plan, p.prediction) for p in ranked],
+                   "plan": plan_document(p.plan, p.prediction, req.space.name)} for p in limits.kept]
+        output.emit_json({"plans": [plan_document(p.plan, p.prediction, req.space.name)
+                                     for p in ranked],
                           "stats": result.stats().to_dict(), "pareto": pareto, "train": summary})
     else:
         title = escape(f"{req.model.name} on {', '.join(map(str, counts))} x {device.name} "
@@ -783,10 +785,11 @@ def check_plan_file(
     min_headroom: Annotated[float, typer.Option(
         "--min-headroom", min=0.0, help="GiB every pipeline stage must leave free on the device "
                                         "(beyond its peak, which includes the device's reserve).")] = 0.0,
-    space: Annotated[str, typer.Option(
+    space: Annotated[str | None, typer.Option(
         "--space", help="Search space of --max-regression: default, megatron, deepspeed, torchtitan, "
-                        "fsdp, or a path (plan files record none: use the one the plan was searched in).")
-    ] = "default",
+                        "fsdp, or a path (default: the one the plan file records it was searched in, "
+                        "else default).")
+    ] = None,
     out_path: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Write the report here (in --format, also on bad input) and print the text "
                             "report to stdout.")] = None,
@@ -802,12 +805,12 @@ def check_plan_file(
     from autoplan.check import Status, check_plan
     from autoplan.search.space import load_space
 
-    searchspace = load_space(space)
+    searchspace = load_space(space) if space is not None else None
     if out_path is not None:
         files.check_target(out_path)
     if output.interactive(fmt.value) and max_regression is not None:
-        with output.err.status(f"checking {escape(str(plan_path))}: searching the {searchspace.name} "
-                               "space ..."):
+        with output.err.status(f"checking {escape(str(plan_path))}: searching the "
+                               f"{searchspace.name if searchspace else 'recorded'} space ..."):
             report = check_plan(plan_path, space=searchspace, max_regression=max_regression,
                                 min_headroom_gib=min_headroom)
     else:

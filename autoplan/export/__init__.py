@@ -67,8 +67,11 @@ def export(plan: Plan, target: Target, source: str = "<plan>",
     problems = refusals(plan, target, launcher)
     if problems:
         name = launcher.value if target is Target.SLURM else target.value
-        raise InputError([Problem(source, field, f"cannot export to {name}: {msg}")
-                          for field, msg in problems])
+        space = launcher.value if target is Target.SLURM else _SPACE[target]
+        out = [Problem(source, field, f"cannot export to {name}: {msg}") for field, msg in problems]
+        out.append(Problem(source, "", f"`autoplan search --space {space}` searches only plans "
+                                       f"{name} can run"))
+        raise InputError(out)
     if target is Target.MEGATRON:
         return megatron.export(plan)
     if target is Target.DEEPSPEED:
