@@ -29,9 +29,23 @@ if TYPE_CHECKING:
     from autoplan.request import Request
     from autoplan.whatif.sweep import Sweep
 
+def _flag_type_hidden(display: Any) -> Any:
+    """typer shows a flag (--fit, --help) as taking ``<bool>``; it takes no value."""
+    def display_type_rich(self: Any, ctx: Any) -> str | None:
+        if getattr(self, "is_flag", False) and self.metavar is None:
+            return None
+        return display(self, ctx)  # type: ignore[no-any-return]
+    return display_type_rich
+
+
+typer.core.TyperOption.display_type_rich = _flag_type_hidden(  # type: ignore[method-assign]
+    typer.core.TyperOption.display_type_rich)
+
 app = typer.Typer(
     name="autoplan",
-    help="Choose a parallel execution plan for large-model training: search, evaluate, list.",
+    help="Choose a parallel execution plan for large-model training: search ranks plans, "
+         "evaluate and explain predict one, export writes launcher configs, check gates CI, "
+         "bench and validate measure on real devices.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -375,7 +389,7 @@ def evaluate(
 def explain(
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN.yaml", help="A plan file.")],
     timeline: Annotated[Path | None, typer.Option(
-        "--timeline", "-t", help="Also write the simulated schedule as an image (.svg, or .png "
+        "--timeline", help="Also write the simulated schedule as an image (.svg, or .png "
         "with matplotlib installed).")] = None,
     microbatches: Annotated[int | None, typer.Option(
         "--microbatches", min=1, help="Draw the schedule with this many microbatches instead of "
