@@ -110,6 +110,9 @@ def search(
     out_path: Annotated[Path | None, typer.Option("--out", "-o", help="Write the best plan here.")] = None,
     profile: ProfileOpt = None,
     stack: StackOpt = None,
+    min_headroom: Annotated[float | None, typer.Option(
+        "--min-headroom", min=0.0, help="GiB every plan must leave free on each GPU beyond its "
+        "predicted peak (default: 5% of the device, for the allocator's fragmentation).")] = None,
     train_tokens: Annotated[float | None, typer.Option(
         "--train-tokens", help="Tokens to train on (e.g. 15e12): adds days, GPU-hours, cost and "
                                "energy per GPU count, and their Pareto front.")] = None,
@@ -150,14 +153,21 @@ def search(
                                               "much: give --train-tokens too")
     if req.profile is not None and (note := render.profile_note(req.profile, req.cluster)):
         output.err.print(note, markup=False)
+    from autoplan.cost.memory import default_headroom_bytes
+
+    headroom = (min_headroom * GiB if min_headroom is not None
+                else default_headroom_bytes(req.cluster.device.mem_bytes))
+    if headroom >= req.cluster.device.mem_bytes:
+        raise InputError.single("--min-headroom", "", f"expected less than the device's "
+                                f"{req.cluster.device.mem_bytes / GiB:.0f} GiB, got {min_headroom:g}")
     if whatif is not None:
-        _search_whatif(req, whatif, top, out_path, fmt)
+        _search_whatif(req, whatif, top, out_path, fmt, headroom)
         return
     if output.interactive(fmt.value):
         with output.err.status(f"searching {req.space.name} space on {req.cluster.gpus} GPUs ..."):
-            result = run_search(req.model, req.cluster, req.job, req.space, top_k=top)
+            result = run_search(req.model, req.cluster, req.job, req.space, top, headroom)
     else:
-        result = run_search(req.model, req.cluster, req.job, req.space, top_k=top)
+        result = run_search(req.model, req.cluster, req.job, req.space, top, headroom)
     if not result.plans:
         if fmt is Format.json:
             output.emit_json({"plans": [], "stats": result.stats.to_dict(),
@@ -182,6 +192,7 @@ def search(
                        f"stack {req.space.stack.name}")
         output.out.print(render.plans_table([(r.plan, r.prediction) for r in result.plans], title))
         output.out.print(render.stats_text(result.stats))
+        output.out.print(render.headroom_note(headroom, min_headroom is None))
         if req.profile is not None:
             output.out.print(escape(render.profile_text(req.profile.source)))
         if out_path is not None:
@@ -228,7 +239,7 @@ class _WhatIf:
 
 
 def _search_whatif(req: Request, whatif: _WhatIf, top: int, out_path: Path | None,
-                   fmt: Format) -> None:
+                   fmt: Format, headroom: float) -> None:
     """``search --train-tokens``: a search per GPU count, ranked by the objective, with
     the Pareto front of days against dollars (autoplan.whatif)."""
     from autoplan.plan import plan_document
@@ -247,7 +258,8 @@ def _search_whatif(req: Request, whatif: _WhatIf, top: int, out_path: Path | Non
 
     def run() -> Sweep:
         return sweep(req.model, req.clusters, req.job, req.space, train_tokens=whatif.train_tokens,
-                     objective=whatif.objective, price_per_gpu_hour=price, top_k=top)
+                     objective=whatif.objective, price_per_gpu_hour=price, top_k=top,
+                     min_headroom_bytes=headroom)
 
     if output.interactive(fmt.value):
         with output.err.status(f"searching {req.space.name} space on "

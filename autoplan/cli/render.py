@@ -35,26 +35,45 @@ def layout_text(plan: Plan) -> str:
     return text
 
 
+def exposed_comm(pred: Prediction) -> float:
+    """Seconds of the step communication leaves exposed, every axis."""
+    b = pred.breakdown
+    return b.tp_comm + b.cp_comm + b.ep_comm + b.pp_comm + b.dp_comm
+
+
 def plans_table(rows: list[tuple[Plan, Prediction]], title: str, show_gpus: bool = False) -> Table:
     caption = ("MFU counts the active parameters only (top_k routed experts per token)"
                if any(plan.model.is_moe for plan, _ in rows) else None)
+    caption = "; ".join(c for c in (caption, "micro: microbatches per step; bubble: share of the "
+                                    "step the pipeline idles; comm s: communication left exposed")
+                        if c)
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for name, justify in (("#", "right"), *((("GPUs", "right"),) if show_gpus else ()),
-                          ("layout", "left"), ("mbs", "right"),
+                          ("layout", "left"), ("mbs", "right"), ("micro", "right"),
                           ("schedule", "left"), ("recompute", "left"), ("zero", "right"),
-                          ("sp", "left"), ("step s", "right"), ("tokens/s", "right"),
+                          ("sp", "left"), ("step s", "right"), ("bubble", "right"),
+                          ("comm s", "right"), ("tokens/s", "right"),
                           ("MFU", "right"), ("peak GiB", "right"), ("headroom", "right")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for i, (plan, pred) in enumerate(rows, 1):
         table.add_row(
             str(i), *((str(plan.cluster.gpus),) if show_gpus else ()),
-            layout_text(plan), str(plan.micro_batch), plan.schedule.value,
+            layout_text(plan), str(plan.micro_batch), str(plan.num_microbatches),
+            plan.schedule.value,
             plan.recompute.value, str(int(plan.zero)), "yes" if plan.sequence_parallel else "no",
-            f"{pred.step_time_s:.3f}", f"{pred.tokens_per_s:,.0f}", f"{pred.mfu:.1%}",
+            f"{pred.step_time_s:.3f}", f"{pred.breakdown.bubble / pred.step_time_s:.1%}",
+            f"{exposed_comm(pred):.3f}", f"{pred.tokens_per_s:,.0f}", f"{pred.mfu:.1%}",
             f"{pred.memory.peak / GiB:.1f}",
             f"{pred.headroom_bytes / GiB:.1f}" if pred.feasible else "[red]OOM[/red]",
         )
     return table
+
+
+def headroom_note(headroom_bytes: float, default: bool) -> str:
+    """What the plans leave free, and why."""
+    why = ("5% of the device, for the allocator's fragmentation (cost/memory.py; "
+           "--min-headroom changes it)" if default else "--min-headroom")
+    return f"every plan leaves at least {headroom_bytes / GiB:.1f} GiB free per GPU: {why}"
 
 
 def front_table(points: Sequence[Point], front: Sequence[Point], kept: Sequence[Point],

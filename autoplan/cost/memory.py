@@ -25,6 +25,20 @@ from autoplan.descriptors.model import Model
 from autoplan.descriptors.stack import AttentionKernel
 from autoplan.vocab import Dtype, Recompute, ZeroStage
 
+# What the search leaves free on a device by default, beyond a plan's predicted peak (whose
+# ``other`` already holds the device's fixed reserve): PyTorch's caching allocator splits
+# and caches blocks, so a step needs more than its live tensors. GMLake (Guo et al.,
+# ASPLOS 2024) measured 9.2 GB (up to 25 GB) of that fragmentation on average over eight
+# LLM trainings on A100-80GB with the default allocator; expandable segments
+# (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which Megatron-LM recommends) remove
+# most of it. Half the measured mean, 5% of the device (4 GiB of 80), is the default:
+# an assumption between the two, stated here; `search --min-headroom` overrides it.
+DEFAULT_HEADROOM_FRACTION = 0.05
+
+
+def default_headroom_bytes(device_mem_bytes: float) -> float:
+    return DEFAULT_HEADROOM_FRACTION * device_mem_bytes
+
 
 @dataclass(frozen=True, slots=True)
 class BytesPerParam:

@@ -183,10 +183,12 @@ class _Split:
 
 
 class _Search:
-    def __init__(self, model: Model, cluster: Cluster, job: Job, space: SearchSpace, top_k: int):
+    def __init__(self, model: Model, cluster: Cluster, job: Job, space: SearchSpace, top_k: int,
+                 min_headroom_bytes: float = 0.0):
         self.model, self.cluster, self.job, self.space, self.top_k = model, cluster, job, space, top_k
         self.stats = SearchStats()
-        self.capacity = cluster.device.mem_bytes
+        self.capacity = cluster.device.mem_bytes  # the allocator's pressure is relative to it
+        self.limit = self.capacity - min_headroom_bytes  # what a plan's peak may reach
         self.closest: tuple[float, tuple, Plan, int, Memory] | None = None
         self.threshold = float("inf")  # the k-th best step time found so far
         self._fullest_states: dict[tuple[Layout, ZeroStage], tuple[float, int, Memory]] = {}
@@ -276,7 +278,7 @@ class _Search:
         worst = self._fullest_states.get((lay, zero))
         if worst is None:
             worst = self._fullest_states[(lay, zero)] = self._fullest_state(plan)
-        if worst[0] <= self.capacity:
+        if worst[0] <= self.limit:
             return False
         self._note_closest(plan, worst[1], worst[2])
         return True
@@ -477,10 +479,10 @@ class _Search:
         plan's per-stage layers and parameters: those of any schedule of its layout but
         a V (which moves the output layer to stage 0), at any vpp."""
         stage, worst = self._fullest(plan, works)
-        if worst.peak <= self.capacity:
+        if worst.peak <= self.limit:
             return worst
         static = worst.weights + worst.grads + worst.optimizer + worst.other
-        reason = ("model states exceed memory" if static > self.capacity
+        reason = ("model states exceed memory" if static > self.limit
                   else "activations exceed memory")
         self.stats.infeasible[reason] += 1
         self._note_closest(plan, stage, worst)
@@ -557,7 +559,7 @@ class _Search:
         message."""
         lay, m = group.plan.layout, group.plan.num_microbatches
         static = floor.weights + floor.grads + floor.optimizer + floor.other
-        reason = ("model states exceed memory" if static > self.capacity
+        reason = ("model states exceed memory" if static > self.limit
                   else "activations exceed memory")
         for sched, v, split in group.schedules:
             rule = self._schedule_rule[(lay.pp, m, sched, v, split)]
@@ -687,7 +689,7 @@ class _Search:
                     continue
             if isinstance(item, _Group) and not item.floored:
                 floor = self.memory_floor(item)
-                if floor is not None and floor.peak > self.capacity:
+                if floor is not None and floor.peak > self.limit:
                     self._drop(item, floor, seq)
                     continue
                 item = dataclasses.replace(item, floored=True)
@@ -745,8 +747,9 @@ class _neg:
 
 
 def search(model: Model, cluster: Cluster, job: Job, space: SearchSpace,
-           top_k: int = 10) -> SearchResult:
-    """The top_k plans by predicted tokens/s over ``space``; see module doc.
+           top_k: int = 10, min_headroom_bytes: float = 0.0) -> SearchResult:
+    """The top_k plans by predicted tokens/s over ``space``; see module doc. A plan fits
+    where every stage's peak leaves ``min_headroom_bytes`` of the device free.
 
     The cyclic garbage collector is paused while it runs (and restored after): the
     walk builds millions of short-lived acyclic plans that reference counting frees,
@@ -755,7 +758,7 @@ def search(model: Model, cluster: Cluster, job: Job, space: SearchSpace,
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _Search(model, cluster, job, space, top_k).run()
+        return _Search(model, cluster, job, space, top_k, min_headroom_bytes).run()
     finally:
         if was_enabled:
             gc.enable()

@@ -80,7 +80,8 @@ Searcher = Callable[[Model, Cluster, Job, SearchSpace, int], SearchResult]
 def sweep(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpace, *,
           train_tokens: float, objective: Objective = Objective.TIME,
           price_per_gpu_hour: float | None = None, top_k: int = 10,
-          searcher: Searcher | None = None, jobs: int | None = None) -> Sweep:
+          searcher: Searcher | None = None, jobs: int | None = None,
+          min_headroom_bytes: float = 0.0) -> Sweep:
     """Search each cluster size (ascending GPUs); see module doc. ``price_per_gpu_hour``
     None takes the device's (which may be None too: costs are then None). ``jobs``:
     searches run at once (None: one per usable CPU)."""
@@ -91,7 +92,7 @@ def sweep(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpac
     if searcher is not None:
         results = tuple(searcher(model, c, job, space, top_k) for c in clusters)
     else:
-        results = _search_all(model, clusters, job, space, top_k, jobs)
+        results = _search_all(model, clusters, job, space, top_k, jobs, min_headroom_bytes)
     every: list[Point] = []
     points = []
     for result in results:
@@ -105,7 +106,7 @@ def sweep(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpac
 
 
 def _search_all(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpace,
-                top_k: int, jobs: int | None) -> tuple[SearchResult, ...]:
+                top_k: int, jobs: int | None, headroom: float = 0.0) -> tuple[SearchResult, ...]:
     """One search per cluster, in ``jobs`` forked worker processes where the platform
     forks (searches are independent and CPU-bound; the results are the same as one
     after another, in cluster order). Forked workers share this interpreter's hash
@@ -116,11 +117,12 @@ def _search_all(model: Model, clusters: Sequence[Cluster], job: Job, space: Sear
         jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     jobs = max(1, min(jobs, len(clusters)))
     if jobs == 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return tuple(search(model, c, job, space, top_k=top_k) for c in clusters)
+        return tuple(search(model, c, job, space, top_k, headroom) for c in clusters)
     # the largest count first: it takes longest, the others fill in around it
     order = sorted(range(len(clusters)), key=lambda i: -clusters[i].gpus)
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-        futures = {i: pool.submit(search, model, clusters[i], job, space, top_k) for i in order}
+        futures = {i: pool.submit(search, model, clusters[i], job, space, top_k, headroom)
+                   for i in order}
         return tuple(futures[i].result() for i in range(len(clusters)))
 
 
