@@ -36,6 +36,9 @@ class Request:
     # one cluster per GPU count of a sweep (--gpus 64,128 or 64..1024, or a list under
     # gpus: in the job file), ascending; () for one count, which ``cluster`` holds
     sizes: tuple[Cluster, ...] = ()
+    # what a user should know before trusting the answer: an imported config's shape and
+    # what of it is not modelled, a flag overriding the job file, a value past the model
+    notes: tuple[str, ...] = ()
 
     @property
     def clusters(self) -> tuple[Cluster, ...]:
@@ -68,7 +71,17 @@ def build_request(
                        else f.int("gpus", None, min=1))
         f.close()
         _raise(problems)
-    # options override the file
+    # options override the file, and say so where they change it
+    notes: list[str] = []
+    job_in_file: dict[str, Any] = doc["job"] if isinstance(doc.get("job"), dict) else {}
+    for flag, value, was in (("--model", model, doc.get("model")), ("--cluster", cluster, doc.get("cluster")),
+                             ("--space", space, doc.get("space")), ("--stack", stack, doc.get("stack")),
+                             ("--global-batch", global_batch, job_in_file.get("global_batch")),
+                             ("--seq-len", seq_len, job_in_file.get("seq_len")),
+                             ("--dtype", dtype.value if dtype else None, job_in_file.get("dtype")),
+                             ("--moe-imbalance", moe_imbalance, job_in_file.get("moe_imbalance"))):
+        if value is not None and was is not None and value != was:
+            notes.append(f"{flag} {value} overrides {source}'s {shown(was)}")
     model_ref, model_src = (model, "--model") if model else (doc.get("model"), source)
     cluster_ref, cluster_src = (cluster, "--cluster") if cluster else (doc.get("cluster"), source)
     job_doc = dict(doc.get("job") or {}) if isinstance(doc.get("job") or {}, dict) else doc["job"]
@@ -138,6 +151,14 @@ def build_request(
         raise InputError.single(source if dtype is None else "--dtype",
                                 "job.dtype" if dtype is None else "",
                                 f"{resolved_cluster.device.name} has no {job.dtype.value} support")
+    if isinstance(model_ref, str):
+        notes = _model_notes(model_ref, resolved_model, model_src) + notes
+    if job.seq_len > resolved_model.max_seq_len:
+        notes.append(f"seq_len {job.seq_len:,} exceeds {resolved_model.name}'s max_seq_len "
+                     f"{resolved_model.max_seq_len:,}: the model was not trained on positions past it")
+    if moe_imbalance is not None and not resolved_model.is_moe:
+        notes.append(f"--moe-imbalance applies to mixture-of-experts models; {resolved_model.name} "
+                     "is dense: ignored")
     if measured is None:
         measured = shipped_profile(resolved_cluster.device.name)
     if measured is not None:
@@ -147,7 +168,24 @@ def build_request(
 
         resolved_cluster = calibrate(resolved_cluster, measured)
         sizes = tuple(calibrate(c, measured) for c in sizes)
-    return Request(resolved_model, resolved_cluster, job, resolved_space, measured, sizes)
+    return Request(resolved_model, resolved_cluster, job, resolved_space, measured, sizes,
+                   tuple(notes))
+
+
+def _model_notes(ref: str, model: Model, source: str) -> list[str]:
+    """What a HuggingFace config.json (or snapshot folder) given as the model imported."""
+    from autoplan.descriptors.hf import import_notes, is_hf_config
+
+    path = Path(ref)
+    if not path.is_absolute() and Path(source).is_file():
+        beside = Path(source).parent / path
+        path = beside if beside.exists() else path
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.suffix.lower() == ".json" or not path.is_file():
+        return []
+    data = read_yaml(path)
+    return import_notes(data, model, str(path)) if is_hf_config(data) else []
 
 
 def _read_profile(option: Path | None, ref: Any, job_file: Path | None, source: str) -> Profile | None:

@@ -151,6 +151,8 @@ def search(
     if whatif is None and len(req.clusters) > 1:
         raise InputError.single("--gpus", "", "a sweep over GPU counts answers how long and how "
                                               "much: give --train-tokens too")
+    for line in req.notes:
+        output.err.print(f"autoplan: note: {line}", markup=False)
     if req.profile is not None and (note := render.profile_note(req.profile, req.cluster)):
         output.err.print(note, markup=False)
     from autoplan.cost.memory import default_headroom_bytes

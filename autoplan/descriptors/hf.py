@@ -604,3 +604,27 @@ def _default_name(f: Fields, source: str) -> str:
     if path.stem == "config" and path.parent.name:
         return path.parent.name
     return path.stem or source
+
+
+# config.json keys that change the architecture in ways the cost model does not follow:
+# attention over a window or in chunks costs less than the full causal attention counted
+UNMODELLED = {
+    "sliding_window": "sliding-window attention (counted as full causal attention)",
+    "attention_chunk_size": "chunked attention (counted as full causal attention)",
+    "layer_types": "per-layer attention types (every layer counted as full attention)",
+}
+
+
+def import_notes(data: Any, model: Model, label: str) -> list[str]:
+    """What was imported from a config.json, and what of it is not modelled."""
+    kv = f" ({model.kv_heads} kv)" if model.kv_heads != model.heads else ""
+    experts = f", {model.experts} experts (top {model.top_k})" if model.is_moe else ""
+    notes = [f"imported {label} ({data.get('model_type')}): {model.layers} layers, hidden "
+             f"{model.hidden}, {model.heads} heads{kv}{experts}, "
+             f"{model.params_total / 1e9:.2f}B parameters"]
+    for key, what in UNMODELLED.items():
+        value = data.get(key)
+        if value is None or (key == "sliding_window" and data.get("use_sliding_window") is False):
+            continue
+        notes.append(f"{label}: {key} is not modelled: {what}")
+    return notes

@@ -67,6 +67,8 @@ def _document(ref: str, kind: str, source: str, field: str) -> tuple[Any, str]:
             beside = Path(source).parent / path
             if beside.exists():
                 path = beside
+        if kind == "model" and path.is_dir() and (path / "config.json").is_file():
+            path = path / "config.json"  # a HuggingFace snapshot folder
         return read_yaml(path), str(path)
     builtin = _index()[kind].get(ref)
     if builtin is None:

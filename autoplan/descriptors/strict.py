@@ -12,6 +12,7 @@ from __future__ import annotations
 import builtins
 import difflib
 import enum
+import json
 import math
 import re
 import reprlib
@@ -134,19 +135,33 @@ def parse_yaml(text: str, source: str) -> Any:
 
 
 def read_yaml(path: Path) -> Any:
-    """Read and parse a YAML (or JSON) file, reporting a missing file as input error."""
+    """Read and parse a YAML file (a ``.json`` one as JSON, its errors JSON's), reporting
+    a missing file as input error."""
+    text = _read_text(path)
+    if path.suffix.lower() == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError.single(str(path), f"line {exc.lineno}, column {exc.colno}",
+                                    f"invalid JSON: {exc.msg}") from None
+        except RecursionError:
+            raise InputError.single(str(path), "document", "invalid JSON: nested too deep") from None
+    return parse_yaml(text, str(path))
+
+
+def _read_text(path: Path) -> str:
+    """The file's text, at most ``MAX_FILE_BYTES``."""
     try:
         with open(path, "rb") as fh:
             data = fh.read(MAX_FILE_BYTES + 1)
         if len(data) > MAX_FILE_BYTES:
             raise InputError.single(str(path), "", f"larger than {MAX_FILE_BYTES >> 10} KiB: not a "
                                                    "descriptor, plan or job file")
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except FileNotFoundError:
         raise InputError.single(str(path), "", "file not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError.single(str(path), "", f"cannot read file: {exc}") from None
-    return parse_yaml(text, str(path))
 
 
 _SHOWN = reprlib.Repr()
