@@ -27,7 +27,7 @@ Flag names were checked against NVIDIA/Megatron-LM ``megatron/training/arguments
   --overlap-grad-reduce, --overlap-param-gather (the overlaps the cost model assumes),
   --context-parallel-size, --cp-comm-type {p2p, a2a, allgather, a2a+p2p}.
 - ``_add_data_args``: --seq-length, --mock-data. ``_add_tokenizer_args``: --tokenizer-type
-  NullTokenizer, --vocab-size. ``_add_checkpointing_args``: --save, --load.
+  NullTokenizer, --vocab-size. ``_add_checkpointing_args``: --save, --save-interval, --load.
   ``_add_logging_args``: --log-interval, --wandb-exp-name.
 - ``_add_moe_args``: --num-experts, --moe-router-topk, --moe-ffn-hidden-size,
   --expert-model-parallel-size, --expert-tensor-parallel-size,
@@ -223,6 +223,8 @@ def settings(plan: Plan) -> str:
         '    --lr "${LR:-3e-4}"',
         "    --log-interval 1",
         '    --save "$CHECKPOINT_DIR"',
+        # validate_args: --save needs a positive --save-interval (default: once, at the end)
+        '    --save-interval "${SAVE_INTERVAL:-$TRAIN_ITERS}"',
         '    --load "$CHECKPOINT_DIR"',
         '    --wandb-exp-name "$RUN_NAME"',
         ")",

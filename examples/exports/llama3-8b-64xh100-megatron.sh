@@ -17,6 +17,7 @@ RUN_ARGS=(
     --lr "${LR:-3e-4}"
     --log-interval 1
     --save "$CHECKPOINT_DIR"
+    --save-interval "${SAVE_INTERVAL:-$TRAIN_ITERS}"
     --load "$CHECKPOINT_DIR"
     --wandb-exp-name "$RUN_NAME"
 )

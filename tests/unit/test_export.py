@@ -242,7 +242,8 @@ MEGATRON_TRAINING = {"seq_length", "max_position_embeddings", "position_embeddin
                      "untie_embeddings_and_output_weights", "multi_latent_attention",
                      "use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather",
                      "micro_batch_size", "global_batch_size", "train_iters", "lr", "log_interval",
-                     "save", "load", "wandb_exp_name", "mock_data", "tokenizer_type", "vocab_size",
+                     "save", "save_interval", "load", "wandb_exp_name", "mock_data", "tokenizer_type",
+                     "vocab_size",
                      "group_query_attention", "swiglu", "squared_relu", "disable_bias_linear"}
 
 
