@@ -28,7 +28,8 @@ Flag names were checked against NVIDIA/Megatron-LM ``megatron/training/arguments
   --context-parallel-size, --cp-comm-type {p2p, a2a, allgather, a2a+p2p}.
 - ``_add_data_args``: --seq-length, --mock-data. ``_add_tokenizer_args``: --tokenizer-type
   NullTokenizer, --vocab-size. ``_add_checkpointing_args``: --save, --save-interval, --load.
-  ``_add_logging_args``: --log-interval, --wandb-exp-name.
+  ``_add_logging_args``: --log-interval, --wandb-project, --wandb-exp-name.
+  ``_add_validation_args``: --eval-interval, --eval-iters.
 - ``_add_moe_args``: --num-experts, --moe-router-topk, --moe-ffn-hidden-size,
   --expert-model-parallel-size, --expert-tensor-parallel-size,
   --moe-shared-expert-intermediate-size (all shared experts together), --moe-layer-freq
@@ -53,10 +54,15 @@ FILENAME = "pretrain_megatron.sh"
 
 def problems(plan: Plan) -> list[tuple[str, str]]:
     """What Megatron-LM cannot express beyond its search space's rules."""
+    out = []
     if plan.model.activation is Activation.GEGLU:
-        return [("model.activation", "Megatron-LM has no GeGLU flag (--swiglu, --squared-relu, "
-                                     "--quick-geglu or the default GeLU)")]
-    return []
+        out.append(("model.activation", "Megatron-LM has no GeGLU flag (--swiglu, --squared-relu, "
+                                        "--quick-geglu or the default GeLU)"))
+    if plan.model.is_moe and plan.model.bias and plan.layout.etp > 1:
+        # transformer_config.py: num_moe_experts with add_bias_linear asserts etp == 1
+        out.append(("layout.etp", "Megatron-Core splits biased expert layers over no "
+                                  "expert tensor parallelism (etp must be 1)"))
+    return out
 
 
 def model_args(plan: Plan) -> list[Arg]:
@@ -114,6 +120,8 @@ def moe_args(plan: Plan) -> list[Arg]:
         ("--moe-token-dispatcher-type", "alltoall"),
         ("--moe-grouped-gemm",),
     ]
+    if m.top_k == 1:  # TransformerConfig: top-1 with the softmax router needs pre-softmax
+        out.append(("--moe-router-pre-softmax",))
     if m.shared_experts:
         out.append(("--moe-shared-expert-intermediate-size", str(m.shared_experts * m.shared_width)))
     if m.dense_layers:
@@ -222,12 +230,22 @@ def settings(plan: Plan) -> str:
         '    --train-iters "$TRAIN_ITERS"',
         '    --lr "${LR:-3e-4}"',
         "    --log-interval 1",
+        # training.py divides train_iters by eval_interval (None by default): evaluate
+        # once, at the end, on EVAL_ITERS batches (0: none)
+        '    --eval-interval "${EVAL_INTERVAL:-$TRAIN_ITERS}"',
+        '    --eval-iters "${EVAL_ITERS:-0}"',
         '    --save "$CHECKPOINT_DIR"',
         # validate_args: --save needs a positive --save-interval (default: once, at the end)
         '    --save-interval "${SAVE_INTERVAL:-$TRAIN_ITERS}"',
         '    --load "$CHECKPOINT_DIR"',
-        '    --wandb-exp-name "$RUN_NAME"',
         ")",
+        comment("Weights & Biases logs only with a project (--wandb-exp-name alone does nothing)"),
+        'if [ -n "${WANDB_PROJECT:-}" ]; then',
+        '    RUN_ARGS+=(--wandb-project "$WANDB_PROJECT" --wandb-exp-name "$RUN_NAME")',
+        "fi",
+        comment("validate_args: tensor or context parallelism on Hopper and older needs one "
+                "CUDA connection (kernels and their communication ordered)"),
+        "export CUDA_DEVICE_MAX_CONNECTIONS=1",
     ])
 
 

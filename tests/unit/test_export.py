@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+from autoplan.descriptors.library import resolve_model
 from autoplan.descriptors.strict import read_yaml
 from autoplan.errors import InputError
 from autoplan.export import Launcher, Target, export, refusals
@@ -140,7 +141,8 @@ scontrol() { printf 'node001\nnode002\n'; }
 """
 
 
-def run_script(tmp_path: Path, files: dict[str, str], script: str) -> tuple[list[list[str]], str]:
+def run_script(tmp_path: Path, files: dict[str, str], script: str,
+               extra_env: dict[str, str] | None = None) -> tuple[list[list[str]], str]:
     """Run an exported script with torchrun/srun/deepspeed/scontrol replaced by functions
     that record their arguments; (each recorded command's words, stderr)."""
     for name, text in files.items():
@@ -150,7 +152,7 @@ def run_script(tmp_path: Path, files: dict[str, str], script: str) -> tuple[list
     log.write_bytes(b"")
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "BASH_ENV": str(tmp_path / "stubs.sh"),
            "STUB_LOG": str(log), "SLURM_JOB_NODELIST": "node[001-002]", "SLURM_JOB_ID": "42",
-           "SLURM_JOB_NUM_NODES": "2", "SLURM_SUBMIT_DIR": str(tmp_path)}
+           "SLURM_JOB_NUM_NODES": "2", "SLURM_SUBMIT_DIR": str(tmp_path), **(extra_env or {})}
     result = subprocess.run(["bash", str(tmp_path / script)], capture_output=True, text=True,
                             cwd=tmp_path, env=env, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
@@ -210,7 +212,7 @@ def test_a_model_name_with_quotes_and_dollars_stays_a_literal_word(
     path = tmp_path / script
     path.write_text(files[script], encoding="utf-8")
     assert subprocess.run(["bash", "-n", str(path)], check=False).returncode == 0
-    commands, stderr = run_script(tmp_path, files, script)
+    commands, stderr = run_script(tmp_path, files, script, {"WANDB_PROJECT": "p"})
     assert EVIL in stderr  # the banner names the run literally
     assert "uid=" not in stderr and all("uid=" not in w for c in commands for w in c)
     if target is Target.MEGATRON or (target is Target.SLURM and launcher is Launcher.MEGATRON):
@@ -242,8 +244,8 @@ MEGATRON_TRAINING = {"seq_length", "max_position_embeddings", "position_embeddin
                      "untie_embeddings_and_output_weights", "multi_latent_attention",
                      "use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather",
                      "micro_batch_size", "global_batch_size", "train_iters", "lr", "log_interval",
-                     "save", "save_interval", "load", "wandb_exp_name", "mock_data", "tokenizer_type",
-                     "vocab_size",
+                     "save", "save_interval", "load", "wandb_exp_name", "wandb_project",
+                     "eval_interval", "eval_iters", "mock_data", "tokenizer_type", "vocab_size",
                      "group_query_attention", "swiglu", "squared_relu", "disable_bias_linear"}
 
 
@@ -290,6 +292,146 @@ def _number(text: str) -> Any:
 
 
 MEGATRON_CASES = [c for c in CASES if (Target.MEGATRON, Launcher.MEGATRON) in CASES[c][1]]
+
+
+def validate_args_problems(args: dict[str, list[str]], world: int, env: dict[str, str]) -> list[str]:
+    """What Megatron-LM would refuse of these pretrain_gpt.py arguments, at start-up
+    (``validate_args`` in megatron/training/arguments.py, NVIDIA/Megatron-LM main at
+    d98e8a64, August 2026: A:line) or when it builds the model and trains (the config
+    dataclasses and training loop: file:line). Each rule for a flag the export emits."""
+    def val(name: str, default: str | None = None) -> str | None:
+        return args[name][0] if args.get(name) else default
+
+    def num(name: str, default: int | None = None) -> int | None:
+        v = val(name)
+        return int(v) if v is not None else default
+
+    out = []
+    tp, pp, cp = (num("tensor_model_parallel_size", 1), num("pipeline_model_parallel_size", 1),
+                  num("context_parallel_size", 1))
+    assert tp and pp and cp
+    if world % (tp * pp * cp):  # A:427-434
+        out.append("world size % (tp*pp*cp)")
+    dp = world // (tp * pp * cp)  # A:448
+    for required in ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings",
+                     "seq_length", "micro_batch_size", "lr"):  # A:1314-1317, A:693, scheduler
+        if val(required) is None:
+            out.append(f"--{required} missing")
+    if val("train_iters") is None:  # training.py:2586
+        out.append("--train-iters missing")
+    mbs, gbs = num("micro_batch_size", 1), num("global_batch_size")
+    assert mbs
+    if gbs is not None and gbs % (mbs * dp):  # A:715, num_microbatches_calculator.py:381
+        out.append("global batch % (micro batch * dp)")
+    seq = num("seq_length")
+    if seq is not None and (num("max_position_embeddings") or 0) < seq:  # A:1353-1356
+        out.append("max_position_embeddings < seq_length")
+    if seq is not None and cp > 1 and seq % (2 * cp):  # A:1335-1338
+        out.append("seq_length % (2*cp)")
+    if "save" in args and (num("save_interval") or 0) <= 0:  # A:1361-1363
+        out.append("--save without a positive --save-interval")
+    if val("train_iters") is not None and val("eval_interval") is None:  # training.py:5436
+        out.append("--eval-interval missing: train_iters // None")
+    if "wandb_exp_name" in args and "wandb_project" not in args:  # global_vars.py:258
+        out.append("--wandb-exp-name without --wandb-project does nothing")
+    if "fp16" in args and "bf16" in args:  # A:1195-1217
+        out.append("--fp16 with --bf16")
+    if "squared_relu" in args and "swiglu" in args:  # argument_utils.py:320
+        out.append("--squared-relu with --swiglu")
+    if "multi_latent_attention" in args and "group_query_attention" in args:  # A:1973
+        out.append("MLA with GQA")
+    if ("group_query_attention" in args) != ("num_query_groups" in args):  # argument_utils.py:330
+        out.append("--group-query-attention and --num-query-groups go together")
+    if "mtp_num_layers" in args and val("position_embedding_type", "learned_absolute") not in (
+            "rope", "none"):  # A:882-886
+        out.append("MTP needs rope or no position embedding")
+    if "tokenizer_type" in args and val("tokenizer_type") == "NullTokenizer" and "vocab_size" not in args:
+        out.append("NullTokenizer needs --vocab-size")  # null_tokenizer.py:16
+    vpp = num("num_virtual_stages_per_pipeline_rank")
+    layout = val("pipeline_model_parallel_layout")
+    if vpp is not None and layout is not None:  # A:928-939
+        out.append("--num-virtual-stages-per-pipeline-rank with a layout")
+    first_last = "decoder_first_pipeline_num_layers" in args or "decoder_last_pipeline_num_layers" in args
+    if layout is not None and first_last:  # transformer_config.py:2242-2258
+        out.append("a layout with --decoder-first/last-pipeline-num-layers")
+    layers = num("num_layers", 0) or 0
+    if vpp and vpp > 1:
+        if pp < 2:  # A:1000-1008
+            out.append("virtual stages need pp > 1")
+        if not first_last and layers % (pp * vpp):  # transformer_block.py:157-176
+            out.append("num_layers % (pp*vpp)")
+        if gbs is not None:  # schedules.py:1160-1180 (group size pp)
+            m = gbs // (mbs * dp)
+            if m < pp or m % pp:
+                out.append("interleaved: microbatches >= pp and % pp")
+    if layout is None and vpp is None and not first_last and layers % pp:  # A:980-998
+        out.append("num_layers % pp")
+    granularity = val("recompute_granularity")
+    if granularity == "selective" and ("recompute_method" in args or "recompute_num_layers" in args):
+        out.append("selective recompute takes no method or layer count")  # A:1425, tc:1901-1932
+    if granularity == "full" and not ("recompute_method" in args and "recompute_num_layers" in args):
+        out.append("full recompute needs --recompute-method and --recompute-num-layers")
+    if "overlap_param_gather" in args and not (
+            "use_distributed_optimizer" in args and "overlap_grad_reduce" in args):  # A:1024-1029
+        out.append("--overlap-param-gather needs the distributed optimizer and --overlap-grad-reduce")
+    for kind in args.get("cp_comm_type", []):  # transformer_engine.py:2153 passes it to TE
+        if kind not in ("p2p", "all_gather", "a2a", "a2a+p2p"):
+            out.append(f"--cp-comm-type {kind}")
+    if (tp > 1 or cp > 1) and env.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1":  # A:1453-1479
+        out.append("tp or cp > 1 needs CUDA_DEVICE_MAX_CONNECTIONS=1 (Hopper and older)")
+    if "num_experts" in args:
+        experts, ep = num("num_experts", 0) or 0, num("expert_model_parallel_size", 1) or 1
+        if experts % ep:  # A:1655-1658
+            out.append("num_experts % ep")
+        if tp > 1 and "sequence_parallel" not in args:  # moe_layer.py:636
+            out.append("MoE with tp > 1 needs --sequence-parallel")
+        etp = num("expert_tensor_parallel_size", tp) or tp  # A:587-588
+        if etp > 1 and "disable_bias_linear" not in args:  # transformer_config.py:2612
+            out.append("MoE with etp > 1 needs --disable-bias-linear")
+        if num("moe_router_topk", 2) == 1 and "moe_router_pre_softmax" not in args:
+            out.append("top-1 routing needs --moe-router-pre-softmax")  # tc:2661-2669
+        if world % ((etp or 1) * ep * pp):  # parallel_state.py:881
+            out.append("world % (etp*ep*pp)")
+    return out
+
+
+@pytest.mark.parametrize("case", MEGATRON_CASES)
+def test_megatron_arguments_pass_megatron_lms_validate_args_rules(tmp_path: Path, case: str) -> None:
+    """Megatron-LM's own start-up checks, encoded for every flag the export emits (the
+    training script ships in no package, so they are restated here from its source)."""
+    plan = CASES[case][0]()
+    files = exported(case, Target.MEGATRON)
+    commands, _ = run_script(tmp_path, files, "pretrain_megatron.sh")
+    (words,) = commands
+    run = torchrun_args(words)
+    args = flags(run.training_script_args)
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if "export CUDA_DEVICE_MAX_CONNECTIONS=1" in \
+        files["pretrain_megatron.sh"] else {}
+    assert validate_args_problems(args, plan.cluster.gpus, env) == []
+    assert "wandb_exp_name" not in args  # only with WANDB_PROJECT set
+
+
+def test_the_validate_args_rules_catch_what_megatron_refuses() -> None:
+    """The rules above are not vacuous: each refusal that bit a real export."""
+    ok = {"num_layers": ["32"], "hidden_size": ["4096"], "num_attention_heads": ["32"],
+          "max_position_embeddings": ["8192"], "seq_length": ["8192"], "micro_batch_size": ["1"],
+          "global_batch_size": ["64"], "lr": ["3e-4"], "train_iters": ["100"],
+          "eval_interval": ["100"], "tensor_model_parallel_size": ["2"]}
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    assert validate_args_problems(ok, 16, env) == []
+    assert validate_args_problems({**ok, "save": ["ckpt"]}, 16, env) == [
+        "--save without a positive --save-interval"]
+    assert validate_args_problems({k: v for k, v in ok.items() if k != "eval_interval"}, 16, env) == [
+        "--eval-interval missing: train_iters // None"]
+    assert validate_args_problems(ok, 16, {}) == [
+        "tp or cp > 1 needs CUDA_DEVICE_MAX_CONNECTIONS=1 (Hopper and older)"]
+    assert validate_args_problems({**ok, "wandb_exp_name": ["x"]}, 16, env) == [
+        "--wandb-exp-name without --wandb-project does nothing"]
+    # 6 sequences over dp = 16 / (2 * 4) = 2: 3 microbatches, fewer than pp = 4
+    assert validate_args_problems({**ok, "num_virtual_stages_per_pipeline_rank": ["2"],
+                                   "pipeline_model_parallel_size": ["4"],
+                                   "global_batch_size": ["6"]}, 16, env) == [
+        "interleaved: microbatches >= pp and % pp"]
 
 
 @pytest.mark.parametrize("case", MEGATRON_CASES)
@@ -709,3 +851,16 @@ def test_the_committed_example_exports_are_current(plan: str, target: Target, la
         assert path.read_text(encoding="utf-8") == files[name], f"{path} is stale"
     readme = (EXAMPLES / "exports" / "README.md").read_text(encoding="utf-8")
     assert out in readme and plan in readme
+
+
+def test_megatron_refuses_biased_experts_split_by_expert_tensor_parallelism() -> None:
+    """Megatron-Core asserts etp == 1 for an MoE model with biased linear layers
+    (transformer_config.py, add_bias_linear); the export says so instead of a script
+    that fails at start-up."""
+    moe = dataclasses.replace(resolve_model("mixtral-8x7b"), bias=True)
+    plan = make_plan(moe, gpus=16, dp=4, tp=4, global_batch=64, sequence_parallel=True, etp=4)
+    with pytest.raises(InputError, match="layout.etp: cannot export to megatron: "
+                                         "Megatron-Core splits biased expert layers"):
+        export(plan, Target.MEGATRON)
+    assert export(dataclasses.replace(plan, layout=dataclasses.replace(plan.layout, etp=1)),
+                  Target.MEGATRON)

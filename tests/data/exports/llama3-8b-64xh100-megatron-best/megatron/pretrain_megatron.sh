@@ -16,11 +16,18 @@ RUN_ARGS=(
     --train-iters "$TRAIN_ITERS"
     --lr "${LR:-3e-4}"
     --log-interval 1
+    --eval-interval "${EVAL_INTERVAL:-$TRAIN_ITERS}"
+    --eval-iters "${EVAL_ITERS:-0}"
     --save "$CHECKPOINT_DIR"
     --save-interval "${SAVE_INTERVAL:-$TRAIN_ITERS}"
     --load "$CHECKPOINT_DIR"
-    --wandb-exp-name "$RUN_NAME"
 )
+# Weights & Biases logs only with a project (--wandb-exp-name alone does nothing)
+if [ -n "${WANDB_PROJECT:-}" ]; then
+    RUN_ARGS+=(--wandb-project "$WANDB_PROJECT" --wandb-exp-name "$RUN_NAME")
+fi
+# validate_args: tensor or context parallelism on Hopper and older needs one CUDA connection (kernels and their communication ordered)
+export CUDA_DEVICE_MAX_CONNECTIONS=1
 NNODES="${NNODES:-8}"
 NODE_RANK="${NODE_RANK:-0}"
 MASTER_ADDR="${MASTER_ADDR:-localhost}"
