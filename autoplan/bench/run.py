@@ -173,10 +173,16 @@ def run_bench(*, device: str | None = None, preset: str = "default", models: Seq
     gets the rows (the other ranks get the header and no rows: see :func:`is_writer`).
     """
     import_torch()
+    import torch
+
     kind = device_kind(device)
     chosen = get_preset(preset, kind)
     plan: MicroPlan = plan_micro(chosen, resolve_models(models or chosen.models))
     ranks = world_size(kind, world)
+    if kind == "cpu" and "OMP_NUM_THREADS" not in os.environ and coll.launched() is None:
+        # the kernels run with the threads each of ``ranks`` validate ranks computes with:
+        # the cores shared evenly (OMP_NUM_THREADS, where set, decides instead)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))
     name = _device_name(kind)
     meta = _meta(kind, name, descriptor_name(kind, name, descriptor), chosen, ranks, command, plan)
     total = len(plan.cases) + _collective_count(chosen, ranks)

@@ -141,6 +141,7 @@ TORCH_MISSING = "autoplan validate needs torch: pip install 'autoplan[bench]'"
 class Options:
     device: str = "cpu"  # cpu | cuda
     profile: Path | None = None
+    cluster: Path | None = None  # a cluster descriptor of this machine (bench --describe wrote it)
     slice: bool = False
     stage: int | None = None  # slice: which pipeline stage (default: the highest predicted peak)
     steps: int = DEFAULT_STEPS
@@ -242,6 +243,11 @@ def machine_descriptor(plan: Plan, source: str, options: Options, machine: Machi
     world = plan.layout.gpus
     if options.profile is not None:
         return _profile_descriptor(plan, options, machine)
+    if options.cluster is not None:
+        from autoplan.descriptors.library import resolve_cluster
+
+        given = resolve_cluster(str(options.cluster), "--cluster", "")
+        return Descriptor(_placed(given, world), f"the cluster file {options.cluster}")
     if options.device == "cpu" and builtin_cluster_matches(plan.cluster):
         raise InputError.single(source, "cluster", (
             f"{plan.cluster.name} is a built-in GPU cluster, not this machine: give --profile CSV "

@@ -522,7 +522,9 @@ def bench(
         "--model", "-m", help="Models whose sharded layer shapes to measure: comma-separated built-in "
                               "names or descriptor paths (default: the preset's).")] = None,
     world: Annotated[int | None, typer.Option(
-        "--world", "-w", help="Processes for the collectives (default: 2 on CPU, every GPU on CUDA; "
+        "--world", "-w", help="Processes for the collectives; on CPU the kernels then run with "
+                              "cpu_count // world torch threads, as each validate rank does "
+                              "(OMP_NUM_THREADS overrides) (default: 2 on CPU, every GPU on CUDA; "
                               "under torchrun: the launched world).")] = None,
     descriptor: Annotated[str | None, typer.Option(
         "--descriptor", help="The built-in device this machine is (default: known from the CUDA "
@@ -697,6 +699,9 @@ def validate(
         "--profile", help="Profile CSV from `autoplan bench` on this machine: the prediction is made "
                           "on a descriptor fitted on it (default: the plan's own cluster, which must "
                           "describe this machine, e.g. examples/cpu/local-cpu.yaml).")] = None,
+    cluster: Annotated[Path | None, typer.Option(
+        "--cluster", "-c", help="A cluster descriptor of this machine to predict on, such as the one "
+                                "`autoplan bench --describe` wrote (default: the plan's own).")] = None,
     slice_: Annotated[bool, typer.Option(
         "--slice", help="Run one rank's share of the plan (one pipeline stage at TP-sharded widths, "
                         "its ZeRO optimizer shard, no communication) and compare its compute time "
@@ -732,8 +737,11 @@ def validate(
 
     if device not in ("cpu", "cuda"):
         raise InputError.single("--device", "", f"expected cpu or cuda, got {device!r}")
+    if cluster is not None and profile is not None:
+        raise InputError.single("--cluster", "", "give --cluster or --profile, not both")
     plan = read_plan(read_yaml(plan_path), str(plan_path))
-    options = Options(device=device, profile=profile, slice=slice_, stage=stage, steps=steps,
+    options = Options(device=device, profile=profile, cluster=cluster, slice=slice_, stage=stage,
+                      steps=steps,
                       warmup=warmup, tolerance=tolerance, memory_tolerance=memory_tolerance,
                       timeout_s=timeout, max_step_s=max_step_s, fit=not exact)
     if output.interactive(fmt.value):

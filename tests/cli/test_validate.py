@@ -258,3 +258,19 @@ def test_the_band_is_a_field_that_json_and_the_table_both_show(capsys: pytest.Ca
     out = capsys.readouterr().out
     assert "trees: 0.900 to 1.300 s (10th to 90th percentile)" in out
     assert "dp=1, tp=1, pp=2, 1f1b" in out and "timed steps 2: 1.000 to 1.200 s" in out
+
+
+@pytest.mark.slow
+def test_the_descriptor_bench_describe_wrote_can_be_predicted_on(tmp_path: Path) -> None:
+    """`bench --describe FILE` then `validate PLAN --cluster FILE`: the README's walk-through
+    needs no edit of the plan to use the descriptor just fitted."""
+    result = validate_run(small("plan-tp2.yaml", tmp_path), "--slice", *QUICK, "--format", "json",
+                          "--cluster", CPU / "local-cpu.yaml")
+    doc = check_contract(result)
+    assert doc["ran"]["descriptor"] == f"the cluster file {CPU / 'local-cpu.yaml'}"
+
+
+def test_cluster_and_profile_together_are_refused() -> None:
+    result = autoplan("validate", CPU / "plan-pp2.yaml", "--cluster", CPU / "local-cpu.yaml",
+                      "--profile", CPU / "profile.csv")
+    assert result.returncode == 2 and "--cluster: give --cluster or --profile, not both" in result.stderr
