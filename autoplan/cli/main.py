@@ -177,6 +177,9 @@ def search(
         else:
             output.out.print(render.stats_text(result.stats))
         output.err.print(f"autoplan: {result.why_none()}", markup=False)
+        if headroom > 0 and result.closest is not None:
+            output.err.print(f"autoplan: plans must leave {headroom / GiB:.1f} GiB free per GPU "
+                             "(--min-headroom 0 allows up to the device's memory)", markup=False)
         raise typer.Exit(1)
     docs = [plan_document(r.plan, r.prediction, req.space.name) for r in result.plans]
     if out_path is not None:

@@ -40,3 +40,10 @@ def test_a_headroom_the_size_of_the_device_is_refused() -> None:
 def test_the_table_shows_why_a_plan_won(column: str) -> None:
     r = autoplan(*SEARCH[:-2], "--top", "2")
     assert r.returncode == 0 and column in r.stdout and "free per GPU" in r.stdout
+
+
+def test_where_nothing_fits_the_headroom_in_force_is_named() -> None:
+    r = autoplan("search", "-m", "llama3-70b", "-c", "dgx-h100", "--gpus", "8", "-b", "8", "-s",
+                 "4096", "--min-headroom", "10")
+    assert r.returncode == 1
+    assert "plans must leave 10.0 GiB free per GPU" in r.stderr
