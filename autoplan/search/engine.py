@@ -350,8 +350,7 @@ class _Search:
             most = max(flat)
             bound = busiest_stage_bound(plan, works, without_cp, most, sync, most == 1)
         if len(flat) < len(scheds):
-            v_plan = plan.replace(layout=dataclasses.replace(plan.layout, vpp=2),
-                                  schedule=Schedule.ZB_V)
+            v_plan = plan.replace(layout=self._at_vpp(plan.layout, 2), schedule=Schedule.ZB_V)
             bound = min(bound, busiest_stage_bound(v_plan, stage_work(v_plan), without_cp, 2,
                                                    sync, True))
         if not split:
@@ -362,30 +361,27 @@ class _Search:
             bound = min(bound, split_bound(ring, stage_work(ring), fill=False))
         return bound
 
-    def schedule_plans(self, group: _Group) -> Iterator[tuple[Plan, bool]]:
+    def schedule_plans(self, group: _Group, count: bool = True) -> Iterator[tuple[Plan, bool]]:
         """The group's plans, one per (schedule, vpp, split) and exchange, that pass the
-        schedule rules, with whether the split is still to be searched. The schedule
-        rules read neither the exchange nor the split: asked once a schedule."""
+        schedule rules, with whether the split is still to be searched; ``count``: those
+        that break one are counted by the rule. The schedule rules read neither the
+        exchange nor the split: asked once a schedule."""
         cps, lay = group.cp_comms, group.plan.layout
         m, memo = group.plan.num_microbatches, self._schedule_rule
-        layouts = {1: lay}
         for sched, v, split in group.schedules:
             rule = memo[(lay.pp, m, sched, v, split)]  # asked by ``_runnable``
             if rule:
-                self.stats.pruned[rule] += len(cps)
+                if count:
+                    self.stats.pruned[rule] += len(cps)
                 continue
-            first = self._scheduled(group.plan.replace(cp_comm=cps[0]), sched, v, split, layouts)
+            first = self._scheduled(group.plan.replace(cp_comm=cps[0]), sched, v, split)
             for cp_comm in cps:
                 yield (first if cp_comm is cps[0] else first.replace(cp_comm=cp_comm)), split
 
-    def _scheduled(self, plan: Plan, sched: Schedule, v: int, split: bool,
-                   layouts: dict[int, Layout]) -> Plan:
+    def _scheduled(self, plan: Plan, sched: Schedule, v: int, split: bool) -> Plan:
         """``plan`` (vpp = 1) run by ``sched`` on ``v`` chunks, as the schedule rules see it."""
         base, layers = plan.layout, self.model.layers
-        lay = layouts.get(v)
-        if lay is None:
-            lay = layouts[v] = dataclasses.replace(base, vpp=v)
-        out = plan.replace(layout=lay, schedule=sched)
+        out = plan.replace(layout=self._at_vpp(base, v), schedule=sched)
         if split and v > 1 and layers >= base.pp * v:
             # a per-chunk layout needs no pp*vpp | layers: the rules see one (its
             # near-uniform stand-in until the partitioner picks the split)
@@ -398,14 +394,14 @@ class _Search:
         the microbatch count only (not ZeRO, recompute or the exchange): the bounds of
         the layout's groups need count no other. All of them where none passes (their
         groups then end in the rules' count)."""
-        probe, layouts = self._probe(base, mbs, sp), {1: base}
+        probe = self._probe(base, mbs, sp)
         m, memo = probe.num_microbatches, self._schedule_rule
         out = []
         for x in scheds:
             key = (base.pp, m, *x)
             broken = memo.get(key)
             if broken is None:
-                rule = first_broken(self._scheduled(probe, *x, layouts), Scope.SCHEDULE)
+                rule = first_broken(self._scheduled(probe, *x), Scope.SCHEDULE)
                 broken = memo[key] = rule.id if rule else ""
             if not broken:
                 out.append(x)
@@ -481,12 +477,15 @@ class _Search:
         stage, worst = self._fullest(plan, works)
         if worst.peak <= self.limit:
             return worst
-        static = worst.weights + worst.grads + worst.optimizer + worst.other
-        reason = ("model states exceed memory" if static > self.limit
-                  else "activations exceed memory")
-        self.stats.infeasible[reason] += 1
+        self.stats.infeasible[self._why_not(worst)] += 1
         self._note_closest(plan, stage, worst)
         return None
+
+    def _why_not(self, mem: Memory) -> str:
+        """Why ``mem``, past the limit, does not fit: its model states alone, or with them
+        its activations."""
+        static = mem.weights + mem.grads + mem.optimizer + mem.other
+        return "model states exceed memory" if static > self.limit else "activations exceed memory"
 
     def memory_floor(self, group: _Group) -> Memory | None:
         """Memory no member of the group needs less than (None where this does not say:
@@ -511,7 +510,7 @@ class _Search:
         flat = stage_work(group.plan)
         least: dict[int, Memory] = {}  # stage -> the least any member holds there
         for s, n, v, sched in fewest:
-            plan = group.plan.replace(layout=self._layouts(lay, v), schedule=sched)
+            plan = group.plan.replace(layout=self._at_vpp(lay, v), schedule=sched)
             mem = stage_memory(plan, s, (stage_work(plan) if sched.v_shape else flat)[s], n)
             if s not in least or mem.peak < least[s].peak:
                 least[s] = mem
@@ -544,7 +543,7 @@ class _Search:
         out = self._fewest_memo[key] = tuple((s, *fewest[(s, vs)]) for s, vs in sorted(fewest))
         return out
 
-    def _layouts(self, lay: Layout, vpp: int) -> Layout:
+    def _at_vpp(self, lay: Layout, vpp: int) -> Layout:
         """``lay`` at ``vpp`` chunks, built once per (layout, vpp)."""
         if lay.vpp == vpp:
             return lay
@@ -558,9 +557,7 @@ class _Search:
         rule by that rule, the others as not fitting, and keep it for the 'smallest plan'
         message."""
         lay, m = group.plan.layout, group.plan.num_microbatches
-        static = floor.weights + floor.grads + floor.optimizer + floor.other
-        reason = ("model states exceed memory" if static > self.limit
-                  else "activations exceed memory")
+        reason = self._why_not(floor)
         for sched, v, split in group.schedules:
             rule = self._schedule_rule[(lay.pp, m, sched, v, split)]
             if rule:
@@ -576,16 +573,9 @@ class _Search:
         for floor, _, group in sorted(self._dropped, key=lambda d: d[:2]):
             if self.closest is not None and floor > self.closest[0]:
                 break
-            lay, m = group.plan.layout, group.plan.num_microbatches
-            layouts = {1: lay}
-            for sched, v, split in group.schedules:
-                if self._schedule_rule[(lay.pp, m, sched, v, split)]:
-                    continue
-                for cp_comm in group.cp_comms:
-                    plan = self._scheduled(group.plan.replace(cp_comm=cp_comm), sched, v, split,
-                                           layouts)
-                    stage, mem = self._fullest(plan, stage_work(plan))
-                    self._note_closest(plan, stage, mem)
+            for plan, _ in self.schedule_plans(group, count=False):  # counted when dropped
+                stage, mem = self._fullest(plan, stage_work(plan))
+                self._note_closest(plan, stage, mem)
 
     def _fullest(self, plan: Plan, works: tuple[StageWork, ...]) -> tuple[int, Memory]:
         """(stage, memory) of the plan's fullest stage, the first of equals (as
