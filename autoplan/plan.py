@@ -399,7 +399,6 @@ def plan_document(plan: Plan, prediction: Prediction | None = None,
     return out
 
 
-
 def searched_space(data: Any) -> str | None:
     """The ``space`` a plan-file mapping records it was searched in, if any."""
     space = data.get("space") if isinstance(data, dict) else None

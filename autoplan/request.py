@@ -15,7 +15,7 @@ from typing import Any
 
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import Job, read_job
-from autoplan.descriptors.library import resolve_cluster, resolve_model, resolve_stack, with_gpus
+from autoplan.descriptors.library import resolve_cluster, resolve_model_noted, resolve_stack, with_gpus
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.strict import Fields, read_yaml, shown
 from autoplan.errors import InputError, Problem
@@ -106,7 +106,9 @@ def build_request(
     resolved_model = resolved_cluster = None
     try:
         if model_ref is not None:
-            resolved_model = resolve_model(model_ref, model_src, "" if model else "model")
+            resolved_model, imported = resolve_model_noted(model_ref, model_src,
+                                                           "" if model else "model")
+            notes = list(imported) + notes
     except InputError as exc:
         problems.extend(exc.problems)
     try:
@@ -151,8 +153,6 @@ def build_request(
         raise InputError.single(source if dtype is None else "--dtype",
                                 "job.dtype" if dtype is None else "",
                                 f"{resolved_cluster.device.name} has no {job.dtype.value} support")
-    if isinstance(model_ref, str):
-        notes = _model_notes(model_ref, resolved_model, model_src) + notes
     if job.seq_len > resolved_model.max_seq_len:
         notes.append(f"seq_len {job.seq_len:,} exceeds {resolved_model.name}'s max_seq_len "
                      f"{resolved_model.max_seq_len:,}: the model was not trained on positions past it")
@@ -170,22 +170,6 @@ def build_request(
         sizes = tuple(calibrate(c, measured) for c in sizes)
     return Request(resolved_model, resolved_cluster, job, resolved_space, measured, sizes,
                    tuple(notes))
-
-
-def _model_notes(ref: str, model: Model, source: str) -> list[str]:
-    """What a HuggingFace config.json (or snapshot folder) given as the model imported."""
-    from autoplan.descriptors.hf import import_notes, is_hf_config
-
-    path = Path(ref)
-    if not path.is_absolute() and Path(source).is_file():
-        beside = Path(source).parent / path
-        path = beside if beside.exists() else path
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.suffix.lower() == ".json" or not path.is_file():
-        return []
-    data = read_yaml(path)
-    return import_notes(data, model, str(path)) if is_hf_config(data) else []
 
 
 def _read_profile(option: Path | None, ref: Any, job_file: Path | None, source: str) -> Profile | None:

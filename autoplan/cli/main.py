@@ -744,8 +744,7 @@ def validate(
         raise InputError.single("--cluster", "", "give --cluster or --profile, not both")
     plan = read_plan(read_yaml(plan_path), str(plan_path))
     options = Options(device=device, profile=profile, cluster=cluster, slice=slice_, stage=stage,
-                      steps=steps,
-                      warmup=warmup, tolerance=tolerance, memory_tolerance=memory_tolerance,
+                      steps=steps, warmup=warmup, tolerance=tolerance, memory_tolerance=memory_tolerance,
                       timeout_s=timeout, max_step_s=max_step_s, fit=not exact)
     if output.interactive(fmt.value):
         what = "one rank's slice" if slice_ or device == "cuda" else f"{plan.layout.gpus} processes"

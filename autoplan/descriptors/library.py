@@ -87,7 +87,14 @@ def _section(data: Any, kind: str, label: str) -> Any:
 
 def resolve_model(ref: Any, source: str = "--model", field: str = "model") -> Model:
     """A built-in name, a descriptor file, a HuggingFace config.json, or a mapping."""
-    from autoplan.descriptors.hf import is_hf_config, model_from_hf_config
+    return resolve_model_noted(ref, source, field)[0]
+
+
+def resolve_model_noted(ref: Any, source: str = "--model",
+                        field: str = "model") -> tuple[Model, tuple[str, ...]]:
+    """:func:`resolve_model`, with what a HuggingFace config.json was imported as and
+    which of its fields are not modelled (``hf.import_notes``; none for other models)."""
+    from autoplan.descriptors.hf import import_notes, is_hf_config, model_from_hf_config
 
     problems: list[Problem] = []
     if isinstance(ref, Mapping):
@@ -95,13 +102,14 @@ def resolve_model(ref: Any, source: str = "--model", field: str = "model") -> Mo
     elif isinstance(ref, str):
         data, label = _document(ref, "model", source, field)
         if isinstance(data, Mapping) and is_hf_config(data):
-            return model_from_hf_config(data, label)
+            imported = model_from_hf_config(data, label)
+            return imported, tuple(import_notes(data, imported, label))
         model = read_model(Fields(_section(data, "model", label), label, "model", problems))
     else:
         raise InputError.single(source, field, f"expected a model name, path or mapping, got {shown(ref)}")
     _raise_if(problems)
     assert model is not None
-    return model
+    return model, ()
 
 
 def resolve_device(ref: Any, source: str, field: str) -> Device:
