@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
+from autoplan.cost.memory import DEFAULT_HEADROOM_FRACTION
 from autoplan.cost.stage import StageWork
 from autoplan.descriptors.hardware import Cluster
 from autoplan.plan import TIME_TERMS, Plan, Prediction, Uncertainty
@@ -71,8 +72,8 @@ def plans_table(rows: list[tuple[Plan, Prediction]], title: str, show_gpus: bool
 
 def headroom_note(headroom_bytes: float, default: bool) -> str:
     """What the plans leave free, and why."""
-    why = ("5% of the device, for the allocator's fragmentation (cost/memory.py; "
-           "--min-headroom changes it)" if default else "--min-headroom")
+    why = (f"{DEFAULT_HEADROOM_FRACTION:.0%} of the device, for the allocator's fragmentation "
+           "(cost/memory.py; --min-headroom changes it)" if default else "--min-headroom")
     return f"every plan leaves at least {headroom_bytes / GiB:.1f} GiB free per GPU: {why}"
 
 
