@@ -52,9 +52,14 @@ _EXTRA: dict[str, Callable[[Plan], list[tuple[str, str]]]] = {
 }
 
 
+def _space_name(target: Target, launcher: Launcher) -> str:
+    """The search space whose rules the target (Slurm: the launcher it runs) obeys."""
+    return launcher.value if target is Target.SLURM else _SPACE[target]
+
+
 def refusals(plan: Plan, target: Target, launcher: Launcher = Launcher.MEGATRON) -> list[tuple[str, str]]:
     """Why the target cannot run the plan, as (plan field, message); empty when it can."""
-    space_name = launcher.value if target is Target.SLURM else _SPACE[target]
+    space_name = _space_name(target, launcher)
     out = space_problems(plan, load_space(space_name))
     if target is not Target.NEMO:
         out += _EXTRA[space_name](plan)
@@ -67,10 +72,9 @@ def export(plan: Plan, target: Target, source: str = "<plan>",
     problems = refusals(plan, target, launcher)
     if problems:
         name = launcher.value if target is Target.SLURM else target.value
-        space = launcher.value if target is Target.SLURM else _SPACE[target]
         out = [Problem(source, field, f"cannot export to {name}: {msg}") for field, msg in problems]
-        out.append(Problem(source, "", f"`autoplan search --space {space}` searches only plans "
-                                       f"{name} can run"))
+        out.append(Problem(source, "", f"`autoplan search --space {_space_name(target, launcher)}` "
+                                       f"searches only plans {name} can run"))
         raise InputError(out)
     if target is Target.MEGATRON:
         return megatron.export(plan)

@@ -84,7 +84,8 @@ def sweep(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpac
           min_headroom_bytes: float = 0.0) -> Sweep:
     """Search each cluster size (ascending GPUs); see module doc. ``price_per_gpu_hour``
     None takes the device's (which may be None too: costs are then None). ``jobs``:
-    searches run at once (None: one per usable CPU)."""
+    searches run at once (None: one per usable CPU). ``min_headroom_bytes``: what every
+    plan leaves free per GPU (``search.engine.search``; a ``searcher`` given decides its own)."""
     clusters = sorted(clusters, key=lambda c: c.gpus)
     assert clusters and train_tokens > 0
     price = price_per_gpu_hour if price_per_gpu_hour is not None else \
