@@ -2,9 +2,11 @@
 
 The GEMM shapes are the forward GEMMs of the chosen models' layers after TP sharding, taken
 from the cost model itself (:func:`autoplan.cost.compute.layer_gemms`), so the profile
-measures exactly the shapes the cost model prices; a sweep of n x n x n GEMMs fills in the
-efficiency curve between them. Attention is ``torch.nn.functional.scaled_dot_product_attention``
-(causal, GQA), forward and backward. Elementwise ops are memory bound (copy, add, mul).
+measures exactly the shapes the cost model prices, each in the three layouts training runs
+it (forward, input gradient, weight gradient: profile op ``linear``); a sweep of n x n x n
+GEMMs fills in the efficiency curve between them. Attention is
+``torch.nn.functional.scaled_dot_product_attention`` (causal, GQA), forward and backward.
+Elementwise ops are memory bound (copy, add, mul).
 
 Pure library: no printing; progress goes through the optional ``step`` callback. torch is
 imported inside the functions that run kernels.
@@ -42,7 +44,7 @@ class GemmCase:
     dtype: str
 
     def row(self) -> Row:
-        return {"kind": "gemm", "op": "matmul", "dtype": self.dtype, "m": self.m, "n": self.n, "k": self.k}
+        return {"kind": "gemm", "op": "linear", "dtype": self.dtype, "m": self.m, "n": self.n, "k": self.k}
 
     @property
     def label(self) -> str:
@@ -200,10 +202,22 @@ class _Env:
 
 
 def _run_gemm(case: GemmCase, env: _Env) -> list[Row]:
-    a, b = env.randn(case.m, case.k, dtype=case.dtype), env.randn(case.k, case.n, dtype=case.dtype)
-    c = env.torch.empty(case.m, case.n, device=env.device, dtype=env.dtype(case.dtype))
-    with env.torch.no_grad():
-        samples = env.time(lambda: env.torch.mm(a, b, out=c))
+    """A linear layer's three training GEMMs (profile op ``linear``), timed together; the row
+    holds a third of their time. With x (m x k), the weight W stored (n x k) as torch's
+    ``nn.Linear`` stores it, and dy (m x n): forward y = x @ W^T, input gradient
+    dx = dy @ W, weight gradient dW = dy^T @ x, each m*n*k multiply-adds."""
+    torch = env.torch
+    x, w, dy = (env.randn(case.m, case.k, dtype=case.dtype), env.randn(case.n, case.k, dtype=case.dtype),
+                env.randn(case.m, case.n, dtype=case.dtype))
+    y, dx, dw = torch.empty_like(dy), torch.empty_like(x), torch.empty_like(w)
+
+    def step() -> None:
+        torch.mm(x, w.t(), out=y)
+        torch.mm(dy, w, out=dx)
+        torch.mm(dy.t(), x, out=dw)
+
+    with torch.no_grad():
+        samples = [t / 3 for t in env.time(step)]
     return [{**case.row(), **summarize(samples).columns()}]
 
 

@@ -77,7 +77,8 @@ def describe_machine(profile: Profile, *, name: str, ranks_per_node: int, mem_by
     whose bf16 GEMMs are emulated).
     """
     rows = profile.rows
-    gemm = rows[(rows["kind"] == "gemm") & (rows["dtype"] == compute_dtype)]
+    gemm = profile.of_kind("gemm")
+    gemm = gemm[gemm["dtype"] == compute_dtype]
     elem = rows[rows["kind"] == "elementwise"]
     coll = rows[(rows["kind"] == "collective") & (rows["ranks"] > 1)]
     problems = [Problem(profile.source, field, f"needs {what} rows to describe the machine")

@@ -8,7 +8,11 @@ Every row has every column; a column that does not apply to a row's kind is 0.
 column      meaning
 =========== ================================================================
 kind        gemm | attention | elementwise | collective
-op          gemm: ``matmul``; attention: ``sdpa_fwd`` | ``sdpa_bwd`` (backward alone);
+op          gemm: ``matmul`` (one (m x k) @ (k x n) product, both row-major) |
+            ``linear`` (a linear layer's three training GEMMs of that size: the
+            forward x @ W^T with W stored n x k, the input gradient dy @ W and the
+            weight gradient dy^T @ x; ``seconds`` is a third of the three);
+            attention: ``sdpa_fwd`` | ``sdpa_bwd`` (backward alone);
             elementwise: ``copy`` | ``add`` | ``mul``;
             collective: ``all_reduce`` | ``all_gather`` | ``reduce_scatter`` |
             ``all_to_all`` | ``p2p``
@@ -49,7 +53,7 @@ if TYPE_CHECKING:  # pandas is imported where a profile is parsed or written: no
 
 FORMAT_VERSION = "1"
 KINDS: dict[str, tuple[str, ...]] = {
-    "gemm": ("matmul",),
+    "gemm": ("matmul", "linear"),
     "attention": ("sdpa_fwd", "sdpa_bwd"),
     "elementwise": ("copy", "add", "mul"),
     "collective": ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"),
@@ -83,12 +87,26 @@ class Profile:
         return hash(self.digest)
 
     def of_kind(self, kind: str) -> pd.DataFrame:
-        return self.rows[self.rows["kind"] == kind]
+        """The rows of one kind; for ``gemm``, the rows :func:`gemm_rows` keeps."""
+        rows = self.rows[self.rows["kind"] == kind]
+        return gemm_rows(rows) if kind == "gemm" else rows
 
     @property
     def descriptor(self) -> str | None:
         """The autoplan device name the profile was taken on (``descriptor`` in the header)."""
         return self.meta.get("descriptor") or None
+
+
+def gemm_rows(gemm: pd.DataFrame) -> pd.DataFrame:
+    """Of a profile's GEMM rows, the ones that stand for training: per dtype, the ``linear``
+    rows where the profile has any, else the ``matmul`` ones. A training step runs every
+    weight's GEMM in the three layouts ``linear`` times; on a GPU they cost about the same,
+    but a CPU without native bf16 runs them 10-25x apart (torch 2.13 on AVX2, 1 thread,
+    512 x 1024 x 1024 bf16: x @ W^T 8.5 GFLOP/s, row-major @ 0.9), so a ``matmul`` row
+    would misprice a step there."""
+    has_linear = set(gemm.loc[gemm["op"] == "linear", "dtype"])
+    keep = (gemm["op"] == "linear") | ~gemm["dtype"].isin(has_linear)
+    return gemm[keep]
 
 
 def row_flops(row: Mapping[str, Any]) -> float:
@@ -228,7 +246,7 @@ def achieved(profile: Profile) -> Achieved:
     rows, and max bytes/second over the elementwise rows."""
     rows = profile.rows
     gemm: dict[str, float] = {}
-    for rec in rows[rows["kind"] == "gemm"].to_dict("records"):
+    for rec in profile.of_kind("gemm").to_dict("records"):
         rate = row_flops(rec) / rec["seconds"]
         gemm[rec["dtype"]] = max(gemm.get(rec["dtype"], 0.0), rate)
     attn = [row_flops(r) / r["seconds"] for r in rows[rows["kind"] == "attention"].to_dict("records")]

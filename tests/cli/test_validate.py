@@ -22,9 +22,11 @@ from typing import Any
 import pytest
 
 from autoplan.bench import validate as v
+from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.strict import read_yaml
 from autoplan.errors import InputError
 from autoplan.plan import read_plan
+from autoplan.units import MiB
 from autoplan.vocab import Dtype, Schedule, ZeroStage
 from tests.helpers import autoplan, autoplan_subprocess
 
@@ -182,6 +184,18 @@ def test_a_profile_taken_with_other_thread_counts_is_refused(tmp_path: Path) -> 
         v.machine_descriptor(example("plan-dp2.yaml"), "plan.yaml", options, TWO_CORES)
 
 
+def test_a_cpu_that_emulates_bf16_is_told_to_fit_a_descriptor_here() -> None:
+    plan, options = example("plan-dp2.yaml"), v.Options()
+    emulating = dataclasses.replace(TWO_CORES, bf16_native=False)
+    notes = v.machine_descriptor(plan, "plan.yaml", options, emulating).notes
+    assert notes == (v.EMULATED_BF16,) and "autoplan bench --profile profile.csv --describe" in notes[0]
+    for machine in (TWO_CORES, dataclasses.replace(TWO_CORES, bf16_native=True)):  # unknown, native
+        assert v.machine_descriptor(plan, "plan.yaml", options, machine).notes == ()
+    # a descriptor given with --cluster is taken to be this machine's (the README's walk-through)
+    fresh = v.Options(cluster=CPU / "local-cpu.yaml")
+    assert v.machine_descriptor(plan, "plan.yaml", fresh, emulating).notes == ()
+
+
 # --------------------------------------------------------------------------- fitting
 
 def test_a_plan_too_big_for_the_machine_is_made_smaller_and_predicted_as_it_runs() -> None:
@@ -258,6 +272,28 @@ def test_the_band_is_a_field_that_json_and_the_table_both_show(capsys: pytest.Ca
     out = capsys.readouterr().out
     assert "trees: 0.900 to 1.300 s (10th to 90th percentile)" in out
     assert "dp=1, tp=1, pp=2, 1f1b" in out and "timed steps 2: 1.000 to 1.200 s" in out
+
+
+def test_peak_memory_passes_within_the_ratio_or_the_cpu_floor() -> None:
+    plan = example("plan-pp2.yaml")
+    rank = v.RankRun(rank=0, stage=0, step_times_s=(1.0,), peak_memory_bytes=0.0,
+                     predicted_peak_bytes=0.0, state_bytes={}, threads=1)
+    base = v.Validation(
+        source="p", mode="distributed", device="cpu", plan=plan, prediction=evaluate(plan),
+        descriptor="d", step_times_s=(1.0,), measured_peak_bytes=0.0, predicted_time_s=1.0,
+        predicted_peak_bytes=100 * MiB, ranks=(rank,), time_tolerance=0.5, memory_tolerance=0.25,
+        memory_floor_bytes=v.MEMORY_FLOOR_BYTES["cpu"])
+
+    def within(measured_mib: float, **kw: float) -> bool:
+        return dataclasses.replace(base, measured_peak_bytes=measured_mib * MiB, **kw).memory_within
+
+    # 100 MiB predicted: 1.45x passes on the 48 MiB floor, 1.5x does not; without it 1.26x fails
+    assert within(145) and within(55) and not within(149) and not within(51)
+    assert within(125, memory_floor_bytes=0.0) and not within(126, memory_floor_bytes=0.0)
+    # 1 GiB predicted: the ratio governs
+    assert within(1280, predicted_peak_bytes=1024 * MiB) and not within(1300, predicted_peak_bytes=1024 * MiB)
+    assert v.MEMORY_FLOOR_BYTES["cuda"] == 0.0
+    assert base.to_dict()["tolerance"]["peak_memory_floor_gib"] == pytest.approx(48 / 1024)
 
 
 @pytest.mark.slow

@@ -63,7 +63,7 @@ def test_every_problem_is_named_with_file_row_and_column():
         parse_profile("\n".join(lines) + "\n", "bad.csv")
     msg = str(exc.value)
     assert "bad.csv: header.torch: missing" in msg
-    assert "bad.csv: row 1.op: expected one of matmul for gemm, got 'matmol'" in msg
+    assert "bad.csv: row 1.op: expected one of matmul, linear for gemm, got 'matmol'" in msg
     assert "bad.csv: row 2.kind: expected one of gemm, attention" in msg
 
 
@@ -101,6 +101,21 @@ def test_describe_machine_recovers_the_constants_that_generated_the_profile():
     lat, wire = link_terms("all_reduce", 4, 10**6)
     assert comm.all_reduce(10**6, g) == pytest.approx(lat * ALPHA + wire / BW, rel=1e-3)
     assert achieved(prof).gemm_flops["fp32"] < PEAK  # the best GEMM still pays the half-size
+
+
+def test_linear_rows_stand_for_training_where_a_profile_has_them():
+    # a CPU without native bf16: row-major products 10x slower than the training layouts
+    rows = _synthetic_rows()
+    slow = [_row("gemm", "matmul", 10 * r["seconds"], m=r["m"], n=r["n"], k=r["k"], dtype="bf16")
+            for r in rows if r["kind"] == "gemm"]
+    fast = [_row("gemm", "linear", r["seconds"], m=r["m"], n=r["n"], k=r["k"], dtype="bf16")
+            for r in rows if r["kind"] == "gemm"]
+    prof = parse_profile(format_profile(META, rows + slow + fast), "both.csv")
+    gemm = prof.of_kind("gemm")
+    assert set(zip(gemm["op"], gemm["dtype"], strict=True)) == {("matmul", "fp32"), ("linear", "bf16")}
+    c = describe_machine(prof, name="x", ranks_per_node=4, mem_bytes=2**30, compute_dtype="bf16")
+    assert c.device.peak_bf16_flops == pytest.approx(PEAK, rel=1e-3)  # the slow rows left out
+    assert achieved(prof).gemm_flops["bf16"] == pytest.approx(achieved(prof).gemm_flops["fp32"])
 
 
 def test_cluster_yaml_loads_back_as_the_same_cluster(tmp_path):
