@@ -7,6 +7,7 @@ import enum
 import math
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -338,6 +339,170 @@ def _search_whatif(req: Request, whatif: _WhatIf, top: int, out_path: Path | Non
     if not ranked:
         output.err.print(f"autoplan: {limits.reason}", markup=False)
         raise typer.Exit(1)
+
+
+class EngineName(str, enum.Enum):
+    vllm = "vllm"
+    sglang = "sglang"
+    trtllm = "trtllm"
+
+
+MAX_SERVE_RATE = 1e6  # requests/s: beyond any deployment's reach; refused past it
+MAX_SERVE_REQUESTS = 1_000_000
+MAX_SERVE_CONCURRENCY = 1_000_000
+
+
+@app.command()
+def serve(
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", help="Built-in model name, descriptor path, or HuggingFace config.json.")] = None,
+    cluster: Annotated[str | None, typer.Option(
+        "--cluster", "-c", help="Built-in cluster name or descriptor path.")] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", "-n", help="GPUs to deploy on.")] = None,
+    input_len: Annotated[int | None, typer.Option("--input-len", help="Prompt tokens per request.")] = None,
+    output_len: Annotated[int | None, typer.Option(
+        "--output-len", help="Generated tokens per request.")] = None,
+    rate: Annotated[float | None, typer.Option("--rate", help="Poisson arrivals, requests/s.")] = None,
+    concurrency: Annotated[int | None, typer.Option(
+        "--concurrency", help="Closed loop: this many requests in flight.")] = None,
+    offline: Annotated[bool, typer.Option(
+        "--offline", help="Every request queued at once (throughput).")] = False,
+    requests: Annotated[int, typer.Option("--requests", help="Requests in the workload.")] = 1000,
+    ttft_slo: Annotated[float | None, typer.Option(
+        "--ttft-slo", help="Time to first token SLO, ms (at --percentile).")] = None,
+    tpot_slo: Annotated[float | None, typer.Option(
+        "--tpot-slo", help="Time per output token SLO, ms (at --percentile).")] = None,
+    percentile: Annotated[float, typer.Option("--percentile", help="SLO percentile.")] = 99.0,
+    engine: Annotated[EngineName, typer.Option("--engine", help="Serving engine.")] = EngineName.vllm,
+    weights: Annotated[str, typer.Option(
+        "--weights", help="Weight precisions to try, comma-separated: bf16, fp16, fp8, int8, int4, fp4.")
+    ] = "bf16",
+    kv_cache: Annotated[str, typer.Option(
+        "--kv-cache", help="KV cache precisions to try, comma-separated: bf16, fp16, fp8.")] = "bf16",
+    top: Annotated[int, typer.Option("--top", "-k", min=1, help="How many plans to show.")] = 10,
+    out_path: Annotated[Path | None, typer.Option("--out", "-o", help="Write the best plan here.")] = None,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Rank serving deployments under a workload: exit 0 one meets the SLO, 1 none fits or
+    meets it, 2 bad input."""
+    from autoplan.descriptors.job import MAX_SEQ_LEN
+    from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
+    from autoplan.serving.deployment import (
+        KV_PRECISIONS,
+        Arrival,
+        ArrivalKind,
+        Engine,
+        Lengths,
+        Precision,
+        Slo,
+        Workload,
+    )
+    from autoplan.serving.evaluate import serving_document
+    from autoplan.serving.search import serve_search
+
+    problems: list[Problem] = []
+
+    def need(value: Any, flag: str) -> None:
+        if value is None:
+            problems.append(Problem(flag, "", "missing required option"))
+
+    for given_value, flag in ((model, "--model"), (cluster, "--cluster"), (gpus, "--gpus"),
+                              (input_len, "--input-len"), (output_len, "--output-len")):
+        need(given_value, flag)
+    counts: tuple[tuple[int | None, str, int], ...] = (
+        (input_len, "--input-len", MAX_SEQ_LEN), (output_len, "--output-len", MAX_SEQ_LEN),
+        (requests, "--requests", MAX_SERVE_REQUESTS), (concurrency, "--concurrency", MAX_SERVE_CONCURRENCY))
+    for count, flag, hi in counts:
+        if count is not None and not 1 <= count <= hi:
+            problems.append(Problem(flag, "", f"expected 1 to {hi:,}, got {count:,}"))
+    if rate is not None and not (0 < rate <= MAX_SERVE_RATE):
+        problems.append(Problem("--rate", "", f"expected more than 0 and at most {MAX_SERVE_RATE:g}, "
+                                              f"got {rate:g}"))
+    for slo_ms, flag in ((ttft_slo, "--ttft-slo"), (tpot_slo, "--tpot-slo")):
+        if slo_ms is not None and not (0 < slo_ms < 1e9):
+            problems.append(Problem(flag, "", f"expected milliseconds > 0, got {slo_ms:g}"))
+    if not 0 < percentile <= 100:
+        problems.append(Problem("--percentile", "", f"expected more than 0 and at most 100, "
+                                                     f"got {percentile:g}"))
+    given = [f for f, v in (("--rate", rate), ("--concurrency", concurrency), ("--offline", offline or None))
+             if v is not None]
+    if len(given) != 1:
+        problems.append(Problem("--rate", "", "give exactly one of --rate, --concurrency, --offline"
+                                + (f" (got {', '.join(given)})" if given else "")))
+
+    def precisions(text: str, flag: str, allowed: Sequence[Precision]) -> list[Precision]:
+        out: list[Precision] = []
+        for item in text.split(","):
+            name = item.strip().lower()
+            match = next((p for p in allowed if p.value == name), None)
+            if match is None:
+                problems.append(Problem(flag, "", f"expected {', '.join(p.value for p in allowed)}, "
+                                                  f"got {item.strip()[:40]!r}"))
+            elif match not in out:
+                out.append(match)
+        return out
+
+    w_list = precisions(weights, "--weights", list(Precision))
+    kv_list = precisions(kv_cache, "--kv-cache", KV_PRECISIONS)
+    if problems:
+        raise InputError(problems)
+    assert model and cluster and gpus and input_len and output_len
+    if out_path is not None:
+        files.check_target(out_path)
+        if files.is_stdout(out_path):
+            output.data_to_stderr()
+    m = resolve_model(model)
+    c = with_gpus(resolve_cluster(cluster), gpus)
+    if input_len + output_len > m.max_seq_len:
+        output.err.print(f"autoplan: note: --input-len + --output-len = {input_len + output_len:,} "
+                         f"exceeds {m.name}'s max_seq_len {m.max_seq_len:,}", markup=False)
+    arrival = (Arrival(ArrivalKind.RATE, rate_rps=rate) if rate is not None
+               else Arrival(ArrivalKind.CONCURRENCY, concurrency=concurrency) if concurrency is not None
+               else Arrival(ArrivalKind.OFFLINE))
+    workload = Workload(Lengths(float(input_len)), Lengths(float(output_len)), arrival, requests)
+    slo = Slo(ttft_slo, tpot_slo, percentile)
+    eng = Engine(engine.value)
+    if output.interactive(fmt.value):
+        with output.err.status(f"simulating deployments on {c.gpus} GPUs ..."):
+            result = serve_search(m, c, eng, workload, slo, w_list, kv_list)
+    else:
+        result = serve_search(m, c, eng, workload, slo, w_list, kv_list)
+    shown = result.plans[:top]
+    docs = [serving_document(r.plan, r.prediction) for r in shown]
+    ok = bool(shown) and shown[0].prediction.meets_slo
+    if out_path is not None and shown:
+        files.write_text(out_path, _yaml(docs[0]))
+    if fmt is Format.json:
+        front = [{"deployment": r.plan.deployment.label(), "tokens_per_s_per_gpu": r.per_gpu,
+                  "tokens_per_s_per_user": r.user_tokens_per_s,
+                  "tpot_ms_mean": r.prediction.tpot_ms.mean,
+                  "max_num_seqs": _max_num_seqs(r)} for r in result.front]
+        doc: dict[str, Any] = {"plans": docs, "pareto": front}
+        if not ok:
+            doc["reason"] = result.why_none(slo)
+        output.emit_json(doc)
+    else:
+        title = escape(f"{m.name} on {c.gpus} x {c.device.name} ({c.name}), {eng.value}, "
+                       f"{input_len} in / {output_len} out, {arrival.label()}")
+        output.out.print(render.serving_table(shown, slo, title))
+        output.out.print(render.serving_front_table(result.front))
+        output.out.print(escape(
+            f"deployments: {result.evaluated} simulated, {result.not_fitting} leave no room for "
+            "the KV cache; TTFT/TPOT over the simulated requests of one scheduler "
+            "(autoplan/serving/simulate.py)"))
+    if out_path is not None and shown and not files.is_stdout(out_path):
+        output.err.print(f"wrote the best plan to {files.name(out_path)}")
+    if not ok:
+        output.err.print(f"autoplan: {result.why_none(slo)}", markup=False)
+        raise typer.Exit(1)
+
+
+def _max_num_seqs(r: Any) -> int:
+    """The batch limit a ranked serving plan ran with (the engine's default where unset)."""
+    from autoplan.serving.cost import StepModel
+
+    p = r.plan
+    return StepModel(p.model, p.cluster, p.deployment, p.engine).max_num_seqs
 
 
 def _print_prediction(path: Path, plan: Plan, pred: Prediction, *extra: Any) -> None:

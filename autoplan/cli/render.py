@@ -17,6 +17,8 @@ from autoplan.vocab import CpComm
 
 if TYPE_CHECKING:
     from autoplan.measured.profile import Profile
+    from autoplan.serving.deployment import Slo
+    from autoplan.serving.search import Ranked
     from autoplan.whatif.sweep import Point
 
 MOE_MFU_NOTE = " of active parameters"
@@ -97,6 +99,48 @@ def front_table(points: Sequence[Point], front: Sequence[Point], kept: Sequence[
             f"{e.train_days:,.1f}", f"{e.gpu_hours:,.0f}",
             f"{e.cost_usd:,.0f}" if price_known and e.cost_usd is not None else "-",
             f"{e.energy_mwh:,.1f}" if e.energy_mwh is not None else "-")
+    return table
+
+
+def _serving_label(r: Ranked) -> str:
+    d = r.plan.deployment
+    text = d.label()
+    if d.weights.value != "bf16" or d.kv_cache.value != "bf16":
+        text += f" w{d.weights.value}/kv{d.kv_cache.value}"
+    return text
+
+
+def serving_table(ranked: Sequence[Ranked], slo: Slo, title: str) -> Table:
+    """Ranked serving deployments: latencies at p50 and the SLO's percentile, throughput,
+    goodput, memory and KV capacity."""
+    q = f"p{slo.percentile:g}"
+    table = Table(title=title, title_justify="left")
+    for name in ("#", "deployment", "max seqs", "TTFT p50", f"TTFT {q}", "TPOT p50", f"TPOT {q}",
+                 "out tok/s", "tok/s/GPU", "goodput r/s", "peak GiB", "KV tokens", "SLO"):
+        table.add_column(name, justify="left" if name in ("deployment", "SLO") else "right")
+    for i, r in enumerate(ranked, 1):
+        p = r.prediction
+        seqs = r.plan.deployment.max_num_seqs
+        verdict = ("yes" if p.meets_slo else "no") if slo.any else "-"
+        if not p.steady:
+            verdict += " (queue grows)"
+        table.add_row(
+            str(i), _serving_label(r), str(seqs) if seqs else "default", f"{p.ttft_ms.p50:,.0f}",
+            f"{p.slo_ttft_ms:,.0f}", f"{p.tpot_ms.p50:,.1f}", f"{p.slo_tpot_ms:,.1f}",
+            f"{p.output_tokens_per_s:,.0f}", f"{r.per_gpu:,.0f}", f"{p.goodput_rps:,.2f}",
+            f"{p.memory.peak / GiB:.1f}", f"{p.kv_cache_tokens:,}", verdict)
+    return table
+
+
+def serving_front_table(front: Sequence[Ranked]) -> Table:
+    """The throughput per GPU against speed per user front."""
+    table = Table(title="front: throughput per GPU against tokens/s per user", title_justify="left")
+    for name in ("deployment", "max seqs", "tok/s/GPU", "tok/s/user", "TPOT mean ms"):
+        table.add_column(name, justify="left" if name == "deployment" else "right")
+    for r in front:
+        seqs = r.plan.deployment.max_num_seqs
+        table.add_row(_serving_label(r), str(seqs) if seqs else "default", f"{r.per_gpu:,.0f}",
+                      f"{r.user_tokens_per_s:,.1f}", f"{r.prediction.tpot_ms.mean:,.1f}")
     return table
 
 

@@ -1,0 +1,334 @@
+"""What one engine iteration of a serving replica costs, and what its GPUs hold.
+
+An iteration (continuous batching, Yu et al. 2022 "Orca") runs every scheduled token of
+the batch through the model once: the prefill chunks' prompt tokens and one token per
+decoding sequence. Per GPU of a pipeline stage it costs, layer by layer:
+
+- the linear layers: GEMMs of m = tokens rows at the roofline of
+  :func:`autoplan.cost.compute.gemm_roofline` (Williams et al. 2009) — compute-bound for a
+  long prefill, bound by reading the weights (at the stored precision) for a decode batch;
+- MoE layers: each token to ``top_k`` experts; the experts a batch touches are read
+  whole: of E experts, E (1 - (1 - k/E)^T) expected for T tokens routed uniformly;
+- attention: prefill at flash attention's compute rate over the causal pairs; decode
+  reads each sequence's KV cache (bandwidth-bound; PagedAttention, Kwon et al. 2023);
+  GQA keeps kv_heads / tp heads per GPU (at least one: engines replicate them past
+  kv_heads), MLA its compressed latent (kv_lora_rank + rope dims, replicated over TP;
+  DeepSeek-V2 Sec. 2.1; decode runs the absorbed form);
+- tensor parallel: two all-reduces of the tokens' hidden states per layer (Megatron-LM,
+  Shoeybi et al. 2019), expert parallel: a dispatch and a combine all-to-all of the
+  routed tokens; pipeline parallel: a send of the hidden states per stage boundary; on
+  the cluster's links through :mod:`autoplan.cost.comm` (alpha-beta);
+- a GPU-side gap per kernel (``device.kernel_gap_s``) and the engine's per-iteration
+  host time (scheduling, sampling, detokenizing): :data:`HOST_STEP_S`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from autoplan.cost import comm
+from autoplan.cost.compute import AttentionKernel, attention_efficiency, gemm_roofline
+from autoplan.descriptors.hardware import Cluster, Device
+from autoplan.descriptors.model import Model
+from autoplan.serving.deployment import Deployment, Engine, EngineDefaults, Precision, engine_defaults
+from autoplan.units import GiB
+from autoplan.vocab import Dtype
+
+ACT_BYTES = 2  # hidden states move in 16 bits between kernels and over the links
+LOGIT_BYTES = 4  # logits are sampled in fp32
+# Host time per iteration: the engine's scheduler, input preparation, sampling and output
+# processing between two forward passes. Provisional values (the engines' own overlap of
+# CPU and GPU work differs: vLLM V1 and SGLang overlap scheduling with the previous step;
+# TensorRT-LLM's C++ runtime has the least): to be fitted on serving_calibration.csv by
+# benchmarks/serving_accuracy.py (issue 15), and reported there.
+HOST_STEP_S = {Engine.VLLM: 2.0e-3, Engine.SGLANG: 1.5e-3, Engine.TRTLLM: 1.0e-3}
+# kernels per transformer layer in an iteration: norms, QKV, RoPE, attention, O, residual,
+# the MLP's GEMMs and activation, the collectives
+KERNELS_PER_LAYER = 14
+# one-shot all-reduce (each GPU reads every peer's buffer over NVLink in one step): what
+# vLLM's and TensorRT-LLM's custom all-reduce kernels run for small messages inside an
+# NVLink domain (vllm csrc/custom_all_reduce.cuh: one-shot below 512 KiB, else two-shot)
+ONE_SHOT_MAX_BYTES = 512 * 1024
+SMALL_BATCH_ROWS = 128  # one tile row of cost.compute.GEMM_TILES
+
+
+def all_reduce_seconds(nbytes: float, group: comm.Group) -> float:
+    """A tensor-parallel all-reduce as serving engines run it: the least of NCCL's ring
+    (:func:`autoplan.cost.comm.all_reduce`) and, inside one NVLink domain for small
+    messages, a one-shot exchange: one link latency, each peer's buffer read once."""
+    ring = comm.all_reduce(nbytes, group)
+    if group.domains > 1 or nbytes > ONE_SHOT_MAX_BYTES or group.size < 2:
+        return ring
+    one_shot = group.intra.latency_s + nbytes * (group.size - 1) / group.intra.effective_Bps
+    return min(ring, one_shot)
+
+
+def elementwise_bytes_per_token(model: Model, tp: int) -> float:
+    """HBM bytes of a layer's fused elementwise kernels per token (vLLM's
+    fused_add_rms_norm twice: reads the input and the residual, writes both; RoPE in
+    place on this GPU's queries and keys; the gated activation (silu_and_mul) reads the
+    two up projections and writes one)."""
+    h = model.hidden
+    norms = 2 * 4 * h
+    rope = 2 * (model.q_dim + model.kv_dim) / tp
+    ffn = max(model.ffn_hidden, model.expert_width * max(1, model.top_k))
+    act = (3 if model.activation.gated else 2) * ffn / tp
+    return ACT_BYTES * (norms + rope + act)
+
+
+def compute_dtype(weights: Precision, device: Device) -> Dtype:
+    """The dtype the GEMMs run in: fp8 weights (and fp4, which no descriptor prices yet)
+    run fp8 GEMMs where the device has them; int8/int4 are weight-only (dequantized to
+    16 bits in the kernel, W8A16/W4A16); the rest their own 16-bit type."""
+    if weights in (Precision.FP8, Precision.FP4) and device.supports(Dtype.FP8):
+        return Dtype.FP8
+    return Dtype.FP16 if weights is Precision.FP16 else Dtype.BF16
+
+
+def kv_bytes_per_token_layer(model: Model, tp: int, kv: Precision) -> float:
+    """KV cache bytes one token of one layer takes on one GPU of a TP group."""
+    if model.is_mla:
+        return (model.kv_lora_rank + model.qk_rope_head_dim) * kv.bytes
+    heads = max(1.0, model.kv_heads / tp)
+    return 2 * heads * model.kv_channels * kv.bytes
+
+
+def distinct_experts(experts: int, top_k: int, tokens: float) -> float:
+    """Expected experts hit at least once when ``tokens`` tokens each pick ``top_k`` of
+    ``experts`` uniformly: E (1 - (1 - k/E)^T)."""
+    if tokens <= 0:
+        return 0.0
+    return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """Bytes per GPU (the fullest stage)."""
+
+    weights: float
+    kv_cache: float
+    activations: float
+    other: float
+
+    @property
+    def peak(self) -> float:
+        return self.weights + self.kv_cache + self.activations + self.other
+
+    def to_gib(self) -> dict[str, float]:
+        return {"weights": self.weights / GiB, "kv_cache": self.kv_cache / GiB,
+                "activations": self.activations / GiB, "other": self.other / GiB,
+                "peak": self.peak / GiB}
+
+
+@dataclass(frozen=True, slots=True)
+class Breakdown:
+    """Seconds of one iteration by where they go (one pipeline traversal)."""
+
+    gemm: float = 0.0
+    moe: float = 0.0
+    attention: float = 0.0
+    kv_read: float = 0.0
+    elementwise: float = 0.0
+    tp_comm: float = 0.0
+    ep_comm: float = 0.0
+    pp_comm: float = 0.0
+    logits: float = 0.0
+    kernel_gaps: float = 0.0
+    host: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return (self.gemm + self.moe + self.attention + self.kv_read + self.elementwise + self.tp_comm
+                + self.ep_comm + self.pp_comm + self.logits + self.kernel_gaps + self.host)
+
+    def to_dict(self) -> dict[str, float]:
+        names = ("gemm", "moe", "attention", "kv_read", "elementwise", "tp_comm", "ep_comm",
+                 "pp_comm", "logits", "kernel_gaps", "host")
+        return {n: getattr(self, n) for n in names}
+
+
+@dataclass
+class StepModel:
+    """Iteration times of one replica's scheduler (an attention-DP rank's batch), with the
+    per-token constants worked out once: a simulation asks thousands of times."""
+
+    model: Model
+    cluster: Cluster
+    deployment: Deployment
+    engine: Engine
+    limits: EngineDefaults = field(init=False)
+    _linear: dict[int, tuple[float, float]] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        d, m, dev = self.deployment, self.model, self.cluster.device
+        self.device: Device = dev
+        self.dtype = compute_dtype(d.weights, dev)
+        self.layers_stage = math.ceil(m.layers / d.pp)
+        moe_layers = m.moe_layers if m.is_moe else 0
+        self.moe_stage = math.ceil(moe_layers / d.pp)
+        self.dense_stage = self.layers_stage - self.moe_stage if m.is_moe else self.layers_stage
+        self.stage_gpus = d.tp * d.attention_dp  # GPUs of one pipeline stage
+        self.etp = max(1, self.stage_gpus // d.ep)  # each expert's matrices split over etp GPUs
+        self.kv_token_layer = kv_bytes_per_token_layer(m, d.tp, d.kv_cache)
+        self.tp_group = comm.place_group(self.cluster, d.tp, 1)
+        self.ep_group = comm.place_group(self.cluster, d.ep, 1) if d.ep > 1 else None
+        self.stage_group = comm.place_group(self.cluster, self.stage_gpus, 1)
+        self.attn_eff = attention_efficiency(dev, AttentionKernel.FLASH3, False, 4096, m.qk_head_dim)
+        self.mem_eff_Bps = dev.hbm_Bps * dev.hbm_efficiency
+        self.defaults = engine_defaults(self.engine, dev)
+        self.max_num_seqs = d.max_num_seqs or self.defaults.max_num_seqs
+        self.max_batched_tokens = d.max_batched_tokens or self.defaults.max_batched_tokens
+        self.chunked_prefill = (self.defaults.chunked_prefill if d.chunked_prefill is None
+                                else d.chunked_prefill)
+        # cross-node pipeline hops where a stage's GPUs fill whole NVLink domains
+        self.pp_cross = self.stage_gpus >= self.cluster.nvlink_domain
+
+    # -- per-layer pieces ---------------------------------------------------------------
+    def _gemm(self, m: float, n: float, k: float, weight_bytes: float) -> float:
+        """Waves of output tiles count from a full tile row up; below it (a decode batch)
+        the engines' small-batch kernels split K over every SM (split-K/GEMV), so reading
+        the weights bounds them."""
+        work = 2.0 * m * n * k
+        moved = weight_bytes + ACT_BYTES * (m * k + m * n)
+        tiled = m >= SMALL_BATCH_ROWS
+        return gemm_roofline(work, moved, self.device, self.dtype, m if tiled else 0.0, n if tiled else 0.0)
+
+    def _linear_times(self, tokens: int) -> tuple[float, float]:
+        """(a dense layer's GEMMs, an MoE layer's) for ``tokens`` rows."""
+        cached = self._linear.get(tokens)
+        if cached is not None:
+            return cached
+        m, d, wb = self.model, self.deployment, self.deployment.weights.bytes
+        t = float(tokens)
+        tp = d.tp
+        # attention projections: Q (+ its heads' K, V, at least one KV head per GPU) and O
+        if m.is_mla:
+            attn_params = m.params_mla / tp
+            attn = self._gemm(t, attn_params / m.hidden, m.hidden, attn_params * wb)
+        else:
+            kv_width = max(m.kv_channels, m.kv_dim / tp)
+            qkv_n = m.q_dim / tp + 2 * kv_width
+            attn = (self._gemm(t, qkv_n, m.hidden, qkv_n * m.hidden * wb)
+                    + self._gemm(t, m.hidden, m.q_dim / tp, m.q_dim / tp * m.hidden * wb))
+        gated = m.mlp_matrices - 1  # up (and gate) matrices
+        ffn = m.ffn_hidden / tp
+        dense_mlp = (self._gemm(t, gated * ffn, m.hidden, gated * ffn * m.hidden * wb)
+                     + self._gemm(t, m.hidden, ffn, ffn * m.hidden * wb))
+        dense = attn + dense_mlp
+        moe = 0.0
+        if m.is_moe:
+            # every attention-DP rank's tokens meet at the experts
+            t_all = t * d.attention_dp
+            local = m.experts / d.ep
+            hit = distinct_experts(m.experts, m.top_k, t_all) / d.ep
+            w = m.params_expert / self.etp
+            work = 2.0 * t_all * m.top_k * m.params_expert / self.stage_gpus
+            moved = hit * w * wb + ACT_BYTES * t_all * m.top_k / d.ep * m.hidden * 2
+            rows = t_all * m.top_k / max(1.0, local)  # per expert, on average
+            tiled = rows >= SMALL_BATCH_ROWS
+            experts = gemm_roofline(work, moved, self.device, self.dtype, rows if tiled else 0.0,
+                                    m.expert_width / self.etp if tiled else 0.0)
+            shared = 0.0
+            if m.shared_experts:
+                sw = m.shared_experts * m.shared_width / tp
+                shared = (self._gemm(t, gated * sw, m.hidden, gated * sw * m.hidden * wb)
+                          + self._gemm(t, m.hidden, sw, sw * m.hidden * wb))
+            router = self._gemm(t, m.experts, m.hidden, m.experts * m.hidden * ACT_BYTES)
+            moe = attn + experts + shared + router
+        out = (dense, moe)
+        self._linear[tokens] = out
+        return out
+
+    def iteration(self, tokens: int, decodes: int, decode_context: float,
+                  prefill_pairs: float, prefill_context: float, sampled: int) -> Breakdown:
+        """One iteration of one scheduler's batch through the whole pipeline.
+
+        ``tokens``: scheduled tokens (prompt chunks + one per decode); ``decodes`` and
+        ``decode_context``: the decoding sequences and the KV tokens they read;
+        ``prefill_pairs``: causal (query, key) pairs of the prefill chunks, summed;
+        ``prefill_context``: KV tokens of earlier chunks the prefill re-reads;
+        ``sampled``: sequences that sample a token (decodes + prompts finishing)."""
+        m, d, dev = self.model, self.deployment, self.device
+        if tokens <= 0:
+            return Breakdown()
+        dense, moe = self._linear_times(tokens)
+        L, Lm, Ld = self.layers_stage * d.pp, self.moe_stage * d.pp, self.dense_stage * d.pp
+        gemm = Ld * dense
+        moe_s = Lm * moe
+        # attention core: prefill compute-bound, decode bandwidth-bound (per GPU: heads / tp)
+        heads = m.heads / d.tp
+        if m.is_mla:
+            prefill_dim = m.qk_head_dim + m.v_head_dim
+            decode_dim = (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
+        else:
+            prefill_dim = decode_dim = 2 * m.kv_channels
+        peak = dev.peak_bf16_flops
+        attn_prefill = 2.0 * prefill_pairs * heads * prefill_dim / (peak * self.attn_eff)
+        kv_bytes = (decode_context + prefill_context) * self.kv_token_layer
+        attn_decode_flops = 2.0 * decode_context * heads * decode_dim / (peak * self.attn_eff)
+        kv_read = max(kv_bytes / self.mem_eff_Bps, attn_decode_flops)
+        attention = L * attn_prefill
+        kv_read_s = L * kv_read
+        elementwise = L * tokens * elementwise_bytes_per_token(m, d.tp) / self.mem_eff_Bps
+        act = ACT_BYTES * tokens * m.hidden
+        tp_comm = L * 2 * all_reduce_seconds(act, self.tp_group) if d.tp > 1 else 0.0
+        ep_comm = 0.0
+        if m.is_moe and self.ep_group is not None:
+            routed = act * m.top_k * d.attention_dp / d.ep
+            ep_comm = Lm * 2 * comm.all_to_all(routed, self.ep_group)
+        elif m.is_moe and d.attention_dp > 1:  # experts split over the stage: gather, then reduce
+            ep_comm = Lm * all_reduce_seconds(act * d.attention_dp, self.stage_group)
+        pp_comm = (d.pp - 1) * comm.p2p(act / d.tp, self.pp_cross, self.cluster) if d.pp > 1 else 0.0
+        # the output layer (16 bits in every engine's quantized checkpoints) over the
+        # sequences that sample, and their fp32 logits written and read by the sampler
+        head = m.vocab / d.tp * m.hidden
+        logits = (gemm_roofline(2.0 * sampled * head, ACT_BYTES * (head + sampled * m.hidden),
+                                dev, Dtype.BF16, sampled, m.vocab / d.tp)
+                  + 2 * LOGIT_BYTES * sampled * m.vocab / d.tp / self.mem_eff_Bps) if sampled else 0.0
+        kernel_gaps = L * KERNELS_PER_LAYER * dev.kernel_gap_s
+        return Breakdown(gemm=gemm, moe=moe_s, attention=attention, kv_read=kv_read_s,
+                         elementwise=elementwise, tp_comm=tp_comm, ep_comm=ep_comm, pp_comm=pp_comm,
+                         logits=logits, kernel_gaps=kernel_gaps, host=HOST_STEP_S[self.engine])
+
+    def step_seconds(self, tokens: int, decodes: int, decode_context: float,
+                     prefill_pairs: float, prefill_context: float, sampled: int) -> float:
+        """:meth:`iteration`'s total. With pp > 1 the engine keeps pp batches in flight
+        (vLLM's virtual engines): one batch's iteration still traverses every stage."""
+        return self.iteration(tokens, decodes, decode_context, prefill_pairs, prefill_context,
+                              sampled).total
+
+    # -- memory ---------------------------------------------------------------------
+    def memory(self) -> Memory:
+        """Per GPU of the fullest stage: weights at their precision (embedding and output
+        layer in 16 bits, split over TP), the activations of the largest iteration
+        (``max_batched_tokens``), the device's reserve (CUDA context, NCCL buffers, CUDA
+        graphs), and the KV cache: what the engine's memory budget leaves."""
+        m, d, dev = self.model, self.deployment, self.device
+        wb = d.weights.bytes
+        non_expert_layer = m.params_attention + 2 * m.params_norm
+        per_layer_dense = (non_expert_layer + m.params_mlp) * wb / d.tp
+        per_layer_moe = 0.0
+        if m.is_moe:
+            per_layer_moe = ((non_expert_layer + m.params_router + m.params_shared_experts) * wb / d.tp
+                             + m.experts * m.params_expert * wb / self.stage_gpus)
+        # the embedding on the first stage, the output layer on the last (both where pp = 1)
+        ends = (m.params_embedding + m.params_output if d.pp == 1
+                else max(m.params_embedding, m.params_output))
+        edge = ends * ACT_BYTES / d.tp
+        weights = self.dense_stage * per_layer_dense + self.moe_stage * per_layer_moe + edge
+        t = self.max_batched_tokens
+        width = 4 * m.hidden + m.mlp_matrices * max(m.ffn_hidden, m.expert_width * m.top_k) / d.tp
+        activations = ACT_BYTES * t * width + LOGIT_BYTES * self.max_num_seqs * m.vocab / d.tp
+        other = dev.reserve_bytes
+        lim = self.defaults
+        if lim.memory_of_free:
+            kv = lim.memory_fraction * (dev.mem_bytes - weights - activations - other)
+        else:
+            kv = lim.memory_fraction * dev.mem_bytes - weights - activations - other
+        return Memory(weights=weights, kv_cache=max(0.0, kv), activations=activations, other=other)
+
+    def kv_tokens(self, mem: Memory) -> int:
+        """Tokens of KV cache one scheduler (an attention-DP rank) can hold."""
+        per_token = self.kv_token_layer * self.layers_stage
+        return int(mem.kv_cache // per_token) if per_token > 0 else 0

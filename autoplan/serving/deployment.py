@@ -1,0 +1,208 @@
+"""What a serving plan is made of: the engine, the deployment, the workload and the SLO.
+
+Frozen descriptors, validated where they are read (:mod:`autoplan.serving.planfile`) and
+trusted here.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+from autoplan.descriptors.hardware import Device
+from autoplan.units import GiB
+
+
+class Engine(str, enum.Enum):
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    TRTLLM = "trtllm"
+
+
+class Precision(str, enum.Enum):
+    """Bytes of a stored weight or KV element; ``compute`` is what its GEMMs run in."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+    INT8 = "int8"
+    INT4 = "int4"
+    FP4 = "fp4"
+
+    @property
+    def bytes(self) -> float:
+        return {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5}[self.value]
+
+
+KV_PRECISIONS = (Precision.BF16, Precision.FP16, Precision.FP8)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineDefaults:
+    """An engine's batching limits and memory budget when the plan leaves them unset."""
+
+    max_num_seqs: int
+    max_batched_tokens: int
+    chunked_prefill: bool
+    # share of the GPU's memory the engine may fill with weights, activations and KV
+    # cache (``memory_of_free``: of what is free after the weights instead)
+    memory_fraction: float
+    memory_of_free: bool = False
+
+
+def engine_defaults(engine: Engine, device: Device) -> EngineDefaults:
+    """Each engine's defaults for its OpenAI-compatible server.
+
+    - vLLM (``vllm serve``, V1 engine): ``EngineArgs.get_batch_defaults`` gives
+      max_num_batched_tokens 8192 and max_num_seqs 1024 on GPUs of 70 GiB or more that are
+      not A100s, else 2048 and 256; chunked prefill on; ``gpu_memory_utilization`` 0.9 of
+      the whole GPU (vllm/engine/arg_utils.py, 2025-2026 releases).
+    - SGLang (``sglang.launch_server``): ``chunked_prefill_size`` 8192 on 80-160 GB GPUs,
+      4096 below 60 GB (server_args.py); running requests bounded by the KV pool
+      (``max_running_requests`` unset; 4096 here, beyond any pool these GPUs hold);
+      ``mem_fraction_static`` about 0.88 on 80 GB GPUs at TP 4-8.
+    - TensorRT-LLM (``trtllm-serve``): ``max_batch_size`` 2048, ``max_num_tokens`` 8192,
+      ``kv_cache_config.free_gpu_memory_fraction`` 0.9 of the memory free after the
+      weights (TensorRT-LLM docs, "trtllm-serve" and "KV cache" pages).
+    """
+    big = device.mem_bytes >= 70 * GiB
+    if engine is Engine.VLLM:
+        a100 = "a100" in device.name.lower()
+        if big and not a100:
+            return EngineDefaults(1024, 8192, True, 0.9)
+        return EngineDefaults(256, 2048, True, 0.9)
+    if engine is Engine.SGLANG:
+        return EngineDefaults(4096, 8192 if device.mem_bytes >= 60 * GiB else 4096, True, 0.88)
+    return EngineDefaults(2048, 8192, True, 0.9, memory_of_free=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    replicas: int
+    tp: int
+    pp: int = 1
+    ep: int = 1  # MoE: experts split over ep of a stage's tp * attention_dp GPUs
+    attention_dp: int = 1  # MoE: attention data parallel ranks within a replica (DEP)
+    weights: Precision = Precision.BF16
+    kv_cache: Precision = Precision.BF16
+    max_num_seqs: int | None = None  # None: the engine's default
+    max_batched_tokens: int | None = None
+    chunked_prefill: bool | None = None
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tp * self.pp * self.attention_dp
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.gpus_per_replica
+
+    def label(self) -> str:
+        out = f"{self.replicas}x tp{self.tp}"
+        if self.pp > 1:
+            out += f" pp{self.pp}"
+        if self.attention_dp > 1:
+            out += f" adp{self.attention_dp}"
+        if self.ep > 1:
+            out += f" ep{self.ep}"
+        return out
+
+
+class Dist(str, enum.Enum):
+    FIXED = "fixed"
+    LOGNORMAL = "lognormal"
+    EXPONENTIAL = "exponential"
+    UNIFORM = "uniform"
+
+
+@dataclass(frozen=True, slots=True)
+class Lengths:
+    """Token counts of requests: a fixed number or a distribution with that mean."""
+
+    mean: float
+    dist: Dist = Dist.FIXED
+    sigma: float = 0.0  # lognormal: sigma of the underlying normal
+    low: int = 1  # uniform: bounds; every draw is clipped to [1, high] (high 0: none)
+    high: int = 0
+
+    def to_dict(self) -> int | dict[str, object]:
+        if self.dist is Dist.FIXED and float(self.mean).is_integer():
+            return int(self.mean)
+        out: dict[str, object] = {"mean": self.mean, "dist": self.dist.value}
+        if self.dist is Dist.LOGNORMAL:
+            out["sigma"] = self.sigma
+        if self.dist is Dist.UNIFORM:
+            out.update(low=self.low, high=self.high)
+        return out
+
+    @property
+    def ceiling(self) -> float:
+        """A length no draw exceeds by much (for memory checks): the mean, or the high
+        bound, or a lognormal's 99.9th percentile."""
+        if self.dist is Dist.UNIFORM:
+            return float(self.high)
+        if self.dist is Dist.LOGNORMAL:
+            return self.mean * math.exp(3.09 * self.sigma - self.sigma**2 / 2)
+        if self.dist is Dist.EXPONENTIAL:
+            return self.mean * 6.9
+        return self.mean
+
+
+class ArrivalKind(str, enum.Enum):
+    RATE = "rate"  # Poisson arrivals at rate_rps
+    CONCURRENCY = "concurrency"  # closed loop: a new request as soon as one finishes
+    OFFLINE = "offline"  # every request queued at time 0
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    kind: ArrivalKind
+    rate_rps: float = 0.0
+    concurrency: int = 0
+
+    def to_dict(self) -> str | dict[str, float | int]:
+        if self.kind is ArrivalKind.OFFLINE:
+            return "offline"
+        if self.kind is ArrivalKind.RATE:
+            return {"rate_rps": self.rate_rps}
+        return {"concurrency": self.concurrency}
+
+    def label(self) -> str:
+        if self.kind is ArrivalKind.OFFLINE:
+            return "offline"
+        if self.kind is ArrivalKind.RATE:
+            return f"{self.rate_rps:g} req/s"
+        return f"concurrency {self.concurrency}"
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    input_len: Lengths
+    output_len: Lengths
+    arrival: Arrival
+    requests: int = 1000
+
+    def to_dict(self) -> dict[str, object]:
+        return {"input_len": self.input_len.to_dict(), "output_len": self.output_len.to_dict(),
+                "arrival": self.arrival.to_dict(), "requests": self.requests}
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    percentile: float = 99.0
+
+    @property
+    def any(self) -> bool:
+        return self.ttft_ms is not None or self.tpot_ms is not None
+
+    def to_dict(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.ttft_ms is not None:
+            out["ttft_ms"] = self.ttft_ms
+        if self.tpot_ms is not None:
+            out["tpot_ms"] = self.tpot_ms
+        out["percentile"] = self.percentile
+        return out

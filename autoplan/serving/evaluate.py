@@ -1,0 +1,173 @@
+"""A serving plan's prediction: memory, KV capacity, and the simulated latencies and
+throughput of its deployment under its workload."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoplan.descriptors.hardware import Cluster
+from autoplan.descriptors.model import Model
+from autoplan.serving.cost import Memory, StepModel
+from autoplan.serving.deployment import ArrivalKind, Deployment, Engine, Slo, Workload
+from autoplan.serving.simulate import SimResult, simulate
+
+
+@dataclass(frozen=True, slots=True)
+class ServingPlan:
+    model: Model
+    cluster: Cluster
+    engine: Engine
+    deployment: Deployment
+    workload: Workload
+    slo: Slo
+
+
+@dataclass(frozen=True, slots=True)
+class Latency:
+    """Milliseconds: mean and percentiles over the simulated requests."""
+
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+
+    @classmethod
+    def of(cls, seconds: np.ndarray) -> Latency:
+        if not len(seconds):
+            return cls(0.0, 0.0, 0.0, 0.0)
+        ms = seconds * 1e3
+        p50, p90, p99 = np.percentile(ms, [50, 90, 99])
+        return cls(float(ms.mean()), float(p50), float(p90), float(p99))
+
+    def at(self, percentile: float, values: np.ndarray) -> float:
+        return float(np.percentile(values * 1e3, percentile)) if len(values) else 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {"mean": self.mean, "p50": self.p50, "p90": self.p90, "p99": self.p99}
+
+
+@dataclass(frozen=True, slots=True)
+class ServingPrediction:
+    ttft_ms: Latency
+    tpot_ms: Latency
+    e2e_ms: Latency
+    output_tokens_per_s: float  # whole deployment
+    total_tokens_per_s: float
+    requests_per_s: float
+    goodput_rps: float  # requests per second meeting every SLO given
+    meets_slo: bool
+    slo_ttft_ms: float  # TTFT and TPOT at the SLO's percentile
+    slo_tpot_ms: float
+    memory: Memory
+    kv_cache_tokens: int  # per scheduler (a replica's attention-DP rank)
+    max_concurrency: int  # sequences one scheduler ran at once, at most
+    schedulers: int
+    fits: bool
+    steady: bool
+    preemptions: int
+    simulated_requests: int
+    timeline: tuple[tuple[float, int, int], ...]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "ttft_ms": self.ttft_ms.to_dict(), "tpot_ms": self.tpot_ms.to_dict(),
+            "e2e_ms": self.e2e_ms.to_dict(),
+            "output_tokens_per_s": self.output_tokens_per_s,
+            "total_tokens_per_s": self.total_tokens_per_s,
+            "requests_per_s": self.requests_per_s, "goodput_rps": self.goodput_rps,
+            "meets_slo": self.meets_slo,
+            "memory_gib_per_gpu": self.memory.to_gib(),
+            "kv_cache_tokens": self.kv_cache_tokens, "max_concurrency": self.max_concurrency,
+        }
+
+
+def schedulers_of(d: Deployment) -> int:
+    """Independent batches the deployment runs: per replica one per attention-DP rank and
+    per pipeline batch in flight."""
+    return d.replicas * d.attention_dp * d.pp
+
+
+def evaluate_serving(plan: ServingPlan, seed: int = 0) -> ServingPrediction:
+    """Simulate one scheduler of the plan (see :mod:`autoplan.serving.simulate`)."""
+    d = plan.deployment
+    step = StepModel(plan.model, plan.cluster, d, plan.engine)
+    mem = step.memory()
+    fits = mem.peak <= plan.cluster.device.mem_bytes and mem.kv_cache > 0
+    # a pipelined replica's batches in flight share its KV cache
+    kv = step.kv_tokens(mem) // d.pp
+    sched = schedulers_of(d)
+    if not fits or kv <= 0:
+        empty = Latency(0.0, 0.0, 0.0, 0.0)
+        return ServingPrediction(empty, empty, empty, 0.0, 0.0, 0.0, 0.0, False, 0.0, 0.0, mem,
+                                 max(0, kv), 0, sched, False, True, 0, 0, ())
+    sim = simulate(step, plan.workload, sched, kv, seed)
+    return _prediction(plan, sim, mem, kv, sched, fits)
+
+
+def _prediction(plan: ServingPlan, sim: SimResult, mem: Memory, kv: int, sched: int,
+                fits: bool) -> ServingPrediction:
+    slo = plan.slo
+    ttft, tpot, e2e = sim.ttft, sim.tpot, sim.e2e
+    n = len(ttft)
+    span = max(sim.duration_s, 1e-9)  # first arrival to last finish
+    if plan.workload.arrival.kind is ArrivalKind.RATE and sim.steady and n > 1:
+        # an open loop that keeps up serves what arrives: rates over the arrivals' span
+        # (the drain after the last arrival is not the deployment's rate)
+        span = max(float(sim.arrival.max() - sim.arrival.min()) * n / (n - 1), 1e-9)
+    out_tokens = float(sim.output_len.sum())
+    in_tokens = float(sim.input_len.sum())
+    rps = n / span * sched
+    good = np.ones(n, dtype=bool)
+    if slo.ttft_ms is not None:
+        good &= ttft * 1e3 <= slo.ttft_ms
+    if slo.tpot_ms is not None:
+        per_tok = np.zeros(n)
+        many = sim.output_len > 1
+        per_tok[many] = (sim.finish[many] - sim.first_token[many]) / (sim.output_len[many] - 1)
+        good &= per_tok * 1e3 <= slo.tpot_ms
+    q = slo.percentile
+    slo_ttft = float(np.percentile(ttft * 1e3, q)) if n else 0.0
+    slo_tpot = float(np.percentile(tpot * 1e3, q)) if len(tpot) else 0.0
+    meets = (n > 0 and sim.steady
+             and (slo.ttft_ms is None or slo_ttft <= slo.ttft_ms)
+             and (slo.tpot_ms is None or slo_tpot <= slo.tpot_ms))
+    return ServingPrediction(
+        ttft_ms=Latency.of(ttft), tpot_ms=Latency.of(tpot), e2e_ms=Latency.of(e2e),
+        output_tokens_per_s=float(out_tokens / span * sched),
+        total_tokens_per_s=float((out_tokens + in_tokens) / span * sched),
+        requests_per_s=float(rps), goodput_rps=float(rps * (good.sum() / n if n else 0.0)),
+        meets_slo=bool(meets), slo_ttft_ms=slo_ttft, slo_tpot_ms=slo_tpot, memory=mem,
+        kv_cache_tokens=kv, max_concurrency=sim.max_running, schedulers=sched, fits=fits,
+        steady=sim.steady, preemptions=sim.preemptions, simulated_requests=n,
+        timeline=sim.timeline)
+
+
+def serving_document(plan: ServingPlan, pred: ServingPrediction) -> dict[str, object]:
+    """The serving plan file (``kind: serving``; issue 15's schema), with its prediction.
+    Built-in models and clusters are written by name."""
+    from autoplan.descriptors.library import builtin_cluster_matches, builtin_model_matches
+    from autoplan.plan import SCHEMA_VERSION
+
+    d, c = plan.deployment, plan.cluster
+    deployment: dict[str, object] = {
+        "replicas": d.replicas, "tp": d.tp, "pp": d.pp, "ep": d.ep, "attention_dp": d.attention_dp,
+        "weights": d.weights.value, "kv_cache": d.kv_cache.value}
+    step_limits = StepModel(plan.model, c, d, plan.engine)
+    deployment["max_num_seqs"] = step_limits.max_num_seqs
+    deployment["max_batched_tokens"] = step_limits.max_batched_tokens
+    deployment["chunked_prefill"] = step_limits.chunked_prefill
+    doc: dict[str, object] = {
+        "autoplan": SCHEMA_VERSION,
+        "kind": "serving",
+        "model": plan.model.name if builtin_model_matches(plan.model) else plan.model.to_dict(),
+        "cluster": ({"name": c.name, "nodes": c.nodes} if builtin_cluster_matches(c) else c.to_dict()),
+        "engine": plan.engine.value,
+        "deployment": deployment,
+        "workload": plan.workload.to_dict(),
+    }
+    if plan.slo.any:
+        doc["slo"] = plan.slo.to_dict()
+    doc["prediction"] = pred.to_dict()
+    return doc

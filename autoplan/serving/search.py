@@ -1,0 +1,154 @@
+"""Which deployment to launch: every (replicas x TP x PP, attention DP and EP for MoE,
+precision, batch limit) that uses the GPUs, simulated under the workload and ranked.
+
+Ranking: plans that meet the SLO first (all where none is given), then by goodput per
+GPU where an SLO is given, else output tokens/s per GPU; ties go to the smaller replica.
+The front is throughput per GPU against tokens/s each user sees (1000 / mean TPOT): the
+trade-off between batching more and answering faster.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+
+from autoplan.descriptors.hardware import Cluster
+from autoplan.descriptors.model import Model
+from autoplan.errors import InputError
+from autoplan.serving.deployment import Deployment, Engine, Precision, Slo, Workload, engine_defaults
+from autoplan.serving.evaluate import ServingPlan, ServingPrediction, evaluate_serving
+from autoplan.vocab import Dtype
+
+# batch limits tried beside the engine's default: a lower max_num_seqs trades throughput
+# for time per output token (the knob a TPOT SLO turns)
+BATCH_CAPS = (256, 64, 16)
+
+
+@dataclass(frozen=True, slots=True)
+class Ranked:
+    plan: ServingPlan
+    prediction: ServingPrediction
+
+    @property
+    def per_gpu(self) -> float:
+        return self.prediction.output_tokens_per_s / self.plan.deployment.gpus
+
+    @property
+    def goodput_per_gpu(self) -> float:
+        return self.prediction.goodput_rps / self.plan.deployment.gpus
+
+    @property
+    def user_tokens_per_s(self) -> float:
+        tpot = self.prediction.tpot_ms.mean
+        return 1000.0 / tpot if tpot > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ServeResult:
+    plans: tuple[Ranked, ...]  # ranked, best first (those that fit)
+    front: tuple[Ranked, ...]  # non-dominated in (throughput per GPU, tokens/s per user)
+    evaluated: int
+    not_fitting: int
+
+    def why_none(self, slo: Slo) -> str:
+        if not self.plans:
+            return (f"no deployment fits: {self.not_fitting} tried, each leaves no room for the KV "
+                    "cache (more GPUs, fp8 weights or a smaller model)")
+        best = self.plans[0]
+        p = best.prediction
+        gaps = []
+        if slo.ttft_ms is not None and p.slo_ttft_ms > slo.ttft_ms:
+            gaps.append(f"TTFT p{slo.percentile:g} {p.slo_ttft_ms:,.0f} ms against {slo.ttft_ms:g} "
+                        f"({p.slo_ttft_ms / slo.ttft_ms:.2f}x)")
+        if slo.tpot_ms is not None and p.slo_tpot_ms > slo.tpot_ms:
+            gaps.append(f"TPOT p{slo.percentile:g} {p.slo_tpot_ms:,.1f} ms against {slo.tpot_ms:g} "
+                        f"({p.slo_tpot_ms / slo.tpot_ms:.2f}x)")
+        if not p.steady:
+            gaps.append("its queue grows through the run (the rate exceeds what it serves)")
+        return (f"no deployment meets the SLO; the closest, {best.plan.deployment.label()}: "
+                + "; ".join(gaps))
+
+
+def _divisors_pow2(n: int, cap: int) -> list[int]:
+    return [d for d in (1, 2, 4, 8, 16, 32, 64) if d <= cap and n % d == 0]
+
+
+def deployments(model: Model, cluster: Cluster, gpus: int, engine: Engine,
+                weights: Sequence[Precision], kv_caches: Sequence[Precision]) -> Iterator[Deployment]:
+    """Every deployment of exactly ``gpus`` GPUs at the engine's batch limits: TP within an
+    NVLink domain (and dividing the attention heads), PP over the layers, for MoE attention
+    DP and EP within a stage."""
+    domain = min(cluster.nvlink_domain, cluster.gpus)
+    for tp in _divisors_pow2(gpus, domain):
+        if model.heads % tp:
+            continue
+        for pp in _divisors_pow2(gpus // tp, 16):
+            if pp > model.layers:
+                continue
+            adps = [1]
+            if model.is_moe:
+                adps += [a for a in _divisors_pow2(gpus // (tp * pp), domain // tp) if a > 1]
+            for adp in adps:
+                per_replica = tp * pp * adp
+                if gpus % per_replica:
+                    continue
+                eps = [1]
+                if model.is_moe:
+                    stage = tp * adp
+                    eps = [e for e in (1, stage) if model.experts % e == 0] or [1]
+                    eps = sorted(set(eps))
+                for ep in eps:
+                    for w in weights:
+                        for kv in kv_caches:
+                            yield Deployment(replicas=gpus // per_replica, tp=tp, pp=pp, ep=ep,
+                                             attention_dp=adp, weights=w, kv_cache=kv)
+
+
+def rank_key(r: Ranked, slo: Slo) -> tuple:
+    p, d = r.prediction, r.plan.deployment
+    score = r.goodput_per_gpu if slo.any else r.per_gpu
+    return (not p.meets_slo, -round(score, 9), d.gpus_per_replica, d.tp, d.pp,
+            -(d.max_num_seqs or 10**9), d.weights.value, d.kv_cache.value)
+
+
+def pareto(ranked: Sequence[Ranked]) -> tuple[Ranked, ...]:
+    """The plans no other beats on both throughput per GPU and tokens/s per user, by
+    throughput per GPU, highest first."""
+    pts = sorted(ranked, key=lambda r: (-r.per_gpu, -r.user_tokens_per_s))
+    front: list[Ranked] = []
+    best_user = -math.inf
+    for r in pts:
+        if r.user_tokens_per_s > best_user:
+            front.append(r)
+            best_user = r.user_tokens_per_s
+    return tuple(front)
+
+
+def serve_search(model: Model, cluster: Cluster, engine: Engine, workload: Workload, slo: Slo,
+                 weights: Sequence[Precision] = (Precision.BF16,),
+                 kv_caches: Sequence[Precision] = (Precision.BF16,), seed: int = 0) -> ServeResult:
+    """Simulate every deployment of the cluster's GPUs; see the module doc."""
+    for p, field in [(w, "--weights") for w in weights] + [(k, "--kv-cache") for k in kv_caches]:
+        if p in (Precision.FP8, Precision.FP4) and not cluster.device.supports(Dtype.FP8):
+            raise InputError.single(field, "", f"{cluster.device.name} has no fp8 support "
+                                                f"(peak_tflops.fp8) for {p.value}")
+    ranked: list[Ranked] = []
+    evaluated = not_fitting = 0
+    default_seqs = engine_defaults(engine, cluster.device).max_num_seqs
+    for base in deployments(model, cluster, cluster.gpus, engine, weights, kv_caches):
+        running = default_seqs
+        for cap in (None, *BATCH_CAPS):
+            if cap is not None and cap >= running:
+                continue  # the batch never reached this cap: the same run
+            plan = ServingPlan(model, cluster, engine, replace(base, max_num_seqs=cap), workload, slo)
+            pred = evaluate_serving(plan, seed)
+            evaluated += 1
+            if not pred.fits:
+                not_fitting += 1
+                break
+            if cap is None:
+                running = pred.max_concurrency
+            ranked.append(Ranked(plan, pred))
+    ranked.sort(key=lambda r: rank_key(r, slo))
+    return ServeResult(tuple(ranked), pareto(ranked), evaluated, not_fitting)

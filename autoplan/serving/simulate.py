@@ -1,0 +1,270 @@
+"""A discrete-event simulation of one engine scheduler under continuous batching.
+
+Iteration by iteration, as vLLM V1, SGLang and TensorRT-LLM's in-flight batching run
+(Yu et al. 2022 "Orca"; Kwon et al. 2023 "vLLM"; Agrawal et al. 2024 "Sarathi-Serve" for
+chunked prefill): every running sequence decodes one token per iteration; the remaining
+``max_batched_tokens`` budget goes to prompt chunks in arrival order (the last admitted
+prompt may be cut where chunked prefill is on); a request is admitted while fewer than
+``max_num_seqs`` run and its prompt fits the free KV cache; when decoding would overflow
+the cache, the most recently admitted sequence is preempted and recomputed later (vLLM's
+default policy). An iteration's time is :class:`autoplan.serving.cost.StepModel`'s.
+
+A replica runs ``pp`` such schedulers (one per batch in flight: vLLM's virtual engines)
+for each of its ``attention_dp`` ranks, and the deployment ``replicas`` of them; requests
+are spread at random, so each scheduler sees a Poisson stream at its share of the rate
+(Poisson splitting), or its share of a closed loop's concurrency, or of an offline batch.
+One scheduler is simulated and the deployment's throughput is that scheduler's times the
+number of schedulers.
+
+Per iteration the work is O(1) plus the requests that start or finish in it: decoding
+sequences are kept as a count, a context sum and a heap of finishing iterations, never
+walked one by one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoplan.serving.cost import StepModel
+from autoplan.serving.deployment import ArrivalKind, Dist, Lengths, Workload
+
+MAX_SIMULATED_REQUESTS = 4000  # per simulation: percentiles to a few % and a search in seconds
+MAX_ITERATIONS = 2_000_000  # a hard stop whatever the input (a bug, not a workload, reaches it)
+
+
+def sample_lengths(spec: Lengths, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` token counts, each >= 1 (and <= ``high`` where set)."""
+    if spec.dist is Dist.FIXED:
+        out = np.full(n, spec.mean)
+    elif spec.dist is Dist.LOGNORMAL:  # underlying normal whose exp has mean ``mean``
+        out = rng.lognormal(math.log(spec.mean) - spec.sigma**2 / 2, spec.sigma, n)
+    elif spec.dist is Dist.EXPONENTIAL:
+        out = rng.exponential(spec.mean, n)
+    else:
+        out = rng.uniform(spec.low, spec.high, n)
+    out = np.maximum(1, np.rint(out))
+    if spec.high:
+        out = np.minimum(out, spec.high)
+    return out.astype(np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    """Per simulated request (seconds), and the scheduler's totals."""
+
+    arrival: np.ndarray
+    first_token: np.ndarray
+    finish: np.ndarray
+    input_len: np.ndarray
+    output_len: np.ndarray
+    duration_s: float  # first arrival to last finish
+    iterations: int
+    preemptions: int
+    max_running: int
+    mean_batch: float  # mean sequences per iteration
+    timeline: tuple[tuple[float, int, int], ...]  # (time, running sequences, tokens) samples
+    steady: bool  # the queue did not grow through the run
+
+    @property
+    def ttft(self) -> np.ndarray:
+        return self.first_token - self.arrival
+
+    @property
+    def tpot(self) -> np.ndarray:
+        """Time per output token after the first; requests of one token are left out."""
+        many = self.output_len > 1
+        return (self.finish[many] - self.first_token[many]) / (self.output_len[many] - 1)
+
+    @property
+    def e2e(self) -> np.ndarray:
+        return self.finish - self.arrival
+
+
+class _Req:
+    __slots__ = ("i", "prompt", "done_prompt", "left", "admit", "join_iter", "finish_iter", "live")
+
+    def __init__(self, i: int, prompt: int, out: int):
+        self.i, self.prompt = i, prompt
+        self.left = out  # tokens still to generate
+        self.done_prompt = 0  # prompt tokens whose KV is computed
+        self.admit = 0  # admission order
+        self.join_iter = 0  # the iteration its prompt finished (it then decodes)
+        self.finish_iter = 0  # the iteration that produces its last token
+        self.live = False  # admitted and not finished or preempted
+
+
+def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: int,
+             seed: int = 0) -> SimResult:
+    """Run one of ``schedulers`` identical schedulers holding ``kv_tokens`` of KV cache.
+    Requests whose prompt alone exceeds the cache are never served (left out)."""
+    rng = np.random.default_rng(seed)
+    spec = workload.arrival
+    n = max(1, min(MAX_SIMULATED_REQUESTS, math.ceil(workload.requests / schedulers)))
+    inputs = sample_lengths(workload.input_len, n, rng)
+    outputs = sample_lengths(workload.output_len, n, rng)
+    arrival = np.zeros(n)
+    closed = 0
+    if spec.kind is ArrivalKind.RATE:
+        arrival = np.cumsum(rng.exponential(schedulers / spec.rate_rps, n))
+    elif spec.kind is ArrivalKind.CONCURRENCY:
+        closed = max(1, round(spec.concurrency / schedulers))
+        arrival = np.full(n, np.inf)
+        arrival[:closed] = 0.0
+    first = np.full(n, np.nan)
+    finish = np.full(n, np.nan)
+
+    max_seqs, token_budget, chunked, cap = (step.max_num_seqs, step.max_batched_tokens,
+                                            step.chunked_prefill, kv_tokens)
+    waiting: deque[_Req] = deque()
+    prefilling: list[_Req] = []  # admitted, prompt not done, in admission order
+    decoding: list[tuple[int, int, _Req]] = []  # heap of (finish_iter, admit, req)
+    order: list[_Req] = []  # admissions, latest last (lazy: stale entries are skipped)
+    n_dec = 0
+    ctx_sum = 0.0  # KV tokens the decoding sequences hold (each reads its own)
+    kv_used = 0
+    next_arrival, issued = 0, (closed or n)
+    t, it, admitted = 0.0, 0, 0
+    preemptions = max_running = batch_total = 0
+    timeline: list[tuple[float, int, int]] = []
+    sample_every = max(1, int(outputs.sum()) // max(1, min(n, 400)) // 4)
+
+    def finished(r: _Req) -> None:
+        nonlocal issued
+        finish[r.i] = t
+        r.live = False
+        if closed and issued < n:  # the closed loop's next request arrives now
+            arrival[issued] = t
+            issued += 1
+
+    while True:
+        while next_arrival < issued and arrival[next_arrival] <= t:
+            i = next_arrival
+            waiting.append(_Req(i, int(inputs[i]), int(outputs[i])))
+            next_arrival += 1
+        if not waiting and not prefilling and not decoding:
+            if next_arrival >= issued:
+                break
+            t = float(arrival[next_arrival])
+            continue
+        it += 1
+        if it > MAX_ITERATIONS:
+            raise RuntimeError("serving simulation exceeded its iteration limit")
+        # the decodes write one more token each: preempt the latest admitted until it fits
+        while n_dec and kv_used + n_dec > cap and order:
+            victim = order.pop()
+            if not victim.live:
+                continue
+            preemptions += 1
+            victim.live = False
+            if victim in prefilling:
+                prefilling.remove(victim)
+                kv_used -= victim.done_prompt
+            else:
+                produced = (it - 1) - victim.join_iter  # decode steps since its prompt
+                decoding = [e for e in decoding if e[2] is not victim]
+                heapq.heapify(decoding)
+                n_dec -= 1
+                held = victim.prompt + produced
+                ctx_sum -= held
+                kv_used -= held
+                # recomputed later: the prompt and every token generated so far
+                victim.left = victim.finish_iter - (it - 1)
+                victim.prompt = held + 1
+            victim.done_prompt = 0
+            waiting.appendleft(victim)
+        # the batch: every decode, then prompt chunks within the token budget
+        budget = token_budget - n_dec
+        chunks: list[tuple[_Req, int]] = []
+        for r in prefilling:
+            c = min(r.prompt - r.done_prompt, budget)
+            if c <= 0 or (not chunked and c < r.prompt - r.done_prompt):
+                break
+            chunks.append((r, c))
+            budget -= c
+        new_kv = sum(c for _, c in chunks)
+        running = n_dec + len(prefilling)
+        while waiting and budget > 0 and running < max_seqs:
+            r = waiting[0]
+            if r.prompt > cap:  # can never fit: refused, as engines refuse it
+                waiting.popleft()
+                continue
+            c = min(r.prompt, budget)
+            if (not chunked and c < r.prompt) or kv_used + new_kv + c > cap:
+                break
+            waiting.popleft()
+            r.admit, r.live = admitted, True
+            admitted += 1
+            prefilling.append(r)
+            order.append(r)
+            running += 1
+            chunks.append((r, c))
+            budget -= c
+            new_kv += c
+        if not chunks and not n_dec:
+            if next_arrival < issued:
+                t = max(t, float(arrival[next_arrival]))
+                continue
+            break  # what waits can never be admitted
+        tokens = n_dec + new_kv
+        pairs = prior = 0.0
+        done_now: list[_Req] = []
+        for r, c in chunks:
+            p = r.done_prompt
+            pairs += c * p + c * (c + 1) / 2  # causal (query, key) pairs of the chunk
+            prior += p
+            r.done_prompt += c
+            if r.done_prompt >= r.prompt:
+                done_now.append(r)
+        t += step.step_seconds(tokens, n_dec, ctx_sum, pairs, prior, n_dec + len(done_now))
+        batch_total += n_dec + len(chunks)
+        max_running = max(max_running, running)
+        kv_used += tokens
+        ctx_sum += n_dec
+        if it % sample_every == 0:
+            timeline.append((t, running, tokens))
+        while decoding and decoding[0][0] <= it:
+            _, _, r = heapq.heappop(decoding)
+            n_dec -= 1
+            held = r.prompt + (it - r.join_iter)
+            ctx_sum -= held
+            kv_used -= held
+            finished(r)
+        for r in done_now:
+            prefilling.remove(r)
+            if np.isnan(first[r.i]):
+                first[r.i] = t
+            r.left -= 1
+            if r.left <= 0:
+                kv_used -= r.prompt
+                finished(r)
+                continue
+            r.join_iter = it
+            r.finish_iter = it + r.left
+            heapq.heappush(decoding, (r.finish_iter, r.admit, r))
+            n_dec += 1
+            ctx_sum += r.prompt
+
+    served = ~np.isnan(finish)
+    duration = float(finish[served].max() - arrival[served].min()) if served.any() else 0.0
+    return SimResult(arrival[served], first[served], finish[served], inputs[served], outputs[served],
+                     duration, it, preemptions, max_running, batch_total / max(1, it),
+                     tuple(timeline), _steady(arrival[served], first[served]))
+
+
+def _steady(arrival: np.ndarray, first: np.ndarray) -> bool:
+    """Whether waiting did not grow through the run: the median time to first token of the
+    last fifth of the requests (by arrival) within 2x (+50 ms) of the second fifth's."""
+    n = len(arrival)
+    if n < 50:
+        return True
+    order = np.argsort(arrival, kind="stable")
+    ttft = (first - arrival)[order]
+    fifth = n // 5
+    early = float(np.median(ttft[fifth:2 * fifth]))
+    late = float(np.median(ttft[-fifth:]))
+    return late <= 2 * early + 0.05

@@ -1,0 +1,202 @@
+"""Serving plans: the step cost against hand calculations, the simulator's invariants,
+and the search and command line."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
+from autoplan.serving.cost import StepModel, distinct_experts, kv_bytes_per_token_layer
+from autoplan.serving.deployment import (
+    Arrival,
+    ArrivalKind,
+    Deployment,
+    Dist,
+    Engine,
+    Lengths,
+    Precision,
+    Slo,
+    Workload,
+)
+from autoplan.serving.evaluate import ServingPlan, evaluate_serving, serving_document
+from autoplan.serving.search import pareto, serve_search
+from autoplan.serving.simulate import sample_lengths, simulate
+from tests.helpers import autoplan
+
+L70 = resolve_model("llama3-70b")
+H8 = with_gpus(resolve_cluster("dgx-h100"), 8)
+
+
+def _plan(arrival: Arrival, tp: int = 8, replicas: int = 1, inp: int = 1024, out: int = 128,
+          requests: int = 300, **dep: object) -> ServingPlan:
+    w = Workload(Lengths(float(inp)), Lengths(float(out)), arrival, requests)
+    return ServingPlan(L70, H8, Engine.VLLM, Deployment(replicas=replicas, tp=tp, **dep), w, Slo(2000, 50))
+
+
+def test_kv_cache_bytes_per_token_match_the_published_figure() -> None:
+    # Llama 3 70B: 80 layers x 8 KV heads x 128 channels x (K, V) x 2 bytes = 320 KiB a token
+    per_layer = kv_bytes_per_token_layer(L70, 1, Precision.BF16)
+    assert per_layer * L70.layers == 80 * 8 * 128 * 2 * 2 == 320 * 1024
+    # TP 8 keeps one KV head per GPU; TP 16 still one (replicated), fp8 halves it
+    assert kv_bytes_per_token_layer(L70, 8, Precision.BF16) == per_layer / 8
+    assert kv_bytes_per_token_layer(L70, 16, Precision.BF16) == per_layer / 8
+    assert kv_bytes_per_token_layer(L70, 8, Precision.FP8) == per_layer / 16
+    # DeepSeek-V3's MLA caches the 512-wide latent and the 64-wide RoPE key: 576 values
+    ds = resolve_model("deepseek-v3")
+    assert kv_bytes_per_token_layer(ds, 8, Precision.BF16) == (512 + 64) * 2
+
+
+def test_distinct_experts_is_the_expected_coverage() -> None:
+    assert distinct_experts(8, 2, 1) == pytest.approx(2.0)  # one token: its top-2
+    assert distinct_experts(256, 8, 10_000) == pytest.approx(256.0)
+    # two tokens: 2k - k^2/E expected distinct (inclusion-exclusion)
+    assert distinct_experts(64, 4, 2) == pytest.approx(8 - 16 / 64)
+
+
+def test_a_one_token_decode_reads_every_weight_once() -> None:
+    # batch 1 at TP 8: the GEMMs are bound by reading this GPU's share of the layer weights
+    step = StepModel(L70, H8, Deployment(replicas=1, tp=8), Engine.VLLM)
+    b = step.iteration(1, 1, 0, 0.0, 0.0, 1)
+    dev = H8.device
+    layer_weights = (L70.params_attention + L70.params_mlp) * 2 / 8  # bytes per GPU
+    floor = L70.layers * layer_weights / (dev.hbm_Bps * dev.hbm_efficiency)
+    assert floor <= b.gemm <= 1.1 * floor
+    assert b.attention == 0 and b.kv_read == 0 and b.moe == 0
+
+
+def test_decode_attention_reads_each_sequences_kv_cache() -> None:
+    step = StepModel(L70, H8, Deployment(replicas=1, tp=8), Engine.VLLM)
+    ctx = 64 * 4096  # 64 sequences of 4096 tokens
+    b = step.iteration(64, 64, ctx, 0.0, 0.0, 64)
+    kv_bytes = ctx * 80 * 8 * 128 * 2 * 2 / 8
+    dev = H8.device
+    assert b.kv_read == pytest.approx(kv_bytes / (dev.hbm_Bps * dev.hbm_efficiency), rel=1e-9)
+
+
+def test_memory_leaves_the_kv_cache_what_vllm_budgets() -> None:
+    step = StepModel(L70, H8, Deployment(replicas=1, tp=8), Engine.VLLM)
+    mem = step.memory()
+    # vLLM: gpu_memory_utilization 0.9 of the GPU holds weights, activations and the cache
+    assert mem.peak == pytest.approx(0.9 * H8.device.mem_bytes)
+    assert mem.weights == pytest.approx(L70.params_total * 2 / 8, rel=0.01)
+    assert step.kv_tokens(mem) == int(mem.kv_cache // (80 * 2 * 128 * 2))
+    # 70B in bf16 does not fit one 80 GiB GPU: no room for a cache
+    one = StepModel(L70, with_gpus(resolve_cluster("dgx-h100"), 1), Deployment(replicas=1, tp=1),
+                    Engine.VLLM)
+    assert one.memory().kv_cache == 0
+
+
+def test_lengths_are_drawn_with_their_mean() -> None:
+    rng = np.random.default_rng(0)
+    for spec in (Lengths(300.0, Dist.LOGNORMAL, sigma=0.8), Lengths(300.0, Dist.EXPONENTIAL),
+                 Lengths(300.0, Dist.UNIFORM, low=100, high=500)):
+        drawn = sample_lengths(spec, 20_000, rng)
+        assert drawn.min() >= 1 and drawn.mean() == pytest.approx(300, rel=0.03), spec.dist
+    assert set(sample_lengths(Lengths(7.0), 5, rng)) == {7}
+
+
+def test_every_request_is_served_once_with_causal_times() -> None:
+    plan = _plan(Arrival(ArrivalKind.RATE, rate_rps=4.0))
+    step = StepModel(plan.model, plan.cluster, plan.deployment, plan.engine)
+    sim = simulate(step, plan.workload, 1, step.kv_tokens(step.memory()), seed=3)
+    assert len(sim.arrival) == 300
+    assert np.all(sim.first_token > sim.arrival) and np.all(sim.finish >= sim.first_token)
+    # a token per iteration at most: the last token comes at least (out - 1) steps later
+    fastest = step.step_seconds(1, 1, 0, 0, 0, 1)
+    assert np.all(sim.finish - sim.first_token >= 127 * fastest * 0.999)
+
+
+def test_a_closed_loop_keeps_its_concurrency_and_obeys_littles_law() -> None:
+    plan = _plan(Arrival(ArrivalKind.CONCURRENCY, concurrency=16), requests=400)
+    pred = evaluate_serving(plan)
+    assert pred.max_concurrency <= 16
+    # Little's law: in flight = throughput x time in system
+    in_flight = pred.requests_per_s * pred.e2e_ms.mean / 1e3
+    assert in_flight == pytest.approx(16, rel=0.08)
+
+
+def test_the_batch_limit_caps_concurrency_and_a_tight_cache_preempts() -> None:
+    capped = evaluate_serving(_plan(Arrival(ArrivalKind.OFFLINE), max_num_seqs=8))
+    assert capped.max_concurrency <= 8
+    plan = _plan(Arrival(ArrivalKind.OFFLINE), inp=512, out=512, requests=64)
+    step = StepModel(plan.model, plan.cluster, plan.deployment, plan.engine)
+    sim = simulate(step, plan.workload, 1, kv_tokens=8 * 1024)  # room for ~8 sequences
+    assert sim.preemptions > 0 and len(sim.finish) == 64
+    assert sim.max_running <= 16
+
+
+def test_the_simulation_is_deterministic() -> None:
+    plan = _plan(Arrival(ArrivalKind.RATE, rate_rps=3.0))
+    assert evaluate_serving(plan, seed=1) == evaluate_serving(plan, seed=1)
+
+
+def test_an_overloaded_deployment_is_flagged_and_misses_its_slo() -> None:
+    pred = evaluate_serving(_plan(Arrival(ArrivalKind.RATE, rate_rps=200.0), requests=1500))
+    assert not pred.steady and not pred.meets_slo
+    fine = evaluate_serving(_plan(Arrival(ArrivalKind.RATE, rate_rps=1.0)))
+    assert fine.steady and fine.meets_slo
+    # an open loop that keeps up serves what arrives
+    assert fine.requests_per_s == pytest.approx(1.0, rel=0.15)
+
+
+def test_the_front_is_non_dominated() -> None:
+    w = Workload(Lengths(1024.0), Lengths(128.0), Arrival(ArrivalKind.RATE, rate_rps=4.0), 300)
+    result = serve_search(L70, H8, Engine.VLLM, w, Slo(2000, 50))
+    assert result.plans and result.plans[0].prediction.meets_slo
+    assert all(r.plan.deployment.gpus == 8 for r in result.plans)
+    front = pareto(result.plans)
+    for a in front:
+        for b in result.plans:
+            assert not (b.per_gpu > a.per_gpu and b.user_tokens_per_s > a.user_tokens_per_s)
+    doc = serving_document(result.plans[0].plan, result.plans[0].prediction)
+    assert doc["kind"] == "serving" and doc["model"] == "llama3-70b"
+    assert set(doc["prediction"]) >= {"ttft_ms", "tpot_ms", "e2e_ms", "goodput_rps", "meets_slo",  # type: ignore[operator]
+                                      "memory_gib_per_gpu", "kv_cache_tokens", "max_concurrency"}
+
+
+def test_serve_answers_the_issues_question(tmp_path) -> None:
+    out = tmp_path / "serve.yaml"
+    result = autoplan("serve", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "8",
+                      "--input-len", "2048", "--output-len", "256", "--rate", "6", "--ttft-slo", "2000",
+                      "--tpot-slo", "50", "--format", "json", "--out", out)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    best = doc["plans"][0]
+    assert best["prediction"]["meets_slo"] and best["deployment"]["tp"] * best["deployment"]["replicas"] \
+        * best["deployment"]["pp"] == 8
+    assert doc["pareto"] and out.read_text().startswith("autoplan: 1\nkind: serving\n")
+    mem = best["prediction"]["memory_gib_per_gpu"]
+    assert mem["peak"] <= 80 and math.isclose(mem["peak"], sum(v for k, v in mem.items() if k != "peak"))
+
+
+def test_serve_exits_1_with_the_closest_when_nothing_meets_the_slo() -> None:
+    result = autoplan("serve", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "8",
+                      "--input-len", "2048", "--output-len", "256", "--rate", "6", "--tpot-slo", "1")
+    assert result.returncode == 1
+    assert "no deployment meets the SLO; the closest" in result.stderr and "TPOT p99" in result.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--rate", "0"), "--rate: expected more than 0"),
+    (("--rate", "1", "--offline"), "give exactly one of --rate, --concurrency, --offline"),
+    (("--rate", "1", "--input-len", "0"), "--input-len: expected 1 to"),
+    (("--rate", "1", "--weights", "fp7"), "--weights: expected bf16"),
+    (("--rate", "1", "--kv-cache", "int4"), "--kv-cache: expected bf16, fp16, fp8"),
+    (("--rate", "1", "--requests", "100000000000"), "--requests: expected 1 to"),
+    (("--rate", "1", "--ttft-slo", "-3"), "--ttft-slo: expected milliseconds > 0"),
+])
+def test_serve_refuses_bad_input_naming_the_flag(args: tuple[str, ...], message: str) -> None:
+    base = ["serve", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "8",
+            "--input-len", "128", "--output-len", "16"]
+    result = autoplan(*base, *args)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_model_too_big_for_the_gpus_exits_1_saying_so() -> None:
+    result = autoplan("serve", "--model", "llama3-405b", "--cluster", "dgx-h100", "--gpus", "2",
+                      "--input-len", "128", "--output-len", "16", "--offline")
+    assert result.returncode == 1 and "no deployment fits" in result.stderr
