@@ -53,7 +53,7 @@ MODELS = {
     "Hermes-3-Llama-3.1-405B": "llama3-405b", "Llama-2-7B": "llama2-7b", "Llama-2-70B": "llama2-70b",
     "Mixtral-8x7B": "mixtral-8x7b", "Mixtral-8x7B-Instruct-v0.1": "mixtral-8x7b",
     "Mixtral-8x22B": "mixtral-8x22b", "Mixtral-8x22B-Instruct-v0.1": "mixtral-8x22b",
-    "Mistral-Large-Instruct-2407 (123B)": "mistral-large-2407",
+    "Mistral-Large-Instruct-2407 (123B)": "mistral-large-2407", "Mistral-7B": "mistral-7b",
 }
 # the published GPU -> the built-in cluster whose device it is
 CLUSTERS = (("GH200", "gh200-node"), ("H200", "dgx-h200"), ("H100", "dgx-h100"), ("A100", "dgx-a100"),

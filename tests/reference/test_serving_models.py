@@ -16,7 +16,7 @@ from autoplan.descriptors.strict import Fields
 from autoplan.errors import Problem
 
 SERVING_MODELS = ("qwen3-30b-a3b", "qwen3-32b", "mistral-large-2407", "llama4-scout",
-                  "llama4-maverick", "gpt-oss-20b", "gpt-oss-120b")
+                  "llama4-maverick", "gpt-oss-20b", "gpt-oss-120b", "mistral-7b")
 SERVING_DEVICES = ("gh200", "l40s", "rtx-pro-6000")
 SERVING_CLUSTERS = ("gh200-node", "l40s-node", "rtx-pro-6000-node")
 
@@ -47,6 +47,8 @@ def _active_without_embedding(name: str) -> float:
         ("qwen3-32b", "params_total", 32.8e9, TIGHT),
         # Mistral AI, "Large Enough" (Jul 2024): 123B
         ("mistral-large-2407", "params_total", 123e9, TIGHT),
+        # mistralai/Mistral-7B-v0.1 HF checkpoint: 7,241,732,096 parameters
+        ("mistral-7b", "params_total", 7_241_732_096, 1e-9),
         # Meta, "The Llama 4 herd" (Apr 2025): Scout 109B total, 17B active; Maverick 400B, 17B
         ("llama4-scout", "params_total", 109e9, LLAMA4),
         ("llama4-scout", "params_active", 17e9, LLAMA4),
