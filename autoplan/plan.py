@@ -11,7 +11,7 @@ from autoplan.descriptors.job import Job, read_job
 from autoplan.descriptors.library import default_stack
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.stack import Stack
-from autoplan.descriptors.strict import Fields
+from autoplan.descriptors.strict import Fields, shown
 from autoplan.errors import InputError, Problem
 from autoplan.parallel import pipeline_layout
 from autoplan.parallel.pipeline_layout import Chunk
@@ -268,6 +268,12 @@ def read_plan(data: Any, source: str, path: str = "") -> Plan:
     version = f.int("autoplan")
     if version is not None and version != SCHEMA_VERSION:
         f.fail("autoplan", f"expected schema version {SCHEMA_VERSION}, got {version}")
+    kind = f.str("kind", "training")
+    if kind == "serving":
+        raise InputError.single(source, _join(path, "kind"), (
+            "a serving plan: `autoplan evaluate` reads it; this command takes training plans"))
+    if kind is not None and kind != "training":
+        f.fail("kind", f"expected training or serving, got {shown(kind)}")
     model: Model | None = None
     cluster: Cluster | None = None
     try:

@@ -537,9 +537,19 @@ def evaluate(
     from autoplan.measured.profile import read_profile
     from autoplan.measured.shipped import shipped_profile
     from autoplan.plan import plan_document, read_plan
+    from autoplan.serving.planfile import is_serving, read_serving_plan
 
     given = read_profile(profile) if profile is not None else None
-    loaded = [read_plan(read_yaml(p), str(p)) for p in plans]  # all validated before any output
+    documents = [(p, read_yaml(p)) for p in plans]
+    # all validated before any output; serving plans (kind: serving) apart
+    serving = [(p, read_serving_plan(d, str(p))) for p, d in documents if is_serving(d)]
+    plans = [p for p, d in documents if not is_serving(d)]
+    loaded = [read_plan(d, str(p)) for p, d in documents if not is_serving(d)]
+    serving_ok = True
+    if serving:
+        serving_ok = _evaluate_serving(serving, fmt, also_training=bool(loaded))
+        if not loaded:
+            raise typer.Exit(0 if serving_ok else 1)
     if stack is not None:
         from autoplan.descriptors.library import resolve_stack
 
@@ -565,6 +575,24 @@ def evaluate(
             _print_prediction(path, plan, pred)
     if not all(pred.feasible for _, pred in results):
         raise typer.Exit(1)
+
+
+def _evaluate_serving(serving: list[tuple[Path, Any]], fmt: Format, also_training: bool) -> bool:
+    """Simulate and show each serving plan; whether all fit and meet their SLOs."""
+    from autoplan.serving.cost import StepModel
+    from autoplan.serving.evaluate import evaluate_serving, serving_document
+
+    if fmt is Format.json and also_training:
+        raise InputError.single("--format", "", "json takes training or serving plans, not both at once")
+    results = [(path, plan, evaluate_serving(plan)) for path, plan in serving]
+    if fmt is Format.json:
+        output.emit_json({"plans": [serving_document(plan, pred) for _, plan, pred in results]})
+    else:
+        for path, plan, pred in results:
+            step = StepModel(plan.model, plan.cluster, plan.deployment, plan.engine)
+            for renderable in render.serving_evaluation(str(path), plan, pred, step):
+                output.out.print(renderable)
+    return all(pred.fits and (not plan.slo.any or pred.meets_slo) for _, plan, pred in results)
 
 
 @app.command()

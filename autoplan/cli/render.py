@@ -17,7 +17,9 @@ from autoplan.vocab import CpComm
 
 if TYPE_CHECKING:
     from autoplan.measured.profile import Profile
+    from autoplan.serving.cost import StepModel
     from autoplan.serving.deployment import Slo
+    from autoplan.serving.evaluate import ServingPlan, ServingPrediction
     from autoplan.serving.search import Ranked
     from autoplan.whatif.sweep import Point
 
@@ -141,6 +143,75 @@ def serving_front_table(front: Sequence[Ranked]) -> Table:
         seqs = r.plan.deployment.max_num_seqs
         table.add_row(_serving_label(r), str(seqs) if seqs else "default", f"{r.per_gpu:,.0f}",
                       f"{r.user_tokens_per_s:,.1f}", f"{r.prediction.tpot_ms.mean:,.1f}")
+    return table
+
+
+def serving_evaluation(path: str, plan: ServingPlan, pred: ServingPrediction,
+                       step: StepModel) -> list[Any]:
+    """A serving plan's prediction: what runs, latencies against the SLO, throughput,
+    memory, where a decode and a prefill iteration go, and the batch over the run."""
+    from rich.markup import escape
+
+    d, w, c, slo = plan.deployment, plan.workload, plan.cluster, plan.slo
+    out: list[Any] = [escape(
+        f"{path}: {plan.model.name} on {c.gpus} x {c.device.name} ({c.name}), {plan.engine.value}, "
+        f"{d.label()}, weights {d.weights.value}, KV cache {d.kv_cache.value}, max_num_seqs "
+        f"{step.max_num_seqs}, max_batched_tokens {step.max_batched_tokens}, chunked prefill "
+        f"{'on' if step.chunked_prefill else 'off'}; {w.input_len.mean:g} in / {w.output_len.mean:g} "
+        f"out, {w.arrival.label()}, {w.requests} requests")]
+    if not pred.fits:
+        out.append(f"[red]does not fit: {pred.memory.peak / GiB:.1f} GiB per GPU of "
+                   f"{c.device.mem_GiB:.0f}, no room for the KV cache[/red]")
+        out.append(_serving_memory_table(pred))
+        return out
+    table = Table(title="latency, ms", title_justify="left")
+    for name in ("", "mean", "p50", "p90", "p99", f"SLO (p{slo.percentile:g})"):
+        table.add_column(name, justify="left" if not name else "right")
+    for label, lat, target in (("TTFT", pred.ttft_ms, slo.ttft_ms), ("TPOT", pred.tpot_ms, slo.tpot_ms),
+                               ("E2E", pred.e2e_ms, None)):
+        table.add_row(label, f"{lat.mean:,.1f}", f"{lat.p50:,.1f}", f"{lat.p90:,.1f}", f"{lat.p99:,.1f}",
+                      f"{target:g}" if target is not None else "-")
+    out.append(table)
+    verdict = ("meets the SLO" if pred.meets_slo else "misses the SLO") if slo.any else "no SLO given"
+    per_gpu = pred.output_tokens_per_s / d.gpus
+    queue = "" if pred.steady else "; the queue grows through the run"
+    out.append(escape(
+        f"throughput {pred.output_tokens_per_s:,.0f} output tokens/s ({per_gpu:,.0f} per GPU), "
+        f"{pred.total_tokens_per_s:,.0f} total, {pred.requests_per_s:,.2f} requests/s, "
+        f"goodput {pred.goodput_rps:,.2f}; {verdict}{queue}; {pred.simulated_requests} requests "
+        f"simulated on one of {pred.schedulers} schedulers, {pred.preemptions} preemptions"))
+    out.append(_serving_memory_table(pred))
+    ctx = w.input_len.mean + w.output_len.mean / 2
+    batch = max(1, pred.max_concurrency)
+    decode = step.iteration(batch, batch, batch * ctx, 0.0, 0.0, batch)
+    n = int(min(w.input_len.mean, step.max_batched_tokens))
+    prefill = step.iteration(n, 0, 0.0, n * (n + 1) / 2, 0.0, 1)
+    parts = Table(title=f"where an iteration goes, ms (decode: {batch} sequences at {ctx:,.0f} tokens "
+                        f"of context; prefill: one {n:,}-token prompt)", title_justify="left")
+    for name in ("", "decode", "prefill"):
+        parts.add_column(name, justify="left" if not name else "right")
+    for key, value in decode.to_dict().items():
+        parts.add_row(key, f"{1e3 * value:,.3f}", f"{1e3 * prefill.to_dict()[key]:,.3f}")
+    parts.add_row("total", f"{1e3 * decode.total:,.3f}", f"{1e3 * prefill.total:,.3f}")
+    out.append(parts)
+    if pred.timeline:
+        picks = pred.timeline[:: max(1, len(pred.timeline) // 12)][:12]
+        line = Table(title="the batch over the run (one scheduler)", title_justify="left")
+        line.add_column("time s", justify="right")
+        line.add_column("running sequences", justify="right")
+        line.add_column("tokens in the iteration", justify="right")
+        for t, running, tokens in picks:
+            line.add_row(f"{t:,.2f}", str(running), f"{tokens:,}")
+        out.append(line)
+    return out
+
+
+def _serving_memory_table(pred: ServingPrediction) -> Table:
+    table = Table(title="memory per GPU (GiB)", title_justify="left")
+    mem = pred.memory.to_gib()
+    for name in (*mem, "KV tokens", "max concurrency"):
+        table.add_column(name, justify="right")
+    table.add_row(*(f"{v:.1f}" for v in mem.values()), f"{pred.kv_cache_tokens:,}", str(pred.max_concurrency))
     return table
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
+from autoplan.errors import InputError
 from autoplan.serving.cost import StepModel, distinct_experts, kv_bytes_per_token_layer
 from autoplan.serving.deployment import (
     Arrival,
@@ -200,3 +202,92 @@ def test_a_model_too_big_for_the_gpus_exits_1_saying_so() -> None:
     result = autoplan("serve", "--model", "llama3-405b", "--cluster", "dgx-h100", "--gpus", "2",
                       "--input-len", "128", "--output-len", "16", "--offline")
     assert result.returncode == 1 and "no deployment fits" in result.stderr
+
+
+# --------------------------------------------------------------------------- plan files
+
+SERVING_PLAN = """\
+autoplan: 1
+kind: serving
+model: llama3-70b
+cluster: {name: dgx-h100, nodes: 1}
+engine: vllm
+deployment: {replicas: 2, tp: 4, pp: 1, weights: bf16, kv_cache: fp8, max_num_seqs: 64}
+workload:
+  input_len: {mean: 1000, dist: lognormal, sigma: 0.6}
+  output_len: 128
+  arrival: {rate_rps: 3.0}
+  requests: 300
+slo: {ttft_ms: 2000, tpot_ms: 60, percentile: 90}
+"""
+
+
+def test_a_serving_plan_file_is_read_and_evaluated(tmp_path) -> None:
+    from autoplan.descriptors.strict import parse_yaml
+    from autoplan.serving.planfile import read_serving_plan
+
+    plan = read_serving_plan(parse_yaml(SERVING_PLAN, "p.yaml"), "p.yaml")
+    d, w = plan.deployment, plan.workload
+    assert (d.replicas, d.tp, d.kv_cache, d.max_num_seqs) == (2, 4, Precision.FP8, 64)
+    assert w.input_len == Lengths(1000.0, Dist.LOGNORMAL, 0.6) and w.arrival.rate_rps == 3.0
+    assert plan.slo == Slo(2000.0, 60.0, 90.0)
+    path = tmp_path / "p.yaml"
+    path.write_text(SERVING_PLAN)
+    result = autoplan("evaluate", path, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)["plans"][0]
+    assert doc["kind"] == "serving" and doc["deployment"]["kv_cache"] == "fp8"
+    assert doc["workload"]["input_len"] == {"mean": 1000.0, "dist": "lognormal", "sigma": 0.6}
+    table = autoplan("evaluate", path)
+    assert table.returncode == 0 and "where an iteration goes" in table.stdout and "TPOT" in table.stdout
+
+
+def test_what_serve_writes_evaluate_reads_back(tmp_path) -> None:
+    out = tmp_path / "best.yaml"
+    result = autoplan("serve", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "2",
+                      "--input-len", "512", "--output-len", "64", "--concurrency", "8", "--out", out)
+    assert result.returncode == 0, result.stderr
+    again = autoplan("evaluate", out, "--format", "json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["plans"][0]["deployment"]["replicas"] >= 1
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (("tp: 4", "tp: 3"), "deployment.tp: must divide llama3-70b's 64 attention heads, got 3"),
+    (("replicas: 2", "replicas: 3"), "deployment: replicas x tp x pp x attention_dp = 12 GPUs, but the "
+                                     "cluster has 8"),
+    (("kv_cache: fp8", "kv_cache: int4"), "deployment.kv_cache: expected one of bf16, fp16, fp8, got int4"),
+    (("rate_rps: 3.0", "trace: t.csv"), "workload.arrival.trace: arrival traces are not supported yet"),
+    (("dist: lognormal", "dist: zipf"), "workload.input_len.dist: expected one of"),
+    (("engine: vllm", "engine: tgi"), "engine: expected one of vllm | sglang | trtllm"),
+    (("requests: 300", "requests: 100000000"), "workload.requests: expected a value <= 1,000,000"),
+    (("percentile: 90", "percentil: 90"), "slo.percentil: unknown field (did you mean 'percentile'?)"),
+    (("max_num_seqs: 64", "max_num_seqs: 64, disaggregated: {}"), "deployment.disaggregated: prefill/decode"),
+])
+def test_bad_serving_plans_name_the_file_and_field(tmp_path, edit: tuple[str, str], message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    assert edit[0] in SERVING_PLAN
+    path.write_text(SERVING_PLAN.replace(*edit))
+    result = autoplan("evaluate", path)
+    assert result.returncode == 2 and f"{path}: {message}" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_training_commands_say_a_serving_plan_is_not_theirs(tmp_path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(SERVING_PLAN)
+    for command in (("explain", path), ("export", path, "--to", "megatron"), ("check", path)):
+        result = autoplan(*command)
+        assert result.returncode == 2, command
+        assert f"{path}: kind: a serving plan: `autoplan evaluate` reads it" in result.stderr
+
+
+def test_training_plans_may_say_kind_training(tmp_path) -> None:
+    from autoplan.descriptors.strict import read_yaml
+    from autoplan.plan import read_plan
+
+    example = read_yaml(Path(__file__).resolve().parents[2] / "examples/plans/llama3-8b-32xh100-1f1b.yaml")
+    plan = read_plan({**example, "kind": "training"}, "t.yaml")
+    assert plan.layout.gpus == 32
+    with pytest.raises(InputError, match="kind: expected training or serving, got 'inference'"):
+        read_plan({**example, "kind": "inference"}, "t.yaml")
