@@ -49,6 +49,11 @@ class EngineDefaults:
     # cache (``memory_of_free``: of what is free after the weights instead)
     memory_fraction: float
     memory_of_free: bool = False
+    # share of a request's output tokens whose KV cache admission sets aside: vLLM admits
+    # on the prompt alone and preempts when the cache runs out (0); SGLang reserves its
+    # new_token_ratio estimate (init 0.7) of max_new_tokens; TensorRT-LLM's default
+    # capacity scheduler, GUARANTEED_NO_EVICT, the whole output (1)
+    reserve_output: float = 0.0
 
 
 def engine_defaults(engine: Engine, device: Device) -> EngineDefaults:
@@ -64,7 +69,11 @@ def engine_defaults(engine: Engine, device: Device) -> EngineDefaults:
       ``mem_fraction_static`` about 0.88 on 80 GB GPUs at TP 4-8.
     - TensorRT-LLM (``trtllm-serve``): ``max_batch_size`` 2048, ``max_num_tokens`` 8192,
       ``kv_cache_config.free_gpu_memory_fraction`` 0.9 of the memory free after the
-      weights (TensorRT-LLM docs, "trtllm-serve" and "KV cache" pages).
+      weights (TensorRT-LLM docs, "trtllm-serve" and "KV cache" pages); the capacity
+      scheduler's default policy GUARANTEED_NO_EVICT admits a request only when its whole
+      output fits ("Scheduler" in the TensorRT-LLM docs).
+    - SGLang's scheduler admits against the tokens its ``new_token_ratio`` expects the
+      running requests to add (``init_new_token_ratio`` 0.7 of max_new_tokens).
     """
     big = device.mem_bytes >= 70 * GiB
     if engine is Engine.VLLM:
@@ -73,8 +82,9 @@ def engine_defaults(engine: Engine, device: Device) -> EngineDefaults:
             return EngineDefaults(1024, 8192, True, 0.9)
         return EngineDefaults(256, 2048, True, 0.9)
     if engine is Engine.SGLANG:
-        return EngineDefaults(4096, 8192 if device.mem_bytes >= 60 * GiB else 4096, True, 0.88)
-    return EngineDefaults(2048, 8192, True, 0.9, memory_of_free=True)
+        return EngineDefaults(4096, 8192 if device.mem_bytes >= 60 * GiB else 4096, True, 0.88,
+                              reserve_output=0.7)
+    return EngineDefaults(2048, 8192, True, 0.9, memory_of_free=True, reserve_output=1.0)
 
 
 @dataclass(frozen=True, slots=True)

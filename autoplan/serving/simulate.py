@@ -86,7 +86,8 @@ class SimResult:
 
 
 class _Req:
-    __slots__ = ("i", "prompt", "done_prompt", "left", "admit", "join_iter", "finish_iter", "live")
+    __slots__ = ("i", "prompt", "done_prompt", "left", "admit", "join_iter", "finish_iter", "live",
+                 "held")
 
     def __init__(self, i: int, prompt: int, out: int):
         self.i, self.prompt = i, prompt
@@ -96,6 +97,7 @@ class _Req:
         self.join_iter = 0  # the iteration its prompt finished (it then decodes)
         self.finish_iter = 0  # the iteration that produces its last token
         self.live = False  # admitted and not finished or preempted
+        self.held = 0  # KV tokens its admission set aside (prompt + reserved output)
 
 
 def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: int,
@@ -120,6 +122,8 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
 
     max_seqs, token_budget, chunked, cap = (step.max_num_seqs, step.max_batched_tokens,
                                             step.chunked_prefill, kv_tokens)
+    reserve = step.defaults.reserve_output
+    committed = 0  # KV tokens the live requests' admissions set aside
     waiting: deque[_Req] = deque()
     prefilling: list[_Req] = []  # admitted, prompt not done, in admission order
     decoding: list[tuple[int, int, _Req]] = []  # heap of (finish_iter, admit, req)
@@ -134,9 +138,10 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
     sample_every = max(1, int(outputs.sum()) // max(1, min(n, 400)) // 4)
 
     def finished(r: _Req) -> None:
-        nonlocal issued
+        nonlocal issued, committed
         finish[r.i] = t
         r.live = False
+        committed -= r.held
         if closed and issued < n:  # the closed loop's next request arrives now
             arrival[issued] = t
             issued += 1
@@ -161,6 +166,7 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
                 continue
             preemptions += 1
             victim.live = False
+            committed -= victim.held
             if victim in prefilling:
                 prefilling.remove(victim)
                 kv_used -= victim.done_prompt
@@ -190,13 +196,17 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
         running = n_dec + len(prefilling)
         while waiting and budget > 0 and running < max_seqs:
             r = waiting[0]
-            if r.prompt > cap:  # can never fit: refused, as engines refuse it
+            held = r.prompt + math.ceil(reserve * r.left)
+            if r.prompt > cap or held > cap:  # can never fit: refused, as engines refuse it
                 waiting.popleft()
                 continue
             c = min(r.prompt, budget)
-            if (not chunked and c < r.prompt) or kv_used + new_kv + c > cap:
+            if (not chunked and c < r.prompt) or kv_used + new_kv + c > cap or (
+                    reserve and committed + held > cap):
                 break
             waiting.popleft()
+            committed += held
+            r.held = held
             r.admit, r.live = admitted, True
             admitted += 1
             prefilling.append(r)

@@ -131,6 +131,16 @@ def test_the_batch_limit_caps_concurrency_and_a_tight_cache_preempts() -> None:
     assert sim.max_running <= 16
 
 
+def test_tensorrt_llm_admits_only_what_it_can_finish_and_never_preempts() -> None:
+    # GUARANTEED_NO_EVICT: a request waits until its prompt and whole output fit
+    base = _plan(Arrival(ArrivalKind.OFFLINE), inp=512, out=512, requests=64)
+    plan = ServingPlan(base.model, base.cluster, Engine.TRTLLM, base.deployment, base.workload, base.slo)
+    step = StepModel(plan.model, plan.cluster, plan.deployment, plan.engine)
+    sim = simulate(step, plan.workload, 1, kv_tokens=8 * 1024)
+    assert sim.preemptions == 0 and len(sim.finish) == 64
+    assert sim.max_running == 8  # 8 x (512 + 512) tokens fill the cache exactly
+
+
 def test_the_simulation_is_deterministic() -> None:
     plan = _plan(Arrival(ArrivalKind.RATE, rate_rps=3.0))
     assert evaluate_serving(plan, seed=1) == evaluate_serving(plan, seed=1)
