@@ -838,7 +838,8 @@ def _fit_and_describe(profile: Profile, fit: bool, cluster_ref: str | None, desc
 def export_plan(
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN.yaml", help="A plan file.")],
     to: Annotated[str, typer.Option(
-        "--to", "-t", help="megatron, deepspeed, nemo, torchtitan or slurm.")],
+        "--to", "-t", help="Training plans: megatron, deepspeed, nemo, torchtitan or slurm; serving "
+                           "plans: vllm, sglang or trtllm.")],
     launcher: Annotated[str, typer.Option(
         "--launcher", help="slurm only: what the job runs (megatron, deepspeed or torchtitan).")
     ] = "megatron",
@@ -850,14 +851,27 @@ def export_plan(
     from autoplan.descriptors.strict import read_yaml
     from autoplan.export import Launcher, Target
     from autoplan.export import export as run_export
+    from autoplan.export.serving import ServingTarget, export_serving
     from autoplan.plan import read_plan
+    from autoplan.serving.planfile import is_serving, read_serving_plan
 
-    target = _choice("--to", to, Target)
-    runs = _choice("--launcher", launcher, Launcher)
-    if target is not Target.SLURM and runs is not Launcher.MEGATRON:
-        raise InputError.single("--launcher", "", "only --to slurm takes a launcher")
-    plan = read_plan(read_yaml(plan_path), str(plan_path))
-    written = run_export(plan, target, str(plan_path), runs)
+    data = read_yaml(plan_path)
+    serving_targets = {t.value for t in ServingTarget}
+    if is_serving(data):
+        if to not in serving_targets:
+            valid = ", ".join(sorted(serving_targets))
+            raise InputError.single("--to", "", f"a serving plan exports to {valid}, got {to!r}")
+        written = export_serving(read_serving_plan(data, str(plan_path)), ServingTarget(to), str(plan_path))
+    else:
+        if to in serving_targets:
+            raise InputError.single("--to", "", f"{to} serves models: give a serving plan (`autoplan serve "
+                                                "--out plan.yaml` writes one)")
+        target = _choice("--to", to, Target)
+        runs = _choice("--launcher", launcher, Launcher)
+        if target is not Target.SLURM and runs is not Launcher.MEGATRON:
+            raise InputError.single("--launcher", "", "only --to slurm takes a launcher")
+        plan = read_plan(data, str(plan_path))
+        written = run_export(plan, target, str(plan_path), runs)
     if out_path is None or files.is_stdout(out_path):
         for name, text in written.items():
             if len(written) > 1:

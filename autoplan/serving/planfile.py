@@ -122,6 +122,11 @@ def _check(plan: ServingPlan, f: Fields) -> None:
     elif m.is_moe and (stage % d.ep or m.experts % d.ep):
         f.fail("deployment.ep", f"must divide tp x attention_dp ({stage}) and the {m.experts} experts, "
                                 f"got {d.ep}")
+    tokens, seqs = d.max_batched_tokens, d.max_num_seqs
+    if tokens is not None and seqs is not None and tokens < seqs:
+        # each running sequence decodes a token an iteration (vLLM refuses this at start)
+        f.fail("deployment.max_batched_tokens", f"must be at least max_num_seqs ({d.max_num_seqs:,}), "
+                                                f"got {d.max_batched_tokens:,}")
     if d.chunked_prefill is False and d.max_batched_tokens is not None:
         longest = plan.workload.input_len.ceiling
         if d.max_batched_tokens < longest:

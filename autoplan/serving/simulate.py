@@ -103,7 +103,8 @@ class _Req:
 def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: int,
              seed: int = 0) -> SimResult:
     """Run one of ``schedulers`` identical schedulers holding ``kv_tokens`` of KV cache.
-    Requests whose prompt alone exceeds the cache are never served (left out)."""
+    Requests that can never be admitted (a prompt, or what the engine's admission sets
+    aside, larger than the cache) are refused, as engines refuse them, and left out."""
     rng = np.random.default_rng(seed)
     spec = workload.arrival
     n = max(1, min(MAX_SIMULATED_REQUESTS, math.ceil(workload.requests / schedulers)))

@@ -273,6 +273,8 @@ def test_what_serve_writes_evaluate_reads_back(tmp_path) -> None:
     (("requests: 300", "requests: 100000000"), "workload.requests: expected a value <= 1,000,000"),
     (("percentile: 90", "percentil: 90"), "slo.percentil: unknown field (did you mean 'percentile'?)"),
     (("max_num_seqs: 64", "max_num_seqs: 64, disaggregated: {}"), "deployment.disaggregated: prefill/decode"),
+    (("max_num_seqs: 64", "max_num_seqs: 64, max_batched_tokens: 32"),
+     "deployment.max_batched_tokens: must be at least max_num_seqs (64), got 32"),
 ])
 def test_bad_serving_plans_name_the_file_and_field(tmp_path, edit: tuple[str, str], message: str) -> None:
     path = tmp_path / "bad.yaml"
@@ -286,7 +288,7 @@ def test_bad_serving_plans_name_the_file_and_field(tmp_path, edit: tuple[str, st
 def test_training_commands_say_a_serving_plan_is_not_theirs(tmp_path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text(SERVING_PLAN)
-    for command in (("explain", path), ("export", path, "--to", "megatron"), ("check", path)):
+    for command in (("explain", path), ("check", path), ("diff", path, path)):
         result = autoplan(*command)
         assert result.returncode == 2, command
         assert f"{path}: kind: a serving plan: `autoplan evaluate` reads it" in result.stderr
@@ -301,3 +303,104 @@ def test_training_plans_may_say_kind_training(tmp_path) -> None:
     assert plan.layout.gpus == 32
     with pytest.raises(InputError, match="kind: expected training or serving, got 'inference'"):
         read_plan({**example, "kind": "inference"}, "t.yaml")
+
+
+# --------------------------------------------------------------------------- exports
+
+def _export_plan(tmp_path: Path, engine: str, deployment: str, model: str = "llama3-70b") -> Path:
+    text = (SERVING_PLAN.replace("engine: vllm", f"engine: {engine}")
+            .replace("model: llama3-70b", f"model: {model}")
+            .replace(SERVING_PLAN.splitlines()[5], f"deployment: {deployment}"))
+    path = tmp_path / f"{engine}.yaml"
+    path.write_text(text)
+    return path
+
+
+def _bash_syntax_ok(script: str, tmp_path: Path) -> None:
+    import subprocess
+
+    path = tmp_path / "s.sh"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize(("engine", "flags"), [
+    ("vllm", ["vllm serve \"$MODEL\"", "--tensor-parallel-size 4", "--pipeline-parallel-size 1",
+              "--max-num-seqs 64", "--max-num-batched-tokens 8192", "--enable-chunked-prefill",
+              "--gpu-memory-utilization 0.9", "--kv-cache-dtype fp8"]),
+    ("sglang", ["python -m sglang.launch_server --model-path \"$MODEL\"", "--tp-size 4", "--pp-size 1",
+                "--max-running-requests 64", "--chunked-prefill-size 8192", "--mem-fraction-static 0.88",
+                "--kv-cache-dtype fp8_e4m3"]),
+    ("trtllm", ["trtllm-serve \"$MODEL\"", "--backend pytorch", "--tp_size 4", "--pp_size 1",
+                "--max_batch_size 64", "--max_num_tokens 8192", "--kv_cache_free_gpu_memory_fraction 0.9",
+                "--extra_llm_api_options"]),
+])
+def test_each_engine_gets_the_flags_the_prediction_used(tmp_path, engine: str, flags: list[str]) -> None:
+    from autoplan.descriptors.strict import read_yaml
+    from autoplan.export.serving import ServingTarget, export_serving
+    from autoplan.serving.planfile import read_serving_plan
+
+    dep = "{replicas: 2, tp: 4, weights: bf16, kv_cache: fp8, max_num_seqs: 64}"
+    path = _export_plan(tmp_path, engine, dep)
+    written = export_serving(read_serving_plan(read_yaml(path), str(path)), ServingTarget(engine), str(path))
+    script = written[f"serve-{engine}.sh"]
+    for flag in flags:
+        assert flag in script, flag
+    assert 'REPLICA="${REPLICA:-0}"' in script and "REPLICA must be 0..1" in script
+    assert 'PORT=$(( 8000 + REPLICA ))' in script and "FIRST=$(( (REPLICA * 4) % PER_NODE ))" in script
+    _bash_syntax_ok(script, tmp_path)
+    if engine == "trtllm":
+        import yaml
+
+        extra = yaml.safe_load(written["extra-llm-api-options.yaml"])
+        assert extra == {"enable_chunked_prefill": True, "kv_cache_config": {"dtype": "fp8"}}
+
+
+def test_moe_attention_data_parallel_and_expert_parallel_flags(tmp_path) -> None:
+    from autoplan.descriptors.strict import read_yaml
+    from autoplan.export.serving import ServingTarget, export_serving
+    from autoplan.serving.planfile import read_serving_plan
+
+    for engine, expect in (("vllm", ["--tensor-parallel-size 1", "--data-parallel-size 8",
+                                     "--enable-expert-parallel"]),
+                           ("sglang", ["--tp-size 8", "--dp-size 8", "--enable-dp-attention", "--ep-size 8"]),
+                           ("trtllm", ["--tp_size 8", "--ep_size 8"])):
+        path = _export_plan(tmp_path, engine, "{replicas: 1, tp: 1, attention_dp: 8, ep: 8}", "mixtral-8x7b")
+        plan = read_serving_plan(read_yaml(path), str(path))
+        written = export_serving(plan, ServingTarget(engine), str(path))
+        script = written[f"serve-{engine}.sh"]
+        for flag in expect:
+            assert flag in script, (engine, flag)
+        if engine == "trtllm":
+            assert "enable_attention_dp: true" in written["extra-llm-api-options.yaml"]
+
+
+def test_exports_refuse_what_the_engine_cannot_run_naming_the_field(tmp_path) -> None:
+    path = _export_plan(tmp_path, "vllm", "{replicas: 2, tp: 4}")
+    wrong = autoplan("export", path, "--to", "sglang")
+    assert wrong.returncode == 2 and "engine: --to sglang: the plan was predicted for vllm" in wrong.stderr
+    training = autoplan("export", path, "--to", "megatron")
+    assert training.returncode == 2 and "a serving plan exports to sglang, trtllm, vllm" in training.stderr
+    spans = _export_plan(tmp_path, "vllm", "{replicas: 1, tp: 8, pp: 2}").read_text().replace(
+        "nodes: 1", "nodes: 2")
+    (tmp_path / "spans.yaml").write_text(spans)
+    multi = autoplan("export", tmp_path / "spans.yaml", "--to", "vllm")
+    assert multi.returncode == 2
+    assert "deployment: --to vllm: a replica of 16 GPUs spans nodes of 8" in multi.stderr
+    trt = _export_plan(tmp_path, "trtllm", "{replicas: 1, tp: 2, attention_dp: 4, ep: 8}", "mixtral-8x7b")
+    refused = autoplan("export", trt, "--to", "trtllm")
+    assert refused.returncode == 2 and "deployment.attention_dp: --to trtllm" in refused.stderr
+    example = Path(__file__).resolve().parents[2] / "examples/plans/llama3-8b-32xh100-1f1b.yaml"
+    vllm_for_training = autoplan("export", example, "--to", "vllm")
+    assert vllm_for_training.returncode == 2
+    assert "vllm serves models: give a serving plan" in vllm_for_training.stderr
+
+
+def test_an_export_is_written_where_out_says(tmp_path) -> None:
+    path = _export_plan(tmp_path, "trtllm", "{replicas: 2, tp: 4}")
+    out = tmp_path / "launch"
+    out.mkdir()
+    result = autoplan("export", path, "--to", "trtllm", "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert (out / "serve-trtllm.sh").stat().st_mode & 0o100
+    assert (out / "extra-llm-api-options.yaml").read_text().startswith("# LLM API options")
