@@ -39,10 +39,11 @@ from autoplan.serving.deployment import (
     Engine,
     Lengths,
     Precision,
+    ServingPlan,
     Slo,
     Workload,
 )
-from autoplan.serving.evaluate import ServingPlan, evaluate_serving
+from autoplan.serving.evaluate import evaluate_serving
 
 CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "serving_calibration.csv"
 

@@ -18,8 +18,8 @@ from autoplan.vocab import CpComm
 if TYPE_CHECKING:
     from autoplan.measured.profile import Profile
     from autoplan.serving.cost import StepModel
-    from autoplan.serving.deployment import Slo
-    from autoplan.serving.evaluate import ServingPlan, ServingPrediction
+    from autoplan.serving.deployment import ServingPlan, Slo
+    from autoplan.serving.evaluate import ServingPrediction
     from autoplan.serving.search import Ranked
     from autoplan.whatif.sweep import Point
 

@@ -38,8 +38,7 @@ import yaml
 from autoplan.errors import InputError, Problem
 from autoplan.export.shell import Arg, bash_array, comment, slug
 from autoplan.serving.cost import StepModel
-from autoplan.serving.deployment import Engine, Precision
-from autoplan.serving.evaluate import ServingPlan
+from autoplan.serving.deployment import Engine, Precision, ServingPlan
 
 BASE_PORT = 8000
 

@@ -10,7 +10,8 @@ import enum
 import math
 from dataclasses import dataclass
 
-from autoplan.descriptors.hardware import Device
+from autoplan.descriptors.hardware import Cluster, Device
+from autoplan.descriptors.model import Model
 from autoplan.units import GiB
 
 
@@ -216,3 +217,15 @@ class Slo:
             out["tpot_ms"] = self.tpot_ms
         out["percentile"] = self.percentile
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class ServingPlan:
+    """What a serving plan file holds (without its prediction)."""
+
+    model: Model
+    cluster: Cluster
+    engine: Engine
+    deployment: Deployment
+    workload: Workload
+    slo: Slo

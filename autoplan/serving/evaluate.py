@@ -7,21 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplan.descriptors.hardware import Cluster
-from autoplan.descriptors.model import Model
 from autoplan.serving.cost import Memory, StepModel
-from autoplan.serving.deployment import ArrivalKind, Deployment, Engine, Slo, Workload
+from autoplan.serving.deployment import ArrivalKind, Deployment, ServingPlan
 from autoplan.serving.simulate import SimResult, simulate
-
-
-@dataclass(frozen=True, slots=True)
-class ServingPlan:
-    model: Model
-    cluster: Cluster
-    engine: Engine
-    deployment: Deployment
-    workload: Workload
-    slo: Slo
 
 
 @dataclass(frozen=True, slots=True)

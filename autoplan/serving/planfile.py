@@ -19,10 +19,10 @@ from autoplan.serving.deployment import (
     Engine,
     Lengths,
     Precision,
+    ServingPlan,
     Slo,
     Workload,
 )
-from autoplan.serving.evaluate import ServingPlan
 
 MAX_DEGREE = 1 << 16  # replicas, TP, PP, EP or attention DP: past any cluster
 MAX_REQUESTS = 1_000_000

@@ -16,8 +16,16 @@ from dataclasses import dataclass, replace
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.model import Model
 from autoplan.errors import InputError
-from autoplan.serving.deployment import Deployment, Engine, Precision, Slo, Workload, engine_defaults
-from autoplan.serving.evaluate import ServingPlan, ServingPrediction, evaluate_serving
+from autoplan.serving.deployment import (
+    Deployment,
+    Engine,
+    Precision,
+    ServingPlan,
+    Slo,
+    Workload,
+    engine_defaults,
+)
+from autoplan.serving.evaluate import ServingPrediction, evaluate_serving
 from autoplan.vocab import Dtype
 
 # batch limits tried beside the engine's default: a lower max_num_seqs trades throughput

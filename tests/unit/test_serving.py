@@ -21,10 +21,11 @@ from autoplan.serving.deployment import (
     Engine,
     Lengths,
     Precision,
+    ServingPlan,
     Slo,
     Workload,
 )
-from autoplan.serving.evaluate import ServingPlan, evaluate_serving, serving_document
+from autoplan.serving.evaluate import evaluate_serving, serving_document
 from autoplan.serving.search import pareto, serve_search
 from autoplan.serving.simulate import sample_lengths, simulate
 from tests.helpers import autoplan
