@@ -25,7 +25,7 @@ decoding sequence. Per GPU of a pipeline stage it costs, layer by layer:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from autoplan.cost import comm
 from autoplan.cost.compute import AttentionKernel, attention_efficiency, gemm_roofline
@@ -159,6 +159,9 @@ class StepModel:
     engine: Engine
     limits: EngineDefaults = field(init=False)
     _linear: dict[int, tuple[float, float]] = field(default_factory=dict, init=False, repr=False)
+    _tokens: dict[int, Breakdown] = field(default_factory=dict, init=False, repr=False)
+    _token_totals: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    _sampled: dict[int, float] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         d, m, dev = self.deployment, self.model, self.cluster.device
@@ -183,6 +186,17 @@ class StepModel:
                                 else d.chunked_prefill)
         # cross-node pipeline hops where a stage's GPUs fill whole NVLink domains
         self.pp_cross = self.stage_gpus >= self.cluster.nvlink_domain
+        # attention per (query, key) pair of a prefill, and per token of context a decode
+        # reads, over every layer (per GPU: heads / tp); MLA decodes in its absorbed form
+        if m.is_mla:
+            prefill_dim = m.qk_head_dim + m.v_head_dim
+            decode_dim = (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
+        else:
+            prefill_dim = decode_dim = 2 * m.kv_channels
+        rate = dev.peak_bf16_flops * self.attn_eff
+        heads = m.heads / d.tp
+        self._prefill_s_per_pair = self.layers_stage * d.pp * 2.0 * heads * prefill_dim / rate
+        self._decode_s_per_token = 2.0 * heads * decode_dim / rate
 
     # -- per-layer pieces ---------------------------------------------------------------
     def _gemm(self, m: float, n: float, k: float, weight_bytes: float) -> float:
@@ -240,36 +254,14 @@ class StepModel:
         self._linear[tokens] = out
         return out
 
-    def iteration(self, tokens: int, decodes: int, decode_context: float,
-                  prefill_pairs: float, prefill_context: float, sampled: int) -> Breakdown:
-        """One iteration of one scheduler's batch through the whole pipeline.
-
-        ``tokens``: scheduled tokens (prompt chunks + one per decode); ``decodes`` and
-        ``decode_context``: the decoding sequences and the KV tokens they read;
-        ``prefill_pairs``: causal (query, key) pairs of the prefill chunks, summed;
-        ``prefill_context``: KV tokens of earlier chunks the prefill re-reads;
-        ``sampled``: sequences that sample a token (decodes + prompts finishing)."""
+    def _per_tokens(self, tokens: int) -> Breakdown:
+        """The parts of an iteration that depend on its token count alone (memoized)."""
+        cached = self._tokens.get(tokens)
+        if cached is not None:
+            return cached
         m, d, dev = self.model, self.deployment, self.device
-        if tokens <= 0:
-            return Breakdown()
         dense, moe = self._linear_times(tokens)
-        L, Lm, Ld = self.layers_stage * d.pp, self.moe_stage * d.pp, self.dense_stage * d.pp
-        gemm = Ld * dense
-        moe_s = Lm * moe
-        # attention core: prefill compute-bound, decode bandwidth-bound (per GPU: heads / tp)
-        heads = m.heads / d.tp
-        if m.is_mla:
-            prefill_dim = m.qk_head_dim + m.v_head_dim
-            decode_dim = (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
-        else:
-            prefill_dim = decode_dim = 2 * m.kv_channels
-        peak = dev.peak_bf16_flops
-        attn_prefill = 2.0 * prefill_pairs * heads * prefill_dim / (peak * self.attn_eff)
-        kv_bytes = (decode_context + prefill_context) * self.kv_token_layer
-        attn_decode_flops = 2.0 * decode_context * heads * decode_dim / (peak * self.attn_eff)
-        kv_read = max(kv_bytes / self.mem_eff_Bps, attn_decode_flops)
-        attention = L * attn_prefill
-        kv_read_s = L * kv_read
+        L, Lm = self.layers_stage * d.pp, self.moe_stage * d.pp
         elementwise = L * tokens * elementwise_bytes_per_token(m, d.tp) / self.mem_eff_Bps
         act = ACT_BYTES * tokens * m.hidden
         tp_comm = L * 2 * all_reduce_seconds(act, self.tp_group) if d.tp > 1 else 0.0
@@ -280,23 +272,63 @@ class StepModel:
         elif m.is_moe and d.attention_dp > 1:  # experts split over the stage: gather, then reduce
             ep_comm = Lm * all_reduce_seconds(act * d.attention_dp, self.stage_group)
         pp_comm = (d.pp - 1) * comm.p2p(act / d.tp, self.pp_cross, self.cluster) if d.pp > 1 else 0.0
-        # the output layer (16 bits in every engine's quantized checkpoints) over the
-        # sequences that sample, and their fp32 logits written and read by the sampler
-        head = m.vocab / d.tp * m.hidden
-        logits = (gemm_roofline(2.0 * sampled * head, ACT_BYTES * (head + sampled * m.hidden),
-                                dev, Dtype.BF16, sampled, m.vocab / d.tp)
-                  + 2 * LOGIT_BYTES * sampled * m.vocab / d.tp / self.mem_eff_Bps) if sampled else 0.0
-        kernel_gaps = L * KERNELS_PER_LAYER * dev.kernel_gap_s
-        return Breakdown(gemm=gemm, moe=moe_s, attention=attention, kv_read=kv_read_s,
-                         elementwise=elementwise, tp_comm=tp_comm, ep_comm=ep_comm, pp_comm=pp_comm,
-                         logits=logits, kernel_gaps=kernel_gaps, host=HOST_STEP_S[self.engine])
+        out = Breakdown(gemm=self.dense_stage * d.pp * dense, moe=Lm * moe, elementwise=elementwise,
+                        tp_comm=tp_comm, ep_comm=ep_comm, pp_comm=pp_comm,
+                        kernel_gaps=L * KERNELS_PER_LAYER * dev.kernel_gap_s, host=HOST_STEP_S[self.engine])
+        self._tokens[tokens] = out
+        return out
+
+    def _logits(self, sampled: int) -> float:
+        """The output layer (16 bits in every engine's quantized checkpoints) over the
+        sequences that sample, and their fp32 logits written and read by the sampler."""
+        if not sampled:
+            return 0.0
+        cached = self._sampled.get(sampled)
+        if cached is None:
+            m, d = self.model, self.deployment
+            head = m.vocab / d.tp * m.hidden
+            cached = (gemm_roofline(2.0 * sampled * head, ACT_BYTES * (head + sampled * m.hidden),
+                                    self.device, Dtype.BF16, sampled, m.vocab / d.tp)
+                      + 2 * LOGIT_BYTES * sampled * m.vocab / d.tp / self.mem_eff_Bps)
+            self._sampled[sampled] = cached
+        return cached
+
+    def _attention(self, decode_context: float, prefill_pairs: float,
+                   prefill_context: float) -> tuple[float, float]:
+        """(prefill attention, KV read) over every layer: prefill compute-bound at flash
+        attention's rate, decode bound by reading the KV cache (or its FLOPs, if more)."""
+        attention = self._prefill_s_per_pair * prefill_pairs
+        kv_bytes = (decode_context + prefill_context) * self.kv_token_layer
+        kv_read = max(kv_bytes / self.mem_eff_Bps, self._decode_s_per_token * decode_context)
+        return attention, self.layers_stage * self.deployment.pp * kv_read
+
+    def iteration(self, tokens: int, decodes: int, decode_context: float,
+                  prefill_pairs: float, prefill_context: float, sampled: int) -> Breakdown:
+        """One iteration of one scheduler's batch through the whole pipeline.
+
+        ``tokens``: scheduled tokens (prompt chunks + one per decode); ``decodes`` and
+        ``decode_context``: the decoding sequences and the KV tokens they read;
+        ``prefill_pairs``: causal (query, key) pairs of the prefill chunks, summed;
+        ``prefill_context``: KV tokens of earlier chunks the prefill re-reads;
+        ``sampled``: sequences that sample a token (decodes + prompts finishing)."""
+        if tokens <= 0:
+            return Breakdown()
+        attention, kv_read = self._attention(decode_context, prefill_pairs, prefill_context)
+        return replace(self._per_tokens(tokens), attention=attention, kv_read=kv_read,
+                       logits=self._logits(sampled))
 
     def step_seconds(self, tokens: int, decodes: int, decode_context: float,
                      prefill_pairs: float, prefill_context: float, sampled: int) -> float:
-        """:meth:`iteration`'s total. With pp > 1 the engine keeps pp batches in flight
-        (vLLM's virtual engines): one batch's iteration still traverses every stage."""
-        return self.iteration(tokens, decodes, decode_context, prefill_pairs, prefill_context,
-                              sampled).total
+        """:meth:`iteration`'s total, without building its breakdown (a simulation asks
+        this every iteration). With pp > 1 the engine keeps pp batches in flight (vLLM's
+        virtual engines): one batch's iteration still traverses every stage."""
+        if tokens <= 0:
+            return 0.0
+        total = self._token_totals.get(tokens)
+        if total is None:
+            total = self._token_totals[tokens] = self._per_tokens(tokens).total
+        attention, kv_read = self._attention(decode_context, prefill_pairs, prefill_context)
+        return total + attention + kv_read + self._logits(sampled)
 
     # -- memory ---------------------------------------------------------------------
     def memory(self) -> Memory:

@@ -80,6 +80,19 @@ def test_decode_attention_reads_each_sequences_kv_cache() -> None:
     assert b.kv_read == pytest.approx(kv_bytes / (dev.hbm_Bps * dev.hbm_efficiency), rel=1e-9)
 
 
+def test_the_simulations_fast_step_is_the_breakdowns_total() -> None:
+    rng = np.random.default_rng(0)
+    for name, dep in (("llama3-70b", Deployment(replicas=1, tp=4, pp=2)),
+                      ("mixtral-8x7b", Deployment(replicas=1, tp=2, attention_dp=4, ep=8)),
+                      ("deepseek-v3", Deployment(replicas=1, tp=8))):
+        step = StepModel(resolve_model(name), H8, dep, Engine.SGLANG)
+        for _ in range(50):
+            tokens, decodes = int(rng.integers(1, 8192)), int(rng.integers(0, 256))
+            args = (tokens, decodes, float(rng.uniform(0, 1e6)), float(rng.uniform(0, 1e7)),
+                    float(rng.uniform(0, 1e5)), int(rng.integers(0, 300)))
+            assert step.step_seconds(*args) == pytest.approx(step.iteration(*args).total, rel=1e-12)
+
+
 def test_memory_leaves_the_kv_cache_what_vllm_budgets() -> None:
     step = StepModel(L70, H8, Deployment(replicas=1, tp=8), Engine.VLLM)
     mem = step.memory()
