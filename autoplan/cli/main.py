@@ -354,6 +354,9 @@ MAX_SERVE_CONCURRENCY = 1_000_000
 
 @app.command()
 def serve(
+    job_file: Annotated[Path | None, typer.Argument(
+        metavar="JOB.yaml", help="Serving job file: model, cluster, gpus, engine, workload, slo "
+                                 "(options override it).")] = None,
     model: Annotated[str | None, typer.Option(
         "--model", "-m", help="Built-in model name, descriptor path, or HuggingFace config.json.")] = None,
     cluster: Annotated[str | None, typer.Option(
@@ -367,13 +370,16 @@ def serve(
         "--concurrency", help="Closed loop: this many requests in flight.")] = None,
     offline: Annotated[bool, typer.Option(
         "--offline", help="Every request queued at once (throughput).")] = False,
-    requests: Annotated[int, typer.Option("--requests", help="Requests in the workload.")] = 1000,
+    requests: Annotated[int | None, typer.Option(
+        "--requests", help="Requests in the workload (default 1000).")] = None,
     ttft_slo: Annotated[float | None, typer.Option(
         "--ttft-slo", help="Time to first token SLO, ms (at --percentile).")] = None,
     tpot_slo: Annotated[float | None, typer.Option(
         "--tpot-slo", help="Time per output token SLO, ms (at --percentile).")] = None,
-    percentile: Annotated[float, typer.Option("--percentile", help="SLO percentile.")] = 99.0,
-    engine: Annotated[EngineName, typer.Option("--engine", help="Serving engine.")] = EngineName.vllm,
+    percentile: Annotated[float | None, typer.Option(
+        "--percentile", help="SLO percentile (default 99).")] = None,
+    engine: Annotated[EngineName | None, typer.Option(
+        "--engine", help="Serving engine (default vllm).")] = None,
     weights: Annotated[str, typer.Option(
         "--weights", help="Weight precisions to try, comma-separated: bf16, fp16, fp8, int8, int4, fp4.")
     ] = "bf16",
@@ -387,6 +393,7 @@ def serve(
     meets it, 2 bad input."""
     from autoplan.descriptors.job import MAX_SEQ_LEN
     from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
+    from autoplan.descriptors.strict import read_yaml
     from autoplan.serving.deployment import (
         KV_PRECISIONS,
         Arrival,
@@ -398,17 +405,21 @@ def serve(
         Workload,
     )
     from autoplan.serving.evaluate import serving_document
+    from autoplan.serving.planfile import ServingJob, read_serving_job
     from autoplan.serving.search import serve_search
 
+    job = read_serving_job(read_yaml(job_file), str(job_file)) if job_file is not None else ServingJob()
     problems: list[Problem] = []
 
     def need(value: Any, flag: str) -> None:
         if value is None:
-            problems.append(Problem(flag, "", "missing required option"))
+            where = f" (or in {job_file})" if job_file is not None else ""
+            problems.append(Problem(flag, "", f"missing required option{where}"))
 
-    for given_value, flag in ((model, "--model"), (cluster, "--cluster"), (gpus, "--gpus"),
-                              (input_len, "--input-len"), (output_len, "--output-len")):
-        need(given_value, flag)
+    for given_value, job_value, flag in ((model, job.model, "--model"), (cluster, job.cluster, "--cluster"),
+                                         (input_len, job.input_len, "--input-len"),
+                                         (output_len, job.output_len, "--output-len")):
+        need(given_value if given_value is not None else job_value, flag)
     counts: tuple[tuple[int | None, str, int], ...] = (
         (input_len, "--input-len", MAX_SEQ_LEN), (output_len, "--output-len", MAX_SEQ_LEN),
         (requests, "--requests", MAX_SERVE_REQUESTS), (concurrency, "--concurrency", MAX_SERVE_CONCURRENCY))
@@ -421,12 +432,12 @@ def serve(
     for slo_ms, flag in ((ttft_slo, "--ttft-slo"), (tpot_slo, "--tpot-slo")):
         if slo_ms is not None and not (0 < slo_ms < 1e9):
             problems.append(Problem(flag, "", f"expected milliseconds > 0, got {slo_ms:g}"))
-    if not 0 < percentile <= 100:
+    if percentile is not None and not 0 < percentile <= 100:
         problems.append(Problem("--percentile", "", f"expected more than 0 and at most 100, "
                                                      f"got {percentile:g}"))
     given = [f for f, v in (("--rate", rate), ("--concurrency", concurrency), ("--offline", offline or None))
              if v is not None]
-    if len(given) != 1:
+    if len(given) > 1 or (not given and job.arrival is None):
         problems.append(Problem("--rate", "", "give exactly one of --rate, --concurrency, --offline"
                                 + (f" (got {', '.join(given)})" if given else "")))
 
@@ -446,22 +457,40 @@ def serve(
     kv_list = precisions(kv_cache, "--kv-cache", KV_PRECISIONS)
     if problems:
         raise InputError(problems)
-    assert model and cluster and gpus and input_len and output_len
     if out_path is not None:
         files.check_target(out_path)
         if files.is_stdout(out_path):
             output.data_to_stderr()
-    m = resolve_model(model)
-    c = with_gpus(resolve_cluster(cluster), gpus)
-    if input_len + output_len > m.max_seq_len:
-        output.err.print(f"autoplan: note: --input-len + --output-len = {input_len + output_len:,} "
-                         f"exceeds {m.name}'s max_seq_len {m.max_seq_len:,}", markup=False)
+    m = resolve_model(model) if model is not None else job.model
+    base = resolve_cluster(cluster) if cluster is not None else job.cluster
+    assert m is not None and base is not None
+    count = gpus if gpus is not None else job.gpus if job.gpus is not None else base.gpus
+    c = with_gpus(base, count)
     arrival = (Arrival(ArrivalKind.RATE, rate_rps=rate) if rate is not None
                else Arrival(ArrivalKind.CONCURRENCY, concurrency=concurrency) if concurrency is not None
-               else Arrival(ArrivalKind.OFFLINE))
-    workload = Workload(Lengths(float(input_len)), Lengths(float(output_len)), arrival, requests)
-    slo = Slo(ttft_slo, tpot_slo, percentile)
-    eng = Engine(engine.value)
+               else Arrival(ArrivalKind.OFFLINE) if offline else job.arrival)
+    assert arrival is not None
+    inp = Lengths(float(input_len)) if input_len is not None else job.input_len
+    outp = Lengths(float(output_len)) if output_len is not None else job.output_len
+    assert inp is not None and outp is not None
+    if inp.mean + outp.mean > m.max_seq_len:
+        output.err.print(f"autoplan: note: input + output length = {inp.mean + outp.mean:,.0f} tokens "
+                         f"exceeds {m.name}'s max_seq_len {m.max_seq_len:,}", markup=False)
+    n_requests = requests if requests is not None else job.requests if job.requests is not None else 1000
+    workload = Workload(inp, outp, arrival, n_requests)
+    job_slo = job.slo or Slo()
+    slo = Slo(ttft_slo if ttft_slo is not None else job_slo.ttft_ms,
+              tpot_slo if tpot_slo is not None else job_slo.tpot_ms,
+              percentile if percentile is not None else job_slo.percentile)
+    eng = Engine(engine.value) if engine is not None else job.engine or Engine.VLLM
+    if job_file is not None:
+        for flag, value, in_job in (("--model", model, job.model), ("--cluster", cluster, job.cluster),
+                                    ("--gpus", gpus, job.gpus), ("--input-len", input_len, job.input_len),
+                                    ("--output-len", output_len, job.output_len),
+                                    ("--requests", requests, job.requests), ("--engine", engine, job.engine),
+                                    ("--rate/--concurrency/--offline", given or None, job.arrival)):
+            if value is not None and in_job is not None:
+                output.err.print(f"autoplan: note: {flag} overrides {job_file}", markup=False)
     if output.interactive(fmt.value):
         with output.err.status(f"simulating deployments on {c.gpus} GPUs ..."):
             result = serve_search(m, c, eng, workload, slo, w_list, kv_list)
@@ -483,7 +512,7 @@ def serve(
         output.emit_json(doc)
     else:
         title = escape(f"{m.name} on {c.gpus} x {c.device.name} ({c.name}), {eng.value}, "
-                       f"{input_len} in / {output_len} out, {arrival.label()}")
+                       f"{inp.mean:g} in / {outp.mean:g} out, {arrival.label()}")
         output.out.print(render.serving_table(shown, slo, title))
         output.out.print(render.serving_front_table(result.front))
         output.out.print(escape(

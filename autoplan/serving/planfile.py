@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from autoplan.descriptors.hardware import Cluster
@@ -133,6 +134,74 @@ def _check(plan: ServingPlan, f: Fields) -> None:
             f.fail("deployment.max_batched_tokens", f"without chunked prefill a prompt must fit one "
                                                     f"iteration: at least {longest:,.0f}, got "
                                                     f"{d.max_batched_tokens:,}")
+
+
+@dataclass(frozen=True, slots=True)
+class ServingJob:
+    """What ``autoplan serve JOB.yaml`` reads: every field optional (flags fill the rest)."""
+
+    model: Model | None = None
+    cluster: Cluster | None = None
+    gpus: int | None = None
+    engine: Engine | None = None
+    input_len: Lengths | None = None
+    output_len: Lengths | None = None
+    arrival: Arrival | None = None
+    requests: int | None = None
+    slo: Slo | None = None
+
+
+def read_serving_job(data: Any, source: str) -> ServingJob:
+    """A serving job file: ``model``, ``cluster``, ``gpus``, ``engine``, ``workload``
+    (as in a plan) and ``slo``; no deployment (that is what ``serve`` finds)."""
+    from autoplan.descriptors.library import resolve_cluster, resolve_model
+
+    problems: list[Problem] = []
+    f = Fields(data, source, "", problems)
+    if not f.ok:
+        raise InputError(problems)
+    if f.has("deployment"):
+        f.fail("deployment", "a job file leaves the deployment to `autoplan serve`; a plan with "
+                             "one is read by `autoplan evaluate`")
+    f.raw("autoplan", None)
+    kind = f.str("kind", "serving")
+    if kind is not None and kind != "serving":
+        f.fail("kind", f"expected serving, got {kind!r}"[:120])
+    model = cluster = None
+    try:
+        if (ref := f.raw("model", None)) is not None:
+            model = resolve_model(ref, source, "model")
+    except InputError as exc:
+        problems.extend(exc.problems)
+    try:
+        if (ref := f.raw("cluster", None)) is not None:
+            cluster = resolve_cluster(ref, source, "cluster")
+    except InputError as exc:
+        problems.extend(exc.problems)
+    gpus = f.int("gpus", None, min=1, max=MAX_DEGREE * 16)
+    engine = f.enum("engine", Engine, None)
+    inp = out = arrival = None
+    requests = None
+    if f.has("workload"):
+        w = f.child("workload", f.raw("workload"))
+        if w.ok:
+            inp = _lengths(w, "input_len") if w.has("input_len") else None
+            out = _lengths(w, "output_len") if w.has("output_len") else None
+            arrival = _arrival(w) if w.has("arrival") else None
+            requests = w.int("requests", None, min=1, max=MAX_REQUESTS)
+            w.close()
+    slo = None
+    if f.has("slo"):
+        s = f.child("slo", f.raw("slo"))
+        slo = Slo(s.float("ttft_ms", None, positive=True, max=1e9),
+                  s.float("tpot_ms", None, positive=True, max=1e9),
+                  s.float("percentile", 99.0, positive=True, max=100.0) or 99.0)
+        s.close()
+    f.close()
+    if problems:
+        raise InputError(problems)
+    return ServingJob(model=model, cluster=cluster, gpus=gpus, engine=engine, input_len=inp,
+                      output_len=out, arrival=arrival, requests=requests, slo=slo)
 
 
 def read_serving_plan(data: Any, source: str) -> ServingPlan:

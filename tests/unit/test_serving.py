@@ -418,3 +418,24 @@ def test_an_export_is_written_where_out_says(tmp_path) -> None:
     assert result.returncode == 0, result.stderr
     assert (out / "serve-trtllm.sh").stat().st_mode & 0o100
     assert (out / "extra-llm-api-options.yaml").read_text().startswith("# LLM API options")
+
+
+def test_serve_reads_a_job_file_and_flags_override_it(tmp_path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("model: llama3-8b\ncluster: {name: dgx-h100, nodes: 1}\ngpus: 2\nengine: sglang\n"
+                   "workload:\n  input_len: {mean: 600, dist: lognormal, sigma: 0.7}\n  output_len: 100\n"
+                   "  arrival: {rate_rps: 2}\n  requests: 200\nslo: {ttft_ms: 3000, tpot_ms: 80}\n")
+    result = autoplan("serve", job, "--format", "json", "--top", "1")
+    assert result.returncode == 0, result.stderr
+    best = json.loads(result.stdout)["plans"][0]
+    assert best["engine"] == "sglang" and best["workload"]["input_len"]["dist"] == "lognormal"
+    assert best["workload"]["requests"] == 200 and best["slo"]["tpot_ms"] == 80
+    over = autoplan("serve", job, "--engine", "vllm", "--format", "json", "--top", "1")
+    assert over.returncode == 0 and f"--engine overrides {job}" in over.stderr
+    assert json.loads(over.stdout)["plans"][0]["engine"] == "vllm"
+    job.write_text("model: llama3-8b\ncluster: dgx-h100\ndeployment: {tp: 1}\n")
+    bad = autoplan("serve", job)
+    assert bad.returncode == 2 and f"{job}: deployment: a job file leaves the deployment" in bad.stderr
+    job.write_text("model: llama3-8b\ncluster: dgx-h100\n")
+    missing = autoplan("serve", job)
+    assert missing.returncode == 2 and f"--input-len: missing required option (or in {job})" in missing.stderr
