@@ -642,6 +642,7 @@ def explain(
     from autoplan.parallel.pp import MAX_PIPELINE_OPS
     from autoplan.plan import read_plan
     from autoplan.schedules import timeline as tl
+    from autoplan.serving.planfile import is_serving, read_serving_plan
 
     if timeline is not None:
         if timeline.suffix.lower() not in (".svg", ".png"):
@@ -649,7 +650,15 @@ def explain(
         if timeline.suffix.lower() == ".png":
             tl.require_png()  # before anything is printed
         files.check_target(timeline)
-    plan = read_plan(read_yaml(plan_path), str(plan_path))
+    data = read_yaml(plan_path)
+    if is_serving(data):
+        if timeline is not None or microbatches is not None:
+            flag = "--timeline" if timeline is not None else "--microbatches"
+            raise InputError.single(flag, "", "draws a training pipeline's schedule; a serving plan's "
+                                              "batch over the run is shown in the output")
+        ok = _evaluate_serving([(plan_path, read_serving_plan(data, str(plan_path)))], Format.table, False)
+        raise typer.Exit(0 if ok else 1)
+    plan = read_plan(data, str(plan_path))
     chunks = plan.layout.pp * plan.layout.vpp
     if microbatches is not None and microbatches * chunks > MAX_PIPELINE_OPS:
         raise InputError.single("--microbatches", "", f"at most {MAX_PIPELINE_OPS // chunks:,} for "

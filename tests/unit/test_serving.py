@@ -302,7 +302,7 @@ def test_bad_serving_plans_name_the_file_and_field(tmp_path, edit: tuple[str, st
 def test_training_commands_say_a_serving_plan_is_not_theirs(tmp_path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text(SERVING_PLAN)
-    for command in (("explain", path), ("check", path), ("diff", path, path)):
+    for command in (("check", path), ("diff", path, path)):
         result = autoplan(*command)
         assert result.returncode == 2, command
         assert f"{path}: kind: a serving plan: `autoplan evaluate` reads it" in result.stderr
@@ -439,3 +439,14 @@ def test_serve_reads_a_job_file_and_flags_override_it(tmp_path) -> None:
     job.write_text("model: llama3-8b\ncluster: dgx-h100\n")
     missing = autoplan("serve", job)
     assert missing.returncode == 2 and f"--input-len: missing required option (or in {job})" in missing.stderr
+
+
+def test_explain_shows_where_a_serving_plans_iterations_go(tmp_path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(SERVING_PLAN)
+    result = autoplan("explain", path)
+    assert result.returncode == 0, result.stderr
+    assert "where an iteration goes" in result.stdout and "kv_read" in result.stdout
+    assert "the batch over the run" in result.stdout
+    refused = autoplan("explain", path, "--timeline", tmp_path / "t.svg")
+    assert refused.returncode == 2 and "--timeline: draws a training pipeline's schedule" in refused.stderr
