@@ -23,7 +23,9 @@ bytes for the same input (text and JUnit XML are rendered by the command line).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from autoplan.errors import InputError
 from autoplan.plan import SCHEMA_VERSION, Plan, Prediction, plan_document, read_plan, searched_space
 from autoplan.search.engine import Ranked, search
 from autoplan.search.space import SearchSpace, load_space
+from autoplan.serving.planfile import is_serving
 from autoplan.units import GiB
 
 
@@ -46,7 +49,11 @@ class Rule(str, enum.Enum):
     HEADROOM = "headroom"
     """Every stage's predicted peak plus the minimum headroom fits the device."""
     REGRESSION = "regression"
-    """The predicted step time is within F of the best plan the search finds."""
+    """The predicted step time is within F of the best plan the search finds (serving:
+    goodput per GPU under the SLO, else throughput per GPU, within F of the best deployment
+    ``autoplan serve`` finds)."""
+    MEETS_SLO = "meets-slo"
+    """Serving plans with an SLO: TTFT and TPOT at its percentile within it, the queue steady."""
 
 
 class Status(str, enum.Enum):
@@ -94,6 +101,9 @@ class CheckReport:
     prediction: Prediction | None = None
     regression: Regression | None = None  # with a maximum regression only
     min_headroom_bytes: float = 0.0
+    # a serving plan: what it is in a few words, and its prediction and regression (JSON)
+    summary: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def bad_input(self) -> bool:
@@ -120,6 +130,7 @@ class CheckReport:
             "failed": [r.rule.value for r in self.failed],
             "rules": [r.to_dict() for r in self.rules],
         }
+        out.update(self.extra)
         if self.prediction is not None:
             out["prediction"] = self.prediction.to_dict()
         if self.regression is not None:
@@ -154,17 +165,16 @@ def check_plan(path: Path, *, space: SearchSpace | None = None, max_regression: 
         later.append(Rule.REGRESSION)
     try:
         data = read_yaml(path)
+        if is_serving(data):
+            if space is not None:
+                raise InputError.single("--space", "", "searches training plans; a serving plan's "
+                                                       "regression is against `autoplan serve`")
+            return _check_serving(source, data, max_regression, headroom, later)
         plan = read_plan(data, source)
         if space is None and max_regression is not None:
             space = load_space(searched_space(data) or "default", source, "space")
     except InputError as exc:
-        problems = tuple(str(p) for p in exc.problems)
-        # every problem, the first as the message (the one line CI reports show)
-        rules = [RuleResult(rule=Rule.VALID, status=Status.ERROR, message=problems[0],
-                            details=problems[1:])]
-        rules += [RuleResult(rule=r, status=Status.SKIPPED, message="not checked: the plan does not read")
-                  for r in later]
-        return CheckReport(source=source, rules=tuple(rules), min_headroom_bytes=headroom)
+        return _not_read(source, exc, later, headroom)
 
     pred = evaluate(plan)
     lay = plan.layout
@@ -231,3 +241,97 @@ def _regression_rule(plan: Plan, pred: Prediction, reg: Regression) -> RuleResul
         return RuleResult(rule=Rule.REGRESSION, status=Status.PASSED, message=f"{text}: {verdict}")
     return RuleResult(rule=Rule.REGRESSION, status=Status.FAILED,
                       message=f"{text}: {gap:.1%} slower, more than {limit}")
+
+
+def _not_read(source: str, exc: InputError, later: list[Rule], headroom: float) -> CheckReport:
+    """Rule ``valid`` in error with every problem (the first as the message: the one line CI
+    reports show), the rules after it skipped."""
+    problems = tuple(str(p) for p in exc.problems)
+    rules = [RuleResult(rule=Rule.VALID, status=Status.ERROR, message=problems[0], details=problems[1:])]
+    rules += [RuleResult(rule=r, status=Status.SKIPPED, message="not checked: the plan does not read")
+              for r in later]
+    return CheckReport(source=source, rules=tuple(rules), min_headroom_bytes=headroom)
+
+
+def _check_serving(source: str, data: Any, max_regression: float | None, headroom: float,
+                   later: list[Rule]) -> CheckReport:
+    """The rules for a serving plan (``kind: serving``): valid, fits memory (and headroom),
+    meets its SLO where it has one, and within ``max_regression`` of the best deployment
+    ``autoplan serve`` finds for the same model, GPUs, engine, workload and precisions."""
+    from autoplan.serving.evaluate import evaluate_serving, serving_document
+    from autoplan.serving.planfile import read_serving_plan
+    from autoplan.serving.search import serve_search
+
+    try:
+        plan = read_serving_plan(data, source)
+    except InputError as exc:
+        if plan_has_slo(data):  # the rules it would have had, in their order
+            later = [r for r in later if r is not Rule.REGRESSION] + [Rule.MEETS_SLO] + (
+                [Rule.REGRESSION] if Rule.REGRESSION in later else [])
+        return _not_read(source, exc, later, headroom)
+    pred = evaluate_serving(plan)
+    d, c = plan.deployment, plan.cluster
+    summary = (f"{plan.model.name} on {c.gpus} x {c.device.name} ({c.name}), {plan.engine.value} "
+               f"{d.label()}, weights {d.weights.value}, KV cache {d.kv_cache.value}")
+    rules = [RuleResult(rule=Rule.VALID, status=Status.PASSED,
+                        message=f"schema v{SCHEMA_VERSION}, kind serving; replicas x tp x pp x "
+                                f"attention_dp = {d.gpus} GPUs, tp divides the attention heads")]
+    capacity = c.device.mem_bytes
+    peak = pred.memory.peak
+    fits = pred.fits
+    rules.append(RuleResult(
+        rule=Rule.FITS_MEMORY, status=Status.PASSED if fits else Status.FAILED,
+        message=(f"peak {peak / GiB:.1f} of {capacity / GiB:.0f} GiB per GPU, "
+                 f"{pred.kv_cache_tokens:,} tokens of KV cache per scheduler" if fits else
+                 f"weights, activations and reserve leave no KV cache: {peak / GiB:.1f} GiB per GPU "
+                 f"of {capacity / GiB:.0f}")))
+    if headroom > 0:
+        free = capacity - peak
+        rules.append(RuleResult(
+            rule=Rule.HEADROOM, status=Status.PASSED if free >= headroom else Status.FAILED,
+            message=f"{free / GiB:.1f} GiB free per GPU, at least {headroom / GiB:.1f} required"))
+    slo = plan.slo
+    if slo.any:
+        q = f"p{slo.percentile:g}"
+        parts = []
+        if slo.ttft_ms is not None:
+            parts.append(f"TTFT {q} {pred.slo_ttft_ms:,.0f} ms (SLO {slo.ttft_ms:g})")
+        if slo.tpot_ms is not None:
+            parts.append(f"TPOT {q} {pred.slo_tpot_ms:,.1f} ms (SLO {slo.tpot_ms:g})")
+        if not pred.steady:
+            parts.append("the queue grows through the run")
+        status = Status.PASSED if pred.meets_slo else Status.FAILED
+        status = Status.PASSED if pred.meets_slo else Status.FAILED
+        rules.append(RuleResult(rule=Rule.MEETS_SLO, status=status, message="; ".join(parts)))
+    extra: dict[str, Any] = {"kind": "serving", "serving_prediction": pred.to_dict()}
+    if max_regression is not None:
+        result = serve_search(plan.model, c, plan.engine, plan.workload, slo, (d.weights,), (d.kv_cache,))
+        what = "goodput per GPU" if slo.any else "output tokens/s per GPU"
+
+        def score(goodput: float, tokens: float) -> float:
+            return (goodput if slo.any else tokens) / d.gpus
+
+        mine = score(pred.goodput_rps, pred.output_tokens_per_s)
+        best = result.plans[0] if result.plans else None
+        if best is None:
+            rule = RuleResult(rule=Rule.REGRESSION, status=Status.PASSED,
+                              message="no deployment the serve search tried fits: nothing to compare")
+            gap = None
+        else:
+            top = score(best.prediction.goodput_rps, best.prediction.output_tokens_per_s)
+            gap = top / mine - 1.0 if mine > 0 else math.inf
+            ok = gap <= max_regression
+            rule = RuleResult(
+                rule=Rule.REGRESSION, status=Status.PASSED if ok else Status.FAILED,
+                message=(f"{what} {mine:,.3g}, {gap:.1%} below the best ({top:,.3g}, "
+                         f"{best.plan.deployment.label()}); at most {max_regression:.0%} allowed"
+                         if gap > 0 else f"{what} {mine:,.3g}: as good as the best deployment found"))
+        rules.append(rule)
+        extra["regression"] = {"max_regression": max_regression, "gap": gap,
+                               "best": serving_document(best.plan, best.prediction) if best else None}
+    return CheckReport(source=source, rules=tuple(rules), min_headroom_bytes=headroom,
+                       summary=summary, extra=extra)
+
+
+def plan_has_slo(data: Any) -> bool:
+    return isinstance(data, Mapping) and isinstance(data.get("slo"), Mapping)

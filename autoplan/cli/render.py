@@ -340,6 +340,8 @@ def check_text(report: CheckReport) -> str:
     if plan is not None:
         head += (f": {plan.model.name} on {plan.cluster.gpus} x {plan.cluster.device.name} "
                  f"({plan.cluster.name}), {plan_words(plan)}")
+    elif report.summary:
+        head += f": {report.summary}"
     lines = [head]
     width = max(len(r.rule.value) for r in report.rules)
     for r in report.rules:
