@@ -170,3 +170,64 @@ def _stage_peak(pred: Prediction, stage: int) -> float | None:
 
 def _json(value: Value) -> Any:
     return list(value) if isinstance(value, tuple) else value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServingDiff:
+    """Two serving plans: the fields that differ and their predictions side by side."""
+
+    source_a: str
+    source_b: str
+    summary_a: str
+    summary_b: str
+    meets_a: bool
+    meets_b: bool
+    changes: tuple[Change, ...]
+    deltas: tuple[Delta, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"a": self.source_a, "b": self.source_b, "kind": "serving",
+                "changes": [c.to_dict() for c in self.changes],
+                "meets_slo": {"a": self.meets_a, "b": self.meets_b},
+                "deltas": [d.to_dict() for d in self.deltas]}
+
+
+# serving prediction metrics by unit, in the order the plan file's ``prediction`` has them
+_SERVING_UNITS = {"ttft_ms": "ms", "tpot_ms": "ms", "e2e_ms": "ms", "output_tokens_per_s": "tokens/s",
+                  "total_tokens_per_s": "tokens/s", "requests_per_s": "req/s", "goodput_rps": "req/s",
+                  "memory_gib_per_gpu": "GiB", "kv_cache_tokens": "tokens", "max_concurrency": "sequences"}
+
+
+def diff_serving(a: Any, b: Any, source_a: str = "A", source_b: str = "B") -> ServingDiff:
+    """Compare two valid serving plans (``autoplan.serving.planfile.read_serving_plan``);
+    both are simulated (``autoplan.serving.evaluate``)."""
+    from autoplan.serving.evaluate import evaluate_serving, serving_document
+
+    pa, pb = evaluate_serving(a), evaluate_serving(b)
+    da, db = serving_document(a, pa), serving_document(b, pb)
+    fa: dict[str, Value] = {}
+    fb: dict[str, Value] = {}
+    for doc, out in ((da, fa), (db, fb)):
+        for key, value in doc.items():
+            if key != "prediction":
+                _flatten(key, value, out)
+    keys = list(fa) + [k for k in fb if k not in fa]
+    changes = tuple(Change(field=k, a=fa.get(k), b=fb.get(k)) for k in keys if fa.get(k) != fb.get(k))
+    qa: dict[str, Value] = {}
+    qb: dict[str, Value] = {}
+    _flatten("", da["prediction"], qa)
+    _flatten("", db["prediction"], qb)
+    deltas = []
+    for key in qa:
+        name = key.lstrip(".")
+        unit = _SERVING_UNITS.get(name.split(".")[0])
+        if unit is None or isinstance(qa[key], bool):
+            continue
+        deltas.append(Delta(metric=name, unit=unit, a=float(qa[key]), b=float(qb[key])))
+
+    def words(plan: Any) -> str:
+        d = plan.deployment
+        return f"{plan.engine.value} {d.label()}, weights {d.weights.value}, KV cache {d.kv_cache.value}"
+
+    return ServingDiff(source_a=source_a, source_b=source_b, summary_a=words(a), summary_b=words(b),
+                       meets_a=pa.meets_slo, meets_b=pb.meets_slo, changes=changes, deltas=tuple(deltas))

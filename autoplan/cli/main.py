@@ -1135,19 +1135,26 @@ def diff_plan_files(
     """What changed from plan A to plan B, and what it does to the predicted step time,
     throughput, MFU and memory (each term, each stage): exit 0, 2 bad input."""
     from autoplan.descriptors.strict import read_yaml
-    from autoplan.diff import diff_plans
+    from autoplan.diff import diff_plans, diff_serving
     from autoplan.plan import read_plan
+    from autoplan.serving.planfile import is_serving, read_serving_plan
 
     problems: list[Problem] = []
-    plans: list[Plan] = []
-    for path in (a_path, b_path):  # both read before any output: every problem at once
+    plans: list[Any] = []
+    documents = [read_yaml(a_path), read_yaml(b_path)]
+    kinds = [is_serving(d) for d in documents]
+    if kinds[0] != kinds[1]:
+        raise InputError.single(str(b_path), "kind", "one plan is a serving plan and the other a training "
+                                                     "plan: diff compares two of a kind")
+    for path, data in zip((a_path, b_path), documents, strict=True):  # every problem at once
         try:
-            plans.append(read_plan(read_yaml(path), str(path)))
+            plans.append(read_serving_plan(data, str(path)) if kinds[0] else read_plan(data, str(path)))
         except InputError as exc:
             problems.extend(exc.problems)
     if problems:
         raise InputError(problems)
-    result = diff_plans(plans[0], plans[1], str(a_path), str(b_path))
+    result = (diff_serving(plans[0], plans[1], str(a_path), str(b_path)) if kinds[0]
+              else diff_plans(plans[0], plans[1], str(a_path), str(b_path)))
     if fmt is Format.json:
         output.emit_json(result.to_dict())
         return

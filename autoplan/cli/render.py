@@ -306,7 +306,7 @@ def profile_note(profile: Profile, cluster: Cluster) -> str | None:
 
 if TYPE_CHECKING:
     from autoplan.check import CheckReport, RuleResult
-    from autoplan.diff import Delta, PlanDiff
+    from autoplan.diff import Delta, PlanDiff, ServingDiff
 
 CHECK_SUITE = "autoplan check"  # the JUnit testsuite's name
 
@@ -404,7 +404,7 @@ def _value_text(value: object) -> str:
     return str(value)
 
 
-def diff_changes_table(diff: PlanDiff) -> Table:
+def diff_changes_table(diff: PlanDiff | ServingDiff) -> Table:
     from rich.markup import escape
 
     table = Table(title="what changed", title_justify="left")
@@ -433,7 +433,7 @@ def _metric_text(delta: Delta, value: float | None, signed: bool = False) -> str
     return f"{value:{sign}.3f}"
 
 
-def diff_metrics_table(diff: PlanDiff) -> Table:
+def diff_metrics_table(diff: PlanDiff | ServingDiff) -> Table:
     """Both predictions side by side: A, B, B - A and (B - A) / A."""
     from rich.markup import escape
 
@@ -448,9 +448,15 @@ def diff_metrics_table(diff: PlanDiff) -> Table:
     return table
 
 
-def diff_summary(diff: PlanDiff) -> str:
+def diff_summary(diff: PlanDiff | ServingDiff) -> str:
     """For people: which file is A and which B, each in a few words, and B against A in step
-    time and peak memory."""
+    time and peak memory (serving: whether each meets its SLO)."""
+    from autoplan.diff import ServingDiff
+
+    if isinstance(diff, ServingDiff):
+        meets = {True: "meets its SLO", False: "misses its SLO or does not fit"}
+        return (f"A: {diff.source_a}: {diff.summary_a} ({meets[diff.meets_a]})\n"
+                f"B: {diff.source_b}: {diff.summary_b} ({meets[diff.meets_b]})")
     pa, pb = diff.prediction_a, diff.prediction_b
     fits = {True: "fits", False: "does not fit"}
     step = pb.step_time_s / pa.step_time_s - 1.0

@@ -299,13 +299,22 @@ def test_bad_serving_plans_name_the_file_and_field(tmp_path, edit: tuple[str, st
     assert "Traceback" not in result.stderr
 
 
-def test_training_commands_say_a_serving_plan_is_not_theirs(tmp_path) -> None:
-    path = tmp_path / "s.yaml"
-    path.write_text(SERVING_PLAN)
-    for command in (("diff", path, path),):
-        result = autoplan(*command)
-        assert result.returncode == 2, command
-        assert f"{path}: kind: a serving plan: `autoplan evaluate` reads it" in result.stderr
+def test_diff_compares_two_serving_plans_and_refuses_one_of_each(tmp_path) -> None:
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(SERVING_PLAN)
+    b.write_text(SERVING_PLAN.replace("replicas: 2, tp: 4", "replicas: 1, tp: 8"))
+    result = autoplan("diff", a, b, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    changed = {c["field"]: (c["a"], c["b"]) for c in doc["changes"]}
+    assert changed["deployment.replicas"] == (2, 1) and changed["deployment.tp"] == (4, 8)
+    metrics = {d["metric"] for d in doc["deltas"]}
+    assert {"ttft_ms.p99", "tpot_ms.mean", "output_tokens_per_s", "memory_gib_per_gpu.kv_cache"} <= metrics
+    table = autoplan("diff", a, b)
+    assert table.returncode == 0 and "what changed" in table.stdout and "deployment.tp" in table.stdout
+    example = Path(__file__).resolve().parents[2] / "examples/plans/llama3-8b-32xh100-1f1b.yaml"
+    mixed = autoplan("diff", a, example)
+    assert mixed.returncode == 2 and "diff compares two of a kind" in mixed.stderr
 
 
 def test_training_plans_may_say_kind_training(tmp_path) -> None:
