@@ -405,7 +405,7 @@ def serve(
         Workload,
     )
     from autoplan.serving.evaluate import serving_document
-    from autoplan.serving.planfile import ServingJob, read_serving_job
+    from autoplan.serving.planfile import MAX_OUTPUT_TOKENS, ServingJob, read_serving_job
     from autoplan.serving.search import serve_search
 
     job = read_serving_job(read_yaml(job_file), str(job_file)) if job_file is not None else ServingJob()
@@ -421,7 +421,7 @@ def serve(
                                          (output_len, job.output_len, "--output-len")):
         need(given_value if given_value is not None else job_value, flag)
     counts: tuple[tuple[int | None, str, int], ...] = (
-        (input_len, "--input-len", MAX_SEQ_LEN), (output_len, "--output-len", MAX_SEQ_LEN),
+        (input_len, "--input-len", MAX_SEQ_LEN), (output_len, "--output-len", MAX_OUTPUT_TOKENS),
         (requests, "--requests", MAX_SERVE_REQUESTS), (concurrency, "--concurrency", MAX_SERVE_CONCURRENCY))
     for count, flag, hi in counts:
         if count is not None and not 1 <= count <= hi:

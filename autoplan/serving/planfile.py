@@ -28,6 +28,9 @@ from autoplan.serving.deployment import (
 MAX_DEGREE = 1 << 16  # replicas, TP, PP, EP or attention DP: past any cluster
 MAX_REQUESTS = 1_000_000
 MAX_RATE = 1e6  # requests/s
+# output tokens per request: the simulation steps once per output token, and no model
+# generates more than this in one answer today
+MAX_OUTPUT_TOKENS = 1 << 17
 
 
 def is_serving(data: Any) -> bool:
@@ -39,15 +42,16 @@ def _lengths(f: Fields, key: str) -> Lengths | None:
     raw = f.raw(key)
     if raw is None:
         return None
+    hi = MAX_OUTPUT_TOKENS if key == "output_len" else MAX_SEQ_LEN
     if not isinstance(raw, Mapping):
-        value = f.int(key, min=1, max=MAX_SEQ_LEN)
+        value = f.int(key, min=1, max=hi)
         return None if value is None else Lengths(float(value))
     g = f.child(key, raw)
     dist = g.enum("dist", Dist, Dist.FIXED)
-    mean = g.float("mean", min=1, max=MAX_SEQ_LEN)
+    mean = g.float("mean", min=1, max=hi)
     sigma = g.float("sigma", 0.5 if dist is Dist.LOGNORMAL else 0.0, min=0.0, max=4.0)
     low = g.int("low", 1, min=1, max=MAX_SEQ_LEN)
-    high = g.int("high", 0, min=0, max=MAX_SEQ_LEN)
+    high = g.int("high", 0, min=0, max=hi)
     g.close()
     if None in (dist, mean, sigma, low, high):
         return None

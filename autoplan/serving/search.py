@@ -62,7 +62,8 @@ class ServeResult:
     def why_none(self, slo: Slo) -> str:
         if not self.plans:
             return (f"no deployment fits: {self.not_fitting} tried, each leaves no room for the KV "
-                    "cache (more GPUs, fp8 weights or a smaller model)")
+                    "cache, or a cache too small for one request's prompt and what the engine sets "
+                    "aside for its output (more GPUs, fp8 weights or KV cache, shorter requests)")
         best = self.plans[0]
         p = best.prediction
         gaps = []
@@ -152,7 +153,7 @@ def serve_search(model: Model, cluster: Cluster, engine: Engine, workload: Workl
             plan = ServingPlan(model, cluster, engine, replace(base, max_num_seqs=cap), workload, slo)
             pred = evaluate_serving(plan, seed)
             evaluated += 1
-            if not pred.fits:
+            if not pred.fits or not pred.simulated_requests:  # no room for the cache, or a request
                 not_fitting += 1
                 break
             if cap is None:

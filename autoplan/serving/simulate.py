@@ -30,11 +30,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoplan.errors import AutoplanError
 from autoplan.serving.cost import StepModel
 from autoplan.serving.deployment import ArrivalKind, Dist, Lengths, Workload
 
 MAX_SIMULATED_REQUESTS = 4000  # per simulation: percentiles to a few % and a search in seconds
-MAX_ITERATIONS = 2_000_000  # a hard stop whatever the input (a bug, not a workload, reaches it)
+# output tokens one simulation generates at most (each is an iteration's work for a sequence):
+# fewer requests are simulated where each is long
+MAX_SIMULATED_TOKENS = 1_000_000
+MAX_ITERATIONS = 2_000_000  # a hard stop whatever the input (the limits above keep below it)
 
 
 def sample_lengths(spec: Lengths, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -107,7 +111,9 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
     aside, larger than the cache) are refused, as engines refuse them, and left out."""
     rng = np.random.default_rng(seed)
     spec = workload.arrival
-    n = max(1, min(MAX_SIMULATED_REQUESTS, math.ceil(workload.requests / schedulers)))
+    longest = max(1.0, workload.output_len.ceiling)
+    n = max(1, min(MAX_SIMULATED_REQUESTS, math.ceil(workload.requests / schedulers),
+                   int(MAX_SIMULATED_TOKENS // longest)))
     inputs = sample_lengths(workload.input_len, n, rng)
     outputs = sample_lengths(workload.output_len, n, rng)
     arrival = np.zeros(n)
@@ -115,7 +121,7 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
     if spec.kind is ArrivalKind.RATE:
         arrival = np.cumsum(rng.exponential(schedulers / spec.rate_rps, n))
     elif spec.kind is ArrivalKind.CONCURRENCY:
-        closed = max(1, round(spec.concurrency / schedulers))
+        closed = min(n, max(1, round(spec.concurrency / schedulers)))
         arrival = np.full(n, np.inf)
         arrival[:closed] = 0.0
     first = np.full(n, np.nan)
@@ -159,7 +165,8 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
             continue
         it += 1
         if it > MAX_ITERATIONS:
-            raise RuntimeError("serving simulation exceeded its iteration limit")
+            raise AutoplanError(f"the serving simulation passed {MAX_ITERATIONS:,} iterations: a batch "
+                                "limit this small for outputs this long is more than it simulates")
         # the decodes write one more token each: preempt the latest admitted until it fits
         while n_dec and kv_used + n_dec > cap and order:
             victim = order.pop()

@@ -490,3 +490,26 @@ def test_check_gates_a_serving_plan_on_memory_slo_and_regression(tmp_path) -> No
     rules = {r["rule"]: r["status"] for r in json.loads(bad.stdout)["rules"]}
     assert rules == {"valid": "error", "fits-memory": "skipped", "meets-slo": "skipped",
                      "regression": "skipped"}
+
+
+@pytest.mark.parametrize(("args", "code", "message"), [
+    (("--input-len", "128", "--output-len", "16777216", "--rate", "1"), 2,
+     "--output-len: expected 1 to 131,072, got 16,777,216"),
+    (("--input-len", "16777216", "--output-len", "16", "--rate", "1"), 1,
+     "a cache too small for one request's prompt"),
+    (("--input-len", "128", "--output-len", "16", "--concurrency", "1000000"), 0, ""),
+])
+def test_absurd_workloads_end_quickly_with_a_reason(args: tuple[str, ...], code: int, message: str) -> None:
+    result = autoplan("serve", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", *args,
+                      "--top", "1")
+    assert result.returncode == code, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_long_outputs_simulate_fewer_requests_within_the_token_budget() -> None:
+    from autoplan.serving.simulate import MAX_SIMULATED_TOKENS
+
+    plan = _plan(Arrival(ArrivalKind.CONCURRENCY, concurrency=4), inp=64, out=50_000, requests=1000)
+    step = StepModel(plan.model, plan.cluster, plan.deployment, plan.engine)
+    sim = simulate(step, plan.workload, 1, step.kv_tokens(step.memory()))
+    assert len(sim.finish) == MAX_SIMULATED_TOKENS // 50_000 == 20
