@@ -473,9 +473,12 @@ def serve(
     inp = Lengths(float(input_len)) if input_len is not None else job.input_len
     outp = Lengths(float(output_len)) if output_len is not None else job.output_len
     assert inp is not None and outp is not None
-    if inp.mean + outp.mean > m.max_seq_len:
-        output.err.print(f"autoplan: note: input + output length = {inp.mean + outp.mean:,.0f} tokens "
-                         f"exceeds {m.name}'s max_seq_len {m.max_seq_len:,}", markup=False)
+    if inp.mean + outp.mean > m.max_seq_len:  # engines refuse requests past the model's context
+        flag = "--output-len" if output_len is not None or job_file is None else str(job_file)
+        raise InputError.single(flag, "" if job_file is None or output_len is not None else "workload", (
+            f"input + output length {inp.mean + outp.mean:,.0f} tokens exceeds {m.name}'s max_seq_len "
+            f"{m.max_seq_len:,}: engines refuse such requests (a model file with a longer max_seq_len "
+            "serves longer ones)"))
     n_requests = requests if requests is not None else job.requests if job.requests is not None else 1000
     workload = Workload(inp, outp, arrival, n_requests)
     job_slo = job.slo or Slo()

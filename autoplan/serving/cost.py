@@ -302,6 +302,15 @@ class StepModel:
         kv_read = max(kv_bytes / self.mem_eff_Bps, self._decode_s_per_token * decode_context)
         return attention, self.layers_stage * self.deployment.pp * kv_read
 
+    def decode_coefficients(self, decodes: int) -> tuple[float, float]:
+        """(A, c): a decode-only iteration of ``decodes`` sequences holding ``ctx`` tokens of
+        context takes A + c ctx (:meth:`step_seconds` with no prefill; the simulation sums
+        runs of them in closed form)."""
+        a = self._per_tokens(decodes).total + self._logits(decodes)
+        c = self.layers_stage * self.deployment.pp * max(self.kv_token_layer / self.mem_eff_Bps,
+                                                         self._decode_s_per_token)
+        return a, c
+
     def iteration(self, tokens: int, decodes: int, decode_context: float,
                   prefill_pairs: float, prefill_context: float, sampled: int) -> Breakdown:
         """One iteration of one scheduler's batch through the whole pipeline.

@@ -132,6 +132,10 @@ def _check(plan: ServingPlan, f: Fields) -> None:
         # each running sequence decodes a token an iteration (vLLM refuses this at start)
         f.fail("deployment.max_batched_tokens", f"must be at least max_num_seqs ({d.max_num_seqs:,}), "
                                                 f"got {d.max_batched_tokens:,}")
+    total = plan.workload.input_len.mean + plan.workload.output_len.mean
+    if total > m.max_seq_len:
+        f.fail("workload", f"input + output length {total:,.0f} tokens exceeds {m.name}'s max_seq_len "
+                           f"{m.max_seq_len:,}: engines refuse such requests")
     if d.chunked_prefill is False and d.max_batched_tokens is not None:
         longest = plan.workload.input_len.ceiling
         if d.max_batched_tokens < longest:

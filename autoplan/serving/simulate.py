@@ -35,9 +35,14 @@ from autoplan.serving.cost import StepModel
 from autoplan.serving.deployment import ArrivalKind, Dist, Lengths, Workload
 
 MAX_SIMULATED_REQUESTS = 4000  # per simulation: percentiles to a few % and a search in seconds
-# output tokens one simulation generates at most (each is an iteration's work for a sequence):
+# output tokens one simulation generates at most (each is an iteration's work for a sequence;
+# enough for offline runs to reach their steady batch: TensorRT-LLM's 128/4096 rows at 1M
+# simulated one wave and read 1-2 points of MAPE worse):
 # fewer requests are simulated where each is long
-MAX_SIMULATED_TOKENS = 1_000_000
+MAX_SIMULATED_TOKENS = 8_000_000
+# and where a small batch limit makes each token an iteration of its own: about this many
+# iterations (each costs microseconds) at most, a request's own output aside
+ITERATION_BUDGET = 100_000
 MAX_ITERATIONS = 2_000_000  # a hard stop whatever the input (the limits above keep below it)
 
 
@@ -105,15 +110,18 @@ class _Req:
 
 
 def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: int,
-             seed: int = 0) -> SimResult:
+             seed: int = 0, step_over_decodes: bool = True) -> SimResult:
     """Run one of ``schedulers`` identical schedulers holding ``kv_tokens`` of KV cache.
     Requests that can never be admitted (a prompt, or what the engine's admission sets
-    aside, larger than the cache) are refused, as engines refuse them, and left out."""
+    aside, larger than the cache) are refused, as engines refuse them, and left out.
+    ``step_over_decodes``: take runs of decode-only iterations at once (the same result,
+    to rounding; False steps through each, for tests)."""
     rng = np.random.default_rng(seed)
     spec = workload.arrival
     longest = max(1.0, workload.output_len.ceiling)
     n = max(1, min(MAX_SIMULATED_REQUESTS, math.ceil(workload.requests / schedulers),
-                   int(MAX_SIMULATED_TOKENS // longest)))
+                   int(MAX_SIMULATED_TOKENS // longest),
+                   int(ITERATION_BUDGET * step.max_num_seqs // longest)))
     inputs = sample_lengths(workload.input_len, n, rng)
     outputs = sample_lengths(workload.output_len, n, rng)
     arrival = np.zeros(n)
@@ -228,6 +236,32 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
                 t = max(t, float(arrival[next_arrival]))
                 continue
             break  # what waits can never be admitted
+        if not chunks and step_over_decodes:
+            # decode-only iterations change nothing but the clock, the contexts and the cache
+            # until a sequence finishes, the cache fills or (with nothing queued) a request
+            # arrives: step over all of them at once (their times are a closed-form sum)
+            quiet = bool(waiting) or next_arrival >= issued  # no arrival can change the batch
+            until = None if quiet else float(arrival[next_arrival]) - t
+            span = _decode_run(step, n_dec, ctx_sum, decoding[0][0] - it + 1, (cap - kv_used) // n_dec,
+                               until)
+            if span is not None:
+                k, elapsed = span
+                t += elapsed
+                it += k - 1
+                batch_total += n_dec * k
+                max_running = max(max_running, running)
+                kv_used += n_dec * k
+                ctx_sum += n_dec * k
+                if it // sample_every > (it - k) // sample_every:
+                    timeline.append((t, running, n_dec))
+                while decoding and decoding[0][0] <= it:
+                    _, _, r = heapq.heappop(decoding)
+                    n_dec -= 1
+                    held = r.prompt + (it - r.join_iter)
+                    ctx_sum -= held
+                    kv_used -= held
+                    finished(r)
+                continue
         tokens = n_dec + new_kv
         pairs = prior = 0.0
         done_now: list[_Req] = []
@@ -275,6 +309,37 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
                      # a queue that grows is a rate the deployment cannot keep up with; an
                      # offline batch queues by design and a closed loop cannot outrun itself
                      _steady(arrival[served], first[served]) if spec.kind is ArrivalKind.RATE else True)
+
+
+def _decode_run(step: StepModel, n_dec: int, ctx: float, to_finish: int, to_full: int,
+                until: float | None) -> tuple[int, float] | None:
+    """How many decode-only iterations to take at once, and their total time, or None for
+    one. Iteration i (from 0) costs A + c (ctx + i n_dec) (``StepModel.decode_coefficients``),
+    so the first j cost j A + c (j ctx + n_dec j (j - 1) / 2). The run ends with the
+    iteration in which a sequence finishes (``to_finish``), before the cache would overflow
+    (``to_full`` iterations fit), and, where ``until`` is given, with the last iteration
+    that starts before a request arrives ``until`` seconds from now."""
+    k = min(to_finish, to_full)
+    if k <= 1:
+        return None
+    a, c = step.decode_coefficients(n_dec)
+
+    def elapsed(j: int) -> float:
+        return j * a + c * (j * ctx + n_dec * j * (j - 1) / 2)
+
+    if until is not None:
+        # the most iterations whose starts (after 0, 1, .. j-1 iterations) precede the arrival
+        lo, hi = 1, k
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if elapsed(mid - 1) < until:
+                lo = mid
+            else:
+                hi = mid - 1
+        k = lo
+        if k <= 1:
+            return None
+    return k, elapsed(k)
 
 
 def _steady(arrival: np.ndarray, first: np.ndarray) -> bool:

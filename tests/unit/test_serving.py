@@ -495,8 +495,8 @@ def test_check_gates_a_serving_plan_on_memory_slo_and_regression(tmp_path) -> No
 @pytest.mark.parametrize(("args", "code", "message"), [
     (("--input-len", "128", "--output-len", "16777216", "--rate", "1"), 2,
      "--output-len: expected 1 to 131,072, got 16,777,216"),
-    (("--input-len", "16777216", "--output-len", "16", "--rate", "1"), 1,
-     "a cache too small for one request's prompt"),
+    (("--input-len", "16777216", "--output-len", "16", "--rate", "1"), 2,
+     "--output-len: input + output length 16,777,232 tokens exceeds llama3-8b's max_seq_len 8,192"),
     (("--input-len", "128", "--output-len", "16", "--concurrency", "1000000"), 0, ""),
 ])
 def test_absurd_workloads_end_quickly_with_a_reason(args: tuple[str, ...], code: int, message: str) -> None:
@@ -512,4 +512,22 @@ def test_long_outputs_simulate_fewer_requests_within_the_token_budget() -> None:
     plan = _plan(Arrival(ArrivalKind.CONCURRENCY, concurrency=4), inp=64, out=50_000, requests=1000)
     step = StepModel(plan.model, plan.cluster, plan.deployment, plan.engine)
     sim = simulate(step, plan.workload, 1, step.kv_tokens(step.memory()))
-    assert len(sim.finish) == MAX_SIMULATED_TOKENS // 50_000 == 20
+    assert len(sim.finish) == MAX_SIMULATED_TOKENS // 50_000 == 160
+
+
+@pytest.mark.parametrize("case", ["rate", "concurrency", "offline-tight-cache", "trtllm-lognormal"])
+def test_stepping_over_decode_runs_changes_nothing(case: str) -> None:
+    engine = Engine.TRTLLM if case.startswith("trtllm") else Engine.VLLM
+    arrival = {"rate": Arrival(ArrivalKind.RATE, rate_rps=3.0),
+               "concurrency": Arrival(ArrivalKind.CONCURRENCY, concurrency=12)}.get(
+        case, Arrival(ArrivalKind.OFFLINE))
+    inp = Lengths(400.0, Dist.LOGNORMAL, sigma=0.8) if case.endswith("lognormal") else Lengths(400.0)
+    w = Workload(inp, Lengths(300.0, Dist.EXPONENTIAL), arrival, 150)
+    step = StepModel(L70, H8, Deployment(replicas=1, tp=8, max_num_seqs=32), engine)
+    kv = 12_000 if case.startswith("offline") else step.kv_tokens(step.memory())
+    fast, slow = (simulate(step, w, 1, kv, seed=2, step_over_decodes=flag) for flag in (True, False))
+    assert np.allclose(fast.arrival, slow.arrival, rtol=1e-9)  # closed loop: arrivals are finishes
+    assert np.allclose(fast.first_token, slow.first_token, rtol=1e-9)
+    assert np.allclose(fast.finish, slow.finish, rtol=1e-9)
+    assert (fast.preemptions, fast.max_running) == (slow.preemptions, slow.max_running)
+    assert fast.iterations == slow.iterations
