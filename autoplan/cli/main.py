@@ -347,9 +347,6 @@ class EngineName(str, enum.Enum):
     trtllm = "trtllm"
 
 
-MAX_SERVE_RATE = 1e6  # requests/s: beyond any deployment's reach; refused past it
-MAX_SERVE_REQUESTS = 1_000_000
-MAX_SERVE_CONCURRENCY = 1_000_000
 
 
 @app.command()
@@ -405,7 +402,13 @@ def serve(
         Workload,
     )
     from autoplan.serving.evaluate import serving_document
-    from autoplan.serving.planfile import MAX_OUTPUT_TOKENS, ServingJob, read_serving_job
+    from autoplan.serving.planfile import (
+        MAX_OUTPUT_TOKENS,
+        MAX_RATE,
+        MAX_REQUESTS,
+        ServingJob,
+        read_serving_job,
+    )
     from autoplan.serving.search import serve_search
 
     job = read_serving_job(read_yaml(job_file), str(job_file)) if job_file is not None else ServingJob()
@@ -422,12 +425,12 @@ def serve(
         need(given_value if given_value is not None else job_value, flag)
     counts: tuple[tuple[int | None, str, int], ...] = (
         (input_len, "--input-len", MAX_SEQ_LEN), (output_len, "--output-len", MAX_OUTPUT_TOKENS),
-        (requests, "--requests", MAX_SERVE_REQUESTS), (concurrency, "--concurrency", MAX_SERVE_CONCURRENCY))
+        (requests, "--requests", MAX_REQUESTS), (concurrency, "--concurrency", MAX_REQUESTS))
     for count, flag, hi in counts:
         if count is not None and not 1 <= count <= hi:
             problems.append(Problem(flag, "", f"expected 1 to {hi:,}, got {count:,}"))
-    if rate is not None and not (0 < rate <= MAX_SERVE_RATE):
-        problems.append(Problem("--rate", "", f"expected more than 0 and at most {MAX_SERVE_RATE:g}, "
+    if rate is not None and not (0 < rate <= MAX_RATE):
+        problems.append(Problem("--rate", "", f"expected more than 0 and at most {MAX_RATE:g}, "
                                               f"got {rate:g}"))
     for slo_ms, flag in ((ttft_slo, "--ttft-slo"), (tpot_slo, "--tpot-slo")):
         if slo_ms is not None and not (0 < slo_ms < 1e9):
