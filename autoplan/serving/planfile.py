@@ -85,6 +85,33 @@ def _arrival(f: Fields) -> Arrival | None:
     return None if c is None else Arrival(ArrivalKind.CONCURRENCY, concurrency=c)
 
 
+def _model_and_cluster(f: Fields, required: bool) -> tuple[Model | None, Cluster | None]:
+    """The ``model`` and ``cluster`` fields resolved (built-in, path or mapping); their
+    problems recorded with the rest."""
+    from autoplan.descriptors.library import resolve_cluster, resolve_model
+
+    out: list[Any] = []
+    for key, resolve in (("model", resolve_model), ("cluster", resolve_cluster)):
+        value = None
+        try:
+            if (ref := f.raw(key) if required else f.raw(key, None)) is not None:
+                value = resolve(ref, f.source, key)
+        except InputError as exc:
+            f.problems.extend(exc.problems)
+        out.append(value)
+    return out[0], out[1]
+
+
+def _slo(f: Fields) -> Slo:
+    """The ``slo`` mapping: TTFT and TPOT in ms (either may be absent), the percentile."""
+    s = f.child("slo", f.raw("slo"))
+    ttft = s.float("ttft_ms", None, positive=True, max=1e9)
+    tpot = s.float("tpot_ms", None, positive=True, max=1e9)
+    pct = s.float("percentile", 99.0, positive=True, max=100.0)
+    s.close()
+    return Slo(ttft, tpot, pct if pct is not None else 99.0)
+
+
 def _deployment(f: Fields) -> Deployment | None:
     g = f.child("deployment", f.raw("deployment"))
     if not g.ok:
@@ -162,8 +189,6 @@ class ServingJob:
 def read_serving_job(data: Any, source: str) -> ServingJob:
     """A serving job file: ``model``, ``cluster``, ``gpus``, ``engine``, ``workload``
     (as in a plan) and ``slo``; no deployment (that is what ``serve`` finds)."""
-    from autoplan.descriptors.library import resolve_cluster, resolve_model
-
     problems: list[Problem] = []
     f = Fields(data, source, "", problems)
     if not f.ok:
@@ -175,17 +200,7 @@ def read_serving_job(data: Any, source: str) -> ServingJob:
     kind = f.str("kind", "serving")
     if kind is not None and kind != "serving":
         f.fail("kind", f"expected serving, got {kind!r}"[:120])
-    model = cluster = None
-    try:
-        if (ref := f.raw("model", None)) is not None:
-            model = resolve_model(ref, source, "model")
-    except InputError as exc:
-        problems.extend(exc.problems)
-    try:
-        if (ref := f.raw("cluster", None)) is not None:
-            cluster = resolve_cluster(ref, source, "cluster")
-    except InputError as exc:
-        problems.extend(exc.problems)
+    model, cluster = _model_and_cluster(f, required=False)
     gpus = f.int("gpus", None, min=1, max=MAX_DEGREE * 16)
     engine = f.enum("engine", Engine, None)
     inp = out = arrival = None
@@ -198,13 +213,7 @@ def read_serving_job(data: Any, source: str) -> ServingJob:
             arrival = _arrival(w) if w.has("arrival") else None
             requests = w.int("requests", None, min=1, max=MAX_REQUESTS)
             w.close()
-    slo = None
-    if f.has("slo"):
-        s = f.child("slo", f.raw("slo"))
-        slo = Slo(s.float("ttft_ms", None, positive=True, max=1e9),
-                  s.float("tpot_ms", None, positive=True, max=1e9),
-                  s.float("percentile", 99.0, positive=True, max=100.0) or 99.0)
-        s.close()
+    slo = _slo(f) if f.has("slo") else None
     f.close()
     if problems:
         raise InputError(problems)
@@ -214,7 +223,6 @@ def read_serving_job(data: Any, source: str) -> ServingJob:
 
 def read_serving_plan(data: Any, source: str) -> ServingPlan:
     """Build and check a serving plan from a plan-file mapping; every problem at once."""
-    from autoplan.descriptors.library import resolve_cluster, resolve_model
     from autoplan.plan import SCHEMA_VERSION
 
     problems: list[Problem] = []
@@ -225,18 +233,7 @@ def read_serving_plan(data: Any, source: str) -> ServingPlan:
     if version is not None and version != SCHEMA_VERSION:
         f.fail("autoplan", f"expected schema version {SCHEMA_VERSION}, got {version}")
     f.str("kind")
-    model: Model | None = None
-    cluster: Cluster | None = None
-    try:
-        if (ref := f.raw("model")) is not None:
-            model = resolve_model(ref, source, "model")
-    except InputError as exc:
-        problems.extend(exc.problems)
-    try:
-        if (ref := f.raw("cluster")) is not None:
-            cluster = resolve_cluster(ref, source, "cluster")
-    except InputError as exc:
-        problems.extend(exc.problems)
+    model, cluster = _model_and_cluster(f, required=True)
     engine = f.enum("engine", Engine, Engine.VLLM)
     deployment = _deployment(f)
     w = f.child("workload", f.raw("workload"))
@@ -247,14 +244,7 @@ def read_serving_plan(data: Any, source: str) -> ServingPlan:
         w.close()
         if None not in (inp, out, arrival, requests):
             workload = Workload(inp, out, arrival, requests)  # type: ignore[arg-type]
-    slo = Slo()
-    if f.has("slo"):
-        s = f.child("slo", f.raw("slo"))
-        ttft = s.float("ttft_ms", None, positive=True, max=1e9)
-        tpot = s.float("tpot_ms", None, positive=True, max=1e9)
-        pct = s.float("percentile", 99.0, positive=True, max=100.0)
-        s.close()
-        slo = Slo(ttft, tpot, pct if pct is not None else 99.0)
+    slo = _slo(f) if f.has("slo") else Slo()
     if f.has("prediction") and not isinstance(f.raw("prediction"), Mapping):
         f.fail("prediction", "expected a mapping (written by autoplan serve or evaluate)")
     f.close()
