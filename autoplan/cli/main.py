@@ -534,10 +534,10 @@ def serve(
 
 def _max_num_seqs(r: Any) -> int:
     """The batch limit a ranked serving plan ran with (the engine's default where unset)."""
-    from autoplan.serving.cost import StepModel
+    from autoplan.serving.deployment import resolved_limits
 
     p = r.plan
-    return StepModel(p.model, p.cluster, p.deployment, p.engine).max_num_seqs
+    return resolved_limits(p.deployment, p.engine, p.cluster.device)[0]
 
 
 def _print_prediction(path: Path, plan: Plan, pred: Prediction, *extra: Any) -> None:

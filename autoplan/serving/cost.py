@@ -31,7 +31,7 @@ from autoplan.cost import comm
 from autoplan.cost.compute import AttentionKernel, attention_efficiency, gemm_roofline
 from autoplan.descriptors.hardware import Cluster, Device
 from autoplan.descriptors.model import Model
-from autoplan.serving.deployment import Deployment, Engine, EngineDefaults, Precision, engine_defaults
+from autoplan.serving.deployment import Deployment, Engine, Precision, engine_defaults, resolved_limits
 from autoplan.units import GiB
 from autoplan.vocab import Dtype
 
@@ -157,7 +157,6 @@ class StepModel:
     cluster: Cluster
     deployment: Deployment
     engine: Engine
-    limits: EngineDefaults = field(init=False)
     _linear: dict[int, tuple[float, float]] = field(default_factory=dict, init=False, repr=False)
     _tokens: dict[int, Breakdown] = field(default_factory=dict, init=False, repr=False)
     _token_totals: dict[int, float] = field(default_factory=dict, init=False, repr=False)
@@ -180,10 +179,8 @@ class StepModel:
         self.attn_eff = attention_efficiency(dev, AttentionKernel.FLASH3, False, 4096, m.qk_head_dim)
         self.mem_eff_Bps = dev.hbm_Bps * dev.hbm_efficiency
         self.defaults = engine_defaults(self.engine, dev)
-        self.max_num_seqs = d.max_num_seqs or self.defaults.max_num_seqs
-        self.max_batched_tokens = d.max_batched_tokens or self.defaults.max_batched_tokens
-        self.chunked_prefill = (self.defaults.chunked_prefill if d.chunked_prefill is None
-                                else d.chunked_prefill)
+        self.max_num_seqs, self.max_batched_tokens, self.chunked_prefill = resolved_limits(
+            d, self.engine, dev)
         # cross-node pipeline hops where a stage's GPUs fill whole NVLink domains
         self.pp_cross = self.stage_gpus >= self.cluster.nvlink_domain
         # attention per (query, key) pair of a prefill, and per token of context a decode

@@ -120,6 +120,14 @@ class Deployment:
         return out
 
 
+def resolved_limits(d: Deployment, engine: Engine, device: Device) -> tuple[int, int, bool]:
+    """(max_num_seqs, max_batched_tokens, chunked_prefill) as the deployment runs them: its
+    own where set, else the engine's defaults (:func:`engine_defaults`)."""
+    defaults = engine_defaults(engine, device)
+    return (d.max_num_seqs or defaults.max_num_seqs, d.max_batched_tokens or defaults.max_batched_tokens,
+            defaults.chunked_prefill if d.chunked_prefill is None else d.chunked_prefill)
+
+
 class Dist(str, enum.Enum):
     FIXED = "fixed"
     LOGNORMAL = "lognormal"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoplan.serving.cost import Memory, StepModel
-from autoplan.serving.deployment import ArrivalKind, Deployment, ServingPlan
+from autoplan.serving.deployment import ArrivalKind, Deployment, ServingPlan, resolved_limits
 from autoplan.serving.simulate import SimResult, simulate
 
 
@@ -28,9 +28,6 @@ class Latency:
         ms = seconds * 1e3
         p50, p90, p99 = np.percentile(ms, [50, 90, 99])
         return cls(float(ms.mean()), float(p50), float(p90), float(p99))
-
-    def at(self, percentile: float, values: np.ndarray) -> float:
-        return float(np.percentile(values * 1e3, percentile)) if len(values) else 0.0
 
     def to_dict(self) -> dict[str, float]:
         return {"mean": self.mean, "p50": self.p50, "p90": self.p90, "p99": self.p99}
@@ -142,10 +139,8 @@ def serving_document(plan: ServingPlan, pred: ServingPrediction) -> dict[str, ob
     deployment: dict[str, object] = {
         "replicas": d.replicas, "tp": d.tp, "pp": d.pp, "ep": d.ep, "attention_dp": d.attention_dp,
         "weights": d.weights.value, "kv_cache": d.kv_cache.value}
-    step_limits = StepModel(plan.model, c, d, plan.engine)
-    deployment["max_num_seqs"] = step_limits.max_num_seqs
-    deployment["max_batched_tokens"] = step_limits.max_batched_tokens
-    deployment["chunked_prefill"] = step_limits.chunked_prefill
+    seqs, tokens, chunked = resolved_limits(d, plan.engine, c.device)
+    deployment.update(max_num_seqs=seqs, max_batched_tokens=tokens, chunked_prefill=chunked)
     doc: dict[str, object] = {
         "autoplan": SCHEMA_VERSION,
         "kind": "serving",

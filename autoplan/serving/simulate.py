@@ -75,7 +75,6 @@ class SimResult:
     iterations: int
     preemptions: int
     max_running: int
-    mean_batch: float  # mean sequences per iteration
     timeline: tuple[tuple[float, int, int], ...]  # (time, running sequences, tokens) samples
     steady: bool  # the queue did not grow through the run
 
@@ -148,7 +147,7 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
     kv_used = 0
     next_arrival, issued = 0, (closed or n)
     t, it, admitted = 0.0, 0, 0
-    preemptions = max_running = batch_total = 0
+    preemptions = max_running = 0
     timeline: list[tuple[float, int, int]] = []
     sample_every = max(1, int(outputs.sum()) // max(1, min(n, 400)) // 4)
 
@@ -160,6 +159,16 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
         if closed and issued < n:  # the closed loop's next request arrives now
             arrival[issued] = t
             issued += 1
+
+    def retire(n_dec: int, ctx_sum: float, kv_used: int) -> tuple[int, float, int]:
+        """Finish the sequences whose last token iteration ``it`` produced; the decode count,
+        context and cache they leave."""
+        while decoding and decoding[0][0] <= it:
+            _, _, r = heapq.heappop(decoding)
+            held = r.prompt + (it - r.join_iter)
+            n_dec, ctx_sum, kv_used = n_dec - 1, ctx_sum - held, kv_used - held
+            finished(r)
+        return n_dec, ctx_sum, kv_used
 
     while True:
         while next_arrival < issued and arrival[next_arrival] <= t:
@@ -248,19 +257,12 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
                 k, elapsed = span
                 t += elapsed
                 it += k - 1
-                batch_total += n_dec * k
                 max_running = max(max_running, running)
                 kv_used += n_dec * k
                 ctx_sum += n_dec * k
                 if it // sample_every > (it - k) // sample_every:
                     timeline.append((t, running, n_dec))
-                while decoding and decoding[0][0] <= it:
-                    _, _, r = heapq.heappop(decoding)
-                    n_dec -= 1
-                    held = r.prompt + (it - r.join_iter)
-                    ctx_sum -= held
-                    kv_used -= held
-                    finished(r)
+                n_dec, ctx_sum, kv_used = retire(n_dec, ctx_sum, kv_used)
                 continue
         tokens = n_dec + new_kv
         pairs = prior = 0.0
@@ -273,19 +275,12 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
             if r.done_prompt >= r.prompt:
                 done_now.append(r)
         t += step.step_seconds(tokens, n_dec, ctx_sum, pairs, prior, n_dec + len(done_now))
-        batch_total += n_dec + len(chunks)
         max_running = max(max_running, running)
         kv_used += tokens
         ctx_sum += n_dec
         if it % sample_every == 0:
             timeline.append((t, running, tokens))
-        while decoding and decoding[0][0] <= it:
-            _, _, r = heapq.heappop(decoding)
-            n_dec -= 1
-            held = r.prompt + (it - r.join_iter)
-            ctx_sum -= held
-            kv_used -= held
-            finished(r)
+        n_dec, ctx_sum, kv_used = retire(n_dec, ctx_sum, kv_used)
         for r in done_now:
             prefilling.remove(r)
             if np.isnan(first[r.i]):
@@ -304,7 +299,7 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
     served = ~np.isnan(finish)
     duration = float(finish[served].max() - arrival[served].min()) if served.any() else 0.0
     return SimResult(arrival[served], first[served], finish[served], inputs[served], outputs[served],
-                     duration, it, preemptions, max_running, batch_total / max(1, it),
+                     duration, it, preemptions, max_running,
                      tuple(timeline),
                      # a queue that grows is a rate the deployment cannot keep up with; an
                      # offline batch queues by design and a closed loop cannot outrun itself
