@@ -343,11 +343,20 @@ def blocks(chunk: Chunk) -> list[Block]:
 
 # --------------------------------------------------------------------------- the loss
 
+def _all_reduce(x: torch.Tensor, group: Any, op: Any = None) -> None:
+    """All-reduce over the TP group; None: one rank holds the whole vocabulary (tp 1, or a
+    ``--slice`` rank, whose peers' shares are left out), nothing to reduce."""
+    if group is not None:
+        dist.all_reduce(x, op=dist.ReduceOp.SUM if op is None else op, group=group)
+
+
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     """Cross-entropy over logits split by vocabulary across the TP group, in fp32
-    (Megatron-LM ``tensor_parallel.cross_entropy._VocabParallelCrossEntropy``): the max,
-    the target logit and the sum of exponentials are all-reduced; backward reuses the
-    saved fp32 softmax (4*b*s*V/t bytes, autoplan's logits term)."""
+    (Megatron-LM ``tensor_parallel.cross_entropy._VocabParallelCrossEntropy``, which
+    Megatron runs at tp 1 too): the max, the target logit and the sum of exponentials are
+    all-reduced; backward reuses the saved fp32 softmax in place (4*b*s*V/t bytes,
+    autoplan's logits term). ``F.cross_entropy`` instead keeps its fp32 log-softmax and
+    makes two more fp32 tensors of that size in backward: about 3x the memory."""
 
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, group: Any,
@@ -356,15 +365,15 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         target = target.flatten()
         local = x.shape[-1]
         top = x.max(dim=-1).values
-        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+        _all_reduce(top, group, dist.ReduceOp.MAX)
         x.sub_(top.unsqueeze(-1))
         outside = (target < vocab_start) | (target >= vocab_start + local)
         index = (target - vocab_start).clamp(0, local - 1)
         picked = x.gather(-1, index.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
-        dist.all_reduce(picked, group=group)
+        _all_reduce(picked, group)
         x.exp_()
         total = x.sum(dim=-1)
-        dist.all_reduce(total, group=group)
+        _all_reduce(total, group)
         x.div_(total.unsqueeze(-1))
         ctx.save_for_backward(x, outside, index)
         ctx.shape, ctx.dtype = logits.shape, logits.dtype
@@ -379,15 +388,13 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
 
 def make_loss(tp_group: Any, tp_rank: int, tp: int, vocab: int) -> Callable[..., torch.Tensor]:
-    """The loss on the last stage: fp32 cross-entropy, vocab-parallel when tp > 1."""
-    if tp == 1:
-        def loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-            return F.cross_entropy(logits.float().flatten(0, -2), target.flatten())
-        return loss
+    """The loss on the last stage: Megatron's fp32 cross-entropy, vocab-parallel when tp > 1
+    (tp 1 or ``tp_group`` None: over this rank's ``vocab`` columns alone)."""
+    group = tp_group if tp > 1 else None
     start = tp_rank * (vocab // tp)
 
     def vocab_parallel_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = _VocabParallelCrossEntropy.apply(logits, target, tp_group, start)
+        out: torch.Tensor = _VocabParallelCrossEntropy.apply(logits, target, group, start)
         return out
     return vocab_parallel_loss
 

@@ -297,7 +297,7 @@ def machine_descriptor(plan: Plan, source: str, options: Options, machine: Machi
 
 
 def _profile_descriptor(plan: Plan, options: Options, machine: Machine) -> Descriptor:
-    from autoplan.measured.machine import describe_machine
+    from autoplan.measured.machine import describe_machine, standin_link
     from autoplan.measured.profile import read_profile
 
     assert options.profile is not None
@@ -321,6 +321,10 @@ def _profile_descriptor(plan: Plan, options: Options, machine: Machine) -> Descr
                                mem_bytes=per_rank_mem, compute_dtype=COMPUTE_DTYPE)
     cluster = _placed(cluster, world)
     notes: list[str] = []
+    standin = standin_link(profile) if profile.of_kind("collective").empty else None
+    if standin is not None:
+        notes.append(f"the profile has no collective rows (taken on one GPU): its links are "
+                     f"{standin[1]}'s, which a one-rank slice does not use")
     corrected, note = _calibrated(cluster, profile)
     if note:
         notes.append(note)

@@ -39,8 +39,11 @@ def _flag_type_hidden(display: Any) -> Any:
     return display_type_rich
 
 
-typer.core.TyperOption.display_type_rich = _flag_type_hidden(  # type: ignore[method-assign]
-    typer.core.TyperOption.display_type_rich)
+# typer renders option types through this hook in recent releases; older typer (the pyproject allows
+# >=0.12) has none, and shows flags its own way
+if hasattr(typer.core.TyperOption, "display_type_rich"):
+    typer.core.TyperOption.display_type_rich = _flag_type_hidden(  # type: ignore[method-assign]
+        typer.core.TyperOption.display_type_rich)
 
 app = typer.Typer(
     name="autoplan",

@@ -188,6 +188,14 @@ def builtin_model_matches(model: Model) -> bool:
     return resolve_model(model.name) == model
 
 
+def builtin_node_cluster(device_name: str) -> Cluster | None:
+    """The built-in cluster of ``device_name`` devices with the most GPUs per node (name order
+    breaks ties), or None where no built-in cluster has them."""
+    found = [c for c in (resolve_cluster(n) for n in builtin_names("cluster"))
+             if c.device.name == device_name]
+    return max(found, key=lambda c: c.gpus_per_node, default=None)
+
+
 def builtin_cluster_matches(cluster: Cluster) -> bool:
     """True when ``cluster`` is the built-in of its name, up to the node count."""
     if cluster.name not in _index()["cluster"]:

@@ -13,7 +13,9 @@ as its functional form allows; what it cannot reproduce is left for the surrogat
 - Links: every collective of :mod:`autoplan.cost.comm` on a group inside one node is
   t = L * alpha + W / B with L latency terms and W bytes on the wire per rank (ring:
   Thakur et al. 2005); non-negative least squares over the collective rows gives the
-  latency alpha and bandwidth B.
+  latency alpha and bandwidth B. A profile taken on one GPU has no collective rows: the
+  intra-node link of the built-in cluster of its ``descriptor`` device stands in
+  (:func:`standin_link`).
 
 Rows are weighted by 1/seconds, so the fit minimizes relative error.
 """
@@ -81,10 +83,14 @@ def describe_machine(profile: Profile, *, name: str, ranks_per_node: int, mem_by
     gemm = gemm[gemm["dtype"] == compute_dtype]
     elem = rows[rows["kind"] == "elementwise"]
     coll = rows[(rows["kind"] == "collective") & (rows["ranks"] > 1)]
+    standin = standin_link(profile) if coll.empty else None
     problems = [Problem(profile.source, field, f"needs {what} rows to describe the machine")
                 for field, what, frame in (("kind", f"gemm ({compute_dtype})", gemm),
-                                           ("kind", "elementwise", elem),
-                                           ("kind", "collective", coll)) if frame.empty]
+                                           ("kind", "elementwise", elem)) if frame.empty]
+    if coll.empty and standin is None:
+        problems.append(Problem(profile.source, "kind", (
+            "needs collective rows to describe the machine (a profile taken on 2 ranks or more), "
+            "or a descriptor header naming a built-in device whose node links stand in")))
     if problems:
         raise InputError(problems)
     flops = np.array([row_flops(r) for r in gemm.to_dict("records")])
@@ -100,14 +106,31 @@ def describe_machine(profile: Profile, *, name: str, ranks_per_node: int, mem_by
     else:
         attn_flops = sum(row_flops(r) for r in attn_rows.to_dict("records"))
         attention = min(1.0, attn_flops / float(attn_rows["seconds"].sum()) / peak)
-    bandwidth, latency = _fit_link(coll)
     device = Device(name=f"{name}-device", peak_bf16_flops=peak, peak_fp16_flops=peak,
                     peak_fp8_flops=None, mem_bytes=mem_bytes, hbm_Bps=hbm,
                     gemm_efficiency=1.0, gemm_half_flop=half, attention_efficiency=max(attention, 0.01),
                     hbm_efficiency=1.0, reserve_bytes=0.0)
-    link = Link(bandwidth_Bps=bandwidth, latency_s=latency, efficiency=1.0, nccl_protocols=False)
+    if standin is not None:
+        link = standin[0]
+    else:
+        bandwidth, latency = _fit_link(coll)
+        link = Link(bandwidth_Bps=bandwidth, latency_s=latency, efficiency=1.0, nccl_protocols=False)
     return Cluster(name=name, device=device, gpus_per_node=ranks_per_node,
                    nvlink_domain=ranks_per_node, intra_node=link, inter_node=link, nodes=1)
+
+
+def standin_link(profile: Profile) -> tuple[Link, str] | None:
+    """The link a profile without collective rows (taken on one GPU) is described with: the
+    intra-node link of the built-in cluster of its ``descriptor`` device, and that cluster's
+    name; None where the header names no built-in device with a cluster. A one-rank slice
+    (``autoplan validate --slice``) never communicates, so the stand-in does not enter its time."""
+    from autoplan.descriptors.library import builtin_names, builtin_node_cluster
+
+    device = profile.descriptor
+    if device is None or device not in builtin_names("device"):
+        return None
+    cluster = builtin_node_cluster(device)
+    return None if cluster is None else (cluster.intra_node, cluster.name)
 
 
 def physical_memory_bytes() -> float:

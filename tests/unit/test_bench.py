@@ -287,3 +287,22 @@ def test_workers_past_the_time_limit_are_stopped() -> None:
     with pytest.raises(BenchError, match="did not finish within"):
         coll.spawn_collectives(_spec(timeout_s=0.5), world=2)
     assert not multiprocessing.active_children()
+
+
+def test_megatrons_cross_entropy_matches_torchs_on_one_rank() -> None:
+    # validate's loss at tp 1 and in --slice is Megatron's in-place fp32 cross-entropy (the
+    # memory autoplan predicts), and computes the same loss and gradient as F.cross_entropy
+    torch = pytest.importorskip("torch")
+    from autoplan.bench.torch_model import make_loss
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 5, 11, generator=gen).to(torch.bfloat16).requires_grad_()
+    target = torch.randint(0, 11, (2, 5), generator=gen)
+    ours = make_loss(None, 0, 1, 11)(logits, target)
+    ours.backward()
+    grad = logits.grad.clone()
+    logits.grad = None
+    ref = torch.nn.functional.cross_entropy(logits.float().flatten(0, -2), target.flatten())
+    ref.backward()
+    assert ours.item() == pytest.approx(ref.item(), rel=1e-6)
+    assert torch.allclose(grad.float(), logits.grad.float(), rtol=1e-2, atol=1e-4)

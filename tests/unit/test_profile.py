@@ -9,7 +9,7 @@ from autoplan.cost.compute import gemm_time
 from autoplan.descriptors.library import resolve_cluster
 from autoplan.descriptors.strict import parse_yaml
 from autoplan.errors import InputError
-from autoplan.measured.machine import cluster_yaml, describe_machine, link_terms
+from autoplan.measured.machine import cluster_yaml, describe_machine, link_terms, standin_link
 from autoplan.measured.profile import COLUMNS, achieved, format_profile, parse_profile, row_flops
 from autoplan.vocab import Dtype
 
@@ -136,3 +136,15 @@ def test_describe_machine_needs_gemm_memory_and_collective_rows():
     prof = parse_profile(format_profile(META, rows), "nocoll.csv")
     with pytest.raises(InputError, match="nocoll.csv: kind: needs collective rows"):
         describe_machine(prof, name="x", ranks_per_node=2, mem_bytes=2**30, compute_dtype="fp32")
+
+
+def test_a_one_gpu_profile_borrows_the_node_link_of_its_descriptor_devices_cluster():
+    # `autoplan bench` on one GPU writes no collective rows; its header names the device
+    rows = [r for r in _synthetic_rows() if r["kind"] != "collective"]
+    prof = parse_profile(format_profile({**META, "descriptor": "h200"}, rows), "one-gpu.csv")
+    c = describe_machine(prof, name="x", ranks_per_node=1, mem_bytes=2**30, compute_dtype="fp32")
+    assert standin_link(prof) == (resolve_cluster("dgx-h200").intra_node, "dgx-h200")
+    assert c.intra_node == resolve_cluster("dgx-h200").intra_node
+    assert c.device.peak_bf16_flops == pytest.approx(PEAK, rel=1e-6)  # the rest is still fitted
+    # a device no built-in cluster holds, or none named: nothing stands in
+    assert standin_link(parse_profile(format_profile(META, rows), "p.csv")) is None
