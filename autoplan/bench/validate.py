@@ -357,6 +357,15 @@ class Fitted:
     adjustments: tuple[str, ...]  # what was made smaller, and why
 
 
+def as_torch_runs(plan: Plan) -> Plan:
+    """The plan as validate's torch model runs it: with sequence parallelism, DTensor's
+    column-parallel GEMMs (and the --slice stand-ins, which copy them) keep their
+    all-gathered input for backward (Stack.sp_saves_gathered), whatever the plan's stack."""
+    if not (plan.sequence_parallel and plan.layout.tp > 1) or plan.stack.sp_saves_gathered:
+        return plan
+    return dataclasses.replace(plan, stack=dataclasses.replace(plan.stack, sp_saves_gathered=True))
+
+
 def predicted_time(plan: Plan, pred: Prediction, options: Options, stage: int) -> float:
     """The time compared: the step (distributed), or the slice's compute: forward, backward
     and recompute of ``stage`` for all its microbatches, no communication or bubble."""
@@ -596,7 +605,7 @@ def validate(plan: Plan, source: str, options: Options, machine: Machine | None 
     if problems:
         raise InputError(problems)
     desc = machine_descriptor(plan, source, options, machine)
-    on_machine = dataclasses.replace(plan, cluster=desc.cluster)
+    on_machine = dataclasses.replace(as_torch_runs(plan), cluster=desc.cluster)
     world = plan.layout.gpus
     per_rank = machine.mem_bytes if options.slice else machine.mem_bytes / world
     fitted = fit_plan(on_machine, options, per_rank * MEMORY_SHARE[options.device])
@@ -607,6 +616,9 @@ def validate(plan: Plan, source: str, options: Options, machine: Machine | None 
         threads = len(machine.cpus)
     load = busy_share()
     notes = list(desc.notes)
+    if on_machine.stack != plan.stack:
+        notes.append(f"memory predicted as torch runs sequence parallelism: each TP GEMM keeps its "
+                     f"all-gathered input for backward ({plan.stack.name} keeps the local shard)")
     if load > BUSY:
         notes.append(f"the machine was busy before the run ({load:.0%} of its CPU time in use by "
                      "other work): timings include that work")

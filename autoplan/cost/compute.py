@@ -56,6 +56,7 @@ class Shard:
     layer_kernels: int = 0  # forward kernels per layer (backward: twice as many)
     host_kernel_s: float = 0.0  # host dispatch per kernel (0 under CUDA graphs)
     kernel_efficiency: float = 1.0  # of the device's kernel rates, what the stack sustains
+    sp_saves_gathered: bool = False  # SP: TP GEMMs save their gathered input (Stack's field)
 
     @property
     def tokens(self) -> int:

@@ -89,6 +89,10 @@ def layer_activation_bytes(
         + 2 * e  # inputs of the QKV and MLP-up GEMMs (norm outputs)
         + 2 * mask  # dropout masks after attention and MLP
     )
+    if shard.sequence_parallel and shard.sp_saves_gathered:
+        # those two GEMM inputs are kept all-gathered, s*b*h instead of s*b*h/t (Stack's
+        # sp_saves_gathered; measured on an H200: benchmarks/gpu_validate.py)
+        outside += 2 * e * (s_b - shard.norm_tokens) * h
     # inside the TP region: split by t
     q, k, v, out = model.attn_widths
     attention = s_b * e * (q + k) / t  # Q and K for QK^T

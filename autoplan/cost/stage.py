@@ -96,7 +96,8 @@ def shard_of(plan: Plan) -> Shard:
                  cp_ring=plan.cp_comm is CpComm.RING, attention_kernel=stack.attention,
                  layer_kernels=stack.layer_kernels,
                  host_kernel_s=0.0 if stack.cuda_graphs else stack.host_kernel_s,
-                 kernel_efficiency=stack.compute_efficiency)
+                 kernel_efficiency=stack.compute_efficiency,
+                 sp_saves_gathered=stack.sp_saves_gathered)
 
 
 @lru_cache(maxsize=16384)

@@ -62,6 +62,11 @@ class Stack:
     # compute slowed while NCCL kernels share the SMs (one CTA per channel; NCCL's
     # default up to 32 channels out of ~100-140 SMs)
     comm_compute_slowdown: float = 0.0
+    # sequence parallelism: each column-parallel GEMM saves its all-gathered input for
+    # backward (PyTorch DTensor: PrepareModuleInput(Shard(1) -> Replicate()) before
+    # ColwiseParallel, torchtitan's TP plan), where Megatron's sequence-parallel linear saves
+    # the local s/t shard and gathers it again in backward (Korthikanti et al. 2022, Sec. 4.2.2)
+    sp_saves_gathered: bool = False
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -87,6 +92,7 @@ class Stack:
             "comm_compute_slowdown": self.comm_compute_slowdown,
             **({"zero3_max_live_params": self.zero3_max_live_params}
                if self.zero3_max_live_params else {}),
+            **({"sp_saves_gathered": True} if self.sp_saves_gathered else {}),
         }
 
 
@@ -106,6 +112,7 @@ def read_stack(f: Fields) -> Stack | None:
     ov.close()
     slowdown = f.float("comm_compute_slowdown", 0.0, min=0.0, max=0.9)
     live = f.float("zero3_max_live_params", 0.0, min=0.0, max=1e15)
+    gathered = f.bool("sp_saves_gathered", False)
     f.close()
     if len(f.problems) > before:
         return None
@@ -113,4 +120,5 @@ def read_stack(f: Fields) -> Stack | None:
                  compute_efficiency=compute,
                  cuda_graphs=graphs, host_kernel_s=host * 1e-6, step_overhead_s=step * 1e-3,
                  overlap_grad_reduce=grad, overlap_param_gather=gather,
-                 comm_compute_slowdown=slowdown, zero3_max_live_params=live)
+                 comm_compute_slowdown=slowdown, zero3_max_live_params=live,
+                 sp_saves_gathered=gathered)

@@ -174,15 +174,34 @@ def _is_number(v: Any) -> bool:
         return False
 
 
+def _header_entry(line: str) -> tuple[str, str] | None:
+    """``# key: value`` as (key, value); None for a comment without a colon."""
+    key, sep, value = line[1:].partition(":")
+    return (key.strip(), value.strip()) if sep else None
+
+
+def profile_header(lines: Iterable[str]) -> dict[str, str]:
+    """The ``# key: value`` lines before the first row (no pandas: cheap enough to look
+    through every shipped profile for the one of a device)."""
+    meta: dict[str, str] = {}
+    for line in lines:
+        if not line.startswith("#"):
+            break
+        entry = _header_entry(line)
+        if entry is not None:
+            meta[entry[0]] = entry[1]
+    return meta
+
+
 def parse_profile(text: str, source: str) -> Profile:
     """Validate a profile's text; every problem is reported at once with the file and field."""
     meta: dict[str, str] = {}
     body: list[str] = []
     for line in text.splitlines():
         if line.startswith("#"):
-            key, sep, value = line[1:].partition(":")
-            if sep:
-                meta[key.strip()] = value.strip()
+            entry = _header_entry(line)
+            if entry is not None:
+                meta[entry[0]] = entry[1]
         elif line.strip():
             body.append(line)
     problems = [Problem(source, f"header.{k}", "missing (a '# key: value' line)")

@@ -8,32 +8,42 @@ from pathlib import Path
 
 from autoplan import resources
 from autoplan.errors import InputError
-from autoplan.measured.profile import Profile, parse_profile
+from autoplan.measured.profile import Profile, parse_profile, profile_header
 
 MEASURED_DIR = "measured"
 
 
+def _label(path: Path) -> str:
+    return f"profiles/{MEASURED_DIR}/{path.name}"  # the same on every install
+
+
 @lru_cache(maxsize=64)
 def _read_shipped(path: Path, mtime_ns: int) -> Profile:
-    label = f"profiles/{MEASURED_DIR}/{path.name}"  # the same on every install
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise InputError.single(label, "", f"cannot read file: {exc}") from None
-    return parse_profile(text, label)
+        raise InputError.single(_label(path), "", f"cannot read file: {exc}") from None
+    return parse_profile(text, _label(path))
 
 
-def shipped_profiles() -> list[Profile]:
-    """The profiles shipped under ``profiles/measured/``, by file name."""
-    folder = resources.profiles_dir() / MEASURED_DIR
-    if not folder.is_dir():
-        return []
-    paths = sorted(p for p in folder.iterdir() if p.suffix == ".csv" and p.is_file())
-    return [_read_shipped(p, p.stat().st_mtime_ns) for p in paths]
+@lru_cache(maxsize=64)
+def _descriptor(path: Path, mtime_ns: int) -> str | None:
+    """The ``descriptor`` header line of a shipped profile, read without its rows."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            return profile_header(f).get("descriptor") or None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError.single(_label(path), "", f"cannot read file: {exc}") from None
 
 
 def shipped_profile(device_name: str) -> Profile | None:
     """The shipped profile taken on ``device_name`` (its ``descriptor`` header line); of
-    several, the latest by ``date``, then by file name."""
-    found = [p for p in shipped_profiles() if p.descriptor == device_name]
+    several, the latest by ``date``, then by file name. Only the matching files are parsed
+    (pandas), so a device without a profile costs a look at each file's header."""
+    folder = resources.profiles_dir() / MEASURED_DIR
+    if not folder.is_dir():
+        return None
+    paths = sorted(p for p in folder.iterdir() if p.suffix == ".csv" and p.is_file())
+    found = [_read_shipped(p, p.stat().st_mtime_ns) for p in paths
+             if _descriptor(p, p.stat().st_mtime_ns) == device_name]
     return max(found, key=lambda p: (p.meta.get("date", ""), p.source)) if found else None

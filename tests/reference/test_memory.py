@@ -3,6 +3,8 @@ distributed-optimizer table, worked by hand; exact (the formulas are closed form
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from autoplan.cost.compute import Shard
@@ -32,6 +34,21 @@ def test_activations_with_sp_match_korthikanti_eq4(t):
     expected = S * B * H / t * (34 + 5 * A * S / H)
     got = layer_activation_bytes(GPT3, shard(t, True), Recompute.NONE, flash=False)
     assert got == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("t", [2, 8])
+def test_torch_native_sp_keeps_the_two_gathered_gemm_inputs_whole(t):
+    """DTensor SP (torchtitan) saves the all-gathered QKV and MLP-up inputs: Korthikanti's
+    eq. 4 with those two 2sbh/t terms whole (2sbh each), 30sbh/t + 4sbh in all."""
+    gathered = dataclasses.replace(shard(t, True), sp_saves_gathered=True)
+    expected = S * B * H * (30 / t + 4 + 5 * A * S / (H * t))
+    got = layer_activation_bytes(GPT3, gathered, Recompute.NONE, flash=False)
+    assert got == pytest.approx(expected, rel=1e-12)
+    # without SP nothing is gathered, and full recompute keeps only the (sharded) layer input
+    plain = dataclasses.replace(shard(t, False), sp_saves_gathered=True)
+    assert layer_activation_bytes(GPT3, plain, Recompute.NONE, flash=False) == \
+        layer_activation_bytes(GPT3, shard(t, False), Recompute.NONE, flash=False)
+    assert layer_activation_bytes(GPT3, gathered, Recompute.FULL) == 2 * S * B * H / t
 
 
 def test_selective_recompute_with_sp_keeps_34_sbh_over_t():

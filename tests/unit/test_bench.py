@@ -306,3 +306,18 @@ def test_megatrons_cross_entropy_matches_torchs_on_one_rank() -> None:
     ref.backward()
     assert ours.item() == pytest.approx(ref.item(), rel=1e-6)
     assert torch.allclose(grad.float(), logits.grad.float(), rtol=1e-2, atol=1e-4)
+
+
+def test_validate_predicts_memory_as_torch_runs_sequence_parallelism() -> None:
+    # validate's torch model (DTensor, and the --slice stand-ins) keeps each TP GEMM's
+    # all-gathered input: it predicts that, whatever the plan's stack keeps
+    import dataclasses
+
+    from autoplan.bench.validate import as_torch_runs
+    from tests.helpers import make_plan
+
+    sp = make_plan(dp=2, tp=4, sequence_parallel=True)
+    assert as_torch_runs(sp).stack == dataclasses.replace(sp.stack, sp_saves_gathered=True)
+    for same in (make_plan(dp=2, tp=4), make_plan(dp=8), make_plan(dp=2, tp=4, sequence_parallel=True,
+                                                                   stack="torchtitan")):
+        assert as_torch_runs(same) is same

@@ -172,6 +172,22 @@ def test_every_built_in_stack_names_a_kernel_set_and_positive_costs():
         assert math.isfinite(s.host_kernel_s)
 
 
+def test_torch_native_stacks_keep_sequence_parallel_gemm_inputs_gathered():
+    # torchtitan's TP plan gathers SP inputs with DTensor, whose linears save them whole;
+    # Megatron's sequence-parallel linear saves the local shard (tests/reference/test_memory.py)
+    for name in ("torchtitan", "torchtitan-compiled"):
+        assert builtin_stack(name).sp_saves_gathered
+        assert builtin_stack(name).to_dict()["sp_saves_gathered"] is True
+    for name in ("megatron-core", "megatron-lm", "deepspeed"):
+        assert not builtin_stack(name).sp_saves_gathered
+        assert "sp_saves_gathered" not in builtin_stack(name).to_dict()
+    sp = make_plan(dp=2, tp=4, sequence_parallel=True)
+    titan = dataclasses.replace(sp, stack=builtin_stack("torchtitan"))
+    core = dataclasses.replace(titan, stack=dataclasses.replace(titan.stack, sp_saves_gathered=False))
+    assert evaluate(titan).memory.activations > evaluate(core).memory.activations
+    assert evaluate(titan).step_time_s == evaluate(core).step_time_s  # memory only
+
+
 def test_fp8_layers_pay_the_cast_transpose_of_each_gemm_input_and_output_gradient():
     """Per GEMM (m, n, k): forward reads 2 and writes 2 bytes per input element (m k),
     backward the same per output-gradient element (m n), at the device's HBM rate."""

@@ -1,0 +1,38 @@
+"""benchmarks/gpu_validate.py's table from the runs saved under benchmarks/gpu/ (measured on
+an H200): every saved case is predicted again by this checkout, and the table and its MAPE
+line are printed. The assertions are on the table's shape and on what the saved runs hold,
+not on accuracy (that is the benchmark's to report)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "gpu_validate.py"
+SAVED = ROOT / "benchmarks" / "gpu" / "h200-2026-11-26"
+
+
+def test_the_table_predicts_every_saved_run_again() -> None:
+    done = subprocess.run([sys.executable, str(SCRIPT), "table", str(SAVED)], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    saved = sorted(SAVED.glob("*.json"))
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| llama")]
+    assert len(rows) == len(saved) == 6
+    for path, row in zip(saved, rows, strict=True):
+        run = json.loads(path.read_text())
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[0] == path.stem
+        assert float(cells[4]) == round(run["measured"]["step_time_s"], 3)  # measured, as saved
+        assert run["ran"]["device"] == "cuda" and run["ran"]["mode"] == "slice"
+    assert "compute time MAPE: analytic" in done.stdout and "peak memory MAPE" in done.stdout
+
+
+def test_a_folder_without_saved_runs_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "other.json").write_text("{}")
+    done = subprocess.run([sys.executable, str(SCRIPT), "table", str(tmp_path)], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 2 and "unknown: other" in done.stderr
