@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import math
 import os
@@ -385,6 +386,9 @@ def serve(
     ] = "bf16",
     kv_cache: Annotated[str, typer.Option(
         "--kv-cache", help="KV cache precisions to try, comma-separated: bf16, fp16, fp8.")] = "bf16",
+    price: Annotated[float | None, typer.Option(
+        "--price", help="USD per GPU-hour for the cost per million tokens (default: the device "
+                        "file's price_per_gpu_hour).")] = None,
     top: Annotated[int, typer.Option("--top", "-k", min=1, help="How many plans to show.")] = 10,
     out_path: Annotated[Path | None, typer.Option("--out", "-o", help="Write the best plan here.")] = None,
     fmt: FormatOpt = Format.table,
@@ -441,6 +445,9 @@ def serve(
     if percentile is not None and not 0 < percentile <= 100:
         problems.append(Problem("--percentile", "", f"expected more than 0 and at most 100, "
                                                      f"got {percentile:g}"))
+    if price is not None and not (0 < price <= MAX_MONEY):
+        problems.append(Problem("--price", "", f"expected USD per GPU-hour > 0 and at most "
+                                               f"{MAX_MONEY:g}, got {price:g}"))
     given = [f for f, v in (("--rate", rate), ("--concurrency", concurrency), ("--offline", offline or None))
              if v is not None]
     if len(given) > 1 or (not given and job.arrival is None):
@@ -506,6 +513,8 @@ def serve(
     else:
         result = serve_search(m, c, eng, workload, slo, w_list, kv_list)
     shown = result.plans[:top]
+    if price is not None:
+        shown = tuple(dataclasses.replace(r, prediction=r.prediction.priced(price)) for r in shown)
     docs = [serving_document(r.plan, r.prediction) for r in shown]
     ok = bool(shown) and shown[0].prediction.meets_slo
     if out_path is not None and shown:

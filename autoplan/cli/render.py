@@ -118,7 +118,7 @@ def serving_table(ranked: Sequence[Ranked], slo: Slo, title: str) -> Table:
     q = f"p{slo.percentile:g}"
     table = Table(title=title, title_justify="left")
     for name in ("#", "deployment", "max seqs", "TTFT p50", f"TTFT {q}", "TPOT p50", f"TPOT {q}",
-                 "out tok/s", "tok/s/GPU", "goodput r/s", "peak GiB", "KV tokens", "SLO"):
+                 "out tok/s", "tok/s/GPU", "$/Mtok", "goodput r/s", "peak GiB", "KV tokens", "SLO"):
         table.add_column(name, justify="left" if name in ("deployment", "SLO") else "right")
     for i, r in enumerate(ranked, 1):
         p = r.prediction
@@ -129,9 +129,29 @@ def serving_table(ranked: Sequence[Ranked], slo: Slo, title: str) -> Table:
         table.add_row(
             str(i), _serving_label(r), str(seqs) if seqs else "default", f"{p.ttft_ms.p50:,.0f}",
             f"{p.slo_ttft_ms:,.0f}", f"{p.tpot_ms.p50:,.1f}", f"{p.slo_tpot_ms:,.1f}",
-            f"{p.output_tokens_per_s:,.0f}", f"{r.per_gpu:,.0f}", f"{p.goodput_rps:,.2f}",
+            f"{p.output_tokens_per_s:,.0f}", f"{r.per_gpu:,.0f}", _usd_per_million(p),
+            f"{p.goodput_rps:,.2f}",
             f"{p.memory.peak / GiB:.1f}", f"{p.kv_cache_tokens:,}", verdict)
     return table
+
+
+def _usd_per_million(p: ServingPrediction) -> str:
+    cost = None if p.per_million is None else p.per_million.cost_usd
+    return "-" if cost is None else f"{cost:,.2f}"
+
+
+def _per_million_line(p: ServingPrediction, pue: float) -> str:
+    """GPU-hours, dollars and energy per million output tokens, with what they rest on."""
+    m = p.per_million
+    if m is None:
+        return "per million output tokens: nothing served"
+    text = f"per million output tokens: {m.gpu_hours:,.3g} GPU-hours"
+    if m.cost_usd is not None and m.price_per_gpu_hour is not None:
+        text += f", ${m.cost_usd:,.2f} at ${m.price_per_gpu_hour:g}/GPU-hour"
+    if m.energy_kwh is not None and m.mean_power_W is not None:
+        text += (f", {m.energy_kwh:,.3g} kWh (mean {m.mean_power_W:,.0f} W per GPU: busy "
+                 f"{m.busy_share:.0%} of the run at load power; PUE {pue:g}; an upper estimate)")
+    return text
 
 
 def serving_front_table(front: Sequence[Ranked]) -> Table:
@@ -180,6 +200,7 @@ def serving_evaluation(path: str, plan: ServingPlan, pred: ServingPrediction,
         f"{pred.total_tokens_per_s:,.0f} total, {pred.requests_per_s:,.2f} requests/s, "
         f"goodput {pred.goodput_rps:,.2f}; {verdict}{queue}; {pred.simulated_requests} requests "
         f"simulated on one of {pred.schedulers} schedulers, {pred.preemptions} preemptions"))
+    out.append(escape(_per_million_line(pred, c.pue)))
     out.append(_serving_memory_table(pred))
     ctx = w.input_len.mean + w.output_len.mean / 2
     batch = max(1, pred.max_concurrency)

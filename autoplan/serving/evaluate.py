@@ -1,8 +1,19 @@
-"""A serving plan's prediction: memory, KV capacity, and the simulated latencies and
-throughput of its deployment under its workload."""
+"""A serving plan's prediction: memory, KV capacity, the simulated latencies and
+throughput of its deployment under its workload, and what a million output tokens cost.
+
+Per million output tokens (:class:`PerMillion`): GPU-hours = GPUs / (output tokens/s) x
+1e6 / 3600; dollars = GPU-hours x the device's ``price_per_gpu_hour`` (or ``--price``);
+energy = GPUs x mean board power x PUE x the same seconds. The mean power charges the
+device's load power while the simulated scheduler runs iterations and its idle power while
+it waits for requests (``SimResult.busy_s``), as the training what-if does for the pipeline
+bubble (autoplan.whatif.economics). Load is the datasheet's maximum board power, and a
+decode step, bound by memory bandwidth, draws less than that: the energy is an upper
+estimate of the GPUs' share.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +44,43 @@ class Latency:
         return {"mean": self.mean, "p50": self.p50, "p90": self.p90, "p99": self.p99}
 
 
+JOULES_PER_KWH = 3.6e6
+
+
+@dataclass(frozen=True, slots=True)
+class PerMillion:
+    """What a million output tokens take on the whole deployment (module doc)."""
+
+    gpu_hours: float
+    busy_share: float  # of the run, the share the GPUs ran iterations (the rest idle)
+    price_per_gpu_hour: float | None  # None: the device file gives none
+    mean_power_W: float | None  # per GPU at the board; None: no power figures
+    energy_kwh: float | None  # facility energy (PUE applied)
+
+    @property
+    def cost_usd(self) -> float | None:
+        return None if self.price_per_gpu_hour is None else self.gpu_hours * self.price_per_gpu_hour
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {"gpu_hours": self.gpu_hours, "cost_usd": self.cost_usd, "energy_kwh": self.energy_kwh}
+
+
+def per_million(plan: ServingPlan, output_tokens_per_s: float, busy_share: float) -> PerMillion | None:
+    """GPU-hours, dollars and energy per million output tokens; None where nothing is served."""
+    if output_tokens_per_s <= 0:
+        return None
+    dev, gpus = plan.cluster.device, plan.deployment.gpus
+    seconds = 1e6 / output_tokens_per_s
+    busy = min(1.0, max(0.0, busy_share))
+    power = None
+    if dev.power_load_W is not None and dev.power_idle_W is not None:
+        power = dev.power_load_W * busy + dev.power_idle_W * (1.0 - busy)
+    return PerMillion(
+        gpu_hours=gpus * seconds / 3600.0, busy_share=busy, price_per_gpu_hour=dev.price_per_gpu_hour,
+        mean_power_W=power,
+        energy_kwh=None if power is None else gpus * power * plan.cluster.pue * seconds / JOULES_PER_KWH)
+
+
 @dataclass(frozen=True, slots=True)
 class ServingPrediction:
     ttft_ms: Latency
@@ -54,6 +102,14 @@ class ServingPrediction:
     preemptions: int
     simulated_requests: int
     timeline: tuple[tuple[float, int, int], ...]
+    per_million: PerMillion | None = None  # None: nothing served
+
+    def priced(self, price_per_gpu_hour: float) -> ServingPrediction:
+        """The prediction with dollars at ``price_per_gpu_hour`` (``--price``)."""
+        if self.per_million is None:
+            return self
+        return dataclasses.replace(self, per_million=dataclasses.replace(
+            self.per_million, price_per_gpu_hour=price_per_gpu_hour))
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -65,6 +121,7 @@ class ServingPrediction:
             "meets_slo": self.meets_slo,
             "memory_gib_per_gpu": self.memory.to_gib(),
             "kv_cache_tokens": self.kv_cache_tokens, "max_concurrency": self.max_concurrency,
+            "per_million_output_tokens": None if self.per_million is None else self.per_million.to_dict(),
         }
 
 
@@ -118,15 +175,17 @@ def _prediction(plan: ServingPlan, sim: SimResult, mem: Memory, kv: int, sched: 
     meets = (n > 0 and sim.steady
              and (slo.ttft_ms is None or slo_ttft <= slo.ttft_ms)
              and (slo.tpot_ms is None or slo_tpot <= slo.tpot_ms))
+    out_rate = float(out_tokens / span * sched)
     return ServingPrediction(
         ttft_ms=Latency.of(ttft), tpot_ms=Latency.of(tpot), e2e_ms=Latency.of(e2e),
-        output_tokens_per_s=float(out_tokens / span * sched),
+        output_tokens_per_s=out_rate,
         total_tokens_per_s=float((out_tokens + in_tokens) / span * sched),
         requests_per_s=float(rps), goodput_rps=float(rps * (good.sum() / n if n else 0.0)),
         meets_slo=bool(meets), slo_ttft_ms=slo_ttft, slo_tpot_ms=slo_tpot, memory=mem,
         kv_cache_tokens=kv, max_concurrency=sim.max_running, schedulers=sched, fits=fits,
         steady=sim.steady, preemptions=sim.preemptions, simulated_requests=n,
-        timeline=sim.timeline)
+        timeline=sim.timeline,
+        per_million=per_million(plan, out_rate, sim.busy_s / sim.duration_s if sim.duration_s > 0 else 1.0))
 
 
 def serving_document(plan: ServingPlan, pred: ServingPrediction) -> dict[str, object]:

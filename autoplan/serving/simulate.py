@@ -72,6 +72,7 @@ class SimResult:
     input_len: np.ndarray
     output_len: np.ndarray
     duration_s: float  # first arrival to last finish
+    busy_s: float  # of that, iterations running (the rest: waiting for arrivals)
     iterations: int
     preemptions: int
     max_running: int
@@ -147,6 +148,7 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
     kv_used = 0
     next_arrival, issued = 0, (closed or n)
     t, it, admitted = 0.0, 0, 0
+    busy = 0.0  # seconds of iterations (the clock also jumps to arrivals, idle)
     preemptions = max_running = 0
     timeline: list[tuple[float, int, int]] = []
     sample_every = max(1, int(outputs.sum()) // max(1, min(n, 400)) // 4)
@@ -256,6 +258,7 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
             if span is not None:
                 k, elapsed = span
                 t += elapsed
+                busy += elapsed
                 it += k - 1
                 max_running = max(max_running, running)
                 kv_used += n_dec * k
@@ -274,7 +277,9 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
             r.done_prompt += c
             if r.done_prompt >= r.prompt:
                 done_now.append(r)
-        t += step.step_seconds(tokens, n_dec, ctx_sum, pairs, prior, n_dec + len(done_now))
+        elapsed = step.step_seconds(tokens, n_dec, ctx_sum, pairs, prior, n_dec + len(done_now))
+        t += elapsed
+        busy += elapsed
         max_running = max(max_running, running)
         kv_used += tokens
         ctx_sum += n_dec
@@ -299,7 +304,7 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
     served = ~np.isnan(finish)
     duration = float(finish[served].max() - arrival[served].min()) if served.any() else 0.0
     return SimResult(arrival[served], first[served], finish[served], inputs[served], outputs[served],
-                     duration, it, preemptions, max_running,
+                     duration, min(busy, duration), it, preemptions, max_running,
                      tuple(timeline),
                      # a queue that grows is a rate the deployment cannot keep up with; an
                      # offline batch queues by design and a closed loop cannot outrun itself

@@ -25,7 +25,7 @@ from autoplan.serving.deployment import (
     Slo,
     Workload,
 )
-from autoplan.serving.evaluate import evaluate_serving, serving_document
+from autoplan.serving.evaluate import evaluate_serving, per_million, serving_document
 from autoplan.serving.search import pareto, serve_search
 from autoplan.serving.simulate import sample_lengths, simulate
 from tests.helpers import autoplan
@@ -199,6 +199,42 @@ def test_serve_answers_the_issues_question(tmp_path) -> None:
     assert mem["peak"] <= 80 and math.isclose(mem["peak"], sum(v for k, v in mem.items() if k != "peak"))
 
 
+def test_a_million_output_tokens_cost_gpu_hours_dollars_and_energy_by_hand() -> None:
+    plan = _plan(Arrival(ArrivalKind.RATE, rate_rps=1.0))
+    dev = H8.device
+    assert dev.price_per_gpu_hour and dev.power_load_W and dev.power_idle_W is not None
+    m = per_million(plan, 1000.0, 0.25)
+    assert m is not None
+    # 8 GPUs for 1000 s (a million tokens at 1000/s)
+    assert m.gpu_hours == pytest.approx(8 * 1000 / 3600)
+    assert m.cost_usd == pytest.approx(8 * 1000 / 3600 * dev.price_per_gpu_hour)
+    power = 0.25 * dev.power_load_W + 0.75 * dev.power_idle_W
+    assert m.mean_power_W == pytest.approx(power)
+    assert m.energy_kwh == pytest.approx(8 * power * H8.pue * 1000 / 3.6e6)
+    assert per_million(plan, 0.0, 1.0) is None
+
+
+def test_an_idle_deployment_draws_idle_power_between_requests() -> None:
+    # one request a second that takes well under a second: the GPUs wait most of the run
+    sparse = evaluate_serving(_plan(Arrival(ArrivalKind.RATE, rate_rps=0.2), inp=128, out=16, requests=40))
+    busy = evaluate_serving(_plan(Arrival(ArrivalKind.OFFLINE), inp=128, out=16, requests=200))
+    assert sparse.per_million is not None and busy.per_million is not None
+    assert sparse.per_million.busy_share < 0.5 < 0.95 < busy.per_million.busy_share <= 1.0
+    assert sparse.per_million.mean_power_W < busy.per_million.mean_power_W
+
+
+def test_serve_prices_a_million_tokens_at_the_given_price() -> None:
+    result = autoplan("serve", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "2",
+                      "--input-len", "512", "--output-len", "64", "--rate", "4", "--requests", "200",
+                      "--price", "2", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    for plan in json.loads(result.stdout)["plans"]:
+        pm = plan["prediction"]["per_million_output_tokens"]
+        gpus = plan["deployment"]["replicas"] * plan["deployment"]["tp"] * plan["deployment"]["pp"]
+        assert pm["gpu_hours"] == pytest.approx(gpus * 1e6 / plan["prediction"]["output_tokens_per_s"] / 3600)
+        assert pm["cost_usd"] == pytest.approx(2 * pm["gpu_hours"]) and pm["energy_kwh"] > 0
+
+
 def test_serve_exits_1_with_the_closest_when_nothing_meets_the_slo() -> None:
     result = autoplan("serve", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "8",
                       "--input-len", "2048", "--output-len", "256", "--rate", "6", "--tpot-slo", "1")
@@ -214,6 +250,8 @@ def test_serve_exits_1_with_the_closest_when_nothing_meets_the_slo() -> None:
     (("--rate", "1", "--kv-cache", "int4"), "--kv-cache: expected bf16, fp16, fp8"),
     (("--rate", "1", "--requests", "100000000000"), "--requests: expected 1 to"),
     (("--rate", "1", "--ttft-slo", "-3"), "--ttft-slo: expected milliseconds > 0"),
+    (("--rate", "1", "--price", "nan"), "--price: expected USD per GPU-hour > 0"),
+    (("--rate", "1", "--price", "0"), "--price: expected USD per GPU-hour > 0"),
 ])
 def test_serve_refuses_bad_input_naming_the_flag(args: tuple[str, ...], message: str) -> None:
     base = ["serve", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "8",
