@@ -60,10 +60,11 @@ class EngineDefaults:
 def engine_defaults(engine: Engine, device: Device) -> EngineDefaults:
     """Each engine's defaults for its OpenAI-compatible server.
 
-    - vLLM (``vllm serve``, V1 engine): ``EngineArgs.get_batch_defaults`` gives
-      max_num_batched_tokens 8192 and max_num_seqs 1024 on GPUs of 70 GiB or more that are
-      not A100s, else 2048 and 256; chunked prefill on; ``gpu_memory_utilization`` 0.9 of
-      the whole GPU (vllm/engine/arg_utils.py, 2025-2026 releases).
+    - vLLM (``vllm serve``, V1 engine; read in vLLM 0.33.0's vllm/engine/arg_utils.py
+      ``get_batch_defaults`` and vllm/config/cache.py): max_num_batched_tokens 16384 and
+      max_num_seqs 1024 on GPUs of 160 GiB or more, 8192 and 1024 on GPUs of 70 GiB or more
+      that are not A100s, else 2048 and 256; chunked prefill on; ``gpu_memory_utilization``
+      0.92 of the whole GPU (0.9 before 0.33).
     - SGLang (``sglang.launch_server``): ``chunked_prefill_size`` 8192 on 80-160 GB GPUs,
       4096 below 60 GB (server_args.py); running requests bounded by the KV pool
       (``max_running_requests`` unset; 4096 here, beyond any pool these GPUs hold);
@@ -79,9 +80,11 @@ def engine_defaults(engine: Engine, device: Device) -> EngineDefaults:
     big = device.mem_bytes >= 70 * GiB
     if engine is Engine.VLLM:
         a100 = "a100" in device.name.lower()
+        if device.mem_bytes >= 160 * GiB:
+            return EngineDefaults(1024, 16384, True, 0.92)
         if big and not a100:
-            return EngineDefaults(1024, 8192, True, 0.9)
-        return EngineDefaults(256, 2048, True, 0.9)
+            return EngineDefaults(1024, 8192, True, 0.92)
+        return EngineDefaults(256, 2048, True, 0.92)
     if engine is Engine.SGLANG:
         return EngineDefaults(4096, 8192 if device.mem_bytes >= 60 * GiB else 4096, True, 0.88,
                               reserve_output=0.7)

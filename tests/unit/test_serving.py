@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -96,8 +98,8 @@ def test_the_simulations_fast_step_is_the_breakdowns_total() -> None:
 def test_memory_leaves_the_kv_cache_what_vllm_budgets() -> None:
     step = StepModel(L70, H8, Deployment(replicas=1, tp=8), Engine.VLLM)
     mem = step.memory()
-    # vLLM: gpu_memory_utilization 0.9 of the GPU holds weights, activations and the cache
-    assert mem.peak == pytest.approx(0.9 * H8.device.mem_bytes)
+    # vLLM: gpu_memory_utilization 0.92 (vLLM 0.33) of the GPU holds weights, activations and the cache
+    assert mem.peak == pytest.approx(0.92 * H8.device.mem_bytes)
     assert mem.weights == pytest.approx(L70.params_total * 2 / 8, rel=0.01)
     assert step.kv_tokens(mem) == int(mem.kv_cache // (80 * 2 * 128 * 2))
     # 70B in bf16 does not fit one 80 GiB GPU: no room for a cache
@@ -388,7 +390,7 @@ def _bash_syntax_ok(script: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize(("engine", "flags"), [
     ("vllm", ["vllm serve \"$MODEL\"", "--tensor-parallel-size 4", "--pipeline-parallel-size 1",
               "--max-num-seqs 64", "--max-num-batched-tokens 8192", "--enable-chunked-prefill",
-              "--gpu-memory-utilization 0.9", "--kv-cache-dtype fp8"]),
+              "--gpu-memory-utilization 0.92", "--kv-cache-dtype fp8"]),
     ("sglang", ["python -m sglang.launch_server --model-path \"$MODEL\"", "--tp-size 4", "--pp-size 1",
                 "--max-running-requests 64", "--chunked-prefill-size 8192", "--mem-fraction-static 0.88",
                 "--kv-cache-dtype fp8_e4m3"]),
@@ -569,3 +571,74 @@ def test_stepping_over_decode_runs_changes_nothing(case: str) -> None:
     assert np.allclose(fast.finish, slow.finish, rtol=1e-9)
     assert (fast.preemptions, fast.max_running) == (slow.preemptions, slow.max_running)
     assert fast.iterations == slow.iterations
+
+
+# --------------------------------------------------------------------------- vLLM's own parser
+# vLLM pins its own torch, so it cannot share autoplan's environment: the check runs where
+# AUTOPLAN_VLLM_PYTHON names a Python with vLLM installed (tests/engines/vllm_serve_args.py
+# parses there), e.g. `python3 -m venv /opt/vllm && /opt/vllm/bin/pip install vllm==0.33.0`.
+VLLM_PYTHON = os.environ.get("AUTOPLAN_VLLM_PYTHON")
+VLLM_EXPORTS = (  # (model, deployment): every flag the vLLM export writes, between them
+    ("llama3-70b", "{replicas: 2, tp: 4, kv_cache: fp8, max_num_seqs: 64}"),
+    ("llama3-70b", "{replicas: 1, tp: 4, pp: 2, weights: fp8, chunked_prefill: false}"),
+    ("mixtral-8x7b", "{replicas: 1, tp: 1, attention_dp: 8, ep: 8}"),
+)
+
+
+def _vllm_command_line(script: str) -> list[str]:
+    """What replica 0's ``vllm serve`` gets (MODEL=m): the script's fixed arguments and ARGS."""
+    exec_line = 'exec vllm serve "$MODEL" --host 0.0.0.0 --port "$PORT" "${ARGS[@]}"'
+    assert exec_line in script
+    body = script.split("ARGS=(\n", 1)[1].split("\n)\n", 1)[0]
+    return ["m", "--host", "0.0.0.0", "--port", "8000", *shlex.split(body)]
+
+
+def _vllm_exports(tmp_path: Path) -> list[tuple[ServingPlan, list[str]]]:
+    from autoplan.descriptors.strict import read_yaml
+    from autoplan.export.serving import ServingTarget, export_serving
+    from autoplan.serving.planfile import read_serving_plan
+
+    out = []
+    for i, (model, dep) in enumerate(VLLM_EXPORTS):
+        sub = tmp_path / str(i)
+        sub.mkdir()
+        path = _export_plan(sub, "vllm", dep, model)
+        plan = read_serving_plan(read_yaml(path), str(path))
+        script = export_serving(plan, ServingTarget.VLLM, str(path))["serve-vllm.sh"]
+        out.append((plan, _vllm_command_line(script)))
+    return out
+
+
+def test_every_vllm_export_is_one_serve_command_line(tmp_path) -> None:
+    for plan, argv in _vllm_exports(tmp_path):
+        flags = [a for a in argv if a.startswith("--")]
+        assert len(flags) == len(set(flags)), argv  # each flag once
+        assert argv[argv.index("--tensor-parallel-size") + 1] == str(plan.deployment.tp)
+
+
+@pytest.mark.skipif(not VLLM_PYTHON, reason="AUTOPLAN_VLLM_PYTHON (a Python with vLLM) not set")
+def test_vllms_own_parser_reads_every_export_as_the_prediction_ran(tmp_path) -> None:
+    import subprocess
+
+    from autoplan.serving.cost import StepModel
+
+    exports = _vllm_exports(tmp_path)
+    helper = Path(__file__).resolve().parents[1] / "engines" / "vllm_serve_args.py"
+    assert VLLM_PYTHON is not None
+    done = subprocess.run([VLLM_PYTHON, str(helper)], input=json.dumps([argv for _, argv in exports]),
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})  # no GPU needed to parse
+    assert done.returncode == 0, done.stderr[-3000:]
+    for (plan, argv), parsed in zip(exports, json.loads(done.stdout), strict=True):
+        assert "error" not in parsed, (argv, parsed, done.stderr[-2000:])
+        d = plan.deployment
+        step = StepModel(plan.model, plan.cluster, d, plan.engine)
+        assert (parsed["tensor_parallel_size"], parsed["pipeline_parallel_size"],
+                parsed["data_parallel_size"]) == (d.tp, d.pp, d.attention_dp)
+        assert parsed["enable_expert_parallel"] is (d.ep > 1)
+        assert (parsed["max_num_seqs"], parsed["max_num_batched_tokens"], parsed["enable_chunked_prefill"]) \
+            == (step.max_num_seqs, step.max_batched_tokens, step.chunked_prefill)
+        assert parsed["gpu_memory_utilization"] == step.defaults.memory_fraction
+        assert parsed["kv_cache_dtype"] == ("fp8" if d.kv_cache is Precision.FP8 else "auto")
+        assert parsed["quantization"] == ("fp8" if d.weights is Precision.FP8 else None)
+        assert parsed["max_model_len"] == int(argv[argv.index("--max-model-len") + 1])
