@@ -371,8 +371,11 @@ def serve(
         "--concurrency", help="Closed loop: this many requests in flight.")] = None,
     offline: Annotated[bool, typer.Option(
         "--offline", help="Every request queued at once (throughput).")] = False,
+    trace: Annotated[Path | None, typer.Option(
+        "--trace", help="Recorded requests: a CSV file with columns arrival_s, input_len and "
+                        "output_len (other columns ignored); replaces --rate and the lengths.")] = None,
     requests: Annotated[int | None, typer.Option(
-        "--requests", help="Requests in the workload (default 1000).")] = None,
+        "--requests", help="Requests in the workload (default 1000; with a trace, its first N).")] = None,
     ttft_slo: Annotated[float | None, typer.Option(
         "--ttft-slo", help="Time to first token SLO, ms (at --percentile).")] = None,
     tpot_slo: Annotated[float | None, typer.Option(
@@ -415,6 +418,8 @@ def serve(
         MAX_REQUESTS,
         ServingJob,
         read_serving_job,
+        read_trace,
+        trace_too_long,
     )
     from autoplan.serving.search import serve_search
 
@@ -426,10 +431,18 @@ def serve(
             where = f" (or in {job_file})" if job_file is not None else ""
             problems.append(Problem(flag, "", f"missing required option{where}"))
 
+    traced = trace is not None or (job.arrival is not None and job.arrival.trace is not None
+                                   and rate is None and concurrency is None and not offline)
+    lengths = () if traced else ((input_len, job.input_len, "--input-len"),
+                                 (output_len, job.output_len, "--output-len"))
     for given_value, job_value, flag in ((model, job.model, "--model"), (cluster, job.cluster, "--cluster"),
-                                         (input_len, job.input_len, "--input-len"),
-                                         (output_len, job.output_len, "--output-len")):
+                                         *lengths):
         need(given_value if given_value is not None else job_value, flag)
+    if traced:
+        for length, flag in ((input_len, "--input-len"), (output_len, "--output-len")):
+            if length is not None:
+                problems.append(Problem(flag, "", "the arrival trace gives each request's lengths: "
+                                                  "leave this out"))
     counts: tuple[tuple[int | None, str, int], ...] = (
         (input_len, "--input-len", MAX_SEQ_LEN), (output_len, "--output-len", MAX_OUTPUT_TOKENS),
         (requests, "--requests", MAX_REQUESTS), (concurrency, "--concurrency", MAX_REQUESTS))
@@ -448,10 +461,10 @@ def serve(
     if price is not None and not (0 < price <= MAX_MONEY):
         problems.append(Problem("--price", "", f"expected USD per GPU-hour > 0 and at most "
                                                f"{MAX_MONEY:g}, got {price:g}"))
-    given = [f for f, v in (("--rate", rate), ("--concurrency", concurrency), ("--offline", offline or None))
-             if v is not None]
+    given = [f for f, v in (("--rate", rate), ("--concurrency", concurrency), ("--offline", offline or None),
+                            ("--trace", trace)) if v is not None]
     if len(given) > 1 or (not given and job.arrival is None):
-        problems.append(Problem("--rate", "", "give exactly one of --rate, --concurrency, --offline"
+        problems.append(Problem("--rate", "", "give exactly one of --rate, --concurrency, --offline, --trace"
                                 + (f" (got {', '.join(given)})" if given else "")))
 
     def precisions(text: str, flag: str, allowed: Sequence[Precision]) -> list[Precision]:
@@ -479,21 +492,35 @@ def serve(
     assert m is not None and base is not None
     count = gpus if gpus is not None else job.gpus if job.gpus is not None else base.gpus
     c = with_gpus(base, count)
-    arrival = (Arrival(ArrivalKind.RATE, rate_rps=rate) if rate is not None
-               else Arrival(ArrivalKind.CONCURRENCY, concurrency=concurrency) if concurrency is not None
-               else Arrival(ArrivalKind.OFFLINE) if offline else job.arrival)
-    assert arrival is not None
-    inp = Lengths(float(input_len)) if input_len is not None else job.input_len
-    outp = Lengths(float(output_len)) if output_len is not None else job.output_len
-    assert inp is not None and outp is not None
-    if inp.mean + outp.mean > m.max_seq_len:  # engines refuse requests past the model's context
-        flag = "--output-len" if output_len is not None or job_file is None else str(job_file)
-        raise InputError.single(flag, "" if job_file is None or output_len is not None else "workload", (
-            f"input + output length {inp.mean + outp.mean:,.0f} tokens exceeds {m.name}'s max_seq_len "
-            f"{m.max_seq_len:,}: engines refuse such requests (a model file with a longer max_seq_len "
-            "serves longer ones)"))
-    n_requests = requests if requests is not None else job.requests if job.requests is not None else 1000
-    workload = Workload(inp, outp, arrival, n_requests)
+    if traced:
+        recorded = (read_trace(str(trace), "--trace", "") if trace is not None
+                    else job.arrival.trace if job.arrival is not None else None)
+        assert recorded is not None
+        n_requests = requests if requests is not None else job.requests or len(recorded)
+        if n_requests > len(recorded):
+            raise InputError.single("--requests", "", f"expected at most the trace's {len(recorded):,} "
+                                                      f"requests, got {n_requests:,}")
+        workload = Workload.of_trace(recorded, n_requests)
+        too_long = trace_too_long(workload, m)
+        if too_long:
+            raise InputError.single(str(trace) if trace is not None else str(job_file), "", too_long)
+    else:
+        arrival = (Arrival(ArrivalKind.RATE, rate_rps=rate) if rate is not None
+                   else Arrival(ArrivalKind.CONCURRENCY, concurrency=concurrency) if concurrency is not None
+                   else Arrival(ArrivalKind.OFFLINE) if offline else job.arrival)
+        assert arrival is not None
+        inp = Lengths(float(input_len)) if input_len is not None else job.input_len
+        outp = Lengths(float(output_len)) if output_len is not None else job.output_len
+        assert inp is not None and outp is not None
+        if inp.mean + outp.mean > m.max_seq_len:  # engines refuse requests past the model's context
+            flag = "--output-len" if output_len is not None or job_file is None else str(job_file)
+            raise InputError.single(flag, "" if job_file is None or output_len is not None else "workload", (
+                f"input + output length {inp.mean + outp.mean:,.0f} tokens exceeds {m.name}'s max_seq_len "
+                f"{m.max_seq_len:,}: engines refuse such requests (a model file with a longer max_seq_len "
+                "serves longer ones)"))
+        n_requests = requests if requests is not None else job.requests if job.requests is not None else 1000
+        workload = Workload(inp, outp, arrival, n_requests)
+    arrival, inp, outp = workload.arrival, workload.input_len, workload.output_len
     job_slo = job.slo or Slo()
     slo = Slo(ttft_slo if ttft_slo is not None else job_slo.ttft_ms,
               tpot_slo if tpot_slo is not None else job_slo.tpot_ms,
@@ -504,7 +531,7 @@ def serve(
                                     ("--gpus", gpus, job.gpus), ("--input-len", input_len, job.input_len),
                                     ("--output-len", output_len, job.output_len),
                                     ("--requests", requests, job.requests), ("--engine", engine, job.engine),
-                                    ("--rate/--concurrency/--offline", given or None, job.arrival)):
+                                    ("--rate/--concurrency/--offline/--trace", given or None, job.arrival)):
             if value is not None and in_job is not None:
                 output.err.print(f"autoplan: note: {flag} overrides {job_file}", markup=False)
     if output.interactive(fmt.value):
@@ -518,7 +545,9 @@ def serve(
     docs = [serving_document(r.plan, r.prediction) for r in shown]
     ok = bool(shown) and shown[0].prediction.meets_slo
     if out_path is not None and shown:
-        files.write_text(out_path, _yaml(docs[0]))
+        # a trace is named relative to the plan file, so the two can move together
+        here = None if files.is_stdout(out_path) else str(Path(os.path.abspath(out_path)).parent)
+        files.write_text(out_path, _yaml(serving_document(shown[0].plan, shown[0].prediction, here)))
     if fmt is Format.json:
         front = [{"deployment": r.plan.deployment.label(), "tokens_per_s_per_gpu": r.per_gpu,
                   "tokens_per_s_per_user": r.user_tokens_per_s,

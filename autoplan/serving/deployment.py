@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+import os
 from dataclasses import dataclass
 
 from autoplan.descriptors.hardware import Cluster, Device
@@ -136,6 +137,7 @@ class Dist(str, enum.Enum):
     LOGNORMAL = "lognormal"
     EXPONENTIAL = "exponential"
     UNIFORM = "uniform"
+    TRACE = "trace"  # the lengths of an arrival trace: its mean, low/high its extremes
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +164,7 @@ class Lengths:
     def ceiling(self) -> float:
         """A length no draw exceeds by much (for memory checks): the mean, or the high
         bound, or a lognormal's 99.9th percentile."""
-        if self.dist is Dist.UNIFORM:
+        if self.dist in (Dist.UNIFORM, Dist.TRACE):
             return float(self.high)
         if self.dist is Dist.LOGNORMAL:
             return self.mean * math.exp(3.09 * self.sigma - self.sigma**2 / 2)
@@ -175,6 +177,31 @@ class ArrivalKind(str, enum.Enum):
     RATE = "rate"  # Poisson arrivals at rate_rps
     CONCURRENCY = "concurrency"  # closed loop: a new request as soon as one finishes
     OFFLINE = "offline"  # every request queued at time 0
+    TRACE = "trace"  # recorded requests: arrival times and lengths from a CSV file
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Trace:
+    """Recorded requests, sorted by arrival (``planfile.read_trace`` reads the CSV).
+    Compared and hashed by identity: a trace can hold a million rows."""
+
+    path: str  # the file, absolute (plan files write it relative to themselves)
+    arrival_s: tuple[float, ...]  # from the first request's arrival (which is 0)
+    input_len: tuple[int, ...]
+    output_len: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    def lengths(self, which: tuple[int, ...]) -> Lengths:
+        """The trace's lengths as a summary: their mean, and their extremes for the checks
+        that need the longest request (:attr:`Lengths.ceiling`)."""
+        return Lengths(sum(which) / len(which), Dist.TRACE, low=min(which), high=max(which))
+
+    @property
+    def mean_rate_rps(self) -> float:
+        span = self.arrival_s[-1] - self.arrival_s[0]
+        return (len(self) - 1) / span if span > 0 else math.inf
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,12 +209,21 @@ class Arrival:
     kind: ArrivalKind
     rate_rps: float = 0.0
     concurrency: int = 0
+    trace: Trace | None = None  # TRACE only
 
-    def to_dict(self) -> str | dict[str, float | int]:
+    def to_dict(self, relative_to: str | None = None) -> str | dict[str, float | int | str]:
+        """``relative_to``: a trace's path is written relative to this folder (the plan
+        file's), so plan and trace can move together."""
         if self.kind is ArrivalKind.OFFLINE:
             return "offline"
         if self.kind is ArrivalKind.RATE:
             return {"rate_rps": self.rate_rps}
+        if self.kind is ArrivalKind.TRACE:
+            assert self.trace is not None
+            path = self.trace.path
+            if relative_to is not None:
+                path = os.path.relpath(path, relative_to)
+            return {"trace": path}
         return {"concurrency": self.concurrency}
 
     def label(self) -> str:
@@ -195,19 +231,33 @@ class Arrival:
             return "offline"
         if self.kind is ArrivalKind.RATE:
             return f"{self.rate_rps:g} req/s"
+        if self.kind is ArrivalKind.TRACE:
+            assert self.trace is not None
+            return (f"trace {os.path.basename(self.trace.path)} ({len(self.trace):,} requests, "
+                    f"{self.trace.mean_rate_rps:.3g} req/s mean)")
         return f"concurrency {self.concurrency}"
 
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    input_len: Lengths
+    input_len: Lengths  # a trace's: its summary (Trace.lengths)
     output_len: Lengths
     arrival: Arrival
     requests: int = 1000
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self, relative_to: str | None = None) -> dict[str, object]:
+        if self.arrival.kind is ArrivalKind.TRACE:  # the trace holds the lengths
+            return {"arrival": self.arrival.to_dict(relative_to), "requests": self.requests}
         return {"input_len": self.input_len.to_dict(), "output_len": self.output_len.to_dict(),
                 "arrival": self.arrival.to_dict(), "requests": self.requests}
+
+    @classmethod
+    def of_trace(cls, trace: Trace, requests: int | None = None) -> Workload:
+        """The trace's first ``requests`` requests (all of them by default)."""
+        n = len(trace) if requests is None else requests
+        assert 1 <= n <= len(trace)
+        return cls(trace.lengths(trace.input_len[:n]), trace.lengths(trace.output_len[:n]),
+                   Arrival(ArrivalKind.TRACE, trace=trace), n)
 
 
 @dataclass(frozen=True, slots=True)

@@ -156,7 +156,8 @@ def _prediction(plan: ServingPlan, sim: SimResult, mem: Memory, kv: int, sched: 
     span = max(sim.duration_s, 1e-9)  # first arrival to last finish
     if plan.workload.arrival.kind is ArrivalKind.RATE and sim.steady and n > 1:
         # an open loop that keeps up serves what arrives: rates over the arrivals' span
-        # (the drain after the last arrival is not the deployment's rate)
+        # (the drain after the last arrival is not the deployment's rate). A trace is
+        # replayed as a benchmark replays it: rates over first arrival to last finish.
         span = max(float(sim.arrival.max() - sim.arrival.min()) * n / (n - 1), 1e-9)
     out_tokens = float(sim.output_len.sum())
     in_tokens = float(sim.input_len.sum())
@@ -188,9 +189,11 @@ def _prediction(plan: ServingPlan, sim: SimResult, mem: Memory, kv: int, sched: 
         per_million=per_million(plan, out_rate, sim.busy_s / sim.duration_s if sim.duration_s > 0 else 1.0))
 
 
-def serving_document(plan: ServingPlan, pred: ServingPrediction) -> dict[str, object]:
+def serving_document(plan: ServingPlan, pred: ServingPrediction,
+                     plan_dir: str | None = None) -> dict[str, object]:
     """The serving plan file (``kind: serving``; issue 15's schema), with its prediction.
-    Built-in models and clusters are written by name."""
+    Built-in models and clusters are written by name; an arrival trace by its path relative
+    to ``plan_dir`` (the folder the plan is written to; None: absolute)."""
     from autoplan.descriptors.library import builtin_cluster_matches, builtin_model_matches
     from autoplan.plan import SCHEMA_VERSION
 
@@ -207,7 +210,7 @@ def serving_document(plan: ServingPlan, pred: ServingPrediction) -> dict[str, ob
         "cluster": ({"name": c.name, "nodes": c.nodes} if builtin_cluster_matches(c) else c.to_dict()),
         "engine": plan.engine.value,
         "deployment": deployment,
-        "workload": plan.workload.to_dict(),
+        "workload": plan.workload.to_dict(plan_dir),
     }
     if plan.slo.any:
         doc["slo"] = plan.slo.to_dict()

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import csv
+import io
+import math
+import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from autoplan.descriptors.hardware import Cluster
@@ -22,8 +28,10 @@ from autoplan.serving.deployment import (
     Precision,
     ServingPlan,
     Slo,
+    Trace,
     Workload,
 )
+from autoplan.units import MiB
 
 MAX_DEGREE = 1 << 16  # replicas, TP, PP, EP or attention DP: past any cluster
 MAX_REQUESTS = 1_000_000
@@ -31,6 +39,101 @@ MAX_RATE = 1e6  # requests/s
 # output tokens per request: the simulation steps once per output token, and no model
 # generates more than this in one answer today
 MAX_OUTPUT_TOKENS = 1 << 17
+
+
+# an arrival trace: at most MAX_REQUESTS rows; 64 MiB holds a million rows of three numbers
+# with room for the extra columns recorded traces carry (ignored)
+MAX_TRACE_BYTES = 64 * MiB
+TRACE_COLUMNS = ("arrival_s", "input_len", "output_len")
+MAX_TRACE_PROBLEMS = 10  # then stop reading: the rest is likely the same mistake
+
+
+def read_trace(ref: Any, source: str, field: str) -> Trace:
+    """An arrival trace: a CSV file with a header naming ``arrival_s`` (seconds, any
+    origin), ``input_len`` and ``output_len`` (tokens), other columns ignored, one request
+    per row. ``ref`` is relative to the folder of ``source`` where that is a file (a plan or
+    job file), else to the working directory. Rows are sorted by arrival and shifted so the
+    first arrives at 0. Every problem names the file, row and column."""
+    if not isinstance(ref, str) or not ref.strip():
+        raise InputError.single(source, field, "expected the path of a CSV file with columns "
+                                               f"{', '.join(TRACE_COLUMNS)}")
+    base = Path() if not source or source.startswith("-") else Path(source).parent  # a flag: cwd
+    path = (base / ref).resolve() if not os.path.isabs(ref) else Path(ref)
+    label = str(path)
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise InputError.single(source, field, f"{ref}: file not found") from None
+    except OSError as exc:
+        raise InputError.single(source, field, f"{ref}: cannot read: {exc.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):  # a FIFO would block, a device never end
+        raise InputError.single(source, field, f"{ref}: not a regular file")
+    if info.st_size > MAX_TRACE_BYTES:
+        raise InputError.single(source, field, f"{ref}: larger than {MAX_TRACE_BYTES // MiB} MiB")
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_TRACE_BYTES + 1)
+        text = data.decode("utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError.single(source, field, f"{ref}: cannot read: {exc}") from None
+    if len(data) > MAX_TRACE_BYTES:
+        raise InputError.single(source, field, f"{ref}: larger than {MAX_TRACE_BYTES // MiB} MiB")
+    return _parse_trace(text, label)
+
+
+def _parse_trace(text: str, label: str) -> Trace:
+    rows = csv.reader(io.StringIO(text))
+    header = next(rows, None)
+    names = [c.strip() for c in header] if header else []
+    missing = [c for c in TRACE_COLUMNS if c not in names]
+    if missing:
+        raise InputError.single(label, "header", f"expected columns {', '.join(TRACE_COLUMNS)}; "
+                                                 f"missing {', '.join(missing)}")
+    at = [names.index(c) for c in TRACE_COLUMNS]
+    limits = (None, MAX_SEQ_LEN, MAX_OUTPUT_TOKENS)
+    problems: list[Problem] = []
+    records: list[tuple[float, int, int]] = []
+    for line, row in enumerate(rows, start=2):
+        if not any(cell.strip() for cell in row):
+            continue
+        if len(records) >= MAX_REQUESTS:
+            problems.append(Problem(label, f"row {line}", f"more than {MAX_REQUESTS:,} requests"))
+            break
+        values: list[float] = []
+        for col, i, hi in zip(TRACE_COLUMNS, at, limits, strict=True):
+            cell = row[i].strip() if i < len(row) else ""
+            value = _trace_number(cell, hi)
+            if isinstance(value, str):
+                problems.append(Problem(label, f"row {line}, {col}", value))
+            else:
+                values.append(value)
+        if len(values) == len(TRACE_COLUMNS):
+            records.append((values[0], int(values[1]), int(values[2])))
+        if len(problems) >= MAX_TRACE_PROBLEMS:
+            break
+    if problems:
+        raise InputError(problems)
+    if not records:
+        raise InputError.single(label, "", "no requests (a header and no rows)")
+    records.sort(key=lambda r: r[0])
+    t0 = records[0][0]
+    return Trace(label, tuple(r[0] - t0 for r in records), tuple(r[1] for r in records),
+                 tuple(r[2] for r in records))
+
+
+def _trace_number(cell: str, hi: int | None) -> float | str:
+    """A trace cell: seconds (``hi`` None) or a whole token count in 1..hi; else why not."""
+    try:
+        value = float(cell)
+    except ValueError:
+        return f"expected a number, got {cell[:40]!r}"
+    if not math.isfinite(value):
+        return f"expected a finite number, got {cell[:40]!r}"
+    if hi is None:  # seconds from any origin: the trace is shifted to start at 0
+        return value
+    if not value.is_integer() or not 1 <= value <= hi:
+        return f"expected whole tokens from 1 to {hi:,}, got {cell[:40]!r}"
+    return value
 
 
 def is_serving(data: Any) -> bool:
@@ -55,6 +158,9 @@ def _lengths(f: Fields, key: str) -> Lengths | None:
     g.close()
     if None in (dist, mean, sigma, low, high):
         return None
+    if dist is Dist.TRACE:
+        g.fail("dist", "a trace's lengths come from its file: give workload.arrival: {trace: FILE.csv}")
+        return None
     if dist is Dist.UNIFORM and not (high and low <= mean <= high):
         g.fail("high", f"uniform lengths need low <= mean <= high, got {low}, {mean:g}, {high}")
         return None
@@ -70,12 +176,18 @@ def _arrival(f: Fields) -> Arrival | None:
     g = f.child("arrival", raw)
     if not g.ok:
         return None
+    if sum(g.has(k) for k in ("rate_rps", "concurrency", "trace")) != 1:
+        g.fail("", "expected one of rate_rps, concurrency, trace (or the word offline)")
+        return None
     if g.has("trace"):
-        g.fail("trace", "arrival traces are not supported yet: give rate_rps, concurrency or offline")
-        return None
-    if g.has("rate_rps") == g.has("concurrency"):
-        g.fail("", "expected one of rate_rps, concurrency (or the word offline)")
-        return None
+        ref = g.raw("trace")
+        g.close()
+        try:
+            trace = read_trace(ref, f.source, g.key_path("trace"))
+        except InputError as exc:
+            f.problems.extend(exc.problems)
+            return None
+        return Arrival(ArrivalKind.TRACE, trace=trace)
     if g.has("rate_rps"):
         rate = g.float("rate_rps", positive=True, max=MAX_RATE)
         g.close()
@@ -83,6 +195,33 @@ def _arrival(f: Fields) -> Arrival | None:
     c = g.int("concurrency", min=1, max=MAX_REQUESTS)
     g.close()
     return None if c is None else Arrival(ArrivalKind.CONCURRENCY, concurrency=c)
+
+
+def trace_too_long(workload: Workload, model: Model) -> str:
+    """Why the trace's longest request is one the engines refuse (past the model's
+    max_seq_len), or ""."""
+    trace = workload.arrival.trace
+    assert trace is not None
+    longest = max(range(workload.requests), key=lambda i: trace.input_len[i] + trace.output_len[i])
+    most = trace.input_len[longest] + trace.output_len[longest]
+    if most <= model.max_seq_len:
+        return ""
+    return (f"request {longest + 1} (by arrival) has input + output {most:,} tokens, past "
+            f"{model.name}'s max_seq_len {model.max_seq_len:,}: engines refuse such requests")
+
+
+def _no_lengths_beside(w: Fields) -> None:
+    """A trace gives each request's lengths: input_len and output_len beside it are refused."""
+    for key in ("input_len", "output_len"):
+        if w.has(key):
+            w.fail(key, "the arrival trace gives each request's lengths: leave this out")
+            w.raw(key)  # read: not reported again as unknown
+
+
+def _trace_workload(w: Fields, trace: Trace) -> Workload | None:
+    """The trace's first ``requests`` requests (all of them by default)."""
+    requests = w.int("requests", len(trace), min=1, max=len(trace))
+    return None if requests is None else Workload.of_trace(trace, requests)
 
 
 def _model_and_cluster(f: Fields, required: bool) -> tuple[Model | None, Cluster | None]:
@@ -159,15 +298,18 @@ def _check(plan: ServingPlan, f: Fields) -> None:
         # each running sequence decodes a token an iteration (vLLM refuses this at start)
         f.fail("deployment.max_batched_tokens", f"must be at least max_num_seqs ({d.max_num_seqs:,}), "
                                                 f"got {d.max_batched_tokens:,}")
-    total = plan.workload.input_len.mean + plan.workload.output_len.mean
-    if total > m.max_seq_len:
+    if plan.workload.arrival.trace is not None:
+        too_long = trace_too_long(plan.workload, m)
+        if too_long:
+            f.fail("workload.arrival.trace", too_long)
+    elif (total := plan.workload.input_len.mean + plan.workload.output_len.mean) > m.max_seq_len:
         f.fail("workload", f"input + output length {total:,.0f} tokens exceeds {m.name}'s max_seq_len "
                            f"{m.max_seq_len:,}: engines refuse such requests")
     if d.chunked_prefill is False and d.max_batched_tokens is not None:
-        longest = plan.workload.input_len.ceiling
-        if d.max_batched_tokens < longest:
+        prompt = plan.workload.input_len.ceiling
+        if d.max_batched_tokens < prompt:
             f.fail("deployment.max_batched_tokens", f"without chunked prefill a prompt must fit one "
-                                                    f"iteration: at least {longest:,.0f}, got "
+                                                    f"iteration: at least {prompt:,.0f}, got "
                                                     f"{d.max_batched_tokens:,}")
 
 
@@ -208,10 +350,14 @@ def read_serving_job(data: Any, source: str) -> ServingJob:
     if f.has("workload"):
         w = f.child("workload", f.raw("workload"))
         if w.ok:
-            inp = _lengths(w, "input_len") if w.has("input_len") else None
-            out = _lengths(w, "output_len") if w.has("output_len") else None
             arrival = _arrival(w) if w.has("arrival") else None
-            requests = w.int("requests", None, min=1, max=MAX_REQUESTS)
+            if arrival is not None and arrival.trace is not None:
+                _no_lengths_beside(w)  # the trace's (serve reads them from it)
+                requests = w.int("requests", None, min=1, max=len(arrival.trace))
+            else:
+                inp = _lengths(w, "input_len") if w.has("input_len") else None
+                out = _lengths(w, "output_len") if w.has("output_len") else None
+                requests = w.int("requests", None, min=1, max=MAX_REQUESTS)
             w.close()
     slo = _slo(f) if f.has("slo") else None
     f.close()
@@ -239,11 +385,16 @@ def read_serving_plan(data: Any, source: str) -> ServingPlan:
     w = f.child("workload", f.raw("workload"))
     workload = None
     if w.ok:
-        inp, out, arrival = _lengths(w, "input_len"), _lengths(w, "output_len"), _arrival(w)
-        requests = w.int("requests", 1000, min=1, max=MAX_REQUESTS)
+        arrival = _arrival(w)
+        if arrival is not None and arrival.trace is not None:
+            _no_lengths_beside(w)
+            workload = _trace_workload(w, arrival.trace)
+        else:
+            inp, out = _lengths(w, "input_len"), _lengths(w, "output_len")
+            requests = w.int("requests", 1000, min=1, max=MAX_REQUESTS)
+            if None not in (inp, out, arrival, requests):
+                workload = Workload(inp, out, arrival, requests)  # type: ignore[arg-type]
         w.close()
-        if None not in (inp, out, arrival, requests):
-            workload = Workload(inp, out, arrival, requests)  # type: ignore[arg-type]
     slo = _slo(f) if f.has("slo") else Slo()
     if f.has("prediction") and not isinstance(f.raw("prediction"), Mapping):
         f.fail("prediction", "expected a mapping (written by autoplan serve or evaluate)")

@@ -12,7 +12,9 @@ default policy). An iteration's time is :class:`autoplan.serving.cost.StepModel`
 A replica runs ``pp`` such schedulers (one per batch in flight: vLLM's virtual engines)
 for each of its ``attention_dp`` ranks, and the deployment ``replicas`` of them; requests
 are spread at random, so each scheduler sees a Poisson stream at its share of the rate
-(Poisson splitting), or its share of a closed loop's concurrency, or of an offline batch.
+(Poisson splitting), or its share of a closed loop's concurrency, or of an offline batch;
+a recorded trace is dealt to the schedulers in turn (round robin), and this one replays
+every ``schedulers``-th request at its recorded time.
 One scheduler is simulated and the deployment's throughput is that scheduler's times the
 number of schedulers.
 
@@ -44,6 +46,10 @@ MAX_SIMULATED_TOKENS = 8_000_000
 # iterations (each costs microseconds) at most, a request's own output aside
 ITERATION_BUDGET = 100_000
 MAX_ITERATIONS = 2_000_000  # a hard stop whatever the input (the limits above keep below it)
+
+
+# arrivals that do not wait for the deployment: a queue that grows means it cannot keep up
+OPEN_LOOP = (ArrivalKind.RATE, ArrivalKind.TRACE)
 
 
 def sample_lengths(spec: Lengths, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -122,9 +128,19 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
     n = max(1, min(MAX_SIMULATED_REQUESTS, math.ceil(workload.requests / schedulers),
                    int(MAX_SIMULATED_TOKENS // longest),
                    int(ITERATION_BUDGET * step.max_num_seqs // longest)))
-    inputs = sample_lengths(workload.input_len, n, rng)
-    outputs = sample_lengths(workload.output_len, n, rng)
-    arrival = np.zeros(n)
+    if spec.kind is ArrivalKind.TRACE:
+        # a router deals the recorded requests to the schedulers in turn: this one gets
+        # every ``schedulers``-th of the workload's first ``requests``
+        assert spec.trace is not None
+        mine = slice(0, workload.requests, schedulers)
+        arrival = np.asarray(spec.trace.arrival_s[mine], dtype=float)[:n]
+        inputs = np.asarray(spec.trace.input_len[mine], dtype=np.int64)[:n]
+        outputs = np.asarray(spec.trace.output_len[mine], dtype=np.int64)[:n]
+        n = len(arrival)
+    else:
+        inputs = sample_lengths(workload.input_len, n, rng)
+        outputs = sample_lengths(workload.output_len, n, rng)
+        arrival = np.zeros(n)
     closed = 0
     if spec.kind is ArrivalKind.RATE:
         arrival = np.cumsum(rng.exponential(schedulers / spec.rate_rps, n))
@@ -308,7 +324,7 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
                      tuple(timeline),
                      # a queue that grows is a rate the deployment cannot keep up with; an
                      # offline batch queues by design and a closed loop cannot outrun itself
-                     _steady(arrival[served], first[served]) if spec.kind is ArrivalKind.RATE else True)
+                     _steady(arrival[served], first[served]) if spec.kind in OPEN_LOOP else True)
 
 
 def _decode_run(step: StepModel, n_dec: int, ctx: float, to_finish: int, to_full: int,

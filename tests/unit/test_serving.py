@@ -3,6 +3,7 @@ and the search and command line."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -321,7 +322,9 @@ def test_what_serve_writes_evaluate_reads_back(tmp_path) -> None:
     (("replicas: 2", "replicas: 3"), "deployment: replicas x tp x pp x attention_dp = 12 GPUs, but the "
                                      "cluster has 8"),
     (("kv_cache: fp8", "kv_cache: int4"), "deployment.kv_cache: expected one of bf16, fp16, fp8, got int4"),
-    (("rate_rps: 3.0", "trace: t.csv"), "workload.arrival.trace: arrival traces are not supported yet"),
+    (("rate_rps: 3.0", "trace: t.csv"), "workload.arrival.trace: t.csv: file not found"),
+    (("rate_rps: 3.0", "rate_rps: 3.0, trace: t.csv"),
+     "workload.arrival: expected one of rate_rps, concurrency, trace"),
     (("dist: lognormal", "dist: zipf"), "workload.input_len.dist: expected one of"),
     (("engine: vllm", "engine: tgi"), "engine: expected one of vllm | sglang | trtllm"),
     (("requests: 300", "requests: 100000000"), "workload.requests: expected a value <= 1,000,000"),
@@ -642,3 +645,106 @@ def test_vllms_own_parser_reads_every_export_as_the_prediction_ran(tmp_path) -> 
         assert parsed["kv_cache_dtype"] == ("fp8" if d.kv_cache is Precision.FP8 else "auto")
         assert parsed["quantization"] == ("fp8" if d.weights is Precision.FP8 else None)
         assert parsed["max_model_len"] == int(argv[argv.index("--max-model-len") + 1])
+
+
+# --------------------------------------------------------------------------- arrival traces
+
+def _trace_file(path: Path, rows: list[tuple[object, ...]],
+                header: str = "request_id,arrival_s,input_len,output_len") -> Path:
+    path.write_text("\ufeff" + header + "\n" + "".join(",".join(map(str, r)) + "\n" for r in rows))
+    return path
+
+
+def test_a_trace_is_read_sorted_from_its_first_arrival_other_columns_ignored(tmp_path) -> None:
+    from autoplan.serving.planfile import read_trace
+
+    path = _trace_file(tmp_path / "t.csv", [("b", 1700000002.5, 300, 20), ("a", 1700000001.0, 100, 10),
+                                            ("c", 1700000001.0, 200, 30)])
+    trace = read_trace("t.csv", str(tmp_path / "plan.yaml"), "workload.arrival.trace")  # beside the plan
+    assert trace.arrival_s == (0.0, 0.0, 1.5) and trace.input_len == (100, 200, 300)
+    assert trace.output_len == (10, 30, 20) and trace.path == str(path)
+    w = Workload.of_trace(trace, 2)
+    assert (w.requests, w.input_len.mean, w.input_len.ceiling, w.output_len.ceiling) == (2, 150, 200, 30)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("arrival_s,input_len\n1,2\n",
+     "header: expected columns arrival_s, input_len, output_len; missing output_len"),
+    ("arrival_s,input_len,output_len\n", ": no requests"),
+    ("arrival_s,input_len,output_len\nx,2,3\n", "row 2, arrival_s: expected a number, got 'x'"),
+    ("arrival_s,input_len,output_len\n1,0,3\n", "row 2, input_len: expected whole tokens from 1 to"),
+    ("arrival_s,input_len,output_len\n1,2,2.5\n", "row 2, output_len: expected whole tokens from 1 to"),
+    ("arrival_s,input_len,output_len\ninf,2,3\n", "row 2, arrival_s: expected a finite number"),
+    ("arrival_s,input_len,output_len\n1,2\n", "row 2, output_len: expected a number, got ''"),
+])
+def test_a_bad_trace_is_refused_naming_file_row_and_column(tmp_path, text: str, message: str) -> None:
+    from autoplan.serving.planfile import read_trace
+
+    (tmp_path / "t.csv").write_text(text)
+    with pytest.raises(InputError) as err:
+        read_trace(str(tmp_path / "t.csv"), "--trace", "")
+    assert f"{tmp_path / 't.csv'}{message}" in str(err.value) or message in str(err.value)
+    assert str(tmp_path / "t.csv") in str(err.value)
+
+
+def test_hostile_traces_end_at_once(tmp_path, monkeypatch) -> None:
+    import autoplan.serving.planfile as pf
+
+    fifo = tmp_path / "fifo.csv"
+    os.mkfifo(fifo)  # opening it would block until a writer came
+    for ref, message in ((str(fifo), "not a regular file"), ("/dev/zero", "not a regular file"),
+                         (str(tmp_path / "none.csv"), "file not found"), ("", "expected the path")):
+        with pytest.raises(InputError, match=message):
+            pf.read_trace(ref, "--trace", "")
+    monkeypatch.setattr(pf, "MAX_TRACE_BYTES", 64)
+    big = _trace_file(tmp_path / "big.csv", [(i, i, 1, 1) for i in range(20)])
+    with pytest.raises(InputError, match="larger than"):
+        pf.read_trace(str(big), "--trace", "")
+    monkeypatch.setattr(pf, "MAX_TRACE_BYTES", 1 << 20)
+    monkeypatch.setattr(pf, "MAX_REQUESTS", 5)
+    with pytest.raises(InputError, match="row 7: more than 5 requests"):
+        pf.read_trace(str(big), "--trace", "")
+    # many bad rows: the first few are reported, then reading stops
+    bad = _trace_file(tmp_path / "bad.csv", [("r", "x", 1, 1)] * 1000)
+    with pytest.raises(InputError) as err:
+        pf.read_trace(str(bad), "--trace", "")
+    assert len(err.value.problems) == pf.MAX_TRACE_PROBLEMS
+
+
+def test_a_trace_arriving_at_once_runs_as_the_offline_workload(tmp_path) -> None:
+    from autoplan.serving.planfile import read_trace
+
+    rows = [(f"r{i}", 0.0, 512, 64) for i in range(96)]
+    trace = read_trace(str(_trace_file(tmp_path / "t.csv", rows)), "--trace", "")
+    for replicas, tp in ((1, 8), (4, 2)):
+        traced = evaluate_serving(dataclasses.replace(
+            _plan(Arrival(ArrivalKind.OFFLINE), tp=tp, replicas=replicas), workload=Workload.of_trace(trace)))
+        offline = evaluate_serving(_plan(Arrival(ArrivalKind.OFFLINE), tp=tp, replicas=replicas, inp=512,
+                                         out=64, requests=96))
+        assert traced.simulated_requests == offline.simulated_requests == 96 // replicas
+        assert traced.ttft_ms == offline.ttft_ms and traced.tpot_ms == offline.tpot_ms
+        assert traced.output_tokens_per_s == pytest.approx(offline.output_tokens_per_s)
+
+
+def test_a_trace_plan_reads_back_from_anywhere_and_refuses_lengths_beside_it(tmp_path, monkeypatch) -> None:
+    from autoplan.descriptors.strict import read_yaml
+    from autoplan.serving.planfile import read_serving_plan
+
+    (tmp_path / "plans").mkdir()
+    _trace_file(tmp_path / "plans" / "t.csv", [(f"r{i}", i * 0.5, 256, 32) for i in range(40)])
+    out = tmp_path / "plans" / "best.yaml"
+    result = autoplan("serve", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "2", "--trace",
+                      "t.csv", "--requests", "30", "--format", "json", "--out", out, cwd=tmp_path / "plans")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["plans"][0]["workload"] == {"arrival": {"trace": str(tmp_path / "plans" / "t.csv")},
+                                           "requests": 30}
+    assert "arrival: {trace: t.csv}" in out.read_text()  # relative to the plan file
+    monkeypatch.chdir(tmp_path)  # read from elsewhere: the trace is found beside the plan
+    plan = read_serving_plan(read_yaml(out), str(out))
+    assert plan.workload.requests == 30 and plan.workload.arrival.trace is not None
+    assert autoplan("evaluate", out, cwd=tmp_path).returncode == 0
+    text = out.read_text().replace("  requests: 30", "  requests: 30\n  input_len: 100")
+    out.write_text(text)
+    result = autoplan("evaluate", out)
+    assert result.returncode == 2 and "workload.input_len: the arrival trace gives" in result.stderr
