@@ -83,6 +83,13 @@ def read_trace(ref: Any, source: str, field: str) -> Trace:
 
 def _parse_trace(text: str, label: str) -> Trace:
     rows = csv.reader(io.StringIO(text))
+    try:
+        return _trace_rows(rows, label)
+    except csv.Error as exc:  # a field past csv's limit (128 KiB), a stray NUL in a quote
+        raise InputError.single(label, f"row {rows.line_num}", f"not CSV: {exc}") from None
+
+
+def _trace_rows(rows: Any, label: str) -> Trace:
     header = next(rows, None)
     names = [c.strip() for c in header] if header else []
     missing = [c for c in TRACE_COLUMNS if c not in names]

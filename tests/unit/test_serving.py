@@ -696,6 +696,10 @@ def test_hostile_traces_end_at_once(tmp_path, monkeypatch) -> None:
                          (str(tmp_path / "none.csv"), "file not found"), ("", "expected the path")):
         with pytest.raises(InputError, match=message):
             pf.read_trace(ref, "--trace", "")
+    huge = tmp_path / "huge.csv"  # one field past csv's own limit
+    huge.write_text("arrival_s,input_len,output_len\n" + "x" * 200_000 + ",1,1\n")
+    with pytest.raises(InputError, match="row 2: not CSV: field larger than field limit"):
+        pf.read_trace(str(huge), "--trace", "")
     monkeypatch.setattr(pf, "MAX_TRACE_BYTES", 64)
     big = _trace_file(tmp_path / "big.csv", [(i, i, 1, 1) for i in range(20)])
     with pytest.raises(InputError, match="larger than"):
