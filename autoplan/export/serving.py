@@ -119,8 +119,9 @@ def _vllm_args(plan: ServingPlan, step: StepModel) -> list[Arg]:
 def _sglang_args(plan: ServingPlan, step: StepModel) -> list[Arg]:
     d = plan.deployment
     args: list[Arg] = [("--tp-size", str(d.tp * d.attention_dp)), ("--pp-size", str(d.pp))]
-    if d.attention_dp > 1:  # SGLang's DP attention splits its TP group into dp attention ranks
-        args += [("--dp-size", str(d.attention_dp)), ("--enable-dp-attention",)]
+    if d.attention_dp > 1:  # SGLang's DP attention splits its TP group into attention-DP ranks
+        # (--attn-dp-size since 0.5.23, which deprecates --dp-size N --enable-dp-attention)
+        args.append(("--attn-dp-size", str(d.attention_dp)))
     if d.ep > 1:
         args.append(("--ep-size", str(d.ep)))
     args += [("--max-running-requests", str(step.max_num_seqs)),

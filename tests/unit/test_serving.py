@@ -429,7 +429,7 @@ def test_moe_attention_data_parallel_and_expert_parallel_flags(tmp_path) -> None
 
     for engine, expect in (("vllm", ["--tensor-parallel-size 1", "--data-parallel-size 8",
                                      "--enable-expert-parallel"]),
-                           ("sglang", ["--tp-size 8", "--dp-size 8", "--enable-dp-attention", "--ep-size 8"]),
+                           ("sglang", ["--tp-size 8", "--attn-dp-size 8", "--ep-size 8"]),
                            ("trtllm", ["--tp_size 8", "--ep_size 8"])):
         path = _export_plan(tmp_path, engine, "{replicas: 1, tp: 1, attention_dp: 8, ep: 8}", "mixtral-8x7b")
         plan = read_serving_plan(read_yaml(path), str(path))
@@ -576,64 +576,79 @@ def test_stepping_over_decode_runs_changes_nothing(case: str) -> None:
     assert fast.iterations == slow.iterations
 
 
-# --------------------------------------------------------------------------- vLLM's own parser
-# vLLM pins its own torch, so it cannot share autoplan's environment: the check runs where
-# AUTOPLAN_VLLM_PYTHON names a Python with vLLM installed (tests/engines/vllm_serve_args.py
-# parses there), e.g. `python3 -m venv /opt/vllm && /opt/vllm/bin/pip install vllm==0.33.0`.
-VLLM_PYTHON = os.environ.get("AUTOPLAN_VLLM_PYTHON")
-VLLM_EXPORTS = (  # (model, deployment): every flag the vLLM export writes, between them
+# --------------------------------------------------------------------------- the engines' own parsers
+# vLLM and SGLang pin their own torch, so they cannot share autoplan's environment: the
+# checks run where AUTOPLAN_VLLM_PYTHON / AUTOPLAN_SGLANG_PYTHON name a Python with the
+# engine installed (tests/engines/*.py parse there), e.g.
+# `python3 -m venv /opt/vllm && /opt/vllm/bin/pip install vllm==0.33.0`.
+ENGINE_PYTHON = {"vllm": os.environ.get("AUTOPLAN_VLLM_PYTHON"),
+                 "sglang": os.environ.get("AUTOPLAN_SGLANG_PYTHON")}
+ENGINE_HELPER = {"vllm": "vllm_serve_args.py", "sglang": "sglang_server_args.py"}
+ENGINE_EXPORTS = (  # (model, deployment): every flag the exports write, between them
     ("llama3-70b", "{replicas: 2, tp: 4, kv_cache: fp8, max_num_seqs: 64}"),
     ("llama3-70b", "{replicas: 1, tp: 4, pp: 2, weights: fp8, chunked_prefill: false}"),
     ("mixtral-8x7b", "{replicas: 1, tp: 1, attention_dp: 8, ep: 8}"),
 )
 
 
-def _vllm_command_line(script: str) -> list[str]:
-    """What replica 0's ``vllm serve`` gets (MODEL=m): the script's fixed arguments and ARGS."""
-    exec_line = 'exec vllm serve "$MODEL" --host 0.0.0.0 --port "$PORT" "${ARGS[@]}"'
-    assert exec_line in script
+def _engine_command_line(engine: str, script: str) -> list[str]:
+    """What replica 0's server gets (MODEL=m): the script's fixed arguments and ARGS."""
+    launch = {"vllm": ('vllm serve "$MODEL"', ["m"]),
+              "sglang": ('python -m sglang.launch_server --model-path "$MODEL"', ["--model-path", "m"])}
+    command, model = launch[engine]
+    assert f'exec {command} --host 0.0.0.0 --port "$PORT" "${{ARGS[@]}}"' in script
     body = script.split("ARGS=(\n", 1)[1].split("\n)\n", 1)[0]
-    return ["m", "--host", "0.0.0.0", "--port", "8000", *shlex.split(body)]
+    return [*model, "--host", "0.0.0.0", "--port", "8000", *shlex.split(body)]
 
 
-def _vllm_exports(tmp_path: Path) -> list[tuple[ServingPlan, list[str]]]:
+def _engine_exports(tmp_path: Path, engine: str) -> list[tuple[ServingPlan, list[str]]]:
     from autoplan.descriptors.strict import read_yaml
     from autoplan.export.serving import ServingTarget, export_serving
     from autoplan.serving.planfile import read_serving_plan
 
     out = []
-    for i, (model, dep) in enumerate(VLLM_EXPORTS):
-        sub = tmp_path / str(i)
+    for i, (model, dep) in enumerate(ENGINE_EXPORTS):
+        sub = tmp_path / f"{engine}{i}"
         sub.mkdir()
-        path = _export_plan(sub, "vllm", dep, model)
+        path = _export_plan(sub, engine, dep, model)
         plan = read_serving_plan(read_yaml(path), str(path))
-        script = export_serving(plan, ServingTarget.VLLM, str(path))["serve-vllm.sh"]
-        out.append((plan, _vllm_command_line(script)))
+        script = export_serving(plan, ServingTarget(engine), str(path))[f"serve-{engine}.sh"]
+        out.append((plan, _engine_command_line(engine, script)))
     return out
 
 
-def test_every_vllm_export_is_one_serve_command_line(tmp_path) -> None:
-    for plan, argv in _vllm_exports(tmp_path):
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_every_engine_export_is_one_server_command_line(tmp_path, engine: str) -> None:
+    flag = {"vllm": "--tensor-parallel-size", "sglang": "--tp-size"}[engine]
+    for plan, argv in _engine_exports(tmp_path, engine):
         flags = [a for a in argv if a.startswith("--")]
         assert len(flags) == len(set(flags)), argv  # each flag once
-        assert argv[argv.index("--tensor-parallel-size") + 1] == str(plan.deployment.tp)
+        d = plan.deployment
+        assert argv[argv.index(flag) + 1] == str(d.tp if engine == "vllm" else d.tp * d.attention_dp)
 
 
-@pytest.mark.skipif(not VLLM_PYTHON, reason="AUTOPLAN_VLLM_PYTHON (a Python with vLLM) not set")
-def test_vllms_own_parser_reads_every_export_as_the_prediction_ran(tmp_path) -> None:
+def _parsed_by_the_engine(tmp_path: Path, engine: str) -> list[tuple[ServingPlan, list[str], dict]]:
     import subprocess
 
-    from autoplan.serving.cost import StepModel
-
-    exports = _vllm_exports(tmp_path)
-    helper = Path(__file__).resolve().parents[1] / "engines" / "vllm_serve_args.py"
-    assert VLLM_PYTHON is not None
-    done = subprocess.run([VLLM_PYTHON, str(helper)], input=json.dumps([argv for _, argv in exports]),
+    python = ENGINE_PYTHON[engine]
+    if not python:
+        pytest.skip(f"AUTOPLAN_{engine.upper()}_PYTHON (a Python with {engine}) not set")
+    exports = _engine_exports(tmp_path, engine)
+    helper = Path(__file__).resolve().parents[1] / "engines" / ENGINE_HELPER[engine]
+    done = subprocess.run([python, str(helper)], input=json.dumps([argv for _, argv in exports]),
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})  # no GPU needed to parse
     assert done.returncode == 0, done.stderr[-3000:]
-    for (plan, argv), parsed in zip(exports, json.loads(done.stdout), strict=True):
-        assert "error" not in parsed, (argv, parsed, done.stderr[-2000:])
+    parsed = json.loads(done.stdout)
+    for (_, argv), values in zip(exports, parsed, strict=True):
+        assert "error" not in values, (argv, values, done.stderr[-2000:])
+    return [(plan, argv, values) for (plan, argv), values in zip(exports, parsed, strict=True)]
+
+
+def test_vllms_own_parser_reads_every_export_as_the_prediction_ran(tmp_path) -> None:
+    from autoplan.serving.cost import StepModel
+
+    for plan, argv, parsed in _parsed_by_the_engine(tmp_path, "vllm"):
         d = plan.deployment
         step = StepModel(plan.model, plan.cluster, d, plan.engine)
         assert (parsed["tensor_parallel_size"], parsed["pipeline_parallel_size"],
@@ -645,6 +660,24 @@ def test_vllms_own_parser_reads_every_export_as_the_prediction_ran(tmp_path) -> 
         assert parsed["kv_cache_dtype"] == ("fp8" if d.kv_cache is Precision.FP8 else "auto")
         assert parsed["quantization"] == ("fp8" if d.weights is Precision.FP8 else None)
         assert parsed["max_model_len"] == int(argv[argv.index("--max-model-len") + 1])
+
+
+def test_sglangs_own_parser_reads_every_export_as_the_prediction_ran(tmp_path) -> None:
+    from autoplan.serving.cost import StepModel
+
+    for plan, argv, parsed in _parsed_by_the_engine(tmp_path, "sglang"):
+        d = plan.deployment
+        step = StepModel(plan.model, plan.cluster, d, plan.engine)
+        # one replica: tp x attention-DP GPUs, the attention-DP ranks splitting the TP group
+        assert (parsed["tp_size"], parsed["pp_size"], parsed["attn_dp_size"], parsed["dp_size"]) \
+            == (d.tp * d.attention_dp, d.pp, d.attention_dp, 1)
+        assert parsed["ep_size"] == d.ep
+        assert parsed["max_running_requests"] == step.max_num_seqs
+        assert parsed["chunked_prefill_size"] == (step.max_batched_tokens if step.chunked_prefill else -1)
+        assert parsed["mem_fraction_static"] == step.defaults.memory_fraction
+        assert parsed["kv_cache_dtype"] == ("fp8_e4m3" if d.kv_cache is Precision.FP8 else "auto")
+        assert parsed["quantization"] == ("fp8" if d.weights is Precision.FP8 else None)
+        assert parsed["context_length"] == int(argv[argv.index("--context-length") + 1])
 
 
 # --------------------------------------------------------------------------- arrival traces
