@@ -2,7 +2,9 @@
 
 One script per plan, run once per replica (``REPLICA=0 .. replicas-1``): a replica takes
 its own GPUs of a node (``CUDA_VISIBLE_DEVICES``) and its own port, and a load balancer in
-front spreads requests over them, as the simulation assumed. ``MODEL`` is the checkpoint
+front spreads requests over them, as the simulation assumed. A replica larger than a node
+takes whole nodes, and the script runs on each (``NODE=0 ..``, ``MASTER_ADDR`` the address
+of the replica's first node, which serves the API; vLLM and SGLang only). ``MODEL`` is the checkpoint
 (a path or a HuggingFace id) and must be set: a descriptor does not say where weights live.
 Every value passes through :func:`autoplan.export.shell.quote`.
 
@@ -13,12 +15,13 @@ Flags, from each engine's own argument definitions:
   (attention data parallel; experts over TP x DP), ``--max-num-seqs``,
   ``--max-num-batched-tokens``, ``--enable-chunked-prefill`` / ``--no-enable-chunked-prefill``,
   ``--gpu-memory-utilization``, ``--kv-cache-dtype fp8``, ``--quantization fp8``,
-  ``--max-model-len``.
+  ``--max-model-len``; across nodes ``--nnodes``, ``--node-rank``, ``--master-addr``,
+  ``--master-port`` and ``--headless`` past the first node (0.33's multiprocessing backend).
 - SGLang (``python -m sglang.launch_server``, sglang/srt/server_args.py): ``--tp-size``,
-  ``--pp-size``, ``--dp-size`` with ``--enable-dp-attention``, ``--ep-size``,
+  ``--pp-size``, ``--attn-dp-size`` (attention data parallel within the TP group), ``--ep-size``,
   ``--max-running-requests``, ``--chunked-prefill-size`` (-1 turns it off),
   ``--mem-fraction-static``, ``--kv-cache-dtype fp8_e4m3``, ``--quantization fp8``,
-  ``--context-length``.
+  ``--context-length``; across nodes ``--nnodes``, ``--node-rank``, ``--dist-init-addr``.
 - TensorRT-LLM (``trtllm-serve``, tensorrt_llm/commands/common_llm_options.py): ``--tp_size``,
   ``--pp_size``, ``--ep_size``, ``--max_batch_size``, ``--max_num_tokens``, ``--max_seq_len``,
   ``--kv_cache_free_gpu_memory_fraction``, ``--extra_llm_api_options`` (a YAML of LLM API
@@ -58,9 +61,14 @@ def refusals(plan: ServingPlan, target: ServingTarget) -> list[tuple[str, str]]:
                               f"memory differ from {target.value}'s: run `autoplan serve --engine "
                               f"{target.value}` for a {target.value} plan"))
     if d.gpus_per_replica > c.gpus_per_node:
-        out.append(("deployment", f"a replica of {d.gpus_per_replica} GPUs spans nodes of "
-                                  f"{c.gpus_per_node}: the multi-node launch (Ray for vLLM, --nnodes "
-                                  "for SGLang, mpirun for TensorRT-LLM) is not written by autoplan"))
+        if target is ServingTarget.TRTLLM:
+            out.append(("deployment", f"a replica of {d.gpus_per_replica} GPUs spans nodes of "
+                                      f"{c.gpus_per_node}: TensorRT-LLM's multi-node launch (mpirun or "
+                                      "Slurm with trtllm-llmapi-launch) is not written by autoplan"))
+        elif d.gpus_per_replica % c.gpus_per_node:
+            out.append(("deployment", f"a replica of {d.gpus_per_replica} GPUs spans nodes of "
+                                      f"{c.gpus_per_node} without filling them: a multi-node replica "
+                                      "takes whole nodes"))
     if target is ServingTarget.TRTLLM:
         if d.attention_dp > 1 and d.tp > 1:
             out.append(("deployment.attention_dp", "TensorRT-LLM's enable_attention_dp runs attention "
@@ -158,16 +166,43 @@ def _trtllm_extra(plan: ServingPlan, step: StepModel) -> str:
     return head + "\n" + yaml.safe_dump(doc, sort_keys=False)
 
 
+def nodes_per_replica(plan: ServingPlan) -> int:
+    """Nodes one replica spans: 1, or whole nodes (``refusals`` turns down the rest)."""
+    return max(1, plan.deployment.gpus_per_replica // plan.cluster.gpus_per_node)
+
+
+def _multi_node_args(plan: ServingPlan) -> list[str]:
+    """Shell lines adding a multi-node replica's launch flags to ARGS (they read the node's
+    NODE, MASTER_ADDR and DIST_PORT, so they are expansions, not quoted words):
+    vLLM's multiprocessing backend across nodes (``--nnodes``, ``--node-rank``,
+    ``--master-addr``, ``--master-port``; the nodes after the first run ``--headless``, no
+    API server), SGLang's ``--nnodes``, ``--node-rank`` and ``--dist-init-addr``."""
+    nodes = nodes_per_replica(plan)
+    if plan.engine is Engine.VLLM:
+        return [f'ARGS+=(--nnodes {nodes} --node-rank "$NODE" --master-addr "$MASTER_ADDR" '
+                '--master-port "$DIST_PORT")',
+                'if (( NODE > 0 )); then ARGS+=(--headless); fi']
+    return [f'ARGS+=(--nnodes {nodes} --node-rank "$NODE" --dist-init-addr "$MASTER_ADDR:$DIST_PORT")']
+
+
 def _script(plan: ServingPlan, step: StepModel, command: str, args: list[Arg],
             side_files: dict[str, str]) -> str:
     d, c = plan.deployment, plan.cluster
-    per = d.gpus_per_replica
+    per, nodes = d.gpus_per_replica, nodes_per_replica(plan)
     lines = [
         "#!/usr/bin/env bash",
         comment(f"{plan.model.name} on {d.gpus} x {c.device.name}: {d.label()}, weights {d.weights.value}, "
                 f"KV cache {d.kv_cache.value} ({plan.engine.value}; written by autoplan export)"),
-        comment(f"Run once per replica: REPLICA=0 .. {d.replicas - 1}, {per} GPUs each, on the "
-                f"node that holds them; replica r listens on port {BASE_PORT} + r."),
+    ]
+    if nodes == 1:
+        lines.append(comment(f"Run once per replica: REPLICA=0 .. {d.replicas - 1}, {per} GPUs each, on "
+                             f"the node that holds them; replica r listens on port {BASE_PORT} + r."))
+    else:
+        lines.append(comment(f"Run on each of a replica's {nodes} nodes: REPLICA=0 .. {d.replicas - 1}, "
+                             f"NODE=0 .. {nodes - 1}, MASTER_ADDR the address of the replica's NODE 0, "
+                             f"which listens on port {BASE_PORT} + r; all {c.gpus_per_node} GPUs of "
+                             "each node."))
+    lines += [
         "set -euo pipefail",
         ': "${MODEL:?set MODEL to the checkpoint (path or HuggingFace id) of '
         + slug(plan.model.name) + '}"',
@@ -176,16 +211,27 @@ def _script(plan: ServingPlan, step: StepModel, command: str, args: list[Arg],
         f'  echo "REPLICA must be 0..{d.replicas - 1}" >&2; exit 2',
         "fi",
         f"PER_NODE={c.gpus_per_node}",
-        f"FIRST=$(( (REPLICA * {per}) % PER_NODE ))",
-        f'export CUDA_VISIBLE_DEVICES="$(seq -s, "$FIRST" "$(( FIRST + {per} - 1 ))")"',
-        f"PORT=$(( {BASE_PORT} + REPLICA ))",
     ]
+    if nodes == 1:
+        lines += [f"FIRST=$(( (REPLICA * {per}) % PER_NODE ))",
+                  f'export CUDA_VISIBLE_DEVICES="$(seq -s, "$FIRST" "$(( FIRST + {per} - 1 ))")"']
+    else:
+        lines += ['NODE="${NODE:-0}"',
+                  f"if (( NODE < 0 || NODE >= {nodes} )); then",
+                  f'  echo "NODE must be 0..{nodes - 1}" >&2; exit 2',
+                  "fi",
+                  ': "${MASTER_ADDR:?set MASTER_ADDR to the address of NODE 0 of this replica}"',
+                  'DIST_PORT="${DIST_PORT:-$(( 29500 + REPLICA ))}"',
+                  'export CUDA_VISIBLE_DEVICES="$(seq -s, 0 "$(( PER_NODE - 1 ))")"']
+    lines.append(f"PORT=$(( {BASE_PORT} + REPLICA ))")
     if d.weights in (Precision.INT8, Precision.INT4, Precision.FP4):
         lines.append(comment(f"{d.weights.value} weights: MODEL must be a checkpoint quantized to "
                              f"{d.weights.value} (the engine reads its format from the checkpoint)"))
     if d.weights is Precision.FP8 and plan.engine is Engine.TRTLLM:
         lines.append(comment("fp8 weights: MODEL must be an fp8 checkpoint (NVIDIA ModelOpt)"))
     lines.append(bash_array("ARGS", args))
+    if nodes > 1:
+        lines += _multi_node_args(plan)
     extra = ""
     for name in side_files:
         extra = f' --extra_llm_api_options "$(dirname "$0")/{name}"'

@@ -12,7 +12,7 @@ import sys
 
 FIELDS = ("model_path", "host", "port", "tp_size", "pp_size", "dp_size", "attn_dp_size", "ep_size",
           "max_running_requests", "chunked_prefill_size", "mem_fraction_static", "context_length",
-          "kv_cache_dtype", "quantization")
+          "kv_cache_dtype", "quantization", "nnodes", "node_rank", "dist_init_addr")
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ import sys
 FIELDS = ("model_tag", "host", "port", "tensor_parallel_size", "pipeline_parallel_size",
           "data_parallel_size", "enable_expert_parallel", "max_num_seqs", "max_num_batched_tokens",
           "enable_chunked_prefill", "gpu_memory_utilization", "max_model_len", "kv_cache_dtype",
-          "quantization")
+          "quantization", "nnodes", "node_rank", "master_addr", "master_port", "headless")
 
 
 def main() -> None:

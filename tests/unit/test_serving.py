@@ -7,7 +7,6 @@ import dataclasses
 import json
 import math
 import os
-import shlex
 from pathlib import Path
 
 import numpy as np
@@ -447,12 +446,18 @@ def test_exports_refuse_what_the_engine_cannot_run_naming_the_field(tmp_path) ->
     assert wrong.returncode == 2 and "engine: --to sglang: the plan was predicted for vllm" in wrong.stderr
     training = autoplan("export", path, "--to", "megatron")
     assert training.returncode == 2 and "a serving plan exports to sglang, trtllm, vllm" in training.stderr
-    spans = _export_plan(tmp_path, "vllm", "{replicas: 1, tp: 8, pp: 2}").read_text().replace(
+    # a replica across nodes: whole nodes for vLLM and SGLang, none for TensorRT-LLM
+    spans = _export_plan(tmp_path, "trtllm", "{replicas: 1, tp: 8, pp: 2}").read_text().replace(
         "nodes: 1", "nodes: 2")
     (tmp_path / "spans.yaml").write_text(spans)
-    multi = autoplan("export", tmp_path / "spans.yaml", "--to", "vllm")
+    multi = autoplan("export", tmp_path / "spans.yaml", "--to", "trtllm")
     assert multi.returncode == 2
-    assert "deployment: --to vllm: a replica of 16 GPUs spans nodes of 8" in multi.stderr
+    assert "deployment: --to trtllm: a replica of 16 GPUs spans nodes of 8: TensorRT-LLM's" in multi.stderr
+    part = _export_plan(tmp_path, "vllm", "{replicas: 2, tp: 4, pp: 3}").read_text().replace(
+        "nodes: 1", "nodes: 3")
+    (tmp_path / "part.yaml").write_text(part)
+    partial = autoplan("export", tmp_path / "part.yaml", "--to", "vllm")
+    assert partial.returncode == 2 and "spans nodes of 8 without filling them" in partial.stderr
     trt = _export_plan(tmp_path, "trtllm", "{replicas: 1, tp: 2, attention_dp: 4, ep: 8}", "mixtral-8x7b")
     refused = autoplan("export", trt, "--to", "trtllm")
     assert refused.returncode == 2 and "deployment.attention_dp: --to trtllm" in refused.stderr
@@ -584,36 +589,54 @@ def test_stepping_over_decode_runs_changes_nothing(case: str) -> None:
 ENGINE_PYTHON = {"vllm": os.environ.get("AUTOPLAN_VLLM_PYTHON"),
                  "sglang": os.environ.get("AUTOPLAN_SGLANG_PYTHON")}
 ENGINE_HELPER = {"vllm": "vllm_serve_args.py", "sglang": "sglang_server_args.py"}
-ENGINE_EXPORTS = (  # (model, deployment): every flag the exports write, between them
-    ("llama3-70b", "{replicas: 2, tp: 4, kv_cache: fp8, max_num_seqs: 64}"),
-    ("llama3-70b", "{replicas: 1, tp: 4, pp: 2, weights: fp8, chunked_prefill: false}"),
-    ("mixtral-8x7b", "{replicas: 1, tp: 1, attention_dp: 8, ep: 8}"),
+ENGINE_EXPORTS = (  # (model, nodes, deployment): every flag the exports write, between them
+    ("llama3-70b", 1, "{replicas: 2, tp: 4, kv_cache: fp8, max_num_seqs: 64}"),
+    ("llama3-70b", 1, "{replicas: 1, tp: 4, pp: 2, weights: fp8, chunked_prefill: false}"),
+    ("mixtral-8x7b", 1, "{replicas: 1, tp: 1, attention_dp: 8, ep: 8}"),
+    ("llama3-405b", 4, "{replicas: 2, tp: 8, pp: 2}"),  # each replica on two nodes
 )
+LAUNCH = {"vllm": ["vllm", "serve"], "sglang": ["python", "-m", "sglang.launch_server"]}
 
 
-def _engine_command_line(engine: str, script: str) -> list[str]:
-    """What replica 0's server gets (MODEL=m): the script's fixed arguments and ARGS."""
-    launch = {"vllm": ('vllm serve "$MODEL"', ["m"]),
-              "sglang": ('python -m sglang.launch_server --model-path "$MODEL"', ["--model-path", "m"])}
-    command, model = launch[engine]
-    assert f'exec {command} --host 0.0.0.0 --port "$PORT" "${{ARGS[@]}}"' in script
-    body = script.split("ARGS=(\n", 1)[1].split("\n)\n", 1)[0]
-    return [*model, "--host", "0.0.0.0", "--port", "8000", *shlex.split(body)]
+def _run_script(script: str, engine: str, tmp_path: Path, **env: str) -> list[str]:
+    """What the script hands its engine, run by bash with a stand-in engine on PATH that
+    prints its arguments, one per line."""
+    import subprocess
+
+    stubs = tmp_path / "stubs"
+    stubs.mkdir(exist_ok=True)
+    stub = stubs / LAUNCH[engine][0]
+    stub.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    stub.chmod(0o755)
+    path = tmp_path / "serve.sh"
+    path.write_text(script)
+    done = subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=30,
+                          env={"PATH": f"{stubs}:{os.environ['PATH']}", "MODEL": "m", **env})
+    assert done.returncode == 0, done.stderr
+    argv = done.stdout.splitlines()
+    assert argv[:len(LAUNCH[engine]) - 1] == LAUNCH[engine][1:]
+    return argv[len(LAUNCH[engine]) - 1:]
 
 
 def _engine_exports(tmp_path: Path, engine: str) -> list[tuple[ServingPlan, list[str]]]:
+    """Each export's command line on each node of its last replica (MODEL=m)."""
     from autoplan.descriptors.strict import read_yaml
-    from autoplan.export.serving import ServingTarget, export_serving
+    from autoplan.export.serving import ServingTarget, export_serving, nodes_per_replica
     from autoplan.serving.planfile import read_serving_plan
 
     out = []
-    for i, (model, dep) in enumerate(ENGINE_EXPORTS):
+    for i, (model, nodes, dep) in enumerate(ENGINE_EXPORTS):
         sub = tmp_path / f"{engine}{i}"
         sub.mkdir()
         path = _export_plan(sub, engine, dep, model)
+        path.write_text(path.read_text().replace("nodes: 1}", f"nodes: {nodes}}}"))
         plan = read_serving_plan(read_yaml(path), str(path))
         script = export_serving(plan, ServingTarget(engine), str(path))[f"serve-{engine}.sh"]
-        out.append((plan, _engine_command_line(engine, script)))
+        for node in range(nodes_per_replica(plan)):
+            env = {"REPLICA": str(plan.deployment.replicas - 1)}  # the last replica
+            if nodes_per_replica(plan) > 1:
+                env.update(NODE=str(node), MASTER_ADDR="10.0.0.1")
+            out.append((plan, _run_script(script, engine, sub, **env)))
     return out
 
 
@@ -660,6 +683,10 @@ def test_vllms_own_parser_reads_every_export_as_the_prediction_ran(tmp_path) -> 
         assert parsed["kv_cache_dtype"] == ("fp8" if d.kv_cache is Precision.FP8 else "auto")
         assert parsed["quantization"] == ("fp8" if d.weights is Precision.FP8 else None)
         assert parsed["max_model_len"] == int(argv[argv.index("--max-model-len") + 1])
+        _assert_nodes(plan, parsed, argv)
+        if parsed["nnodes"] > 1:  # the multiprocessing backend's rendezvous; no API past node 0
+            assert (parsed["master_addr"], parsed["master_port"]) == ("10.0.0.1", 29501)
+            assert parsed["headless"] is (parsed["node_rank"] > 0)
 
 
 def test_sglangs_own_parser_reads_every_export_as_the_prediction_ran(tmp_path) -> None:
@@ -678,6 +705,18 @@ def test_sglangs_own_parser_reads_every_export_as_the_prediction_ran(tmp_path) -
         assert parsed["kv_cache_dtype"] == ("fp8_e4m3" if d.kv_cache is Precision.FP8 else "auto")
         assert parsed["quantization"] == ("fp8" if d.weights is Precision.FP8 else None)
         assert parsed["context_length"] == int(argv[argv.index("--context-length") + 1])
+        _assert_nodes(plan, parsed, argv)
+        if parsed["nnodes"] > 1:
+            assert parsed["dist_init_addr"] == "10.0.0.1:29501"
+
+
+def _assert_nodes(plan: ServingPlan, parsed: dict, argv: list[str]) -> None:
+    """A replica on several nodes: each node's launch names the node count and its rank."""
+    from autoplan.export.serving import nodes_per_replica
+
+    nodes = nodes_per_replica(plan)
+    assert parsed["nnodes"] == nodes and 0 <= parsed["node_rank"] < nodes, argv
+    assert (nodes > 1) == ("--nnodes" in argv)
 
 
 # --------------------------------------------------------------------------- arrival traces
