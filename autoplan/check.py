@@ -274,8 +274,8 @@ def _check_serving(source: str, data: Any, max_regression: float | None, headroo
     summary = (f"{plan.model.name} on {c.gpus} x {c.device.name} ({c.name}), {plan.engine.value} "
                f"{d.label()}, weights {d.weights.value}, KV cache {d.kv_cache.value}")
     rules = [RuleResult(rule=Rule.VALID, status=Status.PASSED,
-                        message=f"schema v{SCHEMA_VERSION}, kind serving; replicas x tp x pp x "
-                                f"attention_dp = {d.gpus} GPUs, tp divides the attention heads")]
+                        message=f"schema v{SCHEMA_VERSION}, kind serving; {d.label()} = {d.gpus} GPUs, "
+                                "tp divides the attention heads")]
     capacity = c.device.mem_bytes
     peak = pred.memory.peak
     fits = pred.fits

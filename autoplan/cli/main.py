@@ -392,6 +392,9 @@ def serve(
     price: Annotated[float | None, typer.Option(
         "--price", help="USD per GPU-hour for the cost per million tokens (default: the device "
                         "file's price_per_gpu_hour).")] = None,
+    disaggregated: Annotated[bool, typer.Option(
+        "--disaggregated", help="Also try prefill/decode disaggregated deployments: every split of "
+                                "the GPUs into a prefill pool and a decode pool.")] = False,
     top: Annotated[int, typer.Option("--top", "-k", min=1, help="How many plans to show.")] = 10,
     out_path: Annotated[Path | None, typer.Option("--out", "-o", help="Write the best plan here.")] = None,
     fmt: FormatOpt = Format.table,
@@ -536,9 +539,9 @@ def serve(
                 output.err.print(f"autoplan: note: {flag} overrides {job_file}", markup=False)
     if output.interactive(fmt.value):
         with output.err.status(f"simulating deployments on {c.gpus} GPUs ..."):
-            result = serve_search(m, c, eng, workload, slo, w_list, kv_list)
+            result = serve_search(m, c, eng, workload, slo, w_list, kv_list, disaggregated=disaggregated)
     else:
-        result = serve_search(m, c, eng, workload, slo, w_list, kv_list)
+        result = serve_search(m, c, eng, workload, slo, w_list, kv_list, disaggregated=disaggregated)
     shown = result.plans[:top]
     if price is not None:
         shown = tuple(dataclasses.replace(r, prediction=r.prediction.priced(price)) for r in shown)

@@ -201,6 +201,14 @@ def serving_evaluation(path: str, plan: ServingPlan, pred: ServingPrediction,
         f"goodput {pred.goodput_rps:,.2f}; {verdict}{queue}; {pred.simulated_requests} requests "
         f"simulated on one of {pred.schedulers} schedulers, {pred.preemptions} preemptions"))
     out.append(escape(_per_million_line(pred, c.pue)))
+    if d.disaggregated is not None and pred.prefill_pool is not None:
+        pp = pred.prefill_pool
+        out.append(escape(
+            f"disaggregated: prefill pool {d.disaggregated.prefill.label()} (peak "
+            f"{pp.memory.peak / GiB:.1f} GiB per GPU, {pp.kv_cache_tokens:,} KV tokens per instance) "
+            f"runs each prompt to its first token; its KV cache reaches the decode pool "
+            f"{d.disaggregated.decode.label()} in {pp.transfer_ms_mean:,.1f} ms on average; below: "
+            "the decode pool's memory and iterations"))
     out.append(_serving_memory_table(pred))
     ctx = w.input_len.mean + w.output_len.mean / 2
     batch = max(1, pred.max_concurrency)

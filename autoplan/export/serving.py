@@ -56,6 +56,11 @@ def refusals(plan: ServingPlan, target: ServingTarget) -> list[tuple[str, str]]:
     """(field, why) for what the target cannot run as the plan says."""
     d, c = plan.deployment, plan.cluster
     out: list[tuple[str, str]] = []
+    if d.disaggregated is not None:
+        out.append(("deployment.disaggregated", "prefill/decode disaggregated launches (a KV "
+                                                "connector per engine and a router in front) are not "
+                                                "written by autoplan yet"))
+        return out
     if target.value != plan.engine.value:
         out.append(("engine", f"the plan was predicted for {plan.engine.value}, whose batching and "
                               f"memory differ from {target.value}'s: run `autoplan serve --engine "

@@ -94,6 +94,21 @@ def kv_bytes_per_token_layer(model: Model, tp: int, kv: Precision) -> float:
     return 2 * heads * model.kv_channels * kv.bytes
 
 
+def kv_transfer(model: Model, cluster: Cluster, d: Deployment) -> tuple[float, float]:
+    """(seconds, seconds per prompt token) to hand a request's KV cache from its prefill
+    instance to a decode instance of a disaggregated deployment (DistServe, Zhong et al.
+    2024, Sec. 4.3: the cache moves once per request, layer by layer over the fabric between
+    the instances). Every layer's cache for every prompt token at the cache's precision; the
+    min(prefill tp, decode tp) GPU pairs each carry their share, over NVLink where both pools
+    fit one NVLink domain and over the inter-node network (RDMA, as NIXL and Mooncake move
+    it) otherwise; one link latency to start."""
+    assert d.disaggregated is not None
+    pre, dec = d.disaggregated.prefill, d.disaggregated.decode
+    per_token = model.layers * kv_bytes_per_token_layer(model, 1, d.kv_cache)
+    link = cluster.intra_node if pre.gpus + dec.gpus <= cluster.nvlink_domain else cluster.inter_node
+    return link.latency_s, per_token / (min(pre.tp, dec.tp) * link.effective_Bps)
+
+
 def distinct_experts(experts: int, top_k: int, tokens: float) -> float:
     """Expected experts hit at least once when ``tokens`` tokens each pick ``top_k`` of
     ``experts`` uniformly: E (1 - (1 - k/E)^T)."""

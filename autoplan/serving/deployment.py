@@ -6,6 +6,7 @@ trusted here.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import os
@@ -93,7 +94,36 @@ def engine_defaults(engine: Engine, device: Device) -> EngineDefaults:
 
 
 @dataclass(frozen=True, slots=True)
+class Pool:
+    """One side of a disaggregated deployment: ``replicas`` instances of ``tp`` GPUs."""
+
+    replicas: int
+    tp: int
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.tp
+
+    def label(self) -> str:
+        return f"{self.replicas}x tp{self.tp}"
+
+
+@dataclass(frozen=True, slots=True)
+class Disaggregated:
+    """Prefill/decode disaggregation (Zhong et al. 2024 "DistServe"; Patel et al. 2024
+    "Splitwise"): prefill instances run each prompt and its first token, hand its KV cache
+    to a decode instance, which generates the rest. The prefill pool's GPUs come first."""
+
+    prefill: Pool
+    decode: Pool
+
+
+@dataclass(frozen=True, slots=True)
 class Deployment:
+    """A deployment's instances. With ``disaggregated`` the fields replicas and tp are the
+    decode pool's (what reads them sees the instances that hold the running batch), and
+    :meth:`pool` gives either pool's instances as a deployment of their own."""
+
     replicas: int
     tp: int
     pp: int = 1
@@ -104,6 +134,7 @@ class Deployment:
     max_num_seqs: int | None = None  # None: the engine's default
     max_batched_tokens: int | None = None
     chunked_prefill: bool | None = None
+    disaggregated: Disaggregated | None = None
 
     @property
     def gpus_per_replica(self) -> int:
@@ -111,9 +142,20 @@ class Deployment:
 
     @property
     def gpus(self) -> int:
+        if self.disaggregated is not None:
+            return self.disaggregated.prefill.gpus + self.disaggregated.decode.gpus
         return self.replicas * self.gpus_per_replica
 
+    def pool(self, side: str) -> Deployment:
+        """The ``prefill`` or ``decode`` pool's instances, with this deployment's precisions
+        and batch limits."""
+        assert self.disaggregated is not None
+        p = self.disaggregated.prefill if side == "prefill" else self.disaggregated.decode
+        return dataclasses.replace(self, replicas=p.replicas, tp=p.tp, disaggregated=None)
+
     def label(self) -> str:
+        if self.disaggregated is not None:
+            return f"P {self.disaggregated.prefill.label()} + D {self.disaggregated.decode.label()}"
         out = f"{self.replicas}x tp{self.tp}"
         if self.pp > 1:
             out += f" pp{self.pp}"

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplan.serving.cost import Memory, StepModel
+from autoplan.serving.cost import Memory, StepModel, kv_transfer
 from autoplan.serving.deployment import ArrivalKind, Deployment, ServingPlan, resolved_limits
-from autoplan.serving.simulate import SimResult, simulate
+from autoplan.serving.simulate import SimResult, simulate, simulate_disaggregated
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +103,7 @@ class ServingPrediction:
     simulated_requests: int
     timeline: tuple[tuple[float, int, int], ...]
     per_million: PerMillion | None = None  # None: nothing served
+    prefill_pool: PoolPrediction | None = None  # disaggregated deployments only
 
     def priced(self, price_per_gpu_hour: float) -> ServingPrediction:
         """The prediction with dollars at ``price_per_gpu_hour`` (``--price``)."""
@@ -122,6 +123,10 @@ class ServingPrediction:
             "memory_gib_per_gpu": self.memory.to_gib(),
             "kv_cache_tokens": self.kv_cache_tokens, "max_concurrency": self.max_concurrency,
             "per_million_output_tokens": None if self.per_million is None else self.per_million.to_dict(),
+            **({} if self.prefill_pool is None else {"prefill_pool": {
+                "memory_gib_per_gpu": self.prefill_pool.memory.to_gib(),
+                "kv_cache_tokens": self.prefill_pool.kv_cache_tokens,
+                "kv_transfer_ms_mean": self.prefill_pool.transfer_ms_mean}}),
         }
 
 
@@ -133,6 +138,8 @@ def schedulers_of(d: Deployment) -> int:
 
 def evaluate_serving(plan: ServingPlan, seed: int = 0) -> ServingPrediction:
     """Simulate one scheduler of the plan (see :mod:`autoplan.serving.simulate`)."""
+    if plan.deployment.disaggregated is not None:
+        return _evaluate_disaggregated(plan, seed)
     d = plan.deployment
     step = StepModel(plan.model, plan.cluster, d, plan.engine)
     mem = step.memory()
@@ -146,6 +153,40 @@ def evaluate_serving(plan: ServingPlan, seed: int = 0) -> ServingPrediction:
                                  max(0, kv), 0, sched, False, True, 0, 0, ())
     sim = simulate(step, plan.workload, sched, kv, seed)
     return _prediction(plan, sim, mem, kv, sched, fits)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPrediction:
+    """A disaggregated deployment's prefill pool (the decode pool's are the prediction's own
+    memory, KV cache and schedulers)."""
+
+    memory: Memory
+    kv_cache_tokens: int
+    schedulers: int
+    transfer_ms_mean: float  # the KV hand-off of the simulated requests' prompts
+
+
+def _evaluate_disaggregated(plan: ServingPlan, seed: int) -> ServingPrediction:
+    """The prefill pool runs prompts to their first token, the decode pool the rest
+    (:func:`autoplan.serving.simulate.simulate_disaggregated`); each pool's memory and KV
+    cache are its own instances'."""
+    d = plan.deployment
+    steps = [StepModel(plan.model, plan.cluster, d.pool(side), plan.engine) for side in ("prefill", "decode")]
+    mems = [step.memory() for step in steps]
+    kvs = [step.kv_tokens(mem) for step, mem in zip(steps, mems, strict=True)]
+    scheds = (schedulers_of(d.pool("prefill")), schedulers_of(d.pool("decode")))
+    fits = all(m.peak <= plan.cluster.device.mem_bytes and m.kv_cache > 0 and kv > 0
+               for m, kv in zip(mems, kvs, strict=True))
+    transfer = kv_transfer(plan.model, plan.cluster, d)
+    mem = max(mems, key=lambda m: m.peak) if not fits else mems[1]
+    if not fits:
+        empty = Latency(0.0, 0.0, 0.0, 0.0)
+        return ServingPrediction(empty, empty, empty, 0.0, 0.0, 0.0, 0.0, False, 0.0, 0.0, mem,
+                                 max(0, kvs[1]), 0, scheds[1], False, True, 0, 0, ())
+    sim = simulate_disaggregated(steps[0], steps[1], plan.workload, scheds, (kvs[0], kvs[1]), transfer, seed)
+    pred = _prediction(plan, sim, mems[1], kvs[1], scheds[1], fits)
+    moved = 1e3 * (transfer[0] + transfer[1] * float(sim.input_len.mean())) if len(sim.input_len) else 0.0
+    return dataclasses.replace(pred, prefill_pool=PoolPrediction(mems[0], kvs[0], scheds[0], moved))
 
 
 def _prediction(plan: ServingPlan, sim: SimResult, mem: Memory, kv: int, sched: int,
@@ -198,9 +239,15 @@ def serving_document(plan: ServingPlan, pred: ServingPrediction,
     from autoplan.plan import SCHEMA_VERSION
 
     d, c = plan.deployment, plan.cluster
-    deployment: dict[str, object] = {
-        "replicas": d.replicas, "tp": d.tp, "pp": d.pp, "ep": d.ep, "attention_dp": d.attention_dp,
-        "weights": d.weights.value, "kv_cache": d.kv_cache.value}
+    deployment: dict[str, object]
+    if d.disaggregated is not None:
+        deployment = {"disaggregated": {
+            side: {"replicas": pool.replicas, "tp": pool.tp}
+            for side, pool in (("prefill", d.disaggregated.prefill), ("decode", d.disaggregated.decode))}}
+    else:
+        deployment = {"replicas": d.replicas, "tp": d.tp, "pp": d.pp, "ep": d.ep,
+                      "attention_dp": d.attention_dp}
+    deployment.update(weights=d.weights.value, kv_cache=d.kv_cache.value)
     seqs, tokens, chunked = resolved_limits(d, plan.engine, c.device)
     deployment.update(max_num_seqs=seqs, max_batched_tokens=tokens, chunked_prefill=chunked)
     doc: dict[str, object] = {

@@ -22,9 +22,11 @@ from autoplan.serving.deployment import (
     Arrival,
     ArrivalKind,
     Deployment,
+    Disaggregated,
     Dist,
     Engine,
     Lengths,
+    Pool,
     Precision,
     ServingPlan,
     Slo,
@@ -262,12 +264,17 @@ def _deployment(f: Fields) -> Deployment | None:
     g = f.child("deployment", f.raw("deployment"))
     if not g.ok:
         return None
-    if g.has("disaggregated"):
-        g.fail("disaggregated", "prefill/decode disaggregation is not supported yet")
+    split = _disaggregated(g) if g.has("disaggregated") else None
+    if split is not None:
+        shape: dict[str, Any] = dict(replicas=split.decode.replicas, tp=split.decode.tp, pp=1, ep=1,
+                                     attention_dp=1)
+    else:
+        shape = dict(
+            replicas=g.int("replicas", 1, min=1, max=MAX_DEGREE), tp=g.int("tp", min=1, max=MAX_DEGREE),
+            pp=g.int("pp", 1, min=1, max=MAX_DEGREE), ep=g.int("ep", 1, min=1, max=MAX_DEGREE),
+            attention_dp=g.int("attention_dp", 1, min=1, max=MAX_DEGREE))
     values = dict(
-        replicas=g.int("replicas", 1, min=1, max=MAX_DEGREE), tp=g.int("tp", min=1, max=MAX_DEGREE),
-        pp=g.int("pp", 1, min=1, max=MAX_DEGREE), ep=g.int("ep", 1, min=1, max=MAX_DEGREE),
-        attention_dp=g.int("attention_dp", 1, min=1, max=MAX_DEGREE),
+        **shape,
         weights=g.enum("weights", Precision, Precision.BF16),
         kv_cache=g.enum("kv_cache", Precision, Precision.BF16),
         max_num_seqs=g.int("max_num_seqs", None, min=1, max=MAX_REQUESTS),
@@ -280,17 +287,52 @@ def _deployment(f: Fields) -> Deployment | None:
                            f"got {values['kv_cache'].value}")
         return None
     required = ("replicas", "tp", "pp", "ep", "attention_dp", "weights", "kv_cache")
-    if any(values[k] is None for k in required):
+    if any(values[k] is None for k in required) or (g.has("disaggregated") and split is None):
         return None
-    return Deployment(**values)  # type: ignore[arg-type]
+    return Deployment(**values, disaggregated=split)  # type: ignore[arg-type]
+
+
+def _disaggregated(g: Fields) -> Disaggregated | None:
+    """``disaggregated: {prefill: {replicas, tp}, decode: {replicas, tp}}``: each pool's
+    instances. Beside it the deployment gives no shape of its own."""
+    for key in ("replicas", "tp", "pp", "ep", "attention_dp"):
+        if g.has(key):
+            g.fail(key, "with disaggregated, each pool gives its own replicas and tp (one pipeline "
+                        "stage, no expert or attention data parallelism)")
+            g.raw(key)  # read: not reported again as unknown
+    h = g.child("disaggregated", g.raw("disaggregated"))
+    if not h.ok:
+        return None
+    pools: list[Pool | None] = []
+    for side in ("prefill", "decode"):
+        q = h.child(side, h.raw(side))
+        if not q.ok:
+            pools.append(None)
+            continue
+        replicas, tp = q.int("replicas", 1, min=1, max=MAX_DEGREE), q.int("tp", min=1, max=MAX_DEGREE)
+        q.close()
+        pools.append(None if replicas is None or tp is None else Pool(replicas, tp))
+    h.close()
+    prefill, decode = pools
+    return None if prefill is None or decode is None else Disaggregated(prefill, decode)
 
 
 def _check(plan: ServingPlan, f: Fields) -> None:
     d, m, c = plan.deployment, plan.model, plan.cluster
     if d.gpus != c.gpus:
-        f.fail("deployment", f"replicas x tp x pp x attention_dp = {d.gpus} GPUs, but the cluster "
-                             f"has {c.gpus}")
-    if m.heads % d.tp:
+        shape = ("the prefill and decode pools' replicas x tp" if d.disaggregated is not None
+                 else "replicas x tp x pp x attention_dp")
+        f.fail("deployment", f"{shape} = {d.gpus} GPUs, but the cluster has {c.gpus}")
+    if d.disaggregated is not None:
+        for side, pool in (("prefill", d.disaggregated.prefill), ("decode", d.disaggregated.decode)):
+            if m.heads % pool.tp:
+                f.fail(f"deployment.disaggregated.{side}.tp", f"must divide {m.name}'s {m.heads} "
+                                                              f"attention heads, got {pool.tp}")
+        if plan.workload.arrival.kind is ArrivalKind.CONCURRENCY:
+            f.fail("workload.arrival", "a closed loop over a disaggregated deployment is not simulated "
+                                       "(its next request waits on the decode pool): give rate_rps, "
+                                       "a trace or offline")
+    elif m.heads % d.tp:
         f.fail("deployment.tp", f"must divide {m.name}'s {m.heads} attention heads, got {d.tp}")
     if d.pp > m.layers:
         f.fail("deployment.pp", f"at most {m.name}'s {m.layers} layers, got {d.pp}")

@@ -17,8 +17,11 @@ from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.model import Model
 from autoplan.errors import InputError
 from autoplan.serving.deployment import (
+    ArrivalKind,
     Deployment,
+    Disaggregated,
     Engine,
+    Pool,
     Precision,
     ServingPlan,
     Slo,
@@ -114,6 +117,26 @@ def deployments(model: Model, cluster: Cluster, gpus: int, engine: Engine,
                                              attention_dp=adp, weights=w, kv_cache=kv)
 
 
+def disaggregated_deployments(model: Model, cluster: Cluster, gpus: int, weights: Sequence[Precision],
+                              kv_caches: Sequence[Precision]) -> Iterator[Deployment]:
+    """Every split of ``gpus`` into a prefill pool and a decode pool, each of replicas of one
+    TP degree (within an NVLink domain, dividing the attention heads): the prefill pool's
+    instances first."""
+    domain = min(cluster.nvlink_domain, cluster.gpus)
+    tps = [t for t in _divisors_pow2(domain, domain) if model.heads % t == 0]
+    for tp_p in tps:
+        for n_p in range(tp_p, gpus, tp_p):
+            for tp_d in tps:
+                n_d = gpus - n_p
+                if n_d % tp_d:
+                    continue
+                split = Disaggregated(Pool(n_p // tp_p, tp_p), Pool(n_d // tp_d, tp_d))
+                for w in weights:
+                    for kv in kv_caches:
+                        yield Deployment(replicas=n_d // tp_d, tp=tp_d, weights=w, kv_cache=kv,
+                                         disaggregated=split)
+
+
 def rank_key(r: Ranked, slo: Slo) -> tuple:
     p, d = r.prediction, r.plan.deployment
     score = r.goodput_per_gpu if slo.any else r.per_gpu
@@ -136,12 +159,17 @@ def pareto(ranked: Sequence[Ranked]) -> tuple[Ranked, ...]:
 
 def serve_search(model: Model, cluster: Cluster, engine: Engine, workload: Workload, slo: Slo,
                  weights: Sequence[Precision] = (Precision.BF16,),
-                 kv_caches: Sequence[Precision] = (Precision.BF16,), seed: int = 0) -> ServeResult:
-    """Simulate every deployment of the cluster's GPUs; see the module doc."""
+                 kv_caches: Sequence[Precision] = (Precision.BF16,), seed: int = 0,
+                 disaggregated: bool = False) -> ServeResult:
+    """Simulate every deployment of the cluster's GPUs; see the module doc. ``disaggregated``:
+    also every prefill/decode split (at the engine's batch limits only)."""
     for p, field in [(w, "--weights") for w in weights] + [(k, "--kv-cache") for k in kv_caches]:
         if p in (Precision.FP8, Precision.FP4) and not cluster.device.supports(Dtype.FP8):
             raise InputError.single(field, "", f"{cluster.device.name} has no fp8 support "
                                                 f"(peak_tflops.fp8) for {p.value}")
+    if disaggregated and workload.arrival.kind is ArrivalKind.CONCURRENCY:
+        raise InputError.single("--disaggregated", "", "a closed loop over a disaggregated deployment "
+                                                       "is not simulated: give --rate, --trace or --offline")
     ranked: list[Ranked] = []
     evaluated = not_fitting = 0
     default_seqs = engine_defaults(engine, cluster.device).max_num_seqs
@@ -158,6 +186,15 @@ def serve_search(model: Model, cluster: Cluster, engine: Engine, workload: Workl
                 break
             if cap is None:
                 running = pred.max_concurrency
+            ranked.append(Ranked(plan, pred))
+    if disaggregated:
+        for split in disaggregated_deployments(model, cluster, cluster.gpus, weights, kv_caches):
+            plan = ServingPlan(model, cluster, engine, split, workload, slo)
+            pred = evaluate_serving(plan, seed)
+            evaluated += 1
+            if not pred.fits or not pred.simulated_requests:
+                not_fitting += 1
+                continue
             ranked.append(Ranked(plan, pred))
     ranked.sort(key=lambda r: rank_key(r, slo))
     return ServeResult(tuple(ranked), pareto(ranked), evaluated, not_fitting)

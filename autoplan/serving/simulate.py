@@ -14,7 +14,8 @@ for each of its ``attention_dp`` ranks, and the deployment ``replicas`` of them;
 are spread at random, so each scheduler sees a Poisson stream at its share of the rate
 (Poisson splitting), or its share of a closed loop's concurrency, or of an offline batch;
 a recorded trace is dealt to the schedulers in turn (round robin), and this one replays
-every ``schedulers``-th request at its recorded time.
+every ``schedulers``-th request at its recorded time. A disaggregated deployment runs its
+two pools in turn (:func:`simulate_disaggregated`).
 One scheduler is simulated and the deployment's throughput is that scheduler's times the
 number of schedulers.
 
@@ -84,6 +85,7 @@ class SimResult:
     max_running: int
     timeline: tuple[tuple[float, int, int], ...]  # (time, running sequences, tokens) samples
     steady: bool  # the queue did not grow through the run
+    index: np.ndarray  # each served request's position among the requests given (run_requests)
 
     @property
     def ttft(self) -> np.ndarray:
@@ -102,10 +104,11 @@ class SimResult:
 
 class _Req:
     __slots__ = ("i", "prompt", "done_prompt", "left", "admit", "join_iter", "finish_iter", "live",
-                 "held")
+                 "held", "cached")
 
-    def __init__(self, i: int, prompt: int, out: int):
+    def __init__(self, i: int, prompt: int, out: int, cached: bool = False):
         self.i, self.prompt = i, prompt
+        self.cached = cached  # its prompt's KV arrives computed (disaggregated decode)
         self.left = out  # tokens still to generate
         self.done_prompt = 0  # prompt tokens whose KV is computed
         self.admit = 0  # admission order
@@ -148,6 +151,20 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
         closed = min(n, max(1, round(spec.concurrency / schedulers)))
         arrival = np.full(n, np.inf)
         arrival[:closed] = 0.0
+    return run_requests(step, arrival, inputs, outputs, kv_tokens, closed=closed,
+                        open_loop=spec.kind in OPEN_LOOP, step_over_decodes=step_over_decodes)
+
+
+def run_requests(step: StepModel, arrival: np.ndarray, inputs: np.ndarray, outputs: np.ndarray,
+                 kv_tokens: int, *, closed: int = 0, open_loop: bool = False,
+                 step_over_decodes: bool = True, prefilled: bool = False) -> SimResult:
+    """The scheduler over given requests (arrival times, sorted; prompt and output lengths).
+    ``closed``: a closed loop of that many requests in flight (the rest of ``arrival``
+    unset, filled in as requests finish). ``prefilled``: the requests arrive with their
+    prompt's KV cache already computed (a decode instance of a disaggregated deployment):
+    admitting one takes its prompt's cache and no prompt compute, and it decodes from the
+    iteration it is admitted in; one preempted is recomputed like any other."""
+    n = len(arrival)
     first = np.full(n, np.nan)
     finish = np.full(n, np.nan)
 
@@ -191,7 +208,7 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
     while True:
         while next_arrival < issued and arrival[next_arrival] <= t:
             i = next_arrival
-            waiting.append(_Req(i, int(inputs[i]), int(outputs[i])))
+            waiting.append(_Req(i, int(inputs[i]), int(outputs[i]), prefilled))
             next_arrival += 1
         if not waiting and not prefilling and not decoding:
             if next_arrival >= issued:
@@ -224,6 +241,7 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
                 # recomputed later: the prompt and every token generated so far
                 victim.left = victim.finish_iter - (it - 1)
                 victim.prompt = held + 1
+                victim.cached = False
             victim.done_prompt = 0
             waiting.appendleft(victim)
         # the batch: every decode, then prompt chunks within the token budget
@@ -237,11 +255,30 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
             budget -= c
         new_kv = sum(c for _, c in chunks)
         running = n_dec + len(prefilling)
+        joined: list[_Req] = []  # admitted with their cache: decoding from this iteration
         while waiting and budget > 0 and running < max_seqs:
             r = waiting[0]
             held = r.prompt + math.ceil(reserve * r.left)
             if r.prompt > cap or held > cap:  # can never fit: refused, as engines refuse it
                 waiting.popleft()
+                continue
+            if r.cached:
+                if kv_used + new_kv + r.prompt + 1 > cap or (reserve and committed + held > cap):
+                    break
+                waiting.popleft()
+                committed += held
+                r.held, r.done_prompt = held, r.prompt
+                r.admit, r.live = admitted, True
+                admitted += 1
+                order.append(r)
+                running += 1
+                kv_used += r.prompt
+                r.join_iter, r.finish_iter = it - 1, it - 1 + r.left
+                heapq.heappush(decoding, (r.finish_iter, r.admit, r))
+                n_dec += 1
+                ctx_sum += r.prompt
+                budget -= 1
+                joined.append(r)
                 continue
             c = min(r.prompt, budget)
             if (not chunked and c < r.prompt) or kv_used + new_kv + c > cap or (
@@ -263,7 +300,7 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
                 t = max(t, float(arrival[next_arrival]))
                 continue
             break  # what waits can never be admitted
-        if not chunks and step_over_decodes:
+        if not chunks and not joined and step_over_decodes:
             # decode-only iterations change nothing but the clock, the contexts and the cache
             # until a sequence finishes, the cache fills or (with nothing queued) a request
             # arrives: step over all of them at once (their times are a closed-form sum)
@@ -301,6 +338,9 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
         ctx_sum += n_dec
         if it % sample_every == 0:
             timeline.append((t, running, tokens))
+        for r in joined:  # its first token here (the prefill instance made the one before)
+            if np.isnan(first[r.i]):
+                first[r.i] = t
         n_dec, ctx_sum, kv_used = retire(n_dec, ctx_sum, kv_used)
         for r in done_now:
             prefilling.remove(r)
@@ -324,7 +364,66 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
                      tuple(timeline),
                      # a queue that grows is a rate the deployment cannot keep up with; an
                      # offline batch queues by design and a closed loop cannot outrun itself
-                     _steady(arrival[served], first[served]) if spec.kind in OPEN_LOOP else True)
+                     _steady(arrival[served], first[served]) if open_loop else True,
+                     np.flatnonzero(served))
+
+
+def simulate_disaggregated(prefill: StepModel, decode: StepModel, workload: Workload,
+                           schedulers: tuple[int, int], kv_tokens: tuple[int, int],
+                           transfer: tuple[float, float], seed: int = 0) -> SimResult:
+    """A disaggregated deployment (``Deployment.disaggregated``): ``schedulers`` and
+    ``kv_tokens`` are the (prefill, decode) pools' per scheduler, ``transfer`` the KV hand-off
+    as (seconds, seconds per prompt token).
+
+    The deployment's requests (at most what ``schedulers[1]`` schedulers simulate each) are
+    dealt in arrival order to every prefill scheduler in turn, each run to its first token
+    (:func:`run_requests`, one output token). A request's cache reaches the decode pool its
+    transfer later; the decode schedulers are dealt the requests in that order, and one of
+    them is run on its share with the caches arriving computed (``prefilled``). Returned: that
+    share, with the first token from the prefill pool and the finish from the decode pool
+    (a one-token request finishes with its first token)."""
+    rng = np.random.default_rng(seed)
+    spec = workload.arrival
+    p_sched, d_sched = schedulers
+    longest = max(1.0, workload.output_len.ceiling)
+    per = max(1, min(MAX_SIMULATED_REQUESTS, int(MAX_SIMULATED_TOKENS // longest),
+                     int(ITERATION_BUDGET * decode.max_num_seqs // longest)))
+    n = max(1, min(workload.requests, per * d_sched))
+    if spec.kind is ArrivalKind.TRACE:
+        assert spec.trace is not None
+        arrival = np.asarray(spec.trace.arrival_s[:n], dtype=float)
+        inputs = np.asarray(spec.trace.input_len[:n], dtype=np.int64)
+        outputs = np.asarray(spec.trace.output_len[:n], dtype=np.int64)
+    else:
+        assert spec.kind in (ArrivalKind.RATE, ArrivalKind.OFFLINE), "the plan reader refuses closed loops"
+        inputs = sample_lengths(workload.input_len, n, rng)
+        outputs = sample_lengths(workload.output_len, n, rng)
+        arrival = (np.cumsum(rng.exponential(1.0 / spec.rate_rps, n)) if spec.kind is ArrivalKind.RATE
+                   else np.zeros(n))
+    open_loop = spec.kind in OPEN_LOOP
+    first = np.full(n, np.nan)
+    steady, preemptions = True, 0
+    for k in range(min(p_sched, n)):
+        mine = np.arange(k, n, p_sched)
+        run = run_requests(prefill, arrival[mine], inputs[mine], np.ones(len(mine), dtype=np.int64),
+                           kv_tokens[0], open_loop=open_loop)
+        first[mine[run.index]] = run.first_token
+        steady, preemptions = steady and run.steady, preemptions + run.preemptions
+    prefilled = ~np.isnan(first)  # the rest were refused: a prompt larger than the cache
+    handoff = first + transfer[0] + transfer[1] * inputs
+    dealt = np.flatnonzero(prefilled)[np.argsort(handoff[prefilled], kind="stable")][::d_sched]
+    one = dealt[outputs[dealt] <= 1]
+    more = dealt[outputs[dealt] > 1]
+    run = run_requests(decode, handoff[more], inputs[more], outputs[more] - 1, kv_tokens[1],
+                       open_loop=open_loop, prefilled=True)
+    done = np.concatenate([one, more[run.index]])
+    finish = np.concatenate([first[one], run.finish])
+    order = np.argsort(arrival[done], kind="stable")
+    done, finish = done[order], finish[order]
+    duration = float(finish.max() - arrival[done].min()) if len(done) else 0.0
+    return SimResult(arrival[done], first[done], finish, inputs[done], outputs[done], duration,
+                     min(run.busy_s, duration), run.iterations, preemptions + run.preemptions,
+                     run.max_running, run.timeline, steady and run.steady, done)
 
 
 def _decode_run(step: StepModel, n_dec: int, ctx: float, to_finish: int, to_full: int,

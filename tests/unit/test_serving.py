@@ -328,7 +328,7 @@ def test_what_serve_writes_evaluate_reads_back(tmp_path) -> None:
     (("engine: vllm", "engine: tgi"), "engine: expected one of vllm | sglang | trtllm"),
     (("requests: 300", "requests: 100000000"), "workload.requests: expected a value <= 1,000,000"),
     (("percentile: 90", "percentil: 90"), "slo.percentil: unknown field (did you mean 'percentile'?)"),
-    (("max_num_seqs: 64", "max_num_seqs: 64, disaggregated: {}"), "deployment.disaggregated: prefill/decode"),
+    (("max_num_seqs: 64", "max_num_seqs: 64, disaggregated: {}"), "deployment.tp: with disaggregated"),
     (("max_num_seqs: 64", "max_num_seqs: 64, max_batched_tokens: 32"),
      "deployment.max_batched_tokens: must be at least max_num_seqs (64), got 32"),
 ])
@@ -824,3 +824,101 @@ def test_a_trace_plan_reads_back_from_anywhere_and_refuses_lengths_beside_it(tmp
     out.write_text(text)
     result = autoplan("evaluate", out)
     assert result.returncode == 2 and "workload.input_len: the arrival trace gives" in result.stderr
+
+
+# --------------------------------------------------------------------------- P/D disaggregation
+
+def _split(prefill: tuple[int, int], decode: tuple[int, int]) -> Deployment:
+    from autoplan.serving.deployment import Disaggregated, Pool
+
+    return Deployment(replicas=decode[0], tp=decode[1],
+                      disaggregated=Disaggregated(Pool(*prefill), Pool(*decode)))
+
+
+def test_a_prefilled_request_decodes_without_computing_its_prompt() -> None:
+    from autoplan.serving.simulate import run_requests
+
+    step = StepModel(L70, H8, Deployment(replicas=1, tp=8), Engine.VLLM)
+    one = (np.zeros(1), np.array([4096]), np.array([65]))
+    cold = run_requests(step, *one, 100_000)
+    warm = run_requests(step, *one, 100_000, prefilled=True)
+    decode = step.step_seconds(1, 1, 4096.0, 0.0, 0.0, 1)  # one sequence's decode iteration
+    # 65 tokens: the cold run's first comes with its prefill, the warm run decodes all 65
+    assert warm.finish[0] == pytest.approx(65 * decode, rel=0.02)
+    assert cold.finish[0] - cold.first_token[0] == pytest.approx(64 * decode, rel=0.02)
+    assert cold.first_token[0] > 5 * decode  # a 4096-token prefill is no decode step
+
+
+def test_the_kv_hand_off_moves_every_layers_cache_over_the_pools_link() -> None:
+    from autoplan.serving.cost import kv_transfer
+
+    d = _split((1, 4), (1, 4))
+    latency, per_token = kv_transfer(L70, H8, d)
+    link = H8.intra_node  # both pools on one NVLink domain
+    # llama3-70b: 80 layers x K and V x 8 KV heads x 128 channels x 2 bytes
+    assert per_token == pytest.approx(80 * 2 * 8 * 128 * 2 / (4 * link.effective_Bps))
+    assert latency == link.latency_s
+    two_nodes = with_gpus(resolve_cluster("dgx-h100"), 16)
+    wide = _split((1, 8), (1, 8))
+    assert kv_transfer(L70, two_nodes, wide)[1] == pytest.approx(
+        80 * 2 * 8 * 128 * 2 / (8 * two_nodes.inter_node.effective_Bps))
+
+
+def test_disaggregation_keeps_prefills_out_of_the_decode_iterations() -> None:
+    w = Workload(Lengths(4096.0), Lengths(256.0), Arrival(ArrivalKind.RATE, rate_rps=3.0), 400)
+    mixed = evaluate_serving(ServingPlan(L70, H8, Engine.VLLM, Deployment(replicas=2, tp=4), w, Slo()))
+    split = evaluate_serving(ServingPlan(L70, H8, Engine.VLLM, _split((1, 4), (1, 4)), w, Slo()))
+    assert split.fits and split.prefill_pool is not None and split.simulated_requests > 300
+    assert split.tpot_ms.p50 < 0.9 * mixed.tpot_ms.p50  # no prompt chunk shares a decode step
+    assert split.ttft_ms.p50 > mixed.ttft_ms.p50  # one prefill instance instead of two
+    assert split.steady and split.output_tokens_per_s == pytest.approx(mixed.output_tokens_per_s, rel=0.05)
+
+
+def test_one_token_requests_finish_in_the_prefill_pool() -> None:
+    w = Workload(Lengths(512.0), Lengths(1.0), Arrival(ArrivalKind.OFFLINE), 64)
+    pred = evaluate_serving(ServingPlan(L70, H8, Engine.VLLM, _split((1, 4), (1, 4)), w, Slo()))
+    assert pred.simulated_requests == 64 and pred.e2e_ms.mean == pytest.approx(pred.ttft_ms.mean)
+
+
+def test_a_disaggregated_plan_is_read_written_and_refused_where_it_cannot_run(tmp_path) -> None:
+    dep = "{disaggregated: {prefill: {replicas: 2, tp: 2}, decode: {replicas: 1, tp: 4}}}"
+    path = _export_plan(tmp_path, "vllm", dep)
+    good = path.read_text()
+    result = autoplan("evaluate", path, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)["plans"][0]
+    assert doc["deployment"]["disaggregated"] == {"prefill": {"replicas": 2, "tp": 2},
+                                                  "decode": {"replicas": 1, "tp": 4}}
+    assert "kv_transfer_ms_mean" in doc["prediction"]["prefill_pool"]
+    text = autoplan("evaluate", path)
+    assert "disaggregated: prefill pool 2x tp2" in text.stdout.replace("\n", " ")
+    export = autoplan("export", path, "--to", "vllm")
+    assert export.returncode == 2 and "deployment.disaggregated: --to vllm" in export.stderr
+    for bad, message in (
+            ("{tp: 4, disaggregated: {prefill: {tp: 4}, decode: {tp: 4}}}",
+             "deployment.tp: with disaggregated, each pool gives its own"),
+            ("{disaggregated: {prefill: {tp: 3}, decode: {tp: 4}, }}", "must divide llama3-70b's 64"),
+            ("{disaggregated: {prefill: {tp: 4}}}", "deployment.disaggregated.decode: missing"),
+    ):
+        wrong = _export_plan(tmp_path, "vllm", bad)
+        refused = autoplan("evaluate", wrong)
+        assert refused.returncode == 2 and message in refused.stderr, refused.stderr
+    closed = good.replace("arrival: {rate_rps: 3.0}", "arrival: {concurrency: 8}")
+    (tmp_path / "closed.yaml").write_text(closed)
+    refused = autoplan("evaluate", tmp_path / "closed.yaml")
+    assert refused.returncode == 2 and "a closed loop over a disaggregated deployment" in refused.stderr
+
+
+def test_serve_tries_disaggregated_deployments_when_asked(tmp_path) -> None:
+    out = tmp_path / "best.yaml"
+    base = ("serve", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "8", "--input-len", "2048",
+            "--output-len", "256", "--rate", "6", "--ttft-slo", "2000", "--tpot-slo", "30")
+    plain = json.loads(autoplan(*base, "--format", "json").stdout)["plans"]
+    result = autoplan(*base, "--disaggregated", "--format", "json", "--out", out)
+    assert result.returncode == 0, result.stderr
+    plans = json.loads(result.stdout)["plans"]
+    assert not any("disaggregated" in p["deployment"] for p in plain)
+    assert "disaggregated" in plans[0]["deployment"] and plans[0]["prediction"]["meets_slo"]
+    assert autoplan("evaluate", out).returncode == 0
+    loop = autoplan(*base[:-6], "--concurrency", "8", "--disaggregated")
+    assert loop.returncode == 2 and "--disaggregated: a closed loop" in loop.stderr
