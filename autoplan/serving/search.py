@@ -117,15 +117,23 @@ def deployments(model: Model, cluster: Cluster, gpus: int, engine: Engine,
                                              attention_dp=adp, weights=w, kv_cache=kv)
 
 
+SPLIT_STEPS = 16  # prefill shares of the GPUs tried on large clusters: k/16
+
+
 def disaggregated_deployments(model: Model, cluster: Cluster, gpus: int, weights: Sequence[Precision],
                               kv_caches: Sequence[Precision]) -> Iterator[Deployment]:
-    """Every split of ``gpus`` into a prefill pool and a decode pool, each of replicas of one
-    TP degree (within an NVLink domain, dividing the attention heads): the prefill pool's
-    instances first."""
+    """Splits of ``gpus`` into a prefill pool and a decode pool, each of replicas of one TP
+    degree (within an NVLink domain, dividing the attention heads): every split where the
+    prefill pool has at most SPLIT_STEPS instances' worth of choices, else the prefill
+    shares nearest k/SPLIT_STEPS of the GPUs (a bounded search on large clusters)."""
     domain = min(cluster.nvlink_domain, cluster.gpus)
     tps = [t for t in _divisors_pow2(domain, domain) if model.heads % t == 0]
     for tp_p in tps:
-        for n_p in range(tp_p, gpus, tp_p):
+        sizes: Sequence[int] = range(tp_p, gpus, tp_p)
+        if len(sizes) > SPLIT_STEPS:
+            sizes = sorted({max(tp_p, min(gpus - 1, round(gpus * k / SPLIT_STEPS / tp_p) * tp_p))
+                            for k in range(1, SPLIT_STEPS)} - {gpus})
+        for n_p in sizes:
             for tp_d in tps:
                 n_d = gpus - n_p
                 if n_d % tp_d:

@@ -922,3 +922,18 @@ def test_serve_tries_disaggregated_deployments_when_asked(tmp_path) -> None:
     assert autoplan("evaluate", out).returncode == 0
     loop = autoplan(*base[:-6], "--concurrency", "8", "--disaggregated")
     assert loop.returncode == 2 and "--disaggregated: a closed loop" in loop.stderr
+
+
+def test_the_disaggregated_splits_cover_small_clusters_and_stay_bounded_on_large_ones() -> None:
+    from autoplan.serving.search import SPLIT_STEPS, disaggregated_deployments
+
+    l8 = resolve_model("llama3-8b")
+    for gpus in (8, 64, 1024):
+        c = with_gpus(resolve_cluster("dgx-h100"), gpus)
+        splits = list(disaggregated_deployments(l8, c, gpus, [Precision.BF16], [Precision.BF16]))
+        assert all(d.gpus == gpus and d.disaggregated is not None for d in splits)
+        assert len(splits) == len({d.label() for d in splits})  # each split once
+        prefill = {d.disaggregated.prefill.gpus for d in splits if d.disaggregated is not None}
+        if gpus == 8:  # every split: 1..7 GPUs for prefill
+            assert prefill == set(range(1, 8))
+        assert len(prefill) < SPLIT_STEPS and len(splits) <= SPLIT_STEPS * 4 * 4
