@@ -393,8 +393,9 @@ def serve(
         "--price", help="USD per GPU-hour for the cost per million tokens (default: the device "
                         "file's price_per_gpu_hour).")] = None,
     disaggregated: Annotated[bool, typer.Option(
-        "--disaggregated", help="Also try prefill/decode disaggregated deployments: every split of "
-                                "the GPUs into a prefill pool and a decode pool.")] = False,
+        "--disaggregated", help="Also try prefill/decode disaggregated deployments: splits of the "
+                                "GPUs into a prefill pool and a decode pool (every one on a small "
+                                "cluster, prefill shares of k/16 on a large one).")] = False,
     top: Annotated[int, typer.Option("--top", "-k", min=1, help="How many plans to show.")] = 10,
     out_path: Annotated[Path | None, typer.Option("--out", "-o", help="Write the best plan here.")] = None,
     fmt: FormatOpt = Format.table,
