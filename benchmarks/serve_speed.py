@@ -18,8 +18,13 @@ from autoplan.serving.deployment import Arrival, ArrivalKind, Engine, Lengths, S
 from autoplan.serving.search import serve_search
 
 CASES = [
-    # (model, cluster, gpus, input, output, arrival, engine, ttft ms, tpot ms)
+    # (model, cluster, gpus, input, output, arrival, engine, ttft ms, tpot ms[, disaggregated])
     ("llama3-70b", "dgx-h100", 8, 2048, 256, Arrival(ArrivalKind.RATE, rate_rps=6.0), Engine.VLLM, 2000, 50),
+    # the same with a tight TPOT, prefill/decode splits tried too (serve --disaggregated)
+    ("llama3-70b", "dgx-h100", 8, 2048, 256, Arrival(ArrivalKind.RATE, rate_rps=6.0), Engine.VLLM, 2000, 30,
+     True),
+    ("llama3-8b", "dgx-h100", 64, 2048, 256, Arrival(ArrivalKind.RATE, rate_rps=100.0), Engine.VLLM, None,
+     30, True),
     ("llama3-8b", "dgx-h100", 8, 1024, 512, Arrival(ArrivalKind.CONCURRENCY, concurrency=256),
      Engine.SGLANG, None, None),
     ("mixtral-8x7b", "dgx-a100", 8, 512, 512, Arrival(ArrivalKind.OFFLINE), Engine.TRTLLM, None, None),
@@ -34,17 +39,17 @@ def main() -> None:
     args = parser.parse_args()
     print(f"python {platform.python_version()}, best of {args.repeat}")
     print(f"{'model':<13} {'GPUs':>4} {'engine':<7} {'workload':<22} {'simulated':>9} {'seconds':>8}  best")
-    for name, cluster, gpus, inp, out, arrival, engine, ttft, tpot in CASES:
+    for name, cluster, gpus, inp, out, arrival, engine, ttft, tpot, *split in CASES:
         model = resolve_model(name)
         c = with_gpus(resolve_cluster(cluster), gpus)
         workload = Workload(Lengths(float(inp)), Lengths(float(out)), arrival, 1000)
         best = float("inf")
         for _ in range(args.repeat):
             t0 = time.perf_counter()
-            result = serve_search(model, c, engine, workload, Slo(ttft, tpot))
+            result = serve_search(model, c, engine, workload, Slo(ttft, tpot), disaggregated=bool(split))
             best = min(best, time.perf_counter() - t0)
         top = result.plans[0].plan.deployment.label() if result.plans else "nothing fits"
-        shown = f"{inp}/{out} {arrival.label()}"
+        shown = f"{inp}/{out} {arrival.label()}" + (" P/D" if split else "")
         print(f"{name:<13} {gpus:>4} {engine.value:<7} {shown:<22} {result.evaluated:>9} {best:>8.2f}  {top}")
 
 

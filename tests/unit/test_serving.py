@@ -937,3 +937,33 @@ def test_the_disaggregated_splits_cover_small_clusters_and_stay_bounded_on_large
         if gpus == 8:  # every split: 1..7 GPUs for prefill
             assert prefill == set(range(1, 8))
         assert len(prefill) < SPLIT_STEPS and len(splits) <= SPLIT_STEPS * 4 * 4
+
+
+def test_any_trace_text_reads_or_is_refused_as_input() -> None:
+    # whatever a file holds, the reader returns a trace or an input error (no other exception)
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from autoplan.serving.planfile import _parse_trace
+
+    cell = st.one_of(st.text(max_size=8), st.integers(-5, 10**7).map(str),
+                     st.floats(allow_nan=True, allow_infinity=True).map(str))
+    rows = st.lists(st.lists(cell, max_size=5).map(",".join), max_size=8)
+    header = st.sampled_from(["arrival_s,input_len,output_len", "input_len,arrival_s,output_len,x",
+                              "arrival_s,input_len", ""])
+
+    csv_like = st.tuples(header, rows).map(lambda hr: "\n".join([hr[0], *hr[1]]))
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.one_of(st.text(max_size=200), csv_like))
+    def check(text: str) -> None:
+        try:
+            trace = _parse_trace(text, "t.csv")
+        except InputError as err:
+            assert all(p.source == "t.csv" for p in err.problems)
+            return
+        assert len(trace) >= 1 and trace.arrival_s[0] == 0.0
+        assert list(trace.arrival_s) == sorted(trace.arrival_s)
+        assert min(trace.input_len) >= 1 and min(trace.output_len) >= 1
+
+    check()
