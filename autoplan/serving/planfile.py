@@ -53,9 +53,10 @@ MAX_TRACE_PROBLEMS = 10  # then stop reading: the rest is likely the same mistak
 def read_trace(ref: Any, source: str, field: str) -> Trace:
     """An arrival trace: a CSV file with a header naming ``arrival_s`` (seconds, any
     origin), ``input_len`` and ``output_len`` (tokens), other columns ignored, one request
-    per row. ``ref`` is relative to the folder of ``source`` where that is a file (a plan or
-    job file), else to the working directory. Rows are sorted by arrival and shifted so the
-    first arrives at 0. Every problem names the file, row and column."""
+    per row. ``ref`` is relative to the folder of ``source`` (a plan or job file), or to the
+    working directory where ``source`` is a command-line flag (``--trace``). Rows are
+    sorted by arrival and shifted so the first arrives at 0. Every problem names the file,
+    row and column."""
     if not isinstance(ref, str) or not ref.strip():
         raise InputError.single(source, field, "expected the path of a CSV file with columns "
                                                f"{', '.join(TRACE_COLUMNS)}")
