@@ -188,6 +188,7 @@ def builtin_model_matches(model: Model) -> bool:
     return resolve_model(model.name) == model
 
 
+@cache
 def builtin_node_cluster(device_name: str) -> Cluster | None:
     """The built-in cluster of ``device_name`` devices with the most GPUs per node (name order
     breaks ties), or None where no built-in cluster has them."""

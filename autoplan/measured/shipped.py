@@ -43,7 +43,7 @@ def shipped_profile(device_name: str) -> Profile | None:
     folder = resources.profiles_dir() / MEASURED_DIR
     if not folder.is_dir():
         return None
-    paths = sorted(p for p in folder.iterdir() if p.suffix == ".csv" and p.is_file())
-    found = [_read_shipped(p, p.stat().st_mtime_ns) for p in paths
-             if _descriptor(p, p.stat().st_mtime_ns) == device_name]
+    stamped = [(p, p.stat().st_mtime_ns) for p in sorted(folder.iterdir())
+               if p.suffix == ".csv" and p.is_file()]
+    found = [_read_shipped(p, mtime) for p, mtime in stamped if _descriptor(p, mtime) == device_name]
     return max(found, key=lambda p: (p.meta.get("date", ""), p.source)) if found else None

@@ -148,11 +148,16 @@ def evaluate_serving(plan: ServingPlan, seed: int = 0) -> ServingPrediction:
     kv = step.kv_tokens(mem) // d.pp
     sched = schedulers_of(d)
     if not fits or kv <= 0:
-        empty = Latency(0.0, 0.0, 0.0, 0.0)
-        return ServingPrediction(empty, empty, empty, 0.0, 0.0, 0.0, 0.0, False, 0.0, 0.0, mem,
-                                 max(0, kv), 0, sched, False, True, 0, 0, ())
+        return _unfit(mem, kv, sched)
     sim = simulate(step, plan.workload, sched, kv, seed)
     return _prediction(plan, sim, mem, kv, sched, fits)
+
+
+def _unfit(mem: Memory, kv: int, schedulers: int) -> ServingPrediction:
+    """The prediction of a deployment with no room for its KV cache: its memory, nothing served."""
+    empty = Latency(0.0, 0.0, 0.0, 0.0)
+    return ServingPrediction(empty, empty, empty, 0.0, 0.0, 0.0, 0.0, False, 0.0, 0.0, mem,
+                             max(0, kv), 0, schedulers, False, True, 0, 0, ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,18 +176,16 @@ def _evaluate_disaggregated(plan: ServingPlan, seed: int) -> ServingPrediction:
     (:func:`autoplan.serving.simulate.simulate_disaggregated`); each pool's memory and KV
     cache are its own instances'."""
     d = plan.deployment
-    steps = [StepModel(plan.model, plan.cluster, d.pool(side), plan.engine) for side in ("prefill", "decode")]
+    pools = [d.pool("prefill"), d.pool("decode")]
+    steps = [StepModel(plan.model, plan.cluster, pool, plan.engine) for pool in pools]
     mems = [step.memory() for step in steps]
     kvs = [step.kv_tokens(mem) for step, mem in zip(steps, mems, strict=True)]
-    scheds = (schedulers_of(d.pool("prefill")), schedulers_of(d.pool("decode")))
+    scheds = (schedulers_of(pools[0]), schedulers_of(pools[1]))
     fits = all(m.peak <= plan.cluster.device.mem_bytes and m.kv_cache > 0 and kv > 0
                for m, kv in zip(mems, kvs, strict=True))
-    transfer = kv_transfer(plan.model, plan.cluster, d)
-    mem = max(mems, key=lambda m: m.peak) if not fits else mems[1]
     if not fits:
-        empty = Latency(0.0, 0.0, 0.0, 0.0)
-        return ServingPrediction(empty, empty, empty, 0.0, 0.0, 0.0, 0.0, False, 0.0, 0.0, mem,
-                                 max(0, kvs[1]), 0, scheds[1], False, True, 0, 0, ())
+        return _unfit(max(mems, key=lambda m: m.peak), kvs[1], scheds[1])
+    transfer = kv_transfer(plan.model, plan.cluster, d)
     sim = simulate_disaggregated(steps[0], steps[1], plan.workload, scheds, (kvs[0], kvs[1]), transfer, seed)
     pred = _prediction(plan, sim, mems[1], kvs[1], scheds[1], fits)
     moved = 1e3 * (transfer[0] + transfer[1] * float(sim.input_len.mean())) if len(sim.input_len) else 0.0

@@ -125,12 +125,24 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
     aside, larger than the cache) are refused, as engines refuse them, and left out.
     ``step_over_decodes``: take runs of decode-only iterations at once (the same result,
     to rounding; False steps through each, for tests)."""
-    rng = np.random.default_rng(seed)
-    spec = workload.arrival
+    n = min(simulated_per_scheduler(step, workload), math.ceil(workload.requests / schedulers))
+    arrival, inputs, outputs, closed = _requests(workload, schedulers, n, np.random.default_rng(seed))
+    return run_requests(step, arrival, inputs, outputs, kv_tokens, closed=closed,
+                        open_loop=workload.arrival.kind in OPEN_LOOP, step_over_decodes=step_over_decodes)
+
+
+def simulated_per_scheduler(step: StepModel, workload: Workload) -> int:
+    """Requests one scheduler's simulation takes at most (the bounds above)."""
     longest = max(1.0, workload.output_len.ceiling)
-    n = max(1, min(MAX_SIMULATED_REQUESTS, math.ceil(workload.requests / schedulers),
-                   int(MAX_SIMULATED_TOKENS // longest),
-                   int(ITERATION_BUDGET * step.max_num_seqs // longest)))
+    return max(1, min(MAX_SIMULATED_REQUESTS, int(MAX_SIMULATED_TOKENS // longest),
+                      int(ITERATION_BUDGET * step.max_num_seqs // longest)))
+
+
+def _requests(workload: Workload, schedulers: int, n: int, rng: np.random.Generator
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(arrival, prompt lengths, output lengths, closed loop) of the ``n`` requests one of
+    ``schedulers`` schedulers sees (``schedulers`` 1: the whole deployment's stream)."""
+    spec = workload.arrival
     if spec.kind is ArrivalKind.TRACE:
         # a router deals the recorded requests to the schedulers in turn: this one gets
         # every ``schedulers``-th of the workload's first ``requests``
@@ -139,11 +151,10 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
         arrival = np.asarray(spec.trace.arrival_s[mine], dtype=float)[:n]
         inputs = np.asarray(spec.trace.input_len[mine], dtype=np.int64)[:n]
         outputs = np.asarray(spec.trace.output_len[mine], dtype=np.int64)[:n]
-        n = len(arrival)
-    else:
-        inputs = sample_lengths(workload.input_len, n, rng)
-        outputs = sample_lengths(workload.output_len, n, rng)
-        arrival = np.zeros(n)
+        return arrival, inputs, outputs, 0
+    inputs = sample_lengths(workload.input_len, n, rng)
+    outputs = sample_lengths(workload.output_len, n, rng)
+    arrival = np.zeros(n)
     closed = 0
     if spec.kind is ArrivalKind.RATE:
         arrival = np.cumsum(rng.exponential(schedulers / spec.rate_rps, n))
@@ -151,8 +162,7 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
         closed = min(n, max(1, round(spec.concurrency / schedulers)))
         arrival = np.full(n, np.inf)
         arrival[:closed] = 0.0
-    return run_requests(step, arrival, inputs, outputs, kv_tokens, closed=closed,
-                        open_loop=spec.kind in OPEN_LOOP, step_over_decodes=step_over_decodes)
+    return arrival, inputs, outputs, closed
 
 
 def run_requests(step: StepModel, arrival: np.ndarray, inputs: np.ndarray, outputs: np.ndarray,
@@ -382,25 +392,11 @@ def simulate_disaggregated(prefill: StepModel, decode: StepModel, workload: Work
     them is run on its share with the caches arriving computed (``prefilled``). Returned: that
     share, with the first token from the prefill pool and the finish from the decode pool
     (a one-token request finishes with its first token)."""
-    rng = np.random.default_rng(seed)
-    spec = workload.arrival
+    assert workload.arrival.kind is not ArrivalKind.CONCURRENCY, "the plan reader refuses closed loops"
     p_sched, d_sched = schedulers
-    longest = max(1.0, workload.output_len.ceiling)
-    per = max(1, min(MAX_SIMULATED_REQUESTS, int(MAX_SIMULATED_TOKENS // longest),
-                     int(ITERATION_BUDGET * decode.max_num_seqs // longest)))
-    n = max(1, min(workload.requests, per * d_sched))
-    if spec.kind is ArrivalKind.TRACE:
-        assert spec.trace is not None
-        arrival = np.asarray(spec.trace.arrival_s[:n], dtype=float)
-        inputs = np.asarray(spec.trace.input_len[:n], dtype=np.int64)
-        outputs = np.asarray(spec.trace.output_len[:n], dtype=np.int64)
-    else:
-        assert spec.kind in (ArrivalKind.RATE, ArrivalKind.OFFLINE), "the plan reader refuses closed loops"
-        inputs = sample_lengths(workload.input_len, n, rng)
-        outputs = sample_lengths(workload.output_len, n, rng)
-        arrival = (np.cumsum(rng.exponential(1.0 / spec.rate_rps, n)) if spec.kind is ArrivalKind.RATE
-                   else np.zeros(n))
-    open_loop = spec.kind in OPEN_LOOP
+    n = min(workload.requests, simulated_per_scheduler(decode, workload) * d_sched)
+    arrival, inputs, outputs, _ = _requests(workload, 1, n, np.random.default_rng(seed))
+    open_loop = workload.arrival.kind in OPEN_LOOP
     first = np.full(n, np.nan)
     steady, preemptions = True, 0
     for k in range(min(p_sched, n)):
