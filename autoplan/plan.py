@@ -18,7 +18,7 @@ from autoplan.parallel.pipeline_layout import Chunk
 from autoplan.parallel.pp import chunk_stage_layers, uniform_stages
 from autoplan.parallel.rules import plan_problems
 from autoplan.units import GiB
-from autoplan.vocab import CpComm, Recompute, Schedule, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, Schedule, ZeroStage
 
 SCHEMA_VERSION = 1
 
@@ -76,6 +76,7 @@ class Plan:
     chunks: tuple[Chunk, ...] | None = None
     cp_comm: CpComm = CpComm.RING
     stack: Stack = field(default_factory=default_stack)  # the software it runs on
+    offload: Offload = NO_OFFLOAD  # what it keeps in host memory (cost/offload.py)
     # plans key every memoized cost: hashed on first use, then remembered (frozen fields)
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
@@ -84,7 +85,7 @@ class Plan:
             object.__setattr__(self, "_hash", hash((
                 self.model, self.cluster, self.job, self.layout, self.micro_batch, self.schedule,
                 self.recompute, self.zero, self.sequence_parallel, self.stages, self.chunks,
-                self.cp_comm, self.stack)) or 1)
+                self.cp_comm, self.stack, self.offload)) or 1)
         return self._hash
 
     def replace(self, **changes: Any) -> Plan:
@@ -142,6 +143,8 @@ class Plan:
                 out["pipeline_layout"] = pipeline_layout.render_layout(self.chunks)
         elif self.stages is not None or len(set(self.stage_layers)) > 1:
             out["stages"] = list(self.stage_layers)  # uneven splits are written out
+        if self.offload.any:
+            out["offload"] = self.offload.to_dict()
         if self.stack != default_stack():
             out["stack"] = self.stack.name if builtin_stack else self.stack.to_dict()
         return out
@@ -158,19 +161,25 @@ class Memory:
     optimizer: float
     activations: float
     other: float
+    # what this GPU's offload keeps in host memory (not part of the peak): its optimizer
+    # shard and its offloaded activations (cost/offload.py)
+    host: float = 0.0
 
     @property
     def peak(self) -> float:
         return self.weights + self.grads + self.optimizer + self.activations + self.other
 
     def to_gib_dict(self) -> dict[str, float]:
-        return {"peak": self.peak / GiB, "weights": self.weights / GiB, "grads": self.grads / GiB,
-                "optimizer": self.optimizer / GiB, "activations": self.activations / GiB,
-                "other": self.other / GiB}
+        out = {"peak": self.peak / GiB, "weights": self.weights / GiB, "grads": self.grads / GiB,
+               "optimizer": self.optimizer / GiB, "activations": self.activations / GiB,
+               "other": self.other / GiB}
+        if self.host:
+            out["host"] = self.host / GiB
+        return out
 
 
 TIME_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
-              "bubble", "optimizer", "overhead")
+              "bubble", "optimizer", "offload", "overhead")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -186,6 +195,8 @@ class TimeBreakdown:
     dp_comm: float = 0.0
     bubble: float = 0.0
     optimizer: float = 0.0
+    # the offloaded optimizer step (copies and CPU Adam) and activation copies left exposed
+    offload: float = 0.0
     overhead: float = 0.0  # the stack's per-step host costs and memory pressure
 
     @property
@@ -223,6 +234,8 @@ class Prediction:
     capacity_bytes: float
     reason: str = ""  # why infeasible
     uncertainty: Uncertainty | None = None  # with a measured profile only
+    # host memory the plan's offload takes on each node (every GPU of a node as its fullest)
+    host_memory_bytes_per_node: float = 0.0
 
     @property
     def headroom_bytes(self) -> float:
@@ -239,6 +252,7 @@ class Prediction:
             "memory_gib": self.memory.to_gib_dict(),
             "memory_gib_per_stage": [m.to_gib_dict() for m in self.memory_per_stage],
             "capacity_gib": self.capacity_bytes / GiB,
+            "host_memory_gib_per_node": self.host_memory_bytes_per_node / GiB,
             "breakdown_s": self.breakdown.to_dict(),
         }
         if self.reason:
@@ -307,6 +321,7 @@ def read_plan(data: Any, source: str, path: str = "") -> Plan:
         zero=f.enum("zero", ZeroStage, ZeroStage.NONE),
         sequence_parallel=f.bool("sequence_parallel", False),
         cp_comm=f.enum("cp_comm", CpComm, CpComm.RING),
+        offload=_read_offload(f),
     )
     stages, chunks = _read_split(f, layout_values["pp"], layout_values["vpp"], model)
     f.raw("prediction", {})  # written by search/evaluate, ignored on input
@@ -322,6 +337,17 @@ def read_plan(data: Any, source: str, path: str = "") -> Plan:
     if rule_problems:
         raise InputError(rule_problems)
     return plan
+
+
+def _read_offload(f: Fields) -> Offload:
+    """``offload: {optimizer: true, activations: 0.5}`` (both optional)."""
+    if f.raw("offload", None) is None:
+        return NO_OFFLOAD
+    of = f.child("offload", f.raw("offload"))
+    optimizer = of.bool("optimizer", False)
+    activations = of.float("activations", 0.0, min=0.0, max=1.0)
+    of.close()
+    return Offload(optimizer=bool(optimizer), activations=activations or 0.0)
 
 
 def _read_split(f: Fields, pp: int | None, vpp: int | None, model: Model | None

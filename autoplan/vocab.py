@@ -7,6 +7,7 @@ on TP and the ZeRO stage a property of DP, as in torchtitan's ParallelDims.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 
 class Axis(str, enum.Enum):
@@ -108,6 +109,40 @@ class ZeroStage(int, enum.Enum):
     """Optimizer states and gradients sharded."""
     PARAMETERS = 3
     """Optimizer states, gradients and parameters sharded (FSDP full shard)."""
+
+
+class OffloadOverlap(str, enum.Enum):
+    """How a stack overlaps an offloaded optimizer step's three parts: the gradients'
+    copy to the host, the CPU optimizer step and the updated weights' copy back."""
+
+    NONE = "none"
+    """One after another, after the backward."""
+    BACKWARD = "backward"
+    """Gradients stream to the host during the backward (ZeRO-Offload, Ren et al. 2021,
+    Sec. 4.1: the swap overlaps the backward); the CPU step and the copy back follow."""
+    PIPELINED = "pipelined"
+    """Copies and CPU step overlap in chunks (Megatron-Core's HybridDeviceOptimizer with
+    --overlap-cpu-optimizer-d2h-h2d): the slowest of the three sets the pace."""
+
+
+@dataclass(frozen=True, slots=True)
+class Offload:
+    """What a plan moves to host memory: the optimizer states with the fp32 master weights
+    (ZeRO-Offload; Megatron-Core's --optimizer-cpu-offload), and a fraction of the
+    activations the pipeline holds for later backwards (PipeOffload, Wan et al. 2025)."""
+
+    optimizer: bool = False
+    activations: float = 0.0  # 0.0..1.0
+
+    @property
+    def any(self) -> bool:
+        return self.optimizer or self.activations > 0
+
+    def to_dict(self) -> dict[str, bool | float]:
+        return {"optimizer": self.optimizer, "activations": self.activations}
+
+
+NO_OFFLOAD = Offload()
 
 
 class Dtype(str, enum.Enum):

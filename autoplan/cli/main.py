@@ -22,7 +22,7 @@ from autoplan.cli import files, output, render
 from autoplan.errors import AutoplanError, InputError, Problem
 from autoplan.plan import Plan, Prediction
 from autoplan.units import GiB, MiB
-from autoplan.vocab import Dtype
+from autoplan.vocab import NO_OFFLOAD, Dtype
 from autoplan.whatif.economics import Objective
 
 if TYPE_CHECKING:
@@ -132,6 +132,9 @@ def search(
         "--budget", help="With --train-tokens: keep plans that cost at most USD.")] = None,
     plot: Annotated[Path | None, typer.Option(
         "--plot", help="With --train-tokens: draw the front (days against dollars) to FILE.svg.")] = None,
+    no_offload: Annotated[bool, typer.Option(
+        "--no-offload", help="Keep optimizer states and activations on the GPUs (the space "
+                             "may otherwise offload them to host memory).")] = False,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Rank the plans that fit: exit 0 found, 1 none fits, 2 bad input."""
@@ -153,6 +156,8 @@ def search(
                         gpus=None if counts is None else counts[0] if len(counts) == 1 else counts,
                         global_batch=global_batch, seq_len=seq_len, dtype=dtype, space=space,
                         moe_imbalance=moe_imbalance, profile=profile, stack=stack)
+    if no_offload:
+        req = dataclasses.replace(req, space=dataclasses.replace(req.space, offload=(NO_OFFLOAD,)))
     if whatif is None and len(req.clusters) > 1:
         raise InputError.single("--gpus", "", "a sweep over GPU counts answers how long and how "
                                               "much: give --train-tokens too")

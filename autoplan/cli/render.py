@@ -53,10 +53,12 @@ def plans_table(rows: list[tuple[Plan, Prediction]], title: str, show_gpus: bool
                                     "step the pipeline idles; comm s: communication left exposed")
                         if c)
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    offloads = any(plan.offload.any for plan, _ in rows)  # the column only where one does
     for name, justify in (("#", "right"), *((("GPUs", "right"),) if show_gpus else ()),
                           ("layout", "left"), ("mbs", "right"), ("micro", "right"),
                           ("schedule", "left"), ("recompute", "left"), ("zero", "right"),
-                          ("sp", "left"), ("step s", "right"), ("bubble", "right"),
+                          ("sp", "left"), *((("offload", "left"),) if offloads else ()),
+                          ("step s", "right"), ("bubble", "right"),
                           ("comm s", "right"), ("tokens/s", "right"),
                           ("MFU", "right"), ("peak GiB", "right"), ("headroom", "right")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
@@ -66,12 +68,20 @@ def plans_table(rows: list[tuple[Plan, Prediction]], title: str, show_gpus: bool
             layout_text(plan), str(plan.micro_batch), str(plan.num_microbatches),
             plan.schedule.value,
             plan.recompute.value, str(int(plan.zero)), "yes" if plan.sequence_parallel else "no",
+            *((offload_text(plan),) if offloads else ()),
             f"{pred.step_time_s:.3f}", f"{pred.breakdown.bubble / pred.step_time_s:.1%}",
             f"{exposed_comm(pred):.3f}", f"{pred.tokens_per_s:,.0f}", f"{pred.mfu:.1%}",
             f"{pred.memory.peak / GiB:.1f}",
             f"{pred.headroom_bytes / GiB:.1f}" if pred.feasible else "[red]OOM[/red]",
         )
     return table
+
+
+def offload_text(plan: Plan) -> str:
+    """What the plan keeps in host memory: ``optimizer``, ``act 50%``, both, or ``-``."""
+    parts = (["optimizer"] if plan.offload.optimizer else []) + (
+        [f"act {plan.offload.activations:.0%}"] if plan.offload.activations else [])
+    return " + ".join(parts) or "-"
 
 
 def headroom_note(headroom_bytes: float, default: bool) -> str:

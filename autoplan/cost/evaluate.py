@@ -3,17 +3,19 @@ pipeline, the data-parallel gradient sync, the optimizer step and memory per sta
 
 from __future__ import annotations
 
-from autoplan.cost import flops
+from autoplan.cost import flops, offload
 from autoplan.cost.stage import (
     StageWork,
     chunk_work,
     memory_shortfall,
+    offloaded_chunk_bytes,
     stage_memory,
     stage_work,
 )
 from autoplan.parallel import dp, mesh
 from autoplan.plan import Plan, Prediction, TimeBreakdown
 from autoplan.schedules.simulator import SimResult, simulate, simulate_exact
+from autoplan.units import GiB
 from autoplan.vocab import Axis, Recompute
 
 
@@ -55,8 +57,9 @@ def evaluate(plan: Plan) -> Prediction:
     sim = simulate(plan.schedule, *plan_durations(plan, works), m, v,
                    per_chunk=plan.chunks is not None)
     dp_exposed = dp.grad_sync_exposed(plan, mesh.groups(plan), works, sim.makespan, sim.finish)
-    optimizer = dp.optimizer_seconds(plan, works)
-    step = sim.makespan + dp_exposed + optimizer
+    optimizer = dp.optimizer_seconds(plan, works)  # on the host where offloaded
+    copies = activation_copies_exposed(plan, works, sim.peak_inflight)
+    step = sim.makespan + dp_exposed + optimizer + copies
     overhead = dp.step_overhead(plan)
 
     per_stage = tuple(stage_memory(plan, s, w, sim.peak_inflight[s]) for s, w in enumerate(works))
@@ -64,6 +67,12 @@ def evaluate(plan: Plan) -> Prediction:
     capacity = plan.cluster.device.mem_bytes
     feasible = per_stage[worst].peak <= capacity
     reason = "" if feasible else memory_shortfall(plan, worst, per_stage[worst], capacity)
+    host = plan.cluster.gpus_per_node * max(m.host for m in per_stage)
+    host_capacity = plan.cluster.host_mem_bytes
+    if feasible and host and host_capacity is not None and host > host_capacity:
+        feasible = False
+        reason = (f"offload needs {host / GiB:.0f} GiB of host memory per node, the node has "
+                  f"{host_capacity / GiB:.0f} GiB (cluster host_mem_GiB)")
     overhead += dp.memory_pressure(step, per_stage[worst].peak, capacity)
     step += overhead
 
@@ -81,7 +90,8 @@ def evaluate(plan: Plan) -> Prediction:
         dp_comm=dp_exposed + m * (zero3_s[0] + zero3_s[1]),
         # idle time of the critical stage; exactly 0 without a pipeline (no float residue)
         bubble=max(0.0, sim.makespan - sim.busy[crit]) if lay.pp > 1 else 0.0,
-        optimizer=optimizer,
+        optimizer=0.0 if plan.offload.optimizer else optimizer,
+        offload=(optimizer if plan.offload.optimizer else 0.0) + copies,
         overhead=overhead,
     )
     gpus = lay.gpus
@@ -99,7 +109,25 @@ def evaluate(plan: Plan) -> Prediction:
         breakdown=breakdown,
         capacity_bytes=capacity,
         reason=reason,
+        host_memory_bytes_per_node=host,
     )
+
+
+def activation_copies_exposed(plan: Plan, works: tuple[StageWork, ...],
+                              inflight: tuple[int, ...]) -> float:
+    """Seconds activation offload adds to the step (cost/offload.py): on the stage where
+    they are most, each of its microbatch-chunks' copies past the compute they hide behind.
+    Stages that hold one microbatch-chunk at most offload nothing."""
+    if not plan.offload.activations:
+        return 0.0
+    m, v = plan.num_microbatches, plan.layout.vpp
+    worst = 0.0
+    for s, w in enumerate(works):
+        if inflight[s] > 1:
+            per_chunk = offload.activation_copy_exposed(
+                plan, offloaded_chunk_bytes(plan, s, w), w.forward / v, w.backward / v)
+            worst = max(worst, m * v * per_chunk)
+    return worst
 
 
 def simulate_timeline(plan: Plan, microbatches: int | None = None) -> SimResult:

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from autoplan.cost import comm, memory
+from autoplan.cost import comm, memory, offload
 from autoplan.cost.compute import BF16_BYTES, LayerTimes, Shard, layer_times, logits_times
 from autoplan.descriptors.hardware import Device
 from autoplan.descriptors.model import Model
@@ -18,7 +18,7 @@ from autoplan.parallel.pipeline_layout import Chunk
 from autoplan.plan import Layout, Memory, Plan
 from autoplan.schedules.memory import peak_held
 from autoplan.units import GiB
-from autoplan.vocab import Axis, CpComm, Recompute, Schedule, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, Axis, CpComm, Recompute, Schedule, ZeroStage
 
 COMM_AXES = (Axis.TP, Axis.CP, Axis.EP, Axis.PP, Axis.DP)
 """The axes whose communication a stage exposes, in the order their seconds add up
@@ -177,13 +177,14 @@ def stage_state_params(model: Model, lay: Layout, first: bool, last: bool, layer
 def cost_key(plan: Plan) -> Plan:
     """The plan as far as per-stage work depends on it. The schedule enters only through
     whether it splits the backward; ZeRO 0-2 differ only in memory (their collectives run
-    after the pipeline); the layer split is applied per stage."""
+    after the pipeline); the layer split is applied per stage; offload moves memory and
+    adds its own time (``evaluate``), not the stage's."""
     schedule = (Schedule.ZB_V if plan.schedule.v_shape
                 else Schedule.ZB_H1 if plan.schedule.splits_backward else Schedule.ONE_F_ONE_B)
     return plan.replace(
         schedule=schedule,
         zero=plan.zero if plan.zero is ZeroStage.PARAMETERS else ZeroStage.NONE, stages=None,
-        chunks=None)
+        chunks=None, offload=NO_OFFLOAD)
 
 
 def stage_work(plan: Plan) -> tuple[StageWork, ...]:
@@ -400,23 +401,32 @@ def _activation_terms(model: Model, shard: Shard, recompute: Recompute) -> _Acti
 
 
 def stage_memory(plan: Plan, stage: int, work: StageWork, inflight_chunks: int) -> Memory:
-    """Bytes on one GPU of ``stage`` holding ``inflight_chunks`` microbatch-chunks."""
+    """Bytes on one GPU of ``stage`` holding ``inflight_chunks`` microbatch-chunks (and
+    what its offload keeps in host memory: ``Memory.host``)."""
     lay = plan.layout
     terms = _activation_terms(plan.model, shard_of(plan), plan.recompute)
     states = static_memory(plan, work)
     mtp_layer = terms.per_moe_layer if plan.model.is_moe else terms.per_layer
+    fraction = plan.offload.activations
+    host = dp.host_state_bytes(plan, work.params, work.expert_params)
     if plan.chunks is not None:
         # chunks of their own sizes: each in-flight (microbatch, chunk) weighs what that
         # chunk keeps, walked through the stage's operation order
         weights = tuple(_chunk_activations(terms, mtp_layer, c, w) for c, w in zip(
             plan.chunks[stage::lay.pp], chunk_work(plan)[stage::lay.pp], strict=True))
         held = peak_held(plan.schedule, lay.pp, plan.num_microbatches, lay.vpp, stage, weights)
+        if fraction and held > max(weights):
+            # all but the heaviest chunk at hand may go to the host (cost/offload.py)
+            moved = fraction * (held - max(weights))
+            held, host = held - moved, host + moved
         activations = held + terms.working
     else:
         # a stage's chunks hold equal layer counts; the dense layers are averaged over them
         per_chunk = (work.dense * terms.per_layer
                      + (work.layers - work.dense) * terms.per_moe_layer) / lay.vpp
-        activations = inflight_chunks * per_chunk + terms.working
+        kept = offload.kept_chunks(inflight_chunks, fraction)
+        activations = kept * per_chunk + terms.working
+        host += (inflight_chunks - kept) * per_chunk
         microbatches_held = -(-inflight_chunks // lay.vpp)
         if stage == 0:
             activations += microbatches_held * terms.embedding
@@ -433,7 +443,21 @@ def stage_memory(plan: Plan, stage: int, work: StageWork, inflight_chunks: int) 
                           + ep.expert_params_per_rank(model, lay.ep, lay.etp))
         other += dp.zero3_buffer_bytes(largest, plan.stack.zero3_max_live_params)
     return Memory(weights=states.weights, grads=states.grads, optimizer=states.optimizer,
-                  activations=activations, other=other)
+                  activations=activations, other=other, host=host)
+
+
+def offloaded_chunk_bytes(plan: Plan, stage: int, work: StageWork) -> float:
+    """Activations one microbatch leaves in one chunk of ``stage`` (its layers, the
+    heaviest chunk's with a per-chunk layout): what activation offload copies of it, times
+    the fraction (cost/offload.py)."""
+    terms = _activation_terms(plan.model, shard_of(plan), plan.recompute)
+    if plan.chunks is not None:
+        mtp_layer = terms.per_moe_layer if plan.model.is_moe else terms.per_layer
+        return max(_chunk_activations(terms, mtp_layer, c, w) for c, w in zip(
+            plan.chunks[stage::plan.layout.pp], chunk_work(plan)[stage::plan.layout.pp],
+            strict=True))
+    return (work.dense * terms.per_layer
+            + (work.layers - work.dense) * terms.per_moe_layer) / plan.layout.vpp
 
 
 def _chunk_activations(terms: _ActivationTerms, mtp_layer: float, chunk: Chunk,

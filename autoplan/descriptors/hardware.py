@@ -26,6 +26,14 @@ DEFAULT_HBM_EFFICIENCY = 0.80  # STREAM-like kernels reach ~80% of datasheet HBM
 DEFAULT_RESERVE_GIB = 3.0  # CUDA context + NCCL buffers + allocator fragmentation
 DEFAULT_LINK_EFFICIENCY = 0.80  # NCCL bus bandwidth / link bandwidth on large messages
 DEFAULT_KERNEL_GAP_US = 0.0  # GPU time between back-to-back kernels (device files set theirs)
+# Host link and host memory (offload, cost/offload.py). Pinned copies of 256 MiB-1 GiB
+# between an H200 and its host over PCIe Gen5 x16 ran at 55.3 GB/s each way, 87.8% of the
+# link's 63.0 GB/s per direction (32 GT/s x 16 lanes x 128/130; benchmarks/host_offload.py,
+# benchmarks/host/h200-2026-11-26.json); taken for every host link, C2C included (unmeasured).
+HOST_LINK_EFFICIENCY = 0.878
+# STREAM-style kernels sustain 73-79% of the DRAM wire rate (TI SPRACV1B Table 3-3: copy,
+# scale, add, triad 73-79%); 0.75 of a node's datasheet DRAM bandwidth is taken.
+HOST_MEM_EFFICIENCY = 0.75
 
 
 class Correction(Protocol):
@@ -189,6 +197,12 @@ class Cluster:
     nodes: int = 1
     # facility power over IT power (autoplan.whatif's energy); 1.0: the GPUs' own draw only
     pue: float = 1.0
+    # the host, for offload (cost/offload.py); None where the cluster file gives none (then
+    # no plan offloads): each GPU's link to host memory (bytes/s per direction: PCIe, or
+    # NVLink-C2C on Grace Hopper), and per node the host memory and its DRAM bandwidth
+    host_link_Bps: float | None = None
+    host_mem_bytes: float | None = None
+    host_mem_Bps: float | None = None
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -211,7 +225,20 @@ class Cluster:
             "inter_node": self.inter_node.to_dict(),
             "nodes": self.nodes,
             **({"pue": self.pue} if self.pue != 1.0 else {}),
+            **_optional({"host_link_GBps": _scaled(self.host_link_Bps, GB),
+                         "host_mem_GiB": _scaled(self.host_mem_bytes, GiB),
+                         "host_mem_GBps": _scaled(self.host_mem_Bps, GB)}),
         }
+
+    @property
+    def offloads(self) -> bool:
+        """The cluster file describes the host: plans may offload to it."""
+        return (self.host_link_Bps is not None and self.host_mem_bytes is not None
+                and self.host_mem_Bps is not None)
+
+
+def _scaled(value: float | None, unit: float) -> float | None:
+    return None if value is None else value / unit
 
 
 def read_device(f: Fields) -> Device | None:
@@ -300,7 +327,16 @@ def read_cluster(f: Fields, device: Device | None) -> Cluster | None:
     inter = read_link(f.child("inter_node", f.raw("inter_node")))
     nodes = f.int("nodes", 1, min=1)
     pue = f.float("pue", 1.0, min=1.0, max=10.0)
+    host_link = f.float("host_link_GBps", None, positive=True, max=1e5)
+    host_mem = f.float("host_mem_GiB", None, positive=True, max=1e7)
+    host_bw = f.float("host_mem_GBps", None, positive=True, max=1e6)
     f.close(extra_known=["device"])
+    given = [k for k, v in (("host_link_GBps", host_link), ("host_mem_GiB", host_mem),
+                            ("host_mem_GBps", host_bw)) if v is not None]
+    if given and len(given) < 3:
+        missing = [k for k in ("host_link_GBps", "host_mem_GiB", "host_mem_GBps") if k not in given]
+        f.fail(missing[0], f"missing: offload needs the host link, memory and its bandwidth "
+                           f"together (given: {', '.join(given)})")
     if gpus_per_node and domain and domain % gpus_per_node and gpus_per_node % domain:
         f.fail(
             "nvlink_domain",
@@ -317,6 +353,9 @@ def read_cluster(f: Fields, device: Device | None) -> Cluster | None:
         inter_node=inter,
         nodes=nodes,
         pue=pue,
+        host_link_Bps=None if host_link is None else host_link * GB,
+        host_mem_bytes=None if host_mem is None else host_mem * GiB,
+        host_mem_Bps=None if host_bw is None else host_bw * GB,
     )
 
 

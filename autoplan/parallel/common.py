@@ -29,6 +29,9 @@ class Scope(enum.IntEnum):
     """The pipeline schedule and its vpp (the microbatch count follows from above)."""
     STAGES = 6
     """An explicit layer-to-stage split."""
+    OFFLOAD = 7
+    """What goes to host memory (chosen beside ZeRO and recompute; the search generates
+    only offload choices that pass, ``offload_choices``)."""
 
 
 @dataclass(frozen=True, slots=True)

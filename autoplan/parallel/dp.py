@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Protocol
 
-from autoplan.cost import comm, memory
+from autoplan.cost import comm, memory, offload
 from autoplan.cost.compute import BF16_BYTES
 from autoplan.parallel.common import Rule, Scope
-from autoplan.vocab import Axis, Dtype, ZeroStage
+from autoplan.vocab import Axis, Dtype, Offload, ZeroStage
 
 if TYPE_CHECKING:
     from autoplan.plan import Layout, Plan
@@ -49,9 +49,39 @@ def _batch(plan: Plan) -> str | None:
     return None
 
 
+def _offload_host(plan: Plan) -> str | None:
+    if plan.offload.any and not plan.cluster.offloads:
+        return (f"cluster {plan.cluster.name} describes no host to offload to (give "
+                f"host_link_GBps, host_mem_GiB and host_mem_GBps in its cluster file)")
+    return None
+
+
+def _offload_zero(plan: Plan) -> str | None:
+    if plan.offload.optimizer and plan.zero is ZeroStage.NONE:
+        return ("an offloaded optimizer needs ZeRO stage 1 or more (DeepSpeed's "
+                "offload_optimizer and Megatron's --optimizer-cpu-offload with its distributed "
+                "optimizer both step each rank's shard)")
+    return None
+
+
+def _offload_activations(plan: Plan) -> str | None:
+    if plan.offload.activations > 0 and plan.layout.pp == 1:
+        return ("activation offload moves what the pipeline holds for later backwards; "
+                "without one (pp = 1) there is nothing to move")
+    return None
+
+
 RULES = (
     Rule("dp-batch", "micro_batch", Scope.MICRO_BATCH,
          "dp*micro_batch must divide global_batch", _batch),
+)
+OFFLOAD_RULES = (
+    Rule("offload-needs-host", "offload", Scope.OFFLOAD,
+         "offload needs the cluster's host link and memory", _offload_host),
+    Rule("offload-optimizer-needs-zero", "offload.optimizer", Scope.OFFLOAD,
+         "an offloaded optimizer steps a ZeRO shard", _offload_zero),
+    Rule("offload-activations-needs-pp", "offload.activations", Scope.OFFLOAD,
+         "activation offload needs a pipeline", _offload_activations),
 )
 
 
@@ -63,6 +93,13 @@ def zero_stages(lay: Layout, space: SearchSpace) -> list[ZeroStage]:
 
     cap = space.zero_max_with_pp if lay.pp > 1 else ZeroStage.PARAMETERS
     return [z for z in space.zero if z <= cap and not plain_dp_refused(lay, z, space)]
+
+
+def offload_choices(plan: Plan, space: SearchSpace) -> list[Offload]:
+    """The space's offload choices that ``plan`` (its layout, ZeRO stage and cluster) may
+    take: what passes the offload rules, no offload first."""
+    return [o for o in space.offload
+            if not any(r.broken(plan.replace(offload=o)) for r in OFFLOAD_RULES)]
 
 
 # ----------------------------------------------------------------------------- memory
@@ -78,12 +115,28 @@ def state_bytes(plan: Plan, params: float, expert_params: float) -> memory.Bytes
     distributed optimizer)."""
     lay = plan.layout
     dense = memory.sharded_state_bytes(params, plan.job.dtype, plan.zero, lay.dp * lay.cp)
-    if not expert_params:
-        return dense
-    experts = memory.sharded_state_bytes(expert_params, plan.job.dtype, plan.zero, lay.edp)
-    return memory.BytesPerParam(weights=dense.weights + experts.weights,
-                                grads=dense.grads + experts.grads,
-                                optimizer=dense.optimizer + experts.optimizer)
+    if expert_params:
+        experts = memory.sharded_state_bytes(expert_params, plan.job.dtype, plan.zero, lay.edp)
+        dense = memory.BytesPerParam(weights=dense.weights + experts.weights,
+                                     grads=dense.grads + experts.grads,
+                                     optimizer=dense.optimizer + experts.optimizer)
+    if plan.offload.optimizer:  # master weights and moments live in host memory
+        return memory.BytesPerParam(weights=dense.weights, grads=dense.grads, optimizer=0.0)
+    return dense
+
+
+def optimizer_params(plan: Plan, params: float, expert_params: float) -> float:
+    """Parameters whose optimizer state one rank of a stage holding ``params`` dense and
+    ``expert_params`` expert parameters steps (its ZeRO shard)."""
+    dense, expert = _optimizer_groups(plan)
+    return params / dense + expert_params / expert
+
+
+def host_state_bytes(plan: Plan, params: float, expert_params: float) -> float:
+    """Host memory an offloaded optimizer's shard of one rank takes (cost/offload.py)."""
+    if not plan.offload.optimizer:
+        return 0.0
+    return optimizer_params(plan, params, expert_params) * offload.HOST_STATE_BYTES
 
 
 def zero3_buffer_bytes(largest_layer_params: float, max_live_params: float = 0.0) -> float:
@@ -243,8 +296,8 @@ def memory_pressure(step_s: float, peak_bytes: float, capacity_bytes: float) -> 
 
 def optimizer_seconds(plan: Plan, works: Sequence[StageShare]) -> float:
     """The Adam step of the rank with the most optimizer state (memory-bound)."""
-    dense, expert = _optimizer_groups(plan)
-    return _adam_seconds(plan, max(w.params / dense + w.expert_params / expert for w in works))
+    return _adam_seconds(plan, max(optimizer_params(plan, w.params, w.expert_params)
+                                   for w in works))
 
 
 def optimizer_seconds_floor(plan: Plan, works: Sequence[StageShare]) -> float:
@@ -264,8 +317,16 @@ def _optimizer_groups(plan: Plan) -> tuple[int, int]:
 
 
 def _adam_seconds(plan: Plan, params: float) -> float:
+    return params * optimizer_seconds_per_param(plan)
+
+
+def optimizer_seconds_per_param(plan: Plan) -> float:
+    """The optimizer step's seconds per parameter of a rank's shard: on the GPU, bound by
+    HBM (ADAM_BYTES_PER_PARAM); offloaded, the host's (``offload.optimizer_seconds_per_param``)."""
+    if plan.offload.optimizer:
+        return offload.optimizer_seconds_per_param(plan)
     device = plan.cluster.device
-    return params * ADAM_BYTES_PER_PARAM / (device.hbm_Bps * device.hbm_efficiency)
+    return ADAM_BYTES_PER_PARAM / (device.hbm_Bps * device.hbm_efficiency)
 
 
 def clear_caches() -> None:

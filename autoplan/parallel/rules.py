@@ -48,7 +48,7 @@ DTYPE = Rule("dtype-supported", "job.dtype", Scope.JOB,
 
 RULES: tuple[Rule, ...] = (
     GPUS, *tp.LAYOUT_RULES, *ep.RULES, *dp.RULES, *cp.RULES, *tp.SP_RULES, DTYPE,
-    *pp.STAGE_RULES, *pp.SCHEDULE_RULES,
+    *pp.STAGE_RULES, *pp.SCHEDULE_RULES, *dp.OFFLOAD_RULES,
 )
 """Every rule of a valid plan, in the order the plan reader reports them."""
 
@@ -115,6 +115,11 @@ def space_problems(plan: Plan, space: SearchSpace) -> list[tuple[str, str]]:
                 "sequence_parallel: " + ", ".join(str(s).lower() for s in space.sequence_parallel))
     if lay.cp > 1 and plan.cp_comm not in space.cp_comm:
         outside("cp_comm", f"cp_comm: {plan.cp_comm.value}", ", ".join(c.value for c in space.cp_comm))
+    if plan.offload not in space.offload:
+        what = ", ".join(f"{k}: {str(v).lower()}" for k, v in plan.offload.to_dict().items())
+        allowed = "; ".join(f"{{{', '.join(f'{k}: {str(v).lower()}' for k, v in o.to_dict().items())}}}"
+                            for o in space.offload if o.any)
+        outside("offload", f"offload {{{what}}}", f"offload {allowed}" if allowed else "no offload")
     stage = _stage_shape_problem(plan, space.stage_shape)
     if stage:
         what = (f"the per-chunk layout {render_layout(plan.chunks)}" if plan.chunks is not None

@@ -50,7 +50,7 @@ from autoplan.search.stages import (
     split_bound_with_memory,
     with_best_stages,
 )
-from autoplan.vocab import CpComm, Recompute, Schedule, ZeroStage
+from autoplan.vocab import CpComm, Offload, Recompute, Schedule, ZeroStage
 
 BOUND_SLACK = 1e-9  # relative; keeps exact ties (broken by memory) in the top k
 # schedules that hold microbatches back to save memory: their bubbles exceed the fill
@@ -191,7 +191,7 @@ class _Search:
         self.limit = self.capacity - min_headroom_bytes  # what a plan's peak may reach
         self.closest: tuple[float, tuple, Plan, int, Memory] | None = None
         self.threshold = float("inf")  # the k-th best step time found so far
-        self._fullest_states: dict[tuple[Layout, ZeroStage], tuple[float, int, Memory]] = {}
+        self._fullest_states: dict[tuple[Layout, ZeroStage, bool], tuple[float, int, Memory]] = {}
         # (pp, microbatches, schedule, vpp, split) -> the schedule rule it breaks ("": none)
         self._schedule_rule: dict[tuple[int, int, Schedule, int, bool], str] = {}
         # groups no member of which fits (their memory floor, their order): the 'smallest
@@ -211,11 +211,12 @@ class _Search:
                     yield from ep.foldings(self.model, Layout(dp=n // (t * p * c), tp=t, pp=p, cp=c),
                                            space)
 
-    def _probe(self, lay: Layout, mbs: int = 1, sp: bool = False) -> Plan:
+    def _probe(self, lay: Layout, mbs: int = 1, sp: bool = False,
+               zero: ZeroStage = ZeroStage.NONE) -> Plan:
         """A plan of the layout whose later choices are not read by the rules asked."""
         return Plan(model=self.model, cluster=self.cluster, job=self.job, stack=self.space.stack, layout=lay,
                     micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.NONE,
-                    zero=ZeroStage.NONE, sequence_parallel=sp)
+                    zero=zero, sequence_parallel=sp)
 
     # -- the walk ----------------------------------------------------------------------
     def groups(self) -> Iterator[_Group]:
@@ -226,9 +227,11 @@ class _Search:
         for base in self.layouts():
             scheds = pp.schedule_choices(base, space)
             zeros = dp.zero_stages(base, space)
+            offloads = {z: dp.offload_choices(self._probe(base, zero=z), space) for z in zeros}
             sps = tp.sequence_parallel_choices(self.model, base, space)
             cps = cp.exchanges(self.model, base, self.job.seq_len, space)
-            per_mbs = len(scheds) * len(space.recompute) * len(zeros) * max(1, len(sps)) * len(cps)
+            per_zero = len(scheds) * len(space.recompute) * len(cps)
+            per_mbs = per_zero * sum(len(o) for o in offloads.values()) * max(1, len(sps))
             stats.generated += per_mbs * len(space.micro_batches)
             probe = self._probe(base)
             rule = first_broken(probe, Scope.JOB) or first_broken(probe, Scope.LAYOUT)
@@ -251,33 +254,63 @@ class _Search:
                     runnable = self._runnable(base, mbs, sp, scheds)
                     shared = self._layout_bound(base, mbs, sp, zeros, cps, runnable)
                     for zero in zeros:
-                        if self._states_exceed_memory(base, zero, mbs, sp):
-                            stats.infeasible["model states exceed memory"] += (
-                                len(scheds) * len(space.recompute) * len(cps))
-                            continue
-                        for rc in space.recompute:
-                            # the group's member without the ring's merges (all-to-all
-                            # where allowed): its time less all CP communication bounds
-                            # every exchange
-                            plan = Plan(model=self.model, cluster=self.cluster, job=self.job,
-                                        stack=self.space.stack, layout=base, micro_batch=mbs,
-                                        schedule=Schedule.ONE_F_ONE_B, recompute=rc,
-                                        zero=zero, sequence_parallel=sp, cp_comm=cps[-1])
-                            yield _Group(shared, rank_key_static(plan), plan, tuple(scheds),
-                                         cps, runnable=runnable)
+                        for off in offloads[zero]:
+                            if self._states_exceed_memory(base, zero, off, mbs, sp):
+                                stats.infeasible["model states exceed memory"] += per_zero
+                                continue
+                            bound = shared
+                            if off.optimizer:
+                                bound = self._offloaded_bound(shared, base, mbs, sp, zero, off,
+                                                              cps[-1])
+                            for rc in space.recompute:
+                                # the group's member without the ring's merges (all-to-all
+                                # where allowed): its time less all CP communication bounds
+                                # every exchange
+                                plan = Plan(model=self.model, cluster=self.cluster, job=self.job,
+                                            stack=self.space.stack, layout=base, micro_batch=mbs,
+                                            schedule=Schedule.ONE_F_ONE_B, recompute=rc,
+                                            zero=zero, sequence_parallel=sp, cp_comm=cps[-1],
+                                            offload=off)
+                                yield _Group(bound, rank_key_static(plan), plan, tuple(scheds),
+                                             cps, runnable=runnable)
 
-    def _states_exceed_memory(self, lay: Layout, zero: ZeroStage, mbs: int, sp: bool) -> bool:
+    def _offloaded_bound(self, shared: float, base: Layout, mbs: int, sp: bool, zero: ZeroStage,
+                         off: Offload, cp_comm: CpComm) -> float:
+        """``shared`` (``_layout_bound``, valid for the layout's groups without offload)
+        made valid for those of ZeRO stage ``zero`` offloading their optimizer.
+
+        A group's bounds charge the optimizer step as c x p: seconds per parameter
+        (``dp.optimizer_seconds_per_param``, c_gpu on the GPU, c_off offloaded) times the
+        parameters of the fullest rank's shard, p, which no layer split or chunking brings
+        below the mean over stages, p_mean (the stages' parameters add up to the model's).
+        Everything else in them is the same with and without offload (activation offload
+        only adds time, and memory is charged later, at the group's own floor). So the
+        group's own bound is at least its non-offloaded twin's, at least ``shared``, plus
+        (c_off - c_gpu) x p_mean where c_off >= c_gpu; where c_off < c_gpu, minus
+        (c_gpu - c_off) x the whole model's per-rank parameters (p is at most that)."""
+        plan = self._probe(base, mbs, sp, zero).replace(cp_comm=cp_comm)
+        works = stage_work(plan)
+        c_gpu = dp.optimizer_seconds_per_param(plan)
+        c_off = dp.optimizer_seconds_per_param(plan.replace(offload=off))
+        shards = [dp.optimizer_params(plan, w.params, w.expert_params) for w in works]
+        if c_off >= c_gpu:
+            return shared + (c_off - c_gpu) * sum(shards) / len(shards)
+        return shared - (c_gpu - c_off) * sum(shards)
+
+    def _states_exceed_memory(self, lay: Layout, zero: ZeroStage, off: Offload, mbs: int,
+                              sp: bool) -> bool:
         """Weights, grads and optimizer states of the fullest stage (no activations) plus
         the reserve already exceed the device: no micro-batch or recompute can help.
         Such a candidate still counts for the 'smallest plan needs ...' message. The
-        states depend on the layout and ZeRO only: worked out once for every micro-batch
-        and sequence-parallel choice."""
+        states depend on the layout, ZeRO and the optimizer's offload only: worked out
+        once for every micro-batch and sequence-parallel choice."""
         plan = Plan(model=self.model, cluster=self.cluster, job=self.job, stack=self.space.stack, layout=lay,
                     micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.FULL,
-                    zero=zero, sequence_parallel=sp)
-        worst = self._fullest_states.get((lay, zero))
+                    zero=zero, sequence_parallel=sp, offload=off)
+        key = (lay, zero, off.optimizer)
+        worst = self._fullest_states.get(key)
         if worst is None:
-            worst = self._fullest_states[(lay, zero)] = self._fullest_state(plan)
+            worst = self._fullest_states[key] = self._fullest_state(plan)
         if worst[0] <= self.limit:
             return False
         self._note_closest(plan, worst[1], worst[2])
@@ -504,7 +537,12 @@ class _Search:
         member is then the least on s). Schedules that break a schedule rule are no
         members. ``test_bounds`` checks the floor against every member's evaluated peak."""
         lay = group.plan.layout
-        fewest = self._fewest_inflight(lay, group.plan.num_microbatches, group.schedules)
+        if group.plan.offload.activations:
+            # offloaded activations keep 1 + (n - 1)(1 - a) chunks of n: the fewest in
+            # flight need not hold the least, so every member is asked
+            fewest = self._every_inflight(lay, group.plan.num_microbatches, group.schedules)
+        else:
+            fewest = self._fewest_inflight(lay, group.plan.num_microbatches, group.schedules)
         if not fewest:
             return None
         flat = stage_work(group.plan)
@@ -515,6 +553,17 @@ class _Search:
             if s not in least or mem.peak < least[s].peak:
                 least[s] = mem
         return max(least.values(), key=lambda mem: mem.peak)
+
+    def _every_inflight(self, lay: Layout, m: int, schedules: tuple[tuple[Schedule, int, bool], ...]
+                        ) -> tuple[tuple[int, int, int, Schedule], ...]:
+        """(stage, in flight, vpp, schedule) of every member passing the schedule rules on
+        stages 0 and last; empty where a member is a split variant."""
+        if any(split for *_, split in schedules):
+            return ()
+        memo = self._schedule_rule
+        return tuple((s, peak_inflight(sched, lay.pp, m, v, s), v, sched)
+                     for sched, v, split in schedules if not memo[(lay.pp, m, sched, v, split)]
+                     for s in sorted({0, lay.pp - 1}))
 
     def _fewest_inflight(self, lay: Layout, m: int, schedules: tuple[tuple[Schedule, int, bool], ...]
                          ) -> tuple[tuple[int, int, int, Schedule], ...]:
@@ -717,7 +766,8 @@ def rank_key_static(plan: Plan) -> tuple:
     lay = plan.layout
     return (lay.tp, lay.pp, lay.cp, lay.vpp, _SCHEDULE_ORDER[plan.schedule],
             plan.recompute.level, int(plan.zero), not plan.sequence_parallel, plan.micro_batch,
-            lay.ep, lay.etp, _CP_COMM_ORDER[plan.cp_comm])
+            lay.ep, lay.etp, _CP_COMM_ORDER[plan.cp_comm], plan.offload.optimizer,
+            plan.offload.activations)
 
 
 _SCHEDULE_ORDER = {s: i for i, s in enumerate(Schedule)}

@@ -12,7 +12,7 @@ from autoplan.descriptors.stack import DEFAULT_STACK, SPACE_STACKS, Stack
 from autoplan.descriptors.strict import Fields, did_you_mean, read_yaml, shown
 from autoplan.errors import InputError, Problem
 from autoplan.resources import searchspace_dir
-from autoplan.vocab import CpComm, Recompute, Schedule, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, Schedule, ZeroStage
 
 
 class StageShape(str, enum.Enum):
@@ -51,6 +51,9 @@ class SearchSpace:
     # launcher's DDP runs only one-dimensional (torchtitan: "DDP has not supported > 1D
     # parallelism", torchtitan/distributed/parallel_dims.py)
     plain_dp_with_model_parallel: bool = True
+    # what plans may keep in host memory (``offload: {optimizer: [...], activations: [...]}``),
+    # every combination; the first is always no offload. ``search --no-offload`` keeps that one.
+    offload: tuple[Offload, ...] = (NO_OFFLOAD,)
     # the software the plans run on: the space's launcher implies it (SPACE_STACKS), a
     # space file, job file or --stack may name another
     stack: Stack = field(default_factory=default_stack)
@@ -94,6 +97,7 @@ def read_space(data: Any, source: str) -> SearchSpace:
     etp = _etp_choices(f)
     cp_comm = _choices(f, "cp_comm", CpComm) if f.has("cp_comm") else (CpComm.RING,)
     plain_dp_mp = f.bool("plain_dp_with_model_parallel", True)
+    offloads = _offload_choices(f)
     stack = default_stack()
     try:
         stack = resolve_stack(f.raw("stack", SPACE_STACKS.get(name, DEFAULT_STACK)), source,
@@ -111,8 +115,31 @@ def read_space(data: Any, source: str) -> SearchSpace:
         zero=tuple(z for z in ZeroStage if z in zero), zero_max_with_pp=zero_pp,
         sequence_parallel=tuple(sorted(sp, reverse=True)), stage_shape=shape,
         ep_max=ep_max, etp=etp, cp_comm=tuple(c for c in CpComm if c in cp_comm), stack=stack,
-        plain_dp_with_model_parallel=plain_dp_mp,
+        plain_dp_with_model_parallel=plain_dp_mp, offload=offloads,
     )
+
+
+def _offload_choices(f: Fields) -> tuple[Offload, ...]:
+    """``offload: {optimizer: [false, true], activations: [0.0, 0.5]}``: every combination,
+    no offload first."""
+    if not f.has("offload"):
+        f.raw("offload", None)
+        return (NO_OFFLOAD,)
+    of = f.child("offload", f.raw("offload"))
+    optimizer = _choices(of, "optimizer", bool) if of.has("optimizer") else (False,)
+    fractions: list[float] = []
+    raw = of.raw("activations", [0.0])
+    if not isinstance(raw, list) or not raw or any(
+            isinstance(a, bool) or not isinstance(a, int | float) or not 0.0 <= a <= 1.0
+            for a in raw):
+        of.fail("activations", f"expected a non-empty list of fractions from 0.0 to 1.0, "
+                               f"got {shown(raw)}")
+    else:
+        fractions = sorted({float(a) for a in raw})
+    of.close()
+    combos = {Offload(optimizer=o, activations=a) for o in optimizer for a in fractions or [0.0]}
+    combos.add(NO_OFFLOAD)
+    return tuple(sorted(combos, key=lambda c: (c.any, c.optimizer, c.activations)))
 
 
 def _etp_choices(f: Fields) -> tuple[str, ...]:

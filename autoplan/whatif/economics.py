@@ -8,7 +8,7 @@ step's share is what a token budget buys). From there:
   device's ``price_per_gpu_hour`` (or ``--price``).
 - Energy = GPUs x mean board power x time x the cluster's PUE. Within a step a GPU
   runs kernels (compute, exposed communication, the optimizer) at its load power and
-  waits (the pipeline bubble, host overhead) at its idle power, so the mean power is
+  waits (the pipeline bubble, host overhead, an offloaded step) at its idle power, so the mean power is
   ``(busy x load + waiting x idle) / step``, with the split taken from the step's
   breakdown on its critical stage (the cost model's ``TimeBreakdown``, which sums to
   the step time). Load is the datasheet's maximum board power (device files cite it):
@@ -66,12 +66,13 @@ class Economics:
 
 def mean_power_W(plan: Plan, pred: Prediction) -> float | None:
     """Mean board power of one GPU over a step: load while running kernels, idle while
-    waiting in the pipeline bubble or on the host (see module doc)."""
+    waiting in the pipeline bubble or on the host, offload included (see module doc; the
+    host CPU's own draw is not counted)."""
     dev = plan.cluster.device
     if dev.power_load_W is None or dev.power_idle_W is None or pred.step_time_s <= 0:
         return None
     step = pred.step_time_s
-    waiting = min(step, pred.breakdown.bubble + pred.breakdown.overhead)
+    waiting = min(step, pred.breakdown.bubble + pred.breakdown.overhead + pred.breakdown.offload)
     return (dev.power_load_W * (step - waiting) + dev.power_idle_W * waiting) / step
 
 

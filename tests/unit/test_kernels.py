@@ -249,7 +249,7 @@ def test_a_plans_hash_covers_every_field_it_is_compared_by():
     memoized costs by accident of a collision on a common path."""
     from autoplan.parallel.pipeline_layout import from_stage_lists
     from autoplan.plan import Layout, Plan
-    from autoplan.vocab import CpComm, Recompute, Schedule
+    from autoplan.vocab import CpComm, Offload, Recompute, Schedule
 
     plan = make_plan(model="llama3-8b", gpus=16, dp=8, pp=2)
     other = {
@@ -258,7 +258,7 @@ def test_a_plans_hash_covers_every_field_it_is_compared_by():
         "micro_batch": 2, "schedule": Schedule.GPIPE, "recompute": Recompute.FULL,
         "zero": ZeroStage.GRADIENTS, "sequence_parallel": True, "stages": (15, 17),
         "cp_comm": CpComm.A2A, "stack": builtin_stack("torchtitan"),
-        "chunks": from_stage_lists([[15], [17]]),
+        "chunks": from_stage_lists([[15], [17]]), "offload": Offload(optimizer=True),
     }
     compared = {f.name for f in dataclasses.fields(Plan) if f.compare}
     assert compared == set(other)
