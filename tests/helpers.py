@@ -16,7 +16,7 @@ from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import builtin_stack, resolve_cluster, resolve_model, with_gpus
 from autoplan.descriptors.model import Model
 from autoplan.plan import Layout, Plan
-from autoplan.vocab import CpComm, Dtype, Recompute, Schedule, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, CpComm, Dtype, Offload, Recompute, Schedule, ZeroStage
 
 
 def make_plan(model: str | Model = "llama3-8b", cluster: str = "dgx-h100", gpus: int = 8,
@@ -26,8 +26,11 @@ def make_plan(model: str | Model = "llama3-8b", cluster: str = "dgx-h100", gpus:
               recompute: Recompute = Recompute.NONE, zero: ZeroStage = ZeroStage.OPTIMIZER,
               sequence_parallel: bool = False, stages: tuple[int, ...] | None = None,
               ep: int = 1, etp: int = 0, cp_comm: CpComm = CpComm.RING,
-              moe_imbalance: float = 1.25, stack: str | None = None) -> Plan:
-    extra = {} if stack is None else {"stack": builtin_stack(stack)}
+              moe_imbalance: float = 1.25, stack: str | None = None,
+              offload: Offload = NO_OFFLOAD) -> Plan:
+    extra: dict[str, Any] = {} if stack is None else {"stack": builtin_stack(stack)}
+    if offload.any:
+        extra["offload"] = offload
     return Plan(
         model=model if isinstance(model, Model) else resolve_model(model),
         cluster=with_gpus(resolve_cluster(cluster), gpus),

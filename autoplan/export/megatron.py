@@ -155,6 +155,9 @@ def parallel_args(plan: Plan) -> list[Arg]:
         out.append(("--sequence-parallel",))
     if plan.zero >= ZeroStage.OPTIMIZER:
         out.append(("--use-distributed-optimizer",))
+    if plan.offload.optimizer:  # Megatron-Core's HybridDeviceOptimizer, all states on the CPU
+        out += [("--optimizer-cpu-offload",), ("--optimizer-offload-fraction", "1.0"),
+                ("--use-precision-aware-optimizer",), ("--overlap-cpu-optimizer-d2h-h2d",)]
     if lay.dp > 1 or lay.cp > 1:
         out.append(("--overlap-grad-reduce",))
         if plan.zero >= ZeroStage.OPTIMIZER:

@@ -74,7 +74,10 @@ def overrides(plan: Plan) -> dict[str, Any]:
     return {
         "model": model_overrides(plan),
         "train": {"global_batch_size": plan.job.global_batch, "micro_batch_size": plan.micro_batch},
-        "optimizer": {"use_distributed_optimizer": distributed},
+        "optimizer": {"use_distributed_optimizer": distributed, **(
+            {"optimizer_cpu_offload": True, "optimizer_offload_fraction": 1.0,
+             "use_precision_aware_optimizer": True, "overlap_cpu_optimizer_d2h_h2d": True}
+            if plan.offload.optimizer else {})},
         "ddp": {"use_distributed_optimizer": distributed, "overlap_grad_reduce": True,
                 "overlap_param_gather": distributed},
         "dataset": {"sequence_length": plan.job.seq_len},

@@ -38,7 +38,7 @@ PREDICTION_KEYS = {"feasible", "step_time_s", "tokens_per_s", "tflops_per_gpu", 
                    "memory_gib", "memory_gib_per_stage", "breakdown_s"}
 MEMORY_KEYS = {"peak", "weights", "grads", "optimizer", "activations", "other"}
 TIME_KEYS = {"compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
-             "bubble", "optimizer", "overhead"}
+             "bubble", "optimizer", "offload", "overhead"}
 
 # A plan every bad-plan test starts from (and changes one thing of).
 GOOD_PLAN = """\

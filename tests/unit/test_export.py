@@ -31,7 +31,7 @@ from autoplan.errors import InputError
 from autoplan.export import Launcher, Target, export, refusals
 from autoplan.parallel.pipeline_layout import from_stage_lists
 from autoplan.plan import Plan, read_plan
-from autoplan.vocab import Activation, CpComm, Dtype, Recompute, Schedule, ZeroStage
+from autoplan.vocab import Activation, CpComm, Dtype, Offload, Recompute, Schedule, ZeroStage
 from tests.helpers import autoplan, make_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,6 +79,16 @@ CASES: dict[str, tuple[Callable[[], Plan], list[tuple[Target, Launcher]]]] = {
     "llama3-8b-48xh100-megatron-pp6-layout": (
         lambda: make_plan("llama3-8b", gpus=48, global_batch=64, dp=8, pp=6),
         [(Target.MEGATRON, Launcher.MEGATRON), (Target.NEMO, Launcher.MEGATRON)]),
+    "llama3-70b-8xh100-megatron-offload": (
+        lambda: make_plan("llama3-70b", gpus=8, global_batch=64, seq_len=8192, dp=1, tp=8,
+                          sequence_parallel=True, offload=Offload(optimizer=True)),
+        [(Target.MEGATRON, Launcher.MEGATRON), (Target.NEMO, Launcher.MEGATRON),
+         (Target.SLURM, Launcher.MEGATRON)]),
+    "llama3-70b-8xh100-deepspeed-offload": (
+        lambda: make_plan("llama3-70b", gpus=8, global_batch=64, seq_len=8192, dp=8,
+                          recompute=Recompute.FULL, zero=ZeroStage.PARAMETERS,
+                          offload=Offload(optimizer=True)),
+        [(Target.DEEPSPEED, Launcher.MEGATRON), (Target.SLURM, Launcher.DEEPSPEED)]),
     "llama3-8b-16xh100-deepspeed-pp2": (
         lambda: make_plan("llama3-8b", gpus=16, global_batch=64, dp=8, pp=2, micro_batch=2,
                           recompute=Recompute.FULL, zero=ZeroStage.OPTIMIZER),
@@ -247,6 +257,9 @@ MEGATRON_TRAINING = {"seq_length", "max_position_embeddings", "position_embeddin
                      "save", "save_interval", "load", "wandb_exp_name", "wandb_project",
                      "eval_interval", "eval_iters", "mock_data", "tokenizer_type", "vocab_size",
                      "group_query_attention", "swiglu", "squared_relu", "disable_bias_linear"}
+# arguments Megatron-LM turns into its OptimizerConfig (megatron/training/training.py)
+MEGATRON_OPTIMIZER = {"optimizer_cpu_offload", "optimizer_offload_fraction",
+                      "use_precision_aware_optimizer", "overlap_cpu_optimizer_d2h_h2d"}
 
 
 def megatron_config(args: dict[str, list[str]]) -> Any:
@@ -262,7 +275,7 @@ def megatron_config(args: dict[str, list[str]]) -> Any:
     fields = {f.name for f in dataclasses.fields(cls)}
     kw: dict[str, Any] = {}
     for name, values in args.items():
-        if name in MEGATRON_TRAINING:
+        if name in MEGATRON_TRAINING | MEGATRON_OPTIMIZER:
             continue
         field = MEGATRON_RENAMES.get(name, name)
         assert field in fields, f"--{name.replace('_', '-')} is no {cls.__name__} field"
@@ -502,6 +515,7 @@ NEMO_CASES = [c for c in CASES if (Target.NEMO, Launcher.MEGATRON) in CASES[c][1
 
 @pytest.mark.parametrize("case", NEMO_CASES)
 @pytest.mark.torch
+@pytest.mark.usefixtures("te_version")
 def test_nemo_overrides_are_megatron_core_config_fields(case: str) -> None:
     torch = pytest.importorskip("torch")
     pytest.importorskip("megatron.core")
@@ -711,6 +725,61 @@ def test_a_plan_outside_the_launchers_space_is_refused_naming_each_field() -> No
     assert {"layout.tp", "layout.cp", "layout.ep", "sequence_parallel", "stages"} <= fields
     assert all(p.source == "plans/dsv3.yaml" for p in err.value.problems)
     assert "searchspace/deepspeed.yaml" in str(err.value)
+
+
+@pytest.fixture
+def te_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OptimizerConfig's precision-aware checks ask Transformer Engine's version, which every
+    Megatron-Core GPU install has and this CPU test environment has not: taken as current."""
+    pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.optimizer import optimizer_config
+    monkeypatch.setattr(optimizer_config, "is_te_min_version", lambda *a, **k: True)
+
+
+@pytest.mark.usefixtures("te_version")
+def test_an_offloaded_optimizer_exports_megatron_cores_cpu_offload_options(tmp_path: Path) -> None:
+    """The megatron script's offload flags build Megatron-Core's OptimizerConfig (whose
+    checks need the distributed optimizer for the precision-aware CPU optimizer), with
+    every state on the CPU and the copies overlapped, as the cost model's stack assumes."""
+    from megatron.core.optimizer import OptimizerConfig
+    case = "llama3-70b-8xh100-megatron-offload"
+    commands, _ = run_script(tmp_path, exported(case, Target.MEGATRON), "pretrain_megatron.sh")
+    args = flags(torchrun_args(commands[0]).training_script_args)
+    kw = {name: True if not values else _number(values[0])
+          for name, values in args.items() if name in MEGATRON_OPTIMIZER}
+    assert set(kw) == MEGATRON_OPTIMIZER
+    cfg = OptimizerConfig(optimizer="adam", bf16=True, use_distributed_optimizer=True, **kw)
+    assert cfg.optimizer_cpu_offload and cfg.optimizer_offload_fraction == 1.0
+    assert cfg.overlap_cpu_optimizer_d2h_h2d
+    assert "use_distributed_optimizer" in args
+    nemo = yaml.safe_load(exported(case, Target.NEMO)["nemo_overrides.yaml"])["optimizer"]
+    assert OptimizerConfig(optimizer="adam", bf16=True, **nemo).optimizer_cpu_offload
+
+
+@pytest.mark.torch
+def test_an_offloaded_optimizer_is_zero_offload_in_ds_config(ds_config_class: Any) -> None:
+    raw = json.loads(exported("llama3-70b-8xh100-deepspeed-offload", Target.DEEPSPEED)["ds_config.json"])
+    cfg = ds_config_class(raw, mpu=_FakeMpu(8))
+    offload = cfg.zero_config.offload_optimizer
+    assert offload is not None and offload.device == "cpu" and offload.pin_memory
+    assert cfg.zero_optimization_stage == 3
+
+
+@pytest.mark.parametrize(("offload", "target"), [
+    (Offload(optimizer=True), Target.TORCHTITAN),   # FSDP2's CPUOffloadPolicy moves params too
+    (Offload(activations=0.5), Target.MEGATRON),    # TE's --cpu-offloading refuses pp > 1
+    (Offload(activations=0.5), Target.DEEPSPEED),
+    (Offload(activations=0.5), Target.NEMO),
+])
+def test_offload_a_launcher_cannot_run_is_refused_with_its_field(offload: Offload,
+                                                                 target: Target) -> None:
+    zero = ZeroStage.PARAMETERS if target is Target.TORCHTITAN else ZeroStage.OPTIMIZER
+    plan = make_plan("llama3-8b", gpus=8, global_batch=64, dp=4, pp=2, zero=zero, offload=offload)
+    found = dict(refusals(plan, target))
+    assert "offload" in found and "offload" in found["offload"], found
 
 
 @pytest.mark.parametrize(("plan_kwargs", "target", "field"), [
