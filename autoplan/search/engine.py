@@ -50,7 +50,7 @@ from autoplan.search.stages import (
     split_bound_with_memory,
     with_best_stages,
 )
-from autoplan.vocab import CpComm, Offload, Recompute, Schedule, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, Schedule, ZeroStage
 
 BOUND_SLACK = 1e-9  # relative; keeps exact ties (broken by memory) in the top k
 # schedules that hold microbatches back to save memory: their bubbles exceed the fill
@@ -231,7 +231,7 @@ class _Search:
             sps = tp.sequence_parallel_choices(self.model, base, space)
             cps = cp.exchanges(self.model, base, self.job.seq_len, space)
             per_zero = len(scheds) * len(space.recompute) * len(cps)
-            per_mbs = per_zero * sum(len(o) for o in offloads.values()) * max(1, len(sps))
+            per_mbs = per_zero * len(zeros) * max(1, len(sps))
             stats.generated += per_mbs * len(space.micro_batches)
             probe = self._probe(base)
             rule = first_broken(probe, Scope.JOB) or first_broken(probe, Scope.LAYOUT)
@@ -254,30 +254,65 @@ class _Search:
                     runnable = self._runnable(base, mbs, sp, scheds)
                     shared = self._layout_bound(base, mbs, sp, zeros, cps, runnable)
                     for zero in zeros:
-                        for off in offloads[zero]:
-                            if self._states_exceed_memory(base, zero, off, mbs, sp):
-                                stats.infeasible["model states exceed memory"] += per_zero
-                                continue
-                            bound = shared
-                            if off.optimizer:
-                                bound = self._offloaded_bound(shared, base, mbs, sp, zero, off,
-                                                              cps[-1])
+                        probe = self._probe(base, mbs, sp, zero).replace(cp_comm=cps[-1])
+                        if not self._states_exceed_memory(base, zero, NO_OFFLOAD, mbs, sp):
                             for rc in space.recompute:
                                 # the group's member without the ring's merges (all-to-all
                                 # where allowed): its time less all CP communication bounds
                                 # every exchange
-                                plan = Plan(model=self.model, cluster=self.cluster, job=self.job,
-                                            stack=self.space.stack, layout=base, micro_batch=mbs,
-                                            schedule=Schedule.ONE_F_ONE_B, recompute=rc,
-                                            zero=zero, sequence_parallel=sp, cp_comm=cps[-1],
-                                            offload=off)
-                                yield _Group(bound, rank_key_static(plan), plan, tuple(scheds),
-                                             cps, runnable=runnable)
+                                yield self._group(probe.replace(recompute=rc), shared, scheds,
+                                                  cps, runnable)
+                            continue
+                        stats.infeasible["model states exceed memory"] += per_zero
+                        # no member fits as it is: each offload the space allows is tried
+                        for off in offloads[zero][1:]:
+                            stats.generated += per_zero
+                            if self._states_exceed_memory(base, zero, off, mbs, sp):
+                                stats.infeasible["model states exceed memory"] += per_zero
+                                continue
+                            bound = self._offloaded_bound(shared, probe, off)
+                            for rc in space.recompute:
+                                yield self._group(probe.replace(recompute=rc, offload=off), bound,
+                                                  scheds, cps, runnable)
 
-    def _offloaded_bound(self, shared: float, base: Layout, mbs: int, sp: bool, zero: ZeroStage,
-                         off: Offload, cp_comm: CpComm) -> float:
-        """``shared`` (``_layout_bound``, valid for the layout's groups without offload)
-        made valid for those of ZeRO stage ``zero`` offloading their optimizer.
+    def _group(self, plan: Plan, bound: float, scheds: Sequence[tuple[Schedule, int, bool]],
+               cps: Sequence[CpComm], runnable: tuple[tuple[Schedule, int, bool], ...]) -> _Group:
+        return _Group(bound, rank_key_static(plan), plan, tuple(scheds), tuple(cps),
+                      runnable=runnable)
+
+    def wants_offload(self, group: _Group, floor: Memory | None) -> bool:
+        """Whether the search tries the group's offload variants: it keeps nothing in host
+        memory, and no member of its uniform layer splits fits as it is (the group's memory
+        floor, ``floor``, over them passes the limit). The search offloads what does not fit
+        without it; a group whose model states alone do not fit is offloaded at generation
+        (``groups``)."""
+        if group.plan.offload.any or len(self.space.offload) == 1:
+            return False
+        if floor is None:  # split variants: their uniform members' floor decides
+            uniform = tuple(x for x in group.schedules if not x[2])
+            if not uniform:
+                return False
+            floor = self.memory_floor(dataclasses.replace(group, schedules=uniform))
+        return floor is not None and floor.peak > self.limit
+
+    def offloaded(self, group: _Group) -> list[_Group]:
+        """The group's offload variants, where the space and the plan's rules allow them
+        (no offload, each offload choice passing ``dp.offload_choices``), each bounded from
+        the group's own bound (``_offloaded_bound``). Asked only for a group none of whose
+        members fits: the search offloads what does not fit as it is (module doc)."""
+        plan = group.plan
+        out = []
+        for off in dp.offload_choices(plan, self.space)[1:]:
+            bound = self._offloaded_bound(group.bound, plan, off) if off.optimizer else group.bound
+            out.append(dataclasses.replace(group, plan=plan.replace(offload=off), bound=bound,
+                                           key=rank_key_static(plan.replace(offload=off)),
+                                           exact=False, floored=False))
+        self.stats.generated += sum(g.size for g in out)
+        return out
+
+    def _offloaded_bound(self, bound: float, plan: Plan, off: Offload) -> float:
+        """``bound``, valid for ``plan``'s group without offload (or for every group of its
+        layout), made valid for the group offloading as ``off``.
 
         A group's bounds charge the optimizer step as c x p: seconds per parameter
         (``dp.optimizer_seconds_per_param``, c_gpu on the GPU, c_off offloaded) times the
@@ -285,17 +320,19 @@ class _Search:
         below the mean over stages, p_mean (the stages' parameters add up to the model's).
         Everything else in them is the same with and without offload (activation offload
         only adds time, and memory is charged later, at the group's own floor). So the
-        group's own bound is at least its non-offloaded twin's, at least ``shared``, plus
+        group's own bound is at least its non-offloaded twin's, at least ``bound``, plus
         (c_off - c_gpu) x p_mean where c_off >= c_gpu; where c_off < c_gpu, minus
         (c_gpu - c_off) x the whole model's per-rank parameters (p is at most that)."""
-        plan = self._probe(base, mbs, sp, zero).replace(cp_comm=cp_comm)
+        if not off.optimizer:
+            return bound
+        plan = plan.replace(recompute=Recompute.NONE, offload=NO_OFFLOAD)
         works = stage_work(plan)
         c_gpu = dp.optimizer_seconds_per_param(plan)
         c_off = dp.optimizer_seconds_per_param(plan.replace(offload=off))
         shards = [dp.optimizer_params(plan, w.params, w.expert_params) for w in works]
         if c_off >= c_gpu:
-            return shared + (c_off - c_gpu) * sum(shards) / len(shards)
-        return shared - (c_gpu - c_off) * sum(shards)
+            return bound + (c_off - c_gpu) * sum(shards) / len(shards)
+        return bound - (c_gpu - c_off) * sum(shards)
 
     def _states_exceed_memory(self, lay: Layout, zero: ZeroStage, off: Offload, mbs: int,
                               sp: bool) -> bool:
@@ -728,6 +765,10 @@ class _Search:
                     continue
             if isinstance(item, _Group) and not item.floored:
                 floor = self.memory_floor(item)
+                if self.wants_offload(item, floor):
+                    for new in self.offloaded(item):
+                        heapq.heappush(heap, (new.bound, new.key, seq, new))
+                        seq += 1
                 if floor is not None and floor.peak > self.limit:
                     self._drop(item, floor, seq)
                     continue
@@ -806,9 +847,14 @@ def search(model: Model, cluster: Cluster, job: Job, space: SearchSpace,
 
 def candidate_plans(model: Model, cluster: Cluster, job: Job, space: SearchSpace) -> Iterator[Plan]:
     """Every plan the search generates past the rules and the model-state check, before
-    memory and bounds decide (split variants with the uniform split they start from).
+    memory and bounds decide (split variants with the uniform split they start from), with
+    the offload variants of the groups that do not fit without them (module doc).
     For tests and tools: each must pass ``parallel.rules.plan_problems`` and the space."""
     walk = _Search(model, cluster, job, space, top_k=1)
     for group in walk.groups():
-        for plan, _ in walk.schedule_plans(group):
-            yield plan
+        groups = [group]
+        if walk.wants_offload(group, walk.memory_floor(group)):
+            groups += walk.offloaded(group)
+        for g in groups:
+            for plan, _ in walk.schedule_plans(g):
+                yield plan

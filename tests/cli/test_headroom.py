@@ -44,6 +44,6 @@ def test_the_table_shows_why_a_plan_won(column: str) -> None:
 
 def test_where_nothing_fits_the_headroom_in_force_is_named() -> None:
     r = autoplan("search", "-m", "llama3-70b", "-c", "dgx-h100", "--gpus", "8", "-b", "8", "-s",
-                 "4096", "--min-headroom", "10")
+                 "4096", "--min-headroom", "10", "--no-offload")
     assert r.returncode == 1
     assert "plans must leave 10.0 GiB free per GPU" in r.stderr

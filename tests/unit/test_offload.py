@@ -154,7 +154,7 @@ def test_search_no_offload_exits_1_with_the_smallest_plans_numbers():
 def test_the_search_tries_only_offload_the_cluster_and_zero_stage_allow():
     """No host in the cluster file: no offload; an offloaded optimizer steps a ZeRO shard;
     activation offload needs a pipeline (the offload rules)."""
-    job, model = Job(global_batch=16, seq_len=2048), resolve_model("llama3-8b")
+    job, model = Job(global_batch=16, seq_len=2048), resolve_model("llama3-70b")
     bare = dataclasses.replace(resolve_cluster("dgx-h100"), host_link_Bps=None,
                                host_mem_bytes=None, host_mem_Bps=None)
     assert not any(p.offload.any for p in candidate_plans(model, bare, job, load_space("megatron")))
@@ -163,7 +163,23 @@ def test_the_search_tries_only_offload_the_cluster_and_zero_stage_allow():
         seen.add((p.offload.optimizer, p.offload.activations > 0))
         assert not (p.offload.optimizer and p.zero is ZeroStage.NONE)
         assert not (p.offload.activations and p.layout.pp == 1)
-    assert seen == {(False, False), (True, False), (False, True), (True, True)}
+    # 70B's model states fit 8 GPUs only with the optimizer on the host
+    assert seen == {(True, False), (True, True)}
+
+
+def test_offload_is_tried_only_for_what_does_not_fit_without_it():
+    """The search's rule (search/engine.py): a plan offloads only where no uniform-split
+    member of its group fits as it is; so each offload candidate's twin without offload
+    does not fit, and a job that fits keeps everything on the GPUs."""
+    job, model = Job(global_batch=16, seq_len=4096), resolve_model("llama3-8b")
+    cluster, space = resolve_cluster("dgx-h100"), load_space("default")
+    limit = cluster.device.mem_bytes
+    offloads = [p for p in candidate_plans(model, cluster, job, space) if p.offload.any]
+    assert {(True, False), (False, True)} <= {
+        (t.offload.optimizer, t.offload.activations > 0) for t in offloads}
+    assert all(evaluate(t.replace(offload=NO_OFFLOAD)).memory.peak > limit for t in offloads[::7])
+    best = search(model, cluster, job, space, top_k=3).plans
+    assert best and not any(r.plan.offload.any for r in best)
 
 
 # --------------------------------------------------------------------------- files
