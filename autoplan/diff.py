@@ -127,6 +127,8 @@ def plan_fields(plan: Plan) -> dict[str, Value]:
     out["stages"] = plan.stage_layers
     # chunks of their own sizes, as Megatron's layout string (None: equal chunks)
     out["pipeline_layout"] = render_layout(plan.chunks) if plan.chunks is not None else None
+    out["offload.optimizer"] = plan.offload.optimizer
+    out["offload.activations"] = plan.offload.activations
     _flatten("stack", plan.stack.to_dict(), out)
     return out
 
@@ -151,6 +153,8 @@ def prediction_deltas(a: Prediction, b: Prediction) -> tuple[Delta, ...]:
         Delta(metric="mfu", unit="fraction", a=a.mfu, b=b.mfu),
         Delta(metric="capacity_gib", unit="GiB", a=a.capacity_bytes / GiB, b=b.capacity_bytes / GiB),
         Delta(metric="headroom_gib", unit="GiB", a=a.headroom_bytes / GiB, b=b.headroom_bytes / GiB),
+        Delta(metric="host_memory_gib_per_node", unit="GiB", a=a.host_memory_bytes_per_node / GiB,
+              b=b.host_memory_bytes_per_node / GiB),
     ]
     ma, mb = a.memory.to_gib_dict(), b.memory.to_gib_dict()
     rows += [Delta(metric=f"memory_gib.{k}", unit="GiB", a=ma[k], b=mb[k]) for k in MEMORY_TERMS]

@@ -210,6 +210,9 @@ def unsupported(plan: Plan, source: str, options: Options, machine: Machine) -> 
         names = ", ".join(s.value for s in Schedule if s in TORCH_SCHEDULES)
         no("schedule", f"{plan.schedule.value} has no torch.distributed.pipelining schedule "
                        f"(validate runs {names})")
+    if plan.offload.any:
+        no("offload", "offload to host memory is not built by validate (its torch model keeps "
+                      "optimizer states and activations on the device)")
     if m.tied_embeddings and lay.tp > 1 and lay.pp * lay.vpp == 1:
         no("model.tied_embeddings", "tied embeddings with tp > 1 on one stage are not built by validate")
     if options.slice:

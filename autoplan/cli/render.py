@@ -298,16 +298,23 @@ def stage_table(plan: Plan, works: tuple[StageWork, ...]) -> Table:
 
 
 def memory_table(pred: Prediction) -> Table:
-    table = Table(title="memory per GPU (GiB) by pipeline stage", title_justify="left")
+    """Each stage's bytes per GPU, with what its offload keeps in host memory (only where
+    the plan offloads) and, then, the node's host memory in the caption."""
+    host = pred.host_memory_bytes_per_node > 0
+    caption = (f"host memory per node for offload: {pred.host_memory_bytes_per_node / GiB:,.0f} "
+               f"GiB (every GPU of a node as its fullest stage's)" if host else None)
+    table = Table(title="memory per GPU (GiB) by pipeline stage", title_justify="left",
+                  caption=caption, caption_justify="left")
     table.add_column("stage", justify="right")
-    for col in ("weights", "grads", "optimizer", "activations", "other", "peak"):
+    cols = ("weights", "grads", "optimizer", "activations", "other", "peak") + (
+        ("host",) if host else ())
+    for col in cols:
         table.add_column(col, justify="right")
     for s, mem in enumerate(pred.memory_per_stage):
-        d = mem.to_gib_dict()
+        d = {"host": 0.0, **mem.to_gib_dict()}
         style = "red" if mem.peak > pred.capacity_bytes else ""
         table.add_row(str(s), *(f"[{style}]{d[k]:.1f}[/{style}]" if style else f"{d[k]:.1f}"
-                                for k in ("weights", "grads", "optimizer", "activations", "other",
-                                          "peak")))
+                                for k in cols))
     return table
 
 
@@ -315,7 +322,8 @@ def summary_line(plan: Plan, pred: Prediction) -> str:
     status = "fits" if pred.feasible else "[red]does not fit[/red]"
     return (f"{layout_text(plan)}, micro_batch {plan.micro_batch}, {plan.schedule.value}, "
             f"recompute {plan.recompute.value}, zero {int(plan.zero)}"
-            f"{', sp' if plan.sequence_parallel else ''}: "
+            f"{', sp' if plan.sequence_parallel else ''}"
+            f"{', offload ' + offload_text(plan) if plan.offload.any else ''}: "
             f"step {pred.step_time_s:.3f} s, {pred.tokens_per_s:,.0f} tokens/s, "
             f"MFU {pred.mfu:.1%}{MOE_MFU_NOTE if plan.model.is_moe else ''} "
             f"({pred.tflops_per_gpu:.0f} model / "

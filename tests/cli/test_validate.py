@@ -170,6 +170,8 @@ def test_what_torch_cannot_run_here_is_named_by_field() -> None:
     assert "layout" not in problems(too_many, slice=True)  # one rank's slice runs anywhere
     assert "layout" not in problems(too_many, device="cuda", slice=True)  # validate() implies --slice
     assert "zero" in problems(dataclasses.replace(pp2, zero=ZeroStage.PARAMETERS), slice=True)
+    from autoplan.vocab import Offload
+    assert "not built by validate" in problems(pp2.replace(offload=Offload(optimizer=True)))["offload"]
 
 
 def test_a_profile_taken_with_other_thread_counts_is_refused(tmp_path: Path) -> None:

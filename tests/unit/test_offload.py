@@ -258,3 +258,20 @@ def test_the_breakdown_still_sums_to_the_step_with_offload():
                      recompute=Recompute.NONE).replace(offload=Offload(optimizer=True, activations=1.0))
     pred = evaluate(plan)
     assert pred.breakdown.total == pytest.approx(pred.step_time_s, rel=1e-9)
+
+
+def test_diff_and_explain_show_what_offload_changes(tmp_path):
+    plan = _offloaded()
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(yaml.safe_dump(plan.replace(offload=NO_OFFLOAD).to_dict(builtin_model=True)))
+    b.write_text(yaml.safe_dump(plan.to_dict(builtin_model=True)))
+    out = autoplan("diff", str(a), str(b), "--format", "json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert {"offload.optimizer"} <= {c["field"] for c in doc["changes"]}
+    deltas = {d["metric"]: d for d in doc["deltas"]}
+    assert deltas["breakdown_s.offload"]["a"] == 0 and deltas["breakdown_s.offload"]["b"] > 0
+    assert deltas["host_memory_gib_per_node"]["b"] > 0
+    shown = autoplan("explain", str(b))
+    assert shown.returncode == 0, shown.stderr
+    assert "offload optimizer" in shown.stdout and "host memory per node" in shown.stdout
