@@ -1,7 +1,7 @@
 """Wall time of full searches. Targets (issue 13, best of 3 on the 2-core machine):
 under 1 s, except the 16k-GPU Llama 3 405B (3 s) and DeepSeek-V3 (5 s).
 
-    python benchmarks/search_speed.py [--repeat N] [--space NAME]
+    python benchmarks/search_speed.py [--repeat N] [--space NAME] [--no-offload]
 
 Prints one row per case: the best of N cold runs (caches cleared between runs).
 """
@@ -9,6 +9,7 @@ Prints one row per case: the best of N cold runs (caches cleared between runs).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 import time
 
@@ -17,6 +18,7 @@ from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
 from autoplan.search.engine import search
 from autoplan.search.space import load_space
+from autoplan.vocab import NO_OFFLOAD
 
 CASES = [
     # (model, cluster, gpus, global batch, seq len, target seconds)
@@ -31,10 +33,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--space", default="default")
+    parser.add_argument("--no-offload", action="store_true", help="as search --no-offload")
     args = parser.parse_args()
     space = load_space(args.space)
-    print(f"python {platform.python_version()} on {platform.machine()}, space {space.name}, "
-          f"best of {args.repeat} cold runs")
+    if args.no_offload:
+        space = dataclasses.replace(space, offload=(NO_OFFLOAD,))
+    print(f"python {platform.python_version()} on {platform.machine()}, space {space.name}"
+          f"{' without offload' if args.no_offload else ''}, best of {args.repeat} cold runs")
     print(f"{'model':<12} {'GPUs':>6} {'generated':>10} {'evaluated':>9} {'seconds':>8} "
           f"{'target':>7}  best plan")
     for name, cluster, gpus, gbs, seq, target in CASES:
@@ -55,6 +60,8 @@ def main() -> None:
             desc += f" ep{lay.ep} etp{lay.etp}"
         if lay.cp > 1:
             desc += f" cp_comm {top.cp_comm.value}"
+        if top.offload.any:
+            desc += f" offload optimizer={top.offload.optimizer} activations={top.offload.activations:g}"
         shown = f"{target:>7.1f}" if target else f"{'-':>7}"
         print(f"{name:<12} {gpus:>6} {result.stats.generated:>10,} {result.stats.evaluated:>9,} "
               f"{best:>8.2f} {shown}  {desc}")

@@ -285,7 +285,9 @@ def _search_whatif(req: Request, whatif: _WhatIf, top: int, out_path: Path | Non
     limits = constrain(result.front, whatif.objective, deadline_days=whatif.deadline,
                        budget_usd=whatif.budget)
     ranked = [p for p in result.ranked() if all(meets(p, whatif.deadline, whatif.budget))][:top]
-    labels = {p.gpus: render.layout_text(p.plan) for p in result.points}
+    labels = {p.gpus: render.layout_text(p.plan) + (
+        f" offload {render.offload_text(p.plan)}" if p.plan.offload.any else "")
+        for p in result.points}
     summary = {
         "tokens": whatif.train_tokens,
         "objective": whatif.objective.value,

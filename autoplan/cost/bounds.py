@@ -5,7 +5,7 @@ only."""
 
 from __future__ import annotations
 
-from autoplan.cost.evaluate import plan_durations
+from autoplan.cost.evaluate import activation_copies_exposed, plan_durations
 from autoplan.cost.stage import (
     StageWork,
     chunk_work,
@@ -28,6 +28,7 @@ from autoplan.parallel.dp import (
 )
 from autoplan.parallel.pp import dense_per_stage, output_stage
 from autoplan.plan import Plan
+from autoplan.schedules.memory import peak_inflight
 from autoplan.schedules.simulator import critical_chain
 from autoplan.vocab import Axis
 
@@ -62,7 +63,9 @@ def step_time_lower_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
        uniform stages: exactly (m + p - 1)(f + b)). Zero-bubble schedules fill the
        drain with W, which is why it counts only B there (Qi et al. 2024, Sec. 2).
     3. Then the optimizer step, the stack's per-step overhead and the gradient sync no
-       drain hides (``dp.grad_sync_floor``), which ``evaluate`` adds after the makespan.
+       drain hides (``dp.grad_sync_floor``), which ``evaluate`` adds after the makespan,
+       and offloaded activations' copies where compute does not hide them, which it adds
+       exactly so (:func:`offload_copies`).
     """
     m, v = plan.num_microbatches, plan.layout.vpp
     split = plan.schedule.splits_backward
@@ -85,7 +88,17 @@ def step_time_lower_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
         fill += fwd[s]
         drain += bwd[s]
     return (best + optimizer_seconds(plan, works) + step_overhead(plan)
-            + grad_sync_floor(plan, mesh.groups(plan), works))
+            + grad_sync_floor(plan, mesh.groups(plan), works) + offload_copies(plan, works))
+
+
+def offload_copies(plan: Plan, works: tuple[StageWork, ...]) -> float:
+    """The seconds ``evaluate`` adds for offloaded activations' copies
+    (``activation_copies_exposed``, from the stages' microbatch-chunks in flight)."""
+    if not plan.offload.activations:
+        return 0.0
+    lay, m = plan.layout, plan.num_microbatches
+    inflight = tuple(peak_inflight(plan.schedule, lay.pp, m, lay.vpp, s) for s in range(lay.pp))
+    return activation_copies_exposed(plan, works, inflight)
 
 
 def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], without_cp: bool,
@@ -145,4 +158,4 @@ def chain_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
     chain = critical_chain(plan.schedule, lay.pp, plan.num_microbatches, lay.vpp)
     makespan = chain.length(*plan_durations(plan, works), per_chunk=plan.chunks is not None)
     return (makespan * (1 - CHAIN_ROUNDING) + optimizer_seconds(plan, works) + step_overhead(plan)
-            + grad_sync_floor(plan, mesh.groups(plan), works))
+            + grad_sync_floor(plan, mesh.groups(plan), works) + offload_copies(plan, works))

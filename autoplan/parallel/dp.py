@@ -19,6 +19,7 @@ from autoplan.parallel.common import Rule, Scope
 from autoplan.vocab import Axis, Dtype, Offload, ZeroStage
 
 if TYPE_CHECKING:
+    from autoplan.descriptors.hardware import Cluster
     from autoplan.plan import Layout, Plan
     from autoplan.search.space import SearchSpace
 
@@ -50,14 +51,22 @@ def _batch(plan: Plan) -> str | None:
 
 
 def _offload_host(plan: Plan) -> str | None:
-    if plan.offload.any and not plan.cluster.offloads:
-        return (f"cluster {plan.cluster.name} describes no host to offload to (give "
+    return None if not plan.offload.any else _no_host(plan.cluster)
+
+
+def _no_host(cluster: Cluster) -> str | None:
+    if not cluster.offloads:
+        return (f"cluster {cluster.name} describes no host to offload to (give "
                 f"host_link_GBps, host_mem_GiB and host_mem_GBps in its cluster file)")
     return None
 
 
 def _offload_zero(plan: Plan) -> str | None:
-    if plan.offload.optimizer and plan.zero is ZeroStage.NONE:
+    return _optimizer_refused(plan.offload, plan.zero)
+
+
+def _optimizer_refused(off: Offload, zero: ZeroStage) -> str | None:
+    if off.optimizer and zero is ZeroStage.NONE:
         return ("an offloaded optimizer needs ZeRO stage 1 or more (DeepSpeed's "
                 "offload_optimizer and Megatron's --optimizer-cpu-offload with its distributed "
                 "optimizer both step each rank's shard)")
@@ -65,7 +74,11 @@ def _offload_zero(plan: Plan) -> str | None:
 
 
 def _offload_activations(plan: Plan) -> str | None:
-    if plan.offload.activations > 0 and plan.layout.pp == 1:
+    return _activations_refused(plan.offload, plan.layout.pp)
+
+
+def _activations_refused(off: Offload, pp: int) -> str | None:
+    if off.activations > 0 and pp == 1:
         return ("activation offload moves what the pipeline holds for later backwards; "
                 "without one (pp = 1) there is nothing to move")
     return None
@@ -95,11 +108,14 @@ def zero_stages(lay: Layout, space: SearchSpace) -> list[ZeroStage]:
     return [z for z in space.zero if z <= cap and not plain_dp_refused(lay, z, space)]
 
 
-def offload_choices(plan: Plan, space: SearchSpace) -> list[Offload]:
-    """The space's offload choices that ``plan`` (its layout, ZeRO stage and cluster) may
-    take: what passes the offload rules, no offload first."""
+def offload_choices(lay: Layout, zero: ZeroStage, cluster: Cluster,
+                    space: SearchSpace) -> list[Offload]:
+    """The space's offload choices a plan of this layout, ZeRO stage and cluster may take:
+    what passes the offload rules (the same predicates), no offload first."""
+    if len(space.offload) == 1 or _no_host(cluster):
+        return [space.offload[0]]
     return [o for o in space.offload
-            if not any(r.broken(plan.replace(offload=o)) for r in OFFLOAD_RULES)]
+            if not _optimizer_refused(o, zero) and not _activations_refused(o, lay.pp)]
 
 
 # ----------------------------------------------------------------------------- memory

@@ -227,7 +227,6 @@ class _Search:
         for base in self.layouts():
             scheds = pp.schedule_choices(base, space)
             zeros = dp.zero_stages(base, space)
-            offloads = {z: dp.offload_choices(self._probe(base, zero=z), space) for z in zeros}
             sps = tp.sequence_parallel_choices(self.model, base, space)
             cps = cp.exchanges(self.model, base, self.job.seq_len, space)
             per_zero = len(scheds) * len(space.recompute) * len(cps)
@@ -265,7 +264,7 @@ class _Search:
                             continue
                         stats.infeasible["model states exceed memory"] += per_zero
                         # no member fits as it is: each offload the space allows is tried
-                        for off in offloads[zero][1:]:
+                        for off in dp.offload_choices(base, zero, self.cluster, space)[1:]:
                             stats.generated += per_zero
                             if self._states_exceed_memory(base, zero, off, mbs, sp):
                                 stats.infeasible["model states exceed memory"] += per_zero
@@ -297,16 +296,19 @@ class _Search:
 
     def offloaded(self, group: _Group) -> list[_Group]:
         """The group's offload variants, where the space and the plan's rules allow them
-        (no offload, each offload choice passing ``dp.offload_choices``), each bounded from
-        the group's own bound (``_offloaded_bound``). Asked only for a group none of whose
-        members fits: the search offloads what does not fit as it is (module doc)."""
+        (each offload choice passing ``dp.offload_choices``), each bounded from the group's
+        own bound (exact: asked once it is), shifted by ``_offloaded_bound``. Asked only for
+        a group none of whose members fits: the search offloads what does not fit as it is
+        (module doc)."""
         plan = group.plan
         out = []
-        for off in dp.offload_choices(plan, self.space)[1:]:
-            bound = self._offloaded_bound(group.bound, plan, off) if off.optimizer else group.bound
+        for off in dp.offload_choices(plan.layout, plan.zero, self.cluster, self.space)[1:]:
+            # the group's own bound, as ``_group_bound`` would find it for the variant but
+            # for its optimizer term (``_offloaded_bound``): nothing else in it moves
+            bound = self._offloaded_bound(group.bound, plan, off)
             out.append(dataclasses.replace(group, plan=plan.replace(offload=off), bound=bound,
                                            key=rank_key_static(plan.replace(offload=off)),
-                                           exact=False, floored=False))
+                                           bare=bound, floored=False))
         self.stats.generated += sum(g.size for g in out)
         return out
 
