@@ -275,3 +275,39 @@ def test_diff_and_explain_show_what_offload_changes(tmp_path):
     shown = autoplan("explain", str(b))
     assert shown.returncode == 0, shown.stderr
     assert "offload optimizer" in shown.stdout and "host memory per node" in shown.stdout
+
+
+OFFLOADING = dataclasses.replace(
+    load_space("default"), name="offloading", micro_batches=(1, 2), vpp_max=2, cp_max=2,
+    schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.ZB_H1),
+    zero=(ZeroStage.NONE, ZeroStage.OPTIMIZER, ZeroStage.PARAMETERS))
+
+
+@pytest.mark.parametrize(("model", "gpus", "gbs", "seq", "leads"), [
+    ("llama3-70b", 8, 16, 4096, True),   # nothing fits without offload
+    ("llama2-13b", 8, 32, 8192, False),  # some groups fit, some only with offload
+])
+def test_the_best_offloading_plans_equal_brute_force(model, gpus, gbs, seq, leads):
+    """Every candidate the search generates (offload variants included, by its rule)
+    evaluated, no pruning: the same top k, byte for byte; and no offload candidate's bound
+    exceeds its evaluated step."""
+    from autoplan.cost.bounds import step_time_lower_bound
+    from autoplan.search.engine import rank_key
+
+    m, c = resolve_model(model), with_gpus(resolve_cluster("dgx-h100"), gpus)
+    job = Job(global_batch=gbs, seq_len=seq)
+    every = []
+    for plan in candidate_plans(m, c, job, OFFLOADING):
+        if plan.chunks is not None or plan.stages is not None:
+            continue
+        pred = evaluate(plan)
+        if plan.offload.any:
+            assert step_time_lower_bound(plan, stage_work(plan)) <= pred.step_time_s * (1 + 1e-9)
+        if pred.feasible:
+            every.append((rank_key(plan, pred), plan, pred))
+    every.sort(key=lambda e: e[0])
+    assert any(p.offload.any for _, p, _ in every) and any(
+        p.offload.any for _, p, _ in every[:5]) is leads
+    found = search(m, c, job, OFFLOADING, top_k=5).plans
+    assert [r.plan for r in found] == [p for _, p, _ in every[:5]]
+    assert [r.prediction for r in found] == [q for _, _, q in every[:5]]
