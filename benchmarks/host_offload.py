@@ -41,39 +41,42 @@ def median_time(fn, repeats: int, sync) -> float:
 
 
 def copies(torch, out: dict) -> None:
+    for size in (GiB, GiB // 4):
+        copies_of(torch, size, out)
+        torch.cuda.empty_cache()
+
+
+def copies_of(torch, size: int, out: dict) -> None:
+    """Pinned and pageable copies of ``size`` bytes each way, and both ways at once."""
     dev = torch.device("cuda")
     sync = torch.cuda.synchronize
-    for size in (GiB, GiB // 4):
-        n = size // 2
-        gpu = torch.empty(n, dtype=torch.bfloat16, device=dev)
-        gpu2 = torch.empty(n, dtype=torch.bfloat16, device=dev)
-        pinned = torch.empty(n, dtype=torch.bfloat16, pin_memory=True)
-        pinned2 = torch.empty(n, dtype=torch.bfloat16, pin_memory=True)
-        pageable = torch.empty(n, dtype=torch.bfloat16)
-        pageable.fill_(1.0)
-        s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    n = size // 2
+    gpu = torch.empty(n, dtype=torch.bfloat16, device=dev)
+    gpu2 = torch.empty(n, dtype=torch.bfloat16, device=dev)
+    pinned = torch.empty(n, dtype=torch.bfloat16, pin_memory=True)
+    pinned2 = torch.empty(n, dtype=torch.bfloat16, pin_memory=True)
+    pageable = torch.empty(n, dtype=torch.bfloat16)
+    pageable.fill_(1.0)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
 
-        def both() -> None:
-            with torch.cuda.stream(s1):
-                gpu.copy_(pinned, non_blocking=True)
-            with torch.cuda.stream(s2):
-                pinned2.copy_(gpu2, non_blocking=True)
+    def both() -> None:
+        with torch.cuda.stream(s1):
+            gpu.copy_(pinned, non_blocking=True)
+        with torch.cuda.stream(s2):
+            pinned2.copy_(gpu2, non_blocking=True)
 
-        cases = {
-            "h2d_pinned": lambda: gpu.copy_(pinned, non_blocking=True),
-            "d2h_pinned": lambda: pinned.copy_(gpu, non_blocking=True),
-            "h2d_pageable": lambda: gpu.copy_(pageable),
-            "d2h_pageable": lambda: pageable.copy_(gpu),
-        }
-        for name, fn in cases.items():
-            fn()
-            t = median_time(fn, 5, sync)
-            out[f"{name}_{size // (1 << 20)}MiB_GBps"] = size / t / 1e9
-        both()
-        t = median_time(both, 5, sync)
-        out[f"bidir_pinned_{size // (1 << 20)}MiB_GBps_each"] = size / t / 1e9
-        del gpu, gpu2, pinned, pinned2, pageable
-        torch.cuda.empty_cache()
+    cases = {
+        "h2d_pinned": lambda: gpu.copy_(pinned, non_blocking=True),
+        "d2h_pinned": lambda: pinned.copy_(gpu, non_blocking=True),
+        "h2d_pageable": lambda: gpu.copy_(pageable),
+        "d2h_pageable": lambda: pageable.copy_(gpu),
+    }
+    mib = size // (1 << 20)
+    for name, fn in cases.items():
+        fn()
+        out[f"{name}_{mib}MiB_GBps"] = size / median_time(fn, 5, sync) / 1e9
+    both()
+    out[f"bidir_pinned_{mib}MiB_GBps_each"] = size / median_time(both, 5, sync) / 1e9
 
 
 def overlap(torch, out: dict) -> None:

@@ -18,8 +18,8 @@ parameters: seconds = ``optimizer_seconds_per_param`` x parameters.
 
 Activation offload (PipeOffload, Wan et al. 2025): a fraction a of the activations each
 microbatch leaves on a stage goes to the host after its forward and comes back before its
-backward, on the copy engines, beside compute (GEMMs ran at 0.997x their speed during
-device-to-host copies on an H200: benchmarks/host_offload.py). A stage holding n
+backward, on the copy engines, beside compute (GEMMs ran at 0.993-0.997x their speed
+during device-to-host copies on an H200: benchmarks/host_offload.py). A stage holding n
 microbatch-chunks keeps 1 + (n - 1)(1 - a) of them on the GPU (the one being worked on
 stays); each copy of a bytes is exposed where it outlasts the forward (down) or backward
 (up) of the chunk it hides behind.
@@ -36,7 +36,7 @@ from autoplan.vocab import OffloadOverlap
 # Adam's host traffic per parameter: fp32 weight, gradient and two moments read (16 B), the
 # weight and moments written (12 B): the streams of DeepSpeedCPUAdam (Ren et al. 2021,
 # Sec. 5) and torch's fused AdamW. Measured on 16 cores of an H200 host: torch 2.11's fused
-# CPU AdamW stepped 4.42 G parameters/s, 124 GB/s at these 28 B
+# CPU AdamW stepped 4.2-4.4 G parameters/s, 117-124 GB/s at these 28 B
 # (benchmarks/host/h200-2026-11-26.json).
 CPU_ADAM_BYTES = 28
 # Host memory a parameter of the shard takes: fp32 master weight and two moments (12 B)

@@ -5,7 +5,8 @@ Keys checked against DeepSpeed 0.19.8's own parser (``deepspeed.runtime.config``
 ``deepspeed.runtime.activation_checkpointing.config``): ``train_batch_size``,
 ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps`` (DeepSpeed asserts
 train = micro x accumulation x data-parallel ranks), ``zero_optimization.stage`` and
-``.overlap_comm``, ``.offload_optimizer`` (``device``, ``pin_memory``), ``bf16.enabled``, ``fp16.enabled``, ``activation_checkpointing``, and
+``.overlap_comm``, ``.offload_optimizer`` (``device``, ``pin_memory``),
+``bf16.enabled``, ``fp16.enabled``, ``activation_checkpointing``, and
 ``pipeline`` (``get_pipeline_config``: ``stages``,
 ``activation_checkpoint_interval``, which the pipeline engine applies to every layer).
 The launcher's options (--hostfile, --num_nodes, --num_gpus) are

@@ -123,8 +123,17 @@ class SearchResult:
         return (f"no plan fits in memory: the smallest plan (dp{lay.dp} tp{lay.tp} pp{lay.pp} "
                 f"cp{lay.cp}{f' ep{lay.ep}' if lay.ep > 1 else ''}, micro_batch {plan.micro_batch}, "
                 f"recompute {plan.recompute.value}, "
-                f"zero {int(plan.zero)}) "
+                f"zero {int(plan.zero)}{_offload_words(plan)}) "
                 + memory_shortfall(plan, stage, mem, plan.cluster.device.mem_bytes))
+
+
+def _offload_words(plan: Plan) -> str:
+    off = plan.offload
+    if not off.any:
+        return ""
+    parts = (["optimizer"] if off.optimizer else []) + (
+        [f"{off.activations:.0%} of activations"] if off.activations else [])
+    return ", offloading " + " and ".join(parts)
 
 
 def rank_key(plan: Plan, pred: Prediction) -> tuple:
@@ -768,8 +777,8 @@ class _Search:
             if isinstance(item, _Group) and not item.floored:
                 floor = self.memory_floor(item)
                 if self.wants_offload(item, floor):
-                    for new in self.offloaded(item):
-                        heapq.heappush(heap, (new.bound, new.key, seq, new))
+                    for variant in self.offloaded(item):
+                        heapq.heappush(heap, (variant.bound, variant.key, seq, variant))
                         seq += 1
                 if floor is not None and floor.peak > self.limit:
                     self._drop(item, floor, seq)
