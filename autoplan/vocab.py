@@ -121,8 +121,11 @@ class OffloadOverlap(str, enum.Enum):
     """Gradients stream to the host during the backward (ZeRO-Offload, Ren et al. 2021,
     Sec. 4.1: the swap overlaps the backward); the CPU step and the copy back follow."""
     PIPELINED = "pipelined"
-    """Copies and CPU step overlap in chunks (Megatron-Core's HybridDeviceOptimizer with
-    --overlap-cpu-optimizer-d2h-h2d): the slowest of the three sets the pace."""
+    """Copies and CPU step overlap in chunks: Megatron-Core's HybridDeviceOptimizer with
+    --overlap-cpu-optimizer-d2h-h2d builds one CPU optimizer per parameter tensor, copies
+    every gradient down on a side stream, steps each tensor once its copy lands and copies
+    it back up on another (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py): the
+    slowest of the three sets the pace."""
 
 
 @dataclass(frozen=True, slots=True)
