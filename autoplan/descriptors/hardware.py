@@ -331,8 +331,7 @@ def read_cluster(f: Fields, device: Device | None) -> Cluster | None:
     host_mem = f.float("host_mem_GiB", None, positive=True, max=1e7)
     host_bw = f.float("host_mem_GBps", None, positive=True, max=1e6)
     f.close(extra_known=["device"])
-    given = [k for k, v in (("host_link_GBps", host_link), ("host_mem_GiB", host_mem),
-                            ("host_mem_GBps", host_bw)) if v is not None]
+    given = [k for k in ("host_link_GBps", "host_mem_GiB", "host_mem_GBps") if k in f.data]
     if given and len(given) < 3:
         missing = [k for k in ("host_link_GBps", "host_mem_GiB", "host_mem_GBps") if k not in given]
         f.fail(missing[0], f"missing: offload needs the host link, memory and its bandwidth "

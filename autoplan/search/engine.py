@@ -262,8 +262,8 @@ class _Search:
                     runnable = self._runnable(base, mbs, sp, scheds)
                     shared = self._layout_bound(base, mbs, sp, zeros, cps, runnable)
                     for zero in zeros:
-                        probe = self._probe(base, mbs, sp, zero).replace(cp_comm=cps[-1])
                         if not self._states_exceed_memory(base, zero, NO_OFFLOAD, mbs, sp):
+                            probe = self._probe(base, mbs, sp, zero).replace(cp_comm=cps[-1])
                             for rc in space.recompute:
                                 # the group's member without the ring's merges (all-to-all
                                 # where allowed): its time less all CP communication bounds
@@ -278,6 +278,7 @@ class _Search:
                             if self._states_exceed_memory(base, zero, off, mbs, sp):
                                 stats.infeasible["model states exceed memory"] += per_zero
                                 continue
+                            probe = self._probe(base, mbs, sp, zero).replace(cp_comm=cps[-1])
                             bound = self._offloaded_bound(shared, probe, off)
                             for rc in space.recompute:
                                 yield self._group(probe.replace(recompute=rc, offload=off), bound,
@@ -352,11 +353,15 @@ class _Search:
         Such a candidate still counts for the 'smallest plan needs ...' message. The
         states depend on the layout, ZeRO and the optimizer's offload only: worked out
         once for every micro-batch and sequence-parallel choice."""
+        key = (lay, zero, off.optimizer)
+        worst = self._fullest_states.get(key)
+        if worst is not None and worst[0] <= self.limit:
+            return False
+        if worst is not None and self.closest is not None and worst[0] > self.closest[0]:
+            return True  # the 'smallest plan' already noted holds less
         plan = Plan(model=self.model, cluster=self.cluster, job=self.job, stack=self.space.stack, layout=lay,
                     micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.FULL,
                     zero=zero, sequence_parallel=sp, offload=off)
-        key = (lay, zero, off.optimizer)
-        worst = self._fullest_states.get(key)
         if worst is None:
             worst = self._fullest_states[key] = self._fullest_state(plan)
         if worst[0] <= self.limit:
