@@ -36,9 +36,9 @@ from autoplan.vocab import OffloadOverlap
 # Adam's host traffic per parameter: fp32 weight, gradient and two moments read (16 B), the
 # weight and moments written (12 B): the streams of DeepSpeedCPUAdam (Ren et al. 2021,
 # Sec. 5) and of torch's fused AdamW, which Megatron-Core's CPU offload steps
-# (torch.optim.AdamW with fused=True: megatron/core/optimizer/__init__.py, 0.16). Measured on 16 cores of an H200 host: torch 2.11's fused
-# CPU AdamW stepped 4.2-4.4 G parameters/s, 117-124 GB/s at these 28 B
-# (benchmarks/host/h200-2026-11-26.json).
+# (torch.optim.AdamW with fused=True: megatron/core/optimizer/__init__.py, 0.16).
+# Measured on 16 cores of an H200 host: torch 2.11's fused CPU AdamW stepped 4.2-4.4 G
+# parameters/s, 117-124 GB/s at these 28 B (benchmarks/host/h200-2026-11-26.json).
 CPU_ADAM_BYTES = 28
 # Host memory a parameter of the shard takes: fp32 master weight and two moments (12 B)
 # and the fp32 gradient the step reads (4 B) (ZeRO-Offload keeps all four on the host).

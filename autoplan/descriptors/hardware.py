@@ -28,8 +28,9 @@ DEFAULT_LINK_EFFICIENCY = 0.80  # NCCL bus bandwidth / link bandwidth on large m
 DEFAULT_KERNEL_GAP_US = 0.0  # GPU time between back-to-back kernels (device files set theirs)
 # Host link and host memory (offload, cost/offload.py). Pinned copies of 256 MiB-1 GiB
 # between an H200 and its host over PCIe Gen5 x16 ran at 55.0-55.3 GB/s each way; the best,
-# 55.3, is 87.8% of the link's 63.0 GB/s per direction (32 GT/s x 16 lanes x 128/130; benchmarks/host_offload.py,
-# benchmarks/host/h200-2026-11-26.json); taken for every host link, C2C included (unmeasured).
+# 55.3, is 87.8% of the link's 63.0 GB/s per direction (32 GT/s x 16 lanes x 128/130;
+# benchmarks/host_offload.py, benchmarks/host/h200-2026-11-26.json); taken for every host
+# link, C2C included (unmeasured).
 HOST_LINK_EFFICIENCY = 0.878
 # STREAM-style kernels sustain 73-79% of the DRAM wire rate (TI SPRACV1B Table 3-3: copy,
 # scale, add, triad 73-79%); 0.75 of a node's datasheet DRAM bandwidth is taken.
