@@ -60,6 +60,7 @@ HELD_BACK = frozenset({Schedule.V_HALF, Schedule.V_MIN})
 
 
 BOUND = "bound"
+HOST_MEMORY = "offload exceeds the host's memory"
 SPLIT_IS_UNIFORM = "split-is-uniform"
 SEARCH_PRUNING = {
     BOUND: "cannot enter the top k",
@@ -561,11 +562,30 @@ class _Search:
         plan's per-stage layers and parameters: those of any schedule of its layout but
         a V (which moves the output layer to stage 0), at any vpp."""
         stage, worst = self._fullest(plan, works)
-        if worst.peak <= self.limit:
-            return worst
-        self.stats.infeasible[self._why_not(worst)] += 1
-        self._note_closest(plan, stage, worst)
-        return None
+        if worst.peak > self.limit:
+            self.stats.infeasible[self._why_not(worst)] += 1
+            self._note_closest(plan, stage, worst)
+            return None
+        if plan.offload.any and not self._host_fits(plan, works):
+            self.stats.infeasible[HOST_MEMORY] += 1
+            return None
+        return worst
+
+    def _host_fits(self, plan: Plan, works: tuple[StageWork, ...]) -> bool:
+        """Whether the host memory an offloading plan takes per node (every GPU of a node
+        as the fullest stage's, as ``evaluate`` counts it) fits the cluster's. What a stage
+        keeps on the host grows, within a class of equal stages, with its parameters and
+        microbatches in flight as its device memory does: the stages that can hold the most
+        on the device (``_fullest_stages``) hold the most on the host too."""
+        capacity = self.cluster.host_mem_bytes
+        if capacity is None:
+            return True
+        self._fullest(plan, works)  # memoizes the stages to look at
+        lay = plan.layout
+        stages = self._fullest_memo[(plan.schedule, lay.pp, plan.num_microbatches, lay.vpp,
+                                     id(works))][1]
+        host = max(stage_memory(plan, s, works[s], n).host for s, n in stages)
+        return self.cluster.gpus_per_node * host <= capacity
 
     def _why_not(self, mem: Memory) -> str:
         """Why ``mem``, past the limit, does not fit: its model states alone, or with them

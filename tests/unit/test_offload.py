@@ -283,11 +283,12 @@ OFFLOADING = dataclasses.replace(
     zero=(ZeroStage.NONE, ZeroStage.OPTIMIZER, ZeroStage.PARAMETERS))
 
 
-@pytest.mark.parametrize(("model", "gpus", "gbs", "seq", "leads"), [
-    ("llama3-70b", 8, 16, 4096, True),   # nothing fits without offload
-    ("llama2-13b", 8, 32, 8192, False),  # some groups fit, some only with offload
+@pytest.mark.parametrize(("model", "gpus", "gbs", "seq", "leads", "host_gib"), [
+    ("llama3-70b", 8, 16, 4096, True, None),   # nothing fits without offload
+    ("llama2-13b", 8, 32, 8192, False, None),  # some groups fit, some only with offload
+    ("llama3-70b", 8, 16, 4096, True, 1100),   # the host's memory rules some out
 ])
-def test_the_best_offloading_plans_equal_brute_force(model, gpus, gbs, seq, leads):
+def test_the_best_offloading_plans_equal_brute_force(model, gpus, gbs, seq, leads, host_gib):
     """Every candidate the search generates (offload variants included, by its rule)
     evaluated, no pruning: the same top k, byte for byte; and no offload candidate's bound
     exceeds its evaluated step."""
@@ -295,8 +296,10 @@ def test_the_best_offloading_plans_equal_brute_force(model, gpus, gbs, seq, lead
     from autoplan.search.engine import rank_key
 
     m, c = resolve_model(model), with_gpus(resolve_cluster("dgx-h100"), gpus)
+    if host_gib is not None:
+        c = dataclasses.replace(c, host_mem_bytes=host_gib * GiB)
     job = Job(global_batch=gbs, seq_len=seq)
-    every = []
+    every, too_big = [], 0
     for plan in candidate_plans(m, c, job, OFFLOADING):
         if plan.chunks is not None or plan.stages is not None:
             continue
@@ -305,6 +308,9 @@ def test_the_best_offloading_plans_equal_brute_force(model, gpus, gbs, seq, lead
             assert step_time_lower_bound(plan, stage_work(plan)) <= pred.step_time_s * (1 + 1e-9)
         if pred.feasible:
             every.append((rank_key(plan, pred), plan, pred))
+        elif pred.memory.peak <= c.device.mem_bytes:
+            too_big += 1  # fits the device, not the host
+    assert too_big > 0 or host_gib is None  # the host's memory is what rules those out
     every.sort(key=lambda e: e[0])
     assert any(p.offload.any for _, p, _ in every) and any(
         p.offload.any for _, p, _ in every[:5]) is leads
