@@ -205,6 +205,7 @@ def test_a_plan_file_carries_offload_and_round_trips():
     ({"optimizer": "yes"}, 1, "offload.optimizer", "true or false"),
     ({"optimizer": True}, 0, "offload.optimizer", "ZeRO stage 1"),
     ({"spill": True}, 1, "offload.spill", "unknown"),
+    ({"activations": float("nan")}, 1, "offload.activations", "finite"),
     ([1, 2], 1, "offload", "mapping"),
 ])
 def test_bad_offload_in_a_plan_names_the_field(offload, zero, field, says):
@@ -220,6 +221,15 @@ def test_offload_on_a_cluster_without_a_host_is_refused():
     with pytest.raises(InputError) as err:
         read_plan(doc, "p.yaml")
     assert any(p.field == "offload" and "host_link_GBps" in p.message for p in err.value.problems)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, 0.0, "fast"])
+def test_a_bad_host_link_is_refused_naming_it(value):
+    cluster = resolve_cluster("dgx-h100").to_dict()
+    cluster["host_link_GBps"] = value
+    with pytest.raises(InputError) as err:
+        resolve_cluster(cluster, "c.yaml")
+    assert [p.field for p in err.value.problems] == ["cluster.host_link_GBps"]
 
 
 def test_a_cluster_giving_part_of_its_host_names_what_is_missing(tmp_path):
