@@ -792,11 +792,15 @@ def hardware(fmt: FormatOpt = Format.table) -> None:
         dt.add_row(d.name, f"{d.peak_bf16_flops / 1e12:.0f}", fp8, f"{d.mem_GiB:.0f}",
                    f"{d.hbm_Bps / 1e9:.0f}")
     ct = Table(title="built-in clusters", title_justify="left")
-    for col in ("name", "device", "GPUs/node", "NVLink domain", "intra GB/s", "inter GB/s"):
+    for col in ("name", "device", "GPUs/node", "NVLink domain", "intra GB/s", "inter GB/s",
+                "host GB/s", "host GiB"):
         ct.add_column(col, justify="left" if col in ("name", "device") else "right")
-    for c in clusters:
+    for c in clusters:  # host: each GPU's link to host memory, and the node's (offload)
+        host = ((f"{round(c.host_link_Bps / 1e9, 1):g}", f"{c.host_mem_bytes / GiB:.0f}")
+                if c.host_link_Bps is not None and c.host_mem_bytes is not None else ("-", "-"))
         ct.add_row(c.name, c.device.name, str(c.gpus_per_node), str(c.nvlink_domain),
-                   f"{c.intra_node.bandwidth_Bps / 1e9:.0f}", f"{c.inter_node.bandwidth_Bps / 1e9:.0f}")
+                   f"{c.intra_node.bandwidth_Bps / 1e9:.0f}", f"{c.inter_node.bandwidth_Bps / 1e9:.0f}",
+                   *host)
     output.out.print(dt)
     output.out.print(ct)
 
