@@ -327,3 +327,14 @@ def test_the_best_offloading_plans_equal_brute_force(model, gpus, gbs, seq, lead
     found = search(m, c, job, OFFLOADING, top_k=5).plans
     assert [r.plan for r in found] == [p for _, p, _ in every[:5]]
     assert [r.prediction for r in found] == [q for _, _, q in every[:5]]
+
+
+def test_every_candidate_is_accounted_for_with_offload_variants():
+    """Offload variants are generated as the search finds groups that do not fit: each
+    counts as generated, then as pruned, infeasible (the host's memory included) or
+    evaluated, as every other candidate does."""
+    found = search(resolve_model("llama3-70b"), resolve_cluster("dgx-h100"),
+                   Job(global_batch=16, seq_len=4096), OFFLOADING, top_k=3)
+    s = found.stats
+    assert found.plans and all(r.plan.offload.any for r in found.plans)
+    assert s.generated == sum(s.pruned.values()) + sum(s.infeasible.values()) + s.evaluated
