@@ -412,8 +412,7 @@ def stage_memory(plan: Plan, stage: int, work: StageWork, inflight_chunks: int) 
     if plan.chunks is not None:
         # chunks of their own sizes: each in-flight (microbatch, chunk) weighs what that
         # chunk keeps, walked through the stage's operation order
-        weights = tuple(_chunk_activations(terms, mtp_layer, c, w) for c, w in zip(
-            plan.chunks[stage::lay.pp], chunk_work(plan)[stage::lay.pp], strict=True))
+        weights = _chunk_weights(plan, stage, terms)
         held = peak_held(plan.schedule, lay.pp, plan.num_microbatches, lay.vpp, stage, weights)
         if fraction and held > max(weights):
             # all but the heaviest chunk at hand may go to the host (cost/offload.py)
@@ -422,8 +421,7 @@ def stage_memory(plan: Plan, stage: int, work: StageWork, inflight_chunks: int) 
         activations = held + terms.working
     else:
         # a stage's chunks hold equal layer counts; the dense layers are averaged over them
-        per_chunk = (work.dense * terms.per_layer
-                     + (work.layers - work.dense) * terms.per_moe_layer) / lay.vpp
+        per_chunk = _layer_activations(terms, work) / lay.vpp
         kept = offload.kept_chunks(inflight_chunks, fraction)
         activations = kept * per_chunk + terms.working
         host += (inflight_chunks - kept) * per_chunk
@@ -452,19 +450,29 @@ def offloaded_chunk_bytes(plan: Plan, stage: int, work: StageWork) -> float:
     the fraction (cost/offload.py)."""
     terms = _activation_terms(plan.model, shard_of(plan), plan.recompute)
     if plan.chunks is not None:
-        mtp_layer = terms.per_moe_layer if plan.model.is_moe else terms.per_layer
-        return max(_chunk_activations(terms, mtp_layer, c, w) for c, w in zip(
-            plan.chunks[stage::plan.layout.pp], chunk_work(plan)[stage::plan.layout.pp],
-            strict=True))
-    return (work.dense * terms.per_layer
-            + (work.layers - work.dense) * terms.per_moe_layer) / plan.layout.vpp
+        return max(_chunk_weights(plan, stage, terms))
+    return _layer_activations(terms, work) / plan.layout.vpp
+
+
+def _layer_activations(terms: _ActivationTerms, work: StageWork) -> float:
+    """Activations one microbatch leaves in the layers of ``work``, dense and MoE."""
+    return work.dense * terms.per_layer + (work.layers - work.dense) * terms.per_moe_layer
+
+
+def _chunk_weights(plan: Plan, stage: int, terms: _ActivationTerms) -> tuple[float, ...]:
+    """What one microbatch leaves in each chunk of ``stage`` (a per-chunk layout)."""
+    assert plan.chunks is not None
+    mtp_layer = terms.per_moe_layer if plan.model.is_moe else terms.per_layer
+    pp_ = plan.layout.pp
+    return tuple(_chunk_activations(terms, mtp_layer, c, w) for c, w in zip(
+        plan.chunks[stage::pp_], chunk_work(plan)[stage::pp_], strict=True))
 
 
 def _chunk_activations(terms: _ActivationTerms, mtp_layer: float, chunk: Chunk,
                        work: StageWork) -> float:
     """Activations one microbatch leaves in one chunk: its layers, the embedding output,
     the logits, and per MTP layer one layer, its logits and its embedding."""
-    out = work.dense * terms.per_layer + (work.layers - work.dense) * terms.per_moe_layer
+    out = _layer_activations(terms, work)
     out += chunk.embedding * terms.embedding + chunk.loss * terms.logits
     return out + chunk.mtp * (mtp_layer + terms.logits + terms.embedding)
 

@@ -23,7 +23,7 @@ from autoplan.parallel.common import Rule, Scope
 from autoplan.parallel.pipeline_layout import render_layout
 from autoplan.parallel.pp import uniform_stages
 from autoplan.search.space import SearchSpace, StageShape
-from autoplan.vocab import ZeroStage
+from autoplan.vocab import Offload, ZeroStage
 
 if TYPE_CHECKING:
     from autoplan.plan import Layout, Plan
@@ -116,10 +116,12 @@ def space_problems(plan: Plan, space: SearchSpace) -> list[tuple[str, str]]:
     if lay.cp > 1 and plan.cp_comm not in space.cp_comm:
         outside("cp_comm", f"cp_comm: {plan.cp_comm.value}", ", ".join(c.value for c in space.cp_comm))
     if plan.offload not in space.offload:
-        what = ", ".join(f"{k}: {str(v).lower()}" for k, v in plan.offload.to_dict().items())
-        allowed = "; ".join(f"{{{', '.join(f'{k}: {str(v).lower()}' for k, v in o.to_dict().items())}}}"
-                            for o in space.offload if o.any)
-        outside("offload", f"offload {{{what}}}", f"offload {allowed}" if allowed else "no offload")
+        def shown(o: Offload) -> str:  # as the plan file writes it
+            return "{" + ", ".join(f"{k}: {str(v).lower()}" for k, v in o.to_dict().items()) + "}"
+
+        allowed = "; ".join(shown(o) for o in space.offload if o.any)
+        outside("offload", f"offload {shown(plan.offload)}",
+                f"offload {allowed}" if allowed else "no offload")
     stage = _stage_shape_problem(plan, space.stage_shape)
     if stage:
         what = (f"the per-chunk layout {render_layout(plan.chunks)}" if plan.chunks is not None

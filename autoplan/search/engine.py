@@ -561,31 +561,18 @@ class _Search:
         'smallest plan' message) when it exceeds the device. ``works`` need only hold the
         plan's per-stage layers and parameters: those of any schedule of its layout but
         a V (which moves the output layer to stage 0), at any vpp."""
-        stage, worst = self._fullest(plan, works)
+        stage, worst, host = self._fullest_and_host(plan, works)
         if worst.peak > self.limit:
             self.stats.infeasible[self._why_not(worst)] += 1
             self._note_closest(plan, stage, worst)
             return None
-        if plan.offload.any and not self._host_fits(plan, works):
+        capacity = self.cluster.host_mem_bytes
+        if capacity is not None and self.cluster.gpus_per_node * host > capacity:
+            # the host memory an offloading plan takes per node (every GPU of a node as
+            # the fullest stage's, as ``evaluate`` counts it) does not fit the cluster's
             self.stats.infeasible[HOST_MEMORY] += 1
             return None
         return worst
-
-    def _host_fits(self, plan: Plan, works: tuple[StageWork, ...]) -> bool:
-        """Whether the host memory an offloading plan takes per node (every GPU of a node
-        as the fullest stage's, as ``evaluate`` counts it) fits the cluster's. What a stage
-        keeps on the host grows, within a class of equal stages, with its parameters and
-        microbatches in flight as its device memory does: the stages that can hold the most
-        on the device (``_fullest_stages``) hold the most on the host too."""
-        capacity = self.cluster.host_mem_bytes
-        if capacity is None:
-            return True
-        self._fullest(plan, works)  # memoizes the stages to look at
-        lay = plan.layout
-        stages = self._fullest_memo[(plan.schedule, lay.pp, plan.num_microbatches, lay.vpp,
-                                     id(works))][1]
-        host = max(stage_memory(plan, s, works[s], n).host for s, n in stages)
-        return self.cluster.gpus_per_node * host <= capacity
 
     def _why_not(self, mem: Memory) -> str:
         """Why ``mem``, past the limit, does not fit: its model states alone, or with them
@@ -701,16 +688,27 @@ class _Search:
 
     def _fullest(self, plan: Plan, works: tuple[StageWork, ...]) -> tuple[int, Memory]:
         """(stage, memory) of the plan's fullest stage, the first of equals (as
-        ``evaluate``). The stages that can be fullest (``_fullest_stages``) depend on the
-        schedule, the microbatch count and the works only: found once for each (the
-        memo keeps the works it was keyed on alive, so their id is not reused)."""
+        ``evaluate``)."""
+        stage, worst, _ = self._fullest_and_host(plan, works)
+        return stage, worst
+
+    def _fullest_and_host(self, plan: Plan, works: tuple[StageWork, ...]
+                          ) -> tuple[int, Memory, float]:
+        """(stage, memory) of the plan's fullest stage, the first of equals (as
+        ``evaluate``), and the most any stage keeps in host memory. The stages that can be
+        fullest (``_fullest_stages``) depend on the schedule, the microbatch count and the
+        works only: found once for each (the memo keeps the works it was keyed on alive, so
+        their id is not reused). What a stage keeps on the host grows, within a class of
+        equal stages, with its parameters and microbatches in flight as its device memory
+        does: those stages hold the most on the host too."""
         lay = plan.layout
         key = (plan.schedule, lay.pp, plan.num_microbatches, lay.vpp, id(works))
         hit = self._fullest_memo.get(key)
         if hit is None:
             hit = self._fullest_memo[key] = (works, _fullest_stages(plan, works))
-        return max(((s, stage_memory(plan, s, works[s], n)) for s, n in hit[1]),
-                   key=lambda sm: (sm[1].peak, -sm[0]))
+        mems = [(s, stage_memory(plan, s, works[s], n)) for s, n in hit[1]]
+        stage, worst = max(mems, key=lambda sm: (sm[1].peak, -sm[0]))
+        return stage, worst, max(m.host for _, m in mems)
 
     def realize(self, item: _Split) -> _Candidate | _Split | None:
         """Tighten the split variant's bound, first with its schedule's pipeline fill,
