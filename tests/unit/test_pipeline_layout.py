@@ -78,10 +78,10 @@ def test_bad_strings_say_what_is_wrong(text: str, message: str):
     "E((t*99)*99)*99L",
 ])
 def test_hostile_strings_fail_fast_without_unrolling(text: str):
-    start = time.perf_counter()
+    start = time.process_time()
     with pytest.raises(LayoutError):
         parse_layout(text)
-    assert time.perf_counter() - start < 0.5  # a bound, not a benchmark: nothing was unrolled
+    assert time.process_time() - start < 0.5  # a bound, not a benchmark: nothing was unrolled
     assert MAX_UNITS < 10**6
 
 

@@ -153,10 +153,10 @@ def test_gpu_counts() -> None:
     "4194304",
 ])
 def test_bad_gpu_counts_are_refused_fast(text: str) -> None:
-    start = time.perf_counter()
+    start = time.process_time()
     with pytest.raises(InputError) as err:
         parse_gpu_counts(text)
-    assert time.perf_counter() - start < 0.1
+    assert time.process_time() - start < 0.1
     assert str(err.value).startswith("--gpus")
 
 
