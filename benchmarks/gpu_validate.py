@@ -1,11 +1,12 @@
 """Per-rank slices of real plans run on one GPU, against autoplan's predictions.
 
-    python benchmarks/gpu_validate.py run --out DIR      # on a machine with one CUDA GPU
-    python benchmarks/gpu_validate.py table [DIR]        # anywhere: the table from saved runs
+    python benchmarks/gpu_validate.py run [--cases SET] --out DIR   # on a machine with one CUDA GPU
+    python benchmarks/gpu_validate.py table [DIR | --cases SET]     # anywhere: the table from saved runs
 
 ``run`` calls ``autoplan validate PLAN --device cuda`` (one rank's slice: one pipeline stage
 at TP-sharded widths, its microbatches, its ZeRO optimizer shard, no communication) for each
-case below and saves the JSON it prints as DIR/CASE.json.
+case of a set below (``h200``, the default, or ``h100``: plans on that GPU's built-in cluster,
+to be run on that GPU) and saves the JSON it prints as DIR/CASE.json.
 
 ``table`` reads those JSONs and predicts each slice again with this checkout's cost model, for
 exactly what ran (the layers and microbatches validate kept to fit the machine and the time
@@ -14,7 +15,9 @@ the same corrected by the shipped profile of the cluster's device (``profiles/me
 what search and evaluate use), and the peak memory. The measured values are the run's. A
 change to the cost model shows here as a new error against the same measurements.
 
-Default DIR: the newest folder under benchmarks/gpu/ holding saved runs.
+``table DIR`` takes the case set whose cases the saved runs are named after. Without DIR:
+the newest folder under benchmarks/gpu/ named after the set (``h200-*`` unless ``--cases``
+names another) that holds saved runs.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ HERE = Path(__file__).resolve().parent / "gpu"
 PLANS = HERE / "plans"
 
 # case name -> (plan file under benchmarks/gpu/plans, extra validate arguments)
-CASES: dict[str, tuple[str, tuple[str, ...]]] = {
+Cases = dict[str, tuple[str, tuple[str, ...]]]
+CASES: Cases = {
     "llama3-8b-8xh200": ("llama3-8b-8xh200.yaml", ()),
     "llama3-8b-8xh200-tp2-full": ("llama3-8b-8xh200-tp2-full.yaml", ()),
     "llama3-70b-64xh200": ("llama3-70b-64xh200.yaml", ()),
@@ -47,17 +51,31 @@ CASES: dict[str, tuple[str, tuple[str, ...]]] = {
     "llama3-70b-64xh200-pp4-stage3": ("llama3-70b-64xh200-pp4.yaml", ("--stage", "3")),
     "llama3-70b-64xh200-pp4-vpp2": ("llama3-70b-64xh200-pp4-vpp2.yaml", ()),
 }
+# On dgx-h100: search's best on 8 GPUs; 8B tp2 full recompute and 70B pp4 (stage 0) as on the
+# H200; search's best that validate runs (no cp) with --min-headroom 8.5 on 64 GPUs (pp2 vpp2)
+# and on 32 GPUs (pp4, its last stage: its first is over validate's memory budget, 90% of the
+# 79.2 GiB torch reports for an 80 GB H100); 70B tp8 with selective recompute by hand.
+H100_CASES: Cases = {
+    "llama3-8b-8xh100": ("llama3-8b-8xh100.yaml", ()),
+    "llama3-8b-8xh100-tp2-full": ("llama3-8b-8xh100-tp2-full.yaml", ()),
+    "llama3-70b-64xh100-pp4": ("llama3-70b-64xh100-pp4.yaml", ()),
+    "llama3-70b-32xh100-pp4-stage3": ("llama3-70b-32xh100-pp4.yaml", ("--stage", "3")),
+    "llama3-70b-64xh100-pp2-vpp2": ("llama3-70b-64xh100-pp2-vpp2.yaml", ()),
+    "llama3-70b-64xh100-tp8-selective": ("llama3-70b-64xh100-tp8-selective.yaml", ()),
+}
+CASE_SETS: dict[str, Cases] = {"h200": CASES, "h100": H100_CASES}
+DEFAULT_SET = "h200"
 # each slice's step is kept under 5 s (fewer microbatches, then fewer layers) so that the
 # whole set runs in about three minutes of GPU time
 VALIDATE_ARGS = ("--device", "cuda", "--steps", "3", "--warmup", "1", "--max-step-s", "5",
                  "--timeout", "120", "--format", "json")
 
 
-def run(out: Path) -> int:
+def run(out: Path, cases: Cases = CASES) -> int:
     out.mkdir(parents=True, exist_ok=True)
     failed = 0
-    for name, (plan, extra) in CASES.items():
-        cmd = [sys.executable, "-m", "autoplan.cli.main", "validate", str(PLANS / plan), *extra,
+    for name, (plan, extra) in cases.items():
+        cmd = [sys.executable, "-m", "autoplan.cli.main", "validate", _shown(PLANS / plan), *extra,
                *VALIDATE_ARGS]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if done.returncode not in (0, 1):  # 1: ran, outside tolerance (still a measurement)
@@ -67,6 +85,14 @@ def run(out: Path) -> int:
         (out / f"{name}.json").write_text(done.stdout)
         print(f"{name}: exit {done.returncode}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _shown(path: Path) -> str:
+    """The path relative to the working directory where it lies under it (the JSON's ``plan``)."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,10 +108,10 @@ class Row:
     predicted_gib: float
 
 
-def predict(name: str, saved: dict) -> Row:
+def predict(name: str, saved: dict, cases: Cases = CASES) -> Row:
     """The slice that ran, predicted again on this checkout."""
     ran = saved["ran"]
-    plan_file = PLANS / CASES[name][0]
+    plan_file = PLANS / cases[name][0]
     doc = dict(read_yaml(plan_file))
     doc["model"] = ran["model"]  # the layers validate kept
     doc["job"] = {**doc["job"], "global_batch": ran["global_batch"]}  # the microbatches it kept
@@ -110,14 +136,26 @@ def _err(pred: float, measured: float) -> float:
     return pred / measured - 1
 
 
-def table(folder: Path) -> int:
+def _case_set(stems: list[str], named: str | None) -> str:
+    """The set named, else the one whose cases the saved runs are named after (h200 if none)."""
+    if named is not None:
+        return named
+    for key, cases in CASE_SETS.items():
+        if stems and all(s in cases for s in stems):
+            return key
+    return DEFAULT_SET
+
+
+def table(folder: Path, case_set: str | None = None) -> int:
     files = sorted(folder.glob("*.json"))
-    unknown = [f.stem for f in files if f.stem not in CASES]
+    key = _case_set([f.stem for f in files], case_set)
+    cases = CASE_SETS[key]
+    unknown = [f.stem for f in files if f.stem not in cases]
     if not files or unknown:
-        print(f"{folder}: expected saved runs named after the cases ({', '.join(CASES)}); "
+        print(f"{folder}: expected saved runs named after the {key} cases ({', '.join(cases)}); "
               f"{'found none' if not files else 'unknown: ' + ', '.join(unknown)}", file=sys.stderr)
         return 2
-    rows = [predict(f.stem, json.loads(f.read_text())) for f in files]
+    rows = [predict(f.stem, json.loads(f.read_text()), cases) for f in files]
     print(f"saved runs: {folder}")
     print("| case | stage | layers | micro | measured s | analytic s | err | with profile s | err "
           "| measured GiB | predicted GiB | err |")
@@ -141,23 +179,31 @@ def table(folder: Path) -> int:
     return 0
 
 
-def _latest() -> Path:
-    saved = sorted(p for p in HERE.iterdir() if p.is_dir() and any(p.glob("*.json")))
+def _latest(case_set: str) -> Path:
+    """The newest folder of saved runs of the set: named SET-DATE, the latest date."""
+    saved = sorted(p for p in HERE.iterdir()
+                   if p.is_dir() and p.name.startswith(f"{case_set}-") and any(p.glob("*.json")))
     return saved[-1] if saved else HERE
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("run", help="validate each case on this machine's GPU").add_argument(
-        "--out", type=Path, required=True, help="folder for the JSONs")
+    r = sub.add_parser("run", help="validate each case of a set on this machine's GPU")
+    r.add_argument("--out", type=Path, required=True, help="folder for the JSONs")
+    r.add_argument("--cases", choices=sorted(CASE_SETS), default=DEFAULT_SET,
+                   help=f"the case set (plans on that GPU's cluster; default {DEFAULT_SET})")
     t = sub.add_parser("table", help="the table from saved runs")
     t.add_argument("folder", type=Path, nargs="?", default=None)
+    t.add_argument("--cases", choices=sorted(CASE_SETS), default=None,
+                   help="the case set (default: the one the saved runs are named after; "
+                        f"without FOLDER, {DEFAULT_SET})")
     args = parser.parse_args()
     try:
         if args.command == "run":
-            return run(args.out)
-        return table(args.folder or _latest())
+            return run(args.out, CASE_SETS[args.cases])
+        folder = args.folder or _latest(args.cases or DEFAULT_SET)
+        return table(folder, args.cases)
     except AutoplanError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,5 +1,5 @@
 """benchmarks/gpu_validate.py's table from the runs saved under benchmarks/gpu/ (measured on
-an H200): every saved case is predicted again by this checkout, and the table and its MAPE
+an H200 and on an H100): every saved case is predicted again by this checkout, and the table and its MAPE
 line are printed. The assertions are on the table's shape and on what the saved runs hold,
 not on accuracy (that is the benchmark's to report)."""
 
@@ -10,16 +10,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_validate.py"
-SAVED = ROOT / "benchmarks" / "gpu" / "h200-2026-11-26"
+GPU = ROOT / "benchmarks" / "gpu"
 
 
-def test_the_table_predicts_every_saved_run_again() -> None:
-    done = subprocess.run([sys.executable, str(SCRIPT), "table", str(SAVED)], capture_output=True,
+@pytest.mark.parametrize("folder", ["h200-2026-11-26", "h100-2026-11-26"])
+def test_the_table_predicts_every_saved_run_again(folder: str) -> None:
+    saved_at = GPU / folder
+    done = subprocess.run([sys.executable, str(SCRIPT), "table", str(saved_at)], capture_output=True,
                           text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    saved = sorted(SAVED.glob("*.json"))
+    saved = sorted(saved_at.glob("*.json"))
     rows = [line for line in done.stdout.splitlines() if line.startswith("| llama")]
     assert len(rows) == len(saved) == 6
     for path, row in zip(saved, rows, strict=True):
