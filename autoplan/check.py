@@ -187,9 +187,14 @@ def check_plan(path: Path, *, space: SearchSpace | None = None, max_regression: 
     regression = None
     if max_regression is not None:
         assert space is not None
-        result = search(plan.model, plan.cluster, plan.job, space, top_k=1)
+        if plan.placement is not None:  # the search over the same pools, alone and across
+            from autoplan.search.pooled import search_pooled
+
+            plans = search_pooled(plan.model, plan.placement.cluster, plan.job, space, 1).plans
+        else:
+            plans = search(plan.model, plan.cluster, plan.job, space, top_k=1).plans
         regression = Regression(space=space.name, max_regression=max_regression,
-                                best=result.plans[0] if result.plans else None)
+                                best=plans[0] if plans else None)
         rules.append(_regression_rule(plan, pred, regression))
     return CheckReport(source=source, rules=tuple(rules), plan=plan, prediction=pred,
                        regression=regression, min_headroom_bytes=headroom)
@@ -197,23 +202,26 @@ def check_plan(path: Path, *, space: SearchSpace | None = None, max_regression: 
 
 def _memory_rule(plan: Plan, pred: Prediction, rule: Rule, headroom: float) -> RuleResult:
     """Every stage's peak (reserve included) plus ``headroom`` against the device memory."""
-    capacity = pred.capacity_bytes
-    reserve = plan.cluster.device.reserve_bytes
+    stages = range(len(pred.memory_per_stage))
+    # across pools each stage against its own device (``Prediction.stage_capacity_bytes``)
+    capacities = pred.stage_capacity_bytes or tuple(pred.capacity_bytes for _ in stages)
     need = f" + {headroom / GiB:.1f} GiB headroom" if headroom else ""
-    over = [(s, m) for s, m in enumerate(pred.memory_per_stage) if m.peak + headroom > capacity]
-    worst = max(range(len(pred.memory_per_stage)),
-                key=lambda s: (pred.memory_per_stage[s].peak, -s))
-    peak = pred.memory_per_stage[worst].peak
+    over = [(s, m) for s, m in enumerate(pred.memory_per_stage)
+            if m.peak + headroom > capacities[s]]
+    # the stage with the least room left (on one device: the highest peak)
+    worst = min(stages, key=lambda s: (capacities[s] - pred.memory_per_stage[s].peak, s))
+    peak, capacity = pred.memory_per_stage[worst].peak, capacities[worst]
     where = f"stage {worst} peak" if plan.layout.pp > 1 else "peak"
-    device = (f"{plan.cluster.device.name} ({capacity / GiB:.1f} GiB; the peak includes its "
-              f"{reserve / GiB:.1f} GiB reserve)")
+    on = plan.on_stage(worst).cluster.device
+    device = (f"{on.name} ({capacity / GiB:.1f} GiB; the peak includes its "
+              f"{on.reserve_bytes / GiB:.1f} GiB reserve)")
     if not over:
         return RuleResult(rule=rule, status=Status.PASSED,
                           message=f"{where} {peak / GiB:.1f} GiB{need} fits {device}, "
                                   f"{(capacity - peak) / GiB:.1f} GiB free")
     also = f"; stages {', '.join(str(s) for s, _ in over)} over" if len(over) > 1 else ""
     details = tuple(
-        f"stage {s}: peak {m.peak / GiB:.1f} GiB{need}, {(m.peak + headroom - capacity) / GiB:.1f} GiB "
+        f"stage {s}: peak {m.peak / GiB:.1f} GiB{need}, {(m.peak + headroom - capacities[s]) / GiB:.1f} GiB "
         "over (" + ", ".join(f"{k} {v:.1f}" for k, v in m.to_gib_dict().items() if k != "peak") + ")"
         for s, m in over)
     return RuleResult(rule=rule, status=Status.FAILED,

@@ -104,9 +104,13 @@ def plan_fields(plan: Plan) -> dict[str, Value]:
     (``gpus`` after the cluster, ``microbatches`` after ``micro_batch``)."""
     out: dict[str, Value] = {}
     _flatten("model", plan.model.to_dict(), out)
-    cluster = plan.cluster.to_dict()
+    placement = plan.placement
+    cluster = plan.cluster.to_dict() if placement is None else placement.cluster.to_dict()
     _flatten("cluster", cluster, out)
-    out["gpus"] = plan.cluster.gpus
+    out["gpus"] = plan.cluster.gpus if placement is None else plan.layout.gpus
+    # the pool of each stage, in order (None on a cluster of identical nodes)
+    out["placement"] = None if placement is None else tuple(
+        placement.cluster.pools[i].name for i in placement.stage_pools)
     job = plan.job
     out.update({"job.global_batch": job.global_batch, "job.seq_len": job.seq_len,
                 "job.dtype": job.dtype.value})

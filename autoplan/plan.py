@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from autoplan.descriptors.hardware import Cluster
+from autoplan.descriptors.hardware import Cluster, PooledCluster
 from autoplan.descriptors.job import Job, read_job
 from autoplan.descriptors.library import default_stack
 from autoplan.descriptors.model import Model
@@ -60,6 +60,25 @@ class Layout:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Placement:
+    """Pipeline stages on the pools of a heterogeneous cluster: stage s runs on pool
+    ``stage_pools[s]``, its dp*tp*cp ranks inside that pool (``cost.placed``)."""
+
+    cluster: PooledCluster
+    stage_pools: tuple[int, ...]  # a pool index per pipeline stage
+
+    def pool(self, stage: int) -> Cluster:
+        return self.cluster.pools[self.stage_pools[stage]]
+
+    def stages_on(self, pool: int) -> int:
+        return self.stage_pools.count(pool)
+
+    def to_list(self) -> list[dict[str, Any]]:
+        return [{"stage": s, "pool": self.cluster.pools[p].name}
+                for s, p in enumerate(self.stage_pools)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
     model: Model
     cluster: Cluster
@@ -77,6 +96,9 @@ class Plan:
     cp_comm: CpComm = CpComm.RING
     stack: Stack = field(default_factory=default_stack)  # the software it runs on
     offload: Offload = NO_OFFLOAD  # what it keeps in host memory (cost/offload.py)
+    # on a heterogeneous cluster, the pool of each stage; ``cluster`` is then stage 0's
+    # pool (``on_stage`` gives each stage's); None on a cluster of identical nodes
+    placement: Placement | None = None
     # plans key every memoized cost: hashed on first use, then remembered (frozen fields)
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
@@ -85,7 +107,7 @@ class Plan:
             object.__setattr__(self, "_hash", hash((
                 self.model, self.cluster, self.job, self.layout, self.micro_batch, self.schedule,
                 self.recompute, self.zero, self.sequence_parallel, self.stages, self.chunks,
-                self.cp_comm, self.stack, self.offload)) or 1)
+                self.cp_comm, self.stack, self.offload, self.placement)) or 1)
         return self._hash
 
     def replace(self, **changes: Any) -> Plan:
@@ -98,6 +120,25 @@ class Plan:
         assert not changes, f"Plan has no field {sorted(changes)}"
         object.__setattr__(new, "_hash", 0)
         return new
+
+    def on_stage(self, stage: int) -> Plan:
+        """The plan as the ranks of ``stage`` run it: on their pool, as on a cluster of
+        identical nodes (the plan itself where it has no placement)."""
+        if self.placement is None:
+            return self
+        return self.on_pools()[self.placement.stage_pools[stage]]
+
+    def on_pools(self) -> tuple[Plan, ...]:
+        """:meth:`on_stage` of a placed plan, by pool index (made once per plan)."""
+        assert self.placement is not None
+        views = _VIEWS.get(self)
+        if views is None:
+            views = tuple(self.replace(cluster=pool, placement=None)
+                          for pool in self.placement.cluster.pools)
+            if len(_VIEWS) >= _VIEWS_KEPT:
+                _VIEWS.clear()
+            _VIEWS[self] = views
+        return views
 
     @property
     def num_microbatches(self) -> int:
@@ -118,7 +159,8 @@ class Plan:
         """The plan-file mapping (without prediction). Built-ins are written by name."""
         model: Any = self.model.name if builtin_model else self.model.to_dict()
         cluster: Any = (
-            {"name": self.cluster.name, "nodes": self.cluster.nodes}
+            self.placement.cluster.to_dict() if self.placement is not None
+            else {"name": self.cluster.name, "nodes": self.cluster.nodes}
             if builtin_cluster
             else self.cluster.to_dict()
         )
@@ -145,9 +187,15 @@ class Plan:
             out["stages"] = list(self.stage_layers)  # uneven splits are written out
         if self.offload.any:
             out["offload"] = self.offload.to_dict()
+        if self.placement is not None:
+            out["placement"] = self.placement.to_list()
         if self.stack != default_stack():
             out["stack"] = self.stack.name if builtin_stack else self.stack.to_dict()
         return out
+
+
+_VIEWS: dict[Plan, tuple[Plan, ...]] = {}  # Plan.on_pools, per placed plan
+_VIEWS_KEPT = 4096
 
 
 # --------------------------------------------------------------------------- predictions
@@ -236,6 +284,11 @@ class Prediction:
     uncertainty: Uncertainty | None = None  # with a measured profile only
     # host memory the plan's offload takes on each node (every GPU of a node as its fullest)
     host_memory_bytes_per_node: float = 0.0
+    # across pools (``Plan.placement``): each stage's pool, its busy seconds per step and
+    # its device's memory; () on a cluster of identical nodes
+    stage_pools: tuple[str, ...] = ()
+    stage_busy_s: tuple[float, ...] = ()
+    stage_capacity_bytes: tuple[float, ...] = ()
 
     @property
     def headroom_bytes(self) -> float:
@@ -255,6 +308,13 @@ class Prediction:
             "host_memory_gib_per_node": self.host_memory_bytes_per_node / GiB,
             "breakdown_s": self.breakdown.to_dict(),
         }
+        if self.stage_pools:
+            out["stages"] = [
+                {"stage": s, "pool": pool, "busy_s": busy, "memory_gib": mem.peak / GiB,
+                 "capacity_gib": cap / GiB}
+                for s, (pool, busy, mem, cap) in enumerate(zip(
+                    self.stage_pools, self.stage_busy_s, self.memory_per_stage,
+                    self.stage_capacity_bytes, strict=True))]
         if self.reason:
             out["reason"] = self.reason
         if self.uncertainty is not None:
@@ -269,7 +329,7 @@ _PLAN_FIELDS = tuple(f.name for f in fields(Plan) if f.name != "_hash")
 
 def read_plan(data: Any, source: str, path: str = "") -> Plan:
     """Build and check a Plan from a plan-file mapping; every problem is reported at once."""
-    from autoplan.descriptors.library import resolve_cluster, resolve_model, resolve_stack
+    from autoplan.descriptors.library import resolve_any_cluster, resolve_model, resolve_stack
 
     problems: list[Problem] = []
     f = Fields(data, source, path, problems)
@@ -289,7 +349,7 @@ def read_plan(data: Any, source: str, path: str = "") -> Plan:
     if kind is not None and kind != "training":
         f.fail("kind", f"expected training or serving, got {shown(kind)}")
     model: Model | None = None
-    cluster: Cluster | None = None
+    cluster: Cluster | PooledCluster | None = None
     try:
         if (ref := f.raw("model")) is not None:
             model = resolve_model(ref, source, f.key_path("model"))
@@ -297,7 +357,7 @@ def read_plan(data: Any, source: str, path: str = "") -> Plan:
         problems.extend(exc.problems)
     try:
         if (ref := f.raw("cluster")) is not None:
-            cluster = resolve_cluster(ref, source, f.key_path("cluster"))
+            cluster = resolve_any_cluster(ref, source, f.key_path("cluster"))
     except InputError as exc:
         problems.extend(exc.problems)
     stack = default_stack()
@@ -324,19 +384,61 @@ def read_plan(data: Any, source: str, path: str = "") -> Plan:
         offload=_read_offload(f),
     )
     stages, chunks = _read_split(f, layout_values["pp"], layout_values["vpp"], model)
+    placement = _read_placement(f, cluster, layout_values["pp"])
     f.raw("prediction", {})  # written by search/evaluate, ignored on input
     f.str("space", None)  # the space it was searched in: read by check (``searched_space``)
     f.close()
     if problems or model is None or cluster is None or job is None:
         raise InputError(problems or [Problem(source, path, "incomplete plan")])
+    if placement is not None:
+        cluster = placement.pool(0)
+    assert isinstance(cluster, Cluster)
     plan = Plan(model=model, cluster=cluster, job=job, layout=Layout(**layout_values), stack=stack,
-                stages=stages, chunks=chunks, **values)
+                stages=stages, chunks=chunks, placement=placement, **values)
     given_as = "pipeline_layout" if "pipeline_layout" in f.data else "stages"
     rule_problems = [Problem(source, _join(path, given_as if k == "stages" else k), msg)
                      for k, msg in plan_problems(plan)]
     if rule_problems:
         raise InputError(rule_problems)
     return plan
+
+
+def _read_placement(f: Fields, cluster: Cluster | PooledCluster | None,
+                    pp: int | None) -> Placement | None:
+    """``placement: [{stage: 0, pool: NAME}, ...]``, every stage once, in order: given
+    exactly where the cluster has pools."""
+    raw = f.raw("placement", None)
+    pooled = isinstance(cluster, PooledCluster)
+    if raw is None:
+        if pooled:
+            f.fail("placement", "missing: a cluster with pools needs the pool of each "
+                                "pipeline stage ([{stage: 0, pool: NAME}, ...])")
+        return None
+    if cluster is not None and not pooled:
+        f.fail("placement", f"cluster {cluster.name} has no pools to place stages on")
+        return None
+    if not isinstance(raw, list) or (pp is not None and len(raw) != pp):
+        got = f"{len(raw)} entries" if isinstance(raw, list) else type(raw).__name__
+        f.fail("placement", f"expected a list of {pp} entries (one per pipeline stage), got {got}")
+        return None
+    if not isinstance(cluster, PooledCluster):
+        return None
+    names = [p.name for p in cluster.pools]
+    pools: list[int] = []
+    for i, item in enumerate(raw):
+        entry = f.child(f"placement[{i}]", item)
+        stage, pool = entry.int("stage", min=0), entry.str("pool")
+        entry.close()
+        if stage is not None and stage != i:
+            entry.fail("stage", f"expected stage {i} (stages in order), got {stage}")
+        elif pool is not None and pool not in names:
+            entry.fail("pool", f"unknown pool {shown(pool)}; the cluster's pools: "
+                               f"{', '.join(names)}")
+        elif stage is not None and pool is not None:
+            pools.append(names.index(pool))
+    if len(pools) != len(raw):
+        return None
+    return Placement(cluster=cluster, stage_pools=tuple(pools))
 
 
 def _read_offload(f: Fields) -> Offload:

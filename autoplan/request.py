@@ -13,9 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoplan.descriptors.hardware import Cluster
+from autoplan.descriptors.hardware import Cluster, PooledCluster
 from autoplan.descriptors.job import Job, read_job
-from autoplan.descriptors.library import resolve_cluster, resolve_model_noted, resolve_stack, with_gpus
+from autoplan.descriptors.library import (
+    resolve_any_cluster,
+    resolve_model_noted,
+    resolve_stack,
+    with_gpus,
+)
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.strict import Fields, read_yaml, shown
 from autoplan.errors import InputError, Problem
@@ -39,6 +44,9 @@ class Request:
     # what a user should know before trusting the answer: an imported config's shape and
     # what of it is not modelled, a flag overriding the job file, a value past the model
     notes: tuple[str, ...] = ()
+    # a heterogeneous cluster (``cluster:`` with pools; search/pooled.py); ``cluster`` is
+    # then its first pool
+    pools: PooledCluster | None = None
 
     @property
     def clusters(self) -> tuple[Cluster, ...]:
@@ -104,6 +112,7 @@ def build_request(
                 flag = "--" + p.field.split(".")[1].replace("_", "-")
                 problems.append(Problem(source, p.field, f"missing: give {flag} or set it in a job file"))
     resolved_model = resolved_cluster = None
+    pooled: PooledCluster | None = None
     try:
         if model_ref is not None:
             resolved_model, imported = resolve_model_noted(model_ref, model_src,
@@ -113,7 +122,11 @@ def build_request(
         problems.extend(exc.problems)
     try:
         if cluster_ref is not None:
-            resolved_cluster = resolve_cluster(cluster_ref, cluster_src, "" if cluster else "cluster")
+            found = resolve_any_cluster(cluster_ref, cluster_src, "" if cluster else "cluster")
+            if isinstance(found, PooledCluster):
+                pooled, resolved_cluster = found, found.pools[0]
+            else:
+                resolved_cluster = found
     except InputError as exc:
         problems.extend(exc.problems)
     space_ref = space or doc.get("space") or "default"
@@ -137,6 +150,9 @@ def build_request(
     assert resolved_model is not None and resolved_cluster is not None and job is not None
     n = gpus if gpus is not None else doc.get("gpus")
     gpus_src, gpus_field = ("--gpus", "") if gpus is not None else (source, "gpus")
+    if pooled is not None:
+        return _pooled_request(pooled, resolved_model, job, resolved_space, measured, n,
+                               (gpus_src, gpus_field), notes, source, dtype)
     sizes: tuple[Cluster, ...] = ()
     if isinstance(n, (list, tuple)):
         counts = check_gpu_counts(n, gpus_src, gpus_field)
@@ -170,6 +186,31 @@ def build_request(
         sizes = tuple(calibrate(c, measured) for c in sizes)
     return Request(resolved_model, resolved_cluster, job, resolved_space, measured, sizes,
                    tuple(notes))
+
+
+def _pooled_request(pooled: PooledCluster, model: Model, job: Job, space: SearchSpace,
+                    measured: Profile | None, gpus: Any, gpus_at: tuple[str, str],
+                    notes: list[str], source: str, dtype: Dtype | None) -> Request:
+    """A request on a cluster of pools: sized by its pools' nodes, costed analytically."""
+    if gpus is not None:
+        raise InputError.single(*gpus_at, f"cluster {pooled.name} has pools: it is sized by "
+                                          "their nodes (give each pool's nodes in the cluster file)")
+    if measured is not None:
+        raise InputError.single(source, "profile", f"a measured profile corrects one device; "
+                                f"cluster {pooled.name} has pools of several")
+    for pool in pooled.pools:
+        if not pool.device.supports(job.dtype):
+            raise InputError.single(source if dtype is None else "--dtype",
+                                    "job.dtype" if dtype is None else "",
+                                    f"pool {pool.name}'s {pool.device.name} has no "
+                                    f"{job.dtype.value} support")
+    if job.seq_len > model.max_seq_len:
+        notes.append(f"seq_len {job.seq_len:,} exceeds {model.name}'s max_seq_len "
+                     f"{model.max_seq_len:,}: the model was not trained on positions past it")
+    if any(shipped_profile(p.device.name) is not None for p in pooled.pools):
+        notes.append(f"cluster {pooled.name} has pools: its costs are analytic (a shipped "
+                     "measured profile corrects one device's, on a cluster of that device)")
+    return Request(model, pooled.pools[0], job, space, None, (), tuple(notes), pooled)
 
 
 def _read_profile(option: Path | None, ref: Any, job_file: Path | None, source: str) -> Profile | None:

@@ -210,6 +210,9 @@ def unsupported(plan: Plan, source: str, options: Options, machine: Machine) -> 
         names = ", ".join(s.value for s in Schedule if s in TORCH_SCHEDULES)
         no("schedule", f"{plan.schedule.value} has no torch.distributed.pipelining schedule "
                        f"(validate runs {names})")
+    if plan.placement is not None:
+        no("placement", "a plan across pools runs on several kinds of GPU; validate runs one "
+                        "machine's (evaluate shows each pool's stage times)")
     if plan.offload.any:
         no("offload", "offload to host memory is not built by validate (its torch model keeps "
                       "optimizer states and activations on the device)")

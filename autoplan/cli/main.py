@@ -158,6 +158,14 @@ def search(
                         moe_imbalance=moe_imbalance, profile=profile, stack=stack)
     if no_offload:
         req = dataclasses.replace(req, space=dataclasses.replace(req.space, offload=(NO_OFFLOAD,)))
+    if req.pools is not None:
+        if whatif is not None:
+            raise InputError.single("--train-tokens", "", f"cluster {req.pools.name} has pools: "
+                                    "time to train is answered for one kind of GPU")
+        for line in req.notes:
+            output.err.print(f"autoplan: note: {line}", markup=False)
+        _search_pooled(req, top, out_path, fmt, min_headroom)
+        return
     if whatif is None and len(req.clusters) > 1:
         raise InputError.single("--gpus", "", "a sweep over GPU counts answers how long and how "
                                               "much: give --train-tokens too")
@@ -210,6 +218,66 @@ def search(
         output.out.print(render.headroom_note(headroom, min_headroom is None))
         if req.profile is not None:
             output.out.print(escape(render.profile_text(req.profile.source)))
+        if out_path is not None:
+            output.err.print(f"wrote the best plan to {files.name(out_path)}")
+
+
+def _search_pooled(req: Request, top: int, out_path: Path | None, fmt: Format,
+                   min_headroom: float | None) -> None:
+    """``search`` on a cluster of pools: plans across pools and on each alone, ranked
+    together, and which pools the best leaves out (autoplan.search.pooled)."""
+    from autoplan.plan import plan_document
+    from autoplan.search.pooled import search_pooled
+
+    assert req.pools is not None
+    pools = req.pools
+    headroom = None if min_headroom is None else min_headroom * GiB
+    smallest = min(p.device.mem_bytes for p in pools.pools)
+    if headroom is not None and headroom >= smallest:
+        raise InputError.single("--min-headroom", "", f"expected less than the smallest "
+                                f"device's {smallest / GiB:.0f} GiB, got {min_headroom:g}")
+    if output.interactive(fmt.value):
+        with output.err.status(f"searching {req.space.name} space on {pools.gpus} GPUs "
+                               f"in {len(pools.pools)} pools ..."):
+            result = search_pooled(req.model, pools, req.job, req.space, top, headroom)
+    else:
+        result = search_pooled(req.model, pools, req.job, req.space, top, headroom)
+    verdict = result.verdict()
+    alone = [{"pool": p.name, "gpus": p.gpus, "device": p.device.name,
+              **({"tokens_per_s": r.plans[0].prediction.tokens_per_s,
+                  "step_time_s": r.plans[0].prediction.step_time_s} if r.plans else
+                 {"tokens_per_s": None, "reason": r.why_none()})}
+             for p, r in zip(pools.pools, result.alone, strict=True)]
+    pooled_doc: dict[str, Any] = {"cluster": pools.name, "verdict": verdict, "alone": alone}
+    if not result.plans:
+        if fmt is Format.json:
+            output.emit_json({"plans": [], "stats": result.stats.to_dict(), "pools": pooled_doc,
+                              "reason": verdict})
+        else:
+            output.out.print(render.stats_text(result.stats))
+        output.err.print(f"autoplan: {verdict}", markup=False)
+        raise typer.Exit(1)
+    docs = [plan_document(r.plan, r.prediction, req.space.name) for r in result.plans]
+    if out_path is not None:
+        files.write_text(out_path, _yaml(docs[0]))
+    if fmt is Format.json:
+        output.emit_json({"plans": docs, "stats": result.stats.to_dict(), "pools": pooled_doc})
+    else:
+        what = "; ".join(f"{p.name}: {p.gpus} x {p.device.name}" for p in pools.pools)
+        title = escape(f"{req.model.name} on {pools.name} ({what}), global batch "
+                       f"{req.job.global_batch} x {req.job.seq_len} tokens, "
+                       f"{req.job.dtype.value}, space {req.space.name}, stack {req.space.stack.name}")
+        output.out.print(render.plans_table([(r.plan, r.prediction) for r in result.plans], title))
+        output.out.print(render.stats_text(result.stats))
+        output.out.print(escape(f"pools: {verdict}"))
+        if min_headroom is None:
+            from autoplan.cost.memory import DEFAULT_HEADROOM_FRACTION
+
+            output.out.print(f"every plan leaves {DEFAULT_HEADROOM_FRACTION:.0%} of each GPU's "
+                             "memory free, for the allocator's fragmentation (cost/memory.py; "
+                             "--min-headroom changes it)")
+        else:
+            output.out.print(render.headroom_note(min_headroom * GiB, False))
         if out_path is not None:
             output.err.print(f"wrote the best plan to {files.name(out_path)}")
 
@@ -594,8 +662,9 @@ def _max_num_seqs(r: Any) -> int:
 
 def _print_prediction(path: Path, plan: Plan, pred: Prediction, *extra: Any) -> None:
     """A plan's prediction for people: summary, where time goes, (extra), memory."""
-    output.out.print(f"[bold]{escape(str(path))}[/bold]: " + escape(
-        f"{plan.model.name} on {plan.cluster.gpus} x {plan.cluster.device.name}"))
+    where = (render.cluster_text(plan) if plan.placement is not None
+             else f"{plan.cluster.gpus} x {plan.cluster.device.name}")
+    output.out.print(f"[bold]{escape(str(path))}[/bold]: " + escape(f"{plan.model.name} on {where}"))
     output.out.print(render.summary_line(plan, pred))
     output.out.print(escape(f"stack: {plan.stack.name} ({plan.stack.summary})"
                             if plan.stack.summary else f"stack: {plan.stack.name}"))

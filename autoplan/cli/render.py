@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from autoplan.cost.memory import DEFAULT_HEADROOM_FRACTION
@@ -54,7 +56,9 @@ def plans_table(rows: list[tuple[Plan, Prediction]], title: str, show_gpus: bool
                         if c)
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     offloads = any(plan.offload.any for plan, _ in rows)  # the column only where one does
+    pooled = any(plan.placement is not None for plan, _ in rows)
     for name, justify in (("#", "right"), *((("GPUs", "right"),) if show_gpus else ()),
+                          *((("pools: layers", "left"),) if pooled else ()),
                           ("layout", "left"), ("mbs", "right"), ("micro", "right"),
                           ("schedule", "left"), ("recompute", "left"), ("zero", "right"),
                           ("sp", "left"), *((("offload", "left"),) if offloads else ()),
@@ -65,6 +69,7 @@ def plans_table(rows: list[tuple[Plan, Prediction]], title: str, show_gpus: bool
     for i, (plan, pred) in enumerate(rows, 1):
         table.add_row(
             str(i), *((str(plan.cluster.gpus),) if show_gpus else ()),
+            *((escape(placement_text(plan)),) if pooled else ()),
             layout_text(plan), str(plan.micro_batch), str(plan.num_microbatches),
             plan.schedule.value,
             plan.recompute.value, str(int(plan.zero)), "yes" if plan.sequence_parallel else "no",
@@ -75,6 +80,20 @@ def plans_table(rows: list[tuple[Plan, Prediction]], title: str, show_gpus: bool
             f"{pred.headroom_bytes / GiB:.1f}" if pred.feasible else "[red]OOM[/red]",
         )
     return table
+
+
+def placement_text(plan: Plan) -> str:
+    """Each pool the plan's stages run on, in pipeline order, with their layers
+    (``ampere 11/10, hopper 30/29``); a plan on one pool: its name and ``alone``."""
+    if plan.placement is None:
+        return f"{plan.cluster.name} alone"
+    placement = plan.placement
+    parts = []
+    for pool, group in itertools.groupby(range(plan.layout.pp),
+                                         key=lambda s: placement.stage_pools[s]):
+        layers = "/".join(str(plan.stage_layers[s]) for s in group)
+        parts.append(f"{placement.cluster.pools[pool].name} {layers}")
+    return ", ".join(parts)
 
 
 def offload_text(plan: Plan) -> str:
@@ -306,16 +325,37 @@ def memory_table(pred: Prediction) -> Table:
     table = Table(title="memory per GPU (GiB) by pipeline stage", title_justify="left",
                   caption=caption, caption_justify="left")
     table.add_column("stage", justify="right")
+    pooled = bool(pred.stage_pools)  # across pools: each stage's pool, its GPU's memory, time
+    if pooled:
+        table.add_column("pool", justify="left")
     cols = ("weights", "grads", "optimizer", "activations", "other", "peak") + (
-        ("host",) if host else ())
+        ("host",) if host else ()) + (("of GiB",) if pooled else ())
     for col in cols:
         table.add_column(col, justify="right")
+    if pooled:
+        table.add_column("busy s", justify="right")
     for s, mem in enumerate(pred.memory_per_stage):
-        d = {"host": 0.0, **mem.to_gib_dict()}
-        style = "red" if mem.peak > pred.capacity_bytes else ""
-        table.add_row(str(s), *(f"[{style}]{d[k]:.1f}[/{style}]" if style else f"{d[k]:.1f}"
-                                for k in cols))
+        capacity = pred.stage_capacity_bytes[s] if pooled else pred.capacity_bytes
+        d = {"host": 0.0, "of GiB": capacity / GiB, **mem.to_gib_dict()}
+        style = "red" if mem.peak > capacity else ""
+        table.add_row(str(s), *((escape(pred.stage_pools[s]),) if pooled else ()),
+                      *(f"[{style}]{d[k]:.1f}[/{style}]" if style else f"{d[k]:.1f}"
+                        for k in cols),
+                      *((f"{pred.stage_busy_s[s]:.3f}",) if pooled else ()))
     return table
+
+
+def cluster_text(plan: Plan) -> str:
+    """What the plan runs on: ``32 x h100-sxm (dgx-h100)``, or across pools each pool's
+    GPUs the plan uses (``h100-a100: ampere 32 x a100-80gb, hopper 32 x h100-sxm``)."""
+    if plan.placement is None:
+        return f"{plan.cluster.gpus} x {plan.cluster.device.name} ({plan.cluster.name})"
+    placement, lay = plan.placement, plan.layout
+    block = lay.dp * lay.tp * lay.cp
+    used = dict.fromkeys(placement.stage_pools)  # in pipeline order
+    return f"{placement.cluster.name}: " + ", ".join(
+        f"{pool.name} {block * placement.stages_on(i)} x {pool.device.name}"
+        for i, pool in ((i, placement.cluster.pools[i]) for i in used))
 
 
 def summary_line(plan: Plan, pred: Prediction) -> str:
@@ -385,8 +425,7 @@ def check_text(report: CheckReport) -> str:
     plan = report.plan
     head = report.source
     if plan is not None:
-        head += (f": {plan.model.name} on {plan.cluster.gpus} x {plan.cluster.device.name} "
-                 f"({plan.cluster.name}), {plan_words(plan)}")
+        head += f": {plan.model.name} on {cluster_text(plan)}, {plan_words(plan)}"
     elif report.summary:
         head += f": {report.summary}"
     lines = [head]

@@ -51,6 +51,10 @@ def plan_durations(plan: Plan, works: tuple[StageWork, ...]
 
 def evaluate(plan: Plan) -> Prediction:
     """Predict step time and memory of a valid plan (see ``parallel.rules.plan_problems``)."""
+    if plan.placement is not None:
+        from autoplan.cost.placed import evaluate_placed
+
+        return evaluate_placed(plan)
     works = stage_work(plan)  # memoized: the search computed it for the bound
     lay, m = plan.layout, plan.num_microbatches
     v = lay.vpp

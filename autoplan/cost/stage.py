@@ -188,7 +188,12 @@ def cost_key(plan: Plan) -> Plan:
 
 
 def stage_work(plan: Plan) -> tuple[StageWork, ...]:
-    """Per-stage work of a plan, one entry per pipeline stage."""
+    """Per-stage work of a plan, one entry per pipeline stage (across pools, each stage's
+    on its own pool: ``cost.placed``)."""
+    if plan.placement is not None:
+        from autoplan.cost.placed import placed_works
+
+        return placed_works(plan)
     if plan.chunks is not None:
         return _chunked_stage_works(cost_key(plan), plan.chunks)
     return _stage_works(cost_key(plan), plan.stage_layers, pp.dense_per_stage(plan))
@@ -311,6 +316,12 @@ def _shared(plan: Plan) -> _Shared:
     ep_layer = ep.layer_seconds(plan, shard, groups) if model.is_moe else 0.0
     pp_send = pp.send_seconds(plan, act_bytes)
     return _Shared(lt, lt_moe, groups, act_bytes, tp_layer, cp_f, cp_b, ep_layer, pp_send)
+
+
+def activation_bytes(plan: Plan) -> float:
+    """Bytes of one layer's output for one microbatch, unsplit by TP (what a pipeline
+    send carries, before sequence parallelism scatters it)."""
+    return _shared(plan).act_bytes
 
 
 @lru_cache(maxsize=65536)

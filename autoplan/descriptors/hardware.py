@@ -238,6 +238,39 @@ class Cluster:
                 and self.host_mem_Bps is not None)
 
 
+MAX_POOLS = 8  # pools in one cluster: the search tries their orders (module search/pooled.py)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PooledCluster:
+    """A heterogeneous cluster: pools of identical nodes (each a :class:`Cluster` named by
+    its pool: mixed GPU generations, or the same GPUs behind different NICs; Cephalo, Holmes)
+    joined by one network. Data, tensor and context parallel groups stay inside a pool;
+    pipeline stages may sit on different pools (``plan.Placement``)."""
+
+    name: str
+    pools: tuple[Cluster, ...]
+    between_pools: Link  # per GPU, per direction, between ranks of two different pools
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        cache_hash(self)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @property
+    def gpus(self) -> int:
+        return sum(p.gpus for p in self.pools)
+
+    def index(self, pool: str) -> int:
+        return [p.name for p in self.pools].index(pool)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "pools": [p.to_dict() for p in self.pools],
+                "between_pools": self.between_pools.to_dict()}
+
+
 def _scaled(value: float | None, unit: float) -> float | None:
     return None if value is None else value / unit
 

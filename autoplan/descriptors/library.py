@@ -9,10 +9,18 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from autoplan.descriptors.hardware import Cluster, Device, read_cluster, read_device
+from autoplan.descriptors.hardware import (
+    MAX_POOLS,
+    Cluster,
+    Device,
+    PooledCluster,
+    read_cluster,
+    read_device,
+    read_link,
+)
 from autoplan.descriptors.model import Model, read_model
 from autoplan.descriptors.stack import DEFAULT_STACK, Stack, read_stack
-from autoplan.descriptors.strict import Fields, did_you_mean, read_yaml, shown
+from autoplan.descriptors.strict import Fields, _type_name, did_you_mean, read_yaml, shown
 from autoplan.errors import InputError, Problem
 from autoplan.resources import profiles_dir
 
@@ -144,7 +152,76 @@ def _cluster_from_mapping(data: Any, source: str, field: str) -> Cluster:
 
 
 def resolve_cluster(ref: Any, source: str = "--cluster", field: str = "cluster") -> Cluster:
-    """A built-in name or path (optionally as ``{name: ..., nodes: N}``), or a full mapping."""
+    """A built-in name or path (optionally as ``{name: ..., nodes: N}``), or a full mapping.
+    A pooled cluster (``pools:``) is refused: see :func:`resolve_any_cluster`."""
+    found = resolve_any_cluster(ref, source, field)
+    if isinstance(found, PooledCluster):
+        raise InputError.single(source, field, f"cluster {found.name} has pools; only search "
+                                "and evaluate take a cluster of mixed pools")
+    return found
+
+
+def resolve_any_cluster(ref: Any, source: str = "--cluster",
+                        field: str = "cluster") -> Cluster | PooledCluster:
+    """:func:`resolve_cluster`, or a heterogeneous cluster: a mapping (or file) with
+    ``pools:`` and ``between_pools:``."""
+    if isinstance(ref, Mapping) and "pools" in ref:
+        return _pooled_from_mapping(ref, source, field)
+    if isinstance(ref, str) and _looks_like_path(ref):
+        data, label = _document(ref, "cluster", source, field)
+        section = _section(data, "cluster", label)
+        if isinstance(section, Mapping) and "pools" in section:
+            return _pooled_from_mapping(section, label, "cluster")
+        return _cluster_from_mapping(section, label, "cluster")
+    return _one_cluster(ref, source, field)
+
+
+def _pooled_from_mapping(data: Any, source: str, field: str) -> PooledCluster:
+    """``{name, pools: [...], between_pools: {bandwidth_GBps, latency_us}}``. A pool is a
+    cluster's mapping with its pool ``name``, or ``{name, cluster: REF, nodes: N}``."""
+    problems: list[Problem] = []
+    f = Fields(data, source, field, problems)
+    name = f.str("name")
+    raw = f.raw("pools")
+    between = read_link(f.child("between_pools", f.raw("between_pools")))
+    f.close()
+    pools: list[Cluster] = []
+    if raw is not None and (not isinstance(raw, list) or not 2 <= len(raw) <= MAX_POOLS):
+        what = f"{len(raw)} pools" if isinstance(raw, list) else _type_name(raw)
+        f.fail("pools", f"expected a list of 2 to {MAX_POOLS} pools, got {what}")
+    elif raw is not None:
+        for i, item in enumerate(raw):
+            pool = _pool(item, source, f.key_path(f"pools[{i}]"), problems)
+            if pool is not None:
+                if pool.name in [p.name for p in pools]:
+                    f.fail(f"pools[{i}].name", f"pool {shown(pool.name)} is named twice")
+                pools.append(pool)
+        if sum(p.gpus for p in pools) > MAX_GPUS:
+            f.fail("pools", f"expected at most {MAX_GPUS:,} GPUs in all, got "
+                            f"{sum(p.gpus for p in pools):,}")
+    _raise_if(problems)
+    assert between is not None
+    return PooledCluster(name=name, pools=tuple(pools), between_pools=between)
+
+
+def _pool(item: Any, source: str, path: str, problems: list[Problem]) -> Cluster | None:
+    try:
+        if not (isinstance(item, Mapping) and "cluster" in item):
+            return _cluster_from_mapping(item, source, path)
+        f = Fields(item, source, path, problems)
+        name, ref = f.str("name"), f.raw("cluster")
+        nodes = f.int("nodes", None, min=1, max=MAX_GPUS)
+        f.close()
+        if ref is None or name is None:
+            return None
+        cluster = _one_cluster(ref, source, f.key_path("cluster"))
+        return dataclasses.replace(cluster, name=name, nodes=nodes or cluster.nodes)
+    except InputError as exc:
+        problems.extend(exc.problems)
+        return None
+
+
+def _one_cluster(ref: Any, source: str, field: str) -> Cluster:
     if isinstance(ref, Mapping) and "gpus_per_node" not in ref and "name" in ref:
         # the short form of DESIGN.md: {name: dgx-h100, nodes: 32}
         problems: list[Problem] = []
@@ -157,7 +234,11 @@ def resolve_cluster(ref: Any, source: str = "--cluster", field: str = "cluster")
         return _cluster_from_mapping(ref, source, field)
     if isinstance(ref, str):
         data, label = _document(ref, "cluster", source, field)
-        return _cluster_from_mapping(_section(data, "cluster", label), label, "cluster")
+        section = _section(data, "cluster", label)
+        if isinstance(section, Mapping) and "pools" in section:
+            raise InputError.single(label, "cluster.pools", "a pool is a cluster of identical "
+                                    "nodes, not one with pools of its own")
+        return _cluster_from_mapping(section, label, "cluster")
     raise InputError.single(source, field, f"expected a cluster name, path or mapping, got {shown(ref)}")
 
 

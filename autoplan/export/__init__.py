@@ -17,7 +17,7 @@ from autoplan.parallel.rules import space_problems
 from autoplan.plan import Plan
 from autoplan.search.space import load_space
 
-from . import deepspeed, megatron, nemo, slurm, torchtitan
+from . import deepspeed, megatron, nemo, nodes, slurm, torchtitan
 
 
 class Target(str, enum.Enum):
@@ -63,6 +63,13 @@ def refusals(plan: Plan, target: Target, launcher: Launcher = Launcher.MEGATRON)
     out = space_problems(plan, load_space(space_name))
     if target is not Target.NEMO:
         out += _EXTRA[space_name](plan)
+    if plan.placement is not None:
+        if target in (Target.MEGATRON, Target.TORCHTITAN):
+            out += nodes.problems(plan)
+        else:
+            out.append(("placement", f"{target.value} has no way to name which nodes run which "
+                                     "pipeline stages; export to megatron or torchtitan (torchrun "
+                                     "node ranks, named per pool in the script)"))
     return out
 
 

@@ -44,6 +44,7 @@ The torchrun options are torch.distributed.run's (--nnodes, --nproc-per-node,
 
 from __future__ import annotations
 
+from autoplan.export.nodes import launch, pool_lines
 from autoplan.export.shell import Arg, bash_array, comment, continued, quote, slug
 from autoplan.parallel import pipeline_layout
 from autoplan.plan import Plan
@@ -253,13 +254,14 @@ def settings(plan: Plan) -> str:
 
 
 def header(plan: Plan, what: str) -> list[str]:
-    m, c, lay = plan.model, plan.cluster, plan.layout
+    m, lay = plan.model, plan.layout
     layout = (f"dp={lay.dp} tp={lay.tp} pp={lay.pp} cp={lay.cp}"
               + (f" ep={lay.ep} etp={lay.etp}" if m.is_moe else "")
               + (f" vpp={lay.vpp}" if lay.vpp > 1 else ""))
+    where = launch(plan)
     return [
-        comment(f"{what} for {m.name} on {c.gpus} x {c.device.name} "
-                f"({c.nodes} x {c.gpus_per_node} GPUs, {c.name}), exported by autoplan."),
+        comment(f"{what} for {m.name} on {where.what}, exported by autoplan."),
+        *pool_lines(where),
         comment(f"plan: {layout}, micro batch {plan.micro_batch}, global batch "
                 f"{plan.job.global_batch} x {plan.job.seq_len} tokens, {plan.job.dtype.value}, "
                 f"{plan.schedule.value}, recompute {plan.recompute.value}, zero {int(plan.zero)}, "
@@ -269,7 +271,7 @@ def header(plan: Plan, what: str) -> list[str]:
 
 
 def script(plan: Plan) -> str:
-    c = plan.cluster
+    c = launch(plan)
     torchrun = [
         "torchrun",
         '--nnodes "$NNODES"',

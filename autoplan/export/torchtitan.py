@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autoplan.export.nodes import launch, pool_lines
 from autoplan.export.shell import comment
 from autoplan.parallel import pipeline_layout
 from autoplan.plan import Plan
@@ -133,13 +134,18 @@ def _toml_string(text: str) -> str:
 
 
 def render(plan: Plan) -> str:
-    c = plan.cluster
+    c = launch(plan)
     lines = [
-        comment(f"torchtitan job for {plan.model.name} on {c.gpus} x {c.device.name} "
-                f"({c.nodes} x {c.gpus_per_node} GPUs, {c.name}), exported by autoplan."),
+        comment(f"torchtitan job for {plan.model.name} on {c.what}, exported by autoplan."),
+        *pool_lines(c),
+        # across pools the node ranks are fixed (static rendezvous): c10d assigns them in
+        # the order the nodes join
         comment(f"Run on each node: torchrun --nnodes {c.nodes} --nproc-per-node {c.gpus_per_node} "
                 "--rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500 -m torchtitan.train "
-                f"--job.config_file {FILENAME} (or use the slurm export)."),
+                f"--job.config_file {FILENAME} (or use the slurm export).") if not c.pools else
+        comment(f"Run on each node: torchrun --nnodes {c.nodes} --nproc-per-node {c.gpus_per_node} "
+                "--node-rank $NODE_RANK --master-addr $MASTER_ADDR --master-port 29500 "
+                f"-m torchtitan.train --job.config_file {FILENAME}"),
         comment("Data, tokenizer (model.hf_assets_path) and run length are not part of the plan."),
     ]
     if plan.model.name not in _MODELS:

@@ -16,6 +16,7 @@ its launcher's space with the rule it breaks. Each check reads a field of
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING
 
 from autoplan.parallel import cp, dp, ep, pp, tp
@@ -26,29 +27,77 @@ from autoplan.search.space import SearchSpace, StageShape
 from autoplan.vocab import Offload, ZeroStage
 
 if TYPE_CHECKING:
+    from autoplan.descriptors.hardware import Cluster
     from autoplan.plan import Layout, Plan
 
 
 def _gpus(plan: Plan) -> str | None:
     lay, c = plan.layout, plan.cluster
+    if plan.placement is not None:
+        return _pool_gpus(plan)
     if lay.gpus != c.gpus:
         return (f"dp*tp*pp*cp = {lay.dp}*{lay.tp}*{lay.pp}*{lay.cp} = {lay.gpus}, "
                 f"but the cluster has {c.gpus} GPUs ({c.nodes} nodes x {c.gpus_per_node})")
     return None
 
 
+def _pool_gpus(plan: Plan) -> str | None:
+    """Each pool hosts whole stages of dp*tp*cp ranks; GPUs of a pool may stay idle."""
+    assert plan.placement is not None
+    lay, placement = plan.layout, plan.placement
+    block = lay.dp * lay.tp * lay.cp
+    for i, pool in enumerate(placement.cluster.pools):
+        k = placement.stages_on(i)
+        if k * block > pool.gpus:
+            return (f"pool {pool.name} hosts {k} stages of dp*tp*cp = {block} GPUs each "
+                    f"({k * block}), but has {pool.gpus} GPUs")
+    # ranks are numbered pp outermost, nodes in rank order: each run of stages on one pool
+    # must fill whole nodes of it, or a node would hold ranks of two pools
+    start = 0
+    for i, run in itertools.groupby(placement.stage_pools):
+        n = len(list(run))
+        pool = placement.cluster.pools[i]
+        if n * block % pool.gpus_per_node:
+            return (f"stages {start}-{start + n - 1} on pool {pool.name} take {n * block} GPUs, "
+                    f"not whole {pool.gpus_per_node}-GPU nodes")
+        start += n
+    return None
+
+
 def _dtype(plan: Plan) -> str | None:
-    device, dtype = plan.cluster.device, plan.job.dtype
-    return None if device.supports(dtype) else f"{device.name} has no {dtype.value} tensor cores"
+    dtype = plan.job.dtype
+    devices = ([plan.placement.cluster.pools[i].device for i in set(plan.placement.stage_pools)]
+               if plan.placement is not None else [plan.cluster.device])
+    for device in devices:
+        if not device.supports(dtype):
+            return f"{device.name} has no {dtype.value} tensor cores"
+    return None
+
+
+def _placed_pipeline(plan: Plan) -> str | None:
+    """What a plan across pools runs: one model chunk per stage in model order (stage s
+    sends to s + 1, costed on the link between their pools), the optimizer on the GPUs."""
+    if plan.placement is None:
+        return None
+    if plan.layout.vpp > 1 or plan.chunks is not None or plan.schedule.v_shape:
+        return ("a plan across pools runs one model chunk per stage (vpp = 1, no V-shape "
+                f"schedule, no per-chunk layout); got vpp={plan.layout.vpp}, "
+                f"schedule {plan.schedule.value}")
+    if plan.offload.any:
+        return "a plan across pools keeps its state on the GPUs (no offload)"
+    return None
 
 
 GPUS = Rule("layout-gpus", "layout", Scope.LAYOUT, "dp*tp*pp*cp must equal the GPUs", _gpus)
 DTYPE = Rule("dtype-supported", "job.dtype", Scope.JOB,
              "the device must support the precision", _dtype)
+PLACED = Rule("placement-pipeline", "placement", Scope.SCHEDULE,
+              "stages across pools run one chunk each, in order, without offload",
+              _placed_pipeline)
 
 RULES: tuple[Rule, ...] = (
     GPUS, *tp.LAYOUT_RULES, *ep.RULES, *dp.RULES, *cp.RULES, *tp.SP_RULES, DTYPE,
-    *pp.STAGE_RULES, *pp.SCHEDULE_RULES, *dp.OFFLOAD_RULES,
+    *pp.STAGE_RULES, *pp.SCHEDULE_RULES, *dp.OFFLOAD_RULES, PLACED,
 )
 """Every rule of a valid plan, in the order the plan reader reports them."""
 
@@ -73,6 +122,13 @@ def first_broken(plan: Plan, scope: Scope) -> Rule | None:
 
 # ----------------------------------------------------------------------------- space rules
 
+def _clusters(plan: Plan) -> list[Cluster]:
+    """The clusters the plan's stages run on: its own, or the pools it places stages on."""
+    if plan.placement is None:
+        return [plan.cluster]
+    return [plan.placement.cluster.pools[i] for i in sorted(set(plan.placement.stage_pools))]
+
+
 def space_problems(plan: Plan, space: SearchSpace) -> list[tuple[str, str]]:
     """Every rule of ``space`` the plan breaks, as (plan field, message)."""
     lay, name = plan.layout, space.name
@@ -83,7 +139,7 @@ def space_problems(plan: Plan, space: SearchSpace) -> list[tuple[str, str]]:
 
     if lay.tp > space.tp_max:
         outside("layout.tp", f"tp={lay.tp}", f"tp up to {space.tp_max}")
-    domain = min(plan.cluster.nvlink_domain, plan.cluster.gpus)
+    domain = min(min(c.nvlink_domain, c.gpus) for c in _clusters(plan))
     if space.tp_within_nvlink and lay.tp > domain:
         outside("layout.tp", f"tp={lay.tp} across the {domain}-GPU NVLink domain",
                 "tensor parallel groups inside one NVLink domain")
@@ -122,7 +178,12 @@ def space_problems(plan: Plan, space: SearchSpace) -> list[tuple[str, str]]:
         allowed = "; ".join(shown(o) for o in space.offload if o.any)
         outside("offload", f"offload {shown(plan.offload)}",
                 f"offload {allowed}" if allowed else "no offload")
-    stage = _stage_shape_problem(plan, space.stage_shape)
+    # across pools an even split is never the one to run: where the launcher takes any
+    # split (the layout flag of Megatron-LM; every launcher, for the default space) the
+    # split is balanced to the pools' speeds whatever the space's ``stages`` says
+    free = plan.placement is not None and (space.launcher == "any"
+                                           or space.stage_shape is not StageShape.UNIFORM)
+    stage = "" if free else _stage_shape_problem(plan, space.stage_shape)
     if stage:
         what = (f"the per-chunk layout {render_layout(plan.chunks)}" if plan.chunks is not None
                 else f"the layer split {list(plan.stage_layers)}")

@@ -62,9 +62,11 @@ HELD_BACK = frozenset({Schedule.V_HALF, Schedule.V_MIN})
 BOUND = "bound"
 HOST_MEMORY = "offload exceeds the host's memory"
 SPLIT_IS_UNIFORM = "split-is-uniform"
+OUTSIDE_SPACE = "space"
 SEARCH_PRUNING = {
     BOUND: "cannot enter the top k",
     SPLIT_IS_UNIFORM: "best layer split is the uniform one (evaluated as such)",
+    OUTSIDE_SPACE: "outside the search space's launcher rules",
 }
 """Pruning that is the search's own (not a rule of a valid plan), by id."""
 

@@ -1,0 +1,395 @@
+"""Search on a heterogeneous cluster (``PooledCluster``): pipeline stages placed on pools
+of unlike GPUs, the layers split so that each stage's time matches its pool's speed.
+
+The walk:
+
+1. **Each pool alone**: the search of a cluster of identical nodes (``engine.search``),
+   with its own memory headroom.
+2. **Two or more pools**, in each order along the pipeline (every order of up to three
+   pools; beyond, the fastest pool first and the fastest last): a stage is a block of
+   dp*tp*cp ranks inside one pool (``parallel.rules``: data, tensor and context parallel
+   groups never leave a pool), and each pool hosts as many stages as it has room for
+   (its GPUs // the block), so pp is their sum. Every block layout (expert foldings
+   included), micro-batch size, sequence-parallel flag, schedule with one chunk per stage,
+   ZeRO stage and recompute choice that passes the plan's rules and the space's gets the
+   split of :func:`balanced_split` and is evaluated (``cost.placed``).
+3. All of them ranked together (``engine.rank_key``): the answer may be a plan on one pool
+   alone, and :attr:`PooledResult.verdict` says which pools it leaves out and why.
+
+The walk evaluates every candidate it generates (no bound prunes it): a heterogeneous
+cluster's candidates are few (pp is fixed by the block, and the layer split is chosen,
+not searched), hundreds to a few thousand.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+
+from autoplan.cost.memory import default_headroom_bytes
+from autoplan.cost.placed import between_send_seconds, evaluate_placed, placed_stage_work
+from autoplan.cost.stage import stage_memory, stage_work_for
+from autoplan.descriptors.hardware import Cluster, PooledCluster
+from autoplan.descriptors.job import Job
+from autoplan.descriptors.model import Model
+from autoplan.parallel import cp, dp, ep, tp
+from autoplan.parallel.common import capped_divisors
+from autoplan.parallel.rules import RULES, space_problems
+from autoplan.plan import Layout, Placement, Plan
+from autoplan.schedules.memory import peak_inflight
+from autoplan.search.engine import (
+    BOUND,
+    OUTSIDE_SPACE,
+    Ranked,
+    SearchResult,
+    SearchStats,
+    rank_key,
+    search,
+)
+from autoplan.search.space import SearchSpace
+from autoplan.vocab import NO_OFFLOAD, Schedule, ZeroStage
+
+MAX_ALL_ORDERS = 3  # pools whose every order along the pipeline is tried
+_BISECTIONS = 60  # at most; the bisection stops within _TOLERANCE of the least bottleneck
+_TOLERANCE = 1e-4  # of the least bottleneck: the split found is within it
+
+
+@dataclass(frozen=True, slots=True)
+class PooledResult:
+    plans: tuple[Ranked, ...]  # best first: across pools and on each pool alone
+    alone: tuple[SearchResult, ...]  # the search of each pool alone, in the cluster's order
+    best_across: Ranked | None  # the best plan placing stages on two or more pools
+    stats: SearchStats  # of the walk across pools
+    cluster: PooledCluster
+
+    def best_alone(self) -> tuple[int, Ranked] | None:
+        """The best plan on one pool alone, and that pool's index."""
+        found = [(i, r.plans[0]) for i, r in enumerate(self.alone) if r.plans]
+        return min(found, key=lambda x: rank_key(x[1].plan, x[1].prediction), default=None)
+
+    def verdict(self) -> str:
+        """Which pools the best plan uses, against the best on one pool alone."""
+        pools = self.cluster.pools
+        alone, across = self.best_alone(), self.best_across
+        if not self.plans:
+            return "no plan fits on any pool or across them"
+        best = self.plans[0]
+        if best.plan.placement is None:
+            i = pools.index(best.plan.cluster)
+            left = [p.name for j, p in enumerate(pools) if j != i]
+            if across is None:
+                why = "no plan across pools fits"
+            else:
+                why = (f"the best plan across {_names(across.plan)} predicts "
+                       f"{across.prediction.tokens_per_s:,.0f} tokens/s, "
+                       f"{_ratio(across, best)} of {pools[i].name} alone "
+                       f"({best.prediction.tokens_per_s:,.0f})")
+            return f"leaves out {', '.join(left)}: {why}"
+        used = set(best.plan.placement.stage_pools)
+        left = [p.name for j, p in enumerate(pools) if j not in used]
+        out = f"uses {_names(best.plan)}"
+        if alone is not None:
+            i, r = alone
+            out += (f": {best.prediction.tokens_per_s:,.0f} tokens/s, {_ratio(best, r)} of the "
+                    f"best on {pools[i].name} alone ({r.prediction.tokens_per_s:,.0f})")
+        if left:
+            out += f"; leaves out {', '.join(left)}"
+        return out
+
+
+def _names(plan: Plan) -> str:
+    assert plan.placement is not None
+    placement = plan.placement
+    parts = []
+    for pool, group in itertools.groupby(range(plan.layout.pp), key=lambda s: placement.stage_pools[s]):
+        stages = list(group)
+        layers = [plan.stage_layers[s] for s in stages]
+        span = f"stage {stages[0]}" if len(stages) == 1 else f"stages {stages[0]}-{stages[-1]}"
+        parts.append(f"{placement.cluster.pools[pool].name} ({span}, layers "
+                     f"{'/'.join(map(str, layers))})")
+    return " + ".join(parts)
+
+
+def _ratio(a: Ranked, b: Ranked) -> str:
+    return f"{a.prediction.tokens_per_s / b.prediction.tokens_per_s:.2f}x"
+
+
+def search_pooled(model: Model, cluster: PooledCluster, job: Job, space: SearchSpace,
+                  top_k: int = 10, min_headroom_bytes: float | None = None) -> PooledResult:
+    """The top_k plans by predicted tokens/s on the pools alone and across them (module
+    doc). ``min_headroom_bytes``: what every plan leaves free on each GPU (None: each
+    device's default, ``memory.default_headroom_bytes``)."""
+    space = _on_gpus(space)
+
+    def headroom(c: Cluster) -> float:
+        return (default_headroom_bytes(c.device.mem_bytes) if min_headroom_bytes is None
+                else min_headroom_bytes)
+
+    alone = tuple(search(model, pool, job, space, top_k, headroom(pool)) for pool in cluster.pools)
+    stats = SearchStats()
+    # best first: every group's bound, then its plans split and evaluated in the bounds'
+    # order until a bound passes the k-th best step time so far (of the plans alone and
+    # across pools): no later plan can enter the top k
+    queue = sorted(((min(fluid_bound(p) for p in probes), i, variants)
+                    for i, (probes, variants) in enumerate(
+                        g for order in _orders(cluster)
+                        for g in _groups(model, cluster, job, space, order, stats))),
+                   key=lambda x: x[:2])
+    kept = sorted(r.prediction.step_time_s for a in alone for r in a.plans)
+    across: list[Ranked] = []
+    for n, (bound, _, variants) in enumerate(queue):
+        if len(kept) >= top_k and bound > kept[top_k - 1]:
+            stats.pruned[BOUND] += sum(len(v) for _, _, v in queue[n:])
+            break
+        # variants by schedule, most ZeRO first: ZeRO 0-2 only shard more state as the
+        # stage rises, so where one finds no room a lower one of its schedule finds none
+        no_room: dict[Schedule, ZeroStage] = {}
+        for plan in sorted(variants, key=lambda v: -v.zero):
+            if plan.zero <= ZeroStage.GRADIENTS and plan.zero <= no_room.get(plan.schedule, -1):
+                stats.infeasible["a stage exceeds its GPU's memory"] += 1
+                continue
+            found = _placed(plan, space, headroom, kept, top_k, stats)
+            if found is None:
+                continue
+            if isinstance(found, Ranked):
+                across.append(found)
+                bisect.insort(kept, found.prediction.step_time_s)
+            elif plan.zero <= ZeroStage.GRADIENTS:
+                no_room[plan.schedule] = plan.zero
+    across.sort(key=lambda r: rank_key(r.plan, r.prediction))
+    ranked = sorted([*across[:top_k], *(r for a in alone for r in a.plans)],
+                    key=lambda r: rank_key(r.plan, r.prediction))
+    return PooledResult(plans=tuple(ranked[:top_k]), alone=alone,
+                        best_across=across[0] if across else None, stats=stats, cluster=cluster)
+
+
+def _placed(plan: Plan, space: SearchSpace, headroom: Callable[[Cluster], float],
+            kept: list[float], top_k: int, stats: SearchStats) -> Ranked | bool | None:
+    """The plan with its balanced split, evaluated; False where no split fits in memory;
+    None where the split's own bound shows it cannot enter the top k, or it does not fit
+    as evaluated."""
+    limits = tuple(v.cluster.device.mem_bytes - headroom(v.cluster)
+                   for v in (plan.on_stage(s) for s in range(plan.layout.pp)))
+    found = balanced_split(plan, limits) if room_for_layers(plan, limits) else None
+    if found is None:
+        stats.infeasible["a stage exceeds its GPU's memory"] += 1
+        return False
+    split, bottleneck = found
+    # the slowest stage of the split is busy m * (F + B): the step takes at least that
+    if len(kept) >= top_k and plan.num_microbatches * bottleneck > kept[top_k - 1]:
+        stats.pruned[BOUND] += 1
+        return None
+    plan = plan.replace(stages=split)
+    if space_problems(plan, space):  # a launcher that takes only the even split
+        plan = plan.replace(stages=None)
+    pred = evaluate_placed(plan)
+    stats.evaluated += 1
+    if not pred.feasible or any(
+            m.peak > lim for m, lim in zip(pred.memory_per_stage, limits, strict=True)):
+        stats.infeasible["a stage exceeds its GPU's memory"] += 1
+        return None
+    return Ranked(plan, pred)
+
+
+def _on_gpus(space: SearchSpace) -> SearchSpace:
+    """The space without offload: plans across pools keep their state on the GPUs (and
+    the pools alone are compared on the same terms)."""
+    return replace(space, offload=(NO_OFFLOAD,))
+
+
+def _orders(cluster: PooledCluster) -> Iterator[tuple[int, ...]]:
+    """Pool orders along the pipeline, for every set of two or more pools."""
+    n = len(cluster.pools)
+    speed = [p.device.peak_bf16_flops for p in cluster.pools]
+    for size in range(2, n + 1):
+        for subset in itertools.combinations(range(n), size):
+            if size <= MAX_ALL_ORDERS:
+                yield from itertools.permutations(subset)
+            else:
+                fast_first = tuple(sorted(subset, key=lambda i: (-speed[i], i)))
+                yield fast_first
+                yield fast_first[::-1]
+
+
+def _groups(model: Model, cluster: PooledCluster, job: Job, space: SearchSpace,
+            order: Sequence[int], stats: SearchStats
+            ) -> Iterator[tuple[list[Plan], list[Plan]]]:
+    """The plans of pools ``order`` (module doc) that pass the rules, even split, in
+    groups that share all but the schedule and ZeRO stage, with a probe per kind of
+    backward (whole, or split for zero-bubble schedules) in ZeRO 0-2: no plan of the group
+    runs its stages faster than the probe of its kind (ZeRO-3 only adds gathers), so the
+    least of the probes' bounds is the group's."""
+    pools = [cluster.pools[i] for i in order]
+    narrowest = min(pools, key=lambda c: (min(c.nvlink_domain, c.gpus), c.gpus))
+    smallest = min(c.gpus for c in pools)
+    schedules = [s for s in space.schedules if not s.v_shape and s is not Schedule.INTERLEAVED]
+    for t in tp.degrees(narrowest, space):
+        for c in cp.degrees(smallest // t, space):
+            for d in capped_divisors(smallest // (t * c), smallest):
+                counts = [pool.gpus // (d * t * c) for pool in pools]
+                stage_pools = tuple(i for i, k in zip(order, counts, strict=True) for _ in range(k))
+                placement = Placement(cluster=cluster, stage_pools=stage_pools)
+                for lay in ep.foldings(model, Layout(dp=d, tp=t, pp=len(stage_pools), cp=c), space):
+                    zeros = dp.zero_stages(lay, space)
+                    for mbs, sp, exchange, recompute in itertools.product(
+                            space.micro_batches, tp.sequence_parallel_choices(model, lay, space),
+                            cp.exchanges(model, lay, job.seq_len, space), space.recompute):
+                        variants = []
+                        for sched, zero in itertools.product(schedules, zeros):
+                            stats.generated += 1
+                            plan = Plan(model=model, cluster=cluster.pools[order[0]], job=job,
+                                        layout=lay, micro_batch=mbs, schedule=sched,
+                                        recompute=recompute, zero=zero, sequence_parallel=sp,
+                                        cp_comm=exchange, stack=space.stack, placement=placement)
+                            broken = _broken(plan, space)
+                            if broken:
+                                stats.pruned[broken] += 1
+                            else:
+                                variants.append(plan)
+                        if variants:
+                            kinds = {p.schedule.splits_backward: p for p in variants}
+                            probes = [p.replace(zero=min(p.zero, ZeroStage.GRADIENTS))
+                                      for p in kinds.values()]
+                            yield probes, variants
+
+
+def _broken(plan: Plan, space: SearchSpace) -> str:
+    """The id of the first rule the plan breaks ("space" for the space's), or ""."""
+    for rule in RULES:
+        if rule.broken(plan) is not None:
+            return rule.id
+    return OUTSIDE_SPACE if space_problems(plan, space) else ""
+
+
+def fluid_bound(plan: Plan) -> float:
+    """A lower bound on the step time of ``plan`` under any layer split: m microbatches
+    through the slowest stage. With per-layer times tau_s (forward plus backward on stage
+    s's pool; of an MoE model, the cheaper of its layer kinds), a split whose every stage
+    takes under T would hold fewer than T * sum(1 / tau_s) layers; so some stage takes at
+    least T = L / sum(1 / tau_s) per microbatch (its fixed parts only add), and the
+    stage is busy m times that, which the makespan, and the step, include."""
+    assert plan.placement is not None
+    model, pools = plan.model, plan.placement.stage_pools
+    kinds = (0,) if model.is_moe and model.layers == model.moe_layers else (
+        (None,) if not model.is_moe else (None, 0))
+    speed = 0.0  # layers per second of all stages together
+    for pool, view in enumerate(plan.on_pools()):
+        if pool in pools:  # the same tau for every stage of a pool (fixed parts cancel)
+            tau = min(_per_layer(view, pools.index(pool), dense) for dense in kinds)
+            speed += pools.count(pool) / tau
+    return plan.num_microbatches * model.layers / speed
+
+
+def _per_layer(view: Plan, stage: int, dense: int | None) -> float:
+    """Seconds one more layer adds to ``stage``'s forward plus backward per microbatch:
+    dense (None: as the model's layers are) or, with ``dense`` 0, an MoE layer."""
+    one = stage_work_for(view, stage, 1, None if dense is None else dense)
+    two = stage_work_for(view, stage, 2, None if dense is None else dense * 2)
+    return (two.forward + two.backward) - (one.forward + one.backward)
+
+
+def room_for_layers(plan: Plan, limits: Sequence[float]) -> bool:
+    """Whether the stages' memory can hold the model's layers at all (a quick necessary
+    condition before :func:`balanced_split`, which decides it).
+
+    A stage's peak grows by the same bytes with each layer of a kind (its weights, grads
+    and optimizer shard, and its activations times the microbatches the stage holds), so
+    with m(n) its peak at n layers, n layers fit within ``limit`` only if
+    n <= (limit - m(1)) / (m(2) - m(1)) + 1, taking the smaller growth of the model's two
+    layer kinds. If even these counts, summed over the stages, fall short of the
+    model's layers, no split fits."""
+    model, p = plan.model, plan.layout.pp
+    m = plan.num_microbatches
+    kinds = (0,) if model.is_moe and model.layers == model.moe_layers else (
+        (None,) if not model.is_moe else (None, 0))
+    room = 0.0
+    for s in range(p):
+        view = plan.on_stage(s)
+        held = peak_inflight(plan.schedule, p, m, 1, s)
+        one = two = float("inf")
+        for dense in kinds:
+            w1 = stage_work_for(view, s, 1, dense)
+            w2 = stage_work_for(view, s, 2, None if dense is None else 2 * dense)
+            m1 = stage_memory(view, s, w1, held).peak
+            m2 = stage_memory(view, s, w2, held).peak
+            one, two = min(one, m1), min(two, m1 + max(0.0, m2 - m1))
+        if one > limits[s]:
+            return False
+        growth = two - one
+        room += model.layers if growth <= 0 else (limits[s] - one) / growth + 1
+    return room >= model.layers
+
+
+def balanced_split(plan: Plan, limits: Sequence[float]) -> tuple[tuple[int, ...], float] | None:
+    """Layers per stage (contiguous, at least one each) that minimize the slowest stage's
+    forward plus backward per microbatch, each stage's memory peak within ``limits[s]``
+    (bytes), and that slowest stage's seconds; None where no split fits.
+
+    A stage's time and memory grow with its layer count, so for a target time T the
+    greedy split that gives each stage in turn as many layers as stay within T and its
+    memory (leaving one for each later stage) fits iff any split does: it leaves the
+    later stages as few layers as any split within T can. The least feasible T is found
+    by bisection; the stage times are those ``evaluate`` uses (``stage_work_for`` on the
+    stage's pool, the sends between pools costed by ``placed_stage_work``)."""
+    model, lay = plan.model, plan.layout
+    p, n_layers, m = lay.pp, model.layers, plan.num_microbatches
+    if n_layers < p:
+        return None
+    views = [plan.on_stage(s) for s in range(p)]
+    crossing = [between_send_seconds(plan, s) for s in range(p)]
+    inflight = [peak_inflight(plan.schedule, p, m, 1, s) for s in range(p)]
+    dense_total = n_layers - model.moe_layers if model.is_moe else n_layers
+    memo: dict[tuple[int, int, int], tuple[float, bool]] = {}
+
+    def stage(s: int, start: int, n: int) -> tuple[float, bool]:
+        dense = max(0, min(dense_total - start, n))
+        key = (s, dense, n)
+        found = memo.get(key)
+        if found is None:
+            work = placed_stage_work(plan, s, stage_work_for(views[s], s, n, dense), crossing[s])
+            fits = stage_memory(views[s], s, work, inflight[s]).peak <= limits[s]
+            found = memo[key] = (work.forward + work.backward, fits)
+        return found
+
+    def most(s: int, start: int, target: float) -> int:
+        """The most layers stage s can take from ``start`` within ``target`` and memory,
+        leaving one for each later stage (0: not even one); time and memory grow with
+        the count, so the largest that fits is found by bisection."""
+        lo, hi = 0, n_layers - start - (p - s - 1)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            seconds, fits = stage(s, start, mid)
+            if seconds <= target and fits:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def greedy(target: float) -> list[int] | None:
+        out, start = [], 0
+        for s in range(p - 1):
+            take = most(s, start, target)
+            if not take:
+                return None
+            out.append(take)
+            start += take
+        seconds, fits = stage(p - 1, start, n_layers - start)
+        return [*out, n_layers - start] if seconds <= target and fits else None
+
+    best = greedy(float("inf"))
+    if best is None:
+        return None
+    lo, hi = 0.0, max(stage(s, sum(best[:s]), n)[0] for s, n in enumerate(best))
+    for _ in range(_BISECTIONS):
+        mid = (lo + hi) / 2
+        found = greedy(mid)
+        if found is None:
+            lo = mid
+        else:
+            hi, best = mid, found
+        if hi - lo <= _TOLERANCE * hi:
+            break
+    bottleneck = max(stage(s, sum(best[:s]), n)[0] for s, n in enumerate(best))
+    return tuple(best), bottleneck
