@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 from autoplan.cost.memory import default_headroom_bytes
 from autoplan.cost.placed import between_send_seconds, evaluate_placed, placed_stage_work
-from autoplan.cost.stage import stage_memory, stage_work_for
+from autoplan.cost.stage import StageWork, stage_memory, stage_work_for
 from autoplan.descriptors.hardware import Cluster, PooledCluster
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
@@ -263,31 +263,44 @@ def _broken(plan: Plan, space: SearchSpace) -> str:
     return OUTSIDE_SPACE if space_problems(plan, space) else ""
 
 
+def _kinds(model: Model) -> tuple[bool, ...]:
+    """The layer kinds a stage may hold: dense (True) and MoE (False) layers."""
+    if not model.is_moe:
+        return (True,)
+    return (False,) if model.layers == model.moe_layers else (True, False)
+
+
+def _work(view: Plan, stage: int, n: int, dense: bool) -> StageWork:
+    """``stage`` holding ``n`` layers of one kind."""
+    return stage_work_for(view, stage, n, n if dense else 0)
+
+
 def fluid_bound(plan: Plan) -> float:
     """A lower bound on the step time of ``plan`` under any layer split: m microbatches
-    through the slowest stage. With per-layer times tau_s (forward plus backward on stage
-    s's pool; of an MoE model, the cheaper of its layer kinds), a split whose every stage
-    takes under T would hold fewer than T * sum(1 / tau_s) layers; so some stage takes at
-    least T = L / sum(1 / tau_s) per microbatch (its fixed parts only add), and the
-    stage is busy m times that, which the makespan, and the step, include."""
+    through the slowest stage.
+
+    A stage's forward plus backward per microbatch, f_s(n) for n layers of one kind, is
+    convex in n: layer terms grow linearly, and what overlap hides (the exposed part of a
+    collective beside compute, max(0, a*n + b)) is convex too. So
+    f_s(n) >= c_s + n*tau_s with tau_s = f_s(2) - f_s(1) and c_s = f_s(1) - tau_s (the
+    secant through n = 1, 2 stays below a convex function beyond them); of an MoE model
+    with dense layers, each the smaller over the two kinds. A split whose every stage takes
+    at most T holds at most sum((T - c_s) / tau_s) layers, so some stage takes at least
+    T = (L + sum(c_s / tau_s)) / sum(1 / tau_s), and it is busy m times that, which the
+    makespan, and the step, include."""
     assert plan.placement is not None
-    model, pools = plan.model, plan.placement.stage_pools
-    kinds = (0,) if model.is_moe and model.layers == model.moe_layers else (
-        (None,) if not model.is_moe else (None, 0))
-    speed = 0.0  # layers per second of all stages together
-    for pool, view in enumerate(plan.on_pools()):
-        if pool in pools:  # the same tau for every stage of a pool (fixed parts cancel)
-            tau = min(_per_layer(view, pools.index(pool), dense) for dense in kinds)
-            speed += pools.count(pool) / tau
-    return plan.num_microbatches * model.layers / speed
-
-
-def _per_layer(view: Plan, stage: int, dense: int | None) -> float:
-    """Seconds one more layer adds to ``stage``'s forward plus backward per microbatch:
-    dense (None: as the model's layers are) or, with ``dense`` 0, an MoE layer."""
-    one = stage_work_for(view, stage, 1, None if dense is None else dense)
-    two = stage_work_for(view, stage, 2, None if dense is None else dense * 2)
-    return (two.forward + two.backward) - (one.forward + one.backward)
+    model, p = plan.model, plan.layout.pp
+    kinds = _kinds(model)
+    inverse = weighted = 0.0
+    for s in range(p):
+        view = plan.on_stage(s)
+        one = [_work(view, s, 1, k) for k in kinds]
+        two = [_work(view, s, 2, k) for k in kinds]
+        tau = min(b.forward + b.backward - a.forward - a.backward for a, b in zip(one, two, strict=True))
+        fixed = min(a.forward + a.backward for a in one) - tau
+        inverse += 1.0 / tau
+        weighted += fixed / tau
+    return plan.num_microbatches * max(0.0, (model.layers + weighted) / inverse)
 
 
 def room_for_layers(plan: Plan, limits: Sequence[float]) -> bool:
@@ -302,18 +315,14 @@ def room_for_layers(plan: Plan, limits: Sequence[float]) -> bool:
     model's layers, no split fits."""
     model, p = plan.model, plan.layout.pp
     m = plan.num_microbatches
-    kinds = (0,) if model.is_moe and model.layers == model.moe_layers else (
-        (None,) if not model.is_moe else (None, 0))
     room = 0.0
     for s in range(p):
         view = plan.on_stage(s)
         held = peak_inflight(plan.schedule, p, m, 1, s)
         one = two = float("inf")
-        for dense in kinds:
-            w1 = stage_work_for(view, s, 1, dense)
-            w2 = stage_work_for(view, s, 2, None if dense is None else 2 * dense)
-            m1 = stage_memory(view, s, w1, held).peak
-            m2 = stage_memory(view, s, w2, held).peak
+        for dense in _kinds(model):
+            m1 = stage_memory(view, s, _work(view, s, 1, dense), held).peak
+            m2 = stage_memory(view, s, _work(view, s, 2, dense), held).peak
             one, two = min(one, m1), min(two, m1 + max(0.0, m2 - m1))
         if one > limits[s]:
             return False
@@ -378,18 +387,22 @@ def balanced_split(plan: Plan, limits: Sequence[float]) -> tuple[tuple[int, ...]
         seconds, fits = stage(p - 1, start, n_layers - start)
         return [*out, n_layers - start] if seconds <= target and fits else None
 
+    def slowest(split: Sequence[int]) -> float:
+        return max(stage(s, sum(split[:s]), n)[0] for s, n in enumerate(split))
+
     best = greedy(float("inf"))
     if best is None:
         return None
-    lo, hi = 0.0, max(stage(s, sum(best[:s]), n)[0] for s, n in enumerate(best))
+    # bisection on the bottleneck; a split found within a target lowers the bracket to
+    # its own slowest stage
+    lo, hi = 0.0, slowest(best)
     for _ in range(_BISECTIONS):
+        if hi - lo <= _TOLERANCE * hi:
+            break
         mid = (lo + hi) / 2
         found = greedy(mid)
         if found is None:
             lo = mid
         else:
-            hi, best = mid, found
-        if hi - lo <= _TOLERANCE * hi:
-            break
-    bottleneck = max(stage(s, sum(best[:s]), n)[0] for s, n in enumerate(best))
-    return tuple(best), bottleneck
+            best, hi = found, slowest(found)
+    return tuple(best), hi
