@@ -58,8 +58,9 @@ def _pool_gpus(plan: Plan) -> str | None:
         n = len(list(run))
         pool = placement.cluster.pools[i]
         if n * block % pool.gpus_per_node:
-            return (f"stages {start}-{start + n - 1} on pool {pool.name} take {n * block} GPUs, "
-                    f"not whole {pool.gpus_per_node}-GPU nodes")
+            which = f"stage {start} takes" if n == 1 else f"stages {start}-{start + n - 1} take"
+            return (f"{which} {n * block} GPUs on pool {pool.name}, not whole "
+                    f"{pool.gpus_per_node}-GPU nodes")
         start += n
     return None
 
