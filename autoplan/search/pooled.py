@@ -16,9 +16,14 @@ The walk:
 3. All of them ranked together (``engine.rank_key``): the answer may be a plan on one pool
    alone, and :attr:`PooledResult.verdict` says which pools it leaves out and why.
 
-The walk evaluates every candidate it generates (no bound prunes it): a heterogeneous
-cluster's candidates are few (pp is fixed by the block, and the layer split is chosen,
-not searched), hundreds to a few thousand.
+Best first: candidates are grouped by all but schedule and ZeRO stage, each group
+bounded by :func:`fluid_bound`, and groups split and evaluated in the bounds' order until a
+bound passes the k-th best step time found (alone or across): no later plan can enter the
+top k. A group's plans are tried most-ZeRO first; where one finds no room in memory, the
+lower ZeRO stages of its schedule (which hold more) are not tried. A split's own bound (m
+times its slowest stage) skips the evaluation of splits that cannot enter the top k. For
+Llama 3 70B on 32 H100 + 32 A100 the walk generates 65,280 candidates and evaluates
+about 50 (``benchmarks/pooled_search.py``).
 """
 
 from __future__ import annotations
@@ -280,8 +285,8 @@ def fluid_bound(plan: Plan) -> float:
     through the slowest stage.
 
     A stage's forward plus backward per microbatch, f_s(n) for n layers of one kind, is
-    convex in n: layer terms grow linearly, and what overlap hides (the exposed part of a
-    collective beside compute, max(0, a*n + b)) is convex too. So
+    convex in n: layer terms grow linearly, and the exposed part of a collective beside
+    compute is of the form max(0, a*n + b) (``tp.exposed_backward``), convex too. So
     f_s(n) >= c_s + n*tau_s with tau_s = f_s(2) - f_s(1) and c_s = f_s(1) - tau_s (the
     secant through n = 1, 2 stays below a convex function beyond them); of an MoE model
     with dense layers, each the smaller over the two kinds. A split whose every stage takes

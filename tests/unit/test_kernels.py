@@ -17,7 +17,7 @@ from autoplan.descriptors.library import builtin_stack, resolve_device, resolve_
 from autoplan.descriptors.stack import AttentionKernel
 from autoplan.parallel import dp, mesh
 from autoplan.vocab import Axis, Dtype, ZeroStage
-from tests.helpers import make_plan
+from tests.helpers import ROOT, make_plan
 
 H100 = resolve_device("h100-sxm", "test", "device")
 A100 = resolve_device("a100-80gb", "test", "device")
@@ -247,8 +247,9 @@ def test_a_plans_hash_covers_every_field_it_is_compared_by():
     """Plans hash once and remember it (memoized costs key on them): every field that
     takes part in equality must change the hash, or two different plans could share
     memoized costs by accident of a collision on a common path."""
+    from autoplan.descriptors.library import resolve_any_cluster
     from autoplan.parallel.pipeline_layout import from_stage_lists
-    from autoplan.plan import Layout, Plan
+    from autoplan.plan import Layout, Placement, Plan
     from autoplan.vocab import CpComm, Offload, Recompute, Schedule
 
     plan = make_plan(model="llama3-8b", gpus=16, dp=8, pp=2)
@@ -259,6 +260,8 @@ def test_a_plans_hash_covers_every_field_it_is_compared_by():
         "zero": ZeroStage.GRADIENTS, "sequence_parallel": True, "stages": (15, 17),
         "cp_comm": CpComm.A2A, "stack": builtin_stack("torchtitan"),
         "chunks": from_stage_lists([[15], [17]]), "offload": Offload(optimizer=True),
+        "placement": Placement(cluster=resolve_any_cluster(
+            str(ROOT / "examples" / "clusters" / "h100-a100.yaml")), stage_pools=(0, 1)),
     }
     compared = {f.name for f in dataclasses.fields(Plan) if f.compare}
     assert compared == set(other)

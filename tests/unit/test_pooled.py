@@ -67,6 +67,20 @@ def test_the_example_cluster_has_two_pools_of_32_gpus() -> None:
     assert dataclasses.replace(c.pools[1], name="dgx-a100", nodes=1) == resolve_cluster("dgx-a100")
 
 
+def test_a_pool_may_be_described_in_full() -> None:
+    """The issue's form: each pool with its device, nodes, GPUs per node, NVLink domain and
+    links, as a cluster file gives them."""
+    full = {"name": "roce", "device": "h100-sxm", "nodes": 2, "gpus_per_node": 8,
+            "nvlink_domain": 8, "intra_node": {"bandwidth_GBps": 450, "latency_us": 3},
+            "inter_node": {"bandwidth_GBps": 25, "latency_us": 20}}
+    c = resolve_any_cluster({"name": "nics", "pools": [{"name": "ib", "cluster": "dgx-h100",
+                                                        "nodes": 2}, full],
+                             "between_pools": {"bandwidth_GBps": 25, "latency_us": 20}})
+    assert isinstance(c, PooledCluster)
+    assert c.pools[1].name == "roce" and c.pools[1].inter_node.bandwidth_Bps == 25e9
+    assert c.pools[1].device == c.pools[0].device and c.gpus == 32
+
+
 def test_commands_that_take_one_kind_of_node_refuse_a_pooled_cluster() -> None:
     with pytest.raises(InputError, match="has pools; only search and evaluate"):
         resolve_cluster(str(MIXED))
