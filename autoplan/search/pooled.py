@@ -18,12 +18,13 @@ The walk:
 
 Best first: candidates are grouped by all but schedule and ZeRO stage, each group
 bounded by :func:`fluid_bound`, and groups split and evaluated in the bounds' order until a
-bound passes the k-th best step time found (alone or across): no later plan can enter the
-top k. A group's plans are tried most-ZeRO first; where one finds no room in memory, the
-lower ZeRO stages of its schedule (which hold more) are not tried. A split's own bound (m
-times its slowest stage) skips the evaluation of splits that cannot enter the top k. For
-Llama 3 70B on 32 H100 + 32 A100 the walk generates 65,280 candidates and evaluates
-about 50 (``benchmarks/pooled_search.py``).
+bound passes both the k-th best step time found (alone or across) and the best across
+pools found: no later plan can enter the top k or be the best across pools (which the
+verdict compares with the best alone). A group's plans are tried most-ZeRO first; where
+one finds no room in memory, the lower ZeRO stages of its schedule (which hold more) are
+not tried. A split's own bound (m times its slowest stage) skips the evaluation of splits
+that cannot enter the top k. For Llama 3 70B on 32 H100 + 32 A100 the walk generates
+65,280 candidates and evaluates under a hundred (``benchmarks/pooled_search.py``).
 """
 
 from __future__ import annotations
@@ -144,8 +145,15 @@ def search_pooled(model: Model, cluster: PooledCluster, job: Job, space: SearchS
                    key=lambda x: x[:2])
     kept = sorted(r.prediction.step_time_s for a in alone for r in a.plans)
     across: list[Ranked] = []
+    # the verdict compares the best plan across pools with the best alone: the walk goes
+    # on until a bound passes both the k-th best and the best across found
+    best_across = [float("inf")]
+
+    def beyond(bound: float) -> bool:
+        return len(kept) >= top_k and bound > kept[top_k - 1] and bound > best_across[0]
+
     for n, (bound, _, variants) in enumerate(queue):
-        if len(kept) >= top_k and bound > kept[top_k - 1]:
+        if beyond(bound):
             stats.pruned[BOUND] += sum(len(v) for _, _, v in queue[n:])
             break
         # variants by schedule, most ZeRO first: ZeRO 0-2 only shard more state as the
@@ -155,12 +163,13 @@ def search_pooled(model: Model, cluster: PooledCluster, job: Job, space: SearchS
             if plan.zero <= ZeroStage.GRADIENTS and plan.zero <= no_room.get(plan.schedule, -1):
                 stats.infeasible["a stage exceeds its GPU's memory"] += 1
                 continue
-            found = _placed(plan, space, headroom, kept, top_k, stats)
+            found = _placed(plan, space, headroom, beyond, stats)
             if found is None:
                 continue
             if isinstance(found, Ranked):
                 across.append(found)
                 bisect.insort(kept, found.prediction.step_time_s)
+                best_across[0] = min(best_across[0], found.prediction.step_time_s)
             elif plan.zero <= ZeroStage.GRADIENTS:
                 no_room[plan.schedule] = plan.zero
     across.sort(key=lambda r: rank_key(r.plan, r.prediction))
@@ -171,7 +180,7 @@ def search_pooled(model: Model, cluster: PooledCluster, job: Job, space: SearchS
 
 
 def _placed(plan: Plan, space: SearchSpace, headroom: Callable[[Cluster], float],
-            kept: list[float], top_k: int, stats: SearchStats) -> Ranked | bool | None:
+            beyond: Callable[[float], bool], stats: SearchStats) -> Ranked | bool | None:
     """The plan with its balanced split, evaluated; False where no split fits in memory;
     None where the split's own bound shows it cannot enter the top k, or it does not fit
     as evaluated."""
@@ -183,7 +192,7 @@ def _placed(plan: Plan, space: SearchSpace, headroom: Callable[[Cluster], float]
         return False
     split, bottleneck = found
     # the slowest stage of the split is busy m * (F + B): the step takes at least that
-    if len(kept) >= top_k and plan.num_microbatches * bottleneck > kept[top_k - 1]:
+    if beyond(plan.num_microbatches * bottleneck):
         stats.pruned[BOUND] += 1
         return None
     plan = plan.replace(stages=split)
