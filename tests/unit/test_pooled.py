@@ -307,7 +307,7 @@ def test_the_fluid_bound_never_exceeds_the_step_and_room_never_refuses_a_fitting
     plans = _candidates("llama3-8b", _pooled(hopper=("dgx-h100", 1), ampere=("dgx-a100", 1)))
     assert {p.schedule for p in plans} >= {Schedule.ONE_F_ONE_B, Schedule.ZB_H1}
     checked = 0
-    for plan in plans[::7]:
+    for plan in plans[::12]:
         limits = tuple(plan.on_stage(s).cluster.device.mem_bytes for s in range(plan.layout.pp))
         found = balanced_split(plan, limits)
         if found is None:
@@ -319,7 +319,7 @@ def test_the_fluid_bound_never_exceeds_the_step_and_room_never_refuses_a_fitting
         assert fluid_bound(plan) <= pred.step_time_s * (1 + 1e-12)
         assert plan.num_microbatches * found[1] <= pred.step_time_s * (1 + 1e-12)
         checked += 1
-    assert checked >= 20
+    assert checked >= 12
 
 
 # ----------------------------------------------------------------------------- the search
@@ -367,11 +367,12 @@ def test_the_search_ranks_every_plan_it_returns_by_its_evaluation(mixed_70b: Any
 def test_a_pool_that_only_slows_the_job_is_left_out() -> None:
     """Llama-3 8B fits the 32 H100 with data parallelism alone; a pipeline stage on 8 L40S
     (PCIe, 362 TFLOP/s) only adds sends and a bubble: the best plan is the H100s'
-    (0.97x for the best across both at this commit), and the verdict says so."""
+    (0.97x for the best across both in the default space at this commit; the megatron
+    space's is searched here, faster), and the verdict says so."""
     pooled = resolve_any_cluster(_pooled(hopper=("dgx-h100", 4), lovelace=("l40s-node", 1)))
     assert isinstance(pooled, PooledCluster)
     result = search_pooled(resolve_model("llama3-8b"), pooled, Job(global_batch=256, seq_len=4096),
-                           load_space("default"), top_k=2)
+                           load_space("megatron"), top_k=2)
     best = result.plans[0]
     assert best.plan.placement is None and best.plan.cluster.name == "hopper"
     assert result.verdict().startswith("leaves out lovelace: the best plan across")
