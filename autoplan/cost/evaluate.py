@@ -80,24 +80,7 @@ def evaluate(plan: Plan) -> Prediction:
     overhead += dp.memory_pressure(step, per_stage[worst].peak, capacity)
     step += overhead
 
-    crit = max(range(lay.pp), key=lambda s: (sim.busy[s], -s))
-    w = works[crit]
-    tp_s, cp_s, ep_s, pp_s, zero3_s = (w.comm[a] for a in (Axis.TP, Axis.CP, Axis.EP, Axis.PP,
-                                                            Axis.DP))
-    breakdown = TimeBreakdown(
-        compute=m * (w.compute_f + w.compute_b + w.compute_w),
-        recompute=m * w.recompute,
-        tp_comm=m * (tp_s[0] + tp_s[1]),
-        cp_comm=m * (cp_s[0] + cp_s[1]),
-        ep_comm=m * (ep_s[0] + ep_s[1]),
-        pp_comm=m * (pp_s[0] + pp_s[1]),
-        dp_comm=dp_exposed + m * (zero3_s[0] + zero3_s[1]),
-        # idle time of the critical stage; exactly 0 without a pipeline (no float residue)
-        bubble=max(0.0, sim.makespan - sim.busy[crit]) if lay.pp > 1 else 0.0,
-        optimizer=0.0 if plan.offload.optimizer else optimizer,
-        offload=(optimizer if plan.offload.optimizer else 0.0) + copies,
-        overhead=overhead,
-    )
+    breakdown = step_breakdown(plan, works, sim, dp_exposed, optimizer, copies, overhead)
     gpus = lay.gpus
     peak = plan.cluster.device.peak_flops(plan.job.dtype)
     mflops = model_flops(plan)
@@ -114,6 +97,32 @@ def evaluate(plan: Plan) -> Prediction:
         capacity_bytes=capacity,
         reason=reason,
         host_memory_bytes_per_node=host,
+    )
+
+
+def step_breakdown(plan: Plan, works: tuple[StageWork, ...], sim: SimResult, dp_exposed: float,
+                   optimizer: float, copies: float, overhead: float) -> TimeBreakdown:
+    """Where the step goes, read off the critical stage (the busiest): its compute and
+    exposed communication over the m microbatches, its idle time (the bubble), and the
+    step's own terms; the optimizer's host step counts as offload."""
+    m = plan.num_microbatches
+    crit = max(range(plan.layout.pp), key=lambda s: (sim.busy[s], -s))
+    w = works[crit]
+    tp_s, cp_s, ep_s, pp_s, zero3_s = (w.comm[a] for a in (Axis.TP, Axis.CP, Axis.EP, Axis.PP,
+                                                            Axis.DP))
+    return TimeBreakdown(
+        compute=m * (w.compute_f + w.compute_b + w.compute_w),
+        recompute=m * w.recompute,
+        tp_comm=m * (tp_s[0] + tp_s[1]),
+        cp_comm=m * (cp_s[0] + cp_s[1]),
+        ep_comm=m * (ep_s[0] + ep_s[1]),
+        pp_comm=m * (pp_s[0] + pp_s[1]),
+        dp_comm=dp_exposed + m * (zero3_s[0] + zero3_s[1]),
+        # idle time of the critical stage; exactly 0 without a pipeline (no float residue)
+        bubble=max(0.0, sim.makespan - sim.busy[crit]) if plan.layout.pp > 1 else 0.0,
+        optimizer=0.0 if plan.offload.optimizer else optimizer,
+        offload=(optimizer if plan.offload.optimizer else 0.0) + copies,
+        overhead=overhead,
     )
 
 

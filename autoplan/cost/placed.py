@@ -25,7 +25,7 @@ import dataclasses
 from functools import lru_cache
 
 from autoplan.cost import comm
-from autoplan.cost.evaluate import chunk_durations, hardware_flops, model_flops
+from autoplan.cost.evaluate import chunk_durations, hardware_flops, model_flops, step_breakdown
 from autoplan.cost.stage import (
     COMM_AXES,
     AxisComm,
@@ -37,7 +37,7 @@ from autoplan.cost.stage import (
 )
 from autoplan.descriptors.hardware import Cluster, Link
 from autoplan.parallel import dp, mesh, pp
-from autoplan.plan import Plan, Prediction, TimeBreakdown
+from autoplan.plan import Plan, Prediction
 from autoplan.schedules.simulator import simulate
 from autoplan.vocab import Axis
 
@@ -113,23 +113,7 @@ def evaluate_placed(plan: Plan) -> Prediction:
                     for mem, cap in zip(per_stage, capacity, strict=True))
     step += overhead
 
-    crit = max(range(lay.pp), key=lambda s: (sim.busy[s], -s))
-    w = works[crit]
-    tp_s, cp_s, ep_s, pp_s, zero3_s = (w.comm[a] for a in (Axis.TP, Axis.CP, Axis.EP, Axis.PP,
-                                                            Axis.DP))
-    breakdown = TimeBreakdown(
-        compute=m * (w.compute_f + w.compute_b + w.compute_w),
-        recompute=m * w.recompute,
-        tp_comm=m * (tp_s[0] + tp_s[1]),
-        cp_comm=m * (cp_s[0] + cp_s[1]),
-        ep_comm=m * (ep_s[0] + ep_s[1]),
-        pp_comm=m * (pp_s[0] + pp_s[1]),
-        dp_comm=dp_exposed + m * (zero3_s[0] + zero3_s[1]),
-        bubble=max(0.0, sim.makespan - sim.busy[crit]),
-        optimizer=optimizer,
-        offload=0.0,
-        overhead=overhead,
-    )
+    breakdown = step_breakdown(plan, works, sim, dp_exposed, optimizer, 0.0, overhead)
     block = lay.dp * lay.tp * lay.cp
     peak = block * sum(v.cluster.device.peak_flops(plan.job.dtype) for v in views)
     mflops = model_flops(plan)
