@@ -152,15 +152,13 @@ def search_pooled(model: Model, cluster: PooledCluster, job: Job, space: SearchS
     def beyond(bound: float) -> bool:
         return len(kept) >= top_k and bound > kept[top_k - 1] and bound > best_across[0]
 
+    no_room = _NoRoom()
     for n, (bound, _, variants) in enumerate(queue):
         if beyond(bound):
             stats.pruned[BOUND] += sum(len(v) for _, _, v in queue[n:])
             break
-        # variants by schedule, most ZeRO first: ZeRO 0-2 only shard more state as the
-        # stage rises, so where one finds no room a lower one of its schedule finds none
-        no_room: dict[Schedule, ZeroStage] = {}
-        for plan in sorted(variants, key=lambda v: -v.zero):
-            if plan.zero <= ZeroStage.GRADIENTS and plan.zero <= no_room.get(plan.schedule, -1):
+        for plan in sorted(variants, key=lambda v: -v.zero):  # most ZeRO first
+            if no_room.holds(plan):
                 stats.infeasible["a stage exceeds its GPU's memory"] += 1
                 continue
             found = _placed(plan, space, headroom, beyond, stats)
@@ -170,13 +168,44 @@ def search_pooled(model: Model, cluster: PooledCluster, job: Job, space: SearchS
                 across.append(found)
                 bisect.insort(kept, found.prediction.step_time_s)
                 best_across[0] = min(best_across[0], found.prediction.step_time_s)
-            elif plan.zero <= ZeroStage.GRADIENTS:
-                no_room[plan.schedule] = plan.zero
+            else:
+                no_room.add(plan)
     across.sort(key=lambda r: rank_key(r.plan, r.prediction))
     ranked = sorted([*across[:top_k], *(r for a in alone for r in a.plans)],
                     key=lambda r: rank_key(r.plan, r.prediction))
     return PooledResult(plans=tuple(ranked[:top_k]), alone=alone,
                         best_across=across[0] if across else None, stats=stats, cluster=cluster)
+
+
+class _NoRoom:
+    """Plans no layer split fits in memory, and those that hold at least as much.
+
+    Of two plans alike but for the micro-batch size and a ZeRO stage of 0-2, the one with
+    the larger micro-batch and the lower ZeRO stage holds at least as much on every stage
+    at every layer count: ZeRO 0-2 only shard more state as the stage rises, and a stage's
+    activations grow with the micro-batch b times the microbatches it holds, min(k, m) of
+    the m = B/(dp*b) in a step for a k that depends on the schedule (1F1B, ZB-H1/H2,
+    GPipe: ``schedules.memory.peak_inflight``), and b*min(k, m) does not fall as b rises
+    (b*m is fixed). So where one finds no room, none of those does."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple, list[tuple[int, int]]] = {}
+
+    @staticmethod
+    def _key(plan: Plan) -> tuple[tuple, tuple[int, int]]:
+        assert plan.placement is not None
+        zero3 = plan.zero is ZeroStage.PARAMETERS
+        return ((plan.placement.stage_pools, plan.layout, plan.sequence_parallel,
+                 plan.cp_comm, plan.schedule, plan.recompute, zero3),
+                (plan.micro_batch, 0 if zero3 else -int(plan.zero)))
+
+    def add(self, plan: Plan) -> None:
+        key, at = self._key(plan)
+        self._seen.setdefault(key, []).append(at)
+
+    def holds(self, plan: Plan) -> bool:
+        key, (b, z) = self._key(plan)
+        return any(b0 <= b and z0 <= z for b0, z0 in self._seen.get(key, ()))
 
 
 def _placed(plan: Plan, space: SearchSpace, headroom: Callable[[Cluster], float],

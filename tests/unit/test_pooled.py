@@ -25,6 +25,7 @@ from autoplan.schedules.memory import peak_inflight
 from autoplan.search.engine import SearchStats
 from autoplan.search.pooled import (
     _groups,
+    _NoRoom,
     _orders,
     balanced_split,
     fluid_bound,
@@ -395,3 +396,27 @@ def test_placement_orders_cover_every_order_of_up_to_three_pools() -> None:
     assert len(orders) == 3 * 2 + 6 and len(set(orders)) == len(orders)
     placement = Placement(cluster=three, stage_pools=(0, 1))
     assert placement.to_list() == [{"stage": 0, "pool": "a"}, {"stage": 1, "pool": "b"}]
+
+
+def test_a_plan_that_holds_more_than_one_without_room_has_none() -> None:
+    """``_NoRoom``'s dominance, checked: wherever no split of a plan fits in memory, none
+    fits for the same plan with a larger micro-batch or a lower ZeRO stage (0-2)."""
+    plans = _candidates("llama3-70b", _pooled(hopper=("dgx-h100", 1), ampere=("dgx-a100", 1)),
+                        "megatron")
+    limits = {}
+    fits: dict[Plan, bool] = {}
+    for plan in plans:
+        key = plan.placement
+        if key not in limits:
+            limits[key] = tuple(plan.on_stage(s).cluster.device.mem_bytes for s in range(plan.layout.pp))
+        fits[plan] = balanced_split(plan, limits[key]) is not None
+    no_room = _NoRoom()
+    refused = 0
+    for plan in plans:
+        if not fits[plan]:
+            no_room.add(plan)
+    for plan in plans:
+        if no_room.holds(plan):
+            assert not fits[plan], plan
+            refused += 1
+    assert refused > sum(not f for f in fits.values()) // 2
