@@ -41,7 +41,7 @@ from autoplan.descriptors.hardware import Cluster, PooledCluster
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
 from autoplan.parallel import cp, dp, ep, tp
-from autoplan.parallel.common import capped_divisors
+from autoplan.parallel.common import Rule, Scope, capped_divisors
 from autoplan.parallel.rules import RULES, space_problems
 from autoplan.plan import Layout, Placement, Plan
 from autoplan.schedules.memory import peak_inflight
@@ -157,7 +157,7 @@ def search_pooled(model: Model, cluster: PooledCluster, job: Job, space: SearchS
         if beyond(bound):
             stats.pruned[BOUND] += sum(len(v) for _, _, v in queue[n:])
             break
-        for plan in sorted(variants, key=lambda v: -v.zero):  # most ZeRO first
+        for plan in sorted(variants, key=_NoRoom.least_first):
             if no_room.holds(plan):
                 stats.infeasible["a stage exceeds its GPU's memory"] += 1
                 continue
@@ -180,32 +180,43 @@ def search_pooled(model: Model, cluster: PooledCluster, job: Job, space: SearchS
 class _NoRoom:
     """Plans no layer split fits in memory, and those that hold at least as much.
 
-    Of two plans alike but for the micro-batch size and a ZeRO stage of 0-2, the one with
-    the larger micro-batch and the lower ZeRO stage holds at least as much on every stage
-    at every layer count: ZeRO 0-2 only shard more state as the stage rises, and a stage's
-    activations grow with the micro-batch b times the microbatches it holds, min(k, m) of
-    the m = B/(dp*b) in a step for a k that depends on the schedule (1F1B, ZB-H1/H2,
-    GPipe: ``schedules.memory.peak_inflight``), and b*min(k, m) does not fall as b rises
-    (b*m is fixed). So where one finds no room, none of those does."""
+    Of two plans alike but for the micro-batch size b, the schedule and a ZeRO stage of
+    0-2, one holds at least as much as the other on every stage at every layer count where
+    its b is no smaller, its ZeRO stage no higher (ZeRO 0-2 only shard more state as the
+    stage rises) and, on every stage s, b times the microbatches s holds
+    (``schedules.memory.peak_inflight``: with one chunk per stage, a stage's activations,
+    embedding output and logits are that many microbatches' of b sequences) is no
+    smaller. Weights, gradients and optimizer states do not depend on b or the schedule.
+    So where one finds no room, none of those does."""
 
     def __init__(self) -> None:
-        self._seen: dict[tuple, list[tuple[int, int]]] = {}
+        self._seen: dict[tuple, list[tuple[int, int, tuple[int, ...]]]] = {}
 
     @staticmethod
-    def _key(plan: Plan) -> tuple[tuple, tuple[int, int]]:
+    def _key(plan: Plan) -> tuple[tuple, tuple[int, int, tuple[int, ...]]]:
         assert plan.placement is not None
         zero3 = plan.zero is ZeroStage.PARAMETERS
+        b, p, m = plan.micro_batch, plan.layout.pp, plan.num_microbatches
+        held = tuple(b * peak_inflight(plan.schedule, p, m, 1, s) for s in range(p))
         return ((plan.placement.stage_pools, plan.layout, plan.sequence_parallel,
-                 plan.cp_comm, plan.schedule, plan.recompute, zero3),
-                (plan.micro_batch, 0 if zero3 else -int(plan.zero)))
+                 plan.cp_comm, plan.recompute, zero3),
+                (b, 0 if zero3 else -int(plan.zero), held))
 
     def add(self, plan: Plan) -> None:
         key, at = self._key(plan)
         self._seen.setdefault(key, []).append(at)
 
     def holds(self, plan: Plan) -> bool:
-        key, (b, z) = self._key(plan)
-        return any(b0 <= b and z0 <= z for b0, z0 in self._seen.get(key, ()))
+        key, (b, z, held) = self._key(plan)
+        return any(b0 <= b and z0 <= z and all(h0 <= h for h0, h in zip(held0, held, strict=True))
+                   for b0, z0, held0 in self._seen.get(key, ()))
+
+    @staticmethod
+    def least_first(plan: Plan) -> tuple[int, int]:
+        """An order that tries a group's plans holding the least first."""
+        b, p, m = plan.micro_batch, plan.layout.pp, plan.num_microbatches
+        return (-int(plan.zero) if plan.zero <= ZeroStage.GRADIENTS else 1,
+                sum(peak_inflight(plan.schedule, p, m, 1, s) for s in range(p)) * b)
 
 
 def _placed(plan: Plan, space: SearchSpace, headroom: Callable[[Cluster], float],
@@ -280,15 +291,20 @@ def _groups(model: Model, cluster: PooledCluster, job: Job, space: SearchSpace,
                             space.micro_batches, tp.sequence_parallel_choices(model, lay, space),
                             cp.exchanges(model, lay, job.seq_len, space), space.recompute):
                         variants = []
-                        for sched, zero in itertools.product(schedules, zeros):
-                            stats.generated += 1
-                            plan = Plan(model=model, cluster=cluster.pools[order[0]], job=job,
-                                        layout=lay, micro_batch=mbs, schedule=sched,
-                                        recompute=recompute, zero=zero, sequence_parallel=sp,
-                                        cp_comm=exchange, stack=space.stack, placement=placement)
-                            broken = _broken(plan, space)
-                            if broken:
-                                stats.pruned[broken] += 1
+                        plans = [Plan(model=model, cluster=cluster.pools[order[0]], job=job,
+                                      layout=lay, micro_batch=mbs, schedule=sched,
+                                      recompute=recompute, zero=zero, sequence_parallel=sp,
+                                      cp_comm=exchange, stack=space.stack, placement=placement)
+                                 for sched, zero in itertools.product(schedules, zeros)]
+                        stats.generated += len(plans)
+                        # what the group shares is decided once (rules of the scopes up
+                        # to sequence parallelism read nothing later: parallel.common.Scope)
+                        broken = _broken(plans[0], _SHARED) if plans else ""
+                        for plan in plans:
+                            why = broken or _broken(plan, _OWN) or (
+                                OUTSIDE_SPACE if space_problems(plan, space) else "")
+                            if why:
+                                stats.pruned[why] += 1
                             else:
                                 variants.append(plan)
                         if variants:
@@ -298,12 +314,16 @@ def _groups(model: Model, cluster: PooledCluster, job: Job, space: SearchSpace,
                             yield probes, variants
 
 
-def _broken(plan: Plan, space: SearchSpace) -> str:
-    """The id of the first rule the plan breaks ("space" for the space's), or ""."""
-    for rule in RULES:
+_SHARED = tuple(r for r in RULES if r.scope <= Scope.SEQUENCE_PARALLEL)
+_OWN = tuple(r for r in RULES if r.scope > Scope.SEQUENCE_PARALLEL)
+
+
+def _broken(plan: Plan, rules: Sequence[Rule]) -> str:
+    """The id of the first of ``rules`` the plan breaks, or ""."""
+    for rule in rules:
         if rule.broken(plan) is not None:
             return rule.id
-    return OUTSIDE_SPACE if space_problems(plan, space) else ""
+    return ""
 
 
 def _kinds(model: Model) -> tuple[bool, ...]:
