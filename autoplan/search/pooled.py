@@ -350,17 +350,30 @@ def fluid_bound(plan: Plan) -> float:
     with dense layers, each the smaller over the two kinds. A split whose every stage takes
     at most T holds at most sum((T - c_s) / tau_s) layers, so some stage takes at least
     T = (L + sum(c_s / tau_s)) / sum(1 / tau_s), and it is busy m times that, which the
-    makespan, and the step, include."""
+    makespan, and the step, include. f_s is the stage's time as evaluated, its sends to
+    another pool on the link between pools (``placed_stage_work``)."""
     assert plan.placement is not None
     model, p = plan.model, plan.layout.pp
     kinds = _kinds(model)
     inverse = weighted = 0.0
+    pools = plan.placement.stage_pools
+    # a stage's work depends on its index only through its pool, whether it holds the
+    # embedding or the logits, and which of its sends cross to another pool
+    memo: dict[tuple[int, bool, bool, bool, bool], tuple[float, float]] = {}
+    crossing: dict[int, float] = {}
     for s in range(p):
-        view = plan.on_stage(s)
-        one = [_work(view, s, 1, k) for k in kinds]
-        two = [_work(view, s, 2, k) for k in kinds]
-        tau = min(b.forward + b.backward - a.forward - a.backward for a, b in zip(one, two, strict=True))
-        fixed = min(a.forward + a.backward for a in one) - tau
+        cls = (pools[s], s == 0, s == p - 1, s < p - 1 and pools[s + 1] != pools[s],
+               s > 0 and pools[s - 1] != pools[s])
+        if cls not in memo:
+            view = plan.on_stage(s)
+            if pools[s] not in crossing:
+                crossing[pools[s]] = between_send_seconds(plan, s)
+            one, two = ([placed_stage_work(plan, s, _work(view, s, n, k), crossing[pools[s]])
+                         for k in kinds] for n in (1, 2))
+            tau = min(b.forward + b.backward - a.forward - a.backward
+                      for a, b in zip(one, two, strict=True))
+            memo[cls] = (tau, min(a.forward + a.backward for a in one) - tau)
+        tau, fixed = memo[cls]
         inverse += 1.0 / tau
         weighted += fixed / tau
     return plan.num_microbatches * max(0.0, (model.layers + weighted) / inverse)
