@@ -156,8 +156,9 @@ def resolve_cluster(ref: Any, source: str = "--cluster", field: str = "cluster")
     A pooled cluster (``pools:``) is refused: see :func:`resolve_any_cluster`."""
     found = resolve_any_cluster(ref, source, field)
     if isinstance(found, PooledCluster):
-        raise InputError.single(source, field, f"cluster {found.name} has pools; only search "
-                                "and evaluate take a cluster of mixed pools")
+        raise InputError.single(source, field, f"{found.name} has pools of unlike nodes: "
+                                "training search and training plans take it; this needs a "
+                                "cluster of one kind of node")
     return found
 
 

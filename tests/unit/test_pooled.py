@@ -83,7 +83,7 @@ def test_a_pool_may_be_described_in_full() -> None:
 
 
 def test_commands_that_take_one_kind_of_node_refuse_a_pooled_cluster() -> None:
-    with pytest.raises(InputError, match="has pools; only search and evaluate"):
+    with pytest.raises(InputError, match="has pools of unlike nodes: training search and"):
         resolve_cluster(str(MIXED))
 
 
