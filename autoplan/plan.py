@@ -3,7 +3,9 @@ plan file: schema v1 of DESIGN.md, read strictly and written deterministically."
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
 from typing import Any
 
 from autoplan.descriptors.hardware import Cluster, PooledCluster
@@ -73,6 +75,22 @@ class Placement:
     def stages_on(self, pool: int) -> int:
         return self.stage_pools.count(pool)
 
+    def runs(self) -> list[tuple[Cluster, range]]:
+        """Each run of consecutive stages on one pool, in pipeline order: the pool and
+        its stages."""
+        out, start = [], 0
+        for i, run in itertools.groupby(self.stage_pools):
+            n = len(list(run))
+            out.append((self.cluster.pools[i], range(start, start + n)))
+            start += n
+        return out
+
+    @staticmethod
+    def span(stages: range) -> str:
+        """``stage 3`` or ``stages 0-2``."""
+        return (f"stage {stages[0]}" if len(stages) == 1
+                else f"stages {stages[0]}-{stages[-1]}")
+
     def to_list(self) -> list[dict[str, Any]]:
         return [{"stage": s, "pool": self.cluster.pools[p].name}
                 for s, p in enumerate(self.stage_pools)]
@@ -130,15 +148,7 @@ class Plan:
 
     def on_pools(self) -> tuple[Plan, ...]:
         """:meth:`on_stage` of a placed plan, by pool index (made once per plan)."""
-        assert self.placement is not None
-        views = _VIEWS.get(self)
-        if views is None:
-            views = tuple(self.replace(cluster=pool, placement=None)
-                          for pool in self.placement.cluster.pools)
-            if len(_VIEWS) >= _VIEWS_KEPT:
-                _VIEWS.clear()
-            _VIEWS[self] = views
-        return views
+        return _views(self)
 
     @property
     def num_microbatches(self) -> int:
@@ -194,8 +204,11 @@ class Plan:
         return out
 
 
-_VIEWS: dict[Plan, tuple[Plan, ...]] = {}  # Plan.on_pools, per placed plan
-_VIEWS_KEPT = 4096
+@lru_cache(maxsize=4096)
+def _views(plan: Plan) -> tuple[Plan, ...]:
+    """:meth:`Plan.on_pools`, memoized per placed plan."""
+    assert plan.placement is not None
+    return tuple(plan.replace(cluster=pool, placement=None) for pool in plan.placement.cluster.pools)
 
 
 # --------------------------------------------------------------------------- predictions

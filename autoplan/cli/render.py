@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -87,13 +86,8 @@ def placement_text(plan: Plan) -> str:
     (``ampere 11/10, hopper 30/29``); a plan on one pool: its name and ``alone``."""
     if plan.placement is None:
         return f"{plan.cluster.name} alone"
-    placement = plan.placement
-    parts = []
-    for pool, group in itertools.groupby(range(plan.layout.pp),
-                                         key=lambda s: placement.stage_pools[s]):
-        layers = "/".join(str(plan.stage_layers[s]) for s in group)
-        parts.append(f"{placement.cluster.pools[pool].name} {layers}")
-    return ", ".join(parts)
+    return ", ".join(f"{pool.name} {'/'.join(str(plan.stage_layers[s]) for s in stages)}"
+                     for pool, stages in plan.placement.runs())
 
 
 def offload_text(plan: Plan) -> str:

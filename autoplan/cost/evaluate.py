@@ -157,6 +157,7 @@ def simulate_timeline(plan: Plan, microbatches: int | None = None) -> SimResult:
 
 def clear_caches() -> None:
     """Drop every memoized cost: stages, groups, placements, schedules (cold runs)."""
+    from autoplan import plan
     from autoplan.cost import stage
     from autoplan.parallel import pp
     from autoplan.schedules import memory, simulator
@@ -168,3 +169,4 @@ def clear_caches() -> None:
     memory.peak_inflight.cache_clear()
     simulator.simulate.cache_clear()
     simulator._compiled_orders.cache_clear()
+    plan._views.cache_clear()

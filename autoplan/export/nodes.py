@@ -11,7 +11,6 @@ run of stages on one pool is a run of node ranks, and those nodes must be that p
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 from autoplan.plan import Plan
@@ -33,15 +32,9 @@ def launch(plan: Plan) -> Launch:
     placement, lay = plan.placement, plan.layout
     block = lay.dp * lay.tp * lay.cp
     g = c.gpus_per_node  # every pool used has it (``problems``)
-    lines, stage = [], 0
-    for i, run in itertools.groupby(placement.stage_pools):
-        n = len(list(run))
-        pool = placement.cluster.pools[i]
-        first, last = stage * block // g, (stage + n) * block // g - 1
-        stages = f"stage {stage}" if n == 1 else f"stages {stage}-{stage + n - 1}"
-        lines.append(f"node ranks {first}-{last}: pool {pool.name} ({pool.device.name}), "
-                     f"pipeline {stages}")
-        stage += n
+    lines = [f"node ranks {stages[0] * block // g}-{(stages[-1] + 1) * block // g - 1}: pool "
+             f"{pool.name} ({pool.device.name}), pipeline {placement.span(stages)}"
+             for pool, stages in placement.runs()]
     used = lay.gpus // g
     devices = ", ".join(dict.fromkeys(
         placement.cluster.pools[i].device.name for i in placement.stage_pools))

@@ -16,7 +16,6 @@ its launcher's space with the rule it breaks. Each check reads a field of
 
 from __future__ import annotations
 
-import itertools
 from typing import TYPE_CHECKING
 
 from autoplan.parallel import cp, dp, ep, pp, tp
@@ -53,15 +52,12 @@ def _pool_gpus(plan: Plan) -> str | None:
                     f"({k * block}), but has {pool.gpus} GPUs")
     # ranks are numbered pp outermost, nodes in rank order: each run of stages on one pool
     # must fill whole nodes of it, or a node would hold ranks of two pools
-    start = 0
-    for i, run in itertools.groupby(placement.stage_pools):
-        n = len(list(run))
-        pool = placement.cluster.pools[i]
+    for pool, stages in placement.runs():
+        n = len(stages)
         if n * block % pool.gpus_per_node:
-            which = f"stage {start} takes" if n == 1 else f"stages {start}-{start + n - 1} take"
-            return (f"{which} {n * block} GPUs on pool {pool.name}, not whole "
-                    f"{pool.gpus_per_node}-GPU nodes")
-        start += n
+            takes = "takes" if n == 1 else "take"
+            return (f"{placement.span(stages)} {takes} {n * block} GPUs on pool {pool.name}, "
+                    f"not whole {pool.gpus_per_node}-GPU nodes")
     return None
 
 

@@ -108,14 +108,10 @@ class PooledResult:
 def _names(plan: Plan) -> str:
     assert plan.placement is not None
     placement = plan.placement
-    parts = []
-    for pool, group in itertools.groupby(range(plan.layout.pp), key=lambda s: placement.stage_pools[s]):
-        stages = list(group)
-        layers = [plan.stage_layers[s] for s in stages]
-        span = f"stage {stages[0]}" if len(stages) == 1 else f"stages {stages[0]}-{stages[-1]}"
-        parts.append(f"{placement.cluster.pools[pool].name} ({span}, layers "
-                     f"{'/'.join(map(str, layers))})")
-    return " + ".join(parts)
+    return " + ".join(
+        f"{pool.name} ({placement.span(stages)}, layers "
+        f"{'/'.join(str(plan.stage_layers[s]) for s in stages)})"
+        for pool, stages in placement.runs())
 
 
 def _ratio(a: Ranked, b: Ranked) -> str:
