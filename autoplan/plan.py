@@ -130,14 +130,10 @@ class Plan:
 
     def replace(self, **changes: Any) -> Plan:
         """``dataclasses.replace`` for the search's hot paths: the same plan, the fields
-        named changed, without the generated ``__init__``'s per-field frozen assignment
-        (the fields are the caller's, already valid: plans are checked where they are read)."""
-        new = object.__new__(Plan)
-        for name in _PLAN_FIELDS:
-            object.__setattr__(new, name, changes.pop(name) if name in changes else getattr(self, name))
-        assert not changes, f"Plan has no field {sorted(changes)}"
-        object.__setattr__(new, "_hash", 0)
-        return new
+        named changed, without the generated ``__init__``'s checks (the fields are the
+        caller's, already valid: plans are checked where they are read). Bound below to
+        straight-line code over the fields (:func:`_compile_replace`)."""
+        return _replace(self, **changes)
 
     def on_stage(self, stage: int) -> Plan:
         """The plan as the ranks of ``stage`` run it: on their pool, as on a cluster of
@@ -338,6 +334,26 @@ class Prediction:
 # --------------------------------------------------------------------------- reading plans
 
 _PLAN_FIELDS = tuple(f.name for f in fields(Plan) if f.name != "_hash")
+
+
+def _compile_replace() -> Any:
+    """:meth:`Plan.replace` as straight-line code, one slot write per field through its
+    slot descriptor (no per-call loop, dict or frozen ``__setattr__``): the search builds
+    some 10^5 plans this way, at about half the cost of a loop over the fields. Written
+    from ``fields(Plan)``, as ``dataclasses`` writes ``__init__``, so it cannot fall out
+    of step with them; an unknown field is a TypeError."""
+    names = (*_PLAN_FIELDS, "_hash")
+    scope: dict[str, Any] = {"_new": object.__new__, "Plan": Plan, "_KEEP": object()}
+    scope.update({f"_set_{n}": getattr(Plan, n).__set__ for n in names})
+    lines = [f"def replace(self, *, {', '.join(f'{n}=_KEEP' for n in _PLAN_FIELDS)}):",
+             "    new = _new(Plan)"]
+    lines += [f"    _set_{n}(new, self.{n} if {n} is _KEEP else {n})" for n in _PLAN_FIELDS]
+    lines += ["    _set__hash(new, 0)", "    return new"]
+    exec("\n".join(lines), scope)  # noqa: S102 - code built from the dataclass's own field names
+    return scope["replace"]
+
+
+_replace = _compile_replace()
 
 
 def read_plan(data: Any, source: str, path: str = "") -> Plan:

@@ -212,6 +212,9 @@ class _Search:
         self._fewest_memo: dict[tuple, tuple[tuple[int, int, int, Schedule], ...]] = {}
         self._vpp_layouts: dict[tuple[Layout, int], Layout] = {}
         self._fullest_memo: dict[tuple, tuple[tuple[StageWork, ...], list[tuple[int, int]]]] = {}
+        # (what a group's members' activations depend on) -> the members holding the least
+        # activations on stages 0 and last, of each kind (:meth:`memory_floor`)
+        self._floor_members: dict[tuple, tuple[tuple[int, int, int, Schedule], ...]] = {}
 
     # -- generation ------------------------------------------------------------------
     def layouts(self) -> Iterator[Layout]:
@@ -607,25 +610,49 @@ class _Search:
             fewest = self._fewest_inflight(lay, group.plan.num_microbatches, group.schedules)
         if not fewest:
             return None
-        flat = stage_work(group.plan)
+        # Members of one kind (flat, or V) hold the same model states on a stage, whatever
+        # their ZeRO stage or optimizer offload: the one holding the least activations
+        # there holds the least. Which one that is depends on neither, so it is found
+        # once for the groups alike but for them, and asked alone of the others.
+        plan = group.plan
+        alike = (lay, plan.micro_batch, plan.sequence_parallel, plan.recompute, plan.cp_comm,
+                 plan.offload.activations, group.schedules)
+        known = self._floor_members.get(alike)
+        asked = fewest if known is None else known
+        flat = stage_work(plan)
         least: dict[int, Memory] = {}  # stage -> the least any member holds there
-        for s, n, v, sched in fewest:
-            plan = group.plan.replace(layout=self._at_vpp(lay, v), schedule=sched)
-            mem = stage_memory(plan, s, (stage_work(plan) if sched.v_shape else flat)[s], n)
+        fewest_act: dict[tuple[int, bool], tuple[float, tuple[int, int, int, Schedule]]] = {}
+        for member in asked:
+            s, n, v, sched = member
+            at = plan.replace(layout=self._at_vpp(lay, v), schedule=sched)
+            mem = stage_memory(at, s, (stage_work(at) if sched.v_shape else flat)[s], n)
             if s not in least or mem.peak < least[s].peak:
                 least[s] = mem
+            kind = (s, sched.v_shape)
+            if kind not in fewest_act or mem.activations < fewest_act[kind][0]:
+                fewest_act[kind] = (mem.activations, member)
+        if known is None:
+            chosen = {m for _, m in fewest_act.values()}
+            self._floor_members[alike] = tuple(m for m in fewest if m in chosen)
         return max(least.values(), key=lambda mem: mem.peak)
 
     def _every_inflight(self, lay: Layout, m: int, schedules: tuple[tuple[Schedule, int, bool], ...]
                         ) -> tuple[tuple[int, int, int, Schedule], ...]:
         """(stage, in flight, vpp, schedule) of every member passing the schedule rules on
-        stages 0 and last; empty where a member is a split variant."""
+        stages 0 and last, the first of those alike in all ``stage_memory`` reads of them
+        (stage, in flight, vpp and whether a V places the output layer); empty where a
+        member is a split variant."""
         if any(split for *_, split in schedules):
             return ()
         memo = self._schedule_rule
-        return tuple((s, peak_inflight(sched, lay.pp, m, v, s), v, sched)
-                     for sched, v, split in schedules if not memo[(lay.pp, m, sched, v, split)]
-                     for s in sorted({0, lay.pp - 1}))
+        out: dict[tuple[int, int, int, bool], tuple[int, int, int, Schedule]] = {}
+        for sched, v, split in schedules:
+            if memo[(lay.pp, m, sched, v, split)]:
+                continue
+            for s in sorted({0, lay.pp - 1}):
+                n = peak_inflight(sched, lay.pp, m, v, s)
+                out.setdefault((s, n, v, sched.v_shape), (s, n, v, sched))
+        return tuple(out.values())
 
     def _fewest_inflight(self, lay: Layout, m: int, schedules: tuple[tuple[Schedule, int, bool], ...]
                          ) -> tuple[tuple[int, int, int, Schedule], ...]:
