@@ -304,7 +304,20 @@ class _Shared:
 
 
 @lru_cache(maxsize=8192)
+def _layer_key(plan: Plan) -> Plan:
+    """The plan as far as its layers' compute and communication depend on it
+    (``_shared``, ``_stage_terms``): not its schedule, recompute or ZeRO stage, which
+    ``_stage`` applies on top (so the variants of a layout share one memo)."""
+    return plan.replace(schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.NONE,
+                        zero=ZeroStage.NONE)
+
+
 def _shared(plan: Plan) -> _Shared:
+    return _shared_of(_layer_key(plan))
+
+
+@lru_cache(maxsize=8192)
+def _shared_of(plan: Plan) -> _Shared:
     model, device = plan.model, plan.cluster.device
     shard = shard_of(plan)
     lt = _layer_times(model, shard, device)
@@ -324,17 +337,37 @@ def activation_bytes(plan: Plan) -> float:
     return _shared(plan).act_bytes
 
 
+@dataclass(frozen=True, slots=True)
+class _StageTerms:
+    """What a stage's work is made of before its schedule, recompute and ZeRO stage."""
+
+    shared: _Shared
+    n: int  # layers run (MTP modules included)
+    compute_f: float
+    compute_b: float
+    compute_w: float
+    tp_layers: float  # the layers' own TP collectives, one direction
+    tp_f: float  # forward TP, the embedding's and heads' boundaries included
+    tp_b_total: float  # backward TP before any of it hides behind W
+    ep: float  # MoE dispatch and combine, one direction
+    cp_f: float
+    cp_b: float
+    full_recompute: float  # the layers' forward again
+    selective_recompute: float  # their attention's forward again
+    params: float
+    expert_params: float
+
+
 @lru_cache(maxsize=65536)
-def _stage(plan: Plan, first: bool, last: bool, mtp: int, layers: int, dense: int,
-           sends_f: int, sends_b: int) -> StageWork:
-    """One stage (or model chunk): ``first`` holds the embedding, ``last`` the output
-    layer and logits, ``mtp`` MTP layers (each with its own logits through the shared
-    head); ``dense`` of its ``layers`` have a dense MLP, the others experts."""
+def _stage_terms(plan: Plan, first: bool, last: bool, mtp: int, layers: int,
+                 dense: int) -> _StageTerms:
+    """``_stage``'s terms that its schedule, recompute and ZeRO stage leave alone
+    (``plan``: a ``_layer_key``)."""
     model, lay, device = plan.model, plan.layout, plan.cluster.device
     shard = shard_of(plan)
-    shared = _shared(plan)
+    shared = _shared_of(plan)
     lt, lt_moe, groups, act_bytes = shared.lt, shared.lt_moe, shared.groups, shared.act_bytes
-    tp_layer, pp_send = shared.tp_layer, shared.pp_send
+    tp_layer = shared.tp_layer
     # layers run, by kind: the MTP modules repeat the model's last layer kind
     moe_n = layers - dense + (mtp if model.is_moe else 0)
     dense_n = dense + (0 if model.is_moe else mtp)
@@ -342,8 +375,9 @@ def _stage(plan: Plan, first: bool, last: bool, mtp: int, layers: int, dense: in
     compute_f = dense_n * lt.forward + moe_n * lt_moe.forward
     compute_b = dense_n * lt.backward_input + moe_n * lt_moe.backward_input
     compute_w = dense_n * lt.backward_weight + moe_n * lt_moe.backward_weight
-    tp_f = n * tp_layer
-    tp_b_total = n * tp_layer
+    tp_layers = n * tp_layer
+    tp_f = tp_layers
+    tp_b_total = tp_layers
     if first:
         tp_f += tp.boundary_seconds(act_bytes, groups[Axis.TP])
     if last or mtp:
@@ -354,25 +388,42 @@ def _stage(plan: Plan, first: bool, last: bool, mtp: int, layers: int, dense: in
         compute_w += heads * lw
         tp_f += heads * tp.boundary_seconds(act_bytes, groups[Axis.TP])
         tp_b_total += heads * tp.boundary_seconds(act_bytes, groups[Axis.TP])
-    tp_b = tp.exposed_backward(tp_b_total, compute_w, plan.schedule)
-    ep_f = ep_b = moe_n * shared.ep_layer
-    cp_f, cp_b = n * shared.cp_f, n * shared.cp_b
+    params, expert_params = stage_state_params(model, lay, first, last, layers, dense, mtp)
+    return _StageTerms(
+        shared=shared, n=n, compute_f=compute_f, compute_b=compute_b, compute_w=compute_w,
+        tp_layers=tp_layers, tp_f=tp_f, tp_b_total=tp_b_total, ep=moe_n * shared.ep_layer,
+        cp_f=n * shared.cp_f, cp_b=n * shared.cp_b,
+        full_recompute=dense_n * lt.forward + moe_n * lt_moe.forward,
+        selective_recompute=dense_n * lt.attention_forward + moe_n * lt_moe.attention_forward,
+        params=params, expert_params=expert_params)
+
+
+@lru_cache(maxsize=65536)
+def _stage(plan: Plan, first: bool, last: bool, mtp: int, layers: int, dense: int,
+           sends_f: int, sends_b: int) -> StageWork:
+    """One stage (or model chunk): ``first`` holds the embedding, ``last`` the output
+    layer and logits, ``mtp`` MTP layers (each with its own logits through the shared
+    head); ``dense`` of its ``layers`` have a dense MLP, the others experts."""
+    t = _stage_terms(_layer_key(plan), first, last, mtp, layers, dense)
+    tp_b = tp.exposed_backward(t.tp_b_total, t.compute_w, plan.schedule)
+    ep_f = ep_b = t.ep
+    cp_f, cp_b = t.cp_f, t.cp_b
     recompute = 0.0
     if plan.recompute is Recompute.FULL:
-        recompute = dense_n * lt.forward + moe_n * lt_moe.forward
-        tp_b += n * tp_layer  # the recomputed forward repeats its collectives
+        recompute = t.full_recompute
+        tp_b += t.tp_layers  # the recomputed forward repeats its collectives
         ep_b += ep_f
         cp_b += cp_f
     elif plan.recompute is Recompute.SELECTIVE:
-        recompute = dense_n * lt.attention_forward + moe_n * lt_moe.attention_forward
-    params, expert_params = stage_state_params(model, lay, first, last, layers, dense, mtp)
-    zero3_f, zero3_b = dp.zero3_exposed(plan, groups, params, expert_params, compute_f,
-                                        compute_b, compute_w, n)
-    axis_comm = AxisComm(((tp_f, tp_b), (cp_f, cp_b), (ep_f, ep_b),
+        recompute = t.selective_recompute
+    zero3_f, zero3_b = dp.zero3_exposed(plan, t.shared.groups, t.params, t.expert_params,
+                                        t.compute_f, t.compute_b, t.compute_w, t.n)
+    pp_send = t.shared.pp_send
+    axis_comm = AxisComm(((t.tp_f, tp_b), (cp_f, cp_b), (ep_f, ep_b),
                           (sends_f * pp_send, sends_b * pp_send), (zero3_f, zero3_b)))
     return StageWork(
-        layers=layers, compute_f=compute_f, compute_b=compute_b, compute_w=compute_w,
-        recompute=recompute, comm=axis_comm, params=params, expert_params=expert_params,
+        layers=layers, compute_f=t.compute_f, compute_b=t.compute_b, compute_w=t.compute_w,
+        recompute=recompute, comm=axis_comm, params=t.params, expert_params=t.expert_params,
         dense=dense, mtp=mtp,
     )
 
@@ -497,7 +548,7 @@ def memory_shortfall(plan: Plan, stage: int, mem: Memory, capacity: float) -> st
 
 def clear_caches() -> None:
     """Drop every memoized stage, layer and parameter count (benchmarks: cold runs)."""
-    for fn in (_layer_times, layer_params_per_rank, stage_params, _stage_works, _shared,
-               _stage, _activation_terms, shard_of, cost_key, _one_chunk, _chunk_works,
+    for fn in (_layer_times, layer_params_per_rank, stage_params, _stage_works, _shared_of,
+               _layer_key, _stage_terms, _stage, _activation_terms, shard_of, cost_key, _one_chunk, _chunk_works,
                _chunked_stage_works, peak_held):
         fn.cache_clear()

@@ -311,9 +311,11 @@ def memory_pressure(step_s: float, peak_bytes: float, capacity_bytes: float) -> 
 
 
 def optimizer_seconds(plan: Plan, works: Sequence[StageShare]) -> float:
-    """The Adam step of the rank with the most optimizer state (memory-bound)."""
-    return _adam_seconds(plan, max(optimizer_params(plan, w.params, w.expert_params)
-                                   for w in works))
+    """The Adam step of the rank with the most optimizer state (memory-bound): the most
+    ``optimizer_params`` of any stage (written out here: the search asks it of every
+    stage of some 10^4 candidates)."""
+    dense, expert = _optimizer_groups(plan)
+    return _adam_seconds(plan, max(w.params / dense + w.expert_params / expert for w in works))
 
 
 def optimizer_seconds_floor(plan: Plan, works: Sequence[StageShare]) -> float:
