@@ -549,6 +549,6 @@ def memory_shortfall(plan: Plan, stage: int, mem: Memory, capacity: float) -> st
 def clear_caches() -> None:
     """Drop every memoized stage, layer and parameter count (benchmarks: cold runs)."""
     for fn in (_layer_times, layer_params_per_rank, stage_params, _stage_works, _shared_of,
-               _layer_key, _stage_terms, _stage, _activation_terms, shard_of, cost_key, _one_chunk, _chunk_works,
-               _chunked_stage_works, peak_held):
+               _layer_key, _stage_terms, _stage, _activation_terms, shard_of, cost_key,
+               _one_chunk, _chunk_works, _chunked_stage_works, peak_held):
         fn.cache_clear()
