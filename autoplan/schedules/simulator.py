@@ -24,9 +24,11 @@ a microbatch between B and W is counted as held: conservative, since Qi et al.
 2024 (Table 1) put W's memory M_W below B's M_B. ``memory.peak_inflight`` gives
 the same peaks in closed form.
 
-Every order is checked when compiled: each (kind, virtual stage, microbatch)
-exactly once, on the stage that holds that chunk; an order whose dependencies
-cannot all be met (a deadlock, or a W before its own B) fails an assertion.
+Orders given to :func:`compile_orders` are checked: each (kind, virtual stage,
+microbatch) exactly once, on the stage that holds that chunk; the schedules' own
+orders are checked so by the tests, over every schedule and a grid of (p, m, v),
+and compiled unchecked for the search. An order whose dependencies cannot all be
+met (a deadlock, or a W before its own B) fails an assertion when simulated.
 """
 
 from __future__ import annotations
@@ -64,23 +66,28 @@ class Compiled:
     virtual_stages: int
     split: bool  # B and W are separate operations
     counts: tuple[tuple[int, int, int], ...]  # per stage: number of F, B, W
+    homed: tuple[tuple[int, ...], ...]  # per stage: the virtual stages it runs
 
 
 def compile_orders(schedule: Schedule, p: int, m: int, v: int,
-                   orders: Sequence[Sequence[Op]]) -> Compiled:
+                   orders: Sequence[Sequence[Op]], check: bool = True) -> Compiled:
     """Check ``orders`` (one list of (kind, microbatch, chunk) per stage) and compile them.
 
     Asserts that every operation the schedule needs appears exactly once, on the
-    stage that holds its chunk, and nothing else does."""
+    stage that holds its chunk, and nothing else does. ``check=False`` compiles
+    without those checks: for the schedules' own orders, which the tests check
+    over every schedule and a grid of (p, m, v) (``_compiled_orders``)."""
     assert len(orders) == p, f"{schedule.value}: {len(orders)} stage orders for p={p}"
     chunks = chunks_per_stage(schedule, v)
     vstages = p * chunks
     split = schedule.splits_backward
     kinds = KINDS if split else KINDS[:2]
+    codes = {kind: KINDS.index(kind) for kind in kinds}
     home = [-1] * vstages
+    placed = [[virtual_stage(schedule, p, s, c) for c in range(chunks)] for s in range(p)]
     for s in range(p):
         for c in range(chunks):
-            home[virtual_stage(schedule, p, s, c)] = s
+            home[placed[s][c]] = s
     assert -1 not in home, f"{schedule.value}: placement misses a virtual stage"
     seen: set[tuple[int, int, int]] = set()
     out = []
@@ -88,13 +95,16 @@ def compile_orders(schedule: Schedule, p: int, m: int, v: int,
     for s, order in enumerate(orders):
         ops = []
         n = [0, 0, 0]
+        here = placed[s]
         for kind, j, c in order:
-            assert kind in kinds, f"{schedule.value}: stage {s} runs {kind!r}; kinds are {kinds}"
-            assert 0 <= j < m and 0 <= c < chunks, (
-                f"{schedule.value}: stage {s} runs {kind}{j} of chunk {c} (m={m}, {chunks} chunks)")
-            code, vs = KINDS.index(kind), virtual_stage(schedule, p, s, c)
-            assert (code, vs, j) not in seen, f"{schedule.value}: {kind}{j} of chunk {c} runs twice"
-            seen.add((code, vs, j))
+            if check:
+                assert kind in kinds, f"{schedule.value}: stage {s} runs {kind!r}; kinds are {kinds}"
+                assert 0 <= j < m and 0 <= c < chunks, (
+                    f"{schedule.value}: stage {s} runs {kind}{j} of chunk {c} (m={m}, {chunks} chunks)")
+            code, vs = codes[kind], here[c]
+            if check:
+                assert (code, vs, j) not in seen, f"{schedule.value}: {kind}{j} of chunk {c} runs twice"
+                seen.add((code, vs, j))
             if code == F:
                 cross = int(vs > 0 and home[vs - 1] != s)
             elif code == B:
@@ -105,15 +115,18 @@ def compile_orders(schedule: Schedule, p: int, m: int, v: int,
             n[code] += 1
         out.append(tuple(ops))
         counts.append((n[0], n[1], n[2]))
-    missing = len(kinds) * vstages * m - len(seen)
-    assert not missing, f"{schedule.value}: {missing} operations never run (p={p}, m={m}, v={v})"
-    return Compiled(tuple(out), vstages, split, tuple(counts))
+    if check:
+        missing = len(kinds) * vstages * m - len(seen)
+        assert not missing, f"{schedule.value}: {missing} operations never run (p={p}, m={m}, v={v})"
+    return Compiled(tuple(out), vstages, split, tuple(counts),
+                    tuple(tuple({op[2] for op in ops}) for ops in out))
 
 
 @lru_cache(maxsize=256)
 def _compiled_orders(schedule: Schedule, p: int, m: int, v: int) -> Compiled:
-    """The schedule's own orders, compiled (raises ValueError for an undefined (p, m, v))."""
-    return compile_orders(schedule, p, m, v, stage_orders(schedule, p, m, v))
+    """The schedule's own orders, compiled (raises ValueError for an undefined (p, m, v))
+    without the checks, which the tests make of every schedule's orders."""
+    return compile_orders(schedule, p, m, v, stage_orders(schedule, p, m, v), check=False)
 
 
 def simulate_exact(
@@ -211,8 +224,8 @@ def run(compiled: Compiled, schedule: Schedule, forward: Sequence[float],
         assert progressed, f"{schedule.value}: operation order deadlocks ({_stuck(compiled, pos)})"
     if per_chunk:  # each virtual stage runs m of each kind on its home stage
         busy = tuple(m * sum(forward[vs] + fused[vs] + (backward_weight[vs] if split else 0.0)
-                             for vs in {op[2] for op in order})
-                     for order in compiled.orders)
+                             for vs in homed)
+                     for homed in compiled.homed)
     else:
         busy = tuple(nf * forward[s] + nb * (backward_input[s] if split else
                                               backward_input[s] + backward_weight[s])

@@ -185,3 +185,21 @@ def test_closed_form_inflight_counts_match_the_simulator_on_a_grid(schedule):
                 r = simulate_exact(schedule, *uniform(p, 1.0, 1.0, 1.0), m, v)
                 assert r.peak_inflight == tuple(
                     peak_inflight(schedule, p, m, v, s) for s in range(p)), (p, m, v)
+
+
+@pytest.mark.parametrize("schedule", list(Schedule))
+def test_every_schedules_own_orders_pass_the_checks_the_search_skips(schedule):
+    """The search compiles the schedules' own orders unchecked (``_compiled_orders``):
+    here each is checked (every operation once, on its chunk's stage) over p <= 10 and
+    m <= 24, and compiles to the same thing either way."""
+    from autoplan.schedules.simulator import _compiled_orders
+
+    for p in range(1, 11):
+        for m in range(1, 25):
+            for v in ((2, 3, 4) if schedule is Schedule.INTERLEAVED else (_v(schedule, 1),)):
+                try:
+                    orders = stage_orders(schedule, p, m, v)
+                except ValueError:  # not defined there (test_an_undefined_p_m_v_...)
+                    continue
+                assert compile_orders(schedule, p, m, v, orders) == _compiled_orders(
+                    schedule, p, m, v), (p, m, v)
