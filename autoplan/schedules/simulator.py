@@ -67,6 +67,10 @@ class Compiled:
     split: bool  # B and W are separate operations
     counts: tuple[tuple[int, int, int], ...]  # per stage: number of F, B, W
     homed: tuple[tuple[int, ...], ...]  # per stage: the virtual stages it runs
+    # per stage, each op as (kind, the end-time slot it waits on, the slot it writes,
+    # cross, virtual stage, microbatch, chunk): F of (vs, j) ends in slot vs*m + j, B in
+    # (V + vs)*m + j; slot 2Vm is always 0.0 (no dependency), 2Vm + 1 takes W's ends
+    linked: tuple[tuple[tuple[int, int, int, int, int, int, int], ...], ...]
 
 
 def compile_orders(schedule: Schedule, p: int, m: int, v: int,
@@ -119,7 +123,22 @@ def compile_orders(schedule: Schedule, p: int, m: int, v: int,
         missing = len(kinds) * vstages * m - len(seen)
         assert not missing, f"{schedule.value}: {missing} operations never run (p={p}, m={m}, v={v})"
     return Compiled(tuple(out), vstages, split, tuple(counts),
-                    tuple(tuple({op[2] for op in ops}) for ops in out))
+                    tuple(tuple({op[2] for op in ops}) for ops in out),
+                    tuple(tuple(_linked(op, vstages, m) for op in ops) for ops in out))
+
+
+def _linked(op: CompiledOp, vstages: int, m: int) -> tuple[int, int, int, int, int, int, int]:
+    """``op`` with the end-time slots it reads and writes (``Compiled.linked``)."""
+    kind, j, vs, cross, c = op
+    none, sink = 2 * vstages * m, 2 * vstages * m + 1
+    if kind == F:
+        dep, out = ((vs - 1) * m + j if vs else none), vs * m + j
+    elif kind == B:
+        dep = vs * m + j if vs == vstages - 1 else (vstages + vs + 1) * m + j
+        out = (vstages + vs) * m + j
+    else:
+        dep, out = (vstages + vs) * m + j, sink
+    return kind, dep, out, cross, vs, j, c
 
 
 @lru_cache(maxsize=256)
@@ -159,61 +178,58 @@ def simulate_exact(
 def run(compiled: Compiled, schedule: Schedule, forward: Sequence[float],
         backward_input: Sequence[float], backward_weight: Sequence[float], m: int,
         trace: bool = False, p2p_latency_s: float = 0.0, per_chunk: bool = False) -> SimResult:
-    """Simulate compiled orders (see :func:`simulate_exact`)."""
+    """Simulate compiled orders (see :func:`simulate_exact`).
+
+    Each stage runs its next operations until one waits on an operation not yet run,
+    in sweeps over the stages until all have run. An operation's end is a function of
+    its dependency's end and its stage's previous one only, so the order of the sweeps
+    changes no time: they alternate direction (a backward's dependency lies on the next
+    stage, so a backward sweep carries a gradient down the pipeline in one sweep), but
+    for a trace, whose events are listed in the order run."""
     # per_chunk: durations by virtual stage, B fused with W unless the schedule splits
-    fused = [bi if compiled.split else bi + wi
-             for bi, wi in zip(backward_input, backward_weight, strict=True)] if per_chunk else []
-    p = len(compiled.orders)
     split = compiled.split
-    last = compiled.virtual_stages - 1
+    fused = [bi if split else bi + wi
+             for bi, wi in zip(backward_input, backward_weight, strict=True)] if per_chunk else []
+    by_chunk = [(f, b, w) for f, b, w in zip(forward, fused, backward_weight, strict=True)
+                ] if per_chunk else []
+    p = len(compiled.orders)
     lat = p2p_latency_s
-    nan = float("nan")
-    f_end = [[nan] * m for _ in range(compiled.virtual_stages)]  # [virtual stage][microbatch]
-    b_end = [[nan] * m for _ in range(compiled.virtual_stages)]
+    # held microbatch-chunks: +1 at F, -1 at the fused B or at W
+    change = (1, 0 if split else -1, -1)
+    slots = 2 * compiled.virtual_stages * m
+    end = [float("nan")] * (slots + 2)  # NaN: not run yet
+    end[slots] = 0.0  # what an operation without a dependency waits for
     pos = [0] * p
     free = [0.0] * p
     held = [0] * p
     peak = [0] * p
     log: list[tuple[int, int, int, int, float, float]] = []
     remaining = sum(len(o) for o in compiled.orders)
+    ahead, back = range(p), range(p - 1, -1, -1)
+    sweep = 0
     while remaining:
         progressed = False
-        for s in range(p):
-            order, i, t = compiled.orders[s], pos[s], free[s]
+        for s in (back if sweep & 1 and not trace else ahead):
+            order, i = compiled.linked[s], pos[s]
             n = len(order)
             if i == n:
                 continue
-            df = forward[s]
-            db = backward_input[s] if split else backward_input[s] + backward_weight[s]
-            dw = backward_weight[s]
-            h, top = held[s], peak[s]
+            t, h, top = free[s], held[s], peak[s]
+            durations = (forward[s], backward_input[s] if split else
+                         backward_input[s] + backward_weight[s], backward_weight[s])
             while i < n:
-                kind, j, vs, cross, c = order[i]
-                if kind == F:
-                    ready = f_end[vs - 1][j] + cross * lat if vs else 0.0
-                elif kind == B:
-                    ready = f_end[vs][j] if vs == last else b_end[vs + 1][j] + cross * lat
-                else:
-                    ready = b_end[vs][j]
+                kind, dep, out, cross, vs, j, c = order[i]
+                ready = end[dep]
                 if ready != ready:  # NaN: the dependency has not run yet
                     break
+                if cross:
+                    ready += lat
                 start = t if t > ready else ready
-                if per_chunk:
-                    df, db, dw = forward[vs], fused[vs], backward_weight[vs]
-                if kind == F:
-                    t = start + df
-                    f_end[vs][j] = t
-                    h += 1
-                    if h > top:
-                        top = h
-                elif kind == B:
-                    t = start + db
-                    b_end[vs][j] = t
-                    if not split:
-                        h -= 1
-                else:
-                    t = start + dw
-                    h -= 1
+                t = start + (by_chunk[vs] if per_chunk else durations)[kind]
+                end[out] = t
+                h += change[kind]
+                if h > top:
+                    top = h
                 if trace:
                     log.append((s, kind, j, c, start, t))
                 i += 1
@@ -222,6 +238,7 @@ def run(compiled: Compiled, schedule: Schedule, forward: Sequence[float],
                 pos[s], free[s], held[s], peak[s] = i, t, h, top
                 progressed = True
         assert progressed, f"{schedule.value}: operation order deadlocks ({_stuck(compiled, pos)})"
+        sweep += 1
     if per_chunk:  # each virtual stage runs m of each kind on its home stage
         busy = tuple(m * sum(forward[vs] + fused[vs] + (backward_weight[vs] if split else 0.0)
                              for vs in homed)
