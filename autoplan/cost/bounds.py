@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from autoplan.cost.evaluate import activation_copies_exposed, plan_durations
 from autoplan.cost.stage import (
+    COMM_AXES,
     StageWork,
     chunk_work,
     cost_key,
@@ -79,12 +80,16 @@ def step_time_lower_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
         bwd = [(w.backward_input if split else w.backward) / v for w in works]
         w0 = works[0].backward_weight / v
     best, fill, drain = 0.0, 0.0, 0.0
-    for s, w in enumerate(works):
+    for s, w in enumerate(works):  # (comparisons written out: the search's hottest loop)
         if split:
-            best = max(best, fill + m * (w.forward + w.backward),
-                       fill + m * (w.forward + w.backward_input) + drain + (w0 if s else 0.0))
+            x = fill + m * (w.forward + w.backward)
+            if x > best:
+                best = x
+            x = fill + m * (w.forward + w.backward_input) + drain + (w0 if s else 0.0)
         else:
-            best = max(best, fill + m * (w.forward + w.backward) + drain)
+            x = fill + m * (w.forward + w.backward) + drain
+        if x > best:
+            best = x
         fill += fwd[s]
         drain += bwd[s]
     return (best + optimizer_seconds(plan, works) + step_overhead(plan)
@@ -128,12 +133,18 @@ def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], without_cp: bo
     m = plan.num_microbatches
     best = fill = drain = 0.0
     heaviest: StageWork | None = None
-    for w in works:
+    cp_axis = COMM_AXES.index(Axis.CP)
+    for w in works:  # (comparisons written out: the search's hottest loop)
         f, b_in, b = w.forward, w.backward_input, w.backward
         if without_cp:
-            cp_f, cp_b = w.comm[Axis.CP]
+            cp_f, cp_b = w.comm.seconds[cp_axis]
             f, b_in, b = f - cp_f, b_in - cp_b, b - cp_b
-        best = max(best, fill + m * (f + b), fill + m * (f + b_in) + drain)
+        x = fill + m * (f + b)
+        if x > best:
+            best = x
+        x = fill + m * (f + b_in) + drain
+        if x > best:
+            best = x
         fill += f / vpp
         drain += b_in / vpp
         if heaviest is None or w.params + w.expert_params > heaviest.params + heaviest.expert_params:

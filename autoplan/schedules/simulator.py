@@ -70,6 +70,7 @@ class Compiled:
     # per stage, each op as (kind, the end-time slot it waits on, the slot it writes,
     # cross, virtual stage, microbatch, chunk): F of (vs, j) ends in slot vs*m + j, B in
     # (V + vs)*m + j; slot 2Vm is always 0.0 (no dependency), 2Vm + 1 takes W's ends
+    # (the same ops as ``orders``, for :func:`run`)
     linked: tuple[tuple[tuple[int, int, int, int, int, int, int], ...], ...]
 
 
@@ -95,9 +96,12 @@ def compile_orders(schedule: Schedule, p: int, m: int, v: int,
     assert -1 not in home, f"{schedule.value}: placement misses a virtual stage"
     seen: set[tuple[int, int, int]] = set()
     out = []
+    linked = []
     counts = []
+    none, sink = 2 * vstages * m, 2 * vstages * m + 1
     for s, order in enumerate(orders):
         ops = []
+        links = []
         n = [0, 0, 0]
         here = placed[s]
         for kind, j, c in order:
@@ -109,36 +113,29 @@ def compile_orders(schedule: Schedule, p: int, m: int, v: int,
             if check:
                 assert (code, vs, j) not in seen, f"{schedule.value}: {kind}{j} of chunk {c} runs twice"
                 seen.add((code, vs, j))
+            # end-time slots (``Compiled.linked``): F of (vs, j) ends in vs*m + j, B in
+            # (V + vs)*m + j; ``none`` is always 0.0, ``sink`` takes W's ends
             if code == F:
                 cross = int(vs > 0 and home[vs - 1] != s)
+                dep, end = ((vs - 1) * m + j if vs else none), vs * m + j
             elif code == B:
                 cross = int(vs < vstages - 1 and home[vs + 1] != s)
+                dep = vs * m + j if vs == vstages - 1 else (vstages + vs + 1) * m + j
+                end = (vstages + vs) * m + j
             else:
                 cross = 0
+                dep, end = (vstages + vs) * m + j, sink
             ops.append((code, j, vs, cross, c))
+            links.append((code, dep, end, cross, vs, j, c))
             n[code] += 1
         out.append(tuple(ops))
+        linked.append(tuple(links))
         counts.append((n[0], n[1], n[2]))
     if check:
         missing = len(kinds) * vstages * m - len(seen)
         assert not missing, f"{schedule.value}: {missing} operations never run (p={p}, m={m}, v={v})"
     return Compiled(tuple(out), vstages, split, tuple(counts),
-                    tuple(tuple({op[2] for op in ops}) for ops in out),
-                    tuple(tuple(_linked(op, vstages, m) for op in ops) for ops in out))
-
-
-def _linked(op: CompiledOp, vstages: int, m: int) -> tuple[int, int, int, int, int, int, int]:
-    """``op`` with the end-time slots it reads and writes (``Compiled.linked``)."""
-    kind, j, vs, cross, c = op
-    none, sink = 2 * vstages * m, 2 * vstages * m + 1
-    if kind == F:
-        dep, out = ((vs - 1) * m + j if vs else none), vs * m + j
-    elif kind == B:
-        dep = vs * m + j if vs == vstages - 1 else (vstages + vs + 1) * m + j
-        out = (vstages + vs) * m + j
-    else:
-        dep, out = (vstages + vs) * m + j, sink
-    return kind, dep, out, cross, vs, j, c
+                    tuple(tuple({op[2] for op in ops}) for ops in out), tuple(linked))
 
 
 @lru_cache(maxsize=256)
