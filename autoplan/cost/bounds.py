@@ -19,7 +19,7 @@ from autoplan.cost.stage import (
 )
 from autoplan.parallel import mesh
 from autoplan.parallel.dp import (
-    grad_sync_floor,
+    grad_sync_bound,
     grad_sync_least,
     memory_pressure,
     optimizer_seconds,
@@ -63,8 +63,10 @@ def step_time_lower_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
        With B and W fused this is term 1 with the fused drain (1F1B and GPipe with
        uniform stages: exactly (m + p - 1)(f + b)). Zero-bubble schedules fill the
        drain with W, which is why it counts only B there (Qi et al. 2024, Sec. 2).
-    3. Then the optimizer step, the stack's per-step overhead and the gradient sync no
-       drain hides (``dp.grad_sync_floor``), which ``evaluate`` adds after the makespan,
+    3. Then the optimizer step, the stack's per-step overhead and the gradient sync
+       that is exposed whatever the drain (``dp.grad_sync_bound``: the heaviest stage's
+       without a drain counted, or the least of any stage with none, as the stage
+       that ends the step has), which ``evaluate`` adds after the makespan,
        and offloaded activations' copies where compute does not hide them, which it adds
        exactly so (:func:`offload_copies`).
     """
@@ -93,7 +95,7 @@ def step_time_lower_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
         fill += fwd[s]
         drain += bwd[s]
     return (best + optimizer_seconds(plan, works) + step_overhead(plan)
-            + grad_sync_floor(plan, mesh.groups(plan), works) + offload_copies(plan, works))
+            + grad_sync_bound(plan, mesh.groups(plan), works) + offload_copies(plan, works))
 
 
 def offload_copies(plan: Plan, works: tuple[StageWork, ...]) -> float:
@@ -162,11 +164,11 @@ def chain_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
     (``simulator.critical_chain``: the critical path with equal durations): the chain's
     operations run one after another whatever the durations, so their total is at most
     the simulated makespan; ``evaluate`` then adds the same optimizer step, overhead and
-    at least the gradient-sync floor as in :func:`step_time_lower_bound`. Tighter than
+    at least the gradient sync as in :func:`step_time_lower_bound`. Tighter than
     that bound where a schedule holds microbatches back to save memory (V-Half, V-Min:
     Qi et al. 2024), whose extra bubbles no closed-form fill and drain sees."""
     lay = plan.layout
     chain = critical_chain(plan.schedule, lay.pp, plan.num_microbatches, lay.vpp)
     makespan = chain.length(*plan_durations(plan, works), per_chunk=plan.chunks is not None)
     return (makespan * (1 - CHAIN_ROUNDING) + optimizer_seconds(plan, works) + step_overhead(plan)
-            + grad_sync_floor(plan, mesh.groups(plan), works) + offload_copies(plan, works))
+            + grad_sync_bound(plan, mesh.groups(plan), works) + offload_copies(plan, works))

@@ -224,6 +224,22 @@ def grad_sync_floor(plan: Plan, groups: dict[Axis, comm.Group],
     return _stage_sync(plan, groups, heaviest, float("inf"))
 
 
+def grad_sync_bound(plan: Plan, groups: dict[Axis, comm.Group],
+                    works: Sequence[StageShare]) -> float:
+    """At most what :func:`grad_sync_exposed` charges the plan whatever its pipeline
+    (the bound the search charges a plan of known stage works): the more of
+    :func:`grad_sync_floor` and the least any stage's sync exposes with no drain at
+    all. The latter holds because the stage ending the step (its finish is the
+    makespan) has no drain, and the maximum over stages is at least its part: where a
+    reduction outlasts the last backward, what a drain would hide counts here. Each
+    distinct stage share is asked once (stages of equal work share one)."""
+    if plan.zero is ZeroStage.PARAMETERS:
+        return 0.0
+    distinct = {id(w): w for w in works}.values()
+    drained = min(_stage_sync(plan, groups, w, 0.0) for w in distinct)
+    return max(grad_sync_floor(plan, groups, works), drained)
+
+
 def grad_sync_least(plan: Plan, groups: dict[Axis, comm.Group], params: float,
                     expert_params: float, backward: float, forward: float | None,
                     most_vpp: int) -> float:

@@ -22,7 +22,12 @@ from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
 from autoplan.parallel import mesh
-from autoplan.parallel.dp import _sync_seconds, grad_sync_floor, grad_sync_least
+from autoplan.parallel.dp import (
+    _sync_seconds,
+    grad_sync_bound,
+    grad_sync_floor,
+    grad_sync_least,
+)
 from autoplan.search.engine import _Candidate, _Search, candidate_plans
 from autoplan.search.space import StageShape, load_space
 from autoplan.search.stages import (
@@ -140,7 +145,7 @@ def test_the_bound_is_the_closed_form_of_1f1b_on_equal_stages():
     equal = (mid,) * 4
     m = plan.num_microbatches
     after = (optimizer_seconds(plan, equal) + step_overhead(plan)
-             + grad_sync_floor(plan, mesh.groups(plan), equal))
+             + grad_sync_bound(plan, mesh.groups(plan), equal))
     assert step_time_lower_bound(plan, equal) == pytest.approx(
         (m + 3) * (mid.forward + mid.backward) + after, rel=1e-12)
 
@@ -258,3 +263,27 @@ def test_the_least_sync_is_the_floor_where_the_forward_is_known():
     assert grad_sync_least(plan, groups, heavy.params, 0.0, heavy.backward, None, 4) == (
         pytest.approx(slow * min(reduce_s, heavy.backward / 4) + slow * gather_s, rel=1e-12))
     assert grad_sync_least(plan, groups, heavy.params, 0.0, heavy.backward, None, 4) <= floor
+
+
+def test_the_sync_bound_charges_the_drainless_stage_where_the_reduction_outlasts_the_backward():
+    """The stage that ends the step has no drain: of a reduction r longer than its last
+    backward b (per chunk), r - b stays exposed and slow * b overlaps (Megatron-LM
+    --overlap-grad-reduce), which no drain can hide; ``grad_sync_bound`` charges the least
+    of that over stages, here by hand, and never more than the evaluated exposure."""
+    plan = make_plan(model="llama3-8b", gpus=64, dp=16, tp=2, pp=2, global_batch=64,
+                     seq_len=1024, zero=ZeroStage.OPTIMIZER)
+    works, groups = stage_work(plan), mesh.groups(plan)
+    slow = plan.stack.comm_compute_slowdown
+    drainless = []
+    for w in works:
+        r, g = _sync_seconds(plan.zero, plan.job.dtype, w.params, w.expert_params,
+                             groups[Axis.DP], groups[Axis.EDP])
+        assert r > w.backward  # the case this bound is for
+        gather = max(0.0, g - w.forward) + slow * min(g, w.forward)
+        drainless.append(r - w.backward + slow * w.backward + gather)
+    bound = grad_sync_bound(plan, groups, works)
+    assert bound == pytest.approx(min(drainless), rel=1e-12)
+    assert bound > grad_sync_floor(plan, groups, works)
+    sim_step = evaluate(plan)
+    exposed = sim_step.breakdown.dp_comm  # no ZeRO-3 gathers: all of it is the sync
+    assert bound <= exposed * TIGHT
