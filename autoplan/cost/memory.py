@@ -47,13 +47,17 @@ class BytesPerParam:
     optimizer: float
 
 
+# Megatron-LM docs/distrib_optimizer.md: fp16 keeps fp16 grads and an fp32 grad copy in
+# the optimizer (20 B/param); bf16 (and fp8, whose master weights are bf16 in Transformer
+# Engine) accumulates grads in fp32 (18 B/param).
+_FP16_STATES = BytesPerParam(weights=2, grads=2, optimizer=16)
+_BF16_STATES = BytesPerParam(weights=2, grads=4, optimizer=12)
+
+
 def bytes_per_param(dtype: Dtype) -> BytesPerParam:
-    """Megatron-LM docs/distrib_optimizer.md: fp16 keeps fp16 grads and an fp32 grad
-    copy in the optimizer (20 B/param); bf16 (and fp8, whose master weights are bf16
-    in Transformer Engine) accumulates grads in fp32 (18 B/param)."""
-    if dtype is Dtype.FP16:
-        return BytesPerParam(weights=2, grads=2, optimizer=16)
-    return BytesPerParam(weights=2, grads=4, optimizer=12)
+    """Bytes per parameter of weights, gradients and optimizer states by training dtype
+    (``_FP16_STATES``, ``_BF16_STATES``)."""
+    return _FP16_STATES if dtype is Dtype.FP16 else _BF16_STATES
 
 
 def sharded_state_bytes(

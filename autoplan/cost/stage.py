@@ -462,11 +462,17 @@ def _activation_terms(model: Model, shard: Shard, recompute: Recompute) -> _Acti
     )
 
 
+@lru_cache(maxsize=16384)
+def _plan_activation_terms(plan: Plan) -> _ActivationTerms:
+    """``_activation_terms`` of the plan, looked up by the plan (asked of each stage)."""
+    return _activation_terms(plan.model, shard_of(plan), plan.recompute)
+
+
 def stage_memory(plan: Plan, stage: int, work: StageWork, inflight_chunks: int) -> Memory:
     """Bytes on one GPU of ``stage`` holding ``inflight_chunks`` microbatch-chunks (and
     what its offload keeps in host memory: ``Memory.host``)."""
     lay = plan.layout
-    terms = _activation_terms(plan.model, shard_of(plan), plan.recompute)
+    terms = _plan_activation_terms(plan)
     states = static_memory(plan, work)
     mtp_layer = terms.per_moe_layer if plan.model.is_moe else terms.per_layer
     fraction = plan.offload.activations
@@ -510,7 +516,7 @@ def offloaded_chunk_bytes(plan: Plan, stage: int, work: StageWork) -> float:
     """Activations one microbatch leaves in one chunk of ``stage`` (its layers, the
     heaviest chunk's with a per-chunk layout): what activation offload copies of it, times
     the fraction (cost/offload.py)."""
-    terms = _activation_terms(plan.model, shard_of(plan), plan.recompute)
+    terms = _plan_activation_terms(plan)
     if plan.chunks is not None:
         return max(_chunk_weights(plan, stage, terms))
     return _layer_activations(terms, work) / plan.layout.vpp
@@ -549,6 +555,7 @@ def memory_shortfall(plan: Plan, stage: int, mem: Memory, capacity: float) -> st
 def clear_caches() -> None:
     """Drop every memoized stage, layer and parameter count (benchmarks: cold runs)."""
     for fn in (_layer_times, layer_params_per_rank, stage_params, _stage_works, _shared_of,
-               _layer_key, _stage_terms, _stage, _activation_terms, shard_of, cost_key,
+               _layer_key, _stage_terms, _stage, _activation_terms, _plan_activation_terms,
+               shard_of, cost_key,
                _one_chunk, _chunk_works, _chunked_stage_works, peak_held):
         fn.cache_clear()
