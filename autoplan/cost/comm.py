@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autoplan.descriptors.hardware import Cluster, Correction, Link
+from autoplan.descriptors.hardware import Cluster, Correction, Link, cache_hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +33,14 @@ class Group:
     # and the seconds each byte of the buffer spends on the wires
     ring_latency: float = field(init=False, compare=False, repr=False)
     ring_s_per_byte: float = field(init=False, compare=False, repr=False)
+    # memoized costs key on groups: hashed once (the fields are frozen)
+    _hash: int = field(init=False, compare=False, repr=False)
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def __post_init__(self) -> None:
+        cache_hash(self)
         # a ring phase over n ranks takes (n-1) steps of nbytes/n: (n-1) step latencies
         # and (n-1)/n of the buffer over the link; across domains each of the k members
         # of a domain carries 1/k of the buffer on its own NIC

@@ -231,13 +231,23 @@ def grad_sync_bound(plan: Plan, groups: dict[Axis, comm.Group],
     :func:`grad_sync_floor` and the least any stage's sync exposes with no drain at
     all. The latter holds because the stage ending the step (its finish is the
     makespan) has no drain, and the maximum over stages is at least its part: where a
-    reduction outlasts the last backward, what a drain would hide counts here. Each
-    distinct stage share is asked once (stages of equal work share one)."""
+    reduction outlasts the last backward, what a drain would hide counts here. A run of
+    stages sharing one work (equal middle stages) is asked once."""
     if plan.zero is ZeroStage.PARAMETERS:
         return 0.0
-    distinct = {id(w): w for w in works}.values()
-    drained = min(_stage_sync(plan, groups, w, 0.0) for w in distinct)
-    return max(grad_sync_floor(plan, groups, works), drained)
+    drained = float("inf")
+    heaviest: StageShare | None = None
+    previous = None
+    for w in works:
+        if w is previous:
+            continue
+        previous = w
+        drained = min(drained, _stage_sync(plan, groups, w, 0.0))
+        if heaviest is None or w.params + w.expert_params > heaviest.params + heaviest.expert_params:
+            heaviest = w
+    assert heaviest is not None
+    # grad_sync_floor: the first stage holding the most parameters, with no drain counted
+    return max(_stage_sync(plan, groups, heaviest, float("inf")), drained)
 
 
 def grad_sync_least(plan: Plan, groups: dict[Axis, comm.Group], params: float,
