@@ -25,7 +25,7 @@ primitives, evaluated uncorrected for each profile row.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
 from autoplan.cost import flops
@@ -57,6 +57,14 @@ class Shard:
     host_kernel_s: float = 0.0  # host dispatch per kernel (0 under CUDA graphs)
     kernel_efficiency: float = 1.0  # of the device's kernel rates, what the stack sustains
     sp_saves_gathered: bool = False  # SP: TP GEMMs save their gathered input (Stack's field)
+    # memoized layer costs key on shards: hashed on first use, then remembered (frozen)
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        if not self._hash:
+            object.__setattr__(self, "_hash", hash(tuple(
+                getattr(self, name) for name in _SHARD_FIELDS)) or 1)
+        return self._hash
 
     @property
     def tokens(self) -> int:
@@ -73,6 +81,9 @@ class Shard:
         sequence-parallel share top_k times (Megatron-Core's all-to-all dispatcher), and
         the busiest rank gets ``expert_load`` times the mean."""
         return self.norm_tokens * model.top_k * self.expert_load
+
+
+_SHARD_FIELDS = tuple(f.name for f in fields(Shard) if f.compare)
 
 
 @dataclass(frozen=True, slots=True)

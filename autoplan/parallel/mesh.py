@@ -26,16 +26,25 @@ def groups(plan: Plan) -> dict[Axis, comm.Group]:
 
 @lru_cache(maxsize=4096)
 def groups_of(c: Cluster, lay: Layout) -> dict[Axis, comm.Group]:
+    return _groups(c, lay.dp, lay.tp, lay.cp, lay.ep, lay.etp)
+
+
+@lru_cache(maxsize=4096)
+def _groups(c: Cluster, dp: int, tp: int, cp: int, ep: int, etp: int) -> dict[Axis, comm.Group]:
+    """The communicators of a stage's ranks (one dict for the layouts that differ only in
+    pp or vpp: PP is the outermost rank, outside every group)."""
+    edp = dp * cp * tp // (ep * etp)  # Layout.edp
     return {
-        Axis.TP: comm.place_group(c, lay.tp, 1),
-        Axis.CP: comm.place_group(c, lay.cp, lay.tp),
+        Axis.TP: comm.place_group(c, tp, 1),
+        Axis.CP: comm.place_group(c, cp, tp),
         # gradients are reduced (and ZeRO shards) over dp x cp (Megatron-LM)
-        Axis.DP: comm.place_group(c, lay.dp * lay.cp, lay.tp),
-        Axis.ETP: comm.place_group(c, lay.etp, 1),
-        Axis.EP: comm.place_group(c, lay.ep, lay.etp),
-        Axis.EDP: comm.place_group(c, lay.edp, lay.etp * lay.ep),
+        Axis.DP: comm.place_group(c, dp * cp, tp),
+        Axis.ETP: comm.place_group(c, etp, 1),
+        Axis.EP: comm.place_group(c, ep, etp),
+        Axis.EDP: comm.place_group(c, edp, etp * ep),
     }
 
 
 def clear_caches() -> None:
     groups_of.cache_clear()
+    _groups.cache_clear()
