@@ -39,10 +39,17 @@ class Layout:
     ep: int = 1
     vpp: int = 1
     etp: int = 0
+    # plans and memoized costs key on layouts: hashed once (the degrees are frozen)
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.etp == 0:
             object.__setattr__(self, "etp", self.tp)
+        object.__setattr__(self, "_hash", hash((self.dp, self.tp, self.pp, self.cp, self.ep,
+                                                self.vpp, self.etp)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def gpus(self) -> int:
