@@ -15,6 +15,7 @@ these same functions evaluated for each profile row.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from autoplan.descriptors.hardware import Cluster, Correction, Link, cache_hash
 
@@ -61,6 +62,7 @@ class Group:
         return -(-self.size // self.per_domain)
 
 
+@lru_cache(maxsize=4096)
 def place_group(cluster: Cluster, size: int, stride: int) -> Group:
     """The group of ``size`` ranks ``stride`` apart (stride = product of the inner degrees)."""
     domain = min(cluster.nvlink_domain, cluster.gpus)

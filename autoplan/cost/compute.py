@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import NamedTuple
 
 from autoplan.cost import flops
@@ -62,8 +63,7 @@ class Shard:
 
     def __hash__(self) -> int:
         if not self._hash:
-            object.__setattr__(self, "_hash", hash(tuple(
-                getattr(self, name) for name in _SHARD_FIELDS)) or 1)
+            object.__setattr__(self, "_hash", hash(_shard_fields(self)) or 1)
         return self._hash
 
     @property
@@ -83,7 +83,7 @@ class Shard:
         return self.norm_tokens * model.top_k * self.expert_load
 
 
-_SHARD_FIELDS = tuple(f.name for f in fields(Shard) if f.compare)
+_shard_fields = attrgetter(*(f.name for f in fields(Shard) if f.compare))  # -> their tuple
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from functools import lru_cache
 
 from autoplan.cost import comm, memory, offload
 from autoplan.cost.compute import BF16_BYTES, LayerTimes, Shard, layer_times, logits_times
-from autoplan.descriptors.hardware import Device
+from autoplan.descriptors.hardware import Cluster, Device
 from autoplan.descriptors.model import Model
 from autoplan.parallel import cp, dp, ep, mesh, pp, tp
 from autoplan.parallel.pipeline_layout import Chunk
@@ -318,17 +318,37 @@ def _shared(plan: Plan) -> _Shared:
 
 @lru_cache(maxsize=8192)
 def _shared_of(plan: Plan) -> _Shared:
-    model, device = plan.model, plan.cluster.device
-    shard = shard_of(plan)
+    core = _layer_core(plan.model, plan.cluster, shard_of(plan))
+    return _Shared(core.lt, core.lt_moe, mesh.groups(plan), core.act_bytes, core.tp_layer,
+                   core.cp_f, core.cp_b, core.ep_layer, pp.send_seconds(plan, core.act_bytes))
+
+
+@dataclass(frozen=True, slots=True)
+class _LayerCore:
+    """What a layer costs on a shard, whatever the dp and pp around it (``_Shared``'s
+    fields but the groups and the pipeline send)."""
+
+    lt: LayerTimes
+    lt_moe: LayerTimes
+    act_bytes: float
+    tp_layer: float
+    cp_f: float
+    cp_b: float
+    ep_layer: float
+
+
+@lru_cache(maxsize=8192)
+def _layer_core(model: Model, cluster: Cluster, shard: Shard) -> _LayerCore:
+    device = cluster.device
     lt = _layer_times(model, shard, device)
     lt_moe = _layer_times(model, shard, device, True) if model.is_moe else lt
-    groups = mesh.groups(plan)
+    groups = mesh.layer_groups(cluster, shard.tp, shard.cp, shard.ep, shard.etp)
     act_bytes = BF16_BYTES * shard.tokens * model.hidden  # one layer's output, unsplit by TP
     tp_layer = tp.layer_seconds(act_bytes, groups[Axis.TP])
-    cp_f, cp_b = cp.exposed(plan, shard, lt, groups[Axis.CP])
-    ep_layer = ep.layer_seconds(plan, shard, groups) if model.is_moe else 0.0
-    pp_send = pp.send_seconds(plan, act_bytes)
-    return _Shared(lt, lt_moe, groups, act_bytes, tp_layer, cp_f, cp_b, ep_layer, pp_send)
+    cp_f, cp_b = cp.exposed(model, cluster, shard, lt, groups[Axis.CP])
+    ep_layer = (ep.layer_seconds(model, shard, groups[Axis.EP], groups[Axis.ETP])
+                if model.is_moe else 0.0)
+    return _LayerCore(lt, lt_moe, act_bytes, tp_layer, cp_f, cp_b, ep_layer)
 
 
 def activation_bytes(plan: Plan) -> float:
@@ -555,6 +575,7 @@ def memory_shortfall(plan: Plan, stage: int, mem: Memory, capacity: float) -> st
 def clear_caches() -> None:
     """Drop every memoized stage, layer and parameter count (benchmarks: cold runs)."""
     for fn in (_layer_times, layer_params_per_rank, stage_params, _stage_works, _shared_of,
+               _layer_core,
                _layer_key, _stage_terms, _stage, _activation_terms, _plan_activation_terms,
                shard_of, cost_key,
                _one_chunk, _chunk_works, _chunked_stage_works, peak_held):

@@ -13,6 +13,7 @@ from autoplan.parallel.common import Rule, Scope, capped_divisors
 from autoplan.vocab import CpComm
 
 if TYPE_CHECKING:
+    from autoplan.descriptors.hardware import Cluster
     from autoplan.descriptors.model import Model
     from autoplan.plan import Layout, Plan
     from autoplan.search.space import SearchSpace
@@ -77,7 +78,8 @@ def exchanges(model: Model, lay: Layout, seq_len: int, space: SearchSpace) -> tu
 
 # ----------------------------------------------------------------------------- cost terms
 
-def exposed(plan: Plan, shard: Shard, lt: LayerTimes, group: comm.Group) -> tuple[float, float]:
+def exposed(model: Model, cluster: Cluster, shard: Shard, lt: LayerTimes,
+            group: comm.Group) -> tuple[float, float]:
     """Exposed context-parallel communication of one layer, (forward, backward).
 
     Ring (Liu et al. 2023; Megatron-LM/Transformer Engine p2p with causal load balancing,
@@ -87,17 +89,17 @@ def exposed(plan: Plan, shard: Shard, lt: LayerTimes, group: comm.Group) -> tupl
     All-to-all (DeepSpeed-Ulysses, Jacobs et al. 2023, Sec. 3.1): Q, K, V are exchanged
     before attention and the output after it, forward and (as their grads) backward,
     with nothing to hide behind."""
-    model, lay = plan.model, plan.layout
-    if lay.cp == 1:
+    cp, tp = shard.cp, shard.tp
+    if cp == 1:
         return 0.0, 0.0
     q, k, v, out = model.attn_widths
     tokens = shard.tokens
-    if plan.cp_comm is CpComm.A2A:
-        qkv = comm.all_to_all(BF16_BYTES * tokens * (q + k + v) / lay.tp, group)
-        after = comm.all_to_all(BF16_BYTES * tokens * out / lay.tp, group)
+    if not shard.cp_ring:  # all-to-all
+        qkv = comm.all_to_all(BF16_BYTES * tokens * (q + k + v) / tp, group)
+        after = comm.all_to_all(BF16_BYTES * tokens * out / tp, group)
         return qkv + after, qkv + after
-    kv_chunk = BF16_BYTES * tokens * (k + v) / lay.tp
-    step = comm.p2p(kv_chunk, group.domains > 1, plan.cluster)
-    steps = lay.cp - 1
-    return (steps * max(0.0, step - lt.attention_forward / lay.cp),
-            steps * max(0.0, 2 * step - lt.attention_backward / lay.cp))
+    kv_chunk = BF16_BYTES * tokens * (k + v) / tp
+    step = comm.p2p(kv_chunk, group.domains > 1, cluster)
+    steps = cp - 1
+    return (steps * max(0.0, step - lt.attention_forward / cp),
+            steps * max(0.0, 2 * step - lt.attention_backward / cp))

@@ -13,7 +13,6 @@ from autoplan.cost import comm
 from autoplan.cost.compute import BF16_BYTES, Shard
 from autoplan.descriptors.model import Model
 from autoplan.parallel.common import Rule, Scope, divisors
-from autoplan.vocab import Axis
 
 if TYPE_CHECKING:
     from autoplan.plan import Layout, Plan
@@ -114,20 +113,19 @@ def expert_load(plan: Plan) -> float:
     return plan.model.capacity_factor or plan.job.moe_imbalance
 
 
-def layer_seconds(plan: Plan, shard: Shard, groups: dict[Axis, comm.Group]) -> float:
+def layer_seconds(model: Model, shard: Shard, ep_group: comm.Group,
+                  etp_group: comm.Group) -> float:
     """One direction's MoE communication of one layer: the all-to-all dispatching each
     routed token copy to its expert's rank and the one combining the outputs back
     (Lepikhin et al. 2021, GShard; Megatron-Core MoEAlltoAllTokenDispatcher), on the
     busiest rank's volume; with expert TP the dispatched tokens are all-gathered over
     etp ranks before the experts and reduce-scattered after. Not overlapped with
     compute (Megatron-LM's default)."""
-    model = plan.model
     routed = BF16_BYTES * shard.routed_tokens(model) * model.hidden
-    out = 2 * comm.all_to_all(routed, groups[Axis.EP])
-    if plan.layout.etp > 1:
-        gathered = routed * plan.layout.etp
-        out += comm.all_gather(gathered, groups[Axis.ETP]) + comm.reduce_scatter(
-            gathered, groups[Axis.ETP])
+    out = 2 * comm.all_to_all(routed, ep_group)
+    if shard.etp > 1:
+        gathered = routed * shard.etp
+        out += comm.all_gather(gathered, etp_group) + comm.reduce_scatter(gathered, etp_group)
     return out
 
 

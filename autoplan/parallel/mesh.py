@@ -35,16 +35,25 @@ def _groups(c: Cluster, dp: int, tp: int, cp: int, ep: int, etp: int) -> dict[Ax
     pp or vpp: PP is the outermost rank, outside every group)."""
     edp = dp * cp * tp // (ep * etp)  # Layout.edp
     return {
-        Axis.TP: comm.place_group(c, tp, 1),
-        Axis.CP: comm.place_group(c, cp, tp),
+        **layer_groups(c, tp, cp, ep, etp),
         # gradients are reduced (and ZeRO shards) over dp x cp (Megatron-LM)
         Axis.DP: comm.place_group(c, dp * cp, tp),
+        Axis.EDP: comm.place_group(c, edp, etp * ep),
+    }
+
+
+def layer_groups(c: Cluster, tp: int, cp: int, ep: int, etp: int) -> dict[Axis, comm.Group]:
+    """The communicators a layer's own collectives run on (TP, CP, EP, ETP): those that
+    depend on neither dp nor pp."""
+    return {
+        Axis.TP: comm.place_group(c, tp, 1),
+        Axis.CP: comm.place_group(c, cp, tp),
         Axis.ETP: comm.place_group(c, etp, 1),
         Axis.EP: comm.place_group(c, ep, etp),
-        Axis.EDP: comm.place_group(c, edp, etp * ep),
     }
 
 
 def clear_caches() -> None:
     groups_of.cache_clear()
     _groups.cache_clear()
+    comm.place_group.cache_clear()
