@@ -170,8 +170,9 @@ class _Candidate:
     plan: Plan
     fits: bool = False  # its memory is checked (and its bound charges the pressure)
     chained: bool = False  # its bound counts its schedule's critical chain
-    # the group's 1F1B, vpp = 1 stage works when the bound is read off them (its own
-    # stage works, its exact bound and its memory are then yet to be worked out)
+    # the group's 1F1B, vpp = 1 stage works (its V's, for a V) when the bound is read off
+    # them (its own stage works, its exact bound and its memory are then yet to be worked
+    # out)
     flat: tuple[StageWork, ...] | None = None
     # the bound without the allocator's pressure, where ``bound`` charges one already
     # (its group's memory floor's, before its own memory is known); None: ``bound``
@@ -508,13 +509,22 @@ class _Search:
         without_cp = len(group.cp_comms) > 1
         limit = self.threshold * (1 + BOUND_SLACK)
         busiest: dict[int, float] = {}  # vpp -> the busiest-stage bound off the group's works
+        v_shaped: tuple[float, tuple[StageWork, ...]] | None = None  # the same off the V's
         for plan, split in self.schedule_plans(group):
             if split:
                 out.append(_Split(group.bound, rank_key_static(plan), plan))
                 continue
-            if plan.schedule.v_shape:  # its works place the output layer elsewhere
-                bare = step_time_lower_bound(plan, stage_work(plan))
-                flat_works = None
+            if plan.schedule.v_shape:
+                # its works place the output layer on stage 0: the busiest-stage bound off
+                # the group's V works (as ``_group_bound`` reads it), which also hold its
+                # layers and parameters per stage for the memory check
+                if v_shaped is None:
+                    v_plan = group.plan.replace(layout=self._at_vpp(group.plan.layout, 2),
+                                                schedule=Schedule.ZB_V)
+                    v_works = stage_work(v_plan)
+                    v_shaped = (busiest_stage_bound(v_plan, v_works, without_cp, 2, True, True),
+                                v_works)
+                bare, flat_works = v_shaped
             else:
                 # the busiest-stage bound at its own chunk count, off the group's works:
                 # its own works, bound and memory wait until it comes up (:meth:`run`)
