@@ -170,10 +170,9 @@ class _Candidate:
     plan: Plan
     fits: bool = False  # its memory is checked (and its bound charges the pressure)
     chained: bool = False  # its bound counts its schedule's critical chain
-    # the group's 1F1B, vpp = 1 stage works (its V's, for a V) when the bound is read off
-    # them (its own stage works, its exact bound and its memory are then yet to be worked
-    # out)
-    flat: tuple[StageWork, ...] | None = None
+    # its bound is its group's busiest-stage bound: its own stage works, exact bound and
+    # memory are yet to be worked out
+    pending: bool = False
     # the bound without the allocator's pressure, where ``bound`` charges one already
     # (its group's memory floor's, before its own memory is known); None: ``bound``
     bare: float | None = None
@@ -509,32 +508,28 @@ class _Search:
         without_cp = len(group.cp_comms) > 1
         limit = self.threshold * (1 + BOUND_SLACK)
         busiest: dict[int, float] = {}  # vpp -> the busiest-stage bound off the group's works
-        v_shaped: tuple[float, tuple[StageWork, ...]] | None = None  # the same off the V's
+        v_shaped: float | None = None  # the same off the group's V works
         for plan, split in self.schedule_plans(group):
             if split:
                 out.append(_Split(group.bound, rank_key_static(plan), plan))
                 continue
             if plan.schedule.v_shape:
                 # its works place the output layer on stage 0: the busiest-stage bound off
-                # the group's V works (as ``_group_bound`` reads it), which also hold its
-                # layers and parameters per stage for the memory check
+                # the group's V works (as ``_group_bound`` reads it)
                 if v_shaped is None:
                     v_plan = group.plan.replace(layout=self._at_vpp(group.plan.layout, 2),
                                                 schedule=Schedule.ZB_V)
-                    v_works = stage_work(v_plan)
-                    v_shaped = (busiest_stage_bound(v_plan, v_works, without_cp, 2, True, True),
-                                v_works)
-                bare, flat_works = v_shaped
+                    v_shaped = busiest_stage_bound(v_plan, stage_work(v_plan), without_cp, 2,
+                                                   True, True)
+                bare = v_shaped
             else:
-                # the busiest-stage bound at its own chunk count, off the group's works:
-                # its own works, bound and memory wait until it comes up (:meth:`run`)
+                # the busiest-stage bound at its own chunk count, off the group's works
                 v = plan.layout.vpp
                 known = busiest.get(v)
                 if known is None:
                     known = busiest[v] = busiest_stage_bound(group.plan, flat, without_cp, v,
                                                              True, v == 1)
                 bare = known
-                flat_works = flat
             # the group's bounds hold for it: the pressure-free one, and the one that
             # charges the group's memory floor (its own peak is no lower)
             bare = max(bare, group.bare)
@@ -542,8 +537,8 @@ class _Search:
             if bound > limit:
                 self.stats.pruned[BOUND] += 1
                 continue
-            out.append(_Candidate(bound, rank_key_static(plan), plan, flat=flat_works,
-                                  bare=bare))
+            # its own works, bound and memory wait until it comes up (:meth:`run`)
+            out.append(_Candidate(bound, rank_key_static(plan), plan, pending=True, bare=bare))
         return out
 
     def _candidate(self, plan: Plan) -> _Candidate | None:
@@ -801,16 +796,14 @@ class _Search:
                     it.size if isinstance(it, _Group) else 1 for *_, it in heap)
                 break
             heapq.heappop(heap)
-            if isinstance(item, _Candidate) and item.flat is not None:
-                # memory first: the group's works hold the plan's layers and parameters
-                worst = self._fitting_memory(item.plan, item.flat)
-                if worst is None:
-                    continue
+            if isinstance(item, _Candidate) and item.pending:
+                # its own bound first: most candidates that come up this far end above
+                # the k-th best once it is known, and need their memory checked only if
+                # they come up again (``checked``)
                 exact = self._candidate(item.plan)
-                if exact is not None:  # back in line at its own bound, memory charged
-                    exact = self._fitted(dataclasses.replace(
-                        exact, bound=max(bound, exact.bound),
-                        bare=max(item.unpressured, exact.bound)), worst)
+                if exact is not None:  # back in line at its own bound
+                    exact = dataclasses.replace(exact, bound=max(bound, exact.bound),
+                                                bare=max(item.unpressured, exact.bound))
                     heapq.heappush(heap, (exact.bound, exact.key, seq, exact))
                     seq += 1
                 continue
