@@ -273,7 +273,7 @@ def _one_chunk(key: Plan) -> Plan:
     share one memo)."""
     if key.layout.vpp == 1:
         return key
-    return dataclasses.replace(key, layout=dataclasses.replace(key.layout, vpp=1))
+    return key.replace(layout=dataclasses.replace(key.layout, vpp=1))
 
 
 def stage_work_for(plan: Plan, stage: int, layers: int, dense: int | None = None) -> StageWork:

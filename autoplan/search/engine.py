@@ -157,10 +157,14 @@ class _Group:
     # at the group's memory floor (:meth:`_Search.memory_floor`)
     bare: float = 0.0
     floored: bool = False  # past the memory floor: ``bound`` charges its pressure
+    # a bundle: the groups of ``plan`` at each of these recompute choices, one bound for
+    # all, ``plan`` at the first (the least in rank, so the bundle comes up when its first
+    # group would); opened only if it comes up (:meth:`_Search.unbundled`)
+    recomputes: tuple[Recompute, ...] = ()
 
     @property
     def size(self) -> int:
-        return len(self.schedules) * len(self.cp_comms)
+        return len(self.schedules) * len(self.cp_comms) * max(1, len(self.recomputes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,11 +231,12 @@ class _Search:
                                            space)
 
     def _probe(self, lay: Layout, mbs: int = 1, sp: bool = False,
-               zero: ZeroStage = ZeroStage.NONE) -> Plan:
+               zero: ZeroStage = ZeroStage.NONE, cp_comm: CpComm = CpComm.RING,
+               recompute: Recompute = Recompute.NONE) -> Plan:
         """A plan of the layout whose later choices are not read by the rules asked."""
         return Plan(model=self.model, cluster=self.cluster, job=self.job, stack=self.space.stack, layout=lay,
-                    micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.NONE,
-                    zero=zero, sequence_parallel=sp)
+                    micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=recompute,
+                    zero=zero, sequence_parallel=sp, cp_comm=cp_comm)
 
     # -- the walk ----------------------------------------------------------------------
     def groups(self) -> Iterator[_Group]:
@@ -239,6 +244,8 @@ class _Search:
         plan (``parallel.rules``, decided as each choice is fixed) and the model-state
         check; each group carries a bound valid for all its schedules."""
         space, stats = self.space, self.stats
+        # each group's recompute choices, in rank (a bundle stands for them: ``_Group``)
+        recomputes = tuple(sorted(space.recompute, key=lambda rc: rc.level))
         for base in self.layouts():
             scheds = pp.schedule_choices(base, space)
             zeros = dp.zero_stages(base, space)
@@ -269,13 +276,11 @@ class _Search:
                     shared = self._layout_bound(base, mbs, sp, zeros, cps, runnable)
                     for zero in zeros:
                         if not self._states_exceed_memory(base, zero, NO_OFFLOAD, mbs, sp):
-                            probe = self._probe(base, mbs, sp, zero).replace(cp_comm=cps[-1])
-                            for rc in space.recompute:
-                                # the group's member without the ring's merges (all-to-all
-                                # where allowed): its time less all CP communication bounds
-                                # every exchange
-                                yield self._group(probe.replace(recompute=rc), shared, scheds,
-                                                  cps, runnable)
+                            # the group's member without the ring's merges (all-to-all
+                            # where allowed): its time less all CP communication bounds
+                            # every exchange
+                            probe = self._probe(base, mbs, sp, zero, cps[-1], recomputes[0])
+                            yield self._group(probe, shared, scheds, cps, runnable, recomputes)
                             continue
                         stats.infeasible["model states exceed memory"] += per_zero
                         # no member fits as it is: each offload the space allows is tried
@@ -284,16 +289,28 @@ class _Search:
                             if self._states_exceed_memory(base, zero, off, mbs, sp):
                                 stats.infeasible["model states exceed memory"] += per_zero
                                 continue
-                            probe = self._probe(base, mbs, sp, zero).replace(cp_comm=cps[-1])
+                            probe = self._probe(base, mbs, sp, zero, cps[-1], recomputes[0])
                             bound = self._offloaded_bound(shared, probe, off)
-                            for rc in space.recompute:
-                                yield self._group(probe.replace(recompute=rc, offload=off), bound,
-                                                  scheds, cps, runnable)
+                            yield self._group(probe.replace(offload=off), bound, scheds, cps,
+                                              runnable, recomputes)
 
     def _group(self, plan: Plan, bound: float, scheds: Sequence[tuple[Schedule, int, bool]],
-               cps: Sequence[CpComm], runnable: tuple[tuple[Schedule, int, bool], ...]) -> _Group:
+               cps: Sequence[CpComm], runnable: tuple[tuple[Schedule, int, bool], ...],
+               recomputes: tuple[Recompute, ...] = ()) -> _Group:
         return _Group(bound, rank_key_static(plan), plan, tuple(scheds), tuple(cps),
-                      runnable=runnable)
+                      runnable=runnable, recomputes=recomputes if len(recomputes) > 1 else ())
+
+    def unbundled(self, group: _Group) -> list[_Group]:
+        """The groups a bundle stands for (the group itself if it is none), in rank."""
+        if not group.recomputes:
+            return [group]
+        return [self._group(group.plan.replace(recompute=rc), group.bound, group.schedules,
+                            group.cp_comms, group.runnable) for rc in group.recomputes]
+
+    def each_group(self) -> Iterator[_Group]:
+        """:meth:`groups`, bundles opened (for tests and tools)."""
+        for group in self.groups():
+            yield from self.unbundled(group)
 
     def wants_offload(self, group: _Group, floor: Memory | None) -> bool:
         """Whether the search tries the group's offload variants: it keeps nothing in host
@@ -821,6 +838,11 @@ class _Search:
                     heapq.heappush(heap, (fit.bound, fit.key, seq, fit))
                     seq += 1
                 continue
+            if isinstance(item, _Group) and item.recomputes:  # a bundle: its groups
+                for group in self.unbundled(item):
+                    heapq.heappush(heap, (group.bound, group.key, seq, group))
+                    seq += 1
+                continue
             if isinstance(item, _Group) and not item.exact:
                 own = self._group_bound(item.plan, item.runnable, len(item.cp_comms) > 1)
                 item = dataclasses.replace(item, bound=max(own, bound), exact=True,
@@ -917,7 +939,7 @@ def candidate_plans(model: Model, cluster: Cluster, job: Job, space: SearchSpace
     the offload variants of the groups that do not fit without them (module doc).
     For tests and tools: each must pass ``parallel.rules.plan_problems`` and the space."""
     walk = _Search(model, cluster, job, space, top_k=1)
-    for group in walk.groups():
+    for group in walk.each_group():
         groups = [group]
         if walk.wants_offload(group, walk.memory_floor(group)):
             groups += walk.offloaded(group)

@@ -172,7 +172,7 @@ def test_a_layouts_shared_bound_holds_for_its_every_zero_and_recompute_group(cas
     walk = _Search(_model(name), with_gpus(resolve_cluster(cluster), gpus),
                    Job(global_batch=gbs, seq_len=seq), load_space(space_name), top_k=1)
     seen = set()
-    for group in walk.groups():
+    for group in walk.each_group():
         own = walk._group_bound(group.plan, group.runnable,
                                 len(group.cp_comms) > 1)
         assert group.bound <= own * TIGHT, group.plan
@@ -208,7 +208,7 @@ def test_a_groups_memory_floor_never_exceeds_a_members_peak(case):
     walk = _Search(_model(name), with_gpus(resolve_cluster(cluster), gpus),
                    Job(global_batch=gbs, seq_len=seq), load_space(space_name), top_k=1)
     checked = exact = 0
-    for group in itertools.islice(walk.groups(), 0, None, every):
+    for group in itertools.islice(walk.each_group(), 0, None, every):
         floor = walk.memory_floor(group)
         if floor is None:
             continue
@@ -232,7 +232,7 @@ def test_a_groups_bounds_never_exceed_a_members_step(case):
     walk = _Search(_model(name), with_gpus(resolve_cluster(cluster), gpus),
                    Job(global_batch=gbs, seq_len=seq), load_space(space_name), top_k=1)
     checked = 0
-    for group in itertools.islice(walk.groups(), 0, None, every):
+    for group in itertools.islice(walk.each_group(), 0, None, every):
         own = walk._group_bound(group.plan, group.runnable, len(group.cp_comms) > 1)
         group = dataclasses.replace(group, bound=own, bare=own, exact=True, floored=True)
         steps = {plan: evaluate(plan).step_time_s
