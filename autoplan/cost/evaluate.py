@@ -159,10 +159,11 @@ def clear_caches() -> None:
     """Drop every memoized cost: stages, groups, placements, schedules (cold runs)."""
     from autoplan import plan
     from autoplan.cost import stage
-    from autoplan.parallel import pp
+    from autoplan.parallel import ep, pp
     from autoplan.schedules import memory, simulator
 
     stage.clear_caches()
+    ep.expert_params_per_rank.cache_clear()
     mesh.clear_caches()
     pp.clear_caches()
     dp.clear_caches()

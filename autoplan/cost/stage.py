@@ -105,6 +105,11 @@ def _layer_times(model: Model, shard: Shard, device: Device, moe: bool = False) 
     return layer_times(model, shard, device, moe)
 
 
+@lru_cache(maxsize=16384)
+def _logits_times(model: Model, shard: Shard, device: Device) -> tuple[float, float, float]:
+    return logits_times(model, shard, device)
+
+
 # ----------------------------------------------------------------------------- parameters
 
 @lru_cache(maxsize=1024)
@@ -401,7 +406,7 @@ def _stage_terms(plan: Plan, first: bool, last: bool, mtp: int, layers: int,
     if first:
         tp_f += tp.boundary_seconds(act_bytes, groups[Axis.TP])
     if last or mtp:
-        lf, lb, lw = logits_times(model, shard, device)
+        lf, lb, lw = _logits_times(model, shard, device)
         heads = last + mtp  # each MTP depth predicts one more token through the shared head
         compute_f += heads * lf
         compute_b += heads * lb
@@ -574,9 +579,8 @@ def memory_shortfall(plan: Plan, stage: int, mem: Memory, capacity: float) -> st
 
 def clear_caches() -> None:
     """Drop every memoized stage, layer and parameter count (benchmarks: cold runs)."""
-    for fn in (_layer_times, layer_params_per_rank, stage_params, _stage_works, _shared_of,
-               _layer_core,
-               _layer_key, _stage_terms, _stage, _activation_terms, _plan_activation_terms,
-               shard_of, cost_key,
-               _one_chunk, _chunk_works, _chunked_stage_works, peak_held):
+    for fn in (_layer_times, _logits_times, layer_params_per_rank, stage_params, _stage_works,
+               _shared_of, _layer_core, _layer_key, _stage_terms, _stage, _activation_terms,
+               _plan_activation_terms, shard_of, cost_key, _one_chunk, _chunk_works,
+               _chunked_stage_works, peak_held):
         fn.cache_clear()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from autoplan.cost import comm
@@ -129,6 +130,7 @@ def layer_seconds(model: Model, shard: Shard, ep_group: comm.Group,
     return out
 
 
+@lru_cache(maxsize=1024)
 def expert_params_per_rank(model: Model, ep: int, etp: int) -> float:
     """One MoE layer's routed experts on one rank: experts/ep of them, split by etp."""
     return model.experts // ep * model.params_expert / etp
