@@ -21,6 +21,7 @@ from autoplan.cost.bounds import (
     StageWork,
     busiest_stage_bound,
     chain_bound,
+    cost_key,
     dense_per_stage,
     memory_pressure,
     memory_shortfall,
@@ -219,6 +220,7 @@ class _Search:
         # (what a group's members' activations depend on) -> the members holding the least
         # activations on stages 0 and last, of each kind (:meth:`memory_floor`)
         self._floor_members: dict[tuple, tuple[tuple[int, int, int, Schedule], ...]] = {}
+        self._exact_bounds: dict[tuple, float] = {}  # :meth:`_candidate`
 
     # -- generation ------------------------------------------------------------------
     def layouts(self) -> Iterator[Layout]:
@@ -561,8 +563,17 @@ class _Search:
     def _candidate(self, plan: Plan) -> _Candidate | None:
         """The plan as a candidate with its exact lower bound, or None (and counted) when
         that bound already cannot beat the k-th best step time found. Its memory is
-        checked only when it comes up (:meth:`checked`): most candidates never do."""
-        bound = step_time_lower_bound(plan, stage_work(plan))
+        checked only when it comes up (:meth:`checked`): most candidates never do.
+
+        The bound reads the plan's stage works (``cost_key`` and the layer split), ZeRO
+        stage and offload, and its schedule only through the works but for offloaded
+        activations' copies: plans alike in those (GPipe and 1F1B; ZB-H1 and ZB-H2; the
+        V schedules) share one."""
+        key = (cost_key(plan), plan.stages, plan.chunks, plan.zero, plan.offload,
+               plan.schedule if plan.offload.activations else None)
+        bound = self._exact_bounds.get(key)
+        if bound is None:
+            bound = self._exact_bounds[key] = step_time_lower_bound(plan, stage_work(plan))
         if bound > self.threshold * (1 + BOUND_SLACK):
             self.stats.pruned[BOUND] += 1
             return None
