@@ -109,7 +109,8 @@ def offload_copies(plan: Plan, works: tuple[StageWork, ...]) -> float:
 
 
 def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], without_cp: bool,
-                        vpp: int = 1, sync: bool = False, forward_known: bool = False) -> float:
+                        vpp: int = 1, sync: bool = False, forward_known: bool = False,
+                        drained: float = 0.0) -> float:
     """A step time no schedule of the plan's layout beats, of up to ``vpp`` equal chunks
     per stage, plus the optimizer step. ``works``: the layout's 1F1B, vpp = 1 form, whose
     F, B and input-gradient B are the least of every schedule (``tp.exposed_backward``
@@ -131,7 +132,9 @@ def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], without_cp: bo
     parameters are every such schedule's (``works``: its own or its V's) and its backward
     the least. ``forward_known``: every schedule bounded runs ``vpp`` chunks whose
     forward is ``works``' (a V's own works; the flat works at one chunk), so with the
-    exchange known the gather hides behind that forward's chunk."""
+    exchange known the gather hides behind that forward's chunk. ``drained``: another
+    bound on that sync, valid for every such schedule (``dp.grad_sync_drained_least``);
+    the more of the two counts."""
     m = plan.num_microbatches
     best = fill = drain = 0.0
     heaviest: StageWork | None = None
@@ -154,8 +157,9 @@ def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], without_cp: bo
     best += optimizer_seconds(plan, works) + step_overhead(plan)
     if sync and heaviest is not None:
         known = forward_known and not without_cp
-        best += grad_sync_least(plan, mesh.groups(plan), heaviest.params, heaviest.expert_params,
-                                heaviest_b, heaviest_f / vpp if known else None, vpp)
+        best += max(grad_sync_least(plan, mesh.groups(plan), heaviest.params,
+                                    heaviest.expert_params, heaviest_b,
+                                    heaviest_f / vpp if known else None, vpp), drained)
     return best
 
 

@@ -250,6 +250,34 @@ def grad_sync_bound(plan: Plan, groups: dict[Axis, comm.Group],
     return max(_stage_sync(plan, groups, heaviest, float("inf")), drained)
 
 
+def grad_sync_drained_least(plan: Plan, groups: dict[Axis, comm.Group],
+                            stages: Sequence[tuple[float, float, float]]) -> float:
+    """At most :func:`grad_sync_exposed` of every plan of ``plan``'s layout, ZeRO stage
+    and stack whose stage s holds ``stages[s] = (params, expert_params, longest)``, its
+    last backward per chunk taking at most ``longest`` seconds.
+
+    The stage ending the step has no drain (its finish is the makespan), and the maximum
+    over stages is at least its part (as :func:`grad_sync_bound`). With no drain, its
+    overlapped reduction max(0, r - x) + slow * min(r, x) falls as its backward per
+    chunk x grows (slow <= 1, as a stack file must give it): it is least at ``longest``.
+    Its overlapped gather is at least slow * g whatever the forward
+    (:func:`grad_sync_least`). The least over stages of that bounds every such plan."""
+    if plan.zero is ZeroStage.PARAMETERS:
+        return 0.0
+    stack = plan.stack
+    slow = stack.comm_compute_slowdown
+    least = float("inf")
+    for params, expert_params, longest in stages:
+        reduce_s, gather_s = _sync_seconds(plan.zero, plan.job.dtype, params, expert_params,
+                                           groups[Axis.DP], groups[Axis.EDP])
+        if stack.overlap_grad_reduce:
+            reduce_s = max(0.0, reduce_s - longest) + slow * min(reduce_s, longest)
+        if stack.overlap_param_gather:
+            gather_s = slow * gather_s
+        least = min(least, reduce_s + gather_s)
+    return least
+
+
 def grad_sync_least(plan: Plan, groups: dict[Axis, comm.Group], params: float,
                     expert_params: float, backward: float, forward: float | None,
                     most_vpp: int) -> float:

@@ -34,10 +34,11 @@ from autoplan.cost.bounds import (
     step_time_lower_bound,
 )
 from autoplan.cost.evaluate import evaluate
+from autoplan.cost.stage import activation_bytes
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
-from autoplan.parallel import cp, dp, ep, pp, tp
+from autoplan.parallel import cp, dp, ep, mesh, pp, tp
 from autoplan.parallel.common import Scope
 from autoplan.parallel.rules import BY_ID, first_broken
 from autoplan.plan import Layout, Memory, Plan, Prediction
@@ -443,7 +444,8 @@ class _Search:
             scheds, len(cps) > 1, sync=False) for zero in stand_ins)
 
     def _group_bound(self, plan: Plan, scheds: Sequence[tuple[Schedule, int, bool]],
-                     without_cp: bool = False, sync: bool = True) -> float:
+                     without_cp: bool = False, sync: bool = True,
+                     cps: Sequence[CpComm] = ()) -> float:
         """A step time no schedule of ``scheds`` beats: the busiest stage's with the
         pipeline's fill and drain (``cost.bounds.busiest_stage_bound``), the least of
         the one read off the stage works of the group's 1F1B, vpp = 1 member, at the most
@@ -452,18 +454,21 @@ class _Search:
         group has split variants, the least bottleneck any split can reach
         (``stages.split_bound`` without the fill, which differs by schedule) if lower.
         ``sync``: the uniform splits' bounds count the gradient sync of the plan's ZeRO
-        stage that no drain hides (not where the bound stands for other ZeRO stages)."""
+        stage that no drain hides, or the one the stage ending the step exposes if more
+        (:meth:`_drained_sync`, over ``cps``, the group's exchanges: the plan's own where
+        none are given); not where the bound stands for other ZeRO stages."""
         split = any(s for *_, s in scheds)
         works = stage_work(plan)
         bound = float("inf")
         flat = [v for sched, v, _ in scheds if not sched.v_shape]
+        v_plan = plan.replace(layout=self._at_vpp(plan.layout, 2), schedule=Schedule.ZB_V)
+        drained = self._drained_sync(plan, works, v_plan, scheds, cps) if sync else 0.0
         if flat:
             most = max(flat)
-            bound = busiest_stage_bound(plan, works, without_cp, most, sync, most == 1)
+            bound = busiest_stage_bound(plan, works, without_cp, most, sync, most == 1, drained)
         if len(flat) < len(scheds):
-            v_plan = plan.replace(layout=self._at_vpp(plan.layout, 2), schedule=Schedule.ZB_V)
             bound = min(bound, busiest_stage_bound(v_plan, stage_work(v_plan), without_cp, 2,
-                                                   sync, True))
+                                                   sync, True, drained))
         if not split:
             return bound
         bound = min(bound, split_bound(plan, works, fill=False))
@@ -471,6 +476,56 @@ class _Search:
             ring = dataclasses.replace(plan, cp_comm=CpComm.RING)
             bound = min(bound, split_bound(ring, stage_work(ring), fill=False))
         return bound
+
+    def _drained_sync(self, plan: Plan, works: tuple[StageWork, ...], v_plan: Plan,
+                      scheds: Sequence[tuple[Schedule, int, bool]],
+                      cps: Sequence[CpComm]) -> float:
+        """A gradient sync every uniform-split member of the group exposes, its schedule
+        and chunks of ``scheds``, its exchange of ``cps`` (``dp.grad_sync_drained_least``,
+        with each stage's longest backward per chunk of any member); 0 where none is one.
+
+        ``works``: the 1F1B, one-chunk works at ``plan``'s exchange. A flat member on
+        exchange c runs the layers of the 1F1B works at c but that, splitting the
+        backward, it exposes its backward TP collectives in full, which those hide
+        behind W up to its length (``tp.exposed_backward``): its backward is at most
+        theirs plus W's compute. On v > 1 chunks it sends at most v gradients back
+        where those works send at least none (``pp.sends``): its backward per chunk is
+        at most theirs over v plus one send. A V member runs the V's own works at c
+        (``cost_key``: every V schedule the same), two chunks. Split variants, whose
+        layers move, are bounded apart (``split_bound``)."""
+        if plan.zero is ZeroStage.PARAMETERS:
+            return 0.0
+        exchanges = [plan.cp_comm, *(c for c in cps if c is not plan.cp_comm)]
+        flat = [(sched.splits_backward, v) for sched, v, split in scheds
+                if not split and not sched.v_shape]
+        least = float("inf")
+        if flat:
+            send = (pp.send_seconds(plan, activation_bytes(plan))
+                    if any(v > 1 for _, v in flat) else 0.0)
+            splits = any(b for b, _ in flat)
+            sets = [works, *(stage_work(plan.replace(cp_comm=c)) for c in exchanges[1:])]
+            least = self._drained_of(plan, sets, send, splits, 1)
+        if any(sched.v_shape and not split for sched, _, split in scheds):
+            sets = [stage_work(v_plan.replace(cp_comm=c)) for c in exchanges]
+            least = min(least, self._drained_of(plan, sets, 0.0, False, 2))
+        return 0.0 if least == float("inf") else least
+
+    @staticmethod
+    def _drained_of(plan: Plan, sets: list[tuple[StageWork, ...]], send: float, with_w: bool,
+                    chunks: int) -> float:
+        """``dp.grad_sync_drained_least`` over ``sets`` of stage works holding the same
+        layers and parameters per stage: each stage's longest backward per chunk, its
+        most of ``backward`` (plus W's compute where ``with_w``) over ``chunks``, plus
+        ``send``; a run of equal stages asked once."""
+        stages = []
+        previous = None
+        for s, w in enumerate(sets[0]):
+            if w is previous and len(sets) == 1:
+                continue
+            previous = w
+            longest = max(ws[s].backward + (ws[s].compute_w if with_w else 0.0) for ws in sets)
+            stages.append((w.params, w.expert_params, longest / chunks + send))
+        return dp.grad_sync_drained_least(plan, mesh.groups(plan), stages)
 
     def schedule_plans(self, group: _Group, count: bool = True) -> Iterator[tuple[Plan, bool]]:
         """The group's plans, one per (schedule, vpp, split) and exchange, that pass the
@@ -855,7 +910,8 @@ class _Search:
                     seq += 1
                 continue
             if isinstance(item, _Group) and not item.exact:
-                own = self._group_bound(item.plan, item.runnable, len(item.cp_comms) > 1)
+                own = self._group_bound(item.plan, item.runnable, len(item.cp_comms) > 1,
+                                        cps=item.cp_comms)
                 item = dataclasses.replace(item, bound=max(own, bound), exact=True,
                                            bare=max(own, bound))
                 if own > bound:  # back in line at its own bound

@@ -25,6 +25,7 @@ from autoplan.parallel import mesh
 from autoplan.parallel.dp import (
     _sync_seconds,
     grad_sync_bound,
+    grad_sync_drained_least,
     grad_sync_floor,
     grad_sync_least,
 )
@@ -174,7 +175,7 @@ def test_a_layouts_shared_bound_holds_for_its_every_zero_and_recompute_group(cas
     seen = set()
     for group in walk.each_group():
         own = walk._group_bound(group.plan, group.runnable,
-                                len(group.cp_comms) > 1)
+                                len(group.cp_comms) > 1, cps=group.cp_comms)
         assert group.bound <= own * TIGHT, group.plan
         seen.add((group.plan.recompute, group.plan.zero))
     assert len(seen) >= 6  # every recompute with two ZeRO stages at least
@@ -233,7 +234,8 @@ def test_a_groups_bounds_never_exceed_a_members_step(case):
                    Job(global_batch=gbs, seq_len=seq), load_space(space_name), top_k=1)
     checked = 0
     for group in itertools.islice(walk.each_group(), 0, None, every):
-        own = walk._group_bound(group.plan, group.runnable, len(group.cp_comms) > 1)
+        own = walk._group_bound(group.plan, group.runnable, len(group.cp_comms) > 1,
+                                cps=group.cp_comms)
         group = dataclasses.replace(group, bound=own, bare=own, exact=True, floored=True)
         steps = {plan: evaluate(plan).step_time_s
                  for plan, split in walk.schedule_plans(group) if not split}
@@ -287,3 +289,27 @@ def test_the_sync_bound_charges_the_drainless_stage_where_the_reduction_outlasts
     sim_step = evaluate(plan)
     exposed = sim_step.breakdown.dp_comm  # no ZeRO-3 gathers: all of it is the sync
     assert bound <= exposed * TIGHT
+
+
+def test_the_drained_sync_bound_is_the_least_stage_at_its_longest_backward():
+    """dp.grad_sync_drained_least by hand: per stage, with no drain, the reduction r
+    beyond a backward per chunk x stays exposed and slow * min(r, x) overlaps; the gather
+    counts at least its slowed share; the least over stages. A longer backward exposes
+    less (so a bound read at the longest holds for shorter ones)."""
+    plan = make_plan(model="llama3-8b", gpus=64, dp=16, tp=2, pp=2, global_batch=64,
+                     seq_len=1024, zero=ZeroStage.OPTIMIZER)
+    works, groups = stage_work(plan), mesh.groups(plan)
+    slow = plan.stack.comm_compute_slowdown
+    stages = [(w.params, w.expert_params, w.backward * 1.5) for w in works]
+    by_hand = []
+    for params, expert, x in stages:
+        r, g = _sync_seconds(plan.zero, plan.job.dtype, params, expert, groups[Axis.DP],
+                             groups[Axis.EDP])
+        by_hand.append(max(0.0, r - x) + slow * min(r, x) + slow * g)
+    assert grad_sync_drained_least(plan, groups, stages) == pytest.approx(min(by_hand), rel=1e-12)
+    shorter = [(p, e, x / 2) for p, e, x in stages]
+    assert grad_sync_drained_least(plan, groups, shorter) >= grad_sync_drained_least(
+        plan, groups, stages)
+    assert grad_sync_drained_least(plan, groups, [(w.params, w.expert_params, w.backward)
+                                                  for w in works]) <= grad_sync_bound(
+        plan, groups, works) * TIGHT
