@@ -496,12 +496,19 @@ def _plan_activation_terms(plan: Plan) -> _ActivationTerms:
 def stage_memory(plan: Plan, stage: int, work: StageWork, inflight_chunks: int) -> Memory:
     """Bytes on one GPU of ``stage`` holding ``inflight_chunks`` microbatch-chunks (and
     what its offload keeps in host memory: ``Memory.host``)."""
+    return memory_with(plan, work, *held_activations(plan, stage, work, inflight_chunks))
+
+
+def held_activations(plan: Plan, stage: int, work: StageWork,
+                     inflight_chunks: int) -> tuple[float, float]:
+    """(activation bytes on one GPU of ``stage`` holding ``inflight_chunks``
+    microbatch-chunks, those its activation offload moves to host memory): what
+    ``stage_memory`` reads of the schedule, the chunks and the recompute."""
     lay = plan.layout
     terms = _plan_activation_terms(plan)
-    states = static_memory(plan, work)
     mtp_layer = terms.per_moe_layer if plan.model.is_moe else terms.per_layer
     fraction = plan.offload.activations
-    host = dp.host_state_bytes(plan, work.params, work.expert_params)
+    moved = 0.0
     if plan.chunks is not None:
         # chunks of their own sizes: each in-flight (microbatch, chunk) weighs what that
         # chunk keeps, walked through the stage's operation order
@@ -510,21 +517,31 @@ def stage_memory(plan: Plan, stage: int, work: StageWork, inflight_chunks: int) 
         if fraction and held > max(weights):
             # all but the heaviest chunk at hand may go to the host (cost/offload.py)
             moved = fraction * (held - max(weights))
-            held, host = held - moved, host + moved
-        activations = held + terms.working
-    else:
-        # a stage's chunks hold equal layer counts; the dense layers are averaged over them
-        per_chunk = _layer_activations(terms, work) / lay.vpp
-        kept = offload.kept_chunks(inflight_chunks, fraction)
-        activations = kept * per_chunk + terms.working
-        host += (inflight_chunks - kept) * per_chunk
-        microbatches_held = -(-inflight_chunks // lay.vpp)
-        if stage == 0:
-            activations += microbatches_held * terms.embedding
-        if stage == pp.output_stage(plan):
-            # the MTP modules run at the end of the last chunk: one layer and logits each
-            activations += microbatches_held * (
-                terms.logits + work.mtp * (mtp_layer + terms.logits + terms.embedding))
+            held = held - moved
+        return held + terms.working, moved
+    # a stage's chunks hold equal layer counts; the dense layers are averaged over them
+    per_chunk = _layer_activations(terms, work) / lay.vpp
+    kept = offload.kept_chunks(inflight_chunks, fraction)
+    activations = kept * per_chunk + terms.working
+    moved = (inflight_chunks - kept) * per_chunk
+    microbatches_held = -(-inflight_chunks // lay.vpp)
+    if stage == 0:
+        activations += microbatches_held * terms.embedding
+    if stage == pp.output_stage(plan):
+        # the MTP modules run at the end of the last chunk: one layer and logits each
+        activations += microbatches_held * (
+            terms.logits + work.mtp * (mtp_layer + terms.logits + terms.embedding))
+    return activations, moved
+
+
+def memory_with(plan: Plan, work: StageWork, activations: float, moved: float) -> Memory:
+    """One GPU of a stage holding ``work``'s parameters: its model states, the reserve
+    and ZeRO-3's gathered buffers beside ``activations``, and on the host its offloaded
+    optimizer shard and the ``moved`` activations (``held_activations``). Reads the
+    plan's layout, ZeRO stage, offload and stack, not its schedule or chunks."""
+    lay = plan.layout
+    states = static_memory(plan, work)
+    host = dp.host_state_bytes(plan, work.params, work.expert_params) + moved
     other = plan.cluster.device.reserve_bytes
     if plan.zero is ZeroStage.PARAMETERS:
         model = plan.model

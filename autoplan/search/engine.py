@@ -34,7 +34,7 @@ from autoplan.cost.bounds import (
     step_time_lower_bound,
 )
 from autoplan.cost.evaluate import evaluate
-from autoplan.cost.stage import activation_bytes
+from autoplan.cost.stage import activation_bytes, held_activations, memory_with
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
@@ -218,9 +218,10 @@ class _Search:
         self._fewest_memo: dict[tuple, tuple[tuple[int, int, int, Schedule], ...]] = {}
         self._vpp_layouts: dict[tuple[Layout, int], Layout] = {}
         self._fullest_memo: dict[tuple, tuple[tuple[StageWork, ...], list[tuple[int, int]]]] = {}
-        # (what a group's members' activations depend on) -> the members holding the least
-        # activations on stages 0 and last, of each kind (:meth:`memory_floor`)
-        self._floor_members: dict[tuple, tuple[tuple[int, int, int, Schedule], ...]] = {}
+        # (what a group's members' activations depend on) -> (stage, work, activations,
+        # moved to host) of the members holding the least activations on stages 0 and
+        # last, of each kind (:meth:`memory_floor`)
+        self._floor_members: dict[tuple, tuple[tuple[int, StageWork, float, float], ...]] = {}
         self._exact_bounds: dict[tuple, float] = {}  # :meth:`_candidate`
 
     # -- generation ------------------------------------------------------------------
@@ -700,28 +701,37 @@ class _Search:
             return None
         # Members of one kind (flat, or V) hold the same model states on a stage, whatever
         # their ZeRO stage or optimizer offload: the one holding the least activations
-        # there holds the least. Which one that is depends on neither, so it is found
-        # once for the groups alike but for them, and asked alone of the others.
+        # there holds the least. Which one that is, and what activations it holds, depend
+        # on neither: found once for the groups alike but for them, whose floor then adds
+        # only their own states (``memory_with``).
         plan = group.plan
         alike = (lay, plan.micro_batch, plan.sequence_parallel, plan.recompute, plan.cp_comm,
                  plan.offload.activations, group.schedules)
         known = self._floor_members.get(alike)
-        asked = fewest if known is None else known
-        flat = stage_work(plan)
         least: dict[int, Memory] = {}  # stage -> the least any member holds there
-        fewest_act: dict[tuple[int, bool], tuple[float, tuple[int, int, int, Schedule]]] = {}
-        for member in asked:
-            s, n, v, sched = member
+        if known is not None:
+            for s, work, held, moved in known:
+                mem = memory_with(plan, work, held, moved)
+                if s not in least or mem.peak < least[s].peak:
+                    least[s] = mem
+            return max(least.values(), key=lambda mem: mem.peak)
+        flat = stage_work(plan)
+        # (stage, V) -> the least activations of a member, and what the floor keeps of it
+        fewest_act: dict[tuple[int, bool], tuple[float, int]] = {}
+        asked = []
+        for i, (s, n, v, sched) in enumerate(fewest):
             at = plan.replace(layout=self._at_vpp(lay, v), schedule=sched)
-            mem = stage_memory(at, s, (stage_work(at) if sched.v_shape else flat)[s], n)
+            work = (stage_work(at) if sched.v_shape else flat)[s]
+            held, moved = held_activations(at, s, work, n)
+            asked.append((s, work, held, moved))
+            mem = memory_with(plan, work, held, moved)  # stage_memory(at, s, work, n)
             if s not in least or mem.peak < least[s].peak:
                 least[s] = mem
             kind = (s, sched.v_shape)
-            if kind not in fewest_act or mem.activations < fewest_act[kind][0]:
-                fewest_act[kind] = (mem.activations, member)
-        if known is None:
-            chosen = {m for _, m in fewest_act.values()}
-            self._floor_members[alike] = tuple(m for m in fewest if m in chosen)
+            if kind not in fewest_act or held < fewest_act[kind][0]:
+                fewest_act[kind] = (held, i)
+        chosen = sorted(i for _, i in fewest_act.values())
+        self._floor_members[alike] = tuple(asked[i] for i in chosen)
         return max(least.values(), key=lambda mem: mem.peak)
 
     def _every_inflight(self, lay: Layout, m: int, schedules: tuple[tuple[Schedule, int, bool], ...]
