@@ -356,6 +356,12 @@ def _layer_core(model: Model, cluster: Cluster, shard: Shard) -> _LayerCore:
     return _LayerCore(lt, lt_moe, act_bytes, tp_layer, cp_f, cp_b, ep_layer)
 
 
+def layer_core(plan: Plan) -> _LayerCore:
+    """What one layer of the plan costs on its shard (times, TP, CP and EP communication),
+    whatever the dp and pp around it."""
+    return _layer_core(plan.model, plan.cluster, shard_of(plan))
+
+
 def activation_bytes(plan: Plan) -> float:
     """Bytes of one layer's output for one microbatch, unsplit by TP (what a pipeline
     send carries, before sequence parallelism scatters it)."""

@@ -34,7 +34,7 @@ from autoplan.cost.bounds import (
     step_time_lower_bound,
 )
 from autoplan.cost.evaluate import evaluate
-from autoplan.cost.stage import activation_bytes, held_activations, memory_with
+from autoplan.cost.stage import activation_bytes, held_activations, layer_core, memory_with
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
@@ -163,6 +163,8 @@ class _Group:
     # all, ``plan`` at the first (the least in rank, so the bundle comes up when its first
     # group would); opened only if it comes up (:meth:`_Search.unbundled`)
     recomputes: tuple[Recompute, ...] = ()
+    # ``bound`` counts its layout's bound (else its compute floor, :meth:`_Search._laid`)
+    laid: bool = True
 
     @property
     def size(self) -> int:
@@ -223,6 +225,7 @@ class _Search:
         # last, of each kind (:meth:`memory_floor`)
         self._floor_members: dict[tuple, tuple[tuple[int, StageWork, float, float], ...]] = {}
         self._exact_bounds: dict[tuple, float] = {}  # :meth:`_candidate`
+        self._layout_bounds: dict[tuple[Layout, int, bool], float] = {}  # :meth:`_laid`
 
     # -- generation ------------------------------------------------------------------
     def layouts(self) -> Iterator[Layout]:
@@ -277,14 +280,18 @@ class _Search:
                         continue
                     # the bounds read only the schedules that pass the schedule rules
                     runnable = self._runnable(base, mbs, sp, scheds)
-                    shared = self._layout_bound(base, mbs, sp, zeros, cps, runnable)
+                    # every group here starts at the layout's compute floor: its layout
+                    # bound is worked out only if it comes up (:meth:`run`)
+                    floor: float | None = None
                     for zero in zeros:
                         if not self._states_exceed_memory(base, zero, NO_OFFLOAD, mbs, sp):
                             # the group's member without the ring's merges (all-to-all
                             # where allowed): its time less all CP communication bounds
                             # every exchange
                             probe = self._probe(base, mbs, sp, zero, cps[-1], recomputes[0])
-                            yield self._group(probe, shared, scheds, cps, runnable, recomputes)
+                            if floor is None:
+                                floor = self._layout_floor(probe)
+                            yield self._group(probe, floor, scheds, cps, runnable, recomputes)
                             continue
                         stats.infeasible["model states exceed memory"] += per_zero
                         # no member fits as it is: each offload the space allows is tried
@@ -294,27 +301,70 @@ class _Search:
                                 stats.infeasible["model states exceed memory"] += per_zero
                                 continue
                             probe = self._probe(base, mbs, sp, zero, cps[-1], recomputes[0])
-                            bound = self._offloaded_bound(shared, probe, off)
-                            yield self._group(probe.replace(offload=off), bound, scheds, cps,
+                            if floor is None:
+                                floor = self._layout_floor(probe)
+                            yield self._group(probe.replace(offload=off), floor, scheds, cps,
                                               runnable, recomputes)
 
     def _group(self, plan: Plan, bound: float, scheds: Sequence[tuple[Schedule, int, bool]],
                cps: Sequence[CpComm], runnable: tuple[tuple[Schedule, int, bool], ...],
                recomputes: tuple[Recompute, ...] = ()) -> _Group:
         return _Group(bound, rank_key_static(plan), plan, tuple(scheds), tuple(cps),
-                      runnable=runnable, recomputes=recomputes if len(recomputes) > 1 else ())
+                      runnable=runnable, recomputes=recomputes if len(recomputes) > 1 else (),
+                      laid=False)
+
+    def _layout_floor(self, plan: Plan) -> float:
+        """A step time no plan of ``plan``'s layout, micro-batch and sequence parallelism
+        beats, whatever its schedule, layer split, recompute, ZeRO stage, exchange or
+        offload, read off one layer's costs alone (``cost.stage.layer_core``): the layers'
+        forward, input- and weight-gradient compute, their forward TP collectives and
+        their MoE dispatch and combine both ways, over the pipeline's stages, m times.
+
+        Some stage runs at least the mean of the stages' work, and m microbatches of it
+        one after another (``busiest_stage_bound``); the layers' work is part of the
+        stages' whatever the split (which adds the embedding, heads and sends), and
+        recompute, ZeRO-3, CP and offload only add to it. ``plan`` is the group's probe,
+        at the exchange without the ring's merges, whose layer times are every
+        exchange's least (``groups``)."""
+        model = plan.model
+        core = layer_core(plan)
+        lt, lt_moe = core.lt, core.lt_moe
+        moe = model.moe_layers if model.is_moe else 0
+        per_dense = lt.forward + lt.backward_input + lt.backward_weight + core.tp_layer
+        per_moe = (lt_moe.forward + lt_moe.backward_input + lt_moe.backward_weight
+                   + core.tp_layer + 2 * core.ep_layer)
+        work = (model.layers - moe) * per_dense + moe * per_moe
+        return plan.num_microbatches * work / plan.layout.pp
+
+    def _laid(self, group: _Group) -> _Group:
+        """The group with its layout's bound (:meth:`_layout_bound`, for every ZeRO stage
+        and recompute of its layout, micro-batch and sequence parallelism; shifted by its
+        offload, ``_offloaded_bound``) where that passes its floor: worked out once for
+        each layout, micro-batch and sequence parallelism that comes up."""
+        plan = group.plan
+        key = (plan.layout, plan.micro_batch, plan.sequence_parallel)
+        shared = self._layout_bounds.get(key)
+        if shared is None:
+            shared = self._layout_bounds[key] = self._layout_bound(
+                plan.layout, plan.micro_batch, plan.sequence_parallel,
+                dp.zero_stages(plan.layout, self.space), group.cp_comms, group.runnable)
+        own = self._offloaded_bound(shared, plan, plan.offload) if plan.offload.any else shared
+        return dataclasses.replace(group, bound=max(group.bound, own), laid=True)
 
     def unbundled(self, group: _Group) -> list[_Group]:
         """The groups a bundle stands for (the group itself if it is none), in rank."""
         if not group.recomputes:
             return [group]
-        return [self._group(group.plan.replace(recompute=rc), group.bound, group.schedules,
-                            group.cp_comms, group.runnable) for rc in group.recomputes]
+        return [dataclasses.replace(self._group(
+                    group.plan.replace(recompute=rc), group.bound, group.schedules,
+                    group.cp_comms, group.runnable), laid=group.laid)
+                for rc in group.recomputes]
 
     def each_group(self) -> Iterator[_Group]:
-        """:meth:`groups`, bundles opened (for tests and tools)."""
+        """:meth:`groups`, bundles opened, each with its layout's bound (for tests and
+        tools)."""
         for group in self.groups():
-            yield from self.unbundled(group)
+            yield from self.unbundled(self._laid(group))
 
     def wants_offload(self, group: _Group, floor: Memory | None) -> bool:
         """Whether the search tries the group's offload variants: it keeps nothing in host
@@ -914,6 +964,12 @@ class _Search:
                     heapq.heappush(heap, (fit.bound, fit.key, seq, fit))
                     seq += 1
                 continue
+            if isinstance(item, _Group) and not item.laid:
+                item = self._laid(item)
+                if item.bound > bound:  # back in line at its layout's bound
+                    heapq.heappush(heap, (item.bound, item.key, seq, item))
+                    seq += 1
+                    continue
             if isinstance(item, _Group) and item.recomputes:  # a bundle: its groups
                 for group in self.unbundled(item):
                     heapq.heappush(heap, (group.bound, group.key, seq, group))

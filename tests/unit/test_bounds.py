@@ -167,8 +167,10 @@ def test_the_optimizer_floor_is_the_step_of_a_rank_holding_the_mean_state():
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[5]], ids=lambda c: f"{c[0]}-{c[5]}")
 def test_a_layouts_shared_bound_holds_for_its_every_zero_and_recompute_group(case):
-    """Groups enter the queue at their layout's bound (engine._Search._layout_bound) and
-    compute their own only when they come up: the shared one must not exceed it."""
+    """Groups come up at their layout's bound (engine._Search._layout_bound, shifted by
+    their offload) and compute their own only then: the shared one must not exceed it.
+    (The compute floor they enter the queue at may: it is held to the members' steps in
+    ``test_a_layouts_compute_floor_never_exceeds_a_members_step``.)"""
     name, cluster, gpus, gbs, seq, space_name, _ = case
     walk = _Search(_model(name), with_gpus(resolve_cluster(cluster), gpus),
                    Job(global_batch=gbs, seq_len=seq), load_space(space_name), top_k=1)
@@ -176,7 +178,11 @@ def test_a_layouts_shared_bound_holds_for_its_every_zero_and_recompute_group(cas
     for group in walk.each_group():
         own = walk._group_bound(group.plan, group.runnable,
                                 len(group.cp_comms) > 1, cps=group.cp_comms)
-        assert group.bound <= own * TIGHT, group.plan
+        plan = group.plan
+        shared = walk._layout_bounds[(plan.layout, plan.micro_batch, plan.sequence_parallel)]
+        if plan.offload.any:
+            shared = walk._offloaded_bound(shared, plan, plan.offload)
+        assert shared <= own * TIGHT, group.plan
         seen.add((group.plan.recompute, group.plan.zero))
     assert len(seen) >= 6  # every recompute with two ZeRO stages at least
 
@@ -313,3 +319,28 @@ def test_the_drained_sync_bound_is_the_least_stage_at_its_longest_backward():
     assert grad_sync_drained_least(plan, groups, [(w.params, w.expert_params, w.backward)
                                                   for w in works]) <= grad_sync_bound(
         plan, groups, works) * TIGHT
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[5]], ids=lambda c: f"{c[0]}-{c[5]}")
+def test_a_layouts_compute_floor_never_exceeds_a_members_step(case):
+    """Groups start in the queue at their layout's compute floor (engine._Search.
+    _layout_floor), their layout's bound worked out only if they come up: the floor must
+    not exceed the step of any member, uniform or split, of any recompute, ZeRO stage,
+    exchange or offload; and it is below the layout's bound it stands in for."""
+    name, cluster, gpus, gbs, seq, space_name, every = case
+    space = load_space(space_name)
+    walk = _Search(_model(name), with_gpus(resolve_cluster(cluster), gpus),
+                   Job(global_batch=gbs, seq_len=seq), space, top_k=1)
+    checked = 0
+    for bundle in itertools.islice(walk.groups(), 0, None, every):
+        assert not bundle.laid
+        assert bundle.bound <= walk._laid(bundle).bound
+        for group in walk.unbundled(bundle):
+            for plan, split in walk.schedule_plans(group, count=False):
+                if split:
+                    plan = with_best_stages(plan, space.stage_shape)
+                    if plan is None:
+                        continue
+                assert bundle.bound <= evaluate(plan).step_time_s * TIGHT, plan
+                checked += 1
+    assert checked >= 20
