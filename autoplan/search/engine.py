@@ -557,7 +557,8 @@ class _Search:
             sets = [works, *(stage_work(plan.replace(cp_comm=c)) for c in exchanges[1:])]
             least = self._drained_of(plan, sets, send, splits, 1)
         if any(sched.v_shape and not split for sched, _, split in scheds):
-            sets = [stage_work(v_plan.replace(cp_comm=c)) for c in exchanges]
+            sets = [stage_work(v_plan), *(stage_work(v_plan.replace(cp_comm=c))
+                                          for c in exchanges[1:])]
             least = min(least, self._drained_of(plan, sets, 0.0, False, 2))
         return 0.0 if least == float("inf") else least
 
