@@ -6,6 +6,16 @@ on step time and stop once no remaining candidate can enter the top k
 Where the space lets a launcher take uneven layer splits, each pipelined schedule
 also has a split variant, kept in the queue with a bound valid for any split; the
 partitioner (search/partition.py) runs only for the variants that reach the front.
+
+Every item in the queue carries a bound valid for all it stands for, tightened in
+steps, each only for the items that come up (back in line each time the bound rises):
+a bundle of a group's recompute choices at its layout's compute floor; its layout's
+bound (every ZeRO stage and recompute); the group's own bound; the group's memory
+floor (dropped where no member fits, else charged the allocator's pressure); its
+schedules as candidates at their busiest-stage bound; a candidate's own bound; its
+memory; its schedule's critical chain; then ``evaluate``. The tests hold each bound
+to the evaluated steps and memory of the plans it stands for, and the results to
+brute force (``tests/unit/test_bounds.py``, ``test_search.py``).
 """
 
 from __future__ import annotations
