@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import io
 import os
 import subprocess
 import sys
+import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +154,20 @@ job: {global_batch: 64, seq_len: 4096, dtype: bf16}
 layout: {dp: 2, tp: 4, pp: 1}
 micro_batch: 3
 """
+
+
+@contextmanager
+def cpu_seconds() -> Iterator[list[float]]:
+    """This process's CPU seconds in the block (``with cpu_seconds() as t: ...; t[0]``),
+    for the reject paths' "fails fast" checks: CPU time, not wall clock, so that other jobs
+    sharing the machine cannot fail them; the objects earlier tests left behind collected
+    and frozen first, so that a full garbage collection over them cannot land in the block."""
+    gc.collect()
+    gc.freeze()
+    took = [0.0]
+    start = time.process_time()
+    try:
+        yield took
+    finally:
+        took[0] = time.process_time() - start
+        gc.unfreeze()

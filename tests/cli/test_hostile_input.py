@@ -4,9 +4,7 @@ oversized and endless files, absurd sizes, thousands of problems, fuzzed documen
 
 from __future__ import annotations
 
-import gc
 import json
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -18,7 +16,7 @@ from hypothesis import strategies as st
 from autoplan.descriptors.job import MAX_GLOBAL_BATCH, MAX_SEQ_LEN
 from autoplan.descriptors.strict import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES, MAX_PROBLEMS
 from autoplan.parallel.pp import MAX_PIPELINE_OPS
-from tests.helpers import BEST, autoplan
+from tests.helpers import BEST, autoplan, cpu_seconds
 
 JOB = "cluster: dgx-h100\njob: {global_batch: 8, seq_len: 4096}\n"
 SMALL = ("-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8")
@@ -36,16 +34,10 @@ def _refused(*args: object, needles: tuple[str, ...] = (), seconds: float = 1.0,
     """Run in this process: exit 2 within ``seconds`` of this process's CPU time (well
     under the second a user notices, imports aside; CPU time, not wall-clock, so that other
     jobs sharing the machine cannot fail it), allocating under ``megabytes`` (a second run,
-    traced). The objects earlier tests left behind are collected and frozen first, so a
-    full garbage collection over them cannot land in the timed run."""
-    gc.collect()
-    gc.freeze()
-    try:
-        start = time.process_time()
+    traced; ``cpu_seconds``)."""
+    with cpu_seconds() as took:
         r = autoplan(*args)
-        elapsed = time.process_time() - start
-    finally:
-        gc.unfreeze()
+    elapsed = took[0]
     tracemalloc.start()
     try:
         autoplan(*args)
