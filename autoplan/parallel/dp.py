@@ -236,18 +236,12 @@ def grad_sync_bound(plan: Plan, groups: dict[Axis, comm.Group],
     if plan.zero is ZeroStage.PARAMETERS:
         return 0.0
     drained = float("inf")
-    heaviest: StageShare | None = None
     previous = None
     for w in works:
-        if w is previous:
-            continue
-        previous = w
-        drained = min(drained, _stage_sync(plan, groups, w, 0.0))
-        if heaviest is None or w.params + w.expert_params > heaviest.params + heaviest.expert_params:
-            heaviest = w
-    assert heaviest is not None
-    # grad_sync_floor: the first stage holding the most parameters, with no drain counted
-    return max(_stage_sync(plan, groups, heaviest, float("inf")), drained)
+        if w is not previous:
+            previous = w
+            drained = min(drained, _stage_sync(plan, groups, w, 0.0))
+    return max(grad_sync_floor(plan, groups, works), drained)
 
 
 def grad_sync_drained_least(plan: Plan, groups: dict[Axis, comm.Group],
@@ -264,18 +258,8 @@ def grad_sync_drained_least(plan: Plan, groups: dict[Axis, comm.Group],
     (:func:`grad_sync_least`). The least over stages of that bounds every such plan."""
     if plan.zero is ZeroStage.PARAMETERS:
         return 0.0
-    stack = plan.stack
-    slow = stack.comm_compute_slowdown
-    least = float("inf")
-    for params, expert_params, longest in stages:
-        reduce_s, gather_s = _sync_seconds(plan.zero, plan.job.dtype, params, expert_params,
-                                           groups[Axis.DP], groups[Axis.EDP])
-        if stack.overlap_grad_reduce:
-            reduce_s = max(0.0, reduce_s - longest) + slow * min(reduce_s, longest)
-        if stack.overlap_param_gather:
-            gather_s = slow * gather_s
-        least = min(least, reduce_s + gather_s)
-    return least
+    return min(_exposed(plan, groups, params, expert_params, longest, 0.0, None)
+               for params, expert_params, longest in stages)
 
 
 def grad_sync_least(plan: Plan, groups: dict[Axis, comm.Group], params: float,
@@ -294,15 +278,9 @@ def grad_sync_least(plan: Plan, groups: dict[Axis, comm.Group], params: float,
     file must give it): with F unknown that is its bound."""
     if plan.zero is ZeroStage.PARAMETERS:
         return 0.0
-    reduce_s, gather_s = _sync_seconds(plan.zero, plan.job.dtype, params, expert_params,
-                                       groups[Axis.DP], groups[Axis.EDP])
-    stack = plan.stack
-    slow = stack.comm_compute_slowdown
-    if stack.overlap_grad_reduce:
-        reduce_s = slow * min(reduce_s, backward / most_vpp)
-    if stack.overlap_param_gather:
-        gather_s = overlapped(gather_s, forward, slow) if forward is not None else slow * gather_s
-    return reduce_s + gather_s
+    # with no drain counted (an infinite one) the reduction exposes slow * min(r, B/v)
+    return _exposed(plan, groups, params, expert_params, backward / most_vpp, float("inf"),
+                    forward)
 
 
 @lru_cache(maxsize=16384)
@@ -326,15 +304,27 @@ def _stage_sync(plan: Plan, groups: dict[Axis, comm.Group], work: StageShare,
                 drain: float) -> float:
     """One stage's exposed reduction and gather, the pipeline draining ``drain`` seconds
     after the stage's last backward."""
-    reduce_s, gather_s = _sync_seconds(plan.zero, plan.job.dtype, work.params,
-                                       work.expert_params, groups[Axis.DP], groups[Axis.EDP])
+    vpp = plan.layout.vpp
+    return _exposed(plan, groups, work.params, work.expert_params, work.backward / vpp, drain,
+                    work.forward / vpp)
+
+
+def _exposed(plan: Plan, groups: dict[Axis, comm.Group], params: float, expert_params: float,
+             last_b: float, drain: float, forward: float | None) -> float:
+    """The exposed reduction and gather of a stage holding ``params`` and
+    ``expert_params``: the reduction beside its last backward per chunk, ``last_b``, which
+    computes beside it while the ``drain`` seconds after it idle (Megatron-LM
+    --overlap-grad-reduce); the gather beside the next step's first forward per chunk,
+    ``forward`` (--overlap-param-gather; None: not known, so at least its slowed share). A
+    stack that overlaps neither runs them exposed."""
+    reduce_s, gather_s = _sync_seconds(plan.zero, plan.job.dtype, params, expert_params,
+                                       groups[Axis.DP], groups[Axis.EDP])
     stack = plan.stack
     slow = stack.comm_compute_slowdown
-    if stack.overlap_grad_reduce:  # the last backward computes beside it, the drain idles
-        last_b = work.backward / plan.layout.vpp
+    if stack.overlap_grad_reduce:
         reduce_s = max(0.0, reduce_s - drain - last_b) + slow * min(reduce_s, last_b)
     if stack.overlap_param_gather:
-        gather_s = overlapped(gather_s, work.forward / plan.layout.vpp, slow)
+        gather_s = overlapped(gather_s, forward, slow) if forward is not None else slow * gather_s
     return reduce_s + gather_s
 
 
