@@ -294,52 +294,41 @@ def stage_work_for(plan: Plan, stage: int, layers: int, dense: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class _Shared:
-    """Per-plan quantities every stage uses."""
+class _LayerCore:
+    """What a layer costs on a shard, whatever the dp and pp around it."""
 
     lt: LayerTimes  # a dense layer
     lt_moe: LayerTimes  # an MoE layer (the dense one's for a dense model)
-    groups: dict[Axis, comm.Group]
-    act_bytes: float
-    tp_layer: float
+    act_bytes: float  # one layer's output, unsplit by TP
+    tp_layer: float  # the layer's TP collectives, one direction
     cp_f: float  # exposed context-parallel communication per layer, forward
     cp_b: float  # ... backward
     ep_layer: float  # MoE token dispatch and combine per MoE layer, one direction
+
+
+@dataclass(frozen=True, slots=True)
+class _Shared:
+    """Per-plan quantities every stage uses: its layers' costs, its communicators and
+    one pipeline send."""
+
+    core: _LayerCore
+    groups: dict[Axis, comm.Group]
     pp_send: float
 
 
 @lru_cache(maxsize=8192)
 def _layer_key(plan: Plan) -> Plan:
     """The plan as far as its layers' compute and communication depend on it
-    (``_shared``, ``_stage_terms``): not its schedule, recompute or ZeRO stage, which
+    (``_shared_of``, ``_stage_terms``): not its schedule, recompute or ZeRO stage, which
     ``_stage`` applies on top (so the variants of a layout share one memo)."""
     return plan.replace(schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.NONE,
                         zero=ZeroStage.NONE)
 
 
-def _shared(plan: Plan) -> _Shared:
-    return _shared_of(_layer_key(plan))
-
-
 @lru_cache(maxsize=8192)
 def _shared_of(plan: Plan) -> _Shared:
     core = _layer_core(plan.model, plan.cluster, shard_of(plan))
-    return _Shared(core.lt, core.lt_moe, mesh.groups(plan), core.act_bytes, core.tp_layer,
-                   core.cp_f, core.cp_b, core.ep_layer, pp.send_seconds(plan, core.act_bytes))
-
-
-@dataclass(frozen=True, slots=True)
-class _LayerCore:
-    """What a layer costs on a shard, whatever the dp and pp around it (``_Shared``'s
-    fields but the groups and the pipeline send)."""
-
-    lt: LayerTimes
-    lt_moe: LayerTimes
-    act_bytes: float
-    tp_layer: float
-    cp_f: float
-    cp_b: float
-    ep_layer: float
+    return _Shared(core, mesh.groups(plan), pp.send_seconds(plan, core.act_bytes))
 
 
 @lru_cache(maxsize=8192)
@@ -365,7 +354,7 @@ def layer_core(plan: Plan) -> _LayerCore:
 def activation_bytes(plan: Plan) -> float:
     """Bytes of one layer's output for one microbatch, unsplit by TP (what a pipeline
     send carries, before sequence parallelism scatters it)."""
-    return _shared(plan).act_bytes
+    return layer_core(plan).act_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,8 +386,8 @@ def _stage_terms(plan: Plan, first: bool, last: bool, mtp: int, layers: int,
     model, lay, device = plan.model, plan.layout, plan.cluster.device
     shard = shard_of(plan)
     shared = _shared_of(plan)
-    lt, lt_moe, groups, act_bytes = shared.lt, shared.lt_moe, shared.groups, shared.act_bytes
-    tp_layer = shared.tp_layer
+    core, groups = shared.core, shared.groups
+    lt, lt_moe, act_bytes, tp_layer = core.lt, core.lt_moe, core.act_bytes, core.tp_layer
     # layers run, by kind: the MTP modules repeat the model's last layer kind
     moe_n = layers - dense + (mtp if model.is_moe else 0)
     dense_n = dense + (0 if model.is_moe else mtp)
@@ -422,8 +411,8 @@ def _stage_terms(plan: Plan, first: bool, last: bool, mtp: int, layers: int,
     params, expert_params = stage_state_params(model, lay, first, last, layers, dense, mtp)
     return _StageTerms(
         shared=shared, n=n, compute_f=compute_f, compute_b=compute_b, compute_w=compute_w,
-        tp_layers=tp_layers, tp_f=tp_f, tp_b_total=tp_b_total, ep=moe_n * shared.ep_layer,
-        cp_f=n * shared.cp_f, cp_b=n * shared.cp_b,
+        tp_layers=tp_layers, tp_f=tp_f, tp_b_total=tp_b_total, ep=moe_n * core.ep_layer,
+        cp_f=n * core.cp_f, cp_b=n * core.cp_b,
         full_recompute=dense_n * lt.forward + moe_n * lt_moe.forward,
         selective_recompute=dense_n * lt.attention_forward + moe_n * lt_moe.attention_forward,
         params=params, expert_params=expert_params)
