@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from typing import Any
 
-from autoplan.descriptors.hardware import Cluster, PooledCluster
+from autoplan.descriptors.hardware import Cluster, PooledCluster, cache_hash
 from autoplan.descriptors.job import Job, read_job
 from autoplan.descriptors.library import default_stack
 from autoplan.descriptors.model import Model
@@ -45,8 +45,7 @@ class Layout:
     def __post_init__(self) -> None:
         if self.etp == 0:
             object.__setattr__(self, "etp", self.tp)
-        object.__setattr__(self, "_hash", hash((self.dp, self.tp, self.pp, self.cp, self.ep,
-                                                self.vpp, self.etp)))
+        cache_hash(self)
 
     def __hash__(self) -> int:
         return self._hash
@@ -138,7 +137,7 @@ class Plan:
     def replace(self, **changes: Any) -> Plan:
         """``dataclasses.replace`` for the search's hot paths: the same plan, the fields
         named changed, without the generated ``__init__``'s checks (the fields are the
-        caller's, already valid: plans are checked where they are read). Bound below to
+        caller's, already valid: plans are checked where they are read). It runs as
         straight-line code over the fields (:func:`_compile_replace`)."""
         return _replace(self, **changes)
 

@@ -25,12 +25,11 @@ primitives, evaluated uncorrected for each profile row.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
-from operator import attrgetter
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from autoplan.cost import flops
-from autoplan.descriptors.hardware import Device
+from autoplan.descriptors.hardware import Device, cache_hash
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.stack import AttentionKernel
 from autoplan.vocab import Dtype, Position
@@ -58,12 +57,13 @@ class Shard:
     host_kernel_s: float = 0.0  # host dispatch per kernel (0 under CUDA graphs)
     kernel_efficiency: float = 1.0  # of the device's kernel rates, what the stack sustains
     sp_saves_gathered: bool = False  # SP: TP GEMMs save their gathered input (Stack's field)
-    # memoized layer costs key on shards: hashed on first use, then remembered (frozen)
+    # memoized layer costs key on shards: hashed once (the fields are frozen)
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        cache_hash(self)
+
     def __hash__(self) -> int:
-        if not self._hash:
-            object.__setattr__(self, "_hash", hash(_shard_fields(self)) or 1)
         return self._hash
 
     @property
@@ -81,9 +81,6 @@ class Shard:
         sequence-parallel share top_k times (Megatron-Core's all-to-all dispatcher), and
         the busiest rank gets ``expert_load`` times the mean."""
         return self.norm_tokens * model.top_k * self.expert_load
-
-
-_shard_fields = attrgetter(*(f.name for f in fields(Shard) if f.compare))  # -> their tuple
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,8 @@ unit in the key; fields here are SI (FLOP/s, bytes, bytes/s, seconds)."""
 from __future__ import annotations
 
 import dataclasses
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -392,7 +394,21 @@ def read_cluster(f: Fields, device: Device | None) -> Cluster | None:
     )
 
 
-def cache_hash(obj: object) -> None:
-    """Frozen descriptors are hashed on every memoized cost lookup: hash them once."""
-    values = tuple(getattr(obj, f.name) for f in dataclasses.fields(obj) if f.compare)  # type: ignore[arg-type]
-    object.__setattr__(obj, "_hash", hash(values))
+def cache_hash(obj: Any) -> None:
+    """Frozen descriptors are hashed on every memoized cost lookup: hash them once (the
+    tuple of the fields they compare)."""
+    object.__setattr__(obj, "_hash", hash(_compared(type(obj))(obj)))
+
+
+_COMPARED: dict[type, Callable[[Any], tuple]] = {}  # per class: its compared fields
+
+
+def _compared(cls: type) -> Callable[[Any], tuple]:
+    """The fields instances of ``cls`` compare, as a tuple (read once per class)."""
+    getter = _COMPARED.get(cls)
+    if getter is None:
+        names = [f.name for f in dataclasses.fields(cls) if f.compare]
+        # attrgetter of one name gives the value, not a tuple
+        getter = _COMPARED[cls] = (operator.attrgetter(*names) if len(names) > 1
+                                   else lambda obj: (getattr(obj, names[0]),))
+    return getter
