@@ -44,9 +44,11 @@ from autoplan.vocab import Schedule
 KINDS = ("F", "B", "W")
 F, B, W = 0, 1, 2  # kind codes in compiled orders
 
-# A compiled operation: (kind code, microbatch, virtual stage, 1 if its dependency is on
-# another stage else 0, chunk).
-CompiledOp = tuple[int, int, int, int, int]
+# A compiled operation: (kind code, the end-time slot it waits on, the slot its end goes
+# to, 1 if its dependency is on another stage else 0, virtual stage, microbatch, chunk).
+# F of (virtual stage vs, microbatch j) ends in slot vs*m + j, B in (V + vs)*m + j; slot
+# 2Vm is always 0.0 (no dependency) and 2Vm + 1 takes W's ends (nothing waits on W).
+CompiledOp = tuple[int, int, int, int, int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,11 +69,6 @@ class Compiled:
     split: bool  # B and W are separate operations
     counts: tuple[tuple[int, int, int], ...]  # per stage: number of F, B, W
     homed: tuple[tuple[int, ...], ...]  # per stage: the virtual stages it runs
-    # per stage, each op as (kind, the end-time slot it waits on, the slot it writes,
-    # cross, virtual stage, microbatch, chunk): F of (vs, j) ends in slot vs*m + j, B in
-    # (V + vs)*m + j; slot 2Vm is always 0.0 (no dependency), 2Vm + 1 takes W's ends
-    # (the same ops as ``orders``, for :func:`run`)
-    linked: tuple[tuple[tuple[int, int, int, int, int, int, int], ...], ...]
 
 
 def compile_orders(schedule: Schedule, p: int, m: int, v: int,
@@ -96,12 +93,10 @@ def compile_orders(schedule: Schedule, p: int, m: int, v: int,
     assert -1 not in home, f"{schedule.value}: placement misses a virtual stage"
     seen: set[tuple[int, int, int]] = set()
     out = []
-    linked = []
     counts = []
-    none, sink = 2 * vstages * m, 2 * vstages * m + 1
+    none, sink = 2 * vstages * m, 2 * vstages * m + 1  # the slots of ``CompiledOp``
     for s, order in enumerate(orders):
         ops = []
-        links = []
         n = [0, 0, 0]
         here = placed[s]
         for kind, j, c in order:
@@ -113,8 +108,6 @@ def compile_orders(schedule: Schedule, p: int, m: int, v: int,
             if check:
                 assert (code, vs, j) not in seen, f"{schedule.value}: {kind}{j} of chunk {c} runs twice"
                 seen.add((code, vs, j))
-            # end-time slots (``Compiled.linked``): F of (vs, j) ends in vs*m + j, B in
-            # (V + vs)*m + j; ``none`` is always 0.0, ``sink`` takes W's ends
             if code == F:
                 cross = int(vs > 0 and home[vs - 1] != s)
                 dep, end = ((vs - 1) * m + j if vs else none), vs * m + j
@@ -125,17 +118,15 @@ def compile_orders(schedule: Schedule, p: int, m: int, v: int,
             else:
                 cross = 0
                 dep, end = (vstages + vs) * m + j, sink
-            ops.append((code, j, vs, cross, c))
-            links.append((code, dep, end, cross, vs, j, c))
+            ops.append((code, dep, end, cross, vs, j, c))
             n[code] += 1
         out.append(tuple(ops))
-        linked.append(tuple(links))
         counts.append((n[0], n[1], n[2]))
     if check:
         missing = len(kinds) * vstages * m - len(seen)
         assert not missing, f"{schedule.value}: {missing} operations never run (p={p}, m={m}, v={v})"
     return Compiled(tuple(out), vstages, split, tuple(counts),
-                    tuple(tuple({op[2] for op in ops}) for ops in out), tuple(linked))
+                    tuple(tuple({op[4] for op in ops}) for ops in out))
 
 
 @lru_cache(maxsize=256)
@@ -207,7 +198,7 @@ def run(compiled: Compiled, schedule: Schedule, forward: Sequence[float],
     while remaining:
         progressed = False
         for s in (back if sweep & 1 and not trace else ahead):
-            order, i = compiled.linked[s], pos[s]
+            order, i = compiled.orders[s], pos[s]
             n = len(order)
             if i == n:
                 continue
@@ -281,30 +272,26 @@ def critical_chain(schedule: Schedule, p: int, m: int, v: int = 1) -> Chain:
     compiled = _compiled_orders(schedule, p, m, v)
     ones = (1.0,) * p
     sim = run(compiled, schedule, ones, ones, ones, m, trace=True)
-    last = compiled.virtual_stages - 1
     # per stage, events in the order run, which is the stage's compiled order
     per_stage: list[list[Event]] = [[] for _ in range(p)]
     for e in sim.events:
         per_stage[e.stage].append(e)
-    where: dict[tuple[int, int, int], tuple[int, int]] = {}  # (kind, vs, mb) -> (stage, index)
+    where: dict[int, tuple[int, int]] = {}  # end-time slot -> (stage, index) of its op
     home = [0] * compiled.virtual_stages
     for s, order in enumerate(compiled.orders):
-        for i, (kind, j, vs, _, _) in enumerate(order):
-            where[(kind, vs, j)] = (s, i)
+        for i, (_, _, end, _, vs, _, _) in enumerate(order):
+            where[end] = (s, i)
             home[vs] = s
     counts = [[0, 0, 0] for _ in range(compiled.virtual_stages)]
     s = max(range(p), key=lambda q: per_stage[q][-1].end_s if per_stage[q] else -1.0)
     i = len(per_stage[s]) - 1
     while True:
-        kind, j, vs, _, _ = compiled.orders[s][i]
+        kind, dep, _, _, vs, _, _ = compiled.orders[s][i]
         counts[vs][kind] += 1
         start = per_stage[s][i].start_s
-        dep = (None if kind == F and vs == 0 else
-               (F, vs - 1, j) if kind == F else
-               (F, vs, j) if kind == B and vs == last else
-               (B, vs + 1, j) if kind == B else (B, vs, j))
-        if dep is not None:
-            ds, di = where[dep]
+        found = where.get(dep)  # none for the first F (its slot is no op's end)
+        if found is not None:
+            ds, di = found
             if per_stage[ds][di].end_s == start:
                 s, i = ds, di
                 continue
@@ -320,7 +307,7 @@ def _stuck(compiled: Compiled, pos: list[int]) -> str:
     waits = []
     for s, order in enumerate(compiled.orders):
         if pos[s] < len(order):
-            kind, j, _, _, c = order[pos[s]]
+            kind, _, _, _, _, j, c = order[pos[s]]
             waits.append(f"stage {s} waits to run {KINDS[kind]}{j} of chunk {c}")
     return "; ".join(waits)
 
