@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from autoplan.cost.evaluate import activation_copies_exposed, plan_durations
 from autoplan.cost.stage import (
-    COMM_AXES,
     StageWork,
     chunk_work,
     cost_key,
@@ -31,7 +30,6 @@ from autoplan.parallel.pp import dense_per_stage, output_stage
 from autoplan.plan import Plan
 from autoplan.schedules.memory import peak_inflight
 from autoplan.schedules.simulator import critical_chain
-from autoplan.vocab import Axis
 
 __all__ = [
     "StageWork", "cost_key", "dense_per_stage", "memory_pressure", "memory_shortfall",
@@ -108,8 +106,8 @@ def offload_copies(plan: Plan, works: tuple[StageWork, ...]) -> float:
     return activation_copies_exposed(plan, works, inflight)
 
 
-def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], without_cp: bool,
-                        vpp: int = 1, sync: bool = False, forward_known: bool = False,
+def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], vpp: int = 1,
+                        sync: bool = False, forward_known: bool = False,
                         drained: float = 0.0) -> float:
     """A step time no schedule of the plan's layout beats, of up to ``vpp`` equal chunks
     per stage, plus the optimizer step. ``works``: the layout's 1F1B, vpp = 1 form, whose
@@ -123,27 +121,24 @@ def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], without_cp: bo
     chunk's (a later chunk's B of that microbatch precedes it on the stage) and follows
     all of the stage's F and B; the gradient then crosses stages s-1..0:
     fill_s + m(F_s + B_in,s) + sum_{j<s} B_in,j/vpp. W is needed by neither (zero-bubble
-    schedules run it in the drain). ``without_cp`` leaves out all context-parallel
-    communication, so the bound holds for every CP exchange. A V places its output
-    layer on stage 0: its schedules are bounded with the V's own ``works`` (vpp = 2).
+    schedules run it in the drain). ``works`` are at one CP exchange: the bound holds for
+    that exchange's schedules (the search takes the least over its exchanges). A V places
+    its output layer on stage 0: its schedules are bounded with the V's own ``works``
+    (vpp = 2).
 
     ``sync``: plus the gradient sync no drain hides (``dp.grad_sync_least``) of every
     schedule of the plan's ZeRO stage at up to ``vpp`` chunks: the heaviest stage's
     parameters are every such schedule's (``works``: its own or its V's) and its backward
     the least. ``forward_known``: every schedule bounded runs ``vpp`` chunks whose
-    forward is ``works``' (a V's own works; the flat works at one chunk), so with the
-    exchange known the gather hides behind that forward's chunk. ``drained``: another
+    forward is ``works``' (a V's own works; the flat works at one chunk), so the gather
+    hides behind that forward's chunk. ``drained``: another
     bound on that sync, valid for every such schedule (``dp.grad_sync_drained_least``);
     the more of the two counts."""
     m = plan.num_microbatches
     best = fill = drain = 0.0
     heaviest: StageWork | None = None
-    cp_axis = COMM_AXES.index(Axis.CP)
     for w in works:  # (comparisons written out: the search's hottest loop)
         f, b_in, b = w.forward, w.backward_input, w.backward
-        if without_cp:
-            cp_f, cp_b = w.comm.seconds[cp_axis]
-            f, b_in, b = f - cp_f, b_in - cp_b, b - cp_b
         x = fill + m * (f + b)
         if x > best:
             best = x
@@ -156,10 +151,9 @@ def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], without_cp: bo
             heaviest, heaviest_f, heaviest_b = w, f, b
     best += optimizer_seconds(plan, works) + step_overhead(plan)
     if sync and heaviest is not None:
-        known = forward_known and not without_cp
         best += max(grad_sync_least(plan, mesh.groups(plan), heaviest.params,
                                     heaviest.expert_params, heaviest_b,
-                                    heaviest_f / vpp if known else None, vpp), drained)
+                                    heaviest_f / vpp if forward_known else None, vpp), drained)
     return best
 
 

@@ -295,12 +295,9 @@ class _Search:
                     floor: float | None = None
                     for zero in zeros:
                         if not self._states_exceed_memory(base, zero, NO_OFFLOAD, mbs, sp):
-                            # the group's member without the ring's merges (all-to-all
-                            # where allowed): its time less all CP communication bounds
-                            # every exchange
                             probe = self._probe(base, mbs, sp, zero, cps[-1], recomputes[0])
                             if floor is None:
-                                floor = self._layout_floor(probe)
+                                floor = self._layout_floor(probe, cps)
                             yield self._group(probe, floor, scheds, cps, runnable, recomputes)
                             continue
                         stats.infeasible["model states exceed memory"] += per_zero
@@ -312,7 +309,7 @@ class _Search:
                                 continue
                             probe = self._probe(base, mbs, sp, zero, cps[-1], recomputes[0])
                             if floor is None:
-                                floor = self._layout_floor(probe)
+                                floor = self._layout_floor(probe, cps)
                             yield self._group(probe.replace(offload=off), floor, scheds, cps,
                                               runnable, recomputes)
 
@@ -323,28 +320,31 @@ class _Search:
                       runnable=runnable, recomputes=recomputes if len(recomputes) > 1 else (),
                       laid=False)
 
-    def _layout_floor(self, plan: Plan) -> float:
+    def _layout_floor(self, plan: Plan, cps: Sequence[CpComm]) -> float:
         """A step time no plan of ``plan``'s layout, micro-batch and sequence parallelism
-        beats, whatever its schedule, layer split, recompute, ZeRO stage, exchange or
-        offload, read off one layer's costs alone (``cost.stage.layer_core``): the layers'
-        forward, input- and weight-gradient compute, their forward TP collectives and
-        their MoE dispatch and combine both ways, over the pipeline's stages, m times.
+        beats, whatever its schedule, layer split, recompute, ZeRO stage, offload or
+        exchange of ``cps``, read off one layer's costs alone (``cost.stage.layer_core``):
+        the layers' forward, input- and weight-gradient compute, their forward TP
+        collectives, their exposed CP exchange both ways and their MoE dispatch and
+        combine both ways, over the pipeline's stages, m times; the least over the
+        exchanges.
 
         Some stage runs at least the mean of the stages' work, and m microbatches of it
         one after another (``busiest_stage_bound``); the layers' work is part of the
         stages' whatever the split (which adds the embedding, heads and sends), and
-        recompute, ZeRO-3, CP and offload only add to it. ``plan`` is the group's probe,
-        at the exchange without the ring's merges, whose layer times are every
-        exchange's least (``groups``)."""
+        recompute, ZeRO-3 and offload only add to it."""
         model = plan.model
-        core = layer_core(plan)
-        lt, lt_moe = core.lt, core.lt_moe
         moe = model.moe_layers if model.is_moe else 0
-        per_dense = lt.forward + lt.backward_input + lt.backward_weight + core.tp_layer
-        per_moe = (lt_moe.forward + lt_moe.backward_input + lt_moe.backward_weight
-                   + core.tp_layer + 2 * core.ep_layer)
-        work = (model.layers - moe) * per_dense + moe * per_moe
-        return plan.num_microbatches * work / plan.layout.pp
+        least = float("inf")
+        for cp_comm in cps:
+            core = layer_core(plan if cp_comm is plan.cp_comm else plan.replace(cp_comm=cp_comm))
+            lt, lt_moe = core.lt, core.lt_moe
+            per_layer = core.tp_layer + core.cp_f + core.cp_b
+            per_dense = lt.forward + lt.backward_input + lt.backward_weight + per_layer
+            per_moe = (lt_moe.forward + lt_moe.backward_input + lt_moe.backward_weight
+                       + per_layer + 2 * core.ep_layer)
+            least = min(least, (model.layers - moe) * per_dense + moe * per_moe)
+        return plan.num_microbatches * least / plan.layout.pp
 
     def _laid(self, group: _Group) -> _Group:
         """The group with its layout's bound (:meth:`_layout_bound`, for every ZeRO stage
@@ -502,40 +502,41 @@ class _Search:
             Plan(model=self.model, cluster=self.cluster, job=self.job, stack=self.space.stack,
                  layout=base, micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B,
                  recompute=Recompute.NONE, zero=zero, sequence_parallel=sp, cp_comm=cps[-1]),
-            scheds, len(cps) > 1, sync=False) for zero in stand_ins)
+            scheds, cps, sync=False) for zero in stand_ins)
 
     def _group_bound(self, plan: Plan, scheds: Sequence[tuple[Schedule, int, bool]],
-                     without_cp: bool = False, sync: bool = True,
-                     cps: Sequence[CpComm] = ()) -> float:
-        """A step time no schedule of ``scheds`` beats: the busiest stage's with the
-        pipeline's fill and drain (``cost.bounds.busiest_stage_bound``), the least of
-        the one read off the stage works of the group's 1F1B, vpp = 1 member, at the most
-        chunks any of its flat schedules runs, and, where it has V schedules, the one
-        read off the V's own works (its output layer on stage 0, two chunks). Where the
-        group has split variants, the least bottleneck any split can reach
-        (``stages.split_bound`` without the fill, which differs by schedule) if lower.
-        ``sync``: the uniform splits' bounds count the gradient sync of the plan's ZeRO
-        stage that no drain hides, or the one the stage ending the step exposes if more
-        (:meth:`_drained_sync`, over ``cps``, the group's exchanges: the plan's own where
-        none are given); not where the bound stands for other ZeRO stages."""
+                     cps: Sequence[CpComm] = (), sync: bool = True) -> float:
+        """A step time no schedule of ``scheds`` on any exchange of ``cps`` (the plan's own
+        where none are given) beats: the least over the exchanges of the busiest stage's
+        with the pipeline's fill and drain (``cost.bounds.busiest_stage_bound``), itself
+        the least of the one read off the stage works of the group's 1F1B, vpp = 1 member
+        on that exchange, at the most chunks any of its flat schedules runs, and, where it
+        has V schedules, the one read off the V's own works (its output layer on stage 0,
+        two chunks). Where the group has split variants, the least bottleneck any split
+        can reach (``stages.split_bound`` without the fill, which differs by schedule) if
+        lower. ``sync``: the uniform splits' bounds count the gradient sync of the plan's
+        ZeRO stage that no drain hides, or the one the stage ending the step exposes if
+        more (:meth:`_drained_sync`); not where the bound stands for other ZeRO stages."""
+        cps = tuple(cps) or (plan.cp_comm,)
         split = any(s for *_, s in scheds)
-        works = stage_work(plan)
-        bound = float("inf")
         flat = [v for sched, v, _ in scheds if not sched.v_shape]
-        v_plan = plan.replace(layout=self._at_vpp(plan.layout, 2), schedule=Schedule.ZB_V)
-        drained = self._drained_sync(plan, works, v_plan, scheds, cps) if sync else 0.0
-        if flat:
-            most = max(flat)
-            bound = busiest_stage_bound(plan, works, without_cp, most, sync, most == 1, drained)
-        if len(flat) < len(scheds):
-            bound = min(bound, busiest_stage_bound(v_plan, stage_work(v_plan), without_cp, 2,
-                                                   sync, True, drained))
-        if not split:
-            return bound
-        bound = min(bound, split_bound(plan, works, fill=False))
-        if without_cp:  # each exchange's split variants are bounded by their own
-            ring = dataclasses.replace(plan, cp_comm=CpComm.RING)
-            bound = min(bound, split_bound(ring, stage_work(ring), fill=False))
+        v_base = plan.replace(layout=self._at_vpp(plan.layout, 2), schedule=Schedule.ZB_V)
+        drained = (self._drained_sync(plan, stage_work(plan), v_base, scheds, cps)
+                   if sync else 0.0)
+        bound = float("inf")
+        for cp_comm in cps:
+            own = plan if cp_comm is plan.cp_comm else plan.replace(cp_comm=cp_comm)
+            works = stage_work(own)
+            if flat:
+                most = max(flat)
+                bound = min(bound, busiest_stage_bound(own, works, most, sync, most == 1,
+                                                       drained))
+            if len(flat) < len(scheds):
+                v_plan = own.replace(layout=v_base.layout, schedule=Schedule.ZB_V)
+                bound = min(bound, busiest_stage_bound(v_plan, stage_work(v_plan), 2,
+                                                       sync, True, drained))
+            if split:
+                bound = min(bound, split_bound(own, works, fill=False))
         return bound
 
     def _drained_sync(self, plan: Plan, works: tuple[StageWork, ...], v_plan: Plan,
@@ -640,32 +641,26 @@ class _Search:
         their own bound; split variants deferred with the group's bound, valid for any
         split of any of its schedules (tightened only for those that come up)."""
         out: list[_Candidate | _Split] = []
-        flat = stage_work(group.plan)  # memoized: the group's bound read it
-        without_cp = len(group.cp_comms) > 1
         limit = self.threshold * (1 + BOUND_SLACK)
-        busiest: dict[int, float] = {}  # vpp -> the busiest-stage bound off the group's works
-        v_shaped: float | None = None  # the same off the group's V works
+        # (exchange, vpp) -> the busiest-stage bound off the group's works on that exchange
+        # (vpp 0: off its V works, as ``_group_bound`` reads them)
+        busiest: dict[tuple[CpComm, int], float] = {}
         for plan, split in self.schedule_plans(group):
             if split:
                 out.append(_Split(group.bound, rank_key_static(plan), plan))
                 continue
-            if plan.schedule.v_shape:
-                # its works place the output layer on stage 0: the busiest-stage bound off
-                # the group's V works (as ``_group_bound`` reads it)
-                if v_shaped is None:
-                    v_plan = group.plan.replace(layout=self._at_vpp(group.plan.layout, 2),
-                                                schedule=Schedule.ZB_V)
-                    v_shaped = busiest_stage_bound(v_plan, stage_work(v_plan), without_cp, 2,
-                                                   True, True)
-                bare = v_shaped
-            else:
-                # the busiest-stage bound at its own chunk count, off the group's works
-                v = plan.layout.vpp
-                known = busiest.get(v)
-                if known is None:
-                    known = busiest[v] = busiest_stage_bound(group.plan, flat, without_cp, v,
-                                                             True, v == 1)
-                bare = known
+            v = 0 if plan.schedule.v_shape else plan.layout.vpp
+            bare = busiest.get((plan.cp_comm, v))
+            if bare is None:
+                own = (group.plan if plan.cp_comm is group.plan.cp_comm
+                       else group.plan.replace(cp_comm=plan.cp_comm))
+                if v:  # the busiest-stage bound at its own chunk count
+                    bare = busiest_stage_bound(own, stage_work(own), v, True, v == 1)
+                else:  # its works place the output layer on stage 0: the V works'
+                    v_plan = own.replace(layout=self._at_vpp(own.layout, 2),
+                                         schedule=Schedule.ZB_V)
+                    bare = busiest_stage_bound(v_plan, stage_work(v_plan), 2, True, True)
+                busiest[(plan.cp_comm, v)] = bare
             # the group's bounds hold for it: the pressure-free one, and the one that
             # charges the group's memory floor (its own peak is no lower)
             bare = max(bare, group.bare)
@@ -987,8 +982,7 @@ class _Search:
                     seq += 1
                 continue
             if isinstance(item, _Group) and not item.exact:
-                own = self._group_bound(item.plan, item.runnable, len(item.cp_comms) > 1,
-                                        cps=item.cp_comms)
+                own = self._group_bound(item.plan, item.runnable, item.cp_comms)
                 item = dataclasses.replace(item, bound=max(own, bound), exact=True,
                                            bare=max(own, bound))
                 if own > bound:  # back in line at its own bound

@@ -116,7 +116,7 @@ def test_the_busiest_stage_bound_holds_for_every_schedule_of_a_layout():
         for v in range(1, vpp + 1):  # the fill and drain of vpp chunks bound fewer too
             placed = (dataclasses.replace(base, schedule=Schedule.ZB_V, layout=plan.layout)
                       if sched.v_shape else base)  # a V's output layer is on stage 0
-            bound = busiest_stage_bound(placed, stage_work(placed), without_cp=False, vpp=v)
+            bound = busiest_stage_bound(placed, stage_work(placed), vpp=v)
             assert bound <= step * TIGHT, (sched, v)
 
 
@@ -176,8 +176,7 @@ def test_a_layouts_shared_bound_holds_for_its_every_zero_and_recompute_group(cas
                    Job(global_batch=gbs, seq_len=seq), load_space(space_name), top_k=1)
     seen = set()
     for group in walk.each_group():
-        own = walk._group_bound(group.plan, group.runnable,
-                                len(group.cp_comms) > 1, cps=group.cp_comms)
+        own = walk._group_bound(group.plan, group.runnable, group.cp_comms)
         plan = group.plan
         shared = walk._layout_bounds[(plan.layout, plan.micro_batch, plan.sequence_parallel)]
         if plan.offload.any:
@@ -240,8 +239,7 @@ def test_a_groups_bounds_never_exceed_a_members_step(case):
                    Job(global_batch=gbs, seq_len=seq), load_space(space_name), top_k=1)
     checked = 0
     for group in itertools.islice(walk.each_group(), 0, None, every):
-        own = walk._group_bound(group.plan, group.runnable, len(group.cp_comms) > 1,
-                                cps=group.cp_comms)
+        own = walk._group_bound(group.plan, group.runnable, group.cp_comms)
         group = dataclasses.replace(group, bound=own, bare=own, exact=True, floored=True)
         steps = {plan: evaluate(plan).step_time_s
                  for plan, split in walk.schedule_plans(group) if not split}
