@@ -10,7 +10,8 @@ partitioner (search/partition.py) runs only for the variants that reach the fron
 Every item in the queue carries a bound valid for all it stands for, tightened in
 steps, each only for the items that come up (back in line each time the bound rises):
 a bundle of a group's recompute choices at its layout's compute floor; its layout's
-bound (every ZeRO stage and recompute); the group's own bound; the group's memory
+bound (every ZeRO stage below 3, or ZeRO-3; its least recompute); each of its groups at
+its own recompute's layout bound; the group's own bound; the group's memory
 floor (dropped where no member fits, else charged the allocator's pressure); its
 schedules as candidates at their busiest-stage bound; a candidate's own bound; its
 memory; its schedule's critical chain; then ``evaluate``. The tests hold each bound
@@ -163,7 +164,7 @@ class _Group:
     plan: Plan  # the group's 1F1B, vpp = 1 member
     schedules: tuple[tuple[Schedule, int, bool], ...]  # (schedule, vpp, split)
     cp_comms: tuple[CpComm, ...] = (CpComm.RING,)  # context-parallel exchanges to try
-    exact: bool = False  # the bound is the group's own, not its layout's (every ZeRO x recompute)
+    exact: bool = False  # the bound is the group's own, not its layout's (:meth:`_Search._laid`)
     runnable: tuple[tuple[Schedule, int, bool], ...] = ()  # those passing the schedule rules
     # once exact: its own bound without the allocator's pressure, which ``bound`` charges
     # at the group's memory floor (:meth:`_Search.memory_floor`)
@@ -175,6 +176,7 @@ class _Group:
     recomputes: tuple[Recompute, ...] = ()
     # ``bound`` counts its layout's bound (else its compute floor, :meth:`_Search._laid`)
     laid: bool = True
+    shared: bool = False  # ZeRO-3: ``bound`` counts the bound of its layout's stages below 3
 
     @property
     def size(self) -> int:
@@ -235,7 +237,8 @@ class _Search:
         # last, of each kind (:meth:`memory_floor`)
         self._floor_members: dict[tuple, tuple[tuple[int, StageWork, float, float], ...]] = {}
         self._exact_bounds: dict[tuple, float] = {}  # :meth:`_candidate`
-        self._layout_bounds: dict[tuple[Layout, int, bool], float] = {}  # :meth:`_laid`
+        # (layout, micro-batch, SP, ZeRO stand-in, recompute) -> :meth:`_layout_bound`
+        self._layout_bounds: dict[tuple[Layout, int, bool, ZeroStage, Recompute], float] = {}
 
     # -- generation ------------------------------------------------------------------
     def layouts(self) -> Iterator[Layout]:
@@ -348,33 +351,69 @@ class _Search:
 
     def _laid(self, group: _Group) -> _Group:
         """The group with its layout's bound (:meth:`_layout_bound`, for every ZeRO stage
-        and recompute of its layout, micro-batch and sequence parallelism; shifted by its
-        offload, ``_offloaded_bound``) where that passes its floor: worked out once for
-        each layout, micro-batch and sequence parallelism that comes up."""
+        below 3, or ZeRO-3, as the group's, and for its recompute and every recompute above
+        it (a bundle's recompute is its least); shifted by its offload,
+        ``_offloaded_bound``) where that passes its floor: worked out once for each
+        layout, micro-batch, sequence parallelism, kind of ZeRO and recompute that comes
+        up. A ZeRO-3 group first takes the bound of the stages below 3, where one of
+        them shards the optimizer as ZeRO-3 does (ZeRO-3 only adds gathers to their work):
+        if that raises its bound it comes back ``shared``, laid only when it comes up
+        again (most do not; ZeRO-3's bound needs stage works of its own)."""
         plan = group.plan
-        key = (plan.layout, plan.micro_batch, plan.sequence_parallel)
+        zeros = dp.zero_stages(plan.layout, self.space)
+        below: ZeroStage | None = max(
+            (z for z in zeros if z is not ZeroStage.PARAMETERS), default=None)
+        if plan.zero is ZeroStage.PARAMETERS:
+            if not group.shared and below is not None and below >= ZeroStage.OPTIMIZER:
+                shared = self._offloaded(self._shared_layout_bound(group, below), plan)
+                group = dataclasses.replace(group, shared=True)
+                if shared > group.bound:
+                    return dataclasses.replace(group, bound=shared)
+            below = ZeroStage.PARAMETERS
+        assert below is not None
+        own = self._offloaded(self._shared_layout_bound(group, below), plan)
+        return dataclasses.replace(group, bound=max(group.bound, own), laid=True)
+
+    def _fully_laid(self, group: _Group) -> _Group:
+        """:meth:`_laid` until it is (for tests and tools)."""
+        while not group.laid:
+            group = self._laid(group)
+        return group
+
+    def _shared_layout_bound(self, group: _Group, zero: ZeroStage) -> float:
+        """:meth:`_layout_bound` of the group's layout, micro-batch, sequence parallelism
+        and recompute at ``zero``, memoized."""
+        plan = group.plan
+        key = (plan.layout, plan.micro_batch, plan.sequence_parallel, zero, plan.recompute)
         shared = self._layout_bounds.get(key)
         if shared is None:
             shared = self._layout_bounds[key] = self._layout_bound(
-                plan.layout, plan.micro_batch, plan.sequence_parallel,
-                dp.zero_stages(plan.layout, self.space), group.cp_comms, group.runnable)
-        own = self._offloaded_bound(shared, plan, plan.offload) if plan.offload.any else shared
-        return dataclasses.replace(group, bound=max(group.bound, own), laid=True)
+                plan.layout, plan.micro_batch, plan.sequence_parallel, zero, plan.recompute,
+                group.cp_comms, group.runnable)
+        return shared
+
+    def _offloaded(self, bound: float, plan: Plan) -> float:
+        """``bound``, of the plan's layout without offload, for the plan's offload."""
+        return self._offloaded_bound(bound, plan, plan.offload) if plan.offload.any else bound
 
     def unbundled(self, group: _Group) -> list[_Group]:
-        """The groups a bundle stands for (the group itself if it is none), in rank."""
+        """The groups a bundle stands for (the group itself if it is none), in rank: the
+        first, at the bundle's recompute, with the bundle's bound; the others at it too,
+        to be laid at their own recompute's layout bound when they come up."""
         if not group.recomputes:
             return [group]
         return [dataclasses.replace(self._group(
                     group.plan.replace(recompute=rc), group.bound, group.schedules,
-                    group.cp_comms, group.runnable), laid=group.laid)
-                for rc in group.recomputes]
+                    group.cp_comms, group.runnable), laid=group.laid and i == 0,
+                    shared=group.shared and i == 0)
+                for i, rc in enumerate(group.recomputes)]
 
     def each_group(self) -> Iterator[_Group]:
         """:meth:`groups`, bundles opened, each with its layout's bound (for tests and
         tools)."""
         for group in self.groups():
-            yield from self.unbundled(self._laid(group))
+            for each in self.unbundled(self._fully_laid(group)):
+                yield self._fully_laid(each)
 
     def wants_offload(self, group: _Group, floor: Memory | None) -> bool:
         """Whether the search tries the group's offload variants: it keeps nothing in host
@@ -480,29 +519,23 @@ class _Search:
         if self.closest is None or key < self.closest[:2]:
             self.closest = (mem.peak, key[1], plan, stage, mem)
 
-    def _layout_bound(self, base: Layout, mbs: int, sp: bool, zeros: Sequence[ZeroStage],
-                      cps: Sequence[CpComm], scheds: Sequence[tuple[Schedule, int, bool]]) -> float:
-        """A bound valid for the groups of every ZeRO stage and recompute of a layout,
-        micro-batch and sequence parallelism, so that a group's own bound is computed
-        only if the group comes up. It is the group bound of the member without
-        recompute (recompute only adds forward time to the backward), the least over
-        two ZeRO stages: stages 0-2 run the same per-stage work and 1 and 2 step a shard
-        of the optimizer (less time than 0), so the highest below 3 stands for them;
-        stage 3 adds gathers to that work, and counts only where the space has no stage
-        1 or 2 (then its sharded optimizer may step faster); without the gradient
-        sync, which differs by ZeRO stage. The schedules are those that pass the
-        schedule rules (``_runnable``)."""
-        below = [z for z in zeros if z is not ZeroStage.PARAMETERS]
-        stand_ins: list[ZeroStage] = [max(below)] if below else []
-        if ZeroStage.PARAMETERS in zeros and (not below or max(below) < ZeroStage.OPTIMIZER):
-            # with stage 1 or 2 in the space, stage 3 shards the optimizer no further
-            # and only adds gathers to the same work: their bound stands for it too
-            stand_ins.append(ZeroStage.PARAMETERS)
-        return min(self._group_bound(
+    def _layout_bound(self, base: Layout, mbs: int, sp: bool, zero: ZeroStage,
+                      recompute: Recompute, cps: Sequence[CpComm],
+                      scheds: Sequence[tuple[Schedule, int, bool]]) -> float:
+        """A bound valid for the groups of a layout, micro-batch and sequence parallelism
+        at ``recompute`` or any recompute above it, and at ``zero``: ZeRO-3, or standing in
+        for every stage below 3, so that a group's own bound is computed only if the group
+        comes up. It is the group bound (:meth:`_group_bound`) of the member at
+        ``recompute`` (more recompute only adds forward time to the backward) and
+        ``zero``, without the gradient sync, which differs by ZeRO stage: stages 0-2 run
+        the same per-stage work and 1 and 2 step a shard of the optimizer (less time
+        than 0), so the highest below 3 in the space stands for them. The schedules are
+        those that pass the schedule rules (``_runnable``)."""
+        return self._group_bound(
             Plan(model=self.model, cluster=self.cluster, job=self.job, stack=self.space.stack,
                  layout=base, micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B,
-                 recompute=Recompute.NONE, zero=zero, sequence_parallel=sp, cp_comm=cps[-1]),
-            scheds, cps, sync=False) for zero in stand_ins)
+                 recompute=recompute, zero=zero, sequence_parallel=sp, cp_comm=cps[-1]),
+            scheds, cps, sync=False)
 
     def _group_bound(self, plan: Plan, scheds: Sequence[tuple[Schedule, int, bool]],
                      cps: Sequence[CpComm] = (), sync: bool = True) -> float:

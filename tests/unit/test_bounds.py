@@ -28,6 +28,7 @@ from autoplan.parallel.dp import (
     grad_sync_drained_least,
     grad_sync_floor,
     grad_sync_least,
+    zero_stages,
 )
 from autoplan.search.engine import _Candidate, _Search, candidate_plans
 from autoplan.search.space import StageShape, load_space
@@ -167,22 +168,29 @@ def test_the_optimizer_floor_is_the_step_of_a_rank_holding_the_mean_state():
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[5]], ids=lambda c: f"{c[0]}-{c[5]}")
 def test_a_layouts_shared_bound_holds_for_its_every_zero_and_recompute_group(case):
-    """Groups come up at their layout's bound (engine._Search._layout_bound, shifted by
-    their offload) and compute their own only then: the shared one must not exceed it.
-    (The compute floor they enter the queue at may: it is held to the members' steps in
-    ``test_a_layouts_compute_floor_never_exceeds_a_members_step``.)"""
+    """A bundle comes up at its layout's bound at its least recompute, and each of its
+    groups at its own recompute's (engine._Search._layout_bound, for ZeRO-3 or every stage
+    below, shifted by their offload), computing its own only then: neither may exceed
+    the group's own bound. (The compute floor they enter the queue at may: it is held to the members'
+    steps in ``test_a_layouts_compute_floor_never_exceeds_a_members_step``.)"""
     name, cluster, gpus, gbs, seq, space_name, _ = case
     walk = _Search(_model(name), with_gpus(resolve_cluster(cluster), gpus),
                    Job(global_batch=gbs, seq_len=seq), load_space(space_name), top_k=1)
     seen = set()
-    for group in walk.each_group():
-        own = walk._group_bound(group.plan, group.runnable, group.cp_comms)
-        plan = group.plan
-        shared = walk._layout_bounds[(plan.layout, plan.micro_batch, plan.sequence_parallel)]
-        if plan.offload.any:
-            shared = walk._offloaded_bound(shared, plan, plan.offload)
-        assert shared <= own * TIGHT, group.plan
-        seen.add((group.plan.recompute, group.plan.zero))
+    for bundle in walk.groups():
+        for group in walk.unbundled(walk._fully_laid(bundle)):
+            group = walk._fully_laid(group)
+            own = walk._group_bound(group.plan, group.runnable, group.cp_comms)
+            plan = group.plan
+            below = max((z for z in zero_stages(plan.layout, walk.space) if z < 3), default=0)
+            stand_ins = ([below] if plan.zero < 3
+                         else [ZeroStage.PARAMETERS] + ([below] if below >= 1 else []))
+            for zero in stand_ins:  # every stand-in it may be bounded by, at its recompute
+                for of in (bundle, group):  # and at its bundle's (the least)
+                    shared = walk._shared_layout_bound(dataclasses.replace(
+                        group, plan=plan.replace(recompute=of.plan.recompute)), zero)
+                    assert walk._offloaded(shared, plan) <= own * TIGHT, (plan, zero)
+            seen.add((plan.recompute, plan.zero))
     assert len(seen) >= 6  # every recompute with two ZeRO stages at least
 
 
@@ -332,7 +340,7 @@ def test_a_layouts_compute_floor_never_exceeds_a_members_step(case):
     checked = 0
     for bundle in itertools.islice(walk.groups(), 0, None, every):
         assert not bundle.laid
-        assert bundle.bound <= walk._laid(bundle).bound
+        assert bundle.bound <= walk._fully_laid(bundle).bound
         for group in walk.unbundled(bundle):
             for plan, split in walk.schedule_plans(group, count=False):
                 if split:
