@@ -300,7 +300,7 @@ class _Search:
                         if not self._states_exceed_memory(base, zero, NO_OFFLOAD, mbs, sp):
                             probe = self._probe(base, mbs, sp, zero, cps[-1], recomputes[0])
                             if floor is None:
-                                floor = self._layout_floor(probe, cps)
+                                floor = self._layout_floor(probe, cps, runnable)
                             yield self._group(probe, floor, scheds, cps, runnable, recomputes)
                             continue
                         stats.infeasible["model states exceed memory"] += per_zero
@@ -312,7 +312,7 @@ class _Search:
                                 continue
                             probe = self._probe(base, mbs, sp, zero, cps[-1], recomputes[0])
                             if floor is None:
-                                floor = self._layout_floor(probe, cps)
+                                floor = self._layout_floor(probe, cps, runnable)
                             yield self._group(probe.replace(offload=off), floor, scheds, cps,
                                               runnable, recomputes)
 
@@ -323,31 +323,50 @@ class _Search:
                       runnable=runnable, recomputes=recomputes if len(recomputes) > 1 else (),
                       laid=False)
 
-    def _layout_floor(self, plan: Plan, cps: Sequence[CpComm]) -> float:
+    def _layout_floor(self, plan: Plan, cps: Sequence[CpComm],
+                      scheds: Sequence[tuple[Schedule, int, bool]]) -> float:
         """A step time no plan of ``plan``'s layout, micro-batch and sequence parallelism
-        beats, whatever its schedule, layer split, recompute, ZeRO stage, offload or
-        exchange of ``cps``, read off one layer's costs alone (``cost.stage.layer_core``):
-        the layers' forward, input- and weight-gradient compute, their forward TP
-        collectives, their exposed CP exchange both ways and their MoE dispatch and
-        combine both ways, over the pipeline's stages, m times; the least over the
-        exchanges.
+        beats, whatever its schedule of ``scheds`` (those passing the schedule rules),
+        layer split, recompute, ZeRO stage, offload or exchange of ``cps``, read off one
+        layer's costs alone (``cost.stage.layer_core``): per layer, its forward, input-
+        and weight-gradient compute, its forward TP collectives, its exposed CP exchange
+        both ways and its MoE dispatch and combine both ways (a forward alone: all but
+        the gradients' compute and CP); the least over the exchanges (and over a dense
+        and an MoE layer for the fill's and the last stage's layers) of the more of:
 
-        Some stage runs at least the mean of the stages' work, and m microbatches of it
-        one after another (``busiest_stage_bound``); the layers' work is part of the
-        stages' whatever the split (which adds the embedding, heads and sends), and
-        recompute, ZeRO-3 and offload only add to it."""
+        - the mean: some stage runs at least the mean of the stages' work, and m
+          microbatches of it one after another (``busiest_stage_bound``); the layers'
+          work is part of the stages' whatever the split;
+        - where every schedule runs uniform stages (no split variant): the last stage,
+          p - 1, holding at least floor(L/p) layers, runs m microbatches of them after
+          the first microbatch's forward has crossed a first chunk of each stage before
+          it (term 1 of ``step_time_lower_bound``), at least floor(L/p) layers each with
+          one chunk, L/(p v) with v (the rules make pp v divide L), two for a V.
+
+        Each part of a stage's work that this leaves out (the embedding, heads, sends,
+        recompute, ZeRO-3, offload) only adds to it."""
         model = plan.model
+        p, m, layers = plan.layout.pp, plan.num_microbatches, model.layers
         moe = model.moe_layers if model.is_moe else 0
+        uniform = p > 1 and not any(split for *_, split in scheds)
         least = float("inf")
         for cp_comm in cps:
             core = layer_core(plan if cp_comm is plan.cp_comm else plan.replace(cp_comm=cp_comm))
             lt, lt_moe = core.lt, core.lt_moe
-            per_layer = core.tp_layer + core.cp_f + core.cp_b
-            per_dense = lt.forward + lt.backward_input + lt.backward_weight + per_layer
-            per_moe = (lt_moe.forward + lt_moe.backward_input + lt_moe.backward_weight
-                       + per_layer + 2 * core.ep_layer)
-            least = min(least, (model.layers - moe) * per_dense + moe * per_moe)
-        return plan.num_microbatches * least / plan.layout.pp
+            forward = lt.forward + core.tp_layer + core.cp_f
+            per_dense = forward + lt.backward_input + lt.backward_weight + core.cp_b
+            forward_moe = lt_moe.forward + core.tp_layer + core.cp_f + core.ep_layer
+            per_moe = (forward_moe + lt_moe.backward_input + lt_moe.backward_weight + core.cp_b
+                       + core.ep_layer)
+            floor = m * ((layers - moe) * per_dense + moe * per_moe) / p
+            if uniform:
+                if moe:
+                    forward, per_dense = min(forward, forward_moe), min(per_dense, per_moe)
+                chunk = min(layers // (p * (2 if sched.v_shape else v)) if v > 1 or sched.v_shape
+                            else layers // p for sched, v, _ in scheds)
+                floor = max(floor, (p - 1) * chunk * forward + m * (layers // p) * per_dense)
+            least = min(least, floor)
+        return least
 
     def _laid(self, group: _Group) -> _Group:
         """The group with its layout's bound (:meth:`_layout_bound`, for every ZeRO stage
