@@ -108,7 +108,7 @@ def offload_copies(plan: Plan, works: tuple[StageWork, ...]) -> float:
 
 def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], vpp: int = 1,
                         sync: bool = False, forward_known: bool = False,
-                        drained: float = 0.0) -> float:
+                        drained: float = 0.0, fused: bool = False) -> float:
     """A step time no schedule of the plan's layout beats, of up to ``vpp`` equal chunks
     per stage, plus the optimizer step. ``works``: the layout's 1F1B, vpp = 1 form, whose
     F, B and input-gradient B are the least of every schedule (``tp.exposed_backward``
@@ -121,7 +121,10 @@ def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], vpp: int = 1,
     chunk's (a later chunk's B of that microbatch precedes it on the stage) and follows
     all of the stage's F and B; the gradient then crosses stages s-1..0:
     fill_s + m(F_s + B_in,s) + sum_{j<s} B_in,j/vpp. W is needed by neither (zero-bubble
-    schedules run it in the drain). ``works`` are at one CP exchange: the bound holds for
+    schedules run it in the drain). ``fused``: every schedule bounded runs B and W as
+    one backward (GPipe, 1F1B, interleaved), so the gradient crosses the earlier stages
+    in their whole backwards: fill_s + m(F_s + B_s) + sum_{j<s} B_j/vpp (term 2 of
+    :func:`step_time_lower_bound` with B and W fused). ``works`` are at one CP exchange: the bound holds for
     that exchange's schedules (the search takes the least over its exchanges). A V places
     its output layer on stage 0: its schedules are bounded with the V's own ``works``
     (vpp = 2).
@@ -139,6 +142,8 @@ def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], vpp: int = 1,
     heaviest: StageWork | None = None
     for w in works:  # (comparisons written out: the search's hottest loop)
         f, b_in, b = w.forward, w.backward_input, w.backward
+        if fused:
+            b_in = b
         x = fill + m * (f + b)
         if x > best:
             best = x

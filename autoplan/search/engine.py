@@ -562,8 +562,9 @@ class _Search:
         where none are given) beats: the least over the exchanges of the busiest stage's
         with the pipeline's fill and drain (``cost.bounds.busiest_stage_bound``), itself
         the least of the one read off the stage works of the group's 1F1B, vpp = 1 member
-        on that exchange, at the most chunks any of its flat schedules runs, and, where it
-        has V schedules, the one read off the V's own works (its output layer on stage 0,
+        on that exchange, at the most chunks any of its flat schedules runs (its drain
+        their whole backward where none splits it), and, where it has V schedules, the one
+        read off the V's own works (its output layer on stage 0,
         two chunks). Where the group has split variants, the least bottleneck any split
         can reach (``stages.split_bound`` without the fill, which differs by schedule) if
         lower. ``sync``: the uniform splits' bounds count the gradient sync of the plan's
@@ -572,6 +573,7 @@ class _Search:
         cps = tuple(cps) or (plan.cp_comm,)
         split = any(s for *_, s in scheds)
         flat = [v for sched, v, _ in scheds if not sched.v_shape]
+        fused = not any(sched.splits_backward for sched, _, _ in scheds if not sched.v_shape)
         v_base = plan.replace(layout=self._at_vpp(plan.layout, 2), schedule=Schedule.ZB_V)
         drained = (self._drained_sync(plan, stage_work(plan), v_base, scheds, cps)
                    if sync else 0.0)
@@ -582,7 +584,7 @@ class _Search:
             if flat:
                 most = max(flat)
                 bound = min(bound, busiest_stage_bound(own, works, most, sync, most == 1,
-                                                       drained))
+                                                       drained, fused))
             if len(flat) < len(scheds):
                 v_plan = own.replace(layout=v_base.layout, schedule=Schedule.ZB_V)
                 bound = min(bound, busiest_stage_bound(v_plan, stage_work(v_plan), 2,
@@ -694,25 +696,27 @@ class _Search:
         split of any of its schedules (tightened only for those that come up)."""
         out: list[_Candidate | _Split] = []
         limit = self.threshold * (1 + BOUND_SLACK)
-        # (exchange, vpp) -> the busiest-stage bound off the group's works on that exchange
-        # (vpp 0: off its V works, as ``_group_bound`` reads them)
-        busiest: dict[tuple[CpComm, int], float] = {}
+        # (exchange, vpp, B and W fused) -> the busiest-stage bound off the group's works
+        # on that exchange (vpp 0: off its V works, as ``_group_bound`` reads them)
+        busiest: dict[tuple[CpComm, int, bool], float] = {}
         for plan, split in self.schedule_plans(group):
             if split:
                 out.append(_Split(group.bound, rank_key_static(plan), plan))
                 continue
             v = 0 if plan.schedule.v_shape else plan.layout.vpp
-            bare = busiest.get((plan.cp_comm, v))
+            fused = not plan.schedule.splits_backward
+            bare = busiest.get((plan.cp_comm, v, fused))
             if bare is None:
                 own = (group.plan if plan.cp_comm is group.plan.cp_comm
                        else group.plan.replace(cp_comm=plan.cp_comm))
                 if v:  # the busiest-stage bound at its own chunk count
-                    bare = busiest_stage_bound(own, stage_work(own), v, True, v == 1)
+                    bare = busiest_stage_bound(own, stage_work(own), v, True, v == 1,
+                                               fused=fused)
                 else:  # its works place the output layer on stage 0: the V works'
                     v_plan = own.replace(layout=self._at_vpp(own.layout, 2),
                                          schedule=Schedule.ZB_V)
                     bare = busiest_stage_bound(v_plan, stage_work(v_plan), 2, True, True)
-                busiest[(plan.cp_comm, v)] = bare
+                busiest[(plan.cp_comm, v, fused)] = bare
             # the group's bounds hold for it: the pressure-free one, and the one that
             # charges the group's memory floor (its own peak is no lower)
             bare = max(bare, group.bare)

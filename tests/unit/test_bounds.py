@@ -119,6 +119,9 @@ def test_the_busiest_stage_bound_holds_for_every_schedule_of_a_layout():
                       if sched.v_shape else base)  # a V's output layer is on stage 0
             bound = busiest_stage_bound(placed, stage_work(placed), vpp=v)
             assert bound <= step * TIGHT, (sched, v)
+            if not sched.splits_backward and v == vpp:  # its drain is the whole backward
+                fused = busiest_stage_bound(placed, stage_work(placed), vpp=v, fused=True)
+                assert bound < fused <= step * TIGHT, (sched, v)
 
 
 def test_zero_bubble_drains_only_the_input_gradients():
