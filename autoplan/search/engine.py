@@ -325,14 +325,16 @@ class _Search:
 
     def _layout_floor(self, plan: Plan, cps: Sequence[CpComm],
                       scheds: Sequence[tuple[Schedule, int, bool]]) -> float:
-        """A step time no plan of ``plan``'s layout, micro-batch and sequence parallelism
-        beats, whatever its schedule of ``scheds`` (those passing the schedule rules),
-        layer split, recompute, ZeRO stage, offload or exchange of ``cps``, read off one
-        layer's costs alone (``cost.stage.layer_core``): per layer, its forward, input-
-        and weight-gradient compute, its forward TP collectives, its exposed CP exchange
-        both ways and its MoE dispatch and combine both ways (a forward alone: all but
-        the gradients' compute and CP); the least over the exchanges (and over a dense
-        and an MoE layer for the fill's and the last stage's layers) of the more of:
+        """A step time no plan of ``plan``'s layout, micro-batch, sequence parallelism and
+        recompute (or more) beats, whatever its schedule of ``scheds`` (those passing the
+        schedule rules), layer split, ZeRO stage, offload or exchange of ``cps``, read off
+        one layer's costs alone (``cost.stage.layer_core``): per layer, its forward,
+        input- and weight-gradient compute, its forward TP collectives, its exposed CP
+        exchange both ways, its MoE dispatch and combine both ways and what its recompute
+        runs again (the attention's forward; or the whole forward with its TP, CP and
+        MoE collectives: ``cost.stage._stage``); a forward alone: all but the gradients'
+        compute, CP and recompute. The least over the exchanges (and over a dense and an
+        MoE layer for the fill's and the last stage's layers) of the more of:
 
         - the mean: some stage runs at least the mean of the stages' work, and m
           microbatches of it one after another (``busiest_stage_bound``); the layers'
@@ -344,7 +346,7 @@ class _Search:
           one chunk, L/(p v) with v (the rules make pp v divide L), two for a V.
 
         Each part of a stage's work that this leaves out (the embedding, heads, sends,
-        recompute, ZeRO-3, offload) only adds to it."""
+        ZeRO-3, offload) only adds to it."""
         model = plan.model
         p, m, layers = plan.layout.pp, plan.num_microbatches, model.layers
         moe = model.moe_layers if model.is_moe else 0
@@ -354,10 +356,15 @@ class _Search:
             core = layer_core(plan if cp_comm is plan.cp_comm else plan.replace(cp_comm=cp_comm))
             lt, lt_moe = core.lt, core.lt_moe
             forward = lt.forward + core.tp_layer + core.cp_f
+            forward_moe = forward - lt.forward + lt_moe.forward + core.ep_layer
             per_dense = forward + lt.backward_input + lt.backward_weight + core.cp_b
-            forward_moe = lt_moe.forward + core.tp_layer + core.cp_f + core.ep_layer
             per_moe = (forward_moe + lt_moe.backward_input + lt_moe.backward_weight + core.cp_b
                        + core.ep_layer)
+            if plan.recompute is Recompute.FULL:
+                per_dense, per_moe = per_dense + forward, per_moe + forward_moe
+            elif plan.recompute is Recompute.SELECTIVE:
+                per_dense += lt.attention_forward
+                per_moe += lt_moe.attention_forward
             floor = m * ((layers - moe) * per_dense + moe * per_moe) / p
             if uniform:
                 if moe:
@@ -417,15 +424,20 @@ class _Search:
 
     def unbundled(self, group: _Group) -> list[_Group]:
         """The groups a bundle stands for (the group itself if it is none), in rank: the
-        first, at the bundle's recompute, with the bundle's bound; the others at it too,
-        to be laid at their own recompute's layout bound when they come up."""
+        first, at the bundle's recompute, with the bundle's bound; the others with their
+        own recompute's layout compute floor if more, to be laid at their own
+        recompute's layout bound when they come up."""
         if not group.recomputes:
             return [group]
-        return [dataclasses.replace(self._group(
-                    group.plan.replace(recompute=rc), group.bound, group.schedules,
-                    group.cp_comms, group.runnable), laid=group.laid and i == 0,
-                    shared=group.shared and i == 0)
-                for i, rc in enumerate(group.recomputes)]
+        out = []
+        for i, rc in enumerate(group.recomputes):
+            plan = group.plan.replace(recompute=rc)
+            bound = group.bound if i == 0 else max(
+                group.bound, self._layout_floor(plan, group.cp_comms, group.runnable))
+            out.append(dataclasses.replace(
+                self._group(plan, bound, group.schedules, group.cp_comms, group.runnable),
+                laid=group.laid and i == 0, shared=group.shared and i == 0))
+        return out
 
     def each_group(self) -> Iterator[_Group]:
         """:meth:`groups`, bundles opened, each with its layout's bound (for tests and
