@@ -304,6 +304,7 @@ class _LayerCore:
     cp_f: float  # exposed context-parallel communication per layer, forward
     cp_b: float  # ... backward
     ep_layer: float  # MoE token dispatch and combine per MoE layer, one direction
+    logits: float  # the output layer's logits: forward, input- and weight-gradient compute
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,7 +343,8 @@ def _layer_core(model: Model, cluster: Cluster, shard: Shard) -> _LayerCore:
     cp_f, cp_b = cp.exposed(model, cluster, shard, lt, groups[Axis.CP])
     ep_layer = (ep.layer_seconds(model, shard, groups[Axis.EP], groups[Axis.ETP])
                 if model.is_moe else 0.0)
-    return _LayerCore(lt, lt_moe, act_bytes, tp_layer, cp_f, cp_b, ep_layer)
+    return _LayerCore(lt, lt_moe, act_bytes, tp_layer, cp_f, cp_b, ep_layer,
+                      sum(_logits_times(model, shard, device)))
 
 
 def layer_core(plan: Plan) -> _LayerCore:

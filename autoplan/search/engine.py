@@ -333,24 +333,30 @@ class _Search:
         exchange both ways, its MoE dispatch and combine both ways and what its recompute
         runs again (the attention's forward; or the whole forward with its TP, CP and
         MoE collectives: ``cost.stage._stage``); a forward alone: all but the gradients'
-        compute, CP and recompute. The least over the exchanges (and over a dense and an
-        MoE layer for the fill's and the last stage's layers) of the more of:
+        compute, CP and recompute; and the output layer's logits' compute, once per
+        microbatch on the stage holding it. The least over the exchanges (and over a
+        dense and an MoE layer for a stage's layers) of the more of:
 
         - the mean: some stage runs at least the mean of the stages' work, and m
-          microbatches of it one after another (``busiest_stage_bound``); the layers'
-          work is part of the stages' whatever the split;
-        - where every schedule runs uniform stages (no split variant): the last stage,
-          p - 1, holding at least floor(L/p) layers, runs m microbatches of them after
-          the first microbatch's forward has crossed a first chunk of each stage before
-          it (term 1 of ``step_time_lower_bound``), at least floor(L/p) layers each with
-          one chunk, L/(p v) with v (the rules make pp v divide L), two for a V.
+          microbatches of it one after another (``busiest_stage_bound``); the layers' and
+          the logits' work is part of the stages' whatever the split;
+        - where every schedule runs uniform stages (no split variant), the least over
+          its kinds, flat and V, of: stage p - 1, holding at least floor(L/p) layers (and
+          the logits, flat), runs m microbatches of them after the first microbatch's
+          forward has crossed a first chunk of each stage before it (term 1 of
+          ``step_time_lower_bound``), at least floor(L/p) layers each with one chunk,
+          L/(p v) with v (the rules make pp v divide L), L/(2p) for a V; a V's stage 0
+          runs m microbatches of its L/p layers and the logits.
 
-        Each part of a stage's work that this leaves out (the embedding, heads, sends,
-        ZeRO-3, offload) only adds to it."""
+        Each part of a stage's work that this leaves out (the embedding, TP at the heads,
+        sends, ZeRO-3, offload) only adds to it."""
         model = plan.model
         p, m, layers = plan.layout.pp, plan.num_microbatches, model.layers
         moe = model.moe_layers if model.is_moe else 0
         uniform = p > 1 and not any(split for *_, split in scheds)
+        flat = [layers // (p * v) if v > 1 else layers // p
+                for sched, v, _ in scheds if not sched.v_shape]
+        v_shaped = any(sched.v_shape for sched, _, _ in scheds)
         least = float("inf")
         for cp_comm in cps:
             core = layer_core(plan if cp_comm is plan.cp_comm else plan.replace(cp_comm=cp_comm))
@@ -365,13 +371,18 @@ class _Search:
             elif plan.recompute is Recompute.SELECTIVE:
                 per_dense += lt.attention_forward
                 per_moe += lt_moe.attention_forward
-            floor = m * ((layers - moe) * per_dense + moe * per_moe) / p
+            floor = m * ((layers - moe) * per_dense + moe * per_moe + core.logits) / p
             if uniform:
                 if moe:
                     forward, per_dense = min(forward, forward_moe), min(per_dense, per_moe)
-                chunk = min(layers // (p * (2 if sched.v_shape else v)) if v > 1 or sched.v_shape
-                            else layers // p for sched, v, _ in scheds)
-                floor = max(floor, (p - 1) * chunk * forward + m * (layers // p) * per_dense)
+                stage = m * (layers // p) * per_dense  # m microbatches of a stage's layers
+                kinds = []
+                if flat:
+                    kinds.append((p - 1) * min(flat) * forward + stage + m * core.logits)
+                if v_shaped:
+                    kinds.append(max((p - 1) * (layers // (2 * p)) * forward + stage,
+                                     stage + m * core.logits))
+                floor = max(floor, min(kinds))
             least = min(least, floor)
         return least
 
