@@ -732,13 +732,19 @@ class _Search:
             if bare is None:
                 own = (group.plan if plan.cp_comm is group.plan.cp_comm
                        else group.plan.replace(cp_comm=plan.cp_comm))
+                # with the gradient sync its own chunks expose where its stage ends the
+                # step (as :meth:`_drained_sync` bounds it for the group's every member)
                 if v:  # the busiest-stage bound at its own chunk count
-                    bare = busiest_stage_bound(own, stage_work(own), v, True, v == 1,
-                                               fused=fused)
+                    works = stage_work(own)
+                    send = (pp.send_seconds(own, activation_bytes(own)) if v > 1 else 0.0)
+                    drained = self._drained_of(own, [works], send, not fused, v)
+                    bare = busiest_stage_bound(own, works, v, True, v == 1, drained, fused)
                 else:  # its works place the output layer on stage 0: the V works'
                     v_plan = own.replace(layout=self._at_vpp(own.layout, 2),
                                          schedule=Schedule.ZB_V)
-                    bare = busiest_stage_bound(v_plan, stage_work(v_plan), 2, True, True)
+                    works = stage_work(v_plan)
+                    drained = self._drained_of(own, [works], 0.0, False, 2)
+                    bare = busiest_stage_bound(v_plan, works, 2, True, True, drained)
                 busiest[(plan.cp_comm, v, fused)] = bare
             # the group's bounds hold for it: the pressure-free one, and the one that
             # charges the group's memory floor (its own peak is no lower)
