@@ -293,15 +293,17 @@ class _Search:
                         continue
                     # the bounds read only the schedules that pass the schedule rules
                     runnable = self._runnable(base, mbs, sp, scheds)
-                    # every group here starts at the layout's compute floor: its layout
-                    # bound is worked out only if it comes up (:meth:`run`)
-                    floor: float | None = None
+                    # every group here starts at the layout's compute floor (ZeRO-3's
+                    # its own): its layout bound is worked out only if it comes up
+                    floors: dict[bool, float] = {}
                     for zero in zeros:
+                        zero3 = zero is ZeroStage.PARAMETERS
                         if not self._states_exceed_memory(base, zero, NO_OFFLOAD, mbs, sp):
                             probe = self._probe(base, mbs, sp, zero, cps[-1], recomputes[0])
-                            if floor is None:
-                                floor = self._layout_floor(probe, cps, runnable)
-                            yield self._group(probe, floor, scheds, cps, runnable, recomputes)
+                            if zero3 not in floors:
+                                floors[zero3] = self._layout_floor(probe, cps, runnable)
+                            yield self._group(probe, floors[zero3], scheds, cps, runnable,
+                                              recomputes)
                             continue
                         stats.infeasible["model states exceed memory"] += per_zero
                         # no member fits as it is: each offload the space allows is tried
@@ -311,10 +313,10 @@ class _Search:
                                 stats.infeasible["model states exceed memory"] += per_zero
                                 continue
                             probe = self._probe(base, mbs, sp, zero, cps[-1], recomputes[0])
-                            if floor is None:
-                                floor = self._layout_floor(probe, cps, runnable)
-                            yield self._group(probe.replace(offload=off), floor, scheds, cps,
-                                              runnable, recomputes)
+                            if zero3 not in floors:
+                                floors[zero3] = self._layout_floor(probe, cps, runnable)
+                            yield self._group(probe.replace(offload=off), floors[zero3], scheds,
+                                              cps, runnable, recomputes)
 
     def _group(self, plan: Plan, bound: float, scheds: Sequence[tuple[Schedule, int, bool]],
                cps: Sequence[CpComm], runnable: tuple[tuple[Schedule, int, bool], ...],
@@ -357,6 +359,7 @@ class _Search:
         flat = [layers // (p * v) if v > 1 else layers // p
                 for sched, v, _ in scheds if not sched.v_shape]
         v_shaped = any(sched.v_shape for sched, _, _ in scheds)
+        gathers = self._last_stage_gathers(plan, scheds) if uniform else (0.0, 0.0)
         least = float("inf")
         for cp_comm in cps:
             core = layer_core(plan if cp_comm is plan.cp_comm else plan.replace(cp_comm=cp_comm))
@@ -378,13 +381,43 @@ class _Search:
                 stage = m * (layers // p) * per_dense  # m microbatches of a stage's layers
                 kinds = []
                 if flat:
-                    kinds.append((p - 1) * min(flat) * forward + stage + m * core.logits)
+                    kinds.append((p - 1) * min(flat) * forward + stage + m * core.logits
+                                 + m * gathers[0])
                 if v_shaped:
-                    kinds.append(max((p - 1) * (layers // (2 * p)) * forward + stage,
-                                     stage + m * core.logits))
+                    kinds.append(max((p - 1) * (layers // (2 * p)) * forward + stage
+                                     + m * gathers[1], stage + m * core.logits))
                 floor = max(floor, min(kinds))
             least = min(least, floor)
         return least
+
+    def _last_stage_gathers(self, plan: Plan, scheds: Sequence[tuple[Schedule, int, bool]]
+                            ) -> tuple[float, float]:
+        """ZeRO-3's first-layer gathers per microbatch on stage p - 1
+        (``dp.zero3_first_gathers``) of the uniform members of ``scheds``, the least over
+        the flat ones (their stage p - 1 holds the output layer, and per chunk count its
+        own dense layers: ``pp.dense_per_stage``), and of the V ones (the layers of
+        virtual stages p - 1 and p); (0, 0) without ZeRO-3."""
+        if plan.zero is not ZeroStage.PARAMETERS:
+            return 0.0, 0.0
+        model, lay = self.model, plan.layout
+        last, groups = lay.pp - 1, mesh.groups(plan)
+        flat = float("inf")
+        for v in sorted({v for sched, v, _ in scheds if not sched.v_shape}):
+            member = plan.replace(layout=self._at_vpp(lay, v), schedule=(
+                Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B))
+            layers = member.stage_layers[last]
+            params = stage_state_params(model, lay, False, True, layers,
+                                        dense_per_stage(member)[last])
+            flat = min(flat, dp.zero3_first_gathers(plan, groups, *params,
+                                                    layers + model.mtp_layers))
+        v_shaped = 0.0
+        if any(sched.v_shape for sched, _, _ in scheds):
+            member = plan.replace(layout=self._at_vpp(lay, 2), schedule=Schedule.ZB_V)
+            layers = member.stage_layers[last]
+            params = stage_state_params(model, lay, False, False, layers,
+                                        dense_per_stage(member)[last], 0)
+            v_shaped = dp.zero3_first_gathers(plan, groups, *params, layers)
+        return (0.0 if flat == float("inf") else flat), v_shaped
 
     def _laid(self, group: _Group) -> _Group:
         """The group with its layout's bound (:meth:`_layout_bound`, for every ZeRO stage
