@@ -294,7 +294,7 @@ def stage_work_for(plan: Plan, stage: int, layers: int, dense: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class _LayerCore:
+class LayerCore:
     """What a layer costs on a shard, whatever the dp and pp around it."""
 
     lt: LayerTimes  # a dense layer
@@ -312,7 +312,7 @@ class _Shared:
     """Per-plan quantities every stage uses: its layers' costs, its communicators and
     one pipeline send."""
 
-    core: _LayerCore
+    core: LayerCore
     groups: dict[Axis, comm.Group]
     pp_send: float
 
@@ -333,7 +333,7 @@ def _shared_of(plan: Plan) -> _Shared:
 
 
 @lru_cache(maxsize=8192)
-def _layer_core(model: Model, cluster: Cluster, shard: Shard) -> _LayerCore:
+def _layer_core(model: Model, cluster: Cluster, shard: Shard) -> LayerCore:
     device = cluster.device
     lt = _layer_times(model, shard, device)
     lt_moe = _layer_times(model, shard, device, True) if model.is_moe else lt
@@ -343,11 +343,11 @@ def _layer_core(model: Model, cluster: Cluster, shard: Shard) -> _LayerCore:
     cp_f, cp_b = cp.exposed(model, cluster, shard, lt, groups[Axis.CP])
     ep_layer = (ep.layer_seconds(model, shard, groups[Axis.EP], groups[Axis.ETP])
                 if model.is_moe else 0.0)
-    return _LayerCore(lt, lt_moe, act_bytes, tp_layer, cp_f, cp_b, ep_layer,
+    return LayerCore(lt, lt_moe, act_bytes, tp_layer, cp_f, cp_b, ep_layer,
                       sum(_logits_times(model, shard, device)))
 
 
-def layer_core(plan: Plan) -> _LayerCore:
+def layer_core(plan: Plan) -> LayerCore:
     """What one layer of the plan costs on its shard (times, TP, CP and EP communication),
     whatever the dp and pp around it."""
     return _layer_core(plan.model, plan.cluster, shard_of(plan))

@@ -45,7 +45,13 @@ from autoplan.cost.bounds import (
     step_time_lower_bound,
 )
 from autoplan.cost.evaluate import evaluate
-from autoplan.cost.stage import activation_bytes, held_activations, layer_core, memory_with
+from autoplan.cost.stage import (
+    LayerCore,
+    activation_bytes,
+    held_activations,
+    layer_core,
+    memory_with,
+)
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
@@ -239,6 +245,8 @@ class _Search:
         self._exact_bounds: dict[tuple, float] = {}  # :meth:`_candidate`
         # (layout, micro-batch, SP, ZeRO stand-in, recompute) -> :meth:`_layout_bound`
         self._layout_bounds: dict[tuple[Layout, int, bool, ZeroStage, Recompute], float] = {}
+        self._cores: dict[tuple[Layout, int, bool, CpComm], LayerCore] = {}  # :meth:`_core`
+        self._gathers: dict[tuple[Layout, frozenset[int]], tuple[float, float]] = {}
 
     # -- generation ------------------------------------------------------------------
     def layouts(self) -> Iterator[Layout]:
@@ -362,7 +370,7 @@ class _Search:
         gathers = self._last_stage_gathers(plan, scheds) if uniform else (0.0, 0.0)
         least = float("inf")
         for cp_comm in cps:
-            core = layer_core(plan if cp_comm is plan.cp_comm else plan.replace(cp_comm=cp_comm))
+            core = self._core(plan, cp_comm)
             lt, lt_moe = core.lt, core.lt_moe
             forward = lt.forward + core.tp_layer + core.cp_f
             forward_moe = forward - lt.forward + lt_moe.forward + core.ep_layer
@@ -390,6 +398,16 @@ class _Search:
             least = min(least, floor)
         return least
 
+    def _core(self, plan: Plan, cp_comm: CpComm) -> LayerCore:
+        """``layer_core`` of the plan on ``cp_comm``: read off its layout, micro-batch and
+        sequence parallelism (the same for each ZeRO stage, recompute and offload)."""
+        key = (plan.layout, plan.micro_batch, plan.sequence_parallel, cp_comm)
+        core = self._cores.get(key)
+        if core is None:
+            core = self._cores[key] = layer_core(
+                plan if cp_comm is plan.cp_comm else plan.replace(cp_comm=cp_comm))
+        return core
+
     def _last_stage_gathers(self, plan: Plan, scheds: Sequence[tuple[Schedule, int, bool]]
                             ) -> tuple[float, float]:
         """ZeRO-3's first-layer gathers per microbatch on stage p - 1
@@ -399,6 +417,14 @@ class _Search:
         virtual stages p - 1 and p); (0, 0) without ZeRO-3."""
         if plan.zero is not ZeroStage.PARAMETERS:
             return 0.0, 0.0
+        vs = frozenset(2 if sched.v_shape else -v for sched, v, _ in scheds)  # V: 2
+        key = (plan.layout, vs)
+        if key not in self._gathers:
+            self._gathers[key] = self._last_stage_gathers_of(plan, scheds)
+        return self._gathers[key]
+
+    def _last_stage_gathers_of(self, plan: Plan, scheds: Sequence[tuple[Schedule, int, bool]]
+                               ) -> tuple[float, float]:
         model, lay = self.model, plan.layout
         last, groups = lay.pp - 1, mesh.groups(plan)
         flat = float("inf")
