@@ -10,7 +10,15 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from autoplan.cost import comm, memory, offload
-from autoplan.cost.compute import BF16_BYTES, LayerTimes, Shard, layer_times, logits_times
+from autoplan.cost.compute import (
+    BF16_BYTES,
+    LayerTimes,
+    Shard,
+    gemm_time,
+    grouped_gemm_time,
+    layer_times,
+    logits_times,
+)
 from autoplan.descriptors.hardware import Cluster, Device
 from autoplan.descriptors.model import Model
 from autoplan.parallel import cp, dp, ep, mesh, pp, tp
@@ -596,5 +604,5 @@ def clear_caches() -> None:
     for fn in (_layer_times, _logits_times, layer_params_per_rank, stage_params, _stage_works,
                _shared_of, _layer_core, _layer_key, _stage_terms, _stage, _activation_terms,
                _plan_activation_terms, shard_of, cost_key, _one_chunk, _chunk_works,
-               _chunked_stage_works, peak_held):
+               _chunked_stage_works, peak_held, gemm_time, grouped_gemm_time):
         fn.cache_clear()
