@@ -140,20 +140,27 @@ def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], vpp: int = 1,
     m = plan.num_microbatches
     best = fill = drain = 0.0
     heaviest: StageWork | None = None
-    for w in works:  # (comparisons written out: the search's hottest loop)
+    n, i = len(works), 0
+    while i < n:  # (comparisons written out: the search's hottest loop)
+        w = works[i]
+        run = i + 1  # a run of stages sharing one work (equal middle stages): its last has
+        while run < n and works[run] is w:  # the most fill and drain before it
+            run += 1
         f, b_in, b = w.forward, w.backward_input, w.backward
         if fused:
             b_in = b
-        x = fill + m * (f + b)
+        before = run - i - 1
+        x = fill + before * f / vpp + m * (f + b)
         if x > best:
             best = x
-        x = fill + m * (f + b_in) + drain
+        x = fill + before * f / vpp + m * (f + b_in) + drain + before * b_in / vpp
         if x > best:
             best = x
-        fill += f / vpp
-        drain += b_in / vpp
+        fill += (run - i) * f / vpp
+        drain += (run - i) * b_in / vpp
         if heaviest is None or w.params + w.expert_params > heaviest.params + heaviest.expert_params:
             heaviest, heaviest_f, heaviest_b = w, f, b
+        i = run
     best += optimizer_seconds(plan, works) + step_overhead(plan)
     if sync and heaviest is not None:
         best += max(grad_sync_least(plan, mesh.groups(plan), heaviest.params,
