@@ -312,7 +312,7 @@ class LayerCore:
     cp_f: float  # exposed context-parallel communication per layer, forward
     cp_b: float  # ... backward
     ep_layer: float  # MoE token dispatch and combine per MoE layer, one direction
-    logits: float  # the output layer's logits: forward, input- and weight-gradient compute
+    logits: tuple[float, float, float]  # the output layer's logits' compute: F, B and W
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,7 +352,7 @@ def _layer_core(model: Model, cluster: Cluster, shard: Shard) -> LayerCore:
     ep_layer = (ep.layer_seconds(model, shard, groups[Axis.EP], groups[Axis.ETP])
                 if model.is_moe else 0.0)
     return LayerCore(lt, lt_moe, act_bytes, tp_layer, cp_f, cp_b, ep_layer,
-                      sum(_logits_times(model, shard, device)))
+                      _logits_times(model, shard, device))
 
 
 def layer_core(plan: Plan) -> LayerCore:

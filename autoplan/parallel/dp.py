@@ -184,34 +184,16 @@ def zero3_exposed(plan: Plan, groups: dict[Axis, comm.Group], params: float,
     and reduce-scatters of a pass share one link. All per layer, ``layers`` of them."""
     if plan.zero is not ZeroStage.PARAMETERS or groups[Axis.DP].size <= 1:
         return 0.0, 0.0
-    gather, scatter = _zero3_collectives(plan, groups, params, expert_params)
-    slow = plan.stack.comm_compute_slowdown
-    first = gather / max(1, layers)  # the first layer's gather, before any compute
-    return (first + overlapped(gather, forward, slow),
-            first + overlapped(gather + scatter, backward_input + backward_weight, slow))
-
-
-def zero3_first_gathers(plan: Plan, groups: dict[Axis, comm.Group], params: float,
-                        expert_params: float, layers: int) -> float:
-    """Of :func:`zero3_exposed`, forward and backward, what no compute hides whatever it
-    is: each pass's wait for its first layer's gather (the overlapped rest is at least
-    nothing)."""
-    if plan.zero is not ZeroStage.PARAMETERS or groups[Axis.DP].size <= 1:
-        return 0.0
-    return 2 * _zero3_collectives(plan, groups, params, expert_params)[0] / max(1, layers)
-
-
-def _zero3_collectives(plan: Plan, groups: dict[Axis, comm.Group], params: float,
-                       expert_params: float) -> tuple[float, float]:
-    """(all-gather of the parameters, reduce-scatter of their gradients) of one ZeRO-3
-    pass over ``params`` and ``expert_params`` (the experts' over their own group)."""
     gather = comm.all_gather(params * BF16_BYTES, groups[Axis.DP])
     scatter = comm.reduce_scatter(params * grad_bytes(plan.job.dtype), groups[Axis.DP])
     if expert_params:
         gather += comm.all_gather(expert_params * BF16_BYTES, groups[Axis.EDP])
         scatter += comm.reduce_scatter(expert_params * grad_bytes(plan.job.dtype),
                                        groups[Axis.EDP])
-    return gather, scatter
+    slow = plan.stack.comm_compute_slowdown
+    first = gather / max(1, layers)  # the first layer's gather, before any compute
+    return (first + overlapped(gather, forward, slow),
+            first + overlapped(gather + scatter, backward_input + backward_weight, slow))
 
 
 def grad_sync_exposed(plan: Plan, groups: dict[Axis, comm.Group], works: Sequence[StageShare],

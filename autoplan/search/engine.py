@@ -249,7 +249,9 @@ class _Search:
         # (layout, micro-batch, SP, ZeRO stand-in, recompute) -> :meth:`_layout_bound`
         self._layout_bounds: dict[tuple[Layout, int, bool, ZeroStage, Recompute], float] = {}
         self._cores: dict[tuple[Layout, int, bool, CpComm], LayerCore] = {}  # :meth:`_core`
-        self._gathers: dict[tuple[Layout, frozenset[int]], tuple[float, float]] = {}
+        # :meth:`_last_stage_states`
+        self._last_states: dict[tuple[Layout, frozenset[int]], tuple[
+            tuple[tuple[float, float, int], ...], tuple[float, float, int] | None]] = {}
 
     # -- generation ------------------------------------------------------------------
     def layouts(self) -> Iterator[Layout]:
@@ -359,10 +361,15 @@ class _Search:
           forward has crossed a first chunk of each stage before it (term 1 of
           ``step_time_lower_bound``), at least floor(L/p) layers each with one chunk,
           L/(p v) with v (the rules make pp v divide L), L/(2p) for a V; a V's stage 0
-          runs m microbatches of its L/p layers and the logits.
+          runs m microbatches of its L/p layers and the logits. With ZeRO-3, stage
+          p - 1 also exposes its parameters' gathers and gradients' reduce-scatters
+          (``dp.zero3_exposed``, of its own parameters and layers,
+          :meth:`_last_stage_states`) at the least compute it runs: a pass's compute
+          plus what of them it exposes grows with that compute (the overlap hides at
+          most the compute it runs beside), so the least compute bounds it.
 
         Each part of a stage's work that this leaves out (the embedding, TP at the heads,
-        sends, ZeRO-3, offload) only adds to it."""
+        sends, ZeRO-3 elsewhere, offload) only adds to it."""
         model = plan.model
         p, m, layers = plan.layout.pp, plan.num_microbatches, model.layers
         moe = model.moe_layers if model.is_moe else 0
@@ -370,7 +377,9 @@ class _Search:
         flat = [layers // (p * v) if v > 1 else layers // p
                 for sched, v, _ in scheds if not sched.v_shape]
         v_shaped = any(sched.v_shape for sched, _, _ in scheds)
-        gathers = self._last_stage_gathers(plan, scheds) if uniform else (0.0, 0.0)
+        zero3 = uniform and plan.zero is ZeroStage.PARAMETERS
+        states = self._last_stage_states(plan, scheds) if zero3 else ((), None)
+        groups = mesh.groups(plan)
         least = float("inf")
         for cp_comm in cps:
             core = self._core(plan, cp_comm)
@@ -385,18 +394,29 @@ class _Search:
             elif plan.recompute is Recompute.SELECTIVE:
                 per_dense += lt.attention_forward
                 per_moe += lt_moe.attention_forward
-            floor = m * ((layers - moe) * per_dense + moe * per_moe + core.logits) / p
+            logits = sum(core.logits)
+            floor = m * ((layers - moe) * per_dense + moe * per_moe + logits) / p
             if uniform:
+                # stage p - 1's compute, forward and backward (ZeRO-3's gathers hide behind it)
+                c_f = (layers // p) * min(lt.forward, lt_moe.forward)
+                c_b = (layers // p) * min(lt.backward_input + lt.backward_weight,
+                                          lt_moe.backward_input + lt_moe.backward_weight)
                 if moe:
                     forward, per_dense = min(forward, forward_moe), min(per_dense, per_moe)
                 stage = m * (layers // p) * per_dense  # m microbatches of a stage's layers
                 kinds = []
                 if flat:
-                    kinds.append((p - 1) * min(flat) * forward + stage + m * core.logits
-                                 + m * gathers[0])
+                    lf, lb, lw = core.logits
+                    kinds.append((p - 1) * min(flat) * forward + stage + m * logits + m * min(
+                        (sum(dp.zero3_exposed(plan, groups, *state[:2], c_f + lf,
+                                              c_b + lb + lw, 0.0, state[2]))
+                         for state in states[0]), default=0.0))
                 if v_shaped:
+                    v_state = states[1]
+                    gathers = (0.0 if v_state is None else sum(dp.zero3_exposed(
+                        plan, groups, *v_state[:2], c_f, c_b, 0.0, v_state[2])))
                     kinds.append(max((p - 1) * (layers // (2 * p)) * forward + stage
-                                     + m * gathers[1], stage + m * core.logits))
+                                     + m * gathers, stage + m * logits))
                 floor = max(floor, min(kinds))
             least = min(least, floor)
         return least
@@ -411,42 +431,37 @@ class _Search:
                 plan if cp_comm is plan.cp_comm else plan.replace(cp_comm=cp_comm))
         return core
 
-    def _last_stage_gathers(self, plan: Plan, scheds: Sequence[tuple[Schedule, int, bool]]
-                            ) -> tuple[float, float]:
-        """ZeRO-3's first-layer gathers per microbatch on stage p - 1
-        (``dp.zero3_first_gathers``) of the uniform members of ``scheds``, the least over
-        the flat ones (their stage p - 1 holds the output layer, and per chunk count its
-        own dense layers: ``pp.dense_per_stage``), and of the V ones (the layers of
-        virtual stages p - 1 and p); (0, 0) without ZeRO-3."""
-        if plan.zero is not ZeroStage.PARAMETERS:
-            return 0.0, 0.0
-        vs = frozenset(2 if sched.v_shape else -v for sched, v, _ in scheds)  # V: 2
+    def _last_stage_states(self, plan: Plan, scheds: Sequence[tuple[Schedule, int, bool]]
+                           ) -> tuple[tuple[tuple[float, float, int], ...], tuple[float, float, int] | None]:
+        """(non-expert parameters, expert parameters, layers run) of stage p - 1 of the
+        uniform members of ``scheds``: of the flat ones, per chunk count (the stage holds
+        the output layer and the MTP modules, and its own dense layers:
+        ``pp.dense_per_stage``), and of the V ones (virtual stages p - 1 and p), None
+        without; what ZeRO-3 gathers there (:meth:`_layout_floor`). Per layout and chunk
+        counts."""
+        vs = frozenset(0 if sched.v_shape else v for sched, v, _ in scheds)  # V: 0
         key = (plan.layout, vs)
-        if key not in self._gathers:
-            self._gathers[key] = self._last_stage_gathers_of(plan, scheds)
-        return self._gathers[key]
-
-    def _last_stage_gathers_of(self, plan: Plan, scheds: Sequence[tuple[Schedule, int, bool]]
-                               ) -> tuple[float, float]:
+        hit = self._last_states.get(key)
+        if hit is not None:
+            return hit
         model, lay = self.model, plan.layout
-        last, groups = lay.pp - 1, mesh.groups(plan)
-        flat = float("inf")
-        for v in sorted({v for sched, v, _ in scheds if not sched.v_shape}):
+        last = lay.pp - 1
+        flat = []
+        for v in sorted(vs - {0}):
             member = plan.replace(layout=self._at_vpp(lay, v), schedule=(
                 Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B))
             layers = member.stage_layers[last]
-            params = stage_state_params(model, lay, False, True, layers,
-                                        dense_per_stage(member)[last])
-            flat = min(flat, dp.zero3_first_gathers(plan, groups, *params,
-                                                    layers + model.mtp_layers))
-        v_shaped = 0.0
-        if any(sched.v_shape for sched, _, _ in scheds):
+            flat.append((*stage_state_params(model, lay, False, True, layers,
+                                             dense_per_stage(member)[last]),
+                         layers + model.mtp_layers))
+        v_state = None
+        if 0 in vs:
             member = plan.replace(layout=self._at_vpp(lay, 2), schedule=Schedule.ZB_V)
             layers = member.stage_layers[last]
-            params = stage_state_params(model, lay, False, False, layers,
-                                        dense_per_stage(member)[last], 0)
-            v_shaped = dp.zero3_first_gathers(plan, groups, *params, layers)
-        return (0.0 if flat == float("inf") else flat), v_shaped
+            v_state = (*stage_state_params(model, lay, False, False, layers,
+                                           dense_per_stage(member)[last], 0), layers)
+        out = self._last_states[key] = (tuple(flat), v_state)
+        return out
 
     def _laid(self, group: _Group) -> _Group:
         """The group with its layout's bound (:meth:`_layout_bound`, for every ZeRO stage
