@@ -185,7 +185,9 @@ class _Group:
     recomputes: tuple[Recompute, ...] = ()
     # ``bound`` counts its layout's bound (else its compute floor, :meth:`_Search._laid`)
     laid: bool = True
-    shared: bool = False  # ZeRO-3: ``bound`` counts the bound of its layout's stages below 3
+    # ZeRO-3, before it is laid: ``bound`` counts its own compute floor (1; else its
+    # layout's below ZeRO-3), then (2) the layout bound of the stages below 3
+    steps: int = 0
 
     @property
     def size(self) -> int:
@@ -249,6 +251,7 @@ class _Search:
         # (layout, micro-batch, SP, ZeRO stand-in, recompute) -> :meth:`_layout_bound`
         self._layout_bounds: dict[tuple[Layout, int, bool, ZeroStage, Recompute], float] = {}
         self._cores: dict[tuple[Layout, int, bool, CpComm], LayerCore] = {}  # :meth:`_core`
+        self._zero3_memo: dict[tuple, tuple[float, float]] = {}  # :meth:`_zero3_passes`
         # :meth:`_last_stage_states`
         self._last_states: dict[tuple[Layout, frozenset[int]], tuple[
             tuple[tuple[float, float, int], ...], tuple[float, float, int] | None]] = {}
@@ -306,17 +309,18 @@ class _Search:
                         continue
                     # the bounds read only the schedules that pass the schedule rules
                     runnable = self._runnable(base, mbs, sp, scheds)
-                    # every group here starts at the layout's compute floor (ZeRO-3's
-                    # its own): its layout bound is worked out only if it comes up
+                    # every group here starts at the layout's compute floor (a ZeRO-3
+                    # group's own only if no other ZeRO stage has one): its ZeRO-3 floor
+                    # and layout bound are worked out only if it comes up
                     floors: dict[bool, float] = {}
                     for zero in zeros:
-                        zero3 = zero is ZeroStage.PARAMETERS
+                        zero3 = zero is ZeroStage.PARAMETERS and not floors
                         if not self._states_exceed_memory(base, zero, NO_OFFLOAD, mbs, sp):
                             probe = self._probe(base, mbs, sp, zero, cps[-1], recomputes[0])
                             if zero3 not in floors:
                                 floors[zero3] = self._layout_floor(probe, cps, runnable)
                             yield self._group(probe, floors[zero3], scheds, cps, runnable,
-                                              recomputes)
+                                              recomputes, steps=int(zero3))
                             continue
                         stats.infeasible["model states exceed memory"] += per_zero
                         # no member fits as it is: each offload the space allows is tried
@@ -329,14 +333,14 @@ class _Search:
                             if zero3 not in floors:
                                 floors[zero3] = self._layout_floor(probe, cps, runnable)
                             yield self._group(probe.replace(offload=off), floors[zero3], scheds,
-                                              cps, runnable, recomputes)
+                                              cps, runnable, recomputes, steps=int(zero3))
 
     def _group(self, plan: Plan, bound: float, scheds: Sequence[tuple[Schedule, int, bool]],
                cps: Sequence[CpComm], runnable: tuple[tuple[Schedule, int, bool], ...],
-               recomputes: tuple[Recompute, ...] = ()) -> _Group:
+               recomputes: tuple[Recompute, ...] = (), steps: int = 0) -> _Group:
         return _Group(bound, rank_key_static(plan), plan, tuple(scheds), tuple(cps),
                       runnable=runnable, recomputes=recomputes if len(recomputes) > 1 else (),
-                      laid=False)
+                      laid=False, steps=steps)
 
     def _layout_floor(self, plan: Plan, cps: Sequence[CpComm],
                       scheds: Sequence[tuple[Schedule, int, bool]]) -> float:
@@ -379,7 +383,6 @@ class _Search:
         v_shaped = any(sched.v_shape for sched, _, _ in scheds)
         zero3 = uniform and plan.zero is ZeroStage.PARAMETERS
         states = self._last_stage_states(plan, scheds) if zero3 else ((), None)
-        groups = mesh.groups(plan)
         least = float("inf")
         for cp_comm in cps:
             core = self._core(plan, cp_comm)
@@ -404,19 +407,14 @@ class _Search:
                 if moe:
                     forward, per_dense = min(forward, forward_moe), min(per_dense, per_moe)
                 stage = m * (layers // p) * per_dense  # m microbatches of a stage's layers
+                z_flat, z_v = (self._zero3_passes(plan, cp_comm, states, core, c_f, c_b)
+                               if zero3 else (0.0, 0.0))
                 kinds = []
                 if flat:
-                    lf, lb, lw = core.logits
-                    kinds.append((p - 1) * min(flat) * forward + stage + m * logits + m * min(
-                        (sum(dp.zero3_exposed(plan, groups, *state[:2], c_f + lf,
-                                              c_b + lb + lw, 0.0, state[2]))
-                         for state in states[0]), default=0.0))
+                    kinds.append((p - 1) * min(flat) * forward + stage + m * (logits + z_flat))
                 if v_shaped:
-                    v_state = states[1]
-                    gathers = (0.0 if v_state is None else sum(dp.zero3_exposed(
-                        plan, groups, *v_state[:2], c_f, c_b, 0.0, v_state[2])))
-                    kinds.append(max((p - 1) * (layers // (2 * p)) * forward + stage
-                                     + m * gathers, stage + m * logits))
+                    kinds.append(max((p - 1) * (layers // (2 * p)) * forward + stage + m * z_v,
+                                     stage + m * logits))
                 floor = max(floor, min(kinds))
             least = min(least, floor)
         return least
@@ -430,6 +428,27 @@ class _Search:
             core = self._cores[key] = layer_core(
                 plan if cp_comm is plan.cp_comm else plan.replace(cp_comm=cp_comm))
         return core
+
+    def _zero3_passes(self, plan: Plan, cp_comm: CpComm, states: tuple[
+                          tuple[tuple[float, float, int], ...], tuple[float, float, int] | None],
+                      core: LayerCore, c_f: float, c_b: float) -> tuple[float, float]:
+        """ZeRO-3's exposed passes per microbatch on stage p - 1 (:meth:`_layout_floor`) at
+        its least compute, ``c_f`` and ``c_b`` (``core``'s, the logits' on a flat one):
+        the least over the flat members' ``states``, and the V members'. Per layout,
+        micro-batch, sequence parallelism and exchange (not recompute: the compute is
+        without it)."""
+        key = (plan.layout, plan.micro_batch, plan.sequence_parallel, cp_comm, states)
+        hit = self._zero3_memo.get(key)
+        if hit is None:
+            groups, (lf, lb, lw) = mesh.groups(plan), core.logits
+            flat = min((sum(dp.zero3_exposed(plan, groups, params, experts, c_f + lf,
+                                             c_b + lb + lw, 0.0, n))
+                        for params, experts, n in states[0]), default=0.0)
+            v_state = states[1]
+            v_shaped = 0.0 if v_state is None else sum(dp.zero3_exposed(
+                plan, groups, v_state[0], v_state[1], c_f, c_b, 0.0, v_state[2]))
+            hit = self._zero3_memo[key] = (flat, v_shaped)
+        return hit
 
     def _last_stage_states(self, plan: Plan, scheds: Sequence[tuple[Schedule, int, bool]]
                            ) -> tuple[tuple[tuple[float, float, int], ...], tuple[float, float, int] | None]:
@@ -460,7 +479,7 @@ class _Search:
             layers = member.stage_layers[last]
             v_state = (*stage_state_params(model, lay, False, False, layers,
                                            dense_per_stage(member)[last], 0), layers)
-        out = self._last_states[key] = (tuple(flat), v_state)
+        out = self._last_states[key] = (tuple(dict.fromkeys(flat)), v_state)
         return out
 
     def _laid(self, group: _Group) -> _Group:
@@ -469,20 +488,26 @@ class _Search:
         it (a bundle's recompute is its least); shifted by its offload,
         ``_offloaded_bound``) where that passes its floor: worked out once for each
         layout, micro-batch, sequence parallelism, kind of ZeRO and recompute that comes
-        up. A ZeRO-3 group first takes the bound of the stages below 3, where one of
-        them shards the optimizer as ZeRO-3 does (ZeRO-3 only adds gathers to their work):
-        if that raises its bound it comes back ``shared``, laid only when it comes up
+        up. A ZeRO-3 group first takes its own compute floor (:meth:`_layout_floor`,
+        with ZeRO-3's passes), then the bound of the stages below 3, where one of them
+        shards the optimizer as ZeRO-3 does (ZeRO-3 only adds gathers to their work):
+        where one raises its bound it comes back (``steps``), laid only when it comes up
         again (most do not; ZeRO-3's bound needs stage works of its own)."""
         plan = group.plan
         zeros = dp.zero_stages(plan.layout, self.space)
         below: ZeroStage | None = max(
             (z for z in zeros if z is not ZeroStage.PARAMETERS), default=None)
         if plan.zero is ZeroStage.PARAMETERS:
-            if not group.shared and below is not None and below >= ZeroStage.OPTIMIZER:
-                shared = self._offloaded(self._shared_layout_bound(group, below), plan)
-                group = dataclasses.replace(group, shared=True)
-                if shared > group.bound:
-                    return dataclasses.replace(group, bound=shared)
+            steps = (
+                (1, lambda: self._layout_floor(plan, group.cp_comms, group.runnable)),
+                (2, lambda: (self._offloaded(self._shared_layout_bound(group, below), plan)
+                             if below is not None and below >= ZeroStage.OPTIMIZER else 0.0)))
+            for step, tighter in steps:
+                if group.steps < step:
+                    bound = tighter()
+                    group = dataclasses.replace(group, steps=step)
+                    if bound > group.bound:
+                        return dataclasses.replace(group, bound=bound)
             below = ZeroStage.PARAMETERS
         assert below is not None
         own = self._offloaded(self._shared_layout_bound(group, below), plan)
@@ -522,9 +547,11 @@ class _Search:
             plan = group.plan.replace(recompute=rc)
             bound = group.bound if i == 0 else max(
                 group.bound, self._layout_floor(plan, group.cp_comms, group.runnable))
+            # (a ZeRO-3 group's floor at its recompute is its own ZeRO-3 floor)
             out.append(dataclasses.replace(
                 self._group(plan, bound, group.schedules, group.cp_comms, group.runnable),
-                laid=group.laid and i == 0, shared=group.shared and i == 0))
+                laid=group.laid and i == 0,
+                steps=group.steps if i == 0 else int(plan.zero is ZeroStage.PARAMETERS)))
         return out
 
     def each_group(self) -> Iterator[_Group]:

@@ -340,14 +340,15 @@ def test_a_layouts_compute_floor_never_exceeds_a_members_step(case):
     """Groups start in the queue at their layout's compute floor (engine._Search.
     _layout_floor), their layout's bound worked out only if they come up: the floor must
     not exceed the step of any member, uniform or split, of any recompute, ZeRO stage,
-    exchange or offload, nor, at a group's own recompute, the step of any member of that
-    group. Where no member is a split variant it counts the pipeline's fill, and that
-    raises it above the mean's for some layout."""
+    exchange or offload, nor, at a group's own recompute (and ZeRO-3's passes, where it
+    is one), the step of any member of that group. Where no member is a split variant
+    it counts the pipeline's fill, and that raises it above the mean's for some
+    layout."""
     name, cluster, gpus, gbs, seq, space_name, every = case
     space = load_space(space_name)
     walk = _Search(_model(name), with_gpus(resolve_cluster(cluster), gpus),
                    Job(global_batch=gbs, seq_len=seq), space, top_k=1)
-    checked = filled = 0
+    checked = filled = zero3 = 0
     for i, bundle in enumerate(walk.groups()):
         assert not bundle.laid
         mean = walk._layout_floor(bundle.plan, bundle.cp_comms,
@@ -357,14 +358,19 @@ def test_a_layouts_compute_floor_never_exceeds_a_members_step(case):
         if i % every and not (mean < bundle.bound and filled <= 3):
             continue  # every so many, and the first three the fill raises
         for group in walk.unbundled(bundle):
+            # its own: at its recompute, and ZeRO-3's where it is one (``_laid``)
+            own = walk._layout_floor(group.plan, group.cp_comms, group.runnable)
             for plan, split in walk.schedule_plans(group, count=False):
                 if split:
                     plan = with_best_stages(plan, space.stage_shape)
                     if plan is None:
                         continue
-                # each group's, at its own recompute, is at least its bundle's
-                assert bundle.bound <= group.bound <= evaluate(plan).step_time_s * TIGHT, plan
+                step = evaluate(plan).step_time_s
+                assert bundle.bound <= group.bound <= step * TIGHT, plan
+                assert own <= step * TIGHT, plan
                 checked += 1
+                zero3 += plan.zero is ZeroStage.PARAMETERS
     assert checked >= 20
     assert filled >= 1 if space.stage_shape is StageShape.UNIFORM else filled == 0
+    assert zero3 >= 1 if ZeroStage.PARAMETERS in space.zero else zero3 == 0
     assert checked >= 20
