@@ -9,9 +9,10 @@ partitioner (search/partition.py) runs only for the variants that reach the fron
 
 Every item in the queue carries a bound valid for all it stands for, tightened in
 steps, each only for the items that come up (back in line each time the bound rises):
-a bundle of a group's recompute choices at its layout's compute floor; its layout's
-bound (every ZeRO stage below 3, or ZeRO-3; its least recompute); each of its groups at
-its own recompute's layout bound; the group's own bound; the group's memory
+a bundle of a group's recompute choices at its layout's compute floor (ZeRO-3's, with
+its gathers, once it comes up); its layout's bound (every ZeRO stage below 3, or ZeRO-3;
+its least recompute); each of its groups at its own recompute's compute floor, then
+layout bound; the group's own bound; the group's memory
 floor (dropped where no member fits, else charged the allocator's pressure); its
 schedules as candidates at their busiest-stage bound; a candidate's own bound; its
 memory; its schedule's critical chain; then ``evaluate``. The tests hold each bound
@@ -346,12 +347,13 @@ class _Search:
                       scheds: Sequence[tuple[Schedule, int, bool]]) -> float:
         """A step time no plan of ``plan``'s layout, micro-batch, sequence parallelism and
         recompute (or more) beats, whatever its schedule of ``scheds`` (those passing the
-        schedule rules), layer split, ZeRO stage, offload or exchange of ``cps``, read off
-        one layer's costs alone (``cost.stage.layer_core``): per layer, its forward,
-        input- and weight-gradient compute, its forward TP collectives, its exposed CP
-        exchange both ways, its MoE dispatch and combine both ways and what its recompute
-        runs again (the attention's forward; or the whole forward with its TP, CP and
-        MoE collectives: ``cost.stage._stage``); a forward alone: all but the gradients'
+        schedule rules), layer split, ZeRO stage (ZeRO-3 only where ``plan``'s is: its
+        passes then count), offload or exchange of ``cps``, read off one layer's costs
+        alone (``cost.stage.layer_core``): per layer, its forward, input- and
+        weight-gradient compute, its forward TP collectives, its exposed CP exchange both
+        ways, its MoE dispatch and combine both ways and what its recompute runs again
+        (the attention's forward; or the whole forward with its TP, CP and MoE
+        collectives: ``cost.stage._stage``); a forward alone: all but the gradients'
         compute, CP and recompute; and the output layer's logits' compute, once per
         microbatch on the stage holding it. The least over the exchanges (and over a
         dense and an MoE layer for a stage's layers) of the more of:
