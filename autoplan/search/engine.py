@@ -763,6 +763,16 @@ class _Search:
         layers and parameters per stage: each stage's longest backward per chunk, its
         most of ``backward`` (plus W's compute where ``with_w``) over ``chunks``, plus
         ``send``; a run of equal stages asked once."""
+        stages = [(params, experts, longest / chunks + send)
+                  for params, experts, longest in _Search._drain_stages(sets, with_w)]
+        return dp.grad_sync_drained_least(plan, mesh.groups(plan), stages)
+
+    @staticmethod
+    def _drain_stages(sets: list[tuple[StageWork, ...]], with_w: bool
+                      ) -> list[tuple[float, float, float]]:
+        """Per stage of ``sets`` (stage works holding the same layers and parameters per
+        stage): its parameters, expert parameters and longest backward (plus W's compute
+        where ``with_w``) of any set; a run of equal stages once (:meth:`_drained_of`)."""
         stages = []
         previous = None
         for s, w in enumerate(sets[0]):
@@ -770,8 +780,8 @@ class _Search:
                 continue
             previous = w
             longest = max(ws[s].backward + (ws[s].compute_w if with_w else 0.0) for ws in sets)
-            stages.append((w.params, w.expert_params, longest / chunks + send))
-        return dp.grad_sync_drained_least(plan, mesh.groups(plan), stages)
+            stages.append((w.params, w.expert_params, longest))
+        return stages
 
     def schedule_plans(self, group: _Group, count: bool = True) -> Iterator[tuple[Plan, bool]]:
         """The group's plans, one per (schedule, vpp, split) and exchange, that pass the
@@ -828,6 +838,9 @@ class _Search:
         # (exchange, vpp, B and W fused) -> the busiest-stage bound off the group's works
         # on that exchange (vpp 0: off its V works, as ``_group_bound`` reads them)
         busiest: dict[tuple[CpComm, int, bool], float] = {}
+        # (exchange, B and W fused) -> its flat stages' (params, expert params, longest
+        # backward), as ``_drained_of`` reads them, for every chunk count
+        drains: dict[tuple[CpComm, bool], list[tuple[float, float, float]]] = {}
         for plan, split in self.schedule_plans(group):
             if split:
                 out.append(_Split(group.bound, rank_key_static(plan), plan))
@@ -843,7 +856,12 @@ class _Search:
                 if v:  # the busiest-stage bound at its own chunk count
                     works = stage_work(own)
                     send = (pp.send_seconds(own, activation_bytes(own)) if v > 1 else 0.0)
-                    drained = self._drained_of(own, [works], send, not fused, v)
+                    stages = drains.get((plan.cp_comm, fused))
+                    if stages is None:
+                        stages = drains[(plan.cp_comm, fused)] = self._drain_stages(
+                            [works], not fused)
+                    drained = dp.grad_sync_drained_least(
+                        own, mesh.groups(own), [(p, e, b / v + send) for p, e, b in stages])
                     bare = busiest_stage_bound(own, works, v, True, v == 1, drained, fused)
                 else:  # its works place the output layer on stage 0: the V works'
                     v_plan = own.replace(layout=self._at_vpp(own.layout, 2),
