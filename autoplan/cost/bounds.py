@@ -124,19 +124,19 @@ def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], vpp: int = 1,
     schedules run it in the drain). ``fused``: every schedule bounded runs B and W as
     one backward (GPipe, 1F1B, interleaved), so the gradient crosses the earlier stages
     in their whole backwards: fill_s + m(F_s + B_s) + sum_{j<s} B_j/vpp (term 2 of
-    :func:`step_time_lower_bound` with B and W fused). ``works`` are at one CP exchange: the bound holds for
-    that exchange's schedules (the search takes the least over its exchanges). A V places
-    its output layer on stage 0: its schedules are bounded with the V's own ``works``
-    (vpp = 2).
+    :func:`step_time_lower_bound` with B and W fused). ``works`` are at one CP exchange:
+    the bound holds for that exchange's schedules (the search takes the least over its
+    exchanges). A V places its output layer on stage 0: its schedules are bounded with
+    the V's own ``works`` (vpp = 2).
 
     ``sync``: plus the gradient sync no drain hides (``dp.grad_sync_least``) of every
     schedule of the plan's ZeRO stage at up to ``vpp`` chunks: the heaviest stage's
     parameters are every such schedule's (``works``: its own or its V's) and its backward
     the least. ``forward_known``: every schedule bounded runs ``vpp`` chunks whose
     forward is ``works``' (a V's own works; the flat works at one chunk), so the gather
-    hides behind that forward's chunk. ``drained``: another
-    bound on that sync, valid for every such schedule (``dp.grad_sync_drained_least``);
-    the more of the two counts."""
+    hides behind that forward's chunk. ``drained``: another bound on that sync, valid
+    for every such schedule (``dp.grad_sync_drained_least``); the more of the two
+    counts."""
     m = plan.num_microbatches
     best = fill = drain = 0.0
     heaviest: StageWork | None = None

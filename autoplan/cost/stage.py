@@ -352,12 +352,12 @@ def _layer_core(model: Model, cluster: Cluster, shard: Shard) -> LayerCore:
     ep_layer = (ep.layer_seconds(model, shard, groups[Axis.EP], groups[Axis.ETP])
                 if model.is_moe else 0.0)
     return LayerCore(lt, lt_moe, act_bytes, tp_layer, cp_f, cp_b, ep_layer,
-                      _logits_times(model, shard, device))
+                     _logits_times(model, shard, device))
 
 
 def layer_core(plan: Plan) -> LayerCore:
-    """What one layer of the plan costs on its shard (times, TP, CP and EP communication),
-    whatever the dp and pp around it."""
+    """What one layer of the plan costs on its shard (times, TP, CP and EP communication;
+    and the output layer's logits), whatever the dp and pp around it."""
     return _layer_core(plan.model, plan.cluster, shard_of(plan))
 
 

@@ -174,8 +174,8 @@ def test_a_layouts_shared_bound_holds_for_its_every_zero_and_recompute_group(cas
     """A bundle comes up at its layout's bound at its least recompute, and each of its
     groups at its own recompute's (engine._Search._layout_bound, for ZeRO-3 or every stage
     below, shifted by their offload), computing its own only then: neither may exceed
-    the group's own bound. (The compute floor they enter the queue at may: it is held to the members'
-    steps in ``test_a_layouts_compute_floor_never_exceeds_a_members_step``.)"""
+    the group's own bound. (The compute floor they enter the queue at may: it is held to
+    the members' steps in ``test_a_layouts_compute_floor_never_exceeds_a_members_step``.)"""
     name, cluster, gpus, gbs, seq, space_name, _ = case
     walk = _Search(_model(name), with_gpus(resolve_cluster(cluster), gpus),
                    Job(global_batch=gbs, seq_len=seq), load_space(space_name), top_k=1)
