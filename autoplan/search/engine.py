@@ -82,6 +82,12 @@ BOUND_SLACK = 1e-9  # relative; keeps exact ties (broken by memory) in the top k
 CHAINED = frozenset({Schedule.V_HALF, Schedule.V_MIN, Schedule.ZB_V})
 
 
+# (non-expert parameters, expert parameters, layers run) of a pipeline stage
+_StageState = tuple[float, float, int]
+# :meth:`_Search._last_stage_states`: the flat members' (one per chunk count), the V's
+_LastStates = tuple[tuple[_StageState, ...], _StageState | None]
+
+
 BOUND = "bound"
 HOST_MEMORY = "offload exceeds the host's memory"
 SPLIT_IS_UNIFORM = "split-is-uniform"
@@ -254,8 +260,7 @@ class _Search:
         self._cores: dict[tuple[Layout, int, bool, CpComm], LayerCore] = {}  # :meth:`_core`
         self._zero3_memo: dict[tuple, tuple[float, float]] = {}  # :meth:`_zero3_passes`
         # :meth:`_last_stage_states`
-        self._last_states: dict[tuple[Layout, frozenset[int]], tuple[
-            tuple[tuple[float, float, int], ...], tuple[float, float, int] | None]] = {}
+        self._last_states: dict[tuple[Layout, frozenset[int]], _LastStates] = {}
 
     # -- generation ------------------------------------------------------------------
     def layouts(self) -> Iterator[Layout]:
@@ -431,9 +436,8 @@ class _Search:
                 plan if cp_comm is plan.cp_comm else plan.replace(cp_comm=cp_comm))
         return core
 
-    def _zero3_passes(self, plan: Plan, cp_comm: CpComm, states: tuple[
-                          tuple[tuple[float, float, int], ...], tuple[float, float, int] | None],
-                      core: LayerCore, c_f: float, c_b: float) -> tuple[float, float]:
+    def _zero3_passes(self, plan: Plan, cp_comm: CpComm, states: _LastStates, core: LayerCore,
+                      c_f: float, c_b: float) -> tuple[float, float]:
         """ZeRO-3's exposed passes per microbatch on stage p - 1 (:meth:`_layout_floor`) at
         its least compute, ``c_f`` and ``c_b`` (``core``'s, the logits' on a flat one):
         the least over the flat members' ``states``, and the V members'. Per layout,
@@ -453,7 +457,7 @@ class _Search:
         return hit
 
     def _last_stage_states(self, plan: Plan, scheds: Sequence[tuple[Schedule, int, bool]]
-                           ) -> tuple[tuple[tuple[float, float, int], ...], tuple[float, float, int] | None]:
+                           ) -> _LastStates:
         """(non-expert parameters, expert parameters, layers run) of stage p - 1 of the
         uniform members of ``scheds``: of the flat ones, per chunk count (the stage holds
         the output layer and the MTP modules, and its own dense layers:
@@ -467,7 +471,7 @@ class _Search:
             return hit
         model, lay = self.model, plan.layout
         last = lay.pp - 1
-        flat = []
+        flat: list[_StageState] = []
         for v in sorted(vs - {0}):
             member = plan.replace(layout=self._at_vpp(lay, v), schedule=(
                 Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B))
@@ -475,7 +479,7 @@ class _Search:
             flat.append((*stage_state_params(model, lay, False, True, layers,
                                              dense_per_stage(member)[last]),
                          layers + model.mtp_layers))
-        v_state = None
+        v_state: _StageState | None = None
         if 0 in vs:
             member = plan.replace(layout=self._at_vpp(lay, 2), schedule=Schedule.ZB_V)
             layers = member.stage_layers[last]
@@ -500,16 +504,17 @@ class _Search:
         below: ZeroStage | None = max(
             (z for z in zeros if z is not ZeroStage.PARAMETERS), default=None)
         if plan.zero is ZeroStage.PARAMETERS:
-            steps = (
-                (1, lambda: self._layout_floor(plan, group.cp_comms, group.runnable)),
-                (2, lambda: (self._offloaded(self._shared_layout_bound(group, below), plan)
-                             if below is not None and below >= ZeroStage.OPTIMIZER else 0.0)))
-            for step, tighter in steps:
-                if group.steps < step:
-                    bound = tighter()
-                    group = dataclasses.replace(group, steps=step)
-                    if bound > group.bound:
-                        return dataclasses.replace(group, bound=bound)
+            if group.steps < 1:
+                floor = self._layout_floor(plan, group.cp_comms, group.runnable)
+                group = dataclasses.replace(group, steps=1)
+                if floor > group.bound:
+                    return dataclasses.replace(group, bound=floor)
+            if group.steps < 2:
+                group = dataclasses.replace(group, steps=2)
+                if below is not None and below >= ZeroStage.OPTIMIZER:
+                    shared = self._offloaded(self._shared_layout_bound(group, below), plan)
+                    if shared > group.bound:
+                        return dataclasses.replace(group, bound=shared)
             below = ZeroStage.PARAMETERS
         assert below is not None
         own = self._offloaded(self._shared_layout_bound(group, below), plan)
@@ -715,7 +720,8 @@ class _Search:
                 bound = min(bound, busiest_stage_bound(own, works, most, sync, most == 1,
                                                        drained, fused))
             if len(flat) < len(scheds):
-                v_plan = own.replace(layout=v_base.layout, schedule=Schedule.ZB_V)
+                v_plan = (v_base if own is plan
+                          else own.replace(layout=v_base.layout, schedule=Schedule.ZB_V))
                 bound = min(bound, busiest_stage_bound(v_plan, stage_work(v_plan), 2,
                                                        sync, True, drained))
             if split:
@@ -749,30 +755,28 @@ class _Search:
                     if any(v > 1 for _, v in flat) else 0.0)
             splits = any(b for b, _ in flat)
             sets = [works, *(stage_work(plan.replace(cp_comm=c)) for c in exchanges[1:])]
-            least = self._drained_of(plan, sets, send, splits, 1)
+            least = self._drained_of(plan, self._drain_stages(sets, splits), send, 1)
         if any(sched.v_shape and not split for sched, _, split in scheds):
             sets = [stage_work(v_plan), *(stage_work(v_plan.replace(cp_comm=c))
                                           for c in exchanges[1:])]
-            least = min(least, self._drained_of(plan, sets, 0.0, False, 2))
+            least = min(least, self._drained_of(plan, self._drain_stages(sets, False), 0.0, 2))
         return 0.0 if least == float("inf") else least
 
     @staticmethod
-    def _drained_of(plan: Plan, sets: list[tuple[StageWork, ...]], send: float, with_w: bool,
+    def _drained_of(plan: Plan, stages: list[tuple[float, float, float]], send: float,
                     chunks: int) -> float:
-        """``dp.grad_sync_drained_least`` over ``sets`` of stage works holding the same
-        layers and parameters per stage: each stage's longest backward per chunk, its
-        most of ``backward`` (plus W's compute where ``with_w``) over ``chunks``, plus
-        ``send``; a run of equal stages asked once."""
-        stages = [(params, experts, longest / chunks + send)
-                  for params, experts, longest in _Search._drain_stages(sets, with_w)]
-        return dp.grad_sync_drained_least(plan, mesh.groups(plan), stages)
+        """``dp.grad_sync_drained_least`` of ``stages`` (:meth:`_drain_stages`), each
+        stage's longest backward per chunk its longest backward over ``chunks``, plus
+        ``send``."""
+        return dp.grad_sync_drained_least(plan, mesh.groups(plan), [
+            (params, experts, longest / chunks + send) for params, experts, longest in stages])
 
     @staticmethod
     def _drain_stages(sets: list[tuple[StageWork, ...]], with_w: bool
                       ) -> list[tuple[float, float, float]]:
         """Per stage of ``sets`` (stage works holding the same layers and parameters per
         stage): its parameters, expert parameters and longest backward (plus W's compute
-        where ``with_w``) of any set; a run of equal stages once (:meth:`_drained_of`)."""
+        where ``with_w``) of any set; a run of equal stages once."""
         stages = []
         previous = None
         for s, w in enumerate(sets[0]):
@@ -838,8 +842,7 @@ class _Search:
         # (exchange, vpp, B and W fused) -> the busiest-stage bound off the group's works
         # on that exchange (vpp 0: off its V works, as ``_group_bound`` reads them)
         busiest: dict[tuple[CpComm, int, bool], float] = {}
-        # (exchange, B and W fused) -> its flat stages' (params, expert params, longest
-        # backward), as ``_drained_of`` reads them, for every chunk count
+        # (exchange, B and W fused) -> its flat :meth:`_drain_stages`, for every chunk count
         drains: dict[tuple[CpComm, bool], list[tuple[float, float, float]]] = {}
         for plan, split in self.schedule_plans(group):
             if split:
@@ -860,14 +863,13 @@ class _Search:
                     if stages is None:
                         stages = drains[(plan.cp_comm, fused)] = self._drain_stages(
                             [works], not fused)
-                    drained = dp.grad_sync_drained_least(
-                        own, mesh.groups(own), [(p, e, b / v + send) for p, e, b in stages])
+                    drained = self._drained_of(own, stages, send, v)
                     bare = busiest_stage_bound(own, works, v, True, v == 1, drained, fused)
                 else:  # its works place the output layer on stage 0: the V works'
                     v_plan = own.replace(layout=self._at_vpp(own.layout, 2),
                                          schedule=Schedule.ZB_V)
                     works = stage_work(v_plan)
-                    drained = self._drained_of(own, [works], 0.0, False, 2)
+                    drained = self._drained_of(own, self._drain_stages([works], False), 0.0, 2)
                     bare = busiest_stage_bound(v_plan, works, 2, True, True, drained)
                 busiest[(plan.cp_comm, v, fused)] = bare
             # the group's bounds hold for it: the pressure-free one, and the one that
