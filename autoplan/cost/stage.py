@@ -393,8 +393,7 @@ def _stage_terms(plan: Plan, first: bool, last: bool, mtp: int, layers: int,
                  dense: int) -> _StageTerms:
     """``_stage``'s terms that its schedule, recompute and ZeRO stage leave alone
     (``plan``: a ``_layer_key``)."""
-    model, lay, device = plan.model, plan.layout, plan.cluster.device
-    shard = shard_of(plan)
+    model, lay = plan.model, plan.layout
     shared = _shared_of(plan)
     core, groups = shared.core, shared.groups
     lt, lt_moe, act_bytes, tp_layer = core.lt, core.lt_moe, core.act_bytes, core.tp_layer
@@ -411,7 +410,7 @@ def _stage_terms(plan: Plan, first: bool, last: bool, mtp: int, layers: int,
     if first:
         tp_f += tp.boundary_seconds(act_bytes, groups[Axis.TP])
     if last or mtp:
-        lf, lb, lw = _logits_times(model, shard, device)
+        lf, lb, lw = core.logits
         heads = last + mtp  # each MTP depth predicts one more token through the shared head
         compute_f += heads * lf
         compute_b += heads * lb
