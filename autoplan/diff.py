@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoplan.cost.evaluate import evaluate
-from autoplan.parallel.pipeline_layout import render_layout
+from autoplan.descriptors.pipeline_layout import render_layout
 from autoplan.plan import TIME_TERMS, Plan, Prediction
 from autoplan.units import GiB
 
@@ -84,7 +84,7 @@ class PlanDiff:
 
 
 def diff_plans(a: Plan, b: Plan, source_a: str = "A", source_b: str = "B") -> PlanDiff:
-    """Compare two valid plans (``autoplan.plan.read_plan``); both are evaluated."""
+    """Compare two valid plans (``autoplan.planfile.read_plan``); both are evaluated."""
     pa, pb = evaluate(a), evaluate(b)
     return PlanDiff(source_a=source_a, source_b=source_b, plan_a=a, plan_b=b,
                     prediction_a=pa, prediction_b=pb, changes=plan_changes(a, b),

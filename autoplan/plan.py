@@ -1,28 +1,26 @@
-"""Plans (the execution), predictions (what the cost model says of one), and the
-plan file: schema v1 of DESIGN.md, read strictly and written deterministically."""
+"""Plans (the execution) and predictions (what the cost model says of one): data-only
+types on the descriptors' floor. The plan file is read and written by
+:mod:`autoplan.planfile`, which checks the rules of every axis."""
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import Any
 
+from autoplan.descriptors import pipeline_layout
 from autoplan.descriptors.hardware import Cluster, PooledCluster, cache_hash
-from autoplan.descriptors.job import Job, read_job
+from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import default_stack
 from autoplan.descriptors.model import Model
+from autoplan.descriptors.pipeline_layout import Chunk, chunk_stage_layers, uniform_stages
 from autoplan.descriptors.stack import Stack
-from autoplan.descriptors.strict import Fields, shown
-from autoplan.errors import InputError, Problem
-from autoplan.parallel import pipeline_layout
-from autoplan.parallel.pipeline_layout import Chunk
-from autoplan.parallel.pp import chunk_stage_layers, uniform_stages
-from autoplan.parallel.rules import plan_problems
 from autoplan.units import GiB
 from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, Schedule, ZeroStage
 
 SCHEMA_VERSION = 1
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Layout:
@@ -119,7 +117,7 @@ class Plan:
     chunks: tuple[Chunk, ...] | None = None
     cp_comm: CpComm = CpComm.RING
     stack: Stack = field(default_factory=default_stack)  # the software it runs on
-    offload: Offload = NO_OFFLOAD  # what it keeps in host memory (cost/offload.py)
+    offload: Offload = NO_OFFLOAD  # what it keeps in host memory (kernels/offload.py)
     # on a heterogeneous cluster, the pool of each stage; ``cluster`` is then stage 0's
     # pool (``on_stage`` gives each stage's); None on a cluster of identical nodes
     placement: Placement | None = None
@@ -225,7 +223,7 @@ class Memory:
     activations: float
     other: float
     # what this GPU's offload keeps in host memory (not part of the peak): its optimizer
-    # shard and its offloaded activations (cost/offload.py)
+    # shard and its offloaded activations (kernels/offload.py)
     host: float = 0.0
 
     @property
@@ -337,7 +335,7 @@ class Prediction:
         return out
 
 
-# --------------------------------------------------------------------------- reading plans
+# --------------------------------------------------------------------------- fast replace
 
 _PLAN_FIELDS = tuple(f.name for f in fields(Plan) if f.name != "_hash")
 
@@ -360,215 +358,3 @@ def _compile_replace() -> Any:
 
 
 _replace = _compile_replace()
-
-
-def read_plan(data: Any, source: str, path: str = "") -> Plan:
-    """Build and check a Plan from a plan-file mapping; every problem is reported at once."""
-    from autoplan.descriptors.library import resolve_any_cluster, resolve_model, resolve_stack
-
-    problems: list[Problem] = []
-    f = Fields(data, source, path, problems)
-    if not f.ok:
-        raise InputError(problems)
-    if "layout" not in f.data and "job" in f.data:
-        raise InputError.single(source, _join(path, "layout"),
-                                "missing: this looks like a job file (no layout); "
-                                "use `autoplan search` on it, or add a layout to make it a plan")
-    version = f.int("autoplan")
-    if version is not None and version != SCHEMA_VERSION:
-        f.fail("autoplan", f"expected schema version {SCHEMA_VERSION}, got {version}")
-    kind = f.str("kind", "training")
-    if kind == "serving":
-        raise InputError.single(source, _join(path, "kind"), (
-            "a serving plan: `autoplan evaluate` reads it; this command takes training plans"))
-    if kind is not None and kind != "training":
-        f.fail("kind", f"expected training or serving, got {shown(kind)}")
-    model: Model | None = None
-    cluster: Cluster | PooledCluster | None = None
-    try:
-        if (ref := f.raw("model")) is not None:
-            model = resolve_model(ref, source, f.key_path("model"))
-    except InputError as exc:
-        problems.extend(exc.problems)
-    try:
-        if (ref := f.raw("cluster")) is not None:
-            cluster = resolve_any_cluster(ref, source, f.key_path("cluster"))
-    except InputError as exc:
-        problems.extend(exc.problems)
-    stack = default_stack()
-    try:
-        if (ref := f.raw("stack", None)) is not None:
-            stack = resolve_stack(ref, source, f.key_path("stack"))
-    except InputError as exc:
-        problems.extend(exc.problems)
-    job = read_job(f.child("job", f.raw("job")))
-    lf = f.child("layout", f.raw("layout"))
-    layout_values = dict(
-        dp=lf.int("dp", min=1), tp=lf.int("tp", min=1), pp=lf.int("pp", min=1),
-        cp=lf.int("cp", 1, min=1), ep=lf.int("ep", 1, min=1), vpp=lf.int("vpp", 1, min=1),
-        etp=lf.int("etp", 0, min=1),
-    )
-    lf.close()
-    values = dict(
-        micro_batch=f.int("micro_batch", min=1),
-        schedule=f.enum("schedule", Schedule, Schedule.ONE_F_ONE_B),
-        recompute=f.enum("recompute", Recompute, Recompute.NONE),
-        zero=f.enum("zero", ZeroStage, ZeroStage.NONE),
-        sequence_parallel=f.bool("sequence_parallel", False),
-        cp_comm=f.enum("cp_comm", CpComm, CpComm.RING),
-        offload=_read_offload(f),
-    )
-    stages, chunks = _read_split(f, layout_values["pp"], layout_values["vpp"], model)
-    placement = _read_placement(f, cluster, layout_values["pp"])
-    f.raw("prediction", {})  # written by search/evaluate, ignored on input
-    f.str("space", None)  # the space it was searched in: read by check (``searched_space``)
-    f.close()
-    if problems or model is None or cluster is None or job is None:
-        raise InputError(problems or [Problem(source, path, "incomplete plan")])
-    if placement is not None:
-        cluster = placement.pool(0)
-    assert isinstance(cluster, Cluster)
-    plan = Plan(model=model, cluster=cluster, job=job, layout=Layout(**layout_values), stack=stack,
-                stages=stages, chunks=chunks, placement=placement, **values)
-    given_as = "pipeline_layout" if "pipeline_layout" in f.data else "stages"
-    rule_problems = [Problem(source, _join(path, given_as if k == "stages" else k), msg)
-                     for k, msg in plan_problems(plan)]
-    if rule_problems:
-        raise InputError(rule_problems)
-    return plan
-
-
-def _read_placement(f: Fields, cluster: Cluster | PooledCluster | None,
-                    pp: int | None) -> Placement | None:
-    """``placement: [{stage: 0, pool: NAME}, ...]``, every stage once, in order: given
-    exactly where the cluster has pools."""
-    raw = f.raw("placement", None)
-    pooled = isinstance(cluster, PooledCluster)
-    if raw is None:
-        if pooled:
-            f.fail("placement", "missing: a cluster with pools needs the pool of each "
-                                "pipeline stage ([{stage: 0, pool: NAME}, ...])")
-        return None
-    if cluster is not None and not pooled:
-        f.fail("placement", f"cluster {cluster.name} has no pools to place stages on")
-        return None
-    if not isinstance(raw, list) or (pp is not None and len(raw) != pp):
-        got = f"{len(raw)} entries" if isinstance(raw, list) else type(raw).__name__
-        f.fail("placement", f"expected a list of {pp} entries (one per pipeline stage), got {got}")
-        return None
-    if not isinstance(cluster, PooledCluster):
-        return None
-    names = [p.name for p in cluster.pools]
-    pools: list[int] = []
-    for i, item in enumerate(raw):
-        entry = f.child(f"placement[{i}]", item)
-        stage, pool = entry.int("stage", min=0), entry.str("pool")
-        entry.close()
-        if stage is not None and stage != i:
-            entry.fail("stage", f"expected stage {i} (stages in order), got {stage}")
-        elif pool is not None and pool not in names:
-            entry.fail("pool", f"unknown pool {shown(pool)}; the cluster's pools: "
-                               f"{', '.join(names)}")
-        elif stage is not None and pool is not None:
-            pools.append(names.index(pool))
-    if len(pools) != len(raw):
-        return None
-    return Placement(cluster=cluster, stage_pools=tuple(pools))
-
-
-def _read_offload(f: Fields) -> Offload:
-    """``offload: {optimizer: true, activations: 0.5}`` (both optional)."""
-    if f.raw("offload", None) is None:
-        return NO_OFFLOAD
-    of = f.child("offload", f.raw("offload"))
-    optimizer = of.bool("optimizer", False)
-    activations = of.float("activations", 0.0, min=0.0, max=1.0)
-    of.close()
-    return Offload(optimizer=bool(optimizer), activations=activations or 0.0)
-
-
-def _read_split(f: Fields, pp: int | None, vpp: int | None, model: Model | None
-                ) -> tuple[tuple[int, ...] | None, tuple[Chunk, ...] | None]:
-    """``stages`` (a list of layers per stage, or with model chunks one list of chunk
-    layer counts per stage) or ``pipeline_layout`` (Megatron's string), as (stages,
-    chunks). Counts are checked against the model by the plan rules."""
-    given = f.raw("stages", None)
-    text = f.raw("pipeline_layout", None)
-    if given is not None and text is not None:
-        f.fail("pipeline_layout", "give stages or pipeline_layout, not both")
-        return None, None
-    if text is not None:
-        if not isinstance(text, str):
-            f.fail("pipeline_layout", f"expected a Megatron layout string such as "
-                                      f"'Et*3|(tt|)*29,m|L', got {type(text).__name__}")
-            return None, None
-        try:
-            chunks = pipeline_layout.parse_layout(text)
-        except pipeline_layout.LayoutError as exc:
-            f.fail("pipeline_layout", str(exc))
-            return None, None
-        return _plain_or_chunks(chunks, pp, model)
-    if not isinstance(given, list) or not given or not isinstance(given[0], list):
-        return f.int_list("stages", None, min=1), None
-    if pp is None or vpp is None or model is None:
-        return None, None
-    if len(given) != pp:
-        f.fail("stages", f"expected {pp} lists (one per pipeline stage), got {len(given)}")
-        return None, None
-    for i, row in enumerate(given):
-        if (not isinstance(row, list) or len(row) != vpp
-                or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in row)):
-            f.fail(f"stages[{i}]", f"expected a list of vpp={vpp} chunk layer counts (integers "
-                                   f">= 0), got {row!r:.60}")
-            return None, None
-    chunks = pipeline_layout.with_mtp(pipeline_layout.from_stage_lists(given), model.mtp_layers)
-    return _plain_or_chunks(chunks, pp, model)
-
-
-def _plain_or_chunks(chunks: tuple[Chunk, ...], pp: int | None, model: Model | None
-                     ) -> tuple[tuple[int, ...] | None, tuple[Chunk, ...] | None]:
-    """One chunk per stage, the embedding first and the loss and MTP last, each stage
-    with a layer: plain per-stage ``stages`` (the form every launcher flag takes)."""
-    if (model is not None and len(chunks) == pp and all(c.layers for c in chunks)
-            and pipeline_layout.is_plain(chunks, model.mtp_layers)):
-        return tuple(c.layers for c in chunks), None
-    return None, chunks
-
-
-def _join(prefix: str, key: str) -> str:
-    return f"{prefix}.{key}" if prefix else key
-
-
-def plan_document(plan: Plan, prediction: Prediction | None = None,
-                  space: str | None = None) -> dict[str, Any]:
-    """The mapping written to plan.yaml / JSON; built-ins are referenced by name.
-    ``space``: the search space the plan was found in (``check --max-regression``
-    compares against it unless told otherwise)."""
-    from autoplan.descriptors.library import (
-        builtin_cluster_matches,
-        builtin_model_matches,
-        builtin_stack_matches,
-    )
-
-    cluster = plan.cluster
-    if cluster.device.correction is not None:  # a measured correction is no part of the cluster file
-        cluster = replace(cluster, device=replace(cluster.device, correction=None))
-    out = plan.to_dict(
-        builtin_model=builtin_model_matches(plan.model),
-        builtin_cluster=builtin_cluster_matches(cluster),
-        builtin_stack=builtin_stack_matches(plan.stack),
-    )
-    if space is not None:
-        out["space"] = space
-    if prediction is not None:
-        out["prediction"] = prediction.to_dict()
-        out["prediction"]["stack"] = plan.stack.name  # the software the prediction assumed
-        if plan.model.is_moe:  # tflops_per_gpu and mfu count what each token computes
-            out["prediction"]["mfu_basis"] = "active parameters"
-    return out
-
-
-def searched_space(data: Any) -> str | None:
-    """The ``space`` a plan-file mapping records it was searched in, if any."""
-    space = data.get("space") if isinstance(data, dict) else None
-    return space if isinstance(space, str) and space.strip() else None

@@ -22,11 +22,11 @@ from autoplan.descriptors.library import (
     with_gpus,
 )
 from autoplan.descriptors.model import Model
+from autoplan.descriptors.space import SearchSpace, load_space
 from autoplan.descriptors.strict import Fields, read_yaml, shown
 from autoplan.errors import InputError, Problem
 from autoplan.measured.profile import Profile, read_profile
 from autoplan.measured.shipped import shipped_profile
-from autoplan.search.space import SearchSpace, load_space
 from autoplan.vocab import Dtype
 from autoplan.whatif.counts import check_gpu_counts
 

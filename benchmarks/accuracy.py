@@ -40,12 +40,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoplan.cost.evaluate import evaluate
-from autoplan.cost.flops import model_flops_per_step
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import builtin_stack, resolve_cluster, resolve_device, with_gpus
 from autoplan.descriptors.model import Model
 from autoplan.errors import AutoplanError
+from autoplan.kernels.flops import model_flops_per_step
 from autoplan.parallel.rules import plan_problems
 from autoplan.plan import Layout, Plan
 from autoplan.vocab import Activation, Dtype, Norm, Position, Recompute, Schedule, ZeroStage

@@ -2,7 +2,7 @@
 
     python benchmarks/offload_check.py
 
-Source (reserved for validation; nothing in cost/offload.py is fitted to it):
+Source (reserved for validation; nothing in kernels/offload.py is fitted to it):
 NVIDIA-NeMo/Megatron-Bridge, docs/training/cpu-offloading.md (commit b00deab), "Expected
 Metric Changes": Qwen3-30B-A3B pretraining, TP2 PP2 EP4 on 2 nodes of H100, Megatron-Core's
 HybridDeviceOptimizer with optimizer_offload_fraction 1.0: step time 4.2x the no-offload

@@ -20,8 +20,8 @@ from autoplan.cost.evaluate import clear_caches
 from autoplan.descriptors.hardware import PooledCluster
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_any_cluster, resolve_model
+from autoplan.descriptors.space import load_space
 from autoplan.search.pooled import search_pooled
-from autoplan.search.space import load_space
 
 
 def _pools(**pools: tuple[str, int]) -> dict[str, Any]:

@@ -16,8 +16,8 @@ import time
 from autoplan.cost.evaluate import clear_caches
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
+from autoplan.descriptors.space import load_space
 from autoplan.search.engine import search
-from autoplan.search.space import load_space
 from autoplan.vocab import NO_OFFLOAD
 
 CASES = [

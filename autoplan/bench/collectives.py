@@ -7,7 +7,7 @@ of two g up to the world size (TP-like groups: adjacent ranks). Each timed call 
 after a barrier; a call's time is the slowest rank's (an all-reduce MAX over the ranks of
 each call's elapsed time), and the row keeps the median and percentiles over the calls.
 
-``nbytes`` follows :mod:`autoplan.measured.profile` (= :mod:`autoplan.cost.comm`): the
+``nbytes`` follows :mod:`autoplan.measured.profile` (= :mod:`autoplan.kernels.comm`): the
 all-reduce buffer, the all-gather output, the reduce-scatter input, each rank's all-to-all
 buffer, the p2p message.
 """

@@ -1,7 +1,7 @@
 """Kernel microbenchmarks on one local device: GEMMs, causal attention, elementwise ops.
 
 The GEMM shapes are the forward GEMMs of the chosen models' layers after TP sharding, taken
-from the cost model itself (:func:`autoplan.cost.compute.layer_gemms`), so the profile
+from the cost model itself (:func:`autoplan.kernels.compute.layer_gemms`), so the profile
 measures exactly the shapes the cost model prices, each in the three layouts training runs
 it (forward, input gradient, weight gradient: profile op ``linear``); a sweep of n x n x n
 GEMMs fills in the efficiency curve between them. Attention is
@@ -22,8 +22,8 @@ from typing import Any
 
 from autoplan.bench.presets import Preset
 from autoplan.bench.timing import Budget, Clock, CpuClock, CudaClock, Row, Step, measure, summarize
-from autoplan.cost.compute import Shard, layer_gemms
 from autoplan.descriptors.model import Model
+from autoplan.kernels.compute import Shard, layer_gemms
 from autoplan.measured.profile import row_flops
 from autoplan.units import MiB
 from autoplan.vocab import Dtype
@@ -119,7 +119,7 @@ def _tp_fits(model: Model, tp: int) -> bool:
 def model_gemm_shapes(model: Model, tp: int, tokens: int) -> list[tuple[int, int, int]]:
     """(m, n, k) of one layer's forward GEMMs on one TP rank (dense MLP, or the MoE layer's
     router and shared experts), and the vocab-parallel output GEMM of
-    :func:`autoplan.cost.compute.logits_times`: (tokens, vocab / tp, hidden)."""
+    :func:`autoplan.kernels.compute.logits_times`: (tokens, vocab / tp, hidden)."""
     shard = _shard(tp, tokens)
     kinds = [model.is_moe] + ([False] if model.is_moe and model.dense_layers else [])
     gemms = [g for moe in kinds for g in layer_gemms(model, shard, moe=moe)]

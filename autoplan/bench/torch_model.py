@@ -40,8 +40,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from autoplan.descriptors import pipeline_layout
 from autoplan.descriptors.model import Model
-from autoplan.parallel import pipeline_layout
 from autoplan.vocab import Activation, Norm, Position, Recompute, Schedule, ZeroStage
 
 DROPOUT_P = 0.1  # GPT-3 / Megatron-LM's hidden and attention dropout

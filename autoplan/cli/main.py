@@ -138,7 +138,7 @@ def search(
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Rank the plans that fit: exit 0 found, 1 none fits, 2 bad input."""
-    from autoplan.plan import plan_document
+    from autoplan.planfile import plan_document
     from autoplan.request import build_request
     from autoplan.search.engine import search as run_search
     from autoplan.whatif.counts import parse_gpu_counts
@@ -173,7 +173,7 @@ def search(
         output.err.print(f"autoplan: note: {line}", markup=False)
     if req.profile is not None and (note := render.profile_note(req.profile, req.cluster)):
         output.err.print(note, markup=False)
-    from autoplan.cost.memory import default_headroom_bytes
+    from autoplan.kernels.memory import default_headroom_bytes
 
     headroom = (min_headroom * GiB if min_headroom is not None
                 else default_headroom_bytes(req.cluster.device.mem_bytes))
@@ -226,7 +226,7 @@ def _search_pooled(req: Request, top: int, out_path: Path | None, fmt: Format,
                    min_headroom: float | None) -> None:
     """``search`` on a cluster of pools: plans across pools and on each alone, ranked
     together, and which pools the best leaves out (autoplan.search.pooled)."""
-    from autoplan.plan import plan_document
+    from autoplan.planfile import plan_document
     from autoplan.search.pooled import search_pooled
 
     assert req.pools is not None
@@ -271,10 +271,10 @@ def _search_pooled(req: Request, top: int, out_path: Path | None, fmt: Format,
         output.out.print(render.stats_text(result.stats))
         output.out.print(escape(f"pools: {verdict}"))
         if min_headroom is None:
-            from autoplan.cost.memory import DEFAULT_HEADROOM_FRACTION
+            from autoplan.kernels.memory import DEFAULT_HEADROOM_FRACTION
 
             output.out.print(f"every plan leaves {DEFAULT_HEADROOM_FRACTION:.0%} of each GPU's "
-                             "memory free, for the allocator's fragmentation (cost/memory.py; "
+                             "memory free, for the allocator's fragmentation (kernels/memory.py; "
                              "--min-headroom changes it)")
         else:
             output.out.print(render.headroom_note(min_headroom * GiB, False))
@@ -325,7 +325,7 @@ def _search_whatif(req: Request, whatif: _WhatIf, top: int, out_path: Path | Non
                    fmt: Format, headroom: float) -> None:
     """``search --train-tokens``: a search per GPU count, ranked by the objective, with
     the Pareto front of days against dollars (autoplan.whatif)."""
-    from autoplan.plan import plan_document
+    from autoplan.planfile import plan_document
     from autoplan.whatif.plot import front_svg
     from autoplan.whatif.sweep import constrain, meets, sweep
 
@@ -692,7 +692,7 @@ def evaluate(
     from autoplan.descriptors.strict import read_yaml
     from autoplan.measured.profile import read_profile
     from autoplan.measured.shipped import shipped_profile
-    from autoplan.plan import plan_document, read_plan
+    from autoplan.planfile import plan_document, read_plan
     from autoplan.serving.planfile import is_serving, read_serving_plan
 
     given = read_profile(profile) if profile is not None else None
@@ -767,7 +767,7 @@ def explain(
     from autoplan.cost.stage import stage_work
     from autoplan.descriptors.strict import read_yaml
     from autoplan.parallel.pp import MAX_PIPELINE_OPS
-    from autoplan.plan import read_plan
+    from autoplan.planfile import read_plan
     from autoplan.schedules import timeline as tl
     from autoplan.serving.planfile import is_serving, read_serving_plan
 
@@ -1021,7 +1021,7 @@ def export_plan(
     from autoplan.export import Launcher, Target
     from autoplan.export import export as run_export
     from autoplan.export.serving import ServingTarget, export_serving
-    from autoplan.plan import read_plan
+    from autoplan.planfile import read_plan
     from autoplan.serving.planfile import is_serving, read_serving_plan
 
     data = read_yaml(plan_path)
@@ -1114,7 +1114,7 @@ def validate(
     from autoplan.bench.validate import Options
     from autoplan.bench.validate import validate as run_validation
     from autoplan.descriptors.strict import read_yaml
-    from autoplan.plan import read_plan
+    from autoplan.planfile import read_plan
 
     if device not in ("cpu", "cuda"):
         raise InputError.single("--device", "", f"expected cpu or cuda, got {device!r}")
@@ -1220,7 +1220,7 @@ def check_plan_file(
     import json
 
     from autoplan.check import Status, check_plan
-    from autoplan.search.space import load_space
+    from autoplan.descriptors.space import load_space
 
     searchspace = load_space(space) if space is not None else None
     if out_path is not None:
@@ -1267,7 +1267,7 @@ def diff_plan_files(
     throughput, MFU and memory (each term, each stage): exit 0, 2 bad input."""
     from autoplan.descriptors.strict import read_yaml
     from autoplan.diff import diff_plans, diff_serving
-    from autoplan.plan import read_plan
+    from autoplan.planfile import read_plan
     from autoplan.serving.planfile import is_serving, read_serving_plan
 
     problems: list[Problem] = []

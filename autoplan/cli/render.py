@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.table import Table
 
-from autoplan.cost.memory import DEFAULT_HEADROOM_FRACTION
 from autoplan.cost.stage import StageWork
 from autoplan.descriptors.hardware import Cluster
+from autoplan.kernels.memory import DEFAULT_HEADROOM_FRACTION
 from autoplan.plan import TIME_TERMS, Plan, Prediction, Uncertainty
 from autoplan.search.engine import SearchStats, pruning_reason
 from autoplan.units import GiB
@@ -100,7 +100,7 @@ def offload_text(plan: Plan) -> str:
 def headroom_note(headroom_bytes: float, default: bool) -> str:
     """What the plans leave free, and why."""
     why = (f"{DEFAULT_HEADROOM_FRACTION:.0%} of the device, for the allocator's fragmentation "
-           "(cost/memory.py; --min-headroom changes it)" if default else "--min-headroom")
+           "(kernels/memory.py; --min-headroom changes it)" if default else "--min-headroom")
     return f"every plan leaves at least {headroom_bytes / GiB:.1f} GiB free per GPU: {why}"
 
 

@@ -5,7 +5,6 @@ only."""
 
 from __future__ import annotations
 
-from autoplan.cost.evaluate import activation_copies_exposed, plan_durations
 from autoplan.cost.stage import (
     StageWork,
     chunk_work,
@@ -16,6 +15,7 @@ from autoplan.cost.stage import (
     stage_work,
     stage_work_for,
 )
+from autoplan.cost.step import activation_copies_exposed, plan_durations
 from autoplan.parallel import mesh
 from autoplan.parallel.dp import (
     grad_sync_bound,

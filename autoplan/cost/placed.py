@@ -21,71 +21,11 @@ MFU divides by the peak of the GPUs the plan uses: dp*tp*cp GPUs of each stage's
 
 from __future__ import annotations
 
-import dataclasses
-from functools import lru_cache
-
-from autoplan.cost import comm
-from autoplan.cost.evaluate import chunk_durations, hardware_flops, model_flops, step_breakdown
-from autoplan.cost.stage import (
-    COMM_AXES,
-    AxisComm,
-    StageWork,
-    activation_bytes,
-    memory_shortfall,
-    stage_memory,
-    stage_work,
-)
-from autoplan.descriptors.hardware import Cluster, Link
-from autoplan.parallel import dp, mesh, pp
+from autoplan.cost.stage import memory_shortfall, placed_works, stage_memory
+from autoplan.cost.step import chunk_durations, hardware_flops, model_flops, step_breakdown
+from autoplan.parallel import dp, mesh
 from autoplan.plan import Plan, Prediction
 from autoplan.schedules.simulator import simulate
-from autoplan.vocab import Axis
-
-_PP = COMM_AXES.index(Axis.PP)
-
-
-def between_send_seconds(plan: Plan, stage: int) -> float:
-    """One send of a microbatch's activations (or gradients) from ``stage`` to a neighbour
-    on another pool: ``pp.send_seconds``' bytes (1/tp of them with sequence parallelism)
-    over the ``between_pools`` link."""
-    assert plan.placement is not None
-    view = plan.on_stage(stage)
-    nbytes = activation_bytes(view) / (plan.layout.tp if plan.sequence_parallel else 1)
-    return comm.p2p(nbytes, True, _bridge(view.cluster, plan.placement.cluster.between_pools))
-
-
-@lru_cache(maxsize=256)
-def _bridge(pool: Cluster, between: Link) -> Cluster:
-    """The pool as its ranks see the other pools: ``between`` in place of its own network."""
-    return dataclasses.replace(pool, inter_node=between)
-
-
-def placed_stage_work(plan: Plan, stage: int, work: StageWork,
-                      crossing: float | None = None) -> StageWork:
-    """``work`` (the stage's on its own pool) with each send to a neighbour on another pool
-    costed on the link between pools instead; ``crossing``: that send's seconds where the
-    caller has them (``between_send_seconds``)."""
-    assert plan.placement is not None
-    pools = plan.placement.stage_pools
-    sends_f, sends_b = pp.sends(plan, stage)  # vpp = 1: to stage + 1 and to stage - 1
-    fwd, bwd = work.comm.seconds[_PP]
-    if crossing is None:
-        crossing = between_send_seconds(plan, stage)
-    if sends_f and pools[stage + 1] != pools[stage]:
-        fwd = sends_f * crossing
-    if sends_b and pools[stage - 1] != pools[stage]:
-        bwd = sends_b * crossing
-    if (fwd, bwd) == work.comm.seconds[_PP]:
-        return work
-    seconds = list(work.comm.seconds)
-    seconds[_PP] = (fwd, bwd)
-    return dataclasses.replace(work, comm=AxisComm(tuple(seconds)))
-
-
-def placed_works(plan: Plan) -> tuple[StageWork, ...]:
-    """Per-stage work of a placed plan, each stage on its pool."""
-    return tuple(placed_stage_work(plan, s, stage_work(plan.on_stage(s))[s])
-                 for s in range(plan.layout.pp))
 
 
 def evaluate_placed(plan: Plan) -> Prediction:

@@ -9,8 +9,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from autoplan.cost import comm, memory, offload
-from autoplan.cost.compute import (
+from autoplan.descriptors.hardware import Cluster, Device, Link
+from autoplan.descriptors.model import Model
+from autoplan.descriptors.pipeline_layout import Chunk
+from autoplan.kernels import comm, memory, offload
+from autoplan.kernels.compute import (
     BF16_BYTES,
     LayerTimes,
     Shard,
@@ -19,10 +22,7 @@ from autoplan.cost.compute import (
     layer_times,
     logits_times,
 )
-from autoplan.descriptors.hardware import Cluster, Device
-from autoplan.descriptors.model import Model
 from autoplan.parallel import cp, dp, ep, mesh, pp, tp
-from autoplan.parallel.pipeline_layout import Chunk
 from autoplan.plan import Layout, Memory, Plan
 from autoplan.schedules.memory import peak_held
 from autoplan.units import GiB
@@ -204,8 +204,6 @@ def stage_work(plan: Plan) -> tuple[StageWork, ...]:
     """Per-stage work of a plan, one entry per pipeline stage (across pools, each stage's
     on its own pool: ``cost.placed``)."""
     if plan.placement is not None:
-        from autoplan.cost.placed import placed_works
-
         return placed_works(plan)
     if plan.chunks is not None:
         return _chunked_stage_works(cost_key(plan), plan.chunks)
@@ -457,6 +455,55 @@ def _stage(plan: Plan, first: bool, last: bool, mtp: int, layers: int, dense: in
     )
 
 
+# ----------------------------------------------------------------------------- across pools
+
+_PP = COMM_AXES.index(Axis.PP)
+
+
+def between_send_seconds(plan: Plan, stage: int) -> float:
+    """One send of a microbatch's activations (or gradients) from ``stage`` to a neighbour
+    on another pool: ``pp.send_seconds``' bytes (1/tp of them with sequence parallelism)
+    over the ``between_pools`` link."""
+    assert plan.placement is not None
+    view = plan.on_stage(stage)
+    nbytes = activation_bytes(view) / (plan.layout.tp if plan.sequence_parallel else 1)
+    return comm.p2p(nbytes, True, _bridge(view.cluster, plan.placement.cluster.between_pools))
+
+
+@lru_cache(maxsize=256)
+def _bridge(pool: Cluster, between: Link) -> Cluster:
+    """The pool as its ranks see the other pools: ``between`` in place of its own network."""
+    return dataclasses.replace(pool, inter_node=between)
+
+
+def placed_stage_work(plan: Plan, stage: int, work: StageWork,
+                      crossing: float | None = None) -> StageWork:
+    """``work`` (the stage's on its own pool) with each send to a neighbour on another pool
+    costed on the link between pools instead; ``crossing``: that send's seconds where the
+    caller has them (``between_send_seconds``)."""
+    assert plan.placement is not None
+    pools = plan.placement.stage_pools
+    sends_f, sends_b = pp.sends(plan, stage)  # vpp = 1: to stage + 1 and to stage - 1
+    fwd, bwd = work.comm.seconds[_PP]
+    if crossing is None:
+        crossing = between_send_seconds(plan, stage)
+    if sends_f and pools[stage + 1] != pools[stage]:
+        fwd = sends_f * crossing
+    if sends_b and pools[stage - 1] != pools[stage]:
+        bwd = sends_b * crossing
+    if (fwd, bwd) == work.comm.seconds[_PP]:
+        return work
+    seconds = list(work.comm.seconds)
+    seconds[_PP] = (fwd, bwd)
+    return dataclasses.replace(work, comm=AxisComm(tuple(seconds)))
+
+
+def placed_works(plan: Plan) -> tuple[StageWork, ...]:
+    """Per-stage work of a placed plan, each stage on its pool."""
+    return tuple(placed_stage_work(plan, s, stage_work(plan.on_stage(s))[s])
+                 for s in range(plan.layout.pp))
+
+
 # ----------------------------------------------------------------------------- memory
 
 def static_memory(plan: Plan, work: StageWork) -> memory.BytesPerParam:
@@ -519,7 +566,7 @@ def held_activations(plan: Plan, stage: int, work: StageWork,
         weights = _chunk_weights(plan, stage, terms)
         held = peak_held(plan.schedule, lay.pp, plan.num_microbatches, lay.vpp, stage, weights)
         if fraction and held > max(weights):
-            # all but the heaviest chunk at hand may go to the host (cost/offload.py)
+            # all but the heaviest chunk at hand may go to the host (kernels/offload.py)
             moved = fraction * (held - max(weights))
             held = held - moved
         return held + terms.working, moved
@@ -561,7 +608,7 @@ def memory_with(plan: Plan, work: StageWork, activations: float, moved: float) -
 def offloaded_chunk_bytes(plan: Plan, stage: int, work: StageWork) -> float:
     """Activations one microbatch leaves in one chunk of ``stage`` (its layers, the
     heaviest chunk's with a per-chunk layout): what activation offload copies of it, times
-    the fraction (cost/offload.py)."""
+    the fraction (kernels/offload.py)."""
     terms = _plan_activation_terms(plan)
     if plan.chunks is not None:
         return max(_chunk_weights(plan, stage, terms))
@@ -600,7 +647,7 @@ def memory_shortfall(plan: Plan, stage: int, mem: Memory, capacity: float) -> st
 
 def clear_caches() -> None:
     """Drop every memoized stage, layer and parameter count (benchmarks: cold runs)."""
-    for fn in (_layer_times, _logits_times, layer_params_per_rank, stage_params, _stage_works,
+    for fn in (_bridge, _layer_times, _logits_times, layer_params_per_rank, stage_params, _stage_works,
                _shared_of, _layer_core, _layer_key, _stage_terms, _stage, _activation_terms,
                _plan_activation_terms, shard_of, cost_key, _one_chunk, _chunk_works,
                _chunked_stage_works, peak_held, gemm_time, grouped_gemm_time):

@@ -28,7 +28,7 @@ DEFAULT_HBM_EFFICIENCY = 0.80  # STREAM-like kernels reach ~80% of datasheet HBM
 DEFAULT_RESERVE_GIB = 3.0  # CUDA context + NCCL buffers + allocator fragmentation
 DEFAULT_LINK_EFFICIENCY = 0.80  # NCCL bus bandwidth / link bandwidth on large messages
 DEFAULT_KERNEL_GAP_US = 0.0  # GPU time between back-to-back kernels (device files set theirs)
-# Host link and host memory (offload, cost/offload.py). Pinned copies of 256 MiB-1 GiB
+# Host link and host memory (offload, kernels/offload.py). Pinned copies of 256 MiB-1 GiB
 # between an H200 and its host over PCIe Gen5 x16 ran at 55.0-55.3 GB/s each way; the best,
 # 55.3, is 87.8% of the link's 63.0 GB/s per direction (32 GT/s x 16 lanes x 128/130;
 # benchmarks/host_offload.py, benchmarks/host/h200-2026-11-26.json); taken for every host
@@ -168,7 +168,7 @@ class Link:
     bandwidth_Bps: float
     latency_s: float  # per ring step, NCCL's Simple protocol
     efficiency: float = DEFAULT_LINK_EFFICIENCY
-    # collectives pick the fastest of NCCL's LL / LL128 / Simple protocols (cost/comm.py);
+    # collectives pick the fastest of NCCL's LL / LL128 / Simple protocols (kernels/comm.py);
     # False: one alpha-beta protocol (a link fitted on a measured profile already is one)
     nccl_protocols: bool = True
 
@@ -200,7 +200,7 @@ class Cluster:
     nodes: int = 1
     # facility power over IT power (autoplan.whatif's energy); 1.0: the GPUs' own draw only
     pue: float = 1.0
-    # the host, for offload (cost/offload.py); None where the cluster file gives none (then
+    # the host, for offload (kernels/offload.py); None where the cluster file gives none (then
     # no plan offloads): each GPU's link to host memory (bytes/s per direction: PCIe, or
     # NVLink-C2C on Grace Hopper), and per node the host memory and its DRAM bandwidth
     host_link_Bps: float | None = None

@@ -12,10 +12,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 
+from autoplan.descriptors.space import load_space
 from autoplan.errors import InputError, Problem
 from autoplan.parallel.rules import space_problems
 from autoplan.plan import Plan
-from autoplan.search.space import load_space
 
 from . import deepspeed, megatron, nemo, nodes, slurm, torchtitan
 

@@ -44,9 +44,9 @@ The torchrun options are torch.distributed.run's (--nnodes, --nproc-per-node,
 
 from __future__ import annotations
 
+from autoplan.descriptors import pipeline_layout
 from autoplan.export.nodes import launch, pool_lines
 from autoplan.export.shell import Arg, bash_array, comment, continued, quote, slug
-from autoplan.parallel import pipeline_layout
 from autoplan.plan import Plan
 from autoplan.vocab import Activation, CpComm, Dtype, Norm, Position, Recompute, ZeroStage
 

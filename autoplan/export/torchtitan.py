@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from autoplan.descriptors import pipeline_layout
 from autoplan.export.nodes import launch, pool_lines
 from autoplan.export.shell import comment
-from autoplan.parallel import pipeline_layout
 from autoplan.plan import Plan
 from autoplan.vocab import Dtype, Recompute, Schedule, ZeroStage
 

@@ -4,13 +4,13 @@ The analytic model's constants are fitted so that it reproduces the profile as w
 as its functional form allows; what it cannot reproduce is left for the surrogate.
 
 - GEMM: the efficiency curve eff(F) = F / (F + h) makes a GEMM of F FLOPs take
-  t = F / P + h / P (``autoplan.cost.compute.gemm_time`` with gemm_efficiency 1):
+  t = F / P + h / P (``autoplan.kernels.compute.gemm_time`` with gemm_efficiency 1):
   linear in F, so a least-squares line over the GEMM rows gives the peak P = 1/slope
   and the half-efficiency size h = intercept * P.
 - Memory-bound ops: t = bytes / B, B from the same kind of line over the
   elementwise rows (its intercept is launch overhead the analytic model leaves out).
 - Attention: achieved FLOP/s over all attention rows, as a fraction of P.
-- Links: every collective of :mod:`autoplan.cost.comm` on a group inside one node is
+- Links: every collective of :mod:`autoplan.kernels.comm` on a group inside one node is
   t = L * alpha + W / B with L latency terms and W bytes on the wire per rank (ring:
   Thakur et al. 2005); non-negative least squares over the collective rows gives the
   latency alpha and bandwidth B. A profile taken on one GPU has no collective rows: the
@@ -45,7 +45,7 @@ def _line(x: np.ndarray, t: np.ndarray) -> tuple[float, float]:
 
 def link_terms(op: str, ranks: int, nbytes: float) -> tuple[float, float]:
     """(latency terms, bytes on the wire per rank) of one collective in a single-node
-    group, as :mod:`autoplan.cost.comm` costs it."""
+    group, as :mod:`autoplan.kernels.comm` costs it."""
     n = ranks
     if op == "p2p":
         return 1.0, nbytes

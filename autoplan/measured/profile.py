@@ -25,7 +25,7 @@ seq         attention: sequence length (queries = keys)
 head_dim    attention: channels per head
 causal      attention: 1 causal, 0 full
 nbytes      elementwise: bytes read + written; collective: the buffer size in the
-            convention of :mod:`autoplan.cost.comm` (all-reduce: the buffer;
+            convention of :mod:`autoplan.kernels.comm` (all-reduce: the buffer;
             all-gather: the gathered output; reduce-scatter: the input;
             all-to-all: each rank's buffer; p2p: the message)
 ranks       collective: ranks in the group

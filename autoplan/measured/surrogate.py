@@ -4,8 +4,8 @@ analytic time from shape features, fitted on a microbenchmark profile
 
 Target: log(measured seconds / analytic seconds) of each profile row, where "analytic"
 is the cost model's own function for that row on the uncorrected device and cluster:
-:func:`~autoplan.cost.compute.gemm_time`, :func:`~autoplan.cost.compute.attention_time`,
-and the collectives of :mod:`autoplan.cost.comm` on the row's group. A corrected device
+:func:`~autoplan.kernels.compute.gemm_time`, :func:`~autoplan.kernels.compute.attention_time`,
+and the collectives of :mod:`autoplan.kernels.comm` on the row's group. A corrected device
 multiplies those same functions by exp(prediction), so fit and use cannot drift apart.
 Log ratios make over- and under-prediction symmetric; trees predict inside the range
 of the ratios they saw, so a shape far from every measured one gets its nearest
@@ -52,11 +52,11 @@ from sklearn.ensemble import RandomForestRegressor
 from sklearn.model_selection import KFold
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from autoplan.cost import comm
-from autoplan.cost.compute import BF16_BYTES, AttentionCall, attention_time, gemm_time
 from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.hardware import Cluster
 from autoplan.errors import InputError, Problem
+from autoplan.kernels import comm
+from autoplan.kernels.compute import BF16_BYTES, AttentionCall, attention_time, gemm_time
 from autoplan.measured.machine import describe_machine
 from autoplan.measured.profile import DTYPES, KINDS, Profile, row_flops
 from autoplan.plan import Plan, Prediction, Uncertainty

@@ -7,16 +7,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from autoplan.cost import comm
-from autoplan.cost.compute import BF16_BYTES, LayerTimes, Shard
+from autoplan.kernels import comm
+from autoplan.kernels.compute import BF16_BYTES, LayerTimes, Shard
 from autoplan.parallel.common import Rule, Scope, capped_divisors
 from autoplan.vocab import CpComm
 
 if TYPE_CHECKING:
     from autoplan.descriptors.hardware import Cluster
     from autoplan.descriptors.model import Model
+    from autoplan.descriptors.space import SearchSpace
     from autoplan.plan import Layout, Plan
-    from autoplan.search.space import SearchSpace
 
 
 # ----------------------------------------------------------------------------- rules

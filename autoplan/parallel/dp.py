@@ -13,15 +13,15 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Protocol
 
-from autoplan.cost import comm, memory, offload
-from autoplan.cost.compute import BF16_BYTES
+from autoplan.kernels import comm, memory, offload
+from autoplan.kernels.compute import BF16_BYTES
 from autoplan.parallel.common import Rule, Scope
 from autoplan.vocab import Axis, Dtype, Offload, ZeroStage
 
 if TYPE_CHECKING:
     from autoplan.descriptors.hardware import Cluster
+    from autoplan.descriptors.space import SearchSpace
     from autoplan.plan import Layout, Plan
-    from autoplan.search.space import SearchSpace
 
 # Adam step per parameter: read fp32 master, m, v and grad, write master, m, v and
 # the 16-bit weight: 4*4 + 3*4 + 2 bytes (memory-bound; ZeRO paper's K=12 states).
@@ -102,10 +102,15 @@ OFFLOAD_RULES = (
 
 def zero_stages(lay: Layout, space: SearchSpace) -> list[ZeroStage]:
     """The space's ZeRO stages, capped where the launcher cannot combine them with pp."""
-    from autoplan.parallel.rules import plain_dp_refused
-
     cap = space.zero_max_with_pp if lay.pp > 1 else ZeroStage.PARAMETERS
     return [z for z in space.zero if z <= cap and not plain_dp_refused(lay, z, space)]
+
+
+def plain_dp_refused(lay: Layout, zero: ZeroStage, space: SearchSpace) -> bool:
+    """The launcher's plain data parallel (zero 0) cannot join tensor or pipeline parallelism
+    (``SearchSpace.plain_dp_with_model_parallel``)."""
+    return (not space.plain_dp_with_model_parallel and zero is ZeroStage.NONE and lay.dp > 1
+            and lay.cp == 1 and lay.tp * lay.pp > 1)
 
 
 def offload_choices(lay: Layout, zero: ZeroStage, cluster: Cluster,
@@ -149,7 +154,7 @@ def optimizer_params(plan: Plan, params: float, expert_params: float) -> float:
 
 
 def host_state_bytes(plan: Plan, params: float, expert_params: float) -> float:
-    """Host memory an offloaded optimizer's shard of one rank takes (cost/offload.py)."""
+    """Host memory an offloaded optimizer's shard of one rank takes (kernels/offload.py)."""
     if not plan.offload.optimizer:
         return 0.0
     return optimizer_params(plan, params, expert_params) * offload.HOST_STATE_BYTES

@@ -10,14 +10,14 @@ from collections.abc import Iterator
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from autoplan.cost import comm
-from autoplan.cost.compute import BF16_BYTES, Shard
 from autoplan.descriptors.model import Model
+from autoplan.kernels import comm
+from autoplan.kernels.compute import BF16_BYTES, Shard
 from autoplan.parallel.common import Rule, Scope, divisors
 
 if TYPE_CHECKING:
+    from autoplan.descriptors.space import SearchSpace
     from autoplan.plan import Layout, Plan
-    from autoplan.search.space import SearchSpace
 
 
 # ----------------------------------------------------------------------------- rules

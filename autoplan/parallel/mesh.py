@@ -11,8 +11,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from autoplan.cost import comm
 from autoplan.descriptors.hardware import Cluster
+from autoplan.kernels import comm
 from autoplan.vocab import Axis
 
 if TYPE_CHECKING:

@@ -13,16 +13,15 @@ from collections.abc import Iterator
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from autoplan.cost import comm
+from autoplan.descriptors.space import StageShape
+from autoplan.kernels import comm
 from autoplan.parallel.common import Rule, Scope, capped_divisors
 from autoplan.schedules.orders import virtual_stage
-from autoplan.search.space import StageShape
 from autoplan.vocab import Schedule
 
 if TYPE_CHECKING:
-    from autoplan.parallel.pipeline_layout import Chunk
+    from autoplan.descriptors.space import SearchSpace
     from autoplan.plan import Layout, Plan
-    from autoplan.search.space import SearchSpace
 
 
 # ----------------------------------------------------------------------------- rules
@@ -191,29 +190,6 @@ STAGE_RULES = (
 )
 
 
-@lru_cache(maxsize=4096)
-def uniform_stages(layers: int, pp: int) -> tuple[int, ...]:
-    """Split layers as evenly as possible. The remainder goes one layer each to the
-    stages nearest the middle: the first stage also holds the embedding and the most
-    in-flight activations, the last the output layer and the logits, so they get an
-    extra layer only when every middle stage has one."""
-    base, extra = divmod(layers, pp)
-    order = sorted(range(pp), key=lambda s: (s in (0, pp - 1), abs(s - (pp - 1) / 2), s))
-    counts = [base] * pp
-    for s in order[:extra]:
-        counts[s] += 1
-    return tuple(counts)
-
-
-def chunk_stage_layers(chunks: tuple[Chunk, ...], pp: int) -> tuple[int, ...]:
-    """Layers per pipeline stage: the sum over its chunks (virtual stage i on rank
-    i % pp)."""
-    out = [0] * pp
-    for vs, c in enumerate(chunks):
-        out[vs % pp] += c.layers
-    return tuple(out)
-
-
 # ----------------------------------------------------------------------------- degrees
 
 def degrees(rest: int, space: SearchSpace) -> Iterator[int]:
@@ -308,4 +284,3 @@ def send_seconds(plan: Plan, act_bytes: float) -> float:
 
 def clear_caches() -> None:
     _dense_per_stage.cache_clear()
-    uniform_stages.cache_clear()

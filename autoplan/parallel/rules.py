@@ -18,16 +18,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autoplan.descriptors.pipeline_layout import render_layout, uniform_stages
+from autoplan.descriptors.space import SearchSpace, StageShape
 from autoplan.parallel import cp, dp, ep, pp, tp
 from autoplan.parallel.common import Rule, Scope
-from autoplan.parallel.pipeline_layout import render_layout
-from autoplan.parallel.pp import uniform_stages
-from autoplan.search.space import SearchSpace, StageShape
-from autoplan.vocab import Offload, ZeroStage
+from autoplan.vocab import Offload
 
 if TYPE_CHECKING:
     from autoplan.descriptors.hardware import Cluster
-    from autoplan.plan import Layout, Plan
+    from autoplan.plan import Plan
 
 
 def _gpus(plan: Plan) -> str | None:
@@ -160,7 +159,7 @@ def space_problems(plan: Plan, space: SearchSpace) -> list[tuple[str, str]]:
     elif lay.pp > 1 and plan.zero > space.zero_max_with_pp:
         outside("zero", f"zero: {int(plan.zero)} with pipeline parallelism (pp={lay.pp})",
                 f"zero up to {int(space.zero_max_with_pp)} when pp > 1")
-    elif plain_dp_refused(lay, plan.zero, space):
+    elif dp.plain_dp_refused(lay, plan.zero, space):
         outside("zero", "plain data parallel (zero: 0) with tensor or pipeline parallelism",
                 "zero 0 only without tp and pp")
     if lay.tp > 1 and plan.sequence_parallel not in space.sequence_parallel:
@@ -186,13 +185,6 @@ def space_problems(plan: Plan, space: SearchSpace) -> list[tuple[str, str]]:
                 else f"the layer split {list(plan.stage_layers)}")
         outside("stages", what, stage)
     return out
-
-
-def plain_dp_refused(lay: Layout, zero: ZeroStage, space: SearchSpace) -> bool:
-    """The launcher's plain data parallel (zero 0) cannot join tensor or pipeline parallelism
-    (``SearchSpace.plain_dp_with_model_parallel``)."""
-    return (not space.plain_dp_with_model_parallel and zero is ZeroStage.NONE and lay.dp > 1
-            and lay.cp == 1 and lay.tp * lay.pp > 1)
 
 
 def _stage_shape_problem(plan: Plan, shape: StageShape) -> str:

@@ -7,15 +7,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from autoplan.cost import comm
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.model import Model
+from autoplan.kernels import comm
 from autoplan.parallel.common import Rule, Scope, capped_divisors
 from autoplan.vocab import Schedule
 
 if TYPE_CHECKING:
+    from autoplan.descriptors.space import SearchSpace
     from autoplan.plan import Layout, Plan
-    from autoplan.search.space import SearchSpace
 
 
 # ----------------------------------------------------------------------------- rules

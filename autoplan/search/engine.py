@@ -56,13 +56,14 @@ from autoplan.cost.stage import (
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
+from autoplan.descriptors.pipeline_layout import uniform_stages
+from autoplan.descriptors.space import SearchSpace
 from autoplan.parallel import cp, dp, ep, mesh, pp, tp
 from autoplan.parallel.common import Scope
 from autoplan.parallel.rules import BY_ID, first_broken
 from autoplan.plan import Layout, Memory, Plan, Prediction
 from autoplan.schedules.memory import peak_inflight
 from autoplan.search.partition import PartitionProblem
-from autoplan.search.space import SearchSpace
 from autoplan.search.stages import (
     chunks_of,
     partition_problem,
@@ -811,7 +812,7 @@ class _Search:
         if split and v > 1 and layers >= base.pp * v:
             # a per-chunk layout needs no pp*vpp | layers: the rules see one (its
             # near-uniform stand-in until the partitioner picks the split)
-            out = out.replace(chunks=chunks_of(out, pp.uniform_stages(layers, base.pp)))
+            out = out.replace(chunks=chunks_of(out, uniform_stages(layers, base.pp)))
         return out
 
     def _runnable(self, base: Layout, mbs: int, sp: bool,

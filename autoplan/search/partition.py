@@ -50,9 +50,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from autoplan.descriptors.pipeline_layout import uniform_stages
+from autoplan.descriptors.space import StageShape
 from autoplan.errors import AutoplanError, InputError, Problem
-from autoplan.parallel.pp import uniform_stages
-from autoplan.search.space import StageShape
 
 _TICK_BITS = 40  # the largest possible stage time (or memory) is < 2**40 ticks; see the module doc
 _INF = 1 << 62  # above any sum of ticks

@@ -34,12 +34,19 @@ import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from autoplan.cost.memory import default_headroom_bytes
-from autoplan.cost.placed import between_send_seconds, evaluate_placed, placed_stage_work
-from autoplan.cost.stage import StageWork, stage_memory, stage_work_for
+from autoplan.cost.placed import evaluate_placed
+from autoplan.cost.stage import (
+    StageWork,
+    between_send_seconds,
+    placed_stage_work,
+    stage_memory,
+    stage_work_for,
+)
 from autoplan.descriptors.hardware import Cluster, PooledCluster
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
+from autoplan.descriptors.space import SearchSpace
+from autoplan.kernels.memory import default_headroom_bytes
 from autoplan.parallel import cp, dp, ep, tp
 from autoplan.parallel.common import Rule, Scope, capped_divisors
 from autoplan.parallel.rules import RULES, space_problems
@@ -54,7 +61,6 @@ from autoplan.search.engine import (
     rank_key,
     search,
 )
-from autoplan.search.space import SearchSpace
 from autoplan.vocab import NO_OFFLOAD, Schedule, ZeroStage
 
 MAX_ALL_ORDERS = 3  # pools whose every order along the pipeline is tried

@@ -17,12 +17,11 @@ from autoplan.cost.bounds import (
     stage_work_for,
     step_overhead,
 )
-from autoplan.parallel.pipeline_layout import Chunk, from_stage_lists, with_mtp
-from autoplan.parallel.pp import uniform_stages
+from autoplan.descriptors.pipeline_layout import Chunk, from_stage_lists, uniform_stages, with_mtp
+from autoplan.descriptors.space import StageShape
 from autoplan.plan import Memory, Plan
 from autoplan.schedules.memory import peak_inflight
 from autoplan.search.partition import PartitionProblem, best_partition
-from autoplan.search.space import StageShape
 
 
 def _classes(p: int) -> list[int]:

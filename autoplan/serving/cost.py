@@ -5,7 +5,7 @@ the batch through the model once: the prefill chunks' prompt tokens and one toke
 decoding sequence. Per GPU of a pipeline stage it costs, layer by layer:
 
 - the linear layers: GEMMs of m = tokens rows at the roofline of
-  :func:`autoplan.cost.compute.gemm_roofline` (Williams et al. 2009) — compute-bound for a
+  :func:`autoplan.kernels.compute.gemm_roofline` (Williams et al. 2009) — compute-bound for a
   long prefill, bound by reading the weights (at the stored precision) for a decode batch;
 - MoE layers: each token to ``top_k`` experts; the experts a batch touches are read
   whole: of E experts, E (1 - (1 - k/E)^T) expected for T tokens routed uniformly;
@@ -17,7 +17,7 @@ decoding sequence. Per GPU of a pipeline stage it costs, layer by layer:
 - tensor parallel: two all-reduces of the tokens' hidden states per layer (Megatron-LM,
   Shoeybi et al. 2019), expert parallel: a dispatch and a combine all-to-all of the
   routed tokens; pipeline parallel: a send of the hidden states per stage boundary; on
-  the cluster's links through :mod:`autoplan.cost.comm` (alpha-beta);
+  the cluster's links through :mod:`autoplan.kernels.comm` (alpha-beta);
 - a GPU-side gap per kernel (``device.kernel_gap_s``) and the engine's per-iteration
   host time (scheduling, sampling, detokenizing): :data:`HOST_STEP_S`.
 """
@@ -27,10 +27,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from autoplan.cost import comm
-from autoplan.cost.compute import AttentionKernel, attention_efficiency, gemm_roofline
 from autoplan.descriptors.hardware import Cluster, Device
 from autoplan.descriptors.model import Model
+from autoplan.kernels import comm
+from autoplan.kernels.compute import AttentionKernel, attention_efficiency, gemm_roofline
 from autoplan.serving.deployment import Deployment, Engine, Precision, engine_defaults, resolved_limits
 from autoplan.units import GiB
 from autoplan.vocab import Dtype
@@ -55,7 +55,7 @@ SMALL_BATCH_ROWS = 128  # one tile row of cost.compute.GEMM_TILES
 
 def all_reduce_seconds(nbytes: float, group: comm.Group) -> float:
     """A tensor-parallel all-reduce as serving engines run it: the least of NCCL's ring
-    (:func:`autoplan.cost.comm.all_reduce`) and, inside one NVLink domain for small
+    (:func:`autoplan.kernels.comm.all_reduce`) and, inside one NVLink domain for small
     messages, a one-shot exchange: one link latency, each peer's buffer read once."""
     ring = comm.all_reduce(nbytes, group)
     if group.domains > 1 or nbytes > ONE_SHOT_MAX_BYTES or group.size < 2:

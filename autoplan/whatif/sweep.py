@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
+from autoplan.descriptors.space import SearchSpace
 from autoplan.plan import Plan, Prediction
 from autoplan.search.engine import SearchResult, SearchStats
-from autoplan.search.space import SearchSpace
 from autoplan.whatif.economics import Economics, Objective, economics
 
 

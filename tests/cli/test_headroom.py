@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from autoplan.cost.memory import DEFAULT_HEADROOM_FRACTION
+from autoplan.kernels.memory import DEFAULT_HEADROOM_FRACTION
 from tests.helpers import autoplan
 
 SEARCH = ("search", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8", "-b", "64", "-s", "8192",

@@ -7,10 +7,10 @@ import dataclasses
 
 import pytest
 
-from autoplan.cost.compute import Shard
 from autoplan.cost.evaluate import evaluate
-from autoplan.cost.memory import layer_activation_bytes, sharded_state_bytes
 from autoplan.descriptors.library import resolve_model
+from autoplan.kernels.compute import Shard
+from autoplan.kernels.memory import layer_activation_bytes, sharded_state_bytes
 from autoplan.vocab import Dtype, Recompute, Schedule, ZeroStage
 from tests.helpers import make_plan
 

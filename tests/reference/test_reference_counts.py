@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from autoplan.cost import flops
 from autoplan.descriptors.library import resolve_model
+from autoplan.kernels import flops
 
 
 @pytest.mark.parametrize(

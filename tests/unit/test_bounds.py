@@ -21,6 +21,7 @@ from autoplan.cost.bounds import (
 from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
+from autoplan.descriptors.space import StageShape, load_space
 from autoplan.parallel import mesh
 from autoplan.parallel.dp import (
     _sync_seconds,
@@ -31,7 +32,6 @@ from autoplan.parallel.dp import (
     zero_stages,
 )
 from autoplan.search.engine import _Candidate, _Search, candidate_plans
-from autoplan.search.space import StageShape, load_space
 from autoplan.search.stages import (
     partition_problem,
     split_bound,

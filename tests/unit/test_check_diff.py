@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from autoplan.check import Rule, Status, check_plan
+from autoplan.descriptors.space import load_space
 from autoplan.descriptors.strict import read_yaml
 from autoplan.diff import diff_plans
-from autoplan.plan import read_plan
-from autoplan.search.space import load_space
+from autoplan.planfile import read_plan
 from tests.helpers import BEST, MALFORMED, NOT_DIVISIBLE, ONE_F_ONE_B, OOM, SLOW, ZB_V
 
 ROOT = Path(__file__).resolve().parents[2]

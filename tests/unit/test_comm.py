@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from autoplan.cost import comm
 from autoplan.descriptors.library import resolve_cluster, with_gpus
+from autoplan.kernels import comm
 
 CLUSTER = with_gpus(resolve_cluster("dgx-h100"), 64)
 INTRA, INTER = CLUSTER.intra_node, CLUSTER.inter_node

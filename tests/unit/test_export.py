@@ -26,11 +26,12 @@ import pytest
 import yaml
 
 from autoplan.descriptors.library import resolve_model
+from autoplan.descriptors.pipeline_layout import from_stage_lists
 from autoplan.descriptors.strict import read_yaml
 from autoplan.errors import InputError
 from autoplan.export import Launcher, Target, export, refusals
-from autoplan.parallel.pipeline_layout import from_stage_lists
-from autoplan.plan import Plan, read_plan
+from autoplan.plan import Plan
+from autoplan.planfile import read_plan
 from autoplan.vocab import Activation, CpComm, Dtype, Offload, Recompute, Schedule, ZeroStage
 from tests.helpers import autoplan, make_plan
 
@@ -839,7 +840,7 @@ def test_a_multi_file_export_with_o_fills_a_directory(tmp_path: Path) -> None:
 
 
 def _plan_doc(plan: Plan) -> dict[str, Any]:
-    from autoplan.plan import plan_document
+    from autoplan.planfile import plan_document
 
     return plan_document(plan)
 

@@ -1,4 +1,4 @@
-"""Kernel physics and fixed costs of the cost model (cost/compute.py), the software
+"""Kernel physics and fixed costs of the cost model (kernels/compute.py), the software
 stack's part in them (descriptors/stack.py), and the per-step terms (parallel/dp.py),
 each against a number worked by hand."""
 
@@ -9,12 +9,12 @@ import math
 
 import pytest
 
-from autoplan.cost import comm, compute
-from autoplan.cost.compute import Shard, attention_efficiency, gemm_time, wave_efficiency
 from autoplan.cost.evaluate import evaluate
 from autoplan.cost.stage import stage_work
 from autoplan.descriptors.library import builtin_stack, resolve_device, resolve_model
 from autoplan.descriptors.stack import AttentionKernel
+from autoplan.kernels import comm, compute
+from autoplan.kernels.compute import Shard, attention_efficiency, gemm_time, wave_efficiency
 from autoplan.parallel import dp, mesh
 from autoplan.vocab import Axis, Dtype, ZeroStage
 from tests.helpers import ROOT, make_plan
@@ -218,7 +218,7 @@ def test_narrow_and_odd_head_dims_run_a_padded_slower_kernel():
 def test_unfused_attention_keeps_the_score_square_for_backward():
     """Korthikanti et al. 2022, eq. (1): 5 a s^2 b bytes per layer beyond flash attention's
     per-query statistics, unless selective recompute rebuilds them."""
-    from autoplan.cost import memory
+    from autoplan.kernels import memory
     from autoplan.vocab import Recompute
 
     model = resolve_model("gpt-1.7b")
@@ -248,7 +248,7 @@ def test_a_plans_hash_covers_every_field_it_is_compared_by():
     takes part in equality must change the hash, or two different plans could share
     memoized costs by accident of a collision on a common path."""
     from autoplan.descriptors.library import resolve_any_cluster
-    from autoplan.parallel.pipeline_layout import from_stage_lists
+    from autoplan.descriptors.pipeline_layout import from_stage_lists
     from autoplan.plan import Layout, Placement, Plan
     from autoplan.vocab import CpComm, Offload, Recompute, Schedule
 

@@ -92,7 +92,7 @@ def test_a_profile_is_fitted_and_applied_with_torch_blocked():
         from autoplan.descriptors.strict import read_yaml
         from autoplan.measured.profile import read_profile
         from autoplan.measured.surrogate import calibrate, predict_with_band
-        from autoplan.plan import read_plan
+        from autoplan.planfile import read_plan
         import dataclasses
         path = Path("examples/cpu/plan-pp2.yaml")
         plan = read_plan(read_yaml(path), str(path))

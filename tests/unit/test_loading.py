@@ -18,11 +18,11 @@ from autoplan.descriptors.library import (
     resolve_stack,
     with_gpus,
 )
+from autoplan.descriptors.space import builtin_spaces, load_space
 from autoplan.descriptors.strict import Fields, parse_yaml, read_yaml
 from autoplan.errors import AutoplanError, InputError, Problem
-from autoplan.plan import read_plan
+from autoplan.planfile import read_plan
 from autoplan.request import build_request
-from autoplan.search.space import builtin_spaces, load_space
 from autoplan.vocab import Dtype, Schedule
 
 ROOT = Path(__file__).resolve().parents[2]

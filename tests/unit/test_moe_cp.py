@@ -7,17 +7,18 @@ import dataclasses
 
 import pytest
 
-from autoplan.cost import comm, flops
 from autoplan.cost.evaluate import evaluate
 from autoplan.cost.stage import _layer_times, shard_of, stage_memory, stage_work
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
 from autoplan.descriptors.model import Model
+from autoplan.descriptors.space import load_space
+from autoplan.kernels import comm, flops
 from autoplan.parallel.pp import dense_per_stage as stage_dense_layers
 from autoplan.parallel.rules import plan_problems
-from autoplan.plan import Layout, plan_document, read_plan
+from autoplan.plan import Layout
+from autoplan.planfile import plan_document, read_plan
 from autoplan.search.engine import search
-from autoplan.search.space import load_space
 from autoplan.vocab import Activation, Axis, CpComm, Position, Schedule, ZeroStage
 from tests.helpers import make_plan
 

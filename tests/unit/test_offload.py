@@ -1,4 +1,4 @@
-"""Offload (cost/offload.py): optimizer states and pipeline activations in host memory.
+"""Offload (kernels/offload.py): optimizer states and pipeline activations in host memory.
 Each formula against a hand calculation; the search's answer for a job that fits only
 with offload; and the plan, cluster and space files that describe it."""
 
@@ -10,17 +10,17 @@ import json
 import pytest
 import yaml
 
-from autoplan.cost import offload
 from autoplan.cost.evaluate import evaluate
 from autoplan.cost.stage import offloaded_chunk_bytes, stage_work
 from autoplan.descriptors.hardware import HOST_LINK_EFFICIENCY, HOST_MEM_EFFICIENCY
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import builtin_stack, resolve_cluster, resolve_model, with_gpus
+from autoplan.descriptors.space import load_space
 from autoplan.errors import InputError
-from autoplan.plan import read_plan
+from autoplan.kernels import offload
+from autoplan.planfile import read_plan
 from autoplan.resources import searchspace_dir
 from autoplan.search.engine import candidate_plans, search
-from autoplan.search.space import load_space
 from autoplan.units import GiB
 from autoplan.vocab import NO_OFFLOAD, Offload, OffloadOverlap, Recompute, Schedule, ZeroStage
 from tests.helpers import autoplan, make_plan

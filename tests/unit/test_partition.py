@@ -15,8 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autoplan.descriptors.pipeline_layout import uniform_stages
+from autoplan.descriptors.space import StageShape
 from autoplan.errors import InputError
-from autoplan.parallel.pp import uniform_stages
 from autoplan.search.partition import (
     Partition,
     PartitionProblem,
@@ -27,7 +28,6 @@ from autoplan.search.partition import (
     stage_memory,
     stage_time,
 )
-from autoplan.search.space import StageShape
 
 GB = 1e9
 

@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 
 from autoplan.cost.evaluate import evaluate
 from autoplan.cost.stage import chunk_work, stage_work
-from autoplan.errors import InputError
-from autoplan.parallel.pipeline_layout import (
+from autoplan.descriptors.pipeline_layout import (
     MAX_UNITS,
     Chunk,
     LayoutError,
@@ -25,7 +24,8 @@ from autoplan.parallel.pipeline_layout import (
     render_layout,
     stage_lists,
 )
-from autoplan.plan import read_plan
+from autoplan.errors import InputError
+from autoplan.planfile import read_plan
 from autoplan.schedules.memory import peak_held, peak_inflight
 from autoplan.schedules.simulator import simulate_exact
 from autoplan.vocab import Schedule

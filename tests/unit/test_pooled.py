@@ -13,14 +13,22 @@ import pytest
 import yaml
 
 from autoplan.cost.evaluate import evaluate
-from autoplan.cost.placed import between_send_seconds, placed_stage_work, placed_works
-from autoplan.cost.stage import stage_memory, stage_work, stage_work_for
+from autoplan.cost.stage import (
+    between_send_seconds,
+    placed_stage_work,
+    placed_works,
+    stage_memory,
+    stage_work,
+    stage_work_for,
+)
 from autoplan.descriptors.hardware import PooledCluster
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_any_cluster, resolve_cluster, resolve_model
+from autoplan.descriptors.space import load_space
 from autoplan.errors import InputError
 from autoplan.parallel.rules import plan_problems
-from autoplan.plan import Placement, Plan, plan_document, read_plan
+from autoplan.plan import Placement, Plan
+from autoplan.planfile import plan_document, read_plan
 from autoplan.schedules.memory import peak_inflight
 from autoplan.search.engine import SearchStats
 from autoplan.search.pooled import (
@@ -32,7 +40,6 @@ from autoplan.search.pooled import (
     room_for_layers,
     search_pooled,
 )
-from autoplan.search.space import load_space
 from autoplan.vocab import Axis, Schedule
 from tests.helpers import ROOT
 

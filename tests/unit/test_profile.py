@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from autoplan.cost import comm
-from autoplan.cost.compute import gemm_time
 from autoplan.descriptors.library import resolve_cluster
 from autoplan.descriptors.strict import parse_yaml
 from autoplan.errors import InputError
+from autoplan.kernels import comm
+from autoplan.kernels.compute import gemm_time
 from autoplan.measured.machine import cluster_yaml, describe_machine, link_terms, standin_link
 from autoplan.measured.profile import COLUMNS, achieved, format_profile, parse_profile, row_flops
 from autoplan.vocab import Dtype

@@ -11,11 +11,11 @@ import pytest
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
 from autoplan.descriptors.model import Model
+from autoplan.descriptors.space import load_space
 from autoplan.parallel import rules
 from autoplan.parallel.common import Scope
-from autoplan.plan import plan_document, read_plan
+from autoplan.planfile import plan_document, read_plan
 from autoplan.search.engine import SEARCH_PRUNING, candidate_plans, pruning_reason, search
-from autoplan.search.space import load_space
 from tests.helpers import make_plan
 
 

@@ -11,13 +11,13 @@ import pytest
 from autoplan.cost.evaluate import evaluate, simulate_timeline
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
+from autoplan.descriptors.pipeline_layout import render_layout, stage_lists
+from autoplan.descriptors.space import StageShape, load_space
 from autoplan.export.megatron import export as megatron_export
-from autoplan.parallel.pipeline_layout import render_layout, stage_lists
 from autoplan.parallel.rules import plan_problems, space_problems
-from autoplan.plan import plan_document, read_plan
+from autoplan.planfile import plan_document, read_plan
 from autoplan.search.engine import search
 from autoplan.search.partition import stage_memory
-from autoplan.search.space import StageShape, load_space
 from autoplan.search.stages import chunks_of, partition_problem, with_best_stages
 from autoplan.vocab import Axis, Recompute, Schedule, ZeroStage
 from tests.helpers import autoplan, make_plan

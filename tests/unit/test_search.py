@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
+from autoplan.descriptors.space import SearchSpace, load_space
 from autoplan.parallel.common import divisors
 from autoplan.parallel.rules import plan_problems
 from autoplan.plan import Layout, Plan
 from autoplan.search.engine import candidate_plans, rank_key, rank_key_static, search
-from autoplan.search.space import SearchSpace, load_space
 from autoplan.vocab import Dtype, Recompute, Schedule, ZeroStage
 
 SMALL = SearchSpace(
@@ -187,7 +187,7 @@ def test_more_memory_never_makes_the_best_plan_slower():
     (13, 3, (4, 5, 4)),
 ])
 def test_uneven_layers_go_to_the_middle_stages_first(layers, pp, expected):
-    from autoplan.parallel.pp import uniform_stages
+    from autoplan.descriptors.pipeline_layout import uniform_stages
 
     assert uniform_stages(layers, pp) == expected
     assert sum(expected) == layers

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
+from autoplan.descriptors.space import load_space
 from autoplan.errors import InputError
 from autoplan.plan import TimeBreakdown
 from autoplan.search.engine import search
-from autoplan.search.space import load_space
 from autoplan.vocab import Schedule
 from autoplan.whatif.counts import MAX_COUNTS, parse_gpu_counts
 from autoplan.whatif.economics import Economics, Objective, economics, mean_power_W

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplan.cost.compute import BF16_BYTES, Shard
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.stack import AttentionKernel
+from autoplan.kernels.compute import BF16_BYTES, Shard
 from autoplan.vocab import Dtype, Recompute, ZeroStage
 
 # What the search leaves free on a device by default, beyond a plan's predicted peak (whose

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 MAX_CHARS = 10_000  # of the layout string as written
 MAX_UNITS = 100_000  # symbols once repeats are unrolled (a model has ~100s of layers)
@@ -174,3 +175,26 @@ def _compact(symbols: str) -> str:
         out.append(symbols[i] + (f"*{n}" if n > 2 else symbols[i] * (n - 1)))
         i = j
     return "".join(out)
+
+
+@lru_cache(maxsize=4096)
+def uniform_stages(layers: int, pp: int) -> tuple[int, ...]:
+    """Split layers as evenly as possible. The remainder goes one layer each to the
+    stages nearest the middle: the first stage also holds the embedding and the most
+    in-flight activations, the last the output layer and the logits, so they get an
+    extra layer only when every middle stage has one."""
+    base, extra = divmod(layers, pp)
+    order = sorted(range(pp), key=lambda s: (s in (0, pp - 1), abs(s - (pp - 1) / 2), s))
+    counts = [base] * pp
+    for s in order[:extra]:
+        counts[s] += 1
+    return tuple(counts)
+
+
+def chunk_stage_layers(chunks: tuple[Chunk, ...], pp: int) -> tuple[int, ...]:
+    """Layers per pipeline stage: the sum over its chunks (virtual stage i on rank
+    i % pp)."""
+    out = [0] * pp
+    for vs, c in enumerate(chunks):
+        out[vs % pp] += c.layers
+    return tuple(out)

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
 
-from autoplan.cost import flops
 from autoplan.descriptors.hardware import Device, cache_hash
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.stack import AttentionKernel
+from autoplan.kernels import flops
 from autoplan.vocab import Dtype, Position
 
 BF16_BYTES = 2  # activations and weights move in 16-bit (fp8 GEMMs keep 16-bit I/O here)

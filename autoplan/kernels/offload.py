@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autoplan.cost import memory
 from autoplan.descriptors.hardware import HOST_LINK_EFFICIENCY, HOST_MEM_EFFICIENCY
+from autoplan.kernels import memory
 from autoplan.vocab import OffloadOverlap
 
 # Adam's host traffic per parameter: fp32 weight, gradient and two moments read (16 B), the
