@@ -14,10 +14,9 @@ from collections.abc import Callable
 
 from autoplan.descriptors.space import load_space
 from autoplan.errors import InputError, Problem
+from autoplan.export import deepspeed, megatron, nemo, nodes, slurm, torchtitan
 from autoplan.parallel.rules import space_problems
 from autoplan.plan import Plan
-
-from . import deepspeed, megatron, nemo, nodes, slurm, torchtitan
 
 
 class Target(str, enum.Enum):

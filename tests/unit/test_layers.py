@@ -1,5 +1,7 @@
 """The data flow (DESIGN.md: layers only call downwards) and what start-up loads.
 
+- the package's modules import each other without a cycle, and every import runs down
+  the floors of ``FLOORS`` (docs/ARCHITECTURE.md draws them), never up;
 - ``autoplan.cost`` knows nothing of what corrects it (``autoplan.measured``), of the
   search, of the command line, or of measuring (``autoplan.bench``, torch);
 - ``autoplan.measured`` (profiles, the machine fit, the learned correction) never
@@ -39,6 +41,114 @@ def imported_modules(path: Path) -> Iterator[tuple[int, str]]:
             yield node.lineno, node.module
             for alias in node.names:
                 yield node.lineno, f"{node.module}.{alias.name}"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (at any depth, lazy imports and
+    ``TYPE_CHECKING`` ones included: a cycle held together by a lazy import is still a
+    cycle). ``from a import b`` counts ``a.b`` where that is a module, else ``a``."""
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = {m for _, m in imported_modules(path) if m in modules and m != name}
+        # ``from autoplan.kernels import comm`` names the package and the module: keep the module
+        graph[name] = {m for m in found if not any(o.startswith(m + ".") for o in found)}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        top = stack.pop()
+                        on_stack.discard(top)
+                        component.append(top)
+                        if top == node:
+                            break
+                    if len(component) > 1:
+                        out.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(graph[child]))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return out
+
+
+# The floors, lowest first: a module imports its own floor and those below, never above.
+# Within a floor modules may import each other (without a cycle).
+FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("base", ("autoplan", "autoplan.units", "autoplan.errors", "autoplan.vocab",
+              "autoplan.resources", "autoplan.caches")),
+    ("schedules", ("autoplan.schedules",)),  # operation orders, in-flight counts, the simulator
+    ("descriptors", ("autoplan.descriptors", "autoplan.plan")),  # data-only types, loaded strictly
+    ("kernels", ("autoplan.kernels",)),  # collectives, GEMM/attention kernels, memory, FLOPs, a layer
+    ("axes", ("autoplan.parallel",)),  # one module per parallel axis
+    ("cost", ("autoplan.cost",)),  # per-stage sums, the plan's evaluation, the search's bounds
+    ("measured", ("autoplan.measured",)),  # profiles and what is fitted on them
+    ("commands", ("autoplan.planfile", "autoplan.request", "autoplan.check", "autoplan.diff",
+                  "autoplan.search", "autoplan.serving", "autoplan.export", "autoplan.whatif",
+                  "autoplan.bench")),
+    ("cli", ("autoplan.cli",)),
+)
+# imports allowed to run upwards, as (importer, imported): at most one, each with its reason
+UPWARD: frozenset[tuple[str, str]] = frozenset()
+
+
+def floor_of(module: str) -> int:
+    best = max(((len(prefix), i) for i, (_, prefixes) in enumerate(FLOORS) for prefix in prefixes
+                if module == prefix or module.startswith(prefix + ".")), default=None)
+    assert best is not None, f"{module} is on no floor: add it to FLOORS"
+    return best[1]
+
+
+def test_the_package_has_no_import_cycle():
+    assert cycles(import_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle_held_by_a_lazy_import():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_every_import_runs_down_the_floors():
+    upward = sorted((m, o) for m, outs in import_graph().items() for o in outs
+                    if floor_of(o) > floor_of(m) and (m, o) not in UPWARD)
+    assert upward == [], "\n".join(f"{m} ({FLOORS[floor_of(m)][0]}) imports {o} "
+                                    f"({FLOORS[floor_of(o)][0]})" for m, o in upward)
+    assert len(UPWARD) <= 1
+
+
+def test_every_module_is_on_a_floor():
+    for module in import_graph():
+        floor_of(module)
 
 
 def offending_imports(package: str, forbidden: tuple[str, ...]) -> list[str]:
