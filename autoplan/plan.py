@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field, fields
-from functools import lru_cache
 from typing import Any
 
+from autoplan.caches import memo
 from autoplan.descriptors import pipeline_layout
 from autoplan.descriptors.hardware import Cluster, PooledCluster, cache_hash
 from autoplan.descriptors.job import Job
@@ -204,7 +204,7 @@ class Plan:
         return out
 
 
-@lru_cache(maxsize=4096)
+@memo(4096)
 def _views(plan: Plan) -> tuple[Plan, ...]:
     """:meth:`Plan.on_pools`, memoized per placed plan."""
     assert plan.placement is not None

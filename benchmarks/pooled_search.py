@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autoplan.cost.evaluate import clear_caches
+from autoplan.caches import clear as clear_caches
 from autoplan.descriptors.hardware import PooledCluster
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_any_cluster, resolve_model

@@ -13,7 +13,7 @@ import dataclasses
 import platform
 import time
 
-from autoplan.cost.evaluate import clear_caches
+from autoplan.caches import clear as clear_caches
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
 from autoplan.descriptors.space import load_space

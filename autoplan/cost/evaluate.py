@@ -3,6 +3,7 @@ pipeline, the data-parallel gradient sync, the optimizer step and memory per sta
 
 from __future__ import annotations
 
+from autoplan import caches
 from autoplan.cost.placed import evaluate_placed
 from autoplan.cost.stage import memory_shortfall, stage_memory, stage_work
 from autoplan.cost.step import (
@@ -19,7 +20,13 @@ from autoplan.units import GiB
 
 
 def evaluate(plan: Plan) -> Prediction:
-    """Predict step time and memory of a valid plan (see ``parallel.rules.plan_problems``)."""
+    """Predict step time and memory of a valid plan (see ``parallel.rules.plan_problems``),
+    in a cost scope of its own unless a search or sweep holds one (``autoplan.caches``)."""
+    with caches.scope():
+        return _evaluate(plan)
+
+
+def _evaluate(plan: Plan) -> Prediction:
     if plan.placement is not None:
         return evaluate_placed(plan)
     works = stage_work(plan)  # memoized: the search computed it for the bound
@@ -77,21 +84,3 @@ def simulate_timeline(plan: Plan, microbatches: int | None = None) -> SimResult:
     v = plan.layout.vpp
     return simulate_exact(plan.schedule, *plan_durations(plan, works), m, v, trace=True,
                           per_chunk=plan.chunks is not None)
-
-
-def clear_caches() -> None:
-    """Drop every memoized cost: stages, groups, placements, schedules (cold runs)."""
-    from autoplan import plan
-    from autoplan.cost import stage
-    from autoplan.parallel import ep, pp
-    from autoplan.schedules import memory, simulator
-
-    stage.clear_caches()
-    ep.expert_params_per_rank.cache_clear()
-    mesh.clear_caches()
-    pp.clear_caches()
-    dp.clear_caches()
-    memory.peak_inflight.cache_clear()
-    simulator.simulate.cache_clear()
-    simulator._compiled_orders.cache_clear()
-    plan._views.cache_clear()

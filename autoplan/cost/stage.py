@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 
+from autoplan.caches import memo
 from autoplan.descriptors.hardware import Cluster, Device, Link
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.pipeline_layout import Chunk
@@ -17,8 +17,6 @@ from autoplan.kernels.compute import (
     BF16_BYTES,
     LayerTimes,
     Shard,
-    gemm_time,
-    grouped_gemm_time,
     layer_times,
     logits_times,
 )
@@ -94,7 +92,7 @@ class StageWork:
         return self.compute_w
 
 
-@lru_cache(maxsize=16384)
+@memo(16384)
 def shard_of(plan: Plan) -> Shard:
     lay, stack = plan.layout, plan.stack
     moe = plan.model.is_moe
@@ -108,19 +106,19 @@ def shard_of(plan: Plan) -> Shard:
                  sp_saves_gathered=stack.sp_saves_gathered)
 
 
-@lru_cache(maxsize=16384)
+@memo(16384)
 def _layer_times(model: Model, shard: Shard, device: Device, moe: bool = False) -> LayerTimes:
     return layer_times(model, shard, device, moe)
 
 
-@lru_cache(maxsize=16384)
+@memo(16384)
 def _logits_times(model: Model, shard: Shard, device: Device) -> tuple[float, float, float]:
     return logits_times(model, shard, device)
 
 
 # ----------------------------------------------------------------------------- parameters
 
-@lru_cache(maxsize=1024)
+@memo(1024)
 def layer_params_per_rank(model: Model, tp: int, moe: bool = False) -> float:
     """Non-expert weights of one layer on one rank: GEMMs split by TP (MLA's down
     projections and latent norms are replicated), norms replicated; an MoE layer's
@@ -143,7 +141,7 @@ def _mtp_params_per_rank(model: Model, tp: int) -> float:
     return 3 * model.params_norm + 2 * model.hidden * model.hidden / tp
 
 
-@lru_cache(maxsize=16384)
+@memo(16384)
 def stage_params(model: Model, tp: int, embedding: bool, output: bool, layers: int,
                  dense: int | None = None, mtp: int = 0) -> float:
     """Non-expert parameters on one rank of a stage: its layers (``dense`` of them with a
@@ -186,7 +184,7 @@ def stage_state_params(model: Model, lay: Layout, first: bool, last: bool, layer
 
 # ----------------------------------------------------------------------------- time
 
-@lru_cache(maxsize=16384)
+@memo(16384)
 def cost_key(plan: Plan) -> Plan:
     """The plan as far as per-stage work depends on it. The schedule enters only through
     whether it splits the backward; ZeRO 0-2 differ only in memory (their collectives run
@@ -217,7 +215,7 @@ def chunk_work(plan: Plan) -> tuple[StageWork, ...]:
     return _chunk_works(cost_key(plan), plan.chunks)
 
 
-@lru_cache(maxsize=4096)
+@memo(4096)
 def _chunk_works(key: Plan, chunks: tuple[Chunk, ...]) -> tuple[StageWork, ...]:
     """Each chunk as a stage of its own (``_stage``): its layers (the model's first
     dense layers wherever they fall), the embedding, loss and MTP it holds, and a send
@@ -235,7 +233,7 @@ def _chunk_works(key: Plan, chunks: tuple[Chunk, ...]) -> tuple[StageWork, ...]:
     return tuple(out)
 
 
-@lru_cache(maxsize=4096)
+@memo(4096)
 def _chunked_stage_works(key: Plan, chunks: tuple[Chunk, ...]) -> tuple[StageWork, ...]:
     """Per pipeline stage, the sum of its chunks' work (virtual stage i on rank i % pp)."""
     works = _chunk_works(key, chunks)
@@ -255,7 +253,7 @@ def _summed(works: tuple[StageWork, ...]) -> StageWork:
         dense=sum(w.dense for w in works), mtp=sum(w.mtp for w in works))
 
 
-@lru_cache(maxsize=16384)
+@memo(16384)
 def _stage_works(key: Plan, stage_layers: tuple[int, ...],
                  dense: tuple[int, ...]) -> tuple[StageWork, ...]:
     out = pp.output_stage(key)
@@ -277,7 +275,7 @@ def _stage_works(key: Plan, stage_layers: tuple[int, ...],
     return tuple(works)
 
 
-@lru_cache(maxsize=8192)
+@memo(8192)
 def _one_chunk(key: Plan) -> Plan:
     """The key with one model chunk per stage: a stage's work depends on its chunks only
     through its sends, which ``_stage`` takes apart (so interleaved plans of every vpp
@@ -323,7 +321,7 @@ class _Shared:
     pp_send: float
 
 
-@lru_cache(maxsize=8192)
+@memo(8192)
 def _layer_key(plan: Plan) -> Plan:
     """The plan as far as its layers' compute and communication depend on it
     (``_shared_of``, ``_stage_terms``): not its schedule, recompute or ZeRO stage, which
@@ -332,13 +330,13 @@ def _layer_key(plan: Plan) -> Plan:
                         zero=ZeroStage.NONE)
 
 
-@lru_cache(maxsize=8192)
+@memo(8192)
 def _shared_of(plan: Plan) -> _Shared:
     core = _layer_core(plan.model, plan.cluster, shard_of(plan))
     return _Shared(core, mesh.groups(plan), pp.send_seconds(plan, core.act_bytes))
 
 
-@lru_cache(maxsize=8192)
+@memo(8192)
 def _layer_core(model: Model, cluster: Cluster, shard: Shard) -> LayerCore:
     device = cluster.device
     lt = _layer_times(model, shard, device)
@@ -386,7 +384,7 @@ class _StageTerms:
     expert_params: float
 
 
-@lru_cache(maxsize=65536)
+@memo(65536)
 def _stage_terms(plan: Plan, first: bool, last: bool, mtp: int, layers: int,
                  dense: int) -> _StageTerms:
     """``_stage``'s terms that its schedule, recompute and ZeRO stage leave alone
@@ -425,7 +423,7 @@ def _stage_terms(plan: Plan, first: bool, last: bool, mtp: int, layers: int,
         params=params, expert_params=expert_params)
 
 
-@lru_cache(maxsize=65536)
+@memo(65536)
 def _stage(plan: Plan, first: bool, last: bool, mtp: int, layers: int, dense: int,
            sends_f: int, sends_b: int) -> StageWork:
     """One stage (or model chunk): ``first`` holds the embedding, ``last`` the output
@@ -470,7 +468,7 @@ def between_send_seconds(plan: Plan, stage: int) -> float:
     return comm.p2p(nbytes, True, _bridge(view.cluster, plan.placement.cluster.between_pools))
 
 
-@lru_cache(maxsize=256)
+@memo(256)
 def _bridge(pool: Cluster, between: Link) -> Cluster:
     """The pool as its ranks see the other pools: ``between`` in place of its own network."""
     return dataclasses.replace(pool, inter_node=between)
@@ -520,7 +518,7 @@ class _ActivationTerms:
     logits: float  # last stage, per microbatch held
 
 
-@lru_cache(maxsize=16384)
+@memo(16384)
 def _activation_terms(model: Model, shard: Shard, recompute: Recompute) -> _ActivationTerms:
     working = 0.0
     if recompute is Recompute.FULL:
@@ -538,7 +536,7 @@ def _activation_terms(model: Model, shard: Shard, recompute: Recompute) -> _Acti
     )
 
 
-@lru_cache(maxsize=16384)
+@memo(16384)
 def _plan_activation_terms(plan: Plan) -> _ActivationTerms:
     """``_activation_terms`` of the plan, looked up by the plan (asked of each stage)."""
     return _activation_terms(plan.model, shard_of(plan), plan.recompute)
@@ -643,12 +641,3 @@ def memory_shortfall(plan: Plan, stage: int, mem: Memory, capacity: float) -> st
     where = f"stage {stage} " if plan.layout.pp > 1 else ""
     return (f"{where}needs {mem.peak / GiB:.1f} GiB per GPU on {plan.cluster.device.name} "
             f"({capacity / GiB:.0f} GiB): {parts}")
-
-
-def clear_caches() -> None:
-    """Drop every memoized stage, layer and parameter count (benchmarks: cold runs)."""
-    for fn in (_bridge, _layer_times, _logits_times, layer_params_per_rank, stage_params, _stage_works,
-               _shared_of, _layer_core, _layer_key, _stage_terms, _stage, _activation_terms,
-               _plan_activation_terms, shard_of, cost_key, _one_chunk, _chunk_works,
-               _chunked_stage_works, peak_held, gemm_time, grouped_gemm_time):
-        fn.cache_clear()

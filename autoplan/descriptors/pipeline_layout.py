@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+
+from autoplan.caches import memo
 
 MAX_CHARS = 10_000  # of the layout string as written
 MAX_UNITS = 100_000  # symbols once repeats are unrolled (a model has ~100s of layers)
@@ -177,7 +178,7 @@ def _compact(symbols: str) -> str:
     return "".join(out)
 
 
-@lru_cache(maxsize=4096)
+@memo(4096)
 def uniform_stages(layers: int, pp: int) -> tuple[int, ...]:
     """Split layers as evenly as possible. The remainder goes one layer each to the
     stages nearest the middle: the first stage also holds the embedding and the most

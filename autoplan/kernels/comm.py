@@ -15,8 +15,8 @@ these same functions evaluated for each profile row.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 
+from autoplan.caches import memo
 from autoplan.descriptors.hardware import Cluster, Correction, Link, cache_hash
 
 
@@ -62,7 +62,7 @@ class Group:
         return -(-self.size // self.per_domain)
 
 
-@lru_cache(maxsize=4096)
+@memo(4096)
 def place_group(cluster: Cluster, size: int, stride: int) -> Group:
     """The group of ``size`` ranks ``stride`` apart (stride = product of the inner degrees)."""
     domain = min(cluster.nvlink_domain, cluster.gpus)

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import NamedTuple
 
+from autoplan.caches import memo
 from autoplan.descriptors.hardware import Device, cache_hash
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.stack import AttentionKernel
@@ -137,7 +137,7 @@ def gemm_roofline(work: float, bytes_moved: float, device: Device, dtype: Dtype,
     return max(compute_s, bytes_moved / (device.hbm_Bps * device.hbm_efficiency))
 
 
-@lru_cache(maxsize=65536)  # layers of many shards share their shapes
+@memo(65536)  # layers of many shards share their shapes
 def gemm_time(m: float, n: float, k: float, device: Device, dtype: Dtype) -> float:
     """One (m x k) @ (k x n) GEMM: the roofline, times the measured/analytic ratio the
     device's correction predicts for this shape (autoplan.measured.surrogate), if it has one.
@@ -189,7 +189,7 @@ def layer_gemms(model: Model, shard: Shard, moe: bool = False) -> list[tuple[flo
 GROUPED_GEMM_TILE = 128  # rows per CTA tile of grouped GEMM kernels (CUTLASS, MegaBlocks' 128 blocks)
 
 
-@lru_cache(maxsize=65536)
+@memo(65536)
 def grouped_gemm_time(rows: float, n: float, k: float, groups: int, device: Device,
                       dtype: Dtype) -> float:
     """``groups`` GEMMs (rows x k) @ (k x n) in one grouped kernel (Gale et al. 2023,

@@ -10,9 +10,9 @@ optimizer); the groups come from ``mesh``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import TYPE_CHECKING, Protocol
 
+from autoplan.caches import memo
 from autoplan.kernels import comm, memory, offload
 from autoplan.kernels.compute import BF16_BYTES
 from autoplan.parallel.common import Rule, Scope
@@ -288,7 +288,7 @@ def grad_sync_least(plan: Plan, groups: dict[Axis, comm.Group], params: float,
                     forward)
 
 
-@lru_cache(maxsize=16384)
+@memo(16384)
 def _sync_seconds(zero: ZeroStage, dtype: Dtype, params: float, expert_params: float,
                   dp: comm.Group, edp: comm.Group) -> tuple[float, float]:
     """(reduction, parameter all-gather) seconds of one stage's gradient sync."""
@@ -401,7 +401,3 @@ def optimizer_seconds_per_param(plan: Plan) -> float:
         return offload.optimizer_seconds_per_param(plan)
     device = plan.cluster.device
     return ADAM_BYTES_PER_PARAM / (device.hbm_Bps * device.hbm_efficiency)
-
-
-def clear_caches() -> None:
-    _sync_seconds.cache_clear()

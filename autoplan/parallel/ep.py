@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from autoplan.caches import memo
 from autoplan.descriptors.model import Model
 from autoplan.kernels import comm
 from autoplan.kernels.compute import BF16_BYTES, Shard
@@ -130,7 +130,7 @@ def layer_seconds(model: Model, shard: Shard, ep_group: comm.Group,
     return out
 
 
-@lru_cache(maxsize=1024)
+@memo(1024)
 def expert_params_per_rank(model: Model, ep: int, etp: int) -> float:
     """One MoE layer's routed experts on one rank: experts/ep of them, split by etp."""
     return model.experts // ep * model.params_expert / etp

@@ -8,9 +8,9 @@ folding). A group's ``stride`` is the product of the degrees inside it.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from autoplan.caches import memo
 from autoplan.descriptors.hardware import Cluster
 from autoplan.kernels import comm
 from autoplan.vocab import Axis
@@ -24,12 +24,12 @@ def groups(plan: Plan) -> dict[Axis, comm.Group]:
     return groups_of(plan.cluster, plan.layout)
 
 
-@lru_cache(maxsize=4096)
+@memo(4096)
 def groups_of(c: Cluster, lay: Layout) -> dict[Axis, comm.Group]:
     return _groups(c, lay.dp, lay.tp, lay.cp, lay.ep, lay.etp)
 
 
-@lru_cache(maxsize=4096)
+@memo(4096)
 def _groups(c: Cluster, dp: int, tp: int, cp: int, ep: int, etp: int) -> dict[Axis, comm.Group]:
     """The communicators of a stage's ranks (one dict for the layouts that differ only in
     pp or vpp: PP is the outermost rank, outside every group)."""
@@ -51,9 +51,3 @@ def layer_groups(c: Cluster, tp: int, cp: int, ep: int, etp: int) -> dict[Axis, 
         Axis.ETP: comm.place_group(c, etp, 1),
         Axis.EP: comm.place_group(c, ep, etp),
     }
-
-
-def clear_caches() -> None:
-    groups_of.cache_clear()
-    _groups.cache_clear()
-    comm.place_group.cache_clear()

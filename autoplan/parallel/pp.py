@@ -10,9 +10,9 @@ orders and simulator in ``schedules/``.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from autoplan.caches import memo
 from autoplan.descriptors.space import StageShape
 from autoplan.kernels import comm
 from autoplan.parallel.common import Rule, Scope, capped_divisors
@@ -234,7 +234,7 @@ def dense_per_stage(plan: Plan) -> tuple[int, ...]:
                             plan.layout.vpp, plan.schedule)
 
 
-@lru_cache(maxsize=4096)
+@memo(4096)
 def _dense_per_stage(n_layers: int, k: int, layers: tuple[int, ...], v: int,
                      schedule: Schedule) -> tuple[int, ...]:
     p = len(layers)
@@ -280,7 +280,3 @@ def send_seconds(plan: Plan, act_bytes: float) -> float:
         return 0.0
     nbytes = act_bytes / (plan.layout.tp if plan.sequence_parallel else 1)
     return comm.p2p(nbytes, _cross_domain(plan), plan.cluster)
-
-
-def clear_caches() -> None:
-    _dense_per_stage.cache_clear()

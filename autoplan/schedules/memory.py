@@ -13,13 +13,12 @@ microbatches of a whole stage is ``peak_inflight / v`` (V-shape: / 2).
 
 from __future__ import annotations
 
-from functools import lru_cache
-
+from autoplan.caches import memo
 from autoplan.schedules.orders import PERIOD, check, stage_orders, v_block
 from autoplan.vocab import Schedule
 
 
-@lru_cache(maxsize=65536)
+@memo(65536)
 def peak_inflight(schedule: Schedule, p: int, m: int, v: int, stage: int) -> int:
     """Most (microbatch, chunk) activations stage ``stage`` of p holds at once.
 
@@ -83,7 +82,7 @@ def block_peak(schedule: Schedule, p: int, m: int, stage: int) -> int:
     return best
 
 
-@lru_cache(maxsize=4096)
+@memo(4096)
 def peak_held(schedule: Schedule, p: int, m: int, v: int, stage: int,
               weights: tuple[float, ...]) -> float:
     """Most activation bytes ``stage`` holds at once when its chunk c keeps ``weights[c]``

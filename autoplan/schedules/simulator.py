@@ -35,8 +35,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
+from autoplan.caches import memo
 from autoplan.schedules.events import Event
 from autoplan.schedules.orders import Op, chunks_per_stage, stage_orders, virtual_stage
 from autoplan.vocab import Schedule
@@ -129,7 +129,7 @@ def compile_orders(schedule: Schedule, p: int, m: int, v: int,
                     tuple(tuple({op[4] for op in ops}) for ops in out))
 
 
-@lru_cache(maxsize=256)
+@memo(256)
 def _compiled_orders(schedule: Schedule, p: int, m: int, v: int) -> Compiled:
     """The schedule's own orders, compiled (raises ValueError for an undefined (p, m, v))
     without the checks, which the tests make of every schedule's orders."""
@@ -262,7 +262,7 @@ class Chain:
         return total
 
 
-@lru_cache(maxsize=1024)
+@memo(1024)
 def critical_chain(schedule: Schedule, p: int, m: int, v: int = 1) -> Chain:
     """The critical path of the step with equal durations (F = B = W = 1; B + W = 2
     where fused), walked back from the last operation to end through, at each
@@ -312,7 +312,7 @@ def _stuck(compiled: Compiled, pos: list[int]) -> str:
     return "; ".join(waits)
 
 
-@lru_cache(maxsize=4096)
+@memo(4096)
 def simulate(
     schedule: Schedule,
     forward: tuple[float, ...],

@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from autoplan import caches
 from autoplan.cost.bounds import (
     StageWork,
     busiest_stage_bound,
@@ -1268,7 +1269,8 @@ class _neg:
 def search(model: Model, cluster: Cluster, job: Job, space: SearchSpace,
            top_k: int = 10, min_headroom_bytes: float = 0.0) -> SearchResult:
     """The top_k plans by predicted tokens/s over ``space``; see module doc. A plan fits
-    where every stage's peak leaves ``min_headroom_bytes`` of the device free.
+    where every stage's peak leaves ``min_headroom_bytes`` of the device free. Runs in
+    a cost scope (``autoplan.caches``): its candidates share their layers' costs.
 
     The cyclic garbage collector is paused while it runs (and restored after): the
     walk builds millions of short-lived acyclic plans that reference counting frees,
@@ -1277,7 +1279,8 @@ def search(model: Model, cluster: Cluster, job: Job, space: SearchSpace,
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _Search(model, cluster, job, space, top_k, min_headroom_bytes).run()
+        with caches.scope():
+            return _Search(model, cluster, job, space, top_k, min_headroom_bytes).run()
     finally:
         if was_enabled:
             gc.enable()

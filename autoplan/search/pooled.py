@@ -34,6 +34,7 @@ import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
+from autoplan import caches
 from autoplan.cost.placed import evaluate_placed
 from autoplan.cost.stage import (
     StageWork,
@@ -128,7 +129,14 @@ def search_pooled(model: Model, cluster: PooledCluster, job: Job, space: SearchS
                   top_k: int = 10, min_headroom_bytes: float | None = None) -> PooledResult:
     """The top_k plans by predicted tokens/s on the pools alone and across them (module
     doc). ``min_headroom_bytes``: what every plan leaves free on each GPU (None: each
-    device's default, ``memory.default_headroom_bytes``)."""
+    device's default, ``memory.default_headroom_bytes``). One cost scope
+    (``autoplan.caches``) holds the searches on each pool and across them."""
+    with caches.scope():
+        return _search_pooled(model, cluster, job, space, top_k, min_headroom_bytes)
+
+
+def _search_pooled(model: Model, cluster: PooledCluster, job: Job, space: SearchSpace,
+                   top_k: int, min_headroom_bytes: float | None) -> PooledResult:
     space = _on_gpus(space)
 
     def headroom(c: Cluster) -> float:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from bisect import bisect_right
-from functools import lru_cache
 
+from autoplan.caches import memo
 from autoplan.cost.bounds import (
     StageWork,
     cost_key,
@@ -47,7 +47,7 @@ def _total(w: StageWork) -> float:
     return w.forward + w.backward
 
 
-@lru_cache(maxsize=16384)
+@memo(16384)
 def _stage_fixed_times_of(key: Plan) -> tuple[float, ...]:
     p = key.layout.pp
     fixed: dict[int, float] = {}
@@ -70,7 +70,7 @@ def _layer_steps(key: Plan) -> tuple[float, float]:
     return _layer_deltas(key)[0]
 
 
-@lru_cache(maxsize=16384)
+@memo(16384)
 def _layer_deltas(key: Plan) -> tuple[tuple[float, float], tuple[float, float]]:
     """:func:`_layer_steps`, then the same of the forward alone."""
     mid = min(1, key.layout.pp - 1)
@@ -230,7 +230,7 @@ def _layer_costs(plan: Plan) -> tuple[tuple[float, ...], tuple[float, ...], int]
     return _layer_costs_of(cost_key(plan))
 
 
-@lru_cache(maxsize=16384)
+@memo(16384)
 def _layer_costs_of(key: Plan) -> tuple[tuple[float, ...], tuple[float, ...], int]:
     (step, dense_step), (fwd, dense_fwd) = _layer_deltas(key)
     v, n = key.layout.vpp, key.model.layers
@@ -252,7 +252,7 @@ def _fixed_floors(plan: Plan) -> tuple[float, ...]:
     return _fixed_floors_of(cost_key(plan))
 
 
-@lru_cache(maxsize=16384)
+@memo(16384)
 def _fixed_floors_of(key: Plan) -> tuple[float, ...]:
     p, v, n = key.layout.pp, key.layout.vpp, key.model.layers
     most = max(1, n - (p - 1) * v)
@@ -325,7 +325,7 @@ def _bound(plan: Plan, works: tuple[StageWork, ...], busy: float) -> float:
     return busy + optimizer_seconds_floor(plan, works) + step_overhead(plan)
 
 
-@lru_cache(maxsize=4096)
+@memo(4096)
 def _best(problem: PartitionProblem) -> tuple[int, ...] | None:
     part = best_partition(problem)
     return None if part is None else part.layers

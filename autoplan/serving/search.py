@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
+from autoplan import caches
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.model import Model
 from autoplan.errors import InputError
@@ -170,7 +171,16 @@ def serve_search(model: Model, cluster: Cluster, engine: Engine, workload: Workl
                  kv_caches: Sequence[Precision] = (Precision.BF16,), seed: int = 0,
                  disaggregated: bool = False) -> ServeResult:
     """Simulate every deployment of the cluster's GPUs; see the module doc. ``disaggregated``:
-    also every prefill/decode split (at the engine's batch limits only)."""
+    also every prefill/decode split (at the engine's batch limits only). One cost scope
+    (``autoplan.caches``) holds every deployment's."""
+    with caches.scope():
+        return _serve_search(model, cluster, engine, workload, slo, weights, kv_caches, seed,
+                             disaggregated)
+
+
+def _serve_search(model: Model, cluster: Cluster, engine: Engine, workload: Workload, slo: Slo,
+                  weights: Sequence[Precision], kv_caches: Sequence[Precision], seed: int,
+                  disaggregated: bool) -> ServeResult:
     for p, field in [(w, "--weights") for w in weights] + [(k, "--kv-cache") for k in kv_caches]:
         if p in (Precision.FP8, Precision.FP4) and not cluster.device.supports(Dtype.FP8):
             raise InputError.single(field, "", f"{cluster.device.name} has no fp8 support "

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
+from autoplan import caches
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
@@ -90,10 +91,11 @@ def sweep(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpac
     assert clusters and train_tokens > 0
     price = price_per_gpu_hour if price_per_gpu_hour is not None else \
         clusters[0].device.price_per_gpu_hour
-    if searcher is not None:
-        results = tuple(searcher(model, c, job, space, top_k) for c in clusters)
-    else:
-        results = _search_all(model, clusters, job, space, top_k, jobs, min_headroom_bytes)
+    with caches.scope():  # searches run in turn share their layers' costs (autoplan.caches)
+        if searcher is not None:
+            results = tuple(searcher(model, c, job, space, top_k) for c in clusters)
+        else:
+            results = _search_all(model, clusters, job, space, top_k, jobs, min_headroom_bytes)
     every: list[Point] = []
     points = []
     for result in results:
