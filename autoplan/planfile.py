@@ -16,13 +16,21 @@ from autoplan.descriptors.model import Model
 from autoplan.descriptors.pipeline_layout import Chunk
 from autoplan.descriptors.strict import Fields, shown
 from autoplan.errors import InputError, Problem
+from autoplan.measured.door import corrected
+from autoplan.measured.profile import Profile
 from autoplan.parallel.rules import plan_problems
 from autoplan.plan import SCHEMA_VERSION, Layout, Placement, Plan, Prediction
 from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, Schedule, ZeroStage
 
 
-def read_plan(data: Any, source: str, path: str = "") -> Plan:
-    """Build and check a Plan from a plan-file mapping; every problem is reported at once."""
+def read_plan(data: Any, source: str, path: str = "", *, profile: Profile | None = None,
+              correct: bool = True) -> Plan:
+    """Build and check a Plan from a plan-file mapping; every problem is reported at once.
+
+    The plan's cluster comes through the one door of measured profiles
+    (``measured.door.corrected``: ``profile``, else the one shipped for its device), as
+    every command that costs a plan sees it; ``correct=False`` leaves it analytic (for
+    what runs or exports a plan and predicts nothing). A cluster of pools stays analytic."""
     from autoplan.descriptors.library import resolve_any_cluster, resolve_model, resolve_stack
 
     problems: list[Problem] = []
@@ -94,6 +102,8 @@ def read_plan(data: Any, source: str, path: str = "") -> Plan:
                      for k, msg in plan_problems(plan)]
     if rule_problems:
         raise InputError(rule_problems)
+    if correct and placement is None:
+        plan = plan.replace(cluster=corrected(cluster, profile).cluster)
     return plan
 
 

@@ -2,8 +2,9 @@
 merged with command-line overrides. Options win over the file.
 
 A measured profile (``--profile`` or ``profile:``; else the one shipped under
-``profiles/measured/`` for the cluster's device, if any) corrects the cost model:
-the request's cluster then carries the fitted correction (autoplan.measured.surrogate)."""
+``profiles/measured/`` for the cluster's device, if any) corrects the cost model through
+the one door every command takes (``autoplan.measured.door``): the request's cluster then
+carries the fitted correction (autoplan.measured.surrogate)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from autoplan.descriptors.model import Model
 from autoplan.descriptors.space import SearchSpace, load_space
 from autoplan.descriptors.strict import Fields, read_yaml, shown
 from autoplan.errors import InputError, Problem
+from autoplan.measured.door import corrected
 from autoplan.measured.profile import Profile, read_profile
 from autoplan.measured.shipped import shipped_profile
 from autoplan.vocab import Dtype
@@ -175,15 +177,11 @@ def build_request(
     if moe_imbalance is not None and not resolved_model.is_moe:
         notes.append(f"--moe-imbalance applies to mixture-of-experts models; {resolved_model.name} "
                      "is dense: ignored")
-    if measured is None:
-        measured = shipped_profile(resolved_cluster.device.name)
-    if measured is not None:
-        # imported here: scikit-learn takes most of a second to import, which a search
-        # without a profile should not pay
-        from autoplan.measured.surrogate import calibrate
-
-        resolved_cluster = calibrate(resolved_cluster, measured)
-        sizes = tuple(calibrate(c, measured) for c in sizes)
+    door = corrected(resolved_cluster, measured)  # the one door (measured/door.py)
+    resolved_cluster, measured = door.cluster, door.profile
+    if door.note:
+        notes.append(door.note.removeprefix("autoplan: note: "))
+    sizes = tuple(corrected(c, measured).cluster for c in sizes)
     return Request(resolved_model, resolved_cluster, job, resolved_space, measured, sizes,
                    tuple(notes))
 

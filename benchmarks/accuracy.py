@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from autoplan import caches
 from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import Job
@@ -970,6 +971,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     t0 = time.perf_counter()
     log = sys.stderr.write if args.verbose else (lambda _: None)
+    # one cost scope for the whole run: the fits' sweeps evaluate the same plans again and
+    # again, and share their layers' costs (autoplan.caches)
+    with caches.scope():
+        return _report(args, log, t0)
+
+
+def _report(args: argparse.Namespace, log: Callable[[str], None], t0: float) -> int:
     try:
         rep = build_report(args.csv, cv=not (args.no_cv or args.fit), log=log)
     except (KeyError, csv.Error) as exc:

@@ -29,6 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from autoplan import caches
 from autoplan.bench.validate import Options, as_torch_runs, predicted_time
 from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.strict import read_yaml
@@ -210,4 +211,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with caches.scope():  # one cost scope for the run (autoplan.caches)
+        sys.exit(main())

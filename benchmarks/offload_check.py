@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from autoplan import caches
 from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import builtin_stack, resolve_cluster, resolve_model, with_gpus
@@ -54,4 +55,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with caches.scope():  # one cost scope for the run (autoplan.caches)
+        main()

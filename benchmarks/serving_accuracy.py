@@ -32,6 +32,7 @@ from pathlib import Path
 
 from autoplan.descriptors.library import builtin_names, resolve_cluster, resolve_model, with_gpus
 from autoplan.errors import AutoplanError
+from autoplan.measured.door import corrected
 from autoplan.serving.deployment import (
     Arrival,
     ArrivalKind,
@@ -114,7 +115,8 @@ def case_of(row: dict[str, str]) -> Case:
     scenario = row["scenario"].lower()
     try:
         model = resolve_model(name)
-        c = with_gpus(resolve_cluster(cluster), gpus)
+        # as `autoplan serve` sees it: through the one door of measured profiles
+        c = corrected(with_gpus(resolve_cluster(cluster), gpus)).cluster
     except AutoplanError as exc:
         return Case(row, None, str(exc), measured)
     if "static batch" in scenario or "single request" in scenario:

@@ -1,7 +1,7 @@
 """Kernel microbenchmarks on one local device: GEMMs, causal attention, elementwise ops.
 
 The GEMM shapes are the forward GEMMs of the chosen models' layers after TP sharding, taken
-from the cost model itself (:func:`autoplan.kernels.compute.layer_gemms`), so the profile
+from the cost model itself (:func:`autoplan.kernels.layer.layer_gemms`), so the profile
 measures exactly the shapes the cost model prices, each in the three layouts training runs
 it (forward, input gradient, weight gradient: profile op ``linear``); a sweep of n x n x n
 GEMMs fills in the efficiency curve between them. Attention is
@@ -23,7 +23,7 @@ from typing import Any
 from autoplan.bench.presets import Preset
 from autoplan.bench.timing import Budget, Clock, CpuClock, CudaClock, Row, Step, measure, summarize
 from autoplan.descriptors.model import Model
-from autoplan.kernels.compute import Shard, layer_gemms
+from autoplan.kernels.layer import Shard, layer_gemms
 from autoplan.measured.profile import row_flops
 from autoplan.units import MiB
 from autoplan.vocab import Dtype
@@ -122,7 +122,8 @@ def model_gemm_shapes(model: Model, tp: int, tokens: int) -> list[tuple[int, int
     :func:`autoplan.kernels.compute.logits_times`: (tokens, vocab / tp, hidden)."""
     shard = _shard(tp, tokens)
     kinds = [model.is_moe] + ([False] if model.is_moe and model.dense_layers else [])
-    gemms = [g for moe in kinds for g in layer_gemms(model, shard, moe=moe)]
+    gemms = [(g.m, g.n, g.k) for moe in kinds
+             for g in layer_gemms(model, shard.tokens, shard.tp, moe, shard.norm_tokens)]
     gemms.append((shard.tokens, model.vocab / tp, model.hidden))
     return [(round(m), math.ceil(n), round(k)) for m, n, k in gemms]
 

@@ -167,7 +167,7 @@ def _run_distributed(spec: dict[str, Any], rank: int) -> dict[str, Any]:
 
     from autoplan.planfile import read_plan
 
-    plan = read_plan(spec["plan"], "<validate spec>")
+    plan = read_plan(spec["plan"], "<validate spec>", correct=False)  # run, not predicted
     world = plan.layout.gpus
     store = dist.FileStore(spec["store"], world)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
@@ -298,7 +298,7 @@ def _run_slice(spec: dict[str, Any]) -> dict[str, Any]:
     from autoplan.planfile import read_plan
     from autoplan.schedules.orders import stage_chunks, stage_orders
 
-    plan = read_plan(spec["plan"], "<validate spec>")
+    plan = read_plan(spec["plan"], "<validate spec>", correct=False)  # run, not predicted
     lay, stage = plan.layout, int(spec["stage"])
     cuda = spec["device"] == "cuda"
     device = torch.device("cuda" if cuda else "cpu")

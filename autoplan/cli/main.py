@@ -171,8 +171,6 @@ def search(
                                               "much: give --train-tokens too")
     for line in req.notes:
         output.err.print(f"autoplan: note: {line}", markup=False)
-    if req.profile is not None and (note := render.profile_note(req.profile, req.cluster)):
-        output.err.print(note, markup=False)
     from autoplan.kernels.memory import default_headroom_bytes
 
     headroom = (min_headroom * GiB if min_headroom is not None
@@ -480,6 +478,7 @@ def serve(
     from autoplan.descriptors.job import MAX_SEQ_LEN
     from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
     from autoplan.descriptors.strict import read_yaml
+    from autoplan.measured.door import corrected
     from autoplan.serving.deployment import (
         KV_PRECISIONS,
         Arrival,
@@ -570,7 +569,7 @@ def serve(
     base = resolve_cluster(cluster) if cluster is not None else job.cluster
     assert m is not None and base is not None
     count = gpus if gpus is not None else job.gpus if job.gpus is not None else base.gpus
-    c = with_gpus(base, count)
+    c = corrected(with_gpus(base, count)).cluster  # the one door of measured profiles
     if traced:
         recorded = (read_trace(str(trace), "--trace", "") if trace is not None
                     else job.arrival.trace if job.arrival is not None else None)
@@ -690,17 +689,18 @@ def evaluate(
 
     from autoplan.cost.evaluate import evaluate as predict
     from autoplan.descriptors.strict import read_yaml
+    from autoplan.measured.door import Corrected
     from autoplan.measured.profile import read_profile
-    from autoplan.measured.shipped import shipped_profile
     from autoplan.planfile import plan_document, read_plan
     from autoplan.serving.planfile import is_serving, read_serving_plan
 
     given = read_profile(profile) if profile is not None else None
     documents = [(p, read_yaml(p)) for p in plans]
-    # all validated before any output; serving plans (kind: serving) apart
-    serving = [(p, read_serving_plan(d, str(p))) for p, d in documents if is_serving(d)]
+    # all validated before any output; serving plans (kind: serving) apart; each plan's
+    # cluster through the one door of measured profiles (planfile.read_plan)
+    serving = [(p, read_serving_plan(d, str(p), profile=given)) for p, d in documents if is_serving(d)]
     plans = [p for p, d in documents if not is_serving(d)]
-    loaded = [read_plan(d, str(p)) for p, d in documents if not is_serving(d)]
+    loaded = [read_plan(d, str(p), profile=given) for p, d in documents if not is_serving(d)]
     serving_ok = True
     if serving:
         serving_ok = _evaluate_serving(serving, fmt, also_training=bool(loaded))
@@ -713,16 +713,14 @@ def evaluate(
         loaded = [dataclasses.replace(plan, stack=named) for plan in loaded]
     results = []
     for plan in loaded:
-        measured = given or shipped_profile(plan.cluster.device.name)
-        if measured is None:
+        if plan.cluster.device.correction is None:
             results.append((plan, predict(plan)))
             continue
-        # scikit-learn loads only when a profile is in use
-        from autoplan.measured.surrogate import calibrate, predict_with_band
+        # scikit-learn is loaded already: the plan's device carries a fitted correction
+        from autoplan.measured.surrogate import predict_with_band
 
-        if note := render.profile_note(measured, plan.cluster):
+        if note := Corrected(plan.cluster, given).note:
             output.err.print(note, markup=False)
-        plan = dataclasses.replace(plan, cluster=calibrate(plan.cluster, measured))
         results.append((plan, predict_with_band(plan)))
     if fmt is Format.json:
         output.emit_json({"plans": [plan_document(p, r) for p, r in results]})
@@ -1030,7 +1028,8 @@ def export_plan(
         if to not in serving_targets:
             valid = ", ".join(sorted(serving_targets))
             raise InputError.single("--to", "", f"a serving plan exports to {valid}, got {to!r}")
-        written = export_serving(read_serving_plan(data, str(plan_path)), ServingTarget(to), str(plan_path))
+        written = export_serving(read_serving_plan(data, str(plan_path), correct=False), ServingTarget(to),
+                                 str(plan_path))
     else:
         if to in serving_targets:
             raise InputError.single("--to", "", f"{to} serves models: give a serving plan (`autoplan serve "
@@ -1039,7 +1038,7 @@ def export_plan(
         runs = _choice("--launcher", launcher, Launcher)
         if target is not Target.SLURM and runs is not Launcher.MEGATRON:
             raise InputError.single("--launcher", "", "only --to slurm takes a launcher")
-        plan = read_plan(data, str(plan_path))
+        plan = read_plan(data, str(plan_path), correct=False)  # exported, not predicted
         written = run_export(plan, target, str(plan_path), runs)
     if out_path is None or files.is_stdout(out_path):
         for name, text in written.items():

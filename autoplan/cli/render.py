@@ -9,7 +9,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from autoplan.cost.stage import StageWork
-from autoplan.descriptors.hardware import Cluster
 from autoplan.kernels.memory import DEFAULT_HEADROOM_FRACTION
 from autoplan.plan import TIME_TERMS, Plan, Prediction, Uncertainty
 from autoplan.search.engine import SearchStats, pruning_reason
@@ -17,7 +16,6 @@ from autoplan.units import GiB
 from autoplan.vocab import CpComm
 
 if TYPE_CHECKING:
-    from autoplan.measured.profile import Profile
     from autoplan.serving.cost import StepModel
     from autoplan.serving.deployment import ServingPlan, Slo
     from autoplan.serving.evaluate import ServingPrediction
@@ -373,14 +371,6 @@ def band_line(pred: Prediction, unc: Uncertainty) -> str:
 
 def profile_text(source: str) -> str:
     return f"times corrected by the measured profile {source} (learned ratio to the analytic model)"
-
-
-def profile_note(profile: Profile, cluster: Cluster) -> str | None:
-    """A note when a profile corrects another device than the one it was taken on."""
-    if profile.descriptor and profile.descriptor != cluster.device.name:
-        return (f"autoplan: note: {profile.source} was taken on {profile.descriptor}; "
-                f"it corrects {cluster.device.name} here")
-    return None
 
 
 # --------------------------------------------------------------------------- check and diff

@@ -13,12 +13,13 @@ from autoplan.descriptors.hardware import Cluster, Device, Link
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.pipeline_layout import Chunk
 from autoplan.kernels import comm, memory, offload
-from autoplan.kernels.compute import (
+from autoplan.kernels.compute import LayerTimes, layer_times, logits_times
+from autoplan.kernels.layer import (
     BF16_BYTES,
-    LayerTimes,
     Shard,
-    layer_times,
-    logits_times,
+    expert_params_per_rank,
+    layer_params_per_rank,
+    stage_params,
 )
 from autoplan.parallel import cp, dp, ep, mesh, pp, tp
 from autoplan.plan import Layout, Memory, Plan
@@ -118,55 +119,6 @@ def _logits_times(model: Model, shard: Shard, device: Device) -> tuple[float, fl
 
 # ----------------------------------------------------------------------------- parameters
 
-@memo(1024)
-def layer_params_per_rank(model: Model, tp: int, moe: bool = False) -> float:
-    """Non-expert weights of one layer on one rank: GEMMs split by TP (MLA's down
-    projections and latent norms are replicated), norms replicated; an MoE layer's
-    router and shared experts in place of the dense MLP."""
-    attn = model.params_attention
-    replicated = 2 * model.params_norm
-    if model.is_mla:
-        down = model.hidden * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim)
-        norms = model.q_lora_rank + model.kv_lora_rank
-        attn -= down + norms
-        replicated += down + norms
-    if not moe:
-        return (attn + model.params_mlp) / tp + replicated
-    return (attn + model.params_shared_experts) / tp + replicated + model.params_router
-
-
-def _mtp_params_per_rank(model: Model, tp: int) -> float:
-    """One MTP module without its transformer layer: three norms and the 2h -> h
-    projection (TP-split); embedding and output head are the model's own."""
-    return 3 * model.params_norm + 2 * model.hidden * model.hidden / tp
-
-
-@memo(16384)
-def stage_params(model: Model, tp: int, embedding: bool, output: bool, layers: int,
-                 dense: int | None = None, mtp: int = 0) -> float:
-    """Non-expert parameters on one rank of a stage: its layers (``dense`` of them with a
-    dense MLP; None: all of a dense model), plus the vocab-parallel embedding where the
-    model starts and the final norm and output layer where it ends. Tied embeddings on
-    another stage than the embedding keep their own copy (Megatron-LM)."""
-    dense = layers if dense is None else dense
-    params = dense * layer_params_per_rank(model, tp)
-    params += (layers - dense + (mtp if model.is_moe else 0)) * layer_params_per_rank(model, tp, True)
-    if mtp:
-        params += mtp * _mtp_params_per_rank(model, tp)
-        params += 0 if model.is_moe else mtp * layer_params_per_rank(model, tp)
-        if not output:  # MTP apart from the loss (a layout's standalone MTP stage): its
-            # own copies of the shared embedding and output head (assumed, as tied
-            # embeddings on two stages are kept in Megatron-LM)
-            params += 2 * model.vocab * model.hidden / tp
-    if embedding:
-        params += model.vocab * model.hidden / tp + (model.params_embedding - model.vocab * model.hidden)
-    if output:
-        params += model.params_norm
-        if not model.tied_embeddings or not embedding:
-            params += model.vocab * model.hidden / tp
-    return params
-
-
 def stage_state_params(model: Model, lay: Layout, first: bool, last: bool, layers: int,
                        dense: int, mtp: int | None = None) -> tuple[float, float]:
     """(non-expert, routed-expert) parameters on one rank of a stage (or chunk) holding
@@ -179,7 +131,7 @@ def stage_state_params(model: Model, lay: Layout, first: bool, last: bool, layer
     if not model.is_moe:
         return params, 0.0
     moe = layers - dense + mtp
-    return params, moe * ep.expert_params_per_rank(model, lay.ep, lay.etp)
+    return params, moe * expert_params_per_rank(model, lay.ep, lay.etp)
 
 
 # ----------------------------------------------------------------------------- time
@@ -597,7 +549,7 @@ def memory_with(plan: Plan, work: StageWork, activations: float, moved: float) -
         largest = layer_params_per_rank(model, lay.tp)
         if model.is_moe:
             largest = max(largest, layer_params_per_rank(model, lay.tp, True)
-                          + ep.expert_params_per_rank(model, lay.ep, lay.etp))
+                          + expert_params_per_rank(model, lay.ep, lay.etp))
         other += dp.zero3_buffer_bytes(largest, plan.stack.zero3_max_live_params)
     return Memory(weights=states.weights, grads=states.grads, optimizer=states.optimizer,
                   activations=activations, other=other, host=host)

@@ -25,63 +25,23 @@ primitives, evaluated uncorrected for each profile row.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from autoplan.caches import memo
-from autoplan.descriptors.hardware import Device, cache_hash
+from autoplan.descriptors.hardware import Device
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.stack import AttentionKernel
 from autoplan.kernels import flops
-from autoplan.vocab import Dtype, Position
-
-BF16_BYTES = 2  # activations and weights move in 16-bit (fp8 GEMMs keep 16-bit I/O here)
-
-
-@dataclass(frozen=True, slots=True)
-class Shard:
-    """What one rank computes of one layer for one microbatch."""
-
-    micro_batch: int
-    seq_len: int  # full sequence length of the job
-    tp: int
-    cp: int
-    sequence_parallel: bool
-    dtype: Dtype
-    ep: int = 1  # expert parallel degree
-    etp: int = 1  # expert tensor parallel degree
-    expert_load: float = 1.0  # tokens of the busiest expert rank over the mean (>= 1)
-    cp_ring: bool = True  # context parallel by ring attention (else all-to-all, Ulysses)
-    # what the software stack runs (descriptors/stack.py)
-    attention_kernel: AttentionKernel = AttentionKernel.FLASH2
-    layer_kernels: int = 0  # forward kernels per layer (backward: twice as many)
-    host_kernel_s: float = 0.0  # host dispatch per kernel (0 under CUDA graphs)
-    kernel_efficiency: float = 1.0  # of the device's kernel rates, what the stack sustains
-    sp_saves_gathered: bool = False  # SP: TP GEMMs save their gathered input (Stack's field)
-    # memoized layer costs key on shards: hashed once (the fields are frozen)
-    _hash: int = field(default=0, init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        cache_hash(self)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    @property
-    def tokens(self) -> int:
-        """Tokens this rank holds: its 1/cp of the sequence."""
-        return self.micro_batch * self.seq_len // self.cp
-
-    @property
-    def norm_tokens(self) -> float:
-        """Tokens in the regions outside TP (norms, residual, dropout): SP splits them too."""
-        return self.tokens / self.tp if self.sequence_parallel else self.tokens
-
-    def routed_tokens(self, model: Model) -> float:
-        """Token copies the busiest rank's experts receive per layer: each rank routes its
-        sequence-parallel share top_k times (Megatron-Core's all-to-all dispatcher), and
-        the busiest rank gets ``expert_load`` times the mean."""
-        return self.norm_tokens * model.top_k * self.expert_load
+from autoplan.kernels.layer import (
+    BF16_BYTES,
+    Gemm,
+    Shard,
+    distinct_experts,
+    elementwise_bytes_forward,
+    layer_gemms,
+)
+from autoplan.vocab import Dtype
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,53 +97,29 @@ def gemm_roofline(work: float, bytes_moved: float, device: Device, dtype: Dtype,
     return max(compute_s, bytes_moved / (device.hbm_Bps * device.hbm_efficiency))
 
 
+# Below one output-tile row (a decode batch) cuBLAS and the engines' small-batch kernels
+# split K over every SM (split-K / GEMV) instead of tiling the output, so no wave of tiles
+# idles SMs and reading the weights bounds them (the smallest tile of GEMM_TILES is 64 rows;
+# 128 is where every tile of the table has a full row).
+SMALL_BATCH_ROWS = 128
+
+
 @memo(65536)  # layers of many shards share their shapes
-def gemm_time(m: float, n: float, k: float, device: Device, dtype: Dtype) -> float:
-    """One (m x k) @ (k x n) GEMM: the roofline, times the measured/analytic ratio the
-    device's correction predicts for this shape (autoplan.measured.surrogate), if it has one.
-    The surrogate is fitted on this same function (uncorrected) evaluated for each
-    profile row."""
-    t = gemm_roofline(2.0 * m * n * k, BF16_BYTES * (m * k + k * n + m * n), device, dtype, m, n)
+def gemm_time(m: float, n: float, k: float, device: Device, dtype: Dtype,
+              weight_bytes: float = BF16_BYTES) -> float:
+    """One (m x k) @ (k x n) GEMM whose k x n operand is stored at ``weight_bytes`` per
+    element (quantized weights are read at their precision and dequantized in the kernel):
+    the roofline over its FLOPs and bytes, with wave quantization from
+    :data:`SMALL_BATCH_ROWS` rows up, times the measured/analytic ratio the device's
+    correction predicts for this shape (autoplan.measured.surrogate), if it has one. The
+    surrogate is fitted on this same function (uncorrected) evaluated for each profile row.
+    Training's stage costs and serving's iterations both time their GEMMs here."""
+    moved = weight_bytes * k * n + BF16_BYTES * (m * k + m * n)
+    tiled = m >= SMALL_BATCH_ROWS
+    t = gemm_roofline(2.0 * m * n * k, moved, device, dtype, m if tiled else 0.0, n if tiled else 0.0)
     if device.correction is not None:
         t *= device.correction.gemm(m, n, k, dtype)
     return t
-
-
-def attention_gemms(model: Model, shard: Shard) -> list[tuple[float, float, float]]:
-    """(m, n, k) of one layer's attention GEMMs after TP sharding (Shoeybi et al. 2019):
-    QKV split by columns, the output projection by rows. MLA (DeepSeek-V2 Sec. 2.1;
-    Megatron-Core MLASelfAttention) runs its down projections unsplit on every TP rank
-    and splits the up projections by heads."""
-    t, tokens, h = shard.tp, shard.tokens, model.hidden
-    q, k, v, out = model.attn_widths
-    if not model.is_mla:
-        return [(tokens, (q + k + v) / t, h), (tokens, h, out / t)]
-    gemms = [(tokens, model.kv_lora_rank + model.qk_rope_head_dim, h),  # kv down (+ RoPE key)
-             (tokens, model.heads * (model.qk_nope_head_dim + model.v_head_dim) / t,
-              model.kv_lora_rank)]  # kv up
-    if model.q_lora_rank:
-        gemms += [(tokens, model.q_lora_rank, h), (tokens, q / t, model.q_lora_rank)]
-    else:
-        gemms.append((tokens, q / t, h))
-    return [*gemms, (tokens, h, out / t)]
-
-
-def mlp_gemms(model: Model, shard: Shard, width: int) -> list[tuple[float, float, float]]:
-    """A TP-split MLP of hidden width ``width``: up (+ gate) by columns, down by rows."""
-    t, tokens, h = shard.tp, shard.tokens, model.hidden
-    return [(tokens, (model.mlp_matrices - 1) * width / t, h), (tokens, h, width / t)]
-
-
-def layer_gemms(model: Model, shard: Shard, moe: bool = False) -> list[tuple[float, float, float]]:
-    """(m, n, k) of one layer's forward GEMMs, the routed experts excepted (see
-    :func:`expert_time`): attention, and the dense MLP or the MoE router and shared experts."""
-    gemms = attention_gemms(model, shard)
-    if not moe:
-        return gemms + mlp_gemms(model, shard, model.ffn_hidden)
-    gemms.append((shard.norm_tokens, model.experts, model.hidden))  # router, on SP tokens
-    if model.shared_experts:  # fused into one MLP of their summed width (Megatron-Core)
-        gemms += mlp_gemms(model, shard, model.shared_experts * model.shared_width)
-    return gemms
 
 
 GROUPED_GEMM_TILE = 128  # rows per CTA tile of grouped GEMM kernels (CUTLASS, MegaBlocks' 128 blocks)
@@ -202,6 +138,29 @@ def grouped_gemm_time(rows: float, n: float, k: float, groups: int, device: Devi
                       padded * groups, n)
     if device.correction is not None:
         t *= device.correction.gemm(padded * groups, n, k, dtype)
+    return t
+
+
+def batch_experts_time(model: Model, tokens: float, ep: int, etp: int, device: Device,
+                       dtype: Dtype, weight_bytes: float) -> float:
+    """Forward seconds of one rank's routed experts for an inference batch of ``tokens``
+    tokens (every attention-DP rank's, gathered at the experts): each token to ``top_k``
+    experts; of the experts/ep on this rank, those the batch hits (:func:`distinct_experts`,
+    routing uniform) are read whole at ``weight_bytes`` per element, each split by etp; the
+    routed copies move in and out in 16 bits. Wave quantization counts from a full tile row
+    of tokens per expert (:data:`SMALL_BATCH_ROWS`); the device's correction is that of one
+    GEMM over every routed row of this rank."""
+    local = model.experts / ep
+    hit = distinct_experts(model.experts, model.top_k, tokens) / ep
+    work = 2.0 * tokens * model.top_k * model.params_expert / (ep * etp)
+    moved = (hit * model.params_expert / etp * weight_bytes
+             + BF16_BYTES * tokens * model.top_k / ep * model.hidden * 2)
+    rows = tokens * model.top_k / max(1.0, local)  # per expert, on average
+    n = model.expert_width / etp
+    tiled = rows >= SMALL_BATCH_ROWS
+    t = gemm_roofline(work, moved, device, dtype, rows if tiled else 0.0, n if tiled else 0.0)
+    if device.correction is not None:
+        t *= device.correction.gemm(max(1.0, rows * local), n, model.hidden, dtype)
     return t
 
 
@@ -342,32 +301,6 @@ def ring_correction_bytes(model: Model, shard: Shard) -> float:
     return shard.tokens * (heads * model.v_channels * 4 * 2 + heads * 4 * 2)
 
 
-def elementwise_bytes_forward(model: Model, shard: Shard, moe: bool = False) -> float:
-    """Bytes moved by one layer's memory-bound forward ops (norms, residual adds,
-    activation function, rotary embedding, dropout; an MoE layer's token permutation),
-    each read once and written once."""
-    e, h, t = BF16_BYTES, model.hidden, shard.tp
-    outside_tp = shard.norm_tokens * h * e * (
-        2 * 2  # two norms: read x, write y
-        + 2 * 3  # two residual adds: read a, b; write a + b
-        + (2 * 2.5 if model.dropout else 0)  # two dropouts: read, write, 1-byte mask
-    )
-    act_in = 2 if model.activation.gated else 1
-    q, k, _, _ = model.attn_widths
-    inside_tp = 0.0
-    if model.position is Position.ROPE:
-        inside_tp += shard.tokens * e * 2 * (q + k) / t
-    if not moe:
-        return outside_tp + inside_tp + shard.tokens * e * (act_in + 1) * model.ffn_hidden / t
-    shared = model.shared_experts * model.shared_width
-    inside_tp += shard.tokens * e * (act_in + 1) * shared / t
-    routed = shard.routed_tokens(model)
-    # permute (read, write) and unpermute (read, weighted write) the routed copies,
-    # and the experts' activation function over them
-    experts = routed * e * (4 * h + (act_in + 1) * model.expert_width)
-    return outside_tp + inside_tp + experts
-
-
 # FP8 GEMMs take FP8 operands: Transformer Engine quantizes each GEMM's 16-bit input
 # with a fused cast-transpose kernel that reads it once and writes the FP8 copy and its
 # transpose (for the backward's other GEMM): 2 bytes read, 2 written per element; the
@@ -377,17 +310,17 @@ def elementwise_bytes_forward(model: Model, shard: Shard, moe: bool = False) -> 
 FP8_CAST_BYTES = 4
 
 
-def fp8_cast_seconds(gemms: list[tuple[float, float, float]], device: Device
+def fp8_cast_seconds(gemms: list[Gemm], device: Device
                      ) -> tuple[float, float]:
     """(forward, backward) seconds of quantizing the FP8 GEMMs' activations and gradients."""
     hbm = device.hbm_Bps * device.hbm_efficiency
-    return (sum(m * k for m, _, k in gemms) * FP8_CAST_BYTES / hbm,
-            sum(m * n for m, n, _ in gemms) * FP8_CAST_BYTES / hbm)
+    return (sum(g.m * g.k for g in gemms) * FP8_CAST_BYTES / hbm,
+            sum(g.m * g.n for g in gemms) * FP8_CAST_BYTES / hbm)
 
 
 def layer_times(model: Model, shard: Shard, device: Device, moe: bool = False) -> LayerTimes:
-    gemms = layer_gemms(model, shard, moe)
-    gemm_fwd = sum(gemm_time(m, n, k, device, shard.dtype) for m, n, k in gemms)
+    gemms = layer_gemms(model, shard.tokens, shard.tp, moe, shard.norm_tokens)
+    gemm_fwd = sum(gemm_time(g.m, g.n, g.k, device, shard.dtype) for g in gemms)
     if moe:
         gemm_fwd += expert_time(model, shard, device)
     attn_fwd, attn_bwd = attention_core_time(model, shard, device)

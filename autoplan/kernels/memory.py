@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.stack import AttentionKernel
-from autoplan.kernels.compute import BF16_BYTES, Shard
+from autoplan.kernels.layer import BF16_BYTES, Shard
 from autoplan.vocab import Dtype, Recompute, ZeroStage
 
 # What the search leaves free on a device by default, beyond a plan's predicted peak (whose

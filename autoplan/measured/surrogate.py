@@ -56,7 +56,8 @@ from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.hardware import Cluster
 from autoplan.errors import InputError, Problem
 from autoplan.kernels import comm
-from autoplan.kernels.compute import BF16_BYTES, AttentionCall, attention_time, gemm_time
+from autoplan.kernels.compute import AttentionCall, attention_time, gemm_time
+from autoplan.kernels.layer import BF16_BYTES
 from autoplan.measured.machine import describe_machine
 from autoplan.measured.profile import DTYPES, KINDS, Profile, row_flops
 from autoplan.plan import Plan, Prediction, Uncertainty

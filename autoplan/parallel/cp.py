@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from autoplan.kernels import comm
-from autoplan.kernels.compute import BF16_BYTES, LayerTimes, Shard
+from autoplan.kernels.compute import LayerTimes
+from autoplan.kernels.layer import BF16_BYTES, Shard
 from autoplan.parallel.common import Rule, Scope, capped_divisors
 from autoplan.vocab import CpComm
 

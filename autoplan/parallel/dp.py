@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from autoplan.caches import memo
 from autoplan.kernels import comm, memory, offload
-from autoplan.kernels.compute import BF16_BYTES
+from autoplan.kernels.layer import BF16_BYTES
 from autoplan.parallel.common import Rule, Scope
 from autoplan.vocab import Axis, Dtype, Offload, ZeroStage
 

@@ -9,10 +9,9 @@ import dataclasses
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from autoplan.caches import memo
 from autoplan.descriptors.model import Model
 from autoplan.kernels import comm
-from autoplan.kernels.compute import BF16_BYTES, Shard
+from autoplan.kernels.layer import BF16_BYTES, Shard
 from autoplan.parallel.common import Rule, Scope, divisors
 
 if TYPE_CHECKING:
@@ -128,9 +127,3 @@ def layer_seconds(model: Model, shard: Shard, ep_group: comm.Group,
         gathered = routed * shard.etp
         out += comm.all_gather(gathered, etp_group) + comm.reduce_scatter(gathered, etp_group)
     return out
-
-
-@memo(1024)
-def expert_params_per_rank(model: Model, ep: int, etp: int) -> float:
-    """One MoE layer's routed experts on one rank: experts/ep of them, split by etp."""
-    return model.experts // ep * model.params_expert / etp

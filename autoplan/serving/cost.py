@@ -4,11 +4,14 @@ An iteration (continuous batching, Yu et al. 2022 "Orca") runs every scheduled t
 the batch through the model once: the prefill chunks' prompt tokens and one token per
 decoding sequence. Per GPU of a pipeline stage it costs, layer by layer:
 
-- the linear layers: GEMMs of m = tokens rows at the roofline of
-  :func:`autoplan.kernels.compute.gemm_roofline` (Williams et al. 2009) — compute-bound for a
-  long prefill, bound by reading the weights (at the stored precision) for a decode batch;
+- the linear layers: the GEMMs of :mod:`autoplan.kernels.layer` (the one layer model
+  training's stage costs read too) with m = tokens rows, each timed by
+  :func:`autoplan.kernels.compute.gemm_time` (roofline, Williams et al. 2009, and the
+  device's measured correction where it carries one) — compute-bound for a long prefill,
+  bound by reading the weights (at the stored precision) for a decode batch;
 - MoE layers: each token to ``top_k`` experts; the experts a batch touches are read
-  whole: of E experts, E (1 - (1 - k/E)^T) expected for T tokens routed uniformly;
+  whole: of E experts, E (1 - (1 - k/E)^T) expected for T tokens routed uniformly
+  (:func:`autoplan.kernels.compute.batch_experts_time`);
 - attention: prefill at flash attention's compute rate over the causal pairs; decode
   reads each sequence's KV cache (bandwidth-bound; PagedAttention, Kwon et al. 2023);
   GQA keeps kv_heads / tp heads per GPU (at least one: engines replicate them past
@@ -18,6 +21,8 @@ decoding sequence. Per GPU of a pipeline stage it costs, layer by layer:
   Shoeybi et al. 2019), expert parallel: a dispatch and a combine all-to-all of the
   routed tokens; pipeline parallel: a send of the hidden states per stage boundary; on
   the cluster's links through :mod:`autoplan.kernels.comm` (alpha-beta);
+- weights per GPU: :func:`autoplan.kernels.layer.layer_params_per_rank` and the
+  embedding and output layer's, as training holds them (split over TP or replicated);
 - a GPU-side gap per kernel (``device.kernel_gap_s``) and the engine's per-iteration
   host time (scheduling, sampling, detokenizing): :data:`HOST_STEP_S`.
 """
@@ -30,7 +35,22 @@ from dataclasses import dataclass, field, replace
 from autoplan.descriptors.hardware import Cluster, Device
 from autoplan.descriptors.model import Model
 from autoplan.kernels import comm
-from autoplan.kernels.compute import AttentionKernel, attention_efficiency, gemm_roofline
+from autoplan.kernels.compute import (
+    AttentionKernel,
+    attention_efficiency,
+    batch_experts_time,
+    gemm_time,
+)
+from autoplan.kernels.layer import (
+    Gemm,
+    embedding_params_per_rank,
+    expert_params_per_rank,
+    fused_elementwise_bytes_per_token,
+    kv_bytes_per_token_layer,
+    layer_gemms,
+    layer_params_per_rank,
+    output_params_per_rank,
+)
 from autoplan.serving.deployment import Deployment, Engine, Precision, engine_defaults, resolved_limits
 from autoplan.units import GiB
 from autoplan.vocab import Dtype
@@ -50,7 +70,6 @@ KERNELS_PER_LAYER = 14
 # vLLM's and TensorRT-LLM's custom all-reduce kernels run for small messages inside an
 # NVLink domain (vllm csrc/custom_all_reduce.cuh: one-shot below 512 KiB, else two-shot)
 ONE_SHOT_MAX_BYTES = 512 * 1024
-SMALL_BATCH_ROWS = 128  # one tile row of cost.compute.GEMM_TILES
 
 
 def all_reduce_seconds(nbytes: float, group: comm.Group) -> float:
@@ -64,19 +83,6 @@ def all_reduce_seconds(nbytes: float, group: comm.Group) -> float:
     return min(ring, one_shot)
 
 
-def elementwise_bytes_per_token(model: Model, tp: int) -> float:
-    """HBM bytes of a layer's fused elementwise kernels per token (vLLM's
-    fused_add_rms_norm twice: reads the input and the residual, writes both; RoPE in
-    place on this GPU's queries and keys; the gated activation (silu_and_mul) reads the
-    two up projections and writes one)."""
-    h = model.hidden
-    norms = 2 * 4 * h
-    rope = 2 * (model.q_dim + model.kv_dim) / tp
-    ffn = max(model.ffn_hidden, model.expert_width * max(1, model.top_k))
-    act = (3 if model.activation.gated else 2) * ffn / tp
-    return ACT_BYTES * (norms + rope + act)
-
-
 def compute_dtype(weights: Precision, device: Device) -> Dtype:
     """The dtype the GEMMs run in: fp8 weights (and fp4, which no descriptor prices yet)
     run fp8 GEMMs where the device has them; int8/int4 are weight-only (dequantized to
@@ -84,14 +90,6 @@ def compute_dtype(weights: Precision, device: Device) -> Dtype:
     if weights in (Precision.FP8, Precision.FP4) and device.supports(Dtype.FP8):
         return Dtype.FP8
     return Dtype.FP16 if weights is Precision.FP16 else Dtype.BF16
-
-
-def kv_bytes_per_token_layer(model: Model, tp: int, kv: Precision) -> float:
-    """KV cache bytes one token of one layer takes on one GPU of a TP group."""
-    if model.is_mla:
-        return (model.kv_lora_rank + model.qk_rope_head_dim) * kv.bytes
-    heads = max(1.0, model.kv_heads / tp)
-    return 2 * heads * model.kv_channels * kv.bytes
 
 
 def kv_transfer(model: Model, cluster: Cluster, d: Deployment) -> tuple[float, float]:
@@ -104,17 +102,9 @@ def kv_transfer(model: Model, cluster: Cluster, d: Deployment) -> tuple[float, f
     it) otherwise; one link latency to start."""
     assert d.disaggregated is not None
     pre, dec = d.disaggregated.prefill, d.disaggregated.decode
-    per_token = model.layers * kv_bytes_per_token_layer(model, 1, d.kv_cache)
+    per_token = model.layers * kv_bytes_per_token_layer(model, 1, d.kv_cache.bytes)
     link = cluster.intra_node if pre.gpus + dec.gpus <= cluster.nvlink_domain else cluster.inter_node
     return link.latency_s, per_token / (min(pre.tp, dec.tp) * link.effective_Bps)
-
-
-def distinct_experts(experts: int, top_k: int, tokens: float) -> float:
-    """Expected experts hit at least once when ``tokens`` tokens each pick ``top_k`` of
-    ``experts`` uniformly: E (1 - (1 - k/E)^T)."""
-    if tokens <= 0:
-        return 0.0
-    return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +177,7 @@ class StepModel:
         self.dense_stage = self.layers_stage - self.moe_stage if m.is_moe else self.layers_stage
         self.stage_gpus = d.tp * d.attention_dp  # GPUs of one pipeline stage
         self.etp = max(1, self.stage_gpus // d.ep)  # each expert's matrices split over etp GPUs
-        self.kv_token_layer = kv_bytes_per_token_layer(m, d.tp, d.kv_cache)
+        self.kv_token_layer = kv_bytes_per_token_layer(m, d.tp, d.kv_cache.bytes)
         self.tp_group = comm.place_group(self.cluster, d.tp, 1)
         self.ep_group = comm.place_group(self.cluster, d.ep, 1) if d.ep > 1 else None
         self.stage_group = comm.place_group(self.cluster, self.stage_gpus, 1)
@@ -211,57 +201,27 @@ class StepModel:
         self._decode_s_per_token = 2.0 * heads * decode_dim / rate
 
     # -- per-layer pieces ---------------------------------------------------------------
-    def _gemm(self, m: float, n: float, k: float, weight_bytes: float) -> float:
-        """Waves of output tiles count from a full tile row up; below it (a decode batch)
-        the engines' small-batch kernels split K over every SM (split-K/GEMV), so reading
-        the weights bounds them."""
-        work = 2.0 * m * n * k
-        moved = weight_bytes + ACT_BYTES * (m * k + m * n)
-        tiled = m >= SMALL_BATCH_ROWS
-        return gemm_roofline(work, moved, self.device, self.dtype, m if tiled else 0.0, n if tiled else 0.0)
+    def _gemms(self, gemms: list[Gemm]) -> float:
+        """The layer model's GEMMs at this deployment's precision: weights read at their
+        stored bytes (the router's in 16 bits), through the kernels' one GEMM time."""
+        wb = self.deployment.weights.bytes
+        return sum(gemm_time(g.m, g.n, g.k, self.device, self.dtype, wb if g.quantized else ACT_BYTES)
+                   for g in gemms)
 
     def _linear_times(self, tokens: int) -> tuple[float, float]:
         """(a dense layer's GEMMs, an MoE layer's) for ``tokens`` rows."""
         cached = self._linear.get(tokens)
         if cached is not None:
             return cached
-        m, d, wb = self.model, self.deployment, self.deployment.weights.bytes
+        m, d = self.model, self.deployment
         t = float(tokens)
-        tp = d.tp
-        # attention projections: Q (+ its heads' K, V, at least one KV head per GPU) and O
-        if m.is_mla:
-            attn_params = m.params_mla / tp
-            attn = self._gemm(t, attn_params / m.hidden, m.hidden, attn_params * wb)
-        else:
-            kv_width = max(m.kv_channels, m.kv_dim / tp)
-            qkv_n = m.q_dim / tp + 2 * kv_width
-            attn = (self._gemm(t, qkv_n, m.hidden, qkv_n * m.hidden * wb)
-                    + self._gemm(t, m.hidden, m.q_dim / tp, m.q_dim / tp * m.hidden * wb))
-        gated = m.mlp_matrices - 1  # up (and gate) matrices
-        ffn = m.ffn_hidden / tp
-        dense_mlp = (self._gemm(t, gated * ffn, m.hidden, gated * ffn * m.hidden * wb)
-                     + self._gemm(t, m.hidden, ffn, ffn * m.hidden * wb))
-        dense = attn + dense_mlp
+        dense = self._gemms(layer_gemms(m, t, d.tp))
         moe = 0.0
         if m.is_moe:
             # every attention-DP rank's tokens meet at the experts
-            t_all = t * d.attention_dp
-            local = m.experts / d.ep
-            hit = distinct_experts(m.experts, m.top_k, t_all) / d.ep
-            w = m.params_expert / self.etp
-            work = 2.0 * t_all * m.top_k * m.params_expert / self.stage_gpus
-            moved = hit * w * wb + ACT_BYTES * t_all * m.top_k / d.ep * m.hidden * 2
-            rows = t_all * m.top_k / max(1.0, local)  # per expert, on average
-            tiled = rows >= SMALL_BATCH_ROWS
-            experts = gemm_roofline(work, moved, self.device, self.dtype, rows if tiled else 0.0,
-                                    m.expert_width / self.etp if tiled else 0.0)
-            shared = 0.0
-            if m.shared_experts:
-                sw = m.shared_experts * m.shared_width / tp
-                shared = (self._gemm(t, gated * sw, m.hidden, gated * sw * m.hidden * wb)
-                          + self._gemm(t, m.hidden, sw, sw * m.hidden * wb))
-            router = self._gemm(t, m.experts, m.hidden, m.experts * m.hidden * ACT_BYTES)
-            moe = attn + experts + shared + router
+            experts = batch_experts_time(m, t * d.attention_dp, d.ep, self.etp, self.device,
+                                         self.dtype, d.weights.bytes)
+            moe = self._gemms(layer_gemms(m, t, d.tp, moe=True)) + experts
         out = (dense, moe)
         self._linear[tokens] = out
         return out
@@ -274,7 +234,7 @@ class StepModel:
         m, d, dev = self.model, self.deployment, self.device
         dense, moe = self._linear_times(tokens)
         L, Lm = self.layers_stage * d.pp, self.moe_stage * d.pp
-        elementwise = L * tokens * elementwise_bytes_per_token(m, d.tp) / self.mem_eff_Bps
+        elementwise = L * tokens * fused_elementwise_bytes_per_token(m, d.tp) / self.mem_eff_Bps
         act = ACT_BYTES * tokens * m.hidden
         tp_comm = L * 2 * all_reduce_seconds(act, self.tp_group) if d.tp > 1 else 0.0
         ep_comm = 0.0
@@ -298,9 +258,7 @@ class StepModel:
         cached = self._sampled.get(sampled)
         if cached is None:
             m, d = self.model, self.deployment
-            head = m.vocab / d.tp * m.hidden
-            cached = (gemm_roofline(2.0 * sampled * head, ACT_BYTES * (head + sampled * m.hidden),
-                                    self.device, Dtype.BF16, sampled, m.vocab / d.tp)
+            cached = (gemm_time(sampled, m.vocab / d.tp, m.hidden, self.device, Dtype.BF16)
                       + 2 * LOGIT_BYTES * sampled * m.vocab / d.tp / self.mem_eff_Bps)
             self._sampled[sampled] = cached
         return cached
@@ -359,17 +317,18 @@ class StepModel:
         graphs), and the KV cache: what the engine's memory budget leaves."""
         m, d, dev = self.model, self.deployment, self.device
         wb = d.weights.bytes
-        non_expert_layer = m.params_attention + 2 * m.params_norm
-        per_layer_dense = (non_expert_layer + m.params_mlp) * wb / d.tp
+        # per rank, as training holds them (kernels.layer): quantized layers, 16-bit ends
+        per_layer_dense = layer_params_per_rank(m, d.tp) * wb
         per_layer_moe = 0.0
         if m.is_moe:
-            per_layer_moe = ((non_expert_layer + m.params_router + m.params_shared_experts) * wb / d.tp
-                             + m.experts * m.params_expert * wb / self.stage_gpus)
+            per_layer_moe = (layer_params_per_rank(m, d.tp, True)
+                             + expert_params_per_rank(m, d.ep, self.etp)) * wb
         # the embedding on the first stage, the output layer on the last (both where pp = 1)
-        ends = (m.params_embedding + m.params_output if d.pp == 1
-                else max(m.params_embedding, m.params_output))
-        edge = ends * ACT_BYTES / d.tp
-        weights = self.dense_stage * per_layer_dense + self.moe_stage * per_layer_moe + edge
+        if d.pp == 1:
+            ends = embedding_params_per_rank(m, d.tp) + output_params_per_rank(m, d.tp, True)
+        else:
+            ends = max(embedding_params_per_rank(m, d.tp), output_params_per_rank(m, d.tp, False))
+        weights = self.dense_stage * per_layer_dense + self.moe_stage * per_layer_moe + ends * ACT_BYTES
         t = self.max_batched_tokens
         width = 4 * m.hidden + m.mlp_matrices * max(m.ffn_hidden, m.expert_width * m.top_k) / d.tp
         activations = ACT_BYTES * t * width + LOGIT_BYTES * self.max_num_seqs * m.vocab / d.tp

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import math
 import os
@@ -17,6 +18,8 @@ from autoplan.descriptors.job import MAX_SEQ_LEN
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.strict import Fields
 from autoplan.errors import InputError, Problem
+from autoplan.measured.door import corrected
+from autoplan.measured.profile import Profile
 from autoplan.serving.deployment import (
     KV_PRECISIONS,
     Arrival,
@@ -417,8 +420,12 @@ def read_serving_job(data: Any, source: str) -> ServingJob:
                       output_len=out, arrival=arrival, requests=requests, slo=slo)
 
 
-def read_serving_plan(data: Any, source: str) -> ServingPlan:
-    """Build and check a serving plan from a plan-file mapping; every problem at once."""
+def read_serving_plan(data: Any, source: str, *, profile: Profile | None = None,
+                      correct: bool = True) -> ServingPlan:
+    """Build and check a serving plan from a plan-file mapping; every problem at once. Its
+    cluster comes through the one door of measured profiles (``measured.door.corrected``:
+    ``profile``, else the one shipped for its device), as training plans' do
+    (``planfile.read_plan``); ``correct=False`` leaves it analytic (export)."""
     from autoplan.plan import SCHEMA_VERSION
 
     problems: list[Problem] = []
@@ -455,4 +462,6 @@ def read_serving_plan(data: Any, source: str) -> ServingPlan:
     _check(plan, f)
     if problems:
         raise InputError(problems)
+    if correct:
+        plan = dataclasses.replace(plan, cluster=corrected(plan.cluster, profile).cluster)
     return plan

@@ -9,7 +9,7 @@ import pytest
 
 from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.library import resolve_model
-from autoplan.kernels.compute import Shard
+from autoplan.kernels.layer import Shard
 from autoplan.kernels.memory import layer_activation_bytes, sharded_state_bytes
 from autoplan.vocab import Dtype, Recompute, Schedule, ZeroStage
 from tests.helpers import make_plan

@@ -14,7 +14,8 @@ from autoplan.cost.stage import stage_work
 from autoplan.descriptors.library import builtin_stack, resolve_device, resolve_model
 from autoplan.descriptors.stack import AttentionKernel
 from autoplan.kernels import comm, compute
-from autoplan.kernels.compute import Shard, attention_efficiency, gemm_time, wave_efficiency
+from autoplan.kernels.compute import attention_efficiency, gemm_time, wave_efficiency
+from autoplan.kernels.layer import Shard, layer_gemms
 from autoplan.parallel import dp, mesh
 from autoplan.vocab import Axis, Dtype, ZeroStage
 from tests.helpers import ROOT, make_plan
@@ -193,13 +194,13 @@ def test_fp8_layers_pay_the_cast_transpose_of_each_gemm_input_and_output_gradien
     backward the same per output-gradient element (m n), at the device's HBM rate."""
     model = resolve_model("llama3-8b")
     shard = Shard(2, 4096, 1, 1, False, Dtype.FP8)
-    gemms = compute.layer_gemms(model, shard)
+    gemms = layer_gemms(model, shard.tokens, shard.tp)
     hbm = H100.hbm_Bps * H100.hbm_efficiency
     f, b = compute.fp8_cast_seconds(gemms, H100)
-    assert f == pytest.approx(sum(m * k * 4 for m, _, k in gemms) / hbm)
-    assert b == pytest.approx(sum(m * n * 4 for m, n, _ in gemms) / hbm)
+    assert f == pytest.approx(sum(m * k * 4 for m, _, k, _ in gemms) / hbm)
+    assert b == pytest.approx(sum(m * n * 4 for m, n, _, _ in gemms) / hbm)
     fp8 = compute.layer_times(model, shard, H100)
-    no_cast = sum(compute.gemm_time(m, n, k, H100, Dtype.FP8) for m, n, k in gemms)
+    no_cast = sum(compute.gemm_time(g.m, g.n, g.k, H100, Dtype.FP8) for g in gemms)
     assert fp8.forward > no_cast + f
 
 

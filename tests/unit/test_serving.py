@@ -14,7 +14,8 @@ import pytest
 
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
 from autoplan.errors import InputError
-from autoplan.serving.cost import StepModel, distinct_experts, kv_bytes_per_token_layer
+from autoplan.kernels.layer import distinct_experts, kv_bytes_per_token_layer
+from autoplan.serving.cost import StepModel
 from autoplan.serving.deployment import (
     Arrival,
     ArrivalKind,
@@ -44,15 +45,15 @@ def _plan(arrival: Arrival, tp: int = 8, replicas: int = 1, inp: int = 1024, out
 
 def test_kv_cache_bytes_per_token_match_the_published_figure() -> None:
     # Llama 3 70B: 80 layers x 8 KV heads x 128 channels x (K, V) x 2 bytes = 320 KiB a token
-    per_layer = kv_bytes_per_token_layer(L70, 1, Precision.BF16)
+    per_layer = kv_bytes_per_token_layer(L70, 1, Precision.BF16.bytes)
     assert per_layer * L70.layers == 80 * 8 * 128 * 2 * 2 == 320 * 1024
     # TP 8 keeps one KV head per GPU; TP 16 still one (replicated), fp8 halves it
-    assert kv_bytes_per_token_layer(L70, 8, Precision.BF16) == per_layer / 8
-    assert kv_bytes_per_token_layer(L70, 16, Precision.BF16) == per_layer / 8
-    assert kv_bytes_per_token_layer(L70, 8, Precision.FP8) == per_layer / 16
+    assert kv_bytes_per_token_layer(L70, 8, Precision.BF16.bytes) == per_layer / 8
+    assert kv_bytes_per_token_layer(L70, 16, Precision.BF16.bytes) == per_layer / 8
+    assert kv_bytes_per_token_layer(L70, 8, Precision.FP8.bytes) == per_layer / 16
     # DeepSeek-V3's MLA caches the 512-wide latent and the 64-wide RoPE key: 576 values
     ds = resolve_model("deepseek-v3")
-    assert kv_bytes_per_token_layer(ds, 8, Precision.BF16) == (512 + 64) * 2
+    assert kv_bytes_per_token_layer(ds, 8, Precision.BF16.bytes) == (512 + 64) * 2
 
 
 def test_distinct_experts_is_the_expected_coverage() -> None:
@@ -967,3 +968,49 @@ def test_any_trace_text_reads_or_is_refused_as_input() -> None:
         assert min(trace.input_len) >= 1 and min(trace.output_len) >= 1
 
     check()
+
+
+# ---- one layer model: training and serving hold the same weights
+
+def _tps(model) -> list[int]:
+    """TP degrees both halves take for the model: dividing heads and the dense width, and
+    dividing kv_heads or a multiple of them."""
+    return [t for t in (1, 2, 4, 8) if model.heads % t == 0 and model.ffn_hidden % t == 0
+            and (model.kv_heads % t == 0 or t % model.kv_heads == 0)]
+
+
+@pytest.mark.parametrize("name", __import__("autoplan.descriptors.library", fromlist=["x"])
+                         .builtin_names("model"))
+def test_training_and_serving_hold_the_same_weights_per_gpu_at_every_tp(name: str) -> None:
+    """kernels.layer is the one place a layer's weights per rank are worked out: training's
+    stage (evaluate's memory, no MTP module, no ZeRO) and serving's replica (StepModel's
+    memory) at the same tp and precision (bf16) hold the same bytes per GPU."""
+    from autoplan.cost.evaluate import evaluate
+    from tests.helpers import make_plan
+    from autoplan.vocab import ZeroStage
+
+    model = dataclasses.replace(resolve_model(name), mtp_layers=0)
+    tps = _tps(model)
+    assert tps, name
+    for tp in tps:
+        plan = make_plan(model, gpus=tp, global_batch=1, seq_len=1024, dp=1, tp=tp,
+                         zero=ZeroStage.NONE)
+        training = evaluate(plan).memory.weights
+        serving = StepModel(model, plan.cluster, Deployment(replicas=1, tp=tp), Engine.VLLM)
+        assert serving.memory().weights == pytest.approx(training, rel=1e-12), (name, tp)
+
+
+def test_mla_down_projections_are_replicated_in_serving_as_in_training() -> None:
+    """DeepSeek-V3's down projections (hidden x (q_lora + kv_lora + rope)) and latent norms
+    sit whole on every TP rank: at tp 8 in bf16 serving holds them once per GPU, not 1/8."""
+    ds = dataclasses.replace(resolve_model("deepseek-v3"), mtp_layers=0)
+    down = ds.hidden * (ds.q_lora_rank + ds.kv_lora_rank + ds.qk_rope_head_dim)
+    split = StepModel(ds, H8, Deployment(replicas=1, tp=8), Engine.VLLM).memory().weights
+    one = StepModel(ds, with_gpus(resolve_cluster("dgx-h100"), 1), Deployment(replicas=1, tp=1),
+                    Engine.VLLM).memory().weights
+    # what does not split: every layer's down projections and norms (latent, layer), the
+    # MoE layers' routers and the final norm; 2 bytes each
+    whole = 2 * (ds.layers * (down + ds.q_lora_rank + ds.kv_lora_rank + 2 * ds.params_norm)
+                 + ds.moe_layers * ds.params_router + ds.params_norm)
+    assert split == pytest.approx((one - whole) / 8 + whole, rel=1e-9)
+    assert whole * 7 / 8 > 1.4 * 2**30  # what splitting them wrongly freed: about 1.5 GiB

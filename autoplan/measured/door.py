@@ -1,0 +1,57 @@
+"""The one door through which a measured profile reaches a prediction.
+
+Every command that costs a plan resolves its cluster through :func:`corrected`: the plan
+reader (``planfile.read_plan``: evaluate, explain, check, diff), the search request
+(``request.build_request``: search and the what-if sweep), and serving's plan reader and
+request (``serve``). The profile is the one given (``--profile``, a job file's
+``profile:``), else the one shipped under ``profiles/measured/`` for the cluster's device;
+none leaves the cluster analytic. So one plan on one cluster gets one number whatever the
+command.
+
+scikit-learn and pandas load only where a profile applies (a device without one costs a
+look at each shipped profile's header).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.descriptors.hardware import Cluster
+from autoplan.measured.profile import Profile
+from autoplan.measured.shipped import shipped_profile
+
+
+@dataclass(frozen=True, slots=True)
+class Corrected:
+    """A cluster as the cost model sees it, and the profile that corrected it (None:
+    analytic)."""
+
+    cluster: Cluster
+    profile: Profile | None
+
+    @property
+    def note(self) -> str | None:
+        """A note when the profile was taken on another device than the one it corrects."""
+        p = self.profile
+        if p is not None and p.descriptor and p.descriptor != self.cluster.device.name:
+            return (f"autoplan: note: {p.source} was taken on {p.descriptor}; "
+                    f"it corrects {self.cluster.device.name} here")
+        return None
+
+
+def profile_for(cluster: Cluster, given: Profile | None = None) -> Profile | None:
+    """The profile that corrects ``cluster``: ``given``, else the shipped one for its device."""
+    return given if given is not None else shipped_profile(cluster.device.name)
+
+
+def corrected(cluster: Cluster, given: Profile | None = None) -> Corrected:
+    """``cluster`` with its device carrying the correction fitted on :func:`profile_for`'s
+    profile (``measured.surrogate.calibrate``), or as it is where there is none."""
+    measured = profile_for(cluster, given)
+    if measured is None:
+        return Corrected(cluster, None)
+    # imported here: scikit-learn takes most of a second to import, which a command
+    # without a profile should not pay
+    from autoplan.measured.surrogate import calibrate
+
+    return Corrected(calibrate(cluster, measured), measured)
