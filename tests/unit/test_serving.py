@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
+from autoplan.cost.evaluate import evaluate
+from autoplan.descriptors.library import builtin_names, resolve_cluster, resolve_model, with_gpus
 from autoplan.errors import InputError
 from autoplan.kernels.layer import distinct_experts, kv_bytes_per_token_layer
 from autoplan.serving.cost import StepModel
@@ -31,7 +32,8 @@ from autoplan.serving.deployment import (
 from autoplan.serving.evaluate import evaluate_serving, per_million, serving_document
 from autoplan.serving.search import pareto, serve_search
 from autoplan.serving.simulate import sample_lengths, simulate
-from tests.helpers import autoplan
+from autoplan.vocab import ZeroStage
+from tests.helpers import autoplan, make_plan
 
 L70 = resolve_model("llama3-70b")
 H8 = with_gpus(resolve_cluster("dgx-h100"), 8)
@@ -979,16 +981,11 @@ def _tps(model) -> list[int]:
             and (model.kv_heads % t == 0 or t % model.kv_heads == 0)]
 
 
-@pytest.mark.parametrize("name", __import__("autoplan.descriptors.library", fromlist=["x"])
-                         .builtin_names("model"))
+@pytest.mark.parametrize("name", builtin_names("model"))
 def test_training_and_serving_hold_the_same_weights_per_gpu_at_every_tp(name: str) -> None:
     """kernels.layer is the one place a layer's weights per rank are worked out: training's
     stage (evaluate's memory, no MTP module, no ZeRO) and serving's replica (StepModel's
     memory) at the same tp and precision (bf16) hold the same bytes per GPU."""
-    from autoplan.cost.evaluate import evaluate
-    from tests.helpers import make_plan
-    from autoplan.vocab import ZeroStage
-
     model = dataclasses.replace(resolve_model(name), mtp_layers=0)
     tps = _tps(model)
     assert tps, name
