@@ -16,8 +16,9 @@ from autoplan.descriptors.library import default_stack
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.pipeline_layout import Chunk, chunk_stage_layers, uniform_stages
 from autoplan.descriptors.stack import Stack
+from autoplan.schedules import Schedule
 from autoplan.units import GiB
-from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, Schedule, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, ZeroStage
 
 SCHEMA_VERSION = 1
 

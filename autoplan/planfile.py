@@ -20,7 +20,8 @@ from autoplan.measured.door import corrected
 from autoplan.measured.profile import Profile
 from autoplan.parallel.rules import plan_problems
 from autoplan.plan import SCHEMA_VERSION, Layout, Placement, Plan, Prediction
-from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, Schedule, ZeroStage
+from autoplan.schedules import Schedule
+from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, ZeroStage
 
 
 def read_plan(data: Any, source: str, path: str = "", *, profile: Profile | None = None,

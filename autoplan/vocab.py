@@ -44,42 +44,6 @@ class CpComm(str, enum.Enum):
     sequence (DeepSpeed-Ulysses, Jacobs et al. 2023)."""
 
 
-class Schedule(str, enum.Enum):
-    """Pipeline schedules."""
-
-    GPIPE = "gpipe"
-    """All forwards, then all backwards (Huang et al. 2019)."""
-    ONE_F_ONE_B = "1f1b"
-    """One-forward-one-backward (PipeDream-Flush; Narayanan et al. 2021)."""
-    INTERLEAVED = "interleaved"
-    """1F1B over vpp model chunks per stage (Narayanan et al. 2021, Sec. 2.2.2)."""
-    ZB_H1 = "zb-h1"
-    """Zero-bubble, 1F1B memory (Qi et al. 2024)."""
-    ZB_H2 = "zb-h2"
-    """Zero-bubble, about twice 1F1B's activation memory (Qi et al. 2024)."""
-    ZB_V = "zb-v"
-    """Zero-bubble V-shape, two chunks per stage (Qi et al. 2024b)."""
-    V_HALF = "v-half"
-    """V-shape at about half of 1F1B's activation memory (Qi et al. 2024b, "Pipeline
-    Parallelism with Controllable Memory")."""
-    V_MIN = "v-min"
-    """V-shape at about a third of 1F1B's activation memory (Qi et al. 2024b)."""
-
-    @property
-    def splits_backward(self) -> bool:
-        """Runs input-gradient (B) and weight-gradient (W) as separate operations."""
-        return self._value_ in _SPLIT_BACKWARD  # _value_: a plain attribute (the search asks often)
-
-    @property
-    def v_shape(self) -> bool:
-        """Places two model chunks per stage, down the pipeline and back (vpp = 2)."""
-        return self._value_ in _V_SHAPE
-
-
-_V_SHAPE = frozenset({"zb-v", "v-half", "v-min"})
-_SPLIT_BACKWARD = frozenset({"zb-h1", "zb-h2"}) | _V_SHAPE
-
-
 class Recompute(str, enum.Enum):
     """Activation recomputation, ordered from least to most memory saved."""
 

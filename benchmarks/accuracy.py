@@ -49,7 +49,8 @@ from autoplan.errors import AutoplanError
 from autoplan.kernels.flops import model_flops_per_step
 from autoplan.parallel.rules import plan_problems
 from autoplan.plan import Layout, Plan
-from autoplan.vocab import Activation, Dtype, Norm, Position, Recompute, Schedule, ZeroStage
+from autoplan.schedules import Schedule
+from autoplan.vocab import Activation, Dtype, Norm, Position, Recompute, ZeroStage
 
 DEFAULT_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "calibration_runs.csv"
 COMMAND = "python benchmarks/accuracy.py --markdown"

@@ -26,7 +26,8 @@ from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import builtin_stack, resolve_cluster, resolve_model, with_gpus
 from autoplan.plan import Layout, Plan
-from autoplan.vocab import Offload, OffloadOverlap, Recompute, Schedule, ZeroStage
+from autoplan.schedules import Schedule
+from autoplan.vocab import Offload, OffloadOverlap, Recompute, ZeroStage
 
 MEASURED = {OffloadOverlap.NONE: 4.2, OffloadOverlap.PIPELINED: 3.9}
 MEASURED_FREED_GB = 15.3

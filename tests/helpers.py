@@ -19,7 +19,8 @@ from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import builtin_stack, resolve_cluster, resolve_model, with_gpus
 from autoplan.descriptors.model import Model
 from autoplan.plan import Layout, Plan
-from autoplan.vocab import NO_OFFLOAD, CpComm, Dtype, Offload, Recompute, Schedule, ZeroStage
+from autoplan.schedules import Schedule
+from autoplan.vocab import NO_OFFLOAD, CpComm, Dtype, Offload, Recompute, ZeroStage
 
 
 def make_plan(model: str | Model = "llama3-8b", cluster: str = "dgx-h100", gpus: int = 8,

@@ -42,7 +42,8 @@ from torch import nn
 
 from autoplan.descriptors import pipeline_layout
 from autoplan.descriptors.model import Model
-from autoplan.vocab import Activation, Norm, Position, Recompute, Schedule, ZeroStage
+from autoplan.schedules import Schedule
+from autoplan.vocab import Activation, Norm, Position, Recompute, ZeroStage
 
 DROPOUT_P = 0.1  # GPT-3 / Megatron-LM's hidden and attention dropout
 INIT_STD = 0.02  # GPT-2's initializer range; the values do not matter for timing
@@ -573,29 +574,16 @@ def chunk_layers(stage_layers: Sequence[int], pp: int, vpp: int,
     return out
 
 
-SCHEDULE_CLASSES = {
-    Schedule.GPIPE: "ScheduleGPipe",
-    Schedule.ONE_F_ONE_B: "Schedule1F1B",
-    Schedule.INTERLEAVED: "ScheduleInterleaved1F1B",
-    Schedule.ZB_H1: "ScheduleInterleavedZeroBubble",
-    Schedule.ZB_V: "ScheduleZBVZeroBubble",
-}
-"""autoplan schedules torch.distributed.pipelining provides, by class name. zb-h1 with one
-chunk per rank runs as torch's interleaved zero-bubble schedule (Qi et al. 2024's ZB-H1
-B/W split and ordering); zb-h2, v-half and v-min have no torch schedule."""
-
-
-def multi_stage(schedule: Schedule) -> bool:
-    """Whether torch's class takes a list of stages (PipelineScheduleMulti)."""
-    return schedule in (Schedule.INTERLEAVED, Schedule.ZB_H1, Schedule.ZB_V)
-
-
 def make_schedule(schedule: Schedule, stages: list[Any], microbatches: int,
                   loss_fn: Callable[..., torch.Tensor]) -> Any:
     from torch.distributed import pipelining
 
-    cls = getattr(pipelining, SCHEDULE_CLASSES[schedule])
-    if multi_stage(schedule):
+    # torch's class for the schedule (its registry spec): zb-h1 with one chunk per rank
+    # runs as torch's interleaved zero-bubble schedule (Qi et al. 2024's ZB-H1 B/W split
+    # and ordering); zb-h2, v-half and v-min have none (validate refuses them)
+    assert schedule.spec.torch_class is not None, schedule
+    cls = getattr(pipelining, schedule.spec.torch_class)
+    if schedule.spec.torch_multi_stage:  # takes a list of stages (PipelineScheduleMulti)
         return cls(stages, n_microbatches=microbatches, loss_fn=loss_fn)
     return cls(stages[0], n_microbatches=microbatches, loss_fn=loss_fn)
 

@@ -77,8 +77,9 @@ from autoplan.descriptors.hardware import Cluster
 from autoplan.errors import AutoplanError, InputError, Problem
 from autoplan.parallel.rules import plan_problems
 from autoplan.plan import Plan, Prediction
+from autoplan.schedules import Schedule
 from autoplan.units import GiB, MiB
-from autoplan.vocab import Dtype, Schedule, ZeroStage
+from autoplan.vocab import Dtype, ZeroStage
 
 # Allowed relative error of the step time (slice: compute time), by device. autoplan prices
 # fused kernels and communication overlapped with compute; eager PyTorch on a CPU runs more
@@ -105,8 +106,6 @@ MAX_STEP_S = 20.0  # fit_plan shrinks a plan whose predicted step (or slice comp
 MEMORY_SHARE = {"cpu": 0.6, "cuda": 0.9}
 COMPUTE_DTYPE = "bf16"  # the profile GEMM rows whose rate is the descriptor's peak (what runs)
 
-TORCH_SCHEDULES = {Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.ZB_H1,
-                   Schedule.ZB_V}  # torch.distributed.pipelining classes: torch_model.SCHEDULE_CLASSES
 
 
 class ValidateError(AutoplanError):
@@ -206,8 +205,8 @@ def unsupported(plan: Plan, source: str, options: Options, machine: Machine) -> 
     if lay.cp > 1:
         no("layout.cp", "context parallelism is not built by validate (torch's context_parallel "
                         "is CUDA-only and experimental)")
-    if plan.schedule not in TORCH_SCHEDULES and lay.pp > 1:
-        names = ", ".join(s.value for s in Schedule if s in TORCH_SCHEDULES)
+    if plan.schedule.spec.torch_class is None and lay.pp > 1:  # torch.distributed.pipelining's
+        names = ", ".join(s.value for s in Schedule if s.spec.torch_class is not None)
         no("schedule", f"{plan.schedule.value} has no torch.distributed.pipelining schedule "
                        f"(validate runs {names})")
     if plan.placement is not None:
@@ -435,7 +434,7 @@ def _fewer_microbatches(plan: Plan, changes: list[str]) -> Iterator[tuple[Plan, 
     """Halving the global batch while every pipeline stage still gets pp microbatches
     (interleaved: a multiple of pp, Megatron-LM's rule)."""
     lay = plan.layout
-    step = lay.dp * plan.micro_batch * (lay.pp if plan.schedule is Schedule.INTERLEAVED else 1)
+    step = lay.dp * plan.micro_batch * (lay.pp if plan.schedule.spec.p_divides_m else 1)
     p = plan
     while p.num_microbatches // 2 >= lay.pp and (p.job.global_batch // 2) % step == 0:
         p = dataclasses.replace(p, job=dataclasses.replace(p.job, global_batch=p.job.global_batch // 2))

@@ -21,6 +21,7 @@ from autoplan import __version__
 from autoplan.cli import files, output, render
 from autoplan.errors import AutoplanError, InputError, Problem
 from autoplan.plan import Plan, Prediction
+from autoplan.serving.engine import Engine
 from autoplan.units import GiB, MiB
 from autoplan.vocab import NO_OFFLOAD, Dtype
 from autoplan.whatif.economics import Objective
@@ -418,10 +419,6 @@ def _search_whatif(req: Request, whatif: _WhatIf, top: int, out_path: Path | Non
         raise typer.Exit(1)
 
 
-class EngineName(str, enum.Enum):
-    vllm = "vllm"
-    sglang = "sglang"
-    trtllm = "trtllm"
 
 
 
@@ -455,8 +452,9 @@ def serve(
         "--tpot-slo", help="Time per output token SLO, ms (at --percentile).")] = None,
     percentile: Annotated[float | None, typer.Option(
         "--percentile", help="SLO percentile (default 99).")] = None,
-    engine: Annotated[EngineName | None, typer.Option(
-        "--engine", help="Serving engine (default vllm).")] = None,
+    engine: Annotated[str | None, typer.Option(
+        "--engine", help=f"Serving engine: {' | '.join(e.value for e in Engine)} (a registered "
+                         "engine's name; default vllm).")] = None,
     weights: Annotated[str, typer.Option(
         "--weights", help="Weight precisions to try, comma-separated: bf16, fp16, fp8, int8, int4, fp4.")
     ] = "bf16",
@@ -483,7 +481,6 @@ def serve(
         KV_PRECISIONS,
         Arrival,
         ArrivalKind,
-        Engine,
         Lengths,
         Precision,
         Slo,
@@ -603,7 +600,7 @@ def serve(
     slo = Slo(ttft_slo if ttft_slo is not None else job_slo.ttft_ms,
               tpot_slo if tpot_slo is not None else job_slo.tpot_ms,
               percentile if percentile is not None else job_slo.percentile)
-    eng = Engine(engine.value) if engine is not None else job.engine or Engine.VLLM
+    eng = _choice("--engine", engine, Engine) if engine is not None else job.engine or Engine.VLLM
     if job_file is not None:
         for flag, value, in_job in (("--model", model, job.model), ("--cluster", cluster, job.cluster),
                                     ("--gpus", gpus, job.gpus), ("--input-len", input_len, job.input_len),
@@ -1018,17 +1015,17 @@ def export_plan(
     from autoplan.descriptors.strict import read_yaml
     from autoplan.export import Launcher, Target
     from autoplan.export import export as run_export
-    from autoplan.export.serving import ServingTarget, export_serving
+    from autoplan.export.serving import export_serving
     from autoplan.planfile import read_plan
     from autoplan.serving.planfile import is_serving, read_serving_plan
 
     data = read_yaml(plan_path)
-    serving_targets = {t.value for t in ServingTarget}
+    serving_targets = {e.value for e in Engine}
     if is_serving(data):
         if to not in serving_targets:
             valid = ", ".join(sorted(serving_targets))
             raise InputError.single("--to", "", f"a serving plan exports to {valid}, got {to!r}")
-        written = export_serving(read_serving_plan(data, str(plan_path), correct=False), ServingTarget(to),
+        written = export_serving(read_serving_plan(data, str(plan_path), correct=False), Engine(to),
                                  str(plan_path))
     else:
         if to in serving_targets:
@@ -1058,8 +1055,9 @@ def export_plan(
         output.err.print(f"wrote {escape(str(path))}")
 
 
-def _choice(option: str, value: str, kind: type[enum.Enum]) -> Any:
-    """An enum member by value, or a usage error listing the valid ones (exit 2)."""
+def _choice(option: str, value: str, kind: Any) -> Any:
+    """A member of ``kind`` (an enum, or a registry such as ``Engine``) by value, or a usage
+    error listing the valid ones (exit 2)."""
     for member in kind:
         if member.value == value:
             return member

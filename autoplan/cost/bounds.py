@@ -177,7 +177,7 @@ def chain_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
     at least the gradient sync as in :func:`step_time_lower_bound`. Tighter than
     that bound where a schedule holds microbatches back to save memory (V-Half, V-Min:
     Qi et al. 2024), whose extra bubbles no closed-form fill and drain sees, and a little
-    for ZB-V (its output layer on stage 0; the search's ``CHAINED``)."""
+    for ZB-V (its output layer on stage 0; every V-shaped schedule the search chains)."""
     lay = plan.layout
     chain = critical_chain(plan.schedule, lay.pp, plan.num_microbatches, lay.vpp)
     makespan = chain.length(*plan_durations(plan, works), per_chunk=plan.chunks is not None)

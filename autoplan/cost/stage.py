@@ -23,9 +23,11 @@ from autoplan.kernels.layer import (
 )
 from autoplan.parallel import cp, dp, ep, mesh, pp, tp
 from autoplan.plan import Layout, Memory, Plan
+from autoplan.schedules import Schedule
 from autoplan.schedules.memory import peak_held
+from autoplan.schedules.registry import representative
 from autoplan.units import GiB
-from autoplan.vocab import NO_OFFLOAD, Axis, CpComm, Recompute, Schedule, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, Axis, CpComm, Recompute, ZeroStage
 
 COMM_AXES = (Axis.TP, Axis.CP, Axis.EP, Axis.PP, Axis.DP)
 """The axes whose communication a stage exposes, in the order their seconds add up
@@ -142,8 +144,7 @@ def cost_key(plan: Plan) -> Plan:
     whether it splits the backward; ZeRO 0-2 differ only in memory (their collectives run
     after the pipeline); the layer split is applied per stage; offload moves memory and
     adds its own time (``evaluate``), not the stage's."""
-    schedule = (Schedule.ZB_V if plan.schedule.v_shape
-                else Schedule.ZB_H1 if plan.schedule.splits_backward else Schedule.ONE_F_ONE_B)
+    schedule = representative(plan.schedule.splits_backward, plan.schedule.v_shape)
     return plan.replace(
         schedule=schedule,
         zero=plan.zero if plan.zero is ZeroStage.PARAMETERS else ZeroStage.NONE, stages=None,

@@ -12,7 +12,8 @@ from autoplan.descriptors.stack import DEFAULT_STACK, SPACE_STACKS, Stack
 from autoplan.descriptors.strict import Fields, did_you_mean, read_yaml, shown
 from autoplan.errors import InputError, Problem
 from autoplan.resources import searchspace_dir
-from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, Schedule, ZeroStage
+from autoplan.schedules import Schedule
+from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, ZeroStage
 
 
 class StageShape(str, enum.Enum):

@@ -11,20 +11,18 @@ from __future__ import annotations
 
 import builtins
 import difflib
-import enum
 import json
 import math
 import re
 import reprlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
 from autoplan.errors import InputError, Problem
 
-E = TypeVar("E", bound=enum.Enum)
 _MISSING: Any = object()
 
 
@@ -345,7 +343,9 @@ class Fields:
         self.fail(key, f"expected a string, got {_type_name(value)}")
         return None
 
-    def enum(self, key: builtins.str, kind: type[E], default: Any = _MISSING) -> Any:
+    def enum(self, key: builtins.str, kind: Any, default: Any = _MISSING) -> Any:
+        """One of ``kind``'s members by its value (case-insensitive): an ``enum.Enum`` or
+        an open enumeration such as the schedule registry (iterable, members with ``value``)."""
         value = self.raw(key, default)
         if value is None or isinstance(value, kind):
             return value

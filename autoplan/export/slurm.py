@@ -62,7 +62,9 @@ def script(plan: Plan, launcher: str) -> tuple[str, dict[str, str]]:
     if launcher != "megatron":  # megatron's settings name the run already
         lines.append(f"RUN_NAME={quote(plan.model.name)}")
     lines += [
-        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        # awk reads every host: under pipefail, head's early exit would kill scontrol with
+        # SIGPIPE and fail the job on a long node list
+        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | awk \'NR == 1\')"',
         'MASTER_PORT="${MASTER_PORT:-29500}"',
         "",
         'echo "autoplan: launching $RUN_NAME on $SLURM_JOB_NUM_NODES nodes, rendezvous '

@@ -28,12 +28,11 @@ from autoplan.descriptors import pipeline_layout
 from autoplan.export.nodes import launch, pool_lines
 from autoplan.export.shell import comment
 from autoplan.plan import Plan
-from autoplan.vocab import Dtype, Recompute, Schedule, ZeroStage
+from autoplan.schedules import Schedule
+from autoplan.vocab import Dtype, Recompute, ZeroStage
 
 FILENAME = "torchtitan.toml"
 
-_SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B",
-              Schedule.INTERLEAVED: "Interleaved1F1B", Schedule.ZB_V: "ZBVZeroBubble"}
 # torchtitan's own models of the same architecture (torchtitan/models/*/__init__.py)
 _MODELS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
            "llama3-405b": ("llama3", "405B"), "deepseek-v3": ("deepseek_v3", "671B"),
@@ -46,11 +45,18 @@ def problems(plan: Plan) -> list[tuple[str, str]]:
     if plan.job.dtype is Dtype.FP16:
         out.append(("job.dtype", "torchtitan trains in bf16 (training.mixed_precision_param: "
                                  "bfloat16 or float32), not fp16"))
+    if plan.layout.pp > 1 and plan.schedule.spec.torchtitan is None:
+        out.append(("schedule", f"torchtitan has no {plan.schedule.value} schedule "
+                                "(its schedules' names: the registry's ScheduleSpec.torchtitan)"))
     return out
 
 
 def schedule_name(schedule: Schedule) -> str:
-    return _SCHEDULES[schedule]
+    """torchtitan's ``pipeline_parallel_schedule`` for the schedule (``problems`` refuses
+    one it has not)."""
+    name = schedule.spec.torchtitan
+    assert name is not None, schedule
+    return name
 
 
 def model_parts(plan: Plan) -> list[list[str]]:

@@ -16,8 +16,9 @@ from autoplan.caches import memo
 from autoplan.descriptors.space import StageShape
 from autoplan.kernels import comm
 from autoplan.parallel.common import Rule, Scope, capped_divisors
+from autoplan.schedules import Schedule
 from autoplan.schedules.orders import virtual_stage
-from autoplan.vocab import Schedule
+from autoplan.schedules.registry import Chunks
 
 if TYPE_CHECKING:
     from autoplan.descriptors.space import SearchSpace
@@ -47,8 +48,8 @@ def _vpp_layers(plan: Plan) -> str | None:
 
 def _interleaved_chunks(plan: Plan) -> str | None:
     lay = plan.layout
-    if plan.schedule is Schedule.INTERLEAVED and (lay.vpp < 2 or lay.pp < 2):
-        return "the interleaved schedule needs pp >= 2 and vpp >= 2"
+    if plan.schedule.spec.chunks is Chunks.LAYOUT and (lay.vpp < 2 or lay.pp < 2):
+        return f"the {plan.schedule.value} schedule needs pp >= 2 and vpp >= 2"
     return None
 
 
@@ -76,10 +77,10 @@ def _pipeline_ops(plan: Plan) -> str | None:
 
 def _interleaved_microbatches(plan: Plan) -> str | None:
     lay, m = plan.layout, plan.num_microbatches
-    if (plan.schedule is Schedule.INTERLEAVED and lay.vpp >= 2 and lay.pp >= 2
+    if (plan.schedule.spec.p_divides_m and lay.vpp >= 2 and lay.pp >= 2
             and m % lay.pp):
-        return (f"interleaved 1F1B needs the number of microbatches ({m}) to be a multiple "
-                f"of pp={lay.pp} (Megatron-LM's rule)")
+        return (f"{plan.schedule.value} needs the number of microbatches ({m}) to be a "
+                f"multiple of pp={lay.pp} (Megatron-LM's rule)")
     return None
 
 
@@ -93,7 +94,7 @@ def _v_chunks(plan: Plan) -> str | None:
 
 def _vpp_schedule(plan: Plan) -> str | None:
     sched, vpp = plan.schedule, plan.layout.vpp
-    if sched is not Schedule.INTERLEAVED and not sched.v_shape and vpp != 1:
+    if sched.spec.chunks is Chunks.ONE and vpp != 1:
         return f"vpp={vpp} needs schedule: interleaved (or a V-shape schedule with vpp = 2)"
     return None
 
@@ -205,7 +206,7 @@ def schedule_choices(lay: Layout, space: SearchSpace) -> list[tuple[Schedule, in
         return [(Schedule.ONE_F_ONE_B, 1, False)]
     out: list[tuple[Schedule, int, bool]] = []
     for sched in space.schedules:
-        if sched is Schedule.INTERLEAVED:
+        if sched.spec.chunks is Chunks.LAYOUT:  # interleaved: the space's vpp degrees
             out.extend((sched, v, False) for v in range(2, space.vpp_max + 1))
         elif sched.v_shape:
             out.append((sched, 2, False))  # two chunks per stage, down and back

@@ -11,7 +11,7 @@ from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.model import Model
 from autoplan.kernels import comm
 from autoplan.parallel.common import Rule, Scope, capped_divisors
-from autoplan.vocab import Schedule
+from autoplan.schedules import Schedule
 
 if TYPE_CHECKING:
     from autoplan.descriptors.space import SearchSpace

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from autoplan.caches import memo
 from autoplan.schedules.events import Event
 from autoplan.schedules.orders import Op, chunks_per_stage, stage_orders, virtual_stage
-from autoplan.vocab import Schedule
+from autoplan.schedules.registry import Schedule
 
 KINDS = ("F", "B", "W")
 F, B, W = 0, 1, 2  # kind codes in compiled orders

@@ -63,7 +63,9 @@ from autoplan.parallel import cp, dp, ep, mesh, pp, tp
 from autoplan.parallel.common import Scope
 from autoplan.parallel.rules import BY_ID, first_broken
 from autoplan.plan import Layout, Memory, Plan, Prediction
+from autoplan.schedules import Schedule
 from autoplan.schedules.memory import peak_inflight
+from autoplan.schedules.registry import representative
 from autoplan.search.partition import PartitionProblem
 from autoplan.search.stages import (
     chunks_of,
@@ -72,7 +74,7 @@ from autoplan.search.stages import (
     split_bound_with_memory,
     with_best_stages,
 )
-from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, Schedule, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, ZeroStage
 
 BOUND_SLACK = 1e-9  # relative; keeps exact ties (broken by memory) in the top k
 # schedules whose candidates are bounded by their schedule's critical chain before they
@@ -80,8 +82,12 @@ BOUND_SLACK = 1e-9  # relative; keeps exact ties (broken by memory) in the top k
 # their bubbles exceed the fill and drain of ``step_time_lower_bound`` (by 16-40% on GPT-3
 # 175B / 1024 A100). ZB-V's, with its output layer on stage 0, by 1-3% there: its chain
 # cuts the plans simulated from 92 to 74 (the flat schedules' chains cut none, at more
-# cost than the simulations they would save: seven searches of the golden check)
-CHAINED = frozenset({Schedule.V_HALF, Schedule.V_MIN, Schedule.ZB_V})
+# cost than the simulations they would save: seven searches of the golden check). Every
+# V-shaped schedule of the registry is chained (``Schedule.v_shape``).
+
+# the V schedule whose stage work stands for every V's in the bounds (the work of a
+# stage reads only whether its schedule is a V and splits the backward: cost.stage.cost_key)
+V_WORK = representative(splits_backward=True, v_shape=True)
 
 
 # (non-expert parameters, expert parameters, layers run) of a pipeline stage
@@ -483,7 +489,7 @@ class _Search:
                          layers + model.mtp_layers))
         v_state: _StageState | None = None
         if 0 in vs:
-            member = plan.replace(layout=self._at_vpp(lay, 2), schedule=Schedule.ZB_V)
+            member = plan.replace(layout=self._at_vpp(lay, 2), schedule=V_WORK)
             layers = member.stage_layers[last]
             v_state = (*stage_state_params(model, lay, False, False, layers,
                                            dense_per_stage(member)[last], 0), layers)
@@ -710,7 +716,7 @@ class _Search:
         split = any(s for *_, s in scheds)
         flat = [v for sched, v, _ in scheds if not sched.v_shape]
         fused = not any(sched.splits_backward for sched, _, _ in scheds if not sched.v_shape)
-        v_base = plan.replace(layout=self._at_vpp(plan.layout, 2), schedule=Schedule.ZB_V)
+        v_base = plan.replace(layout=self._at_vpp(plan.layout, 2), schedule=V_WORK)
         drained = (self._drained_sync(plan, stage_work(plan), v_base, scheds, cps)
                    if sync else 0.0)
         bound = float("inf")
@@ -723,7 +729,7 @@ class _Search:
                                                        drained, fused))
             if len(flat) < len(scheds):
                 v_plan = (v_base if own is plan
-                          else own.replace(layout=v_base.layout, schedule=Schedule.ZB_V))
+                          else own.replace(layout=v_base.layout, schedule=V_WORK))
                 bound = min(bound, busiest_stage_bound(v_plan, stage_work(v_plan), 2,
                                                        sync, True, drained))
             if split:
@@ -869,7 +875,7 @@ class _Search:
                     bare = busiest_stage_bound(own, works, v, True, v == 1, drained, fused)
                 else:  # its works place the output layer on stage 0: the V works'
                     v_plan = own.replace(layout=self._at_vpp(own.layout, 2),
-                                         schedule=Schedule.ZB_V)
+                                         schedule=V_WORK)
                     works = stage_work(v_plan)
                     drained = self._drained_of(own, self._drain_stages([works], False), 0.0, 2)
                     bare = busiest_stage_bound(v_plan, works, 2, True, True, drained)
@@ -1169,7 +1175,7 @@ class _Search:
                     heapq.heappush(heap, (exact.bound, exact.key, seq, exact))
                     seq += 1
                 continue
-            if isinstance(item, _Candidate) and not item.chained and item.plan.schedule in CHAINED:
+            if isinstance(item, _Candidate) and not item.chained and item.plan.schedule.v_shape:
                 tight = chain_bound(item.plan, stage_work(item.plan))
                 item = _Candidate(max(bound, tight), item.key, item.plan, item.fits, True,
                                   bare=None if item.fits else max(item.unpressured, tight))
@@ -1244,13 +1250,12 @@ class _Search:
 
 def rank_key_static(plan: Plan) -> tuple:
     lay = plan.layout
-    return (lay.tp, lay.pp, lay.cp, lay.vpp, _SCHEDULE_ORDER[plan.schedule],
+    return (lay.tp, lay.pp, lay.cp, lay.vpp, plan.schedule.rank,
             plan.recompute.level, int(plan.zero), not plan.sequence_parallel, plan.micro_batch,
             lay.ep, lay.etp, _CP_COMM_ORDER[plan.cp_comm], plan.offload.optimizer,
             plan.offload.activations)
 
 
-_SCHEDULE_ORDER = {s: i for i, s in enumerate(Schedule)}
 _CP_COMM_ORDER = {c: i for i, c in enumerate(CpComm)}
 
 

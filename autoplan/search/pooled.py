@@ -53,6 +53,7 @@ from autoplan.parallel.common import Rule, Scope, capped_divisors
 from autoplan.parallel.rules import RULES, space_problems
 from autoplan.plan import Layout, Placement, Plan
 from autoplan.schedules.memory import peak_inflight
+from autoplan.schedules.registry import Chunks
 from autoplan.search.engine import (
     BOUND,
     OUTSIDE_SPACE,
@@ -62,7 +63,7 @@ from autoplan.search.engine import (
     rank_key,
     search,
 )
-from autoplan.vocab import NO_OFFLOAD, Schedule, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, ZeroStage
 
 MAX_ALL_ORDERS = 3  # pools whose every order along the pipeline is tried
 _BISECTIONS = 60  # at most; the bisection stops within _TOLERANCE of the least bottleneck
@@ -288,7 +289,7 @@ def _groups(model: Model, cluster: PooledCluster, job: Job, space: SearchSpace,
     pools = [cluster.pools[i] for i in order]
     narrowest = min(pools, key=lambda c: (min(c.nvlink_domain, c.gpus), c.gpus))
     smallest = min(c.gpus for c in pools)
-    schedules = [s for s in space.schedules if not s.v_shape and s is not Schedule.INTERLEAVED]
+    schedules = [s for s in space.schedules if s.spec.chunks is Chunks.ONE]
     for t in tp.degrees(narrowest, space):
         for c in cp.degrees(smallest // t, space):
             for d in capped_divisors(smallest // (t * c), smallest):

@@ -24,7 +24,8 @@ decoding sequence. Per GPU of a pipeline stage it costs, layer by layer:
 - weights per GPU: :func:`autoplan.kernels.layer.layer_params_per_rank` and the
   embedding and output layer's, as training holds them (split over TP or replicated);
 - a GPU-side gap per kernel (``device.kernel_gap_s``) and the engine's per-iteration
-  host time (scheduling, sampling, detokenizing): :data:`HOST_STEP_S`.
+  host time (scheduling, sampling, detokenizing): the engine's ``host_step_s``
+  (``autoplan/serving/engines/``).
 """
 
 from __future__ import annotations
@@ -51,18 +52,13 @@ from autoplan.kernels.layer import (
     layer_params_per_rank,
     output_params_per_rank,
 )
-from autoplan.serving.deployment import Deployment, Engine, Precision, engine_defaults, resolved_limits
+from autoplan.serving.deployment import Deployment, Precision, resolved_limits
+from autoplan.serving.engine import Engine, engine_defaults
 from autoplan.units import GiB
 from autoplan.vocab import Dtype
 
 ACT_BYTES = 2  # hidden states move in 16 bits between kernels and over the links
 LOGIT_BYTES = 4  # logits are sampled in fp32
-# Host time per iteration: the engine's scheduler, input preparation, sampling and output
-# processing between two forward passes. Provisional values (the engines' own overlap of
-# CPU and GPU work differs: vLLM V1 and SGLang overlap scheduling with the previous step;
-# TensorRT-LLM's C++ runtime has the least): to be fitted on serving_calibration.csv by
-# benchmarks/serving_accuracy.py (issue 15), and reported there.
-HOST_STEP_S = {Engine.VLLM: 2.0e-3, Engine.SGLANG: 1.5e-3, Engine.TRTLLM: 1.0e-3}
 # kernels per transformer layer in an iteration: norms, QKV, RoPE, attention, O, residual,
 # the MLP's GEMMs and activation, the collectives
 KERNELS_PER_LAYER = 14
@@ -246,7 +242,8 @@ class StepModel:
         pp_comm = (d.pp - 1) * comm.p2p(act / d.tp, self.pp_cross, self.cluster) if d.pp > 1 else 0.0
         out = Breakdown(gemm=self.dense_stage * d.pp * dense, moe=Lm * moe, elementwise=elementwise,
                         tp_comm=tp_comm, ep_comm=ep_comm, pp_comm=pp_comm,
-                        kernel_gaps=L * KERNELS_PER_LAYER * dev.kernel_gap_s, host=HOST_STEP_S[self.engine])
+                        kernel_gaps=L * KERNELS_PER_LAYER * dev.kernel_gap_s,
+                        host=self.engine.spec.host_step_s)
         self._tokens[tokens] = out
         return out
 

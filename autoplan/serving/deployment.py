@@ -14,13 +14,7 @@ from dataclasses import dataclass
 
 from autoplan.descriptors.hardware import Cluster, Device
 from autoplan.descriptors.model import Model
-from autoplan.units import GiB
-
-
-class Engine(str, enum.Enum):
-    VLLM = "vllm"
-    SGLANG = "sglang"
-    TRTLLM = "trtllm"
+from autoplan.serving.engine import Engine, engine_defaults
 
 
 class Precision(str, enum.Enum):
@@ -39,58 +33,6 @@ class Precision(str, enum.Enum):
 
 
 KV_PRECISIONS = (Precision.BF16, Precision.FP16, Precision.FP8)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineDefaults:
-    """An engine's batching limits and memory budget when the plan leaves them unset."""
-
-    max_num_seqs: int
-    max_batched_tokens: int
-    chunked_prefill: bool
-    # share of the GPU's memory the engine may fill with weights, activations and KV
-    # cache (``memory_of_free``: of what is free after the weights instead)
-    memory_fraction: float
-    memory_of_free: bool = False
-    # share of a request's output tokens whose KV cache admission sets aside: vLLM admits
-    # on the prompt alone and preempts when the cache runs out (0); SGLang reserves its
-    # new_token_ratio estimate (init 0.7) of max_new_tokens; TensorRT-LLM's default
-    # capacity scheduler, GUARANTEED_NO_EVICT, the whole output (1)
-    reserve_output: float = 0.0
-
-
-def engine_defaults(engine: Engine, device: Device) -> EngineDefaults:
-    """Each engine's defaults for its OpenAI-compatible server.
-
-    - vLLM (``vllm serve``, V1 engine; read in vLLM 0.33.0's vllm/engine/arg_utils.py
-      ``get_batch_defaults`` and vllm/config/cache.py): max_num_batched_tokens 16384 and
-      max_num_seqs 1024 on GPUs of 160 GiB or more, 8192 and 1024 on GPUs of 70 GiB or more
-      that are not A100s, else 2048 and 256; chunked prefill on; ``gpu_memory_utilization``
-      0.92 of the whole GPU (0.9 before 0.33).
-    - SGLang (``sglang.launch_server``): ``chunked_prefill_size`` 8192 on 80-160 GB GPUs,
-      4096 below 60 GB (server_args.py); running requests bounded by the KV pool
-      (``max_running_requests`` unset; 4096 here, beyond any pool these GPUs hold);
-      ``mem_fraction_static`` about 0.88 on 80 GB GPUs at TP 4-8.
-    - TensorRT-LLM (``trtllm-serve``): ``max_batch_size`` 2048, ``max_num_tokens`` 8192,
-      ``kv_cache_config.free_gpu_memory_fraction`` 0.9 of the memory free after the
-      weights (TensorRT-LLM docs, "trtllm-serve" and "KV cache" pages); the capacity
-      scheduler's default policy GUARANTEED_NO_EVICT admits a request only when its whole
-      output fits ("Scheduler" in the TensorRT-LLM docs).
-    - SGLang's scheduler admits against the tokens its ``new_token_ratio`` expects the
-      running requests to add (``init_new_token_ratio`` 0.7 of max_new_tokens).
-    """
-    big = device.mem_bytes >= 70 * GiB
-    if engine is Engine.VLLM:
-        a100 = "a100" in device.name.lower()
-        if device.mem_bytes >= 160 * GiB:
-            return EngineDefaults(1024, 16384, True, 0.92)
-        if big and not a100:
-            return EngineDefaults(1024, 8192, True, 0.92)
-        return EngineDefaults(256, 2048, True, 0.92)
-    if engine is Engine.SGLANG:
-        return EngineDefaults(4096, 8192 if device.mem_bytes >= 60 * GiB else 4096, True, 0.88,
-                              reserve_output=0.7)
-    return EngineDefaults(2048, 8192, True, 0.9, memory_of_free=True, reserve_output=1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,3 +274,15 @@ class ServingPlan:
     deployment: Deployment
     workload: Workload
     slo: Slo
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest request the engine is told to take: the workload's longest prompt
+        and output, within the model's context."""
+        w = self.workload
+        return min(self.model.max_seq_len, math.ceil(w.input_len.ceiling + w.output_len.ceiling))
+
+    @property
+    def nodes_per_replica(self) -> int:
+        """Nodes one replica spans: 1, or whole nodes (the exports refuse the rest)."""
+        return max(1, self.deployment.gpus_per_replica // self.cluster.gpus_per_node)

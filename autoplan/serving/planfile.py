@@ -27,7 +27,6 @@ from autoplan.serving.deployment import (
     Deployment,
     Disaggregated,
     Dist,
-    Engine,
     Lengths,
     Pool,
     Precision,
@@ -36,6 +35,7 @@ from autoplan.serving.deployment import (
     Trace,
     Workload,
 )
+from autoplan.serving.engine import Engine
 from autoplan.units import MiB
 
 MAX_DEGREE = 1 << 16  # replicas, TP, PP, EP or attention DP: past any cluster

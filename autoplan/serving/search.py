@@ -21,14 +21,13 @@ from autoplan.serving.deployment import (
     ArrivalKind,
     Deployment,
     Disaggregated,
-    Engine,
     Pool,
     Precision,
     ServingPlan,
     Slo,
     Workload,
-    engine_defaults,
 )
+from autoplan.serving.engine import Engine, engine_defaults
 from autoplan.serving.evaluate import ServingPrediction, evaluate_serving
 from autoplan.vocab import Dtype
 

@@ -19,16 +19,18 @@ two pools in turn (:func:`simulate_disaggregated`).
 One scheduler is simulated and the deployment's throughput is that scheduler's times the
 number of schedulers.
 
-Per iteration the work is O(1) plus the requests that start or finish in it: decoding
-sequences are kept as a count, a context sum and a heap of finishing iterations, never
-walked one by one.
+The scheduler's policy and state are :mod:`autoplan.serving.scheduler`'s
+(:class:`~autoplan.serving.scheduler.SchedulerConfig`, the KV cache's
+:class:`~autoplan.serving.scheduler.KVPool` and the
+:class:`~autoplan.serving.scheduler.Scheduler`); the loop here (:class:`_EngineLoop`) runs
+it against the clock and the arrivals. Per iteration the work is O(1) plus the requests
+that start or finish in it: decoding sequences are kept as a count, a context sum and a
+heap of finishing iterations, never walked one by one.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +38,7 @@ import numpy as np
 from autoplan.errors import AutoplanError
 from autoplan.serving.cost import StepModel
 from autoplan.serving.deployment import ArrivalKind, Dist, Lengths, Workload
+from autoplan.serving.scheduler import Batch, KVPool, Request, Scheduler, SchedulerConfig
 
 MAX_SIMULATED_REQUESTS = 4000  # per simulation: percentiles to a few % and a search in seconds
 # output tokens one simulation generates at most (each is an iteration's work for a sequence;
@@ -102,22 +105,6 @@ class SimResult:
         return self.finish - self.arrival
 
 
-class _Req:
-    __slots__ = ("i", "prompt", "done_prompt", "left", "admit", "join_iter", "finish_iter", "live",
-                 "held", "cached")
-
-    def __init__(self, i: int, prompt: int, out: int, cached: bool = False):
-        self.i, self.prompt = i, prompt
-        self.cached = cached  # its prompt's KV arrives computed (disaggregated decode)
-        self.left = out  # tokens still to generate
-        self.done_prompt = 0  # prompt tokens whose KV is computed
-        self.admit = 0  # admission order
-        self.join_iter = 0  # the iteration its prompt finished (it then decodes)
-        self.finish_iter = 0  # the iteration that produces its last token
-        self.live = False  # admitted and not finished or preempted
-        self.held = 0  # KV tokens its admission set aside (prompt + reserved output)
-
-
 def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: int,
              seed: int = 0, step_over_decodes: bool = True) -> SimResult:
     """Run one of ``schedulers`` identical schedulers holding ``kv_tokens`` of KV cache.
@@ -174,208 +161,147 @@ def run_requests(step: StepModel, arrival: np.ndarray, inputs: np.ndarray, outpu
     prompt's KV cache already computed (a decode instance of a disaggregated deployment):
     admitting one takes its prompt's cache and no prompt compute, and it decodes from the
     iteration it is admitted in; one preempted is recomputed like any other."""
-    n = len(arrival)
-    first = np.full(n, np.nan)
-    finish = np.full(n, np.nan)
+    config = SchedulerConfig.of(step)
+    scheduler = Scheduler(config, KVPool(kv_tokens, reserves=bool(config.reserve_output)))
+    loop = _EngineLoop(step, scheduler, arrival, inputs, outputs, closed, prefilled)
+    loop.run(step_over_decodes)
+    return loop.result(open_loop)
 
-    max_seqs, token_budget, chunked, cap = (step.max_num_seqs, step.max_batched_tokens,
-                                            step.chunked_prefill, kv_tokens)
-    reserve = step.defaults.reserve_output
-    committed = 0  # KV tokens the live requests' admissions set aside
-    waiting: deque[_Req] = deque()
-    prefilling: list[_Req] = []  # admitted, prompt not done, in admission order
-    decoding: list[tuple[int, int, _Req]] = []  # heap of (finish_iter, admit, req)
-    order: list[_Req] = []  # admissions, latest last (lazy: stale entries are skipped)
-    n_dec = 0
-    ctx_sum = 0.0  # KV tokens the decoding sequences hold (each reads its own)
-    kv_used = 0
-    next_arrival, issued = 0, (closed or n)
-    t, it, admitted = 0.0, 0, 0
-    busy = 0.0  # seconds of iterations (the clock also jumps to arrivals, idle)
-    preemptions = max_running = 0
-    timeline: list[tuple[float, int, int]] = []
-    sample_every = max(1, int(outputs.sum()) // max(1, min(n, 400)) // 4)
 
-    def finished(r: _Req) -> None:
-        nonlocal issued, committed
-        finish[r.i] = t
-        r.live = False
-        committed -= r.held
-        if closed and issued < n:  # the closed loop's next request arrives now
-            arrival[issued] = t
-            issued += 1
+class _EngineLoop:
+    """The engine's busy loop over one scheduler (vLLM V1's ``EngineCore.step``: schedule,
+    run the model, update the requests): the clock, the arrivals, and each request's first
+    and last token. An iteration takes ``StepModel.step_seconds``; the clock jumps over
+    idle time to the next arrival."""
 
-    def retire(n_dec: int, ctx_sum: float, kv_used: int) -> tuple[int, float, int]:
-        """Finish the sequences whose last token iteration ``it`` produced; the decode count,
-        context and cache they leave."""
-        while decoding and decoding[0][0] <= it:
-            _, _, r = heapq.heappop(decoding)
-            held = r.prompt + (it - r.join_iter)
-            n_dec, ctx_sum, kv_used = n_dec - 1, ctx_sum - held, kv_used - held
-            finished(r)
-        return n_dec, ctx_sum, kv_used
+    __slots__ = ("step", "sched", "arrival", "inputs", "outputs", "times", "lengths", "closed", "prefilled",
+                 "n", "first", "finish", "next_arrival", "issued", "t", "it", "busy", "max_running",
+                 "timeline", "sample_every")
 
-    while True:
-        while next_arrival < issued and arrival[next_arrival] <= t:
-            i = next_arrival
-            waiting.append(_Req(i, int(inputs[i]), int(outputs[i]), prefilled))
-            next_arrival += 1
-        if not waiting and not prefilling and not decoding:
-            if next_arrival >= issued:
-                break
-            t = float(arrival[next_arrival])
-            continue
-        it += 1
-        if it > MAX_ITERATIONS:
-            raise AutoplanError(f"the serving simulation passed {MAX_ITERATIONS:,} iterations: a batch "
-                                "limit this small for outputs this long is more than it simulates")
-        # the decodes write one more token each: preempt the latest admitted until it fits
-        while n_dec and kv_used + n_dec > cap and order:
-            victim = order.pop()
-            if not victim.live:
-                continue
-            preemptions += 1
-            victim.live = False
-            committed -= victim.held
-            if victim in prefilling:
-                prefilling.remove(victim)
-                kv_used -= victim.done_prompt
-            else:
-                produced = (it - 1) - victim.join_iter  # decode steps since its prompt
-                decoding = [e for e in decoding if e[2] is not victim]
-                heapq.heapify(decoding)
-                n_dec -= 1
-                held = victim.prompt + produced
-                ctx_sum -= held
-                kv_used -= held
-                # recomputed later: the prompt and every token generated so far
-                victim.left = victim.finish_iter - (it - 1)
-                victim.prompt = held + 1
-                victim.cached = False
-            victim.done_prompt = 0
-            waiting.appendleft(victim)
-        # the batch: every decode, then prompt chunks within the token budget
-        budget = token_budget - n_dec
-        chunks: list[tuple[_Req, int]] = []
-        for r in prefilling:
-            c = min(r.prompt - r.done_prompt, budget)
-            if c <= 0 or (not chunked and c < r.prompt - r.done_prompt):
-                break
-            chunks.append((r, c))
-            budget -= c
-        new_kv = sum(c for _, c in chunks)
-        running = n_dec + len(prefilling)
-        joined: list[_Req] = []  # admitted with their cache: decoding from this iteration
-        while waiting and budget > 0 and running < max_seqs:
-            r = waiting[0]
-            held = r.prompt + math.ceil(reserve * r.left)
-            if r.prompt > cap or held > cap:  # can never fit: refused, as engines refuse it
-                waiting.popleft()
-                continue
-            if r.cached:
-                if kv_used + new_kv + r.prompt + 1 > cap or (reserve and committed + held > cap):
-                    break
-                waiting.popleft()
-                committed += held
-                r.held, r.done_prompt = held, r.prompt
-                r.admit, r.live = admitted, True
-                admitted += 1
-                order.append(r)
-                running += 1
-                kv_used += r.prompt
-                r.join_iter, r.finish_iter = it - 1, it - 1 + r.left
-                heapq.heappush(decoding, (r.finish_iter, r.admit, r))
-                n_dec += 1
-                ctx_sum += r.prompt
-                budget -= 1
-                joined.append(r)
-                continue
-            c = min(r.prompt, budget)
-            if (not chunked and c < r.prompt) or kv_used + new_kv + c > cap or (
-                    reserve and committed + held > cap):
-                break
-            waiting.popleft()
-            committed += held
-            r.held = held
-            r.admit, r.live = admitted, True
-            admitted += 1
-            prefilling.append(r)
-            order.append(r)
-            running += 1
-            chunks.append((r, c))
-            budget -= c
-            new_kv += c
-        if not chunks and not n_dec:
-            if next_arrival < issued:
-                t = max(t, float(arrival[next_arrival]))
-                continue
-            break  # what waits can never be admitted
-        if not chunks and not joined and step_over_decodes:
-            # decode-only iterations change nothing but the clock, the contexts and the cache
-            # until a sequence finishes, the cache fills or (with nothing queued) a request
-            # arrives: step over all of them at once (their times are a closed-form sum)
-            quiet = bool(waiting) or next_arrival >= issued  # no arrival can change the batch
-            until = None if quiet else float(arrival[next_arrival]) - t
-            span = _decode_run(step, n_dec, ctx_sum, decoding[0][0] - it + 1, (cap - kv_used) // n_dec,
-                               until)
-            if span is not None:
-                k, elapsed = span
-                t += elapsed
-                busy += elapsed
-                it += k - 1
-                max_running = max(max_running, running)
-                kv_used += n_dec * k
-                ctx_sum += n_dec * k
-                if it // sample_every > (it - k) // sample_every:
-                    timeline.append((t, running, n_dec))
-                n_dec, ctx_sum, kv_used = retire(n_dec, ctx_sum, kv_used)
-                continue
-        tokens = n_dec + new_kv
-        pairs = prior = 0.0
-        done_now: list[_Req] = []
-        for r, c in chunks:
-            p = r.done_prompt
-            pairs += c * p + c * (c + 1) / 2  # causal (query, key) pairs of the chunk
-            prior += p
-            r.done_prompt += c
-            if r.done_prompt >= r.prompt:
-                done_now.append(r)
-        elapsed = step.step_seconds(tokens, n_dec, ctx_sum, pairs, prior, n_dec + len(done_now))
-        t += elapsed
-        busy += elapsed
-        max_running = max(max_running, running)
-        kv_used += tokens
-        ctx_sum += n_dec
-        if it % sample_every == 0:
-            timeline.append((t, running, tokens))
-        for r in joined:  # its first token here (the prefill instance made the one before)
-            if np.isnan(first[r.i]):
-                first[r.i] = t
-        n_dec, ctx_sum, kv_used = retire(n_dec, ctx_sum, kv_used)
-        for r in done_now:
-            prefilling.remove(r)
-            if np.isnan(first[r.i]):
-                first[r.i] = t
-            r.left -= 1
-            if r.left <= 0:
-                kv_used -= r.prompt
-                finished(r)
-                continue
-            r.join_iter = it
-            r.finish_iter = it + r.left
-            heapq.heappush(decoding, (r.finish_iter, r.admit, r))
-            n_dec += 1
-            ctx_sum += r.prompt
+    def __init__(self, step: StepModel, sched: Scheduler, arrival: np.ndarray, inputs: np.ndarray,
+                 outputs: np.ndarray, closed: int, prefilled: bool):
+        self.step, self.sched, self.closed, self.prefilled = step, sched, closed, prefilled
+        self.arrival, self.inputs, self.outputs = arrival, inputs, outputs
+        # per request, as Python floats and ints: the loop reads them one at a time
+        self.times: list[float] = np.asarray(arrival, dtype=float).tolist()
+        self.lengths: list[tuple[int, int]] = list(zip(inputs.tolist(), outputs.tolist(), strict=True))
+        self.n = n = len(arrival)
+        self.first = [math.nan] * n
+        self.finish = [math.nan] * n
+        self.next_arrival, self.issued = 0, (closed or n)  # requests queued; given arrival times
+        self.t, self.it = 0.0, 0
+        self.busy = 0.0  # seconds of iterations (the clock also jumps to arrivals, idle)
+        self.max_running = 0
+        self.timeline: list[tuple[float, int, int]] = []
+        self.sample_every = max(1, int(outputs.sum()) // max(1, min(n, 400)) // 4)
 
-    served = ~np.isnan(finish)
-    duration = float(finish[served].max() - arrival[served].min()) if served.any() else 0.0
-    return SimResult(arrival[served], first[served], finish[served], inputs[served], outputs[served],
-                     duration, min(busy, duration), it, preemptions, max_running,
-                     tuple(timeline),
-                     # a queue that grows is a rate the deployment cannot keep up with; an
-                     # offline batch queues by design and a closed loop cannot outrun itself
-                     _steady(arrival[served], first[served]) if open_loop else True,
-                     np.flatnonzero(served))
+    def run(self, step_over_decodes: bool) -> None:
+        """Iterate until every request has finished or what waits can never be admitted."""
+        sched = self.sched
+        while True:
+            self._arrive()
+            if sched.idle():
+                if self.next_arrival >= self.issued:
+                    return
+                self.t = self.times[self.next_arrival]
+                continue
+            self.it += 1
+            if self.it > MAX_ITERATIONS:
+                raise AutoplanError(f"the serving simulation passed {MAX_ITERATIONS:,} iterations: a batch "
+                                    "limit this small for outputs this long is more than it simulates")
+            sched.make_room(self.it)
+            batch = sched.schedule(self.it)
+            if not batch.chunks and not sched.decodes.count:
+                if self.next_arrival >= self.issued:
+                    return  # what waits can never be admitted
+                self.t = max(self.t, self.times[self.next_arrival])
+                continue
+            decode_only = not batch.chunks and not batch.joined
+            if not (decode_only and step_over_decodes and self._step_over(batch.running)):
+                self._execute(batch)
+
+    def _arrive(self) -> None:
+        """Queue the requests that have arrived by now."""
+        while self.next_arrival < self.issued and self.times[self.next_arrival] <= self.t:
+            i = self.next_arrival
+            self.sched.waiting.append(Request(i, *self.lengths[i], self.prefilled))
+            self.next_arrival += 1
+
+    def _tick(self, elapsed: float, running: int) -> None:
+        """The clock after ``elapsed`` seconds of iterations running ``running`` sequences."""
+        self.t += elapsed
+        self.busy += elapsed
+        self.max_running = max(self.max_running, running)
+
+    def _step_over(self, running: int) -> bool:
+        """Decode-only iterations change nothing but the clock, the contexts and the cache
+        until a sequence finishes, the cache fills or (with nothing queued) a request
+        arrives: take all of them at once (their times are a closed-form sum). False where
+        a run of one is all there is (the iteration is then executed as any other)."""
+        sched, dec = self.sched, self.sched.decodes
+        quiet = bool(sched.waiting) or self.next_arrival >= self.issued  # no arrival can change the batch
+        until = None if quiet else self.times[self.next_arrival] - self.t
+        span = _decode_run(self.step, dec.count, dec.context, dec.to_finish(self.it),
+                           sched.pool.room(dec.count), until)
+        if span is None:
+            return False
+        k, elapsed = span
+        n_dec = dec.count
+        self._tick(elapsed, running)
+        self.it += k - 1
+        sched.pool.grow(dec.advance(k))
+        if self.it // self.sample_every > (self.it - k) // self.sample_every:
+            self.timeline.append((self.t, running, n_dec))
+        for r in sched.retire(self.it):
+            self._finished(r)
+        return True
+
+    def _execute(self, batch: Batch) -> None:
+        """Run one iteration of ``batch``: time it, store its tokens' KV, and record the
+        first tokens and the finishes it produced."""
+        sched, it = self.sched, self.it
+        n_dec = sched.decodes.count
+        tokens = n_dec + batch.new_kv
+        done = sched.computed(batch)
+        self._tick(self.step.step_seconds(tokens, n_dec, sched.decodes.context, batch.pairs, batch.prior,
+                                          n_dec + len(done)), batch.running)
+        sched.pool.grow(tokens)
+        sched.decodes.advance(1)
+        if it % self.sample_every == 0:
+            self.timeline.append((self.t, batch.running, tokens))
+        for r in batch.joined:  # its first token here (the prefill instance made the one before)
+            self._first_token(r)
+        for r in sched.retire(it):
+            self._finished(r)
+        for r in done:
+            self._first_token(r)
+            if sched.prompt_done(r, it):
+                self._finished(r)
+
+    def _first_token(self, r: Request) -> None:
+        """``r``'s first token came now (not again after a preemption)."""
+        if math.isnan(self.first[r.i]):
+            self.first[r.i] = self.t
+
+    def _finished(self, r: Request) -> None:
+        """``r``'s last token came now; in a closed loop the next request arrives."""
+        self.finish[r.i] = self.t
+        if self.closed and self.issued < self.n:
+            self.arrival[self.issued] = self.times[self.issued] = self.t
+            self.issued += 1
+
+    def result(self, open_loop: bool) -> SimResult:
+        """The served requests (those not refused) and the scheduler's totals."""
+        arrival, first, finish = self.arrival, np.array(self.first), np.array(self.finish)
+        served = ~np.isnan(finish)
+        duration = float(finish[served].max() - arrival[served].min()) if served.any() else 0.0
+        return SimResult(arrival[served], first[served], finish[served], self.inputs[served],
+                         self.outputs[served], duration, min(self.busy, duration), self.it,
+                         self.sched.preemptions, self.max_running, tuple(self.timeline),
+                         # a queue that grows is a rate the deployment cannot keep up with; an
+                         # offline batch queues by design and a closed loop cannot outrun itself
+                         _steady(arrival[served], first[served]) if open_loop else True,
+                         np.flatnonzero(served))
 
 
 def simulate_disaggregated(prefill: StepModel, decode: StepModel, workload: Workload,

@@ -26,8 +26,9 @@ from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.strict import read_yaml
 from autoplan.errors import InputError
 from autoplan.planfile import read_plan
+from autoplan.schedules import Schedule
 from autoplan.units import MiB
-from autoplan.vocab import Dtype, Schedule, ZeroStage
+from autoplan.vocab import Dtype, ZeroStage
 from tests.helpers import autoplan, autoplan_subprocess
 
 torch = pytest.importorskip("torch")

@@ -11,7 +11,8 @@ from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.library import resolve_model
 from autoplan.kernels.layer import Shard
 from autoplan.kernels.memory import layer_activation_bytes, sharded_state_bytes
-from autoplan.vocab import Dtype, Recompute, Schedule, ZeroStage
+from autoplan.schedules import Schedule
+from autoplan.vocab import Dtype, Recompute, ZeroStage
 from tests.helpers import make_plan
 
 GPT3 = resolve_model("gpt3-175b")  # GPT: gelu, 4h MLP, dropout, MHA: the paper's setting

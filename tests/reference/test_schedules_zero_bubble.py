@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import pytest
 
-from autoplan.schedules.orders import PERIOD, stage_orders, v_block
+from autoplan.schedules import Schedule, v_half, v_min
+from autoplan.schedules.orders import stage_orders
 from autoplan.schedules.simulator import SimResult, simulate_exact
-from autoplan.vocab import Schedule
+from autoplan.schedules.vblock import PERIOD
 
 
 def sim(schedule: Schedule, p: int, m: int, f: float = 1.0, b: float = 1.0, w: float = 1.0,
@@ -286,7 +287,8 @@ def test_v_blocks_are_valid_for_up_to_128_stages(schedule):
     slot when repeated), each W after its own B, and the F and B chains run in
     dependency order along the V."""
     for p in range(1, 129):
-        blocks = [v_block(schedule, s, p) for s in range(p)]
+        block = {Schedule.V_HALF: v_half.block, Schedule.V_MIN: v_min.block}[schedule]
+        blocks = [block(s, p) for s in range(p)]
         for f0, f1, b1, b0, w1, w0 in blocks:
             assert len({x % PERIOD for x in (f0, f1, b1, b0, w1, w0)}) == PERIOD
             assert f0 < f1 < b1 < b0 and w1 > b1 and w0 > b0

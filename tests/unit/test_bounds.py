@@ -31,6 +31,7 @@ from autoplan.parallel.dp import (
     grad_sync_least,
     zero_stages,
 )
+from autoplan.schedules import Schedule
 from autoplan.search.engine import _Candidate, _Search, candidate_plans
 from autoplan.search.stages import (
     partition_problem,
@@ -38,7 +39,7 @@ from autoplan.search.stages import (
     split_bound_with_memory,
     with_best_stages,
 )
-from autoplan.vocab import Axis, Schedule, ZeroStage
+from autoplan.vocab import Axis, ZeroStage
 from tests.helpers import make_plan
 
 TIGHT = 1 + 1e-9  # a bound and a simulated time of a tie may differ in the last bits

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from autoplan.cost.evaluate import evaluate
-from autoplan.vocab import Dtype, Recompute, Schedule, ZeroStage
+from autoplan.schedules import Schedule
+from autoplan.vocab import Dtype, Recompute, ZeroStage
 from tests.helpers import make_plan
 
 

@@ -32,7 +32,8 @@ from autoplan.errors import InputError
 from autoplan.export import Launcher, Target, export, refusals
 from autoplan.plan import Plan
 from autoplan.planfile import read_plan
-from autoplan.vocab import Activation, CpComm, Dtype, Offload, Recompute, Schedule, ZeroStage
+from autoplan.schedules import Schedule
+from autoplan.vocab import Activation, CpComm, Dtype, Offload, Recompute, ZeroStage
 from tests.helpers import autoplan, make_plan
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -251,7 +251,8 @@ def test_a_plans_hash_covers_every_field_it_is_compared_by():
     from autoplan.descriptors.library import resolve_any_cluster
     from autoplan.descriptors.pipeline_layout import from_stage_lists
     from autoplan.plan import Layout, Placement, Plan
-    from autoplan.vocab import CpComm, Offload, Recompute, Schedule
+    from autoplan.schedules import Schedule
+    from autoplan.vocab import CpComm, Offload, Recompute
 
     plan = make_plan(model="llama3-8b", gpus=16, dp=8, pp=2)
     other = {

@@ -23,7 +23,8 @@ from autoplan.descriptors.strict import Fields, parse_yaml, read_yaml
 from autoplan.errors import AutoplanError, InputError, Problem
 from autoplan.planfile import read_plan
 from autoplan.request import build_request
-from autoplan.vocab import Dtype, Schedule
+from autoplan.schedules import Schedule
+from autoplan.vocab import Dtype
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

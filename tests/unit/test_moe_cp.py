@@ -18,8 +18,9 @@ from autoplan.parallel.pp import dense_per_stage as stage_dense_layers
 from autoplan.parallel.rules import plan_problems
 from autoplan.plan import Layout
 from autoplan.planfile import plan_document, read_plan
+from autoplan.schedules import Schedule
 from autoplan.search.engine import search
-from autoplan.vocab import Activation, Axis, CpComm, Position, Schedule, ZeroStage
+from autoplan.vocab import Activation, Axis, CpComm, Position, ZeroStage
 from tests.helpers import make_plan
 
 MOE = Model(name="tiny-moe", layers=4, hidden=1024, heads=8, kv_heads=8, ffn_hidden=4096,

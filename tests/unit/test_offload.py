@@ -20,9 +20,10 @@ from autoplan.errors import InputError
 from autoplan.kernels import offload
 from autoplan.planfile import read_plan
 from autoplan.resources import searchspace_dir
+from autoplan.schedules import Schedule
 from autoplan.search.engine import candidate_plans, search
 from autoplan.units import GiB
-from autoplan.vocab import NO_OFFLOAD, Offload, OffloadOverlap, Recompute, Schedule, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, Offload, OffloadOverlap, Recompute, ZeroStage
 from tests.helpers import autoplan, make_plan
 
 GB = 1e9

@@ -26,9 +26,9 @@ from autoplan.descriptors.pipeline_layout import (
 )
 from autoplan.errors import InputError
 from autoplan.planfile import read_plan
+from autoplan.schedules import Schedule
 from autoplan.schedules.memory import peak_held, peak_inflight
 from autoplan.schedules.simulator import simulate_exact
-from autoplan.vocab import Schedule
 from tests.helpers import autoplan, cpu_seconds, make_plan
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -29,6 +29,7 @@ from autoplan.errors import InputError
 from autoplan.parallel.rules import plan_problems
 from autoplan.plan import Placement, Plan
 from autoplan.planfile import plan_document, read_plan
+from autoplan.schedules import Schedule
 from autoplan.schedules.memory import peak_inflight
 from autoplan.search.engine import SearchStats
 from autoplan.search.pooled import (
@@ -40,7 +41,7 @@ from autoplan.search.pooled import (
     room_for_layers,
     search_pooled,
 )
-from autoplan.vocab import Axis, Schedule
+from autoplan.vocab import Axis
 from tests.helpers import ROOT
 
 MIXED = ROOT / "examples" / "clusters" / "h100-a100.yaml"

@@ -16,10 +16,11 @@ from autoplan.descriptors.space import StageShape, load_space
 from autoplan.export.megatron import export as megatron_export
 from autoplan.parallel.rules import plan_problems, space_problems
 from autoplan.planfile import plan_document, read_plan
+from autoplan.schedules import Schedule
 from autoplan.search.engine import search
 from autoplan.search.partition import stage_memory
 from autoplan.search.stages import chunks_of, partition_problem, with_best_stages
-from autoplan.vocab import Axis, Recompute, Schedule, ZeroStage
+from autoplan.vocab import Axis, Recompute, ZeroStage
 from tests.helpers import autoplan, make_plan
 
 LARGE_VOCAB = dict(model="nemotron-4-15b", gpus=16, dp=2, tp=2, pp=4, global_batch=64,

@@ -16,8 +16,9 @@ from autoplan.descriptors.space import SearchSpace, load_space
 from autoplan.parallel.common import divisors
 from autoplan.parallel.rules import plan_problems
 from autoplan.plan import Layout, Plan
+from autoplan.schedules import Schedule
 from autoplan.search.engine import candidate_plans, rank_key, rank_key_static, search
-from autoplan.vocab import Dtype, Recompute, Schedule, ZeroStage
+from autoplan.vocab import Dtype, Recompute, ZeroStage
 
 SMALL = SearchSpace(
     name="small", launcher="any", tp_max=8, tp_within_nvlink=True, pp_max=8, cp_max=2,

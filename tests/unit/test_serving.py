@@ -22,13 +22,13 @@ from autoplan.serving.deployment import (
     ArrivalKind,
     Deployment,
     Dist,
-    Engine,
     Lengths,
     Precision,
     ServingPlan,
     Slo,
     Workload,
 )
+from autoplan.serving.engine import Engine
 from autoplan.serving.evaluate import evaluate_serving, per_million, serving_document
 from autoplan.serving.search import pareto, serve_search
 from autoplan.serving.simulate import sample_lengths, simulate
@@ -405,12 +405,12 @@ def _bash_syntax_ok(script: str, tmp_path: Path) -> None:
 ])
 def test_each_engine_gets_the_flags_the_prediction_used(tmp_path, engine: str, flags: list[str]) -> None:
     from autoplan.descriptors.strict import read_yaml
-    from autoplan.export.serving import ServingTarget, export_serving
+    from autoplan.export.serving import export_serving
     from autoplan.serving.planfile import read_serving_plan
 
     dep = "{replicas: 2, tp: 4, weights: bf16, kv_cache: fp8, max_num_seqs: 64}"
     path = _export_plan(tmp_path, engine, dep)
-    written = export_serving(read_serving_plan(read_yaml(path), str(path)), ServingTarget(engine), str(path))
+    written = export_serving(read_serving_plan(read_yaml(path), str(path)), Engine(engine), str(path))
     script = written[f"serve-{engine}.sh"]
     for flag in flags:
         assert flag in script, flag
@@ -426,7 +426,7 @@ def test_each_engine_gets_the_flags_the_prediction_used(tmp_path, engine: str, f
 
 def test_moe_attention_data_parallel_and_expert_parallel_flags(tmp_path) -> None:
     from autoplan.descriptors.strict import read_yaml
-    from autoplan.export.serving import ServingTarget, export_serving
+    from autoplan.export.serving import export_serving
     from autoplan.serving.planfile import read_serving_plan
 
     for engine, expect in (("vllm", ["--tensor-parallel-size 1", "--data-parallel-size 8",
@@ -435,7 +435,7 @@ def test_moe_attention_data_parallel_and_expert_parallel_flags(tmp_path) -> None
                            ("trtllm", ["--tp_size 8", "--ep_size 8"])):
         path = _export_plan(tmp_path, engine, "{replicas: 1, tp: 1, attention_dp: 8, ep: 8}", "mixtral-8x7b")
         plan = read_serving_plan(read_yaml(path), str(path))
-        written = export_serving(plan, ServingTarget(engine), str(path))
+        written = export_serving(plan, Engine(engine), str(path))
         script = written[f"serve-{engine}.sh"]
         for flag in expect:
             assert flag in script, (engine, flag)
@@ -624,7 +624,7 @@ def _run_script(script: str, engine: str, tmp_path: Path, **env: str) -> list[st
 def _engine_exports(tmp_path: Path, engine: str) -> list[tuple[ServingPlan, list[str]]]:
     """Each export's command line on each node of its last replica (MODEL=m)."""
     from autoplan.descriptors.strict import read_yaml
-    from autoplan.export.serving import ServingTarget, export_serving, nodes_per_replica
+    from autoplan.export.serving import export_serving, nodes_per_replica
     from autoplan.serving.planfile import read_serving_plan
 
     out = []
@@ -634,7 +634,7 @@ def _engine_exports(tmp_path: Path, engine: str) -> list[tuple[ServingPlan, list
         path = _export_plan(sub, engine, dep, model)
         path.write_text(path.read_text().replace("nodes: 1}", f"nodes: {nodes}}}"))
         plan = read_serving_plan(read_yaml(path), str(path))
-        script = export_serving(plan, ServingTarget(engine), str(path))[f"serve-{engine}.sh"]
+        script = export_serving(plan, Engine(engine), str(path))[f"serve-{engine}.sh"]
         for node in range(nodes_per_replica(plan)):
             env = {"REPLICA": str(plan.deployment.replicas - 1)}  # the last replica
             if nodes_per_replica(plan) > 1:

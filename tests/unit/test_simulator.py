@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autoplan.schedules import Schedule
 from autoplan.schedules.memory import peak_inflight
 from autoplan.schedules.orders import stage_orders
 from autoplan.schedules.simulator import compile_orders, run, simulate, simulate_exact
-from autoplan.vocab import Schedule
 
 
 def uniform(p: int, f: float, b: float, w: float) -> tuple[list[float], list[float], list[float]]:

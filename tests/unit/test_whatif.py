@@ -17,8 +17,8 @@ from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gp
 from autoplan.descriptors.space import load_space
 from autoplan.errors import InputError
 from autoplan.plan import TimeBreakdown
+from autoplan.schedules import Schedule
 from autoplan.search.engine import search
-from autoplan.vocab import Schedule
 from autoplan.whatif.counts import MAX_COUNTS, parse_gpu_counts
 from autoplan.whatif.economics import Economics, Objective, economics, mean_power_W
 from autoplan.whatif.plot import front_svg

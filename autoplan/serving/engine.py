@@ -1,0 +1,116 @@
+"""The serving engines autoplan knows, by name, as Vidur registers its schedulers.
+
+One file per engine (``serving/engines/vllm.py``, ``sglang.py``, ``trtllm.py``) registers
+an :class:`EngineSpec`: its batching limits and memory budget by default (what the
+simulation admits against), its host time per iteration, and how a plan is launched on it
+(the command, its flags from the engine's own argument definitions, what it cannot run).
+The simulation, the search, the plan files, the command line and the exports read the
+spec, never an engine's name, so adding an engine is one file
+(``tests/unit/test_engine_registry.py`` adds one). ``autoplan/serving/__init__.py``
+registers the built-in ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from autoplan.descriptors.hardware import Device
+from autoplan.registry import Named
+
+# What the spec's functions take: a ``serving.deployment.ServingPlan`` and its
+# ``serving.cost.StepModel``, which sit above this module (they name the engine), so they
+# are typed here by role; each engine's file types them fully.
+ServingPlan = Any
+StepModel = Any
+Arg = tuple[str, ...]  # ``export.shell.Arg``: a flag and its values
+
+
+@dataclass(frozen=True, slots=True)
+class EngineDefaults:
+    """An engine's batching limits and memory budget when the plan leaves them unset."""
+
+    max_num_seqs: int
+    max_batched_tokens: int
+    chunked_prefill: bool
+    # share of the GPU's memory the engine may fill with weights, activations and KV
+    # cache (``memory_of_free``: of what is free after the weights instead)
+    memory_fraction: float
+    memory_of_free: bool = False
+    # admission policy: the share of a request's output tokens whose KV cache admission
+    # sets aside (0: admit on the prompt alone and preempt when the cache runs out)
+    reserve_output: float = 0.0
+
+
+def _none(plan: ServingPlan) -> list[tuple[str, str]]:
+    return []
+
+
+def _no_files(plan: ServingPlan, step: StepModel) -> dict[str, str]:
+    return {}
+
+
+def _no_notes(plan: ServingPlan) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """Everything autoplan needs of one serving engine."""
+
+    name: str  # as plan files, ``--engine`` and ``export --to`` spell it
+    attr: str  # its Python name (``Engine.VLLM``)
+    doc: str
+    defaults: Callable[[Device], EngineDefaults]  # its server's defaults on a device
+    # host time per iteration: the scheduler, input preparation, sampling and output
+    # processing between two forward passes
+    host_step_s: float
+    command: str  # the launch command, the checkpoint as "$MODEL" (shell text)
+    args: Callable[[ServingPlan, StepModel], list[Arg]]  # its flags for the plan
+    refusals: Callable[[ServingPlan], list[tuple[str, str]]] = _none  # (field, why) it cannot run
+    # a multi-node replica's launch lines (reading NODE, MASTER_ADDR, DIST_PORT), given the
+    # nodes per replica; None: it has none autoplan writes (refused)
+    multi_node: Callable[[ServingPlan, int], list[str]] | None = None
+    side_files: Callable[[ServingPlan, StepModel], dict[str, str]] = _no_files  # beside the script
+    side_flag: str = ""  # the flag naming a side file on the command line
+    notes: Callable[[ServingPlan], list[str]] = _no_notes  # comments for the script's reader
+    parser: str = ""  # where the engine's own argument parser lives (the export tests run it)
+
+    @property
+    def script(self) -> str:
+        return f"serve-{self.name}.sh"
+
+
+class Engine(Named):
+    """A registered serving engine (module doc). Compares and hashes as its name."""
+
+    KIND = "serving engine"
+    spec: EngineSpec
+
+    # the built-in engines, registered by their files (autoplan/serving/engines/)
+    VLLM: ClassVar[Engine]
+    SGLANG: ClassVar[Engine]
+    TRTLLM: ClassVar[Engine]
+
+    @property
+    def name(self) -> str:
+        return self.spec.attr
+
+    def __repr__(self) -> str:
+        return f"<Engine.{self.spec.attr}: {self.value!r}>"
+
+
+def register(spec: EngineSpec) -> Engine:
+    """Make ``spec`` an engine every part of autoplan takes (its name must be new)."""
+    return Engine._add(spec.name, spec.attr, spec)
+
+
+def unregister(engine: Engine) -> None:
+    """Forget an engine (tests that register one of their own)."""
+    Engine._remove(engine, engine.spec.attr)
+
+
+def engine_defaults(engine: Engine, device: Device) -> EngineDefaults:
+    """The engine's server defaults on ``device`` (its file's ``defaults``)."""
+    return engine.spec.defaults(device)

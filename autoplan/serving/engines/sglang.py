@@ -1,0 +1,58 @@
+"""SGLang (``python -m sglang.launch_server``): RadixAttention, continuous batching with
+chunked prefill, admission against the output its new_token_ratio expects."""
+
+from __future__ import annotations
+
+from autoplan.descriptors.hardware import Device
+from autoplan.export.shell import Arg
+from autoplan.serving.cost import StepModel
+from autoplan.serving.deployment import Precision, ServingPlan
+from autoplan.serving.engine import EngineDefaults, EngineSpec, register
+from autoplan.units import GiB
+
+
+def defaults(device: Device) -> EngineDefaults:
+    """``sglang.launch_server``'s defaults: ``chunked_prefill_size`` 8192 on 80-160 GB GPUs,
+    4096 below 60 GB (server_args.py); running requests bounded by the KV pool
+    (``max_running_requests`` unset; 4096 here, beyond any pool these GPUs hold);
+    ``mem_fraction_static`` about 0.88 on 80 GB GPUs at TP 4-8. The scheduler admits against
+    the tokens its ``new_token_ratio`` expects the running requests to add
+    (``init_new_token_ratio`` 0.7 of max_new_tokens)."""
+    return EngineDefaults(4096, 8192 if device.mem_bytes >= 60 * GiB else 4096, True, 0.88,
+                          reserve_output=0.7)
+
+
+def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
+    """Flags from sglang/srt/server_args.py: ``--tp-size``, ``--pp-size``, ``--attn-dp-size``
+    (attention data parallel within the TP group), ``--ep-size``, ``--max-running-requests``,
+    ``--chunked-prefill-size`` (-1 turns it off), ``--mem-fraction-static``,
+    ``--kv-cache-dtype fp8_e4m3``, ``--quantization fp8``, ``--context-length``."""
+    d = plan.deployment
+    out: list[Arg] = [("--tp-size", str(d.tp * d.attention_dp)), ("--pp-size", str(d.pp))]
+    if d.attention_dp > 1:  # SGLang's DP attention splits its TP group into attention-DP ranks
+        # (--attn-dp-size since 0.5.23, which deprecates --dp-size N --enable-dp-attention)
+        out.append(("--attn-dp-size", str(d.attention_dp)))
+    if d.ep > 1:
+        out.append(("--ep-size", str(d.ep)))
+    out += [("--max-running-requests", str(step.max_num_seqs)),
+            ("--chunked-prefill-size", str(step.max_batched_tokens) if step.chunked_prefill else "-1"),
+            ("--mem-fraction-static", f"{step.defaults.memory_fraction:g}"),
+            ("--context-length", str(plan.max_model_len))]
+    if d.kv_cache is Precision.FP8:
+        out.append(("--kv-cache-dtype", "fp8_e4m3"))
+    if d.weights is Precision.FP8:
+        out.append(("--quantization", "fp8"))
+    return out
+
+
+def multi_node(plan: ServingPlan, nodes: int) -> list[str]:
+    """``--nnodes``, ``--node-rank`` and ``--dist-init-addr``."""
+    return [f'ARGS+=(--nnodes {nodes} --node-rank "$NODE" --dist-init-addr "$MASTER_ADDR:$DIST_PORT")']
+
+
+SGLANG = register(EngineSpec(
+    name="sglang", attr="SGLANG", doc="SGLang's server (python -m sglang.launch_server).",
+    defaults=defaults,
+    host_step_s=1.5e-3,  # overlaps scheduling with the previous step; provisional (as vLLM's)
+    command='python -m sglang.launch_server --model-path "$MODEL"', args=args,
+    multi_node=multi_node, parser="sglang.srt.server_args:ServerArgs.add_cli_args"))

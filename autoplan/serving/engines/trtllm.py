@@ -1,0 +1,83 @@
+"""TensorRT-LLM (``trtllm-serve``, the PyTorch backend): in-flight batching with the
+capacity scheduler's GUARANTEED_NO_EVICT admission by default."""
+
+from __future__ import annotations
+
+import yaml
+
+from autoplan.descriptors.hardware import Device
+from autoplan.export.shell import Arg, comment
+from autoplan.serving.cost import StepModel
+from autoplan.serving.deployment import Precision, ServingPlan
+from autoplan.serving.engine import EngineDefaults, EngineSpec, register
+
+EXTRA = "extra-llm-api-options.yaml"
+
+
+def defaults(device: Device) -> EngineDefaults:
+    """``trtllm-serve``'s defaults: ``max_batch_size`` 2048, ``max_num_tokens`` 8192,
+    ``kv_cache_config.free_gpu_memory_fraction`` 0.9 of the memory free after the weights
+    (TensorRT-LLM docs, "trtllm-serve" and "KV cache" pages); the capacity scheduler's
+    default policy GUARANTEED_NO_EVICT admits a request only when its whole output fits
+    ("Scheduler" in the TensorRT-LLM docs)."""
+    return EngineDefaults(2048, 8192, True, 0.9, memory_of_free=True, reserve_output=1.0)
+
+
+def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
+    """Flags from tensorrt_llm/commands/common_llm_options.py: ``--tp_size``, ``--pp_size``,
+    ``--ep_size``, ``--max_batch_size``, ``--max_num_tokens``, ``--max_seq_len``,
+    ``--kv_cache_free_gpu_memory_fraction`` (and ``--extra_llm_api_options``:
+    :func:`side_files`)."""
+    d = plan.deployment
+    out: list[Arg] = [("--backend", "pytorch"), ("--tp_size", str(d.tp * d.attention_dp)),
+                      ("--pp_size", str(d.pp))]
+    if d.ep > 1:
+        out.append(("--ep_size", str(d.ep)))
+    out += [("--max_batch_size", str(step.max_num_seqs)), ("--max_num_tokens", str(step.max_batched_tokens)),
+            ("--max_seq_len", str(plan.max_model_len)),
+            ("--kv_cache_free_gpu_memory_fraction", f"{step.defaults.memory_fraction:g}")]
+    return out
+
+
+def side_files(plan: ServingPlan, step: StepModel) -> dict[str, str]:
+    """The LLM API options YAML: ``enable_chunked_prefill``, ``enable_attention_dp``,
+    ``kv_cache_config.dtype`` (written through the YAML serializer, names as data)."""
+    d = plan.deployment
+    doc: dict[str, object] = {"enable_chunked_prefill": step.chunked_prefill}
+    if d.attention_dp > 1:
+        doc["enable_attention_dp"] = True
+    if d.kv_cache is Precision.FP8:
+        doc["kv_cache_config"] = {"dtype": "fp8"}
+    head = comment(f"LLM API options for {plan.model.name}, written by autoplan export")
+    return {EXTRA: head + "\n" + yaml.safe_dump(doc, sort_keys=False)}
+
+
+def refusals(plan: ServingPlan) -> list[tuple[str, str]]:
+    d, c = plan.deployment, plan.cluster
+    out: list[tuple[str, str]] = []
+    if d.gpus_per_replica > c.gpus_per_node:
+        out.append(("deployment", f"a replica of {d.gpus_per_replica} GPUs spans nodes of "
+                                  f"{c.gpus_per_node}: TensorRT-LLM's multi-node launch (mpirun or "
+                                  "Slurm with trtllm-llmapi-launch) is not written by autoplan"))
+    if d.attention_dp > 1 and d.tp > 1:
+        out.append(("deployment.attention_dp", "TensorRT-LLM's enable_attention_dp runs attention "
+                                               "data parallel over the whole TP group: give tp 1 "
+                                               "with attention_dp, not both above 1"))
+    if d.weights not in (Precision.BF16, Precision.FP16, Precision.FP8, Precision.FP4):
+        out.append(("deployment.weights", f"{d.weights.value} weights: TensorRT-LLM's PyTorch "
+                                          "backend loads fp8/fp4 (ModelOpt) or 16-bit checkpoints"))
+    return out
+
+
+def notes(plan: ServingPlan) -> list[str]:
+    if plan.deployment.weights is Precision.FP8:
+        return ["fp8 weights: MODEL must be an fp8 checkpoint (NVIDIA ModelOpt)"]
+    return []
+
+
+TRTLLM = register(EngineSpec(
+    name="trtllm", attr="TRTLLM", doc="TensorRT-LLM's server (trtllm-serve, PyTorch backend).",
+    defaults=defaults,
+    host_step_s=1.0e-3,  # the C++ runtime's: the least of the three; provisional (as vLLM's)
+    command='trtllm-serve "$MODEL"', args=args, refusals=refusals, side_files=side_files,
+    side_flag="--extra_llm_api_options", notes=notes, parser="tensorrt_llm.commands.serve"))

@@ -1,0 +1,77 @@
+"""vLLM (``vllm serve``, the V1 engine): PagedAttention (Kwon et al. 2023), continuous
+batching with chunked prefill, preemption by recomputation when the KV cache runs out."""
+
+from __future__ import annotations
+
+from autoplan.descriptors.hardware import Device
+from autoplan.export.shell import Arg
+from autoplan.serving.cost import StepModel
+from autoplan.serving.deployment import Precision, ServingPlan
+from autoplan.serving.engine import EngineDefaults, EngineSpec, register
+from autoplan.units import GiB
+
+
+def defaults(device: Device) -> EngineDefaults:
+    """``vllm serve``'s defaults (read in vLLM 0.33.0's vllm/engine/arg_utils.py
+    ``get_batch_defaults`` and vllm/config/cache.py): max_num_batched_tokens 16384 and
+    max_num_seqs 1024 on GPUs of 160 GiB or more, 8192 and 1024 on GPUs of 70 GiB or more
+    that are not A100s, else 2048 and 256; chunked prefill on; ``gpu_memory_utilization``
+    0.92 of the whole GPU (0.9 before 0.33). Admission on the prompt alone (the scheduler
+    preempts when decoding runs out of blocks)."""
+    if device.mem_bytes >= 160 * GiB:
+        return EngineDefaults(1024, 16384, True, 0.92)
+    if device.mem_bytes >= 70 * GiB and "a100" not in device.name.lower():
+        return EngineDefaults(1024, 8192, True, 0.92)
+    return EngineDefaults(256, 2048, True, 0.92)
+
+
+def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
+    """Flags from vllm/engine/arg_utils.py: ``--tensor-parallel-size``,
+    ``--pipeline-parallel-size``, ``--data-parallel-size`` with ``--enable-expert-parallel``
+    (attention data parallel; experts over TP x DP), ``--max-num-seqs``,
+    ``--max-num-batched-tokens``, ``--enable-chunked-prefill`` / ``--no-enable-chunked-prefill``,
+    ``--gpu-memory-utilization``, ``--kv-cache-dtype fp8``, ``--quantization fp8``,
+    ``--max-model-len``."""
+    d = plan.deployment
+    out: list[Arg] = [("--tensor-parallel-size", str(d.tp)), ("--pipeline-parallel-size", str(d.pp))]
+    if d.attention_dp > 1:
+        out.append(("--data-parallel-size", str(d.attention_dp)))
+    if d.ep > 1:
+        out.append(("--enable-expert-parallel",))
+    out += [("--max-num-seqs", str(step.max_num_seqs)),
+            ("--max-num-batched-tokens", str(step.max_batched_tokens)),
+            ("--enable-chunked-prefill",) if step.chunked_prefill else ("--no-enable-chunked-prefill",),
+            ("--gpu-memory-utilization", f"{step.defaults.memory_fraction:g}"),
+            ("--max-model-len", str(plan.max_model_len))]
+    if d.kv_cache is Precision.FP8:
+        out.append(("--kv-cache-dtype", "fp8"))
+    if d.weights is Precision.FP8:
+        out.append(("--quantization", "fp8"))
+    return out
+
+
+def refusals(plan: ServingPlan) -> list[tuple[str, str]]:
+    d = plan.deployment
+    if d.ep not in (1, d.tp * d.attention_dp):
+        return [("deployment.ep", f"vLLM's --enable-expert-parallel spreads experts over all "
+                                  f"tp x data-parallel ranks ({d.tp * d.attention_dp}), got ep {d.ep}")]
+    return []
+
+
+def multi_node(plan: ServingPlan, nodes: int) -> list[str]:
+    """0.33's multiprocessing backend across nodes: ``--nnodes``, ``--node-rank``,
+    ``--master-addr``, ``--master-port``; the nodes after the first run ``--headless``
+    (no API server)."""
+    return [f'ARGS+=(--nnodes {nodes} --node-rank "$NODE" --master-addr "$MASTER_ADDR" '
+            '--master-port "$DIST_PORT")',
+            'if (( NODE > 0 )); then ARGS+=(--headless); fi']
+
+
+VLLM = register(EngineSpec(
+    name="vllm", attr="VLLM", doc="vLLM's OpenAI-compatible server (vllm serve, V1 engine).",
+    defaults=defaults,
+    # vLLM V1 overlaps scheduling with the previous step; provisional, to be fitted on
+    # serving_calibration.csv (benchmarks/serving_accuracy.py)
+    host_step_s=2.0e-3,
+    command='vllm serve "$MODEL"', args=args, refusals=refusals, multi_node=multi_node,
+    parser="vllm.entrypoints.cli.serve:ServeSubcommand"))

@@ -1,0 +1,335 @@
+"""One engine scheduler's policy and state, split as vLLM V1 splits its own
+(``vllm/v1/core/sched/scheduler.py``, ``vllm/v1/core/kv_cache_manager.py``,
+``vllm.config.SchedulerConfig``):
+
+- :class:`SchedulerConfig`: the batch limits and the admission policy;
+- :class:`KVPool`: the KV cache, counted in tokens;
+- :class:`Scheduler`: the waiting queue, the prompts being prefilled and the decoding
+  sequences; it builds each iteration's :class:`Batch` and takes back what it computed.
+
+The iteration loop that runs them and times each iteration is
+:func:`autoplan.serving.simulate.run_requests`. Decoding sequences are kept as a count, a
+context sum and a heap of finishing iterations (:class:`Decodes`), never walked one by one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from autoplan.serving.cost import StepModel
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """The engine's batching limits and admission policy (vLLM's ``SchedulerConfig``).
+
+    Every running sequence decodes one token per iteration; the rest of
+    ``max_batched_tokens`` goes to prompt chunks in admission order (Yu et al. 2022 "Orca";
+    Kwon et al. 2023 "vLLM"); with ``chunked_prefill`` the last prompt may be cut to the
+    budget left (Agrawal et al. 2024 "Sarathi-Serve"), without it a prompt goes whole or
+    waits. A request is admitted while fewer than ``max_num_seqs`` run and its prompt fits
+    the free cache; engines that reserve output (``reserve_output`` > 0: SGLang's
+    ``new_token_ratio``, TensorRT-LLM's GUARANTEED_NO_EVICT) also need that share of its
+    output tokens free beside what earlier admissions set aside. When the decodes' next
+    tokens do not fit, the most recently admitted sequence is preempted and recomputed later
+    (:meth:`Scheduler.make_room`: vLLM's default)."""
+
+    max_num_seqs: int
+    max_batched_tokens: int
+    chunked_prefill: bool
+    reserve_output: float  # share of a request's output tokens admission sets aside
+
+    @classmethod
+    def of(cls, step: StepModel) -> SchedulerConfig:
+        """The limits the deployment runs (its own, else the engine's defaults)."""
+        return cls(step.max_num_seqs, step.max_batched_tokens, step.chunked_prefill,
+                   step.defaults.reserve_output)
+
+    def held(self, prompt: int, left: int) -> int:
+        """KV tokens admitting a request sets aside: its prompt and the reserved share of the
+        ``left`` output tokens it has still to generate."""
+        return prompt + math.ceil(self.reserve_output * left)
+
+    def schedulable(self, chunk: int, remaining: int) -> bool:
+        """Whether a chunk of ``chunk`` of a prompt's ``remaining`` tokens may run: any cut
+        with chunked prefill on, else only the whole rest."""
+        return self.chunked_prefill or chunk >= remaining
+
+
+class KVPool:
+    """The scheduler's KV cache in tokens (vLLM's ``KVCacheManager`` over its block pool,
+    counted per token rather than per block). ``used``: tokens whose KV is stored;
+    ``committed``: what the live requests' admissions set aside (prompt and reserved
+    output), checked against the capacity only where the engine reserves output."""
+
+    __slots__ = ("capacity", "used", "committed", "reserves")
+
+    def __init__(self, capacity: int, reserves: bool):
+        self.capacity = capacity
+        self.reserves = reserves
+        self.used = 0
+        self.committed = 0
+
+    def refuses(self, prompt: int, held: int) -> bool:
+        """Whether a request can never be admitted (its prompt, or what its admission sets
+        aside, larger than the cache): engines refuse it."""
+        return prompt > self.capacity or held > self.capacity
+
+    def can_admit(self, stored: int, held: int) -> bool:
+        """Whether ``stored`` more tokens fit the cache this iteration and, where the engine
+        reserves output, ``held`` more fit beside what admissions already set aside."""
+        return self.used + stored <= self.capacity and not (
+            self.reserves and self.committed + held > self.capacity)
+
+    def allocate(self, held: int, stored: int = 0) -> None:
+        """Admit a request: set ``held`` aside and store ``stored`` tokens now."""
+        self.committed += held
+        self.used += stored
+
+    def grow(self, tokens: int) -> None:
+        """Store the KV of ``tokens`` computed tokens (prompt chunks and decodes)."""
+        self.used += tokens
+
+    def fits(self, tokens: int) -> bool:
+        """Whether ``tokens`` more fit the cache."""
+        return self.used + tokens <= self.capacity
+
+    def room(self, per_iteration: int) -> int:
+        """Iterations that adding ``per_iteration`` tokens each fit before the cache is full."""
+        return (self.capacity - self.used) // per_iteration
+
+    def free(self, stored: int, held: int) -> None:
+        """Release a finished or preempted request's ``stored`` tokens and what its admission
+        set aside."""
+        self.used -= stored
+        self.committed -= held
+
+
+class Request:
+    """One request's progress through the scheduler (vLLM's ``Request``)."""
+
+    __slots__ = ("i", "prompt", "done_prompt", "left", "admit", "join_iter", "finish_iter", "live",
+                 "held", "cached")
+
+    def __init__(self, i: int, prompt: int, out: int, cached: bool = False):
+        self.i, self.prompt = i, prompt
+        self.cached = cached  # its prompt's KV arrives computed (disaggregated decode)
+        self.left = out  # tokens still to generate
+        self.done_prompt = 0  # prompt tokens whose KV is computed
+        self.admit = 0  # admission order
+        self.join_iter = 0  # the iteration its prompt finished (it then decodes)
+        self.finish_iter = 0  # the iteration that produces its last token
+        self.live = False  # admitted and not finished or preempted
+        self.held = 0  # KV tokens its admission set aside (prompt + reserved output)
+
+
+class Decodes:
+    """The decoding sequences as a count, the KV tokens they hold (each reads its own
+    context every iteration) and a heap of (finishing iteration, admission, request): one
+    iteration of decodes is O(1), never a walk over the sequences."""
+
+    __slots__ = ("count", "context", "heap")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.context = 0.0
+        self.heap: list[tuple[int, int, Request]] = []
+
+    def join(self, r: Request, since: int) -> None:
+        """``r`` decodes from the iteration after ``since``, one token each, to its last."""
+        r.join_iter = since
+        r.finish_iter = since + r.left
+        heapq.heappush(self.heap, (r.finish_iter, r.admit, r))
+        self.count += 1
+        self.context += r.prompt
+
+    def advance(self, iterations: int) -> int:
+        """Every sequence writes one token per iteration: the tokens they add."""
+        tokens = self.count * iterations
+        self.context += tokens
+        return tokens
+
+    def to_finish(self, it: int) -> int:
+        """Iterations from ``it`` (counted in) until the next sequence produces its last token."""
+        return self.heap[0][0] - it + 1
+
+    def pop_finished(self, it: int) -> Request | None:
+        """A sequence whose last token iteration ``it`` produced, removed; None when none."""
+        if not self.heap or self.heap[0][0] > it:
+            return None
+        r = heapq.heappop(self.heap)[2]
+        self.count -= 1
+        self.context -= r.prompt + (it - r.join_iter)
+        return r
+
+    def remove(self, r: Request, held: int) -> None:
+        """Take ``r``, holding ``held`` tokens, out (a preemption: rare, so a rebuild)."""
+        self.heap = [e for e in self.heap if e[2] is not r]
+        heapq.heapify(self.heap)
+        self.count -= 1
+        self.context -= held
+
+
+class Batch:
+    """One iteration's work as the scheduler hands it to the model (vLLM's
+    ``SchedulerOutput``): every decode, then prompt ``chunks`` within the token ``budget``
+    left; ``joined``: requests admitted with their cache computed, decoding from this
+    iteration; ``pairs`` and ``prior``: the chunks' causal (query, key) pairs and the KV
+    tokens of earlier chunks they re-read (``StepModel.step_seconds``)."""
+
+    __slots__ = ("budget", "running", "chunks", "joined", "new_kv", "pairs", "prior")
+
+    def __init__(self, budget: int, running: int):
+        self.budget = budget
+        self.running = running  # sequences admitted and not finished
+        self.chunks: list[tuple[Request, int]] = []
+        self.joined: list[Request] = []
+        self.new_kv = 0  # prompt tokens the chunks compute
+        self.pairs = self.prior = 0.0
+
+    def add_chunk(self, r: Request, c: int) -> None:
+        """Schedule the next ``c`` tokens of ``r``'s prompt."""
+        p = r.done_prompt
+        self.chunks.append((r, c))
+        self.budget -= c
+        self.new_kv += c
+        self.pairs += c * p + c * (c + 1) / 2  # causal (query, key) pairs of the chunk
+        self.prior += p
+
+
+class Scheduler:
+    """The scheduler of one engine (vLLM V1's ``Scheduler``; SGLang's and TensorRT-LLM's
+    in-flight batching schedule the same way): a first-come first-served waiting queue,
+    the admitted prompts in admission order, the decodes and the KV cache."""
+
+    __slots__ = ("config", "pool", "waiting", "prefilling", "decodes", "order", "admitted",
+                 "preemptions")
+
+    def __init__(self, config: SchedulerConfig, pool: KVPool):
+        self.config = config
+        self.pool = pool
+        self.waiting: deque[Request] = deque()
+        self.prefilling: list[Request] = []  # admitted, prompt not done, in admission order
+        self.decodes = Decodes()
+        self.order: list[Request] = []  # admissions, latest last (lazy: stale entries are skipped)
+        self.admitted = 0
+        self.preemptions = 0
+
+    def idle(self) -> bool:
+        """Nothing waits or runs."""
+        return not self.waiting and not self.prefilling and not self.decodes.count
+
+    def make_room(self, it: int) -> None:
+        """Before iteration ``it`` the decodes write one more token each: preempt the latest
+        admitted sequence until they fit (vLLM V1's FCFS policy: ``self.running.pop()``)."""
+        while self.decodes.count and not self.pool.fits(self.decodes.count) and self.order:
+            victim = self.order.pop()
+            if victim.live:
+                self._preempt(victim, it)
+
+    def _preempt(self, victim: Request, it: int) -> None:
+        """Free ``victim``'s cache and queue it first to be recomputed from its prompt and
+        every token generated so far (vLLM: ``kv_cache_manager.free``,
+        ``num_computed_tokens = 0``, ``waiting.prepend_request``)."""
+        self.preemptions += 1
+        victim.live = False
+        if victim in self.prefilling:
+            self.prefilling.remove(victim)
+            self.pool.free(victim.done_prompt, victim.held)
+        else:
+            held = victim.prompt + (it - 1) - victim.join_iter  # its prompt and decode steps
+            self.decodes.remove(victim, held)
+            self.pool.free(held, victim.held)
+            victim.left = victim.finish_iter - (it - 1)
+            victim.prompt = held + 1
+            victim.cached = False
+        victim.done_prompt = 0
+        self.waiting.appendleft(victim)
+
+    def schedule(self, it: int) -> Batch:
+        """Iteration ``it``'s batch: every decode, the admitted prompts' next chunks in
+        admission order, then admissions from the head of the queue while the budget,
+        ``max_num_seqs`` and the cache allow (a request that can never fit is refused)."""
+        cfg, waiting = self.config, self.waiting
+        batch = Batch(cfg.max_batched_tokens - self.decodes.count, self.decodes.count + len(self.prefilling))
+        for r in self.prefilling:
+            c = min(r.prompt - r.done_prompt, batch.budget)
+            if c <= 0 or not cfg.schedulable(c, r.prompt - r.done_prompt):
+                break
+            batch.add_chunk(r, c)
+        while waiting and batch.budget > 0 and batch.running < cfg.max_num_seqs:
+            r = waiting[0]
+            held = cfg.held(r.prompt, r.left)
+            if self.pool.refuses(r.prompt, held):
+                waiting.popleft()
+                continue
+            if not (self._admit_computed(r, held, it, batch) if r.cached else
+                    self._admit_prompt(r, held, batch)):
+                break
+        return batch
+
+    def _admit(self, r: Request, held: int, batch: Batch, stored: int = 0) -> None:
+        """Take ``r`` off the queue into the running batch."""
+        self.waiting.popleft()
+        self.pool.allocate(held, stored)
+        r.held = held
+        r.admit, r.live = self.admitted, True
+        self.admitted += 1
+        self.order.append(r)
+        batch.running += 1
+
+    def _admit_prompt(self, r: Request, held: int, batch: Batch) -> bool:
+        """Admit ``r`` with its prompt's first chunk, where it fits."""
+        c = min(r.prompt, batch.budget)
+        if not self.config.schedulable(c, r.prompt) or not self.pool.can_admit(batch.new_kv + c, held):
+            return False
+        self._admit(r, held, batch)
+        self.prefilling.append(r)
+        batch.add_chunk(r, c)
+        return True
+
+    def _admit_computed(self, r: Request, held: int, it: int, batch: Batch) -> bool:
+        """Admit ``r`` whose prompt's KV arrives computed (a disaggregated deployment's
+        decode instance): it takes its prompt's cache and decodes from this iteration."""
+        if not self.pool.can_admit(batch.new_kv + r.prompt + 1, held):
+            return False
+        r.done_prompt = r.prompt
+        self._admit(r, held, batch, stored=r.prompt)
+        self.decodes.join(r, it - 1)
+        batch.budget -= 1
+        batch.joined.append(r)
+        return True
+
+    def computed(self, batch: Batch) -> list[Request]:
+        """Record the batch's prompt chunks as computed: the requests whose prompt is done."""
+        done: list[Request] = []
+        for r, c in batch.chunks:
+            r.done_prompt += c
+            if r.done_prompt >= r.prompt:
+                done.append(r)
+        return done
+
+    def retire(self, it: int) -> list[Request]:
+        """The sequences whose last token iteration ``it`` produced, removed and their cache
+        freed."""
+        done: list[Request] = []
+        while (r := self.decodes.pop_finished(it)) is not None:
+            self.pool.free(r.prompt + (it - r.join_iter), r.held)
+            r.live = False
+            done.append(r)
+        return done
+
+    def prompt_done(self, r: Request, it: int) -> bool:
+        """``r``'s prompt finished in iteration ``it`` with its first token: it decodes from
+        the next, or, where that was its only token, finishes (True) and frees its cache."""
+        self.prefilling.remove(r)
+        r.left -= 1
+        if r.left <= 0:
+            self.pool.free(r.prompt, r.held)
+            r.live = False
+            return True
+        self.decodes.join(r, it)
+        return False

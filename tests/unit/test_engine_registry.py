@@ -1,0 +1,95 @@
+"""The serving-engine registry (``autoplan/serving/engine.py``): an engine is one file.
+
+This file is that file for a toy engine ("toyserve": a small batch limit, a slow host
+step, a launch command of its own). Registered here and nowhere else, it is taken by
+``autoplan serve --engine``, simulated with its limits and host time, written to and read
+from a serving plan file, and exported as a launch script of its own: nothing else in
+the tree names it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from autoplan import caches
+from autoplan.descriptors.hardware import Device
+from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
+from autoplan.export.shell import Arg
+from autoplan.serving.cost import StepModel
+from autoplan.serving.deployment import Deployment, ServingPlan
+from autoplan.serving.engine import Engine, EngineDefaults, EngineSpec, register, unregister
+from tests.helpers import autoplan
+
+
+def defaults(device: Device) -> EngineDefaults:
+    return EngineDefaults(max_num_seqs=64, max_batched_tokens=2048, chunked_prefill=True,
+                          memory_fraction=0.9)
+
+
+def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
+    return [("--tp", str(plan.deployment.tp)), ("--max-seqs", str(step.max_num_seqs))]
+
+
+TOY = EngineSpec(name="toyserve", attr="TOYSERVE", doc="A toy engine.", defaults=defaults,
+                 host_step_s=5e-3, command='toyserve "$MODEL"', args=args)
+
+SERVE = ("serve", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
+         "--input-len", "512", "--output-len", "64", "--rate", "4", "--requests", "100")
+
+
+@pytest.fixture
+def toy() -> Iterator[Engine]:
+    engine = register(TOY)
+    try:
+        yield engine
+    finally:
+        caches.clear()
+        unregister(engine)
+
+
+def test_a_registered_engine_is_looked_up_by_name_and_forgotten_after(toy):
+    assert Engine("toyserve") is toy and toy in list(Engine)
+    with pytest.raises(ValueError, match="registered already"):
+        register(TOY)
+
+
+def test_after_the_toy_engine_is_gone_the_registry_holds_the_builtins_only():
+    assert [e.value for e in Engine] == ["vllm", "sglang", "trtllm"]
+    with pytest.raises(ValueError, match="not a serving engine"):
+        Engine("toyserve")
+
+
+def test_its_host_step_and_batch_limit_reach_the_iteration(toy):
+    model, cluster = resolve_model("llama3-8b"), with_gpus(resolve_cluster("dgx-h100"), 8)
+    dep = Deployment(replicas=1, tp=1)
+    mine, vllm = StepModel(model, cluster, dep, toy), StepModel(model, cluster, dep, Engine.VLLM)
+    assert mine.max_num_seqs == 64
+    step = (100, 100, 100 * 600.0, 0.0, 0.0, 100)  # a decode iteration of 100 sequences
+    assert mine.step_seconds(*step) - vllm.step_seconds(*step) == pytest.approx(5e-3 - 2e-3)
+
+
+def test_serve_takes_it_and_its_plan_file_reads_back(toy, tmp_path):
+    out = tmp_path / "toy.yaml"
+    served = autoplan(*SERVE, "--engine", "toyserve", "--out", out, "--format", "json")
+    assert served.returncode == 0, served.stderr
+    best = json.loads(served.stdout)["plans"][0]
+    assert best["engine"] == "toyserve"
+    assert best["deployment"]["max_num_seqs"] <= 64
+    again = autoplan("evaluate", out, "--format", "json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["plans"][0]["prediction"] == best["prediction"]
+
+
+def test_export_writes_its_own_launch_script(toy, tmp_path):
+    out = tmp_path / "toy.yaml"
+    assert autoplan(*SERVE, "--engine", "toyserve", "--out", out).returncode == 0
+    exported = autoplan("export", out, "--to", "toyserve", "-o", tmp_path / "launch.sh")
+    assert exported.returncode == 0, exported.stderr
+    script = (tmp_path / "launch.sh").read_text()  # one file: written where -o says
+    assert 'exec toyserve "$MODEL" --host 0.0.0.0 --port "$PORT"' in script
+    assert "--max-seqs" in script
+    refused = autoplan("export", out, "--to", "vllm", "-o", tmp_path / "other")
+    assert refused.returncode == 2 and "predicted for toyserve" in refused.stderr
