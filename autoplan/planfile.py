@@ -1,4 +1,4 @@
-"""The plan file (schema v1 of DESIGN.md): read strictly, checked against every plan rule
+"""The plan file (schema v1, docs/ARCHITECTURE.md): read strictly, checked against every plan rule
 (``parallel.rules``), and written deterministically. Apart from the ``Plan`` type
 (``autoplan.plan``), which the cost model reads: the reader sits above the axes whose
 rules it applies."""

@@ -1,5 +1,5 @@
 """What one pipeline stage costs per microbatch, and what it holds in memory: the
-compute of its layers (``cost.compute``) plus each axis's exposed communication and
+compute of its layers (``kernels.compute``) plus each axis's exposed communication and
 memory terms (``autoplan.parallel``), added up in one place."""
 
 from __future__ import annotations

@@ -224,7 +224,7 @@ def _pool(item: Any, source: str, path: str, problems: list[Problem]) -> Cluster
 
 def _one_cluster(ref: Any, source: str, field: str) -> Cluster:
     if isinstance(ref, Mapping) and "gpus_per_node" not in ref and "name" in ref:
-        # the short form of DESIGN.md: {name: dgx-h100, nodes: 32}
+        # the short form of the plan file: {name: dgx-h100, nodes: 32}
         problems: list[Problem] = []
         f = Fields(ref, source, field, problems)
         name, nodes = f.str("name"), f.int("nodes", 1, min=1)

@@ -12,7 +12,7 @@ from autoplan.vocab import Activation, Norm, Position
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Model:
-    """A decoder-only transformer, in the field names of DESIGN.md.
+    """A decoder-only transformer, in the field names of the model file (docs/ARCHITECTURE.md).
 
     Parameter counts are derived properties; they count every weight, bias and
     norm parameter so they can be checked against published totals.

@@ -19,9 +19,9 @@ terms of the cost model.
 innermost). ``rules.py`` is the one registry of rules: the plan reader, the search's
 pruning (its statistics keyed by rule id) and the exporters all ask it.
 
-Layering: the primitives below (``cost.comm`` collectives, ``cost.compute`` kernels,
-``cost.memory`` per-layer bytes) know no axis; these modules combine them per axis;
-``cost.stage`` adds the axes up per pipeline stage. Adding HSDP is a change to
-``dp.py``, a new CP variant to ``cp.py``, a new schedule to ``schedules/orders.py``
-plus its shape rule in ``pp.py``.
+Layering: the primitives below (``kernels.comm`` collectives, ``kernels.compute`` kernels,
+``kernels.memory`` per-layer bytes, ``kernels.layer`` a layer per rank) know no axis; these
+modules combine them per axis; ``cost.stage`` adds the axes up per pipeline stage.
+Adding HSDP is a change to ``dp.py``, a new CP variant to ``cp.py``; a new pipeline
+schedule is a file of its own under ``schedules/`` (``schedules/registry.py``).
 """

@@ -3,7 +3,7 @@ space lets it run.
 
 Plan rules live beside their axis (``tp.py``, ``ep.py``, ``dp.py``, ``cp.py``,
 ``pp.py``) and are listed here in the order the plan reader reports them. The reader
-(``plan.read_plan``) reports every broken rule; the search prunes by the first broken
+(``planfile.read_plan``) reports every broken rule; the search prunes by the first broken
 rule of each scope as it fixes choices, counting candidates by rule id; validate and
 the exporters judge plans by the same predicates. A rule's id is stable: search
 statistics and scripts key on it.

@@ -1,4 +1,4 @@
-"""The data flow (DESIGN.md: layers only call downwards) and what start-up loads.
+"""The data flow (docs/ARCHITECTURE.md: layers only call downwards) and what start-up loads.
 
 - the package's modules import each other without a cycle, and every import runs down
   the floors of ``FLOORS`` (docs/ARCHITECTURE.md draws them), never up;
