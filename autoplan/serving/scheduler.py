@@ -35,7 +35,7 @@ class SchedulerConfig:
     ``new_token_ratio``, TensorRT-LLM's GUARANTEED_NO_EVICT) also need that share of its
     output tokens free beside what earlier admissions set aside. When the decodes' next
     tokens do not fit, the most recently admitted sequence is preempted and recomputed later
-    (:meth:`Scheduler.make_room`: vLLM's default)."""
+    (:meth:`Scheduler.schedule`: vLLM's default)."""
 
     max_num_seqs: int
     max_batched_tokens: int
@@ -129,11 +129,13 @@ class Request:
 class Decodes:
     """The decoding sequences as a count, the KV tokens they hold (each reads its own
     context every iteration) and a heap of (finishing iteration, admission, request): one
-    iteration of decodes is O(1), never a walk over the sequences."""
+    iteration of decodes is O(1), never a walk over the sequences. A finished or preempted
+    one's KV is freed from ``pool``."""
 
-    __slots__ = ("count", "context", "heap")
+    __slots__ = ("pool", "count", "context", "heap")
 
-    def __init__(self) -> None:
+    def __init__(self, pool: KVPool) -> None:
+        self.pool = pool
         self.count = 0
         self.context = 0.0
         self.heap: list[tuple[int, int, Request]] = []
@@ -147,7 +149,8 @@ class Decodes:
         self.context += r.prompt
 
     def advance(self, iterations: int) -> int:
-        """Every sequence writes one token per iteration: the tokens they add."""
+        """Every sequence writes one token per iteration: the tokens they add (the caller
+        stores them in the pool with the iteration's prompt chunks)."""
         tokens = self.count * iterations
         self.context += tokens
         return tokens
@@ -156,21 +159,31 @@ class Decodes:
         """Iterations from ``it`` (counted in) until the next sequence produces its last token."""
         return self.heap[0][0] - it + 1
 
-    def pop_finished(self, it: int) -> Request | None:
-        """A sequence whose last token iteration ``it`` produced, removed; None when none."""
-        if not self.heap or self.heap[0][0] > it:
-            return None
-        r = heapq.heappop(self.heap)[2]
-        self.count -= 1
-        self.context -= r.prompt + (it - r.join_iter)
-        return r
+    def retire(self, it: int) -> list[Request]:
+        """The sequences whose last token iteration ``it`` produced, in the order they finish,
+        removed and their cache (the prompt and a token per iteration since they joined) freed."""
+        heap = self.heap
+        if not heap or heap[0][0] > it:
+            return []
+        done: list[Request] = []
+        while heap and heap[0][0] <= it:
+            r = heapq.heappop(heap)[2]
+            held = r.prompt + (it - r.join_iter)
+            self.count -= 1
+            self.context -= held
+            self.pool.free(held, r.held)
+            r.live = False
+            done.append(r)
+        return done
 
     def remove(self, r: Request, held: int) -> None:
-        """Take ``r``, holding ``held`` tokens, out (a preemption: rare, so a rebuild)."""
+        """Take ``r``, holding ``held`` tokens, out and free its cache (a preemption: rare, so
+        a rebuild of the heap)."""
         self.heap = [e for e in self.heap if e[2] is not r]
         heapq.heapify(self.heap)
         self.count -= 1
         self.context -= held
+        self.pool.free(held, r.held)
 
 
 class Batch:
@@ -213,7 +226,7 @@ class Scheduler:
         self.pool = pool
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []  # admitted, prompt not done, in admission order
-        self.decodes = Decodes()
+        self.decodes = Decodes(pool)
         self.order: list[Request] = []  # admissions, latest last (lazy: stale entries are skipped)
         self.admitted = 0
         self.preemptions = 0
@@ -222,9 +235,9 @@ class Scheduler:
         """Nothing waits or runs."""
         return not self.waiting and not self.prefilling and not self.decodes.count
 
-    def make_room(self, it: int) -> None:
-        """Before iteration ``it`` the decodes write one more token each: preempt the latest
-        admitted sequence until they fit (vLLM V1's FCFS policy: ``self.running.pop()``)."""
+    def _make_room(self, it: int) -> None:
+        """The decodes write one more token each: preempt the latest admitted sequence until
+        they fit (vLLM V1's FCFS policy, in ``schedule``: ``self.running.pop()``)."""
         while self.decodes.count and not self.pool.fits(self.decodes.count) and self.order:
             victim = self.order.pop()
             if victim.live:
@@ -242,7 +255,6 @@ class Scheduler:
         else:
             held = victim.prompt + (it - 1) - victim.join_iter  # its prompt and decode steps
             self.decodes.remove(victim, held)
-            self.pool.free(held, victim.held)
             victim.left = victim.finish_iter - (it - 1)
             victim.prompt = held + 1
             victim.cached = False
@@ -250,9 +262,12 @@ class Scheduler:
         self.waiting.appendleft(victim)
 
     def schedule(self, it: int) -> Batch:
-        """Iteration ``it``'s batch: every decode, the admitted prompts' next chunks in
-        admission order, then admissions from the head of the queue while the budget,
-        ``max_num_seqs`` and the cache allow (a request that can never fit is refused)."""
+        """Iteration ``it``'s batch: every decode (preempting where the cache cannot hold
+        their next tokens), the admitted prompts' next chunks in admission order, then
+        admissions from the head of the queue while the budget, ``max_num_seqs`` and the
+        cache allow (a request that can never fit is refused)."""
+        if self.decodes.count and not self.pool.fits(self.decodes.count):
+            self._make_room(it)
         cfg, waiting = self.config, self.waiting
         batch = Batch(cfg.max_batched_tokens - self.decodes.count, self.decodes.count + len(self.prefilling))
         for r in self.prefilling:
@@ -310,16 +325,6 @@ class Scheduler:
             r.done_prompt += c
             if r.done_prompt >= r.prompt:
                 done.append(r)
-        return done
-
-    def retire(self, it: int) -> list[Request]:
-        """The sequences whose last token iteration ``it`` produced, removed and their cache
-        freed."""
-        done: list[Request] = []
-        while (r := self.decodes.pop_finished(it)) is not None:
-            self.pool.free(r.prompt + (it - r.join_iter), r.held)
-            r.live = False
-            done.append(r)
         return done
 
     def prompt_done(self, r: Request, it: int) -> bool:

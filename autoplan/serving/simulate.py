@@ -209,7 +209,6 @@ class _EngineLoop:
             if self.it > MAX_ITERATIONS:
                 raise AutoplanError(f"the serving simulation passed {MAX_ITERATIONS:,} iterations: a batch "
                                     "limit this small for outputs this long is more than it simulates")
-            sched.make_room(self.it)
             batch = sched.schedule(self.it)
             if not batch.chunks and not sched.decodes.count:
                 if self.next_arrival >= self.issued:
@@ -227,12 +226,6 @@ class _EngineLoop:
             self.sched.waiting.append(Request(i, *self.lengths[i], self.prefilled))
             self.next_arrival += 1
 
-    def _tick(self, elapsed: float, running: int) -> None:
-        """The clock after ``elapsed`` seconds of iterations running ``running`` sequences."""
-        self.t += elapsed
-        self.busy += elapsed
-        self.max_running = max(self.max_running, running)
-
     def _step_over(self, running: int) -> bool:
         """Decode-only iterations change nothing but the clock, the contexts and the cache
         until a sequence finishes, the cache fills or (with nothing queued) a request
@@ -246,13 +239,14 @@ class _EngineLoop:
         if span is None:
             return False
         k, elapsed = span
-        n_dec = dec.count
-        self._tick(elapsed, running)
+        self.t += elapsed
+        self.busy += elapsed
+        self.max_running = max(self.max_running, running)
         self.it += k - 1
-        sched.pool.grow(dec.advance(k))
         if self.it // self.sample_every > (self.it - k) // self.sample_every:
-            self.timeline.append((self.t, running, n_dec))
-        for r in sched.retire(self.it):
+            self.timeline.append((self.t, running, dec.count))
+        sched.pool.grow(dec.advance(k))
+        for r in dec.retire(self.it):
             self._finished(r)
         return True
 
@@ -263,15 +257,18 @@ class _EngineLoop:
         n_dec = sched.decodes.count
         tokens = n_dec + batch.new_kv
         done = sched.computed(batch)
-        self._tick(self.step.step_seconds(tokens, n_dec, sched.decodes.context, batch.pairs, batch.prior,
-                                          n_dec + len(done)), batch.running)
-        sched.pool.grow(tokens)
-        sched.decodes.advance(1)
+        elapsed = self.step.step_seconds(tokens, n_dec, sched.decodes.context, batch.pairs, batch.prior,
+                                         n_dec + len(done))
+        self.t += elapsed
+        self.busy += elapsed
+        self.max_running = max(self.max_running, batch.running)
         if it % self.sample_every == 0:
             self.timeline.append((self.t, batch.running, tokens))
+        sched.pool.grow(tokens)
+        sched.decodes.advance(1)
         for r in batch.joined:  # its first token here (the prefill instance made the one before)
             self._first_token(r)
-        for r in sched.retire(it):
+        for r in sched.decodes.retire(it):
             self._finished(r)
         for r in done:
             self._first_token(r)
