@@ -75,11 +75,16 @@ class Named(str, metaclass=_Registry):
     def value(self) -> str:
         return str.__str__(self)
 
+    @property
+    def name(self) -> str:
+        """Its Python name (``Schedule.ONE_F_ONE_B``), as an enum member's."""
+        return str(self.spec.attr)
+
     def __str__(self) -> str:
         return self.value
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.value!r}>"
+        return f"<{type(self).__name__}.{self.name}: {self.value!r}>"
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickled by name (forked sweeps, validate specs)
         return (type(self), (self.value,))

@@ -82,12 +82,6 @@ class Schedule(Named):
     V_HALF: ClassVar[Schedule]
     V_MIN: ClassVar[Schedule]
 
-    @property
-    def name(self) -> str:
-        return self.spec.attr
-
-    def __repr__(self) -> str:
-        return f"<Schedule.{self.spec.attr}: {self.value!r}>"
 
 
 def register(spec: ScheduleSpec) -> Schedule:

@@ -1,12 +1,15 @@
 """V-Half (Qi et al. 2024b, "Pipeline Parallelism with Controllable Memory"): a V-shape
-building block at about half of 1F1B's activation memory."""
+building block at about half of 1F1B's activation memory.
+
+Peak memory with F = B = W, in microbatches of 1F1B's p: (p + 2) // 2 on the most loaded
+stage (the paper's repository table; 2 * ((p + 2) // 2) chunk activations), reached once m
+is about p; the bubble with F = B = W is 7p/2 - 2 slots (even p; 7(p - 1)/2 odd), against
+the paper's ~p/2m of 6m slots."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-from autoplan.schedules.registry import Chunks, Op, ScheduleSpec, register
-from autoplan.schedules.vblock import Block, block_order, block_peak, with_w
+from autoplan.schedules.registry import register
+from autoplan.schedules.vblock import Block, v_spec, with_w
 
 
 def block(stage: int, p: int) -> Block:
@@ -18,22 +21,6 @@ def block(stage: int, p: int) -> Block:
     return with_w("v-half", s, p, 2 * s, 3 * p - 2 - s, 3 * p + gap + 2 * s - 1, 6 * p + gap - s - 2)
 
 
-def order(stage: int, p: int, m: int, v: int = 2) -> Iterator[Op]:
-    """The block repeated m times. Peak memory with F = B = W, in microbatches of 1F1B's
-    p: (p + 2) // 2 on the most loaded stage (the paper's repository table), reached once
-    m is about p; the bubble with F = B = W is 7p/2 - 2 slots (even p; 7(p - 1)/2 odd),
-    against the paper's ~p/2m of 6m slots. Any m >= 1."""
-    return block_order(block(stage, p), m)
-
-
-def peak(p: int, m: int, v: int, stage: int) -> int:
-    """The block's activations alive at once (:func:`vblock.block_peak`); for m large the
-    most loaded stage holds 2 * ((p + 2) // 2) chunk activations."""
-    return block_peak(block(stage, p), m)
-
-
-V_HALF = register(ScheduleSpec(
-    name="v-half", attr="V_HALF",
-    doc="V-shape at about half of 1F1B's activation memory (Qi et al. 2024b, \"Pipeline "
-        "Parallelism with Controllable Memory\").",
-    chunks=Chunks.V, splits_backward=True, stage_order=order, peak_inflight=peak))
+V_HALF = register(v_spec(
+    "v-half", "V_HALF", "V-shape at about half of 1F1B's activation memory (Qi et al. 2024b, "
+    "\"Pipeline Parallelism with Controllable Memory\").", block))

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from autoplan.schedules.registry import Op
+from autoplan.schedules.registry import Chunks, Op, ScheduleSpec
 
 PERIOD = 6  # slots of one V building block: F, B and W of two chunks, one slot each
 
 Block = tuple[int, int, int, int, int, int]  # (F chunk 0, F chunk 1, B chunk 1, B chunk 0, W 1, W 0)
-FBSlots = Callable[[int, int], tuple[int, int, int, int]]  # (stage, p) -> f0, f1, b1, b0
 
 
 def with_w(name: str, stage: int, p: int, f0: int, f1: int, b1: int, b0: int) -> Block:
@@ -62,3 +61,18 @@ def block_peak(block: Block, m: int) -> int:
                         for a, e in lives)
             best = max(best, alive)
     return best
+
+
+def v_spec(name: str, attr: str, doc: str, block: Callable[[int, int], Block]) -> ScheduleSpec:
+    """A V-shape schedule of this family from its ``block(stage, p)``: two chunks per stage,
+    B and W apart, its order the block repeated (:func:`block_order`) and its peak the
+    block's (:func:`block_peak`). Any m >= 1."""
+
+    def order(stage: int, p: int, m: int, v: int = 2) -> Iterator[Op]:
+        return block_order(block(stage, p), m)
+
+    def peak(p: int, m: int, v: int, stage: int) -> int:
+        return block_peak(block(stage, p), m)
+
+    return ScheduleSpec(name=name, attr=attr, doc=doc, chunks=Chunks.V, splits_backward=True,
+                        stage_order=order, peak_inflight=peak)

@@ -93,12 +93,6 @@ class Engine(Named):
     SGLANG: ClassVar[Engine]
     TRTLLM: ClassVar[Engine]
 
-    @property
-    def name(self) -> str:
-        return self.spec.attr
-
-    def __repr__(self) -> str:
-        return f"<Engine.{self.spec.attr}: {self.value!r}>"
 
 
 def register(spec: EngineSpec) -> Engine:
