@@ -12,7 +12,8 @@ decoding sequence. Per GPU of a pipeline stage it costs, layer by layer:
 - MoE layers: each token to ``top_k`` experts; the experts a batch touches are read
   whole: of E experts, E (1 - (1 - k/E)^T) expected for T tokens routed uniformly
   (:func:`autoplan.kernels.compute.batch_experts_time`);
-- attention: prefill at flash attention's compute rate over the causal pairs; decode
+- attention: prefill at flash attention's compute rate over the causal pairs
+  (:func:`autoplan.kernels.compute.attention_time`, corrected where measured); decode
   reads each sequence's KV cache (bandwidth-bound; PagedAttention, Kwon et al. 2023);
   GQA keeps kv_heads / tp heads per GPU (at least one: engines replicate them past
   kv_heads), MLA its compressed latent (kv_lora_rank + rope dims, replicated over TP;
@@ -37,8 +38,10 @@ from autoplan.descriptors.hardware import Cluster, Device
 from autoplan.descriptors.model import Model
 from autoplan.kernels import comm
 from autoplan.kernels.compute import (
+    AttentionCall,
     AttentionKernel,
     attention_efficiency,
+    attention_time,
     batch_experts_time,
     gemm_time,
 )
@@ -193,7 +196,11 @@ class StepModel:
             prefill_dim = decode_dim = 2 * m.kv_channels
         rate = dev.peak_bf16_flops * self.attn_eff
         heads = m.heads / d.tp
-        self._prefill_s_per_pair = self.layers_stage * d.pp * 2.0 * heads * prefill_dim / rate
+        # prefill through the kernels' one flash-attention time (the device's measured
+        # correction applies, as to training's), at a 4096-token call
+        prefill_call = AttentionCall(heads, 4096.0, m.qk_head_dim, m.heads / m.kv_heads, True, False)
+        self._prefill_s_per_pair = attention_time(self.layers_stage * d.pp * 2.0 * heads * prefill_dim,
+                                                  prefill_call, dev, AttentionKernel.FLASH3)
         self._decode_s_per_token = 2.0 * heads * decode_dim / rate
 
     # -- per-layer pieces ---------------------------------------------------------------
