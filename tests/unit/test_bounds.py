@@ -32,7 +32,8 @@ from autoplan.parallel.dp import (
     zero_stages,
 )
 from autoplan.schedules import Schedule
-from autoplan.search.engine import _Candidate, _Search, candidate_plans
+from autoplan.search.engine import _Search, candidate_plans
+from autoplan.search.items import Candidate as _Candidate
 from autoplan.search.stages import (
     partition_problem,
     split_bound,
@@ -173,7 +174,7 @@ def test_the_optimizer_floor_is_the_step_of_a_rank_holding_the_mean_state():
 @pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[5]], ids=lambda c: f"{c[0]}-{c[5]}")
 def test_a_layouts_shared_bound_holds_for_its_every_zero_and_recompute_group(case):
     """A bundle comes up at its layout's bound at its least recompute, and each of its
-    groups at its own recompute's (engine._Search._layout_bound, for ZeRO-3 or every stage
+    groups at its own recompute's (search.bound.TimeBounds._layout_bound, for ZeRO-3 or every stage
     below, shifted by their offload), computing its own only then: neither may exceed
     the group's own bound. (The compute floor they enter the queue at may: it is held to
     the members' steps in ``test_a_layouts_compute_floor_never_exceeds_a_members_step``.)"""
@@ -181,19 +182,19 @@ def test_a_layouts_shared_bound_holds_for_its_every_zero_and_recompute_group(cas
     walk = _Search(_model(name), with_gpus(resolve_cluster(cluster), gpus),
                    Job(global_batch=gbs, seq_len=seq), load_space(space_name), top_k=1)
     seen = set()
-    for bundle in walk.groups():
-        for group in walk.unbundled(walk._fully_laid(bundle)):
-            group = walk._fully_laid(group)
-            own = walk._group_bound(group.plan, group.runnable, group.cp_comms)
+    for bundle in walk.walk.groups():
+        for group in walk.walk.unbundled(walk.bounds.fully_laid(bundle)):
+            group = walk.bounds.fully_laid(group)
+            own = walk.bounds.group_bound(group.plan, group.runnable, group.cp_comms)
             plan = group.plan
             below = max((z for z in zero_stages(plan.layout, walk.space) if z < 3), default=0)
             stand_ins = ([below] if plan.zero < 3
                          else [ZeroStage.PARAMETERS] + ([below] if below >= 1 else []))
             for zero in stand_ins:  # every stand-in it may be bounded by, at its recompute
                 for of in (bundle, group):  # and at its bundle's (the least)
-                    shared = walk._shared_layout_bound(dataclasses.replace(
+                    shared = walk.bounds.shared_layout_bound(dataclasses.replace(
                         group, plan=plan.replace(recompute=of.plan.recompute)), zero)
-                    assert walk._offloaded(shared, plan) <= own * TIGHT, (plan, zero)
+                    assert walk.bounds.offloaded(shared, plan) <= own * TIGHT, (plan, zero)
             seen.add((plan.recompute, plan.zero))
     assert len(seen) >= 6  # every recompute with two ZeRO stages at least
 
@@ -219,18 +220,18 @@ def test_the_critical_chain_is_the_makespan_of_equal_stages(schedule):
                          ids=lambda c: f"{c[0]}-{c[5]}")
 def test_a_groups_memory_floor_never_exceeds_a_members_peak(case):
     """A group whose floor exceeds the device is dropped whole, and the floor's
-    allocator pressure raises the bound of every member (engine._Search.memory_floor):
+    allocator pressure raises the bound of every member (search.floors.MemoryFloors.memory_floor):
     it must not exceed the peak ``evaluate`` finds for any member, and it is that peak
     where the member holding the least is the fullest (a lone 1F1B member, pp = 1)."""
     name, cluster, gpus, gbs, seq, space_name, every = case
     walk = _Search(_model(name), with_gpus(resolve_cluster(cluster), gpus),
                    Job(global_batch=gbs, seq_len=seq), load_space(space_name), top_k=1)
     checked = exact = 0
-    for group in itertools.islice(walk.each_group(), 0, None, every):
-        floor = walk.memory_floor(group)
+    for group in itertools.islice(walk.walk.each_group(), 0, None, every):
+        floor = walk.floors.memory_floor(group)
         if floor is None:
             continue
-        peaks = [evaluate(plan).memory.peak for plan, _ in walk.schedule_plans(group)]
+        peaks = [evaluate(plan).memory.peak for plan, _ in walk.walk.schedule_plans(group)]
         if not peaks:
             continue
         assert floor.peak <= min(peaks) * TIGHT, group.plan
@@ -250,14 +251,14 @@ def test_a_groups_bounds_never_exceed_a_members_step(case):
     walk = _Search(_model(name), with_gpus(resolve_cluster(cluster), gpus),
                    Job(global_batch=gbs, seq_len=seq), load_space(space_name), top_k=1)
     checked = 0
-    for group in itertools.islice(walk.each_group(), 0, None, every):
-        own = walk._group_bound(group.plan, group.runnable, group.cp_comms)
+    for group in itertools.islice(walk.walk.each_group(), 0, None, every):
+        own = walk.bounds.group_bound(group.plan, group.runnable, group.cp_comms)
         group = dataclasses.replace(group, bound=own, bare=own, exact=True, floored=True)
         steps = {plan: evaluate(plan).step_time_s
-                 for plan, split in walk.schedule_plans(group) if not split}
+                 for plan, split in walk.walk.schedule_plans(group) if not split}
         for plan, step in steps.items():
             assert own <= step * TIGHT, plan
-        for cand in walk.expand(group):  # no threshold yet: nothing is pruned
+        for cand in walk.frontier.expand(group):  # no threshold yet: nothing is pruned
             if isinstance(cand, _Candidate):
                 assert cand.bound <= steps[cand.plan] * TIGHT, cand.plan
                 checked += 1
@@ -338,8 +339,8 @@ MOE_UNIFORM = ("deepseek-v3-mini", "dgx-h100", 32, 256, 4096, "default", 23)
 @pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[5], MOE_UNIFORM],
                          ids=lambda c: f"{c[0]}-{c[5]}")
 def test_a_layouts_compute_floor_never_exceeds_a_members_step(case):
-    """Groups start in the queue at their layout's compute floor (engine._Search.
-    _layout_floor), their layout's bound worked out only if they come up: the floor must
+    """Groups start in the queue at their layout's compute floor (search.bound.TimeBounds.
+    layout_floor), their layout's bound worked out only if they come up: the floor must
     not exceed the step of any member, uniform or split, of any recompute, ZeRO stage,
     exchange or offload, nor, at a group's own recompute (and ZeRO-3's passes, where it
     is one), the step of any member of that group. Where no member is a split variant
@@ -350,18 +351,18 @@ def test_a_layouts_compute_floor_never_exceeds_a_members_step(case):
     walk = _Search(_model(name), with_gpus(resolve_cluster(cluster), gpus),
                    Job(global_batch=gbs, seq_len=seq), space, top_k=1)
     checked = filled = zero3 = 0
-    for i, bundle in enumerate(walk.groups()):
+    for i, bundle in enumerate(walk.walk.groups()):
         assert not bundle.laid
-        mean = walk._layout_floor(bundle.plan, bundle.cp_comms,
+        mean = walk.bounds.layout_floor(bundle.plan, bundle.cp_comms,
                                   bundle.runnable + ((Schedule.ONE_F_ONE_B, 1, True),))
         assert mean <= bundle.bound
         filled += mean < bundle.bound
         if i % every and not (mean < bundle.bound and filled <= 3):
             continue  # every so many, and the first three the fill raises
-        for group in walk.unbundled(bundle):
+        for group in walk.walk.unbundled(bundle):
             # its own: at its recompute, and ZeRO-3's where it is one (``_laid``)
-            own = walk._layout_floor(group.plan, group.cp_comms, group.runnable)
-            for plan, split in walk.schedule_plans(group, count=False):
+            own = walk.bounds.layout_floor(group.plan, group.cp_comms, group.runnable)
+            for plan, split in walk.walk.schedule_plans(group, count=False):
                 if split:
                     plan = with_best_stages(plan, space.stage_shape)
                     if plan is None:

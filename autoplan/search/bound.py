@@ -1,0 +1,424 @@
+"""Lower bounds on step time, each valid for all a queue item stands for (search/items.py):
+a layout's compute floor, read off one layer's costs; a layout's bound, for every ZeRO
+stage below 3 (or ZeRO-3) and every recompute from its own up; a group's own bound, over
+its schedules and exchanges; the busiest-stage bound of a member at its own chunk count;
+a candidate's exact bound; each moved by an offload. Each docstring says why its bound
+holds; ``tests/unit/test_bounds.py`` holds them to the evaluated steps of the plans they
+stand for. Memoized per search: one ``TimeBounds`` a search."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from autoplan.cost.bounds import (
+    StageWork,
+    busiest_stage_bound,
+    cost_key,
+    dense_per_stage,
+    stage_state_params,
+    stage_work,
+    step_time_lower_bound,
+)
+from autoplan.cost.stage import LayerCore, activation_bytes, layer_core
+from autoplan.parallel import dp, mesh, pp
+from autoplan.plan import Layout, Plan
+from autoplan.schedules import Schedule
+from autoplan.schedules.registry import representative
+from autoplan.search.context import Context
+from autoplan.search.items import Group, Sched
+from autoplan.search.stages import split_bound
+from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, ZeroStage
+
+# the V schedule whose stage work stands for every V's in the bounds (the work of a
+# stage reads only whether its schedule is a V and splits the backward: cost.stage.cost_key)
+V_WORK = representative(splits_backward=True, v_shape=True)
+
+
+# (non-expert parameters, expert parameters, layers run) of a pipeline stage
+_StageState = tuple[float, float, int]
+# :meth:`TimeBounds._last_stage_states`: the flat members' (one per chunk count), the V's
+_LastStates = tuple[tuple[_StageState, ...], _StageState | None]
+
+
+class TimeBounds:
+    """The step-time bounds of one search's items, with their memos."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self._exact_bounds: dict[tuple, float] = {}  # :meth:`exact_bound`
+        # (layout, micro-batch, SP, ZeRO stand-in, recompute) -> :meth:`_layout_bound`
+        self._layout_bounds: dict[tuple[Layout, int, bool, ZeroStage, Recompute], float] = {}
+        self._cores: dict[tuple[Layout, int, bool, CpComm], LayerCore] = {}  # :meth:`_core`
+        self._zero3_memo: dict[tuple, tuple[float, float]] = {}  # :meth:`_zero3_passes`
+        # :meth:`_last_stage_states`
+        self._last_states: dict[tuple[Layout, frozenset[int]], _LastStates] = {}
+
+    # -- a layout's compute floor (where groups enter the queue) ------------------------
+    def layout_floor(self, plan: Plan, cps: Sequence[CpComm], scheds: Sequence[Sched]) -> float:
+        """A step time no plan of ``plan``'s layout, micro-batch, sequence parallelism and
+        recompute (or more) beats, whatever its schedule of ``scheds`` (those passing the
+        schedule rules), layer split, ZeRO stage (ZeRO-3 only where ``plan``'s is: its
+        passes then count), offload or exchange of ``cps``, read off one layer's costs
+        alone (``cost.stage.layer_core``): per layer, its forward, input- and
+        weight-gradient compute, its forward TP collectives, its exposed CP exchange both
+        ways, its MoE dispatch and combine both ways and what its recompute runs again
+        (the attention's forward; or the whole forward with its TP, CP and MoE
+        collectives: ``cost.stage._stage``); a forward alone: all but the gradients'
+        compute, CP and recompute; and the output layer's logits' compute, once per
+        microbatch on the stage holding it. The least over the exchanges (and over a
+        dense and an MoE layer for a stage's layers) of the more of:
+
+        - the mean: some stage runs at least the mean of the stages' work, and m
+          microbatches of it one after another (``busiest_stage_bound``); the layers' and
+          the logits' work is part of the stages' whatever the split;
+        - where every schedule runs uniform stages (no split variant), the least over
+          its kinds, flat and V, of: stage p - 1, holding at least floor(L/p) layers (and
+          the logits, flat), runs m microbatches of them after the first microbatch's
+          forward has crossed a first chunk of each stage before it (term 1 of
+          ``step_time_lower_bound``), at least floor(L/p) layers each with one chunk,
+          L/(p v) with v (the rules make pp v divide L), L/(2p) for a V; a V's stage 0
+          runs m microbatches of its L/p layers and the logits. With ZeRO-3, stage
+          p - 1 also exposes its parameters' gathers and gradients' reduce-scatters
+          (``dp.zero3_exposed``, of its own parameters and layers,
+          :meth:`_last_stage_states`) at the least compute it runs: a pass's compute
+          plus what of them it exposes grows with that compute (the overlap hides at
+          most the compute it runs beside), so the least compute bounds it.
+
+        Each part of a stage's work that this leaves out (the embedding, TP at the heads,
+        sends, ZeRO-3 elsewhere, offload) only adds to it."""
+        model = plan.model
+        p, m, layers = plan.layout.pp, plan.num_microbatches, model.layers
+        moe = model.moe_layers if model.is_moe else 0
+        uniform = p > 1 and not any(split for *_, split in scheds)
+        flat = [layers // (p * v) if v > 1 else layers // p
+                for sched, v, _ in scheds if not sched.v_shape]
+        v_shaped = any(sched.v_shape for sched, _, _ in scheds)
+        zero3 = uniform and plan.zero is ZeroStage.PARAMETERS
+        states = self._last_stage_states(plan, scheds) if zero3 else ((), None)
+        least = float("inf")
+        for cp_comm in cps:
+            core = self._core(plan, cp_comm)
+            lt, lt_moe = core.lt, core.lt_moe
+            forward = lt.forward + core.tp_layer + core.cp_f
+            forward_moe = forward - lt.forward + lt_moe.forward + core.ep_layer
+            per_dense = forward + lt.backward_input + lt.backward_weight + core.cp_b
+            per_moe = (forward_moe + lt_moe.backward_input + lt_moe.backward_weight + core.cp_b
+                       + core.ep_layer)
+            if plan.recompute is Recompute.FULL:
+                per_dense, per_moe = per_dense + forward, per_moe + forward_moe
+            elif plan.recompute is Recompute.SELECTIVE:
+                per_dense += lt.attention_forward
+                per_moe += lt_moe.attention_forward
+            logits = sum(core.logits)
+            floor = m * ((layers - moe) * per_dense + moe * per_moe + logits) / p
+            if uniform:
+                # stage p - 1's compute, forward and backward (ZeRO-3's gathers hide behind it)
+                c_f = (layers // p) * min(lt.forward, lt_moe.forward)
+                c_b = (layers // p) * min(lt.backward_input + lt.backward_weight,
+                                          lt_moe.backward_input + lt_moe.backward_weight)
+                if moe:
+                    forward, per_dense = min(forward, forward_moe), min(per_dense, per_moe)
+                stage = m * (layers // p) * per_dense  # m microbatches of a stage's layers
+                z_flat, z_v = (self._zero3_passes(plan, cp_comm, states, core, c_f, c_b)
+                               if zero3 else (0.0, 0.0))
+                kinds = []
+                if flat:
+                    kinds.append((p - 1) * min(flat) * forward + stage + m * (logits + z_flat))
+                if v_shaped:
+                    kinds.append(max((p - 1) * (layers // (2 * p)) * forward + stage + m * z_v,
+                                     stage + m * logits))
+                floor = max(floor, min(kinds))
+            least = min(least, floor)
+        return least
+
+    def _core(self, plan: Plan, cp_comm: CpComm) -> LayerCore:
+        """``layer_core`` of the plan on ``cp_comm``: read off its layout, micro-batch and
+        sequence parallelism (the same for each ZeRO stage, recompute and offload)."""
+        key = (plan.layout, plan.micro_batch, plan.sequence_parallel, cp_comm)
+        core = self._cores.get(key)
+        if core is None:
+            core = self._cores[key] = layer_core(
+                plan if cp_comm is plan.cp_comm else plan.replace(cp_comm=cp_comm))
+        return core
+
+    def _zero3_passes(self, plan: Plan, cp_comm: CpComm, states: _LastStates, core: LayerCore,
+                      c_f: float, c_b: float) -> tuple[float, float]:
+        """ZeRO-3's exposed passes per microbatch on stage p - 1 (:meth:`layout_floor`) at
+        its least compute, ``c_f`` and ``c_b`` (``core``'s, the logits' on a flat one):
+        the least over the flat members' ``states``, and the V members'. Per layout,
+        micro-batch, sequence parallelism and exchange (not recompute: the compute is
+        without it)."""
+        key = (plan.layout, plan.micro_batch, plan.sequence_parallel, cp_comm, states)
+        hit = self._zero3_memo.get(key)
+        if hit is None:
+            groups, (lf, lb, lw) = mesh.groups(plan), core.logits
+            flat = min((sum(dp.zero3_exposed(plan, groups, params, experts, c_f + lf,
+                                             c_b + lb + lw, 0.0, n))
+                        for params, experts, n in states[0]), default=0.0)
+            v_state = states[1]
+            v_shaped = 0.0 if v_state is None else sum(dp.zero3_exposed(
+                plan, groups, v_state[0], v_state[1], c_f, c_b, 0.0, v_state[2]))
+            hit = self._zero3_memo[key] = (flat, v_shaped)
+        return hit
+
+    def _last_stage_states(self, plan: Plan, scheds: Sequence[Sched]) -> _LastStates:
+        """(non-expert parameters, expert parameters, layers run) of stage p - 1 of the
+        uniform members of ``scheds``: of the flat ones, per chunk count (the stage holds
+        the output layer and the MTP modules, and its own dense layers:
+        ``pp.dense_per_stage``), and of the V ones (virtual stages p - 1 and p), None
+        without; what ZeRO-3 gathers there (:meth:`layout_floor`). Per layout and chunk
+        counts."""
+        vs = frozenset(0 if sched.v_shape else v for sched, v, _ in scheds)  # V: 0
+        key = (plan.layout, vs)
+        hit = self._last_states.get(key)
+        if hit is not None:
+            return hit
+        model, lay = self.ctx.model, plan.layout
+        last = lay.pp - 1
+        flat: list[_StageState] = []
+        for v in sorted(vs - {0}):
+            member = plan.replace(layout=self.ctx.at_vpp(lay, v), schedule=(
+                Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B))
+            layers = member.stage_layers[last]
+            flat.append((*stage_state_params(model, lay, False, True, layers,
+                                             dense_per_stage(member)[last]),
+                         layers + model.mtp_layers))
+        v_state: _StageState | None = None
+        if 0 in vs:
+            member = plan.replace(layout=self.ctx.at_vpp(lay, 2), schedule=V_WORK)
+            layers = member.stage_layers[last]
+            v_state = (*stage_state_params(model, lay, False, False, layers,
+                                           dense_per_stage(member)[last], 0), layers)
+        out = self._last_states[key] = (tuple(dict.fromkeys(flat)), v_state)
+        return out
+
+    # -- a layout's bound, shared by its groups ------------------------------------------
+    def laid(self, group: Group) -> Group:
+        """The group with its layout's bound (:meth:`_layout_bound`, for every ZeRO stage
+        below 3, or ZeRO-3, as the group's, and for its recompute and every recompute above
+        it (a bundle's recompute is its least); shifted by its offload,
+        ``offloaded_bound``) where that passes its floor: worked out once for each
+        layout, micro-batch, sequence parallelism, kind of ZeRO and recompute that comes
+        up. A ZeRO-3 group first takes its own compute floor (:meth:`layout_floor`,
+        with ZeRO-3's passes), then the bound of the stages below 3, where one of them
+        shards the optimizer as ZeRO-3 does (ZeRO-3 only adds gathers to their work):
+        where one raises its bound it comes back (``steps``), laid only when it comes up
+        again (most do not; ZeRO-3's bound needs stage works of its own)."""
+        plan = group.plan
+        zeros = dp.zero_stages(plan.layout, self.ctx.space)
+        below: ZeroStage | None = max(
+            (z for z in zeros if z is not ZeroStage.PARAMETERS), default=None)
+        if plan.zero is ZeroStage.PARAMETERS:
+            if group.steps < 1:
+                floor = self.layout_floor(plan, group.cp_comms, group.runnable)
+                group = dataclasses.replace(group, steps=1)
+                if floor > group.bound:
+                    return dataclasses.replace(group, bound=floor)
+            if group.steps < 2:
+                group = dataclasses.replace(group, steps=2)
+                if below is not None and below >= ZeroStage.OPTIMIZER:
+                    shared = self.offloaded(self.shared_layout_bound(group, below), plan)
+                    if shared > group.bound:
+                        return dataclasses.replace(group, bound=shared)
+            below = ZeroStage.PARAMETERS
+        assert below is not None
+        own = self.offloaded(self.shared_layout_bound(group, below), plan)
+        return dataclasses.replace(group, bound=max(group.bound, own), laid=True)
+
+    def fully_laid(self, group: Group) -> Group:
+        """:meth:`laid` until it is (for tests and tools)."""
+        while not group.laid:
+            group = self.laid(group)
+        return group
+
+    def shared_layout_bound(self, group: Group, zero: ZeroStage) -> float:
+        """:meth:`_layout_bound` of the group's layout, micro-batch, sequence parallelism
+        and recompute at ``zero``, memoized."""
+        plan = group.plan
+        key = (plan.layout, plan.micro_batch, plan.sequence_parallel, zero, plan.recompute)
+        shared = self._layout_bounds.get(key)
+        if shared is None:
+            shared = self._layout_bounds[key] = self._layout_bound(
+                plan.layout, plan.micro_batch, plan.sequence_parallel, zero, plan.recompute,
+                group.cp_comms, group.runnable)
+        return shared
+
+    def _layout_bound(self, base: Layout, mbs: int, sp: bool, zero: ZeroStage,
+                      recompute: Recompute, cps: Sequence[CpComm],
+                      scheds: Sequence[Sched]) -> float:
+        """A bound valid for the groups of a layout, micro-batch and sequence parallelism
+        at ``recompute`` or any recompute above it, and at ``zero``: ZeRO-3, or standing in
+        for every stage below 3, so that a group's own bound is computed only if the group
+        comes up. It is the group bound (:meth:`group_bound`) of the member at
+        ``recompute`` (more recompute only adds forward time to the backward) and
+        ``zero``, without the gradient sync, which differs by ZeRO stage: stages 0-2 run
+        the same per-stage work and 1 and 2 step a shard of the optimizer (less time
+        than 0), so the highest below 3 in the space stands for them. The schedules are
+        those that pass the schedule rules (``Context.runnable``)."""
+        return self.group_bound(self.ctx.probe(base, mbs, sp, zero, cps[-1], recompute), scheds, cps,
+                                sync=False)
+
+    # -- offload ------------------------------------------------------------------------
+    def offloaded(self, bound: float, plan: Plan) -> float:
+        """``bound``, of the plan's layout without offload, for the plan's offload."""
+        return self.offloaded_bound(bound, plan, plan.offload) if plan.offload.any else bound
+
+    def offloaded_bound(self, bound: float, plan: Plan, off: Offload) -> float:
+        """``bound``, valid for ``plan``'s group without offload (or for every group of its
+        layout), made valid for the group offloading as ``off``.
+
+        A group's bounds charge the optimizer step as c x p: seconds per parameter
+        (``dp.optimizer_seconds_per_param``, c_gpu on the GPU, c_off offloaded) times the
+        parameters of the fullest rank's shard, p, which no layer split or chunking brings
+        below the mean over stages, p_mean (the stages' parameters add up to the model's).
+        Everything else in them is the same with and without offload (activation offload
+        only adds time, and memory is charged later, at the group's own floor). So the
+        group's own bound is at least its non-offloaded twin's, at least ``bound``, plus
+        (c_off - c_gpu) x p_mean where c_off >= c_gpu; where c_off < c_gpu, minus
+        (c_gpu - c_off) x the whole model's per-rank parameters (p is at most that)."""
+        if not off.optimizer:
+            return bound
+        plan = plan.replace(recompute=Recompute.NONE, offload=NO_OFFLOAD)
+        works = stage_work(plan)
+        c_gpu = dp.optimizer_seconds_per_param(plan)
+        c_off = dp.optimizer_seconds_per_param(plan.replace(offload=off))
+        shards = [dp.optimizer_params(plan, w.params, w.expert_params) for w in works]
+        if c_off >= c_gpu:
+            return bound + (c_off - c_gpu) * sum(shards) / len(shards)
+        return bound - (c_gpu - c_off) * sum(shards)
+
+    # -- a group's own bound, and its members' ------------------------------------------
+    def group_bound(self, plan: Plan, scheds: Sequence[Sched],
+                    cps: Sequence[CpComm] = (), sync: bool = True) -> float:
+        """A step time no schedule of ``scheds`` on any exchange of ``cps`` (the plan's own
+        where none are given) beats: the least over the exchanges of the busiest stage's
+        with the pipeline's fill and drain (``cost.bounds.busiest_stage_bound``), itself
+        the least of the one read off the stage works of the group's 1F1B, vpp = 1 member
+        on that exchange, at the most chunks any of its flat schedules runs (its drain
+        their whole backward where none splits it), and, where it has V schedules, the one
+        read off the V's own works (its output layer on stage 0,
+        two chunks). Where the group has split variants, the least bottleneck any split
+        can reach (``stages.split_bound`` without the fill, which differs by schedule) if
+        lower. ``sync``: the uniform splits' bounds count the gradient sync of the plan's
+        ZeRO stage that no drain hides, or the one the stage ending the step exposes if
+        more (:meth:`_drained_sync`); not where the bound stands for other ZeRO stages."""
+        cps = tuple(cps) or (plan.cp_comm,)
+        split = any(s for *_, s in scheds)
+        flat = [v for sched, v, _ in scheds if not sched.v_shape]
+        fused = not any(sched.splits_backward for sched, _, _ in scheds if not sched.v_shape)
+        v_base = plan.replace(layout=self.ctx.at_vpp(plan.layout, 2), schedule=V_WORK)
+        drained = (self._drained_sync(plan, stage_work(plan), v_base, scheds, cps)
+                   if sync else 0.0)
+        bound = float("inf")
+        for cp_comm in cps:
+            own = plan if cp_comm is plan.cp_comm else plan.replace(cp_comm=cp_comm)
+            works = stage_work(own)
+            if flat:
+                most = max(flat)
+                bound = min(bound, busiest_stage_bound(own, works, most, sync, most == 1,
+                                                       drained, fused))
+            if len(flat) < len(scheds):
+                v_plan = (v_base if own is plan
+                          else own.replace(layout=v_base.layout, schedule=V_WORK))
+                bound = min(bound, busiest_stage_bound(v_plan, stage_work(v_plan), 2,
+                                                       sync, True, drained))
+            if split:
+                bound = min(bound, split_bound(own, works, fill=False))
+        return bound
+
+    def _drained_sync(self, plan: Plan, works: tuple[StageWork, ...], v_plan: Plan,
+                      scheds: Sequence[Sched], cps: Sequence[CpComm]) -> float:
+        """A gradient sync every uniform-split member of the group exposes, its schedule
+        and chunks of ``scheds``, its exchange of ``cps`` (``dp.grad_sync_drained_least``,
+        with each stage's longest backward per chunk of any member); 0 where none is one.
+
+        ``works``: the 1F1B, one-chunk works at ``plan``'s exchange. A flat member on
+        exchange c runs the layers of the 1F1B works at c but that, splitting the
+        backward, it exposes its backward TP collectives in full, which those hide
+        behind W up to its length (``tp.exposed_backward``): its backward is at most
+        theirs plus W's compute. On v > 1 chunks it sends at most v gradients back
+        where those works send at least none (``pp.sends``): its backward per chunk is
+        at most theirs over v plus one send. A V member runs the V's own works at c
+        (``cost_key``: every V schedule the same), two chunks. Split variants, whose
+        layers move, are bounded apart (``split_bound``)."""
+        if plan.zero is ZeroStage.PARAMETERS:
+            return 0.0
+        exchanges = [plan.cp_comm, *(c for c in cps if c is not plan.cp_comm)]
+        flat = [(sched.splits_backward, v) for sched, v, split in scheds
+                if not split and not sched.v_shape]
+        least = float("inf")
+        if flat:
+            send = (pp.send_seconds(plan, activation_bytes(plan))
+                    if any(v > 1 for _, v in flat) else 0.0)
+            splits = any(b for b, _ in flat)
+            sets = [works, *(stage_work(plan.replace(cp_comm=c)) for c in exchanges[1:])]
+            least = self._drained_of(plan, self._drain_stages(sets, splits), send, 1)
+        if any(sched.v_shape and not split for sched, _, split in scheds):
+            sets = [stage_work(v_plan), *(stage_work(v_plan.replace(cp_comm=c))
+                                          for c in exchanges[1:])]
+            least = min(least, self._drained_of(plan, self._drain_stages(sets, False), 0.0, 2))
+        return 0.0 if least == float("inf") else least
+
+    @staticmethod
+    def _drained_of(plan: Plan, stages: list[tuple[float, float, float]], send: float,
+                    chunks: int) -> float:
+        """``dp.grad_sync_drained_least`` of ``stages`` (:meth:`_drain_stages`), each
+        stage's longest backward per chunk its longest backward over ``chunks``, plus
+        ``send``."""
+        return dp.grad_sync_drained_least(plan, mesh.groups(plan), [
+            (params, experts, longest / chunks + send) for params, experts, longest in stages])
+
+    @staticmethod
+    def _drain_stages(sets: list[tuple[StageWork, ...]], with_w: bool
+                      ) -> list[tuple[float, float, float]]:
+        """Per stage of ``sets`` (stage works holding the same layers and parameters per
+        stage): its parameters, expert parameters and longest backward (plus W's compute
+        where ``with_w``) of any set; a run of equal stages once."""
+        stages = []
+        previous = None
+        for s, w in enumerate(sets[0]):
+            if w is previous and len(sets) == 1:
+                continue
+            previous = w
+            longest = max(ws[s].backward + (ws[s].compute_w if with_w else 0.0) for ws in sets)
+            stages.append((w.params, w.expert_params, longest))
+        return stages
+
+    def member_bound(self, group_plan: Plan, cp_comm: CpComm, v: int, fused: bool,
+                     drains: dict[tuple[CpComm, bool], list[tuple[float, float, float]]]) -> float:
+        """The busiest-stage bound of the group's members on ``cp_comm`` at ``v`` chunks
+        (0: the V schedules), their backward fused with W or not, read off the group's
+        works on that exchange (as :meth:`group_bound` reads them), with the gradient sync
+        its own chunks expose where its stage ends the step (as :meth:`_drained_sync`
+        bounds it for the group's every member). ``drains``: the group's flat
+        :meth:`_drain_stages` by (exchange, B and W fused), for every chunk count."""
+        own = group_plan if cp_comm is group_plan.cp_comm else group_plan.replace(cp_comm=cp_comm)
+        if v:  # the busiest-stage bound at its own chunk count
+            works = stage_work(own)
+            send = (pp.send_seconds(own, activation_bytes(own)) if v > 1 else 0.0)
+            stages = drains.get((cp_comm, fused))
+            if stages is None:
+                stages = drains[(cp_comm, fused)] = self._drain_stages([works], not fused)
+            drained = self._drained_of(own, stages, send, v)
+            return busiest_stage_bound(own, works, v, True, v == 1, drained, fused)
+        # its works place the output layer on stage 0: the V works'
+        v_plan = own.replace(layout=self.ctx.at_vpp(own.layout, 2), schedule=V_WORK)
+        works = stage_work(v_plan)
+        drained = self._drained_of(own, self._drain_stages([works], False), 0.0, 2)
+        return busiest_stage_bound(v_plan, works, 2, True, True, drained)
+
+    # -- a candidate's own bound --------------------------------------------------------
+    def exact_bound(self, plan: Plan) -> float:
+        """The plan's exact lower bound (``cost.bounds.step_time_lower_bound``).
+
+        The bound reads the plan's stage works (``cost_key`` and the layer split), ZeRO
+        stage and offload, and its schedule only through the works but for offloaded
+        activations' copies: plans alike in those (GPipe and 1F1B; ZB-H1 and ZB-H2; the
+        V schedules) share one."""
+        key = (cost_key(plan), plan.stages, plan.chunks, plan.zero, plan.offload,
+               plan.schedule if plan.offload.activations else None)
+        bound = self._exact_bounds.get(key)
+        if bound is None:
+            bound = self._exact_bounds[key] = step_time_lower_bound(plan, stage_work(plan))
+        return bound

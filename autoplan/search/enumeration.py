@@ -1,0 +1,199 @@
+"""What a search space yields: its layouts, past the rules of a valid plan (decided as
+each choice is fixed) and the model-state check, grouped by everything but the schedule,
+the exchange and the recompute (a bundle of groups, search/items.py), each group entering
+the queue at its layout's compute floor; the groups a bundle stands for; the offload
+variants of a group none of whose members fits as it is; and a group's plans, one per
+schedule, chunk count and exchange passing the schedule rules."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+
+from autoplan.parallel import cp, dp, ep, pp, tp
+from autoplan.parallel.common import Scope
+from autoplan.parallel.rules import BY_ID, first_broken
+from autoplan.plan import Layout, Memory, Plan
+from autoplan.search.bound import TimeBounds
+from autoplan.search.context import Context
+from autoplan.search.floors import MemoryFloors
+from autoplan.search.items import Group, Sched
+from autoplan.search.results import SearchStats, rank_key_static
+from autoplan.vocab import NO_OFFLOAD, CpComm, Recompute, ZeroStage
+
+
+class Enumeration:
+    """The groups and plans of one search's space; what the rules prune and what does not
+    fit at generation is counted in ``stats``."""
+
+    def __init__(self, ctx: Context, stats: SearchStats, bounds: TimeBounds, floors: MemoryFloors):
+        self.ctx, self.stats, self.bounds, self.floors = ctx, stats, bounds, floors
+
+    def layouts(self) -> Iterator[Layout]:
+        """Every layout of the axes' degrees, expert foldings included."""
+        cluster, space = self.ctx.cluster, self.ctx.space
+        n = cluster.gpus
+        for t in tp.degrees(cluster, space):
+            for p in pp.degrees(n // t, space):
+                for c in cp.degrees(n // (t * p), space):
+                    yield from ep.foldings(self.ctx.model, Layout(dp=n // (t * p * c), tp=t, pp=p, cp=c),
+                                           space)
+
+    def groups(self) -> Iterator[Group]:
+        """Candidates grouped by everything but the schedule, after the rules of a valid
+        plan (``parallel.rules``, decided as each choice is fixed) and the model-state
+        check; each group carries a bound valid for all its schedules."""
+        ctx, stats = self.ctx, self.stats
+        model, space = ctx.model, ctx.space
+        # each group's recompute choices, in rank (a bundle stands for them: ``Group``)
+        recomputes = tuple(sorted(space.recompute, key=lambda rc: rc.level))
+        for base in self.layouts():
+            scheds = pp.schedule_choices(base, space)
+            zeros = dp.zero_stages(base, space)
+            sps = tp.sequence_parallel_choices(model, base, space)
+            cps = cp.exchanges(model, base, ctx.job.seq_len, space)
+            per_zero = len(scheds) * len(space.recompute) * len(cps)
+            per_mbs = per_zero * len(zeros) * max(1, len(sps))
+            stats.generated += per_mbs * len(space.micro_batches)
+            probe = ctx.probe(base)
+            rule = first_broken(probe, Scope.JOB) or first_broken(probe, Scope.LAYOUT)
+            if rule is None and not sps:  # MoE with tp > 1 in a space without SP
+                rule = BY_ID["moe-tp-needs-sp"]
+            if rule:
+                stats.pruned[rule.id] += per_mbs * len(space.micro_batches)
+                continue
+            for mbs in space.micro_batches:
+                rule = first_broken(ctx.probe(base, mbs), Scope.MICRO_BATCH)
+                if rule:
+                    stats.pruned[rule.id] += per_mbs
+                    continue
+                for sp in sps:
+                    rule = first_broken(ctx.probe(base, mbs, sp), Scope.SEQUENCE_PARALLEL)
+                    if rule:
+                        stats.pruned[rule.id] += per_mbs // len(sps)
+                        continue
+                    yield from self._zero_groups(base, mbs, sp, scheds, zeros, cps, recomputes,
+                                                 per_zero)
+
+    def _zero_groups(self, base: Layout, mbs: int, sp: bool, scheds: Sequence[Sched],
+                     zeros: Sequence[ZeroStage], cps: Sequence[CpComm],
+                     recomputes: tuple[Recompute, ...], per_zero: int) -> Iterator[Group]:
+        """The groups (bundles of its recompute choices) of a layout, micro-batch and
+        sequence parallelism passing the rules: one per ZeRO stage whose model states fit,
+        else one per offload the space allows under which they do (``per_zero``
+        candidates each, counted where they do not fit)."""
+        stats, floors_of = self.stats, self.floors
+        # the bounds read only the schedules that pass the schedule rules
+        runnable = self.ctx.runnable(base, mbs, sp, scheds)
+        # every group here starts at the layout's compute floor (a ZeRO-3
+        # group's own only if no other ZeRO stage has one): its ZeRO-3 floor
+        # and layout bound are worked out only if it comes up
+        floors: dict[bool, float] = {}
+        for zero in zeros:
+            zero3 = zero is ZeroStage.PARAMETERS and not floors
+            if not floors_of.states_exceed_memory(base, zero, NO_OFFLOAD, mbs, sp):
+                probe = self.ctx.probe(base, mbs, sp, zero, cps[-1], recomputes[0])
+                if zero3 not in floors:
+                    floors[zero3] = self.bounds.layout_floor(probe, cps, runnable)
+                yield self.group(probe, floors[zero3], scheds, cps, runnable,
+                                 recomputes, steps=int(zero3))
+                continue
+            stats.infeasible["model states exceed memory"] += per_zero
+            # no member fits as it is: each offload the space allows is tried
+            for off in dp.offload_choices(base, zero, self.ctx.cluster, self.ctx.space)[1:]:
+                stats.generated += per_zero
+                if floors_of.states_exceed_memory(base, zero, off, mbs, sp):
+                    stats.infeasible["model states exceed memory"] += per_zero
+                    continue
+                probe = self.ctx.probe(base, mbs, sp, zero, cps[-1], recomputes[0])
+                if zero3 not in floors:
+                    floors[zero3] = self.bounds.layout_floor(probe, cps, runnable)
+                yield self.group(probe.replace(offload=off), floors[zero3], scheds,
+                                 cps, runnable, recomputes, steps=int(zero3))
+
+    @staticmethod
+    def group(plan: Plan, bound: float, scheds: Sequence[Sched], cps: Sequence[CpComm],
+              runnable: tuple[Sched, ...], recomputes: tuple[Recompute, ...] = (),
+              steps: int = 0) -> Group:
+        """The group of ``plan``'s schedules (a bundle where more than one recompute is
+        given), yet to be laid (:meth:`TimeBounds.laid`)."""
+        return Group(bound, rank_key_static(plan), plan, tuple(scheds), tuple(cps),
+                     runnable=runnable, recomputes=recomputes if len(recomputes) > 1 else (),
+                     laid=False, steps=steps)
+
+    def unbundled(self, group: Group) -> list[Group]:
+        """The groups a bundle stands for (the group itself if it is none), in rank: the
+        first, at the bundle's recompute, with the bundle's bound; the others with their
+        own recompute's layout compute floor if more, to be laid at their own
+        recompute's layout bound when they come up."""
+        if not group.recomputes:
+            return [group]
+        out = []
+        for i, rc in enumerate(group.recomputes):
+            plan = group.plan.replace(recompute=rc)
+            bound = group.bound if i == 0 else max(
+                group.bound, self.bounds.layout_floor(plan, group.cp_comms, group.runnable))
+            # (a ZeRO-3 group's floor at its recompute is its own ZeRO-3 floor)
+            out.append(dataclasses.replace(
+                self.group(plan, bound, group.schedules, group.cp_comms, group.runnable),
+                laid=group.laid and i == 0,
+                steps=group.steps if i == 0 else int(plan.zero is ZeroStage.PARAMETERS)))
+        return out
+
+    def each_group(self) -> Iterator[Group]:
+        """:meth:`groups`, bundles opened, each with its layout's bound (for tests and
+        tools)."""
+        fully_laid = self.bounds.fully_laid
+        for group in self.groups():
+            for each in self.unbundled(fully_laid(group)):
+                yield fully_laid(each)
+
+    def wants_offload(self, group: Group, floor: Memory | None) -> bool:
+        """Whether the search tries the group's offload variants: it keeps nothing in host
+        memory, and no member of its uniform layer splits fits as it is (the group's memory
+        floor, ``floor``, over them passes the limit). The search offloads what does not fit
+        without it; a group whose model states alone do not fit is offloaded at generation
+        (``groups``)."""
+        if group.plan.offload.any or len(self.ctx.space.offload) == 1:
+            return False
+        if floor is None:  # split variants: their uniform members' floor decides
+            uniform = tuple(x for x in group.schedules if not x[2])
+            if not uniform:
+                return False
+            floor = self.floors.memory_floor(dataclasses.replace(group, schedules=uniform))
+        return floor is not None and floor.peak > self.ctx.limit
+
+    def offloaded(self, group: Group) -> list[Group]:
+        """The group's offload variants, where the space and the plan's rules allow them
+        (each offload choice passing ``dp.offload_choices``), each bounded from the group's
+        own bound (exact: asked once it is), shifted by ``TimeBounds.offloaded_bound``.
+        Asked only for a group none of whose members fits: the search offloads what does
+        not fit as it is (search/engine.py)."""
+        plan = group.plan
+        out = []
+        for off in dp.offload_choices(plan.layout, plan.zero, self.ctx.cluster, self.ctx.space)[1:]:
+            # the group's own bound, as ``group_bound`` would find it for the variant but
+            # for its optimizer term (``offloaded_bound``): nothing else in it moves
+            bound = self.bounds.offloaded_bound(group.bound, plan, off)
+            out.append(dataclasses.replace(group, plan=plan.replace(offload=off), bound=bound,
+                                           key=rank_key_static(plan.replace(offload=off)),
+                                           bare=bound, floored=False))
+        self.stats.generated += sum(g.size for g in out)
+        return out
+
+    def schedule_plans(self, group: Group, count: bool = True) -> Iterator[tuple[Plan, bool]]:
+        """The group's plans, one per (schedule, vpp, split) and exchange, that pass the
+        schedule rules, with whether the split is still to be searched; ``count``: those
+        that break one are counted by the rule. The schedule rules read neither the
+        exchange nor the split: asked once a schedule."""
+        cps, lay = group.cp_comms, group.plan.layout
+        m, memo = group.plan.num_microbatches, self.ctx.schedule_rule
+        for sched, v, split in group.schedules:
+            rule = memo[(lay.pp, m, sched, v, split)]  # asked by ``Context.runnable``
+            if rule:
+                if count:
+                    self.stats.pruned[rule] += len(cps)
+                continue
+            first = self.ctx.scheduled(group.plan.replace(cp_comm=cps[0]), sched, v, split)
+            for cp_comm in cps:
+                yield (first if cp_comm is cps[0] else first.replace(cp_comm=cp_comm)), split

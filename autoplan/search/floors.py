@@ -1,0 +1,286 @@
+"""Memory floors of the search's items, decided before any pipeline simulation: the
+model states of a layout's fullest stage (no micro-batch or recompute can help where
+they do not fit), a group's memory floor (no member needs less), and a candidate's own
+fullest stage; with the allocator's pressure each charges a fitting candidate's bound,
+and the least-memory plan noted for the 'smallest plan' message where nothing fits.
+``tests/unit/test_bounds.py`` holds each floor to the evaluated peaks of its members."""
+
+from __future__ import annotations
+
+from autoplan.cost.bounds import (
+    StageWork,
+    dense_per_stage,
+    memory_pressure,
+    output_stage,
+    stage_memory,
+    stage_state_params,
+    stage_work,
+    state_bytes,
+    step_overhead,
+)
+from autoplan.cost.stage import held_activations, memory_with
+from autoplan.plan import Layout, Memory, Plan
+from autoplan.schedules import Schedule
+from autoplan.schedules.memory import peak_inflight
+from autoplan.search.context import Context
+from autoplan.search.items import Candidate, Group, Sched
+from autoplan.search.results import HOST_MEMORY, SearchStats, rank_key_static
+from autoplan.vocab import Offload, Recompute, ZeroStage
+
+
+def _fullest_stages(plan: Plan, works: tuple[StageWork, ...]) -> list[tuple[int, int]]:
+    """(stage, in-flight count) of the stages that can hold the most memory: among stages
+    with the same work and position class (first, middle, last), memory grows only with
+    the in-flight count, so the first stage holding the most stands for them. In-flight
+    counts need not fall with the stage index (V-Min), so every stage is looked at."""
+    lay, m, out = plan.layout, plan.num_microbatches, output_stage(plan)
+    best: dict[tuple[bool, bool, StageWork], tuple[int, int]] = {}
+    for s, w in enumerate(works):
+        n = peak_inflight(plan.schedule, lay.pp, m, lay.vpp, s)
+        key = (s == 0, s == out, w)
+        if key not in best or n > best[key][1]:
+            best[key] = (s, n)
+    return list(best.values())
+
+
+class MemoryFloors:
+    """The memory side of one search: what does not fit is counted in ``stats`` (and the
+    plan needing the least noted in ``closest``); the floors' memos."""
+
+    def __init__(self, ctx: Context, stats: SearchStats):
+        self.ctx, self.stats = ctx, stats
+        self.capacity = ctx.capacity  # the allocator's pressure is relative to it
+        self.limit = ctx.limit  # what a plan's peak may reach
+        # (peak, rank key, plan, fullest stage, its memory) of the plan needing the least
+        # memory noted so far (:meth:`note_closest`)
+        self.closest: tuple[float, tuple, Plan, int, Memory] | None = None
+        self._fullest_states: dict[tuple[Layout, ZeroStage, bool], tuple[float, int, Memory]] = {}
+        self._fewest_memo: dict[tuple, tuple[tuple[int, int, int, Schedule], ...]] = {}
+        self._fullest_memo: dict[tuple, tuple[tuple[StageWork, ...], list[tuple[int, int]]]] = {}
+        # (what a group's members' activations depend on) -> (stage, work, activations,
+        # moved to host) of the members holding the least activations on stages 0 and
+        # last, of each kind (:meth:`memory_floor`)
+        self._floor_members: dict[tuple, tuple[tuple[int, StageWork, float, float], ...]] = {}
+
+    # -- a layout's model states --------------------------------------------------------
+    def states_exceed_memory(self, lay: Layout, zero: ZeroStage, off: Offload, mbs: int,
+                             sp: bool) -> bool:
+        """Weights, grads and optimizer states of the fullest stage (no activations) plus
+        the reserve already exceed the device: no micro-batch or recompute can help.
+        Such a candidate still counts for the 'smallest plan needs ...' message. The
+        states depend on the layout, ZeRO and the optimizer's offload only: worked out
+        once for every micro-batch and sequence-parallel choice."""
+        key = (lay, zero, off.optimizer)
+        worst = self._fullest_states.get(key)
+        if worst is not None and worst[0] <= self.limit:
+            return False
+        if worst is not None and self.closest is not None and worst[0] > self.closest[0]:
+            return True  # the 'smallest plan' already noted holds less
+        ctx = self.ctx
+        plan = Plan(model=ctx.model, cluster=ctx.cluster, job=ctx.job, stack=ctx.space.stack, layout=lay,
+                    micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.FULL,
+                    zero=zero, sequence_parallel=sp, offload=off)
+        if worst is None:
+            worst = self._fullest_states[key] = self._fullest_state(plan)
+        if worst[0] <= self.limit:
+            return False
+        self.note_closest(plan, worst[1], worst[2])
+        return True
+
+    def _fullest_state(self, plan: Plan) -> tuple[float, int, Memory]:
+        """(peak, stage, memory) of the stage holding the most model state."""
+        lay = plan.layout
+        layers, dense = plan.stage_layers, dense_per_stage(plan)
+        reserve = self.ctx.cluster.device.reserve_bytes
+        last = lay.pp - 1
+        worst: tuple[float, int, Memory] | None = None
+        # the stage with the most MoE layers (then the most layers) holds the most state
+        heaviest = max(range(lay.pp), key=lambda i: (layers[i] - dense[i], layers[i]))
+        for s in sorted({0, last, heaviest}):
+            st = state_bytes(plan, *stage_state_params(self.ctx.model, lay, s == 0, s == last,
+                                                       layers[s], dense[s]))
+            mem = Memory(weights=st.weights, grads=st.grads, optimizer=st.optimizer,
+                         activations=0.0, other=reserve)
+            if worst is None or mem.peak > worst[0]:
+                worst = (mem.peak, s, mem)
+        assert worst is not None
+        return worst
+
+    def note_closest(self, plan: Plan, stage: int, mem: Memory) -> None:
+        """Keep the plan for the 'smallest plan' message if it needs less than the one kept
+        (ties: the first in rank)."""
+        key = (mem.peak, rank_key_static(plan))
+        if self.closest is None or key < self.closest[:2]:
+            self.closest = (mem.peak, key[1], plan, stage, mem)
+
+    # -- a candidate's memory -----------------------------------------------------------
+    def checked(self, item: Candidate) -> Candidate | None:
+        """The candidate with its memory checked: None (and counted) when it does not fit,
+        else its bound with the allocator's pressure, which grows with the step and the
+        peak (charged without the stack's fixed overhead, as evaluate charges it)."""
+        worst = self._fitting_memory(item.plan, stage_work(item.plan))
+        return None if worst is None else self._fitted(item, worst)
+
+    def _fitted(self, item: Candidate, worst: Memory) -> Candidate:
+        """The candidate known to fit, its pressure-free bound charged the pressure of its
+        peak (at least what its group's floor charged: the peak is no lower)."""
+        bare = item.unpressured
+        pressure = memory_pressure(bare - step_overhead(item.plan), worst.peak, self.capacity)
+        return Candidate(max(item.bound, bare + pressure), item.key, item.plan, fits=True,
+                         chained=item.chained)
+
+    def _fitting_memory(self, plan: Plan, works: tuple[StageWork, ...]) -> Memory | None:
+        """The memory of the plan's fullest stage, or None (counted, and noted for the
+        'smallest plan' message) when it exceeds the device. ``works`` need only hold the
+        plan's per-stage layers and parameters: those of any schedule of its layout but
+        a V (which moves the output layer to stage 0), at any vpp."""
+        stage, worst, host = self._fullest_and_host(plan, works)
+        if worst.peak > self.limit:
+            self.stats.infeasible[self.why_not(worst)] += 1
+            self.note_closest(plan, stage, worst)
+            return None
+        capacity = self.ctx.cluster.host_mem_bytes
+        if capacity is not None and self.ctx.cluster.gpus_per_node * host > capacity:
+            # the host memory an offloading plan takes per node (every GPU of a node as
+            # the fullest stage's, as ``evaluate`` counts it) does not fit the cluster's
+            self.stats.infeasible[HOST_MEMORY] += 1
+            return None
+        return worst
+
+    def why_not(self, mem: Memory) -> str:
+        """Why ``mem``, past the limit, does not fit: its model states alone, or with them
+        its activations."""
+        static = mem.weights + mem.grads + mem.optimizer + mem.other
+        return "model states exceed memory" if static > self.limit else "activations exceed memory"
+
+    # -- a group's memory floor ---------------------------------------------------------
+    def memory_floor(self, group: Group) -> Memory | None:
+        """Memory no member of the group needs less than (None where this does not say:
+        a group with split variants, whose layer splits move memory between stages).
+
+        A member's peak is its fullest stage's, so at least what it holds on any one
+        stage s; so the most, over s in {0, last}, of the least any member holds on s
+        bounds every member's peak from below. On s, a member of v equal chunks holding
+        n microbatch-chunks in flight (``peak_inflight``) holds its weights, gradients and
+        optimizer states (the same for every schedule but a V, whose stage 0 holds the
+        output layer), n/v of the stage's activations per microbatch and, on the first
+        and output stage, ceil(n/v) microbatches' embedding output and logits
+        (``stage_memory``): all growing with n/v, so the member with the fewest
+        microbatches in flight, n/v, holds the least of the flat schedules, and the one
+        with the fewest chunks in flight of the V schedules (``stage_memory`` of that
+        member is then the least on s). Schedules that break a schedule rule are no
+        members. ``test_bounds`` checks the floor against every member's evaluated peak."""
+        lay = group.plan.layout
+        if group.plan.offload.activations:
+            # offloaded activations keep 1 + (n - 1)(1 - a) chunks of n: the fewest in
+            # flight need not hold the least, so every member is asked
+            fewest = self._every_inflight(lay, group.plan.num_microbatches, group.schedules)
+        else:
+            fewest = self._fewest_inflight(lay, group.plan.num_microbatches, group.schedules)
+        if not fewest:
+            return None
+        # Members of one kind (flat, or V) hold the same model states on a stage, whatever
+        # their ZeRO stage or optimizer offload: the one holding the least activations
+        # there holds the least. Which one that is, and what activations it holds, depend
+        # on neither: found once for the groups alike but for them, whose floor then adds
+        # only their own states (``memory_with``).
+        plan = group.plan
+        alike = (lay, plan.micro_batch, plan.sequence_parallel, plan.recompute, plan.cp_comm,
+                 plan.offload.activations, group.schedules)
+        known = self._floor_members.get(alike)
+        least: dict[int, Memory] = {}  # stage -> the least any member holds there
+        if known is not None:
+            for s, work, held, moved in known:
+                mem = memory_with(plan, work, held, moved)
+                if s not in least or mem.peak < least[s].peak:
+                    least[s] = mem
+            return max(least.values(), key=lambda mem: mem.peak)
+        flat = stage_work(plan)
+        # (stage, V) -> the least activations of a member, and what the floor keeps of it
+        fewest_act: dict[tuple[int, bool], tuple[float, int]] = {}
+        asked = []
+        for i, (s, n, v, sched) in enumerate(fewest):
+            at = plan.replace(layout=self.ctx.at_vpp(lay, v), schedule=sched)
+            work = (stage_work(at) if sched.v_shape else flat)[s]
+            held, moved = held_activations(at, s, work, n)
+            asked.append((s, work, held, moved))
+            mem = memory_with(plan, work, held, moved)  # stage_memory(at, s, work, n)
+            if s not in least or mem.peak < least[s].peak:
+                least[s] = mem
+            kind = (s, sched.v_shape)
+            if kind not in fewest_act or held < fewest_act[kind][0]:
+                fewest_act[kind] = (held, i)
+        chosen = sorted(i for _, i in fewest_act.values())
+        self._floor_members[alike] = tuple(asked[i] for i in chosen)
+        return max(least.values(), key=lambda mem: mem.peak)
+
+    def _every_inflight(self, lay: Layout, m: int, schedules: tuple[Sched, ...]
+                        ) -> tuple[tuple[int, int, int, Schedule], ...]:
+        """(stage, in flight, vpp, schedule) of every member passing the schedule rules on
+        stages 0 and last, the first of those alike in all ``stage_memory`` reads of them
+        (stage, in flight, vpp and whether a V places the output layer); empty where a
+        member is a split variant."""
+        if any(split for *_, split in schedules):
+            return ()
+        memo = self.ctx.schedule_rule
+        out: dict[tuple[int, int, int, bool], tuple[int, int, int, Schedule]] = {}
+        for sched, v, split in schedules:
+            if memo[(lay.pp, m, sched, v, split)]:
+                continue
+            for s in sorted({0, lay.pp - 1}):
+                n = peak_inflight(sched, lay.pp, m, v, s)
+                out.setdefault((s, n, v, sched.v_shape), (s, n, v, sched))
+        return tuple(out.values())
+
+    def _fewest_inflight(self, lay: Layout, m: int, schedules: tuple[Sched, ...]
+                         ) -> tuple[tuple[int, int, int, Schedule], ...]:
+        """(stage, in flight, vpp, schedule) per stage in {0, last} and kind (flat first,
+        then V) of the member holding the fewest microbatches in flight there (n/vpp);
+        empty where a member is a split variant or none passes the schedule rules.
+        Memoized: every ZeRO and recompute group of a layout and micro-batch asks it."""
+        key = (lay.pp, m, schedules)
+        out = self._fewest_memo.get(key)
+        if out is not None:
+            return out
+        memo = self.ctx.schedule_rule
+        fewest: dict[tuple[int, bool], tuple[int, int, Schedule]] = {}  # (stage, V) -> (n, v, sched)
+        stages = sorted({0, lay.pp - 1})
+        for sched, v, split in schedules:
+            if split:
+                fewest.clear()
+                break
+            if memo[(lay.pp, m, sched, v, split)]:
+                continue
+            for s in stages:
+                n = peak_inflight(sched, lay.pp, m, v, s)
+                held = fewest.get((s, sched.v_shape))
+                if held is None or n * held[1] < held[0] * v:
+                    fewest[(s, sched.v_shape)] = (n, v, sched)
+        out = self._fewest_memo[key] = tuple((s, *fewest[(s, vs)]) for s, vs in sorted(fewest))
+        return out
+
+    # -- a plan's fullest stage ---------------------------------------------------------
+    def fullest(self, plan: Plan, works: tuple[StageWork, ...]) -> tuple[int, Memory]:
+        """(stage, memory) of the plan's fullest stage, the first of equals (as
+        ``evaluate``)."""
+        stage, worst, _ = self._fullest_and_host(plan, works)
+        return stage, worst
+
+    def _fullest_and_host(self, plan: Plan, works: tuple[StageWork, ...]
+                          ) -> tuple[int, Memory, float]:
+        """(stage, memory) of the plan's fullest stage, the first of equals (as
+        ``evaluate``), and the most any stage keeps in host memory. The stages that can be
+        fullest (``_fullest_stages``) depend on the schedule, the microbatch count and the
+        works only: found once for each (the memo keeps the works it was keyed on alive, so
+        their id is not reused). What a stage keeps on the host grows, within a class of
+        equal stages, with its parameters and microbatches in flight as its device memory
+        does: those stages hold the most on the host too."""
+        lay = plan.layout
+        key = (plan.schedule, lay.pp, plan.num_microbatches, lay.vpp, id(works))
+        hit = self._fullest_memo.get(key)
+        if hit is None:
+            hit = self._fullest_memo[key] = (works, _fullest_stages(plan, works))
+        mems = [(s, stage_memory(plan, s, works[s], n)) for s, n in hit[1]]
+        stage, worst = max(mems, key=lambda sm: (sm[1].peak, -sm[0]))
+        return stage, worst, max(m.host for _, m in mems)
+

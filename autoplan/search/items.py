@@ -1,0 +1,75 @@
+"""What the search's best-first queue holds: groups (bundles of candidates sharing all
+but their schedule, exchange and, in a bundle, recompute), candidates, and split
+variants whose layer split is yet to be found. Each carries a bound valid for all it
+stands for, tightened in steps (search/frontier.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.plan import Plan
+from autoplan.schedules import Schedule
+from autoplan.search.partition import PartitionProblem
+from autoplan.vocab import CpComm, Recompute
+
+Sched = tuple[Schedule, int, bool]
+"""(schedule, vpp, split): a schedule on so many chunks, as a split variant or not."""
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    bound: float
+    key: tuple
+    plan: Plan  # the group's 1F1B, vpp = 1 member
+    schedules: tuple[Sched, ...]  # (schedule, vpp, split)
+    cp_comms: tuple[CpComm, ...] = (CpComm.RING,)  # context-parallel exchanges to try
+    exact: bool = False  # the bound is the group's own, not its layout's (:meth:`TimeBounds.laid`)
+    runnable: tuple[Sched, ...] = ()  # those passing the schedule rules
+    # once exact: its own bound without the allocator's pressure, which ``bound`` charges
+    # at the group's memory floor (:meth:`MemoryFloors.memory_floor`)
+    bare: float = 0.0
+    floored: bool = False  # past the memory floor: ``bound`` charges its pressure
+    # a bundle: the groups of ``plan`` at each of these recompute choices, one bound for
+    # all, ``plan`` at the first (the least in rank, so the bundle comes up when its first
+    # group would); opened only if it comes up (:meth:`Enumeration.unbundled`)
+    recomputes: tuple[Recompute, ...] = ()
+    # ``bound`` counts its layout's bound (else its compute floor, :meth:`TimeBounds.laid`)
+    laid: bool = True
+    # ZeRO-3, before it is laid: ``bound`` counts its own compute floor (1; else its
+    # layout's below ZeRO-3), then (2) the layout bound of the stages below 3
+    steps: int = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.schedules) * len(self.cp_comms) * max(1, len(self.recomputes))
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    bound: float
+    key: tuple
+    plan: Plan
+    fits: bool = False  # its memory is checked (and its bound charges the pressure)
+    chained: bool = False  # its bound counts its schedule's critical chain
+    # its bound is its group's busiest-stage bound: its own stage works, exact bound and
+    # memory are yet to be worked out
+    pending: bool = False
+    # the bound without the allocator's pressure, where ``bound`` charges one already
+    # (its group's memory floor's, before its own memory is known); None: ``bound``
+    bare: float | None = None
+
+    @property
+    def unpressured(self) -> float:
+        """A step time the plan cannot beat before the allocator's pressure."""
+        return self.bound if self.bare is None else self.bare
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """A plan whose best uneven layer split is yet to be found (only if it can win)."""
+
+    bound: float  # valid for every split, tightened in turn (:meth:`Frontier.realize`)
+    key: tuple
+    plan: Plan  # with the uniform split
+    filled: bool = False  # the bound is its own schedule's, with the pipeline fill
+    problem: PartitionProblem | None = None  # set once its bound accounts for memory
