@@ -1,13 +1,24 @@
 """Each test runs in one cost scope (``autoplan.caches``): the plans it evaluates share
-their layers' costs, and none of them outlives the test."""
+their layers' costs, and none of them outlives the test. Tests marked ``torch`` are
+skipped where torch (the bench extra) is not installed."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 
 import pytest
 
 from autoplan import caches
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if importlib.util.find_spec("torch") is not None:
+        return
+    skip = pytest.mark.skip(reason="needs torch: pip install torch==2.13.0 '.[bench]'")
+    for item in items:
+        if "torch" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

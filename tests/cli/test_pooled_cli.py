@@ -101,6 +101,7 @@ def test_launchers_that_cannot_place_stages_refuse(found: tuple[Path, dict], tar
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.torch  # validate asks for torch before it reads what the plan needs
 def test_validate_refuses_a_plan_across_pools(found: tuple[Path, dict]) -> None:
     plan, _ = found
     r = autoplan("validate", plan, "--device", "cpu", "--slice")

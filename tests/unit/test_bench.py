@@ -294,6 +294,7 @@ def test_workers_past_the_time_limit_are_stopped() -> None:
     assert not multiprocessing.active_children()
 
 
+@pytest.mark.torch
 def test_megatrons_cross_entropy_matches_torchs_on_one_rank() -> None:
     # validate's loss at tp 1 and in --slice is Megatron's in-place fp32 cross-entropy (the
     # memory autoplan predicts), and computes the same loss and gradient as F.cross_entropy
