@@ -3,10 +3,12 @@
 Costs are pure functions of frozen descriptors and plans, memoized with :func:`memo` (a
 ``functools.lru_cache`` that registers itself here). A search, an evaluation or a sweep
 runs in a :func:`scope`: the outermost scope owns every memo while it runs (the
-candidates of one search share their layers' costs) and drops them all when it ends,
-so nothing computed for one question outlives it: memory stays bounded however many
-searches a process runs (a test session, a notebook), and a cold run is the default,
-not a list of caches to remember.
+candidates of one search share their layers' costs) and starts by dropping what the last
+question left, so nothing computed for one question is used by the next: memory stays
+bounded however many searches a process runs (a test session, a notebook: one question's
+memos at most), and a cold run is the default, not a list of caches to remember. (They
+are dropped when the next question starts rather than when this one ends: a command that
+answers one question and exits does not spend its last tenths of a second freeing them.)
 
 Caches of files read (descriptors, shipped profiles, fitted forests) are not costs: they
 key on the file and stay (``descriptors.library``, ``measured``).
@@ -26,7 +28,7 @@ _depth = 0
 
 
 def memo(maxsize: int) -> Callable[[Callable[..., T]], functools._lru_cache_wrapper[T]]:
-    """``functools.lru_cache(maxsize)``, owned here: :func:`clear` and the end of the
+    """``functools.lru_cache(maxsize)``, owned here: :func:`clear` and the start of an
     outermost :func:`scope` drop it."""
 
     def wrap(fn: Callable[..., T]) -> functools._lru_cache_wrapper[T]:
@@ -45,18 +47,18 @@ def clear() -> None:
 
 @contextmanager
 def scope() -> Iterator[None]:
-    """Run a search, an evaluation or a sweep: memos are shared inside, dropped when the
-    outermost scope ends (a scope inside another leaves them to it)."""
+    """Run a search, an evaluation or a sweep: an outermost scope starts from no memo and
+    its memos are shared inside it (a scope inside another shares its outer one's)."""
     global _depth
+    if _depth == 0:
+        clear()
     _depth += 1
     try:
         yield
     finally:
         _depth -= 1
-        if _depth == 0:
-            clear()
 
 
 def owned() -> int:
-    """Entries held in every owned memo (what a scope's end frees)."""
+    """Entries held in every owned memo (what the next outermost scope drops)."""
     return sum(cached.cache_info().currsize for cached in _OWNED)

@@ -1,5 +1,5 @@
 """Each test runs in one cost scope (``autoplan.caches``): the plans it evaluates share
-their layers' costs, and none of them outlives the test. Tests marked ``torch`` are
+their layers' costs, and the test starts from none of an earlier test's. Tests marked ``torch`` are
 skipped where torch (the bench extra) is not installed."""
 
 from __future__ import annotations
