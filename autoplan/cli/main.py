@@ -8,7 +8,6 @@ import enum
 import math
 import os
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -22,7 +21,7 @@ from autoplan.cli import files, output, render
 from autoplan.errors import AutoplanError, InputError, Problem
 from autoplan.plan import Plan, Prediction
 from autoplan.serving.engine import Engine
-from autoplan.units import GiB, MiB
+from autoplan.units import MAX_MONEY, GiB, MiB
 from autoplan.vocab import NO_OFFLOAD, Dtype
 from autoplan.whatif.economics import Objective
 
@@ -282,7 +281,6 @@ def _search_pooled(req: Request, top: int, out_path: Path | None, fmt: Format,
 
 
 MAX_TRAIN_TOKENS = 1e18  # ~50,000x Llama 3's 15T tokens
-MAX_MONEY = 1e15  # USD, per GPU-hour or in all
 
 
 @dataclass(frozen=True, slots=True)
@@ -473,142 +471,26 @@ def serve(
 ) -> None:
     """Rank serving deployments under a workload: exit 0 one meets the SLO, 1 none fits or
     meets it, 2 bad input."""
-    from autoplan.descriptors.job import MAX_SEQ_LEN
-    from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
-    from autoplan.descriptors.strict import read_yaml
-    from autoplan.measured.door import corrected
-    from autoplan.serving.deployment import (
-        KV_PRECISIONS,
-        Arrival,
-        ArrivalKind,
-        Lengths,
-        Precision,
-        Slo,
-        Workload,
-    )
     from autoplan.serving.evaluate import serving_document
-    from autoplan.serving.planfile import (
-        MAX_OUTPUT_TOKENS,
-        MAX_RATE,
-        MAX_REQUESTS,
-        ServingJob,
-        read_serving_job,
-        read_trace,
-        trace_too_long,
-    )
+    from autoplan.serving.request import ServeOptions, build_serve_request, check_serve_options
     from autoplan.serving.search import serve_search
 
-    job = read_serving_job(read_yaml(job_file), str(job_file)) if job_file is not None else ServingJob()
-    problems: list[Problem] = []
-
-    def need(value: Any, flag: str) -> None:
-        if value is None:
-            where = f" (or in {job_file})" if job_file is not None else ""
-            problems.append(Problem(flag, "", f"missing required option{where}"))
-
-    traced = trace is not None or (job.arrival is not None and job.arrival.trace is not None
-                                   and rate is None and concurrency is None and not offline)
-    lengths = () if traced else ((input_len, job.input_len, "--input-len"),
-                                 (output_len, job.output_len, "--output-len"))
-    for given_value, job_value, flag in ((model, job.model, "--model"), (cluster, job.cluster, "--cluster"),
-                                         *lengths):
-        need(given_value if given_value is not None else job_value, flag)
-    if traced:
-        for length, flag in ((input_len, "--input-len"), (output_len, "--output-len")):
-            if length is not None:
-                problems.append(Problem(flag, "", "the arrival trace gives each request's lengths: "
-                                                  "leave this out"))
-    counts: tuple[tuple[int | None, str, int], ...] = (
-        (input_len, "--input-len", MAX_SEQ_LEN), (output_len, "--output-len", MAX_OUTPUT_TOKENS),
-        (requests, "--requests", MAX_REQUESTS), (concurrency, "--concurrency", MAX_REQUESTS))
-    for count, flag, hi in counts:
-        if count is not None and not 1 <= count <= hi:
-            problems.append(Problem(flag, "", f"expected 1 to {hi:,}, got {count:,}"))
-    if rate is not None and not (0 < rate <= MAX_RATE):
-        problems.append(Problem("--rate", "", f"expected more than 0 and at most {MAX_RATE:g}, "
-                                              f"got {rate:g}"))
-    for slo_ms, flag in ((ttft_slo, "--ttft-slo"), (tpot_slo, "--tpot-slo")):
-        if slo_ms is not None and not (0 < slo_ms < 1e9):
-            problems.append(Problem(flag, "", f"expected milliseconds > 0, got {slo_ms:g}"))
-    if percentile is not None and not 0 < percentile <= 100:
-        problems.append(Problem("--percentile", "", f"expected more than 0 and at most 100, "
-                                                     f"got {percentile:g}"))
-    if price is not None and not (0 < price <= MAX_MONEY):
-        problems.append(Problem("--price", "", f"expected USD per GPU-hour > 0 and at most "
-                                               f"{MAX_MONEY:g}, got {price:g}"))
-    given = [f for f, v in (("--rate", rate), ("--concurrency", concurrency), ("--offline", offline or None),
-                            ("--trace", trace)) if v is not None]
-    if len(given) > 1 or (not given and job.arrival is None):
-        problems.append(Problem("--rate", "", "give exactly one of --rate, --concurrency, --offline, --trace"
-                                + (f" (got {', '.join(given)})" if given else "")))
-
-    def precisions(text: str, flag: str, allowed: Sequence[Precision]) -> list[Precision]:
-        out: list[Precision] = []
-        for item in text.split(","):
-            name = item.strip().lower()
-            match = next((p for p in allowed if p.value == name), None)
-            if match is None:
-                problems.append(Problem(flag, "", f"expected {', '.join(p.value for p in allowed)}, "
-                                                  f"got {item.strip()[:40]!r}"))
-            elif match not in out:
-                out.append(match)
-        return out
-
-    w_list = precisions(weights, "--weights", list(Precision))
-    kv_list = precisions(kv_cache, "--kv-cache", KV_PRECISIONS)
-    if problems:
-        raise InputError(problems)
+    given = ServeOptions(
+        model=model, cluster=cluster, gpus=gpus, input_len=input_len, output_len=output_len,
+        rate=rate, concurrency=concurrency, offline=offline, trace=trace, requests=requests,
+        ttft_slo=ttft_slo, tpot_slo=tpot_slo, percentile=percentile, engine=engine,
+        weights=weights, kv_cache=kv_cache, price=price)
+    job = check_serve_options(job_file, given)
     if out_path is not None:
         files.check_target(out_path)
         if files.is_stdout(out_path):
             output.data_to_stderr()
-    m = resolve_model(model) if model is not None else job.model
-    base = resolve_cluster(cluster) if cluster is not None else job.cluster
-    assert m is not None and base is not None
-    count = gpus if gpus is not None else job.gpus if job.gpus is not None else base.gpus
-    c = corrected(with_gpus(base, count)).cluster  # the one door of measured profiles
-    if traced:
-        recorded = (read_trace(str(trace), "--trace", "") if trace is not None
-                    else job.arrival.trace if job.arrival is not None else None)
-        assert recorded is not None
-        n_requests = requests if requests is not None else job.requests or len(recorded)
-        if n_requests > len(recorded):
-            raise InputError.single("--requests", "", f"expected at most the trace's {len(recorded):,} "
-                                                      f"requests, got {n_requests:,}")
-        workload = Workload.of_trace(recorded, n_requests)
-        too_long = trace_too_long(workload, m)
-        if too_long:
-            raise InputError.single(str(trace) if trace is not None else str(job_file), "", too_long)
-    else:
-        arrival = (Arrival(ArrivalKind.RATE, rate_rps=rate) if rate is not None
-                   else Arrival(ArrivalKind.CONCURRENCY, concurrency=concurrency) if concurrency is not None
-                   else Arrival(ArrivalKind.OFFLINE) if offline else job.arrival)
-        assert arrival is not None
-        inp = Lengths(float(input_len)) if input_len is not None else job.input_len
-        outp = Lengths(float(output_len)) if output_len is not None else job.output_len
-        assert inp is not None and outp is not None
-        if inp.mean + outp.mean > m.max_seq_len:  # engines refuse requests past the model's context
-            flag = "--output-len" if output_len is not None or job_file is None else str(job_file)
-            raise InputError.single(flag, "" if job_file is None or output_len is not None else "workload", (
-                f"input + output length {inp.mean + outp.mean:,.0f} tokens exceeds {m.name}'s max_seq_len "
-                f"{m.max_seq_len:,}: engines refuse such requests (a model file with a longer max_seq_len "
-                "serves longer ones)"))
-        n_requests = requests if requests is not None else job.requests if job.requests is not None else 1000
-        workload = Workload(inp, outp, arrival, n_requests)
-    arrival, inp, outp = workload.arrival, workload.input_len, workload.output_len
-    job_slo = job.slo or Slo()
-    slo = Slo(ttft_slo if ttft_slo is not None else job_slo.ttft_ms,
-              tpot_slo if tpot_slo is not None else job_slo.tpot_ms,
-              percentile if percentile is not None else job_slo.percentile)
-    eng = _choice("--engine", engine, Engine) if engine is not None else job.engine or Engine.VLLM
-    if job_file is not None:
-        for flag, value, in_job in (("--model", model, job.model), ("--cluster", cluster, job.cluster),
-                                    ("--gpus", gpus, job.gpus), ("--input-len", input_len, job.input_len),
-                                    ("--output-len", output_len, job.output_len),
-                                    ("--requests", requests, job.requests), ("--engine", engine, job.engine),
-                                    ("--rate/--concurrency/--offline/--trace", given or None, job.arrival)):
-            if value is not None and in_job is not None:
-                output.err.print(f"autoplan: note: {flag} overrides {job_file}", markup=False)
+    req = build_serve_request(job_file, job, given)
+    m, c, eng, slo = req.model, req.cluster, req.engine, req.slo
+    arrival, inp, outp = req.workload.arrival, req.workload.input_len, req.workload.output_len
+    w_list, kv_list, workload = list(req.weights), list(req.kv_caches), req.workload
+    for note in req.notes:
+        output.err.print(f"autoplan: note: {note}", markup=False)
     if output.interactive(fmt.value):
         with output.err.status(f"simulating deployments on {c.gpus} GPUs ..."):
             result = serve_search(m, c, eng, workload, slo, w_list, kv_list, disaggregated=disaggregated)
