@@ -203,13 +203,23 @@ class StepModel:
                                                   prefill_call, dev, AttentionKernel.FLASH3)
         self._decode_s_per_token = 2.0 * heads * decode_dim / rate
 
+        # the layer model's GEMMs, whose m is the iteration's tokens: their (n, k, bytes per
+        # weight element: the stored precision's, the router's 16 bits), worked out once
+        self._dense_shapes = self._shapes(layer_gemms(m, 1.0, d.tp))
+        self._moe_shapes = self._shapes(layer_gemms(m, 1.0, d.tp, moe=True)) if m.is_moe else ()
+
     # -- per-layer pieces ---------------------------------------------------------------
-    def _gemms(self, gemms: list[Gemm]) -> float:
-        """The layer model's GEMMs at this deployment's precision: weights read at their
-        stored bytes (the router's in 16 bits), through the kernels' one GEMM time."""
+    def _shapes(self, gemms: list[Gemm]) -> tuple[tuple[float, float, float], ...]:
         wb = self.deployment.weights.bytes
-        return sum(gemm_time(g.m, g.n, g.k, self.device, self.dtype, wb if g.quantized else ACT_BYTES)
-                   for g in gemms)
+        return tuple((g.n, g.k, wb if g.quantized else ACT_BYTES) for g in gemms)
+
+    def _gemms(self, tokens: float, shapes: tuple[tuple[float, float, float], ...]) -> float:
+        """The layer's GEMMs for ``tokens`` rows at this deployment's precision, through the
+        kernels' one GEMM time."""
+        total = 0.0
+        for n, k, weight_bytes in shapes:
+            total += gemm_time(tokens, n, k, self.device, self.dtype, weight_bytes)
+        return total
 
     def _linear_times(self, tokens: int) -> tuple[float, float]:
         """(a dense layer's GEMMs, an MoE layer's) for ``tokens`` rows."""
@@ -218,13 +228,13 @@ class StepModel:
             return cached
         m, d = self.model, self.deployment
         t = float(tokens)
-        dense = self._gemms(layer_gemms(m, t, d.tp))
+        dense = self._gemms(t, self._dense_shapes)
         moe = 0.0
         if m.is_moe:
             # every attention-DP rank's tokens meet at the experts
             experts = batch_experts_time(m, t * d.attention_dp, d.ep, self.etp, self.device,
                                          self.dtype, d.weights.bytes)
-            moe = self._gemms(layer_gemms(m, t, d.tp, moe=True)) + experts
+            moe = self._gemms(t, self._moe_shapes) + experts
         out = (dense, moe)
         self._linear[tokens] = out
         return out
