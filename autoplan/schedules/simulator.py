@@ -165,8 +165,11 @@ def simulate_exact(
 
 def run(compiled: Compiled, schedule: Schedule, forward: Sequence[float],
         backward_input: Sequence[float], backward_weight: Sequence[float], m: int,
-        trace: bool = False, p2p_latency_s: float = 0.0, per_chunk: bool = False) -> SimResult:
-    """Simulate compiled orders (see :func:`simulate_exact`).
+        trace: bool = False, p2p_latency_s: float = 0.0, per_chunk: bool = False,
+        times: list[list[tuple[float, float]]] | None = None) -> SimResult:
+    """Simulate compiled orders (see :func:`simulate_exact`). ``times``: one empty list
+    per stage, filled with each operation's (start, end) in the stage's compiled order
+    (what :func:`critical_chain` walks; no events built, sweeps as without a trace).
 
     Each stage runs its next operations until one waits on an operation not yet run,
     in sweeps over the stages until all have run. An operation's end is a function of
@@ -192,6 +195,7 @@ def run(compiled: Compiled, schedule: Schedule, forward: Sequence[float],
     held = [0] * p
     peak = [0] * p
     log: list[tuple[int, int, int, int, float, float]] = []
+    record = trace or times is not None
     remaining = sum(len(o) for o in compiled.orders)
     ahead, back = range(p), range(p - 1, -1, -1)
     sweep = 0
@@ -218,7 +222,7 @@ def run(compiled: Compiled, schedule: Schedule, forward: Sequence[float],
                 h += change[kind]
                 if h > top:
                     top = h
-                if trace:
+                if record:
                     log.append((s, kind, j, c, start, t))
                 i += 1
             if i != pos[s]:
@@ -236,7 +240,10 @@ def run(compiled: Compiled, schedule: Schedule, forward: Sequence[float],
                                               backward_input[s] + backward_weight[s])
                      + nw * backward_weight[s]
                      for s, (nf, nb, nw) in enumerate(compiled.counts))
-    events = tuple(Event(s, KINDS[k], j, c, a, b) for s, k, j, c, a, b in log)
+    if times is not None:
+        for s, _, _, _, a, b in log:
+            times[s].append((a, b))
+    events = tuple(Event(s, KINDS[k], j, c, a, b) for s, k, j, c, a, b in log) if trace else ()
     return SimResult(max(free), busy, tuple(free), tuple(peak), events)
 
 
@@ -271,11 +278,9 @@ def critical_chain(schedule: Schedule, p: int, m: int, v: int = 1) -> Chain:
     (``Chain.length``), tight where the stages are near equal."""
     compiled = _compiled_orders(schedule, p, m, v)
     ones = (1.0,) * p
-    sim = run(compiled, schedule, ones, ones, ones, m, trace=True)
-    # per stage, events in the order run, which is the stage's compiled order
-    per_stage: list[list[Event]] = [[] for _ in range(p)]
-    for e in sim.events:
-        per_stage[e.stage].append(e)
+    # per stage, (start, end) of its operations in its compiled order
+    per_stage: list[list[tuple[float, float]]] = [[] for _ in range(p)]
+    run(compiled, schedule, ones, ones, ones, m, times=per_stage)
     where: dict[int, tuple[int, int]] = {}  # end-time slot -> (stage, index) of its op
     home = [0] * compiled.virtual_stages
     for s, order in enumerate(compiled.orders):
@@ -283,21 +288,21 @@ def critical_chain(schedule: Schedule, p: int, m: int, v: int = 1) -> Chain:
             where[end] = (s, i)
             home[vs] = s
     counts = [[0, 0, 0] for _ in range(compiled.virtual_stages)]
-    s = max(range(p), key=lambda q: per_stage[q][-1].end_s if per_stage[q] else -1.0)
+    s = max(range(p), key=lambda q: per_stage[q][-1][1] if per_stage[q] else -1.0)
     i = len(per_stage[s]) - 1
     while True:
         kind, dep, _, _, vs, _, _ = compiled.orders[s][i]
         counts[vs][kind] += 1
-        start = per_stage[s][i].start_s
+        start = per_stage[s][i][0]
         found = where.get(dep)  # none for the first F (its slot is no op's end)
         if found is not None:
             ds, di = found
-            if per_stage[ds][di].end_s == start:
+            if per_stage[ds][di][1] == start:
                 s, i = ds, di
                 continue
         if i == 0:
             break
-        assert per_stage[s][i - 1].end_s == start, "an operation starts when nothing ends"
+        assert per_stage[s][i - 1][1] == start, "an operation starts when nothing ends"
         i -= 1
     return Chain(tuple((a, b, c) for a, b, c in counts), tuple(home), compiled.split)
 
