@@ -1,6 +1,7 @@
 """Each test runs in one cost scope (``autoplan.caches``): the plans it evaluates share
-their layers' costs, and the test starts from none of an earlier test's. Tests marked ``torch`` are
-skipped where torch (the bench extra) is not installed."""
+their layers' costs, and the test starts from none of an earlier test's. Tests marked
+``slow`` run first; tests marked ``torch`` are skipped where torch (the bench extra) is
+not installed."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from autoplan import caches
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # slow tests first (their order kept): the workers (pytest-xdist) then end on short ones
+    # and finish together, instead of one waiting on another's last long test
+    items.sort(key=lambda item: "slow" not in item.keywords)
     if importlib.util.find_spec("torch") is not None:
         return
     skip = pytest.mark.skip(reason="needs torch: pip install torch==2.13.0 '.[bench]'")

@@ -164,6 +164,7 @@ _keys = st.sampled_from(["model", "cluster", "job", "layout", "micro_batch", "sc
                          "recompute", "stages", "gpus", "space", "stack", "prediction"])
 
 
+@pytest.mark.slow  # more than about 3 s on 2 cores
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(doc=st.dictionaries(_keys, _docs, max_size=6))
 def test_fuzzed_plan_and_job_files_never_end_in_a_traceback(tmp_path: Path, doc: dict) -> None:

@@ -78,6 +78,7 @@ def _sample(name, cluster, gpus, gbs, seq, space_name, every):
         yield space, plan
 
 
+@pytest.mark.slow  # more than about 3 s on 2 cores
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[5]}" for c in CASES])
 def test_the_step_time_bound_never_exceeds_the_evaluated_step(case):
     seen: set[Schedule] = set()
@@ -92,6 +93,7 @@ def test_the_step_time_bound_never_exceeds_the_evaluated_step(case):
         assert seen == set(Schedule)  # the sample holds every schedule
 
 
+@pytest.mark.slow  # more than about 3 s on 2 cores
 @pytest.mark.parametrize("case", CASES[2:6], ids=[f"{c[0]}-{c[5]}" for c in CASES[2:6]])
 def test_the_split_bounds_never_exceed_the_partitioned_plans_step(case):
     for space, plan in _sample(*case):
@@ -216,6 +218,7 @@ def test_the_critical_chain_is_the_makespan_of_equal_stages(schedule):
     assert sorted(set(chain.home)) == list(range(p))
 
 
+@pytest.mark.slow  # more than about 3 s on 2 cores
 @pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[5], CASES[7]],
                          ids=lambda c: f"{c[0]}-{c[5]}")
 def test_a_groups_memory_floor_never_exceeds_a_members_peak(case):
@@ -241,6 +244,7 @@ def test_a_groups_memory_floor_never_exceeds_a_members_peak(case):
     assert exact >= 1
 
 
+@pytest.mark.slow  # more than about 3 s on 2 cores
 @pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[5], CASES[6]],
                          ids=lambda c: f"{c[0]}-{c[5]}")
 def test_a_groups_bounds_never_exceed_a_members_step(case):

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import subprocess
@@ -48,6 +49,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache
 def import_graph() -> dict[str, set[str]]:
     """Module -> the package's modules it imports (at any depth, lazy imports and
     ``TYPE_CHECKING`` ones included: a cycle held together by a lazy import is still a

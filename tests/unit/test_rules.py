@@ -51,6 +51,7 @@ SAMPLES = [
 ]
 
 
+@pytest.mark.slow  # more than about 3 s on 2 cores
 @pytest.mark.parametrize(("model", "space_name", "gpus", "gbs", "seq", "tp_max"), SAMPLES)
 def test_every_candidate_the_search_generates_passes_the_readers_and_its_spaces_rules(
         model, space_name, gpus, gbs, seq, tp_max):
@@ -65,6 +66,7 @@ def test_every_candidate_the_search_generates_passes_the_readers_and_its_spaces_
     assert seen
 
 
+@pytest.mark.slow  # more than about 3 s on 2 cores
 def test_searched_plans_with_their_layer_splits_round_trip_through_the_reader():
     space = dataclasses.replace(load_space("megatron"), tp_max=4)
     cluster = with_gpus(resolve_cluster("dgx-h100"), 32)
@@ -76,6 +78,7 @@ def test_searched_plans_with_their_layer_splits_round_trip_through_the_reader():
         assert read_plan(doc, "<searched>") == ranked.plan
 
 
+@pytest.mark.slow  # more than about 3 s on 2 cores
 def test_tp_that_does_not_divide_a_shared_experts_width_is_never_searched():
     space = dataclasses.replace(load_space("megatron"), tp_max=4)
     cluster = with_gpus(resolve_cluster("dgx-h100"), 32)

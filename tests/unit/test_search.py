@@ -152,6 +152,7 @@ def test_no_plan_fits_reports_the_smallest_need_with_numbers():
     assert "GiB per GPU on h100-sxm (80 GiB)" in why and "optimizer" in why
 
 
+@pytest.mark.slow  # more than about 3 s on 2 cores
 def test_where_activations_never_fit_the_smallest_plan_is_brute_forces():
     """Groups whose memory floor exceeds the device are dropped whole; the message
     still names the candidate needing the least memory of all, as brute force finds it."""
