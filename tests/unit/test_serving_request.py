@@ -61,3 +61,24 @@ def test_an_unknown_engine_names_the_registered_ones():
                          output_len=64, rate=2.0, engine="foo")
     with pytest.raises(InputError, match="expected one of vllm, sglang, trtllm, got 'foo'"):
         build_serve_request(None, check_serve_options(None, given), given)
+
+
+def test_a_bad_job_file_field_is_named_with_its_file(tmp_path):
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(JOB.replace("gpus: 8", "gpus: 0").replace("engine: sglang", "engine: foo"))
+    with pytest.raises(InputError) as exc:
+        check_serve_options(job_file, ServeOptions())
+    assert [(p.source, p.field) for p in exc.value.problems] == [(str(job_file), "gpus"),
+                                                                 (str(job_file), "engine")]
+
+
+def test_lengths_past_the_context_blame_the_flag_that_set_them_else_the_file(tmp_path):
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(JOB.replace("input_len: 512", "input_len: 8150"))
+    with pytest.raises(InputError) as exc:  # the file's lengths alone: the file's workload
+        build_serve_request(job_file, check_serve_options(job_file, ServeOptions()), ServeOptions())
+    assert [(p.source, p.field) for p in exc.value.problems] == [(str(job_file), "workload")]
+    given = ServeOptions(output_len=100)
+    with pytest.raises(InputError, match="exceeds llama3-8b's max_seq_len") as exc:
+        build_serve_request(job_file, check_serve_options(job_file, given), given)
+    assert [(p.source, p.field) for p in exc.value.problems] == [("--output-len", "")]
