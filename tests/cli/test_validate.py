@@ -31,8 +31,7 @@ from autoplan.units import MiB
 from autoplan.vocab import Dtype, ZeroStage
 from tests.helpers import autoplan, autoplan_subprocess
 
-torch = pytest.importorskip("torch")
-pytestmark = pytest.mark.torch
+pytestmark = pytest.mark.torch  # skipped without torch (tests/conftest.py); imported where used
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = ROOT / "examples" / "cpu"
@@ -146,6 +145,8 @@ def test_a_gpu_cluster_on_cpu_without_a_profile_is_refused_naming_the_plan() -> 
 
 
 def test_cuda_without_a_gpu_is_refused() -> None:
+    import torch
+
     if torch.cuda.is_available():
         pytest.skip("a GPU is here")
     result = autoplan("validate", CPU / "plan-dp2.yaml", "--device", "cuda")
