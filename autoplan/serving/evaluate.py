@@ -192,20 +192,68 @@ def _evaluate_disaggregated(plan: ServingPlan, seed: int) -> ServingPrediction:
     return dataclasses.replace(pred, prefill_pool=PoolPrediction(mems[0], kvs[0], scheds[0], moved))
 
 
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """The whole deployment's requests per second, and the share of its span a scheduler
+    runs iterations (the rest it waits for requests)."""
+
+    requests_per_s: float
+    busy_share: float
+
+
+def deployment_rate(plan: ServingPlan, sim: SimResult, schedulers: int) -> Rate:
+    """Requests per second the whole deployment serves: its requests over its span, first
+    arrival to last finish of all of them, every scheduler's share counted. One scheduler is
+    simulated; the others run the same stream's share (module doc of ``serving.simulate``).
+
+    Where the simulation covers the scheduler's whole share of the workload's ``requests``
+    (``requested x schedulers >= requests``), the deployment serves them all (but what the
+    engine refuses) over: an open loop's arrival span (``requests / rate``, or the trace's
+    first to last arrival) plus the drain after the last arrival (its last request's time
+    in the simulation); a closed loop or an offline batch, all present at the start, the
+    simulated scheduler's own span. Where the simulation is a window of a longer run, the
+    rate is its steady state: an open loop that keeps up serves what arrives (the offered
+    rate; a trace's over the window's arrivals), else what the window served over its span.
+    Either way no deployment serves more requests per second than arrive."""
+    n = len(sim.arrival)
+    if not n or sim.requested == 0:
+        return Rate(0.0, 0.0)
+    w = plan.workload
+    kind, total = w.arrival.kind, w.requests
+    served = n / sim.requested  # the engine refuses what never fits its cache
+    drain = max(0.0, float(sim.finish.max() - sim.arrival.max()))
+    if sim.requested * schedulers >= total:  # the whole workload, every scheduler's share
+        if kind is ArrivalKind.RATE:
+            span = total / w.arrival.rate_rps + drain
+        elif kind is ArrivalKind.TRACE:
+            assert w.arrival.trace is not None
+            arrivals = w.arrival.trace.arrival_s[:total]
+            span = float(arrivals[-1] - arrivals[0]) + drain
+        else:
+            span = sim.duration_s
+        span = max(span, 1e-9)
+        return Rate(total * served / span, min(1.0, sim.busy_s / span))
+    # a window of a longer run: its steady state
+    window = max(sim.duration_s, 1e-9)
+    rps = n * schedulers / window
+    if kind in (ArrivalKind.RATE, ArrivalKind.TRACE) and sim.steady and n > 1:
+        arrival_span = float(sim.arrival.max() - sim.arrival.min()) * n / (n - 1)
+        offered = (w.arrival.rate_rps if kind is ArrivalKind.RATE
+                   else n * schedulers / max(arrival_span, 1e-9))
+        rps = offered * served if kind is ArrivalKind.RATE else min(rps, offered)
+    return Rate(rps, min(1.0, sim.busy_s / window))
+
+
 def _prediction(plan: ServingPlan, sim: SimResult, mem: Memory, kv: int, sched: int,
                 fits: bool) -> ServingPrediction:
     slo = plan.slo
     ttft, tpot, e2e = sim.ttft, sim.tpot, sim.e2e
     n = len(ttft)
-    span = max(sim.duration_s, 1e-9)  # first arrival to last finish
-    if plan.workload.arrival.kind is ArrivalKind.RATE and sim.steady and n > 1:
-        # an open loop that keeps up serves what arrives: rates over the arrivals' span
-        # (the drain after the last arrival is not the deployment's rate). A trace is
-        # replayed as a benchmark replays it: rates over first arrival to last finish.
-        span = max(float(sim.arrival.max() - sim.arrival.min()) * n / (n - 1), 1e-9)
-    out_tokens = float(sim.output_len.sum())
-    in_tokens = float(sim.input_len.sum())
-    rps = n / span * sched
+    rate = deployment_rate(plan, sim, sched)
+    rps = rate.requests_per_s
+    # tokens per second: the requests' rate times the served requests' mean lengths
+    out_per_request = float(sim.output_len.mean()) if n else 0.0
+    in_per_request = float(sim.input_len.mean()) if n else 0.0
     good = np.ones(n, dtype=bool)
     if slo.ttft_ms is not None:
         good &= ttft * 1e3 <= slo.ttft_ms
@@ -220,17 +268,17 @@ def _prediction(plan: ServingPlan, sim: SimResult, mem: Memory, kv: int, sched: 
     meets = (n > 0 and sim.steady
              and (slo.ttft_ms is None or slo_ttft <= slo.ttft_ms)
              and (slo.tpot_ms is None or slo_tpot <= slo.tpot_ms))
-    out_rate = float(out_tokens / span * sched)
+    out_rate = rps * out_per_request
     return ServingPrediction(
         ttft_ms=Latency.of(ttft), tpot_ms=Latency.of(tpot), e2e_ms=Latency.of(e2e),
         output_tokens_per_s=out_rate,
-        total_tokens_per_s=float((out_tokens + in_tokens) / span * sched),
+        total_tokens_per_s=rps * (out_per_request + in_per_request),
         requests_per_s=float(rps), goodput_rps=float(rps * (good.sum() / n if n else 0.0)),
         meets_slo=bool(meets), slo_ttft_ms=slo_ttft, slo_tpot_ms=slo_tpot, memory=mem,
         kv_cache_tokens=kv, max_concurrency=sim.max_running, schedulers=sched, fits=fits,
         steady=sim.steady, preemptions=sim.preemptions, simulated_requests=n,
         timeline=sim.timeline,
-        per_million=per_million(plan, out_rate, sim.busy_s / sim.duration_s if sim.duration_s > 0 else 1.0))
+        per_million=per_million(plan, out_rate, rate.busy_share))
 
 
 def serving_document(plan: ServingPlan, pred: ServingPrediction,

@@ -16,8 +16,8 @@ are spread at random, so each scheduler sees a Poisson stream at its share of th
 a recorded trace is dealt to the schedulers in turn (round robin), and this one replays
 every ``schedulers``-th request at its recorded time. A disaggregated deployment runs its
 two pools in turn (:func:`simulate_disaggregated`).
-One scheduler is simulated and the deployment's throughput is that scheduler's times the
-number of schedulers.
+One scheduler is simulated; the deployment's rates count every scheduler's share over the
+whole workload's span (:func:`autoplan.serving.evaluate.deployment_rate`).
 
 The scheduler's policy and state are :mod:`autoplan.serving.scheduler`'s
 (:class:`~autoplan.serving.scheduler.SchedulerConfig`, the KV cache's
@@ -89,6 +89,7 @@ class SimResult:
     timeline: tuple[tuple[float, int, int], ...]  # (time, running sequences, tokens) samples
     steady: bool  # the queue did not grow through the run
     index: np.ndarray  # each served request's position among the requests given (run_requests)
+    requested: int  # requests this scheduler was given (served or refused)
 
     @property
     def ttft(self) -> np.ndarray:
@@ -298,7 +299,7 @@ class _EngineLoop:
                          # a queue that grows is a rate the deployment cannot keep up with; an
                          # offline batch queues by design and a closed loop cannot outrun itself
                          _steady(arrival[served], first[served]) if open_loop else True,
-                         np.flatnonzero(served))
+                         np.flatnonzero(served), len(arrival))
 
 
 def simulate_disaggregated(prefill: StepModel, decode: StepModel, workload: Workload,
@@ -342,7 +343,8 @@ def simulate_disaggregated(prefill: StepModel, decode: StepModel, workload: Work
     duration = float(finish.max() - arrival[done].min()) if len(done) else 0.0
     return SimResult(arrival[done], first[done], finish, inputs[done], outputs[done], duration,
                      min(run.busy_s, duration), run.iterations, preemptions + run.preemptions,
-                     run.max_running, run.timeline, steady and run.steady, done)
+                     run.max_running, run.timeline, steady and run.steady, done,
+                     -(-n // d_sched))  # one decode scheduler's share of the requests simulated
 
 
 def _decode_run(step: StepModel, n_dec: int, ctx: float, to_finish: int, to_full: int,

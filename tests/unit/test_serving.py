@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.library import builtin_names, resolve_cluster, resolve_model, with_gpus
@@ -1011,3 +1013,57 @@ def test_mla_down_projections_are_replicated_in_serving_as_in_training() -> None
                  + ds.moe_layers * ds.params_router + ds.params_norm)
     assert split == pytest.approx((one - whole) / 8 + whole, rel=1e-9)
     assert whole * 7 / 8 > 1.4 * 2**30  # what splitting them wrongly freed: about 1.5 GiB
+
+
+# ---- conservation: rates over the whole workload's span, every scheduler's share counted
+
+def _served(gpus: int, rate: float, requests: int, inp: int = 512, out: int = 64):
+    cluster = with_gpus(resolve_cluster("dgx-h100"), gpus)
+    w = Workload(Lengths(float(inp)), Lengths(float(out)), Arrival(ArrivalKind.RATE, rate_rps=rate),
+                 requests)
+    return serve_search(resolve_model("llama3-8b"), cluster, Engine.VLLM, w, Slo(2000, 100))
+
+
+@settings(max_examples=30, deadline=None)
+@given(gpus=st.sampled_from([8, 16, 64]), rate=st.floats(0.05, 40.0), requests=st.integers(1, 300))
+def test_no_deployment_serves_more_requests_per_second_than_arrive(gpus, rate, requests):
+    """Whatever the deployment, the rate and the workload's size (few requests per
+    scheduler included): requests per second served <= offered, goodput <= served."""
+    for r in _served(gpus, rate, requests).plans:
+        p = r.prediction
+        assert p.requests_per_s <= rate * (1 + 1e-9), (r.plan.deployment.label(), p.requests_per_s)
+        assert p.goodput_rps <= p.requests_per_s * (1 + 1e-12)
+        assert p.output_tokens_per_s <= rate * 64 * (1 + 1e-9)
+
+
+def test_few_requests_on_many_schedulers_are_served_at_the_rate_they_arrive():
+    """The issue's case: 50 requests at 1 request/s on 64 H100s (64 schedulers of one GPU
+    each: most see no request, one sees one). Every deployment serves about 1 request/s
+    (50 over their 50 s of arrivals and the last one's drain), not 64x one request's time."""
+    few, many = _served(64, 1.0, 50), _served(64, 1.0, 1000)
+    for result in (few, many):
+        assert all(0.9 < r.prediction.goodput_rps <= 1.0 for r in result.plans)
+    # the ranking stands on the same deployment whatever the workload's size
+    assert few.plans[0].plan.deployment == many.plans[0].plan.deployment
+
+
+def test_a_trace_of_two_requests_1000_s_apart_is_two_requests_in_1000_s(tmp_path):
+    trace = tmp_path / "two.csv"
+    trace.write_text("arrival_s,input_len,output_len\n0,512,64\n1000,512,64\n")
+    r = autoplan("serve", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
+                 "--trace", trace, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    for plan in json.loads(r.stdout)["plans"]:
+        rps = plan["prediction"]["requests_per_s"]
+        assert 2 / 1001 < rps <= 2 / 1000, (plan["deployment"], rps)
+
+
+def test_a_closed_loop_with_fewer_requests_than_schedulers_counts_only_those():
+    """4 requests offline on 8 one-GPU replicas: 4 schedulers work, 4 idle; the deployment
+    serves 4 requests over one request's time, not 8."""
+    cluster = with_gpus(resolve_cluster("dgx-h100"), 8)
+    w = Workload(Lengths(512.0), Lengths(64.0), Arrival(ArrivalKind.OFFLINE), 4)
+    plan = ServingPlan(resolve_model("llama3-8b"), cluster, Engine.VLLM,
+                       Deployment(replicas=8, tp=1), w, Slo())
+    p = evaluate_serving(plan)
+    assert p.requests_per_s == pytest.approx(4 / (p.e2e_ms.mean / 1e3), rel=1e-9)
