@@ -216,6 +216,7 @@ def plan_document(plan: Plan, prediction: Prediction | None = None,
     compares against it unless told otherwise)."""
     from autoplan.descriptors.library import (
         builtin_cluster_matches,
+        builtin_cluster_ref,
         builtin_model_matches,
         builtin_stack_matches,
     )
@@ -228,6 +229,8 @@ def plan_document(plan: Plan, prediction: Prediction | None = None,
         builtin_cluster=builtin_cluster_matches(cluster),
         builtin_stack=builtin_stack_matches(plan.stack),
     )
+    if plan.placement is None and (ref := builtin_cluster_ref(cluster)) is not None:
+        out["cluster"] = ref  # a built-in by name: whole nodes, or part of a node by its GPUs
     if space is not None:
         out["space"] = space
     if prediction is not None:

@@ -224,13 +224,21 @@ def _pool(item: Any, source: str, path: str, problems: list[Problem]) -> Cluster
 
 def _one_cluster(ref: Any, source: str, field: str) -> Cluster:
     if isinstance(ref, Mapping) and "gpus_per_node" not in ref and "name" in ref:
-        # the short form of the plan file: {name: dgx-h100, nodes: 32}
+        # the short form of the plan file: {name: dgx-h100, nodes: 32}, or part of a node
+        # or whole nodes by their GPUs: {name: dgx-h100, gpus: 4}
         problems: list[Problem] = []
         f = Fields(ref, source, field, problems)
-        name, nodes = f.str("name"), f.int("nodes", 1, min=1)
+        name = f.str("name")
+        nodes = f.int("nodes", None, min=1)
+        gpus = f.int("gpus", None, min=1)
+        if nodes is not None and gpus is not None:
+            f.fail("gpus", "give nodes or gpus, not both")
         f.close()
         _raise_if(problems)
-        return dataclasses.replace(resolve_cluster(name, source, f"{field}.name"), nodes=nodes)
+        base = resolve_cluster(name, source, f"{field}.name")
+        if gpus is not None:
+            return with_gpus(base, gpus, source, f"{field}.gpus")
+        return dataclasses.replace(base, nodes=nodes or 1)
     if isinstance(ref, Mapping):
         return _cluster_from_mapping(ref, source, field)
     if isinstance(ref, str):
@@ -284,6 +292,20 @@ def builtin_cluster_matches(cluster: Cluster) -> bool:
     if cluster.name not in _index()["cluster"]:
         return False
     return dataclasses.replace(resolve_cluster(cluster.name), nodes=cluster.nodes) == cluster
+
+
+def builtin_cluster_ref(cluster: Cluster) -> dict[str, Any] | None:
+    """The short form a plan file names ``cluster`` by where it is a built-in sized by
+    :func:`with_gpus`: ``{name, nodes}`` for whole nodes, ``{name, gpus}`` for part of a
+    node; None for another cluster (written out whole)."""
+    if builtin_cluster_matches(cluster):
+        return {"name": cluster.name, "nodes": cluster.nodes}
+    if cluster.name not in _index()["cluster"]:
+        return None
+    base = resolve_cluster(cluster.name)
+    if cluster.gpus < base.gpus_per_node and with_gpus(base, cluster.gpus) == cluster:
+        return {"name": cluster.name, "gpus": cluster.gpus}
+    return None
 
 
 @cache

@@ -286,7 +286,7 @@ def serving_document(plan: ServingPlan, pred: ServingPrediction,
     """The serving plan file (``kind: serving``; issue 15's schema), with its prediction.
     Built-in models and clusters are written by name; an arrival trace by its path relative
     to ``plan_dir`` (the folder the plan is written to; None: absolute)."""
-    from autoplan.descriptors.library import builtin_cluster_matches, builtin_model_matches
+    from autoplan.descriptors.library import builtin_cluster_ref, builtin_model_matches
     from autoplan.plan import SCHEMA_VERSION
 
     d, c = plan.deployment, plan.cluster
@@ -307,7 +307,8 @@ def serving_document(plan: ServingPlan, pred: ServingPrediction,
         "autoplan": SCHEMA_VERSION,
         "kind": "serving",
         "model": plan.model.name if builtin_model_matches(plan.model) else plan.model.to_dict(),
-        "cluster": ({"name": c.name, "nodes": c.nodes} if builtin_cluster_matches(c) else c.to_dict()),
+        # a built-in by name: whole nodes, or part of a node by its GPUs
+        "cluster": builtin_cluster_ref(c) or c.to_dict(),
         "engine": plan.engine.value,
         "deployment": deployment,
         "workload": plan.workload.to_dict(plan_dir),

@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import yaml
 
 from autoplan.descriptors.library import (
     builtin_names,
@@ -477,3 +478,41 @@ def test_an_option_is_named_once_in_its_error() -> None:
     with pytest.raises(InputError) as exc:
         build_request(None, model="llama9", cluster="dgx-h100", global_batch=8, seq_len=128)
     assert str(exc.value).startswith("--model: unknown model 'llama9'")
+
+
+# ---- part of a node: {name: BUILT-IN, gpus: N}
+
+PART = """\
+autoplan: 1
+model: llama3-8b
+cluster: {name: dgx-h100, gpus: 4}
+job: {global_batch: 16, seq_len: 4096}
+layout: {dp: 4, tp: 1, pp: 1}
+micro_batch: 1
+"""
+
+
+def test_a_plan_may_use_part_of_a_node_and_writes_it_back_so():
+    from autoplan.descriptors.library import resolve_cluster, with_gpus
+    from autoplan.planfile import plan_document, read_plan
+
+    plan = read_plan(yaml.safe_load(PART), "<part>", correct=False)
+    assert plan.cluster == with_gpus(resolve_cluster("dgx-h100"), 4)
+    assert plan.cluster.gpus_per_node == 4 and plan.cluster.nvlink_domain == 4
+    assert plan_document(plan)["cluster"] == {"name": "dgx-h100", "gpus": 4}
+    whole = read_plan(yaml.safe_load(PART.replace("gpus: 4", "gpus: 16").replace("dp: 4", "dp: 16")),
+                      "<whole>", correct=False)
+    assert plan_document(whole)["cluster"] == {"name": "dgx-h100", "nodes": 2}
+
+
+@pytest.mark.parametrize(("cluster", "message"), [
+    ("{name: dgx-h100, gpus: 12}", "cluster.gpus: expected a multiple of dgx-h100's 8 GPUs per node"),
+    ("{name: dgx-h100, gpus: 0}", "cluster.gpus: expected a value >= 1"),
+    ("{name: dgx-h100, gpus: 4, nodes: 1}", "cluster.gpus: give nodes or gpus, not both"),
+])
+def test_a_bad_gpu_count_names_the_field(cluster, message):
+    from autoplan.planfile import read_plan
+
+    with pytest.raises(InputError) as exc:
+        read_plan(yaml.safe_load(PART.replace("{name: dgx-h100, gpus: 4}", cluster)), "p.yaml")
+    assert message in str(exc.value)

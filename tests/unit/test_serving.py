@@ -1067,3 +1067,23 @@ def test_a_closed_loop_with_fewer_requests_than_schedulers_counts_only_those():
                        Deployment(replicas=8, tp=1), w, Slo())
     p = evaluate_serving(plan)
     assert p.requests_per_s == pytest.approx(4 / (p.e2e_ms.mean / 1e3), rel=1e-9)
+
+
+# ---- part of a node, named by a built-in cluster and a GPU count
+
+def test_a_serving_plan_on_part_of_a_node_names_the_builtin_and_its_gpus(tmp_path):
+    """`serve --gpus 4` on dgx-h100 writes `cluster: {name: dgx-h100, gpus: 4}` (not the whole
+    cluster written out), and the plan reads back to the same prediction."""
+    out = tmp_path / "half.yaml"
+    served = autoplan("serve", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "4",
+                      "--input-len", "512", "--output-len", "64", "--rate", "2", "--requests", "50",
+                      "--out", out, "--format", "json")
+    assert served.returncode == 0, served.stderr
+    from autoplan.descriptors.strict import read_yaml
+
+    doc = read_yaml(out)
+    assert doc["cluster"] == {"name": "dgx-h100", "gpus": 4}
+    again = autoplan("evaluate", out, "--format", "json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["plans"][0]["prediction"] == \
+        json.loads(served.stdout)["plans"][0]["prediction"]
