@@ -18,6 +18,12 @@ from autoplan.kernels import flops
         ("llama3-8b", 8.03e9),
         ("llama3-70b", 70.55e9),
         ("llama3-405b", 405.85e9),
+        # Llama 3.1 / 3.3 model cards: Llama 3's architectures with a 128K context window
+        ("llama3.1-8b", 8.03e9),
+        ("llama3.1-70b", 70.55e9),
+        ("llama3.3-70b", 70.55e9),
+        # DeepSeek-V3 technical report (abstract) and DeepSeek-R1 (trained from V3-Base): 671B
+        ("deepseek-r1", 671e9),
         # Llama 2 paper (Touvron et al. 2023), checkpoint sizes
         ("llama2-7b", 6.74e9),
         ("llama2-70b", 68.98e9),
