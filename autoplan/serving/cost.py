@@ -24,9 +24,11 @@ decoding sequence. Per GPU of a pipeline stage it costs, layer by layer:
   the cluster's links through :mod:`autoplan.kernels.comm` (alpha-beta);
 - weights per GPU: :func:`autoplan.kernels.layer.layer_params_per_rank` and the
   embedding and output layer's, as training holds them (split over TP or replicated);
-- a GPU-side gap per kernel (``device.kernel_gap_s``) and the engine's per-iteration
-  host time (scheduling, sampling, detokenizing): the engine's ``host_step_s``
-  (``autoplan/serving/engines/``).
+- a GPU-side gap per kernel (``device.kernel_gap_s``) and the engine's host time per
+  iteration (scheduling, input preparation): the engine's ``host_step_s``, plus its time per
+  sampled sequence (sampling, detokenizing, streaming): ``host_seq_s``
+  (``autoplan/serving/engines/``, fitted by ``benchmarks/serving_fit.py``, with the
+  engine's ``kernel_scale``: its kernels' time over the roofline's at the device's rates).
 """
 
 from __future__ import annotations
@@ -257,7 +259,8 @@ class StepModel:
         elif m.is_moe and d.attention_dp > 1:  # experts split over the stage: gather, then reduce
             ep_comm = Lm * all_reduce_seconds(act * d.attention_dp, self.stage_group)
         pp_comm = (d.pp - 1) * comm.p2p(act / d.tp, self.pp_cross, self.cluster) if d.pp > 1 else 0.0
-        out = Breakdown(gemm=self.dense_stage * d.pp * dense, moe=Lm * moe, elementwise=elementwise,
+        k = self.engine.spec.kernel_scale
+        out = Breakdown(gemm=k * self.dense_stage * d.pp * dense, moe=k * Lm * moe, elementwise=elementwise,
                         tp_comm=tp_comm, ep_comm=ep_comm, pp_comm=pp_comm,
                         kernel_gaps=L * KERNELS_PER_LAYER * dev.kernel_gap_s,
                         host=self.engine.spec.host_step_s)
@@ -272,8 +275,9 @@ class StepModel:
         cached = self._sampled.get(sampled)
         if cached is None:
             m, d = self.model, self.deployment
-            cached = (gemm_time(sampled, m.vocab / d.tp, m.hidden, self.device, Dtype.BF16)
-                      + 2 * LOGIT_BYTES * sampled * m.vocab / d.tp / self.mem_eff_Bps)
+            cached = self.engine.spec.kernel_scale * (
+                gemm_time(sampled, m.vocab / d.tp, m.hidden, self.device, Dtype.BF16)
+                + 2 * LOGIT_BYTES * sampled * m.vocab / d.tp / self.mem_eff_Bps)
             self._sampled[sampled] = cached
         return cached
 
@@ -284,15 +288,17 @@ class StepModel:
         attention = self._prefill_s_per_pair * prefill_pairs
         kv_bytes = (decode_context + prefill_context) * self.kv_token_layer
         kv_read = max(kv_bytes / self.mem_eff_Bps, self._decode_s_per_token * decode_context)
-        return attention, self.layers_stage * self.deployment.pp * kv_read
+        k = self.engine.spec.kernel_scale
+        return k * attention, k * self.layers_stage * self.deployment.pp * kv_read
 
     def decode_coefficients(self, decodes: int) -> tuple[float, float]:
         """(A, c): a decode-only iteration of ``decodes`` sequences holding ``ctx`` tokens of
         context takes A + c ctx (:meth:`step_seconds` with no prefill; the simulation sums
         runs of them in closed form)."""
-        a = self._per_tokens(decodes).total + self._logits(decodes)
-        c = self.layers_stage * self.deployment.pp * max(self.kv_token_layer / self.mem_eff_Bps,
-                                                         self._decode_s_per_token)
+        spec = self.engine.spec
+        a = self._per_tokens(decodes).total + self._logits(decodes) + spec.host_seq_s * decodes
+        c = spec.kernel_scale * self.layers_stage * self.deployment.pp * max(
+            self.kv_token_layer / self.mem_eff_Bps, self._decode_s_per_token)
         return a, c
 
     def iteration(self, tokens: int, decodes: int, decode_context: float,
@@ -307,8 +313,9 @@ class StepModel:
         if tokens <= 0:
             return Breakdown()
         attention, kv_read = self._attention(decode_context, prefill_pairs, prefill_context)
-        return replace(self._per_tokens(tokens), attention=attention, kv_read=kv_read,
-                       logits=self._logits(sampled))
+        base = self._per_tokens(tokens)
+        return replace(base, attention=attention, kv_read=kv_read, logits=self._logits(sampled),
+                       host=base.host + self.engine.spec.host_seq_s * sampled)
 
     def step_seconds(self, tokens: int, decodes: int, decode_context: float,
                      prefill_pairs: float, prefill_context: float, sampled: int) -> float:
@@ -321,7 +328,8 @@ class StepModel:
         if total is None:
             total = self._token_totals[tokens] = self._per_tokens(tokens).total
         attention, kv_read = self._attention(decode_context, prefill_pairs, prefill_context)
-        return total + attention + kv_read + self._logits(sampled)
+        host = self.engine.spec.host_seq_s * sampled
+        return total + attention + kv_read + self._logits(sampled) + host
 
     # -- memory ---------------------------------------------------------------------
     def memory(self) -> Memory:

@@ -76,6 +76,12 @@ class EngineSpec:
     side_flag: str = ""  # the flag naming a side file on the command line
     notes: Callable[[ServingPlan], list[str]] = _no_notes  # comments for the script's reader
     parser: str = ""  # where the engine's own argument parser lives (the export tests run it)
+    # host time per sequence an iteration samples (sampling, detokenizing, streaming the
+    # token out): it grows with the batch where the per-iteration part does not
+    host_seq_s: float = 0.0
+    # the engine's kernels' time over the roofline's at the device's rates (GEMMs, experts,
+    # attention, KV reads, logits): >1 where they reach less of the rates than modelled
+    kernel_scale: float = 1.0
 
     @property
     def script(self) -> str:

@@ -93,3 +93,37 @@ def test_export_writes_its_own_launch_script(toy, tmp_path):
     assert "--max-seqs" in script
     refused = autoplan("export", out, "--to", "vllm", "-o", tmp_path / "other")
     assert refused.returncode == 2 and "predicted for toyserve" in refused.stderr
+
+
+def test_an_engines_host_and_kernel_constants_enter_an_iteration_as_stated():
+    """Hand calculation: host_seq_s adds its time once per sampled sequence; kernel_scale
+    multiplies the kernels' parts (GEMMs, attention, KV reads, logits) and nothing else;
+    the closed form of decode runs (decode_coefficients) agrees with step_seconds."""
+    import dataclasses
+
+    model, cluster = resolve_model("llama3-8b"), with_gpus(resolve_cluster("dgx-h100"), 1)
+    d = Deployment(replicas=1, tp=1)
+    plain = register(TOY)
+    try:
+        base = StepModel(model, cluster, d, plain)
+        slow_spec = dataclasses.replace(TOY, name="toyslow", attr="TOYSLOW", host_seq_s=20e-6,
+                                        kernel_scale=1.5)
+        slow_engine = register(slow_spec)
+        try:
+            slow = StepModel(model, cluster, d, slow_engine)
+            b0 = base.iteration(300, 44, 44 * 900.0, 256 * 257 / 2, 0.0, 45)
+            b1 = slow.iteration(300, 44, 44 * 900.0, 256 * 257 / 2, 0.0, 45)
+            kernels = ("gemm", "attention", "kv_read", "logits")
+            for part in kernels:
+                assert getattr(b1, part) == pytest.approx(1.5 * getattr(b0, part), rel=1e-12)
+            for part in ("elementwise", "tp_comm", "kernel_gaps"):
+                assert getattr(b1, part) == getattr(b0, part)
+            assert b1.host - b0.host == pytest.approx(45 * 20e-6, rel=1e-12)
+            assert slow.step_seconds(300, 44, 44 * 900.0, 256 * 257 / 2, 0.0, 45) == pytest.approx(b1.total)
+            a, c = slow.decode_coefficients(44)
+            assert a + c * 44 * 900.0 == pytest.approx(slow.step_seconds(44, 44, 44 * 900.0, 0.0, 0.0, 44))
+        finally:
+            unregister(slow_engine)
+    finally:
+        caches.clear()
+        unregister(plain)

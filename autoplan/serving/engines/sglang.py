@@ -53,6 +53,8 @@ def multi_node(plan: ServingPlan, nodes: int) -> list[str]:
 SGLANG = register(EngineSpec(
     name="sglang", attr="SGLANG", doc="SGLang's server (python -m sglang.launch_server).",
     defaults=defaults,
-    host_step_s=1.5e-3,  # overlaps scheduling with the previous step; provisional (as vLLM's)
+    # overlaps scheduling with the previous step; not fitted (no SGLang row in
+    # serving_calibration.csv; benchmarks/serving_fit.py)
+    host_step_s=1.5e-3,
     command='python -m sglang.launch_server --model-path "$MODEL"', args=args,
     multi_node=multi_node, parser="sglang.srt.server_args:ServerArgs.add_cli_args"))

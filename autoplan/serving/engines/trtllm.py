@@ -78,6 +78,9 @@ def notes(plan: ServingPlan) -> list[str]:
 TRTLLM = register(EngineSpec(
     name="trtllm", attr="TRTLLM", doc="TensorRT-LLM's server (trtllm-serve, PyTorch backend).",
     defaults=defaults,
-    host_step_s=1.0e-3,  # the C++ runtime's: the least of the three; provisional (as vLLM's)
+    # fitted on serving_calibration.csv's TensorRT-LLM rows (v0.5 first-token latencies,
+    # v0.6.1 static batches, v0.17 offline throughput), each source weighing the same:
+    # `python benchmarks/serving_fit.py` (leave-one-source-out error in docs/ACCURACY.md)
+    host_step_s=2.98e-3, host_seq_s=1.71e-6, kernel_scale=1.019,
     command='trtllm-serve "$MODEL"', args=args, refusals=refusals, side_files=side_files,
     side_flag="--extra_llm_api_options", notes=notes, parser="tensorrt_llm.commands.serve"))

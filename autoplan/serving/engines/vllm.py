@@ -70,8 +70,9 @@ def multi_node(plan: ServingPlan, nodes: int) -> list[str]:
 VLLM = register(EngineSpec(
     name="vllm", attr="VLLM", doc="vLLM's OpenAI-compatible server (vllm serve, V1 engine).",
     defaults=defaults,
-    # vLLM V1 overlaps scheduling with the previous step; provisional, to be fitted on
-    # serving_calibration.csv (benchmarks/serving_accuracy.py)
+    # vLLM V1 overlaps scheduling with the previous step. Not fitted: no row of
+    # serving_calibration.csv that autoplan scores ran on a stated vLLM (Lambda's state no
+    # lengths; Splitwise's does not state its engine), see benchmarks/serving_fit.py
     host_step_s=2.0e-3,
     command='vllm serve "$MODEL"', args=args, refusals=refusals, multi_node=multi_node,
     parser="vllm.entrypoints.cli.serve:ServeSubcommand"))
