@@ -465,6 +465,12 @@ def serve(
         "--disaggregated", help="Also try prefill/decode disaggregated deployments: splits of the "
                                 "GPUs into a prefill pool and a decode pool (every one on a small "
                                 "cluster, prefill shares of k/16 on a large one).")] = False,
+    prefix_share: Annotated[float | None, typer.Option(
+        "--prefix-share", help="Share of the mean prompt that is a prefix shared across requests "
+                               "(system prompt, chat history): prefix caching skips it in prefill "
+                               "and holds it once in the KV cache.")] = None,
+    prefix_groups: Annotated[int | None, typer.Option(
+        "--prefix-groups", help="Distinct shared prefixes the requests fall into (default 1).")] = None,
     top: Annotated[int, typer.Option("--top", "-k", min=1, help="How many plans to show.")] = 10,
     out_path: Annotated[Path | None, typer.Option("--out", "-o", help="Write the best plan here.")] = None,
     fmt: FormatOpt = Format.table,
@@ -479,7 +485,8 @@ def serve(
         model=model, cluster=cluster, gpus=gpus, input_len=input_len, output_len=output_len,
         rate=rate, concurrency=concurrency, offline=offline, trace=trace, requests=requests,
         ttft_slo=ttft_slo, tpot_slo=tpot_slo, percentile=percentile, engine=engine,
-        weights=weights, kv_cache=kv_cache, price=price)
+        weights=weights, kv_cache=kv_cache, price=price, prefix_share=prefix_share,
+        prefix_groups=prefix_groups)
     job = check_serve_options(job_file, given)
     if out_path is not None:
         files.check_target(out_path)
@@ -516,7 +523,8 @@ def serve(
         output.emit_json(doc)
     else:
         title = escape(f"{m.name} on {c.gpus} x {c.device.name} ({c.name}), {eng.value}, "
-                       f"{inp.mean:g} in / {outp.mean:g} out, {arrival.label()}")
+                       f"{inp.mean:g} in / {outp.mean:g} out, {arrival.label()}"
+                       + (f", {workload.prefix.label()}" if workload.prefix is not None else ""))
         output.out.print(render.serving_table(shown, slo, title))
         output.out.print(render.serving_front_table(result.front))
         output.out.print(escape(

@@ -223,25 +223,68 @@ class Arrival:
 
 
 @dataclass(frozen=True, slots=True)
+class Prefix:
+    """Prompts that begin with a shared prefix (a system prompt, a chat's history, an agent's
+    tools), for prefix caching (vLLM's automatic prefix caching, SGLang's RadixAttention,
+    TensorRT-LLM's KV block reuse): ``share`` of the mean prompt is a prefix shared by the
+    requests of its group, and requests fall into ``groups`` such groups in turn. A request
+    whose group's prefix is computed skips it in prefill (in whole KV blocks of the engine's
+    ``kv_block_tokens``, its last prompt token always computed), and each group's prefix is
+    held once in the KV cache."""
+
+    share: float
+    groups: int = 1
+
+    def tokens(self, mean_prompt: float) -> int:
+        """The prefix's length: ``share`` of the mean prompt, in whole tokens."""
+        return int(self.share * mean_prompt)
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"share": self.share, "groups": self.groups}
+
+    def label(self) -> str:
+        groups = f" in {self.groups:,} groups" if self.groups > 1 else ""
+        return f"{self.share:.0%} shared prefix{groups}"
+
+
+def prefix_hit(prefix_tokens: int, prompt: int, block: int) -> int:
+    """Tokens of a ``prompt`` a warm prefix cache serves: the prefix in whole blocks, at most
+    all of the prompt's whole blocks but its last token (vLLM V1's ``get_computed_blocks``
+    leaves the last token to compute, for its logits)."""
+    return min(prefix_tokens, prompt - 1) // block * block
+
+
+@dataclass(frozen=True, slots=True)
 class Workload:
     input_len: Lengths  # a trace's: its summary (Trace.lengths)
     output_len: Lengths
     arrival: Arrival
     requests: int = 1000
+    prefix: Prefix | None = None  # shared prompt prefixes (prefix caching)
 
     def to_dict(self, relative_to: str | None = None) -> dict[str, object]:
+        out: dict[str, object]
         if self.arrival.kind is ArrivalKind.TRACE:  # the trace holds the lengths
-            return {"arrival": self.arrival.to_dict(relative_to), "requests": self.requests}
-        return {"input_len": self.input_len.to_dict(), "output_len": self.output_len.to_dict(),
-                "arrival": self.arrival.to_dict(), "requests": self.requests}
+            out = {"arrival": self.arrival.to_dict(relative_to), "requests": self.requests}
+        else:
+            out = {"input_len": self.input_len.to_dict(), "output_len": self.output_len.to_dict(),
+                   "arrival": self.arrival.to_dict(), "requests": self.requests}
+        if self.prefix is not None:
+            out["prefix"] = self.prefix.to_dict()
+        return out
+
+    @property
+    def prefix_tokens(self) -> int:
+        """The shared prefix's length (0: none)."""
+        return 0 if self.prefix is None else self.prefix.tokens(self.input_len.mean)
 
     @classmethod
-    def of_trace(cls, trace: Trace, requests: int | None = None) -> Workload:
+    def of_trace(cls, trace: Trace, requests: int | None = None, prefix: Prefix | None = None) -> Workload:
         """The trace's first ``requests`` requests (all of them by default)."""
         n = len(trace) if requests is None else requests
         assert 1 <= n <= len(trace)
         return cls(trace.lengths(trace.input_len[:n]), trace.lengths(trace.output_len[:n]),
-                   Arrival(ArrivalKind.TRACE, trace=trace), n)
+                   Arrival(ArrivalKind.TRACE, trace=trace), n, prefix)
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,6 +82,9 @@ class EngineSpec:
     # the engine's kernels' time over the roofline's at the device's rates (GEMMs, experts,
     # attention, KV reads, logits): >1 where they reach less of the rates than modelled
     kernel_scale: float = 1.0
+    # tokens per KV cache block: prefix caching reuses whole blocks (vLLM's block_size 16,
+    # SGLang's radix cache page_size 1, TensorRT-LLM's tokens_per_block 32)
+    kv_block_tokens: int = 16
 
     @property
     def script(self) -> str:

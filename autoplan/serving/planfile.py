@@ -30,6 +30,7 @@ from autoplan.serving.deployment import (
     Lengths,
     Pool,
     Precision,
+    Prefix,
     ServingPlan,
     Slo,
     Trace,
@@ -231,10 +232,26 @@ def _no_lengths_beside(w: Fields) -> None:
             w.raw(key)  # read: not reported again as unknown
 
 
-def _trace_workload(w: Fields, trace: Trace) -> Workload | None:
+def _trace_workload(w: Fields, trace: Trace, prefix: Prefix | None) -> Workload | None:
     """The trace's first ``requests`` requests (all of them by default)."""
     requests = w.int("requests", len(trace), min=1, max=len(trace))
-    return None if requests is None else Workload.of_trace(trace, requests)
+    return None if requests is None else Workload.of_trace(trace, requests, prefix)
+
+
+def _prefix(w: Fields) -> Prefix | None:
+    """The workload's ``prefix``: ``{share: S, groups: G}`` (prefix caching); None where
+    absent or wrong (the problem recorded)."""
+    if not w.has("prefix"):
+        return None
+    g = w.child("prefix", w.raw("prefix"))
+    if not g.ok:
+        return None
+    share = g.float("share", min=0.0, max=1.0)
+    groups = g.int("groups", 1, min=1, max=MAX_REQUESTS)
+    g.close()
+    if share is None or groups is None:
+        return None
+    return Prefix(share, groups)
 
 
 def _model_and_cluster(f: Fields, required: bool) -> tuple[Model | None, Cluster | None]:
@@ -379,6 +396,7 @@ class ServingJob:
     arrival: Arrival | None = None
     requests: int | None = None
     slo: Slo | None = None
+    prefix: Prefix | None = None
 
 
 def read_serving_job(data: Any, source: str) -> ServingJob:
@@ -398,11 +416,12 @@ def read_serving_job(data: Any, source: str) -> ServingJob:
     model, cluster = _model_and_cluster(f, required=False)
     gpus = f.int("gpus", None, min=1, max=MAX_DEGREE * 16)
     engine = f.enum("engine", Engine, None)
-    inp = out = arrival = None
+    inp = out = arrival = prefix = None
     requests = None
     if f.has("workload"):
         w = f.child("workload", f.raw("workload"))
         if w.ok:
+            prefix = _prefix(w)
             arrival = _arrival(w) if w.has("arrival") else None
             if arrival is not None and arrival.trace is not None:
                 _no_lengths_beside(w)  # the trace's (serve reads them from it)
@@ -417,7 +436,7 @@ def read_serving_job(data: Any, source: str) -> ServingJob:
     if problems:
         raise InputError(problems)
     return ServingJob(model=model, cluster=cluster, gpus=gpus, engine=engine, input_len=inp,
-                      output_len=out, arrival=arrival, requests=requests, slo=slo)
+                      output_len=out, arrival=arrival, requests=requests, slo=slo, prefix=prefix)
 
 
 def read_serving_plan(data: Any, source: str, *, profile: Profile | None = None,
@@ -443,14 +462,15 @@ def read_serving_plan(data: Any, source: str, *, profile: Profile | None = None,
     workload = None
     if w.ok:
         arrival = _arrival(w)
+        prefix = _prefix(w)
         if arrival is not None and arrival.trace is not None:
             _no_lengths_beside(w)
-            workload = _trace_workload(w, arrival.trace)
+            workload = _trace_workload(w, arrival.trace, prefix)
         else:
             inp, out = _lengths(w, "input_len"), _lengths(w, "output_len")
             requests = w.int("requests", 1000, min=1, max=MAX_REQUESTS)
             if None not in (inp, out, arrival, requests):
-                workload = Workload(inp, out, arrival, requests)  # type: ignore[arg-type]
+                workload = Workload(inp, out, arrival, requests, prefix)  # type: ignore[arg-type]
         w.close()
     slo = _slo(f) if f.has("slo") else Slo()
     if f.has("prediction") and not isinstance(f.raw("prediction"), Mapping):

@@ -27,6 +27,7 @@ from autoplan.serving.deployment import (
     ArrivalKind,
     Lengths,
     Precision,
+    Prefix,
     Slo,
     Workload,
 )
@@ -66,6 +67,8 @@ class ServeOptions:
     weights: str = "bf16"  # comma-separated precisions to try
     kv_cache: str = "bf16"
     price: float | None = None  # USD per GPU-hour
+    prefix_share: float | None = None  # shared prompt prefix (prefix caching)
+    prefix_groups: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +164,15 @@ def _option_problems(job_file: Path | None, job: ServingJob, given: ServeOptions
     if given.percentile is not None and not 0 < given.percentile <= 100:
         problems.append(Problem("--percentile", "", f"expected more than 0 and at most 100, "
                                                      f"got {given.percentile:g}"))
+    if given.prefix_share is not None and not 0 <= given.prefix_share <= 1:
+        problems.append(Problem("--prefix-share", "", f"expected a share of the prompt from 0 to 1, "
+                                                      f"got {given.prefix_share:g}"))
+    if given.prefix_groups is not None and not 1 <= given.prefix_groups <= MAX_REQUESTS:
+        problems.append(Problem("--prefix-groups", "", f"expected 1 to {MAX_REQUESTS:,}, "
+                                                       f"got {given.prefix_groups:,}"))
+    elif given.prefix_groups is not None and given.prefix_share is None and job.prefix is None:
+        problems.append(Problem("--prefix-groups", "", "groups of what prefix? give --prefix-share "
+                                                       "(or workload.prefix in the job file)"))
     if given.price is not None and not (0 < given.price <= MAX_MONEY):
         problems.append(Problem("--price", "", f"expected USD per GPU-hour > 0 and at most "
                                                f"{MAX_MONEY:g}, got {given.price:g}"))
@@ -196,7 +208,7 @@ def _traced_workload(job_file: Path | None, job: ServingJob, given: ServeOptions
     if n_requests > len(recorded):
         raise InputError.single("--requests", "", f"expected at most the trace's {len(recorded):,} "
                                                   f"requests, got {n_requests:,}")
-    workload = Workload.of_trace(recorded, n_requests)
+    workload = Workload.of_trace(recorded, n_requests, _prefix(job, given))
     too_long = trace_too_long(workload, model)
     if too_long:
         raise InputError.single(str(given.trace) if given.trace is not None else str(job_file), "",
@@ -222,7 +234,17 @@ def _workload(job_file: Path | None, job: ServingJob, given: ServeOptions, model
             "serves longer ones)"))
     n_requests = (given.requests if given.requests is not None
                   else job.requests if job.requests is not None else 1000)
-    return Workload(inp, outp, arrival, n_requests)
+    return Workload(inp, outp, arrival, n_requests, _prefix(job, given))
+
+
+def _prefix(job: ServingJob, given: ServeOptions) -> Prefix | None:
+    """The shared prompt prefix: the options' over the job file's."""
+    base = job.prefix
+    if given.prefix_share is None and given.prefix_groups is None:
+        return base
+    share = given.prefix_share if given.prefix_share is not None else base.share if base else 0.0
+    groups = given.prefix_groups if given.prefix_groups is not None else base.groups if base else 1
+    return Prefix(share, groups)
 
 
 def _engine(name: str) -> Engine:
@@ -243,6 +265,7 @@ def _override_notes(job_file: Path | None, job: ServingJob, given: ServeOptions)
              ("--gpus", given.gpus, job.gpus), ("--input-len", given.input_len, job.input_len),
              ("--output-len", given.output_len, job.output_len),
              ("--requests", given.requests, job.requests), ("--engine", given.engine, job.engine),
+             ("--prefix-share", given.prefix_share, job.prefix),
              (ARRIVAL_FLAGS, arrivals, job.arrival))
     return tuple(f"{flag} overrides {job_file}" for flag, value, in_job in pairs
                  if value is not None and in_job is not None)

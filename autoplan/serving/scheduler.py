@@ -63,7 +63,9 @@ class KVPool:
     """The scheduler's KV cache in tokens (vLLM's ``KVCacheManager`` over its block pool,
     counted per token rather than per block). ``used``: tokens whose KV is stored;
     ``committed``: what the live requests' admissions set aside (prompt and reserved
-    output), checked against the capacity only where the engine reserves output."""
+    output), checked against the capacity only where the engine reserves output. Shared
+    prompt prefixes (prefix caching) are held once, outside both: the capacity given is
+    what is left beside them."""
 
     __slots__ = ("capacity", "used", "committed", "reserves")
 
@@ -112,11 +114,15 @@ class Request:
     """One request's progress through the scheduler (vLLM's ``Request``)."""
 
     __slots__ = ("i", "prompt", "done_prompt", "left", "admit", "join_iter", "finish_iter", "live",
-                 "held", "cached")
+                 "held", "cached", "shared", "group")
 
-    def __init__(self, i: int, prompt: int, out: int, cached: bool = False):
+    def __init__(self, i: int, prompt: int, out: int, cached: bool = False, shared: int = 0,
+                 group: int = 0):
         self.i, self.prompt = i, prompt
         self.cached = cached  # its prompt's KV arrives computed (disaggregated decode)
+        # prefix caching: its prompt's first ``shared`` tokens are its prefix group's, whose
+        # KV is held once for the group (a cache hit once one request has computed them)
+        self.shared, self.group = shared, group
         self.left = out  # tokens still to generate
         self.done_prompt = 0  # prompt tokens whose KV is computed
         self.admit = 0  # admission order
@@ -124,6 +130,15 @@ class Request:
         self.finish_iter = 0  # the iteration that produces its last token
         self.live = False  # admitted and not finished or preempted
         self.held = 0  # KV tokens its admission set aside (prompt + reserved output)
+
+    @property
+    def private(self) -> int:
+        """Prompt tokens whose KV is its own (the shared prefix is held once for all)."""
+        return self.prompt - self.shared
+
+    def private_of(self, c: int) -> int:
+        """Of the next ``c`` prompt tokens it computes, those stored as its own."""
+        return max(0, self.done_prompt + c - max(self.done_prompt, self.shared))
 
 
 class Decodes:
@@ -171,7 +186,7 @@ class Decodes:
             held = r.prompt + (it - r.join_iter)
             self.count -= 1
             self.context -= held
-            self.pool.free(held, r.held)
+            self.pool.free(held - r.shared, r.held)
             r.live = False
             done.append(r)
         return done
@@ -183,7 +198,7 @@ class Decodes:
         heapq.heapify(self.heap)
         self.count -= 1
         self.context -= held
-        self.pool.free(held, r.held)
+        self.pool.free(held - r.shared, r.held)
 
 
 class Batch:
@@ -191,9 +206,11 @@ class Batch:
     ``SchedulerOutput``): every decode, then prompt ``chunks`` within the token ``budget``
     left; ``joined``: requests admitted with their cache computed, decoding from this
     iteration; ``pairs`` and ``prior``: the chunks' causal (query, key) pairs and the KV
-    tokens of earlier chunks they re-read (``StepModel.step_seconds``)."""
+    tokens of earlier chunks they re-read (``StepModel.step_seconds``); ``stored``: of the
+    ``new_kv`` prompt tokens computed, those stored as their requests' own (a shared
+    prefix's are held once)."""
 
-    __slots__ = ("budget", "running", "chunks", "joined", "new_kv", "pairs", "prior")
+    __slots__ = ("budget", "running", "chunks", "joined", "new_kv", "stored", "pairs", "prior")
 
     def __init__(self, budget: int, running: int):
         self.budget = budget
@@ -201,6 +218,7 @@ class Batch:
         self.chunks: list[tuple[Request, int]] = []
         self.joined: list[Request] = []
         self.new_kv = 0  # prompt tokens the chunks compute
+        self.stored = 0
         self.pairs = self.prior = 0.0
 
     def add_chunk(self, r: Request, c: int) -> None:
@@ -209,6 +227,7 @@ class Batch:
         self.chunks.append((r, c))
         self.budget -= c
         self.new_kv += c
+        self.stored += r.private_of(c)
         self.pairs += c * p + c * (c + 1) / 2  # causal (query, key) pairs of the chunk
         self.prior += p
 
@@ -219,7 +238,7 @@ class Scheduler:
     the admitted prompts in admission order, the decodes and the KV cache."""
 
     __slots__ = ("config", "pool", "waiting", "prefilling", "decodes", "order", "admitted",
-                 "preemptions")
+                 "preemptions", "warm", "cached_tokens")
 
     def __init__(self, config: SchedulerConfig, pool: KVPool):
         self.config = config
@@ -230,6 +249,8 @@ class Scheduler:
         self.order: list[Request] = []  # admissions, latest last (lazy: stale entries are skipped)
         self.admitted = 0
         self.preemptions = 0
+        self.warm: set[int] = set()  # prefix groups whose shared prefix is computed
+        self.cached_tokens = 0  # prompt tokens admissions found computed (prefix cache hits)
 
     def idle(self) -> bool:
         """Nothing waits or runs."""
@@ -251,7 +272,7 @@ class Scheduler:
         victim.live = False
         if victim in self.prefilling:
             self.prefilling.remove(victim)
-            self.pool.free(victim.done_prompt, victim.held)
+            self.pool.free(max(0, victim.done_prompt - victim.shared), victim.held)
         else:
             held = victim.prompt + (it - 1) - victim.join_iter  # its prompt and decode steps
             self.decodes.remove(victim, held)
@@ -277,8 +298,8 @@ class Scheduler:
             batch.add_chunk(r, c)
         while waiting and batch.budget > 0 and batch.running < cfg.max_num_seqs:
             r = waiting[0]
-            held = cfg.held(r.prompt, r.left)
-            if self.pool.refuses(r.prompt, held):
+            held = cfg.held(r.private, r.left)
+            if self.pool.refuses(r.private, held):
                 waiting.popleft()
                 continue
             if not (self._admit_computed(r, held, it, batch) if r.cached else
@@ -297,10 +318,17 @@ class Scheduler:
         batch.running += 1
 
     def _admit_prompt(self, r: Request, held: int, batch: Batch) -> bool:
-        """Admit ``r`` with its prompt's first chunk, where it fits."""
-        c = min(r.prompt, batch.budget)
-        if not self.config.schedulable(c, r.prompt) or not self.pool.can_admit(batch.new_kv + c, held):
+        """Admit ``r`` with its prompt's first chunk, where it fits; a prompt whose prefix
+        group is warm starts past its shared prefix (a prefix cache hit)."""
+        hit = r.shared if r.shared and r.group in self.warm else 0
+        c = min(r.prompt - hit, batch.budget)
+        r.done_prompt = hit
+        stored = r.private_of(c)
+        if (not self.config.schedulable(c, r.prompt - hit)
+                or not self.pool.can_admit(batch.stored + stored, held)):
+            r.done_prompt = 0
             return False
+        self.cached_tokens += hit
         self._admit(r, held, batch)
         self.prefilling.append(r)
         batch.add_chunk(r, c)
@@ -309,7 +337,7 @@ class Scheduler:
     def _admit_computed(self, r: Request, held: int, it: int, batch: Batch) -> bool:
         """Admit ``r`` whose prompt's KV arrives computed (a disaggregated deployment's
         decode instance): it takes its prompt's cache and decodes from this iteration."""
-        if not self.pool.can_admit(batch.new_kv + r.prompt + 1, held):
+        if not self.pool.can_admit(batch.stored + r.prompt + 1, held):
             return False
         r.done_prompt = r.prompt
         self._admit(r, held, batch, stored=r.prompt)
@@ -323,6 +351,8 @@ class Scheduler:
         done: list[Request] = []
         for r, c in batch.chunks:
             r.done_prompt += c
+            if r.shared and r.done_prompt >= r.shared:
+                self.warm.add(r.group)
             if r.done_prompt >= r.prompt:
                 done.append(r)
         return done
@@ -333,7 +363,7 @@ class Scheduler:
         self.prefilling.remove(r)
         r.left -= 1
         if r.left <= 0:
-            self.pool.free(r.prompt, r.held)
+            self.pool.free(r.private, r.held)
             r.live = False
             return True
         self.decodes.join(r, it)

@@ -37,7 +37,7 @@ import numpy as np
 
 from autoplan.errors import AutoplanError
 from autoplan.serving.cost import StepModel
-from autoplan.serving.deployment import ArrivalKind, Dist, Lengths, Workload
+from autoplan.serving.deployment import ArrivalKind, Dist, Lengths, Workload, prefix_hit
 from autoplan.serving.scheduler import Batch, KVPool, Request, Scheduler, SchedulerConfig
 
 MAX_SIMULATED_REQUESTS = 4000  # per simulation: percentiles to a few % and a search in seconds
@@ -116,7 +116,13 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
     n = min(simulated_per_scheduler(step, workload), math.ceil(workload.requests / schedulers))
     arrival, inputs, outputs, closed = _requests(workload, schedulers, n, np.random.default_rng(seed))
     return run_requests(step, arrival, inputs, outputs, kv_tokens, closed=closed,
-                        open_loop=workload.arrival.kind in OPEN_LOOP, step_over_decodes=step_over_decodes)
+                        open_loop=workload.arrival.kind in OPEN_LOOP, step_over_decodes=step_over_decodes,
+                        prefix=_prefix(workload))
+
+
+def _prefix(workload: Workload) -> tuple[int, int]:
+    """(shared prefix tokens, prefix groups) of the workload's prompts ((0, 1): none)."""
+    return (workload.prefix_tokens, workload.prefix.groups) if workload.prefix is not None else (0, 1)
 
 
 def simulated_per_scheduler(step: StepModel, workload: Workload) -> int:
@@ -155,16 +161,27 @@ def _requests(workload: Workload, schedulers: int, n: int, rng: np.random.Genera
 
 def run_requests(step: StepModel, arrival: np.ndarray, inputs: np.ndarray, outputs: np.ndarray,
                  kv_tokens: int, *, closed: int = 0, open_loop: bool = False,
-                 step_over_decodes: bool = True, prefilled: bool = False) -> SimResult:
+                 step_over_decodes: bool = True, prefilled: bool = False,
+                 prefix: tuple[int, int] = (0, 1)) -> SimResult:
     """The scheduler over given requests (arrival times, sorted; prompt and output lengths).
     ``closed``: a closed loop of that many requests in flight (the rest of ``arrival``
     unset, filled in as requests finish). ``prefilled``: the requests arrive with their
     prompt's KV cache already computed (a decode instance of a disaggregated deployment):
     admitting one takes its prompt's cache and no prompt compute, and it decodes from the
-    iteration it is admitted in; one preempted is recomputed like any other."""
+    iteration it is admitted in; one preempted is recomputed like any other. ``prefix``:
+    (tokens, groups) of shared prompt prefixes (``Workload.prefix``): request i is in group
+    i mod groups; each group's prefix, in whole KV blocks, is held once beside the cache
+    the requests share, and a request admitted once its group's prefix is computed skips
+    it (:func:`autoplan.serving.deployment.prefix_hit`)."""
     config = SchedulerConfig.of(step)
+    block = step.engine.spec.kv_block_tokens
+    shared = [0] * len(inputs)
+    tokens, groups = prefix
+    if tokens and not prefilled:
+        shared = [prefix_hit(tokens, int(p), block) for p in inputs.tolist()]
+        kv_tokens = max(0, kv_tokens - groups * (tokens // block * block))
     scheduler = Scheduler(config, KVPool(kv_tokens, reserves=bool(config.reserve_output)))
-    loop = _EngineLoop(step, scheduler, arrival, inputs, outputs, closed, prefilled)
+    loop = _EngineLoop(step, scheduler, arrival, inputs, outputs, closed, prefilled, shared, groups)
     loop.run(step_over_decodes)
     return loop.result(open_loop)
 
@@ -177,11 +194,12 @@ class _EngineLoop:
 
     __slots__ = ("step", "sched", "arrival", "inputs", "outputs", "times", "lengths", "closed", "prefilled",
                  "n", "first", "finish", "next_arrival", "issued", "t", "it", "busy", "max_running",
-                 "timeline", "sample_every")
+                 "timeline", "sample_every", "shared", "groups")
 
     def __init__(self, step: StepModel, sched: Scheduler, arrival: np.ndarray, inputs: np.ndarray,
-                 outputs: np.ndarray, closed: int, prefilled: bool):
+                 outputs: np.ndarray, closed: int, prefilled: bool, shared: list[int], groups: int):
         self.step, self.sched, self.closed, self.prefilled = step, sched, closed, prefilled
+        self.shared, self.groups = shared, groups
         self.arrival, self.inputs, self.outputs = arrival, inputs, outputs
         # per request, as Python floats and ints: the loop reads them one at a time
         self.times: list[float] = np.asarray(arrival, dtype=float).tolist()
@@ -224,7 +242,8 @@ class _EngineLoop:
         """Queue the requests that have arrived by now."""
         while self.next_arrival < self.issued and self.times[self.next_arrival] <= self.t:
             i = self.next_arrival
-            self.sched.waiting.append(Request(i, *self.lengths[i], self.prefilled))
+            self.sched.waiting.append(Request(i, *self.lengths[i], self.prefilled, self.shared[i],
+                                              i % self.groups))
             self.next_arrival += 1
 
     def _step_over(self, running: int) -> bool:
@@ -265,7 +284,7 @@ class _EngineLoop:
         self.max_running = max(self.max_running, batch.running)
         if it % self.sample_every == 0:
             self.timeline.append((self.t, batch.running, tokens))
-        sched.pool.grow(tokens)
+        sched.pool.grow(n_dec + batch.stored)
         sched.decodes.advance(1)
         for r in batch.joined:  # its first token here (the prefill instance made the one before)
             self._first_token(r)
@@ -326,7 +345,7 @@ def simulate_disaggregated(prefill: StepModel, decode: StepModel, workload: Work
     for k in range(min(p_sched, n)):
         mine = np.arange(k, n, p_sched)
         run = run_requests(prefill, arrival[mine], inputs[mine], np.ones(len(mine), dtype=np.int64),
-                           kv_tokens[0], open_loop=open_loop)
+                           kv_tokens[0], open_loop=open_loop, prefix=_prefix(workload))
         first[mine[run.index]] = run.first_token
         steady, preemptions = steady and run.steady, preemptions + run.preemptions
     prefilled = ~np.isnan(first)  # the rest were refused: a prompt larger than the cache

@@ -13,7 +13,8 @@ import sys
 FIELDS = ("model_tag", "host", "port", "tensor_parallel_size", "pipeline_parallel_size",
           "data_parallel_size", "enable_expert_parallel", "max_num_seqs", "max_num_batched_tokens",
           "enable_chunked_prefill", "gpu_memory_utilization", "max_model_len", "kv_cache_dtype",
-          "quantization", "nnodes", "node_rank", "master_addr", "master_port", "headless")
+          "quantization", "nnodes", "node_rank", "master_addr", "master_port", "headless",
+          "enable_prefix_caching")
 
 
 def main() -> None:

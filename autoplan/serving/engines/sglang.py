@@ -56,5 +56,6 @@ SGLANG = register(EngineSpec(
     # overlaps scheduling with the previous step; not fitted (no SGLang row in
     # serving_calibration.csv; benchmarks/serving_fit.py)
     host_step_s=1.5e-3,
+    kv_block_tokens=1,  # the radix cache's page_size (server_args.py default 1)
     command='python -m sglang.launch_server --model-path "$MODEL"', args=args,
     multi_node=multi_node, parser="sglang.srt.server_args:ServerArgs.add_cli_args"))

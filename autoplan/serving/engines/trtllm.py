@@ -41,13 +41,19 @@ def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
 
 def side_files(plan: ServingPlan, step: StepModel) -> dict[str, str]:
     """The LLM API options YAML: ``enable_chunked_prefill``, ``enable_attention_dp``,
-    ``kv_cache_config.dtype`` (written through the YAML serializer, names as data)."""
+    ``kv_cache_config.dtype`` and ``enable_block_reuse`` (a workload with a shared prefix;
+    written through the YAML serializer, names as data)."""
     d = plan.deployment
     doc: dict[str, object] = {"enable_chunked_prefill": step.chunked_prefill}
     if d.attention_dp > 1:
         doc["enable_attention_dp"] = True
+    kv: dict[str, object] = {}
     if d.kv_cache is Precision.FP8:
-        doc["kv_cache_config"] = {"dtype": "fp8"}
+        kv["dtype"] = "fp8"
+    if plan.workload.prefix is not None:  # block reuse: on by default, said as the prediction counts on it
+        kv["enable_block_reuse"] = True
+    if kv:
+        doc["kv_cache_config"] = kv
     head = comment(f"LLM API options for {plan.model.name}, written by autoplan export")
     return {EXTRA: head + "\n" + yaml.safe_dump(doc, sort_keys=False)}
 
@@ -82,5 +88,6 @@ TRTLLM = register(EngineSpec(
     # v0.6.1 static batches, v0.17 offline throughput), each source weighing the same:
     # `python benchmarks/serving_fit.py` (leave-one-source-out error in docs/ACCURACY.md)
     host_step_s=2.98e-3, host_seq_s=1.71e-6, kernel_scale=1.019,
+    kv_block_tokens=32,  # KvCacheConfig.tokens_per_block (LLM API reference)
     command='trtllm-serve "$MODEL"', args=args, refusals=refusals, side_files=side_files,
     side_flag="--extra_llm_api_options", notes=notes, parser="tensorrt_llm.commands.serve"))

@@ -31,7 +31,7 @@ def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
     (attention data parallel; experts over TP x DP), ``--max-num-seqs``,
     ``--max-num-batched-tokens``, ``--enable-chunked-prefill`` / ``--no-enable-chunked-prefill``,
     ``--gpu-memory-utilization``, ``--kv-cache-dtype fp8``, ``--quantization fp8``,
-    ``--max-model-len``."""
+    ``--max-model-len``, ``--enable-prefix-caching`` (a workload with a shared prefix)."""
     d = plan.deployment
     out: list[Arg] = [("--tensor-parallel-size", str(d.tp)), ("--pipeline-parallel-size", str(d.pp))]
     if d.attention_dp > 1:
@@ -47,6 +47,8 @@ def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
         out.append(("--kv-cache-dtype", "fp8"))
     if d.weights is Precision.FP8:
         out.append(("--quantization", "fp8"))
+    if plan.workload.prefix is not None:  # on by default in V1; said, as the prediction counts on it
+        out.append(("--enable-prefix-caching",))
     return out
 
 
