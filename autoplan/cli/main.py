@@ -471,6 +471,20 @@ def serve(
                                "and holds it once in the KV cache.")] = None,
     prefix_groups: Annotated[int | None, typer.Option(
         "--prefix-groups", help="Distinct shared prefixes the requests fall into (default 1).")] = None,
+    speculative: Annotated[str | None, typer.Option(
+        "--speculative", help="Also try every deployment with speculative decoding: draft, eagle, mtp "
+                              "(the model's own module) or ngram; with --spec-tokens and "
+                              "--acceptance-length or --acceptance-rate.")] = None,
+    spec_tokens: Annotated[int | None, typer.Option(
+        "--spec-tokens", help="Tokens proposed per decode step.")] = None,
+    acceptance_length: Annotated[float | None, typer.Option(
+        "--acceptance-length", help="Mean tokens a verify step yields (the accepted proposals and "
+                                    "the target's own token).")] = None,
+    acceptance_rate: Annotated[float | None, typer.Option(
+        "--acceptance-rate", help="Probability each proposed token is accepted (independently).")] = None,
+    draft_model: Annotated[str | None, typer.Option(
+        "--draft-model", help="The draft model of --speculative draft (built-in, descriptor or "
+                              "config.json).")] = None,
     top: Annotated[int, typer.Option("--top", "-k", min=1, help="How many plans to show.")] = 10,
     out_path: Annotated[Path | None, typer.Option("--out", "-o", help="Write the best plan here.")] = None,
     fmt: FormatOpt = Format.table,
@@ -486,7 +500,8 @@ def serve(
         rate=rate, concurrency=concurrency, offline=offline, trace=trace, requests=requests,
         ttft_slo=ttft_slo, tpot_slo=tpot_slo, percentile=percentile, engine=engine,
         weights=weights, kv_cache=kv_cache, price=price, prefix_share=prefix_share,
-        prefix_groups=prefix_groups)
+        prefix_groups=prefix_groups, speculative=speculative, spec_tokens=spec_tokens,
+        acceptance_length=acceptance_length, acceptance_rate=acceptance_rate, draft_model=draft_model)
     job = check_serve_options(job_file, given)
     if out_path is not None:
         files.check_target(out_path)
@@ -500,9 +515,11 @@ def serve(
         output.err.print(f"autoplan: note: {note}", markup=False)
     if output.interactive(fmt.value):
         with output.err.status(f"simulating deployments on {c.gpus} GPUs ..."):
-            result = serve_search(m, c, eng, workload, slo, w_list, kv_list, disaggregated=disaggregated)
+            result = serve_search(m, c, eng, workload, slo, w_list, kv_list, disaggregated=disaggregated,
+                                  speculative=req.speculative)
     else:
-        result = serve_search(m, c, eng, workload, slo, w_list, kv_list, disaggregated=disaggregated)
+        result = serve_search(m, c, eng, workload, slo, w_list, kv_list, disaggregated=disaggregated,
+                              speculative=req.speculative)
     shown = result.plans[:top]
     if price is not None:
         shown = tuple(dataclasses.replace(r, prediction=r.prediction.priced(price)) for r in shown)

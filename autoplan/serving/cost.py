@@ -57,7 +57,7 @@ from autoplan.kernels.layer import (
     layer_params_per_rank,
     output_params_per_rank,
 )
-from autoplan.serving.deployment import Deployment, Precision, resolved_limits
+from autoplan.serving.deployment import Deployment, Precision, SpecMethod, resolved_limits
 from autoplan.serving.engine import Engine, engine_defaults
 from autoplan.units import GiB
 from autoplan.vocab import Dtype
@@ -142,15 +142,16 @@ class Breakdown:
     logits: float = 0.0
     kernel_gaps: float = 0.0
     host: float = 0.0
+    draft: float = 0.0  # speculative decoding's proposals (a draft model, an EAGLE/MTP head)
 
     @property
     def total(self) -> float:
         return (self.gemm + self.moe + self.attention + self.kv_read + self.elementwise + self.tp_comm
-                + self.ep_comm + self.pp_comm + self.logits + self.kernel_gaps + self.host)
+                + self.ep_comm + self.pp_comm + self.logits + self.kernel_gaps + self.host + self.draft)
 
     def to_dict(self) -> dict[str, float]:
         names = ("gemm", "moe", "attention", "kv_read", "elementwise", "tp_comm", "ep_comm",
-                 "pp_comm", "logits", "kernel_gaps", "host")
+                 "pp_comm", "logits", "kernel_gaps", "host", "draft")
         return {n: getattr(self, n) for n in names}
 
 
@@ -209,6 +210,19 @@ class StepModel:
         # weight element: the stored precision's, the router's 16 bits), worked out once
         self._dense_shapes = self._shapes(layer_gemms(m, 1.0, d.tp))
         self._moe_shapes = self._shapes(layer_gemms(m, 1.0, d.tp, moe=True)) if m.is_moe else ()
+
+        # speculative decoding: a decode verifies ``width`` positions and yields ``gain``
+        # tokens on average; the proposals come from a draft model or a one-layer head
+        spec = d.speculative
+        self.width = 1 + spec.tokens if spec is not None else 1
+        self.gain = spec.mean_tokens if spec is not None else 1.0
+        self._draft: StepModel | None = None
+        if spec is not None and spec.method is SpecMethod.DRAFT:
+            assert spec.draft is not None
+            # the draft runs beside the target on its TP group, one stage, dense
+            self._draft = StepModel(spec.draft, self.cluster, replace(
+                d, speculative=None, pp=1, ep=1, attention_dp=1, disaggregated=None), self.engine)
+        self._head_moe = bool(spec is not None and spec.method is SpecMethod.MTP and m.is_moe)
 
     # -- per-layer pieces ---------------------------------------------------------------
     def _shapes(self, gemms: list[Gemm]) -> tuple[tuple[float, float, float], ...]:
@@ -284,10 +298,11 @@ class StepModel:
     def _attention(self, decode_context: float, prefill_pairs: float,
                    prefill_context: float) -> tuple[float, float]:
         """(prefill attention, KV read) over every layer: prefill compute-bound at flash
-        attention's rate, decode bound by reading the KV cache (or its FLOPs, if more)."""
+        attention's rate, decode bound by reading the KV cache (or its FLOPs, if more: a
+        speculative verify's ``width`` queries per sequence read the cache once)."""
         attention = self._prefill_s_per_pair * prefill_pairs
         kv_bytes = (decode_context + prefill_context) * self.kv_token_layer
-        kv_read = max(kv_bytes / self.mem_eff_Bps, self._decode_s_per_token * decode_context)
+        kv_read = max(kv_bytes / self.mem_eff_Bps, self._decode_s_per_token * decode_context * self.width)
         k = self.engine.spec.kernel_scale
         return k * attention, k * self.layers_stage * self.deployment.pp * kv_read
 
@@ -295,11 +310,74 @@ class StepModel:
         """(A, c): a decode-only iteration of ``decodes`` sequences holding ``ctx`` tokens of
         context takes A + c ctx (:meth:`step_seconds` with no prefill; the simulation sums
         runs of them in closed form)."""
-        spec = self.engine.spec
-        a = self._per_tokens(decodes).total + self._logits(decodes) + spec.host_seq_s * decodes
+        spec, w = self.engine.spec, self.width
+        draft0 = self._draft_seconds(decodes, 0.0, 0, 0.0, 0.0)
+        a = (self._per_tokens(decodes * w).total + self._logits(decodes * w) + spec.host_seq_s * decodes
+             + draft0)
         c = spec.kernel_scale * self.layers_stage * self.deployment.pp * max(
-            self.kv_token_layer / self.mem_eff_Bps, self._decode_s_per_token)
+            self.kv_token_layer / self.mem_eff_Bps, self._decode_s_per_token * w)
+        if decodes and self.deployment.speculative is not None:
+            # the proposals' reads of the context: linear in it (a max of two linear terms)
+            c += self._draft_seconds(decodes, 1.0, 0, 0.0, 0.0) - draft0
         return a, c
+
+    # -- speculative decoding's proposals ---------------------------------------------
+    def _head_layer(self, tokens: int) -> float:
+        """One EAGLE/MTP head layer over ``tokens`` rows: its 2h -> h input projection (EAGLE
+        Sec. 4; DeepSeek-V3 Sec. 2.2), one of the target's layers (an MoE layer for MTP on
+        an MoE model), its elementwise traffic, TP all-reduces and kernel gaps."""
+        m, d, dev = self.model, self.deployment, self.device
+        dense, moe = self._linear_times(tokens)
+        proj = gemm_time(tokens, m.hidden, 2 * m.hidden, dev, self.dtype)
+        gemms = (moe if self._head_moe else dense) + proj
+        rest = tokens * fused_elementwise_bytes_per_token(m, d.tp) / self.mem_eff_Bps
+        if d.tp > 1:
+            rest += 2 * all_reduce_seconds(ACT_BYTES * tokens * m.hidden, self.tp_group)
+        return self.engine.spec.kernel_scale * gemms + rest + KERNELS_PER_LAYER * dev.kernel_gap_s
+
+    def _draft_seconds(self, decodes: int, decode_context: float, prefill_tokens: int,
+                       prefill_pairs: float, prefill_context: float) -> float:
+        """Proposing ``tokens`` tokens for each of ``decodes`` sequences (one after another:
+        each proposal feeds the next), and running the proposer over the iteration's prompt
+        chunks (a draft model keeps its own KV cache; EAGLE and MTP heads read the target's
+        hidden states of every token). N-gram proposals are host work (``host_seq_s``)."""
+        spec = self.deployment.speculative
+        if spec is None or spec.method is SpecMethod.NGRAM:
+            return 0.0
+        k = spec.tokens
+        if self._draft is not None:  # its iterations, less the host time the engine pays once
+            dr, host = self._draft, self.engine.spec
+            t = 0.0
+            if decodes:
+                t += k * (dr.step_seconds(decodes, decodes, decode_context, 0.0, 0.0, decodes)
+                          - host.host_step_s - host.host_seq_s * decodes)
+            if prefill_tokens:
+                t += (dr.step_seconds(prefill_tokens, 0, 0.0, prefill_pairs, prefill_context, 0)
+                      - host.host_step_s)
+            return t
+        t = 0.0
+        if decodes:  # each proposal: the head layer, its KV read, the shared output head
+            kv = max(decode_context * self.kv_token_layer / self.mem_eff_Bps,
+                     self._decode_s_per_token * decode_context)
+            t += k * (self._head_layer(decodes) + self.engine.spec.kernel_scale * kv + self._logits(decodes))
+        if prefill_tokens:
+            t += self._head_layer(prefill_tokens)
+        return t
+
+    def _draft_memory(self) -> tuple[float, float]:
+        """(weight bytes per GPU, KV bytes per token) the proposer adds: the draft model's,
+        or one head layer (and its 2h x h projection in 16 bits) and its layer of KV."""
+        spec, m, d = self.deployment.speculative, self.model, self.deployment
+        if spec is None or spec.method is SpecMethod.NGRAM:
+            return 0.0, 0.0
+        if self._draft is not None:
+            dr = self._draft
+            return dr.memory_weights(), dr.kv_token_layer * dr.layers_stage
+        layer = layer_params_per_rank(m, d.tp, self._head_moe)
+        if self._head_moe:
+            layer += expert_params_per_rank(m, d.ep, self.etp)
+        return layer * d.weights.bytes + ACT_BYTES * 2 * m.hidden * m.hidden, self.kv_token_layer
+
 
     def iteration(self, tokens: int, decodes: int, decode_context: float,
                   prefill_pairs: float, prefill_context: float, sampled: int) -> Breakdown:
@@ -314,8 +392,11 @@ class StepModel:
             return Breakdown()
         attention, kv_read = self._attention(decode_context, prefill_pairs, prefill_context)
         base = self._per_tokens(tokens)
-        return replace(base, attention=attention, kv_read=kv_read, logits=self._logits(sampled),
-                       host=base.host + self.engine.spec.host_seq_s * sampled)
+        prompt = tokens - decodes * self.width
+        draft = self._draft_seconds(decodes, decode_context, prompt, prefill_pairs, prefill_context)
+        return replace(base, attention=attention, kv_read=kv_read,
+                       logits=self._logits(sampled + decodes * (self.width - 1)),
+                       host=base.host + self.engine.spec.host_seq_s * sampled, draft=draft)
 
     def step_seconds(self, tokens: int, decodes: int, decode_context: float,
                      prefill_pairs: float, prefill_context: float, sampled: int) -> float:
@@ -329,17 +410,18 @@ class StepModel:
             total = self._token_totals[tokens] = self._per_tokens(tokens).total
         attention, kv_read = self._attention(decode_context, prefill_pairs, prefill_context)
         host = self.engine.spec.host_seq_s * sampled
-        return total + attention + kv_read + self._logits(sampled) + host
+        if self.width == 1:
+            return total + attention + kv_read + self._logits(sampled) + host
+        draft = self._draft_seconds(decodes, decode_context, tokens - decodes * self.width, prefill_pairs,
+                                    prefill_context)
+        return total + attention + kv_read + self._logits(sampled + decodes * (self.width - 1)) + host + draft
 
     # -- memory ---------------------------------------------------------------------
-    def memory(self) -> Memory:
-        """Per GPU of the fullest stage: weights at their precision (embedding and output
-        layer in 16 bits, split over TP), the activations of the largest iteration
-        (``max_batched_tokens``), the device's reserve (CUDA context, NCCL buffers, CUDA
-        graphs), and the KV cache: what the engine's memory budget leaves."""
-        m, d, dev = self.model, self.deployment, self.device
+    def memory_weights(self) -> float:
+        """Weight bytes per GPU of the fullest stage, at their precision (embedding and output
+        layer in 16 bits, split over TP), as training holds them (kernels.layer)."""
+        m, d = self.model, self.deployment
         wb = d.weights.bytes
-        # per rank, as training holds them (kernels.layer): quantized layers, 16-bit ends
         per_layer_dense = layer_params_per_rank(m, d.tp) * wb
         per_layer_moe = 0.0
         if m.is_moe:
@@ -350,7 +432,15 @@ class StepModel:
             ends = embedding_params_per_rank(m, d.tp) + output_params_per_rank(m, d.tp, True)
         else:
             ends = max(embedding_params_per_rank(m, d.tp), output_params_per_rank(m, d.tp, False))
-        weights = self.dense_stage * per_layer_dense + self.moe_stage * per_layer_moe + ends * ACT_BYTES
+        return self.dense_stage * per_layer_dense + self.moe_stage * per_layer_moe + ends * ACT_BYTES
+
+    def memory(self) -> Memory:
+        """Per GPU of the fullest stage: weights (:meth:`memory_weights`, and a speculative
+        proposer's), the activations of the largest iteration (``max_batched_tokens``), the
+        device's reserve (CUDA context, NCCL buffers, CUDA graphs), and the KV cache: what
+        the engine's memory budget leaves."""
+        m, d, dev = self.model, self.deployment, self.device
+        weights = self.memory_weights() + self._draft_memory()[0]
         t = self.max_batched_tokens
         width = 4 * m.hidden + m.mlp_matrices * max(m.ffn_hidden, m.expert_width * m.top_k) / d.tp
         activations = ACT_BYTES * t * width + LOGIT_BYTES * self.max_num_seqs * m.vocab / d.tp
@@ -364,5 +454,5 @@ class StepModel:
 
     def kv_tokens(self, mem: Memory) -> int:
         """Tokens of KV cache one scheduler (an attention-DP rank) can hold."""
-        per_token = self.kv_token_layer * self.layers_stage
+        per_token = self.kv_token_layer * self.layers_stage + self._draft_memory()[1]
         return int(mem.kv_cache // per_token) if per_token > 0 else 0

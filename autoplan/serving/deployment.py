@@ -60,6 +60,53 @@ class Disaggregated:
     decode: Pool
 
 
+class SpecMethod(str, enum.Enum):
+    """Where speculative decoding's proposals come from."""
+
+    DRAFT = "draft"  # a smaller model of the same vocabulary (Leviathan et al. 2023)
+    EAGLE = "eagle"  # a one-layer head on the target's hidden states (Li et al. 2024 "EAGLE")
+    MTP = "mtp"  # the model's own multi-token-prediction module (DeepSeek-V3 Sec. 2.2)
+    NGRAM = "ngram"  # prompt lookup: n-grams of the context, no GPU work (vLLM's "ngram")
+
+
+@dataclass(frozen=True, slots=True)
+class Speculative:
+    """Speculative decoding (Leviathan et al. 2023; Chen et al. 2023): each decode iteration
+    proposes ``tokens`` tokens per sequence, then the target verifies them in one pass of
+    ``tokens + 1`` positions and keeps the accepted prefix plus one token of its own.
+    Acceptance is given as ``acceptance_length`` (mean tokens a verify step yields, the
+    EAGLE papers' tau) or ``acceptance_rate`` (alpha, each proposed token accepted with that
+    probability, independently). ``draft``: the draft model (method draft)."""
+
+    method: SpecMethod
+    tokens: int
+    acceptance_rate: float | None = None
+    acceptance_length: float | None = None
+    draft: Model | None = None
+
+    @property
+    def mean_tokens(self) -> float:
+        """Tokens one verify step yields on average: given, or with per-token acceptance
+        alpha, (1 - alpha^(k+1)) / (1 - alpha) (Leviathan et al. 2023, Eq. 1)."""
+        if self.acceptance_length is not None:
+            return self.acceptance_length
+        a, k = self.acceptance_rate or 0.0, self.tokens
+        return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"method": self.method.value, "tokens": self.tokens}
+        if self.acceptance_length is not None:
+            out["acceptance_length"] = self.acceptance_length
+        if self.acceptance_rate is not None:
+            out["acceptance_rate"] = self.acceptance_rate
+        if self.draft is not None:
+            out["draft_model"] = self.draft.name
+        return out
+
+    def label(self) -> str:
+        return f"{self.method.value} k{self.tokens}"
+
+
 @dataclass(frozen=True, slots=True)
 class Deployment:
     """A deployment's instances. With ``disaggregated`` the fields replicas and tp are the
@@ -77,6 +124,7 @@ class Deployment:
     max_batched_tokens: int | None = None
     chunked_prefill: bool | None = None
     disaggregated: Disaggregated | None = None
+    speculative: Speculative | None = None
 
     @property
     def gpus_per_replica(self) -> int:
@@ -105,6 +153,8 @@ class Deployment:
             out += f" adp{self.attention_dp}"
         if self.ep > 1:
             out += f" ep{self.ep}"
+        if self.speculative is not None:
+            out += f" {self.speculative.label()}"
         return out
 
 

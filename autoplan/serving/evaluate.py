@@ -303,6 +303,11 @@ def serving_document(plan: ServingPlan, pred: ServingPrediction,
     deployment.update(weights=d.weights.value, kv_cache=d.kv_cache.value)
     seqs, tokens, chunked = resolved_limits(d, plan.engine, c.device)
     deployment.update(max_num_seqs=seqs, max_batched_tokens=tokens, chunked_prefill=chunked)
+    if d.speculative is not None:
+        spec = d.speculative.to_dict()
+        if d.speculative.draft is not None and not builtin_model_matches(d.speculative.draft):
+            spec["draft_model"] = d.speculative.draft.to_dict()  # a descriptor of its own, inline
+        deployment["speculative"] = spec
     doc: dict[str, object] = {
         "autoplan": SCHEMA_VERSION,
         "kind": "serving",

@@ -33,6 +33,8 @@ from autoplan.serving.deployment import (
     Prefix,
     ServingPlan,
     Slo,
+    SpecMethod,
+    Speculative,
     Trace,
     Workload,
 )
@@ -302,6 +304,7 @@ def _deployment(f: Fields) -> Deployment | None:
         max_batched_tokens=g.int("max_batched_tokens", None, min=1, max=MAX_SEQ_LEN),
         chunked_prefill=g.bool("chunked_prefill", None),
     )
+    speculative = _speculative(g, f.source) if g.has("speculative") else None
     g.close()
     if values["kv_cache"] is not None and values["kv_cache"] not in KV_PRECISIONS:
         g.fail("kv_cache", f"expected one of {', '.join(p.value for p in KV_PRECISIONS)}, "
@@ -310,7 +313,50 @@ def _deployment(f: Fields) -> Deployment | None:
     required = ("replicas", "tp", "pp", "ep", "attention_dp", "weights", "kv_cache")
     if any(values[k] is None for k in required) or (g.has("disaggregated") and split is None):
         return None
-    return Deployment(**values, disaggregated=split)  # type: ignore[arg-type]
+    if g.has("speculative") and speculative is None:
+        return None
+    return Deployment(**values, disaggregated=split, speculative=speculative)  # type: ignore[arg-type]
+
+
+MAX_SPEC_TOKENS = 16  # proposals per step: past what the engines take (vLLM, SGLang, TensorRT-LLM)
+
+
+def _speculative(g: Fields, source: str) -> Speculative | None:
+    """``speculative: {method, tokens, acceptance_length | acceptance_rate, draft_model}``
+    (:class:`Speculative`); None where wrong (the problems recorded)."""
+    from autoplan.descriptors.library import resolve_model
+
+    h = g.child("speculative", g.raw("speculative"))
+    if not h.ok:
+        return None
+    method = h.enum("method", SpecMethod)
+    tokens = h.int("tokens", min=1, max=MAX_SPEC_TOKENS)
+    length = h.float("acceptance_length", None, min=1.0, max=MAX_SPEC_TOKENS + 1)
+    rate = h.float("acceptance_rate", None, min=0.0, max=1.0)
+    draft = None
+    if h.has("draft_model"):
+        try:
+            draft = resolve_model(h.raw("draft_model"), source, h.key_path("draft_model"))
+        except InputError as exc:
+            h.problems.extend(exc.problems)
+            return None
+    h.close()
+    if method is None or tokens is None:
+        return None
+    if (length is None) == (rate is None):
+        h.fail("", "give one of acceptance_length (mean tokens a verify step yields) or "
+                   "acceptance_rate (each proposed token accepted with this probability)")
+        return None
+    if length is not None and length > tokens + 1:
+        h.fail("acceptance_length", f"a step of {tokens} proposals yields at most {tokens + 1} tokens, "
+                                    f"got {length:g}")
+        return None
+    if (method is SpecMethod.DRAFT) != (draft is not None):
+        h.fail("draft_model", "the draft method needs a draft_model (built-in name, descriptor or "
+                              "config.json)" if draft is None else
+               f"only the draft method runs a draft model, not {method.value}")
+        return None
+    return Speculative(method, tokens, rate, length, draft)
 
 
 def _disaggregated(g: Fields) -> Disaggregated | None:
@@ -344,6 +390,21 @@ def _check(plan: ServingPlan, f: Fields) -> None:
         shape = ("the prefill and decode pools' replicas x tp" if d.disaggregated is not None
                  else "replicas x tp x pp x attention_dp")
         f.fail("deployment", f"{shape} = {d.gpus} GPUs, but the cluster has {c.gpus}")
+    spec = d.speculative
+    if spec is not None and spec.draft is not None and spec.draft.vocab != m.vocab:
+        f.fail("deployment.speculative.draft_model", f"{spec.draft.name}'s vocabulary ({spec.draft.vocab:,}) "
+                                                     f"is not {m.name}'s ({m.vocab:,}): its proposals "
+                                                     "cannot be verified")
+    if spec is not None and spec.draft is not None and d.tp > 1 and spec.draft.heads % d.tp:
+        f.fail("deployment.speculative.draft_model", f"the draft runs on the target's TP group: "
+                                                     f"{d.tp} must divide {spec.draft.name}'s "
+                                                     f"{spec.draft.heads} heads")
+    if spec is not None and spec.method is SpecMethod.MTP and not m.mtp_layers:
+        f.fail("deployment.speculative.method", f"{m.name} has no multi-token-prediction module "
+                                                "(mtp_layers 0): give eagle, draft or ngram")
+    if spec is not None and d.disaggregated is not None:
+        f.fail("deployment.speculative", "speculative decoding on a disaggregated deployment is not "
+                                         "modelled: give it on an aggregated one")
     if d.disaggregated is not None:
         for side, pool in (("prefill", d.disaggregated.prefill), ("decode", d.disaggregated.decode)):
             if m.heads % pool.tp:

@@ -29,6 +29,8 @@ from autoplan.serving.deployment import (
     Precision,
     Prefix,
     Slo,
+    SpecMethod,
+    Speculative,
     Workload,
 )
 from autoplan.serving.engine import Engine
@@ -36,6 +38,7 @@ from autoplan.serving.planfile import (
     MAX_OUTPUT_TOKENS,
     MAX_RATE,
     MAX_REQUESTS,
+    MAX_SPEC_TOKENS,
     ServingJob,
     read_serving_job,
     read_trace,
@@ -69,6 +72,11 @@ class ServeOptions:
     price: float | None = None  # USD per GPU-hour
     prefix_share: float | None = None  # shared prompt prefix (prefix caching)
     prefix_groups: int | None = None
+    speculative: str | None = None  # speculative decoding's method
+    spec_tokens: int | None = None
+    acceptance_length: float | None = None
+    acceptance_rate: float | None = None
+    draft_model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +92,7 @@ class ServeRequest:
     kv_caches: tuple[Precision, ...]
     # what a user should know: an option overriding the job file
     notes: tuple[str, ...] = ()
+    speculative: Speculative | None = None  # tried beside every deployment without it
 
 
 def check_serve_options(job_file: Path | None, given: ServeOptions) -> ServingJob:
@@ -117,7 +126,7 @@ def build_serve_request(job_file: Path | None, job: ServingJob, given: ServeOpti
     weights = _precisions(given.weights, "--weights", list(Precision), problems)
     kv_caches = _precisions(given.kv_cache, "--kv-cache", KV_PRECISIONS, problems)
     return ServeRequest(model, cluster, engine, workload, slo, tuple(weights), tuple(kv_caches),
-                        _override_notes(job_file, job, given))
+                        _override_notes(job_file, job, given), _speculative(given, model))
 
 
 def _traced(job: ServingJob, given: ServeOptions) -> bool:
@@ -173,6 +182,7 @@ def _option_problems(job_file: Path | None, job: ServingJob, given: ServeOptions
     elif given.prefix_groups is not None and given.prefix_share is None and job.prefix is None:
         problems.append(Problem("--prefix-groups", "", "groups of what prefix? give --prefix-share "
                                                        "(or workload.prefix in the job file)"))
+    problems += _speculative_problems(given)
     if given.price is not None and not (0 < given.price <= MAX_MONEY):
         problems.append(Problem("--price", "", f"expected USD per GPU-hour > 0 and at most "
                                                f"{MAX_MONEY:g}, got {given.price:g}"))
@@ -235,6 +245,59 @@ def _workload(job_file: Path | None, job: ServingJob, given: ServeOptions, model
     n_requests = (given.requests if given.requests is not None
                   else job.requests if job.requests is not None else 1000)
     return Workload(inp, outp, arrival, n_requests, _prefix(job, given))
+
+
+SPEC_FLAGS = ("--spec-tokens", "--acceptance-length", "--acceptance-rate", "--draft-model")
+
+
+def _speculative_problems(given: ServeOptions) -> list[Problem]:
+    """What is wrong with the speculative decoding options (none given: nothing)."""
+    out: list[Problem] = []
+    rest = dict(zip(SPEC_FLAGS, (given.spec_tokens, given.acceptance_length, given.acceptance_rate,
+                                 given.draft_model), strict=True))
+    if given.speculative is None:
+        out += [Problem(flag, "", "give --speculative METHOD with it") for flag, v in rest.items()
+                if v is not None]
+        return out
+    methods = [m.value for m in SpecMethod]
+    if given.speculative not in methods:
+        out.append(Problem("--speculative", "", f"expected one of {', '.join(methods)}, "
+                                                f"got {given.speculative[:40]!r}"))
+    k = given.spec_tokens
+    if k is None or not 1 <= k <= MAX_SPEC_TOKENS:
+        out.append(Problem("--spec-tokens", "", f"expected proposals per step from 1 to {MAX_SPEC_TOKENS}"
+                                                + ("" if k is None else f", got {k}")))
+    if (given.acceptance_length is None) == (given.acceptance_rate is None):
+        out.append(Problem("--acceptance-length", "", "give one of --acceptance-length (mean tokens a "
+                                                      "verify step yields) or --acceptance-rate"))
+    elif given.acceptance_length is not None and not (
+            1 <= given.acceptance_length <= (k or MAX_SPEC_TOKENS) + 1):
+        out.append(Problem("--acceptance-length", "", f"expected 1 to --spec-tokens + 1, got "
+                                                      f"{given.acceptance_length:g}"))
+    elif given.acceptance_rate is not None and not 0 <= given.acceptance_rate <= 1:
+        out.append(Problem("--acceptance-rate", "", f"expected 0 to 1, got {given.acceptance_rate:g}"))
+    if (given.speculative == SpecMethod.DRAFT.value) != (given.draft_model is not None):
+        out.append(Problem("--draft-model", "", "the draft method needs --draft-model"
+                           if given.draft_model is None else "only --speculative draft runs a draft model"))
+    return out
+
+
+def _speculative(given: ServeOptions, model: Model) -> Speculative | None:
+    """The options' speculative decoding (checked by :func:`_speculative_problems`)."""
+    if given.speculative is None:
+        return None
+    assert given.spec_tokens is not None
+    draft = resolve_model(given.draft_model, "--draft-model", "") if given.draft_model is not None else None
+    spec = Speculative(SpecMethod(given.speculative), given.spec_tokens, given.acceptance_rate,
+                       given.acceptance_length, draft)
+    if draft is not None and draft.vocab != model.vocab:
+        raise InputError.single("--draft-model", "", f"{draft.name}'s vocabulary ({draft.vocab:,}) is not "
+                                                     f"{model.name}'s ({model.vocab:,}): its proposals "
+                                                     "cannot be verified")
+    if spec.method is SpecMethod.MTP and not model.mtp_layers:
+        raise InputError.single("--speculative", "", f"{model.name} has no multi-token-prediction module "
+                                                     "(mtp_layers 0): give eagle, draft or ngram")
+    return spec
 
 
 def _prefix(job: ServingJob, given: ServeOptions) -> Prefix | None:

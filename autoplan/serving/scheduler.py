@@ -41,12 +41,22 @@ class SchedulerConfig:
     max_batched_tokens: int
     chunked_prefill: bool
     reserve_output: float  # share of a request's output tokens admission sets aside
+    # speculative decoding: positions a decode schedules (proposals + 1) and the tokens it
+    # yields on average (``StepModel.width``, ``StepModel.gain``); 1 and 1 without
+    width: int = 1
+    gain: float = 1.0
 
     @classmethod
     def of(cls, step: StepModel) -> SchedulerConfig:
         """The limits the deployment runs (its own, else the engine's defaults)."""
         return cls(step.max_num_seqs, step.max_batched_tokens, step.chunked_prefill,
-                   step.defaults.reserve_output)
+                   step.defaults.reserve_output, step.width, step.gain)
+
+    def steps(self, out: int) -> int:
+        """Iterations a request of ``out`` output tokens decodes in, its first token from
+        the prefill: one per token, or with speculative decoding ``gain`` tokens per verify
+        step on average."""
+        return out if self.gain == 1.0 else 1 + math.ceil((out - 1) / self.gain)
 
     def held(self, prompt: int, left: int) -> int:
         """KV tokens admitting a request sets aside: its prompt and the reserved share of the
@@ -72,7 +82,7 @@ class KVPool:
     def __init__(self, capacity: int, reserves: bool):
         self.capacity = capacity
         self.reserves = reserves
-        self.used = 0
+        self.used = 0.0  # fractional with speculative decoding (a verify step's mean yield)
         self.committed = 0
 
     def refuses(self, prompt: int, held: int) -> bool:
@@ -80,7 +90,7 @@ class KVPool:
         aside, larger than the cache): engines refuse it."""
         return prompt > self.capacity or held > self.capacity
 
-    def can_admit(self, stored: int, held: int) -> bool:
+    def can_admit(self, stored: float, held: int) -> bool:
         """Whether ``stored`` more tokens fit the cache this iteration and, where the engine
         reserves output, ``held`` more fit beside what admissions already set aside."""
         return self.used + stored <= self.capacity and not (
@@ -91,19 +101,19 @@ class KVPool:
         self.committed += held
         self.used += stored
 
-    def grow(self, tokens: int) -> None:
+    def grow(self, tokens: float) -> None:
         """Store the KV of ``tokens`` computed tokens (prompt chunks and decodes)."""
         self.used += tokens
 
-    def fits(self, tokens: int) -> bool:
+    def fits(self, tokens: float) -> bool:
         """Whether ``tokens`` more fit the cache."""
         return self.used + tokens <= self.capacity
 
-    def room(self, per_iteration: int) -> int:
+    def room(self, per_iteration: float) -> int:
         """Iterations that adding ``per_iteration`` tokens each fit before the cache is full."""
-        return (self.capacity - self.used) // per_iteration
+        return int((self.capacity - self.used) // per_iteration)
 
-    def free(self, stored: int, held: int) -> None:
+    def free(self, stored: float, held: int) -> None:
         """Release a finished or preempted request's ``stored`` tokens and what its admission
         set aside."""
         self.used -= stored
@@ -145,12 +155,14 @@ class Decodes:
     """The decoding sequences as a count, the KV tokens they hold (each reads its own
     context every iteration) and a heap of (finishing iteration, admission, request): one
     iteration of decodes is O(1), never a walk over the sequences. A finished or preempted
-    one's KV is freed from ``pool``."""
+    one's KV is freed from ``pool``. Each sequence adds ``gain`` tokens an iteration (1; a
+    speculative verify step's mean yield)."""
 
-    __slots__ = ("pool", "count", "context", "heap")
+    __slots__ = ("pool", "count", "context", "heap", "gain")
 
-    def __init__(self, pool: KVPool) -> None:
+    def __init__(self, pool: KVPool, gain: float = 1.0) -> None:
         self.pool = pool
+        self.gain = gain
         self.count = 0
         self.context = 0.0
         self.heap: list[tuple[int, int, Request]] = []
@@ -163,12 +175,16 @@ class Decodes:
         self.count += 1
         self.context += r.prompt
 
-    def advance(self, iterations: int) -> int:
+    def advance(self, iterations: int) -> float:
         """Every sequence writes one token per iteration: the tokens they add (the caller
         stores them in the pool with the iteration's prompt chunks)."""
-        tokens = self.count * iterations
+        tokens = self.count * iterations * self.gain
         self.context += tokens
         return tokens
+
+    def held(self, r: Request, it: int) -> float:
+        """KV tokens ``r`` holds after iteration ``it``: its prompt and what it decoded."""
+        return r.prompt + (it - r.join_iter) * self.gain
 
     def to_finish(self, it: int) -> int:
         """Iterations from ``it`` (counted in) until the next sequence produces its last token."""
@@ -183,7 +199,7 @@ class Decodes:
         done: list[Request] = []
         while heap and heap[0][0] <= it:
             r = heapq.heappop(heap)[2]
-            held = r.prompt + (it - r.join_iter)
+            held = self.held(r, it)
             self.count -= 1
             self.context -= held
             self.pool.free(held - r.shared, r.held)
@@ -191,7 +207,7 @@ class Decodes:
             done.append(r)
         return done
 
-    def remove(self, r: Request, held: int) -> None:
+    def remove(self, r: Request, held: float) -> None:
         """Take ``r``, holding ``held`` tokens, out and free its cache (a preemption: rare, so
         a rebuild of the heap)."""
         self.heap = [e for e in self.heap if e[2] is not r]
@@ -245,7 +261,7 @@ class Scheduler:
         self.pool = pool
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []  # admitted, prompt not done, in admission order
-        self.decodes = Decodes(pool)
+        self.decodes = Decodes(pool, config.gain)
         self.order: list[Request] = []  # admissions, latest last (lazy: stale entries are skipped)
         self.admitted = 0
         self.preemptions = 0
@@ -259,7 +275,8 @@ class Scheduler:
     def _make_room(self, it: int) -> None:
         """The decodes write one more token each: preempt the latest admitted sequence until
         they fit (vLLM V1's FCFS policy, in ``schedule``: ``self.running.pop()``)."""
-        while self.decodes.count and not self.pool.fits(self.decodes.count) and self.order:
+        dec = self.decodes
+        while dec.count and not self.pool.fits(dec.count * dec.gain) and self.order:
             victim = self.order.pop()
             if victim.live:
                 self._preempt(victim, it)
@@ -274,10 +291,10 @@ class Scheduler:
             self.prefilling.remove(victim)
             self.pool.free(max(0, victim.done_prompt - victim.shared), victim.held)
         else:
-            held = victim.prompt + (it - 1) - victim.join_iter  # its prompt and decode steps
+            held = self.decodes.held(victim, it - 1)  # its prompt and decode steps
             self.decodes.remove(victim, held)
             victim.left = victim.finish_iter - (it - 1)
-            victim.prompt = held + 1
+            victim.prompt = math.ceil(held) + 1
             victim.cached = False
         victim.done_prompt = 0
         self.waiting.appendleft(victim)
@@ -287,10 +304,11 @@ class Scheduler:
         their next tokens), the admitted prompts' next chunks in admission order, then
         admissions from the head of the queue while the budget, ``max_num_seqs`` and the
         cache allow (a request that can never fit is refused)."""
-        if self.decodes.count and not self.pool.fits(self.decodes.count):
+        if self.decodes.count and not self.pool.fits(self.decodes.count * self.decodes.gain):
             self._make_room(it)
         cfg, waiting = self.config, self.waiting
-        batch = Batch(cfg.max_batched_tokens - self.decodes.count, self.decodes.count + len(self.prefilling))
+        batch = Batch(cfg.max_batched_tokens - self.decodes.count * cfg.width,
+                      self.decodes.count + len(self.prefilling))
         for r in self.prefilling:
             c = min(r.prompt - r.done_prompt, batch.budget)
             if c <= 0 or not cfg.schedulable(c, r.prompt - r.done_prompt):
@@ -342,7 +360,7 @@ class Scheduler:
         r.done_prompt = r.prompt
         self._admit(r, held, batch, stored=r.prompt)
         self.decodes.join(r, it - 1)
-        batch.budget -= 1
+        batch.budget -= self.config.width
         batch.joined.append(r)
         return True
 

@@ -25,6 +25,7 @@ from autoplan.serving.deployment import (
     Precision,
     ServingPlan,
     Slo,
+    Speculative,
     Workload,
 )
 from autoplan.serving.engine import Engine, engine_defaults
@@ -168,18 +169,20 @@ def pareto(ranked: Sequence[Ranked]) -> tuple[Ranked, ...]:
 def serve_search(model: Model, cluster: Cluster, engine: Engine, workload: Workload, slo: Slo,
                  weights: Sequence[Precision] = (Precision.BF16,),
                  kv_caches: Sequence[Precision] = (Precision.BF16,), seed: int = 0,
-                 disaggregated: bool = False) -> ServeResult:
+                 disaggregated: bool = False, speculative: Speculative | None = None) -> ServeResult:
     """Simulate every deployment of the cluster's GPUs; see the module doc. ``disaggregated``:
-    also every prefill/decode split (at the engine's batch limits only). One cost scope
+    also every prefill/decode split (at the engine's batch limits only). ``speculative``:
+    every aggregated deployment also with this speculative decoding (ranked beside the one
+    without: at high load verifying proposals can cost more than it saves). One cost scope
     (``autoplan.caches``) holds every deployment's."""
     with caches.scope():
         return _serve_search(model, cluster, engine, workload, slo, weights, kv_caches, seed,
-                             disaggregated)
+                             disaggregated, speculative)
 
 
 def _serve_search(model: Model, cluster: Cluster, engine: Engine, workload: Workload, slo: Slo,
                   weights: Sequence[Precision], kv_caches: Sequence[Precision], seed: int,
-                  disaggregated: bool) -> ServeResult:
+                  disaggregated: bool, speculative: Speculative | None = None) -> ServeResult:
     for p, field in [(w, "--weights") for w in weights] + [(k, "--kv-cache") for k in kv_caches]:
         if p in (Precision.FP8, Precision.FP4) and not cluster.device.supports(Dtype.FP8):
             raise InputError.single(field, "", f"{cluster.device.name} has no fp8 support "
@@ -190,7 +193,10 @@ def _serve_search(model: Model, cluster: Cluster, engine: Engine, workload: Work
     ranked: list[Ranked] = []
     evaluated = not_fitting = 0
     default_seqs = engine_defaults(engine, cluster.device).max_num_seqs
-    for base in deployments(model, cluster, cluster.gpus, engine, weights, kv_caches):
+    bases = deployments(model, cluster, cluster.gpus, engine, weights, kv_caches)
+    if speculative is not None:
+        bases = (b for plain in bases for b in (plain, replace(plain, speculative=speculative)))
+    for base in bases:
         running = default_seqs
         for cap in (None, *BATCH_CAPS):
             if cap is not None and cap >= running:

@@ -203,7 +203,10 @@ class _EngineLoop:
         self.arrival, self.inputs, self.outputs = arrival, inputs, outputs
         # per request, as Python floats and ints: the loop reads them one at a time
         self.times: list[float] = np.asarray(arrival, dtype=float).tolist()
-        self.lengths: list[tuple[int, int]] = list(zip(inputs.tolist(), outputs.tolist(), strict=True))
+        # each request's prompt and the iterations it decodes in (its output tokens, fewer
+        # with speculative decoding)
+        steps = [sched.config.steps(o) for o in outputs.tolist()]
+        self.lengths: list[tuple[int, int]] = list(zip(inputs.tolist(), steps, strict=True))
         self.n = n = len(arrival)
         self.first = [math.nan] * n
         self.finish = [math.nan] * n
@@ -255,7 +258,7 @@ class _EngineLoop:
         quiet = bool(sched.waiting) or self.next_arrival >= self.issued  # no arrival can change the batch
         until = None if quiet else self.times[self.next_arrival] - self.t
         span = _decode_run(self.step, dec.count, dec.context, dec.to_finish(self.it),
-                           sched.pool.room(dec.count), until)
+                           sched.pool.room(dec.count * dec.gain), until)
         if span is None:
             return False
         k, elapsed = span
@@ -275,7 +278,7 @@ class _EngineLoop:
         first tokens and the finishes it produced."""
         sched, it = self.sched, self.it
         n_dec = sched.decodes.count
-        tokens = n_dec + batch.new_kv
+        tokens = n_dec * sched.config.width + batch.new_kv
         done = sched.computed(batch)
         elapsed = self.step.step_seconds(tokens, n_dec, sched.decodes.context, batch.pairs, batch.prior,
                                          n_dec + len(done))
@@ -284,7 +287,7 @@ class _EngineLoop:
         self.max_running = max(self.max_running, batch.running)
         if it % self.sample_every == 0:
             self.timeline.append((self.t, batch.running, tokens))
-        sched.pool.grow(n_dec + batch.stored)
+        sched.pool.grow(n_dec * sched.decodes.gain + batch.stored)
         sched.decodes.advance(1)
         for r in batch.joined:  # its first token here (the prefill instance made the one before)
             self._first_token(r)
@@ -369,8 +372,9 @@ def simulate_disaggregated(prefill: StepModel, decode: StepModel, workload: Work
 def _decode_run(step: StepModel, n_dec: int, ctx: float, to_finish: int, to_full: int,
                 until: float | None) -> tuple[int, float] | None:
     """How many decode-only iterations to take at once, and their total time, or None for
-    one. Iteration i (from 0) costs A + c (ctx + i n_dec) (``StepModel.decode_coefficients``),
-    so the first j cost j A + c (j ctx + n_dec j (j - 1) / 2). The run ends with the
+    one. Iteration i (from 0) costs A + c (ctx + i g n_dec) (``StepModel.decode_coefficients``;
+    g the tokens a sequence adds an iteration, ``StepModel.gain``), so the first j cost
+    j A + c (j ctx + g n_dec j (j - 1) / 2). The run ends with the
     iteration in which a sequence finishes (``to_finish``), before the cache would overflow
     (``to_full`` iterations fit), and, where ``until`` is given, with the last iteration
     that starts before a request arrives ``until`` seconds from now."""
@@ -378,9 +382,10 @@ def _decode_run(step: StepModel, n_dec: int, ctx: float, to_finish: int, to_full
     if k <= 1:
         return None
     a, c = step.decode_coefficients(n_dec)
+    grown = n_dec * step.gain
 
     def elapsed(j: int) -> float:
-        return j * a + c * (j * ctx + n_dec * j * (j - 1) / 2)
+        return j * a + c * (j * ctx + grown * j * (j - 1) / 2)
 
     if until is not None:
         # the most iterations whose starts (after 0, 1, .. j-1 iterations) precede the arrival
