@@ -29,11 +29,24 @@ around them:
   ``--kv_cache_free_gpu_memory_fraction``, ``--extra_llm_api_options`` (a YAML of LLM API
   fields: ``enable_attention_dp``, ``enable_chunked_prefill``, ``kv_cache_config.dtype``).
 
+A prefill/decode disaggregated deployment is a script per pool, ``serve-<engine>-prefill.sh``
+and ``serve-<engine>-decode.sh`` (each run once per instance; the prefill pool's GPUs and
+ports first), with the engine's flags for the role, and ``router-<engine>.sh``, which lists
+every instance by its node's address (``NODE_ADDRS``) and port: vLLM's NIXL connector
+(``--kv-transfer-config``) behind ``vllm-router --vllm-pd-disaggregation``, SGLang's
+``--disaggregation-mode prefill|decode`` (NIXL, a bootstrap port per prefill instance) behind
+``sglang_router.launch_router --pd-disaggregation``. Speculative decoding is the engine's own
+configuration of it (vLLM ``--speculative-config``, SGLang ``--speculative-*``, TensorRT-LLM's
+``speculative_config``), a draft checkpoint read from ``DRAFT_MODEL``.
+
 The values the engines default to differ between releases (trtllm-serve's max_batch_size and
 max_num_tokens among them), so every limit the prediction used is written out.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
 
 from autoplan.errors import InputError, Problem
 from autoplan.export.shell import Arg, bash_array, comment, slug
@@ -50,10 +63,11 @@ def refusals(plan: ServingPlan, target: Engine) -> list[tuple[str, str]]:
     d, c = plan.deployment, plan.cluster
     out: list[tuple[str, str]] = []
     if d.disaggregated is not None:
-        out.append(("deployment.disaggregated", "prefill/decode disaggregated launches (a KV "
-                                                "connector per engine and a router in front) are not "
-                                                "written by autoplan yet"))
-        return out
+        if target.spec.disaggregation is None:
+            out.append(("deployment.disaggregated", f"{target.value}'s prefill/decode disaggregated "
+                                                    "launch is not written by autoplan (vllm and sglang "
+                                                    "are)"))
+        out += [(f"deployment.disaggregated.{role}", why) for role, why in _straddling(plan)]
     if target.value != plan.engine.value:
         out.append(("engine", f"the plan was predicted for {plan.engine.value}, whose batching and "
                               f"memory differ from {target.value}'s: run `autoplan serve --engine "
@@ -71,10 +85,95 @@ def export_serving(plan: ServingPlan, target: Engine, source: str) -> dict[str, 
     problems = refusals(plan, target)
     if problems:
         raise InputError([Problem(source, field, f"--to {target.value}: {why}") for field, why in problems])
+    if plan.deployment.disaggregated is not None:
+        return _disaggregated(plan, target)
     spec = target.spec
     step = StepModel(plan.model, plan.cluster, plan.deployment, plan.engine)
     side = spec.side_files(plan, step)
     return {spec.script: _script(plan, spec.command, spec.args(plan, step), side), **side}
+
+
+ROLES = ("prefill", "decode")
+
+
+def _pools(plan: ServingPlan) -> list[tuple[str, ServingPlan, int, int]]:
+    """(role, the pool as a plan of its own, its first GPU, its first port) per pool: the
+    prefill pool's GPUs and ports first, the decode pool's after them."""
+    d = plan.deployment
+    assert d.disaggregated is not None
+    out, gpu, port = [], 0, BASE_PORT
+    for role in ROLES:
+        pool = dataclasses.replace(plan, deployment=d.pool(role))
+        out.append((role, pool, gpu, port))
+        gpu += pool.deployment.gpus
+        port += pool.deployment.replicas
+    return out
+
+
+def _straddling(plan: ServingPlan) -> list[tuple[str, str]]:
+    """(role, why) for a pool with an instance on two nodes (each instance is launched on
+    the node that holds its GPUs)."""
+    node = plan.cluster.gpus_per_node
+    out = []
+    for role, pool, first, _ in _pools(plan):
+        tp = pool.deployment.tp
+        for r in range(pool.deployment.replicas):
+            start = first + r * tp
+            if start // node != (start + tp - 1) // node:
+                out.append((role, f"{role} instance {r} (GPUs {start}..{start + tp - 1}) would span two "
+                                  f"nodes of {node}: give pools whose instances each fit one node"))
+                break
+    return out
+
+
+def _disaggregated(plan: ServingPlan, target: Engine) -> dict[str, str]:
+    """A prefill/decode disaggregated deployment: a launch script per pool (run once per
+    instance, ``REPLICA=0 ..``, on the node that holds its GPUs) with the engine's flags
+    for its role, and the router's script, which lists every instance."""
+    spec = target.spec
+    dis = spec.disaggregation
+    assert dis is not None
+    files: dict[str, str] = {}
+    for role, pool, first, port in _pools(plan):
+        step = StepModel(pool.model, pool.cluster, pool.deployment, pool.engine)
+        side = {f"{role}-{name}": text for name, text in spec.side_files(pool, step).items()}
+        files[f"serve-{target.value}-{role}.sh"] = _script(
+            pool, spec.command, spec.args(pool, step), side, role=role, first_gpu=first, first_port=port,
+            role_lines=dis.role_lines(pool, role))
+        files.update(side)
+    files[f"router-{target.value}.sh"] = _router(plan, target)
+    return files
+
+
+def _router(plan: ServingPlan, target: Engine) -> str:
+    """The router's script: every prefill and decode instance by its node's address
+    (NODE_ADDRS, the deployment's nodes in order; one node: 127.0.0.1) and port."""
+    dis = target.spec.disaggregation
+    assert dis is not None
+    node, d = plan.cluster.gpus_per_node, plan.deployment
+    nodes = -(-d.gpus // node)
+    lines = ["#!/usr/bin/env bash",
+             comment(f"Router for {plan.model.name}: {d.label()} on {d.gpus} x {plan.cluster.device.name} "
+                     f"({target.value}; written by autoplan export). Start the instances first: "
+                     f"serve-{target.value}-prefill.sh and serve-{target.value}-decode.sh."),
+             comment(f"NODE_ADDRS: the addresses of the deployment's {nodes} node(s), in order "
+                     "(space-separated; one node: 127.0.0.1 by default)."),
+             "set -euo pipefail",
+             'read -r -a NODES <<< "${NODE_ADDRS:-127.0.0.1}"',
+             f"if (( ${{#NODES[@]}} < {nodes} )); then",
+             f'  echo "NODE_ADDRS must name the deployment\'s {nodes} nodes" >&2; exit 2',
+             "fi",
+             'ROUTER_PORT="${ROUTER_PORT:-30000}"',
+             bash_array("ARGS", [dis.router_flags, ("--host", "0.0.0.0")]),
+             'ARGS+=(--port "$ROUTER_PORT")']
+    for role, pool, first, port in _pools(plan):
+        tp = pool.deployment.tp
+        for r in range(pool.deployment.replicas):
+            url = f'"http://${{NODES[{(first + r * tp) // node}]}}:{port + r}"'
+            boot = f" {dis.bootstrap_port(r)}" if role == "prefill" and dis.bootstrap_port is not None else ""
+            lines.append(f"ARGS+=(--{role} {url}{boot})")
+    lines.append(f'exec {dis.router} "${{ARGS[@]}}"')
+    return "\n".join(lines) + "\n"
 
 
 def nodes_per_replica(plan: ServingPlan) -> int:
@@ -82,17 +181,25 @@ def nodes_per_replica(plan: ServingPlan) -> int:
     return plan.nodes_per_replica
 
 
-def _script(plan: ServingPlan, command: str, args: list[Arg], side_files: dict[str, str]) -> str:
+def _script(plan: ServingPlan, command: str, args: list[Arg], side_files: dict[str, str], *,
+            role: str = "", first_gpu: int = 0, first_port: int = BASE_PORT,
+            role_lines: Sequence[str] = ()) -> str:
+    """The launch script of one deployment, or of one pool (``role``) of a disaggregated
+    one, whose GPUs start at ``first_gpu`` of the deployment and ports at ``first_port``."""
     d, c = plan.deployment, plan.cluster
     per, nodes = d.gpus_per_replica, nodes_per_replica(plan)
+    what = f"the {role} pool: " if role else ""
     lines = [
         "#!/usr/bin/env bash",
-        comment(f"{plan.model.name} on {d.gpus} x {c.device.name}: {d.label()}, weights {d.weights.value}, "
-                f"KV cache {d.kv_cache.value} ({plan.engine.value}; written by autoplan export)"),
+        comment(f"{plan.model.name} on {d.gpus} x {c.device.name}: {what}{d.label()}, weights "
+                f"{d.weights.value}, KV cache {d.kv_cache.value} ({plan.engine.value}; written by autoplan "
+                "export)"),
     ]
     if nodes == 1:
-        lines.append(comment(f"Run once per replica: REPLICA=0 .. {d.replicas - 1}, {per} GPUs each, on "
-                             f"the node that holds them; replica r listens on port {BASE_PORT} + r."))
+        where = (f"GPUs {first_gpu} + REPLICA x {per} of the deployment's, on the node that holds them"
+                 if role else "on the node that holds them")
+        lines.append(comment(f"Run once per replica: REPLICA=0 .. {d.replicas - 1}, {per} GPUs each, "
+                             f"{where}; replica r listens on port {first_port} + r."))
     else:
         lines.append(comment(f"Run on each of a replica's {nodes} nodes: REPLICA=0 .. {d.replicas - 1}, "
                              f"NODE=0 .. {nodes - 1}, MASTER_ADDR the address of the replica's NODE 0, "
@@ -109,7 +216,8 @@ def _script(plan: ServingPlan, command: str, args: list[Arg], side_files: dict[s
         f"PER_NODE={c.gpus_per_node}",
     ]
     if nodes == 1:
-        lines += [f"FIRST=$(( (REPLICA * {per}) % PER_NODE ))",
+        start = f"{first_gpu} + REPLICA * {per}" if first_gpu else f"REPLICA * {per}"
+        lines += [f"FIRST=$(( ({start}) % PER_NODE ))",
                   f'export CUDA_VISIBLE_DEVICES="$(seq -s, "$FIRST" "$(( FIRST + {per} - 1 ))")"']
     else:
         lines += ['NODE="${NODE:-0}"',
@@ -119,13 +227,15 @@ def _script(plan: ServingPlan, command: str, args: list[Arg], side_files: dict[s
                   ': "${MASTER_ADDR:?set MASTER_ADDR to the address of NODE 0 of this replica}"',
                   'DIST_PORT="${DIST_PORT:-$(( 29500 + REPLICA ))}"',
                   'export CUDA_VISIBLE_DEVICES="$(seq -s, 0 "$(( PER_NODE - 1 ))")"']
-    lines.append(f"PORT=$(( {BASE_PORT} + REPLICA ))")
+    lines.append(f"PORT=$(( {first_port} + REPLICA ))")
     if d.weights in (Precision.INT8, Precision.INT4, Precision.FP4):
         lines.append(comment(f"{d.weights.value} weights: MODEL must be a checkpoint quantized to "
                              f"{d.weights.value} (the engine reads its format from the checkpoint)"))
     lines += [comment(note) for note in plan.engine.spec.notes(plan)]
     lines.append(bash_array("ARGS", args))
     spec = plan.engine.spec
+    lines += spec.launch_lines(plan)
+    lines += role_lines
     if nodes > 1:
         assert spec.multi_node is not None  # refusals turn down an engine without one
         lines += spec.multi_node(plan, nodes)

@@ -47,6 +47,27 @@ def _none(plan: ServingPlan) -> list[tuple[str, str]]:
     return []
 
 
+def _no_lines(plan: ServingPlan) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True, slots=True)
+class Disaggregation:
+    """How an engine launches a prefill/decode disaggregated deployment: each pool's
+    instances with the engine's own flags for their role, and a router in front that
+    sends each request to a prefill instance and then a decode instance."""
+
+    # shell lines after a role's ARGS (role "prefill" or "decode"; they may read REPLICA and
+    # PORT): the KV connector, the role, per-instance ports
+    role_lines: Callable[[ServingPlan, str], list[str]]
+    router: str  # the router's command (shell text), before its flags
+    router_flags: tuple[str, ...]  # the flags that turn on its prefill/decode mode
+    # the prefill instances' bootstrap ports, as the router's --prefill URL PORT pairs take
+    # them (replica -> port); None: the router takes URLs alone
+    bootstrap_port: Callable[[int], int] | None = None
+    parser: str = ""  # where the router's own argument parser lives (the export tests run it)
+
+
 def _no_files(plan: ServingPlan, step: StepModel) -> dict[str, str]:
     return {}
 
@@ -76,6 +97,9 @@ class EngineSpec:
     side_flag: str = ""  # the flag naming a side file on the command line
     notes: Callable[[ServingPlan], list[str]] = _no_notes  # comments for the script's reader
     parser: str = ""  # where the engine's own argument parser lives (the export tests run it)
+    # shell lines after ARGS (reading the environment: a draft checkpoint's path)
+    launch_lines: Callable[[ServingPlan], list[str]] = _no_lines
+    disaggregation: Disaggregation | None = None  # None: disaggregated launches refused
     # host time per sequence an iteration samples (sampling, detokenizing, streaming the
     # token out): it grows with the batch where the per-iteration part does not
     host_seq_s: float = 0.0

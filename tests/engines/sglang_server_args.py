@@ -12,7 +12,10 @@ import sys
 
 FIELDS = ("model_path", "host", "port", "tp_size", "pp_size", "dp_size", "attn_dp_size", "ep_size",
           "max_running_requests", "chunked_prefill_size", "mem_fraction_static", "context_length",
-          "kv_cache_dtype", "quantization", "nnodes", "node_rank", "dist_init_addr")
+          "kv_cache_dtype", "quantization", "nnodes", "node_rank", "dist_init_addr",
+          "disaggregation_mode", "disaggregation_transfer_backend", "disaggregation_bootstrap_port",
+          "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
+          "speculative_eagle_topk", "speculative_num_draft_tokens")
 
 
 def main() -> None:

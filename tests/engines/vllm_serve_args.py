@@ -7,6 +7,7 @@ tests/unit/test_serving_engines.py drives it.
 """
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -14,7 +15,7 @@ FIELDS = ("model_tag", "host", "port", "tensor_parallel_size", "pipeline_paralle
           "data_parallel_size", "enable_expert_parallel", "max_num_seqs", "max_num_batched_tokens",
           "enable_chunked_prefill", "gpu_memory_utilization", "max_model_len", "kv_cache_dtype",
           "quantization", "nnodes", "node_rank", "master_addr", "master_port", "headless",
-          "enable_prefix_caching")
+          "enable_prefix_caching", "kv_transfer_config", "speculative_config")
 
 
 def main() -> None:
@@ -37,7 +38,9 @@ def main() -> None:
             out.append({"error": f"{type(exc).__name__}: {exc}"})
             continue
         out.append({name: getattr(args, name, None) for name in FIELDS})
-    json.dump(out, sys.stdout)
+    # a value vLLM parsed into its own config (KVTransferConfig) as its fields
+    json.dump(out, sys.stdout,
+              default=lambda o: dataclasses.asdict(o) if dataclasses.is_dataclass(o) else str(o))
 
 
 if __name__ == "__main__":

@@ -897,8 +897,12 @@ def test_a_disaggregated_plan_is_read_written_and_refused_where_it_cannot_run(tm
     assert "kv_transfer_ms_mean" in doc["prediction"]["prefill_pool"]
     text = autoplan("evaluate", path)
     assert "disaggregated: prefill pool 2x tp2" in text.stdout.replace("\n", " ")
-    export = autoplan("export", path, "--to", "vllm")
-    assert export.returncode == 2 and "deployment.disaggregated: --to vllm" in export.stderr
+    export = autoplan("export", path, "--to", "vllm")  # a script per pool and a router
+    assert export.returncode == 0, export.stderr
+    assert "exec vllm-router" in export.stdout and "--vllm-pd-disaggregation" in export.stdout
+    trt = _export_plan(tmp_path, "trtllm", dep)
+    refused = autoplan("export", trt, "--to", "trtllm")
+    assert refused.returncode == 2 and "deployment.disaggregated: --to trtllm" in refused.stderr
     for bad, message in (
             ("{tp: 4, disaggregated: {prefill: {tp: 4}, decode: {tp: 4}}}",
              "deployment.tp: with disaggregated, each pool gives its own"),

@@ -6,8 +6,8 @@ from __future__ import annotations
 from autoplan.descriptors.hardware import Device
 from autoplan.export.shell import Arg
 from autoplan.serving.cost import StepModel
-from autoplan.serving.deployment import Precision, ServingPlan
-from autoplan.serving.engine import EngineDefaults, EngineSpec, register
+from autoplan.serving.deployment import Precision, ServingPlan, SpecMethod
+from autoplan.serving.engine import Disaggregation, EngineDefaults, EngineSpec, register
 from autoplan.units import GiB
 
 
@@ -26,7 +26,9 @@ def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
     """Flags from sglang/srt/server_args.py: ``--tp-size``, ``--pp-size``, ``--attn-dp-size``
     (attention data parallel within the TP group), ``--ep-size``, ``--max-running-requests``,
     ``--chunked-prefill-size`` (-1 turns it off), ``--mem-fraction-static``,
-    ``--kv-cache-dtype fp8_e4m3``, ``--quantization fp8``, ``--context-length``."""
+    ``--kv-cache-dtype fp8_e4m3``, ``--quantization fp8``, ``--context-length``;
+    ``--speculative-algorithm``, ``--speculative-num-steps``, ``--speculative-eagle-topk``,
+    ``--speculative-num-draft-tokens`` (speculative decoding)."""
     d = plan.deployment
     out: list[Arg] = [("--tp-size", str(d.tp * d.attention_dp)), ("--pp-size", str(d.pp))]
     if d.attention_dp > 1:  # SGLang's DP attention splits its TP group into attention-DP ranks
@@ -42,7 +44,47 @@ def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
         out.append(("--kv-cache-dtype", "fp8_e4m3"))
     if d.weights is Precision.FP8:
         out.append(("--quantization", "fp8"))
+    spec = d.speculative
+    if spec is not None:  # one chain of proposals (top-k 1), verified k + 1 positions at once
+        out += [("--speculative-algorithm", SPEC_ALGORITHM[spec.method]),
+                ("--speculative-num-steps", str(spec.tokens)), ("--speculative-eagle-topk", "1"),
+                ("--speculative-num-draft-tokens", str(spec.tokens + 1))]
     return out
+
+
+# sglang/srt/speculative/spec_info.py's SpeculativeAlgorithm for each proposer (NEXTN: the
+# model's own MTP module; STANDALONE: a separate draft model)
+SPEC_ALGORITHM = {SpecMethod.DRAFT: "STANDALONE", SpecMethod.EAGLE: "EAGLE", SpecMethod.MTP: "NEXTN",
+                  SpecMethod.NGRAM: "NGRAM"}
+
+
+def launch_lines(plan: ServingPlan) -> list[str]:
+    """The draft model's or EAGLE head's checkpoint, from DRAFT_MODEL."""
+    spec = plan.deployment.speculative
+    if spec is None or spec.method not in (SpecMethod.DRAFT, SpecMethod.EAGLE):
+        return []
+    what = "the draft model" if spec.method is SpecMethod.DRAFT else "the EAGLE head"
+    return [': "${DRAFT_MODEL:?set DRAFT_MODEL to the checkpoint of ' + what + ' (path or HuggingFace id)}"',
+            'ARGS+=(--speculative-draft-model-path "$DRAFT_MODEL")']
+
+
+BOOTSTRAP_PORT = 8998  # --disaggregation-bootstrap-port's default, the first prefill instance's
+
+
+def role_lines(plan: ServingPlan, role: str) -> list[str]:
+    """``--disaggregation-mode prefill|decode`` over NIXL (``--disaggregation-transfer-backend``);
+    each prefill instance of a node on a bootstrap port of its own."""
+    line = f"ARGS+=(--disaggregation-mode {role} --disaggregation-transfer-backend nixl"
+    if role == "prefill":
+        line += f' --disaggregation-bootstrap-port "$(( {BOOTSTRAP_PORT} + REPLICA ))"'
+    return [line + ")"]
+
+
+DISAGGREGATION = Disaggregation(
+    role_lines=role_lines, router="python -m sglang_router.launch_router",
+    router_flags=("--pd-disaggregation",),
+    bootstrap_port=lambda replica: BOOTSTRAP_PORT + replica,
+    parser="sglang_router.launch_router:parse_router_args")
 
 
 def multi_node(plan: ServingPlan, nodes: int) -> list[str]:
@@ -58,4 +100,5 @@ SGLANG = register(EngineSpec(
     host_step_s=1.5e-3,
     kv_block_tokens=1,  # the radix cache's page_size (server_args.py default 1)
     command='python -m sglang.launch_server --model-path "$MODEL"', args=args,
-    multi_node=multi_node, parser="sglang.srt.server_args:ServerArgs.add_cli_args"))
+    multi_node=multi_node, parser="sglang.srt.server_args:ServerArgs.add_cli_args",
+    launch_lines=launch_lines, disaggregation=DISAGGREGATION))

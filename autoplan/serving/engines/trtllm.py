@@ -8,7 +8,7 @@ import yaml
 from autoplan.descriptors.hardware import Device
 from autoplan.export.shell import Arg, comment
 from autoplan.serving.cost import StepModel
-from autoplan.serving.deployment import Precision, ServingPlan
+from autoplan.serving.deployment import Precision, ServingPlan, SpecMethod
 from autoplan.serving.engine import EngineDefaults, EngineSpec, register
 
 EXTRA = "extra-llm-api-options.yaml"
@@ -54,6 +54,11 @@ def side_files(plan: ServingPlan, step: StepModel) -> dict[str, str]:
         kv["enable_block_reuse"] = True
     if kv:
         doc["kv_cache_config"] = kv
+    spec = d.speculative
+    if spec is not None and spec.method is SpecMethod.MTP:  # the LLM API's MTPDecodingConfig
+        doc["speculative_config"] = {"decoding_type": "MTP", "num_nextn_predict_layers": spec.tokens}
+    elif spec is not None and spec.method is SpecMethod.NGRAM:  # NGramDecodingConfig
+        doc["speculative_config"] = {"decoding_type": "NGram", "max_draft_len": spec.tokens}
     head = comment(f"LLM API options for {plan.model.name}, written by autoplan export")
     return {EXTRA: head + "\n" + yaml.safe_dump(doc, sort_keys=False)}
 
@@ -69,6 +74,11 @@ def refusals(plan: ServingPlan) -> list[tuple[str, str]]:
         out.append(("deployment.attention_dp", "TensorRT-LLM's enable_attention_dp runs attention "
                                                "data parallel over the whole TP group: give tp 1 "
                                                "with attention_dp, not both above 1"))
+    if d.speculative is not None and d.speculative.method in (SpecMethod.DRAFT, SpecMethod.EAGLE):
+        out.append(("deployment.speculative", "TensorRT-LLM names the draft checkpoint inside its LLM API "
+                                              "YAML (speculative_config.speculative_model_dir), a path "
+                                              "the plan does not hold: write that config by hand, or "
+                                              "give mtp or ngram"))
     if d.weights not in (Precision.BF16, Precision.FP16, Precision.FP8, Precision.FP4):
         out.append(("deployment.weights", f"{d.weights.value} weights: TensorRT-LLM's PyTorch "
                                           "backend loads fp8/fp4 (ModelOpt) or 16-bit checkpoints"))

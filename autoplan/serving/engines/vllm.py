@@ -3,11 +3,13 @@ batching with chunked prefill, preemption by recomputation when the KV cache run
 
 from __future__ import annotations
 
+import json
+
 from autoplan.descriptors.hardware import Device
-from autoplan.export.shell import Arg
+from autoplan.export.shell import Arg, quote
 from autoplan.serving.cost import StepModel
-from autoplan.serving.deployment import Precision, ServingPlan
-from autoplan.serving.engine import EngineDefaults, EngineSpec, register
+from autoplan.serving.deployment import Precision, ServingPlan, SpecMethod
+from autoplan.serving.engine import Disaggregation, EngineDefaults, EngineSpec, register
 from autoplan.units import GiB
 
 
@@ -31,7 +33,9 @@ def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
     (attention data parallel; experts over TP x DP), ``--max-num-seqs``,
     ``--max-num-batched-tokens``, ``--enable-chunked-prefill`` / ``--no-enable-chunked-prefill``,
     ``--gpu-memory-utilization``, ``--kv-cache-dtype fp8``, ``--quantization fp8``,
-    ``--max-model-len``, ``--enable-prefix-caching`` (a workload with a shared prefix)."""
+    ``--max-model-len``, ``--enable-prefix-caching`` (a workload with a shared prefix),
+    ``--speculative-config`` (n-gram and MTP proposals here; a checkpoint's in
+    :func:`launch_lines`)."""
     d = plan.deployment
     out: list[Arg] = [("--tensor-parallel-size", str(d.tp)), ("--pipeline-parallel-size", str(d.pp))]
     if d.attention_dp > 1:
@@ -49,7 +53,46 @@ def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
         out.append(("--quantization", "fp8"))
     if plan.workload.prefix is not None:  # on by default in V1; said, as the prediction counts on it
         out.append(("--enable-prefix-caching",))
+    spec = d.speculative
+    if spec is not None and spec.method in (SpecMethod.NGRAM, SpecMethod.MTP):  # no checkpoint of its own
+        out.append(("--speculative-config", json.dumps({"method": SPEC_METHOD[spec.method],
+                                                        "num_speculative_tokens": spec.tokens})))
     return out
+
+
+# vllm/config/speculative.py's SpeculativeMethod for each proposer (EAGLE-3 heads take "eagle3")
+SPEC_METHOD = {SpecMethod.DRAFT: "draft_model", SpecMethod.EAGLE: "eagle", SpecMethod.MTP: "mtp",
+               SpecMethod.NGRAM: "ngram"}
+
+
+def launch_lines(plan: ServingPlan) -> list[str]:
+    """A draft model's or EAGLE head's ``--speculative-config``, naming the checkpoint in
+    DRAFT_MODEL (a JSON string: the path may hold no quote or backslash)."""
+    spec = plan.deployment.speculative
+    if spec is None or spec.method not in (SpecMethod.DRAFT, SpecMethod.EAGLE):
+        return []
+    what = "the draft model" if spec.method is SpecMethod.DRAFT else "the EAGLE head"
+    config = ('{\\"method\\": \\"' + SPEC_METHOD[spec.method] + '\\", \\"model\\": \\"$DRAFT_MODEL\\", '
+              '\\"num_speculative_tokens\\": ' + str(spec.tokens) + '}')
+    return [': "${DRAFT_MODEL:?set DRAFT_MODEL to the checkpoint of ' + what + ' (path or HuggingFace id)}"',
+            r"""case "$DRAFT_MODEL" in *'"'*|*'\'*) echo "DRAFT_MODEL may hold no quote or backslash" >&2; """
+            "exit 2;; esac",
+            f'ARGS+=(--speculative-config "{config}")']
+
+
+def role_lines(plan: ServingPlan, role: str) -> list[str]:
+    """Both roles run the NIXL connector (docs.vllm.ai, "NixlConnector Usage Guide":
+    ``--kv-transfer-config`` with ``kv_role`` kv_both), each instance on a side-channel
+    port of its own."""
+    config = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})
+    return ['export VLLM_NIXL_SIDE_CHANNEL_PORT="$(( 5600 + PORT - 8000 ))"',
+            f"ARGS+=(--kv-transfer-config {quote(config)})"]
+
+
+DISAGGREGATION = Disaggregation(
+    role_lines=role_lines, router="vllm-router",
+    router_flags=("--vllm-pd-disaggregation", "--kv-connector", "nixl"),
+    parser="vllm_router.launch_router:parse_router_args")
 
 
 def refusals(plan: ServingPlan) -> list[tuple[str, str]]:
@@ -77,4 +120,5 @@ VLLM = register(EngineSpec(
     # lengths; Splitwise's does not state its engine), see benchmarks/serving_fit.py
     host_step_s=2.0e-3,
     command='vllm serve "$MODEL"', args=args, refusals=refusals, multi_node=multi_node,
+    launch_lines=launch_lines, disaggregation=DISAGGREGATION,
     parser="vllm.entrypoints.cli.serve:ServeSubcommand"))
