@@ -430,7 +430,8 @@ def serve(
         "--model", "-m", help="Built-in model name, descriptor path, or HuggingFace config.json.")] = None,
     cluster: Annotated[str | None, typer.Option(
         "--cluster", "-c", help="Built-in cluster name or descriptor path.")] = None,
-    gpus: Annotated[int | None, typer.Option("--gpus", "-n", help="GPUs to deploy on.")] = None,
+    gpus: Annotated[str | None, typer.Option(
+        "--gpus", "-n", help="GPUs to deploy on; several to compare: 8,16,32, or 8..64 (doubling).")] = None,
     input_len: Annotated[int | None, typer.Option("--input-len", help="Prompt tokens per request.")] = None,
     output_len: Annotated[int | None, typer.Option(
         "--output-len", help="Generated tokens per request.")] = None,
@@ -485,6 +486,12 @@ def serve(
     draft_model: Annotated[str | None, typer.Option(
         "--draft-model", help="The draft model of --speculative draft (built-in, descriptor or "
                               "config.json).")] = None,
+    objective: Annotated[str | None, typer.Option(
+        "--objective", help="With several --gpus: choose the count by goodput per GPU (goodput, the "
+                            "default), dollars per million tokens (cost) or energy per million "
+                            "tokens (energy).")] = None,
+    plot: Annotated[Path | None, typer.Option(
+        "--plot", help="Draw the front, tokens/s per GPU against tokens/s per user, to FILE.svg.")] = None,
     top: Annotated[int, typer.Option("--top", "-k", min=1, help="How many plans to show.")] = 10,
     out_path: Annotated[Path | None, typer.Option("--out", "-o", help="Write the best plan here.")] = None,
     fmt: FormatOpt = Format.table,
@@ -494,9 +501,16 @@ def serve(
     from autoplan.serving.evaluate import serving_document
     from autoplan.serving.request import ServeOptions, build_serve_request, check_serve_options
     from autoplan.serving.search import serve_search
+    from autoplan.serving.sweep import ServeObjective
+    from autoplan.whatif.counts import parse_gpu_counts
 
+    counts = parse_gpu_counts(gpus) if gpus is not None else None
+    goal = _serve_objective(objective, counts)
+    if plot is not None:
+        _check_plot(plot)
     given = ServeOptions(
-        model=model, cluster=cluster, gpus=gpus, input_len=input_len, output_len=output_len,
+        model=model, cluster=cluster, gpus=None if counts is None else counts[0], input_len=input_len,
+        output_len=output_len,
         rate=rate, concurrency=concurrency, offline=offline, trace=trace, requests=requests,
         ttft_slo=ttft_slo, tpot_slo=tpot_slo, percentile=percentile, engine=engine,
         weights=weights, kv_cache=kv_cache, price=price, prefix_share=prefix_share,
@@ -513,6 +527,10 @@ def serve(
     w_list, kv_list, workload = list(req.weights), list(req.kv_caches), req.workload
     for note in req.notes:
         output.err.print(f"autoplan: note: {note}", markup=False)
+    if counts is not None and len(counts) > 1:
+        _serve_sweep(req, counts, goal or ServeObjective.GOODPUT, price, disaggregated, plot, top, out_path,
+                     fmt)
+        return
     if output.interactive(fmt.value):
         with output.err.status(f"simulating deployments on {c.gpus} GPUs ..."):
             result = serve_search(m, c, eng, workload, slo, w_list, kv_list, disaggregated=disaggregated,
@@ -550,9 +568,121 @@ def serve(
             "(autoplan/serving/simulate.py)"))
     if out_path is not None and shown and not files.is_stdout(out_path):
         output.err.print(f"wrote the best plan to {files.name(out_path)}")
+    if plot is not None and result.plans:
+        from autoplan.serving.plot import serving_front_svg
+
+        files.write_text(plot, serving_front_svg(result.plans, result.front, result.plans[0],
+                                                 f"{m.name} on {c.gpus} x {c.device.name}, {eng.value}: "
+                                                 "the serving front"))
+        output.err.print(f"wrote the front to {files.name(plot)}")
     if not ok:
         output.err.print(f"autoplan: {result.why_none(slo)}", markup=False)
         raise typer.Exit(1)
+
+
+def _serve_objective(objective: str | None, counts: tuple[int, ...] | None) -> Any:
+    """``--objective`` as a ServeObjective (None: not given); it ranks GPU counts, so it needs
+    several."""
+    from autoplan.serving.sweep import ServeObjective
+
+    if objective is None:
+        return None
+    names = [o.value for o in ServeObjective]
+    if objective not in names:
+        raise InputError.single("--objective", "", f"expected one of {', '.join(names)}, "
+                                                   f"got {objective[:40]!r}")
+    if counts is None or len(counts) < 2:
+        raise InputError.single("--objective", "", "it chooses among GPU counts: give several with --gpus "
+                                                   "(8,16,32 or 8..64)")
+    return ServeObjective(objective)
+
+
+def _check_plot(plot: Path) -> None:
+    if plot.suffix.lower() != ".svg":
+        raise InputError.single("--plot", "", f"expected a .svg file, got {plot}")
+    files.check_target(plot)
+    if files.is_stdout(plot):
+        raise InputError.single("--plot", "", "expected a file, got '-'")
+
+
+def _serve_sweep(req: Any, counts: tuple[int, ...], goal: Any, price: float | None, disaggregated: bool,
+                 plot: Path | None, top: int, out_path: Path | None, fmt: Format) -> None:
+    """``serve --gpus 8,16,32``: the serve search at each count, the count the objective
+    prefers, the front over all of them (autoplan.serving.sweep)."""
+    from autoplan.serving.evaluate import serving_document
+    from autoplan.serving.sweep import objective_value, serve_sweep
+
+    m, c, eng, slo = req.model, req.cluster, req.engine, req.slo
+    run = lambda: serve_sweep(m, c, counts, eng, req.workload, slo, req.weights, req.kv_caches,  # noqa: E731
+                              objective=goal, price_per_gpu_hour=price, disaggregated=disaggregated,
+                              speculative=req.speculative)
+    if output.interactive(fmt.value):
+        with output.err.status(f"simulating deployments on {', '.join(map(str, counts))} GPUs ..."):
+            sweep = run()
+    else:
+        sweep = run()
+    chosen = sweep.chosen
+    best = None if chosen is None else chosen.best
+    if out_path is not None:
+        files.check_target(out_path)
+        if best is not None:
+            here = None if files.is_stdout(out_path) else str(Path(os.path.abspath(out_path)).parent)
+            files.write_text(out_path, _yaml(serving_document(best.plan, best.prediction, here)))
+    rows = []
+    for cr in sweep.counts:
+        b = cr.best
+        row: dict[str, Any] = {"gpus": cr.gpus, "chosen": chosen is not None and cr.gpus == chosen.gpus}
+        if b is None:
+            row.update(fits=False, reason=cr.result.why_none(slo))
+        else:
+            p = b.prediction
+            row.update(fits=True, deployment=b.plan.deployment.label(), meets_slo=p.meets_slo,
+                       goodput_rps=p.goodput_rps, tokens_per_s_per_gpu=b.per_gpu,
+                       tokens_per_s_per_user=b.user_tokens_per_s, ttft_ms_slo=p.slo_ttft_ms,
+                       tpot_ms_slo=p.slo_tpot_ms,
+                       usd_per_million_tokens=None if p.per_million is None else p.per_million.cost_usd,
+                       kwh_per_million_tokens=None if p.per_million is None else p.per_million.energy_kwh,
+                       objective_value=_finite(objective_value(b, goal, slo)))
+        rows.append(row)
+    front = [{"gpus": r.plan.deployment.gpus, "deployment": r.plan.deployment.label(),
+              "tokens_per_s_per_gpu": r.per_gpu, "tokens_per_s_per_user": r.user_tokens_per_s,
+              "tpot_ms_mean": r.prediction.tpot_ms.mean} for r in sweep.front]
+    ok = best is not None and best.prediction.meets_slo
+    if fmt is Format.json:
+        doc: dict[str, Any] = {"objective": goal.value,
+                               "chosen_gpus": None if chosen is None else chosen.gpus,
+                               "sweep": rows, "pareto": front,
+                               "plans": [serving_document(cr.best.plan, cr.best.prediction)
+                                         for cr in sweep.counts if cr.best is not None][:top]}
+        if not ok:
+            doc["reason"] = ("no GPU count fits" if best is None else
+                             sweep.chosen.result.why_none(slo) if sweep.chosen is not None else "")
+        output.emit_json(doc)
+    else:
+        output.out.print(render.serving_sweep_table(rows, goal.value, escape(
+            f"{m.name} on {c.device.name} ({c.name}), {eng.value}, {req.workload.input_len.mean:g} in / "
+            f"{req.workload.output_len.mean:g} out, {req.workload.arrival.label()}: by GPU count")))
+        output.out.print(render.serving_front_table(sweep.front))
+    if plot is not None:
+        every = [r for cr in sweep.counts for r in cr.result.plans]
+        if every:
+            from autoplan.serving.plot import serving_front_svg
+
+            files.write_text(plot, serving_front_svg(every, sweep.front, best, (
+                f"{m.name} on {c.device.name}, {eng.value}: the serving front at "
+                f"{', '.join(map(str, counts))} GPUs"), label_gpus=True))
+            output.err.print(f"wrote the front to {files.name(plot)}")
+    if out_path is not None and best is not None and not files.is_stdout(out_path):
+        output.err.print(f"wrote the chosen plan to {files.name(out_path)}")
+    if not ok:
+        why = ("no GPU count's best deployment meets the SLO" if best is not None
+               else "no deployment fits at any GPU count")
+        output.err.print(f"autoplan: {why}", markup=False)
+        raise typer.Exit(1)
+
+
+def _finite(v: float) -> float | None:
+    return v if math.isfinite(v) else None
 
 
 def _max_num_seqs(r: Any) -> int:

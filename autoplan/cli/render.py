@@ -156,6 +156,26 @@ def serving_table(ranked: Sequence[Ranked], slo: Slo, title: str) -> Table:
     return table
 
 
+def serving_sweep_table(rows: Sequence[dict[str, Any]], objective: str, title: str) -> Table:
+    """``serve --gpus 8,16,32``: each GPU count's best deployment, the chosen count starred."""
+    table = Table(title=title, title_justify="left", caption=f"* chosen by {objective}",
+                  caption_justify="left")
+    for name in ("GPUs", "best deployment", "SLO", "goodput r/s", "tok/s/GPU", "tok/s/user", "$/Mtok",
+                 "kWh/Mtok"):
+        table.add_column(name, justify="left" if name in ("best deployment", "SLO") else "right")
+    for row in rows:
+        gpus = f"{row['gpus']}{' *' if row['chosen'] else ''}"
+        if not row["fits"]:
+            table.add_row(gpus, "none fits", "-", "-", "-", "-", "-", "-")
+            continue
+        usd, kwh = row["usd_per_million_tokens"], row["kwh_per_million_tokens"]
+        table.add_row(gpus, row["deployment"], "yes" if row["meets_slo"] else "no",
+                      f"{row['goodput_rps']:,.2f}", f"{row['tokens_per_s_per_gpu']:,.0f}",
+                      f"{row['tokens_per_s_per_user']:,.1f}", "-" if usd is None else f"{usd:,.2f}",
+                      "-" if kwh is None else f"{kwh:,.2f}")
+    return table
+
+
 def _usd_per_million(p: ServingPrediction) -> str:
     cost = None if p.per_million is None else p.per_million.cost_usd
     return "-" if cost is None else f"{cost:,.2f}"

@@ -1,0 +1,73 @@
+"""The serving front as an SVG: tokens/s per user (x) against output tokens/s per GPU (y),
+one point per deployment, the non-dominated ones joined and labelled, the chosen one ringed
+(the throughput-interactivity trade-off of NVIDIA's and SemiAnalysis's inference charts).
+
+Pure: returns the SVG text; axes and ticks as the training sweep's plot
+(:mod:`autoplan.whatif.plot`) draws them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from html import escape
+
+from autoplan.serving.search import Ranked
+from autoplan.whatif.plot import BOTTOM, CHOSEN, FONT, FRONT, HEIGHT, LEFT, OTHER, RIGHT, TOP, WIDTH
+from autoplan.whatif.plot import _axis as axis
+from autoplan.whatif.plot import _fmt as fmt
+from autoplan.whatif.plot import _ticks as ticks
+
+
+def serving_front_svg(points: Sequence[Ranked], front: Sequence[Ranked], chosen: Ranked | None,
+                      title: str, label_gpus: bool = False) -> str:
+    """``points``: every deployment; ``front``: the non-dominated ones; ``label_gpus``:
+    name each front point's GPU count too (a sweep over counts)."""
+    assert points, "a front needs at least one point"
+    xs = [r.user_tokens_per_s for r in points]
+    ys = [r.per_gpu for r in points]
+    x_lo, x_hi = min(xs), max(xs)
+    y_lo, y_hi = min(ys), max(ys)
+    px = (x_hi - x_lo) * 0.1 or max(x_hi * 0.1, 1.0)
+    py = (y_hi - y_lo) * 0.1 or max(y_hi * 0.1, 1.0)
+    x_lo, x_hi, y_lo, y_hi = max(0.0, x_lo - px), x_hi + px, max(0.0, y_lo - py), y_hi + py
+    fx = axis(x_lo, x_hi, False, LEFT, WIDTH - RIGHT)
+    fy = axis(y_lo, y_hi, False, HEIGHT - BOTTOM, TOP)
+    x0, x1, y0, y1 = LEFT, WIDTH - RIGHT, HEIGHT - BOTTOM, TOP
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+           f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="{FONT}" font-size="12">',
+           f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
+           f'<text x="{LEFT}" y="22" font-size="14" font-weight="bold">{escape(title)}</text>',
+           f'<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="#222"/>',
+           f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="#222"/>']
+    for v in ticks(x_lo, x_hi, False):
+        x = fx(v)
+        out.append(f'<line x1="{x:.1f}" y1="{y0}" x2="{x:.1f}" y2="{y1}" stroke="#eee"/>')
+        out.append(f'<text x="{x:.1f}" y="{y0 + 16}" text-anchor="middle">{fmt(v, False)}</text>')
+    for v in ticks(y_lo, y_hi, False):
+        y = fy(v)
+        out.append(f'<line x1="{x0}" y1="{y:.1f}" x2="{x1}" y2="{y:.1f}" stroke="#eee"/>')
+        out.append(f'<text x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end">{fmt(v, False)}</text>')
+    out.append(f'<text x="{(x0 + x1) / 2}" y="{HEIGHT - 18}" text-anchor="middle">'
+               'tokens/s per user (1 / mean TPOT)</text>')
+    out.append(f'<text x="20" y="{(y0 + y1) / 2}" text-anchor="middle" '
+               f'transform="rotate(-90 20 {(y0 + y1) / 2})">output tokens/s per GPU</text>')
+    line = sorted(front, key=lambda r: r.user_tokens_per_s)
+    if len(line) > 1:
+        path = " ".join(f"{fx(r.user_tokens_per_s):.1f},{fy(r.per_gpu):.1f}" for r in line)
+        out.append(f'<polyline points="{path}" fill="none" stroke="{FRONT}" stroke-width="1.5"/>')
+    on_front = {id(r) for r in front}
+    for r in points:
+        x, y = fx(r.user_tokens_per_s), fy(r.per_gpu)
+        if id(r) in on_front:
+            out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{FRONT}"/>')
+            name = r.plan.deployment.label()
+            if label_gpus:
+                name = f"{r.plan.deployment.gpus} GPUs: {name}"
+            out.append(f'<text x="{x + 8:.1f}" y="{y - 6:.1f}" fill="#222">{escape(name)}</text>')
+        else:
+            out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="white" stroke="{OTHER}"/>')
+        if chosen is not None and r is chosen:
+            out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="8" fill="none" stroke="{CHOSEN}" '
+                       'stroke-width="2"/>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
