@@ -612,7 +612,8 @@ def _serve_sweep(req: Any, counts: tuple[int, ...], goal: Any, price: float | No
     from autoplan.serving.evaluate import serving_document
     from autoplan.serving.sweep import objective_value, serve_sweep
 
-    m, c, eng, slo = req.model, req.cluster, req.engine, req.slo
+    m, c, eng, slo = req.model, req.base_cluster, req.engine, req.slo
+    assert c is not None
     run = lambda: serve_sweep(m, c, counts, eng, req.workload, slo, req.weights, req.kv_caches,  # noqa: E731
                               objective=goal, price_per_gpu_hour=price, disaggregated=disaggregated,
                               speculative=req.speculative)

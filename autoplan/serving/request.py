@@ -93,6 +93,9 @@ class ServeRequest:
     # what a user should know: an option overriding the job file
     notes: tuple[str, ...] = ()
     speculative: Speculative | None = None  # tried beside every deployment without it
+    # the cluster as its file defines it (whole nodes), through the same door: what a sweep
+    # over GPU counts resizes (resizing ``cluster``, part of a node, would shrink the node)
+    base_cluster: Cluster | None = None
 
 
 def check_serve_options(job_file: Path | None, given: ServeOptions) -> ServingJob:
@@ -126,7 +129,8 @@ def build_serve_request(job_file: Path | None, job: ServingJob, given: ServeOpti
     weights = _precisions(given.weights, "--weights", list(Precision), problems)
     kv_caches = _precisions(given.kv_cache, "--kv-cache", KV_PRECISIONS, problems)
     return ServeRequest(model, cluster, engine, workload, slo, tuple(weights), tuple(kv_caches),
-                        _override_notes(job_file, job, given), _speculative(given, model))
+                        _override_notes(job_file, job, given), _speculative(given, model),
+                        corrected(base).cluster)
 
 
 def _traced(job: ServingJob, given: ServeOptions) -> bool:

@@ -99,6 +99,17 @@ def test_serve_sweeps_gpu_counts_and_draws_the_front(tmp_path) -> None:
     assert table.returncode == 0 and "chosen by goodput" in table.stdout
 
 
+def test_a_count_of_the_sweep_is_that_count_served_alone() -> None:
+    """The sweep resizes the cluster as its file defines it: 8 GPUs after 1 are one whole
+    node, not two nodes of one GPU each."""
+    swept = json.loads(autoplan(*SERVE, "--gpus", "1,8", "--format", "json").stdout)
+    alone = json.loads(autoplan(*SERVE, "--gpus", "8", "--format", "json").stdout)
+    at8 = next(r for r in swept["sweep"] if r["gpus"] == 8)
+    best = alone["plans"][0]
+    assert at8["tokens_per_s_per_gpu"] == pytest.approx(best["prediction"]["output_tokens_per_s"] / 8)
+    assert swept["plans"][-1]["cluster"] == best["cluster"] == {"name": "dgx-h100", "nodes": 1}
+
+
 def test_one_count_draws_its_front_too(tmp_path) -> None:
     plot = tmp_path / "one.svg"
     got = autoplan(*SERVE, "--gpus", "2", "--plot", plot)
