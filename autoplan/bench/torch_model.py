@@ -158,9 +158,9 @@ class Attention(nn.Module):
         self.rope = m.position is Position.ROPE
         self.dropout = m.dropout
         self.recompute_core = False  # selective recompute (set by ``apply_recompute``)
-        self.wq = nn.Linear(m.hidden, m.heads * d, bias=m.bias)
-        self.wk = nn.Linear(m.hidden, m.kv_heads * d, bias=m.bias)
-        self.wv = nn.Linear(m.hidden, m.kv_heads * d, bias=m.bias)
+        self.wq = nn.Linear(m.hidden, m.heads * d, bias=m.bias or m.qkv_bias)
+        self.wk = nn.Linear(m.hidden, m.kv_heads * d, bias=m.bias or m.qkv_bias)
+        self.wv = nn.Linear(m.hidden, m.kv_heads * d, bias=m.bias or m.qkv_bias)
         self.wo = nn.Linear(m.heads * d, m.hidden, bias=m.bias)
         self._tables: dict[tuple[int, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 

@@ -181,12 +181,10 @@ def _read_mistral(f: Fields) -> dict[str, Any]:
 
 def _read_qwen2(f: Fields) -> dict[str, Any]:
     # Qwen2Config defaults num_key_value_heads to 32.
-    # Qwen2 has biases on q/k/v only; o_proj and the MLP have none. Model.bias is
-    # one flag for all linear layers, so it is False and the q/k/v biases,
-    # (heads + 2 * kv_heads) * head_dim per layer, are not counted: 129,024
-    # parameters of Qwen2-7B's 7.6 billion (0.002 %). True would overcount by
-    # more (o_proj and MLP biases, 1.26 million for Qwen2-7B).
-    return _read_llama_like(f, kv_heads_class_default=32, bias=False)
+    # Qwen2 (and Qwen2.5) has biases on q/k/v only (Qwen2Attention: q_proj, k_proj,
+    # v_proj bias=True, o_proj and the MLP without): Model.qkv_bias.
+    values = _read_llama_like(f, kv_heads_class_default=32, bias=False)
+    return {**values, "qkv_bias": True}
 
 
 def _read_qwen3(f: Fields) -> dict[str, Any]:

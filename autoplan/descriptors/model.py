@@ -34,6 +34,7 @@ class Model:
     dropout: bool = False  # dropout after attention/MLP (GPT-3 era yes, Llama no)
     head_dim: int = 0  # 0: hidden // heads
     qk_norm: bool = False  # per-head RMSNorm on Q and K (Qwen3, OLMo 2)
+    qkv_bias: bool = False  # biases on Q, K and V only (Qwen2, Qwen2.5); bias covers every layer
     # -- mixture of experts (Shazeer et al. 2017; Fedus et al. 2022); experts = 0: dense
     experts: int = 0  # routed experts per MoE layer
     top_k: int = 0  # routed experts each token goes to
@@ -135,7 +136,8 @@ class Model:
         if self.is_mla:
             return self.params_mla
         weights = 2 * self.hidden * self.q_dim + 2 * self.hidden * self.kv_dim
-        biases = self.q_dim + 2 * self.kv_dim + self.hidden if self.bias else 0
+        biases = (self.q_dim + 2 * self.kv_dim + self.hidden if self.bias
+                  else self.q_dim + 2 * self.kv_dim if self.qkv_bias else 0)
         qk_norms = 2 * self.kv_channels if self.qk_norm else 0
         return weights + biases + qk_norms
 
@@ -258,7 +260,7 @@ class Model:
 
 
 # written only when set, so dense models' files stay as they were
-_OPTIONAL = ("qk_norm", "experts", "top_k", "moe_ffn_hidden", "shared_experts",
+_OPTIONAL = ("qk_norm", "qkv_bias", "experts", "top_k", "moe_ffn_hidden", "shared_experts",
              "shared_ffn_hidden", "dense_layers", "capacity_factor", "q_lora_rank",
              "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mtp_layers")
 
@@ -283,6 +285,7 @@ def read_model(f: Fields) -> Model | None:
         dropout=f.bool("dropout", False),
         head_dim=f.int("head_dim", 0, min=0),
         qk_norm=f.bool("qk_norm", False),
+        qkv_bias=f.bool("qkv_bias", False),
         capacity_factor=f.float("capacity_factor", 0.0, min=0.0),
     )
     for key in ("experts", "top_k", "moe_ffn_hidden", "shared_experts", "shared_ffn_hidden",

@@ -101,6 +101,8 @@ def model_args(plan: Plan) -> list[Arg]:
         out.append(("--untie-embeddings-and-output-weights",))
     if not m.bias:
         out.append(("--disable-bias-linear",))
+    if m.qkv_bias and not m.bias:  # Qwen2's: biases on Q, K and V alone (megatron arguments.py)
+        out.append(("--add-qkv-bias",))
     if not m.dropout:
         out += [("--attention-dropout", "0.0"), ("--hidden-dropout", "0.0")]
     if m.mtp_layers:

@@ -142,7 +142,7 @@ def attention_params_per_rank(model: Model, tp: int) -> float:
         norms = model.q_lora_rank + model.kv_lora_rank
         return (model.params_attention - down - norms) / tp + down + norms
     h, kv = model.hidden, model.kv_dim
-    kv_params = 2 * h * kv + (2 * kv if model.bias else 0)
+    kv_params = 2 * h * kv + (2 * kv if model.bias or model.qkv_bias else 0)
     replicated = max(1.0, tp / model.kv_heads)  # each rank's K/V heads: at least one
     return (model.params_attention - kv_params) / tp + kv_params * replicated / tp
 

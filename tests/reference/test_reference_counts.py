@@ -34,6 +34,31 @@ def test_parameter_count_is_within_one_percent_of_the_published_total(name, publ
     assert resolve_model(name).params_total == pytest.approx(published, rel=0.01)
 
 
+def test_qwen25_counts_equal_the_published_checkpoints_exactly_with_their_qkv_biases():
+    """Qwen2.5-7B and -72B: 7,615,616,512 and 72,706,203,648 parameters (the HF
+    checkpoints' safetensors totals, 7.61B and 72.7B on the model cards). By hand for 7B:
+    two untied 152,064 x 3,584 embeddings 1,089,994,752; a layer's Q/O 2 x 3,584^2, K/V
+    2 x 3,584 x 512, Q/K/V biases 3,584 + 2 x 512, MLP 3 x 3,584 x 18,944, two norms:
+    233,057,792, x 28; the final norm 3,584. Without the Q/K/V biases it is 129,024 short."""
+    per_layer = 2 * 3584**2 + 2 * 3584 * 512 + (3584 + 2 * 512) + 3 * 3584 * 18944 + 2 * 3584
+    assert per_layer == 233_057_792
+    assert resolve_model("qwen2.5-7b").params_total == 2 * 152064 * 3584 + 28 * per_layer + 3584 \
+        == 7_615_616_512
+    assert resolve_model("qwen2.5-72b").params_total == 72_706_203_648
+
+
+def test_qwen2_configs_read_from_huggingface_carry_their_qkv_biases():
+    from autoplan.descriptors.hf import model_from_hf_config
+
+    config = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "num_hidden_layers": 28,
+              "hidden_size": 3584, "num_attention_heads": 28, "num_key_value_heads": 4,
+              "intermediate_size": 18944, "vocab_size": 152064, "max_position_embeddings": 32768,
+              "hidden_act": "silu", "tie_word_embeddings": False}
+    model = model_from_hf_config(config, "config.json", "qwen2.5-7b-hf")
+    assert model.qkv_bias and not model.bias
+    assert model.params_total == resolve_model("qwen2.5-7b").params_total
+
+
 @pytest.mark.parametrize(
     ("name", "layers", "hidden"),
     [("gpt-7.5b", 36, 4096), ("gpt-39b", 48, 8192), ("gpt-145b", 80, 12288), ("gpt-1t", 128, 25600)],

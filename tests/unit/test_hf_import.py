@@ -98,13 +98,15 @@ def test_gpt_neox_20b_config_gives_the_published_20_55b_parameters():
     assert _import("gpt-neox-20b").params_total == pytest.approx(20.55e9, rel=0.01)
 
 
-def test_qwen2_7b_count_falls_short_of_the_checkpoint_by_exactly_its_qkv_biases():
-    # Model.bias is one flag for every linear layer; Qwen2 biases q/k/v only, so
-    # the import leaves those out: (28 + 2 * 4) heads * 128 per layer, 28 layers.
+def test_qwen2_7b_count_is_the_checkpoints_exactly_with_its_qkv_biases():
+    # Qwen2 biases q/k/v only (Model.qkv_bias; bias would put them on every linear
+    # layer): (28 + 2 * 4) heads * 128 per layer, 28 layers, 129,024 in all.
     model = _import("Qwen2-7B")
-    assert model.bias is False
+    assert model.bias is False and model.qkv_bias is True
     qkv_biases = model.layers * (model.q_dim + 2 * model.kv_dim)
-    assert 7_615_616_512 - model.params_total == qkv_biases == 129_024
+    assert qkv_biases == 129_024
+    assert model.params_total == 7_615_616_512
+    assert dataclasses.replace(model, qkv_bias=False).params_total == 7_615_616_512 - qkv_biases
 
 
 # -- architecture read from the config -------------------------------------------------
