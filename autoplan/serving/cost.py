@@ -186,6 +186,8 @@ class StepModel:
         self.attn_eff = attention_efficiency(dev, AttentionKernel.FLASH3, False, 4096, m.qk_head_dim)
         self.mem_eff_Bps = dev.hbm_Bps * dev.hbm_efficiency
         self.defaults = engine_defaults(self.engine, dev)
+        # the engine's fitted constants, read once (a simulation asks thousands of times)
+        self._host_seq, self._kscale = self.engine.spec.host_seq_s, self.engine.spec.kernel_scale
         self.max_num_seqs, self.max_batched_tokens, self.chunked_prefill = resolved_limits(
             d, self.engine, dev)
         # cross-node pipeline hops where a stage's GPUs fill whole NVLink domains
@@ -273,7 +275,7 @@ class StepModel:
         elif m.is_moe and d.attention_dp > 1:  # experts split over the stage: gather, then reduce
             ep_comm = Lm * all_reduce_seconds(act * d.attention_dp, self.stage_group)
         pp_comm = (d.pp - 1) * comm.p2p(act / d.tp, self.pp_cross, self.cluster) if d.pp > 1 else 0.0
-        k = self.engine.spec.kernel_scale
+        k = self._kscale
         out = Breakdown(gemm=k * self.dense_stage * d.pp * dense, moe=k * Lm * moe, elementwise=elementwise,
                         tp_comm=tp_comm, ep_comm=ep_comm, pp_comm=pp_comm,
                         kernel_gaps=L * KERNELS_PER_LAYER * dev.kernel_gap_s,
@@ -303,7 +305,7 @@ class StepModel:
         attention = self._prefill_s_per_pair * prefill_pairs
         kv_bytes = (decode_context + prefill_context) * self.kv_token_layer
         kv_read = max(kv_bytes / self.mem_eff_Bps, self._decode_s_per_token * decode_context * self.width)
-        k = self.engine.spec.kernel_scale
+        k = self._kscale
         return k * attention, k * self.layers_stage * self.deployment.pp * kv_read
 
     def decode_coefficients(self, decodes: int) -> tuple[float, float]:
@@ -409,7 +411,7 @@ class StepModel:
         if total is None:
             total = self._token_totals[tokens] = self._per_tokens(tokens).total
         attention, kv_read = self._attention(decode_context, prefill_pairs, prefill_context)
-        host = self.engine.spec.host_seq_s * sampled
+        host = self._host_seq * sampled
         if self.width == 1:
             return total + attention + kv_read + self._logits(sampled) + host
         draft = self._draft_seconds(decodes, decode_context, tokens - decodes * self.width, prefill_pairs,

@@ -141,13 +141,10 @@ class Request:
         self.live = False  # admitted and not finished or preempted
         self.held = 0  # KV tokens its admission set aside (prompt + reserved output)
 
-    @property
-    def private(self) -> int:
-        """Prompt tokens whose KV is its own (the shared prefix is held once for all)."""
-        return self.prompt - self.shared
-
     def private_of(self, c: int) -> int:
         """Of the next ``c`` prompt tokens it computes, those stored as its own."""
+        if not self.shared:
+            return c
         return max(0, self.done_prompt + c - max(self.done_prompt, self.shared))
 
 
@@ -199,7 +196,7 @@ class Decodes:
         done: list[Request] = []
         while heap and heap[0][0] <= it:
             r = heapq.heappop(heap)[2]
-            held = self.held(r, it)
+            held = r.prompt + (it - r.join_iter) * self.gain  # self.held(r, it), inlined
             self.count -= 1
             self.context -= held
             self.pool.free(held - r.shared, r.held)
@@ -316,8 +313,9 @@ class Scheduler:
             batch.add_chunk(r, c)
         while waiting and batch.budget > 0 and batch.running < cfg.max_num_seqs:
             r = waiting[0]
-            held = cfg.held(r.private, r.left)
-            if self.pool.refuses(r.private, held):
+            own = r.prompt - r.shared  # r.private, inlined (every iteration asks)
+            held = cfg.held(own, r.left)
+            if self.pool.refuses(own, held):
                 waiting.popleft()
                 continue
             if not (self._admit_computed(r, held, it, batch) if r.cached else
@@ -341,7 +339,7 @@ class Scheduler:
         hit = r.shared if r.shared and r.group in self.warm else 0
         c = min(r.prompt - hit, batch.budget)
         r.done_prompt = hit
-        stored = r.private_of(c)
+        stored = r.private_of(c) if r.shared else c
         if (not self.config.schedulable(c, r.prompt - hit)
                 or not self.pool.can_admit(batch.stored + stored, held)):
             r.done_prompt = 0
@@ -381,7 +379,7 @@ class Scheduler:
         self.prefilling.remove(r)
         r.left -= 1
         if r.left <= 0:
-            self.pool.free(r.private, r.held)
+            self.pool.free(r.prompt - r.shared, r.held)
             r.live = False
             return True
         self.decodes.join(r, it)

@@ -175,11 +175,13 @@ def run_requests(step: StepModel, arrival: np.ndarray, inputs: np.ndarray, outpu
     it (:func:`autoplan.serving.deployment.prefix_hit`)."""
     config = SchedulerConfig.of(step)
     block = step.engine.spec.kv_block_tokens
-    shared = [0] * len(inputs)
+    shared: list[int] = []
     tokens, groups = prefix
     if tokens and not prefilled:
         shared = [prefix_hit(tokens, int(p), block) for p in inputs.tolist()]
         kv_tokens = max(0, kv_tokens - groups * (tokens // block * block))
+    else:
+        groups = 0  # no prefix: requests carry none
     scheduler = Scheduler(config, KVPool(kv_tokens, reserves=bool(config.reserve_output)))
     loop = _EngineLoop(step, scheduler, arrival, inputs, outputs, closed, prefilled, shared, groups)
     loop.run(step_over_decodes)
@@ -194,12 +196,15 @@ class _EngineLoop:
 
     __slots__ = ("step", "sched", "arrival", "inputs", "outputs", "times", "lengths", "closed", "prefilled",
                  "n", "first", "finish", "next_arrival", "issued", "t", "it", "busy", "max_running",
-                 "timeline", "sample_every", "shared", "groups")
+                 "timeline", "sample_every", "shared", "groups", "width", "gain")
 
     def __init__(self, step: StepModel, sched: Scheduler, arrival: np.ndarray, inputs: np.ndarray,
                  outputs: np.ndarray, closed: int, prefilled: bool, shared: list[int], groups: int):
+        """``shared``, ``groups``: each request's cached prefix and the prefix groups (0: no
+        prefix caching)."""
         self.step, self.sched, self.closed, self.prefilled = step, sched, closed, prefilled
         self.shared, self.groups = shared, groups
+        self.width, self.gain = sched.config.width, sched.config.gain  # speculative decoding's
         self.arrival, self.inputs, self.outputs = arrival, inputs, outputs
         # per request, as Python floats and ints: the loop reads them one at a time
         self.times: list[float] = np.asarray(arrival, dtype=float).tolist()
@@ -245,8 +250,11 @@ class _EngineLoop:
         """Queue the requests that have arrived by now."""
         while self.next_arrival < self.issued and self.times[self.next_arrival] <= self.t:
             i = self.next_arrival
-            self.sched.waiting.append(Request(i, *self.lengths[i], self.prefilled, self.shared[i],
-                                              i % self.groups))
+            if self.groups:  # prefix caching
+                r = Request(i, *self.lengths[i], self.prefilled, self.shared[i], i % self.groups)
+            else:
+                r = Request(i, *self.lengths[i], self.prefilled)
+            self.sched.waiting.append(r)
             self.next_arrival += 1
 
     def _step_over(self, running: int) -> bool:
@@ -278,7 +286,7 @@ class _EngineLoop:
         first tokens and the finishes it produced."""
         sched, it = self.sched, self.it
         n_dec = sched.decodes.count
-        tokens = n_dec * sched.config.width + batch.new_kv
+        tokens = n_dec * self.width + batch.new_kv
         done = sched.computed(batch)
         elapsed = self.step.step_seconds(tokens, n_dec, sched.decodes.context, batch.pairs, batch.prior,
                                          n_dec + len(done))
@@ -287,7 +295,7 @@ class _EngineLoop:
         self.max_running = max(self.max_running, batch.running)
         if it % self.sample_every == 0:
             self.timeline.append((self.t, batch.running, tokens))
-        sched.pool.grow(n_dec * sched.decodes.gain + batch.stored)
+        sched.pool.grow(n_dec * self.gain + batch.stored if self.gain != 1.0 else n_dec + batch.stored)
         sched.decodes.advance(1)
         for r in batch.joined:  # its first token here (the prefill instance made the one before)
             self._first_token(r)
