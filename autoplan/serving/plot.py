@@ -12,10 +12,8 @@ from collections.abc import Sequence
 from html import escape
 
 from autoplan.serving.search import Ranked
-from autoplan.whatif.plot import BOTTOM, CHOSEN, FONT, FRONT, HEIGHT, LEFT, OTHER, RIGHT, TOP, WIDTH
+from autoplan.whatif.plot import BOTTOM, CHOSEN, FONT, FRONT, HEIGHT, LEFT, OTHER, RIGHT, TOP, WIDTH, axes
 from autoplan.whatif.plot import _axis as axis
-from autoplan.whatif.plot import _fmt as fmt
-from autoplan.whatif.plot import _ticks as ticks
 
 
 def serving_front_svg(points: Sequence[Ranked], front: Sequence[Ranked], chosen: Ranked | None,
@@ -32,25 +30,12 @@ def serving_front_svg(points: Sequence[Ranked], front: Sequence[Ranked], chosen:
     x_lo, x_hi, y_lo, y_hi = max(0.0, x_lo - px), x_hi + px, max(0.0, y_lo - py), y_hi + py
     fx = axis(x_lo, x_hi, False, LEFT, WIDTH - RIGHT)
     fy = axis(y_lo, y_hi, False, HEIGHT - BOTTOM, TOP)
-    x0, x1, y0, y1 = LEFT, WIDTH - RIGHT, HEIGHT - BOTTOM, TOP
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
            f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="{FONT}" font-size="12">',
            f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
-           f'<text x="{LEFT}" y="22" font-size="14" font-weight="bold">{escape(title)}</text>',
-           f'<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="#222"/>',
-           f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="#222"/>']
-    for v in ticks(x_lo, x_hi, False):
-        x = fx(v)
-        out.append(f'<line x1="{x:.1f}" y1="{y0}" x2="{x:.1f}" y2="{y1}" stroke="#eee"/>')
-        out.append(f'<text x="{x:.1f}" y="{y0 + 16}" text-anchor="middle">{fmt(v, False)}</text>')
-    for v in ticks(y_lo, y_hi, False):
-        y = fy(v)
-        out.append(f'<line x1="{x0}" y1="{y:.1f}" x2="{x1}" y2="{y:.1f}" stroke="#eee"/>')
-        out.append(f'<text x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end">{fmt(v, False)}</text>')
-    out.append(f'<text x="{(x0 + x1) / 2}" y="{HEIGHT - 18}" text-anchor="middle">'
-               'tokens/s per user (1 / mean TPOT)</text>')
-    out.append(f'<text x="20" y="{(y0 + y1) / 2}" text-anchor="middle" '
-               f'transform="rotate(-90 20 {(y0 + y1) / 2})">output tokens/s per GPU</text>')
+           f'<text x="{LEFT}" y="22" font-size="14" font-weight="bold">{escape(title)}</text>']
+    out += axes((x_lo, x_hi, False), (y_lo, y_hi, False), fx, fy, "tokens/s per user (1 / mean TPOT)",
+                "output tokens/s per GPU")
     line = sorted(front, key=lambda r: r.user_tokens_per_s)
     if len(line) > 1:
         path = " ".join(f"{fx(r.user_tokens_per_s):.1f},{fy(r.per_gpu):.1f}" for r in line)

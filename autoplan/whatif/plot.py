@@ -52,6 +52,27 @@ def _axis(lo: float, hi: float, log: bool, a: float, b: float) -> Callable[[floa
     return lambda v: a + (v - lo) / (hi - lo) * (b - a)
 
 
+def axes(x: tuple[float, float, bool], y: tuple[float, float, bool], fx: Callable[[float], float],
+         fy: Callable[[float], float], x_label: str, y_label: str) -> list[str]:
+    """The axes, the grid at round ticks and the labels: ``x`` (lo, hi, logarithmic) and
+    ``y`` (lo, hi, in dollars), mapped to the plot by ``fx`` and ``fy``."""
+    x0, x1, y0, y1 = LEFT, WIDTH - RIGHT, HEIGHT - BOTTOM, TOP
+    out = [f'<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="#222"/>',
+           f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="#222"/>']
+    for v in _ticks(x[0], x[1], x[2]):
+        px = fx(v)
+        out.append(f'<line x1="{px:.1f}" y1="{y0}" x2="{px:.1f}" y2="{y1}" stroke="#eee"/>')
+        out.append(f'<text x="{px:.1f}" y="{y0 + 16}" text-anchor="middle">{_fmt(v, False)}</text>')
+    for v in _ticks(y[0], y[1], False):
+        py = fy(v)
+        out.append(f'<line x1="{x0}" y1="{py:.1f}" x2="{x1}" y2="{py:.1f}" stroke="#eee"/>')
+        out.append(f'<text x="{x0 - 6}" y="{py + 4:.1f}" text-anchor="end">{_fmt(v, y[2])}</text>')
+    out.append(f'<text x="{(x0 + x1) / 2}" y="{HEIGHT - 18}" text-anchor="middle">{escape(x_label)}</text>')
+    out.append(f'<text x="20" y="{(y0 + y1) / 2}" text-anchor="middle" '
+               f'transform="rotate(-90 20 {(y0 + y1) / 2})">{escape(y_label)}</text>')
+    return out
+
+
 def front_svg(points: Sequence[Point], front: Sequence[Point], chosen: Point | None,
               labels: dict[int, str], title: str, *, deadline_days: float | None = None,
               budget_usd: float | None = None) -> str:
@@ -78,23 +99,9 @@ def front_svg(points: Sequence[Point], front: Sequence[Point], chosen: Point | N
            f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="{FONT}" font-size="12">',
            f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
            f'<text x="{LEFT}" y="22" font-size="14" font-weight="bold">{escape(title)}</text>']
-    # axes, ticks, grid
+    out += axes((x_lo, x_hi, log), (y_lo, y_hi, money), fx, fy,
+                f'days to train{" (log scale)" if log else ""}', "cost (USD)" if money else "GPU-hours")
     x0, x1, y0, y1 = LEFT, WIDTH - RIGHT, HEIGHT - BOTTOM, TOP
-    out.append(f'<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="#222"/>')
-    out.append(f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="#222"/>')
-    for v in _ticks(x_lo, x_hi, log):
-        x = fx(v)
-        out.append(f'<line x1="{x:.1f}" y1="{y0}" x2="{x:.1f}" y2="{y1}" stroke="#eee"/>')
-        out.append(f'<text x="{x:.1f}" y="{y0 + 16}" text-anchor="middle">{_fmt(v, False)}</text>')
-    for v in _ticks(y_lo, y_hi, False):
-        y = fy(v)
-        out.append(f'<line x1="{x0}" y1="{y:.1f}" x2="{x1}" y2="{y:.1f}" stroke="#eee"/>')
-        out.append(f'<text x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end">{_fmt(v, money)}</text>')
-    out.append(f'<text x="{(x0 + x1) / 2}" y="{HEIGHT - 18}" text-anchor="middle">'
-               f'days to train{" (log scale)" if log else ""}</text>')
-    out.append(f'<text x="20" y="{(y0 + y1) / 2}" text-anchor="middle" '
-               f'transform="rotate(-90 20 {(y0 + y1) / 2})">'
-               f'{"cost (USD)" if money else "GPU-hours"}</text>')
     # limits
     if deadline_days:
         x = fx(deadline_days)
