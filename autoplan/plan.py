@@ -18,7 +18,7 @@ from autoplan.descriptors.pipeline_layout import Chunk, chunk_stage_layers, unif
 from autoplan.descriptors.stack import Stack
 from autoplan.schedules import Schedule
 from autoplan.units import GiB
-from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, RecomputeModule, ZeroStage
 
 SCHEMA_VERSION = 1
 
@@ -122,6 +122,9 @@ class Plan:
     # on a heterogeneous cluster, the pool of each stage; ``cluster`` is then stage 0's
     # pool (``on_stage`` gives each stage's); None on a cluster of identical nodes
     placement: Placement | None = None
+    # selective recompute's modules (Megatron-Core's --recompute-modules); () with
+    # selective: the attention core, Megatron-Core's default
+    recompute_modules: tuple[RecomputeModule, ...] = ()
     # plans key every memoized cost: hashed on first use, then remembered (frozen fields)
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
@@ -130,7 +133,7 @@ class Plan:
             object.__setattr__(self, "_hash", hash((
                 self.model, self.cluster, self.job, self.layout, self.micro_batch, self.schedule,
                 self.recompute, self.zero, self.sequence_parallel, self.stages, self.chunks,
-                self.cp_comm, self.stack, self.offload, self.placement)) or 1)
+                self.cp_comm, self.stack, self.offload, self.placement, self.recompute_modules)) or 1)
         return self._hash
 
     def replace(self, **changes: Any) -> Plan:
@@ -150,6 +153,13 @@ class Plan:
     def on_pools(self) -> tuple[Plan, ...]:
         """:meth:`on_stage` of a placed plan, by pool index (made once per plan)."""
         return _views(self)
+
+    @property
+    def recomputed(self) -> frozenset[RecomputeModule]:
+        """The modules selective recompute recomputes (empty without it)."""
+        if self.recompute is not Recompute.SELECTIVE:
+            return frozenset()
+        return frozenset(self.recompute_modules or (RecomputeModule.CORE_ATTN,))
 
     @property
     def num_microbatches(self) -> int:
@@ -184,6 +194,8 @@ class Plan:
             "micro_batch": self.micro_batch,
             "schedule": self.schedule.value,
             "recompute": self.recompute.value,
+            **({"recompute_modules": [m.value for m in self.recompute_modules]}
+               if self.recompute_modules else {}),
             "zero": int(self.zero),
             "sequence_parallel": self.sequence_parallel,
         }

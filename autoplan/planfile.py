@@ -21,7 +21,7 @@ from autoplan.measured.profile import Profile
 from autoplan.parallel.rules import plan_problems
 from autoplan.plan import SCHEMA_VERSION, Layout, Placement, Plan, Prediction
 from autoplan.schedules import Schedule
-from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, RecomputeModule, ZeroStage
 
 
 def read_plan(data: Any, source: str, path: str = "", *, profile: Profile | None = None,
@@ -85,6 +85,7 @@ def read_plan(data: Any, source: str, path: str = "", *, profile: Profile | None
         sequence_parallel=f.bool("sequence_parallel", False),
         cp_comm=f.enum("cp_comm", CpComm, CpComm.RING),
         offload=_read_offload(f),
+        recompute_modules=_read_recompute_modules(f),
     )
     stages, chunks = _read_split(f, layout_values["pp"], layout_values["vpp"], model)
     placement = _read_placement(f, cluster, layout_values["pp"])
@@ -106,6 +107,26 @@ def read_plan(data: Any, source: str, path: str = "", *, profile: Profile | None
     if correct and placement is None:
         plan = plan.replace(cluster=corrected(cluster, profile).cluster)
     return plan
+
+
+def _read_recompute_modules(f: Fields) -> tuple[RecomputeModule, ...]:
+    """``recompute_modules: [moe_act, layernorm, ...]`` (Megatron-Core's names), each once."""
+    raw = f.raw("recompute_modules", None)
+    if raw is None:
+        return ()
+    names = [m.value for m in RecomputeModule]
+    if not isinstance(raw, list) or not raw:
+        f.fail("recompute_modules", f"expected a list of modules from {', '.join(names)}")
+        return ()
+    out: list[RecomputeModule] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, str) or item not in names:
+            f.fail(f"recompute_modules[{i}]", f"expected one of {', '.join(names)}, got {shown(item)}")
+        elif RecomputeModule(item) in out:
+            f.fail(f"recompute_modules[{i}]", f"{item} is listed twice")
+        else:
+            out.append(RecomputeModule(item))
+    return tuple(out)
 
 
 def _read_placement(f: Fields, cluster: Cluster | PooledCluster | None,

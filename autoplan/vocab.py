@@ -62,6 +62,27 @@ class Recompute(str, enum.Enum):
 _RECOMPUTE_LEVEL = {r.value: i for i, r in enumerate(Recompute)}
 
 
+class RecomputeModule(str, enum.Enum):
+    """What selective recompute recomputes, as Megatron-Core names it
+    (``TransformerConfig.recompute_modules``, ``--recompute-modules``); selective recompute
+    with none named recomputes the attention core, Megatron-Core's default."""
+
+    CORE_ATTN = "core_attn"
+    """The attention core (with a fused kernel: its softmax statistics only)."""
+    LAYERNORM = "layernorm"
+    """The two norms' outputs (the QKV and MLP-up GEMMs' inputs), output-discarding."""
+    MLA_UP_PROJ = "mla_up_proj"
+    """MLA's up projections and RoPE: the queries, keys and values from the latents."""
+    MLP = "mlp"
+    """The dense MLP: its input kept, its internals recomputed."""
+    MOE_ACT = "moe_act"
+    """The routed experts' activation function (its output, fc2's input), output-discarding."""
+    MOE = "moe"
+    """The whole MoE layer, its dispatch and combine included."""
+    SHARED_EXPERTS = "shared_experts"
+    """The MoE layer's shared experts."""
+
+
 class ZeroStage(int, enum.Enum):
     """ZeRO stages (Rajbhandari et al. 2020): what the data-parallel group shards."""
 

@@ -13,7 +13,7 @@ from autoplan.descriptors.hardware import Cluster, Device, Link
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.pipeline_layout import Chunk
 from autoplan.kernels import comm, memory, offload
-from autoplan.kernels.compute import LayerTimes, layer_times, logits_times
+from autoplan.kernels.compute import LayerTimes, layer_times, logits_times, module_forward
 from autoplan.kernels.layer import (
     BF16_BYTES,
     Shard,
@@ -27,7 +27,7 @@ from autoplan.schedules import Schedule
 from autoplan.schedules.memory import peak_held
 from autoplan.schedules.registry import representative
 from autoplan.units import GiB
-from autoplan.vocab import NO_OFFLOAD, Axis, CpComm, Recompute, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, Axis, CpComm, Recompute, RecomputeModule, ZeroStage
 
 COMM_AXES = (Axis.TP, Axis.CP, Axis.EP, Axis.PP, Axis.DP)
 """The axes whose communication a stage exposes, in the order their seconds add up
@@ -376,6 +376,24 @@ def _stage_terms(plan: Plan, first: bool, last: bool, mtp: int, layers: int,
         params=params, expert_params=expert_params)
 
 
+@memo(4096)
+def _module_recompute(plan: Plan, modules: frozenset[RecomputeModule]) -> tuple[float, float]:
+    """(a dense layer's, an MoE layer's) seconds of recomputing ``modules`` in backward
+    (``plan``: a ``_layer_key``): each module's forward (``compute.module_forward``), the
+    attention core as the layer times give it."""
+    core = _shared_of(plan).core
+    out = []
+    for moe, lt in ((False, core.lt), (True, core.lt_moe)):
+        total = 0.0
+        for module in modules:
+            if module is RecomputeModule.CORE_ATTN:
+                total += lt.attention_forward
+            else:
+                total += module_forward(plan.model, shard_of(plan), plan.cluster.device, module, moe)
+        out.append(total)
+    return out[0], out[1]
+
+
 @memo(65536)
 def _stage(plan: Plan, first: bool, last: bool, mtp: int, layers: int, dense: int,
            sends_f: int, sends_b: int) -> StageWork:
@@ -394,6 +412,13 @@ def _stage(plan: Plan, first: bool, last: bool, mtp: int, layers: int, dense: in
         cp_b += cp_f
     elif plan.recompute is Recompute.SELECTIVE:
         recompute = t.selective_recompute
+        if plan.recompute_modules:  # Megatron-Core's modules: each one's forward again
+            dense_s, moe_s = _module_recompute(_layer_key(plan), plan.recomputed)
+            moe_n = layers - dense + (mtp if plan.model.is_moe else 0)
+            dense_n = dense + (0 if plan.model.is_moe else mtp)
+            recompute = dense_n * dense_s + moe_n * moe_s
+            if RecomputeModule.MOE in plan.recomputed:
+                ep_b += ep_f  # the recomputed MoE layer dispatches and combines again
     zero3_f, zero3_b = dp.zero3_exposed(plan, t.shared.groups, t.params, t.expert_params,
                                         t.compute_f, t.compute_b, t.compute_w, t.n)
     pp_send = t.shared.pp_send
@@ -472,16 +497,17 @@ class _ActivationTerms:
 
 
 @memo(16384)
-def _activation_terms(model: Model, shard: Shard, recompute: Recompute) -> _ActivationTerms:
+def _activation_terms(model: Model, shard: Shard, recompute: Recompute,
+                      modules: frozenset[RecomputeModule] = frozenset()) -> _ActivationTerms:
     working = 0.0
     if recompute is Recompute.FULL:
         working = memory.full_recompute_working_bytes(model, shard, moe=model.is_moe)
         if model.layers > model.moe_layers:
             working = max(working, memory.full_recompute_working_bytes(model, shard))
-    per_layer = memory.layer_activation_bytes(model, shard, recompute)
+    per_layer = memory.layer_activation_bytes(model, shard, recompute, modules=modules)
     return _ActivationTerms(
         per_layer=per_layer,
-        per_moe_layer=(memory.layer_activation_bytes(model, shard, recompute, moe=True)
+        per_moe_layer=(memory.layer_activation_bytes(model, shard, recompute, moe=True, modules=modules)
                        if model.is_moe else per_layer),
         working=working,
         embedding=memory.embedding_output_bytes(model, shard),
@@ -492,7 +518,7 @@ def _activation_terms(model: Model, shard: Shard, recompute: Recompute) -> _Acti
 @memo(16384)
 def _plan_activation_terms(plan: Plan) -> _ActivationTerms:
     """``_activation_terms`` of the plan, looked up by the plan (asked of each stage)."""
-    return _activation_terms(plan.model, shard_of(plan), plan.recompute)
+    return _activation_terms(plan.model, shard_of(plan), plan.recompute, plan.recomputed)
 
 
 def stage_memory(plan: Plan, stage: int, work: StageWork, inflight_chunks: int) -> Memory:

@@ -62,6 +62,11 @@ def refusals(plan: Plan, target: Target, launcher: Launcher = Launcher.MEGATRON)
     out = space_problems(plan, load_space(space_name))
     if target is not Target.NEMO:
         out += _EXTRA[space_name](plan)
+    megatron_core = target in (Target.MEGATRON, Target.NEMO) or (
+        target is Target.SLURM and launcher is Launcher.MEGATRON)
+    if plan.recompute_modules and not megatron_core:
+        out.append(("recompute_modules", "selective recompute by module is Megatron-Core's "
+                                         "(--recompute-modules); export to megatron or nemo"))
     if plan.placement is not None:
         if target in (Target.MEGATRON, Target.TORCHTITAN):
             out += nodes.problems(plan)

@@ -183,6 +183,8 @@ def batch_args(plan: Plan) -> list[Arg]:
                       ("--global-batch-size", str(plan.job.global_batch))]
     if plan.recompute is Recompute.SELECTIVE:
         out.append(("--recompute-granularity", "selective"))
+        if plan.recompute_modules:  # Megatron-Core's submodules (default: core_attn)
+            out.append(("--recompute-modules", *(m.value for m in plan.recompute_modules)))
     elif plan.recompute is Recompute.FULL:
         out += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                 ("--recompute-num-layers", "1")]

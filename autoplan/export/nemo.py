@@ -62,6 +62,8 @@ def model_overrides(plan: Plan) -> dict[str, Any]:
         out["num_layers_in_last_pipeline_stage"] = layers[-1]
     if plan.recompute is Recompute.SELECTIVE:
         out["recompute_granularity"] = "selective"
+        if plan.recompute_modules:
+            out["recompute_modules"] = [m.value for m in plan.recompute_modules]
     elif plan.recompute is Recompute.FULL:
         out.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     else:

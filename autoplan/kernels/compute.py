@@ -40,8 +40,9 @@ from autoplan.kernels.layer import (
     distinct_experts,
     elementwise_bytes_forward,
     layer_gemms,
+    mlp_gemms,
 )
-from autoplan.vocab import Dtype
+from autoplan.vocab import Dtype, RecomputeModule
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +317,44 @@ def fp8_cast_seconds(gemms: list[Gemm], device: Device
     hbm = device.hbm_Bps * device.hbm_efficiency
     return (sum(g.m * g.k for g in gemms) * FP8_CAST_BYTES / hbm,
             sum(g.m * g.n for g in gemms) * FP8_CAST_BYTES / hbm)
+
+
+def module_forward(model: Model, shard: Shard, device: Device, module: RecomputeModule,
+                   moe: bool) -> float:
+    """Forward seconds of one layer's ``module`` on one rank (what recomputing it in backward
+    costs; Megatron-Core's recompute_modules), the attention core aside (``layer_times``'
+    ``attention_forward``): the module's GEMMs at the roofline, its elementwise traffic at
+    HBM speed, at the stack's sustained share of both. A module the layer lacks (``mlp`` on
+    an MoE layer, the MoE ones on a dense layer) costs nothing."""
+    hbm = device.hbm_Bps * device.hbm_efficiency
+    tokens, t, h = shard.tokens, shard.tp, model.hidden
+    e = BF16_BYTES
+    gated = model.activation.gated
+    seconds = 0.0
+    if module is RecomputeModule.LAYERNORM:  # two norms: read the input, write the output
+        seconds = 2 * 2 * e * shard.norm_tokens * h / hbm
+    elif module is RecomputeModule.MLA_UP_PROJ and model.is_mla:
+        gemms = [Gemm(tokens, model.heads * (model.qk_nope_head_dim + model.v_head_dim) / t,
+                      model.kv_lora_rank)]
+        if model.q_lora_rank:
+            gemms.append(Gemm(tokens, model.attn_widths[0] / t, model.q_lora_rank))
+        seconds = sum(gemm_time(g.m, g.n, g.k, device, shard.dtype) for g in gemms)
+    elif module is RecomputeModule.MLP and not moe:
+        seconds = sum(gemm_time(g.m, g.n, g.k, device, shard.dtype)
+                      for g in mlp_gemms(model, tokens, t, model.ffn_hidden))
+        seconds += tokens * e * (3 if gated else 2) * model.ffn_hidden / t / hbm  # the activation
+    elif module is RecomputeModule.SHARED_EXPERTS and moe and model.shared_experts:
+        seconds = sum(gemm_time(g.m, g.n, g.k, device, shard.dtype)
+                      for g in mlp_gemms(model, tokens, t, model.shared_experts * model.shared_width))
+    elif module is RecomputeModule.MOE_ACT and moe:  # the activation over every routed copy
+        seconds = shard.routed_tokens(model) * e * (3 if gated else 2) * model.expert_width / hbm
+    elif module is RecomputeModule.MOE and moe:  # router, routed experts, shared experts
+        seconds = expert_time(model, shard, device) + gemm_time(
+            shard.norm_tokens, model.experts, h, device, shard.dtype)
+        if model.shared_experts:
+            seconds += sum(gemm_time(g.m, g.n, g.k, device, shard.dtype)
+                           for g in mlp_gemms(model, tokens, t, model.shared_experts * model.shared_width))
+    return seconds / shard.kernel_efficiency
 
 
 def layer_times(model: Model, shard: Shard, device: Device, moe: bool = False) -> LayerTimes:

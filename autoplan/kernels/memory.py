@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.stack import AttentionKernel
 from autoplan.kernels.layer import BF16_BYTES, Shard
-from autoplan.vocab import Dtype, Recompute, ZeroStage
+from autoplan.vocab import Dtype, Recompute, RecomputeModule, ZeroStage
 
 # What the search leaves free on a device by default, beyond a plan's predicted peak (whose
 # ``other`` already holds the device's fixed reserve): PyTorch's caching allocator splits
@@ -74,11 +74,18 @@ def sharded_state_bytes(
 
 
 def layer_activation_bytes(
-    model: Model, shard: Shard, recompute: Recompute, flash: bool | None = None, moe: bool = False
+    model: Model, shard: Shard, recompute: Recompute, flash: bool | None = None, moe: bool = False,
+    modules: frozenset[RecomputeModule] = frozenset(),
 ) -> float:
     """Activations one layer keeps for backward, per microbatch, on one rank. ``flash``:
     whether attention is a fused kernel that keeps no s x s scores (None: as the shard's
-    stack runs it; unfused attention keeps Korthikanti et al.'s 5 a s b bytes per layer)."""
+    stack runs it; unfused attention keeps Korthikanti et al.'s 5 a s b bytes per layer).
+    ``modules``: what selective recompute recomputes (Megatron-Core's recompute_modules;
+    empty: the attention core), each dropping what its forward would have kept: a
+    checkpointed module keeps its input (already counted as the previous op's output), an
+    output-discarding one (layernorm, moe_act, mla_up_proj) frees its output."""
+    if recompute is Recompute.SELECTIVE and not modules:
+        modules = frozenset((RecomputeModule.CORE_ATTN,))
     if flash is None:
         flash = shard.attention_kernel is not AttentionKernel.UNFUSED
     if recompute is Recompute.FULL:
@@ -88,9 +95,10 @@ def layer_activation_bytes(
     h, t, e = model.hidden, shard.tp, BF16_BYTES
     mask = 1 if model.dropout else 0  # 1-byte dropout masks
     # outside the TP region: replicated across TP ranks unless sequence parallel
+    norm_outputs = 0 if RecomputeModule.LAYERNORM in modules else 2 * e
     outside = shard.norm_tokens * h * (
         2 * e  # the two norms' inputs
-        + 2 * e  # inputs of the QKV and MLP-up GEMMs (norm outputs)
+        + norm_outputs  # inputs of the QKV and MLP-up GEMMs (norm outputs)
         + 2 * mask  # dropout masks after attention and MLP
     )
     if shard.sequence_parallel and shard.sp_saves_gathered:
@@ -99,36 +107,46 @@ def layer_activation_bytes(
         outside += 2 * e * (s_b - shard.norm_tokens) * h
     # inside the TP region: split by t
     q, k, v, out = model.attn_widths
-    attention = s_b * e * (q + k) / t  # Q and K for QK^T
-    attention += s_b * e * v / t  # V
+    attention = 0.0
+    if not (model.is_mla and RecomputeModule.MLA_UP_PROJ in modules):
+        attention += s_b * e * (q + k) / t  # Q and K for QK^T
+        attention += s_b * e * v / t  # V
     attention += s_b * e * out / t  # input of the output projection
     if model.is_mla:  # the latents, inputs of the up projections (unsplit by TP)
         attention += s_b * e * (model.q_lora_rank + model.kv_lora_rank)
     heads = model.heads / t
+    core_recomputed = RecomputeModule.CORE_ATTN in modules
     if not flash:
         core = 5 * heads * (shard.seq_len / shard.cp) * s_b  # softmax 2, its mask 1, output 2
-        attention += 0 if recompute is Recompute.SELECTIVE else core
-    elif recompute is not Recompute.SELECTIVE:
+        attention += 0 if core_recomputed else core
+    elif not core_recomputed:
         attention += 4 * heads * s_b  # fp32 log-sum-exp per query and head (FlashAttention-2)
     fc1 = 2 if model.activation.gated else 1  # fc1 output width, in units of the MLP width
     if not moe:
-        mlp = s_b * e * (fc1 + 1) * model.ffn_hidden / t  # activation input and fc2 input
+        mlp = 0.0 if RecomputeModule.MLP in modules else (
+            s_b * e * (fc1 + 1) * model.ffn_hidden / t)  # activation input and fc2 input
         return outside + attention + mlp
-    return outside + attention + moe_mlp_activation_bytes(model, shard)
+    if RecomputeModule.MOE in modules:
+        return outside + attention
+    return outside + attention + moe_mlp_activation_bytes(model, shard, modules)
 
 
-def moe_mlp_activation_bytes(model: Model, shard: Shard) -> float:
+def moe_mlp_activation_bytes(model: Model, shard: Shard,
+                             modules: frozenset[RecomputeModule] = frozenset()) -> float:
     """An MoE layer's MLP activations on the busiest rank: the router's fp32 logits, and
     per routed token copy (Megatron-Core GroupedMLP with the all-to-all dispatcher) the
     permuted expert input, fc1's output, fc2's input and the expert output the combine
-    weights by the router probabilities; the shared experts as a dense MLP."""
+    weights by the router probabilities; the shared experts as a dense MLP. Recomputing
+    ``shared_experts`` drops theirs, ``moe_act`` the activation's output (fc2's input)."""
     e, h, t = BF16_BYTES, model.hidden, shard.tp
     fc1 = 2 if model.activation.gated else 1
     router = shard.norm_tokens * model.experts * 4
-    shared = shard.tokens * e * (fc1 + 1) * model.shared_experts * model.shared_width / t
+    shared = 0.0 if RecomputeModule.SHARED_EXPERTS in modules else (
+        shard.tokens * e * (fc1 + 1) * model.shared_experts * model.shared_width / t)
     routed = shard.routed_tokens(model)
+    kept = fc1 + (0 if RecomputeModule.MOE_ACT in modules else 1)  # fc1 output, fc2 input
     # with expert TP the input and output are gathered over etp ranks, the widths split
-    experts = routed * e * (2 * h * shard.etp + (fc1 + 1) * model.expert_width)
+    experts = routed * e * (2 * h * shard.etp + kept * model.expert_width)
     return router + shared + experts
 
 

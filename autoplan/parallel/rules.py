@@ -84,16 +84,40 @@ def _placed_pipeline(plan: Plan) -> str | None:
     return None
 
 
+def _recompute_modules(plan: Plan) -> str | None:
+    """Megatron-Core's checks (TransformerConfig.__post_init__): modules name what selective
+    recompute recomputes; the MoE ones need MoE layers, mla_up_proj MLA."""
+    from autoplan.vocab import Recompute
+    from autoplan.vocab import RecomputeModule as M
+
+    mods, m = plan.recompute_modules, plan.model
+    if not mods:
+        return None
+    if plan.recompute is not Recompute.SELECTIVE:
+        return f"modules are what selective recompute recomputes; recompute is {plan.recompute.value}"
+    if not m.is_moe and (bad := [x.value for x in mods if x in (M.MOE, M.MOE_ACT, M.SHARED_EXPERTS)]):
+        return f"{m.name} has no MoE layers for {', '.join(bad)}"
+    if M.SHARED_EXPERTS in mods and not m.shared_experts:
+        return f"{m.name} has no shared experts"
+    if M.MLA_UP_PROJ in mods and not m.is_mla:
+        return f"{m.name} has no multi-head latent attention for mla_up_proj"
+    if M.MLP in mods and m.is_moe and m.moe_layers == m.layers:
+        return f"every layer of {m.name} is an MoE layer: mlp recomputes dense MLPs (give moe)"
+    return None
+
+
 GPUS = Rule("layout-gpus", "layout", Scope.LAYOUT, "dp*tp*pp*cp must equal the GPUs", _gpus)
 DTYPE = Rule("dtype-supported", "job.dtype", Scope.JOB,
              "the device must support the precision", _dtype)
+RECOMPUTE_MODULES = Rule("recompute-modules", "recompute_modules", Scope.SCHEDULE,
+                         "selective recompute's modules must exist in the model", _recompute_modules)
 PLACED = Rule("placement-pipeline", "placement", Scope.SCHEDULE,
               "stages across pools run one chunk each, in order, without offload",
               _placed_pipeline)
 
 RULES: tuple[Rule, ...] = (
     GPUS, *tp.LAYOUT_RULES, *ep.RULES, *dp.RULES, *cp.RULES, *tp.SP_RULES, DTYPE,
-    *pp.STAGE_RULES, *pp.SCHEDULE_RULES, *dp.OFFLOAD_RULES, PLACED,
+    *pp.STAGE_RULES, *pp.SCHEDULE_RULES, *dp.OFFLOAD_RULES, RECOMPUTE_MODULES, PLACED,
 )
 """Every rule of a valid plan, in the order the plan reader reports them."""
 

@@ -283,6 +283,8 @@ def megatron_config(args: dict[str, list[str]]) -> Any:
         assert field in fields, f"--{name.replace('_', '-')} is no {cls.__name__} field"
         if not values:
             kw[field] = True
+        elif field == "recompute_modules":  # nargs='*': the module names
+            kw[field] = list(values)
         elif field == "moe_layer_freq":  # Megatron-LM's moe_freq_type evaluates the pattern
             m = re.fullmatch(r"\(\[0\]\*(\d+)\+\[1\]\*(\d+)\)", values[0])
             assert m, values[0]
