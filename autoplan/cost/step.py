@@ -17,7 +17,10 @@ def model_flops(plan: Plan) -> float:
 
 def hardware_flops(plan: Plan) -> float:
     extra = 0.0
-    if plan.recompute is not Recompute.NONE:
+    if plan.recompute_modules:  # selective, by module
+        extra = plan.job.tokens_per_step * flops.module_recompute_flops_per_token(
+            plan.model, plan.job.seq_len, plan.recomputed)
+    elif plan.recompute is not Recompute.NONE:
         extra = plan.job.tokens_per_step * flops.recompute_flops_per_token(
             plan.model, plan.job.seq_len, full=plan.recompute is Recompute.FULL)
     return model_flops(plan) + extra

@@ -11,6 +11,7 @@ logit GEMM included; norms and elementwise ops are not counted.
 from __future__ import annotations
 
 from autoplan.descriptors.model import Model
+from autoplan.vocab import RecomputeModule
 
 
 def attention_gemm_params(model: Model) -> int:
@@ -86,3 +87,28 @@ def recompute_flops_per_token(model: Model, seq_len: int, full: bool, causal: bo
         return (dense * layer_forward_flops_per_token(model, seq_len, causal)
                 + model.moe_layers * layer_forward_flops_per_token(model, seq_len, causal, moe=True))
     return model.layers * attention_core_flops_per_token(model, seq_len, causal)
+
+
+def module_recompute_flops_per_token(model: Model, seq_len: int, modules: frozenset[RecomputeModule],
+                                     causal: bool = True) -> float:
+    """Extra forward work of selective recompute by module (Megatron-Core's
+    recompute_modules), per token over all layers: 2 FLOPs per weight a recomputed GEMM
+    touches (the dense MLP; an MoE layer's router, top_k experts and shared experts, or
+    its shared experts alone; MLA's up projections), and the attention core's FLOPs;
+    norms and activation functions are not GEMMs and count nothing."""
+    dense_n, moe_n = model.layers - model.moe_layers, model.moe_layers
+    total = 0.0
+    if RecomputeModule.CORE_ATTN in modules:
+        total += model.layers * attention_core_flops_per_token(model, seq_len, causal)
+    if RecomputeModule.MLP in modules:
+        total += dense_n * 2 * mlp_gemm_params(model, False)
+    if RecomputeModule.MOE in modules:
+        total += moe_n * 2 * mlp_gemm_params(model, True)
+    elif RecomputeModule.SHARED_EXPERTS in modules:
+        total += moe_n * 2 * model.params_shared_experts
+    if RecomputeModule.MLA_UP_PROJ in modules and model.is_mla:
+        up = model.kv_lora_rank * model.heads * (model.qk_nope_head_dim + model.v_head_dim)
+        if model.q_lora_rank:
+            up += model.q_lora_rank * model.attn_widths[0]
+        total += model.layers * 2 * up
+    return total
