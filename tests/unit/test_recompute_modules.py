@@ -172,9 +172,8 @@ def test_hardware_flops_count_the_recomputed_modules_by_hand() -> None:
     """core_attn alone is selective recompute's attention core (Korthikanti et al. Sec. 4.2);
     mlp adds 2 FLOPs per dense-MLP weight per token: Llama 3 70B, 80 layers of three
     8,192 x 28,672 matrices, 2 x 3 x 8192 x 28672 x 80 per token."""
-    from autoplan.kernels import flops
-
     from autoplan.descriptors.library import resolve_model
+    from autoplan.kernels import flops
 
     llama = resolve_model("llama3-70b")
     core = flops.module_recompute_flops_per_token(llama, 4096, frozenset((M.CORE_ATTN,)))
