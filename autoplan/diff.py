@@ -124,7 +124,7 @@ def plan_fields(plan: Plan) -> dict[str, Value]:
     out["micro_batch"] = plan.micro_batch
     out["microbatches"] = plan.num_microbatches
     out["schedule"] = plan.schedule.value
-    out["recompute"] = plan.recompute.value
+    out["recompute"] = plan.recompute_label
     out["zero"] = int(plan.zero)
     out["sequence_parallel"] = plan.sequence_parallel
     out["cp_comm"] = plan.cp_comm.value if lay.cp > 1 else None

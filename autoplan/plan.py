@@ -155,6 +155,13 @@ class Plan:
         return _views(self)
 
     @property
+    def recompute_label(self) -> str:
+        """``selective``, or with its modules named: ``selective (moe_act, layernorm)``."""
+        if not self.recompute_modules:
+            return self.recompute.value
+        return f"{self.recompute.value} ({', '.join(m.value for m in self.recompute_modules)})"
+
+    @property
     def recomputed(self) -> frozenset[RecomputeModule]:
         """The modules selective recompute recomputes (empty without it)."""
         if self.recompute is not Recompute.SELECTIVE:

@@ -69,7 +69,7 @@ def plans_table(rows: list[tuple[Plan, Prediction]], title: str, show_gpus: bool
             *((escape(placement_text(plan)),) if pooled else ()),
             layout_text(plan), str(plan.micro_batch), str(plan.num_microbatches),
             plan.schedule.value,
-            plan.recompute.value, str(int(plan.zero)), "yes" if plan.sequence_parallel else "no",
+            plan.recompute_label, str(int(plan.zero)), "yes" if plan.sequence_parallel else "no",
             *((offload_text(plan),) if offloads else ()),
             f"{pred.step_time_s:.3f}", f"{pred.breakdown.bubble / pred.step_time_s:.1%}",
             f"{exposed_comm(pred):.3f}", f"{pred.tokens_per_s:,.0f}", f"{pred.mfu:.1%}",
@@ -373,7 +373,7 @@ def cluster_text(plan: Plan) -> str:
 def summary_line(plan: Plan, pred: Prediction) -> str:
     status = "fits" if pred.feasible else "[red]does not fit[/red]"
     return (f"{layout_text(plan)}, micro_batch {plan.micro_batch}, {plan.schedule.value}, "
-            f"recompute {plan.recompute.value}, zero {int(plan.zero)}"
+            f"recompute {plan.recompute_label}, zero {int(plan.zero)}"
             f"{', sp' if plan.sequence_parallel else ''}"
             f"{', offload ' + offload_text(plan) if plan.offload.any else ''}: "
             f"step {pred.step_time_s:.3f} s, {pred.tokens_per_s:,.0f} tokens/s, "
@@ -405,7 +405,7 @@ CHECK_SUITE = "autoplan check"  # the JUnit testsuite's name
 def plan_words(plan: Plan) -> str:
     """A plan in a few words: layout, micro-batch, schedule, recompute, ZeRO, sp."""
     return (f"{layout_text(plan)}, micro_batch {plan.micro_batch}, {plan.schedule.value}, "
-            f"recompute {plan.recompute.value}, zero {int(plan.zero)}"
+            f"recompute {plan.recompute_label}, zero {int(plan.zero)}"
             + (", sp" if plan.sequence_parallel else ""))
 
 

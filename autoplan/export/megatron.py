@@ -268,7 +268,7 @@ def header(plan: Plan, what: str) -> list[str]:
         *pool_lines(where),
         comment(f"plan: {layout}, micro batch {plan.micro_batch}, global batch "
                 f"{plan.job.global_batch} x {plan.job.seq_len} tokens, {plan.job.dtype.value}, "
-                f"{plan.schedule.value}, recompute {plan.recompute.value}, zero {int(plan.zero)}, "
+                f"{plan.schedule.value}, recompute {plan.recompute_label}, zero {int(plan.zero)}, "
                 f"stages {list(plan.stage_layers)}"),
         comment("Extra arguments after the script name go to pretrain_gpt.py last (they win)."),
     ]

@@ -63,7 +63,7 @@ class SearchResult:
         lay = plan.layout
         return (f"no plan fits in memory: the smallest plan (dp{lay.dp} tp{lay.tp} pp{lay.pp} "
                 f"cp{lay.cp}{f' ep{lay.ep}' if lay.ep > 1 else ''}, micro_batch {plan.micro_batch}, "
-                f"recompute {plan.recompute.value}, "
+                f"recompute {plan.recompute_label}, "
                 f"zero {int(plan.zero)}{_offload_words(plan)}) "
                 + memory_shortfall(plan, stage, mem, plan.cluster.device.mem_bytes))
 

@@ -180,3 +180,12 @@ def test_hardware_flops_count_the_recomputed_modules_by_hand() -> None:
     assert core == flops.recompute_flops_per_token(llama, 4096, full=False)
     with_mlp = flops.module_recompute_flops_per_token(llama, 4096, frozenset((M.CORE_ATTN, M.MLP)))
     assert with_mlp - core == 2 * 3 * 8192 * 28672 * 80
+
+
+def test_diff_and_the_plan_line_name_the_modules(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(DSV3)
+    b.write_text(DSV3 + "recompute_modules: [moe, layernorm]\n")
+    got = autoplan("diff", a, b, "--format", "json")
+    assert got.returncode in (0, 1), got.stderr
+    assert "selective (moe, layernorm)" in got.stdout
