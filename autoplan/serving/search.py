@@ -195,7 +195,13 @@ def _serve_search(model: Model, cluster: Cluster, engine: Engine, workload: Work
     default_seqs = engine_defaults(engine, cluster.device).max_num_seqs
     bases = deployments(model, cluster, cluster.gpus, engine, weights, kv_caches)
     if speculative is not None:
-        bases = (b for plain in bases for b in (plain, replace(plain, speculative=speculative)))
+        draft = speculative.draft
+
+        def runs_draft(d: Deployment) -> bool:  # a draft model runs on the target's TP group
+            return draft is None or draft.heads % d.tp == 0
+
+        bases = (b for plain in bases for b in (
+            (plain, replace(plain, speculative=speculative)) if runs_draft(plain) else (plain,)))
     for base in bases:
         running = default_seqs
         for cap in (None, *BATCH_CAPS):

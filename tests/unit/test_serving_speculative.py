@@ -211,3 +211,18 @@ def test_serve_tries_every_deployment_with_and_without_speculation() -> None:
 def test_serve_refuses_bad_speculative_options(args: tuple[str, ...], flag: str) -> None:
     got = autoplan(*SERVE, *args)
     assert got.returncode == 2 and flag in got.stderr and "Traceback" not in got.stderr
+
+
+def test_a_draft_model_is_tried_only_where_the_target_tp_splits_its_heads() -> None:
+    """Qwen2.5 7B drafting for 72B (one vocabulary): its 28 heads split over TP 4 but not
+    TP 8, so on one DGX H100 the TP-8 deployments are tried without the draft only."""
+    from autoplan.serving.deployment import Slo
+    from autoplan.serving.search import serve_search
+
+    w = Workload(Lengths(500), Lengths(50), Arrival(ArrivalKind.RATE, rate_rps=1.0), 20)
+    draft = Speculative(SpecMethod.DRAFT, 3, acceptance_rate=0.6, draft=resolve_model("qwen2.5-7b"))
+    result = serve_search(resolve_model("qwen2.5-72b"), with_gpus(resolve_cluster("dgx-h100"), 8),
+                          Engine.VLLM, w, Slo(), speculative=draft)
+    tried = {(r.plan.deployment.tp, r.plan.deployment.speculative is not None) for r in result.plans}
+    assert (8, False) in tried and (8, True) not in tried
+    assert (4, True) in tried
