@@ -339,10 +339,12 @@ class StepModel:
 
     def _draft_seconds(self, decodes: int, decode_context: float, prefill_tokens: int,
                        prefill_pairs: float, prefill_context: float) -> float:
-        """Proposing ``tokens`` tokens for each of ``decodes`` sequences (one after another:
-        each proposal feeds the next), and running the proposer over the iteration's prompt
-        chunks (a draft model keeps its own KV cache; EAGLE and MTP heads read the target's
-        hidden states of every token). N-gram proposals are host work (``host_seq_s``)."""
+        """Proposing the deployment's ``speculative.tokens`` tokens for each of ``decodes``
+        sequences (one after another: each proposal feeds the next), and running the
+        proposer over the iteration's prompt chunks (a draft model keeps its own KV cache;
+        EAGLE and MTP heads read the target's hidden states of every token). N-gram
+        proposals are host work (``host_seq_s``). An MTP head on an MoE model is costed
+        without its own dispatch and combine."""
         spec = self.deployment.speculative
         if spec is None or spec.method is SpecMethod.NGRAM:
             return 0.0
@@ -379,7 +381,6 @@ class StepModel:
         if self._head_moe:
             layer += expert_params_per_rank(m, d.ep, self.etp)
         return layer * d.weights.bytes + ACT_BYTES * 2 * m.hidden * m.hidden, self.kv_token_layer
-
 
     def iteration(self, tokens: int, decodes: int, decode_context: float,
                   prefill_pairs: float, prefill_context: float, sampled: int) -> Breakdown:
