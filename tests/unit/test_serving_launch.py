@@ -150,7 +150,7 @@ SPECS = {  # (model, cluster, speculative)
     "draft": ("llama3-70b", "dgx-h100",
               "{method: draft, draft_model: llama3-8b, tokens: 4, acceptance_rate: 0.7}"),
     "ngram": ("llama3-70b", "dgx-h100", "{method: ngram, tokens: 3, acceptance_length: 1.8}"),
-    "mtp": ("deepseek-v3", "dgx-h200", "{method: mtp, tokens: 1, acceptance_length: 1.8}"),
+    "mtp": ("deepseek-v3", "dgx-h100", "{method: mtp, tokens: 1, acceptance_length: 1.8}"),
 }
 
 

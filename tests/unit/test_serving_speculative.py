@@ -175,7 +175,7 @@ def test_a_bad_speculative_field_is_refused_naming_it(tmp_path, spec: str, model
 
 def test_mtp_runs_on_a_model_with_its_module() -> None:
     text = _plan("{method: mtp, tokens: 1, acceptance_length: 1.8}", "deepseek-v3").replace(
-        "{name: dgx-h100, gpus: 4}", "{name: dgx-h200, nodes: 1}").replace("tp: 4", "tp: 8")
+        "{name: dgx-h100, gpus: 4}", "{name: dgx-h100, nodes: 1}").replace("tp: 4", "tp: 8")
     plan = read_serving_plan(parse_yaml(text, "p.yaml"), "p.yaml")
     step = StepModel(plan.model, plan.cluster, plan.deployment, plan.engine)
     plain = StepModel(plan.model, plan.cluster, Deployment(replicas=1, tp=8), plan.engine)
