@@ -240,7 +240,9 @@ def serving_evaluation(path: str, plan: ServingPlan, pred: ServingPrediction,
         f"throughput {pred.output_tokens_per_s:,.0f} output tokens/s ({per_gpu:,.0f} per GPU), "
         f"{pred.total_tokens_per_s:,.0f} total, {pred.requests_per_s:,.2f} requests/s, "
         f"goodput {pred.goodput_rps:,.2f}; {verdict}{queue}; {pred.simulated_requests} requests "
-        f"simulated on one of {pred.schedulers} schedulers, {pred.preemptions} preemptions"))
+        f"simulated on one of {pred.schedulers} schedulers, {pred.preemptions} preemptions"
+        + ("" if pred.prefix_hit_share is None else
+           f"; {pred.prefix_hit_share:.0%} of prompt tokens from the prefix cache")))
     out.append(escape(_per_million_line(pred, c.pue)))
     if d.disaggregated is not None and pred.prefill_pool is not None:
         pp = pred.prefill_pool

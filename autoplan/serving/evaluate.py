@@ -104,6 +104,8 @@ class ServingPrediction:
     timeline: tuple[tuple[float, int, int], ...]
     per_million: PerMillion | None = None  # None: nothing served
     prefill_pool: PoolPrediction | None = None  # disaggregated deployments only
+    # of the prompt tokens, the share served from the prefix cache (None: no shared prefix)
+    prefix_hit_share: float | None = None
 
     def priced(self, price_per_gpu_hour: float) -> ServingPrediction:
         """The prediction with dollars at ``price_per_gpu_hour`` (``--price``)."""
@@ -123,6 +125,7 @@ class ServingPrediction:
             "memory_gib_per_gpu": self.memory.to_gib(),
             "kv_cache_tokens": self.kv_cache_tokens, "max_concurrency": self.max_concurrency,
             "per_million_output_tokens": None if self.per_million is None else self.per_million.to_dict(),
+            **({} if self.prefix_hit_share is None else {"prefix_cache_hit_share": self.prefix_hit_share}),
             **({} if self.prefill_pool is None else {"prefill_pool": {
                 "memory_gib_per_gpu": self.prefill_pool.memory.to_gib(),
                 "kv_cache_tokens": self.prefill_pool.kv_cache_tokens,
@@ -278,7 +281,8 @@ def _prediction(plan: ServingPlan, sim: SimResult, mem: Memory, kv: int, sched: 
         kv_cache_tokens=kv, max_concurrency=sim.max_running, schedulers=sched, fits=fits,
         steady=sim.steady, preemptions=sim.preemptions, simulated_requests=n,
         timeline=sim.timeline,
-        per_million=per_million(plan, out_rate, rate.busy_share))
+        per_million=per_million(plan, out_rate, rate.busy_share),
+        prefix_hit_share=None if plan.workload.prefix is None else sim.prefix_hit_share)
 
 
 def serving_document(plan: ServingPlan, pred: ServingPrediction,

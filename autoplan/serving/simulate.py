@@ -90,6 +90,8 @@ class SimResult:
     steady: bool  # the queue did not grow through the run
     index: np.ndarray  # each served request's position among the requests given (run_requests)
     requested: int  # requests this scheduler was given (served or refused)
+    # of the prompt tokens given, the share admissions found in the prefix cache
+    prefix_hit_share: float = 0.0
 
     @property
     def ttft(self) -> np.ndarray:
@@ -329,7 +331,8 @@ class _EngineLoop:
                          # a queue that grows is a rate the deployment cannot keep up with; an
                          # offline batch queues by design and a closed loop cannot outrun itself
                          _steady(arrival[served], first[served]) if open_loop else True,
-                         np.flatnonzero(served), len(arrival))
+                         np.flatnonzero(served), len(arrival),
+                         self.sched.cached_tokens / max(1, int(self.inputs.sum())))
 
 
 def simulate_disaggregated(prefill: StepModel, decode: StepModel, workload: Workload,
@@ -352,13 +355,14 @@ def simulate_disaggregated(prefill: StepModel, decode: StepModel, workload: Work
     arrival, inputs, outputs, _ = _requests(workload, 1, n, np.random.default_rng(seed))
     open_loop = workload.arrival.kind in OPEN_LOOP
     first = np.full(n, np.nan)
-    steady, preemptions = True, 0
+    steady, preemptions, hits = True, 0, 0.0
     for k in range(min(p_sched, n)):
         mine = np.arange(k, n, p_sched)
         run = run_requests(prefill, arrival[mine], inputs[mine], np.ones(len(mine), dtype=np.int64),
                            kv_tokens[0], open_loop=open_loop, prefix=_prefix(workload))
         first[mine[run.index]] = run.first_token
         steady, preemptions = steady and run.steady, preemptions + run.preemptions
+        hits += run.prefix_hit_share * float(inputs[mine].sum())
     prefilled = ~np.isnan(first)  # the rest were refused: a prompt larger than the cache
     handoff = first + transfer[0] + transfer[1] * inputs
     dealt = np.flatnonzero(prefilled)[np.argsort(handoff[prefilled], kind="stable")][::d_sched]
@@ -374,7 +378,8 @@ def simulate_disaggregated(prefill: StepModel, decode: StepModel, workload: Work
     return SimResult(arrival[done], first[done], finish, inputs[done], outputs[done], duration,
                      min(run.busy_s, duration), run.iterations, preemptions + run.preemptions,
                      run.max_running, run.timeline, steady and run.steady, done,
-                     -(-n // d_sched))  # one decode scheduler's share of the requests simulated
+                     -(-n // d_sched),  # one decode scheduler's share of the requests simulated
+                     hits / max(1.0, float(inputs.sum())))  # the prefill pool's prefix cache
 
 
 def _decode_run(step: StepModel, n_dec: int, ctx: float, to_finish: int, to_full: int,

@@ -53,6 +53,8 @@ def test_a_prefix_hit_prefills_only_the_rest_of_the_prompt_by_hand() -> None:
     assert ttft == pytest.approx([cold, warm, warm], rel=1e-12)
     without = simulate(step, Workload(Lengths(1024), Lengths(1), w.arrival, 3), 1, kv).ttft
     assert without == pytest.approx([cold, cold, cold], rel=1e-12)
+    # two of the three prompts found 512 of their 1,024 tokens cached: 1,024 of 3,072
+    assert simulate(step, w, 1, kv).prefix_hit_share == pytest.approx(1 / 3)
 
 
 def test_the_kv_cache_holds_a_shared_prefix_once() -> None:
@@ -113,6 +115,8 @@ def test_a_plan_file_carries_the_prefix_both_ways(tmp_path) -> None:
     base = autoplan("evaluate", plain, "--format", "json")
     ttft = [json.loads(r.stdout)["plans"][0]["prediction"]["ttft_ms"]["mean"] for r in (got, base)]
     assert ttft[0] < ttft[1]
+    assert 0 < json.loads(got.stdout)["plans"][0]["prediction"]["prefix_cache_hit_share"] < 0.75
+    assert "prefix_cache_hit_share" not in json.loads(base.stdout)["plans"][0]["prediction"]
 
 
 @pytest.mark.parametrize(("bad", "field"), [
