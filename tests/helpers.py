@@ -172,3 +172,24 @@ def cpu_seconds() -> Iterator[list[float]]:
     finally:
         took[0] = time.process_time() - start
         gc.unfreeze()
+
+
+def run_launch_script(script: str, tmp_path: Path, command: list[str], **env: str) -> list[str]:
+    """The arguments a launch script hands ``command`` (its program and the leading words
+    it always gets, e.g. ``["python", "-m", "sglang.launch_server"]``): the script run by
+    bash (MODEL=m) with a stand-in program on PATH that prints its arguments one per line;
+    the leading words checked and dropped."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir(exist_ok=True)
+    stub = stubs / command[0]
+    stub.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    stub.chmod(0o755)
+    path = tmp_path / "launch.sh"
+    path.write_text(script)
+    done = subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=30,
+                          env={"PATH": f"{stubs}:{os.environ['PATH']}", "MODEL": "m", **env})
+    assert done.returncode == 0, done.stderr
+    argv = done.stdout.splitlines()
+    lead = len(command) - 1
+    assert argv[:lead] == command[1:]
+    return argv[lead:]

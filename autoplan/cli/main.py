@@ -544,9 +544,7 @@ def serve(
     docs = [serving_document(r.plan, r.prediction) for r in shown]
     ok = bool(shown) and shown[0].prediction.meets_slo
     if out_path is not None and shown:
-        # a trace is named relative to the plan file, so the two can move together
-        here = None if files.is_stdout(out_path) else str(Path(os.path.abspath(out_path)).parent)
-        files.write_text(out_path, _yaml(serving_document(shown[0].plan, shown[0].prediction, here)))
+        _write_serving_plan(out_path, shown[0])
     if fmt is Format.json:
         front = [{"deployment": r.plan.deployment.label(), "tokens_per_s_per_gpu": r.per_gpu,
                   "tokens_per_s_per_user": r.user_tokens_per_s,
@@ -597,6 +595,15 @@ def _serve_objective(objective: str | None, counts: tuple[int, ...] | None) -> A
     return ServeObjective(objective)
 
 
+def _write_serving_plan(out_path: Path, ranked: Any) -> None:
+    """A ranked serving deployment as its plan file; a trace is named relative to the plan
+    file, so the two can move together."""
+    from autoplan.serving.evaluate import serving_document
+
+    here = None if files.is_stdout(out_path) else str(Path(os.path.abspath(out_path)).parent)
+    files.write_text(out_path, _yaml(serving_document(ranked.plan, ranked.prediction, here)))
+
+
 def _check_plot(plot: Path) -> None:
     if plot.suffix.lower() != ".svg":
         raise InputError.single("--plot", "", f"expected a .svg file, got {plot}")
@@ -624,11 +631,8 @@ def _serve_sweep(req: Any, counts: tuple[int, ...], goal: Any, price: float | No
         sweep = run()
     chosen = sweep.chosen
     best = None if chosen is None else chosen.best
-    if out_path is not None:
-        files.check_target(out_path)
-        if best is not None:
-            here = None if files.is_stdout(out_path) else str(Path(os.path.abspath(out_path)).parent)
-            files.write_text(out_path, _yaml(serving_document(best.plan, best.prediction, here)))
+    if out_path is not None and best is not None:  # checked by serve before the sweep ran
+        _write_serving_plan(out_path, best)
     rows = []
     for cr in sweep.counts:
         b = cr.best

@@ -381,16 +381,12 @@ def _module_recompute(plan: Plan, modules: frozenset[RecomputeModule]) -> tuple[
     """(a dense layer's, an MoE layer's) seconds of recomputing ``modules`` in backward
     (``plan``: a ``_layer_key``): each module's forward (``compute.module_forward``), the
     attention core as the layer times give it."""
-    core = _shared_of(plan).core
+    core, shard, device = _shared_of(plan).core, shard_of(plan), plan.cluster.device
     out = []
     for moe, lt in ((False, core.lt), (True, core.lt_moe)):
-        total = 0.0
-        for module in modules:
-            if module is RecomputeModule.CORE_ATTN:
-                total += lt.attention_forward
-            else:
-                total += module_forward(plan.model, shard_of(plan), plan.cluster.device, module, moe)
-        out.append(total)
+        out.append(sum(lt.attention_forward if module is RecomputeModule.CORE_ATTN
+                       else module_forward(plan.model, shard, device, module, moe)
+                       for module in modules))
     return out[0], out[1]
 
 

@@ -291,7 +291,7 @@ class StepModel:
         cached = self._sampled.get(sampled)
         if cached is None:
             m, d = self.model, self.deployment
-            cached = self.engine.spec.kernel_scale * (
+            cached = self._kscale * (
                 gemm_time(sampled, m.vocab / d.tp, m.hidden, self.device, Dtype.BF16)
                 + 2 * LOGIT_BYTES * sampled * m.vocab / d.tp / self.mem_eff_Bps)
             self._sampled[sampled] = cached
@@ -312,11 +312,11 @@ class StepModel:
         """(A, c): a decode-only iteration of ``decodes`` sequences holding ``ctx`` tokens of
         context takes A + c ctx (:meth:`step_seconds` with no prefill; the simulation sums
         runs of them in closed form)."""
-        spec, w = self.engine.spec, self.width
+        w = self.width
         draft0 = self._draft_seconds(decodes, 0.0, 0, 0.0, 0.0)
-        a = (self._per_tokens(decodes * w).total + self._logits(decodes * w) + spec.host_seq_s * decodes
+        a = (self._per_tokens(decodes * w).total + self._logits(decodes * w) + self._host_seq * decodes
              + draft0)
-        c = spec.kernel_scale * self.layers_stage * self.deployment.pp * max(
+        c = self._kscale * self.layers_stage * self.deployment.pp * max(
             self.kv_token_layer / self.mem_eff_Bps, self._decode_s_per_token * w)
         if decodes and self.deployment.speculative is not None:
             # the proposals' reads of the context: linear in it (a max of two linear terms)
@@ -335,7 +335,7 @@ class StepModel:
         rest = tokens * fused_elementwise_bytes_per_token(m, d.tp) / self.mem_eff_Bps
         if d.tp > 1:
             rest += 2 * all_reduce_seconds(ACT_BYTES * tokens * m.hidden, self.tp_group)
-        return self.engine.spec.kernel_scale * gemms + rest + KERNELS_PER_LAYER * dev.kernel_gap_s
+        return self._kscale * gemms + rest + KERNELS_PER_LAYER * dev.kernel_gap_s
 
     def _draft_seconds(self, decodes: int, decode_context: float, prefill_tokens: int,
                        prefill_pairs: float, prefill_context: float) -> float:
@@ -363,7 +363,7 @@ class StepModel:
         if decodes:  # each proposal: the head layer, its KV read, the shared output head
             kv = max(decode_context * self.kv_token_layer / self.mem_eff_Bps,
                      self._decode_s_per_token * decode_context)
-            t += k * (self._head_layer(decodes) + self.engine.spec.kernel_scale * kv + self._logits(decodes))
+            t += k * (self._head_layer(decodes) + self._kscale * kv + self._logits(decodes))
         if prefill_tokens:
             t += self._head_layer(prefill_tokens)
         return t
@@ -399,7 +399,7 @@ class StepModel:
         draft = self._draft_seconds(decodes, decode_context, prompt, prefill_pairs, prefill_context)
         return replace(base, attention=attention, kv_read=kv_read,
                        logits=self._logits(sampled + decodes * (self.width - 1)),
-                       host=base.host + self.engine.spec.host_seq_s * sampled, draft=draft)
+                       host=base.host + self._host_seq * sampled, draft=draft)
 
     def step_seconds(self, tokens: int, decodes: int, decode_context: float,
                      prefill_pairs: float, prefill_context: float, sampled: int) -> float:

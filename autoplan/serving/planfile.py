@@ -321,6 +321,39 @@ def _deployment(f: Fields) -> Deployment | None:
 MAX_SPEC_TOKENS = 16  # proposals per step: past what the engines take (vLLM, SGLang, TensorRT-LLM)
 
 
+def speculative_choice_problems(method: SpecMethod, tokens: int, length: float | None,
+                                rate: float | None, has_draft: bool) -> list[tuple[str, str]]:
+    """What is wrong with speculative decoding's choices taken together (each one's own
+    range is checked where it is read), as (field, why): one acceptance figure, a length
+    a step of ``tokens`` proposals can yield, a draft model for the draft method alone.
+    Plan files and ``serve``'s options both ask it."""
+    out: list[tuple[str, str]] = []
+    if (length is None) == (rate is None):
+        out.append(("", "give one of acceptance_length (mean tokens a verify step yields) or "
+                        "acceptance_rate (each proposed token accepted with this probability)"))
+    elif length is not None and length > tokens + 1:
+        out.append(("acceptance_length", f"a step of {tokens} proposals yields at most {tokens + 1} "
+                                         f"tokens, got {length:g}"))
+    if (method is SpecMethod.DRAFT) != has_draft:
+        out.append(("draft_model", "the draft method needs a draft_model (built-in name, descriptor "
+                                   "or config.json)" if not has_draft else
+                    f"only the draft method runs a draft model, not {method.value}"))
+    return out
+
+
+def speculative_model_problems(spec: Speculative, model: Model) -> list[tuple[str, str]]:
+    """What the target ``model`` cannot verify or run of ``spec``, as (field, why): a draft
+    of another vocabulary, MTP on a model without the module."""
+    out: list[tuple[str, str]] = []
+    if spec.draft is not None and spec.draft.vocab != model.vocab:
+        out.append(("draft_model", f"{spec.draft.name}'s vocabulary ({spec.draft.vocab:,}) is not "
+                                   f"{model.name}'s ({model.vocab:,}): its proposals cannot be verified"))
+    if spec.method is SpecMethod.MTP and not model.mtp_layers:
+        out.append(("method", f"{model.name} has no multi-token-prediction module (mtp_layers 0): "
+                              "give eagle, draft or ngram"))
+    return out
+
+
 def _speculative(g: Fields, source: str) -> Speculative | None:
     """``speculative: {method, tokens, acceptance_length | acceptance_rate, draft_model}``
     (:class:`Speculative`); None where wrong (the problems recorded)."""
@@ -343,18 +376,10 @@ def _speculative(g: Fields, source: str) -> Speculative | None:
     h.close()
     if method is None or tokens is None:
         return None
-    if (length is None) == (rate is None):
-        h.fail("", "give one of acceptance_length (mean tokens a verify step yields) or "
-                   "acceptance_rate (each proposed token accepted with this probability)")
-        return None
-    if length is not None and length > tokens + 1:
-        h.fail("acceptance_length", f"a step of {tokens} proposals yields at most {tokens + 1} tokens, "
-                                    f"got {length:g}")
-        return None
-    if (method is SpecMethod.DRAFT) != (draft is not None):
-        h.fail("draft_model", "the draft method needs a draft_model (built-in name, descriptor or "
-                              "config.json)" if draft is None else
-               f"only the draft method runs a draft model, not {method.value}")
+    problems = speculative_choice_problems(method, tokens, length, rate, draft is not None)
+    for field, why in problems:
+        h.fail(field, why)
+    if problems:
         return None
     return Speculative(method, tokens, rate, length, draft)
 
@@ -391,17 +416,12 @@ def _check(plan: ServingPlan, f: Fields) -> None:
                  else "replicas x tp x pp x attention_dp")
         f.fail("deployment", f"{shape} = {d.gpus} GPUs, but the cluster has {c.gpus}")
     spec = d.speculative
-    if spec is not None and spec.draft is not None and spec.draft.vocab != m.vocab:
-        f.fail("deployment.speculative.draft_model", f"{spec.draft.name}'s vocabulary ({spec.draft.vocab:,}) "
-                                                     f"is not {m.name}'s ({m.vocab:,}): its proposals "
-                                                     "cannot be verified")
+    for field, why in (speculative_model_problems(spec, m) if spec is not None else []):
+        f.fail(f"deployment.speculative.{field}", why)
     if spec is not None and spec.draft is not None and d.tp > 1 and spec.draft.heads % d.tp:
         f.fail("deployment.speculative.draft_model", f"the draft runs on the target's TP group: "
                                                      f"{d.tp} must divide {spec.draft.name}'s "
                                                      f"{spec.draft.heads} heads")
-    if spec is not None and spec.method is SpecMethod.MTP and not m.mtp_layers:
-        f.fail("deployment.speculative.method", f"{m.name} has no multi-token-prediction module "
-                                                "(mtp_layers 0): give eagle, draft or ngram")
     if spec is not None and d.disaggregated is not None:
         f.fail("deployment.speculative", "speculative decoding on a disaggregated deployment is not "
                                          "modelled: give it on an aggregated one")

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from html import escape
 
 from autoplan.serving.search import Ranked
-from autoplan.whatif.plot import BOTTOM, CHOSEN, FONT, FRONT, HEIGHT, LEFT, OTHER, RIGHT, TOP, WIDTH, axes
+from autoplan.whatif.plot import BOTTOM, CHOSEN, FRONT, HEIGHT, LEFT, OTHER, RIGHT, TOP, WIDTH, axes, svg_open
 from autoplan.whatif.plot import _axis as axis
 
 
@@ -30,10 +30,7 @@ def serving_front_svg(points: Sequence[Ranked], front: Sequence[Ranked], chosen:
     x_lo, x_hi, y_lo, y_hi = max(0.0, x_lo - px), x_hi + px, max(0.0, y_lo - py), y_hi + py
     fx = axis(x_lo, x_hi, False, LEFT, WIDTH - RIGHT)
     fy = axis(y_lo, y_hi, False, HEIGHT - BOTTOM, TOP)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
-           f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="{FONT}" font-size="12">',
-           f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
-           f'<text x="{LEFT}" y="22" font-size="14" font-weight="bold">{escape(title)}</text>']
+    out = svg_open(title)
     out += axes((x_lo, x_hi, False), (y_lo, y_hi, False), fx, fy, "tokens/s per user (1 / mean TPOT)",
                 "output tokens/s per GPU")
     line = sorted(front, key=lambda r: r.user_tokens_per_s)

@@ -42,6 +42,8 @@ from autoplan.serving.planfile import (
     ServingJob,
     read_serving_job,
     read_trace,
+    speculative_choice_problems,
+    speculative_model_problems,
     trace_too_long,
 )
 from autoplan.units import MAX_MONEY
@@ -271,19 +273,20 @@ def _speculative_problems(given: ServeOptions) -> list[Problem]:
     if k is None or not 1 <= k <= MAX_SPEC_TOKENS:
         out.append(Problem("--spec-tokens", "", f"expected proposals per step from 1 to {MAX_SPEC_TOKENS}"
                                                 + ("" if k is None else f", got {k}")))
-    if (given.acceptance_length is None) == (given.acceptance_rate is None):
-        out.append(Problem("--acceptance-length", "", "give one of --acceptance-length (mean tokens a "
-                                                      "verify step yields) or --acceptance-rate"))
-    elif given.acceptance_length is not None and not (
-            1 <= given.acceptance_length <= (k or MAX_SPEC_TOKENS) + 1):
-        out.append(Problem("--acceptance-length", "", f"expected 1 to --spec-tokens + 1, got "
-                                                      f"{given.acceptance_length:g}"))
-    elif given.acceptance_rate is not None and not 0 <= given.acceptance_rate <= 1:
-        out.append(Problem("--acceptance-rate", "", f"expected 0 to 1, got {given.acceptance_rate:g}"))
-    if (given.speculative == SpecMethod.DRAFT.value) != (given.draft_model is not None):
-        out.append(Problem("--draft-model", "", "the draft method needs --draft-model"
-                           if given.draft_model is None else "only --speculative draft runs a draft model"))
+    length, rate = given.acceptance_length, given.acceptance_rate
+    if length is not None and not 1 <= length <= MAX_SPEC_TOKENS + 1:
+        out.append(Problem("--acceptance-length", "", f"expected 1 to {MAX_SPEC_TOKENS + 1}, got {length:g}"))
+    if rate is not None and not 0 <= rate <= 1:
+        out.append(Problem("--acceptance-rate", "", f"expected 0 to 1, got {rate:g}"))
+    if not out:  # the choices together, as a plan file's are judged
+        out += [Problem(SPEC_FIELD_FLAGS[field], "", why) for field, why in speculative_choice_problems(
+            SpecMethod(given.speculative), k, length, rate, given.draft_model is not None)]  # type: ignore[arg-type]
     return out
+
+
+# the flag that gives each field of a plan's ``speculative`` ("": the acceptance figures)
+SPEC_FIELD_FLAGS = {"": "--acceptance-length", "acceptance_length": "--acceptance-length",
+                    "draft_model": "--draft-model", "method": "--speculative"}
 
 
 def _speculative(given: ServeOptions, model: Model) -> Speculative | None:
@@ -294,13 +297,9 @@ def _speculative(given: ServeOptions, model: Model) -> Speculative | None:
     draft = resolve_model(given.draft_model, "--draft-model", "") if given.draft_model is not None else None
     spec = Speculative(SpecMethod(given.speculative), given.spec_tokens, given.acceptance_rate,
                        given.acceptance_length, draft)
-    if draft is not None and draft.vocab != model.vocab:
-        raise InputError.single("--draft-model", "", f"{draft.name}'s vocabulary ({draft.vocab:,}) is not "
-                                                     f"{model.name}'s ({model.vocab:,}): its proposals "
-                                                     "cannot be verified")
-    if spec.method is SpecMethod.MTP and not model.mtp_layers:
-        raise InputError.single("--speculative", "", f"{model.name} has no multi-token-prediction module "
-                                                     "(mtp_layers 0): give eagle, draft or ngram")
+    problems = speculative_model_problems(spec, model)
+    if problems:
+        raise InputError([Problem(SPEC_FIELD_FLAGS[field], "", why) for field, why in problems])
     return spec
 
 

@@ -89,8 +89,8 @@ def serve_sweep(model: Model, cluster: Cluster, counts: Sequence[int], engine: E
             result = replace(result, plans=tuple(replace(r, prediction=r.prediction.priced(price))
                                                  for r in result.plans))
         results.append(CountResult(n, result))
-    with_plan = [c for c in results if c.best is not None]
-    order = sorted(with_plan, key=lambda c: (not c.best.prediction.meets_slo,  # type: ignore[union-attr]
-                                             objective_value(c.best, objective, slo), c.gpus))  # type: ignore[arg-type]
+    bests = [(c.gpus, best) for c in results if (best := c.best) is not None]
+    order = sorted(bests, key=lambda gb: (not gb[1].prediction.meets_slo,
+                                          objective_value(gb[1], objective, slo), gb[0]))
     every = [r for c in results for r in c.result.plans]
-    return ServeSweep(tuple(results), tuple(c.gpus for c in order), pareto(every), objective)
+    return ServeSweep(tuple(results), tuple(g for g, _ in order), pareto(every), objective)

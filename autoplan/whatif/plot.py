@@ -52,6 +52,14 @@ def _axis(lo: float, hi: float, log: bool, a: float, b: float) -> Callable[[floa
     return lambda v: a + (v - lo) / (hi - lo) * (b - a)
 
 
+def svg_open(title: str) -> list[str]:
+    """An SVG of the plot's size on white, with its title (escaped)."""
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+            f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="{FONT}" font-size="12">',
+            f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
+            f'<text x="{LEFT}" y="22" font-size="14" font-weight="bold">{escape(title)}</text>']
+
+
 def axes(x: tuple[float, float, bool], y: tuple[float, float, bool], fx: Callable[[float], float],
          fy: Callable[[float], float], x_label: str, y_label: str) -> list[str]:
     """The axes, the grid at round ticks and the labels: ``x`` (lo, hi, logarithmic) and
@@ -95,10 +103,7 @@ def front_svg(points: Sequence[Point], front: Sequence[Point], chosen: Point | N
     fx = _axis(x_lo, x_hi, log, LEFT, WIDTH - RIGHT)
     fy = _axis(y_lo, y_hi, False, HEIGHT - BOTTOM, TOP)
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
-           f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="{FONT}" font-size="12">',
-           f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
-           f'<text x="{LEFT}" y="22" font-size="14" font-weight="bold">{escape(title)}</text>']
+    out = svg_open(title)
     out += axes((x_lo, x_hi, log), (y_lo, y_hi, money), fx, fy,
                 f'days to train{" (log scale)" if log else ""}', "cost (USD)" if money else "GPU-hours")
     x0, x1, y0, y1 = LEFT, WIDTH - RIGHT, HEIGHT - BOTTOM, TOP

@@ -35,7 +35,7 @@ from autoplan.serving.evaluate import evaluate_serving, per_million, serving_doc
 from autoplan.serving.search import pareto, serve_search
 from autoplan.serving.simulate import sample_lengths, simulate
 from autoplan.vocab import ZeroStage
-from tests.helpers import autoplan, make_plan
+from tests.helpers import autoplan, make_plan, run_launch_script
 
 L70 = resolve_model("llama3-70b")
 H8 = with_gpus(resolve_cluster("dgx-h100"), 8)
@@ -604,23 +604,8 @@ LAUNCH = {"vllm": ["vllm", "serve"], "sglang": ["python", "-m", "sglang.launch_s
 
 
 def _run_script(script: str, engine: str, tmp_path: Path, **env: str) -> list[str]:
-    """What the script hands its engine, run by bash with a stand-in engine on PATH that
-    prints its arguments, one per line."""
-    import subprocess
-
-    stubs = tmp_path / "stubs"
-    stubs.mkdir(exist_ok=True)
-    stub = stubs / LAUNCH[engine][0]
-    stub.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
-    stub.chmod(0o755)
-    path = tmp_path / "serve.sh"
-    path.write_text(script)
-    done = subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=30,
-                          env={"PATH": f"{stubs}:{os.environ['PATH']}", "MODEL": "m", **env})
-    assert done.returncode == 0, done.stderr
-    argv = done.stdout.splitlines()
-    assert argv[:len(LAUNCH[engine]) - 1] == LAUNCH[engine][1:]
-    return argv[len(LAUNCH[engine]) - 1:]
+    """What the script hands its engine (``tests.helpers.run_launch_script``)."""
+    return run_launch_script(script, tmp_path, LAUNCH[engine], **env)
 
 
 def _engine_exports(tmp_path: Path, engine: str) -> list[tuple[ServingPlan, list[str]]]:

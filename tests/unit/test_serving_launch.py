@@ -18,13 +18,13 @@ from autoplan.errors import InputError
 from autoplan.export.serving import export_serving
 from autoplan.serving.engine import Engine
 from autoplan.serving.planfile import read_serving_plan
-from tests.helpers import autoplan
+from tests.helpers import autoplan, run_launch_script
 
 ENGINE_PYTHON = {"vllm": os.environ.get("AUTOPLAN_VLLM_PYTHON"),
                  "sglang": os.environ.get("AUTOPLAN_SGLANG_PYTHON")}
 HELPERS = Path(__file__).resolve().parents[1] / "engines"
-SERVER = {"vllm": ("vllm", ["serve"]), "sglang": ("python", ["-m", "sglang.launch_server"])}
-ROUTER = {"vllm": ("vllm-router", []), "sglang": ("python", ["-m", "sglang_router.launch_router"])}
+SERVER = {"vllm": ["vllm", "serve"], "sglang": ["python", "-m", "sglang.launch_server"]}
+ROUTER = {"vllm": ["vllm-router"], "sglang": ["python", "-m", "sglang_router.launch_router"]}
 
 DISAGGREGATED = """\
 autoplan: 1
@@ -42,24 +42,6 @@ def _plan(text: str, engine: str):
     return read_serving_plan(parse_yaml(text, "p.yaml"), "p.yaml")
 
 
-def _run(script: str, tmp_path: Path, launcher: tuple[str, list[str]], **env: str) -> list[str]:
-    """What the script hands its program, run by bash with a stand-in on PATH that prints
-    its arguments, one per line."""
-    stubs = tmp_path / "stubs"
-    stubs.mkdir(exist_ok=True)
-    stub = stubs / launcher[0]
-    stub.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
-    stub.chmod(0o755)
-    path = tmp_path / "s.sh"
-    path.write_text(script)
-    done = subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=30,
-                          env={"PATH": f"{stubs}:{os.environ['PATH']}", "MODEL": "m", **env})
-    assert done.returncode == 0, done.stderr
-    argv = done.stdout.splitlines()
-    assert argv[:len(launcher[1])] == launcher[1]
-    return argv[len(launcher[1]):]
-
-
 def _launches(tmp_path: Path, engine: str) -> tuple[list[tuple[str, int, list[str]]], list[str]]:
     """Each instance's command line ((role, replica, argv)) and the router's."""
     plan = _plan(DISAGGREGATED, engine)
@@ -68,9 +50,11 @@ def _launches(tmp_path: Path, engine: str) -> tuple[list[tuple[str, int, list[st
     out = []
     for role, replicas in (("prefill", 2), ("decode", 1)):
         for r in range(replicas):
-            out.append((role, r, _run(files[f"serve-{engine}-{role}.sh"], tmp_path, SERVER[engine],
-                                      REPLICA=str(r))))
-    router = _run(files[f"router-{engine}.sh"], tmp_path, ROUTER[engine], NODE_ADDRS="10.0.0.1 10.0.0.2")
+            argv = run_launch_script(files[f"serve-{engine}-{role}.sh"], tmp_path, SERVER[engine],
+                                     REPLICA=str(r))
+            out.append((role, r, argv))
+    router = run_launch_script(files[f"router-{engine}.sh"], tmp_path, ROUTER[engine],
+                               NODE_ADDRS="10.0.0.1 10.0.0.2")
     return out, router
 
 
@@ -164,7 +148,7 @@ def _spec_plan(method: str, engine: str):
 def _spec_argv(tmp_path: Path, engine: str, method: str) -> list[str]:
     plan = _spec_plan(method, engine)
     script = export_serving(plan, Engine(engine), "p.yaml")[f"serve-{engine}.sh"]
-    return _run(script, tmp_path, SERVER[engine], DRAFT_MODEL="org/draft")
+    return run_launch_script(script, tmp_path, SERVER[engine], DRAFT_MODEL="org/draft")
 
 
 @pytest.mark.parametrize("method", list(SPECS))
@@ -227,6 +211,13 @@ def _parse(engine: str, helper: str, argvs: list[list[str]], *extra: str) -> lis
     return parsed
 
 
+def _router_parser(engine: str) -> str:
+    """Where the engine's router parses its arguments, as its file says."""
+    dis = Engine(engine).spec.disaggregation
+    assert dis is not None
+    return dis.parser
+
+
 def test_vllms_own_parsers_read_the_disaggregated_launch(tmp_path) -> None:
     instances, router = _launches(tmp_path, "vllm")
     parsed = _parse("vllm", "vllm_serve_args.py", [argv for _, _, argv in instances])
@@ -234,7 +225,7 @@ def test_vllms_own_parsers_read_the_disaggregated_launch(tmp_path) -> None:
         config = values["kv_transfer_config"]
         config = json.loads(config) if isinstance(config, str) else config
         assert config["kv_connector"] == "NixlConnector" and config["kv_role"] == "kv_both"
-    (r,) = _parse("vllm", "router_args.py", [router], "vllm_router.launch_router:parse_router_args")
+    (r,) = _parse("vllm", "router_args.py", [router], _router_parser("vllm"))
     assert r["vllm_pd_disaggregation"] is True and r["kv_connector"] == "nixl"
     assert [u for u, _ in r["prefill_urls"]] == ["http://10.0.0.1:8000", "http://10.0.0.1:8001"]
     assert r["decode_urls"] == ["http://10.0.0.2:8002"]
@@ -246,7 +237,7 @@ def test_sglangs_own_parsers_read_the_disaggregated_launch(tmp_path) -> None:
     assert [v["disaggregation_mode"] for v in parsed] == ["prefill", "prefill", "decode"]
     assert [v["disaggregation_bootstrap_port"] for v in parsed[:2]] == [8998, 8999]
     assert {v["disaggregation_transfer_backend"] for v in parsed} == {"nixl"}
-    (r,) = _parse("sglang", "router_args.py", [router], "sglang_router.launch_router:parse_router_args")
+    (r,) = _parse("sglang", "router_args.py", [router], _router_parser("sglang"))
     assert r["pd_disaggregation"] is True
     assert r["prefill_urls"] == [["http://10.0.0.1:8000", 8998], ["http://10.0.0.1:8001", 8999]]
     assert r["decode_urls"] == ["http://10.0.0.2:8002"]
