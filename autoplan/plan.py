@@ -18,7 +18,7 @@ from autoplan.descriptors.pipeline_layout import Chunk, chunk_stage_layers, unif
 from autoplan.descriptors.stack import Stack
 from autoplan.schedules import Schedule
 from autoplan.units import GiB
-from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, RecomputeModule, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, CpComm, MoeDispatch, Offload, Recompute, RecomputeModule, ZeroStage
 
 SCHEMA_VERSION = 1
 
@@ -125,6 +125,10 @@ class Plan:
     # selective recompute's modules (Megatron-Core's --recompute-modules); () with
     # selective: the attention core, Megatron-Core's default
     recompute_modules: tuple[RecomputeModule, ...] = ()
+    # MoE: how tokens reach their experts, and whether one micro-batch's dispatch and
+    # combine run under another's compute (Megatron-Core's EP A2A overlap)
+    moe_dispatch: MoeDispatch = MoeDispatch.ALLTOALL
+    ep_overlap: bool = False
     # plans key every memoized cost: hashed on first use, then remembered (frozen fields)
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
@@ -133,7 +137,8 @@ class Plan:
             object.__setattr__(self, "_hash", hash((
                 self.model, self.cluster, self.job, self.layout, self.micro_batch, self.schedule,
                 self.recompute, self.zero, self.sequence_parallel, self.stages, self.chunks,
-                self.cp_comm, self.stack, self.offload, self.placement, self.recompute_modules)) or 1)
+                self.cp_comm, self.stack, self.offload, self.placement, self.recompute_modules,
+                self.moe_dispatch, self.ep_overlap)) or 1)
         return self._hash
 
     def replace(self, **changes: Any) -> Plan:
@@ -208,6 +213,10 @@ class Plan:
         }
         if self.layout.cp > 1:
             out["cp_comm"] = self.cp_comm.value
+        if self.moe_dispatch is not MoeDispatch.ALLTOALL:
+            out["moe_dispatch"] = self.moe_dispatch.value
+        if self.ep_overlap:
+            out["ep_overlap"] = True
         if self.chunks is not None:
             if pipeline_layout.is_plain(self.chunks, self.model.mtp_layers):
                 out["stages"] = pipeline_layout.stage_lists(self.chunks, self.layout.pp)

@@ -21,7 +21,7 @@ from autoplan.measured.profile import Profile
 from autoplan.parallel.rules import plan_problems
 from autoplan.plan import SCHEMA_VERSION, Layout, Placement, Plan, Prediction
 from autoplan.schedules import Schedule
-from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, RecomputeModule, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, CpComm, MoeDispatch, Offload, Recompute, RecomputeModule, ZeroStage
 
 
 def read_plan(data: Any, source: str, path: str = "", *, profile: Profile | None = None,
@@ -86,6 +86,8 @@ def read_plan(data: Any, source: str, path: str = "", *, profile: Profile | None
         cp_comm=f.enum("cp_comm", CpComm, CpComm.RING),
         offload=_read_offload(f),
         recompute_modules=_read_recompute_modules(f),
+        moe_dispatch=f.enum("moe_dispatch", MoeDispatch, MoeDispatch.ALLTOALL),
+        ep_overlap=f.bool("ep_overlap", False),
     )
     stages, chunks = _read_split(f, layout_values["pp"], layout_values["vpp"], model)
     placement = _read_placement(f, cluster, layout_values["pp"])

@@ -44,6 +44,19 @@ class CpComm(str, enum.Enum):
     sequence (DeepSpeed-Ulysses, Jacobs et al. 2023)."""
 
 
+class MoeDispatch(str, enum.Enum):
+    """How an MoE layer moves token copies to their experts' ranks and back."""
+
+    ALLTOALL = "alltoall"
+    """Megatron-Core's all-to-all token dispatcher (--moe-token-dispatcher-type alltoall):
+    tokens permuted into one copy per routed expert, exchanged by NCCL all-to-all."""
+    DEEPEP = "deepep"
+    """DeepEP (DeepSeek-AI 2025) behind Megatron-Core's flex dispatcher
+    (--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep): each token
+    sent once per destination node over RDMA, forwarded once per destination GPU over
+    NVLink, expanded to its experts there."""
+
+
 class Recompute(str, enum.Enum):
     """Activation recomputation, ordered from least to most memory saved."""
 

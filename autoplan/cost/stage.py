@@ -102,7 +102,8 @@ def shard_of(plan: Plan) -> Shard:
     return Shard(plan.micro_batch, plan.job.seq_len, lay.tp, lay.cp, plan.sequence_parallel,
                  plan.job.dtype, ep=lay.ep if moe else 1, etp=lay.etp if moe else 1,
                  expert_load=ep.expert_load(plan) if moe else 1.0,
-                 cp_ring=plan.cp_comm is CpComm.RING, attention_kernel=stack.attention,
+                 cp_ring=plan.cp_comm is CpComm.RING, moe_dispatch=plan.moe_dispatch,
+                 attention_kernel=stack.attention,
                  layer_kernels=stack.layer_kernels,
                  host_kernel_s=0.0 if stack.cuda_graphs else stack.host_kernel_s,
                  kernel_efficiency=stack.compute_efficiency,
@@ -415,6 +416,9 @@ def _stage(plan: Plan, first: bool, last: bool, mtp: int, layers: int, dense: in
             recompute = dense_n * dense_s + moe_n * moe_s
             if RecomputeModule.MOE in plan.recomputed:
                 ep_b += ep_f  # the recomputed MoE layer dispatches and combines again
+    if plan.ep_overlap and (ep_f or ep_b):
+        ep_f, ep_b = ep.overlap_exposed(plan, ep_f, ep_b, t.compute_f,
+                                        t.compute_b + t.compute_w + recompute)
     zero3_f, zero3_b = dp.zero3_exposed(plan, t.shared.groups, t.params, t.expert_params,
                                         t.compute_f, t.compute_b, t.compute_w, t.n)
     pp_send = t.shared.pp_send

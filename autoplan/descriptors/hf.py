@@ -303,6 +303,29 @@ def _qwen_dense_layers(f: Fields, layers: int | None) -> int | None:
     return len(dense)
 
 
+def _route_groups(f: Fields, experts: int | None, top_k: int | None) -> tuple[int, int]:
+    """DeepSeek's group-limited routing: topk_method group_limited_greedy (V2, "device-
+    limited routing", Sec. 2.2.3) or noaux_tc (V3, "node-limited routing", Sec. 2.1.2)
+    picks each token's experts among its topk_group best of n_group groups; greedy
+    (V2-Lite) routes over all experts; transformers' DeepseekV3 has no topk_method and
+    always limits. (0, 0) where routing is unrestricted."""
+    method = f.str("topk_method", "noaux_tc")
+    groups = f.int("n_group", 0, min=1) if f.data.get("n_group") is not None else 0
+    group_topk = f.int("topk_group", 0, min=1) if f.data.get("topk_group") is not None else 0
+    if method == "greedy" or not groups or not group_topk or groups == 1:
+        return 0, 0
+    if experts is None or top_k is None:
+        return 0, 0
+    if experts % groups:
+        f.fail("n_group", f"expected a divisor of n_routed_experts ({experts}), got {groups}")
+    elif group_topk > groups or group_topk * (experts // groups) < top_k:
+        f.fail("topk_group", f"expected topk_group <= n_group ({groups}) with room for "
+               f"num_experts_per_tok ({top_k}), got {group_topk}")
+    else:
+        return groups, group_topk
+    return 0, 0
+
+
 def _read_deepseek(f: Fields) -> dict[str, Any]:
     """DeepSeek-V2 and -V3: multi-head latent attention (MLA), first_k_dense_replace
     dense layers, then DeepSeekMoE layers of n_routed_experts routed experts
@@ -362,6 +385,7 @@ def _read_deepseek(f: Fields) -> dict[str, Any]:
     # MTP module; V2 has none. A file without the key describes a model without one.
     mtp_layers = f.int("num_nextn_predict_layers", 0, min=0)
     _check_routing(f, experts, top_k, experts_key="n_routed_experts")
+    groups, group_topk = _route_groups(f, experts, top_k)
     if first_k_dense is not None and layers is not None and first_k_dense >= layers:
         f.fail(
             "first_k_dense_replace",
@@ -395,6 +419,8 @@ def _read_deepseek(f: Fields) -> dict[str, Any]:
         qk_rope_head_dim=qk_rope_head_dim,
         v_head_dim=v_head_dim,
         mtp_layers=mtp_layers,
+        route_groups=groups,
+        route_group_topk=group_topk,
     )
 
 

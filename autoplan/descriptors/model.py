@@ -43,6 +43,11 @@ class Model:
     shared_ffn_hidden: int = 0  # hidden width of one shared expert; 0: moe_ffn_hidden
     dense_layers: int = 0  # the first k layers keep a dense MLP of ffn_hidden
     capacity_factor: float = 0.0  # tokens an expert takes, x its fair share; 0: dropless
+    # group-limited routing (DeepSeek-V2 Sec. 2.2.3 device-limited, V3 Sec. 2.1.2 node-
+    # limited): experts split into route_groups groups of consecutive experts, each token's
+    # top_k chosen among its route_group_topk best groups; 0: unrestricted
+    route_groups: int = 0
+    route_group_topk: int = 0
     # -- multi-head latent attention (DeepSeek-V2, Sec. 2.1); kv_lora_rank = 0: none
     q_lora_rank: int = 0  # 0: queries projected directly
     kv_lora_rank: int = 0
@@ -261,7 +266,8 @@ class Model:
 
 # written only when set, so dense models' files stay as they were
 _OPTIONAL = ("qk_norm", "qkv_bias", "experts", "top_k", "moe_ffn_hidden", "shared_experts",
-             "shared_ffn_hidden", "dense_layers", "capacity_factor", "q_lora_rank",
+             "shared_ffn_hidden", "dense_layers", "capacity_factor", "route_groups",
+             "route_group_topk", "q_lora_rank",
              "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mtp_layers")
 
 
@@ -289,8 +295,8 @@ def read_model(f: Fields) -> Model | None:
         capacity_factor=f.float("capacity_factor", 0.0, min=0.0),
     )
     for key in ("experts", "top_k", "moe_ffn_hidden", "shared_experts", "shared_ffn_hidden",
-                "dense_layers", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-                "qk_rope_head_dim", "v_head_dim", "mtp_layers"):
+                "dense_layers", "route_groups", "route_group_topk", "q_lora_rank", "kv_lora_rank",
+                "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mtp_layers"):
         values[key] = f.int(key, 0, min=0)
     f.close()
     if len(f.problems) > before:
@@ -310,7 +316,7 @@ def read_model(f: Fields) -> Model | None:
 def _check_moe(f: Fields, v: dict[str, Any]) -> None:
     if not v["experts"]:
         for key in ("top_k", "moe_ffn_hidden", "shared_experts", "shared_ffn_hidden",
-                    "dense_layers", "capacity_factor"):
+                    "dense_layers", "capacity_factor", "route_groups", "route_group_topk"):
             if v[key]:
                 f.fail(key, "is a mixture-of-experts field: give experts too (or leave it out)")
         return
@@ -322,6 +328,26 @@ def _check_moe(f: Fields, v: dict[str, Any]) -> None:
         f.fail("shared_ffn_hidden", "needs shared_experts >= 1")
     if v["capacity_factor"] and v["capacity_factor"] * v["top_k"] < 1:
         f.fail("capacity_factor", "expected capacity_factor * top_k >= 1 (each token needs a slot)")
+    _check_route_groups(f, v)
+
+
+def _check_route_groups(f: Fields, v: dict[str, Any]) -> None:
+    """Group-limited routing as Megatron-Core checks it (--moe-router-num-groups must divide
+    the experts, --moe-router-group-topk <= groups), and the groups must hold top_k experts."""
+    groups, top = v["route_groups"], v["route_group_topk"]
+    if not groups and not top:
+        return
+    if not groups or not top:
+        f.fail("route_groups" if not groups else "route_group_topk",
+               "route_groups and route_group_topk go together")
+        return
+    if v["experts"] % groups:
+        f.fail("route_groups", f"expected a divisor of experts ({v['experts']}), got {groups}")
+    elif top > groups:
+        f.fail("route_group_topk", f"expected at most route_groups ({groups}), got {top}")
+    elif top * (v["experts"] // groups) < v["top_k"]:
+        f.fail("route_group_topk", f"{top} groups of {v['experts'] // groups} experts cannot "
+               f"hold top_k = {v['top_k']}")
 
 
 def _check_mla(f: Fields, v: dict[str, Any]) -> None:

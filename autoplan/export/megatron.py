@@ -34,7 +34,10 @@ Flag names were checked against NVIDIA/Megatron-LM ``megatron/training/arguments
   --expert-model-parallel-size, --expert-tensor-parallel-size,
   --moe-shared-expert-intermediate-size (all shared experts together), --moe-layer-freq
   (a pattern such as ``([0]*3+[1]*58)`` for dense-first layers), --moe-grouped-gemm,
-  --moe-token-dispatcher-type alltoall, --moe-expert-capacity-factor.
+  --moe-token-dispatcher-type alltoall | flex with --moe-flex-dispatcher-backend deepep,
+  --moe-router-num-groups, --moe-router-group-topk (group-limited routing),
+  --overlap-moe-expert-parallel-comm with --delay-wgrad-compute (EP A2A overlap, MCore
+  0.14), --moe-expert-capacity-factor.
 - ``_add_mla_args``: --q-lora-rank, --kv-lora-rank, --qk-head-dim (the no-RoPE part),
   --qk-pos-emb-head-dim (the RoPE part), --v-head-dim. ``_add_vision_args``: --qk-layernorm.
 
@@ -48,7 +51,7 @@ from autoplan.descriptors import pipeline_layout
 from autoplan.export.nodes import launch, pool_lines
 from autoplan.export.shell import Arg, bash_array, comment, continued, quote, slug
 from autoplan.plan import Plan
-from autoplan.vocab import Activation, CpComm, Dtype, Norm, Position, Recompute, ZeroStage
+from autoplan.vocab import Activation, CpComm, Dtype, MoeDispatch, Norm, Position, Recompute, ZeroStage
 
 FILENAME = "pretrain_megatron.sh"
 
@@ -120,9 +123,12 @@ def moe_args(plan: Plan) -> list[Arg]:
         ("--moe-ffn-hidden-size", str(m.expert_width)),
         ("--expert-model-parallel-size", str(lay.ep)),
         ("--expert-tensor-parallel-size", str(lay.etp)),
-        ("--moe-token-dispatcher-type", "alltoall"),
+        *dispatcher_args(plan),
         ("--moe-grouped-gemm",),
     ]
+    if m.route_groups:  # group-limited (DeepSeek's node-limited) routing
+        out += [("--moe-router-num-groups", str(m.route_groups)),
+                ("--moe-router-group-topk", str(m.route_group_topk))]
     if m.top_k == 1:  # TransformerConfig: top-1 with the softmax router needs pre-softmax
         out.append(("--moe-router-pre-softmax",))
     if m.shared_experts:
@@ -131,6 +137,18 @@ def moe_args(plan: Plan) -> list[Arg]:
         out.append(("--moe-layer-freq", f"([0]*{m.dense_layers}+[1]*{m.moe_layers})"))
     if m.capacity_factor:
         out.append(("--moe-expert-capacity-factor", f"{m.capacity_factor:g}"))
+    return out
+
+
+def dispatcher_args(plan: Plan) -> list[Arg]:
+    """The token dispatcher (Megatron-Core: alltoall, or flex with the DeepEP backend) and
+    the EP A2A overlap with its delayed weight gradients (MCore 0.14)."""
+    out: list[Arg] = (
+        [("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", "deepep")]
+        if plan.moe_dispatch is MoeDispatch.DEEPEP
+        else [("--moe-token-dispatcher-type", "alltoall")])
+    if plan.ep_overlap:
+        out += [("--overlap-moe-expert-parallel-comm",), ("--delay-wgrad-compute",)]
     return out
 
 

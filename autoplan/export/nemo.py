@@ -28,7 +28,7 @@ import yaml
 from autoplan.export.megatron import layout_string
 from autoplan.export.shell import comment
 from autoplan.plan import Plan
-from autoplan.vocab import CpComm, Dtype, Recompute, ZeroStage
+from autoplan.vocab import CpComm, Dtype, MoeDispatch, Recompute, ZeroStage
 
 FILENAME = "nemo_overrides.yaml"
 
@@ -52,6 +52,14 @@ def model_overrides(plan: Plan) -> dict[str, Any]:
     if plan.model.is_moe:
         out["expert_model_parallel_size"] = lay.ep
         out["expert_tensor_parallel_size"] = lay.etp
+        out["moe_grouped_gemm"] = True  # the experts' GEMMs as the cost model runs them
+        # the dispatcher the plan was costed on (recipes pick their own otherwise)
+        if plan.moe_dispatch is MoeDispatch.DEEPEP:
+            out.update(moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="deepep")
+        else:
+            out["moe_token_dispatcher_type"] = "alltoall"
+        if plan.ep_overlap:
+            out.update(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True)
     if plan.model.mtp_layers:  # the layout counts them (Megatron-Core checks the two agree)
         out["mtp_num_layers"] = plan.model.mtp_layers
     layers = plan.stage_layers

@@ -144,15 +144,18 @@ def p2p(nbytes: float, cross_domain: bool, cluster: Cluster) -> float:
 
 
 def all_to_all(nbytes: float, g: Group) -> float:
-    """All-to-all where each rank holds ``nbytes`` and keeps 1/n of it: pairwise exchange
-    (Thakur et al. 2005, Sec. 4.4), n - 1 steps, each sending nbytes/n to one peer and
-    paying its latency. Peers in the rank's own NVLink domain are reached over the
-    intra-node link, the others through the rank's own NIC (one per GPU, as on
-    rail-optimized DGX clusters)."""
+    """All-to-all where each rank holds ``nbytes`` and keeps 1/n of it, sending nbytes/n to
+    each of its n - 1 peers (Thakur et al. 2005, Sec. 4.4). Peers in the rank's own NVLink
+    domain are reached over the intra-node link, the others through the rank's own NIC
+    (one per GPU, as on rail-optimized DGX clusters). NCCL posts every send and receive
+    at once (an all-to-all is a group of ncclSend/ncclRecv, as nccl-tests' alltoall_perf
+    and torch's all_to_all_single issue it), so the NVLink and the network legs run side
+    by side: the call takes the longer, plus one latency per peer."""
     if g.size <= 1:
         return 0.0
     chunk = nbytes / g.size
     near = min(g.per_domain, g.size) - 1  # peers in the same domain
     far = g.size - 1 - near
-    return (near * (g.intra.latency_s + chunk / g.intra.effective_Bps)
-            + far * (g.inter.latency_s + chunk / g.inter.effective_Bps)) * _ratio("all_to_all", nbytes, g)
+    latency = near * g.intra.latency_s + far * g.inter.latency_s
+    wire = max(near * chunk / g.intra.effective_Bps, far * chunk / g.inter.effective_Bps)
+    return (latency + wire) * _ratio("all_to_all", nbytes, g)

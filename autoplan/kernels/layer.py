@@ -25,7 +25,7 @@ from autoplan.caches import memo
 from autoplan.descriptors.hardware import cache_hash
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.stack import AttentionKernel
-from autoplan.vocab import Dtype, Position
+from autoplan.vocab import Dtype, MoeDispatch, Position
 
 BF16_BYTES = 2  # activations and weights move in 16-bit (fp8 GEMMs keep 16-bit I/O here)
 
@@ -44,6 +44,7 @@ class Shard:
     etp: int = 1  # expert tensor parallel degree
     expert_load: float = 1.0  # tokens of the busiest expert rank over the mean (>= 1)
     cp_ring: bool = True  # context parallel by ring attention (else all-to-all, Ulysses)
+    moe_dispatch: MoeDispatch = MoeDispatch.ALLTOALL  # how routed tokens reach their experts
     # what the software stack runs (descriptors/stack.py)
     attention_kernel: AttentionKernel = AttentionKernel.FLASH2
     layer_kernels: int = 0  # forward kernels per layer (backward: twice as many)

@@ -6,13 +6,17 @@ dispatch/combine and the routed experts' weights per rank."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from autoplan.caches import memo
 from autoplan.descriptors.model import Model
 from autoplan.kernels import comm
 from autoplan.kernels.layer import BF16_BYTES, Shard
+from autoplan.parallel import dp
 from autoplan.parallel.common import Rule, Scope, divisors
+from autoplan.vocab import MoeDispatch, Recompute
 
 if TYPE_CHECKING:
     from autoplan.descriptors.space import SearchSpace
@@ -71,6 +75,33 @@ def _needs_sp(plan: Plan) -> str | None:
     return None
 
 
+def _dispatch(plan: Plan) -> str | None:
+    if plan.moe_dispatch is MoeDispatch.DEEPEP and plan.layout.ep < 2:
+        return ("moe_dispatch deepep moves tokens between expert-parallel ranks: "
+                f"it needs ep > 1, got ep={plan.layout.ep}")
+    return None
+
+
+def _overlap(plan: Plan) -> str | None:
+    """Megatron-Core's checks of --overlap-moe-expert-parallel-comm (TransformerConfig
+    __post_init__, megatron-core 0.16)."""
+    if not plan.ep_overlap:
+        return None
+    lay = plan.layout
+    if lay.ep < 2:
+        return f"ep_overlap needs expert parallelism (ep > 1), got ep={lay.ep}"
+    if plan.recompute is Recompute.FULL:
+        return "ep_overlap cannot run with full recompute (Megatron-Core refuses it)"
+    if lay.pp > 1 and lay.vpp < 2:
+        return ("ep_overlap with pipeline parallelism needs the interleaved schedule "
+                "(vpp >= 2): it pairs one chunk's forward with another's backward")
+    if plan.model.mtp_layers > 1:
+        return f"ep_overlap supports at most one MTP layer, the model has {plan.model.mtp_layers}"
+    if plan.model.mtp_layers == 1 and lay.pp < 2:
+        return "ep_overlap with an MTP layer needs pipeline parallelism (pp > 1)"
+    return None
+
+
 RULES = (
     Rule("ep-dense-model", "layout.ep", Scope.LAYOUT,
          "expert parallelism needs a mixture-of-experts model", _ep_dense),
@@ -83,6 +114,10 @@ RULES = (
          "tp must divide the shared experts' width", _shared),
     Rule("moe-tp-needs-sp", "sequence_parallel", Scope.SEQUENCE_PARALLEL,
          "mixture of experts with tp > 1 needs sequence parallelism", _needs_sp),
+    Rule("moe-dispatch-ep", "moe_dispatch", Scope.LAYOUT,
+         "DeepEP dispatch needs expert parallelism", _dispatch),
+    Rule("ep-overlap", "ep_overlap", Scope.SCHEDULE,
+         "EP all-to-all overlap needs ep > 1, no full recompute, and vpp with pp", _overlap),
 )
 
 
@@ -113,17 +148,118 @@ def expert_load(plan: Plan) -> float:
     return plan.model.capacity_factor or plan.job.moe_imbalance
 
 
+def touched(experts: int, top_k: int, parts: int, groups: int = 0, group_topk: int = 0) -> float:
+    """Expected number of ``parts`` equal blocks of consecutive experts (the EP ranks, or
+    the NVLink domains holding them) that one token's ``top_k`` experts fall in.
+
+    Affinities are taken as i.i.d., as balanced training drives them (DeepSeek-V3 Sec.
+    2.1.2; the published runs force-balance). Unrestricted, the experts are a uniform
+    k-subset: a block of x of the E experts is missed with probability C(E - x, k) / C(E, k)
+    (hypergeometric). Group-limited routing is not uniform within the chosen groups (a
+    group is chosen for its best experts, so each chosen group tends to hold some of
+    the token's), so its count is taken from the router itself: :func:`_router_blocks`."""
+    if groups:
+        return _router_blocks(experts, top_k, parts, groups, group_topk)
+    x = experts / parts
+    if x != int(x):
+        return _router_blocks(experts, top_k, parts, 1, 1)
+    return parts * (1.0 - math.comb(int(experts - x), top_k) / math.comb(experts, top_k))
+
+
+@memo(256)
+def _router_blocks(experts: int, top_k: int, parts: int, groups: int, group_topk: int,
+                   tokens: int = 4096) -> float:
+    """Mean distinct blocks of ``tokens`` routed by Megatron-Core's group-limited top-k
+    (moe_utils.group_limited_topk: a group scores the sum of its top_k // group_topk best
+    affinities, the token keeps its group_topk best groups and its top_k experts among
+    them) on i.i.d. uniform affinities; seeded, so the same every call (sampling error
+    about 0.3% at 4096 tokens, DeepEP's benchmark batch)."""
+    import numpy as np
+
+    rng = np.random.default_rng(20241227)
+    scores = rng.random((tokens, experts))
+    size = experts // groups
+    per = max(1, top_k // group_topk)
+    best = np.partition(scores.reshape(tokens, groups, size), size - per, axis=2)[:, :, size - per:]
+    keep = np.argpartition(-best.sum(axis=2), group_topk - 1, axis=1)[:, :group_topk]
+    mask = np.zeros((tokens, groups), dtype=bool)
+    np.put_along_axis(mask, keep, True, axis=1)
+    masked = np.where(np.repeat(mask, size, axis=1), scores, -1.0)
+    chosen = np.argpartition(-masked, top_k - 1, axis=1)[:, :top_k]
+    blocks = np.sort(chosen * parts // experts, axis=1)
+    return float(np.mean(1 + np.count_nonzero(np.diff(blocks, axis=1), axis=1)))
+
+
 def layer_seconds(model: Model, shard: Shard, ep_group: comm.Group,
                   etp_group: comm.Group) -> float:
-    """One direction's MoE communication of one layer: the all-to-all dispatching each
-    routed token copy to its expert's rank and the one combining the outputs back
-    (Lepikhin et al. 2021, GShard; Megatron-Core MoEAlltoAllTokenDispatcher), on the
-    busiest rank's volume; with expert TP the dispatched tokens are all-gathered over
-    etp ranks before the experts and reduce-scattered after. Not overlapped with
-    compute (Megatron-LM's default)."""
-    routed = BF16_BYTES * shard.routed_tokens(model) * model.hidden
-    out = 2 * comm.all_to_all(routed, ep_group)
+    """One direction's MoE communication of one layer: dispatching each routed token to
+    its experts' ranks and combining the outputs back, on the busiest rank's volume
+    (``expert_load``); with expert TP the dispatched tokens are all-gathered over etp
+    ranks before the experts and reduce-scattered after. Not overlapped with compute
+    here (``_stage`` hides it under the other micro-batch's where the plan overlaps)."""
+    if shard.moe_dispatch is MoeDispatch.DEEPEP:
+        out = 2 * deepep_seconds(model, shard, ep_group)
+        routed = BF16_BYTES * shard.routed_tokens(model) * model.hidden
+    else:
+        # Megatron-Core's all-to-all dispatcher (MoEAlltoAllTokenDispatcher; GShard,
+        # Lepikhin et al. 2021): one copy per (token, expert) pair, spread evenly over
+        # the ep ranks by uniform routing
+        routed = BF16_BYTES * shard.routed_tokens(model) * model.hidden
+        out = 2 * comm.all_to_all(routed, ep_group)
     if shard.etp > 1:
         gathered = routed * shard.etp
         out += comm.all_gather(gathered, etp_group) + comm.reduce_scatter(gathered, etp_group)
     return out
+
+
+def deepep_seconds(model: Model, shard: Shard, g: comm.Group) -> float:
+    """DeepEP's dispatch (its combine moves the same bytes back) of one rank's tokens
+    (DeepEP README, "normal kernels with NVLink and RDMA forwarding"): each token goes
+    once to every other node its experts sit on, over the rank's own NIC to the GPU of
+    the same local index there, which forwards it once to each GPU of its node holding
+    one of the token's experts, over NVLink; the token's copies for experts on one GPU
+    are made there. RDMA and NVLink traffic flow at once (the kernels forward as they
+    receive): the step takes the longer of the two, plus one latency of each link.
+    Destinations follow :func:`touched` on the model's routing groups; BF16 both ways
+    (Megatron-Core's flex dispatcher; DeepSeek's own FP8 dispatch is not modelled)."""
+    if g.size <= 1:
+        return 0.0
+    e, k = model.experts, model.top_k
+    rg, rgk = model.route_groups, model.route_group_topk
+    token = BF16_BYTES * model.hidden * shard.norm_tokens * shard.expert_load
+    domains, per_domain = g.domains, min(g.per_domain, g.size)
+    nvl_copies = touched(e, k, g.size, rg, rgk) * (per_domain - 1) / per_domain
+    nvl = token * nvl_copies / g.intra.effective_Bps
+    if domains == 1:
+        return g.intra.latency_s + nvl
+    rdma_copies = touched(e, k, domains, rg, rgk) * (domains - 1) / domains
+    rdma = token * rdma_copies / g.inter.effective_Bps
+    return g.inter.latency_s + g.intra.latency_s + max(rdma, nvl)
+
+
+def overlapped_passes(plan: Plan) -> float:
+    """Share of a rank's forward (and backward) chunk passes that EP A2A overlap pairs with
+    another micro-batch's pass: the 1F1B steady state. Megatron's interleaved schedule
+    runs (pp - r - 1) * 2 + (vpp - 1) * pp warm-up forwards on rank r before it (as many
+    cool-down backwards after); averaged over ranks, (pp - 1) + (vpp - 1) * pp of the
+    m * vpp passes are unpaired. Without pipelining the first forward and last backward
+    are (m - 1 of m paired)."""
+    lay, m = plan.layout, plan.num_microbatches
+    passes = m * lay.vpp
+    alone = max(1, (lay.pp - 1) + (lay.vpp - 1) * lay.pp)
+    return max(0.0, passes - alone) / passes
+
+
+def overlap_exposed(plan: Plan, ep_f: float, ep_b: float, compute_f: float,
+                    compute_b: float) -> tuple[float, float]:
+    """(forward, backward) EP communication left exposed under Megatron-Core's EP A2A
+    overlap (--overlap-moe-expert-parallel-comm with --delay-wgrad-compute, MCore 0.14;
+    DeepSeek-V3's DualPipe pairs passes the same way, report Sec. 3.2.1): in the steady
+    state a forward's dispatch and combine run under the paired backward's compute
+    (input and the delayed weight gradients) and the backward's under the forward's,
+    each costing the compute it runs beside the SMs its kernels hold
+    (``dp.overlapped``); unpaired passes keep theirs."""
+    share = overlapped_passes(plan)
+    slow = plan.stack.comm_compute_slowdown
+    return ((1 - share) * ep_f + share * dp.overlapped(ep_f, compute_b, slow),
+            (1 - share) * ep_b + share * dp.overlapped(ep_b, compute_f, slow))

@@ -82,6 +82,8 @@ MOE_ARGS=(
     --expert-tensor-parallel-size 1
     --moe-token-dispatcher-type alltoall
     --moe-grouped-gemm
+    --moe-router-num-groups 8
+    --moe-router-group-topk 4
     --moe-shared-expert-intermediate-size 2048
     --moe-layer-freq '([0]*3+[1]*58)'
 )

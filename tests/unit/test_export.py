@@ -33,7 +33,16 @@ from autoplan.export import Launcher, Target, export, refusals
 from autoplan.plan import Plan
 from autoplan.planfile import read_plan
 from autoplan.schedules import Schedule
-from autoplan.vocab import Activation, CpComm, Dtype, Offload, Recompute, ZeroStage
+from autoplan.vocab import (
+    Activation,
+    CpComm,
+    Dtype,
+    MoeDispatch,
+    Offload,
+    Recompute,
+    RecomputeModule,
+    ZeroStage,
+)
 from tests.helpers import autoplan, make_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,6 +73,12 @@ CASES: dict[str, tuple[Callable[[], Plan], list[tuple[Target, Launcher]]]] = {
         [(Target.MEGATRON, Launcher.MEGATRON), (Target.NEMO, Launcher.MEGATRON)]),
     "deepseek-v3-2048xh100-pp16vpp2-layout": (
         lambda: plan_file("deepseek-v3-2048xh100-pp16vpp2-layout.yaml"),
+        [(Target.MEGATRON, Launcher.MEGATRON), (Target.NEMO, Launcher.MEGATRON)]),
+    "deepseek-v3-2048xh100-deepep-ep-overlap": (
+        lambda: dataclasses.replace(
+            plan_file("deepseek-v3-2048xh100-pp16vpp2-layout.yaml"), recompute=Recompute.SELECTIVE,
+            recompute_modules=(RecomputeModule.MOE_ACT, RecomputeModule.LAYERNORM),
+            moe_dispatch=MoeDispatch.DEEPEP, ep_overlap=True),
         [(Target.MEGATRON, Launcher.MEGATRON), (Target.NEMO, Launcher.MEGATRON)]),
     "llama3-8b-16xh100-megatron-chunks": (
         lambda: dataclasses.replace(
@@ -535,8 +550,8 @@ def test_nemo_overrides_are_megatron_core_config_fields(case: str) -> None:
     model = {k: v for k, v in doc["model"].items() if k != "seq_length"}  # GPTModelProvider's own
     cfg = TransformerConfig(num_layers=m.layers, hidden_size=m.hidden, num_attention_heads=m.heads,
                             num_moe_experts=m.experts or None, moe_ffn_hidden_size=m.expert_width
-                            if m.is_moe else None, moe_token_dispatcher_type="alltoall",
-                            pipeline_dtype=torch.bfloat16, bf16=True, **model)
+                            if m.is_moe else None, pipeline_dtype=torch.bfloat16, bf16=True,
+                            **{"moe_token_dispatcher_type": "alltoall", **model})
     assert cfg.tensor_model_parallel_size == plan.layout.tp
     DistributedDataParallelConfig(**doc["ddp"])
     OptimizerConfig(**doc["optimizer"])

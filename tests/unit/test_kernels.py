@@ -252,7 +252,7 @@ def test_a_plans_hash_covers_every_field_it_is_compared_by():
     from autoplan.descriptors.pipeline_layout import from_stage_lists
     from autoplan.plan import Layout, Placement, Plan
     from autoplan.schedules import Schedule
-    from autoplan.vocab import CpComm, Offload, Recompute, RecomputeModule
+    from autoplan.vocab import CpComm, MoeDispatch, Offload, Recompute, RecomputeModule
 
     plan = make_plan(model="llama3-8b", gpus=16, dp=8, pp=2)
     other = {
@@ -264,7 +264,8 @@ def test_a_plans_hash_covers_every_field_it_is_compared_by():
         "chunks": from_stage_lists([[15], [17]]), "offload": Offload(optimizer=True),
         "placement": Placement(cluster=resolve_any_cluster(
             str(ROOT / "examples" / "clusters" / "h100-a100.yaml")), stage_pools=(0, 1)),
-        "recompute_modules": (RecomputeModule.MLP,),
+        "recompute_modules": (RecomputeModule.MLP,), "moe_dispatch": MoeDispatch.DEEPEP,
+        "ep_overlap": True,
     }
     compared = {f.name for f in dataclasses.fields(Plan) if f.compare}
     assert compared == set(other)
