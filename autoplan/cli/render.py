@@ -13,7 +13,7 @@ from autoplan.kernels.memory import DEFAULT_HEADROOM_FRACTION
 from autoplan.plan import TIME_TERMS, Plan, Prediction, Uncertainty
 from autoplan.search.engine import SearchStats, pruning_reason
 from autoplan.units import GiB
-from autoplan.vocab import CpComm
+from autoplan.vocab import CpComm, MoeDispatch
 
 if TYPE_CHECKING:
     from autoplan.serving.cost import StepModel
@@ -32,6 +32,10 @@ def layout_text(plan: Plan) -> str:
         text += f" cp{lay.cp}" + (" a2a" if plan.cp_comm is CpComm.A2A else "")
     if plan.model.is_moe:
         text += f" ep{lay.ep}" + (f" etp{lay.etp}" if lay.etp != lay.tp else "")
+        if plan.moe_dispatch is not MoeDispatch.ALLTOALL:
+            text += f" {plan.moe_dispatch.value}"
+        if plan.ep_overlap:
+            text += " ep-overlap"
     if lay.vpp > 1:
         text += f" vpp{lay.vpp}"
     if len(set(plan.stage_layers)) > 1:

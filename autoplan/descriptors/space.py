@@ -13,7 +13,7 @@ from autoplan.descriptors.strict import Fields, did_you_mean, read_yaml, shown
 from autoplan.errors import InputError, Problem
 from autoplan.resources import searchspace_dir
 from autoplan.schedules import Schedule
-from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, CpComm, MoeDispatch, Offload, Recompute, ZeroStage
 
 
 class StageShape(str, enum.Enum):
@@ -48,6 +48,9 @@ class SearchSpace:
     ep_max: int = 1  # expert parallel degree (mixture-of-experts models only)
     etp: tuple[str, ...] = ("tp",)  # expert tensor parallel: "1" (experts unsplit) and/or "tp"
     cp_comm: tuple[CpComm, ...] = (CpComm.RING,)  # context-parallel exchanges tried where cp > 1
+    # MoE token dispatchers the launcher runs; a search takes the fastest for each layout
+    # with ep > 1 (``ep.dispatch_for``)
+    moe_dispatch: tuple[MoeDispatch, ...] = (MoeDispatch.ALLTOALL,)
     # plain data parallel (zero 0) with tensor or pipeline parallelism: False where the
     # launcher's DDP runs only one-dimensional (torchtitan: "DDP has not supported > 1D
     # parallelism", torchtitan/distributed/parallel_dims.py)
@@ -97,6 +100,8 @@ def read_space(data: Any, source: str) -> SearchSpace:
     ep_max = f.int("ep_max", 1, min=1)
     etp = _etp_choices(f)
     cp_comm = _choices(f, "cp_comm", CpComm) if f.has("cp_comm") else (CpComm.RING,)
+    dispatch = (_choices(f, "moe_dispatch", MoeDispatch) if f.has("moe_dispatch")
+                else (MoeDispatch.ALLTOALL,))
     plain_dp_mp = f.bool("plain_dp_with_model_parallel", True)
     offloads = _offload_choices(f)
     stack = default_stack()
@@ -116,6 +121,7 @@ def read_space(data: Any, source: str) -> SearchSpace:
         zero=tuple(z for z in ZeroStage if z in zero), zero_max_with_pp=zero_pp,
         sequence_parallel=tuple(sorted(sp, reverse=True)), stage_shape=shape,
         ep_max=ep_max, etp=etp, cp_comm=tuple(c for c in CpComm if c in cp_comm), stack=stack,
+        moe_dispatch=tuple(d for d in MoeDispatch if d in dispatch),
         plain_dp_with_model_parallel=plain_dp_mp, offload=offloads,
     )
 

@@ -17,7 +17,6 @@ from autoplan.errors import InputError, Problem
 from autoplan.export import deepspeed, megatron, nemo, nodes, slurm, torchtitan
 from autoplan.parallel.rules import space_problems
 from autoplan.plan import Plan
-from autoplan.vocab import MoeDispatch
 
 
 class Target(str, enum.Enum):
@@ -68,9 +67,6 @@ def refusals(plan: Plan, target: Target, launcher: Launcher = Launcher.MEGATRON)
     if plan.recompute_modules and not megatron_core:
         out.append(("recompute_modules", "selective recompute by module is Megatron-Core's "
                                          "(--recompute-modules); export to megatron or nemo"))
-    if plan.moe_dispatch is not MoeDispatch.ALLTOALL and not megatron_core:
-        out.append(("moe_dispatch", f"{plan.moe_dispatch.value} dispatch runs in Megatron-Core's "
-                                    "flex token dispatcher; export to megatron or nemo"))
     if plan.ep_overlap and not megatron_core:
         out.append(("ep_overlap", "EP all-to-all overlap is Megatron-Core's "
                                   "(--overlap-moe-expert-parallel-comm); export to megatron or nemo"))

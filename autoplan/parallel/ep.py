@@ -14,11 +14,12 @@ from autoplan.caches import memo
 from autoplan.descriptors.model import Model
 from autoplan.kernels import comm
 from autoplan.kernels.layer import BF16_BYTES, Shard
-from autoplan.parallel import dp
+from autoplan.parallel import dp, mesh
 from autoplan.parallel.common import Rule, Scope, divisors
-from autoplan.vocab import MoeDispatch, Recompute
+from autoplan.vocab import Axis, Dtype, MoeDispatch, Recompute
 
 if TYPE_CHECKING:
+    from autoplan.descriptors.hardware import Cluster
     from autoplan.descriptors.space import SearchSpace
     from autoplan.plan import Layout, Plan
 
@@ -138,6 +139,20 @@ def foldings(model: Model, lay: Layout, space: SearchSpace) -> Iterator[Layout]:
         for etp in etps:
             if ranks % (ep * etp) == 0 and model.expert_width % etp == 0:
                 yield dataclasses.replace(lay, ep=ep, etp=etp)
+
+
+@memo(4096)
+def dispatch_for(model: Model, cluster: Cluster, lay: Layout, space: SearchSpace) -> MoeDispatch:
+    """The space's dispatcher that moves a layer's tokens fastest on this layout (the
+    all-to-all where ep = 1, or the model is dense): read off one layer's dispatch and
+    combine at one micro-batch, which every dispatcher scales alike."""
+    if not model.is_moe or lay.ep < 2 or len(space.moe_dispatch) == 1:
+        return space.moe_dispatch[0] if model.is_moe and lay.ep > 1 else MoeDispatch.ALLTOALL
+    groups = mesh.layer_groups(cluster, lay.tp, lay.cp, lay.ep, lay.etp)
+    shards = [Shard(1, 4096, lay.tp, lay.cp, lay.tp > 1, Dtype.BF16, ep=lay.ep, etp=lay.etp,
+                    moe_dispatch=d) for d in space.moe_dispatch]
+    times = [layer_seconds(model, s, groups[Axis.EP], groups[Axis.ETP]) for s in shards]
+    return space.moe_dispatch[times.index(min(times))]
 
 
 # ----------------------------------------------------------------------------- cost terms

@@ -191,6 +191,9 @@ def space_problems(plan: Plan, space: SearchSpace) -> list[tuple[str, str]]:
                 "sequence_parallel: " + ", ".join(str(s).lower() for s in space.sequence_parallel))
     if lay.cp > 1 and plan.cp_comm not in space.cp_comm:
         outside("cp_comm", f"cp_comm: {plan.cp_comm.value}", ", ".join(c.value for c in space.cp_comm))
+    if plan.model.is_moe and plan.moe_dispatch not in space.moe_dispatch:
+        outside("moe_dispatch", f"moe_dispatch: {plan.moe_dispatch.value}",
+                ", ".join(d.value for d in space.moe_dispatch))
     if plan.offload not in space.offload:
         def shown(o: Offload) -> str:  # as the plan file writes it
             return "{" + ", ".join(f"{k}: {str(v).lower()}" for k, v in o.to_dict().items()) + "}"

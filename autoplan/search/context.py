@@ -13,6 +13,7 @@ from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.pipeline_layout import uniform_stages
 from autoplan.descriptors.space import SearchSpace
+from autoplan.parallel import ep
 from autoplan.parallel.common import Scope
 from autoplan.parallel.rules import first_broken
 from autoplan.plan import Layout, Plan
@@ -40,7 +41,8 @@ class Context:
         """A plan of the layout whose later choices are not read by the rules asked."""
         return Plan(model=self.model, cluster=self.cluster, job=self.job, stack=self.space.stack, layout=lay,
                     micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=recompute,
-                    zero=zero, sequence_parallel=sp, cp_comm=cp_comm)
+                    zero=zero, sequence_parallel=sp, cp_comm=cp_comm,
+                    moe_dispatch=ep.dispatch_for(self.model, self.cluster, lay, self.space))
 
     def at_vpp(self, lay: Layout, vpp: int) -> Layout:
         """``lay`` at ``vpp`` chunks, built once per (layout, vpp)."""

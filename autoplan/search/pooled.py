@@ -302,10 +302,12 @@ def _groups(model: Model, cluster: PooledCluster, job: Job, space: SearchSpace,
                             space.micro_batches, tp.sequence_parallel_choices(model, lay, space),
                             cp.exchanges(model, lay, job.seq_len, space), space.recompute):
                         variants = []
+                        dispatch = ep.dispatch_for(model, cluster.pools[order[0]], lay, space)
                         plans = [Plan(model=model, cluster=cluster.pools[order[0]], job=job,
                                       layout=lay, micro_batch=mbs, schedule=sched,
                                       recompute=recompute, zero=zero, sequence_parallel=sp,
-                                      cp_comm=exchange, stack=space.stack, placement=placement)
+                                      cp_comm=exchange, stack=space.stack, placement=placement,
+                                      moe_dispatch=dispatch)
                                  for sched, zero in itertools.product(schedules, zeros)]
                         stats.generated += len(plans)
                         # what the group shares is decided once (rules of the scopes up

@@ -201,3 +201,31 @@ def test_model_files_check_the_routing_groups(tmp_path: Path):
     with pytest.raises(InputError, match="route_group_topk"):
         resolve(str(path))
     assert with_gpus(H100, 8).gpus == 8
+
+
+# -- the search's choice ---------------------------------------------------------------------
+
+def test_the_search_takes_deepep_where_its_space_runs_it_and_it_is_faster():
+    from autoplan.descriptors.space import load_space
+    from autoplan.plan import Layout
+
+    megatron, titan = load_space("megatron"), load_space("torchtitan")
+    assert megatron.moe_dispatch == (MoeDispatch.ALLTOALL, MoeDispatch.DEEPEP)
+    assert titan.moe_dispatch == (MoeDispatch.ALLTOALL,)
+    cluster = with_gpus(H100, 256)
+    across = Layout(dp=32, tp=1, pp=8, ep=32, etp=1)
+    assert ep.dispatch_for(V3, cluster, across, megatron) is MoeDispatch.DEEPEP
+    assert ep.dispatch_for(V3, cluster, across, titan) is MoeDispatch.ALLTOALL
+    no_ep = Layout(dp=32, tp=1, pp=8, ep=1, etp=1)
+    assert ep.dispatch_for(V3, cluster, no_ep, megatron) is MoeDispatch.ALLTOALL
+    dense = resolve_model("llama3-8b")
+    assert ep.dispatch_for(dense, cluster, Layout(dp=256, tp=1, pp=1), megatron) is MoeDispatch.ALLTOALL
+
+
+def test_space_rules_refuse_a_dispatcher_the_launcher_does_not_run():
+    from autoplan.descriptors.space import load_space
+    from autoplan.parallel.rules import space_problems
+
+    plan = dataclasses.replace(_v3_plan(), moe_dispatch=MoeDispatch.DEEPEP)
+    assert "moe_dispatch" in dict(space_problems(plan, load_space("torchtitan")))
+    assert "moe_dispatch" not in dict(space_problems(plan, load_space("megatron")))
