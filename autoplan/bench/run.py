@@ -16,9 +16,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from autoplan.bench import collectives as coll
+from autoplan.bench import host
 from autoplan.bench.micro import MicroPlan, plan_micro, run_micro
 from autoplan.bench.presets import Preset, get_preset
-from autoplan.bench.timing import BenchError, Row
+from autoplan.bench.timing import BenchError, Budget, Row
 from autoplan.descriptors.model import Model
 from autoplan.errors import InputError, Problem
 from autoplan.measured.profile import Profile, achieved
@@ -185,7 +186,7 @@ def run_bench(*, device: str | None = None, preset: str = "default", models: Seq
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))
     name = _device_name(kind)
     meta = _meta(kind, name, descriptor_name(kind, name, descriptor), chosen, ranks, command, plan)
-    total = len(plan.cases) + _collective_count(chosen, ranks)
+    total = len(plan.cases) + _collective_count(chosen, ranks) + 1  # + the host probe
     done = 0
 
     def step(label: str) -> None:
@@ -206,7 +207,13 @@ def run_bench(*, device: str | None = None, preset: str = "default", models: Seq
     if not is_writer():
         return meta, []
     rows = run_micro(plan, kind, chosen.budget, step) + rows
+    rows += host.measure(kind, HOST_BUDGET, "bf16" if kind == "cuda" else "fp32")
+    step("host time per kernel (eager layer, forward and backward)")
     return meta, rows
+
+
+# the host probe's passes: a few hundred, about half a second on a 2-core CPU
+HOST_BUDGET = Budget(warmup=5, min_repeats=20, max_repeats=300, seconds=0.5)
 
 
 def _skipped_ops(skipped: Mapping[str, str]) -> dict[str, str]:
@@ -285,5 +292,8 @@ def summary(profile: Profile) -> list[tuple[str, str]]:
         lines.append(("memory GB/s, largest tensors", f"{largest_memory_Bps(profile) / 1e9:.3g}"))
     lines += [(f"{op} bus GB/s ({n} ranks, {nbytes / MiB:g} MiB)", f"{bw / 1e9:.3g}")
               for op, n, nbytes, bw in bus_bandwidth(profile)]
+    host = profile.of_kind("host")
+    lines += [(f"host us per kernel, {r['op'].removeprefix('layer_')} ({r['k']} kernels)",
+               f"{r['seconds'] * 1e6:.3g}") for r in host.to_dict("records")]
     return lines
 

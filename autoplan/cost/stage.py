@@ -95,17 +95,30 @@ class StageWork:
         return self.compute_w
 
 
+def host_kernel_seconds(plan: Plan) -> tuple[float, float]:
+    """Host seconds to issue one kernel of a layer's forward and backward: none under CUDA
+    graphs (the step is replayed); measured on the device's host where its profile has
+    ``host`` rows (``bench/host.py``); else the stack's prior (``host_kernel_us``)."""
+    stack = plan.stack
+    if stack.cuda_graphs:
+        return 0.0, 0.0
+    correction = plan.cluster.device.correction
+    measured = correction.host_kernel_s() if correction is not None else None
+    return measured or (stack.host_kernel_s, stack.host_kernel_s)
+
+
 @memo(16384)
 def shard_of(plan: Plan) -> Shard:
     lay, stack = plan.layout, plan.stack
     moe = plan.model.is_moe
+    host_f, host_b = host_kernel_seconds(plan)
     return Shard(plan.micro_batch, plan.job.seq_len, lay.tp, lay.cp, plan.sequence_parallel,
                  plan.job.dtype, ep=lay.ep if moe else 1, etp=lay.etp if moe else 1,
                  expert_load=ep.expert_load(plan) if moe else 1.0,
                  cp_ring=plan.cp_comm is CpComm.RING, moe_dispatch=plan.moe_dispatch,
                  attention_kernel=stack.attention,
                  layer_kernels=stack.layer_kernels,
-                 host_kernel_s=0.0 if stack.cuda_graphs else stack.host_kernel_s,
+                 host_kernel_s=host_f, host_backward_kernel_s=host_b,
                  kernel_efficiency=stack.compute_efficiency,
                  sp_saves_gathered=stack.sp_saves_gathered)
 

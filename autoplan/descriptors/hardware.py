@@ -61,6 +61,11 @@ class Correction(Protocol):
         ``per_domain`` of them in each NVLink domain."""
         ...
 
+    def host_kernel_s(self) -> tuple[float, float] | None:
+        """Measured host seconds to issue one kernel of an eager layer's (forward,
+        backward) pass (the profile's ``host`` rows); None where it measured none."""
+        ...
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Device:

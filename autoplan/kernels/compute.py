@@ -399,7 +399,7 @@ def _fixed_costs(shard: Shard, device: Device, forward: float, backward_input: f
     k = shard.layer_kernels
     forward = max(forward + k * device.kernel_gap_s, k * shard.host_kernel_s)
     gpu_b = backward_input + backward_weight + 2 * k * device.kernel_gap_s
-    total_b = max(gpu_b, 2 * k * shard.host_kernel_s)
+    total_b = max(gpu_b, 2 * k * shard.host_backward_kernel_s)
     scale = total_b / (backward_input + backward_weight)
     return forward, backward_input * scale, backward_weight * scale
 

@@ -48,7 +48,8 @@ class Shard:
     # what the software stack runs (descriptors/stack.py)
     attention_kernel: AttentionKernel = AttentionKernel.FLASH2
     layer_kernels: int = 0  # forward kernels per layer (backward: twice as many)
-    host_kernel_s: float = 0.0  # host dispatch per kernel (0 under CUDA graphs)
+    host_kernel_s: float = 0.0  # host dispatch per forward kernel (0 under CUDA graphs)
+    host_backward_kernel_s: float = 0.0  # ... per backward kernel
     kernel_efficiency: float = 1.0  # of the device's kernel rates, what the stack sustains
     sp_saves_gathered: bool = False  # SP: TP GEMMs save their gathered input (Stack's field)
     # memoized layer costs key on shards: hashed once (the fields are frozen)

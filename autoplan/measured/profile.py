@@ -7,7 +7,7 @@ Every row has every column; a column that does not apply to a row's kind is 0.
 =========== ================================================================
 column      meaning
 =========== ================================================================
-kind        gemm | attention | elementwise | collective
+kind        gemm | attention | elementwise | collective | host
 op          gemm: ``matmul`` (one (m x k) @ (k x n) product, both row-major) |
             ``linear`` (a linear layer's three training GEMMs of that size: the
             forward x @ W^T with W stored n x k, the input gradient dy @ W and the
@@ -15,13 +15,16 @@ op          gemm: ``matmul`` (one (m x k) @ (k x n) product, both row-major) |
             attention: ``sdpa_fwd`` | ``sdpa_bwd`` (backward alone);
             elementwise: ``copy`` | ``add`` | ``mul``;
             collective: ``all_reduce`` | ``all_gather`` | ``reduce_scatter`` |
-            ``all_to_all`` | ``p2p``
+            ``all_to_all`` | ``p2p``;
+            host: ``layer_forward`` | ``layer_backward`` (eager PyTorch's host time
+            to issue one kernel of a decoder layer's pass: ``bench/host.py``)
 dtype       bf16 | fp16 | fp32 | fp8
-m, n, k     gemm: (m x k) @ (k x n)
+m, n, k     gemm: (m x k) @ (k x n); host: n the layer's hidden size, k the
+            kernels one pass issues
 batch       attention: batch size
 heads       attention: query heads
 kv_heads    attention: key/value heads (GQA)
-seq         attention: sequence length (queries = keys)
+seq         attention: sequence length (queries = keys); host: the layer's tokens
 head_dim    attention: channels per head
 causal      attention: 1 causal, 0 full
 nbytes      elementwise: bytes read + written; collective: the buffer size in the
@@ -30,7 +33,8 @@ nbytes      elementwise: bytes read + written; collective: the buffer size in th
             all-to-all: each rank's buffer; p2p: the message)
 ranks       collective: ranks in the group
 ranks_per_node  collective: of those, ranks on one node (= ranks on one machine)
-seconds     median time of one call over ``repeats`` timed calls (after warm-up)
+seconds     median time of one call over ``repeats`` timed calls (after warm-up);
+            host: of one pass, over its k kernels
 seconds_p10, seconds_p90  10th / 90th percentile of the timed calls
 repeats     timed calls
 =========== ================================================================
@@ -57,6 +61,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "attention": ("sdpa_fwd", "sdpa_bwd"),
     "elementwise": ("copy", "add", "mul"),
     "collective": ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"),
+    "host": ("layer_forward", "layer_backward"),
 }
 DTYPES = ("bf16", "fp16", "fp32", "fp8")
 INT_COLUMNS = ("m", "n", "k", "batch", "heads", "kv_heads", "seq", "head_dim", "causal",
@@ -69,6 +74,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "attention": ("batch", "heads", "kv_heads", "seq", "head_dim"),
     "elementwise": ("nbytes",),
     "collective": ("nbytes", "ranks", "ranks_per_node"),
+    "host": ("n", "seq", "k"),
 }
 # provenance every profile carries in its header
 REQUIRED_META = ("autoplan-profile", "device_kind", "device_name", "torch", "date", "command")

@@ -258,6 +258,12 @@ class _Fitted:
             most = self.reach.get(rec["op"], (0, 0))
             self.reach[rec["op"]] = (max(most[0], ranks), max(most[1], domains))
         self.ones: _Entry = (1.0, [1.0] * self.members)
+        # host seconds per issued kernel, forward and backward: the median of the rows
+        host = profile.of_kind("host")
+        per_op = {op: float(host.loc[host["op"] == op, "seconds"].median())
+                  for op in ("layer_forward", "layer_backward") if (host["op"] == op).any()}
+        self.host: tuple[float, float] | None = (
+            (per_op["layer_forward"], per_op["layer_backward"]) if len(per_op) == 2 else None)
         self.cache: dict[tuple[Any, ...], _Entry] = {}
 
     def predict(self, kind: str, features: tuple[float, ...]) -> _Entry:
@@ -326,6 +332,9 @@ class SurrogateCorrection:
     @property
     def members(self) -> int:
         return self.fitted.members
+
+    def host_kernel_s(self) -> tuple[float, float] | None:
+        return self.fitted.host
 
     def with_member(self, member: int | None) -> SurrogateCorrection:
         return SurrogateCorrection(self.fitted, member)

@@ -223,7 +223,7 @@ def test_cli_world_of_one_writes_the_csv_to_stdout_without_collectives() -> None
         torch.set_num_threads(threads)
     assert result.returncode == 0, result.stderr
     profile = parse_profile(result.stdout, "<stdout>")
-    assert_valid_profile(profile, ("gemm", "attention", "elementwise"))
+    assert_valid_profile(profile, ("gemm", "attention", "elementwise", "host"))
     assert "world size 1" in profile.meta["skipped_collectives"]
 
 
