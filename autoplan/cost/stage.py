@@ -120,7 +120,8 @@ def shard_of(plan: Plan) -> Shard:
                  layer_kernels=stack.layer_kernels,
                  host_kernel_s=host_f, host_backward_kernel_s=host_b,
                  kernel_efficiency=stack.compute_efficiency,
-                 sp_saves_gathered=stack.sp_saves_gathered)
+                 sp_saves_gathered=stack.sp_saves_gathered,
+                 moe_probs_in_activation=stack.moe_probs_in_activation)
 
 
 @memo(16384)

@@ -68,6 +68,10 @@ class Stack:
     # ColwiseParallel, torchtitan's TP plan), where Megatron's sequence-parallel linear saves
     # the local s/t shard and gathers it again in backward (Korthikanti et al. 2022, Sec. 4.2.2)
     sp_saves_gathered: bool = False
+    # MoE: the router's probabilities scale the experts' activation (Megatron-Core >= 0.13,
+    # GroupedMLP/TEGroupedMLP activation_func_with_probs), so the unpermute that sums the
+    # expert outputs back keeps nothing; False: it scales and keeps the expert outputs
+    moe_probs_in_activation: bool = False
     # an offloaded optimizer step: how its copies and CPU step overlap (vocab.OffloadOverlap)
     offload_overlap: OffloadOverlap = OffloadOverlap.NONE
     _hash: int = field(default=0, init=False, repr=False, compare=False)
@@ -96,6 +100,7 @@ class Stack:
             **({"zero3_max_live_params": self.zero3_max_live_params}
                if self.zero3_max_live_params else {}),
             **({"sp_saves_gathered": True} if self.sp_saves_gathered else {}),
+            **({"moe_probs_in_activation": True} if self.moe_probs_in_activation else {}),
             **({"offload_overlap": self.offload_overlap.value}
                if self.offload_overlap is not OffloadOverlap.NONE else {}),
         }
@@ -118,6 +123,7 @@ def read_stack(f: Fields) -> Stack | None:
     slowdown = f.float("comm_compute_slowdown", 0.0, min=0.0, max=0.9)
     live = f.float("zero3_max_live_params", 0.0, min=0.0, max=1e15)
     gathered = f.bool("sp_saves_gathered", False)
+    probs = f.bool("moe_probs_in_activation", False)
     offload = f.enum("offload_overlap", OffloadOverlap, OffloadOverlap.NONE)
     f.close()
     if len(f.problems) > before:
@@ -127,4 +133,5 @@ def read_stack(f: Fields) -> Stack | None:
                  cuda_graphs=graphs, host_kernel_s=host * 1e-6, step_overhead_s=step * 1e-3,
                  overlap_grad_reduce=grad, overlap_param_gather=gather,
                  comm_compute_slowdown=slowdown, zero3_max_live_params=live,
-                 sp_saves_gathered=gathered, offload_overlap=offload)
+                 sp_saves_gathered=gathered, moe_probs_in_activation=probs,
+                 offload_overlap=offload)

@@ -52,6 +52,7 @@ class Shard:
     host_backward_kernel_s: float = 0.0  # ... per backward kernel
     kernel_efficiency: float = 1.0  # of the device's kernel rates, what the stack sustains
     sp_saves_gathered: bool = False  # SP: TP GEMMs save their gathered input (Stack's field)
+    moe_probs_in_activation: bool = False  # MoE: no expert outputs kept (Stack's field)
     # memoized layer costs key on shards: hashed once (the fields are frozen)
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 

@@ -135,9 +135,11 @@ def moe_mlp_activation_bytes(model: Model, shard: Shard,
                              modules: frozenset[RecomputeModule] = frozenset()) -> float:
     """An MoE layer's MLP activations on the busiest rank: the router's fp32 logits, and
     per routed token copy (Megatron-Core GroupedMLP with the all-to-all dispatcher) the
-    permuted expert input, fc1's output, fc2's input and the expert output the combine
-    weights by the router probabilities; the shared experts as a dense MLP. Recomputing
-    ``shared_experts`` drops theirs, ``moe_act`` the activation's output (fc2's input)."""
+    permuted expert input, fc1's output, fc2's input and - where the combine scales the
+    expert outputs by the router's probabilities - those outputs (a stack that scales the
+    activation instead keeps none: ``Stack.moe_probs_in_activation``); the shared experts
+    as a dense MLP. Recomputing ``shared_experts`` drops theirs, ``moe_act`` the
+    activation's output (fc2's input)."""
     e, h, t = BF16_BYTES, model.hidden, shard.tp
     fc1 = 2 if model.activation.gated else 1
     router = shard.norm_tokens * model.experts * 4
@@ -146,7 +148,8 @@ def moe_mlp_activation_bytes(model: Model, shard: Shard,
     routed = shard.routed_tokens(model)
     kept = fc1 + (0 if RecomputeModule.MOE_ACT in modules else 1)  # fc1 output, fc2 input
     # with expert TP the input and output are gathered over etp ranks, the widths split
-    experts = routed * e * (2 * h * shard.etp + kept * model.expert_width)
+    outputs = 0 if shard.moe_probs_in_activation else 1
+    experts = routed * e * ((1 + outputs) * h * shard.etp + kept * model.expert_width)
     return router + shared + experts
 
 

@@ -229,3 +229,24 @@ def test_space_rules_refuse_a_dispatcher_the_launcher_does_not_run():
     plan = dataclasses.replace(_v3_plan(), moe_dispatch=MoeDispatch.DEEPEP)
     assert "moe_dispatch" in dict(space_problems(plan, load_space("torchtitan")))
     assert "moe_dispatch" not in dict(space_problems(plan, load_space("megatron")))
+
+
+# -- what an MoE layer keeps ----------------------------------------------------------------
+
+def test_megatron_core_keeps_no_expert_outputs_since_probs_scale_the_activation():
+    from autoplan.cost.stage import shard_of
+    from autoplan.kernels.memory import moe_mlp_activation_bytes
+
+    plan = _v3_plan()
+    core = shard_of(plan)
+    assert core.moe_probs_in_activation  # megatron-core.yaml: MCore >= 0.13
+    scaled = dataclasses.replace(core, moe_probs_in_activation=False)
+    copies = 4096 * 8  # tokens x top_k, imbalance 1
+    # by hand, per copy: expert input h, fc1 output 2f, fc2 input f (bf16); the scaling
+    # combine would keep each expert output (h) as well
+    router = 4096 * 256 * 4
+    shared = 4096 * 2 * 3 * 2048
+    kept = copies * 2 * (7168 + 3 * 2048)
+    assert moe_mlp_activation_bytes(V3, core) == pytest.approx(router + shared + kept)
+    assert moe_mlp_activation_bytes(V3, scaled) - moe_mlp_activation_bytes(V3, core) == \
+        pytest.approx(copies * 2 * 7168)
