@@ -44,6 +44,13 @@ class CpComm(str, enum.Enum):
     sequence (DeepSpeed-Ulysses, Jacobs et al. 2023)."""
 
 
+class StateDtype(str, enum.Enum):
+    """Precision of gradients or optimizer moments held and reduced in training."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+
 class MoeDispatch(str, enum.Enum):
     """How an MoE layer moves token copies to their experts' ranks and back."""
 

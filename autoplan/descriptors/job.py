@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoplan.descriptors.strict import Fields
-from autoplan.vocab import Dtype
+from autoplan.vocab import Dtype, StateDtype
 
 # The capacity factor at which Switch Transformer drops almost no tokens (Fedus et al.
 # 2022, Sec. 2.2 and Table 1): the busiest expert takes about 1.25x its fair share.
@@ -24,6 +24,12 @@ class Job:
     dtype: Dtype = Dtype.BF16
     # tokens the busiest expert-parallel rank receives over the mean (dropless routing)
     moe_imbalance: float = DEFAULT_MOE_IMBALANCE
+    # gradients accumulated and reduced in (Megatron-LM --grad-reduce-in-bf16; fp32 is its
+    # default for bf16 training), and Adam's moments kept in (the precision-aware optimizer,
+    # --use-precision-aware-optimizer --exp-avg-dtype/--exp-avg-sq-dtype); the master
+    # weights stay fp32 either way
+    main_grads: StateDtype = StateDtype.FP32
+    optimizer_states: StateDtype = StateDtype.FP32
 
     @property
     def tokens_per_step(self) -> int:
@@ -34,6 +40,10 @@ class Job:
                                "dtype": self.dtype.value}
         if self.moe_imbalance != DEFAULT_MOE_IMBALANCE:
             out["moe_imbalance"] = self.moe_imbalance
+        if self.main_grads is not StateDtype.FP32:
+            out["main_grads"] = self.main_grads.value
+        if self.optimizer_states is not StateDtype.FP32:
+            out["optimizer_states"] = self.optimizer_states.value
         return out
 
 
@@ -45,8 +55,14 @@ def read_job(f: Fields) -> Job | None:
         seq_len=f.int("seq_len", min=1, max=MAX_SEQ_LEN),
         dtype=f.enum("dtype", Dtype, Dtype.BF16),
         moe_imbalance=f.float("moe_imbalance", DEFAULT_MOE_IMBALANCE, min=1.0),
+        main_grads=f.enum("main_grads", StateDtype, StateDtype.FP32),
+        optimizer_states=f.enum("optimizer_states", StateDtype, StateDtype.FP32),
     )
     f.close()
     if len(f.problems) > before:
+        return None
+    if values["dtype"] is Dtype.FP16 and values["main_grads"] is StateDtype.BF16:
+        f.fail("main_grads", "bf16 gradients go with bf16 or fp8 training, not fp16 "
+               "(fp16 keeps fp16 gradients and an fp32 copy: Megatron-LM's distributed optimizer)")
         return None
     return Job(**values)

@@ -17,6 +17,7 @@ from autoplan.errors import InputError, Problem
 from autoplan.export import deepspeed, megatron, nemo, nodes, slurm, torchtitan
 from autoplan.parallel.rules import space_problems
 from autoplan.plan import Plan
+from autoplan.vocab import StateDtype, ZeroStage
 
 
 class Target(str, enum.Enum):
@@ -67,6 +68,17 @@ def refusals(plan: Plan, target: Target, launcher: Launcher = Launcher.MEGATRON)
     if plan.recompute_modules and not megatron_core:
         out.append(("recompute_modules", "selective recompute by module is Megatron-Core's "
                                          "(--recompute-modules); export to megatron or nemo"))
+    if plan.job.main_grads is not StateDtype.FP32 and not megatron_core:
+        out.append(("job.main_grads", "bf16 gradient reduction is exported to Megatron-LM "
+                                      "(--grad-reduce-in-bf16) and NeMo only"))
+    if plan.job.optimizer_states is not StateDtype.FP32:
+        if target is Target.NEMO or not megatron_core:
+            out.append(("job.optimizer_states", "bf16 optimizer states are exported to Megatron-LM "
+                                                "only (--use-precision-aware-optimizer "
+                                                "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16)"))
+        elif plan.zero < ZeroStage.OPTIMIZER:
+            out.append(("job.optimizer_states", "Megatron-LM's precision-aware optimizer runs "
+                                                "inside the distributed optimizer: zero >= 1"))
     if plan.ep_overlap and not megatron_core:
         out.append(("ep_overlap", "EP all-to-all overlap is Megatron-Core's "
                                   "(--overlap-moe-expert-parallel-comm); export to megatron or nemo"))

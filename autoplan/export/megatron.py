@@ -51,7 +51,17 @@ from autoplan.descriptors import pipeline_layout
 from autoplan.export.nodes import launch, pool_lines
 from autoplan.export.shell import Arg, bash_array, comment, continued, quote, slug
 from autoplan.plan import Plan
-from autoplan.vocab import Activation, CpComm, Dtype, MoeDispatch, Norm, Position, Recompute, ZeroStage
+from autoplan.vocab import (
+    Activation,
+    CpComm,
+    Dtype,
+    MoeDispatch,
+    Norm,
+    Position,
+    Recompute,
+    StateDtype,
+    ZeroStage,
+)
 
 FILENAME = "pretrain_megatron.sh"
 
@@ -178,7 +188,13 @@ def parallel_args(plan: Plan) -> list[Arg]:
         out.append(("--use-distributed-optimizer",))
     if plan.offload.optimizer:  # Megatron-Core's HybridDeviceOptimizer, all states on the CPU
         out += [("--optimizer-cpu-offload",), ("--optimizer-offload-fraction", "1.0"),
-                ("--use-precision-aware-optimizer",), ("--overlap-cpu-optimizer-d2h-h2d",)]
+                ("--overlap-cpu-optimizer-d2h-h2d",)]
+    if plan.offload.optimizer or plan.job.optimizer_states is StateDtype.BF16:
+        out.append(("--use-precision-aware-optimizer",))
+    if plan.job.optimizer_states is StateDtype.BF16:  # Adam's moments in bf16, master fp32
+        out += [("--exp-avg-dtype", "bf16"), ("--exp-avg-sq-dtype", "bf16")]
+    if plan.job.main_grads is StateDtype.BF16:  # else Megatron-LM accumulates bf16 grads in fp32
+        out.append(("--grad-reduce-in-bf16",))
     if lay.dp > 1 or lay.cp > 1:
         out.append(("--overlap-grad-reduce",))
         if plan.zero >= ZeroStage.OPTIMIZER:

@@ -28,7 +28,7 @@ import yaml
 from autoplan.export.megatron import layout_string
 from autoplan.export.shell import comment
 from autoplan.plan import Plan
-from autoplan.vocab import CpComm, Dtype, MoeDispatch, Recompute, ZeroStage
+from autoplan.vocab import CpComm, Dtype, MoeDispatch, Recompute, StateDtype, ZeroStage
 
 FILENAME = "nemo_overrides.yaml"
 
@@ -89,7 +89,8 @@ def overrides(plan: Plan) -> dict[str, Any]:
              "use_precision_aware_optimizer": True, "overlap_cpu_optimizer_d2h_h2d": True}
             if plan.offload.optimizer else {})},
         "ddp": {"use_distributed_optimizer": distributed, "overlap_grad_reduce": True,
-                "overlap_param_gather": distributed},
+                "overlap_param_gather": distributed,
+                "grad_reduce_in_fp32": plan.job.main_grads is StateDtype.FP32},
         "dataset": {"sequence_length": plan.job.seq_len},
         "mixed_precision": _PRECISION[plan.job.dtype],
     }

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.stack import AttentionKernel
 from autoplan.kernels.layer import BF16_BYTES, Shard
-from autoplan.vocab import Dtype, Recompute, RecomputeModule, ZeroStage
+from autoplan.vocab import Dtype, Recompute, RecomputeModule, StateDtype, ZeroStage
 
 # What the search leaves free on a device by default, beyond a plan's predicted peak (whose
 # ``other`` already holds the device's fixed reserve): PyTorch's caching allocator splits
@@ -54,17 +54,24 @@ _FP16_STATES = BytesPerParam(weights=2, grads=2, optimizer=16)
 _BF16_STATES = BytesPerParam(weights=2, grads=4, optimizer=12)
 
 
-def bytes_per_param(dtype: Dtype) -> BytesPerParam:
+def bytes_per_param(dtype: Dtype, main_grads: StateDtype = StateDtype.FP32,
+                    moments: StateDtype = StateDtype.FP32) -> BytesPerParam:
     """Bytes per parameter of weights, gradients and optimizer states by training dtype
-    (``_FP16_STATES``, ``_BF16_STATES``)."""
-    return _FP16_STATES if dtype is Dtype.FP16 else _BF16_STATES
+    (``_FP16_STATES``, ``_BF16_STATES``); bf16 gradients (Megatron-LM --grad-reduce-in-bf16)
+    hold 2 bytes where fp32 ones hold 4, and the precision-aware optimizer's bf16 moments
+    (--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16; master weights fp32) 2 + 2 of Adam's 8."""
+    per = _FP16_STATES if dtype is Dtype.FP16 else _BF16_STATES
+    grads = 2.0 if main_grads is StateDtype.BF16 else per.grads
+    optimizer = per.optimizer - (4.0 if moments is StateDtype.BF16 else 0.0)
+    return BytesPerParam(weights=per.weights, grads=grads, optimizer=optimizer)
 
 
 def sharded_state_bytes(
-    params: float, dtype: Dtype, zero: ZeroStage, shard_group: int
+    params: float, dtype: Dtype, zero: ZeroStage, shard_group: int,
+    main_grads: StateDtype = StateDtype.FP32, moments: StateDtype = StateDtype.FP32,
 ) -> BytesPerParam:
     """Bytes on one rank for ``params`` parameters under a ZeRO stage over ``shard_group`` ranks."""
-    per = bytes_per_param(dtype)
+    per = bytes_per_param(dtype, main_grads, moments)
     d = shard_group
     return BytesPerParam(
         weights=params * per.weights / (d if zero >= ZeroStage.PARAMETERS else 1),

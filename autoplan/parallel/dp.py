@@ -16,7 +16,7 @@ from autoplan.caches import memo
 from autoplan.kernels import comm, memory, offload
 from autoplan.kernels.layer import BF16_BYTES
 from autoplan.parallel.common import Rule, Scope
-from autoplan.vocab import Axis, Dtype, Offload, ZeroStage
+from autoplan.vocab import Axis, Dtype, Offload, StateDtype, ZeroStage
 
 if TYPE_CHECKING:
     from autoplan.descriptors.hardware import Cluster
@@ -125,9 +125,10 @@ def offload_choices(lay: Layout, zero: ZeroStage, cluster: Cluster,
 
 # ----------------------------------------------------------------------------- memory
 
-def grad_bytes(dtype: Dtype) -> float:
-    """Bytes per gradient element reduced: Megatron-LM reduces bf16 grads in fp32."""
-    return memory.bytes_per_param(dtype).grads
+def grad_bytes(dtype: Dtype, main_grads: StateDtype = StateDtype.FP32) -> float:
+    """Bytes per gradient element reduced: Megatron-LM reduces bf16 grads in fp32 unless
+    told to reduce them in bf16 (``Job.main_grads``)."""
+    return memory.bytes_per_param(dtype, main_grads).grads
 
 
 def state_bytes(plan: Plan, params: float, expert_params: float) -> memory.BytesPerParam:
@@ -135,9 +136,12 @@ def state_bytes(plan: Plan, params: float, expert_params: float) -> memory.Bytes
     states over dp x cp and the experts' over the expert-data-parallel group (Megatron-Core
     distributed optimizer)."""
     lay = plan.layout
-    dense = memory.sharded_state_bytes(params, plan.job.dtype, plan.zero, lay.dp * lay.cp)
+    job = plan.job
+    precision = (job.main_grads, job.optimizer_states)
+    dense = memory.sharded_state_bytes(params, job.dtype, plan.zero, lay.dp * lay.cp, *precision)
     if expert_params:
-        experts = memory.sharded_state_bytes(expert_params, plan.job.dtype, plan.zero, lay.edp)
+        experts = memory.sharded_state_bytes(expert_params, job.dtype, plan.zero, lay.edp,
+                                             *precision)
         dense = memory.BytesPerParam(weights=dense.weights + experts.weights,
                                      grads=dense.grads + experts.grads,
                                      optimizer=dense.optimizer + experts.optimizer)
@@ -190,10 +194,12 @@ def zero3_exposed(plan: Plan, groups: dict[Axis, comm.Group], params: float,
     if plan.zero is not ZeroStage.PARAMETERS or groups[Axis.DP].size <= 1:
         return 0.0, 0.0
     gather = comm.all_gather(params * BF16_BYTES, groups[Axis.DP])
-    scatter = comm.reduce_scatter(params * grad_bytes(plan.job.dtype), groups[Axis.DP])
+    scatter = comm.reduce_scatter(params * grad_bytes(plan.job.dtype, plan.job.main_grads),
+                                  groups[Axis.DP])
     if expert_params:
         gather += comm.all_gather(expert_params * BF16_BYTES, groups[Axis.EDP])
-        scatter += comm.reduce_scatter(expert_params * grad_bytes(plan.job.dtype),
+        scatter += comm.reduce_scatter(expert_params * grad_bytes(plan.job.dtype,
+                                                                  plan.job.main_grads),
                                        groups[Axis.EDP])
     slow = plan.stack.comm_compute_slowdown
     first = gather / max(1, layers)  # the first layer's gather, before any compute
@@ -290,13 +296,14 @@ def grad_sync_least(plan: Plan, groups: dict[Axis, comm.Group], params: float,
 
 @memo(16384)
 def _sync_seconds(zero: ZeroStage, dtype: Dtype, params: float, expert_params: float,
-                  dp: comm.Group, edp: comm.Group) -> tuple[float, float]:
+                  dp: comm.Group, edp: comm.Group,
+                  main_grads: StateDtype = StateDtype.FP32) -> tuple[float, float]:
     """(reduction, parameter all-gather) seconds of one stage's gradient sync."""
     reduce_s = gather_s = 0.0
     for n, group in ((params, dp), (expert_params, edp)):
         if not n or group.size <= 1:
             continue
-        grads = n * grad_bytes(dtype)
+        grads = n * grad_bytes(dtype, main_grads)
         if zero is ZeroStage.NONE:
             reduce_s += comm.all_reduce(grads, group)
         else:
@@ -323,7 +330,7 @@ def _exposed(plan: Plan, groups: dict[Axis, comm.Group], params: float, expert_p
     ``forward`` (--overlap-param-gather; None: not known, so at least its slowed share). A
     stack that overlaps neither runs them exposed."""
     reduce_s, gather_s = _sync_seconds(plan.zero, plan.job.dtype, params, expert_params,
-                                       groups[Axis.DP], groups[Axis.EDP])
+                                       groups[Axis.DP], groups[Axis.EDP], plan.job.main_grads)
     stack = plan.stack
     slow = stack.comm_compute_slowdown
     if stack.overlap_grad_reduce:
@@ -400,4 +407,8 @@ def optimizer_seconds_per_param(plan: Plan) -> float:
     if plan.offload.optimizer:
         return offload.optimizer_seconds_per_param(plan)
     device = plan.cluster.device
-    return ADAM_BYTES_PER_PARAM / (device.hbm_Bps * device.hbm_efficiency)
+    job = plan.job
+    # bf16 gradients read 2 bytes fewer; bf16 moments read and write 2 x 2 fewer
+    moved = (ADAM_BYTES_PER_PARAM - (2 if job.main_grads is StateDtype.BF16 else 0)
+             - (8 if job.optimizer_states is StateDtype.BF16 else 0))
+    return moved / (device.hbm_Bps * device.hbm_efficiency)

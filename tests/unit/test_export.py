@@ -41,6 +41,7 @@ from autoplan.vocab import (
     Offload,
     Recompute,
     RecomputeModule,
+    StateDtype,
     ZeroStage,
 )
 from tests.helpers import autoplan, make_plan
@@ -101,6 +102,13 @@ CASES: dict[str, tuple[Callable[[], Plan], list[tuple[Target, Launcher]]]] = {
                           sequence_parallel=True, offload=Offload(optimizer=True)),
         [(Target.MEGATRON, Launcher.MEGATRON), (Target.NEMO, Launcher.MEGATRON),
          (Target.SLURM, Launcher.MEGATRON)]),
+    "llama3-70b-64xh100-megatron-bf16-states": (
+        lambda: dataclasses.replace(
+            (p := make_plan("llama3-70b", gpus=64, global_batch=256, dp=8, tp=8,
+                            sequence_parallel=True)),
+            job=dataclasses.replace(p.job, main_grads=StateDtype.BF16,
+                                    optimizer_states=StateDtype.BF16)),
+        [(Target.MEGATRON, Launcher.MEGATRON)]),
     "llama3-70b-8xh100-deepspeed-offload": (
         lambda: make_plan("llama3-70b", gpus=8, global_batch=64, seq_len=8192, dp=8,
                           recompute=Recompute.FULL, zero=ZeroStage.PARAMETERS,
@@ -275,8 +283,9 @@ MEGATRON_TRAINING = {"seq_length", "max_position_embeddings", "position_embeddin
                      "eval_interval", "eval_iters", "mock_data", "tokenizer_type", "vocab_size",
                      "group_query_attention", "swiglu", "squared_relu", "disable_bias_linear"}
 # arguments Megatron-LM turns into its OptimizerConfig (megatron/training/training.py)
-MEGATRON_OPTIMIZER = {"optimizer_cpu_offload", "optimizer_offload_fraction",
-                      "use_precision_aware_optimizer", "overlap_cpu_optimizer_d2h_h2d"}
+MEGATRON_OFFLOAD = {"optimizer_cpu_offload", "optimizer_offload_fraction",
+                    "use_precision_aware_optimizer", "overlap_cpu_optimizer_d2h_h2d"}
+MEGATRON_OPTIMIZER = MEGATRON_OFFLOAD | {"exp_avg_dtype", "exp_avg_sq_dtype", "grad_reduce_in_bf16"}
 
 
 def megatron_config(args: dict[str, list[str]]) -> Any:
@@ -769,13 +778,36 @@ def test_an_offloaded_optimizer_exports_megatron_cores_cpu_offload_options(tmp_p
     args = flags(torchrun_args(commands[0]).training_script_args)
     kw = {name: True if not values else _number(values[0])
           for name, values in args.items() if name in MEGATRON_OPTIMIZER}
-    assert set(kw) == MEGATRON_OPTIMIZER
+    assert set(kw) == MEGATRON_OFFLOAD
     cfg = OptimizerConfig(optimizer="adam", bf16=True, use_distributed_optimizer=True, **kw)
     assert cfg.optimizer_cpu_offload and cfg.optimizer_offload_fraction == 1.0
     assert cfg.overlap_cpu_optimizer_d2h_h2d
     assert "use_distributed_optimizer" in args
     nemo = yaml.safe_load(exported(case, Target.NEMO)["nemo_overrides.yaml"])["optimizer"]
     assert OptimizerConfig(optimizer="adam", bf16=True, **nemo).optimizer_cpu_offload
+
+
+@pytest.mark.torch
+def test_bf16_gradients_and_moments_export_megatrons_precision_aware_optimizer(tmp_path: Path) -> None:
+    """--grad-reduce-in-bf16 and the precision-aware optimizer's bf16 moments (master weights
+    fp32) build Megatron-Core's OptimizerConfig, as Megatron-LM maps the dtype names."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from megatron.core.optimizer import OptimizerConfig
+    case = "llama3-70b-64xh100-megatron-bf16-states"
+    commands, _ = run_script(tmp_path, exported(case, Target.MEGATRON), "pretrain_megatron.sh")
+    args = flags(torchrun_args(commands[0]).training_script_args)
+    assert args["exp_avg_dtype"] == args["exp_avg_sq_dtype"] == ["bf16"]
+    assert "grad_reduce_in_bf16" in args and "use_distributed_optimizer" in args
+    # OptimizerConfig's fields (building one needs Transformer Engine's FusedAdam); the
+    # master weights stay fp32 by default
+    fields = {f.name: f for f in dataclasses.fields(OptimizerConfig)}
+    assert {"exp_avg_dtype", "exp_avg_sq_dtype", "use_precision_aware_optimizer"} <= set(fields)
+    assert fields["main_params_dtype"].default == torch.float32
+    plan = CASES[case][0]()
+    assert dict(refusals(plan, Target.NEMO))["job.optimizer_states"]
+    assert dict(refusals(dataclasses.replace(plan, zero=ZeroStage.NONE),
+                         Target.MEGATRON))["job.optimizer_states"].endswith("zero >= 1")
 
 
 @pytest.mark.torch

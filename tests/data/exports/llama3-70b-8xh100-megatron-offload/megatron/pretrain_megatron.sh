@@ -57,8 +57,8 @@ PARALLEL_ARGS=(
     --use-distributed-optimizer
     --optimizer-cpu-offload
     --optimizer-offload-fraction 1.0
-    --use-precision-aware-optimizer
     --overlap-cpu-optimizer-d2h-h2d
+    --use-precision-aware-optimizer
 )
 BATCH_ARGS=(
     --micro-batch-size 1
