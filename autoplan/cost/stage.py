@@ -96,15 +96,16 @@ class StageWork:
 
 
 def host_kernel_seconds(plan: Plan) -> tuple[float, float]:
-    """Host seconds to issue one kernel of a layer's forward and backward: none under CUDA
-    graphs (the step is replayed); measured on the device's host where its profile has
-    ``host`` rows (``bench/host.py``); else the stack's prior (``host_kernel_us``)."""
+    """Host seconds of a layer's forward per kernel it launches, and of its backward per
+    forward kernel: none under CUDA graphs (the step is replayed); measured on the device's
+    host where its profile has ``host`` rows (``bench/host.py``); else the stack's prior
+    (``host_kernel_us``), the backward launching twice the forward's kernels."""
     stack = plan.stack
     if stack.cuda_graphs:
         return 0.0, 0.0
     correction = plan.cluster.device.correction
     measured = correction.host_kernel_s() if correction is not None else None
-    return measured or (stack.host_kernel_s, stack.host_kernel_s)
+    return measured or (stack.host_kernel_s, 2 * stack.host_kernel_s)
 
 
 @memo(16384)

@@ -62,8 +62,9 @@ class Correction(Protocol):
         ...
 
     def host_kernel_s(self) -> tuple[float, float] | None:
-        """Measured host seconds to issue one kernel of an eager layer's (forward,
-        backward) pass (the profile's ``host`` rows); None where it measured none."""
+        """Measured host seconds of an eager layer's forward per kernel it issues, and of
+        its backward per forward kernel (the profile's ``host`` rows); None where it
+        measured none."""
         ...
 
 

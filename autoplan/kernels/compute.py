@@ -394,12 +394,15 @@ def _fixed_costs(shard: Shard, device: Device, forward: float, backward_input: f
     """A layer's passes with their fixed costs: each kernel's GPU-side gap (launch
     latency, ramp-up and tail), and the host's dispatch as a floor - a pass cannot finish
     before the host has launched its kernels (eager PyTorch runs ahead of the GPU only
-    while kernels outlast their launch). The backward launches twice the forward's
-    kernels (input and weight gradients), split between B and W by their GPU time."""
+    while kernels outlast their launch). The backward's GPU side launches twice the
+    forward's kernels (input and weight gradients); its host side takes
+    ``host_backward_kernel_s`` per forward kernel (twice the forward's rate by the stack's
+    prior; measured where a profile has ``host`` rows). Split between B and W by their
+    GPU time."""
     k = shard.layer_kernels
     forward = max(forward + k * device.kernel_gap_s, k * shard.host_kernel_s)
     gpu_b = backward_input + backward_weight + 2 * k * device.kernel_gap_s
-    total_b = max(gpu_b, 2 * k * shard.host_backward_kernel_s)
+    total_b = max(gpu_b, k * shard.host_backward_kernel_s)
     scale = total_b / (backward_input + backward_weight)
     return forward, backward_input * scale, backward_weight * scale
 

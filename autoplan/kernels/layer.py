@@ -49,7 +49,7 @@ class Shard:
     attention_kernel: AttentionKernel = AttentionKernel.FLASH2
     layer_kernels: int = 0  # forward kernels per layer (backward: twice as many)
     host_kernel_s: float = 0.0  # host dispatch per forward kernel (0 under CUDA graphs)
-    host_backward_kernel_s: float = 0.0  # ... per backward kernel
+    host_backward_kernel_s: float = 0.0  # host time of the backward per forward kernel
     kernel_efficiency: float = 1.0  # of the device's kernel rates, what the stack sustains
     sp_saves_gathered: bool = False  # SP: TP GEMMs save their gathered input (Stack's field)
     moe_probs_in_activation: bool = False  # MoE: no expert outputs kept (Stack's field)

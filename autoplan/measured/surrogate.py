@@ -258,12 +258,15 @@ class _Fitted:
             most = self.reach.get(rec["op"], (0, 0))
             self.reach[rec["op"]] = (max(most[0], ranks), max(most[1], domains))
         self.ones: _Entry = (1.0, [1.0] * self.members)
-        # host seconds per issued kernel, forward and backward: the median of the rows
+        # host seconds per issued forward kernel, and of the backward per forward kernel
+        # (its pass issues k_b kernels to the forward's k_f): medians of the rows
         host = profile.of_kind("host")
-        per_op = {op: float(host.loc[host["op"] == op, "seconds"].median())
-                  for op in ("layer_forward", "layer_backward") if (host["op"] == op).any()}
-        self.host: tuple[float, float] | None = (
-            (per_op["layer_forward"], per_op["layer_backward"]) if len(per_op) == 2 else None)
+        passes = {op: (float(rows["seconds"].median()), float(rows["k"].median()))
+                  for op, rows in host.groupby("op")}
+        self.host: tuple[float, float] | None = None
+        if {"layer_forward", "layer_backward"} <= set(passes):
+            (f_s, f_k), (b_s, b_k) = passes["layer_forward"], passes["layer_backward"]
+            self.host = (f_s, b_s * b_k / f_k)
         self.cache: dict[tuple[Any, ...], _Entry] = {}
 
     def predict(self, kind: str, features: tuple[float, ...]) -> _Entry:

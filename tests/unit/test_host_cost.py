@@ -50,12 +50,15 @@ def test_the_probe_measures_a_forward_and_a_backward_row_the_profile_reader_take
 
 def test_a_profile_with_host_rows_replaces_the_stacks_prior():
     plan = make_plan("gpt-1.7b", cluster="dgx-h100", gpus=8, dp=8, global_batch=8, seq_len=128)
-    assert host_kernel_seconds(plan) == (plan.stack.host_kernel_s, plan.stack.host_kernel_s)
+    prior = plan.stack.host_kernel_s
+    assert host_kernel_seconds(plan) == (prior, 2 * prior)  # the backward: twice the kernels
     text = format_profile(META, synthetic_rows() + _host_rows(30e-6, 12e-6))
     measured = dataclasses.replace(plan, cluster=calibrate(plan.cluster, parse_profile(text, "h.csv")))
-    assert host_kernel_seconds(measured) == pytest.approx((30e-6, 12e-6))
+    # by hand: the backward's 56 kernels at 12 us per forward kernel of 43
+    assert host_kernel_seconds(measured) == pytest.approx((30e-6, 12e-6 * 56 / 43))
     shard = shard_of(measured)
-    assert (shard.host_kernel_s, shard.host_backward_kernel_s) == pytest.approx((30e-6, 12e-6))
+    assert (shard.host_kernel_s, shard.host_backward_kernel_s) == pytest.approx(
+        (30e-6, 12e-6 * 56 / 43))
     # a tiny step is host-bound: 3x the prior per forward kernel slows it
     assert evaluate(measured).step_time_s > evaluate(plan).step_time_s
     graphs = dataclasses.replace(measured, stack=dataclasses.replace(
@@ -67,4 +70,4 @@ def test_a_profile_without_host_rows_keeps_the_prior():
     plan = make_plan("gpt-1.7b", cluster="dgx-h100", gpus=8, dp=8, global_batch=8, seq_len=128)
     text = format_profile(META, synthetic_rows())
     measured = dataclasses.replace(plan, cluster=calibrate(plan.cluster, parse_profile(text, "h.csv")))
-    assert host_kernel_seconds(measured) == (plan.stack.host_kernel_s, plan.stack.host_kernel_s)
+    assert host_kernel_seconds(measured) == (plan.stack.host_kernel_s, 2 * plan.stack.host_kernel_s)
