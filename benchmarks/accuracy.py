@@ -993,8 +993,36 @@ def _report(args: argparse.Namespace, log: Callable[[str], None], t0: float) -> 
         print_markdown(rep)
     else:
         print_text(rep)
+        print_kernel_checks()
     print(f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
     return 0
+
+
+def print_kernel_checks(out=sys.stdout) -> None:
+    """What no calibration row exercises, checked at the kernel level: MoE dispatch against
+    DeepEP's published bandwidths (benchmarks/moe_dispatch.py), and the host time per
+    launched kernel measured by benchmarks/host_dispatch.py (saved under benchmarks/host/)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    out.write("\nkernel-level checks (no calibration row runs MoE or is host-bound):\n")
+    spec = importlib.util.spec_from_file_location("moe_dispatch", here / "moe_dispatch.py")
+    assert spec is not None and spec.loader is not None
+    moe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(moe)
+    moe.main()
+    out.write("host time per launched kernel, eager decoder layer (benchmarks/host_dispatch.py; "
+              "stacks' prior 10 us):\n")
+    for path in sorted(here.glob("host/*-dispatch.json")):
+        runs = json.loads(path.read_text())
+        fwd = sorted(r[0]["seconds"] for r in runs["runs"])[len(runs["runs"]) // 2]
+        bwd = sorted(r[1]["seconds"] for r in runs["runs"])[len(runs["runs"]) // 2]
+        k_f, k_b = runs["runs"][0][0]["k"], runs["runs"][0][1]["k"]
+        out.write(f"  {path.name}: {runs['device']} ({runs['device_name']}), torch {runs['torch']}: "
+                  f"forward {fwd * 1e6:.2f} us x {k_f} kernels, backward {bwd * 1e6:.2f} us x "
+                  f"{k_b} kernels\n")
 
 
 if __name__ == "__main__":
