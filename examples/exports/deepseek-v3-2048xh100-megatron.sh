@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Megatron-LM pretraining for deepseek-v3 on 2048 x h100-sxm (256 x 8 GPUs, dgx-h100), exported by autoplan.
-# plan: dp=32 tp=2 pp=16 cp=2 ep=8 etp=1, micro batch 1, global batch 15360 x 4096 tokens, bf16, 1f1b, recompute none, zero 1, stages [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 1]
+# plan: dp=32 tp=2 pp=16 cp=2 ep=16 etp=1, micro batch 1, global batch 15360 x 4096 tokens, bf16, 1f1b, recompute none, zero 1, stages [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 1]
 # Extra arguments after the script name go to pretrain_gpt.py last (they win).
 # Run it on each of the 256 nodes with NODE_RANK and MASTER_ADDR set (or use the slurm export).
 set -euo pipefail
@@ -78,9 +78,10 @@ MOE_ARGS=(
     --num-experts 256
     --moe-router-topk 8
     --moe-ffn-hidden-size 2048
-    --expert-model-parallel-size 8
+    --expert-model-parallel-size 16
     --expert-tensor-parallel-size 1
-    --moe-token-dispatcher-type alltoall
+    --moe-token-dispatcher-type flex
+    --moe-flex-dispatcher-backend deepep
     --moe-grouped-gemm
     --moe-router-num-groups 8
     --moe-router-group-topk 4
