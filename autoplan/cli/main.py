@@ -22,7 +22,7 @@ from autoplan.errors import AutoplanError, InputError, Problem
 from autoplan.plan import Plan, Prediction
 from autoplan.serving.engine import Engine
 from autoplan.units import MAX_MONEY, GiB, MiB
-from autoplan.vocab import NO_OFFLOAD, Dtype
+from autoplan.vocab import NO_OFFLOAD, Dtype, RecomputeModule
 from autoplan.whatif.economics import Objective
 
 if TYPE_CHECKING:
@@ -92,6 +92,18 @@ def _yaml(doc: Any) -> str:
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)
 
 
+def _recompute_modules_option(text: str) -> tuple[RecomputeModule, ...]:
+    """``--recompute-modules moe_act,layernorm``: Megatron-Core's module names, each once."""
+    names = [n.strip() for n in text.split(",")]
+    known = {m.value: m for m in RecomputeModule}
+    bad = [n for n in names if n not in known]
+    if bad or not names or len(set(names)) != len(names):
+        raise InputError.single("--recompute-modules", "", (
+            f"expected a comma-separated list of distinct modules from {', '.join(known)}, "
+            f"got {text!r}"))
+    return tuple(known[n] for n in names)
+
+
 @app.command()
 def search(
     job_file: Annotated[Path | None, typer.Argument(
@@ -135,6 +147,10 @@ def search(
     no_offload: Annotated[bool, typer.Option(
         "--no-offload", help="Keep optimizer states and activations on the GPUs (the space "
                              "may otherwise offload them to host memory).")] = False,
+    recompute_modules: Annotated[str | None, typer.Option(
+        "--recompute-modules", help="What selective recompute recomputes in this search, "
+                                    "Megatron-Core's modules: e.g. moe_act,layernorm,mla_up_proj "
+                                    "(default: the attention core).")] = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Rank the plans that fit: exit 0 found, 1 none fits, 2 bad input."""
@@ -158,6 +174,9 @@ def search(
                         moe_imbalance=moe_imbalance, profile=profile, stack=stack)
     if no_offload:
         req = dataclasses.replace(req, space=dataclasses.replace(req.space, offload=(NO_OFFLOAD,)))
+    if recompute_modules is not None:
+        req = dataclasses.replace(req, space=dataclasses.replace(
+            req.space, recompute_modules=_recompute_modules_option(recompute_modules)))
     if req.pools is not None:
         if whatif is not None:
             raise InputError.single("--train-tokens", "", f"cluster {req.pools.name} has pools: "

@@ -393,6 +393,12 @@ def _stage_terms(plan: Plan, first: bool, last: bool, mtp: int, layers: int,
 
 
 @memo(4096)
+def module_recompute(plan: Plan) -> tuple[float, float]:
+    """(a dense layer's, an MoE layer's) seconds of recomputing the modules ``plan``'s
+    selective recompute names, as ``_stage`` charges them (the search's bounds read it)."""
+    return _module_recompute(_layer_key(plan), plan.recomputed)
+
+
 def _module_recompute(plan: Plan, modules: frozenset[RecomputeModule]) -> tuple[float, float]:
     """(a dense layer's, an MoE layer's) seconds of recomputing ``modules`` in backward
     (``plan``: a ``_layer_key``): each module's forward (``compute.module_forward``), the

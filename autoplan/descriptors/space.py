@@ -13,7 +13,7 @@ from autoplan.descriptors.strict import Fields, did_you_mean, read_yaml, shown
 from autoplan.errors import InputError, Problem
 from autoplan.resources import searchspace_dir
 from autoplan.schedules import Schedule
-from autoplan.vocab import NO_OFFLOAD, CpComm, MoeDispatch, Offload, Recompute, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, CpComm, MoeDispatch, Offload, Recompute, RecomputeModule, ZeroStage
 
 
 class StageShape(str, enum.Enum):
@@ -51,6 +51,9 @@ class SearchSpace:
     # MoE token dispatchers the launcher runs; a search takes the fastest for each layout
     # with ep > 1 (``ep.dispatch_for``)
     moe_dispatch: tuple[MoeDispatch, ...] = (MoeDispatch.ALLTOALL,)
+    # what selective recompute recomputes in this search (Megatron-Core's
+    # --recompute-modules; empty: the attention core)
+    recompute_modules: tuple[RecomputeModule, ...] = ()
     # plain data parallel (zero 0) with tensor or pipeline parallelism: False where the
     # launcher's DDP runs only one-dimensional (torchtitan: "DDP has not supported > 1D
     # parallelism", torchtitan/distributed/parallel_dims.py)
@@ -102,6 +105,7 @@ def read_space(data: Any, source: str) -> SearchSpace:
     cp_comm = _choices(f, "cp_comm", CpComm) if f.has("cp_comm") else (CpComm.RING,)
     dispatch = (_choices(f, "moe_dispatch", MoeDispatch) if f.has("moe_dispatch")
                 else (MoeDispatch.ALLTOALL,))
+    modules = _choices(f, "recompute_modules", RecomputeModule) if f.has("recompute_modules") else ()
     plain_dp_mp = f.bool("plain_dp_with_model_parallel", True)
     offloads = _offload_choices(f)
     stack = default_stack()
@@ -122,6 +126,7 @@ def read_space(data: Any, source: str) -> SearchSpace:
         sequence_parallel=tuple(sorted(sp, reverse=True)), stage_shape=shape,
         ep_max=ep_max, etp=etp, cp_comm=tuple(c for c in CpComm if c in cp_comm), stack=stack,
         moe_dispatch=tuple(d for d in MoeDispatch if d in dispatch),
+        recompute_modules=tuple(m for m in RecomputeModule if m in modules),
         plain_dp_with_model_parallel=plain_dp_mp, offload=offloads,
     )
 

@@ -20,7 +20,7 @@ from autoplan.cost.bounds import (
     stage_work,
     step_time_lower_bound,
 )
-from autoplan.cost.stage import LayerCore, activation_bytes, layer_core
+from autoplan.cost.stage import LayerCore, activation_bytes, layer_core, module_recompute
 from autoplan.parallel import dp, mesh, pp
 from autoplan.plan import Layout, Plan
 from autoplan.schedules import Schedule
@@ -28,7 +28,7 @@ from autoplan.schedules.registry import representative
 from autoplan.search.context import Context
 from autoplan.search.items import Group, Sched
 from autoplan.search.stages import split_bound
-from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, RecomputeModule, ZeroStage
 
 # the V schedule whose stage work stands for every V's in the bounds (the work of a
 # stage reads only whether its schedule is a V and splits the backward: cost.stage.cost_key)
@@ -107,6 +107,11 @@ class TimeBounds:
                        + core.ep_layer)
             if plan.recompute is Recompute.FULL:
                 per_dense, per_moe = per_dense + forward, per_moe + forward_moe
+            elif plan.recompute is Recompute.SELECTIVE and plan.recompute_modules:
+                own = plan if cp_comm is plan.cp_comm else plan.replace(cp_comm=cp_comm)
+                dense_s, moe_s = module_recompute(own)
+                per_dense += dense_s
+                per_moe += moe_s + (core.ep_layer if RecomputeModule.MOE in plan.recomputed else 0)
             elif plan.recompute is Recompute.SELECTIVE:
                 per_dense += lt.attention_forward
                 per_moe += lt_moe.attention_forward

@@ -20,7 +20,7 @@ from autoplan.plan import Layout, Plan
 from autoplan.schedules import Schedule
 from autoplan.search.items import Sched
 from autoplan.search.stages import chunks_of
-from autoplan.vocab import CpComm, Recompute, ZeroStage
+from autoplan.vocab import CpComm, Recompute, RecomputeModule, ZeroStage
 
 
 class Context:
@@ -42,7 +42,16 @@ class Context:
         return Plan(model=self.model, cluster=self.cluster, job=self.job, stack=self.space.stack, layout=lay,
                     micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=recompute,
                     zero=zero, sequence_parallel=sp, cp_comm=cp_comm,
-                    moe_dispatch=ep.dispatch_for(self.model, self.cluster, lay, self.space))
+                    moe_dispatch=ep.dispatch_for(self.model, self.cluster, lay, self.space),
+                    recompute_modules=self.modules(recompute))
+
+    def modules(self, recompute: Recompute) -> tuple[RecomputeModule, ...]:
+        """What a plan at ``recompute`` recomputes by module: the space's, with selective."""
+        return self.space.recompute_modules if recompute is Recompute.SELECTIVE else ()
+
+    def recomputed(self, plan: Plan, recompute: Recompute) -> Plan:
+        """``plan`` at ``recompute``, with the space's modules where selective."""
+        return plan.replace(recompute=recompute, recompute_modules=self.modules(recompute))
 
     def at_vpp(self, lay: Layout, vpp: int) -> Layout:
         """``lay`` at ``vpp`` chunks, built once per (layout, vpp)."""

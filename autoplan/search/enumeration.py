@@ -130,7 +130,7 @@ class Enumeration:
             return [group]
         out = []
         for i, rc in enumerate(group.recomputes):
-            plan = group.plan.replace(recompute=rc)
+            plan = self.ctx.recomputed(group.plan, rc)
             bound = group.bound if i == 0 else max(
                 group.bound, self.bounds.layout_floor(plan, group.cp_comms, group.runnable))
             # (a ZeRO-3 group's floor at its recompute is its own ZeRO-3 floor)

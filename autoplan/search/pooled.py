@@ -63,7 +63,7 @@ from autoplan.search.engine import (
     rank_key,
     search,
 )
-from autoplan.vocab import NO_OFFLOAD, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, Recompute, ZeroStage
 
 MAX_ALL_ORDERS = 3  # pools whose every order along the pipeline is tried
 _BISECTIONS = 60  # at most; the bisection stops within _TOLERANCE of the least bottleneck
@@ -307,7 +307,9 @@ def _groups(model: Model, cluster: PooledCluster, job: Job, space: SearchSpace,
                                       layout=lay, micro_batch=mbs, schedule=sched,
                                       recompute=recompute, zero=zero, sequence_parallel=sp,
                                       cp_comm=exchange, stack=space.stack, placement=placement,
-                                      moe_dispatch=dispatch)
+                                      moe_dispatch=dispatch,
+                                      recompute_modules=space.recompute_modules
+                                      if recompute is Recompute.SELECTIVE else ())
                                  for sched, zero in itertools.product(schedules, zeros)]
                         stats.generated += len(plans)
                         # what the group shares is decided once (rules of the scopes up

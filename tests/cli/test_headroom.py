@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from autoplan.kernels.memory import DEFAULT_HEADROOM_FRACTION
 from tests.helpers import autoplan
@@ -47,3 +48,42 @@ def test_where_nothing_fits_the_headroom_in_force_is_named() -> None:
                  "4096", "--min-headroom", "10", "--no-offload")
     assert r.returncode == 1
     assert "plans must leave 10.0 GiB free per GPU" in r.stderr
+
+
+SPACE_DP_ONLY = """searchspace:
+  name: dp-only
+  launcher: any
+  tp: {max: 1, within_nvlink: true}
+  pp_max: 1
+  cp_max: 1
+  vpp_max: 1
+  micro_batch: [1, 2]
+  schedules: [1f1b]
+  recompute: [none, selective, full]
+  zero: [0, 1, 2, 3]
+  zero_max_with_pp: 3
+  sequence_parallel: [false]
+  stages: uniform
+  recompute_modules: [layernorm]
+"""
+
+
+def test_search_recompute_modules_from_the_space_or_the_option_reach_the_plan(tmp_path):
+    """Llama 3 8B at 16K tokens on data parallelism alone fits only with recompute: the
+    space's layernorm alone saves too little (full recompute wins), --recompute-modules
+    mlp,layernorm saves enough and beats full recompute."""
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE_DP_ONLY)
+    args = ("search", "-m", "llama3-8b", "-c", "dgx-a100", "-n", "8", "-b", "16", "-s", "16384",
+            "--space", str(space), "--top", "1", "-o")
+    r = autoplan(*args, str(tmp_path / "space.yaml.out"))
+    assert r.returncode == 0, r.stderr
+    assert yaml.safe_load((tmp_path / "space.yaml.out").read_text())["recompute"] == "full"
+    r = autoplan(*args, str(tmp_path / "b.yaml"), "--recompute-modules", "mlp,layernorm")
+    assert r.returncode == 0, r.stderr
+    doc = yaml.safe_load((tmp_path / "b.yaml").read_text())
+    assert (doc["recompute"], doc["recompute_modules"]) == ("selective", ["mlp", "layernorm"])
+    bad = autoplan("search", "-m", "llama3-8b", "-c", "dgx-a100", "-n", "8", "-b", "16", "-s",
+                   "4096", "--recompute-modules", "mlp,foo")
+    assert bad.returncode == 2 and "--recompute-modules" in bad.stderr and "foo" in bad.stderr
+    assert "Traceback" not in bad.stderr

@@ -50,7 +50,9 @@ def brute_force(model, cluster, job, space):
                 continue
             plan = Plan(model=model, cluster=cluster, job=job,
                         layout=Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=v), micro_batch=mbs,
-                        schedule=sched, recompute=rc, zero=zero, sequence_parallel=sp)
+                        schedule=sched, recompute=rc, zero=zero, sequence_parallel=sp,
+                        recompute_modules=space.recompute_modules
+                        if rc is Recompute.SELECTIVE else ())
             if plan_problems(plan):
                 continue
             pred = evaluate(plan)
@@ -74,6 +76,21 @@ def test_the_engines_best_plans_equal_brute_force_enumeration(model, gpus, gbs, 
     assert expected, "the brute force found nothing to compare with"
     assert [r.plan for r in result.plans] == [p for _, p, _ in expected[:5]]
     assert [r.prediction for r in result.plans] == [q for _, _, q in expected[:5]]
+
+
+def test_a_spaces_recompute_modules_are_searched_with_sound_bounds():
+    """Selective recompute by module (the space's, or ``search --recompute-modules``): its
+    bound charges the modules' own recompute, so the search still equals brute force where
+    such plans lead (long sequences on data and tensor parallelism alone)."""
+    from autoplan.vocab import RecomputeModule
+    space = dataclasses.replace(SMALL, name="modules", tp_max=2, pp_max=1, cp_max=1,
+                                recompute_modules=(RecomputeModule.MLP, RecomputeModule.LAYERNORM))
+    m, c = resolve_model("llama3-8b"), with_gpus(resolve_cluster("dgx-a100"), 8)
+    job = Job(global_batch=16, seq_len=16384, dtype=Dtype.BF16)
+    expected = brute_force(m, c, job, space)
+    result = search(m, c, job, space, top_k=6)
+    assert any(p.recompute_modules for _, p, _ in expected[:6])
+    assert [r.plan for r in result.plans] == [p for _, p, _ in expected[:6]]
 
 
 EVERY_SCHEDULE = dataclasses.replace(SMALL, name="every-schedule", schedules=tuple(Schedule))
