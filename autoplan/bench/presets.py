@@ -36,6 +36,9 @@ class Preset:
     budget: Budget  # per kernel case
     collective_budget: Budget  # per collective case
     timeout_s: float  # the collective workers, all cases together
+    # the host probe's passes (bench/host.py): a few hundred, about half a second on a
+    # 2-core CPU; the tiny preset's smoke check takes a handful
+    host_budget: Budget = Budget(warmup=5, min_repeats=20, max_repeats=300, seconds=0.5)
 
 
 def _powers(lo: int, hi: int, step: int = 4) -> tuple[int, ...]:
@@ -64,7 +67,7 @@ _add(Preset(
     # bf16 GEMMs without hardware support run at ~1 GFLOP/s on a 2-core CPU (a 16 x 16032
     # x 4096 logits GEMM took 2.7 s a call): tiny keeps them under a quarter GFLOP
     max_gemm_flops={"fp32": 4e9, "bf16": 2.5e8}, max_attention_flops={"fp32": 1e9, "bf16": 1e9},
-    budget=_TINY_BUDGET, collective_budget=_TINY_BUDGET, timeout_s=120,
+    budget=_TINY_BUDGET, collective_budget=_TINY_BUDGET, timeout_s=120, host_budget=_TINY_BUDGET,
 ))
 _add(Preset(
     name="default", device_kind="cpu", models=("llama3-8b",), dtypes=("fp32", "bf16"),
@@ -97,7 +100,7 @@ _add(Preset(
     elementwise_bytes=(1 * MiB, 16 * MiB), message_bytes=(64 * KiB, 16 * MiB),
     collective_dtype="bf16",
     max_gemm_flops={"bf16": _UNCAPPED}, max_attention_flops={"bf16": _UNCAPPED},
-    budget=_TINY_BUDGET, collective_budget=_TINY_BUDGET, timeout_s=300,
+    budget=_TINY_BUDGET, collective_budget=_TINY_BUDGET, timeout_s=300, host_budget=_TINY_BUDGET,
 ))
 _add(Preset(
     name="default", device_kind="cuda", models=("llama3-8b", "llama3-70b"), dtypes=("bf16",),

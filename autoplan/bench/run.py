@@ -19,7 +19,7 @@ from autoplan.bench import collectives as coll
 from autoplan.bench import host
 from autoplan.bench.micro import MicroPlan, plan_micro, run_micro
 from autoplan.bench.presets import Preset, get_preset
-from autoplan.bench.timing import BenchError, Budget, Row
+from autoplan.bench.timing import BenchError, Row
 from autoplan.descriptors.model import Model
 from autoplan.errors import InputError, Problem
 from autoplan.measured.profile import Profile, achieved
@@ -207,13 +207,9 @@ def run_bench(*, device: str | None = None, preset: str = "default", models: Seq
     if not is_writer():
         return meta, []
     rows = run_micro(plan, kind, chosen.budget, step) + rows
-    rows += host.measure(kind, HOST_BUDGET, "bf16" if kind == "cuda" else "fp32")
+    rows += host.measure(kind, chosen.host_budget, "bf16" if kind == "cuda" else "fp32")
     step("host time per kernel (eager layer, forward and backward)")
     return meta, rows
-
-
-# the host probe's passes: a few hundred, about half a second on a 2-core CPU
-HOST_BUDGET = Budget(warmup=5, min_repeats=20, max_repeats=300, seconds=0.5)
 
 
 def _skipped_ops(skipped: Mapping[str, str]) -> dict[str, str]:

@@ -117,8 +117,12 @@ def test_a_two_stage_pipeline_plan_runs_each_stage_against_its_own_prediction(tm
 
 @pytest.mark.slow
 def test_one_ranks_slice_runs_on_cpu_and_compares_compute_time(tmp_path: Path) -> None:
-    result = validate_run(small("plan-tp2.yaml", tmp_path), "--slice", *QUICK, "--format", "json")
+    """Also the README's walk-through: `bench --describe FILE` then `validate PLAN --cluster
+    FILE` needs no edit of the plan to use the descriptor just fitted."""
+    result = validate_run(small("plan-tp2.yaml", tmp_path), "--slice", *QUICK, "--format", "json",
+                          "--cluster", CPU / "local-cpu.yaml")
     doc = check_contract(result)
+    assert doc["ran"]["descriptor"] == f"the cluster file {CPU / 'local-cpu.yaml'}"
     assert doc["ran"]["mode"] == "slice" and doc["ran"]["time_compared"] == "compute_time_s"
     assert doc["ran"]["processes"] == 1
     widths = doc["ran"]["slice_widths"]
@@ -300,16 +304,6 @@ def test_peak_memory_passes_within_the_ratio_or_the_cpu_floor() -> None:
     assert within(1280, predicted_peak_bytes=1024 * MiB) and not within(1300, predicted_peak_bytes=1024 * MiB)
     assert v.MEMORY_FLOOR_BYTES["cuda"] == 0.0
     assert base.to_dict()["tolerance"]["peak_memory_floor_gib"] == pytest.approx(48 / 1024)
-
-
-@pytest.mark.slow
-def test_the_descriptor_bench_describe_wrote_can_be_predicted_on(tmp_path: Path) -> None:
-    """`bench --describe FILE` then `validate PLAN --cluster FILE`: the README's walk-through
-    needs no edit of the plan to use the descriptor just fitted."""
-    result = validate_run(small("plan-tp2.yaml", tmp_path), "--slice", *QUICK, "--format", "json",
-                          "--cluster", CPU / "local-cpu.yaml")
-    doc = check_contract(result)
-    assert doc["ran"]["descriptor"] == f"the cluster file {CPU / 'local-cpu.yaml'}"
 
 
 def test_cluster_and_profile_together_are_refused() -> None:
