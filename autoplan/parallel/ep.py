@@ -142,14 +142,16 @@ def foldings(model: Model, lay: Layout, space: SearchSpace) -> Iterator[Layout]:
 
 
 @memo(4096)
-def dispatch_for(model: Model, cluster: Cluster, lay: Layout, space: SearchSpace) -> MoeDispatch:
+def dispatch_for(model: Model, cluster: Cluster, lay: Layout, space: SearchSpace,
+                 seq_len: int) -> MoeDispatch:
     """The space's dispatcher that moves a layer's tokens fastest on this layout (the
     all-to-all where ep = 1, or the model is dense): read off one layer's dispatch and
-    combine at one micro-batch, which every dispatcher scales alike."""
+    combine of one sequence (a larger micro-batch scales every dispatcher's bytes alike;
+    only their fixed latencies weigh less)."""
     if not model.is_moe or lay.ep < 2 or len(space.moe_dispatch) == 1:
         return space.moe_dispatch[0] if model.is_moe and lay.ep > 1 else MoeDispatch.ALLTOALL
     groups = mesh.layer_groups(cluster, lay.tp, lay.cp, lay.ep, lay.etp)
-    shards = [Shard(1, 4096, lay.tp, lay.cp, lay.tp > 1, Dtype.BF16, ep=lay.ep, etp=lay.etp,
+    shards = [Shard(1, seq_len, lay.tp, lay.cp, lay.tp > 1, Dtype.BF16, ep=lay.ep, etp=lay.etp,
                     moe_dispatch=d) for d in space.moe_dispatch]
     times = [layer_seconds(model, s, groups[Axis.EP], groups[Axis.ETP]) for s in shards]
     return space.moe_dispatch[times.index(min(times))]

@@ -42,7 +42,8 @@ class Context:
         return Plan(model=self.model, cluster=self.cluster, job=self.job, stack=self.space.stack, layout=lay,
                     micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=recompute,
                     zero=zero, sequence_parallel=sp, cp_comm=cp_comm,
-                    moe_dispatch=ep.dispatch_for(self.model, self.cluster, lay, self.space),
+                    moe_dispatch=ep.dispatch_for(self.model, self.cluster, lay, self.space,
+                                                 self.job.seq_len),
                     recompute_modules=self.modules(recompute))
 
     def modules(self, recompute: Recompute) -> tuple[RecomputeModule, ...]:

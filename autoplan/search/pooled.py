@@ -302,7 +302,8 @@ def _groups(model: Model, cluster: PooledCluster, job: Job, space: SearchSpace,
                             space.micro_batches, tp.sequence_parallel_choices(model, lay, space),
                             cp.exchanges(model, lay, job.seq_len, space), space.recompute):
                         variants = []
-                        dispatch = ep.dispatch_for(model, cluster.pools[order[0]], lay, space)
+                        dispatch = ep.dispatch_for(model, cluster.pools[order[0]], lay, space,
+                                                   job.seq_len)
                         plans = [Plan(model=model, cluster=cluster.pools[order[0]], job=job,
                                       layout=lay, micro_batch=mbs, schedule=sched,
                                       recompute=recompute, zero=zero, sequence_parallel=sp,

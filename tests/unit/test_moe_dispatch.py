@@ -214,12 +214,12 @@ def test_the_search_takes_deepep_where_its_space_runs_it_and_it_is_faster():
     assert titan.moe_dispatch == (MoeDispatch.ALLTOALL,)
     cluster = with_gpus(H100, 256)
     across = Layout(dp=32, tp=1, pp=8, ep=32, etp=1)
-    assert ep.dispatch_for(V3, cluster, across, megatron) is MoeDispatch.DEEPEP
-    assert ep.dispatch_for(V3, cluster, across, titan) is MoeDispatch.ALLTOALL
+    assert ep.dispatch_for(V3, cluster, across, megatron, 4096) is MoeDispatch.DEEPEP
+    assert ep.dispatch_for(V3, cluster, across, titan, 4096) is MoeDispatch.ALLTOALL
     no_ep = Layout(dp=32, tp=1, pp=8, ep=1, etp=1)
-    assert ep.dispatch_for(V3, cluster, no_ep, megatron) is MoeDispatch.ALLTOALL
+    assert ep.dispatch_for(V3, cluster, no_ep, megatron, 4096) is MoeDispatch.ALLTOALL
     dense = resolve_model("llama3-8b")
-    assert ep.dispatch_for(dense, cluster, Layout(dp=256, tp=1, pp=1), megatron) is MoeDispatch.ALLTOALL
+    assert ep.dispatch_for(dense, cluster, Layout(dp=256, tp=1, pp=1), megatron, 4096) is MoeDispatch.ALLTOALL
 
 
 def test_space_rules_refuse_a_dispatcher_the_launcher_does_not_run():
