@@ -26,12 +26,11 @@ Imported only by ``autoplan bench`` (torch is an optional extra).
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
-from autoplan.bench.timing import Budget
+from autoplan.bench.timing import Budget, summarize
 from autoplan.descriptors.model import Model
 from autoplan.vocab import Activation, Position
 
@@ -112,7 +111,7 @@ def measure(device_kind: str, budget: Budget, dtype: str = "fp32") -> list[Row]:
 
 
 def _row(op: str, dtype: str, kernels: int, per_kernel: list[float]) -> Row:
-    deciles = statistics.quantiles(per_kernel, n=10) if len(per_kernel) >= 2 else per_kernel * 9
+    """A profile row: the median and percentiles as every bench row takes them
+    (``timing.summarize``: interpolated within the samples, so p10 <= median <= p90)."""
     return {"kind": "host", "op": op, "dtype": dtype, "n": HIDDEN, "seq": TOKENS, "k": kernels,
-            "batch": 1, "seconds": statistics.median(per_kernel), "seconds_p10": deciles[0],
-            "seconds_p90": deciles[-1], "repeats": len(per_kernel)}
+            "batch": 1, **summarize(per_kernel).columns()}

@@ -71,3 +71,12 @@ def test_a_profile_without_host_rows_keeps_the_prior():
     text = format_profile(META, synthetic_rows())
     measured = dataclasses.replace(plan, cluster=calibrate(plan.cluster, parse_profile(text, "h.csv")))
     assert host_kernel_seconds(measured) == (plan.stack.host_kernel_s, 2 * plan.stack.host_kernel_s)
+
+
+def test_a_host_row_without_its_kernel_count_is_refused_naming_row_and_column():
+    from autoplan.errors import InputError
+
+    rows = _host_rows(10e-6, 10e-6)
+    rows[1]["k"] = 0
+    with pytest.raises(InputError, match=r"host\.csv.*k"):
+        parse_profile(format_profile(META, rows), "host.csv")
