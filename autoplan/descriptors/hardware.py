@@ -285,7 +285,7 @@ def _scaled(value: float | None, unit: float) -> float | None:
 
 def read_device(f: Fields) -> Device | None:
     before = len(f.problems)
-    name = f.str("name")
+    name = f.name("name")
     peaks = f.child("peak_tflops", f.raw("peak_tflops"))
     bf16 = peaks.float("bf16", positive=True)
     fp16 = peaks.float("fp16", bf16, positive=True) if bf16 is not None else None
@@ -362,7 +362,7 @@ def read_link(f: Fields) -> Link | None:
 def read_cluster(f: Fields, device: Device | None) -> Cluster | None:
     """``device`` is resolved by the caller (a name, a path or an inline mapping)."""
     before = len(f.problems)
-    name = f.str("name")
+    name = f.name("name")
     gpus_per_node = f.int("gpus_per_node", min=1)
     domain = f.int("nvlink_domain", gpus_per_node, min=1)
     intra = read_link(f.child("intra_node", f.raw("intra_node")))

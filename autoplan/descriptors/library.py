@@ -182,7 +182,7 @@ def _pooled_from_mapping(data: Any, source: str, field: str) -> PooledCluster:
     cluster's mapping with its pool ``name``, or ``{name, cluster: REF, nodes: N}``."""
     problems: list[Problem] = []
     f = Fields(data, source, field, problems)
-    name = f.str("name")
+    name = f.name("name")
     raw = f.raw("pools")
     between = read_link(f.child("between_pools", f.raw("between_pools")))
     f.close()
@@ -210,7 +210,7 @@ def _pool(item: Any, source: str, path: str, problems: list[Problem]) -> Cluster
         if not (isinstance(item, Mapping) and "cluster" in item):
             return _cluster_from_mapping(item, source, path)
         f = Fields(item, source, path, problems)
-        name, ref = f.str("name"), f.raw("cluster")
+        name, ref = f.name("name"), f.raw("cluster")
         nodes = f.int("nodes", None, min=1, max=MAX_GPUS)
         f.close()
         if ref is None or name is None:
@@ -228,7 +228,7 @@ def _one_cluster(ref: Any, source: str, field: str) -> Cluster:
         # or whole nodes by their GPUs: {name: dgx-h100, gpus: 4}
         problems: list[Problem] = []
         f = Fields(ref, source, field, problems)
-        name = f.str("name")
+        name = f.name("name")
         nodes = f.int("nodes", None, min=1)
         gpus = f.int("gpus", None, min=1)
         if nodes is not None and gpus is not None:

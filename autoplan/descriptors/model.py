@@ -275,7 +275,7 @@ def read_model(f: Fields) -> Model | None:
     """Build a Model from the mapping under ``model:``; None when problems were recorded."""
     before = len(f.problems)
     values = dict(
-        name=f.str("name"),
+        name=f.name("name"),
         layers=f.int("layers", min=1),
         hidden=f.int("hidden", min=1),
         heads=f.int("heads", min=1),

@@ -87,7 +87,7 @@ def read_space(data: Any, source: str) -> SearchSpace:
     top = Fields(data, source, "", problems)
     f = top.child("searchspace", top.raw("searchspace"))
     top.close()
-    name = f.str("name")
+    name = f.name("name")
     launcher = f.str("launcher", "any")
     tp = f.child("tp", f.raw("tp"))
     tp_max, within = tp.int("max", min=1), tp.bool("within_nvlink", True)

@@ -108,7 +108,7 @@ class Stack:
 
 def read_stack(f: Fields) -> Stack | None:
     before = len(f.problems)
-    name = f.str("name")
+    name = f.name("name")
     summary = f.str("summary", "")
     attention = f.enum("attention", AttentionKernel, AttentionKernel.FLASH2)
     kernels = f.int("layer_kernels", 14, min=1, max=1000)

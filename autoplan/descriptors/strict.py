@@ -15,6 +15,7 @@ import json
 import math
 import re
 import reprlib
+import unicodedata
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,10 @@ MAX_FILE_BYTES = 32 << 10  # a descriptor, plan or job file: the largest shipped
 MAX_DEPTH = 64  # nested mappings and lists (a plan file nests 4 deep)
 MAX_NODES = 20_000  # values once aliases are expanded (a plan file holds a few hundred)
 MAX_PROBLEMS = 20  # reported for one input; the rest are counted as "more"
+MAX_NAME = 200  # characters of a model, cluster, device, stack or space name
+# Unicode categories no name may hold: controls (C0, C1 with U+0085), format characters
+# (bidi overrides, zero-width), surrogates, line and paragraph separators (U+2028, U+2029)
+_NOT_IN_NAMES = frozenset(("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"))
 
 # libyaml's parser where PyYAML has it (every wheel on the common platforms): ten times
 # the pure-Python one's speed, and its own nesting limit before any recursion
@@ -342,6 +347,24 @@ class Fields:
             return value
         self.fail(key, f"expected a string, got {_type_name(value)}")
         return None
+
+    def name(self, key: builtins.str, default: Any = _MISSING) -> Any:
+        """A name: a non-empty string of at most :data:`MAX_NAME` characters with no control,
+        line or paragraph separator, format (bidi, zero-width) or surrogate character. Names
+        are data written into exported YAML, TOML, shell comments and terminals: a U+2028 in
+        one would start a new YAML line, an ESC would drive the terminal."""
+        value = self.str(key, default)
+        if not isinstance(value, builtins.str):
+            return value
+        if len(value) > MAX_NAME:
+            self.fail(key, f"expected a name of at most {MAX_NAME} characters, got {len(value)}")
+            return None
+        for i, ch in enumerate(value):
+            if unicodedata.category(ch) in _NOT_IN_NAMES:
+                self.fail(key, f"expected a name without control, separator or format characters, "
+                               f"got U+{ord(ch):04X} at position {i}")
+                return None
+        return value
 
     def enum(self, key: builtins.str, kind: Any, default: Any = _MISSING) -> Any:
         """One of ``kind``'s members by its value (case-insensitive): an ``enum.Enum`` or

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import unicodedata
 from collections.abc import Sequence
 
 Arg = tuple[str, ...]  # one flag and its values: ("--num-layers", "32") or ("--swiglu",)
@@ -19,8 +20,12 @@ def quote(value: object) -> str:
 
 
 def comment(text: str) -> str:
-    """One comment line; control characters (newlines first) become spaces."""
-    return "# " + re.sub(r"[\x00-\x1f\x7f]", " ", text)
+    """One comment line: control characters (newlines first, and C1 such as U+0085), line
+    and paragraph separators (U+2028, U+2029, which YAML also reads as line breaks) and
+    format characters become spaces. Loaded names hold none (``Fields.name``); a plan
+    built in code may."""
+    return "# " + "".join(" " if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp")
+                          else ch for ch in text)
 
 
 def slug(text: str) -> str:

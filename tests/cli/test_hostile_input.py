@@ -183,3 +183,34 @@ def test_fuzzed_text_is_never_a_traceback(tmp_path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8", errors="surrogatepass")
     r = autoplan("evaluate", path)
     assert r.returncode == 2 and "Traceback" not in r.stderr, (text, r.stderr[-2000:])
+
+
+# A name is data: one that could start a new YAML line (U+2028, U+2029, U+0085), drive a
+# terminal (ESC), reorder text (U+202E) or not encode at all (a lone surrogate) is refused
+# where it is loaded, naming the field, before any export could write it (issue 34, item 2).
+HOSTILE_NAMES = ["m\u2028injected_key: 1", "m\u2029x", "m\u0085enable_attention_dp: true",
+                 "m\x1b]0;retitled\x07", "m\u202eevil", "\ud800x", "m\nx: 1", "x" * 201]
+
+
+@pytest.mark.parametrize("field", ["model", "cluster"])
+def test_a_name_that_could_inject_is_refused_at_load_naming_the_field(tmp_path: Path,
+                                                                      field: str) -> None:
+    from autoplan.descriptors.library import resolve_cluster, resolve_model
+
+    base = yaml.safe_load(BEST.read_text())
+    base.pop("prediction", None)
+    for i, name in enumerate(HOSTILE_NAMES):
+        doc = dict(base)
+        if field == "model":
+            doc["model"] = {**resolve_model("llama3-8b").to_dict(), "name": name}
+        else:
+            doc["cluster"] = {**resolve_cluster("dgx-h100").to_dict(), "nodes": 8, "name": name}
+        path = tmp_path / f"plan{i}.json"
+        path.write_text(json.dumps(doc))  # JSON carries every code point, lone surrogates too
+        out = tmp_path / f"out{i}"
+        for command in (("evaluate", path), ("export", path, "--to", "nemo", "-o", out)):
+            r = autoplan(*command)
+            assert r.returncode == 2 and "Traceback" not in r.stderr, (name, r.stderr[-500:])
+            assert f"{field}.name: expected a name" in r.stderr, (name, r.stderr[-500:])
+        assert not out.exists()
+    _refused("evaluate", path, needles=(f"{field}.name: expected a name",))  # fast, bounded
