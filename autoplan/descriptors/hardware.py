@@ -346,10 +346,15 @@ def read_device(f: Fields) -> Device | None:
     )
 
 
+# the largest NVLink domain built (NVL576 is announced; NVL72 ships): a bound, not a model
+MAX_NVLINK_DOMAIN = 1 << 12
+
+
 def read_link(f: Fields) -> Link | None:
     before = len(f.problems)
-    bandwidth = f.float("bandwidth_GBps", positive=True)
-    latency = f.float("latency_us", min=0.0)
+    # physical ranges: 1 MB/s to 100 TB/s per GPU, at most a second per step
+    bandwidth = f.float("bandwidth_GBps", positive=True, min=1e-3, max=1e5)
+    latency = f.float("latency_us", min=0.0, max=1e6)
     efficiency = f.float("efficiency", DEFAULT_LINK_EFFICIENCY, min=0.01, max=1.0)
     protocols = f.bool("nccl_protocols", True)
     f.close()
@@ -364,7 +369,7 @@ def read_cluster(f: Fields, device: Device | None) -> Cluster | None:
     before = len(f.problems)
     name = f.name("name")
     gpus_per_node = f.int("gpus_per_node", min=1)
-    domain = f.int("nvlink_domain", gpus_per_node, min=1)
+    domain = f.int("nvlink_domain", gpus_per_node, min=1, max=MAX_NVLINK_DOMAIN)
     intra = read_link(f.child("intra_node", f.raw("intra_node")))
     inter = read_link(f.child("inter_node", f.raw("inter_node")))
     nodes = f.int("nodes", 1, min=1)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from autoplan.descriptors.model import Model
+from autoplan.descriptors.model import Model, out_of_range
 from autoplan.descriptors.strict import Fields, shown
 from autoplan.errors import InputError, Problem
 from autoplan.vocab import Activation, Norm, Position
@@ -84,7 +84,19 @@ def model_from_hf_config(data: Any, source: str, name: str | None = None) -> Mod
     values = reader(f)
     if problems:
         raise InputError(problems)
-    return Model(name=name or _default_name(f, source), **values)
+    model = Model(name=name or _default_name(f, source), **values)
+    for key, message in out_of_range(model):
+        f.fail(_HF_KEYS.get(key, key), message)
+    if problems:
+        raise InputError(problems)
+    return model
+
+
+# a Model field and the config.json key most families read it from (for messages)
+_HF_KEYS = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+            "ffn_hidden": "intermediate_size", "vocab": "vocab_size",
+            "max_seq_len": "max_position_embeddings", "top_k": "num_experts_per_tok",
+            "moe_ffn_hidden": "moe_intermediate_size"}
 
 
 # -- families ----------------------------------------------------------------------

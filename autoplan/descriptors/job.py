@@ -54,7 +54,8 @@ def read_job(f: Fields) -> Job | None:
         global_batch=f.int("global_batch", min=1, max=MAX_GLOBAL_BATCH),
         seq_len=f.int("seq_len", min=1, max=MAX_SEQ_LEN),
         dtype=f.enum("dtype", Dtype, Dtype.BF16),
-        moe_imbalance=f.float("moe_imbalance", DEFAULT_MOE_IMBALANCE, min=1.0),
+        # the busiest rank takes at most every token: at most ep x the mean (ep <= 2^14)
+        moe_imbalance=f.float("moe_imbalance", DEFAULT_MOE_IMBALANCE, min=1.0, max=1 << 14),
         main_grads=f.enum("main_grads", StateDtype, StateDtype.FP32),
         optimizer_states=f.enum("optimizer_states", StateDtype, StateDtype.FP32),
     )

@@ -271,33 +271,55 @@ _OPTIONAL = ("qk_norm", "qkv_bias", "experts", "top_k", "moe_ffn_hidden", "share
              "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mtp_layers")
 
 
+# physical ranges of a model's sizes, checked where a model is loaded (a file, a plan, an HF
+# config.json): each well past the largest published model (hidden 25,600 and 128 layers at
+# 1T+ parameters, 256K vocabularies, 10M-token contexts, 256 routed experts), far short of
+# sizes whose products overflow the cost model's floats
+LIMITS = {
+    "layers": 1 << 12, "hidden": 1 << 18, "heads": 1 << 14, "ffn_hidden": 1 << 21,
+    "vocab": 1 << 24, "max_seq_len": 1 << 27, "head_dim": 1 << 12, "experts": 1 << 14,
+    "top_k": 1 << 10, "moe_ffn_hidden": 1 << 21, "shared_experts": 1 << 10,
+    "shared_ffn_hidden": 1 << 21, "dense_layers": 1 << 12, "route_groups": 1 << 14,
+    "route_group_topk": 1 << 14, "q_lora_rank": 1 << 18, "kv_lora_rank": 1 << 18,
+    "qk_nope_head_dim": 1 << 12, "qk_rope_head_dim": 1 << 12, "v_head_dim": 1 << 12,
+    "mtp_layers": 1 << 6,
+}
+
+
+def out_of_range(model: Model) -> list[tuple[str, str]]:
+    """(field, problem) for each of a model's sizes past :data:`LIMITS` (for readers that
+    build a Model from another format, such as HF config.json)."""
+    return [(key, f"expected a value <= {hi}, got {getattr(model, key)}")
+            for key, hi in LIMITS.items() if getattr(model, key) > hi]
+
+
 def read_model(f: Fields) -> Model | None:
     """Build a Model from the mapping under ``model:``; None when problems were recorded."""
     before = len(f.problems)
     values = dict(
         name=f.name("name"),
-        layers=f.int("layers", min=1),
-        hidden=f.int("hidden", min=1),
-        heads=f.int("heads", min=1),
-        kv_heads=f.int("kv_heads", f.raw("heads", None), min=1),
-        ffn_hidden=f.int("ffn_hidden", min=1),
-        vocab=f.int("vocab", min=1),
+        layers=f.int("layers", min=1, max=LIMITS["layers"]),
+        hidden=f.int("hidden", min=1, max=LIMITS["hidden"]),
+        heads=f.int("heads", min=1, max=LIMITS["heads"]),
+        kv_heads=f.int("kv_heads", f.raw("heads", None), min=1, max=LIMITS["heads"]),
+        ffn_hidden=f.int("ffn_hidden", min=1, max=LIMITS["ffn_hidden"]),
+        vocab=f.int("vocab", min=1, max=LIMITS["vocab"]),
         activation=f.enum("activation", Activation),
         position=f.enum("position", Position),
         tied_embeddings=f.bool("tied_embeddings"),
-        max_seq_len=f.int("max_seq_len", min=1),
+        max_seq_len=f.int("max_seq_len", min=1, max=LIMITS["max_seq_len"]),
         norm=f.enum("norm", Norm, Norm.RMSNORM),
         bias=f.bool("bias", False),
         dropout=f.bool("dropout", False),
-        head_dim=f.int("head_dim", 0, min=0),
+        head_dim=f.int("head_dim", 0, min=0, max=LIMITS["head_dim"]),
         qk_norm=f.bool("qk_norm", False),
         qkv_bias=f.bool("qkv_bias", False),
-        capacity_factor=f.float("capacity_factor", 0.0, min=0.0),
+        capacity_factor=f.float("capacity_factor", 0.0, min=0.0, max=1000.0),
     )
     for key in ("experts", "top_k", "moe_ffn_hidden", "shared_experts", "shared_ffn_hidden",
                 "dense_layers", "route_groups", "route_group_topk", "q_lora_rank", "kv_lora_rank",
                 "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mtp_layers"):
-        values[key] = f.int(key, 0, min=0)
+        values[key] = f.int(key, 0, min=0, max=LIMITS[key])
     f.close()
     if len(f.problems) > before:
         return None

@@ -32,6 +32,10 @@ MAX_DEPTH = 64  # nested mappings and lists (a plan file nests 4 deep)
 MAX_NODES = 20_000  # values once aliases are expanded (a plan file holds a few hundred)
 MAX_PROBLEMS = 20  # reported for one input; the rest are counted as "more"
 MAX_NAME = 200  # characters of a model, cluster, device, stack or space name
+# every integer and number a file gives is at most this unless its field says less: past
+# any physical quantity autoplan models (2^50 ~ 1.1e15), far below where float arithmetic
+# on it overflows or loses integers
+MAX_MAGNITUDE = 1 << 50
 # Unicode categories no name may hold: controls (C0, C1 with U+0085), format characters
 # (bidi overrides, zero-width), surrogates, line and paragraph separators (U+2028, U+2029)
 _NOT_IN_NAMES = frozenset(("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"))
@@ -192,7 +196,10 @@ def did_you_mean(given: str, names: Iterable[str]) -> str:
 
 
 def _number(value: float) -> str:
-    """An integer with thousands separators (limits read at a glance), else as given."""
+    """An integer with thousands separators (limits read at a glance), else as given; past
+    10^18 in scientific notation (a 300-digit value is not echoed back whole)."""
+    if abs(value) >= 1e18:
+        return f"{float(value):.3g}"
     return f"{value:,}" if isinstance(value, int) and abs(value) >= 10_000 else f"{value}"
 
 
@@ -296,7 +303,7 @@ class Fields:
                 self.fail(key, f"expected an integer, got {value}")
                 return None
             value = int(value)
-        return self._bounded(key, value, min, max)
+        return self._bounded(key, value, min, MAX_MAGNITUDE if max is None else max)
 
     def float(
         self,
@@ -320,7 +327,7 @@ class Fields:
         if positive and value <= 0:
             self.fail(key, f"expected a number > 0, got {value:g}")
             return None
-        return self._bounded(key, value, min, max)
+        return self._bounded(key, value, min, MAX_MAGNITUDE if max is None else max)
 
     def _bounded(self, key: builtins.str, value: Any, lo: Any, hi: Any) -> Any:
         if lo is not None and value < lo:

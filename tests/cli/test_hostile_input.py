@@ -214,3 +214,47 @@ def test_a_name_that_could_inject_is_refused_at_load_naming_the_field(tmp_path: 
             assert f"{field}.name: expected a name" in r.stderr, (name, r.stderr[-500:])
         assert not out.exists()
     _refused("evaluate", path, needles=(f"{field}.name: expected a name",))  # fast, bounded
+
+
+def _plan_with_model(tmp_path: Path, **changes: object) -> Path:
+    from autoplan.descriptors.library import resolve_model
+
+    doc = yaml.safe_load(BEST.read_text())
+    doc.pop("prediction", None)
+    doc["model"] = {**resolve_model("llama3-8b").to_dict(), **changes}
+    return _file(tmp_path, json.dumps(doc), "plan.json")
+
+
+def _pooled(tmp_path: Path, between: str) -> Path:
+    return _file(tmp_path, "cluster:\n  name: p\n  pools:\n"
+                           "    - {name: hopper, cluster: dgx-h100, nodes: 4}\n"
+                           "    - {name: ampere, cluster: dgx-a100, nodes: 4}\n"
+                           f"  between_pools: {between}\n", "pools.yaml")
+
+
+def _hf(tmp_path: Path, **changes: object) -> Path:
+    data = json.loads((Path(__file__).parents[1] / "data" / "hf" / "Meta-Llama-3-8B.json").read_text())
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    return _file(folder, json.dumps({**data, **changes}), "config.json")
+
+
+# issue 34, items 3 and 7: sizes past anything physical were tracebacks (OverflowError,
+# ZeroDivisionError) or were accepted; each is refused at load, naming the file and field
+@pytest.mark.parametrize(("make", "needle"), [
+    (lambda t: ("evaluate", _plan_with_model(t, vocab=1e308)), "plan.json: model.vocab: expected a value <="),
+    (lambda t: ("evaluate", _plan_with_model(t, vocab=10**300)), "got 1e+300"),
+    (lambda t: ("search", "-m", _hf(t, vocab_size=1e308), "-c", "dgx-h100", "-n", "8", "-b", "8",
+                "-s", "4096"), "config.json: vocab_size: expected a value <="),
+    (lambda t: ("search", "-m", _hf(t, hidden_size=1e20), "-c", "dgx-h100", "-n", "8", "-b", "8",
+                "-s", "4096"), "config.json: hidden_size: expected a value <="),
+    (lambda t: ("search", "-m", "llama3-70b", "-c", _pooled(t, "{bandwidth_GBps: 25, latency_us: 1e308}"),
+                "-b", "64", "-s", "4096"), "cluster.between_pools.latency_us: expected a value <="),
+    (lambda t: ("search", "-m", "llama3-70b", "-c", _pooled(t, "{bandwidth_GBps: 1e-300, latency_us: 10}"),
+                "-b", "64", "-s", "4096"), "cluster.between_pools.bandwidth_GBps: expected a value >="),
+    (lambda t: ("search", "-m", "mixtral-8x7b", "-c", "dgx-h100", "-n", "8", "-b", "8", "-s", "4096",
+                "--moe-imbalance", "1e308"), "job.moe_imbalance: expected a value <="),
+], ids=["plan-vocab-float", "plan-vocab-int", "hf-vocab", "hf-hidden", "pool-latency",
+        "pool-bandwidth", "moe-imbalance"])
+def test_absurd_sizes_in_files_and_flags_are_refused_naming_the_field(tmp_path: Path, make, needle) -> None:
+    _refused(*make(tmp_path), needles=(needle,))
