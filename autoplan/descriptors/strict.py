@@ -104,6 +104,9 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen: dict[Any, yaml.Node] = {}
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            raise yaml.constructor.ConstructorError(
+                None, None, "merge keys (<<) are not read: write the keys out", key_node.start_mark)
         key = loader.construct_object(key_node, deep=True)
         if key in seen:
             raise yaml.constructor.ConstructorError(
@@ -119,6 +122,19 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 _StrictLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping  # type: ignore[arg-type]
 )
+_LEADING_ZERO = re.compile(r"^[-+]?0[0-9_]+$")
+
+
+def _construct_int(loader: _StrictLoader, node: yaml.ScalarNode) -> int:
+    """YAML 1.1 reads ``010`` as octal 8 where YAML 1.2 and people read 10: refused."""
+    if _LEADING_ZERO.match(node.value):
+        raise yaml.constructor.ConstructorError(
+            None, None, f"ambiguous integer {node.value!r}: YAML 1.1 reads a leading zero as "
+                        f"octal (010 is 8); write it without the zero", node.start_mark)
+    return loader.construct_yaml_int(node)  # type: ignore[no-any-return]
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)  # type: ignore[arg-type]
 # YAML 1.1 wants a dot in a float ("1.0e3"); people write "989e12" and mean a number.
 _StrictLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
@@ -141,13 +157,30 @@ def parse_yaml(text: str, source: str) -> Any:
         raise InputError.single(source, where, f"invalid YAML: {problem}") from None
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all distinct (``json`` keeps the last silently, as
+    PyYAML would: refused here as the YAML loader refuses them)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(f"duplicate key {shown(key)}")
+        out[key] = value
+    return out
+
+
 def read_yaml(path: Path) -> Any:
     """Read and parse a YAML file (a ``.json`` one as JSON, its errors JSON's), reporting
     a missing file as input error."""
     text = _read_text(path)
     if path.suffix.lower() == ".json":
         try:
-            return json.loads(text)
+            return json.loads(text, object_pairs_hook=_json_object)
+        except _DuplicateKey as exc:
+            raise InputError.single(str(path), "document", f"invalid JSON: {exc}") from None
         except json.JSONDecodeError as exc:
             raise InputError.single(str(path), f"line {exc.lineno}, column {exc.colno}",
                                     f"invalid JSON: {exc.msg}") from None

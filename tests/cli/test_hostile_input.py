@@ -258,3 +258,16 @@ def _hf(tmp_path: Path, **changes: object) -> Path:
         "pool-bandwidth", "moe-imbalance"])
 def test_absurd_sizes_in_files_and_flags_are_refused_naming_the_field(tmp_path: Path, make, needle) -> None:
     _refused(*make(tmp_path), needles=(needle,))
+
+
+# issue 34, item 7: what YAML 1.1 and JSON read silently differently from what a person wrote
+@pytest.mark.parametrize(("name", "text", "needle"), [
+    ("octal.yaml", "model: llama3-8b\ncluster: dgx-h100\ngpus: 8\njob: {global_batch: 010, seq_len: 4096}\n",
+     "ambiguous integer '010'"),
+    ("dup.json", '{"model": "llama3-8b", "model": "llama3-70b"}', "invalid JSON: duplicate key 'model'"),
+    ("merge.yaml", "base: &b {global_batch: 8}\njob:\n  <<: *b\n  seq_len: 4096\n",
+     "merge keys (<<) are not read"),
+], ids=["yaml-octal", "json-duplicate", "yaml-merge"])
+def test_what_a_loader_would_read_otherwise_is_refused(tmp_path: Path, name: str, text: str,
+                                                       needle: str) -> None:
+    _refused("search", _file(tmp_path, text, name), needles=(f"{name}: ", needle))
