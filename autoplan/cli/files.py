@@ -20,6 +20,7 @@ import os
 import stat
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.markup import escape
@@ -71,6 +72,29 @@ def check_target(path: Path) -> None:
     kind, where = _kind(path)
     if kind == "file" and not where.parent.is_dir() and where.parent.exists():
         raise _refuse(path, f"{where.parent} is not a directory")
+
+
+def check_apart(targets: Sequence[tuple[str, Path | None]],
+                inputs: Sequence[Path | None] = ()) -> None:
+    """Refuse, before any work, two outputs of one command naming the same file, or an
+    output naming one of the command's own input files (``export p.yaml --out p.yaml``
+    would replace the plan with a script). Standard output is checked elsewhere."""
+    def same(a: Path, b: Path) -> bool:
+        try:
+            return os.path.samefile(a, b)
+        except OSError:  # one does not exist yet: compare where they would be
+            return os.path.realpath(a.expanduser()) == os.path.realpath(b.expanduser())
+
+    given = [(flag, path) for flag, path in targets if path is not None and not is_stdout(path)]
+    for i, (flag, path) in enumerate(given):
+        for other_flag, other in given[:i]:
+            if same(path, other):
+                raise InputError.single(flag, "", f"{other_flag} already writes {name(path)}: "
+                                                  "give each output its own file")
+        for source in inputs:
+            if source is not None and not is_stdout(source) and same(path, source):
+                raise InputError.single(flag, "", f"{name(path)} is this command's input: "
+                                                  "write the output to another file")
 
 
 def write_text(path: Path, text: str, executable: bool = False) -> None:

@@ -164,6 +164,7 @@ def search(
     for target in (out_path, plot):  # refused before the search, not after it
         if target is not None:
             files.check_target(target)
+    files.check_apart([("--out", out_path), ("--plot", plot)], [job_file])
     if files.is_stdout(out_path) and files.is_stdout(plot):
         raise InputError.single("--plot", "", "--out already writes to stdout ('-')")
     if files.is_stdout(out_path) or files.is_stdout(plot):
@@ -540,6 +541,7 @@ def serve(
         files.check_target(out_path)
         if files.is_stdout(out_path):
             output.data_to_stderr()
+    files.check_apart([("--out", out_path), ("--plot", plot)], [job_file])
     req = build_serve_request(job_file, job, given)
     m, c, eng, slo = req.model, req.cluster, req.engine, req.slo
     arrival, inp, outp = req.workload.arrival, req.workload.input_len, req.workload.output_len
@@ -975,6 +977,7 @@ def bench(
     for target in (out_path, describe):  # refused before minutes of measuring
         if target is not None:
             files.check_target(target)
+    files.check_apart([("--out", out_path), ("--describe", describe)], [profile_path])
     if profile_path is not None:
         if not (fit or describe):
             raise InputError.single("--profile", "", "give --fit or --describe with a profile to read")
@@ -1111,6 +1114,7 @@ def export_plan(
         paths = {name: out_path for name in written}
     for path in paths.values():
         files.check_target(path)  # every one before any is written
+    files.check_apart([("--out", path) for path in paths.values()], [plan_path])
     for name, path in paths.items():
         files.write_text(path, written[name], executable=name.endswith((".sh", ".sbatch")))
         output.err.print(f"wrote {escape(str(path))}")
@@ -1283,6 +1287,7 @@ def check_plan_file(
     searchspace = load_space(space) if space is not None else None
     if out_path is not None:
         files.check_target(out_path)
+        files.check_apart([("--out", out_path)], [plan_path])
     if output.interactive(fmt.value) and max_regression is not None:
         with output.err.status(f"checking {escape(str(plan_path))}: searching the "
                                f"{searchspace.name if searchspace else 'recorded'} space ..."):

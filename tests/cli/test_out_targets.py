@@ -172,3 +172,22 @@ def test_a_png_timeline_without_matplotlib_fails_before_printing(tmp_path: Path)
     r = autoplan("explain", BEST, "--timeline", tmp_path / "t.png")
     assert r.returncode == 2 and "PNG needs matplotlib" in r.stderr
     assert r.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+# issue 34, item 8: an output over the command's own input, or two outputs on one file
+def test_an_output_never_replaces_the_commands_input_or_another_output(tmp_path: Path) -> None:
+    plan = tmp_path / "p.yaml"
+    plan.write_text(BEST.read_text())
+    before = plan.read_text()
+    for args, flag, needle in [
+        (("export", plan, "--to", "megatron", "--out", plan), "--out", "is this command's input"),
+        (("check", plan, "--out", plan), "--out", "is this command's input"),
+        (("search", "-m", "llama3-8b", "-c", "dgx-h100", "-n", "8", "-b", "8", "-s", "4096",
+          "--train-tokens", "1e12", "--plot", tmp_path / "x.svg", "--out", tmp_path / "x.svg"),
+         "--plot", "--out already writes"),
+    ]:
+        r = autoplan(*args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert f"{flag}: " in r.stderr and needle in r.stderr, r.stderr
+    assert plan.read_text() == before
+    assert not (tmp_path / "x.svg").exists()
