@@ -24,12 +24,13 @@ Qwen2-MoE's shared-expert gate) are named, with their size, where each family is
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from autoplan.descriptors.model import Model, out_of_range
-from autoplan.descriptors.strict import Fields, shown
+from autoplan.descriptors.strict import MAX_NAME, NOT_IN_NAMES, Fields, shown
 from autoplan.errors import InputError, Problem
 from autoplan.vocab import Activation, Norm, Position
 
@@ -632,14 +633,17 @@ def _explicit_head_dim(hidden: int | None, heads: int | None, head_dim: int | No
 
 
 def _default_name(f: Fields, source: str) -> str:
-    name_or_path = f.data.get("_name_or_path")
-    if isinstance(name_or_path, str) and name_or_path.strip():
-        return name_or_path.strip()
+    """``_name_or_path`` (checked as every name is: ``Fields.name``), else the file's
+    (its folder's for config.json), with characters no name may hold made spaces."""
+    if isinstance(f.data.get("_name_or_path"), str) and f.data["_name_or_path"].strip():
+        name = f.name("_name_or_path")
+        if isinstance(name, str):
+            return name.strip()
     path = Path(source)
     # Hub downloads are all called config.json; their folder names the model.
-    if path.stem == "config" and path.parent.name:
-        return path.parent.name
-    return path.stem or source
+    raw = path.parent.name if path.stem == "config" and path.parent.name else (path.stem or source)
+    return "".join(" " if unicodedata.category(ch) in NOT_IN_NAMES else ch
+                   for ch in raw)[:MAX_NAME].strip() or "model"
 
 
 # config.json keys that change the architecture in ways the cost model does not follow:

@@ -38,7 +38,7 @@ MAX_NAME = 200  # characters of a model, cluster, device, stack or space name
 MAX_MAGNITUDE = 1 << 50
 # Unicode categories no name may hold: controls (C0, C1 with U+0085), format characters
 # (bidi overrides, zero-width), surrogates, line and paragraph separators (U+2028, U+2029)
-_NOT_IN_NAMES = frozenset(("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"))
+NOT_IN_NAMES = frozenset(("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"))
 
 # libyaml's parser where PyYAML has it (every wheel on the common platforms): ten times
 # the pure-Python one's speed, and its own nesting limit before any recursion
@@ -400,7 +400,7 @@ class Fields:
             self.fail(key, f"expected a name of at most {MAX_NAME} characters, got {len(value)}")
             return None
         for i, ch in enumerate(value):
-            if unicodedata.category(ch) in _NOT_IN_NAMES:
+            if unicodedata.category(ch) in NOT_IN_NAMES:
                 self.fail(key, f"expected a name without control, separator or format characters, "
                                f"got U+{ord(ch):04X} at position {i}")
                 return None

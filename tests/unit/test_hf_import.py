@@ -608,3 +608,14 @@ def test_qwen3_moe_derives_a_missing_head_dim_but_qwen3_dense_requires_it():
     problems = _refused(_tiny_llama(model_type="qwen3"), "qwen3.json")
     assert list(problems) == ["head_dim"]
     assert "would assume 128" in problems["head_dim"]
+
+
+def test_a_config_names_its_model_only_with_characters_a_name_may_hold(tmp_path):
+    # issue 34, items 2 and 6: _name_or_path is refused as any loaded name is; a name taken
+    # from the file's folder keeps only what a terminal or a YAML file cannot misread
+    data, source = _load("Meta-Llama-3-8B")
+    with pytest.raises(InputError, match="_name_or_path: expected a name without control"):
+        model_from_hf_config({**data, "_name_or_path": "meta\x1b]0;pwn\x07"}, source)
+    clean = {k: v for k, v in data.items() if k != "_name_or_path"}
+    model = model_from_hf_config(clean, str(tmp_path / "ev\x1b[2Jil\u2028x" / "config.json"))
+    assert model.name == "ev [2Jil x"
