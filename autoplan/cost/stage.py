@@ -399,6 +399,7 @@ def module_recompute(plan: Plan) -> tuple[float, float]:
     return _module_recompute(_layer_key(plan), plan.recomputed)
 
 
+@memo(4096)
 def _module_recompute(plan: Plan, modules: frozenset[RecomputeModule]) -> tuple[float, float]:
     """(a dense layer's, an MoE layer's) seconds of recomputing ``modules`` in backward
     (``plan``: a ``_layer_key``): each module's forward (``compute.module_forward``), the
