@@ -214,14 +214,13 @@ def layer_seconds(model: Model, shard: Shard, ep_group: comm.Group,
     (``expert_load``); with expert TP the dispatched tokens are all-gathered over etp
     ranks before the experts and reduce-scattered after. Not overlapped with compute
     here (``_stage`` hides it under the other micro-batch's where the plan overlaps)."""
+    routed = BF16_BYTES * shard.routed_tokens(model) * model.hidden
     if shard.moe_dispatch is MoeDispatch.DEEPEP:
         out = 2 * deepep_seconds(model, shard, ep_group)
-        routed = BF16_BYTES * shard.routed_tokens(model) * model.hidden
     else:
         # Megatron-Core's all-to-all dispatcher (MoEAlltoAllTokenDispatcher; GShard,
         # Lepikhin et al. 2021): one copy per (token, expert) pair, spread evenly over
         # the ep ranks by uniform routing
-        routed = BF16_BYTES * shard.routed_tokens(model) * model.hidden
         out = 2 * comm.all_to_all(routed, ep_group)
     if shard.etp > 1:
         gathered = routed * shard.etp
