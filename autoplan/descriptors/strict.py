@@ -13,8 +13,10 @@ import builtins
 import difflib
 import json
 import math
+import os
 import re
 import reprlib
+import stat
 import unicodedata
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -189,18 +191,43 @@ def read_yaml(path: Path) -> Any:
     return parse_yaml(text, str(path))
 
 
-def _read_text(path: Path) -> str:
-    """The file's text, at most ``MAX_FILE_BYTES``."""
+def read_limited(path: Path, max_bytes: int, what: str) -> bytes:
+    """The bytes of an input file, the one way every file input is read: a regular file
+    only (a FIFO would block, a device never end), at most ``max_bytes`` (``what`` says
+    what the file should have been), symbolic links followed, a loop of them refused."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_FILE_BYTES + 1)
-        if len(data) > MAX_FILE_BYTES:
-            raise InputError.single(str(path), "", f"larger than {MAX_FILE_BYTES >> 10} KiB: not a "
-                                                   "descriptor, plan or job file")
-        return data.decode("utf-8")
+        info = os.stat(path)
     except FileNotFoundError:
         raise InputError.single(str(path), "", "file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:  # ELOOP: a symbolic link loop; EACCES; ENAMETOOLONG
+        raise InputError.single(str(path), "", f"cannot read file: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = ("a directory" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode)
+                else "a device or socket")
+        raise InputError.single(str(path), "", f"not a regular file ({kind}): not {what}")
+    too_big = InputError.single(str(path), "", f"larger than {_size(max_bytes)}: not {what}")
+    if info.st_size > max_bytes:
+        raise too_big
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError as exc:
+        raise InputError.single(str(path), "", f"cannot read file: {exc.strerror or exc}") from None
+    if len(data) > max_bytes:
+        raise too_big
+    return data
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def _read_text(path: Path) -> str:
+    """The file's text, at most ``MAX_FILE_BYTES``."""
+    data = read_limited(path, MAX_FILE_BYTES, "a descriptor, plan or job file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise InputError.single(str(path), "", f"cannot read file: {exc}") from None
 
 

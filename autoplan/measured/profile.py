@@ -235,12 +235,19 @@ def parse_profile(text: str, source: str) -> Profile:
     return Profile(source=source, meta=meta, rows=frame, digest=digest)
 
 
+# a profile: the shipped H200 one is 40 KiB; a full sweep over many shapes stays far below
+MAX_PROFILE_BYTES = 64 << 20
+
+
 def read_profile(path: Path) -> Profile:
+    """A profile file through the one reader of file inputs (regular files only, at most
+    :data:`MAX_PROFILE_BYTES`)."""
+    from autoplan.descriptors.strict import read_limited
+
+    data = read_limited(Path(path), MAX_PROFILE_BYTES, "a profile CSV")
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError.single(str(path), "", "file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise InputError.single(str(path), "", f"cannot read file: {exc}") from None
     return parse_profile(text, str(path))
 

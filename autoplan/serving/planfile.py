@@ -67,7 +67,8 @@ def read_trace(ref: Any, source: str, field: str) -> Trace:
         raise InputError.single(source, field, "expected the path of a CSV file with columns "
                                                f"{', '.join(TRACE_COLUMNS)}")
     base = Path() if not source or source.startswith("-") else Path(source).parent  # a flag: cwd
-    path = (base / ref).resolve() if not os.path.isabs(ref) else Path(ref)
+    # absolute, links left to the stat below (Path.resolve raises on a link loop)
+    path = Path(os.path.abspath(base / ref)) if not os.path.isabs(ref) else Path(ref)
     label = str(path)
     try:
         info = os.stat(path)

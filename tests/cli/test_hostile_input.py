@@ -97,8 +97,30 @@ def test_an_oversized_file_is_refused_unread(tmp_path: Path) -> None:
     _refused("search", path, needles=(f"{path}: larger than {MAX_FILE_BYTES >> 10} KiB",))
 
 
-def test_an_endless_file_is_read_only_to_the_limit() -> None:
-    _refused("search", "/dev/zero", needles=("/dev/zero: larger than",))
+def test_an_endless_file_is_refused_unread() -> None:
+    _refused("search", "/dev/zero", needles=("/dev/zero: not a regular file",))
+
+
+# issue 34, item 1: every file input goes through one reader (strict.read_limited): regular
+# files only, a size cap, no blocking on a FIFO, a symbolic link loop refused
+@pytest.mark.parametrize("kind", ["fifo", "loop", "device"])
+@pytest.mark.parametrize("where", ["plan", "profile"])
+def test_special_files_as_inputs_are_refused_without_blocking(tmp_path: Path, kind: str,
+                                                              where: str) -> None:
+    import os
+    if kind == "fifo":
+        target = tmp_path / "fifo"
+        os.mkfifo(target)
+        needle = "not a regular file (a FIFO)"
+    elif kind == "loop":
+        target = tmp_path / "loop1"
+        os.symlink(tmp_path / "loop2", target)
+        os.symlink(target, tmp_path / "loop2")
+        needle = "cannot read file"
+    else:
+        target, needle = Path("/dev/zero"), "not a regular file (a device"
+    args = ("evaluate", target) if where == "plan" else ("evaluate", BEST, "--profile", target)
+    _refused(*args, needles=(f"{target}: {needle}",))
 
 
 def test_a_long_name_is_shown_cut_short(tmp_path: Path) -> None:
