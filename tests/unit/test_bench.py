@@ -218,7 +218,7 @@ def test_cli_world_of_one_writes_the_csv_to_stdout_without_collectives() -> None
     torch.set_num_threads(1)
     try:
         result = autoplan("bench", "--device", "cpu", "--preset", "tiny", "--world", "1",
-                          "--model", "llama3-8b", env=NOT_A_WORKER)
+                          "--model", ROOT / "examples" / "cpu" / "tiny-llama.yaml", env=NOT_A_WORKER)
     finally:
         torch.set_num_threads(threads)
     assert result.returncode == 0, result.stderr
