@@ -141,20 +141,29 @@ def foldings(model: Model, lay: Layout, space: SearchSpace) -> Iterator[Layout]:
                 yield dataclasses.replace(lay, ep=ep, etp=etp)
 
 
-@memo(4096)
 def dispatch_for(model: Model, cluster: Cluster, lay: Layout, space: SearchSpace,
                  seq_len: int) -> MoeDispatch:
     """The space's dispatcher that moves a layer's tokens fastest on this layout (the
-    all-to-all where ep = 1, or the model is dense): read off one layer's dispatch and
-    combine of one sequence (a larger micro-batch scales every dispatcher's bytes alike;
-    only their fixed latencies weigh less)."""
-    if not model.is_moe or lay.ep < 2 or len(space.moe_dispatch) == 1:
-        return space.moe_dispatch[0] if model.is_moe and lay.ep > 1 else MoeDispatch.ALLTOALL
+    all-to-all where ep = 1, or the model is dense: decided before any memo lookup, as the
+    search asks for every probe plan)."""
+    if not model.is_moe or lay.ep < 2:
+        return MoeDispatch.ALLTOALL
+    if len(space.moe_dispatch) == 1:
+        return space.moe_dispatch[0]
+    return _fastest_dispatch(model, cluster, lay, space.moe_dispatch, seq_len)
+
+
+@memo(4096)
+def _fastest_dispatch(model: Model, cluster: Cluster, lay: Layout,
+                      dispatchers: tuple[MoeDispatch, ...], seq_len: int) -> MoeDispatch:
+    """Of ``dispatchers``, the one whose dispatch and combine of one layer take least, read
+    off one sequence (a larger micro-batch scales every dispatcher's bytes alike; only their
+    fixed latencies weigh less)."""
     groups = mesh.layer_groups(cluster, lay.tp, lay.cp, lay.ep, lay.etp)
     shards = [Shard(1, seq_len, lay.tp, lay.cp, lay.tp > 1, Dtype.BF16, ep=lay.ep, etp=lay.etp,
-                    moe_dispatch=d) for d in space.moe_dispatch]
+                    moe_dispatch=d) for d in dispatchers]
     times = [layer_seconds(model, s, groups[Axis.EP], groups[Axis.ETP]) for s in shards]
-    return space.moe_dispatch[times.index(min(times))]
+    return dispatchers[times.index(min(times))]
 
 
 # ----------------------------------------------------------------------------- cost terms
