@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from autoplan.descriptors.model import Model, out_of_range
+from autoplan.descriptors.model import Model, out_of_range, route_group_problem
 from autoplan.descriptors.strict import MAX_NAME, NOT_IN_NAMES, Fields, shown
 from autoplan.errors import InputError, Problem
 from autoplan.vocab import Activation, Norm, Position
@@ -329,13 +329,10 @@ def _route_groups(f: Fields, experts: int | None, top_k: int | None) -> tuple[in
         return 0, 0
     if experts is None or top_k is None:
         return 0, 0
-    if experts % groups:
-        f.fail("n_group", f"expected a divisor of n_routed_experts ({experts}), got {groups}")
-    elif group_topk > groups or group_topk * (experts // groups) < top_k:
-        f.fail("topk_group", f"expected topk_group <= n_group ({groups}) with room for "
-               f"num_experts_per_tok ({top_k}), got {group_topk}")
-    else:
+    problem = route_group_problem(experts, top_k, groups, group_topk)
+    if problem is None:
         return groups, group_topk
+    f.fail("n_group" if problem[0] == "groups" else "topk_group", problem[1])
     return 0, 0
 
 

@@ -363,13 +363,25 @@ def _check_route_groups(f: Fields, v: dict[str, Any]) -> None:
         f.fail("route_groups" if not groups else "route_group_topk",
                "route_groups and route_group_topk go together")
         return
-    if v["experts"] % groups:
-        f.fail("route_groups", f"expected a divisor of experts ({v['experts']}), got {groups}")
-    elif top > groups:
-        f.fail("route_group_topk", f"expected at most route_groups ({groups}), got {top}")
-    elif top * (v["experts"] // groups) < v["top_k"]:
-        f.fail("route_group_topk", f"{top} groups of {v['experts'] // groups} experts cannot "
-               f"hold top_k = {v['top_k']}")
+    problem = route_group_problem(v["experts"], v["top_k"], groups, top)
+    if problem is not None:
+        f.fail("route_groups" if problem[0] == "groups" else "route_group_topk", problem[1])
+
+
+def route_group_problem(experts: int, top_k: int, groups: int,
+                        group_topk: int) -> tuple[str, str] | None:
+    """("groups" | "group_topk", what is wrong) of group-limited routing as Megatron-Core
+    checks it (--moe-router-num-groups divides the experts, --moe-router-group-topk is at
+    most the groups), and its chosen groups must hold top_k experts; None where it holds.
+    Model files and HF configs (n_group, topk_group) both read it."""
+    if experts % groups:
+        return "groups", f"expected a divisor of the {experts} experts, got {groups}"
+    if group_topk > groups:
+        return "group_topk", f"expected at most the {groups} groups, got {group_topk}"
+    if group_topk * (experts // groups) < top_k:
+        return "group_topk", (f"{group_topk} groups of {experts // groups} experts cannot hold "
+                              f"top_k = {top_k}")
+    return None
 
 
 def _check_mla(f: Fields, v: dict[str, Any]) -> None:
