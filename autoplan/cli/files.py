@@ -28,6 +28,28 @@ from rich.markup import escape
 from autoplan.errors import InputError
 
 STDOUT = "-"
+# outputs given with a trailing slash (``--out newdir/``): pathlib drops it, but it says
+# "a directory"; filled by :func:`out_path` as the command line is parsed
+_named_as_directory: set[Path] = set()
+
+
+def out_path(raw: str) -> Path:
+    """An output path option's value as given: a trailing slash is remembered (a
+    directory), not dropped as ``Path`` drops it."""
+    path = Path(raw)
+    if raw.endswith("/") and raw != STDOUT:
+        _named_as_directory.add(path)
+    return path
+
+
+def named_as_directory(path: Path) -> bool:
+    """True for an output given with a trailing slash."""
+    return path in _named_as_directory
+
+
+def reset() -> None:
+    """Each command starts with no output named."""
+    _named_as_directory.clear()
 
 
 def is_stdout(path: Path | None) -> bool:
@@ -47,6 +69,8 @@ def _kind(path: Path) -> tuple[str, Path]:
     """('stdout' | 'file' | 'stream', where to write) for ``path``, or an InputError."""
     if is_stdout(path):
         return "stdout", path
+    if named_as_directory(path):
+        raise _refuse(path, f"{path}/ names a directory (a trailing '/'): give a file name")
     path = path.expanduser()
     try:
         mode = os.stat(path).st_mode  # through links

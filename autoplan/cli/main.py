@@ -84,6 +84,7 @@ def _root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
 ) -> None:
     output.reset()
+    files.reset()
     if debug:
         os.environ["AUTOPLAN_DEBUG"] = "1"
 
@@ -124,7 +125,8 @@ def search(
         "--moe-imbalance", help="MoE: tokens of the busiest expert rank over the mean "
                                 "(default 1.25, Switch Transformer's capacity factor).")] = None,
     top: Annotated[int, typer.Option("--top", "-k", min=1, help="How many plans to show.")] = 10,
-    out_path: Annotated[Path | None, typer.Option("--out", "-o", help="Write the best plan here.")] = None,
+    out_path: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Write the best plan here.", parser=files.out_path, metavar="<path>")] = None,
     profile: ProfileOpt = None,
     stack: StackOpt = None,
     min_headroom: Annotated[float | None, typer.Option(
@@ -143,7 +145,8 @@ def search(
     budget: Annotated[float | None, typer.Option(
         "--budget", help="With --train-tokens: keep plans that cost at most USD.")] = None,
     plot: Annotated[Path | None, typer.Option(
-        "--plot", help="With --train-tokens: draw the front (days against dollars) to FILE.svg.")] = None,
+        "--plot", parser=files.out_path, metavar="<path>",
+        help="With --train-tokens: draw the front (days against dollars) to FILE.svg.")] = None,
     no_offload: Annotated[bool, typer.Option(
         "--no-offload", help="Keep optimizer states and activations on the GPUs (the space "
                              "may otherwise offload them to host memory).")] = False,
@@ -511,9 +514,11 @@ def serve(
                             "default), dollars per million tokens (cost) or energy per million "
                             "tokens (energy).")] = None,
     plot: Annotated[Path | None, typer.Option(
-        "--plot", help="Draw the front, tokens/s per GPU against tokens/s per user, to FILE.svg.")] = None,
+        "--plot", parser=files.out_path, metavar="<path>",
+        help="Draw the front, tokens/s per GPU against tokens/s per user, to FILE.svg.")] = None,
     top: Annotated[int, typer.Option("--top", "-k", min=1, help="How many plans to show.")] = 10,
-    out_path: Annotated[Path | None, typer.Option("--out", "-o", help="Write the best plan here.")] = None,
+    out_path: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Write the best plan here.", parser=files.out_path, metavar="<path>")] = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Rank serving deployments under a workload: exit 0 one meets the SLO, 1 none fits or
@@ -813,7 +818,8 @@ def _evaluate_serving(serving: list[tuple[Path, Any]], fmt: Format, also_trainin
 def explain(
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN.yaml", help="A plan file.")],
     timeline: Annotated[Path | None, typer.Option(
-        "--timeline", help="Also write the simulated schedule as an image (.svg, or .png "
+        "--timeline", parser=files.out_path, metavar="<path>",
+        help="Also write the simulated schedule as an image (.svg, or .png "
         "with matplotlib installed).")] = None,
     microbatches: Annotated[int | None, typer.Option(
         "--microbatches", min=1, help="Draw the schedule with this many microbatches instead of "
@@ -937,7 +943,8 @@ def bench(
     device: Annotated[str | None, typer.Option(
         "--device", "-d", help="cpu or cuda (default: cuda when a GPU is visible).")] = None,
     out_path: Annotated[Path | None, typer.Option(
-        "--out", "-o", help="Write the profile CSV here and print a summary "
+        "--out", "-o", parser=files.out_path, metavar="<path>",
+        help="Write the profile CSV here and print a summary "
                             "(default: the CSV to stdout).")] = None,
     preset: Annotated[str, typer.Option(
         "--preset", "-p", help="tiny (seconds), default (about a minute on a CPU), or full.")] = "default",
@@ -962,7 +969,8 @@ def bench(
         "--cluster", "-c", help="--fit: the analytic baseline (default: the machine described from "
                                 "the profile itself).")] = None,
     describe: Annotated[Path | None, typer.Option(
-        "--describe", help="Write a cluster descriptor of this machine fitted on the profile "
+        "--describe", parser=files.out_path, metavar="<path>",
+        help="Write a cluster descriptor of this machine fitted on the profile "
                            "(peaks, memory bandwidth, link bandwidth and latency).")] = None,
     name: Annotated[str, typer.Option("--name", help="--describe: the cluster's name.")] = "local-cpu",
 ) -> None:
@@ -972,8 +980,11 @@ def bench(
     import time
 
     from autoplan.bench import run as bench_run
+    from autoplan.descriptors.strict import name_problem
     from autoplan.measured.profile import format_profile, parse_profile, read_profile
 
+    if name_problem(name):  # written into the descriptor, which must load again
+        raise InputError.single("--name", "", str(name_problem(name)))
     for target in (out_path, describe):  # refused before minutes of measuring
         if target is not None:
             files.check_target(target)
@@ -1072,7 +1083,8 @@ def export_plan(
         "--launcher", help="slurm only: what the job runs (megatron, deepspeed or torchtitan).")
     ] = "megatron",
     out_path: Annotated[Path | None, typer.Option(
-        "--out", "-o", help="Write here (a directory when the target writes several files) "
+        "--out", "-o", parser=files.out_path, metavar="<path>",
+        help="Write here (a directory when the target writes several files) "
                             "instead of printing.")] = None,
 ) -> None:
     """Write a launcher's configuration for a plan: exit 0, or 2 on bad input or a plan it can't run."""
@@ -1107,8 +1119,9 @@ def export_plan(
                 sys.stdout.write(f"# ==> {name} <==\n")
             sys.stdout.write(text)
         return
+    directory = files.named_as_directory(out_path)  # --out launch/: a folder, made if need be
     out_path = out_path.expanduser()
-    if len(written) > 1 or out_path.is_dir():
+    if len(written) > 1 or directory or out_path.is_dir():
         paths = {name: out_path / name for name in written}
     else:
         paths = {name: out_path for name in written}
@@ -1270,7 +1283,8 @@ def check_plan_file(
                         "else default).")
     ] = None,
     out_path: Annotated[Path | None, typer.Option(
-        "--out", "-o", help="Write the report here (in --format, also on bad input) and print the text "
+        "--out", "-o", parser=files.out_path, metavar="<path>",
+        help="Write the report here (in --format, also on bad input) and print the text "
                             "report to stdout.")] = None,
     fmt: Annotated[CheckFormat, typer.Option(
         "--format", "-f", help="text for people and CI logs, json for machines, junit for CI test "

@@ -7,13 +7,43 @@ import os
 import sys
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
 
+from autoplan.text import printable
 from autoplan.units import GiB
 
-_stdout = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 200)
-out = _stdout
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+def _shown(obj: Any) -> Any:
+    """``obj`` with every string it prints made :func:`printable`: a path or a value read
+    from a file may hold an escape sequence that would retitle or clear the terminal."""
+    if isinstance(obj, str):
+        return printable(obj)
+    if isinstance(obj, Text):
+        shown = printable(obj.plain)
+        return obj if shown == obj.plain else Text(shown, style=obj.style, justify=obj.justify)
+    if isinstance(obj, Table):
+        obj.title, obj.caption = _shown(obj.title), _shown(obj.caption)
+        for column in obj.columns:
+            column.header = _shown(column.header)
+            column._cells[:] = [_shown(c) for c in column._cells]
+        return obj
+    if isinstance(obj, Group):
+        obj._renderables = tuple(_shown(r) for r in obj._renderables)
+    return obj
+
+
+class _Console(Console):
+    """A console that shows control characters in what it prints as escapes."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:  # noqa: D102
+        super().print(*(_shown(o) for o in objects), **kwargs)
+
+
+_stdout = _Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 200)
+out: Console = _stdout
+err: Console = _Console(stderr=True, highlight=False, soft_wrap=True)
 _data_to_stderr = False
 
 
@@ -26,7 +56,7 @@ def reset() -> None:
 def data_to_stderr() -> None:
     """A file goes to stdout (``--out -``): the table or JSON goes to stderr instead."""
     global out, _data_to_stderr
-    out = Console(stderr=True, highlight=False, soft_wrap=False,
+    out = _Console(stderr=True, highlight=False, soft_wrap=False,
                   width=None if sys.stderr.isatty() else 200)
     _data_to_stderr = True
 

@@ -12,6 +12,7 @@ from autoplan.cost.stage import StageWork
 from autoplan.kernels.memory import DEFAULT_HEADROOM_FRACTION
 from autoplan.plan import TIME_TERMS, Plan, Prediction, Uncertainty
 from autoplan.search.engine import SearchStats, pruning_reason
+from autoplan.text import printable
 from autoplan.units import GiB
 from autoplan.vocab import CpComm, MoeDispatch
 
@@ -450,7 +451,7 @@ def check_text(report: CheckReport) -> str:
     else:
         failed = ", ".join(r.rule.value for r in report.failed)
         lines.append(f"check failed: {len(report.failed)} of {len(report.rules)} rules ({failed})")
-    return "\n".join(lines) + "\n"
+    return printable("\n".join(lines)) + "\n"  # a path may hold an escape sequence
 
 
 def check_junit(report: CheckReport) -> str:
@@ -460,6 +461,7 @@ def check_junit(report: CheckReport) -> str:
     import xml.etree.ElementTree as ET
 
     from autoplan.check import Status
+    from autoplan.text import xml_safe as x  # a path or name may hold what XML cannot
 
     counts = {s: sum(r.status is s for r in report.rules) for s in Status}
     attrs = {"tests": str(len(report.rules)), "failures": str(counts[Status.FAILED]),
@@ -467,15 +469,15 @@ def check_junit(report: CheckReport) -> str:
     root = ET.Element("testsuites", {"name": "autoplan", **attrs})
     suite = ET.SubElement(root, "testsuite", {"name": CHECK_SUITE, **attrs})
     props = ET.SubElement(suite, "properties")
-    ET.SubElement(props, "property", {"name": "plan", "value": report.source})
+    ET.SubElement(props, "property", {"name": "plan", "value": x(report.source)})
     if report.regression is not None:
-        ET.SubElement(props, "property", {"name": "space", "value": report.regression.space})
+        ET.SubElement(props, "property", {"name": "space", "value": x(report.regression.space)})
         ET.SubElement(props, "property", {"name": "max_regression",
                                           "value": repr(report.regression.max_regression)})
     for r in report.rules:
-        case = ET.SubElement(suite, "testcase", {"classname": report.source, "name": r.rule.value})
-        message = check_message(report, r)
-        text = "\n".join((message, *r.details))
+        case = ET.SubElement(suite, "testcase", {"classname": x(report.source), "name": r.rule.value})
+        message = x(check_message(report, r))
+        text = x("\n".join((message, *r.details)))
         if r.status is Status.FAILED:
             ET.SubElement(case, "failure", {"message": message, "type": r.rule.value}).text = text
         elif r.status is Status.ERROR:

@@ -4,6 +4,7 @@ or an inline mapping. Every error names the file (or option) and the field."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
@@ -61,6 +62,13 @@ def _looks_like_path(ref: str) -> bool:
         return False
 
 
+def _is_dir(ref: str) -> bool:
+    try:
+        return Path(ref).is_dir()
+    except (OSError, ValueError):
+        return False
+
+
 def _raise_if(problems: list[Problem]) -> None:
     if problems:
         raise InputError(problems)
@@ -75,10 +83,12 @@ def _document(ref: str, kind: str, source: str, field: str) -> tuple[Any, str]:
             beside = Path(source).parent / path
             if beside.exists():
                 path = beside
-        if kind == "model" and path.is_dir() and (path / "config.json").is_file():
-            path = path / "config.json"  # a HuggingFace snapshot folder
+        if kind == "model" and path.is_dir():  # a HuggingFace snapshot folder
+            path = path / "config.json"  # read as every file is: a FIFO or link loop refused
         return read_yaml(path), str(path)
     builtin = _index()[kind].get(ref)
+    if builtin is None and kind == "model" and _is_dir(ref):  # a snapshot folder, named bare
+        return _document(os.path.join(ref, ""), kind, source, field)
     if builtin is None:
         raise _unknown_name(kind, ref, source, field)
     return read_yaml(builtin), str(builtin)

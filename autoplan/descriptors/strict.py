@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from autoplan.errors import InputError, Problem
+from autoplan.text import NOT_IN_NAMES
 
 _MISSING: Any = object()
 
@@ -38,9 +39,18 @@ MAX_NAME = 200  # characters of a model, cluster, device, stack or space name
 # any physical quantity autoplan models (2^50 ~ 1.1e15), far below where float arithmetic
 # on it overflows or loses integers
 MAX_MAGNITUDE = 1 << 50
-# Unicode categories no name may hold: controls (C0, C1 with U+0085), format characters
-# (bidi overrides, zero-width), surrogates, line and paragraph separators (U+2028, U+2029)
-NOT_IN_NAMES = frozenset(("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"))
+
+
+def name_problem(value: str) -> str | None:
+    """What keeps ``value`` from being a name (:meth:`Fields.name`), or None."""
+    if len(value) > MAX_NAME:
+        return f"expected a name of at most {MAX_NAME} characters, got {len(value)}"
+    for i, ch in enumerate(value):
+        if unicodedata.category(ch) in NOT_IN_NAMES:
+            return (f"expected a name without control, separator or format characters, "
+                    f"got U+{ord(ch):04X} at position {i}")
+    return None
+
 
 # libyaml's parser where PyYAML has it (every wheel on the common platforms): ten times
 # the pure-Python one's speed, and its own nesting limit before any recursion
@@ -191,30 +201,63 @@ def read_yaml(path: Path) -> Any:
     return parse_yaml(text, str(path))
 
 
-def read_limited(path: Path, max_bytes: int, what: str) -> bytes:
+def read_limited(path: Path, max_bytes: int, what: str, *, source: str | None = None,
+                 field: str = "", label: str | None = None) -> bytes:
     """The bytes of an input file, the one way every file input is read: a regular file
     only (a FIFO would block, a device never end), at most ``max_bytes`` (``what`` says
-    what the file should have been), symbolic links followed, a loop of them refused."""
+    what the file should have been), symbolic links followed, a loop of them refused.
+    Errors name ``path`` (or ``label``, the path as the user wrote it); given ``source``
+    (the file or flag that named it), as ``source: field: path``.
+
+    The file is looked at before it is opened (opening a device can act: a watchdog, a
+    tape), then opened without blocking and looked at again, so a FIFO put in its place
+    between the two cannot hang the read."""
+    def refused(message: str) -> InputError:
+        named = str(path) if label is None else label
+        if source is None:
+            return InputError.single(named, "", message)
+        return InputError.single(source, field, f"{named}: {message}")
+
+    def not_regular(mode: int) -> InputError:
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                else "a device or socket")
+        return refused(f"not a regular file ({kind}): not {what}")
+
+    too_big = f"larger than {_size(max_bytes)}: not {what}"
     try:
         info = os.stat(path)
     except FileNotFoundError:
-        raise InputError.single(str(path), "", "file not found") from None
-    except OSError as exc:  # ELOOP: a symbolic link loop; EACCES; ENAMETOOLONG
-        raise InputError.single(str(path), "", f"cannot read file: {exc.strerror or exc}") from None
+        raise refused("file not found") from None
+    except (OSError, ValueError) as exc:  # ELOOP: a link loop; EACCES; ENAMETOOLONG; a NUL
+        raise refused(f"cannot read file: {getattr(exc, 'strerror', None) or exc}") from None
     if not stat.S_ISREG(info.st_mode):
-        kind = ("a directory" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode)
-                else "a device or socket")
-        raise InputError.single(str(path), "", f"not a regular file ({kind}): not {what}")
-    too_big = InputError.single(str(path), "", f"larger than {_size(max_bytes)}: not {what}")
+        raise not_regular(info.st_mode)
     if info.st_size > max_bytes:
-        raise too_big
+        raise refused(too_big)
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(max_bytes + 1)
+        fd = os.open(path, flags)
     except OSError as exc:
-        raise InputError.single(str(path), "", f"cannot read file: {exc.strerror or exc}") from None
-    if len(data) > max_bytes:
-        raise too_big
+        raise refused(f"cannot read file: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):  # swapped for something else since the look above
+            raise not_regular(mode)
+        chunks: list[bytes] = []
+        left = max_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise refused(f"cannot read file: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > max_bytes:  # grew since the look above
+        raise refused(too_big)
     return data
 
 
@@ -423,14 +466,10 @@ class Fields:
         value = self.str(key, default)
         if not isinstance(value, builtins.str):
             return value
-        if len(value) > MAX_NAME:
-            self.fail(key, f"expected a name of at most {MAX_NAME} characters, got {len(value)}")
+        problem = name_problem(value)
+        if problem:
+            self.fail(key, problem)
             return None
-        for i, ch in enumerate(value):
-            if unicodedata.category(ch) in NOT_IN_NAMES:
-                self.fail(key, f"expected a name without control, separator or format characters, "
-                               f"got U+{ord(ch):04X} at position {i}")
-                return None
         return value
 
     def enum(self, key: builtins.str, kind: Any, default: Any = _MISSING) -> Any:

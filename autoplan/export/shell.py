@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 import shlex
-import unicodedata
 from collections.abc import Sequence
+
+from autoplan.text import one_line
 
 Arg = tuple[str, ...]  # one flag and its values: ("--num-layers", "32") or ("--swiglu",)
 
@@ -20,12 +21,10 @@ def quote(value: object) -> str:
 
 
 def comment(text: str) -> str:
-    """One comment line: control characters (newlines first, and C1 such as U+0085), line
-    and paragraph separators (U+2028, U+2029, which YAML also reads as line breaks) and
-    format characters become spaces. Loaded names hold none (``Fields.name``); a plan
-    built in code may."""
-    return "# " + "".join(" " if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp")
-                          else ch for ch in text)
+    """One comment line: what could end the line or drive a terminal becomes a space
+    (``strict.one_line``). Loaded names hold none (``Fields.name``); paths and plans built
+    in code may."""
+    return "# " + one_line(text)
 
 
 def slug(text: str) -> str:

@@ -30,6 +30,7 @@ from scipy.optimize import nnls
 from autoplan.descriptors.hardware import Cluster, Device, Link
 from autoplan.errors import InputError, Problem
 from autoplan.measured.profile import Profile, achieved, row_flops
+from autoplan.text import one_line
 from autoplan.units import GiB
 
 if TYPE_CHECKING:
@@ -174,7 +175,9 @@ def cluster_yaml(cluster: Cluster, profile: Profile, command: str) -> str:
         f"# profile's {meta.get('torch_threads', '?')} torch thread(s); mem_GiB is its share of the "
         "machine's memory.",
     ]
-    return "\n".join(head) + "\n" + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)
+    # a path or a header value may hold a line break: each comment stays one line
+    text = "\n".join(one_line(line) for line in head)
+    return text + "\n" + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)
 
 
 def _r(x: float) -> float:

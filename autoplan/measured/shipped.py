@@ -7,8 +7,9 @@ from functools import lru_cache
 from pathlib import Path
 
 from autoplan import resources
+from autoplan.descriptors.strict import read_limited
 from autoplan.errors import InputError
-from autoplan.measured.profile import Profile, parse_profile, profile_header
+from autoplan.measured.profile import MAX_PROFILE_BYTES, Profile, parse_profile, profile_header
 
 MEASURED_DIR = "measured"
 
@@ -19,9 +20,10 @@ def _label(path: Path) -> str:
 
 @lru_cache(maxsize=64)
 def _read_shipped(path: Path, mtime_ns: int) -> Profile:
+    data = read_limited(path, MAX_PROFILE_BYTES, "a profile CSV", label=_label(path))
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise InputError.single(_label(path), "", f"cannot read file: {exc}") from None
     return parse_profile(text, _label(path))
 

@@ -7,7 +7,6 @@ import dataclasses
 import io
 import math
 import os
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import MAX_SEQ_LEN
 from autoplan.descriptors.model import Model
-from autoplan.descriptors.strict import Fields
+from autoplan.descriptors.strict import Fields, read_limited
 from autoplan.errors import InputError, Problem
 from autoplan.measured.door import corrected
 from autoplan.measured.profile import Profile
@@ -44,6 +43,9 @@ from autoplan.units import MiB
 MAX_DEGREE = 1 << 16  # replicas, TP, PP, EP or attention DP: past any cluster
 MAX_REQUESTS = 1_000_000
 MAX_RATE = 1e6  # requests/s
+MIN_RATE = 1e-4  # requests/s: one every 2.8 hours; a slower stream is a series of single requests
+# SLOs from a microsecond (no engine step is shorter) to about 11 days
+MIN_SLO_MS, MAX_SLO_MS = 1e-3, 1e9
 # output tokens per request: the simulation steps once per output token, and no model
 # generates more than this in one answer today
 MAX_OUTPUT_TOKENS = 1 << 17
@@ -52,6 +54,10 @@ MAX_OUTPUT_TOKENS = 1 << 17
 # an arrival trace: at most MAX_REQUESTS rows; 64 MiB holds a million rows of three numbers
 # with room for the extra columns recorded traces carry (ignored)
 MAX_TRACE_BYTES = 64 * MiB
+# arrival times from any origin up to Unix seconds 30 centuries on, and a trace spanning at
+# most about 116 days: past those a number is not a time a replay can mean
+MAX_ARRIVAL_S = 1e11
+MAX_TRACE_SPAN_S = 1e7
 TRACE_COLUMNS = ("arrival_s", "input_len", "output_len")
 MAX_TRACE_PROBLEMS = 10  # then stop reading: the rest is likely the same mistake
 
@@ -69,26 +75,13 @@ def read_trace(ref: Any, source: str, field: str) -> Trace:
     base = Path() if not source or source.startswith("-") else Path(source).parent  # a flag: cwd
     # absolute, links left to the stat below (Path.resolve raises on a link loop)
     path = Path(os.path.abspath(base / ref)) if not os.path.isabs(ref) else Path(ref)
-    label = str(path)
+    data = read_limited(path, MAX_TRACE_BYTES, "a request trace CSV", source=source, field=field,
+                        label=ref)
     try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        raise InputError.single(source, field, f"{ref}: file not found") from None
-    except OSError as exc:
-        raise InputError.single(source, field, f"{ref}: cannot read: {exc.strerror}") from None
-    if not stat.S_ISREG(info.st_mode):  # a FIFO would block, a device never end
-        raise InputError.single(source, field, f"{ref}: not a regular file")
-    if info.st_size > MAX_TRACE_BYTES:
-        raise InputError.single(source, field, f"{ref}: larger than {MAX_TRACE_BYTES // MiB} MiB")
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_TRACE_BYTES + 1)
         text = data.decode("utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
         raise InputError.single(source, field, f"{ref}: cannot read: {exc}") from None
-    if len(data) > MAX_TRACE_BYTES:
-        raise InputError.single(source, field, f"{ref}: larger than {MAX_TRACE_BYTES // MiB} MiB")
-    return _parse_trace(text, label)
+    return _parse_trace(text, str(path))
 
 
 def _parse_trace(text: str, label: str) -> Trace:
@@ -109,7 +102,7 @@ def _trace_rows(rows: Any, label: str) -> Trace:
     at = [names.index(c) for c in TRACE_COLUMNS]
     limits = (None, MAX_SEQ_LEN, MAX_OUTPUT_TOKENS)
     problems: list[Problem] = []
-    records: list[tuple[float, int, int]] = []
+    records: list[tuple[float, int, int, int]] = []
     for line, row in enumerate(rows, start=2):
         if not any(cell.strip() for cell in row):
             continue
@@ -125,7 +118,7 @@ def _trace_rows(rows: Any, label: str) -> Trace:
             else:
                 values.append(value)
         if len(values) == len(TRACE_COLUMNS):
-            records.append((values[0], int(values[1]), int(values[2])))
+            records.append((values[0], int(values[1]), int(values[2]), line))
         if len(problems) >= MAX_TRACE_PROBLEMS:
             break
     if problems:
@@ -134,6 +127,10 @@ def _trace_rows(rows: Any, label: str) -> Trace:
         raise InputError.single(label, "", "no requests (a header and no rows)")
     records.sort(key=lambda r: r[0])
     t0 = records[0][0]
+    if records[-1][0] - t0 > MAX_TRACE_SPAN_S:
+        raise InputError.single(label, f"row {records[-1][3]}, arrival_s", (
+            f"arrives {records[-1][0] - t0:.6g} s after the first request (row {records[0][3]}): "
+            f"a trace spans at most {MAX_TRACE_SPAN_S:.0e} s ({MAX_TRACE_SPAN_S / 86400:.0f} days)"))
     return Trace(label, tuple(r[0] - t0 for r in records), tuple(r[1] for r in records),
                  tuple(r[2] for r in records))
 
@@ -147,6 +144,9 @@ def _trace_number(cell: str, hi: int | None) -> float | str:
     if not math.isfinite(value):
         return f"expected a finite number, got {cell[:40]!r}"
     if hi is None:  # seconds from any origin: the trace is shifted to start at 0
+        if abs(value) > MAX_ARRIVAL_S:
+            return (f"expected seconds within {MAX_ARRIVAL_S:.0e} of 0 (a Unix time is ~1.8e9), "
+                    f"got {cell[:40]!r}")
         return value
     if not value.is_integer() or not 1 <= value <= hi:
         return f"expected whole tokens from 1 to {hi:,}, got {cell[:40]!r}"
@@ -206,7 +206,7 @@ def _arrival(f: Fields) -> Arrival | None:
             return None
         return Arrival(ArrivalKind.TRACE, trace=trace)
     if g.has("rate_rps"):
-        rate = g.float("rate_rps", positive=True, max=MAX_RATE)
+        rate = g.float("rate_rps", min=MIN_RATE, max=MAX_RATE)
         g.close()
         return None if rate is None else Arrival(ArrivalKind.RATE, rate_rps=rate)
     c = g.int("concurrency", min=1, max=MAX_REQUESTS)
@@ -277,8 +277,8 @@ def _model_and_cluster(f: Fields, required: bool) -> tuple[Model | None, Cluster
 def _slo(f: Fields) -> Slo:
     """The ``slo`` mapping: TTFT and TPOT in ms (either may be absent), the percentile."""
     s = f.child("slo", f.raw("slo"))
-    ttft = s.float("ttft_ms", None, positive=True, max=1e9)
-    tpot = s.float("tpot_ms", None, positive=True, max=1e9)
+    ttft = s.float("ttft_ms", None, min=MIN_SLO_MS, max=MAX_SLO_MS)
+    tpot = s.float("tpot_ms", None, min=MIN_SLO_MS, max=MAX_SLO_MS)
     pct = s.float("percentile", 99.0, positive=True, max=100.0)
     s.close()
     return Slo(ttft, tpot, pct if pct is not None else 99.0)

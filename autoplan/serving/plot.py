@@ -9,10 +9,22 @@ Pure: returns the SVG text; axes and ticks as the training sweep's plot
 from __future__ import annotations
 
 from collections.abc import Sequence
-from html import escape
 
 from autoplan.serving.search import Ranked
-from autoplan.whatif.plot import BOTTOM, CHOSEN, FRONT, HEIGHT, LEFT, OTHER, RIGHT, TOP, WIDTH, axes, svg_open
+from autoplan.whatif.plot import (
+    BOTTOM,
+    CHOSEN,
+    FRONT,
+    HEIGHT,
+    LEFT,
+    OTHER,
+    RIGHT,
+    TOP,
+    WIDTH,
+    axes,
+    escape,
+    svg_open,
+)
 from autoplan.whatif.plot import _axis as axis
 
 

@@ -38,7 +38,10 @@ from autoplan.serving.planfile import (
     MAX_OUTPUT_TOKENS,
     MAX_RATE,
     MAX_REQUESTS,
+    MAX_SLO_MS,
     MAX_SPEC_TOKENS,
+    MIN_RATE,
+    MIN_SLO_MS,
     ServingJob,
     read_serving_job,
     read_trace,
@@ -170,12 +173,13 @@ def _option_problems(job_file: Path | None, job: ServingJob, given: ServeOptions
     for count, flag, hi in counts:
         if count is not None and not 1 <= count <= hi:
             problems.append(Problem(flag, "", f"expected 1 to {hi:,}, got {count:,}"))
-    if given.rate is not None and not (0 < given.rate <= MAX_RATE):
-        problems.append(Problem("--rate", "", f"expected more than 0 and at most {MAX_RATE:g}, "
+    if given.rate is not None and not (MIN_RATE <= given.rate <= MAX_RATE):
+        problems.append(Problem("--rate", "", f"expected requests/s from {MIN_RATE:g} to {MAX_RATE:g}, "
                                               f"got {given.rate:g}"))
     for slo_ms, flag in ((given.ttft_slo, "--ttft-slo"), (given.tpot_slo, "--tpot-slo")):
-        if slo_ms is not None and not (0 < slo_ms < 1e9):
-            problems.append(Problem(flag, "", f"expected milliseconds > 0, got {slo_ms:g}"))
+        if slo_ms is not None and not (MIN_SLO_MS <= slo_ms <= MAX_SLO_MS):
+            problems.append(Problem(flag, "", f"expected milliseconds from {MIN_SLO_MS:g} to "
+                                              f"{MAX_SLO_MS:g}, got {slo_ms:g}"))
     if given.percentile is not None and not 0 < given.percentile <= 100:
         problems.append(Problem("--percentile", "", f"expected more than 0 and at most 100, "
                                                      f"got {given.percentile:g}"))

@@ -10,14 +10,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from html import escape
+from html import escape as _escape
 
+from autoplan.text import xml_safe
 from autoplan.whatif.sweep import Point
 
 WIDTH, HEIGHT = 760, 440
 LEFT, RIGHT, TOP, BOTTOM = 90, 200, 40, 60
 FONT = "DejaVu Sans, Helvetica, Arial, sans-serif"
 FRONT, OTHER, LIMIT, CHOSEN = "#4c78a8", "#9d9d9d", "#e45756", "#f58518"
+
+
+def escape(text: str) -> str:
+    """``text`` as SVG character data: markup escaped, characters XML cannot hold shown
+    as ``\\xNN`` (a name or path may hold any)."""
+    return _escape(xml_safe(text))
 
 
 def _ticks(lo: float, hi: float, log: bool) -> list[float]:

@@ -108,7 +108,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 # Within a floor modules may import each other (without a cycle).
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("autoplan", "autoplan.units", "autoplan.errors", "autoplan.vocab",
-              "autoplan.resources", "autoplan.caches", "autoplan.registry")),
+              "autoplan.resources", "autoplan.caches", "autoplan.registry", "autoplan.text")),
     ("schedules", ("autoplan.schedules",)),  # operation orders, in-flight counts, the simulator
     ("descriptors", ("autoplan.descriptors", "autoplan.plan")),  # data-only types, loaded strictly
     ("kernels", ("autoplan.kernels",)),  # collectives, GEMM/attention kernels, memory, FLOPs, a layer

@@ -250,13 +250,13 @@ def test_serve_exits_1_with_the_closest_when_nothing_meets_the_slo() -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (("--rate", "0"), "--rate: expected more than 0"),
+    (("--rate", "0"), "--rate: expected requests/s from 0.0001 to 1e+06"),
     (("--rate", "1", "--offline"), "give exactly one of --rate, --concurrency, --offline"),
     (("--rate", "1", "--input-len", "0"), "--input-len: expected 1 to"),
     (("--rate", "1", "--weights", "fp7"), "--weights: expected bf16"),
     (("--rate", "1", "--kv-cache", "int4"), "--kv-cache: expected bf16, fp16, fp8"),
     (("--rate", "1", "--requests", "100000000000"), "--requests: expected 1 to"),
-    (("--rate", "1", "--ttft-slo", "-3"), "--ttft-slo: expected milliseconds > 0"),
+    (("--rate", "1", "--ttft-slo", "-3"), "--ttft-slo: expected milliseconds from 0.001 to 1e+09, got -3"),
     (("--rate", "1", "--price", "nan"), "--price: expected USD per GPU-hour > 0"),
     (("--rate", "1", "--price", "0"), "--price: expected USD per GPU-hour > 0"),
 ])

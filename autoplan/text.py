@@ -1,0 +1,51 @@
+"""Text written where a character can do more than show: names refused at load, and
+free text (paths, command lines, messages) made safe for one line of a comment, an XML
+document or a terminal."""
+
+from __future__ import annotations
+
+import unicodedata
+
+# Unicode categories no name may hold: controls (C0, C1 with U+0085), format characters
+# (bidi overrides, zero-width), surrogates, private use and unassigned code points, line
+# and paragraph separators (U+2028, U+2029, which YAML reads as line breaks)
+NOT_IN_NAMES = frozenset(("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"))
+
+
+def one_line(text: str) -> str:
+    """``text`` with every character that could end a line or drive a terminal (control
+    characters, newlines and C1's U+0085 among them; U+2028 and U+2029; format characters
+    such as bidi overrides) made a space: for comments and other free text written into
+    files (a path, a command line)."""
+    return "".join(" " if unicodedata.category(ch) in NOT_IN_NAMES else ch for ch in text)
+
+
+def _xml_char_ok(ch: str) -> bool:
+    # XML 1.0, production [2] Char: #x9 | #xA | #xD | [#x20-#xD7FF] | [#xE000-#xFFFD] | [#x10000-#x10FFFF]
+    c = ord(ch)
+    return (c in (0x9, 0xA, 0xD) or 0x20 <= c <= 0xD7FF or 0xE000 <= c <= 0xFFFD
+            or 0x10000 <= c <= 0x10FFFF)
+
+
+def xml_safe(text: str) -> str:
+    """``text`` with each character XML 1.0 cannot hold (C0 controls but tab and newline, a
+    lone surrogate, U+FFFE/U+FFFF; no escape can carry them) written as ``\\xNN`` or
+    ``\\uNNNN``, so the document still parses and the character still shows. Markup
+    characters are the serializer's to escape (ElementTree, ``html.escape``)."""
+    if all(_xml_char_ok(ch) for ch in text):
+        return text
+    return "".join(ch if _xml_char_ok(ch) else
+                   (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}") for ch in text)
+
+
+_NOT_SHOWN = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))
+
+
+def printable(text: str) -> str:
+    """``text`` for a terminal: each control (ESC, which starts a sequence that can retitle
+    or clear the terminal; BEL; a C1 control), format, surrogate or separator character
+    written as ``\\xNN`` or ``\\uNNNN``; newlines and tabs kept."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch in "\n\t" or unicodedata.category(ch) not in _NOT_SHOWN else
+                   (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}") for ch in text)
