@@ -599,6 +599,10 @@ class Validation:
 
 def validate(plan: Plan, source: str, options: Options, machine: Machine | None = None) -> Validation:
     """Check, fit, predict, run, compare."""
+    if options.profile is not None:  # bad input refused before torch's import (seconds)
+        from autoplan.measured.profile import read_profile
+
+        read_profile(options.profile)
     try:
         import torch  # noqa: F401
     except ImportError:

@@ -1385,6 +1385,71 @@ def _usage_errors() -> tuple[type[Exception], ...]:
     return tuple(found)
 
 
+_TYPER_WORDING = (  # typer's validation messages, reworded as autoplan's read
+    ("a valid number, unable to parse string as a number", "a number"),
+    ("a valid integer, unable to parse string as an integer", "a whole number"),
+    ("a valid integer, got a number with a fractional part", "a whole number"),
+    ("greater than or equal to ", "a value >= "), ("less than or equal to ", "a value <= "),
+    ("greater than ", "a value > "), ("less than ", "a value < "),
+)
+
+
+def _given(opts: list[str]) -> str | None:
+    """The value given on the command line for the option named by ``opts``, if any."""
+    argv = sys.argv[1:]
+    for i, arg in enumerate(argv):
+        for opt in opts:
+            if arg == opt and i + 1 < len(argv):
+                return argv[i + 1]
+            if opt.startswith("--") and arg.startswith(opt + "="):
+                return arg[len(opt) + 1:]
+    return None
+
+
+def _usage_message(exc: Exception) -> list[str]:
+    """A usage error (a flag's value that does not parse, a missing argument, an unknown
+    option) in the one format every error has, ``FLAG: what was expected, got VALUE``,
+    then where the command's help is."""
+    from autoplan.descriptors.strict import shown
+
+    param = getattr(exc, "param", None)
+    message = str(getattr(exc, "message", "") or "").strip().rstrip(".")
+    opts = [str(o) for o in (getattr(param, "opts", None) or [])]
+    kind = type(exc).__name__
+    if message.startswith("Input should be "):
+        message = message[len("Input should be "):]
+        for theirs, ours in _TYPER_WORDING:
+            message = message.replace(theirs, ours)
+        message = "expected " + message
+    elif message.startswith("Value error, ") and " is not one of " in message:
+        choices = message.split(" is not one of ", 1)[1].replace("'", "")
+        message = f"expected one of {choices}"
+    elif message[:1].isupper() and not message[1:2].isupper():
+        message = message[0].lower() + message[1:]
+    if kind == "MissingParameter":
+        head = (f"{max(opts, key=len)}: required" if opts and opts[0].startswith("-")
+                else f"{getattr(param, 'metavar', None) or (opts or ['an argument'])[0]}: missing argument")
+    elif kind == "NoSuchOption":
+        close = list(getattr(exc, "possibilities", None) or [])
+        head = (f"{getattr(exc, 'option_name', '')}: no such option"
+                + (f"; did you mean {' or '.join(close[:2])}?" if close else ""))
+    elif kind == "BadOptionUsage" and getattr(exc, "option_name", None):
+        head = f"{exc.option_name}: expected a value"  # type: ignore[attr-defined]
+    elif opts:
+        value = _given(opts)
+        head = f"{max(opts, key=len)}: {message}" + (f", got {shown(value)}" if value is not None else "")
+    else:
+        head = message or kind
+    ctx = getattr(exc, "ctx", None)
+    command = getattr(ctx, "command_path", None)
+    if not command:
+        names = {c.name for c in app.registered_commands} | {
+            c.callback.__name__ for c in app.registered_commands if c.callback}
+        given = sys.argv[1] if len(sys.argv) > 1 else ""
+        command = f"autoplan {given}" if given in names else "autoplan"
+    return [head, f"see '{command} --help'"]
+
+
 def main() -> None:
     """Entry point: one error handler turns a known error into one message and its exit code."""
     try:
@@ -1401,8 +1466,9 @@ def main() -> None:
         output.err.print("autoplan: aborted")
         sys.exit(130)
     except Exception as exc:  # click usage errors and the like
-        if isinstance(exc, _usage_errors()) and callable(getattr(exc, "show", None)):
-            exc.show()  # type: ignore[attr-defined]
+        if isinstance(exc, _usage_errors()):
+            for line in _usage_message(exc):
+                output.err.print(f"autoplan: error: {line}", markup=False)
             sys.exit(2)
         raise
     sys.exit(code if isinstance(code, int) else 0)

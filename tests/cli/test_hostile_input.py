@@ -293,3 +293,143 @@ def test_absurd_sizes_in_files_and_flags_are_refused_naming_the_field(tmp_path: 
 def test_what_a_loader_would_read_otherwise_is_refused(tmp_path: Path, name: str, text: str,
                                                        needle: str) -> None:
     _refused("search", _file(tmp_path, text, name), needles=(f"{name}: ", needle))
+
+
+# issue 34, item 1: the trace flag, a job file's trace, a snapshot folder's config.json and
+# the profile of bench and validate are read as every other file
+@pytest.mark.parametrize("where", ["trace-flag", "job-trace", "snapshot", "bench-profile",
+                                   "validate-profile"])
+@pytest.mark.parametrize("kind", ["fifo", "loop"])
+def test_every_file_input_refuses_fifos_and_link_loops(tmp_path: Path, where: str, kind: str) -> None:
+    import os
+    name = "config.json" if where == "snapshot" else "input"
+    folder = tmp_path / "snap"
+    folder.mkdir()
+    target = folder / name
+    if kind == "fifo":
+        os.mkfifo(target)
+        needle = "not a regular file (a FIFO)"
+    else:
+        os.symlink(folder / "other", target)
+        os.symlink(target, folder / "other")
+        needle = "cannot read file"
+    serve = ("serve", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8")
+    args = {
+        "trace-flag": (*serve, "--trace", target),
+        "job-trace": ("serve", _file(tmp_path, "model: llama3-8b\ncluster: dgx-h100\ngpus: 8\n"
+                                               f"workload: {{arrival: {{trace: {target}}}}}\n")),
+        "snapshot": ("search", "-m", folder, "-c", "dgx-h100", "-n", "8", "-b", "8", "-s", "4096"),
+        "bench-profile": ("bench", "--profile", target, "--fit"),
+        "validate-profile": ("validate", "examples/cpu/plan-pp2.yaml", "--profile", target),
+    }[where]
+    _refused(*args, needles=(needle,))
+
+
+def test_a_snapshot_folder_named_bare_is_read_as_a_folder(tmp_path: Path) -> None:
+    from tests.helpers import autoplan as run
+
+    folder = tmp_path / "my-snapshot"
+    folder.mkdir()
+    r = run("search", "-m", "my-snapshot", "-c", "dgx-h100", "-n", "8", "-b", "8", "-s", "4096", cwd=tmp_path)
+    assert r.returncode == 2 and "my-snapshot/config.json: file not found" in r.stderr, r.stderr
+    (folder / "config.json").write_text((Path(__file__).parents[1] / "data" / "hf" / "Meta-Llama-3-8B.json")
+                                        .read_text())
+    r = run("search", "-m", "my-snapshot", "-c", "dgx-h100", "-n", "8", "-b", "8", "-s", "4096",
+            "--top", "1", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-500:]
+
+
+# issue 34, item 5: what --describe writes must load again, whatever the flags held
+def test_bench_describe_refuses_a_name_that_would_inject(tmp_path: Path) -> None:
+    out = tmp_path / "d.yaml"
+    _refused("bench", "--profile", "examples/cpu/profile.csv", "--describe", out, "--name", "x\ninjected: 1 #",
+             needles=("--name: expected a name without control",))
+    assert not out.exists()
+
+
+def test_bench_describe_keeps_a_hostile_profile_path_on_one_comment_line(tmp_path: Path) -> None:
+    from autoplan.descriptors.library import resolve_cluster
+    from tests.helpers import autoplan as run
+
+    profile = tmp_path / "pro\nfile\u2028x.csv"
+    profile.write_text((Path(__file__).parents[2] / "examples" / "cpu" / "profile.csv").read_text())
+    out = tmp_path / "d.yaml"
+    r = run("bench", "--profile", profile, "--describe", out)
+    assert r.returncode == 0, r.stderr[-500:]
+    assert resolve_cluster(str(out)).name == "local-cpu"
+    assert all(line.startswith("#") for line in out.read_text().splitlines()[:3])
+
+
+# issue 34, item 7: a trace's times and the SLOs have physical ranges
+@pytest.mark.parametrize(("rows", "needle"), [
+    ("0,100,10\n1e308,100,10\n", "row 3, arrival_s: expected seconds within 1e+11 of 0"),
+    ("0,100,10\n1e9,100,10\n", "row 3, arrival_s: arrives 1e+09 s after the first request (row 2)"),
+], ids=["absurd-arrival", "span"])
+def test_trace_times_past_any_replay_are_refused(tmp_path: Path, rows: str, needle: str) -> None:
+    trace = _file(tmp_path, "arrival_s,input_len,output_len\n" + rows, "t.csv")
+    _refused("serve", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8", "--trace", trace,
+             needles=(needle,))
+
+
+@pytest.mark.parametrize(("flag", "value", "needle"), [
+    ("--tpot-slo", "1e-300", "--tpot-slo: expected milliseconds from 0.001 to 1e+09, got 1e-300"),
+    ("--ttft-slo", "1e300", "--ttft-slo: expected milliseconds from 0.001 to 1e+09"),
+    ("--rate", "1e-300", "--rate: expected requests/s from 0.0001 to 1e+06"),
+])
+def test_serving_flags_past_any_physical_value_are_refused(flag: str, value: str, needle: str) -> None:
+    args = ("serve", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8", "--input-len", "10",
+            "--output-len", "10")
+    _refused(*args, *(("--rate", "1") if flag != "--rate" else ()), flag, value, needles=(needle,))
+
+
+def test_a_job_files_slo_past_any_physical_value_names_the_field(tmp_path: Path) -> None:
+    job = _file(tmp_path, "model: llama3-8b\ncluster: dgx-h100\ngpus: 8\n"
+                          "workload: {input_len: 10, output_len: 10, arrival: {rate_rps: 1}}\n"
+                          "slo: {tpot_ms: 1e-300}\n")
+    _refused("serve", job, needles=("slo.tpot_ms: expected a value >= 0.001",))
+
+
+# issue 34, item 8: a trailing slash means a directory
+def test_an_output_with_a_trailing_slash_is_a_directory(tmp_path: Path) -> None:
+    from tests.helpers import autoplan as run
+
+    r = run("search", *SMALL, "-b", "8", "-s", "4096", "--out", f"{tmp_path}/newdir/")
+    assert r.returncode == 2 and "names a directory (a trailing '/')" in r.stderr, r.stderr
+    assert not (tmp_path / "newdir").exists()
+    r = run("export", BEST, "--to", "megatron", "--out", f"{tmp_path}/launch/")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "launch" / "pretrain_megatron.sh").is_file()
+
+
+# issue 34, item 6: a path (or any text) holding an escape sequence is shown, not obeyed
+def test_escape_sequences_in_paths_are_shown_not_sent_to_the_terminal(tmp_path: Path) -> None:
+    from tests.helpers import autoplan as run
+
+    plan = tmp_path / "e\x1b]0;retitled\x07.yaml"
+    plan.write_text(BEST.read_text())
+    for args in (("evaluate", plan), ("check", plan), ("evaluate", tmp_path / "gone\x1b[2J.yaml"),
+                 ("search", *SMALL, "-b", "8", "-s", "4096", "--top", "1", "--out", tmp_path / "o\x1b[2J.yaml")):
+        r = run(*args)
+        assert "\x1b" not in r.stdout + r.stderr and "\x07" not in r.stdout + r.stderr, args
+        assert "\\x1b" in r.stdout + r.stderr, args
+
+
+# issue 34, newcomer 3: typer's own usage errors read as every other error
+@pytest.mark.parametrize(("args", "first"), [
+    (("search", "--train-tokens", "abc"), "autoplan: error: --train-tokens: expected a number, got 'abc'"),
+    (("search", "--top", "0"), "autoplan: error: --top: expected a value >= 1, got '0'"),
+    (("search", "--dtype", "fp4"), "autoplan: error: --dtype: expected one of bf16, fp16, fp8, got 'fp4'"),
+    (("search", "--objective", "bogus"), "autoplan: error: --objective: expected one of time, cost, energy"),
+    (("check", BEST, "--max-regression", "nan"), "autoplan: error: --max-regression: expected a value >= 0"),
+    (("export", BEST), "autoplan: error: --to: required"),
+    (("search", "--topp", "1"), "autoplan: error: --topp: no such option; did you mean --top"),
+    (("search", "-m"), "autoplan: error: -m: expected a value"),
+    (("evaluate",), "autoplan: error: PLAN.yaml: missing argument"),
+    (("nosuch",), "autoplan: error: no such command 'nosuch'"),
+], ids=lambda v: v if isinstance(v, str) and v.startswith("auto") is False else None)
+def test_usage_errors_have_the_one_error_format(args: tuple, first: str) -> None:
+    err = _refused(*args)
+    lines = err.strip().splitlines()
+    assert lines[0].startswith(first), lines
+    assert all(line.startswith("autoplan: error: ") for line in lines), lines
+    assert lines[-1].startswith("autoplan: error: see 'autoplan"), lines
