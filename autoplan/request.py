@@ -190,9 +190,10 @@ def _pooled_request(pooled: PooledCluster, model: Model, job: Job, space: Search
                     measured: Profile | None, gpus: Any, gpus_at: tuple[str, str],
                     notes: list[str], source: str, dtype: Dtype | None) -> Request:
     """A request on a cluster of pools: sized by its pools' nodes, costed analytically."""
-    if gpus is not None:
-        raise InputError.single(*gpus_at, f"cluster {pooled.name} has pools: it is sized by "
-                                          "their nodes (give each pool's nodes in the cluster file)")
+    if gpus is not None and gpus not in (pooled.gpus, str(pooled.gpus)):  # the same count: checked
+        raise InputError.single(*gpus_at, (
+            f"cluster {pooled.name} has pools of {pooled.gpus} GPUs in all, sized by their nodes: "
+            f"leave --gpus out, or give {pooled.gpus} (change each pool's nodes in the cluster file)"))
     if measured is not None:
         raise InputError.single(source, "profile", f"a measured profile corrects one device; "
                                 f"cluster {pooled.name} has pools of several")

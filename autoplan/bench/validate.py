@@ -153,7 +153,8 @@ TORCH_MISSING = "autoplan validate needs torch: pip install 'autoplan[bench]'"
 class Options:
     device: str = "cpu"  # cpu | cuda
     profile: Path | None = None
-    cluster: Path | None = None  # a cluster descriptor of this machine (bench --describe wrote it)
+    # a cluster descriptor of this machine (bench --describe wrote it), or a built-in's name
+    cluster: Path | str | None = None
     slice: bool = False
     stage: int | None = None  # slice: which pipeline stage (default: the highest predicted peak)
     steps: int = DEFAULT_STEPS
@@ -285,7 +286,9 @@ def machine_descriptor(plan: Plan, source: str, options: Options, machine: Machi
         from autoplan.descriptors.library import resolve_cluster
 
         given = resolve_cluster(str(options.cluster), "--cluster", "")
-        return Descriptor(_placed(given, world), f"the cluster file {options.cluster}")
+        ref = str(options.cluster)
+        what = "file" if ref.endswith((".yaml", ".yml", ".json")) or "/" in ref else "built-in"
+        return Descriptor(_placed(given, world), f"the cluster {what} {ref}")
     if options.device == "cpu" and builtin_cluster_matches(plan.cluster):
         raise InputError.single(source, "cluster", (
             f"{plan.cluster.name} is a built-in GPU cluster, not this machine: give --profile CSV "

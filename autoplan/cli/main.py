@@ -48,9 +48,12 @@ if hasattr(typer.core.TyperOption, "display_type_rich"):
 
 app = typer.Typer(
     name="autoplan",
-    help="Choose a parallel execution plan for large-model training: search ranks plans, "
-         "evaluate and explain predict one, export writes launcher configs, check gates CI, "
-         "bench and validate measure on real devices.",
+    help="Plan large-model training and serving. Training: search ranks parallel execution "
+         "plans (several GPU counts: time, cost and energy to train), evaluate and explain predict "
+         "one, export writes launcher configs (Megatron-LM, DeepSpeed, NeMo, torchtitan, Slurm). "
+         "Serving: serve ranks deployments under traffic and latency SLOs, export writes vLLM, "
+         "SGLang or TensorRT-LLM launches. Both: check gates CI, diff compares two plans, bench "
+         "and validate measure on real devices.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -1050,13 +1053,16 @@ def _fit_and_describe(profile: Profile, fit: bool, cluster_ref: str | None, desc
                                      f"{surrogate.CV_FOLDS} folds"), caption_justify="left")
         for col in ("kind", "rows", "analytic", "surrogate"):
             table.add_column(col, justify="left" if col == "kind" else "right")
-        for row in surrogate.fit_report(profile, cluster):
+        report = surrogate.fit_report(profile, cluster)
+        for row in report:
             table.add_row(row.kind, str(row.rows), f"{row.analytic_mape:.1%}",
                           "-" if row.surrogate_mape is None else f"{row.surrogate_mape:.1%}")
         output.out.print(table)
         output.out.print("analytic: the cost model's formula on " + escape(
             cluster.name if cluster else "the machine described from the profile")
             + "; surrogate: the same corrected by forests fitted without the row")
+        for line in _fit_notes(profile, report):
+            output.out.print(escape(line))
     if describe is not None:
         import shlex
 
@@ -1071,6 +1077,28 @@ def _fit_and_describe(profile: Profile, fit: bool, cluster_ref: str | None, desc
         command = shlex.join(["autoplan", *sys.argv[1:]])
         files.write_text(describe, cluster_yaml(cluster, profile, command))
         output.err.print(f"wrote the machine descriptor to {escape(str(describe))}")
+
+
+def _fit_notes(profile: Profile, report: list[Any]) -> list[str]:
+    """What the fit table leaves unsaid: which of the profile's rows it counts, and where
+    the surrogate does worse held out than the formula it corrects."""
+    counts = profile.rows["kind"].value_counts()
+    used = {r.kind: r.rows for r in report}
+    unused = [f"{counts[k] - n} {k}" for k, n in used.items() if counts.get(k, 0) > n]
+    others = [f"{n} {k}" for k, n in sorted(counts.items()) if k not in used]
+    notes = [f"rows: {sum(used.values())} of the profile's {len(profile.rows)} train the surrogate"
+             + (f"; {', '.join(unused)} rows are in a precision no job computes its kernels in "
+                f"(fp32: see autoplan/measured/surrogate.py, dtype rule)" if unused else "")
+             + (f"; {', '.join(others)} rows fit the machine descriptor (--describe) only"
+                if others else "")]
+    for r in report:
+        if r.surrogate_mape is not None and r.surrogate_mape > r.analytic_mape:
+            notes.append(
+                f"{r.kind}: the surrogate's held-out error ({r.surrogate_mape:.1%}) is worse than the "
+                f"formula's ({r.analytic_mape:.1%}): its {r.rows} rows are too few or too scattered to "
+                f"learn from; measure more (longer bench runs, more sizes) before trusting its "
+                f"{r.kind} correction")
+    return notes
 
 
 @app.command("export")
@@ -1153,9 +1181,10 @@ def validate(
         "--profile", help="Profile CSV from `autoplan bench` on this machine: the prediction is made "
                           "on a descriptor fitted on it (default: the plan's own cluster, which must "
                           "describe this machine, e.g. examples/cpu/local-cpu.yaml).")] = None,
-    cluster: Annotated[Path | None, typer.Option(
-        "--cluster", "-c", help="A cluster descriptor of this machine to predict on, such as the one "
-                                "`autoplan bench --describe` wrote (default: the plan's own).")] = None,
+    cluster: Annotated[str | None, typer.Option(
+        "--cluster", "-c", help="Built-in cluster name or descriptor path of this machine to predict "
+                                "on, such as the one `autoplan bench --describe` wrote (default: the "
+                                "plan's own).")] = None,
     slice_: Annotated[bool, typer.Option(
         "--slice", help="Run one rank's share of the plan (one pipeline stage at TP-sharded widths, "
                         "its ZeRO optimizer shard, no communication) and compare its compute time "
@@ -1263,6 +1292,7 @@ def _print_validation(result: Validation) -> None:
 
 class CheckFormat(str, enum.Enum):
     text = "text"
+    table = "table"  # the other commands' name for the text for people: the same report
     json = "json"
     junit = "junit"
 
@@ -1287,8 +1317,8 @@ def check_plan_file(
         help="Write the report here (in --format, also on bad input) and print the text "
                             "report to stdout.")] = None,
     fmt: Annotated[CheckFormat, typer.Option(
-        "--format", "-f", help="text for people and CI logs, json for machines, junit for CI test "
-                               "reports.")] = CheckFormat.text,
+        "--format", "-f", help="text (or table) for people and CI logs, json for machines, junit "
+                               "for CI test reports.")] = CheckFormat.text,
 ) -> None:
     """CI gate for a committed plan: valid, fits memory (with --min-headroom), within
     --max-regression of the best plan: exit 0 pass, 1 a rule failed (each named), 2 bad input.
@@ -1322,7 +1352,7 @@ def check_plan_file(
         files.write_text(out_path, doc)
     if not report.bad_input:
         sys.stdout.write(doc if out_path is None else render.check_text(report))
-    elif fmt is not CheckFormat.text and out_path is None:
+    elif fmt not in (CheckFormat.text, CheckFormat.table) and out_path is None:
         sys.stdout.write(doc)  # a complete report for the CI's reporter; the reason on stderr
     for result in report.rules:
         if result.status is Status.ERROR:
@@ -1369,6 +1399,20 @@ def diff_plan_files(
     output.out.print(escape(render.diff_summary(result)))
     output.out.print(render.diff_changes_table(result))
     output.out.print(render.diff_metrics_table(result))
+
+
+def _one_paragraph_lines(app: typer.Typer) -> None:
+    """Each command's help from its docstring with every paragraph on one line: typer keeps
+    a docstring's line breaks, which the command list then shows mid-sentence."""
+    import inspect
+
+    for info in app.registered_commands:
+        if info.help is None and info.callback is not None and info.callback.__doc__:
+            paragraphs = inspect.cleandoc(info.callback.__doc__).split("\n\n")
+            info.help = "\n\n".join(" ".join(p.split()) for p in paragraphs)
+
+
+_one_paragraph_lines(app)
 
 
 def _usage_errors() -> tuple[type[Exception], ...]:

@@ -34,6 +34,11 @@ def _shown(obj: Any) -> Any:
     return obj
 
 
+# piped output is read by programs and people's pagers, not wrapped by a terminal: a line
+# is never broken (a summary line of 230 characters stays one line; a table keeps its width)
+PIPED_WIDTH = 100_000
+
+
 class _Console(Console):
     """A console that shows control characters in what it prints as escapes."""
 
@@ -41,7 +46,7 @@ class _Console(Console):
         super().print(*(_shown(o) for o in objects), **kwargs)
 
 
-_stdout = _Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 200)
+_stdout = _Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else PIPED_WIDTH)
 out: Console = _stdout
 err: Console = _Console(stderr=True, highlight=False, soft_wrap=True)
 _data_to_stderr = False
@@ -57,7 +62,7 @@ def data_to_stderr() -> None:
     """A file goes to stdout (``--out -``): the table or JSON goes to stderr instead."""
     global out, _data_to_stderr
     out = _Console(stderr=True, highlight=False, soft_wrap=False,
-                  width=None if sys.stderr.isatty() else 200)
+                  width=None if sys.stderr.isatty() else PIPED_WIDTH)
     _data_to_stderr = True
 
 

@@ -377,6 +377,12 @@ def cluster_text(plan: Plan) -> str:
         for i, pool in ((i, placement.cluster.pools[i]) for i in used))
 
 
+def _rate(tflops: float) -> str:
+    """TFLOP/s as whole numbers on a GPU, with three significant digits below 10 (a CPU's
+    0.21 is not 0)."""
+    return f"{tflops:.0f}" if tflops >= 10 else f"{tflops:.3g}"
+
+
 def summary_line(plan: Plan, pred: Prediction) -> str:
     status = "fits" if pred.feasible else "[red]does not fit[/red]"
     return (f"{layout_text(plan)}, micro_batch {plan.micro_batch}, {plan.schedule.value}, "
@@ -385,8 +391,8 @@ def summary_line(plan: Plan, pred: Prediction) -> str:
             f"{', offload ' + offload_text(plan) if plan.offload.any else ''}: "
             f"step {pred.step_time_s:.3f} s, {pred.tokens_per_s:,.0f} tokens/s, "
             f"MFU {pred.mfu:.1%}{MOE_MFU_NOTE if plan.model.is_moe else ''} "
-            f"({pred.tflops_per_gpu:.0f} model / "
-            f"{pred.hw_tflops_per_gpu:.0f} hardware TFLOP/s per GPU), "
+            f"({_rate(pred.tflops_per_gpu)} model / "
+            f"{_rate(pred.hw_tflops_per_gpu)} hardware TFLOP/s per GPU), "
             f"peak {pred.memory.peak / GiB:.1f} of {pred.capacity_bytes / GiB:.0f} GiB, {status}")
 
 

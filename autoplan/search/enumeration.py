@@ -18,7 +18,7 @@ from autoplan.search.bound import TimeBounds
 from autoplan.search.context import Context
 from autoplan.search.floors import MemoryFloors
 from autoplan.search.items import Group, Sched
-from autoplan.search.results import SearchStats, rank_key_static
+from autoplan.search.results import ZERO_UNSHARDED, SearchStats, rank_key_static
 from autoplan.vocab import NO_OFFLOAD, CpComm, Recompute, ZeroStage
 
 
@@ -89,9 +89,16 @@ class Enumeration:
         # group's own only if no other ZeRO stage has one): its ZeRO-3 floor
         # and layout bound are worked out only if it comes up
         floors: dict[bool, float] = {}
+        # one rank per shard: every ZeRO stage holds and moves the same as the first (ZeRO 3
+        # a gathered-layer buffer more); they differ only in the offload they allow
+        unsharded = base.dp * base.cp == 1 and base.edp == 1
         for zero in zeros:
             zero3 = zero is ZeroStage.PARAMETERS and not floors
-            if not floors_of.states_exceed_memory(base, zero, NO_OFFLOAD, mbs, sp):
+            fits = not floors_of.states_exceed_memory(base, zero, NO_OFFLOAD, mbs, sp)
+            if unsharded and zero is not zeros[0] and fits:
+                stats.pruned[ZERO_UNSHARDED] += per_zero  # the first stage's group, again
+                continue
+            if fits:
                 probe = self.ctx.probe(base, mbs, sp, zero, cps[-1], recomputes[0])
                 if zero3 not in floors:
                     floors[zero3] = self.bounds.layout_floor(probe, cps, runnable)

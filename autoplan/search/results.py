@@ -15,11 +15,13 @@ from autoplan.vocab import CpComm
 BOUND = "bound"
 HOST_MEMORY = "offload exceeds the host's memory"
 SPLIT_IS_UNIFORM = "split-is-uniform"
+ZERO_UNSHARDED = "zero-unsharded"
 OUTSIDE_SPACE = "space"
 SEARCH_PRUNING = {
     BOUND: "cannot enter the top k",
     SPLIT_IS_UNIFORM: "best layer split is the uniform one (evaluated as such)",
     OUTSIDE_SPACE: "outside the search space's launcher rules",
+    ZERO_UNSHARDED: "the same plan as a lower ZeRO stage (dp x cp and expert dp are 1: nothing to shard)",
 }
 """Pruning that is the search's own (not a rule of a valid plan), by id."""
 

@@ -26,7 +26,8 @@ def found(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     cluster = where / "small.yaml"
     cluster.write_text(yaml.safe_dump(SMALL))
     plan = where / "plan.yaml"
-    r = autoplan("search", *JOB, "-c", cluster, "--top", "3", "-o", plan, "--format", "json")
+    # --gpus the pools' own count is checked, not refused (issue 34, newcomer 4)
+    r = autoplan("search", *JOB, "-c", cluster, "--gpus", "16", "--top", "3", "-o", plan, "--format", "json")
     assert r.returncode == 0, r.stderr
     return plan, json.loads(r.stdout)
 
@@ -110,7 +111,7 @@ def test_validate_refuses_a_plan_across_pools(found: tuple[Path, dict]) -> None:
 
 
 @pytest.mark.parametrize(("args", "needle"), [
-    (("--gpus", "16"), "--gpus: cluster small-mix has pools: it is sized by their nodes"),
+    (("--gpus", "8"), "--gpus: cluster small-mix has pools of 16 GPUs in all, sized by their nodes"),
     (("--train-tokens", "1e12"), "--train-tokens: cluster small-mix has pools"),
 ])
 def test_options_that_size_or_sweep_one_cluster_are_refused(tmp_path: Path, args: tuple[str, ...],

@@ -1,0 +1,97 @@
+"""The newcomer's frictions of issue 34: one flag vocabulary across commands, help that
+reads whole, no near-duplicate plans, numbers a CPU run can read, a fit report that says
+what it leaves out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+
+from tests.helpers import BEST, REPO, autoplan
+
+
+def test_the_top_level_help_names_serving_too() -> None:
+    r = autoplan("--help")
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    assert "serve ranks deployments" in text and "vLLM" in text
+
+
+def test_the_command_list_never_breaks_a_sentence() -> None:
+    """typer kept a docstring's line breaks: "1 none fits or" / "meets it"."""
+    from autoplan.cli.main import app
+
+    for info in app.registered_commands:
+        first = (info.help or "").split("\n\n")[0]
+        assert "\n" not in first, (info.name, first)
+
+
+def test_check_takes_table_as_the_other_commands_do() -> None:
+    table = autoplan("check", BEST, "--format", "table")
+    text = autoplan("check", BEST, "--format", "text")
+    assert table.returncode == text.returncode == 0
+    assert table.stdout == text.stdout
+
+
+def test_piped_output_never_breaks_a_line() -> None:
+    r = autoplan("evaluate", BEST)
+    summary = next(line for line in r.stdout.splitlines() if "tokens/s" in line and "MFU" in line)
+    assert summary.rstrip().endswith("fits"), summary  # 200 columns used to wrap 'fits' away
+
+
+def test_a_cpu_plans_tflops_are_not_printed_as_zero() -> None:
+    r = autoplan("evaluate", REPO / "examples" / "cpu" / "plan-pp2.yaml")
+    assert r.returncode == 0, r.stderr
+    assert "(0 model / 0 hardware" not in r.stdout
+    line = next(line for line in r.stdout.splitlines() if "hardware TFLOP/s" in line)
+    model = float(line.split("(")[1].split(" model")[0])
+    assert 0 < model < 10
+
+
+def test_with_nothing_to_shard_a_search_offers_one_zero_stage_per_plan() -> None:
+    """dp 1, cp 1, experts unsharded: ZeRO 0, 1 and 2 run identically; the top plans are
+    not the same plan under three names (they were: dp1 tp8 at zero 0, 1, 2)."""
+    r = autoplan("search", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8", "-b", "1", "-s", "1024",
+                 "--top", "3", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    keys = [json.dumps({k: v for k, v in p.items() if k not in ("zero", "prediction")}, sort_keys=True)
+            for p in doc["plans"]]
+    assert doc["plans"][0]["layout"]["dp"] == 1 and len(keys) == len(set(keys)) == 3
+    assert doc["stats"]["pruned"]["zero-unsharded"] > 0
+    # where only a higher stage can offload the optimizer, that stage's offloaded plans stay
+    r = autoplan("search", "-m", "llama3-70b", "-c", "dgx-h100", "--gpus", "8", "-b", "1", "-s", "2048",
+                 "--top", "1", "--space", "megatron", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    best = json.loads(r.stdout)["plans"][0]
+    assert best["zero"] == 1 and best["offload"]["optimizer"] is True
+
+
+def test_the_fit_report_says_which_rows_it_counts_and_where_the_surrogate_loses() -> None:
+    from autoplan.cli.main import _fit_notes
+
+    profile = SimpleNamespace(rows=pd.DataFrame({"kind": ["gemm"] * 5 + ["collective"] * 3 + ["elementwise"] * 2}))
+    report = [SimpleNamespace(kind="gemm", rows=3, analytic_mape=0.1, surrogate_mape=0.05),
+              SimpleNamespace(kind="collective", rows=3, analytic_mape=0.46, surrogate_mape=0.79)]
+    notes = _fit_notes(profile, report)
+    assert notes[0].startswith("rows: 6 of the profile's 10 train the surrogate; 2 gemm rows")
+    assert "2 elementwise rows fit the machine descriptor" in notes[0]
+    assert len(notes) == 2 and notes[1].startswith(
+        "collective: the surrogate's held-out error (79.0%) is worse than the formula's (46.0%)")
+    r = autoplan("bench", "--profile", REPO / "examples" / "cpu" / "profile.csv", "--fit")
+    assert r.returncode == 0 and "rows: 113 of the profile's 232 train the surrogate" in r.stdout
+
+
+def test_validate_takes_a_built_in_cluster_name_as_search_does(tmp_path: Path) -> None:
+    from autoplan.bench import validate as v
+    from autoplan.descriptors.strict import read_yaml
+    from autoplan.planfile import read_plan
+
+    plan_path = REPO / "examples" / "cpu" / "plan-dp2.yaml"
+    plan = read_plan(read_yaml(plan_path), str(plan_path))
+    machine = v.Machine.local("cpu")
+    desc = v.machine_descriptor(plan, "plan.yaml", v.Options(cluster="dgx-h100"), machine)
+    assert desc.cluster.device.name == "h100-sxm" and desc.source == "the cluster built-in dgx-h100"
