@@ -29,8 +29,40 @@ from autoplan.errors import InputError, Problem
 from autoplan.measured.door import corrected
 from autoplan.measured.profile import Profile, read_profile
 from autoplan.measured.shipped import shipped_profile
+from autoplan.units import MAX_MONEY
 from autoplan.vocab import Dtype
 from autoplan.whatif.counts import check_gpu_counts
+from autoplan.whatif.economics import Objective
+
+MAX_TRAIN_TOKENS = 1e18  # ~50,000x Llama 3's 15T tokens
+MAX_DEADLINE_DAYS = 1e6
+
+
+@dataclass(frozen=True, slots=True)
+class TrainGoal:
+    """A job file's ``train:`` section, the file's side of ``search --train-tokens``: the
+    tokens to train on and how to choose among GPU counts (None: the flag's default)."""
+
+    tokens: float
+    objective: Objective | None = None
+    price_per_gpu_hour: float | None = None
+    deadline_days: float | None = None
+    budget_usd: float | None = None
+
+
+def _read_train(f: Fields) -> TrainGoal | None:
+    data = f.raw("train", None)
+    if data is None:
+        return None
+    t = f.child("train", data)
+    goal = TrainGoal(
+        tokens=t.float("tokens", positive=True, max=MAX_TRAIN_TOKENS),
+        objective=t.enum("objective", Objective, None),
+        price_per_gpu_hour=t.float("price_per_gpu_hour", None, positive=True, max=MAX_MONEY),
+        deadline_days=t.float("deadline_days", None, positive=True, max=MAX_DEADLINE_DAYS),
+        budget_usd=t.float("budget_usd", None, positive=True, max=MAX_MONEY))
+    t.close()
+    return goal if t.ok and goal.tokens is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +81,7 @@ class Request:
     # a heterogeneous cluster (``cluster:`` with pools; search/pooled.py); ``cluster`` is
     # then its first pool
     pools: PooledCluster | None = None
+    train: TrainGoal | None = None  # the job file's train: section (time to train)
 
     @property
     def clusters(self) -> tuple[Cluster, ...]:
@@ -71,6 +104,7 @@ def build_request(
 ) -> Request:
     problems: list[Problem] = []
     doc: dict[str, Any] = {}
+    train: TrainGoal | None = None
     source = str(job_file) if job_file else "command line"
     if job_file is not None:
         data = read_yaml(job_file)
@@ -79,6 +113,7 @@ def build_request(
                                                 "stack")}
         doc["gpus"] = (f.int_list("gpus", None, min=1) if isinstance(f.raw("gpus", None), list)
                        else f.int("gpus", None, min=1))
+        train = _read_train(f)
         f.close()
         _raise(problems)
     # options override the file, and say so where they change it
@@ -153,8 +188,9 @@ def build_request(
     n = gpus if gpus is not None else doc.get("gpus")
     gpus_src, gpus_field = ("--gpus", "") if gpus is not None else (source, "gpus")
     if pooled is not None:
-        return _pooled_request(pooled, resolved_model, job, resolved_space, measured, n,
-                               (gpus_src, gpus_field), notes, source, dtype)
+        return dataclasses.replace(_pooled_request(pooled, resolved_model, job, resolved_space,
+                                                   measured, n, (gpus_src, gpus_field), notes,
+                                                   source, dtype), train=train)
     sizes: tuple[Cluster, ...] = ()
     if isinstance(n, (list, tuple)):
         counts = check_gpu_counts(n, gpus_src, gpus_field)
@@ -183,7 +219,7 @@ def build_request(
         notes.append(door.note.removeprefix("autoplan: note: "))
     sizes = tuple(corrected(c, measured).cluster for c in sizes)
     return Request(resolved_model, resolved_cluster, job, resolved_space, measured, sizes,
-                   tuple(notes))
+                   tuple(notes), train=train)
 
 
 def _pooled_request(pooled: PooledCluster, model: Model, job: Job, space: SearchSpace,

@@ -28,8 +28,7 @@ from autoplan.whatif.economics import Objective
 if TYPE_CHECKING:
     from autoplan.bench.validate import Validation
     from autoplan.measured.profile import Profile
-    from autoplan.request import Request
-    from autoplan.whatif.sweep import Sweep
+    from autoplan.request import Request, TrainGoal
 
 def _flag_type_hidden(display: Any) -> Any:
     """typer shows a flag (--fit, --help) as taking ``<bool>``; it takes no value."""
@@ -157,16 +156,19 @@ def search(
         "--recompute-modules", help="What selective recompute recomputes in this search, "
                                     "Megatron-Core's modules: e.g. moe_act,layernorm,mla_up_proj "
                                     "(default: the attention core).")] = None,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", "-q", help="No progress on stderr (a spinner on a terminal, lines elsewhere).")] = False,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Rank the plans that fit: exit 0 found, 1 none fits, 2 bad input."""
+    if quiet:
+        output.quiet()
     from autoplan.planfile import plan_document
     from autoplan.request import build_request
     from autoplan.search.engine import search as run_search
     from autoplan.whatif.counts import parse_gpu_counts
 
     counts = parse_gpu_counts(gpus) if gpus is not None else None
-    whatif = _WhatIf.read(train_tokens, objective, price, deadline, budget, plot)
     for target in (out_path, plot):  # refused before the search, not after it
         if target is not None:
             files.check_target(target)
@@ -179,6 +181,8 @@ def search(
                         gpus=None if counts is None else counts[0] if len(counts) == 1 else counts,
                         global_batch=global_batch, seq_len=seq_len, dtype=dtype, space=space,
                         moe_imbalance=moe_imbalance, profile=profile, stack=stack)
+    whatif = _WhatIf.from_flags_and_file(req.train, job_file, train_tokens, objective, price, deadline,
+                                         budget, plot)
     if no_offload:
         req = dataclasses.replace(req, space=dataclasses.replace(req.space, offload=(NO_OFFLOAD,)))
     if recompute_modules is not None:
@@ -207,10 +211,7 @@ def search(
     if whatif is not None:
         _search_whatif(req, whatif, top, out_path, fmt, headroom)
         return
-    if output.interactive(fmt.value):
-        with output.err.status(f"searching {req.space.name} space on {req.cluster.gpus} GPUs ..."):
-            result = run_search(req.model, req.cluster, req.job, req.space, top, headroom)
-    else:
+    with output.working(fmt.value, f"searching {req.space.name} space on {req.cluster.gpus} GPUs ..."):
         result = run_search(req.model, req.cluster, req.job, req.space, top, headroom)
     if not result.plans:
         if fmt is Format.json:
@@ -260,12 +261,9 @@ def _search_pooled(req: Request, top: int, out_path: Path | None, fmt: Format,
     if headroom is not None and headroom >= smallest:
         raise InputError.single("--min-headroom", "", f"expected less than the smallest "
                                 f"device's {smallest / GiB:.0f} GiB, got {min_headroom:g}")
-    if output.interactive(fmt.value):
-        with output.err.status(f"searching {req.space.name} space on {pools.gpus} GPUs "
-                               f"in {len(pools.pools)} pools ..."):
-            result = search_pooled(req.model, pools, req.job, req.space, top, headroom)
-    else:
-        result = search_pooled(req.model, pools, req.job, req.space, top, headroom)
+    with output.working(fmt.value, f"searching {req.space.name} space on {pools.gpus} GPUs in "
+                        f"{len(pools.pools)} pools ...", lines=True) as tell:
+        result = search_pooled(req.model, pools, req.job, req.space, top, headroom, tell)
     verdict = result.verdict()
     alone = [{"pool": p.name, "gpus": p.gpus, "device": p.device.name,
               **({"tokens_per_s": r.plans[0].prediction.tokens_per_s,
@@ -306,9 +304,6 @@ def _search_pooled(req: Request, top: int, out_path: Path | None, fmt: Format,
             output.err.print(f"wrote the best plan to {files.name(out_path)}")
 
 
-MAX_TRAIN_TOKENS = 1e18  # ~50,000x Llama 3's 15T tokens
-
-
 @dataclass(frozen=True, slots=True)
 class _WhatIf:
     """The time-to-train options of ``search``, checked."""
@@ -330,9 +325,12 @@ class _WhatIf:
                 if value is not None:
                     raise InputError.single(flag, "", "needs --train-tokens (the run it prices)")
             return None
+        from autoplan.request import MAX_DEADLINE_DAYS, MAX_TRAIN_TOKENS
+
         problems = []
         for flag, value, hi in (("--train-tokens", train_tokens, MAX_TRAIN_TOKENS),
-                                ("--price", price, MAX_MONEY), ("--deadline", deadline, 1e6),
+                                ("--price", price, MAX_MONEY),
+                                ("--deadline", deadline, MAX_DEADLINE_DAYS),
                                 ("--budget", budget, MAX_MONEY)):
             if value is not None and not (math.isfinite(value) and 0 < value <= hi):
                 problems.append(Problem(flag, "", f"expected a number > 0 and <= {hi:g}, "
@@ -342,6 +340,28 @@ class _WhatIf:
         if problems:
             raise InputError(problems)
         return cls(train_tokens, objective or Objective.TIME, price, deadline, budget, plot)
+
+    @classmethod
+    def from_flags_and_file(cls, goal: TrainGoal | None, job_file: Path | None,
+                            train_tokens: float | None, objective: Objective | None,
+                            price: float | None, deadline: float | None, budget: float | None,
+                            plot: Path | None) -> _WhatIf | None:
+        """The flags over the job file's ``train:`` section (each flag overrides its field)."""
+        if goal is None:
+            return cls.read(train_tokens, objective, price, deadline, budget, plot)
+        for flag, value, was in (("--train-tokens", train_tokens, goal.tokens),
+                                 ("--objective", objective, goal.objective),
+                                 ("--price", price, goal.price_per_gpu_hour),
+                                 ("--deadline", deadline, goal.deadline_days),
+                                 ("--budget", budget, goal.budget_usd)):
+            if value is not None and was is not None and value != was:
+                shown = value.value if isinstance(value, enum.Enum) else f"{value:g}"
+                was_shown = was.value if isinstance(was, enum.Enum) else f"{was:g}"
+                output.err.print(f"autoplan: note: {flag} {shown} overrides {job_file}'s "
+                                 f"{was_shown}", markup=False)
+        return cls.read(train_tokens or goal.tokens, objective or goal.objective,
+                        price or goal.price_per_gpu_hour, deadline or goal.deadline_days,
+                        budget or goal.budget_usd, plot)
 
 
 def _search_whatif(req: Request, whatif: _WhatIf, top: int, out_path: Path | None,
@@ -362,17 +382,11 @@ def _search_whatif(req: Request, whatif: _WhatIf, top: int, out_path: Path | Non
                                                    f"(load, idle) in its device file")
     counts = [c.gpus for c in req.clusters]
 
-    def run() -> Sweep:
-        return sweep(req.model, req.clusters, req.job, req.space, train_tokens=whatif.train_tokens,
-                     objective=whatif.objective, price_per_gpu_hour=price, top_k=top,
-                     min_headroom_bytes=headroom)
-
-    if output.interactive(fmt.value):
-        with output.err.status(f"searching {req.space.name} space on "
-                               f"{', '.join(map(str, counts))} GPUs ..."):
-            result = run()
-    else:
-        result = run()
+    with output.working(fmt.value, f"searching {req.space.name} space on "
+                        f"{', '.join(map(str, counts))} GPUs ...", lines=len(counts) > 1) as tell:
+        result = sweep(req.model, req.clusters, req.job, req.space, train_tokens=whatif.train_tokens,
+                       objective=whatif.objective, price_per_gpu_hour=price, top_k=top,
+                       min_headroom_bytes=headroom, progress=tell)
     limits = constrain(result.front, whatif.objective, deadline_days=whatif.deadline,
                        budget_usd=whatif.budget)
     ranked = [p for p in result.ranked() if all(meets(p, whatif.deadline, whatif.budget))][:top]
@@ -522,10 +536,14 @@ def serve(
     top: Annotated[int, typer.Option("--top", "-k", min=1, help="How many plans to show.")] = 10,
     out_path: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Write the best plan here.", parser=files.out_path, metavar="<path>")] = None,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", "-q", help="No progress on stderr (a spinner on a terminal, lines elsewhere).")] = False,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Rank serving deployments under a workload: exit 0 one meets the SLO, 1 none fits or
     meets it, 2 bad input."""
+    if quiet:
+        output.quiet()
     from autoplan.serving.evaluate import serving_document
     from autoplan.serving.request import ServeOptions, build_serve_request, check_serve_options
     from autoplan.serving.search import serve_search
@@ -560,11 +578,7 @@ def serve(
         _serve_sweep(req, counts, goal or ServeObjective.GOODPUT, price, disaggregated, plot, top, out_path,
                      fmt)
         return
-    if output.interactive(fmt.value):
-        with output.err.status(f"simulating deployments on {c.gpus} GPUs ..."):
-            result = serve_search(m, c, eng, workload, slo, w_list, kv_list, disaggregated=disaggregated,
-                                  speculative=req.speculative)
-    else:
+    with output.working(fmt.value, f"simulating deployments on {c.gpus} GPUs ..."):
         result = serve_search(m, c, eng, workload, slo, w_list, kv_list, disaggregated=disaggregated,
                               speculative=req.speculative)
     shown = result.plans[:top]
@@ -650,14 +664,11 @@ def _serve_sweep(req: Any, counts: tuple[int, ...], goal: Any, price: float | No
 
     m, c, eng, slo = req.model, req.base_cluster, req.engine, req.slo
     assert c is not None
-    run = lambda: serve_sweep(m, c, counts, eng, req.workload, slo, req.weights, req.kv_caches,  # noqa: E731
-                              objective=goal, price_per_gpu_hour=price, disaggregated=disaggregated,
-                              speculative=req.speculative)
-    if output.interactive(fmt.value):
-        with output.err.status(f"simulating deployments on {', '.join(map(str, counts))} GPUs ..."):
-            sweep = run()
-    else:
-        sweep = run()
+    with output.working(fmt.value, f"simulating deployments on {', '.join(map(str, counts))} GPUs ...",
+                        lines=True) as tell:
+        sweep = serve_sweep(m, c, counts, eng, req.workload, slo, req.weights, req.kv_caches,
+                            objective=goal, price_per_gpu_hour=price, disaggregated=disaggregated,
+                            speculative=req.speculative, progress=tell)
     chosen = sweep.chosen
     best = None if chosen is None else chosen.best
     if out_path is not None and best is not None:  # checked by serve before the sweep ran

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rich.console import Console, Group
@@ -52,10 +54,42 @@ err: Console = _Console(stderr=True, highlight=False, soft_wrap=True)
 _data_to_stderr = False
 
 
+_quiet = False
+
+
 def reset() -> None:
-    """Each command starts with its data on stdout."""
-    global out, _data_to_stderr
-    out, _data_to_stderr = _stdout, False
+    """Each command starts with its data on stdout, progress shown."""
+    global out, _data_to_stderr, _quiet
+    out, _data_to_stderr, _quiet = _stdout, False, False
+
+
+def quiet() -> None:
+    """``--quiet``: no progress, neither spinner nor lines."""
+    global _quiet
+    _quiet = True
+
+
+def _nothing(_: str) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def working(fmt: str, message: str, *, lines: bool = False) -> Iterator[Callable[[str], None]]:
+    """Progress while a command works; yields where to tell what has finished. A spinner
+    on a terminal (not in CI, not for JSON); with ``lines`` (the searches that take
+    seconds), plain lines on stderr elsewhere (a pipe, a CI log); nothing when quiet."""
+    if _quiet:
+        yield _nothing
+    elif interactive(fmt):
+        from rich.markup import escape
+
+        with err.status(escape(message)) as status:
+            yield lambda line: status.update(escape(f"{message} {line}"))
+    elif lines:
+        err.print(f"autoplan: {message}", markup=False)
+        yield lambda line: err.print(f"autoplan: {line}", markup=False)
+    else:
+        yield _nothing
 
 
 def data_to_stderr() -> None:

@@ -127,24 +127,32 @@ def _ratio(a: Ranked, b: Ranked) -> str:
 
 
 def search_pooled(model: Model, cluster: PooledCluster, job: Job, space: SearchSpace,
-                  top_k: int = 10, min_headroom_bytes: float | None = None) -> PooledResult:
+                  top_k: int = 10, min_headroom_bytes: float | None = None,
+                  progress: Callable[[str], None] | None = None) -> PooledResult:
     """The top_k plans by predicted tokens/s on the pools alone and across them (module
     doc). ``min_headroom_bytes``: what every plan leaves free on each GPU (None: each
     device's default, ``memory.default_headroom_bytes``). One cost scope
-    (``autoplan.caches``) holds the searches on each pool and across them."""
+    (``autoplan.caches``) holds the searches on each pool and across them. ``progress``:
+    told as each stage of the search ends."""
     with caches.scope():
-        return _search_pooled(model, cluster, job, space, top_k, min_headroom_bytes)
+        return _search_pooled(model, cluster, job, space, top_k, min_headroom_bytes,
+                              progress or (lambda _: None))
 
 
 def _search_pooled(model: Model, cluster: PooledCluster, job: Job, space: SearchSpace,
-                   top_k: int, min_headroom_bytes: float | None) -> PooledResult:
+                   top_k: int, min_headroom_bytes: float | None,
+                   progress: Callable[[str], None]) -> PooledResult:
     space = _on_gpus(space)
 
     def headroom(c: Cluster) -> float:
         return (default_headroom_bytes(c.device.mem_bytes) if min_headroom_bytes is None
                 else min_headroom_bytes)
 
-    alone = tuple(search(model, pool, job, space, top_k, headroom(pool)) for pool in cluster.pools)
+    alone_found = []
+    for i, pool in enumerate(cluster.pools):
+        alone_found.append(search(model, pool, job, space, top_k, headroom(pool)))
+        progress(f"searched pool {pool.name} alone ({i + 1} of {len(cluster.pools)} pools)")
+    alone = tuple(alone_found)
     stats = SearchStats()
     # best first: every group's bound, then its plans split and evaluated in the bounds'
     # order until a bound passes the k-th best step time so far (of the plans alone and
@@ -163,6 +171,7 @@ def _search_pooled(model: Model, cluster: PooledCluster, job: Job, space: Search
     def beyond(bound: float) -> bool:
         return len(kept) >= top_k and bound > kept[top_k - 1] and bound > best_across[0]
 
+    progress(f"searching plans across pools: {len(queue):,} layout groups by bound")
     no_room = _NoRoom()
     for n, (bound, _, variants) in enumerate(queue):
         if beyond(bound):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from autoplan.descriptors.hardware import Cluster
@@ -71,8 +71,10 @@ def objective_value(r: Ranked, objective: ServeObjective, slo: Slo) -> float:
 def serve_sweep(model: Model, cluster: Cluster, counts: Sequence[int], engine: Engine, workload: Workload,
                 slo: Slo, weights: Sequence[Precision], kv_caches: Sequence[Precision], *,
                 objective: ServeObjective = ServeObjective.GOODPUT, price_per_gpu_hour: float | None = None,
-                disaggregated: bool = False, speculative: Speculative | None = None) -> ServeSweep:
-    """The serve search at each of ``counts`` GPUs of ``cluster``'s kind (module doc)."""
+                disaggregated: bool = False, speculative: Speculative | None = None,
+                progress: Callable[[str], None] | None = None) -> ServeSweep:
+    """The serve search at each of ``counts`` GPUs of ``cluster``'s kind (module doc);
+    ``progress`` is told of each count as its search ends."""
     dev = cluster.device
     if objective is ServeObjective.COST and price_per_gpu_hour is None and dev.price_per_gpu_hour is None:
         raise InputError.single("--objective", "", f"cost needs a price: {dev.name}'s file gives no "
@@ -89,6 +91,8 @@ def serve_sweep(model: Model, cluster: Cluster, counts: Sequence[int], engine: E
             result = replace(result, plans=tuple(replace(r, prediction=r.prediction.priced(price))
                                                  for r in result.plans))
         results.append(CountResult(n, result))
+        if progress is not None:
+            progress(f"simulated {n:,} GPUs ({len(results)} of {len(set(counts))} counts)")
     bests = [(c.gpus, best) for c in results if (best := c.best) is not None]
     order = sorted(bests, key=lambda gb: (not gb[1].prediction.meets_slo,
                                           objective_value(gb[1], objective, slo), gb[0]))

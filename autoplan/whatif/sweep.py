@@ -15,7 +15,7 @@ import multiprocessing
 import os
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
 from autoplan import caches
@@ -26,6 +26,9 @@ from autoplan.descriptors.space import SearchSpace
 from autoplan.plan import Plan, Prediction
 from autoplan.search.engine import SearchResult, SearchStats
 from autoplan.whatif.economics import Economics, Objective, economics
+
+# told what has finished, in a sentence (the command line prints it as progress)
+Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,11 +85,12 @@ def sweep(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpac
           train_tokens: float, objective: Objective = Objective.TIME,
           price_per_gpu_hour: float | None = None, top_k: int = 10,
           searcher: Searcher | None = None, jobs: int | None = None,
-          min_headroom_bytes: float = 0.0) -> Sweep:
+          min_headroom_bytes: float = 0.0, progress: Progress | None = None) -> Sweep:
     """Search each cluster size (ascending GPUs); see module doc. ``price_per_gpu_hour``
     None takes the device's (which may be None too: costs are then None). ``jobs``:
     searches run at once (None: one per usable CPU). ``min_headroom_bytes``: what every
-    plan leaves free per GPU (``search.engine.search``; a ``searcher`` given decides its own)."""
+    plan leaves free per GPU (``search.engine.search``; a ``searcher`` given decides its own).
+    ``progress``: told of each count as its search ends."""
     clusters = sorted(clusters, key=lambda c: c.gpus)
     assert clusters and train_tokens > 0
     price = price_per_gpu_hour if price_per_gpu_hour is not None else \
@@ -95,7 +99,8 @@ def sweep(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpac
         if searcher is not None:
             results = tuple(searcher(model, c, job, space, top_k) for c in clusters)
         else:
-            results = _search_all(model, clusters, job, space, top_k, jobs, min_headroom_bytes)
+            results = _search_all(model, clusters, job, space, top_k, jobs, min_headroom_bytes,
+                                  progress)
     every: list[Point] = []
     points = []
     for result in results:
@@ -109,7 +114,8 @@ def sweep(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpac
 
 
 def _search_all(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpace,
-                top_k: int, jobs: int | None, headroom: float = 0.0) -> tuple[SearchResult, ...]:
+                top_k: int, jobs: int | None, headroom: float = 0.0,
+                progress: Progress | None = None) -> tuple[SearchResult, ...]:
     """One search per cluster, in ``jobs`` forked worker processes where the platform
     forks (searches are independent and CPU-bound; the results are the same as one
     after another, in cluster order). Forked workers share this interpreter's hash
@@ -119,14 +125,29 @@ def _search_all(model: Model, clusters: Sequence[Cluster], job: Job, space: Sear
     if jobs is None:
         jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     jobs = max(1, min(jobs, len(clusters)))
+    done: list[int] = []
+
+    def told(c: Cluster) -> None:
+        done.append(c.gpus)
+        if progress is not None:
+            progress(f"searched {c.gpus:,} GPUs ({len(done)} of {len(clusters)} counts)")
+
     if jobs == 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return tuple(search(model, c, job, space, top_k, headroom) for c in clusters)
+        out = []
+        for c in clusters:
+            out.append(search(model, c, job, space, top_k, headroom))
+            told(c)
+        return tuple(out)
     # the largest count first: it takes longest, the others fill in around it
     order = sorted(range(len(clusters)), key=lambda i: -clusters[i].gpus)
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-        futures = {i: pool.submit(search, model, clusters[i], job, space, top_k, headroom)
+        futures = {pool.submit(search, model, clusters[i], job, space, top_k, headroom): i
                    for i in order}
-        return tuple(futures[i].result() for i in range(len(clusters)))
+        results: dict[int, SearchResult] = {}
+        for future in as_completed(futures):
+            results[futures[future]] = future.result()
+            told(clusters[futures[future]])
+        return tuple(results[i] for i in range(len(clusters)))
 
 
 def pareto_front(points: Sequence[Point]) -> tuple[Point, ...]:

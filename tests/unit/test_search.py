@@ -43,6 +43,8 @@ def brute_force(model, cluster, job, space):
             for v in (range(2, space.vpp_max + 1) if s is Schedule.INTERLEAVED
                       else [2] if s.v_shape else [1])]
         zeros = [z for z in space.zero if pp == 1 or z <= space.zero_max_with_pp]
+        if dp * cp == 1:  # nothing to shard: every stage is the first's plan (zero-unsharded)
+            zeros = zeros[:1]
         sps = space.sequence_parallel if tp > 1 else (False,)
         for mbs, (sched, v), rc, zero, sp in itertools.product(
                 space.micro_batches, scheds, space.recompute, zeros, sps):

@@ -1,0 +1,67 @@
+"""Every command in README.md's code blocks runs as a newcomer runs it (issue 34): from a
+folder holding the repository's examples, each exits 0. The two that measure this machine
+for minutes (``bench --device``, ``validate``) are parsed, not run: their options must
+still be the command's own; the profile ``bench --device`` would write is the one it wrote
+for examples/cpu/ (its header says so), so the commands after it run on it."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, autoplan
+
+README = REPO / "README.md"
+PARSED_ONLY = (("bench", "--device"), ("validate",))  # minutes of measuring on a CPU
+
+
+def readme_commands() -> list[str]:
+    """The ``autoplan`` command lines of README.md's fenced blocks, continuation lines
+    joined, comments cut; ``pip install ... && autoplan ...`` gives its autoplan part."""
+    found = []
+    for body in re.findall(r"```[a-z]*\n(.*?)```", README.read_text(), re.S):
+        for line in body.replace("\\\n", " ").splitlines():
+            for part in line.split("&&"):
+                part = part.split("   #")[0].strip()
+                if part.startswith("autoplan "):
+                    found.append(part)
+    return found
+
+
+COMMANDS = readme_commands()
+
+
+def test_the_readme_has_the_commands_this_test_runs() -> None:
+    assert len(COMMANDS) >= 15
+    assert any(c.startswith("autoplan serve") for c in COMMANDS)
+    assert any(c.startswith("autoplan bench --device") for c in COMMANDS)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    where = tmp_path_factory.mktemp("newcomer")
+    (where / "examples").symlink_to(REPO / "examples")
+    shutil.copy(REPO / "examples" / "cpu" / "profile.csv", where / "profile.csv")  # bench --device's
+    return where
+
+
+@pytest.mark.parametrize("line", COMMANDS, ids=[c[9:60] for c in COMMANDS])
+def test_each_readme_command_runs(line: str, workdir: Path) -> None:
+    args = shlex.split(line)[1:]
+    if any(tuple(args[:len(p)]) == p for p in PARSED_ONLY):
+        from typer.main import get_command
+
+        from autoplan.cli.main import app
+
+        group = get_command(app)
+        command = group.get_command(None, args[0])  # type: ignore[arg-type]
+        assert command is not None
+        command.make_context(args[0], args[1:])  # raises on an option it does not take
+        return
+    r = autoplan(*args, cwd=workdir)
+    assert r.returncode == 0, (line, r.stderr[-1500:])
+    assert "Traceback" not in r.stderr
