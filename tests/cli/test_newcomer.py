@@ -95,3 +95,39 @@ def test_validate_takes_a_built_in_cluster_name_as_search_does(tmp_path: Path) -
     machine = v.Machine.local("cpu")
     desc = v.machine_descriptor(plan, "plan.yaml", v.Options(cluster="dgx-h100"), machine)
     assert desc.cluster.device.name == "h100-sxm" and desc.source == "the cluster built-in dgx-h100"
+
+
+def test_a_sweep_says_what_it_has_done_on_stderr_unless_quiet() -> None:
+    args = ("search", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8,16", "-b", "64", "-s", "4096",
+            "--train-tokens", "1e11", "--top", "1")
+    r = autoplan(*args)
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("autoplan: search")]
+    assert lines[0] == "autoplan: searching default space on 8, 16 GPUs ..."
+    assert {line.split(" (")[0] for line in lines[1:]} == {"autoplan: searched 8 GPUs",
+                                                           "autoplan: searched 16 GPUs"}
+    quiet = autoplan(*args, "--quiet")
+    assert quiet.returncode == 0 and "autoplan: search" not in quiet.stderr
+    assert quiet.stdout == r.stdout
+    single = autoplan("search", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8", "-b", "64", "-s", "4096")
+    assert "autoplan: search" not in single.stderr  # a second's search says nothing
+
+
+def test_a_job_files_train_section_is_the_train_flags(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("model: llama3-8b\ncluster: dgx-h100\ngpus: [8, 16]\n"
+                   "job: {global_batch: 64, seq_len: 4096}\n"
+                   "train: {tokens: 1e11, objective: cost}\n")
+    from_file = autoplan("search", job, "--top", "1", "--format", "json", "-q")
+    from_flags = autoplan("search", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8,16", "-b", "64",
+                          "-s", "4096", "--train-tokens", "1e11", "--objective", "cost", "--top", "1",
+                          "--format", "json", "-q")
+    assert from_file.returncode == from_flags.returncode == 0, from_file.stderr
+    assert json.loads(from_file.stdout) == json.loads(from_flags.stdout)
+    r = autoplan("search", job, "--top", "1", "--objective", "time", "-q")
+    assert r.returncode == 0 and f"--objective time overrides {job}'s cost" in r.stderr
+    job.write_text("model: llama3-8b\ncluster: dgx-h100\ngpus: [8, 16]\njob: {global_batch: 64, seq_len: 4096}\n"
+                   "train: {tokens: -1, objectve: cost}\n")
+    r = autoplan("search", job)
+    assert r.returncode == 2
+    assert "train.tokens: expected a number > 0" in r.stderr and "train.objectve: unknown field" in r.stderr
