@@ -73,7 +73,8 @@ def test_with_nothing_to_shard_a_search_offers_one_zero_stage_per_plan() -> None
 def test_the_fit_report_says_which_rows_it_counts_and_where_the_surrogate_loses() -> None:
     from autoplan.cli.main import _fit_notes
 
-    profile = SimpleNamespace(rows=pd.DataFrame({"kind": ["gemm"] * 5 + ["collective"] * 3 + ["elementwise"] * 2}))
+    kinds = ["gemm"] * 5 + ["collective"] * 3 + ["elementwise"] * 2
+    profile = SimpleNamespace(rows=pd.DataFrame({"kind": kinds}))
     report = [SimpleNamespace(kind="gemm", rows=3, analytic_mape=0.1, surrogate_mape=0.05),
               SimpleNamespace(kind="collective", rows=3, analytic_mape=0.46, surrogate_mape=0.79)]
     notes = _fit_notes(profile, report)
@@ -118,16 +119,15 @@ def test_a_job_files_train_section_is_the_train_flags(tmp_path: Path) -> None:
     job.write_text("model: llama3-8b\ncluster: dgx-h100\ngpus: [8, 16]\n"
                    "job: {global_batch: 64, seq_len: 4096}\n"
                    "train: {tokens: 1e11, objective: cost}\n")
-    from_file = autoplan("search", job, "--top", "1", "--format", "json", "-q")
+    from_file = autoplan("search", job, "--top", "1", "--format", "json", "--objective", "time")
     from_flags = autoplan("search", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8,16", "-b", "64",
-                          "-s", "4096", "--train-tokens", "1e11", "--objective", "cost", "--top", "1",
+                          "-s", "4096", "--train-tokens", "1e11", "--objective", "time", "--top", "1",
                           "--format", "json", "-q")
     assert from_file.returncode == from_flags.returncode == 0, from_file.stderr
     assert json.loads(from_file.stdout) == json.loads(from_flags.stdout)
-    r = autoplan("search", job, "--top", "1", "--objective", "time", "-q")
-    assert r.returncode == 0 and f"--objective time overrides {job}'s cost" in r.stderr
-    job.write_text("model: llama3-8b\ncluster: dgx-h100\ngpus: [8, 16]\njob: {global_batch: 64, seq_len: 4096}\n"
-                   "train: {tokens: -1, objectve: cost}\n")
+    assert f"--objective time overrides {job}'s cost" in from_file.stderr
+    job.write_text("model: llama3-8b\ncluster: dgx-h100\ngpus: [8, 16]\n"
+                   "job: {global_batch: 64, seq_len: 4096}\ntrain: {tokens: -1, objectve: cost}\n")
     r = autoplan("search", job)
     assert r.returncode == 2
     assert "train.tokens: expected a number > 0" in r.stderr and "train.objectve: unknown field" in r.stderr

@@ -10,7 +10,6 @@ import json
 import shutil
 import subprocess
 import sys
-import tomllib
 import xml.dom.minidom
 from pathlib import Path
 from typing import Any
@@ -65,6 +64,10 @@ def _parses(filename: str, text: str) -> Any:
     if filename.endswith(".json"):
         return json.loads(text)
     if filename.endswith(".toml"):
+        try:
+            import tomllib  # Python 3.11+
+        except ImportError:  # pragma: no cover - 3.10: the structure compared without it
+            return {"toml": text.count("\n[")}
         return tomllib.loads(text)
     if filename.endswith((".sh", ".sbatch")) or text.startswith("#!"):
         bash = shutil.which("bash")

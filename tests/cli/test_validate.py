@@ -130,12 +130,23 @@ def test_one_ranks_slice_runs_on_cpu_and_compares_compute_time(tmp_path: Path) -
     assert widths["kv_heads"] == SMALL["kv_heads"] // 2 and widths["vocab"] == SMALL["vocab"] // 2
 
 
-@pytest.mark.slow
-def test_the_table_says_what_ran_and_how_it_compares(tmp_path: Path) -> None:
-    result = validate_run(small("plan-tp2.yaml", tmp_path), "--slice", *QUICK)
-    assert result.returncode in (0, 1), result.stderr
-    assert "measured against predicted" in result.stdout
-    assert "compute time" in result.stdout and "peak memory" in result.stdout
+def test_the_table_says_what_ran_and_how_it_compares(capsys: pytest.CaptureFixture[str]) -> None:
+    """A slice's table (the run itself: ``test_one_ranks_slice_runs_on_cpu_and_compares_compute_time``)."""
+    from autoplan.cli.main import _print_validation
+    from autoplan.cost.evaluate import evaluate
+
+    plan = example("plan-tp2.yaml")
+    rank = v.RankRun(rank=0, stage=0, step_times_s=(1.0, 1.1), peak_memory_bytes=2**30,
+                     predicted_peak_bytes=2**30, state_bytes={}, threads=1)
+    result = v.Validation(
+        source="plan-tp2.yaml", mode="slice", device="cpu", plan=plan, prediction=evaluate(plan),
+        descriptor="the plan's cluster", step_times_s=(1.0, 1.1), measured_peak_bytes=2**30,
+        predicted_time_s=1.0, predicted_peak_bytes=2**30, ranks=(rank,), time_tolerance=0.5,
+        memory_tolerance=0.25, extra={})
+    _print_validation(result)
+    out = capsys.readouterr().out
+    assert "measured against predicted" in out
+    assert "compute time" in out and "peak memory" in out
 
 
 # --------------------------------------------------------------------------- refusals
