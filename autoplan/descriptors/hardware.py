@@ -283,18 +283,27 @@ def _scaled(value: float | None, unit: float) -> float | None:
     return None if value is None else value / unit
 
 
+# what a device file may say, from a CPU core (a GFLOP/s, a MiB, a MB/s) to a thousand
+# times today's largest accelerator (B200: 2.25 PFLOP/s dense fp8, 192 GB, 8 TB/s): past
+# these a number is not a device, and arithmetic on it would give no step time worth showing
+PEAK_TFLOPS_RANGE = (1e-3, 1e7)
+DEVICE_MEM_GIB_RANGE = (2.0 ** -10, 1e6)
+HBM_GBPS_RANGE = (1e-3, 1e7)
+
+
 def read_device(f: Fields) -> Device | None:
     before = len(f.problems)
     name = f.name("name")
     peaks = f.child("peak_tflops", f.raw("peak_tflops"))
-    bf16 = peaks.float("bf16", positive=True)
-    fp16 = peaks.float("fp16", bf16, positive=True) if bf16 is not None else None
-    fp8 = peaks.float("fp8", None, positive=True)
-    peaks.float("tf32", None, positive=True)  # accepted for completeness; GEMMs here are 16/8-bit
+    lo, hi = PEAK_TFLOPS_RANGE
+    bf16 = peaks.float("bf16", min=lo, max=hi)
+    fp16 = peaks.float("fp16", bf16, min=lo, max=hi)  # default: the bf16 peak
+    fp8 = peaks.float("fp8", None, min=lo, max=hi)
+    peaks.float("tf32", None, min=lo, max=hi)  # accepted for completeness; GEMMs here are 16/8-bit
     peaks.close()
-    mem = f.float("mem_GiB", positive=True)
-    hbm = f.float("hbm_GBps", positive=True)
-    reserve = f.float("reserve_GiB", DEFAULT_RESERVE_GIB, min=0.0)
+    mem = f.float("mem_GiB", min=DEVICE_MEM_GIB_RANGE[0], max=DEVICE_MEM_GIB_RANGE[1])
+    hbm = f.float("hbm_GBps", min=HBM_GBPS_RANGE[0], max=HBM_GBPS_RANGE[1])
+    reserve = f.float("reserve_GiB", DEFAULT_RESERVE_GIB, min=0.0, max=DEVICE_MEM_GIB_RANGE[1])
     eff = f.child("efficiency", f.raw("efficiency", {}))
     gemm = eff.float("gemm", DEFAULT_GEMM_EFFICIENCY, min=0.01, max=1.0)
     half = eff.float("gemm_half_gflop", DEFAULT_GEMM_HALF_GFLOP, min=0.0)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from autoplan.cost.evaluate import evaluate
@@ -115,26 +115,50 @@ def test_any_legal_name_goes_through_load_evaluate_and_every_export(name: str) -
     assert _exports(name) == BENIGN
 
 
-def _float_field(value: float) -> dict[str, Any]:
+# numeric fields of a plan's inline cluster and device, by key path
+NUMBER_FIELDS = [("inter_node", "bandwidth_GBps"), ("inter_node", "latency_us"),
+                 ("intra_node", "bandwidth_GBps"), ("intra_node", "efficiency"), ("pue",),
+                 ("host_mem_GiB",), ("device", "mem_GiB"), ("device", "hbm_GBps"),
+                 ("device", "peak_tflops", "bf16"), ("device", "efficiency", "gemm"),
+                 ("device", "kernel_gap_us"), ("device", "reserve_GiB")]
+
+
+def _with_number(where: tuple[str, ...], value: float) -> dict[str, Any]:
     doc = yaml.safe_load(BEST.read_text())
     doc.pop("prediction", None)
     doc["cluster"] = {**resolve_cluster("dgx-h100").to_dict(), "nodes": 8}
-    doc["cluster"]["inter_node"] = {"bandwidth_GBps": value, "latency_us": value}
+    inner = doc["cluster"]
+    for key in where[:-1]:
+        inner = inner[key]
+    inner[where[-1]] = value
     return doc
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
-@given(value=st.floats(allow_nan=True, allow_infinity=True) | st.integers(-2**70, 2**70))
-def test_any_number_in_a_link_is_read_or_refused_naming_the_field(value: float) -> None:
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@example(where=("pue",), value=1.2)
+@example(where=("inter_node", "bandwidth_GBps"), value=25)
+@example(where=("device", "mem_GiB"), value=1e-300)
+@example(where=("device", "peak_tflops", "bf16"), value=1e308)
+@example(where=("intra_node", "efficiency"), value=2.0)
+@given(where=st.sampled_from(NUMBER_FIELDS),
+       value=st.floats(allow_nan=True, allow_infinity=True) | st.integers(-2**70, 2**70))
+def test_any_number_in_a_cluster_is_read_or_refused_naming_the_field(where: tuple[str, ...],
+                                                                      value: float) -> None:
+    """Read, evaluated and exported to every launcher that runs the plan (each output
+    parsed), or refused naming the file and that field: never a traceback."""
+    field = "cluster." + ".".join(where)
     try:
-        plan = read_plan(_float_field(value), "plan.yaml")
+        plan = read_plan(_with_number(where, value), "plan.yaml")
     except InputError as exc:
-        assert all(p.source == "plan.yaml" and p.field.startswith("cluster.inter_node.")
-                   for p in exc.problems), exc.problems
+        assert exc.problems and all(p.source == "plan.yaml" for p in exc.problems)
+        assert any(p.field == field or p.field.startswith(field) or p.field == "cluster"
+                   for p in exc.problems), (field, exc.problems)
         return
-    assert 0 < evaluate(plan).step_time_s < 1e12
-    text = export_training(plan, Target.MEGATRON, "plan.yaml")["pretrain_megatron.sh"]
-    _parses("pretrain_megatron.sh", text)
+    step = evaluate(plan).step_time_s
+    assert 0 < step < 1e12 and step == step
+    for target in (Target.MEGATRON, Target.NEMO, Target.SLURM):
+        for filename, text in export_training(plan, target, "plan.yaml").items():
+            _parses(filename, text)
 
 
 def test_junit_and_svg_parse_with_hostile_paths_and_names(tmp_path: Path) -> None:
