@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autoplan.descriptors.job import MAX_GLOBAL_BATCH
 from autoplan.descriptors.library import default_stack, resolve_stack
 from autoplan.descriptors.stack import DEFAULT_STACK, SPACE_STACKS, Stack
 from autoplan.descriptors.strict import Fields, did_you_mean, read_yaml, shown
@@ -93,7 +94,7 @@ def read_space(data: Any, source: str) -> SearchSpace:
     tp_max, within = tp.int("max", min=1), tp.bool("within_nvlink", True)
     tp.close()
     pp_max, cp_max, vpp_max = (f.int(k, min=1) for k in ("pp_max", "cp_max", "vpp_max"))
-    micro = f.int_list("micro_batch", min=1)
+    micro = f.int_list("micro_batch", min=1, max=MAX_GLOBAL_BATCH)  # a micro-batch is of the batch
     schedules = _choices(f, "schedules", Schedule)
     recompute = _choices(f, "recompute", Recompute)
     zero = _choices(f, "zero", ZeroStage)

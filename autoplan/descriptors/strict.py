@@ -485,7 +485,10 @@ class Fields:
         self.fail(key, f"expected one of {choices}, got {_type_name(value)}")
         return None
 
-    def int_list(self, key: builtins.str, default: Any = _MISSING, *, min: builtins.int | None = None) -> Any:
+    def int_list(self, key: builtins.str, default: Any = _MISSING, *, min: builtins.int | None = None,
+                 max: builtins.int | None = None) -> Any:
+        """A non-empty list of integers, each at least ``min`` and at most ``max``
+        (default :data:`MAX_MAGNITUDE`, as :meth:`int`)."""
         value = self.raw(key, default)
         if value is None or (value is default and default is not _MISSING):
             return value
@@ -499,6 +502,10 @@ class Fields:
                 return None
             if min is not None and item < min:
                 self.fail(f"{key}[{i}]", f"expected a value >= {min}, got {item}")
+                return None
+            most = MAX_MAGNITUDE if max is None else max
+            if item > most:
+                self.fail(f"{key}[{i}]", f"expected a value <= {_number(most)}, got {_number(item)}")
                 return None
             out.append(item)
         return tuple(out)

@@ -249,6 +249,23 @@ def _plan_with_model(tmp_path: Path, **changes: object) -> Path:
     return _file(tmp_path, json.dumps(doc), "plan.json")
 
 
+def _space(tmp_path: Path, **changes: object) -> Path:
+    doc = yaml.safe_load((Path(__file__).parents[2] / "searchspace" / "megatron.yaml").read_text())
+    doc["searchspace"].update(changes)
+    return _file(tmp_path, yaml.safe_dump(doc), "space.yaml")
+
+
+def _plan_with_device(tmp_path: Path, **changes: object) -> Path:
+    from autoplan.descriptors.library import resolve_cluster
+
+    doc = yaml.safe_load(BEST.read_text())
+    doc.pop("prediction", None)
+    cluster = {**resolve_cluster("dgx-h100").to_dict(), "nodes": 8}
+    cluster["device"] = {**cluster["device"], **changes}
+    doc["cluster"] = cluster
+    return _file(tmp_path, json.dumps(doc), "plan.json")
+
+
 def _pooled(tmp_path: Path, between: str) -> Path:
     return _file(tmp_path, "cluster:\n  name: p\n  pools:\n"
                            "    - {name: hopper, cluster: dgx-h100, nodes: 4}\n"
@@ -278,8 +295,12 @@ def _hf(tmp_path: Path, **changes: object) -> Path:
                 "-b", "64", "-s", "4096"), "cluster.between_pools.bandwidth_GBps: expected a value >="),
     (lambda t: ("search", "-m", "mixtral-8x7b", "-c", "dgx-h100", "-n", "8", "-b", "8", "-s", "4096",
                 "--moe-imbalance", "1e308"), "job.moe_imbalance: expected a value <="),
+    (lambda t: ("search", *SMALL, "-b", "8", "-s", "4096", "--space", _space(t, micro_batch=[1, 10**30])),
+     "space.yaml: searchspace.micro_batch[1]: expected a value <= "),
+    (lambda t: ("evaluate", _plan_with_device(t, mem_GiB=1e-300)),
+     "plan.json: cluster.device.mem_GiB: expected a value >= "),
 ], ids=["plan-vocab-float", "plan-vocab-int", "hf-vocab", "hf-hidden", "pool-latency",
-        "pool-bandwidth", "moe-imbalance"])
+        "pool-bandwidth", "moe-imbalance", "space-micro-batch", "device-memory"])
 def test_absurd_sizes_in_files_and_flags_are_refused_naming_the_field(tmp_path: Path, make, needle) -> None:
     _refused(*make(tmp_path), needles=(needle,))
 
