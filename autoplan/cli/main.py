@@ -59,6 +59,11 @@ app = typer.Typer(
 )
 
 
+# more plans than anyone reads: past it a search would evaluate every candidate (seconds to
+# minutes) to rank plans no table or script uses
+MAX_TOP = 1000
+
+
 class Format(str, enum.Enum):
     table = "table"
     json = "json"
@@ -126,7 +131,7 @@ def search(
     moe_imbalance: Annotated[float | None, typer.Option(
         "--moe-imbalance", help="MoE: tokens of the busiest expert rank over the mean "
                                 "(default 1.25, Switch Transformer's capacity factor).")] = None,
-    top: Annotated[int, typer.Option("--top", "-k", min=1, help="How many plans to show.")] = 10,
+    top: Annotated[int, typer.Option("--top", "-k", min=1, max=MAX_TOP, help="How many plans to show.")] = 10,
     out_path: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Write the best plan here.", parser=files.out_path, metavar="<path>")] = None,
     profile: ProfileOpt = None,
@@ -533,7 +538,7 @@ def serve(
     plot: Annotated[Path | None, typer.Option(
         "--plot", parser=files.out_path, metavar="<path>",
         help="Draw the front, tokens/s per GPU against tokens/s per user, to FILE.svg.")] = None,
-    top: Annotated[int, typer.Option("--top", "-k", min=1, help="How many plans to show.")] = 10,
+    top: Annotated[int, typer.Option("--top", "-k", min=1, max=MAX_TOP, help="How many plans to show.")] = 10,
     out_path: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Write the best plan here.", parser=files.out_path, metavar="<path>")] = None,
     quiet: Annotated[bool, typer.Option(

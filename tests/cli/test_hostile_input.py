@@ -444,6 +444,7 @@ def test_escape_sequences_in_paths_are_shown_not_sent_to_the_terminal(tmp_path: 
 @pytest.mark.parametrize(("args", "first"), [
     (("search", "--train-tokens", "abc"), "autoplan: error: --train-tokens: expected a number, got 'abc'"),
     (("search", "--top", "0"), "autoplan: error: --top: expected a value >= 1, got '0'"),
+    (("serve", "--top", "10" * 12), "autoplan: error: --top: expected a value <= 1000, got '1010"),
     (("search", "--dtype", "fp4"), "autoplan: error: --dtype: expected one of bf16, fp16, fp8, got 'fp4'"),
     (("search", "--objective", "bogus"), "autoplan: error: --objective: expected one of time, cost, energy"),
     (("check", BEST, "--max-regression", "nan"), "autoplan: error: --max-regression: expected a value >= 0"),
