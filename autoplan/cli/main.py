@@ -1500,13 +1500,19 @@ def _usage_message(exc: Exception) -> list[str]:
         head = f"{max(opts, key=len)}: {message}" + (f", got {shown(value)}" if value is not None else "")
     else:
         head = message or kind
+    # the subcommands' names from the context (click names the program itself after how
+    # Python was started: python -m ...)
+    names: list[str] = []
     ctx = getattr(exc, "ctx", None)
-    command = getattr(ctx, "command_path", None)
+    while ctx is not None and getattr(ctx, "parent", None) is not None:
+        names.append(str(ctx.info_name))
+        ctx = ctx.parent
+    command = " ".join(["autoplan", *reversed(names)]) if names else None
     if not command:
-        names = {c.name for c in app.registered_commands} | {
+        known = {c.name for c in app.registered_commands} | {
             c.callback.__name__ for c in app.registered_commands if c.callback}
         given = sys.argv[1] if len(sys.argv) > 1 else ""
-        command = f"autoplan {given}" if given in names else "autoplan"
+        command = f"autoplan {given}" if given in known else "autoplan"
     return [head, f"see '{command} --help'"]
 
 
