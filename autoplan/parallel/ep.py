@@ -6,6 +6,7 @@ dispatch/combine and the routed experts' weights per rank."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -150,17 +151,19 @@ def dispatch_for(model: Model, cluster: Cluster, lay: Layout, space: SearchSpace
         return MoeDispatch.ALLTOALL
     if len(space.moe_dispatch) == 1:
         return space.moe_dispatch[0]
-    return _fastest_dispatch(model, cluster, lay, space.moe_dispatch, seq_len)
+    return _fastest_dispatch(model, cluster, lay.tp, lay.cp, lay.ep, lay.etp, space.moe_dispatch,
+                             seq_len)
 
 
 @memo(4096)
-def _fastest_dispatch(model: Model, cluster: Cluster, lay: Layout,
+def _fastest_dispatch(model: Model, cluster: Cluster, tp: int, cp: int, ep: int, etp: int,
                       dispatchers: tuple[MoeDispatch, ...], seq_len: int) -> MoeDispatch:
     """Of ``dispatchers``, the one whose dispatch and combine of one layer take least, read
     off one sequence (a larger micro-batch scales every dispatcher's bytes alike; only their
-    fixed latencies weigh less)."""
-    groups = mesh.layer_groups(cluster, lay.tp, lay.cp, lay.ep, lay.etp)
-    shards = [Shard(1, seq_len, lay.tp, lay.cp, lay.tp > 1, Dtype.BF16, ep=lay.ep, etp=lay.etp,
+    fixed latencies weigh less). Keyed on the degrees a layer's groups span, not the layout:
+    the layouts of one search that differ in dp or pp share it."""
+    groups = mesh.layer_groups(cluster, tp, cp, ep, etp)
+    shards = [Shard(1, seq_len, tp, cp, tp > 1, Dtype.BF16, ep=ep, etp=etp,
                     moe_dispatch=d) for d in dispatchers]
     times = [layer_seconds(model, s, groups[Axis.EP], groups[Axis.ETP]) for s in shards]
     return dispatchers[times.index(min(times))]
@@ -192,7 +195,10 @@ def touched(experts: int, top_k: int, parts: int, groups: int = 0, group_topk: i
     return parts * (1.0 - math.comb(int(experts - x), top_k) / math.comb(experts, top_k))
 
 
-@memo(256)
+# plain arithmetic on a few integers, no descriptor in its key: kept for the process, not
+# dropped with a question's costs (``autoplan.caches``), so a sweep's counts, each its own
+# question, simulate the router once (8 simulations, 0.2 s, per search before)
+@functools.lru_cache(maxsize=256)
 def _router_blocks(experts: int, top_k: int, parts: int, groups: int, group_topk: int,
                    tokens: int = 4096) -> float:
     """Mean distinct blocks of ``tokens`` routed by Megatron-Core's group-limited top-k

@@ -20,7 +20,7 @@ from autoplan.plan import Layout, Plan
 from autoplan.schedules import Schedule
 from autoplan.search.items import Sched
 from autoplan.search.stages import chunks_of
-from autoplan.vocab import CpComm, Recompute, RecomputeModule, ZeroStage
+from autoplan.vocab import CpComm, MoeDispatch, Recompute, RecomputeModule, ZeroStage
 
 
 class Context:
@@ -34,6 +34,7 @@ class Context:
         # (pp, microbatches, schedule, vpp, split) -> the schedule rule it breaks ("": none)
         self.schedule_rule: dict[tuple[int, int, Schedule, int, bool], str] = {}
         self._vpp_layouts: dict[tuple[Layout, int], Layout] = {}
+        self._dispatch: dict[Layout, MoeDispatch] = {}  # :meth:`dispatch`
 
     def probe(self, lay: Layout, mbs: int = 1, sp: bool = False,
               zero: ZeroStage = ZeroStage.NONE, cp_comm: CpComm = CpComm.RING,
@@ -42,9 +43,15 @@ class Context:
         return Plan(model=self.model, cluster=self.cluster, job=self.job, stack=self.space.stack, layout=lay,
                     micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=recompute,
                     zero=zero, sequence_parallel=sp, cp_comm=cp_comm,
-                    moe_dispatch=ep.dispatch_for(self.model, self.cluster, lay, self.space,
-                                                 self.job.seq_len),
-                    recompute_modules=self.modules(recompute))
+                    moe_dispatch=self.dispatch(lay), recompute_modules=self.modules(recompute))
+
+    def dispatch(self, lay: Layout) -> MoeDispatch:
+        """``ep.dispatch_for`` the layout, once per layout (every probe asks it)."""
+        found = self._dispatch.get(lay)
+        if found is None:
+            found = self._dispatch[lay] = ep.dispatch_for(self.model, self.cluster, lay, self.space,
+                                                          self.job.seq_len)
+        return found
 
     def modules(self, recompute: Recompute) -> tuple[RecomputeModule, ...]:
         """What a plan at ``recompute`` recomputes by module: the space's, with selective."""
