@@ -20,6 +20,11 @@ def one_line(text: str) -> str:
     return "".join(" " if unicodedata.category(ch) in NOT_IN_NAMES else ch for ch in text)
 
 
+def _visible(ch: str) -> str:
+    """A character written as its escape: ``\\xNN`` (Latin-1), else ``\\uNNNN``."""
+    return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
+
+
 def _xml_char_ok(ch: str) -> bool:
     # XML 1.0, production [2] Char: #x9 | #xA | #xD | [#x20-#xD7FF] | [#xE000-#xFFFD] | [#x10000-#x10FFFF]
     c = ord(ch)
@@ -34,8 +39,7 @@ def xml_safe(text: str) -> str:
     characters are the serializer's to escape (ElementTree, ``html.escape``)."""
     if all(_xml_char_ok(ch) for ch in text):
         return text
-    return "".join(ch if _xml_char_ok(ch) else
-                   (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}") for ch in text)
+    return "".join(ch if _xml_char_ok(ch) else _visible(ch) for ch in text)
 
 
 _NOT_SHOWN = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))
@@ -47,5 +51,5 @@ def printable(text: str) -> str:
     written as ``\\xNN`` or ``\\uNNNN``; newlines and tabs kept."""
     if text.isprintable():
         return text
-    return "".join(ch if ch in "\n\t" or unicodedata.category(ch) not in _NOT_SHOWN else
-                   (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}") for ch in text)
+    return "".join(ch if ch in "\n\t" or unicodedata.category(ch) not in _NOT_SHOWN else _visible(ch)
+                   for ch in text)

@@ -24,14 +24,14 @@ Qwen2-MoE's shared-expert gate) are named, with their size, where each family is
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from autoplan.descriptors.model import Model, out_of_range, route_group_problem
-from autoplan.descriptors.strict import MAX_NAME, NOT_IN_NAMES, Fields, shown
+from autoplan.descriptors.strict import MAX_NAME, Fields, shown
 from autoplan.errors import InputError, Problem
+from autoplan.text import one_line
 from autoplan.vocab import Activation, Norm, Position
 
 # transformers' ACT2FN names for GELU and its approximations (activations.py).
@@ -639,8 +639,7 @@ def _default_name(f: Fields, source: str) -> str:
     path = Path(source)
     # Hub downloads are all called config.json; their folder names the model.
     raw = path.parent.name if path.stem == "config" and path.parent.name else (path.stem or source)
-    return "".join(" " if unicodedata.category(ch) in NOT_IN_NAMES else ch
-                   for ch in raw)[:MAX_NAME].strip() or "model"
+    return one_line(raw)[:MAX_NAME].strip() or "model"
 
 
 # config.json keys that change the architecture in ways the cost model does not follow:

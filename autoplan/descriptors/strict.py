@@ -500,12 +500,7 @@ class Fields:
             if isinstance(item, bool) or not isinstance(item, int):
                 self.fail(f"{key}[{i}]", f"expected an integer, got {_type_name(item)}")
                 return None
-            if min is not None and item < min:
-                self.fail(f"{key}[{i}]", f"expected a value >= {min}, got {item}")
-                return None
-            most = MAX_MAGNITUDE if max is None else max
-            if item > most:
-                self.fail(f"{key}[{i}]", f"expected a value <= {_number(most)}, got {_number(item)}")
+            if self._bounded(f"{key}[{i}]", item, min, MAX_MAGNITUDE if max is None else max) is None:
                 return None
             out.append(item)
         return tuple(out)
