@@ -1244,11 +1244,8 @@ def validate(
     options = Options(device=device, profile=profile, cluster=cluster, slice=slice_, stage=stage,
                       steps=steps, warmup=warmup, tolerance=tolerance, memory_tolerance=memory_tolerance,
                       timeout_s=timeout, max_step_s=max_step_s, fit=not exact)
-    if output.interactive(fmt.value):
-        what = "one rank's slice" if slice_ or device == "cuda" else f"{plan.layout.gpus} processes"
-        with output.err.status(f"validating {escape(str(plan_path))}: {what} on {device} ..."):
-            result = run_validation(plan, str(plan_path), options)
-    else:
+    what = "one rank's slice" if slice_ or device == "cuda" else f"{plan.layout.gpus} processes"
+    with output.working(fmt.value, f"validating {plan_path}: {what} on {device} ..."):
         result = run_validation(plan, str(plan_path), options)
     if fmt is Format.json:
         output.emit_json(result.to_dict())
@@ -1348,12 +1345,9 @@ def check_plan_file(
     if out_path is not None:
         files.check_target(out_path)
         files.check_apart([("--out", out_path)], [plan_path])
-    if output.interactive(fmt.value) and max_regression is not None:
-        with output.err.status(f"checking {escape(str(plan_path))}: searching the "
-                               f"{searchspace.name if searchspace else 'recorded'} space ..."):
-            report = check_plan(plan_path, space=searchspace, max_regression=max_regression,
-                                min_headroom_gib=min_headroom)
-    else:
+    searching = output.working(fmt.value, f"checking {plan_path}: searching the "
+                               f"{searchspace.name if searchspace else 'recorded'} space ...")
+    with searching if max_regression is not None else contextlib.nullcontext():
         report = check_plan(plan_path, space=searchspace, max_regression=max_regression,
                             min_headroom_gib=min_headroom)
     if fmt is CheckFormat.json:
