@@ -101,7 +101,11 @@ def build_request(
     moe_imbalance: float | None = None,
     profile: Path | None = None,
     stack: str | None = None,
+    train_flags: Sequence[tuple[str, Any]] = (),
 ) -> Request:
+    """``train_flags``: (flag, value) of the flags a job file's ``train:`` section holds
+    too (``--train-tokens``, ``--objective``, ...; None where not given), each said to
+    override the file's field where they differ, as the other flags are."""
     problems: list[Problem] = []
     doc: dict[str, Any] = {}
     train: TrainGoal | None = None
@@ -127,6 +131,15 @@ def build_request(
                              ("--moe-imbalance", moe_imbalance, job_in_file.get("moe_imbalance"))):
         if value is not None and was is not None and value != was:
             notes.append(f"{flag} {value} overrides {source}'s {shown(was)}")
+    train_in_file = {} if train is None else {
+        "--train-tokens": train.tokens, "--objective": train.objective and train.objective.value,
+        "--price": train.price_per_gpu_hour, "--deadline": train.deadline_days,
+        "--budget": train.budget_usd}
+    for flag, value in train_flags:
+        was = train_in_file.get(flag)
+        if value is not None and was is not None and value != was:
+            given, had = (f"{value:g}", f"{was:g}") if isinstance(value, float) else (value, shown(was))
+            notes.append(f"{flag} {given} overrides {source}'s {had}")
     model_ref, model_src = (model, "--model") if model else (doc.get("model"), source)
     cluster_ref, cluster_src = (cluster, "--cluster") if cluster else (doc.get("cluster"), source)
     job_doc = dict(doc.get("job") or {}) if isinstance(doc.get("job") or {}, dict) else doc["job"]

@@ -185,9 +185,12 @@ def search(
     req = build_request(job_file, model=model, cluster=cluster,
                         gpus=None if counts is None else counts[0] if len(counts) == 1 else counts,
                         global_batch=global_batch, seq_len=seq_len, dtype=dtype, space=space,
-                        moe_imbalance=moe_imbalance, profile=profile, stack=stack)
-    whatif = _WhatIf.from_flags_and_file(req.train, job_file, train_tokens, objective, price, deadline,
-                                         budget, plot)
+                        moe_imbalance=moe_imbalance, profile=profile, stack=stack,
+                        train_flags=(("--train-tokens", train_tokens),
+                                     ("--objective", objective and objective.value), ("--price", price),
+                                     ("--deadline", deadline), ("--budget", budget)))
+    whatif = _WhatIf.from_flags_and_file(req.train, train_tokens, objective, price, deadline, budget,
+                                         plot)
     if no_offload:
         req = dataclasses.replace(req, space=dataclasses.replace(req.space, offload=(NO_OFFLOAD,)))
     if recompute_modules is not None:
@@ -347,23 +350,13 @@ class _WhatIf:
         return cls(train_tokens, objective or Objective.TIME, price, deadline, budget, plot)
 
     @classmethod
-    def from_flags_and_file(cls, goal: TrainGoal | None, job_file: Path | None,
-                            train_tokens: float | None, objective: Objective | None,
-                            price: float | None, deadline: float | None, budget: float | None,
-                            plot: Path | None) -> _WhatIf | None:
-        """The flags over the job file's ``train:`` section (each flag overrides its field)."""
+    def from_flags_and_file(cls, goal: TrainGoal | None, train_tokens: float | None,
+                            objective: Objective | None, price: float | None, deadline: float | None,
+                            budget: float | None, plot: Path | None) -> _WhatIf | None:
+        """The flags over the job file's ``train:`` section (each flag overrides its field;
+        ``build_request`` notes where it does)."""
         if goal is None:
             return cls.read(train_tokens, objective, price, deadline, budget, plot)
-        for flag, value, was in (("--train-tokens", train_tokens, goal.tokens),
-                                 ("--objective", objective, goal.objective),
-                                 ("--price", price, goal.price_per_gpu_hour),
-                                 ("--deadline", deadline, goal.deadline_days),
-                                 ("--budget", budget, goal.budget_usd)):
-            if value is not None and was is not None and value != was:
-                shown = value.value if isinstance(value, enum.Enum) else f"{value:g}"
-                was_shown = was.value if isinstance(was, enum.Enum) else f"{was:g}"
-                output.err.print(f"autoplan: note: {flag} {shown} overrides {job_file}'s "
-                                 f"{was_shown}", markup=False)
         return cls.read(train_tokens or goal.tokens, objective or goal.objective,
                         price or goal.price_per_gpu_hour, deadline or goal.deadline_days,
                         budget or goal.budget_usd, plot)

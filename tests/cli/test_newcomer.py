@@ -125,7 +125,7 @@ def test_a_job_files_train_section_is_the_train_flags(tmp_path: Path) -> None:
                           "--format", "json", "-q")
     assert from_file.returncode == from_flags.returncode == 0, from_file.stderr
     assert json.loads(from_file.stdout) == json.loads(from_flags.stdout)
-    assert f"--objective time overrides {job}'s cost" in from_file.stderr
+    assert f"--objective time overrides {job}'s 'cost'" in from_file.stderr  # as every flag's note
     job.write_text("model: llama3-8b\ncluster: dgx-h100\ngpus: [8, 16]\n"
                    "job: {global_batch: 64, seq_len: 4096}\ntrain: {tokens: -1, objectve: cost}\n")
     r = autoplan("search", job)
