@@ -240,12 +240,16 @@ def test_a_name_that_could_inject_is_refused_at_load_naming_the_field(tmp_path: 
     _refused("evaluate", path, needles=(f"{field}.name: expected a name",))  # fast, bounded
 
 
-def _plan_with_model(tmp_path: Path, **changes: object) -> Path:
-    from autoplan.descriptors.library import resolve_model
+def _plan_json(tmp_path: Path, model: dict | None = None, device: dict | None = None) -> Path:
+    """The best example plan as JSON, its model (llama3-8b) and cluster (dgx-h100 x 8)
+    written out whole with ``model`` and ``device`` fields changed."""
+    from autoplan.descriptors.library import resolve_cluster, resolve_model
 
     doc = yaml.safe_load(BEST.read_text())
     doc.pop("prediction", None)
-    doc["model"] = {**resolve_model("llama3-8b").to_dict(), **changes}
+    doc["model"] = {**resolve_model("llama3-8b").to_dict(), **(model or {})}
+    cluster = {**resolve_cluster("dgx-h100").to_dict(), "nodes": 8}
+    doc["cluster"] = {**cluster, "device": {**cluster["device"], **(device or {})}}
     return _file(tmp_path, json.dumps(doc), "plan.json")
 
 
@@ -253,17 +257,6 @@ def _space(tmp_path: Path, **changes: object) -> Path:
     doc = yaml.safe_load((Path(__file__).parents[2] / "searchspace" / "megatron.yaml").read_text())
     doc["searchspace"].update(changes)
     return _file(tmp_path, yaml.safe_dump(doc), "space.yaml")
-
-
-def _plan_with_device(tmp_path: Path, **changes: object) -> Path:
-    from autoplan.descriptors.library import resolve_cluster
-
-    doc = yaml.safe_load(BEST.read_text())
-    doc.pop("prediction", None)
-    cluster = {**resolve_cluster("dgx-h100").to_dict(), "nodes": 8}
-    cluster["device"] = {**cluster["device"], **changes}
-    doc["cluster"] = cluster
-    return _file(tmp_path, json.dumps(doc), "plan.json")
 
 
 def _pooled(tmp_path: Path, between: str) -> Path:
@@ -283,8 +276,9 @@ def _hf(tmp_path: Path, **changes: object) -> Path:
 # issue 34, items 3 and 7: sizes past anything physical were tracebacks (OverflowError,
 # ZeroDivisionError) or were accepted; each is refused at load, naming the file and field
 @pytest.mark.parametrize(("make", "needle"), [
-    (lambda t: ("evaluate", _plan_with_model(t, vocab=1e308)), "plan.json: model.vocab: expected a value <="),
-    (lambda t: ("evaluate", _plan_with_model(t, vocab=10**300)), "got 1e+300"),
+    (lambda t: ("evaluate", _plan_json(t, model={"vocab": 1e308})),
+     "plan.json: model.vocab: expected a value <="),
+    (lambda t: ("evaluate", _plan_json(t, model={"vocab": 10**300})), "got 1e+300"),
     (lambda t: ("search", "-m", _hf(t, vocab_size=1e308), "-c", "dgx-h100", "-n", "8", "-b", "8",
                 "-s", "4096"), "config.json: vocab_size: expected a value <="),
     (lambda t: ("search", "-m", _hf(t, hidden_size=1e20), "-c", "dgx-h100", "-n", "8", "-b", "8",
@@ -297,7 +291,7 @@ def _hf(tmp_path: Path, **changes: object) -> Path:
                 "--moe-imbalance", "1e308"), "job.moe_imbalance: expected a value <="),
     (lambda t: ("search", *SMALL, "-b", "8", "-s", "4096", "--space", _space(t, micro_batch=[1, 10**30])),
      "space.yaml: searchspace.micro_batch[1]: expected a value <= "),
-    (lambda t: ("evaluate", _plan_with_device(t, mem_GiB=1e-300)),
+    (lambda t: ("evaluate", _plan_json(t, device={"mem_GiB": 1e-300})),
      "plan.json: cluster.device.mem_GiB: expected a value >= "),
 ], ids=["plan-vocab-float", "plan-vocab-int", "hf-vocab", "hf-hidden", "pool-latency",
         "pool-bandwidth", "moe-imbalance", "space-micro-batch", "device-memory"])
