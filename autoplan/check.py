@@ -14,6 +14,11 @@ A plan passes when every rule it is checked against passes. The rules, by stable
   most (1 + F) x that of the best plan the search finds for the same model, cluster and
   job over the search space. A search that finds nothing, or nothing faster, passes:
   the committed plan is then the best known.
+- ``measured`` (with a runs log, :mod:`autoplan.tune.runs`): the last measured run of the
+  same plan (same plan id) is at most (1 + S) x the baseline: the plan file's own
+  ``measured.step_time_s`` (written by ``autoplan tune --out``), else the run before the
+  last. A plan with no measured run in the log fails (the gate would check nothing); one
+  run and no baseline passes (it is the baseline of the next).
 
 Rules are evaluated independently, so a report names every rule that failed. The
 report is data (frozen dataclasses); ``to_dict`` is its stable machine form, the same
@@ -24,10 +29,10 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.space import SearchSpace, load_space
@@ -38,6 +43,9 @@ from autoplan.planfile import plan_document, read_plan, searched_space
 from autoplan.search.engine import Ranked, search
 from autoplan.serving.planfile import is_serving
 from autoplan.units import GiB
+
+if TYPE_CHECKING:
+    from autoplan.tune.runs import Run
 
 
 class Rule(str, enum.Enum):
@@ -53,6 +61,9 @@ class Rule(str, enum.Enum):
     """The predicted step time is within F of the best plan the search finds (serving:
     goodput per GPU under the SLO, else throughput per GPU, within F of the best deployment
     ``autoplan serve`` finds)."""
+    MEASURED = "measured"
+    """The last measured run of the plan (a runs log) within S of its baseline: the plan
+    file's recorded measurement, else the run before."""
     MEETS_SLO = "meets-slo"
     """Serving plans with an SLO: TTFT and TPOT at its percentile within it, the queue steady."""
 
@@ -146,12 +157,14 @@ class CheckReport:
 
 
 def check_plan(path: Path, *, space: SearchSpace | None = None, max_regression: float | None = None,
-               min_headroom_gib: float = 0.0) -> CheckReport:
+               min_headroom_gib: float = 0.0, runs: Sequence[Run] | None = None,
+               max_slowdown: float = 0.10, runs_source: str = "runs log") -> CheckReport:
     """Check the plan file at ``path``. A plan that does not read is reported (rule
     ``valid`` in error, exit code 2), not raised, so CI reports can show why; bad options
     (a negative regression or headroom) raise :class:`InputError`. ``space``: where
     --max-regression searches; None: the space the plan file records (``space:``, written
-    by search), else the default one."""
+    by search), else the default one. ``runs``: a runs log whose last run of the plan is
+    held to ``max_slowdown`` (rule ``measured``)."""
     if max_regression is not None and not max_regression >= 0.0:
         raise InputError.single("--max-regression", "", f"expected a fraction >= 0 (0.05 = 5 %), "
                                                          f"got {max_regression}")
@@ -164,14 +177,20 @@ def check_plan(path: Path, *, space: SearchSpace | None = None, max_regression: 
         later.append(Rule.HEADROOM)
     if max_regression is not None:
         later.append(Rule.REGRESSION)
+    if runs is not None:
+        later.append(Rule.MEASURED)
     try:
         data = read_yaml(path)
         if is_serving(data):
+            if runs is not None:
+                raise InputError.single("--runs", "", "measured runs are of training plans; this "
+                                                      "is a serving plan")
             if space is not None:
                 raise InputError.single("--space", "", "searches training plans; a serving plan's "
                                                        "regression is against `autoplan serve`")
             return _check_serving(source, data, max_regression, headroom, later)
         plan = read_plan(data, source)
+        baseline = recorded_step_time(data, source) if runs is not None else None
         if space is None and max_regression is not None:
             space = load_space(searched_space(data) or "default", source, "space")
     except InputError as exc:
@@ -197,6 +216,8 @@ def check_plan(path: Path, *, space: SearchSpace | None = None, max_regression: 
         regression = Regression(space=space.name, max_regression=max_regression,
                                 best=plans[0] if plans else None)
         rules.append(_regression_rule(plan, pred, regression))
+    if runs is not None:
+        rules.append(_measured_rule(plan, runs, baseline, max_slowdown, runs_source))
     return CheckReport(source=source, rules=tuple(rules), plan=plan, prediction=pred,
                        regression=regression, min_headroom_bytes=headroom)
 
@@ -250,6 +271,58 @@ def _regression_rule(plan: Plan, pred: Prediction, reg: Regression) -> RuleResul
         return RuleResult(rule=Rule.REGRESSION, status=Status.PASSED, message=f"{text}: {verdict}")
     return RuleResult(rule=Rule.REGRESSION, status=Status.FAILED,
                       message=f"{text}: {gap:.1%} slower, more than {limit}")
+
+
+def recorded_step_time(data: Any, source: str) -> float | None:
+    """The plan file's ``measured.step_time_s`` (``autoplan tune --out``), if it has one."""
+    measured = data.get("measured") if isinstance(data, Mapping) else None
+    if measured is None:
+        return None
+    value = measured.get("step_time_s") if isinstance(measured, Mapping) else None
+    if measured is not None and not isinstance(measured, Mapping):
+        raise InputError.single(source, "measured", "expected a mapping (step_time_s, ...)")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            math.isfinite(value) and 0 < value <= 1e6):
+        raise InputError.single(source, "measured.step_time_s",
+                                f"expected seconds above 0 and at most 1e6, got {value!r}")
+    return float(value)
+
+
+def _measured_rule(plan: Plan, runs: Sequence[Run], baseline: float | None, max_slowdown: float,
+                   runs_source: str) -> RuleResult:
+    from autoplan.tune.runs import latest, plan_id
+
+    mine = latest(runs, plan)
+    pid = plan_id(plan)
+    if not mine:
+        return RuleResult(rule=Rule.MEASURED, status=Status.FAILED, message=(
+            f"no measured run of this plan (id {pid}) in {runs_source}: nothing to hold it to "
+            "(run it with autoplan tune, or import its log with autoplan runs import --plan)"))
+    last = mine[-1]
+    step = last.measured_step_time_s
+    assert step is not None
+    when = f" ({last.time})" if last.time else ""
+    if baseline is None and len(mine) > 1:
+        baseline, against = mine[-2].measured_step_time_s, f"the run before{_at(mine[-2].time)}"
+    else:
+        against = "the plan file's recorded measurement"
+    if baseline is None:
+        return RuleResult(rule=Rule.MEASURED, status=Status.PASSED, message=(
+            f"one measured run{when}: {step:.3f} s per step, the baseline of the next"))
+    gap = step / baseline - 1
+    text = (f"last run{when} {step:.3f} s per step against {baseline:.3f} s, {against}: "
+            f"{abs(gap):.1%} {'slower' if gap > 0 else 'faster'}")
+    if gap > max_slowdown:
+        return RuleResult(rule=Rule.MEASURED, status=Status.FAILED,
+                          message=f"{text}, more than {max_slowdown:.1%}")
+    return RuleResult(rule=Rule.MEASURED, status=Status.PASSED,
+                      message=f"{text}, within {max_slowdown:.1%}")
+
+
+def _at(time: str) -> str:
+    return f" ({time})" if time else ""
 
 
 def _not_read(source: str, exc: InputError, later: list[Rule], headroom: float) -> CheckReport:

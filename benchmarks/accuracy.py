@@ -50,6 +50,7 @@ from autoplan.kernels.flops import model_flops_per_step
 from autoplan.parallel.rules import plan_problems
 from autoplan.plan import Layout, Plan
 from autoplan.schedules import Schedule
+from autoplan.tune.calibrate import descend
 from autoplan.vocab import Activation, Dtype, Norm, Position, Recompute, ZeroStage
 
 DEFAULT_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "calibration_runs.csv"
@@ -574,47 +575,17 @@ def rankings(results: Sequence[Result]) -> list[Ranking]:
 
 # --------------------------------------------------------------------------- fitting
 
-def _golden(f: Callable[[float], float], lo: float, hi: float, steps: int = 12) -> float:
-    """Minimise f on [lo, hi] by golden-section search (f assumed unimodal)."""
-    g = (math.sqrt(5) - 1) / 2
-    a, b = lo, hi
-    c, d = b - g * (b - a), a + g * (b - a)
-    fc, fd = f(c), f(d)
-    for _ in range(steps):
-        if fc <= fd:
-            b, d, fd = d, c, fc
-            c = b - g * (b - a)
-            fc = f(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + g * (b - a)
-            fd = f(d)
-    return (a + b) / 2
-
-
 def _descend(cases: Sequence[Case], p: dict[str, float], names: Sequence[str],
              sweeps: int, log: Callable[[str], None]) -> dict[str, float]:
     """Coordinate descent over ``names`` within BOUNDS minimising mean |ln(pred/meas)|:
-    a coarse grid to find the basin, then golden-section inside it."""
-    p = dict(p)
+    a coarse grid to find the basin, then golden-section inside it (the library's
+    ``autoplan.tune.calibrate.descend``, which ``autoplan calibrate`` runs on a user's runs)."""
+    def after(sweep: int, q: dict[str, float]) -> None:
+        log(f"  sweep {sweep + 1}: " + ", ".join(f"{k}={q[k]:g}" for k in names)
+            + f"  loss={log_loss(predict(cases, q)):.4f}\n")
 
-    def loss_with(name: str, value: float) -> float:
-        return log_loss(predict(cases, dict(p, **{name: value})))
-
-    for sweep in range(sweeps):
-        before = dict(p)
-        for name in names:
-            lo, hi = BOUNDS[name.split(":")[0]]
-            grid = [lo + (hi - lo) * i / 8 for i in range(9)]
-            losses = [loss_with(name, v) for v in grid]
-            i = min(range(len(grid)), key=lambda k: (losses[k], k))
-            a, b = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
-            p[name] = round(_golden(lambda v, n=name: loss_with(n, v), a, b, steps=10), 2)
-        log(f"  sweep {sweep + 1}: " + ", ".join(f"{k}={p[k]:g}" for k in names)
-            + f"  loss={log_loss(predict(cases, p)):.4f}\n")
-        if p == before:
-            break
-    return p
+    return descend(lambda q: log_loss(predict(cases, q)), p, names,
+                   lambda name: BOUNDS[name.split(":")[0]], sweeps, after)
 
 
 def fit(cases: Sequence[Case], start: dict[str, float], sweeps: int = 2,

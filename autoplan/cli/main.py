@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-import yaml
 from rich.markup import escape
 
-from autoplan import __version__
 from autoplan.cli import files, output, render
+from autoplan.cli.app import MAX_TOP, Format, FormatOpt, ProfileOpt, StackOpt, _yaml, app
 from autoplan.errors import AutoplanError, InputError, Problem
 from autoplan.plan import Plan, Prediction
 from autoplan.serving.engine import Engine
@@ -29,76 +28,6 @@ if TYPE_CHECKING:
     from autoplan.bench.validate import Validation
     from autoplan.measured.profile import Profile
     from autoplan.request import Request, TrainGoal
-
-def _flag_type_hidden(display: Any) -> Any:
-    """typer shows a flag (--fit, --help) as taking ``<bool>``; it takes no value."""
-    def display_type_rich(self: Any, ctx: Any) -> str | None:
-        if getattr(self, "is_flag", False) and self.metavar is None:
-            return None
-        return display(self, ctx)  # type: ignore[no-any-return]
-    return display_type_rich
-
-
-# typer renders option types through this hook in recent releases; older typer (the pyproject allows
-# >=0.12) has none, and shows flags its own way
-if hasattr(typer.core.TyperOption, "display_type_rich"):
-    typer.core.TyperOption.display_type_rich = _flag_type_hidden(  # type: ignore[method-assign]
-        typer.core.TyperOption.display_type_rich)
-
-app = typer.Typer(
-    name="autoplan",
-    help="Plan large-model training and serving. Training: search ranks parallel execution "
-         "plans (several GPU counts: time, cost and energy to train), evaluate and explain predict "
-         "one, export writes launcher configs (Megatron-LM, DeepSpeed, NeMo, torchtitan, Slurm). "
-         "Serving: serve ranks deployments under traffic and latency SLOs, export writes vLLM, "
-         "SGLang or TensorRT-LLM launches. Both: check gates CI, diff compares two plans, bench "
-         "and validate measure on real devices.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-
-# more plans than anyone reads: past it a search would evaluate every candidate (seconds to
-# minutes) to rank plans no table or script uses
-MAX_TOP = 1000
-
-
-class Format(str, enum.Enum):
-    table = "table"
-    json = "json"
-
-
-FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="table for people, json for machines")]
-ProfileOpt = Annotated[Path | None, typer.Option(
-    "--profile", help="Microbenchmark profile CSV (autoplan bench) whose learned correction and "
-                      "uncertainty band apply; default: the one shipped for the cluster's device.")]
-StackOpt = Annotated[str | None, typer.Option(
-    "--stack", help="Software stack: megatron-core, megatron-lm, torchtitan, torchtitan-compiled, "
-                    "deepspeed, fsdp, or a stack file; default: the one the space (or plan) names.")]
-
-
-def _version(value: bool) -> None:
-    if value:
-        output.out.print(f"autoplan {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    version: Annotated[bool | None, typer.Option("--version", callback=_version, is_eager=True,
-                                                    help="Print the version and exit.")] = None,
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
-) -> None:
-    output.reset()
-    files.reset()
-    if debug:
-        os.environ["AUTOPLAN_DEBUG"] = "1"
-
-
-def _yaml(doc: Any) -> str:
-    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)
-
 
 def _recompute_modules_option(text: str) -> tuple[RecomputeModule, ...]:
     """``--recompute-modules moe_act,layernorm``: Megatron-Core's module names, each once."""
@@ -1325,6 +1254,13 @@ def check_plan_file(
     fmt: Annotated[CheckFormat, typer.Option(
         "--format", "-f", help="text (or table) for people and CI logs, json for machines, junit "
                                "for CI test reports.")] = CheckFormat.text,
+    runs: Annotated[Path | None, typer.Option(
+        "--runs", help="A runs log (autoplan tune, runs import): fail when the last measured run of "
+                       "this plan is more than --max-slowdown slower than its baseline (the plan "
+                       "file's recorded measurement, else the run before).")] = None,
+    max_slowdown: Annotated[float, typer.Option(
+        "--max-slowdown", min=0.0, max=1e6, help="With --runs: the measured slowdown allowed "
+                                                 "(0.10 = 10%).")] = 0.10,
 ) -> None:
     """CI gate for a committed plan: valid, fits memory (with --min-headroom), within
     --max-regression of the best plan: exit 0 pass, 1 a rule failed (each named), 2 bad input.
@@ -1337,12 +1273,18 @@ def check_plan_file(
     searchspace = load_space(space) if space is not None else None
     if out_path is not None:
         files.check_target(out_path)
-        files.check_apart([("--out", out_path)], [plan_path])
+        files.check_apart([("--out", out_path)], [plan_path] + ([runs] if runs else []))
+    measured_runs = None
+    if runs is not None:
+        from autoplan.tune.runs import read_runs
+
+        measured_runs = read_runs(runs)
     searching = output.working(fmt.value, f"checking {plan_path}: searching the "
                                f"{searchspace.name if searchspace else 'recorded'} space ...")
     with searching if max_regression is not None else contextlib.nullcontext():
         report = check_plan(plan_path, space=searchspace, max_regression=max_regression,
-                            min_headroom_gib=min_headroom)
+                            min_headroom_gib=min_headroom, runs=measured_runs,
+                            max_slowdown=max_slowdown, runs_source=str(runs))
     if fmt is CheckFormat.json:
         doc = json.dumps(report.to_dict(), indent=2) + "\n"
     elif fmt is CheckFormat.junit:
@@ -1414,6 +1356,8 @@ def _one_paragraph_lines(app: typer.Typer) -> None:
             paragraphs = inspect.cleandoc(info.callback.__doc__).split("\n\n")
             info.help = "\n\n".join(" ".join(p.split()) for p in paragraphs)
 
+
+from autoplan.cli import loop  # noqa: E402,F401  (tune, runs import, calibrate: the same app)
 
 _one_paragraph_lines(app)
 

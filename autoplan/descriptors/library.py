@@ -53,6 +53,11 @@ def _unknown_name(kind: str, name: str, source: str, field: str) -> InputError:
     )
 
 
+def looks_like_path(ref: str) -> bool:
+    """Whether a descriptor reference names a file rather than a built-in."""
+    return _looks_like_path(ref)
+
+
 def _looks_like_path(ref: str) -> bool:
     if ref.endswith((".yaml", ".yml", ".json")) or "/" in ref:
         return True

@@ -1,6 +1,6 @@
 """Every command in README.md's code blocks runs as a newcomer runs it (issue 34): from a
-folder holding the repository's examples, each exits 0. The two that measure this machine
-for minutes (``bench --device``, ``validate``) are parsed, not run: their options must
+folder holding the repository's examples, each exits 0. The three that measure this machine
+for minutes (``bench --device``, ``validate``, ``tune``) are parsed, not run: their options must
 still be the command's own; the profile ``bench --device`` would write is the one it wrote
 for examples/cpu/ (its header says so), so the commands after it run on it."""
 
@@ -16,7 +16,7 @@ import pytest
 from tests.helpers import REPO, autoplan
 
 README = REPO / "README.md"
-PARSED_ONLY = (("bench", "--device"), ("validate",))  # minutes of measuring on a CPU
+PARSED_ONLY = (("bench", "--device"), ("validate",), ("tune",))  # minutes of measuring on a CPU
 
 
 def readme_commands() -> list[str]:

@@ -117,7 +117,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("measured", ("autoplan.measured",)),  # profiles and what is fitted on them
     ("commands", ("autoplan.planfile", "autoplan.request", "autoplan.check", "autoplan.diff",
                   "autoplan.search", "autoplan.serving", "autoplan.export", "autoplan.whatif",
-                  "autoplan.bench")),
+                  "autoplan.bench", "autoplan.tune")),
     ("cli", ("autoplan.cli",)),
 )
 # imports allowed to run upwards, as (importer, imported): at most one, each with its reason

@@ -1,0 +1,87 @@
+"""The one Typer app every command registers on, and what the commands' options share:
+the output formats, the --profile and --stack options, the most plans a table shows, and
+plan files written as YAML. (``main`` registers the commands and runs the app; ``loop``
+the auto-tuner loop's.)"""
+
+from __future__ import annotations
+
+import enum
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+
+from autoplan import __version__
+from autoplan.cli import files, output
+
+
+def _flag_type_hidden(display: Any) -> Any:
+    """typer shows a flag (--fit, --help) as taking ``<bool>``; it takes no value."""
+    def display_type_rich(self: Any, ctx: Any) -> str | None:
+        if getattr(self, "is_flag", False) and self.metavar is None:
+            return None
+        return display(self, ctx)  # type: ignore[no-any-return]
+    return display_type_rich
+
+
+# typer renders option types through this hook in recent releases; older typer (the pyproject allows
+# >=0.12) has none, and shows flags its own way
+if hasattr(typer.core.TyperOption, "display_type_rich"):
+    typer.core.TyperOption.display_type_rich = _flag_type_hidden(  # type: ignore[method-assign]
+        typer.core.TyperOption.display_type_rich)
+
+app = typer.Typer(
+    name="autoplan",
+    help="Plan large-model training and serving. Training: search ranks parallel execution "
+         "plans (several GPU counts: time, cost and energy to train), evaluate and explain predict "
+         "one, export writes launcher configs (Megatron-LM, DeepSpeed, NeMo, torchtitan, Slurm). "
+         "Serving: serve ranks deployments under traffic and latency SLOs, export writes vLLM, "
+         "SGLang or TensorRT-LLM launches. Both: check gates CI, diff compares two plans, bench "
+         "and validate measure on real devices.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+# more plans than anyone reads: past it a search would evaluate every candidate (seconds to
+# minutes) to rank plans no table or script uses
+MAX_TOP = 1000
+
+
+class Format(str, enum.Enum):
+    table = "table"
+    json = "json"
+
+
+FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="table for people, json for machines")]
+ProfileOpt = Annotated[Path | None, typer.Option(
+    "--profile", help="Microbenchmark profile CSV (autoplan bench) whose learned correction and "
+                      "uncertainty band apply; default: the one shipped for the cluster's device.")]
+StackOpt = Annotated[str | None, typer.Option(
+    "--stack", help="Software stack: megatron-core, megatron-lm, torchtitan, torchtitan-compiled, "
+                    "deepspeed, fsdp, or a stack file; default: the one the space (or plan) names.")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        output.out.print(f"autoplan {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool | None, typer.Option("--version", callback=_version, is_eager=True,
+                                                    help="Print the version and exit.")] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+) -> None:
+    output.reset()
+    files.reset()
+    if debug:
+        os.environ["AUTOPLAN_DEBUG"] = "1"
+
+
+def _yaml(doc: Any) -> str:
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)

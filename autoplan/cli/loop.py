@@ -1,0 +1,463 @@
+"""The auto-tuner loop's commands: ``tune`` (run the top plans, rank by measurement),
+``runs import`` (launcher logs into the runs log) and ``calibrate`` (a stack learned from
+the runs log). Registered on the one ``app`` (:mod:`autoplan.cli.app`) when :mod:`autoplan.cli.main` imports
+this module."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from autoplan.cli import files, output
+from autoplan.cli.app import MAX_TOP, Format, FormatOpt, ProfileOpt, StackOpt, _yaml, app
+from autoplan.errors import InputError
+from autoplan.units import GiB
+from autoplan.vocab import NO_OFFLOAD, Dtype
+
+RUNNERS = ("local", "torchrun", "slurm")
+LAUNCHERS = ("megatron", "torchtitan")
+DEFAULT_RUNS = Path("autoplan-runs.csv")
+MAX_TOP_K = 20
+
+
+def _one_of(flag: str, value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise InputError.single(flag, "", f"expected one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def appended_runs(path: Path, runs: list[Any]) -> str:
+    """The runs log at ``path`` (if it exists) with ``runs`` appended."""
+    from autoplan.descriptors.strict import read_limited
+    from autoplan.tune.runs import MAX_RUNS_BYTES, csv_text
+
+    existing = ""
+    if path.exists() or path.is_symlink():
+        data = read_limited(path, MAX_RUNS_BYTES, "a runs log", source="--runs")
+        try:
+            existing = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputError.single("--runs", "", f"{path}: not UTF-8 text") from None
+    return csv_text(runs, existing, str(path))
+
+
+class _CtrlC:
+    """A first Ctrl-C lets the running trial finish and starts no other; a second stops
+    it (KeyboardInterrupt in the runner, which stops what it started)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._old: Any = None
+
+    def __enter__(self) -> _CtrlC:
+        try:
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread (an embedding program's): Ctrl-C as it was
+            self._old = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        if self.count == 1:
+            output.err.print("autoplan: Ctrl-C: no more trials after this one (Ctrl-C again stops "
+                             "it now)", markup=False)
+            return
+        raise KeyboardInterrupt
+
+    def stopping(self) -> bool:
+        return self.count > 0
+
+
+@app.command()
+def tune(
+    job_file: Annotated[Path | None, typer.Argument(
+        metavar="JOB.yaml", help="Job file: model, cluster, job, optional gpus and space.")] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", help="Built-in model name, descriptor path, or HuggingFace config.json.")] = None,
+    cluster: Annotated[str | None, typer.Option(
+        "--cluster", "-c", help="Built-in cluster name or descriptor path.")] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", "-n", min=1, help="Total GPUs.")] = None,
+    global_batch: Annotated[int | None, typer.Option(
+        "--global-batch", "-b", help="Sequences per optimizer step.")] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", "-s", help="Tokens per sequence.")] = None,
+    dtype: Annotated[Dtype | None, typer.Option("--dtype", help="Training precision.")] = None,
+    space: Annotated[str | None, typer.Option(
+        "--space", help="Search space: default, megatron, deepspeed, torchtitan, fsdp, or a path "
+                        "(with --runner torchrun or slurm, default: the --launcher's).")] = None,
+    profile: ProfileOpt = None,
+    stack: StackOpt = None,
+    no_offload: Annotated[bool, typer.Option(
+        "--no-offload", help="Keep optimizer states and activations on the GPUs.")] = False,
+    runner: Annotated[str, typer.Option(
+        "--runner", help="local: this machine's devices through validate's torch engine (CPU "
+                         "processes over gloo, or one rank's slice on a GPU); torchrun: the exported "
+                         "launch on this node; slurm: the exported sbatch job.")] = "local",
+    launcher: Annotated[str, typer.Option(
+        "--launcher", help="torchrun and slurm runners: megatron (Megatron-LM's pretrain_gpt.py; "
+                           "set MEGATRON_LM) or torchtitan.")] = "megatron",
+    device: Annotated[str, typer.Option(
+        "--device", "-d", help="local runner: cpu or cuda.")] = "cpu",
+    top_k: Annotated[int, typer.Option(
+        "--top-k", min=1, max=MAX_TOP_K, help="Distinct plans to run (a different layout or "
+                                                     "schedule each).")] = 3,
+    within: Annotated[float | None, typer.Option(
+        "--within", min=0.0, help="Only plans predicted within this fraction of the best "
+                                  "(0.05 = 5%).")] = None,
+    steps: Annotated[int, typer.Option("--steps", min=1, max=10000, help="Timed steps per plan.")] = 3,
+    warmup: Annotated[int, typer.Option(
+        "--warmup", min=1, max=10000, help="Untimed steps before them.")] = 2,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", min=1.0, max=1e6, help="Seconds one trial may take before it is stopped.")] = 1800.0,
+    diverge: Annotated[float, typer.Option(
+        "--diverge", min=1.01, max=1e6, help="Stop a trial measuring more than this factor off its "
+                                             "prediction (either way).")] = 3.0,
+    workdir: Annotated[Path | None, typer.Option(
+        "--workdir", help="torchrun and slurm runners: where each trial's scripts and logs go "
+                          "(default: ./autoplan-tune).")] = None,
+    runs: Annotated[Path | None, typer.Option(
+        "--runs", parser=files.out_path, metavar="<path>",
+        help="The runs log every trial is appended to (created if missing; default "
+             "./autoplan-runs.csv).")] = None,
+    no_runs: Annotated[bool, typer.Option("--no-runs", help="Append to no runs log.")] = False,
+    out_path: Annotated[Path | None, typer.Option(
+        "--out", "-o", parser=files.out_path, metavar="<path>",
+        help="Write the fastest measured plan here, with its measurements.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Run the best few plans of a search for real and rank them by measured step time:
+    exit 0 a plan measured, 1 none did, 2 bad input."""
+    if quiet:
+        output.quiet()
+    from autoplan.kernels.memory import default_headroom_bytes
+    from autoplan.request import build_request
+    from autoplan.search.engine import search as run_search
+    from autoplan.tune.runners import LaunchRunner, LocalRunner, Trial
+    from autoplan.tune.tune import layout_text, pick, runs_of
+    from autoplan.tune.tune import tune as run_tune
+
+    _one_of("--runner", runner, RUNNERS)
+    _one_of("--launcher", launcher, LAUNCHERS)
+    _one_of("--device", device, ("cpu", "cuda"))
+    log = None if no_runs else (runs or DEFAULT_RUNS)
+    for target in (out_path, log):
+        if target is not None:
+            files.check_target(target)
+    files.check_apart([("--out", out_path), ("--runs", log)], [job_file])
+    if files.is_stdout(log):
+        raise InputError.single("--runs", "", "the runs log is a file to append to, not stdout")
+    if log is not None:
+        appended_runs(log, [])  # a log that cannot be appended to is refused before any trial
+    if files.is_stdout(out_path):
+        output.data_to_stderr()
+    if space is None and runner != "local" and job_file is None:
+        space = launcher
+    req = build_request(job_file, model=model, cluster=cluster, gpus=gpus, global_batch=global_batch,
+                        seq_len=seq_len, dtype=dtype, space=space, profile=profile, stack=stack)
+    if req.pools is not None:
+        raise InputError.single("--cluster", "", f"{req.pools.name} has pools of unlike GPUs: tune "
+                                                 "runs plans on one kind of GPU")
+    if len(req.clusters) > 1:
+        raise InputError.single("--gpus", "", "tune runs plans for one GPU count")
+    if no_offload:
+        req = dataclasses.replace(req, space=dataclasses.replace(req.space, offload=(NO_OFFLOAD,)))
+    for line in req.notes:
+        output.err.print(f"autoplan: note: {line}", markup=False)
+    the_runner = (LocalRunner(device=device) if runner == "local"
+                  else LaunchRunner(name=runner, launcher=launcher))
+    headroom = default_headroom_bytes(req.cluster.device.mem_bytes)
+    # candidates to find top_k distinct, runnable plans among: more while the search had
+    # more to give and too few were found
+    pool = max(30, 10 * top_k)
+    with output.working(fmt.value, f"searching {req.space.name} space on {req.cluster.gpus} GPUs ..."):
+        while True:
+            found = run_search(req.model, req.cluster, req.job, req.space, pool, headroom)
+            chosen, _ = pick([(r.plan, r.prediction) for r in found.plans], the_runner, top_k, within)
+            if len(chosen) >= top_k or len(found.plans) < pool or pool >= MAX_TOP:
+                break
+            pool = min(MAX_TOP, pool * 8)
+    if not found.plans:
+        output.err.print(f"autoplan: {found.why_none()}", markup=False)
+        raise typer.Exit(1)
+    trial = Trial(steps=steps, warmup=warmup, timeout_s=timeout, diverge=diverge)
+    folder = (workdir or Path("autoplan-tune")) if runner != "local" else None
+    ranked = [(r.plan, r.prediction) for r in found.plans]
+    with _CtrlC() as ctrl_c, output.working(fmt.value, f"tuning on {runner} ...", lines=True) as told:
+        def done(t: Any) -> None:
+            o = t.outcome
+            what = (f"{o.step_time_s:.3f} s measured, {t.predicted_step_s:.3f} s predicted"
+                    if o.status == "ok" else f"{o.status}: {o.reason}")
+            line = f"trial done: {layout_text(t.plan)}: {what}"
+            if output.interactive(fmt.value):
+                output.err.print(f"autoplan: {line}", markup=False)
+            else:
+                told(line)
+
+        result = run_tune(ranked, the_runner, trial, top_k=top_k, within=within, workdir=folder,
+                          progress=told, stop=ctrl_c.stopping, done=done)
+    if log is not None and result.trials:
+        files.write_text(log, appended_runs(log, runs_of(result, runner, steps)))
+    best = result.best
+    if out_path is not None and best is not None:
+        files.write_text(out_path, _yaml(_measured_document(result.trials[best], req.space.name, runner,
+                                                            steps)))
+    _print_tuning(result, fmt, req, runner, len(found.plans))
+    if log is not None and result.trials and fmt is not Format.json:
+        output.err.print(f"appended {len(result.trials)} runs to {files.name(log)}")
+    if out_path is not None and best is not None and not files.is_stdout(out_path):
+        output.err.print(f"wrote the fastest measured plan to {files.name(out_path)}")
+    if best is None:
+        raise typer.Exit(1)
+
+
+def _measured_document(t: Any, space: str, runner: str, steps: int) -> dict[str, Any]:
+    """A plan file of the trial with what it measured."""
+    from autoplan.planfile import plan_document
+
+    doc = plan_document(t.plan, t.prediction, space)
+    o = t.outcome
+    doc["measured"] = {"step_time_s": o.step_time_s, "peak_memory_gib": o.peak_gib,
+                       "steps": steps, "runner": runner, "time": t.started}
+    return doc
+
+
+def _print_tuning(result: Any, fmt: Format, req: Any, runner: str, searched: int) -> None:
+    from rich.table import Table
+
+    from autoplan.planfile import plan_document
+    from autoplan.tune.tune import layout_text
+
+    if fmt is Format.json:
+        output.emit_json({
+            "trials": [t.to_dict(plan_document(t.plan, t.prediction, req.space.name))
+                       for t in result.trials],
+            "best": result.best,
+            "skipped": [{"searched_rank": rank, "plan": plan_document(plan), "reason": why}
+                        for rank, plan, why in result.skipped],
+            "interrupted": result.interrupted,
+        })
+        return
+    tokens = req.job.global_batch * req.job.seq_len
+    title = escape(f"{req.model.name} on {req.cluster.gpus} x {req.cluster.device.name}, global batch "
+                   f"{req.job.global_batch} x {req.job.seq_len}: measured on {runner}, fastest first")
+    table = Table(title=title, title_justify="left")
+    for col in ("#", "plan", "searched", "predicted s", "measured s", "ratio", "tokens/s",
+                "predicted GiB", "measured GiB", "status"):
+        table.add_column(col, justify="left" if col in ("plan", "status") else "right")
+    for i, t in enumerate(result.trials, start=1):
+        o = t.outcome
+        ok = o.step_time_s is not None
+        table.add_row(
+            str(i), escape(layout_text(t.plan)), str(t.searched_rank), f"{t.predicted_step_s:.3f}",
+            f"{o.step_time_s:.3f}" if ok else "-",
+            f"{o.step_time_s / t.predicted_step_s:.2f}" if ok and t.predicted_step_s > 0 else "-",
+            f"{tokens / o.step_time_s:,.0f}" if ok and o.step_time_s > 0 else "-",
+            f"{t.predicted_peak_gib:.3f}", f"{o.peak_gib:.3f}" if o.peak_gib is not None else "-",
+            o.status if o.status == "ok" else escape(f"{o.status}: {o.reason}"))
+    output.out.print(table)
+    if result.best is not None:
+        b = result.trials[result.best]
+        output.out.print(escape(f"fastest measured: {layout_text(b.plan)} ({b.outcome.step_time_s:.3f} s "
+                                f"per step; searched rank {b.searched_rank} of {searched})"))
+    else:
+        output.out.print("no plan measured")
+    for rank, plan, why in result.skipped:
+        output.err.print(f"note: skipped searched plan {rank} ({layout_text(plan)}): {why}", markup=False)
+    if result.interrupted:
+        output.err.print("note: interrupted: the trials above are what was measured", markup=False)
+    for t in result.trials:
+        for line in t.outcome.notes:
+            output.err.print(f"note: {layout_text(t.plan)}: {line}", markup=False)
+
+
+runs_app = typer.Typer(help="The runs log: measured runs that calibrate and check --runs read.",
+                       no_args_is_help=True)
+app.add_typer(runs_app, name="runs")
+
+MAX_LOG_BYTES = 512 * 2**20  # a training log of many thousands of steps; more is not one run's
+
+
+@runs_app.command("import")
+def runs_import(
+    logs: Annotated[list[Path], typer.Argument(
+        metavar="LOG...", help="Megatron-LM or torchtitan training logs (stdout of the run, or "
+                               "Slurm's output file), one run each.")],
+    plan_path: Annotated[Path, typer.Option(
+        "--plan", "-p", help="The plan file the logged runs ran (what the runs log records).")],
+    out_path: Annotated[Path, typer.Option(
+        "--out", "-o", parser=files.out_path, metavar="<path>",
+        help="The runs log to append to (created if missing).")],
+    warmup: Annotated[int, typer.Option(
+        "--warmup", min=0, max=10**6, help="Logged steps to leave out before the timed ones.")] = 2,
+    group: Annotated[str, typer.Option(
+        "--group", help="Runs calibrate holds out together (default: the plan's id).")] = "",
+) -> None:
+    """Read step times and peak memory from training logs into the runs log: the median
+    logged step after --warmup, the peak the launcher reports; a log that ran out of memory
+    is recorded as such. Exit 0, 2 bad input."""
+    import datetime
+    import statistics
+
+    from autoplan.cost.evaluate import evaluate
+    from autoplan.descriptors.strict import name_problem, read_limited, read_yaml
+    from autoplan.planfile import read_plan
+    from autoplan.tune.logs import read_log
+    from autoplan.tune.runs import Run
+
+    if group and (why := name_problem(group)):
+        raise InputError.single("--group", "", why)
+    files.check_target(out_path)
+    files.check_apart([("--out", out_path)], [plan_path, *logs])
+    if files.is_stdout(out_path):
+        raise InputError.single("--out", "", "the runs log is a file to append to, not stdout")
+    appended_runs(out_path, [])  # refused before any log is read
+    plan = read_plan(read_yaml(plan_path), str(plan_path))
+    pred = evaluate(plan)
+    tokens = plan.job.global_batch * plan.job.seq_len
+    found: list[Run] = []
+    for path in logs:
+        text = read_limited(path, MAX_LOG_BYTES, "a training log").decode("utf-8", "replace")
+        reading = read_log(text, tokens_per_step=tokens, gpus=plan.layout.gpus)
+        timed = reading.timed(warmup)
+        when = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.timezone.utc).isoformat(
+            timespec="seconds")
+        if reading.oom:
+            run = Run(plan=plan, status="oom", reason=f"{path.name}: out of memory",
+                      measured_peak_gib=reading.peak_gib, source="import", runner=reading.format,
+                      time=when, group=group, predicted_step_time_s=pred.step_time_s,
+                      predicted_peak_gib=pred.memory.peak / GiB)
+        elif not timed:
+            got = len(reading.step_times_s)
+            raise InputError.single(str(path), "", (
+                f"{got} step lines, none after --warmup {warmup}" if reading.format else
+                "no Megatron-LM (iteration ... elapsed time per iteration) or torchtitan "
+                "(step: ... tps:) step line"))
+        else:
+            run = Run(plan=plan, measured_step_time_s=statistics.median(timed),
+                      measured_peak_gib=reading.peak_gib, source="import", runner=reading.format,
+                      time=when, steps=len(timed), group=group, predicted_step_time_s=pred.step_time_s,
+                      predicted_peak_gib=pred.memory.peak / GiB)
+        found.append(run)
+        shown = (f"{run.measured_step_time_s:.3f} s per step over {len(timed)} steps"
+                 if run.ok else run.status)
+        output.err.print(f"{files.name(path)}: {reading.format or 'log'}: {shown}", markup=False)
+    files.write_text(out_path, appended_runs(out_path, found))
+    output.err.print(f"appended {len(found)} runs to {files.name(out_path)}")
+
+
+@app.command()
+def calibrate(
+    runs_path: Annotated[Path, typer.Argument(metavar="RUNS.csv", help="A runs log (autoplan tune, "
+                                                                      "runs import, or your own).")],
+    stack: Annotated[str | None, typer.Option(
+        "--stack", help="The stack to calibrate: a built-in name or stack file (default: the one "
+                        "every run names).")] = None,
+    out_path: Annotated[Path | None, typer.Option(
+        "--out", "-o", parser=files.out_path, metavar="<path>",
+        help="Write the calibrated stack file here (search, evaluate, serve and check take it "
+             "with --stack FILE).")] = None,
+    name: Annotated[str | None, typer.Option(
+        "--name", help="The calibrated stack's name (default: the base's, with -calibrated).")] = None,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Fit a stack's constants (compute efficiency, step overhead, host cost per kernel,
+    overlap slowdown) to measured runs, with leave-one-group-out held-out error before and
+    after: exit 0, 2 bad input or runs that identify no constant."""
+    from autoplan.descriptors.library import resolve_stack
+    from autoplan.descriptors.strict import name_problem
+    from autoplan.tune.calibrate import calibrate as run_calibrate
+    from autoplan.tune.runs import read_runs
+
+    if out_path is not None:
+        files.check_target(out_path)
+        files.check_apart([("--out", out_path)], [runs_path])
+    if name is not None and (why := name_problem(name)):
+        raise InputError.single("--name", "", why)
+    runs = read_runs(runs_path)
+    if stack is not None:
+        base = resolve_stack(stack, "--stack", "")
+    else:
+        names = sorted({r.plan.stack.name for r in runs if r.ok})
+        if len(names) > 1:
+            raise InputError.single(str(runs_path), "stack", f"runs of several stacks ({', '.join(names)}): "
+                                    "name the one to calibrate with --stack")
+        base = next((r.plan.stack for r in runs if r.ok), None) or resolve_stack("megatron-core")
+    result = run_calibrate(runs, base, name or f"{base.name}-calibrated", str(runs_path))
+    if out_path is not None:
+        files.write_text(out_path, _stack_file(result, runs_path))
+    _print_calibration(result, fmt)
+    if out_path is not None and not files.is_stdout(out_path):
+        output.err.print(f"wrote the calibrated stack to {files.name(out_path)}")
+
+
+def _stack_file(result: Any, runs_path: Path) -> str:
+    from autoplan.text import one_line
+    from autoplan.tune.calibrate import mape
+
+    held = result.held_out
+    before = mape([(h.before_s, h.measured_s) for h in held])
+    after = mape([(h.after_s, h.measured_s) for h in held])
+    lines = [
+        f"# Calibrated by `autoplan calibrate` on {one_line(str(runs_path))}: {result.runs} measured runs "
+        f"in {result.groups} groups,",
+        f"# from the stack {one_line(result.base.name)}. Held out (leave one group out): step time "
+        f"error {before:.1f}% before, {after:.1f}% after.",
+        "# Fitted: " + (", ".join(f"{k} {v:g}" for k, v in result.fitted.items()) or "none") + ".",
+    ]
+    lines += [f"# Not fitted, {k}: {one_line(v)}" for k, v in result.not_fitted.items()]
+    return "\n".join(lines) + "\n" + _yaml({"stack": result.stack.to_dict()})
+
+
+def _print_calibration(result: Any, fmt: Format) -> None:
+    from rich.table import Table
+
+    from autoplan.tune.calibrate import by_regime, constants_of, mape, regime_of
+    from autoplan.tune.tune import layout_text
+
+    held = result.held_out
+    before = mape([(h.before_s, h.measured_s) for h in held])
+    after = mape([(h.after_s, h.measured_s) for h in held])
+    base, fitted = constants_of(result.base), constants_of(result.stack)
+    if fmt is Format.json:
+        output.emit_json({
+            "stack": result.stack.to_dict(), "base": result.base.name,
+            "runs": result.runs, "groups": result.groups,
+            "fitted": result.fitted, "not_fitted": result.not_fitted,
+            "held_out": {"mape_before": before, "mape_after": after,
+                         "by_regime": {k: {"runs": n, "mape_before": b, "mape_after": a}
+                                       for k, (n, b, a) in by_regime(held).items()},
+                         "runs": [{"plan_id": h.run.plan_id, "regime": regime_of(h.run.plan),
+                                   "measured_s": h.measured_s, "before_s": h.before_s,
+                                   "after_s": h.after_s} for h in held]},
+            "log_loss": {"before": result.loss_before, "after": result.loss_after},
+        })
+        return
+    table = Table(title=escape(f"stack {result.base.name} calibrated on {result.runs} runs "
+                               f"({result.groups} groups)"), title_justify="left")
+    for col in ("constant", "base", "calibrated", ""):
+        table.add_column(col, justify="left" if col in ("constant", "") else "right")
+    for k in base:
+        note = "fitted" if k in result.fitted else escape(f"kept: {result.not_fitted.get(k, '')}")
+        table.add_row(k, f"{base[k]:g}", f"{fitted[k]:g}", note)
+    output.out.print(table)
+    runs = Table(title="held out: each group predicted by constants fitted on the others",
+                 title_justify="left")
+    for col in ("run", "plan", "measured s", "base s", "calibrated s"):
+        runs.add_column(col, justify="left" if col == "plan" else "right")
+    for h in held:
+        runs.add_row(str(h.run.row), escape(layout_text(h.run.plan)), f"{h.measured_s:.3f}",
+                     f"{h.before_s:.3f}", f"{h.after_s:.3f}")
+    output.out.print(runs)
+    for regime, (n, b, a) in by_regime(held).items():
+        output.out.print(escape(f"{regime}: {n} runs, held-out error {b:.1f}% before, {a:.1f}% after"))
+    output.out.print(f"all: held-out step time error {before:.1f}% before, {after:.1f}% after "
+                     "(mean absolute percentage)")

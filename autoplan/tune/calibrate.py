@@ -1,0 +1,272 @@
+"""``autoplan calibrate``: a software stack's bounded constants fitted to the user's own
+measured runs (the runs log, :mod:`autoplan.tune.runs`), with the same discipline as the
+accuracy benchmark (``benchmarks/accuracy.py``): the loss is the mean |ln(predicted /
+measured)| over the runs, minimised one constant at a time (a coarse grid over its bounds
+to find the basin, then golden-section search inside it: :func:`descend`), and what the
+fit claims is reported on runs it did not see: each group of runs (a plan's repeats, or
+the ``group`` column) predicted with constants fitted on the other groups only
+(leave-one-group-out cross-validation).
+
+The constants (``PARAMS``), each inside bounds a real stack can hold:
+
+- ``compute_efficiency``: the share of the device's kernel rates the stack sustains;
+- ``step_overhead_ms``: the fixed host cost of a step (optimizer launch, logging);
+- ``host_kernel_us``: the host's dispatch time per kernel (eager stacks only);
+- ``comm_compute_slowdown``: compute slowed while communication overlaps it.
+
+A constant the runs cannot identify is not fitted, and the report says which and why:
+one no run's prediction moves with (by 1% across its bounds: ``host_kernel_us`` under CUDA
+graphs, ``comm_compute_slowdown`` where nothing overlaps), or one that moves every run's
+prediction the way a constant fitted before it does (``step_overhead_ms`` and
+``compute_efficiency`` on runs of one step time: the runs cannot tell a slower kernel
+from a longer step's fixed cost). At least two groups are needed, to hold one out."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from autoplan.cost.evaluate import evaluate
+from autoplan.descriptors.stack import Stack
+from autoplan.errors import InputError
+from autoplan.plan import Plan
+from autoplan.tune.runs import Run
+
+# name -> (lowest, highest) a stack can hold (the stack file's own bounds, narrowed to
+# where a value measures the stack rather than absorbs a cost the model lacks)
+PARAMS: dict[str, tuple[float, float]] = {
+    "compute_efficiency": (0.05, 1.0),
+    "step_overhead_ms": (0.0, 1e5),
+    "host_kernel_us": (0.0, 1e3),
+    "comm_compute_slowdown": (0.0, 0.9),
+}
+MIN_EFFECT = 0.01  # a constant moving no prediction by 1% across its bounds is not identified
+PARALLEL = 0.995  # |cos| of two constants' effects past which the runs cannot tell them apart
+
+
+def with_constants(stack: Stack, p: dict[str, float]) -> Stack:
+    """``stack`` with the constants of ``p`` (in the stack file's units)."""
+    return dataclasses.replace(
+        stack,
+        compute_efficiency=p.get("compute_efficiency", stack.compute_efficiency),
+        step_overhead_s=p["step_overhead_ms"] * 1e-3 if "step_overhead_ms" in p else stack.step_overhead_s,
+        host_kernel_s=p["host_kernel_us"] * 1e-6 if "host_kernel_us" in p else stack.host_kernel_s,
+        comm_compute_slowdown=p.get("comm_compute_slowdown", stack.comm_compute_slowdown))
+
+
+def constants_of(stack: Stack) -> dict[str, float]:
+    return {"compute_efficiency": stack.compute_efficiency,
+            "step_overhead_ms": stack.step_overhead_s * 1e3,
+            "host_kernel_us": stack.host_kernel_s * 1e6,
+            "comm_compute_slowdown": stack.comm_compute_slowdown}
+
+
+# --------------------------------------------------------------------------- search
+
+def golden(f: Callable[[float], float], lo: float, hi: float, steps: int = 12) -> float:
+    """Minimise f on [lo, hi] by golden-section search (f assumed unimodal there)."""
+    g = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(steps):
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(d)
+    return (a + b) / 2
+
+
+def descend(loss: Callable[[dict[str, float]], float], start: dict[str, float], names: Sequence[str],
+            bounds: Callable[[str], tuple[float, float]], sweeps: int,
+            after_sweep: Callable[[int, dict[str, float]], None] = lambda *_: None,
+            digits: int = 2) -> dict[str, float]:
+    """Coordinate descent of ``loss`` over ``names`` inside ``bounds``: per name a grid of 9
+    over its bounds, then golden-section search between the best grid point's neighbours,
+    rounded to ``digits``; up to ``sweeps`` passes, stopping when one changes nothing."""
+    p = dict(start)
+
+    def loss_with(name: str, value: float) -> float:
+        return loss(dict(p, **{name: value}))
+
+    for sweep in range(sweeps):
+        before = dict(p)
+        for name in names:
+            lo, hi = bounds(name)
+            grid = [lo + (hi - lo) * i / 8 for i in range(9)]
+            losses = [loss_with(name, v) for v in grid]
+            i = min(range(len(grid)), key=lambda k: (losses[k], k))
+            a, b = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
+            p[name] = round(golden(functools.partial(loss_with, name), a, b, steps=10), digits)
+        after_sweep(sweep, p)
+        if p == before:
+            break
+    return p
+
+
+# --------------------------------------------------------------------------- fitting
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """One run predicted with constants fitted without its group."""
+
+    run: Run
+    before_s: float  # with the base stack
+    after_s: float  # with the fold's constants
+
+    @property
+    def measured_s(self) -> float:
+        assert self.run.measured_step_time_s is not None
+        return self.run.measured_step_time_s
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    base: Stack
+    stack: Stack  # the base with the constants fitted on every run
+    fitted: dict[str, float]  # the constants fitted, on every run
+    not_fitted: dict[str, str]  # constant -> why the runs cannot identify it
+    held_out: tuple[Held, ...]  # leave-one-group-out
+    runs: int
+    groups: int
+    loss_before: float  # on every run, base stack
+    loss_after: float  # on every run, fitted stack
+
+
+def regime_of(plan: Plan) -> str:
+    """The kind of parallelism a run is: its axes above 1, joined (``dp+pp``), or ``one GPU``."""
+    lay = plan.layout
+    axes = [k for k, v in (("dp", lay.dp), ("tp", lay.tp), ("pp", lay.pp), ("cp", lay.cp),
+                           ("ep", lay.ep)) if v > 1]
+    return "+".join(axes) or "one GPU"
+
+
+def _predict(plans: Sequence[Plan], stack: Stack) -> list[float]:
+    return [evaluate(dataclasses.replace(p, stack=stack)).step_time_s for p in plans]
+
+
+def _loss(predicted: Sequence[float], measured: Sequence[float]) -> float:
+    return statistics.fmean(abs(math.log(p / m)) for p, m in zip(predicted, measured, strict=True))
+
+
+def identifiable(plans: Sequence[Plan], base: Stack, bounds: dict[str, tuple[float, float]]
+                 ) -> tuple[list[str], dict[str, str]]:
+    """The constants the runs can identify, in ``PARAMS`` order, and why each other one
+    cannot be (module doc): each constant's effect is the change in every run's log
+    prediction from its lowest to its highest value, the others at the base's."""
+    start = constants_of(base)
+    effects: dict[str, list[float]] = {}
+    ok: list[str] = []
+    why: dict[str, str] = {}
+    for name, (lo, hi) in bounds.items():
+        low = _predict(plans, with_constants(base, dict(start, **{name: lo})))
+        high = _predict(plans, with_constants(base, dict(start, **{name: hi})))
+        effect = [math.log(h / lo_) for h, lo_ in zip(high, low, strict=True)]
+        if max(abs(e) for e in effect) < MIN_EFFECT:
+            why[name] = (f"no run's prediction moves by {MIN_EFFECT:.0%} across {lo:g}..{hi:g}: "
+                         "these runs do not exercise it")
+            continue
+        norm = math.sqrt(sum(e * e for e in effect))
+        twin = next((other for other in ok if abs(sum(a * b for a, b in zip(
+            effect, effects[other], strict=True))) / (norm * math.sqrt(sum(b * b for b in effects[other])))
+            > PARALLEL), None)
+        if twin is not None:
+            why[name] = (f"moves every run's prediction as {twin} does: these runs cannot tell "
+                         f"them apart (runs of more varied step times, or layouts, would)")
+            continue
+        effects[name] = effect
+        ok.append(name)
+    return ok, why
+
+
+def fit(plans: Sequence[Plan], measured: Sequence[float], base: Stack, names: Sequence[str],
+        bounds: dict[str, tuple[float, float]], sweeps: int = 2) -> dict[str, float]:
+    """The constants ``names`` minimising the loss on these runs (the others at the base's):
+    coordinate descent (:func:`descend`) to find the basin, then Nelder-Mead over all of
+    them at once inside their bounds (scipy), which follows the narrow valleys coordinate
+    steps stall in (a kernel rate traded against a step's fixed cost)."""
+    from scipy.optimize import minimize
+
+    start = constants_of(base)
+
+    def loss(p: dict[str, float]) -> float:
+        return _loss(_predict(plans, with_constants(base, p)), measured)
+
+    p = descend(loss, start, names, lambda n: bounds[n], sweeps)
+    lo = [bounds[n][0] for n in names]
+    span = [bounds[n][1] - bounds[n][0] or 1.0 for n in names]
+
+    def scaled(x: Sequence[float]) -> float:  # every constant on [0, 1] of its bounds
+        q = dict(p, **{n: lo[i] + span[i] * min(1.0, max(0.0, x[i])) for i, n in enumerate(names)})
+        return loss(q)
+
+    x0 = [(p[n] - lo[i]) / span[i] for i, n in enumerate(names)]
+    found = minimize(scaled, x0, method="Nelder-Mead", bounds=[(0.0, 1.0)] * len(names),
+                     options={"xatol": 1e-4, "fatol": 1e-7, "maxiter": 200 * len(names)})
+    if found.fun < loss(p):
+        p = dict(p, **{n: lo[i] + span[i] * min(1.0, max(0.0, float(found.x[i])))
+                       for i, n in enumerate(names)})
+    return {k: round(v, 4) if k in names else v for k, v in p.items()}
+
+
+def calibrate(runs: Sequence[Run], base: Stack, name: str, source: str = "runs log") -> Calibration:
+    """Fit ``base``'s constants on the measured runs; see module doc."""
+    measured_runs = [r for r in runs if r.ok]
+    if not measured_runs:
+        raise InputError.single(source, "", "no run with status ok and a measured step time")
+    groups = sorted({r.group_key for r in measured_runs})
+    if len(groups) < 2:
+        raise InputError.single(source, "", f"{len(measured_runs)} measured runs, all of one plan "
+                                "(or group): at least two are needed to hold one out")
+    plans = [r.plan for r in measured_runs]
+    measured = [float(r.measured_step_time_s or 0.0) for r in measured_runs]
+    longest_ms = max(measured) * 1e3
+    bounds = {k: (lo, min(hi, 2 * longest_ms) if k == "step_overhead_ms" else hi)
+              for k, (lo, hi) in PARAMS.items()}
+    if base.cuda_graphs:
+        bounds.pop("host_kernel_us")
+    names, why = identifiable(plans, base, bounds)
+    if base.cuda_graphs:
+        why["host_kernel_us"] = "the stack captures CUDA graphs: no per-kernel dispatch to fit"
+    if not names:
+        raise InputError.single(source, "", "no constant can be fitted on these runs: "
+                                + "; ".join(f"{k}: {v}" for k, v in why.items()))
+    fitted = fit(plans, measured, base, names, bounds)
+    held: list[Held] = []
+    before = _predict(plans, base)
+    for g in groups:
+        train = [i for i, r in enumerate(measured_runs) if r.group_key != g]
+        test = [i for i, r in enumerate(measured_runs) if r.group_key == g]
+        fold = fit([plans[i] for i in train], [measured[i] for i in train], base, names, bounds)
+        after = _predict([plans[i] for i in test], with_constants(base, fold))
+        held += [Held(measured_runs[i], before[i], a) for i, a in zip(test, after, strict=True)]
+    order = {id(r): i for i, r in enumerate(measured_runs)}
+    held.sort(key=lambda h: order[id(h.run)])
+    stack = dataclasses.replace(with_constants(base, fitted), name=name,
+                                summary=f"{base.name} calibrated on {len(measured_runs)} measured runs")
+    return Calibration(base=base, stack=stack, fitted={k: fitted[k] for k in names}, not_fitted=why,
+                       held_out=tuple(held), runs=len(measured_runs), groups=len(groups),
+                       loss_before=_loss(before, measured),
+                       loss_after=_loss(_predict(plans, stack), measured))
+
+
+def mape(pairs: Sequence[tuple[float, float]]) -> float:
+    """Mean absolute percentage error of (predicted, measured) pairs."""
+    return 100 * statistics.fmean(abs(p / m - 1) for p, m in pairs)
+
+
+def by_regime(held: Sequence[Held]) -> dict[str, tuple[int, float, float]]:
+    """regime -> (runs, held-out MAPE before, after)."""
+    out: dict[str, list[Held]] = {}
+    for h in held:
+        out.setdefault(regime_of(h.run.plan), []).append(h)
+    return {k: (len(v), mape([(h.before_s, h.measured_s) for h in v]),
+                mape([(h.after_s, h.measured_s) for h in v])) for k, v in sorted(out.items())}

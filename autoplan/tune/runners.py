@@ -1,0 +1,380 @@
+"""Where ``tune`` runs a plan, and how it reads back what the plan measured.
+
+- :class:`LocalRunner`: this machine's devices through ``validate``'s torch engine
+  (:mod:`autoplan.bench.validate`): the plan's ranks as local processes over gloo on CPU,
+  one rank's slice on a GPU. It measures the median step time of the timed steps and the
+  peak memory of the worst rank.
+- :class:`LaunchRunner`: the plan's exported launch on the user's cluster: ``torchrun``
+  on this node (the Megatron-LM script, or torchtitan's TOML under ``torchrun -m
+  torchtitan.train``), or ``slurm`` (the exported sbatch script under ``sbatch --wait``).
+  It reads the step times and the peak memory from the launcher's own log
+  (:mod:`autoplan.tune.logs`) as the run writes it, and stops the run once the steps it
+  needs are logged (or it ran out of memory, or diverged, or its time is up).
+
+Every run is bounded: a trial is stopped (its whole process group, or ``scancel`` of its
+job) when it runs past its deadline, and a run whose step time leaves the prediction by
+more than the trial's ``diverge`` factor is stopped as soon as a timed step shows it (a
+local run: its deadline counts the prediction times that factor). A KeyboardInterrupt
+stops the run it interrupts the same way before it propagates. Pure library: nothing is
+printed; ``progress`` is told of events in sentences."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import signal
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from autoplan.errors import AutoplanError
+from autoplan.plan import Plan
+from autoplan.tune.logs import LogReading, read_log
+from autoplan.units import GiB
+
+Progress = Callable[[str], None]
+
+# seconds a run may take before its first step on top of its predicted steps (process
+# start, torch's import, the process group, building the model, the first compile)
+STARTUP_S = {"local": 90.0, "torchrun": 600.0, "slurm": 1800.0}
+POLL_S = 0.2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Trial:
+    """How to run one plan."""
+
+    steps: int = 3  # timed steps
+    warmup: int = 2  # steps run first and not timed
+    timeout_s: float = 1800.0  # the whole run, start to end
+    diverge: float = 3.0  # stop a run measuring more than this factor off its prediction
+    predicted_step_s: float = 0.0  # what autoplan predicts for it (0: unknown)
+    workdir: Path | None = None  # where a launch writes its scripts and logs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    """What one run measured, or why it did not."""
+
+    status: str  # ok | oom | timeout | failed
+    reason: str = ""
+    step_time_s: float | None = None  # median of the timed steps
+    peak_gib: float | None = None
+    step_times_s: tuple[float, ...] = ()
+    # the prediction for exactly what ran, where the runner predicts it (local: on the
+    # machine's descriptor); None: the search's stands
+    predicted_step_s: float | None = None
+    predicted_peak_gib: float | None = None
+    notes: tuple[str, ...] = field(default=())
+
+
+class Runner(Protocol):
+    @property
+    def name(self) -> str:
+        """local | torchrun | slurm"""
+
+    def refuses(self, plan: Plan) -> str | None:
+        """Why this runner cannot run ``plan`` (None: it can)."""
+
+    def run(self, plan: Plan, trial: Trial, progress: Progress) -> Outcome:
+        """Run ``plan`` once as ``trial`` says."""
+
+
+def deadline_s(kind: str, trial: Trial) -> float:
+    """The seconds a run may take: the trial's timeout, or less where the prediction says
+    the run should be done long before (startup, then every step at ``diverge`` times its
+    prediction): a run still going then has diverged."""
+    if trial.predicted_step_s <= 0 or not math.isfinite(trial.predicted_step_s):
+        return trial.timeout_s
+    steps = trial.warmup + trial.steps + 2  # validate's memory step and one more warm-up
+    return min(trial.timeout_s, STARTUP_S[kind] + steps * trial.predicted_step_s * trial.diverge)
+
+
+def diverged(measured: float, predicted: float, factor: float) -> bool:
+    return predicted > 0 and (measured > factor * predicted or measured * factor < predicted)
+
+
+def divergence_reason(measured: float, predicted: float, factor: float) -> str:
+    return (f"diverged: measured {measured:.3g} s per step, {measured / predicted:.2f}x the "
+            f"predicted {predicted:.3g} s (the limit is {factor:g}x either way)")
+
+
+# --------------------------------------------------------------------------- local
+
+@dataclass(frozen=True, slots=True)
+class LocalRunner:
+    """This machine's devices, through ``validate``'s engine."""
+
+    device: str = "cpu"
+    name: str = "local"
+
+    def _options(self, trial: Trial, timeout: float):  # type: ignore[no-untyped-def]
+        from autoplan.bench.validate import Options
+
+        return Options(device=self.device, steps=trial.steps, warmup=max(1, trial.warmup),
+                       timeout_s=timeout, fit=False)
+
+    def refuses(self, plan: Plan) -> str | None:
+        from autoplan.bench.validate import unsupported
+
+        try:
+            machine = _machine(self.device)
+        except AutoplanError as exc:
+            return str(exc)
+        problems = unsupported(plan, "plan", self._options(Trial(), 1.0), machine)
+        return "; ".join(f"{p.field}: {p.message}" if p.field else p.message
+                         for p in problems) or None
+
+    def run(self, plan: Plan, trial: Trial, progress: Progress) -> Outcome:
+        from autoplan.bench.validate import ValidateError, validate
+
+        limit = deadline_s("local", trial)
+        try:
+            result = validate(plan, "plan", self._options(trial, limit))
+        except ValidateError as exc:
+            return _failed_outcome(str(exc), limit, trial)
+        measured = result.measured_time_s
+        outcome = Outcome(status="ok", step_time_s=measured,
+                          peak_gib=result.measured_peak_bytes / GiB,
+                          step_times_s=result.step_times_s,
+                          predicted_step_s=result.predicted_time_s,
+                          predicted_peak_gib=result.predicted_peak_bytes / GiB,
+                          notes=tuple(result.notes) + tuple(result.adjustments))
+        if diverged(measured, result.predicted_time_s, trial.diverge):
+            return dataclasses.replace(outcome, status="failed", reason=divergence_reason(
+                measured, result.predicted_time_s, trial.diverge))
+        return outcome
+
+
+@functools.cache
+def _machine(device: str) -> Any:
+    """This machine as validate sees it (asked once: it imports torch)."""
+    from autoplan.bench.validate import Machine
+
+    return Machine.local(device)
+
+
+def _failed_outcome(message: str, limit: float, trial: Trial) -> Outcome:
+    """A local run's failure, sorted into out of memory, timeout or divergence."""
+    low = message.lower()
+    if "timed out" in low:
+        if limit < trial.timeout_s:
+            return Outcome(status="failed", reason=(
+                f"diverged: still running after {limit:.0f} s, when {trial.warmup + trial.steps} "
+                f"steps of {trial.predicted_step_s:.3g} s were predicted (the limit is "
+                f"{trial.diverge:g}x)"))
+        return Outcome(status="timeout", reason=message)
+    if "status -9" in low or "memoryerror" in low or "out of memory" in low:
+        return Outcome(status="oom", reason=message)
+    return Outcome(status="failed", reason=message)
+
+
+# --------------------------------------------------------------------------- launches
+
+@dataclass(frozen=True, slots=True)
+class LaunchRunner:
+    """The exported launch of each plan: ``torchrun`` on this node or ``slurm``."""
+
+    name: str = "torchrun"  # torchrun | slurm
+    launcher: str = "megatron"  # megatron | torchtitan
+    env: tuple[tuple[str, str], ...] = ()  # more environment for the launch
+
+    def refuses(self, plan: Plan) -> str | None:
+        from autoplan.export import Launcher, Target, refusals
+
+        if self.name == "torchrun" and plan.layout.gpus > plan.cluster.gpus_per_node:
+            return (f"{plan.layout.gpus} GPUs is more than one node of {plan.cluster.gpus_per_node}: "
+                    "torchrun runs on this node (use --runner slurm)")
+        target = Target.SLURM if self.name == "slurm" else Target(self.launcher)
+        found = refusals(plan, target, Launcher(self.launcher))
+        return "; ".join(f"{k}: {v}" if k else v for k, v in found) or None
+
+    def files(self, plan: Plan) -> dict[str, str]:
+        from autoplan.export import Launcher, Target, export
+
+        target = Target.SLURM if self.name == "slurm" else Target(self.launcher)
+        return export(plan, target, "plan", Launcher(self.launcher))
+
+    def command(self, plan: Plan, trial: Trial, workdir: Path, files: dict[str, str]) -> list[str]:
+        """The command that launches ``plan`` for ``trial`` from ``workdir``."""
+        total = trial.warmup + trial.steps + 1  # one more: the run is stopped once they are logged
+        titan = ["--training.steps", str(total), "--metrics.log_freq", "1"]
+        if self.name == "slurm":
+            return ["sbatch", "--wait", "--parsable", f"--output={workdir / 'slurm-%j.out'}",
+                    str(workdir / "job.sbatch"), *(titan if self.launcher == "torchtitan" else [])]
+        if self.launcher == "torchtitan":
+            return ["torchrun", "--standalone", "--nnodes", "1", "--nproc-per-node",
+                    str(plan.layout.gpus), "-m", "torchtitan.train", "--job.config_file",
+                    str(workdir / "torchtitan.toml"), *titan]
+        (script,) = [name for name in files if name.endswith(".sh")]
+        return ["bash", str(workdir / script)]
+
+    def environment(self, trial: Trial, workdir: Path) -> dict[str, str]:
+        total = trial.warmup + trial.steps + 1
+        return {**os.environ, "TRAIN_ITERS": str(total), "EVAL_ITERS": "0",
+                "EVAL_INTERVAL": str(total), "SAVE_INTERVAL": str(10**9),
+                "CHECKPOINT_DIR": str(workdir / "checkpoints"),
+                "CONFIG_FILE": str(workdir / "torchtitan.toml"),
+                **dict(self.env)}
+
+    def run(self, plan: Plan, trial: Trial, progress: Progress) -> Outcome:
+        assert trial.workdir is not None
+        workdir = trial.workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        files = self.files(plan)
+        for name, text in files.items():
+            (workdir / name).write_text(text)
+            if name.endswith((".sh", ".sbatch")):
+                (workdir / name).chmod(0o755)
+        cmd = self.command(plan, trial, workdir, files)
+        log_path = workdir / "train.log"
+        limit = deadline_s(self.name, trial)
+        tokens = plan.job.global_batch * plan.job.seq_len
+        started = time.monotonic()
+        job_id: str | None = None
+        with open(log_path, "wb") as log:
+            try:
+                proc = subprocess.Popen(cmd, cwd=workdir, env=self.environment(trial, workdir),
+                                        stdout=subprocess.PIPE if self.name == "slurm" else log,
+                                        stderr=log, start_new_session=True)
+            except OSError as exc:
+                return Outcome(status="failed", reason=f"{cmd[0]}: {exc.strerror or exc}")
+        try:
+            if self.name == "slurm":
+                job_id = _job_id(proc)
+                if job_id is None:
+                    proc.wait(timeout=60)
+                    return Outcome(status="failed", reason="sbatch printed no job id: "
+                                   + _tail(log_path))
+                progress(f"submitted job {job_id}")
+            reading = LogReading("")
+            while True:
+                code = proc.poll()
+                reading = read_log(self._log_text(workdir, log_path, job_id), tokens_per_step=tokens,
+                                   gpus=plan.layout.gpus)
+                timed = reading.timed(trial.warmup)
+                if reading.oom:
+                    return self._stop(proc, job_id, Outcome(
+                        status="oom", reason="the run ran out of memory: " + _tail(log_path, job_id, workdir),
+                        peak_gib=reading.peak_gib))
+                if timed and diverged(max(timed), trial.predicted_step_s, trial.diverge) \
+                        and trial.predicted_step_s > 0:
+                    return self._stop(proc, job_id, Outcome(
+                        status="failed", reason=divergence_reason(max(timed), trial.predicted_step_s,
+                                                                  trial.diverge),
+                        step_times_s=tuple(timed), peak_gib=reading.peak_gib))
+                if len(timed) >= trial.steps:
+                    timed = timed[:trial.steps]
+                    return self._stop(proc, job_id, Outcome(
+                        status="ok", step_time_s=statistics.median(timed), step_times_s=tuple(timed),
+                        peak_gib=reading.peak_gib, notes=reading.notes))
+                if code is not None:
+                    got = len(reading.step_times_s)
+                    what = (f"it logged {got} of {trial.warmup + trial.steps} steps" if reading.format
+                            else "no Megatron-LM or torchtitan step line in its log")
+                    return Outcome(status="failed", reason=f"the run ended (exit {code}) before its "
+                                   f"timed steps: {what}; " + _tail(log_path, job_id, workdir),
+                                   peak_gib=reading.peak_gib)
+                if time.monotonic() - started > limit:
+                    if limit < trial.timeout_s:
+                        outcome = Outcome(status="failed", reason=(
+                            f"diverged: {len(reading.step_times_s)} steps logged after {limit:.0f} s, "
+                            f"when {trial.warmup + trial.steps} of {trial.predicted_step_s:.3g} s "
+                            f"were predicted (the limit is {trial.diverge:g}x)"))
+                    else:
+                        outcome = Outcome(status="timeout", reason=(
+                            f"stopped after {limit:.0f} s (--timeout) with "
+                            f"{len(reading.step_times_s)} steps logged"))
+                    return self._stop(proc, job_id, outcome)
+                time.sleep(POLL_S)
+        finally:
+            self._stop(proc, job_id, None)
+
+    def _log_text(self, workdir: Path, log_path: Path, job_id: str | None) -> str:
+        paths = [log_path] + ([workdir / f"slurm-{job_id}.out"] if job_id else [])
+        out = []
+        for path in paths:
+            try:
+                with open(path, "rb") as f:
+                    out.append(f.read(64 * 2**20).decode("utf-8", "replace"))
+            except OSError:
+                continue
+        return "\n".join(out)
+
+    def _stop(self, proc: subprocess.Popen[bytes], job_id: str | None,
+              outcome: Outcome | None) -> Outcome:
+        """End what this run started (its job, its process group); ``outcome`` back."""
+        if job_id is not None and proc.poll() is None:
+            try:
+                subprocess.run(["scancel", job_id], timeout=60, capture_output=True, check=False)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        # the whole group, the launcher's children too (the run may have exited, its
+        # workers not): asked to end, then killed once they have had their seconds
+        for sig, seconds in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 30.0)):
+            if proc.poll() is not None and not _group_running(proc.pid):
+                break
+            try:
+                os.killpg(proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                if proc.poll() is None:
+                    proc.kill()
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                if proc.poll() is not None and not _group_running(proc.pid):
+                    break
+                time.sleep(0.02)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        return outcome if outcome is not None else Outcome(status="failed")
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether a process of the group ``pgid`` is still running (not a zombie waiting to be
+    reaped): read from /proc where there is one, else asked of the kernel."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def _job_id(proc: subprocess.Popen[bytes]) -> str | None:
+    """The job id ``sbatch --parsable`` prints first (``ID`` or ``ID;cluster``)."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode("utf-8", "replace").strip()
+    job = line.split(";")[0]
+    return job if job.isdigit() else None
+
+
+def _tail(log_path: Path, job_id: str | None = None, workdir: Path | None = None, lines: int = 3) -> str:
+    """The last lines of the run's log, on one line."""
+    paths = [log_path] + ([workdir / f"slurm-{job_id}.out"] if job_id and workdir else [])
+    found: list[str] = []
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 8192))
+                found += [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+        except OSError:
+            continue
+    return " | ".join(found[-lines:]) or "(empty log)"
