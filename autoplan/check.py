@@ -27,6 +27,7 @@ bytes for the same input (text and JUnit XML are rendered by the command line).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from collections.abc import Mapping, Sequence
@@ -45,6 +46,7 @@ from autoplan.serving.planfile import is_serving
 from autoplan.units import GiB
 
 if TYPE_CHECKING:
+    from autoplan.descriptors.stack import Stack
     from autoplan.tune.runs import Run
 
 
@@ -158,13 +160,16 @@ class CheckReport:
 
 def check_plan(path: Path, *, space: SearchSpace | None = None, max_regression: float | None = None,
                min_headroom_gib: float = 0.0, runs: Sequence[Run] | None = None,
-               max_slowdown: float = 0.10, runs_source: str = "runs log") -> CheckReport:
+               max_slowdown: float = 0.10, runs_source: str = "runs log",
+               stack: Stack | None = None) -> CheckReport:
     """Check the plan file at ``path``. A plan that does not read is reported (rule
     ``valid`` in error, exit code 2), not raised, so CI reports can show why; bad options
     (a negative regression or headroom) raise :class:`InputError`. ``space``: where
     --max-regression searches; None: the space the plan file records (``space:``, written
     by search), else the default one. ``runs``: a runs log whose last run of the plan is
-    held to ``max_slowdown`` (rule ``measured``)."""
+    held to ``max_slowdown`` (rule ``measured``). ``stack``: predict the plan, and search
+    for --max-regression, on this software stack (a calibrated one: ``autoplan calibrate``)
+    instead of the plan's; the runs log still matches the plan as written."""
     if max_regression is not None and not max_regression >= 0.0:
         raise InputError.single("--max-regression", "", f"expected a fraction >= 0 (0.05 = 5 %), "
                                                          f"got {max_regression}")
@@ -185,6 +190,9 @@ def check_plan(path: Path, *, space: SearchSpace | None = None, max_regression: 
             if runs is not None:
                 raise InputError.single("--runs", "", "measured runs are of training plans; this "
                                                       "is a serving plan")
+            if stack is not None:
+                raise InputError.single("--stack", "", "a training framework's stack; a serving "
+                                                       "plan's costs are its engine's")
             if space is not None:
                 raise InputError.single("--space", "", "searches training plans; a serving plan's "
                                                        "regression is against `autoplan serve`")
@@ -196,6 +204,11 @@ def check_plan(path: Path, *, space: SearchSpace | None = None, max_regression: 
     except InputError as exc:
         return _not_read(source, exc, later, headroom)
 
+    as_written = plan
+    if stack is not None:
+        plan = dataclasses.replace(plan, stack=stack)
+        if space is not None:
+            space = dataclasses.replace(space, stack=stack)
     pred = evaluate(plan)
     lay = plan.layout
     rules = [RuleResult(rule=Rule.VALID, status=Status.PASSED,
@@ -217,7 +230,7 @@ def check_plan(path: Path, *, space: SearchSpace | None = None, max_regression: 
                                 best=plans[0] if plans else None)
         rules.append(_regression_rule(plan, pred, regression))
     if runs is not None:
-        rules.append(_measured_rule(plan, runs, baseline, max_slowdown, runs_source))
+        rules.append(_measured_rule(as_written, runs, baseline, max_slowdown, runs_source))
     return CheckReport(source=source, rules=tuple(rules), plan=plan, prediction=pred,
                        regression=regression, min_headroom_bytes=headroom)
 

@@ -159,6 +159,10 @@ def tune(
         appended_runs(log, [])  # a log that cannot be appended to is refused before any trial
     if files.is_stdout(out_path):
         output.data_to_stderr()
+    folder = (workdir or Path("autoplan-tune")) if runner != "local" else None
+    if folder is not None and (folder.exists() or folder.is_symlink()) and not folder.is_dir():
+        raise InputError.single("--workdir", "", f"{folder}: not a folder (each trial's scripts "
+                                                 "and logs go in a folder of it)")
     if space is None and runner != "local" and job_file is None:
         space = launcher
     req = build_request(job_file, model=model, cluster=cluster, gpus=gpus, global_batch=global_batch,
@@ -189,7 +193,6 @@ def tune(
         output.err.print(f"autoplan: {found.why_none()}", markup=False)
         raise typer.Exit(1)
     trial = Trial(steps=steps, warmup=warmup, timeout_s=timeout, diverge=diverge)
-    folder = (workdir or Path("autoplan-tune")) if runner != "local" else None
     ranked = [(r.plan, r.prediction) for r in found.plans]
     with _CtrlC() as ctrl_c, output.working(fmt.value, f"tuning on {runner} ...", lines=True) as told:
         def done(t: Any) -> None:

@@ -1149,6 +1149,10 @@ def validate(
     exact: Annotated[bool, typer.Option(
         "--exact", help="Run the plan as it is, even where it is larger than the machine's budget.")
     ] = False,
+    runs: Annotated[Path | None, typer.Option(
+        "--runs", parser=files.out_path, metavar="<path>",
+        help="Append the run to this runs log (what ran, on this machine's descriptor; "
+             "distributed runs only: a slice's compute time is not a step time).")] = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Run the plan for real with torch's distributed engine and compare measured with predicted
@@ -1162,6 +1166,17 @@ def validate(
         raise InputError.single("--device", "", f"expected cpu or cuda, got {device!r}")
     if cluster is not None and profile is not None:
         raise InputError.single("--cluster", "", "give --cluster or --profile, not both")
+    if runs is not None:
+        from autoplan.cli.loop import appended_runs
+
+        if slice_ or device == "cuda":
+            raise InputError.single("--runs", "", "a slice's compute time is not a step time: "
+                                                  "the runs log takes distributed runs (--device cpu)")
+        files.check_target(runs)
+        files.check_apart([("--runs", runs)], [plan_path])
+        if files.is_stdout(runs):
+            raise InputError.single("--runs", "", "the runs log is a file to append to, not stdout")
+        appended_runs(runs, [])  # refused before the run, not after it
     plan = read_plan(read_yaml(plan_path), str(plan_path))
     options = Options(device=device, profile=profile, cluster=cluster, slice=slice_, stage=stage,
                       steps=steps, warmup=warmup, tolerance=tolerance, memory_tolerance=memory_tolerance,
@@ -1169,10 +1184,25 @@ def validate(
     what = "one rank's slice" if slice_ or device == "cuda" else f"{plan.layout.gpus} processes"
     with output.working(fmt.value, f"validating {plan_path}: {what} on {device} ..."):
         result = run_validation(plan, str(plan_path), options)
+    if runs is not None:
+        import datetime
+
+        from autoplan.cli.loop import appended_runs
+        from autoplan.tune.runs import Run
+
+        files.write_text(runs, appended_runs(runs, [Run(
+            plan=result.plan, measured_step_time_s=result.measured_time_s,
+            measured_peak_gib=result.measured_peak_bytes / GiB,
+            predicted_step_time_s=result.predicted_time_s,
+            predicted_peak_gib=result.predicted_peak_bytes / GiB, source="validate", runner="local",
+            time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            steps=len(result.step_times_s))]))
     if fmt is Format.json:
         output.emit_json(result.to_dict())
     else:
         _print_validation(result)
+    if runs is not None:
+        output.err.print(f"appended the run to {files.name(runs)}")
     if not result.within:
         raise typer.Exit(1)
 
@@ -1261,6 +1291,7 @@ def check_plan_file(
     max_slowdown: Annotated[float, typer.Option(
         "--max-slowdown", min=0.0, max=1e6, help="With --runs: the measured slowdown allowed "
                                                  "(0.10 = 10%).")] = 0.10,
+    stack: StackOpt = None,
 ) -> None:
     """CI gate for a committed plan: valid, fits memory (with --min-headroom), within
     --max-regression of the best plan: exit 0 pass, 1 a rule failed (each named), 2 bad input.
@@ -1274,6 +1305,11 @@ def check_plan_file(
     if out_path is not None:
         files.check_target(out_path)
         files.check_apart([("--out", out_path)], [plan_path] + ([runs] if runs else []))
+    software = None
+    if stack is not None:
+        from autoplan.descriptors.library import resolve_stack
+
+        software = resolve_stack(stack, "--stack", "")
     measured_runs = None
     if runs is not None:
         from autoplan.tune.runs import read_runs
@@ -1284,7 +1320,7 @@ def check_plan_file(
     with searching if max_regression is not None else contextlib.nullcontext():
         report = check_plan(plan_path, space=searchspace, max_regression=max_regression,
                             min_headroom_gib=min_headroom, runs=measured_runs,
-                            max_slowdown=max_slowdown, runs_source=str(runs))
+                            max_slowdown=max_slowdown, runs_source=str(runs), stack=software)
     if fmt is CheckFormat.json:
         doc = json.dumps(report.to_dict(), indent=2) + "\n"
     elif fmt is CheckFormat.junit:

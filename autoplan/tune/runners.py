@@ -226,14 +226,19 @@ class LaunchRunner:
     def run(self, plan: Plan, trial: Trial, progress: Progress) -> Outcome:
         assert trial.workdir is not None
         workdir = trial.workdir
-        workdir.mkdir(parents=True, exist_ok=True)
         files = self.files(plan)
-        for name, text in files.items():
-            (workdir / name).write_text(text)
-            if name.endswith((".sh", ".sbatch")):
-                (workdir / name).chmod(0o755)
-        cmd = self.command(plan, trial, workdir, files)
         log_path = workdir / "train.log"
+        try:
+            workdir.mkdir(parents=True, exist_ok=True)
+            for name, text in files.items():
+                (workdir / name).write_text(text)
+                if name.endswith((".sh", ".sbatch")):
+                    (workdir / name).chmod(0o755)
+            open(log_path, "wb").close()
+        except OSError as exc:
+            return Outcome(status="failed", reason=f"{workdir}: cannot write the launch: "
+                                                   f"{exc.strerror or exc}")
+        cmd = self.command(plan, trial, workdir, files)
         limit = deadline_s(self.name, trial)
         tokens = plan.job.global_batch * plan.job.seq_len
         started = time.monotonic()

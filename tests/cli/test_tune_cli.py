@@ -138,6 +138,10 @@ def test_runs_import_reads_launcher_logs_and_calibrate_learns_a_stack_from_them(
     assert autoplan("search", "--model", CPU / "tiny-llama.yaml", "--cluster", CPU / "local-cpu.yaml",
                     "--gpus", "2", "--global-batch", "8", "--seq-len", "256", "--stack", stack,
                     "--top", "1").returncode == 0
+    checked = autoplan("check", plans["dp2"], "--stack", stack, "--format", "json")
+    evaluated = json.loads(ev.stdout)["plans"][0]["prediction"]["step_time_s"]
+    assert json.loads(checked.stdout)["prediction"]["step_time_s"] == pytest.approx(evaluated)
+    assert evaluated == pytest.approx(2.5 * float(logged[0]["predicted_step_time_s"]), rel=0.15)
     table = autoplan("calibrate", runs)
     assert table.returncode == 0 and "held-out step time error" in table.stdout
 
@@ -188,3 +192,11 @@ def test_calibrate_on_runs_of_one_plan_says_it_needs_two(tmp_path):
                     "llama3-8b,dgx-h100,8,64,4096,8,1,1,1,4.0\n")
     r = autoplan("calibrate", runs)
     assert r.returncode == 2 and "at least two" in r.stderr
+
+
+def test_a_workdir_that_is_a_file_is_refused_before_any_trial(tmp_path, env):
+    afile = tmp_path / "work"
+    afile.write_text("mine\n")
+    r = autoplan("tune", *SEARCH, "--runner", "torchrun", "--workdir", afile, cwd=tmp_path, env=env)
+    assert r.returncode == 2 and "--workdir" in r.stderr and "not a folder" in r.stderr
+    assert afile.read_text() == "mine\n" and not (tmp_path / "pids").exists()

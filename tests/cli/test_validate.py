@@ -92,7 +92,15 @@ def check_contract(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 @needs_two_cores
 @pytest.mark.slow
 def test_a_two_process_data_parallel_plan_runs_and_is_compared(tmp_path: Path) -> None:
-    doc = check_contract(validate_run(small("plan-dp2.yaml", tmp_path), *QUICK, "--format", "json"))
+    runs = tmp_path / "runs.csv"
+    doc = check_contract(validate_run(small("plan-dp2.yaml", tmp_path), *QUICK, "--format", "json",
+                                      "--runs", runs))
+    # the run is appended to the runs log (autoplan/tune/runs.py), as tune appends its trials
+    from autoplan.tune.runs import read_runs
+
+    (logged,) = read_runs(runs)
+    assert logged.source == "validate" and logged.ok
+    assert logged.measured_step_time_s == pytest.approx(doc["measured"]["step_time_s"], rel=1e-5)
     assert [r["rank"] for r in doc["ranks"]] == [0, 1]
     assert doc["ran"]["mode"] == "distributed" and doc["ran"]["processes"] == 2
     # every rank holds the same fp32 parameters and Adam moments: what FSDP2 keeps under ZeRO-0
@@ -315,6 +323,14 @@ def test_peak_memory_passes_within_the_ratio_or_the_cpu_floor() -> None:
     assert within(1280, predicted_peak_bytes=1024 * MiB) and not within(1300, predicted_peak_bytes=1024 * MiB)
     assert v.MEMORY_FLOOR_BYTES["cuda"] == 0.0
     assert base.to_dict()["tolerance"]["peak_memory_floor_gib"] == pytest.approx(48 / 1024)
+
+
+def test_a_runs_log_takes_distributed_runs_and_is_checked_before_the_run(tmp_path: Path) -> None:
+    sliced = autoplan("validate", CPU / "plan-pp2.yaml", "--slice", "--runs", tmp_path / "r.csv")
+    assert sliced.returncode == 2 and "--runs" in sliced.stderr and "slice" in sliced.stderr
+    device = autoplan("validate", CPU / "plan-pp2.yaml", "--runs", "/dev/zero")
+    assert device.returncode == 2 and "/dev/zero" in device.stderr
+    assert not list(tmp_path.iterdir())
 
 
 def test_cluster_and_profile_together_are_refused() -> None:
