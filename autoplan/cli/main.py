@@ -688,6 +688,10 @@ def evaluate(
     plans: Annotated[list[Path], typer.Argument(metavar="PLAN.yaml", help="Plan files.")],
     profile: ProfileOpt = None,
     stack: StackOpt = None,
+    runs: Annotated[Path | None, typer.Option(
+        "--runs", help="A runs log (autoplan tune, runs import): add the step time its measured "
+                       "runs predict for each plan (a random forest of measured / predicted over "
+                       "layout and breakdown), with its 10th-90th percentile band.")] = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Predict each plan with a breakdown: exit 0 all fit, 1 some do not fit, 2 bad input."""
@@ -701,6 +705,11 @@ def evaluate(
     from autoplan.serving.planfile import is_serving, read_serving_plan
 
     given = read_profile(profile) if profile is not None else None
+    measured_runs = None
+    if runs is not None:
+        from autoplan.tune.runs import read_runs
+
+        measured_runs = read_runs(runs)
     documents = [(p, read_yaml(p)) for p in plans]
     # all validated before any output; serving plans (kind: serving) apart; each plan's
     # cluster through the one door of measured profiles (planfile.read_plan)
@@ -728,11 +737,25 @@ def evaluate(
         if note := Corrected(plan.cluster, given).note:
             output.err.print(note, markup=False)
         results.append((plan, predict_with_band(plan)))
+    learned = None
+    if measured_runs is not None:
+        from autoplan.tune.residual import fit_residual
+
+        learned = fit_residual(measured_runs, str(runs))
     if fmt is Format.json:
-        output.emit_json({"plans": [plan_document(p, r) for p, r in results]})
+        docs = [plan_document(p, r) for p, r in results]
+        if learned is not None:
+            for doc, (p, r) in zip(docs, results, strict=True):
+                doc["prediction"]["learned_from_runs"] = learned.to_dict(p, r)
+        output.emit_json({"plans": docs})
     else:
         for path, (plan, pred) in zip(plans, results, strict=True):
             _print_prediction(path, plan, pred)
+            if learned is not None:
+                p10, p50, p90 = learned.band(plan, pred)
+                output.out.print(escape(
+                    f"learned from {learned.runs} measured runs ({runs}): step time {p50:.3f} s "
+                    f"({p10:.3f} to {p90:.3f} s, 10th to 90th percentile over the trees)"))
     if not all(pred.feasible for _, pred in results):
         raise typer.Exit(1)
 

@@ -142,6 +142,10 @@ def test_runs_import_reads_launcher_logs_and_calibrate_learns_a_stack_from_them(
     evaluated = json.loads(ev.stdout)["plans"][0]["prediction"]["step_time_s"]
     assert json.loads(checked.stdout)["prediction"]["step_time_s"] == pytest.approx(evaluated)
     assert evaluated == pytest.approx(2.5 * float(logged[0]["predicted_step_time_s"]), rel=0.15)
+    learned = autoplan("evaluate", plans["dp2"], "--runs", runs, "--format", "json")
+    band = json.loads(learned.stdout)["plans"][0]["prediction"]["learned_from_runs"]
+    assert band["runs"] == 3 and band["step_time_s_p10"] <= band["step_time_s"] <= band["step_time_s_p90"]
+    assert band["step_time_s"] == pytest.approx(float(logged[0]["measured_step_time_s"]), rel=0.2)
     table = autoplan("calibrate", runs)
     assert table.returncode == 0 and "held-out step time error" in table.stdout
 

@@ -351,3 +351,21 @@ def test_launch_runners_refuse_what_their_launcher_cannot_run():
     zb = make_plan(gpus=8, dp=4, pp=2, schedule=Schedule.ZB_H2, micro_batch=1)
     assert LaunchRunner(name="torchrun", launcher="megatron").refuses(zb)
 
+
+
+# --------------------------------------------------------------------------- learned from runs
+
+def test_the_runs_forest_learns_measured_over_predicted_for_a_new_plan():
+    from autoplan.tune.residual import FEATURES, features, fit_residual
+
+    plans = [cpu_plan(dp=1, tp=2, micro_batch=8), cpu_plan(dp=2, micro_batch=4),
+             cpu_plan(dp=1, pp=2, micro_batch=1)]
+    # every run measured twice its prediction: every tree learns ln 2, the band is a point
+    runs = [Run(plan=p, measured_step_time_s=2 * evaluate(p).step_time_s) for p in plans]
+    learned = fit_residual(runs)
+    new = cpu_plan(dp=2, micro_batch=2)
+    pred = evaluate(new)
+    assert len(features(new, pred)) == len(FEATURES)
+    assert learned.band(new, pred) == pytest.approx((2 * pred.step_time_s,) * 3)
+    with pytest.raises(InputError, match="at least 3"):
+        fit_residual(runs[:2])
