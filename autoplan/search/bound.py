@@ -41,6 +41,29 @@ _StageState = tuple[float, float, int]
 _LastStates = tuple[tuple[_StageState, ...], _StageState | None]
 
 
+def _layer_work(plan: Plan, cp_comm: CpComm, core: LayerCore) -> tuple[float, float, float, float, float]:
+    """One layer's work per microbatch as :meth:`TimeBounds.layout_floor` counts it, read
+    off its costs ``core`` on ``cp_comm``: (a dense layer's forward, an MoE layer's forward,
+    a dense layer's forward and backward with its recompute, an MoE layer's, the logits)."""
+    lt, lt_moe = core.lt, core.lt_moe
+    forward = lt.forward + core.tp_layer + core.cp_f
+    forward_moe = forward - lt.forward + lt_moe.forward + core.ep_layer
+    per_dense = forward + lt.backward_input + lt.backward_weight + core.cp_b
+    per_moe = (forward_moe + lt_moe.backward_input + lt_moe.backward_weight + core.cp_b
+               + core.ep_layer)
+    if plan.recompute is Recompute.FULL:
+        per_dense, per_moe = per_dense + forward, per_moe + forward_moe
+    elif plan.recompute is Recompute.SELECTIVE and plan.recompute_modules:
+        own = plan if cp_comm is plan.cp_comm else plan.replace(cp_comm=cp_comm)
+        dense_s, moe_s = module_recompute(own)
+        per_dense += dense_s
+        per_moe += moe_s + (core.ep_layer if RecomputeModule.MOE in plan.recomputed else 0)
+    elif plan.recompute is Recompute.SELECTIVE:
+        per_dense += lt.attention_forward
+        per_moe += lt_moe.attention_forward
+    return forward, forward_moe, per_dense, per_moe, sum(core.logits)
+
+
 class TimeBounds:
     """The step-time bounds of one search's items, with their memos."""
 
@@ -51,6 +74,7 @@ class TimeBounds:
         self._layout_bounds: dict[tuple[Layout, int, bool, ZeroStage, Recompute], float] = {}
         self._cores: dict[tuple[Layout, int, bool, CpComm], LayerCore] = {}  # :meth:`_core`
         self._zero3_memo: dict[tuple, tuple[float, float]] = {}  # :meth:`_zero3_passes`
+        self._shard_work: dict[tuple, float] = {}  # :meth:`layout_mean_floor`
         # :meth:`_last_stage_states`
         self._last_states: dict[tuple[Layout, frozenset[int]], _LastStates] = {}
 
@@ -100,22 +124,7 @@ class TimeBounds:
         for cp_comm in cps:
             core = self._core(plan, cp_comm)
             lt, lt_moe = core.lt, core.lt_moe
-            forward = lt.forward + core.tp_layer + core.cp_f
-            forward_moe = forward - lt.forward + lt_moe.forward + core.ep_layer
-            per_dense = forward + lt.backward_input + lt.backward_weight + core.cp_b
-            per_moe = (forward_moe + lt_moe.backward_input + lt_moe.backward_weight + core.cp_b
-                       + core.ep_layer)
-            if plan.recompute is Recompute.FULL:
-                per_dense, per_moe = per_dense + forward, per_moe + forward_moe
-            elif plan.recompute is Recompute.SELECTIVE and plan.recompute_modules:
-                own = plan if cp_comm is plan.cp_comm else plan.replace(cp_comm=cp_comm)
-                dense_s, moe_s = module_recompute(own)
-                per_dense += dense_s
-                per_moe += moe_s + (core.ep_layer if RecomputeModule.MOE in plan.recomputed else 0)
-            elif plan.recompute is Recompute.SELECTIVE:
-                per_dense += lt.attention_forward
-                per_moe += lt_moe.attention_forward
-            logits = sum(core.logits)
+            forward, forward_moe, per_dense, per_moe, logits = _layer_work(plan, cp_comm, core)
             floor = m * ((layers - moe) * per_dense + moe * per_moe + logits) / p
             if uniform:
                 # stage p - 1's compute, forward and backward (ZeRO-3's gathers hide behind it)
@@ -135,6 +144,40 @@ class TimeBounds:
                                      stage + m * logits))
                 floor = max(floor, min(kinds))
             least = min(least, floor)
+        return least
+
+    def layout_mean_floor(self, base: Layout, sps: Sequence[bool], cps: Sequence[CpComm],
+                          recompute: Recompute) -> float:
+        """A step time no plan of the layout ``base`` beats, whatever its micro-batch (of
+        the space's), sequence parallelism (of ``sps``), exchange (of ``cps``), recompute
+        (``recompute`` or more), ZeRO stage, offload, schedule or split: the least over
+        micro-batch and sequence parallelism of the mean term of :meth:`layout_floor` (m
+        microbatches of the stages' mean work, which no stage runs less of), so at most
+        every group's entry bound. A microbatch's work is read off one layer's costs, which
+        depend on the shard alone (tp, cp, ep, etp, the dispatch, micro-batch, sequence
+        parallelism, exchange: not dp or pp), so it is worked out once per shard and the
+        layouts sharing one pay a multiplication (search/enumeration.py opens a layout's
+        groups only once this bound comes up)."""
+        model, ctx = self.ctx.model, self.ctx
+        moe = model.moe_layers if model.is_moe else 0
+        dispatch = ctx.dispatch(base)
+        least = float("inf")
+        for mbs in ctx.space.micro_batches:
+            if ctx.job.global_batch % (base.dp * mbs):
+                continue  # no plan of this micro-batch (the rule dp-batch)
+            m = ctx.job.global_batch // (base.dp * mbs)
+            for sp in sps:
+                key = (base.tp, base.cp, base.ep, base.etp, dispatch, mbs, sp, recompute, tuple(cps))
+                work = self._shard_work.get(key)
+                if work is None:
+                    probe = ctx.probe(base, mbs, sp, ZeroStage.NONE, cps[-1], recompute)
+                    work = float("inf")
+                    for cp_comm in cps:
+                        own = probe if cp_comm is probe.cp_comm else probe.replace(cp_comm=cp_comm)
+                        _, _, per_dense, per_moe, logits = _layer_work(own, cp_comm, layer_core(own))
+                        work = min(work, (model.layers - moe) * per_dense + moe * per_moe + logits)
+                    self._shard_work[key] = work
+                least = min(least, m * work / base.pp)
         return least
 
     def _core(self, plan: Plan, cp_comm: CpComm) -> LayerCore:

@@ -17,7 +17,7 @@ from autoplan.plan import Layout, Memory, Plan
 from autoplan.search.bound import TimeBounds
 from autoplan.search.context import Context
 from autoplan.search.floors import MemoryFloors
-from autoplan.search.items import Group, Sched
+from autoplan.search.items import Group, Sched, Unopened
 from autoplan.search.results import ZERO_UNSHARDED, SearchStats, rank_key_static
 from autoplan.vocab import NO_OFFLOAD, CpComm, Recompute, ZeroStage
 
@@ -43,37 +43,64 @@ class Enumeration:
         """Candidates grouped by everything but the schedule, after the rules of a valid
         plan (``parallel.rules``, decided as each choice is fixed) and the model-state
         check; each group carries a bound valid for all its schedules."""
+        for item in self.unopened():
+            yield from self.opened(item)
+
+    def _layout_choices(self, base: Layout) -> tuple[Sequence[Sched], Sequence[ZeroStage],
+                                                     Sequence[bool], Sequence[CpComm], int, int]:
+        """The layout's schedules, ZeRO stages, sequence parallelism and exchanges, and its
+        candidates per ZeRO stage and per micro-batch."""
+        ctx, space = self.ctx, self.ctx.space
+        scheds = pp.schedule_choices(base, space)
+        zeros = dp.zero_stages(base, space)
+        sps = tp.sequence_parallel_choices(ctx.model, base, space)
+        cps = cp.exchanges(ctx.model, base, ctx.job.seq_len, space)
+        per_zero = len(scheds) * len(space.recompute) * len(cps)
+        per_mbs = per_zero * len(zeros) * max(1, len(sps))
+        return scheds, zeros, sps, cps, per_zero, per_mbs
+
+    def unopened(self) -> Iterator[Unopened]:
+        """Every layout passing the rules of a valid plan that read the layout alone
+        (``Scope.JOB``, ``Scope.LAYOUT``), unopened, at a bound valid for all its candidates
+        (:meth:`TimeBounds.layout_mean_floor`); its candidates counted as generated here,
+        those the rules prune by the rule."""
         ctx, stats = self.ctx, self.stats
-        model, space = ctx.model, ctx.space
-        # each group's recompute choices, in rank (a bundle stands for them: ``Group``)
-        recomputes = tuple(sorted(space.recompute, key=lambda rc: rc.level))
+        space = ctx.space
+        least = min(space.recompute, key=lambda rc: rc.level)
         for base in self.layouts():
-            scheds = pp.schedule_choices(base, space)
-            zeros = dp.zero_stages(base, space)
-            sps = tp.sequence_parallel_choices(model, base, space)
-            cps = cp.exchanges(model, base, ctx.job.seq_len, space)
-            per_zero = len(scheds) * len(space.recompute) * len(cps)
-            per_mbs = per_zero * len(zeros) * max(1, len(sps))
-            stats.generated += per_mbs * len(space.micro_batches)
+            _, _, sps, cps, _, per_mbs = self._layout_choices(base)
+            size = per_mbs * len(space.micro_batches)
+            stats.generated += size
             probe = ctx.probe(base)
             rule = first_broken(probe, Scope.JOB) or first_broken(probe, Scope.LAYOUT)
             if rule is None and not sps:  # MoE with tp > 1 in a space without SP
                 rule = BY_ID["moe-tp-needs-sp"]
             if rule:
-                stats.pruned[rule.id] += per_mbs * len(space.micro_batches)
+                stats.pruned[rule.id] += size
                 continue
-            for mbs in space.micro_batches:
-                rule = first_broken(ctx.probe(base, mbs), Scope.MICRO_BATCH)
+            yield Unopened(self.bounds.layout_mean_floor(base, sps, cps, least),
+                           rank_key_static(probe), base, size)
+
+    def opened(self, item: Unopened) -> Iterator[Group]:
+        """The groups of an unopened layout (:meth:`groups`), past the rules that read its
+        micro-batch and sequence parallelism (each pruned candidate counted by its rule)."""
+        ctx, stats = self.ctx, self.stats
+        base, space = item.base, ctx.space
+        scheds, zeros, sps, cps, per_zero, per_mbs = self._layout_choices(base)
+        # each group's recompute choices, in rank (a bundle stands for them: ``Group``)
+        recomputes = tuple(sorted(space.recompute, key=lambda rc: rc.level))
+        for mbs in space.micro_batches:
+            rule = first_broken(ctx.probe(base, mbs), Scope.MICRO_BATCH)
+            if rule:
+                stats.pruned[rule.id] += per_mbs
+                continue
+            for sp in sps:
+                rule = first_broken(ctx.probe(base, mbs, sp), Scope.SEQUENCE_PARALLEL)
                 if rule:
-                    stats.pruned[rule.id] += per_mbs
+                    stats.pruned[rule.id] += per_mbs // len(sps)
                     continue
-                for sp in sps:
-                    rule = first_broken(ctx.probe(base, mbs, sp), Scope.SEQUENCE_PARALLEL)
-                    if rule:
-                        stats.pruned[rule.id] += per_mbs // len(sps)
-                        continue
-                    yield from self._zero_groups(base, mbs, sp, scheds, zeros, cps, recomputes,
-                                                 per_zero)
+                yield from self._zero_groups(base, mbs, sp, scheds, zeros, cps, recomputes,
+                                             per_zero)
 
     def _zero_groups(self, base: Layout, mbs: int, sp: bool, scheds: Sequence[Sched],
                      zeros: Sequence[ZeroStage], cps: Sequence[CpComm],

@@ -17,7 +17,7 @@ from autoplan.search.bound import TimeBounds
 from autoplan.search.context import Context
 from autoplan.search.enumeration import Enumeration
 from autoplan.search.floors import MemoryFloors
-from autoplan.search.items import Candidate, Group, Split
+from autoplan.search.items import Candidate, Group, Split, Unopened
 from autoplan.search.results import (
     BOUND,
     SPLIT_IS_UNIFORM,
@@ -44,7 +44,7 @@ BOUND_SLACK = 1e-9  # relative; keeps exact ties (broken by memory) in the top k
 # cost than the simulations they would save: seven searches of the golden check). Every
 # V-shaped schedule of the registry is chained (``Schedule.v_shape``).
 
-_Item = Group | Candidate | Split
+_Item = Group | Candidate | Split | Unopened
 
 
 class Frontier:
@@ -67,8 +67,8 @@ class Frontier:
         """Best-first: pop the lowest bound; expand groups, evaluate candidates; stop when
         the lowest remaining bound cannot beat the k-th best step time."""
         heap = self._heap = []
-        for i, group in enumerate(self.walk.groups()):
-            heap.append((group.bound, group.key, i, group))
+        for i, layout in enumerate(self.walk.unopened()):
+            heap.append((layout.bound, layout.key, i, layout))
         heapq.heapify(heap)
         self._seq = len(heap)
         self._best = []
@@ -78,7 +78,7 @@ class Frontier:
             # the bound and a simulated time of a tie may differ in the last bits
             if bound > self.threshold * (1 + BOUND_SLACK):
                 self.stats.pruned[BOUND] += sum(
-                    it.size if isinstance(it, Group) else 1 for *_, it in heap)
+                    it.size if isinstance(it, Group | Unopened) else 1 for *_, it in heap)
                 break
             heapq.heappop(heap)
             if isinstance(item, Candidate):
@@ -87,6 +87,9 @@ class Frontier:
                     self._evaluate(ready)
             elif isinstance(item, Group):
                 self._step_group(item, bound)
+            elif isinstance(item, Unopened):
+                for group in self.walk.opened(item):  # each at its own bound, at least this one
+                    self._push(group)
             else:
                 self._push(self.realize(item))
         top = sorted((r for _, _, r in self._best), key=lambda r: rank_key(r.plan, r.prediction))

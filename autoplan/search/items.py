@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplan.plan import Plan
+from autoplan.plan import Layout, Plan
 from autoplan.schedules import Schedule
 from autoplan.search.partition import PartitionProblem
 from autoplan.vocab import CpComm, Recompute
@@ -73,3 +73,15 @@ class Split:
     plan: Plan  # with the uniform split
     filled: bool = False  # the bound is its own schedule's, with the pipeline fill
     problem: PartitionProblem | None = None  # set once its bound accounts for memory
+
+
+@dataclass(frozen=True, slots=True)
+class Unopened:
+    """A layout whose groups are yet to be generated (search/enumeration.py): its bound
+    holds for every candidate of the layout (:meth:`TimeBounds.layout_mean_floor`), so its
+    groups are worked out only if it comes up."""
+
+    bound: float
+    key: tuple
+    base: Layout
+    size: int  # the candidates it stands for (all it would generate)

@@ -173,6 +173,27 @@ def test_the_optimizer_floor_is_the_step_of_a_rank_holding_the_mean_state():
     assert floor == pytest.approx(total / 4 * per_param, rel=1e-12)
 
 
+@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[5]], ids=lambda c: f"{c[0]}-{c[5]}")
+def test_an_unopened_layouts_bound_holds_for_every_group_it_opens_into(case):
+    """A layout enters the queue unopened, at the least mean-work floor over its micro-batches
+    and sequence parallelism (search.bound.TimeBounds.layout_mean_floor, worked out per
+    shard): no group it opens into may enter below it, so a layout left unopened holds no
+    plan the search needed."""
+    name, cluster, gpus, gbs, seq, space_name, _ = case
+    walk = _Search(_model(name), with_gpus(resolve_cluster(cluster), gpus),
+                   Job(global_batch=gbs, seq_len=seq), load_space(space_name), top_k=1)
+    opened = 0
+    for item in walk.walk.unopened():
+        groups = list(walk.walk.opened(item))
+        assert item.size >= sum(g.size for g in groups)
+        for group in groups:
+            assert item.bound <= group.bound * TIGHT, (item.base, group.plan)
+            for each in walk.walk.unbundled(group):
+                assert item.bound <= each.bound * TIGHT
+        opened += bool(groups)
+    assert opened >= 10
+
+
 @pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[5]], ids=lambda c: f"{c[0]}-{c[5]}")
 def test_a_layouts_shared_bound_holds_for_its_every_zero_and_recompute_group(case):
     """A bundle comes up at its layout's bound at its least recompute, and each of its
