@@ -160,14 +160,15 @@ class TimeBounds:
         groups only once this bound comes up)."""
         model, ctx = self.ctx.model, self.ctx
         moe = model.moe_layers if model.is_moe else 0
-        dispatch = ctx.dispatch(base)
+        shard = (base.tp, base.cp, base.ep, base.etp, ctx.dispatch(base), recompute, tuple(cps))
         least = float("inf")
+        batch = ctx.job.global_batch
         for mbs in ctx.space.micro_batches:
-            if ctx.job.global_batch % (base.dp * mbs):
+            if batch % (base.dp * mbs):
                 continue  # no plan of this micro-batch (the rule dp-batch)
-            m = ctx.job.global_batch // (base.dp * mbs)
+            m = batch // (base.dp * mbs)
             for sp in sps:
-                key = (base.tp, base.cp, base.ep, base.etp, dispatch, mbs, sp, recompute, tuple(cps))
+                key = (shard, mbs, sp)
                 work = self._shard_work.get(key)
                 if work is None:
                     probe = ctx.probe(base, mbs, sp, ZeroStage.NONE, cps[-1], recompute)

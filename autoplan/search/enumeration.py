@@ -43,7 +43,7 @@ class Enumeration:
         """Candidates grouped by everything but the schedule, after the rules of a valid
         plan (``parallel.rules``, decided as each choice is fixed) and the model-state
         check; each group carries a bound valid for all its schedules."""
-        for item in self.unopened():
+        for item in self.unopened(bounded=False):
             yield from self.opened(item)
 
     def _layout_choices(self, base: Layout) -> tuple[Sequence[Sched], Sequence[ZeroStage],
@@ -59,16 +59,17 @@ class Enumeration:
         per_mbs = per_zero * len(zeros) * max(1, len(sps))
         return scheds, zeros, sps, cps, per_zero, per_mbs
 
-    def unopened(self) -> Iterator[Unopened]:
+    def unopened(self, bounded: bool = True) -> Iterator[Unopened]:
         """Every layout passing the rules of a valid plan that read the layout alone
         (``Scope.JOB``, ``Scope.LAYOUT``), unopened, at a bound valid for all its candidates
-        (:meth:`TimeBounds.layout_mean_floor`); its candidates counted as generated here,
-        those the rules prune by the rule."""
+        (:meth:`TimeBounds.layout_mean_floor`; 0 unless ``bounded``: to be opened at once);
+        its candidates counted as generated here, those the rules prune by the rule."""
         ctx, stats = self.ctx, self.stats
         space = ctx.space
         least = min(space.recompute, key=lambda rc: rc.level)
         for base in self.layouts():
-            _, _, sps, cps, _, per_mbs = self._layout_choices(base)
+            choices = self._layout_choices(base)
+            _, _, sps, cps, _, per_mbs = choices
             size = per_mbs * len(space.micro_batches)
             stats.generated += size
             probe = ctx.probe(base)
@@ -78,15 +79,15 @@ class Enumeration:
             if rule:
                 stats.pruned[rule.id] += size
                 continue
-            yield Unopened(self.bounds.layout_mean_floor(base, sps, cps, least),
-                           rank_key_static(probe), base, size)
+            bound = self.bounds.layout_mean_floor(base, sps, cps, least) if bounded else 0.0
+            yield Unopened(bound, rank_key_static(probe), base, size, choices)
 
     def opened(self, item: Unopened) -> Iterator[Group]:
         """The groups of an unopened layout (:meth:`groups`), past the rules that read its
         micro-batch and sequence parallelism (each pruned candidate counted by its rule)."""
         ctx, stats = self.ctx, self.stats
         base, space = item.base, ctx.space
-        scheds, zeros, sps, cps, per_zero, per_mbs = self._layout_choices(base)
+        scheds, zeros, sps, cps, per_zero, per_mbs = item.choices or self._layout_choices(base)
         # each group's recompute choices, in rank (a bundle stands for them: ``Group``)
         recomputes = tuple(sorted(space.recompute, key=lambda rc: rc.level))
         for mbs in space.micro_batches:

@@ -85,3 +85,6 @@ class Unopened:
     key: tuple
     base: Layout
     size: int  # the candidates it stands for (all it would generate)
+    # what it opens into (:meth:`Enumeration.opened`): its schedules, ZeRO stages, sequence
+    # parallelism and exchanges, and its candidates per ZeRO stage and per micro-batch
+    choices: tuple = ()

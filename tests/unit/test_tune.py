@@ -228,8 +228,8 @@ def synthetic_runs(truth: dict[str, float]) -> list[Run]:
     """Runs 'measured' as autoplan predicts them under the stack with ``truth``'s constants."""
     base = resolve_stack("torchtitan")
     true = with_constants(base, truth)
-    plans = [cpu_plan(dp=1, tp=2, micro_batch=8), cpu_plan(dp=2, micro_batch=4),
-             cpu_plan(dp=1, pp=2, micro_batch=1), cpu_plan(dp=2, micro_batch=4, global_batch=64)]
+    plans = [cpu_plan(dp=1, tp=2, micro_batch=8), cpu_plan(dp=1, pp=2, micro_batch=1),
+             cpu_plan(dp=2, micro_batch=4, global_batch=64)]
     plans = [dataclasses.replace(p, stack=base) for p in plans]
     return [Run(plan=p, measured_step_time_s=evaluate(dataclasses.replace(p, stack=true)).step_time_s)
             for p in plans]
@@ -245,7 +245,7 @@ def test_calibrate_recovers_the_constants_the_runs_were_made_with_and_cuts_held_
     after = sum(abs(h.after_s / h.measured_s - 1) for h in result.held_out)
     assert after < before / 5
     assert result.stack.name == "mine" and result.loss_after < result.loss_before
-    assert len(result.held_out) == 4 and result.groups == 4
+    assert len(result.held_out) == 3 and result.groups == 3
 
 
 def test_calibrate_refuses_what_the_runs_cannot_identify_and_says_why():
@@ -316,7 +316,7 @@ def test_a_launch_runner_runs_the_export_and_reads_the_launchers_log(standin, na
     ("hang", "timeout", "--timeout")])
 def test_a_launch_that_fails_is_stopped_and_says_why(standin, monkeypatch, mode, status, words):
     monkeypatch.setenv("STANDIN_MODE", mode)
-    trial = Trial(steps=3, warmup=1, timeout_s=1.5, predicted_step_s=0.02 if mode != "hang" else 0.0,
+    trial = Trial(steps=3, warmup=1, timeout_s=0.8, predicted_step_s=0.02 if mode != "hang" else 0.0,
                   workdir=standin / "t")
     started = time.monotonic()
     out = LaunchRunner(name="torchrun").run(cpu_plan(), trial, lambda _: None)
@@ -332,7 +332,7 @@ def test_a_keyboard_interrupt_stops_the_launch_before_it_propagates(standin, mon
         raise KeyboardInterrupt
 
     old = signal.signal(signal.SIGALRM, interrupt)
-    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
     try:
         with pytest.raises(KeyboardInterrupt):
             LaunchRunner(name="torchrun").run(cpu_plan(), Trial(timeout_s=60, workdir=standin / "t"),
