@@ -92,6 +92,10 @@ def search(
                                     "(default: the attention core).")] = None,
     quiet: Annotated[bool, typer.Option(
         "--quiet", "-q", help="No progress on stderr (a spinner on a terminal, lines elsewhere).")] = False,
+    async_checkpoint: Annotated[bool, typer.Option(
+        "--async-checkpoint", help="With --train-tokens on a cluster that gives its failure rate "
+                                   "and storage: checkpoints saved behind training (a copy to host "
+                                   "memory stalls it), not synchronously.")] = False,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Rank the plans that fit: exit 0 found, 1 none fits, 2 bad input."""
@@ -133,6 +137,11 @@ def search(
             output.err.print(f"autoplan: note: {line}", markup=False)
         _search_pooled(req, top, out_path, fmt, min_headroom)
         return
+    if async_checkpoint and whatif is None:
+        raise InputError.single("--async-checkpoint", "", "needs --train-tokens (the run it prices)")
+    if async_checkpoint and not (req.cluster.fails and req.cluster.host_link_Bps):
+        raise InputError.single("--async-checkpoint", "", f"cluster {req.cluster.name} gives no "
+                                "reliability, storage and host link (host_link_GBps) to cost it")
     if whatif is None and len(req.clusters) > 1:
         raise InputError.single("--gpus", "", "a sweep over GPU counts answers how long and how "
                                               "much: give --train-tokens too")
@@ -146,7 +155,7 @@ def search(
         raise InputError.single("--min-headroom", "", f"expected less than the device's "
                                 f"{req.cluster.device.mem_bytes / GiB:.0f} GiB, got {min_headroom:g}")
     if whatif is not None:
-        _search_whatif(req, whatif, top, out_path, fmt, headroom)
+        _search_whatif(req, whatif, top, out_path, fmt, headroom, async_checkpoint)
         return
     with output.working(fmt.value, f"searching {req.space.name} space on {req.cluster.gpus} GPUs ..."):
         result = run_search(req.model, req.cluster, req.job, req.space, top, headroom)
@@ -292,7 +301,7 @@ class _WhatIf:
 
 
 def _search_whatif(req: Request, whatif: _WhatIf, top: int, out_path: Path | None,
-                   fmt: Format, headroom: float) -> None:
+                   fmt: Format, headroom: float, asynchronous: bool = False) -> None:
     """``search --train-tokens``: a search per GPU count, ranked by the objective, with
     the Pareto front of days against dollars (autoplan.whatif)."""
     from autoplan.planfile import plan_document
@@ -313,7 +322,7 @@ def _search_whatif(req: Request, whatif: _WhatIf, top: int, out_path: Path | Non
                         f"{', '.join(map(str, counts))} GPUs ...", lines=len(counts) > 1) as tell:
         result = sweep(req.model, req.clusters, req.job, req.space, train_tokens=whatif.train_tokens,
                        objective=whatif.objective, price_per_gpu_hour=price, top_k=top,
-                       min_headroom_bytes=headroom, progress=tell)
+                       min_headroom_bytes=headroom, progress=tell, asynchronous=asynchronous)
     limits = constrain(result.front, whatif.objective, deadline_days=whatif.deadline,
                        budget_usd=whatif.budget)
     ranked = [p for p in result.ranked() if all(meets(p, whatif.deadline, whatif.budget))][:top]
@@ -681,6 +690,23 @@ def _print_prediction(path: Path, plan: Plan, pred: Prediction, *extra: Any) -> 
     for renderable in extra:
         output.out.print(renderable)
     output.out.print(render.memory_table(pred))
+    if found := _reliabilities(plan):
+        for line in render.reliability_lines(found, plan.cluster.gpus):
+            output.out.print(escape(line))
+
+
+def _reliabilities(plan: Plan) -> dict[str, Any]:
+    """What failures and checkpoints cost a run on the plan (whatif/reliability.py), saved
+    synchronously, and asynchronously where the cluster gives its host link; {} where its
+    cluster file gives no failure rate and storage."""
+    if plan.placement is not None or not plan.cluster.fails:
+        return {}
+    from autoplan.whatif.reliability import reliability
+
+    out = {"synchronous": reliability(plan)}
+    if plan.cluster.host_link_Bps is not None:
+        out["asynchronous"] = reliability(plan, asynchronous=True)
+    return {k: v for k, v in out.items() if v is not None}
 
 
 @app.command()
@@ -744,6 +770,9 @@ def evaluate(
         learned = fit_residual(measured_runs, str(runs))
     if fmt is Format.json:
         docs = [plan_document(p, r) for p, r in results]
+        for doc, (p, _) in zip(docs, results, strict=True):
+            if found := _reliabilities(p):
+                doc["prediction"]["reliability"] = {k: v.to_dict() for k, v in found.items()}
         if learned is not None:
             for doc, (p, r) in zip(docs, results, strict=True):
                 doc["prediction"]["learned_from_runs"] = learned.to_dict(p, r)

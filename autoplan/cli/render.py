@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from autoplan.serving.deployment import ServingPlan, Slo
     from autoplan.serving.evaluate import ServingPrediction
     from autoplan.serving.search import Ranked
+    from autoplan.whatif.reliability import Reliability
     from autoplan.whatif.sweep import Point
 
 MOE_MFU_NOTE = " of active parameters"
@@ -114,20 +115,37 @@ def front_table(points: Sequence[Point], front: Sequence[Point], kept: Sequence[
     rules out, ``>`` the chosen one."""
     table = Table(title="time to train, by GPU count (* Pareto front, > best by the objective, "
                         "x outside the deadline or budget)", title_justify="left")
-    for name in ("", "GPUs", "layout", "step s", "tokens/s", "days", "GPU-hours",
-                 "cost USD", "energy MWh"):
+    fails = any(p.economics.reliability is not None for p in points)
+    for name in ("", "GPUs", "layout", "step s", "tokens/s", *(("goodput",) if fails else ()),
+                 "days", "GPU-hours", "cost USD", "energy MWh"):
         table.add_column(name, justify="left" if name in ("", "layout") else "right")
     on_front, ok = {p.gpus for p in front}, {p.gpus for p in kept}
     for p in points:
         e = p.economics
         mark = (">" if chosen is not None and p.gpus == chosen.gpus
                 else "*" if p.gpus in ok else "x" if p.gpus in on_front else "")
+        goodput = () if not fails else (f"{e.goodput:.1%}" if e.goodput is not None else "-",)
         table.add_row(
             mark, str(p.gpus), labels[p.gpus], f"{e.step_time_s:.3f}", f"{e.tokens_per_s:,.0f}",
-            f"{e.train_days:,.1f}", f"{e.gpu_hours:,.0f}",
+            *goodput, f"{e.train_days:,.1f}", f"{e.gpu_hours:,.0f}",
             f"{e.cost_usd:,.0f}" if price_known and e.cost_usd is not None else "-",
             f"{e.energy_mwh:,.1f}" if e.energy_mwh is not None else "-")
     return table
+
+
+def reliability_lines(found: dict[str, Reliability], gpus: int) -> list[str]:
+    """What failures and checkpoints cost a run (autoplan.whatif.reliability), in words:
+    each way of saving of ``found`` (synchronous, asynchronous)."""
+    first = next(iter(found.values()))
+    out = [f"failures: one every {first.mtbf_s / 3600:,.2f} h on {gpus:,} GPUs, each costing a "
+           f"restart and the checkpoint's load ({first.restart_s / 60:,.1f} min) and the work "
+           "since the last checkpoint",
+           f"a checkpoint: {first.checkpoint_bytes / GiB:,.0f} GiB (weights and optimizer states), "
+           f"written in {first.write_s:,.1f} s"]
+    for how, r in found.items():
+        out.append(f"saved {how}ly: every {r.interval_s / 60:,.1f} min of training (Daly's optimum), "
+                   f"stalling {r.stall_s:,.2f} s each; goodput {r.goodput:.1%} of the wall clock")
+    return out
 
 
 def _serving_label(r: Ranked) -> str:

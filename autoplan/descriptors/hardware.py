@@ -212,6 +212,15 @@ class Cluster:
     host_link_Bps: float | None = None
     host_mem_bytes: float | None = None
     host_mem_Bps: float | None = None
+    # reliability and checkpoint storage (autoplan.whatif.reliability); None where the
+    # cluster file gives none (then a run's wall clock is its steps alone): failures per
+    # GPU-hour, the seconds from a failure to training again (detection, rescheduling, the
+    # processes' start; the checkpoint's load is counted apart), the checkpoint file
+    # system's aggregate bandwidth and one node's (bytes/s; None: no per-node limit)
+    failures_per_gpu_hour: float | None = None
+    restart_s: float | None = None
+    storage_Bps: float | None = None
+    storage_node_Bps: float | None = None
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -237,7 +246,20 @@ class Cluster:
             **_optional({"host_link_GBps": _scaled(self.host_link_Bps, GB),
                          "host_mem_GiB": _scaled(self.host_mem_bytes, GiB),
                          "host_mem_GBps": _scaled(self.host_mem_Bps, GB)}),
+            **({"reliability": _optional({
+                "failures_per_gpu_hour": self.failures_per_gpu_hour,
+                "restart_minutes": None if self.restart_s is None else self.restart_s / 60})}
+               if self.failures_per_gpu_hour is not None else {}),
+            **({"storage": _optional({"bandwidth_GBps": _scaled(self.storage_Bps, GB),
+                                      "node_GBps": _scaled(self.storage_node_Bps, GB)})}
+               if self.storage_Bps is not None else {}),
         }
+
+    @property
+    def fails(self) -> bool:
+        """The cluster file gives its failure rate and checkpoint storage: a run's wall clock
+        counts failures, restarts and checkpoints (autoplan.whatif.reliability)."""
+        return self.failures_per_gpu_hour is not None and self.storage_Bps is not None
 
     @property
     def offloads(self) -> bool:
@@ -386,6 +408,13 @@ def read_cluster(f: Fields, device: Device | None) -> Cluster | None:
     host_link = f.float("host_link_GBps", None, positive=True, max=1e5)
     host_mem = f.float("host_mem_GiB", None, positive=True, max=1e7)
     host_bw = f.float("host_mem_GBps", None, positive=True, max=1e6)
+    per_gpu_hour, per_node_day, restart = _read_reliability(
+        f.child("reliability", f.raw("reliability", {})))
+    storage, storage_node = _read_storage(f.child("storage", f.raw("storage", {})))
+    if ("reliability" in f.data) != ("storage" in f.data):
+        f.fail("storage" if "reliability" in f.data else "reliability",
+               "missing: a run's failures and its checkpoints are costed together (give "
+               "reliability and storage both)")
     f.close(extra_known=["device"])
     given = [k for k in ("host_link_GBps", "host_mem_GiB", "host_mem_GBps") if k in f.data]
     if given and len(given) < 3:
@@ -411,7 +440,52 @@ def read_cluster(f: Fields, device: Device | None) -> Cluster | None:
         host_link_Bps=None if host_link is None else host_link * GB,
         host_mem_bytes=None if host_mem is None else host_mem * GiB,
         host_mem_Bps=None if host_bw is None else host_bw * GB,
+        failures_per_gpu_hour=(per_node_day / (24 * gpus_per_node) if per_node_day is not None
+                               else per_gpu_hour),
+        restart_s=restart,
+        storage_Bps=None if storage is None else storage * GB,
+        storage_node_Bps=None if storage_node is None else storage_node * GB,
     )
+
+
+# A failure rate from the largest run published (Llama 3, 16,384 H100: 419 unexpected
+# interruptions in 54 days, 2.0e-5 per GPU-hour) times a thousand is no cluster's
+MAX_FAILURES_PER_GPU_HOUR = 0.02
+
+
+def _read_reliability(f: Fields) -> tuple[float | None, float | None, float | None]:
+    """``reliability: {failures_per_gpu_hour | failures_per_node_day, restart_minutes}``:
+    (failures per GPU-hour, per node-day, restart seconds); one of the first two is given."""
+    if not f.data:
+        f.close()
+        return None, None, None
+    per_gpu = f.float("failures_per_gpu_hour", None, positive=True, max=MAX_FAILURES_PER_GPU_HOUR)
+    per_node_day = f.float("failures_per_node_day", None, positive=True,
+                           max=MAX_FAILURES_PER_GPU_HOUR * 24 * MAX_NVLINK_DOMAIN)
+    restart = f.float("restart_minutes", None, min=0.0, max=1e4)
+    f.close()
+    if per_gpu is not None and per_node_day is not None:
+        f.fail("failures_per_node_day", "give failures_per_gpu_hour or failures_per_node_day, not both")
+    elif per_gpu is None and per_node_day is None and not any(
+            k in f.data for k in ("failures_per_gpu_hour", "failures_per_node_day")):
+        f.fail("failures_per_gpu_hour", "missing: failures per GPU-hour (or per node-day)")
+    if restart is None and "restart_minutes" not in f.data:
+        f.fail("restart_minutes", "missing: minutes from a failure to training again")
+    return per_gpu, per_node_day, None if restart is None else restart * 60
+
+
+def _read_storage(f: Fields) -> tuple[float | None, float | None]:
+    """``storage: {bandwidth_GBps, node_GBps}``: the checkpoint file system's aggregate
+    bandwidth, and one node's (optional)."""
+    if not f.data:
+        f.close()
+        return None, None
+    total = f.float("bandwidth_GBps", None, positive=True, max=1e7)
+    node = f.float("node_GBps", None, positive=True, max=1e5)
+    f.close()
+    if total is None:
+        f.fail("bandwidth_GBps", "missing: the checkpoint file system's aggregate bandwidth")
+    return total, node
 
 
 def cache_hash(obj: Any) -> None:

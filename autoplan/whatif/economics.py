@@ -15,6 +15,11 @@ step's share is what a token budget buys). From there:
   measured training draws 76-82% of it (Newkirk et al. 2025, arXiv:2506.14551), so the
   figure is an upper estimate of the GPUs' share; CPUs, NICs and switches are not
   counted beyond what the PUE factor covers.
+- Where the cluster file gives its failure rate and checkpoint storage, the wall clock is
+  the training time times the failures' and checkpoints' factor
+  (``whatif/reliability.py``: Daly's optimum interval and expected wall clock), and
+  GPU-hours, cost and energy grow with it (the GPUs are held, and draw their mean power,
+  through lost work, restarts and checkpoint stalls alike: an upper estimate).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import enum
 from dataclasses import dataclass
 
 from autoplan.plan import Plan, Prediction
+from autoplan.whatif.reliability import Reliability, reliability
 
 SECONDS_PER_DAY = 86_400.0
 JOULES_PER_MWH = 3.6e9
@@ -46,6 +52,13 @@ class Economics:
     cost_usd: float | None  # None: no price for the device
     energy_mwh: float | None  # None: no power figures for the device
     mean_power_W: float | None  # per GPU, at the board (PUE not applied)
+    # failures and checkpoints, where the cluster file describes them (None: the wall
+    # clock is the steps alone)
+    reliability: Reliability | None = None
+
+    @property
+    def goodput(self) -> float | None:
+        return None if self.reliability is None else self.reliability.goodput
 
     def key(self, objective: Objective) -> tuple[float, float]:
         """Smaller is better. Cost ranks by GPU-hours: with one price per GPU-hour
@@ -57,11 +70,12 @@ class Economics:
         assert self.energy_mwh is not None, "the energy objective needs the device's power"
         return (self.energy_mwh, self.train_days)
 
-    def to_dict(self) -> dict[str, float | int | None]:
+    def to_dict(self) -> dict[str, object]:
         return {"gpus": self.gpus, "step_time_s": self.step_time_s,
                 "tokens_per_s": self.tokens_per_s, "train_days": self.train_days,
                 "gpu_hours": self.gpu_hours, "cost_usd": self.cost_usd,
-                "energy_mwh": self.energy_mwh}
+                "energy_mwh": self.energy_mwh,
+                **({"reliability": self.reliability.to_dict()} if self.reliability else {})}
 
 
 def mean_power_W(plan: Plan, pred: Prediction) -> float | None:
@@ -77,11 +91,13 @@ def mean_power_W(plan: Plan, pred: Prediction) -> float | None:
 
 
 def economics(plan: Plan, pred: Prediction, train_tokens: float,
-              price_per_gpu_hour: float | None) -> Economics:
-    """Time, GPU-hours, cost and energy of ``train_tokens`` tokens on ``plan``."""
+              price_per_gpu_hour: float | None, asynchronous: bool = False) -> Economics:
+    """Time, GPU-hours, cost and energy of ``train_tokens`` tokens on ``plan``;
+    ``asynchronous``: checkpoints saved behind training (whatif/reliability.py)."""
     assert train_tokens > 0 and pred.tokens_per_s > 0
     gpus = plan.cluster.gpus
-    seconds = train_tokens / pred.tokens_per_s
+    fails = reliability(plan, asynchronous)
+    seconds = train_tokens / pred.tokens_per_s * (fails.wall_factor if fails else 1.0)
     gpu_hours = gpus * seconds / 3600.0
     power = mean_power_W(plan, pred)
     return Economics(
@@ -94,4 +110,5 @@ def economics(plan: Plan, pred: Prediction, train_tokens: float,
         energy_mwh=(None if power is None
                     else gpus * power * seconds * plan.cluster.pue / JOULES_PER_MWH),
         mean_power_W=power,
+        reliability=fails,
     )

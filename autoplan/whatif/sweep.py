@@ -85,12 +85,14 @@ def sweep(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpac
           train_tokens: float, objective: Objective = Objective.TIME,
           price_per_gpu_hour: float | None = None, top_k: int = 10,
           searcher: Searcher | None = None, jobs: int | None = None,
-          min_headroom_bytes: float = 0.0, progress: Progress | None = None) -> Sweep:
+          min_headroom_bytes: float = 0.0, progress: Progress | None = None,
+          asynchronous: bool = False) -> Sweep:
     """Search each cluster size (ascending GPUs); see module doc. ``price_per_gpu_hour``
     None takes the device's (which may be None too: costs are then None). ``jobs``:
     searches run at once (None: one per usable CPU). ``min_headroom_bytes``: what every
     plan leaves free per GPU (``search.engine.search``; a ``searcher`` given decides its own).
-    ``progress``: told of each count as its search ends."""
+    ``progress``: told of each count as its search ends. ``asynchronous``: checkpoints
+    saved behind training, where the clusters fail (whatif/reliability.py)."""
     clusters = sorted(clusters, key=lambda c: c.gpus)
     assert clusters and train_tokens > 0
     price = price_per_gpu_hour if price_per_gpu_hour is not None else \
@@ -104,7 +106,8 @@ def sweep(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpac
     every: list[Point] = []
     points = []
     for result in results:
-        found = [Point(r.plan, r.prediction, economics(r.plan, r.prediction, train_tokens, price))
+        found = [Point(r.plan, r.prediction,
+                       economics(r.plan, r.prediction, train_tokens, price, asynchronous))
                  for r in result.plans]
         if found:
             points.append(min(found, key=lambda p: p.economics.key(objective)))
