@@ -257,6 +257,15 @@ def program_words(plan: Plan) -> list[str]:
     return words + ['"${RUN_ARGS[@]}"', "$DATA_ARGS", '"$@"']
 
 
+def _save_interval(plan: Plan) -> str:
+    """Steps between checkpoints: Daly's optimum for the cluster's failure rate and
+    storage (autoplan/whatif/reliability.py) where its file gives them, else once at the end."""
+    from autoplan.whatif.reliability import checkpoint_steps
+
+    steps = checkpoint_steps(plan) if plan.placement is None else None
+    return "$TRAIN_ITERS" if steps is None else str(steps)
+
+
 def settings(plan: Plan) -> str:
     """Variables the user may override from the environment: paths, data, run length."""
     m = plan.model
@@ -277,8 +286,9 @@ def settings(plan: Plan) -> str:
         '    --eval-interval "${EVAL_INTERVAL:-$TRAIN_ITERS}"',
         '    --eval-iters "${EVAL_ITERS:-0}"',
         '    --save "$CHECKPOINT_DIR"',
-        # validate_args: --save needs a positive --save-interval (default: once, at the end)
-        '    --save-interval "${SAVE_INTERVAL:-$TRAIN_ITERS}"',
+        # validate_args: --save needs a positive --save-interval (default: once, at the end;
+        # on a cluster that gives its failure rate, the optimum interval: _save_interval)
+        f'    --save-interval "${{SAVE_INTERVAL:-{_save_interval(plan)}}}"',
         '    --load "$CHECKPOINT_DIR"',
         ")",
         comment("Weights & Biases logs only with a project (--wandb-exp-name alone does nothing)"),

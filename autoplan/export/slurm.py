@@ -31,8 +31,12 @@ def _program(plan: Plan, launcher: str) -> tuple[list[str], list[str], dict[str,
         return setup, [*words, '"$@"'], {deepspeed.CONFIG: deepspeed.export(plan)[deepspeed.CONFIG]}
     assert launcher == "torchtitan", launcher
     setup = [f'CONFIG_FILE="${{CONFIG_FILE:-$SLURM_SUBMIT_DIR/{torchtitan.FILENAME}}}"']
-    words = ["-m torchtitan.train", '--job.config_file "$CONFIG_FILE"', '"$@"']
-    return setup, words, torchtitan.export(plan)
+    words = ["-m torchtitan.train", '--job.config_file "$CONFIG_FILE"']
+    files = torchtitan.export(plan)
+    if torchtitan.CSV_FILENAME in files:  # the schedule's order, beside the config
+        words.append('--parallelism.pipeline_parallel_schedule_csv '
+                     f'"$SLURM_SUBMIT_DIR/{torchtitan.CSV_FILENAME}"')
+    return setup, [*words, '"$@"'], files
 
 
 def script(plan: Plan, launcher: str) -> tuple[str, dict[str, str]]:

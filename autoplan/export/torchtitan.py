@@ -8,6 +8,8 @@ tests by its own ``ConfigManager``:
   data_parallel_shard_degree (FSDP2, zero 3), tensor_parallel_degree (always with
   sequence parallel), pipeline_parallel_degree, pipeline_parallel_schedule (class names
   of torch.distributed.pipelining: GPipe, 1F1B, Interleaved1F1B, ZBVZeroBubble),
+  pipeline_parallel_schedule_csv (the operation order of a schedule torch has no class
+  for: zb-h1, zb-h2, v-half, v-min, written beside the TOML as ``pipeline_schedule.csv``),
   pipeline_parallel_microbatch_size, module_fqns_per_model_part (the plan's layer split,
   one list of module names per model chunk), context_parallel_degree,
   context_parallel_rotate_method, expert_parallel_degree, expert_tensor_parallel_degree.
@@ -18,6 +20,8 @@ tests by its own ``ConfigManager``:
 - ``[training]``: local_batch_size (per data-parallel rank; with a pipeline, all of a
   step's microbatches), global_batch_size, seq_len, steps, dataset.
 - ``[model]``: name, flavor, converters ("float8" for fp8 GEMMs, through torchao).
+- ``[checkpoint]`` enable, interval (steps), where the cluster file gives its failure rate
+  and storage: Daly's optimum interval (autoplan/whatif/reliability.py).
 """
 
 from __future__ import annotations
@@ -28,10 +32,13 @@ from autoplan.descriptors import pipeline_layout
 from autoplan.export.nodes import launch, pool_lines
 from autoplan.export.shell import comment
 from autoplan.plan import Plan
-from autoplan.schedules import Schedule
+from autoplan.schedules import Schedule, orders
 from autoplan.vocab import Dtype, Recompute, ZeroStage
 
 FILENAME = "torchtitan.toml"
+# the schedule's operation order, where torch has no class for it (read from the folder
+# torchrun runs in; the slurm export passes its path)
+CSV_FILENAME = "pipeline_schedule.csv"
 
 # torchtitan's own models of the same architecture (torchtitan/models/*/__init__.py)
 _MODELS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
@@ -40,23 +47,45 @@ _MODELS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
 
 
 def problems(plan: Plan) -> list[tuple[str, str]]:
-    """What torchtitan cannot run beyond its search space's rules."""
+    """What torchtitan cannot run beyond its search space's rules (every schedule runs:
+    those torch has no class for, from the schedule CSV, :func:`schedule_csv`)."""
     out = []
     if plan.job.dtype is Dtype.FP16:
         out.append(("job.dtype", "torchtitan trains in bf16 (training.mixed_precision_param: "
                                  "bfloat16 or float32), not fp16"))
-    if plan.layout.pp > 1 and plan.schedule.spec.torchtitan is None:
-        out.append(("schedule", f"torchtitan has no {plan.schedule.value} schedule "
-                                "(its schedules' names: the registry's ScheduleSpec.torchtitan)"))
     return out
 
 
 def schedule_name(schedule: Schedule) -> str:
-    """torchtitan's ``pipeline_parallel_schedule`` for the schedule (``problems`` refuses
-    one it has not)."""
+    """torchtitan's ``pipeline_parallel_schedule`` for the schedule: its own class where
+    torch has one; else a class of the same stage placement (ZBVZeroBubble places stages
+    in a V, PipelineScheduleMulti in a loop: ``pipeline_module_split``), the order then
+    coming from the schedule CSV (:func:`schedule_csv`)."""
     name = schedule.spec.torchtitan
-    assert name is not None, schedule
-    return name
+    if name is not None:
+        return name
+    return "ZBVZeroBubble" if schedule.v_shape else "PipelineScheduleMulti"
+
+
+def schedule_csv(plan: Plan) -> str | None:
+    """The plan's pipeline schedule as torch.distributed.pipelining's compute-only CSV
+    (``_PipelineScheduleRuntime._load_csv``), where torch has no class for it: one row per
+    pipeline rank, one action per column in the order autoplan's simulator runs them
+    (``schedules.orders.stage_orders``), each ``{stage}{F|I|W|B}{microbatch}`` with the
+    stage the chunk's virtual stage (``orders.virtual_stage``, the placement torchtitan
+    builds for the class :func:`schedule_name` names). A schedule that splits the backward
+    runs I (input gradients) and W (weight gradients); the others B (both). None where a
+    built-in class runs the schedule, or there is no pipeline."""
+    lay, schedule = plan.layout, plan.schedule
+    if lay.pp == 1 or schedule.spec.torchtitan is not None:
+        return None
+    p, m = lay.pp, plan.num_microbatches
+    kinds = {"F": "F", "B": "I" if schedule.splits_backward else "B", "W": "W"}
+    rows = []
+    for stage, ops in enumerate(orders.stage_orders(schedule, p, m, lay.vpp)):
+        rows.append(",".join(f"{orders.virtual_stage(schedule, p, stage, chunk)}{kinds[kind]}{mb}"
+                             for kind, mb, chunk in ops))
+    return "\n".join(rows) + "\n"
 
 
 def model_parts(plan: Plan) -> list[list[str]]:
@@ -101,6 +130,8 @@ def config(plan: Plan) -> dict[str, dict[str, Any]]:
     }
     if pipelined:
         par["pipeline_parallel_schedule"] = schedule_name(plan.schedule)
+        if plan.schedule.spec.torchtitan is None:  # run from the orders autoplan simulated
+            par["pipeline_parallel_schedule_csv"] = CSV_FILENAME
         par["pipeline_parallel_microbatch_size"] = plan.micro_batch
         par["module_fqns_per_model_part"] = model_parts(plan)
     par["context_parallel_degree"] = lay.cp
@@ -110,8 +141,14 @@ def config(plan: Plan) -> dict[str, dict[str, Any]]:
     ac: dict[str, Any] = {"mode": plan.recompute.value}
     if plan.recompute is Recompute.SELECTIVE:
         ac["selective_ac_option"] = "op"
-    return {"job": {"description": f"{m.name} (autoplan export)"}, "model": model,
-            "training": training, "parallelism": par, "activation_checkpoint": ac}
+    out = {"job": {"description": f"{m.name} (autoplan export)"}, "model": model,
+           "training": training, "parallelism": par, "activation_checkpoint": ac}
+    from autoplan.whatif.reliability import checkpoint_steps
+
+    steps = checkpoint_steps(plan) if plan.placement is None else None
+    if steps is not None:  # Daly's optimum interval for the cluster's failure rate
+        out["checkpoint"] = {"enable": True, "interval": steps}
+    return out
 
 
 def toml_value(value: Any) -> str:
@@ -170,4 +207,7 @@ def render(plan: Plan) -> str:
 
 
 def export(plan: Plan) -> dict[str, str]:
-    return {FILENAME: render(plan)}
+    out = {FILENAME: render(plan)}
+    if (csv := schedule_csv(plan)) is not None:
+        out[CSV_FILENAME] = csv
+    return out

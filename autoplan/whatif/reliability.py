@@ -134,3 +134,15 @@ def reliability(plan: Plan, asynchronous: bool = False) -> Reliability | None:
     return Reliability(mtbf_s=mtbf, checkpoint_bytes=size, write_s=write, stall_s=stall,
                        restart_s=restart, interval_s=interval, asynchronous=asynchronous,
                        wall_factor=wall_factor(interval, stall, restart, mtbf))
+
+
+def checkpoint_steps(plan: Plan) -> int | None:
+    """Steps between checkpoints at the optimum interval for the plan's cluster (saved
+    synchronously), for a launcher's save interval; None where the cluster gives no
+    failure rate and storage."""
+    from autoplan.cost.evaluate import evaluate
+
+    found = reliability(plan)
+    if found is None:
+        return None
+    return max(1, round(found.interval_s / evaluate(plan).step_time_s))

@@ -46,3 +46,34 @@ def test_async_checkpoints_need_the_run_and_a_cluster_that_fails():
     assert alone.returncode == 2 and "needs --train-tokens" in alone.stderr
     steady = autoplan("search", "--cluster", "dgx-h100", *SWEEP[:-2], "--async-checkpoint")
     assert steady.returncode == 2 and "gives no reliability" in steady.stderr
+
+
+def test_exports_save_at_the_optimum_interval_where_the_cluster_fails(tmp_path):
+    import re
+
+    import tomllib
+
+    from autoplan.cost.evaluate import evaluate
+    from autoplan.planfile import read_plan
+    from autoplan.whatif.reliability import reliability
+
+    def plan_with(zero: int) -> tuple[object, int]:
+        doc = {"autoplan": 1, "model": "llama3-8b", "cluster": {"name": str(FAILING), "nodes": 8},
+               "job": {"global_batch": 512, "seq_len": 8192}, "layout": {"dp": 64, "tp": 1, "pp": 1},
+               "micro_batch": 1, "zero": zero, "recompute": "full"}
+        path = tmp_path / f"zero{zero}.yaml"
+        path.write_text(json.dumps(doc))
+        plan = read_plan(doc, str(path))
+        steps = round(reliability(plan).interval_s / evaluate(plan).step_time_s)
+        assert steps > 1
+        return path, steps
+
+    megatron, steps = plan_with(1)
+    assert autoplan("export", megatron, "--to", "megatron", "--out", tmp_path / "m.sh").returncode == 0
+    script = (tmp_path / "m.sh").read_text()
+    assert re.search(r'--save-interval "\$\{SAVE_INTERVAL:-(\d+)\}"', script).group(1) == str(steps)
+    titan, steps = plan_with(3)  # torchtitan shards with FSDP2: zero 3
+    r = autoplan("export", titan, "--to", "torchtitan", "--out", tmp_path / "t.toml")
+    assert r.returncode == 0, r.stderr
+    assert tomllib.loads((tmp_path / "t.toml").read_text())["checkpoint"] == {"enable": True,
+                                                                              "interval": steps}

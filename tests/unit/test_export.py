@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 import yaml
 
 from autoplan.descriptors.library import resolve_model
@@ -30,6 +31,7 @@ from autoplan.descriptors.pipeline_layout import from_stage_lists
 from autoplan.descriptors.strict import read_yaml
 from autoplan.errors import InputError
 from autoplan.export import Launcher, Target, export, refusals
+from autoplan.parallel.rules import plan_problems
 from autoplan.plan import Plan
 from autoplan.planfile import read_plan
 from autoplan.schedules import Schedule
@@ -993,3 +995,52 @@ def test_a_comment_line_holds_no_line_break_of_any_kind() -> None:
     text = comment("a\u2028b\u2029c\u0085d\re\nf\x1b[2Jg\u202eh")
     assert text == "# a b c d e f [2Jg h"
     assert len(yaml.safe_load(f"{text}\nkey: 1")) == 1
+
+
+# --------------------------------------------------------------------------- schedule CSV
+
+CSV_SCHEDULES = [s for s in Schedule if s.spec.torchtitan is None]
+
+
+@pytest.mark.parametrize("schedule", CSV_SCHEDULES, ids=lambda s: s.value)
+@pytest.mark.parametrize(("pp", "m"), [(4, 8), (4, 4), (2, 7)])
+@pytest.mark.torch
+def test_a_schedule_torch_has_no_class_for_exports_as_a_csv_torch_validates_and_runs(
+        schedule: Schedule, pp: int, m: int) -> None:
+    """The exported order (torchtitan's pipeline_parallel_schedule_csv) is the simulator's
+    own, and torch takes it: its _validate_schedule (every W after its I after its F, one
+    rank per stage) and, lowered with its sends and receives, its dry-run simulation, which
+    raises on a deadlock."""
+    from torch.distributed.pipelining.schedules import (
+        _Action,
+        _add_send_recv,
+        _simulate_comms_compute,
+        _validate_schedule,
+    )
+
+    from autoplan.export import torchtitan
+    from autoplan.schedules import orders
+
+    v = 2 if schedule.v_shape else 1
+    plan = make_plan("llama3-8b", gpus=8 * pp, dp=8, pp=pp, vpp=v, schedule=schedule,
+                     global_batch=8 * m, micro_batch=1)
+    assert not plan_problems(plan), plan_problems(plan)
+    files = torchtitan.export(plan)
+    text = files[torchtitan.CSV_FILENAME]
+    config = tomllib.loads(files[torchtitan.FILENAME])["parallelism"]
+    assert config["pipeline_parallel_schedule_csv"] == torchtitan.CSV_FILENAME
+    rows = [[_Action.from_str(cell) for cell in line.split(",")] for line in text.splitlines()]
+    actions = dict(enumerate(rows))
+    stages = pp * v
+    stage_to_rank = _validate_schedule(actions, pp, stages, m)
+    # torchtitan places the stages as the class it names does: a V, or a loop
+    placed = {s: (s if s < pp else 2 * pp - 1 - s) if schedule.v_shape else s % pp
+              for s in range(stages)}
+    assert stage_to_rank == placed
+    # exactly the simulator's order
+    ops = orders.stage_orders(schedule, pp, m, v)
+    assert [len(r) for r in rows] == [len(o) for o in ops]
+    assert all(a.microbatch_index == mb for r, o in zip(rows, ops, strict=True)
+               for a, (_, mb, _) in zip(r, o, strict=True))
+    with_comms = _add_send_recv(actions, stage_to_rank=lambda s: stage_to_rank[s], num_stages=stages)
+    _simulate_comms_compute(with_comms, stage_to_rank=lambda s: stage_to_rank[s], num_stages=stages)
