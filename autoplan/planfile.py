@@ -93,6 +93,7 @@ def read_plan(data: Any, source: str, path: str = "", *, profile: Profile | None
     placement = _read_placement(f, cluster, layout_values["pp"])
     f.raw("prediction", {})  # written by search/evaluate, ignored on input
     f.raw("measured", {})  # written by tune, read by check --runs (tune/runs.py), ignored here
+    f.raw("launchers", [])  # written by search: the launchers that run it, ignored on input
     f.str("space", None)  # the space it was searched in: read by check (``searched_space``)
     f.close()
     if problems or model is None or cluster is None or job is None:

@@ -170,7 +170,11 @@ def search(
             output.err.print(f"autoplan: plans must leave {headroom / GiB:.1f} GiB free per GPU "
                              "(--min-headroom 0 allows up to the device's memory)", markup=False)
         raise typer.Exit(1)
-    docs = [plan_document(r.plan, r.prediction, req.space.name) for r in result.plans]
+    from autoplan.export import launchers
+
+    runs_on = [launchers(r.plan) for r in result.plans]
+    docs = [{**plan_document(r.plan, r.prediction, req.space.name), "launchers": list(on)}
+            for r, on in zip(result.plans, runs_on, strict=True)]
     if out_path is not None:
         files.write_text(out_path, _yaml(docs[0]))
     if fmt is Format.json:
@@ -185,6 +189,8 @@ def search(
                        f"{req.job.seq_len} tokens, {req.job.dtype.value}, space {req.space.name}, "
                        f"stack {req.space.stack.name}")
         output.out.print(render.plans_table([(r.plan, r.prediction) for r in result.plans], title))
+        if req.space.launcher == "any":  # a space of every launcher's choices: say whose each is
+            output.out.print(escape(render.launchers_line(runs_on)))
         output.out.print(render.stats_text(result.stats))
         output.out.print(render.headroom_note(headroom, min_headroom is None))
         if req.profile is not None:
@@ -225,7 +231,11 @@ def _search_pooled(req: Request, top: int, out_path: Path | None, fmt: Format,
             output.out.print(render.stats_text(result.stats))
         output.err.print(f"autoplan: {verdict}", markup=False)
         raise typer.Exit(1)
-    docs = [plan_document(r.plan, r.prediction, req.space.name) for r in result.plans]
+    from autoplan.export import launchers
+
+    runs_on = [launchers(r.plan) for r in result.plans]
+    docs = [{**plan_document(r.plan, r.prediction, req.space.name), "launchers": list(on)}
+            for r, on in zip(result.plans, runs_on, strict=True)]
     if out_path is not None:
         files.write_text(out_path, _yaml(docs[0]))
     if fmt is Format.json:
@@ -236,6 +246,8 @@ def _search_pooled(req: Request, top: int, out_path: Path | None, fmt: Format,
                        f"{req.job.global_batch} x {req.job.seq_len} tokens, "
                        f"{req.job.dtype.value}, space {req.space.name}, stack {req.space.stack.name}")
         output.out.print(render.plans_table([(r.plan, r.prediction) for r in result.plans], title))
+        if req.space.launcher == "any":  # a space of every launcher's choices: say whose each is
+            output.out.print(escape(render.launchers_line(runs_on)))
         output.out.print(render.stats_text(result.stats))
         output.out.print(escape(f"pools: {verdict}"))
         if min_headroom is None:

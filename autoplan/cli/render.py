@@ -51,6 +51,14 @@ def exposed_comm(pred: Prediction) -> float:
     return b.tp_comm + b.cp_comm + b.ep_comm + b.pp_comm + b.dp_comm
 
 
+def launchers_line(runs_on: Sequence[Sequence[str]]) -> str:
+    """Which launchers run each ranked plan (``export --to``), in one line."""
+    parts = [f"{i} {', '.join(on) if on else 'none'}" for i, on in enumerate(runs_on, 1)]
+    hint = ("; none: no launcher runs it as it is (search --space megatron, torchtitan or "
+            "deepspeed ranks only plans that one runs)" if not all(runs_on) else "")
+    return "runs on (export --to): " + "; ".join(parts) + hint
+
+
 def plans_table(rows: list[tuple[Plan, Prediction]], title: str, show_gpus: bool = False) -> Table:
     caption = ("MFU counts the active parameters only (top_k routed experts per token)"
                if any(plan.model.is_moe for plan, _ in rows) else None)

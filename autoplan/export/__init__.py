@@ -92,6 +92,15 @@ def refusals(plan: Plan, target: Target, launcher: Launcher = Launcher.MEGATRON)
     return out
 
 
+LAUNCHERS = (Target.MEGATRON, Target.NEMO, Target.DEEPSPEED, Target.TORCHTITAN)
+
+
+def launchers(plan: Plan) -> tuple[str, ...]:
+    """The launchers that run the plan as it is (``export --to`` each takes it): what a
+    plan of the default space, which every launcher's choices make up, needs."""
+    return tuple(t.value for t in LAUNCHERS if not refusals(plan, t))
+
+
 def export(plan: Plan, target: Target, source: str = "<plan>",
            launcher: Launcher = Launcher.MEGATRON) -> dict[str, str]:
     """``{filename: text}`` for the target, or InputError naming ``source`` and each field."""

@@ -1044,3 +1044,31 @@ def test_a_schedule_torch_has_no_class_for_exports_as_a_csv_torch_validates_and_
                for a, (_, mb, _) in zip(r, o, strict=True))
     with_comms = _add_send_recv(actions, stage_to_rank=lambda s: stage_to_rank[s], num_stages=stages)
     _simulate_comms_compute(with_comms, stage_to_rank=lambda s: stage_to_rank[s], num_stages=stages)
+
+
+def test_launchers_names_every_target_that_exports_the_plan_and_no_other() -> None:
+    from autoplan.export import LAUNCHERS, launchers
+
+    zb = make_plan("llama3-8b", gpus=32, dp=8, pp=4, schedule=Schedule.ZB_H2, micro_batch=1,
+                   zero=ZeroStage.PARAMETERS, sequence_parallel=False)
+    plain = make_plan("llama3-8b", gpus=8, dp=8, zero=ZeroStage.OPTIMIZER)
+    for plan in (zb, plain):
+        on = launchers(plan)
+        for target in LAUNCHERS:
+            assert (target.value in on) == (not refusals(plan, target))
+    assert launchers(zb) == ("torchtitan",)  # only torchtitan runs zb-h2 (from its CSV)
+    assert "megatron" in launchers(plain)
+
+
+def test_a_default_space_search_says_which_launchers_run_each_plan(tmp_path: Path) -> None:
+    out = tmp_path / "best.yaml"
+    r = autoplan("search", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16",
+                 "--global-batch", "64", "--seq-len", "4096", "--top", "3", "--out", out,
+                 "--format", "json")
+    assert r.returncode == 0, r.stderr
+    for doc in json.loads(r.stdout)["plans"]:
+        assert set(doc["launchers"]) <= {"megatron", "nemo", "deepspeed", "torchtitan"}
+    assert autoplan("evaluate", out).returncode == 0  # the plan file reads with its launchers
+    table = autoplan("search", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16",
+                     "--global-batch", "64", "--seq-len", "4096", "--top", "3")
+    assert "runs on (export --to): 1 " in table.stdout
