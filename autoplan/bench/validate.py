@@ -275,9 +275,17 @@ def _placed(cluster: Cluster, gpus: int) -> Cluster:
     return dataclasses.replace(cluster, nodes=-(-gpus // cluster.gpus_per_node))
 
 
+def builtin_gpu_cluster(cluster: Cluster) -> bool:
+    """Whether ``cluster`` is a built-in (whole nodes or part of one, whatever measured
+    correction its device carries): a GPU cluster, not a description of this machine."""
+    from autoplan.descriptors.library import builtin_cluster_ref
+
+    bare = dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, correction=None))
+    return builtin_cluster_ref(bare) is not None
+
+
 def machine_descriptor(plan: Plan, source: str, options: Options, machine: Machine) -> Descriptor:
     """The cluster the prediction is made on (see the module docstring)."""
-    from autoplan.descriptors.library import builtin_cluster_matches
 
     world = plan.layout.gpus
     if options.profile is not None:
@@ -289,7 +297,7 @@ def machine_descriptor(plan: Plan, source: str, options: Options, machine: Machi
         ref = str(options.cluster)
         what = "file" if ref.endswith((".yaml", ".yml", ".json")) or "/" in ref else "built-in"
         return Descriptor(_placed(given, world), f"the cluster {what} {ref}")
-    if options.device == "cpu" and builtin_cluster_matches(plan.cluster):
+    if options.device == "cpu" and builtin_gpu_cluster(plan.cluster):
         raise InputError.single(source, "cluster", (
             f"{plan.cluster.name} is a built-in GPU cluster, not this machine: give --profile CSV "
             "(from `autoplan bench --device cpu`), or a plan whose cluster describes this machine "

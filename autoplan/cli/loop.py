@@ -176,6 +176,14 @@ def tune(
         req = dataclasses.replace(req, space=dataclasses.replace(req.space, offload=(NO_OFFLOAD,)))
     for line in req.notes:
         output.err.print(f"autoplan: note: {line}", markup=False)
+    if runner == "local" and device == "cpu":
+        from autoplan.bench.validate import builtin_gpu_cluster
+
+        if builtin_gpu_cluster(req.cluster):
+            raise InputError.single("--cluster", "", (
+                f"{req.cluster.name} is a built-in GPU cluster, not this machine: the local "
+                "runner on the CPU runs plans of a cluster file describing it (autoplan bench "
+                "--describe; examples/cpu/local-cpu.yaml)"))
     the_runner = (LocalRunner(device=device) if runner == "local"
                   else LaunchRunner(name=runner, launcher=launcher))
     headroom = default_headroom_bytes(req.cluster.device.mem_bytes)

@@ -128,8 +128,9 @@ class LocalRunner:
         except AutoplanError as exc:
             return str(exc)
         problems = unsupported(plan, "plan", self._options(Trial(), 1.0), machine)
-        return "; ".join(f"{p.field}: {p.message}" if p.field else p.message
-                         for p in problems) or None
+        if problems:
+            return "; ".join(f"{p.field}: {p.message}" if p.field else p.message for p in problems)
+        return _too_big(plan, self.device, machine)
 
     def run(self, plan: Plan, trial: Trial, progress: Progress) -> Outcome:
         from autoplan.bench.validate import ValidateError, validate
@@ -150,6 +151,25 @@ class LocalRunner:
             return dataclasses.replace(outcome, status="failed", reason=divergence_reason(
                 measured, result.predicted_time_s, trial.diverge))
         return outcome
+
+
+def _too_big(plan: Plan, device: str, machine: Any) -> str | None:
+    """Why this machine cannot run the plan as it is: a built-in GPU cluster's plan on the
+    CPU (validate predicts on the plan's cluster, which is then not this machine), or a
+    predicted peak past each rank's share of the machine's memory (validate's share)."""
+    from autoplan.bench.validate import MEMORY_SHARE, builtin_gpu_cluster
+    from autoplan.cost.evaluate import evaluate
+
+    if device == "cpu" and builtin_gpu_cluster(plan.cluster):
+        return (f"cluster: {plan.cluster.name} is a built-in GPU cluster, not this machine: "
+                "search on a cluster file that describes it (autoplan bench --describe)")
+    world = 1 if device == "cuda" else plan.layout.gpus
+    budget = machine.mem_bytes * MEMORY_SHARE[device] / world
+    peak = evaluate(plan).memory.peak
+    if peak > budget:
+        return (f"a rank is predicted to need {peak / GiB:.1f} GiB; this machine gives each of "
+                f"its {world} ranks {budget / GiB:.1f}")
+    return None
 
 
 @functools.cache

@@ -369,3 +369,17 @@ def test_the_runs_forest_learns_measured_over_predicted_for_a_new_plan():
     assert learned.band(new, pred) == pytest.approx((2 * pred.step_time_s,) * 3)
     with pytest.raises(InputError, match="at least 3"):
         fit_residual(runs[:2])
+
+
+def test_the_local_runner_refuses_a_plan_past_the_machines_memory_or_of_a_gpu_cluster():
+    from autoplan.tune.runners import LocalRunner, _machine
+
+    pytest.importorskip("torch")
+    machine = _machine("cpu")
+    big = cpu_plan(dp=2, micro_batch=4)
+    huge = dataclasses.replace(big, model=dataclasses.replace(big.model, hidden=65536, heads=64,
+                                                              kv_heads=64, ffn_hidden=4 * 65536))
+    assert "predicted to need" in LocalRunner().refuses(huge)
+    assert machine.mem_bytes > 0
+    gpu = make_plan("llama3-8b", gpus=2, dp=2, global_batch=8, seq_len=256)
+    assert "built-in GPU cluster" in LocalRunner().refuses(gpu)
