@@ -176,6 +176,14 @@ def tune(
         req = dataclasses.replace(req, space=dataclasses.replace(req.space, offload=(NO_OFFLOAD,)))
     for line in req.notes:
         output.err.print(f"autoplan: note: {line}", markup=False)
+    if runner == "local":
+        import importlib.util
+
+        from autoplan.bench.validate import TORCH_MISSING
+
+        if importlib.util.find_spec("torch") is None:  # before the search, not after it
+            raise InputError.single("--runner", "", "local runs plans with torch: "
+                                    + TORCH_MISSING.split(": ", 1)[1])
     if runner == "local" and device == "cpu":
         from autoplan.bench.validate import builtin_gpu_cluster
 
