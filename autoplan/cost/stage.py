@@ -157,10 +157,11 @@ def stage_state_params(model: Model, lay: Layout, first: bool, last: bool, layer
 @memo(16384)
 def cost_key(plan: Plan) -> Plan:
     """The plan as far as per-stage work depends on it. The schedule enters only through
-    whether it splits the backward; ZeRO 0-2 differ only in memory (their collectives run
-    after the pipeline); the layer split is applied per stage; offload moves memory and
-    adds its own time (``evaluate``), not the stage's."""
-    schedule = representative(plan.schedule.splits_backward, plan.schedule.v_shape)
+    whether it splits the backward, runs in a V, or runs breadth-first; ZeRO 0-2 differ
+    only in memory (their collectives run after the pipeline); the layer split is applied
+    per stage; offload moves memory and adds its own time (``evaluate``), not the stage's."""
+    schedule = representative(plan.schedule.splits_backward, plan.schedule.v_shape,
+                              plan.schedule.breadth_first)
     return plan.replace(
         schedule=schedule,
         zero=plan.zero if plan.zero is ZeroStage.PARAMETERS else ZeroStage.NONE, stages=None,
@@ -441,8 +442,16 @@ def _stage(plan: Plan, first: bool, last: bool, mtp: int, layers: int, dense: in
     if plan.ep_overlap and (ep_f or ep_b):
         ep_f, ep_b = ep.overlap_exposed(plan, ep_f, ep_b, t.compute_f,
                                         t.compute_b + t.compute_w + recompute)
-    zero3_f, zero3_b = dp.zero3_exposed(plan, t.shared.groups, t.params, t.expert_params,
-                                        t.compute_f, t.compute_b, t.compute_w, t.n)
+    if plan.schedule.breadth_first:
+        # a chunk's gathers and reduce-scatter once a step, behind all m microbatches'
+        # compute (Lamy-Poirier 2023, Sec. 3): per microbatch, a 1/m share of that
+        m = plan.num_microbatches
+        zero3_f, zero3_b = (x / m for x in dp.zero3_exposed(
+            plan, t.shared.groups, t.params, t.expert_params, m * t.compute_f, m * t.compute_b,
+            m * t.compute_w, t.n))
+    else:
+        zero3_f, zero3_b = dp.zero3_exposed(plan, t.shared.groups, t.params, t.expert_params,
+                                            t.compute_f, t.compute_b, t.compute_w, t.n)
     pp_send = t.shared.pp_send
     axis_comm = AxisComm(((t.tp_f, tp_b), (cp_f, cp_b), (ep_f, ep_b),
                           (sends_f * pp_send, sends_b * pp_send), (zero3_f, zero3_b)))

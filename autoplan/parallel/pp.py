@@ -212,8 +212,9 @@ def schedule_choices(lay: Layout, space: SearchSpace) -> list[tuple[Schedule, in
             out.append((sched, 2, False))  # two chunks per stage, down and back
         else:
             out.append((sched, 1, False))
-    if space.stage_shape is not StageShape.UNIFORM:
-        out.extend((sched, v, True) for sched, v, _ in list(out) if not sched.v_shape)
+    if space.stage_shape is not StageShape.UNIFORM:  # not for breadth-first either: uniform
+        out.extend((sched, v, True) for sched, v, _ in list(out)
+                   if not sched.v_shape and not sched.breadth_first)
     return out
 
 

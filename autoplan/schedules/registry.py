@@ -58,6 +58,10 @@ class ScheduleSpec:
     torch_class: str | None = None  # torch.distributed.pipelining class ``validate`` runs it with
     torch_multi_stage: bool = False  # that class takes a list of stages (PipelineScheduleMulti)
     torchtitan: str | None = None  # torchtitan's ``pipeline_parallel_schedule`` name
+    # each chunk runs every microbatch before the stage moves to its next chunk, so a
+    # ZeRO-3 stage gathers a chunk's parameters once a step, not once a microbatch
+    # (breadth-first pipelines, Lamy-Poirier 2023: ``cost.stage``)
+    breadth_first: bool = False
 
     @property
     def v_shape(self) -> bool:
@@ -71,6 +75,7 @@ class Schedule(Named):
     spec: ScheduleSpec
     splits_backward: bool  # B and W separate (the spec's, kept here: the search asks often)
     v_shape: bool  # two chunks per stage, down and back
+    breadth_first: bool  # every microbatch through a chunk before the next chunk
 
     # the built-in schedules, registered by their files (autoplan/schedules/__init__.py)
     GPIPE: ClassVar[Schedule]
@@ -81,6 +86,7 @@ class Schedule(Named):
     ZB_V: ClassVar[Schedule]
     V_HALF: ClassVar[Schedule]
     V_MIN: ClassVar[Schedule]
+    BFPP: ClassVar[Schedule]
 
 
 
@@ -89,6 +95,7 @@ def register(spec: ScheduleSpec) -> Schedule:
     schedule = Schedule._add(spec.name, spec.attr, spec)
     schedule.splits_backward = spec.splits_backward
     schedule.v_shape = spec.v_shape
+    schedule.breadth_first = spec.breadth_first
     return schedule
 
 
@@ -97,11 +104,12 @@ def unregister(schedule: Schedule) -> None:
     Schedule._remove(schedule, schedule.spec.attr)
 
 
-def representative(splits_backward: bool, v_shape: bool) -> Schedule:
+def representative(splits_backward: bool, v_shape: bool, breadth_first: bool = False) -> Schedule:
     """The first registered schedule with these flags: what a stage's work reads of any
     schedule (``cost.stage.cost_key``), so schedules alike share one memo."""
     for schedule in Schedule:
-        if schedule.splits_backward == splits_backward and schedule.v_shape == v_shape:
+        if (schedule.splits_backward == splits_backward and schedule.v_shape == v_shape
+                and schedule.breadth_first == breadth_first):
             return schedule
     raise ValueError(f"no schedule registered with splits_backward={splits_backward}, "
-                     f"v_shape={v_shape}")
+                     f"v_shape={v_shape}, breadth_first={breadth_first}")

@@ -33,6 +33,9 @@ from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, RecomputeModu
 # the V schedule whose stage work stands for every V's in the bounds (the work of a
 # stage reads only whether its schedule is a V and splits the backward: cost.stage.cost_key)
 V_WORK = representative(splits_backward=True, v_shape=True)
+# the breadth-first schedule whose stage work stands for every breadth-first one's
+# (its ZeRO-3 passes, once a step: ``cost.stage``); None where none is registered
+BF_WORK = next((s for s in Schedule if s.breadth_first), None)
 
 
 # (non-expert parameters, expert parameters, layers run) of a pipeline stage
@@ -119,6 +122,7 @@ class TimeBounds:
                 for sched, v, _ in scheds if not sched.v_shape]
         v_shaped = any(sched.v_shape for sched, _, _ in scheds)
         zero3 = uniform and plan.zero is ZeroStage.PARAMETERS
+        breadth_first = any(sched.breadth_first for sched, _, _ in scheds)
         states = self._last_stage_states(plan, scheds) if zero3 else ((), None)
         least = float("inf")
         for cp_comm in cps:
@@ -136,6 +140,8 @@ class TimeBounds:
                 stage = m * (layers // p) * per_dense  # m microbatches of a stage's layers
                 z_flat, z_v = (self._zero3_passes(plan, cp_comm, states, core, c_f, c_b)
                                if zero3 else (0.0, 0.0))
+                if breadth_first:  # its passes are once a step, not once a microbatch
+                    z_flat = 0.0
                 kinds = []
                 if flat:
                     kinds.append((p - 1) * min(flat) * forward + stage + m * (logits + z_flat))
@@ -355,6 +361,9 @@ class TimeBounds:
         cps = tuple(cps) or (plan.cp_comm,)
         split = any(s for *_, s in scheds)
         flat = [v for sched, v, _ in scheds if not sched.v_shape]
+        # the most chunks a breadth-first member runs, where its ZeRO-3 passes differ (0: none)
+        breadth_first = max((v for sched, v, _ in scheds if sched.breadth_first), default=0) \
+            if plan.zero is ZeroStage.PARAMETERS else 0
         fused = not any(sched.splits_backward for sched, _, _ in scheds if not sched.v_shape)
         v_base = plan.replace(layout=self.ctx.at_vpp(plan.layout, 2), schedule=V_WORK)
         drained = (self._drained_sync(plan, stage_work(plan), v_base, scheds, cps)
@@ -367,6 +376,11 @@ class TimeBounds:
                 most = max(flat)
                 bound = min(bound, busiest_stage_bound(own, works, most, sync, most == 1,
                                                        drained, fused))
+            if breadth_first:  # ZeRO-3's passes once a step: their own works
+                bf_plan = own.replace(layout=self.ctx.at_vpp(own.layout, breadth_first),
+                                      schedule=BF_WORK)
+                bound = min(bound, busiest_stage_bound(bf_plan, stage_work(bf_plan), breadth_first,
+                                                       sync, breadth_first == 1, drained, True))
             if len(flat) < len(scheds):
                 v_plan = (v_base if own is plan
                           else own.replace(layout=v_base.layout, schedule=V_WORK))
@@ -435,14 +449,24 @@ class TimeBounds:
         return stages
 
     def member_bound(self, group_plan: Plan, cp_comm: CpComm, v: int, fused: bool,
-                     drains: dict[tuple[CpComm, bool], list[tuple[float, float, float]]]) -> float:
+                     drains: dict[tuple[CpComm, bool], list[tuple[float, float, float]]],
+                     breadth_first: bool = False) -> float:
         """The busiest-stage bound of the group's members on ``cp_comm`` at ``v`` chunks
         (0: the V schedules), their backward fused with W or not, read off the group's
         works on that exchange (as :meth:`group_bound` reads them), with the gradient sync
         its own chunks expose where its stage ends the step (as :meth:`_drained_sync`
         bounds it for the group's every member). ``drains``: the group's flat
-        :meth:`_drain_stages` by (exchange, B and W fused), for every chunk count."""
+        :meth:`_drain_stages` by (exchange, B and W fused), for every chunk count.
+        ``breadth_first``: a breadth-first member, whose ZeRO-3 passes (once a step) its
+        own works count."""
         own = group_plan if cp_comm is group_plan.cp_comm else group_plan.replace(cp_comm=cp_comm)
+        if v and breadth_first and own.zero is ZeroStage.PARAMETERS:
+            # its ZeRO-3 passes once a step (``cost.stage``): its own works
+            own = own.replace(layout=self.ctx.at_vpp(own.layout, v), schedule=BF_WORK)
+            works = stage_work(own)
+            send = pp.send_seconds(own, activation_bytes(own)) if v > 1 else 0.0
+            drained = self._drained_of(own, self._drain_stages([works], False), send, v)
+            return busiest_stage_bound(own, works, v, True, v == 1, drained, True)
         if v:  # the busiest-stage bound at its own chunk count
             works = stage_work(own)
             send = (pp.send_seconds(own, activation_bytes(own)) if v > 1 else 0.0)

@@ -197,9 +197,9 @@ class Frontier:
         split of any of its schedules (tightened only for those that come up)."""
         out: list[Candidate | Split] = []
         limit = self.threshold * (1 + BOUND_SLACK)
-        # (exchange, vpp, B and W fused) -> the busiest-stage bound off the group's works
-        # on that exchange (vpp 0: off its V works, as ``group_bound`` reads them)
-        busiest: dict[tuple[CpComm, int, bool], float] = {}
+        # (exchange, vpp, B and W fused, breadth-first) -> the busiest-stage bound off the
+        # group's works on that exchange (vpp 0: off its V works, as ``group_bound`` reads them)
+        busiest: dict[tuple[CpComm, int, bool, bool], float] = {}
         # (exchange, B and W fused) -> its flat drain stages, for every chunk count
         drains: dict[tuple[CpComm, bool], list[tuple[float, float, float]]] = {}
         for plan, split in self.walk.schedule_plans(group):
@@ -208,10 +208,11 @@ class Frontier:
                 continue
             v = 0 if plan.schedule.v_shape else plan.layout.vpp
             fused = not plan.schedule.splits_backward
-            bare = busiest.get((plan.cp_comm, v, fused))
+            bf = plan.schedule.breadth_first
+            bare = busiest.get((plan.cp_comm, v, fused, bf))
             if bare is None:
-                bare = busiest[(plan.cp_comm, v, fused)] = self.bounds.member_bound(
-                    group.plan, plan.cp_comm, v, fused, drains)
+                bare = busiest[(plan.cp_comm, v, fused, bf)] = self.bounds.member_bound(
+                    group.plan, plan.cp_comm, v, fused, drains, bf)
             # the group's bounds hold for it: the pressure-free one, and the one that
             # charges the group's memory floor (its own peak is no lower)
             bare = max(bare, group.bare)

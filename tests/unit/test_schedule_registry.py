@@ -61,7 +61,7 @@ def test_a_registered_schedule_is_looked_up_by_name_and_forgotten_after(toy):
 
 def test_after_the_toy_schedule_is_gone_the_registry_holds_the_builtins_only():
     assert [s.value for s in Schedule] == ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2",
-                                           "zb-v", "v-half", "v-min"]
+                                           "zb-v", "v-half", "v-min", "bfpp"]
     with pytest.raises(ValueError, match="not a pipeline schedule"):
         Schedule("gpipe-w")
 

@@ -17,6 +17,7 @@ from autoplan.export.megatron import export as megatron_export
 from autoplan.parallel.rules import plan_problems, space_problems
 from autoplan.planfile import plan_document, read_plan
 from autoplan.schedules import Schedule
+from autoplan.schedules.registry import Chunks
 from autoplan.search.engine import search
 from autoplan.search.partition import stage_memory
 from autoplan.search.stages import chunks_of, partition_problem, with_best_stages
@@ -29,7 +30,7 @@ LARGE_VOCAB = dict(model="nemotron-4-15b", gpus=16, dp=2, tp=2, pp=4, global_bat
 
 @pytest.mark.parametrize("schedule", list(Schedule))
 def test_every_schedule_evaluates_with_a_consistent_breakdown(schedule):
-    vpp = 2 if schedule.v_shape or schedule is Schedule.INTERLEAVED else 1
+    vpp = 1 if schedule.spec.chunks is Chunks.ONE else 2
     plan = make_plan(model="llama3-8b", gpus=8, dp=2, pp=4, global_batch=32, schedule=schedule,
                      vpp=vpp)
     assert plan_problems(plan) == []

@@ -17,6 +17,7 @@ from autoplan.parallel.common import divisors
 from autoplan.parallel.rules import plan_problems
 from autoplan.plan import Layout, Plan
 from autoplan.schedules import Schedule
+from autoplan.schedules.registry import Chunks
 from autoplan.search.engine import candidate_plans, rank_key, rank_key_static, search
 from autoplan.vocab import Dtype, Recompute, ZeroStage
 
@@ -40,7 +41,7 @@ def brute_force(model, cluster, job, space):
         dp = n // (tp * pp * cp)
         scheds = [(Schedule.ONE_F_ONE_B, 1)] if pp == 1 else [
             (s, v) for s in space.schedules
-            for v in (range(2, space.vpp_max + 1) if s is Schedule.INTERLEAVED
+            for v in (range(2, space.vpp_max + 1) if s.spec.chunks is Chunks.LAYOUT
                       else [2] if s.v_shape else [1])]
         zeros = [z for z in space.zero if pp == 1 or z <= space.zero_max_with_pp]
         if dp * cp == 1:  # nothing to shard: every stage is the first's plan (zero-unsharded)
