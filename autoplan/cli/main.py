@@ -702,6 +702,8 @@ def _print_prediction(path: Path, plan: Plan, pred: Prediction, *extra: Any) -> 
     for renderable in extra:
         output.out.print(renderable)
     output.out.print(render.memory_table(pred))
+    if (docs := plan.job.documents) is not None:
+        output.out.print(escape(render.packing_line(plan, docs)))
     if found := _reliabilities(plan):
         for line in render.reliability_lines(found, plan.cluster.gpus):
             output.out.print(escape(line))

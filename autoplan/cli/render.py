@@ -141,6 +141,20 @@ def front_table(points: Sequence[Point], front: Sequence[Point], kept: Sequence[
     return table
 
 
+def packing_line(plan: Plan, docs: Any) -> str:
+    """What packed documents do to attention (autoplan.kernels.packing), in one line."""
+    from autoplan.kernels import packing
+
+    s, cp = plan.job.seq_len, plan.layout.cp
+    share = packing.attention_share(docs, s)
+    text = (f"packed documents ({docs.kind}): attention runs {share:.1%} of a whole-sequence "
+            f"document's work, at {packing.attention_length(docs, s):,.0f} tokens a document")
+    if cp > 1 and plan.cp_comm.value == "ring":
+        text += (f"; the busiest of the {cp} context-parallel ranks {packing.cp_imbalance(docs, s, cp):.2f}x "
+                 "the mean (zig-zag split)")
+    return text
+
+
 def reliability_lines(found: dict[str, Reliability], gpus: int) -> list[str]:
     """What failures and checkpoints cost a run (autoplan.whatif.reliability), in words:
     each way of saving of ``found`` (synchronous, asynchronous)."""

@@ -12,7 +12,7 @@ from autoplan.caches import memo
 from autoplan.descriptors.hardware import Cluster, Device, Link
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.pipeline_layout import Chunk
-from autoplan.kernels import comm, memory, offload
+from autoplan.kernels import comm, memory, offload, packing
 from autoplan.kernels.compute import LayerTimes, layer_times, logits_times, module_forward
 from autoplan.kernels.layer import (
     BF16_BYTES,
@@ -113,6 +113,12 @@ def shard_of(plan: Plan) -> Shard:
     lay, stack = plan.layout, plan.stack
     moe = plan.model.is_moe
     host_f, host_b = host_kernel_seconds(plan)
+    docs = plan.job.documents
+    packed = {} if docs is None else dict(
+        attention_share=packing.attention_share(docs, plan.job.seq_len),
+        attention_seq=packing.attention_length(docs, plan.job.seq_len),
+        attention_imbalance=(packing.cp_imbalance(docs, plan.job.seq_len, lay.cp)
+                             if plan.cp_comm is CpComm.RING else 1.0))
     return Shard(plan.micro_batch, plan.job.seq_len, lay.tp, lay.cp, plan.sequence_parallel,
                  plan.job.dtype, ep=lay.ep if moe else 1, etp=lay.etp if moe else 1,
                  expert_load=ep.expert_load(plan) if moe else 1.0,
@@ -122,7 +128,7 @@ def shard_of(plan: Plan) -> Shard:
                  host_kernel_s=host_f, host_backward_kernel_s=host_b,
                  kernel_efficiency=stack.compute_efficiency,
                  sp_saves_gathered=stack.sp_saves_gathered,
-                 moe_probs_in_activation=stack.moe_probs_in_activation)
+                 moe_probs_in_activation=stack.moe_probs_in_activation, **packed)
 
 
 @memo(16384)

@@ -5,24 +5,33 @@ takes, the activation copies offload exposes, and the breakdown read off the cri
 from __future__ import annotations
 
 from autoplan.cost.stage import StageWork, chunk_work, offloaded_chunk_bytes
-from autoplan.kernels import flops, offload
+from autoplan.kernels import flops, offload, packing
 from autoplan.plan import Plan, TimeBreakdown
 from autoplan.schedules.simulator import SimResult
 from autoplan.vocab import Axis, Recompute
 
 
+def attention_seq_len(plan: Plan) -> float:
+    """The sequence length the attention FLOPs count: seq_len, or for packed documents its
+    share of seq_len (a token attends to its own document's keys: kernels/packing.py)."""
+    docs, s = plan.job.documents, plan.job.seq_len
+    return s if docs is None else s * packing.attention_share(docs, s)
+
+
 def model_flops(plan: Plan) -> float:
-    return flops.model_flops_per_step(plan.model, plan.job.tokens_per_step, plan.job.seq_len)
+    return flops.model_flops_per_step(plan.model, plan.job.tokens_per_step,
+                                      attention_seq_len(plan))  # type: ignore[arg-type]
 
 
 def hardware_flops(plan: Plan) -> float:
     extra = 0.0
+    seq = attention_seq_len(plan)
     if plan.recompute_modules:  # selective, by module
         extra = plan.job.tokens_per_step * flops.module_recompute_flops_per_token(
-            plan.model, plan.job.seq_len, plan.recomputed)
+            plan.model, seq, plan.recomputed)  # type: ignore[arg-type]
     elif plan.recompute is not Recompute.NONE:
         extra = plan.job.tokens_per_step * flops.recompute_flops_per_token(
-            plan.model, plan.job.seq_len, full=plan.recompute is Recompute.FULL)
+            plan.model, seq, full=plan.recompute is Recompute.FULL)  # type: ignore[arg-type]
     return model_flops(plan) + extra
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import random
+from dataclasses import dataclass, field
 from typing import Any
 
 from autoplan.descriptors.strict import Fields
@@ -15,6 +17,59 @@ DEFAULT_MOE_IMBALANCE = 1.25
 # a sequence (the longest published contexts: 10M). Refused at loading, not searched.
 MAX_GLOBAL_BATCH = 1 << 24
 MAX_SEQ_LEN = 1 << 24
+SAMPLES = 4096  # document lengths a distribution is read at (kernels/packing.py)
+MAX_BINS = 4096  # histogram bins
+
+
+@dataclass(frozen=True, slots=True)
+class Documents:
+    """A document-length distribution: ``fixed`` (every document ``length`` tokens),
+    ``lognormal`` (median ``length``, log-space standard deviation ``sigma``) or
+    ``histogram`` (``bins``: (length, weight) pairs)."""
+
+    kind: str
+    length: float = 0.0
+    sigma: float = 0.0
+    bins: tuple[tuple[int, float], ...] = ()
+    source: str = field(default="", compare=False)  # where a histogram was read from
+
+    def to_dict(self) -> dict[str, object]:
+        if self.kind == "fixed":
+            return {"fixed": int(self.length)}
+        if self.kind == "lognormal":
+            return {"lognormal": {"median": self.length, "sigma": self.sigma}}
+        return {"histogram": [[n, w] for n, w in self.bins]}
+
+    def lengths(self) -> list[int]:
+        """``SAMPLES`` lengths at the distribution's quantiles, in a fixed shuffled order."""
+        if self.kind == "fixed":
+            out = [max(1, round(self.length))] * SAMPLES
+        elif self.kind == "lognormal":
+            out = [max(1, round(self.length * math.exp(self.sigma * _normal_quantile((i + 0.5) / SAMPLES))))
+                   for i in range(SAMPLES)]
+        else:
+            total = sum(w for _, w in self.bins)
+            shares = [(n, SAMPLES * w / total) for n, w in self.bins]
+            counts = [(n, math.floor(x)) for n, x in shares]
+            left = SAMPLES - sum(c for _, c in counts)
+            # largest remainders take the rest (deterministic: ties by length)
+            order = sorted(range(len(shares)), key=lambda i: (-(shares[i][1] % 1), shares[i][0]))
+            extra = set(order[:left])
+            out = [n for i, (n, c) in enumerate(counts) for _ in range(c + (i in extra))]
+        random.Random(0).shuffle(out)
+        return out
+
+
+def _normal_quantile(q: float) -> float:
+    """The standard normal's q-quantile: bisection on erf to machine precision."""
+    lo, hi = -10.0, 10.0
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        if 0.5 * (1 + math.erf(mid / math.sqrt(2))) < q:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,6 +85,9 @@ class Job:
     # weights stay fp32 either way
     main_grads: StateDtype = StateDtype.FP32
     optimizer_states: StateDtype = StateDtype.FP32
+    # the documents packed into each sequence (kernels/packing.py); None: every sequence
+    # is one document of seq_len tokens
+    documents: Documents | None = None
 
     @property
     def tokens_per_step(self) -> int:
@@ -44,6 +102,8 @@ class Job:
             out["main_grads"] = self.main_grads.value
         if self.optimizer_states is not StateDtype.FP32:
             out["optimizer_states"] = self.optimizer_states.value
+        if self.documents is not None:
+            out["documents"] = self.documents.to_dict()
         return out
 
 
@@ -58,6 +118,7 @@ def read_job(f: Fields) -> Job | None:
         moe_imbalance=f.float("moe_imbalance", DEFAULT_MOE_IMBALANCE, min=1.0, max=1 << 14),
         main_grads=f.enum("main_grads", StateDtype, StateDtype.FP32),
         optimizer_states=f.enum("optimizer_states", StateDtype, StateDtype.FP32),
+        documents=_read_documents(f, f.raw("documents", None)),
     )
     f.close()
     if len(f.problems) > before:
@@ -67,3 +128,93 @@ def read_job(f: Fields) -> Job | None:
                "(fp16 keeps fp16 gradients and an fp32 copy: Megatron-LM's distributed optimizer)")
         return None
     return Job(**values)
+
+
+MAX_SIGMA = 5.0  # a log-space spread past this puts documents past any sequence at both ends
+
+
+def _read_documents(f: Fields, raw: Any) -> Documents | None:
+    """``documents: {fixed: N} | {lognormal: {median, sigma}} | {histogram: [[length,
+    weight], ...] | PATH}`` (a CSV of ``length,count`` rows); every problem recorded on
+    ``f`` under ``documents``."""
+    if raw is None:
+        return None
+    kinds = ("fixed", "lognormal", "histogram")
+    if not isinstance(raw, dict) or len(raw) != 1 or next(iter(raw)) not in kinds:
+        f.fail("documents", "expected one of {fixed: LENGTH}, {lognormal: {median, sigma}}, "
+                            "{histogram: [[length, weight], ...] or a CSV path}")
+        return None
+    kind, value = next(iter(raw.items()))
+    d = f.child("documents", raw)
+    if kind == "fixed":
+        n = d.int("fixed", min=1, max=MAX_SEQ_LEN)
+        d.close()
+        return None if n is None else Documents("fixed", length=float(n))
+    if kind == "lognormal":
+        ln = d.child("lognormal", d.raw("lognormal"))
+        median = ln.float("median", positive=True, max=MAX_SEQ_LEN)
+        sigma = ln.float("sigma", min=0.0, max=MAX_SIGMA)
+        ln.close()
+        d.close()
+        return None if median is None or sigma is None else Documents("lognormal", length=median,
+                                                                      sigma=sigma)
+    d.raw("histogram")
+    d.close()
+    source = ""
+    if isinstance(value, str):
+        source = value
+        value = _histogram_file(f, value)
+        if value is None:
+            return None
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_BINS:
+        f.fail("documents.histogram", f"expected 1 to {MAX_BINS} [length, weight] pairs or a CSV path")
+        return None
+    bins = []
+    for i, pair in enumerate(value):
+        ok = (isinstance(pair, list | tuple) and len(pair) == 2
+              and all(isinstance(x, int | float) and not isinstance(x, bool) for x in pair))
+        if ok:
+            n, w = pair
+            ok = (float(n).is_integer() and 1 <= n <= MAX_SEQ_LEN and math.isfinite(w) and 0 <= w <= 1e15)
+        if not ok:
+            f.fail(f"documents.histogram[{i}]", f"expected [length, weight]: a whole length from 1 "
+                                                f"to {MAX_SEQ_LEN} and a weight from 0, got {pair!r}"[:200])
+            return None
+        bins.append((int(n), float(w)))
+    if not sum(w for _, w in bins) > 0:
+        f.fail("documents.histogram", "expected a weight above 0 somewhere")
+        return None
+    return Documents("histogram", bins=tuple(sorted(bins)), source=source)
+
+
+def _histogram_file(f: Fields, path: str) -> list[list[float]] | None:
+    """A histogram CSV (``length,count`` per row, a header allowed) as [length, weight] pairs."""
+    import csv
+    import io
+    from pathlib import Path
+
+    from autoplan.descriptors.strict import read_limited
+    from autoplan.errors import InputError
+
+    try:
+        text = read_limited(Path(path), 1 << 20, "a histogram CSV of length,count rows",
+                            source=f.source, field=f.key_path("documents.histogram")).decode("utf-8")
+    except InputError as exc:
+        f.problems.extend(exc.problems)
+        return None
+    except UnicodeDecodeError:
+        f.fail("documents.histogram", f"{path}: not UTF-8 text")
+        return None
+    out: list[list[float]] = []
+    for i, row in enumerate(csv.reader(io.StringIO(text)), start=1):
+        if not row or (i == 1 and not row[0].strip().replace(".", "", 1).isdigit()):
+            continue  # a blank line, or the header
+        try:
+            out.append([float(row[0]), float(row[1])])
+        except (ValueError, IndexError):
+            f.fail("documents.histogram", f"{path}: row {i}: expected length,count")
+            return None
+        if len(out) > MAX_BINS:
+            f.fail("documents.histogram", f"{path}: more than {MAX_BINS} rows")
+            return None
+    return out

@@ -240,7 +240,7 @@ def attention_call(model: Model, shard: Shard, backward: bool) -> AttentionCall:
     """The flash-attention call of one rank: its micro-batch x heads/tp, causal. Ring CP
     runs one call per ring step on s/cp queries against s/cp keys (Liu et al. 2023);
     Ulysses CP runs heads/cp on the whole sequence (Jacobs et al. 2023)."""
-    heads, seq = model.heads / shard.tp, float(shard.seq_len)
+    heads, seq = model.heads / shard.tp, float(shard.attention_seq or shard.seq_len)
     if shard.cp > 1 and shard.cp_ring:
         seq /= shard.cp
     elif shard.cp > 1:
@@ -253,12 +253,16 @@ def attention_core_time(model: Model, shard: Shard, device: Device) -> tuple[flo
     """(forward, backward) seconds of flash attention on this rank.
 
     Each rank computes its s/cp queries against all s keys, causal (half the
-    square). FlashAttention-2's backward runs 5 GEMMs against the forward's 2
-    (Dao 2023, Algorithm 2), so backward = 2.5 x forward.
+    square); of packed documents, each against its own document's keys.
+    FlashAttention-2's backward runs 5 GEMMs against the forward's 2 (Dao 2023,
+    Algorithm 2), so backward = 2.5 x forward.
     """
     if shard.attention_kernel is AttentionKernel.UNFUSED:
         return unfused_attention_time(model, shard, device)
-    per_token = flops.attention_core_flops_per_token(model, shard.seq_len) / shard.tp
+    # packed documents: block-diagonal (varlen) attention runs their share of the causal
+    # work, and the busiest context-parallel rank its imbalance over the mean (packing.py)
+    per_token = (flops.attention_core_flops_per_token(model, shard.seq_len) / shard.tp
+                 * shard.attention_share * shard.attention_imbalance)
     fwd_flops = per_token * shard.tokens
     kernel = shard.attention_kernel
     return (attention_time(fwd_flops, attention_call(model, shard, False), device, kernel),

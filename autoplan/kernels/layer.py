@@ -53,6 +53,12 @@ class Shard:
     kernel_efficiency: float = 1.0  # of the device's kernel rates, what the stack sustains
     sp_saves_gathered: bool = False  # SP: TP GEMMs save their gathered input (Stack's field)
     moe_probs_in_activation: bool = False  # MoE: no expert outputs kept (Stack's field)
+    # packed documents (kernels/packing.py): the share of one whole-sequence document's
+    # causal attention work the sequence's documents run, the length its kernel runs at
+    # (0: seq_len), and the busiest context-parallel rank's attention over the mean
+    attention_share: float = 1.0
+    attention_seq: float = 0.0
+    attention_imbalance: float = 1.0
     # memoized layer costs key on shards: hashed once (the fields are frozen)
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
