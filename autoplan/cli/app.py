@@ -39,7 +39,8 @@ app = typer.Typer(
          "one, export writes launcher configs (Megatron-LM, DeepSpeed, NeMo, torchtitan, Slurm). "
          "Serving: serve ranks deployments under traffic and latency SLOs, export writes vLLM, "
          "SGLang or TensorRT-LLM launches. Both: check gates CI, diff compares two plans, bench "
-         "and validate measure on real devices.",
+         "and validate measure on real devices. Tuning: tune runs the best plans and ranks "
+         "them by measurement; runs import and calibrate learn from what ran.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
