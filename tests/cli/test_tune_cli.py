@@ -207,3 +207,20 @@ def test_a_workdir_that_is_a_file_is_refused_before_any_trial(tmp_path, env):
     r = autoplan("tune", *SEARCH, "--runner", "torchrun", "--workdir", afile, cwd=tmp_path, env=env)
     assert r.returncode == 2 and "--workdir" in r.stderr and "not a folder" in r.stderr
     assert afile.read_text() == "mine\n" and not (tmp_path / "pids").exists()
+
+
+def test_runs_import_reads_a_torchtitan_log_by_its_tokens_per_second(tmp_path):
+    # plan-dp2: 32 sequences of 256 tokens on 2 ranks; torchtitan logs tokens per second per
+    # device, so a step takes 32 * 256 / (tps * 2): 2,048 tps is 2 s
+    log = tmp_path / "titan.log"
+    log.write_text("".join(
+        f"[titan] 2026-11-27 10:00:0{i},000 - root - INFO - \x1b[31mstep: {i:2}  \x1b[32mloss: 9.0  "
+        f"\x1b[33mmemory:  1.20GiB(10.00%)  \x1b[34mtps: {tps:,}\x1b[39m\n"
+        for i, tps in enumerate((900, 2048, 2048, 2048), start=1)))
+    runs = tmp_path / "runs.csv"
+    r = autoplan("runs", "import", log, "--plan", CPU / "plan-dp2.yaml", "--out", runs, "--warmup", "1")
+    assert r.returncode == 0, r.stderr
+    (row,) = rows(runs)
+    assert row["runner"] == "torchtitan" and row["steps"] == "3"
+    assert float(row["measured_step_time_s"]) == pytest.approx(32 * 256 / (2048 * 2))
+    assert float(row["measured_peak_gib"]) == pytest.approx(1.2)
