@@ -38,13 +38,24 @@ class Layout:
     ep: int = 1
     vpp: int = 1
     etp: int = 0
+    # hybrid sharded data parallelism (HSDP, hierarchical ZeRO): ZeRO shards states over
+    # dp_shard x cp ranks and replicates them over dp / dp_shard (torchtitan's
+    # data_parallel_shard_degree x replicate_degree); 0 on construction means "as dp"
+    dp_shard: int = 0
     # plans and memoized costs key on layouts: hashed once (the degrees are frozen)
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.etp == 0:
             object.__setattr__(self, "etp", self.tp)
+        if self.dp_shard == 0:
+            object.__setattr__(self, "dp_shard", self.dp)
         cache_hash(self)
+
+    @property
+    def dp_replicas(self) -> int:
+        """Copies of the ZeRO-sharded states: dp / dp_shard (1: sharded over all of dp)."""
+        return self.dp // self.dp_shard
 
     def __hash__(self) -> int:
         return self._hash
@@ -63,6 +74,8 @@ class Layout:
                "vpp": self.vpp}
         if self.etp != self.tp:
             out["etp"] = self.etp
+        if self.dp_shard != self.dp:
+            out["dp_shard"] = self.dp_shard
         return out
 
 

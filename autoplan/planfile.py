@@ -75,6 +75,7 @@ def read_plan(data: Any, source: str, path: str = "", *, profile: Profile | None
         dp=lf.int("dp", min=1), tp=lf.int("tp", min=1), pp=lf.int("pp", min=1),
         cp=lf.int("cp", 1, min=1), ep=lf.int("ep", 1, min=1), vpp=lf.int("vpp", 1, min=1),
         etp=lf.int("etp", 0, min=1),
+        dp_shard=lf.int("dp_shard", 0, min=1),
     )
     lf.close()
     values = dict(

@@ -31,6 +31,9 @@ class Axis(str, enum.Enum):
     """Expert tensor parallel: each expert's MLP split across ranks (1 or tp)."""
     EDP = "edp"
     """Expert data parallel: replicas of the expert layers (tp*cp*dp / (ep*etp))."""
+    DPR = "dp_replica"
+    """Hybrid sharded data parallel's replicas: dp / dp_shard copies of the sharded states,
+    the outermost data-parallel ranks (FSDP2 HSDP's replicate dimension)."""
 
 
 class CpComm(str, enum.Enum):

@@ -216,6 +216,8 @@ def unsupported(plan: Plan, source: str, options: Options, machine: Machine) -> 
     if plan.offload.any:
         no("offload", "offload to host memory is not built by validate (its torch model keeps "
                       "optimizer states and activations on the device)")
+    if lay.dp_replicas > 1:
+        no("layout.dp_shard", "hybrid sharding (dp_shard < dp) is not built by validate")
     if m.tied_embeddings and lay.tp > 1 and lay.pp * lay.vpp == 1:
         no("model.tied_embeddings", "tied embeddings with tp > 1 on one stage are not built by validate")
     if options.slice:

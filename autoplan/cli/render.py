@@ -30,6 +30,8 @@ MOE_MFU_NOTE = " of active parameters"
 def layout_text(plan: Plan) -> str:
     lay = plan.layout
     text = f"dp{lay.dp} tp{lay.tp} pp{lay.pp}"
+    if lay.dp_shard < lay.dp:
+        text += f" shard{lay.dp_shard}"  # HSDP: ZeRO over dp_shard, replicated over the rest
     if lay.cp > 1:
         text += f" cp{lay.cp}" + (" a2a" if plan.cp_comm is CpComm.A2A else "")
     if plan.model.is_moe:

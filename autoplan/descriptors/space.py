@@ -59,6 +59,9 @@ class SearchSpace:
     # launcher's DDP runs only one-dimensional (torchtitan: "DDP has not supported > 1D
     # parallelism", torchtitan/distributed/parallel_dims.py)
     plain_dp_with_model_parallel: bool = True
+    # hybrid sharded data parallel (HSDP): also try ZeRO over the data-parallel ranks of one
+    # node, replicated across nodes (``layout.dp_shard``; ``dp.hybrid_shards``)
+    hybrid_shard: bool = False
     # what plans may keep in host memory (``offload: {optimizer: [...], activations: [...]}``),
     # every combination; the first is always no offload. ``search --no-offload`` keeps that one.
     offload: tuple[Offload, ...] = (NO_OFFLOAD,)
@@ -108,6 +111,7 @@ def read_space(data: Any, source: str) -> SearchSpace:
                 else (MoeDispatch.ALLTOALL,))
     modules = _choices(f, "recompute_modules", RecomputeModule) if f.has("recompute_modules") else ()
     plain_dp_mp = f.bool("plain_dp_with_model_parallel", True)
+    hybrid = f.bool("hybrid_shard", False)
     offloads = _offload_choices(f)
     stack = default_stack()
     try:
@@ -128,7 +132,7 @@ def read_space(data: Any, source: str) -> SearchSpace:
         ep_max=ep_max, etp=etp, cp_comm=tuple(c for c in CpComm if c in cp_comm), stack=stack,
         moe_dispatch=tuple(d for d in MoeDispatch if d in dispatch),
         recompute_modules=tuple(m for m in RecomputeModule if m in modules),
-        plain_dp_with_model_parallel=plain_dp_mp, offload=offloads,
+        plain_dp_with_model_parallel=plain_dp_mp, hybrid_shard=hybrid, offload=offloads,
     )
 
 

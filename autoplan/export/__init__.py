@@ -63,6 +63,9 @@ def refusals(plan: Plan, target: Target, launcher: Launcher = Launcher.MEGATRON)
     out = space_problems(plan, load_space(space_name))
     if target is not Target.NEMO:
         out += _EXTRA[space_name](plan)
+    elif plan.layout.dp_replicas > 1:
+        out.append(("layout.dp_shard", "the NeMo export sets no distributed optimizer instances; "
+                                       "export to megatron (--num-distributed-optimizer-instances)"))
     megatron_core = target in (Target.MEGATRON, Target.NEMO) or (
         target is Target.SLURM and launcher is Launcher.MEGATRON)
     if plan.recompute_modules and not megatron_core:

@@ -34,10 +34,16 @@ LAUNCH = "launch.sh"
 
 def problems(plan: Plan) -> list[tuple[str, str]]:
     """What ds_config cannot express beyond the deepspeed search space's rules."""
+    out = []
     if plan.job.dtype is Dtype.FP8:
-        return [("job.dtype", "ds_config has no fp8 training (bf16 or fp16 only; FP8 GEMMs "
-                              "need Transformer Engine in the model code)")]
-    return []
+        out.append(("job.dtype", "ds_config has no fp8 training (bf16 or fp16 only; FP8 GEMMs "
+                                 "need Transformer Engine in the model code)"))
+    if plan.layout.dp_replicas > 1:
+        out.append(("layout.dp_shard", "DeepSpeed's hierarchical ZeRO++ (zero_hpz_partition_size) "
+                                       "keeps a second copy of the weights within a node; it does "
+                                       "not shard the optimizer states over part of dp as this plan "
+                                       "does (export to torchtitan or megatron)"))
+    return out
 
 
 def config(plan: Plan) -> dict[str, Any]:

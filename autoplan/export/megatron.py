@@ -186,6 +186,8 @@ def parallel_args(plan: Plan) -> list[Arg]:
         out.append(("--sequence-parallel",))
     if plan.zero >= ZeroStage.OPTIMIZER:
         out.append(("--use-distributed-optimizer",))
+        if lay.dp_replicas > 1:  # hybrid sharding: the optimizer sharded within dp_shard ranks
+            out.append(("--num-distributed-optimizer-instances", str(lay.dp_replicas)))
     if plan.offload.optimizer:  # Megatron-Core's HybridDeviceOptimizer, all states on the CPU
         out += [("--optimizer-cpu-offload",), ("--optimizer-offload-fraction", "1.0"),
                 ("--overlap-cpu-optimizer-d2h-h2d",)]

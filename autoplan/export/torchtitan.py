@@ -4,8 +4,8 @@ Keys checked against torchtitan 0.2.2's ``torchtitan/config/job_config.py`` (the
 release configured by TOML; 0.3 moved to Python config registries), and parsed in the
 tests by its own ``ConfigManager``:
 
-- ``[parallelism]``: data_parallel_replicate_degree (DDP, zero 0),
-  data_parallel_shard_degree (FSDP2, zero 3), tensor_parallel_degree (always with
+- ``[parallelism]``: data_parallel_replicate_degree (DDP, zero 0; the replicas of HSDP),
+  data_parallel_shard_degree (FSDP2, zero 3; dp_shard under HSDP), tensor_parallel_degree (always with
   sequence parallel), pipeline_parallel_degree, pipeline_parallel_schedule (class names
   of torch.distributed.pipelining: GPipe, 1F1B, Interleaved1F1B, ZBVZeroBubble),
   pipeline_parallel_schedule_csv (the operation order of a schedule torch has no class
@@ -122,9 +122,9 @@ def config(plan: Plan) -> dict[str, dict[str, Any]]:
         "dataset": "c4",
     }
     shard = plan.zero is ZeroStage.PARAMETERS
-    par: dict[str, Any] = {
-        "data_parallel_replicate_degree": 1 if shard else lay.dp,
-        "data_parallel_shard_degree": lay.dp if shard else 1,
+    par: dict[str, Any] = {  # FSDP2 over dp_shard, replicated over the rest (HSDP)
+        "data_parallel_replicate_degree": lay.dp_replicas if shard else lay.dp,
+        "data_parallel_shard_degree": lay.dp_shard if shard else 1,
         "tensor_parallel_degree": lay.tp,
         "pipeline_parallel_degree": lay.pp,
     }

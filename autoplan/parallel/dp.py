@@ -84,7 +84,23 @@ def _activations_refused(off: Offload, pp: int) -> str | None:
     return None
 
 
+def _dp_shard_divides(plan: Plan) -> str | None:
+    lay = plan.layout
+    if lay.dp % lay.dp_shard:
+        return f"dp_shard={lay.dp_shard} must divide dp={lay.dp} (dp = replicas x dp_shard)"
+    return None
+
+
+def _dp_shard_zero(plan: Plan) -> str | None:
+    if plan.layout.dp_shard < plan.layout.dp and plan.zero is ZeroStage.NONE:
+        return (f"dp_shard={plan.layout.dp_shard} shards ZeRO's states over part of dp: it needs "
+                "zero 1, 2 or 3 (zero 0 shards nothing)")
+    return None
+
+
 RULES = (
+    Rule("dp-shard-divides", "layout.dp_shard", Scope.LAYOUT,
+         "dp_shard must divide dp", _dp_shard_divides),
     Rule("dp-batch", "micro_batch", Scope.MICRO_BATCH,
          "dp*micro_batch must divide global_batch", _batch),
 )
@@ -95,6 +111,8 @@ OFFLOAD_RULES = (
          "an offloaded optimizer steps a ZeRO shard", _offload_zero),
     Rule("offload-activations-needs-pp", "offload.activations", Scope.OFFLOAD,
          "activation offload needs a pipeline", _offload_activations),
+    Rule("dp-shard-needs-zero", "layout.dp_shard", Scope.OFFLOAD,
+         "hybrid sharding (dp_shard < dp) shards ZeRO states: zero >= 1", _dp_shard_zero),
 )
 
 
@@ -103,7 +121,18 @@ OFFLOAD_RULES = (
 def zero_stages(lay: Layout, space: SearchSpace) -> list[ZeroStage]:
     """The space's ZeRO stages, capped where the launcher cannot combine them with pp."""
     cap = space.zero_max_with_pp if lay.pp > 1 else ZeroStage.PARAMETERS
-    return [z for z in space.zero if z <= cap and not plain_dp_refused(lay, z, space)]
+    return [z for z in space.zero if z <= cap and not plain_dp_refused(lay, z, space)
+            and not (z is ZeroStage.NONE and lay.dp_shard < lay.dp)]  # HSDP shards: zero >= 1
+
+
+def hybrid_shards(lay: Layout, cluster: Cluster, space: SearchSpace) -> list[int]:
+    """The dp_shard degrees the search tries besides all of dp (``SearchSpace.hybrid_shard``):
+    the data-parallel ranks within one node (FSDP2 HSDP and Megatron's distributed optimizer
+    instances shard there and replicate across nodes), where that is a proper divisor."""
+    if not space.hybrid_shard:
+        return []
+    in_node = cluster.gpus_per_node // (lay.tp * lay.cp)
+    return [in_node] if 1 < in_node < lay.dp and lay.dp % in_node == 0 else []
 
 
 def plain_dp_refused(lay: Layout, zero: ZeroStage, space: SearchSpace) -> bool:
@@ -133,12 +162,14 @@ def grad_bytes(dtype: Dtype, main_grads: StateDtype = StateDtype.FP32) -> float:
 
 def state_bytes(plan: Plan, params: float, expert_params: float) -> memory.BytesPerParam:
     """Weights, gradients and optimizer states of one rank: ZeRO shards the non-expert
-    states over dp x cp and the experts' over the expert-data-parallel group (Megatron-Core
-    distributed optimizer)."""
+    states over dp x cp (under hybrid sharding dp_shard x cp: FSDP2 HSDP, Megatron-Core's
+    distributed optimizer instances) and the experts' over the expert-data-parallel group
+    (Megatron-Core distributed optimizer)."""
     lay = plan.layout
     job = plan.job
     precision = (job.main_grads, job.optimizer_states)
-    dense = memory.sharded_state_bytes(params, job.dtype, plan.zero, lay.dp * lay.cp, *precision)
+    dense = memory.sharded_state_bytes(params, job.dtype, plan.zero, lay.dp_shard * lay.cp,
+                                       *precision)
     if expert_params:
         experts = memory.sharded_state_bytes(expert_params, job.dtype, plan.zero, lay.edp,
                                              *precision)
@@ -194,8 +225,10 @@ def zero3_exposed(plan: Plan, groups: dict[Axis, comm.Group], params: float,
     if plan.zero is not ZeroStage.PARAMETERS or groups[Axis.DP].size <= 1:
         return 0.0, 0.0
     gather = comm.all_gather(params * BF16_BYTES, groups[Axis.DP])
-    scatter = comm.reduce_scatter(params * grad_bytes(plan.job.dtype, plan.job.main_grads),
-                                  groups[Axis.DP])
+    grads = params * grad_bytes(plan.job.dtype, plan.job.main_grads)
+    scatter = comm.reduce_scatter(grads, groups[Axis.DP])
+    if groups[Axis.DPR].size > 1:  # HSDP: the shard's gradients all-reduced over the replicas
+        scatter += comm.all_reduce(grads / groups[Axis.DP].size, groups[Axis.DPR])
     if expert_params:
         gather += comm.all_gather(expert_params * BF16_BYTES, groups[Axis.EDP])
         scatter += comm.reduce_scatter(expert_params * grad_bytes(plan.job.dtype,
@@ -297,8 +330,12 @@ def grad_sync_least(plan: Plan, groups: dict[Axis, comm.Group], params: float,
 @memo(16384)
 def _sync_seconds(zero: ZeroStage, dtype: Dtype, params: float, expert_params: float,
                   dp: comm.Group, edp: comm.Group,
-                  main_grads: StateDtype = StateDtype.FP32) -> tuple[float, float]:
-    """(reduction, parameter all-gather) seconds of one stage's gradient sync."""
+                  main_grads: StateDtype = StateDtype.FP32,
+                  replicas: comm.Group | None = None) -> tuple[float, float]:
+    """(reduction, parameter all-gather) seconds of one stage's gradient sync. Under hybrid
+    sharding (``replicas``: the dp / dp_shard copies of the shard) the non-expert gradients
+    are reduce-scattered over the shard group and the shard all-reduced over the replicas
+    (FSDP2 HSDP; Megatron-Core's distributed optimizer instances)."""
     reduce_s = gather_s = 0.0
     for n, group in ((params, dp), (expert_params, edp)):
         if not n or group.size <= 1:
@@ -309,6 +346,9 @@ def _sync_seconds(zero: ZeroStage, dtype: Dtype, params: float, expert_params: f
         else:
             reduce_s += comm.reduce_scatter(grads, group)
             gather_s += comm.all_gather(n * BF16_BYTES, group)
+    if zero is not ZeroStage.NONE and params and replicas is not None and replicas.size > 1:
+        reduce_s += comm.all_reduce(params * grad_bytes(dtype, main_grads) / max(1, dp.size),
+                                    replicas)
     return reduce_s, gather_s
 
 
@@ -330,7 +370,8 @@ def _exposed(plan: Plan, groups: dict[Axis, comm.Group], params: float, expert_p
     ``forward`` (--overlap-param-gather; None: not known, so at least its slowed share). A
     stack that overlaps neither runs them exposed."""
     reduce_s, gather_s = _sync_seconds(plan.zero, plan.job.dtype, params, expert_params,
-                                       groups[Axis.DP], groups[Axis.EDP], plan.job.main_grads)
+                                       groups[Axis.DP], groups[Axis.EDP], plan.job.main_grads,
+                                       groups[Axis.DPR])
     stack = plan.stack
     slow = stack.comm_compute_slowdown
     if stack.overlap_grad_reduce:
@@ -393,7 +434,7 @@ def optimizer_seconds_floor(plan: Plan, works: Sequence[StageShare]) -> float:
 def _optimizer_groups(plan: Plan) -> tuple[int, int]:
     """The ranks a dense and an expert parameter's optimizer state is sharded over."""
     if plan.zero >= ZeroStage.OPTIMIZER:
-        return plan.layout.dp * plan.layout.cp, plan.layout.edp
+        return plan.layout.dp_shard * plan.layout.cp, plan.layout.edp
     return 1, 1
 
 

@@ -30,14 +30,18 @@ class Enumeration:
         self.ctx, self.stats, self.bounds, self.floors = ctx, stats, bounds, floors
 
     def layouts(self) -> Iterator[Layout]:
-        """Every layout of the axes' degrees, expert foldings included."""
+        """Every layout of the axes' degrees, expert foldings included, and where the space
+        tries hybrid sharding each one's in-node ``dp_shard`` too."""
         cluster, space = self.ctx.cluster, self.ctx.space
         n = cluster.gpus
         for t in tp.degrees(cluster, space):
             for p in pp.degrees(n // t, space):
                 for c in cp.degrees(n // (t * p), space):
-                    yield from ep.foldings(self.ctx.model, Layout(dp=n // (t * p * c), tp=t, pp=p, cp=c),
-                                           space)
+                    for lay in ep.foldings(self.ctx.model, Layout(dp=n // (t * p * c), tp=t, pp=p, cp=c),
+                                           space):
+                        yield lay
+                        for shard in dp.hybrid_shards(lay, cluster, space):  # HSDP
+                            yield dataclasses.replace(lay, dp_shard=shard)
 
     def groups(self) -> Iterator[Group]:
         """Candidates grouped by everything but the schedule, after the rules of a valid

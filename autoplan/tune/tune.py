@@ -153,6 +153,8 @@ def layout_text(plan: Plan) -> str:
     """One line naming what a trial runs."""
     lay = plan.layout
     parts = [f"dp{lay.dp}", f"tp{lay.tp}", f"pp{lay.pp}"]
+    if lay.dp_shard < lay.dp:
+        parts.append(f"shard{lay.dp_shard}")
     parts += [f"{k}{v}" for k, v in (("cp", lay.cp), ("ep", lay.ep), ("vpp", lay.vpp)) if v > 1]
     return " ".join(parts) + (f", mbs {plan.micro_batch}, {plan.schedule.value}, "
                               f"zero {int(plan.zero)}, recompute {plan.recompute.value}")

@@ -47,12 +47,17 @@ def brute_force(model, cluster, job, space):
         if dp * cp == 1:  # nothing to shard: every stage is the first's plan (zero-unsharded)
             zeros = zeros[:1]
         sps = space.sequence_parallel if tp > 1 else (False,)
-        for mbs, (sched, v), rc, zero, sp in itertools.product(
-                space.micro_batches, scheds, space.recompute, zeros, sps):
-            if job.global_batch % (dp * mbs):
+        # HSDP where the space tries it: ZeRO over one node's dp ranks (zero >= 1)
+        in_node = cluster.gpus_per_node // (tp * cp)
+        shards = [dp] + ([in_node] if space.hybrid_shard and 1 < in_node < dp
+                         and dp % in_node == 0 else [])
+        for mbs, (sched, v), rc, zero, sp, shard in itertools.product(
+                space.micro_batches, scheds, space.recompute, zeros, sps, shards):
+            if job.global_batch % (dp * mbs) or (shard < dp and zero is ZeroStage.NONE):
                 continue
             plan = Plan(model=model, cluster=cluster, job=job,
-                        layout=Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=v), micro_batch=mbs,
+                        layout=Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=v, dp_shard=shard),
+                        micro_batch=mbs,
                         schedule=sched, recompute=rc, zero=zero, sequence_parallel=sp,
                         recompute_modules=space.recompute_modules
                         if rc is Recompute.SELECTIVE else ())
