@@ -42,6 +42,7 @@ from autoplan.search.context import Context
 from autoplan.search.enumeration import Enumeration
 from autoplan.search.floors import MemoryFloors
 from autoplan.search.frontier import BOUND_SLACK, Frontier
+from autoplan.search.items import Group
 from autoplan.search.results import (
     BOUND,
     HOST_MEMORY,
@@ -109,10 +110,18 @@ def candidate_plans(model: Model, cluster: Cluster, job: Job, space: SearchSpace
     For tests and tools: each must pass ``parallel.rules.plan_problems`` and the space."""
     parts = _Search(model, cluster, job, space, top_k=1)
     walk = parts.walk
-    for group in walk.each_group():
-        groups = [group]
-        if walk.wants_offload(group, parts.floors.memory_floor(group)):
-            groups += walk.offloaded(group)
-        for g in groups:
-            for plan, _ in walk.schedule_plans(g):
-                yield plan
+    # the groups' plans need none of their bounds (``each_group`` lays every one)
+    for bundle in walk.groups():
+        for group in walk.unbundled(bundle):
+            yield from _group_plans(parts, group)
+
+
+def _group_plans(parts: _Search, group: Group) -> Iterator[Plan]:
+    """One group's plans, its offload variants' where none of its members fits as it is."""
+    walk = parts.walk
+    groups = [group]
+    if walk.wants_offload(group, parts.floors.memory_floor(group)):
+        groups += walk.offloaded(group)
+    for g in groups:
+        for plan, _ in walk.schedule_plans(g):
+            yield plan
