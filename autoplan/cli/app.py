@@ -15,6 +15,7 @@ import yaml
 
 from autoplan import __version__
 from autoplan.cli import files, output
+from autoplan.vocab import Dtype
 
 
 def _flag_type_hidden(display: Any) -> Any:
@@ -64,6 +65,17 @@ ProfileOpt = Annotated[Path | None, typer.Option(
 StackOpt = Annotated[str | None, typer.Option(
     "--stack", help="Software stack: megatron-core, megatron-lm, torchtitan, torchtitan-compiled, "
                     "deepspeed, fsdp, or a stack file; default: the one the space (or plan) names.")]
+# what a training job is, as search and tune take it (a job file, or the flags over it)
+JobFileArg = Annotated[Path | None, typer.Argument(
+    metavar="JOB.yaml", help="Job file: model, cluster, job, optional gpus and space.")]
+ModelOpt = Annotated[str | None, typer.Option(
+    "--model", "-m", help="Built-in model name, descriptor path, or HuggingFace config.json.")]
+ClusterOpt = Annotated[str | None, typer.Option(
+    "--cluster", "-c", help="Built-in cluster name or descriptor path.")]
+GlobalBatchOpt = Annotated[int | None, typer.Option(
+    "--global-batch", "-b", help="Sequences per optimizer step.")]
+SeqLenOpt = Annotated[int | None, typer.Option("--seq-len", "-s", help="Tokens per sequence.")]
+DtypeOpt = Annotated[Dtype | None, typer.Option("--dtype", help="Training precision.")]
 
 
 def _version(value: bool) -> None:

@@ -14,10 +14,24 @@ import typer
 from rich.markup import escape
 
 from autoplan.cli import files, output
-from autoplan.cli.app import MAX_TOP, Format, FormatOpt, ProfileOpt, StackOpt, _yaml, app
+from autoplan.cli.app import (
+    MAX_TOP,
+    ClusterOpt,
+    DtypeOpt,
+    Format,
+    FormatOpt,
+    GlobalBatchOpt,
+    JobFileArg,
+    ModelOpt,
+    ProfileOpt,
+    SeqLenOpt,
+    StackOpt,
+    _yaml,
+    app,
+)
 from autoplan.errors import InputError
 from autoplan.units import GiB
-from autoplan.vocab import NO_OFFLOAD, Dtype
+from autoplan.vocab import NO_OFFLOAD
 
 RUNNERS = ("local", "torchrun", "slurm")
 LAUNCHERS = ("megatron", "torchtitan")
@@ -79,17 +93,13 @@ class _CtrlC:
 
 @app.command()
 def tune(
-    job_file: Annotated[Path | None, typer.Argument(
-        metavar="JOB.yaml", help="Job file: model, cluster, job, optional gpus and space.")] = None,
-    model: Annotated[str | None, typer.Option(
-        "--model", "-m", help="Built-in model name, descriptor path, or HuggingFace config.json.")] = None,
-    cluster: Annotated[str | None, typer.Option(
-        "--cluster", "-c", help="Built-in cluster name or descriptor path.")] = None,
+    job_file: JobFileArg = None,
+    model: ModelOpt = None,
+    cluster: ClusterOpt = None,
     gpus: Annotated[int | None, typer.Option("--gpus", "-n", min=1, help="Total GPUs.")] = None,
-    global_batch: Annotated[int | None, typer.Option(
-        "--global-batch", "-b", help="Sequences per optimizer step.")] = None,
-    seq_len: Annotated[int | None, typer.Option("--seq-len", "-s", help="Tokens per sequence.")] = None,
-    dtype: Annotated[Dtype | None, typer.Option("--dtype", help="Training precision.")] = None,
+    global_batch: GlobalBatchOpt = None,
+    seq_len: SeqLenOpt = None,
+    dtype: DtypeOpt = None,
     space: Annotated[str | None, typer.Option(
         "--space", help="Search space: default, megatron, deepspeed, torchtitan, fsdp, or a path "
                         "(with --runner torchrun or slurm, default: the --launcher's).")] = None,

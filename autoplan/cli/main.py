@@ -16,12 +16,26 @@ import typer
 from rich.markup import escape
 
 from autoplan.cli import files, output, render
-from autoplan.cli.app import MAX_TOP, Format, FormatOpt, ProfileOpt, StackOpt, _yaml, app
+from autoplan.cli.app import (
+    MAX_TOP,
+    ClusterOpt,
+    DtypeOpt,
+    Format,
+    FormatOpt,
+    GlobalBatchOpt,
+    JobFileArg,
+    ModelOpt,
+    ProfileOpt,
+    SeqLenOpt,
+    StackOpt,
+    _yaml,
+    app,
+)
 from autoplan.errors import AutoplanError, InputError, Problem
 from autoplan.plan import Plan, Prediction
 from autoplan.serving.engine import Engine
 from autoplan.units import MAX_MONEY, GiB, MiB
-from autoplan.vocab import NO_OFFLOAD, Dtype, RecomputeModule
+from autoplan.vocab import NO_OFFLOAD, RecomputeModule
 from autoplan.whatif.economics import Objective
 
 if TYPE_CHECKING:
@@ -43,18 +57,14 @@ def _recompute_modules_option(text: str) -> tuple[RecomputeModule, ...]:
 
 @app.command()
 def search(
-    job_file: Annotated[Path | None, typer.Argument(
-        metavar="JOB.yaml", help="Job file: model, cluster, job, optional gpus and space.")] = None,
-    model: Annotated[str | None, typer.Option(
-        "--model", "-m", help="Built-in model name, descriptor path, or HuggingFace config.json.")] = None,
-    cluster: Annotated[str | None, typer.Option(
-        "--cluster", "-c", help="Built-in cluster name or descriptor path.")] = None,
+    job_file: JobFileArg = None,
+    model: ModelOpt = None,
+    cluster: ClusterOpt = None,
     gpus: Annotated[str | None, typer.Option(
         "--gpus", "-n", help="Total GPUs; several to compare: 64,128,256, or 64..1024 (doubling).")] = None,
-    global_batch: Annotated[int | None, typer.Option(
-        "--global-batch", "-b", help="Sequences per optimizer step.")] = None,
-    seq_len: Annotated[int | None, typer.Option("--seq-len", "-s", help="Tokens per sequence.")] = None,
-    dtype: Annotated[Dtype | None, typer.Option("--dtype", help="Training precision.")] = None,
+    global_batch: GlobalBatchOpt = None,
+    seq_len: SeqLenOpt = None,
+    dtype: DtypeOpt = None,
     space: Annotated[str | None, typer.Option(
         "--space", help="Search space: default, megatron, deepspeed, torchtitan, fsdp, or a path.")] = None,
     moe_imbalance: Annotated[float | None, typer.Option(
@@ -414,10 +424,8 @@ def serve(
     job_file: Annotated[Path | None, typer.Argument(
         metavar="JOB.yaml", help="Serving job file: model, cluster, gpus, engine, workload, slo "
                                  "(options override it).")] = None,
-    model: Annotated[str | None, typer.Option(
-        "--model", "-m", help="Built-in model name, descriptor path, or HuggingFace config.json.")] = None,
-    cluster: Annotated[str | None, typer.Option(
-        "--cluster", "-c", help="Built-in cluster name or descriptor path.")] = None,
+    model: ModelOpt = None,
+    cluster: ClusterOpt = None,
     gpus: Annotated[str | None, typer.Option(
         "--gpus", "-n", help="GPUs to deploy on; several to compare: 8,16,32, or 8..64 (doubling).")] = None,
     input_len: Annotated[int | None, typer.Option("--input-len", help="Prompt tokens per request.")] = None,
