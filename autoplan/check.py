@@ -287,20 +287,21 @@ def _regression_rule(plan: Plan, pred: Prediction, reg: Regression) -> RuleResul
 
 
 def recorded_step_time(data: Any, source: str) -> float | None:
-    """The plan file's ``measured.step_time_s`` (``autoplan tune --out``), if it has one."""
+    """The plan file's ``measured.step_time_s`` (``autoplan tune --out``), if it has one,
+    read as every field is (``strict.Fields``: a number, in range, or named at fault)."""
+    from autoplan.descriptors.strict import Fields
+    from autoplan.errors import Problem
+    from autoplan.tune.runs import MAX_STEP_S
+
     measured = data.get("measured") if isinstance(data, Mapping) else None
     if measured is None:
         return None
-    value = measured.get("step_time_s") if isinstance(measured, Mapping) else None
-    if measured is not None and not isinstance(measured, Mapping):
-        raise InputError.single(source, "measured", "expected a mapping (step_time_s, ...)")
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (
-            math.isfinite(value) and 0 < value <= 1e6):
-        raise InputError.single(source, "measured.step_time_s",
-                                f"expected seconds above 0 and at most 1e6, got {value!r}")
-    return float(value)
+    problems: list[Problem] = []
+    value = Fields(measured, source, "measured", problems).float(
+        "step_time_s", None, positive=True, max=MAX_STEP_S)
+    if problems:
+        raise InputError(problems)
+    return value
 
 
 def _measured_rule(plan: Plan, runs: Sequence[Run], baseline: float | None, max_slowdown: float,

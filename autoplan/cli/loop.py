@@ -430,11 +430,8 @@ def calibrate(
 
 def _stack_file(result: Any, runs_path: Path) -> str:
     from autoplan.text import one_line
-    from autoplan.tune.calibrate import mape
 
-    held = result.held_out
-    before = mape([(h.before_s, h.measured_s) for h in held])
-    after = mape([(h.after_s, h.measured_s) for h in held])
+    before, after = result.mape_before, result.mape_after
     lines = [
         f"# Calibrated by `autoplan calibrate` on {one_line(str(runs_path))}: {result.runs} measured runs "
         f"in {result.groups} groups,",
@@ -449,12 +446,11 @@ def _stack_file(result: Any, runs_path: Path) -> str:
 def _print_calibration(result: Any, fmt: Format) -> None:
     from rich.table import Table
 
-    from autoplan.tune.calibrate import by_regime, constants_of, mape, regime_of
+    from autoplan.tune.calibrate import by_regime, constants_of, regime_of
     from autoplan.tune.tune import layout_text
 
     held = result.held_out
-    before = mape([(h.before_s, h.measured_s) for h in held])
-    after = mape([(h.after_s, h.measured_s) for h in held])
+    before, after = result.mape_before, result.mape_after
     base, fitted = constants_of(result.base), constants_of(result.stack)
     if fmt is Format.json:
         output.emit_json({

@@ -25,14 +25,17 @@ closed form)."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 from autoplan.descriptors.job import Documents
 
 SEQUENCES = 64  # sequences packed
 
 
-def _pieces(documents: Documents, seq_len: int) -> list[list[int]]:
-    """Each packed sequence's piece lengths, in order (``SEQUENCES`` of them)."""
+@functools.lru_cache(maxsize=256)
+def _pieces(documents: Documents, seq_len: int) -> tuple[tuple[int, ...], ...]:
+    """Each packed sequence's piece lengths, in order (``SEQUENCES`` of them): the one
+    packing the share, the length and the imbalance are all read off."""
     lengths = documents.lengths()
     out: list[list[int]] = []
     current: list[int] = []
@@ -51,7 +54,7 @@ def _pieces(documents: Documents, seq_len: int) -> list[list[int]]:
                 current, room = [], seq_len
                 if len(out) == SEQUENCES:
                     break
-    return out
+    return tuple(tuple(seq) for seq in out)
 
 
 def _causal(n: int) -> float:
@@ -91,7 +94,7 @@ def cp_imbalance(documents: Documents, seq_len: int, cp: int) -> float:
     return sum(ratios) / len(ratios)
 
 
-def rank_work(pieces: list[int], seq_len: int, cp: int) -> list[float]:
+def rank_work(pieces: Sequence[int], seq_len: int, cp: int) -> list[float]:
     """Each context-parallel rank's causal attention work (key-query pairs) on one
     sequence of ``pieces``, split into 2 cp chunks placed zig-zag: rank r holds chunks r
     and 2 cp - 1 - r. A token at offset o of its piece attends to o + 1 keys, so a run of

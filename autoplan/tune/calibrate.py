@@ -140,6 +140,16 @@ class Calibration:
     loss_before: float  # on every run, base stack
     loss_after: float  # on every run, fitted stack
 
+    @property
+    def mape_before(self) -> float:
+        """Held-out step time error with the base stack, percent."""
+        return mape([(h.before_s, h.measured_s) for h in self.held_out])
+
+    @property
+    def mape_after(self) -> float:
+        """Held-out step time error with each fold's constants, percent."""
+        return mape([(h.after_s, h.measured_s) for h in self.held_out])
+
 
 def regime_of(plan: Plan) -> str:
     """The kind of parallelism a run is: its axes above 1, joined (``dp+pp``), or ``one GPU``."""

@@ -322,9 +322,8 @@ class LaunchRunner:
             self._stop(proc, job_id, None)
 
     def _log_text(self, workdir: Path, log_path: Path, job_id: str | None) -> str:
-        paths = [log_path] + ([workdir / f"slurm-{job_id}.out"] if job_id else [])
         out = []
-        for path in paths:
+        for path in _log_paths(log_path, job_id, workdir):
             try:
                 with open(path, "rb") as f:
                     out.append(f.read(64 * 2**20).decode("utf-8", "replace"))
@@ -390,11 +389,15 @@ def _job_id(proc: subprocess.Popen[bytes]) -> str | None:
     return job if job.isdigit() else None
 
 
+def _log_paths(log_path: Path, job_id: str | None, workdir: Path | None) -> list[Path]:
+    """Where a run's log is: the launch's own output, and a Slurm job's output file."""
+    return [log_path] + ([workdir / f"slurm-{job_id}.out"] if job_id and workdir else [])
+
+
 def _tail(log_path: Path, job_id: str | None = None, workdir: Path | None = None, lines: int = 3) -> str:
     """The last lines of the run's log, on one line."""
-    paths = [log_path] + ([workdir / f"slurm-{job_id}.out"] if job_id and workdir else [])
     found: list[str] = []
-    for path in paths:
+    for path in _log_paths(log_path, job_id, workdir):
         try:
             with open(path, "rb") as f:
                 f.seek(0, os.SEEK_END)
