@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -48,8 +49,22 @@ class Rule:
 
 
 def divisors(n: int) -> list[int]:
-    """Every degree that divides ``n``, ascending."""
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """Every degree that divides ``n``, ascending (the pairs d, n/d with d up to sqrt(n):
+    a 262,144-GPU sweep asks it thousands of times)."""
+    return list(_divisors(n))
+
+
+@functools.lru_cache(maxsize=1024)
+def _divisors(n: int) -> tuple[int, ...]:
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return (*small, *reversed(large))
 
 
 def capped_divisors(n: int, cap: int) -> list[int]:

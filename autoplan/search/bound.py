@@ -18,6 +18,8 @@ from autoplan.cost.bounds import (
     dense_per_stage,
     stage_state_params,
     stage_work,
+    split_chain_floor,
+    step_overhead,
     step_time_lower_bound,
 )
 from autoplan.cost.stage import LayerCore, activation_bytes, layer_core, module_recompute
@@ -67,6 +69,105 @@ def _layer_work(plan: Plan, cp_comm: CpComm, core: LayerCore) -> tuple[float, fl
     return forward, forward_moe, per_dense, per_moe, sum(core.logits)
 
 
+# :func:`_chain_parts`: (a microbatch's work over every layer and the logits, the same
+# without the weight gradients, the least share of a layer's work that is its forward)
+_ChainParts = tuple[float, float, float]
+
+
+def _chain_parts(layers: int, moe: int, core: LayerCore,
+                 work: tuple[float, float, float, float, float]) -> _ChainParts:
+    """What :func:`_pipeline_floor` reads off one layer's ``work`` (:func:`_layer_work`, on
+    ``core``) for a model of ``layers`` layers, ``moe`` of them MoE: C, the work of one
+    microbatch through every layer and the logits; C', the same without the weight
+    gradients (W), which zero-bubble schedules run off the drain; and a share of any
+    layer's work (and the logits') that is its forward at this recompute or any above it:
+    f / (c + f), as recompute runs at most the forward again (``cost.stage._stage``). (The
+    floor grows with C and with the share, so it holds for every recompute above.)"""
+    forward, forward_moe, per_dense, per_moe, logits = work
+    dense = layers - moe
+    lf, _, lw = core.logits
+    total = dense * per_dense + moe * per_moe + logits
+    no_w = total - dense * core.lt.backward_weight - moe * core.lt_moe.backward_weight - lw
+    shares = [f / (c + f) for n, f, c in ((dense, forward, per_dense),
+                                          (moe, forward_moe, per_moe), (1, lf, logits))
+              if n and c > 0]
+    return total, no_w, min(shares, default=1.0)
+
+
+def _pipeline_floor(parts: _ChainParts, m: int, p: int, fused: bool, split: bool) -> float:
+    """A step no one-chunk flat schedule (``fused``: one running B and W as one backward;
+    ``split``: one running them apart) beats on any layer split over ``p`` stages
+    (``cost.bounds.split_chain_floor``): with B and W fused every stage's whole work is on
+    the chain; apart, its forward is (term 1 of ``step_time_lower_bound``), and its
+    forward and B are with B's share of the stage (term 2). The least over the kinds
+    given; infinite for none."""
+    total, no_w, share = parts
+    least = float("inf")
+    if fused:
+        least = split_chain_floor(total, 1.0, m, p)
+    if split:
+        least = min(least, max(split_chain_floor(total, share, m, p),
+                               split_chain_floor(no_w, 1.0, m, p)))
+    return least
+
+
+# one layer's work per microbatch by kind, as :func:`_uniform_chain` reads it (off
+# :func:`_layer_work`): a dense layer's forward, whole work and W; an MoE layer's; the logits'
+_Unit = tuple[float, float, float, float, float, float, float, float, float]
+# a run of equal stages of the uniform one-chunk split: (stages, dense layers, MoE layers
+# (MTP modules included), heads: the logits it computes, the output layer's and each MTP's)
+_Run = tuple[int, int, int, int]
+
+
+def _unit(core: LayerCore, work: tuple[float, float, float, float, float]) -> _Unit:
+    forward, forward_moe, per_dense, per_moe, logits = work
+    lf, _, lw = core.logits
+    return (forward, per_dense, core.lt.backward_weight, forward_moe, per_moe,
+            core.lt_moe.backward_weight, lf, logits, lw)
+
+
+def _uniform_chain(unit: _Unit, runs: Sequence[_Run], m: int, fused: bool, split: bool) -> float:
+    """Terms 1 and 2 of ``cost.bounds.step_time_lower_bound`` over the stages of the
+    uniform one-chunk split (``runs``), each stage's F, B and W read off one layer's
+    ``unit`` work by kind (what it leaves out, the embedding, TP at the heads and in
+    backward, sends, ZeRO-3, only adds): the least over the kinds given (``fused``: B and
+    W one backward; ``split``: apart) of the most over stages. In a run of equal stages
+    the last has the most fill and drain before it."""
+    f_d, c_d, w_d, f_m, c_m, w_m, lf, lc, lw = unit
+    fill = drain = drain_in = 0.0
+    most_fused = most_split = 0.0
+    for k, d, e, h in runs:
+        f = d * f_d + e * f_m + h * lf
+        c = d * c_d + e * c_m + h * lc
+        w = d * w_d + e * w_m + h * lw
+        before = k - 1
+        x = fill + before * f + m * c
+        if fused:
+            most_fused = max(most_fused, x + drain + before * (c - f))
+        if split:
+            most_split = max(most_split, x, fill + before * f + m * (c - w) + drain_in
+                             + before * (c - f - w))
+        fill += k * f
+        drain += k * (c - f)
+        drain_in += k * (c - f - w)
+    return min(most_fused if fused else float("inf"), most_split if split else float("inf"))
+
+
+def _one_chunk_kinds(scheds: Sequence[Sched]) -> tuple[bool, bool] | None:
+    """(whether any, whether any splits the backward) of ``scheds``, where every one is
+    a flat one-chunk schedule (uniform or split: :func:`_pipeline_floor` holds for any
+    split); None where some run more chunks or a V (their fill is bounded apart)."""
+    fused = split = False
+    for sched, v, _ in scheds:
+        if v > 1 or sched.v_shape:
+            return None
+        if sched.splits_backward:
+            split = True
+        else:
+            fused = True
+    return fused, split
+
+
 class TimeBounds:
     """The step-time bounds of one search's items, with their memos."""
 
@@ -77,7 +178,9 @@ class TimeBounds:
         self._layout_bounds: dict[tuple[Layout, int, bool, ZeroStage, Recompute], float] = {}
         self._cores: dict[tuple[Layout, int, bool, CpComm], LayerCore] = {}  # :meth:`_core`
         self._zero3_memo: dict[tuple, tuple[float, float]] = {}  # :meth:`_zero3_passes`
-        self._shard_work: dict[tuple, float] = {}  # :meth:`layout_mean_floor`
+        self._shard_work: dict[tuple, list[tuple[_ChainParts, _Unit]]] = {}  # :meth:`layout_mean_floor`
+        self._runs: dict[int, tuple[_Run, ...]] = {}  # :meth:`_uniform_runs`
+        self._kinds_memo: dict[tuple, tuple[bool, bool, bool] | None] = {}  # :meth:`_kinds`
         # :meth:`_last_stage_states`
         self._last_states: dict[tuple[Layout, frozenset[int]], _LastStates] = {}
 
@@ -99,8 +202,14 @@ class TimeBounds:
         - the mean: some stage runs at least the mean of the stages' work, and m
           microbatches of it one after another (``busiest_stage_bound``); the layers' and
           the logits' work is part of the stages' whatever the split;
+        - where every schedule of one chunk per stage is flat (no V), whatever the split:
+          the fill every split pays (:func:`_pipeline_floor`, ``split_chain_floor``);
+          where others split, it is not counted;
         - where every schedule runs uniform stages (no split variant), the least over
-          its kinds, flat and V, of: stage p - 1, holding at least floor(L/p) layers (and
+          its kinds, flat of one chunk, flat of more and V, of: of one chunk, the chain
+          of the uniform split's stages (:func:`_uniform_chain`: terms 1 and 2 of
+          ``step_time_lower_bound`` off one layer's costs by kind), or the more of that
+          and the above; else stage p - 1, holding at least floor(L/p) layers (and
           the logits, flat), runs m microbatches of them after the first microbatch's
           forward has crossed a first chunk of each stage before it (term 1 of
           ``step_time_lower_bound``), at least floor(L/p) layers each with one chunk,
@@ -113,13 +222,18 @@ class TimeBounds:
           most the compute it runs beside), so the least compute bounds it.
 
         Each part of a stage's work that this leaves out (the embedding, TP at the heads,
-        sends, ZeRO-3 elsewhere, offload) only adds to it."""
+        sends, ZeRO-3 elsewhere, offload) only adds to it; the stack's per-step overhead,
+        which ``evaluate`` adds to every plan, is added."""
         model = plan.model
         p, m, layers = plan.layout.pp, plan.num_microbatches, model.layers
         moe = model.moe_layers if model.is_moe else 0
         uniform = p > 1 and not any(split for *_, split in scheds)
-        flat = [layers // (p * v) if v > 1 else layers // p
-                for sched, v, _ in scheds if not sched.v_shape]
+        one_chunk = [x for x in scheds if x[1] == 1 and not x[0].v_shape]
+        chained = _one_chunk_kinds(one_chunk) if one_chunk else None
+        # the one-chunk members' fill for any split; where others split, theirs is not bounded
+        if not uniform and len(one_chunk) < len(scheds):
+            chained = None
+        flat = [layers // (p * v) for sched, v, _ in scheds if not sched.v_shape and v > 1]
         v_shaped = any(sched.v_shape for sched, _, _ in scheds)
         zero3 = uniform and plan.zero is ZeroStage.PARAMETERS
         breadth_first = any(sched.breadth_first for sched, _, _ in scheds)
@@ -128,8 +242,12 @@ class TimeBounds:
         for cp_comm in cps:
             core = self._core(plan, cp_comm)
             lt, lt_moe = core.lt, core.lt_moe
-            forward, forward_moe, per_dense, per_moe, logits = _layer_work(plan, cp_comm, core)
+            work = _layer_work(plan, cp_comm, core)
+            forward, forward_moe, per_dense, per_moe, logits = work
             floor = m * ((layers - moe) * per_dense + moe * per_moe + logits) / p
+            kinds = []
+            if chained is not None:
+                kinds.append(_pipeline_floor(_chain_parts(layers, moe, core, work), m, p, *chained))
             if uniform:
                 # stage p - 1's compute, forward and backward (ZeRO-3's gathers hide behind it)
                 c_f = (layers // p) * min(lt.forward, lt_moe.forward)
@@ -142,24 +260,34 @@ class TimeBounds:
                                if zero3 else (0.0, 0.0))
                 if breadth_first:  # its passes are once a step, not once a microbatch
                     z_flat = 0.0
-                kinds = []
+                if one_chunk:  # the uniform split's chain, and the last stage's with ZeRO-3
+                    last = (p - 1) * (layers // p) * forward + stage + m * (logits + z_flat)
+                    kinds[0] = max(kinds[0], last, _uniform_chain(
+                        _unit(core, work), self._uniform_runs(plan.layout), m, *chained))
                 if flat:
                     kinds.append((p - 1) * min(flat) * forward + stage + m * (logits + z_flat))
                 if v_shaped:
                     kinds.append(max((p - 1) * (layers // (2 * p)) * forward + stage + m * z_v,
                                      stage + m * logits))
+            if kinds:
                 floor = max(floor, min(kinds))
             least = min(least, floor)
-        return least
+        return least + step_overhead(plan)
 
     def layout_mean_floor(self, base: Layout, sps: Sequence[bool], cps: Sequence[CpComm],
-                          recompute: Recompute) -> float:
+                          recompute: Recompute, scheds: Sequence[Sched]) -> float:
         """A step time no plan of the layout ``base`` beats, whatever its micro-batch (of
         the space's), sequence parallelism (of ``sps``), exchange (of ``cps``), recompute
         (``recompute`` or more), ZeRO stage, offload, schedule or split: the least over
-        micro-batch and sequence parallelism of the mean term of :meth:`layout_floor` (m
-        microbatches of the stages' mean work, which no stage runs less of), so at most
-        every group's entry bound. A microbatch's work is read off one layer's costs, which
+        micro-batch, sequence parallelism and exchange of the mean term of
+        :meth:`layout_floor` (m microbatches of the stages' mean work, which no stage runs
+        less of) and, where the schedules passing the rules at that micro-batch
+        (:meth:`_kinds`) are all flat with one chunk per stage, its fill terms (any
+        split's; the uniform split's chain where none is a split variant), plus the
+        stack's per-step overhead: at most every group's entry bound. The fill of a deep
+        pipeline is most of its bound: without it a search of DeepSeek-V3 on 4,096 H100
+        opened 524 of its 2,117 layouts, with it 187 (the same plans found). A
+        microbatch's work is read off one layer's costs, which
         depend on the shard alone (tp, cp, ep, etp, the dispatch, micro-batch, sequence
         parallelism, exchange: not dp or pp), so it is worked out once per shard and the
         layouts sharing one pay a multiplication (search/enumeration.py opens a layout's
@@ -167,25 +295,85 @@ class TimeBounds:
         model, ctx = self.ctx.model, self.ctx
         moe = model.moe_layers if model.is_moe else 0
         shard = (base.tp, base.cp, base.ep, base.etp, ctx.dispatch(base), recompute, tuple(cps))
-        least = float("inf")
-        batch = ctx.job.global_batch
+        batch, p = ctx.job.global_batch, base.pp
+        # (a step's mean work, microbatches, its work's parts) of each micro-batch,
+        # sequence parallelism and exchange: the fill is worked out least mean first, while
+        # the mean is below the least floor so far (the fill only adds to it)
+        options: list[tuple[float, int, int, _ChainParts, _Unit]] = []
         for mbs in ctx.space.micro_batches:
             if batch % (base.dp * mbs):
                 continue  # no plan of this micro-batch (the rule dp-batch)
             m = batch // (base.dp * mbs)
             for sp in sps:
                 key = (shard, mbs, sp)
-                work = self._shard_work.get(key)
-                if work is None:
+                parts = self._shard_work.get(key)
+                if parts is None:
                     probe = ctx.probe(base, mbs, sp, ZeroStage.NONE, cps[-1], recompute)
-                    work = float("inf")
+                    parts = []
                     for cp_comm in cps:
                         own = probe if cp_comm is probe.cp_comm else probe.replace(cp_comm=cp_comm)
-                        _, _, per_dense, per_moe, logits = _layer_work(own, cp_comm, layer_core(own))
-                        work = min(work, (model.layers - moe) * per_dense + moe * per_moe + logits)
-                    self._shard_work[key] = work
-                least = min(least, m * work / base.pp)
-        return least
+                        core = layer_core(own)
+                        work = _layer_work(own, cp_comm, core)
+                        parts.append((_chain_parts(model.layers, moe, core, work),
+                                      _unit(core, work)))
+                    self._shard_work[key] = parts
+                options.extend((m * part[0] / p, m, mbs, part, unit) for part, unit in parts)
+        options.sort(key=lambda o: o[0])
+        least = float("inf")
+        for mean, m, mbs, part, unit in options:
+            if mean >= least:
+                break
+            floor = mean
+            if p > 1:
+                # its groups' schedules, where each is a flat one-chunk one: the fill any
+                # split pays (:func:`_pipeline_floor`), and the uniform split's where none
+                # is a split variant (:func:`_uniform_chain`)
+                kinds = self._kinds(base, mbs, m, scheds)
+                if kinds is not None:
+                    fused, split, uniform = kinds
+                    floor = max(floor, _pipeline_floor(part, m, p, fused, split))
+                    if uniform:
+                        floor = max(floor, _uniform_chain(unit, self._uniform_runs(base), m,
+                                                          fused, split))
+            least = min(least, floor)
+        return least + step_overhead(ctx.probe(base))
+
+    def _kinds(self, base: Layout, mbs: int, m: int, scheds: Sequence[Sched]
+               ) -> tuple[bool, bool, bool] | None:
+        """:func:`_one_chunk_kinds` of the schedules of ``scheds`` passing the schedule
+        rules at ``m`` microbatches (``Context.runnable``, which reads no more than the
+        pipeline degree, the chunks and m), and whether none is a split variant; None
+        where some run more chunks or a V. Per (pp, m, schedules)."""
+        key = (base.pp, m, tuple(scheds))
+        hit = self._kinds_memo.get(key, 0)
+        if hit == 0:
+            runnable = self.ctx.runnable(base, mbs, False, scheds)
+            kinds = _one_chunk_kinds(runnable)
+            hit = self._kinds_memo[key] = None if kinds is None else (
+                *kinds, not any(split for *_, split in runnable))
+        return hit
+
+    def _uniform_runs(self, base: Layout) -> tuple[_Run, ...]:
+        """The stages of the layout's uniform one-chunk split (``uniform_stages``; the
+        output layer and MTP modules on the last), as runs of equal ones (:data:`_Run`).
+        Per pipeline degree."""
+        p = base.pp
+        runs = self._runs.get(p)
+        if runs is None:
+            model = self.ctx.model
+            probe = self.ctx.probe(base)
+            dense = pp.dense_per_stage(probe)
+            out: list[_Run] = []
+            for s, layers in enumerate(probe.stage_layers):
+                mtp = model.mtp_layers if s == p - 1 else 0
+                stage = ((dense[s], layers - dense[s] + mtp) if model.is_moe
+                         else (layers + mtp, 0)) + (int(s == p - 1) + mtp,)
+                if out and out[-1][1:] == stage:
+                    out[-1] = (out[-1][0] + 1, *stage)
+                else:
+                    out.append((1, *stage))
+            runs = self._runs[p] = tuple(out)
+        return runs
 
     def _core(self, plan: Plan, cp_comm: CpComm) -> LayerCore:
         """``layer_core`` of the plan on ``cp_comm``: read off its layout, micro-batch and

@@ -73,7 +73,7 @@ class Enumeration:
         least = min(space.recompute, key=lambda rc: rc.level)
         for base in self.layouts():
             choices = self._layout_choices(base)
-            _, _, sps, cps, _, per_mbs = choices
+            scheds, _, sps, cps, _, per_mbs = choices
             size = per_mbs * len(space.micro_batches)
             stats.generated += size
             probe = ctx.probe(base)
@@ -83,7 +83,7 @@ class Enumeration:
             if rule:
                 stats.pruned[rule.id] += size
                 continue
-            bound = self.bounds.layout_mean_floor(base, sps, cps, least) if bounded else 0.0
+            bound = self.bounds.layout_mean_floor(base, sps, cps, least, scheds) if bounded else 0.0
             yield Unopened(bound, rank_key_static(probe), base, size, choices)
 
     def opened(self, item: Unopened) -> Iterator[Group]:

@@ -14,6 +14,7 @@ from autoplan.cost.bounds import (
     chain_bound,
     optimizer_seconds,
     optimizer_seconds_floor,
+    split_chain_floor,
     stage_work,
     step_overhead,
     step_time_lower_bound,
@@ -32,6 +33,7 @@ from autoplan.parallel.dp import (
     zero_stages,
 )
 from autoplan.schedules import Schedule
+from autoplan.search.bound import _uniform_chain
 from autoplan.search.engine import _Search, candidate_plans
 from autoplan.search.items import Candidate as _Candidate
 from autoplan.search.stages import (
@@ -402,3 +404,73 @@ def test_a_layouts_compute_floor_never_exceeds_a_members_step(case):
     assert filled >= 1 if space.stage_shape is StageShape.UNIFORM else filled == 0
     assert zero3 >= 1 if ZeroStage.PARAMETERS in space.zero else zero3 == 0
     assert checked >= 20
+
+
+# -- the pipeline's fill at a layout's bound (search.bound: split_chain_floor, _uniform_chain)
+
+def _worst_stage(split, a, c, m):
+    """max over stages s of a * (layers before s) + m * c * (layers of s): terms 1 and 2 of
+    ``step_time_lower_bound`` for per-layer chain work a and stage work c."""
+    return max(a * sum(split[:s]) + m * c * n for s, n in enumerate(split))
+
+
+@pytest.mark.parametrize("p,layers,m,share", [(2, 5, 1, 1.0), (3, 7, 4, 1.0), (4, 9, 3, 1 / 3),
+                                              (3, 12, 8, 0.5), (5, 11, 2, 0.4)])
+def test_the_split_chain_floor_holds_for_every_split_and_meets_its_closed_forms(p, layers, m, share):
+    """T >= share C / (1 - (1 - share/m)^p) (cost.bounds.split_chain_floor) holds for every
+    split of whole layers into p stages (brute force), lies between the mean m C / p and
+    (share 1) the equal split's (m + p - 1) C / p, and is m C at one stage, C at one
+    microbatch with share 1."""
+    c = 3.0  # one layer's work; a = share * c on the chain
+    floor = split_chain_floor(layers * c, share, m, p)
+    least = min(_worst_stage(split, share * c, c, m)
+                for split in itertools.product(range(layers + 1), repeat=p)
+                if sum(split) == layers)
+    assert floor <= least * TIGHT
+    assert floor >= m * layers * c / p * (1 - 1e-12)
+    if share == 1.0:
+        assert floor <= (m + p - 1) * layers * c / p * TIGHT
+    assert split_chain_floor(layers * c, share, m, 1) == pytest.approx(m * layers * c, rel=1e-12)
+    assert split_chain_floor(layers * c, 1.0, 1, p) == pytest.approx(layers * c, rel=1e-12)
+
+
+def test_the_split_chain_floor_at_32_stages_and_15_microbatches_is_2_4_times_the_mean():
+    """The docstring's number: 1 / (1 - (14/15)^32) against 15 / 32."""
+    ratio = split_chain_floor(1.0, 1.0, 15, 32) / (15 / 32)
+    assert ratio == pytest.approx(1 / (1 - (14 / 15) ** 32) / (15 / 32), rel=1e-12)
+    assert 2.39 < ratio < 2.41
+
+
+def test_the_uniform_chain_of_equal_stages_is_the_fill_and_drain_by_hand():
+    """Four equal stages of 2 dense layers (forward 1, B 2, W 1 each), m = 6: with B and W
+    fused the last stage starts after 3 stages' forwards (3 x 2) and its last backward is
+    followed by 3 stages' backwards (3 x 6), so (m + p - 1) x 8 = 72; apart, term 1 is
+    6 + 6 x 8 = 54 and term 2 6 + 6 x 6 + 3 x 4 = 54 (B drains, W does not)."""
+    unit = (1.0, 4.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # F, F+B+W, W; no MoE, no logits
+    runs = ((4, 2, 0, 0),)
+    assert _uniform_chain(unit, runs, 6, True, False) == pytest.approx(72.0)
+    assert _uniform_chain(unit, runs, 6, False, True) == pytest.approx(54.0)
+    # the same stages one run each: a run's last stage has the most before it
+    assert _uniform_chain(unit, ((1, 2, 0, 0),) * 4, 6, True, False) == pytest.approx(72.0)
+    assert _uniform_chain(unit, runs, 6, True, True) == pytest.approx(54.0)  # the least kind
+
+
+def test_a_deep_pipelines_unopened_bound_counts_its_fill():
+    """DeepSeek-V3 at pp 32 (61 layers, one-chunk schedules only): the layout enters the
+    queue at its uniform split's fill, well above m microbatches of the mean stage, and
+    below every group it opens into (``test_an_unopened_layouts_bound_holds_...``)."""
+    from autoplan.plan import Layout
+
+    walk = _Search(_model("deepseek-v3"), with_gpus(resolve_cluster("dgx-h100"), 262144),
+                   Job(global_batch=15360, seq_len=4096), load_space("default"), top_k=1)
+    base = Layout(dp=512, tp=2, pp=32, cp=8, ep=32)
+    item = next(u for u in walk.walk.unopened() if u.base == base)
+    groups = list(walk.walk.opened(item))
+    assert groups and all(item.bound <= g.bound * TIGHT for g in groups)
+    bounds = walk.bounds
+    scheds, _, sps, cps, _, _ = item.choices
+    assert bounds.layout_mean_floor(base, sps, cps, min(walk.space.recompute, key=lambda r: r.level),
+                                    scheds) == item.bound
+    mean = min(g.plan.num_microbatches * sum(w.forward + w.backward for w in stage_work(g.plan))
+               / base.pp for g in groups)
+    assert item.bound > 1.5 * mean
