@@ -308,12 +308,12 @@ def _layer_key(plan: Plan) -> Plan:
 
 @memo(8192)
 def _shared_of(plan: Plan) -> _Shared:
-    core = _layer_core(plan.model, _count_free(plan.cluster), shard_of(plan))
+    core = _layer_core(plan.model, count_free(plan.cluster), shard_of(plan))
     return _Shared(core, mesh.groups(plan), pp.send_seconds(plan, core.act_bytes))
 
 
 @memo(256)
-def _count_free(cluster: Cluster) -> Cluster:
+def count_free(cluster: Cluster) -> Cluster:
     """The cluster as far as a layer's costs depend on it: its node count enters them only
     through ``min(nvlink_domain, gpus)`` (``comm.place_group``), the same at every count
     from one NVLink domain up, so the clusters of a sweep's counts (search --gpus) share
@@ -342,7 +342,7 @@ def _layer_core(model: Model, cluster: Cluster, shard: Shard) -> LayerCore:
 def layer_core(plan: Plan) -> LayerCore:
     """What one layer of the plan costs on its shard (times, TP, CP and EP communication;
     and the output layer's logits), whatever the dp and pp around it."""
-    return _layer_core(plan.model, _count_free(plan.cluster), shard_of(plan))
+    return _layer_core(plan.model, count_free(plan.cluster), shard_of(plan))
 
 
 def activation_bytes(plan: Plan) -> float:

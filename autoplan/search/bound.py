@@ -11,18 +11,29 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from autoplan.caches import memo
 from autoplan.cost.bounds import (
     StageWork,
     busiest_stage_bound,
     cost_key,
     dense_per_stage,
+    split_chain_floor,
     stage_state_params,
     stage_work,
-    split_chain_floor,
     step_overhead,
     step_time_lower_bound,
 )
-from autoplan.cost.stage import LayerCore, activation_bytes, layer_core, module_recompute
+from autoplan.cost.stage import (
+    LayerCore,
+    activation_bytes,
+    count_free,
+    layer_core,
+    module_recompute,
+)
+from autoplan.descriptors.hardware import Cluster
+from autoplan.descriptors.job import Job
+from autoplan.descriptors.model import Model
+from autoplan.descriptors.stack import Stack
 from autoplan.parallel import dp, mesh, pp
 from autoplan.plan import Layout, Plan
 from autoplan.schedules import Schedule
@@ -30,7 +41,15 @@ from autoplan.schedules.registry import representative
 from autoplan.search.context import Context
 from autoplan.search.items import Group, Sched
 from autoplan.search.stages import split_bound
-from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, RecomputeModule, ZeroStage
+from autoplan.vocab import (
+    NO_OFFLOAD,
+    CpComm,
+    MoeDispatch,
+    Offload,
+    Recompute,
+    RecomputeModule,
+    ZeroStage,
+)
 
 # the V schedule whose stage work stands for every V's in the bounds (the work of a
 # stage reads only whether its schedule is a V and splits the backward: cost.stage.cost_key)
@@ -153,6 +172,30 @@ def _uniform_chain(unit: _Unit, runs: Sequence[_Run], m: int, fused: bool, split
     return min(most_fused if fused else float("inf"), most_split if split else float("inf"))
 
 
+@memo(65536)
+def _shard_parts(model: Model, cluster: Cluster, job: Job, stack: Stack, tp: int, cp: int,
+                 ep: int, etp: int, dispatch: MoeDispatch, mbs: int, sp: bool,
+                 recompute: Recompute, modules: tuple[RecomputeModule, ...],
+                 cps: tuple[CpComm, ...]) -> tuple[tuple[_ChainParts, _Unit], ...]:
+    """(:func:`_chain_parts`, :func:`_unit`) of one layer on each exchange of ``cps``, for a
+    shard (tp, cp, ep, etp, its dispatch, micro-batch, sequence parallelism, recompute)
+    on a ``count_free`` cluster: what a layer costs depends on neither dp nor pp nor the
+    node count (``cost.stage.layer_core``), so the layouts of every count of a sweep
+    sharing a shard read it once. The probe holds one expert fold (dp = ep etp)."""
+    lay = Layout(dp=ep * etp, tp=tp, pp=1, cp=cp, ep=ep, etp=etp)
+    out = []
+    for cp_comm in cps:
+        plan = Plan(model=model, cluster=cluster, job=job, stack=stack, layout=lay,
+                    micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=recompute,
+                    zero=ZeroStage.NONE, sequence_parallel=sp, cp_comm=cp_comm,
+                    moe_dispatch=dispatch, recompute_modules=modules)
+        core = layer_core(plan)
+        work = _layer_work(plan, cp_comm, core)
+        moe = model.moe_layers if model.is_moe else 0
+        out.append((_chain_parts(model.layers, moe, core, work), _unit(core, work)))
+    return tuple(out)
+
+
 def _one_chunk_kinds(scheds: Sequence[Sched]) -> tuple[bool, bool] | None:
     """(whether any, whether any splits the backward) of ``scheds``, where every one is
     a flat one-chunk schedule (uniform or split: :func:`_pipeline_floor` holds for any
@@ -178,7 +221,6 @@ class TimeBounds:
         self._layout_bounds: dict[tuple[Layout, int, bool, ZeroStage, Recompute], float] = {}
         self._cores: dict[tuple[Layout, int, bool, CpComm], LayerCore] = {}  # :meth:`_core`
         self._zero3_memo: dict[tuple, tuple[float, float]] = {}  # :meth:`_zero3_passes`
-        self._shard_work: dict[tuple, list[tuple[_ChainParts, _Unit]]] = {}  # :meth:`layout_mean_floor`
         self._runs: dict[int, tuple[_Run, ...]] = {}  # :meth:`_uniform_runs`
         self._kinds_memo: dict[tuple, tuple[bool, bool, bool] | None] = {}  # :meth:`_kinds`
         # :meth:`_last_stage_states`
@@ -287,14 +329,13 @@ class TimeBounds:
         stack's per-step overhead: at most every group's entry bound. The fill of a deep
         pipeline is most of its bound: without it a search of DeepSeek-V3 on 4,096 H100
         opened 524 of its 2,117 layouts, with it 187 (the same plans found). A
-        microbatch's work is read off one layer's costs, which
-        depend on the shard alone (tp, cp, ep, etp, the dispatch, micro-batch, sequence
-        parallelism, exchange: not dp or pp), so it is worked out once per shard and the
-        layouts sharing one pay a multiplication (search/enumeration.py opens a layout's
-        groups only once this bound comes up)."""
+        microbatch's work is read off one layer's costs, which depend on the shard alone
+        (tp, cp, ep, etp, the dispatch, micro-batch, sequence parallelism, exchange: not
+        dp, pp or the node count), so it is worked out once per shard (:func:`_shard_parts`,
+        across a sweep's counts too) and the layouts sharing one pay a multiplication
+        (search/enumeration.py opens a layout's groups only once this bound comes up)."""
         model, ctx = self.ctx.model, self.ctx
-        moe = model.moe_layers if model.is_moe else 0
-        shard = (base.tp, base.cp, base.ep, base.etp, ctx.dispatch(base), recompute, tuple(cps))
+        cluster, dispatch, cps = count_free(ctx.cluster), ctx.dispatch(base), tuple(cps)
         batch, p = ctx.job.global_batch, base.pp
         # (a step's mean work, microbatches, its work's parts) of each micro-batch,
         # sequence parallelism and exchange: the fill is worked out least mean first, while
@@ -305,18 +346,9 @@ class TimeBounds:
                 continue  # no plan of this micro-batch (the rule dp-batch)
             m = batch // (base.dp * mbs)
             for sp in sps:
-                key = (shard, mbs, sp)
-                parts = self._shard_work.get(key)
-                if parts is None:
-                    probe = ctx.probe(base, mbs, sp, ZeroStage.NONE, cps[-1], recompute)
-                    parts = []
-                    for cp_comm in cps:
-                        own = probe if cp_comm is probe.cp_comm else probe.replace(cp_comm=cp_comm)
-                        core = layer_core(own)
-                        work = _layer_work(own, cp_comm, core)
-                        parts.append((_chain_parts(model.layers, moe, core, work),
-                                      _unit(core, work)))
-                    self._shard_work[key] = parts
+                parts = _shard_parts(model, cluster, ctx.job, ctx.space.stack, base.tp, base.cp,
+                                     base.ep, base.etp, dispatch, mbs, sp, recompute,
+                                     ctx.modules(recompute), cps)
                 options.extend((m * part[0] / p, m, mbs, part, unit) for part, unit in parts)
         options.sort(key=lambda o: o[0])
         least = float("inf")

@@ -106,17 +106,17 @@ def test_a_link_without_nccl_protocols_is_plain_alpha_beta():
 
 @pytest.mark.parametrize("cluster", ["dgx-h100", "gb200-nvl72", "dgx-a100"])
 def test_a_layers_costs_read_the_node_count_only_below_one_nvlink_domain(cluster):
-    """``cost.stage._count_free``: the clusters of a sweep's counts share their layers'
+    """``cost.stage.count_free``: the clusters of a sweep's counts share their layers'
     costs, so every group placed on them (size x stride within the cluster) must be the
     same on the cluster and on its count-free stand-in; below one NVLink domain the
     cluster is its own stand-in."""
-    from autoplan.cost.stage import _count_free, layer_core
+    from autoplan.cost.stage import count_free, layer_core
     from tests.helpers import make_plan
 
     base = resolve_cluster(cluster)
     for gpus in (base.gpus_per_node, 2 * base.nvlink_domain, 64 * base.nvlink_domain):
         c = with_gpus(base, gpus)
-        free = _count_free(c)
+        free = count_free(c)
         assert free.gpus <= max(c.gpus, base.nvlink_domain + base.gpus_per_node)
         for size in (1, 2, 4, 8, 16, 64, 256):
             for stride in (1, 2, 8, 32):
@@ -124,7 +124,7 @@ def test_a_layers_costs_read_the_node_count_only_below_one_nvlink_domain(cluster
                     assert comm.place_group(free, size, stride) == comm.place_group(c, size, stride)
     small = with_gpus(base, base.gpus_per_node)
     if small.gpus <= small.nvlink_domain:
-        assert _count_free(small) == small
+        assert count_free(small) == small
     if cluster == "dgx-h100":  # the sweep's counts share one core
         a = make_plan(gpus=64, dp=64)
         b = make_plan(gpus=128, dp=128)
