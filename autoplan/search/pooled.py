@@ -17,7 +17,8 @@ The walk:
    alone, and :attr:`PooledResult.verdict` says which pools it leaves out and why.
 
 Best first: candidates are grouped by all but schedule and ZeRO stage, each group
-bounded by :func:`fluid_bound`, and groups split and evaluated in the bounds' order until a
+entering a queue at its :func:`compute_floor` and bounded by :func:`fluid_bound` when it
+comes up, and groups split and evaluated in the bounds' order until a
 bound passes both the k-th best step time found (alone or across) and the best across
 pools found: no later plan can enter the top k or be the best across pools (which the
 verdict compares with the best alone). A group's plans are tried most-ZeRO first; where
@@ -30,7 +31,9 @@ that cannot enter the top k. For Llama 3 70B on 32 H100 + 32 A100 the walk gener
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
@@ -39,6 +42,7 @@ from autoplan.cost.placed import evaluate_placed
 from autoplan.cost.stage import (
     StageWork,
     between_send_seconds,
+    layer_core,
     placed_stage_work,
     stage_memory,
     stage_work_for,
@@ -154,14 +158,15 @@ def _search_pooled(model: Model, cluster: PooledCluster, job: Job, space: Search
         progress(f"searched pool {pool.name} alone ({i + 1} of {len(cluster.pools)} pools)")
     alone = tuple(alone_found)
     stats = SearchStats()
-    # best first: every group's bound, then its plans split and evaluated in the bounds'
-    # order until a bound passes the k-th best step time so far (of the plans alone and
-    # across pools): no later plan can enter the top k
-    queue = sorted(((min(fluid_bound(p) for p in probes), i, variants)
-                    for i, (probes, variants) in enumerate(
-                        g for order in _orders(cluster)
-                        for g in _groups(model, cluster, job, space, order, stats))),
-                   key=lambda x: x[:2])
+    # best first: every group at its compute floor, tightened to its fluid bound when it
+    # comes up (most never do), then its plans split and evaluated in the bounds' order
+    # until a bound passes the k-th best step time so far (of the plans alone and across
+    # pools): no later plan can enter the top k
+    queue: list[tuple[float, int, bool, list[Plan], list[Plan]]] = [
+        (compute_floor(probes), i, False, probes, variants)
+        for i, (probes, variants) in enumerate(
+            g for order in _orders(cluster) for g in _groups(model, cluster, job, space, order, stats))]
+    heapq.heapify(queue)
     kept = sorted(r.prediction.step_time_s for a in alone for r in a.plans)
     across: list[Ranked] = []
     # the verdict compares the best plan across pools with the best alone: the walk goes
@@ -173,10 +178,16 @@ def _search_pooled(model: Model, cluster: PooledCluster, job: Job, space: Search
 
     progress(f"searching plans across pools: {len(queue):,} layout groups by bound")
     no_room = _NoRoom()
-    for n, (bound, _, variants) in enumerate(queue):
+    while queue:
+        bound, i, tight, probes, variants = queue[0]
         if beyond(bound):
-            stats.pruned[BOUND] += sum(len(v) for _, _, v in queue[n:])
+            stats.pruned[BOUND] += sum(len(v) for *_, v in queue)
             break
+        heapq.heappop(queue)
+        if not tight:  # back in line at its fluid bound
+            heapq.heappush(queue, (max(bound, min(fluid_bound(p) for p in probes)), i, True,
+                                   probes, variants))
+            continue
         for plan in sorted(variants, key=_NoRoom.least_first):
             if no_room.holds(plan):
                 stats.infeasible["a stage exceeds its GPU's memory"] += 1
@@ -363,6 +374,27 @@ def _work(view: Plan, stage: int, n: int, dense: bool) -> StageWork:
     return stage_work_for(view, stage, n, n if dense else 0)
 
 
+def compute_floor(probes: Sequence[Plan]) -> float:
+    """A step time no plan of a group beats (``probes``: its plans alike but for their
+    kind of backward, ``_groups``), cheaper and looser than :func:`fluid_bound`, read off
+    one layer's compute per pool: a stage of n
+    layers on pool q runs at least n tau_q per microbatch, tau_q the least over layer kinds
+    of a layer's forward, input- and weight-gradient compute there (its communication,
+    the embedding, logits and sends only add), so a split whose every stage takes at most
+    T holds at most sum(T / tau_s) layers, and some stage takes at least
+    L / sum(1 / tau_s), m times over. Per pool, not per stage: cheap enough for every
+    group, so the fluid bound is worked out only for those that come up."""
+    plan = probes[0]
+    assert plan.placement is not None
+    inverse = 0.0
+    for q, count in Counter(plan.placement.stage_pools).items():
+        core = layer_core(plan.on_pools()[q])
+        tau = min(lt.forward + lt.backward_input + lt.backward_weight
+                  for lt in ((core.lt, core.lt_moe) if plan.model.is_moe else (core.lt,)))
+        inverse += count / tau
+    return plan.num_microbatches * plan.model.layers / inverse
+
+
 def fluid_bound(plan: Plan) -> float:
     """A lower bound on the step time of ``plan`` under any layer split: m microbatches
     through the slowest stage.
@@ -463,15 +495,44 @@ def balanced_split(plan: Plan, limits: Sequence[float]) -> tuple[tuple[int, ...]
             found = memo[key] = (work.forward + work.backward, fits)
         return found
 
+    # each stage's take in the last greedy split: where the next one's search starts (the
+    # bisection's targets close in, and the takes move little from one to the next)
+    hint = [max(1, n_layers // p)] * p
+
     def most(s: int, start: int, target: float) -> int:
         """The most layers stage s can take from ``start`` within ``target`` and memory,
         leaving one for each later stage (0: not even one); time and memory grow with
-        the count, so the largest that fits is found by bisection."""
-        lo, hi = 0, n_layers - start - (p - s - 1)
+        the count, so the largest that fits is bracketed by steps doubling away from the
+        stage's last take, then found by bisection."""
+        top = n_layers - start - (p - s - 1)
+        if top <= 0:
+            return 0
+
+        def ok(n: int) -> bool:
+            seconds, fits = stage(s, start, n)
+            return seconds <= target and fits
+
+        guess = min(hint[s], top)
+        step = 1
+        if ok(guess):  # the largest is in [guess, top]
+            lo, hi = guess, top
+            while lo < top:
+                nxt = min(lo + step, top)
+                if not ok(nxt):
+                    hi = nxt - 1
+                    break
+                lo, step = nxt, 2 * step
+        else:  # in [0, guess - 1]
+            lo, hi = 0, guess - 1
+            while hi > 0:
+                nxt = max(hi - step + 1, 1)
+                if ok(nxt):
+                    lo = nxt
+                    break
+                hi, step = nxt - 1, 2 * step
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            seconds, fits = stage(s, start, mid)
-            if seconds <= target and fits:
+            if ok(mid):
                 lo = mid
             else:
                 hi = mid - 1
@@ -483,6 +544,7 @@ def balanced_split(plan: Plan, limits: Sequence[float]) -> tuple[tuple[int, ...]
             take = most(s, start, target)
             if not take:
                 return None
+            hint[s] = take
             out.append(take)
             start += take
         seconds, fits = stage(p - 1, start, n_layers - start)

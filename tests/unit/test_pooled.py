@@ -37,6 +37,7 @@ from autoplan.search.pooled import (
     _NoRoom,
     _orders,
     balanced_split,
+    compute_floor,
     fluid_bound,
     room_for_layers,
     search_pooled,
@@ -331,9 +332,28 @@ def test_the_fluid_bound_never_exceeds_the_step_and_room_never_refuses_a_fitting
         assert not plan_problems(placed)
         pred = evaluate(placed)
         assert fluid_bound(plan) <= pred.step_time_s * (1 + 1e-12)
+        assert compute_floor([plan]) <= pred.step_time_s * (1 + 1e-12)
         assert plan.num_microbatches * found[1] <= pred.step_time_s * (1 + 1e-12)
         checked += 1
     assert checked >= 12
+
+
+def test_the_compute_floor_is_the_least_split_of_one_layers_compute_by_hand() -> None:
+    """A group enters the walk at m L / sum over stages of 1 / tau_s, tau_s one layer's
+    forward, input- and weight-gradient compute on the stage's pool (search.pooled.
+    compute_floor): worked here from the layer times of each pool apart."""
+    from autoplan.cost.stage import layer_core
+
+    plan = next(p for p in _candidates("llama3-8b", _pooled(hopper=("dgx-h100", 1),
+                                                            ampere=("dgx-a100", 1)))
+                if len(set(p.placement.stage_pools)) == 2)
+    inverse = 0.0
+    for s in range(plan.layout.pp):
+        lt = layer_core(plan.on_stage(s)).lt
+        inverse += 1 / (lt.forward + lt.backward_input + lt.backward_weight)
+    expected = plan.num_microbatches * plan.model.layers / inverse
+    assert compute_floor([plan]) == pytest.approx(expected, rel=1e-12)
+    assert compute_floor([plan]) <= fluid_bound(plan) * (1 + 1e-12)  # no comm, logits
 
 
 # ----------------------------------------------------------------------------- the search
