@@ -5,6 +5,7 @@ types on the descriptors' floor. The plan file is read and written by
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -158,7 +159,7 @@ class Plan:
         """``dataclasses.replace`` for the search's hot paths: the same plan, the fields
         named changed, without the generated ``__init__``'s checks (the fields are the
         caller's, already valid: plans are checked where they are read). It runs as
-        straight-line code over the fields (:func:`_compile_replace`)."""
+        straight-line code over the fields (:func:`compile_replace`)."""
         return _replace(self, **changes)
 
     def on_stage(self, stage: int) -> Plan:
@@ -379,24 +380,27 @@ class Prediction:
 
 # --------------------------------------------------------------------------- fast replace
 
-_PLAN_FIELDS = tuple(f.name for f in fields(Plan) if f.name != "_hash")
-
-
-def _compile_replace() -> Any:
-    """:meth:`Plan.replace` as straight-line code, one slot write per field through its
-    slot descriptor (no per-call loop, dict or frozen ``__setattr__``): the search builds
-    some 10^5 plans this way, at about half the cost of a loop over the fields. Written
-    from ``fields(Plan)``, as ``dataclasses`` writes ``__init__``, so it cannot fall out
-    of step with them; an unknown field is a TypeError."""
-    names = (*_PLAN_FIELDS, "_hash")
-    scope: dict[str, Any] = {"_new": object.__new__, "Plan": Plan, "_KEEP": object()}
-    scope.update({f"_set_{n}": getattr(Plan, n).__set__ for n in names})
-    lines = [f"def replace(self, *, {', '.join(f'{n}=_KEEP' for n in _PLAN_FIELDS)}):",
-             "    new = _new(Plan)"]
-    lines += [f"    _set_{n}(new, self.{n} if {n} is _KEEP else {n})" for n in _PLAN_FIELDS]
-    lines += ["    _set__hash(new, 0)", "    return new"]
+def compile_replace(cls: type, reset: Mapping[str, Any] | None = None) -> Any:
+    """``dataclasses.replace`` for a frozen, slotted dataclass, as straight-line code: one
+    slot write per field through its slot descriptor (no per-call loop, dict or frozen
+    ``__setattr__``), at about half the cost of a loop over the fields (the search builds
+    some 10^5 plans and queue items this way). Written from ``fields(cls)``, as
+    ``dataclasses`` writes ``__init__``, so it cannot fall out of step with them; an
+    unknown field is a TypeError. ``reset``: fields set to a value whatever the original
+    holds (a cached hash), not to be named. The fields are the caller's: nothing is
+    checked."""
+    reset = dict(reset or {})
+    names = tuple(f.name for f in fields(cls) if f.name not in reset)
+    scope: dict[str, Any] = {"_new": object.__new__, "_cls": cls, "_KEEP": object()}
+    scope.update({f"_set_{n}": getattr(cls, n).__set__ for n in (*names, *reset)})
+    scope.update({f"_reset_{n}": v for n, v in reset.items()})
+    lines = [f"def replace(self, *, {', '.join(f'{n}=_KEEP' for n in names)}):",
+             "    new = _new(_cls)"]
+    lines += [f"    _set_{n}(new, self.{n} if {n} is _KEEP else {n})" for n in names]
+    lines += [f"    _set_{n}(new, _reset_{n})" for n in reset]
+    lines += ["    return new"]
     exec("\n".join(lines), scope)  # noqa: S102 - code built from the dataclass's own field names
     return scope["replace"]
 
 
-_replace = _compile_replace()
+_replace = compile_replace(Plan, {"_hash": 0})

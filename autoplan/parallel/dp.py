@@ -9,6 +9,7 @@ optimizer); the groups come from ``mesh``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -165,18 +166,27 @@ def state_bytes(plan: Plan, params: float, expert_params: float) -> memory.Bytes
     states over dp x cp (under hybrid sharding dp_shard x cp: FSDP2 HSDP, Megatron-Core's
     distributed optimizer instances) and the experts' over the expert-data-parallel group
     (Megatron-Core distributed optimizer)."""
-    lay = plan.layout
-    job = plan.job
-    precision = (job.main_grads, job.optimizer_states)
-    dense = memory.sharded_state_bytes(params, job.dtype, plan.zero, lay.dp_shard * lay.cp,
-                                       *precision)
+    lay, job = plan.layout, plan.job
+    return _state_bytes(job.dtype, job.main_grads, job.optimizer_states, plan.zero,
+                        lay.dp_shard * lay.cp, lay.edp, plan.offload.optimizer, params,
+                        expert_params)
+
+
+# plain arithmetic on enums and numbers, no descriptor in its key: kept for the process
+# (bounded), not dropped with a question's costs; the search asks it for every stage of
+# every memory floor, a sweep hundreds of thousands of times
+@functools.lru_cache(maxsize=65536)
+def _state_bytes(dtype: Dtype, main_grads: StateDtype, moments: StateDtype, zero: ZeroStage,
+                 shards: int, edp: int, offloaded: bool, params: float,
+                 expert_params: float) -> memory.BytesPerParam:
+    dense = memory.sharded_state_bytes(params, dtype, zero, shards, main_grads, moments)
     if expert_params:
-        experts = memory.sharded_state_bytes(expert_params, job.dtype, plan.zero, lay.edp,
-                                             *precision)
+        experts = memory.sharded_state_bytes(expert_params, dtype, zero, edp, main_grads,
+                                             moments)
         dense = memory.BytesPerParam(weights=dense.weights + experts.weights,
                                      grads=dense.grads + experts.grads,
                                      optimizer=dense.optimizer + experts.optimizer)
-    if plan.offload.optimizer:  # master weights and moments live in host memory
+    if offloaded:  # master weights and moments live in host memory
         return memory.BytesPerParam(weights=dense.weights, grads=dense.grads, optimizer=0.0)
     return dense
 

@@ -8,7 +8,6 @@ stand for. Memoized per search: one ``TimeBounds`` a search."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 from autoplan.caches import memo
@@ -39,7 +38,7 @@ from autoplan.plan import Layout, Plan
 from autoplan.schedules import Schedule
 from autoplan.schedules.registry import representative
 from autoplan.search.context import Context
-from autoplan.search.items import Group, Sched
+from autoplan.search.items import Group, Sched, evolve_group
 from autoplan.search.stages import split_bound
 from autoplan.vocab import (
     NO_OFFLOAD,
@@ -487,19 +486,19 @@ class TimeBounds:
         if plan.zero is ZeroStage.PARAMETERS:
             if group.steps < 1:
                 floor = self.layout_floor(plan, group.cp_comms, group.runnable)
-                group = dataclasses.replace(group, steps=1)
+                group = evolve_group(group, steps=1)
                 if floor > group.bound:
-                    return dataclasses.replace(group, bound=floor)
+                    return evolve_group(group, bound=floor)
             if group.steps < 2:
-                group = dataclasses.replace(group, steps=2)
+                group = evolve_group(group, steps=2)
                 if below is not None and below >= ZeroStage.OPTIMIZER:
                     shared = self.offloaded(self.shared_layout_bound(group, below), plan)
                     if shared > group.bound:
-                        return dataclasses.replace(group, bound=shared)
+                        return evolve_group(group, bound=shared)
             below = ZeroStage.PARAMETERS
         assert below is not None
         own = self.offloaded(self.shared_layout_bound(group, below), plan)
-        return dataclasses.replace(group, bound=max(group.bound, own), laid=True)
+        return evolve_group(group, bound=max(group.bound, own), laid=True)
 
     def fully_laid(self, group: Group) -> Group:
         """:meth:`laid` until it is (for tests and tools)."""

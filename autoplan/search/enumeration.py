@@ -17,7 +17,7 @@ from autoplan.plan import Layout, Memory, Plan
 from autoplan.search.bound import TimeBounds
 from autoplan.search.context import Context
 from autoplan.search.floors import MemoryFloors
-from autoplan.search.items import Group, Sched, Unopened
+from autoplan.search.items import Group, Sched, Unopened, evolve_group
 from autoplan.search.results import ZERO_UNSHARDED, SearchStats, rank_key_static
 from autoplan.vocab import NO_OFFLOAD, CpComm, Recompute, ZeroStage
 
@@ -173,7 +173,7 @@ class Enumeration:
             bound = group.bound if i == 0 else max(
                 group.bound, self.bounds.layout_floor(plan, group.cp_comms, group.runnable))
             # (a ZeRO-3 group's floor at its recompute is its own ZeRO-3 floor)
-            out.append(dataclasses.replace(
+            out.append(evolve_group(
                 self.group(plan, bound, group.schedules, group.cp_comms, group.runnable),
                 laid=group.laid and i == 0,
                 steps=group.steps if i == 0 else int(plan.zero is ZeroStage.PARAMETERS)))
@@ -199,7 +199,7 @@ class Enumeration:
             uniform = tuple(x for x in group.schedules if not x[2])
             if not uniform:
                 return False
-            floor = self.floors.memory_floor(dataclasses.replace(group, schedules=uniform))
+            floor = self.floors.memory_floor(evolve_group(group, schedules=uniform))
         return floor is not None and floor.peak > self.ctx.limit
 
     def offloaded(self, group: Group) -> list[Group]:
@@ -214,7 +214,7 @@ class Enumeration:
             # the group's own bound, as ``group_bound`` would find it for the variant but
             # for its optimizer term (``offloaded_bound``): nothing else in it moves
             bound = self.bounds.offloaded_bound(group.bound, plan, off)
-            out.append(dataclasses.replace(group, plan=plan.replace(offload=off), bound=bound,
+            out.append(evolve_group(group, plan=plan.replace(offload=off), bound=bound,
                                            key=rank_key_static(plan.replace(offload=off)),
                                            bare=bound, floored=False))
         self.stats.generated += sum(g.size for g in out)

@@ -17,7 +17,14 @@ from autoplan.search.bound import TimeBounds
 from autoplan.search.context import Context
 from autoplan.search.enumeration import Enumeration
 from autoplan.search.floors import MemoryFloors
-from autoplan.search.items import Candidate, Group, Split, Unopened
+from autoplan.search.items import (
+    Candidate,
+    Group,
+    Split,
+    Unopened,
+    evolve_candidate,
+    evolve_group,
+)
 from autoplan.search.results import (
     BOUND,
     SPLIT_IS_UNIFORM,
@@ -127,7 +134,7 @@ class Frontier:
             # they come up again (``checked``)
             exact = self.candidate(item.plan)
             if exact is not None:  # back in line at its own bound
-                self._push(dataclasses.replace(exact, bound=max(bound, exact.bound),
+                self._push(evolve_candidate(exact, bound=max(bound, exact.bound),
                                                bare=max(item.unpressured, exact.bound)))
             return None
         if not item.chained and item.plan.schedule.v_shape:
@@ -158,7 +165,7 @@ class Frontier:
             return
         if not item.exact:
             own = self.bounds.group_bound(item.plan, item.runnable, item.cp_comms)
-            item = dataclasses.replace(item, bound=max(own, bound), exact=True,
+            item = evolve_group(item, bound=max(own, bound), exact=True,
                                        bare=max(own, bound))
             if own > bound:  # back in line at its own bound
                 self._push(item)
@@ -182,12 +189,12 @@ class Frontier:
         if floor is not None and floor.peak > self.ctx.limit:
             self._drop(item, floor, self._seq)
             return None
-        item = dataclasses.replace(item, floored=True)
+        item = evolve_group(item, floored=True)
         if floor is not None:
             own = bound + memory_pressure(bound - step_overhead(item.plan), floor.peak,
                                           self.ctx.capacity)
             if own > bound:
-                self._push(dataclasses.replace(item, bound=own))
+                self._push(evolve_group(item, bound=own))
                 return None
         return item
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplan.plan import Layout, Plan
+from autoplan.plan import Layout, Plan, compile_replace
 from autoplan.schedules import Schedule
 from autoplan.search.partition import PartitionProblem
 from autoplan.vocab import CpComm, Recompute
@@ -88,3 +88,9 @@ class Unopened:
     # what it opens into (:meth:`Enumeration.opened`): its schedules, ZeRO stages, sequence
     # parallelism and exchanges, and its candidates per ZeRO stage and per micro-batch
     choices: tuple = ()
+
+
+# ``dataclasses.replace`` of a group and of a candidate, as straight-line code: the queue
+# replaces them tens of thousands of times a search (``plan.compile_replace``)
+evolve_group = compile_replace(Group)
+evolve_candidate = compile_replace(Candidate)
