@@ -221,6 +221,9 @@ class TimeBounds:
         self._cores: dict[tuple[Layout, int, bool, CpComm], LayerCore] = {}  # :meth:`_core`
         self._zero3_memo: dict[tuple, tuple[float, float]] = {}  # :meth:`_zero3_passes`
         self._runs: dict[int, tuple[_Run, ...]] = {}  # :meth:`_uniform_runs`
+        self._group_bounds: dict[tuple, float] = {}  # :meth:`group_bound`
+        self._layout_floors: dict[tuple, float] = {}  # :meth:`layout_floor`
+        self._offload_shifts: dict[Plan, float] = {}  # :meth:`offloaded_bound`
         self._kinds_memo: dict[tuple, tuple[bool, bool, bool] | None] = {}  # :meth:`_kinds`
         # :meth:`_last_stage_states`
         self._last_states: dict[tuple[Layout, frozenset[int]], _LastStates] = {}
@@ -264,7 +267,17 @@ class TimeBounds:
 
         Each part of a stage's work that this leaves out (the embedding, TP at the heads,
         sends, ZeRO-3 elsewhere, offload) only adds to it; the stack's per-step overhead,
-        which ``evaluate`` adds to every plan, is added."""
+        which ``evaluate`` adds to every plan, is added. Memoized: it reads no offload, so a
+        group's offload variants share one."""
+        if plan.offload.any:
+            plan = plan.replace(offload=NO_OFFLOAD)
+        key = (plan, tuple(cps), tuple(scheds))
+        floor = self._layout_floors.get(key)
+        if floor is None:
+            floor = self._layout_floors[key] = self._layout_floor(plan, cps, scheds)
+        return floor
+
+    def _layout_floor(self, plan: Plan, cps: Sequence[CpComm], scheds: Sequence[Sched]) -> float:
         model = plan.model
         p, m, layers = plan.layout.pp, plan.num_microbatches, model.layers
         moe = model.moe_layers if model.is_moe else 0
@@ -554,13 +567,16 @@ class TimeBounds:
         if not off.optimizer:
             return bound
         plan = plan.replace(recompute=Recompute.NONE, offload=NO_OFFLOAD)
-        works = stage_work(plan)
-        c_gpu = dp.optimizer_seconds_per_param(plan)
-        c_off = dp.optimizer_seconds_per_param(plan.replace(offload=off))
-        shards = [dp.optimizer_params(plan, w.params, w.expert_params) for w in works]
-        if c_off >= c_gpu:
-            return bound + (c_off - c_gpu) * sum(shards) / len(shards)
-        return bound - (c_gpu - c_off) * sum(shards)
+        shift = self._offload_shifts.get(plan)  # the same for every activation offload
+        if shift is None:
+            works = stage_work(plan)
+            c_gpu = dp.optimizer_seconds_per_param(plan)
+            c_off = dp.optimizer_seconds_per_param(plan.replace(offload=Offload(optimizer=True)))
+            shards = [dp.optimizer_params(plan, w.params, w.expert_params) for w in works]
+            shift = self._offload_shifts[plan] = (
+                (c_off - c_gpu) * sum(shards) / len(shards) if c_off >= c_gpu
+                else -(c_gpu - c_off) * sum(shards))
+        return bound + shift
 
     # -- a group's own bound, and its members' ------------------------------------------
     def group_bound(self, plan: Plan, scheds: Sequence[Sched],
@@ -578,6 +594,18 @@ class TimeBounds:
         ZeRO stage that no drain hides, or the one the stage ending the step exposes if
         more (:meth:`_drained_sync`); not where the bound stands for other ZeRO stages."""
         cps = tuple(cps) or (plan.cp_comm,)
+        # it reads no activation offload (a candidate's own bound counts the copies): the
+        # variants of a group offloading more or less of them share one
+        key = (plan if not plan.offload.activations else
+               plan.replace(offload=Offload(optimizer=plan.offload.optimizer)),
+               tuple(scheds), cps, sync)
+        bound = self._group_bounds.get(key)
+        if bound is None:
+            bound = self._group_bounds[key] = self._group_bound(key[0], scheds, cps, sync)
+        return bound
+
+    def _group_bound(self, plan: Plan, scheds: Sequence[Sched], cps: tuple[CpComm, ...],
+                     sync: bool) -> float:
         split = any(s for *_, s in scheds)
         flat = [v for sched, v, _ in scheds if not sched.v_shape]
         # the most chunks a breadth-first member runs, where its ZeRO-3 passes differ (0: none)
