@@ -257,7 +257,15 @@ def _placed(plan: Plan, space: SearchSpace, headroom: Callable[[Cluster], float]
     as evaluated."""
     limits = tuple(v.cluster.device.mem_bytes - headroom(v.cluster)
                    for v in (plan.on_stage(s) for s in range(plan.layout.pp)))
-    found = balanced_split(plan, limits) if room_for_layers(plan, limits) else None
+    caps = layer_caps(plan, limits)
+    if caps is not None and sum(caps) >= plan.model.layers:
+        # no split that fits is faster than its fluid bound with the stages' memory caps
+        if beyond(capped_fluid_bound(plan, caps)):
+            stats.pruned[BOUND] += 1
+            return None
+        found = balanced_split(plan, limits)
+    else:
+        found = None
     if found is None:
         stats.infeasible["a stage exceeds its GPU's memory"] += 1
         return False
@@ -409,15 +417,23 @@ def fluid_bound(plan: Plan) -> float:
     T = (L + sum(c_s / tau_s)) / sum(1 / tau_s), and it is busy m times that, which the
     makespan, and the step, include. f_s is the stage's time as evaluated, its sends to
     another pool on the link between pools (``placed_stage_work``)."""
+    terms = fluid_terms(plan)
+    inverse = sum(1.0 / tau for _, tau in terms)
+    weighted = sum(fixed / tau for fixed, tau in terms)
+    return plan.num_microbatches * max(0.0, (plan.model.layers + weighted) / inverse)
+
+
+def fluid_terms(plan: Plan) -> list[tuple[float, float]]:
+    """(c_s, tau_s) of each stage (:func:`fluid_bound`): f_s(n) >= c_s + n tau_s."""
     assert plan.placement is not None
     model, p = plan.model, plan.layout.pp
     kinds = _kinds(model)
-    inverse = weighted = 0.0
     pools = plan.placement.stage_pools
     # a stage's work depends on its index only through its pool, whether it holds the
     # embedding or the logits, and which of its sends cross to another pool
     memo: dict[tuple[int, bool, bool, bool, bool], tuple[float, float]] = {}
     crossing: dict[int, float] = {}
+    out = []
     for s in range(p):
         cls = (pools[s], s == 0, s == p - 1, s < p - 1 and pools[s + 1] != pools[s],
                s > 0 and pools[s - 1] != pools[s])
@@ -429,11 +445,45 @@ def fluid_bound(plan: Plan) -> float:
                          for k in kinds] for n in (1, 2))
             tau = min(b.forward + b.backward - a.forward - a.backward
                       for a, b in zip(one, two, strict=True))
-            memo[cls] = (tau, min(a.forward + a.backward for a in one) - tau)
-        tau, fixed = memo[cls]
-        inverse += 1.0 / tau
-        weighted += fixed / tau
-    return plan.num_microbatches * max(0.0, (model.layers + weighted) / inverse)
+            memo[cls] = (min(a.forward + a.backward for a in one) - tau, tau)
+        out.append(memo[cls])
+    return out
+
+
+def capped_fluid_bound(plan: Plan, caps: Sequence[float]) -> float:
+    """:func:`fluid_bound` where stage s holds at most ``caps[s]`` layers in memory
+    (:func:`layer_caps`): a split whose every stage takes at most T holds at most
+    g(T) = sum of min(cap_s, (T - c_s) / tau_s) layers (none where that is below 0), so
+    the slowest stage of any split that fits takes at least the least T with g(T) >= L,
+    and is busy m times that. g is piecewise linear and rises: its breakpoints are
+    walked in order. Infinite where the caps hold fewer than L layers. Where memory
+    binds (a fast pool whose GPUs hold fewer layers than its speed would take) this is
+    the bottleneck's own order: Llama 3 70B on 32 H100 + 32 A100 splits 1,134 plans
+    whose fluid bound was 5% or more below the split's bottleneck."""
+    terms = fluid_terms(plan)
+    layers = plan.model.layers
+    uncapped = (layers + sum(c / tau for c, tau in terms)) / sum(1 / tau for _, tau in terms)
+    return plan.num_microbatches * max(0.0, uncapped, least_bottleneck(terms, caps, layers))
+
+
+def least_bottleneck(terms: Sequence[tuple[float, float]], caps: Sequence[float],
+                     layers: int) -> float:
+    """The least T with sum over stages of min(caps[s], max(0, (T - c_s) / tau_s)) >= layers
+    (``terms``: (c_s, tau_s)); infinite where the caps hold fewer layers."""
+    if sum(caps) < layers:
+        return float("inf")
+    events = []
+    for (fixed, tau), cap in zip(terms, caps, strict=True):
+        events.append((fixed, 1.0 / tau))
+        events.append((fixed + cap * tau, -1.0 / tau))
+    events.sort()
+    t, held, slope = events[0][0], 0.0, 0.0
+    for at, change in events:
+        if slope > 0 and held + slope * (at - t) >= layers:
+            return t + (layers - held) / slope
+        held += slope * (at - t)
+        t, slope = at, slope + change
+    return t  # every stage full by the last breakpoint, where g reaches their sum
 
 
 def room_for_layers(plan: Plan, limits: Sequence[float]) -> bool:
@@ -446,9 +496,17 @@ def room_for_layers(plan: Plan, limits: Sequence[float]) -> bool:
     n <= (limit - m(1)) / (m(2) - m(1)) + 1, taking the smaller growth of the model's two
     layer kinds. If even these counts, summed over the stages, fall short of the
     model's layers, no split fits."""
+    caps = layer_caps(plan, limits)
+    return caps is not None and sum(caps) >= plan.model.layers
+
+
+def layer_caps(plan: Plan, limits: Sequence[float]) -> list[float] | None:
+    """The most layers each stage can hold within ``limits[s]`` (:func:`room_for_layers`:
+    n <= (limit - m(1)) / (m(2) - m(1)) + 1, the model's layers where a layer adds no
+    memory); None where a stage cannot hold one."""
     model, p = plan.model, plan.layout.pp
     m = plan.num_microbatches
-    room = 0.0
+    caps = []
     for s in range(p):
         view = plan.on_stage(s)
         held = peak_inflight(plan.schedule, p, m, 1, s)
@@ -458,10 +516,10 @@ def room_for_layers(plan: Plan, limits: Sequence[float]) -> bool:
             m2 = stage_memory(view, s, _work(view, s, 2, dense), held).peak
             one, two = min(one, m1), min(two, m1 + max(0.0, m2 - m1))
         if one > limits[s]:
-            return False
+            return None
         growth = two - one
-        room += model.layers if growth <= 0 else (limits[s] - one) / growth + 1
-    return room >= model.layers
+        caps.append(model.layers if growth <= 0 else (limits[s] - one) / growth + 1)
+    return caps
 
 
 def balanced_split(plan: Plan, limits: Sequence[float]) -> tuple[tuple[int, ...], float] | None:

@@ -37,8 +37,11 @@ from autoplan.search.pooled import (
     _NoRoom,
     _orders,
     balanced_split,
+    capped_fluid_bound,
     compute_floor,
     fluid_bound,
+    layer_caps,
+    least_bottleneck,
     room_for_layers,
     search_pooled,
 )
@@ -333,9 +336,27 @@ def test_the_fluid_bound_never_exceeds_the_step_and_room_never_refuses_a_fitting
         pred = evaluate(placed)
         assert fluid_bound(plan) <= pred.step_time_s * (1 + 1e-12)
         assert compute_floor([plan]) <= pred.step_time_s * (1 + 1e-12)
+        caps = layer_caps(plan, limits)
+        bound = capped_fluid_bound(plan, caps)
+        assert fluid_bound(plan) <= bound <= pred.step_time_s * (1 + 1e-12)
+        assert bound <= plan.num_microbatches * found[1] * (1 + 1e-12)
         assert plan.num_microbatches * found[1] <= pred.step_time_s * (1 + 1e-12)
         checked += 1
     assert checked >= 12
+
+
+def test_the_least_bottleneck_under_memory_caps_by_hand() -> None:
+    """Two stages of 0 + n x 1 and 0 + n x 2 seconds, 3 layers: without caps 1.5 T = 3,
+    T = 2; with stage 0 holding at most 1 layer, 1 + T / 2 = 3, T = 4, the split (1, 2)'s
+    slowest stage (2 x 2); caps holding fewer than the layers: no split fits; caps that
+    bind exactly: every stage full."""
+    terms = [(0.0, 1.0), (0.0, 2.0)]
+    inf = float("inf")
+    assert least_bottleneck(terms, [inf, inf], 3) == pytest.approx(2.0)
+    assert least_bottleneck(terms, [1, inf], 3) == pytest.approx(4.0)
+    assert least_bottleneck(terms, [1, 1], 3) == inf
+    assert least_bottleneck(terms, [1, 2], 3) == pytest.approx(4.0)
+    assert least_bottleneck([(5.0, 1.0), (0.0, 1.0)], [inf, inf], 1) == pytest.approx(1.0)
 
 
 def test_the_compute_floor_is_the_least_split_of_one_layers_compute_by_hand() -> None:
