@@ -38,10 +38,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from autoplan import caches
+from autoplan.caches import memo
 from autoplan.cost.placed import evaluate_placed
 from autoplan.cost.stage import (
     StageWork,
     between_send_seconds,
+    cost_key,
     layer_core,
     placed_stage_work,
     stage_memory,
@@ -423,8 +425,15 @@ def fluid_bound(plan: Plan) -> float:
     return plan.num_microbatches * max(0.0, (plan.model.layers + weighted) / inverse)
 
 
-def fluid_terms(plan: Plan) -> list[tuple[float, float]]:
-    """(c_s, tau_s) of each stage (:func:`fluid_bound`): f_s(n) >= c_s + n tau_s."""
+def fluid_terms(plan: Plan) -> tuple[tuple[float, float], ...]:
+    """(c_s, tau_s) of each stage (:func:`fluid_bound`): f_s(n) >= c_s + n tau_s. They read
+    the plan as far as its stages' work does (``cost_key``: not its ZeRO stage below 3 or
+    its schedule but for whether it splits the backward), so a group's plans share them."""
+    return _fluid_terms(cost_key(plan))
+
+
+@memo(16384)
+def _fluid_terms(plan: Plan) -> tuple[tuple[float, float], ...]:
     assert plan.placement is not None
     model, p = plan.model, plan.layout.pp
     kinds = _kinds(model)
@@ -447,7 +456,7 @@ def fluid_terms(plan: Plan) -> list[tuple[float, float]]:
                       for a, b in zip(one, two, strict=True))
             memo[cls] = (min(a.forward + a.backward for a in one) - tau, tau)
         out.append(memo[cls])
-    return out
+    return tuple(out)
 
 
 def capped_fluid_bound(plan: Plan, caps: Sequence[float]) -> float:
