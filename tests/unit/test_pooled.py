@@ -359,22 +359,26 @@ def test_the_least_bottleneck_under_memory_caps_by_hand() -> None:
     assert least_bottleneck([(5.0, 1.0), (0.0, 1.0)], [inf, inf], 1) == pytest.approx(1.0)
 
 
-def test_the_compute_floor_is_the_least_split_of_one_layers_compute_by_hand() -> None:
-    """A group enters the walk at m L / sum over stages of 1 / tau_s, tau_s one layer's
-    forward, input- and weight-gradient compute on the stage's pool (search.pooled.
-    compute_floor): worked here from the layer times of each pool apart."""
+def test_the_compute_floor_is_the_least_split_of_one_layers_work_by_hand() -> None:
+    """A group enters the walk at m (L + logits / tau_last) / sum over stages of 1 / tau_s,
+    tau_s one layer's work on the stage's pool, as the search's layout floor counts it
+    (search.pooled.compute_floor): worked here stage by stage from each pool's layer
+    costs, and never above the fluid bound of the stages' own works."""
     from autoplan.cost.stage import layer_core
+    from autoplan.search.bound import _layer_work
 
     plan = next(p for p in _candidates("llama3-8b", _pooled(hopper=("dgx-h100", 1),
                                                             ampere=("dgx-a100", 1)))
                 if len(set(p.placement.stage_pools)) == 2)
-    inverse = 0.0
+    inverse = last = 0.0
     for s in range(plan.layout.pp):
-        lt = layer_core(plan.on_stage(s)).lt
-        inverse += 1 / (lt.forward + lt.backward_input + lt.backward_weight)
-    expected = plan.num_microbatches * plan.model.layers / inverse
+        view = plan.on_stage(s)
+        _, _, per_layer, _, logits = _layer_work(view, view.cp_comm, layer_core(view))
+        inverse += 1 / per_layer
+        last = logits / per_layer
+    expected = plan.num_microbatches * (plan.model.layers + last) / inverse
     assert compute_floor([plan]) == pytest.approx(expected, rel=1e-12)
-    assert compute_floor([plan]) <= fluid_bound(plan) * (1 + 1e-12)  # no comm, logits
+    assert compute_floor([plan]) <= fluid_bound(plan) * (1 + 1e-12)
 
 
 # ----------------------------------------------------------------------------- the search
