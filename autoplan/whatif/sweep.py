@@ -141,8 +141,12 @@ def _search_all(model: Model, clusters: Sequence[Cluster], job: Job, space: Sear
             out.append(search(model, c, job, space, top_k, headroom))
             told(c)
         return tuple(out)
-    # the largest count first: it takes longest, the others fill in around it
-    order = sorted(range(len(clusters)), key=lambda i: -clusters[i].gpus)
+    # the largest count first: it takes longest, the others fill in around it; those whose
+    # GPUs cannot hold even one bf16 copy of the weights and gradients last (their search
+    # ends at the model-state check, in tenths of a second; an order only, not a verdict)
+    order = sorted(range(len(clusters)), key=lambda i: (
+        clusters[i].gpus * clusters[i].device.mem_bytes < 4 * model.params_total,
+        -clusters[i].gpus))
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
         futures = {pool.submit(search, model, clusters[i], job, space, top_k, headroom): i
                    for i in order}
