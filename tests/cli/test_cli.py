@@ -601,3 +601,35 @@ def test_bad_moe_and_mla_fields_name_the_field(tmp_path, extra, field, needle):
     result = autoplan("search", "--model", str(path), "--cluster",
                       "dgx-h100", "--global-batch", "64", "--seq-len", "4096")
     assert_bad_input(result, field, needle)
+
+
+@pytest.mark.parametrize("ending,code", [(None, 0), (SystemExit(None), 0), (SystemExit(2), 2),
+                                         (SystemExit(1), 1), (SystemExit("stopped"), 1)])
+def test_the_program_ends_with_mains_exit_code_past_the_interpreters_teardown(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        ending: SystemExit | None, code: int) -> None:
+    """``autoplan.cli.main.run`` (the console script and ``python -m``) flushes and ends the
+    process with main's exit status through ``os._exit``: sys.exit(None) is 0, a message
+    is printed and is 1, as Python would. (The subprocess tests run it for real.)"""
+    from autoplan.cli import main as cli
+
+    class Ended(Exception):
+        pass
+
+    def fake_main() -> None:
+        print("answer")
+        if ending is not None:
+            raise ending
+
+    def fake_exit(status: int) -> None:
+        raise Ended(status)
+
+    monkeypatch.setattr(cli, "main", fake_main)
+    monkeypatch.setattr(cli.os, "_exit", fake_exit)
+    with pytest.raises(Ended) as ended:
+        cli.run()
+    assert ended.value.args == (code,)
+    out, err = capsys.readouterr()
+    assert out == "answer\n"
+    assert err == ("stopped\n" if code == 1 and isinstance(ending, SystemExit)
+                   and ending.code == "stopped" else "")
