@@ -59,6 +59,7 @@ from autoplan.parallel import cp, dp, ep, tp
 from autoplan.parallel.common import Rule, Scope, capped_divisors
 from autoplan.parallel.rules import RULES, space_problems
 from autoplan.plan import Layout, Placement, Plan
+from autoplan.schedules import Schedule
 from autoplan.schedules.memory import peak_inflight
 from autoplan.schedules.registry import Chunks
 from autoplan.search.bound import _layer_work
@@ -71,7 +72,7 @@ from autoplan.search.engine import (
     rank_key,
     search,
 )
-from autoplan.vocab import NO_OFFLOAD, Recompute, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, CpComm, Recompute, ZeroStage
 
 MAX_ALL_ORDERS = 3  # pools whose every order along the pipeline is tried
 _BISECTIONS = 60  # at most; the bisection stops within _TOLERANCE of the least bottleneck
@@ -175,10 +176,10 @@ def _search_pooled(model: Model, cluster: PooledCluster, job: Job, space: Search
     # comes up (most never do), then its plans split and evaluated in the bounds' order
     # until a bound passes the k-th best step time so far (of the plans alone and across
     # pools): no later plan can enter the top k
-    queue: list[tuple[float, int, bool, list[Plan], list[Plan]]] = [
-        (compute_floor(probes), i, False, probes, variants)
-        for i, (probes, variants) in enumerate(
-            g for order in _orders(cluster) for g in _groups(model, cluster, job, space, order, stats))]
+    queue: list[tuple[float, int, bool, _Group]] = [
+        (compute_floor(g.probes), i, False, g)
+        for i, g in enumerate(g for order in _orders(cluster)
+                              for g in _groups(model, cluster, job, space, order, stats))]
     heapq.heapify(queue)
     kept = sorted(r.prediction.step_time_s for a in alone for r in a.plans)
     across: list[Ranked] = []
@@ -192,16 +193,16 @@ def _search_pooled(model: Model, cluster: PooledCluster, job: Job, space: Search
     progress(f"searching plans across pools: {len(queue):,} layout groups by bound")
     no_room = _NoRoom()
     while queue:
-        bound, i, tight, probes, variants = queue[0]
-        if beyond(bound):
-            stats.pruned[BOUND] += sum(len(v) for *_, v in queue)
+        bound, i, tight, group = queue[0]
+        if beyond(bound):  # the groups left, their plans unbuilt: every one by the bound
+            stats.pruned[BOUND] += sum(g.size for *_, g in queue)
             break
         heapq.heappop(queue)
         if not tight:  # back in line at its fluid bound
-            heapq.heappush(queue, (max(bound, min(fluid_bound(p) for p in probes)), i, True,
-                                   probes, variants))
+            heapq.heappush(queue, (max(bound, min(fluid_bound(p) for p in group.probes)), i,
+                                   True, group))
             continue
-        for plan in sorted(variants, key=_NoRoom.least_first):
+        for plan in sorted(group.variants(), key=_NoRoom.least_first):
             if no_room.holds(plan):
                 stats.infeasible["a stage exceeds its GPU's memory"] += 1
                 continue
@@ -319,14 +320,29 @@ def _orders(cluster: PooledCluster) -> Iterator[tuple[int, ...]]:
                 yield fast_first[::-1]
 
 
+@dataclass(slots=True)
+class _Group:
+    """A group of ``_groups``: its probes, and its plans, built (and each counted by the
+    rule it breaks, if any) only when the walk comes to them (:meth:`variants`)."""
+
+    probes: list[Plan]
+    size: int  # the candidates it stands for
+    _make: Callable[[], list[Plan]]
+
+    def variants(self) -> list[Plan]:
+        return self._make()
+
+
 def _groups(model: Model, cluster: PooledCluster, job: Job, space: SearchSpace,
-            order: Sequence[int], stats: SearchStats
-            ) -> Iterator[tuple[list[Plan], list[Plan]]]:
+            order: Sequence[int], stats: SearchStats) -> Iterator[_Group]:
     """The plans of pools ``order`` (module doc) that pass the rules, even split, in
     groups that share all but the schedule and ZeRO stage, with a probe per kind of
     backward (whole, or split for zero-bubble schedules) in ZeRO 0-2: no plan of the group
     runs its stages faster than the probe of its kind (ZeRO-3 only adds gathers), so the
-    least of the probes' bounds is the group's."""
+    least of the probes' bounds is the group's. A probe is the first plan of its kind
+    that passes the rules (every one of a kind has the same stage works:
+    ``cost.stage.cost_key``); the group's other plans are built when the walk comes to
+    them (most groups it never does)."""
     pools = [cluster.pools[i] for i in order]
     narrowest = min(pools, key=lambda c: (min(c.nvlink_domain, c.gpus), c.gpus))
     smallest = min(c.gpus for c in pools)
@@ -339,36 +355,70 @@ def _groups(model: Model, cluster: PooledCluster, job: Job, space: SearchSpace,
                 placement = Placement(cluster=cluster, stage_pools=stage_pools)
                 for lay in ep.foldings(model, Layout(dp=d, tp=t, pp=len(stage_pools), cp=c), space):
                     zeros = dp.zero_stages(lay, space)
+                    combos = list(itertools.product(schedules, zeros))
+                    if not combos:
+                        continue
                     for mbs, sp, exchange, recompute in itertools.product(
                             space.micro_batches, tp.sequence_parallel_choices(model, lay, space),
                             cp.exchanges(model, lay, job.seq_len, space), space.recompute):
-                        variants = []
-                        dispatch = ep.dispatch_for(model, cluster.pools[order[0]], lay, space,
-                                                   job.seq_len)
-                        plans = [Plan(model=model, cluster=cluster.pools[order[0]], job=job,
-                                      layout=lay, micro_batch=mbs, schedule=sched,
-                                      recompute=recompute, zero=zero, sequence_parallel=sp,
-                                      cp_comm=exchange, stack=space.stack, placement=placement,
-                                      moe_dispatch=dispatch,
-                                      recompute_modules=space.recompute_modules
-                                      if recompute is Recompute.SELECTIVE else ())
-                                 for sched, zero in itertools.product(schedules, zeros)]
-                        stats.generated += len(plans)
-                        # what the group shares is decided once (rules of the scopes up
-                        # to sequence parallelism read nothing later: parallel.common.Scope)
-                        broken = _broken(plans[0], _SHARED) if plans else ""
-                        for plan in plans:
-                            why = broken or _broken(plan, _OWN) or (
-                                OUTSIDE_SPACE if space_problems(plan, space) else "")
-                            if why:
-                                stats.pruned[why] += 1
-                            else:
-                                variants.append(plan)
-                        if variants:
-                            kinds = {p.schedule.splits_backward: p for p in variants}
-                            probes = [p.replace(zero=min(p.zero, ZeroStage.GRADIENTS))
-                                      for p in kinds.values()]
-                            yield probes, variants
+                        group = _group(model, cluster.pools[order[0]], job, space, lay,
+                                       placement, mbs, sp, exchange, recompute, combos, stats)
+                        if group is not None:
+                            yield group
+
+
+def _group(model: Model, first: Cluster, job: Job, space: SearchSpace, lay: Layout,
+           placement: Placement, mbs: int, sp: bool, exchange: CpComm, recompute: Recompute,
+           combos: list[tuple[Schedule, ZeroStage]], stats: SearchStats) -> _Group | None:
+    """One group of ``_groups`` (None where no plan of it passes the rules, each counted
+    by the first it breaks)."""
+    dispatch = ep.dispatch_for(model, first, lay, space, job.seq_len)
+    modules = space.recompute_modules if recompute is Recompute.SELECTIVE else ()
+
+    def make(sched: Schedule, zero: ZeroStage) -> Plan:
+        return Plan(model=model, cluster=first, job=job, layout=lay, micro_batch=mbs,
+                    schedule=sched, recompute=recompute, zero=zero, sequence_parallel=sp,
+                    cp_comm=exchange, stack=space.stack, placement=placement,
+                    moe_dispatch=dispatch, recompute_modules=modules)
+
+    stats.generated += len(combos)
+    # what the group shares is decided once (rules of the scopes up to sequence
+    # parallelism read nothing later: parallel.common.Scope)
+    broken = _broken(make(*combos[0]), _SHARED)
+    if broken:
+        stats.pruned[broken] += len(combos)
+        return None
+    asked: dict[tuple[Schedule, ZeroStage], tuple[Plan, str]] = {}
+
+    def ask(sched: Schedule, zero: ZeroStage) -> tuple[Plan, str]:
+        hit = asked.get((sched, zero))
+        if hit is None:
+            plan = make(sched, zero)
+            hit = asked[(sched, zero)] = (plan, _broken(plan, _OWN) or (
+                OUTSIDE_SPACE if space_problems(plan, space) else ""))
+        return hit
+
+    probes: dict[bool, Plan] = {}
+    for sched, zero in combos:
+        if sched.splits_backward not in probes:
+            plan, why = ask(sched, zero)
+            if not why:
+                probes[sched.splits_backward] = plan.replace(zero=min(zero, ZeroStage.GRADIENTS))
+
+    def variants() -> list[Plan]:
+        out = []
+        for sched, zero in combos:
+            plan, why = ask(sched, zero)
+            if why:
+                stats.pruned[why] += 1
+            else:
+                out.append(plan)
+        return out
+
+    if not probes:  # none passes: each counted by its rule
+        variants()
+        return None
+    return _Group(list(probes.values()), len(combos), variants)
 
 
 _SHARED = tuple(r for r in RULES if r.scope <= Scope.SEQUENCE_PARALLEL)

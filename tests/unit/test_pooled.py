@@ -308,9 +308,9 @@ def _candidates(model: str, cluster: dict[str, Any], space: str = "default") -> 
     job = Job(global_batch=256, seq_len=4096)
     stats = SearchStats()
     return [p for order in _orders(pooled)
-            for _, variants in _groups(resolve_model(model), pooled, job, load_space(space),
-                                       order, stats)
-            for p in variants]
+            for group in _groups(resolve_model(model), pooled, job, load_space(space),
+                                 order, stats)
+            for p in group.variants()]
 
 
 @pytest.mark.parametrize("second", [("ampere", "dgx-a100"), ("lovelace", "l40s-node")])
