@@ -314,7 +314,8 @@ class TimeBounds:
                                if zero3 else (0.0, 0.0))
                 if breadth_first:  # its passes are once a step, not once a microbatch
                     z_flat = 0.0
-                if one_chunk:  # the uniform split's chain, and the last stage's with ZeRO-3
+                if one_chunk and chained is not None:
+                    # the uniform split's chain, and the last stage's with ZeRO-3
                     last = (p - 1) * (layers // p) * forward + stage + m * (logits + z_flat)
                     kinds[0] = max(kinds[0], last, _uniform_chain(
                         _unit(core, work), self._uniform_runs(plan.layout), m, *chained))
@@ -389,12 +390,12 @@ class TimeBounds:
         pipeline degree, the chunks and m), and whether none is a split variant; None
         where some run more chunks or a V. Per (pp, m, schedules)."""
         key = (base.pp, m, tuple(scheds))
-        hit = self._kinds_memo.get(key, 0)
-        if hit == 0:
-            runnable = self.ctx.runnable(base, mbs, False, scheds)
-            kinds = _one_chunk_kinds(runnable)
-            hit = self._kinds_memo[key] = None if kinds is None else (
-                *kinds, not any(split for *_, split in runnable))
+        if key in self._kinds_memo:
+            return self._kinds_memo[key]
+        runnable = self.ctx.runnable(base, mbs, False, scheds)
+        kinds = _one_chunk_kinds(runnable)
+        hit = self._kinds_memo[key] = None if kinds is None else (
+            *kinds, not any(split for *_, split in runnable))
         return hit
 
     def _uniform_runs(self, base: Layout) -> tuple[_Run, ...]:
