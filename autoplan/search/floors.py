@@ -87,6 +87,14 @@ class MemoryFloors:
         self.note_closest(plan, worst[1], worst[2])
         return True
 
+    def fullest_states(self, lay: Layout, zero: ZeroStage, optimizer_offloaded: bool
+                       ) -> float | None:
+        """The peak of the fullest stage's model states of the layout at ``zero`` (the
+        optimizer's states offloaded or not), where :meth:`states_exceed_memory` has
+        worked it out; None where it has not."""
+        worst = self._fullest_states.get((lay, zero, optimizer_offloaded))
+        return None if worst is None else worst[0]
+
     def _fullest_state(self, plan: Plan) -> tuple[float, int, Memory]:
         """(peak, stage, memory) of the stage holding the most model state."""
         lay = plan.layout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -243,3 +244,38 @@ def test_plan_replace_is_dataclasses_replace_with_a_fresh_hash():
         assert (hash(fast) == hash(plan)) == (not changes)
     with pytest.raises(TypeError, match="vpp"):
         plan.replace(vpp=2)
+
+
+def test_groups_whose_states_crowd_memory_are_dropped_on_their_floor_first_losing_no_plan(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a group's model states alone take more than half the limit its memory floor is
+    asked before its time bounds (search.frontier.Frontier._too_big), and a group none of
+    whose members fits is dropped there, its offload variants queued: the same plans as
+    with the check last (Llama 3 70B on 16 H100: most groups are so dropped)."""
+    from autoplan.search import frontier
+
+    args = (resolve_model("llama3-70b"), with_gpus(resolve_cluster("dgx-h100"), 16),
+            Job(global_batch=64, seq_len=4096), load_space("default"), 3)
+    dropped = []
+    too_big = frontier.Frontier._too_big
+
+    def counted(self: frontier.Frontier, item: Any) -> bool:
+        dropped.append(too_big(self, item))
+        return dropped[-1]
+
+    monkeypatch.setattr(frontier.Frontier, "_too_big", counted)
+    first = search(*args)
+    assert sum(dropped) > len(dropped) // 2
+    monkeypatch.setattr(frontier, "MEMORY_FIRST", float("inf"))
+    last = search(*args)
+    assert [(r.plan, r.prediction.step_time_s) for r in first.plans] == \
+        [(r.plan, r.prediction.step_time_s) for r in last.plans]
+    s = first.stats
+    assert s.generated == sum(s.pruned.values()) + sum(s.infeasible.values()) + s.evaluated
+
+
+@given(st.integers(min_value=1, max_value=300_000))
+@settings(max_examples=60, deadline=None)
+def test_divisors_are_every_degree_that_divides_ascending(n: int) -> None:
+    """``parallel.common.divisors`` pairs d with n / d up to sqrt(n): against the scan."""
+    assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
