@@ -64,7 +64,7 @@ _StageState = tuple[float, float, int]
 _LastStates = tuple[tuple[_StageState, ...], _StageState | None]
 
 
-def _layer_work(plan: Plan, cp_comm: CpComm, core: LayerCore) -> tuple[float, float, float, float, float]:
+def layer_work(plan: Plan, cp_comm: CpComm, core: LayerCore) -> tuple[float, float, float, float, float]:
     """One layer's work per microbatch as :meth:`TimeBounds.layout_floor` counts it, read
     off its costs ``core`` on ``cp_comm``: (a dense layer's forward, an MoE layer's forward,
     a dense layer's forward and backward with its recompute, an MoE layer's, the logits)."""
@@ -94,7 +94,7 @@ _ChainParts = tuple[float, float, float]
 
 def _chain_parts(layers: int, moe: int, core: LayerCore,
                  work: tuple[float, float, float, float, float]) -> _ChainParts:
-    """What :func:`_pipeline_floor` reads off one layer's ``work`` (:func:`_layer_work`, on
+    """What :func:`_pipeline_floor` reads off one layer's ``work`` (:func:`layer_work`, on
     ``core``) for a model of ``layers`` layers, ``moe`` of them MoE: C, the work of one
     microbatch through every layer and the logits; C', the same without the weight
     gradients (W), which zero-bubble schedules run off the drain; and a share of any
@@ -130,7 +130,7 @@ def _pipeline_floor(parts: _ChainParts, m: int, p: int, fused: bool, split: bool
 
 
 # one layer's work per microbatch by kind, as :func:`_uniform_chain` reads it (off
-# :func:`_layer_work`): a dense layer's forward, whole work and W; an MoE layer's; the logits'
+# :func:`layer_work`): a dense layer's forward, whole work and W; an MoE layer's; the logits'
 _Unit = tuple[float, float, float, float, float, float, float, float, float]
 # a run of equal stages of the uniform one-chunk split: (stages, dense layers, MoE layers
 # (MTP modules included), heads: the logits it computes, the output layer's and each MTP's)
@@ -182,6 +182,7 @@ def _shard_parts(model: Model, cluster: Cluster, job: Job, stack: Stack, tp: int
     node count (``cost.stage.layer_core``), so the layouts of every count of a sweep
     sharing a shard read it once. The probe holds one expert fold (dp = ep etp)."""
     lay = Layout(dp=ep * etp, tp=tp, pp=1, cp=cp, ep=ep, etp=etp)
+    moe = model.moe_layers if model.is_moe else 0
     out = []
     for cp_comm in cps:
         plan = Plan(model=model, cluster=cluster, job=job, stack=stack, layout=lay,
@@ -189,8 +190,7 @@ def _shard_parts(model: Model, cluster: Cluster, job: Job, stack: Stack, tp: int
                     zero=ZeroStage.NONE, sequence_parallel=sp, cp_comm=cp_comm,
                     moe_dispatch=dispatch, recompute_modules=modules)
         core = layer_core(plan)
-        work = _layer_work(plan, cp_comm, core)
-        moe = model.moe_layers if model.is_moe else 0
+        work = layer_work(plan, cp_comm, core)
         out.append((_chain_parts(model.layers, moe, core, work), _unit(core, work)))
     return tuple(out)
 
@@ -221,6 +221,7 @@ class TimeBounds:
         self._cores: dict[tuple[Layout, int, bool, CpComm], LayerCore] = {}  # :meth:`_core`
         self._zero3_memo: dict[tuple, tuple[float, float]] = {}  # :meth:`_zero3_passes`
         self._runs: dict[int, tuple[_Run, ...]] = {}  # :meth:`_uniform_runs`
+        self._overhead: float | None = None  # :meth:`layout_mean_floor`
         self._group_bounds: dict[tuple, float] = {}  # :meth:`group_bound`
         self._layout_floors: dict[tuple, float] = {}  # :meth:`layout_floor`
         self._offload_shifts: dict[Plan, float] = {}  # :meth:`offloaded_bound`
@@ -296,7 +297,7 @@ class TimeBounds:
         for cp_comm in cps:
             core = self._core(plan, cp_comm)
             lt, lt_moe = core.lt, core.lt_moe
-            work = _layer_work(plan, cp_comm, core)
+            work = layer_work(plan, cp_comm, core)
             forward, forward_moe, per_dense, per_moe, logits = work
             floor = m * ((layers - moe) * per_dense + moe * per_moe + logits) / p
             kinds = []
@@ -381,7 +382,9 @@ class TimeBounds:
                         floor = max(floor, _uniform_chain(unit, self._uniform_runs(base), m,
                                                           fused, split))
             least = min(least, floor)
-        return least + step_overhead(ctx.probe(base))
+        if self._overhead is None:  # the stack's, the same for every plan of the search
+            self._overhead = step_overhead(ctx.probe(base))
+        return least + self._overhead
 
     def _kinds(self, base: Layout, mbs: int, m: int, scheds: Sequence[Sched]
                ) -> tuple[bool, bool, bool] | None:

@@ -34,7 +34,6 @@ import bisect
 import gc
 import heapq
 import itertools
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
@@ -62,7 +61,7 @@ from autoplan.plan import Layout, Placement, Plan
 from autoplan.schedules import Schedule
 from autoplan.schedules.memory import peak_inflight
 from autoplan.schedules.registry import Chunks
-from autoplan.search.bound import _layer_work
+from autoplan.search.bound import layer_work
 from autoplan.search.engine import (
     BOUND,
     OUTSIDE_SPACE,
@@ -448,7 +447,7 @@ def _work(view: Plan, stage: int, n: int, dense: bool) -> StageWork:
 def compute_floor(probes: Sequence[Plan]) -> float:
     """A step time no plan of a group beats (``probes``: its plans alike but for their
     kind of backward, ``_groups``), cheaper and looser than :func:`fluid_bound`: read off
-    one layer's costs on each pool (``search.bound._layer_work``: its forward, input- and
+    one layer's costs on each pool (``search.bound.layer_work``: its forward, input- and
     weight-gradient compute, forward TP collectives, CP exchange both ways, MoE dispatch
     and combine both ways and what its recompute runs again), tau_q on pool q (the less
     of a dense and an MoE layer), and the logits' compute on the last stage. A stage of n
@@ -462,16 +461,14 @@ def compute_floor(probes: Sequence[Plan]) -> float:
     assert plan.placement is not None
     pools = plan.placement.stage_pools
     views = plan.on_pools()
-    inverse, last = 0.0, 0.0
-    for q, count in Counter(pools).items():
+    per_pool = {}  # pool -> (one layer's work there, the logits')
+    for q in set(pools):
         view = views[q]
-        core = layer_core(view)
-        _, _, per_dense, per_moe, logits = _layer_work(view, view.cp_comm, core)
-        tau = min(per_dense, per_moe) if plan.model.is_moe else per_dense
-        inverse += count / tau
-        if q == pools[-1]:
-            last = logits / tau
-    return plan.num_microbatches * (plan.model.layers + last) / inverse
+        _, _, per_dense, per_moe, logits = layer_work(view, view.cp_comm, layer_core(view))
+        per_pool[q] = (min(per_dense, per_moe) if plan.model.is_moe else per_dense, logits)
+    terms = [(per_pool[q][1] if s == len(pools) - 1 else 0.0, per_pool[q][0])
+             for s, q in enumerate(pools)]
+    return plan.num_microbatches * _slowest_stage(terms, plan.model.layers)
 
 
 def fluid_bound(plan: Plan) -> float:
@@ -488,10 +485,15 @@ def fluid_bound(plan: Plan) -> float:
     T = (L + sum(c_s / tau_s)) / sum(1 / tau_s), and it is busy m times that, which the
     makespan, and the step, include. f_s is the stage's time as evaluated, its sends to
     another pool on the link between pools (``placed_stage_work``)."""
-    terms = fluid_terms(plan)
-    inverse = sum(1.0 / tau for _, tau in terms)
-    weighted = sum(fixed / tau for fixed, tau in terms)
-    return plan.num_microbatches * max(0.0, (plan.model.layers + weighted) / inverse)
+    return plan.num_microbatches * max(0.0, _slowest_stage(fluid_terms(plan), plan.model.layers))
+
+
+def _slowest_stage(terms: Sequence[tuple[float, float]], layers: int) -> float:
+    """The time some stage of any split of ``layers`` takes where stage s takes at least
+    c_s + n tau_s for n layers (``terms``: (c_s, tau_s)): (L + sum c_s / tau_s) /
+    sum 1 / tau_s (:func:`fluid_bound`)."""
+    return ((layers + sum(c / tau for c, tau in terms))
+            / sum(1.0 / tau for _, tau in terms))
 
 
 def fluid_terms(plan: Plan) -> tuple[tuple[float, float], ...]:
@@ -540,8 +542,8 @@ def capped_fluid_bound(plan: Plan, caps: Sequence[float]) -> float:
     whose fluid bound was 5% or more below the split's bottleneck."""
     terms = fluid_terms(plan)
     layers = plan.model.layers
-    uncapped = (layers + sum(c / tau for c, tau in terms)) / sum(1 / tau for _, tau in terms)
-    return plan.num_microbatches * max(0.0, uncapped, least_bottleneck(terms, caps, layers))
+    return plan.num_microbatches * max(0.0, _slowest_stage(terms, layers),
+                                       least_bottleneck(terms, caps, layers))
 
 
 def least_bottleneck(terms: Sequence[tuple[float, float]], caps: Sequence[float],

@@ -365,7 +365,7 @@ def test_the_compute_floor_is_the_least_split_of_one_layers_work_by_hand() -> No
     (search.pooled.compute_floor): worked here stage by stage from each pool's layer
     costs, and never above the fluid bound of the stages' own works."""
     from autoplan.cost.stage import layer_core
-    from autoplan.search.bound import _layer_work
+    from autoplan.search.bound import layer_work
 
     plan = next(p for p in _candidates("llama3-8b", _pooled(hopper=("dgx-h100", 1),
                                                             ampere=("dgx-a100", 1)))
@@ -373,7 +373,7 @@ def test_the_compute_floor_is_the_least_split_of_one_layers_work_by_hand() -> No
     inverse = last = 0.0
     for s in range(plan.layout.pp):
         view = plan.on_stage(s)
-        _, _, per_layer, _, logits = _layer_work(view, view.cp_comm, layer_core(view))
+        _, _, per_layer, _, logits = layer_work(view, view.cp_comm, layer_core(view))
         inverse += 1 / per_layer
         last = logits / per_layer
     expected = plan.num_microbatches * (plan.model.layers + last) / inverse
