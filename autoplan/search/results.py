@@ -45,6 +45,13 @@ class SearchStats:
     infeasible: Counter = field(default_factory=Counter)  # reason -> candidates
     evaluated: int = 0
 
+    def merge(self, other: SearchStats) -> None:
+        """Add ``other``'s counts to these."""
+        self.generated += other.generated
+        self.pruned.update(other.pruned)
+        self.infeasible.update(other.infeasible)
+        self.evaluated += other.evaluated
+
     def to_dict(self) -> dict:
         return {"generated": self.generated, "pruned": dict(sorted(self.pruned.items())),
                 "infeasible": dict(sorted(self.infeasible.items())), "evaluated": self.evaluated}

@@ -68,10 +68,7 @@ class Sweep:
     def stats(self) -> SearchStats:
         total = SearchStats()
         for result in self.results:
-            total.generated += result.stats.generated
-            total.evaluated += result.stats.evaluated
-            total.pruned.update(result.stats.pruned)
-            total.infeasible.update(result.stats.infeasible)
+            total.merge(result.stats)
         return total
 
     def why_none(self) -> str:

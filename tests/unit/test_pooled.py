@@ -310,7 +310,7 @@ def _candidates(model: str, cluster: dict[str, Any], space: str = "default") -> 
     return [p for order in _orders(pooled)
             for group in _groups(resolve_model(model), pooled, job, load_space(space),
                                  order, stats)
-            for p in group.variants()]
+            for p in group.variants(stats)]
 
 
 @pytest.mark.parametrize("second", [("ampere", "dgx-a100"), ("lovelace", "l40s-node")])
@@ -478,3 +478,28 @@ def test_a_plan_that_holds_more_than_one_without_room_has_none() -> None:
             assert not fits[plan], plan
             refused += 1
     assert refused > sum(not f for f in fits.values()) // 2
+
+
+def test_a_search_dealt_to_two_processes_finds_what_one_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk across pools dealt to two forked processes (each bounded by its own
+    plans) returns the same plans, alone and across, in the same order, as one process;
+    only how many candidates it evaluated to get there may differ."""
+    from autoplan import forking
+
+    pooled = resolve_any_cluster(_pooled(hopper=("dgx-h100", 1), ampere=("dgx-a100", 1)))
+    assert isinstance(pooled, PooledCluster)
+    args = (resolve_model("llama3-8b"), pooled, Job(global_batch=256, seq_len=4096),
+            load_space("megatron"))
+    found = {}
+    for fork in (False, True):
+        monkeypatch.setattr(forking, "can_fork", lambda fork=fork: fork)
+        found[fork] = search_pooled(*args, top_k=4)
+    one, two = found[False], found[True]
+    assert [(r.plan, r.prediction) for r in two.plans] == [(r.plan, r.prediction) for r in one.plans]
+    assert two.best_across == one.best_across and two.verdict() == one.verdict()
+    assert [a.plans for a in two.alone] == [a.plans for a in one.alone]
+    assert two.stats.generated == one.stats.generated
+    # every candidate is still accounted for, once
+    for result in (one, two):
+        s = result.stats
+        assert s.generated == sum(s.pruned.values()) + sum(s.infeasible.values()) + s.evaluated
