@@ -14,11 +14,13 @@ frees nothing object by object.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import pickle
+import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -89,5 +91,110 @@ def _child(fn: Callable[[], object], write: int) -> None:
                 payload = pickle.dumps((False, traceback.format_exc()))
         with os.fdopen(write, "wb") as pipe:
             pipe.write(payload)
+    finally:
+        os._exit(code)
+
+
+def deal(order: Sequence[int], work: Callable[[int], T],
+         told: Callable[[int, T], None] | None = None, workers: int | None = None) -> dict[int, T]:
+    """``work(i)`` for every ``i`` of ``order``, in up to ``workers`` processes (None: one
+    per usable CPU; this one and forked children): the first takes tasks from the front
+    of ``order``, the second from the back, and so on alternately, each its next as it
+    finishes one, until they meet. Ordered by size, the tasks each process runs are
+    neighbours (their memos serve each other) and the two ends balance as they go.
+    ``told(i, result)`` as each ends (from this process, in any order). Where
+    :func:`can_fork` is false, or one worker is asked, they run here in ``order``."""
+    workers = min(usable_cpus() if workers is None else workers, len(order))
+    out: dict[int, T] = {}
+    if workers <= 1 or not can_fork():
+        for i in order:
+            out[i] = work(i)
+            if told is not None:
+                told(i, out[i])
+        return out
+    ctx = multiprocessing.get_context("fork")
+    ends = ctx.RawArray("i", [0, len(order)])  # the next from the front; one past the next from the back
+    lock = ctx.Lock()
+
+    def take(front: bool) -> int | None:
+        with lock:
+            lo, hi = ends[0], ends[1]
+            if lo >= hi:
+                return None
+            if front:
+                ends[0] = lo + 1
+                return order[lo]
+            ends[1] = hi - 1
+            return order[hi - 1]
+
+    children: list[tuple[int, int]] = []
+    for w in range(1, workers):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: its tasks' results down the pipe, one message each
+            os.close(read)
+            _worker(functools.partial(take, w % 2 == 0), work, write)
+        os.close(write)
+        children.append((pid, read))
+    guard = threading.Lock()
+    failures: list[BaseException | str] = []
+
+    def record(i: int, result: T) -> None:
+        with guard:
+            out[i] = result
+            if told is not None:
+                told(i, result)
+
+    def listen(read: int) -> None:
+        with os.fdopen(read, "rb") as pipe:
+            while header := pipe.read(8):
+                ok, task, value = pickle.loads(pipe.read(int.from_bytes(header, "little")))
+                if ok:
+                    record(task, value)
+                else:
+                    failures.append(value)
+
+    listeners = [threading.Thread(target=listen, args=(read,), daemon=True) for _, read in children]
+    for t in listeners:
+        t.start()
+    try:
+        while (task := take(True)) is not None:
+            record(task, work(task))
+    finally:
+        for t in listeners:
+            t.join()
+        for pid, _ in children:
+            os.waitpid(pid, 0)
+    for failure in failures:
+        if isinstance(failure, BaseException):
+            raise failure
+        raise RuntimeError(f"a forked search process failed:\n{failure}")
+    missing = [i for i in order if i not in out]
+    if missing:
+        raise RuntimeError(f"forked search processes ended without {len(missing)} of their results")
+    return out
+
+
+def _worker(take: Callable[[], int | None], work: Callable[[int], object], write: int) -> None:
+    """A child of :func:`deal`: runs the tasks ``take`` gives until there are none, each
+    result (or the failure that ends it) sent down ``write`` as an 8-byte length and a
+    pickle."""
+    code = 0
+    try:
+        with os.fdopen(write, "wb") as pipe:
+            while (i := take()) is not None:
+                try:
+                    message = pickle.dumps((True, i, work(i)), protocol=pickle.HIGHEST_PROTOCOL)
+                except BaseException as exc:  # noqa: BLE001 -- every failure goes to the parent
+                    code = 1
+                    try:
+                        message = pickle.dumps((False, i, exc), protocol=pickle.HIGHEST_PROTOCOL)
+                    except Exception:  # noqa: BLE001 -- an exception that does not pickle
+                        message = pickle.dumps((False, i, traceback.format_exc()))
+                pipe.write(len(message).to_bytes(8, "little"))
+                pipe.write(message)
+                pipe.flush()
+                if code:
+                    break
     finally:
         os._exit(code)

@@ -11,14 +11,11 @@ and a budget and names the constraint that kept a better point out.
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
-from autoplan import caches
+from autoplan import caches, forking
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
@@ -116,42 +113,24 @@ def sweep(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpac
 def _search_all(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpace,
                 top_k: int, jobs: int | None, headroom: float = 0.0,
                 progress: Progress | None = None) -> tuple[SearchResult, ...]:
-    """One search per cluster, in ``jobs`` forked worker processes where the platform
-    forks (searches are independent and CPU-bound; the results are the same as one
-    after another, in cluster order). Forked workers share this interpreter's hash
-    seed, which the descriptors' cached hashes rely on; elsewhere they run in turn."""
+    """One search per cluster (ascending GPUs), dealt to ``jobs`` processes where the
+    platform forks (``forking.deal``; None: one per usable CPU): one works up from the
+    fewest GPUs, the next down from the most, each searching counts next to the ones it
+    searched (their layers' costs are memoized for the next) until they meet. The results
+    are the same as one after another, in cluster order."""
     from autoplan.search.engine import search
 
-    if jobs is None:
-        jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-    jobs = max(1, min(jobs, len(clusters)))
     done: list[int] = []
 
-    def told(c: Cluster) -> None:
-        done.append(c.gpus)
+    def told(i: int, _: SearchResult) -> None:
+        done.append(i)
         if progress is not None:
-            progress(f"searched {c.gpus:,} GPUs ({len(done)} of {len(clusters)} counts)")
+            progress(f"searched {clusters[i].gpus:,} GPUs ({len(done)} of {len(clusters)} counts)")
 
-    if jobs == 1 or "fork" not in multiprocessing.get_all_start_methods():
-        out = []
-        for c in clusters:
-            out.append(search(model, c, job, space, top_k, headroom))
-            told(c)
-        return tuple(out)
-    # the largest count first: it takes longest, the others fill in around it; those whose
-    # GPUs cannot hold even one bf16 copy of the weights and gradients last (their search
-    # ends at the model-state check, in tenths of a second; an order only, not a verdict)
-    order = sorted(range(len(clusters)), key=lambda i: (
-        clusters[i].gpus * clusters[i].device.mem_bytes < 4 * model.params_total,
-        -clusters[i].gpus))
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-        futures = {pool.submit(search, model, clusters[i], job, space, top_k, headroom): i
-                   for i in order}
-        results: dict[int, SearchResult] = {}
-        for future in as_completed(futures):
-            results[futures[future]] = future.result()
-            told(clusters[futures[future]])
-        return tuple(results[i] for i in range(len(clusters)))
+    found = forking.deal(range(len(clusters)),
+                         lambda i: search(model, clusters[i], job, space, top_k, headroom),
+                         told, jobs)
+    return tuple(found[i] for i in range(len(clusters)))
 
 
 def pareto_front(points: Sequence[Point]) -> tuple[Point, ...]:

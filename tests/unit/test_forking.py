@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -44,3 +45,51 @@ def test_a_result_that_does_not_pickle_is_an_error_not_a_hang(monkeypatch: pytes
     pending = forking.beside(lambda: (lambda: None))  # a lambda does not pickle
     with pytest.raises(Exception, match="pickle|Can't"):
         pending.result()
+
+
+@pytest.mark.parametrize("fork", [True, False])
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_deal_runs_every_task_once_and_tells_each(monkeypatch: pytest.MonkeyPatch, fork: bool,
+                                                  workers: int) -> None:
+    _fork_here(monkeypatch, fork)
+    told: list[int] = []
+    def work(i: int) -> tuple[int, int]:
+        time.sleep(0.02)  # long enough that every process gets a task
+        return i * i, os.getpid()
+
+    found = forking.deal(range(7), work, lambda i, _: told.append(i), workers)
+    assert {i: v for i, (v, _) in found.items()} == {i: i * i for i in range(7)}
+    assert sorted(told) == list(range(7))
+    pids = {pid for _, pid in found.values()}
+    if fork and workers > 1:
+        assert len(pids) <= workers
+    else:  # here, in order
+        assert told == list(range(7)) and pids == {os.getpid()}
+
+
+def test_deal_takes_from_both_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process works up from the front, the second from the back: each runs
+    neighbouring tasks."""
+    _fork_here(monkeypatch, True)
+    def work(i: int) -> int:
+        time.sleep(0.02)
+        return os.getpid()
+
+    found = forking.deal(range(12), work, workers=2)
+    mine = sorted(i for i, pid in found.items() if pid == os.getpid())
+    assert mine == list(range(len(mine)))  # a prefix (which processes got how many is a race)
+    theirs = sorted(i for i, pid in found.items() if pid != os.getpid())
+    assert theirs == list(range(len(mine), 12))  # the rest, a suffix
+
+
+@pytest.mark.parametrize("failing", [0, 6])  # a task of this process's end, and of the child's
+def test_deal_raises_what_a_task_raised(monkeypatch: pytest.MonkeyPatch, failing: int) -> None:
+    _fork_here(monkeypatch, True)
+
+    def work(i: int) -> int:
+        if i == failing:
+            raise ValueError(f"task {i} failed")
+        return i
+
+    with pytest.raises(ValueError, match=f"task {failing} failed"):
+        forking.deal(range(7), work, workers=2)
