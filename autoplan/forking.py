@@ -95,18 +95,28 @@ def _child(fn: Callable[[], object], write: int) -> None:
         os._exit(code)
 
 
+def dealt_to(tasks: int, workers: int | None = None) -> int:
+    """The processes :func:`deal` runs ``tasks`` tasks in, asked for ``workers``."""
+    if not can_fork():
+        return 1
+    return max(1, min(usable_cpus() if workers is None else workers, tasks))
+
+
 def deal(order: Sequence[int], work: Callable[[int], T],
-         told: Callable[[int, T], None] | None = None, workers: int | None = None) -> dict[int, T]:
+         told: Callable[[int, T], None] | None = None, workers: int | None = None,
+         ended: Callable[[], None] | None = None) -> dict[int, T]:
     """``work(i)`` for every ``i`` of ``order``, in up to ``workers`` processes (None: one
     per usable CPU; this one and forked children): the first takes tasks from the front
     of ``order``, the second from the back, and so on alternately, each its next as it
     finishes one, until they meet. Ordered by size, the tasks each process runs are
     neighbours (their memos serve each other) and the two ends balance as they go.
-    ``told(i, result)`` as each ends (from this process, in any order). Where
-    :func:`can_fork` is false, or one worker is asked, they run here in ``order``."""
-    workers = min(usable_cpus() if workers is None else workers, len(order))
+    ``told(i, result)`` as each ends (from this process, in any order); ``ended()`` in this
+    process as each forked one ends, however it ends (tasks that wait on another's
+    result can be let go where that one failed). Where :func:`can_fork` is false, or one
+    worker is asked, they run here in ``order``."""
+    workers = dealt_to(len(order), workers)
     out: dict[int, T] = {}
-    if workers <= 1 or not can_fork():
+    if workers == 1:
         for i in order:
             out[i] = work(i)
             if told is not None:
@@ -146,13 +156,17 @@ def deal(order: Sequence[int], work: Callable[[int], T],
                 told(i, result)
 
     def listen(read: int) -> None:
-        with os.fdopen(read, "rb") as pipe:
-            while header := pipe.read(8):
-                ok, task, value = pickle.loads(pipe.read(int.from_bytes(header, "little")))
-                if ok:
-                    record(task, value)
-                else:
-                    failures.append(value)
+        try:
+            with os.fdopen(read, "rb") as pipe:
+                while header := pipe.read(8):
+                    ok, task, value = pickle.loads(pipe.read(int.from_bytes(header, "little")))
+                    if ok:
+                        record(task, value)
+                    else:
+                        failures.append(value)
+        finally:
+            if ended is not None:
+                ended()
 
     listeners = [threading.Thread(target=listen, args=(read,), daemon=True) for _, read in children]
     for t in listeners:

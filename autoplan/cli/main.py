@@ -344,7 +344,8 @@ def _search_whatif(req: Request, whatif: _WhatIf, top: int, out_path: Path | Non
                         f"{', '.join(map(str, counts))} GPUs ...", lines=len(counts) > 1) as tell:
         result = sweep(req.model, req.clusters, req.job, req.space, train_tokens=whatif.train_tokens,
                        objective=whatif.objective, price_per_gpu_hour=price, top_k=top,
-                       min_headroom_bytes=headroom, progress=tell, asynchronous=asynchronous)
+                       min_headroom_bytes=headroom, progress=tell, asynchronous=asynchronous,
+                       deadline_days=whatif.deadline, budget_usd=whatif.budget)
     limits = constrain(result.front, whatif.objective, deadline_days=whatif.deadline,
                        budget_usd=whatif.budget)
     ranked = [p for p in result.ranked() if all(meets(p, whatif.deadline, whatif.budget))][:top]

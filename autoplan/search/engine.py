@@ -49,6 +49,7 @@ from autoplan.search.results import (
     OUTSIDE_SPACE,
     SEARCH_PRUNING,
     SPLIT_IS_UNIFORM,
+    Ceiling,
     Ranked,
     SearchResult,
     SearchStats,
@@ -58,7 +59,7 @@ from autoplan.search.results import (
 )
 
 __all__ = [
-    "BOUND", "BOUND_SLACK", "HOST_MEMORY", "OUTSIDE_SPACE", "SEARCH_PRUNING", "SPLIT_IS_UNIFORM",
+    "BOUND", "BOUND_SLACK", "HOST_MEMORY", "Ceiling", "OUTSIDE_SPACE", "SEARCH_PRUNING", "SPLIT_IS_UNIFORM",
     "Ranked", "SearchResult", "SearchStats", "candidate_plans", "pruning_reason", "rank_key",
     "rank_key_static", "search",
 ]
@@ -70,24 +71,29 @@ class _Search:
     Tests and tools reach the parts themselves (``parts.bounds.group_bound``, ...)."""
 
     def __init__(self, model: Model, cluster: Cluster, job: Job, space: SearchSpace, top_k: int,
-                 min_headroom_bytes: float = 0.0):
+                 min_headroom_bytes: float = 0.0, ceiling: Ceiling | None = None):
         self.space = space
         self.ctx = Context(model, cluster, job, space, min_headroom_bytes)
         self.stats = SearchStats()
         self.bounds = TimeBounds(self.ctx)
         self.floors = MemoryFloors(self.ctx, self.stats)
         self.walk = Enumeration(self.ctx, self.stats, self.bounds, self.floors)
-        self.frontier = Frontier(self.ctx, self.stats, self.bounds, self.floors, self.walk, top_k)
+        self.frontier = Frontier(self.ctx, self.stats, self.bounds, self.floors, self.walk, top_k,
+                                 ceiling)
 
     def run(self) -> SearchResult:
         return self.frontier.run()
 
 
 def search(model: Model, cluster: Cluster, job: Job, space: SearchSpace,
-           top_k: int = 10, min_headroom_bytes: float = 0.0) -> SearchResult:
+           top_k: int = 10, min_headroom_bytes: float = 0.0,
+           ceiling: Ceiling | None = None) -> SearchResult:
     """The top_k plans by predicted tokens/s over ``space``; see module doc. A plan fits
     where every stage's peak leaves ``min_headroom_bytes`` of the device free. Runs in
     a cost scope (``autoplan.caches``): its candidates share their layers' costs.
+    ``ceiling``: told of each plan found, it returns a step time past which no plan is
+    wanted (:class:`Ceiling`): the search then returns its top_k of those below it (and
+    always its best).
 
     The cyclic garbage collector is paused while it runs (and restored after): the
     walk builds millions of short-lived acyclic plans that reference counting frees,
@@ -97,7 +103,7 @@ def search(model: Model, cluster: Cluster, job: Job, space: SearchSpace,
     gc.disable()
     try:
         with caches.scope():
-            return _Search(model, cluster, job, space, top_k, min_headroom_bytes).run()
+            return _Search(model, cluster, job, space, top_k, min_headroom_bytes, ceiling).run()
     finally:
         if was_enabled:
             gc.enable()

@@ -28,6 +28,7 @@ from autoplan.search.items import (
 from autoplan.search.results import (
     BOUND,
     SPLIT_IS_UNIFORM,
+    Ceiling,
     Ranked,
     SearchResult,
     SearchStats,
@@ -62,16 +63,20 @@ class Frontier:
     time found, infinite until k are)."""
 
     def __init__(self, ctx: Context, stats: SearchStats, bounds: TimeBounds, floors: MemoryFloors,
-                 walk: Enumeration, top_k: int):
+                 walk: Enumeration, top_k: int, ceiling: Ceiling | None = None):
         self.ctx, self.stats, self.top_k = ctx, stats, top_k
         self.bounds, self.floors, self.walk = bounds, floors, walk
-        self.threshold = float("inf")  # the k-th best step time found so far
+        self.ceiling = ceiling  # the caller's, asked of each plan found (``engine.search``)
+        # the k-th best step time found so far, or the ceiling's if lower (never below the
+        # best found)
+        self.threshold = float("inf")
         # groups no member of which fits (their memory floor, their order): the 'smallest
         # plan' message looks into them only if nothing fits (:meth:`_note_dropped`)
         self._dropped: list[tuple[float, int, Group]] = []
         self._heap: list[tuple[float, tuple, int, _Item]] = []
         self._seq = 0  # the order of items and ranked plans alike in their bound and key
         self._best: list[tuple[_neg, int, Ranked]] = []  # the k best so far, worst on top
+        self._fastest = float("inf")  # the best step time found so far
 
     def run(self) -> SearchResult:
         """Best-first: pop the lowest bound; expand groups, evaluate candidates; stop when
@@ -82,7 +87,7 @@ class Frontier:
         heapq.heapify(heap)
         self._seq = len(heap)
         self._best = []
-        self.threshold = float("inf")
+        self.threshold = self._fastest = float("inf")
         while heap:
             bound, _, _, item = heap[0]
             # the bound and a simulated time of a tie may differ in the last bits
@@ -115,16 +120,21 @@ class Frontier:
             self._seq += 1
 
     def _evaluate(self, item: Candidate) -> None:
-        """Evaluate the candidate into the top k (raising the threshold once k are found)."""
+        """Evaluate the candidate into the top k (raising the threshold once k are found,
+        or once the ceiling, where there is one, wants no slower plan than it says)."""
         pred = evaluate(item.plan)
         self.stats.evaluated += 1
         best = self._best
-        heapq.heappush(best, (_neg(rank_key(item.plan, pred)), self._seq, Ranked(item.plan, pred)))
+        found = Ranked(item.plan, pred)
+        heapq.heappush(best, (_neg(rank_key(item.plan, pred)), self._seq, found))
         self._seq += 1
         if len(best) > self.top_k:
             heapq.heappop(best)
         if len(best) == self.top_k:
             self.threshold = best[0][2].prediction.step_time_s
+        if self.ceiling is not None:
+            self._fastest = min(self._fastest, pred.step_time_s)
+            self.threshold = min(self.threshold, max(self.ceiling(found), self._fastest))
 
     def _step_candidate(self, item: Candidate, bound: float) -> Candidate | None:
         """The candidate that came up at ``bound``, tightened by its next bound: its own

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from autoplan.cost.bounds import memory_shortfall
 from autoplan.parallel.rules import BY_ID
@@ -36,6 +37,16 @@ def pruning_reason(rule_id: str) -> str:
 class Ranked:
     plan: Plan
     prediction: Prediction
+
+
+class Ceiling(Protocol):
+    """What a caller wants of a search beyond its best plan (``engine.search``): told of
+    each plan found, the step time past which it wants no more plans (a sweep: those no
+    plan of which can enter its top k by its own objective). The search keeps its best
+    plan whatever the answer, and may ask again later: the answer may fall as the caller
+    learns more."""
+
+    def __call__(self, found: Ranked, /) -> float: ...
 
 
 @dataclass(slots=True)

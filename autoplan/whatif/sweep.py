@@ -11,6 +11,7 @@ and a budget and names the constraint that kept a better point out.
 
 from __future__ import annotations
 
+import multiprocessing
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.space import SearchSpace
 from autoplan.plan import Plan, Prediction
-from autoplan.search.engine import SearchResult, SearchStats
+from autoplan.search.engine import Ceiling, Ranked, SearchResult, SearchStats
 from autoplan.whatif.economics import Economics, Objective, economics
 
 # told what has finished, in a sentence (the command line prints it as progress)
@@ -80,13 +81,20 @@ def sweep(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpac
           price_per_gpu_hour: float | None = None, top_k: int = 10,
           searcher: Searcher | None = None, jobs: int | None = None,
           min_headroom_bytes: float = 0.0, progress: Progress | None = None,
-          asynchronous: bool = False) -> Sweep:
+          asynchronous: bool = False, deadline_days: float | None = None,
+          budget_usd: float | None = None) -> Sweep:
     """Search each cluster size (ascending GPUs); see module doc. ``price_per_gpu_hour``
     None takes the device's (which may be None too: costs are then None). ``jobs``:
     searches run at once (None: one per usable CPU). ``min_headroom_bytes``: what every
     plan leaves free per GPU (``search.engine.search``; a ``searcher`` given decides its own).
     ``progress``: told of each count as its search ends. ``asynchronous``: checkpoints
-    saved behind training, where the clusters fail (whatif/reliability.py)."""
+    saved behind training, where the clusters fail (whatif/reliability.py).
+
+    Each count's search returns its best plan and those of its top_k that can enter the
+    sweep's top_k by the objective among the plans meeting ``deadline_days`` and
+    ``budget_usd`` (:class:`_Wanted`): :meth:`Sweep.ranked` of them is the same as of
+    every count's top_k, for less search. Where no ceiling applies, every count's
+    top_k."""
     clusters = sorted(clusters, key=lambda c: c.gpus)
     assert clusters and train_tokens > 0
     price = price_per_gpu_hour if price_per_gpu_hour is not None else \
@@ -95,8 +103,10 @@ def sweep(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpac
         if searcher is not None:
             results = tuple(searcher(model, c, job, space, top_k) for c in clusters)
         else:
+            wanted = _Wanted.make(clusters, job, objective, train_tokens, price, top_k,
+                                  deadline_days, budget_usd)
             results = _search_all(model, clusters, job, space, top_k, jobs, min_headroom_bytes,
-                                  progress)
+                                  progress, wanted)
     every: list[Point] = []
     points = []
     for result in results:
@@ -112,12 +122,15 @@ def sweep(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpac
 
 def _search_all(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpace,
                 top_k: int, jobs: int | None, headroom: float = 0.0,
-                progress: Progress | None = None) -> tuple[SearchResult, ...]:
+                progress: Progress | None = None,
+                wanted: _Wanted | None = None) -> tuple[SearchResult, ...]:
     """One search per cluster (ascending GPUs), dealt to ``jobs`` processes where the
     platform forks (``forking.deal``; None: one per usable CPU): one works up from the
     fewest GPUs, the next down from the most, each searching counts next to the ones it
-    searched (their layers' costs are memoized for the next) until they meet. The results
-    are the same as one after another, in cluster order."""
+    searched (their layers' costs are memoized for the next) until they meet. With a
+    ceiling (``wanted``), the most GPUs' search comes first and the others but those that
+    cannot hold the model wait for it (:class:`_Wanted`). The results are the same as one
+    after another, in cluster order, and so are their counts."""
     from autoplan.search.engine import search
 
     done: list[int] = []
@@ -127,10 +140,109 @@ def _search_all(model: Model, clusters: Sequence[Cluster], job: Job, space: Sear
         if progress is not None:
             progress(f"searched {clusters[i].gpus:,} GPUs ({len(done)} of {len(clusters)} counts)")
 
-    found = forking.deal(range(len(clusters)),
-                         lambda i: search(model, clusters[i], job, space, top_k, headroom),
-                         told, jobs)
+    seed = len(clusters) - 1
+    # no ceiling for the seed, nor where even one bf16 copy of the weights and gradients
+    # does not fit (no plan is found there, and none is waited for)
+    free = {seed} | {i for i, c in enumerate(clusters)
+                     if c.gpus * c.device.mem_bytes < 4 * model.params_total}
+
+    def one(i: int) -> SearchResult:
+        if wanted is None or i in free:
+            result = search(model, clusters[i], job, space, top_k, headroom)
+            if wanted is not None and i == seed:
+                wanted.publish(result.plans, clusters[i])
+            return result
+        return search(model, clusters[i], job, space, top_k, headroom,
+                      wanted.ceiling(clusters[i]))
+
+    order = list(range(len(clusters)))
+    if wanted is not None and forking.dealt_to(len(order), jobs) == 1:
+        order = [seed, *order[:-1]]  # in turn: the seed first (it is taken from the back else)
+    # a process that ends without the seed's plans lets the searches waiting on them go
+    # (without a ceiling: the sweep then fails on the seed's failure anyway)
+    found = forking.deal(order, one, told, jobs, None if wanted is None else wanted.release)
     return tuple(found[i] for i in range(len(clusters)))
+
+
+class _Wanted:
+    """The ceiling of a sweep's searches (``search.results.Ceiling``): the plans no count
+    needs, as no one of them can enter the sweep's top k by the objective (among those
+    meeting its deadline and budget) nor be its count's best.
+
+    Where a plan's objective is a fixed multiple of its step time at each count (time and
+    cost where the cluster gives no failure model: days = step x tokens / tokens per step,
+    GPU-hours that times the GPUs), a plan whose objective passes the k-th best of plans
+    already found cannot enter the top k, and its count's best is its fastest (which the
+    search keeps). The plans found first are those of the most GPUs (the seed, searched
+    without a ceiling; by time its plans are the fastest of the sweep): every other count
+    but those that cannot hold the model waits for them (``publish``) once it has found
+    its first plan, and its search stops at their k-th best objective, as a step time at
+    its count. Each count's ceiling is the same whichever process runs it and whenever:
+    the answer and the counts of what each search did are the same however the counts
+    are dealt.
+    Where a failure model's wall-clock factor or the energy differ by plan, and where one
+    plan is wanted of each count, there is no ceiling."""
+
+    def __init__(self, objective: Objective, train_tokens: float, tokens_per_step: float,
+                 top_k: int, deadline_days: float | None, budget_usd: float | None,
+                 price: float | None):
+        ctx = multiprocessing.get_context("fork") if forking.can_fork() else multiprocessing
+        self.objective, self.top_k = objective, top_k
+        self.deadline, self.budget, self.price = deadline_days, budget_usd, price
+        self.days_per_step_s = train_tokens / tokens_per_step / 86_400.0  # days per second of step
+        self._kth = ctx.RawValue("d", float("inf"))  # the seed's k-th best objective value
+        self._published = ctx.Event()
+
+    @classmethod
+    def make(cls, clusters: Sequence[Cluster], job: Job, objective: Objective,
+             train_tokens: float, price: float | None, top_k: int,
+             deadline_days: float | None, budget_usd: float | None) -> _Wanted | None:
+        """The sweep's, where a ceiling applies (class doc); else None."""
+        if (top_k == 1 or objective not in (Objective.TIME, Objective.COST)
+                or any(c.fails for c in clusters)):
+            return None
+        return cls(objective, train_tokens, job.tokens_per_step, top_k, deadline_days,
+                   budget_usd, price)
+
+    def _per_s(self, cluster: Cluster) -> float:
+        """The objective per second of step time at ``cluster``'s count."""
+        return self.days_per_step_s * (1.0 if self.objective is Objective.TIME
+                                       else cluster.gpus * 24.0)
+
+    def publish(self, plans: Sequence[Ranked], cluster: Cluster) -> None:
+        """The seed's plans (found on ``cluster``): their k-th best objective value among
+        those meeting the deadline and budget (infinite where fewer do)."""
+        values = []
+        for r in plans:
+            step = r.prediction.step_time_s
+            days = step * self.days_per_step_s
+            cost = None if self.price is None else days * 24.0 * cluster.gpus * self.price
+            if ((self.deadline is None or days <= self.deadline)
+                    and (self.budget is None or (cost is not None and cost <= self.budget))):
+                values.append(step * self._per_s(cluster))
+        values.sort()
+        self._kth.value = values[self.top_k - 1] if len(values) >= self.top_k else float("inf")
+        self._published.set()
+
+    def release(self) -> None:
+        """Let the searches waiting for the seed's plans go (without a ceiling, where
+        none were published)."""
+        self._published.set()
+
+    def ceiling(self, cluster: Cluster) -> Ceiling:
+        """The search ceiling of ``cluster``'s count. Asked first when the search has
+        found its first plan (its walk until then reads no threshold), it waits there for
+        the seed's plans: a search started before they are published runs on meanwhile."""
+        per_s = self._per_s(cluster)
+        cap: list[float] = []
+
+        def told(_: Ranked) -> float:
+            if not cap:
+                self._published.wait()
+                cap.append(self._kth.value / per_s * (1 + 1e-9))
+            return cap[0]
+
+        return told
 
 
 def pareto_front(points: Sequence[Point]) -> tuple[Point, ...]:

@@ -93,3 +93,19 @@ def test_deal_raises_what_a_task_raised(monkeypatch: pytest.MonkeyPatch, failing
 
     with pytest.raises(ValueError, match=f"task {failing} failed"):
         forking.deal(range(7), work, workers=2)
+
+
+def test_tasks_waiting_on_a_failed_process_are_let_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task that waits for another's result (a sweep's ceiling waits for its seed) is
+    let go by ``ended`` where the process running that one fails: an error, not a hang."""
+    _fork_here(monkeypatch, True)
+    seeded = __import__("multiprocessing").get_context("fork").Event()
+
+    def work(i: int) -> int:
+        if i == 3:  # the second process takes it first, from the back
+            raise ValueError("the seed's search failed")
+        assert seeded.wait(timeout=60), "never let go"
+        return i
+
+    with pytest.raises(ValueError, match="seed's search failed"):
+        forking.deal(range(4), work, workers=2, ended=seeded.set)

@@ -22,7 +22,7 @@ from autoplan.search.engine import search
 from autoplan.whatif.counts import MAX_COUNTS, parse_gpu_counts
 from autoplan.whatif.economics import Economics, Objective, economics, mean_power_W
 from autoplan.whatif.plot import front_svg
-from autoplan.whatif.sweep import Point, constrain, pareto_front, sweep
+from autoplan.whatif.sweep import Point, constrain, meets, pareto_front, sweep
 from tests.helpers import cpu_seconds, make_plan
 
 # ----------------------------------------------------------------------------- economics
@@ -185,6 +185,74 @@ def test_sweep_in_parallel_equals_in_turn_and_its_front_holds() -> None:
     ranked = one.ranked()
     keys = [p.economics.key(Objective.TIME) for p in ranked]
     assert keys == sorted(keys) and ranked[0].gpus == 32
+
+
+@pytest.mark.parametrize("objective,limits", [
+    (Objective.TIME, {}),
+    (Objective.COST, {}),
+    (Objective.TIME, {"deadline_days": 60.0}),  # 32 GPUs' plans meet it, 8's and 16's miss it
+    (Objective.COST, {"budget_usd": 9e4}),
+])
+def test_a_sweep_searching_only_what_its_top_k_can_use_ranks_the_same(
+        monkeypatch: pytest.MonkeyPatch, objective: Objective, limits: dict[str, float]) -> None:
+    """Each count's search is asked only for plans that can enter the sweep's top k (by
+    the objective, among those meeting the deadline and budget) or be the count's best:
+    the ranked plans that meet them, the points and the front are those of every count's
+    own top k, and the capped searches evaluate no more plans."""
+    from autoplan.whatif import sweep as sweep_module
+
+    def run(capped: bool):  # type: ignore[no-untyped-def]
+        if not capped:
+            monkeypatch.setattr(sweep_module._Wanted, "make", classmethod(lambda cls, *a: None))
+        else:
+            monkeypatch.undo()
+        base = resolve_cluster("dgx-h100")
+        return sweep(resolve_model("llama3-8b"), [with_gpus(base, n) for n in (8, 16, 32)],
+                     Job(global_batch=64, seq_len=4096), load_space("default"),
+                     train_tokens=1e12, top_k=4, jobs=1, objective=objective, **limits)
+
+    full, capped = run(False), run(True)
+    deadline, budget = limits.get("deadline_days"), limits.get("budget_usd")
+
+    def wanted(result):  # type: ignore[no-untyped-def]
+        return [(p.plan, p.prediction) for p in result.ranked()
+                if all(meets(p, deadline, budget))][:4]
+
+    assert wanted(capped) == wanted(full) and len(wanted(full)) > 0
+    assert [(p.plan, p.economics) for p in capped.points] == \
+        [(p.plan, p.economics) for p in full.points]
+    assert [p.plan for p in capped.front] == [p.plan for p in full.front]
+    # the most GPUs are searched first: by time their plans are the fastest and the other
+    # counts' searches stop at them (by cost they are the dearest here: no saving)
+    assert capped.stats().evaluated <= full.stats().evaluated
+    if objective is Objective.TIME:
+        assert capped.stats().evaluated < full.stats().evaluated
+
+
+def test_a_capped_sweep_counts_the_same_work_in_turn_and_in_parallel() -> None:
+    """Each count's ceiling is fixed before its search starts, whichever process runs it:
+    the whole answer, its counts included, is the same in one process and in two."""
+    base = resolve_cluster("dgx-h100")
+
+    def run(jobs: int):  # type: ignore[no-untyped-def]
+        return sweep(resolve_model("llama3-8b"), [with_gpus(base, n) for n in (8, 16, 32, 64)],
+                     Job(global_batch=64, seq_len=4096), load_space("default"),
+                     train_tokens=1e12, top_k=3, jobs=jobs)
+
+    one, two = run(1), run(2)
+    assert one.results == two.results
+    assert one.stats() == two.stats()
+
+
+def test_a_search_keeps_its_best_whatever_its_ceiling_says() -> None:
+    """A ceiling that wants nothing still gets the search's best plan (its count's point)."""
+    args = (resolve_model("llama3-8b"), with_gpus(resolve_cluster("dgx-h100"), 16),
+            Job(global_batch=64, seq_len=4096), load_space("default"))
+    best = search(*args, top_k=1).plans[0]
+    asked = []
+    found = search(*args, top_k=5, ceiling=lambda r: asked.append(r) or 0.0)
+    assert found.plans[0] == best and asked
+    assert all(r.prediction.step_time_s == best.prediction.step_time_s for r in found.plans)
 
 
 def test_sweep_price_override_scales_cost_only() -> None:
