@@ -27,13 +27,13 @@ not tried. A split's own bound (m times its slowest stage) skips the evaluation 
 that cannot enter the top k. For Llama 3 70B on 32 H100 + 32 A100 the walk generates
 65,280 candidates and evaluates under a hundred and fifty (``benchmarks/pooled_search.py``).
 
-Where a second process can run (``autoplan.forking``), the search is dealt to two: each
-searches every other pool alone and walks every other group across pools, bounded by
-the plans it found itself. Each keeps every plan of its groups that could enter the top k
-or be the best across pools, so the answer is the one a single walk gives; the two walk
-further than one would (each bound by its own plans only), and the counts of evaluated and
-pruned candidates differ with the number of processes. Llama 3 70B on 32 H100 + 32 A100:
-3.3 s to 2.2 s on two cores.
+The search is dealt to two parts, run in two processes where a second can run
+(``autoplan.forking``), else in turn: each searches every other pool alone and walks every
+other group across pools, bounded by the plans it found itself. Each keeps every plan of
+its groups that could enter the top k or be the best across pools, so the answer is the
+one a single walk gives; together they walk further than one would (each is bounded by
+its own plans only), the same on any machine. Llama 3 70B on 32 H100 + 32 A100: 3.3 s
+to 2.2 s on two cores.
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ from autoplan.search.engine import (
 from autoplan.vocab import NO_OFFLOAD, CpComm, Recompute, ZeroStage
 
 MAX_ALL_ORDERS = 3  # pools whose every order along the pipeline is tried
+PARTS = 2  # the search's parts (``_search_pooled``), whatever the machine
 _BISECTIONS = 60  # at most; the bisection stops within _TOLERANCE of the least bottleneck
 _TOLERANCE = 1e-4  # of the least bottleneck: the split found is within it
 
@@ -174,12 +175,13 @@ def _search_pooled(model: Model, cluster: PooledCluster, job: Job, space: Search
         return (default_headroom_bytes(c.device.mem_bytes) if min_headroom_bytes is None
                 else min_headroom_bytes)
 
-    # where a second process can run (``autoplan.forking``) the search is dealt to two:
+    # the search is dealt to two parts, run in two processes where a second can run
+    # (``autoplan.forking``; else one after the other: the same counts on any machine):
     # each searches every other pool alone, builds the groups across pools and walks
     # every other one of them, bounded by its own plans (alone and across); the answer is
-    # theirs together, the same as one process finds (``_walk``: each keeps every plan of
+    # theirs together, the same as one walk finds (``_walk``: each keeps every plan of
     # its groups' top k, and its best across pools)
-    parts = 2 if forking.can_fork() else 1
+    parts = PARTS
     stats = SearchStats()
     other = [forking.beside(functools.partial(
         _search_part, model, cluster, job, space, top_k, headroom, w, parts))
