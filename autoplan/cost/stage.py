@@ -22,6 +22,7 @@ from autoplan.kernels.layer import (
     stage_params,
 )
 from autoplan.parallel import cp, dp, ep, mesh, pp, tp
+from autoplan.parallel.mesh import count_free
 from autoplan.plan import Layout, Memory, Plan
 from autoplan.schedules import Schedule
 from autoplan.schedules.memory import peak_held
@@ -310,18 +311,6 @@ def _layer_key(plan: Plan) -> Plan:
 def _shared_of(plan: Plan) -> _Shared:
     core = _layer_core(plan.model, count_free(plan.cluster), shard_of(plan))
     return _Shared(core, mesh.groups(plan), pp.send_seconds(plan, core.act_bytes))
-
-
-@memo(256)
-def count_free(cluster: Cluster) -> Cluster:
-    """The cluster as far as a layer's costs depend on it: its node count enters them only
-    through ``min(nvlink_domain, gpus)`` (``comm.place_group``), the same at every count
-    from one NVLink domain up, so the clusters of a sweep's counts (search --gpus) share
-    their layers' costs."""
-    domain_nodes = -(-cluster.nvlink_domain // cluster.gpus_per_node)
-    if cluster.nodes <= domain_nodes:
-        return cluster
-    return dataclasses.replace(cluster, nodes=domain_nodes)
 
 
 @memo(8192)

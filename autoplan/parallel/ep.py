@@ -151,8 +151,10 @@ def dispatch_for(model: Model, cluster: Cluster, lay: Layout, space: SearchSpace
         return MoeDispatch.ALLTOALL
     if len(space.moe_dispatch) == 1:
         return space.moe_dispatch[0]
-    return _fastest_dispatch(model, cluster, lay.tp, lay.cp, lay.ep, lay.etp, space.moe_dispatch,
-                             seq_len)
+    # the layer's groups are placed alike on every count from one NVLink domain up: a
+    # sweep's counts share the choice
+    return _fastest_dispatch(model, mesh.count_free(cluster), lay.tp, lay.cp, lay.ep, lay.etp,
+                             space.moe_dispatch, seq_len)
 
 
 @memo(4096)

@@ -8,6 +8,7 @@ folding). A group's ``stride`` is the product of the degrees inside it.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from autoplan.caches import memo
@@ -17,6 +18,18 @@ from autoplan.vocab import Axis
 
 if TYPE_CHECKING:
     from autoplan.plan import Layout, Plan
+
+
+@memo(256)
+def count_free(cluster: Cluster) -> Cluster:
+    """The cluster as far as a layer's costs depend on it: its node count enters them only
+    through ``min(nvlink_domain, gpus)`` (``comm.place_group``), the same at every count
+    from one NVLink domain up, so the clusters of a sweep's counts (search --gpus) share
+    their layers' costs (``layer_groups`` places the same groups on both)."""
+    domain_nodes = -(-cluster.nvlink_domain // cluster.gpus_per_node)
+    if cluster.nodes <= domain_nodes:
+        return cluster
+    return dataclasses.replace(cluster, nodes=domain_nodes)
 
 
 def groups(plan: Plan) -> dict[Axis, comm.Group]:
