@@ -382,9 +382,34 @@ class TimeBounds:
                         floor = max(floor, _uniform_chain(unit, self._uniform_runs(base), m,
                                                           fused, split))
             least = min(least, floor)
-        if self._overhead is None:  # the stack's, the same for every plan of the search
-            self._overhead = step_overhead(ctx.probe(base))
-        return least + self._overhead
+        return least + self.overhead(base)
+
+    def block_floor(self, base: Layout, sps: Sequence[bool], cps: Sequence[CpComm],
+                    recompute: Recompute) -> float:
+        """A step time no plan of a layout sharing ``base``'s shard (tp, cp, ep, etp: any
+        pp, dp or hybrid sharding at this GPU count) beats: the least over the space's
+        micro-batches, sequence parallelism (of ``sps``) and exchanges (of ``cps``) of the
+        mean term of :meth:`layout_mean_floor`, m x a microbatch's work / pp, plus the
+        step overhead. With dp = N / (tp pp cp) and m = B / (dp b), m / pp = B tp cp / (N b)
+        whatever pp and dp are: one number for the block. (Micro-batches no dp of the block
+        divides the batch by count too: a lower bound still.)"""
+        model, ctx = self.ctx.model, self.ctx
+        cluster, dispatch, cps = count_free(ctx.cluster), ctx.dispatch(base), tuple(cps)
+        per_b = ctx.job.global_batch * base.tp * base.cp / ctx.cluster.gpus
+        least = float("inf")
+        for mbs in ctx.space.micro_batches:
+            for sp in sps:
+                parts = _shard_parts(model, cluster, ctx.job, ctx.space.stack, base.tp, base.cp,
+                                     base.ep, base.etp, dispatch, mbs, sp, recompute,
+                                     ctx.modules(recompute), cps)
+                least = min(least, min(part[0] for part, _ in parts) * per_b / mbs)
+        return least + self.overhead(base)
+
+    def overhead(self, base: Layout) -> float:
+        """The stack's per-step overhead: the same for every plan of the search."""
+        if self._overhead is None:
+            self._overhead = step_overhead(self.ctx.probe(base))
+        return self._overhead
 
     def _kinds(self, base: Layout, mbs: int, m: int, scheds: Sequence[Sched]
                ) -> tuple[bool, bool, bool] | None:

@@ -17,7 +17,7 @@ from autoplan.plan import Layout, Memory, Plan
 from autoplan.search.bound import TimeBounds
 from autoplan.search.context import Context
 from autoplan.search.floors import MemoryFloors
-from autoplan.search.items import Group, Sched, Unopened, evolve_group
+from autoplan.search.items import Block, Group, Sched, Unopened, evolve_group
 from autoplan.search.results import ZERO_UNSHARDED, SearchStats, rank_key_static
 from autoplan.vocab import NO_OFFLOAD, CpComm, Recompute, ZeroStage
 
@@ -28,6 +28,7 @@ class Enumeration:
 
     def __init__(self, ctx: Context, stats: SearchStats, bounds: TimeBounds, floors: MemoryFloors):
         self.ctx, self.stats, self.bounds, self.floors = ctx, stats, bounds, floors
+        self._schedules: dict[int, list[Sched]] = {}  # pp -> its schedule choices
 
     def layouts(self) -> Iterator[Layout]:
         """Every layout of the axes' degrees, expert foldings included, and where the space
@@ -55,7 +56,9 @@ class Enumeration:
         """The layout's schedules, ZeRO stages, sequence parallelism and exchanges, and its
         candidates per ZeRO stage and per micro-batch."""
         ctx, space = self.ctx, self.ctx.space
-        scheds = pp.schedule_choices(base, space)
+        scheds = self._schedules.get(base.pp)
+        if scheds is None:  # they read the pipeline degree alone
+            scheds = self._schedules[base.pp] = pp.schedule_choices(base, space)
         zeros = dp.zero_stages(base, space)
         sps = tp.sequence_parallel_choices(ctx.model, base, space)
         cps = cp.exchanges(ctx.model, base, ctx.job.seq_len, space)
@@ -63,19 +66,41 @@ class Enumeration:
         per_mbs = per_zero * len(zeros) * max(1, len(sps))
         return scheds, zeros, sps, cps, per_zero, per_mbs
 
-    def unopened(self, bounded: bool = True) -> Iterator[Unopened]:
-        """Every layout passing the rules of a valid plan that read the layout alone
-        (``Scope.JOB``, ``Scope.LAYOUT``), unopened, at a bound valid for all its candidates
-        (:meth:`TimeBounds.layout_mean_floor`; 0 unless ``bounded``: to be opened at once);
-        its candidates counted as generated here, those the rules prune by the rule."""
+    def blocks(self) -> list[Block]:
+        """Every layout (:meth:`layouts`), in blocks of one shard (tp, cp, ep, etp), each
+        at a bound valid for all its candidates (:meth:`TimeBounds.block_floor`); its
+        candidates counted as generated here. A block's layouts are bounded and their
+        rules asked only if it comes up (:meth:`unblocked`): without the fill, which the
+        layouts' own bounds count, most blocks never do."""
+        ctx, space = self.ctx, self.ctx.space
+        least = min(space.recompute, key=lambda rc: rc.level)
+        by_shard: dict[tuple[int, int, int, int], list[tuple[Layout, tuple]]] = {}
+        size = 0
+        for base in self.layouts():
+            choices = self._layout_choices(base)
+            by_shard.setdefault((base.tp, base.cp, base.ep, base.etp), []).append((base, choices))
+            size += choices[-1] * len(space.micro_batches)
+        self.stats.generated += size
+        out = []
+        for layouts in by_shard.values():
+            base, (_, _, sps, cps, _, _) = layouts[0]
+            n = sum(c[-1] for _, c in layouts) * len(space.micro_batches)
+            bound = self.bounds.block_floor(base, sps or (False,), cps, least)
+            out.append(Block(bound, rank_key_static(ctx.probe(base)), tuple(layouts), n))
+        return out
+
+    def unblocked(self, block: Block, bounded: bool = True) -> Iterator[Unopened]:
+        """The block's layouts that pass the rules of a valid plan that read the layout
+        alone (``Scope.JOB``, ``Scope.LAYOUT``), unopened, each at a bound valid for all
+        its candidates (:meth:`TimeBounds.layout_mean_floor`, at least the block's; 0
+        unless ``bounded``: to be opened at once); those the rules prune counted by the
+        rule."""
         ctx, stats = self.ctx, self.stats
         space = ctx.space
         least = min(space.recompute, key=lambda rc: rc.level)
-        for base in self.layouts():
-            choices = self._layout_choices(base)
+        for base, choices in block.layouts:
             scheds, _, sps, cps, _, per_mbs = choices
             size = per_mbs * len(space.micro_batches)
-            stats.generated += size
             probe = ctx.probe(base)
             rule = first_broken(probe, Scope.JOB) or first_broken(probe, Scope.LAYOUT)
             if rule is None and not sps:  # MoE with tp > 1 in a space without SP
@@ -83,8 +108,14 @@ class Enumeration:
             if rule:
                 stats.pruned[rule.id] += size
                 continue
-            bound = self.bounds.layout_mean_floor(base, sps, cps, least, scheds) if bounded else 0.0
+            bound = max(block.bound, self.bounds.layout_mean_floor(base, sps, cps, least, scheds)
+                        ) if bounded else 0.0
             yield Unopened(bound, rank_key_static(probe), base, size, choices)
+
+    def unopened(self, bounded: bool = True) -> Iterator[Unopened]:
+        """Every layout of every block (:meth:`blocks`, :meth:`unblocked`)."""
+        for block in self.blocks():
+            yield from self.unblocked(block, bounded)
 
     def opened(self, item: Unopened) -> Iterator[Group]:
         """The groups of an unopened layout (:meth:`groups`), past the rules that read its

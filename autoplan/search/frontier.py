@@ -18,6 +18,7 @@ from autoplan.search.context import Context
 from autoplan.search.enumeration import Enumeration
 from autoplan.search.floors import MemoryFloors
 from autoplan.search.items import (
+    Block,
     Candidate,
     Group,
     Split,
@@ -55,7 +56,7 @@ MEMORY_FIRST = 0.5
 # cost than the simulations they would save: seven searches of the golden check). Every
 # V-shaped schedule of the registry is chained (``Schedule.v_shape``).
 
-_Item = Group | Candidate | Split | Unopened
+_Item = Group | Candidate | Split | Unopened | Block
 
 
 class Frontier:
@@ -82,8 +83,8 @@ class Frontier:
         """Best-first: pop the lowest bound; expand groups, evaluate candidates; stop when
         the lowest remaining bound cannot beat the k-th best step time."""
         heap = self._heap = []
-        for i, layout in enumerate(self.walk.unopened()):
-            heap.append((layout.bound, layout.key, i, layout))
+        for i, block in enumerate(self.walk.blocks()):
+            heap.append((block.bound, block.key, i, block))
         heapq.heapify(heap)
         self._seq = len(heap)
         self._best = []
@@ -93,7 +94,7 @@ class Frontier:
             # the bound and a simulated time of a tie may differ in the last bits
             if bound > self.threshold * (1 + BOUND_SLACK):
                 self.stats.pruned[BOUND] += sum(
-                    it.size if isinstance(it, Group | Unopened) else 1 for *_, it in heap)
+                    it.size if isinstance(it, Group | Unopened | Block) else 1 for *_, it in heap)
                 break
             heapq.heappop(heap)
             if isinstance(item, Candidate):
@@ -105,6 +106,9 @@ class Frontier:
             elif isinstance(item, Unopened):
                 for group in self.walk.opened(item):  # each at its own bound, at least this one
                     self._push(group)
+            elif isinstance(item, Block):
+                for layout in self.walk.unblocked(item):  # each at its own bound, at least this one
+                    self._push(layout)
             else:
                 self._push(self.realize(item))
         top = sorted((r for _, _, r in self._best), key=lambda r: rank_key(r.plan, r.prediction))

@@ -90,6 +90,19 @@ class Unopened:
     choices: tuple = ()
 
 
+@dataclass(frozen=True, slots=True)
+class Block:
+    """Layouts of one shard (tp, cp, ep, etp) at every pipeline degree and hybrid sharding
+    (search/enumeration.py), yet to be looked into: its bound holds for every candidate of
+    each (:meth:`TimeBounds.block_floor`), so its layouts are bounded (and their rules
+    asked) only if it comes up."""
+
+    bound: float
+    key: tuple
+    layouts: tuple[tuple[Layout, tuple], ...]  # each with its choices (``Unopened.choices``)
+    size: int  # the candidates its layouts stand for
+
+
 # ``dataclasses.replace`` of a group and of a candidate, as straight-line code: the queue
 # replaces them tens of thousands of times a search (``plan.compile_replace``)
 evolve_group = compile_replace(Group)
