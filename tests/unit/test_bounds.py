@@ -197,6 +197,39 @@ def test_an_unopened_layouts_bound_holds_for_every_group_it_opens_into(case):
     assert opened >= 10
 
 
+@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[5]], ids=lambda c: f"{c[0]}-{c[5]}")
+def test_a_blocks_bound_holds_for_every_layout_in_it(case):
+    """Layouts enter the queue in blocks of one shard (tp, cp, ep, etp), at the least mean
+    work of any pipeline degree (search.bound.TimeBounds.block_floor): it is the mean
+    term of each layout's own bound (m / pp is the same for all, by hand below), so no
+    layout of the block enters below it, and the block counts every candidate of its
+    layouts."""
+    name, cluster, gpus, gbs, seq, space_name, _ = case
+    walk = _Search(_model(name), with_gpus(resolve_cluster(cluster), gpus),
+                   Job(global_batch=gbs, seq_len=seq), load_space(space_name), top_k=1)
+    blocks = walk.walk.blocks()
+    assert walk.stats.generated == sum(b.size for b in blocks)
+    least = min(walk.space.recompute, key=lambda r: r.level)
+    for block in blocks:
+        shard = {(lay.tp, lay.cp, lay.ep, lay.etp) for lay, _ in block.layouts}
+        assert len(shard) == 1
+        for lay, (scheds, _, sps, cps, _, per_mbs) in block.layouts:
+            assert per_mbs * len(walk.space.micro_batches) <= block.size
+            if sps:
+                own = walk.bounds.layout_mean_floor(lay, sps, cps, least, scheds)
+                assert block.bound <= own * TIGHT, (lay, block.bound, own)
+        for item in walk.walk.unblocked(block):
+            assert item.bound >= block.bound
+    # m / pp: dp = N / (tp pp cp) and m = B / (dp b), whatever pp
+    n, batch = gpus, gbs
+    for pp_ in (1, 2, 4):
+        tp_, cp_, b = 2, 1, 1
+        if n % (tp_ * pp_ * cp_) == 0:
+            dp_ = n // (tp_ * pp_ * cp_)
+            if batch % (dp_ * b) == 0:
+                assert (batch // (dp_ * b)) / pp_ == pytest.approx(batch * tp_ * cp_ / (n * b))
+
+
 @pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[5]], ids=lambda c: f"{c[0]}-{c[5]}")
 def test_a_layouts_shared_bound_holds_for_its_every_zero_and_recompute_group(case):
     """A bundle comes up at its layout's bound at its least recompute, and each of its
