@@ -353,14 +353,29 @@ def test_min_pipeline_time_by_hand():
     assert got == pytest.approx(6, rel=1e-3) and got <= 6
 
 
-@pytest.mark.xfail(strict=True, reason="CP-SAT's memory phase keeps 9 GB on stage 4 where the DP "
-                                       "finds 8 GB (found by the property test above, 2026-11-27); "
-                                       "a strict xfail, so the fix is noticed")
+def test_cpsat_finds_the_least_peak_memory_at_a_tied_bottleneck():
+    """16 layers on 5 stages, the bottleneck 2.5 s either way: (3, 1, 3, 7, 2) peaks at
+    15 GB (stage 0: layer 2's 3 GB x 5 in flight), (3, 1, 4, 7, 1) at 20 GB (stage 2: layer
+    5's 2 GB of weights and layers 5-7's 6 GB x 3). Both solvers find the first (the
+    property test above found CP-SAT, presolve on, taking the second as optimal)."""
+    prob = PartitionProblem(
+        layer_time=(0.0,) * 6 + (0.5, 2.0) + (0.0,) * 4 + (0.5, 0.0, 0.5, 2.0),
+        layer_static=(0.0,) * 5 + (2 * GB,) + (0.0,) * 10,
+        layer_activation=(0.0, 0.0, 3 * GB, 3 * GB, 0.0, 2 * GB, 2 * GB, 2 * GB, 4 * GB, 1 * GB,
+                          0.0, 0.0, 0.0, 0.0, 1 * GB, 0.0),
+        stage_time=(0.0,) * 5, stage_static=(0.0,) * 5, inflight=(5, 4, 3, 2, 1),
+        capacity=22.95e9, shape=StageShape.ANY, min_layers=1)
+    got = both(prob)
+    assert got is not None and got.layers == (3, 1, 3, 7, 2)
+    assert max(got.peak_bytes) == 15e9 and got.bottleneck_s == 2.5
+
+
 def test_cpsat_finds_the_least_peak_memory_when_every_layer_time_is_zero():
     """17 layers on 6 stages, no time anywhere, so the split is ranked by its largest
     stage memory: (1, 1, 1, 1, 11, 2) holds at most 8 GB (stage 2: 2 GB x 4 in flight;
     the last stage 3 + 4 + 1 GB), (1, 1, 1, 1, 12, 1) puts layer 15's 3 GB on stage 4
-    beside its 6 GB of activations (9 GB). The DP finds the first; CP-SAT the second."""
+    beside its 6 GB of activations (9 GB). Both solvers find the first (CP-SAT with its
+    presolve on found the second, and called it optimal)."""
     zero = (0.0,) * 17
     prob = PartitionProblem(
         layer_time=zero, layer_static=(0.0,) * 15 + (3 * GB, 4 * GB),
