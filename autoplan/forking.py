@@ -18,6 +18,7 @@ import functools
 import multiprocessing
 import os
 import pickle
+import signal
 import threading
 import traceback
 from collections.abc import Callable, Sequence
@@ -52,6 +53,14 @@ class Beside(Generic[T]):
                 _child(fn, write)
             os.close(write)
             self._pid, self._read, self._fn = pid, read, None
+
+    def abandon(self) -> None:
+        """Stop the work where it runs in a child (the caller failed: its result is not
+        wanted), and reap the child."""
+        if self._pid:
+            _stop(self._pid)
+            os.close(self._read)
+            self._pid, self._fn = 0, None
 
     def result(self) -> T:
         if self._fn is not None:  # not forked: run here
@@ -174,11 +183,16 @@ def deal(order: Sequence[int], work: Callable[[int], T],
     try:
         while (task := take(True)) is not None:
             record(task, work(task))
-    finally:
+    except BaseException:
+        for pid, _ in children:  # this process failed: the others' tasks are not wanted
+            _stop(pid)
         for t in listeners:
             t.join()
-        for pid, _ in children:
-            os.waitpid(pid, 0)
+        raise
+    for t in listeners:
+        t.join()
+    for pid, _ in children:
+        os.waitpid(pid, 0)
     for failure in failures:
         if isinstance(failure, BaseException):
             raise failure
@@ -187,6 +201,15 @@ def deal(order: Sequence[int], work: Callable[[int], T],
     if missing:
         raise RuntimeError(f"forked search processes ended without {len(missing)} of their results")
     return out
+
+
+def _stop(pid: int) -> None:
+    """Kill a forked child and reap it."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.waitpid(pid, 0)
 
 
 def _worker(take: Callable[[], int | None], work: Callable[[int], object], write: int) -> None:

@@ -186,7 +186,13 @@ def _search_pooled(model: Model, cluster: PooledCluster, job: Job, space: Search
     other = [forking.beside(functools.partial(
         _search_part, model, cluster, job, space, top_k, headroom, w, parts))
         for w in range(1, parts)]
-    mine = _search_part(model, cluster, job, space, top_k, headroom, 0, parts, stats, progress)
+    try:
+        mine = _search_part(model, cluster, job, space, top_k, headroom, 0, parts, stats,
+                            progress)
+    except BaseException:
+        for pending in other:
+            pending.abandon()
+        raise
     found = [mine, *(pending.result() for pending in other)]
     alone = tuple(sorted((a for part in found for a in part.alone), key=lambda a: a[0]))
     across = sorted((r for part in found for r in part.across),

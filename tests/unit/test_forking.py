@@ -109,3 +109,29 @@ def test_tasks_waiting_on_a_failed_process_are_let_go(monkeypatch: pytest.Monkey
 
     with pytest.raises(ValueError, match="seed's search failed"):
         forking.deal(range(4), work, workers=2, ended=seeded.set)
+
+
+def test_a_failure_here_stops_the_other_processes_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where this process's task fails, the children's tasks are not wanted: they are
+    stopped, not waited for (each here would take a minute)."""
+    _fork_here(monkeypatch, True)
+
+    def work(i: int) -> int:
+        if i == 0:
+            time.sleep(0.2)  # the child has taken its first task by now
+            raise ValueError("this one failed")
+        time.sleep(60)
+        return i
+
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="this one failed"):
+        forking.deal(range(4), work, workers=2)
+    assert time.monotonic() - started < 30
+
+
+def test_abandoned_work_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fork_here(monkeypatch, True)
+    pending = forking.beside(lambda: time.sleep(60))
+    started = time.monotonic()
+    pending.abandon()
+    assert time.monotonic() - started < 30
