@@ -22,7 +22,7 @@ import signal
 import threading
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Generic, NoReturn, TypeVar
 
 T = TypeVar("T")
 
@@ -73,11 +73,9 @@ class Beside(Generic[T]):
             raise RuntimeError(f"a forked search process ended without a result "
                                f"(wait status {status})")
         ok, value = pickle.loads(payload)
-        if ok:
-            return value  # type: ignore[no-any-return]
-        if isinstance(value, BaseException):
-            raise value
-        raise RuntimeError(f"a forked search process failed:\n{value}")
+        if not ok:
+            _raise(value)
+        return value  # type: ignore[no-any-return]
 
 
 def beside(fn: Callable[[], T]) -> Beside[T]:
@@ -88,20 +86,33 @@ def beside(fn: Callable[[], T]) -> Beside[T]:
 
 def _child(fn: Callable[[], object], write: int) -> None:
     """Run ``fn`` in the forked child and send (ok, result or error) down ``write``."""
-    code = 0
+    ok = False
     try:
-        try:
-            payload = pickle.dumps((True, fn()), protocol=pickle.HIGHEST_PROTOCOL)
-        except BaseException as exc:  # noqa: BLE001 -- every failure goes to the parent
-            code = 1
-            try:
-                payload = pickle.dumps((False, exc), protocol=pickle.HIGHEST_PROTOCOL)
-            except Exception:  # noqa: BLE001 -- an exception that does not pickle
-                payload = pickle.dumps((False, traceback.format_exc()))
+        payload, ok = _outcome(fn)
         with os.fdopen(write, "wb") as pipe:
             pipe.write(payload)
     finally:
-        os._exit(code)
+        os._exit(0 if ok else 1)
+
+
+def _outcome(fn: Callable[[], object], *head: object) -> tuple[bytes, bool]:
+    """``fn()`` run, and (ok, *head, its result or the failure it ended in) pickled for
+    the parent; whether it ran to its end. Every failure goes to the parent; one that
+    does not pickle goes as its traceback's text."""
+    try:
+        return pickle.dumps((True, *head, fn()), protocol=pickle.HIGHEST_PROTOCOL), True
+    except BaseException as exc:  # noqa: BLE001
+        try:
+            return pickle.dumps((False, *head, exc), protocol=pickle.HIGHEST_PROTOCOL), False
+        except Exception:  # noqa: BLE001
+            return pickle.dumps((False, *head, traceback.format_exc())), False
+
+
+def _raise(failure: BaseException | str) -> NoReturn:
+    """Raise in the parent what a child's work ended in (:func:`_outcome`)."""
+    if isinstance(failure, BaseException):
+        raise failure
+    raise RuntimeError(f"a forked search process failed:\n{failure}")
 
 
 def dealt_to(tasks: int, workers: int | None = None) -> int:
@@ -194,9 +205,7 @@ def deal(order: Sequence[int], work: Callable[[int], T],
     for pid, _ in children:
         os.waitpid(pid, 0)
     for failure in failures:
-        if isinstance(failure, BaseException):
-            raise failure
-        raise RuntimeError(f"a forked search process failed:\n{failure}")
+        _raise(failure)
     missing = [i for i in order if i not in out]
     if missing:
         raise RuntimeError(f"forked search processes ended without {len(missing)} of their results")
@@ -216,22 +225,13 @@ def _worker(take: Callable[[], int | None], work: Callable[[int], object], write
     """A child of :func:`deal`: runs the tasks ``take`` gives until there are none, each
     result (or the failure that ends it) sent down ``write`` as an 8-byte length and a
     pickle."""
-    code = 0
+    ok = True
     try:
         with os.fdopen(write, "wb") as pipe:
-            while (i := take()) is not None:
-                try:
-                    message = pickle.dumps((True, i, work(i)), protocol=pickle.HIGHEST_PROTOCOL)
-                except BaseException as exc:  # noqa: BLE001 -- every failure goes to the parent
-                    code = 1
-                    try:
-                        message = pickle.dumps((False, i, exc), protocol=pickle.HIGHEST_PROTOCOL)
-                    except Exception:  # noqa: BLE001 -- an exception that does not pickle
-                        message = pickle.dumps((False, i, traceback.format_exc()))
+            while ok and (i := take()) is not None:
+                message, ok = _outcome(functools.partial(work, i), i)
                 pipe.write(len(message).to_bytes(8, "little"))
                 pipe.write(message)
                 pipe.flush()
-                if code:
-                    break
     finally:
-        os._exit(code)
+        os._exit(0 if ok else 1)

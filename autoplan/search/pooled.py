@@ -181,13 +181,12 @@ def _search_pooled(model: Model, cluster: PooledCluster, job: Job, space: Search
     # every other one of them, bounded by its own plans (alone and across); the answer is
     # theirs together, the same as one walk finds (``_walk``: each keeps every plan of
     # its groups' top k, and its best across pools)
-    parts = PARTS
     stats = SearchStats()
     other = [forking.beside(functools.partial(
-        _search_part, model, cluster, job, space, top_k, headroom, w, parts))
-        for w in range(1, parts)]
+        _search_part, model, cluster, job, space, top_k, headroom, w, PARTS))
+        for w in range(1, PARTS)]
     try:
-        mine = _search_part(model, cluster, job, space, top_k, headroom, 0, parts, stats,
+        mine = _search_part(model, cluster, job, space, top_k, headroom, 0, PARTS, stats,
                             progress)
     except BaseException:
         for pending in other:
@@ -235,7 +234,7 @@ def _search_part(model: Model, cluster: PooledCluster, job: Job, space: SearchSp
         for i, g in enumerate(g for order in _orders(cluster)
                               for g in _groups(model, cluster, job, space, order, counts))]
     progress(f"searching plans across pools: {len(queue):,} layout groups by bound"
-             + (f", in {parts} processes" if parts > 1 else ""))
+             + (f", in {parts} processes" if parts > 1 and forking.can_fork() else ""))
     kept = sorted(r.prediction.step_time_s for _, a in alone for r in a.plans)
     stats = SearchStats()
     across = _walk(queue[part::parts], stats, kept, space, headroom, top_k)
