@@ -75,18 +75,16 @@ class Enumeration:
         ctx, space = self.ctx, self.ctx.space
         least = min(space.recompute, key=lambda rc: rc.level)
         by_shard: dict[tuple[int, int, int, int], list[tuple[Layout, tuple]]] = {}
-        size = 0
         for base in self.layouts():
-            choices = self._layout_choices(base)
-            by_shard.setdefault((base.tp, base.cp, base.ep, base.etp), []).append((base, choices))
-            size += choices[-1] * len(space.micro_batches)
-        self.stats.generated += size
+            by_shard.setdefault((base.tp, base.cp, base.ep, base.etp), []).append(
+                (base, self._layout_choices(base)))
         out = []
         for layouts in by_shard.values():
             base, (_, _, sps, cps, _, _) = layouts[0]
             n = sum(c[-1] for _, c in layouts) * len(space.micro_batches)
             bound = self.bounds.block_floor(base, sps or (False,), cps, least)
             out.append(Block(bound, rank_key_static(ctx.probe(base)), tuple(layouts), n))
+        self.stats.generated += sum(b.size for b in out)
         return out
 
     def unblocked(self, block: Block, bounded: bool = True) -> Iterator[Unopened]:
