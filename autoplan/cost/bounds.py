@@ -18,6 +18,7 @@ from autoplan.cost.stage import (
 from autoplan.cost.step import activation_copies_exposed, plan_durations
 from autoplan.parallel import mesh
 from autoplan.parallel.dp import (
+    grad_sync_after,
     grad_sync_bound,
     grad_sync_least,
     memory_pressure,
@@ -30,6 +31,7 @@ from autoplan.parallel.pp import dense_per_stage, output_stage
 from autoplan.plan import Plan
 from autoplan.schedules.memory import peak_inflight
 from autoplan.schedules.simulator import critical_chain
+from autoplan.vocab import ZeroStage
 
 __all__ = [
     "StageWork", "cost_key", "dense_per_stage", "memory_pressure", "memory_shortfall",
@@ -67,6 +69,12 @@ def step_time_lower_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
        that ends the step has), which ``evaluate`` adds after the makespan,
        and offloaded activations' copies where compute does not hide them, which it adds
        exactly so (:func:`offload_copies`).
+    4. Or the makespan and the sync together, from when each stage ends at the earliest
+       (``dp.grad_sync_after``): stage s ends no earlier than term 1's fill_s + m(F + B + W),
+       nor than the gradient of a later stage s' reaches it, the chain of term 2 cut at
+       s: fill_s' + m(F_s' + B_s') + sum_{s<=j<s'} b'_j, plus its W (w'_s) where W runs
+       apart (at s = 0 that is term 2 itself). The earlier a stage ends, the longer the
+       drain its reduction hides behind at most.
     """
     m, v = plan.num_microbatches, plan.layout.vpp
     split = plan.schedule.splits_backward
@@ -74,26 +82,49 @@ def step_time_lower_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
         firsts = chunk_work(plan)[:plan.layout.pp]
         fwd = [c.forward for c in firsts]
         bwd = [c.backward_input if split else c.backward for c in firsts]
-        w0 = firsts[0].backward_weight
+        wgt = [c.backward_weight for c in firsts]
     else:
         fwd = [w.forward / v for w in works]
         bwd = [(w.backward_input if split else w.backward) / v for w in works]
-        w0 = works[0].backward_weight / v
+        wgt = [w.backward_weight / v for w in works]
+    w0 = wgt[0]
+    synced = plan.zero is not ZeroStage.PARAMETERS  # ZeRO-3 syncs inside the stage times
+    ends: list[float] = []  # term 1 of each stage: the least time it ends
+    chains: list[float] = []  # term 2's chain of each stage, before stage 0's W
+    drains: list[float] = []  # sum_{j<s} b'_j
     best, fill, drain = 0.0, 0.0, 0.0
     for s, w in enumerate(works):  # (comparisons written out: the search's hottest loop)
         if split:
             x = fill + m * (w.forward + w.backward)
             if x > best:
                 best = x
+            if synced:
+                ends.append(x)
+                chains.append(fill + m * (w.forward + w.backward_input) + drain)
             x = fill + m * (w.forward + w.backward_input) + drain + (w0 if s else 0.0)
         else:
             x = fill + m * (w.forward + w.backward) + drain
+            if synced:
+                ends.append(x - drain)
+                chains.append(x)
         if x > best:
             best = x
+        if synced:
+            drains.append(drain)
         fill += fwd[s]
         drain += bwd[s]
-    return (best + optimizer_seconds(plan, works) + step_overhead(plan)
-            + grad_sync_bound(plan, mesh.groups(plan), works) + offload_copies(plan, works))
+    rest = optimizer_seconds(plan, works) + step_overhead(plan) + offload_copies(plan, works)
+    if not synced:
+        return best + rest
+    groups = mesh.groups(plan)
+    later = float("-inf")  # the latest chain of the stages after s
+    for s in range(len(works) - 1, -1, -1):
+        if later > ends[s]:
+            ends[s] = max(ends[s], later - drains[s] + (wgt[s] if split else 0.0))
+        if chains[s] > later:
+            later = chains[s]
+    return rest + max(best + grad_sync_bound(plan, groups, works),
+                      grad_sync_after(plan, groups, works, best, ends))
 
 
 def split_chain_floor(total: float, share: float, m: int, p: int) -> float:

@@ -298,6 +298,34 @@ def grad_sync_bound(plan: Plan, groups: dict[Axis, comm.Group],
     return max(grad_sync_floor(plan, groups, works), drained)
 
 
+def grad_sync_after(plan: Plan, groups: dict[Axis, comm.Group], works: Sequence[StageShare],
+                    makespan: float, ends: Sequence[float]) -> float:
+    """At most the makespan plus :func:`grad_sync_exposed` of every pipeline of the plan
+    whose makespan is at least ``makespan`` and whose stage s ends no earlier than
+    ``ends[s]``.
+
+    With T the makespan and f_s >= ends[s] when stage s ends, stage s's drain is
+    T - f_s <= T - ends[s], and its part of the sync falls as its drain grows (the
+    overlapped reduction max(0, r - d - b) + slow * min(r, b); nothing else in it reads
+    the drain): T + sync >= T + part_s(T - ends[s]) = max(T, r + ends[s] - b) + the rest,
+    which grows with T, and T >= max(makespan, ends[s]). The most over stages of that
+    bounds the sum; of a run of stages sharing one work (equal middle stages) the one
+    ending latest bounds the others'."""
+    if plan.zero is ZeroStage.PARAMETERS:
+        return makespan
+    best = makespan
+    n, i = len(works), 0
+    while i < n:
+        w, end = works[i], ends[i]
+        i += 1
+        while i < n and works[i] is w:
+            end = max(end, ends[i])
+            i += 1
+        t = max(makespan, end)
+        best = max(best, t + _stage_sync(plan, groups, w, t - end))
+    return best
+
+
 def grad_sync_drained_least(plan: Plan, groups: dict[Axis, comm.Group],
                             stages: Sequence[tuple[float, float, float]]) -> float:
     """At most :func:`grad_sync_exposed` of every plan of ``plan``'s layout, ZeRO stage

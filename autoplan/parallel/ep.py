@@ -9,7 +9,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autoplan.caches import memo
 from autoplan.descriptors.model import Model
@@ -204,10 +204,24 @@ def touched(experts: int, top_k: int, parts: int, groups: int = 0, group_topk: i
 def _router_blocks(experts: int, top_k: int, parts: int, groups: int, group_topk: int,
                    tokens: int = 4096) -> float:
     """Mean distinct blocks of ``tokens`` routed by Megatron-Core's group-limited top-k
+    (:func:`_routed`) when the experts are cut into ``parts`` equal blocks of consecutive
+    experts."""
+    import numpy as np
+
+    blocks = np.sort(_routed(experts, top_k, groups, group_topk, tokens) * parts // experts, axis=1)
+    return float(np.mean(1 + np.count_nonzero(np.diff(blocks, axis=1), axis=1)))
+
+
+# one routing serves every block count (the EP sizes and domains of a search): the
+# simulation is the cost (40 ms at 256 experts), the blocks of its choice are not
+@functools.lru_cache(maxsize=16)
+def _routed(experts: int, top_k: int, groups: int, group_topk: int, tokens: int) -> Any:
+    """The experts (tokens x top_k) Megatron-Core's group-limited top-k
     (moe_utils.group_limited_topk: a group scores the sum of its top_k // group_topk best
     affinities, the token keeps its group_topk best groups and its top_k experts among
-    them) on i.i.d. uniform affinities; seeded, so the same every call (sampling error
-    about 0.3% at 4096 tokens, DeepEP's benchmark batch)."""
+    them) chooses for ``tokens`` of i.i.d. uniform affinities; seeded, so the same every
+    call (sampling error of the mean blocks about 0.3% at 4096 tokens, DeepEP's benchmark
+    batch). Read-only: shared by every caller."""
     import numpy as np
 
     rng = np.random.default_rng(20241227)
@@ -220,8 +234,8 @@ def _router_blocks(experts: int, top_k: int, parts: int, groups: int, group_topk
     np.put_along_axis(mask, keep, True, axis=1)
     masked = np.where(np.repeat(mask, size, axis=1), scores, -1.0)
     chosen = np.argpartition(-masked, top_k - 1, axis=1)[:, :top_k]
-    blocks = np.sort(chosen * parts // experts, axis=1)
-    return float(np.mean(1 + np.count_nonzero(np.diff(blocks, axis=1), axis=1)))
+    chosen.setflags(write=False)
+    return chosen
 
 
 def layer_seconds(model: Model, shard: Shard, ep_group: comm.Group,

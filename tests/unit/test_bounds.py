@@ -8,6 +8,8 @@ import dataclasses
 import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from autoplan.cost.bounds import (
     busiest_stage_bound,
@@ -25,7 +27,9 @@ from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gp
 from autoplan.descriptors.space import StageShape, load_space
 from autoplan.parallel import mesh
 from autoplan.parallel.dp import (
+    _stage_sync,
     _sync_seconds,
+    grad_sync_after,
     grad_sync_bound,
     grad_sync_drained_least,
     grad_sync_floor,
@@ -160,6 +164,70 @@ def test_the_bound_is_the_closed_form_of_1f1b_on_equal_stages():
              + grad_sync_bound(plan, mesh.groups(plan), equal))
     assert step_time_lower_bound(plan, equal) == pytest.approx(
         (m + 3) * (mid.forward + mid.backward) + after, rel=1e-12)
+
+
+def test_where_stage_0_ends_a_1f1b_step_its_undrained_sync_makes_the_bound_the_step():
+    """1F1B on a pipeline whose stage 0 ends the step (its last backward is the gradient
+    chain's end): that stage's reduction has no drain to hide behind, so the makespan and
+    the sync together (``dp.grad_sync_after``) are the simulated step's, which the
+    sync alone, without the stages' ends (the heaviest stage's floor or the lightest's
+    undrained sync), fell short of."""
+    plan = make_plan(model="llama3-8b", gpus=256, dp=64, pp=4, global_batch=512,
+                     zero=ZeroStage.NONE)
+    works, groups = stage_work(plan), mesh.groups(plan)
+    pred = evaluate(plan)
+    rest = optimizer_seconds(plan, works) + step_overhead(plan)
+    # by hand: the fused chain of each stage (fill, its m passes, the drain to stage 0)
+    m, f, b = plan.num_microbatches, [w.forward for w in works], [w.backward for w in works]
+    makespan = max(sum(f[:s]) + m * (f[s] + b[s]) + sum(b[:s]) for s in range(4))
+    assert makespan == pytest.approx(pred.step_time_s - rest - pred.breakdown.dp_comm, rel=1e-12)
+    undrained = _stage_sync(plan, groups, works[0], 0.0)
+    assert pred.breakdown.dp_comm == pytest.approx(undrained, rel=1e-12)
+    bound = step_time_lower_bound(plan, works)
+    assert bound == pytest.approx(makespan + undrained + rest, rel=1e-12)
+    assert bound == pytest.approx(pred.step_time_s, rel=1e-12)
+    assert makespan + grad_sync_bound(plan, groups, works) + rest < 0.99 * bound
+
+
+@settings(max_examples=60, deadline=None)
+@given(stretch=st.floats(1.0, 3.0), slack=st.lists(st.floats(0.0, 2.0), min_size=4, max_size=4),
+       share=st.floats(0.0, 1.0))
+def test_the_sync_after_the_stages_ends_holds_for_every_later_makespan_and_ends(stretch, slack,
+                                                                               share):
+    """``dp.grad_sync_after`` of a makespan floor and each stage's least end is at most the
+    makespan plus the exposed sync of every pipeline past them: any makespan T at least the
+    floor, each stage ending at f_s between its least end and T (its drain T - f_s)."""
+    plan = make_plan(model="llama3-8b", gpus=256, dp=64, pp=4, global_batch=512,
+                     zero=ZeroStage.OPTIMIZER)
+    works, groups = stage_work(plan), mesh.groups(plan)
+    floor = 4 * max(w.forward + w.backward for w in works)
+    ends = [floor * (0.5 + 0.5 * share) * (1 + i % 2) / 2 for i in range(4)]
+    bound = grad_sync_after(plan, groups, works, floor, ends)
+    assert bound >= floor
+    makespan = max(floor, *ends) * stretch
+    finish = [min(makespan, e + x * floor) for e, x in zip(ends, slack, strict=True)]
+    finish[slack.index(max(slack))] = makespan  # one stage ends the step
+    exposed = max(_stage_sync(plan, groups, w, makespan - f)
+                  for w, f in zip(works, finish, strict=True))
+    assert bound <= (makespan + exposed) * TIGHT
+
+
+def test_the_step_time_bound_holds_on_stacks_that_overlap_less():
+    """The bound's sync terms read the stack's overlap of the reduction and the gather and
+    the slowdown of compute beside them: it holds with each off, and at the slowdown's
+    ends (none; the compute stalled throughout)."""
+    stacks = [dict(overlap_grad_reduce=False), dict(overlap_param_gather=False),
+              dict(comm_compute_slowdown=0.0), dict(comm_compute_slowdown=1.0)]
+    checked = 0
+    # every 44th of Llama 3 8B's candidates (every schedule); DeepSeek's first 60 (MoE)
+    for case, first in ((CASES[0], None), (MOE_UNIFORM, 60)):
+        for _, plan in itertools.islice(_sample(*case[:6], case[6] * 4), first):
+            for change in stacks:
+                each = dataclasses.replace(plan, stack=dataclasses.replace(plan.stack, **change))
+                bound = step_time_lower_bound(each, stage_work(each))
+                assert bound <= evaluate(each).step_time_s * TIGHT, (each, change)
+                checked += 1
+    assert checked >= 100
 
 
 def test_the_optimizer_floor_is_the_step_of_a_rank_holding_the_mean_state():
