@@ -19,6 +19,7 @@ from autoplan.cost.step import activation_copies_exposed, plan_durations
 from autoplan.parallel import mesh
 from autoplan.parallel.dp import (
     grad_sync_after,
+    grad_sync_after_least,
     grad_sync_bound,
     grad_sync_least,
     memory_pressure,
@@ -190,10 +191,18 @@ def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], vpp: int = 1,
     forward is ``works``' (a V's own works; the flat works at one chunk), so the gather
     hides behind that forward's chunk. ``drained``: another bound on that sync, valid
     for every such schedule (``dp.grad_sync_drained_least``); the more of the two
-    counts."""
+    counts. Or the makespan and that sync together, from when each stage ends at the
+    earliest (``dp.grad_sync_after_least``, as term 4 of :func:`step_time_lower_bound`
+    reads them for one plan): stage s ends no earlier than fill_s + m(F_s + B_s), nor
+    than the gradient of a later stage s' reaches it, fill_s' + m(F_s' + B_in,s') +
+    sum_{s<=j<s'} B_in,j/vpp; a run of equal stages ends latest at its last stage's
+    first bound or its first stage's second."""
     m = plan.num_microbatches
     best = fill = drain = 0.0
     heaviest: StageWork | None = None
+    coupled = sync and plan.zero is not ZeroStage.PARAMETERS  # ZeRO-3 syncs in the stages
+    # per run of equal stages: its work, F, B, its last stage's two bounds, its first's drain
+    runs: list[tuple[StageWork, float, float, float, float, float, bool]] = []
     n, i = len(works), 0
     while i < n:  # (comparisons written out: the search's hottest loop)
         w = works[i]
@@ -207,20 +216,34 @@ def busiest_stage_bound(plan: Plan, works: tuple[StageWork, ...], vpp: int = 1,
         x = fill + before * f / vpp + m * (f + b)
         if x > best:
             best = x
-        x = fill + before * f / vpp + m * (f + b_in) + drain + before * b_in / vpp
-        if x > best:
-            best = x
+        x2 = fill + before * f / vpp + m * (f + b_in) + drain + before * b_in / vpp
+        if x2 > best:
+            best = x2
+        if coupled:
+            runs.append((w, f, b, x, x2, drain, before > 0))
         fill += (run - i) * f / vpp
         drain += (run - i) * b_in / vpp
         if heaviest is None or w.params + w.expert_params > heaviest.params + heaviest.expert_params:
             heaviest, heaviest_f, heaviest_b = w, f, b
         i = run
-    best += optimizer_seconds(plan, works) + step_overhead(plan)
-    if sync and heaviest is not None:
-        best += max(grad_sync_least(plan, mesh.groups(plan), heaviest.params,
-                                    heaviest.expert_params, heaviest_b,
-                                    heaviest_f / vpp if forward_known else None, vpp), drained)
-    return best
+    rest = optimizer_seconds(plan, works) + step_overhead(plan)
+    if not sync or heaviest is None:
+        return best + rest
+    groups = mesh.groups(plan)
+    least = best + max(grad_sync_least(plan, groups, heaviest.params, heaviest.expert_params,
+                                       heaviest_b, heaviest_f / vpp if forward_known else None,
+                                       vpp), drained)
+    later = float("-inf")  # the latest second bound of the stages after a run's first
+    for w, f, b, end, chain, first_drain, longer in reversed(runs):
+        reach = max(later, chain) if longer else later
+        if reach - first_drain > end:
+            end = reach - first_drain
+        least = max(least, grad_sync_after_least(
+            plan, groups, w.params, w.expert_params, b / vpp,
+            f / vpp if forward_known else None, best, end))
+        if chain > later:
+            later = chain
+    return least + rest
 
 
 def chain_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:

@@ -326,6 +326,35 @@ def grad_sync_after(plan: Plan, groups: dict[Axis, comm.Group], works: Sequence[
     return best
 
 
+def grad_sync_after_least(plan: Plan, groups: dict[Axis, comm.Group], params: float,
+                          expert_params: float, backward: float, forward: float | None,
+                          makespan: float, end: float) -> float:
+    """At most the makespan plus :func:`grad_sync_exposed` of every plan of ``plan``'s
+    layout, ZeRO stage and stack whose makespan is at least ``makespan`` and one of whose
+    stages, holding ``params`` and ``expert_params``, ends no earlier than ``end`` with a
+    last backward per chunk of at least ``backward``; ``forward``: that stage's forward per
+    chunk where all such plans run it and it is known, else None.
+
+    As :func:`grad_sync_after`, with the backward b unknown but for its floor: the stage's
+    overlapped reduction max(0, r - d - b) + slow * min(r, b) at drain d falls as b grows
+    to r - d and grows after (slow <= 1, as a stack file must give it), so it is at least
+    slow * min(r, max(backward, r - d)); with the makespan T >= ``makespan``, d <= T - end,
+    and T plus that grows with T. The gather counts as in :func:`grad_sync_least`."""
+    if plan.zero is ZeroStage.PARAMETERS:
+        return makespan
+    reduce_s, gather_s = _sync_seconds(plan.zero, plan.job.dtype, params, expert_params,
+                                       groups[Axis.DP], groups[Axis.EDP], plan.job.main_grads,
+                                       groups[Axis.DPR])
+    t = max(makespan, end)
+    stack = plan.stack
+    slow = stack.comm_compute_slowdown
+    if stack.overlap_grad_reduce:
+        reduce_s = slow * min(reduce_s, max(backward, reduce_s - (t - end)))
+    if stack.overlap_param_gather:
+        gather_s = overlapped(gather_s, forward, slow) if forward is not None else slow * gather_s
+    return t + reduce_s + gather_s
+
+
 def grad_sync_drained_least(plan: Plan, groups: dict[Axis, comm.Group],
                             stages: Sequence[tuple[float, float, float]]) -> float:
     """At most :func:`grad_sync_exposed` of every plan of ``plan``'s layout, ZeRO stage

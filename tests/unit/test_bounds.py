@@ -27,9 +27,11 @@ from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gp
 from autoplan.descriptors.space import StageShape, load_space
 from autoplan.parallel import mesh
 from autoplan.parallel.dp import (
+    _exposed,
     _stage_sync,
     _sync_seconds,
     grad_sync_after,
+    grad_sync_after_least,
     grad_sync_bound,
     grad_sync_drained_least,
     grad_sync_floor,
@@ -210,6 +212,38 @@ def test_the_sync_after_the_stages_ends_holds_for_every_later_makespan_and_ends(
     exposed = max(_stage_sync(plan, groups, w, makespan - f)
                   for w, f in zip(works, finish, strict=True))
     assert bound <= (makespan + exposed) * TIGHT
+
+
+@settings(max_examples=80, deadline=None)
+@given(backward=st.floats(0.0, 2.0), longer=st.floats(0.0, 2.0), later=st.floats(0.0, 2.0),
+       behind=st.floats(0.0, 2.0), ahead=st.floats(0.0, 2.0), slow=st.floats(0.0, 1.0),
+       overlap=st.booleans(), gather=st.booleans(), known=st.booleans())
+def test_the_least_sync_after_a_stages_end_holds_for_every_longer_backward_and_later_end(
+        backward, longer, later, behind, ahead, slow, overlap, gather, known):
+    """``dp.grad_sync_after_least`` of a stage's floors (its backward per chunk, its end,
+    the makespan) is at most the makespan plus that stage's exposed sync of every plan past
+    them: a backward at least the floor, a makespan T at least the floor and the stage's
+    end f, the stage ending at f at least its floor, its drain T - f; with the reduction
+    and the gather overlapped or not, at every slowdown of compute beside them."""
+    base = make_plan(model="llama3-8b", gpus=256, dp=64, pp=4, global_batch=512,
+                     zero=ZeroStage.OPTIMIZER)
+    plan = dataclasses.replace(base, stack=dataclasses.replace(
+        base.stack, overlap_grad_reduce=overlap, overlap_param_gather=gather,
+        comm_compute_slowdown=slow))
+    works, groups = stage_work(plan), mesh.groups(plan)
+    w = works[1]
+    r, g = _sync_seconds(plan.zero, plan.job.dtype, w.params, w.expert_params,
+                         groups[Axis.DP], groups[Axis.EDP])
+    scale = r + g  # the times drawn are multiples of the sync, where it matters
+    floor_b, end, makespan = backward * scale, behind * scale, ahead * scale
+    forward = w.forward if known else None
+    bound = grad_sync_after_least(plan, groups, w.params, w.expert_params, floor_b, forward,
+                                  makespan, end)
+    finish = end + later * scale
+    t = max(makespan, finish) + ahead * scale * later
+    exposed = _exposed(plan, groups, w.params, w.expert_params, floor_b + longer * scale,
+                       t - finish, w.forward if known else w.forward * (1 + longer))
+    assert bound <= (t + exposed) * TIGHT + 1e-15
 
 
 def test_the_step_time_bound_holds_on_stacks_that_overlap_less():
