@@ -191,7 +191,7 @@ def test_where_stage_0_ends_a_1f1b_step_its_undrained_sync_makes_the_bound_the_s
     assert makespan + grad_sync_bound(plan, groups, works) + rest < 0.99 * bound
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(stretch=st.floats(1.0, 3.0), slack=st.lists(st.floats(0.0, 2.0), min_size=4, max_size=4),
        share=st.floats(0.0, 1.0))
 def test_the_sync_after_the_stages_ends_holds_for_every_later_makespan_and_ends(stretch, slack,
@@ -214,7 +214,7 @@ def test_the_sync_after_the_stages_ends_holds_for_every_later_makespan_and_ends(
     assert bound <= (makespan + exposed) * TIGHT
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(backward=st.floats(0.0, 2.0), longer=st.floats(0.0, 2.0), later=st.floats(0.0, 2.0),
        behind=st.floats(0.0, 2.0), ahead=st.floats(0.0, 2.0), slow=st.floats(0.0, 1.0),
        overlap=st.booleans(), gather=st.booleans(), known=st.booleans())
@@ -253,9 +253,9 @@ def test_the_step_time_bound_holds_on_stacks_that_overlap_less():
     stacks = [dict(overlap_grad_reduce=False), dict(overlap_param_gather=False),
               dict(comm_compute_slowdown=0.0), dict(comm_compute_slowdown=1.0)]
     checked = 0
-    # every 44th of Llama 3 8B's candidates (every schedule); DeepSeek's first 60 (MoE)
-    for case, first in ((CASES[0], None), (MOE_UNIFORM, 60)):
-        for _, plan in itertools.islice(_sample(*case[:6], case[6] * 4), first):
+    # every 88th of Llama 3 8B's candidates (every schedule); 30 of DeepSeek's first (MoE)
+    for case, stride, first in ((CASES[0], 8, None), (MOE_UNIFORM, 2, 30)):
+        for _, plan in itertools.islice(_sample(*case[:6], case[6] * stride), first):
             for change in stacks:
                 each = dataclasses.replace(plan, stack=dataclasses.replace(plan.stack, **change))
                 bound = step_time_lower_bound(each, stage_work(each))
