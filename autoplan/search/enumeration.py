@@ -243,9 +243,9 @@ class Enumeration:
             # the group's own bound, as ``group_bound`` would find it for the variant but
             # for its optimizer term (``offloaded_bound``): nothing else in it moves
             bound = self.bounds.offloaded_bound(group.bound, plan, off)
-            out.append(evolve_group(group, plan=plan.replace(offload=off), bound=bound,
-                                           key=rank_key_static(plan.replace(offload=off)),
-                                           bare=bound, floored=False))
+            variant = plan.replace(offload=off)
+            out.append(evolve_group(group, plan=variant, bound=bound,
+                                    key=rank_key_static(variant), bare=bound, floored=False))
         self.stats.generated += sum(g.size for g in out)
         return out
 

@@ -152,7 +152,7 @@ class Frontier:
             exact = self.candidate(item.plan)
             if exact is not None:  # back in line at its own bound
                 self._push(evolve_candidate(exact, bound=max(bound, exact.bound),
-                                               bare=max(item.unpressured, exact.bound)))
+                                            bare=max(item.unpressured, exact.bound)))
             return None
         if not item.chained and item.plan.schedule.v_shape:
             tight = chain_bound(item.plan, stage_work(item.plan))
@@ -184,8 +184,7 @@ class Frontier:
             return
         if not item.exact:
             own = self.bounds.group_bound(item.plan, item.runnable, item.cp_comms)
-            item = evolve_group(item, bound=max(own, bound), exact=True,
-                                       bare=max(own, bound))
+            item = evolve_group(item, bound=max(own, bound), exact=True, bare=max(own, bound))
             if own > bound:  # back in line at its own bound
                 self._push(item)
                 return
