@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 
 from autoplan.caches import memo
 from autoplan.descriptors.hardware import Cluster, Device, Link
+from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.pipeline_layout import Chunk
+from autoplan.descriptors.stack import Stack
 from autoplan.kernels import comm, memory, offload, packing
 from autoplan.kernels.compute import LayerTimes, layer_times, logits_times, module_forward
 from autoplan.kernels.layer import (
@@ -28,7 +30,7 @@ from autoplan.schedules import Schedule
 from autoplan.schedules.memory import peak_held
 from autoplan.schedules.registry import representative
 from autoplan.units import GiB
-from autoplan.vocab import NO_OFFLOAD, Axis, CpComm, Recompute, RecomputeModule, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, Axis, CpComm, MoeDispatch, Recompute, RecomputeModule, ZeroStage
 
 COMM_AXES = (Axis.TP, Axis.CP, Axis.EP, Axis.PP, Axis.DP)
 """The axes whose communication a stage exposes, in the order their seconds add up
@@ -101,29 +103,42 @@ def host_kernel_seconds(plan: Plan) -> tuple[float, float]:
     forward kernel: none under CUDA graphs (the step is replayed); measured on the device's
     host where its profile has ``host`` rows (``bench/host.py``); else the stack's prior
     (``host_kernel_us``), the backward launching twice the forward's kernels."""
-    stack = plan.stack
+    return _host_kernel_seconds(plan.stack, plan.cluster.device)
+
+
+def _host_kernel_seconds(stack: Stack, device: Device) -> tuple[float, float]:
     if stack.cuda_graphs:
         return 0.0, 0.0
-    correction = plan.cluster.device.correction
+    correction = device.correction
     measured = correction.host_kernel_s() if correction is not None else None
     return measured or (stack.host_kernel_s, 2 * stack.host_kernel_s)
 
 
-@memo(16384)
 def shard_of(plan: Plan) -> Shard:
-    lay, stack = plan.layout, plan.stack
-    moe = plan.model.is_moe
-    host_f, host_b = host_kernel_seconds(plan)
-    docs = plan.job.documents
+    """What one rank computes of one of the plan's layers for one microbatch: read off its
+    model, job, stack, device and the layout's shard (tp, cp, ep, etp) alone, not dp, pp,
+    the node count, its schedule, recompute, ZeRO stage or offload, so the plans alike in
+    those share one (a search asks it of tens of thousands of plans, a few hundred shards)."""
+    lay = plan.layout
+    return _shard(plan.model, plan.job, plan.stack, plan.cluster.device, lay.tp, lay.cp, lay.ep,
+                  lay.etp, plan.micro_batch, plan.sequence_parallel, plan.cp_comm,
+                  plan.moe_dispatch)
+
+
+@memo(16384)
+def _shard(model: Model, job: Job, stack: Stack, device: Device, tp: int, cp: int, ep_: int,
+           etp: int, mbs: int, sp: bool, cp_comm: CpComm, dispatch: MoeDispatch) -> Shard:
+    moe = model.is_moe
+    host_f, host_b = _host_kernel_seconds(stack, device)
+    docs = job.documents
     packed = {} if docs is None else dict(
-        attention_share=packing.attention_share(docs, plan.job.seq_len),
-        attention_seq=packing.attention_length(docs, plan.job.seq_len),
-        attention_imbalance=(packing.cp_imbalance(docs, plan.job.seq_len, lay.cp)
-                             if plan.cp_comm is CpComm.RING else 1.0))
-    return Shard(plan.micro_batch, plan.job.seq_len, lay.tp, lay.cp, plan.sequence_parallel,
-                 plan.job.dtype, ep=lay.ep if moe else 1, etp=lay.etp if moe else 1,
-                 expert_load=ep.expert_load(plan) if moe else 1.0,
-                 cp_ring=plan.cp_comm is CpComm.RING, moe_dispatch=plan.moe_dispatch,
+        attention_share=packing.attention_share(docs, job.seq_len),
+        attention_seq=packing.attention_length(docs, job.seq_len),
+        attention_imbalance=(packing.cp_imbalance(docs, job.seq_len, cp)
+                             if cp_comm is CpComm.RING else 1.0))
+    return Shard(mbs, job.seq_len, tp, cp, sp, job.dtype, ep=ep_ if moe else 1,
+                 etp=etp if moe else 1, expert_load=ep.expert_load_of(model, job) if moe else 1.0,
+                 cp_ring=cp_comm is CpComm.RING, moe_dispatch=dispatch,
                  attention_kernel=stack.attention,
                  layer_kernels=stack.layer_kernels,
                  host_kernel_s=host_f, host_backward_kernel_s=host_b,
@@ -572,12 +587,10 @@ def held_activations(plan: Plan, stage: int, work: StageWork,
     ``stage_memory`` reads of the schedule, the chunks and the recompute."""
     lay = plan.layout
     terms = _plan_activation_terms(plan)
-    mtp_layer = terms.per_moe_layer if plan.model.is_moe else terms.per_layer
-    fraction = plan.offload.activations
-    moved = 0.0
     if plan.chunks is not None:
         # chunks of their own sizes: each in-flight (microbatch, chunk) weighs what that
         # chunk keeps, walked through the stage's operation order
+        fraction, moved = plan.offload.activations, 0.0
         weights = _chunk_weights(plan, stage, terms)
         held = peak_held(plan.schedule, lay.pp, plan.num_microbatches, lay.vpp, stage, weights)
         if fraction and held > max(weights):
@@ -585,15 +598,33 @@ def held_activations(plan: Plan, stage: int, work: StageWork,
             moved = fraction * (held - max(weights))
             held = held - moved
         return held + terms.working, moved
+    return held_in_equal_chunks(plan, terms, lay.vpp, pp.output_stage(plan), stage, work,
+                                inflight_chunks)
+
+
+def activation_terms(plan: Plan) -> _ActivationTerms:
+    """What one microbatch's activations weigh, per layer and at the model's ends (the
+    same for every schedule, chunk count, ZeRO stage and offload of a shard)."""
+    return _plan_activation_terms(plan)
+
+
+def held_in_equal_chunks(plan: Plan, terms: _ActivationTerms, vpp: int, output: int,
+                         stage: int, work: StageWork, inflight_chunks: int) -> tuple[float, float]:
+    """``held_activations`` of ``plan`` run on ``vpp`` equal chunks a stage, its output
+    layer on stage ``output``, its terms ``terms`` (``activation_terms``): its schedule and
+    chunks are read from these alone, so the members of a group ask it with the group's
+    plan (``search.floors``)."""
+    mtp_layer = terms.per_moe_layer if plan.model.is_moe else terms.per_layer
+    fraction = plan.offload.activations
     # a stage's chunks hold equal layer counts; the dense layers are averaged over them
-    per_chunk = _layer_activations(terms, work) / lay.vpp
+    per_chunk = _layer_activations(terms, work) / vpp
     kept = offload.kept_chunks(inflight_chunks, fraction)
     activations = kept * per_chunk + terms.working
     moved = (inflight_chunks - kept) * per_chunk
-    microbatches_held = -(-inflight_chunks // lay.vpp)
+    microbatches_held = -(-inflight_chunks // vpp)
     if stage == 0:
         activations += microbatches_held * terms.embedding
-    if stage == pp.output_stage(plan):
+    if stage == output:
         # the MTP modules run at the end of the last chunk: one layer and logits each
         activations += microbatches_held * (
             terms.logits + work.mtp * (mtp_layer + terms.logits + terms.embedding))

@@ -21,6 +21,7 @@ from autoplan.vocab import Axis, Dtype, MoeDispatch, Recompute
 
 if TYPE_CHECKING:
     from autoplan.descriptors.hardware import Cluster
+    from autoplan.descriptors.job import Job
     from autoplan.descriptors.space import SearchSpace
     from autoplan.plan import Layout, Plan
 
@@ -176,7 +177,12 @@ def _fastest_dispatch(model: Model, cluster: Cluster, tp: int, cp: int, ep: int,
 def expert_load(plan: Plan) -> float:
     """Tokens of the busiest expert rank over the mean: the capacity factor where routing
     drops (and pads to) capacity, else the job's imbalance for dropless routing."""
-    return plan.model.capacity_factor or plan.job.moe_imbalance
+    return expert_load_of(plan.model, plan.job)
+
+
+def expert_load_of(model: Model, job: Job) -> float:
+    """:func:`expert_load` of a plan of ``model`` running ``job``."""
+    return model.capacity_factor or job.moe_imbalance
 
 
 def touched(experts: int, top_k: int, parts: int, groups: int = 0, group_topk: int = 0) -> float:

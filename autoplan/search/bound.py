@@ -268,13 +268,17 @@ class TimeBounds:
 
         Each part of a stage's work that this leaves out (the embedding, TP at the heads,
         sends, ZeRO-3 elsewhere, offload) only adds to it; the stack's per-step overhead,
-        which ``evaluate`` adds to every plan, is added. Memoized: it reads no offload, so a
-        group's offload variants share one."""
-        if plan.offload.any:
-            plan = plan.replace(offload=NO_OFFLOAD)
-        key = (plan, tuple(cps), tuple(scheds))
+        which ``evaluate`` adds to every plan, is added. Memoized on what it reads of the plan
+        (its model, cluster, job and stack are the search's): no offload, so a group's
+        offload variants share one, and of ZeRO only whether it is ZeRO-3, so the groups
+        of ZeRO 0-2 do."""
+        key = (plan.layout, plan.micro_batch, plan.sequence_parallel,
+               plan.zero is ZeroStage.PARAMETERS, plan.recompute, plan.recompute_modules,
+               plan.moe_dispatch, plan.ep_overlap, plan.stages, tuple(cps), tuple(scheds))
         floor = self._layout_floors.get(key)
         if floor is None:
+            if plan.offload.any:
+                plan = plan.replace(offload=NO_OFFLOAD)
             floor = self._layout_floors[key] = self._layout_floor(plan, cps, scheds)
         return floor
 

@@ -18,7 +18,7 @@ from autoplan.cost.bounds import (
     state_bytes,
     step_overhead,
 )
-from autoplan.cost.stage import held_activations, memory_with
+from autoplan.cost.stage import activation_terms, held_in_equal_chunks, memory_with
 from autoplan.plan import Layout, Memory, Plan
 from autoplan.schedules import Schedule
 from autoplan.schedules.memory import peak_inflight
@@ -204,13 +204,21 @@ class MemoryFloors:
                     least[s] = mem
             return max(least.values(), key=lambda mem: mem.peak)
         flat = stage_work(plan)
+        terms = activation_terms(plan)  # every member's: they differ in schedule and chunks
         # (stage, V) -> the least activations of a member, and what the floor keeps of it
         fewest_act: dict[tuple[int, bool], tuple[float, int]] = {}
         asked = []
+        v_works: dict[tuple[int, bool, bool], tuple[StageWork, ...]] = {}
         for i, (s, n, v, sched) in enumerate(fewest):
-            at = plan.replace(layout=self.ctx.at_vpp(lay, v), schedule=sched)
-            work = (stage_work(at) if sched.v_shape else flat)[s]
-            held, moved = held_activations(at, s, work, n)
+            if sched.v_shape:  # its own works (``cost_key``), its output layer on stage 0
+                alike_v = (v, sched.splits_backward, sched.breadth_first)
+                if alike_v not in v_works:
+                    v_works[alike_v] = stage_work(plan.replace(layout=self.ctx.at_vpp(lay, v),
+                                                               schedule=sched))
+                work, output = v_works[alike_v][s], 0
+            else:
+                work, output = flat[s], lay.pp - 1
+            held, moved = held_in_equal_chunks(plan, terms, v, output, s, work, n)
             asked.append((s, work, held, moved))
             mem = memory_with(plan, work, held, moved)  # stage_memory(at, s, work, n)
             if s not in least or mem.peak < least[s].peak:
