@@ -544,7 +544,22 @@ class TimeBounds:
             below = ZeroStage.PARAMETERS
         assert below is not None
         own = self.offloaded(self.shared_layout_bound(group, below), plan)
+        if group.recomputes and plan.zero is not ZeroStage.PARAMETERS:
+            own = max(own, self.offloaded(self.bundle_bound(group), plan))
         return evolve_group(group, bound=max(group.bound, own), laid=True)
+
+    def bundle_bound(self, group: Group) -> float:
+        """A bound valid for every group of a bundle below ZeRO-3 (its ZeRO stage, each
+        of its recomputes): :meth:`group_bound` at its least recompute with the gradient
+        sync but not the drained one (``_drained_sync`` reads the members' longest
+        backward, which more recompute lengthens). Each term it counts only grows with the
+        recompute: the makespan's, and of the sync the overlapped reduction, which grows
+        with the backward's floor and the stage's end (``dp.grad_sync_after_least``,
+        ``dp.grad_sync_least``)."""
+        plan = group.plan
+        if plan.offload.any:
+            plan = plan.replace(offload=NO_OFFLOAD)
+        return self.group_bound(plan, group.runnable, group.cp_comms, drained=False)
 
     def fully_laid(self, group: Group) -> Group:
         """:meth:`laid` until it is (for tests and tools)."""
@@ -613,7 +628,7 @@ class TimeBounds:
 
     # -- a group's own bound, and its members' ------------------------------------------
     def group_bound(self, plan: Plan, scheds: Sequence[Sched],
-                    cps: Sequence[CpComm] = (), sync: bool = True) -> float:
+                    cps: Sequence[CpComm] = (), sync: bool = True, drained: bool = True) -> float:
         """A step time no schedule of ``scheds`` on any exchange of ``cps`` (the plan's own
         where none are given) beats: the least over the exchanges of the busiest stage's
         with the pipeline's fill and drain (``cost.bounds.busiest_stage_bound``), itself
@@ -631,14 +646,15 @@ class TimeBounds:
         # variants of a group offloading more or less of them share one
         key = (plan if not plan.offload.activations else
                plan.replace(offload=Offload(optimizer=plan.offload.optimizer)),
-               tuple(scheds), cps, sync)
+               tuple(scheds), cps, sync, drained)
         bound = self._group_bounds.get(key)
         if bound is None:
-            bound = self._group_bounds[key] = self._group_bound(key[0], scheds, cps, sync)
+            bound = self._group_bounds[key] = self._group_bound(key[0], scheds, cps, sync,
+                                                                drained)
         return bound
 
     def _group_bound(self, plan: Plan, scheds: Sequence[Sched], cps: tuple[CpComm, ...],
-                     sync: bool) -> float:
+                     sync: bool, with_drained: bool = True) -> float:
         split = any(s for *_, s in scheds)
         flat = [v for sched, v, _ in scheds if not sched.v_shape]
         # the most chunks a breadth-first member runs, where its ZeRO-3 passes differ (0: none)
@@ -647,7 +663,7 @@ class TimeBounds:
         fused = not any(sched.splits_backward for sched, _, _ in scheds if not sched.v_shape)
         v_base = plan.replace(layout=self.ctx.at_vpp(plan.layout, 2), schedule=V_WORK)
         drained = (self._drained_sync(plan, stage_work(plan), v_base, scheds, cps)
-                   if sync else 0.0)
+                   if sync and with_drained else 0.0)
         bound = float("inf")
         for cp_comm in cps:
             own = plan if cp_comm is plan.cp_comm else plan.replace(cp_comm=cp_comm)

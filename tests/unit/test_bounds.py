@@ -428,6 +428,32 @@ def test_a_groups_bounds_never_exceed_a_members_step(case):
     assert checked >= 20
 
 
+@pytest.mark.slow  # more than about 3 s on 2 cores
+@pytest.mark.parametrize("case", [CASES[0], CASES[5]], ids=lambda c: f"{c[0]}-{c[5]}")
+def test_a_bundles_synced_bound_never_exceeds_a_members_step(case):
+    """A bundle below ZeRO-3 is laid at its least recompute's group bound with the
+    gradient sync but not the drained one (search.bound.TimeBounds.bundle_bound): it holds
+    for every member of every recompute it stands for, and it is at most the own bound
+    of its first group (which counts the drained sync too)."""
+    name, cluster, gpus, gbs, seq, space_name, every = case
+    walk = _Search(_model(name), with_gpus(resolve_cluster(cluster), gpus),
+                   Job(global_batch=gbs, seq_len=seq), load_space(space_name), top_k=1)
+    checked = 0
+    bundles = [b for b in walk.walk.groups() if b.recomputes and b.plan.zero < 3]
+    for bundle in bundles[::max(1, every // 2)]:
+        bound = walk.bounds.offloaded(walk.bounds.bundle_bound(bundle), bundle.plan)
+        groups = walk.walk.unbundled(bundle)
+        first = groups[0]
+        assert bound <= walk.bounds.group_bound(first.plan, first.runnable,
+                                                first.cp_comms) * TIGHT
+        for group in groups:
+            for plan, split in walk.walk.schedule_plans(group):
+                if not split:
+                    assert bound <= evaluate(plan).step_time_s * TIGHT, plan
+                    checked += 1
+    assert checked >= 20
+
+
 def test_the_least_sync_is_the_floor_where_the_forward_is_known():
     """dp.grad_sync_least at one chunk with the stage's own forward is grad_sync_floor;
     with the forward unknown the overlapped gather counts only its slowed share."""
