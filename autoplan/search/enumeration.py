@@ -19,7 +19,11 @@ from autoplan.search.context import Context
 from autoplan.search.floors import MemoryFloors
 from autoplan.search.items import Block, Group, Sched, Unopened, evolve_group
 from autoplan.search.results import ZERO_UNSHARDED, SearchStats, rank_key_static
-from autoplan.vocab import NO_OFFLOAD, CpComm, Recompute, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, ZeroStage
+
+# :meth:`Enumeration.opened`'s per layout: the (ZeRO stage, offload) whose model states
+# fit, and each ZeRO stage's offload choices
+_Known = tuple[set[tuple[ZeroStage, Offload]], dict[ZeroStage, list[Offload]]]
 
 
 class Enumeration:
@@ -123,6 +127,10 @@ class Enumeration:
         scheds, zeros, sps, cps, per_zero, per_mbs = item.choices or self._layout_choices(base)
         # each group's recompute choices, in rank (a bundle stands for them: ``Group``)
         recomputes = tuple(sorted(space.recompute, key=lambda rc: rc.level))
+        # the layout's (ZeRO stage, offload) whose model states fit, and each ZeRO stage's
+        # offloads: they read neither micro-batch nor SP (what does not fit is asked again
+        # of each plan, for the 'smallest plan' message)
+        known: _Known = (set(), {})
         for mbs in space.micro_batches:
             rule = first_broken(ctx.probe(base, mbs), Scope.MICRO_BATCH)
             if rule:
@@ -134,16 +142,19 @@ class Enumeration:
                     stats.pruned[rule.id] += per_mbs // len(sps)
                     continue
                 yield from self._zero_groups(base, mbs, sp, scheds, zeros, cps, recomputes,
-                                             per_zero)
+                                             per_zero, known)
 
     def _zero_groups(self, base: Layout, mbs: int, sp: bool, scheds: Sequence[Sched],
                      zeros: Sequence[ZeroStage], cps: Sequence[CpComm],
-                     recomputes: tuple[Recompute, ...], per_zero: int) -> Iterator[Group]:
+                     recomputes: tuple[Recompute, ...], per_zero: int,
+                     known: _Known) -> Iterator[Group]:
         """The groups (bundles of its recompute choices) of a layout, micro-batch and
         sequence parallelism passing the rules: one per ZeRO stage whose model states fit,
         else one per offload the space allows under which they do (``per_zero``
-        candidates each, counted where they do not fit)."""
-        stats, floors_of = self.stats, self.floors
+        candidates each, counted where they do not fit). ``known``: the layout's fitting
+        model states and offload choices (:meth:`opened`)."""
+        stats = self.stats
+        fitting, offload_choices = known
         # the bounds read only the schedules that pass the schedule rules
         runnable = self.ctx.runnable(base, mbs, sp, scheds)
         # every group here starts at the layout's compute floor (a ZeRO-3
@@ -155,7 +166,8 @@ class Enumeration:
         unsharded = base.dp * base.cp == 1 and base.edp == 1
         for zero in zeros:
             zero3 = zero is ZeroStage.PARAMETERS and not floors
-            fits = not floors_of.states_exceed_memory(base, zero, NO_OFFLOAD, mbs, sp)
+            fits = (zero, NO_OFFLOAD) in fitting or self._fits(base, zero, NO_OFFLOAD, mbs, sp,
+                                                                fitting)
             if unsharded and zero is not zeros[0] and fits:
                 stats.pruned[ZERO_UNSHARDED] += per_zero  # the first stage's group, again
                 continue
@@ -168,9 +180,13 @@ class Enumeration:
                 continue
             stats.infeasible["model states exceed memory"] += per_zero
             # no member fits as it is: each offload the space allows is tried
-            for off in dp.offload_choices(base, zero, self.ctx.cluster, self.ctx.space)[1:]:
+            offloads = offload_choices.get(zero)
+            if offloads is None:
+                offloads = offload_choices[zero] = dp.offload_choices(
+                    base, zero, self.ctx.cluster, self.ctx.space)[1:]
+            for off in offloads:
                 stats.generated += per_zero
-                if floors_of.states_exceed_memory(base, zero, off, mbs, sp):
+                if (zero, off) not in fitting and not self._fits(base, zero, off, mbs, sp, fitting):
                     stats.infeasible["model states exceed memory"] += per_zero
                     continue
                 probe = self.ctx.probe(base, mbs, sp, zero, cps[-1], recomputes[0])
@@ -178,6 +194,15 @@ class Enumeration:
                     floors[zero3] = self.bounds.layout_floor(probe, cps, runnable)
                 yield self.group(probe.replace(offload=off), floors[zero3], scheds,
                                  cps, runnable, recomputes, steps=int(zero3))
+
+    def _fits(self, base: Layout, zero: ZeroStage, off: Offload, mbs: int, sp: bool,
+              fitting: set[tuple[ZeroStage, Offload]]) -> bool:
+        """Whether the layout's model states at ``zero`` and ``off`` fit
+        (``MemoryFloors.states_exceed_memory``), kept in ``fitting`` where they do."""
+        if self.floors.states_exceed_memory(base, zero, off, mbs, sp):
+            return False
+        fitting.add((zero, off))
+        return True
 
     @staticmethod
     def group(plan: Plan, bound: float, scheds: Sequence[Sched], cps: Sequence[CpComm],
