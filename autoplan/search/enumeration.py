@@ -16,14 +16,14 @@ from autoplan.parallel.rules import BY_ID, first_broken
 from autoplan.plan import Layout, Memory, Plan
 from autoplan.search.bound import TimeBounds
 from autoplan.search.context import Context
-from autoplan.search.floors import MemoryFloors
+from autoplan.search.floors import MemoryFloors, States
 from autoplan.search.items import Block, Group, Sched, Unopened, evolve_group
 from autoplan.search.results import ZERO_UNSHARDED, SearchStats, rank_key_static
 from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, ZeroStage
 
-# :meth:`Enumeration.opened`'s per layout: the (ZeRO stage, offload) whose model states
-# fit, and each ZeRO stage's offload choices
-_Known = tuple[set[tuple[ZeroStage, Offload]], dict[ZeroStage, list[Offload]]]
+# :meth:`Enumeration.opened`'s per layout: the verdict on the model states of each (ZeRO
+# stage, offload), and each ZeRO stage's offload choices
+_Known = tuple[dict[tuple[ZeroStage, Offload], States], dict[ZeroStage, list[Offload]]]
 
 
 class Enumeration:
@@ -127,10 +127,10 @@ class Enumeration:
         scheds, zeros, sps, cps, per_zero, per_mbs = item.choices or self._layout_choices(base)
         # each group's recompute choices, in rank (a bundle stands for them: ``Group``)
         recomputes = tuple(sorted(space.recompute, key=lambda rc: rc.level))
-        # the layout's (ZeRO stage, offload) whose model states fit, and each ZeRO stage's
-        # offloads: they read neither micro-batch nor SP (what does not fit is asked again
-        # of each plan, for the 'smallest plan' message)
-        known: _Known = (set(), {})
+        # the layout's (ZeRO stage, offload) whose model states fit or not, and each ZeRO
+        # stage's offloads: they read neither micro-batch nor SP (what does not fit is asked
+        # again of each plan while it may be the 'smallest plan' noted)
+        known: _Known = ({}, {})
         for mbs in space.micro_batches:
             rule = first_broken(ctx.probe(base, mbs), Scope.MICRO_BATCH)
             if rule:
@@ -154,7 +154,7 @@ class Enumeration:
         candidates each, counted where they do not fit). ``known``: the layout's fitting
         model states and offload choices (:meth:`opened`)."""
         stats = self.stats
-        fitting, offload_choices = known
+        verdicts, offload_choices = known
         # the bounds read only the schedules that pass the schedule rules
         runnable = self.ctx.runnable(base, mbs, sp, scheds)
         # every group here starts at the layout's compute floor (a ZeRO-3
@@ -166,8 +166,8 @@ class Enumeration:
         unsharded = base.dp * base.cp == 1 and base.edp == 1
         for zero in zeros:
             zero3 = zero is ZeroStage.PARAMETERS and not floors
-            fits = (zero, NO_OFFLOAD) in fitting or self._fits(base, zero, NO_OFFLOAD, mbs, sp,
-                                                                fitting)
+            fits = (verdicts.get((zero, NO_OFFLOAD))
+                    or self._verdict(base, zero, NO_OFFLOAD, mbs, sp, verdicts)) is States.FIT
             if unsharded and zero is not zeros[0] and fits:
                 stats.pruned[ZERO_UNSHARDED] += per_zero  # the first stage's group, again
                 continue
@@ -186,7 +186,8 @@ class Enumeration:
                     base, zero, self.ctx.cluster, self.ctx.space)[1:]
             for off in offloads:
                 stats.generated += per_zero
-                if (zero, off) not in fitting and not self._fits(base, zero, off, mbs, sp, fitting):
+                if (verdicts.get((zero, off))
+                        or self._verdict(base, zero, off, mbs, sp, verdicts)) is not States.FIT:
                     stats.infeasible["model states exceed memory"] += per_zero
                     continue
                 probe = self.ctx.probe(base, mbs, sp, zero, cps[-1], recomputes[0])
@@ -195,14 +196,14 @@ class Enumeration:
                 yield self.group(probe.replace(offload=off), floors[zero3], scheds,
                                  cps, runnable, recomputes, steps=int(zero3))
 
-    def _fits(self, base: Layout, zero: ZeroStage, off: Offload, mbs: int, sp: bool,
-              fitting: set[tuple[ZeroStage, Offload]]) -> bool:
-        """Whether the layout's model states at ``zero`` and ``off`` fit
-        (``MemoryFloors.states_exceed_memory``), kept in ``fitting`` where they do."""
-        if self.floors.states_exceed_memory(base, zero, off, mbs, sp):
-            return False
-        fitting.add((zero, off))
-        return True
+    def _verdict(self, base: Layout, zero: ZeroStage, off: Offload, mbs: int, sp: bool,
+                 verdicts: dict[tuple[ZeroStage, Offload], States]) -> States:
+        """``MemoryFloors.states_verdict`` on the layout's model states at ``zero`` and
+        ``off``, kept in ``verdicts`` where it holds for every micro-batch and SP."""
+        verdict = self.floors.states_verdict(base, zero, off, mbs, sp)
+        if verdict is not States.NOTED:
+            verdicts[(zero, off)] = verdict
+        return verdict
 
     @staticmethod
     def group(plan: Plan, bound: float, scheds: Sequence[Sched], cps: Sequence[CpComm],

@@ -7,6 +7,8 @@ and the least-memory plan noted for the 'smallest plan' message where nothing fi
 
 from __future__ import annotations
 
+import enum
+
 from autoplan.cost.bounds import (
     StageWork,
     dense_per_stage,
@@ -43,6 +45,14 @@ def _fullest_stages(plan: Plan, works: tuple[StageWork, ...]) -> list[tuple[int,
     return list(best.values())
 
 
+class States(enum.Enum):
+    """:meth:`MemoryFloors.states_verdict`."""
+
+    FIT = 0
+    EXCEED = 1  # for good: a plan holding less is noted
+    NOTED = 2  # asked of each plan: the least noted so far may be its
+
+
 class MemoryFloors:
     """The memory side of one search: what does not fit is counted in ``stats`` (and the
     plan needing the least noted in ``closest``); the floors' memos."""
@@ -70,12 +80,20 @@ class MemoryFloors:
         Such a candidate still counts for the 'smallest plan needs ...' message. The
         states depend on the layout, ZeRO and the optimizer's offload only: worked out
         once for every micro-batch and sequence-parallel choice."""
+        return self.states_verdict(lay, zero, off, mbs, sp) is not States.FIT
+
+    def states_verdict(self, lay: Layout, zero: ZeroStage, off: Offload, mbs: int,
+                       sp: bool) -> States:
+        """:meth:`states_exceed_memory`, told apart: they fit; they exceed and a plan
+        holding less is noted for the 'smallest plan' message already (the same for every
+        micro-batch and SP, whenever asked again: the noted plan only ever holds less); or
+        they exceed, the plan noted if it holds the least so far."""
         key = (lay, zero, off.optimizer)
         worst = self._fullest_states.get(key)
         if worst is not None and worst[0] <= self.limit:
-            return False
+            return States.FIT
         if worst is not None and self.closest is not None and worst[0] > self.closest[0]:
-            return True  # the 'smallest plan' already noted holds less
+            return States.EXCEED  # the 'smallest plan' already noted holds less
         ctx = self.ctx
         plan = Plan(model=ctx.model, cluster=ctx.cluster, job=ctx.job, stack=ctx.space.stack, layout=lay,
                     micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.FULL,
@@ -83,9 +101,9 @@ class MemoryFloors:
         if worst is None:
             worst = self._fullest_states[key] = self._fullest_state(plan)
         if worst[0] <= self.limit:
-            return False
+            return States.FIT
         self.note_closest(plan, worst[1], worst[2])
-        return True
+        return States.NOTED
 
     def fullest_states(self, lay: Layout, zero: ZeroStage, optimizer_offloaded: bool
                        ) -> float | None:
