@@ -28,7 +28,6 @@ statistics and rank keys). This module wires them and keeps the entry points.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterator
 
 from autoplan import caches
@@ -99,14 +98,8 @@ def search(model: Model, cluster: Cluster, job: Job, space: SearchSpace,
     walk builds millions of short-lived acyclic plans that reference counting frees,
     and the collector's passes over them cost tenths of a second a search."""
     assert top_k >= 1
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        with caches.scope():
-            return _Search(model, cluster, job, space, top_k, min_headroom_bytes, ceiling).run()
-    finally:
-        if was_enabled:
-            gc.enable()
+    with caches.collector_paused(), caches.scope():
+        return _Search(model, cluster, job, space, top_k, min_headroom_bytes, ceiling).run()
 
 
 def candidate_plans(model: Model, cluster: Cluster, job: Job, space: SearchSpace) -> Iterator[Plan]:

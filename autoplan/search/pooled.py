@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import gc
 import heapq
 import itertools
 from collections.abc import Callable, Iterator, Sequence
@@ -155,15 +154,9 @@ def search_pooled(model: Model, cluster: PooledCluster, job: Job, space: SearchS
     runs, as in ``engine.search`` (the walk builds hundreds of thousands of short-lived
     acyclic plans and stage works, and a collector's pass over a command's live objects
     cost it a third of its time)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        with caches.scope():
-            return _search_pooled(model, cluster, job, space, top_k, min_headroom_bytes,
-                                  progress or (lambda _: None))
-    finally:
-        if was_enabled:
-            gc.enable()
+    with caches.collector_paused(), caches.scope():
+        return _search_pooled(model, cluster, job, space, top_k, min_headroom_bytes,
+                              progress or (lambda _: None))
 
 
 def _search_pooled(model: Model, cluster: PooledCluster, job: Job, space: SearchSpace,

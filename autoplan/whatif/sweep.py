@@ -99,7 +99,9 @@ def sweep(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpac
     assert clusters and train_tokens > 0
     price = price_per_gpu_hour if price_per_gpu_hour is not None else \
         clusters[0].device.price_per_gpu_hour
-    with caches.scope():  # searches run in turn share their layers' costs (autoplan.caches)
+    # searches run in turn share their layers' costs (autoplan.caches); the collector
+    # stays paused between them as within each
+    with caches.collector_paused(), caches.scope():
         if searcher is not None:
             results = tuple(searcher(model, c, job, space, top_k) for c in clusters)
         else:
