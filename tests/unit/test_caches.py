@@ -59,6 +59,6 @@ def test_every_memo_of_the_cost_model_is_owned():
     from autoplan.schedules import memory, simulator
 
     owned = set(map(id, caches._OWNED))
-    for fn in (compute.gemm_time, compute.grouped_gemm_time, stage.shard_of, stage._stage,
+    for fn in (compute.gemm_time, compute.grouped_gemm_time, stage._shard, stage._stage,
                mesh.groups_of, memory.peak_inflight, simulator.simulate, simulator.critical_chain):
         assert id(fn) in owned, fn
