@@ -128,7 +128,7 @@ def step_time_lower_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
                       grad_sync_after(plan, groups, works, best, ends))
 
 
-def split_chain_floor(total: float, share: float, m: int, p: int) -> float:
+def split_chain_floor(total: float, share: float, m: float, p: int) -> float:
     """A makespan no layer split over ``p`` one-chunk stages beats, for m microbatches
     whose work per microbatch, summed over every layer and the logits, is ``total``,
     where the chain term of :func:`step_time_lower_bound` charges at least ``share`` of

@@ -112,7 +112,7 @@ def _chain_parts(layers: int, moe: int, core: LayerCore,
     return total, no_w, min(shares, default=1.0)
 
 
-def _pipeline_floor(parts: _ChainParts, m: int, p: int, fused: bool, split: bool) -> float:
+def _pipeline_floor(parts: _ChainParts, m: float, p: int, fused: bool, split: bool) -> float:
     """A step no one-chunk flat schedule (``fused``: one running B and W as one backward;
     ``split``: one running them apart) beats on any layer split over ``p`` stages
     (``cost.bounds.split_chain_floor``): with B and W fused every stage's whole work is on
@@ -389,24 +389,57 @@ class TimeBounds:
         return least + self.overhead(base)
 
     def block_floor(self, base: Layout, sps: Sequence[bool], cps: Sequence[CpComm],
-                    recompute: Recompute) -> float:
+                    recompute: Recompute,
+                    layouts: Sequence[tuple[Layout, tuple]] = ()) -> float:
         """A step time no plan of a layout sharing ``base``'s shard (tp, cp, ep, etp: any
         pp, dp or hybrid sharding at this GPU count) beats: the least over the space's
         micro-batches, sequence parallelism (of ``sps``) and exchanges (of ``cps``) of the
         mean term of :meth:`layout_mean_floor`, m x a microbatch's work / pp, plus the
         step overhead. With dp = N / (tp pp cp) and m = B / (dp b), m / pp = B tp cp / (N b)
-        whatever pp and dp are: one number for the block. (Micro-batches no dp of the block
-        divides the batch by count too: a lower bound still.)"""
+        whatever pp and dp are: one number for the block, over the micro-batches b some
+        layout of the block runs (b x dp divides the batch).
+
+        At a micro-batch b that every layout of the block running it (``layouts``, each
+        with its schedule choices; b x dp divides the batch) runs with flat one-chunk
+        schedules alone, the more of that and the fill any split pays
+        (:func:`_pipeline_floor`, of either kind) at the least pipeline degree p of them:
+        with m = c p (c = B tp cp / (N b)), that fill, share C / (1 - (1 - share/(c p))^p),
+        grows with p ((1 - x/p)^p grows with p for p >= x, and c p = m >= 1 >= share), so
+        the least degree's holds for every layout running b. (Layouts of more stages than
+        layers run nothing: the rule pp-layers.) A search of DeepSeek-V3 on 262,144 H100
+        (61 layers: no interleaving, no V) looks into 278 of its 378 blocks, against 358
+        with the mean alone."""
         model, ctx = self.ctx.model, self.ctx
         cluster, dispatch, cps = count_free(ctx.cluster), ctx.dispatch(base), tuple(cps)
         per_b = ctx.job.global_batch * base.tp * base.cp / ctx.cluster.gpus
-        least = float("inf")
+        batch, least = ctx.job.global_batch, float("inf")
+        # (a block none of whose layouts runs any micro-batch is bounded as if all did: its
+        # layouts' rules count their candidates when it comes up)
+        layers = model.layers  # more stages than layers run nothing (the rule pp-layers)
+        runs_any = any(batch % (lay.dp * mbs) == 0 and lay.pp <= layers for lay, _ in layouts
+                       for mbs in ctx.space.micro_batches)
         for mbs in ctx.space.micro_batches:
+            # the least pipeline degree of the layouts running this micro-batch (0: none
+            # does), and whether each runs flat one-chunk schedules alone there
+            p, flat = 0, True
+            for lay, choices in layouts:
+                if batch % (lay.dp * mbs) == 0 and lay.pp <= layers:
+                    p = lay.pp if not p else min(p, lay.pp)
+                    flat = flat and self._kinds(lay, mbs, batch // (lay.dp * mbs),
+                                                choices[0]) is not None
+            if not p and runs_any:
+                continue  # no layout of the block runs it: no candidate
+            m = per_b * p / mbs  # the least degree's microbatches (a whole number)
+            fill = flat and p > 1
             for sp in sps:
                 parts = _shard_parts(model, cluster, ctx.job, ctx.space.stack, base.tp, base.cp,
                                      base.ep, base.etp, dispatch, mbs, sp, recompute,
                                      ctx.modules(recompute), cps)
-                least = min(least, min(part[0] for part, _ in parts) * per_b / mbs)
+                for part, _ in parts:
+                    floor = part[0] * per_b / mbs
+                    if fill:
+                        floor = max(floor, _pipeline_floor(part, m, p, True, True))
+                    least = min(least, floor)
         return least + self.overhead(base)
 
     def overhead(self, base: Layout) -> float:

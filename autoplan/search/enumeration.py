@@ -86,7 +86,7 @@ class Enumeration:
         for layouts in by_shard.values():
             base, (_, _, sps, cps, _, _) = layouts[0]
             n = sum(c[-1] for _, c in layouts) * len(space.micro_batches)
-            bound = self.bounds.block_floor(base, sps or (False,), cps, least)
+            bound = self.bounds.block_floor(base, sps or (False,), cps, least, layouts)
             out.append(Block(bound, rank_key_static(ctx.probe(base)), tuple(layouts), n))
         self.stats.generated += sum(b.size for b in out)
         return out

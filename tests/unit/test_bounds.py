@@ -332,6 +332,33 @@ def test_a_blocks_bound_holds_for_every_layout_in_it(case):
                 assert (batch // (dp_ * b)) / pp_ == pytest.approx(batch * tp_ * cp_ / (n * b))
 
 
+def test_a_blocks_fill_holds_for_every_layout_that_runs():
+    """DeepSeek-V3 (61 layers: no interleaving, no V below 62 stages) on 262,144 H100: at
+    each micro-batch a block's layouts run with flat one-chunk schedules alone, the block
+    counts the fill any split pays at its least pipeline degree (search.bound.TimeBounds.
+    block_floor), which grows with the degree at m / pp fixed: it holds for each layout's
+    own bound (every micro-batch it runs), and it lifts some blocks above the mean."""
+    model = resolve_model("deepseek-v3")
+    walk = _Search(model, with_gpus(resolve_cluster("dgx-h100"), 262144),
+                   Job(global_batch=15360, seq_len=4096), load_space("default"), top_k=1)
+    least = min(walk.space.recompute, key=lambda r: r.level)
+    lifted = 0
+    for block in walk.walk.blocks():
+        base, (_, _, sps, cps, _, _) = block.layouts[0]
+        mean = walk.bounds.block_floor(base, sps or (False,), cps, least)  # no layouts: mean
+        assert block.bound >= mean
+        lifted += block.bound > mean * 1.2
+        for item in walk.walk.unblocked(block):  # the layouts passing the layout rules
+            _, (scheds, _, sps, cps, _, _) = next(x for x in block.layouts if x[0] == item.base)
+            own = walk.bounds.layout_mean_floor(item.base, sps, cps, least, scheds)
+            assert block.bound <= own * TIGHT, (item.base, block.bound, own)
+    assert lifted >= 50
+    # the fill at m = c p grows with p (c = 0.5, share 1 and 0.4)
+    for share in (1.0, 0.4):
+        floors = [split_chain_floor(1.0, share, 0.5 * p, p) for p in (2, 4, 8, 16, 32, 64)]
+        assert floors == sorted(floors)
+
+
 @pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[5]], ids=lambda c: f"{c[0]}-{c[5]}")
 def test_a_layouts_shared_bound_holds_for_its_every_zero_and_recompute_group(case):
     """A bundle comes up at its layout's bound at its least recompute, and each of its
