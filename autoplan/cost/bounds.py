@@ -26,6 +26,7 @@ from autoplan.parallel.dp import (
     optimizer_seconds,
     optimizer_seconds_floor,
     state_bytes,
+    state_bytes_of,
     step_overhead,
 )
 from autoplan.parallel.pp import dense_per_stage, output_stage
@@ -38,7 +39,7 @@ __all__ = [
     "StageWork", "cost_key", "dense_per_stage", "memory_pressure", "memory_shortfall",
     "optimizer_seconds", "optimizer_seconds_floor",
     "output_stage", "stage_memory", "stage_state_params", "stage_work", "stage_work_for",
-    "state_bytes", "step_overhead", "busiest_stage_bound", "step_time_lower_bound",
+    "state_bytes", "state_bytes_of", "step_overhead", "busiest_stage_bound", "step_time_lower_bound",
     "chain_bound", "split_chain_floor",
 ]
 

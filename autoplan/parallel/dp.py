@@ -167,18 +167,20 @@ def state_bytes(plan: Plan, params: float, expert_params: float) -> memory.Bytes
     distributed optimizer instances) and the experts' over the expert-data-parallel group
     (Megatron-Core distributed optimizer)."""
     lay, job = plan.layout, plan.job
-    return _state_bytes(job.dtype, job.main_grads, job.optimizer_states, plan.zero,
-                        lay.dp_shard * lay.cp, lay.edp, plan.offload.optimizer, params,
-                        expert_params)
+    return state_bytes_of(job.dtype, job.main_grads, job.optimizer_states, plan.zero,
+                          lay.dp_shard * lay.cp, lay.edp, plan.offload.optimizer, params,
+                          expert_params)
 
 
 # plain arithmetic on enums and numbers, no descriptor in its key: kept for the process
 # (bounded), not dropped with a question's costs; the search asks it for every stage of
 # every memory floor, a sweep hundreds of thousands of times
 @functools.lru_cache(maxsize=65536)
-def _state_bytes(dtype: Dtype, main_grads: StateDtype, moments: StateDtype, zero: ZeroStage,
-                 shards: int, edp: int, offloaded: bool, params: float,
-                 expert_params: float) -> memory.BytesPerParam:
+def state_bytes_of(dtype: Dtype, main_grads: StateDtype, moments: StateDtype, zero: ZeroStage,
+                   shards: int, edp: int, offloaded: bool, params: float,
+                   expert_params: float) -> memory.BytesPerParam:
+    """:func:`state_bytes` of a rank whose non-expert states ZeRO shards over ``shards``
+    ranks and expert states over ``edp`` (the optimizer's offloaded or not)."""
     dense = memory.sharded_state_bytes(params, dtype, zero, shards, main_grads, moments)
     if expert_params:
         experts = memory.sharded_state_bytes(expert_params, dtype, zero, edp, main_grads,

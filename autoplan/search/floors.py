@@ -17,7 +17,7 @@ from autoplan.cost.bounds import (
     stage_memory,
     stage_state_params,
     stage_work,
-    state_bytes,
+    state_bytes_of,
     step_overhead,
 )
 from autoplan.cost.stage import activation_terms, held_in_equal_chunks, memory_with
@@ -65,6 +65,7 @@ class MemoryFloors:
         # memory noted so far (:meth:`note_closest`)
         self.closest: tuple[float, tuple, Plan, int, Memory] | None = None
         self._fullest_states: dict[tuple[Layout, ZeroStage, bool], tuple[float, int, Memory]] = {}
+        self._layout_params: dict[Layout, tuple[tuple[int, float, float], ...]] = {}
         self._fewest_memo: dict[tuple, tuple[tuple[int, int, int, Schedule], ...]] = {}
         self._fullest_memo: dict[tuple, tuple[tuple[StageWork, ...], list[tuple[int, int]]]] = {}
         # (what a group's members' activations depend on) -> (stage, work, activations,
@@ -90,18 +91,16 @@ class MemoryFloors:
         they exceed, the plan noted if it holds the least so far."""
         key = (lay, zero, off.optimizer)
         worst = self._fullest_states.get(key)
-        if worst is not None and worst[0] <= self.limit:
+        if worst is None:
+            worst = self._fullest_states[key] = self._fullest_state(lay, zero, off.optimizer)
+        if worst[0] <= self.limit:
             return States.FIT
-        if worst is not None and self.closest is not None and worst[0] > self.closest[0]:
+        if self.closest is not None and worst[0] > self.closest[0]:
             return States.EXCEED  # the 'smallest plan' already noted holds less
         ctx = self.ctx
         plan = Plan(model=ctx.model, cluster=ctx.cluster, job=ctx.job, stack=ctx.space.stack, layout=lay,
                     micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.FULL,
                     zero=zero, sequence_parallel=sp, offload=off)
-        if worst is None:
-            worst = self._fullest_states[key] = self._fullest_state(plan)
-        if worst[0] <= self.limit:
-            return States.FIT
         self.note_closest(plan, worst[1], worst[2])
         return States.NOTED
 
@@ -113,24 +112,38 @@ class MemoryFloors:
         worst = self._fullest_states.get((lay, zero, optimizer_offloaded))
         return None if worst is None else worst[0]
 
-    def _fullest_state(self, plan: Plan) -> tuple[float, int, Memory]:
-        """(peak, stage, memory) of the stage holding the most model state."""
-        lay = plan.layout
-        layers, dense = plan.stage_layers, dense_per_stage(plan)
-        reserve = self.ctx.cluster.device.reserve_bytes
-        last = lay.pp - 1
+    def _fullest_state(self, lay: Layout, zero: ZeroStage, optimizer_offloaded: bool
+                       ) -> tuple[float, int, Memory]:
+        """(peak, stage, memory) of the layout's stage holding the most model state at
+        ``zero``, its optimizer's states offloaded or not."""
+        job, reserve = self.ctx.job, self.ctx.cluster.device.reserve_bytes
+        shards, edp = lay.dp_shard * lay.cp, lay.edp
         worst: tuple[float, int, Memory] | None = None
-        # the stage with the most MoE layers (then the most layers) holds the most state
-        heaviest = max(range(lay.pp), key=lambda i: (layers[i] - dense[i], layers[i]))
-        for s in sorted({0, last, heaviest}):
-            st = state_bytes(plan, *stage_state_params(self.ctx.model, lay, s == 0, s == last,
-                                                       layers[s], dense[s]))
+        for s, params, experts in self._state_params(lay):
+            st = state_bytes_of(job.dtype, job.main_grads, job.optimizer_states, zero, shards,
+                                edp, optimizer_offloaded, params, experts)
             mem = Memory(weights=st.weights, grads=st.grads, optimizer=st.optimizer,
                          activations=0.0, other=reserve)
             if worst is None or mem.peak > worst[0]:
                 worst = (mem.peak, s, mem)
         assert worst is not None
         return worst
+
+    def _state_params(self, lay: Layout) -> tuple[tuple[int, float, float], ...]:
+        """(stage, non-expert parameters, expert parameters) of the layout's stages that
+        can hold the most model state, whatever its ZeRO stage: its first, its last, and
+        the one with the most MoE layers (then the most layers). Per layout."""
+        hit = self._layout_params.get(lay)
+        if hit is None:
+            probe = self.ctx.probe(lay)
+            layers, dense = probe.stage_layers, dense_per_stage(probe)
+            last = lay.pp - 1
+            heaviest = max(range(lay.pp), key=lambda i: (layers[i] - dense[i], layers[i]))
+            hit = self._layout_params[lay] = tuple(
+                (s, *stage_state_params(self.ctx.model, lay, s == 0, s == last, layers[s],
+                                        dense[s]))
+                for s in sorted({0, last, heaviest}))
+        return hit
 
     def note_closest(self, plan: Plan, stage: int, mem: Memory) -> None:
         """Keep the plan for the 'smallest plan' message if it needs less than the one kept
