@@ -193,6 +193,15 @@ def state_bytes_of(dtype: Dtype, main_grads: StateDtype, moments: StateDtype, ze
     return dense
 
 
+def time_twin(zero: ZeroStage) -> ZeroStage:
+    """The ZeRO stage whose step time every plan at ``zero`` shares: ZeRO-2 runs ZeRO-1's
+    collectives (gradients reduce-scattered, parameters all-gathered: ``_sync_seconds``)
+    and optimizer step (sharded: ``_optimizer_groups``), its stage works are ZeRO 0-2's
+    (``cost.stage.cost_key``); it differs in memory alone (its gradients sharded too).
+    The search's step-time bounds are memoized on it."""
+    return ZeroStage.OPTIMIZER if zero is ZeroStage.GRADIENTS else zero
+
+
 def optimizer_params(plan: Plan, params: float, expert_params: float) -> float:
     """Parameters whose optimizer state one rank of a stage holding ``params`` dense and
     ``expert_params`` expert parameters steps (its ZeRO shard)."""

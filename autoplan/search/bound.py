@@ -223,6 +223,7 @@ class TimeBounds:
         self._runs: dict[int, tuple[_Run, ...]] = {}  # :meth:`_uniform_runs`
         self._overhead: float | None = None  # :meth:`layout_mean_floor`
         self._group_bounds: dict[tuple, float] = {}  # :meth:`group_bound`
+        self._twins: dict[Plan, Plan] = {}  # :meth:`_twin`
         self._layout_floors: dict[tuple, float] = {}  # :meth:`layout_floor`
         self._offload_shifts: dict[Plan, float] = {}  # :meth:`offloaded_bound`
         self._kinds_memo: dict[tuple, tuple[bool, bool, bool] | None] = {}  # :meth:`_kinds`
@@ -676,15 +677,25 @@ class TimeBounds:
         more (:meth:`_drained_sync`); not where the bound stands for other ZeRO stages."""
         cps = tuple(cps) or (plan.cp_comm,)
         # it reads no activation offload (a candidate's own bound counts the copies): the
-        # variants of a group offloading more or less of them share one
-        key = (plan if not plan.offload.activations else
-               plan.replace(offload=Offload(optimizer=plan.offload.optimizer)),
-               tuple(scheds), cps, sync, drained)
+        # variants of a group offloading more or less of them share one; ZeRO-2's groups
+        # share ZeRO-1's (``dp.time_twin``)
+        if plan.offload.activations or plan.zero is ZeroStage.GRADIENTS:
+            plan = self._twin(plan)
+        key = (plan, tuple(scheds), cps, sync, drained)
         bound = self._group_bounds.get(key)
         if bound is None:
             bound = self._group_bounds[key] = self._group_bound(key[0], scheds, cps, sync,
                                                                 drained)
         return bound
+
+    def _twin(self, plan: Plan) -> Plan:
+        """The plan whose group bound ``plan``'s is (:meth:`group_bound`): without activation
+        offload, at its ZeRO stage's time twin. Made once per plan."""
+        twin = self._twins.get(plan)
+        if twin is None:
+            twin = self._twins[plan] = plan.replace(
+                zero=dp.time_twin(plan.zero), offload=Offload(optimizer=plan.offload.optimizer))
+        return twin
 
     def _group_bound(self, plan: Plan, scheds: Sequence[Sched], cps: tuple[CpComm, ...],
                      sync: bool, with_drained: bool = True) -> float:
@@ -815,10 +826,10 @@ class TimeBounds:
         """The plan's exact lower bound (``cost.bounds.step_time_lower_bound``).
 
         The bound reads the plan's stage works (``cost_key`` and the layer split), ZeRO
-        stage and offload, and its schedule only through the works but for offloaded
-        activations' copies: plans alike in those (GPipe and 1F1B; ZB-H1 and ZB-H2; the
-        V schedules) share one."""
-        key = (cost_key(plan), plan.stages, plan.chunks, plan.zero, plan.offload,
+        stage (as its time twin: ``dp.time_twin``) and offload, and its schedule only
+        through the works but for offloaded activations' copies: plans alike in those
+        (GPipe and 1F1B; ZB-H1 and ZB-H2; the V schedules; ZeRO 1 and 2) share one."""
+        key = (cost_key(plan), plan.stages, plan.chunks, dp.time_twin(plan.zero), plan.offload,
                plan.schedule if plan.offload.activations else None)
         bound = self._exact_bounds.get(key)
         if bound is None:

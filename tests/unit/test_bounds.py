@@ -25,7 +25,7 @@ from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
 from autoplan.descriptors.space import StageShape, load_space
-from autoplan.parallel import mesh
+from autoplan.parallel import dp, mesh
 from autoplan.parallel.dp import (
     _exposed,
     _stage_sync,
@@ -48,7 +48,7 @@ from autoplan.search.stages import (
     split_bound_with_memory,
     with_best_stages,
 )
-from autoplan.vocab import Axis, ZeroStage
+from autoplan.vocab import Axis, Offload, ZeroStage
 from tests.helpers import make_plan
 
 TIGHT = 1 + 1e-9  # a bound and a simulated time of a tie may differ in the last bits
@@ -479,6 +479,33 @@ def test_a_bundles_synced_bound_never_exceeds_a_members_step(case):
                     assert bound <= evaluate(plan).step_time_s * TIGHT, plan
                     checked += 1
     assert checked >= 20
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe", "offload", "zb"])
+def test_zero_2_runs_zero_1s_step_its_bounds_are_memoized_on(kind):
+    """ZeRO-2 differs from ZeRO-1 in memory alone (dp.time_twin): the evaluated step and
+    every step-time bound of the search are the same, so the search's memos of group and
+    exact bounds key on ZeRO-1 for both; the memory is not."""
+    args: dict = dict(model="llama3-8b", gpus=64, dp=8, tp=2, pp=4, global_batch=128)
+    if kind == "moe":
+        args = dict(model="mixtral-8x7b", gpus=64, dp=8, tp=2, pp=4, ep=4, etp=1,
+                    global_batch=128, sequence_parallel=True)
+    if kind == "offload":
+        args["offload"] = Offload(optimizer=True, activations=0.5)
+    if kind == "zb":
+        args["schedule"] = Schedule.ZB_H1
+    one, two = (make_plan(zero=z, **args) for z in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS))
+    assert dp.time_twin(ZeroStage.GRADIENTS) is ZeroStage.OPTIMIZER
+    assert all(dp.time_twin(z) is z for z in ZeroStage if z is not ZeroStage.GRADIENTS)
+    a, b = evaluate(one), evaluate(two)
+    assert a.step_time_s == b.step_time_s
+    assert a.memory.peak > b.memory.peak  # ZeRO-2 shards the gradients too
+    assert step_time_lower_bound(one, stage_work(one)) == step_time_lower_bound(two, stage_work(two))
+    walk = _Search(one.model, one.cluster, one.job, load_space("default"), top_k=1)
+    scheds = ((one.schedule, 1, False),)
+    for sync in (True, False):
+        assert (walk.bounds._group_bound(one, scheds, (one.cp_comm,), sync)
+                == walk.bounds._group_bound(two, scheds, (two.cp_comm,), sync))
 
 
 def test_the_least_sync_is_the_floor_where_the_forward_is_known():
