@@ -224,6 +224,7 @@ class TimeBounds:
         self._overhead: float | None = None  # :meth:`layout_mean_floor`
         self._group_bounds: dict[tuple, float] = {}  # :meth:`group_bound`
         self._twins: dict[Plan, Plan] = {}  # :meth:`_twin`
+        self._member_bounds: dict[tuple, float] = {}  # :meth:`member_bound`
         self._layout_floors: dict[tuple, float] = {}  # :meth:`layout_floor`
         self._offload_shifts: dict[Plan, float] = {}  # :meth:`offloaded_bound`
         self._kinds_memo: dict[tuple, tuple[bool, bool, bool] | None] = {}  # :meth:`_kinds`
@@ -791,6 +792,21 @@ class TimeBounds:
     def member_bound(self, group_plan: Plan, cp_comm: CpComm, v: int, fused: bool,
                      drains: dict[tuple[CpComm, bool], list[tuple[float, float, float]]],
                      breadth_first: bool = False) -> float:
+        """:meth:`_member_bound`, memoized: the groups of a plan's time twin (ZeRO-2's of
+        ZeRO-1; offloading more or less of their activations) share it."""
+        twin = (self._twin(group_plan)
+                if group_plan.offload.activations or group_plan.zero is ZeroStage.GRADIENTS
+                else group_plan)
+        key = (twin, cp_comm, v, fused, breadth_first)
+        bound = self._member_bounds.get(key)
+        if bound is None:
+            bound = self._member_bounds[key] = self._member_bound(group_plan, cp_comm, v, fused,
+                                                                  drains, breadth_first)
+        return bound
+
+    def _member_bound(self, group_plan: Plan, cp_comm: CpComm, v: int, fused: bool,
+                      drains: dict[tuple[CpComm, bool], list[tuple[float, float, float]]],
+                      breadth_first: bool = False) -> float:
         """The busiest-stage bound of the group's members on ``cp_comm`` at ``v`` chunks
         (0: the V schedules), their backward fused with W or not, read off the group's
         works on that exchange (as :meth:`group_bound` reads them), with the gradient sync
