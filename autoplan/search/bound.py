@@ -226,7 +226,7 @@ class TimeBounds:
         self._twins: dict[Plan, Plan] = {}  # :meth:`_twin`
         self._member_bounds: dict[tuple, float] = {}  # :meth:`member_bound`
         self._layout_floors: dict[tuple, float] = {}  # :meth:`layout_floor`
-        self._offload_shifts: dict[Plan, float] = {}  # :meth:`offloaded_bound`
+        self._offload_shifts: dict[tuple, float] = {}  # :meth:`offloaded_bound`
         self._kinds_memo: dict[tuple, tuple[bool, bool, bool] | None] = {}  # :meth:`_kinds`
         # :meth:`_last_stage_states`
         self._last_states: dict[tuple[Layout, frozenset[int]], _LastStates] = {}
@@ -649,14 +649,17 @@ class TimeBounds:
         (c_gpu - c_off) x the whole model's per-rank parameters (p is at most that)."""
         if not off.optimizer:
             return bound
-        plan = plan.replace(recompute=Recompute.NONE, offload=NO_OFFLOAD)
-        shift = self._offload_shifts.get(plan)  # the same for every activation offload
+        # it reads the stages' parameters and the optimizer's rates: the layout and ZeRO
+        # stage's, the same for every micro-batch, SP, recompute and activation offload
+        key = (plan.layout, plan.zero, plan.stages, plan.chunks)
+        shift = self._offload_shifts.get(key)
         if shift is None:
+            plan = plan.replace(recompute=Recompute.NONE, offload=NO_OFFLOAD)
             works = stage_work(plan)
             c_gpu = dp.optimizer_seconds_per_param(plan)
             c_off = dp.optimizer_seconds_per_param(plan.replace(offload=Offload(optimizer=True)))
             shards = [dp.optimizer_params(plan, w.params, w.expert_params) for w in works]
-            shift = self._offload_shifts[plan] = (
+            shift = self._offload_shifts[key] = (
                 (c_off - c_gpu) * sum(shards) / len(shards) if c_off >= c_gpu
                 else -(c_gpu - c_off) * sum(shards))
         return bound + shift
