@@ -35,15 +35,28 @@ class Context:
         self.schedule_rule: dict[tuple[int, int, Schedule, int, bool], str] = {}
         self._vpp_layouts: dict[tuple[Layout, int], Layout] = {}
         self._dispatch: dict[Layout, MoeDispatch] = {}  # :meth:`dispatch`
+        self._probes: dict[object, Plan] = {}  # :meth:`probe`: by its arguments; the layout's first
 
     def probe(self, lay: Layout, mbs: int = 1, sp: bool = False,
               zero: ZeroStage = ZeroStage.NONE, cp_comm: CpComm = CpComm.RING,
               recompute: Recompute = Recompute.NONE) -> Plan:
-        """A plan of the layout whose later choices are not read by the rules asked."""
-        return Plan(model=self.model, cluster=self.cluster, job=self.job, stack=self.space.stack, layout=lay,
-                    micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=recompute,
-                    zero=zero, sequence_parallel=sp, cp_comm=cp_comm,
-                    moe_dispatch=self.dispatch(lay), recompute_modules=self.modules(recompute))
+        """A plan of the layout whose later choices are not read by the rules asked; made
+        once (a search asks for tens of thousands, a third of them again), each from the
+        layout's first."""
+        key = (lay, mbs, sp, zero, cp_comm, recompute)
+        plan = self._probes.get(key)
+        if plan is None:
+            base = self._probes.get(lay)
+            if base is None:
+                base = self._probes[lay] = Plan(
+                    model=self.model, cluster=self.cluster, job=self.job, stack=self.space.stack,
+                    layout=lay, micro_batch=1, schedule=Schedule.ONE_F_ONE_B,
+                    recompute=Recompute.NONE, zero=ZeroStage.NONE, sequence_parallel=False,
+                    moe_dispatch=self.dispatch(lay))
+            plan = self._probes[key] = base.replace(
+                micro_batch=mbs, sequence_parallel=sp, zero=zero, cp_comm=cp_comm,
+                recompute=recompute, recompute_modules=self.modules(recompute))
+        return plan
 
     def dispatch(self, lay: Layout) -> MoeDispatch:
         """``ep.dispatch_for`` the layout, once per layout (every probe asks it)."""
