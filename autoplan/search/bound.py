@@ -227,7 +227,9 @@ class TimeBounds:
         self._member_bounds: dict[tuple, float] = {}  # :meth:`member_bound`
         self._layout_floors: dict[tuple, float] = {}  # :meth:`layout_floor`
         self._offload_shifts: dict[tuple, float] = {}  # :meth:`offloaded_bound`
-        self._kinds_memo: dict[tuple, tuple[bool, bool, bool] | None] = {}  # :meth:`_kinds`
+        # :meth:`_kinds`: (the schedules, their kinds) by (pp, m, the schedules' id)
+        self._kinds_memo: dict[tuple[int, int, int],
+                               tuple[Sequence[Sched], tuple[bool, bool, bool] | None]] = {}
         # :meth:`_last_stage_states`
         self._last_states: dict[tuple[Layout, frozenset[int]], _LastStates] = {}
 
@@ -455,15 +457,17 @@ class TimeBounds:
         """:func:`_one_chunk_kinds` of the schedules of ``scheds`` passing the schedule
         rules at ``m`` microbatches (``Context.runnable``, which reads no more than the
         pipeline degree, the chunks and m), and whether none is a split variant; None
-        where some run more chunks or a V. Per (pp, m, schedules)."""
-        key = (base.pp, m, tuple(scheds))
-        if key in self._kinds_memo:
-            return self._kinds_memo[key]
-        runnable = self.ctx.runnable(base, mbs, False, scheds)
-        kinds = _one_chunk_kinds(runnable)
-        hit = self._kinds_memo[key] = None if kinds is None else (
-            *kinds, not any(split for *_, split in runnable))
-        return hit
+        where some run more chunks or a V. Per (pp, m, schedules): keyed on the schedules'
+        identity (the search's are one list per pipeline degree; the memo keeps each alive,
+        so its id is not reused), which costs no hashing of them."""
+        key = (base.pp, m, id(scheds))
+        hit = self._kinds_memo.get(key)
+        if hit is None:
+            runnable = self.ctx.runnable(base, mbs, False, scheds)
+            kinds = _one_chunk_kinds(runnable)
+            hit = self._kinds_memo[key] = (scheds, None if kinds is None else (
+                *kinds, not any(split for *_, split in runnable)))
+        return hit[1]
 
     def _uniform_runs(self, base: Layout) -> tuple[_Run, ...]:
         """The stages of the layout's uniform one-chunk split (``uniform_stages``; the
