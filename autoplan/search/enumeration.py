@@ -32,7 +32,7 @@ class Enumeration:
 
     def __init__(self, ctx: Context, stats: SearchStats, bounds: TimeBounds, floors: MemoryFloors):
         self.ctx, self.stats, self.bounds, self.floors = ctx, stats, bounds, floors
-        self._schedules: dict[int, list[Sched]] = {}  # pp -> its schedule choices
+        self._schedules: dict[int, tuple[Sched, ...]] = {}  # pp -> its schedule choices
 
     def layouts(self) -> Iterator[Layout]:
         """Every layout of the axes' degrees, expert foldings included, and where the space
@@ -62,7 +62,8 @@ class Enumeration:
         ctx, space = self.ctx, self.ctx.space
         scheds = self._schedules.get(base.pp)
         if scheds is None:  # they read the pipeline degree alone
-            scheds = self._schedules[base.pp] = pp.schedule_choices(base, space)
+            # one tuple per degree: every group of it holds this one (its id keys memos)
+            scheds = self._schedules[base.pp] = tuple(pp.schedule_choices(base, space))
         zeros = dp.zero_stages(base, space)
         sps = tp.sequence_parallel_choices(ctx.model, base, space)
         cps = cp.exchanges(ctx.model, base, ctx.job.seq_len, space)

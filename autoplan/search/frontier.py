@@ -78,6 +78,8 @@ class Frontier:
         self._seq = 0  # the order of items and ranked plans alike in their bound and key
         self._best: list[tuple[_neg, int, Ranked]] = []  # the k best so far, worst on top
         self._fastest = float("inf")  # the best step time found so far
+        # (pp, m, id of the schedules) -> (the schedules, their counts by rule): :meth:`_drop`
+        self._rule_counts: dict[tuple[int, int, int], tuple[tuple, tuple[tuple[str, int], ...]]] = {}
 
     def run(self) -> SearchResult:
         """Best-first: pop the lowest bound; expand groups, evaluate candidates; stop when
@@ -314,13 +316,22 @@ class Frontier:
         rule by that rule, the others as not fitting, and keep it for the 'smallest plan'
         message."""
         lay, m = group.plan.layout, group.plan.num_microbatches
-        reason = self.floors.why_not(floor)
-        for sched, v, split in group.schedules:
-            rule = self.ctx.schedule_rule[(lay.pp, m, sched, v, split)]
+        # the schedules by the rule they break ('': none), per pipeline degree, m and
+        # schedules (keyed on their identity: one tuple per degree, kept alive here)
+        key = (lay.pp, m, id(group.schedules))
+        counted = self._rule_counts.get(key)
+        if counted is None:
+            rules: dict[str, int] = {}
+            for sched, v, split in group.schedules:
+                rule = self.ctx.schedule_rule[(lay.pp, m, sched, v, split)]
+                rules[rule] = rules.get(rule, 0) + 1
+            counted = self._rule_counts[key] = (group.schedules, tuple(rules.items()))
+        n = len(group.cp_comms)
+        for rule, k in counted[1]:
             if rule:
-                self.stats.pruned[rule] += len(group.cp_comms)
+                self.stats.pruned[rule] += k * n
             else:
-                self.stats.infeasible[reason] += len(group.cp_comms)
+                self.stats.infeasible[self.floors.why_not(floor)] += k * n
         self._dropped.append((floor.peak, order, group))
 
     def _note_dropped(self) -> None:
