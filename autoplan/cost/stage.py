@@ -569,8 +569,10 @@ def _activation_terms(model: Model, shard: Shard, recompute: Recompute,
 
 
 @memo(16384)
-def _plan_activation_terms(plan: Plan) -> _ActivationTerms:
-    """``_activation_terms`` of the plan, looked up by the plan (asked of each stage)."""
+def activation_terms(plan: Plan) -> _ActivationTerms:
+    """What one microbatch's activations weigh, per layer and at the model's ends
+    (``_activation_terms`` of the plan's shard and recompute, looked up by the plan: asked
+    of each stage; the same for every schedule, chunk count, ZeRO stage and offload)."""
     return _activation_terms(plan.model, shard_of(plan), plan.recompute, plan.recomputed)
 
 
@@ -586,7 +588,7 @@ def held_activations(plan: Plan, stage: int, work: StageWork,
     microbatch-chunks, those its activation offload moves to host memory): what
     ``stage_memory`` reads of the schedule, the chunks and the recompute."""
     lay = plan.layout
-    terms = _plan_activation_terms(plan)
+    terms = activation_terms(plan)
     if plan.chunks is not None:
         # chunks of their own sizes: each in-flight (microbatch, chunk) weighs what that
         # chunk keeps, walked through the stage's operation order
@@ -600,12 +602,6 @@ def held_activations(plan: Plan, stage: int, work: StageWork,
         return held + terms.working, moved
     return held_in_equal_chunks(plan, terms, lay.vpp, pp.output_stage(plan), stage, work,
                                 inflight_chunks)
-
-
-def activation_terms(plan: Plan) -> _ActivationTerms:
-    """What one microbatch's activations weigh, per layer and at the model's ends (the
-    same for every schedule, chunk count, ZeRO stage and offload of a shard)."""
-    return _plan_activation_terms(plan)
 
 
 def held_in_equal_chunks(plan: Plan, terms: _ActivationTerms, vpp: int, output: int,
@@ -655,7 +651,7 @@ def offloaded_chunk_bytes(plan: Plan, stage: int, work: StageWork) -> float:
     """Activations one microbatch leaves in one chunk of ``stage`` (its layers, the
     heaviest chunk's with a per-chunk layout): what activation offload copies of it, times
     the fraction (kernels/offload.py)."""
-    terms = _plan_activation_terms(plan)
+    terms = activation_terms(plan)
     if plan.chunks is not None:
         return max(_chunk_weights(plan, stage, terms))
     return _layer_activations(terms, work) / plan.layout.vpp

@@ -416,21 +416,24 @@ class TimeBounds:
         model, ctx = self.ctx.model, self.ctx
         cluster, dispatch, cps = count_free(ctx.cluster), ctx.dispatch(base), tuple(cps)
         per_b = ctx.job.global_batch * base.tp * base.cp / ctx.cluster.gpus
-        batch, least = ctx.job.global_batch, float("inf")
-        # (a block none of whose layouts runs any micro-batch is bounded as if all did: its
-        # layouts' rules count their candidates when it comes up)
-        layers = model.layers  # more stages than layers run nothing (the rule pp-layers)
-        runs_any = any(batch % (lay.dp * mbs) == 0 and lay.pp <= layers for lay, _ in layouts
-                       for mbs in ctx.space.micro_batches)
+        batch, layers = ctx.job.global_batch, model.layers
+        # per micro-batch: the least pipeline degree of the layouts running it (0: none
+        # does; more stages than layers run nothing, the rule pp-layers), and whether each
+        # runs flat one-chunk schedules alone there
+        degrees = []
         for mbs in ctx.space.micro_batches:
-            # the least pipeline degree of the layouts running this micro-batch (0: none
-            # does), and whether each runs flat one-chunk schedules alone there
             p, flat = 0, True
             for lay, choices in layouts:
                 if batch % (lay.dp * mbs) == 0 and lay.pp <= layers:
                     p = lay.pp if not p else min(p, lay.pp)
                     flat = flat and self._kinds(lay, mbs, batch // (lay.dp * mbs),
                                                 choices[0]) is not None
+            degrees.append((mbs, p, flat))
+        # (a block none of whose layouts runs any micro-batch is bounded as if all did: its
+        # layouts' rules count their candidates when it comes up)
+        runs_any = any(p for _, p, _ in degrees)
+        least = float("inf")
+        for mbs, p, flat in degrees:
             if not p and runs_any:
                 continue  # no layout of the block runs it: no candidate
             m = per_b * p / mbs  # the least degree's microbatches (a whole number)
@@ -687,8 +690,7 @@ class TimeBounds:
         # it reads no activation offload (a candidate's own bound counts the copies): the
         # variants of a group offloading more or less of them share one; ZeRO-2's groups
         # share ZeRO-1's (``dp.time_twin``)
-        if plan.offload.activations or plan.zero is ZeroStage.GRADIENTS:
-            plan = self._twin(plan)
+        plan = self._twin(plan)
         key = (plan, tuple(scheds), cps, sync, drained)
         bound = self._group_bounds.get(key)
         if bound is None:
@@ -697,8 +699,11 @@ class TimeBounds:
         return bound
 
     def _twin(self, plan: Plan) -> Plan:
-        """The plan whose group bound ``plan``'s is (:meth:`group_bound`): without activation
-        offload, at its ZeRO stage's time twin. Made once per plan."""
+        """The plan whose group and member bounds ``plan``'s are (:meth:`group_bound`,
+        :meth:`member_bound`): without activation offload, at its ZeRO stage's time twin
+        (``plan`` itself where it is that). Made once per plan."""
+        if not plan.offload.activations and plan.zero is not ZeroStage.GRADIENTS:
+            return plan
         twin = self._twins.get(plan)
         if twin is None:
             twin = self._twins[plan] = plan.replace(
@@ -801,10 +806,7 @@ class TimeBounds:
                      breadth_first: bool = False) -> float:
         """:meth:`_member_bound`, memoized: the groups of a plan's time twin (ZeRO-2's of
         ZeRO-1; offloading more or less of their activations) share it."""
-        twin = (self._twin(group_plan)
-                if group_plan.offload.activations or group_plan.zero is ZeroStage.GRADIENTS
-                else group_plan)
-        key = (twin, cp_comm, v, fused, breadth_first)
+        key = (self._twin(group_plan), cp_comm, v, fused, breadth_first)
         bound = self._member_bounds.get(key)
         if bound is None:
             bound = self._member_bounds[key] = self._member_bound(group_plan, cp_comm, v, fused,

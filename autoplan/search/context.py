@@ -35,7 +35,9 @@ class Context:
         self.schedule_rule: dict[tuple[int, int, Schedule, int, bool], str] = {}
         self._vpp_layouts: dict[tuple[Layout, int], Layout] = {}
         self._dispatch: dict[Layout, MoeDispatch] = {}  # :meth:`dispatch`
-        self._probes: dict[object, Plan] = {}  # :meth:`probe`: by its arguments; the layout's first
+        # :meth:`probe`: by its arguments; each layout's first, the others made from it
+        self._probes: dict[tuple[Layout, int, bool, ZeroStage, CpComm, Recompute], Plan] = {}
+        self._first_probes: dict[Layout, Plan] = {}
 
     def probe(self, lay: Layout, mbs: int = 1, sp: bool = False,
               zero: ZeroStage = ZeroStage.NONE, cp_comm: CpComm = CpComm.RING,
@@ -46,9 +48,9 @@ class Context:
         key = (lay, mbs, sp, zero, cp_comm, recompute)
         plan = self._probes.get(key)
         if plan is None:
-            base = self._probes.get(lay)
+            base = self._first_probes.get(lay)
             if base is None:
-                base = self._probes[lay] = Plan(
+                base = self._first_probes[lay] = Plan(
                     model=self.model, cluster=self.cluster, job=self.job, stack=self.space.stack,
                     layout=lay, micro_batch=1, schedule=Schedule.ONE_F_ONE_B,
                     recompute=Recompute.NONE, zero=ZeroStage.NONE, sequence_parallel=False,

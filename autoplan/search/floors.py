@@ -74,21 +74,15 @@ class MemoryFloors:
         self._floor_members: dict[tuple, tuple[tuple[int, StageWork, float, float], ...]] = {}
 
     # -- a layout's model states --------------------------------------------------------
-    def states_exceed_memory(self, lay: Layout, zero: ZeroStage, off: Offload, mbs: int,
-                             sp: bool) -> bool:
-        """Weights, grads and optimizer states of the fullest stage (no activations) plus
-        the reserve already exceed the device: no micro-batch or recompute can help.
-        Such a candidate still counts for the 'smallest plan needs ...' message. The
-        states depend on the layout, ZeRO and the optimizer's offload only: worked out
-        once for every micro-batch and sequence-parallel choice."""
-        return self.states_verdict(lay, zero, off, mbs, sp) is not States.FIT
-
     def states_verdict(self, lay: Layout, zero: ZeroStage, off: Offload, mbs: int,
                        sp: bool) -> States:
-        """:meth:`states_exceed_memory`, told apart: they fit; they exceed and a plan
-        holding less is noted for the 'smallest plan' message already (the same for every
-        micro-batch and SP, whenever asked again: the noted plan only ever holds less); or
-        they exceed, the plan noted if it holds the least so far."""
+        """Whether the weights, grads and optimizer states of the fullest stage (no
+        activations) plus the reserve exceed the device, where no micro-batch or recompute
+        can help: they fit; they exceed and a plan holding less is noted for the 'smallest
+        plan needs ...' message already (the same for every micro-batch and SP, whenever
+        asked again: the noted plan only ever holds less); or they exceed, the plan noted if
+        it holds the least so far. The states depend on the layout, ZeRO and the
+        optimizer's offload only: worked out once for every micro-batch and SP."""
         key = (lay, zero, off.optimizer)
         worst = self._fullest_states.get(key)
         if worst is None:
@@ -107,7 +101,7 @@ class MemoryFloors:
     def fullest_states(self, lay: Layout, zero: ZeroStage, optimizer_offloaded: bool
                        ) -> float | None:
         """The peak of the fullest stage's model states of the layout at ``zero`` (the
-        optimizer's states offloaded or not), where :meth:`states_exceed_memory` has
+        optimizer's states offloaded or not), where :meth:`states_verdict` has
         worked it out; None where it has not."""
         worst = self._fullest_states.get((lay, zero, optimizer_offloaded))
         return None if worst is None else worst[0]
