@@ -35,6 +35,17 @@ def readme_commands() -> list[str]:
 COMMANDS = readme_commands()
 
 
+def _outputs(line: str) -> list[str]:
+    """The files a command line writes (``--out``/``-o``)."""
+    args = shlex.split(line)
+    return [b for a, b in zip(args, args[1:], strict=False) if a in ("--out", "-o")]
+
+
+# a file a later command reads, to the README line that writes it: each test may run on
+# any worker in any order (xdist worksteal), so a reader runs its writer first
+PRODUCERS = {out: line for line in COMMANDS for out in _outputs(line)}
+
+
 def test_the_readme_has_the_commands_this_test_runs() -> None:
     assert len(COMMANDS) >= 15
     assert any(c.startswith("autoplan serve") for c in COMMANDS)
@@ -62,6 +73,11 @@ def test_each_readme_command_runs(line: str, workdir: Path) -> None:
         assert command is not None
         command.make_context(args[0], args[1:])  # raises on an option it does not take
         return
+    for arg in args[1:]:
+        writer = PRODUCERS.get(arg)
+        if writer is not None and writer != line and not (workdir / arg).exists():
+            w = autoplan(*shlex.split(writer)[1:], cwd=workdir)
+            assert w.returncode == 0, (writer, w.stderr[-1500:])
     r = autoplan(*args, cwd=workdir)
     assert r.returncode == 0, (line, r.stderr[-1500:])
     assert "Traceback" not in r.stderr
