@@ -93,6 +93,28 @@ def test_every_command_has_a_help_that_exits_zero(command: list[str]) -> None:
     assert "Usage" in result.stdout
 
 
+def test_a_command_runs_built_alone_and_anything_else_sees_every_command() -> None:
+    """main() builds only the command argv names (typer builds every command's click
+    options otherwise): the root options still come first, and the whole app answers what
+    names none, so the top-level help and a typo's suggestions still list every command."""
+    from autoplan.cli.main import _only_the_command, app
+
+    everything = {c.name or c.callback.__name__ for c in app.registered_commands if c.callback}
+    assert {"search", "serve", "export"} <= everything
+    only = _only_the_command(["--debug", "export", "plan.yaml", "--to", "megatron"])
+    assert [c.name for c in only.registered_commands] == ["export"] and not only.registered_groups
+    (search,) = _only_the_command(["search", "-m", "llama3-8b"]).registered_commands
+    assert search.callback is not None and search.callback.__name__ == "search"
+    assert [g.name for g in _only_the_command(["runs", "import"]).registered_groups] == ["runs"]
+    for args in ([], ["--help"], ["serch"], ["--version"]):
+        assert _only_the_command(args) is app
+    lists = autoplan("--help").stdout
+    assert all(name.replace("_", "-") in lists for name in everything)
+    assert "Did you mean 'search'" in autoplan("serch").stderr
+    helped = autoplan("--debug", "search", "--help")
+    assert helped.returncode == 0 and "--global-batch" in helped.stdout
+
+
 def test_no_arguments_print_the_usage_without_a_traceback() -> None:
     result = autoplan_subprocess()  # python -m autoplan.cli.main, in a new process
     assert result.returncode in (0, 2)
