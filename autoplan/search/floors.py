@@ -72,6 +72,10 @@ class MemoryFloors:
         # moved to host) of the members holding the least activations on stages 0 and
         # last, of each kind (:meth:`memory_floor`)
         self._floor_members: dict[tuple, tuple[tuple[int, StageWork, float, float], ...]] = {}
+        # (layout, split, chunks, V chunks and kind or None: flat) -> per-stage works, any member's:
+        # the floor reads their layers and parameters, the same for every micro-batch, SP,
+        # recompute, exchange, ZeRO stage and offload (:meth:`memory_floor`)
+        self._shape_works: dict[tuple, tuple[StageWork, ...]] = {}
 
     # -- a layout's model states --------------------------------------------------------
     def states_verdict(self, lay: Layout, zero: ZeroStage, off: Offload, mbs: int,
@@ -228,19 +232,22 @@ class MemoryFloors:
                 if s not in least or mem.peak < least[s].peak:
                     least[s] = mem
             return max(least.values(), key=lambda mem: mem.peak)
-        flat = stage_work(plan)
+        shapes = self._shape_works
+        flat = shapes.get((lay, plan.stages, plan.chunks, None))
+        if flat is None:
+            flat = shapes[(lay, plan.stages, plan.chunks, None)] = stage_work(plan)
         terms = activation_terms(plan)  # every member's: they differ in schedule and chunks
         # (stage, V) -> the least activations of a member, and what the floor keeps of it
         fewest_act: dict[tuple[int, bool], tuple[float, int]] = {}
         asked = []
-        v_works: dict[tuple[int, bool, bool], tuple[StageWork, ...]] = {}
         for i, (s, n, v, sched) in enumerate(fewest):
             if sched.v_shape:  # its own works (``cost_key``), its output layer on stage 0
-                alike_v = (v, sched.splits_backward, sched.breadth_first)
-                if alike_v not in v_works:
-                    v_works[alike_v] = stage_work(plan.replace(layout=self.ctx.at_vpp(lay, v),
-                                                               schedule=sched))
-                work, output = v_works[alike_v][s], 0
+                alike_v = (lay, plan.stages, plan.chunks, (v, sched.splits_backward, sched.breadth_first))
+                v_works = shapes.get(alike_v)
+                if v_works is None:
+                    v_works = shapes[alike_v] = stage_work(
+                        plan.replace(layout=self.ctx.at_vpp(lay, v), schedule=sched))
+                work, output = v_works[s], 0
             else:
                 work, output = flat[s], lay.pp - 1
             held, moved = held_in_equal_chunks(plan, terms, v, output, s, work, n)

@@ -250,22 +250,25 @@ def test_groups_whose_states_crowd_memory_are_dropped_on_their_floor_first_losin
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Where a group's model states alone take more than half the limit its memory floor is
     asked before its time bounds (search.frontier.Frontier._too_big), and a group none of
-    whose members fits is dropped there, its offload variants queued: the same plans as
-    with the check last (Llama 3 70B on 16 H100: most groups are so dropped)."""
+    whose members fits is dropped there, its offload variants queued; a bundle of recompute
+    choices that offloads is dropped whole where none of its groups fits: the same plans as
+    with the check last (Llama 3 70B on 16 H100: 449 of 601 groups and 34 bundles are so
+    dropped)."""
     from autoplan.search import frontier
 
     args = (resolve_model("llama3-70b"), with_gpus(resolve_cluster("dgx-h100"), 16),
             Job(global_batch=64, seq_len=4096), load_space("default"), 3)
-    dropped = []
+    dropped: dict[bool, list[bool]] = {False: [], True: []}  # bundle? -> dropped or not
     too_big = frontier.Frontier._too_big
 
     def counted(self: frontier.Frontier, item: Any) -> bool:
-        dropped.append(too_big(self, item))
-        return dropped[-1]
+        dropped[bool(item.recomputes)].append(too_big(self, item))
+        return dropped[bool(item.recomputes)][-1]
 
     monkeypatch.setattr(frontier.Frontier, "_too_big", counted)
     first = search(*args)
-    assert sum(dropped) > len(dropped) // 2
+    groups, bundles = dropped[False], dropped[True]
+    assert sum(groups) > len(groups) // 2 and sum(bundles) > 10
     monkeypatch.setattr(frontier, "MEMORY_FIRST", float("inf"))
     last = search(*args)
     assert [(r.plan, r.prediction.step_time_s) for r in first.plans] == \
