@@ -67,6 +67,7 @@ class MemoryFloors:
         self._fullest_states: dict[tuple[Layout, ZeroStage, bool], tuple[float, int, Memory]] = {}
         self._layout_params: dict[Layout, tuple[tuple[int, float, float], ...]] = {}
         self._fewest_memo: dict[tuple, tuple[tuple[int, int, int, Schedule], ...]] = {}
+        self._every_memo: dict[tuple, tuple[tuple[int, int, int, Schedule], ...]] = {}
         self._fullest_memo: dict[tuple, tuple[tuple[StageWork, ...], list[tuple[int, int]]]] = {}
         # (what a group's members' activations depend on) -> (stage, work, activations,
         # moved to host) of the members holding the least activations on stages 0 and
@@ -225,24 +226,33 @@ class MemoryFloors:
         alike = (lay, plan.micro_batch, plan.sequence_parallel, plan.recompute, plan.cp_comm,
                  plan.offload.activations, group.schedules)
         known = self._floor_members.get(alike)
+        if known is None:
+            known = self._floor_members[alike] = self._least_held(plan, fewest)
         least: dict[int, Memory] = {}  # stage -> the least any member holds there
-        if known is not None:
-            for s, work, held, moved in known:
-                mem = memory_with(plan, work, held, moved)
-                if s not in least or mem.peak < least[s].peak:
-                    least[s] = mem
-            return max(least.values(), key=lambda mem: mem.peak)
+        for s, work, held, moved in known:
+            mem = memory_with(plan, work, held, moved)  # stage_memory(at, s, work, n)
+            if s not in least or mem.peak < least[s].peak:
+                least[s] = mem
+        return max(least.values(), key=lambda mem: mem.peak)
+
+    def _least_held(self, plan: Plan, fewest: tuple[tuple[int, int, int, Schedule], ...]
+                    ) -> tuple[tuple[int, StageWork, float, float], ...]:
+        """(stage, work, activations, moved to host) of the member of ``fewest`` holding
+        the least activations, per stage and kind (flat, V): on a stage, members of one
+        kind hold the same model states (their works' layers and parameters), so the one
+        holding the least activations holds the least (:meth:`memory_floor`)."""
+        lay = plan.layout
         shapes = self._shape_works
         flat = shapes.get((lay, plan.stages, plan.chunks, None))
         if flat is None:
             flat = shapes[(lay, plan.stages, plan.chunks, None)] = stage_work(plan)
         terms = activation_terms(plan)  # every member's: they differ in schedule and chunks
         # (stage, V) -> the least activations of a member, and what the floor keeps of it
-        fewest_act: dict[tuple[int, bool], tuple[float, int]] = {}
-        asked = []
+        fewest_act: dict[tuple[int, bool], tuple[float, int, tuple[int, StageWork, float, float]]] = {}
         for i, (s, n, v, sched) in enumerate(fewest):
             if sched.v_shape:  # its own works (``cost_key``), its output layer on stage 0
-                alike_v = (lay, plan.stages, plan.chunks, (v, sched.splits_backward, sched.breadth_first))
+                alike_v = (lay, plan.stages, plan.chunks, (v, sched.splits_backward,
+                                                           sched.breadth_first))
                 v_works = shapes.get(alike_v)
                 if v_works is None:
                     v_works = shapes[alike_v] = stage_work(
@@ -251,25 +261,24 @@ class MemoryFloors:
             else:
                 work, output = flat[s], lay.pp - 1
             held, moved = held_in_equal_chunks(plan, terms, v, output, s, work, n)
-            asked.append((s, work, held, moved))
-            mem = memory_with(plan, work, held, moved)  # stage_memory(at, s, work, n)
-            if s not in least or mem.peak < least[s].peak:
-                least[s] = mem
             kind = (s, sched.v_shape)
             if kind not in fewest_act or held < fewest_act[kind][0]:
-                fewest_act[kind] = (held, i)
-        chosen = sorted(i for _, i in fewest_act.values())
-        self._floor_members[alike] = tuple(asked[i] for i in chosen)
-        return max(least.values(), key=lambda mem: mem.peak)
+                fewest_act[kind] = (held, i, (s, work, held, moved))
+        return tuple(member for _, _, member in sorted(fewest_act.values(), key=lambda f: f[1]))
 
     def _every_inflight(self, lay: Layout, m: int, schedules: tuple[Sched, ...]
                         ) -> tuple[tuple[int, int, int, Schedule], ...]:
         """(stage, in flight, vpp, schedule) of every member passing the schedule rules on
         stages 0 and last, the first of those alike in all ``stage_memory`` reads of them
         (stage, in flight, vpp and whether a V places the output layer); empty where a
-        member is a split variant."""
+        member is a split variant. Memoized, as :meth:`_fewest_inflight`."""
+        key = (lay.pp, m, schedules)
+        every = self._every_memo.get(key)
+        if every is not None:
+            return every
         if any(split for *_, split in schedules):
-            return ()
+            every = self._every_memo[key] = ()
+            return every
         memo = self.ctx.schedule_rule
         out: dict[tuple[int, int, int, bool], tuple[int, int, int, Schedule]] = {}
         for sched, v, split in schedules:
@@ -278,7 +287,8 @@ class MemoryFloors:
             for s in sorted({0, lay.pp - 1}):
                 n = peak_inflight(sched, lay.pp, m, v, s)
                 out.setdefault((s, n, v, sched.v_shape), (s, n, v, sched))
-        return tuple(out.values())
+        every = self._every_memo[key] = tuple(out.values())
+        return every
 
     def _fewest_inflight(self, lay: Layout, m: int, schedules: tuple[Sched, ...]
                          ) -> tuple[tuple[int, int, int, Schedule], ...]:
