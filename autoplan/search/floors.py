@@ -268,10 +268,13 @@ class MemoryFloors:
 
     def _every_inflight(self, lay: Layout, m: int, schedules: tuple[Sched, ...]
                         ) -> tuple[tuple[int, int, int, Schedule], ...]:
-        """(stage, in flight, vpp, schedule) of every member passing the schedule rules on
-        stages 0 and last, the first of those alike in all ``stage_memory`` reads of them
-        (stage, in flight, vpp and whether a V places the output layer); empty where a
-        member is a split variant. Memoized, as :meth:`_fewest_inflight`."""
+        """(stage, in flight, vpp, schedule) of the members passing the schedule rules on
+        stages 0 and last that hold the fewest microbatch-chunks in flight of those alike
+        in all else ``stage_memory`` reads of them (stage, vpp and whether a V places the
+        output layer), the first of them: with activation offload a stage keeps
+        1 + (n - 1)(1 - a) of its n chunks (``offload.kept_chunks``), and ceil(n/v)
+        microbatches' embedding and logits, both growing with n. Empty where a member is
+        a split variant. Memoized, as :meth:`_fewest_inflight`."""
         key = (lay.pp, m, schedules)
         every = self._every_memo.get(key)
         if every is not None:
@@ -280,13 +283,15 @@ class MemoryFloors:
             every = self._every_memo[key] = ()
             return every
         memo = self.ctx.schedule_rule
-        out: dict[tuple[int, int, int, bool], tuple[int, int, int, Schedule]] = {}
+        out: dict[tuple[int, int, bool], tuple[int, int, int, Schedule]] = {}
         for sched, v, split in schedules:
             if memo[(lay.pp, m, sched, v, split)]:
                 continue
             for s in sorted({0, lay.pp - 1}):
                 n = peak_inflight(sched, lay.pp, m, v, s)
-                out.setdefault((s, n, v, sched.v_shape), (s, n, v, sched))
+                held = out.get((s, v, sched.v_shape))
+                if held is None or n < held[1]:
+                    out[(s, v, sched.v_shape)] = (s, n, v, sched)
         every = self._every_memo[key] = tuple(out.values())
         return every
 
