@@ -124,33 +124,40 @@ def dealt_to(tasks: int, workers: int | None = None) -> int:
 
 def deal(order: Sequence[int], work: Callable[[int], T],
          told: Callable[[int, T], None] | None = None, workers: int | None = None,
-         ended: Callable[[], None] | None = None) -> dict[int, T]:
-    """``work(i)`` for every ``i`` of ``order``, in up to ``workers`` processes (None: one
-    per usable CPU; this one and forked children): the first takes tasks from the front
-    of ``order``, the second from the back, and so on alternately, each its next as it
-    finishes one, until they meet. Ordered by size, the tasks each process runs are
-    neighbours (their memos serve each other) and the two ends balance as they go.
-    ``told(i, result)`` as each ends (from this process, in any order); ``ended()`` in this
-    process as each forked one ends, however it ends (tasks that wait on another's
-    result can be let go where that one failed). Where :func:`can_fork` is false, or one
-    worker is asked, they run here in ``order``."""
-    workers = dealt_to(len(order), workers)
+         ended: Callable[[], None] | None = None, last: Sequence[int] = ()) -> dict[int, T]:
+    """``work(i)`` for every ``i`` of ``order``, then of ``last``, in up to ``workers``
+    processes (None: one per usable CPU; this one and forked children): the first takes
+    tasks from the front of ``order``, the second from the back, and so on alternately,
+    each its next as it finishes one, until they meet; then each the next of ``last`` as
+    it finishes one. Ordered by size, the tasks each process runs are neighbours (their
+    memos serve each other) and the two ends balance as they go; short tasks in ``last``
+    fill the wait of those ending first for the others. ``told(i, result)`` as each ends
+    (from this process, in any order); ``ended()`` in this process as each forked one
+    ends, however it ends (tasks that wait on another's result can be let go where that
+    one failed). Where :func:`can_fork` is false, or one worker is asked, they run here
+    in ``order``, then ``last``."""
+    tasks = len(order) + len(last)
+    workers = dealt_to(tasks, workers)
     out: dict[int, T] = {}
     if workers == 1:
-        for i in order:
+        for i in (*order, *last):
             out[i] = work(i)
             if told is not None:
                 told(i, out[i])
         return out
     ctx = multiprocessing.get_context("fork")
-    ends = ctx.RawArray("i", [0, len(order)])  # the next from the front; one past the next from the back
+    # the next from the front; one past the next from the back; the next of ``last``
+    ends = ctx.RawArray("i", [0, len(order), 0])
     lock = ctx.Lock()
 
     def take(front: bool) -> int | None:
         with lock:
             lo, hi = ends[0], ends[1]
             if lo >= hi:
-                return None
+                if ends[2] >= len(last):
+                    return None
+                ends[2] += 1
+                return last[ends[2] - 1]
             if front:
                 ends[0] = lo + 1
                 return order[lo]

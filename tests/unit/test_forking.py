@@ -82,6 +82,36 @@ def test_deal_takes_from_both_ends(monkeypatch: pytest.MonkeyPatch) -> None:
     assert theirs == list(range(len(mine), 12))  # the rest, a suffix
 
 
+@pytest.mark.parametrize("fork", [True, False])
+def test_deal_takes_the_last_tasks_once_every_other_is_taken(monkeypatch: pytest.MonkeyPatch,
+                                                              fork: bool) -> None:
+    """``last`` (a sweep's counts too small to hold the model: its quickest) is taken only
+    once both ends of ``order`` have met, by whichever process is free first; in turn,
+    after ``order``. Each process runs its tasks one after another: every task of
+    ``order`` it runs comes before every task of ``last``, and those in their order."""
+    _fork_here(monkeypatch, fork)
+    r, w = os.pipe()  # each task as it starts, and the process running it
+
+    def work(i: int) -> int:
+        os.write(w, f"{os.getpid()} {i}\n".encode())
+        time.sleep(0.02)
+        return i
+
+    found = forking.deal(range(6), work, workers=2, last=(6, 7, 8))
+    os.close(w)
+    runs: dict[str, list[int]] = {}
+    with os.fdopen(r) as pipe:
+        for line in pipe:
+            pid, i = line.split()
+            runs.setdefault(pid, []).append(int(i))
+    assert found == {i: i for i in range(9)}
+    for tasks in runs.values():
+        tail = [i for i in tasks if i >= 6]
+        assert tasks[len(tasks) - len(tail):] == tail == sorted(tail)
+    if not fork:
+        assert list(runs.values()) == [list(range(9))]
+
+
 @pytest.mark.parametrize("failing", [0, 6])  # a task of this process's end, and of the child's
 def test_deal_raises_what_a_task_raised(monkeypatch: pytest.MonkeyPatch, failing: int) -> None:
     _fork_here(monkeypatch, True)

@@ -244,6 +244,37 @@ def test_a_capped_sweep_counts_the_same_work_in_turn_and_in_parallel() -> None:
     assert one.stats() == two.stats()
 
 
+def test_counts_too_small_for_the_model_searched_last_change_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where some counts cannot hold one bf16 copy of the weights and gradients (Llama 3 70B
+    on 2 H100), they are dealt after the others (``forking.deal``'s ``last``): the answer and
+    its counts are those of the sweep in turn."""
+    from autoplan import forking
+
+    dealt: list[tuple[list[int], list[int]]] = []
+    deal = forking.deal
+
+    def seen(order, work, told=None, workers=None, ended=None, last=()):  # type: ignore[no-untyped-def]
+        dealt.append((list(order), list(last)))
+        return deal(order, work, told, workers, ended, last)
+
+    monkeypatch.setattr(forking, "deal", seen)
+    base = resolve_cluster("dgx-h100")
+
+    def run(jobs: int):  # type: ignore[no-untyped-def]
+        return sweep(resolve_model("llama3-70b"), [with_gpus(base, n) for n in (2, 8, 16)],
+                     Job(global_batch=32, seq_len=4096), load_space("default"),
+                     train_tokens=1e11, top_k=3, jobs=jobs)
+
+    one = run(1)
+    if forking.dealt_to(3, 2) == 1:
+        pytest.skip("one process here: nothing is dealt")
+    two = run(2)
+    assert dealt[-1] == ([1, 2], [0])
+    assert one.results == two.results and one.stats() == two.stats()
+    assert one.counts == (2, 8, 16) and not one.results[0].plans and one.points
+
+
 def test_a_search_keeps_its_best_whatever_its_ceiling_says() -> None:
     """A ceiling that wants nothing still gets the search's best plan (its count's point)."""
     args = (resolve_model("llama3-8b"), with_gpus(resolve_cluster("dgx-h100"), 16),
