@@ -328,10 +328,21 @@ def _shared_of(plan: Plan) -> _Shared:
     return _Shared(core, mesh.groups(plan), pp.send_seconds(plan, core.act_bytes))
 
 
+@memo(16384)
+def _dense_shard(shard: Shard) -> Shard:
+    """``shard`` as a dense layer and the output layer read it: neither routes tokens, so
+    neither reads the expert degrees, the busiest expert rank's load or the dispatcher
+    (``layer_times`` without ``moe``, ``logits_times``): an MoE model's shards that differ
+    only in those share one. DeepSeek-V3 over 16 counts: 3,368 shards, 215 so."""
+    return dataclasses.replace(shard, ep=1, etp=1, expert_load=1.0,
+                               moe_dispatch=MoeDispatch.ALLTOALL)
+
+
 @memo(8192)
 def _layer_core(model: Model, cluster: Cluster, shard: Shard) -> LayerCore:
     device = cluster.device
-    lt = _layer_times(model, shard, device)
+    dense = _dense_shard(shard) if model.is_moe else shard
+    lt = _layer_times(model, dense, device)
     lt_moe = _layer_times(model, shard, device, True) if model.is_moe else lt
     groups = mesh.layer_groups(cluster, shard.tp, shard.cp, shard.ep, shard.etp)
     act_bytes = BF16_BYTES * shard.tokens * model.hidden  # one layer's output, unsplit by TP
@@ -340,7 +351,7 @@ def _layer_core(model: Model, cluster: Cluster, shard: Shard) -> LayerCore:
     ep_layer = (ep.layer_seconds(model, shard, groups[Axis.EP], groups[Axis.ETP])
                 if model.is_moe else 0.0)
     return LayerCore(lt, lt_moe, act_bytes, tp_layer, cp_f, cp_b, ep_layer,
-                     _logits_times(model, shard, device))
+                     _logits_times(model, dense, device))
 
 
 def layer_core(plan: Plan) -> LayerCore:

@@ -272,3 +272,32 @@ def test_a_plans_hash_covers_every_field_it_is_compared_by():
     assert compared == set(other)
     for name, value in other.items():
         assert hash(dataclasses.replace(plan, **{name: value})) != hash(plan), name
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "mixtral-8x7b"])
+def test_a_dense_layer_and_the_logits_read_no_expert_field_of_the_shard(name: str) -> None:
+    """An MoE model's dense layers and output layer cost the same on shards that differ only
+    in the expert degrees, the busiest expert rank's load and the dispatcher: the layer
+    costs share one shard for them (``cost.stage._dense_shard``)."""
+    from autoplan.cost.stage import _dense_shard
+    from autoplan.vocab import MoeDispatch
+
+    model, device = resolve_model(name), H100
+    for dtype in (Dtype.BF16, Dtype.FP8):
+        for tp, cp, sp in ((1, 1, False), (4, 2, True), (8, 1, True)):
+            base = Shard(2, 4096, tp, cp, sp, dtype, cp_ring=cp > 1, layer_kernels=20,
+                         host_kernel_s=1e-5, host_backward_kernel_s=2e-5, kernel_efficiency=0.8)
+            dense = compute.layer_times(model, base, device)
+            logits = compute.logits_times(model, base, device)
+            moe = set()
+            for ep, etp, load, dispatch in ((8, 1, 1.25, MoeDispatch.ALLTOALL),
+                                            (2, 2, 1.5, MoeDispatch.DEEPEP),
+                                            (4, 1, 1.0, MoeDispatch.DEEPEP)):
+                shard = dataclasses.replace(base, ep=ep, etp=etp, expert_load=load,
+                                            moe_dispatch=dispatch)
+                assert compute.layer_times(model, shard, device) == dense
+                assert compute.logits_times(model, shard, device) == logits
+                assert _dense_shard(shard) == base
+                moe.add(compute.layer_times(model, shard, device, True))
+            # the MoE layer does read them: its experts run on the busiest rank's tokens
+            assert len(moe) == 3
