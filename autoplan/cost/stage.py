@@ -137,7 +137,7 @@ def _shard(model: Model, job: Job, stack: Stack, device: Device, tp: int, cp: in
         attention_imbalance=(packing.cp_imbalance(docs, job.seq_len, cp)
                              if cp_comm is CpComm.RING else 1.0))
     return Shard(mbs, job.seq_len, tp, cp, sp, job.dtype, ep=ep_ if moe else 1,
-                 etp=etp if moe else 1, expert_load=ep.expert_load_of(model, job) if moe else 1.0,
+                 etp=etp if moe else 1, expert_load=ep.expert_load(model, job) if moe else 1.0,
                  cp_ring=cp_comm is CpComm.RING, moe_dispatch=dispatch,
                  attention_kernel=stack.attention,
                  layer_kernels=stack.layer_kernels,

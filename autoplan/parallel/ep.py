@@ -176,14 +176,9 @@ def _fastest_dispatch(model: Model, cluster: Cluster, tp: int, cp: int, ep: int,
 
 # ----------------------------------------------------------------------------- cost terms
 
-def expert_load(plan: Plan) -> float:
+def expert_load(model: Model, job: Job) -> float:
     """Tokens of the busiest expert rank over the mean: the capacity factor where routing
     drops (and pads to) capacity, else the job's imbalance for dropless routing."""
-    return expert_load_of(plan.model, plan.job)
-
-
-def expert_load_of(model: Model, job: Job) -> float:
-    """:func:`expert_load` of a plan of ``model`` running ``job``."""
     return model.capacity_factor or job.moe_imbalance
 
 
