@@ -1552,11 +1552,19 @@ def _usage_message(exc: Exception) -> list[str]:
         ctx = ctx.parent
     command = " ".join(["autoplan", *reversed(names)]) if names else None
     if not command:
-        known = {c.name for c in app.registered_commands} | {
+        known = {_command_name(c) for c in app.registered_commands} | {
             c.callback.__name__ for c in app.registered_commands if c.callback}
         given = sys.argv[1] if len(sys.argv) > 1 else ""
         command = f"autoplan {given}" if given in known else "autoplan"
     return [head, f"see '{command} --help'"]
+
+
+def _command_name(command: typer.models.CommandInfo) -> str | None:
+    """The name a registered command is typed by: its own, or its function's as typer
+    names it (``typer.main.get_command_name``: lower case, dashes for underscores)."""
+    if command.name:
+        return command.name
+    return typer.main.get_command_name(command.callback.__name__) if command.callback else None
 
 
 def _only_the_command(args: list[str]) -> typer.Typer:
@@ -1567,8 +1575,7 @@ def _only_the_command(args: list[str]) -> typer.Typer:
     name = next((a for a in args if not a.startswith("-")), None)
     if name is None:
         return app
-    commands = [c for c in app.registered_commands if name == (
-        c.name or (c.callback.__name__.lower().replace("_", "-") if c.callback else None))]
+    commands = [c for c in app.registered_commands if _command_name(c) == name]
     groups = [g for g in app.registered_groups if g.name == name]
     if not commands and not groups:
         return app
