@@ -167,8 +167,7 @@ class Enumeration:
         unsharded = base.dp * base.cp == 1 and base.edp == 1
         for zero in zeros:
             zero3 = zero is ZeroStage.PARAMETERS and not floors
-            fits = (verdicts.get((zero, NO_OFFLOAD))
-                    or self._verdict(base, zero, NO_OFFLOAD, mbs, sp, verdicts)) is States.FIT
+            fits = self._verdict(base, zero, NO_OFFLOAD, mbs, sp, verdicts) is States.FIT
             if unsharded and zero is not zeros[0] and fits:
                 stats.pruned[ZERO_UNSHARDED] += per_zero  # the first stage's group, again
                 continue
@@ -187,8 +186,7 @@ class Enumeration:
                     base, zero, self.ctx.cluster, self.ctx.space)[1:]
             for off in offloads:
                 stats.generated += per_zero
-                if (verdicts.get((zero, off))
-                        or self._verdict(base, zero, off, mbs, sp, verdicts)) is not States.FIT:
+                if self._verdict(base, zero, off, mbs, sp, verdicts) is not States.FIT:
                     stats.infeasible["model states exceed memory"] += per_zero
                     continue
                 probe = self.ctx.probe(base, mbs, sp, zero, cps[-1], recomputes[0])
@@ -201,9 +199,11 @@ class Enumeration:
                  verdicts: dict[tuple[ZeroStage, Offload], States]) -> States:
         """``MemoryFloors.states_verdict`` on the layout's model states at ``zero`` and
         ``off``, kept in ``verdicts`` where it holds for every micro-batch and SP."""
-        verdict = self.floors.states_verdict(base, zero, off, mbs, sp)
-        if verdict is not States.NOTED:
-            verdicts[(zero, off)] = verdict
+        verdict = verdicts.get((zero, off))
+        if verdict is None:
+            verdict = self.floors.states_verdict(base, zero, off, mbs, sp)
+            if verdict is not States.NOTED:
+                verdicts[(zero, off)] = verdict
         return verdict
 
     @staticmethod
