@@ -408,11 +408,14 @@ def read_cluster(f: Fields, device: Device | None) -> Cluster | None:
     host_link = f.float("host_link_GBps", None, positive=True, max=1e5)
     host_mem = f.float("host_mem_GiB", None, positive=True, max=1e7)
     host_bw = f.float("host_mem_GBps", None, positive=True, max=1e6)
-    per_gpu_hour, per_node_day, restart = _read_reliability(
-        f.child("reliability", f.raw("reliability", {})))
-    storage, storage_node = _read_storage(f.child("storage", f.raw("storage", {})))
-    if ("reliability" in f.data) != ("storage" in f.data):
-        f.fail("storage" if "reliability" in f.data else "reliability",
+    per_gpu_hour = per_node_day = restart = storage = storage_node = None
+    if f.has("reliability"):
+        per_gpu_hour, per_node_day, restart = _read_reliability(
+            f.child("reliability", f.raw("reliability")), gpus_per_node)
+    if f.has("storage"):
+        storage, storage_node = _read_storage(f.child("storage", f.raw("storage")))
+    if f.has("reliability") != f.has("storage"):
+        f.fail("storage" if f.has("reliability") else "reliability",
                "missing: a run's failures and its checkpoints are costed together (give "
                "reliability and storage both)")
     f.close(extra_known=["device"])
@@ -449,19 +452,34 @@ def read_cluster(f: Fields, device: Device | None) -> Cluster | None:
 
 
 # A failure rate from the largest run published (Llama 3, 16,384 H100: 419 unexpected
-# interruptions in 54 days, 2.0e-5 per GPU-hour) times a thousand is no cluster's
+# interruptions in 54 days, 2.0e-5 per GPU-hour) times a thousand is no cluster's; a
+# hundred-thousandth of it (a GPU failing once in 5,700 years) is no failure model: leave
+# ``reliability`` out instead. Per node-day the same bounds, converted by the node's GPUs.
 MAX_FAILURES_PER_GPU_HOUR = 0.02
+MIN_FAILURES_PER_GPU_HOUR = 2e-10
+# A checkpoint file system, and one node's link to it: 1 MB/s (the slowest link a cluster
+# file may give, ``read_link``) to 10 PB/s in all, 100 TB/s a node
+MIN_STORAGE_GBPS = 1e-3
 
 
-def _read_reliability(f: Fields) -> tuple[float | None, float | None, float | None]:
+def _read_reliability(f: Fields, gpus_per_node: int | None
+                      ) -> tuple[float | None, float | None, float | None]:
     """``reliability: {failures_per_gpu_hour | failures_per_node_day, restart_minutes}``:
-    (failures per GPU-hour, per node-day, restart seconds); one of the first two is given."""
-    if not f.data:
-        f.close()
+    (failures per GPU-hour, per node-day, restart seconds); one of the first two is given.
+    A failure rate per node-day is bounded as one per GPU-hour is, converted at the
+    cluster's ``gpus_per_node`` (None where that is unreadable: the largest NVLink domain's)."""
+    if not f.ok:  # not a mapping (reported)
         return None, None, None
-    per_gpu = f.float("failures_per_gpu_hour", None, positive=True, max=MAX_FAILURES_PER_GPU_HOUR)
-    per_node_day = f.float("failures_per_node_day", None, positive=True,
-                           max=MAX_FAILURES_PER_GPU_HOUR * 24 * MAX_NVLINK_DOMAIN)
+    if not f.data:
+        f.fail("", "expected failures_per_gpu_hour (or failures_per_node_day) and "
+                   "restart_minutes, got an empty mapping (leave reliability out where the "
+                   "cluster's failures are not modelled)")
+        return None, None, None
+    per_day = 24 * (gpus_per_node or MAX_NVLINK_DOMAIN)
+    per_gpu = f.float("failures_per_gpu_hour", None, min=MIN_FAILURES_PER_GPU_HOUR,
+                      max=MAX_FAILURES_PER_GPU_HOUR)
+    per_node_day = f.float("failures_per_node_day", None, min=MIN_FAILURES_PER_GPU_HOUR * per_day,
+                           max=MAX_FAILURES_PER_GPU_HOUR * per_day)
     restart = f.float("restart_minutes", None, min=0.0, max=1e4)
     f.close()
     if per_gpu is not None and per_node_day is not None:
@@ -477,13 +495,16 @@ def _read_reliability(f: Fields) -> tuple[float | None, float | None, float | No
 def _read_storage(f: Fields) -> tuple[float | None, float | None]:
     """``storage: {bandwidth_GBps, node_GBps}``: the checkpoint file system's aggregate
     bandwidth, and one node's (optional)."""
-    if not f.data:
-        f.close()
+    if not f.ok:  # not a mapping (reported)
         return None, None
-    total = f.float("bandwidth_GBps", None, positive=True, max=1e7)
-    node = f.float("node_GBps", None, positive=True, max=1e5)
+    if not f.data:
+        f.fail("", "expected bandwidth_GBps (and optionally node_GBps), got an empty mapping "
+                   "(leave storage out where the cluster's failures are not modelled)")
+        return None, None
+    total = f.float("bandwidth_GBps", None, min=MIN_STORAGE_GBPS, max=1e7)
+    node = f.float("node_GBps", None, min=MIN_STORAGE_GBPS, max=1e5)
     f.close()
-    if total is None:
+    if total is None and "bandwidth_GBps" not in f.data:
         f.fail("bandwidth_GBps", "missing: the checkpoint file system's aggregate bandwidth")
     return total, node
 

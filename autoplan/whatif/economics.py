@@ -25,6 +25,7 @@ step's share is what a token budget buys). From there:
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 from autoplan.plan import Plan, Prediction
@@ -70,12 +71,24 @@ class Economics:
         assert self.energy_mwh is not None, "the energy objective needs the device's power"
         return (self.energy_mwh, self.train_days)
 
+    @property
+    def finishes(self) -> bool:
+        """The run ends: its wall clock is finite (failures can make it endless,
+        ``Reliability.finishes``)."""
+        return math.isfinite(self.train_days)
+
     def to_dict(self) -> dict[str, object]:
+        """Plain values for JSON; a run that never finishes has null days, GPU-hours, cost
+        and energy (JSON has no infinity) and its reliability says ``finishes: false``."""
         return {"gpus": self.gpus, "step_time_s": self.step_time_s,
-                "tokens_per_s": self.tokens_per_s, "train_days": self.train_days,
-                "gpu_hours": self.gpu_hours, "cost_usd": self.cost_usd,
-                "energy_mwh": self.energy_mwh,
+                "tokens_per_s": self.tokens_per_s, "train_days": _finite(self.train_days),
+                "gpu_hours": _finite(self.gpu_hours), "cost_usd": _finite(self.cost_usd),
+                "energy_mwh": _finite(self.energy_mwh),
                 **({"reliability": self.reliability.to_dict()} if self.reliability else {})}
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
 
 
 def mean_power_W(plan: Plan, pred: Prediction) -> float | None:

@@ -33,6 +33,7 @@ Where a cluster file gives ``reliability`` and ``storage`` (descriptors/hardware
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
 from autoplan.cost.stage import stage_work
@@ -53,18 +54,25 @@ class Reliability:
     restart_s: float  # per failure: the restart and the checkpoint's load
     interval_s: float  # training between checkpoints
     asynchronous: bool
-    wall_factor: float  # wall clock over training time (>= 1)
+    wall_factor: float  # wall clock over training time (>= 1; infinite: never finishes)
 
     @property
     def goodput(self) -> float:
-        """The share of the wall clock that is training."""
+        """The share of the wall clock that is training (0 where the run never finishes)."""
         return 1.0 / self.wall_factor
+
+    @property
+    def finishes(self) -> bool:
+        """The expected wall clock is finite: failures leave training some time between
+        the restarts and checkpoints (``wall_factor``)."""
+        return math.isfinite(self.wall_factor)
 
     def to_dict(self) -> dict[str, float | bool]:
         return {"mtbf_hours": self.mtbf_s / 3600, "checkpoint_gib": self.checkpoint_bytes / 2**30,
                 "checkpoint_write_s": self.write_s, "checkpoint_stall_s": self.stall_s,
                 "restart_s": self.restart_s, "checkpoint_interval_s": self.interval_s,
-                "asynchronous": self.asynchronous, "goodput": self.goodput}
+                "asynchronous": self.asynchronous, "goodput": self.goodput,
+                "finishes": self.finishes}
 
 
 def young_interval(delta: float, mtbf: float) -> float:
@@ -83,8 +91,21 @@ def daly_interval(delta: float, mtbf: float) -> float:
 
 def wall_factor(interval: float, delta: float, restart: float, mtbf: float) -> float:
     """Expected wall clock per second of training (Daly 2006, Eq. 20, exponential
-    failures): (M / tau) e^(R/M) (e^((tau + delta)/M) - 1)."""
-    return (mtbf / interval) * math.exp(restart / mtbf) * math.expm1((interval + delta) / mtbf)
+    failures): (M / tau) e^(R/M) (e^((tau + delta)/M) - 1); infinite where that passes the
+    largest float (the run never finishes: failures come faster than a checkpoint and a
+    restart, e.g. R/M past 709).
+
+    Summed as logarithms, log(M/tau) + R/M + log(e^x - 1) with x = (tau + delta)/M, so no
+    factor overflows on its way to a finite product (log(e^x - 1) = x + log(1 - e^-x)
+    past x = 1, ``math.log(math.expm1(x))`` below it, exact at small x)."""
+    assert interval > 0 and delta >= 0 and restart >= 0 and mtbf > 0
+    x = (interval + delta) / mtbf
+    growth = x + math.log(-math.expm1(-x)) if x > 1 else math.log(math.expm1(x))
+    log_factor = math.log(mtbf) - math.log(interval) + restart / mtbf + growth
+    return math.exp(log_factor) if log_factor < _LOG_FLOAT_MAX else math.inf
+
+
+_LOG_FLOAT_MAX = math.log(sys.float_info.max)
 
 
 def checkpoint_bytes(plan: Plan) -> float:

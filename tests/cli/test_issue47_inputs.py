@@ -1,0 +1,131 @@
+"""Inputs that used to end in a traceback, a wrong answer or a file autoplan itself refused
+(issue 47): a cluster that fails faster than it can checkpoint, recompute modules a model
+does not have, packed one-token documents, prefix caching past the KV cache, an odd first
+row of a histogram CSV, and the soft spots of the descriptors (0 taken as unset, empty
+sections, underscores in numbers, long values echoed, draft models, error labels). Each is
+refused with exit 2 naming its file and field, or answered with exit 0 where it is legal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.cli.test_hostile_input import _refused
+from tests.helpers import BEST, ROOT, autoplan
+
+FAILING = ROOT / "examples" / "clusters" / "dgx-h100-failures.yaml"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _imported() -> None:
+    """The commands' imports happen once, as in a process that starts: not timed here."""
+    autoplan("search", "--help")
+    autoplan("evaluate", BEST)
+
+
+def _cluster(tmp_path: Path, old: str, new: str, name: str = "c.yaml") -> Path:
+    """The example cluster that fails, with ``old`` replaced by ``new``."""
+    text = FAILING.read_text()
+    assert old in text
+    path = tmp_path / name
+    path.write_text(text.replace(old, new))
+    return path
+
+
+def _plan(tmp_path: Path, cluster: Path, nodes: int = 1, name: str = "p.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(f"autoplan: 1\nmodel: llama3-8b\ncluster: {{name: {cluster}, nodes: {nodes}}}\n"
+                    "job: {global_batch: 64, seq_len: 4096}\nlayout: {dp: 8, tp: 1, pp: 1}\n"
+                    "micro_batch: 1\nzero: 1\n")
+    return path
+
+
+# ---- 1. reliability: bounds that agree, and math that cannot overflow
+
+STORAGE = "storage: {bandwidth_GBps: 2000, node_GBps: 50}"
+RATE = "failures_per_gpu_hour: 1.97e-5"
+
+
+@pytest.mark.parametrize(("old", "new", "field"), [
+    (STORAGE, "storage: {bandwidth_GBps: 1e-300}", "cluster.storage.bandwidth_GBps"),
+    (STORAGE, "storage: {bandwidth_GBps: 2000, node_GBps: 1e-300}", "cluster.storage.node_GBps"),
+    # 276 a node-day is 1.44 a GPU-hour on 8-GPU nodes: past failures_per_gpu_hour's cap
+    (RATE, "failures_per_node_day: 276", "cluster.reliability.failures_per_node_day"),
+    (RATE, "failures_per_gpu_hour: 1e-310", "cluster.reliability.failures_per_gpu_hour"),
+])
+@pytest.mark.parametrize("command", ["search", "evaluate", "explain"])
+def test_a_failure_rate_or_storage_out_of_range_is_refused_where_the_cluster_is_read(
+        tmp_path, old, new, field, command):
+    cluster = _cluster(tmp_path, old, new)
+    args = (("search", "-m", "llama3-8b", "-c", cluster, "--gpus", "8", "--global-batch", "64",
+             "--seq-len", "4096", "--train-tokens", "1e12") if command == "search"
+            else (command, _plan(tmp_path, cluster)))
+    _refused(*args, needles=(f"{cluster}: {field}: expected a value",))
+
+
+def test_the_per_node_day_cap_is_the_per_gpu_hour_cap_converted_at_the_nodes_gpus():
+    from autoplan.descriptors.hardware import MAX_FAILURES_PER_GPU_HOUR
+    from autoplan.descriptors.library import resolve_cluster
+    from autoplan.errors import InputError
+
+    doc = resolve_cluster(str(FAILING)).to_dict()
+    cap = MAX_FAILURES_PER_GPU_HOUR * 24 * 8
+    doc["reliability"] = {"failures_per_node_day": cap, "restart_minutes": 10}
+    assert resolve_cluster(doc, "c.yaml").failures_per_gpu_hour == pytest.approx(MAX_FAILURES_PER_GPU_HOUR)
+    doc["reliability"] = {"failures_per_node_day": cap * 1.01, "restart_minutes": 10}
+    with pytest.raises(InputError, match=r"failures_per_node_day: expected a value <= 3\.84"):
+        resolve_cluster(doc, "c.yaml")
+
+
+@pytest.mark.parametrize("section", ["reliability", "storage"])
+def test_an_empty_reliability_or_storage_section_is_refused_naming_what_it_needs(tmp_path, section):
+    old = STORAGE if section == "storage" else f"reliability: {{{RATE}, restart_minutes: 10}}"
+    cluster = _cluster(tmp_path, old, f"{section}: {{}}")
+    needs = "bandwidth_GBps" if section == "storage" else "failures_per_gpu_hour"
+    err = _refused("evaluate", _plan(tmp_path, cluster), megabytes=None,
+                   needles=(f"{cluster}: cluster.{section}: expected {needs}", "empty mapping"))
+    assert "Traceback" not in err
+
+
+def test_the_expected_wall_clock_is_infinite_not_an_overflow_where_failures_outrun_checkpoints():
+    import math
+
+    from autoplan.whatif.reliability import wall_factor
+
+    # R/M = 1,000: e^1000 overflows a float, and so does the product
+    assert wall_factor(10.0, 5.0, 1e6, 1e3) == math.inf
+    assert wall_factor(1e9, 1e9, 0.0, 1.0) == math.inf  # (tau + delta)/M = 2e9
+    # large but finite factors come out whole: e^700 x (M/tau) (e^(15/1000) - 1)
+    finite = wall_factor(10.0, 5.0, 7e5, 1e3)
+    assert finite == pytest.approx(100 * math.exp(700) * math.expm1(0.015), rel=1e-9)
+
+
+def test_the_slowest_legal_storage_on_the_most_failing_cluster_gives_a_run_that_never_finishes(tmp_path):
+    worst = _cluster(tmp_path, STORAGE, "storage: {bandwidth_GBps: 0.001}")
+    worst.write_text(worst.read_text().replace(RATE, "failures_per_gpu_hour: 0.02"))
+    plan = _plan(tmp_path, worst, nodes=512)
+    plan.write_text(plan.read_text().replace("global_batch: 64", "global_batch: 4096")
+                    .replace("dp: 8", "dp: 4096"))
+    r = autoplan("evaluate", plan, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    found = json.loads(r.stdout)["plans"][0]["prediction"]["reliability"]["synchronous"]
+    assert found["goodput"] == 0.0 and found["finishes"] is False
+    assert autoplan("explain", plan).returncode == 0
+    r = autoplan("search", "-m", "llama3-8b", "-c", worst, "--gpus", "4096", "--global-batch",
+                 "4096", "--seq-len", "4096", "--train-tokens", "1e12", "--top", "1",
+                 "--format", "json")
+    assert r.returncode == 0, r.stderr
+    point = json.loads(r.stdout)["pareto"][0]  # valid JSON: no Infinity
+    assert point["train_days"] is None and point["reliability"]["finishes"] is False
+
+
+def test_a_plan_written_without_train_tokens_on_a_slow_cluster_evaluates(tmp_path):
+    slow = _cluster(tmp_path, STORAGE, "storage: {bandwidth_GBps: 0.001}")
+    out = tmp_path / "best.yaml"
+    r = autoplan("search", "-m", "llama3-8b", "-c", slow, "--gpus", "8", "--global-batch", "64",
+                 "--seq-len", "4096", "--top", "1", "--out", out)
+    assert r.returncode == 0, r.stderr
+    r = autoplan("evaluate", out)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
