@@ -23,14 +23,15 @@ from autoplan.descriptors.library import (
     with_gpus,
 )
 from autoplan.descriptors.model import Model
-from autoplan.descriptors.space import SearchSpace, load_space
+from autoplan.descriptors.space import SearchSpace, load_space, space_path
 from autoplan.descriptors.strict import Fields, read_yaml, shown
 from autoplan.errors import InputError, Problem
 from autoplan.measured.door import corrected
 from autoplan.measured.profile import Profile, read_profile
 from autoplan.measured.shipped import shipped_profile
+from autoplan.parallel.rules import recompute_modules_problem
 from autoplan.units import MAX_MONEY
-from autoplan.vocab import Dtype
+from autoplan.vocab import Dtype, RecomputeModule
 from autoplan.whatif.counts import check_gpu_counts
 from autoplan.whatif.economics import Objective
 
@@ -83,6 +84,15 @@ class Request:
     pools: PooledCluster | None = None
     train: TrainGoal | None = None  # the job file's train: section (time to train)
 
+    def __post_init__(self) -> None:
+        # the space never names a recompute module the model lacks (the plans it would
+        # give are refused by the plan reader): ``build_request`` checks the space file's
+        # and ``recompute_modules``'s with their sources; a space replaced afterwards is
+        # one ``search --recompute-modules`` set (autoplan.cli.main)
+        problem = recompute_modules_problem(self.model, self.space.recompute_modules)
+        if problem:
+            raise InputError.single("--recompute-modules", "", problem)
+
     @property
     def clusters(self) -> tuple[Cluster, ...]:
         return self.sizes or (self.cluster,)
@@ -102,10 +112,14 @@ def build_request(
     profile: Path | None = None,
     stack: str | None = None,
     train_flags: Sequence[tuple[str, Any]] = (),
+    recompute_modules: Sequence[RecomputeModule] | None = None,
 ) -> Request:
     """``train_flags``: (flag, value) of the flags a job file's ``train:`` section holds
     too (``--train-tokens``, ``--objective``, ...; None where not given), each said to
-    override the file's field where they differ, as the other flags are."""
+    override the file's field where they differ, as the other flags are.
+    ``recompute_modules`` (``--recompute-modules``) replaces the space's. A recompute
+    module the model does not have (``parallel.rules.recompute_modules_problem``) is
+    refused naming where it came from, as the plan reader refuses it in a plan file."""
     problems: list[Problem] = []
     doc: dict[str, Any] = {}
     train: TrainGoal | None = None
@@ -191,6 +205,16 @@ def build_request(
                 resolved_space, stack=resolve_stack(stack_ref, stack_src, "" if stack else "stack"))
         except InputError as exc:
             problems.extend(exc.problems)
+    if recompute_modules is not None and not problems:
+        resolved_space = dataclasses.replace(resolved_space, recompute_modules=tuple(
+            m for m in RecomputeModule if m in recompute_modules))
+    if resolved_model is not None and not problems:
+        lacking = recompute_modules_problem(resolved_model, resolved_space.recompute_modules)
+        if lacking and recompute_modules is not None:
+            problems.append(Problem("--recompute-modules", "", lacking))
+        elif lacking:  # the space file's own list
+            problems.append(Problem(str(space_path(str(space_ref))),
+                                    "searchspace.recompute_modules", lacking))
     measured: Profile | None = None
     try:
         measured = _read_profile(profile, doc.get("profile"), job_file, source)

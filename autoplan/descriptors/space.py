@@ -172,13 +172,18 @@ def builtin_spaces() -> list[str]:
     return sorted(p.stem for p in searchspace_dir().glob("*.yaml"))
 
 
+def space_path(ref: str, source: str = "--space", field: str = "") -> Path:
+    """The file of a built-in space name (default, megatron, ...) or of a path."""
+    if ref.endswith((".yaml", ".yml")) or "/" in ref:
+        return Path(ref)
+    names = builtin_spaces()
+    if ref not in names:
+        raise InputError.single(source, field, f"unknown search space {shown(ref)}"
+                                f"{did_you_mean(ref, names)}; built-in: {', '.join(names)}")
+    return searchspace_dir() / f"{ref}.yaml"
+
+
 def load_space(ref: str, source: str = "--space", field: str = "") -> SearchSpace:
     """A built-in space name (default, megatron, ...) or a path to a space file."""
-    path = Path(ref)
-    if not (ref.endswith((".yaml", ".yml")) or "/" in ref):
-        names = builtin_spaces()
-        if ref not in names:
-            raise InputError.single(source, field, f"unknown search space {shown(ref)}"
-                                    f"{did_you_mean(ref, names)}; built-in: {', '.join(names)}")
-        path = searchspace_dir() / f"{ref}.yaml"
+    path = space_path(ref, source, field)
     return read_space(read_yaml(path), str(path))

@@ -170,6 +170,8 @@ def expert_time(model: Model, shard: Shard, device: Device) -> float:
     matrix over its experts/ep local experts, the tokens gathered over the expert-TP
     group and each expert's width split by it."""
     local = model.experts // shard.ep
+    if local == 0:  # no experts here (a dense model): nothing routed
+        return 0.0
     rows = shard.routed_tokens(model) * shard.etp / local  # per local expert
     f, h = model.expert_width / shard.etp, model.hidden
     return sum(grouped_gemm_time(rows, n, k, local, device, shard.dtype)
@@ -334,6 +336,7 @@ def module_forward(model: Model, shard: Shard, device: Device, module: Recompute
     tokens, t, h = shard.tokens, shard.tp, model.hidden
     e = BF16_BYTES
     gated = model.activation.gated
+    moe = moe and model.is_moe  # a dense model has no MoE layer (its callers ask both kinds)
     seconds = 0.0
     if module is RecomputeModule.LAYERNORM:  # two norms: read the input, write the output
         seconds = 2 * 2 * e * shard.norm_tokens * h / hbm

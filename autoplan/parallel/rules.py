@@ -25,8 +25,12 @@ from autoplan.parallel.common import Rule, Scope
 from autoplan.vocab import Offload
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from autoplan.descriptors.hardware import Cluster
+    from autoplan.descriptors.model import Model
     from autoplan.plan import Plan
+    from autoplan.vocab import RecomputeModule
 
 
 def _gpus(plan: Plan) -> str | None:
@@ -84,26 +88,38 @@ def _placed_pipeline(plan: Plan) -> str | None:
     return None
 
 
-def _recompute_modules(plan: Plan) -> str | None:
-    """Megatron-Core's checks (TransformerConfig.__post_init__): modules name what selective
-    recompute recomputes; the MoE ones need MoE layers, mla_up_proj MLA."""
-    from autoplan.vocab import Recompute
+def recompute_modules_problem(model: Model, modules: Iterable[RecomputeModule]) -> str | None:
+    """What of ``modules`` ``model`` does not have, in a sentence naming the module and why
+    (None: it has them all): Megatron-Core's checks (TransformerConfig.__post_init__), the
+    MoE ones need MoE layers, mla_up_proj multi-head latent attention, shared_experts shared
+    experts, and mlp a dense MLP. One rule for a plan file's ``recompute_modules``, a search
+    space's and ``--recompute-modules`` (autoplan.request), so that a search never writes a
+    plan its reader refuses."""
     from autoplan.vocab import RecomputeModule as M
 
-    mods, m = plan.recompute_modules, plan.model
-    if not mods:
+    mods = tuple(modules)
+    if not model.is_moe and (bad := [x.value for x in mods if x in (M.MOE, M.MOE_ACT, M.SHARED_EXPERTS)]):
+        return f"{', '.join(bad)}: {model.name} has no MoE layers (a dense model)"
+    if M.SHARED_EXPERTS in mods and not model.shared_experts:
+        return f"shared_experts: {model.name} has no shared experts"
+    if M.MLA_UP_PROJ in mods and not model.is_mla:
+        return f"mla_up_proj: {model.name} has no multi-head latent attention"
+    if M.MLP in mods and model.is_moe and model.moe_layers == model.layers:
+        return (f"mlp: every layer of {model.name} is an MoE layer, with no dense MLP "
+                "(recompute its experts with moe)")
+    return None
+
+
+def _recompute_modules(plan: Plan) -> str | None:
+    """Modules name what selective recompute recomputes, each one the model has
+    (:func:`recompute_modules_problem`)."""
+    from autoplan.vocab import Recompute
+
+    if not plan.recompute_modules:
         return None
     if plan.recompute is not Recompute.SELECTIVE:
         return f"modules are what selective recompute recomputes; recompute is {plan.recompute.value}"
-    if not m.is_moe and (bad := [x.value for x in mods if x in (M.MOE, M.MOE_ACT, M.SHARED_EXPERTS)]):
-        return f"{m.name} has no MoE layers for {', '.join(bad)}"
-    if M.SHARED_EXPERTS in mods and not m.shared_experts:
-        return f"{m.name} has no shared experts"
-    if M.MLA_UP_PROJ in mods and not m.is_mla:
-        return f"{m.name} has no multi-head latent attention for mla_up_proj"
-    if M.MLP in mods and m.is_moe and m.moe_layers == m.layers:
-        return f"every layer of {m.name} is an MoE layer: mlp recomputes dense MLPs (give moe)"
-    return None
+    return recompute_modules_problem(plan.model, plan.recompute_modules)
 
 
 GPUS = Rule("layout-gpus", "layout", Scope.LAYOUT, "dp*tp*pp*cp must equal the GPUs", _gpus)

@@ -129,3 +129,40 @@ def test_a_plan_written_without_train_tokens_on_a_slow_cluster_evaluates(tmp_pat
     assert r.returncode == 0, r.stderr
     r = autoplan("evaluate", out)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+
+
+# ---- 2. recompute modules the model does not have: one rule for the flag and plan files
+
+SEARCH_8B = ("search", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8", "--global-batch", "8",
+             "--seq-len", "1024")
+
+
+@pytest.mark.parametrize(("module", "why"), [
+    ("moe", "llama3-8b has no MoE layers"), ("moe_act", "llama3-8b has no MoE layers"),
+    ("shared_experts", "llama3-8b has no MoE layers"),
+    ("mla_up_proj", "llama3-8b has no multi-head latent attention")])
+def test_a_recompute_module_the_model_lacks_is_refused_by_the_flag_and_in_a_plan_alike(
+        tmp_path, module, why):
+    _refused(*SEARCH_8B, "--recompute-modules", f"layernorm,{module}", megabytes=None,
+             needles=(f"--recompute-modules: {module}: {why}",))
+    plan = tmp_path / "p.yaml"
+    plan.write_text("autoplan: 1\nmodel: llama3-8b\ncluster: {name: dgx-h100, nodes: 1}\n"
+                    "job: {global_batch: 8, seq_len: 1024}\nlayout: {dp: 8, tp: 1, pp: 1}\n"
+                    f"micro_batch: 1\nrecompute: selective\nrecompute_modules: [{module}]\n")
+    _refused("evaluate", plan, megabytes=None,
+             needles=(f"{plan}: recompute_modules: {module}: {why}",))
+
+
+def test_a_space_file_naming_a_module_the_model_lacks_is_refused_naming_the_space(tmp_path):
+    space = tmp_path / "s.yaml"
+    space.write_text((ROOT / "searchspace" / "default.yaml").read_text()
+                     + "  recompute_modules: [moe]\n")
+    _refused(*SEARCH_8B, "--space", space, megabytes=None,
+             needles=(f"{space}: searchspace.recompute_modules: moe: llama3-8b has no MoE layers",))
+
+
+def test_modules_the_model_has_are_searched_and_the_plans_evaluate(tmp_path):
+    out = tmp_path / "best.yaml"
+    r = autoplan(*SEARCH_8B, "--recompute-modules", "layernorm,mlp", "--top", "1", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert autoplan("evaluate", out).returncode == 0
