@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.test_hostile_input import _refused
-from tests.helpers import BEST, ROOT, autoplan
+from tests.helpers import BEST, ROOT, autoplan, cpu_seconds
 
 FAILING = ROOT / "examples" / "clusters" / "dgx-h100-failures.yaml"
 
@@ -166,3 +166,27 @@ def test_modules_the_model_has_are_searched_and_the_plans_evaluate(tmp_path):
     r = autoplan(*SEARCH_8B, "--recompute-modules", "layernorm,mlp", "--top", "1", "--out", out)
     assert r.returncode == 0, r.stderr
     assert autoplan("evaluate", out).returncode == 0
+
+
+# ---- 3. packed one-token documents: the packing's cost does not grow with their number
+
+def _answered(*args: object, seconds: float = 1.0) -> str:
+    """Exit 0 within ``seconds`` of this process's CPU time, no traceback."""
+    with cpu_seconds() as took:
+        r = autoplan(*args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    assert took[0] < seconds, took[0]
+    return r.stdout
+
+
+@pytest.mark.parametrize("documents", [
+    "{fixed: 1}", "{lognormal: {median: 0.001, sigma: 1}}", "{histogram: [[1, 1]]}"])
+def test_one_token_documents_at_128k_are_searched_and_evaluated_in_well_under_a_second(
+        tmp_path, documents):
+    job = tmp_path / "job.yaml"
+    job.write_text("model: llama3-8b\ncluster: dgx-h100\ngpus: 8\n"
+                   f"job: {{global_batch: 64, seq_len: 131072, documents: {documents}}}\n")
+    out = tmp_path / "best.yaml"
+    _answered("search", job, "--top", "1", "--out", out)
+    assert "packed documents" in _answered("evaluate", out)

@@ -8,10 +8,14 @@ import dataclasses
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from autoplan.cost.stage import module_recompute
+from autoplan.descriptors.job import Documents
+from autoplan.kernels import packing
 from autoplan.vocab import Recompute, RecomputeModule
-from tests.helpers import make_plan
+from tests.helpers import cpu_seconds, make_plan
 
 
 @pytest.mark.parametrize("model", ["llama3-8b", "mixtral-8x7b", "deepseek-v3", "qwen3-30b-a3b"])
@@ -25,3 +29,72 @@ def test_every_recompute_module_costs_a_finite_time_on_every_kind_of_model(model
         if not base.model.is_moe and module in (RecomputeModule.MOE, RecomputeModule.MOE_ACT,
                                                 RecomputeModule.SHARED_EXPERTS):
             assert dense == moe == 0.0  # a dense model has nothing of them to recompute
+
+
+# ---- packed documents: closed form, the same figures as enumerating the pieces
+
+def _enumerated(documents, seq_len: int) -> list[list[int]]:
+    """The packing piece by piece, as kernels/packing.py enumerated it before issue 47: the
+    lengths repeated, cut every ``seq_len`` tokens, ``SEQUENCES`` sequences."""
+    from autoplan.kernels.packing import SEQUENCES
+
+    lengths = documents.lengths()
+    out: list[list[int]] = []
+    current: list[int] = []
+    room, i = seq_len, 0
+    while len(out) < SEQUENCES:
+        left = lengths[i % len(lengths)]
+        i += 1
+        while left:
+            take = min(left, room)
+            current.append(take)
+            left, room = left - take, room - take
+            if room == 0:
+                out.append(current)
+                current, room = [], seq_len
+                if len(out) == SEQUENCES:
+                    break
+    return out
+
+
+_DOCUMENTS = st.one_of(
+    st.builds(lambda n: Documents("fixed", length=float(n)), st.integers(8, 20_000)),
+    st.builds(lambda m, s: Documents("lognormal", length=m, sigma=s),
+              st.floats(1.0, 20_000.0), st.floats(0.0, 3.0)),
+    st.builds(lambda bins: Documents("histogram", bins=tuple(sorted(bins))),
+              st.lists(st.tuples(st.integers(1, 20_000), st.floats(0.01, 10.0)), min_size=1,
+                       max_size=5, unique_by=lambda b: b[0])))
+
+
+@settings(max_examples=20, deadline=None)
+@given(documents=_DOCUMENTS, seq_len=st.integers(1, 6000), cp=st.sampled_from([2, 3, 4, 8]))
+def test_the_closed_form_packing_gives_exactly_the_enumerated_pieces_figures(documents, seq_len, cp):
+    sequences = _enumerated(documents, seq_len)
+    whole = seq_len * (seq_len + 1) / 2
+    share = sum(sum(n * (n + 1) / 2 for n in seq) / whole for seq in sequences) / len(sequences)
+    length = sum(n * n for seq in sequences for n in seq) / sum(n for seq in sequences for n in seq)
+    ratios = []
+    for seq in sequences:
+        ranks = packing.rank_work(seq, seq_len, cp)
+        mean = sum(ranks) / cp
+        ratios.append(max(ranks) / mean if mean else 1.0)
+    assert packing.attention_share(documents, seq_len) == share
+    assert packing.attention_length(documents, seq_len) == length
+    assert packing.cp_imbalance(documents, seq_len, cp) == sum(ratios) / len(ratios)
+
+
+@pytest.mark.parametrize("documents", [
+    Documents("fixed", length=1.0), Documents("lognormal", length=0.001, sigma=1.0),
+    Documents("histogram", bins=((1, 1.0),))])
+def test_one_token_documents_cost_no_more_to_pack_than_long_ones(documents):
+    from autoplan.descriptors.job import MAX_SEQ_LEN
+
+    documents.lengths()  # the distribution's quantiles: once per distribution, not timed
+    with cpu_seconds() as took:
+        for seq_len in (8192, 131072, MAX_SEQ_LEN):
+            share = packing.attention_share(documents, seq_len)
+            assert packing.attention_length(documents, seq_len) < 2
+            for cp in (2, 4, 8, 16, 32):
+                assert packing.cp_imbalance(documents, seq_len, cp) == pytest.approx(1.0, abs=1e-3)
+    assert share < 1e-6
+    assert took[0] < 0.5, took  # 8.4 million pieces at 128K, enumerated, took minutes
