@@ -19,12 +19,21 @@ one no run's prediction moves with (by 1% across its bounds: ``host_kernel_us`` 
 graphs, ``comm_compute_slowdown`` where nothing overlaps), or one that moves every run's
 prediction the way a constant fitted before it does (``step_overhead_ms`` and
 ``compute_efficiency`` on runs of one step time: the runs cannot tell a slower kernel
-from a longer step's fixed cost). At least two groups are needed, to hold one out."""
+from a longer step's fixed cost). At least two groups are needed, to hold one out.
+
+The cost is the distinct plans' (:func:`autoplan.tune.runs.distinct_plans`), not the
+runs': each candidate set of constants predicts each distinct plan once, and the loss
+sums each plan's runs at once (their sorted measurements: :class:`Sample`). Groups are
+held out one at a time up to ``MAX_FOLDS``; past that they are dealt, in name order, into
+``MAX_FOLDS`` folds held out one at a time (group k-fold), so a log of many groups costs
+``MAX_FOLDS + 1`` fits, not one a group."""
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
+import itertools
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -46,6 +55,10 @@ PARAMS: dict[str, tuple[float, float]] = {
 }
 MIN_EFFECT = 0.01  # a constant moving no prediction by 1% across its bounds is not identified
 PARALLEL = 0.995  # |cos| of two constants' effects past which the runs cannot tell them apart
+MAX_FOLDS = 10  # held-out folds past which groups are held out several at a time (module doc)
+# distinct measured plans calibrate fits on: each fit predicts each about 180 times (a
+# quarter to half a millisecond apiece), MAX_FOLDS + 1 fits: about a minute at this bound
+MAX_PLANS = 100
 
 
 def with_constants(stack: Stack, p: dict[str, float]) -> Stack:
@@ -163,6 +176,47 @@ def _predict(plans: Sequence[Plan], stack: Stack) -> list[float]:
     return [evaluate(dataclasses.replace(p, stack=stack)).step_time_s for p in plans]
 
 
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """Runs as calibrate costs them: their distinct plans, and each plan's runs' ln
+    measured step times, sorted, with their running sums, so that the loss of a prediction
+    of each plan sums all of that plan's runs in one bisection."""
+
+    plans: tuple[Plan, ...]
+    logs: tuple[tuple[float, ...], ...]  # per plan, ascending
+    sums: tuple[tuple[float, ...], ...]  # per plan, sums[k] = sum of logs[:k]
+    runs: int
+
+    @classmethod
+    def of(cls, plans: Sequence[Plan], measured: Sequence[float]) -> Sample:
+        index: dict[Plan, int] = {}
+        logs: list[list[float]] = []
+        for plan, m in zip(plans, measured, strict=True):
+            i = index.setdefault(plan, len(index))
+            if i == len(logs):
+                logs.append([])
+            logs[i].append(math.log(m))
+        for x in logs:
+            x.sort()
+        return cls(tuple(index), tuple(tuple(x) for x in logs),
+                   tuple(tuple(itertools.accumulate(x, initial=0.0)) for x in logs), len(plans))
+
+    @property
+    def weights(self) -> list[int]:
+        """Runs of each distinct plan."""
+        return [len(x) for x in self.logs]
+
+    def loss(self, predicted: Sequence[float]) -> float:
+        """The mean |ln(predicted / measured)| over the runs, ``predicted`` given for each
+        distinct plan."""
+        total = 0.0
+        for p, logs, sums in zip(predicted, self.logs, self.sums, strict=True):
+            x = math.log(p)
+            k = bisect.bisect_left(logs, x)  # the runs measuring less than predicted
+            total += x * k - sums[k] + (sums[-1] - sums[k]) - x * (len(logs) - k)
+        return total / self.runs
+
+
 def _loss(predicted: Sequence[float], measured: Sequence[float]) -> float:
     return statistics.fmean(abs(math.log(p / m)) for p, m in zip(predicted, measured, strict=True))
 
@@ -171,23 +225,34 @@ def identifiable(plans: Sequence[Plan], base: Stack, bounds: dict[str, tuple[flo
                  ) -> tuple[list[str], dict[str, str]]:
     """The constants the runs can identify, in ``PARAMS`` order, and why each other one
     cannot be (module doc): each constant's effect is the change in every run's log
-    prediction from its lowest to its highest value, the others at the base's."""
+    prediction from its lowest to its highest value, the others at the base's (each
+    distinct plan predicted once, weighed by its runs)."""
+    index: dict[Plan, int] = {}
+    for plan in plans:
+        index.setdefault(plan, len(index))
+    distinct = list(index)
+    weight = [0] * len(distinct)
+    for plan in plans:
+        weight[index[plan]] += 1
     start = constants_of(base)
     effects: dict[str, list[float]] = {}
     ok: list[str] = []
     why: dict[str, str] = {}
+
+    def dot(a: Sequence[float], b: Sequence[float]) -> float:
+        return sum(w * x * y for w, x, y in zip(weight, a, b, strict=True))
+
     for name, (lo, hi) in bounds.items():
-        low = _predict(plans, with_constants(base, dict(start, **{name: lo})))
-        high = _predict(plans, with_constants(base, dict(start, **{name: hi})))
+        low = _predict(distinct, with_constants(base, dict(start, **{name: lo})))
+        high = _predict(distinct, with_constants(base, dict(start, **{name: hi})))
         effect = [math.log(h / lo_) for h, lo_ in zip(high, low, strict=True)]
         if max(abs(e) for e in effect) < MIN_EFFECT:
             why[name] = (f"no run's prediction moves by {MIN_EFFECT:.0%} across {lo:g}..{hi:g}: "
                          "these runs do not exercise it")
             continue
-        norm = math.sqrt(sum(e * e for e in effect))
-        twin = next((other for other in ok if abs(sum(a * b for a, b in zip(
-            effect, effects[other], strict=True))) / (norm * math.sqrt(sum(b * b for b in effects[other])))
-            > PARALLEL), None)
+        norm = math.sqrt(dot(effect, effect))
+        twin = next((other for other in ok if abs(dot(effect, effects[other]))
+                     / (norm * math.sqrt(dot(effects[other], effects[other]))) > PARALLEL), None)
         if twin is not None:
             why[name] = (f"moves every run's prediction as {twin} does: these runs cannot tell "
                          f"them apart (runs of more varied step times, or layouts, would)")
@@ -203,12 +268,18 @@ def fit(plans: Sequence[Plan], measured: Sequence[float], base: Stack, names: Se
     coordinate descent (:func:`descend`) to find the basin, then Nelder-Mead over all of
     them at once inside their bounds (scipy), which follows the narrow valleys coordinate
     steps stall in (a kernel rate traded against a step's fixed cost)."""
+    return fit_sample(Sample.of(plans, measured), base, names, bounds, sweeps)
+
+
+def fit_sample(sample: Sample, base: Stack, names: Sequence[str],
+               bounds: dict[str, tuple[float, float]], sweeps: int = 2) -> dict[str, float]:
+    """:func:`fit` of runs already made a :class:`Sample`."""
     from scipy.optimize import minimize
 
     start = constants_of(base)
 
     def loss(p: dict[str, float]) -> float:
-        return _loss(_predict(plans, with_constants(base, p)), measured)
+        return sample.loss(_predict(sample.plans, with_constants(base, p)))
 
     p = descend(loss, start, names, lambda n: bounds[n], sweeps)
     lo = [bounds[n][0] for n in names]
@@ -227,17 +298,34 @@ def fit(plans: Sequence[Plan], measured: Sequence[float], base: Stack, names: Se
     return {k: round(v, 4) if k in names else v for k, v in p.items()}
 
 
+def folds(groups: Sequence[str]) -> list[list[str]]:
+    """The groups held out together, fold by fold: each its own up to ``MAX_FOLDS``, else
+    dealt in name order into ``MAX_FOLDS`` folds (module doc)."""
+    ordered = sorted(groups)
+    if len(ordered) <= MAX_FOLDS:
+        return [[g] for g in ordered]
+    return [ordered[i::MAX_FOLDS] for i in range(MAX_FOLDS)]
+
+
 def calibrate(runs: Sequence[Run], base: Stack, name: str, source: str = "runs log") -> Calibration:
     """Fit ``base``'s constants on the measured runs; see module doc."""
     measured_runs = [r for r in runs if r.ok]
     if not measured_runs:
         raise InputError.single(source, "", "no run with status ok and a measured step time")
-    groups = sorted({r.group_key for r in measured_runs})
+    ids: dict[Plan, str] = {}
+    keys = [r.group or ids.setdefault(r.plan, r.plan_id) for r in measured_runs]
+    groups = sorted(set(keys))
     if len(groups) < 2:
         raise InputError.single(source, "", f"{len(measured_runs)} measured runs, all of one plan "
                                 "(or group): at least two are needed to hold one out")
     plans = [r.plan for r in measured_runs]
     measured = [float(r.measured_step_time_s or 0.0) for r in measured_runs]
+    everything = Sample.of(plans, measured)
+    if len(everything.plans) > MAX_PLANS:
+        raise InputError.single(source, "", (
+            f"measured runs of {len(everything.plans):,} distinct plans: calibrate fits on at most "
+            f"{MAX_PLANS} (each is predicted for every candidate constant); keep the runs of plans "
+            "like the ones to be predicted (a runs log for each model or cluster)"))
     longest_ms = max(measured) * 1e3
     bounds = {k: (lo, min(hi, 2 * longest_ms) if k == "step_overhead_ms" else hi)
               for k, (lo, hi) in PARAMS.items()}
@@ -249,23 +337,30 @@ def calibrate(runs: Sequence[Run], base: Stack, name: str, source: str = "runs l
     if not names:
         raise InputError.single(source, "", "no constant can be fitted on these runs: "
                                 + "; ".join(f"{k}: {v}" for k, v in why.items()))
-    fitted = fit(plans, measured, base, names, bounds)
-    held: list[Held] = []
-    before = _predict(plans, base)
-    for g in groups:
-        train = [i for i, r in enumerate(measured_runs) if r.group_key != g]
-        test = [i for i, r in enumerate(measured_runs) if r.group_key == g]
-        fold = fit([plans[i] for i in train], [measured[i] for i in train], base, names, bounds)
-        after = _predict([plans[i] for i in test], with_constants(base, fold))
-        held += [Held(measured_runs[i], before[i], a) for i, a in zip(test, after, strict=True)]
-    order = {id(r): i for i, r in enumerate(measured_runs)}
-    held.sort(key=lambda h: order[id(h.run)])
+    distinct = everything.plans
+    index = {p: j for j, p in enumerate(distinct)}
+    of = [index[p] for p in plans]  # each run's plan among the distinct ones
+    fitted = fit_sample(everything, base, names, bounds)
+    before_of = _predict(distinct, base)
+    after_s: list[float] = [0.0] * len(measured_runs)
+    for fold in folds(groups):
+        out = set(fold)
+        test = [i for i, k in enumerate(keys) if k in out]
+        train = [i for i, k in enumerate(keys) if k not in out]
+        constants = fit_sample(Sample.of([plans[i] for i in train], [measured[i] for i in train]),
+                               base, names, bounds)
+        tested = sorted({of[i] for i in test})
+        predicted = dict(zip(tested, _predict([distinct[j] for j in tested],
+                                              with_constants(base, constants)), strict=True))
+        for i in test:
+            after_s[i] = predicted[of[i]]
+    held = [Held(r, before_of[of[i]], after_s[i]) for i, r in enumerate(measured_runs)]
     stack = dataclasses.replace(with_constants(base, fitted), name=name,
                                 summary=f"{base.name} calibrated on {len(measured_runs)} measured runs")
     return Calibration(base=base, stack=stack, fitted={k: fitted[k] for k in names}, not_fitted=why,
                        held_out=tuple(held), runs=len(measured_runs), groups=len(groups),
-                       loss_before=_loss(before, measured),
-                       loss_after=_loss(_predict(plans, stack), measured))
+                       loss_before=everything.loss(before_of),
+                       loss_after=everything.loss(_predict(distinct, stack)))
 
 
 def mape(pairs: Sequence[tuple[float, float]]) -> float:

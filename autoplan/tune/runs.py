@@ -1,5 +1,6 @@
 """The runs log: one CSV of measured training runs, which ``tune``, ``validate --runs``
-and ``runs import`` append to and ``calibrate`` and ``check --runs`` read.
+and ``runs import`` append to and ``calibrate``, ``evaluate --runs`` and ``check --runs``
+read.
 
 One row per run of one plan. Columns (``COLUMNS``, in this order when autoplan writes):
 
@@ -21,15 +22,38 @@ One row per run of one plan. Columns (``COLUMNS``, in this order when autoplan w
 
 A user's CSV needs only ``model``, ``cluster``, ``global_batch``, ``seq_len``, ``dp``,
 ``tp``, ``pp``, ``micro_batch`` and ``measured_step_time_s`` (or ``plan`` and the
-measurement); every other column is optional and takes the plan file's default.
+measurement), in any order; every other column is optional and takes the plan file's
+default. Appending to such a file rewrites it whole (the command line writes a temporary
+file beside it and renames it into place) with the missing columns added at the end of
+its header, its rows' values kept as they were.
 
-Pure library: reading refuses a bad file with every problem named by row and column
-(:class:`~autoplan.errors.InputError`); writing returns the text (the command line writes
-it)."""
+Numbers are held to one range wherever they enter (:func:`step_time_problem`,
+:func:`peak_gib_problem`): a step time above ``MIN_STEP_S`` (a microsecond) and at most
+``MAX_STEP_S`` (11.6 days), a peak above 0 and at most ``MAX_PEAK_GIB``. The launchers'
+log reader (:mod:`autoplan.tune.logs`) and the writer here refuse what the reader here
+would: autoplan never writes a row it later refuses.
+
+Text cells are written as OWASP's guidance on CSV injection says
+(https://owasp.org/www-community/attacks/CSV_Injection): a cell beginning with ``=``,
+``+``, ``-``, ``@``, a tab or a carriage return gets a leading single quote, so that a
+spreadsheet shows it as text rather than running it as a formula; the reader takes that
+quote off again (:func:`escape_cell`, :func:`unescape_cell`: exact round trip). Number
+columns (``NUMBER_COLUMNS``) are never escaped: ``-5`` there is a number, and refused as
+one.
+
+Readers' cost is bounded before anything is built: at most ``MAX_RUNS_BYTES`` and
+``MAX_ROWS`` rows (counted first, without building a plan), at most ``MAX_PLANS``
+distinct plans, and each distinct plan (the same ``plan`` cell, or the same cells saying
+what ran) built once, however many rows repeat it.
+
+Pure library: reading refuses a bad file with every problem named by file, row and
+column (:class:`~autoplan.errors.InputError`); writing returns the text (the command line
+writes it)."""
 
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import io
 import json
@@ -52,14 +76,73 @@ COLUMNS = (
     "measured_step_time_s", "measured_peak_gib", "predicted_step_time_s", "predicted_peak_gib",
     "plan",
 )
+# columns holding numbers: never escaped as text (a negative number is a number)
+NUMBER_COLUMNS = frozenset((
+    "gpus", "global_batch", "seq_len", "dp", "tp", "pp", "cp", "ep", "etp", "vpp", "micro_batch",
+    "zero", "steps", "measured_step_time_s", "measured_peak_gib", "predicted_step_time_s",
+    "predicted_peak_gib"))
+TEXT_COLUMNS = tuple(c for c in COLUMNS if c not in NUMBER_COLUMNS)
 STATUSES = ("ok", "oom", "timeout", "failed")
 SOURCES = ("tune", "validate", "import", "user")
 # the columns a row without ``plan`` needs to say what ran
 PLAN_COLUMNS = ("model", "cluster", "global_batch", "seq_len", "dp", "tp", "pp", "micro_batch")
-MAX_RUNS_BYTES = 64 * 2**20  # a log of ~100k runs; larger is not a runs log
+# the cells that say what ran, where no ``plan`` cell does: rows alike in these are one plan
+WHAT_RAN = ("model", "cluster", "gpus", "global_batch", "seq_len", "dtype", "dp", "tp", "pp", "cp",
+            "ep", "etp", "vpp", "micro_batch", "schedule", "recompute", "zero", "sequence_parallel",
+            "stack")
+# a row autoplan writes is 0.3 to 1.3 KB (1.3 KB: a cluster file's device inside its plan
+# cell); ``MAX_ROWS`` of them, and no more, fit
+MAX_RUNS_BYTES = 160 * 2**20
 MAX_ROWS = 100_000
-MAX_STEP_S = 1e6  # a step of 11 days is no measurement
-MAX_PEAK_GIB = 1e6
+# distinct plans a runs log may name: each is built (and calibrate predicts each) on its
+# own, about a millisecond apiece; a log of 10^5 runs is many runs of a few plans
+MAX_PLANS = 2_000
+MIN_STEP_S = 1e-6  # a training step under a microsecond is no measurement of one
+MAX_STEP_S = 1e6  # a step of 11.6 days is no measurement
+MAX_PEAK_GIB = 1e6  # a million GiB on one device is no measurement
+MAX_PROBLEMS = 20
+# the characters a spreadsheet takes a cell beginning with as a formula (OWASP, CSV
+# injection): a text cell beginning with one is written after a single quote
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def step_time_problem(seconds: float) -> str | None:
+    """Why ``seconds`` is no step time (not finite, at most ``MIN_STEP_S``, above
+    ``MAX_STEP_S``), or None: the one range the runs log and the log reader hold."""
+    if not (math.isfinite(seconds) and MIN_STEP_S < seconds <= MAX_STEP_S):
+        return (f"expected a step time above {MIN_STEP_S:g} s and at most {MAX_STEP_S:g} s, "
+                f"got {_shown_number(seconds)} s")
+    return None
+
+
+def peak_gib_problem(gib: float) -> str | None:
+    """Why ``gib`` is no peak memory (not finite, at most 0, above ``MAX_PEAK_GIB``), or
+    None."""
+    if not (math.isfinite(gib) and 0.0 < gib <= MAX_PEAK_GIB):
+        return f"expected a peak above 0 GiB and at most {MAX_PEAK_GIB:g} GiB, got {_shown_number(gib)} GiB"
+    return None
+
+
+def _shown_number(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def escape_cell(value: str) -> str:
+    """A text cell as written (module doc): a leading single quote before a value a
+    spreadsheet would run as a formula, and before one :func:`unescape_cell` would
+    otherwise change (a quote before such a character or another quote)."""
+    first = value[:1]
+    if first in FORMULA_START or (first == "'" and value[1:2] in ("'", *FORMULA_START)):
+        return "'" + value
+    return value
+
+
+def unescape_cell(cell: str) -> str:
+    """The value :func:`escape_cell` wrote ``cell`` for (a cell it did not escape is its
+    own value)."""
+    if cell[:1] == "'" and cell[1:2] in ("'", *FORMULA_START):
+        return cell[1:]
+    return cell
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,12 +183,22 @@ def plan_document_of(plan: Plan) -> dict[str, Any]:
     return plan_document(plan)
 
 
+@functools.lru_cache(maxsize=MAX_PLANS)
+def _plan_json(plan: Plan) -> tuple[str, str, str, str]:
+    """(the plan file of ``plan`` as one line of JSON, its :func:`plan_id`, the model and
+    cluster columns naming it), once a plan: a runs log's rows repeat a few plans."""
+    doc = plan_document_of(plan)
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    model = doc["model"] if isinstance(doc["model"], str) else plan.model.name
+    cluster = doc["cluster"].get("name", plan.cluster.name) if isinstance(doc["cluster"], dict) \
+        and "gpus_per_node" not in doc["cluster"] else plan.cluster.name
+    return text, hashlib.sha256(text.encode()).hexdigest()[:12], model, cluster
+
+
 def plan_id(plan: Plan) -> str:
     """12 hex digits naming what runs: the plan file's content (model, cluster, job,
     layout, every choice, stack), so the same plan run again has the same id."""
-    doc = plan_document_of(plan)
-    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    return _plan_json(plan)[1]
 
 
 # --------------------------------------------------------------------------- writing
@@ -114,15 +207,39 @@ def _num(x: float | None) -> str:
     return "" if x is None else f"{x:.6g}"
 
 
+def run_problems(run: Run, source: str = "runs log", where: str = "") -> list[Problem]:
+    """What keeps ``run`` from being a row the reader takes back: its numbers outside the
+    runs log's ranges (module doc), its status or source not one of the log's."""
+    problems: list[Problem] = []
+
+    def at(key: str) -> str:
+        return f"{where}.{key}" if where else key
+
+    for key, check in (("measured_step_time_s", step_time_problem),
+                       ("predicted_step_time_s", step_time_problem),
+                       ("measured_peak_gib", peak_gib_problem), ("predicted_peak_gib", peak_gib_problem)):
+        value = getattr(run, key)
+        if value is not None and (why := check(float(value))):
+            problems.append(Problem(source, at(key), why))
+    if run.status not in STATUSES:
+        problems.append(Problem(source, at("status"),
+                                f"expected one of {', '.join(STATUSES)}, got {run.status!r}"))
+    if run.status == "ok" and run.measured_step_time_s is None:
+        problems.append(Problem(source, at("measured_step_time_s"),
+                                "missing: a run with status ok needs its measured step time"))
+    if run.source not in SOURCES:
+        problems.append(Problem(source, at("source"),
+                                f"expected one of {', '.join(SOURCES)}, got {run.source!r}"))
+    return problems
+
+
 def row_of(run: Run) -> dict[str, str]:
-    """The CSV row of ``run`` (every column of ``COLUMNS``)."""
+    """The CSV row of ``run`` (every column of ``COLUMNS``), each value as it is (text
+    cells unescaped: :func:`csv_text` escapes them as it writes)."""
     plan, lay = run.plan, run.plan.layout
-    doc = plan_document_of(plan)
-    model = doc["model"] if isinstance(doc["model"], str) else plan.model.name
-    cluster = doc["cluster"].get("name", plan.cluster.name) if isinstance(doc["cluster"], dict) \
-        and "gpus_per_node" not in doc["cluster"] else plan.cluster.name
+    text, pid, model, cluster = _plan_json(plan)
     return {
-        "time": run.time, "source": run.source, "runner": run.runner, "plan_id": plan_id(plan),
+        "time": run.time, "source": run.source, "runner": run.runner, "plan_id": pid,
         "group": run.group,
         "model": model, "cluster": cluster, "gpus": str(lay.gpus),
         "global_batch": str(plan.job.global_batch), "seq_len": str(plan.job.seq_len),
@@ -139,36 +256,82 @@ def row_of(run: Run) -> dict[str, str]:
         "measured_peak_gib": _num(run.measured_peak_gib),
         "predicted_step_time_s": _num(run.predicted_step_time_s),
         "predicted_peak_gib": _num(run.predicted_peak_gib),
-        "plan": json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True),
+        "plan": text,
     }
 
 
-def csv_text(runs: Iterable[Run], existing: str = "", source: str = "runs log") -> str:
-    """The runs log with ``runs`` appended: ``existing`` (the file's text, '' for a new
-    one) must be a runs log autoplan wrote (its header ``COLUMNS``)."""
-    if existing.strip():
-        header = next(csv.reader(io.StringIO(existing)), [])
-        if tuple(h.strip() for h in header) != COLUMNS:
-            raise InputError.single(source, "", "not a runs log autoplan writes (its header is not "
-                                                "autoplan's columns): append to a new file")
+def _written(row: dict[str, str], header: Sequence[str]) -> list[str]:
+    """``row``'s cells in ``header``'s order (names as written, stripped), text escaped."""
+    cells = []
+    for raw in header:
+        name = raw.strip()
+        value = row.get(name, "")
+        cells.append(value if name in NUMBER_COLUMNS else escape_cell(value))
+    return cells
+
+
+def csv_text(runs: Iterable[Run], existing: str = "", source: str = "runs log",
+             base: Path | None = None) -> str:
+    """The runs log with ``runs`` appended. ``existing`` is the file's text ('' for a new
+    one): autoplan's own (its header ``COLUMNS``: appended to, what was there kept byte for
+    byte), or a user's CSV of runs log columns in any order (rewritten with the missing
+    columns added at the end of its header, each row's values kept). Given ``base`` (the
+    file's folder) every existing row is checked as :func:`parse_runs` reads it, so that
+    nothing is added to a file the readers refuse; without it, the header only. A run the
+    reader would refuse (:func:`run_problems`) is refused here."""
+    runs = list(runs)
+    problems = [p for run in runs for p in run_problems(run, source, "new run")]
+    if problems:
+        raise InputError(problems[:MAX_PROBLEMS])
+    body = existing.removeprefix("\ufeff")
+    bom = existing[: len(existing) - len(body)]
+    if body.strip():
+        header = _header(body, source)
+        if base is not None:
+            parse_runs(body, source, base)
+        rows = count_rows(body, source)
+    else:
+        header, rows = list(COLUMNS), 0
+    if rows + len(runs) > MAX_ROWS:
+        raise InputError.single(source, "", f"{rows:,} rows already: appending {len(runs)} would pass "
+                                            f"the runs log's {MAX_ROWS:,}; start a new one")
+    names = [h.strip() for h in header]
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
-    if not existing.strip():
-        writer.writeheader()
+    writer = csv.writer(buf, lineterminator="\n")
+    if not body.strip():
+        writer.writerow(COLUMNS)
+        head = ""
+    elif names == list(COLUMNS):
+        head = existing if existing.endswith("\n") else existing + "\n"
+    else:
+        # a user's CSV: rewritten with the columns it lacks, its rows' values as they were
+        missing = [c for c in COLUMNS if c not in names]
+        header = [*header, *missing]
+        reader = iter(_records(body, source))
+        next(reader)
+        writer.writerow(header)
+        for cells in reader:
+            if cells:
+                writer.writerow([*cells, *[""] * (len(header) - len(cells))])
+        head = bom
     for run in runs:
-        writer.writerow(row_of(run))
-    base = existing if not existing or existing.endswith("\n") else existing + "\n"
-    return base + buf.getvalue()
+        writer.writerow(_written(row_of(run), header))
+    text = head + buf.getvalue()
+    if len(text.encode()) > MAX_RUNS_BYTES:
+        raise InputError.single(source, "", f"appending would make the runs log larger than "
+                                            f"{MAX_RUNS_BYTES >> 20} MiB; start a new one")
+    return text
 
 
 # --------------------------------------------------------------------------- reading
 
-def read_runs(path: Path) -> list[Run]:
+def read_runs(path: Path, flag: str | None = None) -> list[Run]:
     """Every run of the CSV at ``path`` (see module doc); every problem at once, named by
-    row (``row 3``: the third data row) and column."""
+    file, row (``row 3``: the third data row) and column. ``flag``: the option that named
+    the file (``--runs``), for the errors about the file itself (missing, not a file)."""
     from autoplan.descriptors.strict import read_limited
 
-    data = read_limited(path, MAX_RUNS_BYTES, "a runs log")
+    data = read_limited(path, MAX_RUNS_BYTES, "a runs log", source=flag)
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -176,64 +339,141 @@ def read_runs(path: Path) -> list[Run]:
     return parse_runs(text, str(path), path.parent)
 
 
-def parse_runs(text: str, source: str, base: Path) -> list[Run]:
-    """:func:`read_runs` of ``text``; relative paths in ``model``/``cluster`` are taken from
-    ``base``."""
-    try:
-        reader = csv.DictReader(io.StringIO(text))
-        header = [h.strip() for h in (reader.fieldnames or [])]
-    except csv.Error as exc:
-        raise InputError.single(source, "", f"not a CSV file: {exc}") from None
-    if not header:
+def _header(text: str, source: str) -> list[str]:
+    """The header row of a runs log's ``text``, as written, once checked: no unknown and no
+    repeated column, and what a row needs to say what ran and what it measured."""
+    from autoplan.descriptors.strict import did_you_mean, shown
+
+    header = next(iter(_records(text, source)), [])
+    names = [h.strip() for h in header]
+    if not any(names):
         raise InputError.single(source, "", "empty: expected a header row of the runs log's columns")
-    unknown = [h for h in header if h not in COLUMNS]
-    if unknown:
-        from autoplan.descriptors.strict import did_you_mean
-        raise InputError([Problem(source, f"column {one_line(h)!r}", "unknown column"
-                                  + did_you_mean(h, COLUMNS)) for h in unknown[:10]])
-    if "measured_step_time_s" not in header:
+    problems: list[Problem] = []
+    first: dict[str, int] = {}
+    for i, name in enumerate(names, start=1):
+        if name not in COLUMNS:
+            problems.append(Problem(source, f"column {i}", f"unknown column {shown(one_line(name))}"
+                                    + did_you_mean(name, COLUMNS)))
+        elif name in first:
+            problems.append(Problem(source, f"column {i}", f"{name!r} again (column {first[name]} is "
+                                    f"{name!r}): a reader would keep one of the two silently"))
+        else:
+            first[name] = i
+        if len(problems) >= MAX_PROBLEMS:
+            break
+    if problems:
+        raise InputError(problems)
+    if "measured_step_time_s" not in names:
         raise InputError.single(source, "", "missing column measured_step_time_s")
-    if "plan" not in header:
-        missing = [c for c in PLAN_COLUMNS if c not in header]
+    if "plan" not in names:
+        missing = [c for c in PLAN_COLUMNS if c not in names]
         if missing:
             raise InputError.single(source, "", "missing columns " + ", ".join(missing)
                                     + " (or a plan column holding the plan file as JSON)")
-    problems: list[Problem] = []
-    runs: list[Run] = []
+    return header
+
+
+def count_rows(text: str, source: str) -> int:
+    """The data rows of a runs log's ``text`` (blank lines aside), refused past
+    ``MAX_ROWS`` as soon as they are counted: nothing is built. Counting lines first (a
+    row is at least one) spares the count of a file well under the bound."""
+    if text.count("\n") <= MAX_ROWS:
+        return sum(1 for cells in _records(text, source) if cells) - 1
+    n = -1
+    for cells in _records(text, source):
+        if cells:
+            n += 1
+            if n > MAX_ROWS:
+                raise InputError.single(source, "", f"more than {MAX_ROWS:,} rows: not a runs log "
+                                                    "(start a new one; calibrate and check read "
+                                                    f"at most {MAX_ROWS:,})")
+    return n
+
+
+def _lines(text: str) -> Iterable[str]:
+    """The lines of ``text``, each with its newline, as ``io.StringIO`` gives them but
+    without its copy of the whole text (four bytes a character)."""
+    start, end = 0, len(text)
+    while start < end:
+        stop = text.find("\n", start)
+        if stop < 0:
+            yield text[start:]
+            return
+        yield text[start:stop + 1]
+        start = stop + 1
+
+
+def _records(text: str, source: str) -> Iterable[list[str]]:
     try:
-        for i, raw in enumerate(reader, start=1):
-            if i > MAX_ROWS:
-                raise InputError.single(source, "", f"more than {MAX_ROWS:,} rows: not a runs log")
-            if None in raw:
-                problems.append(Problem(source, f"row {i}", "more values than the header has columns"))
-                continue
-            row = {k.strip(): (v or "").strip() for k, v in raw.items()}
-            if not any(row.values()):
-                continue
-            run = _run_of(row, i, source, base, problems)
-            if run is not None:
-                runs.append(run)
-            if len(problems) >= 20:
-                break
+        yield from csv.reader(_lines(text))
     except csv.Error as exc:
         raise InputError.single(source, "", f"not a CSV file: {exc}") from None
+
+
+class _Refused(Exception):
+    """A plan that did not build, with its problems (``ROW`` where the row goes)."""
+
+    def __init__(self, problems: list[Problem]):
+        super().__init__()
+        self.problems = problems
+
+
+ROW = "\x00row\x00"  # where a row's name goes in a cached plan's problems
+
+
+def parse_runs(text: str, source: str, base: Path) -> list[Run]:
+    """:func:`read_runs` of ``text``; relative paths in ``model``/``cluster`` are taken from
+    ``base``."""
+    text = text.removeprefix("\ufeff")
+    header = _header(text, source)
+    if text.count("\n") > MAX_ROWS:  # else there are fewer rows than that
+        count_rows(text, source)  # refused past MAX_ROWS before any plan is built
+    names = [h.strip() for h in header]
+    width = len(names)
+    has_plan = "plan" in names
+    problems: list[Problem] = []
+    runs: list[Run] = []
+    plans: dict[tuple[str, ...], Plan | _Refused] = {}
+    records = iter(_records(text, source))
+    next(records)
+    i = 0
+    for cells in records:
+        if not cells:
+            continue
+        i += 1
+        if len(cells) > width:
+            problems.append(Problem(source, f"row {i}", "more values than the header has columns"))
+        else:
+            row = {}
+            for name, cell in zip(names, cells, strict=False):  # a short row: the rest empty
+                value = cell.strip()
+                row[name] = value if name in NUMBER_COLUMNS else unescape_cell(value)
+            if not any(row.values()):
+                continue
+            run = _run_of(row, i, source, base, problems, plans, has_plan)
+            if run is not None:
+                runs.append(run)
+        if len(problems) >= MAX_PROBLEMS:
+            break
     if problems:
-        raise InputError(problems[:20])
+        raise InputError(problems[:MAX_PROBLEMS])
     return runs
 
 
 def _float(row: dict[str, str], key: str, where: str, source: str, problems: list[Problem],
-           lo: float, hi: float) -> float | None:
+           check: Any) -> float | None:
+    from autoplan.descriptors.strict import shown
+
     text = row.get(key, "")
     if not text:
         return None
     try:
         value = float(text)
     except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and lo < value <= hi):
-        problems.append(Problem(source, f"{where}.{key}",
-                                f"expected a number above {lo:g} and at most {hi:g}, got {one_line(text)!r}"))
+        problems.append(Problem(source, f"{where}.{key}", f"expected a number, got {shown(text)}"))
+        return None
+    if (why := check(value)) is not None:
+        problems.append(Problem(source, f"{where}.{key}", why))
         return None
     return value
 
@@ -278,27 +518,70 @@ def _int_or_text(text: str) -> int | str:
         return text  # the plan reader names the field and what it expected
 
 
-def _run_of(row: dict[str, str], i: int, source: str, base: Path,
-            problems: list[Problem]) -> Run | None:
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object that names no key twice (``json`` keeps the last silently)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _build(row: dict[str, str], source: str, base: Path, has_plan: bool) -> Plan:
+    """The plan a row says ran (its ``plan`` cell, else its columns); a row it cannot be
+    built from raises :class:`_Refused`, its problems named at ``ROW``."""
+    from autoplan.descriptors.strict import shown
     from autoplan.planfile import read_plan
+
+    try:
+        if has_plan and row.get("plan"):
+            try:
+                doc = json.loads(row["plan"], object_pairs_hook=_unique_keys)
+            except _DuplicateKey as exc:
+                raise InputError.single(source, f"{ROW}.plan", f"key {shown(exc.args[0])} twice in one "
+                                        "object: a reader would keep one of the two silently") from None
+            except (ValueError, RecursionError) as exc:
+                raise InputError.single(source, f"{ROW}.plan",
+                                        f"not JSON: {one_line(str(exc))[:200]}") from None
+            return read_plan(doc, source, f"{ROW}.plan")
+        missing = [c for c in PLAN_COLUMNS if not row.get(c)]
+        if missing:
+            raise InputError.single(source, ROW, "missing " + ", ".join(missing)
+                                    + " (what ran; or a plan column)")
+        return read_plan(_plan_mapping(row, base), source, ROW)
+    except InputError as exc:
+        # a problem in a file a row names (a model or cluster file) is named after the
+        # row too: the runs log is what the user gave
+        raise _Refused([p if p.source == source else Problem(source, ROW, str(p))
+                        for p in exc.problems]) from None
+
+
+def _run_of(row: dict[str, str], i: int, source: str, base: Path, problems: list[Problem],
+            plans: dict[tuple[str, ...], Plan | _Refused], has_plan: bool) -> Run | None:
+    from autoplan.descriptors.strict import shown
 
     where = f"row {i}"
     before = len(problems)
     status = row.get("status") or "ok"
     if status not in STATUSES:
         problems.append(Problem(source, f"{where}.status",
-                                f"expected one of {', '.join(STATUSES)}, got {one_line(status)!r}"))
+                                f"expected one of {', '.join(STATUSES)}, got {shown(status)}"))
     origin = row.get("source") or "user"
     if origin not in SOURCES:
         problems.append(Problem(source, f"{where}.source",
-                                f"expected one of {', '.join(SOURCES)}, got {one_line(origin)!r}"))
-    step = _float(row, "measured_step_time_s", where, source, problems, 0.0, MAX_STEP_S)
+                                f"expected one of {', '.join(SOURCES)}, got {shown(origin)}"))
+    step = _float(row, "measured_step_time_s", where, source, problems, step_time_problem)
     if status == "ok" and step is None and len(problems) == before:
         problems.append(Problem(source, f"{where}.measured_step_time_s",
                                 "missing: a run with status ok needs its measured step time"))
-    peak = _float(row, "measured_peak_gib", where, source, problems, 0.0, MAX_PEAK_GIB)
-    pstep = _float(row, "predicted_step_time_s", where, source, problems, 0.0, math.inf)
-    ppeak = _float(row, "predicted_peak_gib", where, source, problems, 0.0, math.inf)
+    peak = _float(row, "measured_peak_gib", where, source, problems, peak_gib_problem)
+    pstep = _float(row, "predicted_step_time_s", where, source, problems, step_time_problem)
+    ppeak = _float(row, "predicted_peak_gib", where, source, problems, peak_gib_problem)
     steps = None
     if row.get("steps"):
         try:
@@ -307,24 +590,24 @@ def _run_of(row: dict[str, str], i: int, source: str, base: Path,
                 raise ValueError
         except ValueError:
             problems.append(Problem(source, f"{where}.steps",
-                                    f"expected a whole number from 1, got {one_line(row['steps'])!r}"))
-    plan = None
-    try:
-        if row.get("plan"):
-            try:
-                doc = json.loads(row["plan"])
-            except (ValueError, RecursionError) as exc:
-                raise InputError.single(source, f"{where}.plan", f"not JSON: {one_line(str(exc))}") from None
-            plan = read_plan(doc, source, f"{where}.plan")
-        else:
-            missing = [c for c in PLAN_COLUMNS if not row.get(c)]
-            if missing:
-                raise InputError.single(source, where, "missing " + ", ".join(missing)
-                                        + " (what ran; or a plan column)")
-            plan = read_plan(_plan_mapping(row, base), source, where)
-    except InputError as exc:
-        problems.extend(exc.problems)
-    if len(problems) > before or plan is None:
+                                    f"expected a whole number from 1, got {shown(row['steps'])}"))
+    key = (("plan", row["plan"]) if has_plan and row.get("plan")
+           else tuple(row.get(c, "") for c in WHAT_RAN))
+    plan = plans.get(key)
+    if plan is None:
+        if len(plans) >= MAX_PLANS:
+            raise InputError.single(source, where, f"more than {MAX_PLANS:,} distinct plans: a runs log "
+                                    "is many runs of a few plans (split it, a log for each model or cluster)")
+        try:
+            plan = _build(row, source, base, has_plan)
+        except _Refused as exc:
+            plan = exc
+        plans[key] = plan
+    if isinstance(plan, _Refused):
+        problems.extend(Problem(p.source, p.field.replace(ROW, where), p.message.replace(ROW, where))
+                        for p in plan.problems)
+        return None
+    if len(problems) > before:
         return None
     return Run(plan=plan, status=status, measured_step_time_s=step, measured_peak_gib=peak,
                predicted_step_time_s=pstep, predicted_peak_gib=ppeak, reason=row.get("reason", ""),
@@ -336,7 +619,17 @@ def latest(runs: Sequence[Run], of: Plan) -> list[Run]:
     """The measured runs of the plan ``of`` (same :func:`plan_id`), oldest first (by
     ``time`` where every one has it, else file order)."""
     pid = plan_id(of)
-    mine = [r for r in runs if r.ok and r.plan_id == pid]
+    mine = [r for r in runs if r.ok and plan_id(r.plan) == pid]
     if all(r.time for r in mine):
         mine.sort(key=lambda r: (r.time, r.row))
     return mine
+
+
+def distinct_plans(runs: Sequence[Run]) -> tuple[list[Plan], list[int]]:
+    """The distinct plans of ``runs`` (first seen first) and, for each run, the index of
+    its plan among them: what costs a plan once for all its runs."""
+    index: dict[Plan, int] = {}
+    of: list[int] = []
+    for r in runs:
+        of.append(index.setdefault(r.plan, len(index)))
+    return list(index), of
