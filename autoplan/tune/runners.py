@@ -8,8 +8,11 @@
   on this node (the Megatron-LM script, or torchtitan's TOML under ``torchrun -m
   torchtitan.train``), or ``slurm`` (the exported sbatch script under ``sbatch --wait``).
   It reads the step times and the peak memory from the launcher's own log
-  (:mod:`autoplan.tune.logs`) as the run writes it, and stops the run once the steps it
-  needs are logged (or it ran out of memory, or diverged, or its time is up).
+  (:mod:`autoplan.tune.logs`) as the run writes it, each poll only what was written
+  since the last (so a poll's cost does not grow with the log), and stops the run once
+  the steps it needs are logged (or it ran out of memory, or diverged, or logged a number
+  that is no measurement, or its time is up). Every path the launch is given is absolute:
+  it runs in its trial's folder, whatever the folder was named relative to.
 
 Every run is bounded: a trial is stopped (its whole process group, or ``scancel`` of its
 job) when it runs past its deadline, and a run whose step time leaves the prediction by
@@ -24,7 +27,9 @@ import dataclasses
 import functools
 import math
 import os
+import select
 import signal
+import stat
 import statistics
 import subprocess
 import time
@@ -35,7 +40,7 @@ from typing import Any, Protocol
 
 from autoplan.errors import AutoplanError
 from autoplan.plan import Plan
-from autoplan.tune.logs import LogReading, read_log
+from autoplan.tune.logs import ANSI, LogReader, LogReading
 from autoplan.units import GiB
 
 Progress = Callable[[str], None]
@@ -44,6 +49,12 @@ Progress = Callable[[str], None]
 # start, torch's import, the process group, building the model, the first compile)
 STARTUP_S = {"local": 90.0, "torchrun": 600.0, "slurm": 1800.0}
 POLL_S = 0.2
+# what a poll reads of a growing log: chunks of READ_BYTES until the log is read or
+# READ_S have gone (a run writing faster than it is read is still stopped at its deadline)
+READ_BYTES = 2**20
+READ_S = 0.5
+TAIL_BYTES = 8192  # of a log's end, for the last lines a failure quotes
+TAIL_LINE_CHARS = 200  # of each of those lines
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -222,7 +233,9 @@ class LaunchRunner:
         return export(plan, target, "plan", Launcher(self.launcher))
 
     def command(self, plan: Plan, trial: Trial, workdir: Path, files: dict[str, str]) -> list[str]:
-        """The command that launches ``plan`` for ``trial`` from ``workdir``."""
+        """The command that launches ``plan`` for ``trial`` from ``workdir`` (run in it):
+        every path in it absolute."""
+        workdir = workdir.absolute()
         total = trial.warmup + trial.steps + 1  # one more: the run is stopped once they are logged
         titan = ["--training.steps", str(total), "--metrics.log_freq", "1"]
         if self.name == "slurm":
@@ -236,6 +249,8 @@ class LaunchRunner:
         return ["bash", str(workdir / script)]
 
     def environment(self, trial: Trial, workdir: Path) -> dict[str, str]:
+        """The launch's environment: every path in it absolute."""
+        workdir = workdir.absolute()
         total = trial.warmup + trial.steps + 1
         return {**os.environ, "TRAIN_ITERS": str(total), "EVAL_ITERS": "0",
                 "EVAL_INTERVAL": str(total), "SAVE_INTERVAL": str(10**9),
@@ -245,7 +260,9 @@ class LaunchRunner:
 
     def run(self, plan: Plan, trial: Trial, progress: Progress) -> Outcome:
         assert trial.workdir is not None
-        workdir = trial.workdir
+        # the launch runs in its folder: a relative --workdir named from here would not be
+        # found from there (the default, autoplan-tune/trial-N-...)
+        workdir = trial.workdir.absolute()
         files = self.files(plan)
         log_path = workdir / "train.log"
         try:
@@ -260,7 +277,6 @@ class LaunchRunner:
                                                    f"{exc.strerror or exc}")
         cmd = self.command(plan, trial, workdir, files)
         limit = deadline_s(self.name, trial)
-        tokens = plan.job.global_batch * plan.job.seq_len
         started = time.monotonic()
         job_id: str | None = None
         with open(log_path, "wb") as log:
@@ -270,20 +286,30 @@ class LaunchRunner:
                                         stderr=log, start_new_session=True)
             except OSError as exc:
                 return Outcome(status="failed", reason=f"{cmd[0]}: {exc.strerror or exc}")
+        logs = _Logs(tokens_per_step=plan.job.global_batch * plan.job.seq_len, gpus=plan.layout.gpus)
         try:
             if self.name == "slurm":
-                job_id = _job_id(proc)
+                job_id = _job_id(proc, started + limit)
                 if job_id is None:
-                    proc.wait(timeout=60)
-                    return Outcome(status="failed", reason="sbatch printed no job id: "
-                                   + _tail(log_path))
+                    late = time.monotonic() - started > limit
+                    return self._stop(proc, job_id, Outcome(
+                        status="timeout" if late else "failed",
+                        reason=f"sbatch printed no job id{f' in {limit:.0f} s' if late else ''}: "
+                               + _tail(log_path)))
                 progress(f"submitted job {job_id}")
-            reading = LogReading("")
             while True:
                 code = proc.poll()
-                reading = read_log(self._log_text(workdir, log_path, job_id), tokens_per_step=tokens,
-                                   gpus=plan.layout.gpus)
+                paths = _log_paths(log_path, job_id, workdir)
+                behind = logs.read(paths, time.monotonic() + READ_S)
+                ended = code is not None and not behind
+                if ended:
+                    logs.finish()  # its last line, though no newline ends it
+                reading, problem = logs.reading()
                 timed = reading.timed(trial.warmup)
+                if problem:
+                    return self._stop(proc, job_id, Outcome(
+                        status="failed", reason=f"its log is no measurement: {problem}",
+                        peak_gib=reading.peak_gib))
                 if reading.oom:
                     return self._stop(proc, job_id, Outcome(
                         status="oom", reason="the run ran out of memory: " + _tail(log_path, job_id, workdir),
@@ -299,7 +325,7 @@ class LaunchRunner:
                     return self._stop(proc, job_id, Outcome(
                         status="ok", step_time_s=statistics.median(timed), step_times_s=tuple(timed),
                         peak_gib=reading.peak_gib, notes=reading.notes))
-                if code is not None:
+                if ended:
                     got = len(reading.step_times_s)
                     what = (f"it logged {got} of {trial.warmup + trial.steps} steps" if reading.format
                             else "no Megatron-LM or torchtitan step line in its log")
@@ -317,19 +343,10 @@ class LaunchRunner:
                             f"stopped after {limit:.0f} s (--timeout) with "
                             f"{len(reading.step_times_s)} steps logged"))
                     return self._stop(proc, job_id, outcome)
-                time.sleep(POLL_S)
+                if not behind:
+                    time.sleep(POLL_S)
         finally:
             self._stop(proc, job_id, None)
-
-    def _log_text(self, workdir: Path, log_path: Path, job_id: str | None) -> str:
-        out = []
-        for path in _log_paths(log_path, job_id, workdir):
-            try:
-                with open(path, "rb") as f:
-                    out.append(f.read(64 * 2**20).decode("utf-8", "replace"))
-            except OSError:
-                continue
-        return "\n".join(out)
 
     def _stop(self, proc: subprocess.Popen[bytes], job_id: str | None,
               outcome: Outcome | None) -> Outcome:
@@ -381,12 +398,79 @@ def _group_running(pgid: int) -> bool:
     return False
 
 
-def _job_id(proc: subprocess.Popen[bytes]) -> str | None:
-    """The job id ``sbatch --parsable`` prints first (``ID`` or ``ID;cluster``)."""
+class _Logs:
+    """A run's log files read as they grow: each from where the last poll stopped, by its
+    own :class:`LogReader`."""
+
+    def __init__(self, *, tokens_per_step: int, gpus: int) -> None:
+        self._tokens, self._gpus = tokens_per_step, gpus
+        self._readers: dict[Path, LogReader] = {}
+        self._offsets: dict[Path, int] = {}
+
+    def read(self, paths: list[Path], until: float) -> bool:
+        """Read what ``paths`` gained since the last call, until the monotonic clock
+        reads ``until``: True where some was left unread then."""
+        for path in paths:
+            reader = self._readers.setdefault(path, LogReader(tokens_per_step=self._tokens,
+                                                              gpus=self._gpus))
+            offset = self._offsets.get(path, 0)
+            try:
+                # not blocking on a FIFO; a log is a regular file or nothing of the run's
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            except OSError:
+                continue
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    continue
+                while data := os.pread(fd, READ_BYTES, offset):
+                    reader.feed(data)
+                    offset += len(data)
+                    if time.monotonic() > until:
+                        return True
+            except OSError:
+                continue
+            finally:
+                self._offsets[path] = offset
+                os.close(fd)
+        return False
+
+    def finish(self) -> None:
+        for reader in self._readers.values():
+            reader.finish()
+
+    def reading(self) -> tuple[LogReading, str]:
+        """What the logs say: the first with a step line's reading (an OOM error in any
+        of them counts), and the first problem of any, named by its file and line ("" if
+        none)."""
+        readings = [(path, reader.reading()) for path, reader in self._readers.items()]
+        problem = next((f"{path.name} line {line}: {message}" for path, r in readings
+                        for line, message in r.problems[:1]), "")
+        oom = any(r.oom for _, r in readings)
+        chosen = next((r for _, r in readings if r.format), None)
+        if chosen is None:
+            peaks = [r.peak_gib for _, r in readings if r.peak_gib is not None]
+            chosen = LogReading("", peak_gib=max(peaks) if peaks else None)
+        return dataclasses.replace(chosen, oom=oom), problem
+
+
+def _job_id(proc: subprocess.Popen[bytes], until: float) -> str | None:
+    """The job id ``sbatch --parsable`` prints first (``ID`` or ``ID;cluster``), read
+    until the monotonic clock reads ``until`` (None: none came by then, or it is no id)."""
     assert proc.stdout is not None
-    line = proc.stdout.readline().decode("utf-8", "replace").strip()
-    job = line.split(";")[0]
-    return job if job.isdigit() else None
+    fd = proc.stdout.fileno()
+    got = b""
+    while b"\n" not in got and len(got) < 256:
+        left = until - time.monotonic()
+        if left <= 0:
+            break
+        ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+        if ready:
+            chunk = os.read(fd, 256 - len(got))
+            if not chunk:
+                break
+            got += chunk
+    job = got.split(b"\n")[0].decode("utf-8", "replace").strip().split(";")[0]
+    return job if job.isdigit() and len(job) <= 20 else None
 
 
 def _log_paths(log_path: Path, job_id: str | None, workdir: Path | None) -> list[Path]:
@@ -395,14 +479,19 @@ def _log_paths(log_path: Path, job_id: str | None, workdir: Path | None) -> list
 
 
 def _tail(log_path: Path, job_id: str | None = None, workdir: Path | None = None, lines: int = 3) -> str:
-    """The last lines of the run's log, on one line."""
+    """The last lines of the run's log, on one line: read from the last TAIL_BYTES of each
+    file, each line cut to TAIL_LINE_CHARS, escapes and control characters taken out."""
     found: list[str] = []
     for path in _log_paths(log_path, job_id, workdir):
         try:
             with open(path, "rb") as f:
                 f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - 8192))
-                found += [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+                f.seek(max(0, f.tell() - TAIL_BYTES))
+                text = f.read(TAIL_BYTES).decode("utf-8", "replace")
         except OSError:
             continue
+        for line in text.splitlines():
+            line = "".join(c if c.isprintable() else " " for c in ANSI.sub("", line)).strip()
+            if line:
+                found.append(line if len(line) <= TAIL_LINE_CHARS else line[:TAIL_LINE_CHARS] + "...")
     return " | ".join(found[-lines:]) or "(empty log)"
