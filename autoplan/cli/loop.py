@@ -6,6 +6,7 @@ this module."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import signal
 from pathlib import Path
 from typing import Annotated, Any
@@ -45,19 +46,27 @@ def _one_of(flag: str, value: str, choices: tuple[str, ...]) -> str:
     return value
 
 
-def appended_runs(path: Path, runs: list[Any]) -> str:
-    """The runs log at ``path`` (if it exists) with ``runs`` appended."""
+def appended_runs(path: Path, runs: list[Any], *, check: bool = True, room: int = 0) -> str:
+    """The runs log at ``path`` (if it exists) with ``runs`` appended (:func:`csv_text`:
+    a user's CSV gains the columns it lacks). ``check``: every existing row is read as
+    calibrate and check read it, so nothing is appended to a log they refuse (done before
+    any trial or import; the append after it checks the header only). ``room``: rows that
+    must fit after the existing ones (a tuning's trials)."""
     from autoplan.descriptors.strict import read_limited
-    from autoplan.tune.runs import MAX_RUNS_BYTES, csv_text
+    from autoplan.tune.runs import MAX_ROWS, MAX_RUNS_BYTES, count_rows, csv_text
 
     existing = ""
     if path.exists() or path.is_symlink():
         data = read_limited(path, MAX_RUNS_BYTES, "a runs log", source="--runs")
         try:
             existing = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise InputError.single("--runs", "", f"{path}: not UTF-8 text") from None
-    return csv_text(runs, existing, str(path))
+        except UnicodeDecodeError as exc:
+            raise InputError.single(str(path), "", f"not UTF-8 text (byte {exc.start})") from None
+    text = csv_text(runs, existing, str(path), path.parent if check else None)
+    if room and existing.strip() and count_rows(existing.removeprefix("\ufeff"), str(path)) + room > MAX_ROWS:
+        raise InputError.single(str(path), "", f"no room for {room} more runs under the runs log's "
+                                               f"{MAX_ROWS:,} rows: append to a new one (--runs)")
+    return text
 
 
 class _CtrlC:
@@ -108,17 +117,21 @@ def tune(
     no_offload: Annotated[bool, typer.Option(
         "--no-offload", help="Keep optimizer states and activations on the GPUs.")] = False,
     runner: Annotated[str, typer.Option(
-        "--runner", help="local: this machine's devices through validate's torch engine (CPU "
+        "--runner", metavar="<local|torchrun|slurm>",
+        help="local: this machine's devices through validate's torch engine (CPU "
                          "processes over gloo, or one rank's slice on a GPU); torchrun: the exported "
                          "launch on this node; slurm: the exported sbatch job.")] = "local",
     launcher: Annotated[str, typer.Option(
-        "--launcher", help="torchrun and slurm runners: megatron (Megatron-LM's pretrain_gpt.py; "
+        "--launcher", metavar="<megatron|torchtitan>",
+        help="torchrun and slurm runners: megatron (Megatron-LM's pretrain_gpt.py; "
                            "set MEGATRON_LM) or torchtitan.")] = "megatron",
     device: Annotated[str, typer.Option(
-        "--device", "-d", help="local runner: cpu or cuda.")] = "cpu",
-    top_k: Annotated[int, typer.Option(
-        "--top-k", min=1, max=MAX_TOP_K, help="Distinct plans to run (a different layout or "
-                                                     "schedule each).")] = 3,
+        "--device", "-d", metavar="<cpu|cuda>", help="local runner: cpu or cuda.")] = "cpu",
+    top: Annotated[int | None, typer.Option(
+        "--top", "-k", min=1, max=MAX_TOP_K, show_default=False,
+        help="Distinct plans to run (a different layout or schedule each; default 3).")] = None,
+    top_k: Annotated[int | None, typer.Option(
+        "--top-k", min=1, max=MAX_TOP_K, hidden=True, help="--top's former name.")] = None,
     within: Annotated[float | None, typer.Option(
         "--within", min=0.0, help="Only plans predicted within this fraction of the best "
                                   "(0.05 = 5%).")] = None,
@@ -158,6 +171,13 @@ def tune(
     _one_of("--runner", runner, RUNNERS)
     _one_of("--launcher", launcher, LAUNCHERS)
     _one_of("--device", device, ("cpu", "cuda"))
+    if top is not None and top_k is not None and top != top_k:
+        raise InputError.single("--top", "", f"given twice, as --top {top} and --top-k {top_k} "
+                                             "(--top-k is its former name): give one")
+    top_k = top if top is not None else top_k if top_k is not None else 3
+    if within is not None and not math.isfinite(within):
+        raise InputError.single("--within", "", f"expected a finite fraction of the best's predicted "
+                                                f"step time (0.05 = 5%), got {within}")
     log = None if no_runs else (runs or DEFAULT_RUNS)
     for target in (out_path, log):
         if target is not None:
@@ -166,7 +186,9 @@ def tune(
     if files.is_stdout(log):
         raise InputError.single("--runs", "", "the runs log is a file to append to, not stdout")
     if log is not None:
-        appended_runs(log, [])  # a log that cannot be appended to is refused before any trial
+        # a log that cannot be appended to (any row calibrate would refuse, no room left) is
+        # refused before any search or trial
+        appended_runs(log, [], room=top_k)
     if files.is_stdout(out_path):
         output.data_to_stderr()
     folder = (workdir or Path("autoplan-tune")) if runner != "local" else None
@@ -234,7 +256,7 @@ def tune(
         result = run_tune(ranked, the_runner, trial, top_k=top_k, within=within, workdir=folder,
                           progress=told, stop=ctrl_c.stopping, done=done)
     if log is not None and result.trials:
-        files.write_text(log, appended_runs(log, runs_of(result, runner, steps)))
+        files.write_text(log, appended_runs(log, runs_of(result, runner, steps), check=False))
     best = result.best
     if out_path is not None and best is not None:
         files.write_text(out_path, _yaml(_measured_document(result.trials[best], req.space.name, runner,
@@ -323,8 +345,8 @@ def runs_import(
     plan_path: Annotated[Path, typer.Option(
         "--plan", "-p", help="The plan file the logged runs ran (what the runs log records).")],
     out_path: Annotated[Path, typer.Option(
-        "--out", "-o", parser=files.out_path, metavar="<path>",
-        help="The runs log to append to (created if missing).")],
+        "--runs", "--out", "-o", parser=files.out_path, metavar="<path>",
+        help="The runs log to append to (created if missing; --out is its other name).")],
     warmup: Annotated[int, typer.Option(
         "--warmup", min=0, max=10**6, help="Logged steps to leave out before the timed ones.")] = 2,
     group: Annotated[str, typer.Option(
@@ -338,24 +360,28 @@ def runs_import(
 
     from autoplan.cost.evaluate import evaluate
     from autoplan.descriptors.strict import name_problem, read_limited, read_yaml
+    from autoplan.errors import Problem
     from autoplan.planfile import read_plan
     from autoplan.tune.logs import read_log
-    from autoplan.tune.runs import Run
+    from autoplan.tune.runs import Run, run_problems
 
     if group and (why := name_problem(group)):
         raise InputError.single("--group", "", why)
     files.check_target(out_path)
-    files.check_apart([("--out", out_path)], [plan_path, *logs])
+    files.check_apart([("--runs", out_path)], [plan_path, *logs])
     if files.is_stdout(out_path):
-        raise InputError.single("--out", "", "the runs log is a file to append to, not stdout")
-    appended_runs(out_path, [])  # refused before any log is read
+        raise InputError.single("--runs", "", "the runs log is a file to append to, not stdout")
+    appended_runs(out_path, [], room=len(logs))  # refused, every row of it, before any log is read
     plan = read_plan(read_yaml(plan_path), str(plan_path))
     pred = evaluate(plan)
     tokens = plan.job.global_batch * plan.job.seq_len
     found: list[Run] = []
+    said: list[str] = []
     for path in logs:
         text = read_limited(path, MAX_LOG_BYTES, "a training log").decode("utf-8", "replace")
         reading = read_log(text, tokens_per_step=tokens, gpus=plan.layout.gpus)
+        if reading.problems:  # a number that is no measurement: the log, not the runs log, is wrong
+            raise InputError([Problem(str(path), f"line {n}", message) for n, message in reading.problems])
         timed = reading.timed(warmup)
         when = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.timezone.utc).isoformat(
             timespec="seconds")
@@ -375,11 +401,15 @@ def runs_import(
                       measured_peak_gib=reading.peak_gib, source="import", runner=reading.format,
                       time=when, steps=len(timed), group=group, predicted_step_time_s=pred.step_time_s,
                       predicted_peak_gib=pred.memory.peak / GiB)
+        if problems := run_problems(run, str(path)):  # what the runs log would refuse to read back
+            raise InputError(problems)
         found.append(run)
-        shown = (f"{run.measured_step_time_s:.3f} s per step over {len(timed)} steps"
+        shown = (f"{run.measured_step_time_s:.4g} s per step over {len(timed)} steps"
                  if run.ok else run.status)
-        output.err.print(f"{files.name(path)}: {reading.format or 'log'}: {shown}", markup=False)
-    files.write_text(out_path, appended_runs(out_path, found))
+        said.append(f"{files.name(path)}: {reading.format or 'log'}: {shown}")
+    files.write_text(out_path, appended_runs(out_path, found, check=False))
+    for line in said:
+        output.err.print(line, markup=False)
     output.err.print(f"appended {len(found)} runs to {files.name(out_path)}")
 
 
@@ -435,19 +465,39 @@ def _stack_file(result: Any, runs_path: Path) -> str:
     lines = [
         f"# Calibrated by `autoplan calibrate` on {one_line(str(runs_path))}: {result.runs} measured runs "
         f"in {result.groups} groups,",
-        f"# from the stack {one_line(result.base.name)}. Held out (leave one group out): step time "
-        f"error {before:.1f}% before, {after:.1f}% after.",
-        "# Fitted: " + (", ".join(f"{k} {v:g}" for k, v in result.fitted.items()) or "none") + ".",
+        f"# from the stack {one_line(result.base.name)}. Held out (each group predicted without it): "
+        f"step time error {_percent(before)} before, {_percent(after)} after.",
+        "# Fitted: " + (", ".join(f"{k} {v:.4g}" for k, v in result.fitted.items()) or "none") + ".",
     ]
     lines += [f"# Not fitted, {k}: {one_line(v)}" for k, v in result.not_fitted.items()]
     return "\n".join(lines) + "\n" + _yaml({"stack": result.stack.to_dict()})
 
 
+MAX_SHOWN_PLANS = 20  # the held-out table's rows; --format json lists every run
+
+
+def _short_plan(plan: Any, models: int) -> str:
+    """A plan in a few words for a narrow table: its layout and micro-batch, and what else
+    sets it apart from the default (the model where the log holds several)."""
+    lay = plan.layout
+    parts = [plan.model.name] if models > 1 else []
+    parts += [f"dp{lay.dp}", f"tp{lay.tp}", f"pp{lay.pp}"]
+    parts += [f"{k}{v}" for k, v in (("cp", lay.cp), ("ep", lay.ep), ("vpp", lay.vpp)) if v > 1]
+    parts.append(f"mbs{plan.micro_batch}")
+    if int(plan.zero):
+        parts.append(f"zero{int(plan.zero)}")
+    if plan.recompute.value != "none":
+        parts.append(f"rc-{plan.recompute.value}")
+    return " ".join(parts)
+
+
 def _print_calibration(result: Any, fmt: Format) -> None:
+    import statistics
+
     from rich.table import Table
 
     from autoplan.tune.calibrate import by_regime, constants_of, regime_of
-    from autoplan.tune.tune import layout_text
+    from autoplan.tune.runs import distinct_plans
 
     held = result.held_out
     before, after = result.mape_before, result.mape_after
@@ -468,21 +518,46 @@ def _print_calibration(result: Any, fmt: Format) -> None:
         return
     table = Table(title=escape(f"stack {result.base.name} calibrated on {result.runs} runs "
                                f"({result.groups} groups)"), title_justify="left")
-    for col in ("constant", "base", "calibrated", ""):
-        table.add_column(col, justify="left" if col in ("constant", "") else "right")
+    for col in ("constant", "base", "calibrated", "fitted"):
+        table.add_column(col, justify="left" if col in ("constant", "fitted") else "right")
+    notes: list[str] = []
     for k in base:
-        note = "fitted" if k in result.fitted else escape(f"kept: {result.not_fitted.get(k, '')}")
-        table.add_row(k, f"{base[k]:g}", f"{fitted[k]:g}", note)
+        if k in result.fitted:
+            mark = "yes"
+        else:
+            notes.append(f"({len(notes) + 1}) {k} kept: {result.not_fitted.get(k, '')}")
+            mark = f"no ({len(notes)})"
+        table.add_row(k, f"{base[k]:.4g}", f"{fitted[k]:.4g}", mark)
     output.out.print(table)
-    runs = Table(title="held out: each group predicted by constants fitted on the others",
+    for line in notes:
+        output.out.print(escape(line))
+    # held out, a row a plan: its runs' median measurement and predictions
+    plans, of = distinct_plans([h.run for h in held])
+    mine: list[list[Any]] = [[] for _ in plans]
+    for h, j in zip(held, of, strict=True):
+        mine[j].append(h)
+    models = len({p.model.name for p in plans})
+    runs = Table(title="held out: each group predicted by constants fitted without it",
                  title_justify="left")
-    for col in ("run", "plan", "measured s", "base s", "calibrated s"):
+    for col in ("plan", "runs", "measured s", "base s", "calibrated s"):
         runs.add_column(col, justify="left" if col == "plan" else "right")
-    for h in held:
-        runs.add_row(str(h.run.row), escape(layout_text(h.run.plan)), f"{h.measured_s:.3f}",
-                     f"{h.before_s:.3f}", f"{h.after_s:.3f}")
+    for plan, hs in list(zip(plans, mine, strict=True))[:MAX_SHOWN_PLANS]:
+        runs.add_row(escape(_short_plan(plan, models)), str(len(hs)),
+                     f"{statistics.median(h.measured_s for h in hs):.4g}",
+                     f"{statistics.median(h.before_s for h in hs):.4g}",
+                     f"{statistics.median(h.after_s for h in hs):.4g}")
     output.out.print(runs)
+    if len(plans) > MAX_SHOWN_PLANS:
+        output.out.print(f"... and {len(plans) - MAX_SHOWN_PLANS} more plans (--format json lists every run)")
+    if any(len(hs) > 1 for hs in mine):
+        output.out.print("(seconds: the median of each plan's runs)")
     for regime, (n, b, a) in by_regime(held).items():
-        output.out.print(escape(f"{regime}: {n} runs, held-out error {b:.1f}% before, {a:.1f}% after"))
-    output.out.print(f"all: held-out step time error {before:.1f}% before, {after:.1f}% after "
+        output.out.print(escape(f"{regime}: {n} runs, held-out error {_percent(b)} before, "
+                                f"{_percent(a)} after"))
+    output.out.print(f"all: held-out step time error {_percent(before)} before, {_percent(after)} after "
                      "(mean absolute percentage)")
+
+
+def _percent(x: float) -> str:
+    """A percentage in at most a few digits however large (a prediction 10^6 times off)."""
+    return f"{x:.1f}%" if x < 1e4 else f"{x:.3g}%"

@@ -28,7 +28,7 @@ file beside it and renames it into place) with the missing columns added at the 
 its header, its rows' values kept as they were.
 
 Numbers are held to one range wherever they enter (:func:`step_time_problem`,
-:func:`peak_gib_problem`): a step time above ``MIN_STEP_S`` (a microsecond) and at most
+:func:`peak_gib_problem`): a step time from ``MIN_STEP_S`` (a microsecond) to
 ``MAX_STEP_S`` (11.6 days), a peak above 0 and at most ``MAX_PEAK_GIB``. The launchers'
 log reader (:mod:`autoplan.tune.logs`) and the writer here refuse what the reader here
 would: autoplan never writes a row it later refuses.
@@ -107,10 +107,10 @@ FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 def step_time_problem(seconds: float) -> str | None:
-    """Why ``seconds`` is no step time (not finite, at most ``MIN_STEP_S``, above
+    """Why ``seconds`` is no step time (not finite, under ``MIN_STEP_S``, above
     ``MAX_STEP_S``), or None: the one range the runs log and the log reader hold."""
-    if not (math.isfinite(seconds) and MIN_STEP_S < seconds <= MAX_STEP_S):
-        return (f"expected a step time above {MIN_STEP_S:g} s and at most {MAX_STEP_S:g} s, "
+    if not (math.isfinite(seconds) and MIN_STEP_S <= seconds <= MAX_STEP_S):
+        return (f"expected a step time from {MIN_STEP_S:g} s to {MAX_STEP_S:g} s, "
                 f"got {_shown_number(seconds)} s")
     return None
 

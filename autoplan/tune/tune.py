@@ -161,12 +161,27 @@ def layout_text(plan: Plan) -> str:
 
 
 def runs_of(result: TuneResult, runner: str, steps: int) -> list[Run]:
-    """The runs log rows of a tuning (every trial, measured or not)."""
+    """The runs log rows of a tuning (every trial, measured or not). A trial whose numbers
+    the runs log would refuse (:func:`~autoplan.tune.runs.run_problems`: a step time or a
+    peak out of its range) is recorded as failed, with why, its numbers left out: the
+    tuning's other rows are still written."""
+    from autoplan.tune.runs import run_problems
+
     out = []
     for t in result.trials:
         o = t.outcome
-        out.append(Run(plan=t.plan, status=o.status, measured_step_time_s=o.step_time_s,
-                       measured_peak_gib=o.peak_gib, predicted_step_time_s=t.predicted_step_s,
-                       predicted_peak_gib=t.predicted_peak_gib, reason=o.reason, source="tune",
-                       runner=runner, time=t.started, steps=steps if o.status == "ok" else None))
+        run = Run(plan=t.plan, status=o.status, measured_step_time_s=o.step_time_s,
+                  measured_peak_gib=o.peak_gib, predicted_step_time_s=t.predicted_step_s,
+                  predicted_peak_gib=t.predicted_peak_gib, reason=o.reason, source="tune",
+                  runner=runner, time=t.started, steps=steps if o.status == "ok" else None)
+        if problems := run_problems(run):
+            why = "; ".join(f"{p.field}: {p.message}" for p in problems)
+            bad = {p.field for p in problems}
+            run = dataclasses.replace(
+                run, status="failed", measured_step_time_s=None, steps=None,
+                measured_peak_gib=None if "measured_peak_gib" in bad else run.measured_peak_gib,
+                predicted_step_time_s=None if "predicted_step_time_s" in bad else run.predicted_step_time_s,
+                predicted_peak_gib=None if "predicted_peak_gib" in bad else run.predicted_peak_gib,
+                reason=f"not a measurement: {why}")
+        out.append(run)
     return out
