@@ -280,7 +280,9 @@ class Prefix:
     requests of its group, and requests fall into ``groups`` such groups in turn. A request
     whose group's prefix is computed skips it in prefill (in whole KV blocks of the engine's
     ``kv_block_tokens``, its last prompt token always computed), and each group's prefix is
-    held once in the KV cache."""
+    cached once in the KV cache while it fits there beside the requests: the engines evict
+    unused prefixes, least recently used first (``scheduler.KVPool``), so sharing never
+    takes room the requests need, and many groups only find theirs cached less often."""
 
     share: float
     groups: int = 1

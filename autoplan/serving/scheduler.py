@@ -73,17 +73,34 @@ class KVPool:
     """The scheduler's KV cache in tokens (vLLM's ``KVCacheManager`` over its block pool,
     counted per token rather than per block). ``used``: tokens whose KV is stored;
     ``committed``: what the live requests' admissions set aside (prompt and reserved
-    output), checked against the capacity only where the engine reserves output. Shared
-    prompt prefixes (prefix caching) are held once, outside both: the capacity given is
-    what is left beside them."""
+    output), checked against the capacity only where the engine reserves output.
 
-    __slots__ = ("capacity", "used", "committed", "reserves")
+    Shared prompt prefixes (prefix caching) are cached in the same pool, ``prefix`` tokens
+    (whole blocks) a group: a group's prefix that live requests reference is stored and set
+    aside like theirs (``pin``); one no request references stays cached in what is free and
+    is evicted, least recently released first, as soon as the cache needs its room
+    (``evictable``). That is what the engines do: vLLM's automatic prefix caching keeps a
+    freed block's KV in the free queue, hashed, and hands the queue's least recently used
+    block out when it needs one (vllm/v1/core/block_pool.py, ``FreeKVCacheBlockQueue``:
+    "evicted in LRU order"); SGLang's RadixAttention evicts unreferenced radix-tree leaves,
+    least recently used first, when an allocation needs room (``RadixCache.evict``);
+    TensorRT-LLM's KV cache reuse frees reusable blocks in priority then LRU order. So
+    prefix caching takes no room from the requests: where every group's prefix does not
+    fit beside them, fewer requests find theirs cached."""
 
-    def __init__(self, capacity: int, reserves: bool):
+    __slots__ = ("capacity", "used", "committed", "reserves", "prefix", "refs", "ready",
+                 "lru", "evictable")
+
+    def __init__(self, capacity: int, reserves: bool, prefix: int = 0):
         self.capacity = capacity
         self.reserves = reserves
         self.used = 0.0  # fractional with speculative decoding (a verify step's mean yield)
         self.committed = 0
+        self.prefix = prefix  # a group's shared prefix, whole blocks (0: no prefix caching)
+        self.refs: dict[int, int] = {}  # live requests referencing a group's cached prefix
+        self.ready: set[int] = set()  # groups whose prefix is cached (computed, not evicted)
+        self.lru: dict[int, None] = {}  # cached groups no request references, oldest first
+        self.evictable = 0  # their tokens: stored, in the room free to admissions
 
     def refuses(self, prompt: int, held: int) -> bool:
         """Whether a request can never be admitted (its prompt, or what its admission sets
@@ -100,10 +117,14 @@ class KVPool:
         """Admit a request: set ``held`` aside and store ``stored`` tokens now."""
         self.committed += held
         self.used += stored
+        if self.evictable:
+            self._evict()
 
     def grow(self, tokens: float) -> None:
         """Store the KV of ``tokens`` computed tokens (prompt chunks and decodes)."""
         self.used += tokens
+        if self.evictable:
+            self._evict()
 
     def fits(self, tokens: float) -> bool:
         """Whether ``tokens`` more fit the cache."""
@@ -119,20 +140,68 @@ class KVPool:
         self.used -= stored
         self.committed -= held
 
+    # -- prefix caching (class doc) ----------------------------------------------
+    def pin_cost(self, group: int) -> int:
+        """Tokens referencing ``group``'s cached prefix adds to ``used`` and ``committed``:
+        its prefix where no live request references it yet (it leaves the evictable room)."""
+        return 0 if group in self.refs else self.prefix
+
+    def pin(self, group: int) -> None:
+        """One more live request references ``group``'s cached prefix (a hit)."""
+        if group in self.refs:
+            self.refs[group] += 1
+            return
+        del self.lru[group]
+        self.evictable -= self.prefix
+        self.refs[group] = 1
+        self.used += self.prefix
+        self.committed += self.prefix
+
+    def cache(self, group: int) -> None:
+        """``group``'s prefix, just computed by a request that stored it as its own (and set
+        it aside), is the group's from now, referenced by that request."""
+        self.ready.add(group)
+        self.refs[group] = 1
+
+    def unpin(self, group: int) -> None:
+        """A request referencing ``group``'s prefix is done with it: where none is left, the
+        prefix stays cached, evictable, the most recently released."""
+        left = self.refs[group] - 1
+        if left:
+            self.refs[group] = left
+            return
+        del self.refs[group]
+        self.used -= self.prefix
+        self.committed -= self.prefix
+        self.lru[group] = None
+        self.evictable += self.prefix
+        self._evict()
+
+    def _evict(self) -> None:
+        """Drop the least recently released cached prefixes until what is stored fits."""
+        while self.evictable and self.used + self.evictable > self.capacity:
+            group = next(iter(self.lru))
+            del self.lru[group]
+            self.ready.discard(group)
+            self.evictable -= self.prefix
+
 
 class Request:
     """One request's progress through the scheduler (vLLM's ``Request``)."""
 
     __slots__ = ("i", "prompt", "done_prompt", "left", "admit", "join_iter", "finish_iter", "live",
-                 "held", "cached", "shared", "group")
+                 "held", "cached", "shared", "group", "prefix", "preempted")
 
-    def __init__(self, i: int, prompt: int, out: int, cached: bool = False, shared: int = 0,
+    def __init__(self, i: int, prompt: int, out: int, cached: bool = False, prefix: int = 0,
                  group: int = 0):
         self.i, self.prompt = i, prompt
         self.cached = cached  # its prompt's KV arrives computed (disaggregated decode)
-        # prefix caching: its prompt's first ``shared`` tokens are its prefix group's, whose
-        # KV is held once for the group (a cache hit once one request has computed them)
-        self.shared, self.group = shared, group
+        # prefix caching: its prompt's first ``prefix`` tokens are its prefix group's
+        # (``deployment.prefix_hit``), served from the cache where the group's is cached;
+        # ``shared``: those it references in the group's cache while admitted (0: none, its
+        # KV all its own)
+        self.prefix, self.group = prefix, group
+        self.shared = 0
         self.left = out  # tokens still to generate
         self.done_prompt = 0  # prompt tokens whose KV is computed
         self.admit = 0  # admission order
@@ -140,12 +209,7 @@ class Request:
         self.finish_iter = 0  # the iteration that produces its last token
         self.live = False  # admitted and not finished or preempted
         self.held = 0  # KV tokens its admission set aside (prompt + reserved output)
-
-    def private_of(self, c: int) -> int:
-        """Of the next ``c`` prompt tokens it computes, those stored as its own."""
-        if not self.shared:
-            return c
-        return max(0, self.done_prompt + c - max(self.done_prompt, self.shared))
+        self.preempted = False  # preempted once: admitted again, to be recomputed
 
 
 class Decodes:
@@ -200,6 +264,8 @@ class Decodes:
             self.count -= 1
             self.context -= held
             self.pool.free(held - r.shared, r.held)
+            if r.shared:
+                self.pool.unpin(r.group)
             r.live = False
             done.append(r)
         return done
@@ -212,6 +278,8 @@ class Decodes:
         self.count -= 1
         self.context -= held
         self.pool.free(held - r.shared, r.held)
+        if r.shared:
+            self.pool.unpin(r.group)
 
 
 class Batch:
@@ -220,8 +288,8 @@ class Batch:
     left; ``joined``: requests admitted with their cache computed, decoding from this
     iteration; ``pairs`` and ``prior``: the chunks' causal (query, key) pairs and the KV
     tokens of earlier chunks they re-read (``StepModel.step_seconds``); ``stored``: of the
-    ``new_kv`` prompt tokens computed, those stored as their requests' own (a shared
-    prefix's are held once)."""
+    ``new_kv`` prompt tokens computed, those stored (all of them: a cached prefix is not
+    computed again)."""
 
     __slots__ = ("budget", "running", "chunks", "joined", "new_kv", "stored", "pairs", "prior")
 
@@ -240,7 +308,7 @@ class Batch:
         self.chunks.append((r, c))
         self.budget -= c
         self.new_kv += c
-        self.stored += r.private_of(c)
+        self.stored += c  # its own: a cached prefix is skipped, not computed
         self.pairs += c * p + c * (c + 1) / 2  # causal (query, key) pairs of the chunk
         self.prior += p
 
@@ -251,7 +319,7 @@ class Scheduler:
     the admitted prompts in admission order, the decodes and the KV cache."""
 
     __slots__ = ("config", "pool", "waiting", "prefilling", "decodes", "order", "admitted",
-                 "preemptions", "warm", "cached_tokens")
+                 "preemptions", "cached_tokens")
 
     def __init__(self, config: SchedulerConfig, pool: KVPool):
         self.config = config
@@ -262,8 +330,9 @@ class Scheduler:
         self.order: list[Request] = []  # admissions, latest last (lazy: stale entries are skipped)
         self.admitted = 0
         self.preemptions = 0
-        self.warm: set[int] = set()  # prefix groups whose shared prefix is computed
-        self.cached_tokens = 0  # prompt tokens admissions found computed (prefix cache hits)
+        # prompt tokens first admissions found computed (prefix cache hits): of the prompts
+        # given, not of their recomputation after a preemption
+        self.cached_tokens = 0
 
     def idle(self) -> bool:
         """Nothing waits or runs."""
@@ -283,17 +352,19 @@ class Scheduler:
         every token generated so far (vLLM: ``kv_cache_manager.free``,
         ``num_computed_tokens = 0``, ``waiting.prepend_request``)."""
         self.preemptions += 1
-        victim.live = False
+        victim.live, victim.preempted = False, True
         if victim in self.prefilling:
             self.prefilling.remove(victim)
             self.pool.free(max(0, victim.done_prompt - victim.shared), victim.held)
+            if victim.shared:
+                self.pool.unpin(victim.group)
         else:
             held = self.decodes.held(victim, it - 1)  # its prompt and decode steps
             self.decodes.remove(victim, held)
             victim.left = victim.finish_iter - (it - 1)
             victim.prompt = math.ceil(held) + 1
             victim.cached = False
-        victim.done_prompt = 0
+        victim.done_prompt = victim.shared = 0
         self.waiting.appendleft(victim)
 
     def schedule(self, it: int) -> Batch:
@@ -311,15 +382,20 @@ class Scheduler:
             if c <= 0 or not cfg.schedulable(c, r.prompt - r.done_prompt):
                 break
             batch.add_chunk(r, c)
+        pool = self.pool
         while waiting and batch.budget > 0 and batch.running < cfg.max_num_seqs:
             r = waiting[0]
-            own = r.prompt - r.shared  # r.private, inlined (every iteration asks)
-            held = cfg.held(own, r.left)
-            if self.pool.refuses(own, held):
+            held = cfg.held(r.prompt, r.left)
+            if pool.refuses(r.prompt, held):
                 waiting.popleft()
                 continue
-            if not (self._admit_computed(r, held, it, batch) if r.cached else
-                    self._admit_prompt(r, held, batch)):
+            if r.cached:
+                admitted = self._admit_computed(r, held, it, batch)
+            elif r.prefix and r.group in pool.ready:  # its group's prefix is cached
+                admitted = self._admit_hit(r, batch) or self._admit_prompt(r, held, batch)
+            else:
+                admitted = self._admit_prompt(r, held, batch)
+            if not admitted:
                 break
         return batch
 
@@ -334,17 +410,31 @@ class Scheduler:
         batch.running += 1
 
     def _admit_prompt(self, r: Request, held: int, batch: Batch) -> bool:
-        """Admit ``r`` with its prompt's first chunk, where it fits; a prompt whose prefix
-        group is warm starts past its shared prefix (a prefix cache hit)."""
-        hit = r.shared if r.shared and r.group in self.warm else 0
-        c = min(r.prompt - hit, batch.budget)
-        r.done_prompt = hit
-        stored = r.private_of(c) if r.shared else c
-        if (not self.config.schedulable(c, r.prompt - hit)
-                or not self.pool.can_admit(batch.stored + stored, held)):
-            r.done_prompt = 0
+        """Admit ``r`` with its prompt's first chunk, where it fits; its KV all its own."""
+        c = min(r.prompt, batch.budget)
+        if not self.config.schedulable(c, r.prompt) or not self.pool.can_admit(batch.stored + c, held):
             return False
-        self.cached_tokens += hit
+        self._admit(r, held, batch)
+        self.prefilling.append(r)
+        batch.add_chunk(r, c)
+        return True
+
+    def _admit_hit(self, r: Request, batch: Batch) -> bool:
+        """Admit ``r`` past its prefix, cached (a prefix cache hit), referencing the group's
+        prefix while it runs, where that and the rest of its prompt's first chunk fit (else
+        the caller admits it as any other)."""
+        pool, shared = self.pool, r.prefix
+        cost = pool.pin_cost(r.group)
+        own = r.prompt - shared
+        held = self.config.held(own, r.left)
+        c = min(own, batch.budget)
+        if (pool.refuses(own + cost, held + cost) or not self.config.schedulable(c, own)
+                or not pool.can_admit(batch.stored + c + cost, held + cost)):
+            return False
+        r.shared = r.done_prompt = shared
+        if not r.preempted:
+            self.cached_tokens += shared
+        pool.pin(r.group)
         self._admit(r, held, batch)
         self.prefilling.append(r)
         batch.add_chunk(r, c)
@@ -365,10 +455,16 @@ class Scheduler:
     def computed(self, batch: Batch) -> list[Request]:
         """Record the batch's prompt chunks as computed: the requests whose prompt is done."""
         done: list[Request] = []
+        pool = self.pool
         for r, c in batch.chunks:
             r.done_prompt += c
-            if r.shared and r.done_prompt >= r.shared:
-                self.warm.add(r.group)
+            if (pool.prefix and not r.shared and r.done_prompt >= pool.prefix
+                    and r.group not in pool.ready):
+                # it computed its group's whole prefix, which no one has cached: the
+                # prefix's KV (stored and set aside as its own) is the group's from now
+                pool.cache(r.group)
+                r.shared = pool.prefix
+                r.held -= pool.prefix
             if r.done_prompt >= r.prompt:
                 done.append(r)
         return done
@@ -380,6 +476,8 @@ class Scheduler:
         r.left -= 1
         if r.left <= 0:
             self.pool.free(r.prompt - r.shared, r.held)
+            if r.shared:
+                self.pool.unpin(r.group)
             r.live = False
             return True
         self.decodes.join(r, it)

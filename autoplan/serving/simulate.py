@@ -172,19 +172,21 @@ def run_requests(step: StepModel, arrival: np.ndarray, inputs: np.ndarray, outpu
     admitting one takes its prompt's cache and no prompt compute, and it decodes from the
     iteration it is admitted in; one preempted is recomputed like any other. ``prefix``:
     (tokens, groups) of shared prompt prefixes (``Workload.prefix``): request i is in group
-    i mod groups; each group's prefix, in whole KV blocks, is held once beside the cache
-    the requests share, and a request admitted once its group's prefix is computed skips
-    it (:func:`autoplan.serving.deployment.prefix_hit`)."""
+    i mod groups; each group's prefix, in whole KV blocks, is cached once in the cache the
+    requests share, for as long as it fits there beside them (``scheduler.KVPool``: unused
+    prefixes are evicted least recently used first), and a request admitted while its
+    group's prefix is cached skips it (:func:`autoplan.serving.deployment.prefix_hit`)."""
     config = SchedulerConfig.of(step)
     block = step.engine.spec.kv_block_tokens
     shared: list[int] = []
     tokens, groups = prefix
     if tokens and not prefilled:
         shared = [prefix_hit(tokens, int(p), block) for p in inputs.tolist()]
-        kv_tokens = max(0, kv_tokens - groups * (tokens // block * block))
     else:
         groups = 0  # no prefix: requests carry none
-    scheduler = Scheduler(config, KVPool(kv_tokens, reserves=bool(config.reserve_output)))
+    pool = KVPool(kv_tokens, reserves=bool(config.reserve_output),
+                  prefix=tokens // block * block if groups else 0)
+    scheduler = Scheduler(config, pool)
     loop = _EngineLoop(step, scheduler, arrival, inputs, outputs, closed, prefilled, shared, groups)
     loop.run(step_over_decodes)
     return loop.result(open_loop)

@@ -190,3 +190,21 @@ def test_one_token_documents_at_128k_are_searched_and_evaluated_in_well_under_a_
     out = tmp_path / "best.yaml"
     _answered("search", job, "--top", "1", "--out", out)
     assert "packed documents" in _answered("evaluate", out)
+
+
+# ---- 4. prefix caching holds what fits: sharing never makes a deployment infeasible
+
+@pytest.mark.parametrize("setup", [
+    ("--model", "llama3-8b", "--gpus", "1", "--input-len", "2000", "--output-len", "64", "--rate", "4"),
+    ("--model", "llama3-70b", "--gpus", "4", "--input-len", "7000", "--output-len", "200",
+     "--rate", "2", "--engine", "trtllm"),
+])
+def test_five_thousand_prefix_groups_find_the_deployment_found_without_and_no_slower(setup):
+    base = ("serve", "--cluster", "dgx-h100", *setup, "--requests", "100", "--format", "json")
+    without = autoplan(*base)
+    shared = autoplan(*base, "--prefix-share", "1", "--prefix-groups", "5000")
+    assert without.returncode == 0, without.stderr
+    assert shared.returncode == 0, shared.stderr
+    a, b = (json.loads(r.stdout)["plans"][0] for r in (shared, without))
+    assert a["deployment"] == b["deployment"]
+    assert a["prediction"]["ttft_ms"]["mean"] <= b["prediction"]["ttft_ms"]["mean"]
