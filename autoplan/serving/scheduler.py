@@ -80,13 +80,16 @@ class KVPool:
     aside like theirs (``pin``); one no request references stays cached in what is free and
     is evicted, least recently released first, as soon as the cache needs its room
     (``evictable``). That is what the engines do: vLLM's automatic prefix caching keeps a
-    freed block's KV in the free queue, hashed, and hands the queue's least recently used
-    block out when it needs one (vllm/v1/core/block_pool.py, ``FreeKVCacheBlockQueue``:
-    "evicted in LRU order"); SGLang's RadixAttention evicts unreferenced radix-tree leaves,
-    least recently used first, when an allocation needs room (``RadixCache.evict``);
-    TensorRT-LLM's KV cache reuse frees reusable blocks in priority then LRU order. So
-    prefix caching takes no room from the requests: where every group's prefix does not
-    fit beside them, fewer requests find theirs cached."""
+    freed block's KV, hashed, in its free queue and hands out the queue's front when it
+    needs a block, "the least recent used block is at the front (LRU)"
+    (vllm/v1/core/kv_cache_utils.py, ``FreeKVCacheBlockQueue``); SGLang's RadixAttention
+    evicts radix-tree leaves no running request locks (``lock_ref`` 0), least recently
+    accessed first, when an allocation needs room (sglang/srt/mem_cache/radix_cache.py,
+    ``RadixCache.evict``); TensorRT-LLM keeps a finished request's blocks for reuse and
+    evicts them "by default ... least recently used (LRU)" (NVIDIA, "Introducing New KV
+    Cache Reuse Optimizations in TensorRT-LLM", 2025: priority-based eviction). So prefix
+    caching takes no room from the requests: where every group's prefix does not fit
+    beside them, fewer requests find theirs cached."""
 
     __slots__ = ("capacity", "used", "committed", "reserves", "prefix", "refs", "ready",
                  "lru", "evictable")
