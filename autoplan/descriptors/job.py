@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,34 +188,68 @@ def _read_documents(f: Fields, raw: Any) -> Documents | None:
     return Documents("histogram", bins=tuple(sorted(bins)), source=source)
 
 
+# a number in a histogram CSV: decimal digits, a point, an exponent; no underscores
+# (Python's float("2_5") is 25), no inf or nan
+_DECIMAL = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def _numeric(cell: str) -> bool:
+    """Whether a CSV cell is meant as a number (Python reads it as one: 1e2, -5, 2_5,
+    inf), valid or not: a row of them is data, never a header."""
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
 def _histogram_file(f: Fields, path: str) -> list[list[float]] | None:
-    """A histogram CSV (``length,count`` per row, a header allowed) as [length, weight] pairs."""
+    """A histogram CSV (``length,count`` per row; a first row with no number in it is a
+    header) as [length, weight] pairs. A relative path is the job file's (``f.source``)
+    folder's, as every path a job file names. A row that is numbers but not a whole
+    length from 1 to MAX_SEQ_LEN and a count from 0 is refused, naming the file and row."""
     import csv
     import io
     from pathlib import Path
 
-    from autoplan.descriptors.strict import read_limited
+    from autoplan.descriptors.strict import read_limited, shown
     from autoplan.errors import InputError
 
+    where = Path(path).expanduser()
+    if not where.is_absolute():
+        where = Path(f.source).parent / where
     try:
-        text = read_limited(Path(path), 1 << 20, "a histogram CSV of length,count rows",
-                            source=f.source, field=f.key_path("documents.histogram")).decode("utf-8")
+        text = read_limited(where, 1 << 20, "a histogram CSV of length,count rows",
+                            source=f.source, field=f.key_path("documents.histogram"),
+                            label=path).decode("utf-8")
     except InputError as exc:
         f.problems.extend(exc.problems)
         return None
     except UnicodeDecodeError:
-        f.fail("documents.histogram", f"{path}: not UTF-8 text")
+        f.fail("documents.histogram", f"{shown(path)}: not UTF-8 text")
         return None
     out: list[list[float]] = []
+    first = True
     for i, row in enumerate(csv.reader(io.StringIO(text)), start=1):
-        if not row or (i == 1 and not row[0].strip().replace(".", "", 1).isdigit()):
-            continue  # a blank line, or the header
-        try:
-            out.append([float(row[0]), float(row[1])])
-        except (ValueError, IndexError):
-            f.fail("documents.histogram", f"{path}: row {i}: expected length,count")
+        cells = [c.strip() for c in row]
+        if not any(cells):
+            continue  # a blank line
+        if first and not any(_numeric(c) for c in cells):
+            first = False
+            continue  # the header: words, no number
+        first = False
+        pair = cells[:2]
+        ok = len(pair) == 2 and all(_DECIMAL.fullmatch(c) for c in pair)
+        if ok:
+            n, w = float(pair[0]), float(pair[1])
+            ok = n.is_integer() and 1 <= n <= MAX_SEQ_LEN and 0 <= w <= 1e15
+        if not ok:
+            f.fail("documents.histogram", f"{shown(path)}: row {i}: expected length,count: a "
+                                          f"whole length from 1 to {MAX_SEQ_LEN:,} and a count "
+                                          f"from 0, got {shown(','.join(row))}")
             return None
+        out.append([n, w])
         if len(out) > MAX_BINS:
-            f.fail("documents.histogram", f"{path}: more than {MAX_BINS} rows")
+            f.fail("documents.histogram", f"{shown(path)}: more than {MAX_BINS} rows")
             return None
     return out

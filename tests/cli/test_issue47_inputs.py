@@ -208,3 +208,40 @@ def test_five_thousand_prefix_groups_find_the_deployment_found_without_and_no_sl
     a, b = (json.loads(r.stdout)["plans"][0] for r in (shared, without))
     assert a["deployment"] == b["deployment"]
     assert a["prediction"]["ttft_ms"]["mean"] <= b["prediction"]["ttft_ms"]["mean"]
+
+
+# ---- 5. a histogram CSV: a header is words, a row of numbers is data; its path is the job file's
+
+def _packed_job(folder: Path, documents: str) -> Path:
+    folder.mkdir(exist_ok=True)
+    job = folder / "job.yaml"
+    job.write_text("model: llama3-8b\ncluster: dgx-h100\ngpus: 8\n"
+                   f"job: {{global_batch: 64, seq_len: 8192, documents: {documents}}}\n")
+    return job
+
+
+def _best_step(job: Path, cwd: Path) -> float:
+    r = autoplan("search", job, "--top", "1", "--format", "json", cwd=cwd)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["plans"][0]["prediction"]["step_time_s"]
+
+
+@pytest.mark.parametrize("first", ["1e2,1000000", "100,1e6", "length,count\n100,1000000"])
+def test_a_numeric_first_row_is_data_and_the_csv_is_found_beside_the_job_file(tmp_path, first):
+    jobs, elsewhere = tmp_path / "jobs", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    inline = _packed_job(tmp_path / "inline", "{histogram: [[100, 1000000], [2048, 5]]}")
+    job = _packed_job(jobs, "{histogram: lengths.csv}")
+    (jobs / "lengths.csv").write_text(f"{first}\n2048,5\n")
+    # run from another folder: the CSV's path is the job file's folder's, as a profile's is
+    assert _best_step(job, elsewhere) == _best_step(inline, elsewhere)
+
+
+@pytest.mark.parametrize(("rows", "row"), [
+    ("-5,1\n2048,5\n", 1), ("length,count\n2_5,1\n", 2), ("length,count\n100,1\n0.5,1\n", 3),
+    ("nan,1\n", 1), ("100,inf\n", 1), ("100\n", 1), ("length,count\nwords,again\n", 2)])
+def test_a_histogram_row_of_odd_numbers_is_refused_naming_the_file_and_row(tmp_path, rows, row):
+    job = _packed_job(tmp_path / "jobs", "{histogram: lengths.csv}")
+    (tmp_path / "jobs" / "lengths.csv").write_text(rows)
+    _refused("search", job, needles=(f"{job}: job.documents.histogram: 'lengths.csv': row {row}: "
+                                     "expected length,count",))
