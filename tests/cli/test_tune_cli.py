@@ -148,6 +148,10 @@ def test_runs_import_reads_launcher_logs_and_calibrate_learns_a_stack_from_them(
     assert band["step_time_s"] == pytest.approx(float(logged[0]["measured_step_time_s"]), rel=0.2)
     table = autoplan("calibrate", runs)
     assert table.returncode == 0 and "held-out step time error" in table.stdout
+    # the tables fit a terminal of 80 to 100 columns; why a constant was kept is a note below
+    drawn = [line for line in table.stdout.splitlines() if line[:1] in "┏┃┡│└"]
+    assert drawn and max(len(line) for line in drawn) <= 90, table.stdout
+    assert "kept:" in table.stdout.split("held out")[0] or not doc["not_fitted"]
 
 
 def test_runs_import_records_an_out_of_memory_log_and_refuses_one_without_steps(tmp_path):
