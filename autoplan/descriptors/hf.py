@@ -323,8 +323,9 @@ def _route_groups(f: Fields, experts: int | None, top_k: int | None) -> tuple[in
     (V2-Lite) routes over all experts; transformers' DeepseekV3 has no topk_method and
     always limits. (0, 0) where routing is unrestricted."""
     method = f.str("topk_method", "noaux_tc")
-    groups = f.int("n_group", 0, min=1) if f.data.get("n_group") is not None else 0
-    group_topk = f.int("topk_group", 0, min=1) if f.data.get("topk_group") is not None else 0
+    # 0 in a config: no groups, as absent (configs are the model's, written by others)
+    groups = f.int("n_group", 0, min=0)
+    group_topk = f.int("topk_group", 0, min=0)
     if method == "greedy" or not groups or not group_topk or groups == 1:
         return 0, 0
     if experts is None or top_k is None:

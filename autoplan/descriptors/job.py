@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import random
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,11 +187,6 @@ def _read_documents(f: Fields, raw: Any) -> Documents | None:
     return Documents("histogram", bins=tuple(sorted(bins)), source=source)
 
 
-# a number in a histogram CSV: decimal digits, a point, an exponent; no underscores
-# (Python's float("2_5") is 25), no inf or nan
-_DECIMAL = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
-
-
 def _numeric(cell: str) -> bool:
     """Whether a CSV cell is meant as a number (Python reads it as one: 1e2, -5, 2_5,
     inf), valid or not: a row of them is data, never a header."""
@@ -212,7 +206,7 @@ def _histogram_file(f: Fields, path: str) -> list[list[float]] | None:
     import io
     from pathlib import Path
 
-    from autoplan.descriptors.strict import read_limited, shown
+    from autoplan.descriptors.strict import decimal, read_limited, shown
     from autoplan.errors import InputError
 
     where = Path(path).expanduser()
@@ -238,12 +232,9 @@ def _histogram_file(f: Fields, path: str) -> list[list[float]] | None:
             first = False
             continue  # the header: words, no number
         first = False
-        pair = cells[:2]
-        ok = len(pair) == 2 and all(_DECIMAL.fullmatch(c) for c in pair)
-        if ok:
-            n, w = float(pair[0]), float(pair[1])
-            ok = n.is_integer() and 1 <= n <= MAX_SEQ_LEN and 0 <= w <= 1e15
-        if not ok:
+        n, w = (decimal(c) for c in (cells + ["", ""])[:2])
+        if not (n is not None and w is not None and n.is_integer() and 1 <= n <= MAX_SEQ_LEN
+                and 0 <= w <= 1e15):
             f.fail("documents.histogram", f"{shown(path)}: row {i}: expected length,count: a "
                                           f"whole length from 1 to {MAX_SEQ_LEN:,} and a count "
                                           f"from 0, got {shown(','.join(row))}")

@@ -137,8 +137,31 @@ _StrictLoader.add_constructor(
 _LEADING_ZERO = re.compile(r"^[-+]?0[0-9_]+$")
 
 
+# underscores a person writes in a number: between groups of three digits, thousands
+# (1_000, 16_384), before any point or exponent
+_THOUSANDS = re.compile(r"[-+]?[0-9]{1,3}(?:_[0-9]{3})+(?:[.eE][-+.0-9eE]*)?")
+
+
+def _odd_number(node: yaml.ScalarNode, kind: str) -> None:
+    """YAML 1.1 reads ``2_5`` as 25 and ``1:30`` as 90 (base 60) where YAML 1.2, JSON and
+    people read neither as a number: refused, as a typo would be. Underscores between
+    thousands (``1_000``) are what they look like: kept."""
+    value = node.value
+    if ":" in value:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"ambiguous {kind} {shown(value)}: YAML 1.1 reads digits with colons "
+                        "in base 60 (1:30 is 90); quote it for a string", node.start_mark)
+    if "_" in value and not _THOUSANDS.fullmatch(value):
+        raise yaml.constructor.ConstructorError(
+            None, None, f"ambiguous {kind} {shown(value)}: YAML 1.1 drops underscores "
+                        "anywhere in a number (2_5 is 25); write the digits alone, or group "
+                        "thousands (1_000)", node.start_mark)
+
+
 def _construct_int(loader: _StrictLoader, node: yaml.ScalarNode) -> int:
-    """YAML 1.1 reads ``010`` as octal 8 where YAML 1.2 and people read 10: refused."""
+    """YAML 1.1 reads ``010`` as octal 8 where YAML 1.2 and people read 10: refused; and
+    digits with underscores or colons (:func:`_odd_number`)."""
+    _odd_number(node, "integer")
     if _LEADING_ZERO.match(node.value):
         raise yaml.constructor.ConstructorError(
             None, None, f"ambiguous integer {node.value!r}: YAML 1.1 reads a leading zero as "
@@ -146,7 +169,28 @@ def _construct_int(loader: _StrictLoader, node: yaml.ScalarNode) -> int:
     return loader.construct_yaml_int(node)  # type: ignore[no-any-return]
 
 
+def _construct_float(loader: _StrictLoader, node: yaml.ScalarNode) -> float:
+    _odd_number(node, "number")
+    return loader.construct_yaml_float(node)  # type: ignore[no-any-return]
+
+
 _StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)  # type: ignore[arg-type]
+_StrictLoader.add_constructor("tag:yaml.org,2002:float", _construct_float)  # type: ignore[arg-type]
+
+
+# a number written in a CSV cell or a line of text: decimal digits, a point, an exponent;
+# no underscores (Python's float("2_5") is 25), no inf or nan, no other script's digits
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def decimal(text: str) -> float | None:
+    """``text`` (surrounding blanks aside) as a finite number written in decimal, or None
+    where it is not one: what float() reads, less what it reads that no one writes."""
+    text = text.strip()
+    if not _DECIMAL.fullmatch(text):
+        return None
+    value = float(text)
+    return value if math.isfinite(value) else None
 # YAML 1.1 wants a dot in a float ("1.0e3"); people write "989e12" and mean a number.
 _StrictLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
@@ -366,6 +410,12 @@ class Fields:
         self._asked.add(key)
         return key in self.data and self.data[key] is not None
 
+    def _given(self, key: builtins.str) -> bool:
+        """The mapping gives ``key`` a value (a default stands in otherwise, unchecked: a
+        value given equal to it is checked as any other, so 0 is refused where 1 is the
+        least, though 0 stands for "unset")."""
+        return key in self.data and self.data[key] is not None
+
     def raw(self, key: builtins.str, default: Any = _MISSING) -> Any:
         self._asked.add(key)
         if key in self.data and self.data[key] is not None:
@@ -396,7 +446,7 @@ class Fields:
         self, key: builtins.str, default: Any = _MISSING, *, min: int | None = None, max: int | None = None
     ) -> Any:
         value = self.raw(key, default)
-        if value is None or (value is default and default is not _MISSING):
+        if value is None or not self._given(key):
             return value
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             self.fail(key, f"expected an integer, got {_type_name(value)}")
@@ -418,7 +468,7 @@ class Fields:
         positive: bool = False,
     ) -> Any:
         value = self.raw(key, default)
-        if value is None or (value is default and default is not _MISSING):
+        if value is None or not self._given(key):
             return value
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             self.fail(key, f"expected a number, got {_type_name(value)}")
@@ -490,7 +540,7 @@ class Fields:
         """A non-empty list of integers, each at least ``min`` and at most ``max``
         (default :data:`MAX_MAGNITUDE`, as :meth:`int`)."""
         value = self.raw(key, default)
-        if value is None or (value is default and default is not _MISSING):
+        if value is None or not self._given(key):
             return value
         if not isinstance(value, list) or not value:
             self.fail(key, f"expected a non-empty list of integers, got {_type_name(value)}")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from typing import Any
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import MAX_SEQ_LEN
 from autoplan.descriptors.model import Model
-from autoplan.descriptors.strict import Fields, read_limited
+from autoplan.descriptors.strict import Fields, decimal, read_limited, shown
 from autoplan.errors import InputError, Problem
 from autoplan.measured.door import corrected
 from autoplan.measured.profile import Profile
@@ -137,12 +136,13 @@ def _trace_rows(rows: Any, label: str) -> Trace:
 
 def _trace_number(cell: str, hi: int | None) -> float | str:
     """A trace cell: seconds (``hi`` None) or a whole token count in 1..hi; else why not."""
-    try:
-        value = float(cell)
-    except ValueError:
-        return f"expected a number, got {cell[:40]!r}"
-    if not math.isfinite(value):
-        return f"expected a finite number, got {cell[:40]!r}"
+    value = decimal(cell)  # as written: no 2_5 (float() reads 25), inf or nan
+    if value is None:
+        try:
+            float(cell)
+        except ValueError:
+            return f"expected a number, got {shown(cell)}"
+        return f"expected a finite number in decimal digits, got {shown(cell)}"
     if hi is None:  # seconds from any origin: the trace is shifted to start at 0
         if abs(value) > MAX_ARRIVAL_S:
             return (f"expected seconds within {MAX_ARRIVAL_S:.0e} of 0 (a Unix time is ~1.8e9), "

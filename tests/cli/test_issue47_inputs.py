@@ -245,3 +245,53 @@ def test_a_histogram_row_of_odd_numbers_is_refused_naming_the_file_and_row(tmp_p
     (tmp_path / "jobs" / "lengths.csv").write_text(rows)
     _refused("search", job, needles=(f"{job}: job.documents.histogram: 'lengths.csv': row {row}: "
                                      "expected length,count",))
+
+
+# ---- 6. soft spots: 0 taken as unset, numbers YAML 1.1 misreads, long values echoed
+
+PLAN_8B = ("autoplan: 1\nmodel: llama3-8b\ncluster: {name: dgx-h100, nodes: 1}\n"
+           "job: {global_batch: 64, seq_len: 4096}\nlayout: {dp: 8, tp: 1, pp: 1, LAYOUT}\n"
+           "micro_batch: 1\nzero: 1\n")
+
+
+@pytest.mark.parametrize(("given", "field"), [
+    ("dp_shard: 0", "layout.dp_shard"), ("dp_shard: -4", "layout.dp_shard"),
+    ("etp: 0", "layout.etp")])
+def test_zero_for_a_degree_is_refused_as_a_negative_one_is(tmp_path, given, field):
+    plan = tmp_path / "p.yaml"
+    plan.write_text(PLAN_8B.replace("LAYOUT", given))
+    _refused("evaluate", plan, megabytes=None,
+             needles=(f"{plan}: {field}: expected a value >= 1, got {given.split()[-1]}",))
+
+
+def test_a_degree_left_out_is_still_as_dp_or_tp(tmp_path):
+    plan = tmp_path / "p.yaml"
+    plan.write_text(PLAN_8B.replace(", LAYOUT", ""))
+    assert autoplan("evaluate", plan).returncode == 0
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("2_5", "ambiguous integer '2_5': YAML 1.1 drops underscores"),
+    ("1_0.5", "ambiguous number '1_0.5'"), ("1:30", "in base 60 (1:30 is 90)")])
+def test_a_number_yaml_1_1_misreads_is_refused_naming_the_file_and_line(tmp_path, text, says):
+    job = tmp_path / "job.yaml"
+    job.write_text(f"model: llama3-8b\ncluster: dgx-h100\ngpus: 8\njob: {{global_batch: {text}, "
+                   "seq_len: 4096}\n")
+    _refused("search", job, megabytes=None, needles=(f"{job}: line 4, column", says))
+
+
+def test_thousands_grouped_with_underscores_read_as_they_look(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("model: llama3-8b\ncluster: dgx-h100\ngpus: 8\n"
+                   "job: {global_batch: 1_024, seq_len: 4_096}\n")
+    r = autoplan("search", job, "--top", "1", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["plans"][0]["job"]["global_batch"] == 1024
+
+
+def test_a_trace_cell_with_underscores_is_refused_naming_row_and_column(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,input_len,output_len\n0,2_000,10\n")
+    _refused("serve", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "1",
+             "--trace", trace, needles=("row 2, input_len: expected a finite number in decimal "
+                                        "digits, got '2_000'",))
