@@ -53,3 +53,37 @@ def printable(text: str) -> str:
         return text
     return "".join(ch if ch in "\n\t" or unicodedata.category(ch) not in _NOT_SHOWN else _visible(ch)
                    for ch in text)
+
+
+def report_safe(text: str) -> str:
+    """``text`` for a machine-read report (JUnit XML, an SVG label): every character
+    :func:`printable` shows as an escape (C0 and C1 controls with U+0085, bidi overrides
+    such as U+202E and other format characters, lone surrogates, U+2028 and U+2029) and
+    every one XML 1.0 cannot hold (U+FFFE, U+FFFF) written as ``\\xNN`` or ``\\uNNNN``;
+    newlines and tabs kept. A CI page then shows a file name as it is spelled, not
+    reordered by a bidi override or split by a separator its renderer honours."""
+    return xml_safe(printable(text))
+
+
+def _is_surrogate(ch: str) -> bool:
+    return 0xD800 <= ord(ch) <= 0xDFFF
+
+
+def json_ready(obj: object) -> object:
+    """``obj`` (what ``json.dumps`` takes) with every string, keys included, free of lone
+    surrogates (a file name read as bytes that are not UTF-8 holds them; RFC 8259's
+    section 8.2 leaves such strings' handling unpredictable, and jq refuses them): each
+    is written as its ``\\uNNNN`` escape text, as :func:`printable` shows it on a terminal;
+    and every float that is not finite made ``null`` (JSON has no NaN or Infinity;
+    ``json.dumps`` writes them bare, which strict readers refuse)."""
+    if isinstance(obj, str):
+        if any(_is_surrogate(ch) for ch in obj):
+            return "".join(_visible(ch) if _is_surrogate(ch) else ch for ch in obj)
+        return obj
+    if isinstance(obj, float):
+        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
+    if isinstance(obj, dict):
+        return {json_ready(k) if isinstance(k, str) else k: json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_ready(v) for v in obj]
+    return obj

@@ -58,6 +58,13 @@ class Format(str, enum.Enum):
     json = "json"
 
 
+class Device(str, enum.Enum):
+    """Where bench and validate run: the host's cores, or a CUDA GPU."""
+
+    cpu = "cpu"
+    cuda = "cuda"
+
+
 FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="table for people, json for machines")]
 ProfileOpt = Annotated[Path | None, typer.Option(
     "--profile", help="Microbenchmark profile CSV (autoplan bench) whose learned correction and "

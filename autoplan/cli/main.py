@@ -9,6 +9,7 @@ import enum
 import math
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -20,6 +21,7 @@ from autoplan.cli import files, output, render
 from autoplan.cli.app import (
     MAX_TOP,
     ClusterOpt,
+    Device,
     DtypeOpt,
     Format,
     FormatOpt,
@@ -44,6 +46,41 @@ if TYPE_CHECKING:
     from autoplan.measured.profile import Profile
     from autoplan.request import Request, TrainGoal
 
+@contextlib.contextmanager
+def _naming(*given: tuple[str, object | None], every: str | None = None) -> Iterator[None]:
+    """Errors about a file a flag named say so: a problem whose source is a flag's value (a
+    path: ``--stack /dev/zero``) is reported as ``FLAG: PATH: ...``, so that the message
+    names the flag as well as the file (for the flags whose file is not the command's
+    subject: a stack, a space, a profile, a draft model, a runs log; a model or cluster
+    file's errors start with the file, as a plan's do). ``every``: the flag every problem raised in the
+    block is about (``--runs``: a runs log's rows name files of their own, a cluster or
+    model path; the message then names the flag and the log first)."""
+    try:
+        yield
+    except InputError as exc:
+        values: dict[str, tuple[str, str]] = {}
+        for flag, value in given:
+            if value is not None:
+                for spelling in (str(value), str(Path(str(value))), str(Path(str(value)).expanduser())):
+                    values.setdefault(spelling, (flag, str(value)))
+        flags = {flag for flag, _ in given}
+
+        def named(p: Problem) -> Problem:
+            if p.source in flags:
+                return p
+            if p.source in values:
+                return Problem(values[p.source][0], "", str(p))
+            if every is not None:
+                path = next((v for f, v in given if f == every and v is not None), None)
+                return Problem(every, "", f"{path}: {p}" if path is not None else str(p))
+            return p
+
+        problems = [named(p) for p in exc.problems]
+        if problems == list(exc.problems):
+            raise
+        raise InputError(problems) from None
+
+
 def _recompute_modules_option(text: str) -> tuple[RecomputeModule, ...]:
     """``--recompute-modules moe_act,layernorm``: Megatron-Core's module names, each once."""
     names = [n.strip() for n in text.split(",")]
@@ -54,6 +91,39 @@ def _recompute_modules_option(text: str) -> tuple[RecomputeModule, ...]:
             f"expected a comma-separated list of distinct modules from {', '.join(known)}, "
             f"got {text!r}"))
     return tuple(known[n] for n in names)
+
+
+# The objectives' one vocabulary (docs/CLI.md): cost and energy mean the same to both commands
+# (dollars, energy per unit of work); the third is each command's own measure of speed, with
+# no meaning to the other: days to train a run (search's time) is not goodput per GPU of a
+# deployment (serve's goodput), which ranks counts as cost does at one price
+_OTHER_OBJECTIVE = {
+    "search": {"goodput": "goodput per GPU ranks serving deployments, autoplan serve's; a "
+                          "training run's speed is its days to train, time"},
+    "serve": {"time": "days to train ranks training runs, autoplan search's; a deployment's "
+                      "speed is its goodput per GPU, goodput"},
+}
+
+
+def _objective(name: str | None, kind: Any) -> Any:
+    """``--objective`` as a member of ``kind`` (search's Objective, serve's ServeObjective),
+    checked by the option's callback (:func:`_objective_choices`)."""
+    return None if name is None else kind(name)
+
+
+def _objective_choices(command: str, names: tuple[str, ...]) -> Any:
+    """The ``--objective`` option's check, a usage error as a choice's is (``FLAG:
+    expected one of ..., got ...``, then where the help is); the other command's word
+    refused with what it means there and the word here."""
+    def check(value: str | None) -> str | None:
+        if value is None or value in names:
+            return value
+        exc = typer.BadParameter(f"expected one of {', '.join(names)}")
+        hint = _OTHER_OBJECTIVE[command].get(value)
+        if hint:
+            exc.autoplan_hint = hint  # type: ignore[attr-defined]
+        raise exc
+    return check
 
 
 @app.command()
@@ -82,9 +152,12 @@ def search(
     train_tokens: Annotated[float | None, typer.Option(
         "--train-tokens", help="Tokens to train on (e.g. 15e12): adds days, GPU-hours, cost and "
                                "energy per GPU count, and their Pareto front.")] = None,
-    objective: Annotated[Objective | None, typer.Option(
-        "--objective", help="With --train-tokens: rank by days (time), GPU-hours x price (cost) "
-                            "or energy. Default: time.")] = None,
+    objective_name: Annotated[str | None, typer.Option(
+        "--objective", metavar="<time|cost|energy>",
+        callback=_objective_choices("search", tuple(o.value for o in Objective)),
+        help="With --train-tokens: rank GPU counts by days to train (time), GPU-hours x price "
+             "(cost) or energy. Default: time. (serve's goodput is a serving objective: "
+             "docs/CLI.md.)")] = None,
     price: Annotated[float | None, typer.Option(
         "--price", help="USD per GPU-hour (default: the device file's price_per_gpu_hour).")] = None,
     deadline: Annotated[float | None, typer.Option(
@@ -93,7 +166,8 @@ def search(
         "--budget", help="With --train-tokens: keep plans that cost at most USD.")] = None,
     plot: Annotated[Path | None, typer.Option(
         "--plot", parser=files.out_path, metavar="<path>",
-        help="With --train-tokens: draw the front (days against dollars) to FILE.svg.")] = None,
+        help="With --train-tokens: draw the front (days against dollars) to FILE.svg, or FILE.png "
+             "(the png extra: matplotlib).")] = None,
     no_offload: Annotated[bool, typer.Option(
         "--no-offload", help="Keep optimizer states and activations on the GPUs (the space "
                              "may otherwise offload them to host memory).")] = False,
@@ -112,6 +186,7 @@ def search(
     """Rank the plans that fit: exit 0 found, 1 none fits, 2 bad input."""
     if quiet:
         output.quiet()
+    objective = _objective(objective_name, Objective)
     from autoplan.planfile import plan_document
     from autoplan.request import build_request
     from autoplan.search.engine import search as run_search
@@ -126,13 +201,15 @@ def search(
         raise InputError.single("--plot", "", "--out already writes to stdout ('-')")
     if files.is_stdout(out_path) or files.is_stdout(plot):
         output.data_to_stderr()
-    req = build_request(job_file, model=model, cluster=cluster,
-                        gpus=None if counts is None else counts[0] if len(counts) == 1 else counts,
-                        global_batch=global_batch, seq_len=seq_len, dtype=dtype, space=space,
-                        moe_imbalance=moe_imbalance, profile=profile, stack=stack,
-                        train_flags=(("--train-tokens", train_tokens),
-                                     ("--objective", objective and objective.value), ("--price", price),
-                                     ("--deadline", deadline), ("--budget", budget)))
+    with _naming(("--space", space), ("--profile", profile), ("--stack", stack)):
+        req = build_request(job_file, model=model, cluster=cluster,
+                            gpus=None if counts is None else counts[0] if len(counts) == 1 else counts,
+                            global_batch=global_batch, seq_len=seq_len, dtype=dtype, space=space,
+                            moe_imbalance=moe_imbalance, profile=profile, stack=stack,
+                            train_flags=(("--train-tokens", train_tokens),
+                                         ("--objective", objective and objective.value),
+                                         ("--price", price), ("--deadline", deadline),
+                                         ("--budget", budget)))
     whatif = _WhatIf.from_flags_and_file(req.train, train_tokens, objective, price, deadline, budget,
                                          plot)
     if no_offload:
@@ -304,8 +381,11 @@ class _WhatIf:
             if value is not None and not (math.isfinite(value) and 0 < value <= hi):
                 problems.append(Problem(flag, "", f"expected a number > 0 and <= {hi:g}, "
                                                   f"got {value:g}"))
-        if plot is not None and not files.is_stdout(plot) and plot.suffix.lower() != ".svg":
-            problems.append(Problem("--plot", "", f"expected a .svg file, got {plot}"))
+        if plot is not None:
+            try:
+                _check_image("--plot", plot)
+            except InputError as exc:
+                problems.extend(exc.problems)
         if problems:
             raise InputError(problems)
         return cls(train_tokens, objective or Objective.TIME, price, deadline, budget, plot)
@@ -379,9 +459,16 @@ def _search_whatif(req: Request, whatif: _WhatIf, top: int, out_path: Path | Non
     if whatif.plot is not None:
         title = (f"{req.model.name} on {device.name}, {whatif.train_tokens:.3g} tokens: "
                  f"days against {'dollars' if price is not None else 'GPU-hours'}")
-        files.write_text(whatif.plot, front_svg(
-            result.points, result.front, limits.chosen, labels, title,
-            deadline_days=whatif.deadline, budget_usd=whatif.budget))
+        if _is_png(whatif.plot):
+            from autoplan.png import training_front_png
+
+            files.write_bytes(whatif.plot, training_front_png(
+                result.points, result.front, limits.chosen, labels, title,
+                deadline_days=whatif.deadline, budget_usd=whatif.budget))
+        else:
+            files.write_text(whatif.plot, front_svg(
+                result.points, result.front, limits.chosen, labels, title,
+                deadline_days=whatif.deadline, budget_usd=whatif.budget))
     if ranked and out_path is not None:
         files.write_text(out_path, _yaml(plan_document(ranked[0].plan, ranked[0].prediction,
                                                        req.space.name)))
@@ -485,12 +572,15 @@ def serve(
         "--draft-model", help="The draft model of --speculative draft (built-in, descriptor or "
                               "config.json).")] = None,
     objective: Annotated[str | None, typer.Option(
-        "--objective", help="With several --gpus: choose the count by goodput per GPU (goodput, the "
-                            "default), dollars per million tokens (cost) or energy per million "
-                            "tokens (energy).")] = None,
+        "--objective", metavar="<goodput|cost|energy>",
+        callback=_objective_choices("serve", ("goodput", "cost", "energy")),
+        help="With several --gpus: choose the count by goodput per GPU (goodput, the default), "
+             "dollars per million tokens (cost) or energy per million tokens (energy). (search's "
+             "time is a training objective: docs/CLI.md.)")] = None,
     plot: Annotated[Path | None, typer.Option(
         "--plot", parser=files.out_path, metavar="<path>",
-        help="Draw the front, tokens/s per GPU against tokens/s per user, to FILE.svg.")] = None,
+        help="Draw the front, tokens/s per GPU against tokens/s per user, to FILE.svg, or FILE.png "
+             "(the png extra: matplotlib).")] = None,
     top: Annotated[int, typer.Option("--top", "-k", min=1, max=MAX_TOP, help="How many plans to show.")] = 10,
     out_path: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Write the best plan here.", parser=files.out_path, metavar="<path>")] = None,
@@ -520,13 +610,15 @@ def serve(
         weights=weights, kv_cache=kv_cache, price=price, prefix_share=prefix_share,
         prefix_groups=prefix_groups, speculative=speculative, spec_tokens=spec_tokens,
         acceptance_length=acceptance_length, acceptance_rate=acceptance_rate, draft_model=draft_model)
-    job = check_serve_options(job_file, given)
+    with _naming(("--draft-model", draft_model)):
+        job = check_serve_options(job_file, given)
     if out_path is not None:
         files.check_target(out_path)
         if files.is_stdout(out_path):
             output.data_to_stderr()
     files.check_apart([("--out", out_path), ("--plot", plot)], [job_file])
-    req = build_serve_request(job_file, job, given)
+    with _naming(("--draft-model", draft_model)):
+        req = build_serve_request(job_file, job, given)
     m, c, eng, slo = req.model, req.cluster, req.engine, req.slo
     arrival, inp, outp = req.workload.arrival, req.workload.input_len, req.workload.output_len
     w_list, kv_list, workload = list(req.weights), list(req.kv_caches), req.workload
@@ -568,11 +660,8 @@ def serve(
     if out_path is not None and shown and not files.is_stdout(out_path):
         output.err.print(f"wrote the best plan to {files.name(out_path)}")
     if plot is not None and result.plans:
-        from autoplan.serving.plot import serving_front_svg
-
-        files.write_text(plot, serving_front_svg(result.plans, result.front, result.plans[0],
-                                                 f"{m.name} on {c.gpus} x {c.device.name}, {eng.value}: "
-                                                 "the serving front"))
+        _write_serving_front(plot, result.plans, result.front, result.plans[0],
+                             f"{m.name} on {c.gpus} x {c.device.name}, {eng.value}: the serving front")
         output.err.print(f"wrote the front to {files.name(plot)}")
     if not ok:
         output.err.print(f"autoplan: {result.why_none(slo)}", markup=False)
@@ -586,14 +675,11 @@ def _serve_objective(objective: str | None, counts: tuple[int, ...] | None) -> A
 
     if objective is None:
         return None
-    names = [o.value for o in ServeObjective]
-    if objective not in names:
-        raise InputError.single("--objective", "", f"expected one of {', '.join(names)}, "
-                                                   f"got {objective[:40]!r}")
+    goal = _objective(objective, ServeObjective)
     if counts is None or len(counts) < 2:
         raise InputError.single("--objective", "", "it chooses among GPU counts: give several with --gpus "
                                                    "(8,16,32 or 8..64)")
-    return ServeObjective(objective)
+    return goal
 
 
 def _write_serving_plan(out_path: Path, ranked: Any) -> None:
@@ -606,11 +692,42 @@ def _write_serving_plan(out_path: Path, ranked: Any) -> None:
 
 
 def _check_plot(plot: Path) -> None:
-    if plot.suffix.lower() != ".svg":
-        raise InputError.single("--plot", "", f"expected a .svg file, got {plot}")
-    files.check_target(plot)
     if files.is_stdout(plot):
         raise InputError.single("--plot", "", "expected a file, got '-'")
+    _check_image("--plot", plot)
+
+
+def _is_png(path: Path) -> bool:
+    return path.suffix.lower() == ".png"
+
+
+def _check_image(flag: str, path: Path) -> None:
+    """An image output (``--plot``, ``--timeline``), refused before any work: a .svg (or
+    ``-``, SVG to stdout, where the command allows it), or a .png with matplotlib (the png
+    extra) installed; a path the command can write."""
+    if not files.is_stdout(path) and path.suffix.lower() not in (".svg", ".png"):
+        raise InputError.single(flag, "", f"expected a .svg or .png file, got {path}")
+    if _is_png(path):
+        from autoplan.png import require_png
+
+        try:
+            require_png()
+        except AutoplanError as exc:
+            raise InputError.single(flag, "", str(exc)) from None
+    files.check_target(path)
+
+
+def _write_serving_front(plot: Path, points: Any, front: Any, chosen: Any, title: str,
+                         label_gpus: bool = False) -> None:
+    """``serve --plot``: the serving front as an SVG, or a PNG for a .png file."""
+    if _is_png(plot):
+        from autoplan.png import serving_front_png
+
+        files.write_bytes(plot, serving_front_png(points, front, chosen, title, label_gpus=label_gpus))
+    else:
+        from autoplan.serving.plot import serving_front_svg
+
+        files.write_text(plot, serving_front_svg(points, front, chosen, title, label_gpus=label_gpus))
 
 
 def _serve_sweep(req: Any, counts: tuple[int, ...], goal: Any, price: float | None, disaggregated: bool,
@@ -665,15 +782,13 @@ def _serve_sweep(req: Any, counts: tuple[int, ...], goal: Any, price: float | No
         output.out.print(render.serving_sweep_table(rows, goal.value, escape(
             f"{m.name} on {c.device.name} ({c.name}), {eng.value}, {req.workload.input_len.mean:g} in / "
             f"{req.workload.output_len.mean:g} out, {req.workload.arrival.label()}: by GPU count")))
-        output.out.print(render.serving_front_table(sweep.front))
+        output.out.print(render.serving_front_table(sweep.front, show_gpus=True))
     if plot is not None:
         every = [r for cr in sweep.counts for r in cr.result.plans]
         if every:
-            from autoplan.serving.plot import serving_front_svg
-
-            files.write_text(plot, serving_front_svg(every, sweep.front, best, (
+            _write_serving_front(plot, every, sweep.front, best, (
                 f"{m.name} on {c.device.name}, {eng.value}: the serving front at "
-                f"{', '.join(map(str, counts))} GPUs"), label_gpus=True))
+                f"{', '.join(map(str, counts))} GPUs"), label_gpus=True)
             output.err.print(f"wrote the front to {files.name(plot)}")
     if out_path is not None and best is not None and not files.is_stdout(out_path):
         output.err.print(f"wrote the chosen plan to {files.name(out_path)}")
@@ -745,58 +860,31 @@ def evaluate(
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Predict each plan with a breakdown: exit 0 all fit, 1 some do not fit, 2 bad input."""
-    import dataclasses
-
-    from autoplan.cost.evaluate import evaluate as predict
     from autoplan.descriptors.strict import read_yaml
-    from autoplan.measured.door import Corrected
-    from autoplan.measured.profile import read_profile
-    from autoplan.planfile import plan_document, read_plan
-    from autoplan.serving.planfile import is_serving, read_serving_plan
+    from autoplan.serving.planfile import is_serving
 
-    given = read_profile(profile) if profile is not None else None
-    measured_runs = None
-    if runs is not None:
-        from autoplan.tune.runs import read_runs
-
-        measured_runs = read_runs(runs)
+    given = _read_profile(profile)
+    measured_runs = _read_runs(runs)
     documents = [(p, read_yaml(p)) for p in plans]
     # all validated before any output; serving plans (kind: serving) apart; each plan's
     # cluster through the one door of measured profiles (planfile.read_plan)
-    serving = [(p, read_serving_plan(d, str(p), profile=given)) for p, d in documents if is_serving(d)]
+    serving = [(p, _read_serving(d, p, profile, given)) for p, d in documents if is_serving(d)]
     plans = [p for p, d in documents if not is_serving(d)]
-    loaded = [read_plan(d, str(p), profile=given) for p, d in documents if not is_serving(d)]
+    loaded = [_read_training(d, p, profile, given) for p, d in documents if not is_serving(d)]
     serving_ok = True
     if serving:
         serving_ok = _evaluate_serving(serving, fmt, also_training=bool(loaded))
         if not loaded:
             raise typer.Exit(0 if serving_ok else 1)
-    if stack is not None:
-        from autoplan.descriptors.library import resolve_stack
-
-        named = resolve_stack(stack, "--stack", "")
-        loaded = [dataclasses.replace(plan, stack=named) for plan in loaded]
-    results = []
-    for plan in loaded:
-        if plan.cluster.device.correction is None:
-            results.append((plan, predict(plan)))
-            continue
-        # scikit-learn is loaded already: the plan's device carries a fitted correction
-        from autoplan.measured.surrogate import predict_with_band
-
-        if note := Corrected(plan.cluster, given).note:
-            output.err.print(note, markup=False)
-        results.append((plan, predict_with_band(plan)))
+    results = _predicted(_with_stack(loaded, stack), given)
     learned = None
     if measured_runs is not None:
         from autoplan.tune.residual import fit_residual
 
-        learned = fit_residual(measured_runs, str(runs))
+        with _naming(("--runs", runs), every="--runs"):
+            learned = fit_residual(measured_runs, str(runs))
     if fmt is Format.json:
-        docs = [plan_document(p, r) for p, r in results]
-        for doc, (p, _) in zip(docs, results, strict=True):
-            if found := _reliabilities(p):
-                doc["prediction"]["reliability"] = {k: v.to_dict() for k, v in found.items()}
+        docs = [_training_document(p, r) for p, r in results]
         if learned is not None:
             for doc, (p, r) in zip(docs, results, strict=True):
                 doc["prediction"]["learned_from_runs"] = learned.to_dict(p, r)
@@ -807,10 +895,87 @@ def evaluate(
             if learned is not None:
                 p10, p50, p90 = learned.band(plan, pred)
                 output.out.print(escape(
-                    f"learned from {learned.runs} measured runs ({runs}): step time {p50:.3f} s "
+                    f"step time: {pred.step_time_s:.3f} s predicted by the cost model (above); "
+                    f"{p50:.3f} s corrected by the {learned.runs} measured runs of {runs} "
                     f"({p10:.3f} to {p90:.3f} s, 10th to 90th percentile over the trees)"))
     if not all(pred.feasible for _, pred in results):
         raise typer.Exit(1)
+
+
+def _read_profile(profile: Path | None) -> Profile | None:
+    """``--profile``: the profile CSV, its errors naming the flag."""
+    if profile is None:
+        return None
+    from autoplan.measured.profile import read_profile
+
+    with _naming(("--profile", profile)):
+        return read_profile(profile)
+
+
+def _read_runs(runs: Path | None) -> list[Any] | None:
+    """``--runs``: the runs log, every error naming the flag and the log (a row's own
+    model or cluster file too)."""
+    if runs is None:
+        return None
+    from autoplan.tune.runs import read_runs
+
+    with _naming(("--runs", runs), every="--runs"):
+        return read_runs(runs)
+
+
+def _read_training(data: Any, path: Path, profile: Path | None, given: Profile | None) -> Plan:
+    """A training plan file, its cluster through the one door of measured profiles."""
+    from autoplan.planfile import read_plan
+
+    with _naming(("--profile", profile)):
+        return read_plan(data, str(path), profile=given)
+
+
+def _read_serving(data: Any, path: Path, profile: Path | None, given: Profile | None) -> Any:
+    from autoplan.serving.planfile import read_serving_plan
+
+    with _naming(("--profile", profile)):
+        return read_serving_plan(data, str(path), profile=given)
+
+
+def _with_stack(loaded: list[Plan], stack: str | None) -> list[Plan]:
+    """``--stack``: the plans run on that stack instead of the one they name."""
+    if stack is None:
+        return loaded
+    from autoplan.descriptors.library import resolve_stack
+
+    with _naming(("--stack", stack)):
+        named = resolve_stack(stack, "--stack", "")
+    return [dataclasses.replace(plan, stack=named) for plan in loaded]
+
+
+def _predicted(loaded: list[Plan], given: Profile | None) -> list[tuple[Plan, Prediction]]:
+    """Each plan's prediction; with the uncertainty band where its device carries a
+    fitted correction (scikit-learn is loaded already then)."""
+    from autoplan.cost.evaluate import evaluate as predict
+    from autoplan.measured.door import Corrected
+
+    results = []
+    for plan in loaded:
+        if plan.cluster.device.correction is None:
+            results.append((plan, predict(plan)))
+            continue
+        from autoplan.measured.surrogate import predict_with_band
+
+        if note := Corrected(plan.cluster, given).note:
+            output.err.print(note, markup=False)
+        results.append((plan, predict_with_band(plan)))
+    return results
+
+
+def _training_document(plan: Plan, pred: Prediction) -> dict[str, Any]:
+    """A training plan and its prediction as evaluate's (and explain's) JSON gives it."""
+    from autoplan.planfile import plan_document
+
+    doc = plan_document(plan, pred)
+    if found := _reliabilities(plan):
+        doc["prediction"]["reliability"] = {k: v.to_dict() for k, v in found.items()}
+    return doc
 
 
 def _evaluate_serving(serving: list[tuple[Path, Any]], fmt: Format, also_training: bool) -> bool:
@@ -841,49 +1006,70 @@ def explain(
     microbatches: Annotated[int | None, typer.Option(
         "--microbatches", min=1, help="Draw the schedule with this many microbatches instead of "
         "the plan's (a readable picture of the same schedule).")] = None,
+    profile: ProfileOpt = None,
+    stack: StackOpt = None,
+    fmt: FormatOpt = Format.table,
 ) -> None:
-    """Where time and memory go, and the simulated pipeline schedule as a timeline."""
-    from autoplan.cost.evaluate import evaluate as predict
+    """Where time and memory go, and the simulated pipeline schedule as a timeline. --format
+    json gives evaluate's JSON of the plan with the explanation added (per-stage times, the
+    simulated schedule's makespan and idle share per stage)."""
     from autoplan.cost.evaluate import simulate_timeline
     from autoplan.cost.stage import stage_work
     from autoplan.descriptors.strict import read_yaml
     from autoplan.parallel.pp import MAX_PIPELINE_OPS
-    from autoplan.planfile import read_plan
     from autoplan.schedules import timeline as tl
-    from autoplan.serving.planfile import is_serving, read_serving_plan
+    from autoplan.serving.planfile import is_serving
 
     if timeline is not None:
-        if timeline.suffix.lower() not in (".svg", ".png"):
-            raise InputError.single("--timeline", "", f"expected a .svg or .png file, got {timeline}")
-        if timeline.suffix.lower() == ".png":
-            tl.require_png()  # before anything is printed
-        files.check_target(timeline)
+        if files.is_stdout(timeline):
+            raise InputError.single("--timeline", "", "expected a file, got '-'")
+        _check_image("--timeline", timeline)
+    given = _read_profile(profile)
     data = read_yaml(plan_path)
     if is_serving(data):
-        if timeline is not None or microbatches is not None:
-            flag = "--timeline" if timeline is not None else "--microbatches"
-            raise InputError.single(flag, "", "draws a training pipeline's schedule; a serving plan's "
-                                              "batch over the run is shown in the output")
-        ok = _evaluate_serving([(plan_path, read_serving_plan(data, str(plan_path)))], Format.table, False)
+        if timeline is not None or microbatches is not None or stack is not None:
+            flag = ("--timeline" if timeline is not None else "--microbatches" if microbatches is not None
+                    else "--stack")
+            raise InputError.single(flag, "", (
+                "sets a training plan's software stack; a serving plan's engine is in the plan"
+                if flag == "--stack" else "draws a training pipeline's schedule; a serving plan's "
+                                          "batch over the run is shown in the output"))
+        ok = _evaluate_serving([(plan_path, _read_serving(data, plan_path, profile, given))], fmt, False)
         raise typer.Exit(0 if ok else 1)
-    plan = read_plan(data, str(plan_path))
+    plan = _with_stack([_read_training(data, plan_path, profile, given)], stack)[0]
     chunks = plan.layout.pp * plan.layout.vpp
     if microbatches is not None and microbatches * chunks > MAX_PIPELINE_OPS:
         raise InputError.single("--microbatches", "", f"at most {MAX_PIPELINE_OPS // chunks:,} for "
                                 f"this plan (pp x vpp = {chunks}: {MAX_PIPELINE_OPS:,} pipeline "
                                 f"operations), got {microbatches:,}")
-    pred = predict(plan)
+    pred = _predicted([plan], given)[0][1]
     sim = simulate_timeline(plan, microbatches)
+    works = stage_work(plan)
     m = plan.num_microbatches
     sim_m = m if microbatches is None else microbatches
-    _print_prediction(plan_path, plan, pred, render.stage_table(plan, stage_work(plan)))
     title = (f"{plan.model.name}: {plan.schedule.value}, pp={plan.layout.pp}"
              + (f", vpp={plan.layout.vpp}" if plan.layout.vpp > 1 else "")
              + f", {sim_m} microbatches" + (f" (the plan runs {m})" if sim_m != m else ""))
-    output.out.print(f"[bold]timeline[/bold]: {escape(title)}")
-    label = len(f"stage {plan.layout.pp - 1} ") + 12  # stage label and idle share per line
-    output.out.print(tl.timeline_rich(sim.events, plan.layout.pp,
-                                      width=max(20, min(160, output.out.width - label))))
+    if fmt is Format.json:
+        doc = _training_document(plan, pred)
+        idle = tl.idle_fraction(sim.events, plan.layout.pp)
+        doc["explanation"] = {
+            "stages": [{"stage": s, "layers": w.layers, "forward_s": w.forward,
+                        "backward_input_s": w.backward_input, "backward_weight_s": w.backward_weight,
+                        "exposed_comm_s": w.comm.total} for s, w in enumerate(works)],
+            "timeline": {"schedule": plan.schedule.value, "pp": plan.layout.pp, "vpp": plan.layout.vpp,
+                         "microbatches": sim_m, "plan_microbatches": m, "makespan_s": sim.makespan,
+                         "stages": [{"stage": s, "busy_s": sim.busy[s], "idle_share": idle[s],
+                                     "peak_inflight": sim.peak_inflight[s]}
+                                    for s in range(plan.layout.pp)]},
+        }
+        output.emit_json({"plans": [doc]})
+    else:
+        _print_prediction(plan_path, plan, pred, render.stage_table(plan, works))
+        output.out.print(f"[bold]timeline[/bold]: {escape(title)}")
+        label = len(f"stage {plan.layout.pp - 1} ") + 12  # stage label and idle share per line
+        output.out.print(tl.timeline_rich(sim.events, plan.layout.pp,
+                                          width=max(20, min(160, output.out.width - label))))
     if timeline is not None:
         if timeline.suffix.lower() == ".svg":
             files.write_text(timeline, tl.timeline_svg(sim.events, plan.layout.pp, title=title))
@@ -957,14 +1143,15 @@ def hardware(fmt: FormatOpt = Format.table) -> None:
 
 @app.command()
 def bench(
-    device: Annotated[str | None, typer.Option(
+    device: Annotated[Device | None, typer.Option(
         "--device", "-d", help="cpu or cuda (default: cuda when a GPU is visible).")] = None,
     out_path: Annotated[Path | None, typer.Option(
         "--out", "-o", parser=files.out_path, metavar="<path>",
         help="Write the profile CSV here and print a summary "
                             "(default: the CSV to stdout).")] = None,
     preset: Annotated[str, typer.Option(
-        "--preset", "-p", help="tiny (seconds), default (about a minute on a CPU), or full.")] = "default",
+        "--preset", "-p", metavar="<tiny|default|full>",
+        help="tiny (seconds), default (about a minute on a CPU), or full.")] = "default",
     model: Annotated[str | None, typer.Option(
         "--model", "-m", help="Models whose sharded layer shapes to measure: comma-separated built-in "
                               "names or descriptor paths (default: the preset's).")] = None,
@@ -997,11 +1184,15 @@ def bench(
     import time
 
     from autoplan.bench import run as bench_run
-    from autoplan.descriptors.strict import name_problem
+    from autoplan.bench.presets import PRESET_NAMES
+    from autoplan.descriptors.strict import name_problem, shown
     from autoplan.measured.profile import format_profile, parse_profile, read_profile
 
     if name_problem(name):  # written into the descriptor, which must load again
         raise InputError.single("--name", "", str(name_problem(name)))
+    if preset not in PRESET_NAMES:  # refused before minutes of measuring, not after the imports
+        raise InputError.single("--preset", "", f"expected one of {', '.join(PRESET_NAMES)}, "
+                                                f"got {shown(preset)}")
     for target in (out_path, describe):  # refused before minutes of measuring
         if target is not None:
             files.check_target(target)
@@ -1014,8 +1205,9 @@ def bench(
     models = [m.strip() for m in model.split(",") if m.strip()] if model is not None else None
     if models == []:
         raise InputError.single("--model", "", "expected one or more model names or paths")
-    kwargs: dict[str, Any] = dict(device=device, preset=preset, models=models, world=world,
-                                  descriptor=descriptor, command=shlex.join(["autoplan", *sys.argv[1:]]))
+    kwargs: dict[str, Any] = dict(device=None if device is None else device.value, preset=preset,
+                                  models=models, world=world, descriptor=descriptor,
+                                  command=shlex.join(["autoplan", *sys.argv[1:]]))
     started = time.monotonic()
     if output.interactive("table") and bench_run.is_writer():
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -1115,15 +1307,22 @@ def _fit_notes(profile: Profile, report: list[Any]) -> list[str]:
     return notes
 
 
+# export's choices as its help shows them; autoplan.export's Target and Launcher and the
+# serving engines (tests/cli/test_vocabulary.py holds them equal), not imported for a help line
+EXPORT_TARGETS = "<megatron|deepspeed|nemo|torchtitan|slurm|vllm|sglang|trtllm>"
+SLURM_LAUNCHERS = "<megatron|deepspeed|torchtitan>"
+
+
 @app.command("export")
 def export_plan(
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN.yaml", help="A plan file.")],
     to: Annotated[str, typer.Option(
-        "--to", "-t", help="Training plans: megatron, deepspeed, nemo, torchtitan or slurm; serving "
-                           "plans: vllm, sglang or trtllm.")],
+        "--to", "-t", metavar=EXPORT_TARGETS,
+        help="Training plans: megatron, deepspeed, nemo, torchtitan or slurm; serving plans: vllm, "
+             "sglang or trtllm.")],
     launcher: Annotated[str, typer.Option(
-        "--launcher", help="slurm only: what the job runs (megatron, deepspeed or torchtitan).")
-    ] = "megatron",
+        "--launcher", metavar=SLURM_LAUNCHERS,
+        help="slurm only: what the job runs (megatron, deepspeed or torchtitan).")] = "megatron",
     out_path: Annotated[Path | None, typer.Option(
         "--out", "-o", parser=files.out_path, metavar="<path>",
         help="Write here (a directory when the target writes several files) "
@@ -1188,9 +1387,9 @@ def _choice(option: str, value: str, kind: Any) -> Any:
 @app.command()
 def validate(
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN.yaml", help="A plan file.")],
-    device: Annotated[str, typer.Option(
+    device_kind: Annotated[Device, typer.Option(
         "--device", "-d", help="cpu: the plan's world size as local processes over gloo; cuda: one "
-                               "rank's slice on one GPU (--slice implied).")] = "cpu",
+                               "rank's slice on one GPU (--slice implied).")] = Device.cpu,
     profile: Annotated[Path | None, typer.Option(
         "--profile", help="Profile CSV from `autoplan bench` on this machine: the prediction is made "
                           "on a descriptor fitted on it (default: the plan's own cluster, which must "
@@ -1238,8 +1437,7 @@ def validate(
     from autoplan.descriptors.strict import read_yaml
     from autoplan.planfile import read_plan
 
-    if device not in ("cpu", "cuda"):
-        raise InputError.single("--device", "", f"expected cpu or cuda, got {device!r}")
+    device = device_kind.value
     if cluster is not None and profile is not None:
         raise InputError.single("--cluster", "", "give --cluster or --profile, not both")
     if runs is not None:
@@ -1372,12 +1570,11 @@ def check_plan_file(
     """CI gate for a committed plan: valid, fits memory (with --min-headroom), within
     --max-regression of the best plan: exit 0 pass, 1 a rule failed (each named), 2 bad input.
     With --format json or junit a plan that does not read is still reported, rule `valid` in error."""
-    import json
-
     from autoplan.check import Status, check_plan
     from autoplan.descriptors.space import load_space
 
-    searchspace = load_space(space) if space is not None else None
+    with _naming(("--space", space)):
+        searchspace = load_space(space) if space is not None else None
     if out_path is not None:
         files.check_target(out_path)
         files.check_apart([("--out", out_path)], [plan_path] + ([runs] if runs else []))
@@ -1385,12 +1582,9 @@ def check_plan_file(
     if stack is not None:
         from autoplan.descriptors.library import resolve_stack
 
-        software = resolve_stack(stack, "--stack", "")
-    measured_runs = None
-    if runs is not None:
-        from autoplan.tune.runs import read_runs
-
-        measured_runs = read_runs(runs)
+        with _naming(("--stack", stack)):
+            software = resolve_stack(stack, "--stack", "")
+    measured_runs = _read_runs(runs)
     searching = output.working(fmt.value, f"checking {plan_path}: searching the "
                                f"{searchspace.name if searchspace else 'recorded'} space ...")
     with searching if max_regression is not None else contextlib.nullcontext():
@@ -1398,7 +1592,7 @@ def check_plan_file(
                             min_headroom_gib=min_headroom, runs=measured_runs,
                             max_slowdown=max_slowdown, runs_source=str(runs), stack=software)
     if fmt is CheckFormat.json:
-        doc = json.dumps(report.to_dict(), indent=2) + "\n"
+        doc = output.json_text(report.to_dict())
     elif fmt is CheckFormat.junit:
         doc = render.check_junit(report)
     else:
@@ -1498,15 +1692,30 @@ _TYPER_WORDING = (  # typer's validation messages, reworded as autoplan's read
 
 
 def _given(opts: list[str]) -> str | None:
-    """The value given on the command line for the option named by ``opts``, if any."""
+    """The value given on the command line for the option named by ``opts``, if any: the
+    last one given, as click keeps the last of a repeated option and refuses that one
+    (``--top 3 ... --top -5`` refuses -5). Spelled ``--top 5``, ``--top=5``, ``-k 5`` or
+    ``-k5``; nothing after ``--`` is an option."""
     argv = sys.argv[1:]
-    for i, arg in enumerate(argv):
+    if "--" in argv:
+        argv = argv[:argv.index("--")]
+    found = None
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
         for opt in opts:
             if arg == opt and i + 1 < len(argv):
-                return argv[i + 1]
+                found = argv[i + 1]
+                i += 1  # the value is not read as an option
+                break
             if opt.startswith("--") and arg.startswith(opt + "="):
-                return arg[len(opt) + 1:]
-    return None
+                found = arg[len(opt) + 1:]
+                break
+            if len(opt) == 2 and opt[0] == "-" and opt[1] != "-" and arg.startswith(opt) and len(arg) > 2:
+                found = arg[2:]
+                break
+        i += 1
+    return found
 
 
 def _usage_message(exc: Exception) -> list[str]:
@@ -1541,6 +1750,8 @@ def _usage_message(exc: Exception) -> list[str]:
     elif opts:
         value = _given(opts)
         head = f"{max(opts, key=len)}: {message}" + (f", got {shown(value)}" if value is not None else "")
+        if hint := getattr(exc, "autoplan_hint", None):  # what the value means elsewhere
+            head += f": {hint}"
     else:
         head = message or kind
     # the subcommands' names from the context (click names the program itself after how

@@ -13,7 +13,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from autoplan.text import printable
+from autoplan.text import json_ready, printable
 from autoplan.units import GiB
 
 
@@ -100,9 +100,24 @@ def data_to_stderr() -> None:
     _data_to_stderr = True
 
 
+def json_text(data: Any) -> str:
+    """``data`` as the JSON every command writes: indented, ASCII (so UTF-8 whatever the
+    names hold), and valid for strict readers such as jq: a lone surrogate (a file name
+    that is not UTF-8) written as its escape text, a NaN or infinity as null
+    (:func:`autoplan.text.json_ready`). The common case is dumped once: a surrogate shows
+    in the ASCII text as ``\\ud...``, a non-finite number fails ``allow_nan=False``."""
+    try:
+        text = json.dumps(data, indent=2, sort_keys=False, allow_nan=False)
+        if "\\ud" not in text:
+            return text + "\n"
+    except ValueError:
+        pass
+    return json.dumps(json_ready(data), indent=2, sort_keys=False) + "\n"
+
+
 def emit_json(data: Any) -> None:
     stream = sys.stderr if _data_to_stderr else sys.stdout
-    stream.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    stream.write(json_text(data))
 
 
 def interactive(fmt: str) -> bool:

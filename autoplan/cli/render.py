@@ -242,14 +242,17 @@ def _per_million_line(p: ServingPrediction, pue: float) -> str:
     return text
 
 
-def serving_front_table(front: Sequence[Ranked]) -> Table:
-    """The throughput per GPU against speed per user front."""
+def serving_front_table(front: Sequence[Ranked], show_gpus: bool = False) -> Table:
+    """The throughput per GPU against speed per user front; ``show_gpus``: each point's
+    GPU count first (a sweep over counts, whose front mixes them)."""
     table = Table(title="front: throughput per GPU against tokens/s per user", title_justify="left")
-    for name in ("deployment", "max seqs", "tok/s/GPU", "tok/s/user", "TPOT mean ms"):
+    for name in ("GPUs",) * show_gpus + ("deployment", "max seqs", "tok/s/GPU", "tok/s/user",
+                                          "TPOT mean ms"):
         table.add_column(name, justify="left" if name == "deployment" else "right")
     for r in front:
         seqs = r.plan.deployment.max_num_seqs
-        table.add_row(_serving_label(r), str(seqs) if seqs else "default", f"{r.per_gpu:,.0f}",
+        table.add_row(*(str(r.plan.deployment.gpus),) * show_gpus, _serving_label(r),
+                      str(seqs) if seqs else "default", f"{r.per_gpu:,.0f}",
                       f"{r.user_tokens_per_s:,.1f}", f"{r.prediction.tpot_ms.mean:,.1f}")
     return table
 
@@ -509,7 +512,10 @@ def check_junit(report: CheckReport) -> str:
     import xml.etree.ElementTree as ET
 
     from autoplan.check import Status
-    from autoplan.text import xml_safe as x  # a path or name may hold what XML cannot
+
+    # a path, a name or a runs log's time may hold what XML cannot, or what a CI page would
+    # render as other than it is spelled (a bidi override, a line separator): shown as escapes
+    from autoplan.text import report_safe as x
 
     counts = {s: sum(r.status is s for r in report.rules) for s in Status}
     attrs = {"tests": str(len(report.rules)), "failures": str(counts[Status.FAILED]),

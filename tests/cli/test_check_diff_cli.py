@@ -255,3 +255,79 @@ def test_check_and_diff_have_a_help_that_exits_zero(command: str) -> None:
     result = autoplan(command, "--help")
     assert result.returncode == 0, result.stderr
     assert "Usage" in result.stdout and "exit" in result.stdout
+
+
+# --------------------------------------------------------------------------- issue 47: output hygiene
+
+# characters a file name or a runs log's cell may hold that a report must not carry raw: a
+# bidi override (reorders what a CI page shows), line and paragraph separators and C1's
+# NEL (line breaks to some renderers), C0 controls (not XML 1.0 at all), ESC
+ODD = "\u202e\u2028\u2029\u0085\x01\x1b"
+
+
+def _raw_free(text: str) -> None:
+    for ch in ODD:
+        assert ch not in text, repr(ch)
+
+
+def test_json_of_a_file_name_that_is_not_utf8_is_valid_utf8_json(tmp_path: Path) -> None:
+    """A name of bytes that are not UTF-8 reaches Python as lone surrogates, which JSON
+    readers such as jq refuse as escapes and UTF-8 cannot encode: they are written as
+    their escape text, as the terminal shows them."""
+    import os
+
+    path = Path(os.fsdecode(os.fsencode(str(tmp_path)) + b"/odd\xed\xa0\x80\xff.yaml"))
+    path.write_bytes(OOM.read_bytes())
+    result = autoplan("check", path, "-f", "json")
+    assert result.returncode == 1
+    result.stdout.encode("utf-8")  # no surrogate left to encode
+    assert "\\ud" not in result.stdout.replace("\\\\ud", "")  # no surrogate escape either
+    doc = json.loads(result.stdout)
+    assert doc["plan"].endswith("odd\\udced\\udca0\\udc80\\udcff.yaml")
+
+
+def test_json_output_never_holds_a_lone_surrogate_or_a_bare_nan() -> None:
+    from autoplan.cli.output import json_text
+
+    text = json_text({"a\udc80": ["x\ud800y", float("nan"), float("inf"), 1.5, "\U0001f600"], "b": None})
+    text.encode("utf-8")
+    doc = json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c}"))
+    assert doc == {"a\\udc80": ["x\\ud800y", None, None, 1.5, "\U0001f600"], "b": None}
+    assert json_text({"ok": 1.0}) == '{\n  "ok": 1.0\n}\n'  # the common case as before
+
+
+def test_junit_shows_bidi_overrides_separators_and_controls_of_file_names_as_escapes(tmp_path: Path) -> None:
+    path = write(tmp_path, OOM.read_text(encoding="utf-8"), f"odd{ODD}.yaml")
+    for fmt in ("junit", "json", "text"):
+        result = autoplan("check", path, "-f", fmt)
+        assert result.returncode == 1, result.stderr
+        _raw_free(result.stdout)
+    result = autoplan("check", path, "-f", "junit")
+    suite = junit(result.stdout)
+    shown = "odd\\u202e\\u2028\\u2029\\x85\\x01\\x1b.yaml"
+    assert {case.get("classname") for case in suite.findall("testcase")} == {str(tmp_path / shown)}
+
+
+def test_junit_shows_a_runs_logs_time_column_as_escapes(tmp_path: Path) -> None:
+    import csv
+    import io
+
+    source = ROOT / "examples" / "runs" / "tiny-llama-2cpu.csv"
+    rows = list(csv.DictReader(io.StringIO(source.read_text(encoding="utf-8"))))
+    for row in rows:
+        row["time"] = f"2026-11-27{ODD}T09:26:09"
+    runs = tmp_path / "runs.csv"
+    with runs.open("w", encoding="utf-8", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    plan = ROOT / "examples" / "runs" / "tiny-llama-best.yaml"
+    result = autoplan("check", plan, "--runs", runs, "-f", "junit")
+    if result.returncode == 2:  # the runs log refuses such a time itself: nothing raw in its error
+        _raw_free(result.stderr)
+        return
+    assert result.returncode == 0, result.stderr
+    _raw_free(result.stdout)
+    suite = junit(result.stdout)
+    text = cases(suite)["measured"].findtext("system-out") or ""
+    assert "2026-11-27\\u202e\\u2028\\u2029\\x85\\x01\\x1bT09:26:09" in text
