@@ -17,6 +17,8 @@ from typing import Any
 from autoplan.descriptors.hardware import Cluster, PooledCluster
 from autoplan.descriptors.job import Job, read_job
 from autoplan.descriptors.library import (
+    beside,
+    looks_like_path,
     resolve_any_cluster,
     resolve_model_noted,
     resolve_stack,
@@ -194,6 +196,8 @@ def build_request(
     except InputError as exc:
         problems.extend(exc.problems)
     space_ref = space or doc.get("space") or "default"
+    if not space and job_file is not None and isinstance(space_ref, str) and looks_like_path(space_ref):
+        space_ref = str(beside(space_ref, source))  # beside the job file, as its other files
     try:
         resolved_space = load_space(str(space_ref), "--space" if space else source, "" if space else "space")
     except InputError as exc:

@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoplan.descriptors.strict import Fields
+from autoplan.descriptors.strict import Fields, shown
 from autoplan.vocab import Dtype, StateDtype
 
 # The capacity factor at which Switch Transformer drops almost no tokens (Fedus et al.
@@ -178,7 +178,7 @@ def _read_documents(f: Fields, raw: Any) -> Documents | None:
             ok = (float(n).is_integer() and 1 <= n <= MAX_SEQ_LEN and math.isfinite(w) and 0 <= w <= 1e15)
         if not ok:
             f.fail(f"documents.histogram[{i}]", f"expected [length, weight]: a whole length from 1 "
-                                                f"to {MAX_SEQ_LEN} and a weight from 0, got {pair!r}"[:200])
+                                                f"to {MAX_SEQ_LEN} and a weight from 0, got {shown(pair)}")
             return None
         bins.append((int(n), float(w)))
     if not sum(w for _, w in bins) > 0:
@@ -199,21 +199,19 @@ def _numeric(cell: str) -> bool:
 
 def _histogram_file(f: Fields, path: str) -> list[list[float]] | None:
     """A histogram CSV (``length,count`` per row; a first row with no number in it is a
-    header) as [length, weight] pairs. A relative path is the job file's (``f.source``)
-    folder's, as every path a job file names. A row that is numbers but not a whole
+    header) as [length, weight] pairs. A relative path is read beside the job file
+    (``f.source``) where the file is there, as a model or cluster file a job file names
+    (``library.beside``). A row that is numbers but not a whole
     length from 1 to MAX_SEQ_LEN and a count from 0 is refused, naming the file and row."""
     import csv
     import io
-    from pathlib import Path
 
-    from autoplan.descriptors.strict import decimal, read_limited, shown
+    from autoplan.descriptors.library import beside
+    from autoplan.descriptors.strict import decimal, read_limited
     from autoplan.errors import InputError
 
-    where = Path(path).expanduser()
-    if not where.is_absolute():
-        where = Path(f.source).parent / where
     try:
-        text = read_limited(where, 1 << 20, "a histogram CSV of length,count rows",
+        text = read_limited(beside(path, f.source), 1 << 20, "a histogram CSV of length,count rows",
                             source=f.source, field=f.key_path("documents.histogram"),
                             label=path).decode("utf-8")
     except InputError as exc:

@@ -79,15 +79,25 @@ def _raise_if(problems: list[Problem]) -> None:
         raise InputError(problems)
 
 
+def beside(ref: str, source: str) -> Path:
+    """The file a relative path ``ref`` in the file ``source`` names: beside that file where
+    one is there, else as given (from the current directory, as it always was read)."""
+    path = Path(ref).expanduser()
+    try:
+        if not path.is_absolute() and Path(source).is_file():
+            there = Path(source).parent / path
+            if there.exists():
+                return there
+    except (OSError, ValueError):  # a name too long to look at, a NUL: read as given
+        pass
+    return path
+
+
 def _document(ref: str, kind: str, source: str, field: str) -> tuple[Any, str]:
     """The parsed file for a path or a built-in name, and the label to report it by.
     A relative path inside a file is taken relative to that file."""
     if _looks_like_path(ref):
-        path = Path(ref)
-        if not path.is_absolute() and Path(source).is_file():
-            beside = Path(source).parent / path
-            if beside.exists():
-                path = beside
+        path = beside(ref, source)
         if kind == "model" and path.is_dir():  # a HuggingFace snapshot folder
             path = path / "config.json"  # read as every file is: a FIFO or link loop refused
         return read_yaml(path), str(path)

@@ -75,7 +75,7 @@ def _choices(f: Fields, key: str, kind: Any) -> tuple:
     if raw is None:
         return ()
     if not isinstance(raw, list) or not raw:
-        f.fail(key, f"expected a non-empty list, got {raw!r}")
+        f.fail(key, f"expected a non-empty list, got {shown(raw)}")
         return ()
     sub = f.child(key, {str(i): v for i, v in enumerate(raw)})
     values = []
@@ -163,7 +163,7 @@ def _etp_choices(f: Fields) -> tuple[str, ...]:
     """``etp: [1, tp]``: expert layers unsplit, or split like the dense layers."""
     raw = f.raw("etp", ["tp"])
     if not isinstance(raw, list) or not raw or any(str(v) not in ("1", "tp") for v in raw):
-        f.fail("etp", f"expected a non-empty list of 1 and/or tp, got {raw!r}")
+        f.fail("etp", f"expected a non-empty list of 1 and/or tp, got {shown(raw)}")
         return ("tp",)
     return tuple(sorted({str(v) for v in raw}))
 

@@ -124,7 +124,7 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
             raise yaml.constructor.ConstructorError(
                 None,
                 None,
-                f"duplicate key {key!r} (first at line {seen[key].start_mark.line + 1})",
+                f"duplicate key {shown(key)} (first at line {seen[key].start_mark.line + 1})",
                 key_node.start_mark,
             )
         seen[key] = key_node
@@ -164,7 +164,7 @@ def _construct_int(loader: _StrictLoader, node: yaml.ScalarNode) -> int:
     _odd_number(node, "integer")
     if _LEADING_ZERO.match(node.value):
         raise yaml.constructor.ConstructorError(
-            None, None, f"ambiguous integer {node.value!r}: YAML 1.1 reads a leading zero as "
+            None, None, f"ambiguous integer {shown(node.value)}: YAML 1.1 reads a leading zero as "
                         f"octal (010 is 8); write it without the zero", node.start_mark)
     return loader.construct_yaml_int(node)  # type: ignore[no-any-return]
 
@@ -257,7 +257,7 @@ def read_limited(path: Path, max_bytes: int, what: str, *, source: str | None = 
     tape), then opened without blocking and looked at again, so a FIFO put in its place
     between the two cannot hang the read."""
     def refused(message: str) -> InputError:
-        named = str(path) if label is None else label
+        named = clipped(str(path) if label is None else label, MAX_SHOWN_PATH)
         if source is None:
             return InputError.single(named, "", message)
         return InputError.single(source, field, f"{named}: {message}")
@@ -320,6 +320,20 @@ def _read_text(path: Path) -> str:
 
 _SHOWN = reprlib.Repr()
 _SHOWN.maxlevel, _SHOWN.maxdict, _SHOWN.maxlist, _SHOWN.maxstring, _SHOWN.maxother = 2, 4, 4, 60, 60
+
+
+# a path named in an error: the longest the file systems take (PATH_MAX 4096) is too long
+# to read in a message, and a longer one is a value, not a path someone typed
+MAX_SHOWN_PATH = 200
+
+
+def clipped(text: str, limit: int = 60) -> str:
+    """``text`` whole where it has at most ``limit`` characters, else its start and end
+    around "...": a value named in an error, never echoed back whole."""
+    if len(text) <= limit:
+        return text
+    keep = (limit - 3) // 2
+    return f"{text[:keep]}...{text[len(text) - keep:]}"
 
 
 def shown(value: Any) -> str:

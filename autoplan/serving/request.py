@@ -18,7 +18,7 @@ from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import MAX_SEQ_LEN
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
 from autoplan.descriptors.model import Model
-from autoplan.descriptors.strict import read_yaml
+from autoplan.descriptors.strict import read_yaml, shown
 from autoplan.errors import InputError, Problem
 from autoplan.measured.door import corrected
 from autoplan.serving.deployment import (
@@ -323,7 +323,7 @@ def _engine(name: str) -> Engine:
         return Engine(name)
     except ValueError:
         valid = ", ".join(e.value for e in Engine)
-        raise InputError.single("--engine", "", f"expected one of {valid}, got {name!r}") from None
+        raise InputError.single("--engine", "", f"expected one of {valid}, got {shown(name)}") from None
 
 
 def _override_notes(job_file: Path | None, job: ServingJob, given: ServeOptions) -> tuple[str, ...]:

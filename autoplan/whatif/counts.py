@@ -6,6 +6,7 @@ import re
 from collections.abc import Sequence
 
 from autoplan.descriptors.library import MAX_GPUS
+from autoplan.descriptors.strict import shown
 from autoplan.errors import InputError
 
 MAX_COUNTS = 16  # GPU counts in one sweep: each is a whole search
@@ -22,7 +23,7 @@ def parse_gpu_counts(text: str, source: str = "--gpus") -> tuple[int, ...]:
     if m := _RANGE.match(text):
         lo, hi = int(m.group(1)), int(m.group(2))
         if lo < 1 or hi < lo:
-            raise InputError.single(source, "", f"expected A..B with 1 <= A <= B, got {text!r}")
+            raise InputError.single(source, "", f"expected A..B with 1 <= A <= B, got {shown(text)}")
         counts: list[int] = []
         n = lo
         while n <= hi and len(counts) <= MAX_COUNTS:
@@ -33,7 +34,7 @@ def parse_gpu_counts(text: str, source: str = "--gpus") -> tuple[int, ...]:
     else:
         raise InputError.single(
             source, "", f"expected a GPU count (256), a list (64,128,256) or a doubling "
-                        f"range (64..1024), got {text[:60]!r}")
+                        f"range (64..1024), got {shown(text)}")
     return check_gpu_counts(counts, source)
 
 

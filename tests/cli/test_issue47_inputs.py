@@ -295,3 +295,36 @@ def test_a_trace_cell_with_underscores_is_refused_naming_row_and_column(tmp_path
     _refused("serve", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "1",
              "--trace", trace, needles=("row 2, input_len: expected a finite number in decimal "
                                         "digits, got '2_000'",))
+
+
+LONG = "y" * 5000
+
+
+@pytest.mark.parametrize("line", [
+    f"space: {LONG}.yaml", f"profile: {LONG}", f"stack: {LONG}",
+    "job: {global_batch: 8, seq_len: 1024, documents: {histogram: " + LONG + "}}",
+    f"gpus: 0{'0' * 5000}", f"bad: 1\nbad: {LONG}"])
+def test_a_five_thousand_character_value_is_named_cut_short(tmp_path, line):
+    job = tmp_path / "job.yaml"
+    rest = "" if line.startswith("job:") else "job: {global_batch: 8, seq_len: 1024}\n"
+    job.write_text(f"model: llama3-8b\ncluster: dgx-h100\n{line}\n{rest}")
+    err = _refused("search", job, "--gpus", "8", megabytes=None)
+    assert max(len(text) for text in err.splitlines()) < 400, err[:600]
+
+
+@pytest.mark.parametrize("args", [("--engine", LONG), ("--gpus", f"1..{LONG}")])
+def test_a_five_thousand_character_flag_is_named_cut_short(args):
+    err = _refused("serve", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "1",
+                   "--input-len", "100", "--output-len", "10", "--rate", "1", *args, megabytes=None)
+    assert max(len(text) for text in err.splitlines()) < 400, err[:600]
+
+
+def test_a_space_file_a_job_file_names_is_read_beside_it(tmp_path):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "mine.yaml").write_text((ROOT / "searchspace" / "megatron.yaml").read_text())
+    job = jobs / "job.yaml"
+    job.write_text("model: llama3-8b\ncluster: dgx-h100\ngpus: 8\nspace: mine.yaml\n"
+                   "job: {global_batch: 64, seq_len: 4096}\n")
+    r = autoplan("search", job, "--top", "1", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
