@@ -63,6 +63,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autoplan.descriptors.strict import shown
 from autoplan.errors import InputError, Problem
 from autoplan.plan import Plan
 from autoplan.text import one_line
@@ -342,7 +343,7 @@ def read_runs(path: Path, flag: str | None = None) -> list[Run]:
 def _header(text: str, source: str) -> list[str]:
     """The header row of a runs log's ``text``, as written, once checked: no unknown and no
     repeated column, and what a row needs to say what ran and what it measured."""
-    from autoplan.descriptors.strict import did_you_mean, shown
+    from autoplan.descriptors.strict import did_you_mean
 
     header = next(iter(_records(text, source)), [])
     names = [h.strip() for h in header]
@@ -377,7 +378,7 @@ def count_rows(text: str, source: str) -> int:
     """The data rows of a runs log's ``text`` (blank lines aside), refused past
     ``MAX_ROWS`` as soon as they are counted: nothing is built. Counting lines first (a
     row is at least one) spares the count of a file well under the bound."""
-    if text.count("\n") <= MAX_ROWS:
+    if _most_rows(text) <= MAX_ROWS:
         return sum(1 for cells in _records(text, source) if cells) - 1
     n = -1
     for cells in _records(text, source):
@@ -388,6 +389,12 @@ def count_rows(text: str, source: str) -> int:
                                                     "(start a new one; calibrate and check read "
                                                     f"at most {MAX_ROWS:,})")
     return n
+
+
+def _most_rows(text: str) -> int:
+    """The most data rows ``text`` can hold: a row ends at a newline, or at the end, and
+    the header is one too."""
+    return text.count("\n") - text.endswith("\n")
 
 
 def _lines(text: str) -> Iterable[str]:
@@ -426,11 +433,15 @@ def parse_runs(text: str, source: str, base: Path) -> list[Run]:
     ``base``."""
     text = text.removeprefix("\ufeff")
     header = _header(text, source)
-    if text.count("\n") > MAX_ROWS:  # else there are fewer rows than that
+    if _most_rows(text) > MAX_ROWS:  # else no more rows than that
         count_rows(text, source)  # refused past MAX_ROWS before any plan is built
     names = [h.strip() for h in header]
     width = len(names)
     has_plan = "plan" in names
+    # each row's cells by name, unescaped where text: the run's own columns at once, what
+    # ran only for a row without a plan cell (a row with one is read from it)
+    own = [(n, j, n in NUMBER_COLUMNS) for j, n in enumerate(names) if n not in WHAT_RAN]
+    what_ran = [(n, j, n in NUMBER_COLUMNS) for j, n in enumerate(names) if n in WHAT_RAN]
     problems: list[Problem] = []
     runs: list[Run] = []
     plans: dict[tuple[str, ...], Plan | _Refused] = {}
@@ -444,11 +455,12 @@ def parse_runs(text: str, source: str, base: Path) -> list[Run]:
         if len(cells) > width:
             problems.append(Problem(source, f"row {i}", "more values than the header has columns"))
         else:
-            row = {}
-            for name, cell in zip(names, cells, strict=False):  # a short row: the rest empty
-                value = cell.strip()
-                row[name] = value if name in NUMBER_COLUMNS else unescape_cell(value)
-            if not any(row.values()):
+            if len(cells) < width:  # a short row: the rest empty
+                cells = cells + [""] * (width - len(cells))
+            row = _cells(cells, own)
+            if not row.get("plan"):
+                row.update(_cells(cells, what_ran))
+            if not any(row.values()) and not any(c.strip() for c in cells):
                 continue
             run = _run_of(row, i, source, base, problems, plans, has_plan)
             if run is not None:
@@ -460,10 +472,18 @@ def parse_runs(text: str, source: str, base: Path) -> list[Run]:
     return runs
 
 
+def _cells(cells: list[str], columns: list[tuple[str, int, bool]]) -> dict[str, str]:
+    """``cells`` of ``columns`` (name, index, holds a number) by name: stripped, and text
+    unescaped (:func:`unescape_cell`)."""
+    out = {}
+    for name, j, number in columns:
+        value = cells[j].strip()
+        out[name] = value if number or value[:1] != "'" else unescape_cell(value)
+    return out
+
+
 def _float(row: dict[str, str], key: str, where: str, source: str, problems: list[Problem],
            check: Any) -> float | None:
-    from autoplan.descriptors.strict import shown
-
     text = row.get(key, "")
     if not text:
         return None
@@ -535,7 +555,6 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def _build(row: dict[str, str], source: str, base: Path, has_plan: bool) -> Plan:
     """The plan a row says ran (its ``plan`` cell, else its columns); a row it cannot be
     built from raises :class:`_Refused`, its problems named at ``ROW``."""
-    from autoplan.descriptors.strict import shown
     from autoplan.planfile import read_plan
 
     try:
@@ -563,8 +582,6 @@ def _build(row: dict[str, str], source: str, base: Path, has_plan: bool) -> Plan
 
 def _run_of(row: dict[str, str], i: int, source: str, base: Path, problems: list[Problem],
             plans: dict[tuple[str, ...], Plan | _Refused], has_plan: bool) -> Run | None:
-    from autoplan.descriptors.strict import shown
-
     where = f"row {i}"
     before = len(problems)
     status = row.get("status") or "ok"
