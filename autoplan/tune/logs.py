@@ -51,7 +51,10 @@ MAX_LINE_CHARS = 64 * 1024
 # The steps a reading keeps (by first appearance of their number): the median of more is
 # the same measurement, and each kept step costs about 200 bytes.
 MAX_STEPS = 100_000
-MAX_PROBLEMS = 20  # the problems a reading lists (the first; a count of the rest in notes)
+# Lines with problems a reader reads before it stops reading (only counting lines): a
+# log with one is no measurement already (runs import refuses it, tune fails its trial),
+# and reading on would only cost time.
+MAX_PROBLEMS = 20
 _WINDOW = 64  # characters after a field's name its value must lie in (blanks included)
 _SHOWN = 40  # characters of a bad value a problem quotes
 
@@ -132,7 +135,7 @@ class LogReader:
         self._megatron_peak: float | None = None  # GiB
         self._oom = False
         self._problems: list[tuple[int, str]] = []
-        self._more_problems = 0
+        self._stopped = False  # MAX_PROBLEMS reached: lines are only counted
         self._dropped_steps = 0
         self._cached: LogReading | None = None
 
@@ -190,6 +193,9 @@ class LogReader:
 
     def _grow(self, text: str, start: int, end: int) -> None:
         """``text[start:end]`` continues the open line."""
+        if self._stopped:
+            self._pending_chars += end - start  # counted, not kept
+            return
         if self._overlong:
             self._scan_overlong(text[start:end])
             return
@@ -210,12 +216,10 @@ class LogReader:
     def _end_line(self) -> None:
         """The open line is complete."""
         self._lines += 1
-        if self._overlong:
-            self._overlong, self._carry = False, ""
-            return
         line = "".join(self._pending)
+        overlong, self._overlong, self._carry = self._overlong, False, ""
         self._pending, self._pending_chars = [], 0
-        if any(word in line for word in _KEYWORDS):
+        if not (overlong or self._stopped) and any(word in line for word in _KEYWORDS):
             self._line(line, self._lines)
 
     def _complete_lines(self, text: str, start: int, last: int) -> None:
@@ -225,7 +229,7 @@ class LogReader:
         them."""
         base, counted, newlines = self._lines, start, 0
         hits = [text.find(word, start, last) for word in _KEYWORDS]
-        while (found := [h for h in hits if h >= 0]):
+        while not self._stopped and (found := [h for h in hits if h >= 0]):
             hit = min(found)
             begin = text.rfind("\n", start, hit) + 1 or start
             end = text.find("\n", hit, last + 1)
@@ -248,11 +252,8 @@ class LogReader:
         for record in line.split("\r"):
             self._record(record, found)
         if found.problems:
-            for message in found.problems:
-                if len(self._problems) < MAX_PROBLEMS:
-                    self._problems.append((number, message))
-                else:
-                    self._more_problems += 1
+            self._problems += [(number, message) for message in found.problems]
+            self._stopped = len(self._problems) >= MAX_PROBLEMS
             return
         for step, seconds in found.megatron:
             if step in self._megatron or len(self._megatron) < MAX_STEPS:
@@ -331,8 +332,9 @@ class LogReader:
         if self._dropped_steps:
             notes.append(f"read the first {MAX_STEPS:,} step numbers; {self._dropped_steps:,} more "
                          "step lines not kept")
-        if self._more_problems:
-            notes.append(f"{self._more_problems:,} more problems than the {MAX_PROBLEMS} listed")
+        if self._stopped:
+            notes.append(f"stopped reading at line {self._problems[-1][0]:,}, after {len(self._problems)} "
+                         "problems")
         problems = tuple(self._problems)
         if self._megatron:
             return LogReading(MEGATRON, tuple(sorted(self._megatron.items())), self._megatron_peak,

@@ -174,9 +174,18 @@ def test_numbers_at_their_bounds_are_measurements():
     assert titan.step_times_s == ((1, 2048 / (1_024_000 * 2)), (2, 2048 / 15))
 
 
-def test_problems_listed_are_bounded_and_the_rest_counted():
-    reading = read_log(mega(*["1e308"] * (logs.MAX_PROBLEMS + 5)))
-    assert len(reading.problems) == logs.MAX_PROBLEMS and "5 more problems" in reading.notes[-1]
+def test_a_reader_stops_reading_after_its_problems_and_only_counts_lines():
+    text = mega(*["1e308"] * (logs.MAX_PROBLEMS + 5)) + mega("1")
+    reader = LogReader()
+    reader.feed(text)
+    reader.finish()
+    reading = reader.reading()
+    assert len(reading.problems) == logs.MAX_PROBLEMS and reading.step_times_s == ()
+    assert f"stopped reading at line {logs.MAX_PROBLEMS}" in reading.notes[-1]
+    assert reader.lines == text.count("\n")
+    with cpu_seconds() as took:
+        read_log(mega("1e308") * 200_000)  # 15 MB
+    assert took[0] < 0.5, took
 
 
 def test_a_bad_value_is_quoted_escaped_and_short():
@@ -229,11 +238,13 @@ LOGS = st.lists(st.one_of(FRAGMENTS.map(str.encode), st.binary(max_size=6)), max
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(log=LOGS, cuts=st.lists(st.integers(min_value=0, max_value=2000), max_size=12),
-       known=st.booleans(), cap=st.sampled_from([40, 200, MAX_LINE_CHARS]))
-def test_a_log_in_any_pieces_reads_as_the_whole_and_nothing_raises(log, cuts, known, cap):
-    # long lines against a small cap: the overlong path in pieces and whole
+       known=st.booleans(), cap=st.sampled_from([40, 200, MAX_LINE_CHARS]),
+       problems=st.sampled_from([1, 3, logs.MAX_PROBLEMS]))
+def test_a_log_in_any_pieces_reads_as_the_whole_and_nothing_raises(log, cuts, known, cap, problems):
+    # long lines against a small cap: the overlong path in pieces and whole; and a reader
+    # that stops after a few problems
     kwargs = {"tokens_per_step": 2048, "gpus": 2} if known else {}
-    with mock.patch.object(logs, "MAX_LINE_CHARS", cap):
+    with mock.patch.object(logs, "MAX_LINE_CHARS", cap), mock.patch.object(logs, "MAX_PROBLEMS", problems):
         whole = read_log(log.decode("utf-8", "replace"), **kwargs)
         assert read_log(log, **kwargs) == whole
         reader = LogReader(**kwargs)
