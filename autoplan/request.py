@@ -168,15 +168,27 @@ def build_request(
     if cluster_ref is None:
         problems.append(Problem(source, "cluster",
                                 "missing: give --cluster or 'cluster:' in a job file"))
+    before = len(problems)
     jf = Fields(job_doc, source, "job", problems)
     job = read_job(jf)
+    flagged = {key: flag for key, flag, value in (
+        ("global_batch", "--global-batch", global_batch), ("seq_len", "--seq-len", seq_len),
+        ("dtype", "--dtype", dtype), ("moe_imbalance", "--moe-imbalance", moe_imbalance))
+        if value is not None}
+    for i in range(before, len(problems)):  # a flag's value is the flag's problem, not the file's
+        key = problems[i].field.removeprefix("job.")
+        if problems[i].field.startswith("job.") and key in flagged:
+            problems[i] = Problem(flagged[key], "", problems[i].message)
     if job is None and isinstance(job_doc, dict):
         # name the option a user would reach for, not only the file field
         for p in list(problems):
             if p.field in ("job.global_batch", "job.seq_len") and "missing" in p.message:
                 problems.remove(p)
                 flag = "--" + p.field.split(".")[1].replace("_", "-")
-                problems.append(Problem(source, p.field, f"missing: give {flag} or set it in a job file"))
+                problems.append(Problem(source, p.field, f"missing: give {flag} or set it in a job file")
+                                if job_file is not None else
+                                Problem(flag, "", "missing: give it, or a job file that sets "
+                                                  f"{p.field}"))
     resolved_model = resolved_cluster = None
     pooled: PooledCluster | None = None
     try:

@@ -292,6 +292,8 @@ def _deployment(f: Fields) -> Deployment | None:
     if split is not None:
         shape: dict[str, Any] = dict(replicas=split.decode.replicas, tp=split.decode.tp, pp=1, ep=1,
                                      attention_dp=1)
+    elif g.has("disaggregated"):  # its pools' problems are reported: no shape of its own to read
+        shape = dict(replicas=None, tp=None, pp=None, ep=None, attention_dp=None)
     else:
         shape = dict(
             replicas=g.int("replicas", 1, min=1, max=MAX_DEGREE), tp=g.int("tp", min=1, max=MAX_DEGREE),
@@ -344,11 +346,20 @@ def speculative_choice_problems(method: SpecMethod, tokens: int, length: float |
 
 def speculative_model_problems(spec: Speculative, model: Model) -> list[tuple[str, str]]:
     """What the target ``model`` cannot verify or run of ``spec``, as (field, why): a draft
-    of another vocabulary, MTP on a model without the module."""
+    of another vocabulary, a draft no smaller than the target (by the parameters a token
+    runs through: its proposals would cost a target's step each, Leviathan et al. 2023
+    "Fast Inference from Transformers via Speculative Decoding", Sec. 3: the speedup needs
+    the draft's cost ratio c well below 1), MTP on a model without the module."""
     out: list[tuple[str, str]] = []
-    if spec.draft is not None and spec.draft.vocab != model.vocab:
-        out.append(("draft_model", f"{spec.draft.name}'s vocabulary ({spec.draft.vocab:,}) is not "
+    draft = spec.draft
+    if draft is not None and draft.vocab != model.vocab:
+        out.append(("draft_model", f"{draft.name}'s vocabulary ({draft.vocab:,}) is not "
                                    f"{model.name}'s ({model.vocab:,}): its proposals cannot be verified"))
+    elif draft is not None and draft.params_active >= model.params_active:
+        out.append(("draft_model", f"{draft.name} ({draft.params_active / 1e9:,.1f}B parameters a "
+                                   f"token) is no smaller than the target {model.name} "
+                                   f"({model.params_active / 1e9:,.1f}B): a draft must be a "
+                                   "smaller model than the one it proposes for"))
     if spec.method is SpecMethod.MTP and not model.mtp_layers:
         out.append(("method", f"{model.name} has no multi-token-prediction module (mtp_layers 0): "
                               "give eagle, draft or ngram"))
@@ -479,11 +490,16 @@ class ServingJob:
     requests: int | None = None
     slo: Slo | None = None
     prefix: Prefix | None = None
+    # speculative decoding tried beside every deployment (``serve --speculative``), as a
+    # plan's ``deployment.speculative``
+    speculative: Speculative | None = None
 
 
 def read_serving_job(data: Any, source: str) -> ServingJob:
     """A serving job file: ``model``, ``cluster``, ``gpus``, ``engine``, ``workload``
-    (as in a plan) and ``slo``; no deployment (that is what ``serve`` finds)."""
+    (as in a plan), ``slo`` and ``speculative`` (as a plan's ``deployment.speculative``:
+    what ``--speculative`` and its flags give); no deployment (that is what ``serve``
+    finds)."""
     problems: list[Problem] = []
     f = Fields(data, source, "", problems)
     if not f.ok:
@@ -514,11 +530,16 @@ def read_serving_job(data: Any, source: str) -> ServingJob:
                 requests = w.int("requests", None, min=1, max=MAX_REQUESTS)
             w.close()
     slo = _slo(f) if f.has("slo") else None
+    spec = _speculative(f, source) if f.has("speculative") else None
     f.close()
+    if model is not None and spec is not None:
+        for field, why in speculative_model_problems(spec, model):
+            f.fail(f"speculative.{field}" if field else "speculative", why)
     if problems:
         raise InputError(problems)
     return ServingJob(model=model, cluster=cluster, gpus=gpus, engine=engine, input_len=inp,
-                      output_len=out, arrival=arrival, requests=requests, slo=slo, prefix=prefix)
+                      output_len=out, arrival=arrival, requests=requests, slo=slo, prefix=prefix,
+                      speculative=spec)
 
 
 def read_serving_plan(data: Any, source: str, *, profile: Profile | None = None,

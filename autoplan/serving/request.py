@@ -134,8 +134,8 @@ def build_serve_request(job_file: Path | None, job: ServingJob, given: ServeOpti
     weights = _precisions(given.weights, "--weights", list(Precision), problems)
     kv_caches = _precisions(given.kv_cache, "--kv-cache", KV_PRECISIONS, problems)
     return ServeRequest(model, cluster, engine, workload, slo, tuple(weights), tuple(kv_caches),
-                        _override_notes(job_file, job, given), _speculative(given, model),
-                        corrected(base).cluster)
+                        _override_notes(job_file, job, given),
+                        _speculative(given, model, job, job_file), corrected(base).cluster)
 
 
 def _traced(job: ServingJob, given: ServeOptions) -> bool:
@@ -293,10 +293,20 @@ SPEC_FIELD_FLAGS = {"": "--acceptance-length", "acceptance_length": "--acceptanc
                     "draft_model": "--draft-model", "method": "--speculative"}
 
 
-def _speculative(given: ServeOptions, model: Model) -> Speculative | None:
-    """The options' speculative decoding (checked by :func:`_speculative_problems`)."""
+def _speculative(given: ServeOptions, model: Model, job: ServingJob | None = None,
+                 job_file: Path | None = None) -> Speculative | None:
+    """The options' speculative decoding (checked by :func:`_speculative_problems`), else
+    the job file's ``speculative`` (checked against the model served: ``--model`` may
+    name another than the file's)."""
     if given.speculative is None:
-        return None
+        spec = job.speculative if job is not None else None
+        if spec is None:
+            return None
+        problems = speculative_model_problems(spec, model)
+        if problems:
+            raise InputError([Problem(str(job_file), f"speculative.{field}" if field else "speculative",
+                                      why) for field, why in problems])
+        return spec
     assert given.spec_tokens is not None
     draft = resolve_model(given.draft_model, "--draft-model", "") if given.draft_model is not None else None
     spec = Speculative(SpecMethod(given.speculative), given.spec_tokens, given.acceptance_rate,
@@ -336,6 +346,7 @@ def _override_notes(job_file: Path | None, job: ServingJob, given: ServeOptions)
              ("--output-len", given.output_len, job.output_len),
              ("--requests", given.requests, job.requests), ("--engine", given.engine, job.engine),
              ("--prefix-share", given.prefix_share, job.prefix),
+             ("--speculative", given.speculative, job.speculative),
              (ARRIVAL_FLAGS, arrivals, job.arrival))
     return tuple(f"{flag} overrides {job_file}" for flag, value, in_job in pairs
                  if value is not None and in_job is not None)

@@ -328,3 +328,72 @@ def test_a_space_file_a_job_file_names_is_read_beside_it(tmp_path):
                    "job: {global_batch: 64, seq_len: 4096}\n")
     r = autoplan("search", job, "--top", "1", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
+
+
+SERVE = ("serve", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "1", "--input-len", "500",
+         "--output-len", "50", "--rate", "2", "--requests", "50")
+DRAFT = ("--speculative", "draft", "--spec-tokens", "3", "--acceptance-rate", "0.7", "--draft-model")
+
+
+@pytest.mark.parametrize(("draft", "says"), [
+    ("llama3-70b", "llama3-70b (70.6B parameters a token) is no smaller than the target llama3-8b"),
+    ("llama3.1-8b", "llama3.1-8b (8.0B parameters a token) is no smaller than the target llama3-8b"),
+    ("mistral-7b", "mistral-7b's vocabulary (32,000) is not llama3-8b's (128,256)")])
+def test_a_draft_model_no_smaller_than_the_target_or_of_another_vocabulary_is_refused(draft, says):
+    _refused(*SERVE, *DRAFT, draft, megabytes=None, needles=(f"--draft-model: {says}",))
+
+
+def test_a_smaller_draft_of_the_same_vocabulary_is_served():
+    r = autoplan("serve", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "4",
+                 "--input-len", "500", "--output-len", "50", "--rate", "2", "--requests", "50",
+                 *DRAFT, "llama3-8b", "--format", "json")
+    assert r.returncode == 0, r.stderr
+
+
+SERVE_JOB = ("model: llama3-8b\ncluster: dgx-h100\ngpus: 1\n"
+             "workload: {input_len: 500, output_len: 50, arrival: {rate_rps: 2}, requests: 50}\n")
+
+
+def test_a_serve_job_file_gives_speculative_decoding_as_the_flags_do(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text(SERVE_JOB + "speculative: {method: eagle, tokens: 3, acceptance_length: 2.5}\n")
+    from_file = autoplan("serve", job, "--format", "json")
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(SERVE_JOB)
+    from_flags = autoplan("serve", plain, "--speculative", "eagle", "--spec-tokens", "3",
+                          "--acceptance-length", "2.5", "--format", "json")
+    assert from_file.returncode == 0 and from_flags.returncode == 0, from_file.stderr
+    plans = [json.loads(r.stdout)["plans"] for r in (from_file, from_flags)]
+    assert plans[0] == plans[1]
+    assert {"method": "eagle", "tokens": 3, "acceptance_length": 2.5} in [
+        p["deployment"].get("speculative") for p in plans[0]]
+
+
+@pytest.mark.parametrize(("spec", "field", "says"), [
+    ("{method: draft, draft_model: llama3-70b, tokens: 3, acceptance_rate: 0.7}",
+     "speculative.draft_model", "no smaller than the target"),
+    ("{method: eagle, tokens: 3}", "speculative", "give one of acceptance_length"),
+    ("{method: eagle, tokens: 3, acceptance_length: 2, typo: 1}", "speculative.typo", "unknown field")])
+def test_a_serve_job_files_speculative_is_checked_naming_its_field(tmp_path, spec, field, says):
+    job = tmp_path / "job.yaml"
+    job.write_text(SERVE_JOB + f"speculative: {spec}\n")
+    _refused("serve", job, megabytes=None, needles=(f"{job}: {field}: ", says))
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--moe-imbalance", "0.5"), ("--global-batch", "0"), ("--seq-len", "0")])
+def test_a_job_flag_out_of_range_is_named_by_its_flag(tmp_path, flag, value):
+    args = {"--moe-imbalance": "1.25", "--global-batch": "8", "--seq-len": "1024", flag: value}
+    err = _refused("search", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "8",
+                   *(x for kv in args.items() for x in kv), megabytes=None,
+                   needles=(f"autoplan: error: {flag}: expected a value >= 1",))
+    assert "command line" not in err and "job." not in err
+
+
+def test_a_broken_disaggregated_pool_is_the_only_problem_reported(tmp_path):
+    text = (ROOT / "examples" / "serving" / "chat-disaggregated-plan.yaml").read_text()
+    plan = tmp_path / "p.yaml"
+    plan.write_text(text.replace("prefill: {replicas: 2, tp: 2}", "prefill: {replicas: 2, tp: 0}"))
+    err = _refused("evaluate", plan, megabytes=None,
+                   needles=(f"{plan}: deployment.disaggregated.prefill.tp: expected a value >= 1",))
+    assert "deployment.tp" not in err and len(err.strip().splitlines()) == 1
