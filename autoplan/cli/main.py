@@ -9,7 +9,6 @@ import enum
 import math
 import os
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -33,6 +32,7 @@ from autoplan.cli.app import (
     StackOpt,
     _yaml,
     app,
+    naming,
 )
 from autoplan.errors import AutoplanError, InputError, Problem
 from autoplan.plan import Plan, Prediction
@@ -45,41 +45,6 @@ if TYPE_CHECKING:
     from autoplan.bench.validate import Validation
     from autoplan.measured.profile import Profile
     from autoplan.request import Request, TrainGoal
-
-@contextlib.contextmanager
-def _naming(*given: tuple[str, object | None], every: str | None = None) -> Iterator[None]:
-    """Errors about a file a flag named say so: a problem whose source is a flag's value (a
-    path: ``--stack /dev/zero``) is reported as ``FLAG: PATH: ...``, so that the message
-    names the flag as well as the file (for the flags whose file is not the command's
-    subject: a stack, a space, a profile, a draft model, a runs log; a model or cluster
-    file's errors start with the file, as a plan's do). ``every``: the flag every problem raised in the
-    block is about (``--runs``: a runs log's rows name files of their own, a cluster or
-    model path; the message then names the flag and the log first)."""
-    try:
-        yield
-    except InputError as exc:
-        values: dict[str, tuple[str, str]] = {}
-        for flag, value in given:
-            if value is not None:
-                for spelling in (str(value), str(Path(str(value))), str(Path(str(value)).expanduser())):
-                    values.setdefault(spelling, (flag, str(value)))
-        flags = {flag for flag, _ in given}
-
-        def named(p: Problem) -> Problem:
-            if p.source in flags:
-                return p
-            if p.source in values:
-                return Problem(values[p.source][0], "", str(p))
-            if every is not None:
-                path = next((v for f, v in given if f == every and v is not None), None)
-                return Problem(every, "", f"{path}: {p}" if path is not None else str(p))
-            return p
-
-        problems = [named(p) for p in exc.problems]
-        if problems == list(exc.problems):
-            raise
-        raise InputError(problems) from None
-
 
 def _recompute_modules_option(text: str) -> tuple[RecomputeModule, ...]:
     """``--recompute-modules moe_act,layernorm``: Megatron-Core's module names, each once."""
@@ -201,7 +166,7 @@ def search(
         raise InputError.single("--plot", "", "--out already writes to stdout ('-')")
     if files.is_stdout(out_path) or files.is_stdout(plot):
         output.data_to_stderr()
-    with _naming(("--space", space), ("--profile", profile), ("--stack", stack)):
+    with naming(("--space", space), ("--profile", profile), ("--stack", stack)):
         req = build_request(job_file, model=model, cluster=cluster,
                             gpus=None if counts is None else counts[0] if len(counts) == 1 else counts,
                             global_batch=global_batch, seq_len=seq_len, dtype=dtype, space=space,
@@ -610,14 +575,14 @@ def serve(
         weights=weights, kv_cache=kv_cache, price=price, prefix_share=prefix_share,
         prefix_groups=prefix_groups, speculative=speculative, spec_tokens=spec_tokens,
         acceptance_length=acceptance_length, acceptance_rate=acceptance_rate, draft_model=draft_model)
-    with _naming(("--draft-model", draft_model)):
+    with naming(("--draft-model", draft_model)):
         job = check_serve_options(job_file, given)
     if out_path is not None:
         files.check_target(out_path)
         if files.is_stdout(out_path):
             output.data_to_stderr()
     files.check_apart([("--out", out_path), ("--plot", plot)], [job_file])
-    with _naming(("--draft-model", draft_model)):
+    with naming(("--draft-model", draft_model)):
         req = build_serve_request(job_file, job, given)
     m, c, eng, slo = req.model, req.cluster, req.engine, req.slo
     arrival, inp, outp = req.workload.arrival, req.workload.input_len, req.workload.output_len
@@ -881,7 +846,7 @@ def evaluate(
     if measured_runs is not None:
         from autoplan.tune.residual import fit_residual
 
-        with _naming(("--runs", runs), every="--runs"):
+        with naming(("--runs", runs), every="--runs"):
             learned = fit_residual(measured_runs, str(runs))
     if fmt is Format.json:
         docs = [_training_document(p, r) for p, r in results]
@@ -908,7 +873,7 @@ def _read_profile(profile: Path | None) -> Profile | None:
         return None
     from autoplan.measured.profile import read_profile
 
-    with _naming(("--profile", profile)):
+    with naming(("--profile", profile)):
         return read_profile(profile)
 
 
@@ -919,7 +884,7 @@ def _read_runs(runs: Path | None) -> list[Any] | None:
         return None
     from autoplan.tune.runs import read_runs
 
-    with _naming(("--runs", runs), every="--runs"):
+    with naming(("--runs", runs), every="--runs"):
         return read_runs(runs)
 
 
@@ -927,14 +892,14 @@ def _read_training(data: Any, path: Path, profile: Path | None, given: Profile |
     """A training plan file, its cluster through the one door of measured profiles."""
     from autoplan.planfile import read_plan
 
-    with _naming(("--profile", profile)):
+    with naming(("--profile", profile)):
         return read_plan(data, str(path), profile=given)
 
 
 def _read_serving(data: Any, path: Path, profile: Path | None, given: Profile | None) -> Any:
     from autoplan.serving.planfile import read_serving_plan
 
-    with _naming(("--profile", profile)):
+    with naming(("--profile", profile)):
         return read_serving_plan(data, str(path), profile=given)
 
 
@@ -944,7 +909,7 @@ def _with_stack(loaded: list[Plan], stack: str | None) -> list[Plan]:
         return loaded
     from autoplan.descriptors.library import resolve_stack
 
-    with _naming(("--stack", stack)):
+    with naming(("--stack", stack)):
         named = resolve_stack(stack, "--stack", "")
     return [dataclasses.replace(plan, stack=named) for plan in loaded]
 
@@ -1573,7 +1538,7 @@ def check_plan_file(
     from autoplan.check import Status, check_plan
     from autoplan.descriptors.space import load_space
 
-    with _naming(("--space", space)):
+    with naming(("--space", space)):
         searchspace = load_space(space) if space is not None else None
     if out_path is not None:
         files.check_target(out_path)
@@ -1582,7 +1547,7 @@ def check_plan_file(
     if stack is not None:
         from autoplan.descriptors.library import resolve_stack
 
-        with _naming(("--stack", stack)):
+        with naming(("--stack", stack)):
             software = resolve_stack(stack, "--stack", "")
     measured_runs = _read_runs(runs)
     searching = output.working(fmt.value, f"checking {plan_path}: searching the "

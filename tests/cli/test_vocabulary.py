@@ -73,10 +73,13 @@ def _first_sentence(text: str) -> str:
 
 def live_rows() -> list[dict[str, Any]]:
     """Every option of every command: its flag, short aliases, other long spellings,
-    what it takes, its meaning (the help's first sentence); ``--help`` aside."""
+    what it takes, its meaning (the help's first sentence); ``--help`` aside. A hidden
+    option is a former spelling kept working (``tune --top-k``, "--top's former name"):
+    listed with the option its help names, not as a row of its own."""
     import typer
 
-    rows = []
+    rows: list[dict[str, Any]] = []
+    former: list[tuple[str, Any]] = []
     for name, command in _commands():
         ctx = typer._click.core.Context(command, info_name=name) if hasattr(typer, "_click") else None
         if ctx is None:
@@ -86,11 +89,19 @@ def live_rows() -> list[dict[str, Any]]:
         for param in command.params:
             if getattr(param, "param_type_name", "") != "option" or "--help" in param.opts:
                 continue
+            if getattr(param, "hidden", False):
+                former.append((name, param))
+                continue
             longs = [o for o in param.opts if o.startswith("--")]
             shorts = [o for o in param.opts if not o.startswith("--")]
             rows.append({"command": name, "flag": longs[0], "short": shorts, "also": longs[1:]
                          + list(param.secondary_opts), "takes": _takes(param, ctx),
                          "meaning": _first_sentence(param.help or "")})
+    for name, param in former:
+        named = re.search(r"--[a-z][a-z-]*", param.help or "")
+        row = next((r for r in rows if r["command"] == name and named and r["flag"] == named.group()), None)
+        assert row is not None, f"{name} {param.opts}: a hidden option's help names the option it spells"
+        row["also"] += [o for o in param.opts if o not in row["also"] and o != row["flag"]]
     return rows
 
 
