@@ -363,7 +363,7 @@ def runs_import(
     from autoplan.errors import Problem
     from autoplan.planfile import read_plan
     from autoplan.tune.logs import read_log
-    from autoplan.tune.runs import Run, run_problems
+    from autoplan.tune.runs import Run, peak_gib_problem, run_problems, step_time_problem
 
     if group and (why := name_problem(group)):
         raise InputError.single("--group", "", why)
@@ -374,6 +374,9 @@ def runs_import(
     appended_runs(out_path, [], room=len(logs))  # refused, every row of it, before any log is read
     plan = read_plan(read_yaml(plan_path), str(plan_path))
     pred = evaluate(plan)
+    # the prediction is recorded where it is in the runs log's range (calibrate predicts again)
+    pred_step = pred.step_time_s if step_time_problem(pred.step_time_s) is None else None
+    pred_peak = pred.memory.peak / GiB if peak_gib_problem(pred.memory.peak / GiB) is None else None
     tokens = plan.job.global_batch * plan.job.seq_len
     found: list[Run] = []
     said: list[str] = []
@@ -388,8 +391,7 @@ def runs_import(
         if reading.oom:
             run = Run(plan=plan, status="oom", reason=f"{path.name}: out of memory",
                       measured_peak_gib=reading.peak_gib, source="import", runner=reading.format,
-                      time=when, group=group, predicted_step_time_s=pred.step_time_s,
-                      predicted_peak_gib=pred.memory.peak / GiB)
+                      time=when, group=group, predicted_step_time_s=pred_step, predicted_peak_gib=pred_peak)
         elif not timed:
             got = len(reading.step_times_s)
             raise InputError.single(str(path), "", (
@@ -399,8 +401,8 @@ def runs_import(
         else:
             run = Run(plan=plan, measured_step_time_s=statistics.median(timed),
                       measured_peak_gib=reading.peak_gib, source="import", runner=reading.format,
-                      time=when, steps=len(timed), group=group, predicted_step_time_s=pred.step_time_s,
-                      predicted_peak_gib=pred.memory.peak / GiB)
+                      time=when, steps=len(timed), group=group, predicted_step_time_s=pred_step,
+                      predicted_peak_gib=pred_peak)
         if problems := run_problems(run, str(path)):  # what the runs log would refuse to read back
             raise InputError(problems)
         found.append(run)

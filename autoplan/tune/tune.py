@@ -161,27 +161,29 @@ def layout_text(plan: Plan) -> str:
 
 
 def runs_of(result: TuneResult, runner: str, steps: int) -> list[Run]:
-    """The runs log rows of a tuning (every trial, measured or not). A trial whose numbers
-    the runs log would refuse (:func:`~autoplan.tune.runs.run_problems`: a step time or a
-    peak out of its range) is recorded as failed, with why, its numbers left out: the
-    tuning's other rows are still written."""
-    from autoplan.tune.runs import run_problems
+    """The runs log rows of a tuning (every trial, measured or not). The runs log holds
+    numbers in one range (:mod:`autoplan.tune.runs`): a prediction outside it is left out
+    (calibrate predicts again), and a trial whose measurement is outside it is recorded as
+    failed, with why, its numbers left out, so that the tuning's other rows are still
+    written."""
+    from autoplan.tune.runs import peak_gib_problem, step_time_problem
 
     out = []
     for t in result.trials:
         o = t.outcome
         run = Run(plan=t.plan, status=o.status, measured_step_time_s=o.step_time_s,
-                  measured_peak_gib=o.peak_gib, predicted_step_time_s=t.predicted_step_s,
-                  predicted_peak_gib=t.predicted_peak_gib, reason=o.reason, source="tune",
-                  runner=runner, time=t.started, steps=steps if o.status == "ok" else None)
-        if problems := run_problems(run):
-            why = "; ".join(f"{p.field}: {p.message}" for p in problems)
-            bad = {p.field for p in problems}
-            run = dataclasses.replace(
-                run, status="failed", measured_step_time_s=None, steps=None,
-                measured_peak_gib=None if "measured_peak_gib" in bad else run.measured_peak_gib,
-                predicted_step_time_s=None if "predicted_step_time_s" in bad else run.predicted_step_time_s,
-                predicted_peak_gib=None if "predicted_peak_gib" in bad else run.predicted_peak_gib,
-                reason=f"not a measurement: {why}")
+                  measured_peak_gib=o.peak_gib, reason=o.reason, source="tune", runner=runner,
+                  time=t.started, steps=steps if o.status == "ok" else None,
+                  predicted_step_time_s=t.predicted_step_s if step_time_problem(t.predicted_step_s) is None
+                  else None,
+                  predicted_peak_gib=t.predicted_peak_gib if peak_gib_problem(t.predicted_peak_gib) is None
+                  else None)
+        why = [f"{key}: {problem}" for key, value, check in (
+            ("measured_step_time_s", o.step_time_s, step_time_problem),
+            ("measured_peak_gib", o.peak_gib, peak_gib_problem))
+            if value is not None and (problem := check(value)) is not None]
+        if why:
+            run = dataclasses.replace(run, status="failed", measured_step_time_s=None, measured_peak_gib=None,
+                                      steps=None, reason="not a measurement: " + "; ".join(why))
         out.append(run)
     return out

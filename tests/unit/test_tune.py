@@ -201,6 +201,18 @@ def test_tune_ranks_by_measurement_keeps_failures_last_and_stops_when_asked():
     assert [r.measured_step_time_s for r in rows] == [2.0, 5.0] and rows[0].source == "tune"
 
 
+def test_a_trial_measuring_what_the_runs_log_refuses_is_logged_as_failed_and_the_rest_written():
+    ranked = ranked_cpu_plans()
+    tp2, dp2 = ranked[0][0].layout, ranked[2][0].layout
+    result = tune(ranked, FakeRunner(times={tp2: 1e-300, dp2: 2.0}), Trial(steps=3), top_k=2)
+    rows = {r.plan.layout: r for r in runs_of(result, "fake", 3)}
+    assert rows[dp2].status == "ok" and rows[tp2].status == "failed"
+    assert rows[tp2].measured_step_time_s is None and "not a measurement" in rows[tp2].reason
+    assert rows[tp2].predicted_step_time_s == pytest.approx(ranked[0][1].step_time_s)
+    back = parse_runs(csv_text(rows.values()), "runs.csv", ROOT)  # the whole tuning is written
+    assert sorted(r.status for r in back) == ["failed", "ok"]
+
+
 def test_an_interrupted_trial_ends_the_tuning_and_keeps_what_was_measured():
     result = tune(ranked_cpu_plans(), FakeRunner(interrupt_at=2), Trial(), top_k=3)
     assert result.interrupted
