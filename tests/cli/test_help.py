@@ -35,3 +35,23 @@ def test_a_short_option_means_one_long_option_across_commands() -> None:
         for long, short in re.findall(r"(--[a-z-]+)\s+(-[a-zA-Z])\s", text):
             assert meaning.setdefault(short, long) == long, (command, short, long, meaning[short])
     assert {"-o", "-f", "-m", "-c", "-t"} <= set(meaning)
+
+
+# issue 47: a flag that takes one of a fixed set shows the set, not <str>
+@pytest.mark.parametrize(("command", "flag", "choices"), [
+    (["bench"], "--device", "<cpu|cuda>"),
+    (["bench"], "--preset", "<tiny|default|full>"),
+    (["validate"], "--device", "<cpu|cuda>"),
+    (["tune"], "--device", "<cpu|cuda>"),
+    (["tune"], "--runner", "<local|torchrun|slurm>"),
+    (["tune"], "--launcher", "<megatron|torchtitan>"),
+    (["export"], "--launcher", "<megatron|deepspeed|torchtitan>"),
+    (["export"], "--to", "<megatron|deepspeed|nemo|torchtitan|slurm|vllm|sglang|trtllm>"),
+    (["search"], "--objective", "<time|cost|energy>"),
+    (["serve"], "--objective", "<goodput|cost|energy>"),
+    (["explain"], "--format", "<table|json>"),
+])
+def test_a_flag_of_fixed_choices_shows_them(command: list[str], flag: str, choices: str) -> None:
+    text = autoplan(*command, "--help", env={"COLUMNS": "250"}).stdout
+    line = next(x for x in text.splitlines() if re.match(rf"\W*{flag}\s", x))  # the option's own row
+    assert choices in line, line
