@@ -337,6 +337,7 @@ def read_runs(path: Path, flag: str | None = None) -> list[Run]:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise InputError.single(str(path), "", f"not UTF-8 text (byte {exc.start})") from None
+    del data  # the text only from here: a log at the bound is held once, not twice
     return parse_runs(text, str(path), path.parent)
 
 
