@@ -51,22 +51,26 @@ def appended_runs(path: Path, runs: list[Any], *, check: bool = True, room: int 
     a user's CSV gains the columns it lacks). ``check``: every existing row is read as
     calibrate and check read it, so nothing is appended to a log they refuse (done before
     any trial or import; the append after it checks the header only). ``room``: rows that
-    must fit after the existing ones (a tuning's trials)."""
+    must fit after the existing ones (a tuning's trials). Errors name ``--runs`` and the
+    log (:func:`naming`)."""
+    from autoplan.cli.app import naming
     from autoplan.descriptors.strict import read_limited
     from autoplan.tune.runs import MAX_ROWS, MAX_RUNS_BYTES, count_rows, csv_text
 
-    existing = ""
-    if path.exists() or path.is_symlink():
-        data = read_limited(path, MAX_RUNS_BYTES, "a runs log", source="--runs")
-        try:
-            existing = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InputError.single(str(path), "", f"not UTF-8 text (byte {exc.start})") from None
-    text = csv_text(runs, existing, str(path), path.parent if check else None)
-    if room and existing.strip() and count_rows(existing.removeprefix("\ufeff"), str(path)) + room > MAX_ROWS:
-        raise InputError.single(str(path), "", f"no room for {room} more runs under the runs log's "
-                                               f"{MAX_ROWS:,} rows: append to a new one (--runs)")
-    return text
+    with naming(("--runs", path), every="--runs"):
+        existing = ""
+        if path.exists() or path.is_symlink():
+            data = read_limited(path, MAX_RUNS_BYTES, "a runs log", source="--runs")
+            try:
+                existing = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError.single(str(path), "", f"not UTF-8 text (byte {exc.start})") from None
+        text = csv_text(runs, existing, str(path), path.parent if check else None)
+        body = existing.removeprefix("\ufeff")
+        if room and body.strip() and count_rows(body, str(path)) + room > MAX_ROWS:
+            raise InputError.single(str(path), "", f"no room for {room} more runs under the runs log's "
+                                                   f"{MAX_ROWS:,} rows: append to a new one")
+        return text
 
 
 class _CtrlC:
