@@ -332,10 +332,9 @@ def timeline_rich(events: Sequence[Event], stages: int, *, width: int = 100) -> 
 def require_png() -> None:
     """Raise the error :func:`timeline_png` would, before any work, where matplotlib (an
     optional extra) is missing."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise AutoplanError("PNG needs matplotlib: pip install matplotlib (or use .svg)") from None
+    from autoplan.png import require_png as require
+
+    require()
 
 
 def timeline_png(events: Sequence[Event], stages: int, *, title: str = "") -> bytes:

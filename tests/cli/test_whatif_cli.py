@@ -119,7 +119,7 @@ device:
     (("--train-tokens", "1e11", "--price", "0"), "--price: expected a number > 0"),
     (("--train-tokens", "1e11", "--deadline", "-1"), "--deadline: expected a number > 0"),
     (("--train-tokens", "1e11", "--budget", "1e300"), "--budget: expected a number > 0"),
-    (("--train-tokens", "1e11", "--plot", "front.png"), "--plot: expected a .svg file"),
+    (("--train-tokens", "1e11", "--plot", "front.pdf"), "--plot: expected a .svg or .png file"),
     (("--train-tokens", "1e11", "--objective", "speed"), "speed"),
     (("--gpus", "1..100000000000", "--train-tokens", "1e11"), "--gpus: expected at most 16"),
     (("--gpus", "8,12", "--train-tokens", "1e11"), "--gpus: expected a multiple of dgx-h100"),

@@ -120,7 +120,7 @@ def test_one_count_draws_its_front_too(tmp_path) -> None:
 @pytest.mark.parametrize(("args", "flag"), [
     (("--gpus", "2", "--objective", "cost"), "--objective"),  # one count: nothing to choose
     (("--gpus", "1,2", "--objective", "speed"), "--objective"),
-    (("--gpus", "1,2", "--plot", "front.png"), "--plot"),
+    (("--gpus", "1,2", "--plot", "front.pdf"), "--plot"),
     (("--gpus", "0,2"), "--gpus"),
     (("--gpus", "8..2"), "--gpus"),
     (("--gpus", "lots"), "--gpus"),

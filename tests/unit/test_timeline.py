@@ -180,7 +180,7 @@ def test_png_without_matplotlib_raises_a_clear_autoplan_error(monkeypatch, tmp_p
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(AutoplanError, match=r"PNG needs matplotlib: pip install matplotlib \(or use .svg\)"):
+    with pytest.raises(AutoplanError, match=r'PNG needs matplotlib: pip install "autoplan\[png\]"'):
         timeline_png(ONE_F_ONE_B, 2)
 
 
