@@ -19,7 +19,6 @@ from html import escape
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from autoplan.errors import AutoplanError
 from autoplan.schedules.events import Event
 
 KINDS = ("F", "B", "W")
