@@ -185,10 +185,7 @@ def build_request(
             if p.field in ("job.global_batch", "job.seq_len") and "missing" in p.message:
                 problems.remove(p)
                 flag = "--" + p.field.split(".")[1].replace("_", "-")
-                problems.append(Problem(source, p.field, f"missing: give {flag} or set it in a job file")
-                                if job_file is not None else
-                                Problem(flag, "", "missing: give it, or a job file that sets "
-                                                  f"{p.field}"))
+                problems.append(Problem(source, p.field, f"missing: give {flag} or set it in a job file"))
     resolved_model = resolved_cluster = None
     pooled: PooledCluster | None = None
     try:
