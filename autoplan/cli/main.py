@@ -848,20 +848,28 @@ def evaluate(
 
         with naming(("--runs", runs), every="--runs"):
             learned = fit_residual(measured_runs, str(runs))
+    if learned is not None:
+        # a plan on a device no run measured is predicted, not corrected: said once, on stderr
+        for path, (plan, _) in zip(plans, results, strict=True):
+            if (why := learned.why_not(plan)) is not None:
+                output.err.print(f"autoplan: note: --runs: {files.name(runs)}: no correction for "
+                                 f"{files.name(path)}: {why}", markup=False)
     if fmt is Format.json:
         docs = [_training_document(p, r) for p, r in results]
         if learned is not None:
             for doc, (p, r) in zip(docs, results, strict=True):
-                doc["prediction"]["learned_from_runs"] = learned.to_dict(p, r)
+                if learned.why_not(p) is None:
+                    doc["prediction"]["learned_from_runs"] = learned.to_dict(p, r)
         output.emit_json({"plans": docs})
     else:
         for path, (plan, pred) in zip(plans, results, strict=True):
             _print_prediction(path, plan, pred)
-            if learned is not None:
+            if learned is not None and learned.why_not(plan) is None:
                 p10, p50, p90 = learned.band(plan, pred)
                 output.out.print(escape(
                     f"step time: {pred.step_time_s:.3f} s predicted by the cost model (above); "
-                    f"{p50:.3f} s corrected by the {learned.runs} measured runs of {runs} "
+                    f"{p50:.3f} s corrected by the {learned.runs_for(plan)} measured runs of {runs} "
+                    f"on {plan.cluster.device.name} "
                     f"({p10:.3f} to {p90:.3f} s, 10th to 90th percentile over the trees)"))
     if not all(pred.feasible for _, pred in results):
         raise typer.Exit(1)

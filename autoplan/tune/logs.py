@@ -34,15 +34,17 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from autoplan.tune.runs import MAX_PEAK_GIB, MAX_STEP_S, MIN_STEP_S
+
 MEGATRON = "megatron"
 TORCHTITAN = "torchtitan"
 FORMATS = (MEGATRON, TORCHTITAN)
 
 # What a number in a log may be: one outside is no measurement (a corrupted line, a
 # stray print), named as a problem rather than taken.
-MIN_STEP_S = 1e-6  # a training step of under a microsecond: less than one kernel launch (~5 us)
-MAX_STEP_S = 1e6  # a step of 11 days is no measurement (the runs log's bound, tune/runs.py)
-MAX_PEAK_GIB = 1e6  # a petabyte on one device (the runs log's bound, tune/runs.py)
+# A step time and a peak: the runs log's own range (tune/runs.py: a microsecond, under one
+# kernel launch, to 11.6 days; above 0 and at most a petabyte on one device), so that what a
+# log gives the runs log takes.
 MAX_STEP_DIGITS = 12  # 10^12 steps of a microsecond each take 11 days
 MAX_TPS = 1e10  # tokens per second per device: a GPU trains a tiny model at ~10^6
 # Launchers' lines are under a kilobyte (Megatron-LM's longest, with every optional
