@@ -175,10 +175,10 @@ def build_request(
         ("global_batch", "--global-batch", global_batch), ("seq_len", "--seq-len", seq_len),
         ("dtype", "--dtype", dtype), ("moe_imbalance", "--moe-imbalance", moe_imbalance))
         if value is not None}
-    for i in range(before, len(problems)):  # a flag's value is the flag's problem, not the file's
+    for i in range(before, len(problems)):  # a flag's value: the flag's, and the field it sets
         key = problems[i].field.removeprefix("job.")
         if problems[i].field.startswith("job.") and key in flagged:
-            problems[i] = Problem(flagged[key], "", problems[i].message)
+            problems[i] = Problem(flagged[key], problems[i].field, problems[i].message)
     if job is None and isinstance(job_doc, dict):
         # name the option a user would reach for, not only the file field
         for p in list(problems):
