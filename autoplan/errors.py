@@ -5,6 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+# what drawing a PNG says where matplotlib (the ``png`` extra, pyproject.toml: png =
+# ["matplotlib>=3.7"]) is missing: the README's install line; the timeline and the fronts
+# say it alike
+PNG_MISSING = ('PNG needs matplotlib: pip install "autoplan[png]" (from a checkout: '
+               'pip install ".[png]"), or write .svg')
+
 
 class AutoplanError(Exception):
     """Base class for every error caused by input; the CLI maps it to exit 2."""

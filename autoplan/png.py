@@ -15,16 +15,13 @@ import io
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from autoplan.errors import AutoplanError
+from autoplan.errors import PNG_MISSING, AutoplanError
 from autoplan.text import report_safe
 
 if TYPE_CHECKING:
     from autoplan.serving.search import Ranked
     from autoplan.whatif.sweep import Point
 
-# the README's install line for the extra (pyproject.toml: png = ["matplotlib>=3.7"])
-PNG_MISSING = ('PNG needs matplotlib: pip install "autoplan[png]" (from a checkout: '
-               'pip install ".[png]"), or write .svg')
 
 # the SVGs' colours (autoplan.whatif.plot)
 FRONT, OTHER, LIMIT, CHOSEN = "#4c78a8", "#9d9d9d", "#e45756", "#f58518"

@@ -19,6 +19,7 @@ from html import escape
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from autoplan.errors import PNG_MISSING, AutoplanError
 from autoplan.schedules.events import Event
 
 KINDS = ("F", "B", "W")
@@ -331,9 +332,10 @@ def timeline_rich(events: Sequence[Event], stages: int, *, width: int = 100) -> 
 def require_png() -> None:
     """Raise the error :func:`timeline_png` would, before any work, where matplotlib (an
     optional extra) is missing."""
-    from autoplan.png import require_png as require
-
-    require()
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise AutoplanError(PNG_MISSING) from None
 
 
 def timeline_png(events: Sequence[Event], stages: int, *, title: str = "") -> bytes:

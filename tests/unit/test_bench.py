@@ -238,7 +238,7 @@ def test_cli_world_of_one_writes_the_csv_to_stdout_without_collectives() -> None
 @pytest.mark.parametrize(("args", "needles"), [
     (["--model", "llama3-8b,no-such-model"], ["--model", "unknown model 'no-such-model'"]),
     (["--device", "cuda"], ["--device", "no CUDA device"]),
-    (["--device", "tpu"], ["--device", "expected cpu or cuda"]),
+    (["--device", "tpu"], ["--device", "expected one of cpu, cuda"]),
     (["--preset", "huge"], ["--preset", "expected one of tiny, default, full"]),
     (["--world", "0"], ["--world", "at least 1"]),
     (["--descriptor", "h1000"], ["--descriptor", "unknown device 'h1000'"]),

@@ -115,7 +115,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("axes", ("autoplan.parallel",)),  # one module per parallel axis
     ("cost", ("autoplan.cost",)),  # per-stage sums, the plan's evaluation, the search's bounds
     ("measured", ("autoplan.measured",)),  # profiles and what is fitted on them
-    ("commands", ("autoplan.planfile", "autoplan.request", "autoplan.check", "autoplan.diff",
+    ("commands", ("autoplan.planfile", "autoplan.request", "autoplan.check", "autoplan.diff", "autoplan.png",
                   "autoplan.search", "autoplan.serving", "autoplan.export", "autoplan.whatif",
                   "autoplan.bench", "autoplan.tune")),
     ("cli", ("autoplan.cli",)),
