@@ -219,8 +219,7 @@ def build_request(
         except InputError as exc:
             problems.extend(exc.problems)
     if recompute_modules is not None and not problems:
-        resolved_space = dataclasses.replace(resolved_space, recompute_modules=tuple(
-            m for m in RecomputeModule if m in recompute_modules))
+        resolved_space = dataclasses.replace(resolved_space, recompute_modules=tuple(recompute_modules))
     if resolved_model is not None and not problems:
         lacking = recompute_modules_problem(resolved_model, resolved_space.recompute_modules)
         if lacking and recompute_modules is not None:

@@ -48,13 +48,15 @@ if TYPE_CHECKING:
 
 def _recompute_modules_option(text: str) -> tuple[RecomputeModule, ...]:
     """``--recompute-modules moe_act,layernorm``: Megatron-Core's module names, each once."""
+    from autoplan.descriptors import strict
+
     names = [n.strip() for n in text.split(",")]
     known = {m.value: m for m in RecomputeModule}
     bad = [n for n in names if n not in known]
     if bad or not names or len(set(names)) != len(names):
         raise InputError.single("--recompute-modules", "", (
             f"expected a comma-separated list of distinct modules from {', '.join(known)}, "
-            f"got {text!r}"))
+            f"got {strict.shown(text)}"))
     return tuple(known[n] for n in names)
 
 
@@ -166,11 +168,13 @@ def search(
         raise InputError.single("--plot", "", "--out already writes to stdout ('-')")
     if files.is_stdout(out_path) or files.is_stdout(plot):
         output.data_to_stderr()
+    modules = None if recompute_modules is None else _recompute_modules_option(recompute_modules)
     with naming(("--space", space), ("--profile", profile), ("--stack", stack)):
         req = build_request(job_file, model=model, cluster=cluster,
                             gpus=None if counts is None else counts[0] if len(counts) == 1 else counts,
                             global_batch=global_batch, seq_len=seq_len, dtype=dtype, space=space,
                             moe_imbalance=moe_imbalance, profile=profile, stack=stack,
+                            recompute_modules=modules,
                             train_flags=(("--train-tokens", train_tokens),
                                          ("--objective", objective and objective.value),
                                          ("--price", price), ("--deadline", deadline),
@@ -179,9 +183,6 @@ def search(
                                          plot)
     if no_offload:
         req = dataclasses.replace(req, space=dataclasses.replace(req.space, offload=(NO_OFFLOAD,)))
-    if recompute_modules is not None:
-        req = dataclasses.replace(req, space=dataclasses.replace(
-            req.space, recompute_modules=_recompute_modules_option(recompute_modules)))
     if req.pools is not None:
         if whatif is not None:
             raise InputError.single("--train-tokens", "", f"cluster {req.pools.name} has pools: "
@@ -848,7 +849,7 @@ def evaluate(
 
         with naming(("--runs", runs), every="--runs"):
             learned = fit_residual(measured_runs, str(runs))
-    if learned is not None:
+    if learned is not None and runs is not None:
         # a plan on a device no run measured is predicted, not corrected: said once, on stderr
         for path, (plan, _) in zip(plans, results, strict=True):
             if (why := learned.why_not(plan)) is not None:
