@@ -135,10 +135,16 @@ def front_table(points: Sequence[Point], front: Sequence[Point], kept: Sequence[
         mark = (">" if chosen is not None and p.gpus == chosen.gpus
                 else "*" if p.gpus in ok else "x" if p.gpus in on_front else "")
         goodput = () if not fails else (f"{e.goodput:.1%}" if e.goodput is not None else "-",)
+        # a run failures keep from finishing (Reliability.finishes) takes forever: "never"
+        # rather than inf days, GPU-hours, dollars and MWh
+        never = not e.finishes
         table.add_row(
             mark, str(p.gpus), labels[p.gpus], f"{e.step_time_s:.3f}", f"{e.tokens_per_s:,.0f}",
-            *goodput, f"{e.train_days:,.1f}", f"{e.gpu_hours:,.0f}",
+            *goodput, "never" if never else f"{e.train_days:,.1f}",
+            "never" if never else f"{e.gpu_hours:,.0f}",
+            "never" if never and price_known else
             f"{e.cost_usd:,.0f}" if price_known and e.cost_usd is not None else "-",
+            "never" if never and e.energy_mwh is not None else
             f"{e.energy_mwh:,.1f}" if e.energy_mwh is not None else "-")
     return table
 
@@ -168,7 +174,9 @@ def reliability_lines(found: dict[str, Reliability], gpus: int) -> list[str]:
            f"written in {first.write_s:,.1f} s"]
     for how, r in found.items():
         out.append(f"saved {how}ly: every {r.interval_s / 60:,.1f} min of training (Daly's optimum), "
-                   f"stalling {r.stall_s:,.2f} s each; goodput {r.goodput:.1%} of the wall clock")
+                   f"stalling {r.stall_s:,.2f} s each; goodput {r.goodput:.1%} of the wall clock"
+                   + ("" if r.finishes else ": the run never finishes (failures come faster than "
+                                            "a checkpoint's write and a restart)"))
     return out
 
 

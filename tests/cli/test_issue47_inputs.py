@@ -112,13 +112,19 @@ def test_the_slowest_legal_storage_on_the_most_failing_cluster_gives_a_run_that_
     assert r.returncode == 0, r.stderr
     found = json.loads(r.stdout)["plans"][0]["prediction"]["reliability"]["synchronous"]
     assert found["goodput"] == 0.0 and found["finishes"] is False
-    assert autoplan("explain", plan).returncode == 0
+    r = autoplan("explain", plan)
+    assert r.returncode == 0 and "the run never finishes" in r.stdout, r.stdout
     r = autoplan("search", "-m", "llama3-8b", "-c", worst, "--gpus", "4096", "--global-batch",
                  "4096", "--seq-len", "4096", "--train-tokens", "1e12", "--top", "1",
                  "--format", "json")
     assert r.returncode == 0, r.stderr
     point = json.loads(r.stdout)["pareto"][0]  # valid JSON: no Infinity
     assert point["train_days"] is None and point["reliability"]["finishes"] is False
+    # the table and the reliability lines say "never", not inf days
+    r = autoplan("search", "-m", "llama3-8b", "-c", worst, "--gpus", "4096", "--global-batch",
+                 "4096", "--seq-len", "4096", "--train-tokens", "1e12", "--top", "1")
+    assert r.returncode == 0, r.stderr
+    assert "never" in r.stdout and "inf" not in r.stdout.replace("infeasible", "")
 
 
 def test_a_plan_written_without_train_tokens_on_a_slow_cluster_evaluates(tmp_path):
