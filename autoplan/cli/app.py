@@ -8,10 +8,12 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import typer
 import yaml
 
@@ -29,6 +31,39 @@ def _flag_type_hidden(display: Any) -> Any:
         return display(self, ctx)  # type: ignore[no-any-return]
     return display_type_rich
 
+
+# A number flag's value as typed: Python's int() and float() (and pydantic's lax parsing,
+# which typer 0.29 uses) take "6_4" as 64 and Unicode digits as ASCII ones, so a mistyped
+# value would run silently as another number (issue 47's "2_5 reads as 25", refused in files
+# too: descriptors.strict). Other bad values keep typer's own words.
+def _odd_number(value: str) -> bool:
+    return "_" in value or not value.isascii()
+
+
+def _is_number_option(param: Any) -> bool:
+    """Whether ``param`` takes an int or a float: typer 0.29 keeps the annotation
+    (``type_descriptor``), older typer a click number type."""
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    if annotation is not None:
+        kinds = typing.get_args(annotation) or (annotation,)
+        return any(k in (int, float) for k in kinds)
+    return isinstance(getattr(param, "type", None), (click.types.IntParamType, click.types.FloatParamType))
+
+
+def _numbers_as_typed(consume: Any) -> Any:
+    """A number flag's value refused (a usage error naming the flag) where it holds an
+    underscore or a character outside ASCII (``_odd_number``)."""
+    def consume_value(self: Any, ctx: Any, opts: Any) -> Any:
+        value, source = consume(self, ctx, opts)
+        if isinstance(value, str) and _odd_number(value) and _is_number_option(self):
+            raise click.BadParameter("expected a number in plain ASCII digits (no _)",
+                                     ctx=ctx, param=self)
+        return value, source
+    return consume_value
+
+
+typer.core.TyperOption.consume_value = _numbers_as_typed(  # type: ignore[method-assign]
+    typer.core.TyperOption.consume_value)
 
 # typer renders option types through this hook in recent releases; older typer (the pyproject allows
 # >=0.12) has none, and shows flags its own way

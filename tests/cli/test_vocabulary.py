@@ -462,3 +462,18 @@ def test_one_counts_front_table_stays_as_it_was() -> None:
 
 if __name__ == "__main__":
     sys.stdout.write(table_markdown())
+
+
+@pytest.mark.parametrize(("args", "flag", "value"), [
+    (("search", "-m", "llama3-8b", "-c", "dgx-h100", "-n", "8", "-b", "6_4", "-s", "4096"),
+     "--global-batch", "6_4"),
+    ((*SEARCH, "--min-headroom", "1_0"), "--min-headroom", "1_0"),
+    ((*SEARCH, "--top", "\u0663"), "--top", "\u0663"),  # ARABIC-INDIC DIGIT THREE: int() reads 3
+    (("serve", "-m", "llama3-8b", "-c", "dgx-h100", "-n", "8", "--input-len", "1_024",
+      "--output-len", "128", "--rate", "1"), "--input-len", "1_024"),
+])
+def test_a_number_flag_written_with_an_underscore_or_other_digits_is_refused(args, flag, value):
+    # int("6_4") is 64 and float("1_0") is 10: a typo would run silently as another number
+    err = _refused(*args, needles=(f"autoplan: error: {flag}: expected a number in plain ASCII digits",),
+                   megabytes=None)
+    assert repr(value) in err or value in err
