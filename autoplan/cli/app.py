@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 import yaml
 
@@ -47,7 +46,9 @@ def _is_number_option(param: Any) -> bool:
     if annotation is not None:
         kinds = typing.get_args(annotation) or (annotation,)
         return any(k in (int, float) for k in kinds)
-    return isinstance(getattr(param, "type", None), (click.types.IntParamType, click.types.FloatParamType))
+    # older typer: click's types (click is then typer's dependency; recent typer vendors it)
+    kind = type(getattr(param, "type", None)).__name__
+    return kind in ("IntParamType", "FloatParamType", "IntRange", "FloatRange")
 
 
 def _numbers_as_typed(consume: Any) -> Any:
@@ -56,7 +57,7 @@ def _numbers_as_typed(consume: Any) -> Any:
     def consume_value(self: Any, ctx: Any, opts: Any) -> Any:
         value, source = consume(self, ctx, opts)
         if isinstance(value, str) and _odd_number(value) and _is_number_option(self):
-            raise click.BadParameter("expected a number in plain ASCII digits (no _)",
+            raise typer.BadParameter("expected a number in plain ASCII digits (no _)",
                                      ctx=ctx, param=self)
         return value, source
     return consume_value

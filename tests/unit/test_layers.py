@@ -259,3 +259,37 @@ def test_a_profile_loads_what_it_needs():
     loaded = loaded_after(cli("evaluate", "examples/cpu/plan-pp2.yaml", "--profile",
                               "examples/cpu/profile.csv", "--format", "json"))
     assert {"pandas", "sklearn", "numpy"} <= set(loaded)
+
+
+# the distributions that install what ``autoplan`` imports, by import name: the
+# pyproject's dependencies, then its extras (each imported lazily, where the extra is used)
+DECLARED = {"typer": "typer", "rich": "rich", "yaml": "pyyaml", "numpy": "numpy", "pandas": "pandas",
+            "sklearn": "scikit-learn", "scipy": "scipy", "ortools": "ortools"}
+EXTRAS = {"torch": "bench", "matplotlib": "png"}
+# imported only under contextlib.suppress(ImportError): older typer's click, which recent
+# typer vendors (cli.main._usage_errors)
+GUARDED = {("autoplan.cli.main", "click")}
+
+
+def test_every_module_autoplan_imports_is_the_standard_librarys_or_a_declared_dependencys():
+    """A fresh ``pip install .`` has only what the pyproject names: an import of a package
+    some other dependency happens to install (click, once typer's) fails there, while the
+    test environment, which has the extras' dozens of packages, hides it."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 on
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = {d.split(">")[0].split("=")[0].split("[")[0].strip().lower()
+             for d in project["dependencies"]}
+    extras = {k: " ".join(v).lower() for k, v in project["optional-dependencies"].items()}
+    assert set(DECLARED.values()) <= names, names
+    for module, extra in EXTRAS.items():
+        assert module in extras[extra]
+    stray = []
+    for path in PACKAGE.rglob("*.py"):
+        for line, imported in imported_modules(path):
+            top = imported.split(".")[0]
+            if top == "autoplan" or top in sys.stdlib_module_names or top in DECLARED or top in EXTRAS:
+                continue
+            if (module_name(path), top) not in GUARDED:
+                stray.append(f"{path.relative_to(ROOT)}:{line}: {imported}")
+    assert stray == [], "\n".join(stray)
