@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import codecs
 import csv
 import dataclasses
-import io
+import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import MAX_SEQ_LEN
@@ -38,6 +39,9 @@ from autoplan.serving.deployment import (
 )
 from autoplan.serving.engine import Engine
 from autoplan.units import MiB
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MAX_DEGREE = 1 << 16  # replicas, TP, PP, EP or attention DP: past any cluster
 MAX_REQUESTS = 1_000_000
@@ -76,62 +80,382 @@ def read_trace(ref: Any, source: str, field: str) -> Trace:
     path = Path(os.path.abspath(base / ref)) if not os.path.isabs(ref) else Path(ref)
     data = read_limited(path, MAX_TRACE_BYTES, "a request trace CSV", source=source, field=field,
                         label=ref)
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InputError.single(source, field, f"{ref}: cannot read: {exc}") from None
-    return _parse_trace(text, str(path))
+    if not data.isascii():  # ASCII is UTF-8; else decoded once to find the first bad byte
+        try:
+            data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise InputError.single(source, field, f"{ref}: cannot read: {exc}") from None
+    return _trace_rows(data, str(path))
+
+
+# Reading a trace's rows. A million rows read one by one through the csv module and
+# strict.decimal took 9.5 s and 411 MB (issue 47); numpy reads the rows that are plain
+# numbers a column at a time instead, and any other row is read as before, one by one,
+# so that every row is accepted or refused with the same words.
+_TRACE_CHUNK = 1 << 18  # bytes per numpy pass (about 15,000 rows): its work a few MB
+# a plain number (digits and at most one point) of at most this many digits, whose digits
+# make an integer of at most 2**53, is that integer over a power of ten, both exact in a
+# double, so one division rounds it as float() does (Clinger 1990, "How to read floating
+# point numbers accurately", the fast path)
+_PLAIN_DIGITS = 16
+_TRIM_STEPS = 8  # blanks stripped around a cell by numpy; a cell with more is read by Python
+_TENS = tuple(float(f"1e{k}") for k in range(23))  # exact: 10**22 is the largest power of ten a double holds
 
 
 def _parse_trace(text: str, label: str) -> Trace:
-    rows = csv.reader(io.StringIO(text))
+    """The trace in ``text``."""
+    return _trace_rows(text.encode("utf-8", "surrogatepass"), label)
+
+
+def _byte_lines(data: bytes, at: int) -> Iterator[str]:
+    """The lines of UTF-8 ``data`` from byte ``at`` on, as text."""
+    while at < len(data):
+        end = data.find(b"\n", at) + 1 or len(data)
+        yield data[at:end].decode("utf-8", "surrogatepass")
+        at = end
+
+
+def _trace_rows(data: bytes, label: str) -> Trace:
+    """The requests in ``data`` (UTF-8, a byte-order mark allowed). The header is read by
+    the csv module; the rows that are plain numbers by numpy (:func:`_plain_rows`), every
+    other one as the csv module and :func:`_trace_number` read it, in the file's order,
+    so that the limits on requests and on problems stop where a reading row by row stops."""
+    import numpy as np
+
+    skip = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+    rows = csv.reader(_byte_lines(data, skip))
     try:
-        return _trace_rows(rows, label)
+        header = next(rows, None)
     except csv.Error as exc:  # a field past csv's limit (128 KiB), a stray NUL in a quote
         raise InputError.single(label, f"row {rows.line_num}", f"not CSV: {exc}") from None
-
-
-def _trace_rows(rows: Any, label: str) -> Trace:
-    header = next(rows, None)
     names = [c.strip() for c in header] if header else []
     missing = [c for c in TRACE_COLUMNS if c not in names]
     if missing:
         raise InputError.single(label, "header", f"expected columns {', '.join(TRACE_COLUMNS)}; "
                                                  f"missing {', '.join(missing)}")
-    at = [names.index(c) for c in TRACE_COLUMNS]
-    limits = (None, MAX_SEQ_LEN, MAX_OUTPUT_TOKENS)
+    at = tuple(names.index(c) for c in TRACE_COLUMNS)
+    header_lines = rows.line_num  # a quoted name can hold several
+    start = skip
+    for _ in range(header_lines):
+        start = data.find(b"\n", start) + 1 or len(data)
+    plain, others, others_at = _plain_rows(data, start, at)
+    lines = plain[0]
+    limit = MAX_REQUESTS
     problems: list[Problem] = []
-    records: list[tuple[float, int, int, int]] = []
-    for line, row in enumerate(rows, start=2):
-        if not any(cell.strip() for cell in row):
-            continue
-        if len(records) >= MAX_REQUESTS:
-            problems.append(Problem(label, f"row {line}", f"more than {MAX_REQUESTS:,} requests"))
+    taken: list[tuple[int, int]] = []  # runs of plain rows (indices into lines) kept
+    extra: list[tuple[int, float, int, int]] = []  # (line, arrival, input, output) read by csv
+    bends: list[tuple[int, int]] = []  # (line, rows short of lines after it): a row of several lines
+    count = lo = past = shift = 0
+    for line, line_at in zip(map(int, others), map(int, others_at), strict=True):  # lazily: few are
+        if line < past:
+            continue  # inside a quoted cell of the row before
+        hi = int(np.searchsorted(lines, line))
+        if count + hi - lo > limit:
+            problems.append(_too_many(label, int(lines[lo + limit - count]) + 2 - shift, limit))
             break
-        values: list[float] = []
-        for col, i, hi in zip(TRACE_COLUMNS, at, limits, strict=True):
-            cell = row[i].strip() if i < len(row) else ""
-            value = _trace_number(cell, hi)
-            if isinstance(value, str):
-                problems.append(Problem(label, f"row {line}, {col}", value))
-            else:
-                values.append(value)
-        if len(values) == len(TRACE_COLUMNS):
-            records.append((values[0], int(values[1]), int(values[2]), line))
+        taken.append((lo, hi))
+        count += hi - lo
+        reader = csv.reader(_byte_lines(data, line_at))
+        try:
+            row = next(reader)
+        except csv.Error as exc:
+            raise InputError.single(label, f"row {header_lines + line + reader.line_num}",
+                                    f"not CSV: {exc}") from None
+        number = line + 2 - shift
+        if any(cell.strip() for cell in row):
+            if count >= limit:
+                problems.append(_too_many(label, number, limit))
+                break
+            record = _trace_record(row, at, number, label, problems)
+            if record is not None:
+                extra.append((line, *record))
+                count += 1
+        if reader.line_num > 1:
+            shift += reader.line_num - 1
+            bends.append((line, shift))
+        past = line + reader.line_num
+        lo = int(np.searchsorted(lines, past))
         if len(problems) >= MAX_TRACE_PROBLEMS:
             break
+    else:
+        if count + len(lines) - lo > limit:
+            problems.append(_too_many(label, int(lines[lo + limit - count]) + 2 - shift, limit))
+        else:
+            taken.append((lo, len(lines)))
     if problems:
         raise InputError(problems)
-    if not records:
+    if extra or taken != [(0, len(lines))]:
+        plain = [np.concatenate([column[a:b] for a, b in taken] + [column[:0]]) for column in plain]
+        if extra:
+            where = np.searchsorted(plain[0], [r[0] for r in extra])
+            plain = [np.insert(column, where, [r[i] for r in extra]) for i, column in enumerate(plain)]
+    lines, arrival, inputs, outputs = plain
+    del plain
+    if not len(arrival):
         raise InputError.single(label, "", "no requests (a header and no rows)")
-    records.sort(key=lambda r: r[0])
-    t0 = records[0][0]
-    if records[-1][0] - t0 > MAX_TRACE_SPAN_S:
-        raise InputError.single(label, f"row {records[-1][3]}, arrival_s", (
-            f"arrives {records[-1][0] - t0:.6g} s after the first request (row {records[0][3]}): "
+    order = np.argsort(arrival, kind="stable")  # stable: equal arrivals keep the file's order
+    first, last = int(order[0]), int(order[-1])
+    t0 = float(arrival[first])
+    if float(arrival[last]) - t0 > MAX_TRACE_SPAN_S:
+        def number_of(line: int) -> int:
+            return line + 2 - next((s for b, s in reversed(bends) if b < line), 0)
+
+        raise InputError.single(label, f"row {number_of(int(lines[last]))}, arrival_s", (
+            f"arrives {float(arrival[last]) - t0:.6g} s after the first request "
+            f"(row {number_of(int(lines[first]))}): "
             f"a trace spans at most {MAX_TRACE_SPAN_S:.0e} s ({MAX_TRACE_SPAN_S / 86400:.0f} days)"))
-    return Trace(label, tuple(r[0] - t0 for r in records), tuple(r[1] for r in records),
-                 tuple(r[2] for r in records))
+    # sorted, then each column a tuple in turn, what is done with freed (a million requests:
+    # 32 MB of floats, 8 MB for each length column)
+    del lines
+    inputs, outputs, arrival = inputs[order], outputs[order], arrival[order]
+    del order
+    arrival -= t0
+    arrival_s = tuple(arrival.tolist())
+    del arrival
+    return Trace(label, arrival_s, _whole(inputs), _whole(outputs))
+
+
+def _too_many(label: str, row: int, limit: int) -> Problem:
+    return Problem(label, f"row {row}", f"more than {limit:,} requests")
+
+
+def _trace_record(row: list[str], at: tuple[int, ...], number: int, label: str,
+                  problems: list[Problem]) -> tuple[float, int, int] | None:
+    """One row's request as the csv module read it, or None with its problems added."""
+    values: list[float] = []
+    for col, i, hi in zip(TRACE_COLUMNS, at, (None, MAX_SEQ_LEN, MAX_OUTPUT_TOKENS), strict=True):
+        cell = row[i].strip() if i < len(row) else ""
+        value = _trace_number(cell, hi)
+        if isinstance(value, str):
+            problems.append(Problem(label, f"row {number}, {col}", value))
+        else:
+            values.append(value)
+    if len(values) < len(TRACE_COLUMNS):
+        return None
+    return values[0], int(values[1]), int(values[2])
+
+
+def _whole(counts: np.ndarray) -> tuple[int, ...]:
+    """Whole numbers as a tuple of ints, each value one object (a million requests have a
+    few thousand lengths: 8 bytes a request, not 36)."""
+    import numpy as np
+
+    ints = counts
+    if len(ints) and int(ints.max()) <= 1 << 17:
+        table = np.arange(int(ints.max()) + 1).astype(object)
+    else:
+        uniques, ints = np.unique(ints, return_inverse=True)
+        table = uniques.astype(object)
+    return tuple(table[ints].tolist())
+
+
+def _plain_rows(data: bytes, start: int, at: tuple[int, ...]
+                ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """The lines of ``data`` from byte ``start`` on (0 the first), read by numpy a chunk
+    at a time: [the lines whose cells at ``at`` are numbers within their limits, their
+    arrivals, inputs and outputs]; the lines to read one by one; the byte each of those
+    begins at. Blank lines are in neither."""
+    import numpy as np
+
+    most = data.count(b"\n", start) + 1
+    plain: list[np.ndarray] = [np.empty(most, np.int32), np.empty(most), np.empty(most, np.int32),
+                               np.empty(most, np.int32)]
+    others, others_at = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    lines = kept = 0
+    pos = start
+    field_limit = csv.field_size_limit()  # the csv module's, as set now
+    while pos < len(data):
+        cut = data.find(b"\n", pos + _TRACE_CHUNK - 1)
+        end = len(data) if cut < 0 else cut + 1
+        good, values, other, begins = _plain_chunk(data, pos, end, at, field_limit)
+        found = np.flatnonzero(good)
+        plain[0][kept:kept + len(found)] = found + lines
+        for column, value in zip(plain[1:], values, strict=True):
+            column[kept:kept + len(found)] = value[good]
+        kept += len(found)
+        odd = np.flatnonzero(other)
+        others.append(odd + lines)
+        others_at.append(begins[odd] + pos)
+        lines += len(begins)
+        pos = end
+    return [column[:kept] for column in plain], np.concatenate(others), np.concatenate(others_at)
+
+
+@functools.cache
+def _byte_kinds() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per byte value: blank around a cell (space, tab, the CR of a CRLF, the quote of a
+    quoted cell); not blank in a row (all but those, the comma and LF); in no number, its
+    blanks around it included (an ASCII byte but a digit, point, e, sign or white space)."""
+    import numpy as np
+
+    trim = np.zeros(256, bool)
+    trim[[ord(c) for c in ' \t\r"']] = True
+    marked = np.ones(256, np.uint8)
+    marked[[ord(c) for c in ' \t\r",\n']] = 0
+    alien = np.zeros(256, np.int32)
+    alien[:128] = [not (chr(b) in "0123456789.eE+-" or chr(b).isspace()) for b in range(128)]
+    return trim, marked, alien
+
+
+def _plain_chunk(data: bytes, pos: int, end: int, at: tuple[int, ...], field_limit: int
+                 ) -> tuple[np.ndarray, list[np.ndarray], np.ndarray, np.ndarray]:
+    """:func:`_plain_rows` for the lines of ``data[pos:end]`` (whole lines): which lines
+    are plain, the numbers of every line (a column each, good where plain), which lines
+    are to be read one by one, and the byte where each line begins."""
+    import numpy as np
+
+    trim, marked, alien = _byte_kinds()
+    a = np.frombuffer(data, np.uint8, end - pos, pos)
+    n = len(a)
+    ends = np.flatnonzero(a == 10)  # each line's LF, or the end of the text
+    if a[-1] != 10:
+        ends = np.append(ends, n)
+    begins = np.empty_like(ends)
+    begins[0], begins[1:] = 0, ends[:-1] + 1
+    # read one by one wherever the csv module could read the line otherwise than as cells
+    # between commas: a cell longer than its limit, a NUL (refused before Python 3.11), a
+    # CR before anything but LF (an error), a quote but around a whole cell
+    other = ends - begins > field_limit
+    if data.find(b"\0", pos, end) >= 0:
+        other[np.searchsorted(ends, np.flatnonzero(a == 0))] = True
+    if data.find(b"\r", pos, end) >= 0:
+        cr = np.flatnonzero(a == 13)
+        after = a[np.minimum(cr + 1, n - 1)]
+        other[np.searchsorted(ends, cr[(cr + 1 < n) & (after != 10) & (after != 13)])] = True
+    commas = np.flatnonzero(a == 44)
+    if data.find(b'"', pos, end) >= 0:
+        other |= _quoted(a, begins, ends, commas)
+    first = np.searchsorted(commas, begins)
+    count = np.searchsorted(commas, ends) - first
+    bounds = np.append(commas, n)
+    good = ~other
+    foreign = None
+    columns = []
+    for j, hi in zip(at, (None, MAX_SEQ_LEN, MAX_OUTPUT_TOKENS), strict=True):
+        e = np.where(count > j, bounds[np.minimum(first + j, len(commas))], ends)
+        s = begins.copy() if j == 0 else np.where(
+            count >= j, bounds[np.minimum(first + j - 1, len(commas))] + 1, e)  # missing: empty
+        for _ in range(_TRIM_STEPS):
+            step = trim[a[np.minimum(s, n - 1)]] & (s < e)
+            if not step.any():
+                break
+            s += step
+        for _ in range(_TRIM_STEPS):
+            step = trim[a[np.maximum(e - 1, 0)]] & (e > s)
+            if not step.any():
+                break
+            e -= step
+        value, read = _plain_numbers(data, pos, s, e)
+        rest = np.flatnonzero(~read & (s < e) & good)  # not plain: as strict.decimal reads it
+        if len(rest):
+            if foreign is None:  # how many bytes up to each that no number holds (a letter, _)
+                foreign = np.zeros(n + 1, np.int32)
+                np.cumsum(alien[a], out=foreign[1:])
+            hopeless = foreign[e[rest]] > foreign[s[rest]]
+            other[rest[hopeless]] = True
+            for i in rest[~hopeless].tolist():
+                number = decimal(data[pos + s[i]:pos + e[i]].decode("utf-8", "surrogatepass"))
+                if number is None:
+                    other[i] = True
+                else:
+                    value[i], read[i] = number, True
+        if hi is None:
+            other |= read & (np.abs(value) > MAX_ARRIVAL_S)
+        else:
+            other |= read & ((value != np.floor(value)) | (value < 1) | (value > hi))
+        good &= read
+        columns.append(value)
+    good &= ~other
+    unread = np.flatnonzero(~good & ~other)  # an empty cell: a blank line, or else one by one
+    if len(unread):
+        mark = np.zeros(n + 1, np.uint8)
+        np.take(marked, a, out=mark[:n])
+        spans = np.empty(2 * len(unread), np.intp)
+        spans[0::2], spans[1::2] = begins[unread], ends[unread]
+        other[unread[np.maximum.reduceat(mark, spans)[0::2] > 0]] = True
+    return good, columns, other, begins
+
+
+def _quoted(a: np.ndarray, begins: np.ndarray, ends: np.ndarray, commas: np.ndarray) -> np.ndarray:
+    """The lines whose quotes the csv module could read otherwise than as a pair around a
+    whole cell ("5",1,2 is 5,1,2; 5",1,2 or "5"x or a quote left open are not)."""
+    import numpy as np
+
+    quotes = np.flatnonzero(a == 34)
+    line = np.searchsorted(ends, quotes)
+    odd = np.bincount(line, minlength=len(ends)) % 2 == 1
+    paired = quotes[~odd[line]]  # lines of an even count: their quotes in pairs, in order
+    opens, closes = paired[0::2], paired[1::2]
+    n = len(a)
+    after = a[np.minimum(closes + 1, n - 1)]
+    whole = (((opens == begins[np.searchsorted(ends, opens)]) | (a[opens - 1] == 44))
+             & ((closes + 1 == n) | (after == 44) | (after == 10) | (after == 13))
+             & (np.searchsorted(commas, opens) == np.searchsorted(commas, closes)))
+    odd[np.searchsorted(ends, opens[~whole])] = True
+    return odd
+
+
+def _plain_numbers(data: bytes, pos: int, s: np.ndarray, e: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """The cells ``data[pos + s:pos + e]`` that are plain numbers (digits and at most one
+    point, at most _PLAIN_DIGITS digits making an integer of at most 2**53) as float()
+    reads them, and which those are. A cell is read right-aligned in 8-byte words, eight
+    characters at once: SWAR tests for a byte's class, and the digits' value in three
+    multiplications (Lemire, "Fast number parsing without fallback", 2021; fast_float)."""
+    import numpy as np
+
+    u = np.uint64
+    size = e - s
+    words = min((int(size.max()) + 7) // 8, 3) if len(size) else 0
+    width = 8 * words
+    end = len(data) - pos
+    if not words or end < width:
+        return np.zeros(len(s)), np.zeros(len(s), bool)
+    fits = (size >= 1) & (size <= min(width, _PLAIN_DIGITS + 1)) & (e >= width)
+    first = np.where(fits, e - width, 0)
+    # the 8 bytes from every byte on, as little-endian words (characters 0..7 low to high)
+    at = np.ndarray((end - 7,), "<u8", data, pos, (1,))
+    full = (1 << 64) - 1
+    highs_of = np.array([(full << 8 * k) & full for k in range(9)], u)  # the high 8-k bytes
+    ones, lows, highs = u(0x0101010101010101), u(0x7F7F7F7F7F7F7F7F), u(0x8080808080808080)
+    bad = ~fits
+    digits, points = [], []
+    for k in range(words):
+        x = at[first + 8 * k]
+        inside = highs_of[np.minimum(np.maximum(width - size - 8 * k, 0), 8)]
+        t = x ^ (u(0x30) * ones)  # a digit's value where the byte is a digit
+        other = (((t & lows) + u(0x76) * ones) | t) & highs  # bytes not 0..9
+        y = x ^ (u(0x2E) * ones)
+        point = ~(((y & lows) + lows) | y | lows) & highs & inside  # bytes that are '.'
+        bad |= (other & ~point & inside) != 0
+        bad |= (point & (point - u(1))) != 0  # two points in one word
+        digits.append(t & ((((~other & highs) >> u(7)) * u(0xFF)) & inside))
+        points.append(point)
+    held = [p != 0 for p in points]
+    count = np.sum(held, axis=0)
+    bad |= count > 1
+    # the point taken out: the digits before it move one character right (into its place)
+    later = np.zeros(len(s), bool)  # a point in a later word
+    for k in range(words - 1, -1, -1):
+        points[k] = np.where(later, u(full), np.where(held[k], (points[k] >> u(7)) - u(1), u(0)))
+        later |= held[k]
+    mantissa = np.zeros(len(s), u)
+    q = np.zeros(len(s), np.int64)  # characters after the point
+    carry = np.zeros(len(s), u)
+    seen = np.zeros(len(s), bool)
+    for k in range(words):
+        before = digits[k] & points[k]  # points[k] now: the bytes before the point
+        word = (before << u(8)) | (digits[k] & ~points[k]) | carry
+        carry = before >> u(56)
+        word = ((word & u(0x0F0F0F0F0F0F0F0F)) * u(2561)) >> u(8)
+        word = ((word & u(0x00FF00FF00FF00FF)) * u(6553601)) >> u(16)
+        word = ((word & u(0x0000FFFF0000FFFF)) * u(42949672960001)) >> u(32)
+        mantissa = mantissa * u(10**8) + word
+        after = 7 - ((points[k] & ones) * ones >> u(56)).astype(np.int64)  # bytes after the point
+        q += np.where(seen, 8, np.where(held[k], after, 0))
+        seen |= held[k]
+    read = ~bad & (size - count >= 1) & (size - count <= _PLAIN_DIGITS) & (mantissa <= u(1 << 53))
+    return mantissa.astype(np.float64) / np.array(_TENS)[np.minimum(q, len(_TENS) - 1)], read
 
 
 def _trace_number(cell: str, hi: int | None) -> float | str:
