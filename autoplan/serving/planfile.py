@@ -6,6 +6,7 @@ import codecs
 import csv
 import dataclasses
 import functools
+import math
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -103,8 +104,8 @@ _TENS = tuple(float(f"1e{k}") for k in range(23))  # exact: 10**22 is the larges
 
 
 def _parse_trace(text: str, label: str) -> Trace:
-    """The trace in ``text``."""
-    return _trace_rows(text.encode("utf-8", "surrogatepass"), label)
+    """The trace in ``text`` (decoded: a byte-order mark in it is a character of the header)."""
+    return _trace_rows(text.encode("utf-8", "surrogatepass"), label, mark=False)
 
 
 def _byte_lines(data: bytes, at: int) -> Iterator[str]:
@@ -115,14 +116,15 @@ def _byte_lines(data: bytes, at: int) -> Iterator[str]:
         at = end
 
 
-def _trace_rows(data: bytes, label: str) -> Trace:
-    """The requests in ``data`` (UTF-8, a byte-order mark allowed). The header is read by
+def _trace_rows(data: bytes, label: str, mark: bool = True) -> Trace:
+    """The requests in ``data`` (UTF-8, after a byte-order mark if ``mark``, as the
+    ``utf-8-sig`` codec reads it). The header is read by
     the csv module; the rows that are plain numbers by numpy (:func:`_plain_rows`), every
     other one as the csv module and :func:`_trace_number` read it, in the file's order,
     so that the limits on requests and on problems stop where a reading row by row stops."""
     import numpy as np
 
-    skip = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+    skip = len(codecs.BOM_UTF8) if mark and data.startswith(codecs.BOM_UTF8) else 0
     rows = csv.reader(_byte_lines(data, skip))
     try:
         header = next(rows, None)
@@ -213,6 +215,27 @@ def _trace_rows(data: bytes, label: str) -> Trace:
     arrival_s = tuple(arrival.tolist())
     del arrival
     return Trace(label, arrival_s, _whole(inputs), _whole(outputs))
+
+
+def _numbers(cells: list[bytes]) -> np.ndarray:
+    """strict.decimal of each cell, nan where it is None. The cells hold no ASCII but
+    digits, points, e, signs and white space (no _ nor inf), so that float() of the bytes
+    reads what decimal reads where it reads at all (it strips less white space than
+    str.strip and no other text)."""
+    import numpy as np
+
+    try:
+        return np.array(list(map(float, cells)))  # inf (1e400) is not finite: refused
+    except ValueError:
+        pass
+    numbers = []
+    for cell in cells:
+        try:
+            numbers.append(float(cell))
+        except ValueError:
+            number = decimal(cell.decode("utf-8", "surrogatepass"))
+            numbers.append(math.nan if number is None else number)
+    return np.array(numbers)
 
 
 def _too_many(label: str, row: int, limit: int) -> Problem:
@@ -353,12 +376,11 @@ def _plain_chunk(data: bytes, pos: int, end: int, at: tuple[int, ...], field_lim
                 np.cumsum(alien[a], out=foreign[1:])
             hopeless = foreign[e[rest]] > foreign[s[rest]]
             other[rest[hopeless]] = True
-            for i in rest[~hopeless].tolist():
-                number = decimal(data[pos + s[i]:pos + e[i]].decode("utf-8", "surrogatepass"))
-                if number is None:
-                    other[i] = True
-                else:
-                    value[i], read[i] = number, True
+            rest = rest[~hopeless]
+            where = zip((s[rest] + pos).tolist(), (e[rest] + pos).tolist(), strict=True)
+            number = _numbers([data[i:j] for i, j in where])
+            value[rest], read[rest] = number, np.isfinite(number)
+            other[rest] |= ~read[rest]
         if hi is None:
             other |= read & (np.abs(value) > MAX_ARRIVAL_S)
         else:

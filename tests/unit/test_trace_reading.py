@@ -89,7 +89,14 @@ def _outcome(read: Any, text: str) -> tuple[str, Any]:
 
 
 def _same(text: str) -> None:
-    assert _outcome(pf._parse_trace, text) == _outcome(_reference, text), text[:2000]
+    expected = _outcome(_reference, text)
+    assert _outcome(pf._parse_trace, text) == expected, text[:2000]
+    # as read_trace reads a file: its UTF-8 bytes, as the utf-8-sig codec decodes them
+    for mark in ("", "\ufeff"):
+        data = (mark + text).encode("utf-8", "surrogatepass")
+        decoded = data.decode("utf-8-sig", "surrogatepass")
+        assert (_outcome(lambda _, label: pf._trace_rows(data, label), text)
+                == _outcome(_reference, decoded)), text[:2000]
 
 
 # ------------------------------------------------------------------ texts good and bad
@@ -136,7 +143,7 @@ def _trace_text(draw: st.DrawFn) -> str:
         names = [f'"{n}"' for n in names]
     if draw(st.integers(0, 19)) == 0:
         names = [f" {n}\t" for n in names]
-    lines = [",".join(names)]
+    lines = [draw(st.sampled_from(["", "", "", "\ufeff"])) + ",".join(names)]
     width = len(names)
     wanted = {names.index(c) if c in names else names.index(f'"{c}"') if f'"{c}"' in names else -1: c
               for c in pf.TRACE_COLUMNS}
@@ -219,6 +226,22 @@ def test_plain_numbers_read_as_float_reads_them_bit_for_bit() -> None:
         _same(text)
 
     check()
+
+
+def test_a_trace_file_with_a_byte_order_mark_and_crlf_reads_as_its_text(tmp_path) -> None:
+    text = "request_id,arrival_s,input_len,output_len\r\né,2.5,300,20\r\n\"a,b\",1.0,100,10\r\n"
+    path = tmp_path / "t.csv"
+    path.write_bytes(("\ufeff" + text).encode())
+    trace = _read(path)
+    assert (trace.arrival_s, trace.input_len, trace.output_len) == ((0.0, 1.5), (100, 300), (10, 20))
+
+
+def test_a_trace_file_not_in_utf8_is_refused_naming_the_byte(tmp_path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_bytes(b"arrival_s,input_len,output_len\n0,1,1\n\xff,1,1\n")
+    with pytest.raises(InputError, match=r"t.csv: cannot read: 'utf-8' codec can't decode byte 0xff in "
+                                         r"position 37: invalid start byte"):
+        pf.read_trace(str(path), "--trace", "")
 
 
 # ------------------------------------------------------------------ a million rows
