@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import bisect
 import codecs
 import csv
 import dataclasses
 import functools
+import io
+import itertools
 import math
 import os
 from collections.abc import Iterator, Mapping
@@ -140,58 +143,92 @@ def _trace_rows(data: bytes, label: str, mark: bool = True) -> Trace:
     start = skip
     for _ in range(header_lines):
         start = data.find(b"\n", start) + 1 or len(data)
-    plain, others, others_at = _plain_rows(data, start, at)
-    lines = plain[0]
     limit = MAX_REQUESTS
     problems: list[Problem] = []
-    taken: list[tuple[int, int]] = []  # runs of plain rows (indices into lines) kept
-    extra: list[tuple[int, float, int, int]] = []  # (line, arrival, input, output) read by csv
-    bends: list[tuple[int, int]] = []  # (line, rows short of lines after it): a row of several lines
-    count = lo = past = shift = 0
-    for line, line_at in zip(map(int, others), map(int, others_at), strict=True):  # lazily: few are
-        if line < past:
-            continue  # inside a quoted cell of the row before
-        hi = int(np.searchsorted(lines, line))
+    kept: list[list[np.ndarray]] = [[], [], [], []]  # runs of plain rows: row, arrival, input, output
+    extra: list[tuple[int, float, int, int]] = []  # (row, arrival, input, output) read by csv
+    count = past = shift = 0  # shift: rows fewer than lines (a quoted cell holding a newline)
+    plain: list[np.ndarray] = [np.zeros(0, np.int32), np.zeros(0), np.zeros(0, np.int32),
+                               np.zeros(0, np.int32)]
+
+    def keep(lines: list[int], taken: np.ndarray, lo: int, hi: int) -> bool:
+        """A chunk's plain rows lo..hi kept (their rows ``shift`` short of their lines), or
+        False where one passes the limit on requests."""
+        nonlocal count
+        if hi == lo:
+            return True
         if count + hi - lo > limit:
-            problems.append(_too_many(label, int(lines[lo + limit - count]) + 2 - shift, limit))
-            break
-        taken.append((lo, hi))
+            problems.append(_too_many(label, lines[lo + limit - count] + 2 - shift, limit))
+            return False
+        taken[lo:hi] = shift
         count += hi - lo
-        reader = csv.reader(_byte_lines(data, line_at))
-        try:
-            row = next(reader)
-        except csv.Error as exc:
-            raise InputError.single(label, f"row {header_lines + line + reader.line_num}",
-                                    f"not CSV: {exc}") from None
-        number = line + 2 - shift
-        if any(cell.strip() for cell in row):
-            if count >= limit:
-                problems.append(_too_many(label, number, limit))
+        return True
+
+    for plain, others, others_at, others_end in _plain_rows(data, start, at):  # a chunk at a time
+        lines, odd, odd_at, odd_end = plain[0].tolist(), others.tolist(), others_at.tolist(), others_end
+        if len(odd):
+            runs = np.append(np.flatnonzero(np.diff(others) != 1), len(odd) - 1)  # each run's last
+            odd_last = others[runs].tolist()  # the last line of each run of lines next to each other
+            odd_run = np.searchsorted(runs, np.arange(len(odd))).tolist()  # the run of each
+        taken = np.full(len(lines), -1, np.int32)  # the shift of each row kept, -1 where not kept
+        lo = bisect.bisect_left(lines, past)
+        i = bisect.bisect_left(odd, past)
+        stop = False
+        while i < len(odd) and not stop:  # a run of lines next to each other read by csv
+            line = odd[i]
+            if not keep(lines, taken, lo, bisect.bisect_left(lines, line, lo)):
+                stop = True
                 break
-            record = _trace_record(row, at, number, label, problems)
-            if record is not None:
-                extra.append((line, *record))
-                count += 1
-        if reader.line_num > 1:
-            shift += reader.line_num - 1
-            bends.append((line, shift))
-        past = line + reader.line_num
-        lo = int(np.searchsorted(lines, past))
-        if len(problems) >= MAX_TRACE_PROBLEMS:
+            # the csv module reads the run's lines (split in C), and on where a quoted cell goes on
+            last, end = odd_last[odd_run[i]], int(odd_end[odd_run[i]])
+            if last == line:  # one line (maybe long: no copy in StringIO's four bytes a character)
+                reader, begun = csv.reader(_byte_lines(data, odd_at[i])), line
+            else:
+                text = io.StringIO(data[odd_at[i]:end].decode("utf-8", "surrogatepass"))
+                reader, begun = csv.reader(itertools.chain(text, _byte_lines(data, end))), line
+            while True:
+                before = reader.line_num
+                try:
+                    row = next(reader)
+                except csv.Error as exc:
+                    raise InputError.single(label, f"row {header_lines + begun + reader.line_num}",
+                                            f"not CSV: {exc}") from None
+                number = line + 2 - shift
+                if "".join(row).strip():  # not blank: a cell holds more than white space
+                    if count >= limit:
+                        problems.append(_too_many(label, number, limit))
+                        stop = True
+                        break
+                    record = _trace_record(row, at, number, label, problems)
+                    if record is not None:
+                        extra.append((number, *record))
+                        count += 1
+                used = reader.line_num - before  # lines the row took
+                shift += used - 1
+                past = line = line + used
+                if len(problems) >= MAX_TRACE_PROBLEMS:
+                    stop = True
+                    break
+                if line > last:
+                    break
+            i = bisect.bisect_left(odd, past, i)
+            lo = bisect.bisect_left(lines, past, lo)
+        if stop or not keep(lines, taken, lo, len(lines)):
             break
-    else:
-        if count + len(lines) - lo > limit:
-            problems.append(_too_many(label, int(lines[lo + limit - count]) + 2 - shift, limit))
-        else:
-            taken.append((lo, len(lines)))
+        held = taken >= 0
+        plain[0] += 2 - taken  # lines to rows
+        for kept_run, column in zip(kept, plain, strict=True):
+            if held.any():
+                kept_run.append(column if held.all() else column[held])
     if problems:
         raise InputError(problems)
-    if extra or taken != [(0, len(lines))]:
-        plain = [np.concatenate([column[a:b] for a, b in taken] + [column[:0]]) for column in plain]
-        if extra:
-            where = np.searchsorted(plain[0], [r[0] for r in extra])
-            plain = [np.insert(column, where, [r[i] for r in extra]) for i, column in enumerate(plain)]
-    lines, arrival, inputs, outputs = plain
+    plain = [np.concatenate([*run, column[:0]]) for run, column in zip(kept, plain, strict=True)]
+    for run in kept:
+        run.clear()  # the pieces freed
+    if extra:
+        where = np.searchsorted(plain[0], [r[0] for r in extra])
+        plain = [np.insert(column, where, [r[i] for r in extra]) for i, column in enumerate(plain)]
+    row_numbers, arrival, inputs, outputs = plain
     del plain
     if not len(arrival):
         raise InputError.single(label, "", "no requests (a header and no rows)")
@@ -199,13 +236,11 @@ def _trace_rows(data: bytes, label: str, mark: bool = True) -> Trace:
     first, last = int(order[0]), int(order[-1])
     t0 = float(arrival[first])
     if float(arrival[last]) - t0 > MAX_TRACE_SPAN_S:
-        def number_of(line: int) -> int:
-            return line + 2 - next((s for b, s in reversed(bends) if b < line), 0)
-
-        raise InputError.single(label, f"row {number_of(int(lines[last]))}, arrival_s", (
+        raise InputError.single(label, f"row {int(row_numbers[last])}, arrival_s", (
             f"arrives {float(arrival[last]) - t0:.6g} s after the first request "
-            f"(row {number_of(int(lines[first]))}): "
+            f"(row {int(row_numbers[first])}): "
             f"a trace spans at most {MAX_TRACE_SPAN_S:.0e} s ({MAX_TRACE_SPAN_S / 86400:.0f} days)"))
+    del row_numbers
     # sorted, then each column a tuple in turn, what is done with freed (a million requests:
     # 32 MB of floats, 8 MB for each length column)
     del lines
@@ -273,48 +308,53 @@ def _whole(counts: np.ndarray) -> tuple[int, ...]:
 
 
 def _plain_rows(data: bytes, start: int, at: tuple[int, ...]
-                ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+                ) -> Iterator[tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray]]:
     """The lines of ``data`` from byte ``start`` on (0 the first), read by numpy a chunk
-    at a time: [the lines whose cells at ``at`` are numbers within their limits, their
-    arrivals, inputs and outputs]; the lines to read one by one; the byte each of those
-    begins at. Blank lines are in neither."""
+    at a time, for each: [the lines whose cells at ``at`` are numbers within their limits,
+    their arrivals, inputs and outputs]; the lines to read one by one; the byte each of
+    those begins at; for each run of those next to each other, the byte after it. Blank
+    lines are in neither."""
     import numpy as np
 
-    most = data.count(b"\n", start) + 1
-    plain: list[np.ndarray] = [np.empty(most, np.int32), np.empty(most), np.empty(most, np.int32),
-                               np.empty(most, np.int32)]
-    others, others_at = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-    lines = kept = 0
+    lines = 0
     pos = start
     field_limit = csv.field_size_limit()  # the csv module's, as set now
+    none: list[np.ndarray] = [np.zeros(0, np.int32), np.zeros(0), np.zeros(0, np.int32),
+                              np.zeros(0, np.int32)]
     while pos < len(data):
         cut = data.find(b"\n", pos + _TRACE_CHUNK - 1)
         end = len(data) if cut < 0 else cut + 1
-        good, values, other, begins = _plain_chunk(data, pos, end, at, field_limit)
-        found = np.flatnonzero(good)
-        plain[0][kept:kept + len(found)] = found + lines
-        for column, value in zip(plain[1:], values, strict=True):
-            column[kept:kept + len(found)] = value[good]
-        kept += len(found)
-        odd = np.flatnonzero(other)
-        others.append(odd + lines)
-        others_at.append(begins[odd] + pos)
+        if end - pos > 2 * _TRACE_CHUNK:  # a long line: the lines before it, then it alone
+            end = data.rfind(b"\n", pos, pos + _TRACE_CHUNK) + 1
+            if not end:  # the line at pos: past csv's limit on a cell, or cells of csv's to read
+                end = data.find(b"\n", pos) + 1 or len(data)
+                yield none, np.array([lines]), np.array([pos]), np.array([end])
+                lines += 1
+                pos = end
+                continue
+        found, values, other, begins = _plain_chunk(data, pos, end, at, field_limit)
+        odd = other.nonzero()[0]
+        after = np.append(begins[1:], end - pos)  # where the line after each begins
+        runs = np.append(np.flatnonzero(np.diff(odd) != 1), len(odd) - 1)  # each run's last
+        yield ([(found + lines).astype(np.int32), *values], odd + lines, begins[odd] + pos,
+               after[odd[runs]] + pos if len(odd) else odd)
         lines += len(begins)
         pos = end
-    return [column[:kept] for column in plain], np.concatenate(others), np.concatenate(others_at)
 
 
 @functools.cache
 def _byte_kinds() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per byte value: blank around a cell (space, tab, the CR of a CRLF, the quote of a
-    quoted cell); not blank in a row (all but those, the comma and LF); in no number, its
-    blanks around it included (an ASCII byte but a digit, point, e, sign or white space)."""
+    quoted cell); not blank in a row (all but white space, the comma and the quote; bytes
+    of a character past ASCII are, but for those of white space: _unicode_blanks); in no
+    number, its blanks around it included (an ASCII byte but a digit, point, e, sign or
+    white space)."""
     import numpy as np
 
     trim = np.zeros(256, bool)
     trim[[ord(c) for c in ' \t\r"']] = True
-    marked = np.ones(256, np.uint8)
-    marked[[ord(c) for c in ' \t\r",\n']] = 0
+    marked = np.array([not (chr(b).isspace() or chr(b) in ',"') if b < 128 else 1 for b in range(256)],
+                      np.uint8)
     alien = np.zeros(256, np.int32)
     alien[:128] = [not (chr(b) in "0123456789.eE+-" or chr(b).isspace()) for b in range(128)]
     return trim, marked, alien
@@ -322,9 +362,9 @@ def _byte_kinds() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _plain_chunk(data: bytes, pos: int, end: int, at: tuple[int, ...], field_limit: int
                  ) -> tuple[np.ndarray, list[np.ndarray], np.ndarray, np.ndarray]:
-    """:func:`_plain_rows` for the lines of ``data[pos:end]`` (whole lines): which lines
-    are plain, the numbers of every line (a column each, good where plain), which lines
-    are to be read one by one, and the byte where each line begins."""
+    """:func:`_plain_rows` for the lines of ``data[pos:end]`` (whole lines): the plain
+    lines, their numbers (a column each), which lines are to be read one by one, and the
+    byte where each line begins."""
     import numpy as np
 
     trim, marked, alien = _byte_kinds()
@@ -345,19 +385,34 @@ def _plain_chunk(data: bytes, pos: int, end: int, at: tuple[int, ...], field_lim
         cr = np.flatnonzero(a == 13)
         after = a[np.minimum(cr + 1, n - 1)]
         other[np.searchsorted(ends, cr[(cr + 1 < n) & (after != 10) & (after != 13)])] = True
+    # a line of white space, commas and quotes around nothing is blank (as csv reads the
+    # others: quoted cells whole), skipped
+    mark = marked[a]
+    quoted = data.find(b'"', pos, end) >= 0
+    if not quoted and not mark.any() and not other.any():  # blank lines only
+        none = np.zeros(0, np.int32)
+        return none, [np.zeros(0), none, none], other, begins
+    if data.find(b"\xc2", pos, end) >= 0 or data.find(b"\xe1", pos, end) >= 0 or \
+            data.find(b"\xe2", pos, end) >= 0 or data.find(b"\xe3", pos, end) >= 0:
+        _unmark_blanks(a, mark)
+    seen = np.zeros(n + 1, np.int32)  # bytes not blank before each
+    np.cumsum(mark, out=seen[1:])
+    blank = seen[ends] == seen[begins]
     commas = np.flatnonzero(a == 44)
-    if data.find(b'"', pos, end) >= 0:
-        other |= _quoted(a, begins, ends, commas)
+    if quoted:
+        odd, commas = _quoted(a, begins, ends, commas)
+        other |= odd
     first = np.searchsorted(commas, begins)
     count = np.searchsorted(commas, ends) - first
-    bounds = np.append(commas, n)
-    good = ~other
+    bounds = np.append(commas, n)  # each cell ends at a comma, or at the end of its line
+    rows = np.flatnonzero(~other & ~blank & (count >= max(at)))  # with every cell: the others one by one
+    begins_, ends_, first_, count_ = begins[rows], ends[rows], first[rows], count[rows]
+    good = np.ones(len(rows), bool)
     foreign = None
     columns = []
     for j, hi in zip(at, (None, MAX_SEQ_LEN, MAX_OUTPUT_TOKENS), strict=True):
-        e = np.where(count > j, bounds[np.minimum(first + j, len(commas))], ends)
-        s = begins.copy() if j == 0 else np.where(
-            count >= j, bounds[np.minimum(first + j - 1, len(commas))] + 1, e)  # missing: empty
+        s = begins_.copy() if j == 0 else bounds[first_ + (j - 1)] + 1
+        e = np.where(count_ > j, bounds[first_ + j], ends_)
         for _ in range(_TRIM_STEPS):
             step = trim[a[np.minimum(s, n - 1)]] & (s < e)
             if not step.any():
@@ -375,46 +430,63 @@ def _plain_chunk(data: bytes, pos: int, end: int, at: tuple[int, ...], field_lim
                 foreign = np.zeros(n + 1, np.int32)
                 np.cumsum(alien[a], out=foreign[1:])
             hopeless = foreign[e[rest]] > foreign[s[rest]]
-            other[rest[hopeless]] = True
             rest = rest[~hopeless]
             where = zip((s[rest] + pos).tolist(), (e[rest] + pos).tolist(), strict=True)
             number = _numbers([data[i:j] for i, j in where])
             value[rest], read[rest] = number, np.isfinite(number)
-            other[rest] |= ~read[rest]
         if hi is None:
-            other |= read & (np.abs(value) > MAX_ARRIVAL_S)
+            read &= np.abs(value) <= MAX_ARRIVAL_S
         else:
-            other |= read & ((value != np.floor(value)) | (value < 1) | (value > hi))
+            read &= (value == np.floor(value)) & (value >= 1) & (value <= hi)
         good &= read
         columns.append(value)
-    good &= ~other
-    unread = np.flatnonzero(~good & ~other)  # an empty cell: a blank line, or else one by one
-    if len(unread):
-        mark = np.zeros(n + 1, np.uint8)
-        np.take(marked, a, out=mark[:n])
-        spans = np.empty(2 * len(unread), np.intp)
-        spans[0::2], spans[1::2] = begins[unread], ends[unread]
-        other[unread[np.maximum.reduceat(mark, spans)[0::2] > 0]] = True
-    return good, columns, other, begins
+    other |= ~blank  # a line not blank and not plain: one by one
+    other[rows[good]] = False
+    return rows[good], [columns[0][good], *(c[good].astype(np.int32) for c in columns[1:])], other, begins
 
 
-def _quoted(a: np.ndarray, begins: np.ndarray, ends: np.ndarray, commas: np.ndarray) -> np.ndarray:
+@functools.cache
+def _unicode_blank_bytes() -> tuple[bytes, ...]:
+    """The UTF-8 of the white space past ASCII that str.strip takes off a cell (U+0085,
+    U+00A0, U+1680, U+2000..U+200A, U+2028, U+2029, U+202F, U+205F, U+3000 in Unicode 15;
+    none lies past the first plane)."""
+    return tuple(chr(c).encode() for c in range(0x80, 0x10000) if chr(c).isspace())
+
+
+def _unmark_blanks(a: np.ndarray, mark: np.ndarray) -> None:
+    """Clear ``mark`` on the bytes of ``a`` that make white space past ASCII (every such
+    character begins with byte C2, E1, E2 or E3; UTF-8 never begins one character inside
+    another)."""
+    import numpy as np
+
+    n = len(a)
+    for code in _unicode_blank_bytes():
+        at = np.flatnonzero(a[:n - len(code) + 1] == code[0])
+        for i in range(1, len(code)):
+            at = at[a[at + i] == code[i]]
+        for i in range(len(code)):
+            mark[at + i] = 0
+
+
+def _quoted(a: np.ndarray, begins: np.ndarray, ends: np.ndarray, commas: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray]:
     """The lines whose quotes the csv module could read otherwise than as a pair around a
-    whole cell ("5",1,2 is 5,1,2; 5",1,2 or "5"x or a quote left open are not)."""
+    whole cell ("5",1,2 is 5,1,2 and "a,b",1 is a,b then 1; 5",1,2 or "5"x or "a""b" or a
+    quote left open are not), and the commas less those inside a pair of quotes."""
     import numpy as np
 
     quotes = np.flatnonzero(a == 34)
     line = np.searchsorted(ends, quotes)
     odd = np.bincount(line, minlength=len(ends)) % 2 == 1
     paired = quotes[~odd[line]]  # lines of an even count: their quotes in pairs, in order
+    commas = commas[np.searchsorted(paired, commas) % 2 == 0]  # not between an open and its close
     opens, closes = paired[0::2], paired[1::2]
     n = len(a)
     after = a[np.minimum(closes + 1, n - 1)]
     whole = (((opens == begins[np.searchsorted(ends, opens)]) | (a[opens - 1] == 44))
-             & ((closes + 1 == n) | (after == 44) | (after == 10) | (after == 13))
-             & (np.searchsorted(commas, opens) == np.searchsorted(commas, closes)))
+             & ((closes + 1 == n) | (after == 44) | (after == 10) | (after == 13)))
     odd[np.searchsorted(ends, opens[~whole])] = True
-    return odd
+    return odd, commas
 
 
 def _plain_numbers(data: bytes, pos: int, s: np.ndarray, e: np.ndarray

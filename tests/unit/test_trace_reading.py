@@ -95,7 +95,7 @@ def _same(text: str) -> None:
     for mark in ("", "\ufeff"):
         data = (mark + text).encode("utf-8", "surrogatepass")
         decoded = data.decode("utf-8-sig", "surrogatepass")
-        assert (_outcome(lambda _, label: pf._trace_rows(data, label), text)
+        assert (_outcome(lambda _, label, data=data: pf._trace_rows(data, label), text)
                 == _outcome(_reference, decoded)), text[:2000]
 
 
@@ -186,7 +186,7 @@ def _setting(draw: st.DrawFn) -> tuple[int, int, int, int]:
 
 
 def test_the_reader_accepts_and_refuses_what_the_row_by_row_reader_did_in_its_words(monkeypatch):
-    @settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
     @given(_trace_text(), _setting())
     @example("arrival_s,input_len,output_len\n1,2,3\n", (1_000_000, 10, 1 << 21, 131072))
     @example("arrival_s,input_len,output_len\n0,1,1\n\n1e7,2,2\n1e7,1,1\n", (2, 10, 16, 131072))
@@ -206,17 +206,16 @@ def test_the_reader_accepts_and_refuses_what_the_row_by_row_reader_did_in_its_wo
     check()
 
 
-@pytest.mark.parametrize("cell", _GOOD + _BAD + [f"{s}5{t}" for s in _BLANKS for t in _BLANKS])
-def test_every_listed_cell_reads_as_the_row_by_row_reader_read_it(cell: str) -> None:
-    for row in (f"{cell},1,1", f"1,{cell},1", f"1,1,{cell}", f'1,2,"{cell}"', f"x,{cell},1,{cell}"):
-        for end in ("\n", "\r\n", ""):
-            _same(f"arrival_s,input_len,output_len\n0,1,1\n{row}{end}")
-            _same(f"x,input_len,output_len,arrival_s\n{row}{end}")
+def test_every_listed_cell_reads_as_the_row_by_row_reader_read_it() -> None:
+    for cell in _GOOD + _BAD + [f"{s}5{t}" for s, t in zip(_BLANKS, _BLANKS[::-1], strict=True)]:
+        for row in (f"{cell},1,1", f"1,{cell},1", f'x,1,"{cell}"'):
+            _same(f"x,arrival_s,input_len,output_len\n,0,1,1\n,{row}\r\n")
+            _same(f"input_len,output_len,arrival_s\n{row}")
 
 
 def test_plain_numbers_read_as_float_reads_them_bit_for_bit() -> None:
     # the numpy pass's own arithmetic: digits and a point, up to 16 digits and 2**53
-    @settings(max_examples=150, deadline=None)
+    @settings(max_examples=100, deadline=None)
     @given(st.lists(st.tuples(st.text(string.digits, max_size=17), st.text(string.digits, max_size=17),
                               st.booleans()), min_size=1, max_size=40))
     def check(parts: list[tuple[str, str, bool]]) -> None:
@@ -308,8 +307,7 @@ def test_reading_a_trace_holds_its_bytes_the_trace_and_little_more(million, tmp_
      f"row {2 * _ROWS + 1}, input_len: expected whole tokens from 1 to"),
     (lambda t: t.replace("\n", ",llama 8B\n").replace("\n1.000,", "\n1e12,", 1),
      "row 102, arrival_s: expected seconds within 1e+11 of 0"),
-    (lambda t: t.replace("\n9999.990,", "\n2e7,", 1), f"row {_ROWS + 1}, arrival_s: arrives 2e+07 s after"),
-], ids=["first-row", "last-row", "too-many", "text-column", "blank-lines", "extra-text-column", "span"])
+], ids=["first-row", "last-row", "too-many", "text-column", "blank-lines", "extra-text-column"])
 def test_a_bad_million_row_trace_is_refused_in_under_a_second(million, tmp_path, change, needle) -> None:
     path = tmp_path / "t.csv"
     path.write_text(change(million))
