@@ -121,10 +121,10 @@ def _byte_lines(data: bytes, at: int) -> Iterator[str]:
 
 def _trace_rows(data: bytes, label: str, mark: bool = True) -> Trace:
     """The requests in ``data`` (UTF-8, after a byte-order mark if ``mark``, as the
-    ``utf-8-sig`` codec reads it). The header is read by
-    the csv module; the rows that are plain numbers by numpy (:func:`_plain_rows`), every
-    other one as the csv module and :func:`_trace_number` read it, in the file's order,
-    so that the limits on requests and on problems stop where a reading row by row stops."""
+    ``utf-8-sig`` codec reads it). The header is read by the csv module; the rows that are
+    plain numbers by numpy (:func:`_plain_rows`), every other one as the csv module and
+    :func:`_trace_number` read it, in the file's order, so that the limits on requests and
+    on problems stop where a reading row by row stops."""
     import numpy as np
 
     skip = len(codecs.BOM_UTF8) if mark and data.startswith(codecs.BOM_UTF8) else 0
@@ -151,32 +151,33 @@ def _trace_rows(data: bytes, label: str, mark: bool = True) -> Trace:
     plain: list[np.ndarray] = [np.zeros(0, np.int32), np.zeros(0), np.zeros(0, np.int32),
                                np.zeros(0, np.int32)]
 
-    def keep(lines: list[int], taken: np.ndarray, lo: int, hi: int) -> bool:
+    def keep(lines: np.ndarray, taken: np.ndarray, lo: int, hi: int) -> bool:
         """A chunk's plain rows lo..hi kept (their rows ``shift`` short of their lines), or
         False where one passes the limit on requests."""
         nonlocal count
         if hi == lo:
             return True
         if count + hi - lo > limit:
-            problems.append(_too_many(label, lines[lo + limit - count] + 2 - shift, limit))
+            problems.append(_too_many(label, int(lines[lo + limit - count]) + 2 - shift, limit))
             return False
         taken[lo:hi] = shift
         count += hi - lo
         return True
 
     for plain, others, others_at, others_end in _plain_rows(data, start, at):  # a chunk at a time
-        lines, odd, odd_at, odd_end = plain[0].tolist(), others.tolist(), others_at.tolist(), others_end
-        if len(odd):
+        odd, odd_at, odd_end = others.tolist(), others_at.tolist(), others_end
+        lines = plain[0].tolist() if odd else []  # to look up in, where rows are read by csv too
+        if odd:
             runs = np.append(np.flatnonzero(np.diff(others) != 1), len(odd) - 1)  # each run's last
             odd_last = others[runs].tolist()  # the last line of each run of lines next to each other
             odd_run = np.searchsorted(runs, np.arange(len(odd))).tolist()  # the run of each
-        taken = np.full(len(lines), -1, np.int32)  # the shift of each row kept, -1 where not kept
-        lo = bisect.bisect_left(lines, past)
+        taken = np.full(len(plain[0]), -1, np.int32)  # the shift of each row kept, -1 where not kept
+        lo = int(np.searchsorted(plain[0], past))
         i = bisect.bisect_left(odd, past)
         stop = False
         while i < len(odd) and not stop:  # a run of lines next to each other read by csv
             line = odd[i]
-            if not keep(lines, taken, lo, bisect.bisect_left(lines, line, lo)):
+            if not keep(plain[0], taken, lo, bisect.bisect_left(lines, line, lo)):
                 stop = True
                 break
             # the csv module reads the run's lines (split in C), and on where a quoted cell goes on
@@ -213,7 +214,7 @@ def _trace_rows(data: bytes, label: str, mark: bool = True) -> Trace:
                     break
             i = bisect.bisect_left(odd, past, i)
             lo = bisect.bisect_left(lines, past, lo)
-        if stop or not keep(lines, taken, lo, len(lines)):
+        if stop or not keep(plain[0], taken, lo, len(plain[0])):
             break
         held = taken >= 0
         plain[0] += 2 - taken  # lines to rows
@@ -241,9 +242,8 @@ def _trace_rows(data: bytes, label: str, mark: bool = True) -> Trace:
             f"(row {int(row_numbers[first])}): "
             f"a trace spans at most {MAX_TRACE_SPAN_S:.0e} s ({MAX_TRACE_SPAN_S / 86400:.0f} days)"))
     del row_numbers
-    # sorted, then each column a tuple in turn, what is done with freed (a million requests:
-    # 32 MB of floats, 8 MB for each length column)
-    del lines
+    # sorted, then each column made a tuple in turn, every array freed once done with (a
+    # million requests: 32 MB of floats, 8 MB for each length column)
     inputs, outputs, arrival = inputs[order], outputs[order], arrival[order]
     del order
     arrival -= t0
@@ -346,7 +346,7 @@ def _plain_rows(data: bytes, start: int, at: tuple[int, ...]
 def _byte_kinds() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per byte value: blank around a cell (space, tab, the CR of a CRLF, the quote of a
     quoted cell); not blank in a row (all but white space, the comma and the quote; bytes
-    of a character past ASCII are, but for those of white space: _unicode_blanks); in no
+    of a character past ASCII are, but for those of white space: _unmark_blanks); in no
     number, its blanks around it included (an ASCII byte but a digit, point, e, sign or
     white space)."""
     import numpy as np
@@ -392,8 +392,7 @@ def _plain_chunk(data: bytes, pos: int, end: int, at: tuple[int, ...], field_lim
     if not quoted and not mark.any() and not other.any():  # blank lines only
         none = np.zeros(0, np.int32)
         return none, [np.zeros(0), none, none], other, begins
-    if data.find(b"\xc2", pos, end) >= 0 or data.find(b"\xe1", pos, end) >= 0 or \
-            data.find(b"\xe2", pos, end) >= 0 or data.find(b"\xe3", pos, end) >= 0:
+    if (a >= 0x80).any():  # white space past ASCII (a no-break space) is blank too
         _unmark_blanks(a, mark)
     seen = np.zeros(n + 1, np.int32)  # bytes not blank before each
     np.cumsum(mark, out=seen[1:])
@@ -454,9 +453,8 @@ def _unicode_blank_bytes() -> tuple[bytes, ...]:
 
 
 def _unmark_blanks(a: np.ndarray, mark: np.ndarray) -> None:
-    """Clear ``mark`` on the bytes of ``a`` that make white space past ASCII (every such
-    character begins with byte C2, E1, E2 or E3; UTF-8 never begins one character inside
-    another)."""
+    """Clear ``mark`` on the bytes of ``a`` that make white space past ASCII (UTF-8 never
+    begins one character inside another: where the bytes of one are, it is)."""
     import numpy as np
 
     n = len(a)
