@@ -191,6 +191,7 @@ def test_the_reader_accepts_and_refuses_what_the_row_by_row_reader_did_in_its_wo
     @example("arrival_s,input_len,output_len\n1,2,3\n", (1_000_000, 10, 1 << 21, 131072))
     @example("arrival_s,input_len,output_len\n0,1,1\n\n1e7,2,2\n1e7,1,1\n", (2, 10, 16, 131072))
     @example('arrival_s,input_len,output_len\n0,1,"1\n\n"\n5,5,5\n1,x,1\n', (5, 10, 1, 131072))
+    @example('x,arrival_s,input_len,output_len\n"a\nb",0,1,1\n,2e7,1,1\n', (5, 10, 1 << 18, 131072))
     def check(text: str, setting: tuple[int, int, int, int]) -> None:
         requests, problems, chunk, field_limit = setting
         old = csv.field_size_limit(field_limit)
