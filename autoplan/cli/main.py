@@ -849,23 +849,25 @@ def evaluate(
 
         with naming(("--runs", runs), every="--runs"):
             learned = fit_residual(measured_runs, str(runs))
+    # a plan on a device no run measured is predicted, not corrected: said once, on stderr
+    corrects = [learned is not None and learned.why_not(plan) is None for plan, _ in results]
     if learned is not None and runs is not None:
-        # a plan on a device no run measured is predicted, not corrected: said once, on stderr
-        for path, (plan, _) in zip(plans, results, strict=True):
-            if (why := learned.why_not(plan)) is not None:
+        for path, (plan, _), ok in zip(plans, results, corrects, strict=True):
+            if not ok:
                 output.err.print(f"autoplan: note: --runs: {files.name(runs)}: no correction for "
-                                 f"{files.name(path)}: {why}", markup=False)
+                                 f"{files.name(path)}: {learned.why_not(plan)}", markup=False)
     if fmt is Format.json:
         docs = [_training_document(p, r) for p, r in results]
-        if learned is not None:
-            for doc, (p, r) in zip(docs, results, strict=True):
-                if learned.why_not(p) is None:
-                    doc["prediction"]["learned_from_runs"] = learned.to_dict(p, r)
+        for doc, (p, r), ok in zip(docs, results, corrects, strict=True):
+            if ok:
+                assert learned is not None
+                doc["prediction"]["learned_from_runs"] = learned.to_dict(p, r)
         output.emit_json({"plans": docs})
     else:
-        for path, (plan, pred) in zip(plans, results, strict=True):
+        for path, (plan, pred), ok in zip(plans, results, corrects, strict=True):
             _print_prediction(path, plan, pred)
-            if learned is not None and learned.why_not(plan) is None:
+            if ok:
+                assert learned is not None
                 p10, p50, p90 = learned.band(plan, pred)
                 output.out.print(escape(
                     f"step time: {pred.step_time_s:.3f} s predicted by the cost model (above); "
