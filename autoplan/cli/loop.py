@@ -485,10 +485,9 @@ MAX_SHOWN_PLANS = 20  # the held-out table's rows; --format json lists every run
 def _short_plan(plan: Any, models: int) -> str:
     """A plan in a few words for a narrow table: its layout and micro-batch, and what else
     sets it apart from the default (the model where the log holds several)."""
-    lay = plan.layout
-    parts = [plan.model.name] if models > 1 else []
-    parts += [f"dp{lay.dp}", f"tp{lay.tp}", f"pp{lay.pp}"]
-    parts += [f"{k}{v}" for k, v in (("cp", lay.cp), ("ep", lay.ep), ("vpp", lay.vpp)) if v > 1]
+    from autoplan.tune.tune import layout_words
+
+    parts = ([plan.model.name] if models > 1 else []) + layout_words(plan)
     parts.append(f"mbs{plan.micro_batch}")
     if int(plan.zero):
         parts.append(f"zero{int(plan.zero)}")

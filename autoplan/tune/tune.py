@@ -149,15 +149,20 @@ def tune(ranked: Sequence[tuple[Plan, Prediction]], runner: Runner, trial: Trial
     return TuneResult(tuple(ok + rest), tuple(skipped), interrupted)
 
 
-def layout_text(plan: Plan) -> str:
-    """One line naming what a trial runs."""
+def layout_words(plan: Plan) -> list[str]:
+    """A plan's degrees in words (``dp8 tp2 pp1``, then ``shardN``, ``cpN``, ``epN``,
+    ``vppN`` where they are set)."""
     lay = plan.layout
     parts = [f"dp{lay.dp}", f"tp{lay.tp}", f"pp{lay.pp}"]
     if lay.dp_shard < lay.dp:
         parts.append(f"shard{lay.dp_shard}")
-    parts += [f"{k}{v}" for k, v in (("cp", lay.cp), ("ep", lay.ep), ("vpp", lay.vpp)) if v > 1]
-    return " ".join(parts) + (f", mbs {plan.micro_batch}, {plan.schedule.value}, "
-                              f"zero {int(plan.zero)}, recompute {plan.recompute.value}")
+    return parts + [f"{k}{v}" for k, v in (("cp", lay.cp), ("ep", lay.ep), ("vpp", lay.vpp)) if v > 1]
+
+
+def layout_text(plan: Plan) -> str:
+    """One line naming what a trial runs."""
+    return " ".join(layout_words(plan)) + (f", mbs {plan.micro_batch}, {plan.schedule.value}, "
+                                           f"zero {int(plan.zero)}, recompute {plan.recompute.value}")
 
 
 def runs_of(result: TuneResult, runner: str, steps: int) -> list[Run]:
