@@ -213,17 +213,22 @@ def parse_yaml(text: str, source: str) -> Any:
         raise InputError.single(source, where, f"invalid YAML: {problem}") from None
 
 
-class _DuplicateKey(ValueError):
-    pass
+class DuplicateKey(ValueError):
+    """A JSON object naming ``key`` twice (:func:`json_object`)."""
+
+    def __init__(self, key: builtins.str):
+        super().__init__(f"duplicate key {shown(key)}")
+        self.key = key
 
 
-def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """A JSON object whose keys are all distinct (``json`` keeps the last silently, as
-    PyYAML would: refused here as the YAML loader refuses them)."""
+    PyYAML would: refused here as the YAML loader refuses them): ``json.loads``'s
+    ``object_pairs_hook``, raising :class:`DuplicateKey`."""
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise _DuplicateKey(f"duplicate key {shown(key)}")
+            raise DuplicateKey(key)
         out[key] = value
     return out
 
@@ -234,8 +239,8 @@ def read_yaml(path: Path) -> Any:
     text = _read_text(path)
     if path.suffix.lower() == ".json":
         try:
-            return json.loads(text, object_pairs_hook=_json_object)
-        except _DuplicateKey as exc:
+            return json.loads(text, object_pairs_hook=json_object)
+        except DuplicateKey as exc:
             raise InputError.single(str(path), "document", f"invalid JSON: {exc}") from None
         except json.JSONDecodeError as exc:
             raise InputError.single(str(path), f"line {exc.lineno}, column {exc.colno}",

@@ -63,7 +63,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoplan.descriptors.strict import shown
+from autoplan.descriptors.strict import DuplicateKey, json_object, shown
 from autoplan.errors import InputError, Problem
 from autoplan.plan import Plan
 from autoplan.text import one_line
@@ -539,20 +539,6 @@ def _int_or_text(text: str) -> int | str:
         return text  # the plan reader names the field and what it expected
 
 
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object that names no key twice (``json`` keeps the last silently)."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
-
-
 def _build(row: dict[str, str], source: str, base: Path, has_plan: bool) -> Plan:
     """The plan a row says ran (its ``plan`` cell, else its columns); a row it cannot be
     built from raises :class:`_Refused`, its problems named at ``ROW``."""
@@ -561,9 +547,9 @@ def _build(row: dict[str, str], source: str, base: Path, has_plan: bool) -> Plan
     try:
         if has_plan and row.get("plan"):
             try:
-                doc = json.loads(row["plan"], object_pairs_hook=_unique_keys)
-            except _DuplicateKey as exc:
-                raise InputError.single(source, f"{ROW}.plan", f"key {shown(exc.args[0])} twice in one "
+                doc = json.loads(row["plan"], object_pairs_hook=json_object)
+            except DuplicateKey as exc:
+                raise InputError.single(source, f"{ROW}.plan", f"key {shown(exc.key)} twice in one "
                                         "object: a reader would keep one of the two silently") from None
             except (ValueError, RecursionError) as exc:
                 raise InputError.single(source, f"{ROW}.plan",
