@@ -537,7 +537,7 @@ def _print_calibration(result: Any, fmt: Format) -> None:
     for line in notes:
         output.out.print(escape(line))
     # held out, a row a plan: its runs' median measurement and predictions
-    plans, of = distinct_plans([h.run for h in held])
+    plans, of = distinct_plans(h.run.plan for h in held)
     mine: list[list[Any]] = [[] for _ in plans]
     for h, j in zip(held, of, strict=True):
         mine[j].append(h)

@@ -43,7 +43,7 @@ from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.stack import Stack
 from autoplan.errors import InputError
 from autoplan.plan import Plan
-from autoplan.tune.runs import Run
+from autoplan.tune.runs import Run, distinct_plans
 
 # name -> (lowest, highest) a stack can hold (the stack file's own bounds, narrowed to
 # where a value measures the stack rather than absorbs a cost the model lacks)
@@ -189,16 +189,13 @@ class Sample:
 
     @classmethod
     def of(cls, plans: Sequence[Plan], measured: Sequence[float]) -> Sample:
-        index: dict[Plan, int] = {}
-        logs: list[list[float]] = []
-        for plan, m in zip(plans, measured, strict=True):
-            i = index.setdefault(plan, len(index))
-            if i == len(logs):
-                logs.append([])
-            logs[i].append(math.log(m))
+        distinct, of = distinct_plans(plans)
+        logs: list[list[float]] = [[] for _ in distinct]
+        for j, m in zip(of, measured, strict=True):
+            logs[j].append(math.log(m))
         for x in logs:
             x.sort()
-        return cls(tuple(index), tuple(tuple(x) for x in logs),
+        return cls(tuple(distinct), tuple(tuple(x) for x in logs),
                    tuple(tuple(itertools.accumulate(x, initial=0.0)) for x in logs), len(plans))
 
     @property
@@ -217,23 +214,16 @@ class Sample:
         return total / self.runs
 
 
-def _loss(predicted: Sequence[float], measured: Sequence[float]) -> float:
-    return statistics.fmean(abs(math.log(p / m)) for p, m in zip(predicted, measured, strict=True))
-
-
 def identifiable(plans: Sequence[Plan], base: Stack, bounds: dict[str, tuple[float, float]]
                  ) -> tuple[list[str], dict[str, str]]:
     """The constants the runs can identify, in ``PARAMS`` order, and why each other one
     cannot be (module doc): each constant's effect is the change in every run's log
     prediction from its lowest to its highest value, the others at the base's (each
     distinct plan predicted once, weighed by its runs)."""
-    index: dict[Plan, int] = {}
-    for plan in plans:
-        index.setdefault(plan, len(index))
-    distinct = list(index)
+    distinct, of = distinct_plans(plans)
     weight = [0] * len(distinct)
-    for plan in plans:
-        weight[index[plan]] += 1
+    for j in of:
+        weight[j] += 1
     start = constants_of(base)
     effects: dict[str, list[float]] = {}
     ok: list[str] = []
@@ -337,9 +327,7 @@ def calibrate(runs: Sequence[Run], base: Stack, name: str, source: str = "runs l
     if not names:
         raise InputError.single(source, "", "no constant can be fitted on these runs: "
                                 + "; ".join(f"{k}: {v}" for k, v in why.items()))
-    distinct = everything.plans
-    index = {p: j for j, p in enumerate(distinct)}
-    of = [index[p] for p in plans]  # each run's plan among the distinct ones
+    distinct, of = everything.plans, distinct_plans(plans)[1]  # of: each run's plan among them
     fitted = fit_sample(everything, base, names, bounds)
     before_of = _predict(distinct, base)
     after_s: list[float] = [0.0] * len(measured_runs)

@@ -121,7 +121,7 @@ def fit_residual(runs: Sequence[Run], source: str = "runs log", seed: int = 0) -
     for device, mine in sorted(by_device.items()):
         if len(mine) < MIN_RUNS:
             continue
-        plans, of = distinct_plans(mine)
+        plans, of = distinct_plans(r.plan for r in mine)
         preds = [evaluate(p) for p in plans]
         sums = [0.0] * len(plans)
         weight = [0] * len(plans)

@@ -629,11 +629,9 @@ def latest(runs: Sequence[Run], of: Plan) -> list[Run]:
     return mine
 
 
-def distinct_plans(runs: Sequence[Run]) -> tuple[list[Plan], list[int]]:
-    """The distinct plans of ``runs`` (first seen first) and, for each run, the index of
-    its plan among them: what costs a plan once for all its runs."""
+def distinct_plans(plans: Iterable[Plan]) -> tuple[list[Plan], list[int]]:
+    """The distinct plans of ``plans`` (those of a log's runs; first seen first) and, for
+    each, the index of its plan among them: what costs a plan once for all its runs."""
     index: dict[Plan, int] = {}
-    of: list[int] = []
-    for r in runs:
-        of.append(index.setdefault(r.plan, len(index)))
+    of = [index.setdefault(plan, len(index)) for plan in plans]
     return list(index), of
