@@ -36,12 +36,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autoplan.cost.evaluate import evaluate
-from autoplan.descriptors.space import SearchSpace, load_space
+from autoplan.descriptors.space import SearchSpace
 from autoplan.descriptors.strict import read_yaml
 from autoplan.errors import InputError
 from autoplan.plan import SCHEMA_VERSION, Plan, Prediction
 from autoplan.planfile import plan_document, read_plan, searched_space
-from autoplan.search.engine import Ranked, search
+from autoplan.search.engine import Ranked
+from autoplan.search.launchable import resolve_space
+from autoplan.search.launchable import search as launchable_search
 from autoplan.serving.planfile import is_serving
 from autoplan.units import GiB
 
@@ -200,7 +202,7 @@ def check_plan(path: Path, *, space: SearchSpace | None = None, max_regression: 
         plan = read_plan(data, source)
         baseline = recorded_step_time(data, source) if runs is not None else None
         if space is None and max_regression is not None:
-            space = load_space(searched_space(data) or "default", source, "space")
+            space = resolve_space(searched_space(data), source, "space")
     except InputError as exc:
         return _not_read(source, exc, later, headroom)
 
@@ -208,7 +210,7 @@ def check_plan(path: Path, *, space: SearchSpace | None = None, max_regression: 
     if stack is not None:
         plan = dataclasses.replace(plan, stack=stack)
         if space is not None:
-            space = dataclasses.replace(space, stack=stack)
+            space = space.changed(stack=stack)
     pred = evaluate(plan)
     lay = plan.layout
     rules = [RuleResult(rule=Rule.VALID, status=Status.PASSED,
@@ -225,7 +227,7 @@ def check_plan(path: Path, *, space: SearchSpace | None = None, max_regression: 
 
             plans = search_pooled(plan.model, plan.placement.cluster, plan.job, space, 1).plans
         else:
-            plans = search(plan.model, plan.cluster, plan.job, space, top_k=1).plans
+            plans = launchable_search(plan.model, plan.cluster, plan.job, space, top_k=1).plans
         regression = Regression(space=space.name, max_regression=max_regression,
                                 best=plans[0] if plans else None)
         rules.append(_regression_rule(plan, pred, regression))

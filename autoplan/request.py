@@ -25,13 +25,14 @@ from autoplan.descriptors.library import (
     with_gpus,
 )
 from autoplan.descriptors.model import Model
-from autoplan.descriptors.space import SearchSpace, load_space, space_path
+from autoplan.descriptors.space import SearchSpace, space_path
 from autoplan.descriptors.strict import Fields, read_yaml, shown
 from autoplan.errors import InputError, Problem
 from autoplan.measured.door import corrected
 from autoplan.measured.profile import Profile, read_profile
 from autoplan.measured.shipped import shipped_profile
 from autoplan.parallel.rules import recompute_modules_problem
+from autoplan.search.launchable import launcher_space, resolve_space
 from autoplan.units import MAX_MONEY
 from autoplan.vocab import Dtype, RecomputeModule
 from autoplan.whatif.counts import check_gpu_counts
@@ -115,6 +116,7 @@ def build_request(
     stack: str | None = None,
     train_flags: Sequence[tuple[str, Any]] = (),
     recompute_modules: Sequence[RecomputeModule] | None = None,
+    launcher: str | None = None,
 ) -> Request:
     """``train_flags``: (flag, value) of the flags a job file's ``train:`` section holds
     too (``--train-tokens``, ``--objective``, ...; None where not given), each said to
@@ -204,29 +206,37 @@ def build_request(
                 resolved_cluster = found
     except InputError as exc:
         problems.extend(exc.problems)
-    space_ref = space or doc.get("space") or "default"
+    # no space: the launchers' (``search.launchable``); --launcher NAME: that one's in full
+    space_ref = space or doc.get("space")
     if not space and job_file is not None and isinstance(space_ref, str) and looks_like_path(space_ref):
         space_ref = str(beside(space_ref, source))  # beside the job file, as its other files
     try:
-        resolved_space = load_space(str(space_ref), "--space" if space else source, "" if space else "space")
+        if launcher is not None and space:
+            raise InputError.single("--launcher", "", "--space names the space already: give one")
+        resolved_space = (launcher_space(launcher) if launcher is not None else
+                          resolve_space(None if not space_ref else str(space_ref),
+                                        "--space" if space else source, "" if space else "space"))
     except InputError as exc:
         problems.extend(exc.problems)
     stack_ref, stack_src = (stack, "--stack") if stack else (doc.get("stack"), source)
     if stack_ref is not None and not problems:
-        try:  # a named stack replaces the one the space implies
-            resolved_space = dataclasses.replace(
-                resolved_space, stack=resolve_stack(stack_ref, stack_src, "" if stack else "stack"))
+        try:  # a named stack replaces the one the space implies (each part's, of a union)
+            resolved_space = resolved_space.changed(
+                stack=resolve_stack(stack_ref, stack_src, "" if stack else "stack"))
         except InputError as exc:
             problems.extend(exc.problems)
     if recompute_modules is not None and not problems:
-        resolved_space = dataclasses.replace(resolved_space, recompute_modules=tuple(recompute_modules))
+        resolved_space = resolved_space.changed(recompute_modules=tuple(recompute_modules))
     if resolved_model is not None and not problems:
-        lacking = recompute_modules_problem(resolved_model, resolved_space.recompute_modules)
-        if lacking and recompute_modules is not None:
-            problems.append(Problem("--recompute-modules", "", lacking))
-        elif lacking:  # the space file's own list
-            problems.append(Problem(str(space_path(str(space_ref))),
-                                    "searchspace.recompute_modules", lacking))
+        for part in resolved_space.each:
+            lacking = recompute_modules_problem(resolved_model, part.recompute_modules)
+            if lacking and recompute_modules is not None:
+                problems.append(Problem("--recompute-modules", "", lacking))
+                break
+            if lacking:  # the space file's own list
+                where = space_ref if space_ref and not resolved_space.parts else part.name
+                problems.append(Problem(str(space_path(str(where))),
+                                        "searchspace.recompute_modules", lacking))
     measured: Profile | None = None
     try:
         measured = _read_profile(profile, doc.get("profile"), job_file, source)

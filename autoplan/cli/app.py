@@ -108,6 +108,10 @@ FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="table for peo
 ProfileOpt = Annotated[Path | None, typer.Option(
     "--profile", help="Microbenchmark profile CSV (autoplan bench) whose learned correction and "
                       "uncertainty band apply; default: the one shipped for the cluster's device.")]
+LauncherOpt = Annotated[str | None, typer.Option(
+    "--launcher", metavar="<megatron|nemo|torchtitan|deepspeed|...>",
+    help="Rank only plans this launcher runs (export --to), its uneven layer splits too; "
+         "default: every launcher's plans (each tagged with the launchers that run it).")]
 StackOpt = Annotated[str | None, typer.Option(
     "--stack", help="Software stack: megatron-core, megatron-lm, torchtitan, torchtitan-compiled, "
                     "deepspeed, fsdp, or a stack file; default: the one the space (or plan) names.")]

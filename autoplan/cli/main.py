@@ -6,9 +6,11 @@ import contextlib
 import copy
 import dataclasses
 import enum
+import functools
 import math
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -26,6 +28,7 @@ from autoplan.cli.app import (
     FormatOpt,
     GlobalBatchOpt,
     JobFileArg,
+    LauncherOpt,
     ModelOpt,
     ProfileOpt,
     SeqLenOpt,
@@ -104,7 +107,14 @@ def search(
     seq_len: SeqLenOpt = None,
     dtype: DtypeOpt = None,
     space: Annotated[str | None, typer.Option(
-        "--space", help="Search space: default, megatron, deepspeed, torchtitan, fsdp, or a path.")] = None,
+        "--space", help="Search space: launchable (the default: plans some launcher runs), any "
+                        "(launcher-free, for what-if questions; its former name default), megatron, "
+                        "deepspeed, torchtitan, fsdp, or a path.")] = None,
+    launcher: LauncherOpt = None,
+    export_dir: Annotated[Path | None, typer.Option(
+        "--export", metavar="<dir>", parser=files.out_path,
+        help="Write the best plan's launch files to DIR (as export --to its first launcher, or "
+             "--launcher's), with the plan as plan.yaml.")] = None,
     moe_imbalance: Annotated[float | None, typer.Option(
         "--moe-imbalance", help="MoE: tokens of the busiest expert rank over the mean "
                                 "(default 1.25, Switch Transformer's capacity factor).")] = None,
@@ -156,14 +166,17 @@ def search(
     objective = _objective(objective_name, Objective)
     from autoplan.planfile import plan_document
     from autoplan.request import build_request
-    from autoplan.search.engine import search as run_search
+    from autoplan.search.launchable import ANY, launcher_free_best
+    from autoplan.search.launchable import search as run_search
     from autoplan.whatif.counts import parse_gpu_counts
 
     counts = parse_gpu_counts(gpus) if gpus is not None else None
     for target in (out_path, plot):  # refused before the search, not after it
         if target is not None:
             files.check_target(target)
-    files.check_apart([("--out", out_path), ("--plot", plot)], [job_file])
+    if export_dir is not None:
+        _check_export_dir(export_dir)
+    files.check_apart([("--out", out_path), ("--plot", plot), ("--export", export_dir)], [job_file])
     if files.is_stdout(out_path) and files.is_stdout(plot):
         raise InputError.single("--plot", "", "--out already writes to stdout ('-')")
     if files.is_stdout(out_path) or files.is_stdout(plot):
@@ -174,7 +187,7 @@ def search(
                             gpus=None if counts is None else counts[0] if len(counts) == 1 else counts,
                             global_batch=global_batch, seq_len=seq_len, dtype=dtype, space=space,
                             moe_imbalance=moe_imbalance, profile=profile, stack=stack,
-                            recompute_modules=modules,
+                            recompute_modules=modules, launcher=launcher,
                             train_flags=(("--train-tokens", train_tokens),
                                          ("--objective", objective and objective.value),
                                          ("--price", price), ("--deadline", deadline),
@@ -182,7 +195,10 @@ def search(
     whatif = _WhatIf.from_flags_and_file(req.train, train_tokens, objective, price, deadline, budget,
                                          plot)
     if no_offload:
-        req = dataclasses.replace(req, space=dataclasses.replace(req.space, offload=(NO_OFFLOAD,)))
+        req = dataclasses.replace(req, space=req.space.changed(offload=(NO_OFFLOAD,)))
+    if export_dir is not None and (whatif is not None or req.pools is not None):
+        raise InputError.single("--export", "", "writes the best plan of one search: save a plan "
+                                "of the sweep or the pools with --out and `autoplan export` it")
     if req.pools is not None:
         if whatif is not None:
             raise InputError.single("--train-tokens", "", f"cluster {req.pools.name} has pools: "
@@ -212,7 +228,14 @@ def search(
         _search_whatif(req, whatif, top, out_path, fmt, headroom, async_checkpoint)
         return
     with output.working(fmt.value, f"searching {req.space.name} space on {req.cluster.gpus} GPUs ..."):
-        result = run_search(req.model, req.cluster, req.job, req.space, top, headroom)
+        free = _launcher_free(req, headroom)  # beside the search, where a second process runs
+        try:
+            result = run_search(req.model, req.cluster, req.job, req.space, top, headroom)
+        except BaseException:
+            if free is not None:
+                free.abandon()
+            raise
+        gap = launcher_free_best(result.plans, free.result()) if free is not None else None
     if not result.plans:
         if fmt is Format.json:
             output.emit_json({"plans": [], "stats": result.stats.to_dict(),
@@ -229,10 +252,15 @@ def search(
     runs_on = [launchers(r.plan) for r in result.plans]
     docs = [{**plan_document(r.plan, r.prediction, req.space.name), "launchers": list(on)}
             for r, on in zip(result.plans, runs_on, strict=True)]
+    if export_dir is not None:
+        _export_best(result.plans[0].plan, docs[0], runs_on[0], launcher, export_dir)
     if out_path is not None:
         files.write_text(out_path, _yaml(docs[0]))
     if fmt is Format.json:
         doc: dict[str, Any] = {"plans": docs, "stats": result.stats.to_dict()}
+        if gap is not None:
+            doc["launcher_free"] = {"faster_by": gap[1], "plan": plan_document(
+                gap[0].plan, gap[0].prediction, ANY)}
         if req.profile is not None:
             doc["profile"] = req.profile.source
         output.emit_json(doc)
@@ -240,17 +268,70 @@ def search(
         # names come from user files: escape them, or rich reads "[...]" as markup
         title = escape(f"{req.model.name} on {req.cluster.gpus} x {req.cluster.device.name} "
                        f"({req.cluster.name}), global batch {req.job.global_batch} x "
-                       f"{req.job.seq_len} tokens, {req.job.dtype.value}, space {req.space.name}, "
-                       f"stack {req.space.stack.name}")
-        output.out.print(render.plans_table([(r.plan, r.prediction) for r in result.plans], title))
-        if req.space.launcher == "any":  # a space of every launcher's choices: say whose each is
+                       f"{req.job.seq_len} tokens, {req.job.dtype.value}, {render.space_words(req.space)}")
+        any_space = req.space.launcher == "any"
+        output.out.print(render.plans_table([(r.plan, r.prediction) for r in result.plans], title,
+                                            launchers=None if any_space else runs_on))
+        if any_space:  # a space of every launcher's choices: say whose each is
             output.out.print(escape(render.launchers_line(runs_on)))
+        if gap is not None:
+            output.out.print(escape(render.gap_line(*gap)))
         output.out.print(render.stats_text(result.stats))
         output.out.print(render.headroom_note(headroom, min_headroom is None))
         if req.profile is not None:
             output.out.print(escape(render.profile_text(req.profile.source)))
         if out_path is not None:
             output.err.print(f"wrote the best plan to {files.name(out_path)}")
+
+
+def _launcher_free(req: Request, headroom: float) -> Any:
+    """The launcher-free space's best plan (``--space any``), searched beside a search of
+    the launchers' spaces (``forking.beside``: in a second process where one runs) to say
+    under the table where it is faster; None for any other search."""
+    if not req.space.parts:
+        return None
+    from autoplan import forking
+    from autoplan.search.engine import search as engine_search
+    from autoplan.search.launchable import ANY, resolve_space
+
+    free = resolve_space(ANY)
+    # the launchers' choices the user fixed hold for it too: the stack, modules, offload
+    free = dataclasses.replace(free, stack=req.space.stack,
+                               recompute_modules=req.space.recompute_modules,
+                               offload=free.offload if len(req.space.offload) > 1 else req.space.offload)
+    return forking.beside(functools.partial(engine_search, req.model, req.cluster, req.job, free, 1,
+                                            headroom))
+
+
+def _check_export_dir(path: Path) -> None:
+    """``search --export DIR``: a folder (made if need be), refused before the search."""
+    if files.is_stdout(path):
+        raise InputError.single("--export", "", "writes a folder of launch files, not stdout")
+    path = path.expanduser()
+    if path.exists() and not path.is_dir():
+        raise InputError.single("--export", "", f"{files.name(path)} is not a directory")
+
+
+def _export_best(plan: Plan, doc: dict[str, Any], runs_on: Sequence[str], launcher: str | None,
+                 directory: Path) -> None:
+    """The best plan's launch files (``export --to`` its first launcher, or ``--launcher``)
+    and the plan itself (``plan.yaml``) into ``directory``; every target checked first."""
+    from autoplan.export import Target
+    from autoplan.export import export as run_export
+
+    name = launcher or (runs_on[0] if runs_on else None)
+    if name is None:
+        raise InputError.single("--export", "", "no launcher runs the best plan as it is "
+                                                "(--space any): search without --space")
+    written = {**run_export(plan, Target(name), "the best plan"), "plan.yaml": _yaml(doc)}
+    directory = directory.expanduser()
+    paths = {n: directory / n for n in written}
+    for path in paths.values():
+        files.check_target(path)
+    for n, path in paths.items():
+        files.write_text(path, written[n], executable=n.endswith((".sh", ".sbatch")))
+    output.err.print(f"wrote the best plan's {name} launch files to {escape(str(directory))}: "
+                     f"{', '.join(written)}")
 
 
 def _search_pooled(req: Request, top: int, out_path: Path | None, fmt: Format,
@@ -1523,10 +1604,12 @@ def check_plan_file(
         "--min-headroom", min=0.0, help="GiB every pipeline stage must leave free on the device "
                                         "(beyond its peak, which includes the device's reserve).")] = 0.0,
     space: Annotated[str | None, typer.Option(
-        "--space", help="Search space of --max-regression: default, megatron, deepspeed, torchtitan, "
-                        "fsdp, or a path (default: the one the plan file records it was searched in, "
-                        "else default).")
+        "--space", help="Search space of --max-regression: launchable (every launcher's plans), "
+                        "any (launcher-free; its former name default), megatron, deepspeed, "
+                        "torchtitan, fsdp, or a path (default: the one the plan file records it "
+                        "was searched in, else launchable).")
     ] = None,
+    launcher: LauncherOpt = None,
     out_path: Annotated[Path | None, typer.Option(
         "--out", "-o", parser=files.out_path, metavar="<path>",
         help="Write the report here (in --format, also on bad input) and print the text "
@@ -1547,10 +1630,13 @@ def check_plan_file(
     --max-regression of the best plan: exit 0 pass, 1 a rule failed (each named), 2 bad input.
     With --format json or junit a plan that does not read is still reported, rule `valid` in error."""
     from autoplan.check import Status, check_plan
-    from autoplan.descriptors.space import load_space
+    from autoplan.search.launchable import launcher_space, resolve_space
 
+    if launcher is not None and space is not None:
+        raise InputError.single("--launcher", "", "--space names the space already: give one")
     with naming(("--space", space)):
-        searchspace = load_space(space) if space is not None else None
+        searchspace = (launcher_space(launcher) if launcher is not None
+                       else resolve_space(space) if space is not None else None)
     if out_path is not None:
         files.check_target(out_path)
         files.check_apart([("--out", out_path)], [plan_path] + ([runs] if runs else []))

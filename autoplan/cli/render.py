@@ -17,6 +17,8 @@ from autoplan.units import GiB
 from autoplan.vocab import CpComm, MoeDispatch
 
 if TYPE_CHECKING:
+    from autoplan.descriptors.space import SearchSpace
+    from autoplan.search.results import Ranked as Found
     from autoplan.serving.cost import StepModel
     from autoplan.serving.deployment import ServingPlan, Slo
     from autoplan.serving.evaluate import ServingPrediction
@@ -61,7 +63,31 @@ def launchers_line(runs_on: Sequence[Sequence[str]]) -> str:
     return "runs on (export --to): " + "; ".join(parts) + hint
 
 
-def plans_table(rows: list[tuple[Plan, Prediction]], title: str, show_gpus: bool = False) -> Table:
+def space_words(space: SearchSpace) -> str:
+    """The title's words for where a search looked: a space and its stack, or the union of
+    the launchers' spaces with theirs."""
+    if space.parts:
+        stacks = ", ".join(dict.fromkeys(p.stack.name for p in space.parts))
+        return (f"plans {', '.join(p.name for p in space.parts)} run (space {space.name}, "
+                f"uniform layer splits; stacks {stacks})")
+    if space.launcher == "any":
+        return (f"space {space.name}: launcher-free, for what-if questions (plans may run on no "
+                f"launcher), stack {space.stack.name}")
+    return f"space {space.name}, stack {space.stack.name}"
+
+
+def gap_line(free: Found, faster_by: float) -> str:
+    """Under a launchable search's table: the launcher-free plan that beats its best."""
+    plan = free.plan
+    return (f"a plan no launcher runs is {faster_by:.0%} faster: {layout_text(plan)} mbs "
+            f"{plan.micro_batch} {plan.schedule.value} recompute {plan.recompute_label} zero "
+            f"{int(plan.zero)}{' offload ' + offload_text(plan) if plan.offload.any else ''} "
+            f"({free.prediction.tokens_per_s:,.0f} tokens/s); --space any ranks such plans")
+
+
+def plans_table(rows: list[tuple[Plan, Prediction]], title: str, show_gpus: bool = False,
+                launchers: Sequence[Sequence[str]] | None = None) -> Table:
+    """The ranked plans; ``launchers``: who runs each, shown in its layout cell."""
     caption = ("MFU counts the active parameters only (top_k routed experts per token)"
                if any(plan.model.is_moe for plan, _ in rows) else None)
     caption = "; ".join(c for c in (caption, "micro: microbatches per step; bubble: share of the "
@@ -83,7 +109,9 @@ def plans_table(rows: list[tuple[Plan, Prediction]], title: str, show_gpus: bool
         table.add_row(
             str(i), *((str(plan.cluster.gpus),) if show_gpus else ()),
             *((escape(placement_text(plan)),) if pooled else ()),
-            layout_text(plan), str(plan.micro_batch), str(plan.num_microbatches),
+            layout_text(plan) + (f"\n[dim]{escape(', '.join(launchers[i - 1]))}[/dim]"
+                                 if launchers is not None else ""),
+            str(plan.micro_batch), str(plan.num_microbatches),
             plan.schedule.value,
             plan.recompute_label, str(int(plan.zero)), "yes" if plan.sequence_parallel else "no",
             *((offload_text(plan),) if offloads else ()),

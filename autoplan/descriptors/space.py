@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,21 @@ class SearchSpace:
     # the software the plans run on: the space's launcher implies it (SPACE_STACKS), a
     # space file, job file or --stack may name another
     stack: Stack = field(default_factory=default_stack)
+    # a union of spaces (the launchable default, ``autoplan.search.launchable``): each part
+    # searched on its own stack and the plans ranked together; the union's own fields are
+    # its first part's, read by nothing that searches
+    parts: tuple[SearchSpace, ...] = ()
+
+    @property
+    def each(self) -> tuple[SearchSpace, ...]:
+        """The spaces a search of this one searches: its parts, or itself."""
+        return self.parts or (self,)
+
+    def changed(self, **changes: Any) -> SearchSpace:
+        """This space with ``changes`` (``dataclasses.replace``'s), made to each part of a
+        union too."""
+        parts = tuple(p.changed(**changes) for p in self.parts)
+        return dataclasses.replace(self, **changes, parts=parts)
 
 
 def _choices(f: Fields, key: str, kind: Any) -> tuple:
@@ -168,6 +184,10 @@ def _etp_choices(f: Fields) -> tuple[str, ...]:
     return tuple(sorted({str(v) for v in raw}))
 
 
+# built-in spaces renamed, by their former names (plan files and scripts name them)
+FORMER_NAMES = {"default": "any"}
+
+
 def builtin_spaces() -> list[str]:
     return sorted(p.stem for p in searchspace_dir().glob("*.yaml"))
 
@@ -177,6 +197,7 @@ def space_path(ref: str, source: str = "--space", field: str = "") -> Path:
     if ref.endswith((".yaml", ".yml")) or "/" in ref:
         return Path(ref)
     names = builtin_spaces()
+    ref = FORMER_NAMES.get(ref, ref)
     if ref not in names:
         raise InputError.single(source, field, f"unknown search space {shown(ref)}"
                                 f"{did_you_mean(ref, names)}; built-in: {', '.join(names)}")

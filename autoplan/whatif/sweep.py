@@ -134,7 +134,7 @@ def _search_all(model: Model, clusters: Sequence[Cluster], job: Job, space: Sear
     ceiling (``wanted``), the most GPUs' search comes first and the others but those that
     cannot hold the model wait for it (:class:`_Wanted`). The results are the same as one
     after another, in cluster order, and so are their counts."""
-    from autoplan.search.engine import search
+    from autoplan.search.launchable import search
 
     done: list[int] = []
 

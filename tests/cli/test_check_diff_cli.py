@@ -71,7 +71,7 @@ def test_check_fails_the_slow_plan_naming_the_best_plan_and_the_gap() -> None:
     assert result.returncode == 1
     line = next(x for x in result.stdout.splitlines() if "regression" in x)
     assert line.lstrip().startswith("FAIL  regression")
-    assert "% slower, more than 5.0% (best: dp8 tp1 pp1" in line
+    assert "% slower, more than 5.0% (best: dp4 tp1 pp1 cp2" in line
 
 
 def test_check_of_a_malformed_plan_exits_2_with_file_and_field_and_no_traceback(tmp_path: Path) -> None:
@@ -116,7 +116,7 @@ def test_junit_has_one_suite_one_case_per_rule_and_a_failure_per_failed_rule() -
         assert case.get("classname") == str(SLOW)
     failure = by_name["regression"].find("failure")
     assert failure is not None
-    assert "more than 5.0% (best: dp8 tp1 pp1" in failure.get("message", "")
+    assert "more than 5.0% (best: dp4 tp1 pp1 cp2" in failure.get("message", "")
 
 
 def test_junit_of_a_malformed_plan_still_reports_why_and_exits_2(tmp_path: Path) -> None:
@@ -151,7 +151,7 @@ def test_json_report_names_every_rule_and_the_best_plan() -> None:
     assert doc["status"] == "failed" and doc["failed"] == ["regression"]
     assert [r["rule"] for r in doc["rules"]] == ["valid", "fits-memory", "regression"]
     reg = doc["regression"]
-    assert reg["space"] == "default" and reg["max_regression"] == 0.05 and reg["gap"] > 0.05
+    assert reg["space"] == "launchable" and reg["max_regression"] == 0.05 and reg["gap"] > 0.05
     assert reg["best"]["layout"]["pp"] == 1
     assert reg["best"]["prediction"]["step_time_s"] * (1 + reg["gap"]) == pytest.approx(
         doc["prediction"]["step_time_s"])

@@ -24,19 +24,22 @@ def test_search_records_its_space_and_check_compares_against_it(tmp_path: Path) 
     assert r.returncode == 0, r.stdout + r.stderr  # the best of its own space: no regression
     report = json.loads(r.stdout)
     assert report["regression"]["space"] == "megatron" and report["regression"]["gap"] <= 1e-9
-    # told otherwise, check searches the space it is given
+    # told otherwise, check searches the space it is given (`default`: the launcher-free
+    # space's former name, still read)
     r = autoplan("check", path, "--max-regression", "0.5", "--space", "default", "-f", "json")
-    assert json.loads(r.stdout)["regression"]["space"] == "default"
+    assert json.loads(r.stdout)["regression"]["space"] == "any"
+    r = autoplan("check", path, "--max-regression", "0.5", "--launcher", "torchtitan", "-f", "json")
+    assert json.loads(r.stdout)["regression"]["space"] == "torchtitan"
 
 
-def test_a_plan_without_a_recorded_space_is_checked_against_the_default_one(tmp_path: Path) -> None:
+def test_a_plan_without_a_recorded_space_is_checked_against_the_launchable_plans(tmp_path: Path) -> None:
     path = tmp_path / "plan.yaml"
     assert autoplan(*SEARCH, "--space", "megatron", "--out", path).returncode == 0
     doc = yaml.safe_load(path.read_text())
     del doc["space"]
     path.write_text(yaml.safe_dump(doc))
     r = autoplan("check", path, "--max-regression", "0.5", "-f", "json")
-    assert json.loads(r.stdout)["regression"]["space"] == "default"
+    assert json.loads(r.stdout)["regression"]["space"] == "launchable"
 
 
 def test_a_recorded_space_that_is_not_built_in_is_named(tmp_path: Path) -> None:

@@ -1,0 +1,131 @@
+"""The launchable search: by default autoplan ranks only plans some launcher runs as they
+are (``export --to`` takes them).
+
+Each launcher's search space (``searchspace/<space>.yaml``, its rules) and stack (the
+software its plans run on) come from the launcher registry (``autoplan.export``); the
+default space, ``launchable``, is the union of the launchers' spaces: each part is searched
+on its own stack and the plans are ranked together, each kept once (where two parts
+find the same layout, on their two stacks, the faster prediction ranks it) and only where
+a launcher runs it. ``any`` (formerly ``default``, still read) is the launcher-free space
+every launcher's choice makes up, for what-if questions.
+
+The union's parts split layers uniformly (``plan.uniform_stages``, as the launcher-free
+space does): the uneven splits Megatron-LM and torchtitan take cost their searches 3-15x
+(GPT-3 175B on 1024 A100: 0.27 s against 3.4 s) and ``--launcher NAME`` searches them.
+
+The parts run in turn, each after the first bounded by the union's k-th best step time so
+far (``engine.Ceiling``): a later part's search stops where none of its plans can enter the
+union's top k, so the union costs little more than its slowest part alone. The answer is
+the same as searching every part in full and ranking all their plans.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Sequence
+
+from autoplan.descriptors.hardware import Cluster
+from autoplan.descriptors.job import Job
+from autoplan.descriptors.model import Model
+from autoplan.descriptors.space import SearchSpace, StageShape, load_space
+from autoplan.errors import InputError
+from autoplan.plan import Plan
+from autoplan.search import engine
+from autoplan.search.results import Ceiling, Ranked, SearchResult, SearchStats, rank_key
+
+LAUNCHABLE = "launchable"
+"""The default space: the union of the launchers' spaces."""
+ANY = "any"
+"""The launcher-free space (``searchspace/any.yaml``)."""
+# how much faster a launcher-free plan must be for the search to say so under its table
+GAP_NOTE = 0.03
+
+
+def launcher_spaces() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """(space name, the launchers obeying it) for each distinct space of the registry's
+    training launchers, in the registry's order (Megatron-LM first: its plans are the
+    fastest of most searches, and bound the later parts best)."""
+    from autoplan.export import _SPACE, LAUNCHERS
+
+    out: dict[str, list[str]] = {}
+    for target in sorted(LAUNCHERS, key=lambda t: t.value not in ("megatron", "nemo")):
+        out.setdefault(_SPACE[target], []).append(target.value)
+    return tuple((space, tuple(names)) for space, names in out.items())
+
+
+def launchable_space(launcher: str | None = None) -> SearchSpace:
+    """The union of the launchers' spaces (``launcher``: the union of that one's alone),
+    each part at uniform layer splits (module doc)."""
+    spaces = launcher_spaces()
+    parts = []
+    for name, _ in spaces:
+        space = load_space(name)
+        if space.stage_shape is not StageShape.UNIFORM:
+            space = dataclasses.replace(space, stage_shape=StageShape.UNIFORM)
+        parts.append(space)
+    first = parts[0]
+    return dataclasses.replace(first, name=LAUNCHABLE, launcher=LAUNCHABLE, parts=tuple(parts))
+
+
+def resolve_space(ref: str | None, source: str = "--space", field: str = "") -> SearchSpace:
+    """A space by name or path: ``launchable`` (and no name) the union, ``any`` and its
+    former name ``default`` the launcher-free space, else ``load_space``'s."""
+    if ref is None or ref == LAUNCHABLE:
+        return launchable_space()
+    return load_space(ref, source, field)
+
+
+def launcher_space(name: str, source: str = "--launcher") -> SearchSpace:
+    """The full space of one launcher (``--launcher NAME``): its uneven layer splits too."""
+    spaces = {n: space for space, names in launcher_spaces() for n in names}
+    if name not in spaces:
+        raise InputError.single(source, "", f"unknown launcher {name!r}; known: {', '.join(spaces)}")
+    return load_space(spaces[name])
+
+
+def search(model: Model, cluster: Cluster, job: Job, space: SearchSpace, top_k: int = 10,
+           min_headroom_bytes: float = 0.0, ceiling: Ceiling | None = None) -> SearchResult:
+    """``engine.search`` of a space, or of each part of a union ranked together (module
+    doc): the top_k plans some launcher runs, each once."""
+    if not space.parts:
+        return engine.search(model, cluster, job, space, top_k, min_headroom_bytes, ceiling)
+    from autoplan.export import launchers
+
+    stats = SearchStats()
+    kept: dict[Plan, Ranked] = {}  # by the plan on the first part's stack: one row a layout
+    closest = []
+    kth = float("inf")  # the union's k-th best step time after the parts searched so far
+
+    def bounded(found: Ranked) -> float:
+        return min(ceiling(found), kth) if ceiling is not None else kth
+
+    base = space.parts[0].stack
+    for i, part in enumerate(space.parts):
+        result = engine.search(model, cluster, job, part, top_k, min_headroom_bytes,
+                               bounded if i or ceiling is not None else None)
+        stats.merge(result.stats)
+        if result.closest is not None:
+            closest.append(result.closest)
+        for r in result.plans:
+            if not launchers(r.plan):  # a rule its launcher's exporter adds to its space's
+                continue
+            key = r.plan if r.plan.stack == base else r.plan.replace(stack=base)
+            held = kept.get(key)
+            if held is None or rank_key(r.plan, r.prediction) < rank_key(held.plan, held.prediction):
+                kept[key] = r
+        if len(kept) >= top_k:
+            kth = heapq.nsmallest(top_k, (r.prediction.step_time_s for r in kept.values()))[-1]
+    ranked = sorted(kept.values(), key=lambda r: rank_key(r.plan, r.prediction))[:top_k]
+    near = min(closest, key=lambda c: c[2].peak, default=None) if not ranked else None
+    return SearchResult(tuple(ranked), stats, near)
+
+
+def launcher_free_best(results: Sequence[Ranked], found: SearchResult) -> tuple[Ranked, float] | None:
+    """The launcher-free search's best (``found``) and how much faster it is than the best
+    launchable plan (``results``), where by more than ``GAP_NOTE``."""
+    if not results or not found.plans:
+        return None
+    free, best = found.plans[0], results[0]
+    gain = best.prediction.step_time_s / free.prediction.step_time_s - 1
+    return (free, gain) if gain > GAP_NOTE else None
