@@ -114,8 +114,9 @@ def tune(
     seq_len: SeqLenOpt = None,
     dtype: DtypeOpt = None,
     space: Annotated[str | None, typer.Option(
-        "--space", help="Search space: default, megatron, deepspeed, torchtitan, fsdp, or a path "
-                        "(with --runner torchrun or slurm, default: the --launcher's).")] = None,
+        "--space", help="Search space: launchable (plans some launcher runs), any (launcher-free; "
+                        "its former name default), megatron, deepspeed, torchtitan, fsdp, or a path "
+                        "(default: launchable; with --runner torchrun or slurm, the --launcher's).")] = None,
     profile: ProfileOpt = None,
     stack: StackOpt = None,
     no_offload: Annotated[bool, typer.Option(
@@ -167,7 +168,7 @@ def tune(
         output.quiet()
     from autoplan.kernels.memory import default_headroom_bytes
     from autoplan.request import build_request
-    from autoplan.search.engine import search as run_search
+    from autoplan.search.launchable import search as run_search
     from autoplan.tune.runners import LaunchRunner, LocalRunner, Trial
     from autoplan.tune.tune import layout_text, pick, runs_of
     from autoplan.tune.tune import tune as run_tune
@@ -199,17 +200,18 @@ def tune(
     if folder is not None and (folder.exists() or folder.is_symlink()) and not folder.is_dir():
         raise InputError.single("--workdir", "", f"{folder}: not a folder (each trial's scripts "
                                                  "and logs go in a folder of it)")
-    if space is None and runner != "local" and job_file is None:
-        space = launcher
+    # a launch runs one launcher: its plans alone, its uneven layer splits too
+    runs_one = space is None and runner != "local" and job_file is None
     req = build_request(job_file, model=model, cluster=cluster, gpus=gpus, global_batch=global_batch,
-                        seq_len=seq_len, dtype=dtype, space=space, profile=profile, stack=stack)
+                        seq_len=seq_len, dtype=dtype, space=space, profile=profile, stack=stack,
+                        launcher=launcher if runs_one else None)
     if req.pools is not None:
         raise InputError.single("--cluster", "", f"{req.pools.name} has pools of unlike GPUs: tune "
                                                  "runs plans on one kind of GPU")
     if len(req.clusters) > 1:
         raise InputError.single("--gpus", "", "tune runs plans for one GPU count")
     if no_offload:
-        req = dataclasses.replace(req, space=dataclasses.replace(req.space, offload=(NO_OFFLOAD,)))
+        req = dataclasses.replace(req, space=req.space.changed(offload=(NO_OFFLOAD,)))
     for line in req.notes:
         output.err.print(f"autoplan: note: {line}", markup=False)
     if runner == "local":

@@ -379,9 +379,11 @@ def _search_pooled(req: Request, top: int, out_path: Path | None, fmt: Format,
         what = "; ".join(f"{p.name}: {p.gpus} x {p.device.name}" for p in pools.pools)
         title = escape(f"{req.model.name} on {pools.name} ({what}), global batch "
                        f"{req.job.global_batch} x {req.job.seq_len} tokens, "
-                       f"{req.job.dtype.value}, space {req.space.name}, stack {req.space.stack.name}")
-        output.out.print(render.plans_table([(r.plan, r.prediction) for r in result.plans], title))
-        if req.space.launcher == "any":  # a space of every launcher's choices: say whose each is
+                       f"{req.job.dtype.value}, {render.space_words(req.space)}")
+        any_space = req.space.launcher == "any"
+        output.out.print(render.plans_table([(r.plan, r.prediction) for r in result.plans], title,
+                                            launchers=None if any_space else runs_on))
+        if any_space:  # a space of every launcher's choices: say whose each is
             output.out.print(escape(render.launchers_line(runs_on)))
         output.out.print(render.stats_text(result.stats))
         output.out.print(escape(f"pools: {verdict}"))

@@ -55,15 +55,10 @@ def launcher_spaces() -> tuple[tuple[str, tuple[str, ...]], ...]:
 
 
 def launchable_space(launcher: str | None = None) -> SearchSpace:
-    """The union of the launchers' spaces (``launcher``: the union of that one's alone),
-    each part at uniform layer splits (module doc)."""
-    spaces = launcher_spaces()
-    parts = []
-    for name, _ in spaces:
-        space = load_space(name)
-        if space.stage_shape is not StageShape.UNIFORM:
-            space = dataclasses.replace(space, stage_shape=StageShape.UNIFORM)
-        parts.append(space)
+    """The union of the launchers' spaces (``launcher``: the union of that one's alone);
+    :func:`search` splits each part's layers uniformly (module doc), a pooled search as
+    the part's launcher does."""
+    parts = [load_space(name) for name, _ in launcher_spaces()]
     first = parts[0]
     return dataclasses.replace(first, name=LAUNCHABLE, launcher=LAUNCHABLE, parts=tuple(parts))
 
@@ -102,6 +97,8 @@ def search(model: Model, cluster: Cluster, job: Job, space: SearchSpace, top_k: 
 
     base = space.parts[0].stack
     for i, part in enumerate(space.parts):
+        if part.stage_shape is not StageShape.UNIFORM:  # uniform splits (module doc)
+            part = dataclasses.replace(part, stage_shape=StageShape.UNIFORM)
         result = engine.search(model, cluster, job, part, top_k, min_headroom_bytes,
                                bounded if i or ceiling is not None else None)
         stats.merge(result.stats)

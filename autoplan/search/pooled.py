@@ -60,7 +60,7 @@ from autoplan.cost.stage import (
 from autoplan.descriptors.hardware import Cluster, PooledCluster
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
-from autoplan.descriptors.space import SearchSpace
+from autoplan.descriptors.space import SearchSpace, StageShape
 from autoplan.kernels.memory import default_headroom_bytes
 from autoplan.parallel import cp, dp, ep, tp
 from autoplan.parallel.common import Rule, Scope, capped_divisors
@@ -155,13 +155,65 @@ def search_pooled(model: Model, cluster: PooledCluster, job: Job, space: SearchS
     acyclic plans and stage works, and a collector's pass over a command's live objects
     cost it a third of its time)."""
     with caches.collector_paused(), caches.scope():
-        return _search_pooled(model, cluster, job, space, top_k, min_headroom_bytes,
-                              progress or (lambda _: None))
+        if not space.parts:
+            return _search_pooled(model, cluster, job, space, top_k, min_headroom_bytes,
+                                  progress or (lambda _: None))
+        # the launchers' spaces (``search.launchable``): each part searched, ranked together,
+        # each after the first bounded by what the parts before it found (:class:`_Seed`)
+        found: list[PooledResult] = []
+        for part in space.parts:
+            seed = _Seed.of(_merged(found, top_k), top_k) if found else None
+            found.append(_search_pooled(model, cluster, job, part, top_k, min_headroom_bytes,
+                                        progress or (lambda _: None), seed, union=True))
+        return _merged(found, top_k)
+
+
+@dataclass(frozen=True, slots=True)
+class _Seed:
+    """What the parts of a union searched so far found, bounding the next part's search: a
+    plan of it slower than their k-th best (of each pool alone, or of all) enters no top
+    k, and one across pools slower than their best across changes no verdict."""
+
+    kept: tuple[float, ...]  # the step times of their plans, ascending
+    best_across: float
+    alone: tuple[float, ...]  # per pool: the k-th best step time alone (inf: fewer found)
+
+    @classmethod
+    def of(cls, merged: PooledResult, top_k: int) -> _Seed:
+        alone = tuple(a.plans[top_k - 1].prediction.step_time_s if len(a.plans) >= top_k
+                      else float("inf") for a in merged.alone)
+        across = merged.best_across
+        return cls(tuple(sorted(r.prediction.step_time_s for r in merged.plans)),
+                   across.prediction.step_time_s if across is not None else float("inf"), alone)
+
+
+def _merged(found: list[PooledResult], top_k: int) -> PooledResult:
+    """The pooled searches of a union's parts as one: the plans some launcher runs ranked
+    together, each pool's best search alone (its plans those some launcher runs), the best
+    across pools."""
+    from autoplan.export import launchers
+
+    def key(r: Ranked) -> tuple:
+        return rank_key(r.plan, r.prediction)
+
+    stats = SearchStats()
+    for f in found:
+        stats.merge(f.stats)
+    plans = sorted((r for f in found for r in f.plans if launchers(r.plan)), key=key)[:top_k]
+    runnable = [[replace(a, plans=tuple(r for r in a.plans if launchers(r.plan)))
+                 for a in f.alone] for f in found]
+    alone = tuple(min((f[i] for f in runnable),
+                      key=lambda a: key(a.plans[0]) if a.plans else (float("inf"),))
+                  for i in range(len(found[0].alone)))
+    across = [f.best_across for f in found if f.best_across is not None and launchers(f.best_across.plan)]
+    return PooledResult(plans=tuple(plans), alone=alone, best_across=min(across, key=key, default=None),
+                        stats=stats, cluster=found[0].cluster)
 
 
 def _search_pooled(model: Model, cluster: PooledCluster, job: Job, space: SearchSpace,
                    top_k: int, min_headroom_bytes: float | None,
-                   progress: Callable[[str], None]) -> PooledResult:
+                   progress: Callable[[str], None], seed: _Seed | None = None,
+                   union: bool = False) -> PooledResult:
     space = _on_gpus(space)
 
     def headroom(c: Cluster) -> float:
@@ -176,11 +228,12 @@ def _search_pooled(model: Model, cluster: PooledCluster, job: Job, space: Search
     # its groups' top k, and its best across pools)
     stats = SearchStats()
     other = [forking.beside(functools.partial(
-        _search_part, model, cluster, job, space, top_k, headroom, w, PARTS))
+        _search_part, model, cluster, job, space, top_k, headroom, w, PARTS, seed=seed,
+        union=union))
         for w in range(1, PARTS)]
     try:
         mine = _search_part(model, cluster, job, space, top_k, headroom, 0, PARTS, stats,
-                            progress)
+                            progress, seed, union)
     except BaseException:
         for pending in other:
             pending.abandon()
@@ -209,15 +262,21 @@ class _Part:
 def _search_part(model: Model, cluster: PooledCluster, job: Job, space: SearchSpace,
                  top_k: int, headroom: Callable[[Cluster], float], part: int, parts: int,
                  built: SearchStats | None = None,
-                 progress: Callable[[str], None] = lambda _: None) -> _Part:
+                 progress: Callable[[str], None] = lambda _: None,
+                 seed: _Seed | None = None, union: bool = False) -> _Part:
     """Part ``part`` of ``parts`` of a pooled search: the pools ``part``, ``part +
     parts``, ... alone, and the walk across pools over every ``parts``-th group from
     ``part`` on. The groups are built in full by each part (the same list in each);
     what building them counts goes to ``built`` (one part's: the counts would repeat)."""
     alone = []
+    # a union's part searches each pool alone at uniform splits, as a launchable search of
+    # one pool does (``search.launchable``)
+    alone_space = space if not union else replace(space, stage_shape=StageShape.UNIFORM)
     for i in range(part, len(cluster.pools), parts):
         pool = cluster.pools[i]
-        alone.append((i, search(model, pool, job, space, top_k, headroom(pool))))
+        bound = seed.alone[i] if seed is not None else float("inf")
+        alone.append((i, search(model, pool, job, alone_space, top_k, headroom(pool),
+                                None if seed is None else (lambda _, b=bound: b))))
         progress(f"searched pool {pool.name} alone")
     # best first: every group at its compute floor, tightened to its fluid bound when it
     # comes up (most never do), then its plans split and evaluated in the bounds' order
@@ -228,25 +287,28 @@ def _search_part(model: Model, cluster: PooledCluster, job: Job, space: SearchSp
                               for g in _groups(model, cluster, job, space, order, counts))]
     progress(f"searching plans across pools: {len(queue):,} layout groups by bound"
              + (f", in {parts} processes" if parts > 1 and forking.can_fork() else ""))
-    kept = sorted(r.prediction.step_time_s for _, a in alone for r in a.plans)
+    kept = sorted([*(r.prediction.step_time_s for _, a in alone for r in a.plans),
+                   *(seed.kept if seed is not None else ())])
     stats = SearchStats()
-    across = _walk(queue[part::parts], stats, kept, space, headroom, top_k)
+    across = _walk(queue[part::parts], stats, kept, space, headroom, top_k,
+                   seed.best_across if seed is not None else float("inf"))
     across.sort(key=lambda r: rank_key(r.plan, r.prediction))
     best = across[:top_k]  # the best across pools is the first of them
     return _Part(alone, best, stats)
 
 
 def _walk(queue: list[tuple[float, int, bool, _Group]], stats: SearchStats, kept: list[float],
-          space: SearchSpace, headroom: Callable[[Cluster], float], top_k: int) -> list[Ranked]:
+          space: SearchSpace, headroom: Callable[[Cluster], float], top_k: int,
+          best_across: float = float("inf")) -> list[Ranked]:
     """The plans across pools that the best-first walk over ``queue`` evaluates, until a
     bound passes both the k-th best step time so far (of ``kept``, the plans alone, and
     those it found: no later plan can enter the top k) and the best it found across pools
-    (the verdict compares the best across with the best alone). Every plan of the top k
-    and the best across pools of the groups in ``queue`` is among those returned."""
+    (the verdict compares the best across with the best alone; ``best_across``: the best
+    found before, by a union's earlier parts). Every plan of the top k and the best across
+    pools of the groups in ``queue`` is among those returned."""
     heapq.heapify(queue)
     kept = list(kept)
     across: list[Ranked] = []
-    best_across = float("inf")
 
     def beyond(bound: float) -> bool:
         return len(kept) >= top_k and bound > kept[top_k - 1] and bound > best_across

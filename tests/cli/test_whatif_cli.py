@@ -57,7 +57,7 @@ def test_deadline_and_budget_filter_the_front_and_name_the_binding_one(tmp_path:
     doc = _json("--objective", "cost", "--deadline", "10")
     assert [p["gpus"] for p in doc["pareto"]] == [16, 32]
     assert doc["train"]["binding"] == ["deadline"] and doc["train"]["best_gpus"] == 16
-    doc = _json("--budget", "9000")
+    doc = _json("--budget", "9200")
     assert [p["gpus"] for p in doc["pareto"]] == [8, 16]
     assert doc["train"]["binding"] == ["budget"] and doc["train"]["best_gpus"] == 16
     out = tmp_path / "best.yaml"
