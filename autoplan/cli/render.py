@@ -67,9 +67,12 @@ def space_words(space: SearchSpace) -> str:
     """The title's words for where a search looked: a space and its stack, or the union of
     the launchers' spaces with theirs."""
     if space.parts:
+        from autoplan.search.launchable import launcher_spaces
+
         stacks = ", ".join(dict.fromkeys(p.stack.name for p in space.parts))
-        return (f"plans {', '.join(p.name for p in space.parts)} run (space {space.name}, "
-                f"uniform layer splits; stacks {stacks})")
+        names = [n for _, ns in launcher_spaces() for n in ns]
+        return (f"plans {', '.join(names)} run (space {space.name}, uniform layer splits; "
+                f"stacks {stacks})")
     if space.launcher == "any":
         return (f"space {space.name}: launcher-free, for what-if questions (plans may run on no "
                 f"launcher), stack {space.stack.name}")
