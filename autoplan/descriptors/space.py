@@ -45,6 +45,10 @@ class SearchSpace:
     recompute: tuple[Recompute, ...]
     zero: tuple[ZeroStage, ...]
     zero_max_with_pp: ZeroStage  # highest ZeRO stage the launcher combines with pp > 1
+    # the ZeRO stages tried where pp > 1 in place of ``zero`` up to ``zero_max_with_pp``,
+    # where the launcher runs another sharding under a pipeline (torchtitan: FSDP2 keeps
+    # parameters and gradients unsharded through the step, ZeRO-1: searchspace/torchtitan.yaml)
+    zero_with_pp: tuple[ZeroStage, ...] = ()
     sequence_parallel: tuple[bool, ...]  # tried where tp > 1
     stage_shape: StageShape = StageShape.UNIFORM  # which uneven layer splits the launcher takes
     ep_max: int = 1  # expert parallel degree (mixture-of-experts models only)
@@ -118,6 +122,7 @@ def read_space(data: Any, source: str) -> SearchSpace:
     recompute = _choices(f, "recompute", Recompute)
     zero = _choices(f, "zero", ZeroStage)
     zero_pp = f.enum("zero_max_with_pp", ZeroStage, ZeroStage.PARAMETERS)
+    zero_with_pp = _choices(f, "zero_with_pp", ZeroStage) if f.has("zero_with_pp") else ()
     sp = _choices(f, "sequence_parallel", bool)
     shape = f.enum("stages", StageShape, StageShape.UNIFORM)
     ep_max = f.int("ep_max", 1, min=1)
@@ -144,6 +149,7 @@ def read_space(data: Any, source: str) -> SearchSpace:
         schedules=tuple(s for s in Schedule if s in schedules),
         recompute=tuple(r for r in Recompute if r in recompute),
         zero=tuple(z for z in ZeroStage if z in zero), zero_max_with_pp=zero_pp,
+        zero_with_pp=tuple(z for z in ZeroStage if z in zero_with_pp),
         sequence_parallel=tuple(sorted(sp, reverse=True)), stage_shape=shape,
         ep_max=ep_max, etp=etp, cp_comm=tuple(c for c in CpComm if c in cp_comm), stack=stack,
         moe_dispatch=tuple(d for d in MoeDispatch if d in dispatch),

@@ -5,7 +5,8 @@ release configured by TOML; 0.3 moved to Python config registries), and parsed i
 tests by its own ``ConfigManager``:
 
 - ``[parallelism]``: data_parallel_replicate_degree (DDP, zero 0; the replicas of HSDP),
-  data_parallel_shard_degree (FSDP2, zero 3; dp_shard under HSDP), tensor_parallel_degree (always with
+  data_parallel_shard_degree (FSDP2: zero 3, or zero 1 under a pipeline; dp_shard under HSDP),
+  fsdp_reshard_after_forward ("default": not pp_enabled), tensor_parallel_degree (always with
   sequence parallel), pipeline_parallel_degree, pipeline_parallel_schedule (class names
   of torch.distributed.pipelining: GPipe, 1F1B, Interleaved1F1B, ZBVZeroBubble),
   pipeline_parallel_schedule_csv (the operation order of a schedule torch has no class
@@ -121,10 +122,14 @@ def config(plan: Plan) -> dict[str, dict[str, Any]]:
         "steps": 100,
         "dataset": "c4",
     }
-    shard = plan.zero is ZeroStage.PARAMETERS
-    par: dict[str, Any] = {  # FSDP2 over dp_shard, replicated over the rest (HSDP)
+    # FSDP2 over dp_shard, replicated over the rest (HSDP): ZeRO-3 without a pipeline, ZeRO-1
+    # under one (searchspace/torchtitan.yaml: the default policy keeps parameters unsharded
+    # between forward and backward where pp > 1, and pipelining defers the gradient sync)
+    shard = plan.zero in (ZeroStage.PARAMETERS, ZeroStage.OPTIMIZER)
+    par: dict[str, Any] = {
         "data_parallel_replicate_degree": lay.dp_replicas if shard else lay.dp,
         "data_parallel_shard_degree": lay.dp_shard if shard else 1,
+        "fsdp_reshard_after_forward": "default",
         "tensor_parallel_degree": lay.tp,
         "pipeline_parallel_degree": lay.pp,
     }

@@ -121,8 +121,12 @@ OFFLOAD_RULES = (
 
 def zero_stages(lay: Layout, space: SearchSpace) -> list[ZeroStage]:
     """The space's ZeRO stages, capped where the launcher cannot combine them with pp."""
-    cap = space.zero_max_with_pp if lay.pp > 1 else ZeroStage.PARAMETERS
-    return [z for z in space.zero if z <= cap and not plain_dp_refused(lay, z, space)
+    if lay.pp > 1 and space.zero_with_pp:  # the launcher's own sharding under a pipeline
+        stages: tuple[ZeroStage, ...] = space.zero_with_pp
+    else:
+        cap = space.zero_max_with_pp if lay.pp > 1 else ZeroStage.PARAMETERS
+        stages = tuple(z for z in space.zero if z <= cap)
+    return [z for z in stages if not plain_dp_refused(lay, z, space)
             and not (z is ZeroStage.NONE and lay.dp_shard < lay.dp)]  # HSDP shards: zero >= 1
 
 
@@ -137,10 +141,12 @@ def hybrid_shards(lay: Layout, cluster: Cluster, space: SearchSpace) -> list[int
 
 
 def plain_dp_refused(lay: Layout, zero: ZeroStage, space: SearchSpace) -> bool:
-    """The launcher's plain data parallel (zero 0) cannot join tensor or pipeline parallelism
-    (``SearchSpace.plain_dp_with_model_parallel``)."""
+    """The launcher's plain data parallel (zero 0) cannot join tensor, pipeline or context
+    parallelism (``SearchSpace.plain_dp_with_model_parallel``; torchtitan shards the
+    parameters over the context-parallel ranks whatever the replicate degree: FSDP over
+    dp_shard x cp, torchtitan/models/llama3/infra/parallelize.py apply_fsdp)."""
     return (not space.plain_dp_with_model_parallel and zero is ZeroStage.NONE and lay.dp > 1
-            and lay.cp == 1 and lay.tp * lay.pp > 1)
+            and lay.tp * lay.pp * lay.cp > 1)
 
 
 def offload_choices(lay: Layout, zero: ZeroStage, cluster: Cluster,

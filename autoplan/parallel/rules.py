@@ -194,14 +194,21 @@ def space_problems(plan: Plan, space: SearchSpace) -> list[tuple[str, str]]:
     if plan.recompute not in space.recompute:
         outside("recompute", f"recompute: {plan.recompute.value}",
                 ", ".join(r.value for r in space.recompute))
-    if plan.zero not in space.zero:
+    if lay.pp > 1 and space.zero_with_pp:  # the launcher's own sharding under a pipeline
+        if plan.zero not in space.zero_with_pp:
+            outside("zero", f"zero: {int(plan.zero)} with pipeline parallelism (pp={lay.pp})",
+                    "zero " + ", ".join(str(int(z)) for z in space.zero_with_pp) + " when pp > 1")
+        elif dp.plain_dp_refused(lay, plan.zero, space):
+            outside("zero", "plain data parallel (zero: 0) with tensor, pipeline or context "
+                            "parallelism", "zero 0 only without tp, pp and cp")
+    elif plan.zero not in space.zero:
         outside("zero", f"zero: {int(plan.zero)}", "zero " + ", ".join(str(int(z)) for z in space.zero))
     elif lay.pp > 1 and plan.zero > space.zero_max_with_pp:
         outside("zero", f"zero: {int(plan.zero)} with pipeline parallelism (pp={lay.pp})",
                 f"zero up to {int(space.zero_max_with_pp)} when pp > 1")
     elif dp.plain_dp_refused(lay, plan.zero, space):
-        outside("zero", "plain data parallel (zero: 0) with tensor or pipeline parallelism",
-                "zero 0 only without tp and pp")
+        outside("zero", "plain data parallel (zero: 0) with tensor, pipeline or context "
+                        "parallelism", "zero 0 only without tp, pp and cp")
     if lay.tp > 1 and plan.sequence_parallel not in space.sequence_parallel:
         outside("sequence_parallel", f"sequence_parallel: {str(plan.sequence_parallel).lower()}",
                 "sequence_parallel: " + ", ".join(str(s).lower() for s in space.sequence_parallel))

@@ -92,7 +92,7 @@ CASES: dict[str, tuple[Callable[[], Plan], list[tuple[Target, Launcher]]]] = {
     "llama3-8b-16xh100-torchtitan-chunks": (
         lambda: dataclasses.replace(
             make_plan("llama3-8b", gpus=16, global_batch=64, dp=2, tp=2, pp=4, vpp=2,
-                      schedule=Schedule.INTERLEAVED, zero=ZeroStage.PARAMETERS,
+                      schedule=Schedule.INTERLEAVED, zero=ZeroStage.OPTIMIZER,
                       sequence_parallel=True),
             chunks=from_stage_lists([[3, 5], [4, 4], [4, 4], [5, 3]])),
         [(Target.TORCHTITAN, Launcher.MEGATRON)]),
@@ -123,11 +123,11 @@ CASES: dict[str, tuple[Callable[[], Plan], list[tuple[Target, Launcher]]]] = {
     "llama3-8b-16xh100-torchtitan-interleaved": (
         lambda: make_plan("llama3-8b", gpus=16, global_batch=64, dp=2, tp=2, pp=2, vpp=2,
                           schedule=Schedule.INTERLEAVED, recompute=Recompute.SELECTIVE,
-                          zero=ZeroStage.PARAMETERS, sequence_parallel=True),
+                          zero=ZeroStage.OPTIMIZER, sequence_parallel=True),
         [(Target.TORCHTITAN, Launcher.MEGATRON), (Target.SLURM, Launcher.TORCHTITAN)]),
     "llama3-8b-32xh100-torchtitan-uneven-cp": (
         lambda: make_plan("llama3-8b", gpus=32, global_batch=64, seq_len=8192, dp=4, pp=4, cp=2,
-                          stages=(7, 9, 9, 7), recompute=Recompute.FULL, zero=ZeroStage.PARAMETERS),
+                          stages=(7, 9, 9, 7), recompute=Recompute.FULL, zero=ZeroStage.OPTIMIZER),
         [(Target.TORCHTITAN, Launcher.MEGATRON)]),
 }
 
@@ -1050,7 +1050,7 @@ def test_launchers_names_every_target_that_exports_the_plan_and_no_other() -> No
     from autoplan.export import LAUNCHERS, launchers
 
     zb = make_plan("llama3-8b", gpus=32, dp=8, pp=4, schedule=Schedule.ZB_H2, micro_batch=1,
-                   zero=ZeroStage.PARAMETERS, sequence_parallel=False)
+                   zero=ZeroStage.OPTIMIZER, sequence_parallel=False)
     plain = make_plan("llama3-8b", gpus=8, dp=8, zero=ZeroStage.OPTIMIZER)
     for plan in (zb, plain):
         on = launchers(plan)
@@ -1060,7 +1060,7 @@ def test_launchers_names_every_target_that_exports_the_plan_and_no_other() -> No
     assert "megatron" in launchers(plain)
 
 
-def test_a_default_space_search_says_which_launchers_run_each_plan(tmp_path: Path) -> None:
+def test_a_search_says_which_launchers_run_each_plan(tmp_path: Path) -> None:
     out = tmp_path / "best.yaml"
     r = autoplan("search", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16",
                  "--global-batch", "64", "--seq-len", "4096", "--top", "3", "--out", out,
@@ -1070,5 +1070,5 @@ def test_a_default_space_search_says_which_launchers_run_each_plan(tmp_path: Pat
         assert set(doc["launchers"]) <= {"megatron", "nemo", "deepspeed", "torchtitan"}
     assert autoplan("evaluate", out).returncode == 0  # the plan file reads with its launchers
     table = autoplan("search", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16",
-                     "--global-batch", "64", "--seq-len", "4096", "--top", "3")
+                     "--global-batch", "64", "--seq-len", "4096", "--top", "3", "--space", "any")
     assert "runs on (export --to): 1 " in table.stdout

@@ -1,0 +1,51 @@
+"""What each launcher runs is autoplan's model of it, checked against the launcher's code
+(the citations in searchspace/*.yaml): torchtitan's FSDP2 is ZeRO-3 without a pipeline and
+ZeRO-1 under one, and it shards over the context-parallel ranks whatever the replicas."""
+
+from __future__ import annotations
+
+import tomllib
+
+from autoplan.descriptors.job import Job
+from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
+from autoplan.descriptors.space import load_space
+from autoplan.export import Target, export, refusals
+from autoplan.parallel.rules import space_problems
+from autoplan.search.engine import search
+from autoplan.vocab import ZeroStage
+from tests.helpers import make_plan
+
+TITAN = load_space("torchtitan")
+
+
+def test_torchtitan_runs_fsdp_under_a_pipeline_as_zero_1_not_zero_3() -> None:
+    zero3 = make_plan("llama3-8b", gpus=16, dp=4, pp=4, zero=ZeroStage.PARAMETERS)
+    zero1 = make_plan("llama3-8b", gpus=16, dp=4, pp=4, zero=ZeroStage.OPTIMIZER)
+    assert [f for f, _ in space_problems(zero3, TITAN)] == ["zero"]
+    assert space_problems(zero1, TITAN) == []
+    par = tomllib.loads(export(zero1, Target.TORCHTITAN)["torchtitan.toml"])["parallelism"]
+    # FSDP2 over the data-parallel ranks, the policy that keeps parameters whole under pp
+    assert par["data_parallel_shard_degree"] == 4 and par["data_parallel_replicate_degree"] == 1
+    assert par["fsdp_reshard_after_forward"] == "default"
+    # without a pipeline torchtitan's FSDP2 is ZeRO-3, and there is no ZeRO-1 of its own
+    flat3 = make_plan("llama3-8b", gpus=16, dp=16, zero=ZeroStage.PARAMETERS)
+    flat1 = make_plan("llama3-8b", gpus=16, dp=16, zero=ZeroStage.OPTIMIZER)
+    assert space_problems(flat3, TITAN) == []
+    assert [f for f, _ in space_problems(flat1, TITAN)] == ["zero"]
+
+
+def test_torchtitan_refuses_plain_data_parallel_beside_context_parallel() -> None:
+    plan = make_plan("llama3-8b", gpus=16, dp=8, cp=2, seq_len=8192, zero=ZeroStage.NONE)
+    assert refusals(plan, Target.TORCHTITAN)
+    assert any("context" in msg for _, msg in space_problems(plan, TITAN))
+
+
+def test_a_torchtitan_search_never_ranks_zero_3_with_a_pipeline() -> None:
+    model, cluster = resolve_model("llama3-8b"), with_gpus(resolve_cluster("dgx-h100"), 32)
+    result = search(model, cluster, Job(global_batch=32, seq_len=4096), TITAN, top_k=20)
+    assert result.plans
+    for r in result.plans:
+        lay = r.plan.layout
+        assert not (lay.pp > 1 and r.plan.zero is ZeroStage.PARAMETERS)
+        assert not (r.plan.zero is ZeroStage.NONE and lay.dp > 1 and lay.tp * lay.pp * lay.cp > 1)
+        assert not refusals(r.plan, Target.TORCHTITAN)
