@@ -326,7 +326,7 @@ def settings(plan: Plan) -> str:
     ])
 
 
-def header(plan: Plan, what: str) -> list[str]:
+def header(plan: Plan, what: str, program: str = "pretrain_gpt.py") -> list[str]:
     m, lay = plan.model, plan.layout
     layout = (f"dp={lay.dp} tp={lay.tp} pp={lay.pp} cp={lay.cp}"
               + (f" ep={lay.ep} etp={lay.etp}" if m.is_moe else "")
@@ -339,7 +339,7 @@ def header(plan: Plan, what: str) -> list[str]:
                 f"{plan.job.global_batch} x {plan.job.seq_len} tokens, {plan.job.dtype.value}, "
                 f"{plan.schedule.value}, recompute {plan.recompute_label}, zero {int(plan.zero)}, "
                 f"stages {list(plan.stage_layers)}"),
-        comment("Extra arguments after the script name go to pretrain_gpt.py last (they win)."),
+        comment(f"Extra arguments after the script name go to {program} last (they win)."),
     ]
 
 
