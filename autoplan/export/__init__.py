@@ -44,15 +44,14 @@ def _spec(target: str, launcher: str) -> tuple[LauncherSpec, str | None]:
     launcher, one without a Slurm program refused) and the name of the export around it
     (None: none). ValueError for a name no file registers."""
     found = Target(target)
-    if found is not Target.SLURM:
-        return found.spec, None
-    runs = Target(launcher).spec
+    runs = found.spec if found is not Target.SLURM else Target(launcher).spec
     if not isinstance(runs, LauncherSpec):
         raise ValueError(f"a Slurm job runs a launcher, not {launcher!r}")
-    return runs, found.value
+    return runs, (found.value if found is Target.SLURM else None)
 
 
-def refusals(plan: Plan, target: Target | str, launcher: Launcher | str = "megatron") -> list[tuple[str, str]]:
+def refusals(plan: Plan, target: Target | str,
+             launcher: Launcher | str = "megatron") -> list[tuple[str, str]]:
     """Why the target cannot run the plan, as (plan field, message); empty when it can."""
     spec, wrapper = _spec(target, launcher)
     out = space_problems(plan, _space(spec.space))

@@ -26,9 +26,8 @@ tests by its own ``ConfigManager``:
 
 from __future__ import annotations
 
-from typing import Any
-
 from pathlib import Path
+from typing import Any
 
 from autoplan.descriptors import pipeline_layout
 from autoplan.export import nodes
