@@ -125,6 +125,12 @@ CASES: dict[str, tuple[Callable[[], Plan], list[tuple[Target, Launcher]]]] = {
                           schedule=Schedule.INTERLEAVED, recompute=Recompute.SELECTIVE,
                           zero=ZeroStage.PARAMETERS, sequence_parallel=True),
         [(Target.TORCHTITAN, Launcher.MEGATRON), (Target.SLURM, Launcher.TORCHTITAN)]),
+    "llama3-8b-16xh100-accelerate-hsdp": (
+        lambda: dataclasses.replace(
+            (p := make_plan("llama3-8b", gpus=16, global_batch=64, dp=16, micro_batch=2,
+                            recompute=Recompute.FULL, zero=ZeroStage.PARAMETERS)),
+            layout=dataclasses.replace(p.layout, dp_shard=8)),
+        [(Target.ACCELERATE, Launcher.MEGATRON)]),
     "llama3-8b-32xh100-torchtitan-uneven-cp": (
         lambda: make_plan("llama3-8b", gpus=32, global_batch=64, seq_len=8192, dp=4, pp=4, cp=2,
                           stages=(7, 9, 9, 7), recompute=Recompute.FULL, zero=ZeroStage.PARAMETERS),
