@@ -44,7 +44,7 @@ def _one_of(flag: str, value: str, choices: tuple[str, ...]) -> str:
     return value
 
 
-def _runner_help() -> tuple[str, str, str, str]:
+def _runner_help() -> tuple[str, str, str, str, str]:
     """--runner's and --launcher's choices and help, from the runner and launcher registries
     (``tune/runner_*.py``, ``export/*.py``: a new one is listed without an edit here)."""
     from autoplan.tune.runners import runner_specs, tuned_launchers
@@ -57,14 +57,14 @@ def _runner_help() -> tuple[str, str, str, str]:
              for s in launchers]
     launcher_help = (f"{_or(launching, 'and')} runners: {_or(named, 'or')}.")
     return ("<" + "|".join(r.name for r in runners) + ">", runner_help,
-            "<" + "|".join(s.name for s in launchers) + ">", launcher_help)
+            "<" + "|".join(s.name for s in launchers) + ">", launcher_help, _or(launching, "or"))
 
 
 def _or(words: list[str], last: str) -> str:
     return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} {last} {words[-1]}"
 
 
-RUNNER_METAVAR, RUNNER_HELP, LAUNCHER_METAVAR, LAUNCHER_HELP = _runner_help()
+RUNNER_METAVAR, RUNNER_HELP, LAUNCHER_METAVAR, LAUNCHER_HELP, _LAUNCHING = _runner_help()
 
 
 def appended_runs(path: Path, runs: list[Any], *, check: bool = True, room: int = 0) -> str:
@@ -136,7 +136,7 @@ def tune(
     dtype: DtypeOpt = None,
     space: Annotated[str | None, typer.Option(
         "--space", help="Search space: default, megatron, deepspeed, torchtitan, fsdp, or a path "
-                        "(with --runner torchrun or slurm, default: the --launcher's).")] = None,
+                        f"(with --runner {_LAUNCHING}, default: the --launcher's).")] = None,
     profile: ProfileOpt = None,
     stack: StackOpt = None,
     no_offload: Annotated[bool, typer.Option(
