@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 import autoplan.export as export_package
 import autoplan.tune as tune_package
@@ -273,3 +274,15 @@ def test_the_features_beyond_the_space_rules_are_run_only_by_the_megatron_core_l
     assert [n for n in names() if not dict(refusals(grads, n)).get("job.main_grads")] == ["megatron", "nemo"]
     states = dataclasses.replace(plan, job=dataclasses.replace(plan.job, optimizer_states=StateDtype.BF16))
     assert [n for n in names() if not dict(refusals(states, n)).get("job.optimizer_states")] == ["megatron"]
+
+
+def test_a_space_file_named_like_a_built_in_that_names_no_stack_runs_on_the_built_ins(tmp_path: Path) -> None:
+    """The stack is the space file's ``stack:`` (each built-in names its launcher's); a copy
+    of a built-in space from before they named one keeps the stack it ran on."""
+    from autoplan.descriptors.space import read_space
+
+    raw = yaml.safe_load((REPO / "searchspace" / "torchtitan.yaml").read_text())
+    del raw["searchspace"]["stack"]
+    assert read_space(raw, str(tmp_path / "mine.yaml")).stack.name == "torchtitan"
+    raw["searchspace"]["name"] = "mine"
+    assert read_space(raw, str(tmp_path / "mine.yaml")).stack.name == "megatron-core"  # the default
