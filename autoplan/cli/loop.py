@@ -34,8 +34,6 @@ from autoplan.errors import InputError
 from autoplan.units import GiB
 from autoplan.vocab import NO_OFFLOAD
 
-RUNNERS = ("local", "torchrun", "slurm")
-LAUNCHERS = ("megatron", "torchtitan")
 DEFAULT_RUNS = Path("autoplan-runs.csv")
 MAX_TOP_K = 20
 
@@ -44,6 +42,29 @@ def _one_of(flag: str, value: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise InputError.single(flag, "", f"expected one of {', '.join(choices)}, got {value!r}")
     return value
+
+
+def _runner_help() -> tuple[str, str, str, str, str]:
+    """--runner's and --launcher's choices and help, from the runner and launcher registries
+    (``tune/runner_*.py``, ``export/*.py``: a new one is listed without an edit here)."""
+    from autoplan.tune.runners import runner_specs, tuned_launchers
+
+    runners = runner_specs()
+    launchers = tuned_launchers()
+    launching = [r.name for r in runners if r.launches]
+    runner_help = "; ".join(f"{r.name}: {r.summary}" for r in runners) + "."
+    named = [f"{s.name} ({s.tune.note})" if s.tune is not None and s.tune.note else s.name
+             for s in launchers]
+    launcher_help = (f"{_or(launching, 'and')} runners: {_or(named, 'or')}.")
+    return ("<" + "|".join(r.name for r in runners) + ">", runner_help,
+            "<" + "|".join(s.name for s in launchers) + ">", launcher_help, _or(launching, "or"))
+
+
+def _or(words: list[str], last: str) -> str:
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} {last} {words[-1]}"
+
+
+RUNNER_METAVAR, RUNNER_HELP, LAUNCHER_METAVAR, LAUNCHER_HELP, _LAUNCHING = _runner_help()
 
 
 def appended_runs(path: Path, runs: list[Any], *, check: bool = True, room: int = 0) -> str:
@@ -116,20 +137,14 @@ def tune(
     space: Annotated[str | None, typer.Option(
         "--space", help="Search space: launchable (plans some launcher runs), any (launcher-free; "
                         "its former name default), megatron, deepspeed, torchtitan, fsdp, or a path "
-                        "(default: launchable; with --runner torchrun or slurm, the --launcher's).")] = None,
+                        f"(default: launchable; with --runner {_LAUNCHING}, the --launcher's).")] = None,
     profile: ProfileOpt = None,
     stack: StackOpt = None,
     no_offload: Annotated[bool, typer.Option(
         "--no-offload", help="Keep optimizer states and activations on the GPUs.")] = False,
-    runner: Annotated[str, typer.Option(
-        "--runner", metavar="<local|torchrun|slurm>",
-        help="local: this machine's devices through validate's torch engine (CPU "
-                         "processes over gloo, or one rank's slice on a GPU); torchrun: the exported "
-                         "launch on this node; slurm: the exported sbatch job.")] = "local",
+    runner: Annotated[str, typer.Option("--runner", metavar=RUNNER_METAVAR, help=RUNNER_HELP)] = "local",
     launcher: Annotated[str, typer.Option(
-        "--launcher", metavar="<megatron|torchtitan>",
-        help="torchrun and slurm runners: megatron (Megatron-LM's pretrain_gpt.py; "
-                           "set MEGATRON_LM) or torchtitan.")] = "megatron",
+        "--launcher", metavar=LAUNCHER_METAVAR, help=LAUNCHER_HELP)] = "megatron",
     device: Annotated[str, typer.Option(
         "--device", "-d", metavar="<cpu|cuda>", help="local runner: cpu or cuda.")] = "cpu",
     top: Annotated[int | None, typer.Option(
@@ -169,12 +184,17 @@ def tune(
     from autoplan.kernels.memory import default_headroom_bytes
     from autoplan.request import build_request
     from autoplan.search.launchable import search as run_search
-    from autoplan.tune.runners import LaunchRunner, LocalRunner, Trial
+    from autoplan.tune.runners import Trial, get_runner, tuned_launchers
     from autoplan.tune.tune import layout_text, pick, runs_of
     from autoplan.tune.tune import tune as run_tune
 
-    _one_of("--runner", runner, RUNNERS)
-    _one_of("--launcher", launcher, LAUNCHERS)
+    runs_with = get_runner(runner)
+    launch = {s.name: s for s in tuned_launchers()}
+    _one_of("--launcher", launcher, tuple(launch))
+    if runs_with.launches and not runs_with.accepts(launch[launcher]):
+        takes = [name for name, s in launch.items() if runs_with.accepts(s)]
+        raise InputError.single("--launcher", "", f"the {runner} runner launches {', '.join(takes)}, "
+                                                  f"got {launcher!r}")
     _one_of("--device", device, ("cpu", "cuda"))
     if top is not None and top_k is not None and top != top_k:
         raise InputError.single("--top", "", f"given twice, as --top {top} and --top-k {top_k} "
@@ -196,12 +216,12 @@ def tune(
         appended_runs(log, [], room=top_k)
     if files.is_stdout(out_path):
         output.data_to_stderr()
-    folder = (workdir or Path("autoplan-tune")) if runner != "local" else None
+    folder = (workdir or Path("autoplan-tune")) if runs_with.launches else None
     if folder is not None and (folder.exists() or folder.is_symlink()) and not folder.is_dir():
         raise InputError.single("--workdir", "", f"{folder}: not a folder (each trial's scripts "
                                                  "and logs go in a folder of it)")
     # a launch runs one launcher: its plans alone, its uneven layer splits too
-    runs_one = space is None and runner != "local" and job_file is None
+    runs_one = space is None and runs_with.launches and job_file is None
     req = build_request(job_file, model=model, cluster=cluster, gpus=gpus, global_batch=global_batch,
                         seq_len=seq_len, dtype=dtype, space=space, profile=profile, stack=stack,
                         launcher=launcher if runs_one else None)
@@ -214,24 +234,8 @@ def tune(
         req = dataclasses.replace(req, space=req.space.changed(offload=(NO_OFFLOAD,)))
     for line in req.notes:
         output.err.print(f"autoplan: note: {line}", markup=False)
-    if runner == "local":
-        import importlib.util
-
-        from autoplan.bench.validate import TORCH_MISSING
-
-        if importlib.util.find_spec("torch") is None:  # before the search, not after it
-            raise InputError.single("--runner", "", "local runs plans with torch: "
-                                    + TORCH_MISSING.split(": ", 1)[1])
-    if runner == "local" and device == "cpu":
-        from autoplan.bench.validate import builtin_gpu_cluster
-
-        if builtin_gpu_cluster(req.cluster):
-            raise InputError.single("--cluster", "", (
-                f"{req.cluster.name} is a built-in GPU cluster, not this machine: the local "
-                "runner on the CPU runs plans of a cluster file describing it (autoplan bench "
-                "--describe; examples/cpu/local-cpu.yaml)"))
-    the_runner = (LocalRunner(device=device) if runner == "local"
-                  else LaunchRunner(name=runner, launcher=launcher))
+    runs_with.check(req, device)  # what the runner cannot run: before the search, not after it
+    the_runner = runs_with.make(device, launcher)
     headroom = default_headroom_bytes(req.cluster.device.mem_bytes)
     # candidates to find top_k distinct, runnable plans among: more while the search had
     # more to give and too few were found

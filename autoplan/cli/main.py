@@ -1366,10 +1366,23 @@ def _fit_notes(profile: Profile, report: list[Any]) -> list[str]:
     return notes
 
 
-# export's choices as its help shows them; autoplan.export's Target and Launcher and the
-# serving engines (tests/cli/test_vocabulary.py holds them equal), not imported for a help line
-EXPORT_TARGETS = "<megatron|deepspeed|nemo|torchtitan|slurm|vllm|sglang|trtllm>"
-SLURM_LAUNCHERS = "<megatron|deepspeed|torchtitan>"
+def _export_choices() -> tuple[list[str], list[str]]:
+    """export's --to (training targets, then serving engines) and slurm's --launcher, from
+    the launcher registry (autoplan/export/*.py) and the engine registry."""
+    from autoplan.export.launcher import Target, slurm_launchers
+
+    return [t.value for t in Target] + [e.value for e in Engine], [s.name for s in slurm_launchers()]
+
+
+def _listed(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+_TARGETS, _SLURM_RUNS = _export_choices()
+# export's choices as its help shows them (tests/cli/test_vocabulary.py holds them to the registries)
+EXPORT_TARGETS = "<" + "|".join(_TARGETS) + ">"
+SLURM_LAUNCHERS = "<" + "|".join(_SLURM_RUNS) + ">"
+_SERVING = [e.value for e in Engine]
 
 
 @app.command("export")
@@ -1377,11 +1390,11 @@ def export_plan(
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN.yaml", help="A plan file.")],
     to: Annotated[str, typer.Option(
         "--to", "-t", metavar=EXPORT_TARGETS,
-        help="Training plans: megatron, deepspeed, nemo, torchtitan or slurm; serving plans: vllm, "
-             "sglang or trtllm.")],
+        help=f"Training plans: {_listed([t for t in _TARGETS if t not in _SERVING])}; serving plans: "
+             f"{_listed(_SERVING)}.")],
     launcher: Annotated[str, typer.Option(
         "--launcher", metavar=SLURM_LAUNCHERS,
-        help="slurm only: what the job runs (megatron, deepspeed or torchtitan).")] = "megatron",
+        help=f"slurm only: what the job runs ({_listed(_SLURM_RUNS)}).")] = "megatron",
     out_path: Annotated[Path | None, typer.Option(
         "--out", "-o", parser=files.out_path, metavar="<path>",
         help="Write here (a directory when the target writes several files) "
@@ -1389,7 +1402,7 @@ def export_plan(
 ) -> None:
     """Write a launcher's configuration for a plan: exit 0, or 2 on bad input or a plan it can't run."""
     from autoplan.descriptors.strict import read_yaml
-    from autoplan.export import Launcher, Target
+    from autoplan.export import Target, slurm_launchers
     from autoplan.export import export as run_export
     from autoplan.export.serving import export_serving
     from autoplan.planfile import read_plan
@@ -1407,9 +1420,9 @@ def export_plan(
         if to in serving_targets:
             raise InputError.single("--to", "", f"{to} serves models: give a serving plan (`autoplan serve "
                                                 "--out plan.yaml` writes one)")
-        target = _choice("--to", to, Target)
-        runs = _choice("--launcher", launcher, Launcher)
-        if target is not Target.SLURM and runs is not Launcher.MEGATRON:
+        target = _choice("--to", to, Target)  # as registered now (a launcher found since start-up too)
+        runs = _choice("--launcher", launcher, [s.name for s in slurm_launchers()])
+        if target is not Target.SLURM and runs != "megatron":
             raise InputError.single("--launcher", "", "only --to slurm takes a launcher")
         plan = read_plan(data, str(plan_path), correct=False)  # exported, not predicted
         written = run_export(plan, target, str(plan_path), runs)
@@ -1434,12 +1447,12 @@ def export_plan(
 
 
 def _choice(option: str, value: str, kind: Any) -> Any:
-    """A member of ``kind`` (an enum, or a registry such as ``Engine``) by value, or a usage
-    error listing the valid ones (exit 2)."""
+    """A member of ``kind`` (an enum, a registry such as ``Engine``, or names) by value, or a
+    usage error listing the valid ones (exit 2)."""
     for member in kind:
-        if member.value == value:
+        if getattr(member, "value", member) == value:
             return member
-    valid = ", ".join(m.value for m in kind)
+    valid = ", ".join(getattr(m, "value", m) for m in kind)
     raise InputError.single(option, "", f"expected one of {valid}, got {value!r}")
 
 

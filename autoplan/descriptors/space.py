@@ -10,7 +10,7 @@ from typing import Any
 
 from autoplan.descriptors.job import MAX_GLOBAL_BATCH
 from autoplan.descriptors.library import default_stack, resolve_stack
-from autoplan.descriptors.stack import DEFAULT_STACK, SPACE_STACKS, Stack
+from autoplan.descriptors.stack import DEFAULT_STACK, Stack
 from autoplan.descriptors.strict import Fields, did_you_mean, read_yaml, shown
 from autoplan.errors import InputError, Problem
 from autoplan.resources import searchspace_dir
@@ -70,8 +70,8 @@ class SearchSpace:
     # what plans may keep in host memory (``offload: {optimizer: [...], activations: [...]}``),
     # every combination; the first is always no offload. ``search --no-offload`` keeps that one.
     offload: tuple[Offload, ...] = (NO_OFFLOAD,)
-    # the software the plans run on: the space's launcher implies it (SPACE_STACKS), a
-    # space file, job file or --stack may name another
+    # the software the plans run on: the space file's ``stack`` (its launcher's), else the
+    # built-in space of the same name's, else the default; a job file or --stack may name another
     stack: Stack = field(default_factory=default_stack)
     # a union of spaces (the launchable default, ``autoplan.search.launchable``): each part
     # searched on its own stack and the plans ranked together; the union's own fields are
@@ -136,7 +136,7 @@ def read_space(data: Any, source: str) -> SearchSpace:
     offloads = _offload_choices(f)
     stack = default_stack()
     try:
-        stack = resolve_stack(f.raw("stack", SPACE_STACKS.get(name, DEFAULT_STACK)), source,
+        stack = resolve_stack(f.raw("stack", _builtin_stack_name(name, source)), source,
                               f.key_path("stack"))
     except InputError as exc:
         problems.extend(exc.problems)
@@ -156,6 +156,18 @@ def read_space(data: Any, source: str) -> SearchSpace:
         recompute_modules=tuple(m for m in RecomputeModule if m in modules),
         plain_dp_with_model_parallel=plain_dp_mp, hybrid_shard=hybrid, offload=offloads,
     )
+
+
+def _builtin_stack_name(name: str, source: str) -> str:
+    """The stack the built-in space ``name`` names (a space file of the same name that
+    names none runs on it, as before the built-in files named theirs), else the default."""
+    path = searchspace_dir() / f"{name}.yaml"
+    if not name or not path.is_file() or Path(source) == path:
+        return DEFAULT_STACK
+    data = read_yaml(path)
+    section = data.get("searchspace") if isinstance(data, dict) else None
+    stack = section.get("stack") if isinstance(section, dict) else None
+    return stack if isinstance(stack, str) else DEFAULT_STACK
 
 
 def _offload_choices(f: Fields) -> tuple[Offload, ...]:

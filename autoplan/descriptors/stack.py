@@ -1,8 +1,8 @@
 """The software stack a plan runs on: which kernels it launches, which communication it
 overlaps with compute, and the fixed host costs it pays. Hardware says how fast a kernel
 can run (``descriptors/hardware.py``); the stack says which kernels run and what sits
-between them. A search space implies its stack (``SPACE_STACKS``); a job or plan may
-name one (``stack: torchtitan-compiled``).
+between them. A search space names its stack (``stack:`` in ``searchspace/*.yaml``, the
+stack its launcher runs); a job or plan may name another (``stack: torchtitan-compiled``).
 
 Built-in stacks live in ``profiles/stacks/``. Their kernel choices and overlap flags are
 read from each framework's documented defaults (cited in the files); the host costs are
@@ -31,9 +31,6 @@ class AttentionKernel(str, enum.Enum):
     writes the s x s scores in HBM (Megatron-LM before FlashAttention; Shoeybi et al. 2019)."""
 
 
-# the stack each search space implies (`--space`)
-SPACE_STACKS = {"megatron": "megatron-core", "torchtitan": "torchtitan", "deepspeed": "deepspeed",
-                "fsdp": "fsdp"}
 DEFAULT_STACK = "megatron-core"
 
 

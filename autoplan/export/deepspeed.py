@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from autoplan.export.launcher import LauncherSpec, SlurmProgram
 from autoplan.export.megatron import header
 from autoplan.export.shell import comment, continued, quote
 from autoplan.plan import Plan
@@ -119,3 +120,28 @@ def launch(plan: Plan) -> str:
 
 def export(plan: Plan) -> dict[str, str]:
     return {CONFIG: json.dumps(config(plan), indent=2) + "\n", LAUNCH: launch(plan)}
+
+
+def slurm_program(plan: Plan) -> SlurmProgram:
+    """The training script under the Slurm job's torchrun: deepspeed.initialize reads
+    torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR), and ds_config beside the job."""
+    setup = ('TRAIN_SCRIPT="${TRAIN_SCRIPT:-train.py}"  # calls deepspeed.initialize(args=...)',
+             'DS_CONFIG="${DS_CONFIG:-$SLURM_SUBMIT_DIR/ds_config.json}"')
+    words = ['"$TRAIN_SCRIPT"', "--deepspeed", '--deepspeed_config "$DS_CONFIG"']
+    if plan.layout.pp > 1:
+        words.append(f"--pipeline-parallel-size {plan.layout.pp}")
+    return SlurmProgram(setup=setup, words=(*words, '"$@"'),
+                        files={CONFIG: json.dumps(config(plan), indent=2) + "\n"})
+
+
+LAUNCHER = LauncherSpec(
+    name="deepspeed",
+    summary="DeepSpeed: ds_config.json and the deepspeed launcher line",
+    space="deepspeed",
+    stack="deepspeed",
+    export=export,
+    source="deepspeed/runtime/config.py, deepspeed/runtime/zero/config.py (DeepSpeed 0.19.8)",
+    problems=problems,
+    slurm=slurm_program,
+    order=30,
+)

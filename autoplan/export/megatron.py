@@ -47,7 +47,20 @@ The torchrun options are torch.distributed.run's (--nnodes, --nproc-per-node,
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from autoplan.descriptors import pipeline_layout
+from autoplan.export import nodes
+from autoplan.export.launcher import (
+    EP_OVERLAP,
+    MAIN_GRADS,
+    OPTIMIZER_STATES,
+    PLACEMENT,
+    RECOMPUTE_MODULES,
+    LauncherSpec,
+    SlurmProgram,
+    TuneLaunch,
+)
 from autoplan.export.nodes import launch, pool_lines
 from autoplan.export.shell import Arg, bash_array, comment, continued, quote, slug
 from autoplan.plan import Plan
@@ -77,6 +90,16 @@ def problems(plan: Plan) -> list[tuple[str, str]]:
         out.append(("layout.etp", "Megatron-Core splits biased expert layers over no "
                                   "expert tensor parallelism (etp must be 1)"))
     return out
+
+
+def precision_aware_problems(plan: Plan) -> list[tuple[str, str]]:
+    """bf16 optimizer states: Megatron-Core's precision-aware optimizer, which runs inside
+    the distributed optimizer (megatron/core/optimizer/optimizer_config.py, __post_init__:
+    "--use-precision-aware-optimizer only supported with distributed optimizer")."""
+    if plan.zero < ZeroStage.OPTIMIZER:
+        return [("job.optimizer_states", "Megatron-LM's precision-aware optimizer runs "
+                                         "inside the distributed optimizer: zero >= 1")]
+    return []
 
 
 def model_args(plan: Plan) -> list[Arg]:
@@ -303,7 +326,7 @@ def settings(plan: Plan) -> str:
     ])
 
 
-def header(plan: Plan, what: str) -> list[str]:
+def header(plan: Plan, what: str, program: str = "pretrain_gpt.py") -> list[str]:
     m, lay = plan.model, plan.layout
     layout = (f"dp={lay.dp} tp={lay.tp} pp={lay.pp} cp={lay.cp}"
               + (f" ep={lay.ep} etp={lay.etp}" if m.is_moe else "")
@@ -316,7 +339,7 @@ def header(plan: Plan, what: str) -> list[str]:
                 f"{plan.job.global_batch} x {plan.job.seq_len} tokens, {plan.job.dtype.value}, "
                 f"{plan.schedule.value}, recompute {plan.recompute_label}, zero {int(plan.zero)}, "
                 f"stages {list(plan.stage_layers)}"),
-        comment("Extra arguments after the script name go to pretrain_gpt.py last (they win)."),
+        comment(f"Extra arguments after the script name go to {program} last (they win)."),
     ]
 
 
@@ -356,3 +379,38 @@ def script(plan: Plan) -> str:
 
 def export(plan: Plan) -> dict[str, str]:
     return {FILENAME: script(plan)}
+
+
+def slurm_program(plan: Plan) -> SlurmProgram:
+    """pretrain_gpt.py under the Slurm job's torchrun: the same settings and arrays."""
+    return SlurmProgram(setup=(settings(plan), "", arrays(plan)), words=tuple(program_words(plan)),
+                        names_run=True,  # settings() sets RUN_NAME
+                        before=("# shellcheck disable=SC2086  # DATA_ARGS is a list of words",))
+
+
+def _tune_environment(steps: int, workdir: Path) -> dict[str, str]:
+    """The script's overrides (settings()): run ``steps`` iterations, evaluate and save
+    never before the end, checkpoints in the trial's folder."""
+    return {"TRAIN_ITERS": str(steps), "EVAL_ITERS": "0", "EVAL_INTERVAL": str(steps),
+            "SAVE_INTERVAL": str(10**9), "CHECKPOINT_DIR": str(workdir / "checkpoints")}
+
+
+LAUNCHER = LauncherSpec(
+    name="megatron",
+    summary="Megatron-LM: a bash script running torchrun pretrain_gpt.py",
+    space="megatron",
+    stack="megatron-core",
+    export=export,
+    source="NVIDIA/Megatron-LM megatron/training/arguments.py",
+    problems=problems,
+    runs={RECOMPUTE_MODULES: None, MAIN_GRADS: None, OPTIMIZER_STATES: precision_aware_problems,
+          EP_OVERLAP: None, PLACEMENT: nodes.problems},
+    slurm=slurm_program,
+    tune=TuneLaunch(
+        log_format="megatron",  # training.py training_log (tune/logs.py)
+        note="Megatron-LM's pretrain_gpt.py; set MEGATRON_LM",
+        command=lambda plan, steps, workdir: ["bash", str(workdir / FILENAME)],
+        job_args=lambda steps: [],
+        environment=_tune_environment),
+    order=10,
+)

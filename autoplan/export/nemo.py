@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from autoplan.export.launcher import EP_OVERLAP, MAIN_GRADS, RECOMPUTE_MODULES, LauncherSpec
 from autoplan.export.megatron import layout_string
 from autoplan.export.shell import comment
 from autoplan.plan import Plan
@@ -34,6 +35,15 @@ FILENAME = "nemo_overrides.yaml"
 
 _PRECISION = {Dtype.BF16: "bf16_mixed", Dtype.FP16: "fp16_mixed",
               Dtype.FP8: "bf16_with_fp8_delayed_scaling_mixed"}
+
+
+def problems(plan: Plan) -> list[tuple[str, str]]:
+    """What the overrides cannot express beyond the megatron search space's rules (the
+    recipe, not the overrides, sets the model: its activation is the recipe's)."""
+    if plan.layout.dp_replicas > 1:
+        return [("layout.dp_shard", "the NeMo export sets no distributed optimizer instances; "
+                                    "export to megatron (--num-distributed-optimizer-instances)")]
+    return []
 
 
 def model_overrides(plan: Plan) -> dict[str, Any]:
@@ -133,3 +143,18 @@ def render(plan: Plan) -> str:
 
 def export(plan: Plan) -> dict[str, str]:
     return {FILENAME: render(plan)}
+
+
+LAUNCHER = LauncherSpec(
+    name="nemo",
+    summary="NeMo 2 / Megatron-Bridge: recipe overrides (YAML) for Megatron-Core",
+    space="megatron",  # NeMo and Megatron-Bridge run Megatron-Core
+    stack="megatron-core",
+    export=export,
+    source="NVIDIA-NeMo/Megatron-Bridge megatron/bridge/training/config.py",
+    problems=problems,
+    # TransformerConfig's recompute_modules and overlap_moe_expert_parallel_comm, DDP's
+    # grad_reduce_in_fp32; the precision-aware optimizer's dtypes are not among the overrides
+    runs={RECOMPUTE_MODULES: None, MAIN_GRADS: None, EP_OVERLAP: None},
+    order=20,
+)

@@ -11,37 +11,20 @@ the script from its spool directory.
 
 from __future__ import annotations
 
-from autoplan.export import deepspeed, megatron, torchtitan
+from autoplan.export.launcher import LauncherSpec
+from autoplan.export.megatron import header
 from autoplan.export.shell import continued, quote, slug
 from autoplan.plan import Plan
 
 FILENAME = "job.sbatch"
 
 
-def _program(plan: Plan, launcher: str) -> tuple[list[str], list[str], dict[str, str]]:
-    """(setup lines, words after the torchrun options, extra files) for the launcher."""
-    if launcher == "megatron":
-        return ([megatron.settings(plan), "", megatron.arrays(plan)], megatron.program_words(plan), {})
-    if launcher == "deepspeed":
-        setup = ['TRAIN_SCRIPT="${TRAIN_SCRIPT:-train.py}"  # calls deepspeed.initialize(args=...)',
-                 'DS_CONFIG="${DS_CONFIG:-$SLURM_SUBMIT_DIR/ds_config.json}"']
-        words = ['"$TRAIN_SCRIPT"', "--deepspeed", '--deepspeed_config "$DS_CONFIG"']
-        if plan.layout.pp > 1:
-            words.append(f"--pipeline-parallel-size {plan.layout.pp}")
-        return setup, [*words, '"$@"'], {deepspeed.CONFIG: deepspeed.export(plan)[deepspeed.CONFIG]}
-    assert launcher == "torchtitan", launcher
-    setup = [f'CONFIG_FILE="${{CONFIG_FILE:-$SLURM_SUBMIT_DIR/{torchtitan.FILENAME}}}"']
-    words = ["-m torchtitan.train", '--job.config_file "$CONFIG_FILE"']
-    files = torchtitan.export(plan)
-    if torchtitan.CSV_FILENAME in files:  # the schedule's order, beside the config
-        words.append('--parallelism.pipeline_parallel_schedule_csv '
-                     f'"$SLURM_SUBMIT_DIR/{torchtitan.CSV_FILENAME}"')
-    return setup, [*words, '"$@"'], files
-
-
-def script(plan: Plan, launcher: str) -> tuple[str, dict[str, str]]:
+def script(plan: Plan, launcher: LauncherSpec) -> tuple[str, dict[str, str]]:
+    """The job script running the launcher's Slurm program (``LauncherSpec.slurm``) and the
+    files beside it."""
+    assert launcher.slurm is not None, launcher.name
     c = plan.cluster
-    setup, program, files = _program(plan, launcher)
+    job = launcher.slurm(plan)
     torchrun = [
         "srun --kill-on-bad-exit=1 torchrun",
         f"--nnodes {c.nodes}",
@@ -49,7 +32,7 @@ def script(plan: Plan, launcher: str) -> tuple[str, dict[str, str]]:
         '--rdzv-id "$SLURM_JOB_ID"',
         "--rdzv-backend c10d",
         '--rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT"',
-        *program,
+        *job.words,
     ]
     lines = [
         "#!/usr/bin/env bash",
@@ -58,12 +41,12 @@ def script(plan: Plan, launcher: str) -> tuple[str, dict[str, str]]:
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --gpus-per-node={c.gpus_per_node}",
         "#SBATCH --exclusive",
-        *megatron.header(plan, f"Slurm job ({launcher})"),
+        *header(plan, f"Slurm job ({launcher.name})"),
         "set -euo pipefail",
         "",
-        *setup,
+        *job.setup,
     ]
-    if launcher != "megatron":  # megatron's settings name the run already
+    if not job.names_run:
         lines.append(f"RUN_NAME={quote(plan.model.name)}")
     lines += [
         # awk reads every host: under pipefail, head's early exit would kill scontrol with
@@ -74,12 +57,10 @@ def script(plan: Plan, launcher: str) -> tuple[str, dict[str, str]]:
         'echo "autoplan: launching $RUN_NAME on $SLURM_JOB_NUM_NODES nodes, rendezvous '
         '$MASTER_ADDR:$MASTER_PORT" >&2',
     ]
-    if launcher == "megatron":
-        lines.append("# shellcheck disable=SC2086  # DATA_ARGS is a list of words")
-    lines += [continued(torchrun), ""]
-    return "\n".join(lines), files
+    lines += [*job.before, continued(torchrun), ""]
+    return "\n".join(lines), dict(job.files)
 
 
-def export(plan: Plan, launcher: str = "megatron") -> dict[str, str]:
+def export(plan: Plan, launcher: LauncherSpec) -> dict[str, str]:
     text, files = script(plan, launcher)
     return {FILENAME: text, **files}

@@ -27,9 +27,12 @@ tests by its own ``ConfigManager``:
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from autoplan.descriptors import pipeline_layout
+from autoplan.export import nodes
+from autoplan.export.launcher import PLACEMENT, LauncherSpec, SlurmProgram, TuneLaunch
 from autoplan.export.nodes import launch, pool_lines
 from autoplan.export.shell import comment
 from autoplan.plan import Plan
@@ -216,3 +219,46 @@ def export(plan: Plan) -> dict[str, str]:
     if (csv := schedule_csv(plan)) is not None:
         out[CSV_FILENAME] = csv
     return out
+
+
+def slurm_program(plan: Plan) -> SlurmProgram:
+    """``torchrun -m torchtitan.train`` in the Slurm job, the TOML (and the schedule's CSV)
+    beside the job script."""
+    setup = (f'CONFIG_FILE="${{CONFIG_FILE:-$SLURM_SUBMIT_DIR/{FILENAME}}}"',)
+    words = ["-m torchtitan.train", '--job.config_file "$CONFIG_FILE"']
+    files = export(plan)
+    if CSV_FILENAME in files:  # the schedule's order, beside the config
+        words.append('--parallelism.pipeline_parallel_schedule_csv '
+                     f'"$SLURM_SUBMIT_DIR/{CSV_FILENAME}"')
+    return SlurmProgram(setup=setup, words=(*words, '"$@"'), files=files)
+
+
+def tune_args(steps: int) -> list[str]:
+    """The run's length and a metrics line every step (job_config.py: training.steps,
+    metrics.log_freq), as command-line overrides of the TOML."""
+    return ["--training.steps", str(steps), "--metrics.log_freq", "1"]
+
+
+def tune_command(plan: Plan, steps: int, workdir: Path) -> list[str]:
+    return ["torchrun", "--standalone", "--nnodes", "1", "--nproc-per-node", str(plan.layout.gpus),
+            "-m", "torchtitan.train", "--job.config_file", str(workdir / FILENAME), *tune_args(steps)]
+
+
+LAUNCHER = LauncherSpec(
+    name="torchtitan",
+    summary="torchtitan: its job configuration (TOML) and the torchrun line",
+    space="torchtitan",
+    stack="torchtitan",
+    export=export,
+    source="pytorch/torchtitan torchtitan/config/job_config.py (0.2.2)",
+    problems=problems,
+    runs={PLACEMENT: nodes.problems},
+    slurm=slurm_program,
+    tune=TuneLaunch(
+        log_format="torchtitan",  # components/metrics.py MetricsProcessor.log (tune/logs.py)
+        note="",
+        command=tune_command,
+        job_args=tune_args,
+        environment=lambda steps, workdir: {"CONFIG_FILE": str(workdir / FILENAME)}),
+    order=40,
+)

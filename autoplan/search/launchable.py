@@ -29,7 +29,6 @@ from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.space import SearchSpace, StageShape, load_space
-from autoplan.errors import InputError
 from autoplan.plan import Plan
 from autoplan.search import engine
 from autoplan.search.results import Ceiling, Ranked, SearchResult, SearchStats, rank_key
@@ -46,11 +45,11 @@ def launcher_spaces() -> tuple[tuple[str, tuple[str, ...]], ...]:
     """(space name, the launchers obeying it) for each distinct space of the registry's
     training launchers, in the registry's order (Megatron-LM first: its plans are the
     fastest of most searches, and bound the later parts best)."""
-    from autoplan.export import _SPACE, LAUNCHERS
+    from autoplan.export import specs
 
     out: dict[str, list[str]] = {}
-    for target in sorted(LAUNCHERS, key=lambda t: t.value not in ("megatron", "nemo")):
-        out.setdefault(_SPACE[target], []).append(target.value)
+    for spec in specs():
+        out.setdefault(spec.space, []).append(spec.name)
     return tuple((space, tuple(names)) for space, names in out.items())
 
 
@@ -73,10 +72,9 @@ def resolve_space(ref: str | None, source: str = "--space", field: str = "") -> 
 
 def launcher_space(name: str, source: str = "--launcher") -> SearchSpace:
     """The full space of one launcher (``--launcher NAME``): its uneven layer splits too."""
-    spaces = {n: space for space, names in launcher_spaces() for n in names}
-    if name not in spaces:
-        raise InputError.single(source, "", f"unknown launcher {name!r}; known: {', '.join(spaces)}")
-    return load_space(spaces[name])
+    from autoplan.export import get
+
+    return load_space(get(name, source).space)
 
 
 def search(model: Model, cluster: Cluster, job: Job, space: SearchSpace, top_k: int = 10,

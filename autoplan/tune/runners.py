@@ -1,12 +1,27 @@
 """Where ``tune`` runs a plan, and how it reads back what the plan measured.
 
+A runner is one module of ``autoplan.tune`` named ``runner_<name>.py`` that defines
+``RUNNER = RunnerSpec(...)``: its name, what ``--runner``'s help says of it, the seconds
+its runs take to start, and how it is made; a runner that runs a launcher's export (a
+launch runner) says which launchers it launches and, for a batch system, how it submits
+a job, reads the job's id, cancels it and where its output goes. The launch itself (its
+command on one node, the words a job adds, its environment, its log's format) is the
+launcher's (``LauncherSpec.tune``, :mod:`autoplan.export.launcher`). Nothing lists the
+runners: :func:`runner_specs` imports every ``runner_*`` module of the package
+(``pkgutil.iter_modules`` over its ``__path__``), so a new runner is a new file
+(``tests/unit/test_launcher_registry.py`` adds one); one outside the tree is found by
+putting its folder on ``autoplan.tune.__path__`` and calling :func:`refresh_runners`.
+
+The built-in runners:
+
 - :class:`LocalRunner`: this machine's devices through ``validate``'s torch engine
   (:mod:`autoplan.bench.validate`): the plan's ranks as local processes over gloo on CPU,
   one rank's slice on a GPU. It measures the median step time of the timed steps and the
   peak memory of the worst rank.
 - :class:`LaunchRunner`: the plan's exported launch on the user's cluster: ``torchrun``
-  on this node (the Megatron-LM script, or torchtitan's TOML under ``torchrun -m
-  torchtitan.train``), or ``slurm`` (the exported sbatch script under ``sbatch --wait``).
+  on this node (the launcher's own command: the Megatron-LM script, or torchtitan's TOML
+  under ``torchrun -m torchtitan.train``), or ``slurm`` (the exported sbatch script under
+  ``sbatch --wait``).
   It reads the step times and the peak memory from the launcher's own log
   (:mod:`autoplan.tune.logs`) as the run writes it, each poll only what was written
   since the last (so a poll's cost does not grow with the log), and stops the run once
@@ -25,9 +40,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import math
 import os
-import select
+import pkgutil
 import signal
 import stat
 import statistics
@@ -38,16 +54,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from autoplan.errors import AutoplanError
+from autoplan.errors import AutoplanError, InputError
+from autoplan.export.launcher import LauncherSpec
 from autoplan.plan import Plan
 from autoplan.tune.logs import ANSI, LogReader, LogReading
 from autoplan.units import GiB
 
 Progress = Callable[[str], None]
 
-# seconds a run may take before its first step on top of its predicted steps (process
-# start, torch's import, the process group, building the model, the first compile)
-STARTUP_S = {"local": 90.0, "torchrun": 600.0, "slurm": 1800.0}
 POLL_S = 0.2
 # what a poll reads of a growing log: chunks of READ_BYTES until the log is read or
 # READ_S have gone (a run writing faster than it is read is still stopped at its deadline)
@@ -97,6 +111,112 @@ class Runner(Protocol):
         """Run ``plan`` once as ``trial`` says."""
 
 
+# --------------------------------------------------------------------------- the registry
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Batch:
+    """How a launch runner submits its run as a batch system's job: the export it runs
+    (``export --to``), the submitting command (it must print the job's id and wait for the
+    job), how the id is read from what it prints, how a job is cancelled and where the
+    job's output goes (read as the run's log, beside the submission's own)."""
+
+    target: str  # the export target it runs (slurm: the sbatch script around the launcher)
+    # (workdir, the launcher's job words) -> the command, run in workdir, every path absolute
+    submit: Callable[[Path, list[str]], list[str]]
+    # (the submission's stdout, monotonic deadline) -> the job's id (None: none came)
+    job_id: Callable[[Any, float], str | None]
+    cancel: Callable[[str], list[str]]  # the command that cancels a job
+    output: Callable[[Path, str], Path]  # (workdir, job id) -> the job's output file
+
+
+def _no_check(request: Any, device: str) -> None:
+    return None
+
+
+def _refuses_nothing(plan: Plan) -> str | None:
+    return None
+
+
+def _launches_tuned(launcher: LauncherSpec) -> bool:
+    return launcher.tune is not None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunnerSpec:
+    """Everything ``tune`` asks of one runner (module doc)."""
+
+    name: str  # as --runner and the runs log's runner column spell it
+    summary: str  # --runner's help, after "<name>: "
+    # seconds a run may take before its first step on top of its predicted steps (process
+    # start, torch's import, the process group, building the model, the first compile)
+    startup_s: float
+    make: Callable[[str, str], Runner]  # (--device, --launcher) -> the runner
+    # it runs a launcher's export: takes --launcher and --workdir, searches the launcher's
+    # space by default
+    launches: bool = False
+    # before the search: an InputError for a request it cannot run (request, --device)
+    check: Callable[[Any, str], None] = _no_check
+    # a launch runner: the launchers it launches, what else it cannot run, and its job (None:
+    # the launcher's own command on this node)
+    accepts: Callable[[LauncherSpec], bool] = _launches_tuned
+    refuses: Callable[[Plan], str | None] = _refuses_nothing
+    batch: Batch | None = None
+    order: int = 100  # where --runner lists it (lower first; then by name)
+
+
+class _Runners:
+    found: tuple[RunnerSpec, ...] | None = None
+
+
+_runners = _Runners()
+RUNNER_PREFIX = "runner_"
+
+
+def refresh_runners() -> tuple[RunnerSpec, ...]:
+    """Look for the runners again (a module added or taken away since), and return them."""
+    package = importlib.import_module(__name__.rpartition(".")[0])
+    importlib.invalidate_caches()
+    found: dict[str, RunnerSpec] = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        if not info.name.startswith(RUNNER_PREFIX):
+            continue
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        spec = getattr(module, "RUNNER", None)
+        if not isinstance(spec, RunnerSpec):
+            raise TypeError(f"{module.__name__} defines no RUNNER = RunnerSpec(...)")
+        if spec.name in found:
+            raise ValueError(f"{module.__name__}: a runner named {spec.name!r} is registered already")
+        found[spec.name] = spec
+    _runners.found = tuple(sorted(found.values(), key=lambda r: (r.order, r.name)))
+    return _runners.found
+
+
+def runner_specs() -> tuple[RunnerSpec, ...]:
+    """The runners in order (local, torchrun, slurm, then the others)."""
+    return _runners.found if _runners.found is not None else refresh_runners()
+
+
+def runner_names() -> tuple[str, ...]:
+    return tuple(r.name for r in runner_specs())
+
+
+def get_runner(name: str, source: str = "--runner", field: str = "") -> RunnerSpec:
+    """The runner named ``name``, or an InputError naming ``source`` with the known ones."""
+    for spec in runner_specs():
+        if spec.name == name:
+            return spec
+    raise InputError.single(source, field, f"expected one of {', '.join(runner_names())}, got {name!r}")
+
+
+def tuned_launchers() -> tuple[LauncherSpec, ...]:
+    """The launchers some launch runner launches (``tune --launcher``)."""
+    from autoplan.export.launcher import specs
+
+    runners = [r for r in runner_specs() if r.launches]
+    return tuple(s for s in specs() if any(r.accepts(s) for r in runners))
+
+
 def deadline_s(kind: str, trial: Trial) -> float:
     """The seconds a run may take: the trial's timeout, or less where the prediction says
     the run should be done long before (startup, then every step at ``diverge`` times its
@@ -104,7 +224,8 @@ def deadline_s(kind: str, trial: Trial) -> float:
     if trial.predicted_step_s <= 0 or not math.isfinite(trial.predicted_step_s):
         return trial.timeout_s
     steps = trial.warmup + trial.steps + 2  # validate's memory step and one more warm-up
-    return min(trial.timeout_s, STARTUP_S[kind] + steps * trial.predicted_step_s * trial.diverge)
+    startup = get_runner(kind).startup_s
+    return min(trial.timeout_s, startup + steps * trial.predicted_step_s * trial.diverge)
 
 
 def diverged(measured: float, predicted: float, factor: float) -> bool:
@@ -210,53 +331,66 @@ def _failed_outcome(message: str, limit: float, trial: Trial) -> Outcome:
 
 @dataclass(frozen=True, slots=True)
 class LaunchRunner:
-    """The exported launch of each plan: ``torchrun`` on this node or ``slurm``."""
+    """The exported launch of each plan, as the runner ``name`` runs it (its
+    :class:`RunnerSpec`: on this node, or as a batch job) with the launcher ``launcher``
+    (its ``LauncherSpec.tune``: the command, the job's words, the environment)."""
 
-    name: str = "torchrun"  # torchrun | slurm
-    launcher: str = "megatron"  # megatron | torchtitan
+    name: str = "torchrun"  # a launch runner: torchrun | slurm | ...
+    launcher: str = "megatron"  # a launcher it launches: megatron | torchtitan | ...
     env: tuple[tuple[str, str], ...] = ()  # more environment for the launch
 
-    def refuses(self, plan: Plan) -> str | None:
-        from autoplan.export import Launcher, Target, refusals
+    @property
+    def runner(self) -> RunnerSpec:
+        return get_runner(self.name)
 
-        if self.name == "torchrun" and plan.layout.gpus > plan.cluster.gpus_per_node:
-            return (f"{plan.layout.gpus} GPUs is more than one node of {plan.cluster.gpus_per_node}: "
-                    "torchrun runs on this node (use --runner slurm)")
-        target = Target.SLURM if self.name == "slurm" else Target(self.launcher)
-        found = refusals(plan, target, Launcher(self.launcher))
+    @property
+    def launch(self) -> LauncherSpec:
+        from autoplan.export.launcher import get
+
+        return get(self.launcher)
+
+    def _target(self) -> str:
+        batch = self.runner.batch
+        return batch.target if batch is not None else self.launcher
+
+    def refuses(self, plan: Plan) -> str | None:
+        from autoplan.export import refusals
+
+        runner, launch = self.runner, self.launch
+        if launch.tune is None or not runner.accepts(launch):
+            return f"the {self.name} runner does not launch {self.launcher}"
+        why = runner.refuses(plan)
+        if why is not None:
+            return why
+        found = refusals(plan, self._target(), self.launcher)
         return "; ".join(f"{k}: {v}" if k else v for k, v in found) or None
 
     def files(self, plan: Plan) -> dict[str, str]:
-        from autoplan.export import Launcher, Target, export
+        from autoplan.export import export
 
-        target = Target.SLURM if self.name == "slurm" else Target(self.launcher)
-        return export(plan, target, "plan", Launcher(self.launcher))
+        return export(plan, self._target(), "plan", self.launcher)
+
+    def _tune(self) -> Any:
+        tune = self.launch.tune
+        if tune is None or not self.runner.accepts(self.launch):
+            raise AutoplanError(f"the {self.name} runner does not launch {self.launcher}")
+        return tune
 
     def command(self, plan: Plan, trial: Trial, workdir: Path, files: dict[str, str]) -> list[str]:
         """The command that launches ``plan`` for ``trial`` from ``workdir`` (run in it):
         every path in it absolute."""
         workdir = workdir.absolute()
         total = trial.warmup + trial.steps + 1  # one more: the run is stopped once they are logged
-        titan = ["--training.steps", str(total), "--metrics.log_freq", "1"]
-        if self.name == "slurm":
-            return ["sbatch", "--wait", "--parsable", f"--output={workdir / 'slurm-%j.out'}",
-                    str(workdir / "job.sbatch"), *(titan if self.launcher == "torchtitan" else [])]
-        if self.launcher == "torchtitan":
-            return ["torchrun", "--standalone", "--nnodes", "1", "--nproc-per-node",
-                    str(plan.layout.gpus), "-m", "torchtitan.train", "--job.config_file",
-                    str(workdir / "torchtitan.toml"), *titan]
-        (script,) = [name for name in files if name.endswith(".sh")]
-        return ["bash", str(workdir / script)]
+        tune, batch = self._tune(), self.runner.batch
+        if batch is not None:
+            return batch.submit(workdir, tune.job_args(total))
+        return tune.command(plan, total, workdir)
 
     def environment(self, trial: Trial, workdir: Path) -> dict[str, str]:
         """The launch's environment: every path in it absolute."""
         workdir = workdir.absolute()
         total = trial.warmup + trial.steps + 1
-        return {**os.environ, "TRAIN_ITERS": str(total), "EVAL_ITERS": "0",
-                "EVAL_INTERVAL": str(total), "SAVE_INTERVAL": str(10**9),
-                "CHECKPOINT_DIR": str(workdir / "checkpoints"),
-                "CONFIG_FILE": str(workdir / "torchtitan.toml"),
-                **dict(self.env)}
+        return {**os.environ, **self._tune().environment(total, workdir), **dict(self.env)}
 
     def run(self, plan: Plan, trial: Trial, progress: Progress) -> Outcome:
         assert trial.workdir is not None
@@ -276,30 +410,31 @@ class LaunchRunner:
             return Outcome(status="failed", reason=f"{workdir}: cannot write the launch: "
                                                    f"{exc.strerror or exc}")
         cmd = self.command(plan, trial, workdir, files)
+        batch, tune = self.runner.batch, self._tune()
         limit = deadline_s(self.name, trial)
         started = time.monotonic()
         job_id: str | None = None
         with open(log_path, "wb") as log:
             try:
                 proc = subprocess.Popen(cmd, cwd=workdir, env=self.environment(trial, workdir),
-                                        stdout=subprocess.PIPE if self.name == "slurm" else log,
+                                        stdout=subprocess.PIPE if batch is not None else log,
                                         stderr=log, start_new_session=True)
             except OSError as exc:
                 return Outcome(status="failed", reason=f"{cmd[0]}: {exc.strerror or exc}")
         logs = _Logs(tokens_per_step=plan.job.global_batch * plan.job.seq_len, gpus=plan.layout.gpus)
         try:
-            if self.name == "slurm":
-                job_id = _job_id(proc, started + limit)
+            if batch is not None:
+                job_id = batch.job_id(proc, started + limit)
                 if job_id is None:
                     late = time.monotonic() - started > limit
                     return self._stop(proc, job_id, Outcome(
                         status="timeout" if late else "failed",
-                        reason=f"sbatch printed no job id{f' in {limit:.0f} s' if late else ''}: "
+                        reason=f"{cmd[0]} printed no job id{f' in {limit:.0f} s' if late else ''}: "
                                + _tail(log_path)))
                 progress(f"submitted job {job_id}")
             while True:
                 code = proc.poll()
-                paths = _log_paths(log_path, job_id, workdir)
+                paths = self._log_paths(log_path, job_id, workdir)
                 behind = logs.read(paths, time.monotonic() + READ_S)
                 ended = code is not None and not behind
                 if ended:
@@ -312,7 +447,8 @@ class LaunchRunner:
                         peak_gib=reading.peak_gib))
                 if reading.oom:
                     return self._stop(proc, job_id, Outcome(
-                        status="oom", reason="the run ran out of memory: " + _tail(log_path, job_id, workdir),
+                        status="oom", reason="the run ran out of memory: "
+                        + _tail(*self._log_paths(log_path, job_id, workdir)),
                         peak_gib=reading.peak_gib))
                 if timed and diverged(max(timed), trial.predicted_step_s, trial.diverge) \
                         and trial.predicted_step_s > 0:
@@ -328,9 +464,10 @@ class LaunchRunner:
                 if ended:
                     got = len(reading.step_times_s)
                     what = (f"it logged {got} of {trial.warmup + trial.steps} steps" if reading.format
-                            else "no Megatron-LM or torchtitan step line in its log")
+                            else f"no {tune.log_format} step line in its log")
                     return Outcome(status="failed", reason=f"the run ended (exit {code}) before its "
-                                   f"timed steps: {what}; " + _tail(log_path, job_id, workdir),
+                                   f"timed steps: {what}; "
+                                   + _tail(*self._log_paths(log_path, job_id, workdir)),
                                    peak_gib=reading.peak_gib)
                 if time.monotonic() - started > limit:
                     if limit < trial.timeout_s:
@@ -351,9 +488,10 @@ class LaunchRunner:
     def _stop(self, proc: subprocess.Popen[bytes], job_id: str | None,
               outcome: Outcome | None) -> Outcome:
         """End what this run started (its job, its process group); ``outcome`` back."""
-        if job_id is not None and proc.poll() is None:
+        batch = self.runner.batch
+        if job_id is not None and batch is not None and proc.poll() is None:
             try:
-                subprocess.run(["scancel", job_id], timeout=60, capture_output=True, check=False)
+                subprocess.run(batch.cancel(job_id), timeout=60, capture_output=True, check=False)
             except (OSError, subprocess.TimeoutExpired):
                 pass
         # the whole group, the launcher's children too (the run may have exited, its
@@ -374,6 +512,11 @@ class LaunchRunner:
         if proc.stdout is not None:
             proc.stdout.close()
         return outcome if outcome is not None else Outcome(status="failed")
+
+    def _log_paths(self, log_path: Path, job_id: str | None, workdir: Path) -> list[Path]:
+        """Where a run's log is: the launch's own output, and a batch job's output file."""
+        batch = self.runner.batch
+        return [log_path] + ([batch.output(workdir, job_id)] if batch is not None and job_id else [])
 
 
 def _group_running(pgid: int) -> bool:
@@ -453,36 +596,12 @@ class _Logs:
         return dataclasses.replace(chosen, oom=oom), problem
 
 
-def _job_id(proc: subprocess.Popen[bytes], until: float) -> str | None:
-    """The job id ``sbatch --parsable`` prints first (``ID`` or ``ID;cluster``), read
-    until the monotonic clock reads ``until`` (None: none came by then, or it is no id)."""
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    got = b""
-    while b"\n" not in got and len(got) < 256:
-        left = until - time.monotonic()
-        if left <= 0:
-            break
-        ready, _, _ = select.select([fd], [], [], min(left, 1.0))
-        if ready:
-            chunk = os.read(fd, 256 - len(got))
-            if not chunk:
-                break
-            got += chunk
-    job = got.split(b"\n")[0].decode("utf-8", "replace").strip().split(";")[0]
-    return job if job.isdigit() and len(job) <= 20 else None
-
-
-def _log_paths(log_path: Path, job_id: str | None, workdir: Path | None) -> list[Path]:
-    """Where a run's log is: the launch's own output, and a Slurm job's output file."""
-    return [log_path] + ([workdir / f"slurm-{job_id}.out"] if job_id and workdir else [])
-
-
-def _tail(log_path: Path, job_id: str | None = None, workdir: Path | None = None, lines: int = 3) -> str:
-    """The last lines of the run's log, on one line: read from the last TAIL_BYTES of each
-    file, each line cut to TAIL_LINE_CHARS, escapes and control characters taken out."""
+def _tail(*paths: Path, lines: int = 3) -> str:
+    """The last lines of the run's log files, on one line: read from the last TAIL_BYTES
+    of each file, each line cut to TAIL_LINE_CHARS, escapes and control characters taken
+    out."""
     found: list[str] = []
-    for path in _log_paths(log_path, job_id, workdir):
+    for path in paths:
         try:
             with open(path, "rb") as f:
                 f.seek(0, os.SEEK_END)

@@ -46,7 +46,7 @@ def test_a_short_option_means_one_long_option_across_commands() -> None:
     (["tune"], "--runner", "<local|torchrun|slurm>"),
     (["tune"], "--launcher", "<megatron|torchtitan>"),
     (["export"], "--launcher", "<megatron|deepspeed|torchtitan>"),
-    (["export"], "--to", "<megatron|deepspeed|nemo|torchtitan|slurm|vllm|sglang|trtllm>"),
+    (["export"], "--to", "<megatron|nemo|deepspeed|torchtitan|accelerate|slurm|vllm|sglang|trtllm>"),
     (["search"], "--objective", "<time|cost|energy>"),
     (["serve"], "--objective", "<goodput|cost|energy>"),
     (["explain"], "--format", "<table|json>"),
