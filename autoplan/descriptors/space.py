@@ -54,6 +54,10 @@ class SearchSpace:
     ep_max: int = 1  # expert parallel degree (mixture-of-experts models only)
     etp: tuple[str, ...] = ("tp",)  # expert tensor parallel: "1" (experts unsplit) and/or "tp"
     cp_comm: tuple[CpComm, ...] = (CpComm.RING,)  # context-parallel exchanges tried where cp > 1
+    # the all-to-all exchange takes cp a multiple of the key-value heads per TP rank, each
+    # head replicated (DeepSpeed-Ulysses); False: cp must divide them (Transformer Engine's
+    # a2a asserts k.shape[-2] % cp_size == 0: Megatron-Core, searchspace/megatron.yaml)
+    a2a_replicates_kv: bool = True
     # MoE token dispatchers the launcher runs; a search takes the fastest for each layout
     # with ep > 1 (``ep.dispatch_for``)
     moe_dispatch: tuple[MoeDispatch, ...] = (MoeDispatch.ALLTOALL,)
@@ -128,6 +132,7 @@ def read_space(data: Any, source: str) -> SearchSpace:
     ep_max = f.int("ep_max", 1, min=1)
     etp = _etp_choices(f)
     cp_comm = _choices(f, "cp_comm", CpComm) if f.has("cp_comm") else (CpComm.RING,)
+    replicates_kv = f.bool("a2a_replicates_kv", True)
     dispatch = (_choices(f, "moe_dispatch", MoeDispatch) if f.has("moe_dispatch")
                 else (MoeDispatch.ALLTOALL,))
     modules = _choices(f, "recompute_modules", RecomputeModule) if f.has("recompute_modules") else ()
@@ -152,6 +157,7 @@ def read_space(data: Any, source: str) -> SearchSpace:
         zero_with_pp=tuple(z for z in ZeroStage if z in zero_with_pp),
         sequence_parallel=tuple(sorted(sp, reverse=True)), stage_shape=shape,
         ep_max=ep_max, etp=etp, cp_comm=tuple(c for c in CpComm if c in cp_comm), stack=stack,
+        a2a_replicates_kv=replicates_kv,
         moe_dispatch=tuple(d for d in MoeDispatch if d in dispatch),
         recompute_modules=tuple(m for m in RecomputeModule if m in modules),
         plain_dp_with_model_parallel=plain_dp_mp, hybrid_shard=hybrid, offload=offloads,

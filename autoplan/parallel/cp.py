@@ -30,12 +30,13 @@ def _seq_len(plan: Plan) -> str | None:
     return None
 
 
-def a2a_head_split(model: Model, lay: Layout) -> tuple[int, int] | None:
+def a2a_head_split(model: Model, lay: Layout, replicate_kv: bool = True) -> tuple[int, int] | None:
     """(query heads, kv heads) per TP rank when the all-to-all cannot split them over
-    cp; None when it can."""
+    cp; None when it can. ``replicate_kv``: a cp that is a multiple of the kv heads is
+    taken too, each replicated (``SearchSpace.a2a_replicates_kv``)."""
     heads = model.heads // lay.tp if model.heads >= lay.tp else 1
     kv = model.kv_heads // lay.tp if model.kv_heads >= lay.tp else 1
-    if heads % lay.cp or (kv % lay.cp and lay.cp % kv):
+    if heads % lay.cp or (kv % lay.cp and (not replicate_kv or lay.cp % kv)):
         return heads, kv
     return None
 
@@ -73,7 +74,8 @@ def exchanges(model: Model, lay: Layout, seq_len: int, space: SearchSpace) -> tu
     sequence splits (``cp-seq-len``) and cp divides the heads each TP rank holds."""
     if lay.cp == 1:
         return (CpComm.RING,)
-    a2a = seq_len % (2 * lay.cp) == 0 and a2a_head_split(model, lay) is None
+    a2a = (seq_len % (2 * lay.cp) == 0
+           and a2a_head_split(model, lay, space.a2a_replicates_kv) is None)
     return tuple(c for c in space.cp_comm if c is CpComm.RING or a2a)
 
 

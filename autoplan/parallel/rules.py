@@ -22,7 +22,7 @@ from autoplan.descriptors.pipeline_layout import render_layout, uniform_stages
 from autoplan.descriptors.space import SearchSpace, StageShape
 from autoplan.parallel import cp, dp, ep, pp, tp
 from autoplan.parallel.common import Rule, Scope
-from autoplan.vocab import Offload
+from autoplan.vocab import CpComm, Offload
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -214,6 +214,10 @@ def space_problems(plan: Plan, space: SearchSpace) -> list[tuple[str, str]]:
                 "sequence_parallel: " + ", ".join(str(s).lower() for s in space.sequence_parallel))
     if lay.cp > 1 and plan.cp_comm not in space.cp_comm:
         outside("cp_comm", f"cp_comm: {plan.cp_comm.value}", ", ".join(c.value for c in space.cp_comm))
+    elif (lay.cp > 1 and plan.cp_comm is CpComm.A2A and not space.a2a_replicates_kv
+          and (split := cp.a2a_head_split(plan.model, lay, False)) is not None):
+        outside("cp_comm", f"cp_comm: a2a over cp={lay.cp} with {split[1]} key-value heads per "
+                           "TP rank", "a2a where cp divides the key-value heads per TP rank")
     if plan.model.is_moe and plan.moe_dispatch not in space.moe_dispatch:
         outside("moe_dispatch", f"moe_dispatch: {plan.moe_dispatch.value}",
                 ", ".join(d.value for d in space.moe_dispatch))

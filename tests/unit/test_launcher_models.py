@@ -12,7 +12,7 @@ from autoplan.descriptors.space import load_space
 from autoplan.export import Target, export, refusals
 from autoplan.parallel.rules import space_problems
 from autoplan.search.engine import search
-from autoplan.vocab import ZeroStage
+from autoplan.vocab import CpComm, ZeroStage
 from tests.helpers import make_plan
 
 TITAN = load_space("torchtitan")
@@ -49,3 +49,17 @@ def test_a_torchtitan_search_never_ranks_zero_3_with_a_pipeline() -> None:
         assert not (lay.pp > 1 and r.plan.zero is ZeroStage.PARAMETERS)
         assert not (r.plan.zero is ZeroStage.NONE and lay.dp > 1 and lay.tp * lay.pp * lay.cp > 1)
         assert not refusals(r.plan, Target.TORCHTITAN)
+
+
+def test_megatron_runs_all_to_all_context_parallelism_only_where_cp_divides_the_kv_heads() -> None:
+    megatron = load_space("megatron")
+    # Llama 3 70B: 8 key-value heads, 1 per rank at tp8; TE's a2a asserts kv % cp == 0
+    few = make_plan("llama3-70b", gpus=64, dp=4, tp=8, cp=2, seq_len=8192,
+                    zero=ZeroStage.OPTIMIZER, sequence_parallel=True)
+    few = few.replace(cp_comm=CpComm.A2A)
+    assert [f for f, _ in space_problems(few, megatron)] == ["cp_comm"]
+    assert refusals(few, Target.MEGATRON) and refusals(few, Target.NEMO)
+    assert space_problems(few, load_space("any")) == []  # replicating kv heads, launcher-free
+    enough = make_plan("llama3-70b", gpus=64, dp=4, tp=4, cp=2, pp=2, seq_len=8192,
+                       zero=ZeroStage.OPTIMIZER, sequence_parallel=True).replace(cp_comm=CpComm.A2A)
+    assert space_problems(enough, megatron) == []
