@@ -104,7 +104,7 @@ def test_a_sweep_says_what_it_has_done_on_stderr_unless_quiet() -> None:
     r = autoplan(*args)
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stderr.splitlines() if line.startswith("autoplan: search")]
-    assert lines[0] == "autoplan: searching default space on 8, 16 GPUs ..."
+    assert lines[0] == "autoplan: searching launchable space on 8, 16 GPUs ..."
     assert {line.split(" (")[0] for line in lines[1:]} == {"autoplan: searched 8 GPUs",
                                                            "autoplan: searched 16 GPUs"}
     quiet = autoplan(*args, "--quiet")
