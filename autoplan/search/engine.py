@@ -70,7 +70,8 @@ class _Search:
     Tests and tools reach the parts themselves (``parts.bounds.group_bound``, ...)."""
 
     def __init__(self, model: Model, cluster: Cluster, job: Job, space: SearchSpace, top_k: int,
-                 min_headroom_bytes: float = 0.0, ceiling: Ceiling | None = None):
+                 min_headroom_bytes: float = 0.0, ceiling: Ceiling | None = None,
+                 cutoff: float = float("inf")):
         self.space = space
         self.ctx = Context(model, cluster, job, space, min_headroom_bytes)
         self.stats = SearchStats()
@@ -78,7 +79,7 @@ class _Search:
         self.floors = MemoryFloors(self.ctx, self.stats)
         self.walk = Enumeration(self.ctx, self.stats, self.bounds, self.floors)
         self.frontier = Frontier(self.ctx, self.stats, self.bounds, self.floors, self.walk, top_k,
-                                 ceiling)
+                                 ceiling, cutoff)
 
     def run(self) -> SearchResult:
         return self.frontier.run()
@@ -86,20 +87,22 @@ class _Search:
 
 def search(model: Model, cluster: Cluster, job: Job, space: SearchSpace,
            top_k: int = 10, min_headroom_bytes: float = 0.0,
-           ceiling: Ceiling | None = None) -> SearchResult:
+           ceiling: Ceiling | None = None, cutoff: float = float("inf")) -> SearchResult:
     """The top_k plans by predicted tokens/s over ``space``; see module doc. A plan fits
     where every stage's peak leaves ``min_headroom_bytes`` of the device free. Runs in
     a cost scope (``autoplan.caches``): its candidates share their layers' costs.
     ``ceiling``: told of each plan found, it returns a step time past which no plan is
     wanted (:class:`Ceiling`): the search then returns its top_k of those below it (and
-    always its best).
+    always its best). ``cutoff``: a step time past which no plan is wanted at all, its
+    best neither (the result may then hold none).
 
     The cyclic garbage collector is paused while it runs (and restored after): the
     walk builds millions of short-lived acyclic plans that reference counting frees,
     and the collector's passes over them cost tenths of a second a search."""
     assert top_k >= 1
     with caches.collector_paused(), caches.scope():
-        return _Search(model, cluster, job, space, top_k, min_headroom_bytes, ceiling).run()
+        return _Search(model, cluster, job, space, top_k, min_headroom_bytes, ceiling,
+                       cutoff).run()
 
 
 def candidate_plans(model: Model, cluster: Cluster, job: Job, space: SearchSpace) -> Iterator[Plan]:

@@ -64,8 +64,12 @@ class Frontier:
     time found, infinite until k are)."""
 
     def __init__(self, ctx: Context, stats: SearchStats, bounds: TimeBounds, floors: MemoryFloors,
-                 walk: Enumeration, top_k: int, ceiling: Ceiling | None = None):
+                 walk: Enumeration, top_k: int, ceiling: Ceiling | None = None,
+                 cutoff: float = float("inf")):
         self.ctx, self.stats, self.top_k = ctx, stats, top_k
+        # no plan slower than this is wanted, not even the search's best (a union's later
+        # part: ``search.launchable``); the top k may then be empty
+        self.cutoff = cutoff
         self.bounds, self.floors, self.walk = bounds, floors, walk
         self.ceiling = ceiling  # the caller's, asked of each plan found (``engine.search``)
         # the k-th best step time found so far, or the ceiling's if lower (never below the
@@ -90,7 +94,7 @@ class Frontier:
         heapq.heapify(heap)
         self._seq = len(heap)
         self._best = []
-        self.threshold = self._fastest = float("inf")
+        self.threshold, self._fastest = self.cutoff, float("inf")
         while heap:
             bound, _, _, item = heap[0]
             # the bound and a simulated time of a tie may differ in the last bits
@@ -137,7 +141,7 @@ class Frontier:
         if len(best) > self.top_k:
             heapq.heappop(best)
         if len(best) == self.top_k:
-            self.threshold = best[0][2].prediction.step_time_s
+            self.threshold = min(self.cutoff, best[0][2].prediction.step_time_s)
         if self.ceiling is not None:
             self._fastest = min(self._fastest, pred.step_time_s)
             self.threshold = min(self.threshold, max(self.ceiling(found), self._fastest))

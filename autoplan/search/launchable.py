@@ -13,10 +13,10 @@ The union's parts split layers uniformly (``plan.uniform_stages``, as the launch
 space does): the uneven splits Megatron-LM and torchtitan take cost their searches 3-15x
 (GPT-3 175B on 1024 A100: 0.27 s against 3.4 s) and ``--launcher NAME`` searches them.
 
-The parts run in turn, each after the first bounded by the union's k-th best step time so
-far (``engine.Ceiling``): a later part's search stops where none of its plans can enter the
-union's top k, so the union costs little more than its slowest part alone. The answer is
-the same as searching every part in full and ranking all their plans.
+The parts run in turn, each after the first cut off at the union's k-th best step time so
+far (``engine.search``'s ``cutoff``): a later part's search stops where none of its plans
+can enter the union's top k, its own best included. The answer is the same as searching
+every part in full and ranking all their plans.
 """
 
 from __future__ import annotations
@@ -90,15 +90,14 @@ def search(model: Model, cluster: Cluster, job: Job, space: SearchSpace, top_k: 
     closest = []
     kth = float("inf")  # the union's k-th best step time after the parts searched so far
 
-    def bounded(found: Ranked) -> float:
-        return min(ceiling(found), kth) if ceiling is not None else kth
-
     base = space.parts[0].stack
-    for i, part in enumerate(space.parts):
+    for part in space.parts:
         if part.stage_shape is not StageShape.UNIFORM:  # uniform splits (module doc)
             part = dataclasses.replace(part, stage_shape=StageShape.UNIFORM)
-        result = engine.search(model, cluster, job, part, top_k, min_headroom_bytes,
-                               bounded if i or ceiling is not None else None)
+        # a plan slower than the union's k-th best enters no top k: not even the part's best
+        # is wanted past it (``engine.search``'s cutoff)
+        result = engine.search(model, cluster, job, part, top_k, min_headroom_bytes, ceiling,
+                               cutoff=kth)
         stats.merge(result.stats)
         if result.closest is not None:
             closest.append(result.closest)
