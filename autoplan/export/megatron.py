@@ -256,8 +256,20 @@ def precision_args(plan: Plan) -> list[Arg]:
         return [("--fp16",)]
     if dtype is Dtype.FP8:
         # E4M3 forward, E5M2 gradients (Transformer Engine's hybrid recipe) in a bf16 model
-        return [("--bf16",), ("--fp8-format", "hybrid")]
+        out: list[Arg] = [("--bf16",), ("--fp8-format", "hybrid")]
+        if fp8_needs_current_scaling(plan):
+            out.append(("--fp8-recipe", "tensorwise"))
+        return out
     return [("--bf16",)]
+
+
+def fp8_needs_current_scaling(plan: Plan) -> bool:
+    """Megatron-Core refuses moe_act and layernorm recompute under fp8's default delayed
+    scaling ("Delayed scaling does not support moe_act and layernorm recompute for fp8",
+    megatron/core/transformer/transformer_config.py __post_init__): such a plan runs the
+    per-tensor current-scaling recipe."""
+    return plan.job.dtype is Dtype.FP8 and any(
+        m.value in ("moe_act", "layernorm") for m in plan.recompute_modules)
 
 
 def arrays(plan: Plan) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from autoplan.export.launcher import EP_OVERLAP, MAIN_GRADS, RECOMPUTE_MODULES, LauncherSpec
-from autoplan.export.megatron import layout_string
+from autoplan.export.megatron import fp8_needs_current_scaling, layout_string
 from autoplan.export.shell import comment
 from autoplan.plan import Plan
 from autoplan.vocab import CpComm, Dtype, MoeDispatch, Recompute, StateDtype, ZeroStage
@@ -102,7 +102,9 @@ def overrides(plan: Plan) -> dict[str, Any]:
                 "overlap_param_gather": distributed,
                 "grad_reduce_in_fp32": plan.job.main_grads is StateDtype.FP32},
         "dataset": {"sequence_length": plan.job.seq_len},
-        "mixed_precision": _PRECISION[plan.job.dtype],
+        # Bridge's current-scaling recipe where delayed scaling refuses the recompute modules
+        "mixed_precision": ("bf16_with_fp8_current_scaling_mixed"
+                            if fp8_needs_current_scaling(plan) else _PRECISION[plan.job.dtype]),
     }
 
 

@@ -63,3 +63,17 @@ def test_megatron_runs_all_to_all_context_parallelism_only_where_cp_divides_the_
     enough = make_plan("llama3-70b", gpus=64, dp=4, tp=4, cp=2, pp=2, seq_len=8192,
                        zero=ZeroStage.OPTIMIZER, sequence_parallel=True).replace(cp_comm=CpComm.A2A)
     assert space_problems(enough, megatron) == []
+
+
+def test_fp8_with_moe_act_or_layernorm_recompute_exports_current_scaling() -> None:
+    from autoplan.vocab import Dtype, Recompute, RecomputeModule
+
+    plan = make_plan("llama3-8b", gpus=8, dp=8, zero=ZeroStage.OPTIMIZER, dtype=Dtype.FP8,
+                     recompute=Recompute.SELECTIVE)
+    plain = export(plan, Target.MEGATRON)["pretrain_megatron.sh"]
+    assert "--fp8-format hybrid" in plain and "--fp8-recipe" not in plain  # delayed, the default
+    modules = plan.replace(recompute_modules=(RecomputeModule("core_attn"), RecomputeModule("layernorm")))
+    script = export(modules, Target.MEGATRON)["pretrain_megatron.sh"]
+    assert "--fp8-recipe tensorwise" in script  # delayed scaling refuses layernorm recompute
+    overrides = export(modules, Target.NEMO)["nemo_overrides.yaml"]
+    assert "bf16_with_fp8_current_scaling_mixed" in overrides
