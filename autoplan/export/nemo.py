@@ -11,8 +11,10 @@ which the tests construct with megatron-core);
 ``train`` takes global_batch_size and micro_batch_size; ``optimizer`` and ``ddp`` are
 Megatron-Core's ``OptimizerConfig`` and ``DistributedDataParallelConfig``;
 ``mixed_precision`` names one of Bridge's recipes (bf16_mixed, fp16_mixed,
-bf16_with_fp8_delayed_scaling_mixed). Pass it as ``--config-file`` to a Bridge recipe
-script (examples/recipes/*/pretrain_*.py). NeMo 2's ``nemo llm pretrain`` recipes take
+bf16_with_fp8_delayed_scaling_mixed, bf16_with_fp8_current_scaling_mixed). Pass it as
+``--config-file`` to a Bridge model's pretrain script (examples/models/...; the
+examples/recipes folder was removed in January 2026), or its values as ``KEY=VALUE`` to
+scripts/training/run_recipe.py. NeMo 2's ``nemo llm pretrain`` recipes take
 the same parallel sizes as ``trainer.strategy.<name>=<value>`` and the batch sizes as
 ``data.micro_batch_size`` / ``data.global_batch_size``; the header lists them.
 
@@ -25,8 +27,14 @@ from typing import Any
 
 import yaml
 
-from autoplan.export.launcher import EP_OVERLAP, MAIN_GRADS, RECOMPUTE_MODULES, LauncherSpec
-from autoplan.export.megatron import fp8_needs_current_scaling, layout_string
+from autoplan.export.launcher import (
+    EP_OVERLAP,
+    MAIN_GRADS,
+    OPTIMIZER_STATES,
+    RECOMPUTE_MODULES,
+    LauncherSpec,
+)
+from autoplan.export.megatron import fp8_needs_current_scaling, layout_string, precision_aware_problems
 from autoplan.export.shell import comment
 from autoplan.plan import Plan
 from autoplan.vocab import CpComm, Dtype, MoeDispatch, Recompute, StateDtype, ZeroStage
@@ -37,13 +45,6 @@ _PRECISION = {Dtype.BF16: "bf16_mixed", Dtype.FP16: "fp16_mixed",
               Dtype.FP8: "bf16_with_fp8_delayed_scaling_mixed"}
 
 
-def problems(plan: Plan) -> list[tuple[str, str]]:
-    """What the overrides cannot express beyond the megatron search space's rules (the
-    recipe, not the overrides, sets the model: its activation is the recipe's)."""
-    if plan.layout.dp_replicas > 1:
-        return [("layout.dp_shard", "the NeMo export sets no distributed optimizer instances; "
-                                    "export to megatron (--num-distributed-optimizer-instances)")]
-    return []
 
 
 def model_overrides(plan: Plan) -> dict[str, Any]:
@@ -91,16 +92,25 @@ def model_overrides(plan: Plan) -> dict[str, Any]:
 
 def overrides(plan: Plan) -> dict[str, Any]:
     distributed = plan.zero >= ZeroStage.OPTIMIZER
+    optimizer: dict[str, Any] = {"use_distributed_optimizer": distributed}
+    if plan.offload.optimizer:
+        optimizer.update(optimizer_cpu_offload=True, optimizer_offload_fraction=1.0,
+                         use_precision_aware_optimizer=True, overlap_cpu_optimizer_d2h_h2d=True)
+    if plan.job.optimizer_states is StateDtype.BF16:
+        # Megatron-Core's OptimizerConfig, which Bridge's optimizer is; "bf16" strings become
+        # torch dtypes (Bridge training/utils/omegaconf_utils.py, utils/activation_map.py)
+        optimizer.update(use_precision_aware_optimizer=True, exp_avg_dtype="bf16",
+                         exp_avg_sq_dtype="bf16")
+    ddp: dict[str, Any] = {"use_distributed_optimizer": distributed, "overlap_grad_reduce": True,
+                           "overlap_param_gather": distributed,
+                           "grad_reduce_in_fp32": plan.job.main_grads is StateDtype.FP32}
+    if plan.layout.dp_replicas > 1:  # HSDP: Megatron-Core's DistributedDataParallelConfig
+        ddp["num_distributed_optimizer_instances"] = plan.layout.dp_replicas
     return {
         "model": model_overrides(plan),
         "train": {"global_batch_size": plan.job.global_batch, "micro_batch_size": plan.micro_batch},
-        "optimizer": {"use_distributed_optimizer": distributed, **(
-            {"optimizer_cpu_offload": True, "optimizer_offload_fraction": 1.0,
-             "use_precision_aware_optimizer": True, "overlap_cpu_optimizer_d2h_h2d": True}
-            if plan.offload.optimizer else {})},
-        "ddp": {"use_distributed_optimizer": distributed, "overlap_grad_reduce": True,
-                "overlap_param_gather": distributed,
-                "grad_reduce_in_fp32": plan.job.main_grads is StateDtype.FP32},
+        "optimizer": optimizer,
+        "ddp": ddp,
         "dataset": {"sequence_length": plan.job.seq_len},
         # Bridge's current-scaling recipe where delayed scaling refuses the recompute modules
         "mixed_precision": ("bf16_with_fp8_current_scaling_mixed"
@@ -116,6 +126,8 @@ def nemo2_overrides(plan: Plan) -> list[str]:
                             "sequence_parallel", "expert_model_parallel_size",
                             "expert_tensor_parallel_size") if k in model]
     out = [f"trainer.strategy.{k}={_dotted(model[k])}" for k in strategy]
+    if plan.layout.dp_replicas > 1:  # MegatronStrategy(num_distributed_optimizer_instances=)
+        out.append(f"trainer.strategy.num_distributed_optimizer_instances={plan.layout.dp_replicas}")
     return out + [f"data.micro_batch_size={plan.micro_batch}",
                   f"data.global_batch_size={plan.job.global_batch}",
                   f"data.seq_length={plan.job.seq_len}"]
@@ -134,8 +146,9 @@ def render(plan: Plan) -> str:
     head = [
         comment(f"NeMo / Megatron-Bridge overrides for {plan.model.name} on {c.gpus} x "
                 f"{c.device.name} ({c.nodes} x {c.gpus_per_node} GPUs, {c.name}), exported by autoplan."),
-        comment("Megatron-Bridge: torchrun ... examples/recipes/<model>/pretrain_<model>.py "
-                f"--config-file {FILENAME}"),
+        comment("Megatron-Bridge: a model's pretrain script that takes --config-file "
+                f"{FILENAME} (examples/models/...), or scripts/training/run_recipe.py with these "
+                "values as KEY=VALUE overrides"),
         comment("NeMo 2 (nemo llm pretrain --factory <recipe>) takes the same values as:"),
         *(comment("  " + line) for line in nemo2_overrides(plan)),
     ]
@@ -154,9 +167,10 @@ LAUNCHER = LauncherSpec(
     stack="megatron-core",
     export=export,
     source="NVIDIA-NeMo/Megatron-Bridge megatron/bridge/training/config.py",
-    problems=problems,
     # TransformerConfig's recompute_modules and overlap_moe_expert_parallel_comm, DDP's
-    # grad_reduce_in_fp32; the precision-aware optimizer's dtypes are not among the overrides
-    runs={RECOMPUTE_MODULES: None, MAIN_GRADS: None, EP_OVERLAP: None},
+    # grad_reduce_in_fp32 and num_distributed_optimizer_instances, OptimizerConfig's
+    # precision-aware optimizer (inside the distributed optimizer, as Megatron-LM's)
+    runs={RECOMPUTE_MODULES: None, MAIN_GRADS: None, EP_OVERLAP: None,
+          OPTIMIZER_STATES: precision_aware_problems},
     order=20,
 )

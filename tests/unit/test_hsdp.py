@@ -10,6 +10,7 @@ import dataclasses
 
 import pytest
 import tomllib
+import yaml
 
 from autoplan.cost.evaluate import evaluate
 from autoplan.cost.stage import stage_work
@@ -90,7 +91,10 @@ def test_torchtitan_replicates_and_shards_megatron_counts_instances_deepspeed_re
     script = export(one, Target.MEGATRON)["pretrain_megatron.sh"]
     assert "--num-distributed-optimizer-instances 8" in script
     assert [f for f, _ in refusals(one, Target.DEEPSPEED) if f == "layout.dp_shard"]
-    assert [f for f, _ in refusals(one, Target.NEMO) if f == "layout.dp_shard"]
+    # NeMo 2 / Megatron-Bridge: the same Megatron-Core DDP config field
+    assert not refusals(one, Target.NEMO)
+    overrides = yaml.safe_load(export(one, Target.NEMO)["nemo_overrides.yaml"])
+    assert overrides["ddp"]["num_distributed_optimizer_instances"] == 8
 
 
 def test_the_search_with_hybrid_sharding_equals_brute_force():
