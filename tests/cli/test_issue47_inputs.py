@@ -161,7 +161,7 @@ def test_a_recompute_module_the_model_lacks_is_refused_by_the_flag_and_in_a_plan
 
 def test_a_space_file_naming_a_module_the_model_lacks_is_refused_naming_the_space(tmp_path):
     space = tmp_path / "s.yaml"
-    space.write_text((ROOT / "searchspace" / "default.yaml").read_text()
+    space.write_text((ROOT / "searchspace" / "any.yaml").read_text()
                      + "  recompute_modules: [moe]\n")
     _refused(*SEARCH_8B, "--space", space, megabytes=None,
              needles=(f"{space}: searchspace.recompute_modules: moe: llama3-8b has no MoE layers",))

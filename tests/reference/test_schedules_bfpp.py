@@ -81,7 +81,7 @@ def test_torchtitan_runs_it_by_its_class():
     from autoplan.export import Target, export
 
     plan = make_plan("llama3-8b", gpus=32, dp=8, pp=4, vpp=2, schedule=BFPP, micro_batch=1,
-                     global_batch=64, zero=ZeroStage.PARAMETERS, sequence_parallel=False)
+                     global_batch=64, zero=ZeroStage.OPTIMIZER, sequence_parallel=False)
     files = export(plan, Target.TORCHTITAN)
     assert 'pipeline_parallel_schedule = "LoopedBFS"' in files["torchtitan.toml"]
     assert "pipeline_schedule.csv" not in files  # torch has a class for it
