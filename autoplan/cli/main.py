@@ -148,6 +148,11 @@ def search(
     no_offload: Annotated[bool, typer.Option(
         "--no-offload", help="Keep optimizer states and activations on the GPUs (the space "
                              "may otherwise offload them to host memory).")] = False,
+    allow_bf16_states: Annotated[bool, typer.Option(
+        "--allow-bf16-states", help="Also try bf16 gradient reduction and bf16 Adam moments "
+                                    "(Megatron-Core's --grad-reduce-in-bf16 and precision-aware "
+                                    "optimizer; the plan names them), where the launcher runs "
+                                    "them.")] = False,
     recompute_modules: Annotated[str | None, typer.Option(
         "--recompute-modules", help="What selective recompute recomputes in this search, "
                                     "Megatron-Core's modules: e.g. moe_act,layernorm,mla_up_proj "
@@ -196,6 +201,10 @@ def search(
                                          plot)
     if no_offload:
         req = dataclasses.replace(req, space=req.space.changed(offload=(NO_OFFLOAD,)))
+    if allow_bf16_states:
+        from autoplan.search.launchable import with_bf16_states
+
+        req = dataclasses.replace(req, space=with_bf16_states(req.space))
     if export_dir is not None and (whatif is not None or req.pools is not None):
         raise InputError.single("--export", "", "writes the best plan of one search: save a plan "
                                 "of the sweep or the pools with --out and `autoplan export` it")

@@ -67,8 +67,9 @@ MAIN_GRADS = Feature(
     "bf16 gradient reduction is exported to Megatron-LM (--grad-reduce-in-bf16) and NeMo only")
 OPTIMIZER_STATES = Feature(
     "job.optimizer_states", lambda p: p.job.optimizer_states is not StateDtype.FP32,
-    "bf16 optimizer states are exported to Megatron-LM only (--use-precision-aware-optimizer "
-    "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16)")
+    "bf16 optimizer states are Megatron-Core's precision-aware optimizer (Megatron-LM "
+    "--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16); export to "
+    "megatron or nemo")
 EP_OVERLAP = Feature(
     "ep_overlap", lambda p: p.ep_overlap,
     "EP all-to-all overlap is Megatron-Core's (--overlap-moe-expert-parallel-comm); export to "

@@ -77,6 +77,20 @@ def launcher_space(name: str, source: str = "--launcher") -> SearchSpace:
     return load_space(get(name, source).space)
 
 
+def with_bf16_states(space: SearchSpace) -> SearchSpace:
+    """``--allow-bf16-states``: bf16 gradient reduction and Adam moments tried in the space,
+    of a union in the parts whose launchers run them (the others would find only plans
+    their launchers refuse)."""
+    if not space.parts:
+        return space.changed(bf16_states=True)
+    from autoplan.export import specs
+    from autoplan.export.launcher import MAIN_GRADS, OPTIMIZER_STATES
+
+    runs = {s.space for s in specs() if MAIN_GRADS in s.runs or OPTIMIZER_STATES in s.runs}
+    return dataclasses.replace(space, parts=tuple(
+        p.changed(bf16_states=True) if p.name in runs else p for p in space.parts))
+
+
 def search(model: Model, cluster: Cluster, job: Job, space: SearchSpace, top_k: int = 10,
            min_headroom_bytes: float = 0.0, ceiling: Ceiling | None = None) -> SearchResult:
     """``engine.search`` of a space, or of each part of a union ranked together (module
