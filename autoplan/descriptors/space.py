@@ -130,10 +130,7 @@ def read_space(data: Any, source: str) -> SearchSpace:
     dispatch = (_choices(f, "moe_dispatch", MoeDispatch) if f.has("moe_dispatch")
                 else (MoeDispatch.ALLTOALL,))
     modules = _choices(f, "recompute_modules", RecomputeModule) if f.has("recompute_modules") else ()
-    module_sets = _module_sets(f)
-    if f.has("recompute_modules") and f.has("recompute_module_sets"):
-        f.fail("recompute_module_sets", "give recompute_modules (one set) or recompute_module_sets "
-                                        "(the sets searched), not both")
+    module_sets = _module_sets(f)  # (a recompute_modules set, where given, is searched alone)
     overlap = _choices(f, "ep_overlap", bool) if f.has("ep_overlap") else (False,)
     bf16 = f.bool("bf16_states", False)
     plain_dp_mp = f.bool("plain_dp_with_model_parallel", True)

@@ -227,10 +227,10 @@ def test_a_space_file_names_its_module_sets_and_the_old_single_set_still_reads()
     # --recompute-modules (autoplan.request) fixes one set in any space
     assert dataclasses.replace(load_space("megatron"), recompute_modules=(M.MLP,)).module_sets == (
         (M.MLP,),)
-    with pytest.raises(InputError) as both:
-        read_space(parse_yaml(SPACE_TEXT + "  recompute_modules: [mlp]\n  recompute_module_sets: "
-                              "[[mlp]]\n", "s.yaml"), "s.yaml")
-    assert both.value.problems[0].field == "searchspace.recompute_module_sets"
+    # a space file's one set (a launcher's file with it added) is searched alone
+    both = read_space(parse_yaml(SPACE_TEXT + "  recompute_modules: [mlp]\n  recompute_module_sets: "
+                                 "[[moe], [layernorm]]\n", "s.yaml"), "s.yaml")
+    assert both.module_sets == ((M.MLP,),)
     with pytest.raises(InputError) as bad:
         read_space(parse_yaml(SPACE_TEXT + "  recompute_module_sets: [[foo]]\n", "s.yaml"), "s.yaml")
     assert bad.value.problems[0].field == "searchspace.recompute_module_sets[0][0]"
@@ -275,3 +275,17 @@ def test_the_ep_overlap_charge_per_layer_is_at_least_the_slowdown_and_at_most_wh
                     ep_b * (1 + 1e-9) + 1e-15)
                 checked += 1
     assert checked >= 20
+
+
+def test_the_recompute_modules_option_fixes_one_set_in_a_space_of_several():
+    """``search --recompute-modules`` (autoplan.request) searches its one set, in a space
+    listing several; without it the space's sets are searched."""
+    from autoplan.request import build_request
+
+    args = dict(model="deepseek-v3", cluster="dgx-h100", gpus=64, global_batch=64, seq_len=4096,
+                space="megatron")
+    fixed = build_request(None, recompute_modules=[M.MOE_ACT, M.LAYERNORM], **args)
+    assert fixed.space.module_sets == ((M.MOE_ACT, M.LAYERNORM),)
+    assert {mods for rc, mods in recompute_choices(fixed.model, fixed.space)
+            if rc is Recompute.SELECTIVE} == {(M.MOE_ACT, M.LAYERNORM)}
+    assert set(build_request(None, **args).space.module_sets) == set(SETS)
