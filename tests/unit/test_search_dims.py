@@ -118,13 +118,20 @@ def _equal_to_brute_force(model, cluster, job, space, top_k):
     return [p for _, p, _ in expected[:top_k]]
 
 
-def test_module_sets_and_ep_overlap_of_a_small_deepseek_are_searched_as_brute_force_finds():
-    """Tiny DeepSeek on eight 6.5 GiB GPUs: plans with EP overlap and with each module
-    set lead; the search finds the brute force's top 8, in order."""
+@pytest.mark.parametrize(("recompute", "sets"), [
+    (tuple(Recompute), SETS), ((Recompute.SELECTIVE, Recompute.FULL), SETS),
+    ((Recompute.SELECTIVE, Recompute.FULL), (SETS[1], SETS[3]))], ids=["all", "no-none", "common"])
+def test_module_sets_and_ep_overlap_of_a_small_deepseek_are_searched_as_brute_force_finds(
+        recompute, sets):
+    """Tiny DeepSeek on eight 6.5 GiB GPUs: plans with EP overlap and with module sets
+    lead; the search finds the brute force's top 8, in order. Without ``none`` a bundle's
+    bounds are read at what its module sets have in common (nothing, or core_attn and
+    layernorm: ``search.context.least_choice``), below each."""
+    space = dataclasses.replace(DIMS, recompute=recompute, recompute_module_sets=sets)
     top = _equal_to_brute_force(TINY_MOE, _small("dgx-h100", 8, 6.5),
-                                Job(global_batch=32, seq_len=4096), DIMS, 8)
+                                Job(global_batch=32, seq_len=4096), space, 8)
     assert any(p.ep_overlap for p in top)
-    assert {p.recompute_modules for p in top} >= {(), SETS[2]}
+    assert len({p.recompute_modules for p in top if p.recompute is Recompute.SELECTIVE}) >= 2
 
 
 def test_ep_overlap_with_interleaving_and_an_mtp_layer_is_searched_as_brute_force_finds():
@@ -289,3 +296,45 @@ def test_the_recompute_modules_option_fixes_one_set_in_a_space_of_several():
     assert {mods for rc, mods in recompute_choices(fixed.model, fixed.space)
             if rc is Recompute.SELECTIVE} == {(M.MOE_ACT, M.LAYERNORM)}
     assert set(build_request(None, **args).space.module_sets) == set(SETS)
+
+
+def test_the_bounds_of_module_set_and_ep_overlap_groups_never_exceed_a_members_step():
+    """Tiny DeepSeek with its MTP layer on 16 GPUs, Megatron's uneven first and last
+    stages (split variants, per-chunk layouts with EP overlap): every bound a bundle, a
+    group and a split variant of each recompute choice and EP overlap enters the queue
+    at or is tightened to holds for each member's evaluated step (its best split's), and
+    the split variants' memory caps (``MemoryFloors.split_caps``) drop only variants no
+    split of which fits."""
+    from autoplan.descriptors.space import StageShape
+    from autoplan.search.engine import _Search
+    from autoplan.search.stages import with_best_stages
+
+    model = dataclasses.replace(TINY_MOE, mtp_layers=1)
+    space = dataclasses.replace(DIMS, tp_max=1, stage_shape=StageShape.FIRST_LAST)
+    walk = _Search(model, _small("dgx-h100", 16, 6.5), Job(global_batch=64, seq_len=4096), space,
+                   top_k=1)
+    seen: dict[tuple, int] = {}
+    dropped = 0
+    for bundle in walk.walk.groups():
+        entry = bundle.bound
+        for group in walk.walk.unbundled(walk.bounds.fully_laid(bundle)):
+            group = walk.bounds.fully_laid(group)
+            own = walk.bounds.group_bound(group.plan, group.runnable, group.cp_comms)
+            caps = walk.floors.split_caps(group)
+            for plan, split in walk.walk.schedule_plans(group, count=False):
+                floor = walk.bounds.split_floor(plan) if split else 0.0
+                if split:
+                    best = with_best_stages(plan, space.stage_shape)
+                    if caps is not None and (sum(caps) < model.layers or min(caps) < plan.layout.vpp):
+                        assert best is None, plan
+                        dropped += 1
+                    if best is None:
+                        continue
+                    plan = best
+                step = evaluate(plan).step_time_s * (1 + 1e-9)
+                assert entry <= step and group.bound <= step and own <= step and floor <= step, plan
+                key = (plan.ep_overlap, plan.recompute, plan.recompute_modules)
+                seen[key] = seen.get(key, 0) + 1
+    assert {k[0] for k in seen} == {False, True}
+    assert {k[2] for k in seen} == {(), SETS[1], SETS[2], SETS[3]}
+    assert dropped >= 1
