@@ -55,13 +55,15 @@ TIGHT = 1 + 1e-9  # a bound and a simulated time of a tie may differ in the last
 
 # (model, cluster, GPUs, global batch, sequence, space, every k-th candidate)
 CASES = [
-    ("llama3-8b", "dgx-h100", 16, 64, 4096, "default", 11),  # every schedule
-    ("gpt3-175b", "dgx-a100", 256, 512, 2048, "default", 347),
-    # (the launchers' spaces grew: hybrid shards, schedules from CSV, BFPP; their strides too)
-    ("mixtral-8x7b", "dgx-h100", 32, 128, 4096, "megatron", 199),  # MoE, per-chunk splits
+    ("llama3-8b", "dgx-h100", 16, 64, 4096, "default", 13),  # every schedule
+    ("gpt3-175b", "dgx-a100", 256, 512, 2048, "default", 445),
+    # (the launchers' spaces grew: hybrid shards, schedules from CSV, BFPP; their strides
+    # too; and by the module sets and EP overlap, issue 48)
+    ("mixtral-8x7b", "dgx-h100", 32, 128, 4096, "megatron", 295),  # MoE, per-chunk splits
     ("llama3-70b", "dgx-h100", 64, 128, 8192, "torchtitan", 101),  # any split, chunks
-    ("nemotron-4-15b", "dgx-h100", 32, 128, 4096, "megatron", 113),  # large vocabulary
-    ("deepseek-v3-mini", "dgx-h100", 32, 256, 4096, "megatron", 19),  # MLA, dense first, MTP
+    ("nemotron-4-15b", "dgx-h100", 32, 128, 4096, "megatron", 149),  # large vocabulary
+    # MLA, dense first, MTP; module sets and EP overlap (issue 48: twice the candidates)
+    ("deepseek-v3-mini", "dgx-h100", 32, 256, 4096, "megatron", 50),
     ("llama3-8b", "dgx-h100", 16, 64, 4096, "deepspeed", 3),
     ("llama3-8b", "dgx-h100", 16, 64, 4096, "fsdp", 1),
 ]
@@ -72,6 +74,13 @@ def _model(name):
         return resolve_model(name)
     # DeepSeek-V3's MLA, 256+1 experts, dense first layer and MTP, in 6 layers
     return dataclasses.replace(resolve_model("deepseek-v3"), layers=6, dense_layers=1)
+
+
+def _every_group(walk, every):
+    """Every ``every``-th group of the walk's bundles, opened (``Enumeration.unbundled``),
+    not laid: the bounds asked of them are worked out for these alone."""
+    groups = (g for bundle in walk.walk.groups() for g in walk.walk.unbundled(bundle))
+    return itertools.islice(groups, 0, None, every)
 
 
 def _sample(name, cluster, gpus, gbs, seq, space_name, every):
@@ -366,11 +375,13 @@ def test_a_layouts_shared_bound_holds_for_its_every_zero_and_recompute_group(cas
     below, shifted by their offload), computing its own only then: neither may exceed
     the group's own bound. (The compute floor they enter the queue at may: it is held to
     the members' steps in ``test_a_layouts_compute_floor_never_exceeds_a_members_step``.)"""
-    name, cluster, gpus, gbs, seq, space_name, _ = case
+    name, cluster, gpus, gbs, seq, space_name, every = case
     walk = _Search(_model(name), with_gpus(resolve_cluster(cluster), gpus),
                    Job(global_batch=gbs, seq_len=seq), load_space(space_name), top_k=1)
     seen = set()
-    for bundle in walk.walk.groups():
+    # every bundle, but for the largest cases' (every other of DeepSeek's, its module sets
+    # and EP overlap bundles among them)
+    for bundle in itertools.islice(walk.walk.groups(), 0, None, 1 + (every > 30)):
         for group in walk.walk.unbundled(walk.bounds.fully_laid(bundle)):
             group = walk.bounds.fully_laid(group)
             own = walk.bounds.group_bound(group.plan, group.runnable, group.cp_comms)
@@ -419,7 +430,7 @@ def test_a_groups_memory_floor_never_exceeds_a_members_peak(case):
     walk = _Search(_model(name), with_gpus(resolve_cluster(cluster), gpus),
                    Job(global_batch=gbs, seq_len=seq), load_space(space_name), top_k=1)
     checked = exact = 0
-    for group in itertools.islice(walk.walk.each_group(), 0, None, every):
+    for group in _every_group(walk, every):
         floor = walk.floors.memory_floor(group)
         if floor is None:
             continue
@@ -444,7 +455,7 @@ def test_a_groups_bounds_never_exceed_a_members_step(case):
     walk = _Search(_model(name), with_gpus(resolve_cluster(cluster), gpus),
                    Job(global_batch=gbs, seq_len=seq), load_space(space_name), top_k=1)
     checked = 0
-    for group in itertools.islice(walk.walk.each_group(), 0, None, every):
+    for group in _every_group(walk, every):
         own = walk.bounds.group_bound(group.plan, group.runnable, group.cp_comms)
         group = dataclasses.replace(group, bound=own, bare=own, exact=True, floored=True)
         steps = {plan: evaluate(plan).step_time_s
@@ -581,7 +592,7 @@ def test_the_drained_sync_bound_is_the_least_stage_at_its_longest_backward():
 
 
 # the fill counts only where every schedule runs uniform stages: the default space's
-MOE_UNIFORM = ("deepseek-v3-mini", "dgx-h100", 32, 256, 4096, "default", 23)
+MOE_UNIFORM = ("deepseek-v3-mini", "dgx-h100", 32, 256, 4096, "default", 49)
 
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[5], MOE_UNIFORM],
