@@ -123,6 +123,9 @@ def test_the_split_bounds_never_exceed_the_partitioned_plans_step(case):
             continue
         step = evaluate(best).step_time_s
         assert split_bound(uniform, stage_work(uniform)) <= step * TIGHT
+        # without the fill, at its own chunks (``TimeBounds.split_floor``; a group's at its
+        # members' fewest): the busiest stage's granularity, a layer a chunk, the mean
+        assert split_bound(uniform, stage_work(uniform), fill=False) <= step * TIGHT
         with_memory = split_bound_with_memory(uniform, partition_problem(uniform, space.stage_shape),
                                               stage_work(uniform))
         assert with_memory is not None and with_memory <= step * TIGHT
