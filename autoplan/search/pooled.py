@@ -284,9 +284,10 @@ class _NoRoom:
     """Plans no layer split fits in memory, and those that hold at least as much.
 
     Of two plans alike (their recompute and its modules, and their states' precision, too)
-    but for the micro-batch size b, the schedule and a ZeRO stage of 0-2, one holds at least as much as the other on every stage at every layer count where
-    its b is no smaller, its ZeRO stage no higher (ZeRO 0-2 only shard more state as the
-    stage rises) and, on every stage s, b times the microbatches s holds
+    but for the micro-batch size b, the schedule and a ZeRO stage of 0-2, one holds at
+    least as much as the other on every stage at every layer count where its b is no
+    smaller, its ZeRO stage no higher (ZeRO 0-2 only shard more state as the stage
+    rises) and, on every stage s, b times the microbatches s holds
     (``schedules.memory.peak_inflight``: with one chunk per stage, a stage's activations,
     embedding output and logits are that many microbatches' of b sequences) is no
     smaller. Weights, gradients and optimizer states do not depend on b or the schedule.
