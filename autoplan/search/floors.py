@@ -24,9 +24,11 @@ from autoplan.cost.stage import (
     activation_terms,
     held_in_equal_chunks,
     memory_with,
+    offloaded_chunk_bytes,
     stage_work_for,
 )
 from autoplan.descriptors.job import Job
+from autoplan.parallel.dp import PRESSURE_START
 from autoplan.plan import Layout, Memory, Plan
 from autoplan.schedules import Schedule
 from autoplan.schedules.memory import peak_inflight
@@ -167,9 +169,42 @@ class MemoryFloors:
     def checked(self, item: Candidate) -> Candidate | None:
         """The candidate with its memory checked: None (and counted) when it does not fit,
         else its bound with the allocator's pressure, which grows with the step and the
-        peak (charged without the stack's fixed overhead, as evaluate charges it)."""
-        worst = self._fitting_memory(item.plan, stage_work(item.plan))
+        peak (charged without the stack's fixed overhead, as evaluate charges it). A plan
+        of chunks of their own sizes whose stages' memory at most (:meth:`_roomy`) leaves
+        the allocator no pressure fits so, its chunks' order left unwalked."""
+        works = stage_work(item.plan)
+        roomy = self._roomy(item.plan, works)
+        if roomy is not None:
+            return self._fitted(item, roomy)
+        worst = self._fitting_memory(item.plan, works)
         return None if worst is None else self._fitted(item, worst)
+
+    def _roomy(self, plan: Plan, works: tuple[StageWork, ...]) -> Memory | None:
+        """Memory at least every stage's of a plan with a per-chunk layout (no activation
+        offload), where it fits below the allocator's pressure (and the host holds what it
+        keeps there); None otherwise (its fullest stage is then found by walking its
+        chunks' order, ``peak_held``). A stage holds at most its most microbatch-chunks
+        in flight (``peak_inflight``) of its heaviest chunk's activations
+        (``offloaded_chunk_bytes``)."""
+        if plan.chunks is None or plan.offload.activations:
+            return None
+        lay, m = plan.layout, plan.num_microbatches
+        working = activation_terms(plan).working
+        most: Memory | None = None
+        host = 0.0
+        for s, work in enumerate(works):
+            held = peak_inflight(plan.schedule, lay.pp, m, lay.vpp, s) * offloaded_chunk_bytes(
+                plan, s, work)
+            mem = memory_with(plan, work, held + working, 0.0)
+            host = max(host, mem.host)
+            if most is None or mem.peak > most.peak:
+                most = mem
+        assert most is not None
+        capacity = self.ctx.cluster.host_mem_bytes
+        if (most.peak > min(self.limit, PRESSURE_START * self.capacity)
+                or (capacity is not None and self.ctx.cluster.gpus_per_node * host > capacity)):
+            return None
+        return most
 
     def _fitted(self, item: Candidate, worst: Memory) -> Candidate:
         """The candidate known to fit, its pressure-free bound charged the pressure of its

@@ -338,3 +338,33 @@ def test_the_bounds_of_module_set_and_ep_overlap_groups_never_exceed_a_members_s
     assert {k[0] for k in seen} == {False, True}
     assert {k[2] for k in seen} == {(), SETS[1], SETS[2], SETS[3]}
     assert dropped >= 1
+
+
+def test_a_chunked_plans_roomy_memory_is_at_least_its_evaluated_peak():
+    """A plan of chunks of their own sizes that fits below the allocator's pressure at
+    its stages' most chunks in flight of their heaviest chunk (``MemoryFloors._roomy``)
+    is taken to fit without its chunks' order walked: that memory is at least the peak
+    ``evaluate`` finds, so it fits and no pressure is charged."""
+    from autoplan.cost.stage import stage_work as works_of
+    from autoplan.descriptors.space import StageShape
+    from autoplan.parallel.dp import PRESSURE_START
+    from autoplan.search.engine import _Search
+    from autoplan.search.stages import with_best_stages
+
+    model = dataclasses.replace(TINY_MOE, mtp_layers=1)
+    space = dataclasses.replace(DIMS, tp_max=1, stage_shape=StageShape.FIRST_LAST)
+    cluster, job = _small("dgx-h100", 16, 16), Job(global_batch=64, seq_len=4096)
+    walk = _Search(model, cluster, job, space, top_k=1)
+    roomy = 0
+    for plan in candidate_plans(model, cluster, job, space):
+        if plan.layout.vpp == 1 or plan.layout.pp == 1:
+            continue
+        best = with_best_stages(plan, space.stage_shape)
+        if best is None or best.chunks is None:
+            continue
+        mem = walk.floors._roomy(best, works_of(best))
+        if mem is not None:
+            peak = evaluate(best).memory.peak
+            assert peak <= mem.peak * (1 + 1e-12) and mem.peak <= PRESSURE_START * cluster.device.mem_bytes
+            roomy += 1
+    assert roomy >= 5
