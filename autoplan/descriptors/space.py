@@ -62,8 +62,22 @@ class SearchSpace:
     # with ep > 1 (``ep.dispatch_for``)
     moe_dispatch: tuple[MoeDispatch, ...] = (MoeDispatch.ALLTOALL,)
     # what selective recompute recomputes in this search (Megatron-Core's
-    # --recompute-modules; empty: the attention core)
+    # --recompute-modules; empty: the attention core): one set, which where given is the
+    # only one searched (``search --recompute-modules``; a space file's
+    # ``recompute_modules``), in place of ``recompute_module_sets``
     recompute_modules: tuple[RecomputeModule, ...] = ()
+    # the module sets searched for selective recompute (``recompute_module_sets: [[core_attn],
+    # [core_attn, moe_act, layernorm, mla_up_proj], ...]``), each tried where the model has
+    # every module it names (``parallel.rules.recompute_modules_problem``); () is the
+    # attention core, Megatron-Core's default (:attr:`module_sets`)
+    recompute_module_sets: tuple[tuple[RecomputeModule, ...], ...] = ((),)
+    # Megatron-Core's EP A2A overlap (--overlap-moe-expert-parallel-comm): tried where its
+    # rules let a plan run it (``parallel.ep``'s ep-overlap: ep > 1, no full recompute,
+    # vpp >= 2 with pipelining)
+    ep_overlap: tuple[bool, ...] = (False,)
+    # also try bf16 gradient reduction and bf16 Adam moments (``Job.main_grads``,
+    # ``Job.optimizer_states``) beside the job's own: ``search --allow-bf16-states``
+    bf16_states: bool = False
     # plain data parallel (zero 0) with tensor or pipeline parallelism: False where the
     # launcher's DDP runs only one-dimensional (torchtitan: "DDP has not supported > 1D
     # parallelism", torchtitan/distributed/parallel_dims.py)
@@ -92,6 +106,12 @@ class SearchSpace:
         union too."""
         parts = tuple(p.changed(**changes) for p in self.parts)
         return dataclasses.replace(self, **changes, parts=parts)
+
+    @property
+    def module_sets(self) -> tuple[tuple[RecomputeModule, ...], ...]:
+        """The module sets selective recompute is searched with: ``recompute_modules``
+        where given (one set), else ``recompute_module_sets``."""
+        return (self.recompute_modules,) if self.recompute_modules else self.recompute_module_sets
 
 
 def _choices(f: Fields, key: str, kind: Any) -> tuple:
@@ -136,6 +156,9 @@ def read_space(data: Any, source: str) -> SearchSpace:
     dispatch = (_choices(f, "moe_dispatch", MoeDispatch) if f.has("moe_dispatch")
                 else (MoeDispatch.ALLTOALL,))
     modules = _choices(f, "recompute_modules", RecomputeModule) if f.has("recompute_modules") else ()
+    module_sets = _module_sets(f)  # (a recompute_modules set, where given, is searched alone)
+    overlap = _choices(f, "ep_overlap", bool) if f.has("ep_overlap") else (False,)
+    bf16 = f.bool("bf16_states", False)
     plain_dp_mp = f.bool("plain_dp_with_model_parallel", True)
     hybrid = f.bool("hybrid_shard", False)
     offloads = _offload_choices(f)
@@ -160,6 +183,7 @@ def read_space(data: Any, source: str) -> SearchSpace:
         a2a_replicates_kv=replicates_kv,
         moe_dispatch=tuple(d for d in MoeDispatch if d in dispatch),
         recompute_modules=tuple(m for m in RecomputeModule if m in modules),
+        recompute_module_sets=module_sets, ep_overlap=tuple(sorted(overlap)), bf16_states=bf16,
         plain_dp_with_model_parallel=plain_dp_mp, hybrid_shard=hybrid, offload=offloads,
     )
 
@@ -174,6 +198,36 @@ def _builtin_stack_name(name: str, source: str) -> str:
     section = data.get("searchspace") if isinstance(data, dict) else None
     stack = section.get("stack") if isinstance(section, dict) else None
     return stack if isinstance(stack, str) else DEFAULT_STACK
+
+
+def _module_sets(f: Fields) -> tuple[tuple[RecomputeModule, ...], ...]:
+    """``recompute_module_sets: [[core_attn], [core_attn, moe_act, layernorm, mla_up_proj]]``:
+    each a non-empty list of modules, in the enum's order; [core_attn] alone is the
+    default, (); a set listed twice is searched once."""
+    key = "recompute_module_sets"
+    if not f.has(key):
+        return ((),)
+    raw = f.raw(key)
+    if not isinstance(raw, list) or not raw:
+        f.fail(key, f"expected a non-empty list of module lists, got {shown(raw)}")
+        return ((),)
+    names = " | ".join(m.value for m in RecomputeModule)
+    out = []
+    for i, each in enumerate(raw):
+        if not isinstance(each, list) or not each:
+            f.fail(f"{key}[{i}]", f"expected a non-empty list of modules, got {shown(each)}")
+            continue
+        mods = set()
+        for j, name in enumerate(each):
+            module = next((m for m in RecomputeModule
+                           if isinstance(name, str) and name.lower() == m.value), None)
+            if module is None:
+                f.fail(f"{key}[{i}][{j}]", f"expected one of {names}, got {shown(name)}")
+            else:
+                mods.add(module)
+        ordered = tuple(m for m in RecomputeModule if m in mods)
+        out.append(() if ordered == (RecomputeModule.CORE_ATTN,) else ordered)
+    return tuple(dict.fromkeys(out)) or ((),)
 
 
 def _offload_choices(f: Fields) -> tuple[Offload, ...]:

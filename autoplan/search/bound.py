@@ -8,6 +8,7 @@ stand for. Memoized per search: one ``TimeBounds`` a search."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from autoplan.caches import memo
@@ -33,12 +34,12 @@ from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.stack import Stack
-from autoplan.parallel import dp, mesh, pp
+from autoplan.parallel import dp, ep, mesh, pp
 from autoplan.plan import Layout, Plan
 from autoplan.schedules import Schedule
 from autoplan.schedules.registry import representative
 from autoplan.search.context import Context
-from autoplan.search.items import Group, Sched, evolve_group
+from autoplan.search.items import Choice, Group, Sched, evolve_group
 from autoplan.search.stages import split_bound
 from autoplan.vocab import (
     NO_OFFLOAD,
@@ -64,27 +65,73 @@ _StageState = tuple[float, float, int]
 _LastStates = tuple[tuple[_StageState, ...], _StageState | None]
 
 
-def layer_work(plan: Plan, cp_comm: CpComm, core: LayerCore) -> tuple[float, float, float, float, float]:
+def layer_work(plan: Plan, cp_comm: CpComm, core: LayerCore, share: float | None = None
+               ) -> tuple[float, float, float, float, float]:
     """One layer's work per microbatch as :meth:`TimeBounds.layout_floor` counts it, read
     off its costs ``core`` on ``cp_comm``: (a dense layer's forward, an MoE layer's forward,
-    a dense layer's forward and backward with its recompute, an MoE layer's, the logits)."""
+    a dense layer's forward and backward with its recompute, an MoE layer's, the logits).
+
+    With EP overlap (``plan.ep_overlap``), an MoE layer's dispatch and combine each way at
+    what :func:`overlap_ep` charges, and a dense layer's and the logits' backward less
+    what of its stage's MoE dispatch their forward compute may hide (``share``: the most
+    of a stage's passes EP overlap pairs, :func:`overlap_share` of the plan where None)."""
     lt, lt_moe = core.lt, core.lt_moe
+    ep_f = ep_b = core.ep_layer
+    overlapped = plan.ep_overlap and ep_f > 0
+    hidden = 0.0
+    if overlapped:
+        s = overlap_share(plan) if share is None else share
+        ep_f, ep_b = overlap_ep(plan, core, s)
+        hidden = s * (1.0 - plan.stack.comm_compute_slowdown)
     forward = lt.forward + core.tp_layer + core.cp_f
-    forward_moe = forward - lt.forward + lt_moe.forward + core.ep_layer
-    per_dense = forward + lt.backward_input + lt.backward_weight + core.cp_b
+    forward_moe = forward - lt.forward + lt_moe.forward + ep_f
+    per_dense = forward + lt.backward_input + lt.backward_weight + core.cp_b - hidden * lt.forward
     per_moe = (forward_moe + lt_moe.backward_input + lt_moe.backward_weight + core.cp_b
-               + core.ep_layer)
+               + ep_b)
     if plan.recompute is Recompute.FULL:
         per_dense, per_moe = per_dense + forward, per_moe + forward_moe
     elif plan.recompute is Recompute.SELECTIVE and plan.recompute_modules:
         own = plan if cp_comm is plan.cp_comm else plan.replace(cp_comm=cp_comm)
         dense_s, moe_s = module_recompute(own)
         per_dense += dense_s
-        per_moe += moe_s + (core.ep_layer if RecomputeModule.MOE in plan.recomputed else 0)
+        # (with EP overlap its dispatched again backward is not charged: the least exposed
+        # of a pass overlapped never grows with its communication)
+        per_moe += moe_s + (core.ep_layer if RecomputeModule.MOE in plan.recomputed
+                            and not overlapped else 0)
     elif plan.recompute is Recompute.SELECTIVE:
         per_dense += lt.attention_forward
         per_moe += lt_moe.attention_forward
-    return forward, forward_moe, per_dense, per_moe, sum(core.logits)
+    return forward, forward_moe, per_dense, per_moe, sum(core.logits) - hidden * core.logits[0]
+
+
+def overlap_share(plan: Plan) -> float:
+    """The most of a rank's passes EP overlap pairs for any chunk count of ``plan``'s
+    layout and microbatches: ``ep.overlapped_passes`` at one chunk, where the fewest
+    passes go unpaired ((pp - 1) of m; with v chunks v pp - 1 of m v, no fewer in share)."""
+    if plan.layout.vpp > 1:
+        plan = plan.replace(layout=dataclasses.replace(plan.layout, vpp=1))
+    return ep.overlapped_passes(plan)
+
+
+def overlap_ep(plan: Plan, core: LayerCore, share: float) -> tuple[float, float]:
+    """(forward, backward) dispatch and combine of one MoE layer under EP overlap, summing
+    over a stage's layers to at most what ``ep.overlap_exposed`` leaves exposed of its n
+    MoE layers' E = n e each way: of the share s of passes paired, E runs beside the
+    paired pass's compute C, exposing ``dp.overlapped``(E, C), the rest (1 - s) keeps E.
+
+    Forward: C is the paired backward's (B, W, recompute, the dense layers' and heads'),
+    at least n (b + w) of the MoE layers: ``overlapped`` >= slow min(E, C) >= n slow
+    min(e, b + w), the SMs' slowdown per layer, whatever the recompute. Backward: C is
+    the paired forward's compute, n f of the MoE layers and X of the dense layers' and
+    the logits': ``overlapped``(E, n f + X) >= n ``overlapped``(e, f) - (1 - slow) X (it
+    is homogeneous, and falls at most (1 - slow) per second of C), the X term charged
+    to those layers (:func:`layer_work`). Both fall as s grows (``overlapped`` is at
+    most E), so the most share bounds every member."""
+    e, lt = core.ep_layer, core.lt_moe
+    slow = plan.stack.comm_compute_slowdown
+    keep = (1.0 - share) * e
+    return (keep + share * slow * min(e, lt.backward_input + lt.backward_weight),
+            keep + share * dp.overlapped(e, lt.forward, slow))
 
 
 # :func:`_chain_parts`: (a microbatch's work over every layer and the logits, the same
@@ -144,6 +191,40 @@ def _unit(core: LayerCore, work: tuple[float, float, float, float, float]) -> _U
             core.lt_moe.backward_weight, lf, logits, lw)
 
 
+def _output_stage(model: Model, unit: _Unit, p: int, scheds: Sequence[Sched]) -> float:
+    """A microbatch's work on the stage holding the output layer (p - 1; a V's stage 0),
+    whatever the split, the least over the kinds of ``scheds``, read off one layer's
+    ``unit``: a layer a chunk, the logits and each MTP module (a layer of the last kind,
+    its own logits). Every chunk holds a layer, so a flat schedule's stage p - 1 holds
+    layers p - 1 on (MoE ones past the dense first layers), a V's stage 0 layer 0 and a
+    layer from 2p - 1 on."""
+    _, c_d, _, _, c_m, _, _, lc, _ = unit
+    dense = model.layers - model.moe_layers if model.is_moe else model.layers
+    light = c_m if not dense else c_d if dense == model.layers else min(c_d, c_m)
+
+    def layer(first: int) -> float:  # the least layer from index ``first`` on
+        return light if first < dense else c_m
+
+    heads = (1 + model.mtp_layers) * lc + model.mtp_layers * (c_m if model.is_moe else c_d)
+    least = float("inf")
+    flat = [v for sched, v, _ in scheds if not sched.v_shape]
+    if flat:
+        least = min(flat) * layer(p - 1)
+    if len(flat) < len(scheds):
+        least = min(least, layer(0) + layer(2 * p - 1))
+    return (0.0 if least == float("inf") else least) + heads
+
+
+def _fullest_stage(model: Model, unit: _Unit, p: int) -> float:
+    """A microbatch's work on the stage holding the most layers, whatever the split: some
+    stage holds ceil(L/p) of the model's layers, and some ceil(M/p) of its M MoE layers,
+    read off one layer's ``unit`` (the least kind's, then the MoE one's)."""
+    _, c_d, _, _, c_m, _, _, _, _ = unit
+    moe = model.moe_layers if model.is_moe else 0
+    light = c_m if moe == model.layers else c_d if not moe else min(c_d, c_m)
+    return max(-(-model.layers // p) * light, -(-moe // p) * c_m)
+
+
 def _uniform_chain(unit: _Unit, runs: Sequence[_Run], m: int, fused: bool, split: bool) -> float:
     """Terms 1 and 2 of ``cost.bounds.step_time_lower_bound`` over the stages of the
     uniform one-chunk split (``runs``), each stage's F, B and W read off one layer's
@@ -175,12 +256,15 @@ def _uniform_chain(unit: _Unit, runs: Sequence[_Run], m: int, fused: bool, split
 def _shard_parts(model: Model, cluster: Cluster, job: Job, stack: Stack, tp: int, cp: int,
                  ep: int, etp: int, dispatch: MoeDispatch, mbs: int, sp: bool,
                  recompute: Recompute, modules: tuple[RecomputeModule, ...],
-                 cps: tuple[CpComm, ...]) -> tuple[tuple[_ChainParts, _Unit], ...]:
+                 cps: tuple[CpComm, ...], overlap: bool = False
+                 ) -> tuple[tuple[_ChainParts, _Unit], ...]:
     """(:func:`_chain_parts`, :func:`_unit`) of one layer on each exchange of ``cps``, for a
     shard (tp, cp, ep, etp, its dispatch, micro-batch, sequence parallelism, recompute)
     on a ``count_free`` cluster: what a layer costs depends on neither dp nor pp nor the
     node count (``cost.stage.layer_core``), so the layouts of every count of a sweep
-    sharing a shard read it once. The probe holds one expert fold (dp = ep etp)."""
+    sharing a shard read it once. The probe holds one expert fold (dp = ep etp).
+    ``overlap``: its MoE layers' dispatch at EP overlap's least, every pass paired
+    (:func:`overlap_ep` at share 1: at most what any member, overlapping or not, exposes)."""
     lay = Layout(dp=ep * etp, tp=tp, pp=1, cp=cp, ep=ep, etp=etp)
     moe = model.moe_layers if model.is_moe else 0
     out = []
@@ -188,9 +272,9 @@ def _shard_parts(model: Model, cluster: Cluster, job: Job, stack: Stack, tp: int
         plan = Plan(model=model, cluster=cluster, job=job, stack=stack, layout=lay,
                     micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=recompute,
                     zero=ZeroStage.NONE, sequence_parallel=sp, cp_comm=cp_comm,
-                    moe_dispatch=dispatch, recompute_modules=modules)
+                    moe_dispatch=dispatch, recompute_modules=modules, ep_overlap=overlap)
         core = layer_core(plan)
-        work = layer_work(plan, cp_comm, core)
+        work = layer_work(plan, cp_comm, core, 1.0 if overlap else None)
         out.append((_chain_parts(model.layers, moe, core, work), _unit(core, work)))
     return tuple(out)
 
@@ -216,8 +300,8 @@ class TimeBounds:
     def __init__(self, ctx: Context):
         self.ctx = ctx
         self._exact_bounds: dict[tuple, float] = {}  # :meth:`exact_bound`
-        # (layout, micro-batch, SP, ZeRO stand-in, recompute) -> :meth:`_layout_bound`
-        self._layout_bounds: dict[tuple[Layout, int, bool, ZeroStage, Recompute], float] = {}
+        # (layout, micro-batch, SP, ZeRO stand-in, recompute, EP overlap) -> :meth:`_layout_bound`
+        self._layout_bounds: dict[tuple[Layout, int, bool, ZeroStage, Choice, bool], float] = {}
         self._cores: dict[tuple[Layout, int, bool, CpComm], LayerCore] = {}  # :meth:`_core`
         self._zero3_memo: dict[tuple, tuple[float, float]] = {}  # :meth:`_zero3_passes`
         self._runs: dict[int, tuple[_Run, ...]] = {}  # :meth:`_uniform_runs`
@@ -227,6 +311,7 @@ class TimeBounds:
         self._member_bounds: dict[tuple, float] = {}  # :meth:`member_bound`
         self._layout_floors: dict[tuple, float] = {}  # :meth:`layout_floor`
         self._offload_shifts: dict[tuple, float] = {}  # :meth:`offloaded_bound`
+        self._split_floors: dict[tuple, float] = {}  # :meth:`split_floor`
         # :meth:`_kinds`: (the schedules, their kinds) by (pp, m, the schedules' id)
         self._kinds_memo: dict[tuple[int, int, int],
                                tuple[Sequence[Sched], tuple[bool, bool, bool] | None]] = {}
@@ -241,11 +326,12 @@ class TimeBounds:
         passes then count), offload or exchange of ``cps``, read off one layer's costs
         alone (``cost.stage.layer_core``): per layer, its forward, input- and
         weight-gradient compute, its forward TP collectives, its exposed CP exchange both
-        ways, its MoE dispatch and combine both ways and what its recompute runs again
-        (the attention's forward; or the whole forward with its TP, CP and MoE
-        collectives: ``cost.stage._stage``); a forward alone: all but the gradients'
-        compute, CP and recompute; and the output layer's logits' compute, once per
-        microbatch on the stage holding it. The least over the exchanges (and over a
+        ways, its MoE dispatch and combine both ways (with EP overlap the least it
+        exposes, :func:`overlap_ep`, whatever the recompute) and what its recompute runs
+        again (the attention's forward, its modules' forwards; or the whole forward with
+        its TP, CP and MoE collectives: ``cost.stage._stage``); a forward alone: all but
+        the gradients' compute, CP and recompute; and the output layer's logits' compute,
+        once per microbatch on the stage holding it. The least over the exchanges (and over a
         dense and an MoE layer for a stage's layers) of the more of:
 
         - the mean: some stage runs at least the mean of the stages' work, and m
@@ -273,16 +359,17 @@ class TimeBounds:
         Each part of a stage's work that this leaves out (the embedding, TP at the heads,
         sends, ZeRO-3 elsewhere, offload) only adds to it; the stack's per-step overhead,
         which ``evaluate`` adds to every plan, is added. Memoized on what it reads of the plan
-        (its model, cluster, job and stack are the search's): no offload, so a group's
-        offload variants share one, and of ZeRO only whether it is ZeRO-3, so the groups
-        of ZeRO 0-2 do."""
+        (its model, cluster and stack are the search's; its job's states are the probes',
+        ``Context.bound_job``, whose gradients ZeRO-3 scatters the fastest): no offload, so
+        a group's offload variants share one, and of ZeRO only whether it is ZeRO-3, so the
+        groups of ZeRO 0-2 do."""
         key = (plan.layout, plan.micro_batch, plan.sequence_parallel,
                plan.zero is ZeroStage.PARAMETERS, plan.recompute, plan.recompute_modules,
                plan.moe_dispatch, plan.ep_overlap, plan.stages, tuple(cps), tuple(scheds))
         floor = self._layout_floors.get(key)
         if floor is None:
-            if plan.offload.any:
-                plan = plan.replace(offload=NO_OFFLOAD)
+            if plan.offload.any or plan.job is not self.ctx.bound_job:
+                plan = plan.replace(offload=NO_OFFLOAD, job=self.ctx.bound_job)
             floor = self._layout_floors[key] = self._layout_floor(plan, cps, scheds)
         return floor
 
@@ -308,6 +395,10 @@ class TimeBounds:
             work = layer_work(plan, cp_comm, core)
             forward, forward_moe, per_dense, per_moe, logits = work
             floor = m * ((layers - moe) * per_dense + moe * per_moe + logits) / p
+            if p > 1:
+                unit = _unit(core, work)
+                floor = max(floor, m * _output_stage(model, unit, p, scheds),
+                            m * _fullest_stage(model, unit, p))
             kinds = []
             if chained is not None:
                 kinds.append(_pipeline_floor(_chain_parts(layers, moe, core, work), m, p, *chained))
@@ -339,10 +430,11 @@ class TimeBounds:
         return least + step_overhead(plan)
 
     def layout_mean_floor(self, base: Layout, sps: Sequence[bool], cps: Sequence[CpComm],
-                          recompute: Recompute, scheds: Sequence[Sched]) -> float:
+                          recompute: Choice, scheds: Sequence[Sched]) -> float:
         """A step time no plan of the layout ``base`` beats, whatever its micro-batch (of
         the space's), sequence parallelism (of ``sps``), exchange (of ``cps``), recompute
-        (``recompute`` or more), ZeRO stage, offload, schedule or split: the least over
+        (``recompute`` or more: ``Context.least``), EP overlap (:meth:`_overlaps`), ZeRO
+        stage, job, offload, schedule or split: the least over
         micro-batch, sequence parallelism and exchange of the mean term of
         :meth:`layout_floor` (m microbatches of the stages' mean work, which no stage runs
         less of) and, where the schedules passing the rules at that micro-batch
@@ -363,14 +455,15 @@ class TimeBounds:
         # sequence parallelism and exchange: the fill is worked out least mean first, while
         # the mean is below the least floor so far (the fill only adds to it)
         options: list[tuple[float, int, int, _ChainParts, _Unit]] = []
+        overlap = self._overlaps(base, scheds)
         for mbs in ctx.space.micro_batches:
             if batch % (base.dp * mbs):
                 continue  # no plan of this micro-batch (the rule dp-batch)
             m = batch // (base.dp * mbs)
             for sp in sps:
                 parts = _shard_parts(model, cluster, ctx.job, ctx.space.stack, base.tp, base.cp,
-                                     base.ep, base.etp, dispatch, mbs, sp, recompute,
-                                     ctx.modules(recompute), cps)
+                                     base.ep, base.etp, dispatch, mbs, sp, *recompute, cps,
+                                     overlap)
                 options.extend((m * part[0] / p, m, mbs, part, unit) for part, unit in parts)
         options.sort(key=lambda o: o[0])
         least = float("inf")
@@ -379,6 +472,8 @@ class TimeBounds:
                 break
             floor = mean
             if p > 1:
+                floor = max(floor, m * _output_stage(model, unit, p, scheds),
+                            m * _fullest_stage(model, unit, p))
                 # its groups' schedules, where each is a flat one-chunk one: the fill any
                 # split pays (:func:`_pipeline_floor`), and the uniform split's where none
                 # is a split variant (:func:`_uniform_chain`)
@@ -393,7 +488,7 @@ class TimeBounds:
         return least + self.overhead(base)
 
     def block_floor(self, base: Layout, sps: Sequence[bool], cps: Sequence[CpComm],
-                    recompute: Recompute,
+                    recompute: Choice,
                     layouts: Sequence[tuple[Layout, tuple]] = ()) -> float:
         """A step time no plan of a layout sharing ``base``'s shard (tp, cp, ep, etp: any
         pp, dp or hybrid sharding at this GPU count) beats: the least over the space's
@@ -432,6 +527,9 @@ class TimeBounds:
         # (a block none of whose layouts runs any micro-batch is bounded as if all did: its
         # layouts' rules count their candidates when it comes up)
         runs_any = any(p for _, p, _ in degrees)
+        # EP overlap where a layout of the block runs it (none given: where one might)
+        overlap = (any(self._overlaps(lay, choices[0]) for lay, choices in layouts) if layouts
+                   else bool(self.ctx.overlap_choices) and base.ep > 1)
         least = float("inf")
         for mbs, p, flat in degrees:
             if not p and runs_any:
@@ -440,14 +538,22 @@ class TimeBounds:
             fill = flat and p > 1
             for sp in sps:
                 parts = _shard_parts(model, cluster, ctx.job, ctx.space.stack, base.tp, base.cp,
-                                     base.ep, base.etp, dispatch, mbs, sp, recompute,
-                                     ctx.modules(recompute), cps)
+                                     base.ep, base.etp, dispatch, mbs, sp, *recompute, cps,
+                                     overlap)
                 for part, _ in parts:
                     floor = part[0] * per_b / mbs
                     if fill:
                         floor = max(floor, _pipeline_floor(part, m, p, True, True))
                     least = min(least, floor)
         return least + self.overhead(base)
+
+    def _overlaps(self, base: Layout, scheds: Sequence[Sched]) -> bool:
+        """Whether a plan of ``base`` may run EP overlap: a schedule of ``scheds`` runs it
+        (``Context.overlap_schedules``: the space tries it, on an MoE model, with ep > 1).
+        Its bounds then charge the least EP overlap exposes, which no plan, overlapping or
+        not, beats."""
+        return bool(self.ctx.overlap_choices) and base.ep > 1 and bool(
+            self.ctx.overlap_schedules(base, scheds))
 
     def overhead(self, base: Layout) -> float:
         """The stack's per-step overhead: the same for every plan of the search."""
@@ -558,22 +664,29 @@ class TimeBounds:
     # -- a layout's bound, shared by its groups ------------------------------------------
     def laid(self, group: Group) -> Group:
         """The group with its layout's bound (:meth:`_layout_bound`, for every ZeRO stage
-        below 3, or ZeRO-3, as the group's, and for its recompute and every recompute above
-        it (a bundle's recompute is its least); shifted by its offload,
-        ``offloaded_bound``) where that passes its floor: worked out once for each
-        layout, micro-batch, sequence parallelism, kind of ZeRO and recompute that comes
-        up. A ZeRO-3 group first takes its own compute floor (:meth:`layout_floor`,
+        below 3, or ZeRO-3, as the group's, and for every job; for its recompute, or for a
+        bundle's least, :meth:`bound_choice`, and every recompute above it; shifted by its
+        offload, ``offloaded_bound``) where that passes its floor: worked out once for each
+        layout, micro-batch, sequence parallelism, kind of ZeRO, recompute and EP overlap
+        that comes up. A ZeRO-3 group first takes its own compute floor (:meth:`layout_floor`,
         with ZeRO-3's passes), then the bound of the stages below 3, where one of them
         shards the optimizer as ZeRO-3 does (ZeRO-3 only adds gathers to their work):
         where one raises its bound it comes back (``steps``), laid only when it comes up
         again (most do not; ZeRO-3's bound needs stage works of its own)."""
         plan = group.plan
+        if group.recomputes and plan.ep_overlap:
+            # its groups' bounds are their own (``Enumeration.unbundled``): under EP overlap
+            # more recompute shortens the forward, so no bound read at its least holds
+            return evolve_group(group, laid=True)
         zeros = dp.zero_stages(plan.layout, self.ctx.space)
         below: ZeroStage | None = max(
             (z for z in zeros if z is not ZeroStage.PARAMETERS), default=None)
         if plan.zero is ZeroStage.PARAMETERS:
             if group.steps < 1:
-                floor = self.layout_floor(plan, group.cp_comms, group.runnable)
+                least = self.bound_choice(group)
+                at = (plan if least == (plan.recompute, plan.recompute_modules)
+                      else self.ctx.recomputed(plan, least))
+                floor = self.layout_floor(at, group.cp_comms, group.runnable)
                 group = evolve_group(group, steps=1)
                 if floor > group.bound:
                     return evolve_group(group, bound=floor)
@@ -599,9 +712,19 @@ class TimeBounds:
         with the backward's floor and the stage's end (``dp.grad_sync_after_least``,
         ``dp.grad_sync_least``)."""
         plan = group.plan
-        if plan.offload.any:
-            plan = plan.replace(offload=NO_OFFLOAD)
+        least = self.bound_choice(group)
+        if plan.offload.any or least != (plan.recompute, plan.recompute_modules):
+            plan = plan.replace(offload=NO_OFFLOAD, recompute=least[0], recompute_modules=least[1])
         return self.group_bound(plan, group.runnable, group.cp_comms, drained=False)
+
+    def bound_choice(self, group: Group) -> Choice:
+        """The recompute choice the group's shared bounds are read at: its own; a bundle's
+        least (``Context.least``, below each of its choices: no choice of a bundle of
+        several module sets need hold another's modules). (An EP overlap bundle reads none:
+        :meth:`laid`.)"""
+        if group.recomputes:
+            return self.ctx.least
+        return group.plan.recompute, group.plan.recompute_modules
 
     def fully_laid(self, group: Group) -> Group:
         """:meth:`laid` until it is (for tests and tools)."""
@@ -610,31 +733,35 @@ class TimeBounds:
         return group
 
     def shared_layout_bound(self, group: Group, zero: ZeroStage) -> float:
-        """:meth:`_layout_bound` of the group's layout, micro-batch, sequence parallelism
-        and recompute at ``zero``, memoized."""
+        """:meth:`_layout_bound` of the group's layout, micro-batch, sequence parallelism,
+        recompute (:meth:`bound_choice`) and EP overlap at ``zero``, memoized."""
         plan = group.plan
-        key = (plan.layout, plan.micro_batch, plan.sequence_parallel, zero, plan.recompute)
+        choice = self.bound_choice(group)
+        key = (plan.layout, plan.micro_batch, plan.sequence_parallel, zero, choice,
+               plan.ep_overlap)
         shared = self._layout_bounds.get(key)
         if shared is None:
             shared = self._layout_bounds[key] = self._layout_bound(
-                plan.layout, plan.micro_batch, plan.sequence_parallel, zero, plan.recompute,
-                group.cp_comms, group.runnable)
+                plan.layout, plan.micro_batch, plan.sequence_parallel, zero, choice,
+                group.cp_comms, group.runnable, plan.ep_overlap)
         return shared
 
     def _layout_bound(self, base: Layout, mbs: int, sp: bool, zero: ZeroStage,
-                      recompute: Recompute, cps: Sequence[CpComm],
-                      scheds: Sequence[Sched]) -> float:
+                      recompute: Choice, cps: Sequence[CpComm],
+                      scheds: Sequence[Sched], ep_overlap: bool = False) -> float:
         """A bound valid for the groups of a layout, micro-batch and sequence parallelism
-        at ``recompute`` or any recompute above it, and at ``zero``: ZeRO-3, or standing in
-        for every stage below 3, so that a group's own bound is computed only if the group
-        comes up. It is the group bound (:meth:`group_bound`) of the member at
-        ``recompute`` (more recompute only adds forward time to the backward) and
-        ``zero``, without the gradient sync, which differs by ZeRO stage: stages 0-2 run
-        the same per-stage work and 1 and 2 step a shard of the optimizer (less time
-        than 0), so the highest below 3 in the space stands for them. The schedules are
-        those that pass the schedule rules (``Context.runnable``)."""
-        return self.group_bound(self.ctx.probe(base, mbs, sp, zero, cps[-1], recompute), scheds, cps,
-                                sync=False)
+        at ``recompute`` (without EP overlap: or any recompute above it), EP overlap or
+        not, every job and ``zero``: ZeRO-3, or standing in for every stage below 3, so
+        that a group's own bound is computed only if the group comes up. It is the group
+        bound (:meth:`group_bound`) of the member at ``recompute`` (more recompute only
+        adds forward time to the backward), ``zero`` and the probes' job (its states the
+        least to reduce and step: ``Context.bound_job``), without the gradient sync, which
+        differs by ZeRO stage: stages 0-2 run the same per-stage work and 1 and 2 step a
+        shard of the optimizer (less time than 0), so the highest below 3 in the space
+        stands for them. The schedules are those that pass the schedule rules
+        (``Context.runnable``)."""
+        return self.group_bound(self.ctx.probe(base, mbs, sp, zero, cps[-1], recompute, ep_overlap),
+                                scheds, cps, sync=False)
 
     # -- offload ------------------------------------------------------------------------
     def offloaded(self, bound: float, plan: Plan) -> float:
@@ -658,7 +785,8 @@ class TimeBounds:
             return bound
         # it reads the stages' parameters and the optimizer's rates: the layout and ZeRO
         # stage's, the same for every micro-batch, SP, recompute and activation offload
-        key = (plan.layout, plan.zero, plan.stages, plan.chunks)
+        key = (plan.layout, plan.zero, plan.stages, plan.chunks, plan.job.main_grads,
+               plan.job.optimizer_states)
         shift = self._offload_shifts.get(key)
         if shift is None:
             plan = plan.replace(recompute=Recompute.NONE, offload=NO_OFFLOAD)
@@ -680,12 +808,13 @@ class TimeBounds:
         the least of the one read off the stage works of the group's 1F1B, vpp = 1 member
         on that exchange, at the most chunks any of its flat schedules runs (its drain
         their whole backward where none splits it), and, where it has V schedules, the one
-        read off the V's own works (its output layer on stage 0,
-        two chunks). Where the group has split variants, the least bottleneck any split
-        can reach (``stages.split_bound`` without the fill, which differs by schedule) if
-        lower. ``sync``: the uniform splits' bounds count the gradient sync of the plan's
-        ZeRO stage that no drain hides, or the one the stage ending the step exposes if
-        more (:meth:`_drained_sync`); not where the bound stands for other ZeRO stages."""
+        read off the V's own works (its output layer on stage 0, two chunks). Where the
+        group has split variants, the least bottleneck any split can reach
+        (``stages.split_bound`` without the fill, which differs by schedule, at their
+        fewest chunks: each more chunk sends more, ``pp.sends``) if lower. ``sync``: the
+        uniform splits' bounds count the gradient sync of the plan's ZeRO stage that no
+        drain hides, or the one the stage ending the step exposes if more
+        (:meth:`_drained_sync`); not where the bound stands for other ZeRO stages."""
         cps = tuple(cps) or (plan.cp_comm,)
         # it reads no activation offload (a candidate's own bound counts the copies): the
         # variants of a group offloading more or less of them share one; ZeRO-2's groups
@@ -712,7 +841,8 @@ class TimeBounds:
 
     def _group_bound(self, plan: Plan, scheds: Sequence[Sched], cps: tuple[CpComm, ...],
                      sync: bool, with_drained: bool = True) -> float:
-        split = any(s for *_, s in scheds)
+        splits = tuple((sched.splits_backward, v) for sched, v, s in scheds if s)
+        split = bool(splits)
         flat = [v for sched, v, _ in scheds if not sched.v_shape]
         # the most chunks a breadth-first member runs, where its ZeRO-3 passes differ (0: none)
         breadth_first = max((v for sched, v, _ in scheds if sched.breadth_first), default=0) \
@@ -739,8 +869,10 @@ class TimeBounds:
                           else own.replace(layout=v_base.layout, schedule=V_WORK))
                 bound = min(bound, busiest_stage_bound(v_plan, stage_work(v_plan), 2,
                                                        sync, True, drained))
-            if split:
-                bound = min(bound, split_bound(own, works, fill=False))
+            if split:  # at its split variants' fewest chunks: their fewest sends
+                fewest = min(c for _, c in splits)
+                at = own if fewest == 1 else own.replace(layout=self.ctx.at_vpp(own.layout, fewest))
+                bound = min(bound, split_bound(at, works, fill=False))
         return bound
 
     def _drained_sync(self, plan: Plan, works: tuple[StageWork, ...], v_plan: Plan,
@@ -845,6 +977,20 @@ class TimeBounds:
         works = stage_work(v_plan)
         drained = self._drained_of(own, self._drain_stages([works], False), 0.0, 2)
         return busiest_stage_bound(v_plan, works, 2, True, True, drained)
+
+    def split_floor(self, plan: Plan) -> float:
+        """A step time no uneven split of the split variant ``plan`` beats, without the
+        fill (``stages.split_bound``, at its own chunks' sends and its group's works:
+        those of its 1F1B, one-chunk form, for the parameters), plus what the allocator's
+        pressure and the sync leave out: memoized per cost key (its schedule's kind, its
+        chunks) and the group's plan."""
+        key = (cost_key(plan), plan.offload)
+        hit = self._split_floors.get(key)
+        if hit is None:
+            base = plan.replace(layout=self.ctx.at_vpp(plan.layout, 1),
+                                schedule=Schedule.ONE_F_ONE_B, stages=None, chunks=None)
+            hit = self._split_floors[key] = split_bound(plan, stage_work(base), fill=False)
+        return hit
 
     # -- a candidate's own bound --------------------------------------------------------
     def exact_bound(self, plan: Plan) -> float:

@@ -7,6 +7,15 @@ Where the space lets a launcher take uneven layer splits, each pipelined schedul
 also has a split variant, kept in the queue with a bound valid for any split; the
 partitioner (search/partition.py) runs only for the variants that reach the front.
 
+Besides the layout, micro-batch, schedule, ZeRO stage, exchange and offload, a space
+may try selective recompute's module sets (``recompute_module_sets``: each a recompute
+choice of a bundle, tried where the model has its modules), Megatron-Core's EP overlap
+(``ep_overlap``: a bundle of its own per group, of the recompute choices and schedules
+its rule allows) and bf16 gradients and Adam moments (``bf16_states``: a group per ZeRO
+stage and job, search/context.py); the bounds standing for several read the least of
+them (the modules common to a bundle's sets, the least EP overlap exposes, the job of
+the fewest state bytes).
+
 Every item in the queue carries a bound valid for all it stands for, tightened in
 steps, each only for the items that come up (back in line each time the bound rises):
 a bundle of a group's recompute choices at its layout's compute floor (ZeRO-3's, with

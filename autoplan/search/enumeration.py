@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Sequence
 
+from autoplan.descriptors.job import Job
 from autoplan.parallel import cp, dp, ep, pp, tp
 from autoplan.parallel.common import Scope
 from autoplan.parallel.rules import BY_ID, first_broken
@@ -17,13 +18,14 @@ from autoplan.plan import Layout, Memory, Plan
 from autoplan.search.bound import TimeBounds
 from autoplan.search.context import Context
 from autoplan.search.floors import MemoryFloors, States
-from autoplan.search.items import Block, Group, Sched, Unopened, evolve_group
+from autoplan.search.items import Block, Choice, Group, Sched, Unopened, evolve_group
 from autoplan.search.results import ZERO_UNSHARDED, SearchStats, rank_key_static
-from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, StateDtype, ZeroStage
 
 # :meth:`Enumeration.opened`'s per layout: the verdict on the model states of each (ZeRO
 # stage, offload), and each ZeRO stage's offload choices
-_Known = tuple[dict[tuple[ZeroStage, Offload], States], dict[ZeroStage, list[Offload]]]
+_Known = tuple[dict[tuple[ZeroStage, StateDtype, StateDtype, Offload], States],
+               dict[ZeroStage, list[Offload]]]
 
 
 class Enumeration:
@@ -58,7 +60,8 @@ class Enumeration:
     def _layout_choices(self, base: Layout) -> tuple[Sequence[Sched], Sequence[ZeroStage],
                                                      Sequence[bool], Sequence[CpComm], int, int]:
         """The layout's schedules, ZeRO stages, sequence parallelism and exchanges, and its
-        candidates per ZeRO stage and per micro-batch."""
+        candidates per group (a ZeRO stage's job and offload: every recompute choice, and
+        EP overlap's where it runs) and per micro-batch."""
         ctx, space = self.ctx, self.ctx.space
         scheds = self._schedules.get(base.pp)
         if scheds is None:  # they read the pipeline degree alone
@@ -67,9 +70,11 @@ class Enumeration:
         zeros = dp.zero_stages(base, space)
         sps = tp.sequence_parallel_choices(ctx.model, base, space)
         cps = cp.exchanges(ctx.model, base, ctx.job.seq_len, space)
-        per_zero = len(scheds) * len(space.recompute) * len(cps)
-        per_mbs = per_zero * len(zeros) * max(1, len(sps))
-        return scheds, zeros, sps, cps, per_zero, per_mbs
+        overlap = ctx.overlap_schedules(base, scheds)
+        per_group = (len(scheds) * len(ctx.choices)
+                     + len(overlap) * len(ctx.overlap_choices)) * len(cps)
+        per_mbs = per_group * sum(len(ctx.jobs(z)) for z in zeros) * max(1, len(sps))
+        return scheds, zeros, sps, cps, per_group, per_mbs
 
     def blocks(self) -> list[Block]:
         """Every layout (:meth:`layouts`), in blocks of one shard (tp, cp, ep, etp), each
@@ -78,7 +83,7 @@ class Enumeration:
         rules asked only if it comes up (:meth:`unblocked`): without the fill, which the
         layouts' own bounds count, most blocks never do."""
         ctx, space = self.ctx, self.ctx.space
-        least = min(space.recompute, key=lambda rc: rc.level)
+        least = ctx.least
         by_shard: dict[tuple[int, int, int, int], list[tuple[Layout, tuple]]] = {}
         for base in self.layouts():
             by_shard.setdefault((base.tp, base.cp, base.ep, base.etp), []).append(
@@ -100,7 +105,7 @@ class Enumeration:
         rule."""
         ctx, stats = self.ctx, self.stats
         space = ctx.space
-        least = min(space.recompute, key=lambda rc: rc.level)
+        least = ctx.least
         for base, choices in block.layouts:
             scheds, _, sps, cps, _, per_mbs = choices
             size = per_mbs * len(space.micro_batches)
@@ -127,7 +132,7 @@ class Enumeration:
         base, space = item.base, ctx.space
         scheds, zeros, sps, cps, per_zero, per_mbs = item.choices or self._layout_choices(base)
         # each group's recompute choices, in rank (a bundle stands for them: ``Group``)
-        recomputes = tuple(sorted(space.recompute, key=lambda rc: rc.level))
+        recomputes = ctx.choices
         # the layout's (ZeRO stage, offload) whose model states fit or not, and each ZeRO
         # stage's offloads: they read neither micro-batch nor SP (what does not fit is asked
         # again of each plan while it may be the 'smallest plan' noted)
@@ -147,68 +152,110 @@ class Enumeration:
 
     def _zero_groups(self, base: Layout, mbs: int, sp: bool, scheds: Sequence[Sched],
                      zeros: Sequence[ZeroStage], cps: Sequence[CpComm],
-                     recomputes: tuple[Recompute, ...], per_zero: int,
+                     recomputes: tuple[Choice, ...], per_zero: int,
                      known: _Known) -> Iterator[Group]:
-        """The groups (bundles of its recompute choices) of a layout, micro-batch and
-        sequence parallelism passing the rules: one per ZeRO stage whose model states fit,
-        else one per offload the space allows under which they do (``per_zero``
-        candidates each, counted where they do not fit). ``known``: the layout's fitting
-        model states and offload choices (:meth:`opened`)."""
+        """The groups of a layout, micro-batch and sequence parallelism passing the rules:
+        per ZeRO stage and job (its bf16 states, ``Context.jobs``) whose model states fit,
+        else per offload the space allows under which they do, a bundle of its recompute
+        choices and, where EP overlap runs, a group of each recompute choice it runs with
+        (``per_zero`` candidates in all, counted where they do not fit). ``known``: the
+        layout's fitting model states and offload choices (:meth:`opened`)."""
         stats = self.stats
         verdicts, offload_choices = known
         # the bounds read only the schedules that pass the schedule rules
         runnable = self.ctx.runnable(base, mbs, sp, scheds)
-        # every group here starts at the layout's compute floor (a ZeRO-3
-        # group's own only if no other ZeRO stage has one): its ZeRO-3 floor
-        # and layout bound are worked out only if it comes up
-        floors: dict[bool, float] = {}
+        overlap = self.ctx.overlap_schedules(base, scheds)
+        overlap_runnable = self.ctx.runnable(base, mbs, sp, overlap) if overlap else ()
+        # every group here starts at the layout's compute floor (a ZeRO-3 group's own
+        # only if no other ZeRO stage has one; EP overlap's apart): its ZeRO-3 floor and
+        # layout bound are worked out only if it comes up
+        floors: dict[tuple[bool, bool], float] = {}
         # one rank per shard: every ZeRO stage holds and moves the same as the first (ZeRO 3
-        # a gathered-layer buffer more); they differ only in the offload they allow
+        # a gathered-layer buffer more); they differ only in the offload and the states
+        # they allow (bf16 moments only in the distributed optimizer): the states of the
+        # groups given as they are
         unsharded = base.dp * base.cp == 1 and base.edp == 1
+        fitted: set[tuple[StateDtype, StateDtype]] = set()
         for zero in zeros:
             zero3 = zero is ZeroStage.PARAMETERS and not floors
-            fits = self._verdict(base, zero, NO_OFFLOAD, mbs, sp, verdicts) is States.FIT
-            if unsharded and zero is not zeros[0] and fits:
-                stats.pruned[ZERO_UNSHARDED] += per_zero  # the first stage's group, again
-                continue
-            if fits:
-                probe = self.ctx.probe(base, mbs, sp, zero, cps[-1], recomputes[0])
-                if zero3 not in floors:
-                    floors[zero3] = self.bounds.layout_floor(probe, cps, runnable)
-                yield self.group(probe, floors[zero3], scheds, cps, runnable,
-                                 recomputes, steps=int(zero3))
-                continue
-            stats.infeasible["model states exceed memory"] += per_zero
-            # no member fits as it is: each offload the space allows is tried
-            offloads = offload_choices.get(zero)
-            if offloads is None:
-                offloads = offload_choices[zero] = dp.offload_choices(
-                    base, zero, self.ctx.cluster, self.ctx.space)[1:]
-            for off in offloads:
-                stats.generated += per_zero
-                if self._verdict(base, zero, off, mbs, sp, verdicts) is not States.FIT:
-                    stats.infeasible["model states exceed memory"] += per_zero
+            for job in self.ctx.jobs(zero):
+                states = (job.main_grads, job.optimizer_states)
+                fits = self._verdict(base, zero, job, NO_OFFLOAD, mbs, sp, verdicts) is States.FIT
+                if unsharded and fits and states in fitted:
+                    stats.pruned[ZERO_UNSHARDED] += per_zero  # a lower stage's group, again
                     continue
-                probe = self.ctx.probe(base, mbs, sp, zero, cps[-1], recomputes[0])
-                if zero3 not in floors:
-                    floors[zero3] = self.bounds.layout_floor(probe, cps, runnable)
-                yield self.group(probe.replace(offload=off), floors[zero3], scheds,
-                                 cps, runnable, recomputes, steps=int(zero3))
+                if fits:
+                    fitted.add(states)
+                    yield from self._groups_of(base, mbs, sp, zero, zero3, job, NO_OFFLOAD,
+                                               scheds, cps, runnable, overlap,
+                                               overlap_runnable, recomputes, floors)
+                    continue
+                stats.infeasible["model states exceed memory"] += per_zero
+                # no member fits as it is: each offload the space allows is tried
+                offloads = offload_choices.get(zero)
+                if offloads is None:
+                    offloads = offload_choices[zero] = dp.offload_choices(
+                        base, zero, self.ctx.cluster, self.ctx.space)[1:]
+                for off in offloads:
+                    stats.generated += per_zero
+                    if self._verdict(base, zero, job, off, mbs, sp, verdicts) is not States.FIT:
+                        stats.infeasible["model states exceed memory"] += per_zero
+                        continue
+                    yield from self._groups_of(base, mbs, sp, zero, zero3, job, off, scheds, cps,
+                                               runnable, overlap, overlap_runnable, recomputes,
+                                               floors)
 
-    def _verdict(self, base: Layout, zero: ZeroStage, off: Offload, mbs: int, sp: bool,
-                 verdicts: dict[tuple[ZeroStage, Offload], States]) -> States:
-        """``MemoryFloors.states_verdict`` on the layout's model states at ``zero`` and
-        ``off``, kept in ``verdicts`` where it holds for every micro-batch and SP."""
-        verdict = verdicts.get((zero, off))
+    def _groups_of(self, base: Layout, mbs: int, sp: bool, zero: ZeroStage, zero3: bool,
+                   job: Job, off: Offload, scheds: Sequence[Sched], cps: Sequence[CpComm],
+                   runnable: tuple[Sched, ...], overlap: tuple[Sched, ...],
+                   overlap_runnable: tuple[Sched, ...], recomputes: tuple[Choice, ...],
+                   floors: dict[tuple[bool, bool], float]) -> Iterator[Group]:
+        """The bundle of the layout's recompute choices at ``zero``, ``job`` and ``off``,
+        and where EP overlap runs the bundle of those it runs with, each at its layout's
+        compute floor (:meth:`TimeBounds.layout_floor` at the least recompute of those it
+        stands for, ``Context.least``; with EP overlap its dispatch at the least it
+        exposes whatever the recompute: the bounds of the probes hold for every job,
+        ``Context.bound_job``). An EP overlap bundle is opened when it comes up, its
+        groups each at its own recompute's floor (:meth:`unbundled`): more recompute
+        shortens the forward's exposed dispatch, which a bundle's own bounds, read at its
+        least recompute, do not allow (:meth:`TimeBounds.laid`)."""
+        ctx, bounds = self.ctx, self.bounds
+        probe = ctx.probe(base, mbs, sp, zero, cps[-1], ctx.least)
+        floor = floors.get((zero3, False))
+        if floor is None:
+            floor = floors[(zero3, False)] = bounds.layout_floor(probe, cps, runnable)
+        plan = ctx.recomputed(probe, recomputes[0]) if recomputes[0] != ctx.least else probe
+        if job is not plan.job or off.any:
+            plan = plan.replace(job=job, offload=off)
+        yield self.group(plan, floor, scheds, cps, runnable, recomputes, steps=int(zero3))
+        if not overlap:
+            return
+        choices = ctx.overlap_choices
+        probe = ctx.probe(base, mbs, sp, zero, cps[-1], ctx.overlap_least, True)
+        floor = floors.get((zero3, True))
+        if floor is None:
+            floor = floors[(zero3, True)] = bounds.layout_floor(probe, cps, overlap_runnable)
+        plan = ctx.recomputed(probe, choices[0]) if choices[0] != ctx.overlap_least else probe
+        if job is not plan.job or off.any:
+            plan = plan.replace(job=job, offload=off)
+        yield self.group(plan, floor, overlap, cps, overlap_runnable, choices, steps=int(zero3))
+
+    def _verdict(self, base: Layout, zero: ZeroStage, job: Job, off: Offload, mbs: int, sp: bool,
+                 verdicts: dict[tuple[ZeroStage, StateDtype, StateDtype, Offload], States]
+                 ) -> States:
+        """``MemoryFloors.states_verdict`` on the layout's model states at ``zero``, ``job``
+        and ``off``, kept in ``verdicts`` where it holds for every micro-batch and SP."""
+        key = (zero, job.main_grads, job.optimizer_states, off)
+        verdict = verdicts.get(key)
         if verdict is None:
-            verdict = self.floors.states_verdict(base, zero, off, mbs, sp)
+            verdict = self.floors.states_verdict(base, zero, off, mbs, sp, job)
             if verdict is not States.NOTED:
-                verdicts[(zero, off)] = verdict
+                verdicts[key] = verdict
         return verdict
 
     @staticmethod
     def group(plan: Plan, bound: float, scheds: Sequence[Sched], cps: Sequence[CpComm],
-              runnable: tuple[Sched, ...], recomputes: tuple[Recompute, ...] = (),
+              runnable: tuple[Sched, ...], recomputes: tuple[Choice, ...] = (),
               steps: int = 0) -> Group:
         """The group of ``plan``'s schedules (a bundle where more than one recompute is
         given), yet to be laid (:meth:`TimeBounds.laid`)."""
@@ -224,15 +271,19 @@ class Enumeration:
         if not group.recomputes:
             return [group]
         out = []
+        # an EP overlap bundle's bound is its compute floor alone: each of its groups
+        # takes its own (``_groups_of``)
+        overlap = group.plan.ep_overlap
         for i, rc in enumerate(group.recomputes):
-            plan = self.ctx.recomputed(group.plan, rc)
-            bound = group.bound if i == 0 else max(
+            first = i == 0 and not overlap
+            plan = group.plan if i == 0 else self.ctx.recomputed(group.plan, rc)
+            bound = group.bound if first else max(
                 group.bound, self.bounds.layout_floor(plan, group.cp_comms, group.runnable))
             # (a ZeRO-3 group's floor at its recompute is its own ZeRO-3 floor)
             out.append(evolve_group(
                 self.group(plan, bound, group.schedules, group.cp_comms, group.runnable),
-                laid=group.laid and i == 0,
-                steps=group.steps if i == 0 else int(plan.zero is ZeroStage.PARAMETERS)))
+                laid=group.laid and first,
+                steps=group.steps if first else int(plan.zero is ZeroStage.PARAMETERS)))
         return out
 
     def each_group(self) -> Iterator[Group]:

@@ -20,14 +20,22 @@ from autoplan.cost.bounds import (
     state_bytes_of,
     step_overhead,
 )
-from autoplan.cost.stage import activation_terms, held_in_equal_chunks, memory_with
+from autoplan.cost.stage import (
+    activation_terms,
+    held_in_equal_chunks,
+    memory_with,
+    offloaded_chunk_bytes,
+    stage_work_for,
+)
+from autoplan.descriptors.job import Job
+from autoplan.parallel.dp import PRESSURE_START
 from autoplan.plan import Layout, Memory, Plan
 from autoplan.schedules import Schedule
 from autoplan.schedules.memory import peak_inflight
 from autoplan.search.context import Context
 from autoplan.search.items import Candidate, Group, Sched
 from autoplan.search.results import HOST_MEMORY, SearchStats, rank_key_static
-from autoplan.vocab import Offload, Recompute, ZeroStage
+from autoplan.vocab import Offload, Recompute, StateDtype, ZeroStage
 
 
 def _fullest_stages(plan: Plan, works: tuple[StageWork, ...]) -> list[tuple[int, int]]:
@@ -64,7 +72,8 @@ class MemoryFloors:
         # (peak, rank key, plan, fullest stage, its memory) of the plan needing the least
         # memory noted so far (:meth:`note_closest`)
         self.closest: tuple[float, tuple, Plan, int, Memory] | None = None
-        self._fullest_states: dict[tuple[Layout, ZeroStage, bool], tuple[float, int, Memory]] = {}
+        self._fullest_states: dict[tuple[Layout, ZeroStage, bool, StateDtype, StateDtype],
+                                   tuple[float, int, Memory]] = {}
         self._layout_params: dict[Layout, tuple[tuple[int, float, float], ...]] = {}
         self._fewest_memo: dict[tuple, tuple[tuple[int, int, int, Schedule], ...]] = {}
         self._every_memo: dict[tuple, tuple[tuple[int, int, int, Schedule], ...]] = {}
@@ -77,45 +86,50 @@ class MemoryFloors:
         # the floor reads their layers and parameters, the same for every micro-batch, SP,
         # recompute, exchange, ZeRO stage and offload (:meth:`memory_floor`)
         self._shape_works: dict[tuple, tuple[StageWork, ...]] = {}
+        self._split_caps: dict[tuple, tuple[int, ...]] = {}  # :meth:`split_caps`
 
     # -- a layout's model states --------------------------------------------------------
     def states_verdict(self, lay: Layout, zero: ZeroStage, off: Offload, mbs: int,
-                       sp: bool) -> States:
+                       sp: bool, job: Job | None = None) -> States:
         """Whether the weights, grads and optimizer states of the fullest stage (no
         activations) plus the reserve exceed the device, where no micro-batch or recompute
         can help: they fit; they exceed and a plan holding less is noted for the 'smallest
         plan needs ...' message already (the same for every micro-batch and SP, whenever
         asked again: the noted plan only ever holds less); or they exceed, the plan noted if
-        it holds the least so far. The states depend on the layout, ZeRO and the
-        optimizer's offload only: worked out once for every micro-batch and SP."""
-        key = (lay, zero, off.optimizer)
+        it holds the least so far. The states depend on the layout, ZeRO, the job's states
+        (``job``: the search's where None) and the optimizer's offload only: worked out once
+        for every micro-batch and SP."""
+        job = job or self.ctx.job
+        key = (lay, zero, off.optimizer, job.main_grads, job.optimizer_states)
         worst = self._fullest_states.get(key)
         if worst is None:
-            worst = self._fullest_states[key] = self._fullest_state(lay, zero, off.optimizer)
+            worst = self._fullest_states[key] = self._fullest_state(lay, zero, off.optimizer, job)
         if worst[0] <= self.limit:
             return States.FIT
         if self.closest is not None and worst[0] > self.closest[0]:
             return States.EXCEED  # the 'smallest plan' already noted holds less
         ctx = self.ctx
-        plan = Plan(model=ctx.model, cluster=ctx.cluster, job=ctx.job, stack=ctx.space.stack, layout=lay,
+        plan = Plan(model=ctx.model, cluster=ctx.cluster, job=job, stack=ctx.space.stack, layout=lay,
                     micro_batch=mbs, schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.FULL,
                     zero=zero, sequence_parallel=sp, offload=off)
         self.note_closest(plan, worst[1], worst[2])
         return States.NOTED
 
-    def fullest_states(self, lay: Layout, zero: ZeroStage, optimizer_offloaded: bool
-                       ) -> float | None:
-        """The peak of the fullest stage's model states of the layout at ``zero`` (the
-        optimizer's states offloaded or not), where :meth:`states_verdict` has
-        worked it out; None where it has not."""
-        worst = self._fullest_states.get((lay, zero, optimizer_offloaded))
+    def fullest_states(self, lay: Layout, zero: ZeroStage, optimizer_offloaded: bool,
+                       job: Job | None = None) -> float | None:
+        """The peak of the fullest stage's model states of the layout at ``zero`` and
+        ``job``'s states (the search's where None; the optimizer's states offloaded or
+        not), where :meth:`states_verdict` has worked it out; None where it has not."""
+        job = job or self.ctx.job
+        worst = self._fullest_states.get((lay, zero, optimizer_offloaded, job.main_grads,
+                                          job.optimizer_states))
         return None if worst is None else worst[0]
 
-    def _fullest_state(self, lay: Layout, zero: ZeroStage, optimizer_offloaded: bool
-                       ) -> tuple[float, int, Memory]:
+    def _fullest_state(self, lay: Layout, zero: ZeroStage, optimizer_offloaded: bool,
+                       job: Job) -> tuple[float, int, Memory]:
         """(peak, stage, memory) of the layout's stage holding the most model state at
-        ``zero``, its optimizer's states offloaded or not."""
-        job, reserve = self.ctx.job, self.ctx.cluster.device.reserve_bytes
+        ``zero`` and ``job``'s states, its optimizer's states offloaded or not."""
+        reserve = self.ctx.cluster.device.reserve_bytes
         shards, edp = lay.dp_shard * lay.cp, lay.edp
         worst: tuple[float, int, Memory] | None = None
         for s, params, experts in self._state_params(lay):
@@ -155,9 +169,42 @@ class MemoryFloors:
     def checked(self, item: Candidate) -> Candidate | None:
         """The candidate with its memory checked: None (and counted) when it does not fit,
         else its bound with the allocator's pressure, which grows with the step and the
-        peak (charged without the stack's fixed overhead, as evaluate charges it)."""
-        worst = self._fitting_memory(item.plan, stage_work(item.plan))
+        peak (charged without the stack's fixed overhead, as evaluate charges it). A plan
+        of chunks of their own sizes whose stages' memory at most (:meth:`_roomy`) leaves
+        the allocator no pressure fits so, its chunks' order left unwalked."""
+        works = stage_work(item.plan)
+        roomy = self._roomy(item.plan, works)
+        if roomy is not None:
+            return self._fitted(item, roomy)
+        worst = self._fitting_memory(item.plan, works)
         return None if worst is None else self._fitted(item, worst)
+
+    def _roomy(self, plan: Plan, works: tuple[StageWork, ...]) -> Memory | None:
+        """Memory at least every stage's of a plan with a per-chunk layout (no activation
+        offload), where it fits below the allocator's pressure (and the host holds what it
+        keeps there); None otherwise (its fullest stage is then found by walking its
+        chunks' order, ``peak_held``). A stage holds at most its most microbatch-chunks
+        in flight (``peak_inflight``) of its heaviest chunk's activations
+        (``offloaded_chunk_bytes``)."""
+        if plan.chunks is None or plan.offload.activations:
+            return None
+        lay, m = plan.layout, plan.num_microbatches
+        working = activation_terms(plan).working
+        most: Memory | None = None
+        host = 0.0
+        for s, work in enumerate(works):
+            held = peak_inflight(plan.schedule, lay.pp, m, lay.vpp, s) * offloaded_chunk_bytes(
+                plan, s, work)
+            mem = memory_with(plan, work, held + working, 0.0)
+            host = max(host, mem.host)
+            if most is None or mem.peak > most.peak:
+                most = mem
+        assert most is not None
+        capacity = self.ctx.cluster.host_mem_bytes
+        if (most.peak > min(self.limit, PRESSURE_START * self.capacity)
+                or (capacity is not None and self.ctx.cluster.gpus_per_node * host > capacity)):
+            return None
+        return most
 
     def _fitted(self, item: Candidate, worst: Memory) -> Candidate:
         """The candidate known to fit, its pressure-free bound charged the pressure of its
@@ -223,8 +270,8 @@ class MemoryFloors:
         # on neither: found once for the groups alike but for them, whose floor then adds
         # only their own states (``memory_with``).
         plan = group.plan
-        alike = (lay, plan.micro_batch, plan.sequence_parallel, plan.recompute, plan.cp_comm,
-                 plan.offload.activations, group.schedules)
+        alike = (lay, plan.micro_batch, plan.sequence_parallel, plan.recompute,
+                 plan.recompute_modules, plan.cp_comm, plan.offload.activations, group.schedules)
         known = self._floor_members.get(alike)
         if known is None:
             known = self._floor_members[alike] = self._least_held(plan, fewest)
@@ -234,6 +281,80 @@ class MemoryFloors:
             if s not in least or mem.peak < least[s].peak:
                 least[s] = mem
         return max(least.values(), key=lambda mem: mem.peak)
+
+    def split_caps(self, group: Group) -> tuple[int, ...] | None:
+        """Most layers each stage of any uneven split of any of the group's split variants
+        (passing the schedule rules) holds in the device's memory, as the partitioner's
+        problem weighs them (``stages.partition_problem``: linear in a stage's layers, at
+        the stage's microbatch-chunks in flight, ``peak_inflight``, over its chunk count);
+        None where the group has none. Per stage, the least over the variants of a stage
+        of one layer and of what each more layer, by kind, adds (the states alike, the
+        activations at the fewest in flight per chunk): its x lightest layers at those
+        bound what x layers weigh on it in each variant's problem, so a variant whose
+        stages cannot hold every layer this way (:func:`stages.layer_caps`) has no split
+        that fits. Read off the group's 1F1B, vpp = 1 plan (the same layers and states)."""
+        plan = group.plan
+        lay, m = plan.layout, plan.num_microbatches
+        p, rules = lay.pp, self.ctx.schedule_rule
+        members = [(sched, v) for sched, v, split in group.schedules
+                   if split and not rules[(p, m, sched, v, split)]]
+        if not members:
+            return None
+        key = (plan, tuple(members))
+        hit = self._split_caps.get(key)
+        if hit is not None:
+            return hit
+        model, terms = plan.model, activation_terms(plan)
+        dense = model.layers - model.moe_layers if 0 < model.moe_layers < model.layers else 0
+        mid = min(1, p - 1)
+        works: dict[tuple[int, int, int], StageWork] = {}  # (class, layers, dense) -> work
+
+        def work(c: int, layers: int, dense_: int = 0) -> StageWork:
+            w = works.get((c, layers, dense_))
+            if w is None:
+                w = works[(c, layers, dense_)] = stage_work_for(
+                    plan, c, layers, dense_ if dense_ else None)
+            return w
+
+        def held(v: int, c: int, w: StageWork, n: int) -> Memory:
+            return memory_with(plan, w, *held_in_equal_chunks(plan, terms, v, p - 1, c, w, n))
+
+        deltas: dict[tuple[int, int, int], tuple[float, float]] = {}
+
+        def per_layer(v: int, c: int, n: int, dense_: int) -> float:
+            """What a layer (a dense one where ``dense_``) adds at n in flight on class c:
+            its states, and its activations per chunk in flight (those of a stage of two
+            layers less one's, at one in flight, as the partitioner's problem reads them)."""
+            d = deltas.get((v, c, dense_))
+            if d is None:
+                a, b = held(v, c, work(c, 1), 1), held(v, c, work(c, 2, dense_), 1)
+                d = deltas[(v, c, dense_)] = (
+                    b.weights + b.grads + b.optimizer - a.weights - a.grads - a.optimizer,
+                    b.activations - a.activations)
+            return d[0] + n * d[1]
+
+        capacity, out = plan.cluster.device.mem_bytes, []
+        for s in range(p):
+            c = 0 if s == 0 else p - 1 if s == p - 1 else mid
+            static, moe_layer, dense_layer = float("inf"), float("inf"), float("inf")
+            for sched, v in members:  # the partitioner's problem of each (its stage s)
+                n = peak_inflight(sched, p, m, v, s)
+                static = min(static, held(v, c, work(c, 1), n).peak - per_layer(v, c, n, 0))
+                moe_layer = min(moe_layer, per_layer(v, mid, n, 0))
+                if dense:
+                    dense_layer = min(dense_layer, per_layer(v, mid, n, 1))
+            room, count = capacity - static, 0
+            if room < 0:
+                out.append(-1)
+                continue
+            for each, kind in sorted(((moe_layer, model.layers - dense), (dense_layer, dense))):
+                take = kind if each <= 0 else min(kind, int(room // each))
+                count, room = count + take, room - take * max(each, 0.0)
+                if take < kind:
+                    break
+            out.append(count)
+        hit = self._split_caps[key] = tuple(out)
+        return hit
 
     def _least_held(self, plan: Plan, fewest: tuple[tuple[int, int, int, Schedule], ...]
                     ) -> tuple[tuple[int, StageWork, float, float], ...]:

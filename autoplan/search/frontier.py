@@ -44,6 +44,7 @@ from autoplan.search.stages import (
 )
 from autoplan.vocab import CpComm
 
+NO_SPLIT_FITS = "no layer split the launcher can express fits memory"
 BOUND_SLACK = 1e-9  # relative; keeps exact ties (broken by memory) in the top k
 # a group whose model states take more than this share of the limit has its memory floor
 # asked before its time bounds (:meth:`Frontier._too_big`)
@@ -219,7 +220,8 @@ class Frontier:
         plan = item.plan
         if item.recomputes and not plan.offload.any and len(self.ctx.space.offload) > 1:
             return False
-        states = self.floors.fullest_states(plan.layout, plan.zero, plan.offload.optimizer)
+        states = self.floors.fullest_states(plan.layout, plan.zero, plan.offload.optimizer,
+                                            plan.job)
         if states is None or states <= MEMORY_FIRST * self.ctx.limit:
             return False
         groups = [item] if not item.recomputes else [
@@ -269,9 +271,24 @@ class Frontier:
         busiest: dict[tuple[CpComm, int, bool, bool], float] = {}
         # (exchange, B and W fused) -> its flat drain stages, for every chunk count
         drains: dict[tuple[CpComm, bool], list[tuple[float, float, float]]] = {}
+        # the split variants' stages' room in memory (:meth:`MemoryFloors.split_caps`): a
+        # variant none of whose splits can fit is dropped here, before its problem is built
+        caps: tuple[int, ...] | None = None
+        layers = group.plan.model.layers
         for plan, split in self.walk.schedule_plans(group):
             if split:
-                out.append(Split(group.bound, rank_key_static(plan), plan))
+                if caps is None:
+                    caps = self.floors.split_caps(group) or ()
+                if caps and (sum(caps) < layers or min(caps) < plan.layout.vpp):
+                    self.stats.infeasible[NO_SPLIT_FITS] += 1
+                    continue
+                # its own least bottleneck at its chunks' sends, without the fill (what
+                # :meth:`realize` tightens first; memoized on what it reads)
+                bound = max(group.bound, self.bounds.split_floor(plan))
+                if bound > limit:
+                    self.stats.pruned[BOUND] += 1
+                    continue
+                out.append(Split(bound, rank_key_static(plan), plan))
                 continue
             v = 0 if plan.schedule.v_shape else plan.layout.vpp
             fused = not plan.schedule.splits_backward
@@ -317,13 +334,13 @@ class Frontier:
             problem = partition_problem(item.plan, space.stage_shape)
             capped = split_bound_with_memory(item.plan, problem, _group_works(item.plan))
             if capped is None:
-                self.stats.infeasible["no layer split the launcher can express fits memory"] += 1
+                self.stats.infeasible[NO_SPLIT_FITS] += 1
                 return None
             if capped > item.bound:
                 return Split(capped, item.key, item.plan, True, problem)
         plan = with_best_stages(item.plan, space.stage_shape, problem)
         if plan is None:
-            self.stats.infeasible["no layer split the launcher can express fits memory"] += 1
+            self.stats.infeasible[NO_SPLIT_FITS] += 1
             return None
         if plan.stages is None and plan.chunks is None:
             self.stats.pruned[SPLIT_IS_UNIFORM] += 1

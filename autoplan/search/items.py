@@ -10,10 +10,14 @@ from dataclasses import dataclass
 from autoplan.plan import Layout, Plan, compile_replace
 from autoplan.schedules import Schedule
 from autoplan.search.partition import PartitionProblem
-from autoplan.vocab import CpComm, Recompute
+from autoplan.vocab import CpComm, Recompute, RecomputeModule
 
 Sched = tuple[Schedule, int, bool]
 """(schedule, vpp, split): a schedule on so many chunks, as a split variant or not."""
+
+Choice = tuple[Recompute, tuple[RecomputeModule, ...]]
+"""A recompute choice: what a plan recomputes, and by module where selective (``Plan.
+recompute_modules``; () with selective: the attention core)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,10 +33,11 @@ class Group:
     # at the group's memory floor (:meth:`MemoryFloors.memory_floor`)
     bare: float = 0.0
     floored: bool = False  # past the memory floor: ``bound`` charges its pressure
-    # a bundle: the groups of ``plan`` at each of these recompute choices, one bound for
-    # all, ``plan`` at the first (the least in rank, so the bundle comes up when its first
-    # group would); opened only if it comes up (:meth:`Enumeration.unbundled`)
-    recomputes: tuple[Recompute, ...] = ()
+    # a bundle: the groups of ``plan`` at each of these recompute choices (and selective
+    # recompute's module sets), one bound for all, ``plan`` at the first (the least in
+    # rank, so the bundle comes up when its first group would); opened only if it comes
+    # up (:meth:`Enumeration.unbundled`)
+    recomputes: tuple[Choice, ...] = ()
     # ``bound`` counts its layout's bound (else its compute floor, :meth:`TimeBounds.laid`)
     laid: bool = True
     # ZeRO-3, before it is laid: ``bound`` counts its own compute floor (1; else its

@@ -70,6 +70,7 @@ from autoplan.schedules import Schedule
 from autoplan.schedules.memory import peak_inflight
 from autoplan.schedules.registry import Chunks
 from autoplan.search.bound import layer_work
+from autoplan.search.context import recompute_choices, state_jobs
 from autoplan.search.engine import (
     BOUND,
     OUTSIDE_SPACE,
@@ -79,7 +80,8 @@ from autoplan.search.engine import (
     rank_key,
     search,
 )
-from autoplan.vocab import NO_OFFLOAD, CpComm, Recompute, ZeroStage
+from autoplan.search.items import Choice
+from autoplan.vocab import NO_OFFLOAD, CpComm, ZeroStage
 
 MAX_ALL_ORDERS = 3  # pools whose every order along the pipeline is tried
 PARTS = 2  # the search's parts (``_search_pooled``), whatever the machine
@@ -343,10 +345,11 @@ def _walk(queue: list[tuple[float, int, bool, _Group]], stats: SearchStats, kept
 class _NoRoom:
     """Plans no layer split fits in memory, and those that hold at least as much.
 
-    Of two plans alike but for the micro-batch size b, the schedule and a ZeRO stage of
-    0-2, one holds at least as much as the other on every stage at every layer count where
-    its b is no smaller, its ZeRO stage no higher (ZeRO 0-2 only shard more state as the
-    stage rises) and, on every stage s, b times the microbatches s holds
+    Of two plans alike (their recompute and its modules, and their states' precision, too)
+    but for the micro-batch size b, the schedule and a ZeRO stage of 0-2, one holds at
+    least as much as the other on every stage at every layer count where its b is no
+    smaller, its ZeRO stage no higher (ZeRO 0-2 only shard more state as the stage
+    rises) and, on every stage s, b times the microbatches s holds
     (``schedules.memory.peak_inflight``: with one chunk per stage, a stage's activations,
     embedding output and logits are that many microbatches' of b sequences) is no
     smaller. Weights, gradients and optimizer states do not depend on b or the schedule.
@@ -362,7 +365,8 @@ class _NoRoom:
         b, p, m = plan.micro_batch, plan.layout.pp, plan.num_microbatches
         held = tuple(b * peak_inflight(plan.schedule, p, m, 1, s) for s in range(p))
         return ((plan.placement.stage_pools, plan.layout, plan.sequence_parallel,
-                 plan.cp_comm, plan.recompute, zero3),
+                 plan.cp_comm, plan.recompute, plan.recompute_modules, plan.job.main_grads,
+                 plan.job.optimizer_states, zero3),
                 (b, 0 if zero3 else -int(plan.zero), held))
 
     def add(self, plan: Plan) -> None:
@@ -466,6 +470,11 @@ def _groups(model: Model, cluster: PooledCluster, job: Job, space: SearchSpace,
     narrowest = min(pools, key=lambda c: (min(c.nvlink_domain, c.gpus), c.gpus))
     smallest = min(c.gpus for c in pools)
     schedules = [s for s in space.schedules if s.spec.chunks is Chunks.ONE]
+    # the recompute choices (selective recompute's module sets) and jobs (bf16 states) the
+    # space tries, as the search on one pool does (search/context.py); EP overlap, which
+    # with pipelining runs two chunks a stage (the rule ep-overlap), runs on no plan here
+    choices = recompute_choices(model, space)
+    jobs = tuple(dict.fromkeys(j for z in ZeroStage for j in state_jobs(job, space, z)))
     for t in tp.degrees(narrowest, space):
         for c in cp.degrees(smallest // t, space):
             for d in capped_divisors(smallest // (t * c), smallest):
@@ -474,25 +483,29 @@ def _groups(model: Model, cluster: PooledCluster, job: Job, space: SearchSpace,
                 placement = Placement(cluster=cluster, stage_pools=stage_pools)
                 for lay in ep.foldings(model, Layout(dp=d, tp=t, pp=len(stage_pools), cp=c), space):
                     zeros = dp.zero_stages(lay, space)
-                    combos = list(itertools.product(schedules, zeros))
-                    if not combos:
-                        continue
-                    for mbs, sp, exchange, recompute in itertools.product(
+                    # each job (bf16 states: ``context.state_jobs``) with the ZeRO stages
+                    # that run it
+                    by_job = {j: [(s, z) for s, z in itertools.product(schedules, zeros)
+                                  if j in state_jobs(job, space, z)] for j in jobs}
+                    for mbs, sp, exchange, recompute, each in itertools.product(
                             space.micro_batches, tp.sequence_parallel_choices(model, lay, space),
-                            cp.exchanges(model, lay, job.seq_len, space), space.recompute):
-                        group = _group(model, cluster.pools[order[0]], job, space, lay,
+                            cp.exchanges(model, lay, job.seq_len, space), choices, jobs):
+                        combos = by_job[each]
+                        if not combos:
+                            continue
+                        group = _group(model, cluster.pools[order[0]], each, space, lay,
                                        placement, mbs, sp, exchange, recompute, combos, stats)
                         if group is not None:
                             yield group
 
 
 def _group(model: Model, first: Cluster, job: Job, space: SearchSpace, lay: Layout,
-           placement: Placement, mbs: int, sp: bool, exchange: CpComm, recompute: Recompute,
+           placement: Placement, mbs: int, sp: bool, exchange: CpComm, choice: Choice,
            combos: list[tuple[Schedule, ZeroStage]], stats: SearchStats) -> _Group | None:
     """One group of ``_groups`` (None where no plan of it passes the rules, each counted
     by the first it breaks)."""
     dispatch = ep.dispatch_for(model, first, lay, space, job.seq_len)
-    modules = space.recompute_modules if recompute is Recompute.SELECTIVE else ()
+    recompute, modules = choice
 
     def make(sched: Schedule, zero: ZeroStage) -> Plan:
         return Plan(model=model, cluster=first, job=job, layout=lay, micro_batch=mbs,

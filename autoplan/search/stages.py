@@ -178,14 +178,33 @@ def min_bottleneck(layer_time: float, stage_time: tuple[float, ...], layers: int
 
 
 def layer_caps(problem: PartitionProblem) -> tuple[int, ...]:
-    """Most (equal) layers each stage can hold within its memory."""
+    """Most layers each stage can hold within its memory: the most x such that its x
+    lightest layers fit (every run of x layers weighs at least those; a model mixing
+    light dense and heavy MoE layers holds at most its dense ones light). -1 where not
+    even an empty stage fits."""
     caps = []
     n = problem.n_layers
-    static, act = min(problem.layer_static), min(problem.layer_activation)  # the lightest layer
+    # the layers by kind: (static bytes, activation bytes per in-flight chunk) -> count
+    kinds: dict[tuple[float, float], int] = {}
+    for static, act in zip(problem.layer_static, problem.layer_activation, strict=True):
+        kinds[(static, act)] = kinds.get((static, act), 0) + 1
     for s in range(problem.n_stages):
-        per = static + problem.inflight[s] * act
         room = problem.capacity - problem.stage_static[s]
-        caps.append(-1 if room < 0 else n if per <= 0 else min(n, math.floor(room / per)))
+        if room < 0:
+            caps.append(-1)
+            continue
+        f = problem.inflight[s]
+        held = 0
+        for per, count in sorted((static + f * act, k) for (static, act), k in kinds.items()):
+            if per <= 0:
+                held += count
+                continue
+            take = min(count, math.floor(room / per))
+            held += take
+            room -= take * per
+            if take < count:
+                break
+        caps.append(min(n, held))
     return tuple(caps)
 
 
@@ -194,11 +213,29 @@ def split_bound(plan: Plan, works: tuple[StageWork, ...], fill: bool = True) -> 
     the optimizer step of a stage holding the mean parameters (``works``: of any split,
     for the parameters). ``fill=False`` bounds every schedule and vpp of the layout
     where ``plan`` is its 1F1B at vpp 1 (the fewest sends: the least fixed time per
-    stage): the least bottleneck of equal layers, the cheaper kind's, in closed form."""
+    stage): the least bottleneck of equal layers, the cheaper kind's, in closed form;
+    where the model mixes dense and MoE layers, that of its MoE layers alone (a stage's
+    dense layers only add to it); the least a stage holds, a layer a chunk (vpp of
+    them, MoE ones where the stages before it hold all the dense ones, as each holds as
+    many); or the mean stage's time (the busiest stage runs at least the mean of the
+    layers' seconds, each by its kind as :func:`min_pipeline_time` counts them, and the
+    stages' fixed seconds, whatever the split): the most of these."""
     n, m = plan.model.layers, plan.num_microbatches
-    if not fill:  # the cheaper layer kind's time: below every layer's
-        layer_time = min(_layer_steps(cost_key(plan)))
-        return _bound(plan, works, m * min_bottleneck(layer_time, _fixed_floors(plan), n))
+    if not fill:  # the cheaper layer kind's time: below every layer's; and the mean stage
+        key = cost_key(plan)
+        step, dense_step = _layer_steps(key)
+        fixed = _fixed_floors(plan)
+        dense = n - plan.model.moe_layers if _mixed(plan) else 0
+        mean = (dense * dense_step + (n - dense) * step + math.fsum(fixed)) / len(fixed)
+        v = plan.layout.vpp
+        busiest = max(mean, min_bottleneck(min(step, dense_step), fixed, n),
+                      # each chunk holds a layer: stage s at least v, past the dense ones
+                      # where s v layers come before it
+                      *(c + v * (step if s * v >= dense else min(step, dense_step))
+                        for s, c in enumerate(fixed)))
+        if dense:  # the MoE layers alone, whole, over the stages (the dense ones only add)
+            busiest = max(busiest, min_bottleneck(step, fixed, n - dense))
+        return _bound(plan, works, m * busiest)
     times, fills, first = _layer_costs(plan)
     return _bound(plan, works, min_pipeline_time(
         times, fills, _fixed_floors(plan), (n,) * plan.layout.pp, m, first, plan.layout.vpp))
