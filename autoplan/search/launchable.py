@@ -102,16 +102,14 @@ def search(model: Model, cluster: Cluster, job: Job, space: SearchSpace, top_k: 
     stats = SearchStats()
     kept: dict[Plan, Ranked] = {}  # by the plan on the first part's stack: one row a layout
     closest = []
-    kth = float("inf")  # the union's k-th best step time after the parts searched so far
+    cut = float("inf")  # past it no plan of a later part is wanted (below)
 
     base = space.parts[0].stack
     for part in space.parts:
         if part.stage_shape is not StageShape.UNIFORM:  # uniform splits (module doc)
             part = dataclasses.replace(part, stage_shape=StageShape.UNIFORM)
-        # a plan slower than the union's k-th best enters no top k: not even the part's best
-        # is wanted past it (``engine.search``'s cutoff)
         result = engine.search(model, cluster, job, part, top_k, min_headroom_bytes, ceiling,
-                               cutoff=kth)
+                               cutoff=cut)
         stats.merge(result.stats)
         if result.closest is not None:
             closest.append(result.closest)
@@ -122,8 +120,15 @@ def search(model: Model, cluster: Cluster, job: Job, space: SearchSpace, top_k: 
             held = kept.get(key)
             if held is None or rank_key(r.plan, r.prediction) < rank_key(held.plan, held.prediction):
                 kept[key] = r
+        # a later part's plan slower than the union's k-th best enters no top k, not even as
+        # the part's best (``engine.search``'s cutoff); with a caller's ceiling, one slower
+        # than the union's best and past the ceiling is wanted neither (the ceiling only
+        # falls as the caller learns more: asked now, it keeps at least what it would later)
         if len(kept) >= top_k:
-            kth = heapq.nsmallest(top_k, (r.prediction.step_time_s for r in kept.values()))[-1]
+            cut = heapq.nsmallest(top_k, (r.prediction.step_time_s for r in kept.values()))[-1]
+        if ceiling is not None and kept:
+            best = min(kept.values(), key=lambda r: rank_key(r.plan, r.prediction))
+            cut = min(cut, max(ceiling(best), best.prediction.step_time_s))
     ranked = sorted(kept.values(), key=lambda r: rank_key(r.plan, r.prediction))[:top_k]
     near = min(closest, key=lambda c: c[2].peak, default=None) if not ranked else None
     return SearchResult(tuple(ranked), stats, near)

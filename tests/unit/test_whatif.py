@@ -19,6 +19,7 @@ from autoplan.errors import InputError
 from autoplan.plan import TimeBreakdown
 from autoplan.schedules import Schedule
 from autoplan.search.engine import search
+from autoplan.search.launchable import resolve_space
 from autoplan.whatif.counts import MAX_COUNTS, parse_gpu_counts
 from autoplan.whatif.economics import Economics, Objective, economics, mean_power_W
 from autoplan.whatif.plot import front_svg
@@ -187,14 +188,19 @@ def test_sweep_in_parallel_equals_in_turn_and_its_front_holds() -> None:
     assert keys == sorted(keys) and ranked[0].gpus == 32
 
 
-@pytest.mark.parametrize("objective,limits", [
-    (Objective.TIME, {}),
-    (Objective.COST, {}),
-    (Objective.TIME, {"deadline_days": 60.0}),  # 32 GPUs' plans meet it, 8's and 16's miss it
-    (Objective.COST, {"budget_usd": 9e4}),
+@pytest.mark.parametrize("objective,limits,space", [
+    (Objective.TIME, {}, "default"),
+    (Objective.COST, {}, "default"),
+    (Objective.TIME, {"deadline_days": 60.0}, "default"),  # 32 GPUs' plans meet it, 8's and 16's miss it
+    (Objective.COST, {"budget_usd": 9e4}, "default"),
+    # the launchers' union: its later parts cut off at the union's k-th best and, with the
+    # sweep's ceiling, at its best or the ceiling (search/launchable.py)
+    (Objective.TIME, {}, "launchable"),
+    (Objective.COST, {"budget_usd": 9e4}, "launchable"),
 ])
 def test_a_sweep_searching_only_what_its_top_k_can_use_ranks_the_same(
-        monkeypatch: pytest.MonkeyPatch, objective: Objective, limits: dict[str, float]) -> None:
+        monkeypatch: pytest.MonkeyPatch, objective: Objective, limits: dict[str, float],
+        space: str) -> None:
     """Each count's search is asked only for plans that can enter the sweep's top k (by
     the objective, among those meeting the deadline and budget) or be the count's best:
     the ranked plans that meet them, the points and the front are those of every count's
@@ -208,7 +214,7 @@ def test_a_sweep_searching_only_what_its_top_k_can_use_ranks_the_same(
             monkeypatch.undo()
         base = resolve_cluster("dgx-h100")
         return sweep(resolve_model("llama3-8b"), [with_gpus(base, n) for n in (8, 16, 32)],
-                     Job(global_batch=64, seq_len=4096), load_space("default"),
+                     Job(global_batch=64, seq_len=4096), resolve_space(space),
                      train_tokens=1e12, top_k=4, jobs=1, objective=objective, **limits)
 
     full, capped = run(False), run(True)
