@@ -285,6 +285,9 @@ def search(
             output.out.print(escape(render.launchers_line(runs_on)))
         if gap is not None:
             output.out.print(escape(render.gap_line(*gap)))
+        hint = render.uneven_hint(result.plans[0].plan) if req.space.parts else None
+        if hint is not None:
+            output.out.print(escape(hint))
         output.out.print(render.stats_text(result.stats))
         output.out.print(render.headroom_note(headroom, min_headroom is None))
         if req.profile is not None:

@@ -88,6 +88,17 @@ def gap_line(free: Found, faster_by: float) -> str:
             f"({free.prediction.tokens_per_s:,.0f} tokens/s); --space any ranks such plans")
 
 
+def uneven_hint(plan: Plan) -> str | None:
+    """Under a launchable search whose best plan splits its layers unevenly only by the
+    remainder (the uniform split): the launchers that search their own uneven splits."""
+    layers = plan.stage_layers
+    if plan.layout.pp == 1 or len(set(layers)) == 1:
+        return None
+    return (f"its layers do not divide over pp{plan.layout.pp} (stages "
+            f"{'/'.join(map(str, layers))}): --launcher megatron or torchtitan also searches "
+            "their uneven layer splits and vpp over them (slower)")
+
+
 def plans_table(rows: list[tuple[Plan, Prediction]], title: str, show_gpus: bool = False,
                 launchers: Sequence[Sequence[str]] | None = None) -> Table:
     """The ranked plans; ``launchers``: who runs each, shown in its layout cell."""

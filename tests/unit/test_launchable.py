@@ -103,3 +103,13 @@ def test_the_gap_is_said_only_past_its_threshold() -> None:
     ratio = best.plans[0].prediction.step_time_s / free.plans[0].prediction.step_time_s - 1
     assert (gap is not None) == (ratio > GAP_NOTE)
     assert launcher_free_best(best.plans, best) is None  # no faster than itself
+
+
+def test_the_uneven_split_hint_is_given_only_where_the_layers_do_not_divide() -> None:
+    from autoplan.cli.render import uneven_hint
+    from tests.helpers import make_plan
+
+    assert uneven_hint(make_plan("llama3-8b", gpus=16, dp=8, pp=2)) is None  # 16/16
+    assert uneven_hint(make_plan("llama3-8b", gpus=8, dp=8)) is None  # no pipeline
+    hint = uneven_hint(make_plan("llama3-8b", gpus=24, dp=8, pp=3))
+    assert hint is not None and "--launcher megatron or torchtitan" in hint and "11/11/10" in hint

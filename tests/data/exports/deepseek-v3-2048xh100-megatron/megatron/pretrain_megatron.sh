@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Megatron-LM pretraining for deepseek-v3 on 2048 x h100-sxm (256 x 8 GPUs, dgx-h100), exported by autoplan.
-# plan: dp=32 tp=2 pp=16 cp=2 ep=16 etp=1, micro batch 1, global batch 15360 x 4096 tokens, bf16, 1f1b, recompute none, zero 1, stages [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 1]
+# plan: dp=64 tp=2 pp=8 cp=2 ep=32 etp=1 vpp=2, micro batch 1, global batch 15360 x 4096 tokens, bf16, interleaved, recompute none, zero 1, stages [8, 8, 8, 8, 8, 8, 8, 5]
 # Extra arguments after the script name go to pretrain_gpt.py last (they win).
 # Run it on each of the 256 nodes with NODE_RANK and MASTER_ADDR set (or use the slurm export).
 set -euo pipefail
@@ -57,9 +57,8 @@ MODEL_ARGS=(
 )
 PARALLEL_ARGS=(
     --tensor-model-parallel-size 2
-    --pipeline-model-parallel-size 16
-    --decoder-first-pipeline-num-layers 4
-    --decoder-last-pipeline-num-layers 1
+    --pipeline-model-parallel-size 8
+    --pipeline-model-parallel-layout 'Et*4|(t*4|)*6,t*3|(t*4|)*7,ttmL'
     --context-parallel-size 2
     --cp-comm-type p2p
     --sequence-parallel
@@ -78,10 +77,12 @@ MOE_ARGS=(
     --num-experts 256
     --moe-router-topk 8
     --moe-ffn-hidden-size 2048
-    --expert-model-parallel-size 16
+    --expert-model-parallel-size 32
     --expert-tensor-parallel-size 1
     --moe-token-dispatcher-type flex
     --moe-flex-dispatcher-backend deepep
+    --overlap-moe-expert-parallel-comm
+    --delay-wgrad-compute
     --moe-grouped-gemm
     --moe-router-num-groups 8
     --moe-router-group-topk 4
