@@ -17,7 +17,7 @@ from autoplan.kernels.layer import BF16_BYTES, Shard
 from autoplan.parallel import dp, mesh
 from autoplan.parallel.common import Rule, Scope, divisors
 from autoplan.plan import Layout
-from autoplan.vocab import Axis, Dtype, MoeDispatch, Recompute
+from autoplan.vocab import Axis, Dtype, MoeDispatch, Recompute, RecomputeModule
 
 if TYPE_CHECKING:
     from autoplan.descriptors.hardware import Cluster
@@ -95,6 +95,10 @@ def _overlap(plan: Plan) -> str | None:
         return f"ep_overlap needs expert parallelism (ep > 1), got ep={lay.ep}"
     if plan.recompute is Recompute.FULL:
         return "ep_overlap cannot run with full recompute (Megatron-Core refuses it)"
+    if plan.recompute is Recompute.SELECTIVE and RecomputeModule.MOE in plan.recompute_modules:
+        # megatron-core >= 0.17 TransformerConfig.__post_init__: "disable moe in
+        # recompute_modules when enabling overlap_moe_expert_parallel_comm"
+        return "ep_overlap cannot run with the moe recompute module (Megatron-Core refuses it)"
     if lay.pp > 1 and lay.vpp < 2:
         return ("ep_overlap with pipeline parallelism needs the interleaved schedule "
                 "(vpp >= 2): it pairs one chunk's forward with another's backward")
@@ -120,7 +124,7 @@ RULES = (
     Rule("moe-dispatch-ep", "moe_dispatch", Scope.LAYOUT,
          "DeepEP dispatch needs expert parallelism", _dispatch),
     Rule("ep-overlap", "ep_overlap", Scope.SCHEDULE,
-         "EP all-to-all overlap needs ep > 1, no full recompute, and vpp with pp", _overlap),
+         "EP all-to-all overlap needs ep > 1, no full or moe recompute, and vpp with pp", _overlap),
 )
 
 

@@ -101,10 +101,12 @@ class Context:
         self.model, self.cluster, self.job, self.space = model, cluster, job, space
         # the recompute choices in rank (a bundle's), the least of their layer costs (what
         # a bound standing for all of them reads), and those EP overlap runs with (not full
-        # recompute: the rule ep-overlap), where the space tries it on an MoE model
+        # recompute, not the moe module: the rule ep-overlap), where the space tries it on an
+        # MoE model
         self.choices = recompute_choices(model, space)
         self.least = least_choice(self.choices)
-        self.overlap_choices = tuple(c for c in self.choices if c[0] is not Recompute.FULL) \
+        self.overlap_choices = tuple(
+            c for c in self.choices if c[0] is not Recompute.FULL and RecomputeModule.MOE not in c[1]) \
             if model.is_moe and True in space.ep_overlap else ()
         self.overlap_least = least_choice(self.overlap_choices) if self.overlap_choices else NO_RECOMPUTE
         # the jobs of each ZeRO stage (bf16 states), and the one with the fewest bytes of

@@ -4,6 +4,8 @@ ZeRO-1 under one, and it shards over the context-parallel ranks whatever the rep
 
 from __future__ import annotations
 
+import dataclasses
+
 import tomllib
 
 from autoplan.descriptors.job import Job
@@ -77,3 +79,19 @@ def test_fp8_with_moe_act_or_layernorm_recompute_exports_current_scaling() -> No
     assert "--fp8-recipe tensorwise" in script  # delayed scaling refuses layernorm recompute
     overrides = export(modules, Target.NEMO)["nemo_overrides.yaml"]
     assert "bf16_with_fp8_current_scaling_mixed" in overrides
+
+
+def test_ep_overlap_is_refused_beside_the_moe_recompute_module() -> None:
+    """Megatron-Core >= 0.17 asserts it (TransformerConfig.__post_init__); the search, whose
+    module sets hold [moe, layernorm, mla_up_proj], never pairs them."""
+    from autoplan.parallel.rules import plan_problems
+    from autoplan.vocab import Recompute, RecomputeModule
+
+    model = dataclasses.replace(resolve_model("deepseek-v3"), layers=6, dense_layers=1)
+    plan = make_plan(model, gpus=32, dp=8, pp=2, vpp=2, ep=8, zero=ZeroStage.OPTIMIZER,
+                     global_batch=256, recompute=Recompute.SELECTIVE)
+    moe = plan.replace(recompute_modules=(RecomputeModule.MOE, RecomputeModule.LAYERNORM),
+                       ep_overlap=True)
+    assert any("moe recompute module" in str(p) for p in plan_problems(moe))
+    act = moe.replace(recompute_modules=(RecomputeModule.MOE_ACT, RecomputeModule.LAYERNORM))
+    assert not any("recompute module" in str(p) for p in plan_problems(act))
