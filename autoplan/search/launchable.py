@@ -15,8 +15,10 @@ space does): the uneven splits Megatron-LM and torchtitan take cost their search
 
 The parts run in turn, each after the first cut off at the union's k-th best step time so
 far (``engine.search``'s ``cutoff``): a later part's search stops where none of its plans
-can enter the union's top k, its own best included. The answer is the same as searching
-every part in full and ranking all their plans.
+can enter the union's top k, its own best included. Under a caller's ceiling (a sweep's)
+the cutoff is also the later of the union's best and the ceiling. The answer is the same as
+searching every part in full and ranking all their plans (tests/unit/test_launchable.py,
+test_whatif.py).
 """
 
 from __future__ import annotations
@@ -53,10 +55,9 @@ def launcher_spaces() -> tuple[tuple[str, tuple[str, ...]], ...]:
     return tuple((space, tuple(names)) for space, names in out.items())
 
 
-def launchable_space(launcher: str | None = None) -> SearchSpace:
-    """The union of the launchers' spaces (``launcher``: the union of that one's alone);
-    :func:`search` splits each part's layers uniformly (module doc), a pooled search as
-    the part's launcher does."""
+def launchable_space() -> SearchSpace:
+    """The union of the launchers' spaces; :func:`search` splits each part's layers
+    uniformly (module doc), a pooled search as the part's launcher does."""
     parts = [load_space(name) for name, _ in launcher_spaces()]
     first = parts[0]
     return dataclasses.replace(first, name=LAUNCHABLE, launcher=LAUNCHABLE, parts=tuple(parts))
