@@ -41,7 +41,7 @@ import yaml
 
 from autoplan.export.launcher import LauncherSpec
 from autoplan.export.megatron import header
-from autoplan.export.shell import bash_array, comment, continued, quote
+from autoplan.export.shell import bash_array, comment, launch_tail
 from autoplan.plan import Plan
 from autoplan.vocab import Dtype, Recompute, ZeroStage
 
@@ -140,13 +140,7 @@ def launch(plan: Plan) -> str:
         lines += [comment(f"Run it on each of the {c.nodes} nodes with NODE_RANK and MASTER_ADDR set."),
                   'NODE_RANK="${NODE_RANK:-0}"', 'MASTER_ADDR="${MASTER_ADDR:-localhost}"',
                   'MASTER_PORT="${MASTER_PORT:-29500}"']
-    lines += [
-        f"RUN_NAME={quote(plan.model.name)}",
-        "",
-        'echo "autoplan: launching $RUN_NAME" >&2',
-        continued(words),
-        "",
-    ]
+    lines += launch_tail(plan.model.name, words)
     return "\n".join(lines)
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from autoplan.export.launcher import LauncherSpec, SlurmProgram
 from autoplan.export.megatron import header
-from autoplan.export.shell import comment, continued, quote
+from autoplan.export.shell import comment, launch_tail
 from autoplan.plan import Plan
 from autoplan.vocab import Dtype, Recompute
 
@@ -108,13 +108,7 @@ def launch(plan: Plan) -> str:
     if c.nodes > 1:
         lines.append(f'HOSTFILE="${{HOSTFILE:-hostfile}}"  # {c.nodes} lines of "<host> slots='
                      f'{c.gpus_per_node}"')
-    lines += [
-        f"RUN_NAME={quote(plan.model.name)}",
-        "",
-        'echo "autoplan: launching $RUN_NAME" >&2',
-        continued(words),
-        "",
-    ]
+    lines += launch_tail(plan.model.name, words)
     return "\n".join(lines)
 
 

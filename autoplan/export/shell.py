@@ -46,3 +46,10 @@ def bash_array(name: str, args: Sequence[Arg], indent: str = "    ") -> str:
 def continued(words: Sequence[str], indent: str = "    ") -> str:
     """Words already quoted (or deliberate expansions) as one command over several lines."""
     return (" \\\n" + indent).join(words)
+
+
+def launch_tail(run_name: str, words: Sequence[str]) -> list[str]:
+    """A launch script's last lines: the run's name, said on stderr, then the command
+    (``words``, already quoted)."""
+    return [f"RUN_NAME={quote(run_name)}", "", 'echo "autoplan: launching $RUN_NAME" >&2',
+            continued(words), ""]

@@ -220,25 +220,19 @@ class Enumeration:
         shortens the forward's exposed dispatch, which a bundle's own bounds, read at its
         least recompute, do not allow (:meth:`TimeBounds.laid`)."""
         ctx, bounds = self.ctx, self.bounds
-        probe = ctx.probe(base, mbs, sp, zero, cps[-1], ctx.least)
-        floor = floors.get((zero3, False))
-        if floor is None:
-            floor = floors[(zero3, False)] = bounds.layout_floor(probe, cps, runnable)
-        plan = ctx.recomputed(probe, recomputes[0]) if recomputes[0] != ctx.least else probe
-        if job is not plan.job or off.any:
-            plan = plan.replace(job=job, offload=off)
-        yield self.group(plan, floor, scheds, cps, runnable, recomputes, steps=int(zero3))
-        if not overlap:
-            return
-        choices = ctx.overlap_choices
-        probe = ctx.probe(base, mbs, sp, zero, cps[-1], ctx.overlap_least, True)
-        floor = floors.get((zero3, True))
-        if floor is None:
-            floor = floors[(zero3, True)] = bounds.layout_floor(probe, cps, overlap_runnable)
-        plan = ctx.recomputed(probe, choices[0]) if choices[0] != ctx.overlap_least else probe
-        if job is not plan.job or off.any:
-            plan = plan.replace(job=job, offload=off)
-        yield self.group(plan, floor, overlap, cps, overlap_runnable, choices, steps=int(zero3))
+        # (EP overlap, the least recompute, the choices, the schedules, those that run)
+        kinds = [(False, ctx.least, recomputes, scheds, runnable)]
+        if overlap:
+            kinds.append((True, ctx.overlap_least, ctx.overlap_choices, overlap, overlap_runnable))
+        for ep_overlap, least, choices, schedules, runs in kinds:
+            probe = ctx.probe(base, mbs, sp, zero, cps[-1], least, ep_overlap)
+            floor = floors.get((zero3, ep_overlap))
+            if floor is None:
+                floor = floors[(zero3, ep_overlap)] = bounds.layout_floor(probe, cps, runs)
+            plan = ctx.recomputed(probe, choices[0]) if choices[0] != least else probe
+            if job is not plan.job or off.any:
+                plan = plan.replace(job=job, offload=off)
+            yield self.group(plan, floor, schedules, cps, runs, choices, steps=int(zero3))
 
     def _verdict(self, base: Layout, zero: ZeroStage, job: Job, off: Offload, mbs: int, sp: bool,
                  verdicts: dict[tuple[ZeroStage, StateDtype, StateDtype, Offload], States]
