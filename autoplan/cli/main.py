@@ -237,7 +237,7 @@ def search(
         _search_whatif(req, whatif, top, out_path, fmt, headroom, async_checkpoint)
         return
     with output.working(fmt.value, f"searching {req.space.name} space on {req.cluster.gpus} GPUs ..."):
-        free = _launcher_free(req, headroom)  # beside the search, where a second process runs
+        free = _launcher_free(req, headroom, no_offload)  # beside the search, in a second process
         try:
             result = run_search(req.model, req.cluster, req.job, req.space, top, headroom)
         except BaseException:
@@ -296,7 +296,7 @@ def search(
             output.err.print(f"wrote the best plan to {files.name(out_path)}")
 
 
-def _launcher_free(req: Request, headroom: float) -> Any:
+def _launcher_free(req: Request, headroom: float, no_offload: bool) -> Any:
     """The launcher-free space's best plan (``--space any``), searched beside a search of
     the launchers' spaces (``forking.beside``: in a second process where one runs) to say
     under the table where it is faster; None for any other search."""
@@ -307,10 +307,10 @@ def _launcher_free(req: Request, headroom: float) -> Any:
     from autoplan.search.launchable import ANY, resolve_space
 
     free = resolve_space(ANY)
-    # the launchers' choices the user fixed hold for it too: the stack, modules, offload
+    # the choices the user fixed hold for it too: the stack, the modules, --no-offload
     free = dataclasses.replace(free, stack=req.space.stack,
                                recompute_modules=req.space.recompute_modules,
-                               offload=free.offload if len(req.space.offload) > 1 else req.space.offload)
+                               offload=(NO_OFFLOAD,) if no_offload else free.offload)
     return forking.beside(functools.partial(engine_search, req.model, req.cluster, req.job, free, 1,
                                             headroom))
 
