@@ -1,0 +1,303 @@
+"""Serving predictions against NVIDIA's measured runs of modern engines
+(../shared/data/serving_silicon.csv, shipped with AIConfigurator 0.12; its .md says what
+each column means).
+
+    python benchmarks/serving_silicon.py [--csv PATH] [--rows] [--limit N] [--engine E]
+
+Each distinct measurement (rows that repeat one, as the .md defines them, are counted
+once) becomes a serving plan: the model, the GPUs of one deployment on the row's system,
+the engine at the row's version, the widths (tensor, pipeline, attention data and expert
+parallel; each pool's for a disaggregated run), the weights' precision, and a closed loop
+of the row's concurrency over fixed lengths. TTFT and TPOT are the simulation's means,
+against the measured ones. The table groups them by engine, version, GPU and mode.
+
+The rows on H200, B300 and GB300 are reserved for validation and never read here: the
+loader drops them before anything looks at them.
+
+Rows are counted as not expressible, with the reason, where the architecture is not one
+autoplan models yet (hybrid linear attention, sparse attention: the today's-models
+issue), the deployment's size was not recorded, or the row states no concurrency.
+These rows calibrate the engines' constants (benchmarks/serving_fit.py --silicon).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import re
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from autoplan.descriptors.library import builtin_names, resolve_cluster, resolve_model, with_gpus
+from autoplan.errors import AutoplanError
+from autoplan.measured.door import corrected
+from autoplan.serving.deployment import (
+    Arrival,
+    ArrivalKind,
+    Deployment,
+    Engine,
+    Lengths,
+    Precision,
+    ServingPlan,
+    Slo,
+    Workload,
+)
+from autoplan.serving.evaluate import evaluate_serving
+
+CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "serving_silicon.csv"
+RESERVED_SYSTEMS = frozenset({"h200_sxm", "b300_sxm", "gb300"})  # validation only: never read
+
+# the HuggingFace id -> the built-in model of the same architecture
+MODELS = {
+    "deepseek-ai/DeepSeek-R1": "deepseek-r1", "nvidia/DeepSeek-R1-NVFP4": "deepseek-r1",
+    "deepseek-ai/DeepSeek-V3": "deepseek-v3", "nvidia/DeepSeek-V3.1-NVFP4": "deepseek-v3",
+    "Qwen/Qwen3-32B": "qwen3-32b", "nvidia/Qwen3-32B-NVFP4": "qwen3-32b",
+    "Qwen/Qwen3-235B-A22B-FP8": "qwen3-235b-a22b",
+    "meta-llama/Llama-3.1-70B": "llama3.1-70b", "meta-llama/Llama-3.1-8B-Instruct": "llama3.1-8b",
+    "openai/gpt-oss-120b": "gpt-oss-120b",
+    "moonshotai/Kimi-K2.5": "kimi-k2.5", "MiniMaxAI/MiniMax-M2.5": "minimax-m2.5",
+}
+# architectures autoplan does not model yet (the today's-models issue)
+LATER = {"Qwen/Qwen3.5-397B-A17B": "hybrid linear attention (Gated DeltaNet)",
+         "zhipuai/GLM-5": "sparse attention (DeepSeek Sparse Attention)"}
+CLUSTERS = {"h100_sxm": "dgx-h100", "b200_sxm": "dgx-b200", "gb200": "gb200-nvl72"}
+ENGINES = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm"}
+# the GEMMs' (for MoE models: the experts') stored format -> autoplan's precision
+QUANT = {"": Precision.BF16, "bf16": Precision.BF16, "fp8": Precision.FP8, "fp8_block": Precision.FP8,
+         "nvfp4": Precision.FP4, "w4a16_mxfp4": Precision.FP4, "int4_wo": Precision.INT4}
+
+
+@dataclass
+class Case:
+    row: dict[str, str]
+    plan: ServingPlan | None
+    why: str  # not expressible: why
+    measured: dict[str, float]  # ttft_ms, tpot_ms
+
+    @property
+    def engine(self) -> str:
+        return self.row["backend"]
+
+    @property
+    def version(self) -> str:
+        return self.row["backend_version"] or "unstated"
+
+    @property
+    def gpu(self) -> str:
+        return self.row["system"]
+
+    @property
+    def mode(self) -> str:
+        return self.row["mode"]
+
+
+def load_rows(path: Path = CSV) -> list[dict[str, str]]:
+    """The file's rows less the reserved systems', each distinct measurement once (the
+    same system, backend, lengths, concurrency, TTFT and TPOT: one run exported again)."""
+    out, seen = [], set()
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            if row["system"] in RESERVED_SYSTEMS:
+                continue
+            key = (row["system"], row["backend"], row["isl"], row["osl"], concurrency(row),
+                   row["silicon_ttft_ms"], row["silicon_tpot_ms"])
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append(row)
+    return out
+
+
+def concurrency(row: dict[str, str]) -> int | None:
+    m = re.search(r"silicon_concurrency=(\d+)", row["silicon_data_source"])
+    return int(m.group(1)) if m else None
+
+
+def _int(text: str, default: int = 1) -> int:
+    try:
+        v = float(text)
+    except ValueError:
+        return default
+    return int(v) if math.isfinite(v) and v >= 1 else default
+
+
+def _precision(row: dict[str, str], moe: bool) -> Precision:
+    text = row["moe_quant_mode"] if moe and row["moe_quant_mode"] else row["gemm_quant_mode"]
+    return QUANT.get(text, Precision.BF16)
+
+
+def _widths(row: dict[str, str], prefix: str) -> dict[str, int]:
+    p = prefix
+    return {"tp": _int(row[f"{p}tp_size"]), "pp": _int(row[f"{p}pp_size"]),
+            "attention_dp": _int(row[f"{p}attention_dp_size"]),
+            "moe_tp": _int(row[f"{p}moe_tp_size"]), "ep": _int(row[f"{p}moe_ep_size"])}
+
+
+def instance(w: dict[str, int], moe: bool, heads: int) -> dict[str, int]:
+    """One instance's widths as the rows mean them (serving_silicon.md, "Read before use").
+
+    - A dense model has no attention data parallel or experts: those columns mean nothing.
+    - Rows that fold expert parallelism into the widths (the id's ``tp8_ep8`` given as
+      ``tp_size`` or ``attention_dp_size`` 64 with ``moe_tp`` x ``moe_ep`` = 64, moe_tp =
+      moe_ep): the instance is the experts' ``moe_ep`` GPUs, the wide column divided by
+      ``moe_tp``.
+    - MoE rows whose ``tp_size`` does not divide the attention heads (GB200's tp 12-72 with
+      ``moe_tp`` the same): attention cannot be split so; the engines run such a width with
+      attention data parallel (TensorRT-LLM's ``enable_attention_dp``, SGLang's
+      ``--enable-dp-attention``) and the experts over every GPU: attention_dp = that width,
+      ep = that width."""
+    w = dict(w)
+    if not moe:
+        w["attention_dp"], w["ep"], w["moe_tp"] = 1, 1, 1
+        return w
+    wide = w["tp"] * w["attention_dp"]
+    if w["moe_tp"] == w["ep"] > 1 and wide == w["moe_tp"] * w["ep"]:
+        if w["tp"] > 1:
+            w["tp"] //= w["moe_tp"]
+        else:
+            w["attention_dp"] //= w["moe_tp"]
+        w["moe_tp"] = 1
+        return w
+    if w["tp"] > 1 and heads % w["tp"]:
+        w["attention_dp"], w["ep"], w["tp"], w["moe_tp"] = w["tp"] * w["attention_dp"], wide, 1, 1
+    return w
+
+
+def case_of(row: dict[str, str]) -> Case:
+    assert row["system"] not in RESERVED_SYSTEMS
+    measured = {"ttft_ms": float(row["silicon_ttft_ms"]), "tpot_ms": float(row["silicon_tpot_ms"])}
+    path = row["model_path"]
+    if path in LATER:
+        return Case(row, None, f"{LATER[path]}: not modelled yet", measured)
+    name = MODELS.get(path)
+    if name is None or name not in builtin_names("model"):
+        return Case(row, None, f"model {path} not built in", measured)
+    c = concurrency(row)
+    if c is None:
+        return Case(row, None, "no concurrency stated", measured)
+    isl, osl = _int(row["isl"]), _int(row["osl"])
+    try:
+        model = resolve_model(name)
+    except AutoplanError as exc:
+        return Case(row, None, str(exc), measured)
+    weights = _precision(row, model.is_moe)
+    # the KV cache's precision is not stated: the engines' default ("auto": the model's
+    # 16 bits) for vLLM and SGLang; TensorRT-LLM's quantized checkpoints (ModelOpt) carry
+    # an fp8 KV cache with fp8/fp4 weights
+    kv = Precision.FP8 if row["backend"] == "trtllm" and weights in (Precision.FP8, Precision.FP4) \
+        else Precision.BF16
+    if row["mode"] == "disagg":
+        return Case(row, None, "disaggregated closed loop not modelled yet", measured)
+    w = instance(_widths(row, ""), model.is_moe, model.heads)
+    # batch_size x attention_dp is one instance's load; where the concurrency is a whole
+    # multiple of it, the deployment ran that many instances
+    per_instance = _int(row["batch_size"], 0) * w["attention_dp"]
+    replicas = c // per_instance if per_instance and c % per_instance == 0 else 1
+    gpus = replicas * w["tp"] * w["pp"] * w["attention_dp"]
+    dep = Deployment(replicas=replicas, tp=w["tp"], pp=w["pp"], ep=w["ep"], attention_dp=w["attention_dp"],
+                     weights=weights, kv_cache=kv,
+                     max_num_seqs=max(1, math.ceil(c / (replicas * w["attention_dp"]))))
+    try:
+        cluster = corrected(with_gpus(resolve_cluster(CLUSTERS[row["system"]]), gpus)).cluster
+    except AutoplanError as exc:
+        return Case(row, None, str(exc), measured)
+    workload = Workload(Lengths(isl), Lengths(osl), Arrival(ArrivalKind.CONCURRENCY, concurrency=c),
+                        requests=requests_for(c))
+    plan = ServingPlan(model, cluster, Engine(ENGINES[row["backend"]]), dep, workload, Slo())
+    return Case(row, plan, "", measured)
+
+
+def requests_for(c: int) -> int:
+    """Requests a closed loop of ``c`` runs: three waves of it (the benchmarks ran a few),
+    at least 64."""
+    return max(64, 10 * c)
+
+
+def predicted(plan: ServingPlan) -> tuple[dict[str, float] | None, str]:
+    pred = evaluate_serving(plan)
+    if not pred.fits or not pred.simulated_requests:
+        return None, "does not fit the GPUs in autoplan's memory model"
+    return {"ttft_ms": pred.ttft_ms.mean, "tpot_ms": pred.tpot_ms.mean}, ""
+
+
+def version_line(engine: str, version: str) -> str:
+    """The release line a version belongs to (major.minor; nightlies their own)."""
+    if not version or version == "unstated":
+        return "unstated"
+    if version.startswith("nightly"):
+        return "nightly"
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return f"{m.group(1)}.{m.group(2)}" if m else version
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--csv", type=Path, default=CSV)
+    parser.add_argument("--rows", action="store_true", help="print every row's prediction")
+    parser.add_argument("--limit", type=int, default=0)
+    parser.add_argument("--engine", default="")
+    args = parser.parse_args()
+    rows = [r for r in load_rows(args.csv) if r["backend"].startswith(args.engine)]
+    if args.limit:
+        rows = rows[:args.limit]
+    t0 = time.perf_counter()
+    Key = tuple[str, str, str, str]
+    errors: dict[Key, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    signed: dict[Key, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    counts: Counter[Key] = Counter()
+    expressed: Counter[Key] = Counter()
+    skipped: Counter[str] = Counter()
+    for row in rows:
+        case = case_of(row)
+        key = (case.engine, version_line(case.engine, case.version), case.gpu, case.mode)
+        counts[key] += 1
+        if case.plan is None:
+            skipped[case.why] += 1
+            continue
+        try:
+            got, why = predicted(case.plan)
+        except AutoplanError as exc:
+            got, why = None, str(exc).splitlines()[0][:80]
+        if got is None:
+            skipped[why] += 1
+            continue
+        expressed[key] += 1
+        for k in (key, (case.engine, "", "", ""), ("all", "", "", "")):
+            for metric, value in case.measured.items():
+                errors[k][metric].append(abs(got[metric] - value) / value)
+                signed[k][metric].append((got[metric] - value) / value)
+        if args.rows:
+            shown = ", ".join(f"{m} {got[m]:.1f}/{v:.1f}" for m, v in case.measured.items())
+            print(f"{row['id'][:60]:<60} {case.plan.deployment.label():<20} {shown}")
+
+    def cell(k: Key, metric: str) -> str:
+        e, s = errors.get(k, {}).get(metric, []), signed.get(k, {}).get(metric, [])
+        if not e:
+            return f"{'-':>20}"
+        return f"{100 * sum(e) / len(e):>6.1f}% {100 * sum(s) / len(s):>+6.0f}% ({len(e):>3})"
+
+    print(f"{'engine':<7} {'version':<9} {'GPU':<9} {'mode':<6} {'rows':>5} {'expr.':>5} "
+          f"{'TTFT MAPE  bias (n)':>20} {'TPOT MAPE  bias (n)':>20}")
+    for key in sorted(counts):
+        print(f"{key[0]:<7} {key[1]:<9} {key[2]:<9} {key[3]:<6} {counts[key]:>5} {expressed[key]:>5} "
+              f"{cell(key, 'ttft_ms')} {cell(key, 'tpot_ms')}")
+    for eng in sorted({k[0] for k in counts}):
+        k = (eng, "", "", "")
+        print(f"{eng + ' (all)':<34} {sum(expressed[x] for x in counts if x[0] == eng):>5} "
+              f"{cell(k, 'ttft_ms')} {cell(k, 'tpot_ms')}")
+    k = ("all", "", "", "")
+    total, done = sum(counts.values()), sum(expressed.values())
+    print(f"{'all':<34} {done:>5} {cell(k, 'ttft_ms')} {cell(k, 'tpot_ms')}")
+    print(f"expressible: {done} of {total} distinct measurements ({100 * done / max(1, total):.0f}%); "
+          f"{time.perf_counter() - t0:.0f} s")
+    for why, n in skipped.most_common():
+        print(f"  not expressed {n:>4}: {why}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
