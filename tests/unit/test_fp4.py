@@ -1,0 +1,128 @@
+"""fp4 (NVFP4) as a GEMM precision (issue 49): priced at a device's dense fp4 peak, run by
+serving's fp4 weights where the device has it (else fp8 GEMMs, else refused), and never a
+training precision: a job file's ``dtype: fp4`` and ``--dtype fp4`` are refused saying so."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from autoplan.descriptors.job import read_job
+from autoplan.descriptors.library import resolve_cluster, resolve_device, resolve_model, with_gpus
+from autoplan.descriptors.strict import Fields
+from autoplan.errors import AutoplanError, Problem
+from autoplan.kernels.compute import gemm_time, wave_efficiency
+from autoplan.serving.cost import StepModel, compute_dtype
+from autoplan.serving.deployment import Deployment, Precision
+from autoplan.serving.engine import Engine
+from autoplan.vocab import TRAINING_DTYPES, Dtype
+from tests.helpers import autoplan
+
+B200 = resolve_device("b200", "test", "device")
+H100 = resolve_device("h100-sxm", "test", "device")
+A100 = resolve_device("a100-80gb", "test", "device")
+
+
+def test_a_compute_bound_fp4_gemm_on_b200_runs_twice_as_fast_as_fp8() -> None:
+    """16384^3: 8.8 PFLOP against 1.6 GB moved; B200's dense fp4 peak (9,000 TFLOPS) is
+    twice its fp8 (4,500) at the same large-GEMM efficiency and the same tile waves."""
+    fp8 = gemm_time(16384, 16384, 16384, B200, Dtype.FP8)
+    fp4 = gemm_time(16384, 16384, 16384, B200, Dtype.FP4)
+    assert fp8 / fp4 == pytest.approx(2.0, rel=1e-9)
+    assert fp4 == pytest.approx(2 * 16384**3 / (9000e12 * 0.78 * wave_efficiency(16384, 16384, 148)),
+                                rel=1e-9)
+
+
+def test_fp4_takes_the_fp8_gemm_efficiency_where_a_device_file_gives_one() -> None:
+    dev = dataclasses.replace(B200, gemm_fp8_efficiency=0.5)
+    assert dev.gemm_peak_efficiency(Dtype.FP4) == 0.5 == dev.gemm_peak_efficiency(Dtype.FP8)
+    assert B200.gemm_peak_efficiency(Dtype.FP4) == B200.gemm_efficiency
+
+
+def test_a_device_without_an_fp4_peak_has_no_fp4_gemms() -> None:
+    assert B200.supports(Dtype.FP4) and not H100.supports(Dtype.FP4)
+    with pytest.raises(AutoplanError, match=r"h100-sxm has no fp4 peak \(peak_tflops.fp4\)"):
+        gemm_time(4096, 4096, 4096, H100, Dtype.FP4)
+
+
+def test_fp4_weights_run_fp4_gemms_where_the_device_has_them_else_fp8_else_16_bit() -> None:
+    assert compute_dtype(Precision.FP4, B200) is Dtype.FP4
+    assert compute_dtype(Precision.FP4, H100) is Dtype.FP8
+    assert compute_dtype(Precision.FP4, A100) is Dtype.BF16
+    assert compute_dtype(Precision.FP8, B200) is Dtype.FP8  # fp8 weights stay fp8
+
+
+def test_an_fp4_prefill_on_b200_halves_its_gemm_time_and_on_h100_runs_fp8() -> None:
+    """Llama 3 70B at TP 8, an 8,192-token prompt: compute-bound GEMMs. On B200 fp4 weights
+    run fp4 GEMMs (about half fp8's time); on H100 the same weights run fp8 GEMMs."""
+    m = resolve_model("llama3-70b")
+
+    def prefill_gemm(cluster: str, weights: Precision) -> float:
+        step = StepModel(m, with_gpus(resolve_cluster(cluster), 8),
+                         Deployment(replicas=1, tp=8, weights=weights), Engine.VLLM)
+        return step.iteration(8192, 0, 0.0, 8192 * 8192 / 2, 0.0, 1).gemm
+
+    b200 = prefill_gemm("dgx-b200", Precision.FP8) / prefill_gemm("dgx-b200", Precision.FP4)
+    assert 1.9 < b200 <= 2.0
+    assert prefill_gemm("dgx-h100", Precision.FP4) == prefill_gemm("dgx-h100", Precision.FP8)
+
+
+def test_a_device_file_reads_and_writes_its_fp4_peak() -> None:
+    spec = {"name": "x", "peak_tflops": {"bf16": 100, "fp8": 200, "fp4": 400}, "mem_GiB": 8,
+            "hbm_GBps": 100}
+    dev = resolve_device(spec, "x.yaml", "device")
+    assert dev.peak_flops(Dtype.FP4) == 400e12 and dev.to_dict()["peak_tflops"]["fp4"] == 400
+    assert resolve_device(dev.to_dict(), "again", "device") == dev
+    assert "fp4" not in H100.to_dict()["peak_tflops"]
+
+
+def test_serve_refuses_fp4_weights_on_a_gpu_with_neither_fp4_nor_fp8() -> None:
+    r = autoplan("serve", "--model", "llama3-8b", "--cluster", "dgx-a100", "--gpus", "1",
+                 "--input-len", "128", "--output-len", "16", "--rate", "1", "--weights", "fp4")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "--weights: a100-80gb has no fp8 support (peak_tflops.fp8) nor fp4 (peak_tflops.fp4) " \
+           "for fp4" in r.stderr
+
+
+# -- not a training precision -------------------------------------------------------------
+
+
+def test_fp4_is_not_a_training_dtype() -> None:
+    assert TRAINING_DTYPES == (Dtype.BF16, Dtype.FP16, Dtype.FP8)
+    assert not Dtype.FP4.trains
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("fp4", "job.dtype: expected one of bf16 | fp16 | fp8, got fp4: fp4 GEMMs are a serving precision"),
+    (Dtype.FP4, "job.dtype: expected one of bf16 | fp16 | fp8, got fp4: fp4 GEMMs are a serving"),
+    ("fp5", "job.dtype: expected one of bf16 | fp16 | fp8, got "),
+])
+def test_a_job_is_refused_fp4_and_offered_only_training_dtypes(value: object, message: str) -> None:
+    problems: list[Problem] = []
+    job = read_job(Fields({"global_batch": 8, "seq_len": 1024, "dtype": value}, "job.yaml", "job", problems))
+    assert job is None and len(problems) == 1 and message in str(problems[0])
+
+
+def test_a_job_file_in_fp4_exits_2_with_one_line_naming_the_file_and_field(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("model: llama3-8b\ncluster: dgx-b200\njob: {global_batch: 8, seq_len: 1024, dtype: fp4}\n")
+    r = autoplan("search", job, "--top", "1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"autoplan: error: {job}: job.dtype: expected one of "
+                                                   "bf16 | fp16 | fp8, got fp4"), lines
+
+
+def test_dtype_fp4_on_the_command_line_says_what_fp4_is_for() -> None:
+    r = autoplan("search", "-m", "llama3-8b", "-c", "dgx-b200", "-b", "8", "-s", "1024", "--dtype", "fp4")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert ("autoplan: error: --dtype: expected one of bf16, fp16, fp8, got 'fp4': fp4 GEMMs are a "
+            "serving precision (autoplan serve --weights fp4), not a training one") in r.stderr
+
+
+def test_dtype_takes_any_case_of_a_training_precision() -> None:
+    from autoplan.cli.app import training_dtype
+
+    assert training_dtype("FP8") is Dtype.FP8 and training_dtype("bf16") is Dtype.BF16
