@@ -126,3 +126,13 @@ def test_dtype_takes_any_case_of_a_training_precision() -> None:
     from autoplan.cli.app import training_dtype
 
     assert training_dtype("FP8") is Dtype.FP8 and training_dtype("bf16") is Dtype.BF16
+
+
+def test_a_training_plan_built_in_code_with_an_fp4_job_breaks_the_dtype_rule() -> None:
+    from autoplan.parallel.rules import plan_problems
+    from tests.helpers import make_plan
+
+    plan = make_plan(cluster="dgx-b200", dtype=Dtype.FP4)
+    assert ("job.dtype", "fp4 is a serving precision, not a training one") in plan_problems(plan)
+    fp8 = make_plan(cluster="dgx-b200", dtype=Dtype.FP8)
+    assert not [p for p in plan_problems(fp8) if p[0] == "job.dtype"]
