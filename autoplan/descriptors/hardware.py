@@ -90,6 +90,8 @@ class Device:
     # GPU-side gap every kernel pays (launch latency, ramp-up and tail)
     sms: int = 0
     gemm_fp8_efficiency: float | None = None
+    # fp4 GEMMs' own large-GEMM efficiency (None: fp8's, then gemm_efficiency)
+    gemm_fp4_efficiency: float | None = None
     attention_backward_efficiency: float | None = None
     attention_fa3_efficiency: float | None = None
     attention_fa3_backward_efficiency: float | None = None
@@ -126,10 +128,11 @@ class Device:
         return peak
 
     def gemm_peak_efficiency(self, dtype: Dtype) -> float:
-        """Large-GEMM fraction of the dtype's peak. fp8 has its own curve where the device
-        file gives one (efficiency.gemm_fp8); fp4 takes fp8's, the nearest measured
-        low-precision GEMM (no public fp4 GEMM benchmark gives a fraction of peak), and
-        both fall back to the 16-bit one."""
+        """Large-GEMM fraction of the dtype's peak. fp8 and fp4 have their own where the
+        device file gives one (efficiency.gemm_fp8, efficiency.gemm_fp4); fp4 without one
+        takes fp8's, and both fall back to the 16-bit one."""
+        if dtype is Dtype.FP4 and self.gemm_fp4_efficiency is not None:
+            return self.gemm_fp4_efficiency
         if dtype in (Dtype.FP8, Dtype.FP4) and self.gemm_fp8_efficiency is not None:
             return self.gemm_fp8_efficiency
         return self.gemm_efficiency
@@ -164,6 +167,7 @@ class Device:
                 "attention": self.attention_efficiency,
                 "hbm": self.hbm_efficiency,
                 **_optional({"gemm_fp8": self.gemm_fp8_efficiency,
+                             "gemm_fp4": self.gemm_fp4_efficiency,
                              "attention_backward": self.attention_backward_efficiency,
                              "attention_fa3": self.attention_fa3_efficiency,
                              "attention_fa3_backward": self.attention_fa3_backward_efficiency,
@@ -348,6 +352,7 @@ def read_device(f: Fields) -> Device | None:
     attn = eff.float("attention", DEFAULT_ATTENTION_EFFICIENCY, min=0.01, max=1.0)
     hbm_eff = eff.float("hbm", DEFAULT_HBM_EFFICIENCY, min=0.01, max=1.0)
     fp8_eff = eff.float("gemm_fp8", None, min=0.01, max=1.0)
+    fp4_eff = eff.float("gemm_fp4", None, min=0.01, max=1.0)
     attn_b = eff.float("attention_backward", None, min=0.01, max=1.0)
     fa3 = eff.float("attention_fa3", None, min=0.01, max=1.0)
     fa3_b = eff.float("attention_fa3_backward", None, min=0.01, max=1.0)
@@ -383,6 +388,7 @@ def read_device(f: Fields) -> Device | None:
         reserve_bytes=reserve * GiB,
         sms=sms,
         gemm_fp8_efficiency=fp8_eff,
+        gemm_fp4_efficiency=fp4_eff,
         attention_backward_efficiency=attn_b,
         attention_fa3_efficiency=fa3,
         attention_fa3_backward_efficiency=fa3_b,
