@@ -157,11 +157,29 @@ NO_OFFLOAD = Offload()
 
 
 class Dtype(str, enum.Enum):
-    """Training precision of the GEMMs."""
+    """The precision a device's GEMMs run in: a training job's (bf16, fp16, fp8) or a
+    serving engine's (those and fp4). A device file prices each in ``peak_tflops``."""
 
     BF16 = "bf16"
+    """bfloat16 inputs, fp32 accumulation."""
     FP16 = "fp16"
+    """float16 inputs (training: with loss scaling), fp32 accumulation."""
     FP8 = "fp8"
+    """8-bit floating point (e4m3/e5m2) inputs, as Transformer Engine and the serving
+    engines' fp8 GEMMs run them."""
+    FP4 = "fp4"
+    """4-bit floating point (NVFP4: e2m1 with an fp8 scale per 16 elements) inputs, the
+    serving engines' fp4 GEMMs on Blackwell. Not a training precision: no stack autoplan
+    exports trains in it (:attr:`trains`)."""
+
+    @property
+    def trains(self) -> bool:
+        """Whether a training job may compute in it (``job.dtype``, ``--dtype``)."""
+        return self is not Dtype.FP4
+
+
+TRAINING_DTYPES = tuple(d for d in Dtype if d.trains)
+"""The dtypes a training job may name, in the enum's order."""
 
 
 class Activation(str, enum.Enum):

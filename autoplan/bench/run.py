@@ -36,6 +36,8 @@ DESCRIPTORS: tuple[tuple[str, str | None], ...] = (
     ("H100 80GB HBM3", "h100-sxm"),
     ("GB200", "gb200"),  # before B200, which it contains
     ("B200", "b200"),
+    ("GB300", "gb300"),  # before B300, which it contains
+    ("B300", "b300"),  # torch names the HGX part "NVIDIA B300 SXM6 AC"
     ("H200 NVL", None),  # before H200, which it contains
     ("H200", "h200"),
     ("A100-SXM4-80GB", "a100-80gb"),

@@ -19,7 +19,7 @@ import yaml
 from autoplan import __version__
 from autoplan.cli import files, output
 from autoplan.errors import InputError, Problem
-from autoplan.vocab import Dtype
+from autoplan.vocab import TRAINING_DTYPES, Dtype
 
 
 def _flag_type_hidden(display: Any) -> Any:
@@ -125,7 +125,25 @@ ClusterOpt = Annotated[str | None, typer.Option(
 GlobalBatchOpt = Annotated[int | None, typer.Option(
     "--global-batch", "-b", help="Sequences per optimizer step.")]
 SeqLenOpt = Annotated[int | None, typer.Option("--seq-len", "-s", help="Tokens per sequence.")]
-DtypeOpt = Annotated[Dtype | None, typer.Option("--dtype", help="Training precision.")]
+
+
+def training_dtype(value: str) -> Dtype:
+    """``--dtype``'s value: a training precision (a choice's usage error otherwise); a
+    serving one (fp4) refused with what it is for."""
+    for d in TRAINING_DTYPES:
+        if value.lower() == d.value:
+            return d
+    exc = typer.BadParameter(f"expected one of {', '.join(d.value for d in TRAINING_DTYPES)}")
+    if any(value.lower() == d.value for d in Dtype):  # a dtype, but not one a job trains in
+        exc.autoplan_hint = (  # type: ignore[attr-defined]
+            f"{value.lower()} GEMMs are a serving precision (autoplan serve --weights "
+            f"{value.lower()}), not a training one")
+    raise exc
+
+
+DtypeOpt = Annotated[Dtype | None, typer.Option(
+    "--dtype", parser=training_dtype, metavar="<" + "|".join(d.value for d in TRAINING_DTYPES) + ">",
+    help="Training precision.")]
 
 
 @contextlib.contextmanager

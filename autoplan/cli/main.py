@@ -1192,11 +1192,11 @@ def hardware(fmt: FormatOpt = Format.table) -> None:
                           "clusters": [c.to_dict() for c in clusters]})
         return
     dt = Table(title="built-in devices", title_justify="left")
-    for col in ("name", "bf16 TFLOP/s", "fp8 TFLOP/s", "memory GiB", "HBM GB/s"):
+    for col in ("name", "bf16 TFLOP/s", "fp8 TFLOP/s", "fp4 TFLOP/s", "memory GiB", "HBM GB/s"):
         dt.add_column(col, justify="left" if col == "name" else "right")
     for d in devices:
-        fp8 = f"{d.peak_fp8_flops / 1e12:.0f}" if d.peak_fp8_flops else "-"
-        dt.add_row(d.name, f"{d.peak_bf16_flops / 1e12:.0f}", fp8, f"{d.mem_GiB:.0f}",
+        fp8, fp4 = (f"{peak / 1e12:.0f}" if peak else "-" for peak in (d.peak_fp8_flops, d.peak_fp4_flops))
+        dt.add_row(d.name, f"{d.peak_bf16_flops / 1e12:.0f}", fp8, fp4, f"{d.mem_GiB:.0f}",
                    f"{d.hbm_Bps / 1e9:.0f}")
     ct = Table(title="built-in clusters", title_justify="left")
     for col in ("name", "device", "GPUs/node", "NVLink domain", "intra GB/s", "inter GB/s",

@@ -90,6 +90,8 @@ class Device:
     # GPU-side gap every kernel pays (launch latency, ramp-up and tail)
     sms: int = 0
     gemm_fp8_efficiency: float | None = None
+    # fp4 GEMMs' own large-GEMM efficiency (None: fp8's, then gemm_efficiency)
+    gemm_fp4_efficiency: float | None = None
     attention_backward_efficiency: float | None = None
     attention_fa3_efficiency: float | None = None
     attention_fa3_backward_efficiency: float | None = None
@@ -100,6 +102,9 @@ class Device:
     power_load_W: float | None = None
     power_idle_W: float | None = None
     price_per_gpu_hour: float | None = None
+    # dense fp4 (NVFP4) tensor-core peak, FLOP/s; None: the device has no fp4 GEMMs (serving's
+    # fp4 weights then run fp8 GEMMs, serving/cost.py compute_dtype)
+    peak_fp4_flops: float | None = None
     # measured/analytic ratios from a profile (autoplan.measured.surrogate.calibrate); not in
     # the descriptor file, and not written by to_dict
     correction: Correction | None = None
@@ -116,18 +121,29 @@ class Device:
             return self.peak_bf16_flops
         if dtype is Dtype.FP16:
             return self.peak_fp16_flops
-        if self.peak_fp8_flops is None:
-            raise AutoplanError(f"device {self.name} has no fp8 peak (peak_tflops.fp8)")
-        return self.peak_fp8_flops
+        peak = self.peak_fp8_flops if dtype is Dtype.FP8 else self.peak_fp4_flops
+        if peak is None:
+            raise AutoplanError(f"device {self.name} has no {dtype.value} peak "
+                                f"(peak_tflops.{dtype.value})")
+        return peak
 
     def gemm_peak_efficiency(self, dtype: Dtype) -> float:
-        """Large-GEMM fraction of the dtype's peak (fp8 has its own curve)."""
-        if dtype is Dtype.FP8 and self.gemm_fp8_efficiency is not None:
+        """Large-GEMM fraction of the dtype's peak. fp8 and fp4 have their own where the
+        device file gives one (efficiency.gemm_fp8, efficiency.gemm_fp4); fp4 without one
+        takes fp8's, and both fall back to the 16-bit one."""
+        if dtype is Dtype.FP4 and self.gemm_fp4_efficiency is not None:
+            return self.gemm_fp4_efficiency
+        if dtype in (Dtype.FP8, Dtype.FP4) and self.gemm_fp8_efficiency is not None:
             return self.gemm_fp8_efficiency
         return self.gemm_efficiency
 
     def supports(self, dtype: Dtype) -> bool:
-        return dtype is not Dtype.FP8 or self.peak_fp8_flops is not None
+        """Whether the device has tensor cores for ``dtype`` (a peak in its file)."""
+        if dtype is Dtype.FP8:
+            return self.peak_fp8_flops is not None
+        if dtype is Dtype.FP4:
+            return self.peak_fp4_flops is not None
+        return True
 
     @property
     def mem_GiB(self) -> float:
@@ -137,6 +153,8 @@ class Device:
         peaks = {"bf16": self.peak_bf16_flops / TFLOPS, "fp16": self.peak_fp16_flops / TFLOPS}
         if self.peak_fp8_flops is not None:
             peaks["fp8"] = self.peak_fp8_flops / TFLOPS
+        if self.peak_fp4_flops is not None:
+            peaks["fp4"] = self.peak_fp4_flops / TFLOPS
         return {
             "name": self.name,
             "peak_tflops": peaks,
@@ -149,6 +167,7 @@ class Device:
                 "attention": self.attention_efficiency,
                 "hbm": self.hbm_efficiency,
                 **_optional({"gemm_fp8": self.gemm_fp8_efficiency,
+                             "gemm_fp4": self.gemm_fp4_efficiency,
                              "attention_backward": self.attention_backward_efficiency,
                              "attention_fa3": self.attention_fa3_efficiency,
                              "attention_fa3_backward": self.attention_fa3_backward_efficiency,
@@ -321,7 +340,8 @@ def read_device(f: Fields) -> Device | None:
     bf16 = peaks.float("bf16", min=lo, max=hi)
     fp16 = peaks.float("fp16", bf16, min=lo, max=hi)  # default: the bf16 peak
     fp8 = peaks.float("fp8", None, min=lo, max=hi)
-    peaks.float("tf32", None, min=lo, max=hi)  # accepted for completeness; GEMMs here are 16/8-bit
+    fp4 = peaks.float("fp4", None, min=lo, max=hi)  # dense NVFP4: serving's fp4 GEMMs
+    peaks.float("tf32", None, min=lo, max=hi)  # accepted for completeness; no GEMM here runs in tf32
     peaks.close()
     mem = f.float("mem_GiB", min=DEVICE_MEM_GIB_RANGE[0], max=DEVICE_MEM_GIB_RANGE[1])
     hbm = f.float("hbm_GBps", min=HBM_GBPS_RANGE[0], max=HBM_GBPS_RANGE[1])
@@ -332,6 +352,7 @@ def read_device(f: Fields) -> Device | None:
     attn = eff.float("attention", DEFAULT_ATTENTION_EFFICIENCY, min=0.01, max=1.0)
     hbm_eff = eff.float("hbm", DEFAULT_HBM_EFFICIENCY, min=0.01, max=1.0)
     fp8_eff = eff.float("gemm_fp8", None, min=0.01, max=1.0)
+    fp4_eff = eff.float("gemm_fp4", None, min=0.01, max=1.0)
     attn_b = eff.float("attention_backward", None, min=0.01, max=1.0)
     fa3 = eff.float("attention_fa3", None, min=0.01, max=1.0)
     fa3_b = eff.float("attention_fa3_backward", None, min=0.01, max=1.0)
@@ -357,6 +378,7 @@ def read_device(f: Fields) -> Device | None:
         peak_bf16_flops=bf16 * TFLOPS,
         peak_fp16_flops=fp16 * TFLOPS,
         peak_fp8_flops=None if fp8 is None else fp8 * TFLOPS,
+        peak_fp4_flops=None if fp4 is None else fp4 * TFLOPS,
         mem_bytes=mem * GiB,
         hbm_Bps=hbm * GB,
         gemm_efficiency=gemm,
@@ -366,6 +388,7 @@ def read_device(f: Fields) -> Device | None:
         reserve_bytes=reserve * GiB,
         sms=sms,
         gemm_fp8_efficiency=fp8_eff,
+        gemm_fp4_efficiency=fp4_eff,
         attention_backward_efficiency=attn_b,
         attention_fa3_efficiency=fa3,
         attention_fa3_backward_efficiency=fa3_b,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoplan.descriptors.strict import Fields, shown
-from autoplan.vocab import Dtype, StateDtype
+from autoplan.vocab import TRAINING_DTYPES, Dtype, StateDtype
 
 # The capacity factor at which Switch Transformer drops almost no tokens (Fedus et al.
 # 2022, Sec. 2.2 and Table 1): the busiest expert takes about 1.25x its fair share.
@@ -113,7 +113,7 @@ def read_job(f: Fields) -> Job | None:
     values = dict(
         global_batch=f.int("global_batch", min=1, max=MAX_GLOBAL_BATCH),
         seq_len=f.int("seq_len", min=1, max=MAX_SEQ_LEN),
-        dtype=f.enum("dtype", Dtype, Dtype.BF16),
+        dtype=_read_dtype(f),
         # the busiest rank takes at most every token: at most ep x the mean (ep <= 2^14)
         moe_imbalance=f.float("moe_imbalance", DEFAULT_MOE_IMBALANCE, min=1.0, max=1 << 14),
         main_grads=f.enum("main_grads", StateDtype, StateDtype.FP32),
@@ -128,6 +128,21 @@ def read_job(f: Fields) -> Job | None:
                "(fp16 keeps fp16 gradients and an fp32 copy: Megatron-LM's distributed optimizer)")
         return None
     return Job(**values)
+
+
+def _read_dtype(f: Fields) -> Dtype | None:
+    """``dtype``: a training precision (:data:`autoplan.vocab.TRAINING_DTYPES`); a serving
+    one (fp4) refused saying what it is for, others as any unknown choice."""
+    raw = f.raw("dtype", None)
+    serving = next((d for d in Dtype if not d.trains and isinstance(raw, str)
+                    and raw.lower() == d.value), None)
+    if serving is not None:
+        choices = " | ".join(d.value for d in TRAINING_DTYPES)
+        f.fail("dtype", f"expected one of {choices}, got {serving.value}: {serving.value} GEMMs are "
+                        f"a serving precision (autoplan serve --weights {serving.value}), not a "
+                        "training one")
+        return None
+    return f.enum("dtype", Dtype, Dtype.BF16, members=TRAINING_DTYPES)
 
 
 MAX_SIGMA = 5.0  # a log-space spread past this puts documents past any sequence at both ends

@@ -541,16 +541,19 @@ class Fields:
             return None
         return value
 
-    def enum(self, key: builtins.str, kind: Any, default: Any = _MISSING) -> Any:
+    def enum(self, key: builtins.str, kind: Any, default: Any = _MISSING, *,
+             members: Iterable[Any] | None = None) -> Any:
         """One of ``kind``'s members by its value (case-insensitive): an ``enum.Enum`` or
-        an open enumeration such as the schedule registry (iterable, members with ``value``)."""
+        an open enumeration such as the schedule registry (iterable, members with ``value``).
+        ``members``: the ones this field accepts (and lists), where not all of ``kind``'s."""
         value = self.raw(key, default)
-        if value is None or isinstance(value, kind):
+        accepted = list(kind if members is None else members)
+        if value is None or (isinstance(value, kind) and value in accepted):
             return value
-        for member in kind:
+        for member in accepted:
             if value == member.value or (isinstance(value, str) and value.lower() == member.value):
                 return member
-        choices = " | ".join(str(m.value) for m in kind)
+        choices = " | ".join(str(m.value) for m in accepted)
         self.fail(key, f"expected one of {choices}, got {_type_name(value)}")
         return None
 

@@ -66,6 +66,8 @@ def _pool_gpus(plan: Plan) -> str | None:
 
 def _dtype(plan: Plan) -> str | None:
     dtype = plan.job.dtype
+    if not dtype.trains:  # a Job built in code; files and flags refuse it as they read it
+        return f"{dtype.value} is a serving precision, not a training one"
     devices = ([plan.placement.cluster.pools[i].device for i in set(plan.placement.stage_pools)]
                if plan.placement is not None else [plan.cluster.device])
     for device in devices:

@@ -85,9 +85,13 @@ def all_reduce_seconds(nbytes: float, group: comm.Group) -> float:
 
 
 def compute_dtype(weights: Precision, device: Device) -> Dtype:
-    """The dtype the GEMMs run in: fp8 weights (and fp4, which no descriptor prices yet)
-    run fp8 GEMMs where the device has them; int8/int4 are weight-only (dequantized to
-    16 bits in the kernel, W8A16/W4A16); the rest their own 16-bit type."""
+    """The dtype the GEMMs run in: fp4 weights run fp4 GEMMs where the device has them
+    (NVFP4 on Blackwell: TensorRT-LLM's, vLLM's and SGLang's nvfp4 paths quantize the
+    activations too, W4A4), else fp8 GEMMs as fp8 weights do where the device has those
+    (Hopper runs no fp4 MMA); int8/int4 are weight-only (dequantized to 16 bits in the
+    kernel, W8A16/W4A16); the rest their own 16-bit type."""
+    if weights is Precision.FP4 and device.supports(Dtype.FP4):
+        return Dtype.FP4
     if weights in (Precision.FP8, Precision.FP4) and device.supports(Dtype.FP8):
         return Dtype.FP8
     return Dtype.FP16 if weights is Precision.FP16 else Dtype.BF16

@@ -17,6 +17,7 @@ from autoplan import caches
 from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.model import Model
 from autoplan.errors import InputError
+from autoplan.serving.cost import compute_dtype
 from autoplan.serving.deployment import (
     ArrivalKind,
     Deployment,
@@ -184,9 +185,11 @@ def _serve_search(model: Model, cluster: Cluster, engine: Engine, workload: Work
                   weights: Sequence[Precision], kv_caches: Sequence[Precision], seed: int,
                   disaggregated: bool, speculative: Speculative | None = None) -> ServeResult:
     for p, field in [(w, "--weights") for w in weights] + [(k, "--kv-cache") for k in kv_caches]:
-        if p in (Precision.FP8, Precision.FP4) and not cluster.device.supports(Dtype.FP8):
+        if p in (Precision.FP8, Precision.FP4) and not cluster.device.supports(Dtype.FP8) \
+                and compute_dtype(p, cluster.device) is not Dtype.FP4:
+            also = " nor fp4 (peak_tflops.fp4)" if p is Precision.FP4 else ""
             raise InputError.single(field, "", f"{cluster.device.name} has no fp8 support "
-                                                f"(peak_tflops.fp8) for {p.value}")
+                                                f"(peak_tflops.fp8){also} for {p.value}")
     if disaggregated and workload.arrival.kind is ArrivalKind.CONCURRENCY:
         raise InputError.single("--disaggregated", "", "a closed loop over a disaggregated deployment "
                                                        "is not simulated: give --rate, --trace or --offline")

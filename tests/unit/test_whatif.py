@@ -69,7 +69,7 @@ def test_no_power_figures_no_energy() -> None:
 
 def test_built_in_devices_carry_power_and_clusters_a_pue() -> None:
     for name in ("dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72", "mi300x-node",
-                 "frontier", "gh200-node", "l40s-node", "rtx-pro-6000-node"):
+                 "frontier", "gh200-node", "l40s-node", "rtx-pro-6000-node", "dgx-b300", "gb300-nvl72"):
         cluster = resolve_cluster(name)
         dev = cluster.device
         assert dev.power_load_W is not None and dev.power_idle_W is not None
