@@ -144,7 +144,7 @@ def evaluate_serving(plan: ServingPlan, seed: int = 0) -> ServingPrediction:
     if plan.deployment.disaggregated is not None:
         return _evaluate_disaggregated(plan, seed)
     d = plan.deployment
-    step = StepModel(plan.model, plan.cluster, d, plan.engine)
+    step = StepModel(plan.model, plan.cluster, d, plan.engine, plan.engine_version)
     mem = step.memory()
     fits = mem.peak <= plan.cluster.device.mem_bytes and mem.kv_cache > 0
     # a pipelined replica's batches in flight share its KV cache
@@ -180,7 +180,7 @@ def _evaluate_disaggregated(plan: ServingPlan, seed: int) -> ServingPrediction:
     cache are its own instances'."""
     d = plan.deployment
     pools = [d.pool("prefill"), d.pool("decode")]
-    steps = [StepModel(plan.model, plan.cluster, pool, plan.engine) for pool in pools]
+    steps = [StepModel(plan.model, plan.cluster, pool, plan.engine, plan.engine_version) for pool in pools]
     mems = [step.memory() for step in steps]
     kvs = [step.kv_tokens(mem) for step, mem in zip(steps, mems, strict=True)]
     scheds = (schedulers_of(pools[0]), schedulers_of(pools[1]))
@@ -305,7 +305,7 @@ def serving_document(plan: ServingPlan, pred: ServingPrediction,
         deployment = {"replicas": d.replicas, "tp": d.tp, "pp": d.pp, "ep": d.ep,
                       "attention_dp": d.attention_dp}
     deployment.update(weights=d.weights.value, kv_cache=d.kv_cache.value)
-    seqs, tokens, chunked = resolved_limits(d, plan.engine, c.device)
+    seqs, tokens, chunked = resolved_limits(d, plan.engine, c.device, plan.engine_version)
     deployment.update(max_num_seqs=seqs, max_batched_tokens=tokens, chunked_prefill=chunked)
     if d.speculative is not None:
         spec = d.speculative.to_dict()
@@ -318,7 +318,9 @@ def serving_document(plan: ServingPlan, pred: ServingPrediction,
         "model": plan.model.name if builtin_model_matches(plan.model) else plan.model.to_dict(),
         # a built-in by name: whole nodes, or part of a node by its GPUs
         "cluster": builtin_cluster_ref(c) or c.to_dict(),
-        "engine": plan.engine.value,
+        # the engine by name (its default line), or with the release the plan names
+        "engine": (plan.engine.value if plan.engine_version is None
+                   else {"name": plan.engine.value, "version": plan.engine_version}),
         "deployment": deployment,
         "workload": plan.workload.to_dict(plan_dir),
     }
