@@ -232,7 +232,8 @@ class StepModel:
         heads = m.heads / d.tp
         # prefill through the kernels' one flash-attention time (the device's measured
         # correction applies, as to training's), at a 4096-token call
-        prefill_call = AttentionCall(heads, 4096.0, m.qk_head_dim, m.heads / m.kv_heads, True, False)
+        prefill_call = self._prefill_call = AttentionCall(heads, 4096.0, m.qk_head_dim, m.heads / m.kv_heads,
+                                                          True, False)
         self._prefill_s_per_pair = attention_time(self.layers_stage * d.pp * 2.0 * heads * prefill_dim,
                                                   prefill_call, dev, AttentionKernel.FLASH3)
         self._decode_s_per_token = 2.0 * heads * decode_dim / rate
