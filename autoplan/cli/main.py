@@ -601,8 +601,8 @@ def serve(
         "--engine", help=f"Serving engine: {' | '.join(e.value for e in Engine)} (a registered "
                          "engine's name; default vllm).")] = None,
     engine_version: Annotated[str | None, typer.Option(
-        "--engine-version", help="The engine's release, e.g. 0.19.0 or 1.2.0rc6 (default: the newest "
-                                 "one fitted; the plans name it and the launch scripts pin it).")] = None,
+        "--engine-version", help="The engine's release, such as 0.19.0 or 1.2.0rc6 (default: the newest "
+                                 "one fitted): the plans name it and their launch scripts pin it.")] = None,
     weights: Annotated[str, typer.Option(
         "--weights", help="Weight precisions to try, comma-separated: bf16, fp16, fp8, int8, int4, fp4.")
     ] = "bf16",
@@ -722,6 +722,9 @@ def serve(
             f"deployments: {result.evaluated} simulated, {result.not_fitting} leave no room for "
             "the KV cache; TTFT/TPOT over the simulated requests of one scheduler "
             "(autoplan/serving/simulate.py)"))
+        if shown:
+            for line in render.evidence_lines(shown[0].prediction, "#1: "):
+                output.out.print(line)
     if out_path is not None and shown and not files.is_stdout(out_path):
         output.err.print(f"wrote the best plan to {files.name(out_path)}")
     if plot is not None and result.plans:
