@@ -324,11 +324,10 @@ def test_sglang_before_0_5_23_takes_attention_dp_as_dp_size_with_enable_dp_atten
     assert "--attn-dp-size 2" in new and "--enable-dp-attention" not in new
 
 
-def test_the_fit_benchmark_trials_reach_the_prediction() -> None:
-    import sys
+def test_the_fit_benchmark_trials_reach_the_prediction(monkeypatch) -> None:
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from serving_fit import constants
 
     step = (8, 8, 8 * 300.0, 0.0, 0.0, 8)
