@@ -132,7 +132,7 @@ class EngineVersion:
     source: str = ""  # where its documented behaviour is read
     # share of the per-iteration host time the overlap scheduler hides behind the GPU's
     # work: the CPU prepares iteration i+1 while the GPU runs i, so an iteration takes
-    # max(GPU, hidden host) + the rest of the host time (serving.cost.visible_host)
+    # max(GPU, hidden host) + the rest of the host time (serving.cost.iteration_seconds)
     host_hidden: float = 0.0
     # why the overlap is off for a deployment (None: on), e.g. vLLM's async scheduling
     # with pipeline parallelism
