@@ -405,7 +405,7 @@ def _check_serving(source: str, data: Any, max_regression: float | None, headroo
         # the space the plan's own search covered: its precisions, and its speculative
         # decoding beside none (a plan with it is held to the best with or without)
         result = serve_search(plan.model, c, plan.engine, plan.workload, slo, (d.weights,), (d.kv_cache,),
-                              speculative=d.speculative)
+                              speculative=d.speculative, engine_version=plan.engine_version)
         what = "goodput per GPU" if slo.any else "output tokens/s per GPU"
 
         def score(goodput: float, tokens: float) -> float:

@@ -600,6 +600,9 @@ def serve(
     engine: Annotated[str | None, typer.Option(
         "--engine", help=f"Serving engine: {' | '.join(e.value for e in Engine)} (a registered "
                          "engine's name; default vllm).")] = None,
+    engine_version: Annotated[str | None, typer.Option(
+        "--engine-version", help="The engine's release, such as 0.19.0 or 1.2.0rc6 (default: the newest "
+                                 "one fitted): the plans name it and their launch scripts pin it.")] = None,
     weights: Annotated[str, typer.Option(
         "--weights", help="Weight precisions to try, comma-separated: bf16, fp16, fp8, int8, int4, fp4.")
     ] = "bf16",
@@ -668,7 +671,8 @@ def serve(
         output_len=output_len,
         rate=rate, concurrency=concurrency, offline=offline, trace=trace, requests=requests,
         ttft_slo=ttft_slo, tpot_slo=tpot_slo, percentile=percentile, engine=engine,
-        weights=weights, kv_cache=kv_cache, price=price, prefix_share=prefix_share,
+        engine_version=engine_version, weights=weights, kv_cache=kv_cache, price=price,
+        prefix_share=prefix_share,
         prefix_groups=prefix_groups, speculative=speculative, spec_tokens=spec_tokens,
         acceptance_length=acceptance_length, acceptance_rate=acceptance_rate, draft_model=draft_model)
     with naming(("--draft-model", draft_model)):
@@ -691,7 +695,7 @@ def serve(
         return
     with output.working(fmt.value, f"simulating deployments on {c.gpus} GPUs ..."):
         result = serve_search(m, c, eng, workload, slo, w_list, kv_list, disaggregated=disaggregated,
-                              speculative=req.speculative)
+                              speculative=req.speculative, engine_version=req.engine_version)
     shown = result.plans[:top]
     if price is not None:
         shown = tuple(dataclasses.replace(r, prediction=r.prediction.priced(price)) for r in shown)
@@ -709,7 +713,7 @@ def serve(
             doc["reason"] = result.why_none(slo)
         output.emit_json(doc)
     else:
-        title = escape(f"{m.name} on {c.gpus} x {c.device.name} ({c.name}), {eng.value}, "
+        title = escape(f"{m.name} on {c.gpus} x {c.device.name} ({c.name}), {_engine_label(req)}, "
                        f"{inp.mean:g} in / {outp.mean:g} out, {arrival.label()}"
                        + (f", {workload.prefix.label()}" if workload.prefix is not None else ""))
         output.out.print(render.serving_table(shown, slo, title))
@@ -718,6 +722,9 @@ def serve(
             f"deployments: {result.evaluated} simulated, {result.not_fitting} leave no room for "
             "the KV cache; TTFT/TPOT over the simulated requests of one scheduler "
             "(autoplan/serving/simulate.py)"))
+        if shown:
+            for line in render.evidence_lines(shown[0].prediction, "#1: "):
+                output.out.print(line)
     if out_path is not None and shown and not files.is_stdout(out_path):
         output.err.print(f"wrote the best plan to {files.name(out_path)}")
     if plot is not None and result.plans:
@@ -727,6 +734,11 @@ def serve(
     if not ok:
         output.err.print(f"autoplan: {result.why_none(slo)}", markup=False)
         raise typer.Exit(1)
+
+
+def _engine_label(req: Any) -> str:
+    """The engine as the tables name it: with its release where one was given."""
+    return req.engine.value + (f" {req.engine_version}" if req.engine_version is not None else "")
 
 
 def _serve_objective(objective: str | None, counts: tuple[int, ...] | None) -> Any:
@@ -804,7 +816,7 @@ def _serve_sweep(req: Any, counts: tuple[int, ...], goal: Any, price: float | No
                         lines=True) as tell:
         sweep = serve_sweep(m, c, counts, eng, req.workload, slo, req.weights, req.kv_caches,
                             objective=goal, price_per_gpu_hour=price, disaggregated=disaggregated,
-                            speculative=req.speculative, progress=tell)
+                            speculative=req.speculative, progress=tell, engine_version=req.engine_version)
     chosen = sweep.chosen
     best = None if chosen is None else chosen.best
     if out_path is not None and best is not None:  # checked by serve before the sweep ran
@@ -841,7 +853,8 @@ def _serve_sweep(req: Any, counts: tuple[int, ...], goal: Any, price: float | No
         output.emit_json(doc)
     else:
         output.out.print(render.serving_sweep_table(rows, goal.value, escape(
-            f"{m.name} on {c.device.name} ({c.name}), {eng.value}, {req.workload.input_len.mean:g} in / "
+            f"{m.name} on {c.device.name} ({c.name}), {_engine_label(req)}, "
+            f"{req.workload.input_len.mean:g} in / "
             f"{req.workload.output_len.mean:g} out, {req.workload.arrival.label()}: by GPU count")))
         output.out.print(render.serving_front_table(sweep.front, show_gpus=True))
     if plot is not None:
@@ -869,7 +882,7 @@ def _max_num_seqs(r: Any) -> int:
     from autoplan.serving.deployment import resolved_limits
 
     p = r.plan
-    return resolved_limits(p.deployment, p.engine, p.cluster.device)[0]
+    return resolved_limits(p.deployment, p.engine, p.cluster.device, p.engine_version)[0]
 
 
 def _print_prediction(path: Path, plan: Plan, pred: Prediction, *extra: Any) -> None:
@@ -1061,7 +1074,7 @@ def _evaluate_serving(serving: list[tuple[Path, Any]], fmt: Format, also_trainin
         output.emit_json({"plans": [serving_document(plan, pred) for _, plan, pred in results]})
     else:
         for path, plan, pred in results:
-            step = StepModel(plan.model, plan.cluster, plan.deployment, plan.engine)
+            step = StepModel(plan.model, plan.cluster, plan.deployment, plan.engine, plan.engine_version)
             for renderable in render.serving_evaluation(str(path), plan, pred, step):
                 output.out.print(renderable)
     return all(pred.fits and (not plan.slo.any or pred.meets_slo) for _, plan, pred in results)

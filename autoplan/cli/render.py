@@ -375,7 +375,18 @@ def serving_evaluation(path: str, plan: ServingPlan, pred: ServingPrediction,
         for t, running, tokens in picks:
             line.add_row(f"{t:,.2f}", str(running), f"{tokens:,}")
         out.append(line)
+    out += evidence_lines(pred)
     return out
+
+
+def evidence_lines(pred: ServingPrediction, lead: str = "") -> list[str]:
+    """How far to trust the prediction (serving.trust): the engine release and its
+    constants, the measured kernels, the held-out error of its regime; escaped for rich."""
+    from rich.markup import escape
+
+    if pred.evidence is None:
+        return []
+    return [escape(f"{lead}{line}") for line in pred.evidence.lines()]
 
 
 def _serving_memory_table(pred: ServingPrediction) -> Table:

@@ -40,7 +40,9 @@ configuration of it (vLLM ``--speculative-config``, SGLang ``--speculative-*``, 
 ``speculative_config``), a draft checkpoint read from ``DRAFT_MODEL``.
 
 The values the engines default to differ between releases (trtllm-serve's max_batch_size and
-max_num_tokens among them), so every limit the prediction used is written out.
+max_num_tokens among them), so every limit the prediction used is written out, and the script
+names the release the plan was predicted for (its container image and pip pin:
+:func:`release_lines`; the plan's ``engine: {name, version}``, else the engine's default line).
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ def export_serving(plan: ServingPlan, target: Engine, source: str) -> dict[str, 
     if plan.deployment.disaggregated is not None:
         return _disaggregated(plan, target)
     spec = target.spec
-    step = StepModel(plan.model, plan.cluster, plan.deployment, plan.engine)
+    step = StepModel(plan.model, plan.cluster, plan.deployment, plan.engine, plan.engine_version)
     side = spec.side_files(plan, step)
     return {spec.script: _script(plan, spec.command, spec.args(plan, step), side), **side}
 
@@ -135,7 +137,7 @@ def _disaggregated(plan: ServingPlan, target: Engine) -> dict[str, str]:
     assert dis is not None
     files: dict[str, str] = {}
     for role, pool, first, port in _pools(plan):
-        step = StepModel(pool.model, pool.cluster, pool.deployment, pool.engine)
+        step = StepModel(pool.model, pool.cluster, pool.deployment, pool.engine, pool.engine_version)
         side = {f"{role}-{name}": text for name, text in spec.side_files(pool, step).items()}
         files[f"serve-{target.value}-{role}.sh"] = _script(
             pool, spec.command, spec.args(pool, step), side, role=role, first_gpu=first, first_port=port,
@@ -176,6 +178,17 @@ def _router(plan: ServingPlan, target: Engine) -> str:
     return "\n".join(lines) + "\n"
 
 
+def release_lines(plan: ServingPlan) -> list[str]:
+    """The comment naming the engine release the plan was predicted with: its container
+    image and pip pin (each engine's file names them)."""
+    spec, release = plan.engine.spec, plan.engine_release
+    image, pip = spec.image_of(release), spec.pip_of(release)
+    if not image and not pip:
+        return []
+    how = ", or ".join(x for x in (f"image {image}" if image else "", pip) if x)
+    return [comment(f"{plan.engine.value} {release} (the release the plan was predicted for): {how}")]
+
+
 def nodes_per_replica(plan: ServingPlan) -> int:
     """Nodes one replica spans: 1, or whole nodes (``refusals`` turns down the rest)."""
     return plan.nodes_per_replica
@@ -194,6 +207,7 @@ def _script(plan: ServingPlan, command: str, args: list[Arg], side_files: dict[s
         comment(f"{plan.model.name} on {d.gpus} x {c.device.name}: {what}{d.label()}, weights "
                 f"{d.weights.value}, KV cache {d.kv_cache.value} ({plan.engine.value}; written by autoplan "
                 "export)"),
+        *release_lines(plan),
     ]
     if nodes == 1:
         where = (f"GPUs {first_gpu} + REPLICA x {per} of the deployment's, on the node that holds them"

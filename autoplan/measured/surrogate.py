@@ -236,6 +236,7 @@ class _Fitted:
 
     def __init__(self, profile: Profile, cluster: Cluster):
         self.label = profile.source
+        self.meta = dict(profile.meta)  # its provenance (device, engine, version: serving.trust)
         self.key = (profile.digest, cluster.device, cluster.intra_node, cluster.inter_node)
         self.device_kind = profile.meta.get("device_kind", "")
         self.forests: dict[str, RatioForest] = {}
@@ -335,6 +336,11 @@ class SurrogateCorrection:
     @property
     def members(self) -> int:
         return self.fitted.members
+
+    @property
+    def meta(self) -> dict[str, str]:
+        """The profile's header lines (device, software, engine and release where given)."""
+        return self.fitted.meta
 
     def host_kernel_s(self) -> tuple[float, float] | None:
         return self.fitted.host

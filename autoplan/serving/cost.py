@@ -25,15 +25,24 @@ decoding sequence. Per GPU of a pipeline stage it costs, layer by layer:
 - weights per GPU: :func:`autoplan.kernels.layer.layer_params_per_rank` and the
   embedding and output layer's, as training holds them (split over TP or replicated);
 - a GPU-side gap per kernel (``device.kernel_gap_s``) and the engine's host time per
-  iteration (scheduling, input preparation): the engine's ``host_step_s``, plus its time per
-  sampled sequence (sampling, detokenizing, streaming): ``host_seq_s``
+  iteration (scheduling, input preparation): the release line's ``host_step_s``, plus its
+  time per sampled sequence (sampling, detokenizing, streaming): ``host_seq_s``
   (``autoplan/serving/engines/``, fitted by ``benchmarks/serving_fit.py``, with the
-  engine's ``kernel_scale``: its kernels' time over the roofline's at the device's rates).
+  line's ``kernel_scale``: its kernels' time over the roofline's at the device's rates).
+  An engine that overlaps scheduling with the GPU (SGLang's overlap scheduler, LMSYS blog
+  2024-12-04; vLLM's async scheduling from 0.14; TensorRT-LLM's overlap scheduler, its docs'
+  "Overlap Scheduler": the CPU prepares iteration i+1 while the GPU runs i) shows only the
+  host time the GPU's work does not cover: an iteration of GPU time G and host time H with
+  the line's ``host_hidden`` share h takes (1 - h) H + max(G, h H) (:func:`iteration_seconds`),
+  G + H without the overlap, max(G, H) with all of it hidden. An iteration the engine does not
+  replay as a CUDA graph launches its kernels from the host, ``launch_s`` each (fitted;
+  0 where no fit gives it): the GPU runs no faster than they are issued.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from autoplan.descriptors.hardware import Cluster, Device
@@ -58,7 +67,7 @@ from autoplan.kernels.layer import (
     output_params_per_rank,
 )
 from autoplan.serving.deployment import Deployment, Precision, SpecMethod, resolved_limits
-from autoplan.serving.engine import Engine, engine_defaults
+from autoplan.serving.engine import Engine
 from autoplan.units import GiB
 from autoplan.vocab import Dtype
 
@@ -82,6 +91,15 @@ def all_reduce_seconds(nbytes: float, group: comm.Group) -> float:
         return ring
     one_shot = group.intra.latency_s + nbytes * (group.size - 1) / group.intra.effective_Bps
     return min(ring, one_shot)
+
+
+def iteration_seconds(gpu_s: float, host_s: float, hidden: float, launch_floor_s: float = 0.0) -> float:
+    """An iteration's seconds from its GPU work ``gpu_s`` and its host time ``host_s``, of
+    which the overlap scheduler hides the share ``hidden`` behind the GPU's work (the CPU
+    prepares iteration i+1 while the GPU runs i): (1 - h) H + max(G, h H). ``launch_floor_s``:
+    the host's time to launch the iteration's kernels one by one (no CUDA graph), which the
+    GPU cannot run ahead of. h = 0 and no floor: G + H, the serial engine loop."""
+    return (1.0 - hidden) * host_s + max(gpu_s, hidden * host_s, launch_floor_s)
 
 
 def compute_dtype(weights: Precision, device: Device) -> Dtype:
@@ -153,6 +171,12 @@ class Breakdown:
         return (self.gemm + self.moe + self.attention + self.kv_read + self.elementwise + self.tp_comm
                 + self.ep_comm + self.pp_comm + self.logits + self.kernel_gaps + self.host + self.draft)
 
+    @property
+    def device(self) -> float:
+        """The GPU's seconds: everything but the host time."""
+        return (self.gemm + self.moe + self.attention + self.kv_read + self.elementwise + self.tp_comm
+                + self.ep_comm + self.pp_comm + self.logits + self.kernel_gaps + self.draft)
+
     def to_dict(self) -> dict[str, float]:
         names = ("gemm", "moe", "attention", "kv_read", "elementwise", "tp_comm", "ep_comm",
                  "pp_comm", "logits", "kernel_gaps", "host", "draft")
@@ -168,9 +192,11 @@ class StepModel:
     cluster: Cluster
     deployment: Deployment
     engine: Engine
+    version: str | None = None  # the engine release (None: its default line; serving.engine)
     _linear: dict[int, tuple[float, float]] = field(default_factory=dict, init=False, repr=False)
     _tokens: dict[int, Breakdown] = field(default_factory=dict, init=False, repr=False)
     _token_totals: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    _token_device: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     _sampled: dict[int, float] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -189,11 +215,14 @@ class StepModel:
         self.stage_group = comm.place_group(self.cluster, self.stage_gpus, 1)
         self.attn_eff = attention_efficiency(dev, AttentionKernel.FLASH3, False, 4096, m.qk_head_dim)
         self.mem_eff_Bps = dev.hbm_Bps * dev.hbm_efficiency
-        self.defaults = engine_defaults(self.engine, dev)
-        # the engine's fitted constants, read once (a simulation asks thousands of times)
-        self._host_seq, self._kscale = self.engine.spec.host_seq_s, self.engine.spec.kernel_scale
+        # the engine's release line: its defaults and fitted constants, read once (a
+        # simulation asks thousands of times)
+        self.line = line = self.engine.spec.at(self.version)
+        self.defaults = line.engine_defaults(dev)
+        self._host_step, self._host_seq, self._kscale = line.host_step_s, line.host_seq_s, line.kernel_scale
+        self._hidden = line.hidden_share(d)  # of the host time, the share the overlap hides
         self.max_num_seqs, self.max_batched_tokens, self.chunked_prefill = resolved_limits(
-            d, self.engine, dev)
+            d, self.engine, dev, self.version)
         # cross-node pipeline hops where a stage's GPUs fill whole NVLink domains
         self.pp_cross = self.stage_gpus >= self.cluster.nvlink_domain
         # attention per (query, key) pair of a prefill, and per token of context a decode
@@ -207,7 +236,8 @@ class StepModel:
         heads = m.heads / d.tp
         # prefill through the kernels' one flash-attention time (the device's measured
         # correction applies, as to training's), at a 4096-token call
-        prefill_call = AttentionCall(heads, 4096.0, m.qk_head_dim, m.heads / m.kv_heads, True, False)
+        prefill_call = self._prefill_call = AttentionCall(heads, 4096.0, m.qk_head_dim, m.heads / m.kv_heads,
+                                                          True, False)
         self._prefill_s_per_pair = attention_time(self.layers_stage * d.pp * 2.0 * heads * prefill_dim,
                                                   prefill_call, dev, AttentionKernel.FLASH3)
         self._decode_s_per_token = 2.0 * heads * decode_dim / rate
@@ -227,8 +257,13 @@ class StepModel:
             assert spec.draft is not None
             # the draft runs beside the target on its TP group, one stage, dense
             self._draft = StepModel(spec.draft, self.cluster, replace(
-                d, speculative=None, pp=1, ep=1, attention_dp=1, disaggregated=None), self.engine)
+                d, speculative=None, pp=1, ep=1, attention_dp=1, disaggregated=None), self.engine,
+                self.version)
         self._head_moe = bool(spec is not None and spec.method is SpecMethod.MTP and m.is_moe)
+        # kernels an iteration launches (those the kernel gaps count), and whether host and
+        # GPU simply add up (no overlap, no launch floor: the arithmetic of the serial loop)
+        self._kernels = self.layers_stage * d.pp * KERNELS_PER_LAYER
+        self._serial = self._hidden == 0.0 and line.launch_s == 0.0
 
     # -- per-layer pieces ---------------------------------------------------------------
     def _shapes(self, gemms: list[Gemm]) -> tuple[tuple[float, float, float], ...]:
@@ -283,7 +318,7 @@ class StepModel:
         out = Breakdown(gemm=k * self.dense_stage * d.pp * dense, moe=k * Lm * moe, elementwise=elementwise,
                         tp_comm=tp_comm, ep_comm=ep_comm, pp_comm=pp_comm,
                         kernel_gaps=L * KERNELS_PER_LAYER * dev.kernel_gap_s,
-                        host=self.engine.spec.host_step_s)
+                        host=self._host_step)
         self._tokens[tokens] = out
         return out
 
@@ -312,10 +347,50 @@ class StepModel:
         k = self._kscale
         return k * attention, k * self.layers_stage * self.deployment.pp * kv_read
 
+    def _launch_floor(self, tokens: int, decodes: int) -> float:
+        """The host's time to launch an iteration's kernels one by one, where the engine does
+        not replay it as a CUDA graph (its line's graphs hold decode-only iterations of at
+        most ``graph_max_batch`` sequences); 0 where replayed or no launch cost is fitted."""
+        line = self.line
+        if line.launch_s == 0.0:
+            return 0.0
+        replayed = (line.cuda_graphs and decodes > 0 and tokens == decodes * self.width
+                    and (line.graph_max_batch == 0 or decodes <= line.graph_max_batch))
+        return 0.0 if replayed else self._kernels * line.launch_s
+
+    def decode_run(self, decodes: int, ctx: float) -> Callable[[int], float]:
+        """Seconds of the first j decode-only iterations of ``decodes`` sequences starting
+        at ``ctx`` tokens of context, each adding ``gain`` tokens a sequence, as a function
+        of j (the simulation's runs of decode iterations). Serial: j A + c (j ctx + g n j (j-1)/2)
+        (:meth:`decode_coefficients`). With the overlap or a launch floor F, iteration i takes
+        (1 - h) H + max(G_i, F') with G_i = G_0 + s i rising in i and F' = max(F, h H): the
+        first m iterations (G_i < F') take F' each, the rest G_i."""
+        a, c = self.decode_coefficients(decodes)
+        grown = decodes * self.gain
+        if self._serial:
+            return lambda j: j * a + c * (j * ctx + grown * j * (j - 1) / 2)
+        w = self.width
+        host = self._host_step + self._host_seq * decodes
+        g0 = a - host + c * ctx  # decode_coefficients' A less the host time: the GPU's
+        slope = c * grown
+        floor = max(self._launch_floor(decodes * w, decodes), self._hidden * host)
+        shown = (1.0 - self._hidden) * host
+
+        def elapsed(j: int) -> float:
+            if g0 >= floor:
+                m = 0
+            elif slope <= 0.0:
+                m = j
+            else:
+                m = min(j, math.ceil((floor - g0) / slope))
+            return j * shown + m * floor + (j - m) * g0 + slope * (j * (j - 1) - m * (m - 1)) / 2
+
+        return elapsed
+
     def decode_coefficients(self, decodes: int) -> tuple[float, float]:
         """(A, c): a decode-only iteration of ``decodes`` sequences holding ``ctx`` tokens of
-        context takes A + c ctx (:meth:`step_seconds` with no prefill; the simulation sums
-        runs of them in closed form)."""
+        context takes A + c ctx in the serial engine loop (:meth:`step_seconds` with no
+        prefill; host time included); :meth:`decode_run` sums runs of them."""
         w = self.width
         draft0 = self._draft_seconds(decodes, 0.0, 0, 0.0, 0.0)
         a = (self._per_tokens(decodes * w).total + self._logits(decodes * w) + self._host_seq * decodes
@@ -353,15 +428,21 @@ class StepModel:
         if spec is None or spec.method is SpecMethod.NGRAM:
             return 0.0
         k = spec.tokens
-        if self._draft is not None:  # its iterations, less the host time the engine pays once
-            dr, host = self._draft, self.engine.spec
+        if self._draft is not None:  # its iterations' GPU work (the engine pays the host time once)
+            dr = self._draft
             t = 0.0
+            if dr._serial:  # the serial loop's arithmetic: its iterations less their host time
+                if decodes:
+                    t += k * (dr.step_seconds(decodes, decodes, decode_context, 0.0, 0.0, decodes)
+                              - dr._host_step - dr._host_seq * decodes)
+                if prefill_tokens:
+                    t += (dr.step_seconds(prefill_tokens, 0, 0.0, prefill_pairs, prefill_context, 0)
+                          - dr._host_step)
+                return t
             if decodes:
-                t += k * (dr.step_seconds(decodes, decodes, decode_context, 0.0, 0.0, decodes)
-                          - host.host_step_s - host.host_seq_s * decodes)
+                t += k * dr.device_seconds(decodes, decodes, decode_context, 0.0, 0.0, decodes)
             if prefill_tokens:
-                t += (dr.step_seconds(prefill_tokens, 0, 0.0, prefill_pairs, prefill_context, 0)
-                      - host.host_step_s)
+                t += dr.device_seconds(prefill_tokens, 0, 0.0, prefill_pairs, prefill_context, 0)
             return t
         t = 0.0
         if decodes:  # each proposal: the head layer, its KV read, the shared output head
@@ -401,9 +482,14 @@ class StepModel:
         base = self._per_tokens(tokens)
         prompt = tokens - decodes * self.width
         draft = self._draft_seconds(decodes, decode_context, prompt, prefill_pairs, prefill_context)
-        return replace(base, attention=attention, kv_read=kv_read,
-                       logits=self._logits(sampled + decodes * (self.width - 1)),
-                       host=base.host + self._host_seq * sampled, draft=draft)
+        out = replace(base, attention=attention, kv_read=kv_read,
+                      logits=self._logits(sampled + decodes * (self.width - 1)),
+                      host=base.host + self._host_seq * sampled, draft=draft)
+        if self._serial:
+            return out
+        gpu = out.device  # the host time the iteration shows: what the overlap leaves
+        shown = iteration_seconds(gpu, out.host, self._hidden, self._launch_floor(tokens, decodes)) - gpu
+        return replace(out, host=shown)
 
     def step_seconds(self, tokens: int, decodes: int, decode_context: float,
                      prefill_pairs: float, prefill_context: float, sampled: int) -> float:
@@ -412,6 +498,10 @@ class StepModel:
         virtual engines): one batch's iteration still traverses every stage."""
         if tokens <= 0:
             return 0.0
+        if not self._serial:
+            return iteration_seconds(
+                self.device_seconds(tokens, decodes, decode_context, prefill_pairs, prefill_context, sampled),
+                self._host_step + self._host_seq * sampled, self._hidden, self._launch_floor(tokens, decodes))
         total = self._token_totals.get(tokens)
         if total is None:
             total = self._token_totals[tokens] = self._per_tokens(tokens).total
@@ -422,6 +512,22 @@ class StepModel:
         draft = self._draft_seconds(decodes, decode_context, tokens - decodes * self.width, prefill_pairs,
                                     prefill_context)
         return total + attention + kv_read + self._logits(sampled + decodes * (self.width - 1)) + host + draft
+
+    def device_seconds(self, tokens: int, decodes: int, decode_context: float,
+                       prefill_pairs: float, prefill_context: float, sampled: int) -> float:
+        """The GPU's seconds of an iteration (:meth:`step_seconds` without host time)."""
+        if tokens <= 0:
+            return 0.0
+        gpu = self._token_device.get(tokens)
+        if gpu is None:
+            gpu = self._token_device[tokens] = self._per_tokens(tokens).device
+        attention, kv_read = self._attention(decode_context, prefill_pairs, prefill_context)
+        logits = self._logits(sampled + decodes * (self.width - 1))
+        if self.width == 1:
+            return gpu + attention + kv_read + logits
+        draft = self._draft_seconds(decodes, decode_context, tokens - decodes * self.width, prefill_pairs,
+                                    prefill_context)
+        return gpu + attention + kv_read + logits + draft
 
     # -- memory ---------------------------------------------------------------------
     def memory_weights(self) -> float:

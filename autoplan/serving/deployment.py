@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from autoplan.descriptors.hardware import Cluster, Device
 from autoplan.descriptors.model import Model
-from autoplan.serving.engine import Engine, engine_defaults
+from autoplan.serving.engine import Engine, EngineVersion, Resolved, engine_defaults
 
 
 class Precision(str, enum.Enum):
@@ -158,10 +158,11 @@ class Deployment:
         return out
 
 
-def resolved_limits(d: Deployment, engine: Engine, device: Device) -> tuple[int, int, bool]:
+def resolved_limits(d: Deployment, engine: Engine, device: Device,
+                    version: str | None = None) -> tuple[int, int, bool]:
     """(max_num_seqs, max_batched_tokens, chunked_prefill) as the deployment runs them: its
-    own where set, else the engine's defaults (:func:`engine_defaults`)."""
-    defaults = engine_defaults(engine, device)
+    own where set, else the engine's defaults at ``version`` (:func:`engine_defaults`)."""
+    defaults = engine_defaults(engine, device, version)
     return (d.max_num_seqs or defaults.max_num_seqs, d.max_batched_tokens or defaults.max_batched_tokens,
             defaults.chunked_prefill if d.chunked_prefill is None else d.chunked_prefill)
 
@@ -369,6 +370,24 @@ class ServingPlan:
     deployment: Deployment
     workload: Workload
     slo: Slo
+    # the engine release the plan names (None: the engine's default line, the newest
+    # fitted; serving.engine); checked where the plan is read
+    engine_version: str | None = None
+
+    @property
+    def engine_resolved(self) -> Resolved:
+        """The release and the line of the engine's table that predicts it."""
+        return self.engine.spec.resolve(self.engine_version)
+
+    @property
+    def engine_line(self) -> EngineVersion:
+        """The engine's release line the plan is predicted with."""
+        return self.engine_resolved.line
+
+    @property
+    def engine_release(self) -> str:
+        """The release the plan runs: the one it names, else the default line's."""
+        return self.engine_resolved.release
 
     @property
     def max_model_len(self) -> int:

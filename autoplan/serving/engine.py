@@ -8,22 +8,39 @@ The simulation, the search, the plan files, the command line and the exports rea
 spec, never an engine's name, so adding an engine is one file
 (``tests/unit/test_engine_registry.py`` adds one). ``autoplan/serving/__init__.py``
 registers the built-in ones.
+
+Engines by version. What an engine does changes between releases (vLLM's async scheduling
+on by default from 0.14, TensorRT-LLM's overlap scheduler and CUDA graphs with its PyTorch
+backend from 1.0, default memory budgets), so an engine's file holds a table of its release
+lines (:class:`EngineVersion`, ``VERSIONS``: the documented behaviour of each, with the
+release notes or code it is read from) and, apart from it, the constants fitted on measured
+runs per line (:class:`Fitted`, the file's ``FITTED``: host time per iteration and per
+sequence, the kernels' time over the roofline's, the host time per kernel launched outside
+a CUDA graph; ``benchmarks/serving_fit.py`` fits them). A line without a fitted entry takes
+the constants of the newest fitted line before it (else the oldest after it).
+:meth:`EngineSpec.at` resolves a release: None gives the newest fitted line (the default),
+a release the newest line at or before it, a nightly build the newest line, a release
+older than every line the oldest line (with a note). Release spellings:
+:mod:`autoplan.serving.versions`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from autoplan.descriptors.hardware import Device
 from autoplan.registry import Named
+from autoplan.serving.versions import Version, VersionError, parse_version
 
 # What the spec's functions take: a ``serving.deployment.ServingPlan`` and its
 # ``serving.cost.StepModel``, which sit above this module (they name the engine), so they
 # are typed here by role; each engine's file types them fully.
 ServingPlan = Any
 StepModel = Any
+Deployment = Any  # serving.deployment.Deployment
 Arg = tuple[str, ...]  # ``export.shell.Arg``: a flag and its values
 
 
@@ -76,6 +93,99 @@ def _no_notes(plan: ServingPlan) -> list[str]:
     return []
 
 
+def _overlap_always(deployment: Deployment) -> str | None:
+    return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fitted:
+    """One release line's constants fitted on measured runs (an engine file's ``FITTED``,
+    keyed by the line's version; ``benchmarks/serving_fit.py`` writes them)."""
+
+    # host time per iteration: the scheduler, input preparation, sampling and output
+    # processing between two forward passes
+    host_step_s: float
+    # host time per sequence an iteration samples (sampling, detokenizing, streaming the
+    # token out): it grows with the batch where the per-iteration part does not
+    host_seq_s: float = 0.0
+    # the engine's kernels' time over the roofline's at the device's rates (GEMMs, experts,
+    # attention, KV reads, logits): >1 where they reach less of the rates than modelled
+    kernel_scale: float = 1.0
+    # host time per kernel an iteration launches outside a CUDA graph (the GPU runs no
+    # faster than the host issues them): 0 where not fitted
+    launch_s: float = 0.0
+    source: str  # the rows and command they were fitted with, or why they are a prior
+    prior: bool = False  # set by hand, not fitted on measured runs
+    # the constants are the host time an iteration shows in series with the GPU's work (set
+    # before the overlap scheduler was modelled): the line's ``host_hidden`` is not applied
+    # to them again
+    serial: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineVersion:
+    """One release line of an engine: what its releases from ``version`` on do by default
+    (documented: ``source`` names the release notes or code), and the constants fitted for
+    it (:class:`Fitted`, filled in by :class:`EngineSpec` from the engine's ``FITTED``)."""
+
+    version: str  # the line's first release
+    source: str = ""  # where its documented behaviour is read
+    # share of the per-iteration host time the overlap scheduler hides behind the GPU's
+    # work: the CPU prepares iteration i+1 while the GPU runs i, so an iteration takes
+    # max(GPU, hidden host) + the rest of the host time (serving.cost.iteration_seconds)
+    host_hidden: float = 0.0
+    # why the overlap is off for a deployment (None: on), e.g. vLLM's async scheduling
+    # with pipeline parallelism
+    overlap_off: Callable[[Deployment], str | None] = _overlap_always
+    # decode iterations replayed as CUDA graphs (no kernel launched from the host): the
+    # decode-only iterations of at most ``graph_max_batch`` sequences (0: any batch)
+    cuda_graphs: bool = True
+    graph_max_batch: int = 0
+    defaults: Callable[[Device], EngineDefaults] | None = None  # None: the spec's
+    # the fitted constants (EngineSpec fills them from FITTED)
+    host_step_s: float = 0.0
+    host_seq_s: float = 0.0
+    kernel_scale: float = 1.0
+    launch_s: float = 0.0
+    fitted: Fitted | None = None  # the FITTED entry they come from (None: the spec's own)
+    fitted_line: str = ""  # the line that entry is keyed by
+
+    @property
+    def key(self) -> Version:
+        return parse_version(self.version)
+
+    @property
+    def is_fitted(self) -> bool:
+        """Whether this line's own constants were fitted on measured runs (not a prior,
+        not taken from another line)."""
+        return self.fitted is not None and not self.fitted.prior and self.fitted_line == self.version
+
+    def hidden_share(self, deployment: Deployment) -> float:
+        """The share of host time hidden for ``deployment``: the line's, or 0 where the
+        overlap is off for it or the constants are already the host time shown (serial)."""
+        if self.host_hidden <= 0.0 or (self.fitted is not None and self.fitted.serial):
+            return 0.0
+        return 0.0 if self.overlap_off(deployment) is not None else self.host_hidden
+
+    def engine_defaults(self, device: Device) -> EngineDefaults:
+        assert self.defaults is not None, "EngineSpec fills every line's defaults"
+        return self.defaults(device)
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """A release asked for and the line that predicts it."""
+
+    line: EngineVersion
+    asked: str | None  # as given (None: the default)
+    note: str | None = None  # said where the release is older than every line
+
+    @property
+    def release(self) -> str:
+        """The release a plan runs: the one asked for, else the default line's."""
+        return self.asked if self.asked is not None else self.line.version
+
+
 @dataclass(frozen=True, slots=True)
 class EngineSpec:
     """Everything autoplan needs of one serving engine."""
@@ -84,9 +194,6 @@ class EngineSpec:
     attr: str  # its Python name (``Engine.VLLM``)
     doc: str
     defaults: Callable[[Device], EngineDefaults]  # its server's defaults on a device
-    # host time per iteration: the scheduler, input preparation, sampling and output
-    # processing between two forward passes
-    host_step_s: float
     command: str  # the launch command, the checkpoint as "$MODEL" (shell text)
     args: Callable[[ServingPlan, StepModel], list[Arg]]  # its flags for the plan
     refusals: Callable[[ServingPlan], list[tuple[str, str]]] = _none  # (field, why) it cannot run
@@ -100,19 +207,115 @@ class EngineSpec:
     # shell lines after ARGS (reading the environment: a draft checkpoint's path)
     launch_lines: Callable[[ServingPlan], list[str]] = _no_lines
     disaggregation: Disaggregation | None = None  # None: disaggregated launches refused
-    # host time per sequence an iteration samples (sampling, detokenizing, streaming the
-    # token out): it grows with the batch where the per-iteration part does not
+    # an engine without a version table: its constants (:class:`Fitted`'s), one line of
+    # its own; with one, its default line's (set from the table: the lines read ``fitted``)
+    host_step_s: float = 0.0
     host_seq_s: float = 0.0
-    # the engine's kernels' time over the roofline's at the device's rates (GEMMs, experts,
-    # attention, KV reads, logits): >1 where they reach less of the rates than modelled
     kernel_scale: float = 1.0
     # tokens per KV cache block: prefix caching reuses whole blocks (vLLM's block_size 16,
     # SGLang's radix cache page_size 1, TensorRT-LLM's tokens_per_block 32)
     kv_block_tokens: int = 16
+    versions: tuple[EngineVersion, ...] = ()  # its release lines, oldest first (module doc)
+    fitted: Mapping[str, Fitted] = field(default_factory=dict, compare=False)  # line -> constants
+    # the container image of a release ("{version}" the release, without a leading v) and
+    # how pip installs it, for the launch scripts' comment
+    image: str = ""
+    pip: str = ""
+    _lines: tuple[EngineVersion, ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_lines", _resolve_lines(self))
+        if self.versions:  # the spec's own constants: the default line's
+            line = self.default_line
+            for name in ("host_step_s", "host_seq_s", "kernel_scale"):
+                object.__setattr__(self, name, getattr(line, name))
 
     @property
     def script(self) -> str:
         return f"serve-{self.name}.sh"
+
+    @property
+    def lines(self) -> tuple[EngineVersion, ...]:
+        """The release lines with their constants, oldest first (one, versionless, for an
+        engine without a table)."""
+        return self._lines
+
+    @property
+    def default_line(self) -> EngineVersion:
+        """The newest line whose constants were fitted on measured runs; where none is, the
+        newest line with constants of its own (a prior); else the newest line."""
+        for want in (lambda v: v.is_fitted, lambda v: v.fitted is not None and v.fitted_line == v.version):
+            found = [v for v in self._lines if want(v)]
+            if found:
+                return found[-1]
+        return self._lines[-1]
+
+    def resolve(self, version: str | None) -> Resolved:
+        """The line that predicts ``version`` (module doc); :class:`VersionError` for text
+        that is no version."""
+        if version is None:
+            return Resolved(self.default_line, None)
+        asked = parse_version(version)
+        if not self.versions:  # one line: every release is predicted alike
+            return Resolved(self._lines[0], version)
+        if asked.nightly:
+            return Resolved(self._lines[-1], version)
+        at_or_before = [v for v in self._lines if v.key <= asked]
+        if at_or_before:
+            return Resolved(at_or_before[-1], version)
+        oldest = self._lines[0]
+        return Resolved(oldest, version, (f"{self.name} {version} is older than the oldest release line "
+                                          f"autoplan describes ({oldest.version}): predicted as "
+                                          f"{oldest.version}"))
+
+    def at(self, version: str | None) -> EngineVersion:
+        """The line that predicts ``version`` (None: the default line)."""
+        return self.resolve(version).line
+
+    def with_fitted(self, line: str, constants: Fitted) -> EngineSpec:
+        """The spec with ``constants`` as the fitted entry of ``line`` (a fit's trial values;
+        ``line`` a line of the table, or "" for an engine without one)."""
+        if not self.versions:
+            return dataclasses.replace(self, host_step_s=constants.host_step_s,
+                                       host_seq_s=constants.host_seq_s, kernel_scale=constants.kernel_scale)
+        assert any(v.version == line for v in self.versions), line
+        return dataclasses.replace(self, fitted={**self.fitted, line: constants})
+
+    def image_of(self, release: str) -> str:
+        """The container image of ``release`` (empty where the engine names none)."""
+        return self.image.format(version=release.removeprefix("v")) if self.image else ""
+
+    def pip_of(self, release: str) -> str:
+        """How pip installs ``release`` (empty for a nightly build or where none is named)."""
+        if not self.pip or parse_version(release).nightly:
+            return ""
+        return self.pip.format(version=release.removeprefix("v"))
+
+
+def _resolve_lines(spec: EngineSpec) -> tuple[EngineVersion, ...]:
+    """The spec's lines, each with its defaults and the fitted constants it predicts with
+    (its own entry, else the newest fitted line before it, else the oldest after it)."""
+    if not spec.versions:
+        own = Fitted(host_step_s=spec.host_step_s, host_seq_s=spec.host_seq_s,
+                     kernel_scale=spec.kernel_scale, source="the engine's own constants")
+        return (EngineVersion(version="", defaults=spec.defaults, host_step_s=own.host_step_s,
+                              host_seq_s=own.host_seq_s, kernel_scale=own.kernel_scale, fitted=own),)
+    lines = sorted(spec.versions, key=lambda v: v.key)
+    if [v.version for v in lines] != [v.version for v in spec.versions]:
+        raise ValueError(f"{spec.name}: release lines must be listed oldest first")
+    unknown = [k for k in spec.fitted if all(v.version != k for v in lines)]
+    if unknown or not spec.fitted:
+        raise ValueError(f"{spec.name}: FITTED must key lines of its table (got {unknown or 'none'})")
+    keyed = [v.version for v in lines if v.version in spec.fitted]
+    out = []
+    for v in lines:
+        before = [k for k in keyed if parse_version(k) <= v.key]
+        src = before[-1] if before else keyed[0]
+        c = spec.fitted[src]
+        out.append(dataclasses.replace(
+            v, defaults=v.defaults or spec.defaults, host_step_s=c.host_step_s, host_seq_s=c.host_seq_s,
+            kernel_scale=c.kernel_scale, launch_s=c.launch_s, fitted=c, fitted_line=src))
+    return tuple(out)
 
 
 class Engine(Named):
@@ -138,6 +341,17 @@ def unregister(engine: Engine) -> None:
     Engine._remove(engine, engine.spec.attr)
 
 
-def engine_defaults(engine: Engine, device: Device) -> EngineDefaults:
-    """The engine's server defaults on ``device`` (its file's ``defaults``)."""
-    return engine.spec.defaults(device)
+def engine_defaults(engine: Engine, device: Device, version: str | None = None) -> EngineDefaults:
+    """The engine's server defaults on ``device`` at ``version`` (None: its default line)."""
+    return engine.spec.at(version).engine_defaults(device)
+
+
+def check_version(engine: Engine, version: str | None) -> str | None:
+    """Why ``version`` is no release of ``engine`` (None: it is, or is not given)."""
+    if version is None:
+        return None
+    try:
+        engine.spec.resolve(version)
+    except VersionError as exc:
+        return str(exc)
+    return None

@@ -21,6 +21,7 @@ import numpy as np
 from autoplan.serving.cost import Memory, StepModel, kv_transfer
 from autoplan.serving.deployment import ArrivalKind, Deployment, ServingPlan, resolved_limits
 from autoplan.serving.simulate import SimResult, simulate, simulate_disaggregated
+from autoplan.serving.trust import Evidence, evidence_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +107,9 @@ class ServingPrediction:
     prefill_pool: PoolPrediction | None = None  # disaggregated deployments only
     # of the prompt tokens, the share served from the prefix cache (None: no shared prefix)
     prefix_hit_share: float | None = None
+    # what the prediction stands on: the engine release, the measured kernels, the held-out
+    # error of its regime (serving.trust; None: not worked out)
+    evidence: Evidence | None = None
 
     def priced(self, price_per_gpu_hour: float) -> ServingPrediction:
         """The prediction with dollars at ``price_per_gpu_hour`` (``--price``)."""
@@ -130,6 +134,7 @@ class ServingPrediction:
                 "memory_gib_per_gpu": self.prefill_pool.memory.to_gib(),
                 "kv_cache_tokens": self.prefill_pool.kv_cache_tokens,
                 "kv_transfer_ms_mean": self.prefill_pool.transfer_ms_mean}}),
+            **({} if self.evidence is None else {"evidence": self.evidence.to_dict()}),
         }
 
 
@@ -140,20 +145,28 @@ def schedulers_of(d: Deployment) -> int:
 
 
 def evaluate_serving(plan: ServingPlan, seed: int = 0) -> ServingPrediction:
-    """Simulate one scheduler of the plan (see :mod:`autoplan.serving.simulate`)."""
+    """Simulate one scheduler of the plan (see :mod:`autoplan.serving.simulate`), with the
+    evidence it stands on (:func:`autoplan.serving.trust.evidence_of`)."""
     if plan.deployment.disaggregated is not None:
-        return _evaluate_disaggregated(plan, seed)
+        pred, steps = _evaluate_disaggregated(plan, seed)
+    else:
+        pred, step = _evaluate_aggregated(plan, seed)
+        steps = [step]
+    return dataclasses.replace(pred, evidence=evidence_of(plan, steps))
+
+
+def _evaluate_aggregated(plan: ServingPlan, seed: int) -> tuple[ServingPrediction, StepModel]:
     d = plan.deployment
-    step = StepModel(plan.model, plan.cluster, d, plan.engine)
+    step = StepModel(plan.model, plan.cluster, d, plan.engine, plan.engine_version)
     mem = step.memory()
     fits = mem.peak <= plan.cluster.device.mem_bytes and mem.kv_cache > 0
     # a pipelined replica's batches in flight share its KV cache
     kv = step.kv_tokens(mem) // d.pp
     sched = schedulers_of(d)
     if not fits or kv <= 0:
-        return _unfit(mem, kv, sched)
+        return _unfit(mem, kv, sched), step
     sim = simulate(step, plan.workload, sched, kv, seed)
-    return _prediction(plan, sim, mem, kv, sched, fits)
+    return _prediction(plan, sim, mem, kv, sched, fits), step
 
 
 def _unfit(mem: Memory, kv: int, schedulers: int) -> ServingPrediction:
@@ -174,25 +187,25 @@ class PoolPrediction:
     transfer_ms_mean: float  # the KV hand-off of the simulated requests' prompts
 
 
-def _evaluate_disaggregated(plan: ServingPlan, seed: int) -> ServingPrediction:
+def _evaluate_disaggregated(plan: ServingPlan, seed: int) -> tuple[ServingPrediction, list[StepModel]]:
     """The prefill pool runs prompts to their first token, the decode pool the rest
     (:func:`autoplan.serving.simulate.simulate_disaggregated`); each pool's memory and KV
     cache are its own instances'."""
     d = plan.deployment
     pools = [d.pool("prefill"), d.pool("decode")]
-    steps = [StepModel(plan.model, plan.cluster, pool, plan.engine) for pool in pools]
+    steps = [StepModel(plan.model, plan.cluster, pool, plan.engine, plan.engine_version) for pool in pools]
     mems = [step.memory() for step in steps]
     kvs = [step.kv_tokens(mem) for step, mem in zip(steps, mems, strict=True)]
     scheds = (schedulers_of(pools[0]), schedulers_of(pools[1]))
     fits = all(m.peak <= plan.cluster.device.mem_bytes and m.kv_cache > 0 and kv > 0
                for m, kv in zip(mems, kvs, strict=True))
     if not fits:
-        return _unfit(max(mems, key=lambda m: m.peak), kvs[1], scheds[1])
+        return _unfit(max(mems, key=lambda m: m.peak), kvs[1], scheds[1]), steps
     transfer = kv_transfer(plan.model, plan.cluster, d)
     sim = simulate_disaggregated(steps[0], steps[1], plan.workload, scheds, (kvs[0], kvs[1]), transfer, seed)
     pred = _prediction(plan, sim, mems[1], kvs[1], scheds[1], fits)
     moved = 1e3 * (transfer[0] + transfer[1] * float(sim.input_len.mean())) if len(sim.input_len) else 0.0
-    return dataclasses.replace(pred, prefill_pool=PoolPrediction(mems[0], kvs[0], scheds[0], moved))
+    return dataclasses.replace(pred, prefill_pool=PoolPrediction(mems[0], kvs[0], scheds[0], moved)), steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,7 +318,7 @@ def serving_document(plan: ServingPlan, pred: ServingPrediction,
         deployment = {"replicas": d.replicas, "tp": d.tp, "pp": d.pp, "ep": d.ep,
                       "attention_dp": d.attention_dp}
     deployment.update(weights=d.weights.value, kv_cache=d.kv_cache.value)
-    seqs, tokens, chunked = resolved_limits(d, plan.engine, c.device)
+    seqs, tokens, chunked = resolved_limits(d, plan.engine, c.device, plan.engine_version)
     deployment.update(max_num_seqs=seqs, max_batched_tokens=tokens, chunked_prefill=chunked)
     if d.speculative is not None:
         spec = d.speculative.to_dict()
@@ -318,7 +331,9 @@ def serving_document(plan: ServingPlan, pred: ServingPrediction,
         "model": plan.model.name if builtin_model_matches(plan.model) else plan.model.to_dict(),
         # a built-in by name: whole nodes, or part of a node by its GPUs
         "cluster": builtin_cluster_ref(c) or c.to_dict(),
-        "engine": plan.engine.value,
+        # the engine by name (its default line), or with the release the plan names
+        "engine": (plan.engine.value if plan.engine_version is None
+                   else {"name": plan.engine.value, "version": plan.engine_version}),
         "deployment": deployment,
         "workload": plan.workload.to_dict(plan_dir),
     }

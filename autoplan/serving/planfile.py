@@ -42,6 +42,7 @@ from autoplan.serving.deployment import (
     Workload,
 )
 from autoplan.serving.engine import Engine
+from autoplan.serving.versions import VersionError
 from autoplan.units import MiB
 
 if TYPE_CHECKING:
@@ -892,6 +893,31 @@ def _check(plan: ServingPlan, f: Fields) -> None:
                                                     f"{d.max_batched_tokens:,}")
 
 
+def read_engine(f: Fields, default: Engine | None) -> tuple[Engine | None, str | None]:
+    """``engine``: a registered engine's name (its default release line, the newest fitted),
+    or ``{name, version}`` naming the release (``serving.engine``: the line that predicts
+    it). (engine, version), version None where not given."""
+    if not f.has("engine") or not isinstance(f.raw("engine"), Mapping):
+        return f.enum("engine", Engine, default), None
+    e = f.child("engine", f.raw("engine"))
+    engine = e.enum("name", Engine)
+    version = e.raw("version", None)
+    e.close()
+    if version is not None:
+        try:
+            if engine is not None:
+                engine.spec.resolve(version)
+            else:  # the name is wrong: still say what is wrong with the version
+                from autoplan.serving.versions import parse_version
+
+                parse_version(version)
+        except VersionError as exc:
+            e.fail("version", str(exc))
+            return engine, None
+        version = str(version).strip()
+    return engine, version
+
+
 @dataclass(frozen=True, slots=True)
 class ServingJob:
     """What ``autoplan serve JOB.yaml`` reads: every field optional (flags fill the rest)."""
@@ -900,6 +926,7 @@ class ServingJob:
     cluster: Cluster | None = None
     gpus: int | None = None
     engine: Engine | None = None
+    engine_version: str | None = None  # the engine release (engine: {name, version})
     input_len: Lengths | None = None
     output_len: Lengths | None = None
     arrival: Arrival | None = None
@@ -929,7 +956,7 @@ def read_serving_job(data: Any, source: str) -> ServingJob:
         f.fail("kind", f"expected serving, got {kind!r}"[:120])
     model, cluster = _model_and_cluster(f, required=False)
     gpus = f.int("gpus", None, min=1, max=MAX_DEGREE * 16)
-    engine = f.enum("engine", Engine, None)
+    engine, engine_version = read_engine(f, None)
     inp = out = arrival = prefix = None
     requests = None
     if f.has("workload"):
@@ -953,9 +980,9 @@ def read_serving_job(data: Any, source: str) -> ServingJob:
             f.fail(f"speculative.{field}" if field else "speculative", why)
     if problems:
         raise InputError(problems)
-    return ServingJob(model=model, cluster=cluster, gpus=gpus, engine=engine, input_len=inp,
-                      output_len=out, arrival=arrival, requests=requests, slo=slo, prefix=prefix,
-                      speculative=spec)
+    return ServingJob(model=model, cluster=cluster, gpus=gpus, engine=engine, engine_version=engine_version,
+                      input_len=inp, output_len=out, arrival=arrival, requests=requests, slo=slo,
+                      prefix=prefix, speculative=spec)
 
 
 def read_serving_plan(data: Any, source: str, *, profile: Profile | None = None,
@@ -975,7 +1002,7 @@ def read_serving_plan(data: Any, source: str, *, profile: Profile | None = None,
         f.fail("autoplan", f"expected schema version {SCHEMA_VERSION}, got {version}")
     f.str("kind")
     model, cluster = _model_and_cluster(f, required=True)
-    engine = f.enum("engine", Engine, Engine.VLLM)
+    engine, engine_version = read_engine(f, Engine.VLLM)
     deployment = _deployment(f)
     w = f.child("workload", f.raw("workload"))
     workload = None
@@ -997,7 +1024,8 @@ def read_serving_plan(data: Any, source: str, *, profile: Profile | None = None,
     f.close()
     if problems or None in (model, cluster, engine, deployment, workload):
         raise InputError(problems or [Problem(source, "", "incomplete serving plan")])
-    plan = ServingPlan(model, cluster, engine, deployment, workload, slo)  # type: ignore[arg-type]
+    plan = ServingPlan(model, cluster, engine, deployment, workload, slo,  # type: ignore[arg-type]
+                       engine_version)
     _check(plan, f)
     if problems:
         raise InputError(problems)

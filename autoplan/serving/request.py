@@ -49,6 +49,7 @@ from autoplan.serving.planfile import (
     speculative_model_problems,
     trace_too_long,
 )
+from autoplan.serving.versions import VersionError
 from autoplan.units import MAX_MONEY
 
 ARRIVAL_FLAGS = "--rate/--concurrency/--offline/--trace"
@@ -72,6 +73,7 @@ class ServeOptions:
     tpot_slo: float | None = None
     percentile: float | None = None
     engine: str | None = None
+    engine_version: str | None = None  # the engine's release (None: its default line)
     weights: str = "bf16"  # comma-separated precisions to try
     kv_cache: str = "bf16"
     price: float | None = None  # USD per GPU-hour
@@ -101,6 +103,7 @@ class ServeRequest:
     # the cluster as its file defines it (whole nodes), through the same door: what a sweep
     # over GPU counts resizes (resizing ``cluster``, part of a node, would shrink the node)
     base_cluster: Cluster | None = None
+    engine_version: str | None = None  # the engine release the plans name (None: the default)
 
 
 def check_serve_options(job_file: Path | None, given: ServeOptions) -> ServingJob:
@@ -130,12 +133,27 @@ def build_serve_request(job_file: Path | None, job: ServingJob, given: ServeOpti
               given.tpot_slo if given.tpot_slo is not None else job_slo.tpot_ms,
               given.percentile if given.percentile is not None else job_slo.percentile)
     engine = _engine(given.engine) if given.engine is not None else job.engine or Engine.VLLM
+    version = _engine_version(engine, job, given)
     problems: list[Problem] = []
     weights = _precisions(given.weights, "--weights", list(Precision), problems)
     kv_caches = _precisions(given.kv_cache, "--kv-cache", KV_PRECISIONS, problems)
+    older = engine.spec.resolve(version).note
     return ServeRequest(model, cluster, engine, workload, slo, tuple(weights), tuple(kv_caches),
-                        _override_notes(job_file, job, given),
-                        _speculative(given, model, job, job_file), corrected(base).cluster)
+                        _override_notes(job_file, job, given) + ((older,) if older else ()),
+                        _speculative(given, model, job, job_file), corrected(base).cluster, version)
+
+
+def _engine_version(engine: Engine, job: ServingJob, given: ServeOptions) -> str | None:
+    """The release the plans name: ``--engine-version``; else the job file's, where its
+    engine is the one searched (``--engine`` naming another drops it); else None (the
+    engine's default line). A usage error for text that is no version (exit 2)."""
+    if given.engine_version is not None:
+        try:
+            engine.spec.resolve(given.engine_version)
+        except VersionError as exc:
+            raise InputError.single("--engine-version", "", str(exc)) from None
+        return given.engine_version.strip()
+    return job.engine_version if job.engine is engine else None
 
 
 def _traced(job: ServingJob, given: ServeOptions) -> bool:
@@ -193,6 +211,13 @@ def _option_problems(job_file: Path | None, job: ServingJob, given: ServeOptions
         problems.append(Problem("--prefix-groups", "", "groups of what prefix? give --prefix-share "
                                                        "(or workload.prefix in the job file)"))
     problems += _speculative_problems(given)
+    if given.engine_version is not None:
+        named = given.engine if given.engine is not None else job.engine or Engine.VLLM
+        if named in Engine:
+            try:
+                Engine(named).spec.resolve(given.engine_version)
+            except VersionError as exc:
+                problems.append(Problem("--engine-version", "", str(exc)))
     if given.price is not None and not (0 < given.price <= MAX_MONEY):
         problems.append(Problem("--price", "", f"expected USD per GPU-hour > 0 and at most "
                                                f"{MAX_MONEY:g}, got {given.price:g}"))
@@ -345,6 +370,7 @@ def _override_notes(job_file: Path | None, job: ServingJob, given: ServeOptions)
              ("--gpus", given.gpus, job.gpus), ("--input-len", given.input_len, job.input_len),
              ("--output-len", given.output_len, job.output_len),
              ("--requests", given.requests, job.requests), ("--engine", given.engine, job.engine),
+             ("--engine-version", given.engine_version, job.engine_version),
              ("--prefix-share", given.prefix_share, job.prefix),
              ("--speculative", given.speculative, job.speculative),
              (ARRIVAL_FLAGS, arrivals, job.arrival))

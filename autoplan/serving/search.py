@@ -170,20 +170,23 @@ def pareto(ranked: Sequence[Ranked]) -> tuple[Ranked, ...]:
 def serve_search(model: Model, cluster: Cluster, engine: Engine, workload: Workload, slo: Slo,
                  weights: Sequence[Precision] = (Precision.BF16,),
                  kv_caches: Sequence[Precision] = (Precision.BF16,), seed: int = 0,
-                 disaggregated: bool = False, speculative: Speculative | None = None) -> ServeResult:
-    """Simulate every deployment of the cluster's GPUs; see the module doc. ``disaggregated``:
+                 disaggregated: bool = False, speculative: Speculative | None = None,
+                 engine_version: str | None = None) -> ServeResult:
+    """Simulate every deployment of the cluster's GPUs; see the module doc. ``engine_version``:
+    the engine release every plan names (None: its default line). ``disaggregated``:
     also every prefill/decode split (at the engine's batch limits only). ``speculative``:
     every aggregated deployment also with this speculative decoding (ranked beside the one
     without: at high load verifying proposals can cost more than it saves). One cost scope
     (``autoplan.caches``) holds every deployment's."""
     with caches.scope():
         return _serve_search(model, cluster, engine, workload, slo, weights, kv_caches, seed,
-                             disaggregated, speculative)
+                             disaggregated, speculative, engine_version)
 
 
 def _serve_search(model: Model, cluster: Cluster, engine: Engine, workload: Workload, slo: Slo,
                   weights: Sequence[Precision], kv_caches: Sequence[Precision], seed: int,
-                  disaggregated: bool, speculative: Speculative | None = None) -> ServeResult:
+                  disaggregated: bool, speculative: Speculative | None = None,
+                  engine_version: str | None = None) -> ServeResult:
     for p, field in [(w, "--weights") for w in weights] + [(k, "--kv-cache") for k in kv_caches]:
         if p in (Precision.FP8, Precision.FP4) and not cluster.device.supports(Dtype.FP8) \
                 and compute_dtype(p, cluster.device) is not Dtype.FP4:
@@ -195,7 +198,7 @@ def _serve_search(model: Model, cluster: Cluster, engine: Engine, workload: Work
                                                        "is not simulated: give --rate, --trace or --offline")
     ranked: list[Ranked] = []
     evaluated = not_fitting = 0
-    default_seqs = engine_defaults(engine, cluster.device).max_num_seqs
+    default_seqs = engine_defaults(engine, cluster.device, engine_version).max_num_seqs
     bases = deployments(model, cluster, cluster.gpus, engine, weights, kv_caches)
     if speculative is not None:
         draft = speculative.draft
@@ -210,7 +213,8 @@ def _serve_search(model: Model, cluster: Cluster, engine: Engine, workload: Work
         for cap in (None, *BATCH_CAPS):
             if cap is not None and cap >= running:
                 continue  # the batch never reached this cap: the same run
-            plan = ServingPlan(model, cluster, engine, replace(base, max_num_seqs=cap), workload, slo)
+            plan = ServingPlan(model, cluster, engine, replace(base, max_num_seqs=cap), workload, slo,
+                               engine_version)
             pred = evaluate_serving(plan, seed)
             evaluated += 1
             if not pred.fits or not pred.simulated_requests:  # no room for the cache, or a request
@@ -221,7 +225,7 @@ def _serve_search(model: Model, cluster: Cluster, engine: Engine, workload: Work
             ranked.append(Ranked(plan, pred))
     if disaggregated:
         for split in disaggregated_deployments(model, cluster, cluster.gpus, weights, kv_caches):
-            plan = ServingPlan(model, cluster, engine, split, workload, slo)
+            plan = ServingPlan(model, cluster, engine, split, workload, slo, engine_version)
             pred = evaluate_serving(plan, seed)
             evaluated += 1
             if not pred.fits or not pred.simulated_requests:

@@ -389,18 +389,15 @@ def _decode_run(step: StepModel, n_dec: int, ctx: float, to_finish: int, to_full
     """How many decode-only iterations to take at once, and their total time, or None for
     one. Iteration i (from 0) costs A + c (ctx + i g n_dec) (``StepModel.decode_coefficients``;
     g the tokens a sequence adds an iteration, ``StepModel.gain``), so the first j cost
-    j A + c (j ctx + g n_dec j (j - 1) / 2). The run ends with the
+    j A + c (j ctx + g n_dec j (j - 1) / 2), or with the engine's overlap scheduler the sum
+    ``StepModel.decode_run`` gives. The run ends with the
     iteration in which a sequence finishes (``to_finish``), before the cache would overflow
     (``to_full`` iterations fit), and, where ``until`` is given, with the last iteration
     that starts before a request arrives ``until`` seconds from now."""
     k = min(to_finish, to_full)
     if k <= 1:
         return None
-    a, c = step.decode_coefficients(n_dec)
-    grown = n_dec * step.gain
-
-    def elapsed(j: int) -> float:
-        return j * a + c * (j * ctx + grown * j * (j - 1) / 2)
+    elapsed = step.decode_run(n_dec, ctx)
 
     if until is not None:
         # the most iterations whose starts (after 0, 1, .. j-1 iterations) precede the arrival

@@ -72,7 +72,8 @@ def serve_sweep(model: Model, cluster: Cluster, counts: Sequence[int], engine: E
                 slo: Slo, weights: Sequence[Precision], kv_caches: Sequence[Precision], *,
                 objective: ServeObjective = ServeObjective.GOODPUT, price_per_gpu_hour: float | None = None,
                 disaggregated: bool = False, speculative: Speculative | None = None,
-                progress: Callable[[str], None] | None = None) -> ServeSweep:
+                progress: Callable[[str], None] | None = None,
+                engine_version: str | None = None) -> ServeSweep:
     """The serve search at each of ``counts`` GPUs of ``cluster``'s kind (module doc);
     ``progress`` is told of each count as its search ends."""
     dev = cluster.device
@@ -85,7 +86,8 @@ def serve_sweep(model: Model, cluster: Cluster, counts: Sequence[int], engine: E
     results = []
     for n in sorted(set(counts)):
         result = serve_search(model, with_gpus(cluster, n), engine, workload, slo, weights, kv_caches,
-                              disaggregated=disaggregated, speculative=speculative)
+                              disaggregated=disaggregated, speculative=speculative,
+                              engine_version=engine_version)
         if price_per_gpu_hour is not None:
             price = price_per_gpu_hour
             result = replace(result, plans=tuple(replace(r, prediction=r.prediction.priced(price))

@@ -7,7 +7,15 @@ from autoplan.descriptors.hardware import Device
 from autoplan.export.shell import Arg
 from autoplan.serving.cost import StepModel
 from autoplan.serving.deployment import Precision, ServingPlan, SpecMethod
-from autoplan.serving.engine import Disaggregation, EngineDefaults, EngineSpec, register
+from autoplan.serving.engine import (
+    Disaggregation,
+    EngineDefaults,
+    EngineSpec,
+    EngineVersion,
+    Fitted,
+    register,
+)
+from autoplan.serving.versions import parse_version
 from autoplan.units import GiB
 
 
@@ -22,6 +30,30 @@ def defaults(device: Device) -> EngineDefaults:
                           reserve_output=0.7)
 
 
+# SGLang's release lines, oldest first: what each does by default, and where it is read
+VERSIONS = (
+    # 0.4.0 (LMSYS blog 2024-12-04, "SGLang v0.4: zero-overhead batch scheduler"): the
+    # overlap scheduler on by default, the CPU scheduling batch n+1 while the GPU runs
+    # batch n (--disable-overlap-schedule turns it off); decode batches replay CUDA graphs
+    # (cuda_graph_max_bs in server_args.py, 160 or more on 80 GB GPUs); prefill runs eager
+    EngineVersion(version="0.4.0", host_hidden=1.0, cuda_graphs=True, graph_max_batch=160,
+                  source="LMSYS blog 2024-12-04 (SGLang v0.4); sglang/srt/server_args.py"),
+    # 0.5.23: attention data parallelism as --attn-dp-size (deprecating --dp-size N
+    # --enable-dp-attention, which the launch scripts write before it: ``args``)
+    EngineVersion(version="0.5.23", host_hidden=1.0, cuda_graphs=True, graph_max_batch=160,
+                  source="sglang/srt/server_args.py (0.5.23: --attn-dp-size)"),
+)
+ATTN_DP_SIZE_SINCE = parse_version("0.5.23")
+
+# The constants fitted per line (benchmarks/serving_fit.py). A prior until the silicon rows
+# fit them: no SGLang row in serving_calibration.csv. Set by hand as the host time an
+# iteration shows (serial): the overlap scheduler is not applied to them again.
+FITTED = {
+    "0.5.23": Fitted(host_step_s=1.5e-3, source="prior: not fitted (benchmarks/serving_fit.py)",
+                     prior=True, serial=True),
+}
+
+
 def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
     """Flags from sglang/srt/server_args.py: ``--tp-size``, ``--pp-size``, ``--attn-dp-size``
     (attention data parallel within the TP group), ``--ep-size``, ``--max-running-requests``,
@@ -33,7 +65,10 @@ def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
     out: list[Arg] = [("--tp-size", str(d.tp * d.attention_dp)), ("--pp-size", str(d.pp))]
     if d.attention_dp > 1:  # SGLang's DP attention splits its TP group into attention-DP ranks
         # (--attn-dp-size since 0.5.23, which deprecates --dp-size N --enable-dp-attention)
-        out.append(("--attn-dp-size", str(d.attention_dp)))
+        if parse_version(plan.engine_release) >= ATTN_DP_SIZE_SINCE:
+            out.append(("--attn-dp-size", str(d.attention_dp)))
+        else:
+            out += [("--dp-size", str(d.attention_dp)), ("--enable-dp-attention",)]
     if d.ep > 1:
         out.append(("--ep-size", str(d.ep)))
     out += [("--max-running-requests", str(step.max_num_seqs)),
@@ -94,10 +129,9 @@ def multi_node(plan: ServingPlan, nodes: int) -> list[str]:
 
 SGLANG = register(EngineSpec(
     name="sglang", attr="SGLANG", doc="SGLang's server (python -m sglang.launch_server).",
-    defaults=defaults,
-    # overlaps scheduling with the previous step; not fitted (no SGLang row in
-    # serving_calibration.csv; benchmarks/serving_fit.py)
-    host_step_s=1.5e-3,
+    defaults=defaults, versions=VERSIONS, fitted=FITTED,
+    # the project's images on Docker Hub (tags v<release>) and its wheel on PyPI
+    image="lmsysorg/sglang:v{version}", pip='pip install "sglang[all]=={version}"',
     kv_block_tokens=1,  # the radix cache's page_size (server_args.py default 1)
     command='python -m sglang.launch_server --model-path "$MODEL"', args=args,
     multi_node=multi_node, parser="sglang.srt.server_args:ServerArgs.add_cli_args",

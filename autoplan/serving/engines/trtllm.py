@@ -9,7 +9,7 @@ from autoplan.descriptors.hardware import Device
 from autoplan.export.shell import Arg, comment
 from autoplan.serving.cost import StepModel
 from autoplan.serving.deployment import Precision, ServingPlan, SpecMethod
-from autoplan.serving.engine import EngineDefaults, EngineSpec, register
+from autoplan.serving.engine import EngineDefaults, EngineSpec, EngineVersion, Fitted, register
 
 EXTRA = "extra-llm-api-options.yaml"
 
@@ -21,6 +21,40 @@ def defaults(device: Device) -> EngineDefaults:
     default policy GUARANTEED_NO_EVICT admits a request only when its whole output fits
     ("Scheduler" in the TensorRT-LLM docs)."""
     return EngineDefaults(2048, 8192, True, 0.9, memory_of_free=True, reserve_output=1.0)
+
+
+# TensorRT-LLM's release lines, oldest first: what each does by default, and where it is read
+VERSIONS = (
+    # 0.5.0: TensorRT engines built by trtllm-build, run by the C++ runtime (batch manager,
+    # in-flight batching); no overlap of scheduling with the GPU; CUDA graphs off
+    # (ExtendedRuntimePerfKnobConfig cuda_graph_mode false)
+    EngineVersion(version="0.5.0", host_hidden=0.0, cuda_graphs=False,
+                  source="TensorRT-LLM 0.5-0.16 release notes; executor ExtendedRuntimePerfKnobConfig"),
+    # 0.17.0: trtllm-serve (the launch scripts' command) with the PyTorch backend available
+    # ("The PyTorch backend of TensorRT-LLM is available in version 0.17 and later",
+    # experimental: the TensorRT engine stays the default; PyTorchConfig
+    # enable_overlap_scheduler false in 0.18)
+    EngineVersion(version="0.17.0", host_hidden=0.0, cuda_graphs=False,
+                  source="TensorRT-LLM docs 0.18.2, PyTorch Backend"),
+    # 1.0: the PyTorch backend by default; its overlap scheduler on ("Enabled by default. To
+    # disable, set disable_overlap_scheduler=True": docs, Overlap Scheduler; the CPU work of
+    # step n runs while the GPU computes step n+1); CUDA graphs for decode-only batches
+    # (llm_args.py cuda_graph_config default_factory=CudaGraphConfig, max_batch_size 128
+    # where none is given)
+    EngineVersion(version="1.0.0rc0", host_hidden=1.0, cuda_graphs=True, graph_max_batch=128,
+                  source="TensorRT-LLM docs: Overlap Scheduler; tensorrt_llm/llmapi/llm_args.py"),
+)
+
+# The constants fitted per line (benchmarks/serving_fit.py): fitted on serving_calibration.csv's
+# TensorRT-LLM rows (v0.5 first-token latencies, v0.6.1 static batches, v0.17 offline
+# throughput), each source weighing the same (leave-one-source-out error in docs/ACCURACY.md).
+# Those rows ran without the overlap scheduler: the 1.x lines take these constants and hide
+# the host time behind the GPU's until a fit of their own.
+FITTED = {
+    "0.17.0": Fitted(host_step_s=2.98e-3, host_seq_s=1.71e-6, kernel_scale=1.019,
+                     source="serving_calibration.csv TensorRT-LLM v0.5-v0.17 rows "
+                            "(python benchmarks/serving_fit.py)"),
+}
 
 
 def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
@@ -93,11 +127,9 @@ def notes(plan: ServingPlan) -> list[str]:
 
 TRTLLM = register(EngineSpec(
     name="trtllm", attr="TRTLLM", doc="TensorRT-LLM's server (trtllm-serve, PyTorch backend).",
-    defaults=defaults,
-    # fitted on serving_calibration.csv's TensorRT-LLM rows (v0.5 first-token latencies,
-    # v0.6.1 static batches, v0.17 offline throughput), each source weighing the same:
-    # `python benchmarks/serving_fit.py` (leave-one-source-out error in docs/ACCURACY.md)
-    host_step_s=2.98e-3, host_seq_s=1.71e-6, kernel_scale=1.019,
+    defaults=defaults, versions=VERSIONS, fitted=FITTED,
+    # NVIDIA's release containers on NGC (tags <release>) and the wheel on PyPI
+    image="nvcr.io/nvidia/tensorrt-llm/release:{version}", pip="pip install tensorrt_llm=={version}",
     kv_block_tokens=32,  # KvCacheConfig.tokens_per_block (LLM API reference)
     command='trtllm-serve "$MODEL"', args=args, refusals=refusals, side_files=side_files,
     side_flag="--extra_llm_api_options", notes=notes, parser="tensorrt_llm.commands.serve"))

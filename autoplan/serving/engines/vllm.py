@@ -8,23 +8,85 @@ import json
 from autoplan.descriptors.hardware import Device
 from autoplan.export.shell import Arg, quote
 from autoplan.serving.cost import StepModel
-from autoplan.serving.deployment import Precision, ServingPlan, SpecMethod
-from autoplan.serving.engine import Disaggregation, EngineDefaults, EngineSpec, register
+from autoplan.serving.deployment import Deployment, Precision, ServingPlan, SpecMethod
+from autoplan.serving.engine import (
+    Disaggregation,
+    EngineDefaults,
+    EngineSpec,
+    EngineVersion,
+    Fitted,
+    register,
+)
 from autoplan.units import GiB
 
 
-def defaults(device: Device) -> EngineDefaults:
-    """``vllm serve``'s defaults (read in vLLM 0.33.0's vllm/engine/arg_utils.py
-    ``get_batch_defaults`` and vllm/config/cache.py): max_num_batched_tokens 16384 and
-    max_num_seqs 1024 on GPUs of 160 GiB or more, 8192 and 1024 on GPUs of 70 GiB or more
-    that are not A100s, else 2048 and 256; chunked prefill on; ``gpu_memory_utilization``
-    0.92 of the whole GPU (0.9 before 0.33). Admission on the prompt alone (the scheduler
-    preempts when decoding runs out of blocks)."""
+def _batch_defaults(device: Device, memory_fraction: float) -> EngineDefaults:
+    """``vllm serve``'s batch limits (read in vLLM 0.33.0's vllm/engine/arg_utils.py
+    ``get_batch_defaults``): max_num_batched_tokens 16384 and max_num_seqs 1024 on GPUs of
+    160 GiB or more, 8192 and 1024 on GPUs of 70 GiB or more that are not A100s, else 2048
+    and 256; chunked prefill on. Admission on the prompt alone (the scheduler preempts when
+    decoding runs out of blocks)."""
     if device.mem_bytes >= 160 * GiB:
-        return EngineDefaults(1024, 16384, True, 0.92)
+        return EngineDefaults(1024, 16384, True, memory_fraction)
     if device.mem_bytes >= 70 * GiB and "a100" not in device.name.lower():
-        return EngineDefaults(1024, 8192, True, 0.92)
-    return EngineDefaults(256, 2048, True, 0.92)
+        return EngineDefaults(1024, 8192, True, memory_fraction)
+    return EngineDefaults(256, 2048, True, memory_fraction)
+
+
+def defaults(device: Device) -> EngineDefaults:
+    """The newest line's defaults: :func:`_batch_defaults` with ``gpu_memory_utilization``
+    0.92 of the whole GPU (vllm/config/cache.py, 0.33.0)."""
+    return _batch_defaults(device, 0.92)
+
+
+def defaults_0_9(device: Device) -> EngineDefaults:
+    """Before 0.33: ``gpu_memory_utilization`` 0.9 (vllm/config/cache.py; the batch limits
+    are 0.33's, not read release by release)."""
+    return _batch_defaults(device, 0.9)
+
+
+def async_scheduling_off(d: Deployment) -> str | None:
+    """Where vLLM's async scheduling stays off although on by default (0.14.0 release notes:
+    "excludes some not-yet-supported configurations: pipeline parallel, CPU backend,
+    non-MTP/Eagle spec decoding")."""
+    if d.pp > 1:
+        return "pipeline parallel"
+    if d.speculative is not None and d.speculative.method not in (SpecMethod.MTP, SpecMethod.EAGLE):
+        return f"{d.speculative.method.value} speculative decoding"
+    return None
+
+
+# vLLM's release lines, oldest first: what each does by default, and where it is read
+VERSIONS = (
+    # 0.11.0 release notes: the V0 engine removed (V1 only); async scheduling opt-in
+    # (--async-scheduling); CUDA graphs captured by default (CompilationConfig
+    # cudagraph_mode FULL_AND_PIECEWISE: full graphs for decode batches up to
+    # max_cudagraph_capture_size 512); gpu_memory_utilization 0.9
+    EngineVersion(version="0.11.0", host_hidden=0.0, cuda_graphs=True, graph_max_batch=512,
+                  defaults=defaults_0_9,
+                  source="vLLM 0.11.0 release notes; vllm/config/compilation.py; vllm/config/cache.py"),
+    # 0.14.0 release notes, Breaking Changes: "Async scheduling is now enabled by default"
+    # (the scheduler prepares step n+1 while the GPU runs step n; vllm/v1/core/sched/
+    # async_scheduler.py), but for pipeline parallel and non-MTP/EAGLE speculative decoding
+    EngineVersion(version="0.14.0", host_hidden=1.0, overlap_off=async_scheduling_off, cuda_graphs=True,
+                  graph_max_batch=512, defaults=defaults_0_9,
+                  source="vLLM 0.14.0 release notes (github.com/vllm-project/vllm/releases/tag/v0.14.0)"),
+    # 0.33.0: gpu_memory_utilization 0.92 (vllm/config/cache.py), the batch limits of
+    # get_batch_defaults (vllm/engine/arg_utils.py); async scheduling as in 0.14
+    EngineVersion(version="0.33.0", host_hidden=1.0, overlap_off=async_scheduling_off, cuda_graphs=True,
+                  graph_max_batch=512, defaults=defaults,
+                  source="vLLM 0.33.0 vllm/config/cache.py, vllm/engine/arg_utils.py"),
+)
+
+# The constants fitted per line (benchmarks/serving_fit.py). vLLM's are a prior until the
+# silicon rows fit them: no row of serving_calibration.csv that autoplan scores ran on a
+# stated vLLM (Lambda's state no lengths; Splitwise's does not state its engine). Set by hand
+# as the host time an iteration shows (serial), so the lines' async scheduling is not
+# applied to them again.
+FITTED = {
+    "0.33.0": Fitted(host_step_s=2.0e-3, source="prior: not fitted (benchmarks/serving_fit.py)",
+                     prior=True, serial=True),
+}
 
 
 def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
@@ -114,11 +176,9 @@ def multi_node(plan: ServingPlan, nodes: int) -> list[str]:
 
 VLLM = register(EngineSpec(
     name="vllm", attr="VLLM", doc="vLLM's OpenAI-compatible server (vllm serve, V1 engine).",
-    defaults=defaults,
-    # vLLM V1 overlaps scheduling with the previous step. Not fitted: no row of
-    # serving_calibration.csv that autoplan scores ran on a stated vLLM (Lambda's state no
-    # lengths; Splitwise's does not state its engine), see benchmarks/serving_fit.py
-    host_step_s=2.0e-3,
+    defaults=defaults, versions=VERSIONS, fitted=FITTED,
+    # the project's images on Docker Hub (tags v<release>) and its wheel on PyPI
+    image="vllm/vllm-openai:v{version}", pip="pip install vllm=={version}",
     command='vllm serve "$MODEL"', args=args, refusals=refusals, multi_node=multi_node,
     launch_lines=launch_lines, disaggregation=DISAGGREGATION,
     parser="vllm.entrypoints.cli.serve:ServeSubcommand"))
