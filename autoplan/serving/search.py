@@ -18,9 +18,7 @@ from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.model import Model
 from autoplan.errors import InputError
 from autoplan.serving.deployment import (
-    ArrivalKind,
     Deployment,
-    Disaggregated,
     Pool,
     Precision,
     ServingPlan,
@@ -139,11 +137,10 @@ def disaggregated_deployments(model: Model, cluster: Cluster, gpus: int, weights
                 n_d = gpus - n_p
                 if n_d % tp_d:
                     continue
-                split = Disaggregated(Pool(n_p // tp_p, tp_p), Pool(n_d // tp_d, tp_d))
+                prefill, decode = Pool(n_p // tp_p, tp_p), Pool(n_d // tp_d, tp_d)
                 for w in weights:
                     for kv in kv_caches:
-                        yield Deployment(replicas=n_d // tp_d, tp=tp_d, weights=w, kv_cache=kv,
-                                         disaggregated=split)
+                        yield Deployment.split(prefill, decode, weights=w, kv_cache=kv)
 
 
 def rank_key(r: Ranked, slo: Slo) -> tuple:
@@ -187,9 +184,6 @@ def _serve_search(model: Model, cluster: Cluster, engine: Engine, workload: Work
         if p in (Precision.FP8, Precision.FP4) and not cluster.device.supports(Dtype.FP8):
             raise InputError.single(field, "", f"{cluster.device.name} has no fp8 support "
                                                 f"(peak_tflops.fp8) for {p.value}")
-    if disaggregated and workload.arrival.kind is ArrivalKind.CONCURRENCY:
-        raise InputError.single("--disaggregated", "", "a closed loop over a disaggregated deployment "
-                                                       "is not simulated: give --rate, --trace or --offline")
     ranked: list[Ranked] = []
     evaluated = not_fitting = 0
     default_seqs = engine_defaults(engine, cluster.device).max_num_seqs
