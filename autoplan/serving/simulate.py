@@ -21,9 +21,10 @@ One scheduler is simulated; the deployment's rates count every scheduler's share
 whole workload's span (:func:`autoplan.serving.evaluate.deployment_rate`).
 
 A closed loop (a benchmark's ``concurrency`` clients, each sending its next request when
-its last one finishes) is measured in its steady state (:class:`ClosedLoop`): the burst of
-every client's first request at time 0 is a warm-up, simulated and left out, and the loop
-is kept full until the last measured request has finished.
+its last one finishes) is measured as a benchmark measures it (:class:`ClosedLoop`): the
+burst of every client's first request at time 0 and the steady state after it, each in
+the workload's proportion however few requests the simulation's budget holds, the loop
+kept full until the last measured request has finished.
 
 The scheduler's policy and state are :mod:`autoplan.serving.scheduler`'s
 (:class:`~autoplan.serving.scheduler.SchedulerConfig`, the KV cache's
@@ -142,55 +143,62 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
 
 @dataclass(frozen=True, slots=True)
 class ClosedLoop:
-    """How a closed loop is simulated on one scheduler: ``in_flight`` requests at a time,
-    each sent as one finishes, and of them ``measured`` requests whose times are the
-    prediction's.
+    """How a closed loop is simulated on one scheduler: ``in_flight`` clients, each sending
+    its next request as its last one finishes, and which requests are measured.
 
-    A benchmark's clients all send their first request at once; with fixed lengths the
-    requests of that burst queue behind each other's prompts (the last waits for every
-    prompt of the burst), which no later request does once the loop has spread its
-    requests over the iterations (each then arrives as another finishes, and its prompt
-    runs in the next iteration). A benchmark warms its clients up before it measures
-    (SGLang's ``bench_serving --warmup-requests``, genai-perf's and AIPerf's warm-up
-    request counts, vLLM's ``bench serve`` test prompt) and averages over its measured
-    requests, which run at the stated concurrency; and the load it reports is steady
-    (concurrency / latency). So the simulation sends the burst of ``in_flight`` requests at
-    time 0 as a warm-up, simulated and not measured; the next ``measured`` are the
-    prediction's; and it keeps sending requests after them, also unmeasured, until the last
-    measured one has finished (at most ``in_flight`` more), so that every measured request
-    runs beside ``in_flight - 1`` others, none in a draining tail. Averaging over every
-    request from time 0 instead counts the burst at about ``in_flight / requests`` of the
-    mean and its TTFT many times the steady one's: a 64-request burst in 1,000 requests,
-    whose TTFT averages half the burst's prefill, adds tens of percent to the mean TTFT.
+    What a benchmark measures: its ``requests`` (the workload's) from the moment its
+    clients all send their first request at once. AIPerf runs its warm-up requests first
+    and "waits indefinitely for all warmup responses before starting profiling" (AIPerf
+    docs, "Warmup Phase Configuration"), so its profiling phase starts with every client's
+    request at once, as vLLM's ``bench serve --max-concurrency`` and SGLang's
+    ``bench_serving`` start theirs; AIConfigurator's generated benchmark scripts run
+    ``aiperf profile --concurrency C --num-requests 20C --warmup-request-count 2C``
+    (ai-dynamo/aiconfigurator, tests/baseline/.../bench_run.sh), and the benchmark's TTFT
+    and TPOT average over all of its requests. The first wave's requests queue behind each
+    other's prompts (with fixed lengths the last waits for every prompt of the burst); the
+    later ones arrive as others finish, spread over the iterations, and wait less: the
+    loop's steady state. So the burst weighs ``in_flight / requests`` of a benchmark's
+    mean, 1/20 in AIConfigurator's scripts, and all of it when ``requests <= in_flight``.
 
-    The number simulated stays bounded (a search evaluates many deployments): ``measured``
-    is the workload's share of requests, at most what leaves room for the warm-up and the
-    cool-down within ``budget`` (:func:`simulated_per_scheduler`), and at least a quarter
-    of it; ``in_flight`` at most ``budget``: 2.25 ``budget`` requests at the very most."""
+    The simulation keeps that proportion within a bounded number of requests (a search
+    evaluates many deployments): it sends the burst of ``in_flight`` requests at time 0,
+    then ``measured`` requests of the steady state (the workload's after the burst, at
+    most what leaves room for the burst and a cool-down within ``budget``,
+    :func:`simulated_per_scheduler`, at least a quarter of it), and keeps sending requests
+    until the last measured one has finished (at most ``in_flight`` more, not measured), so
+    that every steady request runs beside ``in_flight - 1`` others, none in a draining tail.
+    Of the burst it measures ``burst`` requests, evenly over its queue, so that burst and
+    steady requests are measured in the workload's proportion: all of the burst where the
+    budget holds the whole workload. (Simulating the first requests from time 0 up to the
+    budget weighed the burst by the budget, not the workload: 256 clients sending 20 x 256
+    requests of 8,192 output tokens, a budget of 976 requests, weighed it 26%, not 5%.)
+    ``in_flight`` is at most ``budget``: 2.25 ``budget`` requests simulated at the very
+    most."""
 
     in_flight: int
-    measured: int
+    measured: int  # steady-state requests measured, sent after the burst
+    burst: int  # requests of the burst measured
 
     @classmethod
     def of(cls, in_flight: float, requests: int, budget: int) -> ClosedLoop:
         """``in_flight`` (the concurrency's share, at least one) and ``requests`` (the
         workload's share) within ``budget`` simulated requests (class doc)."""
         c = max(1, min(budget, round(in_flight)))
-        return cls(c, max(1, min(requests, max(budget - 2 * c, budget // 4))))
-
-    @property
-    def warmup(self) -> int:
-        return self.in_flight
+        if requests <= c:  # one wave: every request at once
+            return cls(requests, 0, requests)
+        m = max(1, min(requests - c, max(budget - 2 * c, budget // 4)))
+        return cls(c, m, min(c, round(c * m / (requests - c))))
 
     @property
     def slots(self) -> int:
-        """Requests simulated at most: the warm-up, the measured, the cool-down."""
-        return 2 * self.in_flight + self.measured
+        """Requests simulated at most: the burst, the steady ones, the cool-down."""
+        return self.in_flight + self.measured + (self.in_flight if self.measured else 0)
 
-    @property
-    def measure(self) -> range:
-        """The measured requests, by the order they are sent in."""
-        return range(self.warmup, self.warmup + self.measured)
+    def measure(self) -> np.ndarray:
+        """Which requests are measured, by the order they are sent in (sorted): ``burst`` of
+        the first ``in_flight``, evenly spread, and the ``measured`` after them."""
+        picks = np.arange(self.burst) * self.in_flight // max(1, self.burst)
+        return np.concatenate([picks, np.arange(self.in_flight, self.in_flight + self.measured)])
 
 
 def _prefix(workload: Workload) -> tuple[int, int]:
@@ -253,7 +261,7 @@ def run_requests(step: StepModel, arrival: np.ndarray, inputs: np.ndarray, outpu
     loop.run(step_over_decodes)
     if closed is None:
         return loop.result(open_loop)
-    return loop.result(False, closed.measure, in_flight or float(closed.in_flight))
+    return loop.result(False, closed.measure(), in_flight or float(closed.in_flight))
 
 
 def _engine_loop(step: StepModel, arrival: np.ndarray, inputs: np.ndarray, outputs: np.ndarray,
@@ -279,18 +287,20 @@ class _Refill:
     requests at time 0, and one more each time one finishes, while a measured one is
     unfinished (or still to be sent)."""
 
-    __slots__ = ("loop", "measure", "pending")
+    __slots__ = ("loop", "mine", "pending")
 
     def __init__(self, loop: _EngineLoop, closed: ClosedLoop):
-        self.loop, self.measure = loop, closed.measure
-        self.pending = closed.measured  # measured requests not yet finished
+        self.loop = loop
+        self.mine = np.zeros(loop.n, dtype=bool)
+        self.mine[closed.measure()] = True
+        self.pending = closed.burst + closed.measured  # measured requests not yet finished
         loop.arrival[closed.in_flight:] = np.inf
         loop.times[closed.in_flight:] = [math.inf] * (loop.n - closed.in_flight)
         loop.issued = min(loop.n, closed.in_flight)
         loop.on_finish = self.finished
 
     def finished(self, i: int, t: float) -> None:
-        if i in self.measure:
+        if self.mine[i]:
             self.pending -= 1
         if self.pending > 0 and self.loop.issued < self.loop.n:
             self.loop.issue(t)
@@ -462,16 +472,18 @@ class _EngineLoop:
         if self.on_finish is not None:
             self.on_finish(r.i, self.t)
 
-    def result(self, open_loop: bool, measure: range | None = None, in_flight: float = 0.0) -> SimResult:
-        """The served requests (those not refused; of a closed loop's, the ``measure``d ones)
-        and the scheduler's totals (over the whole run)."""
+    def result(self, open_loop: bool, measure: np.ndarray | None = None, in_flight: float = 0.0) -> SimResult:
+        """The served requests (those not refused; of a closed loop's, the ``measure``d ones,
+        by index) and the scheduler's totals (over the whole run)."""
         arrival, first, finish = self.arrival, np.array(self.first), np.array(self.finish)
         served = ~np.isnan(finish)
         duration = float(finish[served].max() - arrival[served].min()) if served.any() else 0.0
         given = len(arrival)
+        position = np.arange(len(arrival))  # among the requests given
         if measure is not None:
             mine = np.zeros(len(arrival), dtype=bool)
-            mine[measure.start:measure.stop] = True
+            mine[measure] = True
+            position = np.cumsum(mine) - 1  # among the measured
             served &= mine
             given = len(measure)
         return SimResult(arrival[served], first[served], finish[served], self.inputs[served],
@@ -480,7 +492,7 @@ class _EngineLoop:
                          # a queue that grows is a rate the deployment cannot keep up with; an
                          # offline batch queues by design and a closed loop cannot outrun itself
                          _steady(arrival[served], first[served]) if open_loop else True,
-                         np.flatnonzero(served) - (measure.start if measure is not None else 0), given,
+                         position[served], given,
                          # of the prompts sent (a closed loop's unsent slots are none)
                          self.sched.cached_tokens / max(1, int(self.inputs[:self.issued].sum())), in_flight)
 
@@ -571,23 +583,28 @@ def simulate_closed_disaggregated(prefill: StepModel, decode: StepModel, workloa
     most ``concurrency`` of each hold a request). A request the decode scheduler gets
     carries the lengths and times of the prefilled request it stands for.
 
-    Measured as :class:`ClosedLoop` says, over the deployment: the first ``concurrency``
-    requests (the burst at time 0) warm up; the next (the workload's ``requests``, within
-    the budget of the decode scheduler's :func:`simulated_per_scheduler` for the smaller
-    of the two pools' shares) are measured; requests are sent until every measured one has
+    Measured as :class:`ClosedLoop` says, over the deployment: the burst of every client's
+    first request at time 0 and the steady state after it, in the workload's proportion
+    (within the budget of the decode scheduler's :func:`simulated_per_scheduler` for the
+    smaller of the two pools' shares); requests are sent until every measured one has
     finished."""
     spec = workload.arrival
     assert spec.kind is ArrivalKind.CONCURRENCY
-    conc = spec.concurrency
+    conc = min(spec.concurrency, workload.requests)  # clients past the requests never send
     p_eff, d_eff = min(schedulers[0], conc), min(schedulers[1], conc)
     per = min(p_eff, d_eff)  # the pool with more requests a scheduler: its share sets the bounds
     budget = min(MAX_SIMULATED_REQUESTS, simulated_per_scheduler(decode, workload))
-    loop = ClosedLoop.of(conc / per, math.ceil(workload.requests / per), budget)
     concurrency = min(conc, budget * per)  # at most the budget's in flight
-    measured = loop.measured * per  # over the deployment
     warm = concurrency // p_eff  # the prefill scheduler's share of the burst at time 0
-    first_measured, stop_measured = warm, warm + math.ceil(measured / p_eff)
-    n_p = stop_measured + warm + 2  # and the cool-down: at most the warm-up's number again
+    # the loop on the prefill scheduler's share: its burst, steady and cool-down requests
+    mine = ClosedLoop(warm, 0, warm)  # one wave: every request at once
+    if workload.requests > spec.concurrency:
+        loop = ClosedLoop.of(conc / per, math.ceil(workload.requests / per), budget)
+        mine = ClosedLoop(warm, math.ceil(loop.measured * per / p_eff),
+                          min(warm, math.ceil(loop.burst * per / p_eff)))
+    measured = np.zeros(mine.slots + 2, dtype=bool)
+    measured[mine.measure()] = True
+    n_p = mine.slots + (2 if mine.measured else 0)  # a request or two of rounding to spare
     n_d = math.ceil(n_p * p_eff / d_eff) + 2
     rng = np.random.default_rng(seed)
     inputs = sample_lengths(workload.input_len, n_p, rng)
@@ -602,8 +619,7 @@ def simulate_closed_disaggregated(prefill: StepModel, decode: StepModel, workloa
     source = np.full(n_d, -1, dtype=np.int64)  # the prefill request each decode request stands for
     first = np.full(n_p, np.nan)  # the first token of each prefill request (its hand-off)
     pending: list[tuple[float, int]] = []  # hand-offs not yet sent to the decode scheduler
-    state = _Credits(to_prefill=concurrency % p_eff, to_decode=0,
-                     pending=stop_measured - first_measured)
+    state = _Credits(to_prefill=concurrency % p_eff, to_decode=0, pending=mine.burst + mine.measured)
 
     def send(t: float, count: int) -> None:
         for _ in range(count):
@@ -612,7 +628,7 @@ def simulate_closed_disaggregated(prefill: StepModel, decode: StepModel, workloa
 
     def done(i: int, t: float) -> None:
         """A prefill request is done: its first token at ``t``."""
-        measured_one = int(first_measured <= i < stop_measured)
+        measured_one = int(measured[i])
         if outputs[i] <= 1:  # answered by the prefill instance: P finish, P new requests
             first[i] = t
             state.pending -= measured_one
@@ -627,7 +643,7 @@ def simulate_closed_disaggregated(prefill: StepModel, decode: StepModel, workloa
 
     def finished(j: int, t: float) -> None:
         """A decode request finished: D over the deployment, D new requests."""
-        state.pending -= int(first_measured <= source[j] < stop_measured)
+        state.pending -= int(measured[source[j]])
         state.to_prefill += d_eff
         count, state.to_prefill = divmod(state.to_prefill, p_eff)
         send(t, count)
@@ -645,7 +661,7 @@ def simulate_closed_disaggregated(prefill: StepModel, decode: StepModel, workloa
             if dec.issued < n_d:
                 source[dec.issue(h, int(inputs[i]), int(outputs[i]) - 1)] = i
             else:  # out of slots (cannot happen within the bound above): the request is dropped
-                state.pending -= int(first_measured <= i < stop_measured)
+                state.pending -= int(measured[i])
         td = dec.ready()
         if tp == math.inf and td == math.inf:
             break  # what waits can never be admitted
@@ -656,8 +672,8 @@ def simulate_closed_disaggregated(prefill: StepModel, decode: StepModel, workloa
             dec.horizon = min(tp, pending[0][0] if pending else math.inf)
             if not dec.advance(True):
                 break
-    return _closed_result(pre, dec, source, first, inputs, outputs, range(first_measured, stop_measured),
-                          conc / schedulers[1])
+    return _closed_result(pre, dec, source, first, inputs, outputs, measured[:n_p],
+                          concurrency / schedulers[1])
 
 
 @dataclass(slots=True)
@@ -672,26 +688,26 @@ class _Credits:
 
 
 def _closed_result(pre: _EngineLoop, dec: _EngineLoop, source: np.ndarray, first: np.ndarray,
-                   inputs: np.ndarray, outputs: np.ndarray, measure: range, in_flight: float) -> SimResult:
-    """The measured requests of a disaggregated closed loop: those the decode scheduler
-    finished, each with the arrival and first token of the prefill request it stands for,
-    and those of one token the prefill scheduler finished; the decode scheduler's totals."""
+                   inputs: np.ndarray, outputs: np.ndarray, measured: np.ndarray,
+                   in_flight: float) -> SimResult:
+    """The ``measured`` requests of a disaggregated closed loop (by the prefill scheduler's
+    index): those the decode scheduler finished, each with the arrival and first token of
+    the prefill request it stands for, and those of one token the prefill scheduler
+    finished; the decode scheduler's totals."""
     d_finish = np.array(dec.finish[:dec.issued])
     src = source[:dec.issued]
-    mine = ~np.isnan(d_finish) & (src >= measure.start) & (src < measure.stop)
-    one = np.array([i for i in measure if i < pre.issued and outputs[i] <= 1
-                    and not math.isnan(pre.finish[i])], dtype=np.int64)
+    mine = ~np.isnan(d_finish) & measured[src]
+    p_finish = np.array(pre.finish)
+    served = ~np.isnan(p_finish)  # prefilled (the rest never sent, or refused)
+    one = np.flatnonzero(measured & (outputs <= 1) & served)
     req = np.concatenate([src[mine], one])
     finish = np.concatenate([d_finish[mine], first[one]])
     arrival = pre.arrival[req]
     order = np.argsort(arrival, kind="stable")
     req, finish, arrival = req[order], finish[order], arrival[order]
-    served = ~np.isnan(np.array(pre.finish))
     start = float(pre.arrival[served].min()) if served.any() else 0.0
-    d_done = ~np.isnan(d_finish)
-    end = max(float(d_finish[d_done].max()) if d_done.any() else start,
-              float(np.nanmax(np.array(pre.finish))) if served.any() else start)
-    duration = end - start
+    ends = np.concatenate([d_finish[~np.isnan(d_finish)], p_finish[served], [start]])
+    duration = float(ends.max()) - start
     return SimResult(arrival, first[req], finish, inputs[req], outputs[req], duration,
                      min(dec.busy, duration), dec.it, pre.sched.preemptions + dec.sched.preemptions,
                      dec.max_running, tuple(dec.timeline), True, np.arange(len(req)),

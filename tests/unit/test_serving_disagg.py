@@ -27,7 +27,7 @@ from autoplan.serving.deployment import (
 from autoplan.serving.engine import Engine
 from autoplan.serving.evaluate import evaluate_serving
 from autoplan.serving.planfile import read_serving_plan
-from autoplan.serving.simulate import ClosedLoop, run_requests, simulate
+from autoplan.serving.simulate import ClosedLoop, simulate, simulated_per_scheduler
 from tests.helpers import autoplan
 
 L8 = resolve_model("llama3-8b")
@@ -97,33 +97,44 @@ def test_a_closed_loop_over_wide_ep_decode_spreads_its_requests_over_the_attenti
     assert wide.tpot_ms.mean < replicas.tpot_ms.mean
 
 
-def test_a_closed_loop_is_measured_after_its_warm_up_burst_and_before_its_drain() -> None:
-    """The burst of every client's first request at time 0 is simulated and not measured,
-    and requests keep coming until the last measured one finishes: with fixed lengths every
-    measured request sees the same batch, so their times are all alike, and the burst's
-    queueing (the last of 32 prompts waits for all of them) is in none of them."""
+def test_a_closed_loop_measures_its_burst_in_the_workloads_proportion_and_no_drain() -> None:
+    """A benchmark's clients all send their first request at once, and it averages over all
+    of its requests: 32 clients and 200 requests measure the burst of 32 and 168 requests
+    of the steady state, in which each request arrives as another finishes and waits for
+    far fewer prompts than the burst's last; requests keep coming until the last measured
+    one finishes, so every steady request sees the same batch (fixed lengths: alike TPOTs)."""
     step = StepModel(L8, with_gpus(H100, 1), Deployment(replicas=1, tp=1), Engine.VLLM)
     kv = step.kv_tokens(step.memory())
     sim = simulate(step, _closed(2048, 128, 32, 200), 1, kv)
-    assert len(sim.arrival) == 200 and sim.arrival.min() > 0  # none of the burst at time 0
-    assert sim.in_flight == 32
-    # the burst alone: 32 prompts of 2048 through 8192-token iterations, the last in the 8th
-    n = 32
-    burst = run_requests(step, np.zeros(n), np.full(n, 2048), np.full(n, 128), kv)
-    assert float(burst.ttft.max()) > 3 * float(np.median(sim.ttft))
-    assert float(np.ptp(sim.tpot)) < 0.1 * float(sim.tpot.mean())
+    burst = sim.arrival == 0
+    assert len(sim.arrival) == 200 and burst.sum() == 32 and sim.in_flight == 32
+    assert float(sim.ttft[burst].max()) > 3 * float(np.median(sim.ttft[~burst]))
+    assert float(np.ptp(sim.tpot[~burst])) < 0.1 * float(sim.tpot[~burst].mean())
+
+
+def test_a_closed_loop_cut_short_by_its_budget_keeps_the_burst_in_proportion() -> None:
+    """Long outputs leave room for 400 requests of 1,000 at concurrency 64: the burst is
+    still about 64 in 1,000 of the requests measured, not 64 in 400 (its weight in the mean
+    TTFT is the workload's, not the budget's)."""
+    step = StepModel(L8, with_gpus(H100, 1), Deployment(replicas=1, tp=1), Engine.VLLM)
+    w = _closed(512, 20_000, 64, 1000)
+    assert simulated_per_scheduler(step, w) == 400
+    sim = simulate(step, w, 1, step.kv_tokens(step.memory()))
+    assert float(np.mean(sim.arrival == 0)) == pytest.approx(64 / 1000, abs=0.005)
 
 
 def test_the_closed_loop_simulation_stays_within_its_budget() -> None:
-    """Warm-up, measured and cool-down requests within the budget (a quarter of it measured
-    at least), the in-flight count at most the budget."""
-    assert ClosedLoop.of(32, 1000, 4000) == ClosedLoop(32, 1000)
+    """Burst, steady and cool-down requests within the budget (a quarter of it steady at
+    least), the in-flight count at most the budget; the burst measured in the workload's
+    proportion to the steady requests, all of it where the budget holds the workload."""
+    assert ClosedLoop.of(32, 1000, 4000) == ClosedLoop(32, 968, 32)
     assert ClosedLoop.of(1500, 10_000, 4000).slots == 4000
-    assert ClosedLoop.of(3000, 10_000, 4000) == ClosedLoop(3000, 1000)
+    assert ClosedLoop.of(3000, 10_000, 4000) == ClosedLoop(3000, 1000, 429)
     assert ClosedLoop.of(9000, 10_000, 4000).slots == 9000
-    assert ClosedLoop.of(0.2, 5, 4000) == ClosedLoop(1, 5)
-    loop = ClosedLoop(4, 10)
-    assert loop.measure == range(4, 14) and loop.slots == 18
+    assert ClosedLoop.of(0.2, 5, 4000) == ClosedLoop(1, 4, 1)
+    assert ClosedLoop.of(64, 40, 4000) == ClosedLoop(40, 0, 40)  # one wave: all at once
+    loop = ClosedLoop(4, 10, 2)
+    assert loop.measure().tolist() == [0, 2, *range(4, 14)] and loop.slots == 18
 
 
 def test_a_closed_loop_of_fewer_clients_than_schedulers_serves_only_those_clients() -> None:
