@@ -62,6 +62,24 @@ def test_one_request_in_a_closed_loop_over_one_prefill_and_one_decode_worker_by_
     assert pred.prefill_pool is not None and pred.prefill_pool.transfer_ms_mean > 0
 
 
+def test_an_open_loops_first_token_reaches_the_client_with_the_kv_cache() -> None:
+    """At a rate low enough that requests never meet, a disaggregated request's TTFT is its
+    prefill and the hand-off (the decode instance streams the first token, as the
+    engines' P/D routers return its stream), open loop or closed; a one-token request is
+    answered by the prefill instance."""
+    d = Deployment.split(Pool(1, 1), Pool(1, 1))
+    h2 = with_gpus(H100, 2)
+    w = Workload(Lengths(512.0), Lengths(64.0), Arrival(ArrivalKind.RATE, rate_rps=0.01), 20)
+    pred = evaluate_serving(ServingPlan(L8, h2, Engine.VLLM, d, w, Slo()))
+    pre = StepModel(L8, h2, d.pool("prefill"), Engine.VLLM)
+    latency, per_token = kv_transfer(L8, h2, d)
+    prefill = pre.step_seconds(512, 0, 0.0, 512 * 513 / 2, 0.0, 1)
+    assert pred.ttft_ms.p99 == pytest.approx(1e3 * (prefill + latency + per_token * 512), rel=1e-9)
+    one = Workload(Lengths(512.0), Lengths(1.0), w.arrival, 20)
+    assert evaluate_serving(ServingPlan(L8, h2, Engine.VLLM, d, one, Slo())).ttft_ms.p99 == \
+        pytest.approx(1e3 * prefill, rel=1e-9)
+
+
 def test_doubling_the_concurrency_on_decode_bound_pools_raises_the_time_per_token() -> None:
     """Short prompts, long outputs: the decode worker holds the loop's requests, so twice
     the concurrency runs twice the batch in each of its iterations."""
