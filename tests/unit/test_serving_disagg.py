@@ -241,3 +241,15 @@ def test_a_dense_models_pools_take_no_attention_dp_or_ep(tmp_path: Path) -> None
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert ("deployment.disaggregated.decode: ep and attention_dp are for mixture-of-experts models; "
             "llama3-8b is dense") in result.stderr
+
+
+def test_the_disaggregated_search_tries_wide_ep_workers_for_moe_models_only() -> None:
+    from autoplan.serving.deployment import Precision
+    from autoplan.serving.search import disaggregated_deployments, pool_workers
+
+    assert Pool(1, 1, attention_dp=8, ep=8) in pool_workers(QWEN_MOE, 8)
+    assert all(p.attention_dp == p.ep == 1 for p in pool_workers(L8, 8))
+    h8 = with_gpus(H100, 8)
+    splits = list(disaggregated_deployments(QWEN_MOE, h8, 8, [Precision.BF16], [Precision.BF16]))
+    assert all(d.gpus == 8 for d in splits) and len(splits) == len({d.label() for d in splits})
+    assert "P 1x tp4 + D 1x tp1 adp4 ep4" in {d.label() for d in splits}
