@@ -220,11 +220,11 @@ def deployment_rate(plan: ServingPlan, sim: SimResult, schedulers: int) -> Rate:
     rate; a trace's over the window's arrivals), else what the window served over its span.
     Either way no deployment serves more requests per second than arrive.
 
-    A closed loop is measured in its steady window (``SimResult.in_flight``;
-    :class:`autoplan.serving.simulate.ClosedLoop`): ``in_flight`` requests always in flight
-    on each scheduler's share, each for its mean time in the system, serve
-    ``in_flight / mean e2e`` requests per second each (Little's law), whatever the
-    workload's ``requests``."""
+    A closed loop keeps its clients' requests in flight throughout what it measures
+    (``SimResult.in_flight``; :class:`autoplan.serving.simulate.ClosedLoop`): ``in_flight``
+    requests on each scheduler's share, each in the system for the measured requests' mean
+    time, serve ``in_flight / mean e2e`` requests per second each (Little's law), however
+    many requests the simulation's budget held (a loop of a single wave is a batch, above)."""
     n = len(sim.arrival)
     if not n or sim.requested == 0:
         return Rate(0.0, 0.0)

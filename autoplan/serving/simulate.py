@@ -101,9 +101,9 @@ class SimResult:
     requested: int  # requests this scheduler was given (served or refused)
     # of the prompt tokens given, the share admissions found in the prefix cache
     prefix_hit_share: float = 0.0
-    # a closed loop's steady window (ClosedLoop): the requests in flight on the simulated
-    # scheduler's share of the deployment (the concurrency over the schedulers; its
-    # throughput is in_flight / mean e2e, Little's law); 0: not a closed loop
+    # a closed loop (ClosedLoop): the requests in flight on the simulated scheduler's share
+    # of the deployment (the concurrency over the schedulers; its throughput is in_flight /
+    # mean e2e, Little's law); 0: not a closed loop, or one of a single wave
     in_flight: float = 0.0
 
     @property
@@ -261,7 +261,9 @@ def run_requests(step: StepModel, arrival: np.ndarray, inputs: np.ndarray, outpu
     loop.run(step_over_decodes)
     if closed is None:
         return loop.result(open_loop)
-    return loop.result(False, closed.measure(), in_flight or float(closed.in_flight))
+    # a loop of one wave (every request at once, none sent after) is rated as a batch
+    steady = (in_flight or float(closed.in_flight)) if closed.measured else 0.0
+    return loop.result(False, closed.measure(), steady)
 
 
 def _engine_loop(step: StepModel, arrival: np.ndarray, inputs: np.ndarray, outputs: np.ndarray,
@@ -673,7 +675,7 @@ def simulate_closed_disaggregated(prefill: StepModel, decode: StepModel, workloa
             if not dec.advance(True):
                 break
     return _closed_result(pre, dec, source, first, inputs, outputs, measured[:n_p],
-                          concurrency / schedulers[1])
+                          concurrency / schedulers[1] if mine.measured else 0.0)
 
 
 @dataclass(slots=True)
