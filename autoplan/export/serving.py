@@ -74,6 +74,11 @@ def refusals(plan: ServingPlan, target: Engine) -> list[tuple[str, str]]:
         out.append(("engine", f"the plan was predicted for {plan.engine.value}, whose batching and "
                               f"memory differ from {target.value}'s: run `autoplan serve --engine "
                               f"{target.value}` for a {target.value} plan"))
+    if d.disaggregated is not None:  # each pool's workers as the engine launches them
+        for role, pool, _, _ in _pools(plan):
+            out += [(f"deployment.disaggregated.{role}" + field.removeprefix("deployment"), why)
+                    for field, why in target.spec.refusals(pool)]
+        return out
     if (d.gpus_per_replica > c.gpus_per_node and target.spec.multi_node is not None
             and d.gpus_per_replica % c.gpus_per_node):
         out.append(("deployment", f"a replica of {d.gpus_per_replica} GPUs spans nodes of "
@@ -118,12 +123,12 @@ def _straddling(plan: ServingPlan) -> list[tuple[str, str]]:
     node = plan.cluster.gpus_per_node
     out = []
     for role, pool, first, _ in _pools(plan):
-        tp = pool.deployment.tp
+        width = pool.deployment.gpus_per_replica
         for r in range(pool.deployment.replicas):
-            start = first + r * tp
-            if start // node != (start + tp - 1) // node:
-                out.append((role, f"{role} instance {r} (GPUs {start}..{start + tp - 1}) would span two "
-                                  f"nodes of {node}: give pools whose instances each fit one node"))
+            start = first + r * width
+            if start // node != (start + width - 1) // node:
+                out.append((role, f"{role} instance {r} (GPUs {start}..{start + width - 1}) would span "
+                                  f"two nodes of {node}: give pools whose instances each fit one node"))
                 break
     return out
 
@@ -169,9 +174,9 @@ def _router(plan: ServingPlan, target: Engine) -> str:
              bash_array("ARGS", [dis.router_flags, ("--host", "0.0.0.0")]),
              'ARGS+=(--port "$ROUTER_PORT")']
     for role, pool, first, port in _pools(plan):
-        tp = pool.deployment.tp
+        width = pool.deployment.gpus_per_replica
         for r in range(pool.deployment.replicas):
-            url = f'"http://${{NODES[{(first + r * tp) // node}]}}:{port + r}"'
+            url = f'"http://${{NODES[{(first + r * width) // node}]}}:{port + r}"'
             boot = f" {dis.bootstrap_port(r)}" if role == "prefill" and dis.bootstrap_port is not None else ""
             lines.append(f"ARGS+=(--{role} {url}{boot})")
     lines.append(f'exec {dis.router} "${{ARGS[@]}}"')

@@ -119,15 +119,16 @@ def kv_transfer(model: Model, cluster: Cluster, d: Deployment) -> tuple[float, f
     """(seconds, seconds per prompt token) to hand a request's KV cache from its prefill
     instance to a decode instance of a disaggregated deployment (DistServe, Zhong et al.
     2024, Sec. 4.3: the cache moves once per request, layer by layer over the fabric between
-    the instances). Every layer's cache for every prompt token at the cache's precision; the
-    min(prefill tp, decode tp) GPU pairs each carry their share, over NVLink where both pools
-    fit one NVLink domain and over the inter-node network (RDMA, as NIXL and Mooncake move
-    it) otherwise; one link latency to start."""
+    the instances). Every layer's cache for every prompt token at the cache's precision; a
+    request's cache lives on one attention-DP rank of each instance, split over its tp x pp
+    GPUs, and the min(prefill tp x pp, decode tp x pp) GPU pairs each carry their share,
+    over NVLink where both pools fit one NVLink domain and over the inter-node network
+    (RDMA, as NIXL and Mooncake move it) otherwise; one link latency to start."""
     assert d.disaggregated is not None
     pre, dec = d.disaggregated.prefill, d.disaggregated.decode
     per_token = model.layers * kv_bytes_per_token_layer(model, 1, d.kv_cache.bytes)
     link = cluster.intra_node if pre.gpus + dec.gpus <= cluster.nvlink_domain else cluster.inter_node
-    return link.latency_s, per_token / (min(pre.tp, dec.tp) * link.effective_Bps)
+    return link.latency_s, per_token / (min(pre.tp * pre.pp, dec.tp * dec.pp) * link.effective_Bps)
 
 
 @dataclass(frozen=True, slots=True)

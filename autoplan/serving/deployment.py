@@ -37,17 +37,56 @@ KV_PRECISIONS = (Precision.BF16, Precision.FP16, Precision.FP8)
 
 @dataclass(frozen=True, slots=True)
 class Pool:
-    """One side of a disaggregated deployment: ``replicas`` instances of ``tp`` GPUs."""
+    """One side of a disaggregated deployment: ``replicas`` workers (instances), each of
+    ``tp x pp x attention_dp`` GPUs, with the widths an aggregated deployment's replica
+    has (:class:`Deployment`): attention tensor parallel ``tp``, ``pp`` pipeline stages,
+    ``attention_dp`` attention data-parallel ranks (MoE; each rank its own batch) and the
+    experts over ``ep`` of a stage's ``tp x attention_dp`` GPUs (MoE): the widths NVIDIA's
+    measured disaggregated runs give each pool's workers (wide-EP decode: tp 1,
+    attention_dp and ep 8 to 32)."""
 
     replicas: int
     tp: int
+    pp: int = 1
+    attention_dp: int = 1
+    ep: int = 1
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tp * self.pp * self.attention_dp
 
     @property
     def gpus(self) -> int:
-        return self.replicas * self.tp
+        return self.replicas * self.gpus_per_replica
+
+    @property
+    def schedulers(self) -> int:
+        """Batches the pool runs at once: per worker one per attention-DP rank and per
+        pipeline batch in flight (as :func:`autoplan.serving.evaluate.schedulers_of`)."""
+        return self.replicas * self.attention_dp * self.pp
 
     def label(self) -> str:
-        return f"{self.replicas}x tp{self.tp}"
+        return _shape_label(self.replicas, self.tp, self.pp, self.attention_dp, self.ep)
+
+    def to_dict(self) -> dict[str, int]:
+        """The plan file's pool: replicas and tp, and the other widths where not 1 (a pool of
+        replicas x tp reads and writes as before they existed)."""
+        out = {"replicas": self.replicas, "tp": self.tp}
+        out.update({k: v for k, v in (("pp", self.pp), ("attention_dp", self.attention_dp),
+                                      ("ep", self.ep)) if v != 1})
+        return out
+
+
+def _shape_label(replicas: int, tp: int, pp: int, attention_dp: int, ep: int) -> str:
+    """``2x tp4 pp2 adp8 ep8``: the widths above 1 after replicas and tp."""
+    out = f"{replicas}x tp{tp}"
+    if pp > 1:
+        out += f" pp{pp}"
+    if attention_dp > 1:
+        out += f" adp{attention_dp}"
+    if ep > 1:
+        out += f" ep{ep}"
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +148,10 @@ class Speculative:
 
 @dataclass(frozen=True, slots=True)
 class Deployment:
-    """A deployment's instances. With ``disaggregated`` the fields replicas and tp are the
-    decode pool's (what reads them sees the instances that hold the running batch), and
-    :meth:`pool` gives either pool's instances as a deployment of their own."""
+    """A deployment's instances. With ``disaggregated`` the fields replicas, tp, pp, ep and
+    attention_dp are the decode pool's (what reads them sees the instances that hold the
+    running batch; :meth:`split` builds it so), and :meth:`pool` gives either pool's
+    instances as a deployment of their own."""
 
     replicas: int
     tp: int
@@ -126,6 +166,14 @@ class Deployment:
     disaggregated: Disaggregated | None = None
     speculative: Speculative | None = None
 
+    @classmethod
+    def split(cls, prefill: Pool, decode: Pool, **rest: object) -> Deployment:
+        """A disaggregated deployment of these pools, its own widths the decode pool's;
+        ``rest``: the precisions and batch limits both pools run."""
+        return cls(replicas=decode.replicas, tp=decode.tp, pp=decode.pp, ep=decode.ep,
+                   attention_dp=decode.attention_dp, disaggregated=Disaggregated(prefill, decode),
+                   **rest)  # type: ignore[arg-type]
+
     @property
     def gpus_per_replica(self) -> int:
         return self.tp * self.pp * self.attention_dp
@@ -137,22 +185,17 @@ class Deployment:
         return self.replicas * self.gpus_per_replica
 
     def pool(self, side: str) -> Deployment:
-        """The ``prefill`` or ``decode`` pool's instances, with this deployment's precisions
-        and batch limits."""
+        """The ``prefill`` or ``decode`` pool's instances, with their widths and this
+        deployment's precisions and batch limits."""
         assert self.disaggregated is not None
         p = self.disaggregated.prefill if side == "prefill" else self.disaggregated.decode
-        return dataclasses.replace(self, replicas=p.replicas, tp=p.tp, disaggregated=None)
+        return dataclasses.replace(self, replicas=p.replicas, tp=p.tp, pp=p.pp, ep=p.ep,
+                                   attention_dp=p.attention_dp, disaggregated=None)
 
     def label(self) -> str:
         if self.disaggregated is not None:
             return f"P {self.disaggregated.prefill.label()} + D {self.disaggregated.decode.label()}"
-        out = f"{self.replicas}x tp{self.tp}"
-        if self.pp > 1:
-            out += f" pp{self.pp}"
-        if self.attention_dp > 1:
-            out += f" adp{self.attention_dp}"
-        if self.ep > 1:
-            out += f" ep{self.ep}"
+        out = _shape_label(self.replicas, self.tp, self.pp, self.attention_dp, self.ep)
         if self.speculative is not None:
             out += f" {self.speculative.label()}"
         return out

@@ -195,7 +195,8 @@ def _evaluate_disaggregated(plan: ServingPlan, seed: int) -> tuple[ServingPredic
     pools = [d.pool("prefill"), d.pool("decode")]
     steps = [StepModel(plan.model, plan.cluster, pool, plan.engine, plan.engine_version) for pool in pools]
     mems = [step.memory() for step in steps]
-    kvs = [step.kv_tokens(mem) for step, mem in zip(steps, mems, strict=True)]
+    # a pipelined worker's batches in flight share its KV cache (as evaluate_serving's)
+    kvs = [step.kv_tokens(mem) // pool.pp for step, mem, pool in zip(steps, mems, pools, strict=True)]
     scheds = (schedulers_of(pools[0]), schedulers_of(pools[1]))
     fits = all(m.peak <= plan.cluster.device.mem_bytes and m.kv_cache > 0 and kv > 0
                for m, kv in zip(mems, kvs, strict=True))
@@ -230,10 +231,20 @@ def deployment_rate(plan: ServingPlan, sim: SimResult, schedulers: int) -> Rate:
     simulated scheduler's own span. Where the simulation is a window of a longer run, the
     rate is its steady state: an open loop that keeps up serves what arrives (the offered
     rate; a trace's over the window's arrivals), else what the window served over its span.
-    Either way no deployment serves more requests per second than arrive."""
+    Either way no deployment serves more requests per second than arrive.
+
+    A closed loop keeps its clients' requests in flight throughout what it measures
+    (``SimResult.in_flight``; :class:`autoplan.serving.simulate.ClosedLoop`): ``in_flight``
+    requests on each scheduler's share, each in the system for the measured requests' mean
+    time, serve ``in_flight / mean e2e`` requests per second each (Little's law), however
+    many requests the simulation's budget held (a loop of a single wave is a batch, above)."""
     n = len(sim.arrival)
     if not n or sim.requested == 0:
         return Rate(0.0, 0.0)
+    if sim.in_flight > 0:
+        e2e = float(sim.e2e.mean())
+        busy = min(1.0, sim.busy_s / sim.duration_s) if sim.duration_s > 0 else 1.0
+        return Rate(sim.in_flight * schedulers / e2e if e2e > 0 else 0.0, busy)
     w = plan.workload
     kind, total = w.arrival.kind, w.requests
     served = n / sim.requested  # the engine refuses what never fits its cache
@@ -311,9 +322,8 @@ def serving_document(plan: ServingPlan, pred: ServingPrediction,
         c = dataclasses.replace(c, device=dataclasses.replace(c.device, correction=None))
     deployment: dict[str, object]
     if d.disaggregated is not None:
-        deployment = {"disaggregated": {
-            side: {"replicas": pool.replicas, "tp": pool.tp}
-            for side, pool in (("prefill", d.disaggregated.prefill), ("decode", d.disaggregated.decode))}}
+        deployment = {"disaggregated": {"prefill": d.disaggregated.prefill.to_dict(),
+                                        "decode": d.disaggregated.decode.to_dict()}}
     else:
         deployment = {"replicas": d.replicas, "tp": d.tp, "pp": d.pp, "ep": d.ep,
                       "attention_dp": d.attention_dp}

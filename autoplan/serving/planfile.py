@@ -706,16 +706,14 @@ def _deployment(f: Fields) -> Deployment | None:
     if not g.ok:
         return None
     split = _disaggregated(g) if g.has("disaggregated") else None
-    if split is not None:
-        shape: dict[str, Any] = dict(replicas=split.decode.replicas, tp=split.decode.tp, pp=1, ep=1,
-                                     attention_dp=1)
+    if split is not None:  # the deployment's own widths are the decode pool's (Deployment.split)
+        d = split.decode
+        shape: dict[str, Any] = dict(replicas=d.replicas, tp=d.tp, pp=d.pp, ep=d.ep,
+                                     attention_dp=d.attention_dp)
     elif g.has("disaggregated"):  # its pools' problems are reported: no shape of its own to read
         shape = dict(replicas=None, tp=None, pp=None, ep=None, attention_dp=None)
     else:
-        shape = dict(
-            replicas=g.int("replicas", 1, min=1, max=MAX_DEGREE), tp=g.int("tp", min=1, max=MAX_DEGREE),
-            pp=g.int("pp", 1, min=1, max=MAX_DEGREE), ep=g.int("ep", 1, min=1, max=MAX_DEGREE),
-            attention_dp=g.int("attention_dp", 1, min=1, max=MAX_DEGREE))
+        shape = _widths(g)
     values = dict(
         **shape,
         weights=g.enum("weights", Precision, Precision.BF16),
@@ -813,13 +811,26 @@ def _speculative(g: Fields, source: str) -> Speculative | None:
     return Speculative(method, tokens, rate, length, draft)
 
 
+WIDTHS = ("replicas", "tp", "pp", "ep", "attention_dp")
+
+
+def _widths(g: Fields) -> dict[str, Any]:
+    """A replica's widths (an aggregated deployment's, or a pool's): replicas (1), tp, pp
+    (1), ep (1), attention_dp (1); None where wrong (the problems recorded)."""
+    return dict(replicas=g.int("replicas", 1, min=1, max=MAX_DEGREE), tp=g.int("tp", min=1, max=MAX_DEGREE),
+                pp=g.int("pp", 1, min=1, max=MAX_DEGREE), ep=g.int("ep", 1, min=1, max=MAX_DEGREE),
+                attention_dp=g.int("attention_dp", 1, min=1, max=MAX_DEGREE))
+
+
 def _disaggregated(g: Fields) -> Disaggregated | None:
-    """``disaggregated: {prefill: {replicas, tp}, decode: {replicas, tp}}``: each pool's
-    instances. Beside it the deployment gives no shape of its own."""
-    for key in ("replicas", "tp", "pp", "ep", "attention_dp"):
+    """``disaggregated: {prefill: {replicas, tp, pp, attention_dp, ep}, decode: {...}}``: each
+    pool's workers, with the widths an aggregated deployment's replica takes (pp,
+    attention_dp and ep optional, 1 by default). Beside it the deployment gives no shape of
+    its own."""
+    for key in WIDTHS:
         if g.has(key):
-            g.fail(key, "with disaggregated, each pool gives its own replicas and tp (one pipeline "
-                        "stage, no expert or attention data parallelism)")
+            g.fail(key, "with disaggregated, each pool gives its own replicas, tp, pp, attention_dp "
+                        "and ep")
             g.raw(key)  # read: not reported again as unknown
     h = g.child("disaggregated", g.raw("disaggregated"))
     if not h.ok:
@@ -830,19 +841,39 @@ def _disaggregated(g: Fields) -> Disaggregated | None:
         if not q.ok:
             pools.append(None)
             continue
-        replicas, tp = q.int("replicas", 1, min=1, max=MAX_DEGREE), q.int("tp", min=1, max=MAX_DEGREE)
+        widths = _widths(q)
         q.close()
-        pools.append(None if replicas is None or tp is None else Pool(replicas, tp))
+        pools.append(None if None in widths.values() else Pool(**widths))
     h.close()
     prefill, decode = pools
     return None if prefill is None or decode is None else Disaggregated(prefill, decode)
 
 
+def shape_problems(model: Model, tp: int, pp: int, ep: int, attention_dp: int) -> list[tuple[str, str]]:
+    """What is wrong with a replica's widths for ``model``, as (field, why): tp dividing the
+    attention heads, pp at most the layers, ep and attention_dp for mixture-of-experts
+    models only, ep dividing a stage's tp x attention_dp GPUs and the experts. An
+    aggregated deployment's replica and each pool of a disaggregated one are checked alike."""
+    m = model
+    out: list[tuple[str, str]] = []
+    if m.heads % tp:
+        out.append(("tp", f"must divide {m.name}'s {m.heads} attention heads, got {tp}"))
+    if pp > m.layers:
+        out.append(("pp", f"at most {m.name}'s {m.layers} layers, got {pp}"))
+    stage = tp * attention_dp
+    if not m.is_moe and (ep > 1 or attention_dp > 1):
+        out.append(("", f"ep and attention_dp are for mixture-of-experts models; {m.name} is dense"))
+    elif m.is_moe and (stage % ep or m.experts % ep):
+        out.append(("ep", f"must divide tp x attention_dp ({stage}) and the {m.experts} experts, got {ep}"))
+    return out
+
+
 def _check(plan: ServingPlan, f: Fields) -> None:
     d, m, c = plan.deployment, plan.model, plan.cluster
     if d.gpus != c.gpus:
-        shape = ("the prefill and decode pools' replicas x tp" if d.disaggregated is not None
-                 else "replicas x tp x pp x attention_dp")
+        shape = "replicas x tp x pp x attention_dp"
+        if d.disaggregated is not None:
+            shape = f"the prefill and decode pools' {shape}"
         f.fail("deployment", f"{shape} = {d.gpus} GPUs, but the cluster has {c.gpus}")
     spec = d.speculative
     for field, why in (speculative_model_problems(spec, m) if spec is not None else []):
@@ -856,23 +887,11 @@ def _check(plan: ServingPlan, f: Fields) -> None:
                                          "modelled: give it on an aggregated one")
     if d.disaggregated is not None:
         for side, pool in (("prefill", d.disaggregated.prefill), ("decode", d.disaggregated.decode)):
-            if m.heads % pool.tp:
-                f.fail(f"deployment.disaggregated.{side}.tp", f"must divide {m.name}'s {m.heads} "
-                                                              f"attention heads, got {pool.tp}")
-        if plan.workload.arrival.kind is ArrivalKind.CONCURRENCY:
-            f.fail("workload.arrival", "a closed loop over a disaggregated deployment is not simulated "
-                                       "(its next request waits on the decode pool): give rate_rps, "
-                                       "a trace or offline")
-    elif m.heads % d.tp:
-        f.fail("deployment.tp", f"must divide {m.name}'s {m.heads} attention heads, got {d.tp}")
-    if d.pp > m.layers:
-        f.fail("deployment.pp", f"at most {m.name}'s {m.layers} layers, got {d.pp}")
-    stage = d.tp * d.attention_dp
-    if not m.is_moe and (d.ep > 1 or d.attention_dp > 1):
-        f.fail("deployment", f"ep and attention_dp are for mixture-of-experts models; {m.name} is dense")
-    elif m.is_moe and (stage % d.ep or m.experts % d.ep):
-        f.fail("deployment.ep", f"must divide tp x attention_dp ({stage}) and the {m.experts} experts, "
-                                f"got {d.ep}")
+            for field, why in shape_problems(m, pool.tp, pool.pp, pool.ep, pool.attention_dp):
+                f.fail(f"deployment.disaggregated.{side}" + (f".{field}" if field else ""), why)
+    else:
+        for field, why in shape_problems(m, d.tp, d.pp, d.ep, d.attention_dp):
+            f.fail(f"deployment.{field}" if field else "deployment", why)
     tokens, seqs = d.max_batched_tokens, d.max_num_seqs
     if tokens is not None and seqs is not None and tokens < seqs:
         # each running sequence decodes a token an iteration (vLLM refuses this at start)

@@ -19,9 +19,7 @@ from autoplan.descriptors.model import Model
 from autoplan.errors import InputError
 from autoplan.serving.cost import compute_dtype
 from autoplan.serving.deployment import (
-    ArrivalKind,
     Deployment,
-    Disaggregated,
     Pool,
     Precision,
     ServingPlan,
@@ -122,29 +120,42 @@ def deployments(model: Model, cluster: Cluster, gpus: int, engine: Engine,
 SPLIT_STEPS = 16  # prefill shares of the GPUs tried on large clusters: k/16
 
 
+def pool_workers(model: Model, domain: int) -> list[Pool]:
+    """The workers a pool of the search is made of, one replica each: TP within an NVLink
+    domain (dividing the attention heads), and for MoE models wide expert parallel too:
+    tp 1 with attention data parallel over the worker's GPUs and the experts over all of
+    them (``attention_dp = ep``, the DEP workers of NVIDIA's measured wide-EP runs)."""
+    out = [Pool(1, t) for t in _divisors_pow2(domain, domain) if model.heads % t == 0]
+    if model.is_moe:
+        out += [Pool(1, 1, attention_dp=a, ep=a) for a in _divisors_pow2(domain, domain)
+                if a > 1 and model.experts % a == 0]
+    return out
+
+
 def disaggregated_deployments(model: Model, cluster: Cluster, gpus: int, weights: Sequence[Precision],
                               kv_caches: Sequence[Precision]) -> Iterator[Deployment]:
-    """Splits of ``gpus`` into a prefill pool and a decode pool, each of replicas of one TP
-    degree (within an NVLink domain, dividing the attention heads): every split where the
-    prefill pool has at most SPLIT_STEPS instances' worth of choices, else the prefill
-    shares nearest k/SPLIT_STEPS of the GPUs (a bounded search on large clusters)."""
+    """Splits of ``gpus`` into a prefill pool and a decode pool, each of replicas of one
+    worker (:func:`pool_workers`: a TP degree, or for MoE a wide-EP worker): every split
+    where the prefill pool has at most SPLIT_STEPS instances' worth of choices, else the
+    prefill shares nearest k/SPLIT_STEPS of the GPUs (a bounded search on large clusters)."""
     domain = min(cluster.nvlink_domain, cluster.gpus)
-    tps = [t for t in _divisors_pow2(domain, domain) if model.heads % t == 0]
-    for tp_p in tps:
-        sizes: Sequence[int] = range(tp_p, gpus, tp_p)
+    workers = pool_workers(model, domain)
+    for p in workers:
+        width = p.gpus_per_replica
+        sizes: Sequence[int] = range(width, gpus, width)
         if len(sizes) > SPLIT_STEPS:
-            sizes = sorted({max(tp_p, min(gpus - 1, round(gpus * k / SPLIT_STEPS / tp_p) * tp_p))
+            sizes = sorted({max(width, min(gpus - 1, round(gpus * k / SPLIT_STEPS / width) * width))
                             for k in range(1, SPLIT_STEPS)} - {gpus})
         for n_p in sizes:
-            for tp_d in tps:
+            for d in workers:
                 n_d = gpus - n_p
-                if n_d % tp_d:
+                if n_d % d.gpus_per_replica:
                     continue
-                split = Disaggregated(Pool(n_p // tp_p, tp_p), Pool(n_d // tp_d, tp_d))
+                prefill = replace(p, replicas=n_p // width)
+                decode = replace(d, replicas=n_d // d.gpus_per_replica)
                 for w in weights:
                     for kv in kv_caches:
-                        yield Deployment(replicas=n_d // tp_d, tp=tp_d, weights=w, kv_cache=kv,
-                                         disaggregated=split)
+                        yield Deployment.split(prefill, decode, weights=w, kv_cache=kv)
 
 
 def rank_key(r: Ranked, slo: Slo) -> tuple:
@@ -193,9 +204,6 @@ def _serve_search(model: Model, cluster: Cluster, engine: Engine, workload: Work
             also = " nor fp4 (peak_tflops.fp4)" if p is Precision.FP4 else ""
             raise InputError.single(field, "", f"{cluster.device.name} has no fp8 support "
                                                 f"(peak_tflops.fp8){also} for {p.value}")
-    if disaggregated and workload.arrival.kind is ArrivalKind.CONCURRENCY:
-        raise InputError.single("--disaggregated", "", "a closed loop over a disaggregated deployment "
-                                                       "is not simulated: give --rate, --trace or --offline")
     ranked: list[Ranked] = []
     evaluated = not_fitting = 0
     default_seqs = engine_defaults(engine, cluster.device, engine_version).max_num_seqs

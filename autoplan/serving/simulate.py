@@ -15,9 +15,16 @@ are spread at random, so each scheduler sees a Poisson stream at its share of th
 (Poisson splitting), or its share of a closed loop's concurrency, or of an offline batch;
 a recorded trace is dealt to the schedulers in turn (round robin), and this one replays
 every ``schedulers``-th request at its recorded time. A disaggregated deployment runs its
-two pools in turn (:func:`simulate_disaggregated`).
+two pools in turn (:func:`simulate_disaggregated`), or, in a closed loop, together
+(:func:`simulate_closed_disaggregated`).
 One scheduler is simulated; the deployment's rates count every scheduler's share over the
 whole workload's span (:func:`autoplan.serving.evaluate.deployment_rate`).
+
+A closed loop (a benchmark's ``concurrency`` clients, each sending its next request when
+its last one finishes) is measured as a benchmark measures it (:class:`ClosedLoop`): the
+burst of every client's first request at time 0 and the steady state after it, each in
+the workload's proportion however few requests the simulation's budget holds, the loop
+kept full until the last measured request has finished.
 
 The scheduler's policy and state are :mod:`autoplan.serving.scheduler`'s
 (:class:`~autoplan.serving.scheduler.SchedulerConfig`, the KV cache's
@@ -30,7 +37,9 @@ heap of finishing iterations, never walked one by one.
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,6 +101,10 @@ class SimResult:
     requested: int  # requests this scheduler was given (served or refused)
     # of the prompt tokens given, the share admissions found in the prefix cache
     prefix_hit_share: float = 0.0
+    # a closed loop (ClosedLoop): the requests in flight on the simulated scheduler's share
+    # of the deployment (the concurrency over the schedulers; its throughput is in_flight /
+    # mean e2e, Little's law); 0: not a closed loop, or one of a single wave
+    in_flight: float = 0.0
 
     @property
     def ttft(self) -> np.ndarray:
@@ -115,11 +128,77 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
     aside, larger than the cache) are refused, as engines refuse them, and left out.
     ``step_over_decodes``: take runs of decode-only iterations at once (the same result,
     to rounding; False steps through each, for tests)."""
-    n = min(simulated_per_scheduler(step, workload), math.ceil(workload.requests / schedulers))
-    arrival, inputs, outputs, closed = _requests(workload, schedulers, n, np.random.default_rng(seed))
-    return run_requests(step, arrival, inputs, outputs, kv_tokens, closed=closed,
+    budget = simulated_per_scheduler(step, workload)
+    share = math.ceil(workload.requests / schedulers)
+    loop, in_flight = None, 0.0
+    if workload.arrival.kind is ArrivalKind.CONCURRENCY:
+        in_flight = min(float(budget), workload.arrival.concurrency / schedulers)
+        loop = ClosedLoop.of(in_flight, share, budget)
+    n = loop.slots if loop is not None else min(budget, share)
+    arrival, inputs, outputs = _requests(workload, schedulers, n, np.random.default_rng(seed))
+    return run_requests(step, arrival, inputs, outputs, kv_tokens, closed=loop,
                         open_loop=workload.arrival.kind in OPEN_LOOP, step_over_decodes=step_over_decodes,
-                        prefix=_prefix(workload))
+                        prefix=_prefix(workload), in_flight=in_flight)
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedLoop:
+    """How a closed loop is simulated on one scheduler: ``in_flight`` clients, each sending
+    its next request as its last one finishes, and which requests are measured.
+
+    What a benchmark measures: its ``requests`` (the workload's) from the moment its
+    clients all send their first request at once. AIPerf runs its warm-up requests first
+    and "waits indefinitely for all warmup responses before starting profiling" (AIPerf
+    docs, "Warmup Phase Configuration"), so its profiling phase starts with every client's
+    request at once, as vLLM's ``bench serve --max-concurrency`` and SGLang's
+    ``bench_serving`` start theirs; AIConfigurator's generated benchmark scripts run
+    ``aiperf profile --concurrency C --num-requests 20C --warmup-request-count 2C``
+    (ai-dynamo/aiconfigurator, tests/baseline/.../bench_run.sh), and the benchmark's TTFT
+    and TPOT average over all of its requests. The first wave's requests queue behind each
+    other's prompts (with fixed lengths the last waits for every prompt of the burst); the
+    later ones arrive as others finish, spread over the iterations, and wait less: the
+    loop's steady state. So the burst weighs ``in_flight / requests`` of a benchmark's
+    mean, 1/20 in AIConfigurator's scripts, and all of it when ``requests <= in_flight``.
+
+    The simulation keeps that proportion within a bounded number of requests (a search
+    evaluates many deployments): it sends the burst of ``in_flight`` requests at time 0,
+    then ``measured`` requests of the steady state (the workload's after the burst, at
+    most what leaves room for the burst and a cool-down within ``budget``,
+    :func:`simulated_per_scheduler`, at least a quarter of it), and keeps sending requests
+    until the last measured one has finished (at most ``in_flight`` more, not measured), so
+    that every steady request runs beside ``in_flight - 1`` others, none in a draining tail.
+    Of the burst it measures ``burst`` requests, evenly over its queue, so that burst and
+    steady requests are measured in the workload's proportion: all of the burst where the
+    budget holds the whole workload. (Simulating the first requests from time 0 up to the
+    budget weighed the burst by the budget, not the workload: 256 clients sending 20 x 256
+    requests of 8,192 output tokens, a budget of 976 requests, weighed it 26%, not 5%.)
+    ``in_flight`` is at most ``budget``: 2.25 ``budget`` requests simulated at the very
+    most."""
+
+    in_flight: int
+    measured: int  # steady-state requests measured, sent after the burst
+    burst: int  # requests of the burst measured
+
+    @classmethod
+    def of(cls, in_flight: float, requests: int, budget: int) -> ClosedLoop:
+        """``in_flight`` (the concurrency's share, at least one) and ``requests`` (the
+        workload's share) within ``budget`` simulated requests (class doc)."""
+        c = max(1, min(budget, round(in_flight)))
+        if requests <= c:  # one wave: every request at once
+            return cls(requests, 0, requests)
+        m = max(1, min(requests - c, max(budget - 2 * c, budget // 4)))
+        return cls(c, m, min(c, round(c * m / (requests - c))))
+
+    @property
+    def slots(self) -> int:
+        """Requests simulated at most: the burst, the steady ones, the cool-down."""
+        return self.in_flight + self.measured + (self.in_flight if self.measured else 0)
+
+    def measure(self) -> np.ndarray:
+        """Which requests are measured, by the order they are sent in (sorted): ``burst`` of
+        the first ``in_flight``, evenly spread, and the ``measured`` after them."""
+        picks = np.arange(self.burst) * self.in_flight // max(1, self.burst)
+        return np.concatenate([picks, np.arange(self.in_flight, self.in_flight + self.measured)])
 
 
 def _prefix(workload: Workload) -> tuple[int, int]:
@@ -135,9 +214,11 @@ def simulated_per_scheduler(step: StepModel, workload: Workload) -> int:
 
 
 def _requests(workload: Workload, schedulers: int, n: int, rng: np.random.Generator
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """(arrival, prompt lengths, output lengths, closed loop) of the ``n`` requests one of
-    ``schedulers`` schedulers sees (``schedulers`` 1: the whole deployment's stream)."""
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(arrival, prompt lengths, output lengths) of the ``n`` requests one of ``schedulers``
+    schedulers sees (``schedulers`` 1: the whole deployment's stream). A closed loop's and
+    an offline batch's all arrive at 0 (a closed loop's run sends them as it goes:
+    :class:`ClosedLoop`)."""
     spec = workload.arrival
     if spec.kind is ArrivalKind.TRACE:
         # a router deals the recorded requests to the schedulers in turn: this one gets
@@ -147,27 +228,25 @@ def _requests(workload: Workload, schedulers: int, n: int, rng: np.random.Genera
         arrival = np.asarray(spec.trace.arrival_s[mine], dtype=float)[:n]
         inputs = np.asarray(spec.trace.input_len[mine], dtype=np.int64)[:n]
         outputs = np.asarray(spec.trace.output_len[mine], dtype=np.int64)[:n]
-        return arrival, inputs, outputs, 0
+        return arrival, inputs, outputs
     inputs = sample_lengths(workload.input_len, n, rng)
     outputs = sample_lengths(workload.output_len, n, rng)
     arrival = np.zeros(n)
-    closed = 0
     if spec.kind is ArrivalKind.RATE:
         arrival = np.cumsum(rng.exponential(schedulers / spec.rate_rps, n))
-    elif spec.kind is ArrivalKind.CONCURRENCY:
-        closed = min(n, max(1, round(spec.concurrency / schedulers)))
-        arrival = np.full(n, np.inf)
-        arrival[:closed] = 0.0
-    return arrival, inputs, outputs, closed
+    return arrival, inputs, outputs
 
 
 def run_requests(step: StepModel, arrival: np.ndarray, inputs: np.ndarray, outputs: np.ndarray,
-                 kv_tokens: int, *, closed: int = 0, open_loop: bool = False,
+                 kv_tokens: int, *, closed: ClosedLoop | None = None, open_loop: bool = False,
                  step_over_decodes: bool = True, prefilled: bool = False,
-                 prefix: tuple[int, int] = (0, 1)) -> SimResult:
+                 prefix: tuple[int, int] = (0, 1), in_flight: float = 0.0) -> SimResult:
     """The scheduler over given requests (arrival times, sorted; prompt and output lengths).
-    ``closed``: a closed loop of that many requests in flight (the rest of ``arrival``
-    unset, filled in as requests finish). ``prefilled``: the requests arrive with their
+    ``closed``: a closed loop (:class:`ClosedLoop`; ``arrival`` then holds its slots, whose
+    times are set as requests are sent), measured in its steady window; ``in_flight``: the
+    requests in flight on this scheduler's share of the deployment (its concurrency over
+    the schedulers: ``closed.in_flight`` unrounded; the result's :attr:`SimResult.in_flight`).
+    ``prefilled``: the requests arrive with their
     prompt's KV cache already computed (a decode instance of a disaggregated deployment):
     admitting one takes its prompt's cache and no prompt compute, and it decodes from the
     iteration it is admitted in; one preempted is recomputed like any other. ``prefix``:
@@ -176,6 +255,21 @@ def run_requests(step: StepModel, arrival: np.ndarray, inputs: np.ndarray, outpu
     requests share, for as long as it fits there beside them (``scheduler.KVPool``: unused
     prefixes are evicted least recently used first), and a request admitted while its
     group's prefix is cached skips it (:func:`autoplan.serving.deployment.prefix_hit`)."""
+    loop = _engine_loop(step, arrival, inputs, outputs, kv_tokens, prefilled=prefilled, prefix=prefix)
+    if closed is not None:
+        _Refill(loop, closed)
+    loop.run(step_over_decodes)
+    if closed is None:
+        return loop.result(open_loop)
+    # a loop of one wave (every request at once, none sent after) is rated as a batch
+    steady = (in_flight or float(closed.in_flight)) if closed.measured else 0.0
+    return loop.result(False, closed.measure(), steady)
+
+
+def _engine_loop(step: StepModel, arrival: np.ndarray, inputs: np.ndarray, outputs: np.ndarray,
+                 kv_tokens: int, *, prefilled: bool = False, prefix: tuple[int, int] = (0, 1)
+                 ) -> _EngineLoop:
+    """One scheduler's loop over these requests (:func:`run_requests`), not yet run."""
     config = SchedulerConfig.of(step)
     block = step.engine.spec.kv_block_tokens
     shared: list[int] = []
@@ -187,26 +281,53 @@ def run_requests(step: StepModel, arrival: np.ndarray, inputs: np.ndarray, outpu
     pool = KVPool(kv_tokens, reserves=bool(config.reserve_output),
                   prefix=tokens // block * block if groups else 0)
     scheduler = Scheduler(config, pool)
-    loop = _EngineLoop(step, scheduler, arrival, inputs, outputs, closed, prefilled, shared, groups)
-    loop.run(step_over_decodes)
-    return loop.result(open_loop)
+    return _EngineLoop(step, scheduler, arrival, inputs, outputs, prefilled, shared, groups)
+
+
+class _Refill:
+    """A closed loop on one scheduler (:class:`ClosedLoop`): its first ``in_flight``
+    requests at time 0, and one more each time one finishes, while a measured one is
+    unfinished (or still to be sent)."""
+
+    __slots__ = ("loop", "mine", "pending")
+
+    def __init__(self, loop: _EngineLoop, closed: ClosedLoop):
+        self.loop = loop
+        self.mine = np.zeros(loop.n, dtype=bool)
+        self.mine[closed.measure()] = True
+        self.pending = closed.burst + closed.measured  # measured requests not yet finished
+        loop.arrival[closed.in_flight:] = np.inf
+        loop.times[closed.in_flight:] = [math.inf] * (loop.n - closed.in_flight)
+        loop.issued = min(loop.n, closed.in_flight)
+        loop.on_finish = self.finished
+
+    def finished(self, i: int, t: float) -> None:
+        if self.mine[i]:
+            self.pending -= 1
+        if self.pending > 0 and self.loop.issued < self.loop.n:
+            self.loop.issue(t)
 
 
 class _EngineLoop:
     """The engine's busy loop over one scheduler (vLLM V1's ``EngineCore.step``: schedule,
     run the model, update the requests): the clock, the arrivals, and each request's first
     and last token. An iteration takes ``StepModel.step_seconds``; the clock jumps over
-    idle time to the next arrival."""
+    idle time to the next arrival.
 
-    __slots__ = ("step", "sched", "arrival", "inputs", "outputs", "times", "lengths", "closed", "prefilled",
+    Requests are given arrival times up to ``issued`` (all of them unless a closed loop
+    sends them as it goes: :meth:`issue`); ``on_finish(i, t)`` is told of each request's
+    last token; ``horizon``: no request is sent before it that is not yet issued (a
+    disaggregated closed loop's other pool: :func:`simulate_closed_disaggregated`)."""
+
+    __slots__ = ("step", "sched", "arrival", "inputs", "outputs", "times", "lengths", "prefilled",
                  "n", "first", "finish", "next_arrival", "issued", "t", "it", "busy", "max_running",
-                 "timeline", "sample_every", "shared", "groups", "width", "gain")
+                 "timeline", "sample_every", "shared", "groups", "width", "gain", "on_finish", "horizon")
 
     def __init__(self, step: StepModel, sched: Scheduler, arrival: np.ndarray, inputs: np.ndarray,
-                 outputs: np.ndarray, closed: int, prefilled: bool, shared: list[int], groups: int):
+                 outputs: np.ndarray, prefilled: bool, shared: list[int], groups: int):
         """``shared``, ``groups``: each request's cached prefix and the prefix groups (0: no
         prefix caching)."""
-        self.step, self.sched, self.closed, self.prefilled = step, sched, closed, prefilled
+        self.step, self.sched, self.prefilled = step, sched, prefilled
         self.shared, self.groups = shared, groups
         self.width, self.gain = sched.config.width, sched.config.gain  # speculative decoding's
         self.arrival, self.inputs, self.outputs = arrival, inputs, outputs
@@ -219,36 +340,66 @@ class _EngineLoop:
         self.n = n = len(arrival)
         self.first = [math.nan] * n
         self.finish = [math.nan] * n
-        self.next_arrival, self.issued = 0, (closed or n)  # requests queued; given arrival times
+        self.next_arrival, self.issued = 0, n  # requests queued; given arrival times
         self.t, self.it = 0.0, 0
         self.busy = 0.0  # seconds of iterations (the clock also jumps to arrivals, idle)
         self.max_running = 0
         self.timeline: list[tuple[float, int, int]] = []
         self.sample_every = max(1, int(outputs.sum()) // max(1, min(n, 400)) // 4)
+        self.on_finish: Callable[[int, float], None] | None = None
+        self.horizon = math.inf
+
+    def issue(self, t: float, prompt: int | None = None, out: int | None = None) -> int:
+        """Send the next request at ``t`` (no earlier than any sent before it), with these
+        lengths where given; its index."""
+        i = self.issued
+        self.arrival[i] = self.times[i] = t
+        if prompt is not None and out is not None:
+            self.inputs[i], self.outputs[i] = prompt, out
+            self.lengths[i] = (prompt, self.sched.config.steps(out))
+        self.issued += 1
+        return i
+
+    def ready(self) -> float:
+        """When the loop's next step begins: now, where a request waits or runs; else the
+        next request's arrival (inf: none sent yet)."""
+        if not self.sched.idle():
+            return self.t
+        if self.next_arrival < self.issued:
+            return max(self.t, self.times[self.next_arrival])
+        return math.inf
 
     def run(self, step_over_decodes: bool) -> None:
         """Iterate until every request has finished or what waits can never be admitted."""
+        while self.advance(step_over_decodes):
+            pass
+
+    def advance(self, step_over_decodes: bool) -> bool:
+        """One step: queue what has arrived, then run an iteration (or a run of decode-only
+        ones: :meth:`_step_over`), or move the clock to the next arrival. False where
+        nothing can happen until a request is sent (none arrives, or what waits can never
+        be admitted)."""
         sched = self.sched
-        while True:
-            self._arrive()
-            if sched.idle():
-                if self.next_arrival >= self.issued:
-                    return
-                self.t = self.times[self.next_arrival]
-                continue
-            self.it += 1
-            if self.it > MAX_ITERATIONS:
-                raise AutoplanError(f"the serving simulation passed {MAX_ITERATIONS:,} iterations: a batch "
-                                    "limit this small for outputs this long is more than it simulates")
-            batch = sched.schedule(self.it)
-            if not batch.chunks and not sched.decodes.count:
-                if self.next_arrival >= self.issued:
-                    return  # what waits can never be admitted
-                self.t = max(self.t, self.times[self.next_arrival])
-                continue
-            decode_only = not batch.chunks and not batch.joined
-            if not (decode_only and step_over_decodes and self._step_over(batch.running)):
-                self._execute(batch)
+        self._arrive()
+        if sched.idle():
+            if self.next_arrival >= self.issued:
+                return False
+            self.t = self.times[self.next_arrival]
+            return True
+        self.it += 1
+        if self.it > MAX_ITERATIONS:
+            raise AutoplanError(f"the serving simulation passed {MAX_ITERATIONS:,} iterations: a batch "
+                                "limit this small for outputs this long is more than it simulates")
+        batch = sched.schedule(self.it)
+        if not batch.chunks and not sched.decodes.count:
+            if self.next_arrival >= self.issued:
+                return False  # what waits can never be admitted
+            self.t = max(self.t, self.times[self.next_arrival])
+            return True
+        decode_only = not batch.chunks and not batch.joined
+        if not (decode_only and step_over_decodes and self._step_over(batch.running)):
+            self._execute(batch)
+        return True
 
     def _arrive(self) -> None:
         """Queue the requests that have arrived by now."""
@@ -267,8 +418,10 @@ class _EngineLoop:
         arrives: take all of them at once (their times are a closed-form sum). False where
         a run of one is all there is (the iteration is then executed as any other)."""
         sched, dec = self.sched, self.sched.decodes
-        quiet = bool(sched.waiting) or self.next_arrival >= self.issued  # no arrival can change the batch
-        until = None if quiet else self.times[self.next_arrival] - self.t
+        nxt = self.times[self.next_arrival] if self.next_arrival < self.issued else math.inf
+        nxt = min(nxt, self.horizon)
+        # with a request queued, no arrival can change the batch
+        until = None if sched.waiting or nxt == math.inf else nxt - self.t
         span = _decode_run(self.step, dec.count, dec.context, dec.to_finish(self.it),
                            sched.pool.room(dec.count * dec.gain), until)
         if span is None:
@@ -316,25 +469,34 @@ class _EngineLoop:
             self.first[r.i] = self.t
 
     def _finished(self, r: Request) -> None:
-        """``r``'s last token came now; in a closed loop the next request arrives."""
+        """``r``'s last token came now (``on_finish`` is told: a closed loop sends the next)."""
         self.finish[r.i] = self.t
-        if self.closed and self.issued < self.n:
-            self.arrival[self.issued] = self.times[self.issued] = self.t
-            self.issued += 1
+        if self.on_finish is not None:
+            self.on_finish(r.i, self.t)
 
-    def result(self, open_loop: bool) -> SimResult:
-        """The served requests (those not refused) and the scheduler's totals."""
+    def result(self, open_loop: bool, measure: np.ndarray | None = None, in_flight: float = 0.0) -> SimResult:
+        """The served requests (those not refused; of a closed loop's, the ``measure``d ones,
+        by index) and the scheduler's totals (over the whole run)."""
         arrival, first, finish = self.arrival, np.array(self.first), np.array(self.finish)
         served = ~np.isnan(finish)
         duration = float(finish[served].max() - arrival[served].min()) if served.any() else 0.0
+        given = len(arrival)
+        position = np.arange(len(arrival))  # among the requests given
+        if measure is not None:
+            mine = np.zeros(len(arrival), dtype=bool)
+            mine[measure] = True
+            position = np.cumsum(mine) - 1  # among the measured
+            served &= mine
+            given = len(measure)
         return SimResult(arrival[served], first[served], finish[served], self.inputs[served],
                          self.outputs[served], duration, min(self.busy, duration), self.it,
                          self.sched.preemptions, self.max_running, tuple(self.timeline),
                          # a queue that grows is a rate the deployment cannot keep up with; an
                          # offline batch queues by design and a closed loop cannot outrun itself
                          _steady(arrival[served], first[served]) if open_loop else True,
-                         np.flatnonzero(served), len(arrival),
-                         self.sched.cached_tokens / max(1, int(self.inputs.sum())))
+                         position[served], given,
+                         # of the prompts sent (a closed loop's unsent slots are none)
+                         self.sched.cached_tokens / max(1, int(self.inputs[:self.issued].sum())), in_flight)
 
 
 def simulate_disaggregated(prefill: StepModel, decode: StepModel, workload: Workload,
@@ -349,28 +511,31 @@ def simulate_disaggregated(prefill: StepModel, decode: StepModel, workload: Work
     (:func:`run_requests`, one output token). A request's cache reaches the decode pool its
     transfer later; the decode schedulers are dealt the requests in that order, and one of
     them is run on its share with the caches arriving computed (``prefilled``). Returned: that
-    share, with the first token from the prefill pool and the finish from the decode pool
-    (a one-token request finishes with its first token)."""
-    assert workload.arrival.kind is not ArrivalKind.CONCURRENCY, "the plan reader refuses closed loops"
+    share, with the finish from the decode pool; the first token reaches the client with the
+    cache (:func:`handoff`; a one-token request finishes with its first token, in the prefill
+    pool). A closed loop runs both pools together (:func:`simulate_closed_disaggregated`)."""
+    if workload.arrival.kind is ArrivalKind.CONCURRENCY:
+        return simulate_closed_disaggregated(prefill, decode, workload, schedulers, kv_tokens, transfer, seed)
     p_sched, d_sched = schedulers
     n = min(workload.requests, simulated_per_scheduler(decode, workload) * d_sched)
-    arrival, inputs, outputs, _ = _requests(workload, 1, n, np.random.default_rng(seed))
+    arrival, inputs, outputs = _requests(workload, 1, n, np.random.default_rng(seed))
     open_loop = workload.arrival.kind in OPEN_LOOP
-    first = np.full(n, np.nan)
+    done_prefill = np.full(n, np.nan)
     steady, preemptions, hits = True, 0, 0.0
     for k in range(min(p_sched, n)):
         mine = np.arange(k, n, p_sched)
         run = run_requests(prefill, arrival[mine], inputs[mine], np.ones(len(mine), dtype=np.int64),
                            kv_tokens[0], open_loop=open_loop, prefix=_prefix(workload))
-        first[mine[run.index]] = run.first_token
+        done_prefill[mine[run.index]] = run.first_token
         steady, preemptions = steady and run.steady, preemptions + run.preemptions
         hits += run.prefix_hit_share * float(inputs[mine].sum())
-    prefilled = ~np.isnan(first)  # the rest were refused: a prompt larger than the cache
-    handoff = first + transfer[0] + transfer[1] * inputs
-    dealt = np.flatnonzero(prefilled)[np.argsort(handoff[prefilled], kind="stable")][::d_sched]
+    prefilled = ~np.isnan(done_prefill)  # the rest were refused: a prompt larger than the cache
+    moved = handoff(done_prefill, inputs, transfer)
+    first = np.where(outputs > 1, moved, done_prefill)  # the first token reaches the client (handoff)
+    dealt = np.flatnonzero(prefilled)[np.argsort(moved[prefilled], kind="stable")][::d_sched]
     one = dealt[outputs[dealt] <= 1]
     more = dealt[outputs[dealt] > 1]
-    run = run_requests(decode, handoff[more], inputs[more], outputs[more] - 1, kv_tokens[1],
+    run = run_requests(decode, moved[more], inputs[more], outputs[more] - 1, kv_tokens[1],
                        open_loop=open_loop, prefilled=True)
     done = np.concatenate([one, more[run.index]])
     finish = np.concatenate([first[one], run.finish])
@@ -382,6 +547,174 @@ def simulate_disaggregated(prefill: StepModel, decode: StepModel, workload: Work
                      run.max_running, run.timeline, steady and run.steady, done,
                      -(-n // d_sched),  # one decode scheduler's share of the requests simulated
                      hits / max(1.0, float(inputs.sum())))  # the prefill pool's prefix cache
+
+
+def handoff(prefilled: np.ndarray, inputs: np.ndarray, transfer: tuple[float, float]) -> np.ndarray:
+    """When requests whose prompts the prefill pool finished at ``prefilled`` reach the
+    decode pool with their KV cache (``transfer``: seconds, and seconds per prompt token).
+    Their first token, sampled by the prefill instance, reaches the client then: the decode
+    instance streams it, as the engines' disaggregated routers return the decode
+    instance's stream (SGLang's ``--pd-disaggregation`` router, vLLM's P/D proxy, Dynamo),
+    so the time to first token counts the hand-off. A one-token request is answered by
+    the prefill instance: its first token is its prefill's."""
+    return prefilled + transfer[0] + transfer[1] * inputs
+
+
+def simulate_closed_disaggregated(prefill: StepModel, decode: StepModel, workload: Workload,
+                                  schedulers: tuple[int, int], kv_tokens: tuple[int, int],
+                                  transfer: tuple[float, float], seed: int = 0) -> SimResult:
+    """A closed loop over a disaggregated deployment (arguments as
+    :func:`simulate_disaggregated`'s): ``concurrency`` requests in flight over the whole
+    deployment; each goes to a prefill scheduler, queues there and is prefilled as the
+    engine's limits batch it (to its first token); its KV cache moves to a decode
+    scheduler (:func:`handoff`), which decodes the rest of its output (its share of the
+    requests: those in flight spread over the decode pool's workers x attention-DP
+    ranks); when its last token comes the next request enters the prefill queue. Time to
+    first token: the prefill queue, the prefill and the hand-off; time per output token:
+    the decode scheduler's iterations.
+
+    One prefill scheduler and one decode scheduler are simulated, together, on one clock
+    (each advanced in turn from the earlier of the two, so that neither runs past a request
+    the other has still to send it): the one prefill scheduler stands for the P prefill
+    schedulers (each sees 1/P of the requests, as a router spreads them) and the decode
+    scheduler for the D decode schedulers. So each request the decode scheduler finishes
+    stands for D finishing over the deployment, which send D new requests, D/P of them to
+    the prefill scheduler; each prompt the prefill scheduler finishes stands for P, P/D of
+    which reach the decode scheduler. Fractions are carried (exact counts, in whole
+    requests as they add up); P and D count only schedulers the concurrency can fill (at
+    most ``concurrency`` of each hold a request). A request the decode scheduler gets
+    carries the lengths and times of the prefilled request it stands for.
+
+    Measured as :class:`ClosedLoop` says, over the deployment: the burst of every client's
+    first request at time 0 and the steady state after it, in the workload's proportion
+    (within the budget of the decode scheduler's :func:`simulated_per_scheduler` for the
+    smaller of the two pools' shares); requests are sent until every measured one has
+    finished."""
+    spec = workload.arrival
+    assert spec.kind is ArrivalKind.CONCURRENCY
+    conc = min(spec.concurrency, workload.requests)  # clients past the requests never send
+    p_eff, d_eff = min(schedulers[0], conc), min(schedulers[1], conc)
+    per = min(p_eff, d_eff)  # the pool with more requests a scheduler: its share sets the bounds
+    budget = min(MAX_SIMULATED_REQUESTS, simulated_per_scheduler(decode, workload))
+    concurrency = min(conc, budget * per)  # at most the budget's in flight
+    warm = concurrency // p_eff  # the prefill scheduler's share of the burst at time 0
+    # the loop on the prefill scheduler's share: its burst, steady and cool-down requests
+    mine = ClosedLoop(warm, 0, warm)  # one wave: every request at once
+    if workload.requests > spec.concurrency:
+        loop = ClosedLoop.of(conc / per, math.ceil(workload.requests / per), budget)
+        mine = ClosedLoop(warm, math.ceil(loop.measured * per / p_eff),
+                          min(warm, math.ceil(loop.burst * per / p_eff)))
+    measured = np.zeros(mine.slots + 2, dtype=bool)
+    measured[mine.measure()] = True
+    n_p = mine.slots + (2 if mine.measured else 0)  # a request or two of rounding to spare
+    n_d = math.ceil(n_p * p_eff / d_eff) + 2
+    rng = np.random.default_rng(seed)
+    inputs = sample_lengths(workload.input_len, n_p, rng)
+    outputs = sample_lengths(workload.output_len, n_p, rng)
+    pre = _engine_loop(prefill, np.full(n_p, math.inf), inputs, np.ones(n_p, dtype=np.int64), kv_tokens[0],
+                       prefix=_prefix(workload))
+    dec = _engine_loop(decode, np.full(n_d, math.inf), np.ones(n_d, dtype=np.int64),
+                       np.full(n_d, 2, dtype=np.int64), kv_tokens[1], prefilled=True)
+    pre.issued = dec.issued = 0
+    # the timeline's samples: as for the decode scheduler's expected output tokens
+    dec.sample_every = max(1, int(n_d * workload.output_len.mean) // min(n_d, 400) // 4)
+    source = np.full(n_d, -1, dtype=np.int64)  # the prefill request each decode request stands for
+    first = np.full(n_p, np.nan)  # the first token of each prefill request (its hand-off)
+    pending: list[tuple[float, int]] = []  # hand-offs not yet sent to the decode scheduler
+    state = _Credits(to_prefill=concurrency % p_eff, to_decode=0, pending=mine.burst + mine.measured)
+
+    def send(t: float, count: int) -> None:
+        for _ in range(count):
+            if pre.issued < n_p and state.pending > 0:
+                pre.issue(t)
+
+    def done(i: int, t: float) -> None:
+        """A prefill request is done: its first token at ``t``."""
+        measured_one = int(measured[i])
+        if outputs[i] <= 1:  # answered by the prefill instance: P finish, P new requests
+            first[i] = t
+            state.pending -= measured_one
+            send(t, 1)
+            return
+        first[i] = t + transfer[0] + transfer[1] * float(inputs[i])  # handoff()
+        state.to_decode += p_eff
+        copies, state.to_decode = divmod(state.to_decode, d_eff)
+        state.pending += measured_one * (copies - 1)
+        for _ in range(copies):
+            heapq.heappush(pending, (first[i], i))
+
+    def finished(j: int, t: float) -> None:
+        """A decode request finished: D over the deployment, D new requests."""
+        state.pending -= int(measured[source[j]])
+        state.to_prefill += d_eff
+        count, state.to_prefill = divmod(state.to_prefill, p_eff)
+        send(t, count)
+
+    pre.on_finish, dec.on_finish = done, finished
+    send(0.0, warm)
+    while state.pending > 0:
+        tp = pre.ready()
+        # the hand-offs no later one can precede, in time order: a hand-off still to come
+        # follows the prefill scheduler's next step, or, where it has none, the decode
+        # scheduler's (whose next finish sends the prefill scheduler a request)
+        bound = tp if tp < math.inf else dec.ready()
+        while pending and pending[0][0] <= bound:
+            h, i = heapq.heappop(pending)
+            if dec.issued < n_d:
+                source[dec.issue(h, int(inputs[i]), int(outputs[i]) - 1)] = i
+            else:  # out of slots (cannot happen within the bound above): the request is dropped
+                state.pending -= int(measured[i])
+        td = dec.ready()
+        if tp == math.inf and td == math.inf:
+            break  # what waits can never be admitted
+        if tp <= td:
+            if not pre.advance(False):
+                break
+        else:
+            dec.horizon = min(tp, pending[0][0] if pending else math.inf)
+            if not dec.advance(True):
+                break
+    return _closed_result(pre, dec, source, first, inputs, outputs, measured[:n_p],
+                          concurrency / schedulers[1] if mine.measured else 0.0)
+
+
+@dataclass(slots=True)
+class _Credits:
+    """A disaggregated closed loop's counts (:func:`simulate_closed_disaggregated`):
+    requests owed to each scheduler, in units of 1/P (prefill) and 1/D (decode) of a
+    request, and the measured requests not yet finished (or sent)."""
+
+    to_prefill: int
+    to_decode: int
+    pending: int
+
+
+def _closed_result(pre: _EngineLoop, dec: _EngineLoop, source: np.ndarray, first: np.ndarray,
+                   inputs: np.ndarray, outputs: np.ndarray, measured: np.ndarray,
+                   in_flight: float) -> SimResult:
+    """The ``measured`` requests of a disaggregated closed loop (by the prefill scheduler's
+    index): those the decode scheduler finished, each with the arrival and first token of
+    the prefill request it stands for, and those of one token the prefill scheduler
+    finished; the decode scheduler's totals."""
+    d_finish = np.array(dec.finish[:dec.issued])
+    src = source[:dec.issued]
+    mine = ~np.isnan(d_finish) & measured[src]
+    p_finish = np.array(pre.finish)
+    served = ~np.isnan(p_finish)  # prefilled (the rest never sent, or refused)
+    one = np.flatnonzero(measured & (outputs <= 1) & served)
+    req = np.concatenate([src[mine], one])
+    finish = np.concatenate([d_finish[mine], first[one]])
+    arrival = pre.arrival[req]
+    order = np.argsort(arrival, kind="stable")
+    req, finish, arrival = req[order], finish[order], arrival[order]
+    start = float(pre.arrival[served].min()) if served.any() else 0.0
+    ends = np.concatenate([d_finish[~np.isnan(d_finish)], p_finish[served], [start]])
+    duration = float(ends.max()) - start
+    return SimResult(arrival, first[req], finish, inputs[req], outputs[req], duration,
+                     min(dec.busy, duration), dec.it, pre.sched.preemptions + dec.sched.preemptions,
+                     dec.max_running, tuple(dec.timeline), True, np.arange(len(req)),
+                     max(1, len(req)), pre.sched.cached_tokens / max(1, int(inputs[:pre.issued].sum())),
+                     in_flight)
 
 
 def _decode_run(step: StepModel, n_dec: int, ctx: float, to_finish: int, to_full: int,
