@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoplan.descriptors.library import builtin_names, resolve_cluster, resolve_model, with_gpus
+from autoplan.descriptors.model import Model
 from autoplan.errors import AutoplanError
 from autoplan.measured.door import corrected
 from autoplan.serving.deployment import (
@@ -41,12 +42,14 @@ from autoplan.serving.deployment import (
     Deployment,
     Engine,
     Lengths,
+    Pool,
     Precision,
     ServingPlan,
     Slo,
     Workload,
 )
 from autoplan.serving.evaluate import evaluate_serving
+from autoplan.serving.versions import dynamo_engine_version
 
 CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "serving_silicon.csv"
 RESERVED_SYSTEMS = frozenset({"h200_sxm", "b300_sxm", "gb300"})  # validation only: never read
@@ -84,7 +87,7 @@ class Case:
 
     @property
     def version(self) -> str:
-        return self.row["backend_version"] or "unstated"
+        return release(self.row) or "unstated"
 
     @property
     def gpu(self) -> str:
@@ -110,6 +113,19 @@ def load_rows(path: Path = CSV) -> list[dict[str, str]]:
             seen.add(key)
             out.append(row)
     return out
+
+
+def release(row: dict[str, str]) -> str | None:
+    """The engine release a row ran: its ``backend_version``, except where the image is
+    NVIDIA Dynamo's runtime container (``.../ai-dynamo/<engine>-runtime:<tag>``), whose tag
+    is Dynamo's release: the engine release inside it
+    (:func:`autoplan.serving.versions.dynamo_engine_version`)."""
+    v = row["backend_version"].strip()
+    if not v:
+        return None
+    if "ai-dynamo/" in row["silicon_data_source"] and v.startswith("nightly") is False:
+        return dynamo_engine_version(row["backend"], v) or v
+    return v
 
 
 def concurrency(row: dict[str, str]) -> int | None:
@@ -190,31 +206,49 @@ def case_of(row: dict[str, str]) -> Case:
     # an fp8 KV cache with fp8/fp4 weights
     kv = Precision.FP8 if row["backend"] == "trtllm" and weights in (Precision.FP8, Precision.FP4) \
         else Precision.BF16
+    workload = Workload(Lengths(isl), Lengths(osl), Arrival(ArrivalKind.CONCURRENCY, concurrency=c),
+                        requests=requests_for(c))
     if row["mode"] == "disagg":
-        return Case(row, None, "disaggregated closed loop not modelled yet", measured)
+        if not row["decode_num_workers"] or not row["prefill_num_workers"]:
+            return Case(row, None, "disaggregated: the pools' worker counts not recorded", measured)
+        pools = []
+        for side in ("prefill", "decode"):
+            w = instance(_widths(row, f"{side}_"), model.is_moe, model.heads)
+            pools.append(Pool(_int(row[f"{side}_num_workers"]), w["tp"], w["pp"], w["attention_dp"], w["ep"]))
+        pre, dec = pools
+        dep = Deployment.split(pre, dec, weights=weights, kv_cache=kv,
+                               max_num_seqs=max(1, math.ceil(c / (dec.replicas * dec.attention_dp))))
+        return _case(row, model, dep, workload, measured)
     w = instance(_widths(row, ""), model.is_moe, model.heads)
     # batch_size x attention_dp is one instance's load; where the concurrency is a whole
     # multiple of it, the deployment ran that many instances
     per_instance = _int(row["batch_size"], 0) * w["attention_dp"]
     replicas = c // per_instance if per_instance and c % per_instance == 0 else 1
-    gpus = replicas * w["tp"] * w["pp"] * w["attention_dp"]
     dep = Deployment(replicas=replicas, tp=w["tp"], pp=w["pp"], ep=w["ep"], attention_dp=w["attention_dp"],
                      weights=weights, kv_cache=kv,
                      max_num_seqs=max(1, math.ceil(c / (replicas * w["attention_dp"]))))
+    return _case(row, model, dep, workload, measured)
+
+
+def _case(row: dict[str, str], model: Model, dep: Deployment, workload: Workload,
+          measured: dict[str, float]) -> Case:
+    engine, version = Engine(ENGINES[row["backend"]]), release(row)
     try:
-        cluster = corrected(with_gpus(resolve_cluster(CLUSTERS[row["system"]]), gpus)).cluster
+        # as `autoplan serve` sees it: through the one door of measured profiles
+        cluster = resolve_cluster(CLUSTERS[row["system"]])
+        per_node = cluster.gpus_per_node
+        cluster = corrected(with_gpus(cluster, -(-dep.gpus // per_node) * per_node)).cluster
     except AutoplanError as exc:
         return Case(row, None, str(exc), measured)
-    workload = Workload(Lengths(isl), Lengths(osl), Arrival(ArrivalKind.CONCURRENCY, concurrency=c),
-                        requests=requests_for(c))
-    plan = ServingPlan(model, cluster, Engine(ENGINES[row["backend"]]), dep, workload, Slo())
+    plan = ServingPlan(model, cluster, engine, dep, workload, Slo(), engine_version=version)
     return Case(row, plan, "", measured)
 
 
 def requests_for(c: int) -> int:
-    """Requests a closed loop of ``c`` runs: three waves of it (the benchmarks ran a few),
-    at least 64."""
-    return max(64, 10 * c)
+    """Requests a closed loop of ``c`` runs: AIConfigurator's generated benchmark scripts
+    run ``--num-requests 20C`` after a warm-up (the simulation measures the burst of the
+    first ``c`` in that proportion: serving.simulate)."""
+    return max(64, 20 * c)
 
 
 def predicted(plan: ServingPlan) -> tuple[dict[str, float] | None, str]:
@@ -235,7 +269,8 @@ def version_line(engine: str, version: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--csv", type=Path, default=CSV)
     parser.add_argument("--rows", action="store_true", help="print every row's prediction")
     parser.add_argument("--limit", type=int, default=0)
