@@ -221,6 +221,7 @@ class StepModel:
         self.line = line = self.engine.spec.at(self.version)
         self.defaults = line.engine_defaults(dev)
         self._host_step, self._host_seq, self._kscale = line.host_step_s, line.host_seq_s, line.kernel_scale
+        self.request_s = line.request_s  # the front end's time per request (serving.simulate)
         self._hidden = line.hidden_share(d)  # of the host time, the share the overlap hides
         self.max_num_seqs, self.max_batched_tokens, self.chunked_prefill = resolved_limits(
             d, self.engine, dev, self.version)

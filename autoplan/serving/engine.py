@@ -114,6 +114,11 @@ class Fitted:
     # host time per kernel an iteration launches outside a CUDA graph (the GPU runs no
     # faster than the host issues them): 0 where not fitted
     launch_s: float = 0.0
+    # the front end's time per request, one request after another (the API server's
+    # HTTP handling, tokenizing the prompt and routing it: vLLM's AsyncLLM process, SGLang's
+    # TokenizerManager, the OpenAI server of trtllm-serve / Dynamo's frontend): a request
+    # reaches the scheduler this long after the front end is free (serving.simulate)
+    request_s: float = 0.0
     source: str  # the rows and command they were fitted with, or why they are a prior
     prior: bool = False  # set by hand, not fitted on measured runs
     # the constants are the host time an iteration shows in series with the GPU's work (set
@@ -141,12 +146,16 @@ class EngineVersion:
     # decode-only iterations of at most ``graph_max_batch`` sequences (0: any batch)
     cuda_graphs: bool = True
     graph_max_batch: int = 0
+    # a prefill batch runs alone whenever a prompt can be scheduled, the decodes waiting
+    # (serving.scheduler.SchedulerConfig.prefill_first: SGLang); False: mixed batches
+    prefill_first: bool = False
     defaults: Callable[[Device], EngineDefaults] | None = None  # None: the spec's
     # the fitted constants (EngineSpec fills them from FITTED)
     host_step_s: float = 0.0
     host_seq_s: float = 0.0
     kernel_scale: float = 1.0
     launch_s: float = 0.0
+    request_s: float = 0.0
     fitted: Fitted | None = None  # the FITTED entry they come from (None: the spec's own)
     fitted_line: str = ""  # the line that entry is keyed by
 
@@ -314,7 +323,8 @@ def _resolve_lines(spec: EngineSpec) -> tuple[EngineVersion, ...]:
         c = spec.fitted[src]
         out.append(dataclasses.replace(
             v, defaults=v.defaults or spec.defaults, host_step_s=c.host_step_s, host_seq_s=c.host_seq_s,
-            kernel_scale=c.kernel_scale, launch_s=c.launch_s, fitted=c, fitted_line=src))
+            kernel_scale=c.kernel_scale, launch_s=c.launch_s, request_s=c.request_s, fitted=c,
+            fitted_line=src))
     return tuple(out)
 
 

@@ -45,12 +45,19 @@ class SchedulerConfig:
     # yields on average (``StepModel.width``, ``StepModel.gain``); 1 and 1 without
     width: int = 1
     gain: float = 1.0
+    # a new prefill batch runs alone, the decodes waiting, whenever a prompt can be
+    # scheduled (SGLang's ``Scheduler.get_next_batch_to_run``: ``get_new_batch_prefill``
+    # first, the running batch's decode only where it returns none; mixing the two is
+    # ``--enable-mixed-chunk``, off by default); False: every iteration decodes every
+    # running sequence and fills the rest of the budget with prompt chunks (vLLM V1,
+    # TensorRT-LLM's in-flight batching)
+    prefill_first: bool = False
 
     @classmethod
     def of(cls, step: StepModel) -> SchedulerConfig:
         """The limits the deployment runs (its own, else the engine's defaults)."""
         return cls(step.max_num_seqs, step.max_batched_tokens, step.chunked_prefill,
-                   step.defaults.reserve_output, step.width, step.gain)
+                   step.defaults.reserve_output, step.width, step.gain, step.line.prefill_first)
 
     def steps(self, out: int) -> int:
         """Iterations a request of ``out`` output tokens decodes in, its first token from
@@ -294,10 +301,11 @@ class Batch:
     ``new_kv`` prompt tokens computed, those stored (all of them: a cached prefix is not
     computed again)."""
 
-    __slots__ = ("budget", "running", "chunks", "joined", "new_kv", "stored", "pairs", "prior")
+    __slots__ = ("budget", "running", "chunks", "joined", "new_kv", "stored", "pairs", "prior", "decoding")
 
-    def __init__(self, budget: int, running: int):
+    def __init__(self, budget: int, running: int, decoding: bool = True):
         self.budget = budget
+        self.decoding = decoding  # False: a prefill batch alone, the decodes wait (prefill_first)
         self.running = running  # sequences admitted and not finished
         self.chunks: list[tuple[Request, int]] = []
         self.joined: list[Request] = []
@@ -375,11 +383,20 @@ class Scheduler:
         their next tokens), the admitted prompts' next chunks in admission order, then
         admissions from the head of the queue while the budget, ``max_num_seqs`` and the
         cache allow (a request that can never fit is refused)."""
+        cfg, waiting = self.config, self.waiting
+        if cfg.prefill_first and (self.prefilling or (waiting and not waiting[0].cached)):
+            alone = self._fill(Batch(cfg.max_batched_tokens, self.decodes.count + len(self.prefilling),
+                                     decoding=False), it)
+            if alone.chunks:
+                return alone
         if self.decodes.count and not self.pool.fits(self.decodes.count * self.decodes.gain):
             self._make_room(it)
+        return self._fill(Batch(cfg.max_batched_tokens - self.decodes.count * cfg.width,
+                                self.decodes.count + len(self.prefilling)), it)
+
+    def _fill(self, batch: Batch, it: int) -> Batch:
+        """``batch`` with the admitted prompts' next chunks, then admissions from the queue."""
         cfg, waiting = self.config, self.waiting
-        batch = Batch(cfg.max_batched_tokens - self.decodes.count * cfg.width,
-                      self.decodes.count + len(self.prefilling))
         for r in self.prefilling:
             c = min(r.prompt - r.done_prompt, batch.budget)
             if c <= 0 or not cfg.schedulable(c, r.prompt - r.done_prompt):

@@ -321,7 +321,8 @@ class _EngineLoop:
 
     __slots__ = ("step", "sched", "arrival", "inputs", "outputs", "times", "lengths", "prefilled",
                  "n", "first", "finish", "next_arrival", "issued", "t", "it", "busy", "max_running",
-                 "timeline", "sample_every", "shared", "groups", "width", "gain", "on_finish", "horizon")
+                 "timeline", "sample_every", "shared", "groups", "width", "gain", "on_finish", "horizon",
+                 "request_s", "frontend_free", "prefill_alone")
 
     def __init__(self, step: StepModel, sched: Scheduler, arrival: np.ndarray, inputs: np.ndarray,
                  outputs: np.ndarray, prefilled: bool, shared: list[int], groups: int):
@@ -331,8 +332,14 @@ class _EngineLoop:
         self.shared, self.groups = shared, groups
         self.width, self.gain = sched.config.width, sched.config.gain  # speculative decoding's
         self.arrival, self.inputs, self.outputs = arrival, inputs, outputs
-        # per request, as Python floats and ints: the loop reads them one at a time
-        self.times: list[float] = np.asarray(arrival, dtype=float).tolist()
+        # per request, as Python floats and ints: the loop reads them one at a time; a
+        # request reaches the scheduler through the engine's front end (``request_s`` a
+        # request, one after another: HTTP, tokenizing, routing), which clients' requests
+        # pass and a prefilled request handed over by a prefill instance does not
+        self.request_s = 0.0 if prefilled else step.request_s
+        self.frontend_free = -math.inf
+        self.times: list[float] = [self._through_frontend(t)
+                                   for t in np.asarray(arrival, dtype=float).tolist()]
         # each request's prompt and the iterations it decodes in (its output tokens, fewer
         # with speculative decoding)
         steps = [sched.config.steps(o) for o in outputs.tolist()]
@@ -341,7 +348,8 @@ class _EngineLoop:
         self.first = [math.nan] * n
         self.finish = [math.nan] * n
         self.next_arrival, self.issued = 0, n  # requests queued; given arrival times
-        self.t, self.it = 0.0, 0
+        self.t, self.it = 0.0, 0  # the clock and the decodes' iterations
+        self.prefill_alone = 0  # iterations of a prefill batch alone (prefill_first)
         self.busy = 0.0  # seconds of iterations (the clock also jumps to arrivals, idle)
         self.max_running = 0
         self.timeline: list[tuple[float, int, int]] = []
@@ -353,12 +361,23 @@ class _EngineLoop:
         """Send the next request at ``t`` (no earlier than any sent before it), with these
         lengths where given; its index."""
         i = self.issued
-        self.arrival[i] = self.times[i] = t
+        self.arrival[i] = t
+        self.times[i] = self._through_frontend(t)
         if prompt is not None and out is not None:
             self.inputs[i], self.outputs[i] = prompt, out
             self.lengths[i] = (prompt, self.sched.config.steps(out))
         self.issued += 1
         return i
+
+    def _through_frontend(self, t: float) -> float:
+        """When a request a client sends at ``t`` reaches the scheduler: the front end
+        takes requests one at a time, ``request_s`` each (an M/D/1-like queue in front of
+        the engine: a burst of requests reaches the scheduler spread out, as it does from a
+        real server; Little's law then holds for the whole path). inf (not sent) stays."""
+        if self.request_s <= 0.0 or not math.isfinite(t):
+            return t
+        self.frontend_free = max(t, self.frontend_free) + self.request_s
+        return self.frontend_free
 
     def ready(self) -> float:
         """When the loop's next step begins: now, where a request waits or runs; else the
@@ -387,7 +406,7 @@ class _EngineLoop:
             self.t = self.times[self.next_arrival]
             return True
         self.it += 1
-        if self.it > MAX_ITERATIONS:
+        if self.it + self.prefill_alone > MAX_ITERATIONS:
             raise AutoplanError(f"the serving simulation passed {MAX_ITERATIONS:,} iterations: a batch "
                                 "limit this small for outputs this long is more than it simulates")
         batch = sched.schedule(self.it)
@@ -396,6 +415,9 @@ class _EngineLoop:
                 return False  # what waits can never be admitted
             self.t = max(self.t, self.times[self.next_arrival])
             return True
+        if not batch.decoding:  # a prefill batch alone: the decodes' clock stands still
+            self.it -= 1
+            self.prefill_alone += 1
         decode_only = not batch.chunks and not batch.joined
         if not (decode_only and step_over_decodes and self._step_over(batch.running)):
             self._execute(batch)
@@ -442,22 +464,23 @@ class _EngineLoop:
         """Run one iteration of ``batch``: time it, store its tokens' KV, and record the
         first tokens and the finishes it produced."""
         sched, it = self.sched, self.it
-        n_dec = sched.decodes.count
+        n_dec = sched.decodes.count if batch.decoding else 0
         tokens = n_dec * self.width + batch.new_kv
         done = sched.computed(batch)
-        elapsed = self.step.step_seconds(tokens, n_dec, sched.decodes.context, batch.pairs, batch.prior,
-                                         n_dec + len(done))
+        elapsed = self.step.step_seconds(tokens, n_dec, sched.decodes.context if n_dec else 0.0, batch.pairs,
+                                         batch.prior, n_dec + len(done))
         self.t += elapsed
         self.busy += elapsed
         self.max_running = max(self.max_running, batch.running)
         if it % self.sample_every == 0:
             self.timeline.append((self.t, batch.running, tokens))
         sched.pool.grow(n_dec * self.gain + batch.stored if self.gain != 1.0 else n_dec + batch.stored)
-        sched.decodes.advance(1)
-        for r in batch.joined:  # its first token here (the prefill instance made the one before)
-            self._first_token(r)
-        for r in sched.decodes.retire(it):
-            self._finished(r)
+        if batch.decoding:
+            sched.decodes.advance(1)
+            for r in batch.joined:  # its first token here (the prefill instance made the one before)
+                self._first_token(r)
+            for r in sched.decodes.retire(it):
+                self._finished(r)
         for r in done:
             self._first_token(r)
             if sched.prompt_done(r, it):
@@ -489,7 +512,8 @@ class _EngineLoop:
             served &= mine
             given = len(measure)
         return SimResult(arrival[served], first[served], finish[served], self.inputs[served],
-                         self.outputs[served], duration, min(self.busy, duration), self.it,
+                         self.outputs[served], duration, min(self.busy, duration),
+                         self.it + self.prefill_alone,
                          self.sched.preemptions, self.max_running, tuple(self.timeline),
                          # a queue that grows is a rate the deployment cannot keep up with; an
                          # offline batch queues by design and a closed loop cannot outrun itself

@@ -35,13 +35,17 @@ VERSIONS = (
     # 0.4.0 (LMSYS blog 2024-12-04, "SGLang v0.4: zero-overhead batch scheduler"): the
     # overlap scheduler on by default, the CPU scheduling batch n+1 while the GPU runs
     # batch n (--disable-overlap-schedule turns it off); decode batches replay CUDA graphs
-    # (cuda_graph_max_bs in server_args.py, 160 or more on 80 GB GPUs); prefill runs eager
+    # (cuda_graph_max_bs in server_args.py, 160 or more on 80 GB GPUs); prefill runs eager.
+    # Its scheduler runs a new prefill batch alone before the running batch decodes
+    # (sglang/srt/managers/scheduler.py ``get_next_batch_to_run``; mixed batches only with
+    # --enable-mixed-chunk): prefill_first
     EngineVersion(version="0.4.0", host_hidden=1.0, cuda_graphs=True, graph_max_batch=160,
+                  prefill_first=True,
                   source="LMSYS blog 2024-12-04 (SGLang v0.4); sglang/srt/server_args.py"),
     # 0.5.23: attention data parallelism as --attn-dp-size (deprecating --dp-size N
     # --enable-dp-attention, which the launch scripts write before it: ``args``)
     EngineVersion(version="0.5.23", host_hidden=1.0, cuda_graphs=True, graph_max_batch=160,
-                  source="sglang/srt/server_args.py (0.5.23: --attn-dp-size)"),
+                  prefill_first=True, source="sglang/srt/server_args.py (0.5.23: --attn-dp-size)"),
 )
 ATTN_DP_SIZE_SINCE = parse_version("0.5.23")
 
