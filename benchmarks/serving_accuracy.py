@@ -92,6 +92,13 @@ def _engine(text: str) -> Engine:
     return Engine.TRTLLM if "tensorrt" in t else Engine.SGLANG if "sglang" in t else Engine.VLLM
 
 
+def _release(row: dict[str, str]) -> str | None:
+    """The engine release a row names ("v0.5.4 (docker ...)" -> "0.5.4"; None: unstated,
+    predicted with the engine's default line)."""
+    words = row["engine_version"].split()
+    return words[0].removeprefix("v") if words else None
+
+
 def case_of(row: dict[str, str]) -> Case:
     measured = {k: v for k, v in (("throughput", _num(row["output_tok_s"])),
                                   ("ttft_ms", _num(row["ttft_mean_ms"]) or _num(row["ttft_p50_ms"])),
@@ -130,7 +137,7 @@ def case_of(row: dict[str, str]) -> Case:
         workload = Workload(Lengths(inp), Lengths(out), Arrival(ArrivalKind.OFFLINE), n)
     else:
         return Case(row, None, f"scenario not modelled: {row['scenario'][:40]}", measured)
-    plan = ServingPlan(model, c, _engine(row["engine"]), dep, workload, Slo())
+    plan = ServingPlan(model, c, _engine(row["engine"]), dep, workload, Slo(), engine_version=_release(row))
     return Case(row, plan, "", measured)
 
 
