@@ -5,20 +5,42 @@ analytic time from shape features, fitted on a microbenchmark profile
 Target: log(measured seconds / analytic seconds) of each profile row, where "analytic"
 is the cost model's own function for that row on the uncorrected device and cluster:
 :func:`~autoplan.kernels.compute.gemm_time`, :func:`~autoplan.kernels.compute.attention_time`,
-and the collectives of :mod:`autoplan.kernels.comm` on the row's group. A corrected device
-multiplies those same functions by exp(prediction), so fit and use cannot drift apart.
+:func:`~autoplan.kernels.compute.decode_attention_time`,
+:func:`~autoplan.kernels.compute.experts_time`, and the collectives of
+:mod:`autoplan.kernels.comm` on the row's group (an engine's own all-reduce:
+:func:`~autoplan.kernels.comm.custom_all_reduce`). A corrected device multiplies those same
+functions by exp(prediction), so fit and use cannot drift apart.
 Log ratios make over- and under-prediction symmetric; trees predict inside the range
 of the ratios they saw, so a shape far from every measured one gets its nearest
 neighbours' ratio, never an extrapolation (Breiman 2001, random forests).
 
-Features (kinds corrected: gemm, attention, collective; elementwise rows only serve
-:func:`autoplan.measured.machine.describe_machine`):
+Features (kinds corrected: gemm, attention, collective, decode, moe; elementwise rows only
+serve :func:`autoplan.measured.machine.describe_machine`):
 
 - gemm: log2 of m, n, k, FLOPs and arithmetic intensity (FLOPs per byte moved), dtype;
-- attention: log2 of batch x heads, sequence and head dim, query heads per KV head,
-  causal, backward;
+- attention (whole sequences, ``sdpa_fwd``/``sdpa_bwd`` rows): log2 of batch x heads,
+  sequence and head dim, query heads per KV head, causal, backward;
+- decode (attention ``decode`` rows): log2 of batch, context, head dim and query heads,
+  query heads per KV head, KV bytes per element;
 - collective: op, log2 bytes, ranks, ranks per NVLink domain (per node in a profile),
-  domains spanned.
+  domains spanned;
+- moe: log2 of tokens, hidden, intermediate width, experts, expert TP and EP, and of the
+  routed rows per expert, top-k, dtype.
+
+Engine profiles (a header naming an ``engine``: kernels a serving engine runs, imported by
+:mod:`autoplan.measured.aiconfigurator`): their GEMMs read weights stored at the row's
+dtype (fp8: 1 byte, fp4: half), as serving prices them, where ``autoplan bench``'s
+training GEMMs read 16-bit weights; their attention rows are priced with the kernel the
+header's ``attention_kernel`` names (``flash3``: what serving prices prefill with),
+``bench``'s with FlashAttention-2's rates. fp8_block rows stand for fp8 (the same tensor
+cores; the dtype feature keeps them apart from per-tensor fp8 rows, and a job's fp8 GEMM
+is looked up as fp8); fp4 rows stand for ``Dtype.FP4`` where autoplan has one.
+
+Tree counts: 100 trees for a kind of at most :data:`FULL_FOREST_ROWS` rows (every ``bench``
+profile); larger kinds (the engine profiles' GEMM, decode and MoE rows) get
+:data:`LARGE_FOREST_TREES`: a fit there costs rows x trees, and the forests are fitted when
+a profile applies (:func:`fit_correction`). The uncertainty band's member i takes tree
+i mod trees of each kind.
 
 Dtype rule: each profile row stands for the job dtype whose peak the analytic model
 uses for it: a bf16, fp16 or fp8 row stands for itself, on a CPU as on an accelerator
@@ -54,17 +76,26 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.hardware import Cluster
+from autoplan.descriptors.stack import AttentionKernel
 from autoplan.errors import InputError, Problem
 from autoplan.kernels import comm
-from autoplan.kernels.compute import AttentionCall, attention_time, gemm_time
+from autoplan.kernels.compute import (
+    AttentionCall,
+    attention_time,
+    decode_attention_time,
+    experts_time,
+    gemm_time,
+)
 from autoplan.kernels.layer import BF16_BYTES
 from autoplan.measured.machine import describe_machine
-from autoplan.measured.profile import DTYPES, KINDS, Profile, row_flops
+from autoplan.measured.profile import DTYPES, KINDS, Profile, row_flops, sdpa_rows
 from autoplan.plan import Plan, Prediction, Uncertainty
 from autoplan.units import GiB
 from autoplan.vocab import Dtype
 
-CORRECTED_KINDS = ("gemm", "attention", "collective")
+CORRECTED_KINDS = ("gemm", "attention", "collective", "decode", "moe")
+FULL_FOREST_ROWS = 400  # up to here a kind's forest has RatioForest's 100 trees
+LARGE_FOREST_TREES = 40  # beyond it (engine profiles' larger kinds): fitted when a profile applies
 MIN_ROWS = 5  # a kind with fewer usable rows keeps its analytic time (and KFold needs 5)
 BAND_PERCENTILES = (10.0, 90.0)
 CV_FOLDS = 5
@@ -133,11 +164,37 @@ def collective_features(op: str, nbytes: float, ranks: int, per_domain: int) -> 
     return (OP_CODE[op], math.log2(nbytes), float(ranks), float(per_domain), float(domains))
 
 
+def decode_features(batch: float, context: float, heads: float, kv_heads: float, head_dim: float,
+                    kv_bytes: float) -> tuple[float, ...]:
+    """Shape of one decode attention call (the fields of ``Correction.decode``)."""
+    return (math.log2(batch), math.log2(context), math.log2(head_dim), math.log2(heads),
+            heads / kv_heads, float(kv_bytes))
+
+
+def moe_features(tokens: float, hidden: float, inter: float, top_k: int, experts: int, moe_tp: int,
+                 moe_ep: int, dtype: str) -> tuple[float, ...]:
+    """Shape of one rank's routed experts (the fields of ``Correction.moe``), in a profile dtype."""
+    return (math.log2(tokens), math.log2(hidden), math.log2(inter), float(top_k), math.log2(experts),
+            math.log2(moe_tp), math.log2(moe_ep), math.log2(tokens * top_k / experts), DTYPE_CODE[dtype])
+
+
+# the KV cache's bytes per element of a decode row's dtype (the KV cache's dtype)
+KV_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+# bytes per weight element an engine's kernels read at a row's dtype (module doc)
+STORED_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "fp4": 0.5}
+# the query length a decode call is cached at: context rounded to 1/8 of an octave (9%), so
+# a simulation whose contexts grow a token an iteration asks the forests a few hundred times
+CONTEXT_STEPS_PER_OCTAVE = 8
+
+
 def analytic_dtype(profile_dtype: str, device_kind: str) -> Dtype | None:
     """The job dtype a profile row stands for (the module's dtype rule); None: none.
     ``device_kind`` does not change the rule today; it stays in the signature because a
     device whose 16-bit GEMMs are emulated would need one."""
-    return {"bf16": Dtype.BF16, "fp16": Dtype.FP16, "fp8": Dtype.FP8}.get(profile_dtype)
+    if profile_dtype == "fp4":  # NVFP4: where autoplan's vocabulary has it
+        return Dtype.__members__.get("FP4")
+    return {"bf16": Dtype.BF16, "fp16": Dtype.FP16, "fp8": Dtype.FP8,
+            "fp8_block": Dtype.FP8}.get(profile_dtype)
 
 
 def measured_dtype(dtype: Dtype, device_kind: str) -> str:
@@ -174,8 +231,68 @@ def _collective_time(op: str, nbytes: float, ranks: int, per_domain: int, cluste
                        cluster.device.correction)
     fn: Callable[[float, comm.Group], float] = {
         "all_reduce": comm.all_reduce, "all_gather": comm.all_gather,
-        "reduce_scatter": comm.reduce_scatter, "all_to_all": comm.all_to_all}[op]
+        "reduce_scatter": comm.reduce_scatter, "all_to_all": comm.all_to_all,
+        "custom_all_reduce": comm.custom_all_reduce}[op]
     return fn(nbytes, group)
+
+
+FEATURE_WIDTH = {"gemm": 6, "attention": 6, "collective": 5, "decode": 6, "moe": 9}
+
+
+def _kind_rows(profile: Profile, kind: str) -> list[dict[str, Any]]:
+    """A forest kind's profile rows: ``attention`` the whole-sequence calls, ``decode`` the
+    decode calls (both attention rows), the others the rows of their kind."""
+    if kind == "attention":
+        return sdpa_rows(profile.rows).to_dict("records")  # type: ignore[no-any-return]
+    if kind == "decode":
+        rows = profile.rows
+        return rows[(rows["kind"] == "attention") & (rows["op"] == "decode")].to_dict("records")  # type: ignore[no-any-return]
+    return profile.of_kind(kind).to_dict("records")  # type: ignore[no-any-return]
+
+
+def attention_kernel(profile: Profile) -> AttentionKernel:
+    """The flash kernel a profile's attention rows are priced with (module doc)."""
+    name = profile.meta.get("attention_kernel", "")
+    return AttentionKernel(name) if name in {k.value for k in AttentionKernel} else AttentionKernel.FLASH2
+
+
+def _row_sample(profile: Profile, kind: str, rec: Mapping[str, Any], base: Cluster
+                ) -> tuple[tuple[float, ...], float] | None:
+    """(features, analytic seconds) of one row on ``base`` (uncorrected); None for a row
+    the module's rules leave out."""
+    device, device_kind = base.device, profile.meta.get("device_kind", "")
+    if kind == "collective":
+        ranks = int(rec["ranks"])
+        if ranks < 2:
+            return None
+        per_domain = min(ranks, int(rec["ranks_per_node"]))
+        return (collective_features(rec["op"], rec["nbytes"], ranks, per_domain),
+                _collective_time(rec["op"], float(rec["nbytes"]), ranks, per_domain, base))
+    if kind == "decode":
+        kv_bytes = KV_BYTES.get(rec["dtype"])
+        if kv_bytes is None:
+            return None
+        shape = (float(rec["batch"]), float(rec["seq"]), float(rec["heads"]), float(rec["kv_heads"]),
+                 float(rec["head_dim"]))
+        return decode_features(*shape, kv_bytes), decode_attention_time(*shape, kv_bytes, device)
+    dtype = analytic_dtype(rec["dtype"], device_kind)
+    if dtype is None or not device.supports(dtype):
+        return None
+    engine = profile.engine is not None
+    if kind == "gemm":
+        m, n, k = float(rec["m"]), float(rec["n"]), float(rec["k"])
+        weight_bytes = STORED_BYTES[rec["dtype"]] if engine else BF16_BYTES
+        return gemm_features(m, n, k, rec["dtype"]), gemm_time(m, n, k, device, dtype, weight_bytes)
+    if kind == "moe":
+        tokens, inter, hidden = float(rec["m"]), float(rec["n"]), float(rec["k"])
+        top_k, experts, tp, ep = (int(rec[c]) for c in ("top_k", "experts", "moe_tp", "moe_ep"))
+        t = experts_time(tokens, hidden, inter, top_k, experts, ep, tp, device, dtype,
+                         STORED_BYTES[rec["dtype"]])
+        return moe_features(tokens, hidden, inter, top_k, experts, tp, ep, rec["dtype"]), t
+    if dtype is Dtype.FP8:
+        return None  # attention runs in 16 bits
+    call = _row_call(rec)
+    return attention_features(call), attention_time(row_flops(rec), call, device, attention_kernel(profile))
 
 
 def training_set(profile: Profile, cluster: Cluster, kind: str) -> TrainingSet:
@@ -183,44 +300,27 @@ def training_set(profile: Profile, cluster: Cluster, kind: str) -> TrainingSet:
     ``cluster`` (uncorrected). Rows the dtype rule maps to no job dtype, fp8 rows on a
     device without an fp8 peak, and one-rank collectives (free in the model) are left out."""
     base = uncorrected(cluster)
-    device, device_kind = base.device, profile.meta.get("device_kind", "")
     feats: list[tuple[float, ...]] = []
     analytic: list[float] = []
     measured: list[float] = []
-    for rec in profile.of_kind(kind).to_dict("records"):
-        if kind == "collective":
-            ranks = int(rec["ranks"])
-            if ranks < 2:
-                continue
-            per_domain = min(ranks, int(rec["ranks_per_node"]))
-            f = collective_features(rec["op"], rec["nbytes"], ranks, per_domain)
-            t = _collective_time(rec["op"], float(rec["nbytes"]), ranks, per_domain, base)
-        else:
-            dtype = analytic_dtype(rec["dtype"], device_kind)
-            if dtype is None or not device.supports(dtype):
-                continue
-            if kind == "gemm":
-                m, n, k = float(rec["m"]), float(rec["n"]), float(rec["k"])
-                f = gemm_features(m, n, k, rec["dtype"])
-                t = gemm_time(m, n, k, device, dtype)
-            else:
-                if dtype is Dtype.FP8:
-                    continue  # attention runs in 16 bits
-                call = _row_call(rec)
-                f = attention_features(call)
-                t = attention_time(row_flops(rec), call, device)
-        if t > 0:
-            feats.append(f)
-            analytic.append(t)
+    for rec in _kind_rows(profile, kind):
+        sample = _row_sample(profile, kind, rec, base)
+        if sample is not None and sample[1] > 0:
+            feats.append(sample[0])
+            analytic.append(sample[1])
             measured.append(float(rec["seconds"]))
-    width = {"gemm": 6, "attention": 6, "collective": 5}[kind]
-    return TrainingSet(np.array(feats, dtype=float).reshape(-1, width), np.array(analytic),
+    return TrainingSet(np.array(feats, dtype=float).reshape(-1, FEATURE_WIDTH[kind]), np.array(analytic),
                        np.array(measured))
 
 
 def _row_call(rec: Mapping[str, Any]) -> AttentionCall:
     return AttentionCall(float(rec["batch"] * rec["heads"]), float(rec["seq"]), float(rec["head_dim"]),
                          rec["heads"] / rec["kv_heads"], bool(rec["causal"]), rec["op"] == "sdpa_bwd")
+
+
+def trees_for(rows: int) -> int:
+    """Trees of a kind's forest fitted on ``rows`` rows (module doc, tree counts)."""
+    return RatioForest().n_estimators if rows <= FULL_FOREST_ROWS else LARGE_FOREST_TREES
 
 
 # --------------------------------------------------------------------------- the correction
@@ -241,12 +341,19 @@ class _Fitted:
         self.forests: dict[str, RatioForest] = {}
         self.members = RatioForest().n_estimators
         self.gemm_dtypes: frozenset[str] = frozenset()  # profile dtypes of the usable GEMM rows
+        self.moe_dtypes: frozenset[str] = frozenset()  # ... and MoE rows
+        self.kv_bytes: frozenset[float] = frozenset()  # KV bytes per element of the decode rows
         for kind in CORRECTED_KINDS:
             data = training_set(profile, cluster, kind)
             if len(data) >= MIN_ROWS:
-                self.forests[kind] = RatioForest().fit(data.X, data.log_ratio)
+                trees = trees_for(len(data))
+                self.forests[kind] = RatioForest(n_estimators=trees).fit(data.X, data.log_ratio)
                 if kind == "gemm":
                     self.gemm_dtypes = frozenset(DTYPES[int(code)] for code in data.X[:, -1])
+                elif kind == "moe":
+                    self.moe_dtypes = frozenset(DTYPES[int(code)] for code in data.X[:, -1])
+                elif kind == "decode":
+                    self.kv_bytes = frozenset(float(b) for b in data.X[:, -1])
         if not self.forests:
             raise InputError.single(profile.source, "kind", (
                 f"no {', '.join(CORRECTED_KINDS)} rows the surrogate can use on {cluster.device.name} "
@@ -268,10 +375,13 @@ class _Fitted:
             (f_s, f_k), (b_s, b_k) = passes["layer_forward"], passes["layer_backward"]
             self.host = (f_s, b_s * b_k / f_k)
         self.cache: dict[tuple[Any, ...], _Entry] = {}
+        # the kinds whose callers fall back where the profile measured nothing (None)
+        self.optional: dict[tuple[Any, ...], _Entry | None] = {}
 
     def predict(self, kind: str, features: tuple[float, ...]) -> _Entry:
         logs = self.forests[kind].predict_members(np.array([features]))[:, 0]
-        return float(np.exp(logs.mean())), np.exp(logs).tolist()
+        # member i: tree i mod trees (a large kind's forest has fewer trees than the band's members)
+        return float(np.exp(logs.mean())), np.resize(np.exp(logs), self.members).tolist()
 
     def gemm(self, key: tuple[Any, ...], m: float, n: float, k: float, dtype: Dtype) -> _Entry:
         profile_dtype = measured_dtype(dtype, self.device_kind)
@@ -287,6 +397,23 @@ class _Fitted:
                  if "attention" in self.forests and min(call.batch_heads, call.seq, call.head_dim) > 0
                  else self.ones)
         self.cache[key] = entry
+        return entry
+
+    def decode(self, key: tuple[Any, ...], shape: tuple[float, float, float, float, float],
+               kv_bytes: float) -> _Entry | None:
+        entry = (self.predict("decode", decode_features(*shape, kv_bytes))
+                 if "decode" in self.forests and kv_bytes in self.kv_bytes and min(shape) > 0 else None)
+        self.optional[key] = entry
+        return entry
+
+    def moe(self, key: tuple[Any, ...], tokens: float, hidden: float, inter: float, top_k: int,
+            experts: int, moe_tp: int, moe_ep: int, dtype: Dtype) -> _Entry | None:
+        profile_dtype = measured_dtype(dtype, self.device_kind)
+        entry = (self.predict("moe", moe_features(tokens, hidden, inter, top_k, experts, moe_tp, moe_ep,
+                                                  profile_dtype))
+                 if profile_dtype in self.moe_dtypes and min(tokens, hidden, inter, top_k, experts) > 0
+                 else None)
+        self.optional[key] = entry
         return entry
 
     def collective(self, key: tuple[Any, ...], op: str, nbytes: float, ranks: int,
@@ -361,6 +488,25 @@ class SurrogateCorrection:
         key = ("collective", op, nbytes, ranks, per_domain)
         entry = self.fitted.cache.get(key) or self.fitted.collective(key, op, nbytes, ranks, per_domain)
         return self._pick(entry)
+
+    def decode(self, batch: float, context: float, heads: float, kv_heads: float, head_dim: float,
+               kv_bytes: float) -> float | None:
+        if context > 0:  # looked up at context rounded to CONTEXT_STEPS_PER_OCTAVE steps an octave
+            steps = CONTEXT_STEPS_PER_OCTAVE
+            context = 2.0 ** (round(math.log2(context) * steps) / steps)
+        shape = (batch, context, heads, kv_heads, head_dim)
+        key = ("decode", *shape, kv_bytes)
+        fitted = self.fitted
+        entry = fitted.optional[key] if key in fitted.optional else fitted.decode(key, shape, kv_bytes)
+        return None if entry is None else self._pick(entry)
+
+    def moe(self, tokens: float, hidden: float, inter: float, top_k: int, experts: int, moe_tp: int,
+            moe_ep: int, dtype: Dtype) -> float | None:
+        key = ("moe", tokens, hidden, inter, top_k, experts, moe_tp, moe_ep, dtype)
+        fitted = self.fitted
+        entry = (fitted.optional[key] if key in fitted.optional
+                 else fitted.moe(key, tokens, hidden, inter, top_k, experts, moe_tp, moe_ep, dtype))
+        return None if entry is None else self._pick(entry)
 
 
 def uncorrected(cluster: Cluster) -> Cluster:
@@ -450,11 +596,13 @@ def _mape(predicted: np.ndarray, measured: np.ndarray) -> float:
 
 def cross_validated(data: TrainingSet) -> np.ndarray:
     """Surrogate-corrected seconds of every row, each predicted by a forest fitted without
-    it: KFold(5), shuffled with a fixed seed."""
+    it: KFold(5), shuffled with a fixed seed (leave-shapes-out: a profile has one row per
+    shape), each forest with the trees the whole kind's would have."""
     log_ratio = data.log_ratio
     predicted = np.empty(len(data))
+    trees = trees_for(len(data))
     for train, test in KFold(CV_FOLDS, shuffle=True, random_state=SEED).split(data.X):
-        forest = RatioForest().fit(data.X[train], log_ratio[train])
+        forest = RatioForest(n_estimators=trees).fit(data.X[train], log_ratio[train])
         predicted[test] = forest.predict(data.X[test])
     return data.analytic_s * np.exp(predicted)
 
@@ -469,11 +617,28 @@ def measured_machine(profile: Profile) -> Cluster:
                             mem_bytes=80 * GiB, compute_dtype=compute_dtype(profile))
 
 
+def builtin_baseline(profile: Profile) -> Cluster | None:
+    """The analytic baseline of a profile without the rows that describe a machine
+    (elementwise: an imported engine profile): the built-in node cluster of its
+    ``descriptor`` device; None for a profile that describes its machine (or names none)."""
+    if (profile.rows["kind"] == "elementwise").any() or profile.descriptor is None:
+        return None
+    from autoplan.descriptors.library import builtin_names, builtin_node_cluster
+
+    if profile.descriptor not in builtin_names("device"):
+        return None
+    return builtin_node_cluster(profile.descriptor)
+
+
 def fit_report(profile: Profile, cluster: Cluster | None = None) -> list[FitRow]:
     """Per corrected kind: usable rows, the analytic model's error (MAPE against the
-    measured seconds) and the surrogate's cross-validated error. Without a cluster the
-    analytic baseline is the machine described from the profile itself."""
-    cluster = measured_machine(profile) if cluster is None else uncorrected(cluster)
+    measured seconds) and the surrogate's cross-validated error (leave-shapes-out: the
+    error of interpolating between measured shapes). Without a cluster the analytic
+    baseline is the machine described from the profile itself, or for a profile without
+    elementwise rows the built-in node cluster of its device (:func:`builtin_baseline`)."""
+    if cluster is None:
+        cluster = builtin_baseline(profile) or measured_machine(profile)
+    cluster = uncorrected(cluster)
     out = []
     for kind in CORRECTED_KINDS:
         data = training_set(profile, cluster, kind)
