@@ -88,13 +88,13 @@ from autoplan.kernels.compute import (
 )
 from autoplan.kernels.layer import BF16_BYTES
 from autoplan.measured.machine import describe_machine
-from autoplan.measured.profile import DTYPES, KINDS, Profile, row_flops, sdpa_rows
+from autoplan.measured.profile import DTYPES, KINDS, Profile, sdpa_rows
 from autoplan.plan import Plan, Prediction, Uncertainty
 from autoplan.units import GiB
 from autoplan.vocab import Dtype
 
 CORRECTED_KINDS = ("gemm", "attention", "collective", "decode", "moe")
-FULL_FOREST_ROWS = 400  # up to here a kind's forest has RatioForest's 100 trees
+FULL_FOREST_ROWS = 250  # up to here a kind's forest has RatioForest's 100 trees
 LARGE_FOREST_TREES = 40  # beyond it (engine profiles' larger kinds): fitted when a profile applies
 MIN_ROWS = 5  # a kind with fewer usable rows keeps its analytic time (and KFold needs 5)
 BAND_PERCENTILES = (10.0, 90.0)
@@ -237,6 +237,7 @@ def _collective_time(op: str, nbytes: float, ranks: int, per_domain: int, cluste
 
 
 FEATURE_WIDTH = {"gemm": 6, "attention": 6, "collective": 5, "decode": 6, "moe": 9}
+ANALYTIC_FEATURE_KINDS = ("decode", "moe")  # every profile's; an engine profile's every kind
 
 
 def _kind_rows(profile: Profile, kind: str) -> list[dict[str, Any]]:
@@ -256,60 +257,115 @@ def attention_kernel(profile: Profile) -> AttentionKernel:
     return AttentionKernel(name) if name in {k.value for k in AttentionKernel} else AttentionKernel.FLASH2
 
 
-def _row_sample(profile: Profile, kind: str, rec: Mapping[str, Any], base: Cluster
-                ) -> tuple[tuple[float, ...], float] | None:
-    """(features, analytic seconds) of one row on ``base`` (uncorrected); None for a row
-    the module's rules leave out."""
-    device, device_kind = base.device, profile.meta.get("device_kind", "")
-    if kind == "collective":
-        ranks = int(rec["ranks"])
-        if ranks < 2:
+Sample = tuple[tuple[float, ...], float]  # (features, analytic seconds)
+
+
+class Sampler:
+    """Features and analytic seconds of a kernel, by the rules of one profile on one
+    machine (``base``, uncorrected): the same for a profile row (fitting) and a kernel the
+    cost model asks about (predicting). The features of an engine profile's kinds, and of
+    every profile's decode and MoE kinds, end with log2 of the analytic seconds: kernels
+    far below a microsecond in the roofline take the engine's few microseconds, a ratio
+    that grows as the roofline's time shrinks, which trees learn from that feature in a
+    few splits and from the shape alone only with many rows (the leave-shapes-out error
+    of an H100 vLLM profile's 600 GEMM rows: 49% without it, 26% with it)."""
+
+    def __init__(self, profile: Profile, base: Cluster):
+        self.base = uncorrected(base)
+        self.device_kind = profile.meta.get("device_kind", "")
+        self.engine = profile.engine is not None
+        self.kernel = attention_kernel(profile)
+
+    def width(self, kind: str) -> int:
+        return FEATURE_WIDTH[kind] + self.with_analytic(kind)
+
+    def with_analytic(self, kind: str) -> bool:
+        return self.engine or kind in ANALYTIC_FEATURE_KINDS
+
+    def _out(self, kind: str, features: tuple[float, ...], t: float) -> Sample | None:
+        if not t > 0:
             return None
-        per_domain = min(ranks, int(rec["ranks_per_node"]))
-        return (collective_features(rec["op"], rec["nbytes"], ranks, per_domain),
-                _collective_time(rec["op"], float(rec["nbytes"]), ranks, per_domain, base))
-    if kind == "decode":
-        kv_bytes = KV_BYTES.get(rec["dtype"])
-        if kv_bytes is None:
+        return ((*features, math.log2(t)) if self.with_analytic(kind) else features), t
+
+    def gemm(self, m: float, n: float, k: float, profile_dtype: str) -> Sample | None:
+        dtype = analytic_dtype(profile_dtype, self.device_kind)
+        if dtype is None or not self.base.device.supports(dtype) or min(m, n, k) <= 0:
             return None
-        shape = (float(rec["batch"]), float(rec["seq"]), float(rec["heads"]), float(rec["kv_heads"]),
-                 float(rec["head_dim"]))
-        return decode_features(*shape, kv_bytes), decode_attention_time(*shape, kv_bytes, device)
-    dtype = analytic_dtype(rec["dtype"], device_kind)
-    if dtype is None or not device.supports(dtype):
-        return None
-    engine = profile.engine is not None
-    if kind == "gemm":
-        m, n, k = float(rec["m"]), float(rec["n"]), float(rec["k"])
-        weight_bytes = STORED_BYTES[rec["dtype"]] if engine else BF16_BYTES
-        return gemm_features(m, n, k, rec["dtype"]), gemm_time(m, n, k, device, dtype, weight_bytes)
-    if kind == "moe":
-        tokens, inter, hidden = float(rec["m"]), float(rec["n"]), float(rec["k"])
-        top_k, experts, tp, ep = (int(rec[c]) for c in ("top_k", "experts", "moe_tp", "moe_ep"))
-        t = experts_time(tokens, hidden, inter, top_k, experts, ep, tp, device, dtype,
-                         STORED_BYTES[rec["dtype"]])
-        return moe_features(tokens, hidden, inter, top_k, experts, tp, ep, rec["dtype"]), t
-    if dtype is Dtype.FP8:
-        return None  # attention runs in 16 bits
-    call = _row_call(rec)
-    return attention_features(call), attention_time(row_flops(rec), call, device, attention_kernel(profile))
+        weight_bytes = STORED_BYTES[profile_dtype] if self.engine else BF16_BYTES
+        return self._out("gemm", gemm_features(m, n, k, profile_dtype),
+                         gemm_time(m, n, k, self.base.device, dtype, weight_bytes))
+
+    def attention(self, call: AttentionCall) -> Sample | None:
+        if min(call.batch_heads, call.seq, call.head_dim) <= 0:
+            return None
+        work = 4.0 * call.batch_heads * call.seq ** 2 * call.head_dim  # as row_flops counts it
+        work *= 0.5 if call.causal else 1.0
+        work *= 2.5 if call.backward else 1.0
+        return self._out("attention", attention_features(call),
+                         attention_time(work, call, self.base.device, self.kernel))
+
+    def decode(self, batch: float, context: float, heads: float, kv_heads: float, head_dim: float,
+               kv_bytes: float) -> Sample | None:
+        if min(batch, context, heads, kv_heads, head_dim, kv_bytes) <= 0:
+            return None
+        return self._out("decode", decode_features(batch, context, heads, kv_heads, head_dim, kv_bytes),
+                         decode_attention_time(batch, context, heads, kv_heads, head_dim, kv_bytes,
+                                               self.base.device))
+
+    def moe(self, tokens: float, hidden: float, inter: float, top_k: int, experts: int, moe_tp: int,
+            moe_ep: int, profile_dtype: str) -> Sample | None:
+        dtype = analytic_dtype(profile_dtype, self.device_kind)
+        if (dtype is None or not self.base.device.supports(dtype)
+                or min(tokens, hidden, inter, top_k, experts, moe_tp, moe_ep) <= 0):
+            return None
+        t = experts_time(tokens, hidden, inter, top_k, experts, moe_ep, moe_tp, self.base.device, dtype,
+                         STORED_BYTES[profile_dtype])
+        return self._out("moe", moe_features(tokens, hidden, inter, top_k, experts, moe_tp, moe_ep,
+                                             profile_dtype), t)
+
+    def collective(self, op: str, nbytes: float, ranks: int, per_domain: int) -> Sample | None:
+        if ranks < 2 or nbytes <= 0:
+            return None  # one rank: free in the model
+        return self._out("collective", collective_features(op, nbytes, ranks, per_domain),
+                         _collective_time(op, nbytes, ranks, per_domain, self.base))
+
+    def row(self, kind: str, rec: Mapping[str, Any]) -> Sample | None:
+        """A profile row's sample; None for a row the module's rules leave out."""
+        if kind == "collective":
+            ranks = int(rec["ranks"])
+            per_domain = min(ranks, int(rec["ranks_per_node"]))
+            return self.collective(rec["op"], float(rec["nbytes"]), ranks, per_domain)
+        if kind == "decode":
+            kv_bytes = KV_BYTES.get(rec["dtype"])
+            return None if kv_bytes is None else self.decode(
+                float(rec["batch"]), float(rec["seq"]), float(rec["heads"]), float(rec["kv_heads"]),
+                float(rec["head_dim"]), kv_bytes)
+        if kind == "gemm":
+            return self.gemm(float(rec["m"]), float(rec["n"]), float(rec["k"]), rec["dtype"])
+        if kind == "moe":
+            return self.moe(float(rec["m"]), float(rec["k"]), float(rec["n"]), int(rec["top_k"]),
+                            int(rec["experts"]), int(rec["moe_tp"]), int(rec["moe_ep"]), rec["dtype"])
+        dtype = analytic_dtype(rec["dtype"], self.device_kind)
+        if dtype is None or dtype is Dtype.FP8 or not self.base.device.supports(dtype):
+            return None  # attention runs in 16 bits
+        return self.attention(_row_call(rec))
 
 
 def training_set(profile: Profile, cluster: Cluster, kind: str) -> TrainingSet:
     """The rows of ``kind`` the surrogate learns from, with the analytic time of each on
     ``cluster`` (uncorrected). Rows the dtype rule maps to no job dtype, fp8 rows on a
     device without an fp8 peak, and one-rank collectives (free in the model) are left out."""
-    base = uncorrected(cluster)
+    sampler = Sampler(profile, cluster)
     feats: list[tuple[float, ...]] = []
     analytic: list[float] = []
     measured: list[float] = []
     for rec in _kind_rows(profile, kind):
-        sample = _row_sample(profile, kind, rec, base)
-        if sample is not None and sample[1] > 0:
+        sample = sampler.row(kind, rec)
+        if sample is not None:
             feats.append(sample[0])
             analytic.append(sample[1])
             measured.append(float(rec["seconds"]))
-    return TrainingSet(np.array(feats, dtype=float).reshape(-1, FEATURE_WIDTH[kind]), np.array(analytic),
+    return TrainingSet(np.array(feats, dtype=float).reshape(-1, sampler.width(kind)), np.array(analytic),
                        np.array(measured))
 
 
@@ -340,20 +396,17 @@ class _Fitted:
         self.device_kind = profile.meta.get("device_kind", "")
         self.forests: dict[str, RatioForest] = {}
         self.members = RatioForest().n_estimators
-        self.gemm_dtypes: frozenset[str] = frozenset()  # profile dtypes of the usable GEMM rows
-        self.moe_dtypes: frozenset[str] = frozenset()  # ... and MoE rows
-        self.kv_bytes: frozenset[float] = frozenset()  # KV bytes per element of the decode rows
+        self.sampler = Sampler(profile, cluster)
         for kind in CORRECTED_KINDS:
             data = training_set(profile, cluster, kind)
             if len(data) >= MIN_ROWS:
                 trees = trees_for(len(data))
                 self.forests[kind] = RatioForest(n_estimators=trees).fit(data.X, data.log_ratio)
-                if kind == "gemm":
-                    self.gemm_dtypes = frozenset(DTYPES[int(code)] for code in data.X[:, -1])
-                elif kind == "moe":
-                    self.moe_dtypes = frozenset(DTYPES[int(code)] for code in data.X[:, -1])
-                elif kind == "decode":
-                    self.kv_bytes = frozenset(float(b) for b in data.X[:, -1])
+        # what the forests cover: profile dtypes of the GEMM and MoE rows, the decode rows' KV
+        # bytes per element (each kind's forest only where it was fitted)
+        self.gemm_dtypes = self._covered(profile, "gemm", lambda r: r["dtype"])
+        self.moe_dtypes = self._covered(profile, "moe", lambda r: r["dtype"])
+        self.kv_bytes = self._covered(profile, "decode", lambda r: KV_BYTES.get(r["dtype"]))
         if not self.forests:
             raise InputError.single(profile.source, "kind", (
                 f"no {', '.join(CORRECTED_KINDS)} rows the surrogate can use on {cluster.device.name} "
@@ -378,41 +431,43 @@ class _Fitted:
         # the kinds whose callers fall back where the profile measured nothing (None)
         self.optional: dict[tuple[Any, ...], _Entry | None] = {}
 
+    def _covered(self, profile: Profile, kind: str, of: Callable[[dict[str, Any]], Any]) -> frozenset[Any]:
+        if kind not in self.forests:
+            return frozenset()
+        return frozenset(of(r) for r in _kind_rows(profile, kind) if self.sampler.row(kind, r) is not None)
+
     def predict(self, kind: str, features: tuple[float, ...]) -> _Entry:
         logs = self.forests[kind].predict_members(np.array([features]))[:, 0]
         # member i: tree i mod trees (a large kind's forest has fewer trees than the band's members)
         return float(np.exp(logs.mean())), np.resize(np.exp(logs), self.members).tolist()
 
+    def _forest(self, kind: str, sample: Sample | None) -> _Entry | None:
+        return None if sample is None or kind not in self.forests else self.predict(kind, sample[0])
+
     def gemm(self, key: tuple[Any, ...], m: float, n: float, k: float, dtype: Dtype) -> _Entry:
         profile_dtype = measured_dtype(dtype, self.device_kind)
-        if profile_dtype not in self.gemm_dtypes or min(m, n, k) <= 0:
-            entry = self.ones  # a dtype the profile did not measure
-        else:
-            entry = self.predict("gemm", gemm_features(m, n, k, profile_dtype))
-        self.cache[key] = entry
+        entry = (self._forest("gemm", self.sampler.gemm(m, n, k, profile_dtype))
+                 if profile_dtype in self.gemm_dtypes else None)
+        self.cache[key] = entry = entry or self.ones  # a dtype the profile did not measure
         return entry
 
     def attention(self, key: tuple[Any, ...], call: AttentionCall) -> _Entry:
-        entry = (self.predict("attention", attention_features(call))
-                 if "attention" in self.forests and min(call.batch_heads, call.seq, call.head_dim) > 0
-                 else self.ones)
-        self.cache[key] = entry
+        self.cache[key] = entry = self._forest("attention", self.sampler.attention(call)) or self.ones
         return entry
 
     def decode(self, key: tuple[Any, ...], shape: tuple[float, float, float, float, float],
                kv_bytes: float) -> _Entry | None:
-        entry = (self.predict("decode", decode_features(*shape, kv_bytes))
-                 if "decode" in self.forests and kv_bytes in self.kv_bytes and min(shape) > 0 else None)
+        entry = (self._forest("decode", self.sampler.decode(*shape, kv_bytes))
+                 if kv_bytes in self.kv_bytes else None)
         self.optional[key] = entry
         return entry
 
     def moe(self, key: tuple[Any, ...], tokens: float, hidden: float, inter: float, top_k: int,
             experts: int, moe_tp: int, moe_ep: int, dtype: Dtype) -> _Entry | None:
         profile_dtype = measured_dtype(dtype, self.device_kind)
-        entry = (self.predict("moe", moe_features(tokens, hidden, inter, top_k, experts, moe_tp, moe_ep,
-                                                  profile_dtype))
-                 if profile_dtype in self.moe_dtypes and min(tokens, hidden, inter, top_k, experts) > 0
-                 else None)
+        entry = (self._forest("moe", self.sampler.moe(tokens, hidden, inter, top_k, experts, moe_tp, moe_ep,
+                                                      profile_dtype))
+                 if profile_dtype in self.moe_dtypes else None)
         self.optional[key] = entry
         return entry
 
@@ -421,12 +476,10 @@ class _Fitted:
         most_ranks, most_domains = self.reach.get(op, (0, 0))
         # beyond what the profile measured (more ranks, or a fabric it never crossed, as a
         # single-node profile never crosses the network): keep the analytic time
-        if ("collective" not in self.forests or nbytes <= 0 or ranks > most_ranks
-                or -(-ranks // per_domain) > most_domains):
-            entry = self.ones
-        else:
-            entry = self.predict("collective", collective_features(op, nbytes, ranks, per_domain))
-        self.cache[key] = entry
+        entry = None
+        if ranks <= most_ranks and -(-ranks // per_domain) <= most_domains:
+            entry = self._forest("collective", self.sampler.collective(op, nbytes, ranks, per_domain))
+        self.cache[key] = entry = entry or self.ones
         return entry
 
 
