@@ -1752,7 +1752,8 @@ def _one_paragraph_lines(app: typer.Typer) -> None:
             info.help = "\n\n".join(" ".join(p.split()) for p in paragraphs)
 
 
-from autoplan.cli import loop  # noqa: E402,F401  (tune, runs import, calibrate: the same app)
+# the same app's other commands: tune, runs import, calibrate; profiles import
+from autoplan.cli import loop, profiles  # noqa: E402,F401
 
 _one_paragraph_lines(app)
 

@@ -86,13 +86,13 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import math
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autoplan.errors import InputError
+from autoplan.measured.shipped import version_key
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -183,23 +183,6 @@ def locate() -> Package:
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
     return Package(data, version)
-
-
-_VERSION = re.compile(r"^v?(\d+(?:\.\d+)*)(?:[.-]?(dev|a|b|rc|post)\.?(\d*))?(.*)$", re.IGNORECASE)
-_TAG_RANK = {"dev": -4, "a": -3, "b": -2, "rc": -1, "": 0, "post": 1}
-
-
-def version_key(version: str) -> tuple[Any, ...]:
-    """A sort key of an engine or NCCL version as their releases are numbered:
-    ``1.3.0rc20`` < ``1.3.0`` < ``1.3.0.post1``, ``0.5.6.post2`` < ``0.5.9`` < ``0.5.14``
-    (PEP 440's order for the spellings the engines use); text it cannot read sorts first."""
-    m = _VERSION.match(version.strip())
-    if m is None:
-        return ((-1,), 0, 0, version)
-    release = tuple(int(x) for x in m.group(1).split("."))
-    release = release + (0,) * (4 - len(release))
-    tag = (m.group(2) or "").lower()
-    return (release, _TAG_RANK[tag], int(m.group(3) or 0), m.group(4))
 
 
 def _dirs(path: Path) -> list[str]:

@@ -578,7 +578,11 @@ def fit_correction(profile: Profile, cluster: Cluster) -> SurrogateCorrection:
     """The correction fitted on ``profile`` for ``cluster``'s device and links (once per
     profile and machine; fitting a few hundred rows takes well under a second)."""
     base = uncorrected(cluster)
-    return SurrogateCorrection(_fit(profile, dataclasses.replace(base, nodes=1)))
+    # the fit reads the device and its links alone: one fit for every size of a cluster
+    # (serving sizes a node to its GPUs) and every cluster of the same parts
+    return SurrogateCorrection(_fit(profile, Cluster(
+        name="", device=base.device, gpus_per_node=1, nvlink_domain=1, intra_node=base.intra_node,
+        inter_node=base.inter_node)))
 
 
 def calibrate(cluster: Cluster, profile: Profile) -> Cluster:
