@@ -34,7 +34,8 @@ def profiles_import(
                          "gb300, a100_sxm, l40s, rtx_pro_6000_server) or its autoplan device "
                          "(default: every one the package has).")] = None,
     backend: Annotated[str | None, typer.Option(
-        "--backend", help="The serving engine whose kernels: vllm, sglang or trtllm (default: each).")
+        "--backend", metavar="<vllm|sglang|trtllm>",
+        help="The serving engine whose kernel tables to read (default: each).")
     ] = None,
     version: Annotated[str | None, typer.Option(
         "--version", help="The engine's version, as the package's GEMM tables name it (default: the "

@@ -331,7 +331,8 @@ def format_profile(meta: Mapping[str, Any], rows: Iterable[Mapping[str, Any]]) -
     records = [{c: r.get(c, 0) for c in COLUMNS} for r in rows]
     columns = V1_COLUMNS if _fits_v1(records) else COLUMNS
     version = "1" if columns is V1_COLUMNS else FORMAT_VERSION
-    head = {"autoplan-profile": version, **{k: str(v) for k, v in meta.items()}}
+    # the version the rows need (a header copied from another profile names its own)
+    head = {"autoplan-profile": version, **{k: str(v) for k, v in meta.items() if k != "autoplan-profile"}}
     lines = [f"# {k}: {' '.join(str(v).split())}" for k, v in head.items()]
     import pandas as pd
 
