@@ -112,6 +112,7 @@ V1_KINDS: dict[str, tuple[str, ...]] = {
     "host": ("layer_forward", "layer_backward"),
 }
 V1_DTYPES = ("bf16", "fp16", "fp32", "fp8")
+BENCH_KINDS = V1_KINDS  # what ``autoplan bench`` measures (the other kinds are imported)
 # shape columns each kind must set (> 0)
 REQUIRED: dict[str, tuple[str, ...]] = {
     "gemm": ("m", "n", "k"),
