@@ -184,9 +184,21 @@ def moe_features(tokens: float, hidden: float, inter: float, top_k: int, experts
 KV_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 # bytes per weight element an engine's kernels read at a row's dtype (module doc)
 STORED_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "fp4": 0.5}
-# the query length a decode call is cached at: context rounded to 1/8 of an octave (9%), so
-# a simulation whose contexts grow a token an iteration asks the forests a few hundred times
+# the context a decode call is looked up at: rounded to 1/8 of an octave (9%), so a
+# simulation whose contexts grow a token an iteration asks the forests a few hundred times
 CONTEXT_STEPS_PER_OCTAVE = 8
+# an engine profile's GEMM rows (m) and MoE tokens are looked up rounded to 1/16 of an
+# octave (4%) above EXACT_TOKENS, and its collectives' bytes likewise: a serving
+# simulation asks for every token count an iteration schedules (thousands), and one forest
+# lookup costs a few hundred microseconds, while its thinned rows are 2x apart in m and in
+# bytes at best. A bench profile's lookups stay exact (its numbers as they were).
+TOKEN_STEPS_PER_OCTAVE = 16
+EXACT_TOKENS = 64
+
+
+def rounded(x: float, steps: int) -> float:
+    """``x`` > 0 rounded to ``steps`` steps an octave (geometrically)."""
+    return 2.0 ** (round(math.log2(x) * steps) / steps)
 
 
 def analytic_dtype(profile_dtype: str, device_kind: str) -> Dtype | None:
@@ -536,7 +548,12 @@ class SurrogateCorrection:
     def _pick(self, entry: _Entry) -> float:
         return entry[0] if self.member is None else entry[1][self.member]
 
+    def _tokens(self, m: float) -> float:
+        """The token count (GEMM rows) a lookup is made at (:data:`TOKEN_STEPS_PER_OCTAVE`)."""
+        return rounded(m, TOKEN_STEPS_PER_OCTAVE) if self.fitted.sampler.engine and m > EXACT_TOKENS else m
+
     def gemm(self, m: float, n: float, k: float, dtype: Dtype) -> float:
+        m = self._tokens(m)
         key = ("gemm", m, n, k, dtype)
         entry = self.fitted.cache.get(key) or self.fitted.gemm(key, m, n, k, dtype)
         return self._pick(entry)
@@ -549,6 +566,8 @@ class SurrogateCorrection:
         return self._pick(entry)
 
     def collective(self, op: str, nbytes: float, ranks: int, per_domain: int) -> float:
+        if self.fitted.sampler.engine and nbytes > 0:  # as token counts (TOKEN_STEPS_PER_OCTAVE)
+            nbytes = rounded(nbytes, TOKEN_STEPS_PER_OCTAVE)
         key = ("collective", op, nbytes, ranks, per_domain)
         entry = self.fitted.cache.get(key) or self.fitted.collective(key, op, nbytes, ranks, per_domain)
         return self._pick(entry)
@@ -556,8 +575,7 @@ class SurrogateCorrection:
     def decode(self, batch: float, context: float, heads: float, kv_heads: float, head_dim: float,
                kv_bytes: float) -> float | None:
         if context > 0:  # looked up at context rounded to CONTEXT_STEPS_PER_OCTAVE steps an octave
-            steps = CONTEXT_STEPS_PER_OCTAVE
-            context = 2.0 ** (round(math.log2(context) * steps) / steps)
+            context = rounded(context, CONTEXT_STEPS_PER_OCTAVE)
         shape = (batch, context, heads, kv_heads, head_dim)
         key = ("decode", *shape, kv_bytes)
         fitted = self.fitted
@@ -566,6 +584,7 @@ class SurrogateCorrection:
 
     def moe(self, tokens: float, hidden: float, inter: float, top_k: int, experts: int, moe_tp: int,
             moe_ep: int, dtype: Dtype) -> float | None:
+        tokens = self._tokens(tokens)
         key = ("moe", tokens, hidden, inter, top_k, experts, moe_tp, moe_ep, dtype)
         fitted = self.fitted
         entry = (fitted.optional[key] if key in fitted.optional

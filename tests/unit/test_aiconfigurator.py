@@ -471,3 +471,20 @@ def test_fit_report_of_an_engine_profile_defaults_to_its_devices_node() -> None:
     assert base is not None and base.name == "dgx-h100"
     assert surrogate.builtin_baseline(read_profile(MEASURED / "h200-2026-11-26.csv")) is None
     assert dataclasses.replace(base, nodes=1) == resolve_cluster("dgx-h100")
+
+
+def test_an_engine_profile_looks_token_counts_up_a_sixteenth_of_an_octave_apart(slice_h100: Any) -> None:
+    """A serving simulation asks for every token count; an engine profile's GEMMs are looked
+    up at 4% steps above 64 rows (exact below: decode batches), a bench profile's exactly."""
+    c = surrogate.calibrate(resolve_cluster("dgx-h100"), slice_h100).device.correction
+    assert isinstance(c, surrogate.SurrogateCorrection)
+    assert c.gemm(1100.0, 4096.0, 4096.0, Dtype.BF16) == c.gemm(1110.0, 4096.0, 4096.0, Dtype.BF16)
+    assert ("gemm", 2 ** (162 / 16), 4096.0, 4096.0, Dtype.BF16) in c.fitted.cache
+    assert ("gemm", 1110.0, 4096.0, 4096.0, Dtype.BF16) not in c.fitted.cache
+    c.gemm(33.0, 4096.0, 4096.0, Dtype.BF16)
+    assert ("gemm", 33.0, 4096.0, 4096.0, Dtype.BF16) in c.fitted.cache
+    bench = surrogate.calibrate(resolve_cluster("dgx-h200"), read_profile(MEASURED / "h200-2026-11-26.csv"))
+    cb = bench.device.correction
+    assert isinstance(cb, surrogate.SurrogateCorrection)
+    cb.gemm(1010.0, 4096.0, 4096.0, Dtype.BF16)
+    assert ("gemm", 1010.0, 4096.0, 4096.0, Dtype.BF16) in cb.fitted.cache
