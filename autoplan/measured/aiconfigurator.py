@@ -116,10 +116,11 @@ NCCL_OPS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scat
 NCCL_ELEMENT_BYTES = {"half": 2}  # the rows kept; message_size counts elements (module doc)
 CUSTOM_ELEMENT_BYTES = {"bfloat16": 2}
 # rows per table and dtype (NCCL: per op) a thinned profile keeps (module doc): about 1,500 a
-# profile, most of them GEMMs (every serving iteration's largest share of time, and the
-# kind whose leave-shapes-out error falls most with rows: 36% at 100 a dtype, 23% at 300)
-THIN_ROWS = {"gemm": 200, "context_attention": 140, "generation_attention": 130, "nccl": 32,
-             "custom_allreduce": 100, "moe": 50}
+# profile (1,340 on Hopper, 1,600 with Blackwell's fp4), most of them GEMMs and MoE kernels,
+# whose leave-shapes-out errors fall most with rows (an H100 vLLM profile's GEMMs: 36% at 100
+# rows a dtype, 23% at 300; its MoE kernels: 51% at 50, 40% at 100, 33% at 150)
+THIN_ROWS = {"gemm": 170, "context_attention": 140, "generation_attention": 110, "nccl": 32,
+             "custom_allreduce": 100, "moe": 90}
 THIN_SEED = 0
 MS = 1e-3
 
