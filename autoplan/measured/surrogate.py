@@ -677,6 +677,15 @@ class FitRow:
                 "surrogate_mape": self.surrogate_mape}
 
 
+def kind_rows(rows: Any) -> dict[str, int]:
+    """Rows of a profile's table per kind, its decode attention rows counted as ``decode``
+    (the forest they train)."""
+    kinds = rows["kind"].copy()
+    if "op" in rows:
+        kinds[(rows["kind"] == "attention") & (rows["op"] == "decode")] = "decode"
+    return {str(k): int(n) for k, n in kinds.value_counts().items()}
+
+
 def _mape(predicted: np.ndarray, measured: np.ndarray) -> float:
     return float(np.mean(np.abs(predicted - measured) / measured))
 
@@ -724,8 +733,12 @@ def fit_report(profile: Profile, cluster: Cluster | None = None) -> list[FitRow]
     baseline is the machine described from the profile itself, or for a profile without
     elementwise rows the built-in node cluster of its device (:func:`builtin_baseline`)."""
     if cluster is None:
-        cluster = builtin_baseline(profile) or measured_machine(profile)
-    cluster = uncorrected(cluster)
+        cluster = builtin_baseline(profile)
+    if cluster is None and profile.engine is not None:  # no elementwise rows to describe a machine
+        raise InputError.single(profile.source, "header.descriptor", (
+            f"no built-in cluster of {profile.descriptor or 'its device'} to price an engine profile's "
+            "rows on: give a cluster (bench --fit --cluster NAME)"))
+    cluster = uncorrected(cluster or measured_machine(profile))
     out = []
     for kind in CORRECTED_KINDS:
         data = training_set(profile, cluster, kind)

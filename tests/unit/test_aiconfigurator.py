@@ -488,3 +488,22 @@ def test_an_engine_profile_looks_token_counts_up_a_sixteenth_of_an_octave_apart(
     assert isinstance(cb, surrogate.SurrogateCorrection)
     cb.gemm(1010.0, 4096.0, 4096.0, Dtype.BF16)
     assert ("gemm", 1010.0, 4096.0, 4096.0, Dtype.BF16) in cb.fitted.cache
+
+
+def test_bench_fit_prices_an_engine_profile_on_its_devices_node() -> None:
+    r = autoplan("bench", "--profile", MEASURED / "h100-sxm-sglang-0.5.14-aiconfigurator.csv", "--fit")
+    assert r.returncode == 0, r.stderr
+    assert "the cost model's formula on dgx-h100" in r.stdout
+    for kind in ("gemm", "attention", "collective", "decode", "moe"):
+        assert any(line.startswith(f"│ {kind} ") for line in r.stdout.splitlines()), kind
+    assert "attention rows are in a precision" not in r.stdout  # decode rows are counted as decode
+
+
+def test_bench_fit_of_an_engine_profile_without_a_built_in_device_asks_for_a_cluster(tmp_path: Path) -> None:
+    text = (MEASURED / "h100-sxm-sglang-0.5.14-aiconfigurator.csv").read_text()
+    path = tmp_path / "x.csv"
+    path.write_text(text.replace("# descriptor: h100-sxm", "# descriptor: h900"))
+    r = autoplan("bench", "--profile", path, "--fit")
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"autoplan: error: {path}: header.descriptor: no built-in cluster of h900 to price an engine "
+        "profile's rows on: give a cluster (bench --fit --cluster NAME)")
