@@ -162,7 +162,8 @@ def all_to_all(nbytes: float, g: Group) -> float:
 
 
 # Serving engines' own all-reduce kernels (vLLM csrc/custom_all_reduce.cuh, SGLang's copy of
-# it, TensorRT-LLM's allReduceFusionKernels): inside one NVLink domain each GPU reads every
+# it in sgl-kernel, TensorRT-LLM cpp/tensorrt_llm/kernels/customAllReduceKernels.cu): inside
+# one NVLink domain each GPU reads every
 # peer's buffer over NVLink in one step (one-shot), which vLLM runs below 512 KiB (two-shot
 # above it, where NCCL's ring is as fast)
 ONE_SHOT_MAX_BYTES = 512 * 1024
