@@ -122,8 +122,10 @@ def case_of(row: dict[str, str]) -> Case:
     scenario = row["scenario"].lower()
     try:
         model = resolve_model(name)
-        # as `autoplan serve` sees it: through the one door of measured profiles
-        c = corrected(with_gpus(resolve_cluster(cluster), gpus)).cluster
+        # as `autoplan serve` sees it: through the one door of measured profiles, with the
+        # engine whose kernels they time
+        c = corrected(with_gpus(resolve_cluster(cluster), gpus), engine=_engine(row["engine"]),
+                      version=_release(row)).cluster
     except AutoplanError as exc:
         return Case(row, None, str(exc), measured)
     if "static batch" in scenario or "single request" in scenario:

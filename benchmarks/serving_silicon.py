@@ -237,7 +237,8 @@ def _case(row: dict[str, str], model: Model, dep: Deployment, workload: Workload
         # as `autoplan serve` sees it: through the one door of measured profiles
         cluster = resolve_cluster(CLUSTERS[row["system"]])
         per_node = cluster.gpus_per_node
-        cluster = corrected(with_gpus(cluster, -(-dep.gpus // per_node) * per_node)).cluster
+        cluster = corrected(with_gpus(cluster, -(-dep.gpus // per_node) * per_node), engine=engine,
+                            version=version).cluster
     except AutoplanError as exc:
         return Case(row, None, str(exc), measured)
     plan = ServingPlan(model, cluster, engine, dep, workload, Slo(), engine_version=version)

@@ -1337,7 +1337,10 @@ def _fit_and_describe(profile: Profile, fit: bool, cluster_ref: str | None, desc
     if fit:
         from autoplan.descriptors.library import resolve_cluster
 
-        cluster = resolve_cluster(cluster_ref) if cluster_ref is not None else None
+        # default: the machine described from the profile; an engine profile (no elementwise
+        # rows to describe one) the built-in node cluster of its device
+        cluster = (resolve_cluster(cluster_ref) if cluster_ref is not None
+                   else surrogate.builtin_baseline(profile))
         table = Table(title="surrogate fit: mean relative error per kind", title_justify="left",
                       caption=escape(f"{profile.source}; surrogate error cross-validated over "
                                      f"{surrogate.CV_FOLDS} folds"), caption_justify="left")
@@ -1372,13 +1375,16 @@ def _fit_and_describe(profile: Profile, fit: bool, cluster_ref: str | None, desc
 def _fit_notes(profile: Profile, report: list[Any]) -> list[str]:
     """What the fit table leaves unsaid: which of the profile's rows it counts, and where
     the surrogate does worse held out than the formula it corrects."""
-    counts = profile.rows["kind"].value_counts()
+    from autoplan.measured.surrogate import kind_rows
+
+    counts = kind_rows(profile.rows)
     used = {r.kind: r.rows for r in report}
     unused = [f"{counts[k] - n} {k}" for k, n in used.items() if counts.get(k, 0) > n]
     others = [f"{n} {k}" for k, n in sorted(counts.items()) if k not in used]
     notes = [f"rows: {sum(used.values())} of the profile's {len(profile.rows)} train the surrogate"
-             + (f"; {', '.join(unused)} rows are in a precision no job computes its kernels in "
-                f"(fp32: see autoplan/measured/surrogate.py, dtype rule)" if unused else "")
+             + (f"; {', '.join(unused)} rows are in a precision the analytic model prices no job in "
+                f"(fp32; fp4 until autoplan names it: see autoplan/measured/surrogate.py, dtype rule)"
+                if unused else "")
              + (f"; {', '.join(others)} rows fit the machine descriptor (--describe) only"
                 if others else "")]
     for r in report:
@@ -1765,7 +1771,8 @@ def _one_paragraph_lines(app: typer.Typer) -> None:
             info.help = "\n\n".join(" ".join(p.split()) for p in paragraphs)
 
 
-from autoplan.cli import loop  # noqa: E402,F401  (tune, runs import, calibrate: the same app)
+# the same app's other commands: tune, runs import, calibrate; profiles import
+from autoplan.cli import loop, profiles  # noqa: E402,F401
 
 _one_paragraph_lines(app)
 

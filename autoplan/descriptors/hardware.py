@@ -61,6 +61,20 @@ class Correction(Protocol):
         ``per_domain`` of them in each NVLink domain."""
         ...
 
+    def decode(self, batch: float, context: float, heads: float, kv_heads: float, head_dim: float,
+               kv_bytes: float) -> float | None:
+        """One decode attention call: ``batch`` sequences of one query each reading ``context``
+        tokens of KV cache at ``kv_bytes`` per element; None where the profile has nothing to
+        say (the caller keeps its analytic time)."""
+        ...
+
+    def moe(self, tokens: float, hidden: float, inter: float, top_k: int, experts: int, moe_tp: int,
+            moe_ep: int, dtype: Dtype) -> float | None:
+        """One rank's routed experts of an MoE layer (the engine's fused MoE kernel) for
+        ``tokens`` tokens; None where the profile measured no such kernel in ``dtype`` (the
+        caller falls back to its GEMM ratio)."""
+        ...
+
     def host_kernel_s(self) -> tuple[float, float] | None:
         """Measured host seconds of an eager layer's forward per kernel it issues, and of
         its backward per forward kernel (the profile's ``host`` rows); None where it

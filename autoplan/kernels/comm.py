@@ -159,3 +159,32 @@ def all_to_all(nbytes: float, g: Group) -> float:
     latency = near * g.intra.latency_s + far * g.inter.latency_s
     wire = max(near * chunk / g.intra.effective_Bps, far * chunk / g.inter.effective_Bps)
     return (latency + wire) * _ratio("all_to_all", nbytes, g)
+
+
+# Serving engines' own all-reduce kernels (vLLM csrc/custom_all_reduce.cuh, SGLang's copy of
+# it in sgl-kernel, TensorRT-LLM cpp/tensorrt_llm/kernels/customAllReduceKernels.cu): inside
+# one NVLink domain each GPU reads every
+# peer's buffer over NVLink in one step (one-shot), which vLLM runs below 512 KiB (two-shot
+# above it, where NCCL's ring is as fast)
+ONE_SHOT_MAX_BYTES = 512 * 1024
+
+
+def custom_all_reduce(nbytes: float, g: Group) -> float:
+    """A serving engine's one-shot all-reduce of an ``nbytes`` buffer inside one NVLink
+    domain: one link latency, each peer's buffer read once, (n - 1) M / B; times the
+    measured/analytic ratio of the engine's kernel (``custom_all_reduce`` rows of its
+    profile) where the device's correction has one."""
+    if g.size <= 1:
+        return 0.0
+    one_shot = g.intra.latency_s + nbytes * (g.size - 1) / g.intra.effective_Bps
+    return one_shot * _ratio("custom_all_reduce", nbytes, g)
+
+
+def serving_all_reduce(nbytes: float, g: Group) -> float:
+    """A tensor-parallel all-reduce as serving engines run it: the least of NCCL's ring
+    (:func:`all_reduce`) and, inside one NVLink domain for messages up to
+    :data:`ONE_SHOT_MAX_BYTES`, the engine's own kernel (:func:`custom_all_reduce`)."""
+    ring = all_reduce(nbytes, g)
+    if g.domains > 1 or nbytes > ONE_SHOT_MAX_BYTES or g.size < 2:
+        return ring
+    return min(ring, custom_all_reduce(nbytes, g))

@@ -17,8 +17,8 @@ CUDA graphs): pass time = max(GPU time, kernels x host time per kernel).
 
 A device calibrated on a measured profile carries a learned correction
 (autoplan.measured.surrogate): the per-kernel primitives here (gemm_time,
-grouped_gemm_time, attention_time) multiply their analytic time by its
-predicted measured/analytic ratio. The surrogate is fitted on these same
+grouped_gemm_time, attention_time, decode_attention_time, experts_time) multiply their
+analytic time by its predicted measured/analytic ratio. The surrogate is fitted on these same
 primitives, evaluated uncorrected for each profile row.
 """
 
@@ -145,23 +145,39 @@ def grouped_gemm_time(rows: float, n: float, k: float, groups: int, device: Devi
 def batch_experts_time(model: Model, tokens: float, ep: int, etp: int, device: Device,
                        dtype: Dtype, weight_bytes: float) -> float:
     """Forward seconds of one rank's routed experts for an inference batch of ``tokens``
-    tokens (every attention-DP rank's, gathered at the experts): each token to ``top_k``
-    experts; of the experts/ep on this rank, those the batch hits (:func:`distinct_experts`,
-    routing uniform) are read whole at ``weight_bytes`` per element, each split by etp; the
-    routed copies move in and out in 16 bits. Wave quantization counts from a full tile row
-    of tokens per expert (:data:`SMALL_BATCH_ROWS`); the device's correction is that of one
-    GEMM over every routed row of this rank."""
-    local = model.experts / ep
-    hit = distinct_experts(model.experts, model.top_k, tokens) / ep
-    work = 2.0 * tokens * model.top_k * model.params_expert / (ep * etp)
-    moved = (hit * model.params_expert / etp * weight_bytes
-             + BF16_BYTES * tokens * model.top_k / ep * model.hidden * 2)
-    rows = tokens * model.top_k / max(1.0, local)  # per expert, on average
-    n = model.expert_width / etp
+    tokens (every attention-DP rank's, gathered at the experts): :func:`experts_time` of
+    the model's experts."""
+    return experts_time(tokens, model.hidden, model.expert_width, model.top_k, model.experts, ep, etp,
+                        device, dtype, weight_bytes, model.mlp_matrices)
+
+
+def experts_time(tokens: float, hidden: float, inter: float, top_k: int, experts: int, ep: int,
+                 etp: int, device: Device, dtype: Dtype, weight_bytes: float,
+                 matrices: int = 3) -> float:
+    """Forward seconds of one rank's routed experts of an MoE layer (``experts`` experts of
+    ``matrices`` hidden x ``inter`` matrices each, gated: 3) for ``tokens`` tokens: each
+    token to ``top_k`` experts; of the experts/ep on this rank, those the batch hits
+    (:func:`distinct_experts`, routing uniform) are read whole at ``weight_bytes`` per
+    element, each split by etp; the routed copies move in and out in 16 bits. Wave
+    quantization counts from a full tile row of tokens per expert
+    (:data:`SMALL_BATCH_ROWS`). The device's correction: its measured ratio of the
+    engine's fused MoE kernel (``Correction.moe``, a profile's ``moe`` rows), else that of
+    one GEMM over every routed row of this rank. The surrogate is fitted on this same
+    function (uncorrected) for each ``moe`` row."""
+    local = experts / ep
+    hit = distinct_experts(experts, top_k, tokens) / ep
+    params_expert = matrices * hidden * inter
+    work = 2.0 * tokens * top_k * params_expert / (ep * etp)
+    moved = (hit * params_expert / etp * weight_bytes
+             + BF16_BYTES * tokens * top_k / ep * hidden * 2)
+    rows = tokens * top_k / max(1.0, local)  # per expert, on average
+    n = inter / etp
     tiled = rows >= SMALL_BATCH_ROWS
     t = gemm_roofline(work, moved, device, dtype, rows if tiled else 0.0, n if tiled else 0.0)
-    if device.correction is not None:
-        t *= device.correction.gemm(max(1.0, rows * local), n, model.hidden, dtype)
+    correction = device.correction
+    if correction is not None:
+        ratio = correction.moe(tokens, hidden, inter, top_k, experts, etp, ep, dtype)
+        t *= ratio if ratio is not None else correction.gemm(max(1.0, rows * local), n, hidden, dtype)
     return t
 
 
@@ -235,6 +251,39 @@ def attention_time(work: float, call: AttentionCall, device: Device,
     t = work / (device.peak_bf16_flops * eff)
     if device.correction is not None:
         t *= device.correction.attention(*call)
+    return t
+
+
+# the query length at which a decode step's attention rate is taken: decode kernels
+# (FlashAttention-3's and FlashInfer's paged decode, TensorRT-LLM's XQA) split the context
+# over the SMs, so its tiles run full as a long prefill's do
+DECODE_RATE_SEQ = 4096.0
+
+
+def decode_attention_time(batch: float, context: float, heads: float, kv_heads: float,
+                          head_dim: float, kv_bytes: float, device: Device, *,
+                          queries: float = 1.0, token_bytes: float | None = None,
+                          token_flops: float | None = None) -> float:
+    """One decode attention call of a layer: ``batch`` sequences, each ``queries`` query
+    tokens (1; a speculative verify's width) against ``context`` tokens of KV cache
+    (PagedAttention, Kwon et al. 2023): bound by reading the cache, ``kv_heads`` keys and
+    values of ``head_dim`` channels at ``kv_bytes`` per element per token, or by its FLOPs
+    (QK^T and AV: 4 heads head_dim per query and context token) at flash attention's rate
+    (:func:`attention_efficiency`, the Hopper-class kernel at :data:`DECODE_RATE_SEQ`),
+    whichever is more. ``token_bytes`` and ``token_flops`` replace the per-token bytes and
+    FLOPs per query of the GQA layout for another one (MLA's absorbed latent). Times the
+    measured/analytic ratio the device's correction predicts (``Correction.decode``, a
+    profile's ``decode`` rows), if it has one; the surrogate is fitted on this same function
+    (uncorrected)."""
+    per_token = 2.0 * kv_heads * head_dim * kv_bytes if token_bytes is None else token_bytes
+    flops_token = 4.0 * heads * head_dim if token_flops is None else token_flops
+    eff = attention_efficiency(device, AttentionKernel.FLASH3, False, DECODE_RATE_SEQ, head_dim)
+    read_s = batch * context * per_token / (device.hbm_Bps * device.hbm_efficiency)
+    compute_s = batch * context * queries * flops_token / (device.peak_bf16_flops * eff)
+    t = max(read_s, compute_s)
+    if device.correction is not None:
+        ratio = device.correction.decode(batch, context, heads, kv_heads, head_dim, kv_bytes)
+        t *= 1.0 if ratio is None else ratio
     return t
 
 

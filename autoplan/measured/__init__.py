@@ -7,7 +7,9 @@
 - :mod:`~autoplan.measured.surrogate`: the learned correction (random forests of
   measured over analytic time) and its uncertainty band;
 - :mod:`~autoplan.measured.shipped`: the profiles shipped under ``profiles/measured/``,
-  looked up by the device descriptor they were taken on.
+  looked up by the device descriptor they were taken on (and a serving engine's version);
+- :mod:`~autoplan.measured.aiconfigurator`: profiles made from NVIDIA AIConfigurator's
+  measured kernel tables (``autoplan profiles import aiconfigurator``).
 
 Place in the data flow: above the cost model. This package reads profiles, fits
 corrections on them and applies them to descriptors (a device carrying a

@@ -39,15 +39,21 @@ class Corrected:
         return None
 
 
-def profile_for(cluster: Cluster, given: Profile | None = None) -> Profile | None:
-    """The profile that corrects ``cluster``: ``given``, else the shipped one for its device."""
-    return given if given is not None else shipped_profile(cluster.device.name)
+def profile_for(cluster: Cluster, given: Profile | None = None, engine: str | None = None,
+                version: str | None = None) -> Profile | None:
+    """The profile that corrects ``cluster``: ``given``, else the shipped one for its device
+    and, for serving, the plan's ``engine`` at ``version`` (module doc)."""
+    if given is not None:
+        return given
+    name = None if engine is None else str(getattr(engine, "value", engine))
+    return shipped_profile(cluster.device.name, name, version)
 
 
-def corrected(cluster: Cluster, given: Profile | None = None) -> Corrected:
+def corrected(cluster: Cluster, given: Profile | None = None, engine: str | None = None,
+              version: str | None = None) -> Corrected:
     """``cluster`` with its device carrying the correction fitted on :func:`profile_for`'s
     profile (``measured.surrogate.calibrate``), or as it is where there is none."""
-    measured = profile_for(cluster, given)
+    measured = profile_for(cluster, given, engine, version)
     if measured is None:
         return Corrected(cluster, None)
     # imported here: scikit-learn takes most of a second to import, which a command

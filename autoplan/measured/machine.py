@@ -29,7 +29,7 @@ from scipy.optimize import nnls
 
 from autoplan.descriptors.hardware import Cluster, Device, Link
 from autoplan.errors import InputError, Problem
-from autoplan.measured.profile import Profile, achieved, row_flops
+from autoplan.measured.profile import Profile, achieved, row_flops, sdpa_rows
 from autoplan.text import one_line
 from autoplan.units import GiB
 
@@ -83,7 +83,8 @@ def describe_machine(profile: Profile, *, name: str, ranks_per_node: int, mem_by
     gemm = profile.of_kind("gemm")
     gemm = gemm[gemm["dtype"] == compute_dtype]
     elem = rows[rows["kind"] == "elementwise"]
-    coll = rows[(rows["kind"] == "collective") & (rows["ranks"] > 1)]
+    # NCCL's collectives (an engine's own all-reduce kernel runs another algorithm)
+    coll = rows[(rows["kind"] == "collective") & (rows["ranks"] > 1) & (rows["op"] != "custom_all_reduce")]
     standin = standin_link(profile) if coll.empty else None
     problems = [Problem(profile.source, field, f"needs {what} rows to describe the machine")
                 for field, what, frame in (("kind", f"gemm ({compute_dtype})", gemm),
@@ -101,7 +102,7 @@ def describe_machine(profile: Profile, *, name: str, ranks_per_node: int, mem_by
     half = intercept * peak
     mem_slope, _ = _line(elem["nbytes"].to_numpy().astype(float), elem["seconds"].to_numpy())
     hbm = 1.0 / mem_slope if mem_slope > 0 else float(best.memory_Bps or 0.0)
-    attn_rows = rows[rows["kind"] == "attention"]
+    attn_rows = sdpa_rows(rows)
     if attn_rows.empty:
         attention = 1.0
     else:

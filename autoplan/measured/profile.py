@@ -12,32 +12,61 @@ op          gemm: ``matmul`` (one (m x k) @ (k x n) product, both row-major) |
             ``linear`` (a linear layer's three training GEMMs of that size: the
             forward x @ W^T with W stored n x k, the input gradient dy @ W and the
             weight gradient dy^T @ x; ``seconds`` is a third of the three);
-            attention: ``sdpa_fwd`` | ``sdpa_bwd`` (backward alone);
+            attention: ``sdpa_fwd`` | ``sdpa_bwd`` (backward alone) | ``decode``
+            (one query token per sequence reading ``seq`` tokens of its KV cache:
+            a serving engine's generation attention);
             elementwise: ``copy`` | ``add`` | ``mul``;
             collective: ``all_reduce`` | ``all_gather`` | ``reduce_scatter`` |
-            ``all_to_all`` | ``p2p``;
+            ``all_to_all`` | ``p2p`` | ``custom_all_reduce`` (a serving engine's own
+            all-reduce kernel inside one NVLink domain, under CUDA graphs);
             host: ``layer_forward`` | ``layer_backward`` (eager PyTorch's host time
-            to issue one kernel of a decoder layer's pass: ``bench/host.py``)
-dtype       bf16 | fp16 | fp32 | fp8
+            to issue one kernel of a decoder layer's pass: ``bench/host.py``);
+            moe: ``experts`` (one rank's routed experts of an MoE layer, gated
+            (three matrices), tokens routed evenly: the engine's fused MoE kernel)
+dtype       bf16 | fp16 | fp32 | fp8 | fp8_block (fp8 with per-block scales, as
+            DeepSeek-V3's checkpoints) | fp4 (NVFP4); attention ``decode``: the KV
+            cache's dtype (bf16 | fp8)
 m, n, k     gemm: (m x k) @ (k x n); host: n the layer's hidden size, k the
-            kernels one pass issues
+            kernels one pass issues; moe: m the tokens entering the layer (every
+            attention-DP rank's, gathered at the experts), n each expert's
+            intermediate width, k the hidden size
 batch       attention: batch size
 heads       attention: query heads
 kv_heads    attention: key/value heads (GQA)
-seq         attention: sequence length (queries = keys); host: the layer's tokens
+seq         attention: sequence length (queries = keys; ``decode``: the tokens of
+            context each sequence reads); host: the layer's tokens
 head_dim    attention: channels per head
-causal      attention: 1 causal, 0 full
+causal      attention: 1 causal, 0 full (``decode``: 0)
 nbytes      elementwise: bytes read + written; collective: the buffer size in the
             convention of :mod:`autoplan.kernels.comm` (all-reduce: the buffer;
             all-gather: the gathered output; reduce-scatter: the input;
             all-to-all: each rank's buffer; p2p: the message)
 ranks       collective: ranks in the group
 ranks_per_node  collective: of those, ranks on one node (= ranks on one machine)
+experts     moe: routed experts of the layer (all ranks')
+top_k       moe: experts each token is routed to
+moe_tp      moe: ranks each expert's matrices are split over (tensor parallel)
+moe_ep      moe: ranks the experts are spread over (expert parallel)
 seconds     median time of one call over ``repeats`` timed calls (after warm-up);
             host: of one pass, over its k kernels
 seconds_p10, seconds_p90  10th / 90th percentile of the timed calls
 repeats     timed calls
 =========== ================================================================
+
+Format versions: 1 has the columns up to ``ranks_per_node``, ``repeats`` and the
+seconds, and the kinds, ops and dtypes ``autoplan bench`` measures; 2 adds the
+``experts``, ``top_k``, ``moe_tp`` and ``moe_ep`` columns, the ``moe`` kind, the
+``decode`` and ``custom_all_reduce`` ops and the ``fp8_block`` and ``fp4`` dtypes
+(profiles imported from a serving engine's kernel tables:
+:mod:`autoplan.measured.aiconfigurator`). Version 1 files read as ever (the version 2
+columns are 0); :func:`format_profile` writes version 1 wherever the rows fit it, so a
+``bench`` profile still reads in an autoplan that knows only version 1.
+
+Provenance: every profile names its device (``device_kind``, ``device_name``), date and
+command; a profile ``autoplan bench`` measured names its ``torch``, one imported from
+another tool's measurements its ``source`` instead. A profile of a serving engine's
+kernels also names ``engine`` and ``engine_version`` (what
+:func:`autoplan.measured.door.profile_for` matches a serving plan's engine against).
 """
 
 from __future__ import annotations
@@ -55,19 +84,35 @@ from autoplan.errors import InputError, Problem
 if TYPE_CHECKING:  # pandas is imported where a profile is parsed or written: not at start-up
     import pandas as pd
 
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"  # what a profile needing the version 2 columns or names is written as
+FORMAT_VERSIONS = ("1", "2")  # what reads
+# new names are appended, never inserted: the surrogate codes ops and dtypes by position
 KINDS: dict[str, tuple[str, ...]] = {
     "gemm": ("matmul", "linear"),
-    "attention": ("sdpa_fwd", "sdpa_bwd"),
+    "attention": ("sdpa_fwd", "sdpa_bwd", "decode"),
+    "elementwise": ("copy", "add", "mul"),
+    "collective": ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p",
+                   "custom_all_reduce"),
+    "host": ("layer_forward", "layer_backward"),
+    "moe": ("experts",),
+}
+DTYPES = ("bf16", "fp16", "fp32", "fp8", "fp8_block", "fp4")
+V1_INT_COLUMNS = ("m", "n", "k", "batch", "heads", "kv_heads", "seq", "head_dim", "causal",
+                  "nbytes", "ranks", "ranks_per_node", "repeats")
+V2_INT_COLUMNS = ("experts", "top_k", "moe_tp", "moe_ep")
+INT_COLUMNS = (*V1_INT_COLUMNS, *V2_INT_COLUMNS)
+FLOAT_COLUMNS = ("seconds", "seconds_p10", "seconds_p90")
+COLUMNS = ("kind", "op", "dtype", *INT_COLUMNS, *FLOAT_COLUMNS)
+V1_COLUMNS = ("kind", "op", "dtype", *V1_INT_COLUMNS, *FLOAT_COLUMNS)
+# what version 1 knows of the names (format_profile writes version 1 where they suffice)
+V1_KINDS: dict[str, tuple[str, ...]] = {
+    "gemm": ("matmul", "linear"), "attention": ("sdpa_fwd", "sdpa_bwd"),
     "elementwise": ("copy", "add", "mul"),
     "collective": ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"),
     "host": ("layer_forward", "layer_backward"),
 }
-DTYPES = ("bf16", "fp16", "fp32", "fp8")
-INT_COLUMNS = ("m", "n", "k", "batch", "heads", "kv_heads", "seq", "head_dim", "causal",
-               "nbytes", "ranks", "ranks_per_node", "repeats")
-FLOAT_COLUMNS = ("seconds", "seconds_p10", "seconds_p90")
-COLUMNS = ("kind", "op", "dtype", *INT_COLUMNS, *FLOAT_COLUMNS)
+V1_DTYPES = ("bf16", "fp16", "fp32", "fp8")
+BENCH_KINDS = V1_KINDS  # what ``autoplan bench`` measures (the other kinds are imported)
 # shape columns each kind must set (> 0)
 REQUIRED: dict[str, tuple[str, ...]] = {
     "gemm": ("m", "n", "k"),
@@ -75,9 +120,12 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "elementwise": ("nbytes",),
     "collective": ("nbytes", "ranks", "ranks_per_node"),
     "host": ("n", "seq", "k"),
+    "moe": ("m", "n", "k", "experts", "top_k", "moe_tp", "moe_ep"),
 }
-# provenance every profile carries in its header
-REQUIRED_META = ("autoplan-profile", "device_kind", "device_name", "torch", "date", "command")
+# provenance every profile carries in its header; and one of ``torch`` (measured by
+# ``autoplan bench``) or ``source`` (imported)
+REQUIRED_META = ("autoplan-profile", "device_kind", "device_name", "date", "command")
+MEASURED_BY = ("torch", "source")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,6 +150,16 @@ class Profile:
         """The autoplan device name the profile was taken on (``descriptor`` in the header)."""
         return self.meta.get("descriptor") or None
 
+    @property
+    def engine(self) -> str | None:
+        """The serving engine whose kernels the profile timed (``engine``); None: a
+        profile of autoplan's own microbenchmarks (``autoplan bench``)."""
+        return self.meta.get("engine") or None
+
+    @property
+    def engine_version(self) -> str | None:
+        return self.meta.get("engine_version") or None
+
 
 def gemm_rows(gemm: pd.DataFrame) -> pd.DataFrame:
     """Of a profile's GEMM rows, the ones that stand for training: per dtype, the ``linear``
@@ -120,6 +178,8 @@ def row_flops(row: Mapping[str, Any]) -> float:
     is 2.5 x forward, FlashAttention-2's 5 GEMMs against 2; Dao 2023, Algorithm 2)."""
     if row["kind"] == "gemm":
         return 2.0 * row["m"] * row["n"] * row["k"]
+    if row["kind"] == "attention" and row["op"] == "decode":  # one query against seq keys
+        return 4.0 * row["batch"] * row["heads"] * row["seq"] * row["head_dim"]
     if row["kind"] == "attention":
         fwd = 4.0 * row["batch"] * row["heads"] * row["seq"] ** 2 * row["head_dim"]
         fwd *= 0.5 if row["causal"] else 1.0
@@ -127,16 +187,19 @@ def row_flops(row: Mapping[str, Any]) -> float:
     return 0.0
 
 
-def _check_rows(frame: pd.DataFrame, source: str) -> list[Problem]:
+def _check_rows(frame: pd.DataFrame, source: str, columns: tuple[str, ...] = COLUMNS) -> list[Problem]:
     problems: list[Problem] = []
-    for col in COLUMNS:
+    for col in columns:
         if col not in frame.columns:
             problems.append(Problem(source, col, "missing column"))
     for col in frame.columns:
-        if col not in COLUMNS:
-            problems.append(Problem(source, str(col), f"unknown column; expected {', '.join(COLUMNS)}"))
+        if col not in columns:
+            problems.append(Problem(source, str(col), f"unknown column; expected {', '.join(columns)}"))
     if problems:
         return problems
+    for col in COLUMNS:  # a version 1 file: the version 2 columns are 0
+        if col not in frame.columns:
+            frame[col] = "0"
     for i, rec in enumerate(frame.to_dict("records")):
         where = f"row {i + 1}"  # data rows, 1-based, after the header
         kind, op = rec["kind"], rec["op"]
@@ -212,9 +275,14 @@ def parse_profile(text: str, source: str) -> Profile:
             body.append(line)
     problems = [Problem(source, f"header.{k}", "missing (a '# key: value' line)")
                 for k in REQUIRED_META if k not in meta]
-    if meta.get("autoplan-profile", FORMAT_VERSION) != FORMAT_VERSION:
+    if not any(meta.get(k) for k in MEASURED_BY):
+        problems.append(Problem(source, "header.torch", "missing (a '# key: value' line; a profile "
+                                                        "imported from other measurements names its "
+                                                        "'source' instead)"))
+    version = meta.get("autoplan-profile", FORMAT_VERSION)
+    if version not in FORMAT_VERSIONS:
         problems.append(Problem(source, "header.autoplan-profile",
-                                f"expected {FORMAT_VERSION}, got {meta['autoplan-profile']!r}"))
+                                f"expected one of {', '.join(FORMAT_VERSIONS)}, got {version!r}"))
     if not body:
         raise InputError([*problems, Problem(source, "", "no rows")])
     import pandas as pd
@@ -223,7 +291,7 @@ def parse_profile(text: str, source: str) -> Profile:
         frame = pd.read_csv(io.StringIO("\n".join(body)), dtype=str, keep_default_na=False)
     except (pd.errors.ParserError, ValueError) as exc:
         raise InputError([*problems, Problem(source, "", f"not a CSV table: {exc}")]) from None
-    problems += _check_rows(frame, source)
+    problems += _check_rows(frame, source, V1_COLUMNS if version == "1" else COLUMNS)
     if problems:
         raise InputError(problems)
     for col in INT_COLUMNS:
@@ -252,16 +320,32 @@ def read_profile(path: Path) -> Profile:
     return parse_profile(text, str(path))
 
 
+def _fits_v1(records: list[dict[str, Any]]) -> bool:
+    """Whether every row is one a version 1 profile can hold."""
+    return all(r["kind"] in V1_KINDS and r["op"] in V1_KINDS[r["kind"]] and r["dtype"] in V1_DTYPES
+               and not any(r[c] for c in V2_INT_COLUMNS) for r in records)
+
+
 def format_profile(meta: Mapping[str, Any], rows: Iterable[Mapping[str, Any]]) -> str:
-    """The CSV text of a profile: the header lines, then the rows (missing columns are 0)."""
-    head = {"autoplan-profile": FORMAT_VERSION, **{k: str(v) for k, v in meta.items()}}
+    """The CSV text of a profile: the header lines, then the rows (missing columns are 0);
+    version 1 where every row fits it (module doc), else version 2."""
+    records = [{c: r.get(c, 0) for c in COLUMNS} for r in rows]
+    columns = V1_COLUMNS if _fits_v1(records) else COLUMNS
+    version = "1" if columns is V1_COLUMNS else FORMAT_VERSION
+    # the version the rows need (a header copied from another profile names its own)
+    head = {"autoplan-profile": version, **{k: str(v) for k, v in meta.items() if k != "autoplan-profile"}}
     lines = [f"# {k}: {' '.join(str(v).split())}" for k, v in head.items()]
     import pandas as pd
 
-    frame = pd.DataFrame([{c: r.get(c, 0) for c in COLUMNS} for r in rows], columns=list(COLUMNS))
+    frame = pd.DataFrame([{c: r[c] for c in columns} for r in records], columns=list(columns))
     for col in FLOAT_COLUMNS:
         frame[col] = frame[col].map(lambda s: f"{float(s):.6e}")
     return "\n".join(lines) + "\n" + frame.to_csv(index=False, lineterminator="\n")
+
+
+def sdpa_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The attention rows of whole sequences (forward or backward: not ``decode``)."""
+    return rows[(rows["kind"] == "attention") & (rows["op"] != "decode")]
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +365,6 @@ def achieved(profile: Profile) -> Achieved:
     for rec in profile.of_kind("gemm").to_dict("records"):
         rate = row_flops(rec) / rec["seconds"]
         gemm[rec["dtype"]] = max(gemm.get(rec["dtype"], 0.0), rate)
-    attn = [row_flops(r) / r["seconds"] for r in rows[rows["kind"] == "attention"].to_dict("records")]
+    attn = [row_flops(r) / r["seconds"] for r in sdpa_rows(rows).to_dict("records")]
     mem = [r["nbytes"] / r["seconds"] for r in rows[rows["kind"] == "elementwise"].to_dict("records")]
     return Achieved(gemm, max(attn) if attn else None, max(mem) if mem else None)

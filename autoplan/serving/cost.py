@@ -76,21 +76,9 @@ LOGIT_BYTES = 4  # logits are sampled in fp32
 # kernels per transformer layer in an iteration: norms, QKV, RoPE, attention, O, residual,
 # the MLP's GEMMs and activation, the collectives
 KERNELS_PER_LAYER = 14
-# one-shot all-reduce (each GPU reads every peer's buffer over NVLink in one step): what
-# vLLM's and TensorRT-LLM's custom all-reduce kernels run for small messages inside an
-# NVLink domain (vllm csrc/custom_all_reduce.cuh: one-shot below 512 KiB, else two-shot)
-ONE_SHOT_MAX_BYTES = 512 * 1024
-
-
-def all_reduce_seconds(nbytes: float, group: comm.Group) -> float:
-    """A tensor-parallel all-reduce as serving engines run it: the least of NCCL's ring
-    (:func:`autoplan.kernels.comm.all_reduce`) and, inside one NVLink domain for small
-    messages, a one-shot exchange: one link latency, each peer's buffer read once."""
-    ring = comm.all_reduce(nbytes, group)
-    if group.domains > 1 or nbytes > ONE_SHOT_MAX_BYTES or group.size < 2:
-        return ring
-    one_shot = group.intra.latency_s + nbytes * (group.size - 1) / group.intra.effective_Bps
-    return min(ring, one_shot)
+# the one-shot all-reduce of serving engines (kernels/comm.py), under its older names here
+ONE_SHOT_MAX_BYTES = comm.ONE_SHOT_MAX_BYTES
+all_reduce_seconds = comm.serving_all_reduce
 
 
 def iteration_seconds(gpu_s: float, host_s: float, hidden: float, launch_floor_s: float = 0.0) -> float:

@@ -1008,7 +1008,7 @@ def read_serving_plan(data: Any, source: str, *, profile: Profile | None = None,
                       correct: bool = True) -> ServingPlan:
     """Build and check a serving plan from a plan-file mapping; every problem at once. Its
     cluster comes through the one door of measured profiles (``measured.door.corrected``:
-    ``profile``, else the one shipped for its device), as training plans' do
+    ``profile``, else the one shipped for its device and the plan's engine), as training plans' do
     (``planfile.read_plan``); ``correct=False`` leaves it analytic (export)."""
     from autoplan.plan import SCHEMA_VERSION
 
@@ -1049,5 +1049,6 @@ def read_serving_plan(data: Any, source: str, *, profile: Profile | None = None,
     if problems:
         raise InputError(problems)
     if correct:
-        plan = dataclasses.replace(plan, cluster=corrected(plan.cluster, profile).cluster)
+        plan = dataclasses.replace(plan, cluster=corrected(plan.cluster, profile, plan.engine,
+                                                                   plan.engine_version).cluster)
     return plan

@@ -125,22 +125,24 @@ def build_serve_request(job_file: Path | None, job: ServingJob, given: ServeOpti
     base = resolve_cluster(given.cluster) if given.cluster is not None else job.cluster
     assert model is not None and base is not None
     count = given.gpus if given.gpus is not None else job.gpus if job.gpus is not None else base.gpus
-    cluster = corrected(with_gpus(base, count)).cluster  # the one door of measured profiles
+    engine = _engine(given.engine) if given.engine is not None else job.engine or Engine.VLLM
+    version = _engine_version(engine, job, given)
+    # the one door of measured profiles, with the engine release whose kernels it prices
+    cluster = corrected(with_gpus(base, count), engine=engine, version=version).cluster
     workload = (_traced_workload(job_file, job, given, model) if _traced(job, given)
                 else _workload(job_file, job, given, model))
     job_slo = job.slo or Slo()
     slo = Slo(given.ttft_slo if given.ttft_slo is not None else job_slo.ttft_ms,
               given.tpot_slo if given.tpot_slo is not None else job_slo.tpot_ms,
               given.percentile if given.percentile is not None else job_slo.percentile)
-    engine = _engine(given.engine) if given.engine is not None else job.engine or Engine.VLLM
-    version = _engine_version(engine, job, given)
     problems: list[Problem] = []
     weights = _precisions(given.weights, "--weights", list(Precision), problems)
     kv_caches = _precisions(given.kv_cache, "--kv-cache", KV_PRECISIONS, problems)
     older = engine.spec.resolve(version).note
     return ServeRequest(model, cluster, engine, workload, slo, tuple(weights), tuple(kv_caches),
                         _override_notes(job_file, job, given) + ((older,) if older else ()),
-                        _speculative(given, model, job, job_file), corrected(base).cluster, version)
+                        _speculative(given, model, job, job_file),
+                        corrected(base, engine=engine, version=version).cluster, version)
 
 
 def _engine_version(engine: Engine, job: ServingJob, given: ServeOptions) -> str | None:

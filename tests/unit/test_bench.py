@@ -22,7 +22,7 @@ from autoplan.bench.micro import model_gemm_shapes, plan_micro
 from autoplan.bench.presets import get_preset
 from autoplan.bench.timing import Budget, summarize
 from autoplan.descriptors.library import resolve_model
-from autoplan.measured.profile import KINDS, REQUIRED_META, Profile, parse_profile, read_profile
+from autoplan.measured.profile import BENCH_KINDS, REQUIRED_META, Profile, parse_profile, read_profile
 from tests.helpers import autoplan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +44,7 @@ def assert_bad_input(result: subprocess.CompletedProcess[str], *needles: str) ->
         assert needle in result.stderr, f"{needle!r} not in:\n{result.stderr}"
 
 
-def assert_valid_profile(profile: Profile, kinds: tuple[str, ...] = tuple(KINDS)) -> None:
+def assert_valid_profile(profile: Profile, kinds: tuple[str, ...] = tuple(BENCH_KINDS)) -> None:
     rows = profile.rows
     assert set(rows["kind"]) == set(kinds)
     assert (rows["seconds"] > 0).all() and (rows["repeats"] > 0).all()
@@ -149,7 +149,7 @@ def tiny_profile() -> Profile:
 @pytest.mark.slow
 def test_tiny_profile_has_every_kind_and_sane_timings(tiny_profile: Profile) -> None:
     assert_valid_profile(tiny_profile)
-    for kind, ops in KINDS.items():
+    for kind, ops in BENCH_KINDS.items():
         written = {"linear"} if kind == "gemm" else set(ops)  # matmul: profiles of before 2026-11-26
         assert set(tiny_profile.rows.loc[tiny_profile.rows["kind"] == kind, "op"]) == written, kind
 

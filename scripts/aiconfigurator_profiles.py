@@ -1,0 +1,60 @@
+"""The measured profiles shipped from NVIDIA AIConfigurator's kernel tables, and the table
+of how well they interpolate (profiles/measured/README.md, NOTICE-aiconfigurator.md).
+
+    pip install 'autoplan[aiconfigurator]'              # aiconfigurator-core 0.12
+    python scripts/aiconfigurator_profiles.py import    # rewrite profiles/measured/*-aiconfigurator.csv
+    python scripts/aiconfigurator_profiles.py table     # the README's interpolation table
+
+``import`` runs ``autoplan profiles import aiconfigurator --system S --thin -o
+profiles/measured/`` for each device below (every engine, each at the newest version of its
+GEMM table). ``table`` needs no package: for each shipped aiconfigurator profile, per kernel
+kind, the rows the surrogate learns from, the analytic model's error on them (mean
+|analytic - measured| / measured) and the surrogate's leave-shapes-out error (5-fold
+cross-validated: each row predicted by forests fitted without it), against the built-in
+node cluster of the profile's device (``autoplan bench --profile FILE --fit`` prints the
+same per profile).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MEASURED = ROOT / "profiles" / "measured"
+SYSTEMS = ("h100_sxm", "h200_sxm", "b200_sxm", "b300_sxm", "gb200", "gb300")
+
+
+def run_import() -> None:
+    for system in SYSTEMS:
+        subprocess.run([sys.executable, "-m", "autoplan.cli.main", "profiles", "import", "aiconfigurator",
+                        "--system", system, "--thin", "-o", "profiles/measured/"], cwd=ROOT, check=True)
+
+
+def table() -> None:
+    from autoplan.measured.profile import read_profile
+    from autoplan.measured.surrogate import builtin_baseline, fit_report
+
+    print("| profile | baseline | kind | rows | analytic | surrogate (held out) |")
+    print("| --- | --- | --- | ---: | ---: | ---: |")
+    for path in sorted(MEASURED.glob("*-aiconfigurator.csv")):
+        profile = read_profile(path)
+        cluster = builtin_baseline(profile)
+        if cluster is None:
+            print(f"| `{path.name}` | no built-in cluster of {profile.descriptor} | | | | |")
+            continue
+        for row in fit_report(profile, cluster):
+            held = "-" if row.surrogate_mape is None else f"{row.surrogate_mape:.1%}"
+            print(f"| `{path.name}` | {cluster.name} | {row.kind} | {row.rows} | {row.analytic_mape:.1%} "
+                  f"| {held} |")
+
+
+if __name__ == "__main__":
+    what = sys.argv[1] if len(sys.argv) > 1 else ""
+    if what == "import":
+        run_import()
+    elif what == "table":
+        table()
+    else:
+        sys.exit(f"usage: python {Path(__file__).name} import|table")
