@@ -38,21 +38,24 @@ def _evidence(tmp_path, cluster: str = "dgx-h200", gpus: int = 1, deployment: st
 def test_a_plan_on_a_device_with_a_measured_profile_names_what_it_corrects(tmp_path) -> None:
     ev = _evidence(tmp_path)
     prov = ev["provenance"]
-    assert prov["profile"]["source"] == "profiles/measured/h200-2026-11-26.csv"
-    assert prov["profile"]["device"] == "h200" and prov["profile"]["engine"] is None
+    # the engine's own kernels measured on the device (AIConfigurator's tables for vLLM)
+    assert prov["profile"]["source"] == "profiles/measured/h200-vllm-0.24.0-aiconfigurator.csv"
+    assert prov["profile"]["device"] == "h200" and prov["profile"]["engine"] == "vllm"
     assert {"gemm", "attention", "logits"} <= set(prov["measured"])
     # the decode KV read and the fused elementwise kernels are priced from bandwidth alone
     assert {"kv_read", "elementwise"} <= set(prov["roofline"])
 
 
 def test_a_collective_the_profile_never_measured_comes_from_the_roofline(tmp_path) -> None:
-    # the H200 profile was taken on one GPU: no collective rows
-    prov = _evidence(tmp_path, gpus=2, deployment="{replicas: 1, tp: 2}")["provenance"]
+    # the bench H200 profile was taken on one GPU: no collective rows
+    bench = REPO / "profiles" / "measured" / "h200-2026-11-26.csv"
+    prov = _evidence(tmp_path, "dgx-h200", 2, "{replicas: 1, tp: 2}", "{concurrency: 4}", "--profile",
+                     bench)["provenance"]
     assert "tp_comm" in prov["roofline"] and "gemm" in prov["measured"]
 
 
 def test_a_plan_on_a_device_without_a_profile_is_all_roofline(tmp_path) -> None:
-    prov = _evidence(tmp_path, cluster="dgx-h100")["provenance"]
+    prov = _evidence(tmp_path, cluster="dgx-a100")["provenance"]
     assert prov["profile"] is None and not prov["measured"]
     assert {"gemm", "attention", "kv_read", "elementwise", "logits"} <= set(prov["roofline"])
 
@@ -81,7 +84,8 @@ def test_the_table_ends_with_the_evidence_in_words(tmp_path) -> None:
                                 arrival="{concurrency: 4}"))
     got = autoplan("evaluate", path)
     assert "engine vllm 0.33.0: predicted as release line 0.33.0" in got.stdout
-    assert "kernels measured (profiles/measured/h200-2026-11-26.csv, taken on h200)" in got.stdout
+    assert ("kernels measured (profiles/measured/h200-vllm-0.24.0-aiconfigurator.csv, taken on h200 with vllm "
+            "0.24.0)") in got.stdout
     assert "held-out error (vllm, h200, agg): not measured" in got.stdout
 
 
