@@ -299,6 +299,9 @@ class _Refill:
         loop.arrival[closed.in_flight:] = np.inf
         loop.times[closed.in_flight:] = [math.inf] * (loop.n - closed.in_flight)
         loop.issued = min(loop.n, closed.in_flight)
+        # the front end has passed the burst alone, not the later slots' placeholder
+        # times (they are sent as requests finish: ``issue``)
+        loop.frontend_free = loop.times[loop.issued - 1] if loop.issued else -math.inf
         loop.on_finish = self.finished
 
     def finished(self, i: int, t: float) -> None:
