@@ -401,7 +401,7 @@ def test_a_measured_decode_and_moe_correct_their_kernels_and_fall_back_where_unm
     assert c.moe(512.0, model.hidden, model.expert_width, model.top_k, model.experts, 1, 8,
                  Dtype.BF16) is None
     got = batch_experts_time(model, 512.0, 8, 1, cluster.device, Dtype.BF16, 2.0)
-    rows = 512.0 * model.top_k / max(1.0, model.experts / 8)
+    rows = 512.0 * model.top_k / model.experts  # per expert: the copies spread over every expert
     assert got == pytest.approx(batch_experts_time(model, 512.0, 8, 1, base.device, Dtype.BF16, 2.0)
                                 * c.gemm(max(1.0, rows * model.experts / 8), model.expert_width, model.hidden,
                                          Dtype.BF16))
@@ -507,3 +507,16 @@ def test_bench_fit_of_an_engine_profile_without_a_built_in_device_asks_for_a_clu
     assert r.returncode == 2 and r.stderr.strip() == (
         f"autoplan: error: {path}: header.descriptor: no built-in cluster of h900 to price an engine "
         "profile's rows on: give a cluster (bench --fit --cluster NAME)")
+
+
+def test_an_experts_rows_are_its_share_of_every_routed_copy_whatever_the_expert_parallelism() -> None:
+    # DeepSeek-V3's experts (256, top-8, 7168 x 2048) over 16384 tokens: 512 rows an expert,
+    # compute-bound. A rank of ep 8 computes its 32 experts' rows, an eighth of ep 1's work at
+    # the same tiles an expert (before: rows counted as tokens x top_k / local experts, ep
+    # times too many, which tiled ep 8's experts differently: 10x, not 8x)
+    from autoplan.kernels.compute import experts_time
+
+    dev = resolve_cluster("dgx-b200").device
+    ep8 = experts_time(16384.0, 7168, 2048, 8, 256, 8, 1, dev, Dtype.FP8, 1.0)
+    ep1 = experts_time(16384.0, 7168, 2048, 8, 256, 1, 1, dev, Dtype.FP8, 1.0)
+    assert ep1 == pytest.approx(8 * ep8, rel=0.02)
