@@ -210,6 +210,9 @@ class StepModel:
         self.defaults = line.engine_defaults(dev)
         self._host_step, self._host_seq, self._kscale = line.host_step_s, line.host_seq_s, line.kernel_scale
         self.request_s = line.request_s  # the front end's time per request (serving.simulate)
+        # the decode attention kernel's measured correction (decode_ratio), memoized
+        self._decode_corr = None if self.model.is_mla else dev.correction
+        self._decode_ratios: dict[tuple[int, int], float] = {}
         self._hidden = line.hidden_share(d)  # of the host time, the share the overlap hides
         self.max_num_seqs, self.max_batched_tokens, self.chunked_prefill = resolved_limits(
             d, self.engine, dev, self.version)
@@ -326,14 +329,39 @@ class StepModel:
             self._sampled[sampled] = cached
         return cached
 
-    def _attention(self, decode_context: float, prefill_pairs: float,
+    def decode_ratio(self, decodes: int, decode_context: float) -> float:
+        """The measured/analytic ratio of the decode attention kernel for ``decodes``
+        sequences holding ``decode_context`` tokens of context in all: the device's
+        correction (``Correction.decode``, a profile's ``decode`` rows: the engine's
+        generation-attention kernel, AIConfigurator's tables) at the mean context, rounded
+        to an eighth of an octave (a simulation asks for every iteration); 1 where nothing
+        was measured (no profile, an MLA model, whose absorbed decode those GQA rows do not
+        measure, or a KV precision the profile lacks)."""
+        corr = self._decode_corr
+        if corr is None or decodes <= 0 or decode_context <= 0:
+            return 1.0
+        step = round(8 * math.log2(max(1.0, decode_context / decodes)))
+        key = (decodes, step)
+        ratio = self._decode_ratios.get(key)
+        if ratio is None:
+            m, d = self.model, self.deployment
+            got = corr.decode(float(decodes), 2.0 ** (step / 8), m.heads / d.tp,
+                              max(1.0, m.kv_heads / d.tp), float(m.kv_channels), d.kv_cache.bytes)
+            ratio = self._decode_ratios[key] = 1.0 if got is None else got
+        return ratio
+
+    def _attention(self, decodes: int, decode_context: float, prefill_pairs: float,
                    prefill_context: float) -> tuple[float, float]:
         """(prefill attention, KV read) over every layer: prefill compute-bound at flash
         attention's rate, decode bound by reading the KV cache (or its FLOPs, if more: a
-        speculative verify's ``width`` queries per sequence read the cache once)."""
+        speculative verify's ``width`` queries per sequence read the cache once), times the
+        decode kernel's measured ratio (:meth:`decode_ratio`; the same formula as
+        :func:`autoplan.kernels.compute.decode_attention_time`, on which it is fitted)."""
         attention = self._prefill_s_per_pair * prefill_pairs
-        kv_bytes = (decode_context + prefill_context) * self.kv_token_layer
-        kv_read = max(kv_bytes / self.mem_eff_Bps, self._decode_s_per_token * decode_context * self.width)
+        decode = max(decode_context * self.kv_token_layer / self.mem_eff_Bps,
+                     self._decode_s_per_token * decode_context * self.width)
+        kv_read = (self.decode_ratio(decodes, decode_context) * decode
+                   + prefill_context * self.kv_token_layer / self.mem_eff_Bps)
         k = self._kscale
         return k * attention, k * self.layers_stage * self.deployment.pp * kv_read
 
@@ -355,7 +383,7 @@ class StepModel:
         (:meth:`decode_coefficients`). With the overlap or a launch floor F, iteration i takes
         (1 - h) H + max(G_i, F') with G_i = G_0 + s i rising in i and F' = max(F, h H): the
         first m iterations (G_i < F') take F' each, the rest G_i."""
-        a, c = self.decode_coefficients(decodes)
+        a, c = self.decode_coefficients(decodes, ctx)
         grown = decodes * self.gain
         if self._serial:
             return lambda j: j * a + c * (j * ctx + grown * j * (j - 1) / 2)
@@ -377,16 +405,19 @@ class StepModel:
 
         return elapsed
 
-    def decode_coefficients(self, decodes: int) -> tuple[float, float]:
+    def decode_coefficients(self, decodes: int, ctx: float = 0.0) -> tuple[float, float]:
         """(A, c): a decode-only iteration of ``decodes`` sequences holding ``ctx`` tokens of
         context takes A + c ctx in the serial engine loop (:meth:`step_seconds` with no
-        prefill; host time included); :meth:`decode_run` sums runs of them."""
+        prefill; host time included); :meth:`decode_run` sums runs of them. The decode
+        kernel's measured ratio is taken at ``ctx`` (:meth:`decode_ratio`) and held over the
+        run (a run grows the context by its length at most: its ratio moves little)."""
         w = self.width
         draft0 = self._draft_seconds(decodes, 0.0, 0, 0.0, 0.0)
         a = (self._per_tokens(decodes * w).total + self._logits(decodes * w) + self._host_seq * decodes
              + draft0)
         c = self._kscale * self.layers_stage * self.deployment.pp * max(
             self.kv_token_layer / self.mem_eff_Bps, self._decode_s_per_token * w)
+        c *= self.decode_ratio(decodes, ctx)
         if decodes and self.deployment.speculative is not None:
             # the proposals' reads of the context: linear in it (a max of two linear terms)
             c += self._draft_seconds(decodes, 1.0, 0, 0.0, 0.0) - draft0
@@ -468,7 +499,7 @@ class StepModel:
         ``sampled``: sequences that sample a token (decodes + prompts finishing)."""
         if tokens <= 0:
             return Breakdown()
-        attention, kv_read = self._attention(decode_context, prefill_pairs, prefill_context)
+        attention, kv_read = self._attention(decodes, decode_context, prefill_pairs, prefill_context)
         base = self._per_tokens(tokens)
         prompt = tokens - decodes * self.width
         draft = self._draft_seconds(decodes, decode_context, prompt, prefill_pairs, prefill_context)
@@ -495,7 +526,7 @@ class StepModel:
         total = self._token_totals.get(tokens)
         if total is None:
             total = self._token_totals[tokens] = self._per_tokens(tokens).total
-        attention, kv_read = self._attention(decode_context, prefill_pairs, prefill_context)
+        attention, kv_read = self._attention(decodes, decode_context, prefill_pairs, prefill_context)
         host = self._host_seq * sampled
         if self.width == 1:
             return total + attention + kv_read + self._logits(sampled) + host
@@ -511,7 +542,7 @@ class StepModel:
         gpu = self._token_device.get(tokens)
         if gpu is None:
             gpu = self._token_device[tokens] = self._per_tokens(tokens).device
-        attention, kv_read = self._attention(decode_context, prefill_pairs, prefill_context)
+        attention, kv_read = self._attention(decodes, decode_context, prefill_pairs, prefill_context)
         logits = self._logits(sampled + decodes * (self.width - 1))
         if self.width == 1:
             return gpu + attention + kv_read + logits

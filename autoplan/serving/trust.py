@@ -54,8 +54,9 @@ ACCURACY_FILE = "accuracy.json"
 MODES = ("agg", "disagg")
 PROBE_TOKENS = 256  # the rows of the GEMMs and the tokens of the collectives a probe asks about
 # the parts of an iteration no correction reaches (serving.cost prices them from the HBM
-# bandwidth alone)
-UNCORRECTED = ("kv_read", "elementwise")
+# bandwidth alone; the decode KV read is measured where a profile has decode rows)
+UNCORRECTED = ("elementwise",)
+PROBE_DECODES, PROBE_CONTEXT = 32, 2048  # the decode batch and context a probe asks about
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +196,7 @@ def _parts(step: StepModel) -> dict[str, bool]:
         out["moe"] = corr is not None and corr.gemm(PROBE_TOKENS, m.expert_width, m.hidden, step.dtype) != 1.0
     call = step._prefill_call
     out["attention"] = corr is not None and corr.attention(*call) != 1.0
+    out["kv_read"] = step.decode_ratio(PROBE_DECODES, PROBE_DECODES * PROBE_CONTEXT) != 1.0
     for part in UNCORRECTED:
         out[part] = False
     # the collectives serving.cost runs: TP all-reduces; EP's all-to-alls, or without EP

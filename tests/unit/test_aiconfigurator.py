@@ -376,10 +376,35 @@ def test_decode_attention_is_the_serving_models_kv_read() -> None:
     d = Deployment(replicas=1, tp=2, weights=Precision.BF16, kv_cache=Precision.FP8)
     step = StepModel(model, cluster, d, Engine.VLLM)
     batch, context = 32, 2000.0
-    _, kv_read = step._attention(batch * context, 0.0, 0.0)
+    _, kv_read = step._attention(batch, batch * context, 0.0, 0.0)
     per_layer = decode_attention_time(batch, context, model.heads / 2, model.kv_heads / 2, model.kv_channels,
                                       1.0, cluster.device)
     assert kv_read == pytest.approx(step._kscale * model.layers * per_layer, rel=1e-12)
+
+
+def test_serving_prices_its_kv_read_with_the_measured_decode_kernel(slice_h100: Any) -> None:
+    """With a profile's decode rows, the iteration's KV read is decode_attention_time on the
+    corrected device (at a context on the eighth-octave grid the lookup rounds to), and the
+    closed form of a decode run takes the same ratio."""
+    from autoplan.descriptors.library import resolve_model
+    from autoplan.serving.cost import StepModel
+    from autoplan.serving.deployment import Deployment, Precision
+    from autoplan.serving.engine import Engine
+
+    model = resolve_model("llama3-8b")
+    cluster = surrogate.calibrate(resolve_cluster("dgx-h100"), slice_h100)
+    d = Deployment(replicas=1, tp=2, weights=Precision.BF16, kv_cache=Precision.BF16)
+    step = StepModel(model, cluster, d, Engine.VLLM)
+    batch, context = 32, 2048.0
+    ratio = step.decode_ratio(batch, batch * context)
+    assert ratio != pytest.approx(1.0, abs=0.02)
+    _, kv_read = step._attention(batch, batch * context, 0.0, 0.0)
+    per_layer = decode_attention_time(batch, context, model.heads / 2, model.kv_heads / 2, model.kv_channels,
+                                      2.0, cluster.device)
+    assert kv_read == pytest.approx(step._kscale * model.layers * per_layer, rel=1e-9)
+    a, c = step.decode_coefficients(batch, batch * context)
+    a0, c0 = step.decode_coefficients(batch)  # no context given: the analytic slope
+    assert (a, c / c0) == (a0, pytest.approx(ratio, rel=1e-12))
 
 
 def test_a_measured_decode_and_moe_correct_their_kernels_and_fall_back_where_unmeasured(
