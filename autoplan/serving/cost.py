@@ -213,6 +213,7 @@ class StepModel:
         # the decode attention kernel's measured correction (decode_ratio), memoized
         self._decode_corr = None if self.model.is_mla else dev.correction
         self._decode_ratios: dict[tuple[int, int], float] = {}
+        self._fraction: float | None = None  # memory_fraction, worked out once
         self._hidden = line.hidden_share(d)  # of the host time, the share the overlap hides
         self.max_num_seqs, self.max_batched_tokens, self.chunked_prefill = resolved_limits(
             d, self.engine, dev, self.version)
@@ -573,18 +574,42 @@ class StepModel:
         proposer's), the activations of the largest iteration (``max_batched_tokens``), the
         device's reserve (CUDA context, NCCL buffers, CUDA graphs), and the KV cache: what
         the engine's memory budget leaves."""
-        m, d, dev = self.model, self.deployment, self.device
+        dev = self.device
         weights = self.memory_weights() + self._draft_memory()[0]
-        t = self.max_batched_tokens
-        width = 4 * m.hidden + m.mlp_matrices * max(m.ffn_hidden, m.expert_width * m.top_k) / d.tp
-        activations = ACT_BYTES * t * width + LOGIT_BYTES * self.max_num_seqs * m.vocab / d.tp
+        activations = self._activation_bytes()
         other = dev.reserve_bytes
-        lim = self.defaults
-        if lim.memory_of_free:
-            kv = lim.memory_fraction * (dev.mem_bytes - weights - activations - other)
-        else:
-            kv = lim.memory_fraction * dev.mem_bytes - weights - activations - other
+        kv = self._kv_budget(self.memory_fraction, weights, activations, other)
         return Memory(weights=weights, kv_cache=max(0.0, kv), activations=activations, other=other)
+
+    def _activation_bytes(self) -> float:
+        """The largest iteration's activations (``max_batched_tokens`` rows through the
+        widest layer) and the sampler's fp32 logits of ``max_num_seqs`` sequences."""
+        m, d = self.model, self.deployment
+        width = 4 * m.hidden + m.mlp_matrices * max(m.ffn_hidden, m.expert_width * m.top_k) / d.tp
+        return ACT_BYTES * self.max_batched_tokens * width + LOGIT_BYTES * self.max_num_seqs * m.vocab / d.tp
+
+    def _kv_budget(self, fraction: float, weights: float, activations: float, other: float) -> float:
+        """Bytes the engine's memory flag at ``fraction`` leaves the KV cache."""
+        if self.defaults.memory_of_free:
+            return fraction * (self.device.mem_bytes - weights - activations - other)
+        return fraction * self.device.mem_bytes - weights - activations - other
+
+    @property
+    def memory_fraction(self) -> float:
+        """The engine's memory flag as the launch sets it: its default, or, where that
+        leaves no KV cache beside the weights, ``EngineDefaults.raised_fraction`` (the
+        exports write the flag either way)."""
+        cached = self._fraction
+        if cached is None:
+            weights = self.memory_weights() + self._draft_memory()[0]
+            activations = self._activation_bytes()
+            lim = self.defaults
+            cached = lim.memory_fraction
+            if (self._kv_budget(cached, weights, activations, self.device.reserve_bytes) <= 0
+                    and lim.raised_fraction > cached):
+                cached = lim.raised_fraction
+            self._fraction = cached
+        return cached
 
     def kv_tokens(self, mem: Memory) -> int:
         """Tokens of KV cache one scheduler (an attention-DP rank) can hold."""

@@ -25,6 +25,7 @@ from autoplan.serving.deployment import (
     Deployment,
     Lengths,
     Pool,
+    Precision,
     ServingPlan,
     Slo,
     Workload,
@@ -301,3 +302,26 @@ def test_a_disaggregated_closed_loop_passes_the_front_end_once_at_the_prefill_po
     tpot = sum(dec.step_seconds(1, 1, 512.0 + j, 0.0, 0.0, 1) for j in range(63)) / 63
     assert pred.ttft_ms.mean == pytest.approx(1e3 * ttft, rel=1e-9)
     assert pred.tpot_ms.mean == pytest.approx(1e3 * tpot, rel=1e-9)
+
+
+def test_a_deployment_whose_weights_fill_the_default_budget_launches_with_the_raised_fraction() -> None:
+    # DeepSeek-R1 in fp8 on 4 B200 under SGLang (NVIDIA's measured runs): its weights fill
+    # the default 0.88 of the GPU; the launch raises --mem-fraction-static to 0.95 and the
+    # KV cache gets what that leaves; on 8 GPUs the default stands
+    from autoplan.serving.engines import sglang as sglang_engine
+
+    model, b200 = resolve_model("deepseek-r1"), resolve_cluster("dgx-b200")
+    dep = Deployment(replicas=1, tp=4, weights=Precision.FP8, kv_cache=Precision.FP8)
+    step = StepModel(model, b200, dep, Engine.SGLANG)
+    assert step.defaults.memory_fraction < step.memory_fraction == step.defaults.raised_fraction
+    mem = step.memory()
+    assert mem.kv_cache == pytest.approx(step.memory_fraction * b200.device.mem_bytes - mem.weights
+                                         - mem.activations - mem.other)
+    assert step.kv_tokens(mem) > 0
+    args = dict((a[0], a[1:]) for a in sglang_engine.args(
+        ServingPlan(model, b200, Engine.SGLANG, dep, Workload(Lengths(1024), Lengths(1024),
+                                                              Arrival(ArrivalKind.CONCURRENCY, concurrency=8)),
+                    Slo()), step))
+    assert args["--mem-fraction-static"] == ("0.95",)
+    wide = StepModel(model, b200, dataclasses.replace(dep, tp=8), Engine.SGLANG)
+    assert wide.memory_fraction == wide.defaults.memory_fraction

@@ -77,7 +77,7 @@ def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
         out.append(("--ep-size", str(d.ep)))
     out += [("--max-running-requests", str(step.max_num_seqs)),
             ("--chunked-prefill-size", str(step.max_batched_tokens) if step.chunked_prefill else "-1"),
-            ("--mem-fraction-static", f"{step.defaults.memory_fraction:g}"),
+            ("--mem-fraction-static", f"{step.memory_fraction:g}"),
             ("--context-length", str(plan.max_model_len))]
     if d.kv_cache is Precision.FP8:
         out.append(("--kv-cache-dtype", "fp8_e4m3"))

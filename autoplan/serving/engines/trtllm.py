@@ -69,7 +69,7 @@ def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
         out.append(("--ep_size", str(d.ep)))
     out += [("--max_batch_size", str(step.max_num_seqs)), ("--max_num_tokens", str(step.max_batched_tokens)),
             ("--max_seq_len", str(plan.max_model_len)),
-            ("--kv_cache_free_gpu_memory_fraction", f"{step.defaults.memory_fraction:g}")]
+            ("--kv_cache_free_gpu_memory_fraction", f"{step.memory_fraction:g}")]
     return out
 
 

@@ -107,7 +107,7 @@ def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
     out += [("--max-num-seqs", str(step.max_num_seqs)),
             ("--max-num-batched-tokens", str(step.max_batched_tokens)),
             ("--enable-chunked-prefill",) if step.chunked_prefill else ("--no-enable-chunked-prefill",),
-            ("--gpu-memory-utilization", f"{step.defaults.memory_fraction:g}"),
+            ("--gpu-memory-utilization", f"{step.memory_fraction:g}"),
             ("--max-model-len", str(plan.max_model_len))]
     if d.kv_cache is Precision.FP8:
         out.append(("--kv-cache-dtype", "fp8"))
