@@ -17,6 +17,11 @@ measured. Scenarios:
 
 Rows are counted as not expressible, with the reason, where the model is not built in or a
 length is missing. These rows calibrate; the issue's withheld sources validate.
+
+Then the same for NVIDIA's measured closed loops of vLLM, SGLang and TensorRT-LLM
+(``serving_silicon.py``: per engine, release line, GPU and mode; ``--no-silicon`` leaves it
+out); their leave-one-GPU-out and leave-one-version-out errors are
+``serving_silicon_fit.py``'s.
 """
 
 from __future__ import annotations
@@ -164,6 +169,8 @@ def main() -> None:
     parser.add_argument("--source", default="", help="only rows whose row_id starts with this")
     parser.add_argument("--limit", type=int, default=0, help="at most this many rows (0: all)")
     parser.add_argument("--rows", action="store_true", help="print every row's prediction")
+    parser.add_argument("--no-silicon", action="store_true",
+                        help="leave out the table of NVIDIA's measured runs (serving_silicon.py)")
     args = parser.parse_args()
     with args.csv.open(newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["row_id"].startswith(args.source)]
@@ -218,6 +225,13 @@ def main() -> None:
     for why, n in skipped.most_common():
         print(f"  not expressed {n:>4}: {why}")
     sys.stdout.flush()
+    if not (args.no_silicon or args.source or args.limit or args.csv != CSV):  # the whole default file
+        import serving_silicon
+
+        print()
+        print("NVIDIA's measured runs of modern engines (serving_silicon.csv; held out: "
+              "serving_silicon_fit.py):")
+        serving_silicon.report(serving_silicon.load_rows(), args.rows)
 
 
 if __name__ == "__main__":

@@ -280,6 +280,12 @@ def main() -> None:
     rows = [r for r in load_rows(args.csv) if r["backend"].startswith(args.engine)]
     if args.limit:
         rows = rows[:args.limit]
+    report(rows, args.rows)
+
+
+def report(rows: list[dict[str, str]], show_rows: bool = False) -> None:
+    """The table of TTFT and TPOT errors per engine, release line, GPU and mode, with the
+    engines' shipped constants (held-out errors: serving_silicon_fit.py)."""
     t0 = time.perf_counter()
     Key = tuple[str, str, str, str]
     errors: dict[Key, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -306,7 +312,7 @@ def main() -> None:
             for metric, value in case.measured.items():
                 errors[k][metric].append(abs(got[metric] - value) / value)
                 signed[k][metric].append((got[metric] - value) / value)
-        if args.rows:
+        if show_rows:
             shown = ", ".join(f"{m} {got[m]:.1f}/{v:.1f}" for m, v in case.measured.items())
             print(f"{row['id'][:60]:<60} {case.plan.deployment.label():<20} {shown}")
 

@@ -76,10 +76,31 @@ class Row:
     tpot: float
 
 
-def _cases(limit: int) -> list[Case]:
-    rows = load_rows()
+def _cases(limit: int, every: int = 1) -> list[Case]:
+    rows = load_rows()[::every]
     out = [c for c in (case_of(r) for r in rows) if c.plan is not None]
     return out[:limit] if limit else out
+
+
+def kernels_policy(policy: str) -> None:
+    """An experiment on which measured kernels serving should take (``--kernels``):
+    ``all`` (as shipped), ``compute`` (GEMMs and experts of 128 rows or more, prefill
+    attention, collectives; decode-sized GEMMs and the decode kernel keep the roofline),
+    ``none`` (the roofline everywhere)."""
+    from autoplan.measured import surrogate as sg
+
+    if policy == "all":
+        return
+    cls = sg.SurrogateCorrection
+    if policy == "none":
+        for name in ("gemm", "attention", "collective"):
+            setattr(cls, name, lambda self, *a, **kw: 1.0)
+        cls.moe = cls.decode = lambda self, *a, **kw: None  # type: ignore[method-assign]
+        return
+    gemm, moe = cls.gemm, cls.moe
+    cls.gemm = lambda self, m, n, k, dt: gemm(self, m, n, k, dt) if m >= 128 else 1.0  # type: ignore[method-assign]
+    cls.moe = lambda self, t, *a: moe(self, t, *a) if t >= 128 else 1.0  # type: ignore[method-assign]
+    cls.decode = lambda self, *a, **kw: None  # type: ignore[method-assign]
 
 
 def _set(points: dict[str, Point]) -> None:
@@ -98,8 +119,9 @@ def _set(points: dict[str, Point]) -> None:
 _CASES: list[Case] = []
 
 
-def _init(limit: int) -> None:
-    _CASES.extend(_cases(limit))
+def _init(limit: int, every: int, policy: str) -> None:
+    kernels_policy(policy)
+    _CASES.extend(_cases(limit, every))
 
 
 def _run(points: dict[str, Point]) -> dict[str, tuple[float, float]]:
@@ -146,10 +168,14 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--limit", type=int, default=0, help="the first N expressible rows (a smoke run)")
     parser.add_argument("--write", action="store_true", help="write the constants and accuracy.json")
+    parser.add_argument("--every", type=int, default=1, help="every N-th measurement (quicker)")
+    parser.add_argument("--kernels", choices=("all", "compute", "none"), default="all",
+                        help="which measured kernels serving takes (an experiment: kernels_policy)")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     t0 = time.perf_counter()
-    cases = _cases(args.limit)
+    kernels_policy(args.kernels)
+    cases = _cases(args.limit, args.every)
     rows = [Row(c.row["id"] + "|" + c.row["silicon_ttft_ms"], c.engine, c.gpu,
                 version_line(c.engine, c.version), c.mode, c.measured["ttft_ms"], c.measured["tpot_ms"])
             for c in cases]
@@ -160,7 +186,8 @@ def main() -> None:
         # every engine's i-th point in one simulation pass (a row reads its own engine's)
         n = max(len(g) for g in grids.values())
         trials = [{e: g[min(i, len(g) - 1)] for e, g in grids.items()} for i in range(n)]
-        with ProcessPoolExecutor(args.jobs, initializer=_init, initargs=(args.limit,)) as pool:
+        with ProcessPoolExecutor(args.jobs, initializer=_init,
+                                 initargs=(args.limit, args.every, args.kernels)) as pool:
             return list(zip(trials, pool.map(_run, trials), strict=True))
 
     coarse = sweep({e: COARSE for e in engines})

@@ -318,10 +318,9 @@ def test_a_deployment_whose_weights_fill_the_default_budget_launches_with_the_ra
     assert mem.kv_cache == pytest.approx(step.memory_fraction * b200.device.mem_bytes - mem.weights
                                          - mem.activations - mem.other)
     assert step.kv_tokens(mem) > 0
+    loop = Workload(Lengths(1024), Lengths(1024), Arrival(ArrivalKind.CONCURRENCY, concurrency=8))
     args = dict((a[0], a[1:]) for a in sglang_engine.args(
-        ServingPlan(model, b200, Engine.SGLANG, dep, Workload(Lengths(1024), Lengths(1024),
-                                                              Arrival(ArrivalKind.CONCURRENCY, concurrency=8)),
-                    Slo()), step))
+        ServingPlan(model, b200, Engine.SGLANG, dep, loop, Slo()), step))
     assert args["--mem-fraction-static"] == ("0.95",)
     wide = StepModel(model, b200, dataclasses.replace(dep, tp=8), Engine.SGLANG)
     assert wide.memory_fraction == wide.defaults.memory_fraction

@@ -84,8 +84,8 @@ def test_the_table_ends_with_the_evidence_in_words(tmp_path) -> None:
                                 arrival="{concurrency: 4}"))
     got = autoplan("evaluate", path)
     assert "engine vllm 0.33.0: predicted as release line 0.33.0" in got.stdout
-    assert ("kernels measured (profiles/measured/h200-vllm-0.24.0-aiconfigurator.csv, taken on h200 with vllm "
-            "0.24.0)") in got.stdout
+    assert ("kernels measured (profiles/measured/h200-vllm-0.24.0-aiconfigurator.csv, taken on h200 with "
+            "vllm 0.24.0)") in got.stdout
     assert "held-out error (vllm, h200, agg): not measured" in got.stdout
 
 

@@ -1,0 +1,72 @@
+"""Smoke test of benchmarks/serving_silicon.py on a tiny synthetic CSV in the columns of
+shared/data/serving_silicon.csv.
+
+The rows are invented (plausible shapes, made-up measurements): they check that the loader
+drops the systems reserved for validation before anything reads them, counts a repeated
+measurement once, turns an aggregated and a disaggregated row into closed-loop plans, and
+says why a row cannot be expressed. They say nothing about accuracy."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+COLUMNS = ("id,silicon_data_source,backend,backend_version,model_path,system,precision,mode,isl,osl,"
+           "gemm_quant_mode,moe_quant_mode,batch_size,tp_size,pp_size,attention_dp_size,moe_tp_size,"
+           "moe_ep_size,prefill_batch_size,prefill_num_workers,prefill_tp_size,prefill_pp_size,"
+           "prefill_attention_dp_size,prefill_moe_tp_size,prefill_moe_ep_size,decode_batch_size,"
+           "decode_num_workers,decode_tp_size,decode_pp_size,decode_attention_dp_size,decode_moe_tp_size,"
+           "decode_moe_ep_size,silicon_ttft_ms,silicon_tpot_ms").split(",")
+AGG = dict(id="a", silicon_data_source="x; silicon_concurrency=8", backend="vllm", backend_version="0.19.0",
+           model_path="meta-llama/Llama-3.1-8B-Instruct", system="h100_sxm", mode="agg",
+           isl="1024", osl="128",
+           batch_size="8", tp_size="1", pp_size="1", silicon_ttft_ms="60", silicon_tpot_ms="7")
+ROWS = [
+    AGG,
+    {**AGG, "id": "a-again"},  # the same measurement exported twice: counted once
+    {**AGG, "id": "reserved", "system": "h200_sxm", "silicon_ttft_ms": "1", "silicon_tpot_ms": "1"},
+    {**AGG, "id": "later", "model_path": "zhipuai/GLM-5", "silicon_ttft_ms": "70"},
+    dict(id="d", silicon_data_source="y; silicon_concurrency=16", backend="sglang", backend_version="0.5.9",
+         model_path="Qwen/Qwen3-32B", system="b200_sxm", mode="disagg", isl="1024", osl="256",
+         prefill_num_workers="1", prefill_tp_size="2", decode_num_workers="1", decode_tp_size="2",
+         silicon_ttft_ms="90", silicon_tpot_ms="12"),
+    dict(id="d-unsized", silicon_data_source="z; silicon_concurrency=16", backend="trtllm",
+         model_path="Qwen/Qwen3-32B", system="gb200", mode="disagg", isl="1024", osl="256",
+         prefill_tp_size="2", decode_tp_size="2", silicon_ttft_ms="80", silicon_tpot_ms="11"),
+]
+
+
+def _csv(tmp_path: Path) -> Path:
+    path = tmp_path / "silicon.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, COLUMNS)
+        w.writeheader()
+        for row in ROWS:
+            w.writerow({c: row.get(c, "") for c in COLUMNS})
+    return path
+
+
+def test_the_loader_never_returns_a_reserved_system_and_counts_a_measurement_once(tmp_path: Path) -> None:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import serving_silicon
+    finally:
+        sys.path.remove(str(BENCH))
+    rows = serving_silicon.load_rows(_csv(tmp_path))
+    assert [r["id"] for r in rows] == ["a", "later", "d", "d-unsized"]
+    cases = {r["id"]: serving_silicon.case_of(r) for r in rows}
+    assert cases["a"].plan is not None and cases["a"].plan.workload.arrival.concurrency == 8
+    assert cases["d"].plan is not None and cases["d"].plan.deployment.disaggregated is not None
+    assert "not modelled yet" in cases["later"].why
+    assert "worker counts not recorded" in cases["d-unsized"].why
+
+
+def test_the_benchmark_prints_the_table_and_why_rows_were_left_out(tmp_path: Path) -> None:
+    got = subprocess.run([sys.executable, str(BENCH / "serving_silicon.py"), "--csv", str(_csv(tmp_path))],
+                         capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    assert "TTFT MAPE" in got.stdout and "expressible: 2 of 4 distinct measurements" in got.stdout
+    assert "worker counts not recorded" in got.stdout and "h200" not in got.stdout
