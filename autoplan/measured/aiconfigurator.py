@@ -92,6 +92,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autoplan.errors import InputError
+from autoplan.measured.profile import ENGINE_APPLIED_KINDS
 from autoplan.measured.shipped import version_key
 
 if TYPE_CHECKING:
@@ -506,6 +507,9 @@ def build(selection: Selection, package: Package, *, thinned: bool, command: str
         "license": LICENSE,
         "tables": "; ".join(counts),
         "attention_kernel": "flash3",  # serving prices prefill attention with it (surrogate doc)
+        # the kinds its correction applies (surrogate.ENGINE_APPLIED_KINDS: why; delete the
+        # line to apply every kind)
+        "applies": ", ".join(ENGINE_APPLIED_KINDS),
         "thinned": (f"at most {', '.join(f'{k} {v}' for k, v in THIN_ROWS.items())} rows per table and "
                     f"dtype, stratified over log2-shape cells (seed {THIN_SEED}; "
                     "autoplan/measured/aiconfigurator.py)") if thinned else "no",

@@ -124,6 +124,18 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 }
 # provenance every profile carries in its header; and one of ``torch`` (measured by
 # ``autoplan bench``) or ``source`` (imported)
+# the kinds a profile's ``applies`` header line may name (measured.surrogate.CORRECTED_KINDS)
+CORRECTABLE = ("gemm", "attention", "collective", "decode", "moe")
+# the kinds an imported engine profile's correction applies by default (its ``applies``
+# header line; a profile without the line applies every kind it has rows of). Measured on
+# NVIDIA's end-to-end serving runs (benchmarks/serving_silicon.py, docs/ACCURACY.md,
+# "Which measured kernels serving takes"): AIConfigurator's isolated GEMM, fused-MoE and
+# decode-attention timings, applied to a whole decode iteration, took TPOT from 24% to 66%
+# MAPE (they time each call alone, launch and synchronization included, where an engine
+# replays its decode step as one CUDA graph); its prefill attention and collectives
+# improved both TTFT and TPOT slightly. The forests of every kind are still fitted and
+# cross-validated (``fit_report``) where a profile applies them.
+ENGINE_APPLIED_KINDS = ("attention", "collective")
 REQUIRED_META = ("autoplan-profile", "device_kind", "device_name", "date", "command")
 MEASURED_BY = ("torch", "source")
 
@@ -275,6 +287,12 @@ def parse_profile(text: str, source: str) -> Profile:
             body.append(line)
     problems = [Problem(source, f"header.{k}", "missing (a '# key: value' line)")
                 for k in REQUIRED_META if k not in meta]
+    applies = meta.get("applies")
+    if applies is not None:
+        unknown = [k for k in applies.replace(",", " ").split() if k not in CORRECTABLE]
+        if unknown or not applies.split():
+            problems.append(Problem(source, "header.applies",
+                                    f"expected kinds among {', '.join(CORRECTABLE)}, got {applies!r}"))
     if not any(meta.get(k) for k in MEASURED_BY):
         problems.append(Problem(source, "header.torch", "missing (a '# key: value' line; a profile "
                                                         "imported from other measurements names its "

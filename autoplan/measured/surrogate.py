@@ -90,12 +90,22 @@ from autoplan.kernels.compute import (
 )
 from autoplan.kernels.layer import BF16_BYTES
 from autoplan.measured.machine import describe_machine
-from autoplan.measured.profile import DTYPES, KINDS, Profile, sdpa_rows
+from autoplan.measured.profile import CORRECTABLE, DTYPES, KINDS, Profile, sdpa_rows
 from autoplan.plan import Plan, Prediction, Uncertainty
 from autoplan.units import GiB
 from autoplan.vocab import Dtype
 
 CORRECTED_KINDS = ("gemm", "attention", "collective", "decode", "moe")
+assert set(CORRECTED_KINDS) == set(CORRECTABLE)
+
+
+def applied_kinds(meta: Mapping[str, str]) -> tuple[str, ...]:
+    """The kinds a profile's correction applies: its ``applies`` header line (kinds
+    separated by commas or spaces), else every kind."""
+    text = meta.get("applies")
+    if text is None:
+        return CORRECTED_KINDS
+    return tuple(k for k in text.replace(",", " ").split() if k in CORRECTED_KINDS)
 FULL_FOREST_ROWS = 250  # up to here a kind's forest has RatioForest's 100 trees
 LARGE_FOREST_TREES = 40  # beyond it (engine profiles' larger kinds): fitted when a profile applies
 MIN_ROWS = 5  # a kind with fewer usable rows keeps its analytic time (and KFold needs 5)
@@ -413,7 +423,10 @@ class _Fitted:
         self.forests: dict[str, RatioForest] = {}
         self.members = RatioForest().n_estimators
         self.sampler = Sampler(profile, cluster)
+        applied = applied_kinds(profile.meta)
         for kind in CORRECTED_KINDS:
+            if kind not in applied:
+                continue
             data = training_set(profile, cluster, kind)
             if len(data) >= MIN_ROWS:
                 trees = trees_for(len(data), self.sampler.engine)

@@ -18,6 +18,7 @@ import pytest
 
 from autoplan import resources
 from autoplan.descriptors.library import resolve_cluster
+from autoplan.errors import InputError
 from autoplan.kernels import comm
 from autoplan.kernels.compute import batch_experts_time, decode_attention_time, experts_time
 from autoplan.measured import aiconfigurator, surrogate
@@ -351,7 +352,8 @@ def slice_h100() -> Any:
     prof = read_profile(MEASURED / "h100-sxm-vllm-0.24.0-aiconfigurator.csv")
     rows = prof.rows
     keep = ((rows["kind"] == "gemm") & rows["dtype"].isin(["bf16", "fp8"])) | (rows["op"] == "decode")
-    return parse_profile(format_profile(prof.meta, rows[keep].to_dict("records")), "slice.csv")
+    meta = {k: v for k, v in prof.meta.items() if k != "applies"}  # every kind of the slice applies
+    return parse_profile(format_profile(meta, rows[keep].to_dict("records")), "slice.csv")
 
 
 def test_the_surrogate_interpolates_held_out_shapes_better_than_the_formula(slice_h100: Any) -> None:
@@ -433,7 +435,10 @@ def test_a_measured_decode_and_moe_correct_their_kernels_and_fall_back_where_unm
 
 
 def test_a_measured_moe_kernel_replaces_the_gemm_ratio() -> None:
-    prof = read_profile(MEASURED / "h100-sxm-trtllm-1.3.0rc20-aiconfigurator.csv")
+    shipped = read_profile(MEASURED / "h100-sxm-trtllm-1.3.0rc20-aiconfigurator.csv")
+    # every kind applied (the shipped file's ``applies`` line keeps its MoE rows out)
+    meta = {k: v for k, v in shipped.meta.items() if k != "applies"}
+    prof = parse_profile(format_profile(meta, shipped.rows.to_dict("records")), "all-kinds.csv")
     base = resolve_cluster("dgx-h100")
     cluster = surrogate.calibrate(base, prof)
     c = cluster.device.correction
@@ -445,6 +450,23 @@ def test_a_measured_moe_kernel_replaces_the_gemm_ratio() -> None:
     analytic = experts_time(tokens, hidden, inter, top_k, experts, ep, tp, base.device, Dtype.BF16, 2.0)
     assert experts_time(tokens, hidden, inter, top_k, experts, ep, tp, cluster.device, Dtype.BF16,
                         2.0) == pytest.approx(analytic * ratio)
+
+
+def test_a_shipped_engine_profile_applies_its_prefill_attention_and_collectives_only() -> None:
+    # (surrogate.ENGINE_APPLIED_KINDS: its GEMM, MoE and decode rows, applied to NVIDIA's
+    # end-to-end runs, made TPOT worse); a header without the line applies every kind
+    prof = read_profile(MEASURED / "h100-sxm-vllm-0.24.0-aiconfigurator.csv")
+    assert prof.meta["applies"] == "attention, collective"
+    c = surrogate.calibrate(resolve_cluster("dgx-h100"), prof).device.correction
+    assert c is not None
+    assert c.gemm(4096.0, 4096.0, 4096.0, Dtype.BF16) == 1.0
+    assert c.decode(32.0, 2048.0, 32.0, 8.0, 128.0, 2.0) is None
+    assert c.moe(2048.0, 4096.0, 1536.0, 8, 128, 1, 8, Dtype.BF16) is None
+    assert c.attention(32.0, 4096.0, 128.0, 4.0, True, False) != 1.0
+    bad = "\n".join(l if not l.startswith("# applies:") else "# applies: gemm, softmax"
+                     for l in (MEASURED / "h100-sxm-vllm-0.24.0-aiconfigurator.csv").read_text().splitlines())
+    with pytest.raises(InputError, match="header.applies"):
+        parse_profile(bad, "bad.csv")
 
 
 def test_the_engines_all_reduce_is_its_one_shot_kernel_corrected_by_its_rows() -> None:

@@ -41,9 +41,11 @@ def test_a_plan_on_a_device_with_a_measured_profile_names_what_it_corrects(tmp_p
     # the engine's own kernels measured on the device (AIConfigurator's tables for vLLM)
     assert prov["profile"]["source"] == "profiles/measured/h200-vllm-0.24.0-aiconfigurator.csv"
     assert prov["profile"]["device"] == "h200" and prov["profile"]["engine"] == "vllm"
-    assert {"gemm", "attention", "logits", "kv_read"} <= set(prov["measured"])
-    # the fused elementwise kernels are priced from bandwidth alone
-    assert "elementwise" in prov["roofline"]
+    # the engine profile applies its prefill attention (and collectives: none on one GPU);
+    # its GEMM and decode rows do not (measured.profile.ENGINE_APPLIED_KINDS), and the fused
+    # elementwise kernels are priced from bandwidth alone
+    assert "attention" in prov["measured"]
+    assert {"gemm", "kv_read", "elementwise", "logits"} <= set(prov["roofline"])
 
 
 def test_a_collective_the_profile_never_measured_comes_from_the_roofline(tmp_path) -> None:
