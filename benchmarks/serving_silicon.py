@@ -35,7 +35,7 @@ from pathlib import Path
 from autoplan.descriptors.library import builtin_names, resolve_cluster, resolve_model, with_gpus
 from autoplan.descriptors.model import Model
 from autoplan.errors import AutoplanError
-from autoplan.measured.door import corrected
+from autoplan.measured.door import Corrected, corrected
 from autoplan.serving.deployment import (
     Arrival,
     ArrivalKind,
@@ -113,6 +113,23 @@ def load_rows(path: Path = CSV) -> list[dict[str, str]]:
             seen.add(key)
             out.append(row)
     return out
+
+
+def override_applies(kinds: str) -> None:
+    """Make every profile's correction apply ``kinds`` (comma-separated kind names, ``all``
+    or ``none``) whatever its ``applies`` line says: the experiment that chose the shipped
+    profiles' line (profiles/measured/README.md)."""
+    from autoplan.measured import surrogate
+
+    chosen = (surrogate.CORRECTED_KINDS if kinds == "all" else () if kinds == "none"
+              else tuple(k.strip() for k in kinds.split(",") if k.strip()))
+    unknown = set(chosen) - set(surrogate.CORRECTED_KINDS)
+    if unknown:
+        raise SystemExit(f"--applies: unknown kinds {sorted(unknown)}; expected {surrogate.CORRECTED_KINDS}")
+    surrogate.applied_kinds = lambda meta: chosen
+    if not chosen:  # no kind: no correction at all (the roofline everywhere)
+        global corrected
+        corrected = lambda cluster, *args, **kwargs: Corrected(cluster, None)  # noqa: E731
 
 
 def release(row: dict[str, str]) -> str | None:
@@ -276,8 +293,14 @@ def main() -> None:
     parser.add_argument("--rows", action="store_true", help="print every row's prediction")
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--engine", default="")
+    parser.add_argument("--every", type=int, default=1, help="every N-th distinct measurement")
+    parser.add_argument("--applies", default="",
+                        help="the kinds the engine profiles apply, comma-separated, 'all' or 'none' "
+                             "(an experiment; default: their 'applies' header line)")
     args = parser.parse_args()
-    rows = [r for r in load_rows(args.csv) if r["backend"].startswith(args.engine)]
+    if args.applies:
+        override_applies(args.applies)
+    rows = [r for r in load_rows(args.csv) if r["backend"].startswith(args.engine)][::args.every]
     if args.limit:
         rows = rows[:args.limit]
     report(rows, args.rows)

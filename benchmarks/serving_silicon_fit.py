@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving_silicon import Case, case_of, load_rows, predicted, version_line  # noqa: E402
+from serving_silicon import Case, case_of, load_rows, override_applies, predicted, version_line  # noqa: E402
 
 from autoplan import caches  # noqa: E402
 from autoplan.errors import AutoplanError  # noqa: E402
@@ -50,19 +50,23 @@ from autoplan.serving.engine import Engine, Fitted  # noqa: E402
 LINES = {"vllm": ("0.11.0", "0.14.0", "0.33.0"), "sglang": ("0.4.0", "0.5.23"), "trtllm": ("1.0.0rc0",)}
 DEVICE = {"h100_sxm": "h100-sxm", "b200_sxm": "b200", "gb200": "gb200"}  # the rows' systems' devices
 HOST_SEQ = {"vllm": 0.0, "sglang": 0.0, "trtllm": 1.71e-6}  # per sampled sequence: kept
-Point = tuple[float, float, float]  # host_step_s, kernel_scale, request_s
+# host_step_s, kernel_scale, request_s, serial (the host time shown in series with the GPU's
+# work, the line's overlap not applied: Fitted.serial)
+Point = tuple[float, float, float, bool]
 Predictions = dict[str, tuple[float, float]]  # row key -> (TTFT, TPOT) predicted, ms
 Result = tuple[dict[str, Point], Predictions]  # the engines' trial points and what they predict
-COARSE: tuple[Point, ...] = tuple(itertools.product((0.5e-3, 2e-3, 6e-3), (0.8, 1.0, 1.25),
-                                                    (0.0, 3e-3, 10e-3)))
+COARSE: tuple[Point, ...] = (
+    tuple(itertools.product((0.5e-3, 2e-3, 6e-3), (0.8, 1.0, 1.25), (0.0, 3e-3, 10e-3), (False,)))
+    # and in series with the GPU's work, as the engines' priors were set
+    + tuple(itertools.product((1e-3, 2e-3, 3e-3), (0.9, 1.0, 1.1), (0.0, 3e-3), (True,))))
 
 
 def fine_grid(p: Point) -> tuple[Point, ...]:
     """A finer grid around ``p``: each constant at 0.6, 1 and 1.5 times (the scale at
     -7%, 0, +7%; a zero front end at 0, 1 and 2 ms)."""
-    h, k, r = p
+    h, k, r, serial = p
     rs = (r * 0.6, r, r * 1.5) if r else (0.0, 1e-3, 2e-3)
-    return tuple(itertools.product((h * 0.6, h, h * 1.5), (k * 0.93, k, k * 1.07), rs))
+    return tuple(itertools.product((h * 0.6, h, h * 1.5), (k * 0.93, k, k * 1.07), rs, (serial,)))
 
 
 @dataclass
@@ -82,34 +86,13 @@ def _cases(limit: int, every: int = 1) -> list[Case]:
     return out[:limit] if limit else out
 
 
-def kernels_policy(policy: str) -> None:
-    """An experiment on which measured kernels serving should take (``--kernels``):
-    ``all`` (as shipped), ``compute`` (GEMMs and experts of 128 rows or more, prefill
-    attention, collectives; decode-sized GEMMs and the decode kernel keep the roofline),
-    ``none`` (the roofline everywhere)."""
-    from autoplan.measured import surrogate as sg
-
-    if policy == "all":
-        return
-    cls = sg.SurrogateCorrection
-    if policy == "none":
-        for name in ("gemm", "attention", "collective"):
-            setattr(cls, name, lambda self, *a, **kw: 1.0)
-        cls.moe = cls.decode = lambda self, *a, **kw: None  # type: ignore[method-assign]
-        return
-    gemm, moe = cls.gemm, cls.moe
-    cls.gemm = lambda self, m, n, k, dt: gemm(self, m, n, k, dt) if m >= 128 else 1.0  # type: ignore[method-assign]
-    cls.moe = lambda self, t, *a: moe(self, t, *a) if t >= 128 else 1.0  # type: ignore[method-assign]
-    cls.decode = lambda self, *a, **kw: None  # type: ignore[method-assign]
-
-
 def _set(points: dict[str, Point]) -> None:
     """Every fitted engine's lines at its trial point."""
-    for name, (h, k, r) in points.items():
+    for name, (h, k, r, serial) in points.items():
         engine = Engine(name)
         spec = engine.spec
         trial = Fitted(host_step_s=h, host_seq_s=HOST_SEQ[name], kernel_scale=k, request_s=r,
-                       source="trial")
+                       source="trial", serial=serial)
         for line in LINES[name]:
             spec = spec.with_fitted(line, trial)
         engine.spec = spec
@@ -119,8 +102,9 @@ def _set(points: dict[str, Point]) -> None:
 _CASES: list[Case] = []
 
 
-def _init(limit: int, every: int, policy: str) -> None:
-    kernels_policy(policy)
+def _init(limit: int, every: int, applies: str) -> None:
+    if applies:
+        override_applies(applies)
     _CASES.extend(_cases(limit, every))
 
 
@@ -175,12 +159,13 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=0, help="the first N expressible rows (a smoke run)")
     parser.add_argument("--write", action="store_true", help="write the constants and accuracy.json")
     parser.add_argument("--every", type=int, default=1, help="every N-th measurement (quicker)")
-    parser.add_argument("--kernels", choices=("all", "compute", "none"), default="all",
-                        help="which measured kernels serving takes (an experiment: kernels_policy)")
+    parser.add_argument("--applies", default="",
+                        help="the kinds the engine profiles apply (an experiment: serving_silicon.py)")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     t0 = time.perf_counter()
-    kernels_policy(args.kernels)
+    if args.applies:
+        override_applies(args.applies)
     cases = _cases(args.limit, args.every)
     rows = [Row(c.row["id"] + "|" + c.row["silicon_ttft_ms"], c.engine, c.gpu,
                 version_line(c.engine, c.version), c.mode, c.measured["ttft_ms"], c.measured["tpot_ms"])
@@ -193,7 +178,7 @@ def main() -> None:
         n = max(len(g) for g in grids.values())
         trials = [{e: g[min(i, len(g) - 1)] for e, g in grids.items()} for i in range(n)]
         with ProcessPoolExecutor(args.jobs, initializer=_init,
-                                 initargs=(args.limit, args.every, args.kernels)) as pool:
+                                 initargs=(args.limit, args.every, args.applies)) as pool:
             return list(zip(trials, pool.map(_run, trials), strict=True))
 
     coarse = sweep({e: COARSE for e in engines})
@@ -228,19 +213,19 @@ def main() -> None:
         return ("| " + " | ".join(cells) + " |") if md else "  ".join(f"{c:<14}" for c in cells)
 
     print(("## " if md else "") + "Constants fitted on the silicon rows (every GPU and release)")
-    print(line(["engine", "host_step_s (ms)", "kernel_scale", "request_s (ms)", "rows"]))
+    print(line(["engine", "host_step_s (ms)", "kernel_scale", "request_s (ms)", "serial", "rows"]))
     if md:
-        print("|---|---:|---:|---:|---:|")
+        print("|---|---:|---:|---:|---|---:|")
     for e in engines:
-        h, k, r = final[e][0]
-        print(line([e, f"{h * 1e3:.2f}", f"{k:.3f}", f"{r * 1e3:.2f}", str(len(by_engine[e]))]))
+        h, k, r, serial = final[e][0]
+        print(line([e, f"{h * 1e3:.2f}", f"{k:.3f}", f"{r * 1e3:.2f}", str(serial), str(len(by_engine[e]))]))
     print()
     print(("## " if md else "") + "Folds (the coarse grid's point each picked)")
-    print(line(["left out", "engine", "of", "host_step_s (ms)", "kernel_scale", "request_s (ms)"]))
+    print(line(["left out", "engine", "of", "host_step_s (ms)", "kernel_scale", "request_s (ms)", "serial"]))
     if md:
-        print("|---|---|---|---:|---:|---:|")
-    for kind, e, left, (h, k, r) in folds:
-        print(line([kind, e, left, f"{h * 1e3:.2f}", f"{k:.3f}", f"{r * 1e3:.2f}"]))
+        print("|---|---|---|---:|---:|---:|---|")
+    for kind, e, left, (h, k, r, serial) in folds:
+        print(line([kind, e, left, f"{h * 1e3:.2f}", f"{k:.3f}", f"{r * 1e3:.2f}", str(serial)]))
     print()
     print(("## " if md else "") + "TTFT and TPOT MAPE: fitted on all rows, and held out")
     print(line(["engine", "GPU", "line", "mode", "rows", "TTFT fit", "TPOT fit", "TTFT LOGO", "TPOT LOGO",
@@ -281,7 +266,7 @@ def write(final: dict[str, tuple[Point, object]], regimes: dict) -> None:
 
     for e, (point, _) in final.items():
         print(f"{e}: host_step_s={point[0]:.4g} kernel_scale={point[1]:.4g} request_s={point[2]:.4g} "
-              f"for lines {', '.join(LINES[e])}")
+              f"serial={point[3]} for lines {', '.join(LINES[e])}")
     write_accuracy({e: {g: dict(m) for g, m in gpus.items()} for e, gpus in regimes.items()},
                    source="benchmarks/serving_silicon_fit.py --write (held out: leave-one-GPU-out)")
 

@@ -171,13 +171,12 @@ def experts_time(tokens: float, hidden: float, inter: float, top_k: int, experts
     moved = (hit * params_expert / etp * weight_bytes
              + BF16_BYTES * tokens * top_k / ep * hidden * 2)
     # rows per expert, on average: the tokens' top_k copies spread over all the experts (a
-    # rank's tokens x top_k / ep over its experts / ep); the grouped kernel tiles every
-    # local expert's rows in one launch, so its waves count the tiles of all of them
+    # rank's tokens x top_k / ep over its experts / ep)
     rows = tokens * top_k / experts
     n = inter / etp
     tiled = rows >= SMALL_BATCH_ROWS
-    grouped = rows * max(1.0, local)
-    t = gemm_roofline(work, moved, device, dtype, grouped if tiled else 0.0, n if tiled else 0.0)
+    grouped = rows * max(1.0, local)  # the rank's routed rows
+    t = gemm_roofline(work, moved, device, dtype, rows if tiled else 0.0, n if tiled else 0.0)
     correction = device.correction
     if correction is not None:
         ratio = correction.moe(tokens, hidden, inter, top_k, experts, etp, ep, dtype)

@@ -7,8 +7,10 @@ Which one (:func:`shipped_profile`):
 - no engine asked (training): of the profiles without an ``engine`` line (``autoplan
   bench``'s), the latest by ``date``, then by file name;
 - an engine asked (serving): of the profiles of that engine, the newest version not after
-  the one asked (:func:`version_key`), else the engine's newest (no version asked: its
-  newest); a device without one of the engine falls back to the engine-less rule.
+  the one asked (:func:`version_key`), else the engine's newest where the release asked is
+  of the same major version (no version asked: its newest); a release of an older major
+  version (TensorRT-LLM 0.17 against tables of 1.3: other kernels) and a device without a
+  profile of the engine fall back to the engine-less rule.
 """
 
 from __future__ import annotations
@@ -67,13 +69,17 @@ def version_key(version: str) -> tuple[Any, ...]:
     return (release, _TAG_RANK[tag], int(m.group(3) or 0), m.group(4))
 
 
-def _pick_version(found: list[tuple[Path, int, str]], version: str | None) -> tuple[Path, int]:
+def _pick_version(found: list[tuple[Path, int, str]], version: str | None) -> tuple[Path, int] | None:
     """Of an engine's profiles (path, mtime, engine version): the newest version not after
-    ``version``, else the newest (module doc); file name breaks ties."""
+    ``version``, else the newest of the same major version, else None (module doc); file
+    name breaks ties."""
     ranked = sorted(found, key=lambda f: (version_key(f[2]), f[0].name))
-    if version is not None:
-        before = [f for f in ranked if version_key(f[2]) <= version_key(version)]
-        ranked = before or ranked
+    if version is not None and not version.strip().lower().startswith("nightly"):  # a nightly: the newest
+        asked = version_key(version)
+        before = [f for f in ranked if version_key(f[2]) <= asked]
+        ranked = before or [f for f in ranked if version_key(f[2])[0][:1] == asked[0][:1]]
+    if not ranked:
+        return None
     path, mtime, _ = ranked[-1]
     return path, mtime
 
@@ -93,7 +99,8 @@ def shipped_profile(device_name: str, engine: str | None = None,
     if engine is not None:
         of_engine = [(p, mtime, h.get("engine_version", "")) for p, mtime, h in mine
                      if h.get("engine") == engine]
-        if of_engine:
-            return _read_shipped(*_pick_version(of_engine, version))
+        picked = _pick_version(of_engine, version) if of_engine else None
+        if picked is not None:
+            return _read_shipped(*picked)
     found = [_read_shipped(p, mtime) for p, mtime, h in mine if not h.get("engine")]
     return max(found, key=lambda p: (p.meta.get("date", ""), p.source)) if found else None

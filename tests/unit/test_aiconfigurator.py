@@ -282,9 +282,12 @@ def shelf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     ("vllm", None, "vllm-0.24.0.csv"),  # the engine's newest
     ("vllm", "0.20.0", "vllm-0.19.0.csv"),  # the newest not after the plan's
     ("vllm", "0.24.0", "vllm-0.24.0.csv"),
-    ("vllm", "0.9.0", "vllm-0.24.0.csv"),  # none not after: the engine's newest
+    ("vllm", "0.9.0", "vllm-0.24.0.csv"),  # none not after: the newest of its major version
+    ("vllm", "nightly-5b8c30d", "vllm-0.24.0.csv"),  # a nightly build: the newest
     ("sglang", "0.5.9", "sglang-0.5.14.csv"),
+
     ("trtllm", "1.3.0", "bench.csv"),  # no profile of the engine: the engine-less one
+    ("sglang", "1.0.0", "sglang-0.5.14.csv"),  # a later major version: the newest not after
 ])
 def test_the_door_picks_the_engine_and_version_profile(shelf: Path, engine: str | None, version: str | None,
                                                        expected: str) -> None:
@@ -293,6 +296,15 @@ def test_the_door_picks_the_engine_and_version_profile(shelf: Path, engine: str 
     assert profile_for(resolve_cluster("dgx-h100"), None, engine, version) == found
     given = parse_profile(_profile_text(), "given.csv")
     assert profile_for(resolve_cluster("dgx-h100"), given, engine, version) is given
+
+
+def test_an_engine_release_of_an_older_major_version_takes_no_later_tables(shelf: Path) -> None:
+    # TensorRT-LLM 0.17 is priced without 1.3's kernel tables (other kernels): the engine-less
+    # profile, as before engine profiles existed
+    (shelf / "trtllm-1.3.0rc20.csv").write_text(_profile_text(engine="trtllm", engine_version="1.3.0rc20"))
+    found = shipped_profile("h100-sxm", "trtllm", "0.17")
+    assert found is not None and found.source == "profiles/measured/bench.csv"
+    assert shipped_profile("h100-sxm", "trtllm", "1.2.0rc6").source.endswith("trtllm-1.3.0rc20.csv")
 
 
 def test_serving_resolves_its_cluster_with_the_plans_engine() -> None:
@@ -560,7 +572,7 @@ def test_an_experts_rows_are_its_share_of_every_routed_copy_whatever_the_expert_
     # DeepSeek-V3's experts (256, top-8, 7168 x 2048) over 16384 tokens: 512 rows an expert,
     # compute-bound. A rank of ep 8 computes its 32 experts' rows, an eighth of ep 1's work at
     # the same tiles an expert (before: rows counted as tokens x top_k / local experts, ep
-    # times too many, which tiled ep 8's experts differently: 10x, not 8x)
+    # times too many, which tiled ep 8's experts as 8x the rows: 10x, not 8x)
     from autoplan.kernels.compute import experts_time
 
     dev = resolve_cluster("dgx-b200").device
