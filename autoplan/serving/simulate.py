@@ -55,8 +55,9 @@ MAX_SIMULATED_REQUESTS = 4000  # per simulation: percentiles to a few % and a se
 # simulated one wave and read 1-2 points of MAPE worse):
 # fewer requests are simulated where each is long
 MAX_SIMULATED_TOKENS = 8_000_000
-# and where a small batch limit makes each token an iteration of its own: about this many
-# iterations (each costs microseconds) at most, a request's own output aside
+# and where few sequences run at once (a small batch limit, or a closed loop's few clients on
+# a scheduler) each token is an iteration of its own: about this many iterations (each costs
+# microseconds) at most, a request's own output aside (simulated_per_scheduler)
 ITERATION_BUDGET = 100_000
 MAX_ITERATIONS = 2_000_000  # a hard stop whatever the input (the limits above keep below it)
 
@@ -128,7 +129,7 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
     aside, larger than the cache) are refused, as engines refuse them, and left out.
     ``step_over_decodes``: take runs of decode-only iterations at once (the same result,
     to rounding; False steps through each, for tests)."""
-    budget = simulated_per_scheduler(step, workload)
+    budget = simulated_per_scheduler(step, workload, schedulers)
     share = math.ceil(workload.requests / schedulers)
     loop, in_flight = None, 0.0
     if workload.arrival.kind is ArrivalKind.CONCURRENCY:
@@ -206,11 +207,20 @@ def _prefix(workload: Workload) -> tuple[int, int]:
     return (workload.prefix_tokens, workload.prefix.groups) if workload.prefix is not None else (0, 1)
 
 
-def simulated_per_scheduler(step: StepModel, workload: Workload) -> int:
-    """Requests one scheduler's simulation takes at most (the bounds above)."""
+def simulated_per_scheduler(step: StepModel, workload: Workload, schedulers: int = 1) -> int:
+    """Requests one of ``schedulers`` schedulers' simulation takes at most (the bounds
+    above): the token budget over the longest output, and the iteration budget times the
+    sequences that run at once over it. At most ``max_num_seqs`` run at once; in a closed
+    loop at most the scheduler's share of its concurrency (the ``schedulers`` share it), so
+    a few clients with long outputs are simulated for fewer requests than the batch limit
+    would allow (4 clients of 50,000-token outputs: 8 requests, 100,000 iterations, not 160
+    and 2,000,000)."""
     longest = max(1.0, workload.output_len.ceiling)
+    running = float(step.max_num_seqs)
+    if workload.arrival.kind is ArrivalKind.CONCURRENCY:
+        running = min(running, max(1.0, workload.arrival.concurrency / max(1, schedulers)))
     return max(1, min(MAX_SIMULATED_REQUESTS, int(MAX_SIMULATED_TOKENS // longest),
-                      int(ITERATION_BUDGET * step.max_num_seqs // longest)))
+                      int(ITERATION_BUDGET * running // longest)))
 
 
 def _requests(workload: Workload, schedulers: int, n: int, rng: np.random.Generator
@@ -614,15 +624,15 @@ def simulate_closed_disaggregated(prefill: StepModel, decode: StepModel, workloa
 
     Measured as :class:`ClosedLoop` says, over the deployment: the burst of every client's
     first request at time 0 and the steady state after it, in the workload's proportion
-    (within the budget of the decode scheduler's :func:`simulated_per_scheduler` for the
-    smaller of the two pools' shares); requests are sent until every measured one has
-    finished."""
+    (within the budget of the decode scheduler's :func:`simulated_per_scheduler`, its
+    share of the concurrency over the decode pool, for the smaller of the two pools'
+    shares); requests are sent until every measured one has finished."""
     spec = workload.arrival
     assert spec.kind is ArrivalKind.CONCURRENCY
     conc = min(spec.concurrency, workload.requests)  # clients past the requests never send
     p_eff, d_eff = min(schedulers[0], conc), min(schedulers[1], conc)
     per = min(p_eff, d_eff)  # the pool with more requests a scheduler: its share sets the bounds
-    budget = min(MAX_SIMULATED_REQUESTS, simulated_per_scheduler(decode, workload))
+    budget = min(MAX_SIMULATED_REQUESTS, simulated_per_scheduler(decode, workload, d_eff))
     concurrency = min(conc, budget * per)  # at most the budget's in flight
     warm = concurrency // p_eff  # the prefill scheduler's share of the burst at time 0
     # the loop on the prefill scheduler's share: its burst, steady and cool-down requests

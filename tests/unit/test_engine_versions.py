@@ -29,7 +29,7 @@ from autoplan.serving.engine import (
     unregister,
 )
 from autoplan.serving.versions import VersionError, dynamo_engine_version, parse_version
-from tests.helpers import autoplan
+from tests.helpers import autoplan, engine_constants
 
 H1 = with_gpus(resolve_cluster("dgx-h100"), 1)
 L8 = resolve_model("llama3-8b")
@@ -76,9 +76,34 @@ def test_a_dynamo_runtime_tag_names_the_engine_release_inside_it() -> None:
 # --------------------------------------------------------------------------- resolution
 
 def test_no_release_gives_the_newest_fitted_line() -> None:
-    assert Engine.TRTLLM.spec.at(None).version == "0.17.0"  # the v0.5-v0.17 fit
-    assert Engine.TRTLLM.spec.at(None).is_fitted
-    assert Engine.VLLM.spec.at(None).version == "0.33.0"  # a prior: nothing fitted yet
+    # a table fitted on its older line only: no release is that line, not the newest
+    assert VERSIONED.at(None).version == "1.0" and VERSIONED.at(None).is_fitted
+    fit, prior = Fitted(host_step_s=1e-3, source="test"), Fitted(host_step_s=1e-3, source="test", prior=True)
+    # none fitted: the newest line with a prior of its own
+    assert dataclasses.replace(VERSIONED, fitted={"1.0": prior}).at(None).version == "1.0"
+    assert not dataclasses.replace(VERSIONED, fitted={"1.0": prior}).at(None).is_fitted
+    # a fitted line before a newer prior
+    assert dataclasses.replace(VERSIONED, fitted={"1.0": fit, "2.0": prior}).at(None).version == "1.0"
+    assert dataclasses.replace(VERSIONED, fitted={"1.0": fit, "2.0": fit}).at(None).version == "2.0"
+
+
+def test_the_shipped_default_lines_are_fitted_on_nvidias_measured_runs() -> None:
+    """The engine files' FITTED (benchmarks/serving_silicon_fit.py): every vLLM and SGLang
+    line and TensorRT-LLM 1.x fitted on NVIDIA's closed loops, in series with the GPU's work
+    (serial), each with a front end; TensorRT-LLM 0.17 keeps its v0.5-v0.17 fit."""
+    from autoplan.serving.engine import SILICON_FIT
+
+    assert {e.value: e.spec.at(None).version for e in Engine} == {
+        "vllm": "0.33.0", "sglang": "0.5.23", "trtllm": "1.0.0rc0"}
+    for engine, lines in ((Engine.VLLM, ("0.11.0", "0.14.0", "0.33.0")), (Engine.SGLANG, ("0.4.0", "0.5.23")),
+                          (Engine.TRTLLM, ("1.0.0rc0",))):
+        for version in lines:
+            line = engine.spec.at(version)
+            assert line.is_fitted and line.fitted is not None, (engine, version)
+            assert line.fitted.source == SILICON_FIT and line.fitted.serial and line.request_s > 0
+            assert line.hidden_share(Deployment(replicas=1, tp=1)) == 0.0  # shown, not hidden again
+    old = Engine.TRTLLM.spec.at("0.17.0")
+    assert old.is_fitted and old.host_step_s == 2.98e-3 and old.request_s == 0.0
 
 
 @pytest.mark.parametrize("engine,release,line", [
@@ -98,13 +123,22 @@ def test_a_release_older_than_every_line_takes_the_oldest_with_a_note() -> None:
 
 
 def test_a_line_without_a_fit_takes_the_constants_of_the_fitted_line_before_it() -> None:
-    one = Engine.TRTLLM.spec.at("1.2.0rc6")
-    fit = Engine.TRTLLM.spec.fitted["0.17.0"]
-    assert (one.host_step_s, one.host_seq_s, one.kernel_scale) == (fit.host_step_s, fit.host_seq_s,
-                                                                   fit.kernel_scale)
-    assert one.fitted_line == "0.17.0" and not one.is_fitted
+    fit = Fitted(host_step_s=3e-3, host_seq_s=2e-6, kernel_scale=1.2, launch_s=1e-5, request_s=4e-3,
+                 source="a fit")
+    newer = EngineVersion(version="3.0", host_hidden=1.0, source="test")
+    spec = dataclasses.replace(VERSIONED, versions=(*VERSIONED.versions, newer),
+                               fitted={"1.0": fit, "3.0": Fitted(host_step_s=9e-3, source="a later fit")})
+    one = spec.at("2.3")  # line 2.0: the fit before it, not the newest
+    assert one.version == "2.0" and one.fitted is fit
+    assert (one.host_step_s, one.host_seq_s, one.kernel_scale, one.launch_s, one.request_s) == (
+        fit.host_step_s, fit.host_seq_s, fit.kernel_scale, fit.launch_s, fit.request_s)
+    assert one.fitted_line == "1.0" and not one.is_fitted and spec.at("1.0").is_fitted
+    # a line before every fitted one takes the oldest fitted line after it
+    later = dataclasses.replace(VERSIONED, fitted={"2.0": fit}).at("1.0")
+    assert later.fitted_line == "2.0" and later.host_step_s == 3e-3 and not later.is_fitted
     # the spec's own constants are the default line's, as before versions
-    assert Engine.TRTLLM.spec.host_step_s == fit.host_step_s == 2.98e-3
+    assert spec.at(None).version == "3.0" and spec.host_step_s == 9e-3
+    assert VERSIONED.with_fitted("1.0", fit).host_step_s == fit.host_step_s == 3e-3
 
 
 def test_each_line_documents_where_its_behaviour_is_read() -> None:
@@ -119,11 +153,23 @@ def _steps(engine: Engine, release: str | None, d: Deployment | None = None) -> 
     return StepModel(L8, H1, d or Deployment(replicas=1, tp=1), engine, release)
 
 
-def test_tensorrt_llm_1x_hides_its_host_time_behind_the_gpus_work_where_0x_adds_it() -> None:
+@pytest.fixture
+def trtllm_overlapped() -> Iterator[None]:
+    """TensorRT-LLM's 0.17 and 1.x lines with the same constants of a test's own (about the
+    v0.5-v0.17 fit), not set as the host time shown: the 1.x line's overlap scheduler hides
+    them (whatever the shipped FITTED holds)."""
+    constants = {"host_step_s": 2.98e-3, "host_seq_s": 1.71e-6, "kernel_scale": 1.019}
+    with engine_constants(Engine.TRTLLM, "0.17.0", **constants), \
+            engine_constants(Engine.TRTLLM, "1.0.0rc0", **constants):
+        yield
+
+
+def test_tensorrt_llm_1x_hides_its_host_time_behind_the_gpus_work_where_0x_adds_it(trtllm_overlapped) -> None:
     # issue 49: the 2.98 ms fitted on TensorRT-LLM v0.5-v0.17 runs, whose loop was serial,
     # made TensorRT-LLM 1.x (overlap scheduler) ~42% too slow per token
     step = (64, 64, 64 * 1200.0, 0.0, 0.0, 64)  # a decode of 64 sequences
     old, new = _steps(Engine.TRTLLM, "0.17.0"), _steps(Engine.TRTLLM, "1.2.0rc6")
+    assert new.line.version == "1.0.0rc0" and new.line.host_step_s == old.line.host_step_s == 2.98e-3
     gpu = new.device_seconds(*step)
     host = new.line.host_step_s + new.line.host_seq_s * 64
     assert old.step_seconds(*step) == pytest.approx(gpu + host, rel=1e-12)
@@ -131,9 +177,11 @@ def test_tensorrt_llm_1x_hides_its_host_time_behind_the_gpus_work_where_0x_adds_
     assert new.step_seconds(*step) < old.step_seconds(*step) - 0.9 * min(gpu, host)
 
 
-def test_a_decode_run_sums_what_its_iterations_take_one_by_one_across_the_host_bound_crossover() -> None:
+def test_a_decode_run_sums_what_its_iterations_take_one_by_one_across_the_host_bound_crossover(
+        trtllm_overlapped) -> None:
     # a small model's batch at a short context is host-bound, until its KV reads outgrow the host
     new = StepModel(resolve_model("gpt-1.7b"), H1, Deployment(replicas=1, tp=1), Engine.TRTLLM, "1.2.0rc6")
+    assert new.line.hidden_share(new.deployment) == 1.0  # max(GPU, host): the overlap's crossover
     n, ctx = 16, 100.0
     one_by_one = [new.step_seconds(n, n, n * (ctx + i * new.gain), 0.0, 0.0, n) for i in range(4000)]
     host = new.line.host_step_s + new.line.host_seq_s * n
@@ -144,24 +192,33 @@ def test_a_decode_run_sums_what_its_iterations_take_one_by_one_across_the_host_b
 
 
 def test_the_serial_lines_decode_run_is_the_closed_form_it_was() -> None:
-    old = _steps(Engine.VLLM, None)
-    a, c = old.decode_coefficients(16)
-    run = old.decode_run(16, 16 * 500.0)
+    with engine_constants(Engine.VLLM, host_step_s=2e-3, host_seq_s=1e-6, serial=True):
+        old = _steps(Engine.VLLM, None)
+        assert old.line.hidden_share(old.deployment) == 0.0 and old.line.host_step_s == 2e-3
+        a, c = old.decode_coefficients(16)
+        run = old.decode_run(16, 16 * 500.0)
     assert run(7) == 7 * a + c * (7 * 16 * 500.0 + 16 * old.gain * 7 * 6 / 2)
 
 
 def test_vllm_keeps_async_scheduling_off_for_pipeline_parallel_and_ngram_proposals() -> None:
     from autoplan.serving.deployment import SpecMethod, Speculative
 
-    spec = Engine.VLLM.spec.with_fitted("0.33.0", Fitted(host_step_s=2e-3, source="a fit"))
+    fit = Fitted(host_step_s=2e-3, source="a fit")
+    spec = Engine.VLLM.spec
+    for version in ("0.11.0", "0.14.0", "0.33.0"):  # a fit of the test's own on every line
+        spec = spec.with_fitted(version, fit)
     line = spec.at("0.19.0")
+    assert line.version == "0.14.0" and line.fitted is fit
     assert line.hidden_share(Deployment(replicas=1, tp=1)) == 1.0
     assert line.hidden_share(Deployment(replicas=1, tp=1, pp=2)) == 0.0
     ngram = Speculative(SpecMethod.NGRAM, 3, acceptance_length=2.0)
     assert line.hidden_share(Deployment(replicas=1, tp=1, speculative=ngram)) == 0.0
+    mtp = Speculative(SpecMethod.MTP, 3, acceptance_length=2.0)
+    assert line.hidden_share(Deployment(replicas=1, tp=1, speculative=mtp)) == 1.0
     assert spec.at("0.12.0").hidden_share(Deployment(replicas=1, tp=1)) == 0.0  # before 0.14
-    # a prior set as the host time shown (serial) is not hidden again
-    assert Engine.VLLM.spec.at("0.19.0").hidden_share(Deployment(replicas=1, tp=1)) == 0.0
+    # constants set as the host time shown (serial) are not hidden again
+    serial = spec.with_fitted("0.14.0", dataclasses.replace(fit, serial=True))
+    assert serial.at("0.19.0").hidden_share(Deployment(replicas=1, tp=1)) == 0.0
 
 
 def test_the_iteration_is_the_gpu_plus_the_host_time_the_overlap_leaves() -> None:
@@ -331,9 +388,12 @@ def test_the_fit_benchmark_trials_reach_the_prediction(monkeypatch) -> None:
     from serving_fit import constants
 
     step = (8, 8, 8 * 300.0, 0.0, 0.0, 8)
-    with constants(Engine.TRTLLM, (0.0, 0.0, 0.0)):
-        bare = _steps(Engine.TRTLLM, None).step_seconds(*step)
-    with constants(Engine.TRTLLM, (1e-3, 0.0, 0.0)):
-        host = _steps(Engine.TRTLLM, None).step_seconds(*step)
-    assert host - bare == pytest.approx(1e-3)
-    assert Engine.TRTLLM.spec.at(None).host_step_s == 2.98e-3  # restored
+    # the default line's entry as the host time shown (the probes' linear form: constants)
+    with engine_constants(Engine.TRTLLM, host_step_s=5e-3, serial=True):
+        registered = Engine.TRTLLM.spec
+        with constants(Engine.TRTLLM, (0.0, 0.0, 0.0)):
+            bare = _steps(Engine.TRTLLM, None).step_seconds(*step)
+        with constants(Engine.TRTLLM, (1e-3, 0.0, 0.0)):
+            host = _steps(Engine.TRTLLM, None).step_seconds(*step)
+        assert host - bare == pytest.approx(1e-3)
+        assert Engine.TRTLLM.spec is registered and registered.at(None).host_step_s == 5e-3  # restored

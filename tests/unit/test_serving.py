@@ -560,14 +560,43 @@ def test_absurd_workloads_end_quickly_with_a_reason(args: tuple[str, ...], code:
 
 
 def test_long_outputs_simulate_fewer_requests_within_the_token_budget() -> None:
-    from autoplan.serving.simulate import MAX_SIMULATED_TOKENS
+    from autoplan.serving.simulate import ITERATION_BUDGET, MAX_SIMULATED_TOKENS, simulated_per_scheduler
 
-    plan = _plan(Arrival(ArrivalKind.CONCURRENCY, concurrency=4), inp=64, out=50_000, requests=1000)
+    # 100 clients: the iteration budget would allow 1,250 requests of 8,000 tokens, the
+    # token budget 1,000 (fewer than MAX_SIMULATED_REQUESTS)
+    plan = _plan(Arrival(ArrivalKind.CONCURRENCY, concurrency=100), inp=64, out=8000, requests=2000)
     step = StepModel(plan.model, plan.cluster, plan.deployment, plan.engine)
+    budget = simulated_per_scheduler(step, plan.workload, 1)
+    assert budget == MAX_SIMULATED_TOKENS // 8000 == 1000 < ITERATION_BUDGET * 100 // 8000
     sim = simulate(step, plan.workload, 1, step.kv_tokens(step.memory()))
-    # 160 requests within the budget: the closed loop's burst of 4, 152 of its steady state
-    # and a cool-down of 4; measured, the 152 and one of the burst (4 in 1,000: ClosedLoop)
-    assert len(sim.finish) == MAX_SIMULATED_TOKENS // 50_000 - 2 * 4 + 1 == 153
+    # 1,000 requests within the budget: the closed loop's burst of 100, 800 of its steady
+    # state and a cool-down of 100; measured, the 800 and 42 of the burst (100 in 2,000:
+    # ClosedLoop)
+    assert len(sim.finish) == budget - 2 * 100 + round(100 * 800 / 1900) == 842
+
+
+def test_a_few_clients_with_long_outputs_simulate_within_the_iteration_budget() -> None:
+    """4 clients of 50,000-token outputs run at most 4 sequences at once, however large the
+    batch limit: 8 requests fill the iteration budget (160 within the token budget took 2
+    million iterations, the hard stop); the clients' share of a scheduler counts, and so
+    does a batch limit below it."""
+    from autoplan.serving.simulate import ITERATION_BUDGET, simulated_per_scheduler
+
+    def closed(concurrency: int, **dep: object) -> ServingPlan:
+        return _plan(Arrival(ArrivalKind.CONCURRENCY, concurrency=concurrency), inp=64, out=50_000,
+                     requests=1000, **dep)
+
+    plan = closed(4)
+    step = StepModel(plan.model, plan.cluster, plan.deployment, plan.engine)
+    assert step.max_num_seqs >= 1024
+    assert simulated_per_scheduler(step, plan.workload, 1) == ITERATION_BUDGET * 4 // 50_000 == 8
+    assert simulated_per_scheduler(step, closed(8).workload, 2) == 8  # 4 clients a scheduler
+    small = closed(4, max_num_seqs=2)
+    small_step = StepModel(small.model, small.cluster, small.deployment, small.engine)
+    assert simulated_per_scheduler(small_step, small.workload, 1) == 4  # 2 sequences at once
+    sim = simulate(step, plan.workload, 1, step.kv_tokens(step.memory()))
+    # the burst, the steady requests and the cool-down: three outputs one after another
+    assert len(sim.finish) >= 1 and sim.iterations <= 2 * ITERATION_BUDGET
 
 
 @pytest.mark.parametrize("case", ["rate", "concurrency", "offline-tight-cache", "trtllm-lognormal"])

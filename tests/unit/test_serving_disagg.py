@@ -6,6 +6,7 @@ state."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ from autoplan.serving.engine import Engine
 from autoplan.serving.evaluate import evaluate_serving
 from autoplan.serving.planfile import read_serving_plan
 from autoplan.serving.simulate import ClosedLoop, simulate, simulated_per_scheduler
-from tests.helpers import autoplan
+from tests.helpers import autoplan, engine_constants
 
 L8 = resolve_model("llama3-8b")
 QWEN_MOE = resolve_model("qwen3-30b-a3b")  # 128 experts, 32 heads: a small wide-EP model
@@ -40,18 +41,28 @@ def _closed(inp: int, out: int, concurrency: int, requests: int) -> Workload:
                     Arrival(ArrivalKind.CONCURRENCY, concurrency=concurrency), requests)
 
 
-def test_one_request_in_a_closed_loop_over_one_prefill_and_one_decode_worker_by_hand() -> None:
-    """Concurrency 1 on P 1x tp1 + D 1x tp1: every request is prefilled alone (one
-    iteration of its 512-token prompt, which samples its first token), its cache moves
-    (kv_transfer) and the first token reaches the client with it; the decode worker then
-    runs 63 iterations of one sequence, its context growing a token each."""
+@pytest.fixture
+def vllm_constants() -> Iterator[None]:
+    """vLLM's default line with the tests' own constants, whatever its shipped fit: 2 ms of
+    host time an iteration shown in series, and a front end of 5 ms a request."""
+    with engine_constants(Engine.VLLM, host_step_s=2e-3, request_s=5e-3, serial=True):
+        yield
+
+
+def test_one_request_in_a_closed_loop_over_one_prefill_and_one_decode_worker_by_hand(vllm_constants) -> None:
+    """Concurrency 1 on P 1x tp1 + D 1x tp1: every request passes the idle front end
+    (request_s) and is prefilled alone (one iteration of its 512-token prompt, which samples
+    its first token), its cache moves (kv_transfer) and the first token reaches the client
+    with it; the decode worker then runs 63 iterations of one sequence, its context growing
+    a token each (its requests arrive prefilled, past the front end)."""
     d = Deployment.split(Pool(1, 1), Pool(1, 1))
     h2 = with_gpus(H100, 2)
     pred = evaluate_serving(ServingPlan(L8, h2, Engine.VLLM, d, _closed(512, 64, 1, 20), Slo()))
     pre = StepModel(L8, h2, d.pool("prefill"), Engine.VLLM)
     dec = StepModel(L8, h2, d.pool("decode"), Engine.VLLM)
     latency, per_token = kv_transfer(L8, h2, d)
-    ttft = pre.step_seconds(512, 0, 0.0, 512 * 513 / 2, 0.0, 1) + latency + per_token * 512
+    assert pre.request_s == 5e-3
+    ttft = pre.request_s + pre.step_seconds(512, 0, 0.0, 512 * 513 / 2, 0.0, 1) + latency + per_token * 512
     tpot = sum(dec.step_seconds(1, 1, 512.0 + j, 0.0, 0.0, 1) for j in range(63)) / 63
     assert pred.simulated_requests == 20
     assert pred.ttft_ms.mean == pytest.approx(1e3 * ttft, rel=1e-9)
@@ -62,18 +73,19 @@ def test_one_request_in_a_closed_loop_over_one_prefill_and_one_decode_worker_by_
     assert pred.prefill_pool is not None and pred.prefill_pool.transfer_ms_mean > 0
 
 
-def test_an_open_loops_first_token_reaches_the_client_with_the_kv_cache() -> None:
-    """At a rate low enough that requests never meet, a disaggregated request's TTFT is its
-    prefill and the hand-off (the decode instance streams the first token, as the
-    engines' P/D routers return its stream), open loop or closed; a one-token request is
-    answered by the prefill instance."""
+def test_an_open_loops_first_token_reaches_the_client_with_the_kv_cache(vllm_constants) -> None:
+    """At a rate low enough that requests never meet, a disaggregated request's TTFT is the
+    front end's time, its prefill and the hand-off (the decode instance streams the first
+    token, as the engines' P/D routers return its stream), open loop or closed; a
+    one-token request is answered by the prefill instance."""
     d = Deployment.split(Pool(1, 1), Pool(1, 1))
     h2 = with_gpus(H100, 2)
     w = Workload(Lengths(512.0), Lengths(64.0), Arrival(ArrivalKind.RATE, rate_rps=0.01), 20)
     pred = evaluate_serving(ServingPlan(L8, h2, Engine.VLLM, d, w, Slo()))
     pre = StepModel(L8, h2, d.pool("prefill"), Engine.VLLM)
     latency, per_token = kv_transfer(L8, h2, d)
-    prefill = pre.step_seconds(512, 0, 0.0, 512 * 513 / 2, 0.0, 1)
+    assert pre.request_s == 5e-3
+    prefill = pre.request_s + pre.step_seconds(512, 0, 0.0, 512 * 513 / 2, 0.0, 1)
     assert pred.ttft_ms.p99 == pytest.approx(1e3 * (prefill + latency + per_token * 512), rel=1e-9)
     one = Workload(Lengths(512.0), Lengths(1.0), w.arrival, 20)
     assert evaluate_serving(ServingPlan(L8, h2, Engine.VLLM, d, one, Slo())).ttft_ms.p99 == \
@@ -120,10 +132,11 @@ def test_a_closed_loop_measures_its_burst_in_the_workloads_proportion_and_no_dra
     of its requests: 32 clients and 200 requests measure the burst of 32 and 168 requests
     of the steady state, in which each request arrives as another finishes and waits for
     far fewer prompts than the burst's last; requests keep coming until the last measured
-    one finishes, so every steady request sees the same batch (fixed lengths: alike TPOTs)."""
-    step = StepModel(L8, with_gpus(H100, 1), Deployment(replicas=1, tp=1), Engine.VLLM)
-    kv = step.kv_tokens(step.memory())
-    sim = simulate(step, _closed(2048, 128, 32, 200), 1, kv)
+    one finishes, so every steady request sees the same batch (fixed lengths: alike TPOTs;
+    no front end, whose queue would spread the burst's requests apart)."""
+    with engine_constants(Engine.VLLM, host_step_s=2e-3, serial=True):
+        step = StepModel(L8, with_gpus(H100, 1), Deployment(replicas=1, tp=1), Engine.VLLM)
+        sim = simulate(step, _closed(2048, 128, 32, 200), 1, step.kv_tokens(step.memory()))
     burst = sim.arrival == 0
     assert len(sim.arrival) == 200 and burst.sum() == 32 and sim.in_flight == 32
     assert float(sim.ttft[burst].max()) > 3 * float(np.median(sim.ttft[~burst]))
@@ -131,12 +144,13 @@ def test_a_closed_loop_measures_its_burst_in_the_workloads_proportion_and_no_dra
 
 
 def test_a_closed_loop_cut_short_by_its_budget_keeps_the_burst_in_proportion() -> None:
-    """Long outputs leave room for 400 requests of 1,000 at concurrency 64: the burst is
-    still about 64 in 1,000 of the requests measured, not 64 in 400 (its weight in the mean
-    TTFT is the workload's, not the budget's)."""
+    """Long outputs leave room for 320 requests of 1,000 at concurrency 64 (the iteration
+    budget's 100,000 iterations of 64 sequences of 20,000 tokens): the burst is still about
+    64 in 1,000 of the requests measured, not 64 in 320 (its weight in the mean TTFT is the
+    workload's, not the budget's)."""
     step = StepModel(L8, with_gpus(H100, 1), Deployment(replicas=1, tp=1), Engine.VLLM)
     w = _closed(512, 20_000, 64, 1000)
-    assert simulated_per_scheduler(step, w) == 400
+    assert simulated_per_scheduler(step, w, 1) == 320
     sim = simulate(step, w, 1, step.kv_tokens(step.memory()))
     assert float(np.mean(sim.arrival == 0)) == pytest.approx(64 / 1000, abs=0.005)
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
 
@@ -33,11 +34,24 @@ from autoplan.serving.deployment import (
 from autoplan.serving.engine import Engine
 from autoplan.serving.evaluate import evaluate_serving
 from autoplan.serving.simulate import run_requests, simulate
+from tests.helpers import engine_constants
 
 L8 = resolve_model("llama3-8b")
 H100 = resolve_cluster("dgx-h100")
 H1 = with_gpus(H100, 1)
 ONE = Deployment(replicas=1, tp=1)
+
+
+@pytest.fixture(autouse=True)
+def own_constants() -> Iterator[None]:
+    """Every engine's default line with the module's own constants, whatever the engine
+    files' shipped FITTED holds (a fit changes them; the hand calculations here hold for
+    any): 2 ms of host time an iteration, shown in series with the GPU's work, no front end
+    (``front_end`` sets one)."""
+    with contextlib.ExitStack() as stack:
+        for engine in (Engine.VLLM, Engine.SGLANG, Engine.TRTLLM):
+            stack.enter_context(engine_constants(engine, host_step_s=2e-3, serial=True))
+        yield
 
 
 def _step(engine: Engine, prefill_first: bool | None = None) -> StepModel:
@@ -176,10 +190,10 @@ FrontEnd = Callable[[Engine, float], None]
 
 
 @pytest.fixture
-def front_end() -> Iterator[FrontEnd]:
-    """``set(engine, request_s)``: the engine's default line's fitted constants with the
-    front end's ``request_s`` (benchmarks/serving_fit.py ``constants``); the registered specs
-    are restored after."""
+def front_end(own_constants: None) -> Iterator[FrontEnd]:
+    """``set(engine, request_s)``: the engine's default line's constants (the module's:
+    ``own_constants``) with the front end's ``request_s`` (benchmarks/serving_fit.py
+    ``constants``); the registered specs are restored after."""
     saved: dict[Engine, object] = {}
 
     def set_request_s(engine: Engine, request_s: float) -> None:
@@ -203,11 +217,10 @@ def test_a_burst_reaches_the_scheduler_one_request_every_request_s(front_end: Fr
     """Four 128-token prompts (1 token out) sent at 0 to an idle engine whose front end takes
     10 ms a request: they reach the scheduler at 10, 20, 30 and 40 ms, each prefilled alone
     (one prefill is under 10 ms), so request i's TTFT, from its send at 0, is 10 (i + 1) ms
-    and its prefill. With no front end time (every shipped line's) they are one iteration
-    of four prompts, to the bit as before the front end existed."""
-    for engine in (Engine.VLLM, Engine.SGLANG, Engine.TRTLLM):  # no shipped line has one yet
-        assert all(v.request_s == 0.0 for v in engine.spec.versions if v.fitted is not None)
+    and its prefill. With no front end time (request_s 0) they are one iteration of four
+    prompts, to the bit as before the front end existed."""
     burst = (np.zeros(4), np.full(4, 128), np.full(4, 1), 100_000)
+    assert StepModel(L8, H1, ONE, Engine.VLLM).request_s == 0.0  # the module's constants
     before = run_requests(StepModel(L8, H1, ONE, Engine.VLLM), *burst)
     assert before.ttft.tolist() == [_prefill(StepModel(L8, H1, ONE, Engine.VLLM), 128, 4)] * 4
 

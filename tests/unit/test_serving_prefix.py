@@ -42,14 +42,15 @@ def test_a_warm_prefix_is_served_in_whole_blocks_and_the_last_token_is_always_co
 def test_a_prefix_hit_prefills_only_the_rest_of_the_prompt_by_hand() -> None:
     """Closed loop of one: the first request computes its 1024-token prompt; the next two
     find the 512-token prefix computed and prefill 512 tokens attending to it. Their TTFT is
-    one iteration each (no decode: one output token), by the iteration model:
-    step_seconds(tokens, decodes 0, context 0, causal pairs, prior KV re-read, sampled 1)."""
+    the idle front end's time (the engine's ``request_s``) and one iteration each (no
+    decode: one output token), by the iteration model: step_seconds(tokens, decodes 0,
+    context 0, causal pairs, prior KV re-read, sampled 1)."""
     step = StepModel(L8, H1, Deployment(replicas=1, tp=1), Engine.VLLM)
     kv = step.kv_tokens(step.memory())
     w = Workload(Lengths(1024), Lengths(1), Arrival(ArrivalKind.CONCURRENCY, concurrency=1), 3, Prefix(0.5))
     ttft = simulate(step, w, 1, kv).ttft
-    cold = step.step_seconds(1024, 0, 0.0, 1024 * 1025 / 2, 0.0, 1)
-    warm = step.step_seconds(512, 0, 0.0, 512 * 512 + 512 * 513 / 2, 512.0, 1)
+    cold = step.request_s + step.step_seconds(1024, 0, 0.0, 1024 * 1025 / 2, 0.0, 1)
+    warm = step.request_s + step.step_seconds(512, 0, 0.0, 512 * 512 + 512 * 513 / 2, 512.0, 1)
     assert ttft == pytest.approx([cold, warm, warm], rel=1e-12)
     without = simulate(step, Workload(Lengths(1024), Lengths(1), w.arrival, 3), 1, kv).ttft
     assert without == pytest.approx([cold, cold, cold], rel=1e-12)

@@ -91,10 +91,24 @@ def test_the_table_ends_with_the_evidence_in_words(tmp_path) -> None:
     assert "held-out error (vllm, h200, agg): not measured" in got.stdout
 
 
-def test_the_shipped_accuracy_file_reads_and_measures_no_regime_yet() -> None:
+def test_the_shipped_accuracy_file_reads_and_measures_the_silicon_fits_held_out_gpus() -> None:
+    """benchmarks/serving_silicon_fit.py --write: each engine's regimes on the GPUs of
+    NVIDIA's measured runs it fitted on (H100, B200, GB200), each held out in turn; the
+    reserved GPUs' (H200, B300, GB300) are never in it, so their regimes read as not measured."""
     data = json.loads(trust.accuracy_path().read_text())
-    assert data["regimes"] == {} and "about" in data
-    assert not held_out_error("trtllm", "b200", "disagg").measured
+    assert "about" in data and "serving_silicon_fit.py" in data["source"]
+    regimes = data["regimes"]
+    assert set(regimes) == {"vllm", "sglang", "trtllm"}
+    assert {gpu for gpus in regimes.values() for gpu in gpus} == {"h100-sxm", "b200", "gb200"}
+    for engine, gpus in regimes.items():
+        for gpu, modes in gpus.items():
+            assert modes and set(modes) <= {"agg", "disagg"}, (engine, gpu)
+            for mode in modes:
+                held = held_out_error(engine, gpu, mode)
+                assert held.measured and held.ttft_mape is not None and held.tpot_mape is not None
+    assert held_out_error("trtllm", "b200", "disagg").measured
+    for gpu in ("h200", "b300", "gb300"):
+        assert not held_out_error("trtllm", gpu, "agg").measured
 
 
 def test_the_writer_and_the_reader_agree(tmp_path) -> None:
