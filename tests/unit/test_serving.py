@@ -74,7 +74,8 @@ def test_a_one_token_decode_reads_every_weight_once() -> None:
     dev = H8.device
     layer_weights = (L70.params_attention + L70.params_mlp) * 2 / 8  # bytes per GPU
     floor = L70.layers * layer_weights / (dev.hbm_Bps * dev.hbm_efficiency)
-    assert floor <= b.gemm <= 1.1 * floor
+    # the engine's fitted kernel scale multiplies the roofline's time
+    assert floor <= b.gemm / step._kscale <= 1.1 * floor
     assert b.attention == 0 and b.kv_read == 0 and b.moe == 0
 
 
@@ -84,7 +85,7 @@ def test_decode_attention_reads_each_sequences_kv_cache() -> None:
     b = step.iteration(64, 64, ctx, 0.0, 0.0, 64)
     kv_bytes = ctx * 80 * 8 * 128 * 2 * 2 / 8
     dev = H8.device
-    assert b.kv_read == pytest.approx(kv_bytes / (dev.hbm_Bps * dev.hbm_efficiency), rel=1e-9)
+    assert b.kv_read == pytest.approx(step._kscale * kv_bytes / (dev.hbm_Bps * dev.hbm_efficiency), rel=1e-9)
 
 
 def test_the_simulations_fast_step_is_the_breakdowns_total() -> None:

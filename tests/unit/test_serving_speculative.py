@@ -68,7 +68,8 @@ def test_a_verify_step_schedules_k_plus_one_positions_and_the_proposer_costs_its
     assert b.gemm == pytest.approx(p64.gemm, rel=1e-12)  # 64 rows either way
     assert b.logits == pytest.approx(p64.logits, rel=1e-12)  # 64 positions sampled
     kv = 2000.0 * 16 * spec_step.kv_token_layer / spec_step.mem_eff_Bps
-    head = spec_step._head_layer(16) + max(kv, spec_step._decode_s_per_token * 16 * 2000.0)
+    read = max(kv, spec_step._decode_s_per_token * 16 * 2000.0)
+    head = spec_step._head_layer(16) + spec_step._kscale * read
     assert b.draft == pytest.approx(3 * (head + spec_step._logits(16)), rel=1e-12)
     ngram = StepModel(L70, H4, Deployment(replicas=1, tp=4, speculative=Speculative(
         SpecMethod.NGRAM, 3, acceptance_length=2.5)), Engine.VLLM)
