@@ -17,7 +17,7 @@ TensorRT-LLM's 0.x lines keep their fit on serving_calibration.csv):
 The closed loops are not linear in these (the overlap takes a max, the front end spreads a
 burst, the scheduler's choices depend on the clock), so every row is simulated at every
 point of a grid (``COARSE``), then of a finer grid around each engine's best point; the
-fit is the point of least mean |log error| of TTFT plus twice that of TPOT (``_loss``).
+fit is the point of least TTFT MAPE plus twice TPOT's (``_loss``).
 **Held out**: each fold picks its point on the coarse grid from the engine's rows of the
 other GPUs (leave-one-GPU-out: fit on two of H100/B200/GB200, test on the third) or of the
 other release lines (leave-one-version-out), and is scored on the rows it left out.
@@ -142,14 +142,14 @@ def _errors(rows: Iterable[Row], pred: dict[str, tuple[float, float]]) -> tuple[
 
 
 def _loss(rows: list[Row], pred: dict[str, tuple[float, float]]) -> float:
-    """Mean |log(predicted / measured)| of TTFT plus twice that of TPOT (the issue's targets
-    are 20% and 10%): log errors weigh a 10x miss as a 0.1x one, so the few runs whose
-    measured TTFT holds tens of seconds of queueing no model here reproduces do not steer
-    every other row's constants."""
+    """The mean absolute percentage error of TTFT plus twice that of TPOT: the figures the
+    issue's targets (20% and 10%) and docs/ACCURACY.md report. (A log-error objective was
+    tried first: it weighs a 10x miss as a 0.1x one and picked constants that over-predict
+    TTFT, 81% MAPE against 70% for the priors on every row.)"""
     e1, e2 = _errors(rows, pred)
     if not len(e1):
         return float("inf")
-    return float(np.mean(np.abs(np.log1p(e1))) + 2.0 * np.mean(np.abs(np.log1p(e2))))
+    return float(np.mean(np.abs(e1)) + 2.0 * np.mean(np.abs(e2)))
 
 
 def main() -> None:
