@@ -97,11 +97,17 @@ def _engine(text: str) -> Engine:
     return Engine.TRTLLM if "tensorrt" in t else Engine.SGLANG if "sglang" in t else Engine.VLLM
 
 
+STAND_IN_RELEASE = "0.5.0"  # the vLLM line an unstated engine is simulated with (Splitwise, 2023)
+
+
 def _release(row: dict[str, str]) -> str | None:
-    """The engine release a row names ("v0.5.4 (docker ...)" -> "0.5.4"; None: unstated,
-    predicted with the engine's default line)."""
+    """The engine release a row names ("v0.5.4 (docker ...)" -> "0.5.4"). Splitwise's rows
+    state no engine; vLLM's scheduler stands in for the 2023 engine it profiled, at the V0
+    line of that era (its prior constants: no fit on NVIDIA's 2025-26 runs reaches them)."""
     words = row["engine_version"].split()
-    return words[0].removeprefix("v") if words else None
+    if words:
+        return words[0].removeprefix("v")
+    return STAND_IN_RELEASE if _engine(row["engine"]) is Engine.VLLM else None
 
 
 def case_of(row: dict[str, str]) -> Case:

@@ -117,8 +117,9 @@ def test_a_release_is_predicted_by_the_newest_line_at_or_before_it(engine, relea
 
 
 def test_a_release_older_than_every_line_takes_the_oldest_with_a_note() -> None:
-    resolved = Engine.VLLM.spec.resolve("0.8.0")
-    assert resolved.line.version == "0.11.0"
+    assert Engine.VLLM.spec.resolve("0.8.0").line.version == "0.5.0"  # V0's line
+    resolved = Engine.VLLM.spec.resolve("0.4.0")
+    assert resolved.line.version == "0.5.0"
     assert "older than the oldest release line" in (resolved.note or "")
 
 
@@ -346,7 +347,7 @@ def test_a_bad_engine_version_flag_exits_2_in_one_line() -> None:
 def test_serve_says_when_the_release_is_older_than_every_line() -> None:
     got = autoplan("serve", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "1",
                    "--input-len", "256", "--output-len", "16", "--offline", "--requests", "8",
-                   "--engine-version", "0.6.0", "--format", "json", "--top", "1")
+                   "--engine-version", "0.4.2", "--format", "json", "--top", "1")
     assert got.returncode == 0 and "older than the oldest release line" in got.stderr
 
 

@@ -59,6 +59,14 @@ def async_scheduling_off(d: Deployment) -> str | None:
 
 # vLLM's release lines, oldest first: what each does by default, and where it is read
 VERSIONS = (
+    # 0.5.0: the V0 engine (its scheduler and model runner in one process, each step's host
+    # work in series with the GPU's; CUDA graphs for decode batches up to 256,
+    # vllm/config.py _BATCH_SIZES_TO_CAPTURE). No measured run of it is scored: its constants
+    # and limits are those autoplan predicted every vLLM release with before the silicon fit
+    # (the stand-in for a 2023-24 engine of unstated release, benchmarks/serving_accuracy.py),
+    # the newest line's defaults included (V0's own gpu_memory_utilization was 0.9)
+    EngineVersion(version="0.5.0", host_hidden=0.0, cuda_graphs=True, graph_max_batch=256,
+                  source="vLLM 0.5.0 vllm/config.py (V0 engine)"),
     # 0.11.0 release notes: the V0 engine removed (V1 only); async scheduling opt-in
     # (--async-scheduling); CUDA graphs captured by default (CompilationConfig
     # cudagraph_mode FULL_AND_PIECEWISE: full graphs for decode batches up to
@@ -88,7 +96,9 @@ VERSIONS = (
 # series with the GPU's work fitted better than async scheduling hiding it (serial), and the
 # front end's time fitted at 0; docs/ACCURACY.md has the folds
 _SILICON = Fitted(host_step_s=3.0e-3, kernel_scale=0.837, request_s=0.0, serial=True, source=SILICON_FIT)
-FITTED = {"0.11.0": _SILICON, "0.14.0": _SILICON, "0.33.0": _SILICON}
+FITTED = {"0.5.0": Fitted(host_step_s=2.0e-3, source="prior: not fitted (no measured V0 run scored)",
+                          prior=True, serial=True),
+          "0.11.0": _SILICON, "0.14.0": _SILICON, "0.33.0": _SILICON}
 
 
 def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
