@@ -128,13 +128,13 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 CORRECTABLE = ("gemm", "attention", "collective", "decode", "moe")
 # the kinds an imported engine profile's correction applies by default (its ``applies``
 # header line; a profile without the line applies every kind it has rows of). Measured on
-# NVIDIA's end-to-end serving runs (benchmarks/serving_silicon.py, docs/ACCURACY.md,
-# "Which measured kernels serving takes"): AIConfigurator's isolated GEMM, fused-MoE and
-# decode-attention timings, applied to a whole decode iteration, took TPOT from 24% to 66%
-# MAPE (they time each call alone, launch and synchronization included, where an engine
-# replays its decode step as one CUDA graph); its prefill attention and collectives
-# improved both TTFT and TPOT slightly. The forests of every kind are still fitted and
-# cross-validated (``fit_report``) where a profile applies them.
+# NVIDIA's end-to-end serving runs (``benchmarks/serving_silicon.py --every 4 --applies``;
+# docs/ACCURACY.md, "Which measured kernels serving takes"): AIConfigurator's isolated
+# GEMM, fused-MoE and decode-attention timings, applied to whole iterations, gave TPOT
+# 69% MAPE where the roofline gave 23% (they time each call alone, launch and
+# synchronization included, where an engine replays its decode step as one CUDA graph);
+# its prefill attention and collectives kept TPOT at 23%. The forests of every kind are
+# still fitted and cross-validated (``surrogate.fit_report``).
 ENGINE_APPLIED_KINDS = ("attention", "collective")
 REQUIRED_META = ("autoplan-profile", "device_kind", "device_name", "date", "command")
 MEASURED_BY = ("torch", "source")
