@@ -9,9 +9,11 @@ says why a row cannot be expressed. They say nothing about accuracy."""
 from __future__ import annotations
 
 import csv
-import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 COLUMNS = ("id,silicon_data_source,backend,backend_version,model_path,system,precision,mode,isl,osl,"
@@ -49,12 +51,17 @@ def _csv(tmp_path: Path) -> Path:
     return path
 
 
-def test_the_loader_never_returns_a_reserved_system_and_counts_a_measurement_once(tmp_path: Path) -> None:
+def _bench() -> Any:
     sys.path.insert(0, str(BENCH))
     try:
         import serving_silicon
     finally:
         sys.path.remove(str(BENCH))
+    return serving_silicon
+
+
+def test_the_loader_never_returns_a_reserved_system_and_counts_a_measurement_once(tmp_path: Path) -> None:
+    serving_silicon = _bench()
     rows = serving_silicon.load_rows(_csv(tmp_path))
     assert [r["id"] for r in rows] == ["a", "later", "d", "d-unsized"]
     cases = {r["id"]: serving_silicon.case_of(r) for r in rows}
@@ -64,9 +71,10 @@ def test_the_loader_never_returns_a_reserved_system_and_counts_a_measurement_onc
     assert "worker counts not recorded" in cases["d-unsized"].why
 
 
-def test_the_benchmark_prints_the_table_and_why_rows_were_left_out(tmp_path: Path) -> None:
-    got = subprocess.run([sys.executable, str(BENCH / "serving_silicon.py"), "--csv", str(_csv(tmp_path))],
-                         capture_output=True, text=True, timeout=120)
-    assert got.returncode == 0, got.stderr
-    assert "TTFT MAPE" in got.stdout and "expressible: 2 of 4 distinct measurements" in got.stdout
-    assert "worker counts not recorded" in got.stdout and "h200" not in got.stdout
+def test_the_benchmark_prints_the_table_and_why_rows_were_left_out(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    bench = _bench()  # its report, in process (the script's main only parses flags around it)
+    bench.report(bench.load_rows(_csv(tmp_path)))
+    out = capsys.readouterr().out
+    assert "TTFT MAPE" in out and "expressible: 2 of 4 distinct measurements" in out
+    assert "worker counts not recorded" in out and "h200" not in out

@@ -92,7 +92,7 @@ VERSIONS = (
 # stated vLLM (Lambda's state no lengths; Splitwise's does not state its engine). Set by hand
 # as the host time an iteration shows (serial), so the lines' async scheduling is not
 # applied to them again.
-# Fitted on NVIDIA's measured closed loops (240 vLLM 0.11-0.19 runs): the host time shown in
+# Fitted on NVIDIA's measured closed loops (372 vLLM 0.11-0.19 runs): the host time shown in
 # series with the GPU's work fitted better than async scheduling hiding it (serial), and the
 # front end's time fitted at 0; docs/ACCURACY.md has the folds
 _SILICON = Fitted(host_step_s=3.0e-3, kernel_scale=0.837, request_s=0.0, serial=True, source=SILICON_FIT)
