@@ -49,8 +49,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serving_accuracy import CSV, case_of, predicted  # noqa: E402
 
-from autoplan import caches  # noqa: E402
-from autoplan.serving.engine import Engine, Fitted  # noqa: E402
+from autoplan.serving.engine import Engine, Fitted, fitted_as  # noqa: E402
 
 STEP, SEQ = 1e-3, 1e-5  # the probes: 1 ms per iteration, 10 us per sampled sequence
 Constants = tuple[float, float, float]  # host_step_s, host_seq_s, kernel_scale - 1
@@ -65,17 +64,11 @@ def constants(engine: Engine, c: Constants) -> Iterator[None]:
     spec restored after. The entry keeps its ``serial`` flag: the probes' linear form holds
     for the serial engine loop, which every default line runs today (a line whose overlap
     scheduler hides host time is not linear in host_step_s)."""
-    spec = engine.spec
-    line = spec.default_line
+    line = engine.spec.default_line
     trial = dataclasses.replace(line.fitted or Fitted(host_step_s=0.0, source=""), host_step_s=c[0],
                                 host_seq_s=c[1], kernel_scale=1.0 + c[2], source="a trial of the fit")
-    engine.spec = spec.with_fitted(line.fitted_line or line.version, trial)
-    caches.clear()
-    try:
+    with fitted_as(engine, {line.fitted_line or line.version: trial}):
         yield
-    finally:
-        engine.spec = spec
-        caches.clear()
 
 
 def _as_time(metric: str, value: float) -> float:

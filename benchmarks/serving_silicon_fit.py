@@ -34,6 +34,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,9 +43,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serving_silicon import Case, case_of, load_rows, override_applies, predicted, version_line  # noqa: E402
 
-from autoplan import caches  # noqa: E402
 from autoplan.errors import AutoplanError  # noqa: E402
-from autoplan.serving.engine import Engine, Fitted  # noqa: E402
+from autoplan.serving.engine import Engine, Fitted, fitted_as  # noqa: E402
 
 # the lines each engine's silicon fit writes (TensorRT-LLM's 0.x lines keep their own)
 LINES = {"vllm": ("0.11.0", "0.14.0", "0.33.0"), "sglang": ("0.4.0", "0.5.23"), "trtllm": ("1.0.0rc0",)}
@@ -86,17 +86,12 @@ def _cases(limit: int, every: int = 1) -> list[Case]:
     return out[:limit] if limit else out
 
 
-def _set(points: dict[str, Point]) -> None:
-    """Every fitted engine's lines at its trial point."""
-    for name, (h, k, r, serial) in points.items():
-        engine = Engine(name)
-        spec = engine.spec
-        trial = Fitted(host_step_s=h, host_seq_s=HOST_SEQ[name], kernel_scale=k, request_s=r,
-                       source="trial", serial=serial)
-        for line in LINES[name]:
-            spec = spec.with_fitted(line, trial)
-        engine.spec = spec
-    caches.clear()
+def _trials(name: str, point: Point) -> dict[str, Fitted]:
+    """An engine's fitted lines (``LINES``) at its trial point."""
+    h, k, r, serial = point
+    trial = Fitted(host_step_s=h, host_seq_s=HOST_SEQ[name], kernel_scale=k, request_s=r,
+                   source="trial", serial=serial)
+    return dict.fromkeys(LINES[name], trial)
 
 
 _CASES: list[Case] = []
@@ -110,10 +105,10 @@ def _init(limit: int, every: int, applies: str) -> None:
 
 def _run(points: dict[str, Point]) -> dict[str, tuple[float, float]]:
     """Every case's (TTFT, TPOT) at ``points`` (NaN where it does not fit)."""
-    saved = {n: Engine(n).spec for n in points}
-    _set(points)
     out = {}
-    try:
+    with ExitStack() as stack:
+        for name, point in points.items():
+            stack.enter_context(fitted_as(Engine(name), _trials(name, point)))
         for c in _CASES:
             try:
                 got, _ = predicted(c.plan)  # type: ignore[arg-type]
@@ -121,10 +116,6 @@ def _run(points: dict[str, Point]) -> dict[str, tuple[float, float]]:
                 got = None
             out[c.row["id"] + "|" + c.row["silicon_ttft_ms"]] = (
                 (got["ttft_ms"], got["tpot_ms"]) if got else (float("nan"), float("nan")))
-    finally:
-        for n, s in saved.items():
-            Engine(n).spec = s
-        caches.clear()
     return out
 
 

@@ -15,13 +15,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from autoplan import caches
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import builtin_stack, resolve_cluster, resolve_model, with_gpus
 from autoplan.descriptors.model import Model
 from autoplan.plan import Layout, Plan
 from autoplan.schedules import Schedule
-from autoplan.serving.engine import Engine, Fitted
+from autoplan.serving.engine import Engine, Fitted, fitted_as
 from autoplan.vocab import NO_OFFLOAD, CpComm, Dtype, Offload, Recompute, ZeroStage
 
 
@@ -181,20 +180,13 @@ def engine_constants(engine: Engine, line: str | None = None, **constants: Any) 
     """Run with ``engine``'s release ``line`` (None: its default line) predicted with a test's
     own constants (``Fitted``'s fields; the rest at their defaults: no front end, the line's
     overlap applied unless ``serial=True``), whatever the engine file's shipped ``FITTED``
-    holds: a test of a mechanism keeps its numbers when the engines are fitted again. The
-    registered spec is restored after, the cost caches cleared both ways (as
-    benchmarks/serving_fit.py ``constants``)."""
-    spec = engine.spec
+    holds: a test of a mechanism keeps its numbers when the engines are fitted again
+    (:func:`autoplan.serving.engine.fitted_as`: the spec restored after, the caches cleared)."""
     if line is None:
-        default = spec.default_line
+        default = engine.spec.default_line
         line = default.fitted_line or default.version
-    engine.spec = spec.with_fitted(line, Fitted(source="a test's constants", **constants))
-    caches.clear()
-    try:
+    with fitted_as(engine, {line: Fitted(source="a test's constants", **constants)}):
         yield
-    finally:
-        engine.spec = spec
-        caches.clear()
 
 
 def run_launch_script(script: str, tmp_path: Path, command: list[str], **env: str) -> list[str]:

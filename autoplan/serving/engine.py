@@ -27,7 +27,8 @@ older than every line the oldest line (with a note). Release spellings:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -363,6 +364,27 @@ def register(spec: EngineSpec) -> Engine:
 def unregister(engine: Engine) -> None:
     """Forget an engine (tests that register one of their own)."""
     Engine._remove(engine, engine.spec.attr)
+
+
+@contextmanager
+def fitted_as(engine: Engine, trials: Mapping[str, Fitted]) -> Iterator[None]:
+    """Predict with ``engine``'s release lines (the keys: a line's first release) fitted as
+    ``trials`` instead of its file's ``FITTED`` (a fit's trial constants, a test's own), the
+    registered spec restored after; the cost caches are cleared both ways, so no memo made
+    with one set of constants answers for the other."""
+    from autoplan import caches
+
+    spec = engine.spec
+    trial = spec
+    for line, constants in trials.items():
+        trial = trial.with_fitted(line, constants)
+    engine.spec = trial
+    caches.clear()
+    try:
+        yield
+    finally:
+        engine.spec = spec
+        caches.clear()
 
 
 def engine_defaults(engine: Engine, device: Device, version: str | None = None) -> EngineDefaults:

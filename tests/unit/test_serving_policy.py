@@ -13,11 +13,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 
 import numpy as np
 import pytest
 
-from autoplan import caches
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
 from autoplan.serving.cost import StepModel, kv_transfer
 from autoplan.serving.deployment import (
@@ -31,7 +31,7 @@ from autoplan.serving.deployment import (
     Slo,
     Workload,
 )
-from autoplan.serving.engine import Engine
+from autoplan.serving.engine import Engine, fitted_as
 from autoplan.serving.evaluate import evaluate_serving
 from autoplan.serving.simulate import run_requests, simulate
 from tests.helpers import engine_constants
@@ -192,25 +192,17 @@ FrontEnd = Callable[[Engine, float], None]
 @pytest.fixture
 def front_end(own_constants: None) -> Iterator[FrontEnd]:
     """``set(engine, request_s)``: the engine's default line's constants (the module's:
-    ``own_constants``) with the front end's ``request_s`` (benchmarks/serving_fit.py
-    ``constants``); the registered specs are restored after."""
-    saved: dict[Engine, object] = {}
+    ``own_constants``) with the front end's ``request_s`` (serving.engine.fitted_as); the
+    registered specs are restored after, last set first."""
+    with ExitStack() as stack:
 
-    def set_request_s(engine: Engine, request_s: float) -> None:
-        spec = engine.spec
-        saved.setdefault(engine, spec)
-        line = spec.default_line
-        assert line.fitted is not None
-        engine.spec = spec.with_fitted(line.fitted_line or line.version,
-                                       dataclasses.replace(line.fitted, request_s=request_s))
-        caches.clear()
+        def set_request_s(engine: Engine, request_s: float) -> None:
+            line = engine.spec.default_line
+            assert line.fitted is not None
+            stack.enter_context(fitted_as(engine, {line.fitted_line or line.version:
+                                                   dataclasses.replace(line.fitted, request_s=request_s)}))
 
-    try:
         yield set_request_s
-    finally:
-        for engine, spec in saved.items():
-            engine.spec = spec  # type: ignore[assignment]
-        caches.clear()
 
 
 def test_a_burst_reaches_the_scheduler_one_request_every_request_s(front_end: FrontEnd) -> None:
