@@ -124,7 +124,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 }
 # provenance every profile carries in its header; and one of ``torch`` (measured by
 # ``autoplan bench``) or ``source`` (imported)
-# the kinds a profile's ``applies`` header line may name (measured.surrogate.CORRECTED_KINDS)
+# the kinds a profile corrects, and its ``applies`` header line may name (the surrogate fits each)
 CORRECTABLE = ("gemm", "attention", "collective", "decode", "moe")
 # the kinds an imported engine profile's correction applies by default (its ``applies``
 # header line; a profile without the line applies every kind it has rows of). Measured on

@@ -95,8 +95,7 @@ from autoplan.plan import Plan, Prediction, Uncertainty
 from autoplan.units import GiB
 from autoplan.vocab import Dtype
 
-CORRECTED_KINDS = ("gemm", "attention", "collective", "decode", "moe")
-assert set(CORRECTED_KINDS) == set(CORRECTABLE)
+CORRECTED_KINDS = CORRECTABLE  # the kinds a profile's ``applies`` line may name
 
 
 def applied_kinds(meta: Mapping[str, str]) -> tuple[str, ...]:
