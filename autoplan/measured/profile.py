@@ -122,8 +122,6 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "host": ("n", "seq", "k"),
     "moe": ("m", "n", "k", "experts", "top_k", "moe_tp", "moe_ep"),
 }
-# provenance every profile carries in its header; and one of ``torch`` (measured by
-# ``autoplan bench``) or ``source`` (imported)
 # the kinds a profile corrects, and its ``applies`` header line may name (the surrogate fits each)
 CORRECTABLE = ("gemm", "attention", "collective", "decode", "moe")
 # the kinds an imported engine profile's correction applies by default (its ``applies``
@@ -136,6 +134,8 @@ CORRECTABLE = ("gemm", "attention", "collective", "decode", "moe")
 # its prefill attention and collectives kept TPOT at 23%. The forests of every kind are
 # still fitted and cross-validated (``surrogate.fit_report``).
 ENGINE_APPLIED_KINDS = ("attention", "collective")
+# provenance every profile carries in its header; and one of ``torch`` (measured by
+# ``autoplan bench``) or ``source`` (imported)
 REQUIRED_META = ("autoplan-profile", "device_kind", "device_name", "date", "command")
 MEASURED_BY = ("torch", "source")
 
