@@ -26,6 +26,7 @@ import argparse
 import csv
 import math
 import re
+import statistics
 import sys
 import time
 from collections import Counter, defaultdict
@@ -40,6 +41,7 @@ from autoplan.serving.deployment import (
     Arrival,
     ArrivalKind,
     Deployment,
+    Dist,
     Engine,
     Lengths,
     Pool,
@@ -223,8 +225,8 @@ def case_of(row: dict[str, str]) -> Case:
     # an fp8 KV cache with fp8/fp4 weights
     kv = Precision.FP8 if row["backend"] == "trtllm" and weights in (Precision.FP8, Precision.FP4) \
         else Precision.BF16
-    workload = Workload(Lengths(isl), Lengths(osl), Arrival(ArrivalKind.CONCURRENCY, concurrency=c),
-                        requests=requests_for(c))
+    workload = Workload(*lengths_of(row, isl, osl), Arrival(ArrivalKind.CONCURRENCY, concurrency=c),
+                        requests=requests_for(row, c))
     if row["mode"] == "disagg":
         if not row["decode_num_workers"] or not row["prefill_num_workers"]:
             return Case(row, None, "disaggregated: the pools' worker counts not recorded", measured)
@@ -262,11 +264,42 @@ def _case(row: dict[str, str], model: Model, dep: Deployment, workload: Workload
     return Case(row, plan, "", measured)
 
 
-def requests_for(c: int) -> int:
+# InferenceX's benchmark client (SemiAnalysisAI/InferenceX, formerly InferenceMAX; its README's
+# "Benchmark Client Configuration"): the three (ISL, OSL) pairs it sweeps, and its
+# ``--random-range-ratio 0.8``
+INFERENCEX_LENGTHS = frozenset({(1024, 1024), (1024, 8192), (8192, 1024)})
+RANGE_RATIO = 0.8
+PROTOCOL = True  # --fixed-lengths: every row as fixed lengths (the experiment)
+
+
+def inferencex(row: dict[str, str]) -> bool:
+    """Whether a row was measured with InferenceX's client: its lengths are one of the
+    three pairs that client sweeps. The file does not say how lengths were drawn
+    (serving_silicon.md, "Read before use"); its rows come in two families: the recipe
+    sweeps (``source_file=2026-*.csv``, ``db-dump``, the ``*-gap-analysis.csv`` files),
+    every one at those three pairs, and AIConfigurator's own sweeps (``aic-auto-gap-analysis``)
+    at other lengths (1024-4096 in, 128-512 out), whose generated scripts fix the lengths."""
+    return (_int(row["isl"]), _int(row["osl"])) in INFERENCEX_LENGTHS
+
+
+def lengths_of(row: dict[str, str], isl: int, osl: int) -> tuple[Lengths, Lengths]:
+    """The lengths a row's client drew: InferenceX's benchmark_serving.py samples each
+    request's input and output lengths as integers uniform in
+    ``[int(L x range_ratio), L]`` (``sample_random_requests``: ``np.random.randint(int(L *
+    range_ratio), L + 1)``); AIConfigurator's scripts send fixed lengths."""
+    if not (PROTOCOL and inferencex(row)):
+        return Lengths(isl), Lengths(osl)
+    return tuple(  # type: ignore[return-value]
+        Lengths((int(n * RANGE_RATIO) + n) / 2, Dist.UNIFORM, low=int(n * RANGE_RATIO), high=n)
+        for n in (isl, osl))
+
+
+def requests_for(row: dict[str, str], c: int) -> int:
     """Requests a closed loop of ``c`` runs: AIConfigurator's generated benchmark scripts
-    run ``--num-requests 20C`` after a warm-up (the simulation measures the burst of the
-    first ``c`` in that proportion: serving.simulate)."""
-    return max(64, 20 * c)
+    run ``--num-requests 20C`` after a warm-up; InferenceX's client ``--num-prompts 10C``
+    (:func:`inferencex`). The simulation measures the burst of the first ``c`` in that
+    proportion (serving.simulate)."""
+    return max(64, (10 if inferencex(row) and PROTOCOL else 20) * c)
 
 
 def predicted(plan: ServingPlan) -> tuple[dict[str, float] | None, str]:
@@ -294,10 +327,16 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--engine", default="")
     parser.add_argument("--every", type=int, default=1, help="every N-th distinct measurement")
+    parser.add_argument("--fixed-lengths", action="store_true",
+                        help="every row as fixed lengths and 20C requests, InferenceX's rows too "
+                             "(the experiment that shows what the client's protocol is worth)")
     parser.add_argument("--applies", default="",
                         help="the kinds the engine profiles apply, comma-separated, 'all' or 'none' "
                              "(an experiment; default: their 'applies' header line)")
     args = parser.parse_args()
+    if args.fixed_lengths:
+        global PROTOCOL
+        PROTOCOL = False
     if args.applies:
         override_applies(args.applies)
     rows = [r for r in load_rows(args.csv) if r["backend"].startswith(args.engine)][::args.every]
@@ -361,7 +400,44 @@ def report(rows: list[dict[str, str]], show_rows: bool = False) -> None:
           f"{time.perf_counter() - t0:.0f} s")
     for why, n in skipped.most_common():
         print(f"  not expressed {n:>4}: {why}")
+    print("the file's own repeatability (no predictor can be closer on average): each measurement "
+          "of a configuration measured more than once against the median of its other measurements")
+    for eng, (n, ttft, tpot) in sorted(repeatability(rows).items()):
+        print(f"  {eng:<7} {n:>4} measurements: TTFT {100 * ttft:5.1f}%  TPOT {100 * tpot:5.1f}% MAPE")
     sys.stdout.flush()
+
+
+# what makes two rows one configuration: the system, the engine and its release, the model, the
+# precision, every width and worker count, the lengths (and the concurrency)
+CONFIGURATION = ("system", "backend", "backend_version", "model_path", "mode", "gemm_quant_mode",
+                 "moe_quant_mode", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size",
+                 "prefill_tp_size", "prefill_pp_size", "prefill_attention_dp_size", "prefill_moe_ep_size",
+                 "prefill_num_workers", "decode_tp_size", "decode_pp_size", "decode_attention_dp_size",
+                 "decode_moe_ep_size", "decode_num_workers", "isl", "osl")
+
+
+def repeatability(rows: list[dict[str, str]]) -> dict[str, tuple[int, float, float]]:
+    """Per engine: (measurements, TTFT MAPE, TPOT MAPE) of the file against itself. Where one
+    configuration at one concurrency was measured more than once with different results,
+    each measurement is "predicted" by the median of the others: the error no model of the
+    configuration can beat on average, since it gives every such measurement one answer."""
+    groups: dict[tuple[str, ...], list[tuple[float, float]]] = defaultdict(list)
+    for row in rows:
+        c = concurrency(row)
+        if c is not None:
+            key = tuple(row.get(k, "") for k in CONFIGURATION) + (str(c),)
+            groups[key].append((float(row["silicon_ttft_ms"]), float(row["silicon_tpot_ms"])))
+    errors: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for key, found in groups.items():
+        if len(found) < 2:
+            continue
+        for i, (ttft, tpot) in enumerate(found):
+            others = found[:i] + found[i + 1:]
+            mt = statistics.median(o[0] for o in others)
+            mp = statistics.median(o[1] for o in others)
+            errors[key[1]].append((abs(mt - ttft) / ttft, abs(mp - tpot) / tpot))
+    return {eng: (len(e), sum(x[0] for x in e) / len(e), sum(x[1] for x in e) / len(e))
+            for eng, e in errors.items()}
 
 
 if __name__ == "__main__":

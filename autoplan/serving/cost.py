@@ -73,12 +73,30 @@ from autoplan.vocab import Dtype
 
 ACT_BYTES = 2  # hidden states move in 16 bits between kernels and over the links
 LOGIT_BYTES = 4  # logits are sampled in fp32
-# kernels per transformer layer in an iteration: norms, QKV, RoPE, attention, O, residual,
-# the MLP's GEMMs and activation, the collectives
+# kernels per transformer layer in an iteration: a dense layer's 14 (norms, QKV, RoPE,
+# attention, O, residual, the MLP's GEMMs and activation, the collectives); layers with more
+# operators launch more (kernels_per_layer)
 KERNELS_PER_LAYER = 14
+# besides its GEMMs (kernels.layer.layer_gemms: 4 in a dense layer), a layer's kernels: two
+# norms, RoPE, the KV-cache write, the attention kernel, the activation, two residual adds
+# and two collectives
+FIXED_KERNELS = KERNELS_PER_LAYER - 4
+# an MoE layer's routed experts beyond its router GEMM: top-k, permute, the two grouped GEMMs,
+# their activation, unpermute-and-combine (vLLM's fused_moe and SGLang's and TensorRT-LLM's
+# MoE paths launch these as separate kernels)
+ROUTED_KERNELS = 6
+# MLA's two latent norms (its down and up projections are GEMMs in layer_gemms)
+MLA_KERNELS = 2
 # the one-shot all-reduce of serving engines (kernels/comm.py), under its older names here
 ONE_SHOT_MAX_BYTES = comm.ONE_SHOT_MAX_BYTES
 all_reduce_seconds = comm.serving_all_reduce
+
+
+def kernels_per_layer(model: Model, gemms: int, moe: bool) -> int:
+    """Kernels one layer launches in an iteration: its ``gemms`` GEMMs (layer_gemms' for the
+    layer), the fixed operators around them (FIXED_KERNELS), an MoE layer's routed experts
+    (ROUTED_KERNELS) and MLA's latent norms (MLA_KERNELS). A dense GQA layer: 4 + 10 = 14."""
+    return gemms + FIXED_KERNELS + (ROUTED_KERNELS if moe else 0) + (MLA_KERNELS if model.is_mla else 0)
 
 
 def iteration_seconds(gpu_s: float, host_s: float, hidden: float, launch_floor_s: float = 0.0) -> float:
@@ -256,7 +274,10 @@ class StepModel:
         self._head_moe = bool(spec is not None and spec.method is SpecMethod.MTP and m.is_moe)
         # kernels an iteration launches (those the kernel gaps count), and whether host and
         # GPU simply add up (no overlap, no launch floor: the arithmetic of the serial loop)
-        self._kernels = self.layers_stage * d.pp * KERNELS_PER_LAYER
+        self._layer_kernels = kernels_per_layer(m, len(self._dense_shapes), False)
+        self._moe_layer_kernels = kernels_per_layer(m, len(self._moe_shapes), True) if m.is_moe else 0
+        self._kernels = d.pp * (self.dense_stage * self._layer_kernels
+                                + self.moe_stage * self._moe_layer_kernels)
         self._serial = self._hidden == 0.0 and line.launch_s == 0.0
 
     # -- per-layer pieces ---------------------------------------------------------------
@@ -311,7 +332,7 @@ class StepModel:
         k = self._kscale
         out = Breakdown(gemm=k * self.dense_stage * d.pp * dense, moe=k * Lm * moe, elementwise=elementwise,
                         tp_comm=tp_comm, ep_comm=ep_comm, pp_comm=pp_comm,
-                        kernel_gaps=L * KERNELS_PER_LAYER * dev.kernel_gap_s,
+                        kernel_gaps=self._kernels * dev.kernel_gap_s,
                         host=self._host_step)
         self._tokens[tokens] = out
         return out
@@ -436,7 +457,8 @@ class StepModel:
         rest = tokens * fused_elementwise_bytes_per_token(m, d.tp) / self.mem_eff_Bps
         if d.tp > 1:
             rest += 2 * all_reduce_seconds(ACT_BYTES * tokens * m.hidden, self.tp_group)
-        return self._kscale * gemms + rest + KERNELS_PER_LAYER * dev.kernel_gap_s
+        kernels = self._moe_layer_kernels if self._head_moe else self._layer_kernels
+        return self._kscale * gemms + rest + kernels * dev.kernel_gap_s
 
     def _draft_seconds(self, decodes: int, decode_context: float, prefill_tokens: int,
                        prefill_pairs: float, prefill_context: float) -> float:

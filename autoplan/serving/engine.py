@@ -108,8 +108,8 @@ def _overlap_always(deployment: Deployment) -> str | None:
 # what the engines' fits on NVIDIA's measured closed loops name as their source (the lines
 # of each engine file's FITTED that benchmarks/serving_silicon_fit.py wrote)
 SILICON_FIT = ("serving_silicon.csv (NVIDIA's measured runs on H100, B200 and GB200; the H200, B300 "
-               "and GB300 rows reserved), every second distinct measurement: python "
-               "benchmarks/serving_silicon_fit.py --every 2 (2026-11-29)")
+               "and GB300 rows reserved), every second distinct measurement, with its benchmark "
+               "clients' lengths: python benchmarks/serving_silicon_fit.py --every 2 (2026-11-29)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -78,3 +78,31 @@ def test_the_benchmark_prints_the_table_and_why_rows_were_left_out(tmp_path: Pat
     out = capsys.readouterr().out
     assert "TTFT MAPE" in out and "expressible: 2 of 4 distinct measurements" in out
     assert "worker counts not recorded" in out and "h200" not in out
+
+
+def test_rows_at_inferencex_lengths_are_simulated_with_that_clients_draws_and_prompts() -> None:
+    """InferenceX's client draws each length uniform in [int(0.8 L), L] and sends 10C prompts;
+    rows at other lengths (AIConfigurator's own sweeps) keep fixed lengths and 20C."""
+    from autoplan.serving.deployment import Dist
+
+    bench = _bench()
+    ix = bench.case_of({**{c: "" for c in COLUMNS}, **AGG, "isl": "8192", "osl": "1024"})
+    assert ix.plan is not None
+    w = ix.plan.workload
+    assert (w.input_len.dist, w.input_len.low, w.input_len.high) == (Dist.UNIFORM, 6553, 8192)
+    assert (w.output_len.low, w.output_len.high) == (819, 1024)
+    assert w.requests == max(64, 10 * 8)
+    fixed = bench.case_of({**{c: "" for c in COLUMNS}, **AGG})  # 1024 x 128: not InferenceX's
+    assert fixed.plan is not None
+    assert fixed.plan.workload.input_len.dist is Dist.FIXED
+    assert fixed.plan.workload.requests == max(64, 20 * 8)
+
+
+def test_repeatability_scores_each_repeated_measurement_against_the_median_of_the_others() -> None:
+    bench = _bench()
+    row = {**{c: "" for c in COLUMNS}, **AGG}
+    rows = [{**row, "silicon_ttft_ms": t, "silicon_tpot_ms": "10"} for t in ("100", "100", "200")]
+    rows.append({**row, "isl": "2048", "silicon_ttft_ms": "50"})  # measured once: not counted
+    n, ttft, tpot = bench.repeatability(rows)["vllm"]
+    # 100 against median(100, 200) = 150 twice (50%), 200 against 100 (50%)
+    assert n == 3 and ttft == pytest.approx(0.5) and tpot == 0.0

@@ -89,8 +89,10 @@ def test_no_release_gives_the_newest_fitted_line() -> None:
 
 def test_the_shipped_default_lines_are_fitted_on_nvidias_measured_runs() -> None:
     """The engine files' FITTED (benchmarks/serving_silicon_fit.py): every vLLM and SGLang
-    line and TensorRT-LLM 1.x fitted on NVIDIA's closed loops, in series with the GPU's work
-    (serial), each with a front end; TensorRT-LLM 0.17 keeps its v0.5-v0.17 fit."""
+    line and TensorRT-LLM 1.x fitted on NVIDIA's closed loops, each with a front end and a
+    launch time; vLLM's and TensorRT-LLM's host time in series with the GPU's work (serial),
+    SGLang's hidden by its overlap scheduler as the line documents it; TensorRT-LLM 0.17 keeps
+    its v0.5-v0.17 fit."""
     from autoplan.serving.engine import SILICON_FIT
 
     assert {e.value: e.spec.at(None).version for e in Engine} == {
@@ -100,8 +102,11 @@ def test_the_shipped_default_lines_are_fitted_on_nvidias_measured_runs() -> None
         for version in lines:
             line = engine.spec.at(version)
             assert line.is_fitted and line.fitted is not None, (engine, version)
-            assert line.fitted.source == SILICON_FIT and line.fitted.serial and line.request_s >= 0
-            assert line.hidden_share(Deployment(replicas=1, tp=1)) == 0.0  # shown, not hidden again
+            assert line.fitted.source == SILICON_FIT and line.request_s > 0 and line.launch_s > 0
+            assert line.fitted.serial is (engine is not Engine.SGLANG)
+            hidden = line.hidden_share(Deployment(replicas=1, tp=1))
+            assert hidden == (0.0 if line.fitted.serial else line.host_hidden)
+            assert line.fitted.serial or hidden > 0
     old = Engine.TRTLLM.spec.at("0.17.0")
     assert old.is_fitted and old.host_step_s == 2.98e-3 and old.request_s == 0.0
 
@@ -398,3 +403,35 @@ def test_the_fit_benchmark_trials_reach_the_prediction(monkeypatch) -> None:
             host = _steps(Engine.TRTLLM, None).step_seconds(*step)
         assert host - bare == pytest.approx(1e-3)
         assert Engine.TRTLLM.spec is registered and registered.at(None).host_step_s == 5e-3  # restored
+
+
+# --------------------------------------------------------------------------- kernels launched
+
+def test_a_layer_launches_its_gemms_and_the_fixed_operators_more_for_moe_and_mla() -> None:
+    """kernels_per_layer by hand: a dense GQA layer's 4 GEMMs (QKV, O, up+gate, down) and 10
+    fixed operators make the 14 of KERNELS_PER_LAYER; DeepSeek-V3's MoE layer has MLA's 5
+    projections, the router and the shared expert's 2 GEMMs (8), the 10, the routed experts'
+    6 and MLA's 2 latent norms: 26; its 3 dense layers 5 + 2 + 10 + 2 = 19."""
+    from autoplan.serving.cost import KERNELS_PER_LAYER, kernels_per_layer
+
+    dense = _steps(Engine.VLLM, None)
+    assert dense._layer_kernels == KERNELS_PER_LAYER == kernels_per_layer(L8, 4, False) == 14
+    assert dense._kernels == L8.layers * 14
+    ds = resolve_model("deepseek-v3")
+    step = StepModel(ds, with_gpus(resolve_cluster("dgx-h100"), 8), Deployment(replicas=1, tp=8), Engine.VLLM)
+    assert (step._layer_kernels, step._moe_layer_kernels) == (19, 26)
+    assert step._kernels == 3 * 19 + (ds.layers - 3) * 26
+
+
+def test_an_iteration_not_replayed_as_a_graph_takes_at_least_its_kernels_launch_time() -> None:
+    """With a per-kernel launch time fitted, a prefill (run eagerly) takes no less than its
+    kernels' launches plus the host step; a decode-only batch within the CUDA graphs does not
+    pay them."""
+    with engine_constants(Engine.VLLM, "0.14.0", host_step_s=1e-3, launch_s=1e-3, serial=True):
+        step = _steps(Engine.VLLM, "0.19.0")
+        assert step.line.launch_s == 1e-3
+        floor = step._kernels * 1e-3
+        prefill = step.step_seconds(64, 0, 0.0, 64 * 64 / 2, 0.0, 1)
+        assert prefill == pytest.approx(1e-3 + floor)  # launch-bound: 448 ms of launches
+        decode = step.step_seconds(8, 8, 8 * 100.0, 0.0, 0.0, 8)
+        assert decode < 0.1 * floor
