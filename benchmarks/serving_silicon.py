@@ -3,13 +3,18 @@
 each column means).
 
     python benchmarks/serving_silicon.py [--csv PATH] [--rows] [--limit N] [--engine E]
+                                         [--every N] [--fixed-lengths] [--applies KINDS]
 
 Each distinct measurement (rows that repeat one, as the .md defines them, are counted
 once) becomes a serving plan: the model, the GPUs of one deployment on the row's system,
 the engine at the row's version, the widths (tensor, pipeline, attention data and expert
 parallel; each pool's for a disaggregated run), the weights' precision, and a closed loop
-of the row's concurrency over fixed lengths. TTFT and TPOT are the simulation's means,
-against the measured ones. The table groups them by engine, version, GPU and mode.
+of the row's concurrency over the lengths its benchmark client drew (:func:`lengths_of`:
+InferenceX's client, uniform in [int(0.8 L), L], for the rows at its three length pairs;
+fixed lengths for AIConfigurator's own sweeps). TTFT and TPOT are the simulation's means,
+against the measured ones. The table groups them by engine, version, GPU and mode; under it,
+the file's own repeatability (:func:`repeatability`): how far measurements of one
+configuration repeat, which no model of the configuration can beat on average.
 
 The rows on H200, B300 and GB300 are reserved for validation and never read here: the
 loader drops them before anything looks at them.
@@ -17,7 +22,7 @@ loader drops them before anything looks at them.
 Rows are counted as not expressible, with the reason, where the architecture is not one
 autoplan models yet (hybrid linear attention, sparse attention: the today's-models
 issue), the deployment's size was not recorded, or the row states no concurrency.
-These rows calibrate the engines' constants (benchmarks/serving_fit.py --silicon).
+These rows calibrate the engines' constants (benchmarks/serving_silicon_fit.py).
 """
 
 from __future__ import annotations
