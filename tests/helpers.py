@@ -162,9 +162,12 @@ micro_batch: 3
 def cpu_seconds() -> Iterator[list[float]]:
     """This process's CPU seconds in the block (``with cpu_seconds() as t: ...; t[0]``),
     for the reject paths' "fails fast" checks: CPU time, not wall clock, so that other jobs
-    sharing the machine cannot fail them; the objects earlier tests left behind collected
-    and frozen first, so that a full garbage collection over them cannot land in the block."""
-    gc.collect()
+    sharing the machine cannot fail them; the objects earlier tests left behind frozen first
+    (``gc.freeze``: the collector skips them until ``gc.unfreeze`` after the block), so
+    that a full garbage collection over them cannot land in the block. Not collected first:
+    freezing alone keeps them out of the block, and a full collection here, over a worker
+    that has imported torch and the launchers, costs more than the refusals it times
+    (0.2 to 1 s a call, most of the reject tests' time)."""
     gc.freeze()
     took = [0.0]
     start = time.process_time()
