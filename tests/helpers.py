@@ -6,6 +6,7 @@ import gc
 import importlib
 import io
 import os
+import runpy
 import subprocess
 import sys
 import time
@@ -128,6 +129,40 @@ def autoplan_subprocess(*args: Any, cwd: Path | None = None, env: Mapping[str, s
                           env=_environ({"AUTOPLAN_DEBUG": None, **(env or {})}),
                           timeout=timeout, check=False)
 
+def run_script(script: Path, *args: Any, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``python SCRIPT ARGS`` (a benchmark's command line) run in this process as its
+    ``__main__``: what ``subprocess.run([sys.executable, SCRIPT, *ARGS], capture_output=True,
+    text=True, cwd=cwd)`` returns, as :func:`autoplan` does for the command line (its exit
+    status, stdout and stderr as in-memory text files, an uncaught exception as a traceback
+    and exit 1, from ``cwd``, default the current folder), without the new interpreter and
+    its imports (a second or more a run where the script loads scikit-learn). For scripts
+    that read their arguments, print and exit; not for one whose point is a new process."""
+    argv = [str(script), *(str(a) for a in args)]
+    saved = sys.argv, sys.stdout, sys.stderr, os.getcwd()
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code = 0
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        sys.argv, sys.stdout, sys.stderr = argv, stdout, stderr
+        try:
+            runpy.run_path(str(script), run_name="__main__")
+        except SystemExit as exc:
+            if exc.code is None or isinstance(exc.code, int):
+                code = exc.code or 0
+            else:  # what the interpreter does with sys.exit("message")
+                print(exc.code, file=sys.stderr)
+                code = 1
+        except Exception:
+            traceback.print_exc()
+            code = 1
+    finally:
+        sys.argv, sys.stdout, sys.stderr = saved[:3]
+        os.chdir(saved[3])
+    return subprocess.CompletedProcess([sys.executable, *argv], code, stdout.getvalue(),
+                                       stderr.getvalue())
+
+
 REPO = Path(__file__).resolve().parents[1]
 
 # ---- plans shared by the check/diff tests (library and command line)
@@ -162,9 +197,12 @@ micro_batch: 3
 def cpu_seconds() -> Iterator[list[float]]:
     """This process's CPU seconds in the block (``with cpu_seconds() as t: ...; t[0]``),
     for the reject paths' "fails fast" checks: CPU time, not wall clock, so that other jobs
-    sharing the machine cannot fail them; the objects earlier tests left behind collected
-    and frozen first, so that a full garbage collection over them cannot land in the block."""
-    gc.collect()
+    sharing the machine cannot fail them; the objects earlier tests left behind frozen first
+    (``gc.freeze``: the collector skips them until ``gc.unfreeze`` after the block), so
+    that a full garbage collection over them cannot land in the block. Not collected first:
+    freezing alone keeps them out of the block, and a full collection here, over a worker
+    that has imported torch and the launchers, costs more than the refusals it times
+    (0.2 to 1 s a call, most of the reject tests' time)."""
     gc.freeze()
     took = [0.0]
     start = time.process_time()

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import run_script
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy.py"
 
 COLUMNS = (
@@ -65,8 +67,7 @@ def write_csv(path: Path) -> Path:
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          timeout=120)
+    return run_script(SCRIPT, *args)
 
 
 def test_benchmark_predicts_the_ready_rows_and_prints_mape(tmp_path):

@@ -6,11 +6,11 @@ not on accuracy (that is the benchmark's to report)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_validate.py"
@@ -20,8 +20,7 @@ GPU = ROOT / "benchmarks" / "gpu"
 @pytest.mark.parametrize("folder", ["h200-2026-11-26", "h100-2026-11-26"])
 def test_the_table_predicts_every_saved_run_again(folder: str) -> None:
     saved_at = GPU / folder
-    done = subprocess.run([sys.executable, str(SCRIPT), "table", str(saved_at)], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT)
+    done = run_script(SCRIPT, "table", saved_at, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     saved = sorted(saved_at.glob("*.json"))
     rows = [line for line in done.stdout.splitlines() if line.startswith("| llama")]
@@ -37,6 +36,5 @@ def test_the_table_predicts_every_saved_run_again(folder: str) -> None:
 
 def test_a_folder_without_saved_runs_is_refused(tmp_path: Path) -> None:
     (tmp_path / "other.json").write_text("{}")
-    done = subprocess.run([sys.executable, str(SCRIPT), "table", str(tmp_path)], capture_output=True,
-                          text=True, timeout=60, cwd=ROOT)
+    done = run_script(SCRIPT, "table", tmp_path, cwd=ROOT)
     assert done.returncode == 2 and "unknown: other" in done.stderr

@@ -6,6 +6,7 @@ naming the field, never a traceback."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import subprocess
@@ -102,18 +103,23 @@ def _exports(name: str) -> dict[str, Any]:
     return out
 
 
-BENIGN = _exports("benign")
+@functools.cache
+def _benign() -> dict[str, Any]:
+    """The exports' structure for a plain name, worked out once in a process when a test
+    first asks (not at import: every pytest-xdist worker imports this module to collect it,
+    and this takes seconds, most of them in the serving plan's profile and forest)."""
+    return _exports("benign")
 
 
 @pytest.mark.parametrize("name", TRICKY)
 def test_a_tricky_name_changes_no_key_of_any_export(name: str) -> None:
-    assert _exports(name) == BENIGN
+    assert _exports(name) == _benign()
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 @given(name=NAMES)
 def test_any_legal_name_goes_through_load_evaluate_and_every_export(name: str) -> None:
-    assert _exports(name) == BENIGN
+    assert _exports(name) == _benign()
 
 
 # numeric fields of a plan's inline cluster and device, by key path

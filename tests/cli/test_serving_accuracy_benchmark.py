@@ -8,9 +8,9 @@ express with the reason, and prints MAPE. They say nothing about accuracy.
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.helpers import run_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "serving_accuracy.py"
 COLUMNS = (
@@ -44,8 +44,7 @@ def test_the_benchmark_prints_mape_and_why_rows_were_left_out(tmp_path: Path) ->
         writer.writeheader()
         for row in ROWS:
             writer.writerow({c: row.get(c, "") for c in COLUMNS})
-    result = subprocess.run([sys.executable, str(SCRIPT), "--csv", str(path), "--rows"],
-                            capture_output=True, text=True, timeout=300)
+    result = run_script(SCRIPT, "--csv", path, "--rows")
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "OFF-1" in out and "throughput" in out and "STATIC-1" in out and "tpot_ms" in out

@@ -49,6 +49,15 @@ def validate_run(*args: Any) -> subprocess.CompletedProcess[str]:
     return autoplan_subprocess("validate", *args, timeout=600)
 
 
+def validate_here(*args: Any) -> subprocess.CompletedProcess[str]:
+    """``autoplan validate ARGS`` in this process (``tests.helpers.autoplan``): the plan's
+    processes are spawned and set their torch threads as from a new one (the parent sets
+    none, and pins each to cores of its own affinity, which a new process would inherit);
+    what is saved is the parent's interpreter and torch's import, 2 to 3 s of CPU a run.
+    One end-to-end run stays in a new process (:func:`validate_run`, the slice's)."""
+    return autoplan("validate", *args)
+
+
 def example(name: str) -> Any:
     path = CPU / name
     return read_plan(read_yaml(path), str(path))
@@ -93,8 +102,8 @@ def check_contract(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 @pytest.mark.slow
 def test_a_two_process_data_parallel_plan_runs_and_is_compared(tmp_path: Path) -> None:
     runs = tmp_path / "runs.csv"
-    doc = check_contract(validate_run(small("plan-dp2.yaml", tmp_path), *QUICK, "--format", "json",
-                                      "--runs", runs))
+    doc = check_contract(validate_here(small("plan-dp2.yaml", tmp_path), *QUICK, "--format", "json",
+                                       "--runs", runs))
     # the run is appended to the runs log (autoplan/tune/runs.py), as tune appends its trials
     from autoplan.tune.runs import read_runs
 
@@ -114,7 +123,7 @@ def test_a_two_process_data_parallel_plan_runs_and_is_compared(tmp_path: Path) -
 @needs_two_cores
 @pytest.mark.slow
 def test_a_two_stage_pipeline_plan_runs_each_stage_against_its_own_prediction(tmp_path: Path) -> None:
-    doc = check_contract(validate_run(small("plan-pp2.yaml", tmp_path), *QUICK, "--format", "json"))
+    doc = check_contract(validate_here(small("plan-pp2.yaml", tmp_path), *QUICK, "--format", "json"))
     stages = {r["stage"]: r for r in doc["ranks"]}
     assert set(stages) == {0, 1}
     per_stage = doc["predicted"]["prediction"]["memory_gib_per_stage"]

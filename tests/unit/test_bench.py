@@ -35,6 +35,12 @@ LLAMA3_8B_TP8_16 = {(16, 768, 4096), (16, 4096, 512), (16, 3584, 4096), (16, 409
 
 # not under torchrun: the command is its own writer (autoplan.bench.run.is_writer)
 NOT_A_WORKER = {"RANK": None, "WORLD_SIZE": None}
+# ... and on the one torch thread the test sets: without OMP_NUM_THREADS a world of one
+# takes every core (autoplan.bench.run.run_bench), two threads that wait on each other
+# while the suite's other worker holds the second core (13 s of CPU for the tiny preset
+# on a busy 2-core machine, 2.7 s on one thread); a world of two keeps its one thread a
+# rank either way (``tiny_profile``)
+ONE_THREAD = {**NOT_A_WORKER, "OMP_NUM_THREADS": "1"}
 
 
 def assert_bad_input(result: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -206,7 +212,7 @@ def test_cli_writes_a_profile_and_prints_a_summary(tmp_path: Path) -> None:
     torch.set_num_threads(1)
     try:
         result = autoplan("bench", "--device", "cpu", "--preset", "tiny", "--world", "1",
-                          "--model", model, "-o", out, env=NOT_A_WORKER)
+                          "--model", model, "-o", out, env=ONE_THREAD)
     finally:
         torch.set_num_threads(threads)
     assert result.returncode == 0, result.stderr
@@ -226,7 +232,7 @@ def test_cli_world_of_one_writes_the_csv_to_stdout_without_collectives() -> None
     torch.set_num_threads(1)
     try:
         result = autoplan("bench", "--device", "cpu", "--preset", "tiny", "--world", "1",
-                          "--model", ROOT / "examples" / "cpu" / "tiny-llama.yaml", env=NOT_A_WORKER)
+                          "--model", ROOT / "examples" / "cpu" / "tiny-llama.yaml", env=ONE_THREAD)
     finally:
         torch.set_num_threads(threads)
     assert result.returncode == 0, result.stderr
