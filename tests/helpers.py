@@ -98,11 +98,7 @@ def autoplan(*args: Any, cwd: Path | None = None,
         try:
             cli.main()
         except SystemExit as exc:  # main() always ends in sys.exit
-            if exc.code is None or isinstance(exc.code, int):
-                code = exc.code or 0
-            else:  # what the interpreter does with sys.exit("message")
-                print(exc.code, file=sys.stderr)
-                code = 1
+            code = _exit_status(exc)
         except Exception:
             traceback.print_exc()
             code = 1
@@ -129,6 +125,16 @@ def autoplan_subprocess(*args: Any, cwd: Path | None = None, env: Mapping[str, s
                           env=_environ({"AUTOPLAN_DEBUG": None, **(env or {})}),
                           timeout=timeout, check=False)
 
+
+def _exit_status(exc: SystemExit) -> int:
+    """The status an interpreter exits with for ``exc``: its code, 0 for None, and for
+    sys.exit("message") the message on stderr and 1."""
+    if exc.code is None or isinstance(exc.code, int):
+        return exc.code or 0
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
 def run_script(script: Path, *args: Any, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """``python SCRIPT ARGS`` (a benchmark's command line) run in this process as its
     ``__main__``: what ``subprocess.run([sys.executable, SCRIPT, *ARGS], capture_output=True,
@@ -148,11 +154,7 @@ def run_script(script: Path, *args: Any, cwd: Path | None = None) -> subprocess.
         try:
             runpy.run_path(str(script), run_name="__main__")
         except SystemExit as exc:
-            if exc.code is None or isinstance(exc.code, int):
-                code = exc.code or 0
-            else:  # what the interpreter does with sys.exit("message")
-                print(exc.code, file=sys.stderr)
-                code = 1
+            code = _exit_status(exc)
         except Exception:
             traceback.print_exc()
             code = 1
