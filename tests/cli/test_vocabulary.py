@@ -25,6 +25,16 @@ DOC = REPO / "docs" / "CLI.md"
 HEADER = "| command | flag | short | also accepted | takes | meaning |"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _imported() -> None:
+    """The commands' imports happen once, as in a process that starts, before any refusal
+    is timed (``_refused`` times CPU seconds; run alone, the first serve refusal paid about
+    2 s of imports and failed its second): a search's, an evaluation's and serve's."""
+    autoplan("search", "--help")
+    autoplan("evaluate", BEST)
+    autoplan("serve", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8", "--draft-model", "/dev/zero")
+
+
 # --------------------------------------------------------------------------- the table, live
 
 
