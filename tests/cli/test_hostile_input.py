@@ -24,9 +24,13 @@ SMALL = ("-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8")
 
 @pytest.fixture(autouse=True, scope="module")
 def _imported() -> None:
-    """The commands' imports happen once, as in a process that starts: not timed here."""
+    """The commands' imports happen once, as in a process that starts: not timed here
+    (serve's too: run alone, the first serve refusal paid about 1.4 s of imports)."""
     autoplan("search", "--help")
     autoplan("evaluate", BEST)
+    serve = ("serve", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8")
+    autoplan(*serve, "--draft-model", "/dev/zero")
+    autoplan(*serve, "--trace", "/dev/zero")
 
 
 def _refused(*args: object, needles: tuple[str, ...] = (), seconds: float = 1.0,

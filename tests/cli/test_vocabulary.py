@@ -32,7 +32,9 @@ def _imported() -> None:
     2 s of imports and failed its second): a search's, an evaluation's and serve's."""
     autoplan("search", "--help")
     autoplan("evaluate", BEST)
-    autoplan("serve", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8", "--draft-model", "/dev/zero")
+    serve = ("serve", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8")
+    autoplan(*serve, "--draft-model", "/dev/zero")
+    autoplan(*serve, "--trace", "/dev/zero")
 
 
 # --------------------------------------------------------------------------- the table, live
