@@ -25,18 +25,6 @@ DOC = REPO / "docs" / "CLI.md"
 HEADER = "| command | flag | short | also accepted | takes | meaning |"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _imported() -> None:
-    """The commands' imports happen once, as in a process that starts, before any refusal
-    is timed (``_refused`` times CPU seconds; run alone, the first serve refusal paid about
-    2 s of imports and failed its second): a search's, an evaluation's and serve's."""
-    autoplan("search", "--help")
-    autoplan("evaluate", BEST)
-    serve = ("serve", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8")
-    autoplan(*serve, "--draft-model", "/dev/zero")
-    autoplan(*serve, "--trace", "/dev/zero")
-
-
 # --------------------------------------------------------------------------- the table, live
 
 
