@@ -283,7 +283,9 @@ def inferencex(row: dict[str, str]) -> bool:
     (serving_silicon.md, "Read before use"); its rows come in two families: the recipe
     sweeps (``source_file=2026-*.csv``, ``db-dump``, the ``*-gap-analysis.csv`` files),
     every one at those three pairs, and AIConfigurator's own sweeps (``aic-auto-gap-analysis``)
-    at other lengths (1024-4096 in, 128-512 out), whose generated scripts fix the lengths."""
+    at other lengths (1024-4096 in, 128-512 out), whose generated scripts fix the lengths
+    (15 of its 706 rows sit at those pairs too, and are taken as InferenceX's: the rule reads
+    the lengths, never a row's source)."""
     return (_int(row["isl"]), _int(row["osl"])) in INFERENCEX_LENGTHS
 
 
@@ -294,9 +296,12 @@ def lengths_of(row: dict[str, str], isl: int, osl: int) -> tuple[Lengths, Length
     range_ratio), L + 1)``); AIConfigurator's scripts send fixed lengths."""
     if not (PROTOCOL and inferencex(row)):
         return Lengths(isl), Lengths(osl)
-    return tuple(  # type: ignore[return-value]
-        Lengths((int(n * RANGE_RATIO) + n) / 2, Dist.UNIFORM, low=int(n * RANGE_RATIO), high=n)
-        for n in (isl, osl))
+
+    def drawn(n: int) -> Lengths:
+        low = int(n * RANGE_RATIO)
+        return Lengths((low + n) / 2, Dist.UNIFORM, low=low, high=n)
+
+    return drawn(isl), drawn(osl)
 
 
 def requests_for(row: dict[str, str], c: int) -> int:
