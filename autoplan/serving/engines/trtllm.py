@@ -19,7 +19,11 @@ def defaults(device: Device) -> EngineDefaults:
     ``kv_cache_config.free_gpu_memory_fraction`` 0.9 of the memory free after the weights
     (TensorRT-LLM docs, "trtllm-serve" and "KV cache" pages); the capacity scheduler's
     default policy GUARANTEED_NO_EVICT admits a request only when its whole output fits
-    ("Scheduler" in the TensorRT-LLM docs)."""
+    ("Scheduler" in the TensorRT-LLM docs). Chunked prefill is autoplan's choice, not the
+    engine's default (``enable_chunked_prefill`` defaults to False in
+    tensorrt_llm/llmapi/llm_args.py): without it a prompt as long as ``max_num_tokens``
+    never fits beside running decodes, so the exports write ``enable_chunked_prefill``
+    explicitly (:func:`side_files`) and the launch runs as predicted."""
     return EngineDefaults(2048, 8192, True, 0.9, memory_of_free=True, reserve_output=1.0)
 
 
