@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -54,12 +54,17 @@ ROOT = Path(__file__).resolve().parent.parent
 def _environ(changes: Mapping[str, str | None]) -> dict[str, str]:
     """This process's environment with ``changes`` applied (None removes a variable)."""
     env = dict(os.environ)
+    _apply(env, changes)
+    return env
+
+
+def _apply(env: MutableMapping[str, str], changes: Mapping[str, str | None]) -> None:
+    """Set each of ``changes`` in ``env``; None removes the variable."""
     for key, value in changes.items():
         if value is None:
             env.pop(key, None)
         else:
             env[key] = value
-    return env
 
 
 def autoplan(*args: Any, cwd: Path | None = None,
@@ -83,35 +88,17 @@ def autoplan(*args: Any, cwd: Path | None = None,
     changes = {"AUTOPLAN_DEBUG": None, **(env or {})}
     saved_env = {key: os.environ.get(key) for key in changes}
     saved_consoles = dict(vars(output))
-    saved = sys.argv, sys.stdout, sys.stderr, os.getcwd()
-    stdout, stderr = io.StringIO(), io.StringIO()
-    code = 0
+
+    def main() -> None:
+        importlib.reload(output)  # the consoles made again on this call's stdout and stderr
+        cli.main()
+
     try:
-        for key, value in changes.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        os.chdir(cwd or ROOT)
-        sys.argv, sys.stdout, sys.stderr = argv, stdout, stderr
-        importlib.reload(output)
-        try:
-            cli.main()
-        except SystemExit as exc:  # main() always ends in sys.exit
-            code = _exit_status(exc)
-        except Exception:
-            traceback.print_exc()
-            code = 1
+        _apply(os.environ, changes)
+        return _as_main(argv, main, cwd or ROOT)
     finally:
-        sys.argv, sys.stdout, sys.stderr = saved[:3]
-        os.chdir(saved[3])
         vars(output).update(saved_consoles)
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    return subprocess.CompletedProcess(argv, code, stdout.getvalue(), stderr.getvalue())
+        _apply(os.environ, saved_env)
 
 
 def autoplan_subprocess(*args: Any, cwd: Path | None = None, env: Mapping[str, str | None] | None = None,
@@ -144,6 +131,16 @@ def run_script(script: Path, *args: Any, cwd: Path | None = None) -> subprocess.
     its imports (a second or more a run where the script loads scikit-learn). For scripts
     that read their arguments, print and exit; not for one whose point is a new process."""
     argv = [str(script), *(str(a) for a in args)]
+    done = _as_main(argv, lambda: runpy.run_path(str(script), run_name="__main__"), cwd)
+    return subprocess.CompletedProcess([sys.executable, *argv], done.returncode, done.stdout, done.stderr)
+
+
+def _as_main(argv: list[str], main: Callable[[], object],
+             cwd: Path | None) -> subprocess.CompletedProcess[str]:
+    """``main()`` run as a new process's main would run: with ``sys.argv`` = ``argv``, from
+    ``cwd`` (None: the current folder), stdout and stderr in-memory text files; its exit
+    status as the interpreter gives a ``SystemExit`` (:func:`_exit_status`), an uncaught
+    exception a traceback on stderr and 1. The interpreter's state is put back after."""
     saved = sys.argv, sys.stdout, sys.stderr, os.getcwd()
     stdout, stderr = io.StringIO(), io.StringIO()
     code = 0
@@ -152,7 +149,7 @@ def run_script(script: Path, *args: Any, cwd: Path | None = None) -> subprocess.
             os.chdir(cwd)
         sys.argv, sys.stdout, sys.stderr = argv, stdout, stderr
         try:
-            runpy.run_path(str(script), run_name="__main__")
+            main()
         except SystemExit as exc:
             code = _exit_status(exc)
         except Exception:
@@ -161,9 +158,7 @@ def run_script(script: Path, *args: Any, cwd: Path | None = None) -> subprocess.
     finally:
         sys.argv, sys.stdout, sys.stderr = saved[:3]
         os.chdir(saved[3])
-    return subprocess.CompletedProcess([sys.executable, *argv], code, stdout.getvalue(),
-                                       stderr.getvalue())
-
+    return subprocess.CompletedProcess(argv, code, stdout.getvalue(), stderr.getvalue())
 
 REPO = Path(__file__).resolve().parents[1]
 
