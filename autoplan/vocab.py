@@ -119,6 +119,28 @@ class ZeroStage(int, enum.Enum):
     """Optimizer states, gradients and parameters sharded (FSDP full shard)."""
 
 
+class TpOverlap(str, enum.Enum):
+    """How a stack overlaps a layer's tensor-parallel collectives (Shoeybi et al. 2019:
+    with sequence parallelism an all-gather before each column-parallel linear and a
+    reduce-scatter after each row-parallel one, forward and backward) with its GEMMs."""
+
+    NONE = "none"
+    """Every collective runs between the GEMMs, exposed (PyTorch DTensor's eager TP)."""
+    WGRAD = "wgrad"
+    """Forward exposed; backward collectives run beside the weight-gradient GEMMs
+    (Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication): what those GEMMs
+    outlast is hidden, and a schedule that defers W hides nothing."""
+    USERBUFFERS = "userbuffers"
+    """Transformer Engine's comm-GEMM overlap (Megatron-Core --tp-comm-overlap): each
+    collective pipelined with its own linear's GEMM, by the method TE's defaults give each
+    (``parallel.tp.userbuffers_exposed``). Needs sequence parallelism and TP in one node."""
+    ASYNC = "async"
+    """PyTorch's async TP (torch._inductor micro-pipeline TP, torchtitan's
+    enable_async_tensor_parallel under torch.compile): all-gather-matmul and
+    matmul-reduce-scatter split into tp chunks over symmetric memory, forward and backward
+    (``parallel.tp.async_exposed``)."""
+
+
 class OffloadOverlap(str, enum.Enum):
     """How a stack overlaps an offloaded optimizer step's three parts: the gradients'
     copy to the host, the CPU optimizer step and the updated weights' copy back."""

@@ -454,7 +454,7 @@ BOUNDS = {"step_overhead_ms": (0.0, 400.0),
           "compute_efficiency": (0.6, 1.0)}
 MIN_STACK_ROWS = 5  # a stack's own efficiency is fitted on at least this many rows
 STACK_NAMES = ("megatron-core", "megatron-lm", "deepspeed", "torchtitan", "torchtitan-compiled",
-               "fsdp")
+               "torchtitan-async-tp", "fsdp")
 
 
 def _eff_key(stack: str) -> str:

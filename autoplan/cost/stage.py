@@ -5,7 +5,7 @@ memory terms (``autoplan.parallel``), added up in one place."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from autoplan.caches import memo
@@ -14,13 +14,16 @@ from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.pipeline_layout import Chunk
 from autoplan.descriptors.stack import Stack
-from autoplan.kernels import comm, memory, offload, packing
+from autoplan.kernels import comm, compute, memory, offload, packing
 from autoplan.kernels.compute import LayerTimes, layer_times, logits_times, module_forward
 from autoplan.kernels.layer import (
     BF16_BYTES,
+    Gemm,
     Shard,
+    attention_gemms,
     expert_params_per_rank,
     layer_params_per_rank,
+    mlp_gemms,
     stage_params,
 )
 from autoplan.parallel import cp, dp, ep, mesh, pp, tp
@@ -30,7 +33,16 @@ from autoplan.schedules import Schedule
 from autoplan.schedules.memory import peak_held
 from autoplan.schedules.registry import representative
 from autoplan.units import GiB
-from autoplan.vocab import NO_OFFLOAD, Axis, CpComm, MoeDispatch, Recompute, RecomputeModule, ZeroStage
+from autoplan.vocab import (
+    NO_OFFLOAD,
+    Axis,
+    CpComm,
+    MoeDispatch,
+    Recompute,
+    RecomputeModule,
+    TpOverlap,
+    ZeroStage,
+)
 
 COMM_AXES = (Axis.TP, Axis.CP, Axis.EP, Axis.PP, Axis.DP)
 """The axes whose communication a stage exposes, in the order their seconds add up
@@ -290,6 +302,18 @@ def stage_work_for(plan: Plan, stage: int, layers: int, dense: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
+class TpExposed:
+    """One layer's TP collectives per microbatch as its stack overlaps them
+    (``Stack.tp_overlap``): what each pass exposes by itself, and what runs beside the
+    stage's weight-gradient GEMMs (``tp.exposed_backward``)."""
+
+    forward: float  # exposed in the forward (and again in a full recompute's forward)
+    backward: float  # exposed in the backward, W in place
+    deferred: float  # exposed in the backward of a schedule that defers W
+    hideable: float  # backward collectives beside the stage's W GEMMs
+
+
+@dataclass(frozen=True, slots=True)
 class LayerCore:
     """What a layer costs on a shard, whatever the dp and pp around it."""
 
@@ -297,6 +321,8 @@ class LayerCore:
     lt_moe: LayerTimes  # an MoE layer (the dense one's for a dense model)
     act_bytes: float  # one layer's output, unsplit by TP
     tp_layer: float  # the layer's TP collectives, one direction
+    tp_dense: TpExposed  # a dense layer's, as the stack overlaps them
+    tp_moe: TpExposed  # an MoE layer's (the dense one's for a dense model)
     cp_f: float  # exposed context-parallel communication per layer, forward
     cp_b: float  # ... backward
     ep_layer: float  # MoE token dispatch and combine per MoE layer, one direction
@@ -324,7 +350,8 @@ def _layer_key(plan: Plan) -> Plan:
 
 @memo(8192)
 def _shared_of(plan: Plan) -> _Shared:
-    core = _layer_core(plan.model, count_free(plan.cluster), shard_of(plan))
+    core = _layer_core(plan.model, count_free(plan.cluster), shard_of(plan),
+                       plan.stack.tp_overlap)
     return _Shared(core, mesh.groups(plan), pp.send_seconds(plan, core.act_bytes))
 
 
@@ -339,7 +366,8 @@ def _dense_shard(shard: Shard) -> Shard:
 
 
 @memo(8192)
-def _layer_core(model: Model, cluster: Cluster, shard: Shard) -> LayerCore:
+def _layer_core(model: Model, cluster: Cluster, shard: Shard,
+                overlap: TpOverlap = TpOverlap.WGRAD) -> LayerCore:
     device = cluster.device
     dense = _dense_shard(shard) if model.is_moe else shard
     lt = _layer_times(model, dense, device)
@@ -347,17 +375,93 @@ def _layer_core(model: Model, cluster: Cluster, shard: Shard) -> LayerCore:
     groups = mesh.layer_groups(cluster, shard.tp, shard.cp, shard.ep, shard.etp)
     act_bytes = BF16_BYTES * shard.tokens * model.hidden  # one layer's output, unsplit by TP
     tp_layer = tp.layer_seconds(act_bytes, groups[Axis.TP])
+    tp_dense, tp_moe = _tp_exposed(model, device, shard, groups[Axis.TP], act_bytes, tp_layer,
+                                   overlap)
     cp_f, cp_b = cp.exposed(model, cluster, shard, lt, groups[Axis.CP])
     ep_layer = (ep.layer_seconds(model, shard, groups[Axis.EP], groups[Axis.ETP])
                 if model.is_moe else 0.0)
-    return LayerCore(lt, lt_moe, act_bytes, tp_layer, cp_f, cp_b, ep_layer,
+    return LayerCore(lt, lt_moe, act_bytes, tp_layer, tp_dense, tp_moe, cp_f, cp_b, ep_layer,
                      _logits_times(model, dense, device))
 
 
 def layer_core(plan: Plan) -> LayerCore:
     """What one layer of the plan costs on its shard (times, TP, CP and EP communication;
     and the output layer's logits), whatever the dp and pp around it."""
-    return _layer_core(plan.model, count_free(plan.cluster), shard_of(plan))
+    return _layer_core(plan.model, count_free(plan.cluster), shard_of(plan),
+                       plan.stack.tp_overlap)
+
+
+def tp_overlap_of(overlap: TpOverlap, shard: Shard, group: comm.Group) -> TpOverlap:
+    """The overlap a stack's ``overlap`` gives a shard: Transformer Engine's and PyTorch's
+    comm-GEMM overlaps pipeline sequence parallelism's all-gathers and reduce-scatters, so
+    without SP (or without TP) the collectives run as Megatron-LM's plain layers do;
+    userbuffers also needs the TP group inside one NVLink domain (TE's
+    examples/pytorch/comm_gemm_overlap/README.md: "Tensor-parallel GPUs must be on a single
+    node")."""
+    if overlap in (TpOverlap.USERBUFFERS, TpOverlap.ASYNC) and (
+            shard.tp == 1 or not shard.sequence_parallel):
+        return TpOverlap.WGRAD
+    if overlap is TpOverlap.USERBUFFERS and group.per_domain < group.size:
+        return TpOverlap.WGRAD
+    return overlap
+
+
+def tp_overlap_in(plan: Plan) -> TpOverlap:
+    """The TP overlap ``plan`` runs under (:func:`tp_overlap_of` its stack's): what the
+    exports turn on."""
+    return tp_overlap_of(plan.stack.tp_overlap, shard_of(plan), mesh.groups(plan)[Axis.TP])
+
+
+def _linear(m: float, n: float, k: float, device: Device, shard: Shard) -> tp.LinearGemms:
+    """A linear's forward (m x k) @ (k x n), its dgrad (m x n) @ (n x k) and its wgrad
+    (k x m) @ (m x n) on this rank, at the stack's sustained share of the kernels' rates
+    (as ``layer_times`` charges them)."""
+    eff, dt = shard.kernel_efficiency, shard.dtype
+    return tp.LinearGemms(compute.gemm_time(m, n, k, device, dt) / eff,
+                          compute.gemm_time(m, k, n, device, dt) / eff,
+                          compute.gemm_time(k, n, m, device, dt) / eff)
+
+
+def _block(gemms: list[Gemm], device: Device, shard: Shard) -> tp.TpBlock:
+    """The column-parallel GEMMs (all but the last of ``gemms``: QKV, or MLA's projections
+    up to the heads, summed) and the row-parallel output GEMM after them."""
+    cols = [_linear(g.m, g.n, g.k, device, shard) for g in gemms[:-1]]
+    column = tp.LinearGemms(sum(c.fprop for c in cols), sum(c.dgrad for c in cols),
+                            sum(c.wgrad for c in cols))
+    last = gemms[-1]
+    return tp.TpBlock(column, _linear(last.m, last.n, last.k, device, shard))
+
+
+def _tp_exposed(model: Model, device: Device, shard: Shard, group: comm.Group,
+                act_bytes: float, tp_layer: float,
+                overlap: TpOverlap) -> tuple[TpExposed, TpExposed]:
+    """(a dense layer's, an MoE layer's) TP collectives as ``overlap`` leaves them. The
+    overlaps pipeline the attention block's collectives with its projections and a dense
+    MLP's with its FC1 and FC2; an MoE layer's two collectives around its experts keep the
+    plain layers' terms (forward exposed, backward beside W; exposed under PyTorch's TP)."""
+    overlap = tp_overlap_of(overlap, shard, group)
+    if overlap is TpOverlap.WGRAD:
+        plain = TpExposed(tp_layer, 0.0, 0.0, tp_layer)
+        return plain, plain
+    if overlap is TpOverlap.NONE:
+        plain = TpExposed(tp_layer, tp_layer, tp_layer, 0.0)
+        return plain, plain
+    gather = comm.all_gather(act_bytes, group)
+    scatter = comm.reduce_scatter(act_bytes, group)
+    tokens, t = shard.tokens, shard.tp
+    attention = _block(attention_gemms(model, tokens, t), device, shard)
+    mlp = _block(mlp_gemms(model, tokens, t, model.ffn_hidden), device, shard)
+    half = gather + scatter  # the experts' pair, un-overlapped
+
+    def exposed(blocks: tuple[tp.TpBlock, ...], rest: float) -> TpExposed:
+        if overlap is TpOverlap.USERBUFFERS:
+            f, b, d = tp.userbuffers_exposed(gather, scatter, blocks, t, device.sms)
+            return TpExposed(f + rest, b, d, rest)
+        f, b = tp.async_exposed(gather, scatter, blocks, t)
+        return TpExposed(f + rest, b + rest, b + rest, 0.0)
+
+    dense = exposed((attention, mlp), 0.0)
+    return dense, (exposed((attention,), half) if model.is_moe else dense)
 
 
 def activation_bytes(plan: Plan) -> float:
@@ -375,9 +479,11 @@ class _StageTerms:
     compute_f: float
     compute_b: float
     compute_w: float
-    tp_layers: float  # the layers' own TP collectives, one direction
+    tp_recompute: float  # the layers' forward TP exposure, again in a full recompute
     tp_f: float  # forward TP, the embedding's and heads' boundaries included
-    tp_b_total: float  # backward TP before any of it hides behind W
+    tp_b_fixed: float  # backward TP the layers expose themselves, W in place
+    tp_b_deferred: float  # ... under a schedule that defers W
+    tp_b_total: float  # backward TP that hides behind W (what of it W outlasts)
     ep: float  # MoE dispatch and combine, one direction
     cp_f: float
     cp_b: float
@@ -395,7 +501,7 @@ def _stage_terms(plan: Plan, first: bool, last: bool, mtp: int, layers: int,
     model, lay = plan.model, plan.layout
     shared = _shared_of(plan)
     core, groups = shared.core, shared.groups
-    lt, lt_moe, act_bytes, tp_layer = core.lt, core.lt_moe, core.act_bytes, core.tp_layer
+    lt, lt_moe, act_bytes = core.lt, core.lt_moe, core.act_bytes
     # layers run, by kind: the MTP modules repeat the model's last layer kind
     moe_n = layers - dense + (mtp if model.is_moe else 0)
     dense_n = dense + (0 if model.is_moe else mtp)
@@ -403,9 +509,15 @@ def _stage_terms(plan: Plan, first: bool, last: bool, mtp: int, layers: int,
     compute_f = dense_n * lt.forward + moe_n * lt_moe.forward
     compute_b = dense_n * lt.backward_input + moe_n * lt_moe.backward_input
     compute_w = dense_n * lt.backward_weight + moe_n * lt_moe.backward_weight
-    tp_layers = n * tp_layer
-    tp_f = tp_layers
-    tp_b_total = tp_layers
+    tp_d, tp_m = core.tp_dense, core.tp_moe
+
+    def layers_of(of: Callable[[TpExposed], float]) -> float:
+        # n * x where both kinds agree (dense_n and moe_n copies summed could differ in
+        # the last bit)
+        return n * of(tp_d) if tp_d == tp_m else dense_n * of(tp_d) + moe_n * of(tp_m)
+
+    tp_recompute = tp_f = layers_of(lambda e: e.forward)
+    tp_b_total = layers_of(lambda e: e.hideable)
     if first:
         tp_f += tp.boundary_seconds(act_bytes, groups[Axis.TP])
     if last or mtp:
@@ -419,7 +531,9 @@ def _stage_terms(plan: Plan, first: bool, last: bool, mtp: int, layers: int,
     params, expert_params = stage_state_params(model, lay, first, last, layers, dense, mtp)
     return _StageTerms(
         shared=shared, n=n, compute_f=compute_f, compute_b=compute_b, compute_w=compute_w,
-        tp_layers=tp_layers, tp_f=tp_f, tp_b_total=tp_b_total, ep=moe_n * core.ep_layer,
+        tp_recompute=tp_recompute, tp_f=tp_f, tp_b_fixed=layers_of(lambda e: e.backward),
+        tp_b_deferred=layers_of(lambda e: e.deferred), tp_b_total=tp_b_total,
+        ep=moe_n * core.ep_layer,
         cp_f=n * core.cp_f, cp_b=n * core.cp_b,
         full_recompute=dense_n * lt.forward + moe_n * lt_moe.forward,
         selective_recompute=dense_n * lt.attention_forward + moe_n * lt_moe.attention_forward,
@@ -454,13 +568,14 @@ def _stage(plan: Plan, first: bool, last: bool, mtp: int, layers: int, dense: in
     layer and logits, ``mtp`` MTP layers (each with its own logits through the shared
     head); ``dense`` of its ``layers`` have a dense MLP, the others experts."""
     t = _stage_terms(_layer_key(plan), first, last, mtp, layers, dense)
-    tp_b = tp.exposed_backward(t.tp_b_total, t.compute_w, plan.schedule)
+    tp_b = (tp.exposed_backward(t.tp_b_total, t.compute_w, plan.schedule)
+            + (t.tp_b_deferred if plan.schedule.splits_backward else t.tp_b_fixed))
     ep_f = ep_b = t.ep
     cp_f, cp_b = t.cp_f, t.cp_b
     recompute = 0.0
     if plan.recompute is Recompute.FULL:
         recompute = t.full_recompute
-        tp_b += t.tp_layers  # the recomputed forward repeats its collectives
+        tp_b += t.tp_recompute  # the recomputed forward repeats its collectives
         ep_b += ep_f
         cp_b += cp_f
     elif plan.recompute is Recompute.SELECTIVE:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoplan.descriptors.strict import Fields
-from autoplan.vocab import OffloadOverlap
+from autoplan.vocab import OffloadOverlap, TpOverlap
 
 
 class AttentionKernel(str, enum.Enum):
@@ -71,6 +71,8 @@ class Stack:
     moe_probs_in_activation: bool = False
     # an offloaded optimizer step: how its copies and CPU step overlap (vocab.OffloadOverlap)
     offload_overlap: OffloadOverlap = OffloadOverlap.NONE
+    # how the layers' tensor-parallel collectives overlap their GEMMs (vocab.TpOverlap)
+    tp_overlap: TpOverlap = TpOverlap.WGRAD
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -100,6 +102,8 @@ class Stack:
             **({"moe_probs_in_activation": True} if self.moe_probs_in_activation else {}),
             **({"offload_overlap": self.offload_overlap.value}
                if self.offload_overlap is not OffloadOverlap.NONE else {}),
+            **({"tp_overlap": self.tp_overlap.value}
+               if self.tp_overlap is not TpOverlap.WGRAD else {}),
         }
 
 
@@ -122,6 +126,7 @@ def read_stack(f: Fields) -> Stack | None:
     gathered = f.bool("sp_saves_gathered", False)
     probs = f.bool("moe_probs_in_activation", False)
     offload = f.enum("offload_overlap", OffloadOverlap, OffloadOverlap.NONE)
+    tp_overlap = f.enum("tp_overlap", TpOverlap, TpOverlap.WGRAD)
     f.close()
     if len(f.problems) > before:
         return None
@@ -131,4 +136,4 @@ def read_stack(f: Fields) -> Stack | None:
                  overlap_grad_reduce=grad, overlap_param_gather=gather,
                  comm_compute_slowdown=slowdown, zero3_max_live_params=live,
                  sp_saves_gathered=gathered, moe_probs_in_activation=probs,
-                 offload_overlap=offload)
+                 offload_overlap=offload, tp_overlap=tp_overlap)

@@ -25,7 +25,8 @@ Flag names were checked against NVIDIA/Megatron-LM ``megatron/training/arguments
   --num-virtual-stages-per-pipeline-rank (the current spelling of the virtual pipeline
   size; --num-layers-per-virtual-pipeline-stage is the older one), --use-distributed-optimizer,
   --overlap-grad-reduce, --overlap-param-gather (the overlaps the cost model assumes),
-  --context-parallel-size, --cp-comm-type {p2p, a2a, allgather, a2a+p2p}.
+  --tp-comm-overlap (Transformer Engine's comm-GEMM overlap, where the plan's stack runs it:
+  ``cost.stage.tp_overlap_in``), --context-parallel-size, --cp-comm-type {p2p, a2a, allgather, a2a+p2p}.
 - ``_add_data_args``: --seq-length, --mock-data. ``_add_tokenizer_args``: --tokenizer-type
   NullTokenizer, --vocab-size. ``_add_checkpointing_args``: --save, --save-interval, --load.
   ``_add_logging_args``: --log-interval, --wandb-project, --wandb-exp-name.
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autoplan.cost.stage import tp_overlap_in
 from autoplan.descriptors import pipeline_layout
 from autoplan.export import nodes
 from autoplan.export.launcher import (
@@ -73,6 +75,7 @@ from autoplan.vocab import (
     Position,
     Recompute,
     StateDtype,
+    TpOverlap,
     ZeroStage,
 )
 
@@ -207,6 +210,8 @@ def parallel_args(plan: Plan) -> list[Arg]:
                 ("--cp-comm-type", "a2a" if plan.cp_comm is CpComm.A2A else "p2p")]
     if plan.sequence_parallel:
         out.append(("--sequence-parallel",))
+    if tp_overlap_in(plan) is TpOverlap.USERBUFFERS:  # Transformer Engine's comm-GEMM overlap
+        out.append(("--tp-comm-overlap",))
     if plan.zero >= ZeroStage.OPTIMIZER:
         out.append(("--use-distributed-optimizer",))
         if lay.dp_replicas > 1:  # hybrid sharding: the optimizer sharded within dp_shard ranks

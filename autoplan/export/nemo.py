@@ -6,7 +6,8 @@ tensor_model_parallel_size, pipeline_model_parallel_size,
 virtual_pipeline_model_parallel_size, context_parallel_size, cp_comm_type,
 expert_model_parallel_size, expert_tensor_parallel_size, sequence_parallel,
 num_layers_in_first/last_pipeline_stage, pipeline_model_parallel_layout,
-recompute_granularity/method/num_layers and seq_length are that dataclass's fields,
+recompute_granularity/method/num_layers, tp_comm_overlap (Transformer Engine's comm-GEMM
+overlap, where the plan's stack runs it) and seq_length are that dataclass's fields,
 which the tests construct with megatron-core);
 ``train`` takes global_batch_size and micro_batch_size; ``optimizer`` and ``ddp`` are
 Megatron-Core's ``OptimizerConfig`` and ``DistributedDataParallelConfig``;
@@ -27,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from autoplan.cost.stage import tp_overlap_in
 from autoplan.export.launcher import (
     EP_OVERLAP,
     MAIN_GRADS,
@@ -37,7 +39,7 @@ from autoplan.export.launcher import (
 from autoplan.export.megatron import fp8_needs_current_scaling, layout_string, precision_aware_problems
 from autoplan.export.shell import comment
 from autoplan.plan import Plan
-from autoplan.vocab import CpComm, Dtype, MoeDispatch, Recompute, StateDtype, ZeroStage
+from autoplan.vocab import CpComm, Dtype, MoeDispatch, Recompute, StateDtype, TpOverlap, ZeroStage
 
 FILENAME = "nemo_overrides.yaml"
 
@@ -60,6 +62,8 @@ def model_overrides(plan: Plan) -> dict[str, Any]:
     }
     if lay.cp > 1:
         out["cp_comm_type"] = "a2a" if plan.cp_comm is CpComm.A2A else "p2p"
+    if tp_overlap_in(plan) is TpOverlap.USERBUFFERS:  # ModelParallelConfig.tp_comm_overlap
+        out["tp_comm_overlap"] = True
     if plan.model.is_moe:
         out["expert_model_parallel_size"] = lay.ep
         out["expert_tensor_parallel_size"] = lay.etp

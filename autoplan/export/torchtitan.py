@@ -20,6 +20,9 @@ tests by its own ``ConfigManager``:
   the attention core only.
 - ``[training]``: local_batch_size (per data-parallel rank; with a pipeline, all of a
   step's microbatches), global_batch_size, seq_len, steps, dataset.
+- ``[compile]`` enable, components (["model", "loss"], Compile's default) for the compiled stacks
+  (torchtitan-compiled, torchtitan-async-tp); ``[parallelism] enable_async_tensor_parallel``
+  where the plan runs async TP (``cost.stage.tp_overlap_in``: its stack's, with tp > 1).
 - ``[model]``: name, flavor, converters ("float8" for fp8 GEMMs, through torchao).
 - ``[checkpoint]`` enable, interval (steps), where the cluster file gives its failure rate
   and storage: Daly's optimum interval (autoplan/whatif/reliability.py).
@@ -30,6 +33,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from autoplan.cost.stage import tp_overlap_in
 from autoplan.descriptors import pipeline_layout
 from autoplan.export import nodes
 from autoplan.export.launcher import PLACEMENT, LauncherSpec, SlurmProgram, TuneLaunch
@@ -37,9 +41,11 @@ from autoplan.export.nodes import launch, pool_lines
 from autoplan.export.shell import comment
 from autoplan.plan import Plan
 from autoplan.schedules import Schedule, orders
-from autoplan.vocab import Dtype, Recompute, ZeroStage
+from autoplan.vocab import Dtype, Recompute, TpOverlap, ZeroStage
 
 FILENAME = "torchtitan.toml"
+# stacks whose kernels torch.compile makes (profiles/stacks/): the export turns [compile] on
+COMPILED_STACKS = ("torchtitan-compiled", "torchtitan-async-tp")
 # the schedule's operation order, where torch has no class for it (read from the folder
 # torchrun runs in; the slurm export passes its path)
 CSV_FILENAME = "pipeline_schedule.csv"
@@ -146,11 +152,16 @@ def config(plan: Plan) -> dict[str, dict[str, Any]]:
     if m.is_moe:
         par["expert_parallel_degree"] = lay.ep
         par["expert_tensor_parallel_degree"] = lay.etp
+    compiled = plan.stack.name in COMPILED_STACKS or plan.stack.tp_overlap is TpOverlap.ASYNC
+    if tp_overlap_in(plan) is TpOverlap.ASYNC:  # needs [compile] with "model" (tensor_parallel.py)
+        par["enable_async_tensor_parallel"] = True
     ac: dict[str, Any] = {"mode": plan.recompute.value}
     if plan.recompute is Recompute.SELECTIVE:
         ac["selective_ac_option"] = "op"
     out = {"job": {"description": f"{m.name} (autoplan export)"}, "model": model,
            "training": training, "parallelism": par, "activation_checkpoint": ac}
+    if compiled:  # the stack's kernels are Inductor's (torchtitan-compiled)
+        out["compile"] = {"enable": True, "components": ["model", "loss"]}
     from autoplan.whatif.reliability import checkpoint_steps
 
     steps = checkpoint_steps(plan) if plan.placement is None else None

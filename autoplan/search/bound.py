@@ -83,8 +83,8 @@ def layer_work(plan: Plan, cp_comm: CpComm, core: LayerCore, share: float | None
         s = overlap_share(plan) if share is None else share
         ep_f, ep_b = overlap_ep(plan, core, s)
         hidden = s * (1.0 - plan.stack.comm_compute_slowdown)
-    forward = lt.forward + core.tp_layer + core.cp_f
-    forward_moe = forward - lt.forward + lt_moe.forward + ep_f
+    forward = lt.forward + core.tp_dense.forward + core.cp_f
+    forward_moe = lt_moe.forward + core.tp_moe.forward + core.cp_f + ep_f
     per_dense = forward + lt.backward_input + lt.backward_weight + core.cp_b - hidden * lt.forward
     per_moe = (forward_moe + lt_moe.backward_input + lt_moe.backward_weight + core.cp_b
                + ep_b)

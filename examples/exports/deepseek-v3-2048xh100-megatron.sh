@@ -62,6 +62,7 @@ PARALLEL_ARGS=(
     --context-parallel-size 2
     --cp-comm-type p2p
     --sequence-parallel
+    --tp-comm-overlap
     --use-distributed-optimizer
     --overlap-grad-reduce
     --overlap-param-gather

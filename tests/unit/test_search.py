@@ -52,14 +52,16 @@ def brute_force(model, cluster, job, space):
         in_node = cluster.gpus_per_node // (tp * cp)
         shards = [dp] + ([in_node] if space.hybrid_shard and 1 < in_node < dp
                          and dp % in_node == 0 else [])
-        for mbs, (sched, v), rc, zero, sp, shard in itertools.product(
-                space.micro_batches, scheds, space.recompute, zeros, sps, shards):
+        exchanges = space.cp_comm if cp > 1 else space.cp_comm[:1]
+        for mbs, (sched, v), rc, zero, sp, shard, cp_comm in itertools.product(
+                space.micro_batches, scheds, space.recompute, zeros, sps, shards, exchanges):
             if job.global_batch % (dp * mbs) or (shard < dp and zero is ZeroStage.NONE):
                 continue
             plan = Plan(model=model, cluster=cluster, job=job,
                         layout=Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=v, dp_shard=shard),
                         micro_batch=mbs,
                         schedule=sched, recompute=rc, zero=zero, sequence_parallel=sp,
+                        cp_comm=cp_comm,
                         recompute_modules=space.recompute_modules
                         if rc is Recompute.SELECTIVE else ())
             if plan_problems(plan):

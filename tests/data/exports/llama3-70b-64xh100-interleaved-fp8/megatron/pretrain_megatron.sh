@@ -55,6 +55,7 @@ PARALLEL_ARGS=(
     --pipeline-model-parallel-size 4
     --num-virtual-stages-per-pipeline-rank 2
     --sequence-parallel
+    --tp-comm-overlap
     --use-distributed-optimizer
     --overlap-grad-reduce
     --overlap-param-gather

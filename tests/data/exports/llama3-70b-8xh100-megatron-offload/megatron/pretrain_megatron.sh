@@ -54,6 +54,7 @@ PARALLEL_ARGS=(
     --tensor-model-parallel-size 8
     --pipeline-model-parallel-size 1
     --sequence-parallel
+    --tp-comm-overlap
     --use-distributed-optimizer
     --optimizer-cpu-offload
     --optimizer-offload-fraction 1.0

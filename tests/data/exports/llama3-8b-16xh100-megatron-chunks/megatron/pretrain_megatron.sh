@@ -55,6 +55,7 @@ PARALLEL_ARGS=(
     --pipeline-model-parallel-size 4
     --pipeline-model-parallel-layout 'Et*3|t*4|t*4|t*5|t*5|t*4|t*4|t*3L'
     --sequence-parallel
+    --tp-comm-overlap
     --use-distributed-optimizer
     --overlap-grad-reduce
     --overlap-param-gather
