@@ -14,6 +14,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoplan.descriptors.precision import FP32_STATES, StatePrecision, read_states
 from autoplan.descriptors.strict import Fields
 from autoplan.vocab import OffloadOverlap
 
@@ -71,6 +72,9 @@ class Stack:
     moe_probs_in_activation: bool = False
     # an offloaded optimizer step: how its copies and CPU step overlap (vocab.OffloadOverlap)
     offload_overlap: OffloadOverlap = OffloadOverlap.NONE
+    # the gradients, master weights and moments its optimizer keeps where a job leaves them
+    # unset (``states:`` in the file; descriptors/precision.py)
+    states: StatePrecision = FP32_STATES
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -100,6 +104,7 @@ class Stack:
             **({"moe_probs_in_activation": True} if self.moe_probs_in_activation else {}),
             **({"offload_overlap": self.offload_overlap.value}
                if self.offload_overlap is not OffloadOverlap.NONE else {}),
+            **({"states": self.states.values()} if self.states != FP32_STATES else {}),
         }
 
 
@@ -122,13 +127,17 @@ def read_stack(f: Fields) -> Stack | None:
     gathered = f.bool("sp_saves_gathered", False)
     probs = f.bool("moe_probs_in_activation", False)
     offload = f.enum("offload_overlap", OffloadOverlap, OffloadOverlap.NONE)
+    sf = f.child("states", f.raw("states", {}))
+    given = read_states(sf)
+    sf.close()
     f.close()
     if len(f.problems) > before:
         return None
+    states = StatePrecision(**{k: v for k, v in given.items() if v is not None})
     return Stack(name=name, summary=summary, attention=attention, layer_kernels=kernels,
                  compute_efficiency=compute,
                  cuda_graphs=graphs, host_kernel_s=host * 1e-6, step_overhead_s=step * 1e-3,
                  overlap_grad_reduce=grad, overlap_param_gather=gather,
                  comm_compute_slowdown=slowdown, zero3_max_live_params=live,
                  sp_saves_gathered=gathered, moe_probs_in_activation=probs,
-                 offload_overlap=offload)
+                 offload_overlap=offload, states=states)

@@ -11,6 +11,7 @@ import pytest
 
 from autoplan.cost.evaluate import evaluate
 from autoplan.cost.stage import stage_work
+from autoplan.descriptors.precision import StatePrecision
 from autoplan.errors import InputError
 from autoplan.kernels import comm
 from autoplan.kernels.memory import BytesPerParam, bytes_per_param
@@ -26,10 +27,11 @@ def test_bytes_per_parameter_by_hand():
     # Megatron-LM docs/distrib_optimizer.md: bf16 training keeps a 2-byte weight, a 4-byte
     # fp32 gradient and 12 bytes of fp32 master weight, m and v
     assert bytes_per_param(Dtype.BF16) == BytesPerParam(2, 4, 12)
-    assert bytes_per_param(Dtype.BF16, BF16) == BytesPerParam(2, 2, 12)
+    assert bytes_per_param(Dtype.BF16, StatePrecision(main_grads=BF16)) == BytesPerParam(2, 2, 12)
     # the precision-aware optimizer with bf16 moments: fp32 master 4 + m 2 + v 2
-    assert bytes_per_param(Dtype.BF16, BF16, BF16) == BytesPerParam(2, 2, 8)
-    assert bytes_per_param(Dtype.FP16, moments=BF16) == BytesPerParam(2, 2, 12)
+    both = StatePrecision(main_grads=BF16, optimizer_states=BF16)
+    assert bytes_per_param(Dtype.BF16, both) == BytesPerParam(2, 2, 8)
+    assert bytes_per_param(Dtype.FP16, StatePrecision(optimizer_states=BF16)) == BytesPerParam(2, 2, 12)
 
 
 def _plan(**job):
@@ -52,7 +54,7 @@ def test_bf16_gradients_halve_the_gradient_reduction():
     params = stage_work(plan)[0].params
     groups = mesh.groups(plan)
     reduce_s, _ = dp._sync_seconds(plan.zero, plan.job.dtype, params, 0.0, groups[Axis.DP],
-                                   groups[Axis.EDP], plan.job.main_grads)
+                                   groups[Axis.EDP], plan.states.main_grads)
     assert reduce_s == pytest.approx(comm.reduce_scatter(params * 2, groups[Axis.DP]))
     fp32_s, _ = dp._sync_seconds(plan.zero, plan.job.dtype, params, 0.0, groups[Axis.DP],
                                  groups[Axis.EDP])
