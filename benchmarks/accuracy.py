@@ -104,6 +104,11 @@ FAMILIES = (
     Family("BLOOM", r"bloom", Activation.GELU, Norm.LAYERNORM, Position.ROPE,
            tied_embeddings=True, bias=True, dropout=False, ffn_ratio=4,
            source="bigscience/bloom config.json (gelu, 4h MLP, ALiBi, tied, dropout 0)"),
+    Family("Nemotron-4", r"nemotron[-_ ]?4", Activation.RELU2, Norm.LAYERNORM, Position.ROPE,
+           tied_embeddings=False, bias=False, dropout=False, ffn_ratio=4,
+           source="Nemotron-4 340B technical report Table 1 and NeMo-Framework-Launcher "
+                  "nemotron_340b.yaml (squared ReLU, ffn 4h, LayerNorm1p, RoPE, untied, no bias, "
+                  "dropout 0): profiles/models/nemotron-4-340b.yaml"),
     Family("GPT (Megatron-LM)", r"\bgpt", Activation.GELU, Norm.LAYERNORM, Position.LEARNED,
            tied_embeddings=True, bias=True, dropout=True, ffn_ratio=4,
            source="Megatron-LM GPT defaults (gelu, ffn 4h, LayerNorm, learned positions, "
@@ -269,9 +274,20 @@ def zero_of(row: dict[str, str]) -> ZeroStage:
         return ZeroStage.GRADIENTS
     if "full_shard" in fsdp or "zero-3" in fsdp or "fsdp" in fsdp:
         return ZeroStage.PARAMETERS
-    if "zero-1" in fsdp or "distributed optimizer" in text or "distributed-optimizer" in text:
+    if ("zero-1" in fsdp or "distributed optimizer" in text or "distributed-optimizer" in text
+            or re.search(r"distributed[_ ]fused[_ ]adam", text)):
         return ZeroStage.OPTIMIZER
     return ZeroStage.NONE
+
+
+def zero_on(row: dict[str, str], stack: str) -> ZeroStage:
+    """``zero_of``; a NeMo 1.x row that says nothing of its sharding ran the Launcher recipes'
+    distributed_fused_adam, zero 1 (every GPT-family recipe of NeMo-Framework-Launcher 24.07
+    sets it: docs/research/nemo1-distributed-fused-adam.md, "Recipe settings actually used")."""
+    zero = zero_of(row)
+    if stack == "nemo-1" and zero is ZeroStage.NONE and not row["fsdp"].strip():
+        return ZeroStage.OPTIMIZER
+    return zero
 
 
 # framework text -> the software stack that ran it (profiles/stacks). First match wins.
@@ -449,7 +465,7 @@ def build_case(row: dict[str, str]) -> Case | Skip:
         model=model, cluster=cluster,
         job=Job(global_batch=gbs, seq_len=seq, dtype=dtype, **recipe_states(row, stack)),
         layout=Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vp), micro_batch=mbs,
-        schedule=schedule_of(row, vp), recompute=recompute, zero=zero_of(row),
+        schedule=schedule_of(row, vp), recompute=recompute, zero=zero_on(row, stack),
         sequence_parallel=row["sequence_parallel"].strip().lower() in ("yes", "true", "1"),
         stack=builtin_stack(stack),
     )
@@ -919,7 +935,12 @@ def print_markdown(rep: Report, out=sys.stdout) -> None:
       "and *selective op* checkpointing are not Megatron-LM's attention-core recompute; "
       "autoplan has no closer choice.\n")
     w("- Sharding: FSDP FULL_SHARD, FSDP2 and ZeRO-3 are zero 3, SHARD_GRAD_OP zero 2, "
-      "ZeRO-1 or a distributed optimizer zero 1, anything else zero 0.\n")
+      "ZeRO-1, a distributed optimizer or distributed_fused_adam zero 1 (a NeMo 1.x row that "
+      "names none: its recipes' distributed_fused_adam), anything else zero 0.\n")
+    w("- States: the stack's (profiles/stacks/*.yaml `states`), but where a recipe's own config "
+      "sets others: " + "; ".join(f"{pat.pattern} on {st}: "
+                                  + ", ".join(f"{k} {v.value}" for k, v in states.items())
+                                  for st, pat, states in RECIPE_STATES) + ".\n")
     w("- Cluster: A100-40GB rows run on `dgx-a100` with `a100-40gb` devices, other A100 rows "
       "on `dgx-a100`, H100 rows on `dgx-h100`, whatever site the row names.\n")
     for d, ids in sorted(derived.items()):

@@ -119,10 +119,7 @@ def master_problems(plan: Plan) -> list[tuple[str, str]]:
         return [("job.master_weights", "Megatron-Core keeps a master copy (--main-params-dtype "
                                        "fp32 or fp16): none is NeMo 1.x's distributed_fused_adam "
                                        "with optim.dtype bf16 (stack nemo-1, export to nemo)")]
-    if master is MasterWeights.REMAINDERS:
-        if plan.zero < ZeroStage.OPTIMIZER:
-            return [("job.master_weights", "int16 remainders are the precision-aware optimizer's, "
-                                           "inside the distributed optimizer: zero >= 1")]
+    if master is MasterWeights.REMAINDERS:  # zero >= 1 and not fp16 (StatePrecision.effective)
         if plan.job.dtype is Dtype.FP8 and fp8_needs_current_scaling(plan):
             return [("job.master_weights", "under fp8 current scaling Megatron-Core keeps an fp32 "
                                            "master (optimizer_config.py "
