@@ -230,3 +230,14 @@ def test_nemotron_4_340b_on_128_h100_fits_under_its_recipes_states_as_counted_by
     assert recipe.memory.peak < 80 * GiB - 10 * GiB and recipe.feasible
     # the activations are the same whatever the states
     assert recipe.memory.activations == mcore.memory.activations
+
+
+def test_diff_names_the_states_two_plans_keep():
+    """``autoplan diff`` shows a change of states, the job's or the stack's default's."""
+    from autoplan.diff import plan_changes
+
+    a, b = _plan(), _plan(main_grads=BF16)
+    assert [(c.field, c.a, c.b) for c in plan_changes(a, b)] == [("job.main_grads", "fp32", "bf16")]
+    nemo1 = dataclasses.replace(a, stack=builtin_stack("nemo-1"))
+    assert ("job.master_weights", "fp32", "remainders") in \
+        [(c.field, c.a, c.b) for c in plan_changes(a, nemo1)]
