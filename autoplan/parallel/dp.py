@@ -539,9 +539,10 @@ def adam_bytes_moved(states: StatePrecision) -> float:
     fp32 states): the gradient read, the master weight and the two moments read and
     written, the 16-bit weight written; bf16 gradients read 2 bytes fewer, bf16 moments
     read and write 2 x 2 fewer; a master kept as int16 remainders (or not at all) reads
-    and writes its 2 bytes (or none) and reads the 16-bit weight it completes (apex
-    multi_tensor_fused_adam_with_param_remainders; apex 810ffae3 ``_local_step`` takes
-    the bf16 weight where no master is kept)."""
+    and writes its 2 bytes (or none) and reads the 16-bit weight it completes (apex 810ffae3
+    distributed_fused_adam.py: ``_local_step_with_param_remainders`` L2490-2555,
+    multi_tensor_fused_adam_with_param_remainders; ``_local_step`` L2437-2443 reads the
+    bf16 weight where no master is kept)."""
     grad = 2.0 if states.main_grads is StateDtype.BF16 else 4.0
     moments = 4.0 if states.optimizer_states is StateDtype.BF16 else 8.0
     master = memory.MASTER_BYTES[states.master_weights]
