@@ -850,9 +850,10 @@ def test_int16_master_remainders_export_as_the_precision_aware_optimizer(tmp_pat
     assert optimizer["use_precision_aware_optimizer"] and optimizer["store_param_remainders"] is True
     assert set(optimizer) <= set(fields)
     # bf16 moments over an fp32 master: Bridge told to keep the fp32 copy the plan counts
-    moments = yaml.safe_load(exported("llama3-70b-64xh100-megatron-bf16-states",
-                                      Target.NEMO)["nemo_overrides.yaml"])["optimizer"]
-    assert moments["store_param_remainders"] is False
+    both = yaml.safe_load(exported("llama3-70b-64xh100-megatron-bf16-states",
+                                   Target.NEMO)["nemo_overrides.yaml"])
+    assert both["optimizer"]["store_param_remainders"] is False
+    assert both["ddp"]["grad_reduce_in_fp32"] is False  # bf16 gradients
     # without the distributed optimizer the remainders are an fp32 copy (StatePrecision.effective)
     plain = dataclasses.replace(plan, zero=ZeroStage.NONE)
     assert plain.states.master_weights is MasterWeights.FP32
