@@ -116,6 +116,8 @@ def plan_fields(plan: Plan) -> dict[str, Value]:
                 "job.dtype": job.dtype.value})
     if plan.model.is_moe:
         out["job.moe_imbalance"] = job.moe_imbalance
+    # the states it keeps: the job's, where unset its stack's (``Plan.states``)
+    out.update({f"job.{k}": v for k, v in plan.states.values().items()})
     lay = plan.layout
     for axis in ("dp", "tp", "pp", "cp", "ep", "vpp"):
         out[f"layout.{axis}"] = getattr(lay, axis)

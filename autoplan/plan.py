@@ -16,6 +16,7 @@ from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import default_stack
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.pipeline_layout import Chunk, chunk_stage_layers, uniform_stages
+from autoplan.descriptors.precision import StatePrecision, written_states
 from autoplan.descriptors.stack import Stack
 from autoplan.schedules import Schedule
 from autoplan.units import GiB
@@ -174,6 +175,13 @@ class Plan:
         return _views(self)
 
     @property
+    def states(self) -> StatePrecision:
+        """The gradients, master weights and moments it keeps: the job's, where it leaves
+        them unset its stack's, as its dtype and ZeRO stage keep them
+        (``descriptors.precision``)."""
+        return self.job.states_at(self.stack.states, self.zero)
+
+    @property
     def recompute_label(self) -> str:
         """``selective``, or with its modules named: ``selective (moe_act, layernorm)``."""
         if not self.recompute_modules:
@@ -215,7 +223,7 @@ class Plan:
             "autoplan": SCHEMA_VERSION,
             "model": model,
             "cluster": cluster,
-            "job": self.job.to_dict(),
+            "job": self.job.to_dict(written_states(self.states, self.stack.states)),
             "layout": self.layout.to_dict(),
             "micro_batch": self.micro_batch,
             "schedule": self.schedule.value,

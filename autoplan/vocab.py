@@ -54,6 +54,28 @@ class StateDtype(str, enum.Enum):
     BF16 = "bf16"
 
 
+class MasterWeights(str, enum.Enum):
+    """How the optimizer keeps the weights it updates, beside the 16-bit ones the model
+    computes with (``Job.master_weights``)."""
+
+    FP32 = "fp32"
+    """A full fp32 copy, 4 bytes a parameter, an optimizer state (sharded with it):
+    Megatron-Core's distributed optimizer (distrib_optimizer.py ``shard_main_param``),
+    DeepSpeed's fp32 partitions, FSDP's fp32 sharded parameters."""
+    REMAINDERS = "remainders"
+    """The fp32 master as the bf16 weight (its high 16 bits) and an int16 remainder, 2
+    bytes a parameter in the optimizer's shard: apex DistributedFusedAdam's
+    ``store_param_remainders``, which NeMo 1.x turns on for bf16 weights under
+    distributed_fused_adam (megatron_base_model.py ``setup_optimization``), and
+    Transformer Engine's FusedAdam under Megatron-Core's precision-aware optimizer. Only
+    for bf16 weights in a sharded optimizer (zero >= 1): elsewhere a full fp32 copy
+    (``descriptors.precision.StatePrecision.effective``)."""
+    NONE = "none"
+    """No master copy: the optimizer's dtype is the model's, and Adam updates the 16-bit
+    weights in place (NeMo 1.x distributed_fused_adam with ``optim.dtype`` equal to the
+    model's: store_params False, no remainders)."""
+
+
 class MoeDispatch(str, enum.Enum):
     """How an MoE layer moves token copies to their experts' ranks and back."""
 

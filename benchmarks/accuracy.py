@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from autoplan import caches
 from autoplan.cost.evaluate import evaluate
@@ -51,7 +52,16 @@ from autoplan.parallel.rules import plan_problems
 from autoplan.plan import Layout, Plan
 from autoplan.schedules import Schedule
 from autoplan.tune.calibrate import descend
-from autoplan.vocab import Activation, Dtype, Norm, Position, Recompute, ZeroStage
+from autoplan.vocab import (
+    Activation,
+    Dtype,
+    MasterWeights,
+    Norm,
+    Position,
+    Recompute,
+    StateDtype,
+    ZeroStage,
+)
 
 DEFAULT_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "calibration_runs.csv"
 COMMAND = "python benchmarks/accuracy.py --markdown"
@@ -94,6 +104,11 @@ FAMILIES = (
     Family("BLOOM", r"bloom", Activation.GELU, Norm.LAYERNORM, Position.ROPE,
            tied_embeddings=True, bias=True, dropout=False, ffn_ratio=4,
            source="bigscience/bloom config.json (gelu, 4h MLP, ALiBi, tied, dropout 0)"),
+    Family("Nemotron-4", r"nemotron[-_ ]?4", Activation.RELU2, Norm.LAYERNORM, Position.ROPE,
+           tied_embeddings=False, bias=False, dropout=False, ffn_ratio=4,
+           source="Nemotron-4 340B technical report Table 1 and NeMo-Framework-Launcher "
+                  "nemotron_340b.yaml (squared ReLU, ffn 4h, LayerNorm1p, RoPE, untied, no bias, "
+                  "dropout 0): profiles/models/nemotron-4-340b.yaml"),
     Family("GPT (Megatron-LM)", r"\bgpt", Activation.GELU, Norm.LAYERNORM, Position.LEARNED,
            tied_embeddings=True, bias=True, dropout=True, ffn_ratio=4,
            source="Megatron-LM GPT defaults (gelu, ffn 4h, LayerNorm, learned positions, "
@@ -259,9 +274,20 @@ def zero_of(row: dict[str, str]) -> ZeroStage:
         return ZeroStage.GRADIENTS
     if "full_shard" in fsdp or "zero-3" in fsdp or "fsdp" in fsdp:
         return ZeroStage.PARAMETERS
-    if "zero-1" in fsdp or "distributed optimizer" in text or "distributed-optimizer" in text:
+    if ("zero-1" in fsdp or "distributed optimizer" in text or "distributed-optimizer" in text
+            or re.search(r"distributed[_ ]fused[_ ]adam", text)):
         return ZeroStage.OPTIMIZER
     return ZeroStage.NONE
+
+
+def zero_on(row: dict[str, str], stack: str) -> ZeroStage:
+    """``zero_of``; a NeMo 1.x row that says nothing of its sharding ran the Launcher recipes'
+    distributed_fused_adam, zero 1 (every GPT-family recipe of NeMo-Framework-Launcher 24.07
+    sets it: docs/research/nemo1-distributed-fused-adam.md, "Recipe settings actually used")."""
+    zero = zero_of(row)
+    if stack == "nemo-1" and zero is ZeroStage.NONE and not row["fsdp"].strip():
+        return ZeroStage.OPTIMIZER
+    return zero
 
 
 # framework text -> the software stack that ran it (profiles/stacks). First match wins.
@@ -274,12 +300,42 @@ STACKS = (
 )
 
 
+# NeMo 1.x, as the 2024 NeMo-Framework-Launcher recipes ran it (apex's distributed_fused_adam:
+# profiles/stacks/nemo-1.yaml): a framework naming NeMo 1.x ("NeMo 1.23", "NeMo v1", "NeMo
+# (24.05)", "NeMo Megatron", "NeMo Framework Launcher"), or NeMo with a 1.x version or a 24.01-24.07
+# container (before NeMo 2.0's recipes, which run Megatron-Core's distributed optimizer)
+NEMO1_TEXT = re.compile(r"\bnemo\b\W*(v?1\.[\dx]|v1\b|24\.0[1-7]\b|megatron|framework[ -]launcher"
+                        r"|launcher)", re.I)
+NEMO1_VERSION = re.compile(r"^\W*(nemo\W*)?(v?1\.\d+|24\.0[1-7])\b", re.I)
+
+
 def stack_of(row: dict[str, str]) -> str | None:
     text = row["framework"].lower()
+    if re.search(r"\bnemo\b", text) and (NEMO1_TEXT.search(text)
+                                          or NEMO1_VERSION.search(row.get("framework_version", ""))):
+        return "nemo-1"
     name = next((stack for pat, stack in STACKS if re.search(pat, text)), None)
     if name == "torchtitan" and re.search(r"torch\.compile|compiled", row["notes"], re.I):
         return "torchtitan-compiled"
     return name
+
+
+# The states a recipe sets where its stack's defaults are not what it ran, from the
+# recipe's own config (not from any measurement): (stack, model-name pattern, states).
+# NeMo-Framework-Launcher 24.07 (8325688d) launcher_scripts/conf/training/nemotron/
+# nemotron_340b.yaml L158-165: distributed_fused_adam with grad_sync_dtype bf16 and dtype bf16,
+# the model's dtype, so no master copy (NeMo megatron_base_model.py L746-747).
+RECIPE_STATES = (
+    ("nemo-1", re.compile(r"nemotron[-_ ]?4[-_ ]?340b", re.I),
+     {"main_grads": StateDtype.BF16, "master_weights": MasterWeights.NONE,
+      "optimizer_states": StateDtype.BF16}),
+)
+
+
+def recipe_states(row: dict[str, str], stack: str) -> dict[str, Any]:
+    """The job's state fields for the row's recipe (``RECIPE_STATES``); {}: its stack's."""
+    return next((states for st, pat, states in RECIPE_STATES
+                 if st == stack and pat.search(row["model"])), {})
 
 
 def schedule_of(row: dict[str, str], vp: int) -> Schedule:
@@ -406,9 +462,10 @@ def build_case(row: dict[str, str]) -> Case | Skip:
     except AutoplanError as exc:
         return Skip(rid, group, str(exc))
     plan = Plan(
-        model=model, cluster=cluster, job=Job(global_batch=gbs, seq_len=seq, dtype=dtype),
+        model=model, cluster=cluster,
+        job=Job(global_batch=gbs, seq_len=seq, dtype=dtype, **recipe_states(row, stack)),
         layout=Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vp), micro_batch=mbs,
-        schedule=schedule_of(row, vp), recompute=recompute, zero=zero_of(row),
+        schedule=schedule_of(row, vp), recompute=recompute, zero=zero_on(row, stack),
         sequence_parallel=row["sequence_parallel"].strip().lower() in ("yes", "true", "1"),
         stack=builtin_stack(stack),
     )
@@ -454,7 +511,7 @@ BOUNDS = {"step_overhead_ms": (0.0, 400.0),
           "compute_efficiency": (0.6, 1.0)}
 MIN_STACK_ROWS = 5  # a stack's own efficiency is fitted on at least this many rows
 STACK_NAMES = ("megatron-core", "megatron-lm", "deepspeed", "torchtitan", "torchtitan-compiled",
-               "torchtitan-async-tp", "fsdp")
+               "torchtitan-async-tp", "fsdp", "nemo-1")
 
 
 def _eff_key(stack: str) -> str:
@@ -872,12 +929,18 @@ def print_markdown(rep: Report, out=sys.stdout) -> None:
     w("- MPT and BLOOM use ALiBi, which autoplan's `Position` cannot express; `rope` stands in "
       "(no position parameters either).\n")
     w("- Stack, from the row's framework: " + "; ".join(f"`{pat}` -> {st}" for pat, st in STACKS)
-      + " (torchtitan rows naming torch.compile: torchtitan-compiled).\n")
+      + " (torchtitan rows naming torch.compile: torchtitan-compiled; NeMo 1.x rows, by the "
+        "framework's text or a 1.x or 24.01-24.07 version: nemo-1).\n")
     w("- Recompute: `full...` is full, `selective...` selective. torchtitan's *selective layer* "
       "and *selective op* checkpointing are not Megatron-LM's attention-core recompute; "
       "autoplan has no closer choice.\n")
     w("- Sharding: FSDP FULL_SHARD, FSDP2 and ZeRO-3 are zero 3, SHARD_GRAD_OP zero 2, "
-      "ZeRO-1 or a distributed optimizer zero 1, anything else zero 0.\n")
+      "ZeRO-1, a distributed optimizer or distributed_fused_adam zero 1 (a NeMo 1.x row that "
+      "names none: its recipes' distributed_fused_adam), anything else zero 0.\n")
+    w("- States: the stack's (profiles/stacks/*.yaml `states`), but where a recipe's own config "
+      "sets others: " + "; ".join(f"{pat.pattern} on {st}: "
+                                  + ", ".join(f"{k} {v.value}" for k, v in states.items())
+                                  for st, pat, states in RECIPE_STATES) + ".\n")
     w("- Cluster: A100-40GB rows run on `dgx-a100` with `a100-40gb` devices, other A100 rows "
       "on `dgx-a100`, H100 rows on `dgx-h100`, whatever site the row names.\n")
     for d, ids in sorted(derived.items()):

@@ -7,8 +7,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoplan.descriptors.precision import STATE_FIELDS, StatePrecision, read_states, resolved
 from autoplan.descriptors.strict import Fields, shown
-from autoplan.vocab import TRAINING_DTYPES, Dtype, StateDtype
+from autoplan.vocab import TRAINING_DTYPES, Dtype, MasterWeights, StateDtype, ZeroStage
 
 # The capacity factor at which Switch Transformer drops almost no tokens (Fedus et al.
 # 2022, Sec. 2.2 and Table 1): the busiest expert takes about 1.25x its fair share.
@@ -80,11 +81,14 @@ class Job:
     # tokens the busiest expert-parallel rank receives over the mean (dropless routing)
     moe_imbalance: float = DEFAULT_MOE_IMBALANCE
     # gradients accumulated and reduced in (Megatron-LM --grad-reduce-in-bf16; fp32 is its
-    # default for bf16 training), and Adam's moments kept in (the precision-aware optimizer,
-    # --use-precision-aware-optimizer --exp-avg-dtype/--exp-avg-sq-dtype); the master
-    # weights stay fp32 either way
-    main_grads: StateDtype = StateDtype.FP32
-    optimizer_states: StateDtype = StateDtype.FP32
+    # default for bf16 training), the optimizer's master weights (vocab.MasterWeights) and
+    # Adam's moments (the precision-aware optimizer, --use-precision-aware-optimizer
+    # --exp-avg-dtype/--exp-avg-sq-dtype; NeMo 1.x optim.dtype). None: as the plan's stack
+    # keeps them (``Stack.states``; descriptors/precision.py), which a plan resolves
+    # (``Plan.states``)
+    main_grads: StateDtype | None = None
+    optimizer_states: StateDtype | None = None
+    master_weights: MasterWeights | None = None
     # the documents packed into each sequence (kernels/packing.py); None: every sequence
     # is one document of seq_len tokens
     documents: Documents | None = None
@@ -93,15 +97,31 @@ class Job:
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_len
 
-    def to_dict(self) -> dict[str, Any]:
+    @property
+    def state_fields(self) -> tuple[StateDtype | None, MasterWeights | None, StateDtype | None]:
+        """(main_grads, master_weights, optimizer_states) as the job sets them (None:
+        its stack's): what a search keys the states of its jobs on (one stack each)."""
+        return self.main_grads, self.master_weights, self.optimizer_states
+
+    def states_at(self, defaults: StatePrecision, zero: ZeroStage) -> StatePrecision:
+        """The states it keeps on a stack keeping ``defaults``, at ``zero``
+        (``precision.resolved``)."""
+        return resolved(self.main_grads, self.master_weights, self.optimizer_states, defaults,
+                        self.dtype, zero)
+
+    def to_dict(self, states: dict[str, str] | None = None) -> dict[str, Any]:
+        """The job-file mapping. ``states``: the states to write (a plan's,
+        ``precision.written_states``); None: those the job sets."""
         out: dict[str, Any] = {"global_batch": self.global_batch, "seq_len": self.seq_len,
                                "dtype": self.dtype.value}
         if self.moe_imbalance != DEFAULT_MOE_IMBALANCE:
             out["moe_imbalance"] = self.moe_imbalance
-        if self.main_grads is not StateDtype.FP32:
-            out["main_grads"] = self.main_grads.value
-        if self.optimizer_states is not StateDtype.FP32:
-            out["optimizer_states"] = self.optimizer_states.value
+        if states is None:
+            states = {k: v.value for k, v in zip(STATE_FIELDS, self.state_fields, strict=True)
+                      if v is not None}
+        for key in STATE_FIELDS:
+            if key in states:
+                out[key] = states[key]
         if self.documents is not None:
             out["documents"] = self.documents.to_dict()
         return out
@@ -116,8 +136,7 @@ def read_job(f: Fields) -> Job | None:
         dtype=_read_dtype(f),
         # the busiest rank takes at most every token: at most ep x the mean (ep <= 2^14)
         moe_imbalance=f.float("moe_imbalance", DEFAULT_MOE_IMBALANCE, min=1.0, max=1 << 14),
-        main_grads=f.enum("main_grads", StateDtype, StateDtype.FP32),
-        optimizer_states=f.enum("optimizer_states", StateDtype, StateDtype.FP32),
+        **read_states(f),
         documents=_read_documents(f, f.raw("documents", None)),
     )
     f.close()
@@ -126,6 +145,10 @@ def read_job(f: Fields) -> Job | None:
     if values["dtype"] is Dtype.FP16 and values["main_grads"] is StateDtype.BF16:
         f.fail("main_grads", "bf16 gradients go with bf16 or fp8 training, not fp16 "
                "(fp16 keeps fp16 gradients and an fp32 copy: Megatron-LM's distributed optimizer)")
+        return None
+    if values["dtype"] is Dtype.FP16 and values["master_weights"] is MasterWeights.REMAINDERS:
+        f.fail("master_weights", "int16 remainders complete bf16 weights (apex "
+               "DistributedFusedAdam store_param_remainders), not fp16 ones: fp32 or none")
         return None
     return Job(**values)
 

@@ -76,7 +76,8 @@ class SearchSpace:
     # vpp >= 2 with pipelining)
     ep_overlap: tuple[bool, ...] = (False,)
     # also try bf16 gradient reduction and bf16 Adam moments (``Job.main_grads``,
-    # ``Job.optimizer_states``) beside the job's own: ``search --allow-bf16-states``
+    # ``Job.optimizer_states``) beside the job's own: ``search --allow-bf16-states``. The
+    # master weights stay the job's, or where it leaves them unset the stack's (``Stack.states``)
     bf16_states: bool = False
     # plain data parallel (zero 0) with tensor or pipeline parallelism: False where the
     # launcher's DDP runs only one-dimensional (torchtitan: "DDP has not supported > 1D

@@ -14,6 +14,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoplan.descriptors.precision import FP32_STATES, StatePrecision, read_states
 from autoplan.descriptors.strict import Fields
 from autoplan.vocab import OffloadOverlap, TpOverlap
 
@@ -73,6 +74,9 @@ class Stack:
     offload_overlap: OffloadOverlap = OffloadOverlap.NONE
     # how the layers' tensor-parallel collectives overlap their GEMMs (vocab.TpOverlap)
     tp_overlap: TpOverlap = TpOverlap.WGRAD
+    # the gradients, master weights and moments its optimizer keeps where a job leaves them
+    # unset (``states:`` in the file; descriptors/precision.py)
+    states: StatePrecision = FP32_STATES
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -104,6 +108,7 @@ class Stack:
                if self.offload_overlap is not OffloadOverlap.NONE else {}),
             **({"tp_overlap": self.tp_overlap.value}
                if self.tp_overlap is not TpOverlap.WGRAD else {}),
+            **({"states": self.states.values()} if self.states != FP32_STATES else {}),
         }
 
 
@@ -127,13 +132,17 @@ def read_stack(f: Fields) -> Stack | None:
     probs = f.bool("moe_probs_in_activation", False)
     offload = f.enum("offload_overlap", OffloadOverlap, OffloadOverlap.NONE)
     tp_overlap = f.enum("tp_overlap", TpOverlap, TpOverlap.WGRAD)
+    sf = f.child("states", f.raw("states", {}))
+    given = read_states(sf)
+    sf.close()
     f.close()
     if len(f.problems) > before:
         return None
+    states = StatePrecision(**{k: v for k, v in given.items() if v is not None})
     return Stack(name=name, summary=summary, attention=attention, layer_kernels=kernels,
                  compute_efficiency=compute,
                  cuda_graphs=graphs, host_kernel_s=host * 1e-6, step_overhead_s=step * 1e-3,
                  overlap_grad_reduce=grad, overlap_param_gather=gather,
                  comm_compute_slowdown=slowdown, zero3_max_live_params=live,
                  sp_saves_gathered=gathered, moe_probs_in_activation=probs,
-                 offload_overlap=offload, tp_overlap=tp_overlap)
+                 offload_overlap=offload, tp_overlap=tp_overlap, states=states)

@@ -35,7 +35,7 @@ from autoplan.errors import InputError
 from autoplan.plan import Plan
 from autoplan.registry import Named, _Registry
 from autoplan.resources import searchspace_dir
-from autoplan.vocab import StateDtype
+from autoplan.vocab import MasterWeights, StateDtype
 
 Problems = list[tuple[str, str]]  # (plan field, why), as ``parallel.rules.space_problems``
 Check = Callable[[Plan], Problems]
@@ -63,10 +63,15 @@ RECOMPUTE_MODULES = Feature(
     "recompute_modules", lambda p: bool(p.recompute_modules),
     "selective recompute by module is Megatron-Core's (--recompute-modules); export to megatron or nemo")
 MAIN_GRADS = Feature(
-    "job.main_grads", lambda p: p.job.main_grads is not StateDtype.FP32,
+    "job.main_grads", lambda p: p.states.main_grads is not StateDtype.FP32,
     "bf16 gradient reduction is exported to Megatron-LM (--grad-reduce-in-bf16) and NeMo only")
+MASTER_WEIGHTS = Feature(
+    "job.master_weights", lambda p: p.states.master_weights is not MasterWeights.FP32,
+    "master weights other than an fp32 copy are apex's distributed_fused_adam (NeMo 1.x: "
+    "export to nemo with stack nemo-1) or, as int16 remainders, Megatron-Core's precision-aware "
+    "optimizer; export to megatron or nemo")
 OPTIMIZER_STATES = Feature(
-    "job.optimizer_states", lambda p: p.job.optimizer_states is not StateDtype.FP32,
+    "job.optimizer_states", lambda p: p.states.optimizer_states is not StateDtype.FP32,
     "bf16 optimizer states are Megatron-Core's precision-aware optimizer (Megatron-LM "
     "--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16); export to "
     "megatron or nemo")
@@ -79,7 +84,7 @@ PLACEMENT = Feature(
     "{target} has no way to name which nodes run which pipeline stages; export to megatron or "
     "torchtitan (torchrun node ranks, named per pool in the script)")
 # in the order an export's refusals list them
-FEATURES = (RECOMPUTE_MODULES, MAIN_GRADS, OPTIMIZER_STATES, EP_OVERLAP, PLACEMENT)
+FEATURES = (RECOMPUTE_MODULES, MAIN_GRADS, MASTER_WEIGHTS, OPTIMIZER_STATES, EP_OVERLAP, PLACEMENT)
 
 
 # --------------------------------------------------------------------------- the spec

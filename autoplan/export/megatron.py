@@ -56,6 +56,7 @@ from autoplan.export import nodes
 from autoplan.export.launcher import (
     EP_OVERLAP,
     MAIN_GRADS,
+    MASTER_WEIGHTS,
     OPTIMIZER_STATES,
     PLACEMENT,
     RECOMPUTE_MODULES,
@@ -70,6 +71,7 @@ from autoplan.vocab import (
     Activation,
     CpComm,
     Dtype,
+    MasterWeights,
     MoeDispatch,
     Norm,
     Position,
@@ -102,6 +104,29 @@ def precision_aware_problems(plan: Plan) -> list[tuple[str, str]]:
     if plan.zero < ZeroStage.OPTIMIZER:
         return [("job.optimizer_states", "Megatron-LM's precision-aware optimizer runs "
                                          "inside the distributed optimizer: zero >= 1")]
+    return []
+
+
+def master_problems(plan: Plan) -> list[tuple[str, str]]:
+    """Master weights other than fp32 under Megatron-Core: int16 remainders are what the
+    precision-aware optimizer keeps of bf16 weights, inside the distributed optimizer; no
+    master at all it cannot run (--main-params-dtype takes fp32 or fp16:
+    megatron/training/arguments.py L3673). Read at Megatron-LM d98e8a64:
+    optimizer_config.py L192 ``store_param_remainders: bool = True``; __init__.py L587-588
+    passes it to Transformer Engine's FusedAdam (TE >= 2.1), which stores remainders only
+    with an fp32 master of bf16 parameters (TE d0067d0d fused_adam.py L213-214, L626); FP8
+    recipes other than delayed scaling keep the master in Megatron-Core
+    (optimizer_config.py L407-414)."""
+    master = plan.states.master_weights
+    if master is MasterWeights.NONE:
+        return [("job.master_weights", "Megatron-Core keeps a master copy (--main-params-dtype "
+                                       "fp32 or fp16): none is NeMo 1.x's distributed_fused_adam "
+                                       "with optim.dtype bf16 (stack nemo-1, export to nemo)")]
+    if master is MasterWeights.REMAINDERS:  # zero >= 1 and not fp16 (StatePrecision.effective)
+        if plan.job.dtype is Dtype.FP8 and fp8_needs_current_scaling(plan):
+            return [("job.master_weights", "under fp8 current scaling Megatron-Core keeps an fp32 "
+                                           "master (optimizer_config.py "
+                                           "use_precision_aware_optimizer_no_fp8_or_ds_fp8)")]
     return []
 
 
@@ -219,11 +244,16 @@ def parallel_args(plan: Plan) -> list[Arg]:
     if plan.offload.optimizer:  # Megatron-Core's HybridDeviceOptimizer, all states on the CPU
         out += [("--optimizer-cpu-offload",), ("--optimizer-offload-fraction", "1.0"),
                 ("--overlap-cpu-optimizer-d2h-h2d",)]
-    if plan.offload.optimizer or plan.job.optimizer_states is StateDtype.BF16:
+    states = plan.states
+    remainders = states.master_weights is MasterWeights.REMAINDERS
+    if plan.offload.optimizer or states.optimizer_states is StateDtype.BF16 or remainders:
+        # TE's FusedAdam keeps the master: with --main-params-dtype fp32 (the default) as
+        # int16 remainders of bf16 weights (OptimizerConfig.store_param_remainders=True,
+        # TE >= 2.1: megatron/core/optimizer/__init__.py L587-588)
         out.append(("--use-precision-aware-optimizer",))
-    if plan.job.optimizer_states is StateDtype.BF16:  # Adam's moments in bf16, master fp32
+    if states.optimizer_states is StateDtype.BF16:  # Adam's moments in bf16
         out += [("--exp-avg-dtype", "bf16"), ("--exp-avg-sq-dtype", "bf16")]
-    if plan.job.main_grads is StateDtype.BF16:  # else Megatron-LM accumulates bf16 grads in fp32
+    if states.main_grads is StateDtype.BF16:  # else Megatron-LM accumulates bf16 grads in fp32
         out.append(("--grad-reduce-in-bf16",))
     if lay.dp > 1 or lay.cp > 1:
         out.append(("--overlap-grad-reduce",))
@@ -420,8 +450,8 @@ LAUNCHER = LauncherSpec(
     export=export,
     source="NVIDIA/Megatron-LM megatron/training/arguments.py",
     problems=problems,
-    runs={RECOMPUTE_MODULES: None, MAIN_GRADS: None, OPTIMIZER_STATES: precision_aware_problems,
-          EP_OVERLAP: None, PLACEMENT: nodes.problems},
+    runs={RECOMPUTE_MODULES: None, MAIN_GRADS: None, MASTER_WEIGHTS: master_problems,
+          OPTIMIZER_STATES: precision_aware_problems, EP_OVERLAP: None, PLACEMENT: nodes.problems},
     slurm=slurm_program,
     tune=TuneLaunch(
         log_format="megatron",  # training.py training_log (tune/logs.py)

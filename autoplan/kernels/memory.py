@@ -11,9 +11,10 @@ s x s tensors: the softmax statistics instead) and no dropout.
 
 Weights, gradients and optimizer states follow Megatron-LM's
 docs/distrib_optimizer.md table (bytes per parameter): bf16 params with fp32
-grads 2 + 4 + 12, fp16 params and grads 2 + 2 + 16; ZeRO stages (Rajbhandari
-et al. 2020) divide optimizer states (1), also gradients (2), also parameters
-(3) by the sharding group.
+grads 2 + 4 + 12, fp16 params and grads 2 + 2 + 16; the states a plan keeps
+(``Plan.states``: bf16 gradients, int16 master remainders or none, bf16 moments)
+take their bytes off it. ZeRO stages (Rajbhandari et al. 2020) divide optimizer
+states (1), also gradients (2), also parameters (3) by the sharding group.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoplan.descriptors.model import Model
+from autoplan.descriptors.precision import FP32_STATES, StatePrecision
 from autoplan.descriptors.stack import AttentionKernel
 from autoplan.kernels.layer import BF16_BYTES, Shard
-from autoplan.vocab import Dtype, Recompute, RecomputeModule, StateDtype, ZeroStage
+from autoplan.vocab import Dtype, MasterWeights, Recompute, RecomputeModule, StateDtype, ZeroStage
 
 # What the search leaves free on a device by default, beyond a plan's predicted peak (whose
 # ``other`` already holds the device's fixed reserve): PyTorch's caching allocator splits
@@ -54,24 +56,35 @@ _FP16_STATES = BytesPerParam(weights=2, grads=2, optimizer=16)
 _BF16_STATES = BytesPerParam(weights=2, grads=4, optimizer=12)
 
 
-def bytes_per_param(dtype: Dtype, main_grads: StateDtype = StateDtype.FP32,
-                    moments: StateDtype = StateDtype.FP32) -> BytesPerParam:
+# Bytes per parameter of the master weights a sharded optimizer keeps (vocab.MasterWeights):
+# a full fp32 copy; the int16 remainder beside the bf16 weight (apex DistributedFusedAdam
+# StateBucket, apex 810ffae3 L448-453: param_remainders_shard int16); none
+MASTER_BYTES = {MasterWeights.FP32: 4.0, MasterWeights.REMAINDERS: 2.0, MasterWeights.NONE: 0.0}
+
+
+def bytes_per_param(dtype: Dtype, states: StatePrecision = FP32_STATES) -> BytesPerParam:
     """Bytes per parameter of weights, gradients and optimizer states by training dtype
-    (``_FP16_STATES``, ``_BF16_STATES``); bf16 gradients (Megatron-LM --grad-reduce-in-bf16)
-    hold 2 bytes where fp32 ones hold 4, and the precision-aware optimizer's bf16 moments
-    (--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16; master weights fp32) 2 + 2 of Adam's 8."""
+    (``_FP16_STATES``, ``_BF16_STATES``: fp32 master, fp32 moments) and the states kept
+    (``Plan.states``): bf16 gradients (Megatron-LM --grad-reduce-in-bf16, NeMo 1.x
+    grad_sync_dtype bf16) hold 2 bytes where fp32 ones hold 4; the master weights
+    ``MASTER_BYTES`` of the fp32 copy's 4; bf16 moments (--exp-avg-dtype bf16
+    --exp-avg-sq-dtype bf16; NeMo 1.x optim.dtype bf16) 2 + 2 of Adam's 8."""
     per = _FP16_STATES if dtype is Dtype.FP16 else _BF16_STATES
-    grads = 2.0 if main_grads is StateDtype.BF16 else per.grads
-    optimizer = per.optimizer - (4.0 if moments is StateDtype.BF16 else 0.0)
+    grads = 2.0 if states.main_grads is StateDtype.BF16 else per.grads
+    optimizer = (per.optimizer - (4.0 - MASTER_BYTES[states.master_weights])
+                 - (4.0 if states.optimizer_states is StateDtype.BF16 else 0.0))
     return BytesPerParam(weights=per.weights, grads=grads, optimizer=optimizer)
 
 
-def sharded_state_bytes(
-    params: float, dtype: Dtype, zero: ZeroStage, shard_group: int,
-    main_grads: StateDtype = StateDtype.FP32, moments: StateDtype = StateDtype.FP32,
-) -> BytesPerParam:
-    """Bytes on one rank for ``params`` parameters under a ZeRO stage over ``shard_group`` ranks."""
-    per = bytes_per_param(dtype, main_grads, moments)
+def sharded_state_bytes(params: float, dtype: Dtype, zero: ZeroStage, shard_group: int,
+                        states: StatePrecision = FP32_STATES) -> BytesPerParam:
+    """Bytes on one rank for ``params`` parameters under a ZeRO stage over ``shard_group``
+    ranks. The master weights and moments are optimizer states, sharded from ZeRO-1 on;
+    the gradients from ZeRO-2: a stack whose persistent gradient buffer is whole on every
+    rank (Megatron-Core's distributed optimizer; apex DistributedFusedAdam, whose
+    contiguous grad buffer is unsharded, apex 810ffae3 ``_init_grad_buffer`` L1075-1097,
+    though it calls itself ZeRO-2) runs at zero 1."""
+    per = bytes_per_param(dtype, states)
     d = shard_group
     return BytesPerParam(
         weights=params * per.weights / (d if zero >= ZeroStage.PARAMETERS else 1),

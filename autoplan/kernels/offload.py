@@ -60,7 +60,7 @@ def optimizer_seconds_per_param(plan: Plan) -> float:
     (module doc); every rank of the node steps a shard that large on the one host."""
     c = plan.cluster
     assert c.host_mem_Bps is not None
-    per = memory.bytes_per_param(plan.job.dtype, plan.job.main_grads)
+    per = memory.bytes_per_param(plan.job.dtype, plan.states)
     link = link_Bps(plan)
     down, up = per.grads / link, per.weights / link
     cpu = (c.gpus_per_node * (CPU_ADAM_BYTES + per.grads + per.weights)

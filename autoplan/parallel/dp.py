@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from autoplan.caches import memo
+from autoplan.descriptors.precision import StatePrecision
 from autoplan.kernels import comm, memory, offload
 from autoplan.kernels.layer import BF16_BYTES
 from autoplan.parallel.common import Rule, Scope
-from autoplan.vocab import Axis, Dtype, Offload, StateDtype, ZeroStage
+from autoplan.vocab import Axis, Dtype, MasterWeights, Offload, StateDtype, ZeroStage
 
 if TYPE_CHECKING:
     from autoplan.descriptors.hardware import Cluster
@@ -163,8 +164,8 @@ def offload_choices(lay: Layout, zero: ZeroStage, cluster: Cluster,
 
 def grad_bytes(dtype: Dtype, main_grads: StateDtype = StateDtype.FP32) -> float:
     """Bytes per gradient element reduced: Megatron-LM reduces bf16 grads in fp32 unless
-    told to reduce them in bf16 (``Job.main_grads``)."""
-    return memory.bytes_per_param(dtype, main_grads).grads
+    told to reduce them in bf16 (``Plan.states.main_grads``)."""
+    return memory.bytes_per_param(dtype, StatePrecision(main_grads=main_grads)).grads
 
 
 def state_bytes(plan: Plan, params: float, expert_params: float) -> memory.BytesPerParam:
@@ -172,25 +173,23 @@ def state_bytes(plan: Plan, params: float, expert_params: float) -> memory.Bytes
     states over dp x cp (under hybrid sharding dp_shard x cp: FSDP2 HSDP, Megatron-Core's
     distributed optimizer instances) and the experts' over the expert-data-parallel group
     (Megatron-Core distributed optimizer)."""
-    lay, job = plan.layout, plan.job
-    return state_bytes_of(job.dtype, job.main_grads, job.optimizer_states, plan.zero,
-                          lay.dp_shard * lay.cp, lay.edp, plan.offload.optimizer, params,
-                          expert_params)
+    lay = plan.layout
+    return state_bytes_of(plan.job.dtype, plan.states, plan.zero, lay.dp_shard * lay.cp, lay.edp,
+                          plan.offload.optimizer, params, expert_params)
 
 
 # plain arithmetic on enums and numbers, no descriptor in its key: kept for the process
 # (bounded), not dropped with a question's costs; the search asks it for every stage of
 # every memory floor, a sweep hundreds of thousands of times
 @functools.lru_cache(maxsize=65536)
-def state_bytes_of(dtype: Dtype, main_grads: StateDtype, moments: StateDtype, zero: ZeroStage,
-                   shards: int, edp: int, offloaded: bool, params: float,
-                   expert_params: float) -> memory.BytesPerParam:
-    """:func:`state_bytes` of a rank whose non-expert states ZeRO shards over ``shards``
-    ranks and expert states over ``edp`` (the optimizer's offloaded or not)."""
-    dense = memory.sharded_state_bytes(params, dtype, zero, shards, main_grads, moments)
+def state_bytes_of(dtype: Dtype, states: StatePrecision, zero: ZeroStage, shards: int, edp: int,
+                   offloaded: bool, params: float, expert_params: float) -> memory.BytesPerParam:
+    """:func:`state_bytes` of a rank keeping ``states`` (``Plan.states``) whose non-expert
+    states ZeRO shards over ``shards`` ranks and expert states over ``edp`` (the
+    optimizer's offloaded or not)."""
+    dense = memory.sharded_state_bytes(params, dtype, zero, shards, states)
     if expert_params:
-        experts = memory.sharded_state_bytes(expert_params, dtype, zero, edp, main_grads,
-                                             moments)
+        experts = memory.sharded_state_bytes(expert_params, dtype, zero, edp, states)
         dense = memory.BytesPerParam(weights=dense.weights + experts.weights,
                                      grads=dense.grads + experts.grads,
                                      optimizer=dense.optimizer + experts.optimizer)
@@ -252,14 +251,14 @@ def zero3_exposed(plan: Plan, groups: dict[Axis, comm.Group], params: float,
     if plan.zero is not ZeroStage.PARAMETERS or groups[Axis.DP].size <= 1:
         return 0.0, 0.0
     gather = comm.all_gather(params * BF16_BYTES, groups[Axis.DP])
-    grads = params * grad_bytes(plan.job.dtype, plan.job.main_grads)
+    grads = params * grad_bytes(plan.job.dtype, plan.states.main_grads)
     scatter = comm.reduce_scatter(grads, groups[Axis.DP])
     if groups[Axis.DPR].size > 1:  # HSDP: the shard's gradients all-reduced over the replicas
         scatter += comm.all_reduce(grads / groups[Axis.DP].size, groups[Axis.DPR])
     if expert_params:
         gather += comm.all_gather(expert_params * BF16_BYTES, groups[Axis.EDP])
         scatter += comm.reduce_scatter(expert_params * grad_bytes(plan.job.dtype,
-                                                                  plan.job.main_grads),
+                                                                  plan.states.main_grads),
                                        groups[Axis.EDP])
     slow = plan.stack.comm_compute_slowdown
     first = gather / max(1, layers)  # the first layer's gather, before any compute
@@ -360,7 +359,7 @@ def grad_sync_after_least(plan: Plan, groups: dict[Axis, comm.Group], params: fl
     if plan.zero is ZeroStage.PARAMETERS:
         return makespan
     reduce_s, gather_s = _sync_seconds(plan.zero, plan.job.dtype, params, expert_params,
-                                       groups[Axis.DP], groups[Axis.EDP], plan.job.main_grads,
+                                       groups[Axis.DP], groups[Axis.EDP], plan.states.main_grads,
                                        groups[Axis.DPR])
     t = max(makespan, end)
     stack = plan.stack
@@ -454,7 +453,7 @@ def _exposed(plan: Plan, groups: dict[Axis, comm.Group], params: float, expert_p
     ``forward`` (--overlap-param-gather; None: not known, so at least its slowed share). A
     stack that overlaps neither runs them exposed."""
     reduce_s, gather_s = _sync_seconds(plan.zero, plan.job.dtype, params, expert_params,
-                                       groups[Axis.DP], groups[Axis.EDP], plan.job.main_grads,
+                                       groups[Axis.DP], groups[Axis.EDP], plan.states.main_grads,
                                        groups[Axis.DPR])
     stack = plan.stack
     slow = stack.comm_compute_slowdown
@@ -532,8 +531,20 @@ def optimizer_seconds_per_param(plan: Plan) -> float:
     if plan.offload.optimizer:
         return offload.optimizer_seconds_per_param(plan)
     device = plan.cluster.device
-    job = plan.job
-    # bf16 gradients read 2 bytes fewer; bf16 moments read and write 2 x 2 fewer
-    moved = (ADAM_BYTES_PER_PARAM - (2 if job.main_grads is StateDtype.BF16 else 0)
-             - (8 if job.optimizer_states is StateDtype.BF16 else 0))
-    return moved / (device.hbm_Bps * device.hbm_efficiency)
+    return adam_bytes_moved(plan.states) / (device.hbm_Bps * device.hbm_efficiency)
+
+
+def adam_bytes_moved(states: StatePrecision) -> float:
+    """Bytes the Adam step reads and writes per parameter (``ADAM_BYTES_PER_PARAM`` with
+    fp32 states): the gradient read, the master weight and the two moments read and
+    written, the 16-bit weight written; bf16 gradients read 2 bytes fewer, bf16 moments
+    read and write 2 x 2 fewer; a master kept as int16 remainders (or not at all) reads
+    and writes its 2 bytes (or none) and reads the 16-bit weight it completes (apex 810ffae3
+    distributed_fused_adam.py: ``_local_step_with_param_remainders`` L2490-2555,
+    multi_tensor_fused_adam_with_param_remainders; ``_local_step`` L2437-2443 reads the
+    bf16 weight where no master is kept)."""
+    grad = 2.0 if states.main_grads is StateDtype.BF16 else 4.0
+    moments = 4.0 if states.optimizer_states is StateDtype.BF16 else 8.0
+    master = memory.MASTER_BYTES[states.master_weights]
+    weight_read = 0.0 if states.master_weights is MasterWeights.FP32 else 2.0
+    return grad + 2 * master + 2 * moments + 2.0 + weight_read

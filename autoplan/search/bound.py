@@ -785,8 +785,7 @@ class TimeBounds:
             return bound
         # it reads the stages' parameters and the optimizer's rates: the layout and ZeRO
         # stage's, the same for every micro-batch, SP, recompute and activation offload
-        key = (plan.layout, plan.zero, plan.stages, plan.chunks, plan.job.main_grads,
-               plan.job.optimizer_states)
+        key = (plan.layout, plan.zero, plan.stages, plan.chunks, plan.states)
         shift = self._offload_shifts.get(key)
         if shift is None:
             plan = plan.replace(recompute=Recompute.NONE, offload=NO_OFFLOAD)

@@ -14,6 +14,7 @@ from autoplan.descriptors.hardware import Cluster
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.pipeline_layout import uniform_stages
+from autoplan.descriptors.precision import StatePrecision
 from autoplan.descriptors.space import SearchSpace
 from autoplan.parallel import ep
 from autoplan.parallel.common import Scope
@@ -86,10 +87,14 @@ def state_jobs(job: Job, space: SearchSpace, zero: ZeroStage) -> tuple[Job, ...]
     grads = [job.main_grads] + ([StateDtype.BF16] if job.dtype is not Dtype.FP16 else [])
     moments = [job.optimizer_states] + ([StateDtype.BF16] if zero >= ZeroStage.OPTIMIZER else [])
     out = [job]
+    seen = {job.states_at(space.stack.states, zero)}  # a state the job leaves to the stack too
     for g in dict.fromkeys(grads):
         for o in dict.fromkeys(moments):
-            if (g, o) != (job.main_grads, job.optimizer_states):
-                out.append(dataclasses.replace(job, main_grads=g, optimizer_states=o))
+            other = dataclasses.replace(job, main_grads=g, optimizer_states=o)
+            states = other.states_at(space.stack.states, zero)
+            if states not in seen:
+                seen.add(states)
+                out.append(other)
     return tuple(out)
 
 
@@ -113,9 +118,7 @@ class Context:
         # state to reduce and step, whose step no other job's beats: the probes' (every
         # bound standing for several jobs reads it), the job itself without bf16 states
         self._jobs = {z: state_jobs(job, space, z) for z in ZeroStage}
-        self.bound_job = min((j for js in self._jobs.values() for j in js),
-                             key=lambda j: (j.main_grads is not StateDtype.BF16)
-                             + (j.optimizer_states is not StateDtype.BF16))
+        self.bound_job = min((j for js in self._jobs.values() for j in js), key=self._heavier)
         # :meth:`overlap_schedules`: (the schedules keyed on, kept alive; those overlapping)
         self._overlap_scheds: dict[tuple[int, int, int],
                                    tuple[Sequence[Sched], tuple[Sched, ...]]] = {}
@@ -128,6 +131,17 @@ class Context:
         # :meth:`probe`: by its arguments; each layout's first, the others made from it
         self._probes: dict[tuple[Layout, int, bool, ZeroStage, CpComm, Choice, bool], Plan] = {}
         self._first_probes: dict[Layout, Plan] = {}
+
+    def states(self, job: Job, zero: ZeroStage) -> StatePrecision:
+        """The states a plan of ``job`` at ``zero`` keeps on the space's stack."""
+        return job.states_at(self.space.stack.states, zero)
+
+    def _heavier(self, job: Job) -> int:
+        """How many of the gradients and moments ``job`` keeps in fp32 (at the distributed
+        optimizer, where every state the search tries is allowed)."""
+        states = self.states(job, ZeroStage.OPTIMIZER)
+        return ((states.main_grads is not StateDtype.BF16)
+                + (states.optimizer_states is not StateDtype.BF16))
 
     def probe(self, lay: Layout, mbs: int = 1, sp: bool = False,
               zero: ZeroStage = ZeroStage.NONE, cp_comm: CpComm = CpComm.RING,

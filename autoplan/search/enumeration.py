@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 
 from autoplan.descriptors.job import Job
+from autoplan.descriptors.precision import StatePrecision
 from autoplan.parallel import cp, dp, ep, pp, tp
 from autoplan.parallel.common import Scope
 from autoplan.parallel.rules import BY_ID, first_broken
@@ -20,11 +21,11 @@ from autoplan.search.context import Context
 from autoplan.search.floors import MemoryFloors, States
 from autoplan.search.items import Block, Choice, Group, Sched, Unopened, evolve_group
 from autoplan.search.results import ZERO_UNSHARDED, SearchStats, rank_key_static
-from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, StateDtype, ZeroStage
+from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, ZeroStage
 
 # :meth:`Enumeration.opened`'s per layout: the verdict on the model states of each (ZeRO
 # stage, offload), and each ZeRO stage's offload choices
-_Known = tuple[dict[tuple[ZeroStage, StateDtype, StateDtype, Offload], States],
+_Known = tuple[dict[tuple[ZeroStage, StatePrecision, Offload], States],
                dict[ZeroStage, list[Offload]]]
 
 
@@ -175,11 +176,11 @@ class Enumeration:
         # they allow (bf16 moments only in the distributed optimizer): the states of the
         # groups given as they are
         unsharded = base.dp * base.cp == 1 and base.edp == 1
-        fitted: set[tuple[StateDtype, StateDtype]] = set()
+        fitted: set[StatePrecision] = set()
         for zero in zeros:
             zero3 = zero is ZeroStage.PARAMETERS and not floors
             for job in self.ctx.jobs(zero):
-                states = (job.main_grads, job.optimizer_states)
+                states = self.ctx.states(job, zero)
                 fits = self._verdict(base, zero, job, NO_OFFLOAD, mbs, sp, verdicts) is States.FIT
                 if unsharded and fits and states in fitted:
                     stats.pruned[ZERO_UNSHARDED] += per_zero  # a lower stage's group, again
@@ -235,11 +236,11 @@ class Enumeration:
             yield self.group(plan, floor, schedules, cps, runs, choices, steps=int(zero3))
 
     def _verdict(self, base: Layout, zero: ZeroStage, job: Job, off: Offload, mbs: int, sp: bool,
-                 verdicts: dict[tuple[ZeroStage, StateDtype, StateDtype, Offload], States]
+                 verdicts: dict[tuple[ZeroStage, StatePrecision, Offload], States]
                  ) -> States:
         """``MemoryFloors.states_verdict`` on the layout's model states at ``zero``, ``job``
         and ``off``, kept in ``verdicts`` where it holds for every micro-batch and SP."""
-        key = (zero, job.main_grads, job.optimizer_states, off)
+        key = (zero, self.ctx.states(job, zero), off)
         verdict = verdicts.get(key)
         if verdict is None:
             verdict = self.floors.states_verdict(base, zero, off, mbs, sp, job)

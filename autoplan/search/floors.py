@@ -28,6 +28,7 @@ from autoplan.cost.stage import (
     stage_work_for,
 )
 from autoplan.descriptors.job import Job
+from autoplan.descriptors.precision import StatePrecision
 from autoplan.parallel.dp import PRESSURE_START
 from autoplan.plan import Layout, Memory, Plan
 from autoplan.schedules import Schedule
@@ -35,7 +36,7 @@ from autoplan.schedules.memory import peak_inflight
 from autoplan.search.context import Context
 from autoplan.search.items import Candidate, Group, Sched
 from autoplan.search.results import HOST_MEMORY, SearchStats, rank_key_static
-from autoplan.vocab import Offload, Recompute, StateDtype, ZeroStage
+from autoplan.vocab import Offload, Recompute, ZeroStage
 
 
 def _fullest_stages(plan: Plan, works: tuple[StageWork, ...]) -> list[tuple[int, int]]:
@@ -72,7 +73,7 @@ class MemoryFloors:
         # (peak, rank key, plan, fullest stage, its memory) of the plan needing the least
         # memory noted so far (:meth:`note_closest`)
         self.closest: tuple[float, tuple, Plan, int, Memory] | None = None
-        self._fullest_states: dict[tuple[Layout, ZeroStage, bool, StateDtype, StateDtype],
+        self._fullest_states: dict[tuple[Layout, ZeroStage, bool, StatePrecision],
                                    tuple[float, int, Memory]] = {}
         self._layout_params: dict[Layout, tuple[tuple[int, float, float], ...]] = {}
         self._fewest_memo: dict[tuple, tuple[tuple[int, int, int, Schedule], ...]] = {}
@@ -100,7 +101,7 @@ class MemoryFloors:
         (``job``: the search's where None) and the optimizer's offload only: worked out once
         for every micro-batch and SP."""
         job = job or self.ctx.job
-        key = (lay, zero, off.optimizer, job.main_grads, job.optimizer_states)
+        key = (lay, zero, off.optimizer, self.ctx.states(job, zero))
         worst = self._fullest_states.get(key)
         if worst is None:
             worst = self._fullest_states[key] = self._fullest_state(lay, zero, off.optimizer, job)
@@ -121,8 +122,8 @@ class MemoryFloors:
         ``job``'s states (the search's where None; the optimizer's states offloaded or
         not), where :meth:`states_verdict` has worked it out; None where it has not."""
         job = job or self.ctx.job
-        worst = self._fullest_states.get((lay, zero, optimizer_offloaded, job.main_grads,
-                                          job.optimizer_states))
+        worst = self._fullest_states.get((lay, zero, optimizer_offloaded,
+                                          self.ctx.states(job, zero)))
         return None if worst is None else worst[0]
 
     def _fullest_state(self, lay: Layout, zero: ZeroStage, optimizer_offloaded: bool,
@@ -133,8 +134,8 @@ class MemoryFloors:
         shards, edp = lay.dp_shard * lay.cp, lay.edp
         worst: tuple[float, int, Memory] | None = None
         for s, params, experts in self._state_params(lay):
-            st = state_bytes_of(job.dtype, job.main_grads, job.optimizer_states, zero, shards,
-                                edp, optimizer_offloaded, params, experts)
+            st = state_bytes_of(job.dtype, self.ctx.states(job, zero), zero, shards, edp,
+                                optimizer_offloaded, params, experts)
             mem = Memory(weights=st.weights, grads=st.grads, optimizer=st.optimizer,
                          activations=0.0, other=reserve)
             if worst is None or mem.peak > worst[0]:

@@ -365,8 +365,7 @@ class _NoRoom:
         b, p, m = plan.micro_batch, plan.layout.pp, plan.num_microbatches
         held = tuple(b * peak_inflight(plan.schedule, p, m, 1, s) for s in range(p))
         return ((plan.placement.stage_pools, plan.layout, plan.sequence_parallel,
-                 plan.cp_comm, plan.recompute, plan.recompute_modules, plan.job.main_grads,
-                 plan.job.optimizer_states, zero3),
+                 plan.cp_comm, plan.recompute, plan.recompute_modules, plan.states, zero3),
                 (b, 0 if zero3 else -int(plan.zero), held))
 
     def add(self, plan: Plan) -> None:

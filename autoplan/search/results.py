@@ -11,7 +11,7 @@ from typing import Protocol
 from autoplan.cost.bounds import memory_shortfall
 from autoplan.parallel.rules import BY_ID
 from autoplan.plan import Memory, Plan, Prediction
-from autoplan.vocab import CpComm, RecomputeModule, StateDtype
+from autoplan.vocab import CpComm, MasterWeights, RecomputeModule, StateDtype
 
 BOUND = "bound"
 HOST_MEMORY = "offload exceeds the host's memory"
@@ -105,16 +105,17 @@ def rank_key(plan: Plan, pred: Prediction) -> tuple:
 def rank_key_static(plan: Plan) -> tuple:
     """The simpler plan first, deterministically: then the attention core alone before
     other module sets, no EP overlap before it, fp32 states before bf16."""
-    lay, job = plan.layout, plan.job
+    lay, states = plan.layout, plan.states
     return (lay.tp, lay.pp, lay.cp, lay.vpp, plan.schedule.rank,
             plan.recompute.level, int(plan.zero), not plan.sequence_parallel, plan.micro_batch,
             lay.ep, lay.etp, _CP_COMM_ORDER[plan.cp_comm], plan.offload.optimizer,
             plan.offload.activations, module_rank(plan.recompute_modules),
-            plan.ep_overlap, job.main_grads is StateDtype.BF16,
-            job.optimizer_states is StateDtype.BF16)
+            plan.ep_overlap, states.main_grads is StateDtype.BF16,
+            states.optimizer_states is StateDtype.BF16, _MASTER_ORDER[states.master_weights])
 
 
 _CP_COMM_ORDER = {c: i for i, c in enumerate(CpComm)}
+_MASTER_ORDER = {m: i for i, m in enumerate(MasterWeights)}  # a full fp32 master first
 _MODULE_ORDER = {m: i for i, m in enumerate(RecomputeModule)}
 
 

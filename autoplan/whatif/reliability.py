@@ -112,9 +112,8 @@ def checkpoint_bytes(plan: Plan) -> float:
     """The model's states, once: its weights in the training dtype and the optimizer's
     master weights and moments (``kernels.memory.sharded_state_bytes`` of the whole model
     on one rank, gradients left out)."""
-    job = plan.job
-    whole = memory.sharded_state_bytes(plan.model.params_total, job.dtype, ZeroStage.NONE, 1,
-                                       job.main_grads, job.optimizer_states)
+    whole = memory.sharded_state_bytes(plan.model.params_total, plan.job.dtype, ZeroStage.NONE, 1,
+                                       plan.states)
     return whole.weights + whole.optimizer
 
 

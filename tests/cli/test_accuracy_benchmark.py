@@ -159,3 +159,50 @@ def test_spearman_and_regret_against_hand_numbers():
     assert acc.spearman([1, 2, 3], [30, 20, 10]) == -1.0
     assert acc.spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(0.8660254)  # ties: average ranks
     assert acc.spearman([1, 1], [1, 2]) is None
+
+
+@pytest.mark.parametrize(("framework", "version", "stack"), [
+    ("NeMo 1.23", "", "nemo-1"),
+    ("NeMo (24.05)", "", "nemo-1"),
+    ("nemo 1.x", "", "nemo-1"),
+    ("NeMo Framework Launcher", "", "nemo-1"),
+    ("NeMo Megatron", "", "nemo-1"),
+    ("NeMo", "24.07", "nemo-1"),
+    ("NeMo", "v1.22.0", "nemo-1"),
+    ("NeMo", "24.12", "megatron-core"),  # NeMo 2.0's recipes: Megatron-Core's optimizer
+    ("NeMo 2.0", "", "megatron-core"),
+    ("Megatron-Core", "r0.8.0", "megatron-core"),
+    ("Megatron-LM", "2022", "megatron-lm"),
+])
+def test_a_framework_naming_nemo_1x_runs_on_the_nemo_1_stack(framework, version, stack):
+    acc = _module()
+    row = {"framework": framework, "framework_version": version, "notes": ""}
+    assert acc.stack_of(row) == stack
+
+
+def test_a_nemotron_4_340b_row_on_nemo_1x_keeps_its_recipes_states():
+    """The invented row below (made-up timing) names NeMo 1.x and Nemotron-4-340B: the plan
+    runs on the nemo-1 stack with the Launcher recipe's optim block (grad_sync_dtype bf16,
+    dtype bf16: no master), which the stack's defaults would not say."""
+    from autoplan.descriptors.precision import StatePrecision
+    from autoplan.vocab import MasterWeights, StateDtype
+
+    acc = _module()
+    row = {c: "" for c in COLUMNS} | dict(
+        row_id="T-9", source="synthetic", source_table="t", framework="NeMo (24.05)",
+        model="Nemotron-4-340B", model_type="dense", num_layers="96", hidden_size="18432",
+        num_attention_heads="96", num_kv_heads="8", ffn_hidden_size="73728", vocab_size="256000",
+        seq_len="4096", gpu_type="H100-80GB-SXM", num_gpus="128", tp="8", pp="8", dp="2", vp="12",
+        sequence_parallel="yes", micro_batch_size="1", global_batch_size="64",
+        recompute="selective", precision="bf16", measured_step_time_s="10", validation_ready="yes")
+    case = acc.build_case(row)
+    assert isinstance(case, acc.Case), case
+    assert case.plan.stack.name == "nemo-1"
+    assert case.plan.states == StatePrecision(main_grads=StateDtype.BF16,
+                                              master_weights=MasterWeights.NONE,
+                                              optimizer_states=StateDtype.BF16)
+    other = acc.build_case(row | {"model": "Llama-3-70B", "num_layers": "80", "hidden_size": "8192",
+                                  "num_attention_heads": "64", "ffn_hidden_size": "28672",
+                                  "vocab_size": "128256", "vp": "5"})
+    assert isinstance(other, acc.Case), other
+    assert other.plan.states == StatePrecision(master_weights=MasterWeights.REMAINDERS)

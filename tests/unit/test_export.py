@@ -39,6 +39,7 @@ from autoplan.vocab import (
     Activation,
     CpComm,
     Dtype,
+    MasterWeights,
     MoeDispatch,
     Offload,
     Recompute,
@@ -819,6 +820,135 @@ def test_bf16_gradients_and_moments_export_megatrons_precision_aware_optimizer(t
     assert set(optimizer) <= set(fields)
     assert dict(refusals(dataclasses.replace(plan, zero=ZeroStage.NONE),
                          Target.MEGATRON))["job.optimizer_states"].endswith("zero >= 1")
+
+
+def _states(plan: Plan, stack: str | None = None, **job: Any) -> Plan:
+    from autoplan.descriptors.library import builtin_stack
+
+    plan = dataclasses.replace(plan, job=dataclasses.replace(plan.job, **job))
+    return plan if stack is None else dataclasses.replace(plan, stack=builtin_stack(stack))
+
+
+@pytest.mark.torch
+def test_int16_master_remainders_export_as_the_precision_aware_optimizer(tmp_path: Path) -> None:
+    """Megatron-Core's precision-aware optimizer keeps the fp32 master as int16 remainders of
+    bf16 weights (OptimizerConfig.store_param_remainders, default True): a plan keeping them
+    exports --use-precision-aware-optimizer (moments left fp32), Bridge's optimizer says
+    store_param_remainders as the plan keeps it; below the distributed optimizer they are a
+    full fp32 copy."""
+    pytest.importorskip("megatron.core")
+    from megatron.core.optimizer import OptimizerConfig
+    fields = {f.name: f for f in dataclasses.fields(OptimizerConfig)}
+    assert fields["store_param_remainders"].default is True
+    plan = _states(make_plan("llama3-70b", gpus=64, global_batch=256, dp=8, tp=8,
+                             sequence_parallel=True), master_weights=MasterWeights.REMAINDERS)
+    commands, _ = run_script(tmp_path, export(plan, Target.MEGATRON), "pretrain_megatron.sh")
+    args = flags(torchrun_args(commands[0]).training_script_args)
+    assert "use_precision_aware_optimizer" in args and "use_distributed_optimizer" in args
+    assert "exp_avg_dtype" not in args and "grad_reduce_in_bf16" not in args
+    optimizer = yaml.safe_load(export(plan, Target.NEMO)["nemo_overrides.yaml"])["optimizer"]
+    assert optimizer["use_precision_aware_optimizer"] and optimizer["store_param_remainders"] is True
+    assert set(optimizer) <= set(fields)
+    # bf16 moments over an fp32 master: Bridge told to keep the fp32 copy the plan counts
+    both = yaml.safe_load(exported("llama3-70b-64xh100-megatron-bf16-states",
+                                   Target.NEMO)["nemo_overrides.yaml"])
+    assert both["optimizer"]["store_param_remainders"] is False
+    assert both["ddp"]["grad_reduce_in_fp32"] is False  # bf16 gradients
+    # without the distributed optimizer the remainders are an fp32 copy (StatePrecision.effective)
+    plain = dataclasses.replace(plan, zero=ZeroStage.NONE)
+    assert plain.states.master_weights is MasterWeights.FP32
+    assert "use_precision_aware_optimizer" not in flags(torchrun_args(run_script(
+        tmp_path, export(plain, Target.MEGATRON), "pretrain_megatron.sh")[0][0]).training_script_args)
+
+
+# what NeMo 1.x's megatron_gpt config has (NeMo v1.23.0 d2283e36
+# examples/nlp/language_modeling/conf/megatron_gpt_config.yaml: trainer L9-12, model L58-185,
+# optim L260-261; context_parallel_size: megatron_base_model.py L196 and the Launcher 24.07 recipes,
+# nemotron_340b.yaml L59; optim's distributed_fused_adam keys: nemotron_340b.yaml L158-165)
+NEMO1_TRAINER = {"num_nodes", "devices", "precision"}
+NEMO1_MODEL = {"mcore_gpt", "micro_batch_size", "global_batch_size", "tensor_model_parallel_size",
+               "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+               "context_parallel_size", "sequence_parallel", "encoder_seq_length", "megatron_amp_O2",
+               "transformer_engine", "fp8", "activations_checkpoint_granularity",
+               "activations_checkpoint_method", "activations_checkpoint_num_layers", "optim"}
+NEMO1_OPTIM = {"name", "dtype", "grad_sync_dtype", "overlap_grad_sync", "overlap_param_sync",
+               "contiguous_grad_buffer"}
+
+
+def _nemotron_recipe(**job: Any) -> Plan:
+    plan = make_plan("nemotron-4-340b", gpus=128, global_batch=64, dp=2, tp=8, pp=8, vpp=4,
+                     schedule=Schedule.INTERLEAVED, recompute=Recompute.SELECTIVE,
+                     sequence_parallel=True)
+    return _states(plan, "nemo-1", **job)
+
+
+def test_a_nemo_1_plan_exports_nemo_1x_megatron_gpt_config_with_its_optimizers_dtypes() -> None:
+    """On the nemo-1 stack the nemo export writes NeMo 1.x's megatron_gpt config: the
+    Nemotron-4-340B recipe's optim block (grad_sync_dtype bf16, dtype bf16: no master) for
+    its states, distributed_fused_adam's defaults (fp32, fp32: int16 remainders) for the
+    stack's, fused_adam without the distributed optimizer."""
+    recipe = _nemotron_recipe(main_grads=StateDtype.BF16, master_weights=MasterWeights.NONE,
+                              optimizer_states=StateDtype.BF16)
+    assert not refusals(recipe, Target.NEMO)
+    text = export(recipe, Target.NEMO)["nemo_overrides.yaml"]
+    assert text.startswith("# NeMo 1.x megatron_gpt overrides for nemotron-4-340b")
+    doc = yaml.safe_load(text)
+    assert set(doc) == {"trainer", "model"}
+    assert set(doc["trainer"]) <= NEMO1_TRAINER and set(doc["model"]) <= NEMO1_MODEL
+    assert doc["trainer"] == {"num_nodes": 16, "devices": 8, "precision": "bf16"}
+    model = doc["model"]
+    assert (model["tensor_model_parallel_size"], model["pipeline_model_parallel_size"],
+            model["virtual_pipeline_model_parallel_size"]) == (8, 8, 4)
+    assert model["activations_checkpoint_granularity"] == "selective" and model["megatron_amp_O2"]
+    assert set(model["optim"]) <= NEMO1_OPTIM
+    assert model["optim"] == {"name": "distributed_fused_adam", "dtype": "bf16", "grad_sync_dtype": "bf16",
+                              "overlap_grad_sync": True, "overlap_param_sync": True,
+                              "contiguous_grad_buffer": True}
+    defaults = yaml.safe_load(export(_nemotron_recipe(), Target.NEMO)["nemo_overrides.yaml"])
+    assert (defaults["model"]["optim"]["dtype"], defaults["model"]["optim"]["grad_sync_dtype"]) == \
+        ("fp32", "fp32")
+    plain = dataclasses.replace(_nemotron_recipe(), zero=ZeroStage.NONE)
+    assert yaml.safe_load(export(plain, Target.NEMO)["nemo_overrides.yaml"])["model"]["optim"] == \
+        {"name": "fused_adam"}
+
+
+def test_a_nemo_1_plan_nemo_1x_cannot_run_is_refused_naming_the_field() -> None:
+    def why(plan: Plan) -> dict[str, str]:
+        return dict(refusals(plan, Target.NEMO))
+
+    # bf16 moments are optim.dtype bf16, which keeps no master: remainders cannot go with them
+    assert "keeps no master" in why(_nemotron_recipe(optimizer_states=StateDtype.BF16))["job.master_weights"]
+    # an fp32 optimizer over bf16 weights keeps remainders, not a full fp32 copy
+    fp32 = why(_nemotron_recipe(master_weights=MasterWeights.FP32))["job.master_weights"]
+    assert "store_param_remainders" in fp32
+    plain = dataclasses.replace(_nemotron_recipe(main_grads=StateDtype.BF16), zero=ZeroStage.NONE)
+    assert "MainParamsOptimizerWrapper" in why(plain)["job"]
+    modules = dataclasses.replace(_nemotron_recipe(), recompute_modules=(RecomputeModule.MLP,))
+    assert "recompute_modules" in why(modules)
+    assert "job.dtype" in why(_states(make_plan(dtype=Dtype.FP16), "nemo-1"))
+    moe = _states(make_plan("mixtral-8x7b", gpus=8, dp=8, ep=8), "nemo-1")
+    assert "model" in why(moe)
+
+
+def test_exporting_a_nemo_1_plan_from_the_command_line(tmp_path: Path) -> None:
+    plan = _nemotron_recipe(main_grads=StateDtype.BF16, master_weights=MasterWeights.NONE,
+                            optimizer_states=StateDtype.BF16)
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan.to_dict(builtin_model=True, builtin_cluster=True,
+                                                builtin_stack=True), sort_keys=False))
+    doc = yaml.safe_load(path.read_text())
+    assert doc["stack"] == "nemo-1"
+    assert {k: doc["job"][k] for k in ("main_grads", "master_weights", "optimizer_states")} == \
+        {"main_grads": "bf16", "master_weights": "none", "optimizer_states": "bf16"}
+    result = autoplan("export", path, "--to", "nemo", "-o", tmp_path / "n.yaml")
+    assert result.returncode == 0, result.stderr
+    written = yaml.safe_load((tmp_path / "n.yaml").read_text())
+    assert written["model"]["optim"]["dtype"] == "bf16"
+    result = autoplan("export", path, "--to", "megatron", "-o", tmp_path / "m.sh")
+    assert result.returncode == 2
+    assert f"{path}: job.master_weights: cannot export to megatron: Megatron-Core keeps a master" \
+        in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "m.sh").exists()
 
 
 @pytest.mark.torch

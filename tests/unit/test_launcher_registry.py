@@ -275,6 +275,22 @@ def test_the_features_beyond_the_space_rules_are_run_only_by_the_megatron_core_l
     states = dataclasses.replace(plan, job=dataclasses.replace(plan.job, optimizer_states=StateDtype.BF16))
     takes = [n for n in names() if not dict(refusals(states, n)).get("job.optimizer_states")]
     assert takes == ["megatron", "nemo"]
+    # int16 master remainders: the precision-aware optimizer's (Megatron-LM, Bridge) and NeMo
+    # 1.x's; no master at all: NeMo 1.x's distributed_fused_adam only (the nemo-1 stack)
+    from autoplan.descriptors.library import builtin_stack
+    from autoplan.vocab import MasterWeights
+
+    def master(p: Any, m: MasterWeights) -> Any:
+        return dataclasses.replace(p, job=dataclasses.replace(p.job, master_weights=m))
+
+    rem = master(plan, MasterWeights.REMAINDERS)
+    assert [n for n in names() if not dict(refusals(rem, n)).get("job.master_weights")] == \
+        ["megatron", "nemo"]
+    none = master(plan, MasterWeights.NONE)
+    assert [n for n in names() if not dict(refusals(none, n)).get("job.master_weights")] == []
+    recipe = dataclasses.replace(none, stack=builtin_stack("nemo-1"), job=dataclasses.replace(
+        none.job, main_grads=StateDtype.BF16, optimizer_states=StateDtype.BF16))
+    assert [n for n in names() if not refusals(recipe, n)] == ["nemo"]
 
 
 def test_a_space_file_named_like_a_built_in_that_names_no_stack_runs_on_the_built_ins(tmp_path: Path) -> None:

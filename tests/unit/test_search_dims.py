@@ -102,8 +102,9 @@ def _jobs(job, space, zero):
     distributed optimizer: zero >= 1) bf16 moments."""
     if not space.bf16_states:
         return [job]
-    grads = [StateDtype.FP32, StateDtype.BF16]
-    moments = [StateDtype.FP32] + ([StateDtype.BF16] if zero >= ZeroStage.OPTIMIZER else [])
+    # the job's own (None: the stack's, fp32 here), then bf16
+    grads = [job.main_grads, StateDtype.BF16]
+    moments = [job.optimizer_states] + ([StateDtype.BF16] if zero >= ZeroStage.OPTIMIZER else [])
     return [dataclasses.replace(job, main_grads=g, optimizer_states=o) for g in grads for o in moments]
 
 
