@@ -1,6 +1,6 @@
 """Predicted vs measured step time on published training runs, cross-validated.
 
-    python benchmarks/accuracy.py [--csv PATH] [--markdown | --fit | --no-cv] [--verbose]
+    python benchmarks/accuracy.py [--csv PATH] [--markdown | --fit | --no-cv] [--verbose] [--no-kernels]
 
 Reads ``calibration_runs.csv`` (default: ``shared/data/calibration_runs.csv``
 beside the checkout, see its README), builds one autoplan Plan per row marked
@@ -47,6 +47,7 @@ from autoplan.descriptors.library import builtin_stack, resolve_cluster, resolve
 from autoplan.descriptors.model import Model
 from autoplan.errors import AutoplanError
 from autoplan.kernels.flops import model_flops_per_step
+from autoplan.measured.door import corrected
 from autoplan.parallel.rules import plan_problems
 from autoplan.plan import Layout, Plan
 from autoplan.schedules import Schedule
@@ -345,8 +346,10 @@ def measured_step(row: dict[str, str], model: Model, recompute: Recompute,
     return step_from_tflops(row, model, recompute, gpus)
 
 
-def build_case(row: dict[str, str]) -> Case | Skip:
-    """The plan a row describes, or why it cannot be built. Never adjusts a row."""
+def build_case(row: dict[str, str], kernels: bool = True) -> Case | Skip:
+    """The plan a row describes, or why it cannot be built. Never adjusts a row. Its cluster
+    comes through the door training commands take (``measured.door.corrected``: measured
+    kernel grids where shipped for the device); ``kernels`` False: the curves alone."""
     rid, group = row["row_id"], group_of(row)
     fam = family_of(row)
     if fam is None:
@@ -405,6 +408,8 @@ def build_case(row: dict[str, str]) -> Case | Skip:
         cluster = with_gpus(cluster, gpus, source=rid)
     except AutoplanError as exc:
         return Skip(rid, group, str(exc))
+    if kernels:  # the training door (measured/door.py): the device's measured grids, if shipped
+        cluster = corrected(cluster).cluster
     plan = Plan(
         model=model, cluster=cluster, job=Job(global_batch=gbs, seq_len=seq, dtype=dtype),
         layout=Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vp), micro_batch=mbs,
@@ -638,10 +643,11 @@ class Report:
     folds: dict[str, dict[str, float]]
 
 
-def build_report(path: Path, cv: bool = True, log: Callable[[str], None] = lambda _: None) -> Report:
+def build_report(path: Path, cv: bool = True, log: Callable[[str], None] = lambda _: None,
+                 kernels: bool = True) -> Report:
     rows = read_rows(path)
     ready = [r for r in rows if r.get("validation_ready", "").strip().lower() == "yes"]
-    built = [build_case(r) for r in ready]
+    built = [build_case(r, kernels) for r in ready]
     cases = tuple(c for c in built if isinstance(c, Case))
     skips = tuple(c for c in built if isinstance(c, Skip))
     held, folds = cross_validate(cases, log) if cv and cases else ([], {})
@@ -937,6 +943,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-cv", action="store_true",
                     help="skip leave-one-source-out cross-validation (the files' numbers only)")
     ap.add_argument("--verbose", action="store_true", help="log each fit's sweeps to stderr")
+    ap.add_argument("--no-kernels", action="store_true",
+                    help="cost on the efficiency curves alone, without the devices' measured kernel "
+                         "grids (profiles/measured/kernels/)")
     args = ap.parse_args(argv)
     if not args.csv.is_file():
         print(f"error: calibration CSV not found: {args.csv} (pass --csv PATH)", file=sys.stderr)
@@ -951,7 +960,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _report(args: argparse.Namespace, log: Callable[[str], None], t0: float) -> int:
     try:
-        rep = build_report(args.csv, cv=not (args.no_cv or args.fit), log=log)
+        rep = build_report(args.csv, cv=not (args.no_cv or args.fit), log=log,
+                           kernels=not args.no_kernels)
     except (KeyError, csv.Error) as exc:
         print(f"error: {args.csv}: not a calibration CSV ({exc})", file=sys.stderr)
         return 2
