@@ -7,7 +7,7 @@ Nemotron-4-340B, GPT-3 175B, Mixtral-8x7B's attention and expert MLP as a dense 
 tensor-parallel sizes 1, 2, 4 and 8 and 4,096 and 8,192 tokens per micro-batch, each layer's
 forward GEMMs (kernels/layer.py ``layer_gemms``) and their backward GEMMs (data gradient
 (m, k, n), weight gradient (k, n, m)) are timed twice on each device with shipped grids
-(profiles/measured/kernels/): by the grid (``kernels.compute.measured_gemm_time``, what
+(profiles/measured/kernels/, applied or not): by the grid (``kernels.compute.measured_gemm_time``, what
 training costs with now) and by the curve (``curve_gemm_time``, what it costed with before).
 Printed: per device and pass, the ratio grid / curve of the summed GEMM time of a layer,
 median and range over the models x tp x tokens, and the median over every single GEMM.
@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     w(f"{'device':<11} {'pass':<8} {'layer median':>12} {'layer min':>10} {'layer max':>10} "
       f"{'GEMM median':>12} {'GEMMs':>6}  grid\n")
     for name in DEVICES:
-        tables = shipped_kernels(name)
+        tables = shipped_kernels(name, every=True)  # the GEMM grids ship without applying
         device = resolve_device(name, "benchmarks/training_gemms.py", "device")
         if tables is None or tables.gemm_grid is None or not device.supports(dtype):
             w(f"{name:<11} no {dtype.value} grid shipped\n")

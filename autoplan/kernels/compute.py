@@ -20,6 +20,12 @@ A device calibrated on a measured profile carries a learned correction
 grouped_gemm_time, attention_time, decode_attention_time, experts_time) multiply their
 analytic time by its predicted measured/analytic ratio. The surrogate is fitted on these same
 primitives, evaluated uncorrected for each profile row.
+
+A device carrying measured kernel grids instead (``Device.kernels``: training's, attached by
+the training door where autoplan ships them; autoplan.measured.kernels) takes a GEMM's time
+from its grid (:func:`measured_gemm_time`), the backward's data- and weight-gradient GEMMs
+each at its own shape (:func:`backward_gemm_times`); attention, grouped expert GEMMs and
+elementwise passes keep the roofline.
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ none leaves the cluster analytic. So one plan on one cluster gets one number wha
 command.
 
 Training (no engine asked) on a device without a profile gets the device's measured kernel
-grids where ``profiles/measured/kernels/`` ships them (:mod:`autoplan.measured.kernels`:
-NVIDIA AIConfigurator's GEMM and NCCL tables), on ``Device.kernels``: the cost model reads
-them where they cover a kernel and its curves elsewhere. A profile (``autoplan bench``'s,
+grids that apply where ``profiles/measured/kernels/`` ships them (:mod:`autoplan.measured.kernels`:
+NVIDIA AIConfigurator's NCCL tables; its GEMM tables ship but do not apply, that module's doc
+says why), on ``Device.kernels``: the cost model reads them where they cover a kernel and its
+curves elsewhere. A profile (``autoplan bench``'s,
 or one given) takes precedence and the two never mix; serving (an engine asked) never
 gets the grids (its constants were fitted against the curves).
 
@@ -72,14 +73,14 @@ def corrected(cluster: Cluster, given: Profile | None = None, engine: str | None
     return Corrected(calibrate(cluster, measured), measured)
 
 
-def with_kernels(cluster: Cluster) -> Cluster:
-    """``cluster`` with its device carrying the measured kernel grids shipped for it (module
-    doc), or as it is where none are shipped or its device already carries a correction or
-    grids."""
+def with_kernels(cluster: Cluster, every: bool = False) -> Cluster:
+    """``cluster`` with its device carrying the measured kernel grids shipped for it that
+    apply (``every``: all of them; ``measured.kernels``), or as it is where none are shipped
+    or its device already carries a correction or grids."""
     device = cluster.device
     if device.correction is not None or device.kernels is not None:
         return cluster
-    tables = shipped_kernels(device.name)
+    tables = shipped_kernels(device.name, every)
     if tables is None:
         return cluster
     return dataclasses.replace(cluster, device=dataclasses.replace(device, kernels=tables))

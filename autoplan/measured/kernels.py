@@ -25,7 +25,14 @@ the table lacks answers None (the caller keeps its analytic time).
 
 A device carries both as its ``kernels`` (:class:`KernelTables`, ``Device.kernels``), which
 the training door attaches (``measured.door.corrected`` without an engine, on a device with
-shipped grids and no measured profile); serving never sees them.
+shipped grids and no measured profile); serving never sees them. **Which grids the door
+attaches** is each file's ``# applies:`` header line (``yes``; ``no``: shipped, read by
+``shipped_kernels(name, every=True)`` and ``benchmarks/accuracy.py --gemm-grids``, not
+attached; no line: ``yes``). The shipped NCCL grids apply; the GEMM grids do not:
+on the calibration runs (``python benchmarks/accuracy.py``, leave-one-source-out) the NCCL
+grids lower the held-out error of every slice, and the GEMM grids, added to them, raise it
+(profiles/measured/README.md, "Training's kernel grids", has the numbers). Set a GEMM
+grid's line to ``yes`` to price training's GEMMs with it.
 """
 
 from __future__ import annotations
@@ -278,25 +285,36 @@ def _read(path: Path, mtime_ns: int) -> GemmGrid | CommGrid:
 
 
 @lru_cache(maxsize=64)
-def _descriptor(path: Path, mtime_ns: int) -> str:
-    """The ``# descriptor:`` header line of a grid file, read without its rows."""
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            if not line.startswith("#"):
-                break
-            key, _, value = line[1:].partition(":")
-            if key.strip() == "descriptor":
-                return value.strip()
-    return ""
+def _header(path: Path, mtime_ns: int) -> dict[str, str]:
+    """The header lines of a grid file, read without its rows."""
+    out: dict[str, str] = {}
+    try:
+        with path.open(encoding="utf-8") as f:
+            for line in f:
+                if not line.startswith("#"):
+                    break
+                key, _, value = line[1:].partition(":")
+                out[key.strip()] = value.strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError.single(_label(path), "", f"cannot read file: {exc}") from None
+    return out
+
+
+def applies(header: dict[str, str], label: str) -> bool:
+    """A grid's ``# applies:`` line (module doc): yes (or none) or no."""
+    value = header.get("applies", "yes").lower()
+    if value not in ("yes", "no"):
+        raise InputError.single(label, "applies", f"expected yes or no, got {value!r}")
+    return value == "yes"
 
 
 def kernels_dir() -> Path:
     return resources.profiles_dir().joinpath(*KERNELS_DIR)
 
 
-def shipped_kernels(device_name: str) -> KernelTables | None:
-    """The grids shipped for ``device_name`` (their ``descriptor`` header line), or None
-    where there are none. Read once per file."""
+def shipped_kernels(device_name: str, every: bool = False) -> KernelTables | None:
+    """The grids shipped for ``device_name`` (their ``descriptor`` header line) that apply
+    (``every``: all of them; module doc), or None where there are none. Read once per file."""
     folder = kernels_dir()
     if not folder.is_dir():
         return None
@@ -306,7 +324,8 @@ def shipped_kernels(device_name: str) -> KernelTables | None:
         if path.suffix != ".csv" or not path.is_file():
             continue
         mtime = path.stat().st_mtime_ns
-        if _descriptor(path, mtime) != device_name:
+        header = _header(path, mtime)
+        if header.get("descriptor") != device_name or not (every or applies(header, _label(path))):
             continue
         grid = _read(path, mtime)
         if isinstance(grid, GemmGrid):
