@@ -11,7 +11,8 @@ forward GEMMs (kernels/layer.py ``layer_gemms``) and their backward GEMMs (data 
 training costs with now) and by the curve (``curve_gemm_time``, what it costed with before).
 Printed: per device and pass, the ratio grid / curve of the summed GEMM time of a layer,
 median and range over the models x tp x tokens, and the median over every single GEMM.
-Kernel times only: no step time, no calibration row.
+Kernel times only: no step time, no calibration row. (The GEMM grids ship with ``applies:
+no``: training prices its GEMMs on the curve; profiles/measured/README.md says why.)
 """
 
 from __future__ import annotations
