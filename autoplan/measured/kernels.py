@@ -38,6 +38,7 @@ grid's line to ``yes`` to price training's GEMMs with it.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -109,6 +110,7 @@ class GemmGrid:
     source: str  # the file it was read from (its label)
     tables: dict[str, _Table]
     meta: dict[str, str] = field(default_factory=dict)
+    identity: str = ""  # the file's path and modification time (KernelTables' equality)
 
     def dtypes(self) -> tuple[str, ...]:
         return tuple(sorted(self.tables))
@@ -132,6 +134,7 @@ class CommGrid:
     sizes: tuple[float, ...]  # bytes, ascending
     log_s: dict[tuple[str, int], tuple[float, ...]]  # (op, gpus) -> log(seconds) per size
     meta: dict[str, str] = field(default_factory=dict)
+    identity: str = ""  # the file's path and modification time (KernelTables' equality)
 
     def gpus(self, op: str) -> tuple[int, ...]:
         return tuple(sorted(g for o, g in self.log_s if o == op))
@@ -154,15 +157,15 @@ class CommGrid:
 @dataclass(frozen=True, slots=True, eq=False)
 class KernelTables:
     """A device's measured kernel grids (``Device.kernels``): GEMMs and collectives, either
-    absent. Equal when read from the same files (memoized costs key on it)."""
+    absent. Equal when read from the same files, unchanged (memoized costs key on it)."""
 
     gemm_grid: GemmGrid | None
     comm_grid: CommGrid | None
     _key: tuple[str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_key", (self.gemm_grid.source if self.gemm_grid else "",
-                                          self.comm_grid.source if self.comm_grid else ""))
+        object.__setattr__(self, "_key", tuple(
+            f"{g.source} {g.identity}" if g is not None else "" for g in (self.gemm_grid, self.comm_grid)))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, KernelTables) and other._key == self._key
@@ -172,7 +175,7 @@ class KernelTables:
 
     @property
     def sources(self) -> tuple[str, ...]:
-        return tuple(s for s in self._key if s)
+        return tuple(g.source for g in (self.gemm_grid, self.comm_grid) if g is not None)
 
     def gemm(self, m: float, n: float, k: float, dtype: Dtype
              ) -> tuple[float, tuple[float, float, float]] | None:
@@ -277,10 +280,11 @@ def _read(path: Path, mtime_ns: int) -> GemmGrid | CommGrid:
         raise InputError.single(label, "", f"cannot read file: {exc}") from None
     kind = next((ln.partition(":")[2].strip() for ln in text.splitlines()
                  if ln.startswith("# kind:")), "")
+    identity = f"{path}@{mtime_ns}"
     if kind == "gemm":
-        return parse_gemm_grid(text, label)
+        return dataclasses.replace(parse_gemm_grid(text, label), identity=identity)
     if kind == "nccl":
-        return parse_comm_grid(text, label)
+        return dataclasses.replace(parse_comm_grid(text, label), identity=identity)
     raise InputError.single(label, "kind", f"expected gemm or nccl, got {kind!r}")
 
 

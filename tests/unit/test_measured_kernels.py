@@ -263,6 +263,7 @@ def test_a_grids_applies_line_decides_whether_the_door_attaches_it(tmp_path, mon
 
     import autoplan.measured.kernels as kernels
 
+    shipped = shipped_kernels(H100, every=True)
     for path in kernels_dir().glob("h100-sxm-*.csv"):
         text = path.read_text().replace("# applies: no", "# applies: yes")
         (tmp_path / path.name).write_text(text)
@@ -270,6 +271,7 @@ def test_a_grids_applies_line_decides_whether_the_door_attaches_it(tmp_path, mon
     monkeypatch.setattr(kernels, "kernels_dir", lambda: tmp_path)
     tables = shipped_kernels(H100)
     assert tables is not None and tables.gemm_grid is not None and tables.comm_grid is not None
+    assert tables != shipped  # other files: never one memoized cost for both
     (tmp_path / "bad.csv").write_text("# autoplan-kernels: 1\n# descriptor: h100-sxm\n# applies: maybe\n")
     with pytest.raises(InputError, match="bad.csv: applies: expected yes or no, got 'maybe'"):
         shipped_kernels(H100)
