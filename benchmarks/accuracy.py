@@ -1,6 +1,7 @@
 """Predicted vs measured step time on published training runs, cross-validated.
 
     python benchmarks/accuracy.py [--csv PATH] [--markdown | --fit | --no-cv] [--verbose]
+                                  [--no-kernels | --gemm-grids]
 
 Reads ``calibration_runs.csv`` (default: ``shared/data/calibration_runs.csv``
 beside the checkout, see its README), builds one autoplan Plan per row marked
@@ -20,6 +21,11 @@ public kernel benchmarks cited in the device files. Two columns per slice:
 
 ``--fit`` fits the host costs on every row and prints the lines to put in
 ``profiles/stacks/*.yaml``. It never looks at one row alone.
+
+Each row's cluster comes through the training door (``measured.door.corrected``), as a
+training command's does: the measured kernel grids that apply where autoplan ships them
+(profiles/measured/kernels/: NCCL's collectives inside a node). ``--no-kernels`` costs on
+the curves alone; ``--gemm-grids`` adds the GEMM grids that ship without applying.
 
 Exit codes: 0 printed a table, 2 bad input (missing CSV, no usable row).
 """
@@ -48,6 +54,7 @@ from autoplan.descriptors.library import builtin_stack, resolve_cluster, resolve
 from autoplan.descriptors.model import Model
 from autoplan.errors import AutoplanError
 from autoplan.kernels.flops import model_flops_per_step
+from autoplan.measured.door import corrected, with_kernels
 from autoplan.parallel.rules import plan_problems
 from autoplan.plan import Layout, Plan
 from autoplan.schedules import Schedule
@@ -401,8 +408,11 @@ def measured_step(row: dict[str, str], model: Model, recompute: Recompute,
     return step_from_tflops(row, model, recompute, gpus)
 
 
-def build_case(row: dict[str, str]) -> Case | Skip:
-    """The plan a row describes, or why it cannot be built. Never adjusts a row."""
+def build_case(row: dict[str, str], kernels: bool = True, every: bool = False) -> Case | Skip:
+    """The plan a row describes, or why it cannot be built. Never adjusts a row. Its cluster
+    comes through the door training commands take (``measured.door.corrected``: the measured
+    kernel grids that apply, where shipped for the device); ``kernels`` False: the curves
+    alone; ``every``: every shipped grid, those that do not apply too (the GEMM grids)."""
     rid, group = row["row_id"], group_of(row)
     fam = family_of(row)
     if fam is None:
@@ -461,6 +471,8 @@ def build_case(row: dict[str, str]) -> Case | Skip:
         cluster = with_gpus(cluster, gpus, source=rid)
     except AutoplanError as exc:
         return Skip(rid, group, str(exc))
+    if kernels:  # the training door (measured/door.py): the device's measured grids, if shipped
+        cluster = with_kernels(cluster, every=True) if every else corrected(cluster).cluster
     plan = Plan(
         model=model, cluster=cluster,
         job=Job(global_batch=gbs, seq_len=seq, dtype=dtype, **recipe_states(row, stack)),
@@ -695,10 +707,11 @@ class Report:
     folds: dict[str, dict[str, float]]
 
 
-def build_report(path: Path, cv: bool = True, log: Callable[[str], None] = lambda _: None) -> Report:
+def build_report(path: Path, cv: bool = True, log: Callable[[str], None] = lambda _: None,
+                 kernels: bool = True, every: bool = False) -> Report:
     rows = read_rows(path)
     ready = [r for r in rows if r.get("validation_ready", "").strip().lower() == "yes"]
-    built = [build_case(r) for r in ready]
+    built = [build_case(r, kernels, every) for r in ready]
     cases = tuple(c for c in built if isinstance(c, Case))
     skips = tuple(c for c in built if isinstance(c, Skip))
     held, folds = cross_validate(cases, log) if cv and cases else ([], {})
@@ -1000,6 +1013,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-cv", action="store_true",
                     help="skip leave-one-source-out cross-validation (the files' numbers only)")
     ap.add_argument("--verbose", action="store_true", help="log each fit's sweeps to stderr")
+    grids = ap.add_mutually_exclusive_group()
+    grids.add_argument("--no-kernels", action="store_true",
+                       help="cost on the efficiency curves alone, without the devices' measured kernel "
+                            "grids (profiles/measured/kernels/)")
+    grids.add_argument("--gemm-grids", action="store_true",
+                       help="cost with every shipped grid, the GEMM grids (applies: no) too")
     args = ap.parse_args(argv)
     if not args.csv.is_file():
         print(f"error: calibration CSV not found: {args.csv} (pass --csv PATH)", file=sys.stderr)
@@ -1014,7 +1033,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _report(args: argparse.Namespace, log: Callable[[str], None], t0: float) -> int:
     try:
-        rep = build_report(args.csv, cv=not (args.no_cv or args.fit), log=log)
+        rep = build_report(args.csv, cv=not (args.no_cv or args.fit), log=log,
+                           kernels=not args.no_kernels, every=args.gemm_grids)
     except (KeyError, csv.Error) as exc:
         print(f"error: {args.csv}: not a calibration CSV ({exc})", file=sys.stderr)
         return 2

@@ -4,6 +4,7 @@ of how well they interpolate (profiles/measured/README.md, NOTICE-aiconfigurator
     pip install 'autoplan[aiconfigurator]'              # aiconfigurator-core 0.12
     python scripts/aiconfigurator_profiles.py import    # rewrite profiles/measured/*-aiconfigurator.csv
     python scripts/aiconfigurator_profiles.py table     # the README's interpolation table
+    python scripts/aiconfigurator_profiles.py kernels   # rewrite profiles/measured/kernels/*.csv
 
 ``import`` runs ``autoplan profiles import aiconfigurator --system S --thin -o
 profiles/measured/`` for each device below (every engine, each at the newest version of its
@@ -12,7 +13,9 @@ kind, the rows the surrogate learns from, the analytic model's error on them (me
 |analytic - measured| / measured) and the surrogate's leave-shapes-out error (5-fold
 cross-validated: each row predicted by forests fitted without it), against the built-in
 node cluster of the profile's device (``autoplan bench --profile FILE --fit`` prints the
-same per profile).
+same per profile). ``kernels`` writes training's measured kernel grids
+(``autoplan/measured/kernels.py``): per device of :data:`KERNEL_SYSTEMS`, the GEMM grid of
+TensorRT-LLM's table and the NCCL grid (``autoplan.measured.aiconfigurator.kernel_grids``).
 """
 
 from __future__ import annotations
@@ -24,12 +27,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "profiles" / "measured"
 SYSTEMS = ("h100_sxm", "h200_sxm", "b200_sxm", "b300_sxm", "gb200", "gb300")
+KERNEL_SYSTEMS = ("a100_sxm", *SYSTEMS)
+KERNELS = MEASURED / "kernels"
+KERNELS_COMMAND = "python scripts/aiconfigurator_profiles.py kernels"
 
 
 def run_import() -> None:
     for system in SYSTEMS:
         subprocess.run([sys.executable, "-m", "autoplan.cli.main", "profiles", "import", "aiconfigurator",
                         "--system", system, "--thin", "-o", "profiles/measured/"], cwd=ROOT, check=True)
+
+
+def write_kernels() -> None:
+    from autoplan.measured.aiconfigurator import kernel_grids, locate
+
+    package = locate()
+    KERNELS.mkdir(parents=True, exist_ok=True)
+    for system in KERNEL_SYSTEMS:
+        for grid in kernel_grids(package, system, KERNELS_COMMAND):
+            path = KERNELS / grid.name
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(grid.text(), encoding="utf-8")
+            tmp.replace(path)
+            print(f"{path.relative_to(ROOT)}: {len(grid.rows)} rows")
 
 
 def table() -> None:
@@ -56,5 +76,7 @@ if __name__ == "__main__":
         run_import()
     elif what == "table":
         table()
+    elif what == "kernels":
+        write_kernels()
     else:
-        sys.exit(f"usage: python {Path(__file__).name} import|table")
+        sys.exit(f"usage: python {Path(__file__).name} import|table|kernels")

@@ -1456,6 +1456,10 @@ def export_plan(
         if target is not Target.SLURM and runs != "megatron":
             raise InputError.single("--launcher", "", "only --to slurm takes a launcher")
         plan = read_plan(data, str(plan_path), correct=False)  # exported, not predicted
+        if plan.placement is None:  # its checkpoint interval prices the step with the grids evaluate takes
+            from autoplan.measured.door import with_kernels
+
+            plan = plan.replace(cluster=with_kernels(plan.cluster))
         written = run_export(plan, target, str(plan_path), runs)
     if out_path is None or files.is_stdout(out_path):
         for name, text in written.items():

@@ -82,6 +82,26 @@ class Correction(Protocol):
         ...
 
 
+class MeasuredKernels(Protocol):
+    """Measured kernel grids a training cost reads instead of its curves where they cover a
+    kernel (:class:`autoplan.measured.kernels.KernelTables`, attached by the training door
+    ``measured.door.corrected``). Like a :class:`Correction`, a device carrying one is another
+    device (equality and hash), so memoized costs with and without it never mix."""
+
+    def gemm(self, m: float, n: float, k: float, dtype: Dtype
+             ) -> tuple[float, tuple[float, float, float]] | None:
+        """(seconds, shape): the measured time of an (m x k) @ (k x n) GEMM in ``dtype`` at the
+        nearest shape inside the grid, and that shape (the one asked where it lies inside);
+        None where nothing was measured in ``dtype``."""
+        ...
+
+    def collective(self, op: str, nbytes: float, ranks: int) -> float | None:
+        """Seconds of one NCCL collective (all_reduce, all_gather, reduce_scatter, all_to_all)
+        on an ``nbytes`` buffer over ``ranks`` GPUs of one NVLink domain; None where not
+        measured on that many GPUs."""
+        ...
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Device:
     """One accelerator."""
@@ -122,6 +142,10 @@ class Device:
     # measured/analytic ratios from a profile (autoplan.measured.surrogate.calibrate); not in
     # the descriptor file, and not written by to_dict
     correction: Correction | None = None
+    # measured kernel grids training reads where they cover a kernel (kernels/compute.py,
+    # kernels/comm.py; attached by the training door, never with a correction); not in the
+    # descriptor file, and not written by to_dict
+    kernels: MeasuredKernels | None = None
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

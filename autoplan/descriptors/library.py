@@ -312,11 +312,20 @@ def builtin_node_cluster(device_name: str) -> Cluster | None:
     return max(found, key=lambda c: c.gpus_per_node, default=None)
 
 
+def _without_grids(cluster: Cluster) -> Cluster:
+    """``cluster`` without the measured kernel grids the training door attaches to its device
+    (``Device.kernels``): no part of a cluster file."""
+    if cluster.device.kernels is None:
+        return cluster
+    return dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, kernels=None))
+
+
 def builtin_cluster_matches(cluster: Cluster) -> bool:
-    """True when ``cluster`` is the built-in of its name, up to the node count."""
+    """True when ``cluster`` is the built-in of its name, up to the node count (and whatever
+    measured kernel grids its device carries)."""
     if cluster.name not in _index()["cluster"]:
         return False
-    return dataclasses.replace(resolve_cluster(cluster.name), nodes=cluster.nodes) == cluster
+    return dataclasses.replace(resolve_cluster(cluster.name), nodes=cluster.nodes) == _without_grids(cluster)
 
 
 def builtin_cluster_ref(cluster: Cluster) -> dict[str, Any] | None:
@@ -328,7 +337,7 @@ def builtin_cluster_ref(cluster: Cluster) -> dict[str, Any] | None:
     if cluster.name not in _index()["cluster"]:
         return None
     base = resolve_cluster(cluster.name)
-    if cluster.gpus < base.gpus_per_node and with_gpus(base, cluster.gpus) == cluster:
+    if cluster.gpus < base.gpus_per_node and with_gpus(base, cluster.gpus) == _without_grids(cluster):
         return {"name": cluster.name, "gpus": cluster.gpus}
     return None
 

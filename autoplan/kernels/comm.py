@@ -10,6 +10,12 @@ at once, then all-gather inside the domain.
 A device corrected by a measured profile (autoplan.measured.surrogate) scales each
 collective by its predicted measured/analytic ratio; the surrogate is fitted on
 these same functions evaluated for each profile row.
+
+A device with measured kernel grids (``Device.kernels``: training's, attached by the
+training door; autoplan.measured.kernels) takes NCCL's measured time (nccl-tests) for an
+all-reduce, all-gather, reduce-scatter or all-to-all whose group lies in one NVLink
+domain on a GPU count the grid measured (2, 4, 8); groups across domains, other counts
+and point-to-point sends stay alpha-beta.
 """
 
 from __future__ import annotations
@@ -17,19 +23,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autoplan.caches import memo
-from autoplan.descriptors.hardware import Cluster, Correction, Link, cache_hash
+from autoplan.descriptors.hardware import Cluster, Correction, Link, MeasuredKernels, cache_hash
 
 
 @dataclass(frozen=True, slots=True)
 class Group:
     """A communicator of ``size`` ranks, ``per_domain`` of them sharing an NVLink domain;
-    ``correction``: the devices' measured/analytic ratios, if any."""
+    ``correction``: the devices' measured/analytic ratios, if any; ``kernels``: their
+    measured grids, if any (module doc)."""
 
     size: int
     per_domain: int
     intra: Link
     inter: Link
     correction: Correction | None = None
+    kernels: MeasuredKernels | None = None
     # one ring pass, worked out once (costs ask millions of times): the step latencies,
     # and the seconds each byte of the buffer spends on the wires
     ring_latency: float = field(init=False, compare=False, repr=False)
@@ -67,7 +75,17 @@ def place_group(cluster: Cluster, size: int, stride: int) -> Group:
     """The group of ``size`` ranks ``stride`` apart (stride = product of the inner degrees)."""
     domain = min(cluster.nvlink_domain, cluster.gpus)
     per_domain = 1 if stride >= domain else max(1, min(size, domain // stride))
-    return Group(size, per_domain, cluster.intra_node, cluster.inter_node, cluster.device.correction)
+    device = cluster.device
+    return Group(size, per_domain, cluster.intra_node, cluster.inter_node, device.correction,
+                 device.kernels if device.correction is None else None)
+
+
+def _measured(op: str, nbytes: float, g: Group) -> float | None:
+    """NCCL's measured time of this collective where the group's device has a grid covering
+    it (one NVLink domain, a GPU count measured), else None (module doc)."""
+    if g.kernels is None or g.domains != 1:
+        return None
+    return g.kernels.collective(op, nbytes, g.size)
 
 
 def _ratio(op: str, nbytes: float, g: Group) -> float:
@@ -115,6 +133,9 @@ def reduce_scatter(nbytes: float, g: Group) -> float:
     """Reduce-scatter of an ``nbytes`` buffer."""
     if g.size <= 1:
         return 0.0
+    measured = _measured("reduce_scatter", nbytes, g)
+    if measured is not None:
+        return measured
     return _ring_pass(nbytes, g) * _ratio("reduce_scatter", nbytes, g)
 
 
@@ -122,6 +143,9 @@ def all_gather(nbytes: float, g: Group) -> float:
     """All-gather into an ``nbytes`` buffer: the reduce-scatter's ring run backwards."""
     if g.size <= 1:
         return 0.0
+    measured = _measured("all_gather", nbytes, g)
+    if measured is not None:
+        return measured
     return _ring_pass(nbytes, g) * _ratio("all_gather", nbytes, g)
 
 
@@ -130,6 +154,9 @@ def all_reduce(nbytes: float, g: Group) -> float:
     plus the call's base latency."""
     if g.size <= 1:
         return 0.0
+    measured = _measured("all_reduce", nbytes, g)
+    if measured is not None:
+        return measured
     return _ring_pass(nbytes, g, passes=2) * _ratio("all_reduce", nbytes, g)
 
 
@@ -153,6 +180,9 @@ def all_to_all(nbytes: float, g: Group) -> float:
     by side: the call takes the longer, plus one latency per peer."""
     if g.size <= 1:
         return 0.0
+    measured = _measured("all_to_all", nbytes, g)
+    if measured is not None:
+        return measured
     chunk = nbytes / g.size
     near = min(g.per_domain, g.size) - 1  # peers in the same domain
     far = g.size - 1 - near

@@ -20,6 +20,12 @@ A device calibrated on a measured profile carries a learned correction
 grouped_gemm_time, attention_time, decode_attention_time, experts_time) multiply their
 analytic time by its predicted measured/analytic ratio. The surrogate is fitted on these same
 primitives, evaluated uncorrected for each profile row.
+
+A device carrying measured kernel grids instead (``Device.kernels``: training's, attached by
+the training door where autoplan ships them; autoplan.measured.kernels) takes a GEMM's time
+from its grid (:func:`measured_gemm_time`), the backward's data- and weight-gradient GEMMs
+each at its own shape (:func:`backward_gemm_times`); attention, grouped expert GEMMs and
+elementwise passes keep the roofline.
 """
 
 from __future__ import annotations
@@ -105,6 +111,45 @@ def gemm_roofline(work: float, bytes_moved: float, device: Device, dtype: Dtype,
 SMALL_BATCH_ROWS = 128
 
 
+def curve_gemm_time(m: float, n: float, k: float, device: Device, dtype: Dtype,
+                    weight_bytes: float = BF16_BYTES) -> float:
+    """The roofline of one GEMM (:func:`gemm_time` without a correction or a table)."""
+    moved = weight_bytes * k * n + BF16_BYTES * (m * k + m * n)
+    tiled = m >= SMALL_BATCH_ROWS
+    return gemm_roofline(2.0 * m * n * k, moved, device, dtype, m if tiled else 0.0, n if tiled else 0.0)
+
+
+# TensorRT-LLM's fp8 Linear, whose times the measured fp8 GEMM tables hold, quantizes its
+# 16-bit input per tensor before cuBLASLt's scaled GEMM (static_quantize_e4m3_per_tensor:
+# read 2 bytes, write 1, per element of the m x k operand; tensorrt_llm/_torch/modules/
+# linear.py, FP8QDQLinearMethod.apply). Transformer Engine's cast is charged on its own here
+# (fp8_cast_seconds), so that pass is taken out of the table's time, at the device's HBM rate,
+# and never below half the table's time.
+TABLE_FP8_QUANTIZE_BYTES = 3
+
+
+def measured_gemm_time(m: float, n: float, k: float, device: Device, dtype: Dtype,
+                       weight_bytes: float = BF16_BYTES) -> float | None:
+    """One GEMM from the device's measured grid (``Device.kernels``), or None where it has
+    none in ``dtype``. Inside the grid, the table's time (interpolated in log space,
+    autoplan.measured.kernels); outside it (a dim past the grid's edge), the time at the
+    nearest shape inside times the curve's ratio between the two shapes
+    (:func:`curve_gemm_time`), so the curve takes over from the grid's edge. fp8: less the
+    table's own quantization pass (:data:`TABLE_FP8_QUANTIZE_BYTES`)."""
+    assert device.kernels is not None
+    found = device.kernels.gemm(m, n, k, dtype)
+    if found is None:
+        return None
+    t, (tm, tn, tk) = found
+    if dtype is Dtype.FP8:
+        quantize = TABLE_FP8_QUANTIZE_BYTES * tm * tk / (device.hbm_Bps * device.hbm_efficiency)
+        t = max(t - quantize, 0.5 * t)
+    if (tm, tn, tk) != (m, n, k):
+        t *= (curve_gemm_time(m, n, k, device, dtype, weight_bytes)
+              / curve_gemm_time(tm, tn, tk, device, dtype, weight_bytes))
+    return t
+
+
 @memo(65536)  # layers of many shards share their shapes
 def gemm_time(m: float, n: float, k: float, device: Device, dtype: Dtype,
               weight_bytes: float = BF16_BYTES) -> float:
@@ -114,13 +159,33 @@ def gemm_time(m: float, n: float, k: float, device: Device, dtype: Dtype,
     :data:`SMALL_BATCH_ROWS` rows up, times the measured/analytic ratio the device's
     correction predicts for this shape (autoplan.measured.surrogate), if it has one. The
     surrogate is fitted on this same function (uncorrected) evaluated for each profile row.
+    A device with measured kernel grids (``Device.kernels``, training's only: the door
+    never attaches them with a correction) takes the grid's time where it has the dtype
+    (:func:`measured_gemm_time`).
     Training's stage costs and serving's iterations both time their GEMMs here."""
-    moved = weight_bytes * k * n + BF16_BYTES * (m * k + m * n)
-    tiled = m >= SMALL_BATCH_ROWS
-    t = gemm_roofline(2.0 * m * n * k, moved, device, dtype, m if tiled else 0.0, n if tiled else 0.0)
+    if device.kernels is not None and device.correction is None:
+        measured = measured_gemm_time(m, n, k, device, dtype, weight_bytes)
+        if measured is not None:
+            return measured
+    t = curve_gemm_time(m, n, k, device, dtype, weight_bytes)
     if device.correction is not None:
         t *= device.correction.gemm(m, n, k, dtype)
     return t
+
+
+def backward_gemm_times(gemms: list[Gemm], device: Device, dtype: Dtype, forward: float
+                        ) -> tuple[float, float]:
+    """(input-grad, weight-grad) seconds of the backward GEMMs of ``gemms``, whose forward
+    GEMMs take ``forward`` seconds in all. A forward (m x k) @ (k x n) has a data-gradient
+    GEMM (m x n) @ (n x k), shape (m, k, n), and a weight-gradient GEMM (k x m) @ (m x n),
+    shape (k, n, m): the same FLOPs. With measured grids (``Device.kernels``) each is looked
+    up at its own shape in the forward's table (measured in the forward's layout, input
+    times transposed weight: the backward's transposed operands are taken to run at the
+    rate of the same shape there); on the curve, both take the forward's time."""
+    if device.kernels is None or device.correction is not None:
+        return forward, forward
+    return (sum(gemm_time(g.m, g.k, g.n, device, dtype) for g in gemms),
+            sum(gemm_time(g.k, g.n, g.m, device, dtype) for g in gemms))
 
 
 GROUPED_GEMM_TILE = 128  # rows per CTA tile of grouped GEMM kernels (CUTLASS, MegaBlocks' 128 blocks)
@@ -434,12 +499,16 @@ def layer_times(model: Model, shard: Shard, device: Device, moe: bool = False) -
     if sustained != 1.0:
         gemm_fwd, attn_fwd, attn_bwd, elem_fwd = (
             gemm_fwd / sustained, attn_fwd / sustained, attn_bwd / sustained, elem_fwd / sustained)
+    gemm_dgrad, gemm_wgrad = gemm_fwd, gemm_fwd  # the curve's: same FLOPs, the forward's time
+    if device.kernels is not None and device.correction is None:  # measured: each at its shape
+        dgrad, wgrad = backward_gemm_times(gemms, device, shard.dtype, 0.0)
+        experts = expert_time(model, shard, device) if moe else 0.0  # grouped: the forward's
+        gemm_dgrad, gemm_wgrad = (dgrad + experts) / sustained, (wgrad + experts) / sustained
     # backward of an elementwise op reads the saved input and the output grad and
     # writes the input grad: about twice the forward traffic
     forward = gemm_fwd + attn_fwd + elem_fwd + cast_f / sustained
-    # dgrad GEMMs match forward shapes
-    backward_input = gemm_fwd + attn_bwd + 2 * elem_fwd + cast_b / sustained
-    backward_weight = gemm_fwd  # wgrad GEMMs: same FLOPs, transposed shapes
+    backward_input = gemm_dgrad + attn_bwd + 2 * elem_fwd + cast_b / sustained
+    backward_weight = gemm_wgrad
     if shard.layer_kernels:
         forward, backward_input, backward_weight = _fixed_costs(
             shard, device, forward, backward_input, backward_weight)
@@ -469,9 +538,11 @@ def _fixed_costs(shard: Shard, device: Device, forward: float, backward_input: f
 def logits_times(model: Model, shard: Shard, device: Device) -> tuple[float, float, float]:
     """(forward, input-grad, weight-grad) seconds of the vocab-parallel output GEMM and
     the fp32 cross-entropy (its backward belongs to the input-grad pass)."""
-    gemm = gemm_time(shard.tokens, model.vocab / shard.tp, model.hidden, device,
-                     shard.dtype) / shard.kernel_efficiency
+    out = Gemm(shard.tokens, model.vocab / shard.tp, model.hidden)
+    gemm = gemm_time(out.m, out.n, out.k, device, shard.dtype) / shard.kernel_efficiency
+    dgrad, wgrad = (t / shard.kernel_efficiency for t in backward_gemm_times(
+        [out], device, shard.dtype, gemm * shard.kernel_efficiency))
     # cross-entropy: upcast logits to fp32, softmax, loss; backward writes the grad
     ce_bytes = shard.tokens * model.vocab / shard.tp * (BF16_BYTES + 4 + 4)
     ce = ce_bytes / (device.hbm_Bps * device.hbm_efficiency) / shard.kernel_efficiency
-    return gemm + ce, gemm + ce, gemm
+    return gemm + ce, dgrad + ce, wgrad

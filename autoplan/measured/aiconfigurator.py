@@ -517,3 +517,200 @@ def build(selection: Selection, package: Package, *, thinned: bool, command: str
         "command": command,
     }
     return meta, rows
+
+
+# --------------------------------------------------------------------------- training grids
+
+# Training's measured kernel grids (autoplan/measured/kernels.py; ``python
+# scripts/aiconfigurator_profiles.py kernels``). One engine's GEMM table per device:
+# TensorRT-LLM's, the plain cuBLAS / cuBLASLt path Megatron-Core, Transformer Engine and torch
+# run: its collector (collector/trtllm/collect_gemm.py) times TensorRT-LLM's PyTorch ``Linear``,
+# which runs a bf16 GEMM as ``torch.nn.functional.linear`` (cuBLAS) and a per-tensor fp8 GEMM
+# as a static quantization of the input then ``torch.ops.trtllm.cublas_scaled_mm``
+# (cuBLASLt, which Transformer Engine's fp8 GEMMs also call). vLLM's and SGLang's bf16 tables
+# time torch's linear too (their medians agree with it within 4% on H100 at m, n, k >= 1024);
+# their fp8 tables time CUTLASS kernels. Shapes kept (what training's GEMMs span): m a
+# multiple of 64 (the table's m+1 rows time misaligned shapes no training GEMM has), n and
+# k from 64; dtypes bf16 and fp8.
+KERNEL_ENGINE = "trtllm"
+KERNEL_GEMM_DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
+# Each engine's table is one timing per shape, and timings of one kernel scatter: vLLM's and
+# TensorRT-LLM's bf16 tables on H100 (both torch.nn.functional.linear) differ by 0.88-1.04x
+# (10th-90th percentile) at m, n, k >= 1024, neighbouring shapes of one table by as much
+# (n 15360, k 5120: 666 TFLOPS at m 4096, 758 at 8192). The bf16 grid is the median per
+# shape of the three engines' timings of that same torch linear (vLLM's
+# UnquantizedLinearMethod and SGLang's unquantized linear call it as TensorRT-LLM's does);
+# fp8 is TensorRT-LLM's alone (the others time CUTLASS kernels, not cuBLASLt).
+KERNEL_ENGINES = {"trtllm": ("bfloat16", "fp8"), "vllm": ("bfloat16",), "sglang": ("bfloat16",)}
+# Whether the training door attaches each grid (its ``# applies:`` line; autoplan/measured/
+# kernels.py): the NCCL grids lower the calibration runs' held-out error in every slice, the
+# GEMM grids raise it (profiles/measured/README.md, "Training's kernel grids").
+KERNEL_APPLIES = {"gemm": "no", "nccl": "yes"}
+KERNEL_MIN_DIM = 64
+KERNEL_M_MULTIPLE = 64
+
+
+@dataclass(frozen=True, slots=True)
+class KernelGrid:
+    """One grid file to write: its name, header and CSV body."""
+
+    name: str
+    header: dict[str, str]
+    columns: list[str]
+    rows: list[list[str]]
+
+    def text(self) -> str:
+        lines = [f"# {k}: {v}" for k, v in self.header.items()]
+        lines.append(",".join(self.columns))
+        lines += [",".join(r) for r in self.rows]
+        return "\n".join(lines) + "\n"
+
+
+def _us(ms: float) -> str:
+    return f"{ms * 1e3:.5g}"
+
+
+def _filled(cell: dict[tuple[int, int, int], float], shape: tuple[int, int, int],
+            axes: tuple[list[int], list[int], list[int]]) -> float | None:
+    """A cell the table did not measure (its largest shapes: m n, m k or n k >= 2^31), at
+    the rate of the nearest measured shape along one dim (m first, then k, then n): time x
+    the ratio of that dim (a GEMM at a constant rate takes time ~ m n k)."""
+    for dim in (0, 2, 1):
+        measured = {v: cell[at] for v in axes[dim]
+                    if (at := _with(shape, dim, v)) in cell}
+        if measured:
+            near = min(measured, key=lambda v: abs(v - shape[dim]))
+            return measured[near] * shape[dim] / near
+    return None
+
+
+def _with(shape: tuple[int, int, int], dim: int, value: int) -> tuple[int, int, int]:
+    out = list(shape)
+    out[dim] = value
+    return (out[0], out[1], out[2])
+
+
+def _gemm_frames(package: Package, system: str) -> list[tuple[str, str, pd.DataFrame]]:
+    """(engine, version, rows kept) of each GEMM table a grid is made of (the newest version
+    of each engine of :data:`KERNEL_ENGINES` that has one): the kept shapes of the dtypes
+    that engine answers."""
+    out = []
+    for engine, dtypes in KERNEL_ENGINES.items():
+        versions = engine_versions(package, system, engine)
+        if not versions:
+            continue
+        path = package.data / system / "gemm" / engine / versions[-1] / "gemm_perf.parquet"
+        frame = _read(path)
+        _need(frame, path, ("gemm_dtype", "m", "n", "k", "latency", "kernel_source"))
+        frame = frame[frame["gemm_dtype"].isin(list(dtypes))]
+        frame = _positive(frame, ["m", "n", "k"])
+        frame = frame[(frame["m"] % KERNEL_M_MULTIPLE == 0) & (frame["n"] >= KERNEL_MIN_DIM)
+                      & (frame["k"] >= KERNEL_MIN_DIM)]
+        frame = _main_kernel(frame.assign(dtype=frame["gemm_dtype"].map(KERNEL_GEMM_DTYPES)),
+                             ["dtype", "m", "n", "k"])
+        if len(frame):
+            out.append((engine, versions[-1], frame.assign(engine=f"{engine}/{versions[-1]}")))
+    return out
+
+
+def _gemm_grid(package: Package, system: str, command: str) -> KernelGrid | None:
+    import pandas as pd
+
+    frames = _gemm_frames(package, system)
+    if not frames or frames[0][0] != KERNEL_ENGINE:
+        return None
+    measured = pd.concat([f for _, _, f in frames])
+    sources = {dtype: sorted({f"{e} {', '.join(sorted(g['kernel_source'].unique()))}"
+                              for e, g in group.groupby("engine")})
+               for dtype, group in measured.groupby("dtype")}
+    # the median of the engines' times of one shape (one engine's where only it measured it)
+    frame = measured.groupby(["dtype", "m", "n", "k"], as_index=False).agg(
+        latency=("latency", "median"), device=("device", "first"))
+    k_axis = sorted(int(k) for k in frame["k"].unique())
+    rows: list[list[str]] = []
+    filled: list[str] = []
+    kernels: list[str] = []
+    for dtype, group in frame.groupby("dtype", sort=True):
+        kernels.append(f"{dtype} " + ("the median per shape of " if len(sources[dtype]) > 1 else "")
+                       + "; ".join(sources[dtype]))
+        cell = {(int(r.m), int(r.n), int(r.k)): float(r.latency) for r in group.itertuples()}
+        ms, ns = sorted({m for m, _, _ in cell}), sorted({n for _, n, _ in cell})
+        missing = [(m, n, k) for m in ms for n in ns for k in k_axis if (m, n, k) not in cell]
+        count = len(missing)
+        while missing:  # filled from measured cells, then from filled ones
+            got = {shape: _filled(cell, shape, (ms, ns, k_axis)) for shape in missing}
+            if all(v is None for v in got.values()):
+                raise InputError.single(f"{system}/gemm", "", f"{dtype}: nothing measured near {missing[0]}")
+            cell.update({shape: v for shape, v in got.items() if v is not None})
+            missing = [shape for shape, v in got.items() if v is None]
+        for m in ms:
+            for n in ns:
+                rows.append([str(dtype), str(m), str(n), *(_us(cell[(m, n, k)]) for k in k_axis)])
+        if count:
+            filled.append(f"{dtype} {count}")
+    tables = ", ".join(f"{e}/{v}" for e, v, _ in frames)
+    header = {
+        "autoplan-kernels": "1",
+        "kind": "gemm",
+        "descriptor": SYSTEMS[system],
+        "device_name": str(frame["device"].iloc[0]) if "device" in frame.columns and len(frame) else system,
+        "source": f"{DISTRIBUTION} {package.version} {system}/gemm/{{{tables}}}/gemm_perf.parquet",
+        "applies": KERNEL_APPLIES["gemm"],
+        "license": LICENSE,
+        "kernels": " | ".join(kernels) + " (bf16: torch.nn.functional.linear, cuBLAS, as each engine's "
+                   "collector times it; fp8: TensorRT-LLM's Linear, a static per-tensor input "
+                   "quantization and cublas_scaled_mm, cuBLASLt)",
+        "units": "microseconds of one (m x k) @ (k x n) GEMM; one row per (dtype, m, n), one column per k",
+        "kept": f"m a multiple of {KERNEL_M_MULTIPLE}, n and k from {KERNEL_MIN_DIM}, dtypes "
+                f"{', '.join(KERNEL_GEMM_DTYPES.values())}",
+        "filled": ("; ".join(filled) + " cells the table did not measure (its collector skips m n, m k "
+                   "or n k >= 2^31), at the rate of the nearest measured shape along m, else k, else n "
+                   "(time x m / m')") if filled else "none",
+        "command": command,
+    }
+    name = f"{SYSTEMS[system]}-gemm-aiconfigurator-{package.version}.csv"
+    return KernelGrid(name, header, ["dtype", "m", "n", *(f"k={k}" for k in k_axis)], rows)
+
+
+def _comm_grid(package: Package, system: str, command: str) -> KernelGrid | None:
+    versions = _versions_with(package.data, system, "comm", "nccl", "nccl_perf.parquet")
+    if not versions:
+        return None
+    version = versions[-1]
+    path = package.data / system / "comm" / "nccl" / version / "nccl_perf.parquet"
+    frame = _read(path)
+    _need(frame, path, ("op_name", "nccl_dtype", "num_gpus", "message_size", "latency"))
+    frame = frame[frame["nccl_dtype"].isin(list(NCCL_ELEMENT_BYTES)) & frame["op_name"].isin(list(NCCL_OPS))]
+    frame = frame.assign(nbytes=frame["message_size"] * frame["nccl_dtype"].map(NCCL_ELEMENT_BYTES))
+    frame = _positive(frame, ["nbytes", "num_gpus"])
+    frame = _main_kernel(frame, ["op_name", "num_gpus", "nbytes"])
+    sizes = sorted(int(b) for b in frame["nbytes"].unique())
+    cell = {(str(r.op_name), int(r.num_gpus), int(r.nbytes)): float(r.latency) for r in frame.itertuples()}
+    rows = []
+    for op in NCCL_OPS:
+        for gpus in sorted({g for o, g, _ in cell if o == op}):
+            if all((op, gpus, b) in cell for b in sizes):  # a complete row of sizes only
+                rows.append([NCCL_OPS[op], str(gpus), *(_us(cell[(op, gpus, b)]) for b in sizes)])
+    header = {
+        "autoplan-kernels": "1",
+        "kind": "nccl",
+        "descriptor": SYSTEMS[system],
+        "device_name": str(frame["device"].iloc[0]) if "device" in frame.columns and len(frame) else system,
+        "source": f"{DISTRIBUTION} {package.version} {system}/comm/nccl/{version}/nccl_perf.parquet",
+        "applies": KERNEL_APPLIES["nccl"],
+        "license": LICENSE,
+        "kernels": ("nccl-tests all_reduce_perf, all_gather_perf, reduce_scatter_perf, alltoall_perf "
+                    "(one process, a thread per GPU, -w 40 -n 100-1000 -c 0; collector/collect_nccl.py): "
+                    "the half rows, NCCL " + version),
+        "units": "microseconds of one call; bytes = nccl-tests' size (the whole buffer: message_size x 2)",
+        "command": command,
+    }
+    name = f"{SYSTEMS[system]}-nccl-{version}-aiconfigurator-{package.version}.csv"
+    return KernelGrid(name, header, ["op", "gpus", *(f"bytes={b}" for b in sizes)], rows)
+
+
+def kernel_grids(package: Package, system: str, command: str) -> list[KernelGrid]:
+    """The training grids of ``system`` (autoplan/measured/kernels.py): its GEMM grid
+    (TensorRT-LLM's table) and its NCCL grid, where the package has them."""
+    return [g for g in (_gemm_grid(package, system, command), _comm_grid(package, system, command))
+            if g is not None]

@@ -8,15 +8,25 @@ request (``serve``). The profile is the one given (``--profile``, a job file's
 none leaves the cluster analytic. So one plan on one cluster gets one number whatever the
 command.
 
+Training (no engine asked) on a device without a profile gets the device's measured kernel
+grids that apply where ``profiles/measured/kernels/`` ships them (:mod:`autoplan.measured.kernels`:
+NVIDIA AIConfigurator's NCCL tables; its GEMM tables ship but do not apply, that module's doc
+says why), on ``Device.kernels``: the cost model reads them where they cover a kernel and its
+curves elsewhere. A profile (``autoplan bench``'s,
+or one given) takes precedence and the two never mix; serving (an engine asked) never
+gets the grids (its constants were fitted against the curves).
+
 scikit-learn and pandas load only where a profile applies (a device without one costs a
 look at each shipped profile's header).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from autoplan.descriptors.hardware import Cluster
+from autoplan.measured.kernels import shipped_kernels
 from autoplan.measured.profile import Profile
 from autoplan.measured.shipped import shipped_profile
 
@@ -55,9 +65,22 @@ def corrected(cluster: Cluster, given: Profile | None = None, engine: str | None
     profile (``measured.surrogate.calibrate``), or as it is where there is none."""
     measured = profile_for(cluster, given, engine, version)
     if measured is None:
-        return Corrected(cluster, None)
+        return Corrected(with_kernels(cluster) if engine is None else cluster, None)
     # imported here: scikit-learn takes most of a second to import, which a command
     # without a profile should not pay
     from autoplan.measured.surrogate import calibrate
 
     return Corrected(calibrate(cluster, measured), measured)
+
+
+def with_kernels(cluster: Cluster, every: bool = False) -> Cluster:
+    """``cluster`` with its device carrying the measured kernel grids shipped for it that
+    apply (``every``: all of them; ``measured.kernels``), or as it is where none are shipped
+    or its device already carries a correction or grids."""
+    device = cluster.device
+    if device.correction is not None or device.kernels is not None:
+        return cluster
+    tables = shipped_kernels(device.name, every)
+    if tables is None:
+        return cluster
+    return dataclasses.replace(cluster, device=dataclasses.replace(device, kernels=tables))

@@ -611,10 +611,12 @@ class SurrogateCorrection:
 
 
 def uncorrected(cluster: Cluster) -> Cluster:
-    """The cluster without a correction on its device (itself if it has none)."""
-    if cluster.device.correction is None:
+    """The cluster without a correction or measured kernel grids on its device (itself if it
+    has neither): the analytic model a profile is fitted against."""
+    if cluster.device.correction is None and cluster.device.kernels is None:
         return cluster
-    return dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, correction=None))
+    return dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, correction=None,
+                                                                   kernels=None))
 
 
 @lru_cache(maxsize=16)

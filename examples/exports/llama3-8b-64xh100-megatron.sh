@@ -54,7 +54,7 @@ PARALLEL_ARGS=(
     --tensor-model-parallel-size 1
     --pipeline-model-parallel-size 1
     --context-parallel-size 2
-    --cp-comm-type a2a
+    --cp-comm-type p2p
     --use-distributed-optimizer
     --overlap-grad-reduce
     --overlap-param-gather

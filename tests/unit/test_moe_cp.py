@@ -249,7 +249,7 @@ def test_plan_file_round_trips_ep_etp_cp_comm_and_imbalance(tmp_path):
     assert doc["layout"]["etp"] == 1 and doc["cp_comm"] == "a2a"
     assert doc["job"]["moe_imbalance"] == 1.5
     assert doc["prediction"]["mfu_basis"] == "active parameters"
-    again = read_plan(doc, "plan.yaml")
+    again = read_plan(doc, "plan.yaml", correct=False)  # analytic: the door adds measured grids
     assert again == plan
 
 

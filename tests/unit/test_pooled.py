@@ -201,7 +201,7 @@ def test_two_identical_pools_predict_what_one_cluster_of_their_nodes_does(
                             **extra), "placed")
     one = read_plan({k: v for k, v in _doc({"name": "dgx-h100", "nodes": 8}, [], layout=layout,
                                            schedule=schedule, **extra).items()
-                     if k != "placement"}, "one")
+                     if k != "placement"}, "one", correct=False)  # analytic, as a cluster of pools is
     a, b = evaluate(placed), evaluate(one)
     assert a.step_time_s == b.step_time_s and a.memory_per_stage == b.memory_per_stage
     assert a.breakdown == b.breakdown and a.mfu == pytest.approx(b.mfu, rel=1e-12)

@@ -93,7 +93,7 @@ def test_searched_plans_with_their_layer_splits_round_trip_through_the_reader(sh
     assert result.plans
     for ranked in result.plans:
         doc = plan_document(ranked.plan)
-        assert read_plan(doc, "<searched>") == ranked.plan
+        assert read_plan(doc, "<searched>", correct=False) == ranked.plan  # analytic: the door adds grids
 
 
 @pytest.mark.slow  # more than about 3 s on 2 cores

@@ -168,7 +168,7 @@ def test_searches_return_per_chunk_splits_their_launcher_can_write(tmp_path):
         assert chunked, name
         for plan in chunked:
             assert plan_problems(plan) == [] and space_problems(plan, space) == []
-            assert read_plan(plan_document(plan), "<searched>") == plan
+            assert read_plan(plan_document(plan), "<searched>", correct=False) == plan
         if name == "megatron":
             args = megatron_export(chunked[0])
             assert any("--pipeline-model-parallel-layout" in text for text in args.values())

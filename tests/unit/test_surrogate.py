@@ -262,8 +262,12 @@ def test_a_job_file_names_its_profile_relative_to_itself(tmp_path, profile_text)
 
 
 def test_no_shipped_profile_leaves_the_cluster_alone():
+    # uncorrected: the device carries its measured kernel grids (measured/door.py), no correction
     req = build_request(None, model="llama3-8b", cluster="dgx-h100", global_batch=64, seq_len=4096)
-    assert req.profile is None and req.cluster == resolve_cluster("dgx-h100")
+    plain = resolve_cluster("dgx-h100")
+    assert req.profile is None and req.cluster.device.correction is None
+    assert req.cluster == dataclasses.replace(plain, device=dataclasses.replace(
+        plain.device, kernels=req.cluster.device.kernels))
 
 
 # --------------------------------------------------------------------------- command line
