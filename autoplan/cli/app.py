@@ -114,8 +114,8 @@ LauncherOpt = Annotated[str | None, typer.Option(
          "default: every launcher's plans (each tagged with the launchers that run it).")]
 StackOpt = Annotated[str | None, typer.Option(
     "--stack", help="Software stack: megatron-core, megatron-lm, torchtitan, torchtitan-compiled, "
-                    "torchtitan-async-tp, deepspeed, fsdp, nemo-1, or a stack file; default: the one the space (or plan) "
-                    "names. A plan's states its job leaves unset are the stack's.")]
+                    "torchtitan-async-tp, deepspeed, fsdp, nemo-1, or a stack file; default: the one "
+                    "the space (or plan) names. A plan's states its job leaves unset are the stack's.")]
 # what a training job is, as search and tune take it (a job file, or the flags over it)
 JobFileArg = Annotated[Path | None, typer.Argument(
     metavar="JOB.yaml", help="Job file: model, cluster, job, optional gpus and space.")]
