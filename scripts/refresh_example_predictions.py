@@ -28,13 +28,18 @@ def rounded(value):
 def main() -> None:
     for path in sorted(Path("examples/plans").glob("*.yaml")):
         text = path.read_text()
-        head, sep, _ = text.partition("\nprediction:")
+        head, sep, rest = text.partition("\nprediction:")
         if not sep:
             continue
+        # top-level keys after the prediction block (a plan's launchers line) stay as written
+        lines = rest.split("\n")[1:]
+        after = next((i for i, line in enumerate(lines) if line and not line[0].isspace()),
+                     len(lines))
+        tail = "\n".join(lines[after:])
         prediction = evaluate(read_plan(read_yaml(path), str(path))).to_dict()
         block = yaml.safe_dump({"prediction": rounded(prediction)}, sort_keys=False,
                                default_flow_style=None, width=100)
-        path.write_text(head + "\n" + block)
+        path.write_text(head + "\n" + block + tail)
         print(f"{path}: step {prediction['step_time_s']:.3f} s, feasible {prediction['feasible']}")
 
 
