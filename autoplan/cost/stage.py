@@ -454,7 +454,10 @@ def _stage(plan: Plan, first: bool, last: bool, mtp: int, layers: int, dense: in
     layer and logits, ``mtp`` MTP layers (each with its own logits through the shared
     head); ``dense`` of its ``layers`` have a dense MLP, the others experts."""
     t = _stage_terms(_layer_key(plan), first, last, mtp, layers, dense)
-    tp_b = tp.exposed_backward(t.tp_b_total, t.compute_w, plan.schedule)
+    # backward TP collectives hide behind the weight-gradient GEMMs, on a device where
+    # communication runs beside compute (not one CPU core per rank: Device.overlaps_communication)
+    hides = t.compute_w if plan.cluster.device.overlaps_communication else 0.0
+    tp_b = tp.exposed_backward(t.tp_b_total, hides, plan.schedule)
     ep_f = ep_b = t.ep
     cp_f, cp_b = t.cp_f, t.cp_b
     recompute = 0.0

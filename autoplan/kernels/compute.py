@@ -384,7 +384,7 @@ def module_forward(model: Model, shard: Shard, device: Device, module: Recompute
     ``attention_forward``): the module's GEMMs at the roofline, its elementwise traffic at
     HBM speed, at the stack's sustained share of both. A module the layer lacks (``mlp`` on
     an MoE layer, the MoE ones on a dense layer) costs nothing."""
-    hbm = device.hbm_Bps * device.hbm_efficiency
+    hbm = device.elementwise_rate  # the layer's memory-bound passes (Device.elementwise_Bps)
     tokens, t, h = shard.tokens, shard.tp, model.hidden
     e = BF16_BYTES
     gated = model.activation.gated
@@ -423,7 +423,9 @@ def layer_times(model: Model, shard: Shard, device: Device, moe: bool = False) -
         gemm_fwd += expert_time(model, shard, device)
     attn_fwd, attn_bwd = attention_core_time(model, shard, device)
     hbm = device.hbm_Bps * device.hbm_efficiency
-    elem_fwd = elementwise_bytes_forward(model, shard, moe) / hbm
+    # the layer's memory-bound passes at the rate the device runs them (fused kernels at
+    # HBM speed; a CPU's eager passes at its measured Device.elementwise_Bps)
+    elem_fwd = elementwise_bytes_forward(model, shard, moe) / device.elementwise_rate
     cast_f = cast_b = 0.0
     if shard.dtype is Dtype.FP8:
         cast_f, cast_b = fp8_cast_seconds(gemms, device)
