@@ -91,8 +91,13 @@ def _fit_link(rows: pd.DataFrame, sums: bool = False) -> tuple[float, float, dic
     alpha, inv_bw = float(coef[0]), float(coef[1])
     if inv_bw <= 0:  # latency explains everything: take the best achieved rate
         inv_bw = float(np.min(t / terms[:, 1]))
-    rates = {d: 1.0 / float(c) for d, c in zip(dtypes, coef[2:], strict=True) if c > 0}
+    # a sum 100x faster than the wire is invisible next to it (a residue of the fit)
+    rates = {d: 1.0 / float(c) for d, c in zip(dtypes, coef[2:], strict=True)
+             if c > 0 and 1.0 / c < SUM_VISIBLE * (1.0 / inv_bw)}
     return 1.0 / inv_bw, alpha, rates
+
+
+SUM_VISIBLE = 100.0  # a summing rate over this many times the bandwidth is left out
 
 
 def describe_machine(profile: Profile, *, name: str, ranks_per_node: int, mem_bytes: float,

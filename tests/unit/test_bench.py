@@ -201,6 +201,26 @@ def test_tiny_profile_collectives_ran_on_two_processes(tiny_profile: Profile) ->
 
 
 @pytest.mark.torch
+@pytest.mark.slow
+def test_tiny_profile_sums_in_bf16_and_times_the_eager_layers_passes(tiny_profile: Profile) -> None:
+    """The reducing collectives in fp32 and in bf16 (what tensor parallelism sums), the
+    others in fp32; and the layer validate trains, its memory-bound passes timed with the
+    bytes the cost model counts for them (forward, and twice that backward)."""
+    from autoplan.bench.micro import _shard
+    from autoplan.kernels.layer import elementwise_bytes_forward
+
+    c = tiny_profile.of_kind("collective")
+    assert set(zip(c["op"], c["dtype"], strict=True)) == (
+        {(op, "fp32") for op in coll.OPS} | {("all_reduce", "bf16"), ("reduce_scatter", "bf16")})
+    layer = tiny_profile.rows[tiny_profile.rows["op"] == "layer"]
+    model = resolve_model("llama3-8b")
+    columns = ("kind", "dtype", "n", "seq", "nbytes")
+    assert [tuple(r[c] for c in columns) for r in layer.to_dict("records")] == [
+        ("elementwise", "bf16", 4096, 64, round(3 * elementwise_bytes_forward(model, _shard(8, 64))))]
+    assert tiny_profile.meta["autoplan-profile"] == "3"
+
+
+@pytest.mark.torch
 def test_cli_writes_a_profile_and_prints_a_summary(tmp_path: Path) -> None:
     """One process (world 1) on the example's tiny model: the collectives' workers the
     bench spawns are ``tiny_profile``'s (world 2, the same code), and a new interpreter

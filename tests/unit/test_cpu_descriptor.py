@@ -37,7 +37,8 @@ def test_a_bf16_all_reduce_on_a_summing_link_pays_its_sum_at_the_links_bf16_rate
     assert comm.all_reduce(MiB, g, "fp32") == pytest.approx(2 * wire + 0.5 * MiB / SUM_FP32)
     assert comm.reduce_scatter(MiB, g, "bf16") == pytest.approx(wire + 0.5 * MiB / SUM_BF16)
     assert comm.all_gather(MiB, g) == pytest.approx(wire)  # a gather sums nothing
-    plain = comm.Group(2, 2, dataclasses.replace(LINK, reduce_Bps=()), dataclasses.replace(LINK, reduce_Bps=()))
+    nccl = dataclasses.replace(LINK, reduce_Bps=())
+    plain = comm.Group(2, 2, nccl, nccl)
     assert comm.all_reduce(MiB, plain, "bf16") == pytest.approx(2 * wire)  # NCCL: the sum hides
 
 
