@@ -473,7 +473,8 @@ def logits_times(model: Model, shard: Shard, device: Device) -> tuple[float, flo
     the fp32 cross-entropy (its backward belongs to the input-grad pass)."""
     gemm = gemm_time(shard.tokens, model.vocab / shard.tp, model.hidden, device,
                      shard.dtype) / shard.kernel_efficiency
-    # cross-entropy: upcast logits to fp32, softmax, loss; backward writes the grad
+    # cross-entropy: upcast logits to fp32, softmax, loss; backward writes the grad (memory-
+    # bound passes: at the rate the device runs them, Device.elementwise_rate)
     ce_bytes = shard.tokens * model.vocab / shard.tp * (BF16_BYTES + 4 + 4)
-    ce = ce_bytes / (device.hbm_Bps * device.hbm_efficiency) / shard.kernel_efficiency
+    ce = ce_bytes / device.elementwise_rate / shard.kernel_efficiency
     return gemm + ce, gemm + ce, gemm

@@ -361,3 +361,18 @@ def test_validate_predicts_memory_as_torch_runs_sequence_parallelism() -> None:
     for same in (make_plan(dp=2, tp=4), make_plan(dp=8), make_plan(dp=2, tp=4, sequence_parallel=True,
                                                                    stack="torchtitan")):
         assert as_torch_runs(same) is same
+
+
+def test_validate_on_a_cpu_predicts_at_the_measured_kernels_rates() -> None:
+    """A CPU descriptor is fitted on bench's timings of the torch kernels validate runs: the
+    stack's GPU-fitted share of the benchmarks' rates and its step overhead do not apply."""
+    import dataclasses
+
+    from autoplan.bench.validate import as_torch_runs
+    from tests.helpers import make_plan
+
+    plan = make_plan(dp=2, tp=4)
+    assert plan.stack.compute_efficiency < 1.0 and plan.stack.step_overhead_s > 0  # megatron-core's fit
+    assert as_torch_runs(plan, "cpu").stack == dataclasses.replace(plan.stack, compute_efficiency=1.0,
+                                                                   step_overhead_s=0.0)
+    assert as_torch_runs(plan, "cuda") is plan
