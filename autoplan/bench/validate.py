@@ -383,12 +383,16 @@ def as_torch_runs(plan: Plan, device: str | None = None) -> Plan:
     timings of the very torch kernels the model runs: none of the stack's share of the
     benchmarks' rates (``compute_efficiency``, fitted on GPU runs of its own framework)
     applies, nor its per-step overhead (optimizer launches, gradient-norm syncs, logging:
-    the torch model's step is its microbatches and the optimizer step, priced apart)."""
+    the torch model's step is its microbatches and the optimizer step, priced apart); and
+    the model adds each microbatch's bf16 gradients into fp32 ones in passes of their own
+    (``RankStates._accumulate``; FSDP2's reduce buffers), not inside the GEMMs."""
     stack = plan.stack
     if plan.sequence_parallel and plan.layout.tp > 1 and not stack.sp_saves_gathered:
         stack = dataclasses.replace(stack, sp_saves_gathered=True)
-    if device == "cpu" and (stack.compute_efficiency != 1.0 or stack.step_overhead_s):
-        stack = dataclasses.replace(stack, compute_efficiency=1.0, step_overhead_s=0.0)
+    if device == "cpu" and (stack.compute_efficiency != 1.0 or stack.step_overhead_s
+                            or stack.grad_accumulation_fusion):
+        stack = dataclasses.replace(stack, compute_efficiency=1.0, step_overhead_s=0.0,
+                                    grad_accumulation_fusion=False)
     return plan if stack is plan.stack else dataclasses.replace(plan, stack=stack)
 
 

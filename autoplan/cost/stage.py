@@ -32,6 +32,13 @@ from autoplan.schedules.registry import representative
 from autoplan.units import GiB
 from autoplan.vocab import NO_OFFLOAD, Axis, CpComm, MoeDispatch, Recompute, RecomputeModule, ZeroStage
 
+# Per parameter and microbatch, where the stack does not fuse gradient accumulation into the
+# weight-gradient GEMM (Stack.grad_accumulation_fusion): the bf16 gradient cast to fp32
+# (read 2, write 4 bytes) and added into the fp32 main gradient (read 4 + 4, write 4), as
+# autoplan validate's torch model does (bench/torch_model.py RankStates._accumulate; FSDP2
+# copies each gradient into its fp32 reduce buffer and out again, about as much)
+GRAD_ACCUMULATION_BYTES = 18.0
+
 COMM_AXES = (Axis.TP, Axis.CP, Axis.EP, Axis.PP, Axis.DP)
 """The axes whose communication a stage exposes, in the order their seconds add up
 (DP: ZeRO-3's per-microbatch gathers; the per-step gradient sync is ``dp.grad_sync_exposed``)."""
@@ -491,8 +498,13 @@ def _stage(plan: Plan, first: bool, last: bool, mtp: int, layers: int, dense: in
     pp_send = t.shared.pp_send
     axis_comm = AxisComm(((t.tp_f, tp_b), (cp_f, cp_b), (ep_f, ep_b),
                           (sends_f * pp_send, sends_b * pp_send), (zero3_f, zero3_b)))
+    compute_w = t.compute_w
+    if not plan.stack.grad_accumulation_fusion:  # each gradient cast and added apart
+        device = plan.cluster.device
+        compute_w += ((t.params + t.expert_params) * GRAD_ACCUMULATION_BYTES
+                      / (device.hbm_Bps * device.hbm_efficiency))
     return StageWork(
-        layers=layers, compute_f=t.compute_f, compute_b=t.compute_b, compute_w=t.compute_w,
+        layers=layers, compute_f=t.compute_f, compute_b=t.compute_b, compute_w=compute_w,
         recompute=recompute, comm=axis_comm, params=t.params, expert_params=t.expert_params,
         dense=dense, mtp=mtp,
     )

@@ -71,6 +71,11 @@ class Stack:
     moe_probs_in_activation: bool = False
     # an offloaded optimizer step: how its copies and CPU step overlap (vocab.OffloadOverlap)
     offload_overlap: OffloadOverlap = OffloadOverlap.NONE
+    # the weight-gradient GEMMs accumulate into the fp32 main gradients themselves
+    # (Megatron-LM --gradient-accumulation-fusion, on by default); False: each microbatch's
+    # bf16 gradients are cast and added into them in passes of their own (eager PyTorch:
+    # autoplan validate's torch model, cost.stage.GRAD_ACCUMULATION_BYTES)
+    grad_accumulation_fusion: bool = True
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -100,6 +105,7 @@ class Stack:
             **({"moe_probs_in_activation": True} if self.moe_probs_in_activation else {}),
             **({"offload_overlap": self.offload_overlap.value}
                if self.offload_overlap is not OffloadOverlap.NONE else {}),
+            **({} if self.grad_accumulation_fusion else {"grad_accumulation_fusion": False}),
         }
 
 
@@ -122,6 +128,7 @@ def read_stack(f: Fields) -> Stack | None:
     gathered = f.bool("sp_saves_gathered", False)
     probs = f.bool("moe_probs_in_activation", False)
     offload = f.enum("offload_overlap", OffloadOverlap, OffloadOverlap.NONE)
+    fused = f.bool("grad_accumulation_fusion", True)
     f.close()
     if len(f.problems) > before:
         return None
@@ -131,4 +138,4 @@ def read_stack(f: Fields) -> Stack | None:
                  overlap_grad_reduce=grad, overlap_param_gather=gather,
                  comm_compute_slowdown=slowdown, zero3_max_live_params=live,
                  sp_saves_gathered=gathered, moe_probs_in_activation=probs,
-                 offload_overlap=offload)
+                 offload_overlap=offload, grad_accumulation_fusion=fused)

@@ -8,7 +8,10 @@ as its functional form allows; what it cannot reproduce is left for the surrogat
   linear in F, so a least-squares line over the GEMM rows gives the peak P = 1/slope
   and the half-efficiency size h = intercept * P.
 - Memory-bound ops: t = bytes / B, B from the same kind of line over the
-  elementwise rows (its intercept is launch overhead the analytic model leaves out).
+  elementwise rows (its intercept is launch overhead the analytic model leaves out). On a
+  CPU only the rows of each op's largest sizes enter (a quarter of its largest and up):
+  smaller tensors stay in the caches, where a training step's gradients, optimizer states
+  and logits do not.
 - Attention: achieved FLOP/s over all attention rows, as a fraction of P.
 - Links: every collective of :mod:`autoplan.kernels.comm` on a group inside one node is
   t = L * alpha + W / B with L latency terms and W bytes on the wire per rank (ring:
@@ -98,6 +101,7 @@ def _fit_link(rows: pd.DataFrame, sums: bool = False) -> tuple[float, float, dic
 
 
 SUM_VISIBLE = 100.0  # a summing rate over this many times the bandwidth is left out
+LARGEST_SHARE = 4  # a CPU's memory rate: the stream rows within this factor of their op's largest
 
 
 def describe_machine(profile: Profile, *, name: str, ranks_per_node: int, mem_bytes: float,
@@ -129,6 +133,10 @@ def describe_machine(profile: Profile, *, name: str, ranks_per_node: int, mem_by
     best = achieved(profile)
     peak = 1.0 / slope if slope > 0 else best.gemm_flops[compute_dtype]
     half = intercept * peak
+    cpu = profile.meta.get("device_kind") == "cpu"
+    if cpu:  # past the caches (module doc)
+        largest = elem.groupby(["op", "dtype"])["nbytes"].transform("max")
+        elem = elem[elem["nbytes"] * LARGEST_SHARE >= largest]
     mem_slope, _ = _line(elem["nbytes"].to_numpy().astype(float), elem["seconds"].to_numpy())
     hbm = 1.0 / mem_slope if mem_slope > 0 else float(best.memory_Bps or 0.0)
     attn_rows = sdpa_rows(rows)
@@ -137,7 +145,6 @@ def describe_machine(profile: Profile, *, name: str, ranks_per_node: int, mem_by
     else:
         attn_flops = sum(row_flops(r) for r in attn_rows.to_dict("records"))
         attention = min(1.0, attn_flops / float(attn_rows["seconds"].sum()) / peak)
-    cpu = profile.meta.get("device_kind") == "cpu"
     layer = layer_pass_rows(rows)
     elementwise = None
     if not layer.empty:

@@ -133,3 +133,16 @@ def test_describe_machine_recovers_a_cpus_sum_rates_and_layer_pass_rate() -> Non
     g = comm.place_group(c, 2, 1)
     assert comm.all_reduce(MiB, g, "bf16") == pytest.approx(
         2 * (LAT + 0.5 * MiB / BW) + 0.5 * MiB / SUM_BF16, rel=1e-3)
+
+
+def test_unfused_gradient_accumulation_streams_18_bytes_per_parameter_each_microbatch() -> None:
+    """A stack without gradient-accumulation fusion (eager PyTorch, validate's torch model):
+    per microbatch each bf16 gradient is cast to fp32 (2 + 4 bytes) and added into the fp32
+    main gradient (4 + 4 + 4 bytes), at the device's memory rate."""
+    plan, cluster = _tp2(overlaps=False)
+    unfused = plan.replace(stack=dataclasses.replace(plan.stack, grad_accumulation_fusion=False))
+    params = stage_work(plan)[0].params
+    hbm = cluster.device.hbm_Bps * cluster.device.hbm_efficiency
+    m = plan.num_microbatches
+    added = evaluate(unfused).breakdown.compute - evaluate(plan).breakdown.compute
+    assert added == pytest.approx(m * params * 18 / hbm)
