@@ -382,7 +382,8 @@ def module_forward(model: Model, shard: Shard, device: Device, module: Recompute
     """Forward seconds of one layer's ``module`` on one rank (what recomputing it in backward
     costs; Megatron-Core's recompute_modules), the attention core aside (``layer_times``'
     ``attention_forward``): the module's GEMMs at the roofline, its elementwise traffic at
-    HBM speed, at the stack's sustained share of both. A module the layer lacks (``mlp`` on
+    the device's elementwise rate (HBM speed but on a measured CPU), at the stack's
+    sustained share of both. A module the layer lacks (``mlp`` on
     an MoE layer, the MoE ones on a dense layer) costs nothing."""
     hbm = device.elementwise_rate  # the layer's memory-bound passes (Device.elementwise_Bps)
     tokens, t, h = shard.tokens, shard.tp, model.hidden
