@@ -376,3 +376,39 @@ def test_validate_on_a_cpu_predicts_at_the_measured_kernels_rates() -> None:
     assert as_torch_runs(plan, "cpu").stack == dataclasses.replace(
         plan.stack, compute_efficiency=1.0, step_overhead_s=0.0, grad_accumulation_fusion=False)
     assert as_torch_runs(plan, "cuda") is plan
+
+
+def test_collective_workers_on_a_cpu_are_pinned_one_block_of_cores_each(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As validate pins its ranks (``validate._pinning``): rank r to the r-th block."""
+    import os
+
+    pinned: list[set[int]] = []
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: pinned.append(set(cpus)), raising=False)
+    coll.pin(1, 2)
+    coll.pin(0, 1)
+    coll.pin(4, 1)  # past the cores: left alone
+    assert pinned == [{2, 3}, {0}]
+
+
+@pytest.mark.torch
+def test_validates_fused_qkv_and_gate_up_read_each_ranks_heads_in_proportion() -> None:
+    """One Q/K/V GEMM and one gate/up GEMM a layer (the shapes autoplan prices); a rank's
+    block of the fused columns splits heads : kv_heads : kv_heads (and gate : up halves)."""
+    import dataclasses
+
+    torch = pytest.importorskip("torch")
+    from autoplan.bench import torch_model as tm
+
+    model = resolve_model(str(ROOT / "examples" / "cpu" / "tiny-llama.yaml"))
+    for tp in (1, 2):
+        local = tm.tp_local_model(dataclasses.replace(model, kv_heads=4), tp)
+        block = tm.Block(local)
+        d = local.kv_channels
+        q, k, v = block.attention.split(torch.zeros(1, 3, block.attention.wqkv.out_features))
+        widths = (q.shape[-1], k.shape[-1], v.shape[-1])
+        assert widths == (local.heads * d, local.kv_heads * d, local.kv_heads * d)
+        assert block.feed_forward.w1.out_features == 2 * local.ffn_hidden
+        assert not hasattr(block.attention, "wq") and not hasattr(block.feed_forward, "w3")
+
