@@ -228,7 +228,7 @@ class Link:
     # collectives pick the fastest of NCCL's LL / LL128 / Simple protocols (kernels/comm.py);
     # False: one alpha-beta protocol (a link fitted on a measured profile already is one)
     nccl_protocols: bool = True
-    # (dtype, bytes/s) pairs: how fast a rank sums the buffer of a reducing collective
+    # (dtype, bytes/s) pairs, by dtype name: how fast a rank sums the buffer of a reducing collective
     # (all-reduce, reduce-scatter) in that dtype where the sum costs time of its own beside
     # the wire (gloo on a CPU adds on the rank's core: bf16 about 5x slower per byte than
     # fp32 in torch 2.13); empty: the sum hides in the transfer (NCCL's kernels)
@@ -245,7 +245,9 @@ class Link:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "bandwidth_GBps": self.bandwidth_Bps / GB,
-            "latency_us": self.latency_s * 1e6,
+            # rounded past float noise, so that a file written and read back is the same
+            # link (a fitted 167.2 us would otherwise come back 167.19999999999996)
+            "latency_us": round(self.latency_s * 1e6, 9),
             "efficiency": self.efficiency,
         }
         if not self.nccl_protocols:
@@ -470,7 +472,7 @@ def read_link(f: Fields) -> Link | None:
     if len(f.problems) > before:
         return None
     return Link(bandwidth_Bps=bandwidth * GB, latency_s=latency * 1e-6, efficiency=efficiency,
-                nccl_protocols=protocols, reduce_Bps=tuple(reduce))
+                nccl_protocols=protocols, reduce_Bps=tuple(sorted(reduce)))
 
 
 REDUCE_DTYPES = ("fp32", "bf16", "fp16")  # what a link's reduce_GBps may name
