@@ -1,6 +1,7 @@
 """Collective microbenchmarks with torch.distributed: gloo on CPU, NCCL on CUDA.
 
-Local runs spawn ``world`` worker processes that meet on 127.0.0.1 at a free port; under
+Local runs spawn ``world`` worker processes that meet on 127.0.0.1 at a free port (on a CPU
+each pinned to its own cores, as ``autoplan validate`` runs its ranks: :func:`pin`); under
 torchrun (RANK, WORLD_SIZE and LOCAL_WORLD_SIZE set) the launched processes are the world
 and only rank 0 keeps the rows. Each collective runs on the first g ranks for every power
 of two g up to the world size (TP-like groups: adjacent ranks). Each timed call starts
@@ -10,10 +11,17 @@ each call's elapsed time), and the row keeps the median and percentiles over the
 ``nbytes`` follows :mod:`autoplan.measured.profile` (= :mod:`autoplan.kernels.comm`): the
 all-reduce buffer, the all-gather output, the reduce-scatter input, each rank's all-to-all
 buffer, the p2p message.
+
+Every op runs in the spec's ``dtype``; the reducing ops (all-reduce, reduce-scatter) also in
+each of ``reduce_dtypes``, the dtypes training reduces in: on a CPU gloo sums the buffer on
+the rank's own core, and how fast depends on the dtype (torch 2.13's gloo adds bf16
+element by element through fp32, about 5x slower per byte than fp32: a tensor-parallel
+all-reduce of bf16 activations costs what an fp32 row cannot show).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 import os
@@ -34,16 +42,21 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 JOIN_S = 10.0  # seconds a finished worker gets to exit before it is terminated
 
 
+REDUCING_OPS = ("all_reduce", "reduce_scatter")  # the ops whose cost depends on the dtype summed
+
+
 @dataclass(frozen=True, slots=True)
 class CollectiveCase:
     op: str
     ranks: tuple[int, ...]  # global ranks in the group (p2p: sender, receiver)
     ranks_per_node: int
     nbytes: int
+    dtype: str = ""  # "": the spec's dtype
 
     @property
     def label(self) -> str:
-        return f"{self.op} {len(self.ranks)} ranks {self.nbytes / MiB:g} MiB"
+        dtype = f" {self.dtype}" if self.dtype else ""
+        return f"{self.op}{dtype} {len(self.ranks)} ranks {self.nbytes / MiB:g} MiB"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +69,8 @@ class Spec:
     budget: Budget
     timeout_s: float
     threads: int  # torch threads per worker (CPU: the cores shared among the workers)
+    # more dtypes the reducing ops (REDUCING_OPS) run in, beside ``dtype``
+    reduce_dtypes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +94,19 @@ def group_sizes(world: int) -> list[int]:
 
 def plan_collectives(spec: Spec, world: int, per_node: int,
                      ops: tuple[str, ...] = OPS) -> list[CollectiveCase]:
-    """Every op over every group size and message size. p2p runs between rank 0 and its
+    """Every op over every group size and message size in the spec's dtype, and the
+    reducing ops again in each of its ``reduce_dtypes``. p2p runs between rank 0 and its
     neighbour, and between rank 0 and the first rank of the next node when there is one."""
+    cases = _plan(spec, spec.dtype, world, per_node, ops)
+    for dtype in spec.reduce_dtypes:
+        if dtype != spec.dtype:
+            reducing = tuple(o for o in ops if o in REDUCING_OPS)
+            cases += [dataclasses.replace(c, dtype=dtype)
+                      for c in _plan(spec, dtype, world, per_node, reducing)]
+    return cases
+
+
+def _plan(spec: Spec, dtype: str, world: int, per_node: int, ops: tuple[str, ...]) -> list[CollectiveCase]:
     cases = []
     for op in ops:
         pairs: list[tuple[tuple[int, ...], int]]
@@ -90,7 +116,7 @@ def plan_collectives(spec: Spec, world: int, per_node: int,
                 pairs.append(((0, per_node), 1))
         else:
             pairs = [(tuple(range(g)), min(g, per_node)) for g in group_sizes(world)]
-        cases += [CollectiveCase(op, ranks, rpn, _whole(nbytes, op, len(ranks), spec.dtype))
+        cases += [CollectiveCase(op, ranks, rpn, _whole(nbytes, op, len(ranks), dtype))
                   for ranks, rpn in pairs for nbytes in spec.message_bytes]
     return cases
 
@@ -183,30 +209,42 @@ def _timed(ctx: _Ctx, call: Callable[[], Any] | None, n: int) -> list[float]:
 
 
 def _measure(case: CollectiveCase, ctx: _Ctx, spec: Spec) -> Row:
-    call = _op_call(case, ctx, spec.dtype)
+    dtype = case.dtype or spec.dtype
+    call = _op_call(case, ctx, dtype)
     warm = _timed(ctx, call, max(1, spec.budget.warmup))
     samples = _timed(ctx, call, spec.budget.repeats(warm[-1]))  # the same count on every rank
-    return {"kind": "collective", "op": case.op, "dtype": spec.dtype, "nbytes": case.nbytes,
+    return {"kind": "collective", "op": case.op, "dtype": dtype, "nbytes": case.nbytes,
             "ranks": len(case.ranks), "ranks_per_node": case.ranks_per_node,
             **summarize(samples).columns()}
 
 
 def _supported(ctx: _Ctx, spec: Spec, per_node: int) -> dict[str, str]:
     """Ops this backend cannot run, with the reason, agreed by all ranks (an op that fails
-    on any rank is skipped everywhere, so no rank waits on a peer that gave up)."""
+    on any rank is skipped everywhere, so no rank waits on a peer that gave up). Keyed by
+    the op (in the spec's dtype), or by "op dtype" for a reducing op in one of the
+    ``reduce_dtypes``."""
     backend = ctx.dist.get_backend()
+    first: dict[str, CollectiveCase] = {}  # the first case of each key: the smallest buffer
+    for case in plan_collectives(spec, ctx.world, per_node):
+        first.setdefault(_key(case), case)
+    probes = list(first.items())
     why: dict[str, str] = {}
-    for op in OPS:
-        first = plan_collectives(spec, ctx.world, per_node, (op,))[0]
+    for key, case in probes:
         try:
-            call = _op_call(first, ctx, spec.dtype)
+            call = _op_call(case, ctx, case.dtype or spec.dtype)
             if call is not None:
                 call()
         except (RuntimeError, NotImplementedError, AttributeError, ValueError) as exc:
-            why[op] = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    failed_anywhere = ctx.all_max([1.0 if op in why else 0.0 for op in OPS])
-    return {op: f"{backend}: {why.get(op, 'failed on another rank')}"[:200]
-            for op, failed in zip(OPS, failed_anywhere, strict=True) if failed}
+            why[key] = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    keys = [key for key, _ in probes]
+    failed_anywhere = ctx.all_max([1.0 if key in why else 0.0 for key in keys])
+    return {key: f"{backend}: {why.get(key, 'failed on another rank')}"[:200]
+            for key, failed in zip(keys, failed_anywhere, strict=True) if failed}
+
+
+def _key(case: CollectiveCase) -> str:
+    """How :func:`_supported` names a case's op (and dtype, where not the spec's)."""
+    return f"{case.op} {case.dtype}" if case.dtype else case.op
 
 
 def _groups(dist: Any, world: int) -> dict[int, Any]:
@@ -228,7 +266,7 @@ def run_rank(rank: int, world: int, per_node: int, spec: Spec, step: Step | None
     skipped = _supported(ctx, spec, per_node)
     rows = []
     for case in plan_collectives(spec, world, per_node):
-        if case.op not in skipped:
+        if case.op not in skipped and _key(case) not in skipped:
             rows.append(_measure(case, ctx, spec))
         if step is not None:
             step(case.label)
@@ -243,11 +281,27 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def pin(rank: int, threads: int) -> None:
+    """Pin this process to its own ``threads`` cores (rank r: the r-th block of them), as
+    ``autoplan validate`` pins each rank: gloo's transport threads then share the rank's
+    core with its compute (a 1 MiB all-reduce between two pinned single-core ranks took
+    3.6 ms here, unpinned 0.7-1.9 ms). Nothing where the blocks do not fit this process's
+    cores or the platform cannot pin."""
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    block = cpus[rank * threads:(rank + 1) * threads]
+    if len(block) == threads:
+        os.sched_setaffinity(0, block)
+
+
 def _init(rank: int, world: int, spec: Spec, init_method: str) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(spec.threads)
+    if spec.device_kind == "cpu":
+        pin(rank, spec.threads)
     backend = "nccl" if spec.device_kind == "cuda" else "gloo"
     if spec.device_kind == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())

@@ -23,7 +23,7 @@ from typing import Any
 from autoplan.bench.presets import Preset
 from autoplan.bench.timing import Budget, Clock, CpuClock, CudaClock, Row, Step, measure, summarize
 from autoplan.descriptors.model import Model
-from autoplan.kernels.layer import Shard, layer_gemms
+from autoplan.kernels.layer import Shard, elementwise_bytes_forward, layer_gemms
 from autoplan.measured.profile import row_flops
 from autoplan.units import MiB
 from autoplan.vocab import Dtype
@@ -93,7 +93,29 @@ class ElementwiseCase:
         return f"{self.op} {self.dtype} {self.tensor_bytes / MiB:g} MiB"
 
 
-Case = GemmCase | AttentionCase | ElementwiseCase
+@dataclass(frozen=True, slots=True)
+class LayerCase:
+    """A decoder layer's memory-bound passes as validate's eager torch model runs them
+    (bench/eager.py): one TP rank of ``model`` on ``tokens`` tokens, forward and backward.
+    Its row's ``nbytes`` is what the cost model counts of them: the forward's
+    ``elementwise_bytes_forward`` and twice that for the backward (``compute.layer_times``)."""
+
+    model: Model
+    tp: int
+    tokens: int
+    dtype: str
+
+    def row(self) -> Row:
+        fwd = elementwise_bytes_forward(self.model, _shard(self.tp, self.tokens))
+        return {"kind": "elementwise", "op": "layer", "dtype": self.dtype, "nbytes": round(3 * fwd),
+                "n": self.model.hidden, "seq": self.tokens}
+
+    @property
+    def label(self) -> str:
+        return f"eager layer passes {self.dtype} {self.model.name} tp{self.tp} {self.tokens} tokens"
+
+
+Case = GemmCase | AttentionCase | ElementwiseCase | LayerCase
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,12 +188,21 @@ def elementwise_cases(preset: Preset) -> list[ElementwiseCase]:
             for size in preset.elementwise_bytes]
 
 
+def layer_cases(preset: Preset, models: Sequence[Model]) -> list[LayerCase]:
+    """The models' dense layers (their MoE layers are not built by validate) at each TP
+    degree and each of the preset's ``layer_tokens``, in the dtype validate computes in."""
+    return [LayerCase(model, tp, tokens, preset.layer_dtype) for model in models
+            if model.layers > model.moe_layers and not model.is_mla
+            for tp in preset.tps if _tp_fits(model, tp) for tokens in preset.layer_tokens]
+
+
 def plan_micro(preset: Preset, models: Sequence[Model]) -> MicroPlan:
     gemms, gemm_skipped = gemm_cases(preset, models)
     attention, notes = attention_cases(preset, models)
     if gemm_skipped:
         notes.insert(0, f"{gemm_skipped} GEMM shapes over the preset's FLOP cap")
-    return MicroPlan((*gemms, *attention, *elementwise_cases(preset)), tuple(notes))
+    return MicroPlan((*gemms, *attention, *elementwise_cases(preset), *layer_cases(preset, models)),
+                     tuple(notes))
 
 
 # -- running ----------------------------------------------------------------------------
@@ -230,6 +261,18 @@ def _run_elementwise(case: ElementwiseCase, env: _Env) -> list[Row]:
           "mul": lambda: torch.mul(a, b, out=c)}[case.op]
     with torch.no_grad():
         samples = env.time(fn)
+    return [{**case.row(), **summarize(samples).columns()}]
+
+
+def _run_layer(case: LayerCase, env: _Env) -> list[Row]:
+    """The layer's passes forward and backward (bench/eager.py), with the C allocator
+    keeping what it frees, as validate's timed steps run (worker.py): otherwise each fresh
+    tensor's page faults are timed too, which a training step does not pay."""
+    from autoplan.bench.eager import caching_allocator, layer_passes
+
+    with caching_allocator(env.device), env.torch.enable_grad():
+        samples = env.time(layer_passes(case.model, case.tp, case.tokens, env.dtype(case.dtype),
+                                        env.device))
     return [{**case.row(), **summarize(samples).columns()}]
 
 
@@ -314,6 +357,8 @@ def run_micro(plan: MicroPlan, device_kind: str, budget: Budget, step: Step | No
             rows += _run_gemm(case, env)
         elif isinstance(case, AttentionCase):
             rows += _run_attention(case, env)
+        elif isinstance(case, LayerCase):
+            rows += _run_layer(case, env)
         else:
             rows += _run_elementwise(case, env)
         if step is not None:

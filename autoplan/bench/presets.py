@@ -39,6 +39,15 @@ class Preset:
     # the host probe's passes (bench/host.py): a few hundred, about half a second on a
     # 2-core CPU; the tiny preset's smoke check takes a handful
     host_budget: Budget = Budget(warmup=5, min_repeats=20, max_repeats=300, seconds=0.5)
+    # the dtypes the reducing collectives also run in (bench/collectives.py): on a CPU,
+    # training reduces bf16 activations (tensor parallel) and fp32 gradients (data
+    # parallel), and gloo's sum costs per byte what the dtype makes it
+    collective_reduce_dtypes: tuple[str, ...] = ()
+    # the eager layer's memory-bound passes (bench/eager.py, op ``layer``): tokens of one
+    # microbatch (the validate examples run 512 and 4096), in the dtype validate computes in;
+    # none on CUDA, where validate's GPU descriptor prices fused kernels
+    layer_tokens: tuple[int, ...] = ()
+    layer_dtype: str = "bf16"
 
 
 def _powers(lo: int, hi: int, step: int = 4) -> tuple[int, ...]:
@@ -68,6 +77,7 @@ _add(Preset(
     # x 4096 logits GEMM took 2.7 s a call): tiny keeps them under a quarter GFLOP
     max_gemm_flops={"fp32": 4e9, "bf16": 2.5e8}, max_attention_flops={"fp32": 1e9, "bf16": 1e9},
     budget=_TINY_BUDGET, collective_budget=_TINY_BUDGET, timeout_s=120, host_budget=_TINY_BUDGET,
+    collective_reduce_dtypes=("bf16",), layer_tokens=(64,),
 ))
 _add(Preset(
     name="default", device_kind="cpu", models=("llama3-8b",), dtypes=("fp32", "bf16"),
@@ -80,7 +90,7 @@ _add(Preset(
     max_attention_flops={"fp32": 4e9, "bf16": 2e9},
     budget=Budget(warmup=1, min_repeats=5, max_repeats=50, seconds=0.08),
     collective_budget=Budget(warmup=2, min_repeats=5, max_repeats=50, seconds=0.08),
-    timeout_s=600,
+    timeout_s=600, collective_reduce_dtypes=("bf16",), layer_tokens=(128, 512, 2048, 4096),
 ))
 _add(Preset(
     name="full", device_kind="cpu", models=("llama3-8b",), dtypes=("fp32", "bf16"),
@@ -92,7 +102,7 @@ _add(Preset(
     max_attention_flops={"fp32": 1.5e11, "bf16": 4e10},
     budget=Budget(warmup=2, min_repeats=5, max_repeats=100, seconds=0.2),
     collective_budget=Budget(warmup=3, min_repeats=10, max_repeats=100, seconds=0.2),
-    timeout_s=3600,
+    timeout_s=3600, collective_reduce_dtypes=("bf16",), layer_tokens=(128, 512, 2048, 4096, 16384),
 ))
 _add(Preset(
     name="tiny", device_kind="cuda", models=("llama3-8b",), dtypes=("bf16",),

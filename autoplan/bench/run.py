@@ -22,7 +22,7 @@ from autoplan.bench.presets import Preset, get_preset
 from autoplan.bench.timing import BenchError, Row
 from autoplan.descriptors.model import Model
 from autoplan.errors import InputError, Problem
-from autoplan.measured.profile import Profile, achieved
+from autoplan.measured.profile import Profile, achieved, layer_pass_rows, stream_rows
 from autoplan.units import MiB
 
 Progress = Callable[[int, int, str], None]  # (cases done, cases in all, the case just done)
@@ -149,7 +149,8 @@ def _versions(kind: str) -> dict[str, str]:
 def _collectives(preset: Preset, kind: str, world: int, step: Callable[[str], None]) -> coll.Result:
     spec = coll.Spec(device_kind=kind, dtype=preset.collective_dtype, message_bytes=preset.message_bytes,
                      budget=preset.collective_budget, timeout_s=preset.timeout_s,
-                     threads=max(1, (os.cpu_count() or 1) // world) if kind == "cpu" else 1)
+                     threads=max(1, (os.cpu_count() or 1) // world) if kind == "cpu" else 1,
+                     reduce_dtypes=preset.collective_reduce_dtypes)
     if coll.launched() is not None:
         return coll.launched_collectives(spec, step)
     return coll.spawn_collectives(spec, world, step)
@@ -157,7 +158,8 @@ def _collectives(preset: Preset, kind: str, world: int, step: Callable[[str], No
 
 def _collective_count(preset: Preset, world: int) -> int:
     spec = coll.Spec(device_kind="cpu", dtype=preset.collective_dtype, message_bytes=preset.message_bytes,
-                     budget=preset.collective_budget, timeout_s=preset.timeout_s, threads=1)
+                     budget=preset.collective_budget, timeout_s=preset.timeout_s, threads=1,
+                     reduce_dtypes=preset.collective_reduce_dtypes)
     return len(coll.plan_collectives(spec, world, coll.ranks_per_node(world))) if world >= 2 else 0
 
 
@@ -254,24 +256,24 @@ BUS_FACTOR: dict[str, Callable[[int], float]] = {
 }
 
 
-def bus_bandwidth(profile: Profile) -> list[tuple[str, int, int, float]]:
-    """(op, ranks, nbytes, bus bytes/s) per collective op at its largest group and size."""
+def bus_bandwidth(profile: Profile) -> list[tuple[str, str, int, int, float]]:
+    """(op, dtype, ranks, nbytes, bus bytes/s) per collective op and dtype at its largest
+    group and size."""
     rows = profile.of_kind("collective")
     out = []
     for op in coll.OPS:
-        mine = rows[rows["op"] == op]
-        if mine.empty:
-            continue
-        top = mine.sort_values(["ranks", "nbytes"]).iloc[-1]
-        n, nbytes = int(top["ranks"]), int(top["nbytes"])
-        out.append((op, n, nbytes, nbytes / float(top["seconds"]) * BUS_FACTOR[op](n)))
+        for dtype in sorted(set(rows.loc[rows["op"] == op, "dtype"])):
+            mine = rows[(rows["op"] == op) & (rows["dtype"] == dtype)]
+            top = mine.sort_values(["ranks", "nbytes"]).iloc[-1]
+            n, nbytes = int(top["ranks"]), int(top["nbytes"])
+            out.append((op, dtype, n, nbytes, nbytes / float(top["seconds"]) * BUS_FACTOR[op](n)))
     return out
 
 
 def largest_memory_Bps(profile: Profile) -> float:
     """Bytes/s of the fastest elementwise op at each op's largest size (on a CPU, the small
     sizes run from the caches; the largest are the closest to memory bandwidth)."""
-    rows = profile.of_kind("elementwise")
+    rows = stream_rows(profile.rows)
     top = rows.sort_values("nbytes").groupby(["op", "dtype"]).tail(1)
     return float((top["nbytes"] / top["seconds"]).max())
 
@@ -288,8 +290,13 @@ def summary(profile: Profile) -> list[tuple[str, str]]:
     if best.memory_Bps:
         lines.append(("best memory GB/s", f"{best.memory_Bps / 1e9:.3g}"))
         lines.append(("memory GB/s, largest tensors", f"{largest_memory_Bps(profile) / 1e9:.3g}"))
-    lines += [(f"{op} bus GB/s ({n} ranks, {nbytes / MiB:g} MiB)", f"{bw / 1e9:.3g}")
-              for op, n, nbytes, bw in bus_bandwidth(profile)]
+    layer = layer_pass_rows(profile.rows)
+    if not layer.empty:  # what the cost model counts of the passes, over their eager time
+        top = layer.sort_values("nbytes").iloc[-1]
+        lines.append((f"eager layer passes GB/s ({int(top['seq'])} tokens)",
+                      f"{top['nbytes'] / top['seconds'] / 1e9:.3g}"))
+    lines += [(f"{op} {dtype} bus GB/s ({n} ranks, {nbytes / MiB:g} MiB)", f"{bw / 1e9:.3g}")
+              for op, dtype, n, nbytes, bw in bus_bandwidth(profile)]
     host = profile.of_kind("host")
     lines += [(f"host us per kernel, {r['op'].removeprefix('layer_')} ({r['k']} kernels)",
                f"{r['seconds'] * 1e6:.3g}") for r in host.to_dict("records")]

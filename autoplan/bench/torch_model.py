@@ -21,8 +21,10 @@ What runs is what autoplan's cost model accounts for, as closely as eager PyTorc
   is flash attention (``scaled_dot_product_attention``, which saves Q, K, V, the output
   and the fp32 log-sum-exp; no s x s tensor), the loss saves fp32 softmax of the
   vocab-parallel logits (Megatron-LM ``_VocabParallelCrossEntropy``).
-- tp (+ sp) through ``torch.distributed.tensor.parallel`` (torchtitan's Llama plan:
-  Q/K/V and MLP up/gate column-parallel, output projections row-parallel, norms
+- Megatron-LM's fused projections: one Q/K/V GEMM and one gate/up GEMM per layer, the
+  shapes autoplan prices and ``autoplan bench`` measures.
+- tp (+ sp) through ``torch.distributed.tensor.parallel`` (torchtitan's Llama plan: the
+  fused Q/K/V and MLP up/gate column-parallel, output projections row-parallel, norms
   sequence-parallel, vocab-parallel embedding and output layer); pp through
   ``torch.distributed.pipelining`` (``PipelineStage`` and its schedules).
 """
@@ -148,26 +150,41 @@ def _rope_tables(seq: int, dim: int, dtype: torch.dtype,
 
 
 class Attention(nn.Module):
-    """Multi-head (GQA) self-attention: separate Q, K, V projections so that torch's
-    column-parallel plan splits each by heads, causal flash attention, row-parallel output."""
+    """Multi-head (GQA) self-attention: one fused Q/K/V projection (Megatron-LM's
+    ``linear_qkv``, the GEMM autoplan prices: ``kernels.layer.attention_gemms``), causal
+    flash attention, row-parallel output. The fused output's columns are read as this
+    rank's [Q | K | V] in the ratio heads : kv_heads : kv_heads, so torch's column-parallel
+    plan, which gives each rank a contiguous block of them, gives it whole heads of each
+    (the rank-grouped layout of Megatron-LM's query groups), and backward all-reduces one
+    input gradient for the three."""
 
     def __init__(self, m: Model):
         super().__init__()
         d = m.kv_channels
         self.head_dim = d
+        self.heads, self.kv_heads = m.heads, m.kv_heads
         self.rope = m.position is Position.ROPE
         self.dropout = m.dropout
         self.recompute_core = False  # selective recompute (set by ``apply_recompute``)
-        self.wq = nn.Linear(m.hidden, m.heads * d, bias=m.bias or m.qkv_bias)
-        self.wk = nn.Linear(m.hidden, m.kv_heads * d, bias=m.bias or m.qkv_bias)
-        self.wv = nn.Linear(m.hidden, m.kv_heads * d, bias=m.bias or m.qkv_bias)
+        # the attention kernel; ``autoplan bench`` swaps in a stand-in to time the layer's
+        # other passes alone (bench/eager.py)
+        self.sdpa: Callable[..., torch.Tensor] = F.scaled_dot_product_attention
+        self.wqkv = nn.Linear(m.hidden, (m.heads + 2 * m.kv_heads) * d, bias=m.bias or m.qkv_bias)
         self.wo = nn.Linear(m.heads * d, m.hidden, bias=m.bias)
         self._tables: dict[tuple[int, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This rank's Q, K and V columns of the fused projection's output (views)."""
+        width = qkv.shape[-1]
+        group = self.heads + 2 * self.kv_heads
+        q = width * self.heads // group
+        kv = width * self.kv_heads // group
+        return qkv[..., :q], qkv[..., q:q + kv], qkv[..., q + kv:]
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         b, s = q.shape[:2]
         d = self.head_dim
-        q, k, v = q.view(b, s, -1, d), k.view(b, s, -1, d), v.view(b, s, -1, d)
+        q, k, v = (t.unflatten(-1, (-1, d)) for t in (q, k, v))
         if self.rope:
             key = (s, q.dtype)
             if key not in self._tables:
@@ -176,14 +193,14 @@ class Attention(nn.Module):
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         # (b, s, heads, d) viewed as (b, heads, s, d): the CPU and CUDA flash kernels write
         # the output in the query's layout, so the reshape below is a view, not a copy
-        out = F.scaled_dot_product_attention(
+        out = self.sdpa(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
             dropout_p=DROPOUT_P if self.dropout and self.training else 0.0,
             enable_gqa=q.shape[2] != k.shape[2])
         return out.transpose(1, 2).reshape(b, s, -1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        q, k, v = self.split(self.wqkv(x))
         if self.recompute_core:
             out = torch.utils.checkpoint.checkpoint(self._core, q, k, v, use_reentrant=False)
         else:
@@ -192,17 +209,21 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
+    """The MLP; a gated one computes gate and up in one fused projection (Megatron-LM's
+    ``linear_fc1``, autoplan's ``kernels.layer.mlp_gemms``), read as this rank's
+    [gate | up] halves (each rank's block of columns holds both: see :class:`Attention`)."""
+
     def __init__(self, m: Model):
         super().__init__()
         self.act = _ACTIVATIONS[m.activation]
         self.gated = m.activation.gated
-        self.w1 = nn.Linear(m.hidden, m.ffn_hidden, bias=m.bias)
-        self.w3 = nn.Linear(m.hidden, m.ffn_hidden, bias=m.bias) if self.gated else None
+        self.w1 = nn.Linear(m.hidden, (2 if self.gated else 1) * m.ffn_hidden, bias=m.bias)
         self.w2 = nn.Linear(m.ffn_hidden, m.hidden, bias=m.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        up = self.w3(x) if self.w3 is not None else None
-        return self.w2(_ActFn.apply(self.act, self.w1(x), up))  # type: ignore[no-any-return]
+        h = self.w1(x)
+        gate, up = h.chunk(2, dim=-1) if self.gated else (h, None)
+        return self.w2(_ActFn.apply(self.act, gate, up))  # type: ignore[no-any-return]
 
 
 def _norm(m: Model) -> nn.Module:
@@ -435,7 +456,10 @@ def fsdp_settings(zero: ZeroStage, dp: int) -> FsdpSettings:
 
 
 def apply_tp(chunk: Chunk, tp_mesh: Any, sequence_parallel: bool) -> None:
-    """torchtitan's Llama tensor-parallel plan (torchtitan/models/llama3/infra/parallelize.py)."""
+    """torchtitan's Llama tensor-parallel plan (torchtitan/models/llama3/infra/parallelize.py),
+    on the fused Q/K/V and gate/up projections (Megatron-LM's): one column-parallel GEMM
+    each, so backward all-reduces two input gradients per layer, as Megatron-LM does
+    (Shoeybi et al. 2019, Fig. 4) and autoplan prices (``parallel.tp.layer_seconds``)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -461,12 +485,9 @@ def apply_tp(chunk: Chunk, tp_mesh: Any, sequence_parallel: bool) -> None:
         parallelize_module(chunk, tp_mesh, top)
     for block in blocks(chunk):
         plan: dict[str, Any] = {
-            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(), "attention.wo": RowwiseParallel(output_layouts=seq),
+            "attention.wqkv": ColwiseParallel(), "attention.wo": RowwiseParallel(output_layouts=seq),
             "feed_forward.w1": ColwiseParallel(), "feed_forward.w2": RowwiseParallel(output_layouts=seq),
         }
-        if block.feed_forward.w3 is not None:
-            plan["feed_forward.w3"] = ColwiseParallel()
         if sp:
             plan.update({
                 "attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),

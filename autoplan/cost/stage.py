@@ -44,6 +44,13 @@ from autoplan.vocab import (
     ZeroStage,
 )
 
+# Per parameter and microbatch, where the stack does not fuse gradient accumulation into the
+# weight-gradient GEMM (Stack.grad_accumulation_fusion): the bf16 gradient cast to fp32
+# (read 2, write 4 bytes) and added into the fp32 main gradient (read 4 + 4, write 4), as
+# autoplan validate's torch model does (bench/torch_model.py RankStates._accumulate; FSDP2
+# copies each gradient into its fp32 reduce buffer and out again, about as much)
+GRAD_ACCUMULATION_BYTES = 18.0
+
 COMM_AXES = (Axis.TP, Axis.CP, Axis.EP, Axis.PP, Axis.DP)
 """The axes whose communication a stage exposes, in the order their seconds add up
 (DP: ZeRO-3's per-microbatch gathers; the per-step gradient sync is ``dp.grad_sync_exposed``)."""
@@ -440,6 +447,8 @@ def _tp_exposed(model: Model, device: Device, shard: Shard, group: comm.Group,
     MLP's with its FC1 and FC2; an MoE layer's two collectives around its experts keep the
     plain layers' terms (forward exposed, backward beside W; exposed under PyTorch's TP)."""
     overlap = tp_overlap_of(overlap, shard, group)
+    if not device.overlaps_communication:  # one CPU core per rank: the collectives run alone
+        overlap = TpOverlap.NONE
     if overlap is TpOverlap.WGRAD:
         plain = TpExposed(tp_layer, 0.0, 0.0, tp_layer)
         return plain, plain
@@ -568,7 +577,10 @@ def _stage(plan: Plan, first: bool, last: bool, mtp: int, layers: int, dense: in
     layer and logits, ``mtp`` MTP layers (each with its own logits through the shared
     head); ``dense`` of its ``layers`` have a dense MLP, the others experts."""
     t = _stage_terms(_layer_key(plan), first, last, mtp, layers, dense)
-    tp_b = (tp.exposed_backward(t.tp_b_total, t.compute_w, plan.schedule)
+    # backward TP collectives hide behind the weight-gradient GEMMs, on a device where
+    # communication runs beside compute (not one CPU core per rank: Device.overlaps_communication)
+    hides = t.compute_w if plan.cluster.device.overlaps_communication else 0.0
+    tp_b = (tp.exposed_backward(t.tp_b_total, hides, plan.schedule)
             + (t.tp_b_deferred if plan.schedule.splits_backward else t.tp_b_fixed))
     ep_f = ep_b = t.ep
     cp_f, cp_b = t.cp_f, t.cp_b
@@ -603,8 +615,13 @@ def _stage(plan: Plan, first: bool, last: bool, mtp: int, layers: int, dense: in
     pp_send = t.shared.pp_send
     axis_comm = AxisComm(((t.tp_f, tp_b), (cp_f, cp_b), (ep_f, ep_b),
                           (sends_f * pp_send, sends_b * pp_send), (zero3_f, zero3_b)))
+    compute_w = t.compute_w
+    if not plan.stack.grad_accumulation_fusion:  # each gradient cast and added apart
+        device = plan.cluster.device
+        compute_w += ((t.params + t.expert_params) * GRAD_ACCUMULATION_BYTES
+                      / (device.hbm_Bps * device.hbm_efficiency))
     return StageWork(
-        layers=layers, compute_f=t.compute_f, compute_b=t.compute_b, compute_w=t.compute_w,
+        layers=layers, compute_f=t.compute_f, compute_b=t.compute_b, compute_w=compute_w,
         recompute=recompute, comm=axis_comm, params=t.params, expert_params=t.expert_params,
         dense=dense, mtp=mtp,
     )

@@ -139,6 +139,16 @@ class Device:
     # dense fp4 (NVFP4) tensor-core peak, FLOP/s; None: the device has no fp4 GEMMs (serving's
     # fp4 weights then run fp8 GEMMs, serving/cost.py compute_dtype)
     peak_fp4_flops: float | None = None
+    # what a device measured with ``autoplan bench`` says of itself where it is no GPU (a CPU
+    # core per rank: autoplan/measured/machine.py fits both). elementwise_Bps: the rate at
+    # which a layer's memory-bound passes move the bytes ``kernels.layer`` counts for them,
+    # as the device's software runs them (eager PyTorch's unfused norm, RoPE, activation,
+    # casts and their dispatch on a CPU); None: the fused kernels' rate, hbm_Bps x
+    # hbm_efficiency. overlaps_communication: False where communication cannot run beside
+    # compute (one core per rank computes and runs gloo's collectives in turn): tensor-
+    # and data-parallel collectives then add to the compute instead of hiding behind it.
+    elementwise_Bps: float | None = None
+    overlaps_communication: bool = True
     # measured/analytic ratios from a profile (autoplan.measured.surrogate.calibrate); not in
     # the descriptor file, and not written by to_dict
     correction: Correction | None = None
@@ -187,6 +197,12 @@ class Device:
     def mem_GiB(self) -> float:
         return self.mem_bytes / GiB
 
+    @property
+    def elementwise_rate(self) -> float:
+        """Bytes/s of a layer's memory-bound passes: ``elementwise_Bps`` where the device
+        file gives it, else the fused kernels' ``hbm_Bps`` x ``hbm_efficiency``."""
+        return self.elementwise_Bps or self.hbm_Bps * self.hbm_efficiency
+
     def to_dict(self) -> dict[str, Any]:
         peaks = {"bf16": self.peak_bf16_flops / TFLOPS, "fp16": self.peak_fp16_flops / TFLOPS}
         if self.peak_fp8_flops is not None:
@@ -213,7 +229,9 @@ class Device:
             },
             **_optional({"sms": self.sms or None,
                          "kernel_gap_us": self.kernel_gap_s * 1e6 or None,
-                         "price_per_gpu_hour": self.price_per_gpu_hour}),
+                         "price_per_gpu_hour": self.price_per_gpu_hour,
+                         "elementwise_GBps": _scaled(self.elementwise_Bps, GB)}),
+            **({} if self.overlaps_communication else {"overlaps_communication": False}),
             **({"power_W": {"load": self.power_load_W, "idle": self.power_idle_W}}
                if self.power_load_W is not None else {}),
         }
@@ -234,19 +252,32 @@ class Link:
     # collectives pick the fastest of NCCL's LL / LL128 / Simple protocols (kernels/comm.py);
     # False: one alpha-beta protocol (a link fitted on a measured profile already is one)
     nccl_protocols: bool = True
+    # (dtype, bytes/s) pairs, by dtype name: how fast a rank sums the buffer of a reducing collective
+    # (all-reduce, reduce-scatter) in that dtype where the sum costs time of its own beside
+    # the wire (gloo on a CPU adds on the rank's core: bf16 about 5x slower per byte than
+    # fp32 in torch 2.13); empty: the sum hides in the transfer (NCCL's kernels)
+    reduce_Bps: tuple[tuple[str, float], ...] = ()
 
     @property
     def effective_Bps(self) -> float:
         return self.bandwidth_Bps * self.efficiency
 
+    def reduce_rate(self, dtype: str) -> float | None:
+        """Bytes/s a rank sums a collective's buffer of ``dtype`` at; None: not given."""
+        return dict(self.reduce_Bps).get(dtype)
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "bandwidth_GBps": self.bandwidth_Bps / GB,
-            "latency_us": self.latency_s * 1e6,
+            # rounded past float noise, so that a file written and read back is the same
+            # link (a fitted 167.2 us would otherwise come back 167.19999999999996)
+            "latency_us": round(self.latency_s * 1e6, 9),
             "efficiency": self.efficiency,
         }
         if not self.nccl_protocols:
             out["nccl_protocols"] = False
+        if self.reduce_Bps:
+            out["reduce_GBps"] = {dtype: rate / GB for dtype, rate in self.reduce_Bps}
         return out
 
 
@@ -399,6 +430,8 @@ def read_device(f: Fields) -> Device | None:
     sms = f.int("sms", 0, min=0, max=100_000)
     gap = f.float("kernel_gap_us", DEFAULT_KERNEL_GAP_US, min=0.0, max=1e4)
     price = f.float("price_per_gpu_hour", None, positive=True, max=1e6)
+    elementwise = f.float("elementwise_GBps", None, min=HBM_GBPS_RANGE[0], max=HBM_GBPS_RANGE[1])
+    overlaps = f.bool("overlaps_communication", True)
     load = idle = None
     if f.has("power_W"):
         power = f.child("power_W", f.raw("power_W"))
@@ -435,6 +468,8 @@ def read_device(f: Fields) -> Device | None:
         power_load_W=load,
         power_idle_W=idle,
         price_per_gpu_hour=price,
+        elementwise_Bps=None if elementwise is None else elementwise * GB,
+        overlaps_communication=overlaps,
     )
 
 
@@ -449,11 +484,22 @@ def read_link(f: Fields) -> Link | None:
     latency = f.float("latency_us", min=0.0, max=1e6)
     efficiency = f.float("efficiency", DEFAULT_LINK_EFFICIENCY, min=0.01, max=1.0)
     protocols = f.bool("nccl_protocols", True)
+    reduce: list[tuple[str, float]] = []
+    if f.has("reduce_GBps"):
+        rates = f.child("reduce_GBps", f.raw("reduce_GBps"))
+        for dtype in REDUCE_DTYPES:
+            rate = rates.float(dtype, None, positive=True, max=1e5)
+            if rate is not None:
+                reduce.append((dtype, rate * GB))
+        rates.close()
     f.close()
     if len(f.problems) > before:
         return None
     return Link(bandwidth_Bps=bandwidth * GB, latency_s=latency * 1e-6, efficiency=efficiency,
-                nccl_protocols=protocols)
+                nccl_protocols=protocols, reduce_Bps=tuple(sorted(reduce)))
+
+
+REDUCE_DTYPES = ("fp32", "bf16", "fp16")  # what a link's reduce_GBps may name
 
 
 def read_cluster(f: Fields, device: Device | None) -> Cluster | None:

@@ -77,6 +77,11 @@ class Stack:
     # the gradients, master weights and moments its optimizer keeps where a job leaves them
     # unset (``states:`` in the file; descriptors/precision.py)
     states: StatePrecision = FP32_STATES
+    # the weight-gradient GEMMs accumulate into the fp32 main gradients themselves
+    # (Megatron-LM --gradient-accumulation-fusion, on by default); False: each microbatch's
+    # bf16 gradients are cast and added into them in passes of their own (eager PyTorch:
+    # autoplan validate's torch model, cost.stage.GRAD_ACCUMULATION_BYTES)
+    grad_accumulation_fusion: bool = True
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -109,6 +114,7 @@ class Stack:
             **({"tp_overlap": self.tp_overlap.value}
                if self.tp_overlap is not TpOverlap.WGRAD else {}),
             **({"states": self.states.values()} if self.states != FP32_STATES else {}),
+            **({} if self.grad_accumulation_fusion else {"grad_accumulation_fusion": False}),
         }
 
 
@@ -135,6 +141,7 @@ def read_stack(f: Fields) -> Stack | None:
     sf = f.child("states", f.raw("states", {}))
     given = read_states(sf)
     sf.close()
+    fused = f.bool("grad_accumulation_fusion", True)
     f.close()
     if len(f.problems) > before:
         return None
@@ -145,4 +152,5 @@ def read_stack(f: Fields) -> Stack | None:
                  overlap_grad_reduce=grad, overlap_param_gather=gather,
                  comm_compute_slowdown=slowdown, zero3_max_live_params=live,
                  sp_saves_gathered=gathered, moe_probs_in_activation=probs,
-                 offload_overlap=offload, tp_overlap=tp_overlap, states=states)
+                 offload_overlap=offload, tp_overlap=tp_overlap, states=states,
+                 grad_accumulation_fusion=fused)

@@ -16,6 +16,13 @@ training door; autoplan.measured.kernels) takes NCCL's measured time (nccl-tests
 all-reduce, all-gather, reduce-scatter or all-to-all whose group lies in one NVLink
 domain on a GPU count the grid measured (2, 4, 8); groups across domains, other counts
 and point-to-point sends stay alpha-beta.
+
+A reducing collective (all-reduce, reduce-scatter) sums (n-1)/n of its buffer on each rank
+(the ring's reduce-scatter phase). NCCL's kernels sum as the data streams, hidden in the
+transfer; where a link gives the rate a rank sums a dtype at (``Link.reduce_Bps``: gloo on a
+CPU, which sums on the rank's core, bf16 element by element through fp32) that time is
+added, in the dtype the buffer holds: tensor parallelism's activations bf16, data
+parallelism's gradients as the plan's states keep them (``Plan.states.main_grads``).
 """
 
 from __future__ import annotations
@@ -129,14 +136,21 @@ def _ring_pass(nbytes: float, g: Group, passes: int = 1) -> float:
     return ll if ll < simple else simple
 
 
-def reduce_scatter(nbytes: float, g: Group) -> float:
-    """Reduce-scatter of an ``nbytes`` buffer."""
+def reduce_seconds(nbytes: float, g: Group, dtype: str) -> float:
+    """Seconds a rank spends summing its (n-1)/n of an ``nbytes`` buffer of ``dtype`` in a
+    reducing collective, where the group's link gives a rate for the dtype (else 0)."""
+    rate = g.intra.reduce_rate(dtype) if g.size > 1 else None
+    return 0.0 if rate is None else (g.size - 1) / g.size * nbytes / rate
+
+
+def reduce_scatter(nbytes: float, g: Group, dtype: str = "bf16") -> float:
+    """Reduce-scatter of an ``nbytes`` buffer of ``dtype`` elements."""
     if g.size <= 1:
         return 0.0
     measured = _measured("reduce_scatter", nbytes, g)
     if measured is not None:
         return measured
-    return _ring_pass(nbytes, g) * _ratio("reduce_scatter", nbytes, g)
+    return (_ring_pass(nbytes, g) + reduce_seconds(nbytes, g, dtype)) * _ratio("reduce_scatter", nbytes, g)
 
 
 def all_gather(nbytes: float, g: Group) -> float:
@@ -149,15 +163,17 @@ def all_gather(nbytes: float, g: Group) -> float:
     return _ring_pass(nbytes, g) * _ratio("all_gather", nbytes, g)
 
 
-def all_reduce(nbytes: float, g: Group) -> float:
+def all_reduce(nbytes: float, g: Group, dtype: str = "bf16") -> float:
     """Ring all-reduce = reduce-scatter + all-gather: 2(n-1)/n * M / B + 2(n-1) alpha,
-    plus the call's base latency."""
+    plus the call's base latency, plus the sum of ``dtype`` elements where it costs
+    (:func:`reduce_seconds`)."""
     if g.size <= 1:
         return 0.0
     measured = _measured("all_reduce", nbytes, g)
     if measured is not None:
         return measured
-    return _ring_pass(nbytes, g, passes=2) * _ratio("all_reduce", nbytes, g)
+    return ((_ring_pass(nbytes, g, passes=2) + reduce_seconds(nbytes, g, dtype))
+            * _ratio("all_reduce", nbytes, g))
 
 
 def p2p(nbytes: float, cross_domain: bool, cluster: Cluster) -> float:

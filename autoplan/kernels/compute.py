@@ -447,9 +447,10 @@ def module_forward(model: Model, shard: Shard, device: Device, module: Recompute
     """Forward seconds of one layer's ``module`` on one rank (what recomputing it in backward
     costs; Megatron-Core's recompute_modules), the attention core aside (``layer_times``'
     ``attention_forward``): the module's GEMMs at the roofline, its elementwise traffic at
-    HBM speed, at the stack's sustained share of both. A module the layer lacks (``mlp`` on
+    the device's elementwise rate (HBM speed but on a measured CPU), at the stack's
+    sustained share of both. A module the layer lacks (``mlp`` on
     an MoE layer, the MoE ones on a dense layer) costs nothing."""
-    hbm = device.hbm_Bps * device.hbm_efficiency
+    hbm = device.elementwise_rate  # the layer's memory-bound passes (Device.elementwise_Bps)
     tokens, t, h = shard.tokens, shard.tp, model.hidden
     e = BF16_BYTES
     gated = model.activation.gated
@@ -488,7 +489,9 @@ def layer_times(model: Model, shard: Shard, device: Device, moe: bool = False) -
         gemm_fwd += expert_time(model, shard, device)
     attn_fwd, attn_bwd = attention_core_time(model, shard, device)
     hbm = device.hbm_Bps * device.hbm_efficiency
-    elem_fwd = elementwise_bytes_forward(model, shard, moe) / hbm
+    # the layer's memory-bound passes at the rate the device runs them (fused kernels at
+    # HBM speed; a CPU's eager passes at its measured Device.elementwise_Bps)
+    elem_fwd = elementwise_bytes_forward(model, shard, moe) / device.elementwise_rate
     cast_f = cast_b = 0.0
     if shard.dtype is Dtype.FP8:
         cast_f, cast_b = fp8_cast_seconds(gemms, device)
@@ -542,7 +545,8 @@ def logits_times(model: Model, shard: Shard, device: Device) -> tuple[float, flo
     gemm = gemm_time(out.m, out.n, out.k, device, shard.dtype) / shard.kernel_efficiency
     dgrad, wgrad = (t / shard.kernel_efficiency for t in backward_gemm_times(
         [out], device, shard.dtype, gemm * shard.kernel_efficiency))
-    # cross-entropy: upcast logits to fp32, softmax, loss; backward writes the grad
+    # cross-entropy: upcast logits to fp32, softmax, loss; backward writes the grad (memory-
+    # bound passes: at the rate the device runs them, Device.elementwise_rate)
     ce_bytes = shard.tokens * model.vocab / shard.tp * (BF16_BYTES + 4 + 4)
-    ce = ce_bytes / (device.hbm_Bps * device.hbm_efficiency) / shard.kernel_efficiency
+    ce = ce_bytes / device.elementwise_rate / shard.kernel_efficiency
     return gemm + ce, dgrad + ce, wgrad

@@ -8,28 +8,40 @@ as its functional form allows; what it cannot reproduce is left for the surrogat
   linear in F, so a least-squares line over the GEMM rows gives the peak P = 1/slope
   and the half-efficiency size h = intercept * P.
 - Memory-bound ops: t = bytes / B, B from the same kind of line over the
-  elementwise rows (its intercept is launch overhead the analytic model leaves out).
+  elementwise rows (its intercept is launch overhead the analytic model leaves out). On a
+  CPU only the rows of each op's largest sizes enter (a quarter of its largest and up):
+  smaller tensors stay in the caches, where a training step's gradients, optimizer states
+  and logits do not.
 - Attention: achieved FLOP/s over all attention rows, as a fraction of P.
 - Links: every collective of :mod:`autoplan.kernels.comm` on a group inside one node is
   t = L * alpha + W / B with L latency terms and W bytes on the wire per rank (ring:
   Thakur et al. 2005); non-negative least squares over the collective rows gives the
   latency alpha and bandwidth B. A profile taken on one GPU has no collective rows: the
   intra-node link of the built-in cluster of its ``descriptor`` device stands in
-  (:func:`standin_link`).
+  (:func:`standin_link`). On a CPU (gloo sums on the rank's core) a reducing collective
+  adds R / S_d, R the bytes a rank sums ((n-1)/n of the buffer) and S_d its summing rate
+  in the row's dtype d: one more column per dtype in the same least squares
+  (``Link.reduce_Bps``, ``comm.reduce_seconds``).
+- Eager layer passes (CPU profiles' elementwise ``layer`` rows: bench/eager.py): the
+  line t = X / E + c over them, X the bytes the cost model counts for a layer's
+  memory-bound passes, gives the rate E the model prices them at (``Device.elementwise_Bps``;
+  the intercept, the passes' fixed dispatch, is left to the stack's host cost).
+- A CPU computes and communicates on the same core: its device says communication does not
+  overlap compute (``Device.overlaps_communication``).
 
 Rows are weighted by 1/seconds, so the fit minimizes relative error.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy.optimize import nnls
 
 from autoplan.descriptors.hardware import Cluster, Device, Link
 from autoplan.errors import InputError, Problem
-from autoplan.measured.profile import Profile, achieved, row_flops, sdpa_rows
+from autoplan.measured.profile import Profile, achieved, layer_pass_rows, row_flops, sdpa_rows, stream_rows
 from autoplan.text import one_line
 from autoplan.units import GiB
 
@@ -59,16 +71,37 @@ def link_terms(op: str, ranks: int, nbytes: float) -> tuple[float, float]:
     raise AssertionError(op)
 
 
-def _fit_link(rows: pd.DataFrame) -> tuple[float, float]:
-    """(bandwidth bytes/s, latency s) of the local fabric from the collective rows."""
-    terms = np.array([link_terms(r["op"], r["ranks"], r["nbytes"]) for r in rows.to_dict("records")])
+REDUCING_OPS = ("all_reduce", "reduce_scatter")
+
+
+def reduced_bytes(op: str, ranks: int, nbytes: float) -> float:
+    """Bytes one rank sums in a reducing collective ((n-1)/n of the buffer), else 0."""
+    return (ranks - 1) / ranks * nbytes if op in REDUCING_OPS else 0.0
+
+
+def _fit_link(rows: pd.DataFrame, sums: bool = False) -> tuple[float, float, dict[str, float]]:
+    """(bandwidth bytes/s, latency s, summing rate bytes/s per dtype) of the local fabric
+    from the collective rows; the rates only where ``sums`` (a CPU profile), for the dtypes
+    whose least-squares coefficient is positive."""
+    recs = rows.to_dict("records")
+    terms = np.array([link_terms(r["op"], r["ranks"], r["nbytes"]) for r in recs])
+    dtypes = sorted({r["dtype"] for r in recs if r["op"] in REDUCING_OPS}) if sums else []
+    summed = np.array([[reduced_bytes(r["op"], r["ranks"], r["nbytes"]) if r["dtype"] == d else 0.0
+                        for d in dtypes] for r in recs]).reshape(len(recs), len(dtypes))
     t = rows["seconds"].to_numpy()
     w = 1.0 / t
-    coef, _ = nnls(np.column_stack([terms[:, 0] * w, terms[:, 1] * w]), t * w)
+    coef, _ = nnls(np.column_stack([terms[:, 0] * w, terms[:, 1] * w, summed * w[:, None]]), t * w)
     alpha, inv_bw = float(coef[0]), float(coef[1])
     if inv_bw <= 0:  # latency explains everything: take the best achieved rate
         inv_bw = float(np.min(t / terms[:, 1]))
-    return 1.0 / inv_bw, alpha
+    # a sum 100x faster than the wire is invisible next to it (a residue of the fit)
+    rates = {d: 1.0 / float(c) for d, c in zip(dtypes, coef[2:], strict=True)
+             if c > 0 and 1.0 / c < SUM_VISIBLE * (1.0 / inv_bw)}
+    return 1.0 / inv_bw, alpha, rates
+
+
+SUM_VISIBLE = 100.0  # a summing rate over this many times the bandwidth is left out
+LARGEST_SHARE = 4  # a CPU's memory rate: the stream rows within this factor of their op's largest
 
 
 def describe_machine(profile: Profile, *, name: str, ranks_per_node: int, mem_bytes: float,
@@ -82,7 +115,7 @@ def describe_machine(profile: Profile, *, name: str, ranks_per_node: int, mem_by
     rows = profile.rows
     gemm = profile.of_kind("gemm")
     gemm = gemm[gemm["dtype"] == compute_dtype]
-    elem = rows[rows["kind"] == "elementwise"]
+    elem = stream_rows(rows)
     # NCCL's collectives (an engine's own all-reduce kernel runs another algorithm)
     coll = rows[(rows["kind"] == "collective") & (rows["ranks"] > 1) & (rows["op"] != "custom_all_reduce")]
     standin = standin_link(profile) if coll.empty else None
@@ -100,6 +133,10 @@ def describe_machine(profile: Profile, *, name: str, ranks_per_node: int, mem_by
     best = achieved(profile)
     peak = 1.0 / slope if slope > 0 else best.gemm_flops[compute_dtype]
     half = intercept * peak
+    cpu = profile.meta.get("device_kind") == "cpu"
+    if cpu:  # past the caches (module doc)
+        largest = elem.groupby(["op", "dtype"])["nbytes"].transform("max")
+        elem = elem[elem["nbytes"] * LARGEST_SHARE >= largest]
     mem_slope, _ = _line(elem["nbytes"].to_numpy().astype(float), elem["seconds"].to_numpy())
     hbm = 1.0 / mem_slope if mem_slope > 0 else float(best.memory_Bps or 0.0)
     attn_rows = sdpa_rows(rows)
@@ -108,15 +145,22 @@ def describe_machine(profile: Profile, *, name: str, ranks_per_node: int, mem_by
     else:
         attn_flops = sum(row_flops(r) for r in attn_rows.to_dict("records"))
         attention = min(1.0, attn_flops / float(attn_rows["seconds"].sum()) / peak)
+    layer = layer_pass_rows(rows)
+    elementwise = None
+    if not layer.empty:
+        slope, _ = _line(layer["nbytes"].to_numpy().astype(float), layer["seconds"].to_numpy())
+        elementwise = 1.0 / slope if slope > 0 else None
     device = Device(name=f"{name}-device", peak_bf16_flops=peak, peak_fp16_flops=peak,
                     peak_fp8_flops=None, mem_bytes=mem_bytes, hbm_Bps=hbm,
                     gemm_efficiency=1.0, gemm_half_flop=half, attention_efficiency=max(attention, 0.01),
-                    hbm_efficiency=1.0, reserve_bytes=0.0)
+                    hbm_efficiency=1.0, reserve_bytes=0.0, elementwise_Bps=elementwise,
+                    overlaps_communication=not cpu)
     if standin is not None:
         link = standin[0]
     else:
-        bandwidth, latency = _fit_link(coll)
-        link = Link(bandwidth_Bps=bandwidth, latency_s=latency, efficiency=1.0, nccl_protocols=False)
+        bandwidth, latency, sums = _fit_link(coll, sums=cpu)
+        link = Link(bandwidth_Bps=bandwidth, latency_s=latency, efficiency=1.0, nccl_protocols=False,
+                    reduce_Bps=tuple(sorted(sums.items())))
     return Cluster(name=name, device=device, gpus_per_node=ranks_per_node,
                    nvlink_domain=ranks_per_node, intra_node=link, inter_node=link, nodes=1)
 
@@ -157,6 +201,8 @@ def cluster_yaml(cluster: Cluster, profile: Profile, command: str) -> str:
             "reserve_GiB": 0,
             "efficiency": {"gemm": 1.0, "gemm_half_gflop": _r(d.gemm_half_flop / 1e9),
                            "attention": _r(d.attention_efficiency), "hbm": 1.0},
+            **({"elementwise_GBps": _r(d.elementwise_Bps / 1e9)} if d.elementwise_Bps else {}),
+            **({} if d.overlaps_communication else {"overlaps_communication": False}),
         },
         "gpus_per_node": cluster.gpus_per_node,
         "nvlink_domain": cluster.nvlink_domain,
@@ -170,8 +216,11 @@ def cluster_yaml(cluster: Cluster, profile: Profile, command: str) -> str:
         f"#   (taken by `{meta.get('command', '?')}` on {meta.get('date', '?')}:",
         f"#   {meta.get('device_name', '?')}, torch {meta.get('torch', '?')}).",
         "# peak_tflops and gemm_half_gflop: least-squares line t = (F + h) / P over the GEMM rows;",
-        "# hbm_GBps: line over the elementwise rows; attention: achieved attention FLOP/s over peak;",
+        "# hbm_GBps: line over the streaming elementwise rows (copy, add, mul); elementwise_GBps:",
+        "# line over the eager layer-pass rows; attention: achieved attention FLOP/s over peak;",
         "# links: non-negative least squares of the collective rows on autoplan's ring model",
+        "# (reduce_GBps: the rate a rank sums a reducing collective's buffer at, per dtype);",
+        "# overlaps_communication false: one core per rank computes and communicates in turn",
         "# (autoplan/measured/machine.py). A 'GPU' here is one local process, computing with the",
         f"# profile's {meta.get('torch_threads', '?')} torch thread(s); mem_GiB is its share of the "
         "machine's memory.",
@@ -185,6 +234,9 @@ def _r(x: float) -> float:
     return float(f"{x:.4g}")
 
 
-def _link(link: Link) -> dict[str, float]:
-    return {"bandwidth_GBps": _r(link.bandwidth_Bps / 1e9), "latency_us": _r(link.latency_s * 1e6),
-            "efficiency": 1.0}
+def _link(link: Link) -> dict[str, Any]:
+    out: dict[str, Any] = {"bandwidth_GBps": _r(link.bandwidth_Bps / 1e9),
+                           "latency_us": _r(link.latency_s * 1e6), "efficiency": 1.0}
+    if link.reduce_Bps:
+        out["reduce_GBps"] = {dtype: _r(rate / 1e9) for dtype, rate in link.reduce_Bps}
+    return out

@@ -15,7 +15,10 @@ op          gemm: ``matmul`` (one (m x k) @ (k x n) product, both row-major) |
             attention: ``sdpa_fwd`` | ``sdpa_bwd`` (backward alone) | ``decode``
             (one query token per sequence reading ``seq`` tokens of its KV cache:
             a serving engine's generation attention);
-            elementwise: ``copy`` | ``add`` | ``mul``;
+            elementwise: ``copy`` | ``add`` | ``mul`` | ``layer`` (a decoder
+            layer's memory-bound passes, forward and backward, as validate's eager
+            torch model runs them: ``bench/eager.py``; ``n`` its hidden size,
+            ``seq`` its tokens);
             collective: ``all_reduce`` | ``all_gather`` | ``reduce_scatter`` |
             ``all_to_all`` | ``p2p`` | ``custom_all_reduce`` (a serving engine's own
             all-reduce kernel inside one NVLink domain, under CUDA graphs);
@@ -37,7 +40,9 @@ seq         attention: sequence length (queries = keys; ``decode``: the tokens o
             context each sequence reads); host: the layer's tokens
 head_dim    attention: channels per head
 causal      attention: 1 causal, 0 full (``decode``: 0)
-nbytes      elementwise: bytes read + written; collective: the buffer size in the
+nbytes      elementwise: bytes read + written (``layer``: those autoplan's cost model
+            counts for the layer's passes, ``kernels.layer.elementwise_bytes_forward``
+            forward and twice that backward); collective: the buffer size in the
             convention of :mod:`autoplan.kernels.comm` (all-reduce: the buffer;
             all-gather: the gathered output; reduce-scatter: the input;
             all-to-all: each rank's buffer; p2p: the message)
@@ -58,9 +63,11 @@ seconds, and the kinds, ops and dtypes ``autoplan bench`` measures; 2 adds the
 ``experts``, ``top_k``, ``moe_tp`` and ``moe_ep`` columns, the ``moe`` kind, the
 ``decode`` and ``custom_all_reduce`` ops and the ``fp8_block`` and ``fp4`` dtypes
 (profiles imported from a serving engine's kernel tables:
-:mod:`autoplan.measured.aiconfigurator`). Version 1 files read as ever (the version 2
-columns are 0); :func:`format_profile` writes version 1 wherever the rows fit it, so a
-``bench`` profile still reads in an autoplan that knows only version 1.
+:mod:`autoplan.measured.aiconfigurator`); 3 adds the elementwise ``layer`` op. Version 1
+and 2 files read as ever (the version 2 columns are 0); :func:`format_profile` writes the
+lowest version the rows fit, so a ``bench`` profile without ``layer`` rows still reads in
+an autoplan that knows only version 1. A collective row's dtype is the dtype summed or
+moved (a CPU profile has its reducing ops in fp32 and bf16).
 
 Provenance: every profile names its device (``device_kind``, ``device_name``), date and
 command; a profile ``autoplan bench`` measured names its ``torch``, one imported from
@@ -84,18 +91,21 @@ from autoplan.errors import InputError, Problem
 if TYPE_CHECKING:  # pandas is imported where a profile is parsed or written: not at start-up
     import pandas as pd
 
-FORMAT_VERSION = "2"  # what a profile needing the version 2 columns or names is written as
-FORMAT_VERSIONS = ("1", "2")  # what reads
+FORMAT_VERSION = "3"  # what a profile needing the version 3 names is written as
+FORMAT_VERSIONS = ("1", "2", "3")  # what reads
 # new names are appended, never inserted: the surrogate codes ops and dtypes by position
 KINDS: dict[str, tuple[str, ...]] = {
     "gemm": ("matmul", "linear"),
     "attention": ("sdpa_fwd", "sdpa_bwd", "decode"),
-    "elementwise": ("copy", "add", "mul"),
+    "elementwise": ("copy", "add", "mul", "layer"),
     "collective": ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p",
                    "custom_all_reduce"),
     "host": ("layer_forward", "layer_backward"),
     "moe": ("experts",),
 }
+# what version 2 knows of the names (version 3 adds the elementwise ``layer`` op)
+V2_KINDS: dict[str, tuple[str, ...]] = {
+    **KINDS, "elementwise": ("copy", "add", "mul")}
 DTYPES = ("bf16", "fp16", "fp32", "fp8", "fp8_block", "fp4")
 V1_INT_COLUMNS = ("m", "n", "k", "batch", "heads", "kv_heads", "seq", "head_dim", "causal",
                   "nbytes", "ranks", "ranks_per_node", "repeats")
@@ -112,7 +122,8 @@ V1_KINDS: dict[str, tuple[str, ...]] = {
     "host": ("layer_forward", "layer_backward"),
 }
 V1_DTYPES = ("bf16", "fp16", "fp32", "fp8")
-BENCH_KINDS = V1_KINDS  # what ``autoplan bench`` measures (the other kinds are imported)
+# what ``autoplan bench`` measures (the other kinds are imported)
+BENCH_KINDS = {**V1_KINDS, "elementwise": KINDS["elementwise"]}
 # shape columns each kind must set (> 0)
 REQUIRED: dict[str, tuple[str, ...]] = {
     "gemm": ("m", "n", "k"),
@@ -344,12 +355,17 @@ def _fits_v1(records: list[dict[str, Any]]) -> bool:
                and not any(r[c] for c in V2_INT_COLUMNS) for r in records)
 
 
+def _fits_v2(records: list[dict[str, Any]]) -> bool:
+    """Whether every row is one a version 2 profile can hold."""
+    return all(r["op"] in V2_KINDS.get(r["kind"], ()) for r in records)
+
+
 def format_profile(meta: Mapping[str, Any], rows: Iterable[Mapping[str, Any]]) -> str:
     """The CSV text of a profile: the header lines, then the rows (missing columns are 0);
-    version 1 where every row fits it (module doc), else version 2."""
+    the lowest version every row fits (module doc)."""
     records = [{c: r.get(c, 0) for c in COLUMNS} for r in rows]
     columns = V1_COLUMNS if _fits_v1(records) else COLUMNS
-    version = "1" if columns is V1_COLUMNS else FORMAT_VERSION
+    version = "1" if columns is V1_COLUMNS else "2" if _fits_v2(records) else FORMAT_VERSION
     # the version the rows need (a header copied from another profile names its own)
     head = {"autoplan-profile": version, **{k: str(v) for k, v in meta.items() if k != "autoplan-profile"}}
     lines = [f"# {k}: {' '.join(str(v).split())}" for k, v in head.items()]
@@ -359,6 +375,17 @@ def format_profile(meta: Mapping[str, Any], rows: Iterable[Mapping[str, Any]]) -
     for col in FLOAT_COLUMNS:
         frame[col] = frame[col].map(lambda s: f"{float(s):.6e}")
     return "\n".join(lines) + "\n" + frame.to_csv(index=False, lineterminator="\n")
+
+
+def stream_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The elementwise rows of one streaming op (copy, add, mul): the memory's rate, not
+    the eager layer's passes (op ``layer``)."""
+    return rows[(rows["kind"] == "elementwise") & (rows["op"] != "layer")]
+
+
+def layer_pass_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The elementwise ``layer`` rows: a decoder layer's eager memory-bound passes."""
+    return rows[(rows["kind"] == "elementwise") & (rows["op"] == "layer")]
 
 
 def sdpa_rows(rows: pd.DataFrame) -> pd.DataFrame:
@@ -372,7 +399,7 @@ class Achieved:
 
     gemm_flops: Mapping[str, float]  # dtype -> FLOP/s of the fastest GEMM
     attention_flops: float | None  # FLOP/s of the fastest attention call (forward or backward)
-    memory_Bps: float | None  # bytes/s of the fastest elementwise op
+    memory_Bps: float | None  # bytes/s of the fastest streaming elementwise op (not ``layer``)
 
 
 def achieved(profile: Profile) -> Achieved:
@@ -384,5 +411,5 @@ def achieved(profile: Profile) -> Achieved:
         rate = row_flops(rec) / rec["seconds"]
         gemm[rec["dtype"]] = max(gemm.get(rec["dtype"], 0.0), rate)
     attn = [row_flops(r) / r["seconds"] for r in sdpa_rows(rows).to_dict("records")]
-    mem = [r["nbytes"] / r["seconds"] for r in rows[rows["kind"] == "elementwise"].to_dict("records")]
+    mem = [r["nbytes"] / r["seconds"] for r in stream_rows(rows).to_dict("records")]
     return Achieved(gemm, max(attn) if attn else None, max(mem) if mem else None)

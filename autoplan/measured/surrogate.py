@@ -246,15 +246,20 @@ class TrainingSet:
         return len(self.measured_s)
 
 
-def _collective_time(op: str, nbytes: float, ranks: int, per_domain: int, cluster: Cluster) -> float:
-    """The cost model's time of one profile collective on ``cluster``'s links."""
+def _collective_time(op: str, nbytes: float, ranks: int, per_domain: int, cluster: Cluster,
+                     dtype: str = "bf16") -> float:
+    """The cost model's time of one profile collective of ``dtype`` elements on
+    ``cluster``'s links (the reducing ops sum in it: ``comm.reduce_seconds``)."""
     if op == "p2p":
         return comm.p2p(nbytes, per_domain < 2, cluster)
     group = comm.Group(ranks, per_domain, cluster.intra_node, cluster.inter_node,
                        cluster.device.correction)
+    if op == "all_reduce":
+        return comm.all_reduce(nbytes, group, dtype)
+    if op == "reduce_scatter":
+        return comm.reduce_scatter(nbytes, group, dtype)
     fn: Callable[[float, comm.Group], float] = {
-        "all_reduce": comm.all_reduce, "all_gather": comm.all_gather,
-        "reduce_scatter": comm.reduce_scatter, "all_to_all": comm.all_to_all,
+        "all_gather": comm.all_gather, "all_to_all": comm.all_to_all,
         "custom_all_reduce": comm.custom_all_reduce}[op]
     return fn(nbytes, group)
 
@@ -346,18 +351,19 @@ class Sampler:
         return self._out("moe", moe_features(tokens, hidden, inter, top_k, experts, moe_tp, moe_ep,
                                              profile_dtype), t)
 
-    def collective(self, op: str, nbytes: float, ranks: int, per_domain: int) -> Sample | None:
+    def collective(self, op: str, nbytes: float, ranks: int, per_domain: int,
+                   dtype: str = "bf16") -> Sample | None:
         if ranks < 2 or nbytes <= 0:
             return None  # one rank: free in the model
         return self._out("collective", collective_features(op, nbytes, ranks, per_domain),
-                         _collective_time(op, nbytes, ranks, per_domain, self.base))
+                         _collective_time(op, nbytes, ranks, per_domain, self.base, dtype))
 
     def row(self, kind: str, rec: Mapping[str, Any]) -> Sample | None:
         """A profile row's sample; None for a row the module's rules leave out."""
         if kind == "collective":
             ranks = int(rec["ranks"])
             per_domain = min(ranks, int(rec["ranks_per_node"]))
-            return self.collective(rec["op"], float(rec["nbytes"]), ranks, per_domain)
+            return self.collective(rec["op"], float(rec["nbytes"]), ranks, per_domain, rec["dtype"])
         if kind == "decode":
             kv_bytes = KV_BYTES.get(rec["dtype"])
             return None if kv_bytes is None else self.decode(

@@ -252,14 +252,17 @@ def zero3_exposed(plan: Plan, groups: dict[Axis, comm.Group], params: float,
         return 0.0, 0.0
     gather = comm.all_gather(params * BF16_BYTES, groups[Axis.DP])
     grads = params * grad_bytes(plan.job.dtype, plan.states.main_grads)
-    scatter = comm.reduce_scatter(grads, groups[Axis.DP])
+    reduced = plan.states.main_grads.value  # the dtype the gradients are summed in
+    scatter = comm.reduce_scatter(grads, groups[Axis.DP], reduced)
     if groups[Axis.DPR].size > 1:  # HSDP: the shard's gradients all-reduced over the replicas
-        scatter += comm.all_reduce(grads / groups[Axis.DP].size, groups[Axis.DPR])
+        scatter += comm.all_reduce(grads / groups[Axis.DP].size, groups[Axis.DPR], reduced)
     if expert_params:
         gather += comm.all_gather(expert_params * BF16_BYTES, groups[Axis.EDP])
         scatter += comm.reduce_scatter(expert_params * grad_bytes(plan.job.dtype,
                                                                   plan.states.main_grads),
-                                       groups[Axis.EDP])
+                                       groups[Axis.EDP], reduced)
+    if not plan.cluster.device.overlaps_communication:  # one core per rank: nothing hides
+        return gather, gather + scatter
     slow = plan.stack.comm_compute_slowdown
     first = gather / max(1, layers)  # the first layer's gather, before any compute
     return (first + overlapped(gather, forward, slow),
@@ -364,6 +367,10 @@ def grad_sync_after_least(plan: Plan, groups: dict[Axis, comm.Group], params: fl
     t = max(makespan, end)
     stack = plan.stack
     slow = stack.comm_compute_slowdown
+    if not plan.cluster.device.overlaps_communication:
+        # nothing overlaps (``_exposed``): max(0, r - d) with d <= T - end, and T plus
+        # that grows with T
+        return t + max(0.0, reduce_s - (t - end)) + gather_s
     if stack.overlap_grad_reduce:
         reduce_s = slow * min(reduce_s, max(backward, reduce_s - (t - end)))
     if stack.overlap_param_gather:
@@ -425,13 +432,13 @@ def _sync_seconds(zero: ZeroStage, dtype: Dtype, params: float, expert_params: f
             continue
         grads = n * grad_bytes(dtype, main_grads)
         if zero is ZeroStage.NONE:
-            reduce_s += comm.all_reduce(grads, group)
+            reduce_s += comm.all_reduce(grads, group, main_grads.value)
         else:
-            reduce_s += comm.reduce_scatter(grads, group)
+            reduce_s += comm.reduce_scatter(grads, group, main_grads.value)
             gather_s += comm.all_gather(n * BF16_BYTES, group)
     if zero is not ZeroStage.NONE and params and replicas is not None and replicas.size > 1:
         reduce_s += comm.all_reduce(params * grad_bytes(dtype, main_grads) / max(1, dp.size),
-                                    replicas)
+                                    replicas, main_grads.value)
     return reduce_s, gather_s
 
 
@@ -457,6 +464,10 @@ def _exposed(plan: Plan, groups: dict[Axis, comm.Group], params: float, expert_p
                                        groups[Axis.DPR])
     stack = plan.stack
     slow = stack.comm_compute_slowdown
+    if not plan.cluster.device.overlaps_communication:
+        # one core per rank (a CPU): the collectives run only where nothing computes, the
+        # pipeline's drain after the stage's last backward
+        return max(0.0, reduce_s - drain) + gather_s
     if stack.overlap_grad_reduce:
         reduce_s = max(0.0, reduce_s - drain - last_b) + slow * min(reduce_s, last_b)
     if stack.overlap_param_gather:

@@ -83,7 +83,7 @@ def test_the_fit_report_says_which_rows_it_counts_and_where_the_surrogate_loses(
     assert len(notes) == 2 and notes[1].startswith(
         "collective: the surrogate's held-out error (79.0%) is worse than the formula's (46.0%)")
     r = autoplan("bench", "--profile", REPO / "examples" / "cpu" / "profile.csv", "--fit")
-    assert r.returncode == 0 and "rows: 113 of the profile's 232 train the surrogate" in r.stdout
+    assert r.returncode == 0 and "rows: 129 of the profile's 266 train the surrogate" in r.stdout
 
 
 def test_validate_takes_a_built_in_cluster_name_as_search_does(tmp_path: Path) -> None:

@@ -201,6 +201,26 @@ def test_tiny_profile_collectives_ran_on_two_processes(tiny_profile: Profile) ->
 
 
 @pytest.mark.torch
+@pytest.mark.slow
+def test_tiny_profile_sums_in_bf16_and_times_the_eager_layers_passes(tiny_profile: Profile) -> None:
+    """The reducing collectives in fp32 and in bf16 (what tensor parallelism sums), the
+    others in fp32; and the layer validate trains, its memory-bound passes timed with the
+    bytes the cost model counts for them (forward, and twice that backward)."""
+    from autoplan.bench.micro import _shard
+    from autoplan.kernels.layer import elementwise_bytes_forward
+
+    c = tiny_profile.of_kind("collective")
+    assert set(zip(c["op"], c["dtype"], strict=True)) == (
+        {(op, "fp32") for op in coll.OPS} | {("all_reduce", "bf16"), ("reduce_scatter", "bf16")})
+    layer = tiny_profile.rows[tiny_profile.rows["op"] == "layer"]
+    model = resolve_model("llama3-8b")
+    columns = ("kind", "dtype", "n", "seq", "nbytes")
+    assert [tuple(r[c] for c in columns) for r in layer.to_dict("records")] == [
+        ("elementwise", "bf16", 4096, 64, round(3 * elementwise_bytes_forward(model, _shard(8, 64))))]
+    assert tiny_profile.meta["autoplan-profile"] == "3"
+
+
+@pytest.mark.torch
 def test_cli_writes_a_profile_and_prints_a_summary(tmp_path: Path) -> None:
     """One process (world 1) on the example's tiny model: the collectives' workers the
     bench spawns are ``tiny_profile``'s (world 2, the same code), and a new interpreter
@@ -341,3 +361,54 @@ def test_validate_predicts_memory_as_torch_runs_sequence_parallelism() -> None:
     for same in (make_plan(dp=2, tp=4), make_plan(dp=8), make_plan(dp=2, tp=4, sequence_parallel=True,
                                                                    stack="torchtitan")):
         assert as_torch_runs(same) is same
+
+
+def test_validate_on_a_cpu_predicts_at_the_measured_kernels_rates() -> None:
+    """A CPU descriptor is fitted on bench's timings of the torch kernels validate runs: the
+    stack's GPU-fitted share of the benchmarks' rates and its step overhead do not apply."""
+    import dataclasses
+
+    from autoplan.bench.validate import as_torch_runs
+    from tests.helpers import make_plan
+
+    plan = make_plan(dp=2, tp=4)
+    assert plan.stack.compute_efficiency < 1.0 and plan.stack.step_overhead_s > 0  # megatron-core's fit
+    assert as_torch_runs(plan, "cpu").stack == dataclasses.replace(
+        plan.stack, compute_efficiency=1.0, step_overhead_s=0.0, grad_accumulation_fusion=False)
+    assert as_torch_runs(plan, "cuda") is plan
+
+
+def test_collective_workers_on_a_cpu_are_pinned_one_block_of_cores_each(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As validate pins its ranks (``validate._pinning``): rank r to the r-th block."""
+    import os
+
+    pinned: list[set[int]] = []
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: pinned.append(set(cpus)), raising=False)
+    coll.pin(1, 2)
+    coll.pin(0, 1)
+    coll.pin(4, 1)  # past the cores: left alone
+    assert pinned == [{2, 3}, {0}]
+
+
+@pytest.mark.torch
+def test_validates_fused_qkv_and_gate_up_read_each_ranks_heads_in_proportion() -> None:
+    """One Q/K/V GEMM and one gate/up GEMM a layer (the shapes autoplan prices); a rank's
+    block of the fused columns splits heads : kv_heads : kv_heads (and gate : up halves)."""
+    import dataclasses
+
+    torch = pytest.importorskip("torch")
+    from autoplan.bench import torch_model as tm
+
+    model = resolve_model(str(ROOT / "examples" / "cpu" / "tiny-llama.yaml"))
+    for tp in (1, 2):
+        local = tm.tp_local_model(dataclasses.replace(model, kv_heads=4), tp)
+        block = tm.Block(local)
+        d = local.kv_channels
+        q, k, v = block.attention.split(torch.zeros(1, 3, block.attention.wqkv.out_features))
+        widths = (q.shape[-1], k.shape[-1], v.shape[-1])
+        assert widths == (local.heads * d, local.kv_heads * d, local.kv_heads * d)
+        assert block.feed_forward.w1.out_features == 2 * local.ffn_hidden
+        assert not hasattr(block.attention, "wq") and not hasattr(block.feed_forward, "w3")
+
