@@ -381,7 +381,7 @@ def _layer_core(model: Model, cluster: Cluster, shard: Shard,
     lt_moe = _layer_times(model, shard, device, True) if model.is_moe else lt
     groups = mesh.layer_groups(cluster, shard.tp, shard.cp, shard.ep, shard.etp)
     act_bytes = BF16_BYTES * shard.tokens * model.hidden  # one layer's output, unsplit by TP
-    tp_layer = tp.layer_seconds(act_bytes, groups[Axis.TP])
+    tp_layer = tp.layer_seconds(act_bytes, groups[Axis.TP], shard.sequence_parallel)
     tp_dense, tp_moe = _tp_exposed(model, device, shard, groups[Axis.TP], act_bytes, tp_layer,
                                    overlap)
     cp_f, cp_b = cp.exposed(model, cluster, shard, lt, groups[Axis.CP])
@@ -420,13 +420,14 @@ def tp_overlap_in(plan: Plan) -> TpOverlap:
 
 
 def _linear(m: float, n: float, k: float, device: Device, shard: Shard) -> tp.LinearGemms:
-    """A linear's forward (m x k) @ (k x n), its dgrad (m x n) @ (n x k) and its wgrad
-    (k x m) @ (m x n) on this rank, at the stack's sustained share of the kernels' rates
-    (as ``layer_times`` charges them)."""
+    """A linear's forward (m x k) @ (k x n), its dgrad and its wgrad on this rank, as
+    ``layer_times`` charges them (``compute.backward_gemm_times``: each at its own shape
+    where the device has measured grids, else the forward's time), at the stack's
+    sustained share of the kernels' rates."""
     eff, dt = shard.kernel_efficiency, shard.dtype
-    return tp.LinearGemms(compute.gemm_time(m, n, k, device, dt) / eff,
-                          compute.gemm_time(m, k, n, device, dt) / eff,
-                          compute.gemm_time(k, n, m, device, dt) / eff)
+    forward = compute.gemm_time(m, n, k, device, dt)
+    dgrad, wgrad = compute.backward_gemm_times([Gemm(m, n, k)], device, dt, forward)
+    return tp.LinearGemms(forward / eff, dgrad / eff, wgrad / eff)
 
 
 def _block(gemms: list[Gemm], device: Device, shard: Shard) -> tp.TpBlock:

@@ -88,10 +88,14 @@ def sequence_parallel_choices(model: Model, lay: Layout, space: SearchSpace) -> 
 
 # ----------------------------------------------------------------------------- cost terms
 
-def layer_seconds(act_bytes: float, group: comm.Group) -> float:
+def layer_seconds(act_bytes: float, group: comm.Group, sequence_parallel: bool = False) -> float:
     """One direction of one layer: Megatron-LM's 2 all-reduces per layer forward and 2
-    backward (Shoeybi et al. 2019, Fig. 4); with SP each becomes an all-gather +
-    reduce-scatter of the same total time. ``act_bytes``: one layer's output, unsplit."""
+    backward (Shoeybi et al. 2019, Fig. 4); with SP each becomes an all-gather + a
+    reduce-scatter (Korthikanti et al. 2022, Fig. 5), the same bytes on a ring, but priced
+    as what runs: a measured NCCL table's all-reduce on NVLink (NVLS) is faster than its
+    all-gather and reduce-scatter together. ``act_bytes``: one layer's output, unsplit."""
+    if sequence_parallel:
+        return 2 * (comm.all_gather(act_bytes, group) + comm.reduce_scatter(act_bytes, group))
     return 2 * comm.all_reduce(act_bytes, group)
 
 
