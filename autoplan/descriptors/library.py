@@ -102,7 +102,8 @@ def _document(ref: str, kind: str, source: str, field: str) -> tuple[Any, str]:
             path = path / "config.json"  # read as every file is: a FIFO or link loop refused
         return read_yaml(path), str(path)
     builtin = _index()[kind].get(ref)
-    if builtin is None and kind == "model" and _is_dir(ref):  # a snapshot folder, named bare
+    # a snapshot folder, named bare ("" names no folder: Path("") is the current directory)
+    if builtin is None and kind == "model" and ref.strip() and _is_dir(ref):
         return _document(os.path.join(ref, ""), kind, source, field)
     if builtin is None:
         raise _unknown_name(kind, ref, source, field)

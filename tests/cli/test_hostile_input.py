@@ -455,3 +455,14 @@ def test_usage_errors_have_the_one_error_format(args: tuple, first: str) -> None
     assert lines[0].startswith(first), lines
     assert all(line.startswith("autoplan: error: ") for line in lines), lines
     assert lines[-1].startswith("autoplan: error: see 'autoplan"), lines
+
+
+def test_an_empty_model_name_is_an_unknown_model_not_the_current_folder(tmp_path: Path) -> None:
+    """A model named "" is no HuggingFace snapshot folder (Path("") is the current
+    directory): it was read as one, looked for its config.json, and recursed until Python
+    gave up (found by the fuzzer above)."""
+    path = tmp_path / "plan.yaml"
+    path.write_text("model: ''\n")
+    _refused("evaluate", path, needles=("model: unknown model ''",), megabytes=None)
+    _refused("search", "--model", "", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "8",
+             "--seq-len", "1024", needles=("model: missing",), megabytes=None)
