@@ -650,13 +650,8 @@ def _gemm_grid(package: Package, system: str, command: str) -> KernelGrid | None
             filled.append(f"{dtype} {count}")
     tables = ", ".join(f"{e}/{v}" for e, v, _ in frames)
     header = {
-        "autoplan-kernels": "1",
-        "kind": "gemm",
-        "descriptor": SYSTEMS[system],
-        "device_name": str(frame["device"].iloc[0]) if "device" in frame.columns and len(frame) else system,
-        "source": f"{DISTRIBUTION} {package.version} {system}/gemm/{{{tables}}}/gemm_perf.parquet",
-        "applies": KERNEL_APPLIES["gemm"],
-        "license": LICENSE,
+        **_grid_header("gemm", system, frame,
+                       f"{DISTRIBUTION} {package.version} {system}/gemm/{{{tables}}}/gemm_perf.parquet"),
         "kernels": " | ".join(kernels) + " (bf16: torch.nn.functional.linear, cuBLAS, as each engine's "
                    "collector times it; fp8: TensorRT-LLM's Linear, a static per-tensor input "
                    "quantization and cublas_scaled_mm, cuBLASLt)",
@@ -670,6 +665,16 @@ def _gemm_grid(package: Package, system: str, command: str) -> KernelGrid | None
     }
     name = f"{SYSTEMS[system]}-gemm-aiconfigurator-{package.version}.csv"
     return KernelGrid(name, header, ["dtype", "m", "n", *(f"k={k}" for k in k_axis)], rows)
+
+
+def _grid_header(kind: str, system: str, frame: pd.DataFrame, source: str) -> dict[str, str]:
+    """The provenance lines every kernel grid file opens with: format, kind, the autoplan
+    device it prices, the device the table was measured on, where it came from, whether it
+    applies (``KERNEL_APPLIES``) and its licence."""
+    measured_on = str(frame["device"].iloc[0]) if "device" in frame.columns and len(frame) else system
+    return {"autoplan-kernels": "1", "kind": kind, "descriptor": SYSTEMS[system],
+            "device_name": measured_on, "source": source, "applies": KERNEL_APPLIES[kind],
+            "license": LICENSE}
 
 
 def _comm_grid(package: Package, system: str, command: str) -> KernelGrid | None:
@@ -692,13 +697,8 @@ def _comm_grid(package: Package, system: str, command: str) -> KernelGrid | None
             if all((op, gpus, b) in cell for b in sizes):  # a complete row of sizes only
                 rows.append([NCCL_OPS[op], str(gpus), *(_us(cell[(op, gpus, b)]) for b in sizes)])
     header = {
-        "autoplan-kernels": "1",
-        "kind": "nccl",
-        "descriptor": SYSTEMS[system],
-        "device_name": str(frame["device"].iloc[0]) if "device" in frame.columns and len(frame) else system,
-        "source": f"{DISTRIBUTION} {package.version} {system}/comm/nccl/{version}/nccl_perf.parquet",
-        "applies": KERNEL_APPLIES["nccl"],
-        "license": LICENSE,
+        **_grid_header("nccl", system, frame,
+                       f"{DISTRIBUTION} {package.version} {system}/comm/nccl/{version}/nccl_perf.parquet"),
         "kernels": ("nccl-tests all_reduce_perf, all_gather_perf, reduce_scatter_perf, alltoall_perf "
                     "(one process, a thread per GPU, -w 40 -n 100-1000 -c 0; collector/collect_nccl.py): "
                     "the half rows, NCCL " + version),
