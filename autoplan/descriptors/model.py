@@ -9,6 +9,28 @@ from typing import Any
 from autoplan.descriptors.strict import Fields
 from autoplan.vocab import Activation, Norm, Position
 
+# -- layer kinds ---------------------------------------------------------------------
+# A model whose layers differ says so per layer in two strings of one symbol per layer
+# (``mixers`` and ``mlps``), as Megatron-Core's hybrid layer pattern does
+# (megatron/core/models/hybrid/hybrid_layer_allocation.py: M Mamba, G GDN, * attention,
+# D DeepSeek sparse attention, - MLP, E MoE). Empty strings: every layer alike, the
+# model's own attention and the first ``dense_layers`` dense.
+FULL = "A"  # the model's attention over the whole causal context (MHA, GQA or MLA)
+SLIDING = "W"  # the same attention over the last ``sliding_window`` tokens only
+GDN = "G"  # Gated DeltaNet linear attention (Yang, Kautz, Hatamizadeh 2025; Qwen3-Next)
+KDA = "K"  # Kimi Delta Attention, channel-wise gated delta rule (Kimi Linear, 2025)
+MAMBA = "M"  # Mamba-2 selective state space (Dao & Gu 2024, SSD)
+SPARSE = "D"  # DeepSeek Sparse Attention: MLA over index_topk keys a lightning indexer picks
+NO_MIXER = "."  # a layer without a token mixer (Nemotron-H's MLP-only layers)
+MIXERS = {FULL: "full attention", SLIDING: "sliding-window attention", GDN: "gated delta net",
+          KDA: "kimi delta attention", MAMBA: "mamba-2", SPARSE: "sparse attention",
+          NO_MIXER: "none"}
+LINEAR_MIXERS = frozenset({GDN, KDA, MAMBA})  # a constant recurrent state per sequence
+DENSE = "-"  # a dense MLP of ffn_hidden
+MOE = "E"  # a mixture of experts
+NO_MLP = "."  # a layer without an MLP (Nemotron-H's mixer-only layers)
+MLPS = {DENSE: "dense MLP", MOE: "mixture of experts", NO_MLP: "none"}
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Model:
@@ -56,6 +78,39 @@ class Model:
     v_head_dim: int = 0
     # -- multi-token prediction (DeepSeek-V3, Sec. 2.2): extra depth on the output stage
     mtp_layers: int = 0
+    # -- layers that differ (see FULL ... NO_MLP above); "" = every layer alike
+    mixers: str = ""  # each layer's token mixer, one symbol per layer
+    mlps: str = ""  # each layer's MLP, one symbol per layer
+    sandwich_norms: bool = False  # a norm before and after each block (Gemma 2/3/4)
+    # attention variants
+    sliding_window: int = 0  # tokens a sliding-window layer attends to (W layers)
+    attention_sinks: bool = False  # a learned sink logit per head (gpt-oss)
+    attn_output_gate: bool = False  # a sigmoid gate on the attention output (Qwen3-Next)
+    global_head_dim: int = 0  # full-attention layers' head width where it differs (Gemma 4)
+    global_kv_heads: int = 0  # full-attention layers' K/V heads where they differ (Gemma 4)
+    global_k_eq_v: bool = False  # full-attention layers use their keys as values (Gemma 4)
+    # linear attention (G and K layers): heads of the value (and output), of the query and
+    # key, their widths, and the depthwise causal convolution's kernel (shared with Mamba)
+    linear_heads: int = 0
+    linear_key_heads: int = 0
+    linear_key_dim: int = 0
+    linear_value_dim: int = 0
+    conv_kernel: int = 0
+    # Mamba-2 (M layers): heads x head width = the inner width; B and C per group
+    mamba_heads: int = 0
+    mamba_head_dim: int = 0
+    ssm_state: int = 0
+    ssm_groups: int = 0
+    # DeepSeek sparse attention's lightning indexer (D layers; DeepSeek-V3.2-Exp report)
+    index_heads: int = 0
+    index_head_dim: int = 0
+    index_topk: int = 0
+    # weights a family adds to its experts
+    expert_bias: bool = False  # experts carry biases (gpt-oss)
+    router_bias: bool = False  # the router carries a bias (gpt-oss; DeepSeek-V3's
+    # e_score_correction_bias, kept by Kimi Linear, Nemotron 3, MiniMax-M2)
+    shared_expert_gate: bool = False  # a hidden -> 1 gate on the shared expert (Qwen)
+    vision: Vision | None = None  # the image encoder of a multimodal model
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -90,11 +145,39 @@ class Model:
     @property
     def moe_layers(self) -> int:
         """Layers whose MLP is a mixture of experts (all but the first dense_layers)."""
+        if self.mlps:
+            return self.mlps.count(MOE)
         return self.layers - self.dense_layers if self.is_moe else 0
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether layer ``index`` (0-based, model order) has a mixture of experts."""
+        if self.mlps:
+            return self.mlps[index] == MOE
         return self.is_moe and index >= self.dense_layers
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Its layers differ in their token mixer or in having an MLP at all."""
+        return bool(self.mixers) or NO_MLP in self.mlps
+
+    def mixer(self, index: int) -> str:
+        """Layer ``index``'s token mixer (a symbol of :data:`MIXERS`)."""
+        return self.mixers[index] if self.mixers else FULL
+
+    def mlp(self, index: int) -> str:
+        """Layer ``index``'s MLP (a symbol of :data:`MLPS`)."""
+        if self.mlps:
+            return self.mlps[index]
+        return MOE if self.is_moe_layer(index) else DENSE
+
+    def kind(self, index: int) -> tuple[str, str]:
+        return self.mixer(index), self.mlp(index)
+
+    @property
+    def kinds(self) -> dict[tuple[str, str], int]:
+        """Each (mixer, MLP) kind of layer, with how many layers are of it (model order of
+        first appearance)."""
+        return _kinds(self)
 
     @property
     def qk_head_dim(self) -> int:
@@ -137,14 +220,118 @@ class Model:
 
     @property
     def params_attention(self) -> int:
-        """Q, K, V and output projections (+ biases, + Q/K norms)."""
+        """Q, K, V and output projections (+ biases, + Q/K norms, + output gate, + sinks)
+        of a full-attention layer."""
         if self.is_mla:
             return self.params_mla
-        weights = 2 * self.hidden * self.q_dim + 2 * self.hidden * self.kv_dim
-        biases = (self.q_dim + 2 * self.kv_dim + self.hidden if self.bias
-                  else self.q_dim + 2 * self.kv_dim if self.qkv_bias else 0)
-        qk_norms = 2 * self.kv_channels if self.qk_norm else 0
-        return weights + biases + qk_norms
+        return self._gqa_params(self.global_head_dim or self.kv_channels,
+                                self.global_kv_heads or self.kv_heads, self.global_k_eq_v)
+
+    @property
+    def params_sliding(self) -> int:
+        """A sliding-window layer's attention: the model's local heads."""
+        return self._gqa_params(self.kv_channels, self.kv_heads, False)
+
+    def _gqa_params(self, d: int, kv_heads: int, k_eq_v: bool) -> int:
+        """Multi-head attention with ``kv_heads`` K/V heads of width ``d``; ``k_eq_v``: no
+        V projection (the keys are the values). The output gate doubles the Q projection
+        (Qwen3-Next: q_proj's second half gates the output per channel); sinks add one
+        logit per head (gpt-oss)."""
+        q, kv = self.heads * d, kv_heads * d
+        kvs = 1 if k_eq_v else 2
+        gate = q if self.attn_output_gate else 0
+        weights = self.hidden * (q + gate) + kvs * self.hidden * kv + q * self.hidden
+        biases = (q + gate + kvs * kv + self.hidden if self.bias
+                  else q + gate + kvs * kv if self.qkv_bias else 0)
+        qk_norms = 2 * d if self.qk_norm else 0
+        sinks = self.heads if self.attention_sinks else 0
+        return weights + biases + qk_norms + sinks
+
+    @property
+    def params_indexer(self) -> int:
+        """DeepSeek sparse attention's lightning indexer (DeepSeek-V3.2 inference code,
+        ``Indexer``): queries up from the q latent to index_heads heads, one shared key
+        projection and its LayerNorm, and the per-head weights projection."""
+        if not self.index_heads:
+            return 0
+        d, n = self.index_head_dim, self.index_heads
+        q_in = self.q_lora_rank or self.hidden
+        return q_in * n * d + self.hidden * d + 2 * d + self.hidden * n
+
+    @property
+    def params_gdn(self) -> int:
+        """A Gated DeltaNet layer (transformers Qwen3NextGatedDeltaNet): q, k, v, z and the
+        b, a gates projected from the hidden state, a depthwise causal conv over q, k, v
+        (no bias), dt_bias and A_log per value head, a gated RMSNorm of one head's width,
+        and the output projection."""
+        key = self.linear_key_heads * self.linear_key_dim
+        value = self.linear_heads * self.linear_value_dim
+        proj = self.hidden * (2 * key + 2 * value + 2 * self.linear_heads)
+        conv = (2 * key + value) * self.conv_kernel
+        return proj + conv + 2 * self.linear_heads + self.linear_value_dim + value * self.hidden
+
+    @property
+    def params_kda(self) -> int:
+        """A Kimi Delta Attention layer (Kimi Linear's KimiDeltaAttention): q, k, v
+        projections with their own depthwise short convs (no bias), the channel-wise decay
+        through a low-rank f_a/f_b pair and its dt_bias, the beta projection, A_log per
+        head, the output gate through a low-rank g_a/g_b pair, a gated RMSNorm of one
+        head's width and the output projection; every head is linear_key_dim wide."""
+        d, n = self.linear_key_dim, self.linear_heads
+        width = n * d
+        qkv = 3 * self.hidden * width + 3 * width * self.conv_kernel
+        decay = self.hidden * d + d * width + width
+        gate = self.hidden * d + d * width
+        return qkv + decay + gate + self.hidden * n + n + d + width * self.hidden
+
+    @property
+    def mamba_inner(self) -> int:
+        return self.mamba_heads * self.mamba_head_dim
+
+    @property
+    def params_mamba(self) -> int:
+        """A Mamba-2 mixer (Dao & Gu 2024, Sec. 7; transformers NemotronHMamba2Mixer): one
+        input projection to z, x, B, C and dt, a depthwise causal conv over x, B and C
+        with a bias, dt_bias, A_log and D per head, a gated RMSNorm over the inner width
+        and the output projection (no biases on the projections)."""
+        inner, bc = self.mamba_inner, 2 * self.ssm_groups * self.ssm_state
+        proj = self.hidden * (2 * inner + bc + self.mamba_heads)
+        conv = (inner + bc) * (self.conv_kernel + 1)
+        return proj + conv + 3 * self.mamba_heads + inner + inner * self.hidden
+
+    def params_mixer(self, mixer: str) -> int:
+        """One layer's token mixer of kind ``mixer`` (a symbol of :data:`MIXERS`)."""
+        if mixer == FULL:
+            return self.params_attention
+        if mixer == SLIDING:
+            return self.params_attention if self.is_mla else self.params_sliding
+        if mixer == SPARSE:
+            return self.params_attention + self.params_indexer
+        if mixer == GDN:
+            return self.params_gdn
+        if mixer == KDA:
+            return self.params_kda
+        if mixer == MAMBA:
+            return self.params_mamba
+        return 0
+
+    def params_mlp_of(self, mlp: str) -> int:
+        """One layer's MLP of kind ``mlp``: a dense MLP, or a mixture of experts (router,
+        every routed and shared expert)."""
+        if mlp == DENSE:
+            return self.params_mlp
+        if mlp == MOE:
+            return (self.params_router + self.experts * self.params_expert
+                    + self.params_shared_experts)
+        return 0
+
+    def params_kind(self, kind: tuple[str, str]) -> int:
+        """One layer of ``kind`` (mixer, MLP): both and a norm before each (after too with
+        sandwich norms)."""
+        mixer, mlp = kind
+        blocks = (mixer != NO_MIXER) + (mlp != NO_MLP)
+        norms = blocks * (2 if self.sandwich_norms else 1) * self.params_norm
+        return self.params_mixer(mixer) + self.params_mlp_of(mlp) + norms
 
     @property
     def params_mla(self) -> int:
@@ -171,17 +358,20 @@ class Model:
 
     @property
     def params_expert(self) -> int:
-        """One routed expert: an MLP of moe_ffn_hidden without biases."""
-        return self.mlp_matrices * self.hidden * self.expert_width
+        """One routed expert: an MLP of moe_ffn_hidden (biased where expert_bias: gpt-oss's
+        gate_up_proj_bias and down_proj_bias)."""
+        bias = ((self.mlp_matrices - 1) * self.expert_width + self.hidden) if self.expert_bias else 0
+        return self.mlp_matrices * self.hidden * self.expert_width + bias
 
     @property
     def params_router(self) -> int:
-        """The router's linear layer, hidden -> experts (no bias)."""
-        return self.experts * self.hidden
+        """The router's linear layer, hidden -> experts (and a bias per expert)."""
+        return self.experts * self.hidden + (self.experts if self.router_bias else 0)
 
     @property
     def params_shared_experts(self) -> int:
-        return self.shared_experts * self.mlp_matrices * self.hidden * self.shared_width
+        gate = self.hidden if self.shared_expert_gate and self.shared_experts else 0
+        return self.shared_experts * self.mlp_matrices * self.hidden * self.shared_width + gate
 
     @property
     def params_layer(self) -> int:
@@ -213,11 +403,15 @@ class Model:
 
     @property
     def params_total(self) -> int:
-        """Every parameter of the model, the multi-token-prediction module excluded (as
-        DeepSeek-V3 reports its 671B)."""
-        dense = self.layers - self.moe_layers
-        return (dense * self.params_layer + self.moe_layers * self.params_moe_layer
-                + self.params_embedding + self.params_output)
+        """Every parameter of the language model, the multi-token-prediction module
+        excluded (as DeepSeek-V3 reports its 671B), the vision encoder included."""
+        if self.is_hybrid or self.mlps:
+            layers = sum(n * self.params_kind(k) for k, n in self.kinds.items())
+        else:
+            dense = self.layers - self.moe_layers
+            layers = dense * self.params_layer + self.moe_layers * self.params_moe_layer
+        vision = self.vision.params if self.vision else 0
+        return layers + self.params_embedding + self.params_output + vision
 
     @property
     def params_active(self) -> int:
@@ -227,11 +421,17 @@ class Model:
         return self.params_total - unused
 
     @property
+    def mtp_kind(self) -> tuple[str, str]:
+        """An MTP module's layer: the model's attention (its sparse kind where the model's
+        layers use it) and its MLP kind."""
+        return (SPARSE if SPARSE in self.mixers else FULL), (MOE if self.is_moe else DENSE)
+
+    @property
     def params_mtp_layer(self) -> int:
         """One multi-token-prediction module (DeepSeek-V3 Sec. 2.2, Fig. 3): RMSNorms of
         the hidden state and of the next token's embedding, the 2h -> h projection, one
         transformer layer and its output norm; embedding and output head are shared."""
-        layer = self.params_moe_layer if self.is_moe else self.params_layer
+        layer = self.params_kind(self.mtp_kind)
         return 2 * self.params_norm + 2 * self.hidden * self.hidden + layer + self.params_norm
 
     @property
@@ -261,14 +461,150 @@ class Model:
             value = getattr(self, key)
             if value:
                 out[key] = value
+        if self.vision:
+            out["vision"] = self.vision.to_dict()
         return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Vision:
+    """A ViT image encoder and the projector feeding its patches to the language model
+    (Qwen2.5/3-VL's vision tower, Kimi-K2.5's MoonViT, Gemma 4's): ``layers`` pre-norm
+    blocks of bidirectional attention and an MLP over an image's patches, then
+    ``merge`` x ``merge`` neighbouring patches made one language-model token of
+    ``out_hidden``: concatenated and projected by a two-layer MLP (``projector: mlp``,
+    Qwen-VL's PatchMerger, Kimi's mm_projector; ``deepstack`` more such mergers feed
+    early LM layers, Qwen3-VL's DeepStack) or pooled and projected by one linear layer
+    (``projector: linear``, Gemma 4)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    ffn_hidden: int
+    patch_size: int
+    out_hidden: int
+    merge: int = 1  # merge x merge patches make one LM token
+    temporal_patch: int = 1  # frames one patch spans (video); an image is repeated
+    channels: int = 3
+    positions: int = 0  # learned position embeddings (rows of hidden)
+    gated: bool = False  # gated (GLU) MLP blocks
+    norm: Norm = Norm.LAYERNORM
+    bias: bool = True  # biases on every linear layer and the patch embedding
+    qk_norm: bool = False  # per-head Q/K norms
+    sandwich_norms: bool = False  # a norm before and after each block (Gemma 4)
+    final_norm: bool = False  # a norm after the last block (MoonViT)
+    projector: str = "mlp"  # "mlp" (concat + two layers) or "linear" (pool + one layer)
+    deepstack: int = 0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def norm_params(self) -> int:
+        return 2 if self.norm is Norm.LAYERNORM else 1
+
+    @property
+    def params_block(self) -> int:
+        h, f = self.hidden, self.ffn_hidden
+        norms = (4 if self.sandwich_norms else 2) * self.norm_params * h
+        mats = 3 if self.gated else 2
+        biases = (4 * h + (mats - 1) * f + h) if self.bias else 0
+        qk = 2 * self.head_dim if self.qk_norm else 0
+        return norms + 4 * h * h + mats * h * f + biases + qk
+
+    @property
+    def merged(self) -> int:
+        """Width of merge x merge concatenated patches."""
+        return self.hidden * self.merge * self.merge
+
+    @property
+    def params_merger(self) -> int:
+        """One projector: the MLP's merged -> merged and merged -> out_hidden (biased) and
+        its norm over one patch; or one bias-free hidden -> out_hidden projection."""
+        if self.projector == "linear":
+            return self.hidden * self.out_hidden
+        m = self.merged
+        return m * m + m + m * self.out_hidden + self.out_hidden + self.norm_params * self.hidden
+
+    @property
+    def params(self) -> int:
+        """Every weight: the patch embedding (a conv over channels x temporal_patch x
+        patch^2), learned positions, the blocks, the final norm, the projector and the
+        DeepStack mergers (each normed over the merged width: Qwen3-VL)."""
+        h = self.hidden
+        patch = self.channels * self.temporal_patch * self.patch_size ** 2 * h
+        patch += h if self.bias else 0
+        final = self.norm_params * h if self.final_norm else 0
+        deep = self.deepstack * (self.params_merger - self.norm_params * h
+                                 + self.norm_params * self.merged)
+        return (patch + self.positions * h + self.layers * self.params_block + final
+                + self.params_merger + deep)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["norm"] = self.norm.value
+        return out
+
+
+VISION_LIMITS = {"layers": 1 << 10, "hidden": 1 << 16, "heads": 1 << 10, "ffn_hidden": 1 << 18,
+                 "patch_size": 1 << 10, "out_hidden": 1 << 18, "merge": 1 << 4,
+                 "temporal_patch": 1 << 6, "channels": 1 << 4, "positions": 1 << 20,
+                 "deepstack": 1 << 6}
+
+
+def read_vision(f: Fields) -> Vision | None:
+    """A :class:`Vision` from the mapping under ``model.vision``."""
+    before = len(f.problems)
+    values: dict[str, Any] = {}
+    for key in ("layers", "hidden", "heads", "ffn_hidden", "patch_size", "out_hidden"):
+        values[key] = f.int(key, min=1, max=VISION_LIMITS[key])
+    for key, default in (("merge", 1), ("temporal_patch", 1), ("channels", 3)):
+        values[key] = f.int(key, default, min=1, max=VISION_LIMITS[key])
+    for key in ("positions", "deepstack"):
+        values[key] = f.int(key, 0, min=0, max=VISION_LIMITS[key])
+    for key in ("gated", "qk_norm", "sandwich_norms", "final_norm"):
+        values[key] = f.bool(key, False)
+    values["norm"] = f.enum("norm", Norm, Norm.LAYERNORM)
+    values["bias"] = f.bool("bias", True)
+    values["projector"] = f.str("projector", "mlp")
+    f.close()
+    if values["projector"] not in (None, "mlp", "linear"):
+        f.fail("projector", f"expected one of mlp | linear, got {values['projector']!r}")
+    if len(f.problems) > before:
+        return None
+    if values["hidden"] % values["heads"]:
+        f.fail("heads", f"expected a divisor of hidden ({values['hidden']}), got {values['heads']}")
+        return None
+    return Vision(**values)
+
+
+def _kinds(model: Model) -> dict[tuple[str, str], int]:
+    out: dict[tuple[str, str], int] = {}
+    for i in range(model.layers):
+        kind = model.kind(i)
+        out[kind] = out.get(kind, 0) + 1
+    return out
 
 
 # written only when set, so dense models' files stay as they were
 _OPTIONAL = ("qk_norm", "qkv_bias", "experts", "top_k", "moe_ffn_hidden", "shared_experts",
              "shared_ffn_hidden", "dense_layers", "capacity_factor", "route_groups",
              "route_group_topk", "q_lora_rank",
-             "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mtp_layers")
+             "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mtp_layers",
+             "mixers", "mlps", "sandwich_norms", "sliding_window", "attention_sinks",
+             "attn_output_gate", "global_head_dim", "global_kv_heads", "global_k_eq_v",
+             "linear_heads", "linear_key_heads", "linear_key_dim", "linear_value_dim",
+             "conv_kernel", "mamba_heads", "mamba_head_dim", "ssm_state", "ssm_groups",
+             "index_heads", "index_head_dim", "index_topk", "expert_bias", "router_bias",
+             "shared_expert_gate")
+# the sizes among them, read as integers >= 0
+_SIZES = ("sliding_window", "global_head_dim", "global_kv_heads", "linear_heads",
+          "linear_key_heads", "linear_key_dim", "linear_value_dim", "conv_kernel",
+          "mamba_heads", "mamba_head_dim", "ssm_state", "ssm_groups", "index_heads",
+          "index_head_dim", "index_topk")
+_FLAGS = ("sandwich_norms", "attention_sinks", "attn_output_gate", "global_k_eq_v",
+          "expert_bias", "router_bias", "shared_expert_gate")
 
 
 # physical ranges of a model's sizes, checked where a model is loaded (a file, a plan, an HF
@@ -282,7 +618,12 @@ LIMITS = {
     "shared_ffn_hidden": 1 << 21, "dense_layers": 1 << 12, "route_groups": 1 << 14,
     "route_group_topk": 1 << 14, "q_lora_rank": 1 << 18, "kv_lora_rank": 1 << 18,
     "qk_nope_head_dim": 1 << 12, "qk_rope_head_dim": 1 << 12, "v_head_dim": 1 << 12,
-    "mtp_layers": 1 << 6,
+    "mtp_layers": 1 << 6, "sliding_window": 1 << 27, "global_head_dim": 1 << 12,
+    "global_kv_heads": 1 << 14, "linear_heads": 1 << 14, "linear_key_heads": 1 << 14,
+    "linear_key_dim": 1 << 12, "linear_value_dim": 1 << 12, "conv_kernel": 1 << 6,
+    "mamba_heads": 1 << 14, "mamba_head_dim": 1 << 12, "ssm_state": 1 << 12,
+    "ssm_groups": 1 << 12, "index_heads": 1 << 12, "index_head_dim": 1 << 12,
+    "index_topk": 1 << 27,
 }
 
 
@@ -320,6 +661,13 @@ def read_model(f: Fields) -> Model | None:
                 "dense_layers", "route_groups", "route_group_topk", "q_lora_rank", "kv_lora_rank",
                 "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mtp_layers"):
         values[key] = f.int(key, 0, min=0, max=LIMITS[key])
+    for key in _SIZES:
+        values[key] = f.int(key, 0, min=0, max=LIMITS[key])
+    for key in _FLAGS:
+        values[key] = f.bool(key, False)
+    values["mixers"] = f.str("mixers", None) or ""
+    values["mlps"] = f.str("mlps", None) or ""
+    values["vision"] = read_vision(f.child("vision", f.raw("vision"))) if f.has("vision") else None
     f.close()
     if len(f.problems) > before:
         return None
@@ -330,9 +678,67 @@ def read_model(f: Fields) -> Model | None:
         f.fail("heads", f"expected a divisor of hidden ({v['hidden']}) or an explicit head_dim")
     _check_moe(f, v)
     _check_mla(f, v)
+    check_kinds(f.fail, v)
     if len(f.problems) > before:
         return None
     return Model(**v)
+
+
+# the sizes each mixer needs (the others must be left out)
+_MIXER_SIZES = {
+    SLIDING: ("sliding_window",),
+    GDN: ("linear_heads", "linear_key_heads", "linear_key_dim", "linear_value_dim", "conv_kernel"),
+    KDA: ("linear_heads", "linear_key_dim", "conv_kernel"),
+    MAMBA: ("mamba_heads", "mamba_head_dim", "ssm_state", "ssm_groups", "conv_kernel"),
+    SPARSE: ("index_heads", "index_head_dim", "index_topk"),
+}
+
+
+def check_kinds(fail: Any, v: dict[str, Any]) -> None:
+    """The per-layer kinds of a model (``v``: Model's fields by name; ``fail(field,
+    message)`` records a problem): patterns one known symbol per layer, each mixer's
+    sizes given, sizes no layer uses left out. Model files and HF readers both call it."""
+    layers = v["layers"]
+    for key, symbols in (("mixers", MIXERS), ("mlps", MLPS)):
+        pattern = v[key]
+        if not pattern:
+            continue
+        bad = sorted(set(pattern) - set(symbols))
+        if bad:
+            known = ", ".join(f"{c} ({what})" for c, what in symbols.items())
+            fail(key, f"unknown symbol {bad[0]!r}; expected one per layer of {known}")
+        elif len(pattern) != layers:
+            fail(key, f"expected one symbol per layer ({layers}), got {len(pattern)}")
+    mixers = set(v["mixers"] or FULL)
+    needed = {key for m in mixers for key in _MIXER_SIZES.get(m, ())}
+    for mixer, keys in _MIXER_SIZES.items():
+        for key in keys:
+            if mixer in mixers and not v[key]:
+                fail(key, f"missing: the {MIXERS[mixer]} layers ({mixer}) need it")
+            elif key not in needed and v[key]:
+                fail(key, f"is a {MIXERS[mixer]} field, and no layer is {mixer} in mixers")
+    if SPARSE in mixers and not v["kv_lora_rank"]:
+        fail("mixers", "sparse attention (D) runs over multi-head latent attention: give kv_lora_rank")
+    if v["mixers"] and set(v["mixers"]) == {NO_MIXER}:
+        fail("mixers", "no layer mixes tokens: expected at least one mixer")
+    mlps = v["mlps"]
+    if mlps:
+        if MOE in mlps and not v["experts"]:
+            fail("mlps", "has mixture-of-experts layers (E): give experts too")
+        if v["experts"] and MOE not in mlps:
+            fail("experts", "no layer is a mixture of experts (E) in mlps")
+        if v["dense_layers"]:
+            fail("dense_layers", "mlps places the dense layers: leave dense_layers out")
+        if v["mixers"] and len(mlps) == len(v["mixers"]) == layers and any(
+                a == NO_MIXER and b == NO_MLP for a, b in zip(v["mixers"], mlps, strict=True)):
+            fail("mlps", "a layer without a mixer needs an MLP (. in both at one layer)")
+    for key in ("global_head_dim", "global_kv_heads"):
+        if v[key] and SLIDING not in mixers:
+            fail(key, "sets full-attention layers apart from sliding ones: no layer is W")
+    if v["global_kv_heads"] and v["heads"] and v["heads"] % v["global_kv_heads"]:
+        fail("global_kv_heads", f"expected a divisor of heads ({v['heads']})")
+    if v["linear_key_heads"] and v["linear_heads"] and v["linear_heads"] % v["linear_key_heads"]:
+        fail("linear_key_heads", f"expected a divisor of linear_heads ({v['linear_heads']})")
 
 
 def _check_moe(f: Fields, v: dict[str, Any]) -> None:
