@@ -1,0 +1,247 @@
+"""Token mixers other than the model's full causal attention, as both halves cost them.
+
+A model's layers each mix tokens one way (``Model.mixers``: descriptors/model.py).
+This module says, per mixer kind and on one rank of a TP group: its projection GEMMs,
+the FLOPs of its core (the part that mixes tokens: attention over keys, or a linear
+recurrence's chunked scan), the state a sequence keeps while it is served (KV cache
+per token, or a constant recurrent state) and the activations a layer keeps for its
+backward. ``kernels.layer`` keeps the full-attention layer's own; this module
+answers for every kind, full attention through ``kernels.layer``.
+
+Sharding: linear-attention and Mamba layers split by heads over TP as attention
+does (Megatron-Core ``GatedDeltaNet``, ``MambaMixer``; vLLM's ``MambaMixer2`` and
+``Qwen3NextGatedDeltaNet``): their projections by columns, the output projection by
+rows; each rank keeps its heads' recurrent states. The DSA indexer's single key
+head and its per-head weights are small: kept whole on every rank (vLLM's
+``Indexer`` is replicated), its query heads split.
+"""
+
+from __future__ import annotations
+
+from autoplan.descriptors.model import (
+    FULL,
+    GDN,
+    KDA,
+    LINEAR_MIXERS,
+    MAMBA,
+    NO_MIXER,
+    SLIDING,
+    SPARSE,
+    Model,
+)
+from autoplan.kernels.layer import BF16_BYTES, Gemm, attention_gemms, kv_bytes_per_token_layer
+
+# Chunk lengths of the chunked scans, as the kernels run them: flash-linear-attention's
+# chunked gated delta rule and KDA kernels work in 64-token chunks (fla/ops/
+# gated_delta_rule/chunk.py, BT = 64); Mamba-2's SSD in the config's chunk_size, 128 in
+# every Nemotron-H and Mamba-2 release (Dao & Gu 2024, Sec. 6).
+LINEAR_CHUNK = 64
+SSD_CHUNK = 128
+# recurrent states are kept in fp32 by the engines (vLLM's mamba_ssm_cache_dtype
+# default for Qwen3-Next/Qwen3.5 and Nemotron-H configs' "mamba_ssm_cache_dtype":
+# "float32"); the conv window in the activations' 16-bit dtype
+STATE_BYTES = 4
+
+
+# ----------------------------------------------------------------------------- shapes
+
+def linear_widths(model: Model) -> tuple[int, int]:
+    """(key width, value width) over all heads of a GDN or KDA layer."""
+    if model.linear_key_heads:  # GDN: q and k heads apart from v heads
+        return model.linear_key_heads * model.linear_key_dim, model.linear_heads * model.linear_value_dim
+    width = model.linear_heads * model.linear_key_dim  # KDA: every head the same width
+    return width, width
+
+
+def conv_width(model: Model, mixer: str) -> int:
+    """Channels of the layer's depthwise causal conv: q, k, v (GDN, KDA) or x, B, C
+    (Mamba-2)."""
+    if mixer == MAMBA:
+        return model.mamba_inner + 2 * model.ssm_groups * model.ssm_state
+    if mixer in (GDN, KDA):
+        key, value = linear_widths(model)
+        return 2 * key + value
+    return 0
+
+
+def mixer_gemms(model: Model, mixer: str, tokens: float, tp: int) -> list[Gemm]:
+    """The mixer's projection GEMMs on one rank for ``tokens`` rows (module doc)."""
+    h = model.hidden
+    if mixer in (FULL, SLIDING):
+        if mixer == SLIDING or not (model.global_head_dim or model.global_kv_heads):
+            gemms = attention_gemms(model, tokens, tp)
+        else:  # a full layer with its own heads (Gemma 4): Q, its K (and V), output
+            d = model.global_head_dim or model.kv_channels
+            kv = max(1.0, (model.global_kv_heads or model.kv_heads) / tp) * d
+            kvs = 1 if model.global_k_eq_v else 2
+            gemms = [Gemm(tokens, model.heads * d / tp + kvs * kv, h),
+                     Gemm(tokens, h, model.heads * d / tp)]
+        if model.attn_output_gate:  # the gate's half of q_proj
+            gemms.append(Gemm(tokens, model.q_dim / tp, h))
+        return gemms
+    if mixer == SPARSE:
+        gemms = attention_gemms(model, tokens, tp)
+        q_in = model.q_lora_rank or h
+        gemms += [Gemm(tokens, model.index_heads * model.index_head_dim / tp, q_in),
+                  Gemm(tokens, model.index_head_dim + model.index_heads, h)]  # wk, weights
+        return gemms
+    if mixer == GDN:
+        key, value = linear_widths(model)
+        return [Gemm(tokens, (2 * key + 2 * value + 2 * model.linear_heads) / tp, h),
+                Gemm(tokens, h, value / tp)]
+    if mixer == KDA:
+        d, width = model.linear_key_dim, model.linear_heads * model.linear_key_dim
+        return [Gemm(tokens, (3 * width + model.linear_heads) / tp, h),
+                Gemm(tokens, 2 * d, h),  # the decay's and the gate's low-rank down projections
+                Gemm(tokens, 2 * width / tp, d),  # and their up projections
+                Gemm(tokens, h, width / tp)]
+    if mixer == MAMBA:
+        inner, bc = model.mamba_inner, 2 * model.ssm_groups * model.ssm_state
+        return [Gemm(tokens, (2 * inner + bc + model.mamba_heads) / tp, h),
+                Gemm(tokens, h, inner / tp)]
+    return []
+
+
+def mixer_params_per_rank(model: Model, mixer: str, tp: int) -> float:
+    """The mixer's weights on one rank: split by TP, except the indexer's key head and
+    weights projection and KDA's low-rank down projections (kept whole)."""
+    if mixer == NO_MIXER:
+        return 0.0
+    whole = 0.0
+    if mixer == SPARSE:
+        d = model.index_head_dim
+        whole = model.hidden * d + 2 * d + model.hidden * model.index_heads
+    elif mixer == KDA:
+        whole = 2 * model.hidden * model.linear_key_dim
+    return (model.params_mixer(mixer) - whole) / tp + whole
+
+
+# ----------------------------------------------------------------------------- core FLOPs
+
+def keys_per_query(seq_len: float, window: float) -> float:
+    """Mean keys a causal query attends to over a sequence of ``seq_len``, at most
+    ``window`` (0: all before it): s/2 for full causal attention; w - w^2 / (2 s) past
+    the first w tokens, each later query seeing w keys and the first w a growing prefix."""
+    if not window or seq_len <= window:
+        return seq_len / 2
+    return window - window * window / (2 * seq_len)
+
+
+def core_flops_per_token(model: Model, mixer: str, seq_len: float) -> float:
+    """Forward FLOPs of the mixer's core for one token of a causal sequence of
+    ``seq_len``, all heads (before TP).
+
+    - full attention: QK^T and AV over the s/2 keys a causal query sees on average
+      (kernels/flops.py's count), with a full layer's own heads where they differ;
+    - sliding window: the same over at most ``sliding_window`` keys;
+    - sparse (DSA): the indexer scores every earlier key with index_heads heads of
+      index_head_dim (DeepSeek-V3.2-Exp report, Sec. 2.1: O(L^2) but light), then MLA
+      over at most index_topk keys;
+    - GDN and KDA: the chunked delta rule (Yang et al. 2024, "Parallelizing Linear
+      Transformers with the Delta Rule", Sec. 3.2, chunk C): per value head, QK^T and
+      KK^T within the chunk (2 C d_k each), the WY factors W = T K and U = T V (2 C d_k,
+      2 C d_v), the chunk's masked attention times U (2 C d_v), and three d_k x d_v
+      products with the state (U - W S, Q S, S += K^T U): 2C(3 d_k + 2 d_v) + 6 d_k d_v;
+    - Mamba-2: SSD in chunks of Q (Dao & Gu 2024, Sec. 6): per group C^T B within the
+      chunk (2 Q N), per head its masked product with X (2 Q P), and the state's
+      B^T X and C S (2 N P each).
+    """
+    if mixer in (FULL, SLIDING):
+        global_dims = mixer == FULL and not model.is_mla and model.global_head_dim
+        d = model.global_head_dim if global_dims else None
+        qk = d or model.qk_head_dim
+        v = d or model.v_channels
+        window = model.sliding_window if mixer == SLIDING else 0
+        return 2 * keys_per_query(seq_len, window) * model.heads * (qk + v)
+    if mixer == SPARSE:
+        index = 2 * keys_per_query(seq_len, 0) * model.index_heads * model.index_head_dim
+        attend = 2 * keys_per_query(seq_len, model.index_topk) * model.heads * (
+            model.qk_head_dim + model.v_channels)
+        return index + attend
+    if mixer in (GDN, KDA):
+        dk = model.linear_key_dim
+        dv = model.linear_value_dim if mixer == GDN else dk
+        c = LINEAR_CHUNK
+        return model.linear_heads * (2 * c * (3 * dk + 2 * dv) + 6 * dk * dv)
+    if mixer == MAMBA:
+        q, n, p = SSD_CHUNK, model.ssm_state, model.mamba_head_dim
+        return 2 * q * n * model.ssm_groups + model.mamba_heads * (2 * q * p + 4 * n * p)
+    return 0.0
+
+
+def conv_flops_per_token(model: Model, mixer: str) -> float:
+    """The depthwise causal conv: kernel multiply-adds per channel."""
+    return 2.0 * conv_width(model, mixer) * model.conv_kernel
+
+
+# ----------------------------------------------------------------------------- serving state
+
+def kv_bytes_per_token(model: Model, mixer: str, tp: int, element_bytes: float) -> float:
+    """Cache bytes one context token leaves in one layer of ``mixer`` on one rank: K and V
+    for attention (MLA's latent), the indexer's fp8 key too for sparse attention
+    (DeepSeek-V3.2: one index_head_dim key per token, stored in FP8 with a 4-byte scale per
+    128 channels), nothing per token for linear and Mamba layers (their state is per
+    sequence: :func:`state_bytes_per_sequence`). A sliding layer's cache holds at most its
+    window: :func:`cached_tokens`."""
+    if mixer in (FULL, SLIDING):
+        if mixer == FULL and (model.global_head_dim or model.global_kv_heads) and not model.is_mla:
+            d = model.global_head_dim or model.kv_channels
+            kv = max(1.0, (model.global_kv_heads or model.kv_heads) / tp)
+            return (1 if model.global_k_eq_v else 2) * kv * d * element_bytes
+        return kv_bytes_per_token_layer(model, tp, element_bytes)
+    if mixer == SPARSE:
+        index = model.index_head_dim * 1 + 4 * max(1, model.index_head_dim // 128)
+        return kv_bytes_per_token_layer(model, tp, element_bytes) + index
+    return 0.0
+
+
+def cached_tokens(model: Model, mixer: str, context: float) -> float:
+    """Tokens of a ``context``-long sequence one layer keeps in its cache: all of them for
+    full and sparse attention (the indexer picks among all), the last ``sliding_window``
+    for a sliding layer, none for a recurrent one."""
+    if mixer == SLIDING:
+        return min(context, float(model.sliding_window))
+    if mixer in (FULL, SPARSE):
+        return context
+    return 0.0
+
+
+def state_bytes_per_sequence(model: Model, mixer: str, tp: int,
+                             state_bytes: float = STATE_BYTES,
+                             conv_bytes: float = BF16_BYTES) -> float:
+    """The constant state one sequence keeps in one layer on one rank, whatever its
+    length: a GDN or KDA layer's d_k x d_v matrix per value head, a Mamba-2 layer's
+    head_dim x state per head (both in ``state_bytes``), and the last conv_kernel - 1
+    inputs of the depthwise conv (vLLM's MambaSpec: conv state and temporal state)."""
+    if mixer not in LINEAR_MIXERS:
+        return 0.0
+    if mixer == MAMBA:
+        ssm = model.mamba_heads * model.mamba_head_dim * model.ssm_state
+    else:
+        dv = model.linear_value_dim if mixer == GDN else model.linear_key_dim
+        ssm = model.linear_heads * model.linear_key_dim * dv
+    conv = (model.conv_kernel - 1) * conv_width(model, mixer)
+    return (ssm * state_bytes + conv * conv_bytes) / tp
+
+
+# ----------------------------------------------------------------------------- training memory
+
+def recurrent_activation_bytes(model: Model, mixer: str, tokens: float, tp: int) -> float:
+    """Activations a GDN, KDA or Mamba-2 mixer keeps for backward on one rank, per
+    ``tokens`` (16-bit unless said): the input projection's output (the conv's input and
+    the gates), the conv's output (the scan's q, k, v or x, B, C), the scan's output and
+    the gated norm's output (the output projection's input), and the fp32 states the
+    chunked kernels save at each chunk boundary (flash-linear-attention's ``h``,
+    Mamba-2's chunk states)."""
+    e = BF16_BYTES
+    if mixer == MAMBA:
+        proj = 2 * model.mamba_inner + 2 * model.ssm_groups * model.ssm_state + model.mamba_heads
+        value = model.mamba_inner
+        states = model.mamba_heads * model.mamba_head_dim * model.ssm_state / SSD_CHUNK
+    else:
+        key, value = linear_widths(model)
+        proj = 2 * key + 2 * value + 2 * model.linear_heads
+        dv = model.linear_value_dim if mixer == GDN else model.linear_key_dim
+        states = model.linear_heads * model.linear_key_dim * dv / LINEAR_CHUNK
+    conv = conv_width(model, mixer)
+    return tokens * (e * (proj + conv + 2 * value) + STATE_BYTES * states) / tp
