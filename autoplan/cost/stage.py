@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from autoplan.caches import memo
 from autoplan.descriptors.hardware import Cluster, Device, Link
 from autoplan.descriptors.job import Job
-from autoplan.descriptors.model import Model
+from autoplan.descriptors.model import MOE, NO_MIXER, NO_MLP, Model
 from autoplan.descriptors.pipeline_layout import Chunk
 from autoplan.descriptors.stack import Stack
 from autoplan.kernels import comm, compute, memory, offload, packing
@@ -26,6 +26,7 @@ from autoplan.kernels.layer import (
     mlp_gemms,
     stage_params,
 )
+from autoplan.kernels.mixers import kind_params_per_rank
 from autoplan.parallel import cp, dp, ep, mesh, pp, tp
 from autoplan.parallel.mesh import count_free
 from autoplan.plan import Layout, Memory, Plan
@@ -95,6 +96,8 @@ class StageWork:
     expert_params: float = 0.0  # routed-expert parameters on one rank (before ZeRO)
     dense: int = 0  # of ``layers``, those with a dense MLP (the rest are MoE layers)
     mtp: int = 0  # multi-token-prediction layers held here (the output stage)
+    # a hybrid model's layers here by kind, in the order of ``Model.kinds`` (else ())
+    mix: tuple[int, ...] = ()
     # F and B: compute plus the communication each exposes; summed once, here, because
     # the search and the simulator read them millions of times
     forward: float = field(init=False, compare=False)
@@ -179,14 +182,20 @@ def _logits_times(model: Model, shard: Shard, device: Device) -> tuple[float, fl
 # ----------------------------------------------------------------------------- parameters
 
 def stage_state_params(model: Model, lay: Layout, first: bool, last: bool, layers: int,
-                       dense: int, mtp: int | None = None) -> tuple[float, float]:
+                       dense: int, mtp: int | None = None,
+                       mix: tuple[int, ...] = ()) -> tuple[float, float]:
     """(non-expert, routed-expert) parameters on one rank of a stage (or chunk) holding
     ``layers`` layers, ``dense`` of them with a dense MLP, and ``mtp`` MTP modules (None:
-    the model's, if it is the output stage, ``last``). Experts: experts/ep per MoE
-    layer, each split by etp."""
+    the model's, if it is the output stage, ``last``); a hybrid model's by kind (``mix``).
+    Experts: experts/ep per MoE layer, each split by etp."""
     if mtp is None:
         mtp = model.mtp_layers if last else 0
-    params = stage_params(model, lay.tp, first, last, layers, dense, mtp)
+    if mix:
+        params = stage_params(model, lay.tp, first, last, 0, 0, mtp) + sum(
+            k * kind_params_per_rank(model, lay.tp, kind)
+            for kind, k in zip(model.kinds, mix, strict=True) if k)
+    else:
+        params = stage_params(model, lay.tp, first, last, layers, dense, mtp)
     if not model.is_moe:
         return params, 0.0
     moe = layers - dense + mtp
@@ -216,7 +225,8 @@ def stage_work(plan: Plan) -> tuple[StageWork, ...]:
         return placed_works(plan)
     if plan.chunks is not None:
         return _chunked_stage_works(cost_key(plan), plan.chunks)
-    return _stage_works(cost_key(plan), plan.stage_layers, pp.dense_per_stage(plan))
+    return _stage_works(cost_key(plan), plan.stage_layers, pp.dense_per_stage(plan),
+                        pp.mix_per_stage(plan))
 
 
 def chunk_work(plan: Plan) -> tuple[StageWork, ...]:
@@ -232,15 +242,14 @@ def _chunk_works(key: Plan, chunks: tuple[Chunk, ...]) -> tuple[StageWork, ...]:
     dense layers wherever they fall), the embedding, loss and MTP it holds, and a send
     on to the next virtual stage (forward) and back to the previous one (backward)."""
     model, p = key.model, key.layout.pp
-    dense_total = model.layers - model.moe_layers if model.is_moe else model.layers
     one = _one_chunk(key)
     last = len(chunks) - 1
     out, start = [], 0
     for vs, c in enumerate(chunks):
-        dense = max(0, min(dense_total - start, c.layers))
+        dense, mix = pp.layer_counts(model, start, start + c.layers)
         start += c.layers
         out.append(_stage(one, c.embedding, c.loss, c.mtp, c.layers, dense,
-                          int(p > 1 and vs < last), int(p > 1 and vs > 0)))
+                          int(p > 1 and vs < last), int(p > 1 and vs > 0), mix))
     return tuple(out)
 
 
@@ -261,27 +270,30 @@ def _summed(works: tuple[StageWork, ...]) -> StageWork:
         compute_b=sum(w.compute_b for w in works), compute_w=sum(w.compute_w for w in works),
         recompute=sum(w.recompute for w in works), comm=comm,
         params=sum(w.params for w in works), expert_params=sum(w.expert_params for w in works),
-        dense=sum(w.dense for w in works), mtp=sum(w.mtp for w in works))
+        dense=sum(w.dense for w in works), mtp=sum(w.mtp for w in works),
+        mix=tuple(map(sum, zip(*(w.mix for w in works), strict=True))))
 
 
 @memo(16384)
-def _stage_works(key: Plan, stage_layers: tuple[int, ...],
-                 dense: tuple[int, ...]) -> tuple[StageWork, ...]:
+def _stage_works(key: Plan, stage_layers: tuple[int, ...], dense: tuple[int, ...],
+                 mixes: tuple[tuple[int, ...], ...] = ()) -> tuple[StageWork, ...]:
     out = pp.output_stage(key)
     one = _one_chunk(key)
     mtp = key.model.mtp_layers
     last = len(stage_layers) - 1
     works = []
-    seen: dict[tuple[int, int], StageWork] = {}  # middle stages (same sends): most repeat
+    seen: dict[tuple[int, int, tuple[int, ...]], StageWork] = {}  # middle stages: most repeat
     for s, layers in enumerate(stage_layers):
+        mix = mixes[s] if mixes else ()
         if 0 < s < last and s != out:
-            mid = (layers, dense[s])
+            mid = (layers, dense[s], mix)
             work = seen.get(mid)
             if work is None:
-                work = seen[mid] = _stage(one, False, False, 0, layers, dense[s], *pp.sends(key, s))
+                work = seen[mid] = _stage(one, False, False, 0, layers, dense[s], *pp.sends(key, s),
+                                          mix)
         else:
             work = _stage(one, s == 0, s == out, mtp if s == out else 0, layers, dense[s],
-                          *pp.sends(key, s))
+                          *pp.sends(key, s), mix)
         works.append(work)
     return tuple(works)
 
@@ -296,16 +308,41 @@ def _one_chunk(key: Plan) -> Plan:
     return key.replace(layout=dataclasses.replace(key.layout, vpp=1))
 
 
-def stage_work_for(plan: Plan, stage: int, layers: int, dense: int | None = None) -> StageWork:
+def stage_work_for(plan: Plan, stage: int, layers: int, dense: int | None = None,
+                   extra: tuple[str, str] | None = None) -> StageWork:
     """Work of ``stage`` if it held ``layers`` layers, ``dense`` of them with a dense MLP
     (None: as many as the model's layer kinds allow, all for a dense model, none for a
-    mixture of experts). The partitioner asks this."""
+    mixture of experts). The partitioner asks this. A hybrid model's layers are all of its
+    lightest kind (:func:`lightest_kind`: a bound below any stage of as many layers), but
+    one of kind ``extra`` where given."""
     key = cost_key(plan)
-    if dense is None:
-        dense = layers if not plan.model.is_moe else 0
+    model = plan.model
+    mix: tuple[int, ...] = ()
+    if model.is_hybrid:
+        kinds = tuple(model.kinds)
+        light = lightest_kind(key)
+        counts = [0] * len(kinds)
+        counts[kinds.index(light)] = layers
+        if extra is not None and layers:
+            counts[kinds.index(light)] -= 1
+            counts[kinds.index(extra)] += 1
+        mix = tuple(counts)
+        dense = sum(n for k, n in zip(kinds, mix, strict=True) if k[1] != MOE)
+    elif dense is None:
+        dense = layers if not model.is_moe else 0
     last = stage == pp.output_stage(key)
-    return _stage(_one_chunk(key), stage == 0, last, plan.model.mtp_layers if last else 0,
-                  layers, dense, *pp.sends(key, stage))
+    return _stage(_one_chunk(key), stage == 0, last, model.mtp_layers if last else 0,
+                  layers, dense, *pp.sends(key, stage), mix)
+
+
+@memo(4096)
+def lightest_kind(key: Plan) -> tuple[str, str]:
+    """A hybrid model's layer kind of the fewest seconds (forward and backward) on the
+    plan's shard: the partitioner's and the bounds' reference layer."""
+    core = _shared_of(_layer_key(key)).core
+    kinds = tuple(key.model.kinds)
+    seconds = [lt.forward + lt.backward for lt in core.kinds]
+    return kinds[seconds.index(min(seconds))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,6 +371,9 @@ class LayerCore:
     cp_b: float  # ... backward
     ep_layer: float  # MoE token dispatch and combine per MoE layer, one direction
     logits: tuple[float, float, float]  # the output layer's logits' compute: F, B and W
+    # a hybrid model's layers by kind (``Model.kinds`` order): times and TP collectives
+    kinds: tuple[LayerTimes, ...] = ()
+    tp_kinds: tuple[TpExposed, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,8 +427,20 @@ def _layer_core(model: Model, cluster: Cluster, shard: Shard,
     cp_f, cp_b = cp.exposed(model, cluster, shard, lt, groups[Axis.CP])
     ep_layer = (ep.layer_seconds(model, shard, groups[Axis.EP], groups[Axis.ETP])
                 if model.is_moe else 0.0)
+    kinds: list[LayerTimes] = []
+    tp_kinds: list[TpExposed] = []
+    if model.is_hybrid:
+        for kind in model.kinds:
+            moe = kind[1] == MOE
+            kinds.append(layer_times(model, shard if moe else dense, device, kind=kind))
+            # a layer of one block (no mixer, or no MLP: Nemotron-H) runs half a
+            # standard layer's TP collectives (one all-gather and reduce-scatter pair)
+            blocks = (kind[0] != NO_MIXER) + (kind[1] != NO_MLP)
+            base = tp_moe if moe else tp_dense
+            tp_kinds.append(base if blocks == 2 else TpExposed(
+                *(x * blocks / 2 for x in dataclasses.astuple(base))))
     return LayerCore(lt, lt_moe, act_bytes, tp_layer, tp_dense, tp_moe, cp_f, cp_b, ep_layer,
-                     _logits_times(model, dense, device))
+                     _logits_times(model, dense, device), tuple(kinds), tuple(tp_kinds))
 
 
 def layer_core(plan: Plan) -> LayerCore:
@@ -505,9 +557,9 @@ class _StageTerms:
 
 @memo(65536)
 def _stage_terms(plan: Plan, first: bool, last: bool, mtp: int, layers: int,
-                 dense: int) -> _StageTerms:
+                 dense: int, mix: tuple[int, ...] = ()) -> _StageTerms:
     """``_stage``'s terms that its schedule, recompute and ZeRO stage leave alone
-    (``plan``: a ``_layer_key``)."""
+    (``plan``: a ``_layer_key``). ``mix``: a hybrid model's layers by kind."""
     model, lay = plan.model, plan.layout
     shared = _shared_of(plan)
     core, groups = shared.core, shared.groups
@@ -516,14 +568,26 @@ def _stage_terms(plan: Plan, first: bool, last: bool, mtp: int, layers: int,
     moe_n = layers - dense + (mtp if model.is_moe else 0)
     dense_n = dense + (0 if model.is_moe else mtp)
     n = dense_n + moe_n
-    compute_f = dense_n * lt.forward + moe_n * lt_moe.forward
-    compute_b = dense_n * lt.backward_input + moe_n * lt_moe.backward_input
-    compute_w = dense_n * lt.backward_weight + moe_n * lt_moe.backward_weight
+    # (count, times, TP) of each kind of layer run: dense and MoE, or a hybrid's kinds
+    # (its MTP modules as the model's attention layer)
+    runs = [(dense_n, lt, core.tp_dense), (moe_n, lt_moe, core.tp_moe)]
+    if mix:
+        mtp_lt, mtp_tp = (lt_moe, core.tp_moe) if model.is_moe else (lt, core.tp_dense)
+        runs = [(mtp, mtp_lt, mtp_tp), *zip(mix, core.kinds, core.tp_kinds, strict=True)]
+
+    def summed(of: Callable[[LayerTimes], float]) -> float:
+        return sum(k * of(t) for k, t, _ in runs if k)
+
+    compute_f = summed(lambda t: t.forward)
+    compute_b = summed(lambda t: t.backward_input)
+    compute_w = summed(lambda t: t.backward_weight)
     tp_d, tp_m = core.tp_dense, core.tp_moe
 
     def layers_of(of: Callable[[TpExposed], float]) -> float:
         # n * x where both kinds agree (dense_n and moe_n copies summed could differ in
         # the last bit)
+        if mix:
+            return sum(k * of(e) for k, _, e in runs if k)
         return n * of(tp_d) if tp_d == tp_m else dense_n * of(tp_d) + moe_n * of(tp_m)
 
     tp_recompute = tp_f = layers_of(lambda e: e.forward)
@@ -538,15 +602,15 @@ def _stage_terms(plan: Plan, first: bool, last: bool, mtp: int, layers: int,
         compute_w += heads * lw
         tp_f += heads * tp.boundary_seconds(act_bytes, groups[Axis.TP])
         tp_b_total += heads * tp.boundary_seconds(act_bytes, groups[Axis.TP])
-    params, expert_params = stage_state_params(model, lay, first, last, layers, dense, mtp)
+    params, expert_params = stage_state_params(model, lay, first, last, layers, dense, mtp, mix)
     return _StageTerms(
         shared=shared, n=n, compute_f=compute_f, compute_b=compute_b, compute_w=compute_w,
         tp_recompute=tp_recompute, tp_f=tp_f, tp_b_fixed=layers_of(lambda e: e.backward),
         tp_b_deferred=layers_of(lambda e: e.deferred), tp_b_total=tp_b_total,
         ep=moe_n * core.ep_layer,
         cp_f=n * core.cp_f, cp_b=n * core.cp_b,
-        full_recompute=dense_n * lt.forward + moe_n * lt_moe.forward,
-        selective_recompute=dense_n * lt.attention_forward + moe_n * lt_moe.attention_forward,
+        full_recompute=summed(lambda t: t.forward),
+        selective_recompute=summed(lambda t: t.attention_forward),
         params=params, expert_params=expert_params)
 
 
@@ -573,11 +637,12 @@ def _module_recompute(plan: Plan, modules: frozenset[RecomputeModule]) -> tuple[
 
 @memo(65536)
 def _stage(plan: Plan, first: bool, last: bool, mtp: int, layers: int, dense: int,
-           sends_f: int, sends_b: int) -> StageWork:
+           sends_f: int, sends_b: int, mix: tuple[int, ...] = ()) -> StageWork:
     """One stage (or model chunk): ``first`` holds the embedding, ``last`` the output
     layer and logits, ``mtp`` MTP layers (each with its own logits through the shared
-    head); ``dense`` of its ``layers`` have a dense MLP, the others experts."""
-    t = _stage_terms(_layer_key(plan), first, last, mtp, layers, dense)
+    head); ``dense`` of its ``layers`` have a dense MLP, the others experts; ``mix``: a
+    hybrid model's layers by kind."""
+    t = _stage_terms(_layer_key(plan), first, last, mtp, layers, dense, mix)
     # backward TP collectives hide behind the weight-gradient GEMMs, on a device where
     # communication runs beside compute (not one CPU core per rank: Device.overlaps_communication)
     hides = t.compute_w if plan.cluster.device.overlaps_communication else 0.0
@@ -598,6 +663,9 @@ def _stage(plan: Plan, first: bool, last: bool, mtp: int, layers: int, dense: in
             moe_n = layers - dense + (mtp if plan.model.is_moe else 0)
             dense_n = dense + (0 if plan.model.is_moe else mtp)
             recompute = dense_n * dense_s + moe_n * moe_s
+            if mix:  # the attention core by kind, the modules by MLP kind
+                core_s = _kinds_core_recompute(_layer_key(plan), mix, plan.recomputed)
+                recompute += core_s
             if RecomputeModule.MOE in plan.recomputed:
                 ep_b += ep_f  # the recomputed MoE layer dispatches and combines again
     if plan.ep_overlap and (ep_f or ep_b):
@@ -624,8 +692,20 @@ def _stage(plan: Plan, first: bool, last: bool, mtp: int, layers: int, dense: in
     return StageWork(
         layers=layers, compute_f=t.compute_f, compute_b=t.compute_b, compute_w=compute_w,
         recompute=recompute, comm=axis_comm, params=t.params, expert_params=t.expert_params,
-        dense=dense, mtp=mtp,
+        dense=dense, mtp=mtp, mix=mix,
     )
+
+
+def _kinds_core_recompute(plan: Plan, mix: tuple[int, ...],
+                          modules: frozenset[RecomputeModule]) -> float:
+    """What a hybrid stage's recomputed attention cores differ by from the model's full
+    attention core that ``_module_recompute`` charges every layer: each kind's own core
+    (a linear layer's scan, a sliding layer's window) in its place."""
+    if RecomputeModule.CORE_ATTN not in modules:
+        return 0.0
+    core = _shared_of(plan).core
+    return sum(k * (t.attention_forward - core.lt.attention_forward)
+               for k, t in zip(mix, core.kinds, strict=True) if k)
 
 
 # ----------------------------------------------------------------------------- across pools
@@ -688,6 +768,7 @@ def static_memory(plan: Plan, work: StageWork) -> memory.BytesPerParam:
 class _ActivationTerms:
     per_layer: float  # one dense layer, one microbatch
     per_moe_layer: float  # one MoE layer, one microbatch
+    per_kind: tuple[float, ...]  # a hybrid model's layers by kind (``Model.kinds``)
     working: float  # held once per stage (full recompute's one rebuilt layer)
     embedding: float  # first stage, per microbatch held
     logits: float  # last stage, per microbatch held
@@ -702,10 +783,14 @@ def _activation_terms(model: Model, shard: Shard, recompute: Recompute,
         if model.layers > model.moe_layers:
             working = max(working, memory.full_recompute_working_bytes(model, shard))
     per_layer = memory.layer_activation_bytes(model, shard, recompute, modules=modules)
+    per_kind = tuple(memory.layer_activation_bytes(model, shard, recompute, modules=modules,
+                                                   kind=kind)
+                     for kind in model.kinds) if model.is_hybrid else ()
     return _ActivationTerms(
         per_layer=per_layer,
         per_moe_layer=(memory.layer_activation_bytes(model, shard, recompute, moe=True, modules=modules)
                        if model.is_moe else per_layer),
+        per_kind=per_kind,
         working=working,
         embedding=memory.embedding_output_bytes(model, shard),
         logits=memory.logits_bytes(model, shard),
@@ -802,7 +887,10 @@ def offloaded_chunk_bytes(plan: Plan, stage: int, work: StageWork) -> float:
 
 
 def _layer_activations(terms: _ActivationTerms, work: StageWork) -> float:
-    """Activations one microbatch leaves in the layers of ``work``, dense and MoE."""
+    """Activations one microbatch leaves in the layers of ``work``, dense and MoE (a
+    hybrid model's by kind)."""
+    if work.mix:
+        return sum(k * a for k, a in zip(work.mix, terms.per_kind, strict=True))
     return work.dense * terms.per_layer + (work.layers - work.dense) * terms.per_moe_layer
 
 

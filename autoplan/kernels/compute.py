@@ -36,9 +36,19 @@ from typing import NamedTuple
 
 from autoplan.caches import memo
 from autoplan.descriptors.hardware import Device
-from autoplan.descriptors.model import Model
+from autoplan.descriptors.model import (
+    DENSE,
+    FULL,
+    MAMBA,
+    MOE,
+    NO_MIXER,
+    NO_MLP,
+    SLIDING,
+    SPARSE,
+    Model,
+)
 from autoplan.descriptors.stack import AttentionKernel
-from autoplan.kernels import flops
+from autoplan.kernels import flops, mixers
 from autoplan.kernels.layer import (
     BF16_BYTES,
     Gemm,
@@ -48,7 +58,7 @@ from autoplan.kernels.layer import (
     layer_gemms,
     mlp_gemms,
 )
-from autoplan.vocab import Dtype, RecomputeModule
+from autoplan.vocab import Dtype, Position, RecomputeModule
 
 
 @dataclass(frozen=True, slots=True)
@@ -482,20 +492,103 @@ def module_forward(model: Model, shard: Shard, device: Device, module: Recompute
     return seconds / shard.kernel_efficiency
 
 
-def layer_times(model: Model, shard: Shard, device: Device, moe: bool = False) -> LayerTimes:
-    gemms = layer_gemms(model, shard.tokens, shard.tp, moe, shard.norm_tokens)
+def kind_gemms(model: Model, shard: Shard, kind: tuple[str, str]) -> list[Gemm]:
+    """A layer of ``kind``'s forward GEMMs on one rank, routed experts aside (as
+    ``layer_gemms``): its mixer's (``mixers.mixer_gemms``) and its MLP's."""
+    mixer, mlp = kind
+    tokens, tp = shard.tokens, shard.tp
+    gemms = mixers.mixer_gemms(model, mixer, tokens, tp)
+    if mlp == DENSE:
+        return gemms + mlp_gemms(model, tokens, tp, model.ffn_hidden)
+    if mlp == MOE:
+        gemms.append(Gemm(shard.norm_tokens, model.experts, model.hidden, quantized=False))
+        if model.shared_experts:
+            gemms += mlp_gemms(model, tokens, tp, model.shared_experts * model.shared_width)
+    return gemms
+
+
+def kind_core_time(model: Model, shard: Shard, device: Device, mixer: str) -> tuple[float, float]:
+    """(forward, backward) seconds of a mixer's core on this rank: full attention as
+    :func:`attention_core_time`; the others' FLOPs (``mixers.core_flops_per_token``) on
+    tensor cores at flash attention's efficiency for their head width (an assumption: no
+    measured table for these kernels is applied here), backward 2.5x the forward for the
+    attention kinds (FlashAttention-2) and 2x for the chunked scans (each forward product's
+    two gradient products, the chunk states recomputed from the saved boundaries)."""
+    plain = mixer == FULL and not (model.global_head_dim and not model.is_mla)
+    if plain:
+        return attention_core_time(model, shard, device)
+    if mixer == NO_MIXER:
+        return 0.0, 0.0
+    if mixer == SLIDING and not model.sliding_window:
+        return attention_core_time(model, shard, device)
+    work = (mixers.core_flops_per_token(model, mixer, shard.seq_len) / shard.tp
+            * shard.attention_share * shard.attention_imbalance * shard.tokens)
+    if mixer in mixers.LINEAR_MIXERS:
+        work += mixers.conv_flops_per_token(model, mixer) / shard.tp * shard.tokens
+        d = model.mamba_head_dim if mixer == MAMBA else model.linear_key_dim
+        backward = 2.0
+    else:
+        d = (model.global_head_dim if mixer == FULL else 0) or model.qk_head_dim
+        backward = 2.5
+    call = AttentionCall(shard.micro_batch * model.heads / shard.tp, float(shard.seq_len), d,
+                         1.0, True, False)
+    kernel = shard.attention_kernel
+    fwd = attention_time(work, call, device, kernel)
+    return fwd, attention_time(backward * work, call._replace(backward=True), device, kernel)
+
+
+def kind_elementwise_bytes(model: Model, shard: Shard, kind: tuple[str, str]) -> float:
+    """:func:`elementwise_bytes_forward` of a layer of ``kind``: a missing block drops its
+    norm and residual add (and the MLP its activation, the mixer its RoPE); a linear or
+    Mamba mixer has no RoPE and adds its conv (read, write) and gated norm (read the
+    value and the gate, write)."""
+    mixer, mlp = kind
+    e, h, t = BF16_BYTES, model.hidden, shard.tp
+    out = elementwise_bytes_forward(model, shard, mlp == MOE)
+    block = shard.norm_tokens * h * e * (2 + 3 + (2.5 if model.dropout else 0))
+    rope = 0.0
+    if model.position is Position.ROPE:
+        q, k, _, _ = model.attn_widths
+        rope = shard.tokens * e * 2 * (q + k) / t
+    if mlp == NO_MLP:
+        act_in = 2 if model.activation.gated else 1
+        out -= block + shard.tokens * e * (act_in + 1) * model.ffn_hidden / t
+    if mixer == NO_MIXER:
+        out -= block + rope
+    elif mixer in mixers.LINEAR_MIXERS:
+        value = model.mamba_inner if mixer == MAMBA else mixers.linear_widths(model)[1]
+        out += 2 * e * shard.tokens * mixers.conv_width(model, mixer) / t
+        out += 3 * e * shard.tokens * value / t - rope
+    return max(0.0, out)
+
+
+def layer_times(model: Model, shard: Shard, device: Device, moe: bool = False,
+                kind: tuple[str, str] | None = None) -> LayerTimes:
+    """One layer's passes on one rank: a dense or (``moe``) MoE layer of the model's
+    attention, or a layer of ``kind`` (mixer, MLP) of a hybrid model."""
+    if kind is None or kind in ((FULL, DENSE), (FULL, MOE)):
+        kind = None
+        gemms = layer_gemms(model, shard.tokens, shard.tp, moe, shard.norm_tokens)
+        attn_fwd, attn_bwd = attention_core_time(model, shard, device)
+        elem_bytes = elementwise_bytes_forward(model, shard, moe)
+    else:
+        moe = kind[1] == MOE
+        gemms = kind_gemms(model, shard, kind)
+        attn_fwd, attn_bwd = kind_core_time(model, shard, device, kind[0])
+        elem_bytes = kind_elementwise_bytes(model, shard, kind)
     gemm_fwd = sum(gemm_time(g.m, g.n, g.k, device, shard.dtype) for g in gemms)
     if moe:
         gemm_fwd += expert_time(model, shard, device)
-    attn_fwd, attn_bwd = attention_core_time(model, shard, device)
     hbm = device.hbm_Bps * device.hbm_efficiency
     # the layer's memory-bound passes at the rate the device runs them (fused kernels at
     # HBM speed; a CPU's eager passes at its measured Device.elementwise_Bps)
-    elem_fwd = elementwise_bytes_forward(model, shard, moe) / device.elementwise_rate
+    elem_fwd = elem_bytes / device.elementwise_rate
     cast_f = cast_b = 0.0
     if shard.dtype is Dtype.FP8:
         cast_f, cast_b = fp8_cast_seconds(gemms, device)
-    if shard.cp > 1 and shard.cp_ring:  # the ring's per-step merges, forward; backward merges the grads too
+    # the ring's per-step merges, forward; backward merges the grads too
+    ring = kind is None or kind[0] in (FULL, SLIDING, SPARSE)
+    if shard.cp > 1 and shard.cp_ring and ring:
         merge = (shard.cp - 1) * ring_correction_bytes(model, shard) / hbm
         attn_fwd, attn_bwd = attn_fwd + merge, attn_bwd + 2 * merge
     sustained = shard.kernel_efficiency  # the stack's share of the benchmarks' rates

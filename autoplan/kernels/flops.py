@@ -10,7 +10,8 @@ logit GEMM included; norms and elementwise ops are not counted.
 
 from __future__ import annotations
 
-from autoplan.descriptors.model import Model
+from autoplan.descriptors.model import LINEAR_MIXERS, MOE, NO_MLP, Model
+from autoplan.kernels import mixers
 from autoplan.vocab import RecomputeModule
 
 
@@ -51,12 +52,32 @@ def layer_forward_flops_per_token(model: Model, seq_len: int, causal: bool = Tru
             + attention_core_flops_per_token(model, seq_len, causal))
 
 
+def kind_forward_flops_per_token(model: Model, kind: tuple[str, str], seq_len: int) -> float:
+    """One layer of a hybrid model's ``kind`` (mixer, MLP), causal: 2 FLOPs per weight its
+    GEMMs touch (the mixer's projections, ``mixers.mixer_gemms``; the MLP's as
+    :func:`mlp_gemm_params`) and its mixer's core as it really runs
+    (``mixers.core_flops_per_token``: a window, the indexer's top-k, a linear scan)."""
+    mixer, mlp = kind
+    weights = sum(g.n * g.k for g in mixers.mixer_gemms(model, mixer, 1, 1))
+    if mlp != NO_MLP:
+        weights += mlp_gemm_params(model, mlp == MOE)
+    core = mixers.core_flops_per_token(model, mixer, seq_len)
+    if mixer in LINEAR_MIXERS:
+        core += mixers.conv_flops_per_token(model, mixer)
+    return 2 * weights + core
+
+
 def model_layers_forward_flops_per_token(model: Model, seq_len: int, causal: bool = True) -> float:
-    """Every transformer layer, dense and MoE, plus the MTP modules (DeepSeek-V3 Sec. 2.2:
-    each runs one more layer, a 2h -> h projection and the shared output head)."""
-    dense = model.layers - model.moe_layers
-    out = dense * layer_forward_flops_per_token(model, seq_len, causal)
-    out += model.moe_layers * layer_forward_flops_per_token(model, seq_len, causal, moe=True)
+    """Every transformer layer, dense and MoE (a hybrid model's by kind, each counting
+    what it computes), plus the MTP modules (DeepSeek-V3 Sec. 2.2: each runs one more
+    layer, a 2h -> h projection and the shared output head)."""
+    if model.is_hybrid:
+        out = sum(n * kind_forward_flops_per_token(model, kind, seq_len)
+                  for kind, n in model.kinds.items())
+    else:
+        dense = model.layers - model.moe_layers
+        out = dense * layer_forward_flops_per_token(model, seq_len, causal)
+        out += model.moe_layers * layer_forward_flops_per_token(model, seq_len, causal, moe=True)
     if model.mtp_layers:
         mtp = layer_forward_flops_per_token(model, seq_len, causal, moe=model.is_moe)
         mtp += 2 * 2 * model.hidden * model.hidden + logit_forward_flops_per_token(model)
@@ -82,11 +103,20 @@ def recompute_flops_per_token(model: Model, seq_len: int, full: bool, causal: bo
     Full recompute reruns each layer's forward; selective reruns only the
     attention core (Korthikanti et al. 2022, Sec. 4.2).
     """
+    if model.is_hybrid:
+        return sum(n * (kind_forward_flops_per_token(model, kind, seq_len) if full else
+                        core_of(model, kind[0], seq_len))
+                   for kind, n in model.kinds.items())
     if full:
         dense = model.layers - model.moe_layers
         return (dense * layer_forward_flops_per_token(model, seq_len, causal)
                 + model.moe_layers * layer_forward_flops_per_token(model, seq_len, causal, moe=True))
     return model.layers * attention_core_flops_per_token(model, seq_len, causal)
+
+
+def core_of(model: Model, mixer: str, seq_len: int) -> float:
+    """A hybrid model's mixer core per token (``mixers.core_flops_per_token``)."""
+    return mixers.core_flops_per_token(model, mixer, seq_len)
 
 
 def module_recompute_flops_per_token(model: Model, seq_len: int, modules: frozenset[RecomputeModule],

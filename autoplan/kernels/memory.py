@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplan.descriptors.model import Model
+from autoplan.descriptors.model import DENSE, FULL, LINEAR_MIXERS, MOE, NO_MIXER, NO_MLP, SPARSE, Model
 from autoplan.descriptors.precision import FP32_STATES, StatePrecision
 from autoplan.descriptors.stack import AttentionKernel
+from autoplan.kernels import mixers
 from autoplan.kernels.layer import BF16_BYTES, Shard
 from autoplan.vocab import Dtype, MasterWeights, Recompute, RecomputeModule, StateDtype, ZeroStage
 
@@ -95,7 +96,7 @@ def sharded_state_bytes(params: float, dtype: Dtype, zero: ZeroStage, shard_grou
 
 def layer_activation_bytes(
     model: Model, shard: Shard, recompute: Recompute, flash: bool | None = None, moe: bool = False,
-    modules: frozenset[RecomputeModule] = frozenset(),
+    modules: frozenset[RecomputeModule] = frozenset(), kind: tuple[str, str] | None = None,
 ) -> float:
     """Activations one layer keeps for backward, per microbatch, on one rank. ``flash``:
     whether attention is a fused kernel that keeps no s x s scores (None: as the shard's
@@ -103,7 +104,10 @@ def layer_activation_bytes(
     ``modules``: what selective recompute recomputes (Megatron-Core's recompute_modules;
     empty: the attention core), each dropping what its forward would have kept: a
     checkpointed module keeps its input (already counted as the previous op's output), an
-    output-discarding one (layernorm, moe_act, mla_up_proj) frees its output."""
+    output-discarding one (layernorm, moe_act, mla_up_proj) frees its output. ``kind``:
+    a hybrid model's (mixer, MLP) layer (:func:`kind_activation_bytes`)."""
+    if kind is not None and kind not in ((FULL, DENSE), (FULL, MOE)):
+        return kind_activation_bytes(model, shard, recompute, kind, flash, modules)
     if recompute is Recompute.SELECTIVE and not modules:
         modules = frozenset((RecomputeModule.CORE_ATTN,))
     if flash is None:
@@ -126,21 +130,7 @@ def layer_activation_bytes(
         # sp_saves_gathered; measured on an H200: benchmarks/gpu_validate.py)
         outside += 2 * e * (s_b - shard.norm_tokens) * h
     # inside the TP region: split by t
-    q, k, v, out = model.attn_widths
-    attention = 0.0
-    if not (model.is_mla and RecomputeModule.MLA_UP_PROJ in modules):
-        attention += s_b * e * (q + k) / t  # Q and K for QK^T
-        attention += s_b * e * v / t  # V
-    attention += s_b * e * out / t  # input of the output projection
-    if model.is_mla:  # the latents, inputs of the up projections (unsplit by TP)
-        attention += s_b * e * (model.q_lora_rank + model.kv_lora_rank)
-    heads = model.heads / t
-    core_recomputed = RecomputeModule.CORE_ATTN in modules
-    if not flash:
-        core = 5 * heads * (shard.seq_len / shard.cp) * s_b  # softmax 2, its mask 1, output 2
-        attention += 0 if core_recomputed else core
-    elif not core_recomputed:
-        attention += 4 * heads * s_b  # fp32 log-sum-exp per query and head (FlashAttention-2)
+    attention = _attention_part(model, shard, recompute, flash, moe, modules)
     fc1 = 2 if model.activation.gated else 1  # fc1 output width, in units of the MLP width
     if not moe:
         mlp = 0.0 if RecomputeModule.MLP in modules else (
@@ -149,6 +139,61 @@ def layer_activation_bytes(
     if RecomputeModule.MOE in modules:
         return outside + attention
     return outside + attention + moe_mlp_activation_bytes(model, shard, modules)
+
+
+def kind_activation_bytes(model: Model, shard: Shard, recompute: Recompute,
+                          kind: tuple[str, str], flash: bool | None = None,
+                          modules: frozenset[RecomputeModule] = frozenset()) -> float:
+    """:func:`layer_activation_bytes` of a hybrid model's layer of ``kind``: the standard
+    layer's, less what a missing block would keep (its norm's input and output, its
+    attention or MLP activations), a linear or Mamba mixer's
+    (``mixers.recurrent_activation_bytes``) in place of attention's, and the DSA indexer's
+    query, key and head weights beside sparse attention's. Sliding-window attention keeps
+    what full attention keeps (flash attention saves no scores either way)."""
+    mixer, mlp = kind
+    if recompute is Recompute.FULL:
+        return BF16_BYTES * shard.norm_tokens * model.hidden
+    moe = mlp == MOE
+    both = layer_activation_bytes(model, shard, recompute, flash, moe, modules)
+    attention_only = layer_activation_bytes(model, shard, recompute, flash, moe,
+                                            modules | {RecomputeModule.MLP, RecomputeModule.MOE})
+    no_attention = _attention_part(model, shard, recompute, flash, moe, modules)
+    mlp_part = both - attention_only
+    attention = no_attention
+    norm = 2 * BF16_BYTES * shard.norm_tokens * model.hidden  # a norm's input and output
+    out = both
+    if mlp == NO_MLP:
+        out -= mlp_part + norm
+    if mixer == NO_MIXER:
+        out -= attention + norm
+    elif mixer in LINEAR_MIXERS:
+        out += mixers.recurrent_activation_bytes(model, mixer, shard.tokens, shard.tp) - attention
+    elif mixer == SPARSE:
+        width = model.index_heads * model.index_head_dim / shard.tp + model.index_head_dim + model.index_heads
+        out += shard.tokens * BF16_BYTES * width
+    return max(0.0, out)
+
+
+def _attention_part(model: Model, shard: Shard, recompute: Recompute, flash: bool | None,
+                    moe: bool, modules: frozenset[RecomputeModule]) -> float:
+    """What a standard layer keeps for its attention alone (the inputs and outputs of its
+    projections and core), by difference with the core and projections recomputed away."""
+    if recompute is Recompute.SELECTIVE and not modules:
+        modules = frozenset((RecomputeModule.CORE_ATTN,))
+    if flash is None:
+        flash = shard.attention_kernel is not AttentionKernel.UNFUSED
+    s_b, e, t = shard.tokens, BF16_BYTES, shard.tp
+    q, k, v, out = model.attn_widths
+    attention = 0.0
+    if not (model.is_mla and RecomputeModule.MLA_UP_PROJ in modules):
+        attention += s_b * e * (q + k + v) / t
+    attention += s_b * e * out / t
+    if model.is_mla:
+        attention += s_b * e * (model.q_lora_rank + model.kv_lora_rank)
+    heads = model.heads / t
+    if RecomputeModule.CORE_ATTN not in modules:
+        attention += (5 * heads * (shard.seq_len / shard.cp) * s_b) if not flash else 4 * heads * s_b
+    return attention
 
 
 def moe_mlp_activation_bytes(model: Model, shard: Shard,

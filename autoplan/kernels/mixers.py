@@ -19,17 +19,26 @@ head and its per-head weights are small: kept whole on every rank (vLLM's
 from __future__ import annotations
 
 from autoplan.descriptors.model import (
+    DENSE,
     FULL,
     GDN,
     KDA,
     LINEAR_MIXERS,
     MAMBA,
+    MOE,
     NO_MIXER,
+    NO_MLP,
     SLIDING,
     SPARSE,
     Model,
 )
-from autoplan.kernels.layer import BF16_BYTES, Gemm, attention_gemms, kv_bytes_per_token_layer
+from autoplan.kernels.layer import (
+    BF16_BYTES,
+    Gemm,
+    attention_gemms,
+    attention_params_per_rank,
+    kv_bytes_per_token_layer,
+)
 
 # Chunk lengths of the chunked scans, as the kernels run them: flash-linear-attention's
 # chunked gated delta rule and KDA kernels work in 64-token chunks (fla/ops/
@@ -103,17 +112,41 @@ def mixer_gemms(model: Model, mixer: str, tokens: float, tp: int) -> list[Gemm]:
 
 
 def mixer_params_per_rank(model: Model, mixer: str, tp: int) -> float:
-    """The mixer's weights on one rank: split by TP, except the indexer's key head and
-    weights projection and KDA's low-rank down projections (kept whole)."""
+    """The mixer's weights on one rank: split by TP, except what every rank keeps whole:
+    K/V heads replicated past kv_heads and MLA's down projections
+    (``layer.attention_params_per_rank``), the indexer's key head and weights projection,
+    KDA's low-rank down projections."""
     if mixer == NO_MIXER:
         return 0.0
-    whole = 0.0
-    if mixer == SPARSE:
-        d = model.index_head_dim
-        whole = model.hidden * d + 2 * d + model.hidden * model.index_heads
-    elif mixer == KDA:
-        whole = 2 * model.hidden * model.linear_key_dim
+    standard = not (model.global_head_dim or model.global_kv_heads) or model.is_mla
+    if mixer in (FULL, SLIDING, SPARSE) and standard:
+        index = indexer_params_per_rank(model, tp) if mixer == SPARSE else 0.0
+        return attention_params_per_rank(model, tp) + index
+    whole = 2 * model.hidden * model.linear_key_dim if mixer == KDA else 0.0
     return (model.params_mixer(mixer) - whole) / tp + whole
+
+
+def indexer_params_per_rank(model: Model, tp: int) -> float:
+    """The DSA indexer's weights on one rank: its query heads split, its key head, key
+    norm and head-weights projection whole."""
+    d = model.index_head_dim
+    whole = model.hidden * d + 2 * d + model.hidden * model.index_heads
+    return (model.params_indexer - whole) / tp + whole
+
+
+def kind_params_per_rank(model: Model, tp: int, kind: tuple[str, str]) -> float:
+    """Non-expert weights of one layer of ``kind`` on one rank: its mixer's
+    (:func:`mixer_params_per_rank`), its norms (replicated), a dense MLP split by TP, or an
+    MoE layer's router (replicated) and shared experts (split)."""
+    mixer, mlp = kind
+    blocks = (mixer != NO_MIXER) + (mlp != NO_MLP)
+    out = mixer_params_per_rank(model, mixer, tp)
+    out += blocks * (2 if model.sandwich_norms else 1) * model.params_norm
+    if mlp == DENSE:
+        out += model.params_mlp / tp
+    elif mlp == MOE:
+        out += model.params_shared_experts / tp + model.params_router
+    return out
 
 
 # ----------------------------------------------------------------------------- core FLOPs

@@ -21,6 +21,7 @@ from autoplan.schedules.orders import virtual_stage
 from autoplan.schedules.registry import Chunks
 
 if TYPE_CHECKING:
+    from autoplan.descriptors.model import Model
     from autoplan.descriptors.space import SearchSpace
     from autoplan.plan import Layout, Plan
 
@@ -228,10 +229,12 @@ def output_stage(plan: Plan) -> int:
 
 def dense_per_stage(plan: Plan) -> tuple[int, ...]:
     """Of each stage's layers, those with a dense MLP (the first ``dense_layers`` of the
-    model), through the chunks each stage holds."""
+    model, or where ``Model.mlps`` puts them), through the chunks each stage holds."""
     model = plan.model
     if not model.is_moe:
         return plan.stage_layers
+    if model.mlps:
+        return tuple(layer_counts(model, 0, 0, indices)[0] for indices in _stage_indices(plan))
     return _dense_per_stage(model.layers, model.layers - model.moe_layers, plan.stage_layers,
                             plan.layout.vpp, plan.schedule)
 
@@ -252,6 +255,46 @@ def _dense_per_stage(n_layers: int, k: int, layers: tuple[int, ...], v: int,
 
     return tuple(sum(dense_in(virtual_stage(schedule, p, s, c)) for c in range(v))
                  for s in range(p))
+
+
+def mix_per_stage(plan: Plan) -> tuple[tuple[int, ...], ...]:
+    """A hybrid model's layers of each stage by kind (``Model.kinds`` order), through the
+    chunks each stage holds; () for a model whose layers are alike."""
+    if not plan.model.is_hybrid:
+        return ()
+    return tuple(layer_counts(plan.model, 0, 0, indices)[1] for indices in _stage_indices(plan))
+
+
+def layer_counts(model: Model, start: int, stop: int,
+                 indices: tuple[int, ...] | None = None) -> tuple[int, tuple[int, ...]]:
+    """(layers without an MoE, the hybrid's layers by kind or ()) of the model's layers
+    ``start`` to ``stop`` (or at ``indices``)."""
+    at = range(start, stop) if indices is None else indices
+    dense = sum(1 for i in at if not model.is_moe_layer(i))
+    if not model.is_hybrid:
+        return dense, ()
+    order = {kind: k for k, kind in enumerate(model.kinds)}
+    counts = [0] * len(order)
+    for i in at:
+        counts[order[model.kind(i)]] += 1
+    return dense, tuple(counts)
+
+
+def _stage_indices(plan: Plan) -> tuple[tuple[int, ...], ...]:
+    return _indices(plan.stage_layers, plan.layout.vpp, plan.schedule)
+
+
+@memo(4096)
+def _indices(layers: tuple[int, ...], v: int, schedule: Schedule) -> tuple[tuple[int, ...], ...]:
+    """The model's layer indices each stage holds (its chunks' at vpp > 1, equal chunks)."""
+    p = len(layers)
+    if v == 1:
+        starts = [sum(layers[:s]) for s in range(p)]
+        return tuple(tuple(range(a, a + n)) for a, n in zip(starts, layers, strict=True))
+    n = sum(layers) // (p * v)
+    return tuple(tuple(i for c in range(v) for i in range(
+        virtual_stage(schedule, p, s, c) * n, (virtual_stage(schedule, p, s, c) + 1) * n))
+        for s in range(p))
 
 
 def sends(plan: Plan, stage: int) -> tuple[int, int]:

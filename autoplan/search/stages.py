@@ -58,8 +58,22 @@ def _stage_fixed_times_of(key: Plan) -> tuple[float, ...]:
 
 
 def _mixed(plan: Plan) -> bool:
-    """The model has both dense and MoE layers."""
-    return 0 < plan.model.moe_layers < plan.model.layers
+    """The model has both dense and MoE layers (a leading block of dense ones; a hybrid
+    model's kinds are costed one by one: :func:`_kind_deltas`)."""
+    return 0 < plan.model.moe_layers < plan.model.layers and not plan.model.is_hybrid
+
+
+@memo(4096)
+def _kind_deltas(key: Plan) -> tuple[tuple[float, float], ...]:
+    """A hybrid model's (seconds, forward seconds) per microbatch that one more layer of
+    each kind (``Model.kinds`` order) adds to a middle stage of its lightest kind."""
+    mid = min(1, key.layout.pp - 1)
+    one = stage_work_for(key, mid, 1)
+    out = []
+    for kind in key.model.kinds:
+        two = stage_work_for(key, mid, 2, extra=kind)
+        out.append((max(0.0, _total(two) - _total(one)), max(0.0, two.forward - one.forward)))
+    return tuple(out)
 
 
 def _layer_steps(key: Plan) -> tuple[float, float]:
@@ -121,6 +135,16 @@ def partition_problem(plan: Plan, shape: StageShape) -> PartitionProblem:
             times[i] = dense_step
             statics[i] = _states(d1) - _states(a1[mid])
             acts[i] = d1.activations - a1[mid].activations
+    if plan.model.is_hybrid:  # each layer by its kind: the partitioner sees them
+        model = plan.model
+        deltas = dict(zip(model.kinds, _kind_deltas(cost_key(plan)), strict=True))
+        mems = {kind: stage_memory(plan, mid, stage_work_for(plan, mid, 2, extra=kind), 1)
+                for kind in model.kinds}
+        for i in range(layers):
+            kind = model.kind(i)
+            times[i] = deltas[kind][0]
+            statics[i] = _states(mems[kind]) - _states(a1[mid])
+            acts[i] = mems[kind].activations - a1[mid].activations
     return PartitionProblem(
         layer_time=tuple(times), layer_static=tuple(statics),
         layer_activation=tuple(acts), stage_time=stage_time,
@@ -271,6 +295,12 @@ def _layer_costs(plan: Plan) -> tuple[tuple[float, ...], tuple[float, ...], int]
 def _layer_costs_of(key: Plan) -> tuple[tuple[float, ...], tuple[float, ...], int]:
     (step, dense_step), (fwd, dense_fwd) = _layer_deltas(key)
     v, n = key.layout.vpp, key.model.layers
+    if key.model.is_hybrid:  # each layer by its kind
+        deltas = dict(zip(key.model.kinds, _kind_deltas(key), strict=True))
+        kinds = [key.model.kind(i) for i in range(n)]
+        at = 1 if key.schedule.splits_backward else 0
+        return (tuple(deltas[k][0] for k in kinds),
+                tuple(deltas[k][at] / v for k in kinds), int(v > 1))
     dense = n - key.model.moe_layers if _mixed(key) else 0
     times = (dense_step,) * dense + (step,) * (n - dense)
     fill, dense_fill = (fwd, dense_fwd) if key.schedule.splits_backward else (step, dense_step)
