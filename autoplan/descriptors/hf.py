@@ -850,11 +850,17 @@ def _read_kimi_linear(f: Fields) -> dict[str, Any]:
     mla = {key: f.int(key, min=1) for key in
            ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
     f.bool("mla_use_nope", False)
-    la = f.child("linear_attn_config", f.raw("linear_attn_config"))
-    kda = {"linear_heads": la.int("num_heads", min=1), "linear_key_dim": la.int("head_dim", min=1),
-           "conv_kernel": la.int("short_conv_kernel_size", min=1)}
-    _refuse_true(la, "use_full_rank_gate", "a full-rank KDA decay gate (Kimi-K3)")
-    mixers = _kimi_mixers(la, layers) if la.ok else None
+    raw = f.raw("linear_attn_config")
+    kda: dict[str, Any] = dict.fromkeys(("linear_heads", "linear_key_dim", "conv_kernel"))
+    mixers = None
+    if raw is not None:
+        la = f.child("linear_attn_config", raw)
+        if la.ok:
+            kda = {"linear_heads": la.int("num_heads", min=1),
+                   "linear_key_dim": la.int("head_dim", min=1),
+                   "conv_kernel": la.int("short_conv_kernel_size", min=1)}
+            _refuse_true(la, "use_full_rank_gate", "a full-rank KDA decay gate (Kimi-K3)")
+            mixers = _kimi_mixers(la, layers)
     values: dict[str, Any] = dict(
         layers=layers, hidden=hidden, heads=heads, kv_heads=heads, vocab=vocab,
         activation=activation, position=Position.ROPE, tied_embeddings=tied,

@@ -338,6 +338,13 @@ def test_a_wrappers_text_problems_are_named_under_text_config():
     assert [field for field, _ in _problems(data)] == ["text_config.hidden_size"]
 
 
+def test_a_wrappers_size_past_the_limits_is_named_under_text_config():
+    data = _config("Qwen--Qwen3-VL-32B-Instruct")
+    data["text_config"]["vocab_size"] = 1 << 30
+    [(field, message)] = _problems(data)
+    assert field == "text_config.vocab_size" and "expected a value <=" in message
+
+
 def test_a_vision_tower_projecting_to_another_width_is_refused_naming_it():
     data = _config("Qwen--Qwen3-VL-32B-Instruct")
     data["vision_config"]["out_hidden_size"] = 4096
