@@ -118,16 +118,15 @@ def test_bench_knows_blackwell_ultra_by_its_cuda_name(cuda_name, descriptor):
 
 # -- models ------------------------------------------------------------------------------
 
-ROUTER_BIASES = 384 * 60  # Kimi's e_score_correction_bias: a buffer per sparse layer, not counted
-
-
-def test_kimi_k25_language_model_counts_the_checkpoints_parameters_less_its_router_biases():
-    """The Kimi-K2.5 checkpoint's language-model tensors hold 1,026,408,232,448 elements (its
-    vision tower 416,866,032 and projector 54,277,888 more; Kimi K2's checkpoint, the same
-    language model, holds as many). The count here is exact but for the 60 sparse layers'
-    router score-correction biases (384 each), which transformers keeps as buffers."""
+def test_kimi_k25_counts_the_checkpoints_parameters_exactly():
+    """The Kimi-K2.5 checkpoint's language-model tensors hold 1,026,408,232,448 elements (Kimi K2's
+    checkpoint, the same language model, holds as many), its vision tower 416,866,032 and projector
+    54,277,888 more. The built-in is the config.json's import: the 60 sparse layers' router
+    score-correction biases (384 each, stored in the checkpoint) counted, MoonViT and its
+    patch-merger projector included."""
     m = resolve_model("kimi-k2.5")
-    assert m.params_total + ROUTER_BIASES == 1_026_408_232_448
+    assert m.vision is not None and m.vision.params == 416_866_032 + 54_277_888
+    assert m.params_total - m.vision.params == 1_026_408_232_448
     assert (m.experts, m.top_k, m.shared_experts, m.dense_layers, m.moe_layers) == (384, 8, 1, 1, 60)
 
 

@@ -83,11 +83,11 @@ H, HEADS, KV, D, VOCAB = 2880, 64, 8, 64, 201088
 EXPERTS, FFN, LAYERS = 128, 2880, 36
 
 
-def test_gpt_oss_120b_by_hand_less_the_expert_and_router_biases_and_sinks():
+def test_gpt_oss_120b_by_hand_counts_every_bias_and_sink():
     """GptOssAttention: q, k, v, o with biases, plus one sink logit per head; GptOssTopKRouter:
     weight and bias; GptOssExperts: gate_up_proj (h x 2f) and down_proj (f x h), each with a
-    bias; two RMSNorms per layer, a final one, untied embedding and head. Model counts the
-    attention biases (bias: true) but not the experts' or the router's biases nor the sinks."""
+    bias; two RMSNorms per layer, a final one, untied embedding and head. The built-in is the
+    config.json's import (attention sinks, expert and router biases, sliding-window layers)."""
     attention = 2 * H * HEADS * D + 2 * H * KV * D + (HEADS * D + 2 * KV * D + H)
     sinks = HEADS
     router = EXPERTS * H + EXPERTS
@@ -95,9 +95,9 @@ def test_gpt_oss_120b_by_hand_less_the_expert_and_router_biases_and_sinks():
     layer = attention + sinks + router + experts + 2 * H
     checkpoint = LAYERS * layer + 2 * VOCAB * H + H
     assert checkpoint == 116_829_156_672  # the model card's 116.83B
-    not_counted = LAYERS * (sinks + EXPERTS + EXPERTS * 3 * FFN)
-    assert not_counted == 39_820_032
-    assert resolve_model("gpt-oss-120b").params_total == checkpoint - not_counted
+    model = resolve_model("gpt-oss-120b")
+    assert model.params_total == checkpoint
+    assert (model.mixers, model.sliding_window) == ("WA" * 18, 128)
 
 
 def test_llama4_maverick_counts_do_not_depend_on_where_the_dense_layers_sit():
