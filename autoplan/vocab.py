@@ -244,6 +244,7 @@ class Position(str, enum.Enum):
 
     ROPE = "rope"
     LEARNED = "learned"
+    NONE = "none"  # no position encoding (NoPE: Nemotron-H's attention, Kimi Linear's MLA)
 
 
 class Norm(str, enum.Enum):

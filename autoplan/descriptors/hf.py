@@ -826,8 +826,7 @@ def _read_kimi_linear(f: Fields) -> dict[str, Any]:
     sigmoid router and its score-correction bias (counted: the checkpoint stores it).
 
     MLA under mla_use_nope keeps the RoPE slice's weights and rotates nothing: no
-    position encoding, whose absence changes no weight (Model has no "none": rope
-    stands in, costing a few elementwise FLOPs)."""
+    position encoding (Position.NONE), whose absence changes no weight."""
     for key, what in (("attn_res_block_size", "Kimi-K3's attention residuals"),
                       ("routed_expert_hidden_size", "Kimi-K3's latent mixture of experts"),
                       ("moe_latent_size", "a latent mixture of experts"),
@@ -849,7 +848,7 @@ def _read_kimi_linear(f: Fields) -> dict[str, Any]:
     q_lora_rank = f.int("q_lora_rank", 0, min=1)
     mla = {key: f.int(key, min=1) for key in
            ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
-    f.bool("mla_use_nope", False)
+    nope = f.bool("mla_use_nope", False)
     raw = f.raw("linear_attn_config")
     kda: dict[str, Any] = dict.fromkeys(("linear_heads", "linear_key_dim", "conv_kernel"))
     mixers = None
@@ -863,7 +862,7 @@ def _read_kimi_linear(f: Fields) -> dict[str, Any]:
             mixers = _kimi_mixers(la, layers)
     values: dict[str, Any] = dict(
         layers=layers, hidden=hidden, heads=heads, kv_heads=heads, vocab=vocab,
-        activation=activation, position=Position.ROPE, tied_embeddings=tied,
+        activation=activation, position=Position.NONE if nope else Position.ROPE, tied_embeddings=tied,
         max_seq_len=max_seq_len, norm=Norm.RMSNORM, bias=False, q_lora_rank=q_lora_rank,
         **mla, mixers=mixers, **(kda if mixers is None or KDA in mixers else {}),
         mtp_layers=f.int("num_nextn_predict_layers", 0, min=0))
@@ -1059,7 +1058,7 @@ def _read_nemotron_h(f: Fields) -> dict[str, Any]:
     hybrid_override_pattern (M Mamba-2, * attention, - a ReLU^2 MLP, E MoE) or
     layers_block_type says; each block is one Model layer whose other half is empty.
     Attention has no position encoding (NemotronHAttention is JambaAttention: no
-    rotary; Model has no "none": rope stands in). MoE: DeepSeek-V3's router with its
+    rotary: Position.NONE). MoE: DeepSeek-V3's router with its
     score-correction bias, non-gated routed experts of moe_intermediate_size and one
     shared expert of moe_shared_expert_intermediate_size."""
     _refuse_given(f, "moe_latent_size", "Nemotron 3 Ultra's latent mixture of experts (routed "
@@ -1087,7 +1086,8 @@ def _read_nemotron_h(f: Fields) -> dict[str, Any]:
     values: dict[str, Any] = dict(
         layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
         head_dim=_explicit_head_dim(hidden, heads, head_dim),
-        vocab=f.int("vocab_size", min=1), activation=activation, position=Position.ROPE,
+        vocab=f.int("vocab_size", min=1), activation=activation,
+        position=Position.NONE,  # NemotronHAttention applies no rotary embedding (NoPE)
         tied_embeddings=f.bool("tie_word_embeddings", False),
         max_seq_len=f.int("max_position_embeddings", min=1), norm=Norm.RMSNORM, bias=False,
         mixers="".join(_NEMOTRON_BLOCKS[c][0] for c in pattern) if pattern else None,

@@ -5,7 +5,7 @@ Flag names were checked against NVIDIA/Megatron-LM ``megatron/training/arguments
 
 - ``_add_network_size_args``: --num-layers, --hidden-size, --ffn-hidden-size,
   --num-attention-heads, --kv-channels, --group-query-attention, --num-query-groups,
-  --max-position-embeddings, --position-embedding-type {learned_absolute, rope},
+  --max-position-embeddings, --position-embedding-type {learned_absolute, rope, none},
   --normalization {LayerNorm, RMSNorm}, --swiglu, --squared-relu,
   --untie-embeddings-and-output-weights, --multi-latent-attention, --mtp-num-layers.
   There is no GeGLU flag (only --quick-geglu, a different function), so a GeGLU
@@ -154,7 +154,8 @@ def model_args(plan: Plan) -> list[Arg]:
     out += [
         ("--seq-length", str(job.seq_len)),
         ("--max-position-embeddings", str(max(m.max_seq_len, job.seq_len))),
-        ("--position-embedding-type", "rope" if m.position is Position.ROPE else "learned_absolute"),
+        ("--position-embedding-type", {Position.ROPE: "rope", Position.NONE: "none"}.get(
+            m.position, "learned_absolute")),
         ("--normalization", "RMSNorm" if m.norm is Norm.RMSNORM else "LayerNorm"),
     ]
     if m.activation is Activation.SWIGLU:
