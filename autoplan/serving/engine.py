@@ -145,6 +145,10 @@ def _plain_hybrid(release: str, model: Model) -> HybridCache:
     return HybridCache()
 
 
+def _runs_every_model(release: str, model: Model) -> list[tuple[str, str]]:
+    return []
+
+
 def uses_recurrent(model: Model) -> bool:
     """Whether any layer keeps a recurrent state (GDN, KDA, Mamba-2)."""
     return any(m in LINEAR_MIXERS for m in model.mixers)
@@ -290,6 +294,9 @@ class EngineSpec:
     # how a release caches a model whose layers differ (sliding windows, recurrent states;
     # :class:`HybridCache`), given the release and the model
     hybrid_cache: Callable[[str, Model], HybridCache] = _plain_hybrid
+    # (field, why) for a model the release cannot run at all (a kind of layer it lacks), by
+    # name: the plan readers, ``serve`` and the exports refuse it
+    model_refusals: Callable[[str, Model], list[tuple[str, str]]] = _runs_every_model
     versions: tuple[EngineVersion, ...] = ()  # its release lines, oldest first (module doc)
     fitted: Mapping[str, Fitted] = field(default_factory=dict, compare=False)  # line -> constants
     # the container image of a release ("{version}" the release, without a leading v) and

@@ -939,6 +939,8 @@ def _check(plan: ServingPlan, f: Fields) -> None:
                            f"max_seq_len {m.max_seq_len:,}: engines refuse such requests")
     for why in image_problems(m, plan.workload.images_per_request):
         f.fail("workload.images_per_request", why)
+    for field, why in plan.engine.spec.model_refusals(plan.engine_release, m):
+        f.fail(field, why)
     if d.chunked_prefill is False and d.max_batched_tokens is not None:
         prompt = plan.workload.input_len.ceiling
         if d.max_batched_tokens < prompt:

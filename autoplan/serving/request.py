@@ -139,7 +139,13 @@ def build_serve_request(job_file: Path | None, job: ServingJob, given: ServeOpti
     problems: list[Problem] = []
     weights = _precisions(given.weights, "--weights", list(Precision), problems)
     kv_caches = _precisions(given.kv_cache, "--kv-cache", KV_PRECISIONS, problems)
-    older = engine.spec.resolve(version).note
+    resolved = engine.spec.resolve(version)
+    refused = engine.spec.model_refusals(resolved.release, model)
+    if refused:
+        flag = "--model" if given.model is not None or job_file is None else str(job_file)
+        raise InputError([Problem(flag, "" if flag == "--model" else field, f"{engine.value}: {why}")
+                          for field, why in refused])
+    older = resolved.note
     return ServeRequest(model, cluster, engine, workload, slo, tuple(weights), tuple(kv_caches),
                         _override_notes(job_file, job, given) + ((older,) if older else ()),
                         _speculative(given, model, job, job_file),
