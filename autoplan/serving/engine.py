@@ -145,6 +145,12 @@ def _plain_hybrid(release: str, model: Model) -> HybridCache:
     return HybridCache()
 
 
+def release_version(release: str) -> Version:
+    """A release as the engine facts compare it: an engine without release lines names none
+    (""), taken as its newest."""
+    return parse_version(release) if release.strip() else parse_version("nightly")
+
+
 def _runs_every_model(release: str, model: Model) -> list[tuple[str, str]]:
     return []
 

@@ -18,6 +18,7 @@ from autoplan.serving.engine import (
     HybridCache,
     StateReuse,
     register,
+    release_version,
     uses_recurrent,
 )
 from autoplan.serving.versions import parse_version
@@ -86,13 +87,13 @@ FIRST_RELEASE = {m: parse_version("0.5.0") for m in (GDN, KDA, MAMBA, SPARSE)}
 
 def hybrid_cache(release: str, model: Model) -> HybridCache:
     """What SGLang ``release`` does with ``model``'s sliding and recurrent layers (above)."""
-    windowed = parse_version(release) >= WINDOWED_SINCE
+    windowed = release_version(release) >= WINDOWED_SINCE
     source = "sglang/srt/mem_cache/swa_memory_pool.py; mamba_radix_cache.py (no_buffer)"
     return HybridCache(windowed, StateReuse.NONE, False, source)
 
 
 def family_refusals(release: str, model: Model) -> list[tuple[str, str]]:
-    v = parse_version(release)
+    v = release_version(release)
     if v.nightly:
         return []
     return [("model", f"{model.name} has {MIXERS[m]} layers ({m}), which SGLang runs from its 0.5 "

@@ -19,6 +19,7 @@ from autoplan.serving.engine import (
     HybridCache,
     StateReuse,
     register,
+    release_version,
     uses_recurrent,
 )
 from autoplan.serving.versions import parse_version
@@ -102,14 +103,14 @@ FIRST_RELEASE = {GDN: parse_version("1.2.0"), SPARSE: parse_version("1.2.0"), KD
 
 def hybrid_cache(release: str, model: Model) -> HybridCache:
     """What TensorRT-LLM ``release`` does with ``model``'s sliding and recurrent layers (above)."""
-    v = parse_version(release)
+    v = release_version(release)
     reuse = StateReuse.BLOCKS if v >= STATE_REUSE_SINCE and uses_recurrent(model) else StateReuse.NONE
     return HybridCache(v >= WINDOWED_SINCE, reuse, False,
                        "TensorRT-LLM KvCacheConfig.max_attention_window; PR #12185 (mamba block reuse)")
 
 
 def family_refusals(release: str, model: Model) -> list[tuple[str, str]]:
-    v = parse_version(release)
+    v = release_version(release)
     if v.nightly:
         return []
     return [("model", f"{model.name} has {MIXERS[m]} layers ({m}), which TensorRT-LLM's PyTorch backend "

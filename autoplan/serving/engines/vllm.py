@@ -21,6 +21,7 @@ from autoplan.serving.engine import (
     StateReuse,
     mamba_only,
     register,
+    release_version,
     uses_recurrent,
 )
 from autoplan.serving.versions import parse_version
@@ -140,7 +141,7 @@ ALIGN_SINCE = parse_version("0.15.0")
 
 def hybrid_cache(release: str, model: Model) -> HybridCache:
     """What vLLM ``release`` does with ``model``'s sliding and recurrent layers (above)."""
-    v = parse_version(release)
+    v = release_version(release)
     windowed = v >= WINDOWED_SINCE
     if not uses_recurrent(model):
         return HybridCache(windowed=windowed, source="vLLM hybrid KV cache manager (SlidingWindowSpec)")
@@ -164,7 +165,7 @@ FIRST_RELEASE = {GDN: parse_version("0.10.2"), SPARSE: parse_version("0.11.0"), 
 
 def family_refusals(release: str, model: Model) -> list[tuple[str, str]]:
     """(field, why) for a model with layers the release does not run (:data:`FIRST_RELEASE`)."""
-    v = parse_version(release)
+    v = release_version(release)
     if v.nightly:
         return []
     return [("model", f"{model.name} has {MIXERS[m]} layers ({m}), which vLLM runs from {first} on, "
