@@ -319,3 +319,33 @@ def test_a_plan_for_a_release_that_cannot_run_its_model_is_refused_at_load(tmp_p
     path.write_text(_plan_text(tmp_path, qwen3_next_like(1)).replace("engine: vllm", "engine: trtllm"))
     got = autoplan("evaluate", path)
     assert got.returncode == 2 and "gated delta net" in got.stderr and "1.2.0" in got.stderr
+
+
+# ------------------------------------------------------------------ the engines' own parsers
+
+def test_vllms_own_parser_reads_the_hybrid_and_multimodal_flags(tmp_path) -> None:
+    from tests.unit.test_serving_launch import _parse
+
+    text = _launch_plan(qwen3_next_like(1, VISION), Engine.VLLM, prefix=True)
+    plan = ServingPlan(text.model, text.cluster, text.engine, text.deployment,
+                       Workload(Lengths(1000.0), Lengths(16.0), Arrival(ArrivalKind.RATE, rate_rps=1.0), 20,
+                                Prefix(0.5), 2, 64), text.slo)
+    argv = run_launch_script(export_serving(plan, Engine.VLLM, "p.yaml")["serve-vllm.sh"], tmp_path,
+                             ["vllm", "serve"])
+    (values,) = _parse("vllm", "vllm_serve_args.py", [argv])
+    assert values["mamba_ssm_cache_dtype"] == "float32" and values["mamba_cache_mode"] == "align"
+    limit = values["limit_mm_per_prompt"]
+    assert (json.loads(limit) if isinstance(limit, str) else limit)["image"] == 2
+
+
+def test_sglangs_own_parser_reads_the_hybrid_and_multimodal_flags(tmp_path) -> None:
+    from tests.unit.test_serving_launch import _parse
+
+    text = _launch_plan(nemotron_h_like(), Engine.SGLANG)
+    plan = ServingPlan(qwen3_next_like(1, VISION), text.cluster, text.engine, text.deployment,
+                       Workload(Lengths(1000.0), Lengths(16.0), Arrival(ArrivalKind.RATE, rate_rps=1.0), 20,
+                                None, 1, 64), text.slo)
+    script = export_serving(plan, Engine.SGLANG, "p.yaml")["serve-sglang.sh"]
+    argv = run_launch_script(script, tmp_path, ["python", "-m", "sglang.launch_server"])
+    (values,) = _parse("sglang", "sglang_server_args.py", [argv])
+    assert values["mamba_ssm_dtype"] == "float32" and values["enable_multimodal"] is True

@@ -203,8 +203,11 @@ def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
             # what the prediction reused of the recurrent states (hybrid_cache)
             mode = "all" if step.hybrid_cache.reuse is StateReuse.BLOCKS else "align"
             out.append(("--mamba-cache-mode", mode))
-    if uses_recurrent(plan.model):  # the states in fp32, as predicted (serving.kinds.STATE_BYTES;
-        # vllm/config/cache.py mamba_ssm_cache_dtype, "auto" the model's dtype)
+    if uses_recurrent(plan.model) and parse_version(plan.engine_release) >= FIRST_RELEASE[GDN]:
+        # the states in fp32, as predicted (serving.kinds.STATE_BYTES; vllm/config/cache.py
+        # mamba_ssm_cache_dtype, "auto" the model's dtype; vllm/engine/arg_utils.py's cache
+        # group). Taken to exist from the release that runs Qwen3-Next (not pinned further):
+        # an older release keeps them in the model's dtype, half what is predicted
         out.append(("--mamba-ssm-cache-dtype", "float32"))
     if plan.workload.images_per_request:  # vllm/config/multimodal.py limit_per_prompt
         out.append(("--limit-mm-per-prompt", json.dumps({"image": plan.workload.images_per_request})))
