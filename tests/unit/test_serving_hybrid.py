@@ -64,6 +64,15 @@ def nemotron_h_like() -> Model:
                  mamba_heads=64, mamba_head_dim=64, ssm_state=128, ssm_groups=8, conv_kernel=4)
 
 
+def dsa_like() -> Model:
+    """DeepSeek sparse attention over MLA (DeepSeek-V3.2's attention, a few small layers)."""
+    return Model(name="dsa-test", layers=4, hidden=2048, heads=16, kv_heads=16, ffn_hidden=8192,
+                 vocab=129280, activation=Activation.SWIGLU, position=Position.ROPE, tied_embeddings=False,
+                 max_seq_len=163840, q_lora_rank=512, kv_lora_rank=512, qk_nope_head_dim=128,
+                 qk_rope_head_dim=64, v_head_dim=128, mixers="DDDD", index_heads=64, index_head_dim=128,
+                 index_topk=2048)
+
+
 def step_of(model: Model, engine: Engine = Engine.VLLM, version: str | None = None, tp: int = 1,
             cluster=H1) -> StepModel:
     return StepModel(model, cluster, Deployment(replicas=1, tp=tp), engine, version)
@@ -104,13 +113,28 @@ def test_nemotron_h_keeps_its_attention_layers_kv_and_its_mamba_layers_states() 
     assert cache.state_per_sequence == 8 * (ssm + conv)
 
 
+def test_sparse_attention_keeps_the_mla_latent_and_the_indexers_fp8_key_per_token() -> None:
+    cache = step_of(dsa_like()).cache
+    latent = (512 + 64) * BF16  # the compressed KV and the shared RoPE key
+    index = 128 * 1 + 4  # one fp8 key of 128 channels and its fp32 scale
+    assert cache.kv_per_token == 4 * (latent + index) and cache.state_per_sequence == 0
+
+
+def test_sparse_attention_decodes_the_indexers_keys_of_all_and_the_latent_of_top_k() -> None:
+    step = step_of(dsa_like())
+    n = 2
+    const, slope = step._decode_kinds(n, n * 100_000)  # past index_topk: the latent read is fixed
+    assert slope == pytest.approx(4 * step._index_ctx_s)
+    assert const == pytest.approx(4 * step._ctx_s["D"] * n * 2048)
+
+
 def test_tensor_parallel_splits_the_recurrent_states_by_heads() -> None:
     one, two = step_of(qwen3_next_like()).cache, step_of(qwen3_next_like(), tp=2).cache
     assert two.state_per_sequence == pytest.approx(one.state_per_sequence / 2)
     assert two.kv_per_token == one.kv_per_token / 2  # 2 KV heads over 2 GPUs
 
 
-@pytest.mark.parametrize("make", [qwen3_next_like, gpt_oss_like, nemotron_h_like])
+@pytest.mark.parametrize("make", [qwen3_next_like, gpt_oss_like, nemotron_h_like, dsa_like])
 def test_a_hybrid_models_weights_on_one_gpu_are_its_parameters(make) -> None:
     model = make()
     assert step_of(model).memory_weights() == pytest.approx(BF16 * model.params_total, rel=1e-12)
