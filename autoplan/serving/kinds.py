@@ -30,6 +30,13 @@ every token and the latent of min(C, n index_topk) tokens; recurrent layers read
 each sequence's state once (2 n state bytes). Prefill core FLOPs per kind are
 :func:`autoplan.kernels.mixers.core_flops_per_token`'s (the chunked delta rule, SSD, the
 indexer, windowed attention), projections :func:`autoplan.kernels.mixers.mixer_gemms`.
+
+Prefix caching (``StepModel.prefix_block``): full, sparse and sliding layers' KV is reused in
+whole KV blocks (a sliding layer needs only the prefix's last window cached: vLLM's
+``SlidingWindowManager``, SGLang's ``SWARadixCache``); a recurrent layer's state only where
+the engine release keeps one (``EngineSpec.hybrid_cache``: nowhere, at every state-sized
+block, or at the end of each block-aligned scheduler step), so a model with recurrent layers
+reuses a prefix only in those units.
 """
 
 from __future__ import annotations
