@@ -46,8 +46,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from autoplan.descriptors.hardware import Cluster, Device
-from autoplan.descriptors.model import Model
-from autoplan.kernels import comm
+from autoplan.descriptors.model import FULL, LINEAR_MIXERS, MOE, NO_MIXER, NO_MLP, SLIDING, SPARSE, Model
+from autoplan.kernels import comm, mixers
 from autoplan.kernels.compute import (
     AttentionCall,
     AttentionKernel,
@@ -66,8 +66,9 @@ from autoplan.kernels.layer import (
     layer_params_per_rank,
     output_params_per_rank,
 )
+from autoplan.serving import kinds
 from autoplan.serving.deployment import Deployment, Precision, SpecMethod, resolved_limits
-from autoplan.serving.engine import Engine
+from autoplan.serving.engine import Engine, HybridCache, StateReuse, uses_recurrent
 from autoplan.units import GiB
 from autoplan.vocab import Dtype
 
@@ -132,9 +133,15 @@ def kv_transfer(model: Model, cluster: Cluster, d: Deployment) -> tuple[float, f
     (RDMA, as NIXL and Mooncake move it) otherwise; one link latency to start."""
     assert d.disaggregated is not None
     pre, dec = d.disaggregated.prefill, d.disaggregated.decode
-    per_token = model.layers * kv_bytes_per_token_layer(model, 1, d.kv_cache.bytes)
     link = cluster.intra_node if pre.gpus + dec.gpus <= cluster.nvlink_domain else cluster.inter_node
-    return link.latency_s, per_token / (min(pre.tp * pre.pp, dec.tp * dec.pp) * link.effective_Bps)
+    pairs_Bps = min(pre.tp * pre.pp, dec.tp * dec.pp) * link.effective_Bps
+    if model.is_hybrid or model.mlps:  # per kind (serving.kinds): KV of full and sparse layers
+        # per token; the sliding layers' window and the recurrent states once per request
+        shape = kinds.cache_shape(model, range(model.layers), 1, d.kv_cache.bytes, windowed=True)
+        once = shape.state_per_sequence + shape.sliding_per_token * shape.window
+        return link.latency_s + once / pairs_Bps, shape.kv_per_token / pairs_Bps
+    per_token = model.layers * kv_bytes_per_token_layer(model, 1, d.kv_cache.bytes)
+    return link.latency_s, per_token / pairs_Bps
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,6 +286,12 @@ class StepModel:
         self._kernels = d.pp * (self.dense_stage * self._layer_kernels
                                 + self.moe_stage * self._moe_layer_kernels)
         self._serial = self._hidden == 0.0 and line.launch_s == 0.0
+        # a model whose layers differ (mixers/mlps patterns): costed kind by kind
+        self.hybrid = bool(m.mixers or m.mlps)
+        self.hybrid_cache: HybridCache = self.engine.spec.hybrid_cache(
+            self.engine.spec.resolve(self.version).release, m)
+        if self.hybrid:
+            self._init_kinds()
 
     # -- per-layer pieces ---------------------------------------------------------------
     def _shapes(self, gemms: list[Gemm]) -> tuple[tuple[float, float, float], ...]:
@@ -316,6 +329,9 @@ class StepModel:
         cached = self._tokens.get(tokens)
         if cached is not None:
             return cached
+        if self.hybrid:
+            out = self._tokens[tokens] = self._per_tokens_kinds(tokens)
+            return out
         m, d, dev = self.model, self.deployment, self.device
         dense, moe = self._linear_times(tokens)
         L, Lm = self.layers_stage * d.pp, self.moe_stage * d.pp
@@ -373,12 +389,17 @@ class StepModel:
         return ratio
 
     def _attention(self, decodes: int, decode_context: float, prefill_pairs: float,
-                   prefill_context: float) -> tuple[float, float]:
+                   prefill_context: float, prompt_tokens: float = 0.0) -> tuple[float, float]:
         """(prefill attention, KV read) over every layer: prefill compute-bound at flash
         attention's rate, decode bound by reading the KV cache (or its FLOPs, if more: a
         speculative verify's ``width`` queries per sequence read the cache once), times the
         decode kernel's measured ratio (:meth:`decode_ratio`; the same formula as
-        :func:`autoplan.kernels.compute.decode_attention_time`, on which it is fitted)."""
+        :func:`autoplan.kernels.compute.decode_attention_time`, on which it is fitted). A model
+        whose layers differ: kind by kind (:meth:`_attention_kinds`; ``prompt_tokens``: the
+        prompt tokens the iteration computes)."""
+        if self.hybrid:
+            return self._attention_kinds(decodes, decode_context, prefill_pairs, prefill_context,
+                                         prompt_tokens)
         attention = self._prefill_s_per_pair * prefill_pairs
         decode = max(decode_context * self.kv_token_layer / self.mem_eff_Bps,
                      self._decode_s_per_token * decode_context * self.width)
@@ -437,9 +458,14 @@ class StepModel:
         draft0 = self._draft_seconds(decodes, 0.0, 0, 0.0, 0.0)
         a = (self._per_tokens(decodes * w).total + self._logits(decodes * w) + self._host_seq * decodes
              + draft0)
-        c = self._kscale * self.layers_stage * self.deployment.pp * max(
-            self.kv_token_layer / self.mem_eff_Bps, self._decode_s_per_token * w)
-        c *= self.decode_ratio(decodes, ctx)
+        if self.hybrid:  # kind by kind, linear in the context about ``ctx``
+            const, c = self._decode_kinds(decodes, ctx)
+            a += self._kscale * const
+            c *= self._kscale
+        else:
+            c = self._kscale * self.layers_stage * self.deployment.pp * max(
+                self.kv_token_layer / self.mem_eff_Bps, self._decode_s_per_token * w)
+            c *= self.decode_ratio(decodes, ctx)
         if decodes and self.deployment.speculative is not None:
             # the proposals' reads of the context: linear in it (a max of two linear terms)
             c += self._draft_seconds(decodes, 1.0, 0, 0.0, 0.0) - draft0
@@ -522,9 +548,9 @@ class StepModel:
         ``sampled``: sequences that sample a token (decodes + prompts finishing)."""
         if tokens <= 0:
             return Breakdown()
-        attention, kv_read = self._attention(decodes, decode_context, prefill_pairs, prefill_context)
-        base = self._per_tokens(tokens)
         prompt = tokens - decodes * self.width
+        attention, kv_read = self._attention(decodes, decode_context, prefill_pairs, prefill_context, prompt)
+        base = self._per_tokens(tokens)
         draft = self._draft_seconds(decodes, decode_context, prompt, prefill_pairs, prefill_context)
         out = replace(base, attention=attention, kv_read=kv_read,
                       logits=self._logits(sampled + decodes * (self.width - 1)),
@@ -549,7 +575,8 @@ class StepModel:
         total = self._token_totals.get(tokens)
         if total is None:
             total = self._token_totals[tokens] = self._per_tokens(tokens).total
-        attention, kv_read = self._attention(decodes, decode_context, prefill_pairs, prefill_context)
+        attention, kv_read = self._attention(decodes, decode_context, prefill_pairs, prefill_context,
+                                             tokens - decodes * self.width)
         host = self._host_seq * sampled
         if self.width == 1:
             return total + attention + kv_read + self._logits(sampled) + host
@@ -565,7 +592,8 @@ class StepModel:
         gpu = self._token_device.get(tokens)
         if gpu is None:
             gpu = self._token_device[tokens] = self._per_tokens(tokens).device
-        attention, kv_read = self._attention(decodes, decode_context, prefill_pairs, prefill_context)
+        attention, kv_read = self._attention(decodes, decode_context, prefill_pairs, prefill_context,
+                                             tokens - decodes * self.width)
         logits = self._logits(sampled + decodes * (self.width - 1))
         if self.width == 1:
             return gpu + attention + kv_read + logits
@@ -577,6 +605,8 @@ class StepModel:
     def memory_weights(self) -> float:
         """Weight bytes per GPU of the fullest stage, at their precision (embedding and output
         layer in 16 bits, split over TP), as training holds them (kernels.layer)."""
+        if self.hybrid:
+            return self._stage_weights
         m, d = self.model, self.deployment
         wb = d.weights.bytes
         per_layer_dense = layer_params_per_rank(m, d.tp) * wb
@@ -634,6 +664,210 @@ class StepModel:
         return cached
 
     def kv_tokens(self, mem: Memory) -> int:
-        """Tokens of KV cache one scheduler (an attention-DP rank) can hold."""
+        """Tokens of KV cache one scheduler (an attention-DP rank) can hold; a model whose layers
+        differ: units of its pool (:meth:`pool_unit`: one token's KV of its full and sparse
+        layers), of which each running sequence holds :attr:`seq_units` beside its tokens."""
+        if self.hybrid:
+            return int(mem.kv_cache // self.pool_unit())
         per_token = self.kv_token_layer * self.layers_stage + self._draft_memory()[1]
         return int(mem.kv_cache // per_token) if per_token > 0 else 0
+
+    def pool_unit(self) -> float:
+        """Bytes of one unit of the scheduler's KV pool: one token's KV of every layer on a
+        GPU of a stage (a model whose layers differ: :attr:`serving.kinds.CacheShape.pool_unit`),
+        with a speculative proposer's."""
+        if not self.hybrid:
+            return self.kv_token_layer * self.layers_stage + self._draft_memory()[1]
+        return self.cache.pool_unit + self._draft_memory()[1]
+
+    @property
+    def seq_units(self) -> int:
+        """Pool units a running sequence holds beside its tokens: a model's recurrent states
+        and its windowed sliding layers' window (0 for a model whose layers are alike)."""
+        if not self.hybrid or self.cache.seq_bytes <= 0:
+            return 0
+        return math.ceil(self.cache.seq_bytes / self.pool_unit())
+
+    @property
+    def prefix_block(self) -> int:
+        """Tokens in which the engine's prefix cache reuses a shared prefix (0: not at all):
+        its KV block; for a model with recurrent layers what its release keeps of their
+        states (``EngineSpec.hybrid_cache``): none, a state per (state-sized) block, or one at
+        the end of each block-aligned scheduler step (vLLM's align mode: steps of at most
+        max_batched_tokens in whole blocks)."""
+        block = self.engine.spec.kv_block_tokens
+        if not self.hybrid or not uses_recurrent(self.model):
+            return block
+        hc = self.hybrid_cache
+        if hc.reuse is StateReuse.NONE:
+            return 0
+        if hc.state_blocks:
+            block = max(block, kinds.state_block_tokens(self.model, self.deployment.tp,
+                                                        self.deployment.kv_cache.bytes))
+        if hc.reuse is StateReuse.STEPS:
+            return max(block, self.max_batched_tokens // block * block)
+        return block
+
+    # -- a model whose layers differ (serving.kinds) -------------------------------------
+    def _init_kinds(self) -> None:
+        """Per kind of layer: its GEMM shapes and kernels; the fullest stage's weights and
+        cache shape (serving.kinds); the decode and prefill constants of each mixer."""
+        m, d, dev = self.model, self.deployment, self.device
+        self._kind_counts = m.kinds
+        self._kind_shapes = {k: self._shapes(kinds.kind_gemms(m, k, 1.0, d.tp)) for k in self._kind_counts}
+        self._kernels = sum(n * kernels_per_layer(m, len(self._kind_shapes[k]), k[1] == MOE)
+                            for k, n in self._kind_counts.items())
+        self._blocks = sum(n * ((k[0] != NO_MIXER) + (k[1] != NO_MLP)) for k, n in self._kind_counts.items())
+        self._mixer_counts: dict[str, int] = {}
+        for (mixer, _), n in self._kind_counts.items():
+            self._mixer_counts[mixer] = self._mixer_counts.get(mixer, 0) + n
+        # weights and cache per stage (vLLM's split of the layers); the fullest of each
+        windowed = self.hybrid_cache.windowed
+        weights, shapes = [], []
+        stages = kinds.stage_layers(m.layers, d.pp)
+        for i, layers in enumerate(stages):
+            w = sum(kinds.layer_weights_per_rank(m, m.kind(j), d.tp, d.ep, self.etp) for j in layers)
+            ends = 0.0
+            if i == 0:
+                ends += embedding_params_per_rank(m, d.tp)
+            if i == len(stages) - 1:
+                ends += output_params_per_rank(m, d.tp, d.pp == 1)
+            weights.append(w * d.weights.bytes + ends * ACT_BYTES)
+            shapes.append(kinds.cache_shape(m, layers, d.tp, d.kv_cache.bytes, windowed))
+        self._stage_weights = max(weights)
+        # a uniform pool over the stages: the most any stage holds per token and per sequence
+        self.cache = kinds.CacheShape(max(c.kv_per_token for c in shapes),
+                                      max(c.sliding_per_token for c in shapes), m.sliding_window,
+                                      max(c.state_per_sequence for c in shapes))
+        self.kv_token_layer = mixers.kv_bytes_per_token(m, m.mtp_kind[0], d.tp, d.kv_cache.bytes)
+        # per (query, key) pair and per token of context, one layer, per GPU (heads / tp)
+        rate = dev.peak_bf16_flops * self.attn_eff
+        heads = m.heads / d.tp
+        self._pair_s: dict[str, float] = {}
+        self._ctx_s: dict[str, float] = {}  # decode: one token of context, the larger of read and FLOPs
+        for mixer in self._mixer_counts:
+            if mixer in (FULL, SLIDING, SPARSE):
+                dims = mixers.core_flops_per_token(m, FULL if mixer == SPARSE else mixer, 2.0) / (2 * m.heads)
+                call = AttentionCall(heads, 4096.0, m.qk_head_dim, m.heads / m.kv_heads, True, False)
+                self._pair_s[mixer] = attention_time(2.0 * heads * dims, call, dev, AttentionKernel.FLASH3)
+                kv = mixers.kv_bytes_per_token(m, FULL if mixer == SPARSE else mixer, d.tp, d.kv_cache.bytes)
+                decode_dim = (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank if m.is_mla else dims
+                self._ctx_s[mixer] = max(kv / self.mem_eff_Bps, 2.0 * heads * decode_dim * self.width / rate)
+        if SPARSE in self._mixer_counts:  # the indexer: its fp8 key of every token, its heads' scores
+            key = mixers.kv_bytes_per_token(m, SPARSE, d.tp, d.kv_cache.bytes) - mixers.kv_bytes_per_token(
+                m, FULL, d.tp, d.kv_cache.bytes)
+            score = 2.0 * m.index_heads / d.tp * m.index_head_dim
+            self._index_pair_s = score / rate
+            self._index_ctx_s = max(key / self.mem_eff_Bps, score * self.width / rate)
+        self._recurrent_s: dict[str, float] = {}  # prefill: per token; decode: per sequence
+        self._state_s: dict[str, float] = {}
+        for mixer in self._mixer_counts:
+            if mixer in LINEAR_MIXERS:
+                flops_token = (mixers.core_flops_per_token(m, mixer, 0.0)
+                               + mixers.conv_flops_per_token(m, mixer)) / d.tp
+                self._recurrent_s[mixer] = flops_token / rate
+                state = mixers.state_bytes_per_sequence(m, mixer, d.tp, kinds.STATE_BYTES, ACT_BYTES)
+                self._state_s[mixer] = 2.0 * state / self.mem_eff_Bps  # read and write, once a step
+
+    def _per_tokens_kinds(self, tokens: int) -> Breakdown:
+        """:meth:`_per_tokens` kind by kind: each kind's GEMMs (an MoE kind's routed experts
+        with them), one TP all-reduce per block (mixer or MLP), EP's per MoE layer."""
+        m, d, dev = self.model, self.deployment, self.device
+        t = float(tokens)
+        gemm = moe = 0.0
+        experts = None
+        for kind, n in self._kind_counts.items():
+            own = self._gemms(t, self._kind_shapes[kind])
+            if kind[1] == MOE:
+                if experts is None:
+                    experts = batch_experts_time(m, t * d.attention_dp, d.ep, self.etp, dev, self.dtype,
+                                                 d.weights.bytes)
+                moe += n * (own + experts)
+            else:
+                gemm += n * own
+        elementwise = m.layers * tokens * fused_elementwise_bytes_per_token(m, d.tp) / self.mem_eff_Bps
+        act = ACT_BYTES * tokens * m.hidden
+        tp_comm = self._blocks * all_reduce_seconds(act, self.tp_group) if d.tp > 1 else 0.0
+        ep_comm = 0.0
+        if m.is_moe and self.ep_group is not None:
+            ep_comm = m.moe_layers * 2 * comm.all_to_all(act * m.top_k * d.attention_dp / d.ep, self.ep_group)
+        elif m.is_moe and d.attention_dp > 1:
+            ep_comm = m.moe_layers * all_reduce_seconds(act * d.attention_dp, self.stage_group)
+        pp_comm = (d.pp - 1) * comm.p2p(act / d.tp, self.pp_cross, self.cluster) if d.pp > 1 else 0.0
+        k = self._kscale
+        return Breakdown(gemm=k * gemm, moe=k * moe, elementwise=elementwise, tp_comm=tp_comm,
+                         ep_comm=ep_comm, pp_comm=pp_comm, kernel_gaps=self._kernels * dev.kernel_gap_s,
+                         host=self._host_step)
+
+    def _decode_kinds(self, decodes: int, context: float) -> tuple[float, float]:
+        """(const, slope): the decode reads of every layer for ``decodes`` sequences holding
+        ``context`` tokens in all, const + slope x context about ``context`` (serving.kinds:
+        full layers all of it, sliding ones min(C, n w), sparse ones the indexer's keys of all
+        and the latent of min(C, n topk), recurrent ones 2 n state bytes). The decode kernel's
+        measured ratio applies to the attention layers' part (GQA, as measured)."""
+        m, n = self.model, float(decodes)
+        const = slope = 0.0
+        ratio = self.decode_ratio(decodes, context)
+        for mixer, count in self._mixer_counts.items():
+            if mixer == FULL:
+                slope += count * self._ctx_s[FULL] * ratio
+            elif mixer in (SLIDING, SPARSE):
+                cap = n * (m.sliding_window if mixer == SLIDING else m.index_topk)
+                per = self._ctx_s[mixer] * (ratio if mixer == SLIDING else 1.0)
+                if context < cap:
+                    slope += count * per
+                else:
+                    const += count * per * cap
+                if mixer == SPARSE:
+                    slope += count * self._index_ctx_s
+            elif mixer in LINEAR_MIXERS:
+                const += count * n * self._state_s[mixer]
+        return const, slope
+
+    def _attention_kinds(self, decodes: int, decode_context: float, prefill_pairs: float,
+                         prefill_context: float, prompt_tokens: float) -> tuple[float, float]:
+        """(prefill core, decode reads) of every layer kind by kind (serving.kinds): the
+        prefill's causal pairs over full layers, at most ``prompt_tokens x window`` of them
+        over sliding ones, the indexer's over all pairs and MLA's over at most
+        ``prompt_tokens x index_topk`` for sparse ones, the chunked scans' FLOPs per prompt
+        token for recurrent ones; decode by :meth:`_decode_kinds`; earlier chunks' KV re-read
+        by full and sparse layers (sliding ones: at most a window)."""
+        m = self.model
+        attention = reread = 0.0
+        prompt = max(0.0, prompt_tokens)
+        for mixer, count in self._mixer_counts.items():
+            if mixer == FULL:
+                attention += count * self._pair_s[FULL] * prefill_pairs
+                reread += count * prefill_context * self.kv_token_layer
+            elif mixer == SLIDING:
+                pairs = min(prefill_pairs, prompt * m.sliding_window)
+                attention += count * self._pair_s[SLIDING] * pairs
+                reread += count * min(prefill_context, float(m.sliding_window)) * mixers.kv_bytes_per_token(
+                    m, SLIDING, self.deployment.tp, self.deployment.kv_cache.bytes)
+            elif mixer == SPARSE:
+                pairs = min(prefill_pairs, prompt * m.index_topk)
+                attention += count * (self._pair_s[SPARSE] * pairs + self._index_pair_s * prefill_pairs)
+                reread += count * prefill_context * mixers.kv_bytes_per_token(
+                    m, SPARSE, self.deployment.tp, self.deployment.kv_cache.bytes)
+            elif mixer in LINEAR_MIXERS:
+                attention += count * self._recurrent_s[mixer] * prompt
+        const, slope = self._decode_kinds(decodes, decode_context) if decodes else (0.0, 0.0)
+        k = self._kscale
+        return k * attention, k * (const + slope * decode_context + reread / self.mem_eff_Bps)
+
+    def encoder_seconds(self, images: int, tokens_per_image: int) -> float:
+        """The vision encoder's prefill of one request's ``images`` images of
+        ``tokens_per_image`` language-model tokens each (``Model.vision``): merge^2 patches per
+        LM token through its blocks, 2 FLOPs per block weight per patch and bidirectional
+        attention over one image's patches (QK^T and AV: 4 x patches x hidden per patch), and
+        its projector (2 FLOPs per weight per LM token); split over the TP group (vLLM's
+        ``mm_encoder_tp_mode`` weights), at the attention kernels' rate."""
+        v = self.model.vision
+        if v is None or images <= 0 or tokens_per_image <= 0:
+            return 0.0
+        per_image = tokens_per_image * v.merge * v.merge
+        patches = images * per_image
+        block = 2.0 * v.params_block + 4.0 * per_image * v.hidden
+        merger = 2.0 * (1 + v.deepstack) * v.params_merger * images * tokens_per_image
+        flops = v.layers * patches * block + merger
+        return self._kscale * flops / self.deployment.tp / (self.device.peak_bf16_flops * self.attn_eff)

@@ -357,6 +357,21 @@ class Workload:
     arrival: Arrival
     requests: int = 1000
     prefix: Prefix | None = None  # shared prompt prefixes (prefix caching)
+    # multimodal requests: images each request carries and the language-model tokens each
+    # becomes (its patches merged: Model.vision), prompt tokens beside input_len's text;
+    # a vision encoder runs over them before the prefill (0: text only)
+    images_per_request: int = 0
+    tokens_per_image: int = 0
+
+    @property
+    def image_tokens(self) -> int:
+        """Prompt tokens a request's images add to its text (``input_len``)."""
+        return self.images_per_request * self.tokens_per_image
+
+    @property
+    def prompt_ceiling(self) -> float:
+        """The longest prompt, its images' tokens with its text."""
+        return self.input_len.ceiling + self.image_tokens
 
     def to_dict(self, relative_to: str | None = None) -> dict[str, object]:
         out: dict[str, object]
@@ -367,6 +382,8 @@ class Workload:
                    "arrival": self.arrival.to_dict(), "requests": self.requests}
         if self.prefix is not None:
             out["prefix"] = self.prefix.to_dict()
+        if self.images_per_request:
+            out.update(images_per_request=self.images_per_request, tokens_per_image=self.tokens_per_image)
         return out
 
     @property
@@ -375,12 +392,14 @@ class Workload:
         return 0 if self.prefix is None else self.prefix.tokens(self.input_len.mean)
 
     @classmethod
-    def of_trace(cls, trace: Trace, requests: int | None = None, prefix: Prefix | None = None) -> Workload:
-        """The trace's first ``requests`` requests (all of them by default)."""
+    def of_trace(cls, trace: Trace, requests: int | None = None, prefix: Prefix | None = None,
+                 images: tuple[int, int] = (0, 0)) -> Workload:
+        """The trace's first ``requests`` requests (all of them by default); ``images``:
+        (images per request, tokens per image)."""
         n = len(trace) if requests is None else requests
         assert 1 <= n <= len(trace)
         return cls(trace.lengths(trace.input_len[:n]), trace.lengths(trace.output_len[:n]),
-                   Arrival(ArrivalKind.TRACE, trace=trace), n, prefix)
+                   Arrival(ArrivalKind.TRACE, trace=trace), n, prefix, *images)
 
 
 @dataclass(frozen=True, slots=True)
@@ -437,7 +456,7 @@ class ServingPlan:
         """The longest request the engine is told to take: the workload's longest prompt
         and output, within the model's context."""
         w = self.workload
-        return min(self.model.max_seq_len, math.ceil(w.input_len.ceiling + w.output_len.ceiling))
+        return min(self.model.max_seq_len, math.ceil(w.prompt_ceiling + w.output_len.ceiling))
 
     @property
     def nodes_per_replica(self) -> int:

@@ -27,12 +27,14 @@ older than every line the oldest line (with a note). Release spellings:
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from autoplan.descriptors.hardware import Device
+from autoplan.descriptors.model import LINEAR_MIXERS, MAMBA, SLIDING, Model
 from autoplan.registry import Named
 from autoplan.serving.versions import Version, VersionError, parse_version
 
@@ -110,6 +112,62 @@ def _overlap_always(deployment: Deployment) -> str | None:
 SILICON_FIT = ("serving_silicon.csv (NVIDIA's measured runs on H100, B200 and GB200; the H200, B300 "
                "and GB300 rows reserved), every second distinct measurement, with its benchmark "
                "clients' lengths: python benchmarks/serving_silicon_fit.py --every 2 (2026-11-29)")
+
+
+class StateReuse(str, enum.Enum):
+    """What an engine's prefix cache reuses of a model with recurrent layers (GDN, KDA,
+    Mamba-2): their state after a prefix must be kept to skip the prefix, and engines keep
+    it at some positions only."""
+
+    NONE = "none"  # no state kept: the whole prompt is computed again
+    BLOCKS = "blocks"  # a state at every (hybrid) block boundary: the prefix in whole blocks
+    # a state at the end of each scheduler step that ends on the block grid (vLLM's
+    # ``mamba_cache_mode`` align: prefills scheduled in whole blocks, a step of at most
+    # max_batched_tokens): the prefix in whole steps
+    STEPS = "steps"
+
+
+@dataclass(frozen=True, slots=True)
+class HybridCache:
+    """How an engine release caches a model whose layers differ (serving.kinds reads it):
+    whether sliding-window layers hold only their window of KV (else every token, as a full
+    layer does), what its prefix cache reuses of recurrent layers' states, whether it sizes
+    its KV blocks so that one holds a recurrent layer's state (vLLM: the prefix cache then
+    reuses whole such blocks), and where each fact is read."""
+
+    windowed: bool = False
+    reuse: StateReuse = StateReuse.NONE
+    state_blocks: bool = False
+    source: str = "not described for this engine: sliding layers as full ones, no recurrent state reused"
+
+
+def _plain_hybrid(release: str, model: Model) -> HybridCache:
+    return HybridCache()
+
+
+def release_version(release: str) -> Version:
+    """A release as the engine facts compare it: an engine without release lines names none
+    (""), taken as its newest."""
+    return parse_version(release) if release.strip() else parse_version("nightly")
+
+
+def _runs_every_model(release: str, model: Model) -> list[tuple[str, str]]:
+    return []
+
+
+def uses_recurrent(model: Model) -> bool:
+    """Whether any layer keeps a recurrent state (GDN, KDA, Mamba-2)."""
+    return any(m in LINEAR_MIXERS for m in model.mixers)
+
+
+def uses_sliding(model: Model) -> bool:
+    return SLIDING in model.mixers
+
+
+def mamba_only(model: Model) -> bool:
+    """Recurrent layers, all of them Mamba-2."""
+    recurrent = {m for m in model.mixers if m in LINEAR_MIXERS}
+    return recurrent == {MAMBA}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -239,6 +297,12 @@ class EngineSpec:
     # tokens per KV cache block: prefix caching reuses whole blocks (vLLM's block_size 16,
     # SGLang's radix cache page_size 1, TensorRT-LLM's tokens_per_block 32)
     kv_block_tokens: int = 16
+    # how a release caches a model whose layers differ (sliding windows, recurrent states;
+    # :class:`HybridCache`), given the release and the model
+    hybrid_cache: Callable[[str, Model], HybridCache] = _plain_hybrid
+    # (field, why) for a model the release cannot run at all (a kind of layer it lacks), by
+    # name: the plan readers, ``serve`` and the exports refuse it
+    model_refusals: Callable[[str, Model], list[tuple[str, str]]] = _runs_every_model
     versions: tuple[EngineVersion, ...] = ()  # its release lines, oldest first (module doc)
     fitted: Mapping[str, Fitted] = field(default_factory=dict, compare=False)  # line -> constants
     # the container image of a release ("{version}" the release, without a leading v) and

@@ -20,6 +20,7 @@ import numpy as np
 
 from autoplan.serving.cost import Memory, StepModel, kv_transfer
 from autoplan.serving.deployment import ArrivalKind, Deployment, ServingPlan, resolved_limits
+from autoplan.serving.kinds import CacheShape
 from autoplan.serving.simulate import SimResult, simulate, simulate_disaggregated
 from autoplan.serving.trust import Evidence, evidence_of
 
@@ -110,6 +111,9 @@ class ServingPrediction:
     # what the prediction stands on: the engine release, the measured kernels, the held-out
     # error of its regime (serving.trust; None: not worked out)
     evidence: Evidence | None = None
+    # a model whose layers differ: what a sequence holds per GPU (serving.kinds.CacheShape;
+    # None for one whose layers are alike: kv_cache_tokens says it)
+    cache: CacheShape | None = None
 
     def priced(self, price_per_gpu_hour: float) -> ServingPrediction:
         """The prediction with dollars at ``price_per_gpu_hour`` (``--price``)."""
@@ -135,6 +139,11 @@ class ServingPrediction:
                 "kv_cache_tokens": self.prefill_pool.kv_cache_tokens,
                 "kv_transfer_ms_mean": self.prefill_pool.transfer_ms_mean}}),
             **({} if self.evidence is None else {"evidence": self.evidence.to_dict()}),
+            **({} if self.cache is None else {"cache_per_gpu": {
+                "kv_bytes_per_token": self.cache.kv_per_token,
+                "sliding_bytes_per_token": self.cache.sliding_per_token,
+                "sliding_window": self.cache.window,
+                "state_bytes_per_sequence": self.cache.state_per_sequence}}),
         }
 
 
@@ -152,7 +161,8 @@ def evaluate_serving(plan: ServingPlan, seed: int = 0) -> ServingPrediction:
     else:
         pred, step = _evaluate_aggregated(plan, seed)
         steps = [step]
-    return dataclasses.replace(pred, evidence=evidence_of(plan, steps))
+    cache = steps[-1].cache if steps[-1].hybrid else None
+    return dataclasses.replace(pred, evidence=evidence_of(plan, steps), cache=cache)
 
 
 def _evaluate_aggregated(plan: ServingPlan, seed: int) -> tuple[ServingPrediction, StepModel]:

@@ -50,6 +50,10 @@ if TYPE_CHECKING:
 
 MAX_DEGREE = 1 << 16  # replicas, TP, PP, EP or attention DP: past any cluster
 MAX_REQUESTS = 1_000_000
+# a multimodal request's images and the language-model tokens each becomes: past any
+# engine's limits (vLLM's --limit-mm-per-prompt, a 16K-token image at the largest resolutions)
+MAX_IMAGES = 1 << 10
+MAX_IMAGE_TOKENS = 1 << 17
 MAX_RATE = 1e6  # requests/s
 MIN_RATE = 1e-4  # requests/s: one every 2.8 hours; a slower stream is a series of single requests
 # SLOs from a microsecond (no engine step is shorter) to about 11 days
@@ -652,10 +656,11 @@ def _no_lengths_beside(w: Fields) -> None:
             w.raw(key)  # read: not reported again as unknown
 
 
-def _trace_workload(w: Fields, trace: Trace, prefix: Prefix | None) -> Workload | None:
+def _trace_workload(w: Fields, trace: Trace, prefix: Prefix | None,
+                    images: tuple[int, int] = (0, 0)) -> Workload | None:
     """The trace's first ``requests`` requests (all of them by default)."""
     requests = w.int("requests", len(trace), min=1, max=len(trace))
-    return None if requests is None else Workload.of_trace(trace, requests, prefix)
+    return None if requests is None else Workload.of_trace(trace, requests, prefix, images)
 
 
 def _prefix(w: Fields) -> Prefix | None:
@@ -672,6 +677,32 @@ def _prefix(w: Fields) -> Prefix | None:
     if share is None or groups is None:
         return None
     return Prefix(share, groups)
+
+
+def _images(w: Fields) -> tuple[int, int] | None:
+    """The workload's ``images_per_request`` and ``tokens_per_image`` (0 and 0 where absent:
+    text only); None where wrong (the problem recorded). Either without the other is refused."""
+    images = w.int("images_per_request", 0, min=0, max=MAX_IMAGES)
+    tokens = w.int("tokens_per_image", 0, min=0, max=MAX_IMAGE_TOKENS)
+    if images is None or tokens is None:
+        return None
+    if images and not tokens:
+        w.fail("tokens_per_image", "missing: images_per_request needs the language-model tokens each "
+                                   "image becomes")
+        return None
+    if tokens and not images:
+        w.fail("images_per_request", "missing: tokens_per_image is for requests with images: give "
+                                     "images_per_request >= 1 (or leave both out)")
+        return None
+    return images, tokens
+
+
+def image_problems(model: Model, images: int) -> list[str]:
+    """Why a workload whose requests carry ``images`` images cannot run on ``model``."""
+    if images and model.vision is None:
+        return [f"requests with images need a model with a vision encoder; {model.name} has none "
+                "(model.vision)"]
+    return []
 
 
 def _model_and_cluster(f: Fields, required: bool) -> tuple[Model | None, Cluster | None]:
@@ -901,9 +932,15 @@ def _check(plan: ServingPlan, f: Fields) -> None:
         too_long = trace_too_long(plan.workload, m)
         if too_long:
             f.fail("workload.arrival.trace", too_long)
-    elif (total := plan.workload.input_len.mean + plan.workload.output_len.mean) > m.max_seq_len:
-        f.fail("workload", f"input + output length {total:,.0f} tokens exceeds {m.name}'s max_seq_len "
-                           f"{m.max_seq_len:,}: engines refuse such requests")
+    elif (total := plan.workload.input_len.mean + plan.workload.image_tokens
+          + plan.workload.output_len.mean) > m.max_seq_len:
+        images = " (images' tokens included)" if plan.workload.image_tokens else ""
+        f.fail("workload", f"input + output length {total:,.0f} tokens{images} exceeds {m.name}'s "
+                           f"max_seq_len {m.max_seq_len:,}: engines refuse such requests")
+    for why in image_problems(m, plan.workload.images_per_request):
+        f.fail("workload.images_per_request", why)
+    for field, why in plan.engine.spec.model_refusals(plan.engine_release, m):
+        f.fail(field, why)
     if d.chunked_prefill is False and d.max_batched_tokens is not None:
         prompt = plan.workload.input_len.ceiling
         if d.max_batched_tokens < prompt:
@@ -952,6 +989,7 @@ class ServingJob:
     requests: int | None = None
     slo: Slo | None = None
     prefix: Prefix | None = None
+    images: tuple[int, int] = (0, 0)  # images per request, tokens per image (workload)
     # speculative decoding tried beside every deployment (``serve --speculative``), as a
     # plan's ``deployment.speculative``
     speculative: Speculative | None = None
@@ -978,10 +1016,12 @@ def read_serving_job(data: Any, source: str) -> ServingJob:
     engine, engine_version = read_engine(f, None)
     inp = out = arrival = prefix = None
     requests = None
+    images: tuple[int, int] | None = (0, 0)
     if f.has("workload"):
         w = f.child("workload", f.raw("workload"))
         if w.ok:
             prefix = _prefix(w)
+            images = _images(w)
             arrival = _arrival(w) if w.has("arrival") else None
             if arrival is not None and arrival.trace is not None:
                 _no_lengths_beside(w)  # the trace's (serve reads them from it)
@@ -997,11 +1037,14 @@ def read_serving_job(data: Any, source: str) -> ServingJob:
     if model is not None and spec is not None:
         for field, why in speculative_model_problems(spec, model):
             f.fail(f"speculative.{field}" if field else "speculative", why)
-    if problems:
+    if model is not None and images is not None:
+        for why in image_problems(model, images[0]):
+            f.fail("workload.images_per_request", why)
+    if problems or images is None:
         raise InputError(problems)
     return ServingJob(model=model, cluster=cluster, gpus=gpus, engine=engine, engine_version=engine_version,
                       input_len=inp, output_len=out, arrival=arrival, requests=requests, slo=slo,
-                      prefix=prefix, speculative=spec)
+                      prefix=prefix, images=images, speculative=spec)
 
 
 def read_serving_plan(data: Any, source: str, *, profile: Profile | None = None,
@@ -1028,14 +1071,18 @@ def read_serving_plan(data: Any, source: str, *, profile: Profile | None = None,
     if w.ok:
         arrival = _arrival(w)
         prefix = _prefix(w)
+        images = _images(w)
         if arrival is not None and arrival.trace is not None:
             _no_lengths_beside(w)
-            workload = _trace_workload(w, arrival.trace, prefix)
+            workload = _trace_workload(w, arrival.trace, prefix, images or (0, 0))
         else:
             inp, out = _lengths(w, "input_len"), _lengths(w, "output_len")
             requests = w.int("requests", 1000, min=1, max=MAX_REQUESTS)
             if None not in (inp, out, arrival, requests):
-                workload = Workload(inp, out, arrival, requests, prefix)  # type: ignore[arg-type]
+                workload = Workload(inp, out, arrival, requests, prefix,  # type: ignore[arg-type]
+                                    *(images or (0, 0)))
+        if images is None:
+            workload = None
         w.close()
     slo = _slo(f) if f.has("slo") else Slo()
     if f.has("prediction") and not isinstance(f.raw("prediction"), Mapping):

@@ -43,6 +43,7 @@ from autoplan.serving.planfile import (
     MIN_RATE,
     MIN_SLO_MS,
     ServingJob,
+    image_problems,
     read_serving_job,
     read_trace,
     speculative_choice_problems,
@@ -138,7 +139,13 @@ def build_serve_request(job_file: Path | None, job: ServingJob, given: ServeOpti
     problems: list[Problem] = []
     weights = _precisions(given.weights, "--weights", list(Precision), problems)
     kv_caches = _precisions(given.kv_cache, "--kv-cache", KV_PRECISIONS, problems)
-    older = engine.spec.resolve(version).note
+    resolved = engine.spec.resolve(version)
+    refused = engine.spec.model_refusals(resolved.release, model)
+    if refused:
+        flag = "--model" if given.model is not None or job_file is None else str(job_file)
+        raise InputError([Problem(flag, "" if flag == "--model" else field, f"{engine.value}: {why}")
+                          for field, why in refused])
+    older = resolved.note
     return ServeRequest(model, cluster, engine, workload, slo, tuple(weights), tuple(kv_caches),
                         _override_notes(job_file, job, given) + ((older,) if older else ()),
                         _speculative(given, model, job, job_file),
@@ -255,7 +262,8 @@ def _traced_workload(job_file: Path | None, job: ServingJob, given: ServeOptions
     if n_requests > len(recorded):
         raise InputError.single("--requests", "", f"expected at most the trace's {len(recorded):,} "
                                                   f"requests, got {n_requests:,}")
-    workload = Workload.of_trace(recorded, n_requests, _prefix(job, given))
+    workload = Workload.of_trace(recorded, n_requests, _prefix(job, given), job.images)
+    _check_images(job_file, workload, model)
     too_long = trace_too_long(workload, model)
     if too_long:
         raise InputError.single(str(given.trace) if given.trace is not None else str(job_file), "",
@@ -272,7 +280,8 @@ def _workload(job_file: Path | None, job: ServingJob, given: ServeOptions, model
     inp = Lengths(float(given.input_len)) if given.input_len is not None else job.input_len
     outp = Lengths(float(given.output_len)) if given.output_len is not None else job.output_len
     assert inp is not None and outp is not None
-    if inp.mean + outp.mean > model.max_seq_len:  # engines refuse requests past the model's context
+    # engines refuse requests past the model's context (images' tokens are prompt tokens)
+    if inp.mean + job.images[0] * job.images[1] + outp.mean > model.max_seq_len:
         from_flag = given.output_len is not None or job_file is None
         source, field = ("--output-len", "") if from_flag else (str(job_file), "workload")
         raise InputError.single(source, field, (
@@ -281,7 +290,16 @@ def _workload(job_file: Path | None, job: ServingJob, given: ServeOptions, model
             "serves longer ones)"))
     n_requests = (given.requests if given.requests is not None
                   else job.requests if job.requests is not None else 1000)
-    return Workload(inp, outp, arrival, n_requests, _prefix(job, given))
+    workload = Workload(inp, outp, arrival, n_requests, _prefix(job, given), *job.images)
+    _check_images(job_file, workload, model)
+    return workload
+
+
+def _check_images(job_file: Path | None, workload: Workload, model: Model) -> None:
+    """A workload with images needs a model with a vision encoder (``--model`` may name
+    another than the job file's)."""
+    for why in image_problems(model, workload.images_per_request):
+        raise InputError.single(str(job_file), "workload.images_per_request", why)
 
 
 SPEC_FLAGS = ("--spec-tokens", "--acceptance-length", "--acceptance-rate", "--draft-model")

@@ -99,11 +99,14 @@ class KVPool:
     beside them, fewer requests find theirs cached."""
 
     __slots__ = ("capacity", "used", "committed", "reserves", "prefix", "refs", "ready",
-                 "lru", "evictable")
+                 "lru", "evictable", "per_seq")
 
-    def __init__(self, capacity: int, reserves: bool, prefix: int = 0):
+    def __init__(self, capacity: int, reserves: bool, prefix: int = 0, per_seq: int = 0):
         self.capacity = capacity
         self.reserves = reserves
+        # units every admitted sequence holds beside its tokens (a model's recurrent states
+        # and sliding windows: serving.kinds), taken at admission and given back at release
+        self.per_seq = per_seq
         self.used = 0.0  # fractional with speculative decoding (a verify step's mean yield)
         self.committed = 0
         self.prefix = prefix  # a group's shared prefix, whole blocks (0: no prefix caching)
@@ -115,18 +118,22 @@ class KVPool:
     def refuses(self, prompt: int, held: int) -> bool:
         """Whether a request can never be admitted (its prompt, or what its admission sets
         aside, larger than the cache): engines refuse it."""
-        return prompt > self.capacity or held > self.capacity
+        s = self.per_seq
+        return prompt + s > self.capacity or held + s > self.capacity
 
     def can_admit(self, stored: float, held: int) -> bool:
         """Whether ``stored`` more tokens fit the cache this iteration and, where the engine
-        reserves output, ``held`` more fit beside what admissions already set aside."""
-        return self.used + stored <= self.capacity and not (
-            self.reserves and self.committed + held > self.capacity)
+        reserves output, ``held`` more fit beside what admissions already set aside (and the
+        sequence's own ``per_seq`` units with each)."""
+        s = self.per_seq
+        return self.used + stored + s <= self.capacity and not (
+            self.reserves and self.committed + held + s > self.capacity)
 
     def allocate(self, held: int, stored: int = 0) -> None:
-        """Admit a request: set ``held`` aside and store ``stored`` tokens now."""
-        self.committed += held
-        self.used += stored
+        """Admit a request: set ``held`` aside and store ``stored`` tokens now (and its
+        ``per_seq`` units)."""
+        self.committed += held + self.per_seq
+        self.used += stored + self.per_seq
         if self.evictable:
             self._evict()
 
@@ -146,9 +153,9 @@ class KVPool:
 
     def free(self, stored: float, held: int) -> None:
         """Release a finished or preempted request's ``stored`` tokens and what its admission
-        set aside."""
-        self.used -= stored
-        self.committed -= held
+        set aside (and its ``per_seq`` units)."""
+        self.used -= stored + self.per_seq
+        self.committed -= held + self.per_seq
 
     # -- prefix caching (class doc) ----------------------------------------------
     def pin_cost(self, group: int) -> int:
@@ -301,7 +308,8 @@ class Batch:
     ``new_kv`` prompt tokens computed, those stored (all of them: a cached prefix is not
     computed again)."""
 
-    __slots__ = ("budget", "running", "chunks", "joined", "new_kv", "stored", "pairs", "prior", "decoding")
+    __slots__ = ("budget", "running", "chunks", "joined", "new_kv", "stored", "pairs", "prior", "decoding",
+                 "started")
 
     def __init__(self, budget: int, running: int, decoding: bool = True):
         self.budget = budget
@@ -312,6 +320,7 @@ class Batch:
         self.new_kv = 0  # prompt tokens the chunks compute
         self.stored = 0
         self.pairs = self.prior = 0.0
+        self.started = 0  # requests admitted to prefill here (a vision encoder runs for each)
 
     def add_chunk(self, r: Request, c: int) -> None:
         """Schedule the next ``c`` tokens of ``r``'s prompt."""
@@ -437,6 +446,7 @@ class Scheduler:
         self._admit(r, held, batch)
         self.prefilling.append(r)
         batch.add_chunk(r, c)
+        batch.started += 1
         return True
 
     def _admit_hit(self, r: Request, batch: Batch) -> bool:
@@ -458,6 +468,7 @@ class Scheduler:
         self._admit(r, held, batch)
         self.prefilling.append(r)
         batch.add_chunk(r, c)
+        batch.started += 1
         return True
 
     def _admit_computed(self, r: Request, held: int, it: int, batch: Batch) -> bool:

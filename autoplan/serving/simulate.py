@@ -139,7 +139,7 @@ def simulate(step: StepModel, workload: Workload, schedulers: int, kv_tokens: in
     arrival, inputs, outputs = _requests(workload, schedulers, n, np.random.default_rng(seed))
     return run_requests(step, arrival, inputs, outputs, kv_tokens, closed=loop,
                         open_loop=workload.arrival.kind in OPEN_LOOP, step_over_decodes=step_over_decodes,
-                        prefix=_prefix(workload), in_flight=in_flight)
+                        prefix=_prefix(workload), in_flight=in_flight, encoder_s=_encoder(step, workload))
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +207,11 @@ def _prefix(workload: Workload) -> tuple[int, int]:
     return (workload.prefix_tokens, workload.prefix.groups) if workload.prefix is not None else (0, 1)
 
 
+def _encoder(step: StepModel, workload: Workload) -> float:
+    """The vision encoder's seconds for one request's images (0: none)."""
+    return step.encoder_seconds(workload.images_per_request, workload.tokens_per_image)
+
+
 def simulated_per_scheduler(step: StepModel, workload: Workload, schedulers: int = 1) -> int:
     """Requests one of ``schedulers`` schedulers' simulation takes at most (the bounds
     above): the token budget over the longest output, and the iteration budget times the
@@ -236,10 +241,11 @@ def _requests(workload: Workload, schedulers: int, n: int, rng: np.random.Genera
         assert spec.trace is not None
         mine = slice(0, workload.requests, schedulers)
         arrival = np.asarray(spec.trace.arrival_s[mine], dtype=float)[:n]
-        inputs = np.asarray(spec.trace.input_len[mine], dtype=np.int64)[:n]
+        inputs = np.asarray(spec.trace.input_len[mine], dtype=np.int64)[:n] + workload.image_tokens
         outputs = np.asarray(spec.trace.output_len[mine], dtype=np.int64)[:n]
         return arrival, inputs, outputs
-    inputs = sample_lengths(workload.input_len, n, rng)
+    # each image's language-model tokens are prompt tokens (Workload.image_tokens)
+    inputs = sample_lengths(workload.input_len, n, rng) + workload.image_tokens
     outputs = sample_lengths(workload.output_len, n, rng)
     arrival = np.zeros(n)
     if spec.kind is ArrivalKind.RATE:
@@ -250,7 +256,8 @@ def _requests(workload: Workload, schedulers: int, n: int, rng: np.random.Genera
 def run_requests(step: StepModel, arrival: np.ndarray, inputs: np.ndarray, outputs: np.ndarray,
                  kv_tokens: int, *, closed: ClosedLoop | None = None, open_loop: bool = False,
                  step_over_decodes: bool = True, prefilled: bool = False,
-                 prefix: tuple[int, int] = (0, 1), in_flight: float = 0.0) -> SimResult:
+                 prefix: tuple[int, int] = (0, 1), in_flight: float = 0.0, encoder_s: float = 0.0
+                 ) -> SimResult:
     """The scheduler over given requests (arrival times, sorted; prompt and output lengths).
     ``closed``: a closed loop (:class:`ClosedLoop`; ``arrival`` then holds its slots, whose
     times are set as requests are sent), measured in its steady window; ``in_flight``: the
@@ -264,8 +271,13 @@ def run_requests(step: StepModel, arrival: np.ndarray, inputs: np.ndarray, outpu
     i mod groups; each group's prefix, in whole KV blocks, is cached once in the cache the
     requests share, for as long as it fits there beside them (``scheduler.KVPool``: unused
     prefixes are evicted least recently used first), and a request admitted while its
-    group's prefix is cached skips it (:func:`autoplan.serving.deployment.prefix_hit`)."""
-    loop = _engine_loop(step, arrival, inputs, outputs, kv_tokens, prefilled=prefilled, prefix=prefix)
+    group's prefix is cached skips it (:func:`autoplan.serving.deployment.prefix_hit`), in
+    what the engine reuses (``StepModel.prefix_block``: whole KV blocks, or for a model with
+    recurrent layers the positions where the engine keeps their state, or nothing).
+    ``encoder_s``: a vision encoder's seconds for each request's images, in the iteration that
+    starts its prefill."""
+    loop = _engine_loop(step, arrival, inputs, outputs, kv_tokens, prefilled=prefilled, prefix=prefix,
+                        encoder_s=encoder_s)
     if closed is not None:
         _Refill(loop, closed)
     loop.run(step_over_decodes)
@@ -277,21 +289,23 @@ def run_requests(step: StepModel, arrival: np.ndarray, inputs: np.ndarray, outpu
 
 
 def _engine_loop(step: StepModel, arrival: np.ndarray, inputs: np.ndarray, outputs: np.ndarray,
-                 kv_tokens: int, *, prefilled: bool = False, prefix: tuple[int, int] = (0, 1)
-                 ) -> _EngineLoop:
+                 kv_tokens: int, *, prefilled: bool = False, prefix: tuple[int, int] = (0, 1),
+                 encoder_s: float = 0.0) -> _EngineLoop:
     """One scheduler's loop over these requests (:func:`run_requests`), not yet run."""
     config = SchedulerConfig.of(step)
-    block = step.engine.spec.kv_block_tokens
+    block = step.prefix_block  # 0: the engine reuses no prefix of this model
     shared: list[int] = []
     tokens, groups = prefix
-    if tokens and not prefilled:
+    if tokens and not prefilled and block:
         shared = [prefix_hit(tokens, int(p), block) for p in inputs.tolist()]
     else:
         groups = 0  # no prefix: requests carry none
     pool = KVPool(kv_tokens, reserves=bool(config.reserve_output),
-                  prefix=tokens // block * block if groups else 0)
+                  prefix=tokens // block * block if groups else 0, per_seq=step.seq_units)
     scheduler = Scheduler(config, pool)
-    return _EngineLoop(step, scheduler, arrival, inputs, outputs, prefilled, shared, groups)
+    loop = _EngineLoop(step, scheduler, arrival, inputs, outputs, prefilled, shared, groups)
+    loop.encoder_s = 0.0 if prefilled else encoder_s
+    return loop
 
 
 class _Refill:
@@ -335,7 +349,7 @@ class _EngineLoop:
     __slots__ = ("step", "sched", "arrival", "inputs", "outputs", "times", "lengths", "prefilled",
                  "n", "first", "finish", "next_arrival", "issued", "t", "it", "busy", "max_running",
                  "timeline", "sample_every", "shared", "groups", "width", "gain", "on_finish", "horizon",
-                 "request_s", "frontend_free", "prefill_alone")
+                 "request_s", "frontend_free", "prefill_alone", "encoder_s")
 
     def __init__(self, step: StepModel, sched: Scheduler, arrival: np.ndarray, inputs: np.ndarray,
                  outputs: np.ndarray, prefilled: bool, shared: list[int], groups: int):
@@ -369,6 +383,7 @@ class _EngineLoop:
         self.sample_every = max(1, int(outputs.sum()) // max(1, min(n, 400)) // 4)
         self.on_finish: Callable[[int, float], None] | None = None
         self.horizon = math.inf
+        self.encoder_s = 0.0  # a vision encoder's seconds per request starting its prefill
 
     def issue(self, t: float, prompt: int | None = None, out: int | None = None) -> int:
         """Send the next request at ``t`` (no earlier than any sent before it), with these
@@ -481,7 +496,7 @@ class _EngineLoop:
         tokens = n_dec * self.width + batch.new_kv
         done = sched.computed(batch)
         elapsed = self.step.step_seconds(tokens, n_dec, sched.decodes.context if n_dec else 0.0, batch.pairs,
-                                         batch.prior, n_dec + len(done))
+                                         batch.prior, n_dec + len(done)) + batch.started * self.encoder_s
         self.t += elapsed
         self.busy += elapsed
         self.max_running = max(self.max_running, batch.running)
@@ -562,7 +577,8 @@ def simulate_disaggregated(prefill: StepModel, decode: StepModel, workload: Work
     for k in range(min(p_sched, n)):
         mine = np.arange(k, n, p_sched)
         run = run_requests(prefill, arrival[mine], inputs[mine], np.ones(len(mine), dtype=np.int64),
-                           kv_tokens[0], open_loop=open_loop, prefix=_prefix(workload))
+                           kv_tokens[0], open_loop=open_loop, prefix=_prefix(workload),
+                           encoder_s=_encoder(prefill, workload))
         done_prefill[mine[run.index]] = run.first_token
         steady, preemptions = steady and run.steady, preemptions + run.preemptions
         hits += run.prefix_hit_share * float(inputs[mine].sum())
@@ -646,10 +662,10 @@ def simulate_closed_disaggregated(prefill: StepModel, decode: StepModel, workloa
     n_p = mine.slots + (2 if mine.measured else 0)  # a request or two of rounding to spare
     n_d = math.ceil(n_p * p_eff / d_eff) + 2
     rng = np.random.default_rng(seed)
-    inputs = sample_lengths(workload.input_len, n_p, rng)
+    inputs = sample_lengths(workload.input_len, n_p, rng) + workload.image_tokens
     outputs = sample_lengths(workload.output_len, n_p, rng)
     pre = _engine_loop(prefill, np.full(n_p, math.inf), inputs, np.ones(n_p, dtype=np.int64), kv_tokens[0],
-                       prefix=_prefix(workload))
+                       prefix=_prefix(workload), encoder_s=_encoder(prefill, workload))
     dec = _engine_loop(decode, np.full(n_d, math.inf), np.ones(n_d, dtype=np.int64),
                        np.full(n_d, 2, dtype=np.int64), kv_tokens[1], prefilled=True)
     pre.issued = dec.issued = 0

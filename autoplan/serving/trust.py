@@ -15,7 +15,11 @@ predictions of its kind were on measured runs kept out of the fit.
   returns exactly 1 where its profile measured nothing of the kind (a dtype it did not
   measure, a collective over more ranks or domains than it reached; autoplan.measured.
   surrogate). The KV read of decode and the fused elementwise kernels are priced from the
-  HBM bandwidth alone (``serving.cost``), measured or not;
+  HBM bandwidth alone (``serving.cost``), measured or not; for a model whose layers differ,
+  each token mixer's kernels (``mixers``): full and sliding-window GQA attention measured
+  where the profile's attention or decode rows correct them, every other kind (gated delta
+  net, Kimi delta attention, Mamba-2, sparse attention, MLA) from the roofline: no shipped
+  table measures them (profiles/measured/: GEMM, NCCL, flash-attention and GQA decode rows);
 - ``held_out_error``: the mean absolute percentage error of TTFT and TPOT that the serving
   accuracy benchmark measured on runs of the same regime (engine, GPU, mode agg or disagg)
   held out of the fit, read from ``autoplan/serving/accuracy.json``
@@ -44,6 +48,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from autoplan.descriptors.model import FULL, MIXERS, NO_MIXER, SLIDING
 from autoplan.errors import InputError
 from autoplan.kernels.comm import Group
 from autoplan.serving.cost import ACT_BYTES, StepModel
@@ -88,12 +93,18 @@ class Provenance:
     engine_version: str | None
     measured: tuple[str, ...]
     roofline: tuple[str, ...]
+    # a model whose layers differ: (token mixer, "measured" | "roofline") per kind it has
+    mixers: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         profile = None if self.profile is None else {
             "source": self.profile, "device": self.device, "engine": self.engine,
             "engine_version": self.engine_version}
-        return {"profile": profile, "measured": list(self.measured), "roofline": list(self.roofline)}
+        out: dict[str, object] = {"profile": profile, "measured": list(self.measured),
+                                  "roofline": list(self.roofline)}
+        if self.mixers:
+            out["mixers"] = dict(self.mixers)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +165,8 @@ class Evidence:
                 f" with {p.engine} {p.engine_version or ''}".rstrip() if p.engine else "")
             out.append(f"kernels measured ({taken}): {', '.join(p.measured) or 'none'}; from the "
                        f"roofline: {', '.join(p.roofline) or 'none'}")
+        if p.mixers:
+            out.append("token mixers: " + ", ".join(f"{name} {how}" for name, how in p.mixers))
         out.append(self.held_out_error.label())
         return out
 
@@ -218,6 +231,24 @@ def _parts(step: StepModel) -> dict[str, bool]:
     return out
 
 
+def mixer_kernels(step: StepModel) -> tuple[tuple[str, str], ...]:
+    """(token mixer, "measured" | "roofline") for each kind of mixer a model whose layers
+    differ has (module doc); () for one whose layers are alike."""
+    if not step.hybrid:
+        return ()
+    corr, m = step.device.correction, step.model
+    gqa_measured = not m.is_mla and corr is not None and (
+        corr.attention(*step._prefill_call) != 1.0
+        or step.decode_ratio(PROBE_DECODES, PROBE_DECODES * PROBE_CONTEXT) != 1.0)
+    out = []
+    for mixer in step._mixer_counts:
+        if mixer == NO_MIXER:
+            continue
+        measured = mixer in (FULL, SLIDING) and gqa_measured
+        out.append((MIXERS[mixer], "measured" if measured else "roofline"))
+    return tuple(out)
+
+
 def provenance(steps: Sequence[StepModel]) -> Provenance:
     """Measured or roofline per part over ``steps`` (a disaggregated deployment's pools: a
     part is measured where every pool that runs it has it measured)."""
@@ -234,7 +265,8 @@ def provenance(steps: Sequence[StepModel]) -> Provenance:
         profile=None if corr is None else str(source or "a measured correction"),
         device=meta.get("descriptor") or meta.get("device_name") or None,
         engine=meta.get("engine") or None, engine_version=meta.get("engine_version") or None,
-        measured=tuple(p for p in parts if merged[p]), roofline=tuple(p for p in parts if not merged[p]))
+        measured=tuple(p for p in parts if merged[p]), roofline=tuple(p for p in parts if not merged[p]),
+        mixers=mixer_kernels(steps[0]))
 
 
 # -- the held-out error -------------------------------------------------------------------

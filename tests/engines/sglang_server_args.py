@@ -15,7 +15,7 @@ FIELDS = ("model_path", "host", "port", "tp_size", "pp_size", "dp_size", "attn_d
           "kv_cache_dtype", "quantization", "nnodes", "node_rank", "dist_init_addr",
           "disaggregation_mode", "disaggregation_transfer_backend", "disaggregation_bootstrap_port",
           "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
-          "speculative_eagle_topk", "speculative_num_draft_tokens")
+          "speculative_eagle_topk", "speculative_num_draft_tokens", "mamba_ssm_dtype", "enable_multimodal")
 
 
 def main() -> None:

@@ -15,7 +15,8 @@ FIELDS = ("model_tag", "host", "port", "tensor_parallel_size", "pipeline_paralle
           "data_parallel_size", "enable_expert_parallel", "max_num_seqs", "max_num_batched_tokens",
           "enable_chunked_prefill", "gpu_memory_utilization", "max_model_len", "kv_cache_dtype",
           "quantization", "nnodes", "node_rank", "master_addr", "master_port", "headless",
-          "enable_prefix_caching", "kv_transfer_config", "speculative_config")
+          "enable_prefix_caching", "kv_transfer_config", "speculative_config", "mamba_ssm_cache_dtype",
+          "mamba_cache_mode", "limit_mm_per_prompt")
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ chunked prefill, admission against the output its new_token_ratio expects."""
 from __future__ import annotations
 
 from autoplan.descriptors.hardware import Device
+from autoplan.descriptors.model import GDN, KDA, MAMBA, MIXERS, SPARSE, Model
 from autoplan.export.shell import Arg
 from autoplan.serving.cost import StepModel
 from autoplan.serving.deployment import Precision, ServingPlan, SpecMethod
@@ -14,7 +15,11 @@ from autoplan.serving.engine import (
     EngineSpec,
     EngineVersion,
     Fitted,
+    HybridCache,
+    StateReuse,
     register,
+    release_version,
+    uses_recurrent,
 )
 from autoplan.serving.versions import parse_version
 from autoplan.units import GiB
@@ -63,6 +68,43 @@ _SILICON = Fitted(host_step_s=6.0e-3, kernel_scale=1.05, request_s=6.75e-3, laun
 FITTED = {"0.4.0": _SILICON, "0.5.23": _SILICON}
 
 
+# -- models whose layers differ ---------------------------------------------------------
+# Sliding-window layers keep their window in a pool of their own (sglang/srt/mem_cache/
+# swa_memory_pool.py SWAKVPool, --swa-full-tokens-ratio; SWARadixCache frees tokens that left
+# the window and keeps prefix caching), from the 0.5 releases that serve gpt-oss; 0.4's line
+# held every token for them. Recurrent layers' states sit in MambaRadixCache
+# (sglang/srt/mem_cache/mamba_radix_cache.py): a tree node holds a state only where an
+# inserted sequence ended (nodes split off inside a prefix are "mamba tombstones" without
+# one), and matching stops at the deepest node with a state; under the default
+# --mamba-scheduler-strategy no_buffer (server_args.py) no state is kept inside a prompt, so
+# a prefix shared by prompts that differ after it is computed again: nothing reused.
+WINDOWED_SINCE = parse_version("0.5.0")
+# the new kinds of layer came to SGLang in its 0.5 releases (Qwen3-Next and DeepSeek-V3.2 in
+# 2025-09, Kimi Linear in 2025-10, after 0.4's line): the release that added each is not
+# pinned here; 0.4.x runs none of them
+FIRST_RELEASE = {m: parse_version("0.5.0") for m in (GDN, KDA, MAMBA, SPARSE)}
+
+
+def hybrid_cache(release: str, model: Model) -> HybridCache:
+    """What SGLang ``release`` does with ``model``'s sliding and recurrent layers (above)."""
+    windowed = release_version(release) >= WINDOWED_SINCE
+    source = "sglang/srt/mem_cache/swa_memory_pool.py; mamba_radix_cache.py (no_buffer)"
+    return HybridCache(windowed, StateReuse.NONE, False, source)
+
+
+def family_refusals(release: str, model: Model) -> list[tuple[str, str]]:
+    v = release_version(release)
+    if v.nightly:
+        return []
+    return [("model", f"{model.name} has {MIXERS[m]} layers ({m}), which SGLang runs from its 0.5 "
+                      f"releases, not {release}: give engine: {{name: sglang, version: '0.5.23'}}")
+            for m, first in FIRST_RELEASE.items() if m in model.mixers and v < first]
+
+
+def refusals(plan: ServingPlan) -> list[tuple[str, str]]:
+    return family_refusals(plan.engine_release, plan.model)
+
+
 def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
     """Flags from sglang/srt/server_args.py: ``--tp-size``, ``--pp-size``, ``--attn-dp-size``
     (attention data parallel within the TP group), ``--ep-size``, ``--max-running-requests``,
@@ -88,6 +130,10 @@ def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
         out.append(("--kv-cache-dtype", "fp8_e4m3"))
     if d.weights is Precision.FP8:
         out.append(("--quantization", "fp8"))
+    if uses_recurrent(plan.model):  # the states in fp32, as predicted (serving.kinds.STATE_BYTES)
+        out.append(("--mamba-ssm-dtype", "float32"))
+    if plan.workload.images_per_request:  # the model's image processor and vision encoder
+        out.append(("--enable-multimodal",))
     spec = d.speculative
     if spec is not None:  # one chain of proposals (top-k 1), verified k + 1 positions at once
         out += [("--speculative-algorithm", SPEC_ALGORITHM[spec.method]),
@@ -144,4 +190,5 @@ SGLANG = register(EngineSpec(
     kv_block_tokens=1,  # the radix cache's page_size (server_args.py default 1)
     command='python -m sglang.launch_server --model-path "$MODEL"', args=args,
     multi_node=multi_node, parser="sglang.srt.server_args:ServerArgs.add_cli_args",
+    refusals=refusals, hybrid_cache=hybrid_cache, model_refusals=family_refusals,
     launch_lines=launch_lines, disaggregation=DISAGGREGATION))

@@ -6,10 +6,23 @@ from __future__ import annotations
 import yaml
 
 from autoplan.descriptors.hardware import Device
+from autoplan.descriptors.model import GDN, KDA, MAMBA, MIXERS, SPARSE, Model
 from autoplan.export.shell import Arg, comment
 from autoplan.serving.cost import StepModel
 from autoplan.serving.deployment import Precision, ServingPlan, SpecMethod
-from autoplan.serving.engine import SILICON_FIT, EngineDefaults, EngineSpec, EngineVersion, Fitted, register
+from autoplan.serving.engine import (
+    SILICON_FIT,
+    EngineDefaults,
+    EngineSpec,
+    EngineVersion,
+    Fitted,
+    HybridCache,
+    StateReuse,
+    register,
+    release_version,
+    uses_recurrent,
+)
+from autoplan.serving.versions import parse_version
 
 EXTRA = "extra-llm-api-options.yaml"
 
@@ -67,6 +80,45 @@ FITTED = {
 }
 
 
+# -- models whose layers differ ---------------------------------------------------------
+# Sliding-window layers: the KV cache manager keeps a pool per attention window
+# (KvCacheConfig.max_attention_window, "variable sliding window attention"), in the PyTorch
+# backend's lines here (1.0 on); the 0.x TensorRT-engine lines are taken to hold every token.
+# Recurrent layers: block reuse for Mamba hybrids came with PR #12185 "[TRTLLM-10061][feat]
+# Prefix caching support for mamba hybrid models" (merged 2026-04; issue #11533, filed
+# 2026-02, had "prefix caching ... missing" for hybrid models): states snapshotted at
+# intervals (``mamba_state_cache_interval``) and the prompt's end; taken from 1.3.0 (the rc
+# that first carried it is not pinned), reused in whole KV blocks (the interval's default is
+# not read here: an assumption). Before it nothing is reused.
+WINDOWED_SINCE = parse_version("1.0.0rc0")
+STATE_REUSE_SINCE = parse_version("1.3.0")
+# The first release whose PyTorch backend runs each kind: Qwen3-Next's GDN and DeepSeek-V3.2's
+# sparse attention by 1.2.0 (its release notes: "beta support for ... Qwen3-Next", "improved
+# ... DeepSeek v3.2"), Kimi Linear's KDA taken from 1.3.0 (issue #11533: "NemotronH, Qwen3-Next
+# and Kimi Linear are all supported", 2026-08), Nemotron-H's Mamba-2 from 1.0 (the PyTorch
+# backend's NemotronHForCausalLM; its first release not pinned)
+FIRST_RELEASE = {GDN: parse_version("1.2.0"), SPARSE: parse_version("1.2.0"), KDA: parse_version("1.3.0"),
+                 MAMBA: parse_version("1.0.0rc0")}
+
+
+def hybrid_cache(release: str, model: Model) -> HybridCache:
+    """What TensorRT-LLM ``release`` does with ``model``'s sliding and recurrent layers (above)."""
+    v = release_version(release)
+    reuse = StateReuse.BLOCKS if v >= STATE_REUSE_SINCE and uses_recurrent(model) else StateReuse.NONE
+    return HybridCache(v >= WINDOWED_SINCE, reuse, False,
+                       "TensorRT-LLM KvCacheConfig.max_attention_window; PR #12185 (mamba block reuse)")
+
+
+def family_refusals(release: str, model: Model) -> list[tuple[str, str]]:
+    v = release_version(release)
+    if v.nightly:
+        return []
+    return [("model", f"{model.name} has {MIXERS[m]} layers ({m}), which TensorRT-LLM's PyTorch backend "
+                      f"runs from {first} on, not {release}: give engine: {{name: trtllm, version: "
+                      f"'{first}'}} or newer, or another engine")
+            for m, first in FIRST_RELEASE.items() if m in model.mixers and v < first]
+
+
 def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
     """Flags from tensorrt_llm/commands/common_llm_options.py: ``--tp_size``, ``--pp_size``,
     ``--ep_size``, ``--max_batch_size``, ``--max_num_tokens``, ``--max_seq_len``,
@@ -109,7 +161,7 @@ def side_files(plan: ServingPlan, step: StepModel) -> dict[str, str]:
 
 def refusals(plan: ServingPlan) -> list[tuple[str, str]]:
     d, c = plan.deployment, plan.cluster
-    out: list[tuple[str, str]] = []
+    out: list[tuple[str, str]] = family_refusals(plan.engine_release, plan.model)
     if d.gpus_per_replica > c.gpus_per_node:
         out.append(("deployment", f"a replica of {d.gpus_per_replica} GPUs spans nodes of "
                                   f"{c.gpus_per_node}: TensorRT-LLM's multi-node launch (mpirun or "
@@ -142,4 +194,5 @@ TRTLLM = register(EngineSpec(
     image="nvcr.io/nvidia/tensorrt-llm/release:{version}", pip="pip install tensorrt_llm=={version}",
     kv_block_tokens=32,  # KvCacheConfig.tokens_per_block (LLM API reference)
     command='trtllm-serve "$MODEL"', args=args, refusals=refusals, side_files=side_files,
-    side_flag="--extra_llm_api_options", notes=notes, parser="tensorrt_llm.commands.serve"))
+    side_flag="--extra_llm_api_options", notes=notes, parser="tensorrt_llm.commands.serve",
+    hybrid_cache=hybrid_cache, model_refusals=family_refusals))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from autoplan.descriptors.hardware import Device
+from autoplan.descriptors.model import GDN, KDA, MIXERS, SPARSE, Model
 from autoplan.export.shell import Arg, quote
 from autoplan.serving.cost import StepModel
 from autoplan.serving.deployment import Deployment, Precision, ServingPlan, SpecMethod
@@ -16,8 +17,14 @@ from autoplan.serving.engine import (
     EngineSpec,
     EngineVersion,
     Fitted,
+    HybridCache,
+    StateReuse,
+    mamba_only,
     register,
+    release_version,
+    uses_recurrent,
 )
+from autoplan.serving.versions import parse_version
 from autoplan.units import GiB
 
 
@@ -103,6 +110,69 @@ FITTED = {"0.5.0": Fitted(host_step_s=2.0e-3, source="prior: not fitted (no meas
           "0.11.0": _SILICON, "0.14.0": _SILICON, "0.33.0": _SILICON}
 
 
+# -- models whose layers differ ---------------------------------------------------------
+# The V1 engine's hybrid KV cache manager gives sliding-window layers only their window
+# (``SlidingWindowSpec``; vLLM docs "Hybrid KV Cache Manager"; the RFC, issue #11382, and
+# PR #13296: "only allocate block for kv cache of full attention layers and kv cache inside
+# the sliding window", prefix caching kept); V0 kept every token for them (issue #6323:
+# "vllm currently ignores local-attn and uses global-attn"). Releases from 0.10.0 are taken
+# to have it (the manager landed in V1 during 0.9-0.10; the line after V0 here is 0.11.0).
+WINDOWED_SINCE = parse_version("0.10.0")
+# Prefix caching for models with recurrent layers:
+# - before 0.11.1 disabled for every hybrid or Mamba model (vllm/model_executor/models/
+#   config.py, MambaModelConfig: "Hybrid or mamba-based model detected: disabling prefix
+#   caching since it is not yet supported");
+# - PR #25752 "[V1] [Hybrid] Mamba2 Automatic Prefix Caching" (merged 2025-10-04, so in
+#   0.11.1): a Mamba-2 state per block of a model that supports it (``mamba_cache_mode``
+#   all); GDN's (PR #26807) never merged, so GDN/KDA models reuse nothing;
+# - PR #30877 "[V1][Hybrid] Mamba Prefix Caching with align mode" (merged 2026-01-24, so in
+#   0.15.0): every other recurrent model (GDN, KDA) keeps a state at the end of each
+#   prefill step, steps scheduled in whole blocks (vllm/config/cache.py ``mamba_cache_mode``
+#   align: "only cache the mamba state of the last token of each scheduler step and when the
+#   token is at position i * block_size"; its checkpoints are floor(budget / block) x block
+#   apart: PR #50172's description), so a prefix is reused in whole steps;
+# - either way the KV block is sized so one layer's page holds a recurrent state
+#   (HybridAttentionMambaModelConfig: 528 tokens for Qwen3.5-4B, issue #40696), and a
+#   prefix is reused in whole such blocks. Prefix caching stays opt-in for these models
+#   (--enable-prefix-caching: the launch writes it for a workload with a shared prefix).
+MAMBA_BLOCKS_SINCE = parse_version("0.11.1")
+ALIGN_SINCE = parse_version("0.15.0")
+
+
+def hybrid_cache(release: str, model: Model) -> HybridCache:
+    """What vLLM ``release`` does with ``model``'s sliding and recurrent layers (above)."""
+    v = release_version(release)
+    windowed = v >= WINDOWED_SINCE
+    if not uses_recurrent(model):
+        return HybridCache(windowed=windowed, source="vLLM hybrid KV cache manager (SlidingWindowSpec)")
+    if v >= ALIGN_SINCE:
+        mode = StateReuse.BLOCKS if mamba_only(model) else StateReuse.STEPS
+        source = "vLLM PR #25752 (all) and #30877 (align); vllm/config/cache.py"
+        return HybridCache(windowed, mode, True, source)
+    if v >= MAMBA_BLOCKS_SINCE and mamba_only(model):
+        return HybridCache(windowed, StateReuse.BLOCKS, True, "vLLM PR #25752 (Mamba2 prefix caching)")
+    return HybridCache(windowed, StateReuse.NONE, True,
+                       "vllm/model_executor/models/config.py MambaModelConfig (prefix caching disabled)")
+
+
+# The first vLLM release that runs each new kind of layer: GDN with Qwen3-Next (vLLM blog
+# 2025-09-11 "vLLM Now Supports Qwen3-Next", on nightly then; 0.10.2 the release after),
+# DeepSeek sparse attention with DeepSeek-V3.2 (vLLM blog 2025-09-29; 0.11.0), KDA with
+# Kimi Linear (released 2025-10-30, after 0.11.0: the release that added it is not pinned
+# here, taken as 0.11.1). Mamba-2 hybrids and sliding windows ran before the lines here.
+FIRST_RELEASE = {GDN: parse_version("0.10.2"), SPARSE: parse_version("0.11.0"), KDA: parse_version("0.11.1")}
+
+
+def family_refusals(release: str, model: Model) -> list[tuple[str, str]]:
+    """(field, why) for a model with layers the release does not run (:data:`FIRST_RELEASE`)."""
+    v = release_version(release)
+    if v.nightly:
+        return []
+    return [("model", f"{model.name} has {MIXERS[m]} layers ({m}), which vLLM runs from {first} on, "
+                      f"not {release}: give engine: {{name: vllm, version: '{first}'}} or newer")
+            for m, first in FIRST_RELEASE.items() if m in model.mixers and v < first]
+
+
 def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
     """Flags from vllm/engine/arg_utils.py: ``--tensor-parallel-size``,
     ``--pipeline-parallel-size``, ``--data-parallel-size`` with ``--enable-expert-parallel``
@@ -129,6 +199,18 @@ def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
         out.append(("--quantization", "fp8"))
     if plan.workload.prefix is not None:  # on by default in V1; said, as the prediction counts on it
         out.append(("--enable-prefix-caching",))
+        if uses_recurrent(plan.model) and parse_version(plan.engine_release) >= ALIGN_SINCE:
+            # what the prediction reused of the recurrent states (hybrid_cache)
+            mode = "all" if step.hybrid_cache.reuse is StateReuse.BLOCKS else "align"
+            out.append(("--mamba-cache-mode", mode))
+    if uses_recurrent(plan.model) and parse_version(plan.engine_release) >= FIRST_RELEASE[GDN]:
+        # the states in fp32, as predicted (serving.kinds.STATE_BYTES; vllm/config/cache.py
+        # mamba_ssm_cache_dtype, "auto" the model's dtype; vllm/engine/arg_utils.py's cache
+        # group). Taken to exist from the release that runs Qwen3-Next (not pinned further):
+        # an older release keeps them in the model's dtype, half what is predicted
+        out.append(("--mamba-ssm-cache-dtype", "float32"))
+    if plan.workload.images_per_request:  # vllm/config/multimodal.py limit_per_prompt
+        out.append(("--limit-mm-per-prompt", json.dumps({"image": plan.workload.images_per_request})))
     spec = d.speculative
     if spec is not None and spec.method in (SpecMethod.NGRAM, SpecMethod.MTP):  # no checkpoint of its own
         out.append(("--speculative-config", json.dumps({"method": SPEC_METHOD[spec.method],
@@ -173,10 +255,11 @@ DISAGGREGATION = Disaggregation(
 
 def refusals(plan: ServingPlan) -> list[tuple[str, str]]:
     d = plan.deployment
+    out = family_refusals(plan.engine_release, plan.model)
     if d.ep not in (1, d.tp * d.attention_dp):
-        return [("deployment.ep", f"vLLM's --enable-expert-parallel spreads experts over all "
-                                  f"tp x data-parallel ranks ({d.tp * d.attention_dp}), got ep {d.ep}")]
-    return []
+        out.append(("deployment.ep", f"vLLM's --enable-expert-parallel spreads experts over all "
+                                     f"tp x data-parallel ranks ({d.tp * d.attention_dp}), got ep {d.ep}"))
+    return out
 
 
 def multi_node(plan: ServingPlan, nodes: int) -> list[str]:
@@ -194,5 +277,6 @@ VLLM = register(EngineSpec(
     # the project's images on Docker Hub (tags v<release>) and its wheel on PyPI
     image="vllm/vllm-openai:v{version}", pip="pip install vllm=={version}",
     command='vllm serve "$MODEL"', args=args, refusals=refusals, multi_node=multi_node,
-    launch_lines=launch_lines, disaggregation=DISAGGREGATION,
+    launch_lines=launch_lines, disaggregation=DISAGGREGATION, hybrid_cache=hybrid_cache,
+    model_refusals=family_refusals,
     parser="vllm.entrypoints.cli.serve:ServeSubcommand"))

@@ -1,0 +1,221 @@
+"""What a serving replica holds and reads per layer kind, for models whose layers differ
+(``Model.mixers`` / ``Model.mlps``: descriptors/model.py; the sizes per kind are
+:mod:`autoplan.kernels.mixers`'s).
+
+On one GPU of a pipeline stage, a sequence of ``context`` tokens holds (:class:`CacheShape`):
+
+- full-attention layers (A): K and V of every token (MLA: its latent), as a dense model's;
+- sparse-attention layers (D, DeepSeek sparse attention): the MLA latent of every token and
+  the lightning indexer's fp8 key (the indexer scores every earlier token);
+- sliding-window layers (W): the last ``sliding_window`` tokens' K and V where the engine
+  frees what falls out of the window (vLLM's hybrid KV cache manager, ``SlidingWindowSpec``;
+  SGLang's SWA pool; TensorRT-LLM's per-window pools: each engine file's ``hybrid_cache``
+  says from which release), else every token's, as a full layer;
+- recurrent layers (G Gated DeltaNet, K Kimi Delta Attention, M Mamba-2): a constant state per
+  running sequence, whatever its length: the d_k x d_v matrix per value head (Mamba-2: head
+  width x state per head) in the engine's state dtype (fp32: ``STATE_BYTES``), and the
+  depthwise conv's last kernel - 1 inputs in 16 bits.
+
+Sequences that fit the KV budget: budget / (per-sequence state + window-bounded sliding KV
++ per-token KV x context). The scheduler's pool counts it in units of one token's KV of the
+stage's full and sparse layers (:meth:`CacheShape.pool_unit`), each sequence charged its
+state and its sliding layers' whole window as ``seq_units`` more: a sequence shorter than
+the window is charged the window (as vLLM's allocator does once a sequence has filled it).
+vLLM pads a recurrent layer's state up to one attention page (``mamba_page_size_padded``):
+at most one block's worth, left out here.
+
+Decode per kind (per iteration, ``n`` sequences holding ``C`` tokens of context in all):
+full layers read all of C; sliding layers min(C, n w); sparse layers the indexer's key of
+every token and the latent of min(C, n index_topk) tokens; recurrent layers read and write
+each sequence's state once (2 n state bytes). Prefill core FLOPs per kind are
+:func:`autoplan.kernels.mixers.core_flops_per_token`'s (the chunked delta rule, SSD, the
+indexer, windowed attention), projections :func:`autoplan.kernels.mixers.mixer_gemms`.
+
+Prefix caching (``StepModel.prefix_block``): full, sparse and sliding layers' KV is reused in
+whole KV blocks (a sliding layer needs only the prefix's last window cached: vLLM's
+``SlidingWindowManager``, SGLang's ``SWARadixCache``); a recurrent layer's state only where
+the engine release keeps one (``EngineSpec.hybrid_cache``: nowhere, at every state-sized
+block, or at the end of each block-aligned scheduler step), so a model with recurrent layers
+reuses a prefix only in those units.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from autoplan.descriptors.model import (
+    DENSE,
+    FULL,
+    LINEAR_MIXERS,
+    MIXERS,
+    MOE,
+    NO_MIXER,
+    NO_MLP,
+    SLIDING,
+    SPARSE,
+    Model,
+)
+from autoplan.kernels import mixers
+from autoplan.kernels.layer import (
+    BF16_BYTES,
+    Gemm,
+    attention_params_per_rank,
+    expert_params_per_rank,
+    mlp_gemms,
+)
+
+STATE_BYTES = mixers.STATE_BYTES  # the recurrent state's element (fp32), conv inputs in 16 bits
+# tokens of a vLLM KV block: attention backends take multiples of 16 (vllm/model_executor/
+# models/config.py, HybridAttentionMambaModelConfig: "only support setting block size to
+# multiple of 16")
+VLLM_BLOCK_ALIGN = 16
+# a pool unit where no layer keeps per-token KV (a model of recurrent and windowed layers
+# alone): a sequence's state is this many units, a token one (a token's share of nothing)
+STATE_UNITS = 1 << 20
+
+
+def stage_layers(layers: int, pp: int) -> list[range]:
+    """The layers of each pipeline stage, as vLLM splits them (vllm/distributed/utils.py
+    ``get_pp_indices``: layers // pp each, the remainder one more each to the stages before
+    the last)."""
+    per = [layers // pp] * pp
+    for i in range(2, layers % pp + 2):
+        per[-i] += 1
+    out, start = [], 0
+    for n in per:
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
+def mixer_weights_per_rank(model: Model, mixer: str, tp: int) -> float:
+    """A layer's mixer weights on one GPU of a TP group: attention as
+    :func:`autoplan.kernels.layer.attention_params_per_rank` holds it (K/V heads replicated
+    past kv_heads, MLA's down projections whole), the indexer's key and weights whole
+    (vLLM's ``Indexer``), the rest split by heads (:func:`autoplan.kernels.mixers.mixer_params_per_rank`)."""
+    global_dims = bool(model.global_head_dim or model.global_kv_heads) and not model.is_mla
+    if mixer in (FULL, SLIDING):
+        if global_dims:
+            return mixers.mixer_params_per_rank(model, mixer, tp)
+        return attention_params_per_rank(model, tp)
+    if mixer == SPARSE:
+        per_rank = mixers.mixer_params_per_rank
+        return attention_params_per_rank(model, tp) + per_rank(model, SPARSE, tp) - per_rank(model, FULL, tp)
+    return mixers.mixer_params_per_rank(model, mixer, tp)
+
+
+def mlp_weights_per_rank(model: Model, mlp: str, tp: int, ep: int, etp: int) -> float:
+    """A layer's MLP on one GPU: a dense MLP split by TP; an MoE layer's router (whole),
+    shared experts (split by TP) and its share of the routed experts."""
+    if mlp == DENSE:
+        return model.params_mlp / tp
+    if mlp == MOE:
+        return (model.params_router + model.params_shared_experts / tp
+                + expert_params_per_rank(model, ep, etp))
+    return 0.0
+
+
+def layer_weights_per_rank(model: Model, kind: tuple[str, str], tp: int, ep: int, etp: int) -> float:
+    """One layer of ``kind`` on one GPU: mixer, MLP and a norm before each block (after too
+    with sandwich norms), replicated."""
+    mixer, mlp = kind
+    blocks = (mixer != NO_MIXER) + (mlp != NO_MLP)
+    norms = blocks * (2 if model.sandwich_norms else 1) * model.params_norm
+    return mixer_weights_per_rank(model, mixer, tp) + mlp_weights_per_rank(model, mlp, tp, ep, etp) + norms
+
+
+def kind_gemms(model: Model, kind: tuple[str, str], tokens: float, tp: int) -> list[Gemm]:
+    """A layer's GEMMs on one rank for ``tokens`` rows, the routed experts excepted: its
+    mixer's projections, and a dense MLP or an MoE layer's router (16-bit) and fused shared
+    experts (as :func:`autoplan.kernels.layer.layer_gemms`)."""
+    mixer, mlp = kind
+    gemms = mixers.mixer_gemms(model, mixer, tokens, tp)
+    if mlp == DENSE:
+        gemms += mlp_gemms(model, tokens, tp, model.ffn_hidden)
+    elif mlp == MOE:
+        gemms.append(Gemm(tokens, model.experts, model.hidden, quantized=False))
+        if model.shared_experts:
+            gemms += mlp_gemms(model, tokens, tp, model.shared_experts * model.shared_width)
+    return gemms
+
+
+@dataclass(frozen=True, slots=True)
+class CacheShape:
+    """Bytes a sequence holds on one GPU of a stage (module doc): ``kv_per_token`` for each
+    token of context (full and sparse layers, and sliding ones the engine does not window),
+    ``sliding_per_token`` up to ``window`` tokens (windowed sliding layers), and
+    ``state_per_sequence`` whatever its length (recurrent layers)."""
+
+    kv_per_token: float
+    sliding_per_token: float
+    window: int
+    state_per_sequence: float
+
+    def per_sequence(self, context: float) -> float:
+        """Bytes a sequence of ``context`` tokens holds."""
+        return (self.state_per_sequence + self.sliding_per_token * min(context, float(self.window))
+                + self.kv_per_token * context)
+
+    @property
+    def seq_bytes(self) -> float:
+        """What the scheduler charges a sequence beside its tokens: its state and its
+        sliding layers' whole window."""
+        return self.state_per_sequence + self.sliding_per_token * self.window
+
+    @property
+    def pool_unit(self) -> float:
+        """Bytes of one unit of the scheduler's pool: one token's KV of the full and sparse
+        layers; where none keeps per-token KV, a 2^-20 share of a sequence's state."""
+        if self.kv_per_token > 0:
+            return self.kv_per_token
+        return self.seq_bytes / STATE_UNITS if self.seq_bytes > 0 else 1.0
+
+    @property
+    def seq_units(self) -> int:
+        """Pool units a running sequence holds beside its tokens (:attr:`seq_bytes`)."""
+        return math.ceil(self.seq_bytes / self.pool_unit) if self.seq_bytes > 0 else 0
+
+
+def cache_shape(model: Model, layers: Iterable[int], tp: int, kv_bytes: float, windowed: bool,
+                state_bytes: float = STATE_BYTES) -> CacheShape:
+    """The :class:`CacheShape` of these layers on one GPU of a TP group, the KV cache in
+    ``kv_bytes`` per element; ``windowed``: the engine keeps a sliding layer's window only."""
+    kv = sliding = state = 0.0
+    for i in layers:
+        mixer = model.mixer(i)
+        per_token = mixers.kv_bytes_per_token(model, mixer, tp, kv_bytes)
+        if mixer == SLIDING and windowed:
+            sliding += per_token
+        else:
+            kv += per_token
+        state += mixers.state_bytes_per_sequence(model, mixer, tp, state_bytes, BF16_BYTES)
+    return CacheShape(kv, sliding, model.sliding_window, state)
+
+
+def state_block_tokens(model: Model, tp: int, kv_bytes: float, state_bytes: float = STATE_BYTES) -> int:
+    """vLLM's KV block for a model with recurrent layers: the fewest tokens, a multiple of
+    16, whose one layer's attention page holds one recurrent layer's state
+    (``HybridAttentionMambaModelConfig.verify_and_update_config``:
+    ``attn_block_size = 16 * cdiv(mamba_page_size, 16 * attn_page_size_1_token)``; the largest
+    recurrent state of the model's kinds, against its full-attention layer's page)."""
+    recurrent = {m for m in model.mixers if m in LINEAR_MIXERS}
+    if not recurrent:
+        return 0
+    page = max(mixers.state_bytes_per_sequence(model, m, tp, state_bytes, BF16_BYTES) for m in recurrent)
+    attn = {m for m in model.mixers if m in (FULL, SPARSE, SLIDING)}
+    token = max((mixers.kv_bytes_per_token(model, m, tp, kv_bytes) for m in attn), default=0.0)
+    if token <= 0:
+        return VLLM_BLOCK_ALIGN
+    return VLLM_BLOCK_ALIGN * math.ceil(page / (VLLM_BLOCK_ALIGN * token))
+
+
+def mixer_names(model: Model) -> list[str]:
+    """The model's token mixers, in words, in model order of first appearance."""
+    seen: list[str] = []
+    for i in range(model.layers):
+        name = MIXERS[model.mixer(i)]
+        if model.mixer(i) != NO_MIXER and name not in seen:
+            seen.append(name)
+    return seen
