@@ -42,6 +42,20 @@ Flag names were checked against NVIDIA/Megatron-LM ``megatron/training/arguments
 - ``_add_mla_args``: --q-lora-rank, --kv-lora-rank, --qk-head-dim (the no-RoPE part),
   --qk-pos-emb-head-dim (the RoPE part), --v-head-dim. ``_add_vision_args``: --qk-layernorm.
 
+Models whose layers differ (``Model.mixers``/``mlps``, DeepSeek sparse attention) run
+``pretrain_hybrid.py`` with ``--hybrid-layer-pattern`` (``add_experimental_args``): one
+symbol per sublayer, M Mamba-2, G Gated DeltaNet, * attention (+ MLA), D DeepSeek sparse
+attention, - MLP, E MoE, ``|`` between pipeline segments (pp x vpp of them: the stage
+split and virtual stages) and ``/`` before each MTP depth's pattern
+(megatron/core/models/hybrid/hybrid_layer_allocation.py, Symbols). The layers' sizes are
+TransformerConfig fields, which Megatron-LM turns into flags (ArgumentGroupFactory):
+--mamba-state-dim, --mamba-head-dim, --mamba-num-groups, --mamba-num-heads,
+--linear-key-head-dim, --linear-value-head-dim, --linear-num-key-heads,
+--linear-num-value-heads, --linear-conv-kernel-dim, --experimental-attention-variant,
+--dsa-indexer-n-heads, --dsa-indexer-head-dim, --dsa-indexer-topk, --attention-output-gate,
+--moe-shared-expert-gate, --softmax-type learnable (attention sinks, gpt-oss) and, for a
+model of sliding layers with a full one every N, --window-size and --window-attn-skip-freq.
+
 The torchrun options are torch.distributed.run's (--nnodes, --nproc-per-node,
 --node-rank, --master-addr, --master-port); the tests parse them with its parser.
 """
@@ -52,6 +66,19 @@ from pathlib import Path
 
 from autoplan.cost.stage import tp_overlap_in
 from autoplan.descriptors import pipeline_layout
+from autoplan.descriptors.model import (
+    DENSE,
+    FULL,
+    GDN,
+    KDA,
+    MAMBA,
+    MOE,
+    NO_MIXER,
+    NO_MLP,
+    SLIDING,
+    SPARSE,
+    Model,
+)
 from autoplan.export import nodes
 from autoplan.export.launcher import (
     EP_OVERLAP,
@@ -86,14 +113,136 @@ FILENAME = "pretrain_megatron.sh"
 
 def problems(plan: Plan) -> list[tuple[str, str]]:
     """What Megatron-LM cannot express beyond its search space's rules."""
-    out = []
+    out = family_problems(plan.model)
     if plan.model.activation is Activation.GEGLU:
         out.append(("model.activation", "Megatron-LM has no GeGLU flag (--swiglu, --squared-relu, "
                                         "--quick-geglu or the default GeLU)"))
+    m, lay = plan.model, plan.layout
+    if GDN in m.mixers and (m.linear_key_heads % (lay.tp * lay.cp) or m.linear_heads % (lay.tp * lay.cp)):
+        # transformer_config.py __post_init__: GDN heads split over tp x cp
+        out.append(("layout.tp", f"Megatron-Core splits GDN's {m.linear_key_heads} key and "
+                                 f"{m.linear_heads} value heads over tp x cp = {lay.tp * lay.cp}: "
+                                 f"it must divide both"))
+    if MAMBA in m.mixers and m.mamba_heads % lay.tp:  # mamba_mixer.py: nheads % tp == 0
+        out.append(("layout.tp", f"Megatron-Core splits Mamba's {m.mamba_heads} heads over tp "
+                                 f"= {lay.tp}: it must divide them"))
     if plan.model.is_moe and plan.model.bias and plan.layout.etp > 1:
         # transformer_config.py: num_moe_experts with add_bias_linear asserts etp == 1
         out.append(("layout.etp", "Megatron-Core splits biased expert layers over no "
                                   "expert tensor parallelism (etp must be 1)"))
+    return out
+
+
+# Megatron-Core's hybrid symbol of each mixer (hybrid_layer_allocation.py Symbols); KDA
+# and sliding windows have none
+_HYBRID_MIXERS = {FULL: "*", MAMBA: "M", GDN: "G", SPARSE: "D", NO_MIXER: ""}
+_HYBRID_MLPS = {DENSE: "-", MOE: "E", NO_MLP: ""}
+
+
+def uses_hybrid(model: Model) -> bool:
+    """Runs as Megatron-LM's hybrid model (pretrain_hybrid.py): its layers differ, or
+    its attention is DeepSeek's sparse attention; sliding windows alone run as GPT."""
+    return bool(set(model.mixers) - {FULL, SLIDING}) or NO_MLP in model.mlps
+
+
+def family_problems(model: Model) -> list[tuple[str, str]]:
+    """The model's layers and parts Megatron-LM has no way to build, by name."""
+    out = []
+    mixers = set(model.mixers)
+    if KDA in mixers:
+        out.append(("model.mixers", "Megatron-LM has no Kimi Delta Attention layer (its hybrid "
+                                    "layers are M, G, *, D, -, E: hybrid_layer_allocation.py); "
+                                    "Kimi Linear is not launchable with Megatron-LM"))
+    if SLIDING in mixers and (uses_hybrid(model) or window_skip_freq(model) is None):
+        out.append(("model.mixers", "Megatron-LM sets sliding windows for every layer but each "
+                                    "N-th (--window-size, --window-attn-skip-freq N), in GPT "
+                                    "models only: this model's pattern is not that"))
+    if model.global_head_dim or model.global_kv_heads or model.global_k_eq_v:
+        out.append(("model.global_head_dim", "Megatron-LM gives every attention layer the same "
+                                             "heads: Gemma 4's wider global layers cannot be set"))
+    if model.sandwich_norms:
+        out.append(("model.sandwich_norms", "Megatron-LM's layers have no norm after each block "
+                                            "(Gemma's sandwich norms)"))
+    if (GDN in mixers or SPARSE in mixers) and MAMBA in mixers:
+        out.append(("model.mixers", "Megatron-LM's hybrid model sizes Mamba and one attention "
+                                    "variant (experimental_attention_variant), not both"))
+    return out
+
+
+def window_skip_freq(model: Model) -> int | None:
+    """N where every N-th layer is full attention and the others slide (Megatron-LM's
+    --window-attn-skip-freq N: "(N-1) SWA layers, then one full"); None if not so."""
+    pattern = model.mixers
+    if not pattern or set(pattern) - {FULL, SLIDING}:
+        return None
+    n = pattern.index(FULL) + 1 if FULL in pattern else 0
+    if not n or len(pattern) % n or pattern != (SLIDING * (n - 1) + FULL) * (len(pattern) // n):
+        return None
+    return n
+
+
+def hybrid_pattern(plan: Plan) -> str:
+    """--hybrid-layer-pattern of the plan: each layer's mixer and MLP symbols, ``|``
+    between the pipeline's virtual stages in model order, ``/`` and one MTP layer's
+    symbols per MTP depth."""
+    m = plan.model
+    attention = "+" if m.is_mla else "*"
+
+    def layer(i: int) -> str:
+        mixer = _HYBRID_MIXERS[m.mixer(i)] if m.mixer(i) != FULL else attention
+        return mixer + _HYBRID_MLPS[m.mlp(i)]
+
+    if plan.chunks is not None:
+        sizes = [c.layers for c in plan.chunks]
+    elif plan.layout.vpp > 1:
+        sizes = [m.layers // (plan.layout.pp * plan.layout.vpp)] * (plan.layout.pp * plan.layout.vpp)
+    else:
+        sizes = list(plan.stage_layers)
+    segments, start = [], 0
+    for n in sizes:
+        segments.append("".join(layer(i) for i in range(start, start + n)))
+        start += n
+    mixer, mlp = m.mtp_kind
+    mtp = (_HYBRID_MIXERS[mixer] if mixer != FULL else attention) + _HYBRID_MLPS[mlp]
+    return "|".join(segments) + "".join("/" + mtp for _ in range(m.mtp_layers))
+
+
+def hybrid_sublayers(model: Model) -> int:
+    """Sublayers of the hybrid pattern (a mixer and an MLP each count one)."""
+    return sum((model.mixer(i) != NO_MIXER) + (model.mlp(i) != NO_MLP) for i in range(model.layers))
+
+
+def hybrid_args(plan: Plan) -> list[Arg]:
+    """The hybrid layers' pattern and sizes (module doc)."""
+    m = plan.model
+    out: list[Arg] = []
+    if uses_hybrid(m):
+        out.append(("--hybrid-layer-pattern", hybrid_pattern(plan)))
+    mixers = set(m.mixers)
+    if MAMBA in mixers:
+        out += [("--mamba-state-dim", str(m.ssm_state)), ("--mamba-head-dim", str(m.mamba_head_dim)),
+                ("--mamba-num-groups", str(m.ssm_groups)), ("--mamba-num-heads", str(m.mamba_heads))]
+    if GDN in mixers:  # the pattern's G builds GDN; the variant flag would ask for the GPT
+        # route's linear_attention_freq (transformer_config.py __post_init__)
+        out += [("--linear-key-head-dim", str(m.linear_key_dim)),
+                ("--linear-value-head-dim", str(m.linear_value_dim)),
+                ("--linear-num-key-heads", str(m.linear_key_heads)),
+                ("--linear-num-value-heads", str(m.linear_heads)),
+                ("--linear-conv-kernel-dim", str(m.conv_kernel))]
+    if SPARSE in mixers:
+        out += [("--experimental-attention-variant", "dsa"),
+                ("--dsa-indexer-n-heads", str(m.index_heads)),
+                ("--dsa-indexer-head-dim", str(m.index_head_dim)),
+                ("--dsa-indexer-topk", str(m.index_topk))]
+    if SLIDING in mixers:
+        skip = window_skip_freq(m)
+        out += [("--window-size", f"{m.sliding_window},0"), ("--window-attn-skip-freq", str(skip))]
+    if m.attn_output_gate:
+        out.append(("--attention-output-gate",))
+    if m.attention_sinks:
+        out += [("--softmax-type", "learnable")]
+    if m.shared_expert_gate:
+        out.append(("--moe-shared-expert-gate",))
     return out
 
 
@@ -133,7 +282,8 @@ def master_problems(plan: Plan) -> list[tuple[str, str]]:
 def model_args(plan: Plan) -> list[Arg]:
     m, job = plan.model, plan.job
     out: list[Arg] = [
-        ("--num-layers", str(m.layers)),
+        # a hybrid's layers are its pattern's sublayers (pretrain_hybrid.py counts them)
+        ("--num-layers", str(hybrid_sublayers(m) if uses_hybrid(m) else m.layers)),
         ("--hidden-size", str(m.hidden)),
         ("--ffn-hidden-size", str(m.ffn_hidden)),
         ("--num-attention-heads", str(m.heads)),
@@ -172,7 +322,7 @@ def model_args(plan: Plan) -> list[Arg]:
         out += [("--attention-dropout", "0.0"), ("--hidden-dropout", "0.0")]
     if m.mtp_layers:
         out.append(("--mtp-num-layers", str(m.mtp_layers)))
-    return out
+    return out + hybrid_args(plan)
 
 
 def moe_args(plan: Plan) -> list[Arg]:
@@ -195,7 +345,7 @@ def moe_args(plan: Plan) -> list[Arg]:
         out.append(("--moe-router-pre-softmax",))
     if m.shared_experts:
         out.append(("--moe-shared-expert-intermediate-size", str(m.shared_experts * m.shared_width)))
-    if m.dense_layers:
+    if m.dense_layers and not uses_hybrid(m):  # a hybrid's pattern places its E layers
         out.append(("--moe-layer-freq", f"([0]*{m.dense_layers}+[1]*{m.moe_layers})"))
     if m.capacity_factor:
         out.append(("--moe-expert-capacity-factor", f"{m.capacity_factor:g}"))
@@ -221,7 +371,9 @@ def parallel_args(plan: Plan) -> list[Arg]:
         ("--pipeline-model-parallel-size", str(lay.pp)),
     ]
     layers = plan.stage_layers
-    if plan.chunks is not None:  # the layout sets vpp (Megatron takes one or the other)
+    if uses_hybrid(plan.model):  # the pattern's | segments split the stages and chunks
+        pass
+    elif plan.chunks is not None:  # the layout sets vpp (Megatron takes one or the other)
         out.append(("--pipeline-model-parallel-layout", layout_string(plan)))
     else:
         if lay.vpp > 1:
@@ -323,11 +475,16 @@ def arrays(plan: Plan) -> str:
 
 def program_words(plan: Plan) -> list[str]:
     """pretrain_gpt.py and its arguments, as words of the torchrun command."""
-    words = ['"$MEGATRON_LM/pretrain_gpt.py"', '"${MODEL_ARGS[@]}"', '"${PARALLEL_ARGS[@]}"',
+    words = [f'"$MEGATRON_LM/{program(plan)}"', '"${MODEL_ARGS[@]}"', '"${PARALLEL_ARGS[@]}"',
              '"${BATCH_ARGS[@]}"', '"${PRECISION_ARGS[@]}"']
     if plan.model.is_moe:
         words.append('"${MOE_ARGS[@]}"')
     return words + ['"${RUN_ARGS[@]}"', "$DATA_ARGS", '"$@"']
+
+
+def program(plan: Plan) -> str:
+    """The Megatron-LM entry point: the hybrid model's where its layers differ."""
+    return "pretrain_hybrid.py" if uses_hybrid(plan.model) else "pretrain_gpt.py"
 
 
 def _save_interval(plan: Plan) -> str:
@@ -388,6 +545,9 @@ def header(plan: Plan, what: str, program: str = "pretrain_gpt.py") -> list[str]
                 f"{plan.schedule.value}, recompute {plan.recompute_label}, zero {int(plan.zero)}, "
                 f"stages {list(plan.stage_layers)}"),
         comment(f"Extra arguments after the script name go to {program} last (they win)."),
+        *([comment(f"{m.name}'s vision tower ({m.vision.params / 1e6:,.0f}M parameters) is not "
+                   "part of this run: the plan trains its language model, as the cost model does")]
+          if m.vision is not None else []),
     ]
 
 
@@ -404,7 +564,7 @@ def script(plan: Plan) -> str:
     ]
     lines = [
         "#!/usr/bin/env bash",
-        *header(plan, "Megatron-LM pretraining"),
+        *header(plan, "Megatron-LM pretraining", program(plan)),
         comment(f"Run it on each of the {c.nodes} nodes with NODE_RANK and MASTER_ADDR set"
                 " (or use the slurm export)."),
         "set -euo pipefail",

@@ -297,7 +297,21 @@ def render_nemo1(plan: Plan) -> str:
 
 
 def problems(plan: Plan) -> list[tuple[str, str]]:
-    return nemo1_problems(plan) if is_nemo1(plan) else []
+    return (nemo1_problems(plan) if is_nemo1(plan) else []) + family_problems(plan)
+
+
+def family_problems(plan: Plan) -> list[tuple[str, str]]:
+    """The export writes GPT model overrides (a recipe's GPTConfig / GPTModelProvider
+    fields): a model whose layers differ or slide needs its family's own provider
+    (Megatron-Bridge's NemotronH, Qwen3-Next, ... providers), which these overrides do not
+    select. A multimodal model's language model is what the plan trains."""
+    m = plan.model
+    if m.mixers or m.mlps:
+        return [("model.mixers", f"{m.name} has layers of different kinds (model.mixers / "
+                                 f"model.mlps): the nemo export writes GPT overrides, not its "
+                                 f"family's Megatron-Bridge provider; export to megatron "
+                                 f"(pretrain_hybrid.py)")]
+    return []
 
 
 def master_problems(plan: Plan) -> list[tuple[str, str]]:

@@ -53,13 +53,22 @@ CSV_FILENAME = "pipeline_schedule.csv"
 # torchtitan's own models of the same architecture (torchtitan/models/*/__init__.py)
 _MODELS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
            "llama3-405b": ("llama3", "405B"), "deepseek-v3": ("deepseek_v3", "671B"),
-           "qwen3-235b-a22b": ("qwen3", "235B-A22B")}
+           "qwen3-235b-a22b": ("qwen3", "235B-A22B"),
+           # hybrid and sliding-window families torchtitan builds itself (torchtitan at b5bcd76c6,
+           # August 2026: models/qwen3_5/__init__.py qwen3_5_configs, models/gpt_oss/__init__.py)
+           "qwen3.5-397b-a17b": ("qwen3_5", "397B-A17B"), "gpt-oss-120b": ("gpt_oss", "120b")}
 
 
 def problems(plan: Plan) -> list[tuple[str, str]]:
     """What torchtitan cannot run beyond its search space's rules (every schedule runs:
     those torch has no class for, from the schedule CSV, :func:`schedule_csv`)."""
     out = []
+    m = plan.model
+    if (m.mixers or m.mlps) and m.name not in _MODELS:
+        # of these families torchtitan builds Qwen3.5 and gpt-oss only (_MODELS)
+        out.append(("model.mixers",
+                    f"torchtitan builds no model of {m.name}'s layer kinds (its hybrid and "
+                    f"sliding-window models are Qwen3.5 and gpt-oss: torchtitan/models)"))
     if plan.job.dtype is Dtype.FP16:
         out.append(("job.dtype", "torchtitan trains in bf16 (training.mixed_precision_param: "
                                  "bfloat16 or float32), not fp16"))

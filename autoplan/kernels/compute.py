@@ -566,7 +566,11 @@ def layer_times(model: Model, shard: Shard, device: Device, moe: bool = False,
                 kind: tuple[str, str] | None = None) -> LayerTimes:
     """One layer's passes on one rank: a dense or (``moe``) MoE layer of the model's
     attention, or a layer of ``kind`` (mixer, MLP) of a hybrid model."""
-    if kind is None or kind in ((FULL, DENSE), (FULL, MOE)):
+    standard = not (model.attn_output_gate or model.global_head_dim or model.global_kv_heads)
+    if kind is None:
+        kind = (FULL, MOE if moe else DENSE)
+    if standard and kind in ((FULL, DENSE), (FULL, MOE)):
+        moe = kind[1] == MOE
         kind = None
         gemms = layer_gemms(model, shard.tokens, shard.tp, moe, shard.norm_tokens)
         attn_fwd, attn_bwd = attention_core_time(model, shard, device)

@@ -263,18 +263,17 @@ def recurrent_activation_bytes(model: Model, mixer: str, tokens: float, tp: int)
     """Activations a GDN, KDA or Mamba-2 mixer keeps for backward on one rank, per
     ``tokens`` (16-bit unless said): the input projection's output (the conv's input and
     the gates), the conv's output (the scan's q, k, v or x, B, C), the scan's output and
-    the gated norm's output (the output projection's input), and the fp32 states the
-    chunked kernels save at each chunk boundary (flash-linear-attention's ``h``,
-    Mamba-2's chunk states)."""
+    the gated norm's output (the output projection's input); and for the delta rule the
+    chunk-local WY matrix (fp32, chunk x chunk per value head: flash-linear-attention
+    saves ``A`` and recomputes the chunk states ``h`` in backward, as Mamba-2's
+    ``mamba_chunk_scan_combined`` recomputes its states)."""
     e = BF16_BYTES
     if mixer == MAMBA:
         proj = 2 * model.mamba_inner + 2 * model.ssm_groups * model.ssm_state + model.mamba_heads
-        value = model.mamba_inner
-        states = model.mamba_heads * model.mamba_head_dim * model.ssm_state / SSD_CHUNK
+        value, wy = model.mamba_inner, 0.0
     else:
         key, value = linear_widths(model)
         proj = 2 * key + 2 * value + 2 * model.linear_heads
-        dv = model.linear_value_dim if mixer == GDN else model.linear_key_dim
-        states = model.linear_heads * model.linear_key_dim * dv / LINEAR_CHUNK
+        wy = STATE_BYTES * model.linear_heads * LINEAR_CHUNK
     conv = conv_width(model, mixer)
-    return tokens * (e * (proj + conv + 2 * value) + STATE_BYTES * states) / tp
+    return tokens * (e * (proj + conv + 2 * value) + wy) / tp

@@ -68,10 +68,20 @@ CASES = [
     ("deepseek-v3-mini", "dgx-h100", 32, 256, 4096, "megatron", 50),
     ("llama3-8b", "dgx-h100", 16, 64, 4096, "deepspeed", 3),
     ("llama3-8b", "dgx-h100", 16, 64, 4096, "fsdp", 1),
+    # hybrids (issue 51): layers of different kinds, bounds on the lightest kind
+    ("qwen3-next-mini", "dgx-h100", 32, 128, 16384, "megatron", 97),  # GDN + gated attention
+    ("nemotron-h-mini", "dgx-h100", 16, 64, 8192, "megatron", 41),  # Mamba, MLP-only layers
 ]
+HYBRID = CASES[-2:]
 
 
 def _model(name):
+    if name == "qwen3-next-mini":  # 8 layers: GDN x3 then gated full attention, twice
+        return dataclasses.replace(resolve_model("qwen3-next-80b-a3b"), layers=8,
+                                   mixers="GGGAGGGA", experts=64)
+    if name == "nemotron-h-mini":  # Mamba / MLP / attention blocks, a 10-layer slice
+        return dataclasses.replace(resolve_model("nemotron-h-56b"), layers=10,
+                                   mixers="M.M.MA.M..", mlps=".-.-..-.--")
     if name != "deepseek-v3-mini":
         return resolve_model(name)
     # DeepSeek-V3's MLA, 256+1 experts, dense first layer and MTP, in 6 layers
@@ -123,7 +133,7 @@ def test_the_step_time_bound_never_exceeds_the_evaluated_step(case):
 
 
 @pytest.mark.slow  # more than about 3 s on 2 cores
-@pytest.mark.parametrize("case", CASES[2:6], ids=[f"{c[0]}-{c[5]}" for c in CASES[2:6]])
+@pytest.mark.parametrize("case", CASES[2:6] + HYBRID, ids=[f"{c[0]}-{c[5]}" for c in CASES[2:6] + HYBRID])
 def test_the_split_bounds_never_exceed_the_partitioned_plans_step(case):
     for space, plan in _samples(case):
         if plan.layout.pp == 1 or plan.schedule.v_shape:
