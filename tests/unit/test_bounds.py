@@ -69,8 +69,8 @@ CASES = [
     ("llama3-8b", "dgx-h100", 16, 64, 4096, "deepspeed", 3),
     ("llama3-8b", "dgx-h100", 16, 64, 4096, "fsdp", 1),
     # hybrids (issue 51): layers of different kinds, bounds on the lightest kind
-    ("qwen3-next-mini", "dgx-h100", 32, 128, 16384, "megatron", 97),  # GDN + gated attention
-    ("nemotron-h-mini", "dgx-h100", 16, 64, 8192, "megatron", 41),  # Mamba, MLP-only layers
+    ("qwen3-next-mini", "dgx-h100", 32, 128, 16384, "megatron", 389),  # GDN + gated attention
+    ("nemotron-h-mini", "dgx-h100", 16, 64, 8192, "megatron", 157),  # Mamba, MLP-only layers
 ]
 HYBRID = CASES[-2:]
 
