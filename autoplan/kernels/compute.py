@@ -493,18 +493,8 @@ def module_forward(model: Model, shard: Shard, device: Device, module: Recompute
 
 
 def kind_gemms(model: Model, shard: Shard, kind: tuple[str, str]) -> list[Gemm]:
-    """A layer of ``kind``'s forward GEMMs on one rank, routed experts aside (as
-    ``layer_gemms``): its mixer's (``mixers.mixer_gemms``) and its MLP's."""
-    mixer, mlp = kind
-    tokens, tp = shard.tokens, shard.tp
-    gemms = mixers.mixer_gemms(model, mixer, tokens, tp)
-    if mlp == DENSE:
-        return gemms + mlp_gemms(model, tokens, tp, model.ffn_hidden)
-    if mlp == MOE:
-        gemms.append(Gemm(shard.norm_tokens, model.experts, model.hidden, quantized=False))
-        if model.shared_experts:
-            gemms += mlp_gemms(model, tokens, tp, model.shared_experts * model.shared_width)
-    return gemms
+    """A layer of ``kind``'s forward GEMMs on the shard's rank (``mixers.kind_gemms``)."""
+    return mixers.kind_gemms(model, kind, shard.tokens, shard.tp, shard.norm_tokens)
 
 
 def kind_core_time(model: Model, shard: Shard, device: Device, mixer: str) -> tuple[float, float]:

@@ -38,6 +38,7 @@ from autoplan.kernels.layer import (
     attention_gemms,
     attention_params_per_rank,
     kv_bytes_per_token_layer,
+    mlp_gemms,
 )
 
 # Chunk lengths of the chunked scans, as the kernels run them: flash-linear-attention's
@@ -132,6 +133,24 @@ def indexer_params_per_rank(model: Model, tp: int) -> float:
     d = model.index_head_dim
     whole = model.hidden * d + 2 * d + model.hidden * model.index_heads
     return (model.params_indexer - whole) / tp + whole
+
+
+def kind_gemms(model: Model, kind: tuple[str, str], tokens: float, tp: int,
+               router_tokens: float | None = None) -> list[Gemm]:
+    """A layer of ``kind``'s forward GEMMs on one rank for ``tokens`` rows, the routed
+    experts excepted (as ``layer.layer_gemms``): its mixer's projections, and a dense MLP or
+    an MoE layer's router (16-bit, on ``router_tokens``: sequence parallelism routes each
+    rank's share) and its shared experts fused into one MLP."""
+    mixer, mlp = kind
+    gemms = mixer_gemms(model, mixer, tokens, tp)
+    if mlp == DENSE:
+        return gemms + mlp_gemms(model, tokens, tp, model.ffn_hidden)
+    if mlp == MOE:
+        routed = tokens if router_tokens is None else router_tokens
+        gemms.append(Gemm(routed, model.experts, model.hidden, quantized=False))
+        if model.shared_experts:
+            gemms += mlp_gemms(model, tokens, tp, model.shared_experts * model.shared_width)
+    return gemms
 
 
 def kind_params_per_rank(model: Model, tp: int, kind: tuple[str, str]) -> float:

@@ -46,13 +46,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from autoplan.descriptors.model import (
-    DENSE,
     FULL,
     LINEAR_MIXERS,
     MIXERS,
     MOE,
     NO_MIXER,
-    NO_MLP,
     SLIDING,
     SPARSE,
     Model,
@@ -60,10 +58,7 @@ from autoplan.descriptors.model import (
 from autoplan.kernels import mixers
 from autoplan.kernels.layer import (
     BF16_BYTES,
-    Gemm,
-    attention_params_per_rank,
     expert_params_per_rank,
-    mlp_gemms,
 )
 
 STATE_BYTES = mixers.STATE_BYTES  # the recurrent state's element (fp32), conv inputs in 16 bits
@@ -90,55 +85,15 @@ def stage_layers(layers: int, pp: int) -> list[range]:
     return out
 
 
-def mixer_weights_per_rank(model: Model, mixer: str, tp: int) -> float:
-    """A layer's mixer weights on one GPU of a TP group: attention as
-    :func:`autoplan.kernels.layer.attention_params_per_rank` holds it (K/V heads replicated
-    past kv_heads, MLA's down projections whole), the indexer's key and weights whole
-    (vLLM's ``Indexer``), the rest split by heads (:func:`autoplan.kernels.mixers.mixer_params_per_rank`)."""
-    global_dims = bool(model.global_head_dim or model.global_kv_heads) and not model.is_mla
-    if mixer in (FULL, SLIDING):
-        if global_dims:
-            return mixers.mixer_params_per_rank(model, mixer, tp)
-        return attention_params_per_rank(model, tp)
-    if mixer == SPARSE:
-        per_rank = mixers.mixer_params_per_rank
-        return attention_params_per_rank(model, tp) + per_rank(model, SPARSE, tp) - per_rank(model, FULL, tp)
-    return mixers.mixer_params_per_rank(model, mixer, tp)
-
-
-def mlp_weights_per_rank(model: Model, mlp: str, tp: int, ep: int, etp: int) -> float:
-    """A layer's MLP on one GPU: a dense MLP split by TP; an MoE layer's router (whole),
-    shared experts (split by TP) and its share of the routed experts."""
-    if mlp == DENSE:
-        return model.params_mlp / tp
-    if mlp == MOE:
-        return (model.params_router + model.params_shared_experts / tp
-                + expert_params_per_rank(model, ep, etp))
-    return 0.0
-
-
 def layer_weights_per_rank(model: Model, kind: tuple[str, str], tp: int, ep: int, etp: int) -> float:
-    """One layer of ``kind`` on one GPU: mixer, MLP and a norm before each block (after too
-    with sandwich norms), replicated."""
-    mixer, mlp = kind
-    blocks = (mixer != NO_MIXER) + (mlp != NO_MLP)
-    norms = blocks * (2 if model.sandwich_norms else 1) * model.params_norm
-    return mixer_weights_per_rank(model, mixer, tp) + mlp_weights_per_rank(model, mlp, tp, ep, etp) + norms
+    """One layer of ``kind`` on one GPU: what training holds of it
+    (``mixers.kind_params_per_rank``: mixer, norms, dense MLP or router and shared experts)
+    and an MoE layer's share of the routed experts."""
+    experts = expert_params_per_rank(model, ep, etp) if kind[1] == MOE else 0.0
+    return mixers.kind_params_per_rank(model, tp, kind) + experts
 
 
-def kind_gemms(model: Model, kind: tuple[str, str], tokens: float, tp: int) -> list[Gemm]:
-    """A layer's GEMMs on one rank for ``tokens`` rows, the routed experts excepted: its
-    mixer's projections, and a dense MLP or an MoE layer's router (16-bit) and fused shared
-    experts (as :func:`autoplan.kernels.layer.layer_gemms`)."""
-    mixer, mlp = kind
-    gemms = mixers.mixer_gemms(model, mixer, tokens, tp)
-    if mlp == DENSE:
-        gemms += mlp_gemms(model, tokens, tp, model.ffn_hidden)
-    elif mlp == MOE:
-        gemms.append(Gemm(tokens, model.experts, model.hidden, quantized=False))
-        if model.shared_experts:
-            gemms += mlp_gemms(model, tokens, tp, model.shared_experts * model.shared_width)
-    return gemms
+kind_gemms = mixers.kind_gemms  # the one home of a layer kind's GEMMs (kernels/mixers.py)
 
 
 @dataclass(frozen=True, slots=True)
