@@ -203,6 +203,11 @@ def unsupported(plan: Plan, source: str, options: Options, machine: Machine) -> 
         no("model.mtp_layers", "multi-token prediction is not built by validate")
     if m.qk_norm:
         no("model.qk_norm", "Q/K norms are not built by validate")
+    if m.mixers or m.mlps:
+        no("model.mixers", "layers of other kinds than full attention with an MLP (linear "
+                           "attention, Mamba, sparse or sliding attention) are not built by validate")
+    if m.vision is not None:
+        no("model.vision", "a vision tower is not built by validate")
     if lay.cp > 1:
         no("layout.cp", "context parallelism is not built by validate (torch's context_parallel "
                         "is CUDA-only and experimental)")

@@ -203,6 +203,9 @@ def test_what_torch_cannot_run_here_is_named_by_field() -> None:
     assert "4 processes, but this machine has 2 CPU cores" in problems(too_many)["layout"]
     assert "layout" not in problems(too_many, slice=True)  # one rank's slice runs anywhere
     assert "layout" not in problems(too_many, device="cuda", slice=True)  # validate() implies --slice
+    hybrid = dataclasses.replace(pp2.model, layers=4, mixers="MMMA", mamba_heads=8, mamba_head_dim=16,
+                                 ssm_state=16, ssm_groups=1, conv_kernel=4)
+    assert "linear attention, Mamba" in problems(dataclasses.replace(pp2, model=hybrid))["model.mixers"]
     assert "zero" in problems(dataclasses.replace(pp2, zero=ZeroStage.PARAMETERS), slice=True)
     from autoplan.vocab import Offload
     assert "not built by validate" in problems(pp2.replace(offload=Offload(optimizer=True)))["offload"]
