@@ -292,8 +292,8 @@ def shipped_mixers(device_name: str, engine: str, version: str | None = None,
     by_kind: dict[str, list[tuple[Path, int, str]]] = {}
     for path, mtime, header in _files(folder):
         if header.get("descriptor") == device_name and header.get("engine") == engine:
-            found = (path, mtime, header.get("engine_version", ""))
-            by_kind.setdefault(header.get("kind", ""), []).append(found)
+            entry = (path, mtime, header.get("engine_version", ""))
+            by_kind.setdefault(header.get("kind", ""), []).append(entry)
     tables = {}
     for kind, found in by_kind.items():
         picked = _pick_version(found, version)
