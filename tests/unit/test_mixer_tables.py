@@ -16,7 +16,7 @@ from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gp
 from autoplan.descriptors.model import Model
 from autoplan.errors import InputError
 from autoplan.measured.aiconfigurator_mixers import fill
-from autoplan.measured.door import corrected
+from autoplan.measured.door import corrected, with_mixers
 from autoplan.measured.mixer_tables import MixerTables, mixers_dir, parse_mixer_table, shipped_mixers
 from autoplan.serving.cost import StepModel, prefill_prompts
 from autoplan.serving.deployment import Deployment, Precision
@@ -115,10 +115,10 @@ def test_between_rows_the_time_is_the_log_log_interpolation_and_past_the_edge_th
 
 
 def test_a_training_door_attaches_no_mixer_tables_and_the_serving_door_those_of_its_engine() -> None:
+    assert corrected(with_gpus(resolve_cluster("dgx-h100"), 8)).cluster.device.mixer_kernels is None
     cluster = with_gpus(resolve_cluster("dgx-h200"), 8)
-    assert corrected(cluster).cluster.device.mixer_kernels is None
-    vllm = corrected(cluster, engine="vllm", version="0.24.0").cluster.device.mixer_kernels
-    trt = corrected(cluster, engine="trtllm", version="1.3.0rc20").cluster.device.mixer_kernels
+    vllm = with_mixers(cluster, "vllm", "0.24.0").device.mixer_kernels
+    trt = with_mixers(cluster, "trtllm", "1.3.0rc20").device.mixer_kernels
     assert isinstance(vllm, MixerTables) and isinstance(trt, MixerTables)
     assert set(vllm.tables) == {"gdn", "dsa"} and set(trt.tables) == {"gdn", "dsa", "mamba2"}
 
@@ -214,3 +214,44 @@ def test_serve_says_which_mixers_the_tables_priced(tmp_path, model, engine, vers
     assert provenance["mixer_tables"][mixer]["prefill"] == (
         f"profiles/measured/mixers/h200-{engine}-{version}-{kind}-{AIC}.csv")
     assert f"token mixers: {mixer} {how} (" in autoplan(*job).stdout.replace("#1: ", "")
+
+
+# ------------------------------------------------------------------ the extraction
+
+def _parquet(path: Path, rows: list[dict], **common) -> None:
+    import pandas as pd
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame([{**common, **r} for r in rows]).to_parquet(path)
+
+
+def test_the_extraction_sums_a_phases_kernels_over_the_median_of_d_model_and_writes_what_it_read(tmp_path):
+    from autoplan.measured.aiconfigurator import Package
+    from autoplan.measured.aiconfigurator_mixers import mixer_files
+
+    data = tmp_path / "data"
+    heads = {"num_k_heads": 16, "head_k_dim": 128, "num_v_heads": 32, "head_v_dim": 128, "d_conv": 4,
+             "device": "NVIDIA H200", "op_name": "gdn"}
+    rows = []
+    for b in (1, 4):
+        for s in (1, 16):
+            for d_model, scale in ((2048, 1.0), (2560, 1.1), (4096, 0.9)):  # the median: scale 1
+                cell = {"phase": "context", "batch_size": b, "seq_len": s, "d_model": d_model}
+                rows += [{**cell, "kernel_source": "causal_conv1d_fn", "latency": 0.001 * b * s * scale},
+                         {**cell, "kernel_source": "chunk_gated_delta_rule_flashinfer",
+                          "latency": 0.01 * b * s * scale}]
+        cell = {"phase": "generation", "batch_size": b, "seq_len": 1, "d_model": 2048}
+        rows += [{**cell, "kernel_source": "causal_conv1d_update", "latency": 0.002 * b},
+                 {**cell, "kernel_source": "fused_recurrent_gated_delta_rule_packed_decode",
+                  "latency": 0.005 * b}]
+    rows = [r for r in rows if not (r["batch_size"] == 4 and r["seq_len"] == 16 and r["phase"] == "context")]
+    _parquet(data / "h200_sxm" / "linear_attention" / "vllm" / "0.24.0" / "gdn_perf.parquet", rows, **heads)
+    (file,) = mixer_files(Package(data, "0.12.0"), "h200_sxm", versions={"vllm": "0.24.0"})
+    assert file.name == "h200-vllm-0.24.0-gdn-aiconfigurator-0.12.0.csv"
+    assert file.header["source"] == ("aiconfigurator-core 0.12.0 "
+                                     "h200_sxm/linear_attention/vllm/0.24.0/gdn_perf.parquet")
+    assert file.header["filled"].startswith("1 cells")  # batch 4 x 16 tokens, from batch 1's rate
+    tables = MixerTables({"gdn": parse_mixer_table(file.text(), file.name)})
+    assert tables.seconds("gdn", "context", QNEXT_KEY, 1, 16)[0] == pytest.approx(0.011 * 16e-3)
+    assert tables.seconds("gdn", "context", QNEXT_KEY, 4, 16)[0] == pytest.approx(4 * 0.011 * 16e-3)
+    assert tables.seconds("gdn", "generation", QNEXT_KEY, 4, 1)[0] == pytest.approx(0.007 * 4e-3)
