@@ -100,6 +100,13 @@ BATCHES = (1, 4, 16, 64, 256, 1024)
 # GDN's and Mamba-2's tokens per sequence kept (the tables' 1, 2, 4, ... 32768 less 2, 4, 8, 32)
 LINEAR_LENGTHS = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 SHIPPED_ENGINES = ("vllm", "sglang", "trtllm")
+# the phases of each kind the serving cost takes from the shipped files (their ``# applies:``
+# line; autoplan/measured/mixer_tables.py). DSA's generation block is timed alone, launches
+# included (vLLM 0.24.0 on an H200: 0.17 ms a layer at one sequence, 20x the roofline's reads;
+# 4.7x at 64), where the engines replay a decode step as one CUDA graph: the engine profiles'
+# decode tables, timed the same way, made NVIDIA's measured TPOT 65% too slow when applied
+# (docs/ACCURACY.md, "Which measured kernels serving takes"). It ships, not applied.
+APPLIES = {"gdn": "yes", "mamba2": "yes", "dsa": "context"}
 # the engines whose DSA tables are taken: SGLang 0.5.14's context rows time its dense prefill
 # (prompts up to 2048 tokens) at 0.76-0.85 ms whatever the batch (1 to 8192 tokens on an H200)
 # and its sparse prefill only at 4096-8192 tokens for one or two prompts: most of a grid would
@@ -169,7 +176,7 @@ def _header(kind: str, system: str, engine: str, version: str, frame: pd.DataFra
     measured_on = str(frame["device"].iloc[0]) if "device" in frame.columns and len(frame) else system
     return {"autoplan-mixer-kernels": FORMAT, "kind": kind, "descriptor": SYSTEMS[system],
             "device_name": measured_on, "engine": engine, "engine_version": version,
-            "source": f"{DISTRIBUTION} {package.version} {system}/{source}", "applies": "yes",
+            "source": f"{DISTRIBUTION} {package.version} {system}/{source}", "applies": APPLIES[kind],
             "license": LICENSE}
 
 

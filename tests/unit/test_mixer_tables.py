@@ -62,7 +62,7 @@ def test_every_shipped_mixer_table_parses_and_says_where_it_came_from() -> None:
         assert table.meta["command"] == "python scripts/aiconfigurator_profiles.py mixers"
         assert path.name.startswith(f"{table.meta['descriptor']}-{table.meta['engine']}-"
                                     f"{table.meta['engine_version']}-{table.kind}-")
-        assert table.applies == {"context", "generation"}
+        assert table.applies == ({"context"} if table.kind == "dsa" else {"context", "generation"})
 
 
 def test_the_mixer_tables_come_at_the_versions_the_serving_profiles_ship() -> None:
@@ -184,7 +184,11 @@ def test_deepseek_v32s_sparse_layers_take_the_blocks_time_less_their_projections
     block = tables.seconds("dsa", "context", key, 4, 1024)[0]
     projections = step._gemms(4096, step._sparse_mixer_shapes)
     assert step._prefill_table("D", 4, 1024, 0, 4096) == pytest.approx(block - projections)
-    assert dict(mixer_kernels(step)) == {"sparse attention": "measured"}
+    # its decode block ships timed alone, not applied: the roofline's reads (module doc of
+    # autoplan/measured/aiconfigurator_mixers.py, APPLIES)
+    assert dict(mixer_kernels(step)) == {"sparse attention": "partly measured"}
+    (_, _, prefill, decode), = mixer_tables(step)
+    assert prefill.endswith("h200-vllm-0.24.0-dsa-aiconfigurator-0.12.0.csv") and decode is None
     # fp4 weights: GEMM dtypes the tables never timed
     assert _step(model, Engine.VLLM, "0.24.0", gpus=8, weights=Precision.FP4,
                  cluster="dgx-b200").table_sources() == {}
@@ -255,3 +259,18 @@ def test_the_extraction_sums_a_phases_kernels_over_the_median_of_d_model_and_wri
     assert tables.seconds("gdn", "context", QNEXT_KEY, 1, 16)[0] == pytest.approx(0.011 * 16e-3)
     assert tables.seconds("gdn", "context", QNEXT_KEY, 4, 16)[0] == pytest.approx(4 * 0.011 * 16e-3)
     assert tables.seconds("gdn", "generation", QNEXT_KEY, 4, 1)[0] == pytest.approx(0.007 * 4e-3)
+
+
+def test_a_sparse_layers_measured_decode_is_linear_about_the_context_it_reads() -> None:
+    model = resolve_model("deepseek-v3.2")
+    cluster = with_gpus(resolve_cluster("dgx-h200"), 8)
+    every = shipped_mixers("h200", "vllm", "0.24.0", every=True)  # the decode block applied too
+    cluster = dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, mixer_kernels=every))
+    deployment = Deployment(replicas=1, tp=8, weights=Precision.FP8)
+    step = StepModel(model, cluster, deployment, Engine.VLLM, "0.24.0")
+    assert step.table_sources()["D"]["generation"] is not None
+    key = f"{':'.join(map(str, (7168, 1536, 512, 128, 64, 128, 2048, 64, 128)))}/16/bf16"
+    const, slope = step._decode_table("D", 64, 64 * 4096)
+    block = every.seconds("dsa", "generation", key, 64, 4096)[0] - step._gemms(64, step._sparse_mixer_shapes)
+    assert const + slope * 64 * 4096 == pytest.approx(block)
+    assert slope > 0
