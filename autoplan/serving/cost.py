@@ -18,6 +18,10 @@ decoding sequence. Per GPU of a pipeline stage it costs, layer by layer:
   GQA keeps kv_heads / tp heads per GPU (at least one: engines replicate them past
   kv_heads), MLA its compressed latent (kv_lora_rank + rope dims, replicated over TP;
   DeepSeek-V2 Sec. 2.1; decode runs the absorbed form);
+- a model whose layers differ (``serving.kinds``): each kind's mixer and MLP; Gated
+  DeltaNet, Mamba-2's conv and DeepSeek Sparse Attention from the measured mixer tables of
+  the plan's engine where the device carries them and they hold the layer's shape
+  (``Device.mixer_kernels``, :meth:`StepModel._init_tables`), the roofline elsewhere;
 - tensor parallel: two all-reduces of the tokens' hidden states per layer (Megatron-LM,
   Shoeybi et al. 2019), expert parallel: a dispatch and a combine all-to-all of the
   routed tokens; pipeline parallel: a send of the hidden states per stage boundary; on

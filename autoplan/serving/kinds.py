@@ -31,6 +31,13 @@ each sequence's state once (2 n state bytes). Prefill core FLOPs per kind are
 :func:`autoplan.kernels.mixers.core_flops_per_token`'s (the chunked delta rule, SSD, the
 indexer, windowed attention), projections :func:`autoplan.kernels.mixers.mixer_gemms`.
 
+Measured kernels: where the serving door attached the device's measured mixer tables of the
+plan's engine (``Device.mixer_kernels``: AIConfigurator's Gated DeltaNet kernels, Mamba-2
+conv and DeepSeek Sparse Attention block; autoplan/measured/mixer_tables.py), a layer whose
+shape on one GPU they hold (:func:`table_key`) takes their time in the phases they apply to
+instead of the roofline's (``StepModel._init_tables``); the prediction says which
+(``serving.trust``).
+
 Prefix caching (``StepModel.prefix_block``): full, sparse and sliding layers' KV is reused in
 whole KV blocks (a sliding layer needs only the prefix's last window cached: vLLM's
 ``SlidingWindowManager``, SGLang's ``SWARadixCache``); a recurrent layer's state only where
