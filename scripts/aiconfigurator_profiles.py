@@ -5,6 +5,7 @@ of how well they interpolate (profiles/measured/README.md, NOTICE-aiconfigurator
     python scripts/aiconfigurator_profiles.py import    # rewrite profiles/measured/*-aiconfigurator.csv
     python scripts/aiconfigurator_profiles.py table     # the README's interpolation table
     python scripts/aiconfigurator_profiles.py kernels   # rewrite profiles/measured/kernels/*.csv
+    python scripts/aiconfigurator_profiles.py mixers    # rewrite profiles/measured/mixers/*.csv
 
 ``import`` runs ``autoplan profiles import aiconfigurator --system S --thin -o
 profiles/measured/`` for each device below (every engine, each at the newest version of its
@@ -16,6 +17,10 @@ node cluster of the profile's device (``autoplan bench --profile FILE --fit`` pr
 same per profile). ``kernels`` writes training's measured kernel grids
 (``autoplan/measured/kernels.py``): per device of :data:`KERNEL_SYSTEMS`, the GEMM grid of
 TensorRT-LLM's table and the NCCL grid (``autoplan.measured.aiconfigurator.kernel_grids``).
+``mixers`` writes serving's measured token-mixer tables (``autoplan/measured/mixer_tables.py``):
+per device of :data:`SYSTEMS` and engine at the version its serving profile ships at, the
+Gated DeltaNet and Mamba-2 kernels and the DeepSeek Sparse Attention block
+(``autoplan.measured.aiconfigurator_mixers.mixer_files``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ SYSTEMS = ("h100_sxm", "h200_sxm", "b200_sxm", "b300_sxm", "gb200", "gb300")
 KERNEL_SYSTEMS = ("a100_sxm", *SYSTEMS)
 KERNELS = MEASURED / "kernels"
 KERNELS_COMMAND = "python scripts/aiconfigurator_profiles.py kernels"
+MIXERS = MEASURED / "mixers"
 
 
 def run_import() -> None:
@@ -50,6 +56,36 @@ def write_kernels() -> None:
             tmp.write_text(grid.text(), encoding="utf-8")
             tmp.replace(path)
             print(f"{path.relative_to(ROOT)}: {len(grid.rows)} rows")
+
+
+def shipped_versions(system: str) -> dict[str, str]:
+    """engine -> the version of its shipped serving profile of ``system`` (the mixer tables
+    are taken at the same versions)."""
+    from autoplan.measured.aiconfigurator import SYSTEMS as DESCRIPTORS
+    from autoplan.measured.profile import profile_header
+
+    out = {}
+    for path in sorted(MEASURED.glob(f"{DESCRIPTORS[system]}-*-aiconfigurator.csv")):
+        with path.open(encoding="utf-8") as f:
+            header = profile_header(f)
+        if header.get("descriptor") == DESCRIPTORS[system] and header.get("engine"):
+            out[header["engine"]] = header["engine_version"]
+    return out
+
+
+def write_mixers() -> None:
+    from autoplan.measured.aiconfigurator import locate
+    from autoplan.measured.aiconfigurator_mixers import mixer_files
+
+    package = locate()
+    MIXERS.mkdir(parents=True, exist_ok=True)
+    for system in SYSTEMS:
+        for table in mixer_files(package, system, versions=shipped_versions(system)):
+            path = MIXERS / table.name
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(table.text(), encoding="utf-8")
+            tmp.replace(path)
+            print(f"{path.relative_to(ROOT)}: {len(table.rows)} rows")
 
 
 def table() -> None:
@@ -78,5 +114,7 @@ if __name__ == "__main__":
         table()
     elif what == "kernels":
         write_kernels()
+    elif what == "mixers":
+        write_mixers()
     else:
-        sys.exit(f"usage: python {Path(__file__).name} import|table|kernels")
+        sys.exit(f"usage: python {Path(__file__).name} import|table|kernels|mixers")

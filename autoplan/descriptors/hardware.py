@@ -102,6 +102,26 @@ class MeasuredKernels(Protocol):
         ...
 
 
+class MeasuredMixers(Protocol):
+    """Measured token-mixer tables serving reads where they cover a layer
+    (:class:`autoplan.measured.mixer_tables.MixerTables`, attached by the serving door
+    ``measured.door.corrected`` for the plan's engine and version): one layer's Gated
+    DeltaNet kernels, Mamba-2 conv, DeepSeek Sparse Attention block. Like a
+    :class:`Correction`, a device carrying them is another device (equality and hash)."""
+
+    def seconds(self, kind: str, phase: str, key: str, batch: float, length: float
+                ) -> tuple[float, float, float] | None:
+        """(seconds, batch, length): one layer's measured time for ``batch`` sequences of
+        ``length`` tokens (``phase`` context: tokens computed; generation: one token, DSA
+        reading ``length`` tokens of cache) at the nearest point inside the table, and that
+        point; None where no table of ``kind`` applies to ``key`` in ``phase``."""
+        ...
+
+    def source(self, kind: str, phase: str, key: str) -> str | None:
+        """The file that prices ``key`` of ``kind`` in ``phase``; None where none does."""
+        ...
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Device:
     """One accelerator."""
@@ -156,6 +176,9 @@ class Device:
     # kernels/comm.py; attached by the training door, never with a correction); not in the
     # descriptor file, and not written by to_dict
     kernels: MeasuredKernels | None = None
+    # measured token-mixer tables serving reads where they cover a layer (serving/cost.py;
+    # attached by the serving door for the plan's engine); not in the descriptor file
+    mixer_kernels: MeasuredMixers | None = None
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

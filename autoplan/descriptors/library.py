@@ -315,10 +315,12 @@ def builtin_node_cluster(device_name: str) -> Cluster | None:
 
 def _without_grids(cluster: Cluster) -> Cluster:
     """``cluster`` without the measured kernel grids the training door attaches to its device
-    (``Device.kernels``): no part of a cluster file."""
-    if cluster.device.kernels is None:
+    (``Device.kernels``) and the mixer tables the serving door does (``Device.mixer_kernels``):
+    no part of a cluster file."""
+    if cluster.device.kernels is None and cluster.device.mixer_kernels is None:
         return cluster
-    return dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, kernels=None))
+    return dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, kernels=None,
+                                                                   mixer_kernels=None))
 
 
 def builtin_cluster_matches(cluster: Cluster) -> bool:

@@ -16,6 +16,12 @@ curves elsewhere. A profile (``autoplan bench``'s,
 or one given) takes precedence and the two never mix; serving (an engine asked) never
 gets the grids (its constants were fitted against the curves).
 
+Serving (an engine asked) gets, beside its profile, the device's measured token-mixer
+tables of that engine at the plan's version where ``profiles/measured/mixers/`` ships them
+(:mod:`autoplan.measured.mixer_tables`: AIConfigurator's Gated DeltaNet, Mamba-2 conv and
+DeepSeek Sparse Attention timings), on ``Device.mixer_kernels``: the serving cost reads them
+for the layers they cover, with or without a profile.
+
 scikit-learn and pandas load only where a profile applies (a device without one costs a
 look at each shipped profile's header).
 """
@@ -27,6 +33,7 @@ from dataclasses import dataclass
 
 from autoplan.descriptors.hardware import Cluster
 from autoplan.measured.kernels import shipped_kernels
+from autoplan.measured.mixer_tables import shipped_mixers
 from autoplan.measured.profile import Profile
 from autoplan.measured.shipped import shipped_profile
 
@@ -65,12 +72,24 @@ def corrected(cluster: Cluster, given: Profile | None = None, engine: str | None
     profile (``measured.surrogate.calibrate``), or as it is where there is none."""
     measured = profile_for(cluster, given, engine, version)
     if measured is None:
-        return Corrected(with_kernels(cluster) if engine is None else cluster, None)
+        return Corrected(with_kernels(cluster) if engine is None else with_mixers(cluster, engine, version),
+                         None)
     # imported here: scikit-learn takes most of a second to import, which a command
     # without a profile should not pay
     from autoplan.measured.surrogate import calibrate
 
-    return Corrected(calibrate(cluster, measured), measured)
+    calibrated = calibrate(cluster, measured)
+    return Corrected(calibrated if engine is None else with_mixers(calibrated, engine, version), measured)
+
+
+def with_mixers(cluster: Cluster, engine: str, version: str | None = None) -> Cluster:
+    """``cluster`` with its device carrying the mixer tables shipped for it and ``engine`` at
+    ``version`` that apply (module doc), or as it is where none are shipped."""
+    name = str(getattr(engine, "value", engine))
+    tables = shipped_mixers(cluster.device.name, name, version)
+    if tables is None or cluster.device.mixer_kernels == tables:
+        return cluster
+    return dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, mixer_kernels=tables))
 
 
 def with_kernels(cluster: Cluster, every: bool = False) -> Cluster:

@@ -617,12 +617,13 @@ class SurrogateCorrection:
 
 
 def uncorrected(cluster: Cluster) -> Cluster:
-    """The cluster without a correction or measured kernel grids on its device (itself if it
-    has neither): the analytic model a profile is fitted against."""
-    if cluster.device.correction is None and cluster.device.kernels is None:
+    """The cluster without a correction, measured kernel grids or mixer tables on its device
+    (itself if it has none): the analytic model a profile is fitted against."""
+    dev = cluster.device
+    if dev.correction is None and dev.kernels is None and dev.mixer_kernels is None:
         return cluster
-    return dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, correction=None,
-                                                                   kernels=None))
+    return dataclasses.replace(cluster, device=dataclasses.replace(dev, correction=None, kernels=None,
+                                                                   mixer_kernels=None))
 
 
 @lru_cache(maxsize=16)

@@ -18,6 +18,10 @@ decoding sequence. Per GPU of a pipeline stage it costs, layer by layer:
   GQA keeps kv_heads / tp heads per GPU (at least one: engines replicate them past
   kv_heads), MLA its compressed latent (kv_lora_rank + rope dims, replicated over TP;
   DeepSeek-V2 Sec. 2.1; decode runs the absorbed form);
+- a model whose layers differ (``serving.kinds``): each kind's mixer and MLP; Gated
+  DeltaNet, Mamba-2's conv and DeepSeek Sparse Attention from the measured mixer tables of
+  the plan's engine where the device carries them and they hold the layer's shape
+  (``Device.mixer_kernels``, :meth:`StepModel._init_tables`), the roofline elsewhere;
 - tensor parallel: two all-reduces of the tokens' hidden states per layer (Megatron-LM,
   Shoeybi et al. 2019), expert parallel: a dispatch and a combine all-to-all of the
   routed tokens; pipeline parallel: a send of the hidden states per stage boundary; on
@@ -46,7 +50,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from autoplan.descriptors.hardware import Cluster, Device
-from autoplan.descriptors.model import FULL, LINEAR_MIXERS, MOE, NO_MIXER, NO_MLP, SLIDING, SPARSE, Model
+from autoplan.descriptors.model import (
+    FULL,
+    LINEAR_MIXERS,
+    MAMBA,
+    MOE,
+    NO_MIXER,
+    NO_MLP,
+    SLIDING,
+    SPARSE,
+    Model,
+)
 from autoplan.kernels import comm, mixers
 from autoplan.kernels.compute import (
     AttentionCall,
@@ -73,6 +87,7 @@ from autoplan.units import GiB
 from autoplan.vocab import Dtype
 
 ACT_BYTES = 2  # hidden states move in 16 bits between kernels and over the links
+TABLE_PHASES = ("context", "generation")  # the phases a measured mixer table prices (prefill, decode)
 LOGIT_BYTES = 4  # logits are sampled in fp32
 # kernels per transformer layer in an iteration: a dense layer's 14 (norms, QKV, RoPE,
 # attention, O, residual, the MLP's GEMMs and activation, the collectives); layers with more
@@ -98,6 +113,22 @@ def kernels_per_layer(model: Model, gemms: int, moe: bool) -> int:
     layer), the fixed operators around them (FIXED_KERNELS), an MoE layer's routed experts
     (ROUTED_KERNELS) and MLA's latent norms (MLA_KERNELS). A dense GQA layer: 4 + 10 = 14."""
     return gemms + FIXED_KERNELS + (ROUTED_KERNELS if moe else 0) + (MLA_KERNELS if model.is_mla else 0)
+
+
+def prefill_prompts(tokens: float, pairs: float, prior: float) -> float:
+    """How many prompts an iteration's prefill chunks are, from their ``tokens``, their causal
+    (query, key) ``pairs`` and the ``prior`` tokens of earlier chunks they re-read, taking the
+    chunks alike (``scheduler.Batch.add_chunk``: b chunks of c tokens after p each give
+    pairs = b (c p + c (c + 1) / 2), tokens P = b c, prior = b p):
+    b = (P prior + P^2 / 2) / (pairs - P / 2), between 1 and P. The measured mixer tables
+    are timed per batch of sequences: one long prompt scans its chunks one after another,
+    many short ones side by side."""
+    if tokens <= 1.0:
+        return 1.0
+    own = pairs - tokens / 2
+    if own <= 0.0:
+        return tokens
+    return min(tokens, max(1.0, (tokens * prior + tokens * tokens / 2) / own))
 
 
 def iteration_seconds(gpu_s: float, host_s: float, hidden: float, launch_floor_s: float = 0.0) -> float:
@@ -212,6 +243,11 @@ class StepModel:
     _token_totals: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     _token_device: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     _sampled: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    # the measured mixer tables' (a model whose layers differ: _init_tables): per mixer its
+    # table kind and key, per (mixer, phase) the file that prices it, memoized lookups
+    _table_keys: dict[str, tuple[str, str]] = field(default_factory=dict, init=False, repr=False)
+    _table_sources: dict[tuple[str, str], str] = field(default_factory=dict, init=False, repr=False)
+    _table_memo: dict[tuple[str, str, int, int], float] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         d, m, dev = self.deployment, self.model, self.cluster.device
@@ -768,6 +804,80 @@ class StepModel:
                 self._recurrent_s[mixer] = flops_token / rate
                 state = mixers.state_bytes_per_sequence(m, mixer, d.tp, kinds.STATE_BYTES, ACT_BYTES)
                 self._state_s[mixer] = 2.0 * state / self.mem_eff_Bps  # read and write, once a step
+        self._init_tables(rate)
+
+    # -- measured mixer tables (Device.mixer_kernels) -------------------------------------
+    def _init_tables(self, rate: float) -> None:
+        """The mixers a measured table prices (``Device.mixer_kernels``, the serving door's:
+        AIConfigurator's timings of one layer; serving.kinds.table_key files a layer): per
+        mixer its table kind and key, and per phase whether a table applies. What the tables
+        leave to the roofline: Mamba-2's SSD scan and state (its tables time the conv);
+        the projections of a sparse layer are in its measured block and priced apart with
+        the layer's GEMMs, so the block's time less theirs is added here."""
+        m, d = self.model, self.deployment
+        tables = self.device.mixer_kernels
+        if tables is None:
+            return
+        for mixer in self._mixer_counts:
+            kind = kinds.TABLE_KINDS.get(mixer)
+            key = None if kind is None else kinds.table_key(m, mixer, d.tp, d.kv_cache.value, d.weights.value)
+            if kind is None or key is None:
+                continue
+            for phase in TABLE_PHASES:
+                source = tables.source(kind, phase, key)
+                if source is not None:
+                    self._table_keys[mixer] = (kind, key)
+                    self._table_sources[(mixer, phase)] = source
+        if MAMBA in self._table_keys:  # the scan's FLOPs and the SSM state alone (no conv)
+            self._scan_s = mixers.core_flops_per_token(m, MAMBA, 0.0) / d.tp / rate
+            ssm = mixers.state_bytes_per_sequence(m, MAMBA, d.tp, kinds.STATE_BYTES, 0.0)
+            self._ssm_state_s = 2.0 * ssm / self.mem_eff_Bps
+        if SPARSE in self._table_keys:
+            self._sparse_mixer_shapes = self._shapes(mixers.mixer_gemms(m, SPARSE, 1.0, d.tp))
+
+    def table_sources(self) -> dict[str, dict[str, str | None]]:
+        """Per mixer a measured table prices in some phase: phase (``context``, ``generation``)
+        -> the file that prices it, None where the roofline does."""
+        return {mixer: {phase: self._table_sources.get((mixer, phase)) for phase in TABLE_PHASES}
+                for mixer in self._table_keys}
+
+    def _measured(self, mixer: str, phase: str) -> bool:
+        return (mixer, phase) in self._table_sources
+
+    def _table_roofline(self, mixer: str, phase: str, batch: float, length: float) -> float:
+        """The roofline's seconds of one layer's tabled part for ``batch`` sequences of
+        ``length`` (what scales a measured time past its table's edge): the recurrent
+        kernels' time is linear in tokens; a sparse layer's block is its projections, the
+        indexer over every earlier key and MLA over at most index_topk of them."""
+        m = self.model
+        if mixer != SPARSE:
+            return batch * length
+        if phase == "context":
+            pairs = batch * length * (length + 1) / 2
+            sparse = batch * (length * min(length, m.index_topk) - min(length, m.index_topk) ** 2 / 2)
+            return (self._gemms(batch * length, self._sparse_mixer_shapes)
+                    + self._pair_s[SPARSE] * max(0.0, sparse) + self._index_pair_s * pairs)
+        return (self._gemms(batch, self._sparse_mixer_shapes)
+                + batch * (self._ctx_s[SPARSE] * min(length, m.index_topk) + self._index_ctx_s * length))
+
+    def _table(self, mixer: str, phase: str, batch: float, length: float) -> float:
+        """One layer's measured seconds of ``mixer`` for ``batch`` sequences of ``length``
+        tokens (computed, or for a sparse layer's generation: read), the inputs rounded to
+        1/32 octave (a simulation asks for every iteration); past the table's edge its
+        edge's time scaled by the roofline's ratio (:meth:`_table_roofline`)."""
+        qb, ql = round(32 * math.log2(max(1.0, batch))), round(32 * math.log2(max(1.0, length)))
+        memo = (mixer, phase, qb, ql)
+        got = self._table_memo.get(memo)
+        if got is None:
+            kind, key = self._table_keys[mixer]
+            b, s = 2.0 ** (qb / 32), 2.0 ** (ql / 32)
+            found = self.device.mixer_kernels.seconds(kind, phase, key, b, s)  # type: ignore[union-attr]
+            assert found is not None  # _measured said a table applies
+            got, tb, ts = found
+            if (tb, ts) != (b, s):
+                got *= self._table_roofline(mixer, phase, b, s) / self._table_roofline(mixer, phase, tb, ts)
+            self._table_memo[memo] = got
+        return got
 
     def _per_tokens_kinds(self, tokens: int) -> Breakdown:
         """:meth:`_per_tokens` kind by kind: each kind's GEMMs (an MoE kind's routed experts
@@ -811,6 +921,10 @@ class StepModel:
         for mixer, count in self._mixer_counts.items():
             if mixer == FULL:
                 slope += count * self._ctx_s[FULL] * ratio
+            elif self._measured(mixer, "generation"):
+                c, s = self._decode_table(mixer, decodes, context)
+                const += count * c
+                slope += count * s
             elif mixer in (SLIDING, SPARSE):
                 cap = n * (m.sliding_window if mixer == SLIDING else m.index_topk)
                 per = self._ctx_s[mixer] * (ratio if mixer == SLIDING else 1.0)
@@ -824,6 +938,42 @@ class StepModel:
                 const += count * n * self._state_s[mixer]
         return const, slope
 
+    def _decode_table(self, mixer: str, decodes: int, context: float) -> tuple[float, float]:
+        """(const, slope) of one layer's measured decode (:meth:`_decode_kinds`): a recurrent
+        layer's kernels for ``decodes x width`` rows (Mamba-2: its conv; its SSM state read and
+        written by the roofline), constant in the context; a sparse layer's block at the
+        mean context a sequence reads, linear about it (its slope over an eighth of an octave),
+        less its projections (priced with the layer's GEMMs)."""
+        n = float(decodes)
+        rows = n * self.width
+        if mixer != SPARSE:
+            t = self._table(mixer, "generation", rows, 1.0)
+            return t + (n * self._ssm_state_s if mixer == MAMBA else 0.0), 0.0
+        per_seq = max(1.0, context / n)
+        t0 = self._table(SPARSE, "generation", rows, per_seq)
+        step = 2.0 ** (1 / 8)
+        t1 = self._table(SPARSE, "generation", rows, per_seq * step)
+        slope = max(0.0, (t1 - t0) / (n * per_seq * (step - 1)))
+        t0 = max(0.0, t0 - self._gemms(rows, self._sparse_mixer_shapes))
+        return t0 - slope * context, slope
+
+    def _prefill_table(self, mixer: str, prompts: float, chunk: float, prior: float, tokens: float) -> float:
+        """One layer's measured prefill for ``prompts`` chunks of ``chunk`` tokens after
+        ``prior`` tokens each (:meth:`_attention_kinds`): a recurrent layer's kernels over the
+        chunks (they carry the state in: no prior to re-read; Mamba-2: its conv, the SSD scan
+        by the roofline over the ``tokens``); a sparse layer's block for the chunks, the
+        part of a (prior + chunk)-token prefill past its first prior tokens where that is
+        more, less its projections (priced with the layer's GEMMs)."""
+        t = self._table(mixer, "context", prompts, chunk)
+        if mixer == MAMBA:
+            return t + self._scan_s * tokens
+        if mixer != SPARSE:
+            return t
+        if prior >= 1.0:
+            t = max(t, self._table(SPARSE, "context", prompts, prior + chunk)
+                    - self._table(SPARSE, "context", prompts, prior))
+        return max(0.0, t - self._gemms(tokens, self._sparse_mixer_shapes))
+
     def _attention_kinds(self, decodes: int, decode_context: float, prefill_pairs: float,
                          prefill_context: float, prompt_tokens: float) -> tuple[float, float]:
         """(prefill core, decode reads) of every layer kind by kind (serving.kinds): the
@@ -835,8 +985,12 @@ class StepModel:
         m = self.model
         attention = reread = 0.0
         prompt = max(0.0, prompt_tokens)
+        prompts = prefill_prompts(prompt, prefill_pairs, prefill_context) if prompt >= 1 else 0.0
         for mixer, count in self._mixer_counts.items():
-            if mixer == FULL:
+            if prompts and self._measured(mixer, "context"):
+                attention += count * self._prefill_table(mixer, prompts, prompt / prompts,
+                                                         prefill_context / prompts, prompt)
+            elif mixer == FULL:
                 attention += count * self._pair_s[FULL] * prefill_pairs
                 reread += count * prefill_context * self.kv_token_layer
             elif mixer == SLIDING:

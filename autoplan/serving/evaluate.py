@@ -328,8 +328,9 @@ def serving_document(plan: ServingPlan, pred: ServingPrediction,
     from autoplan.plan import SCHEMA_VERSION
 
     d, c = plan.deployment, plan.cluster
-    if c.device.correction is not None:  # a measured correction is no part of the cluster file
-        c = dataclasses.replace(c, device=dataclasses.replace(c.device, correction=None))
+    if c.device.correction is not None or c.device.mixer_kernels is not None:
+        # a measured correction and mixer tables are no part of the cluster file
+        c = dataclasses.replace(c, device=dataclasses.replace(c.device, correction=None, mixer_kernels=None))
     deployment: dict[str, object]
     if d.disaggregated is not None:
         deployment = {"disaggregated": {"prefill": d.disaggregated.prefill.to_dict(),

@@ -31,6 +31,13 @@ each sequence's state once (2 n state bytes). Prefill core FLOPs per kind are
 :func:`autoplan.kernels.mixers.core_flops_per_token`'s (the chunked delta rule, SSD, the
 indexer, windowed attention), projections :func:`autoplan.kernels.mixers.mixer_gemms`.
 
+Measured kernels: where the serving door attached the device's measured mixer tables of the
+plan's engine (``Device.mixer_kernels``: AIConfigurator's Gated DeltaNet kernels, Mamba-2
+conv and DeepSeek Sparse Attention block; autoplan/measured/mixer_tables.py), a layer whose
+shape on one GPU they hold (:func:`table_key`) takes their time in the phases they apply to
+instead of the roofline's (``StepModel._init_tables``); the prediction says which
+(``serving.trust``).
+
 Prefix caching (``StepModel.prefix_block``): full, sparse and sliding layers' KV is reused in
 whole KV blocks (a sliding layer needs only the prefix's last window cached: vLLM's
 ``SlidingWindowManager``, SGLang's ``SWARadixCache``); a recurrent layer's state only where
@@ -47,7 +54,9 @@ from dataclasses import dataclass
 
 from autoplan.descriptors.model import (
     FULL,
+    GDN,
     LINEAR_MIXERS,
+    MAMBA,
     MIXERS,
     MOE,
     NO_MIXER,
@@ -164,6 +173,41 @@ def state_block_tokens(model: Model, tp: int, kv_bytes: float, state_bytes: floa
     if token <= 0:
         return VLLM_BLOCK_ALIGN
     return VLLM_BLOCK_ALIGN * math.ceil(page / (VLLM_BLOCK_ALIGN * token))
+
+
+# the measured mixer tables' kinds (autoplan.measured.mixer_tables) of the mixers they time
+TABLE_KINDS = {GDN: "gdn", MAMBA: "mamba2", SPARSE: "dsa"}
+
+
+def table_key(model: Model, mixer: str, tp: int, kv_cache: str, weights: str) -> str | None:
+    """The key a measured mixer table (``Device.mixer_kernels``) files one GPU's share of a
+    ``mixer`` layer under, or None where none could: Gated DeltaNet by its key and value
+    heads on the GPU, their widths and the conv kernel; Mamba-2 by the conv's channels on
+    the GPU and its kernel (the tables time its conv alone); sparse attention by the
+    architecture's dims (hidden, q_lora_rank, kv_lora_rank, qk_nope_head_dim,
+    qk_rope_head_dim, v_head_dim, index_topk, index_heads, index_head_dim), its query heads
+    on the GPU and the KV cache's dtype (bf16, fp8), for 16-bit or fp8 weights (the GEMM
+    dtypes the tables measured). A split that leaves a fraction of a head has no key."""
+    if mixer == GDN:
+        nk, nv = model.linear_key_heads, model.linear_heads
+        if not nk or nk % tp or nv % tp:
+            return None
+        return f"{nk // tp}/{nv // tp}/{model.linear_key_dim}/{model.linear_value_dim}/{model.conv_kernel}"
+    if mixer == MAMBA:
+        channels = mixers.conv_width(model, MAMBA)
+        if channels % tp:
+            return None
+        return f"{channels // tp}/{model.conv_kernel}"
+    if mixer == SPARSE:
+        kv = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8"}.get(kv_cache)
+        if kv is None or weights not in ("bf16", "fp16", "fp8") or model.heads % tp:
+            return None
+        dims = ":".join(str(int(v)) for v in (
+            model.hidden, model.q_lora_rank, model.kv_lora_rank, model.qk_nope_head_dim,
+            model.qk_rope_head_dim, model.v_head_dim, model.index_topk, model.index_heads,
+            model.index_head_dim))
+        return f"{dims}/{model.heads // tp}/{kv}"
+    return None
 
 
 def mixer_names(model: Model) -> list[str]:

@@ -17,9 +17,13 @@ predictions of its kind were on measured runs kept out of the fit.
   surrogate). The KV read of decode and the fused elementwise kernels are priced from the
   HBM bandwidth alone (``serving.cost``), measured or not; for a model whose layers differ,
   each token mixer's kernels (``mixers``): full and sliding-window GQA attention measured
-  where the profile's attention or decode rows correct them, every other kind (gated delta
-  net, Kimi delta attention, Mamba-2, sparse attention, MLA) from the roofline: no shipped
-  table measures them (profiles/measured/: GEMM, NCCL, flash-attention and GQA decode rows);
+  where the profile's attention or decode rows correct them; gated delta net, Mamba-2 and
+  sparse attention where a measured mixer table of the plan's engine and device covers the
+  layer's shape (``Device.mixer_kernels``: profiles/measured/mixers/, AIConfigurator's
+  timings; ``mixer_tables`` names the file per phase): "measured" where it prices both
+  prefill and decode, "partly measured" where one phase or, for Mamba-2, the conv alone
+  (no table times its SSD scan), else "roofline"; Kimi delta attention and MLA from the
+  roofline (no shipped table of the shipped engine versions measures them);
 - ``held_out_error``: the mean absolute percentage error of TTFT and TPOT that the serving
   accuracy benchmark measured on runs of the same regime (engine, GPU, mode agg or disagg)
   held out of the fit, read from ``autoplan/serving/accuracy.json``
@@ -48,10 +52,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from autoplan.descriptors.model import FULL, MIXERS, NO_MIXER, SLIDING
+from autoplan.descriptors.model import FULL, GDN, MAMBA, MIXERS, NO_MIXER, SLIDING, SPARSE
 from autoplan.errors import InputError
 from autoplan.kernels.comm import Group
-from autoplan.serving.cost import ACT_BYTES, StepModel
+from autoplan.serving.cost import ACT_BYTES, TABLE_PHASES, StepModel
 from autoplan.serving.deployment import ServingPlan
 from autoplan.vocab import Dtype
 
@@ -93,8 +97,12 @@ class Provenance:
     engine_version: str | None
     measured: tuple[str, ...]
     roofline: tuple[str, ...]
-    # a model whose layers differ: (token mixer, "measured" | "roofline") per kind it has
+    # a model whose layers differ: (token mixer, "measured" | "partly measured" | "roofline")
+    # per kind it has
     mixers: tuple[tuple[str, str], ...] = ()
+    # the mixers a measured mixer table prices: (token mixer, what the table times, the file
+    # that prices its prefill, its decode; None: the roofline)
+    mixer_tables: tuple[tuple[str, str, str | None, str | None], ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         profile = None if self.profile is None else {
@@ -104,7 +112,26 @@ class Provenance:
                                   "roofline": list(self.roofline)}
         if self.mixers:
             out["mixers"] = dict(self.mixers)
+        if self.mixer_tables:
+            out["mixer_tables"] = {name: {"covers": covers, "prefill": prefill, "decode": decode}
+                                   for name, covers, prefill, decode in self.mixer_tables}
         return out
+
+    def mixer_lines(self) -> list[str]:
+        """The token mixers in words: each one's measured or roofline, and which file."""
+        if not self.mixers:
+            return []
+        tables = {name: (covers, prefill, decode) for name, covers, prefill, decode in self.mixer_tables}
+        parts = []
+        for name, how in self.mixers:
+            if name not in tables:
+                parts.append(f"{name} {how}")
+                continue
+            covers, prefill, decode = tables[name]
+            where = (f"prefill and decode: {prefill}" if prefill == decode else
+                     f"prefill: {prefill or 'roofline'}, decode: {decode or 'roofline'}")
+            parts.append(f"{name} {how} ({covers}; {where})")
+        return ["token mixers: " + "; ".join(parts)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,8 +192,7 @@ class Evidence:
                 f" with {p.engine} {p.engine_version or ''}".rstrip() if p.engine else "")
             out.append(f"kernels measured ({taken}): {', '.join(p.measured) or 'none'}; from the "
                        f"roofline: {', '.join(p.roofline) or 'none'}")
-        if p.mixers:
-            out.append("token mixers: " + ", ".join(f"{name} {how}" for name, how in p.mixers))
+        out += p.mixer_lines()
         out.append(self.held_out_error.label())
         return out
 
@@ -240,13 +266,30 @@ def mixer_kernels(step: StepModel) -> tuple[tuple[str, str], ...]:
     gqa_measured = not m.is_mla and corr is not None and (
         corr.attention(*step._prefill_call) != 1.0
         or step.decode_ratio(PROBE_DECODES, PROBE_DECODES * PROBE_CONTEXT) != 1.0)
+    tables = step.table_sources()
     out = []
     for mixer in step._mixer_counts:
         if mixer == NO_MIXER:
             continue
-        measured = mixer in (FULL, SLIDING) and gqa_measured
-        out.append((MIXERS[mixer], "measured" if measured else "roofline"))
+        if mixer in tables:
+            phases = sum(source is not None for source in tables[mixer].values())
+            how = "measured" if phases == len(TABLE_PHASES) and mixer != MAMBA else "partly measured"
+        else:
+            how = "measured" if mixer in (FULL, SLIDING) and gqa_measured else "roofline"
+        out.append((MIXERS[mixer], how))
     return tuple(out)
+
+
+# what a measured mixer table times of a layer, per mixer (autoplan.measured.aiconfigurator_mixers)
+TABLE_COVERS = {GDN: "its conv and delta-rule kernels", MAMBA: "its conv (the SSD scan from the roofline)",
+                SPARSE: "its whole block, projections included"}
+
+
+def mixer_tables(step: StepModel) -> tuple[tuple[str, str, str | None, str | None], ...]:
+    """(token mixer, what its table times, the file that prices its prefill, its decode)
+    for each mixer a measured mixer table prices (module doc)."""
+    return tuple((MIXERS[mixer], TABLE_COVERS.get(mixer, "its kernels"), phases.get("context"),
+                  phases.get("generation")) for mixer, phases in step.table_sources().items())
 
 
 def provenance(steps: Sequence[StepModel]) -> Provenance:
@@ -266,7 +309,7 @@ def provenance(steps: Sequence[StepModel]) -> Provenance:
         device=meta.get("descriptor") or meta.get("device_name") or None,
         engine=meta.get("engine") or None, engine_version=meta.get("engine_version") or None,
         measured=tuple(p for p in parts if merged[p]), roofline=tuple(p for p in parts if not merged[p]),
-        mixers=mixer_kernels(steps[0]))
+        mixers=mixer_kernels(steps[0]), mixer_tables=mixer_tables(steps[0]))
 
 
 # -- the held-out error -------------------------------------------------------------------

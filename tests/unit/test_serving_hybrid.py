@@ -237,7 +237,11 @@ def test_serve_picks_a_deployment_of_a_hybrid_model_file_and_says_what_a_sequenc
     tp = best["deployment"]["tp"]
     assert cache["kv_bytes_per_token"] == 2 * 2 * 2 * 256 * BF16 / tp
     assert cache["state_bytes_per_sequence"] > 0
-    assert pred["evidence"]["provenance"]["mixers"]["gated delta net"] == "roofline"
+    # its Gated DeltaNet layers by vLLM's measured kernels on the H100 (profiles/measured/mixers)
+    provenance = pred["evidence"]["provenance"]
+    assert provenance["mixers"]["gated delta net"] == "measured"
+    assert provenance["mixer_tables"]["gated delta net"]["decode"] == (
+        "profiles/measured/mixers/h100-sxm-vllm-0.24.0-gdn-aiconfigurator-0.12.0.csv")
 
 
 # ------------------------------------------------------------------ images

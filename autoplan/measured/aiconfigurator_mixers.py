@@ -1,0 +1,400 @@
+"""Serving's measured token-mixer tables from NVIDIA AIConfigurator's kernel tables: the
+Gated DeltaNet and Mamba-2 kernels of its ``linear_attention`` tables and the DeepSeek Sparse
+Attention module of its ``sparse_attention`` tables, per GPU and engine version, written as
+``profiles/measured/mixers/<device>-<engine>-<version>-<kind>-aiconfigurator-<aic>.csv``
+(format and lookup: :mod:`autoplan.measured.mixer_tables`; ``python
+scripts/aiconfigurator_profiles.py mixers``).
+
+What the tables hold (columns as aiconfigurator-core 0.12.0 writes them; what they mean is
+read from its own op classes, ``sdk/operations/mamba.py`` ``GDNKernel`` / ``Mamba2Kernel``
+and ``sdk/operations/dsa.py`` ``ContextDSAModule`` / ``GenerationDSAModule``, and the models
+that build them, ``sdk/models/qwen35.py``, ``nemotron_h.py``, ``deepseek_v32.py``; latencies
+in milliseconds):
+
+- ``gdn_perf.parquet``: one Gated DeltaNet layer's kernels: ``phase`` context runs the
+  causal conv (``causal_conv1d_fn``) and the chunked delta rule (``chunk_gated_delta_rule``,
+  vLLM's FlashInfer build ``chunk_gated_delta_rule_flashinfer``) over ``batch_size``
+  sequences of ``seq_len`` tokens; generation the conv's state update
+  (``causal_conv1d_update``) and the recurrent step (``fused_recurrent_gated_delta_rule``,
+  ``..._packed_decode``) for ``batch_size`` sequences of one token. ``num_k_heads`` and
+  ``num_v_heads`` are one GPU's (Qwen3.5's builder passes heads / tp), ``head_k_dim``,
+  ``head_v_dim`` and ``d_conv`` the layer's; ``d_model`` (the model's hidden size) is part of
+  the key but no kernel reads it: on an H200 with vLLM 0.24.0 the three d_model of 16 x 32
+  heads time alike within 1% (d_model 2048, 2560, 4096), so a cell is the median over them.
+  A layer's time in a phase is its two kernels' sum.
+- ``mamba2_perf.parquet`` (TensorRT-LLM only): only the causal conv was measured
+  (``causal_conv1d_fn`` context, ``causal_conv1d_update`` generation); the SSD scan
+  (``mamba_chunk_scan_combined``, ``selective_state_update``) has no rows. Dimensions are the
+  whole layer's (``Mamba2Kernel``: "full (unsharded) dimensions"); the depthwise conv runs
+  over ``nheads x head_dim + 2 n_groups d_state`` channels, which is the key here (the
+  collections with the same channel count: their median), so a GPU's share of a TP-split
+  layer is found where its channel count was measured.
+- ``dsa_context_module_perf.parquet`` / ``dsa_generation_module_perf.parquet``: the whole
+  sparse-attention block of one layer (``ContextDSAModule``: the q/kv down and up
+  projections, the indexer's projections, its fp8 MQA logits and top-k, sparse MLA, the
+  absorbed BMMs and the output projection) of an ``architecture`` (DeepSeek-V3.2's
+  ``DeepseekV32ForCausalLM``, GLM-5's ``GlmMoeDsaForCausalLM``; their dims are autoplan's
+  built-in ``deepseek-v3.2`` and ``glm-5``, written in each file) with ``num_heads`` query
+  heads on one GPU (``tp_size`` is 1 in vLLM's and TensorRT-LLM's rows: the heads stand for
+  the TP split), ``kv_cache_dtype`` and ``gemm_type``. Context: ``batch_size`` prompts of
+  ``isl`` tokens with no prefix (``step`` 0; the ``step`` 128 rows are left out);
+  generation: ``batch_size`` sequences of one token each reading ``step`` tokens of cache.
+  Taken from vLLM and TensorRT-LLM only (:data:`DSA_ENGINES` says why not SGLang's).
+
+Grids: per key, one row per batch size, one column per sequence length (context: tokens
+per sequence; generation: GDN and Mamba-2 one token, DSA its context), microseconds. A cell
+the table did not measure (its largest batch x length: the collectors stop where memory
+runs out) is filled from the nearest smaller measured batch at its rate per sequence
+(time x b / b': sequences are independent), else the nearest shorter length (time x s / s');
+each file counts them in its ``# filled:`` line. DSA's length axes are thinned to
+:data:`DSA_CONTEXT_LENGTHS` and :data:`DSA_GENERATION_LENGTHS` and its heads to the
+architectures' heads over TP 1, 2, 4, 8 (the shipped files stay small).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from autoplan.errors import InputError
+from autoplan.measured.aiconfigurator import (
+    DISTRIBUTION,
+    LICENSE,
+    SYSTEMS,
+    Package,
+    _need,
+    _positive,
+    _read,
+    _versions_with,
+    engine_versions,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+FORMAT = "1"
+MIXERS_COMMAND = "python scripts/aiconfigurator_profiles.py mixers"
+KINDS = ("gdn", "mamba2", "dsa")
+# the aiconfigurator kernels each phase of a layer sums (module doc), by the table's names
+GDN_KERNELS = {
+    "context": ("causal_conv1d_fn", ("chunk_gated_delta_rule", "chunk_gated_delta_rule_flashinfer")),
+    "generation": ("causal_conv1d_update", ("fused_recurrent_gated_delta_rule",
+                                            "fused_recurrent_gated_delta_rule_packed_decode")),
+}
+MAMBA_KERNELS = {"context": "causal_conv1d_fn", "generation": "causal_conv1d_update"}
+KV_DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
+DSA_GEMM = {"bfloat16": "bf16", "fp8_block": "fp8_block"}
+# the DSA architectures and the built-in model whose dims each one's rows were timed at
+DSA_ARCHITECTURES = {"DeepseekV32ForCausalLM": "deepseek-v3.2", "GlmMoeDsaForCausalLM": "glm-5"}
+DSA_TP = (1, 2, 4, 8)
+DSA_DIMS = ("hidden:q_lora_rank:kv_lora_rank:qk_nope_head_dim:qk_rope_head_dim:v_head_dim:index_topk:"
+            "index_heads:index_head_dim")
+DSA_CONTEXT_LENGTHS = (1, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+DSA_GENERATION_LENGTHS = (1, 2, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+# batch sizes kept (the tables' powers of 2 up to 1024; between these, log-log interpolation
+# is within a few percent of the dropped ones)
+BATCHES = (1, 4, 16, 64, 256, 1024)
+# GDN's and Mamba-2's tokens per sequence kept (the tables' 1, 2, 4, ... 32768 less 2, 4, 8, 32)
+LINEAR_LENGTHS = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+SHIPPED_ENGINES = ("vllm", "sglang", "trtllm")
+# the phases of each kind the serving cost takes from the shipped files (their ``# applies:``
+# line; autoplan/measured/mixer_tables.py). DSA's generation block is timed alone, launches
+# included (vLLM 0.24.0 on an H200: 0.17 ms a layer at one sequence, 20x the roofline's reads;
+# 4.7x at 64), where the engines replay a decode step as one CUDA graph: the engine profiles'
+# decode tables, timed the same way, made NVIDIA's measured TPOT 65% too slow when applied
+# (docs/ACCURACY.md, "Which measured kernels serving takes"). It ships, not applied.
+APPLIES = {"gdn": "yes", "mamba2": "yes", "dsa": "context"}
+# the engines whose DSA tables are taken: SGLang 0.5.14's context rows time its dense prefill
+# (prompts up to 2048 tokens) at 0.76-0.85 ms whatever the batch (1 to 8192 tokens on an H200)
+# and its sparse prefill only at 4096-8192 tokens for one or two prompts: most of a grid would
+# be extrapolated, so SGLang's sparse attention keeps the roofline
+DSA_ENGINES = ("vllm", "trtllm")
+
+
+@dataclass(frozen=True, slots=True)
+class MixerFile:
+    """One mixer table file to write: its name, header and rows (phase, key, batch, values
+    over the phase's length axis)."""
+
+    name: str
+    header: dict[str, str]
+    rows: list[list[str]]
+
+    def text(self) -> str:
+        lines = [f"# {k}: {v}" for k, v in self.header.items()]
+        lines.append("phase,key,batch,us...")
+        lines += [",".join(r) for r in self.rows]
+        return "\n".join(lines) + "\n"
+
+
+def _us(ms: float) -> str:
+    """Microseconds to three significant digits, without an exponent."""
+    us = ms * 1e3
+    if us <= 0:
+        return "0"
+    digits = max(0, 2 - math.floor(math.log10(us)))
+    return f"{round(us, digits):.{digits}f}"
+
+
+Cells = dict[tuple[int, int], float]  # (batch, length) -> ms
+
+
+def fill(cells: Cells, batches: list[int], lengths: list[int]) -> tuple[Cells, int]:
+    """The grid with every cell (module doc: missing cells from the nearest smaller measured
+    batch, time x b / b', else the nearest shorter length, time x s / s'), and how many
+    were filled."""
+    out = dict(cells)
+    filled = 0
+    for s in lengths:
+        for b in batches:
+            if (b, s) in out:
+                continue
+            below = [bb for bb in batches if bb < b and (bb, s) in cells]
+            if below:
+                out[(b, s)] = cells[(below[-1], s)] * b / below[-1]
+            else:
+                shorter = [ss for ss in lengths if ss < s and (b, ss) in out]
+                if not shorter:
+                    raise InputError.single("aiconfigurator", "",
+                                            f"nothing measured near batch {b}, length {s}")
+                out[(b, s)] = out[(b, shorter[-1])] * s / shorter[-1]
+            filled += 1
+    return out, filled
+
+
+def _grid_rows(phase: str, key: str, cells: Cells, lengths: list[int]) -> tuple[list[list[str]], int]:
+    batches = sorted({b for b, _ in cells})
+    full, filled = fill(cells, batches, lengths)
+    return [[phase, key, str(b), *(_us(full[(b, s)]) for s in lengths)] for b in batches], filled
+
+
+def _header(kind: str, system: str, engine: str, version: str, frame: pd.DataFrame, source: str,
+            package: Package) -> dict[str, str]:
+    measured_on = str(frame["device"].iloc[0]) if "device" in frame.columns and len(frame) else system
+    return {"autoplan-mixer-kernels": FORMAT, "kind": kind, "descriptor": SYSTEMS[system],
+            "device_name": measured_on, "engine": engine, "engine_version": version,
+            "source": f"{DISTRIBUTION} {package.version} {system}/{source}", "applies": APPLIES[kind],
+            "license": LICENSE}
+
+
+def _file_name(system: str, engine: str, version: str, kind: str, package: Package) -> str:
+    return f"{SYSTEMS[system]}-{engine}-{version}-{kind}-aiconfigurator-{package.version}.csv"
+
+
+# --------------------------------------------------------------------------- GDN
+
+def _gdn(package: Package, system: str, engine: str, version: str, command: str) -> MixerFile | None:
+    path = package.data / system / "linear_attention" / engine / version / "gdn_perf.parquet"
+    if not path.is_file():
+        return None
+    frame = _read(path)
+    shape = ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "d_conv")
+    _need(frame, path, ("phase", "kernel_source", "batch_size", "seq_len", "latency", *shape))
+    frame = _positive(frame, ["batch_size", "seq_len", *shape])
+    rows: list[list[str]] = []
+    filled = 0
+    axes: dict[str, list[int]] = {}
+    used: dict[str, set[str]] = {}
+    for phase, (conv, cores) in GDN_KERNELS.items():
+        part = frame[(frame["phase"] == phase) & frame["kernel_source"].isin([conv, *cores])]
+        if part.empty:
+            continue
+        part = part[part["seq_len"].isin(list(LINEAR_LENGTHS)) & part["batch_size"].isin(list(BATCHES))]
+        med = part.groupby([*shape, "kernel_source", "batch_size", "seq_len"],
+                           as_index=False)["latency"].median()
+        used[phase] = set(med["kernel_source"])
+        lengths = sorted(int(s) for s in med["seq_len"].unique())
+        axes[phase] = lengths
+        for key, group in med.groupby(list(shape), sort=True):
+            by: dict[tuple[int, int], dict[str, float]] = {}
+            for r in group.itertuples():
+                cell = by.setdefault((int(r.batch_size), int(r.seq_len)), {})
+                cell[str(r.kernel_source)] = float(r.latency)
+            # a cell is measured where both of the phase's kernels were (one core kernel each)
+            cells = {bs: ks[conv] + next(ks[c] for c in cores if c in ks) for bs, ks in by.items()
+                     if conv in ks and any(c in ks for c in cores)}
+            if not cells:
+                continue
+            got, n = _grid_rows(phase, "/".join(str(int(v)) for v in key), cells, lengths)
+            rows += got
+            filled += n
+    if not rows:
+        return None
+    header = _header("gdn", system, engine, version, frame,
+                     f"linear_attention/{engine}/{version}/gdn_perf.parquet", package)
+    header.update({
+        "kernels": "; ".join(f"{phase}: {' + '.join(sorted(used[phase]))}" for phase in used),
+        "key": "k_heads/v_heads/head_k_dim/head_v_dim/conv_kernel of one GPU",
+        "axis.context": "seq " + " ".join(map(str, axes.get("context", []))),
+        "axis.generation": "seq " + " ".join(map(str, axes.get("generation", []))),
+        "units": "microseconds of one layer's kernels of the phase, summed (median over the table's "
+                 "d_model); one row per batch, one column per tokens a sequence computes",
+        "filled": f"{filled} cells (module doc: from the nearest smaller batch, time x b / b')",
+        "command": command,
+    })
+    return MixerFile(_file_name(system, engine, version, "gdn", package), header, rows)
+
+
+# --------------------------------------------------------------------------- Mamba-2
+
+def _mamba(package: Package, system: str, engine: str, version: str, command: str) -> MixerFile | None:
+    path = package.data / system / "linear_attention" / engine / version / "mamba2_perf.parquet"
+    if not path.is_file():
+        return None
+    frame = _read(path)
+    dims = ("nheads", "head_dim", "n_groups", "d_state", "d_conv")
+    _need(frame, path, ("phase", "kernel_source", "batch_size", "seq_len", "latency", *dims))
+    frame = _positive(frame, ["batch_size", "seq_len", *dims])
+    frame = frame.assign(channels=frame["nheads"] * frame["head_dim"]
+                         + 2 * frame["n_groups"] * frame["d_state"])
+    rows: list[list[str]] = []
+    filled = 0
+    axes: dict[str, list[int]] = {}
+    for phase, kernel in MAMBA_KERNELS.items():
+        part = frame[(frame["phase"] == phase) & (frame["kernel_source"] == kernel)]
+        if part.empty:
+            continue
+        part = part[part["seq_len"].isin(list(LINEAR_LENGTHS)) & part["batch_size"].isin(list(BATCHES))]
+        med = part.groupby(["channels", "d_conv", "batch_size", "seq_len"],
+                           as_index=False)["latency"].median()
+        lengths = sorted(int(s) for s in med["seq_len"].unique())
+        axes[phase] = lengths
+        for (channels, conv), group in med.groupby(["channels", "d_conv"], sort=True):
+            cells = {(int(r.batch_size), int(r.seq_len)): float(r.latency) for r in group.itertuples()}
+            got, n = _grid_rows(phase, f"{int(channels)}/{int(conv)}", cells, lengths)
+            rows += got
+            filled += n
+    if not rows:
+        return None
+    header = _header("mamba2", system, engine, version, frame,
+                     f"linear_attention/{engine}/{version}/mamba2_perf.parquet", package)
+    header.update({
+        "kernels": "; ".join(f"{phase}: {kernel}" for phase, kernel in MAMBA_KERNELS.items()) +
+                   " (the causal conv only: the table has no SSD scan rows)",
+        "key": "channels/conv_kernel of one GPU (channels: heads x head_dim + 2 x groups x state)",
+        "axis.context": "seq " + " ".join(map(str, axes.get("context", []))),
+        "axis.generation": "seq " + " ".join(map(str, axes.get("generation", []))),
+        "units": "microseconds of one layer's conv kernel (median over the collections of that channel "
+                 "count); one row per batch, one column per tokens a sequence computes",
+        "filled": f"{filled} cells (module doc: from the nearest smaller batch, time x b / b')",
+        "command": command,
+    })
+    return MixerFile(_file_name(system, engine, version, "mamba2", package), header, rows)
+
+
+# --------------------------------------------------------------------------- DSA
+
+def dsa_dims(model_name: str) -> str:
+    """The dims a DSA table's rows were timed at, as the key's first part: hidden,
+    q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, index_topk,
+    index_heads, index_head_dim of the built-in model (``autoplan.serving.kinds.dsa_key``
+    writes a model's the same way)."""
+    from autoplan.descriptors.library import resolve_model
+
+    m = resolve_model(model_name)
+    return ":".join(str(int(v)) for v in (m.hidden, m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim,
+                                          m.qk_rope_head_dim, m.v_head_dim, m.index_topk, m.index_heads,
+                                          m.index_head_dim))
+
+
+def _dsa_frame(path: Path, op: str) -> pd.DataFrame:
+    frame = _read(path)
+    _need(frame, path, ("op_name", "kernel_source", "architecture", "kv_cache_dtype", "gemm_type",
+                        "num_heads", "batch_size", "isl", "step", "latency"))
+    frame = frame[(frame["op_name"] == op) & frame["architecture"].isin(list(DSA_ARCHITECTURES))
+                  & frame["kv_cache_dtype"].isin(list(KV_DTYPES)) & frame["gemm_type"].isin(list(DSA_GEMM))]
+    return _positive(frame, ["num_heads", "batch_size"])
+
+
+def _dsa(package: Package, system: str, engine: str, version: str, command: str,
+         heads_of: Callable[[str], int]) -> MixerFile | None:
+    base = package.data / system / "sparse_attention" / engine / version
+    ctx_path, gen_path = base / "dsa_context_module_perf.parquet", base / "dsa_generation_module_perf.parquet"
+    if not (ctx_path.is_file() and gen_path.is_file()):
+        return None
+    ctx = _dsa_frame(ctx_path, "dsa_context_module")
+    ctx = ctx[(ctx["step"] == 0) & (ctx["isl"] > 0)].assign(length=lambda f: f["isl"])
+    gen = _dsa_frame(gen_path, "dsa_generation_module")
+    gen = gen[gen["step"] > 0].assign(length=lambda f: f["step"])
+    rows: list[list[str]] = []
+    filled = 0
+    axes: dict[str, list[int]] = {}
+    kernels: dict[str, set[str]] = {}
+    gemms: set[str] = set()
+    aliases = {arch: f"a{i}" for i, arch in enumerate(DSA_ARCHITECTURES)}
+    phases = (("context", ctx, DSA_CONTEXT_LENGTHS), ("generation", gen, DSA_GENERATION_LENGTHS))
+    for phase, frame, keep in phases:
+        frame = frame[frame["length"].isin(list(keep)) & frame["batch_size"].isin(list(BATCHES))]
+        wanted = frame["architecture"].map(lambda a: {heads_of(a) // tp for tp in DSA_TP})
+        frame = frame[[h in w for h, w in zip(frame["num_heads"], wanted, strict=True)]]
+        keys = ["architecture", "num_heads", "kv_cache_dtype"]
+        frame = frame.drop_duplicates([*keys, "gemm_type", "batch_size", "length"])
+        kernels[phase] = set(frame["kernel_source"])
+        gemms.update(DSA_GEMM[g] for g in frame["gemm_type"].unique())
+        frame = frame.groupby([*keys, "batch_size", "length"], as_index=False)["latency"].median()
+        lengths = sorted(int(s) for s in frame["length"].unique())
+        axes[phase] = lengths
+        for (arch, heads, kv), group in frame.groupby(keys, sort=True):
+            cells = {(int(r.batch_size), int(r.length)): float(r.latency) for r in group.itertuples()}
+            key = f"{aliases[arch]}/{int(heads)}/{KV_DTYPES[kv]}"
+            got, n = _grid_rows(phase, key, cells, lengths)
+            rows += got
+            filled += n
+    if not rows:
+        return None
+    header = _header("dsa", system, engine, version, ctx,
+                     f"sparse_attention/{engine}/{version}/dsa_{{context,generation}}_module_perf.parquet",
+                     package)
+    header.update({
+        "kernels": "; ".join(f"{phase}: the whole sparse-attention block ({', '.join(sorted(k))})"
+                             for phase, k in kernels.items()),
+        "key": "architecture/heads of one GPU/KV cache dtype",
+        "gemm": " ".join(sorted(gemms)) + " (the projections' GEMM dtypes measured; a cell is the "
+                "median over them: on an H200 fp8_block over bf16 is 0.98-1.00 at the median, "
+                "0.89-1.25 10th-90th)",
+        **{f"arch.{aliases[a]}": f"{a} {dsa_dims(name)} ({DSA_DIMS}, autoplan's {name})"
+           for a, name in DSA_ARCHITECTURES.items()},
+        "axis.context": "seq " + " ".join(map(str, axes["context"])),
+        "axis.generation": "context " + " ".join(map(str, axes["generation"])),
+        "units": "microseconds of one layer's block (projections, indexer, sparse MLA, output projection); "
+                 "context: one row per batch, one column per prompt tokens (no prefix); generation: one "
+                 "column per tokens of cache each sequence reads",
+        "filled": f"{filled} cells (module doc: from the nearest smaller batch, time x b / b')",
+        "command": command,
+    })
+    return MixerFile(_file_name(system, engine, version, "dsa", package), header, rows)
+
+
+def _heads(arch: str) -> int:
+    from autoplan.descriptors.library import resolve_model
+
+    return int(resolve_model(DSA_ARCHITECTURES[arch]).heads)
+
+
+def mixer_files(package: Package, system: str, command: str = MIXERS_COMMAND,
+                versions: Mapping[str, str] | None = None) -> list[MixerFile]:
+    """The mixer tables of ``system`` for each engine at ``versions[engine]`` (default: the
+    newest version of its GEMM table, the version its serving profile ships at) where the
+    package has them at that version exactly."""
+    out: list[MixerFile] = []
+    for engine in SHIPPED_ENGINES:
+        version = (versions or {}).get(engine)
+        if version is None:
+            found = engine_versions(package, system, engine)
+            if not found:
+                continue
+            version = found[-1]
+        for make in (_gdn, _mamba):
+            got = make(package, system, engine, version, command)
+            if got is not None:
+                out.append(got)
+        dsa_versions = _versions_with(package.data, system, "sparse_attention", engine,
+                                      "dsa_context_module_perf.parquet")
+        if engine in DSA_ENGINES and version in dsa_versions:
+            dsa = _dsa(package, system, engine, version, command, _heads)
+            if dsa is not None:
+                out.append(dsa)
+    return out

@@ -1,0 +1,276 @@
+"""Serving's measured token-mixer tables (issue 51, "Kernels"): the shipped files parse and
+carry their provenance, a lookup at a row answers the row, the serving cost takes a table's
+time where it covers a layer and the roofline where not, and says which in the prediction."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
+from autoplan.descriptors.model import Model
+from autoplan.errors import InputError
+from autoplan.measured.aiconfigurator_mixers import fill
+from autoplan.measured.door import corrected, with_mixers
+from autoplan.measured.mixer_tables import MixerTables, mixers_dir, parse_mixer_table, shipped_mixers
+from autoplan.serving.cost import StepModel, prefill_prompts
+from autoplan.serving.deployment import Deployment, Precision
+from autoplan.serving.engine import Engine
+from autoplan.serving.trust import mixer_kernels, mixer_tables
+from tests.helpers import autoplan
+from tests.unit.test_serving_hybrid import nemotron_h_like, qwen3_next_like
+
+AIC = "aiconfigurator-0.12.0"
+GDN_FILE = f"h200-vllm-0.24.0-gdn-{AIC}.csv"
+QNEXT_KEY = "16/32/128/128/4"  # Qwen3-Next's Gated DeltaNet on one GPU: 16 key, 32 value heads
+
+
+def _row(name: str, phase: str, key: str, batch: int) -> tuple[list[float], list[float]]:
+    """(lengths, microseconds) of one row of a shipped file, read as text."""
+    lines = (mixers_dir() / name).read_text().splitlines()
+    meta = dict(ln[2:].split(": ", 1) for ln in lines if ln.startswith("# "))
+    axis = [float(v) for v in meta[f"axis.{phase}"].split()[1:]]
+    row = next(ln.split(",") for ln in lines if ln.startswith(f"{phase},{key},{batch},"))
+    return axis, [float(v) for v in row[3:]]
+
+
+def _step(model: Model, engine: Engine, version: str, gpus: int = 1, cluster: str = "dgx-h200",
+          tables: bool = True, **deployment) -> StepModel:
+    c = corrected(with_gpus(resolve_cluster(cluster), gpus), engine=engine, version=version).cluster
+    if not tables:
+        c = dataclasses.replace(c, device=dataclasses.replace(c.device, mixer_kernels=None))
+    return StepModel(model, c, Deployment(replicas=1, tp=gpus, **deployment), engine, version)
+
+
+# ------------------------------------------------------------------ the files
+
+def test_every_shipped_mixer_table_parses_and_says_where_it_came_from() -> None:
+    paths = sorted(mixers_dir().glob("*.csv"))
+    assert len(paths) == 36  # 6 GPUs: GDN of 3 engines, DSA of vLLM and TensorRT-LLM, Mamba-2 of TRT-LLM
+    assert sum(p.stat().st_size for p in paths) < 400_000
+    for path in paths:
+        table = parse_mixer_table(path.read_text(), path.name)
+        for line in ("descriptor", "device_name", "engine", "engine_version", "source", "license", "command",
+                     "kernels", "key", "units", "filled"):
+            assert table.meta[line], (path.name, line)
+        assert table.meta["source"].startswith("aiconfigurator-core 0.12.0 ")
+        assert table.meta["command"] == "python scripts/aiconfigurator_profiles.py mixers"
+        assert path.name.startswith(f"{table.meta['descriptor']}-{table.meta['engine']}-"
+                                    f"{table.meta['engine_version']}-{table.kind}-")
+        assert table.applies == ({"context"} if table.kind == "dsa" else {"context", "generation"})
+
+
+def test_the_mixer_tables_come_at_the_versions_the_serving_profiles_ship() -> None:
+    for path in mixers_dir().glob("*.csv"):
+        table = parse_mixer_table(path.read_text(), path.name)
+        profile = path.parent.parent / (f"{table.meta['descriptor']}-{table.meta['engine']}-"
+                                        f"{table.meta['engine_version']}-aiconfigurator.csv")
+        assert profile.is_file(), path.name
+
+
+def test_a_table_with_a_row_of_the_wrong_length_is_refused_naming_the_line() -> None:
+    text = (mixers_dir() / GDN_FILE).read_text().rstrip("\n") + "\ncontext,1/2/128/128/4,1,5.0\n"
+    with pytest.raises(InputError, match=r"line \d+: expected 15 values, got 4"):
+        parse_mixer_table(text, "bad.csv")
+
+
+def test_an_applies_line_naming_no_phase_is_refused() -> None:
+    text = (mixers_dir() / GDN_FILE).read_text().replace("# applies: yes", "# applies: sometimes")
+    with pytest.raises(InputError, match="applies: expected yes, no or phases"):
+        parse_mixer_table(text, "bad.csv")
+
+
+def test_a_missing_cell_is_filled_from_the_nearest_smaller_batch_at_its_rate_per_sequence() -> None:
+    cells = {(1, 1): 2.0, (4, 1): 3.0, (1, 8): 5.0}
+    full, filled = fill(cells, [1, 4], [1, 8])
+    assert full[(4, 8)] == 5.0 * 4 and filled == 1
+
+
+# ------------------------------------------------------------------ the lookup
+
+def test_a_lookup_at_a_table_row_returns_the_rows_time() -> None:
+    tables = shipped_mixers("h200", "vllm", "0.24.0")
+    assert tables is not None
+    lengths, us = _row(GDN_FILE, "context", QNEXT_KEY, 4)
+    for length, want in zip(lengths, us, strict=True):
+        got = tables.seconds("gdn", "context", QNEXT_KEY, 4, length)
+        assert got == (pytest.approx(want * 1e-6), 4, length)
+    _, (decode,) = _row(GDN_FILE, "generation", QNEXT_KEY, 64)
+    assert tables.seconds("gdn", "generation", QNEXT_KEY, 64, 1)[0] == pytest.approx(decode * 1e-6)
+
+
+def test_between_rows_the_time_is_the_log_log_interpolation_and_past_the_edge_the_edges_point() -> None:
+    tables = shipped_mixers("h200", "vllm", "0.24.0")
+    assert tables is not None
+    (_, (t1,)), (_, (t4,)) = (_row(GDN_FILE, "generation", QNEXT_KEY, b) for b in (1, 4))
+    got, _, _ = tables.seconds("gdn", "generation", QNEXT_KEY, 2, 1)
+    assert got == pytest.approx(math.sqrt(t1 * t4) * 1e-6)
+    assert tables.seconds("gdn", "context", QNEXT_KEY, 4, 1e6)[1:] == (4, 32768)  # clamped
+    assert tables.seconds("gdn", "context", "3/7/128/128/4", 4, 64) is None  # heads never timed
+
+
+def test_a_training_door_attaches_no_mixer_tables_and_the_serving_door_those_of_its_engine() -> None:
+    assert corrected(with_gpus(resolve_cluster("dgx-h100"), 8)).cluster.device.mixer_kernels is None
+    cluster = with_gpus(resolve_cluster("dgx-h200"), 8)
+    vllm = with_mixers(cluster, "vllm", "0.24.0").device.mixer_kernels
+    trt = with_mixers(cluster, "trtllm", "1.3.0rc20").device.mixer_kernels
+    assert isinstance(vllm, MixerTables) and isinstance(trt, MixerTables)
+    assert set(vllm.tables) == {"gdn", "dsa"} and set(trt.tables) == {"gdn", "dsa", "mamba2"}
+
+
+# ------------------------------------------------------------------ the serving cost
+
+def test_equal_chunks_give_back_how_many_prompts_a_prefill_is() -> None:
+    for b, c, p in ((1, 8192, 0), (8, 1000, 0), (4, 512, 3000)):
+        pairs = b * (c * p + c * (c + 1) / 2)
+        assert prefill_prompts(b * c, pairs, b * p) == pytest.approx(b)
+
+
+def test_a_gated_deltanet_prefill_and_decode_take_the_tables_time_where_it_covers_the_layer() -> None:
+    model = qwen3_next_like(1)  # three GDN layers, one full
+    step, bare = _step(model, Engine.VLLM, "0.24.0"), _step(model, Engine.VLLM, "0.24.0", tables=False)
+    tables = step.device.mixer_kernels
+    assert tables is not None
+    n = 8192
+    prefill = step.iteration(n, 0, 0.0, n * (n + 1) / 2, 0.0, 1).attention
+    full = bare._kscale * bare._pair_s["A"] * n * (n + 1) / 2
+    gdn = tables.seconds("gdn", "context", QNEXT_KEY, 1, n)[0]
+    assert prefill == pytest.approx(full + step._kscale * 3 * gdn)
+    const, slope = step._decode_kinds(64, 64 * 1000)
+    assert const == pytest.approx(3 * tables.seconds("gdn", "generation", QNEXT_KEY, 64, 1)[0])
+    assert slope == pytest.approx(bare._decode_kinds(64, 64 * 1000)[1])  # the full layer's reads
+    assert step.table_sources() == {"G": {"context": f"profiles/measured/mixers/{GDN_FILE}",
+                                          "generation": f"profiles/measured/mixers/{GDN_FILE}"}}
+    assert dict(mixer_kernels(step)) == {"gated delta net": "measured", "full attention": "measured"}
+
+
+def test_a_layer_no_table_covers_keeps_the_roofline_and_is_reported_as_roofline() -> None:
+    # TensorRT-LLM timed Gated DeltaNet only at 16 key heads a GPU: TP 2 leaves 8
+    model = qwen3_next_like(1)
+    step = _step(model, Engine.TRTLLM, "1.3.0rc20", gpus=2)
+    bare = _step(model, Engine.TRTLLM, "1.3.0rc20", gpus=2, tables=False)
+    n = 4096
+    assert step.table_sources() == {}
+    pairs = n * (n + 1) / 2
+    assert step.iteration(n, 0, 0.0, pairs, 0.0, 1) == bare.iteration(n, 0, 0.0, pairs, 0.0, 1)
+    assert step._decode_kinds(16, 16 * 500) == bare._decode_kinds(16, 16 * 500)
+    assert dict(mixer_kernels(step))["gated delta net"] == "roofline" and mixer_tables(step) == ()
+
+
+def test_a_mamba_layer_takes_its_conv_from_the_table_and_its_scan_from_the_roofline() -> None:
+    model = nemotron_h_like()  # 6,144 conv channels: Nemotron-3-Nano's, timed by TensorRT-LLM
+    step = _step(model, Engine.TRTLLM, "1.3.0rc20")
+    tables = step.device.mixer_kernels
+    assert tables is not None
+    conv = tables.seconds("mamba2", "context", "6144/4", 1, 2048)[0]
+    assert step._prefill_table("M", 1, 2048, 0, 2048) == pytest.approx(conv + step._scan_s * 2048)
+    assert dict(mixer_kernels(step))["mamba-2"] == "partly measured"
+    (name, covers, prefill, decode), = mixer_tables(step)
+    assert (name, covers) == ("mamba-2", "its conv (the SSD scan from the roofline)")
+    assert prefill == decode == f"profiles/measured/mixers/h200-trtllm-1.3.0rc20-mamba2-{AIC}.csv"
+
+
+def test_deepseek_v32s_sparse_layers_take_the_blocks_time_less_their_projections() -> None:
+    model = resolve_model("deepseek-v3.2")
+    step = _step(model, Engine.VLLM, "0.24.0", gpus=8, weights=Precision.FP8)
+    tables = step.device.mixer_kernels
+    assert tables is not None
+    key = f"{':'.join(map(str, (7168, 1536, 512, 128, 64, 128, 2048, 64, 128)))}/16/bf16"
+    block = tables.seconds("dsa", "context", key, 4, 1024)[0]
+    projections = step._gemms(4096, step._sparse_mixer_shapes)
+    assert step._prefill_table("D", 4, 1024, 0, 4096) == pytest.approx(block - projections)
+    # its decode block ships timed alone, not applied: the roofline's reads (module doc of
+    # autoplan/measured/aiconfigurator_mixers.py, APPLIES)
+    assert dict(mixer_kernels(step)) == {"sparse attention": "partly measured"}
+    (_, _, prefill, decode), = mixer_tables(step)
+    assert prefill.endswith("h200-vllm-0.24.0-dsa-aiconfigurator-0.12.0.csv") and decode is None
+    # fp4 weights: GEMM dtypes the tables never timed
+    assert _step(model, Engine.VLLM, "0.24.0", gpus=8, weights=Precision.FP4,
+                 cluster="dgx-b200").table_sources() == {}
+
+
+# ------------------------------------------------------------------ serve end to end
+
+def _model_file(tmp_path: Path, model: Model) -> Path:
+    path = tmp_path / f"{model.name}.yaml"
+    path.write_text(yaml.safe_dump({"model": model.to_dict()}, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize(("model", "engine", "version", "mixer", "how", "kind"), [
+    (qwen3_next_like(1), "vllm", "0.24.0", "gated delta net", "measured", "gdn"),
+    (nemotron_h_like(), "trtllm", "1.3.0rc20", "mamba-2", "partly measured", "mamba2"),
+])
+def test_serve_says_which_mixers_the_tables_priced(tmp_path, model, engine, version, mixer, how,
+                                                   kind) -> None:
+    job = ("serve", "--model", _model_file(tmp_path, model), "--cluster", "dgx-h200", "--gpus", "1",
+           "--engine", engine, "--engine-version", version, "--input-len", "500", "--output-len", "32",
+           "--rate", "2", "--requests", "20", "--top", "1")
+    got = autoplan(*job, "--format", "json")
+    assert got.returncode == 0, got.stderr
+    provenance = json.loads(got.stdout)["plans"][0]["prediction"]["evidence"]["provenance"]
+    assert provenance["mixers"][mixer] == how
+    assert provenance["mixer_tables"][mixer]["prefill"] == (
+        f"profiles/measured/mixers/h200-{engine}-{version}-{kind}-{AIC}.csv")
+    assert f"token mixers: {mixer} {how} (" in autoplan(*job).stdout.replace("#1: ", "")
+
+
+# ------------------------------------------------------------------ the extraction
+
+def _parquet(path: Path, rows: list[dict], **common) -> None:
+    import pandas as pd
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame([{**common, **r} for r in rows]).to_parquet(path)
+
+
+def test_the_extraction_sums_a_phases_kernels_over_the_median_of_d_model_and_writes_what_it_read(tmp_path):
+    from autoplan.measured.aiconfigurator import Package
+    from autoplan.measured.aiconfigurator_mixers import mixer_files
+
+    data = tmp_path / "data"
+    heads = {"num_k_heads": 16, "head_k_dim": 128, "num_v_heads": 32, "head_v_dim": 128, "d_conv": 4,
+             "device": "NVIDIA H200", "op_name": "gdn"}
+    rows = []
+    for b in (1, 4):
+        for s in (1, 16):
+            for d_model, scale in ((2048, 1.0), (2560, 1.1), (4096, 0.9)):  # the median: scale 1
+                cell = {"phase": "context", "batch_size": b, "seq_len": s, "d_model": d_model}
+                rows += [{**cell, "kernel_source": "causal_conv1d_fn", "latency": 0.001 * b * s * scale},
+                         {**cell, "kernel_source": "chunk_gated_delta_rule_flashinfer",
+                          "latency": 0.01 * b * s * scale}]
+        cell = {"phase": "generation", "batch_size": b, "seq_len": 1, "d_model": 2048}
+        rows += [{**cell, "kernel_source": "causal_conv1d_update", "latency": 0.002 * b},
+                 {**cell, "kernel_source": "fused_recurrent_gated_delta_rule_packed_decode",
+                  "latency": 0.005 * b}]
+    rows = [r for r in rows if not (r["batch_size"] == 4 and r["seq_len"] == 16 and r["phase"] == "context")]
+    _parquet(data / "h200_sxm" / "linear_attention" / "vllm" / "0.24.0" / "gdn_perf.parquet", rows, **heads)
+    (file,) = mixer_files(Package(data, "0.12.0"), "h200_sxm", versions={"vllm": "0.24.0"})
+    assert file.name == "h200-vllm-0.24.0-gdn-aiconfigurator-0.12.0.csv"
+    assert file.header["source"] == ("aiconfigurator-core 0.12.0 "
+                                     "h200_sxm/linear_attention/vllm/0.24.0/gdn_perf.parquet")
+    assert file.header["filled"].startswith("1 cells")  # batch 4 x 16 tokens, from batch 1's rate
+    tables = MixerTables({"gdn": parse_mixer_table(file.text(), file.name)})
+    assert tables.seconds("gdn", "context", QNEXT_KEY, 1, 16)[0] == pytest.approx(0.011 * 16e-3)
+    assert tables.seconds("gdn", "context", QNEXT_KEY, 4, 16)[0] == pytest.approx(4 * 0.011 * 16e-3)
+    assert tables.seconds("gdn", "generation", QNEXT_KEY, 4, 1)[0] == pytest.approx(0.007 * 4e-3)
+
+
+def test_a_sparse_layers_measured_decode_is_linear_about_the_context_it_reads() -> None:
+    model = resolve_model("deepseek-v3.2")
+    cluster = with_gpus(resolve_cluster("dgx-h200"), 8)
+    every = shipped_mixers("h200", "vllm", "0.24.0", every=True)  # the decode block applied too
+    cluster = dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, mixer_kernels=every))
+    deployment = Deployment(replicas=1, tp=8, weights=Precision.FP8)
+    step = StepModel(model, cluster, deployment, Engine.VLLM, "0.24.0")
+    assert step.table_sources()["D"]["generation"] is not None
+    key = f"{':'.join(map(str, (7168, 1536, 512, 128, 64, 128, 2048, 64, 128)))}/16/bf16"
+    const, slope = step._decode_table("D", 64, 64 * 4096)
+    block = every.seconds("dsa", "generation", key, 64, 4096)[0] - step._gemms(64, step._sparse_mixer_shapes)
+    assert const + slope * 64 * 4096 == pytest.approx(block)
+    assert slope > 0
