@@ -105,8 +105,13 @@ SHIPPED_ENGINES = ("vllm", "sglang", "trtllm")
 # included (vLLM 0.24.0 on an H200: 0.17 ms a layer at one sequence, 20x the roofline's reads;
 # 4.7x at 64), where the engines replay a decode step as one CUDA graph: the engine profiles'
 # decode tables, timed the same way, made NVIDIA's measured TPOT 65% too slow when applied
-# (docs/ACCURACY.md, "Which measured kernels serving takes"). It ships, not applied.
-APPLIES = {"gdn": "yes", "mamba2": "yes", "dsa": "context"}
+# (docs/ACCURACY.md, "Which measured kernels serving takes"). It ships, not applied. Its
+# context block is timed the same way, as a whole module (projections, indexer, top-k,
+# sparse MLA) at 2.8-19x the roofline's time (TensorRT-LLM 1.3.0rc20 on an H200: 3.2 ms a
+# layer for a 2,048-token prompt): no measured DeepSeek-V3.2 or GLM-5 run says which is
+# right, so both phases ship unapplied (``every`` in mixer_tables.py takes them), as the
+# training GEMM grids do (profiles/measured/README.md).
+APPLIES = {"gdn": "yes", "mamba2": "yes", "dsa": "no"}
 # the engines whose DSA tables are taken: SGLang 0.5.14's context rows time its dense prefill
 # (prompts up to 2048 tokens) at 0.76-0.85 ms whatever the batch (1 to 8192 tokens on an H200)
 # and its sparse prefill only at 4096-8192 tokens for one or two prompts: most of a grid would

@@ -40,10 +40,13 @@ def _row(name: str, phase: str, key: str, batch: int) -> tuple[list[float], list
 
 
 def _step(model: Model, engine: Engine, version: str, gpus: int = 1, cluster: str = "dgx-h200",
-          tables: bool = True, **deployment) -> StepModel:
+          tables: bool = True, every: bool = False, **deployment) -> StepModel:
     c = corrected(with_gpus(resolve_cluster(cluster), gpus), engine=engine, version=version).cluster
     if not tables:
         c = dataclasses.replace(c, device=dataclasses.replace(c.device, mixer_kernels=None))
+    elif every:  # every phase of every shipped table, applied or not (shipped_mixers every)
+        c = dataclasses.replace(c, device=dataclasses.replace(
+            c.device, mixer_kernels=shipped_mixers(c.device.name, engine.value, version, every=True)))
     return StepModel(model, c, Deployment(replicas=1, tp=gpus, **deployment), engine, version)
 
 
@@ -62,7 +65,7 @@ def test_every_shipped_mixer_table_parses_and_says_where_it_came_from() -> None:
         assert table.meta["command"] == "python scripts/aiconfigurator_profiles.py mixers"
         assert path.name.startswith(f"{table.meta['descriptor']}-{table.meta['engine']}-"
                                     f"{table.meta['engine_version']}-{table.kind}-")
-        assert table.applies == ({"context"} if table.kind == "dsa" else {"context", "generation"})
+        assert table.applies == (frozenset() if table.kind == "dsa" else {"context", "generation"})
 
 
 def test_the_mixer_tables_come_at_the_versions_the_serving_profiles_ship() -> None:
@@ -120,7 +123,9 @@ def test_a_training_door_attaches_no_mixer_tables_and_the_serving_door_those_of_
     vllm = with_mixers(cluster, "vllm", "0.24.0").device.mixer_kernels
     trt = with_mixers(cluster, "trtllm", "1.3.0rc20").device.mixer_kernels
     assert isinstance(vllm, MixerTables) and isinstance(trt, MixerTables)
-    assert set(vllm.tables) == {"gdn", "dsa"} and set(trt.tables) == {"gdn", "dsa", "mamba2"}
+    # DSA's tables ship unapplied (aiconfigurator_mixers.APPLIES): only with every phase
+    assert set(vllm.tables) == {"gdn"} and set(trt.tables) == {"gdn", "mamba2"}
+    assert "dsa" in shipped_mixers("h200", "vllm", "0.24.0", every=True).tables
 
 
 # ------------------------------------------------------------------ the serving cost
@@ -177,18 +182,20 @@ def test_a_mamba_layer_takes_its_conv_from_the_table_and_its_scan_from_the_roofl
 
 def test_deepseek_v32s_sparse_layers_take_the_blocks_time_less_their_projections() -> None:
     model = resolve_model("deepseek-v3.2")
-    step = _step(model, Engine.VLLM, "0.24.0", gpus=8, weights=Precision.FP8)
+    # shipped, not applied: the roofline prices sparse attention
+    plain = _step(model, Engine.VLLM, "0.24.0", gpus=8, weights=Precision.FP8)
+    assert plain.table_sources() == {} and dict(mixer_kernels(plain)) == {"sparse attention": "roofline"}
+    # taken where asked for (every phase): the block less the projections priced apart
+    step = _step(model, Engine.VLLM, "0.24.0", gpus=8, every=True, weights=Precision.FP8)
     tables = step.device.mixer_kernels
     assert tables is not None
     key = f"{':'.join(map(str, (7168, 1536, 512, 128, 64, 128, 2048, 64, 128)))}/16/bf16"
     block = tables.seconds("dsa", "context", key, 4, 1024)[0]
     projections = step._gemms(4096, step._sparse_mixer_shapes)
     assert step._prefill_table("D", 4, 1024, 0, 4096) == pytest.approx(block - projections)
-    # its decode block ships timed alone, not applied: the roofline's reads (module doc of
-    # autoplan/measured/aiconfigurator_mixers.py, APPLIES)
-    assert dict(mixer_kernels(step)) == {"sparse attention": "partly measured"}
+    assert dict(mixer_kernels(step)) == {"sparse attention": "measured"}
     (_, _, prefill, decode), = mixer_tables(step)
-    assert prefill.endswith("h200-vllm-0.24.0-dsa-aiconfigurator-0.12.0.csv") and decode is None
+    assert prefill.endswith("h200-vllm-0.24.0-dsa-aiconfigurator-0.12.0.csv") and decode is not None
     # fp4 weights: GEMM dtypes the tables never timed
     assert _step(model, Engine.VLLM, "0.24.0", gpus=8, weights=Precision.FP4,
                  cluster="dgx-b200").table_sources() == {}
