@@ -20,8 +20,9 @@ The rows on H200, B300 and GB300 are reserved for validation and never read here
 loader drops them before anything looks at them.
 
 Rows are counted as not expressible, with the reason, where the architecture is not one
-autoplan models yet (hybrid linear attention, sparse attention: the today's-models
-issue), the deployment's size was not recorded, or the row states no concurrency.
+autoplan models yet (``LATER``; Qwen3.5's hybrid linear attention and GLM-5's sparse
+attention are modelled since issue 51), the deployment's size was not recorded, or the row
+states no concurrency.
 These rows calibrate the engines' constants (benchmarks/serving_silicon_fit.py).
 """
 
@@ -70,10 +71,11 @@ MODELS = {
     "meta-llama/Llama-3.1-70B": "llama3.1-70b", "meta-llama/Llama-3.1-8B-Instruct": "llama3.1-8b",
     "openai/gpt-oss-120b": "gpt-oss-120b",
     "moonshotai/Kimi-K2.5": "kimi-k2.5", "MiniMaxAI/MiniMax-M2.5": "minimax-m2.5",
+    # hybrid linear and sparse attention, modelled since the today's-models issue (51)
+    "Qwen/Qwen3.5-397B-A17B": "qwen3.5-397b-a17b", "zhipuai/GLM-5": "glm-5",
 }
-# architectures autoplan does not model yet (the today's-models issue)
-LATER = {"Qwen/Qwen3.5-397B-A17B": "hybrid linear attention (Gated DeltaNet)",
-         "zhipuai/GLM-5": "sparse attention (DeepSeek Sparse Attention)"}
+# architectures autoplan does not model yet
+LATER: dict[str, str] = {}
 CLUSTERS = {"h100_sxm": "dgx-h100", "b200_sxm": "dgx-b200", "gb200": "gb200-nvl72"}
 ENGINES = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm"}
 # the GEMMs' (for MoE models: the experts') stored format -> autoplan's precision

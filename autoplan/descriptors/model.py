@@ -405,7 +405,7 @@ class Model:
     def params_total(self) -> int:
         """Every parameter of the language model, the multi-token-prediction module
         excluded (as DeepSeek-V3 reports its 671B), the vision encoder included."""
-        if self.is_hybrid or self.mlps:
+        if self.is_hybrid or self.mlps or self.sandwich_norms:
             layers = sum(n * self.params_kind(k) for k, n in self.kinds.items())
         else:
             dense = self.layers - self.moe_layers

@@ -228,6 +228,17 @@ class Breakdown:
         return {n: getattr(self, n) for n in names}
 
 
+def vision_params_per_rank(model: Model, tp: int) -> float:
+    """A vision tower's weights on one GPU of the first stage, in 16 bits as engines keep
+    it: its blocks split by heads over TP (vLLM's Qwen2.5/3-VL vision blocks run
+    column/row-parallel linears), the patch embedding, positions and projector whole."""
+    v = model.vision
+    if v is None:
+        return 0.0
+    blocks = v.layers * v.params_block
+    return blocks / tp + (v.params - blocks)
+
+
 @dataclass
 class StepModel:
     """Iteration times of one replica's scheduler (an attention-DP rank's batch), with the
@@ -650,11 +661,13 @@ class StepModel:
         if m.is_moe:
             per_layer_moe = (layer_params_per_rank(m, d.tp, True)
                              + expert_params_per_rank(m, d.ep, self.etp)) * wb
-        # the embedding on the first stage, the output layer on the last (both where pp = 1)
+        # the embedding (and a vision tower) on the first stage, the output layer on the last
+        # (both where pp = 1)
+        first = embedding_params_per_rank(m, d.tp) + vision_params_per_rank(m, d.tp)
         if d.pp == 1:
-            ends = embedding_params_per_rank(m, d.tp) + output_params_per_rank(m, d.tp, True)
+            ends = first + output_params_per_rank(m, d.tp, True)
         else:
-            ends = max(embedding_params_per_rank(m, d.tp), output_params_per_rank(m, d.tp, False))
+            ends = max(first, output_params_per_rank(m, d.tp, False))
         return self.dense_stage * per_layer_dense + self.moe_stage * per_layer_moe + ends * ACT_BYTES
 
     def memory(self) -> Memory:
@@ -765,7 +778,7 @@ class StepModel:
             w = sum(kinds.layer_weights_per_rank(m, m.kind(j), d.tp, d.ep, self.etp) for j in layers)
             ends = 0.0
             if i == 0:
-                ends += embedding_params_per_rank(m, d.tp)
+                ends += embedding_params_per_rank(m, d.tp) + vision_params_per_rank(m, d.tp)
             if i == len(stages) - 1:
                 ends += output_params_per_rank(m, d.tp, d.pp == 1)
             weights.append(w * d.weights.bytes + ends * ACT_BYTES)
