@@ -227,6 +227,15 @@ def build_request(
             problems.extend(exc.problems)
     if recompute_modules is not None and not problems:
         resolved_space = resolved_space.changed(recompute_modules=tuple(recompute_modules))
+    if launcher is not None and resolved_model is not None and not problems:
+        # a family the launcher cannot build at all: said before a search finds nothing it runs
+        from autoplan.export import get
+
+        spec = get(launcher)
+        problems.extend(Problem(model_src if model else source, f"{'' if model else 'model.'}"
+                                f"{field.removeprefix('model.')}",
+                                f"--launcher {spec.name} cannot run this model: {why}")
+                        for field, why in spec.model_problems(resolved_model))
     if resolved_model is not None and not problems:
         for part in resolved_space.each:
             lacking = recompute_modules_problem(resolved_model, part.recompute_modules)

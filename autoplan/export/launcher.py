@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from autoplan.descriptors.model import Model
 from autoplan.errors import InputError
 from autoplan.plan import Plan
 from autoplan.registry import Named, _Registry
@@ -42,6 +43,10 @@ Check = Callable[[Plan], Problems]
 
 
 def no_problems(plan: Plan) -> Problems:
+    return []
+
+
+def no_model_problems(model: Model) -> Problems:
     return []
 
 
@@ -132,6 +137,9 @@ class LauncherSpec:
     source: str  # the launcher's own file its rules were read from (cited)
     # what it cannot run beyond the space's rules and the features: (field, why)
     problems: Check = no_problems
+    # of those, what it cannot build of a model whatever the plan (a family's layers), as
+    # (model field, why): ``search --launcher`` refuses such a model before it searches
+    model_problems: Callable[[Model], Problems] = no_model_problems
     # the features (``FEATURES``) it runs, each with what else it then needs (None: nothing);
     # every other feature a plan uses is refused with the feature's own refusal
     runs: Mapping[Feature, Check | None] = field(default_factory=dict)

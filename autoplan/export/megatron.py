@@ -113,10 +113,7 @@ FILENAME = "pretrain_megatron.sh"
 
 def problems(plan: Plan) -> list[tuple[str, str]]:
     """What Megatron-LM cannot express beyond its search space's rules."""
-    out = family_problems(plan.model)
-    if plan.model.activation is Activation.GEGLU:
-        out.append(("model.activation", "Megatron-LM has no GeGLU flag (--swiglu, --squared-relu, "
-                                        "--quick-geglu or the default GeLU)"))
+    out = model_problems(plan.model)
     m, lay = plan.model, plan.layout
     if GDN in m.mixers and (m.linear_key_heads % (lay.tp * lay.cp) or m.linear_heads % (lay.tp * lay.cp)):
         # transformer_config.py __post_init__: GDN heads split over tp x cp
@@ -145,9 +142,13 @@ def uses_hybrid(model: Model) -> bool:
     return bool(set(model.mixers) - {FULL, SLIDING}) or NO_MLP in model.mlps
 
 
-def family_problems(model: Model) -> list[tuple[str, str]]:
-    """The model's layers and parts Megatron-LM has no way to build, by name."""
+def model_problems(model: Model) -> list[tuple[str, str]]:
+    """The model's layers and parts Megatron-LM has no way to build, by name, whatever
+    the plan."""
     out = []
+    if model.activation is Activation.GEGLU:
+        out.append(("model.activation", "Megatron-LM has no GeGLU flag (--swiglu, --squared-relu, "
+                                        "--quick-geglu or the default GeLU)"))
     mixers = set(model.mixers)
     if KDA in mixers:
         out.append(("model.mixers", "Megatron-LM has no Kimi Delta Attention layer (its hybrid "
@@ -611,6 +612,7 @@ LAUNCHER = LauncherSpec(
     export=export,
     source="NVIDIA/Megatron-LM megatron/training/arguments.py",
     problems=problems,
+    model_problems=model_problems,
     runs={RECOMPUTE_MODULES: None, MAIN_GRADS: None, MASTER_WEIGHTS: master_problems,
           OPTIMIZER_STATES: precision_aware_problems, EP_OVERLAP: None, PLACEMENT: nodes.problems},
     slurm=slurm_program,

@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from autoplan.cost.stage import tp_overlap_in
+from autoplan.descriptors.model import Model
 from autoplan.descriptors.precision import FP32_STATES
 from autoplan.export.launcher import (
     EP_OVERLAP,
@@ -297,15 +298,14 @@ def render_nemo1(plan: Plan) -> str:
 
 
 def problems(plan: Plan) -> list[tuple[str, str]]:
-    return (nemo1_problems(plan) if is_nemo1(plan) else []) + family_problems(plan)
+    return (nemo1_problems(plan) if is_nemo1(plan) else []) + model_problems(plan.model)
 
 
-def family_problems(plan: Plan) -> list[tuple[str, str]]:
+def model_problems(m: Model) -> list[tuple[str, str]]:
     """The export writes GPT model overrides (a recipe's GPTConfig / GPTModelProvider
     fields): a model whose layers differ or slide needs its family's own provider
     (Megatron-Bridge's NemotronH, Qwen3-Next, ... providers), which these overrides do not
     select. A multimodal model's language model is what the plan trains."""
-    m = plan.model
     if m.mixers or m.mlps:
         return [("model.mixers", f"{m.name} has layers of different kinds (model.mixers / "
                                  f"model.mlps): the nemo export writes GPT overrides, not its "
@@ -350,6 +350,7 @@ LAUNCHER = LauncherSpec(
     source="NVIDIA-NeMo/Megatron-Bridge megatron/bridge/training/config.py",
     # a plan on the nemo-1 stack: NeMo 1.x's megatron_gpt config (``nemo1_problems``)
     problems=problems,
+    model_problems=model_problems,
     # TransformerConfig's recompute_modules and overlap_moe_expert_parallel_comm, DDP's
     # grad_reduce_in_fp32 and num_distributed_optimizer_instances, OptimizerConfig's
     # precision-aware optimizer (inside the distributed optimizer, as Megatron-LM's) and its

@@ -35,6 +35,7 @@ from typing import Any
 
 from autoplan.cost.stage import tp_overlap_in
 from autoplan.descriptors import pipeline_layout
+from autoplan.descriptors.model import Model
 from autoplan.export import nodes
 from autoplan.export.launcher import PLACEMENT, LauncherSpec, SlurmProgram, TuneLaunch
 from autoplan.export.nodes import launch, pool_lines
@@ -62,17 +63,21 @@ _MODELS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
 def problems(plan: Plan) -> list[tuple[str, str]]:
     """What torchtitan cannot run beyond its search space's rules (every schedule runs:
     those torch has no class for, from the schedule CSV, :func:`schedule_csv`)."""
-    out = []
-    m = plan.model
-    if (m.mixers or m.mlps) and m.name not in _MODELS:
-        # of these families torchtitan builds Qwen3.5 and gpt-oss only (_MODELS)
-        out.append(("model.mixers",
-                    f"torchtitan builds no model of {m.name}'s layer kinds (its hybrid and "
-                    f"sliding-window models are Qwen3.5 and gpt-oss: torchtitan/models)"))
+    out = model_problems(plan.model)
     if plan.job.dtype is Dtype.FP16:
         out.append(("job.dtype", "torchtitan trains in bf16 (training.mixed_precision_param: "
                                  "bfloat16 or float32), not fp16"))
     return out
+
+
+def model_problems(m: Model) -> list[tuple[str, str]]:
+    """The families torchtitan builds no model of, whatever the plan."""
+    if (m.mixers or m.mlps) and m.name not in _MODELS:
+        # of these families torchtitan builds Qwen3.5 and gpt-oss only (_MODELS)
+        return [("model.mixers",
+                 f"torchtitan builds no model of {m.name}'s layer kinds (its hybrid and "
+                 f"sliding-window models are Qwen3.5 and gpt-oss: torchtitan/models)")]
+    return []
 
 
 def schedule_name(schedule: Schedule) -> str:
@@ -272,6 +277,7 @@ LAUNCHER = LauncherSpec(
     export=export,
     source="pytorch/torchtitan torchtitan/config/job_config.py (0.2.2)",
     problems=problems,
+    model_problems=model_problems,
     runs={PLACEMENT: nodes.problems},
     slurm=slurm_program,
     tune=TuneLaunch(

@@ -260,3 +260,12 @@ def test_torchtitan_runs_its_own_qwen3_5_and_gpt_oss() -> None:
 def test_the_pattern_marks_each_virtual_stage() -> None:
     plan = make_plan(QWEN_NEXT, gpus=64, dp=8, pp=2, vpp=2, ep=8, global_batch=64)
     assert [len(s) for s in hybrid_pattern(plan).split("/")[0].split("|")] == [24] * 4
+
+
+def test_search_for_a_launcher_refuses_a_family_it_cannot_build_before_searching() -> None:
+    result = autoplan("search", "--model", "kimi-linear-48b-a3b", "--cluster", "dgx-h100",
+                      "--gpus", "64", "--global-batch", "256", "--seq-len", "4096",
+                      "--launcher", "megatron")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--model: mixers: --launcher megatron cannot run this model" in result.stderr
+    assert "Kimi Delta Attention" in result.stderr
