@@ -429,13 +429,21 @@ def breakdown_table(plan: Plan, pred: Prediction, title: str) -> Table:
 
 
 def stage_table(plan: Plan, works: tuple[StageWork, ...]) -> Table:
-    """Per-stage layers and per-microbatch times: forward, input-grad (B), weight-grad (W)."""
-    table = Table(title="per pipeline stage, one microbatch (ms)", title_justify="left")
-    for col in ("stage", "layers", "F", "B", "W", "of which comm"):
+    """Per-stage layers and per-microbatch times: forward, input-grad (B), weight-grad (W);
+    a hybrid model's layers by kind (mixer and MLP symbols, ``Model.mixers``)."""
+    kinds = tuple(plan.model.kinds) if plan.model.is_hybrid else ()
+    caption = ("kinds: layers of each mixer and MLP (A full attention, W sliding window, G gated "
+               "delta net, K kimi delta attention, M mamba-2, D sparse attention; - dense MLP, "
+               "E experts; . none)") if kinds else None
+    table = Table(title="per pipeline stage, one microbatch (ms)", title_justify="left",
+                  caption=caption, caption_justify="left")
+    for col in ("stage", "layers", *(("kinds",) if kinds else ()), "F", "B", "W", "of which comm"):
         table.add_column(col, justify="right")
     for s, w in enumerate(works):
         comm_s = w.comm.total
-        table.add_row(str(s), str(w.layers), f"{w.forward * 1e3:.2f}",
+        mix = (" ".join(f"{n}{a}{b}" for (a, b), n in zip(kinds, w.mix, strict=True) if n),
+               ) if kinds and w.mix else ()
+        table.add_row(str(s), str(w.layers), *mix, f"{w.forward * 1e3:.2f}",
                       f"{w.backward_input * 1e3:.2f}", f"{w.backward_weight * 1e3:.2f}",
                       f"{comm_s * 1e3:.2f}")
     return table

@@ -269,3 +269,13 @@ def test_search_for_a_launcher_refuses_a_family_it_cannot_build_before_searching
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "--model: mixers: --launcher megatron cannot run this model" in result.stderr
     assert "Kimi Delta Attention" in result.stderr
+
+
+def test_explain_shows_each_stages_layers_by_kind(tmp_path: Path) -> None:
+    out = tmp_path / "plan.yaml"
+    found = autoplan("search", "--model", "nemotron-h-56b", "--cluster", "dgx-h100", "--gpus", "64",
+                     "--global-batch", "256", "--seq-len", "8192", "--top", "1", "--out", str(out))
+    assert found.returncode == 0, found.stderr
+    explained = autoplan("explain", str(out))
+    assert explained.returncode == 0, explained.stderr
+    assert "kinds" in explained.stdout and "M." in explained.stdout and ".-" in explained.stdout
