@@ -23,6 +23,7 @@ from typing import Any
 from autoplan.bench.presets import Preset
 from autoplan.bench.timing import Budget, Clock, CpuClock, CudaClock, Row, Step, measure, summarize
 from autoplan.descriptors.model import Model
+from autoplan.kernels import mixers
 from autoplan.kernels.layer import Shard, elementwise_bytes_forward, layer_gemms
 from autoplan.measured.profile import row_flops
 from autoplan.units import MiB
@@ -140,12 +141,16 @@ def _tp_fits(model: Model, tp: int) -> bool:
 
 def model_gemm_shapes(model: Model, tp: int, tokens: int) -> list[tuple[int, int, int]]:
     """(m, n, k) of one layer's forward GEMMs on one TP rank (dense MLP, or the MoE layer's
-    router and shared experts), and the vocab-parallel output GEMM of
+    router and shared experts; a hybrid model's of each kind of layer), and the vocab-parallel output GEMM of
     :func:`autoplan.kernels.compute.logits_times`: (tokens, vocab / tp, hidden)."""
     shard = _shard(tp, tokens)
-    kinds = [model.is_moe] + ([False] if model.is_moe and model.dense_layers else [])
-    gemms = [(g.m, g.n, g.k) for moe in kinds
-             for g in layer_gemms(model, shard.tokens, shard.tp, moe, shard.norm_tokens)]
+    if model.is_hybrid:  # each kind of layer's own projections (kernels/mixers.py)
+        gemms = [(g.m, g.n, g.k) for kind in model.kinds
+                 for g in mixers.kind_gemms(model, kind, shard.tokens, shard.tp, shard.norm_tokens)]
+    else:
+        kinds = [model.is_moe] + ([False] if model.is_moe and model.dense_layers else [])
+        gemms = [(g.m, g.n, g.k) for moe in kinds
+                 for g in layer_gemms(model, shard.tokens, shard.tp, moe, shard.norm_tokens)]
     gemms.append((shard.tokens, model.vocab / tp, model.hidden))
     return [(round(m), math.ceil(n), round(k)) for m, n, k in gemms]
 

@@ -73,6 +73,17 @@ def test_moe_model_shapes_include_the_router_and_the_dense_first_layers() -> Non
     assert (64, 2 * dsv3.ffn_hidden // 8, dsv3.hidden) in shapes  # a dense-first layer's up+gate
 
 
+def test_a_hybrid_models_shapes_are_each_layer_kinds_projections() -> None:
+    """Nemotron-H at tp 8: Mamba-2's in_proj (z, x, B, C, dt over 8 ranks) and out_proj,
+    the attention layers' QKV, the ReLU^2 MLP's up projection (kernels/mixers.py)."""
+    m = resolve_model("nemotron-h-56b")
+    shapes = model_gemm_shapes(m, tp=8, tokens=64)
+    inner, bc = m.mamba_inner, 2 * m.ssm_groups * m.ssm_state
+    assert (64, (2 * inner + bc + m.mamba_heads) // 8, m.hidden) in shapes  # Mamba in_proj
+    assert (64, m.hidden, inner // 8) in shapes  # Mamba out_proj
+    assert (64, m.ffn_hidden // 8, m.hidden) in shapes  # the MLP layers' up projection
+
+
 def test_caps_drop_big_shapes_and_say_so() -> None:
     preset = get_preset("default", "cpu")
     plan = plan_micro(preset, [resolve_model("llama3-8b")])
