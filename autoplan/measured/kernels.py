@@ -62,7 +62,7 @@ def _label(path: Path) -> str:
     return "profiles/" + "/".join(KERNELS_DIR) + f"/{path.name}"
 
 
-def _bracket(axis: tuple[float, ...], x: float) -> tuple[int, float]:
+def bracket(axis: tuple[float, ...], x: float) -> tuple[int, float]:
     """(i, w): x lies between axis[i] and axis[i + 1] at weight w in log space (x inside the
     axis; a one-point axis gives (0, 0))."""
     if len(axis) == 1:
@@ -72,7 +72,7 @@ def _bracket(axis: tuple[float, ...], x: float) -> tuple[int, float]:
     return i, (math.log(x) - math.log(lo)) / (math.log(hi) - math.log(lo))
 
 
-def _clamp(axis: tuple[float, ...], x: float) -> float:
+def clamp(axis: tuple[float, ...], x: float) -> float:
     return min(max(x, axis[0]), axis[-1])
 
 
@@ -87,7 +87,7 @@ class _Table:
 
     def seconds(self, m: float, n: float, k: float) -> float:
         """Multilinear in log space (module doc); the shape must lie inside the axes."""
-        (i, a), (j, b), (h, c) = _bracket(self.m, m), _bracket(self.n, n), _bracket(self.k, k)
+        (i, a), (j, b), (h, c) = bracket(self.m, m), bracket(self.n, n), bracket(self.k, k)
         total = 0.0
         for di, wi in ((0, 1 - a), (1, a)):
             if not wi:
@@ -122,7 +122,7 @@ class GemmGrid:
         table = self.tables.get(TABLE_DTYPE.get(dtype, ""))
         if table is None or min(m, n, k) <= 0:
             return None
-        shape = (_clamp(table.m, m), _clamp(table.n, n), _clamp(table.k, k))
+        shape = (clamp(table.m, m), clamp(table.n, n), clamp(table.k, k))
         return table.seconds(*shape), shape
 
 
@@ -150,7 +150,7 @@ class CommGrid:
             return math.exp(row[0])
         if nbytes >= sizes[-1]:
             return math.exp(row[-1]) * nbytes / sizes[-1]
-        i, w = _bracket(sizes, nbytes)
+        i, w = bracket(sizes, nbytes)
         return math.exp((1 - w) * row[i] + w * row[i + 1])
 
 
@@ -210,7 +210,7 @@ def _split(text: str, label: str) -> tuple[dict[str, str], list[str], list[list[
     return meta, columns, rows
 
 
-def _number(text: str, label: str, where: str) -> float:
+def positive_number(text: str, label: str, where: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -223,7 +223,7 @@ def _number(text: str, label: str, where: str) -> float:
 def _axis(columns: list[str], prefix: str, label: str) -> tuple[float, ...]:
     if not columns or any(not c.startswith(prefix) for c in columns):
         raise InputError.single(label, "header", f"expected columns {prefix}<value>")
-    axis = tuple(_number(c[len(prefix):], label, "header") for c in columns)
+    axis = tuple(positive_number(c[len(prefix):], label, "header") for c in columns)
     if list(axis) != sorted(set(axis)):
         raise InputError.single(label, "header", f"the {prefix.rstrip('=')} columns must ascend")
     return axis
@@ -239,9 +239,9 @@ def parse_gemm_grid(text: str, label: str) -> GemmGrid:
     cells: dict[str, dict[tuple[float, float], tuple[float, ...]]] = {}
     for number, row in enumerate(rows, 1):
         where = f"row {number}"
-        m, n = _number(row[1], label, where), _number(row[2], label, where)
+        m, n = positive_number(row[1], label, where), positive_number(row[2], label, where)
         cells.setdefault(row[0], {})[(m, n)] = tuple(
-            math.log(_number(v, label, where) * US) for v in row[3:])
+            math.log(positive_number(v, label, where) * US) for v in row[3:])
     tables = {}
     for dtype, by in cells.items():
         ms, ns = sorted({m for m, _ in by}), sorted({n for _, n in by})
@@ -266,8 +266,8 @@ def parse_comm_grid(text: str, label: str) -> CommGrid:
         if row[0] not in COMM_OPS:
             raise InputError.single(label, where,
                                     f"op: expected one of {', '.join(COMM_OPS)}, got {row[0]!r}")
-        gpus = _number(row[1], label, where)
-        log_s[(row[0], int(gpus))] = tuple(math.log(_number(v, label, where) * US) for v in row[2:])
+        gpus = positive_number(row[1], label, where)
+        log_s[(row[0], int(gpus))] = tuple(math.log(positive_number(v, label, where) * US) for v in row[2:])
     return CommGrid(label, sizes, log_s, meta)
 
 
@@ -290,7 +290,12 @@ def _read(path: Path, mtime_ns: int) -> GemmGrid | CommGrid:
 
 @lru_cache(maxsize=64)
 def _header(path: Path, mtime_ns: int) -> dict[str, str]:
-    """The header lines of a grid file, read without its rows."""
+    return read_header(path, _label(path))
+
+
+def read_header(path: Path, label: str) -> dict[str, str]:
+    """The ``# key: value`` header lines of a measured table file, read without its rows
+    (the training grids here, serving's mixer tables: ``measured.mixer_tables``)."""
     out: dict[str, str] = {}
     try:
         with path.open(encoding="utf-8") as f:
@@ -300,7 +305,7 @@ def _header(path: Path, mtime_ns: int) -> dict[str, str]:
                 key, _, value = line[1:].partition(":")
                 out[key.strip()] = value.strip()
     except (OSError, UnicodeDecodeError) as exc:
-        raise InputError.single(_label(path), "", f"cannot read file: {exc}") from None
+        raise InputError.single(label, "", f"cannot read file: {exc}") from None
     return out
 
 

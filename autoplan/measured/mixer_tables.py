@@ -31,7 +31,6 @@ newest version not after the one asked, else the engine's newest of the same maj
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from pathlib import Path
 from autoplan import resources
 from autoplan.descriptors.strict import read_limited
 from autoplan.errors import InputError
+from autoplan.measured.kernels import bracket, clamp, positive_number, read_header
 from autoplan.measured.shipped import _pick_version
 
 MIXERS_DIR = ("measured", "mixers")
@@ -55,19 +55,6 @@ def _label(path: Path) -> str:
     return "profiles/" + "/".join(MIXERS_DIR) + f"/{path.name}"
 
 
-def _bracket(axis: tuple[float, ...], x: float) -> tuple[int, float]:
-    """(i, w): x between axis[i] and axis[i + 1] at weight w in log space (x inside)."""
-    if len(axis) == 1:
-        return 0, 0.0
-    i = min(max(bisect.bisect_right(axis, x) - 1, 0), len(axis) - 2)
-    lo, hi = axis[i], axis[i + 1]
-    return i, (math.log(x) - math.log(lo)) / (math.log(hi) - math.log(lo))
-
-
-def _clamp(axis: tuple[float, ...], x: float) -> float:
-    return min(max(x, axis[0]), axis[-1])
-
-
 @dataclass(frozen=True, slots=True)
 class Grid:
     """One key's grid in one phase: log(seconds) at [batch][length]."""
@@ -78,8 +65,8 @@ class Grid:
 
     def seconds(self, batch: float, length: float) -> tuple[float, float, float]:
         """(seconds, batch, length) at the nearest point inside the grid (module doc)."""
-        b, s = _clamp(self.batches, batch), _clamp(self.lengths, length)
-        (i, x), (j, y) = _bracket(self.batches, b), _bracket(self.lengths, s)
+        b, s = clamp(self.batches, batch), clamp(self.lengths, length)
+        (i, x), (j, y) = bracket(self.batches, b), bracket(self.lengths, s)
         total = 0.0
         for di, wi in ((0, 1 - x), (1, x)):
             if not wi:
@@ -158,22 +145,12 @@ class MixerTables:
 
 # --------------------------------------------------------------------------- files
 
-def _number(text: str, label: str, where: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (value > 0 and math.isfinite(value)):
-        raise InputError.single(label, where, f"expected a positive number, got {text!r}")
-    return value
-
-
 def _axis(meta: dict[str, str], phase: str, label: str) -> tuple[float, ...] | None:
     line = meta.get(f"axis.{phase}")
     if line is None:
         return None
     words = line.split()
-    axis = tuple(_number(w, label, f"axis.{phase}") for w in words[1:])
+    axis = tuple(positive_number(w, label, f"axis.{phase}") for w in words[1:])
     if not axis or list(axis) != sorted(set(axis)):
         raise InputError.single(label, f"axis.{phase}", "expected a name, then lengths ascending")
     return axis
@@ -222,9 +199,9 @@ def parse_mixer_table(text: str, label: str) -> MixerTable:
                                     f"phase: expected one with an axis.<phase> line, got {phase!r}")
         if len(parts) != 3 + len(axis):
             raise InputError.single(label, where, f"expected {3 + len(axis)} values, got {len(parts)}")
-        batch = _number(parts[2], label, where)
+        batch = positive_number(parts[2], label, where)
         cells.setdefault((phase, parts[1]), {})[batch] = tuple(
-            math.log(_number(v, label, where) * US) for v in parts[3:])
+            math.log(positive_number(v, label, where) * US) for v in parts[3:])
     if not cells:
         raise InputError.single(label, "", "no rows")
     grids = {}
@@ -257,17 +234,7 @@ def _read(path: Path, mtime_ns: int) -> MixerTable:
 
 @lru_cache(maxsize=256)
 def _header(path: Path, mtime_ns: int) -> dict[str, str]:
-    out: dict[str, str] = {}
-    try:
-        with path.open(encoding="utf-8") as f:
-            for line in f:
-                if not line.startswith("#"):
-                    break
-                key, _, value = line[1:].partition(":")
-                out[key.strip()] = value.strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError.single(_label(path), "", f"cannot read file: {exc}") from None
-    return out
+    return read_header(path, _label(path))
 
 
 def mixers_dir() -> Path:
