@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoplan.caches import memo
 from autoplan.descriptors.strict import Fields
 from autoplan.vocab import Activation, Norm, Position
 
@@ -177,7 +178,7 @@ class Model:
     def kinds(self) -> dict[tuple[str, str], int]:
         """Each (mixer, MLP) kind of layer, with how many layers are of it (model order of
         first appearance)."""
-        return _kinds(self)
+        return dict(_kinds(self))
 
     @property
     def qk_head_dim(self) -> int:
@@ -579,12 +580,14 @@ def read_vision(f: Fields) -> Vision | None:
     return Vision(**values)
 
 
-def _kinds(model: Model) -> dict[tuple[str, str], int]:
+@memo(1024)
+def _kinds(model: Model) -> tuple[tuple[tuple[str, str], int], ...]:
+    """``Model.kinds``, counted once per model (the partitioner and each stage ask it)."""
     out: dict[tuple[str, str], int] = {}
     for i in range(model.layers):
         kind = model.kind(i)
         out[kind] = out.get(kind, 0) + 1
-    return out
+    return tuple(out.items())
 
 
 # written only when set, so dense models' files stay as they were

@@ -262,7 +262,13 @@ def mix_per_stage(plan: Plan) -> tuple[tuple[int, ...], ...]:
     chunks each stage holds; () for a model whose layers are alike."""
     if not plan.model.is_hybrid:
         return ()
-    return tuple(layer_counts(plan.model, 0, 0, indices)[1] for indices in _stage_indices(plan))
+    return _mixes(plan.model, plan.stage_layers, plan.layout.vpp, plan.schedule)
+
+
+@memo(4096)
+def _mixes(model: Model, layers: tuple[int, ...], v: int,
+           schedule: Schedule) -> tuple[tuple[int, ...], ...]:
+    return tuple(layer_counts(model, 0, 0, indices)[1] for indices in _indices(layers, v, schedule))
 
 
 def layer_counts(model: Model, start: int, stop: int,
