@@ -105,18 +105,13 @@ def recompute_flops_per_token(model: Model, seq_len: int, full: bool, causal: bo
     """
     if model.is_hybrid:
         return sum(n * (kind_forward_flops_per_token(model, kind, seq_len) if full else
-                        core_of(model, kind[0], seq_len))
+                        mixers.core_flops_per_token(model, kind[0], seq_len))
                    for kind, n in model.kinds.items())
     if full:
         dense = model.layers - model.moe_layers
         return (dense * layer_forward_flops_per_token(model, seq_len, causal)
                 + model.moe_layers * layer_forward_flops_per_token(model, seq_len, causal, moe=True))
     return model.layers * attention_core_flops_per_token(model, seq_len, causal)
-
-
-def core_of(model: Model, mixer: str, seq_len: int) -> float:
-    """A hybrid model's mixer core per token (``mixers.core_flops_per_token``)."""
-    return mixers.core_flops_per_token(model, mixer, seq_len)
 
 
 def module_recompute_flops_per_token(model: Model, seq_len: int, modules: frozenset[RecomputeModule],

@@ -154,14 +154,12 @@ def kind_activation_bytes(model: Model, shard: Shard, recompute: Recompute,
     if recompute is Recompute.FULL:
         return BF16_BYTES * shard.norm_tokens * model.hidden
     moe = mlp == MOE
-    both = layer_activation_bytes(model, shard, recompute, flash, moe, modules)
-    attention_only = layer_activation_bytes(model, shard, recompute, flash, moe,
+    out = layer_activation_bytes(model, shard, recompute, flash, moe, modules)
+    # the standard layer's MLP part: what recomputing the MLP (or the MoE) would drop
+    mlp_part = out - layer_activation_bytes(model, shard, recompute, flash, moe,
                                             modules | {RecomputeModule.MLP, RecomputeModule.MOE})
-    no_attention = _attention_part(model, shard, recompute, flash, moe, modules)
-    mlp_part = both - attention_only
-    attention = no_attention
+    attention = _attention_part(model, shard, recompute, flash, moe, modules)
     norm = 2 * BF16_BYTES * shard.norm_tokens * model.hidden  # a norm's input and output
-    out = both
     if mlp == NO_MLP:
         out -= mlp_part + norm
     if mixer == NO_MIXER:
