@@ -16,12 +16,13 @@ different model.
 
 Families whose layers differ (Qwen3-Next and Qwen3.5's Gated DeltaNet layers, Kimi
 Linear's KDA layers, Nemotron-H's Mamba-2 blocks, DeepSeek-V3.2 and GLM-5's sparse
-attention, gpt-oss and Gemma 4's sliding windows) are read into Model's per-layer
-kinds (``mixers``, ``mlps``); multimodal wrappers (Qwen3.5, Qwen3-VL, Gemma 4,
+attention, gpt-oss and Gemma 4's sliding windows, DeepSeek-V4's compressed attention
+with its hyper-connections) are read into Model's per-layer kinds (``mixers``,
+``mlps``); multimodal wrappers (Qwen3.5, Qwen3-VL, Gemma 4,
 Kimi-K2.5) read ``text_config`` with the text family's reader, problems named under
 ``text_config.``, and ``vision_config`` into a :class:`Vision`. Families whose
-structure Model cannot represent (DeepSeek-V4's hyper-connections, Kimi-K3's attention
-residuals, Nemotron 3 Ultra's latent experts) are refused on the key that says so.
+structure Model cannot represent (Kimi-K3's attention residuals, Nemotron 3 Ultra's
+latent experts) are refused on the key that says so.
 
 Mixture-of-experts families (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3) map
 onto Model's layout: the first ``dense_layers`` layers dense, every later one
@@ -39,9 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.descriptors.model import (
+    CSA,
     DENSE,
     FULL,
     GDN,
+    HCA,
     KDA,
     MAMBA,
     MOE,
@@ -1401,21 +1404,100 @@ def _read_minimax_m2(f: Fields) -> dict[str, Any]:
 # .. families refused by name ...........................................................
 
 
-def _refuse_deepseek_v4(f: Fields) -> dict[str, Any]:
-    """DeepSeek-V4: each layer's residual stream widened hc_mult times and mixed by
-    Sinkhorn-normalized hyper-connections, and attention over compressed keys
-    (compress_ratios per layer): neither is modelled."""
-    refused = False
-    for key, what in (("hc_mult", "hyper-connections (hc_mult residual streams mixed by "
-                                  "Sinkhorn iterations)"),
-                      ("compress_ratios", "compressed attention layers (compress_ratios per layer)")):
-        if f.has(key):
-            f.fail(key, f"DeepSeek-V4 (deepseek_v4) is not supported: its {what} are not modelled")
-            refused = True
-    if not refused:
-        f.fail("model_type", "DeepSeek-V4 (deepseek_v4) is not supported: hyper-connections "
-                             "(hc_mult) and compressed attention (compress_ratios) are not modelled")
-    return {}
+def _read_deepseek_v4(f: Fields) -> dict[str, Any]:
+    """DeepSeek-V4 (its inference code, model.py; DeepSeek-V4 report): every layer's
+    attention has queries through q_lora_rank, one key-value head of head_dim, a sink per
+    head and the grouped low-rank output (o_groups x o_lora_rank); compress_ratios says per
+    layer what it attends to beyond its sliding_window of raw keys: nothing (0), the
+    index_topk of the keys pooled from every 4 tokens its indexer picks (4, compressed
+    sparse attention: the only ratio with an indexer and overlapping windows in that code),
+    or every key pooled from a larger ratio (heavily compressed attention). Each block's
+    residual is hc_mult streams mixed by Sinkhorn-normalized hyper-connections. Every layer
+    is DeepSeekMoE; the first num_hash_layers route by a token-id table (tid2eid, not a
+    trained weight: same shapes, nothing counted); num_nextn_predict_layers MTP modules
+    follow, their compress_ratios entries after the layers' (sliding window only, as the
+    code assumes). qk_rope_head_dim is the RoPE'd share of head_dim (no weights of its
+    own); swiglu_limit clamps the activation (no weights)."""
+    layers = f.int("num_hidden_layers", min=1)
+    hidden = f.int("hidden_size", min=1)
+    heads = f.int("num_attention_heads", min=1)
+    if f.int("num_key_value_heads", 1, min=1) not in (1, None):
+        f.fail("num_key_value_heads", "DeepSeek-V4's attention has one key-value head: expected 1")
+    head_dim = f.int("head_dim", min=1)
+    rope = f.int("qk_rope_head_dim", min=0)
+    if rope is not None and head_dim is not None and rope > head_dim:
+        f.fail("qk_rope_head_dim", f"expected at most head_dim ({head_dim}), got {rope}")
+    _refuse_true(f, "attention_bias", "biased attention projections are not modelled")
+    _refuse_given(f, "first_k_dense_replace", "dense layers before DeepSeek-V4's MoE layers")
+    experts = f.int("n_routed_experts", min=1)
+    top_k = f.int("num_experts_per_tok", min=1)
+    _check_routing(f, experts, top_k, experts_key="n_routed_experts")
+    hash_layers = f.int("num_hash_layers", 0, min=0)
+    if hash_layers is not None and layers is not None and hash_layers > layers:
+        f.fail("num_hash_layers", f"expected at most num_hidden_layers ({layers}), got {hash_layers}")
+    moe_ffn = f.int("moe_intermediate_size", min=1)
+    mtp = f.int("num_nextn_predict_layers", 0, min=0)
+    hc = f.int("hc_mult", min=1)
+    iters = f.int("hc_sinkhorn_iters", 1, min=1)
+    f.float("hc_eps", 1e-6, min=0.0, max=1.0)
+    f.float("swiglu_limit", 0.0, min=0.0, max=1e6)
+    mixers, csa, hca = _v4_mixers(f, layers, mtp)
+    values = dict(
+        layers=layers, hidden=hidden, heads=heads, kv_heads=1, head_dim=head_dim,
+        ffn_hidden=moe_ffn, vocab=f.int("vocab_size", min=1),
+        activation=_activation(f, "hidden_act", "silu", gated=True), position=Position.ROPE,
+        tied_embeddings=f.bool("tie_word_embeddings", False),
+        max_seq_len=f.int("max_position_embeddings", min=1), norm=Norm.RMSNORM,
+        dropout=bool(f.float("attention_dropout", 0.0, min=0.0, max=1.0)),
+        experts=experts, top_k=top_k, moe_ffn_hidden=moe_ffn,
+        shared_experts=f.int("n_shared_experts", 0, min=0), mtp_layers=mtp,
+        q_lora_rank=f.int("q_lora_rank", min=1), o_groups=f.int("o_groups", min=1),
+        o_lora_rank=f.int("o_lora_rank", min=1), attention_sinks=True,
+        sliding_window=f.int("sliding_window", min=1), mixers=mixers, csa_ratio=csa,
+        hca_ratio=hca, hc_mult=hc if hc != 1 else 0,
+        hc_sinkhorn_iters=iters if hc != 1 else 0,
+    )
+    values["route_groups"], values["route_group_topk"] = _route_groups(f, experts, top_k)
+    if csa:  # the indexer's sizes: only C layers have one
+        values.update(index_heads=f.int("index_n_heads", min=1),
+                      index_head_dim=f.int("index_head_dim", min=1),
+                      index_topk=f.int("index_topk", min=1))
+    values = _deepseek_router_bias(f, values)
+    _check_kinds(f, values, {"mixers": "compress_ratios", "index_heads": "index_n_heads",
+                             "kv_heads": "num_key_value_heads"})
+    return values
+
+
+def _v4_mixers(f: Fields, layers: int | None, mtp: int | None) -> tuple[str | None, int, int]:
+    """(mixers, csa_ratio, hca_ratio) from DeepSeek-V4's compress_ratios: one entry per
+    layer, then one per MTP module; 0 or 1 a sliding-window layer (W), 4 compressed sparse
+    attention (C), a larger ratio heavily compressed attention (H, one ratio for all)."""
+    raw = f.raw("compress_ratios")
+    if raw is None or layers is None or mtp is None:
+        return None, 0, 0
+    if not isinstance(raw, list) or not all(type(x) is int and x >= 0 for x in raw):
+        f.fail("compress_ratios", f"expected a list of integers >= 0, one per layer, got {_type_name(raw)}")
+        return None, 0, 0
+    if len(raw) not in (layers, layers + mtp):
+        f.fail("compress_ratios", f"expected one entry per layer (num_hidden_layers {layers}), "
+                                  f"then one per MTP module ({mtp}): got {len(raw)}")
+        return None, 0, 0
+    for i, ratio in enumerate(raw[layers:]):
+        if ratio > 1:
+            f.fail(f"compress_ratios[{layers + i}]", f"an MTP module with compressed attention "
+                                                     f"(ratio {ratio}) is not modelled: expected 0")
+            return None, 0, 0
+    heavy = sorted({r for r in raw[:layers] if r > 1 and r != V4_CSA_RATIO})
+    if len(heavy) > 1:
+        f.fail("compress_ratios", f"expected one heavily compressed ratio besides "
+                                  f"{V4_CSA_RATIO}, got {heavy}")
+        return None, 0, 0
+    pattern = "".join(SLIDING if r <= 1 else CSA if r == V4_CSA_RATIO else HCA for r in raw[:layers])
+    return pattern, (V4_CSA_RATIO if CSA in pattern else 0), (heavy[0] if heavy else 0)
+
+
+# DeepSeek-V4's inference code gives ratio 4, and only it, an indexer and overlapping windows
+V4_CSA_RATIO = 4
 
 
 def _refuse_kimi_k3(f: Fields) -> dict[str, Any]:
@@ -1440,6 +1522,7 @@ _READERS: dict[str, Callable[[Fields], dict[str, Any]]] = {
     "deepseek_v2": _read_deepseek,
     "deepseek_v3": _read_deepseek,
     "deepseek_v32": _read_deepseek_v32,
+    "deepseek_v4": _read_deepseek_v4,
     "gemma4": _read_gemma4,
     "glm_moe_dsa": _read_glm_moe_dsa,
     "gpt2": _read_gpt2,
@@ -1464,7 +1547,6 @@ _READERS: dict[str, Callable[[Fields], dict[str, Any]]] = {
 }
 # families whose configs are known and refused by name: what they need is not modelled
 _REFUSED: dict[str, Callable[[Fields], dict[str, Any]]] = {
-    "deepseek_v4": _refuse_deepseek_v4,
     "kimi_k3": _refuse_kimi_k3,
 }
 # multimodal wrappers: the language model's keys sit under text_config

@@ -22,10 +22,17 @@ GDN = "G"  # Gated DeltaNet linear attention (Yang, Kautz, Hatamizadeh 2025; Qwe
 KDA = "K"  # Kimi Delta Attention, channel-wise gated delta rule (Kimi Linear, 2025)
 MAMBA = "M"  # Mamba-2 selective state space (Dao & Gu 2024, SSD)
 SPARSE = "D"  # DeepSeek Sparse Attention: MLA over index_topk keys a lightning indexer picks
+# DeepSeek-V4's compressed attention (DeepSeek-V4 report: CSA and HCA): the sliding window's
+# raw keys plus keys pooled from every csa_ratio (hca_ratio) tokens; CSA attends to the
+# index_topk pooled keys its indexer picks, HCA to every pooled key
+CSA = "C"
+HCA = "H"
 NO_MIXER = "."  # a layer without a token mixer (Nemotron-H's MLP-only layers)
 MIXERS = {FULL: "full attention", SLIDING: "sliding-window attention", GDN: "gated delta net",
           KDA: "kimi delta attention", MAMBA: "mamba-2", SPARSE: "sparse attention",
+          CSA: "compressed sparse attention", HCA: "heavily compressed attention",
           NO_MIXER: "none"}
+COMPRESSED_MIXERS = frozenset({CSA, HCA})  # a window of raw keys and pooled keys beyond it
 LINEAR_MIXERS = frozenset({GDN, KDA, MAMBA})  # a constant recurrent state per sequence
 DENSE = "-"  # a dense MLP of ffn_hidden
 MOE = "E"  # a mixture of experts
@@ -106,6 +113,16 @@ class Model:
     index_heads: int = 0
     index_head_dim: int = 0
     index_topk: int = 0
+    # DeepSeek-V4's attention (o_lora_rank > 0): queries through q_lora_rank, one key-value
+    # head of head_dim serving as both, the output through o_groups low-rank groups
+    o_groups: int = 0
+    o_lora_rank: int = 0
+    csa_ratio: int = 0  # tokens pooled into one key by a C layer's compressor
+    hca_ratio: int = 0  # ... by an H layer's
+    # hyper-connections (Zhu et al. 2025; DeepSeek-V4's manifold-constrained mHC): the
+    # residual stream is hc_mult copies of hidden, mixed per block by Sinkhorn-normalized maps
+    hc_mult: int = 0
+    hc_sinkhorn_iters: int = 0
     # weights a family adds to its experts
     expert_bias: bool = False  # experts carry biases (gpt-oss)
     router_bias: bool = False  # the router carries a bias (gpt-oss; DeepSeek-V3's
@@ -142,6 +159,17 @@ class Model:
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
+
+    @property
+    def is_v4_attention(self) -> bool:
+        """DeepSeek-V4's attention form: low-rank queries, one shared key-value head, the
+        grouped low-rank output (``Model.o_lora_rank``)."""
+        return self.o_lora_rank > 0
+
+    @property
+    def residual_streams(self) -> int:
+        """Copies of the hidden state the residual stream carries (hyper-connections: hc_mult)."""
+        return max(1, self.hc_mult)
 
     @property
     def moe_layers(self) -> int:
@@ -198,6 +226,8 @@ class Model:
         if self.is_mla:
             qk = self.heads * self.qk_head_dim
             return qk, qk, self.heads * self.v_head_dim, self.heads * self.v_head_dim
+        if self.is_v4_attention:  # one head of head_dim is both key and value
+            return self.q_dim, self.kv_channels, 0, self.q_dim
         return self.q_dim, self.kv_dim, self.kv_dim, self.q_dim
 
     @property
@@ -225,12 +255,16 @@ class Model:
         of a full-attention layer."""
         if self.is_mla:
             return self.params_mla
+        if self.is_v4_attention:
+            return self.params_v4_attention
         return self._gqa_params(self.global_head_dim or self.kv_channels,
                                 self.global_kv_heads or self.kv_heads, self.global_k_eq_v)
 
     @property
     def params_sliding(self) -> int:
         """A sliding-window layer's attention: the model's local heads."""
+        if self.is_v4_attention:
+            return self.params_v4_attention
         return self._gqa_params(self.kv_channels, self.kv_heads, False)
 
     def _gqa_params(self, d: int, kv_heads: int, k_eq_v: bool) -> int:
@@ -257,7 +291,40 @@ class Model:
             return 0
         d, n = self.index_head_dim, self.index_heads
         q_in = self.q_lora_rank or self.hidden
+        if self.is_v4_attention:  # V4: its keys pooled by a compressor of its own
+            return q_in * n * d + self.hidden * n + self.params_compressor(self.csa_ratio, d)
         return q_in * n * d + self.hidden * d + 2 * d + self.hidden * n
+
+    @property
+    def params_v4_attention(self) -> int:
+        """DeepSeek-V4's attention (DeepSeek-V4 inference code, ``Attention``): queries
+        through wq_a, an RMSNorm and wq_b to every head's head_dim; one key-value head of
+        head_dim (wkv and its RMSNorm); a sink logit per head; the grouped low-rank output,
+        wo_a taking each of o_groups groups of heads to o_lora_rank and wo_b their
+        concatenation to hidden."""
+        h, n, d, r = self.hidden, self.heads, self.kv_channels, self.q_lora_rank
+        q = h * r + r + r * n * d
+        out = n * d * self.o_lora_rank + self.o_groups * self.o_lora_rank * h
+        return q + h * d + d + out + n
+
+    def params_compressor(self, ratio: int, d: int) -> int:
+        """A DeepSeek-V4 ``Compressor`` pooling every ``ratio`` tokens into one key of ``d``:
+        kv and gate projections from hidden, a learned bias per slot of the pooled window and
+        an RMSNorm of d; the CSA ratio's compressor pools overlapping windows, so its
+        projections and biases are twice as wide (``overlap``: coff = 2)."""
+        coff = 2 if ratio == self.csa_ratio else 1
+        return ratio * coff * d + 2 * self.hidden * coff * d + d
+
+    @property
+    def params_hyper_connections(self) -> int:
+        """One block's hyper-connection maps (DeepSeek-V4 inference code, ``Block``: hc_fn,
+        hc_base, hc_scale): the pre, post and residual mixes, (2 + m) m of them, projected
+        from the m x hidden stream, their biases and three scales; none with one stream."""
+        m = self.hc_mult
+        if m <= 1:
+            return 0
+        mixes = (2 + m) * m
+        return mixes * m * self.hidden + mixes + 3
 
     @property
     def params_gdn(self) -> int:
@@ -308,6 +375,11 @@ class Model:
             return self.params_attention if self.is_mla else self.params_sliding
         if mixer == SPARSE:
             return self.params_attention + self.params_indexer
+        if mixer == CSA:
+            return (self.params_attention + self.params_compressor(self.csa_ratio, self.kv_channels)
+                    + self.params_indexer)
+        if mixer == HCA:
+            return self.params_attention + self.params_compressor(self.hca_ratio, self.kv_channels)
         if mixer == GDN:
             return self.params_gdn
         if mixer == KDA:
@@ -327,12 +399,13 @@ class Model:
         return 0
 
     def params_kind(self, kind: tuple[str, str]) -> int:
-        """One layer of ``kind`` (mixer, MLP): both and a norm before each (after too with
-        sandwich norms)."""
+        """One layer of ``kind`` (mixer, MLP): both, a norm before each (after too with
+        sandwich norms) and each one's hyper-connection maps."""
         mixer, mlp = kind
         blocks = (mixer != NO_MIXER) + (mlp != NO_MLP)
         norms = blocks * (2 if self.sandwich_norms else 1) * self.params_norm
-        return self.params_mixer(mixer) + self.params_mlp_of(mlp) + norms
+        hc = blocks * self.params_hyper_connections
+        return self.params_mixer(mixer) + self.params_mlp_of(mlp) + norms + hc
 
     @property
     def params_mla(self) -> int:
@@ -398,15 +471,19 @@ class Model:
 
     @property
     def params_output(self) -> int:
-        """Final norm and the output projection (none of its own when tied)."""
+        """Final norm and the output projection (none of its own when tied); with
+        hyper-connections, the head's map folding the m streams into one (DeepSeek-V4
+        inference code: hc_head_fn, hc_head_base, hc_head_scale)."""
         head = 0 if self.tied_embeddings else self.vocab * self.hidden
-        return self.params_norm + head
+        m = self.hc_mult
+        fold = m * m * self.hidden + m + 1 if m > 1 else 0
+        return self.params_norm + head + fold
 
     @property
     def params_total(self) -> int:
         """Every parameter of the language model, the multi-token-prediction module
         excluded (as DeepSeek-V3 reports its 671B), the vision encoder included."""
-        if self.is_hybrid or self.mlps or self.sandwich_norms:
+        if self.is_hybrid or self.mlps or self.sandwich_norms or self.hc_mult > 1:
             layers = sum(n * self.params_kind(k) for k, n in self.kinds.items())
         else:
             dense = self.layers - self.moe_layers
@@ -424,8 +501,10 @@ class Model:
     @property
     def mtp_kind(self) -> tuple[str, str]:
         """An MTP module's layer: the model's attention (its sparse kind where the model's
-        layers use it) and its MLP kind."""
-        return (SPARSE if SPARSE in self.mixers else FULL), (MOE if self.is_moe else DENSE)
+        layers use it; DeepSeek-V4's sliding window, its MTP layer compressing nothing) and
+        its MLP kind."""
+        mixer = SPARSE if SPARSE in self.mixers else SLIDING if self.is_v4_attention else FULL
+        return mixer, (MOE if self.is_moe else DENSE)
 
     @property
     def params_mtp_layer(self) -> int:
@@ -599,13 +678,15 @@ _OPTIONAL = ("qk_norm", "qkv_bias", "experts", "top_k", "moe_ffn_hidden", "share
              "attn_output_gate", "global_head_dim", "global_kv_heads", "global_k_eq_v",
              "linear_heads", "linear_key_heads", "linear_key_dim", "linear_value_dim",
              "conv_kernel", "mamba_heads", "mamba_head_dim", "ssm_state", "ssm_groups",
-             "index_heads", "index_head_dim", "index_topk", "expert_bias", "router_bias",
-             "shared_expert_gate")
+             "index_heads", "index_head_dim", "index_topk", "o_groups", "o_lora_rank",
+             "csa_ratio", "hca_ratio", "hc_mult", "hc_sinkhorn_iters", "expert_bias",
+             "router_bias", "shared_expert_gate")
 # the sizes among them, read as integers >= 0
 _SIZES = ("sliding_window", "global_head_dim", "global_kv_heads", "linear_heads",
           "linear_key_heads", "linear_key_dim", "linear_value_dim", "conv_kernel",
           "mamba_heads", "mamba_head_dim", "ssm_state", "ssm_groups", "index_heads",
-          "index_head_dim", "index_topk")
+          "index_head_dim", "index_topk", "o_groups", "o_lora_rank", "csa_ratio", "hca_ratio",
+          "hc_mult", "hc_sinkhorn_iters")
 _FLAGS = ("sandwich_norms", "attention_sinks", "attn_output_gate", "global_k_eq_v",
           "expert_bias", "router_bias", "shared_expert_gate")
 
@@ -626,7 +707,8 @@ LIMITS = {
     "linear_key_dim": 1 << 12, "linear_value_dim": 1 << 12, "conv_kernel": 1 << 6,
     "mamba_heads": 1 << 14, "mamba_head_dim": 1 << 12, "ssm_state": 1 << 12,
     "ssm_groups": 1 << 12, "index_heads": 1 << 12, "index_head_dim": 1 << 12,
-    "index_topk": 1 << 27,
+    "index_topk": 1 << 27, "o_groups": 1 << 14, "o_lora_rank": 1 << 18, "csa_ratio": 1 << 16,
+    "hca_ratio": 1 << 16, "hc_mult": 1 << 6, "hc_sinkhorn_iters": 1 << 10,
 }
 
 
@@ -694,6 +776,8 @@ _MIXER_SIZES = {
     KDA: ("linear_heads", "linear_key_dim", "conv_kernel"),
     MAMBA: ("mamba_heads", "mamba_head_dim", "ssm_state", "ssm_groups", "conv_kernel"),
     SPARSE: ("index_heads", "index_head_dim", "index_topk"),
+    CSA: ("sliding_window", "index_heads", "index_head_dim", "index_topk", "csa_ratio"),
+    HCA: ("sliding_window", "hca_ratio"),
 }
 
 
@@ -722,6 +806,7 @@ def check_kinds(fail: Any, v: dict[str, Any]) -> None:
                 fail(key, f"is a {MIXERS[mixer]} field, and no layer is {mixer} in mixers")
     if SPARSE in mixers and not v["kv_lora_rank"]:
         fail("mixers", "sparse attention (D) runs over multi-head latent attention: give kv_lora_rank")
+    _check_v4_attention(fail, v, mixers)
     if v["mixers"] and set(v["mixers"]) == {NO_MIXER}:
         fail("mixers", "no layer mixes tokens: expected at least one mixer")
     mlps = v["mlps"]
@@ -742,6 +827,38 @@ def check_kinds(fail: Any, v: dict[str, Any]) -> None:
         fail("global_kv_heads", f"expected a divisor of heads ({v['heads']})")
     if v["linear_key_heads"] and v["linear_heads"] and v["linear_heads"] % v["linear_key_heads"]:
         fail("linear_key_heads", f"expected a divisor of linear_heads ({v['linear_heads']})")
+
+
+def _check_v4_attention(fail: Any, v: dict[str, Any], mixers: set[str]) -> None:
+    """DeepSeek-V4's attention and hyper-connection fields (``check_kinds``'s ``fail``)."""
+    if mixers & COMPRESSED_MIXERS and not v["o_lora_rank"]:
+        fail("mixers", "compressed attention (C, H) runs over DeepSeek-V4's attention: give "
+                       "o_lora_rank, o_groups and q_lora_rank")
+    if v["o_lora_rank"] or v["o_groups"]:
+        if not v["o_lora_rank"] or not v["o_groups"]:
+            fail("o_lora_rank" if not v["o_lora_rank"] else "o_groups",
+                 "o_lora_rank and o_groups go together")
+        elif v["heads"] and v["heads"] % v["o_groups"]:
+            fail("o_groups", f"expected a divisor of heads ({v['heads']}), got {v['o_groups']}")
+        if not v["q_lora_rank"]:
+            fail("q_lora_rank", "missing: DeepSeek-V4's attention (o_lora_rank) projects its "
+                                "queries through q_lora_rank")
+        if v["kv_lora_rank"]:
+            fail("kv_lora_rank", "DeepSeek-V4's attention (o_lora_rank) has one key-value head, "
+                                 "no latent: leave kv_lora_rank out")
+        if v["kv_heads"] != 1:
+            fail("kv_heads", f"DeepSeek-V4's attention (o_lora_rank) has one key-value head: "
+                             f"expected 1, got {v['kv_heads']}")
+        if SPARSE in mixers:
+            fail("mixers", "sparse attention (D) is MLA's; DeepSeek-V4's attention selects keys "
+                           "in compressed sparse layers (C)")
+    for key in ("csa_ratio", "hca_ratio"):
+        if v[key] == 1:
+            fail(key, "expected at least 2 tokens pooled per key, got 1")
+    if v["csa_ratio"] and v["csa_ratio"] == v["hca_ratio"]:
+        fail("hca_ratio", f"expected a ratio apart from csa_ratio ({v['csa_ratio']})")
+    if v["hc_sinkhorn_iters"] and v["hc_mult"] <= 1:
+        fail("hc_sinkhorn_iters", "is a hyper-connection field: give hc_mult >= 2 too")
 
 
 def _check_moe(f: Fields, v: dict[str, Any]) -> None:
@@ -796,7 +913,8 @@ def route_group_problem(experts: int, top_k: int, groups: int,
 def _check_mla(f: Fields, v: dict[str, Any]) -> None:
     dims = ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
     if not v["kv_lora_rank"]:
-        for key in (*dims, "q_lora_rank"):
+        # DeepSeek-V4's attention projects queries through q_lora_rank without MLA
+        for key in (*dims, *(() if v["o_lora_rank"] else ("q_lora_rank",))):
             if v[key]:
                 f.fail(key, "is a multi-head latent attention field: give kv_lora_rank too")
         return

@@ -67,6 +67,7 @@ from pathlib import Path
 from autoplan.cost.stage import tp_overlap_in
 from autoplan.descriptors import pipeline_layout
 from autoplan.descriptors.model import (
+    COMPRESSED_MIXERS,
     DENSE,
     FULL,
     GDN,
@@ -150,11 +151,18 @@ def model_problems(model: Model) -> list[tuple[str, str]]:
         out.append(("model.activation", "Megatron-LM has no GeGLU flag (--swiglu, --squared-relu, "
                                         "--quick-geglu or the default GeLU)"))
     mixers = set(model.mixers)
+    if model.is_v4_attention or mixers & COMPRESSED_MIXERS:
+        out.append(("model.mixers", "Megatron-LM has no DeepSeek-V4 attention (compressed sparse "
+                                    "and heavily compressed layers, the grouped low-rank output) "
+                                    "in main: Megatron-Bridge's DeepSeek-V4 recipes need a dev "
+                                    "Megatron-LM with PR 4839 (examples/models/deepseek_v4); "
+                                    "DeepSeek-V4 is not launchable with this export"))
     if KDA in mixers:
         out.append(("model.mixers", "Megatron-LM has no Kimi Delta Attention layer (its hybrid "
                                     "layers are M, G, *, D, -, E: hybrid_layer_allocation.py); "
                                     "Kimi Linear is not launchable with Megatron-LM"))
-    if SLIDING in mixers and (uses_hybrid(model) or window_skip_freq(model) is None):
+    if SLIDING in mixers and not model.is_v4_attention and (
+            uses_hybrid(model) or window_skip_freq(model) is None):
         out.append(("model.mixers", "Megatron-LM sets sliding windows for every layer but each "
                                     "N-th (--window-size, --window-attn-skip-freq N), in GPT "
                                     "models only: this model's pattern is not that"))

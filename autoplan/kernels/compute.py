@@ -531,7 +531,8 @@ def kind_elementwise_bytes(model: Model, shard: Shard, kind: tuple[str, str]) ->
     """:func:`elementwise_bytes_forward` of a layer of ``kind``: a missing block drops its
     norm and residual add (and the MLP its activation, the mixer its RoPE); a linear or
     Mamba mixer has no RoPE and adds its conv (read, write) and gated norm (read the
-    value and the gate, write)."""
+    value and the gate, write); hyper-connections move each block's m-wide stream
+    (DeepSeek-V4's hc_pre and hc_post)."""
     mixer, mlp = kind
     e, h, t = BF16_BYTES, model.hidden, shard.tp
     out = elementwise_bytes_forward(model, shard, mlp == MOE)
@@ -549,6 +550,11 @@ def kind_elementwise_bytes(model: Model, shard: Shard, kind: tuple[str, str]) ->
         value = model.mamba_inner if mixer == MAMBA else mixers.linear_widths(model)[1]
         out += 2 * e * shard.tokens * mixers.conv_width(model, mixer) / t
         out += 3 * e * shard.tokens * value / t - rope
+    m = model.hc_mult
+    if m > 1:  # per block hc_pre reads the m-wide stream and writes one; hc_post reads the
+        # block's output and the stream and writes the stream, in place of a residual add
+        blocks = (mixer != NO_MIXER) + (mlp != NO_MLP)
+        out += blocks * shard.norm_tokens * h * e * ((m + 1) + (1 + 2 * m) - 3)
     return max(0.0, out)
 
 

@@ -20,6 +20,8 @@ def attention_gemm_params(model: Model) -> int:
     down and up projections (its latent RMSNorms are not GEMMs)."""
     if model.is_mla:
         return model.params_mla - model.q_lora_rank - model.kv_lora_rank
+    if model.is_v4_attention:  # less its two norms and the sinks
+        return model.params_v4_attention - model.q_lora_rank - model.kv_channels - model.heads
     return 2 * model.hidden * model.q_dim + 2 * model.hidden * model.kv_dim
 
 
@@ -55,10 +57,12 @@ def layer_forward_flops_per_token(model: Model, seq_len: int, causal: bool = Tru
 def kind_forward_flops_per_token(model: Model, kind: tuple[str, str], seq_len: int) -> float:
     """One layer of a hybrid model's ``kind`` (mixer, MLP), causal: 2 FLOPs per weight its
     GEMMs touch (the mixer's projections, ``mixers.mixer_gemms``; the MLP's as
-    :func:`mlp_gemm_params`) and its mixer's core as it really runs
+    :func:`mlp_gemm_params`; hyper-connection maps, ``mixers.hc_gemms``) and its mixer's
+    core as it really runs
     (``mixers.core_flops_per_token``: a window, the indexer's top-k, a linear scan)."""
     mixer, mlp = kind
     weights = sum(g.n * g.k for g in mixers.mixer_gemms(model, mixer, 1, 1))
+    weights += sum(g.n * g.k for g in mixers.hc_gemms(model, kind, 1))
     if mlp != NO_MLP:
         weights += mlp_gemm_params(model, mlp == MOE)
     core = mixers.core_flops_per_token(model, mixer, seq_len)
@@ -79,7 +83,8 @@ def model_layers_forward_flops_per_token(model: Model, seq_len: int, causal: boo
         out = dense * layer_forward_flops_per_token(model, seq_len, causal)
         out += model.moe_layers * layer_forward_flops_per_token(model, seq_len, causal, moe=True)
     if model.mtp_layers:
-        mtp = layer_forward_flops_per_token(model, seq_len, causal, moe=model.is_moe)
+        mtp = (kind_forward_flops_per_token(model, model.mtp_kind, seq_len) if model.is_hybrid
+               else layer_forward_flops_per_token(model, seq_len, causal, moe=model.is_moe))
         mtp += 2 * 2 * model.hidden * model.hidden + logit_forward_flops_per_token(model)
         out += model.mtp_layers * mtp
     return out

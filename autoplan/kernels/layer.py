@@ -106,6 +106,13 @@ def attention_gemms(model: Model, tokens: float, tp: int) -> list[Gemm]:
     """The attention projections' GEMMs of one rank for ``tokens`` rows (module doc)."""
     h = model.hidden
     q, _, _, out = model.attn_widths
+    if model.is_v4_attention:  # q down (whole) and up, the key-value head (whole), grouped out
+        lora = model.o_groups * model.o_lora_rank
+        return [Gemm(tokens, model.q_lora_rank + model.kv_channels, h),
+                Gemm(tokens, q / tp, model.q_lora_rank),
+                # wo_a: each group's heads to o_lora_rank (a batched GEMM of o_groups / tp)
+                Gemm(tokens, lora / tp, q / model.o_groups),
+                Gemm(tokens, h, lora / tp)]
     if not model.is_mla:
         kv = 2 * kv_heads_per_rank(model, tp) * model.kv_channels
         return [Gemm(tokens, q / tp + kv, h), Gemm(tokens, h, out / tp)]
@@ -150,6 +157,10 @@ def attention_params_per_rank(model: Model, tp: int) -> float:
         down = model.hidden * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim)
         norms = model.q_lora_rank + model.kv_lora_rank
         return (model.params_attention - down - norms) / tp + down + norms
+    if model.is_v4_attention:  # wq_a, wkv and their norms whole; wq_b, wo_a, wo_b, sinks split
+        d, r = model.kv_channels, model.q_lora_rank
+        whole = model.hidden * (r + d) + r + d
+        return (model.params_v4_attention - whole) / tp + whole
     h, kv = model.hidden, model.kv_dim
     kv_params = 2 * h * kv + (2 * kv if model.bias or model.qkv_bias else 0)
     replicated = max(1.0, tp / model.kv_heads)  # each rank's K/V heads: at least one
@@ -220,9 +231,11 @@ def stage_params(model: Model, tp: int, embedding: bool, output: bool, layers: i
 def kv_bytes_per_token_layer(model: Model, tp: int, element_bytes: float) -> float:
     """KV cache bytes one token of one layer takes on one rank of a TP group: K and V of
     its :func:`kv_heads_per_rank` heads, or MLA's compressed latent and RoPE key,
-    replicated over TP (DeepSeek-V2 Sec. 2.1.2)."""
+    replicated over TP (DeepSeek-V2 Sec. 2.1.2), or DeepSeek-V4's one key-value head."""
     if model.is_mla:
         return (model.kv_lora_rank + model.qk_rope_head_dim) * element_bytes
+    if model.is_v4_attention:  # one head that is both key and value, on every rank
+        return model.kv_channels * element_bytes
     return 2 * kv_heads_per_rank(model, tp) * model.kv_channels * element_bytes
 
 
@@ -266,10 +279,13 @@ def fused_elementwise_bytes_per_token(model: Model, tp: int) -> float:
     """HBM bytes of a layer's elementwise kernels per token as inference engines fuse them
     (vLLM's fused_add_rms_norm twice: reads the input and the residual, writes both; RoPE
     in place on this rank's queries and keys; the gated activation (silu_and_mul) reads
-    the two up projections and writes one)."""
+    the two up projections and writes one; hyper-connections' maps over the m-wide stream)."""
     h = model.hidden
     norms = 2 * 4 * h
     rope = 2 * (model.q_dim + model.kv_dim) / tp
     ffn = max(model.ffn_hidden, model.expert_width * max(1, model.top_k))
     act = (3 if model.activation.gated else 2) * ffn / tp
-    return BF16_BYTES * (norms + rope + act)
+    m = model.hc_mult  # hyper-connections: each block's hc_pre and hc_post over the m-wide
+    # stream (read m, write 1; read 1 and m, write m) in place of its residual add (3)
+    hc = 2 * (3 * m - 1) * h if m > 1 else 0
+    return BF16_BYTES * (norms + rope + act + hc)

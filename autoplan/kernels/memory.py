@@ -21,7 +21,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplan.descriptors.model import DENSE, FULL, LINEAR_MIXERS, MOE, NO_MIXER, NO_MLP, SPARSE, Model
+from autoplan.descriptors.model import (
+    COMPRESSED_MIXERS,
+    DENSE,
+    FULL,
+    LINEAR_MIXERS,
+    MOE,
+    NO_MIXER,
+    NO_MLP,
+    SPARSE,
+    Model,
+)
 from autoplan.descriptors.precision import FP32_STATES, StatePrecision
 from autoplan.descriptors.stack import AttentionKernel
 from autoplan.kernels import mixers
@@ -147,12 +157,15 @@ def kind_activation_bytes(model: Model, shard: Shard, recompute: Recompute,
     """:func:`layer_activation_bytes` of a hybrid model's layer of ``kind``: the standard
     layer's, less what a missing block would keep (its norm's input and output, its
     attention or MLP activations), a linear or Mamba mixer's
-    (``mixers.recurrent_activation_bytes``) in place of attention's, and the DSA indexer's
-    query, key and head weights beside sparse attention's. Sliding-window attention keeps
+    (``mixers.recurrent_activation_bytes``) in place of attention's, the DSA indexer's
+    query, key and head weights beside sparse attention's, DeepSeek-V4's compressors and
+    indexer beside a compressed layer's (``mixers.compressed_activation_bytes``), and with
+    hyper-connections each block's m-wide input stream. Sliding-window attention keeps
     what full attention keeps (flash attention saves no scores either way)."""
     mixer, mlp = kind
+    streams = model.residual_streams  # the layer's input: hc_mult copies of hidden
     if recompute is Recompute.FULL:
-        return BF16_BYTES * shard.norm_tokens * model.hidden
+        return BF16_BYTES * shard.norm_tokens * model.hidden * streams
     moe = mlp == MOE
     out = layer_activation_bytes(model, shard, recompute, flash, moe, modules)
     # the standard layer's MLP part: what recomputing the MLP (or the MoE) would drop
@@ -169,6 +182,13 @@ def kind_activation_bytes(model: Model, shard: Shard, recompute: Recompute,
     elif mixer == SPARSE:
         width = model.index_heads * model.index_head_dim / shard.tp + model.index_head_dim + model.index_heads
         out += shard.tokens * BF16_BYTES * width
+    elif mixer in COMPRESSED_MIXERS:
+        out += mixers.compressed_activation_bytes(model, mixer, shard.tokens, shard.tp)
+    if streams > 1:  # each block's hyper-connections keep its m-wide input stream (hc_pre's
+        # mixes and weighted sum, hc_post's residual) and their fp32 mixes
+        blocks = (mixer != NO_MIXER) + (mlp != NO_MLP)
+        mixes = (2 + streams) * streams
+        out += blocks * shard.norm_tokens * (BF16_BYTES * streams * model.hidden + 4 * mixes)
     return max(0.0, out)
 
 
@@ -188,6 +208,8 @@ def _attention_part(model: Model, shard: Shard, recompute: Recompute, flash: boo
     attention += s_b * e * out / t
     if model.is_mla:
         attention += s_b * e * (model.q_lora_rank + model.kv_lora_rank)
+    if model.is_v4_attention:  # the q latent (whole), and wo_b's input (its groups' ranks)
+        attention += s_b * e * (model.q_lora_rank + model.o_groups * model.o_lora_rank / t)
     heads = model.heads / t
     if RecomputeModule.CORE_ATTN not in modules:
         attention += (5 * heads * (shard.seq_len / shard.cp) * s_b) if not flash else 4 * heads * s_b

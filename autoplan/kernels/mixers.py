@@ -13,14 +13,25 @@ does (Megatron-Core ``GatedDeltaNet``, ``MambaMixer``; vLLM's ``MambaMixer2`` an
 ``Qwen3NextGatedDeltaNet``): their projections by columns, the output projection by
 rows; each rank keeps its heads' recurrent states. The DSA indexer's single key
 head and its per-head weights are small: kept whole on every rank (vLLM's
-``Indexer`` is replicated), its query heads split.
+``Indexer`` is replicated), its query heads split. DeepSeek-V4's compressors (plain
+``Linear`` layers in its inference code) run whole on every rank, in fp32.
+
+DeepSeek-V4 (``Model.is_v4_attention``; DeepSeek-V4 inference code, ``Attention``,
+``Compressor``, ``Indexer``): every attention layer attends to its last
+``sliding_window`` tokens' keys; a C layer also to the ``index_topk`` of the keys its
+compressor pooled from every ``csa_ratio`` tokens (overlapping windows) that its indexer
+picks, an H layer to every key pooled from ``hca_ratio`` tokens. Its one key-value head
+is cached raw for the window and pooled beyond it.
 """
 
 from __future__ import annotations
 
 from autoplan.descriptors.model import (
+    COMPRESSED_MIXERS,
+    CSA,
     DENSE,
     FULL,
+    HCA,
     GDN,
     KDA,
     LINEAR_MIXERS,
@@ -89,6 +100,15 @@ def mixer_gemms(model: Model, mixer: str, tokens: float, tp: int) -> list[Gemm]:
         if model.attn_output_gate:  # the gate's half of q_proj
             gemms.append(Gemm(tokens, model.q_dim / tp, h))
         return gemms
+    if mixer in COMPRESSED_MIXERS:
+        gemms = attention_gemms(model, tokens, tp)
+        ratio = model.csa_ratio if mixer == CSA else model.hca_ratio
+        gemms.append(compressor_gemm(model, ratio, model.kv_channels, tokens))
+        if mixer == CSA:  # the indexer: query heads from the q latent, head weights, its keys
+            gemms += [Gemm(tokens, model.index_heads * model.index_head_dim / tp, model.q_lora_rank),
+                      Gemm(tokens, model.index_heads, h),
+                      compressor_gemm(model, ratio, model.index_head_dim, tokens)]
+        return gemms
     if mixer == SPARSE:
         gemms = attention_gemms(model, tokens, tp)
         q_in = model.q_lora_rank or h
@@ -112,6 +132,25 @@ def mixer_gemms(model: Model, mixer: str, tokens: float, tp: int) -> list[Gemm]:
     return []
 
 
+def compressor_gemm(model: Model, ratio: int, d: int, tokens: float) -> Gemm:
+    """A DeepSeek-V4 compressor's kv and gate projections, fused, in fp32 (its inference code
+    upcasts the input and keeps wkv and wgate in fp32): 2 x d per token, twice that for the
+    CSA ratio's overlapping windows."""
+    coff = 2 if ratio == model.csa_ratio else 1
+    return Gemm(tokens, 2 * coff * d, model.hidden, quantized=False)
+
+
+def hc_gemms(model: Model, kind: tuple[str, str], tokens: float) -> list[Gemm]:
+    """A layer's hyper-connection maps, one per block (DeepSeek-V4 inference code,
+    ``hc_pre``): the (2 + m) m mixes projected from the m x hidden stream in fp32, on every
+    rank's tokens (outside TP, as the norms)."""
+    m = model.hc_mult
+    if m <= 1:
+        return []
+    blocks = (kind[0] != NO_MIXER) + (kind[1] != NO_MLP)
+    return [Gemm(tokens, (2 + m) * m, m * model.hidden, quantized=False)] * blocks
+
+
 def mixer_params_per_rank(model: Model, mixer: str, tp: int) -> float:
     """The mixer's weights on one rank: split by TP, except what every rank keeps whole:
     K/V heads replicated past kv_heads and MLA's down projections
@@ -119,6 +158,11 @@ def mixer_params_per_rank(model: Model, mixer: str, tp: int) -> float:
     KDA's low-rank down projections."""
     if mixer == NO_MIXER:
         return 0.0
+    if model.is_v4_attention and mixer in (FULL, SLIDING, *COMPRESSED_MIXERS):
+        whole = model.params_mixer(mixer) - model.params_attention  # compressors and indexer
+        if mixer == CSA:  # the indexer's query heads split
+            whole -= model.q_lora_rank * model.index_heads * model.index_head_dim * (1 - 1 / tp)
+        return attention_params_per_rank(model, tp) + whole
     standard = not (model.global_head_dim or model.global_kv_heads) or model.is_mla
     if mixer in (FULL, SLIDING, SPARSE) and standard:
         index = indexer_params_per_rank(model, tp) if mixer == SPARSE else 0.0
@@ -143,6 +187,7 @@ def kind_gemms(model: Model, kind: tuple[str, str], tokens: float, tp: int,
     rank's share) and its shared experts fused into one MLP."""
     mixer, mlp = kind
     gemms = mixer_gemms(model, mixer, tokens, tp)
+    gemms += hc_gemms(model, kind, tokens if router_tokens is None else router_tokens)
     if mlp == DENSE:
         return gemms + mlp_gemms(model, tokens, tp, model.ffn_hidden)
     if mlp == MOE:
@@ -160,7 +205,8 @@ def kind_params_per_rank(model: Model, tp: int, kind: tuple[str, str]) -> float:
     mixer, mlp = kind
     blocks = (mixer != NO_MIXER) + (mlp != NO_MLP)
     out = mixer_params_per_rank(model, mixer, tp)
-    out += blocks * (2 if model.sandwich_norms else 1) * model.params_norm
+    out += blocks * ((2 if model.sandwich_norms else 1) * model.params_norm
+                     + model.params_hyper_connections)
     if mlp == DENSE:
         out += model.params_mlp / tp
     elif mlp == MOE:
@@ -186,6 +232,9 @@ def core_flops_per_token(model: Model, mixer: str, seq_len: float) -> float:
     - full attention: QK^T and AV over the s/2 keys a causal query sees on average
       (kernels/flops.py's count), with a full layer's own heads where they differ;
     - sliding window: the same over at most ``sliding_window`` keys;
+    - DeepSeek-V4's compressed layers: the window's keys, and of the keys pooled from every
+      r tokens (a query at t sees t / r of them) every one (H) or the index_topk its
+      indexer picks (C), the indexer scoring every pooled key with its heads (as DSA's);
     - sparse (DSA): the indexer scores every earlier key with index_heads heads of
       index_head_dim (DeepSeek-V3.2-Exp report, Sec. 2.1: O(L^2) but light), then MLA
       over at most index_topk keys;
@@ -205,6 +254,14 @@ def core_flops_per_token(model: Model, mixer: str, seq_len: float) -> float:
         v = d or model.v_channels
         window = model.sliding_window if mixer == SLIDING else 0
         return 2 * keys_per_query(seq_len, window) * model.heads * (qk + v)
+    if mixer in COMPRESSED_MIXERS:
+        per_key = 2 * model.heads * (model.qk_head_dim + model.v_channels)
+        window = keys_per_query(seq_len, model.sliding_window)
+        ratio = model.csa_ratio if mixer == CSA else model.hca_ratio
+        if mixer == HCA:
+            return per_key * (window + keys_per_query(seq_len / ratio, 0))
+        index = 2 * keys_per_query(seq_len / ratio, 0) * model.index_heads * model.index_head_dim
+        return index + per_key * (window + keys_per_query(seq_len / ratio, model.index_topk))
     if mixer == SPARSE:
         index = 2 * keys_per_query(seq_len, 0) * model.index_heads * model.index_head_dim
         attend = 2 * keys_per_query(seq_len, model.index_topk) * model.heads * (
@@ -235,6 +292,10 @@ def kv_bytes_per_token(model: Model, mixer: str, tp: int, element_bytes: float) 
     128 channels), nothing per token for linear and Mamba layers (their state is per
     sequence: :func:`state_bytes_per_sequence`). A sliding layer's cache holds at most its
     window: :func:`cached_tokens`."""
+    if mixer in COMPRESSED_MIXERS:  # pooled keys; the window's raw ones: window_bytes_per_token
+        ratio = model.csa_ratio if mixer == CSA else model.hca_ratio
+        index = v4_index_key_bytes(model) if mixer == CSA else 0.0
+        return (model.kv_channels * element_bytes + index) / ratio
     if mixer in (FULL, SLIDING):
         if mixer == FULL and (model.global_head_dim or model.global_kv_heads) and not model.is_mla:
             d = model.global_head_dim or model.kv_channels
@@ -247,13 +308,29 @@ def kv_bytes_per_token(model: Model, mixer: str, tp: int, element_bytes: float) 
     return 0.0
 
 
+def v4_index_key_bytes(model: Model) -> float:
+    """One pooled key of DeepSeek-V4's indexer cache: index_head_dim values in FP4
+    (AIConfigurator's ``deepseek_v4_indexer_cache_entry_bytes``: index_head_dim x 0.5)."""
+    return model.index_head_dim * 0.5
+
+
+def window_bytes_per_token(model: Model, mixer: str, element_bytes: float) -> float:
+    """Cache bytes a DeepSeek-V4 compressed layer keeps per token of its sliding window
+    (its raw key-value head, on every rank; beyond the window its keys are pooled:
+    :func:`kv_bytes_per_token`)."""
+    if mixer in COMPRESSED_MIXERS:
+        return model.kv_channels * element_bytes
+    return 0.0
+
+
 def cached_tokens(model: Model, mixer: str, context: float) -> float:
     """Tokens of a ``context``-long sequence one layer keeps in its cache: all of them for
     full and sparse attention (the indexer picks among all), the last ``sliding_window``
-    for a sliding layer, none for a recurrent one."""
+    for a sliding layer, none for a recurrent one; a compressed layer's pooled keys cover
+    all of them (their bytes per token are a 1/r share: :func:`kv_bytes_per_token`)."""
     if mixer == SLIDING:
         return min(context, float(model.sliding_window))
-    if mixer in (FULL, SPARSE):
+    if mixer in (FULL, SPARSE, *COMPRESSED_MIXERS):
         return context
     return 0.0
 
@@ -265,6 +342,8 @@ def state_bytes_per_sequence(model: Model, mixer: str, tp: int,
     length: a GDN or KDA layer's d_k x d_v matrix per value head, a Mamba-2 layer's
     head_dim x state per head (both in ``state_bytes``), and the last conv_kernel - 1
     inputs of the depthwise conv (vLLM's MambaSpec: conv state and temporal state)."""
+    if mixer in COMPRESSED_MIXERS:
+        return compressor_state_bytes(model, mixer)
     if mixer not in LINEAR_MIXERS:
         return 0.0
     if mixer == MAMBA:
@@ -274,6 +353,39 @@ def state_bytes_per_sequence(model: Model, mixer: str, tp: int,
         ssm = model.linear_heads * model.linear_key_dim * dv
     conv = (model.conv_kernel - 1) * conv_width(model, mixer)
     return (ssm * state_bytes + conv * conv_bytes) / tp
+
+
+def compressor_state_bytes(model: Model, mixer: str) -> float:
+    """A DeepSeek-V4 compressed layer's decode state per sequence, on every rank: each
+    compressor's fp32 kv and score buffers of the tokens not yet pooled (ratio x coff x d
+    each, coff = 2 for the CSA ratio's overlapping windows), and the indexer's compressor's
+    beside a C layer's (AIConfigurator's ``DeepSeekV4Model.get_kvcache_bytes_per_sequence``)."""
+    def buffers(ratio: int, d: int) -> float:
+        coff = 2 if ratio == model.csa_ratio else 1
+        return 2 * ratio * coff * d * 4.0
+    if mixer == HCA:
+        return buffers(model.hca_ratio, model.kv_channels)
+    if mixer == CSA:
+        return buffers(model.csa_ratio, model.kv_channels) + buffers(model.csa_ratio, model.index_head_dim)
+    return 0.0
+
+
+def compressed_activation_bytes(model: Model, mixer: str, tokens: float, tp: int) -> float:
+    """What a DeepSeek-V4 compressed layer keeps for backward beside attention's, per
+    ``tokens`` on one rank: its compressor's fp32 kv and gate outputs (the softmax pooling's
+    inputs) and the pooled keys; a C layer's indexer also its query heads (16-bit), head
+    weights, its own compressor's outputs and the top-k indices it picked (int32 per query:
+    the sparse attention's gather)."""
+    def compressor(ratio: int, d: int) -> float:
+        coff = 2 if ratio == model.csa_ratio else 1
+        return tokens * (4 * 2 * coff * d + BF16_BYTES * d / ratio)
+    if mixer == HCA:
+        return compressor(model.hca_ratio, model.kv_channels)
+    if mixer != CSA:
+        return 0.0
+    n, d = model.index_heads, model.index_head_dim
+    index = tokens * (BF16_BYTES * (n * d / tp + n) + 4 * model.index_topk)
+    return (compressor(model.csa_ratio, model.kv_channels) + compressor(model.csa_ratio, d) + index)
 
 
 # ----------------------------------------------------------------------------- training memory

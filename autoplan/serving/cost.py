@@ -51,6 +51,8 @@ from dataclasses import dataclass, field, replace
 
 from autoplan.descriptors.hardware import Cluster, Device
 from autoplan.descriptors.model import (
+    COMPRESSED_MIXERS,
+    CSA,
     FULL,
     LINEAR_MIXERS,
     MAMBA,
@@ -283,7 +285,8 @@ class StepModel:
         self._host_step, self._host_seq, self._kscale = line.host_step_s, line.host_seq_s, line.kernel_scale
         self.request_s = line.request_s  # the front end's time per request (serving.simulate)
         # the decode attention kernel's measured correction (decode_ratio), memoized
-        self._decode_corr = None if self.model.is_mla else dev.correction
+        # (MLA and DeepSeek-V4's one wide key-value head decode as those GQA rows never measured)
+        self._decode_corr = None if self.model.is_mla or self.model.is_v4_attention else dev.correction
         self._decode_ratios: dict[tuple[int, int], float] = {}
         self._fraction: float | None = None  # memory_fraction, worked out once
         self._hidden = line.hidden_share(d)  # of the host time, the share the overlap hides
@@ -391,7 +394,8 @@ class StepModel:
             ep_comm = Lm * 2 * comm.all_to_all(routed, self.ep_group)
         elif m.is_moe and d.attention_dp > 1:  # experts split over the stage: gather, then reduce
             ep_comm = Lm * all_reduce_seconds(act * d.attention_dp, self.stage_group)
-        pp_comm = (d.pp - 1) * comm.p2p(act / d.tp, self.pp_cross, self.cluster) if d.pp > 1 else 0.0
+        pp_comm = ((d.pp - 1) * comm.p2p(act * m.residual_streams / d.tp, self.pp_cross, self.cluster)
+                   if d.pp > 1 else 0.0)
         k = self._kscale
         out = Breakdown(gemm=k * self.dense_stage * d.pp * dense, moe=k * Lm * moe, elementwise=elementwise,
                         tp_comm=tp_comm, ep_comm=ep_comm, pp_comm=pp_comm,
@@ -795,11 +799,14 @@ class StepModel:
         self._pair_s: dict[str, float] = {}
         self._ctx_s: dict[str, float] = {}  # decode: one token of context, the larger of read and FLOPs
         for mixer in self._mixer_counts:
-            if mixer in (FULL, SLIDING, SPARSE):
-                dims = mixers.core_flops_per_token(m, FULL if mixer == SPARSE else mixer, 2.0) / (2 * m.heads)
+            if mixer in (FULL, SLIDING, SPARSE, *COMPRESSED_MIXERS):
+                # one (query, key) pair, and one key of context read: a compressed layer's
+                # window and pooled keys are alike (one key-value head each)
+                plain = FULL if mixer in (SPARSE, *COMPRESSED_MIXERS) else mixer
+                dims = mixers.core_flops_per_token(m, plain, 2.0) / (2 * m.heads)
                 call = AttentionCall(heads, 4096.0, m.qk_head_dim, m.heads / m.kv_heads, True, False)
                 self._pair_s[mixer] = attention_time(2.0 * heads * dims, call, dev, AttentionKernel.FLASH3)
-                kv = mixers.kv_bytes_per_token(m, FULL if mixer == SPARSE else mixer, d.tp, d.kv_cache.bytes)
+                kv = mixers.kv_bytes_per_token(m, plain, d.tp, d.kv_cache.bytes)
                 decode_dim = (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank if m.is_mla else dims
                 self._ctx_s[mixer] = max(kv / self.mem_eff_Bps, 2.0 * heads * decode_dim * self.width / rate)
         if SPARSE in self._mixer_counts:  # the indexer: its fp8 key of every token, its heads' scores
@@ -808,6 +815,11 @@ class StepModel:
             score = 2.0 * m.index_heads / d.tp * m.index_head_dim
             self._index_pair_s = score / rate
             self._index_ctx_s = max(key / self.mem_eff_Bps, score * self.width / rate)
+        if CSA in self._mixer_counts:  # DeepSeek-V4's indexer: its FP4 key of every pooled token
+            score = 2.0 * m.index_heads / d.tp * m.index_head_dim
+            self._index_pair_s = score / rate
+            self._index_ctx_s = max(mixers.v4_index_key_bytes(m) / self.mem_eff_Bps,
+                                    score * self.width / rate)
         self._recurrent_s: dict[str, float] = {}  # prefill: per token; decode: per sequence
         self._state_s: dict[str, float] = {}
         for mixer in self._mixer_counts:
@@ -916,7 +928,8 @@ class StepModel:
             ep_comm = m.moe_layers * 2 * comm.all_to_all(act * m.top_k * d.attention_dp / d.ep, self.ep_group)
         elif m.is_moe and d.attention_dp > 1:
             ep_comm = m.moe_layers * all_reduce_seconds(act * d.attention_dp, self.stage_group)
-        pp_comm = (d.pp - 1) * comm.p2p(act / d.tp, self.pp_cross, self.cluster) if d.pp > 1 else 0.0
+        pp_comm = ((d.pp - 1) * comm.p2p(act * m.residual_streams / d.tp, self.pp_cross, self.cluster)
+                   if d.pp > 1 else 0.0)
         k = self._kscale
         return Breakdown(gemm=k * gemm, moe=k * moe, elementwise=elementwise, tp_comm=tp_comm,
                          ep_comm=ep_comm, pp_comm=pp_comm, kernel_gaps=self._kernels * dev.kernel_gap_s,
@@ -947,9 +960,28 @@ class StepModel:
                     const += count * per * cap
                 if mixer == SPARSE:
                     slope += count * self._index_ctx_s
+            elif mixer in COMPRESSED_MIXERS:
+                # the window's raw keys, min(C, n w); then the pooled keys (C / r): every one
+                # (H), or the indexer's FP4 key of every one and min(C / r, n topk) picked (C)
+                per, r = self._ctx_s[mixer], self._ratio(mixer)
+                cap = n * m.sliding_window
+                slope, const = (slope + count * per, const) if context < cap else (slope, const + count * per * cap)
+                if mixer == CSA:
+                    picked = n * m.index_topk
+                    if context / r < picked:
+                        slope += count * per / r
+                    else:
+                        const += count * per * picked
+                    slope += count * self._index_ctx_s / r
+                else:
+                    slope += count * per / r
             elif mixer in LINEAR_MIXERS:
                 const += count * n * self._state_s[mixer]
         return const, slope
+
+    def _ratio(self, mixer: str) -> int:
+        """Tokens a DeepSeek-V4 compressed layer pools into one key."""
+        return self.model.csa_ratio if mixer == CSA else self.model.hca_ratio
 
     def _decode_table(self, mixer: str, decodes: int, context: float) -> tuple[float, float]:
         """(const, slope) of one layer's measured decode (:meth:`_decode_kinds`): a recurrent
@@ -1016,6 +1048,22 @@ class StepModel:
                 attention += count * (self._pair_s[SPARSE] * pairs + self._index_pair_s * prefill_pairs)
                 reread += count * prefill_context * mixers.kv_bytes_per_token(
                     m, SPARSE, self.deployment.tp, self.deployment.kv_cache.bytes)
+            elif mixer in COMPRESSED_MIXERS:
+                # the window's pairs (at most prompt x window), the pooled keys' (pairs / r:
+                # all of them, or at most prompt x topk and the indexer's over all)
+                r = self._ratio(mixer)
+                pooled = prefill_pairs / r
+                pairs = min(prefill_pairs, prompt * m.sliding_window)
+                if mixer == CSA:
+                    pairs += min(pooled, prompt * m.index_topk)
+                    attention += count * self._index_pair_s * pooled
+                else:
+                    pairs += pooled
+                attention += count * self._pair_s[mixer] * pairs
+                tp, e = self.deployment.tp, self.deployment.kv_cache.bytes
+                reread += count * (min(prefill_context, float(m.sliding_window))
+                                   * mixers.window_bytes_per_token(m, mixer, e)
+                                   + prefill_context * mixers.kv_bytes_per_token(m, mixer, tp, e))
             elif mixer in LINEAR_MIXERS:
                 attention += count * self._recurrent_s[mixer] * prompt
         const, slope = self._decode_kinds(decodes, decode_context) if decodes else (0.0, 0.0)

@@ -11,6 +11,10 @@ On one GPU of a pipeline stage, a sequence of ``context`` tokens holds (:class:`
   frees what falls out of the window (vLLM's hybrid KV cache manager, ``SlidingWindowSpec``;
   SGLang's SWA pool; TensorRT-LLM's per-window pools: each engine file's ``hybrid_cache``
   says from which release), else every token's, as a full layer;
+- DeepSeek-V4's compressed layers (C, H): their sliding window's raw key-value head, a
+  pooled key per ``csa_ratio`` (``hca_ratio``) tokens beyond (C: and its indexer's FP4 key),
+  and each compressor's fp32 buffers of the tokens not yet pooled, a constant per sequence;
+  its sliding layers (W) the window alone (an engine that runs the model keeps its layout);
 - recurrent layers (G Gated DeltaNet, K Kimi Delta Attention, M Mamba-2): a constant state per
   running sequence, whatever its length: the d_k x d_v matrix per value head (Mamba-2: head
   width x state per head) in the engine's state dtype (fp32: ``STATE_BYTES``), and the
@@ -26,7 +30,9 @@ at most one block's worth, left out here.
 
 Decode per kind (per iteration, ``n`` sequences holding ``C`` tokens of context in all):
 full layers read all of C; sliding layers min(C, n w); sparse layers the indexer's key of
-every token and the latent of min(C, n index_topk) tokens; recurrent layers read and write
+every token and the latent of min(C, n index_topk) tokens; compressed layers min(C, n w)
+raw keys and C / r pooled ones (C: the indexer's key of each, min(C / r, n index_topk) of
+them); recurrent layers read and write
 each sequence's state once (2 n state bytes). Prefill core FLOPs per kind are
 :func:`autoplan.kernels.mixers.core_flops_per_token`'s (the chunked delta rule, SSD, the
 indexer, windowed attention), projections :func:`autoplan.kernels.mixers.mixer_gemms`.
@@ -147,6 +153,8 @@ def cache_shape(model: Model, layers: Iterable[int], tp: int, kv_bytes: float, w
     """The :class:`CacheShape` of these layers on one GPU of a TP group, the KV cache in
     ``kv_bytes`` per element; ``windowed``: the engine keeps a sliding layer's window only."""
     kv = sliding = state = 0.0
+    # an engine that runs DeepSeek-V4 keeps its windows only (the model's own cache layout)
+    windowed = windowed or model.is_v4_attention
     for i in layers:
         mixer = model.mixer(i)
         per_token = mixers.kv_bytes_per_token(model, mixer, tp, kv_bytes)
@@ -154,6 +162,7 @@ def cache_shape(model: Model, layers: Iterable[int], tp: int, kv_bytes: float, w
             sliding += per_token
         else:
             kv += per_token
+        sliding += mixers.window_bytes_per_token(model, mixer, kv_bytes)
         state += mixers.state_bytes_per_sequence(model, mixer, tp, state_bytes, BF16_BYTES)
     return CacheShape(kv, sliding, model.sliding_window, state)
 

@@ -263,7 +263,7 @@ def mixer_kernels(step: StepModel) -> tuple[tuple[str, str], ...]:
     if not step.hybrid:
         return ()
     corr, m = step.device.correction, step.model
-    gqa_measured = not m.is_mla and corr is not None and (
+    gqa_measured = not (m.is_mla or m.is_v4_attention) and corr is not None and (
         corr.attention(*step._prefill_call) != 1.0
         or step.decode_ratio(PROBE_DECODES, PROBE_DECODES * PROBE_CONTEXT) != 1.0)
     tables = step.table_sources()
