@@ -33,6 +33,7 @@ FLAGSHIPS = [
     ("nemotron-h-56b", 56e9, "card, rounded", 256),
     ("nemotron-3-nano-30b-a3b", 31.6e9, "card, rounded", 128),
     ("deepseek-v3.2", 685_355_329_792, "with MTP and its head", 1024),
+    ("deepseek-v4-flash", 284e9, "card, rounded", 512),
     ("glm-5", 753_864_139_008, "GLM-5.1, with MTP", 1024),
     ("gpt-oss-120b", 116.8e9, "card, rounded", 256),
     ("gemma-4-26b-a4b", 25.2e9, "card, text only", 128),

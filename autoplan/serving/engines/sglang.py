@@ -4,7 +4,7 @@ chunked prefill, admission against the output its new_token_ratio expects."""
 from __future__ import annotations
 
 from autoplan.descriptors.hardware import Device
-from autoplan.descriptors.model import GDN, KDA, MAMBA, MIXERS, SPARSE, Model
+from autoplan.descriptors.model import CSA, GDN, HCA, KDA, MAMBA, MIXERS, SPARSE, Model
 from autoplan.export.shell import Arg
 from autoplan.serving.cost import StepModel
 from autoplan.serving.deployment import Precision, ServingPlan, SpecMethod
@@ -83,6 +83,9 @@ WINDOWED_SINCE = parse_version("0.5.0")
 # 2025-09, Kimi Linear in 2025-10, after 0.4's line): the release that added each is not
 # pinned here; 0.4.x runs none of them
 FIRST_RELEASE = {m: parse_version("0.5.0") for m in (GDN, KDA, MAMBA, SPARSE)}
+# DeepSeek-V4 (sgl-project/sglang PR 23600, day 0 on dedicated images): the release tag
+# v0.5.12 loads it (InferenceX's KLAUD_DEBUG.md: DeepSeek-V4-Pro on v0.5.12-cu130)
+FIRST_RELEASE.update({CSA: parse_version("0.5.12"), HCA: parse_version("0.5.12")})
 
 
 def hybrid_cache(release: str, model: Model) -> HybridCache:
@@ -96,8 +99,8 @@ def family_refusals(release: str, model: Model) -> list[tuple[str, str]]:
     v = release_version(release)
     if v.nightly:
         return []
-    return [("model", f"{model.name} has {MIXERS[m]} layers ({m}), which SGLang runs from its 0.5 "
-                      f"releases, not {release}: give engine: {{name: sglang, version: '0.5.23'}}")
+    return [("model", f"{model.name} has {MIXERS[m]} layers ({m}), which SGLang runs from {first} "
+                      f"on, not {release}: give engine: {{name: sglang, version: '0.5.23'}}")
             for m, first in FIRST_RELEASE.items() if m in model.mixers and v < first]
 
 

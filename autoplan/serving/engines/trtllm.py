@@ -6,7 +6,7 @@ from __future__ import annotations
 import yaml
 
 from autoplan.descriptors.hardware import Device
-from autoplan.descriptors.model import GDN, KDA, MAMBA, MIXERS, SPARSE, Model
+from autoplan.descriptors.model import CSA, GDN, HCA, KDA, MAMBA, MIXERS, SPARSE, Model
 from autoplan.export.shell import Arg, comment
 from autoplan.serving.cost import StepModel
 from autoplan.serving.deployment import Precision, ServingPlan, SpecMethod
@@ -98,7 +98,10 @@ STATE_REUSE_SINCE = parse_version("1.3.0")
 # and Kimi Linear are all supported", 2026-08), Nemotron-H's Mamba-2 from 1.0 (the PyTorch
 # backend's NemotronHForCausalLM; its first release not pinned)
 FIRST_RELEASE = {GDN: parse_version("1.2.0"), SPARSE: parse_version("1.2.0"), KDA: parse_version("1.3.0"),
-                 MAMBA: parse_version("1.0.0rc0")}
+                 MAMBA: parse_version("1.0.0rc0"),
+                 # DeepSeek-V4: AIConfigurator's DeepSeek-V4 module tables were taken on
+                 # 1.3.0rc23 (systems/data/b200_sxm/sparse_attention/trtllm/1.3.0rc23)
+                 CSA: parse_version("1.3.0rc23"), HCA: parse_version("1.3.0rc23")}
 
 
 def hybrid_cache(release: str, model: Model) -> HybridCache:

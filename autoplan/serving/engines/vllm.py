@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from autoplan.descriptors.hardware import Device
-from autoplan.descriptors.model import GDN, KDA, MIXERS, SPARSE, Model
+from autoplan.descriptors.model import CSA, GDN, HCA, KDA, MIXERS, SPARSE, Model
 from autoplan.export.shell import Arg, quote
 from autoplan.serving.cost import StepModel
 from autoplan.serving.deployment import Deployment, Precision, ServingPlan, SpecMethod
@@ -159,8 +159,11 @@ def hybrid_cache(release: str, model: Model) -> HybridCache:
 # 2025-09-11 "vLLM Now Supports Qwen3-Next", on nightly then; 0.10.2 the release after),
 # DeepSeek sparse attention with DeepSeek-V3.2 (vLLM blog 2025-09-29; 0.11.0), KDA with
 # Kimi Linear (released 2025-10-30, after 0.11.0: the release that added it is not pinned
-# here, taken as 0.11.1). Mamba-2 hybrids and sliding windows ran before the lines here.
-FIRST_RELEASE = {GDN: parse_version("0.10.2"), SPARSE: parse_version("0.11.0"), KDA: parse_version("0.11.1")}
+# here, taken as 0.11.1), DeepSeek-V4's compressed layers (vLLM recipe for
+# DeepSeek-V4-Flash: "vLLM 0.20.1+"; day 0, 2026-04-24, ran a dedicated image). Mamba-2
+# hybrids and sliding windows ran before the lines here.
+FIRST_RELEASE = {GDN: parse_version("0.10.2"), SPARSE: parse_version("0.11.0"), KDA: parse_version("0.11.1"),
+                 CSA: parse_version("0.20.1"), HCA: parse_version("0.20.1")}
 
 
 def family_refusals(release: str, model: Model) -> list[tuple[str, str]]:
@@ -193,8 +196,13 @@ def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
             ("--enable-chunked-prefill",) if step.chunked_prefill else ("--no-enable-chunked-prefill",),
             ("--gpu-memory-utilization", f"{step.memory_fraction:g}"),
             ("--max-model-len", str(plan.max_model_len))]
+    v4 = plan.model.is_v4_attention
     if d.kv_cache is Precision.FP8:
-        out.append(("--kv-cache-dtype", "fp8"))
+        # DeepSeek-V4's cache in its own fp8 layout (LMCache's DeepSeek-V4-Flash recipe, after
+        # vLLM's: "--kv-cache-dtype fp8_ds_mla and --tokenizer-mode deepseek_v4 are required")
+        out.append(("--kv-cache-dtype", "fp8_ds_mla" if v4 else "fp8"))
+    if v4:
+        out.append(("--tokenizer-mode", "deepseek_v4"))
     if d.weights is Precision.FP8:
         out.append(("--quantization", "fp8"))
     if plan.workload.prefix is not None:  # on by default in V1; said, as the prediction counts on it
