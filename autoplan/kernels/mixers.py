@@ -31,8 +31,8 @@ from autoplan.descriptors.model import (
     CSA,
     DENSE,
     FULL,
-    HCA,
     GDN,
+    HCA,
     KDA,
     LINEAR_MIXERS,
     MAMBA,
@@ -159,7 +159,7 @@ def mixer_params_per_rank(model: Model, mixer: str, tp: int) -> float:
     if mixer == NO_MIXER:
         return 0.0
     if model.is_v4_attention and mixer in (FULL, SLIDING, *COMPRESSED_MIXERS):
-        whole = model.params_mixer(mixer) - model.params_attention  # compressors and indexer
+        whole = float(model.params_mixer(mixer) - model.params_attention)  # compressors, indexer
         if mixer == CSA:  # the indexer's query heads split
             whole -= model.q_lora_rank * model.index_heads * model.index_head_dim * (1 - 1 / tp)
         return attention_params_per_rank(model, tp) + whole
@@ -256,12 +256,12 @@ def core_flops_per_token(model: Model, mixer: str, seq_len: float) -> float:
         return 2 * keys_per_query(seq_len, window) * model.heads * (qk + v)
     if mixer in COMPRESSED_MIXERS:
         per_key = 2 * model.heads * (model.qk_head_dim + model.v_channels)
-        window = keys_per_query(seq_len, model.sliding_window)
+        seen = keys_per_query(seq_len, model.sliding_window)
         ratio = model.csa_ratio if mixer == CSA else model.hca_ratio
         if mixer == HCA:
-            return per_key * (window + keys_per_query(seq_len / ratio, 0))
+            return per_key * (seen + keys_per_query(seq_len / ratio, 0))
         index = 2 * keys_per_query(seq_len / ratio, 0) * model.index_heads * model.index_head_dim
-        return index + per_key * (window + keys_per_query(seq_len / ratio, model.index_topk))
+        return index + per_key * (seen + keys_per_query(seq_len / ratio, model.index_topk))
     if mixer == SPARSE:
         index = 2 * keys_per_query(seq_len, 0) * model.index_heads * model.index_head_dim
         attend = 2 * keys_per_query(seq_len, model.index_topk) * model.heads * (

@@ -965,7 +965,10 @@ class StepModel:
                 # (H), or the indexer's FP4 key of every one and min(C / r, n topk) picked (C)
                 per, r = self._ctx_s[mixer], self._ratio(mixer)
                 cap = n * m.sliding_window
-                slope, const = (slope + count * per, const) if context < cap else (slope, const + count * per * cap)
+                if context < cap:
+                    slope += count * per
+                else:
+                    const += count * per * cap
                 if mixer == CSA:
                     picked = n * m.index_topk
                     if context / r < picked:

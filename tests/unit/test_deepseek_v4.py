@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from autoplan.descriptors.hf import model_from_hf_config
-from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
+from autoplan.descriptors.library import resolve_cluster, with_gpus
 from autoplan.descriptors.model import CSA, HCA, SLIDING, Model
 from autoplan.errors import InputError
 from autoplan.kernels import mixers
