@@ -233,10 +233,13 @@ class Activation(str, enum.Enum):
     RELU2 = "relu2"
     SWIGLU = "swiglu"
     GEGLU = "geglu"
+    # Kimi-K3's SiTU-GLU (its modeling_kimi_linear.py SituAndMul): 4 tanh(g/4) sigmoid(g) times
+    # 25 tanh(u/25), the gate and up projections as SwiGLU's
+    SITU = "situ"
 
     @property
     def gated(self) -> bool:
-        return self in (Activation.SWIGLU, Activation.GEGLU)
+        return self in (Activation.SWIGLU, Activation.GEGLU, Activation.SITU)
 
 
 class Position(str, enum.Enum):

@@ -97,9 +97,14 @@ def _gelu(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
+def _situ_gate(x: torch.Tensor) -> torch.Tensor:
+    """SiTU's gate side (Kimi-K3's SituAndMul, beta 4): 4 tanh(x / 4) sigmoid(x)."""
+    return 4.0 * torch.tanh(x / 4.0) * torch.sigmoid(x)
+
+
 _ACTIVATIONS: dict[Activation, Callable[[torch.Tensor], torch.Tensor]] = {
     Activation.GELU: _gelu, Activation.RELU2: _relu2,
-    Activation.SWIGLU: F.silu, Activation.GEGLU: _gelu,
+    Activation.SWIGLU: F.silu, Activation.GEGLU: _gelu, Activation.SITU: _situ_gate,
 }
 
 
@@ -217,12 +222,15 @@ class FeedForward(nn.Module):
         super().__init__()
         self.act = _ACTIVATIONS[m.activation]
         self.gated = m.activation.gated
+        self.situ = m.activation is Activation.SITU
         self.w1 = nn.Linear(m.hidden, (2 if self.gated else 1) * m.ffn_hidden, bias=m.bias)
         self.w2 = nn.Linear(m.ffn_hidden, m.hidden, bias=m.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.w1(x)
         gate, up = h.chunk(2, dim=-1) if self.gated else (h, None)
+        if self.situ and up is not None:  # SiTU's up side: 25 tanh(u / 25)
+            up = 25.0 * torch.tanh(up / 25.0)
         return self.w2(_ActFn.apply(self.act, gate, up))  # type: ignore[no-any-return]
 
 

@@ -399,7 +399,7 @@ def _layer_key(plan: Plan) -> Plan:
 def _shared_of(plan: Plan) -> _Shared:
     core = _layer_core(plan.model, count_free(plan.cluster), shard_of(plan),
                        plan.stack.tp_overlap)
-    send = pp.send_seconds(plan, core.act_bytes * plan.model.residual_streams)
+    send = pp.send_seconds(plan, core.act_bytes * plan.model.pipeline_rows)
     return _Shared(core, mesh.groups(plan), send)
 
 
@@ -529,9 +529,10 @@ def _tp_exposed(model: Model, device: Device, shard: Shard, group: comm.Group,
 
 def activation_bytes(plan: Plan) -> float:
     """Bytes of one layer's output for one microbatch, unsplit by TP (what a pipeline
-    send carries, before sequence parallelism scatters it): every residual stream of it
-    with hyper-connections (DeepSeek-V4's blocks pass hc_mult copies of hidden)."""
-    return layer_core(plan).act_bytes * plan.model.residual_streams
+    send carries, before sequence parallelism scatters it): every copy of hidden a send
+    carries (``Model.pipeline_rows``: DeepSeek-V4's hc_mult streams, Kimi-K3's attention-
+    residual bank)."""
+    return layer_core(plan).act_bytes * plan.model.pipeline_rows
 
 
 @dataclass(frozen=True, slots=True)

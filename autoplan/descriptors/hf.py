@@ -17,12 +17,11 @@ different model.
 Families whose layers differ (Qwen3-Next and Qwen3.5's Gated DeltaNet layers, Kimi
 Linear's KDA layers, Nemotron-H's Mamba-2 blocks, DeepSeek-V3.2 and GLM-5's sparse
 attention, gpt-oss and Gemma 4's sliding windows, DeepSeek-V4's compressed attention
-with its hyper-connections) are read into Model's per-layer kinds (``mixers``,
-``mlps``); multimodal wrappers (Qwen3.5, Qwen3-VL, Gemma 4,
-Kimi-K2.5) read ``text_config`` with the text family's reader, problems named under
-``text_config.``, and ``vision_config`` into a :class:`Vision`. Families whose
-structure Model cannot represent (Kimi-K3's attention residuals, Nemotron 3 Ultra's
-latent experts) are refused on the key that says so.
+with its hyper-connections, Kimi-K3's attention residuals and latent experts) are read
+into Model's per-layer kinds (``mixers``, ``mlps``); multimodal wrappers (Qwen3.5,
+Qwen3-VL, Gemma 4, Kimi-K2.5, Kimi-K3) read ``text_config`` with the text family's
+reader, problems named under ``text_config.``, and ``vision_config`` into a
+:class:`Vision`. Structure Model cannot represent is refused on the key that says so.
 
 Mixture-of-experts families (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3) map
 onto Model's layout: the first ``dense_layers`` layers dense, every later one
@@ -829,12 +828,16 @@ def _read_kimi_linear(f: Fields) -> dict[str, Any]:
     sigmoid router and its score-correction bias (counted: the checkpoint stores it).
 
     MLA under mla_use_nope keeps the RoPE slice's weights and rotates nothing: no
-    position encoding (Position.NONE), whose absence changes no weight."""
-    for key, what in (("attn_res_block_size", "Kimi-K3's attention residuals"),
-                      ("routed_expert_hidden_size", "Kimi-K3's latent mixture of experts"),
-                      ("moe_latent_size", "a latent mixture of experts"),
-                      ("mla_use_output_gate", "Kimi-K3's output gate on MLA")):
-        _refuse_given(f, key, what)
+    position encoding (Position.NONE), whose absence changes no weight.
+
+    Kimi-K3's text model is this family with more (its modeling_kimi_linear.py; SGLang's
+    models/kimi_k3.py): attention residuals (attn_res_block_size), routed experts in a
+    latent space (routed_expert_hidden_size, latent_moe_use_norm), a gate on MLA's output
+    (mla_use_output_gate), KDA's full-rank output gate (use_full_rank_gate) and the SiTU
+    activation (hidden_act situ; its two betas are scalars). Its A_log stores head_dim
+    values of which num_heads are used: counted as used."""
+    _refuse_given(f, "moe_latent_size", "a latent mixture of experts under another name "
+                                        "(Kimi's is routed_expert_hidden_size)")
     layers = f.int("num_hidden_layers", min=1)
     hidden = f.int("hidden_size", min=1)
     heads = f.int("num_attention_heads", min=1)
@@ -843,9 +846,18 @@ def _read_kimi_linear(f: Fields) -> dict[str, Any]:
         f.fail("num_key_value_heads", f"multi-head latent attention has one key and value per "
                                       f"head: expected num_attention_heads ({heads}), got {kv_heads}")
     vocab = f.int("vocab_size", min=1)
-    # KimiLinearConfig has no max_position_embeddings: its context is model_max_length
-    max_seq_len = f.int("model_max_length", min=1)
-    activation = _activation(f, "hidden_act", "silu", gated=True)
+    # KimiLinearConfig has no max_position_embeddings: its context is model_max_length;
+    # Kimi-K3's config says max_position_embeddings instead
+    if f.has("model_max_length") or not f.has("max_position_embeddings"):
+        max_seq_len = f.int("model_max_length", min=1)
+    else:
+        max_seq_len = f.int("max_position_embeddings", min=1)
+    if f.str("hidden_act", "silu") == "situ":
+        activation: Activation | None = Activation.SITU
+        for key in ("activation_situ_beta", "activation_situ_linear_beta"):
+            f.float(key, 1.0, min=1e-6, max=1e6)
+    else:
+        activation = _activation(f, "hidden_act", "silu", gated=True)
     tied = f.bool("tie_word_embeddings", False)
     # MLA: q_lora_rank None (the class default) projects queries directly
     q_lora_rank = f.int("q_lora_rank", 0, min=1)
@@ -861,14 +873,17 @@ def _read_kimi_linear(f: Fields) -> dict[str, Any]:
             kda = {"linear_heads": la.int("num_heads", min=1),
                    "linear_key_dim": la.int("head_dim", min=1),
                    "conv_kernel": la.int("short_conv_kernel_size", min=1)}
-            _refuse_true(la, "use_full_rank_gate", "a full-rank KDA decay gate (Kimi-K3)")
+            kda["kda_full_gate"] = la.bool("use_full_rank_gate", False)
+            la.float("gate_lower_bound", -5.0, min=-1e6, max=1e6)
             mixers = _kimi_mixers(la, layers)
     values: dict[str, Any] = dict(
         layers=layers, hidden=hidden, heads=heads, kv_heads=heads, vocab=vocab,
         activation=activation, position=Position.NONE if nope else Position.ROPE, tied_embeddings=tied,
         max_seq_len=max_seq_len, norm=Norm.RMSNORM, bias=False, q_lora_rank=q_lora_rank,
         **mla, mixers=mixers, **(kda if mixers is None or KDA in mixers else {}),
-        mtp_layers=f.int("num_nextn_predict_layers", 0, min=0))
+        mtp_layers=f.int("num_nextn_predict_layers", 0, min=0),
+        attn_output_gate=f.bool("mla_use_output_gate", False),
+        attn_res_block=f.int("attn_res_block_size", 0, min=0))
     ffn_hidden = f.int("intermediate_size", None, min=1)
     if f.has("num_experts"):  # None (the class default): a dense model
         experts = f.int("num_experts", min=1)
@@ -900,7 +915,11 @@ def _read_kimi_linear(f: Fields) -> dict[str, Any]:
             ffn_hidden=_dense_width(f, ffn_hidden, first_dense, moe_ffn, "first_k_dense_replace"),
             experts=experts, top_k=top_k, moe_ffn_hidden=moe_ffn, shared_experts=shared,
             dense_layers=first_dense, route_groups=route[0], route_group_topk=route[1],
-            router_bias=True)
+            router_bias=True, moe_latent=f.int("routed_expert_hidden_size", 0, min=0),
+            moe_latent_norm=f.bool("latent_moe_use_norm", False))
+        if values["moe_latent_norm"] and not values["moe_latent"]:
+            f.fail("latent_moe_use_norm", "true normalizes a latent space: give "
+                                          "routed_expert_hidden_size too")
     else:
         values["ffn_hidden"] = f.int("intermediate_size", min=1)
     _check_kinds(f, values, {"mixers": "linear_attn_config.kda_layers",
@@ -1063,9 +1082,9 @@ def _read_nemotron_h(f: Fields) -> dict[str, Any]:
     Attention has no position encoding (NemotronHAttention is JambaAttention: no
     rotary: Position.NONE). MoE: DeepSeek-V3's router with its
     score-correction bias, non-gated routed experts of moe_intermediate_size and one
-    shared expert of moe_shared_expert_intermediate_size."""
-    _refuse_given(f, "moe_latent_size", "Nemotron 3 Ultra's latent mixture of experts (routed "
-                                        "experts running in a narrower latent width)")
+    shared expert of moe_shared_expert_intermediate_size; Nemotron 3 Ultra's routed experts
+    run in a latent space of moe_latent_size (Megatron-Core's moe_latent_size:
+    fc1_latent_proj and fc2_latent_proj around them, no norm between)."""
     pattern = _nemotron_pattern(f)
     layers = len(pattern) if pattern is not None else None
     hidden = f.int("hidden_size", min=1)
@@ -1117,8 +1136,10 @@ def _read_nemotron_h(f: Fields) -> dict[str, Any]:
         values.update(experts=experts, top_k=top_k, moe_ffn_hidden=moe_ffn,
                       shared_experts=1 if shared_ffn else 0, shared_ffn_hidden=shared_ffn,
                       route_groups=groups, route_group_topk=group_topk, router_bias=True,
-                      ffn_hidden=ffn if ffn is not None else moe_ffn)
+                      ffn_hidden=ffn if ffn is not None else moe_ffn,
+                      moe_latent=f.int("moe_latent_size", 0, min=0))
     else:
+        _refuse_given(f, "moe_latent_size", "a latent space for experts no block has")
         # no MLP block uses it (only Mamba and attention blocks): Model wants a width
         values["ffn_hidden"] = ffn if ffn is not None or f.has("intermediate_size") else hidden
     _check_kinds(f, values, {"mixers": _nemotron_key(f), "mlps": _nemotron_key(f),
@@ -1500,22 +1521,64 @@ def _v4_mixers(f: Fields, layers: int | None, mtp: int | None) -> tuple[str | No
 V4_CSA_RATIO = 4
 
 
-def _refuse_kimi_k3(f: Fields) -> dict[str, Any]:
-    """Kimi-K3: Kimi Linear with attention residuals (attn_res_block_size) and a latent
-    mixture of experts (routed_expert_hidden_size / moe_latent_size): not modelled."""
-    text = f.child("text_config", f.raw("text_config", {}))
-    refused = False
-    for key, what in (("attn_res_block_size", "attention residuals"),
-                      ("routed_expert_hidden_size", "latent-space experts"),
-                      ("moe_latent_size", "latent-space experts")):
-        if text.ok and text.has(key):
-            text.fail(key, f"Kimi-K3 (kimi_k3) is not supported: its {what} ({key}) are not modelled")
-            refused = True
-    if not refused:
-        f.fail("model_type", "Kimi-K3 (kimi_k3) is not supported: attention residuals "
-                             "(attn_res_block_size) and its latent mixture of experts "
-                             "(moe_latent_size) are not modelled")
-    return {}
+def _read_kimi_k3(f: Fields) -> dict[str, Any]:
+    """Kimi-K3 (its configuration_kimi_k3.py; SGLang's models/kimi_k3.py and kimi_k3_vl.py):
+    Kimi Linear's text model with attention residuals and latent experts (text_config, model
+    type kimi_linear: :func:`_read_kimi_linear`) and the MoonViT-V2 vision tower with its
+    patchmergerv2 projector (vision_config)."""
+    text = _sub_config(f, "text_config", ("kimi_linear",))
+    values = _read_kimi_linear(text) if text is not None else {}
+    vision_fields = _sub_config(f, "vision_config", ("kimi_k3_vision", "moonvit"))
+    vision = (_moonvit_v2(vision_fields, values.get("hidden")) if vision_fields is not None else None)
+    return {**_wrapper_tie(f, values, False), "vision": vision}
+
+
+def _moonvit_v2(v: Fields, text_hidden: int | None) -> Vision | None:
+    """MoonViT-V2 (Kimi-K3's vision_tower, SGLang kimi_k3_vl.py ``KimiK3VisionTower``): a
+    bias-free Conv2d patch embedding, a learned init_pos_emb_height x init_pos_emb_width
+    position table (the time embedding is a fixed sin-cos buffer), RMSNorm blocks of
+    bias-free wqkv (hidden -> 3 x qkv_hidden_size) and wo, a plain GELU MLP, a final RMSNorm;
+    the patchmergerv2 projector: merge^2 x hidden -> same -> text hidden, GELU between, no
+    biases, an RMSNorm over its output (mm_projector.post_norm)."""
+    before = len(v.problems)
+    height = v.int("init_pos_emb_height", min=1)
+    width = v.int("init_pos_emb_width", min=1)
+    merge = v.int_list("merge_kernel_size", min=1, max=VISION_LIMITS["merge"])
+    if merge is not None and (len(merge) != 2 or merge[0] != merge[1]):
+        v.fail("merge_kernel_size", f"expected a square kernel [k, k], got {list(merge)}")
+        merge = None
+    values = {
+        "layers": v.int("vt_num_hidden_layers", min=1, max=VISION_LIMITS["layers"]),
+        "hidden": v.int("vt_hidden_size", min=1, max=VISION_LIMITS["hidden"]),
+        "heads": v.int("vt_num_attention_heads", min=1, max=VISION_LIMITS["heads"]),
+        "ffn_hidden": v.int("vt_intermediate_size", min=1, max=VISION_LIMITS["ffn_hidden"]),
+        "patch_size": v.int("patch_size", min=1, max=VISION_LIMITS["patch_size"]),
+        "out_hidden": v.int("text_hidden_size", min=1, max=VISION_LIMITS["out_hidden"]),
+        "merge": merge[0] if merge else None,
+        "positions": height * width if height and width else None,
+        "attn_width": v.int("qkv_hidden_size", min=1, max=VISION_LIMITS["hidden"]),
+    }
+    for key, expected in (("mm_projector_type", "patchmergerv2"), ("norm_type", "rmsnorm"),
+                          ("mlp_type", "mlp2")):
+        got = v.str(key, expected)
+        if got is not None and got != expected:
+            v.fail(key, f"expected {expected} (Kimi-K3's), got {shown(got)}")
+    mm_hidden = v.int("mm_hidden_size", None, min=1)
+    if mm_hidden is not None and values["hidden"] is not None and mm_hidden != values["hidden"]:
+        v.fail("mm_hidden_size", f"expected vt_hidden_size ({values['hidden']}), got {mm_hidden}")
+    for key in ("attn_bias", "linear_bias", "patch_embed_proj_bias"):
+        if v.bool(key, False):
+            v.fail(key, "true is not supported: MoonViT-V2's linear layers are bias-free")
+    attn, heads = values["attn_width"], values["heads"]
+    if attn is not None and heads is not None and attn % heads:
+        v.fail("qkv_hidden_size", f"expected a multiple of vt_num_attention_heads ({heads}), got {attn}")
+    if text_hidden is not None and values["out_hidden"] is not None and values["out_hidden"] != text_hidden:
+        v.fail("text_hidden_size", f"expected the language model's hidden_size ({text_hidden}), "
+                                   f"got {values['out_hidden']}")
+    if len(v.problems) > before:
+        return None
+    return Vision(**values, temporal_patch=1, channels=3, gated=False, norm=Norm.RMSNORM,
+                  bias=False, final_norm=True, projector="mlp_post_norm")
 
 
 _READERS: dict[str, Callable[[Fields], dict[str, Any]]] = {
@@ -1529,6 +1592,7 @@ _READERS: dict[str, Callable[[Fields], dict[str, Any]]] = {
     "gpt_neox": _read_gpt_neox,
     "gpt_oss": _read_gpt_oss,
     "kimi_k25": _read_kimi_k25,
+    "kimi_k3": _read_kimi_k3,
     "kimi_linear": _read_kimi_linear,
     "llama": _read_llama,
     "minimax_m2": _read_minimax_m2,
@@ -1547,10 +1611,9 @@ _READERS: dict[str, Callable[[Fields], dict[str, Any]]] = {
 }
 # families whose configs are known and refused by name: what they need is not modelled
 _REFUSED: dict[str, Callable[[Fields], dict[str, Any]]] = {
-    "kimi_k3": _refuse_kimi_k3,
 }
 # multimodal wrappers: the language model's keys sit under text_config
-_WRAPPERS = frozenset({"gemma4", "kimi_k25", "qwen3_5", "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe"})
+_WRAPPERS = frozenset({"gemma4", "kimi_k25", "kimi_k3", "qwen3_5", "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe"})
 
 
 # -- helpers -----------------------------------------------------------------------

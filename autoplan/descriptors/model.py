@@ -123,6 +123,15 @@ class Model:
     # residual stream is hc_mult copies of hidden, mixed per block by Sinkhorn-normalized maps
     hc_mult: int = 0
     hc_sinkhorn_iters: int = 0
+    # Kimi-K3: KDA layers' output gate full-rank (g_proj hidden -> heads x head_dim) instead of
+    # through a low-rank pair; routed experts in a latent space of moe_latent (a down
+    # projection before, an up projection after, an RMSNorm between where moe_latent_norm);
+    # attention residuals: each block's input a learned softmax mix of the embedding and
+    # earlier blocks of attn_res_block layers (Kimi Team 2026, "Attention Residuals")
+    kda_full_gate: bool = False
+    moe_latent: int = 0
+    moe_latent_norm: bool = False
+    attn_res_block: int = 0
     # weights a family adds to its experts
     expert_bias: bool = False  # experts carry biases (gpt-oss)
     router_bias: bool = False  # the router carries a bias (gpt-oss; DeepSeek-V3's
@@ -170,6 +179,28 @@ class Model:
     def residual_streams(self) -> int:
         """Copies of the hidden state the residual stream carries (hyper-connections: hc_mult)."""
         return max(1, self.hc_mult)
+
+    @property
+    def pipeline_rows(self) -> int:
+        """Copies of the hidden state a pipeline send carries per token: the hc_mult streams;
+        with attention residuals the running block's sum and every earlier block's snapshot
+        (one taken at each layer i with i % attn_res_block == 0, the embedding's at 0: SGLang's
+        ``PPProxyTensors`` ship the bank), at the deepest boundary 1 + ceil((layers - 1) / B)."""
+        if self.attn_res_block:
+            return 1 + -(-(self.layers - 1) // self.attn_res_block)
+        return self.residual_streams
+
+    @property
+    def attn_res_candidates(self) -> float:
+        """The mean candidates an attention-residual mix weighs (the bank's snapshots and the
+        running sum; Kimi-K3 modeling code ``_forward_attn_residual``): before layer i's
+        attention ceil(i / B) + 1 (layer 0 mixes nothing), before its MLP floor(i / B) + 2,
+        the final mix 1 + ceil(layers / B)."""
+        b, n = self.attn_res_block, self.layers
+        if not b:
+            return 0.0
+        total = sum((-(-i // b) + 1 if i else 0) + i // b + 2 for i in range(n)) + 1 + -(-n // b)
+        return total / (2 * n + 1)
 
     @property
     def moe_layers(self) -> int:
@@ -343,13 +374,15 @@ class Model:
         """A Kimi Delta Attention layer (Kimi Linear's KimiDeltaAttention): q, k, v
         projections with their own depthwise short convs (no bias), the channel-wise decay
         through a low-rank f_a/f_b pair and its dt_bias, the beta projection, A_log per
-        head, the output gate through a low-rank g_a/g_b pair, a gated RMSNorm of one
-        head's width and the output projection; every head is linear_key_dim wide."""
+        head, the output gate through a low-rank g_a/g_b pair (Kimi-K3: one full-rank g_proj),
+        a gated RMSNorm of one head's width and the output projection; every head is
+        linear_key_dim wide."""
         d, n = self.linear_key_dim, self.linear_heads
         width = n * d
         qkv = 3 * self.hidden * width + 3 * width * self.conv_kernel
         decay = self.hidden * d + d * width + width
-        gate = self.hidden * d + d * width
+        # Kimi-K3's use_full_rank_gate: one g_proj hidden -> width
+        gate = self.hidden * width if self.kda_full_gate else self.hidden * d + d * width
         return qkv + decay + gate + self.hidden * n + n + d + width * self.hidden
 
     @property
@@ -395,16 +428,16 @@ class Model:
             return self.params_mlp
         if mlp == MOE:
             return (self.params_router + self.experts * self.params_expert
-                    + self.params_shared_experts)
+                    + self.params_shared_experts + self.params_latent)
         return 0
 
     def params_kind(self, kind: tuple[str, str]) -> int:
         """One layer of ``kind`` (mixer, MLP): both, a norm before each (after too with
-        sandwich norms) and each one's hyper-connection maps."""
+        sandwich norms) and each one's hyper-connection maps or attention-residual mix."""
         mixer, mlp = kind
         blocks = (mixer != NO_MIXER) + (mlp != NO_MLP)
         norms = blocks * (2 if self.sandwich_norms else 1) * self.params_norm
-        hc = blocks * self.params_hyper_connections
+        hc = blocks * (self.params_hyper_connections + self.params_attn_res)
         return self.params_mixer(mixer) + self.params_mlp_of(mlp) + norms + hc
 
     @property
@@ -413,7 +446,7 @@ class Model:
         queries through a low-rank down/up projection with an RMSNorm between (or one
         projection without q_lora_rank); keys and values from one down projection to the
         kv latent plus the shared RoPE key, an RMSNorm, one up projection to every head's
-        no-RoPE key and value; the output projection."""
+        no-RoPE key and value; the output projection (and its gate, Kimi-K3)."""
         h, n = self.hidden, self.heads
         if self.q_lora_rank:
             q = h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * n * self.qk_head_dim
@@ -421,7 +454,9 @@ class Model:
             q = h * n * self.qk_head_dim
         kv = (h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
               + self.kv_lora_rank * n * (self.qk_nope_head_dim + self.v_head_dim))
-        return q + kv + n * self.v_head_dim * h
+        # Kimi-K3's mla_use_output_gate: g_proj hidden -> every head's value, a sigmoid gate
+        gate = n * self.v_head_dim * h if self.attn_output_gate else 0
+        return q + kv + n * self.v_head_dim * h + gate
 
     @property
     def params_mlp(self) -> int:
@@ -432,10 +467,33 @@ class Model:
 
     @property
     def params_expert(self) -> int:
-        """One routed expert: an MLP of moe_ffn_hidden (biased where expert_bias: gpt-oss's
-        gate_up_proj_bias and down_proj_bias)."""
-        bias = ((self.mlp_matrices - 1) * self.expert_width + self.hidden) if self.expert_bias else 0
-        return self.mlp_matrices * self.hidden * self.expert_width + bias
+        """One routed expert: an MLP of moe_ffn_hidden over :attr:`expert_hidden` (biased where
+        expert_bias: gpt-oss's gate_up_proj_bias and down_proj_bias)."""
+        h = self.expert_hidden
+        bias = ((self.mlp_matrices - 1) * self.expert_width + h) if self.expert_bias else 0
+        return self.mlp_matrices * h * self.expert_width + bias
+
+    @property
+    def expert_hidden(self) -> int:
+        """The width a routed expert reads and writes: the latent space where the experts run
+        in one (Kimi-K3's routed_expert_hidden_size, Nemotron 3 Ultra's moe_latent_size),
+        else hidden."""
+        return self.moe_latent or self.hidden
+
+    @property
+    def params_latent(self) -> int:
+        """An MoE layer's projections into and out of its experts' latent space and the
+        RMSNorm between (Kimi-K3 modeling code, ``KimiSparseMoeBlock``: routed_expert_down_proj,
+        routed_expert_norm, routed_expert_up_proj)."""
+        if not self.moe_latent:
+            return 0
+        return 2 * self.hidden * self.moe_latent + (self.moe_latent if self.moe_latent_norm else 0)
+
+    @property
+    def params_attn_res(self) -> int:
+        """One block's attention-residual weights (Kimi-K3 modeling code: a norm of hidden and
+        a 1 x hidden pseudo-query per mix, ``*_res_norm`` and ``*_res_proj``)."""
+        return 2 * self.hidden if self.attn_res_block else 0
 
     @property
     def params_router(self) -> int:
@@ -456,7 +514,7 @@ class Model:
     def params_moe_layer(self) -> int:
         """One MoE layer: attention, router, every routed and shared expert, two norms."""
         return (self.params_attention + self.params_router + self.experts * self.params_expert
-                + self.params_shared_experts + 2 * self.params_norm)
+                + self.params_shared_experts + self.params_latent + 2 * self.params_norm)
 
     @property
     def params_moe_layer_active(self) -> int:
@@ -473,17 +531,20 @@ class Model:
     def params_output(self) -> int:
         """Final norm and the output projection (none of its own when tied); with
         hyper-connections, the head's map folding the m streams into one (DeepSeek-V4
-        inference code: hc_head_fn, hc_head_base, hc_head_scale)."""
+        inference code: hc_head_fn, hc_head_base, hc_head_scale); with attention residuals
+        the final mix's."""
         head = 0 if self.tied_embeddings else self.vocab * self.hidden
         m = self.hc_mult
         fold = m * m * self.hidden + m + 1 if m > 1 else 0
-        return self.params_norm + head + fold
+        # attention residuals: the last mix, before the final norm (output_attn_res_*)
+        return self.params_norm + head + fold + self.params_attn_res
 
     @property
     def params_total(self) -> int:
         """Every parameter of the language model, the multi-token-prediction module
         excluded (as DeepSeek-V3 reports its 671B), the vision encoder included."""
-        if self.is_hybrid or self.mlps or self.sandwich_norms or self.hc_mult > 1:
+        if (self.is_hybrid or self.mlps or self.sandwich_norms or self.hc_mult > 1
+                or self.attn_res_block or self.moe_latent):
             layers = sum(n * self.params_kind(k) for k, n in self.kinds.items())
         else:
             dense = self.layers - self.moe_layers
@@ -554,8 +615,9 @@ class Vision:
     ``merge`` x ``merge`` neighbouring patches made one language-model token of
     ``out_hidden``: concatenated and projected by a two-layer MLP (``projector: mlp``,
     Qwen-VL's PatchMerger, Kimi's mm_projector; ``deepstack`` more such mergers feed
-    early LM layers, Qwen3-VL's DeepStack) or pooled and projected by one linear layer
-    (``projector: linear``, Gemma 4)."""
+    early LM layers, Qwen3-VL's DeepStack; ``projector: mlp_post_norm`` normalizes its
+    output instead of its input, Kimi-K3's patchmergerv2) or pooled and projected by one
+    linear layer (``projector: linear``, Gemma 4)."""
 
     layers: int
     hidden: int
@@ -575,10 +637,15 @@ class Vision:
     final_norm: bool = False  # a norm after the last block (MoonViT)
     projector: str = "mlp"  # "mlp" (concat + two layers) or "linear" (pool + one layer)
     deepstack: int = 0
+    attn_width: int = 0  # the attention's inner width where it differs from hidden (Kimi-K3)
+
+    @property
+    def attention_width(self) -> int:
+        return self.attn_width or self.hidden
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.attention_width // self.heads
 
     @property
     def norm_params(self) -> int:
@@ -586,12 +653,13 @@ class Vision:
 
     @property
     def params_block(self) -> int:
-        h, f = self.hidden, self.ffn_hidden
+        h, f, a = self.hidden, self.ffn_hidden, self.attention_width
         norms = (4 if self.sandwich_norms else 2) * self.norm_params * h
         mats = 3 if self.gated else 2
-        biases = (4 * h + (mats - 1) * f + h) if self.bias else 0
+        biases = (3 * a + h + (mats - 1) * f + h) if self.bias else 0
         qk = 2 * self.head_dim if self.qk_norm else 0
-        return norms + 4 * h * h + mats * h * f + biases + qk
+        # q, k, v (hidden -> attention width each) and the output projection back
+        return norms + 4 * h * a + mats * h * f + biases + qk
 
     @property
     def merged(self) -> int:
@@ -605,6 +673,9 @@ class Vision:
         if self.projector == "linear":
             return self.hidden * self.out_hidden
         m = self.merged
+        if self.projector == "mlp_post_norm":  # Kimi-K3's: a norm over its output instead
+            biases = m + self.out_hidden if self.bias else 0
+            return m * m + m * self.out_hidden + biases + self.norm_params * self.out_hidden
         return m * m + m + m * self.out_hidden + self.out_hidden + self.norm_params * self.hidden
 
     @property
@@ -624,9 +695,12 @@ class Vision:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["norm"] = self.norm.value
+        if not self.attn_width:  # written only when set, as files were before it
+            del out["attn_width"]
         return out
 
 
+PROJECTORS = ("mlp", "linear", "mlp_post_norm")
 VISION_LIMITS = {"layers": 1 << 10, "hidden": 1 << 16, "heads": 1 << 10, "ffn_hidden": 1 << 18,
                  "patch_size": 1 << 10, "out_hidden": 1 << 18, "merge": 1 << 4,
                  "temporal_patch": 1 << 6, "channels": 1 << 4, "positions": 1 << 20,
@@ -648,13 +722,16 @@ def read_vision(f: Fields) -> Vision | None:
     values["norm"] = f.enum("norm", Norm, Norm.LAYERNORM)
     values["bias"] = f.bool("bias", True)
     values["projector"] = f.str("projector", "mlp")
+    values["attn_width"] = f.int("attn_width", 0, min=0, max=VISION_LIMITS["hidden"])
     f.close()
-    if values["projector"] not in (None, "mlp", "linear"):
-        f.fail("projector", f"expected one of mlp | linear, got {values['projector']!r}")
+    if values["projector"] not in (None, *PROJECTORS):
+        f.fail("projector", f"expected one of {' | '.join(PROJECTORS)}, got {values['projector']!r}")
     if len(f.problems) > before:
         return None
-    if values["hidden"] % values["heads"]:
-        f.fail("heads", f"expected a divisor of hidden ({values['hidden']}), got {values['heads']}")
+    width = values["attn_width"] or values["hidden"]
+    if width % values["heads"]:
+        what = "attn_width" if values["attn_width"] else "hidden"
+        f.fail("heads", f"expected a divisor of {what} ({width}), got {values['heads']}")
         return None
     return Vision(**values)
 
@@ -679,16 +756,17 @@ _OPTIONAL = ("qk_norm", "qkv_bias", "experts", "top_k", "moe_ffn_hidden", "share
              "linear_heads", "linear_key_heads", "linear_key_dim", "linear_value_dim",
              "conv_kernel", "mamba_heads", "mamba_head_dim", "ssm_state", "ssm_groups",
              "index_heads", "index_head_dim", "index_topk", "o_groups", "o_lora_rank",
-             "csa_ratio", "hca_ratio", "hc_mult", "hc_sinkhorn_iters", "expert_bias",
-             "router_bias", "shared_expert_gate")
+             "csa_ratio", "hca_ratio", "hc_mult", "hc_sinkhorn_iters", "kda_full_gate",
+             "moe_latent", "moe_latent_norm", "attn_res_block", "expert_bias", "router_bias",
+             "shared_expert_gate")
 # the sizes among them, read as integers >= 0
 _SIZES = ("sliding_window", "global_head_dim", "global_kv_heads", "linear_heads",
           "linear_key_heads", "linear_key_dim", "linear_value_dim", "conv_kernel",
           "mamba_heads", "mamba_head_dim", "ssm_state", "ssm_groups", "index_heads",
           "index_head_dim", "index_topk", "o_groups", "o_lora_rank", "csa_ratio", "hca_ratio",
-          "hc_mult", "hc_sinkhorn_iters")
+          "hc_mult", "hc_sinkhorn_iters", "moe_latent", "attn_res_block")
 _FLAGS = ("sandwich_norms", "attention_sinks", "attn_output_gate", "global_k_eq_v",
-          "expert_bias", "router_bias", "shared_expert_gate")
+          "expert_bias", "router_bias", "shared_expert_gate", "kda_full_gate", "moe_latent_norm")
 
 
 # physical ranges of a model's sizes, checked where a model is loaded (a file, a plan, an HF
@@ -709,6 +787,7 @@ LIMITS = {
     "ssm_groups": 1 << 12, "index_heads": 1 << 12, "index_head_dim": 1 << 12,
     "index_topk": 1 << 27, "o_groups": 1 << 14, "o_lora_rank": 1 << 18, "csa_ratio": 1 << 16,
     "hca_ratio": 1 << 16, "hc_mult": 1 << 6, "hc_sinkhorn_iters": 1 << 10,
+    "moe_latent": 1 << 18, "attn_res_block": 1 << 12,
 }
 
 
@@ -859,6 +938,16 @@ def _check_v4_attention(fail: Any, v: dict[str, Any], mixers: set[str]) -> None:
         fail("hca_ratio", f"expected a ratio apart from csa_ratio ({v['csa_ratio']})")
     if v["hc_sinkhorn_iters"] and v["hc_mult"] <= 1:
         fail("hc_sinkhorn_iters", "is a hyper-connection field: give hc_mult >= 2 too")
+    if v["hc_mult"] > 1 and v["attn_res_block"]:
+        fail("attn_res_block", "hyper-connections (hc_mult) and attention residuals replace the "
+                               "same residual: give one")
+    if v["kda_full_gate"] and KDA not in mixers:
+        fail("kda_full_gate", "is a Kimi Delta Attention field, and no layer is K in mixers")
+    if (v["moe_latent"] or v["moe_latent_norm"]) and not v["experts"]:
+        fail("moe_latent" if v["moe_latent"] else "moe_latent_norm",
+             "is a mixture-of-experts field: give experts too (or leave it out)")
+    elif v["moe_latent_norm"] and not v["moe_latent"]:
+        fail("moe_latent_norm", "normalizes the experts' latent space: give moe_latent too")
 
 
 def _check_moe(f: Fields, v: dict[str, Any]) -> None:

@@ -147,9 +147,15 @@ def model_problems(model: Model) -> list[tuple[str, str]]:
     """The model's layers and parts Megatron-LM has no way to build, by name, whatever
     the plan."""
     out = []
-    if model.activation is Activation.GEGLU:
-        out.append(("model.activation", "Megatron-LM has no GeGLU flag (--swiglu, --squared-relu, "
-                                        "--quick-geglu or the default GeLU)"))
+    if model.activation in (Activation.GEGLU, Activation.SITU):
+        out.append(("model.activation", f"Megatron-LM has no {model.activation.value} flag (--swiglu, "
+                                        f"--squared-relu, --quick-geglu or the default GeLU)"))
+    if model.attn_res_block:
+        out.append(("model.attn_res_block", "Megatron-LM has no attention residuals (Kimi-K3's "
+                                            "block mixes of earlier layers' outputs)"))
+    if model.moe_latent_norm:
+        out.append(("model.moe_latent_norm", "Megatron-LM's latent experts (--moe-latent-size) have "
+                                             "no norm between them and the up projection"))
     mixers = set(model.mixers)
     if model.is_v4_attention or mixers & COMPRESSED_MIXERS:
         out.append(("model.mixers", "Megatron-LM has no DeepSeek-V4 attention (compressed sparse "
@@ -354,6 +360,8 @@ def moe_args(plan: Plan) -> list[Arg]:
         out.append(("--moe-router-pre-softmax",))
     if m.shared_experts:
         out.append(("--moe-shared-expert-intermediate-size", str(m.shared_experts * m.shared_width)))
+    if m.moe_latent:  # TransformerConfig.moe_latent_size: fc1/fc2_latent_proj around the experts
+        out.append(("--moe-latent-size", str(m.moe_latent)))
     if m.dense_layers and not uses_hybrid(m):  # a hybrid's pattern places its E layers
         out.append(("--moe-layer-freq", f"([0]*{m.dense_layers}+[1]*{m.moe_layers})"))
     if m.capacity_factor:

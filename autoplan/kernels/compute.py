@@ -222,7 +222,7 @@ def batch_experts_time(model: Model, tokens: float, ep: int, etp: int, device: D
     """Forward seconds of one rank's routed experts for an inference batch of ``tokens``
     tokens (every attention-DP rank's, gathered at the experts): :func:`experts_time` of
     the model's experts."""
-    return experts_time(tokens, model.hidden, model.expert_width, model.top_k, model.experts, ep, etp,
+    return experts_time(tokens, model.expert_hidden, model.expert_width, model.top_k, model.experts, ep, etp,
                         device, dtype, weight_bytes, model.mlp_matrices)
 
 
@@ -267,7 +267,7 @@ def expert_time(model: Model, shard: Shard, device: Device) -> float:
     if local == 0:  # no experts here (a dense model): nothing routed
         return 0.0
     rows = shard.routed_tokens(model) * shard.etp / local  # per local expert
-    f, h = model.expert_width / shard.etp, model.hidden
+    f, h = model.expert_width / shard.etp, model.expert_hidden
     return sum(grouped_gemm_time(rows, n, k, local, device, shard.dtype)
                for n, k in (((model.mlp_matrices - 1) * f, h), (h, f)))
 
@@ -532,7 +532,7 @@ def kind_elementwise_bytes(model: Model, shard: Shard, kind: tuple[str, str]) ->
     norm and residual add (and the MLP its activation, the mixer its RoPE); a linear or
     Mamba mixer has no RoPE and adds its conv (read, write) and gated norm (read the
     value and the gate, write); hyper-connections move each block's m-wide stream
-    (DeepSeek-V4's hc_pre and hc_post)."""
+    (DeepSeek-V4's hc_pre and hc_post), attention residuals read each mix's candidates."""
     mixer, mlp = kind
     e, h, t = BF16_BYTES, model.hidden, shard.tp
     out = elementwise_bytes_forward(model, shard, mlp == MOE)
@@ -555,6 +555,9 @@ def kind_elementwise_bytes(model: Model, shard: Shard, kind: tuple[str, str]) ->
         # block's output and the stream and writes the stream, in place of a residual add
         blocks = (mixer != NO_MIXER) + (mlp != NO_MLP)
         out += blocks * shard.norm_tokens * h * e * ((m + 1) + (1 + 2 * m) - 3)
+    if model.attn_res_block:  # each block's mix reads its candidates and writes one
+        blocks = (mixer != NO_MIXER) + (mlp != NO_MLP)
+        out += blocks * shard.norm_tokens * h * e * (model.attn_res_candidates + 1)
     return max(0.0, out)
 
 

@@ -30,7 +30,8 @@ def mlp_gemm_params(model: Model, moe: bool) -> int:
     with --num-experts) the router, top_k routed experts and the shared experts."""
     if not moe:
         return model.mlp_matrices * model.hidden * model.ffn_hidden
-    return model.params_router + model.top_k * model.params_expert + model.params_shared_experts
+    return (model.params_router + model.top_k * model.params_expert + model.params_shared_experts
+            + model.params_latent - (model.moe_latent if model.moe_latent_norm else 0))
 
 
 def gemm_params_per_layer(model: Model, moe: bool = False) -> int:

@@ -143,6 +143,8 @@ def layer_gemms(model: Model, tokens: float, tp: int, moe: bool = False,
         return gemms + mlp_gemms(model, tokens, tp, model.ffn_hidden)
     routed = tokens if router_tokens is None else router_tokens
     gemms.append(Gemm(routed, model.experts, model.hidden, quantized=False))
+    if model.moe_latent:  # into and out of the experts' latent space, whole on every rank
+        gemms += [Gemm(routed, model.moe_latent, model.hidden), Gemm(routed, model.hidden, model.moe_latent)]
     if model.shared_experts:
         gemms += mlp_gemms(model, tokens, tp, model.shared_experts * model.shared_width)
     return gemms
@@ -175,7 +177,7 @@ def layer_params_per_rank(model: Model, tp: int, moe: bool = False) -> float:
     attn = attention_params_per_rank(model, tp) + 2 * model.params_norm
     if not moe:
         return attn + model.params_mlp / tp
-    return attn + model.params_shared_experts / tp + model.params_router
+    return attn + model.params_shared_experts / tp + model.params_router + model.params_latent
 
 
 @memo(1024)
@@ -271,7 +273,7 @@ def elementwise_bytes_forward(model: Model, shard: Shard, moe: bool = False) -> 
     routed = shard.routed_tokens(model)
     # permute (read, write) and unpermute (read, weighted write) the routed copies,
     # and the experts' activation function over them
-    experts = routed * e * (4 * h + (act_in + 1) * model.expert_width)
+    experts = routed * e * (4 * model.expert_hidden + (act_in + 1) * model.expert_width)
     return outside_tp + inside_tp + experts
 
 
@@ -279,7 +281,8 @@ def fused_elementwise_bytes_per_token(model: Model, tp: int) -> float:
     """HBM bytes of a layer's elementwise kernels per token as inference engines fuse them
     (vLLM's fused_add_rms_norm twice: reads the input and the residual, writes both; RoPE
     in place on this rank's queries and keys; the gated activation (silu_and_mul) reads
-    the two up projections and writes one; hyper-connections' maps over the m-wide stream)."""
+    the two up projections and writes one; hyper-connections' maps over the m-wide stream,
+    attention residuals' mixes)."""
     h = model.hidden
     norms = 2 * 4 * h
     rope = 2 * (model.q_dim + model.kv_dim) / tp
@@ -287,5 +290,7 @@ def fused_elementwise_bytes_per_token(model: Model, tp: int) -> float:
     act = (3 if model.activation.gated else 2) * ffn / tp
     m = model.hc_mult  # hyper-connections: each block's hc_pre and hc_post over the m-wide
     # stream (read m, write 1; read 1 and m, write m) in place of its residual add (3)
-    hc = 2 * (3 * m - 1) * h if m > 1 else 0
+    hc = 2.0 * (3 * m - 1) * h if m > 1 else 0.0
+    # attention residuals: each block's mix reads its candidates and writes one
+    hc += 2 * (model.attn_res_candidates + 1) * h if model.attn_res_block else 0.0
     return BF16_BYTES * (norms + rope + act + hc)

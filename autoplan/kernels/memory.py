@@ -160,12 +160,17 @@ def kind_activation_bytes(model: Model, shard: Shard, recompute: Recompute,
     (``mixers.recurrent_activation_bytes``) in place of attention's, the DSA indexer's
     query, key and head weights beside sparse attention's, DeepSeek-V4's compressors and
     indexer beside a compressed layer's (``mixers.compressed_activation_bytes``), and with
-    hyper-connections each block's m-wide input stream. Sliding-window attention keeps
+    hyper-connections each block's m-wide input stream, with attention residuals a share
+    of the block snapshots (one per attn_res_block layers) and each mix's weights.
+    Sliding-window attention keeps
     what full attention keeps (flash attention saves no scores either way)."""
     mixer, mlp = kind
     streams = model.residual_streams  # the layer's input: hc_mult copies of hidden
+    # attention residuals keep each block's snapshot once (one per attn_res_block layers)
+    bank = (BF16_BYTES * shard.norm_tokens * model.hidden / model.attn_res_block
+            if model.attn_res_block else 0.0)
     if recompute is Recompute.FULL:
-        return BF16_BYTES * shard.norm_tokens * model.hidden * streams
+        return BF16_BYTES * shard.norm_tokens * model.hidden * streams + bank
     moe = mlp == MOE
     out = layer_activation_bytes(model, shard, recompute, flash, moe, modules)
     # the standard layer's MLP part: what recomputing the MLP (or the MoE) would drop
@@ -189,6 +194,9 @@ def kind_activation_bytes(model: Model, shard: Shard, recompute: Recompute,
         blocks = (mixer != NO_MIXER) + (mlp != NO_MLP)
         mixes = (2 + streams) * streams
         out += blocks * shard.norm_tokens * (BF16_BYTES * streams * model.hidden + 4 * mixes)
+    if model.attn_res_block:  # the bank's share and each mix's fp32 weights over its candidates
+        blocks = (mixer != NO_MIXER) + (mlp != NO_MLP)
+        out += bank + blocks * shard.norm_tokens * 4 * model.attn_res_candidates
     return max(0.0, out)
 
 
@@ -223,9 +231,9 @@ def moe_mlp_activation_bytes(model: Model, shard: Shard,
     permuted expert input, fc1's output, fc2's input and - where the combine scales the
     expert outputs by the router's probabilities - those outputs (a stack that scales the
     activation instead keeps none: ``Stack.moe_probs_in_activation``); the shared experts
-    as a dense MLP. Recomputing ``shared_experts`` drops theirs, ``moe_act`` the
-    activation's output (fc2's input)."""
-    e, h, t = BF16_BYTES, model.hidden, shard.tp
+    as a dense MLP; a latent MoE's latent before and after its experts. Recomputing
+    ``shared_experts`` drops theirs, ``moe_act`` the activation's output (fc2's input)."""
+    e, t = BF16_BYTES, shard.tp
     fc1 = 2 if model.activation.gated else 1
     router = shard.norm_tokens * model.experts * 4
     shared = 0.0 if RecomputeModule.SHARED_EXPERTS in modules else (
@@ -234,8 +242,11 @@ def moe_mlp_activation_bytes(model: Model, shard: Shard,
     kept = fc1 + (0 if RecomputeModule.MOE_ACT in modules else 1)  # fc1 output, fc2 input
     # with expert TP the input and output are gathered over etp ranks, the widths split
     outputs = 0 if shard.moe_probs_in_activation else 1
-    experts = routed * e * ((1 + outputs) * h * shard.etp + kept * model.expert_width)
-    return router + shared + experts
+    experts = routed * e * ((1 + outputs) * model.expert_hidden * shard.etp + kept * model.expert_width)
+    # a latent MoE's down projection output, the combined latent and its norm (the up
+    # projection's input), on the rank's tokens as the router's
+    latent = shard.norm_tokens * e * 3 * model.moe_latent
+    return router + shared + experts + latent
 
 
 def full_recompute_working_bytes(model: Model, shard: Shard, moe: bool = False) -> float:

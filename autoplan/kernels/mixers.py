@@ -97,8 +97,9 @@ def mixer_gemms(model: Model, mixer: str, tokens: float, tp: int) -> list[Gemm]:
             kvs = 1 if model.global_k_eq_v else 2
             gemms = [Gemm(tokens, model.heads * d / tp + kvs * kv, h),
                      Gemm(tokens, h, model.heads * d / tp)]
-        if model.attn_output_gate:  # the gate's half of q_proj
-            gemms.append(Gemm(tokens, model.q_dim / tp, h))
+        if model.attn_output_gate:  # the gate over the heads' output (Qwen3-Next: q_proj's
+            # second half; Kimi-K3's MLA: g_proj)
+            gemms.append(Gemm(tokens, model.attn_widths[3] / tp, h))
         return gemms
     if mixer in COMPRESSED_MIXERS:
         gemms = attention_gemms(model, tokens, tp)
@@ -121,6 +122,10 @@ def mixer_gemms(model: Model, mixer: str, tokens: float, tp: int) -> list[Gemm]:
                 Gemm(tokens, h, value / tp)]
     if mixer == KDA:
         d, width = model.linear_key_dim, model.linear_heads * model.linear_key_dim
+        if model.kda_full_gate:  # q, k, v, beta and the full-rank gate; the decay's low-rank pair
+            return [Gemm(tokens, (4 * width + model.linear_heads) / tp, h),
+                    Gemm(tokens, d, h), Gemm(tokens, width / tp, d),
+                    Gemm(tokens, h, width / tp)]
         return [Gemm(tokens, (3 * width + model.linear_heads) / tp, h),
                 Gemm(tokens, 2 * d, h),  # the decay's and the gate's low-rank down projections
                 Gemm(tokens, 2 * width / tp, d),  # and their up projections
@@ -151,6 +156,14 @@ def hc_gemms(model: Model, kind: tuple[str, str], tokens: float) -> list[Gemm]:
     return [Gemm(tokens, (2 + m) * m, m * model.hidden, quantized=False)] * blocks
 
 
+def latent_gemms(model: Model, tokens: float) -> list[Gemm]:
+    """An MoE layer's projections into and out of its experts' latent space, whole on every
+    rank over its tokens (as the router; Kimi-K3 modeling code, ``KimiSparseMoeBlock``)."""
+    if not model.moe_latent:
+        return []
+    return [Gemm(tokens, model.moe_latent, model.hidden), Gemm(tokens, model.hidden, model.moe_latent)]
+
+
 def mixer_params_per_rank(model: Model, mixer: str, tp: int) -> float:
     """The mixer's weights on one rank: split by TP, except what every rank keeps whole:
     K/V heads replicated past kv_heads and MLA's down projections
@@ -167,7 +180,8 @@ def mixer_params_per_rank(model: Model, mixer: str, tp: int) -> float:
     if mixer in (FULL, SLIDING, SPARSE) and standard:
         index = indexer_params_per_rank(model, tp) if mixer == SPARSE else 0.0
         return attention_params_per_rank(model, tp) + index
-    whole = 2 * model.hidden * model.linear_key_dim if mixer == KDA else 0.0
+    downs = 1 if model.kda_full_gate else 2  # the low-rank down projections, whole
+    whole = downs * model.hidden * model.linear_key_dim if mixer == KDA else 0.0
     return (model.params_mixer(mixer) - whole) / tp + whole
 
 
@@ -193,6 +207,7 @@ def kind_gemms(model: Model, kind: tuple[str, str], tokens: float, tp: int,
     if mlp == MOE:
         routed = tokens if router_tokens is None else router_tokens
         gemms.append(Gemm(routed, model.experts, model.hidden, quantized=False))
+        gemms += latent_gemms(model, routed)
         if model.shared_experts:
             gemms += mlp_gemms(model, tokens, tp, model.shared_experts * model.shared_width)
     return gemms
@@ -206,11 +221,11 @@ def kind_params_per_rank(model: Model, tp: int, kind: tuple[str, str]) -> float:
     blocks = (mixer != NO_MIXER) + (mlp != NO_MLP)
     out = mixer_params_per_rank(model, mixer, tp)
     out += blocks * ((2 if model.sandwich_norms else 1) * model.params_norm
-                     + model.params_hyper_connections)
+                     + model.params_hyper_connections + model.params_attn_res)
     if mlp == DENSE:
         out += model.params_mlp / tp
     elif mlp == MOE:
-        out += model.params_shared_experts / tp + model.params_router
+        out += model.params_shared_experts / tp + model.params_router + model.params_latent
     return out
 
 

@@ -252,7 +252,8 @@ def layer_seconds(model: Model, shard: Shard, ep_group: comm.Group,
     (``expert_load``); with expert TP the dispatched tokens are all-gathered over etp
     ranks before the experts and reduce-scattered after. Not overlapped with compute
     here (``_stage`` hides it under the other micro-batch's where the plan overlaps)."""
-    routed = BF16_BYTES * shard.routed_tokens(model) * model.hidden
+    # each copy in the experts' width (the latent, where they run in one)
+    routed = BF16_BYTES * shard.routed_tokens(model) * model.expert_hidden
     if shard.moe_dispatch is MoeDispatch.DEEPEP:
         out = 2 * deepep_seconds(model, shard, ep_group)
     else:
@@ -280,7 +281,7 @@ def deepep_seconds(model: Model, shard: Shard, g: comm.Group) -> float:
         return 0.0
     e, k = model.experts, model.top_k
     rg, rgk = model.route_groups, model.route_group_topk
-    token = BF16_BYTES * model.hidden * shard.norm_tokens * shard.expert_load
+    token = BF16_BYTES * model.expert_hidden * shard.norm_tokens * shard.expert_load
     domains, per_domain = g.domains, min(g.per_domain, g.size)
     nvl_copies = touched(e, k, g.size, rg, rgk) * (per_domain - 1) / per_domain
     nvl = token * nvl_copies / g.intra.effective_Bps

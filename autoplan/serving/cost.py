@@ -390,11 +390,12 @@ class StepModel:
         tp_comm = L * 2 * all_reduce_seconds(act, self.tp_group) if d.tp > 1 else 0.0
         ep_comm = 0.0
         if m.is_moe and self.ep_group is not None:
-            routed = act * m.top_k * d.attention_dp / d.ep
+            # each routed copy in the experts' width (a latent MoE dispatches its latent)
+            routed = act * m.expert_hidden / m.hidden * m.top_k * d.attention_dp / d.ep
             ep_comm = Lm * 2 * comm.all_to_all(routed, self.ep_group)
         elif m.is_moe and d.attention_dp > 1:  # experts split over the stage: gather, then reduce
             ep_comm = Lm * all_reduce_seconds(act * d.attention_dp, self.stage_group)
-        pp_comm = ((d.pp - 1) * comm.p2p(act * m.residual_streams / d.tp, self.pp_cross, self.cluster)
+        pp_comm = ((d.pp - 1) * comm.p2p(act * m.pipeline_rows / d.tp, self.pp_cross, self.cluster)
                    if d.pp > 1 else 0.0)
         k = self._kscale
         out = Breakdown(gemm=k * self.dense_stage * d.pp * dense, moe=k * Lm * moe, elementwise=elementwise,
@@ -925,10 +926,11 @@ class StepModel:
         tp_comm = self._blocks * all_reduce_seconds(act, self.tp_group) if d.tp > 1 else 0.0
         ep_comm = 0.0
         if m.is_moe and self.ep_group is not None:
-            ep_comm = m.moe_layers * 2 * comm.all_to_all(act * m.top_k * d.attention_dp / d.ep, self.ep_group)
+            routed = act * m.expert_hidden / m.hidden * m.top_k * d.attention_dp / d.ep
+            ep_comm = m.moe_layers * 2 * comm.all_to_all(routed, self.ep_group)
         elif m.is_moe and d.attention_dp > 1:
             ep_comm = m.moe_layers * all_reduce_seconds(act * d.attention_dp, self.stage_group)
-        pp_comm = ((d.pp - 1) * comm.p2p(act * m.residual_streams / d.tp, self.pp_cross, self.cluster)
+        pp_comm = ((d.pp - 1) * comm.p2p(act * m.pipeline_rows / d.tp, self.pp_cross, self.cluster)
                    if d.pp > 1 else 0.0)
         k = self._kscale
         return Breakdown(gemm=k * gemm, moe=k * moe, elementwise=elementwise, tp_comm=tp_comm,
@@ -1085,7 +1087,7 @@ class StepModel:
             return 0.0
         per_image = tokens_per_image * v.merge * v.merge
         patches = images * per_image
-        block = 2.0 * v.params_block + 4.0 * per_image * v.hidden
+        block = 2.0 * v.params_block + 4.0 * per_image * v.attention_width
         merger = 2.0 * (1 + v.deepstack) * v.params_merger * images * tokens_per_image
         flops = v.layers * patches * block + merger
         return self._kscale * flops / self.deployment.tp / (self.device.peak_bf16_flops * self.attn_eff)

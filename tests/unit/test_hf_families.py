@@ -39,7 +39,7 @@ import pytest
 
 from autoplan.descriptors.hf import import_notes, model_from_hf_config
 from autoplan.descriptors.library import resolve_model
-from autoplan.descriptors.model import Model
+from autoplan.descriptors.model import FULL, MAMBA, MOE, NO_MIXER, NO_MLP, Model
 from autoplan.errors import InputError
 from autoplan.vocab import Activation
 
@@ -182,9 +182,13 @@ def test_nemotron_layers_block_type_reads_as_the_pattern_does():
     assert _import("nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", data) == expected
 
 
-def test_nemotron_3_ultra_is_refused_on_its_latent_experts():
-    problems = _problems(_config("nvidia--NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16"))
-    assert problems[0][0] == "moe_latent_size" and "latent" in problems[0][1]
+def test_nemotron_3_ultra_runs_its_experts_in_a_latent_space_near_its_names_550b():
+    m = _import("nvidia--NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16")
+    assert m.kinds == {(MAMBA, NO_MLP): 48, (NO_MIXER, MOE): 48, (FULL, NO_MLP): 12}
+    assert (m.moe_latent, m.expert_hidden, m.moe_latent_norm) == (2048, 2048, False)
+    # a ReLU^2 expert: 2 x 2048 x 5120; the latent projections 8192 -> 2048 -> 8192 per layer
+    assert m.params_expert == 2 * 2048 * 5120 and m.params_latent == 2 * 8192 * 2048
+    assert m.params_total == pytest.approx(550e9, rel=0.005)  # the name's, rounded
 
 
 # -- DeepSeek sparse attention -----------------------------------------------------------
@@ -288,11 +292,6 @@ def test_qwen3_vl_32b_is_a_dense_qwen3_with_a_deepstack_vision_tower():
 # -- refusals and bad input -------------------------------------------------------------------
 
 
-def test_kimi_k3_is_refused_naming_its_attention_residuals():
-    problems = dict(_problems(_config("moonshotai--Kimi-K3")))
-    assert "Kimi-K3 (kimi_k3)" in problems["text_config.attn_res_block_size"]
-
-
 def test_a_bad_block_symbol_is_refused_naming_the_pattern():
     data = _config("nvidia--Nemotron-H-56B-Base-8K")
     data["hybrid_override_pattern"] = "MX" + data["hybrid_override_pattern"][2:]
@@ -373,6 +372,8 @@ BUILTINS = {
     "gemma-4-26b-a4b": "google--gemma-4-26B-A4B",
     "minimax-m2.5": "MiniMaxAI--MiniMax-M2.5",
     "kimi-k2.5": "moonshotai--Kimi-K2.5",
+    "kimi-k3": "moonshotai--Kimi-K3",
+    "nemotron-3-ultra-550b-a55b": "nvidia--NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16",
     "qwen3-vl-235b-a22b": "Qwen--Qwen3-VL-235B-A22B-Instruct",
     "qwen3-vl-32b": "Qwen--Qwen3-VL-32B-Instruct",
 }

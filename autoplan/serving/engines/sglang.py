@@ -86,6 +86,10 @@ FIRST_RELEASE = {m: parse_version("0.5.0") for m in (GDN, KDA, MAMBA, SPARSE)}
 # DeepSeek-V4 (sgl-project/sglang PR 23600, day 0 on dedicated images): the release tag
 # v0.5.12 loads it (InferenceX's KLAUD_DEBUG.md: DeepSeek-V4-Pro on v0.5.12-cu130)
 FIRST_RELEASE.update({CSA: parse_version("0.5.12"), HCA: parse_version("0.5.12")})
+# Kimi-K3's attention residuals and latent experts (sglang models/kimi_k3.py,
+# layers/attn_residual.py): in 0.5.17 (aws/deep-learning-containers PR 6573, "SGLang 0.5.14
+# -> 0.5.17, Kimi-K3 support")
+ATTN_RES_SINCE = parse_version("0.5.17")
 
 
 def hybrid_cache(release: str, model: Model) -> HybridCache:
@@ -99,9 +103,14 @@ def family_refusals(release: str, model: Model) -> list[tuple[str, str]]:
     v = release_version(release)
     if v.nightly:
         return []
-    return [("model", f"{model.name} has {MIXERS[m]} layers ({m}), which SGLang runs from {first} "
-                      f"on, not {release}: give engine: {{name: sglang, version: '0.5.23'}}")
-            for m, first in FIRST_RELEASE.items() if m in model.mixers and v < first]
+    out = [("model", f"{model.name} has {MIXERS[m]} layers ({m}), which SGLang runs from {first} "
+                     f"on, not {release}: give engine: {{name: sglang, version: '0.5.23'}}")
+           for m, first in FIRST_RELEASE.items() if m in model.mixers and v < first]
+    if model.attn_res_block and v < ATTN_RES_SINCE:
+        out.append(("model", f"{model.name} has attention residuals (Kimi-K3), which SGLang runs "
+                             f"from {ATTN_RES_SINCE} on, not {release}: give engine: "
+                             f"{{name: sglang, version: '0.5.23'}}"))
+    return out
 
 
 def refusals(plan: ServingPlan) -> list[tuple[str, str]]:

@@ -116,10 +116,20 @@ def family_refusals(release: str, model: Model) -> list[tuple[str, str]]:
     v = release_version(release)
     if v.nightly:
         return []
-    return [("model", f"{model.name} has {MIXERS[m]} layers ({m}), which TensorRT-LLM's PyTorch backend "
-                      f"runs from {first} on, not {release}: give engine: {{name: trtllm, version: "
-                      f"'{first}'}} or newer, or another engine")
-            for m, first in FIRST_RELEASE.items() if m in model.mixers and v < first]
+    out = [("model", f"{model.name} has {MIXERS[m]} layers ({m}), which TensorRT-LLM's PyTorch backend "
+                     f"runs from {first} on, not {release}: give engine: {{name: trtllm, version: "
+                     f"'{first}'}} or newer, or another engine")
+           for m, first in FIRST_RELEASE.items() if m in model.mixers and v < first]
+    if model.attn_res_block and v < ATTN_RES_SINCE:
+        out.append(("model", f"{model.name} has attention residuals (Kimi-K3), which TensorRT-LLM runs "
+                             f"from {ATTN_RES_SINCE} on, not {release}: give engine: {{name: trtllm, "
+                             f"version: '{ATTN_RES_SINCE}'}} or newer, or another engine"))
+    return out
+
+
+# Kimi-K3: its deployment guide ("Kimi K3 on TensorRT LLM - Blackwell") is in the docs of
+# 1.3.0rc26 (none earlier was found)
+ATTN_RES_SINCE = parse_version("1.3.0rc26")
 
 
 def args(plan: ServingPlan, step: StepModel) -> list[Arg]:

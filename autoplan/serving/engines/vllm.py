@@ -171,9 +171,16 @@ def family_refusals(release: str, model: Model) -> list[tuple[str, str]]:
     v = release_version(release)
     if v.nightly:
         return []
-    return [("model", f"{model.name} has {MIXERS[m]} layers ({m}), which vLLM runs from {first} on, "
-                      f"not {release}: give engine: {{name: vllm, version: '{first}'}} or newer")
-            for m, first in FIRST_RELEASE.items() if m in model.mixers and v < first]
+    out = [("model", f"{model.name} has {MIXERS[m]} layers ({m}), which vLLM runs from {first} on, "
+                     f"not {release}: give engine: {{name: vllm, version: '{first}'}} or newer")
+           for m, first in FIRST_RELEASE.items() if m in model.mixers and v < first]
+    if model.attn_res_block:
+        # Kimi-K3 (vllm/models/kimi_k3.py) is on main; no release is pinned here that runs it
+        # (vllm-project/speculators PR 998, 2026-08: "use vLLM latest main")
+        out.append(("model", f"{model.name} has attention residuals (Kimi-K3), which vLLM runs on "
+                             f"its main branch, in no release pinned here: give engine: "
+                             f"{{name: vllm, version: nightly}} or another engine"))
+    return out
 
 
 def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
