@@ -262,6 +262,7 @@ def test_gemma3_is_refused_by_name_by_each_launcher_that_cannot_build_it(target,
     plan = make_plan("gemma-3-27b-it", gpus=16, dp=16, global_batch=64)
     problems = refusals(plan, target)
     assert any(f == field and words in why for f, why in problems), problems
+    assert not any("export to megatron" in why for _, why in problems)  # it refuses Gemma 3 too
     with pytest.raises(InputError, match=field):
         export(plan, target, "x")
 
