@@ -37,6 +37,7 @@ FLAGSHIPS = [
     ("glm-5", 753_864_139_008, "GLM-5.1, with MTP", 1024),
     ("gpt-oss-120b", 116.8e9, "card, rounded", 256),
     ("gemma-4-26b-a4b", 25.2e9, "card, text only", 128),
+    ("gemma-3-27b-it", 27_432_406_640, "with vision (keras-hub)", 128),
     ("minimax-m2.5", 228_689_764_864, "M2.7 files less scales", 512),
     ("kimi-k2.5", 1_026_879_376_368, "with vision", 1024),
     ("qwen3-vl-235b-a22b", 235_670_022_896, "with vision", 512),

@@ -16,10 +16,10 @@ different model.
 
 Families whose layers differ (Qwen3-Next and Qwen3.5's Gated DeltaNet layers, Kimi
 Linear's KDA layers, Nemotron-H's Mamba-2 blocks, DeepSeek-V3.2 and GLM-5's sparse
-attention, gpt-oss and Gemma 4's sliding windows, DeepSeek-V4's compressed attention
-with its hyper-connections, Kimi-K3's attention residuals and latent experts) are read
-into Model's per-layer kinds (``mixers``, ``mlps``); multimodal wrappers (Qwen3.5,
-Qwen3-VL, Gemma 4, Kimi-K2.5, Kimi-K3) read ``text_config`` with the text family's
+attention, gpt-oss, Gemma 3 and Gemma 4's sliding windows, DeepSeek-V4's compressed
+attention with its hyper-connections, Kimi-K3's attention residuals and latent experts) are
+read into Model's per-layer kinds (``mixers``, ``mlps``); multimodal wrappers (Qwen3.5,
+Qwen3-VL, Gemma 3, Gemma 4, Kimi-K2.5, Kimi-K3) read ``text_config`` with the text family's
 reader, problems named under ``text_config.``, and ``vision_config`` into a
 :class:`Vision`. Structure Model cannot represent is refused on the key that says so.
 
@@ -34,6 +34,7 @@ Qwen2-MoE's shared-expert gate) are named, with their size, where each family is
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -586,6 +587,15 @@ def _layer_pattern(f: Fields, key: str, layers: int | None, symbols: Mapping[str
         f.fail(key, f"expected one entry per layer (num_hidden_layers {layers}), got {len(raw)}")
         return None
     return "".join(symbols[name] for name in raw)
+
+
+def _sliding_mixers(mixers: str | None) -> str | None:
+    """Model.mixers of a sliding-window family's pattern: "" where no layer slides (every
+    layer full, the model's default); None where the pattern was refused, so that
+    ``_check_kinds`` adds nothing to the problem already named."""
+    if mixers is None:
+        return None
+    return mixers if SLIDING in mixers else ""
 
 
 def _refuse_true(f: Fields, key: str, what: str, default: bool = False) -> None:
@@ -1223,7 +1233,7 @@ def _read_gpt_oss(f: Fields) -> dict[str, Any]:
         bias=f.bool("attention_bias", True),
         dropout=bool(f.float("attention_dropout", 0.0, min=0.0, max=1.0)),
         experts=experts, top_k=top_k, moe_ffn_hidden=ffn, expert_bias=True, router_bias=True,
-        attention_sinks=True, mixers=mixers if mixers and SLIDING in mixers else "",
+        attention_sinks=True, mixers=_sliding_mixers(mixers),
         sliding_window=window)
     _check_kinds(f, values, {"mixers": "layer_types"})
     return values
@@ -1308,7 +1318,7 @@ def _gemma4_text(f: Fields) -> dict[str, Any]:
         max_seq_len=f.int("max_position_embeddings", min=1), norm=Norm.RMSNORM, bias=False,
         dropout=bool(f.float("attention_dropout", 0.0, min=0.0, max=1.0)),
         qk_norm=True, sandwich_norms=True, sliding_window=window,
-        mixers=mixers if mixers and SLIDING in mixers else "",
+        mixers=_sliding_mixers(mixers),
         global_head_dim=global_dim if global_dim != head_dim else 0,
         global_kv_heads=global_kv if global_kv not in (None, kv_heads) else 0,
         global_k_eq_v=bool(k_eq_v))
@@ -1369,6 +1379,163 @@ def _gemma4_vision(v: Fields, text_hidden: int | None) -> Vision | None:
         return None
     return Vision(**values, temporal_patch=1, channels=3, gated=True, norm=Norm.RMSNORM,
                   bias=False, qk_norm=True, sandwich_norms=True, projector="linear")
+
+
+# .. Gemma 3 ............................................................................
+
+# Gemma3TextConfig's defaults (transformers configuration_gemma3.py) that Google's published
+# Gemma 3 configs leave out, transformers filling them in: google/gemma-3-4b-it's gives
+# neither heads, KV heads nor head_dim, no Gemma 3 config gives vocab_size, and the
+# checkpoints were built to these values. They are read with these defaults; the class's
+# other sizes (hidden_size 2304, intermediate_size 9216, 26 layers, sliding_window 4096:
+# Gemma 2's) are no Gemma 3's and every published config gives them: required.
+_GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262_208, "num_attention_heads": 8, "num_key_value_heads": 4,
+                         "head_dim": 256, "max_position_embeddings": 131_072}
+# Gemma3TextConfig: without layer_types, every sliding_window_pattern-th layer is full
+_GEMMA3_PATTERN = 6
+
+
+def _read_gemma3_text(f: Fields) -> dict[str, Any]:
+    """Gemma 3's language model (transformers configuration_gemma3.py Gemma3TextConfig,
+    modeling_gemma3.py Gemma3DecoderLayer; ``gemma3_text``, Gemma 3 1B's config): GQA with
+    q/k RMSNorms of head_dim, a norm before and after attention and MLP, a gated GELU
+    (GeGLU) MLP, no biases, tied embeddings; sliding-window layers of sliding_window tokens
+    and full-attention layers as layer_types says or, without it, every
+    sliding_window_pattern-th layer full (default 6: five local layers, then one global;
+    unlike Gemma 4 the last layer is not forced global). Read for their types and left to
+    the kernels (scalars, no weights): query_pre_attn_scalar, rope_theta,
+    rope_local_base_freq, rope_scaling, attn_logit_softcapping, final_logit_softcapping."""
+    d = _GEMMA3_TEXT_DEFAULTS
+    layers = f.int("num_hidden_layers", min=1)
+    hidden = f.int("hidden_size", min=1)
+    heads = f.int("num_attention_heads", d["num_attention_heads"], min=1)
+    kv_heads = f.int("num_key_value_heads", d["num_key_value_heads"], min=1)
+    head_dim = f.int("head_dim", d["head_dim"], min=1)
+    _check_heads(f, hidden, heads, kv_heads, head_dim,
+                 keys=("hidden_size", "num_attention_heads", "num_key_value_heads"), has_head_dim=True)
+    _refuse_true(f, "attention_bias", "biases on q, k, v and o only (Model biases every linear "
+                                      "layer or only q, k, v)")
+    _refuse_true(f, "use_bidirectional_attention", "bidirectional attention (EmbeddingGemma's "
+                                                   "encoder) is not a causal language model")
+    if f.has("layer_types"):  # it wins over sliding_window_pattern (Gemma3TextConfig)
+        f.int("sliding_window_pattern", None, min=1)
+        mixers = _layer_pattern(f, "layer_types", layers, _SLIDING_LAYER_TYPES)
+    else:
+        every = f.int("sliding_window_pattern", _GEMMA3_PATTERN, min=1)
+        mixers = (None if layers is None or every is None else
+                  "".join(SLIDING if (i + 1) % every else FULL for i in range(layers)))
+    window = f.int("sliding_window", min=1) if mixers is None or SLIDING in mixers else 0
+    for key in ("query_pre_attn_scalar", "rope_theta", "rope_local_base_freq",
+                "attn_logit_softcapping", "final_logit_softcapping"):
+        f.float(key, None, positive=True)
+    _rope_scaling(f)
+    values: dict[str, Any] = dict(
+        layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+        head_dim=_explicit_head_dim(hidden, heads, head_dim),
+        ffn_hidden=f.int("intermediate_size", min=1),
+        vocab=f.int("vocab_size", d["vocab_size"], min=1),
+        activation=_activation(f, "hidden_activation", "gelu_pytorch_tanh", gated=True),
+        position=Position.ROPE, tied_embeddings=f.bool("tie_word_embeddings", True),
+        max_seq_len=f.int("max_position_embeddings", d["max_position_embeddings"], min=1),
+        norm=Norm.RMSNORM, bias=False,
+        dropout=bool(f.float("attention_dropout", 0.0, min=0.0, max=1.0)),
+        qk_norm=True, sandwich_norms=True, sliding_window=window,
+        mixers=_sliding_mixers(mixers))
+    _check_kinds(f, values, {"mixers": "layer_types"})
+    return values
+
+
+def _rope_scaling(f: Fields) -> None:
+    """``rope_scaling``: null or a mapping naming its rope_type (or the older ``type``) and
+    a positive factor; it rescales positions, no weights."""
+    raw = f.raw("rope_scaling", None)
+    if raw is None:
+        return
+    scaling = f.child("rope_scaling", raw)
+    if scaling.ok:
+        scaling.str("rope_type" if scaling.has("rope_type") else "type", None)
+        scaling.float("factor", None, positive=True)
+
+
+def _read_gemma3(f: Fields) -> dict[str, Any]:
+    """Gemma 3 multimodal (transformers Gemma3Config, Gemma3ForConditionalGeneration; Gemma 3
+    4B, 12B and 27B): the language model under text_config (gemma3_text), SigLIP under
+    vision_config (siglip_vision_model) and Gemma 3's projector sized by
+    mm_tokens_per_image."""
+    text = _sub_config(f, "text_config", ("gemma3_text",))
+    values = _read_gemma3_text(text) if text is not None else {}
+    vision_fields = _sub_config(f, "vision_config", ("siglip_vision_model",))
+    vision = (_siglip_vision(vision_fields, f, values.get("hidden"))
+              if vision_fields is not None else None)
+    # Gemma3Config.tie_word_embeddings defaults to true (PretrainedConfig's before it)
+    return {**_wrapper_tie(f, values, True), "vision": vision}
+
+
+def _siglip_vision(v: Fields, top: Fields, text_hidden: int | None) -> Vision | None:
+    """SigLIP as Gemma 3 builds it (transformers modeling_siglip.py SiglipVisionTransformer)
+    and Gemma 3's projector (modeling_gemma3.py Gemma3MultiModalProjector): a Conv2d patch
+    embedding with bias, a learned position per patch of the (image_size / patch_size)^2
+    grid, LayerNorm blocks with biased q, k, v and out_proj and a plain GELU MLP (fc1, fc2),
+    the post_layernorm, no attention-pooling head; then the patch grid average-pooled to
+    ``mm_tokens_per_image`` tokens (the pool's kernel is Vision.merge: 64 x 64 patches of
+    Gemma 3's 896-pixel image in 4 x 4 squares, 256 tokens), each RMS-normalized over the
+    vision width (mm_soft_emb_norm) and projected to the text width by one bias-free matrix
+    (mm_input_projection_weight)."""
+    before = len(v.problems)
+    # SiglipVisionConfig's size defaults are siglip-base-patch16-224's: required
+    values: dict[str, Any] = {
+        "layers": v.int("num_hidden_layers", min=1, max=VISION_LIMITS["layers"]),
+        "hidden": v.int("hidden_size", min=1, max=VISION_LIMITS["hidden"]),
+        "heads": v.int("num_attention_heads", min=1, max=VISION_LIMITS["heads"]),
+        "ffn_hidden": v.int("intermediate_size", min=1, max=VISION_LIMITS["ffn_hidden"]),
+        "patch_size": v.int("patch_size", min=1, max=VISION_LIMITS["patch_size"]),
+        "channels": v.int("num_channels", 3, min=1, max=VISION_LIMITS["channels"]),
+        "out_hidden": text_hidden,
+    }
+    image = v.int("image_size", min=1)
+    _plain_gelu(v, "hidden_act", "gelu_pytorch_tanh")
+    # modeling_siglip.py builds the head unless vision_use_head says false
+    if not v.has("vision_use_head"):
+        v.fail("vision_use_head", "missing: SigLIP builds its attention-pooling head unless it is "
+                                  "false, and that head is not modelled (Gemma 3's configs say false)")
+    else:
+        _refuse_true(v, "vision_use_head", "SigLIP's attention-pooling head is not modelled "
+                                           "(Gemma 3 reads the patches, not the pooled output)")
+    _vision_shape(v, values, None, heads_key="num_attention_heads", out_key="hidden_size")
+    patch = values["patch_size"]
+    side = image // patch if image is not None and patch is not None else None
+    if side is not None and not 1 <= side * side <= VISION_LIMITS["positions"]:
+        v.fail("image_size", f"expected 1 to {VISION_LIMITS['positions']} patches of patch_size "
+                             f"({patch}), got ({image} // {patch})^2 = {side * side}")
+        side = None
+    values["positions"] = side * side if side else None
+    values["merge"] = _gemma3_pool(top, side)
+    if len(v.problems) > before or text_hidden is None or values["merge"] is None:
+        return None
+    return Vision(**values, temporal_patch=1, gated=False, norm=Norm.LAYERNORM, bias=True,
+                  qk_norm=False, sandwich_norms=False, final_norm=True, projector="linear",
+                  projector_norm=True)
+
+
+def _gemma3_pool(f: Fields, side: int | None) -> int | None:
+    """The average pool's kernel (Gemma3MultiModalProjector: patches per side // the square
+    root of mm_tokens_per_image, default 256), where it makes exactly mm_tokens_per_image
+    tokens of the ``side`` x ``side`` patch grid."""
+    tokens = f.int("mm_tokens_per_image", 256, min=1)
+    if tokens is None or side is None:
+        return None
+    per_side = math.isqrt(tokens)
+    kernel = side // per_side
+    if per_side * per_side != tokens or not kernel or kernel * per_side != side:
+        f.fail("mm_tokens_per_image", f"expected a square whose side divides the {side} patches "
+                                      f"per side (image_size // patch_size), got {tokens}")
+        return None
+    if kernel > VISION_LIMITS["merge"]:
+        f.fail("mm_tokens_per_image", f"expected at most {VISION_LIMITS['merge']} x "
+                                      f"{VISION_LIMITS['merge']} patches pooled per token, got "
+                                      f"{kernel} x {kernel}")
+        return None
+    return kernel
 
 
 # .. MiniMax-M2 ..........................................................................
@@ -1586,6 +1753,8 @@ _READERS: dict[str, Callable[[Fields], dict[str, Any]]] = {
     "deepseek_v3": _read_deepseek,
     "deepseek_v32": _read_deepseek_v32,
     "deepseek_v4": _read_deepseek_v4,
+    "gemma3": _read_gemma3,
+    "gemma3_text": _read_gemma3_text,
     "gemma4": _read_gemma4,
     "glm_moe_dsa": _read_glm_moe_dsa,
     "gpt2": _read_gpt2,
@@ -1613,7 +1782,8 @@ _READERS: dict[str, Callable[[Fields], dict[str, Any]]] = {
 _REFUSED: dict[str, Callable[[Fields], dict[str, Any]]] = {
 }
 # multimodal wrappers: the language model's keys sit under text_config
-_WRAPPERS = frozenset({"gemma4", "kimi_k25", "kimi_k3", "qwen3_5", "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe"})
+_WRAPPERS = frozenset({"gemma3", "gemma4", "kimi_k25", "kimi_k3", "qwen3_5", "qwen3_5_moe", "qwen3_vl",
+                       "qwen3_vl_moe"})
 
 
 # -- helpers -----------------------------------------------------------------------

@@ -636,6 +636,9 @@ class Vision:
     sandwich_norms: bool = False  # a norm before and after each block (Gemma 4)
     final_norm: bool = False  # a norm after the last block (MoonViT)
     projector: str = "mlp"  # "mlp" (concat + two layers) or "linear" (pool + one layer)
+    # an RMSNorm (a scale of hidden) on the pooled patch before the linear projector
+    # (Gemma 3's mm_soft_emb_norm); the MLP projector's norm is counted in params_merger
+    projector_norm: bool = False
     deepstack: int = 0
     attn_width: int = 0  # the attention's inner width where it differs from hidden (Kimi-K3)
 
@@ -669,9 +672,10 @@ class Vision:
     @property
     def params_merger(self) -> int:
         """One projector: the MLP's merged -> merged and merged -> out_hidden (biased) and
-        its norm over one patch; or one bias-free hidden -> out_hidden projection."""
+        its norm over one patch; or one bias-free hidden -> out_hidden projection (and the
+        RMSNorm before it where ``projector_norm``)."""
         if self.projector == "linear":
-            return self.hidden * self.out_hidden
+            return self.hidden * self.out_hidden + (self.hidden if self.projector_norm else 0)
         m = self.merged
         if self.projector == "mlp_post_norm":  # Kimi-K3's: a norm over its output instead
             biases = m + self.out_hidden if self.bias else 0
@@ -693,14 +697,17 @@ class Vision:
                 + self.params_merger + deep)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                               if f.name not in _VISION_OPTIONAL or getattr(self, f.name)}
         out["norm"] = self.norm.value
-        if not self.attn_width:  # written only when set, as files were before it
-            del out["attn_width"]
         return out
 
 
 PROJECTORS = ("mlp", "linear", "mlp_post_norm")
+# written only when set, so the files of the towers before them stay as they were
+_VISION_OPTIONAL = frozenset({"projector_norm", "attn_width"})
+
+
 VISION_LIMITS = {"layers": 1 << 10, "hidden": 1 << 16, "heads": 1 << 10, "ffn_hidden": 1 << 18,
                  "patch_size": 1 << 10, "out_hidden": 1 << 18, "merge": 1 << 4,
                  "temporal_patch": 1 << 6, "channels": 1 << 4, "positions": 1 << 20,
@@ -717,7 +724,7 @@ def read_vision(f: Fields) -> Vision | None:
         values[key] = f.int(key, default, min=1, max=VISION_LIMITS[key])
     for key in ("positions", "deepstack"):
         values[key] = f.int(key, 0, min=0, max=VISION_LIMITS[key])
-    for key in ("gated", "qk_norm", "sandwich_norms", "final_norm"):
+    for key in ("gated", "qk_norm", "sandwich_norms", "final_norm", "projector_norm"):
         values[key] = f.bool(key, False)
     values["norm"] = f.enum("norm", Norm, Norm.LAYERNORM)
     values["bias"] = f.bool("bias", True)
@@ -726,6 +733,9 @@ def read_vision(f: Fields) -> Vision | None:
     f.close()
     if values["projector"] not in (None, *PROJECTORS):
         f.fail("projector", f"expected one of {' | '.join(PROJECTORS)}, got {values['projector']!r}")
+    elif values["projector_norm"] and values["projector"] != "linear":
+        f.fail("projector_norm", "is the linear projector's norm (the MLP projector has its "
+                                 "own): give projector: linear, or leave it out")
     if len(f.problems) > before:
         return None
     width = values["attn_width"] or values["hidden"]

@@ -148,7 +148,8 @@ def model_problems(model: Model) -> list[tuple[str, str]]:
     the plan."""
     out = []
     if model.activation in (Activation.GEGLU, Activation.SITU):
-        out.append(("model.activation", f"Megatron-LM has no {model.activation.value} flag (--swiglu, "
+        name = "GeGLU" if model.activation is Activation.GEGLU else "SiTU"
+        out.append(("model.activation", f"Megatron-LM has no {name} flag (--swiglu, "
                                         f"--squared-relu, --quick-geglu or the default GeLU)"))
     if model.attn_res_block:
         out.append(("model.attn_res_block", "Megatron-LM has no attention residuals (Kimi-K3's "

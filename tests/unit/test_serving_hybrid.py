@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autoplan.descriptors.library import resolve_cluster, with_gpus
+from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
 from autoplan.descriptors.model import Model, Vision
 from autoplan.descriptors.strict import parse_yaml
 from autoplan.errors import InputError
@@ -88,6 +88,30 @@ def test_gpt_oss_keeps_kv_of_its_full_layers_per_token_and_of_its_sliding_layers
     assert cache.state_per_sequence == 0
     assert cache.per_sequence(10_000) == 18 * per_layer * 10_000 + 18 * per_layer * 128
     assert cache.per_sequence(100) == 36 * per_layer * 100  # inside the window: every layer
+
+
+def test_gemma3_27b_keeps_kv_of_its_10_global_layers_per_token_and_of_its_52_local_ones_up_to_1024() -> None:
+    """Five sliding layers (1024 tokens) to one global over 62 layers: 10 global, 52 local."""
+    cache = step_of(resolve_model("gemma-3-27b-it")).cache
+    per_layer = 2 * 16 * 128 * BF16  # K and V of 16 heads of 128
+    assert cache.kv_per_token == 10 * per_layer
+    assert cache.sliding_per_token == 52 * per_layer and cache.window == 1024
+    assert cache.state_per_sequence == 0
+    assert cache.per_sequence(8192) == 10 * per_layer * 8192 + 52 * per_layer * 1024
+    assert cache.per_sequence(1000) == 62 * per_layer * 1000  # inside the window: every layer
+
+
+def test_one_gemma3_image_runs_64_by_64_patches_through_siglip_and_256_tokens_through_its_projector() -> None:
+    """An 896-pixel image in patches of 14 is 4096 patches; the projector's 4 x 4 pool
+    (Vision.merge) makes the 256 tokens the workload's tokens_per_image counts."""
+    step = step_of(resolve_model("gemma-3-27b-it"))
+    h, f = 1152, 4304
+    block = 4 * h * h + 4 * h + 2 * h * f + f + h + 2 * 2 * h  # biased q, k, v, o, fc1, fc2; 2 LayerNorms
+    patches = 64 * 64
+    projector = h + h * 5376  # mm_soft_emb_norm, mm_input_projection_weight
+    flops = 27 * patches * (2 * block + 4 * patches * h) + 2 * projector * 256
+    peak = step.device.peak_bf16_flops * step.attn_eff
+    assert step.encoder_seconds(1, 256) == pytest.approx(step._kscale * flops / peak, rel=1e-12)
 
 
 def test_an_engine_without_windows_keeps_every_token_of_a_sliding_layer() -> None:
