@@ -30,8 +30,10 @@ FLAGSHIPS = [
     ("qwen3-next-80b-a3b", 81_324_862_720, "with MTP", 256),
     ("qwen3.5-397b-a17b", 397e9, "name only", 1024),
     ("kimi-linear-48b-a3b", 49_122_681_728, "", 128),
+    ("kimi-k3", 2_779_930_000_000, "xinference 2779.93B", 2048),
     ("nemotron-h-56b", 56e9, "card, rounded", 256),
     ("nemotron-3-nano-30b-a3b", 31.6e9, "card, rounded", 128),
+    ("nemotron-3-ultra-550b-a55b", 550e9, "name only", 1024),
     ("deepseek-v3.2", 685_355_329_792, "with MTP and its head", 1024),
     ("deepseek-v4-flash", 284e9, "card, rounded", 512),
     ("glm-5", 753_864_139_008, "GLM-5.1, with MTP", 1024),
@@ -43,8 +45,11 @@ FLAGSHIPS = [
     ("qwen3-vl-235b-a22b", 235_670_022_896, "with vision", 512),
     ("qwen3-vl-32b", 32e9, "name only", 128),
 ]
-BIG = {"kimi-k2.5", "glm-5", "deepseek-v3.2", "qwen3.5-397b-a17b", "qwen3-vl-235b-a22b",
-       "minimax-m2.5"}
+BIG = {"kimi-k2.5", "kimi-k3", "nemotron-3-ultra-550b-a55b", "glm-5", "deepseek-v3.2",
+       "qwen3.5-397b-a17b", "qwen3-vl-235b-a22b", "minimax-m2.5"}
+# served on more GPUs, or by another engine, than the rest: Kimi-K3 (2.8T) needs 32 H200s in
+# fp8, and runs on SGLang releases (vLLM's on main only: serving/engines/vllm.py)
+SERVE = {"kimi-k3": ("32", ("--engine", "sglang"))}
 
 
 def _json(*args: str) -> dict:
@@ -89,10 +94,10 @@ def main(argv: list[str]) -> int:
         else:
             layout, mfu = plan.get("error", "no plan")[:34], "-"
         big = name in BIG
-        served = _json("serve", "--model", name, "--cluster", "dgx-h200", "--gpus",
-                       "16" if big else "8", "--rate", "4", "--input-len", "2048",
-                       "--output-len", "256", "--top", "1",
-                       *(("--weights", "fp8") if big else ()))
+        gpus_served, extra = SERVE.get(name, ("16" if big else "8", ()))
+        served = _json("serve", "--model", name, "--cluster", "dgx-h200", "--gpus", gpus_served,
+                       "--rate", "4", "--input-len", "2048", "--output-len", "256", "--top", "1",
+                       *(("--weights", "fp8") if big else ()), *extra)
         if served.get("plans"):
             s = served["plans"][0]
             d, pred = s["deployment"], s["prediction"]
