@@ -71,13 +71,16 @@ from autoplan.measured.aiconfigurator import (
     _versions_with,
     engine_versions,
 )
+from autoplan.measured.shipped import version_key
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from autoplan.descriptors.model import Model
+
 FORMAT = "1"
 MIXERS_COMMAND = "python scripts/aiconfigurator_profiles.py mixers"
-KINDS = ("gdn", "mamba2", "dsa")
+KINDS = ("gdn", "mamba2", "dsa", "dsv4_csa", "dsv4_hca")
 # the aiconfigurator kernels each phase of a layer sums (module doc), by the table's names
 GDN_KERNELS = {
     "context": ("causal_conv1d_fn", ("chunk_gated_delta_rule", "chunk_gated_delta_rule_flashinfer")),
@@ -111,12 +114,25 @@ SHIPPED_ENGINES = ("vllm", "sglang", "trtllm")
 # layer for a 2,048-token prompt): no measured DeepSeek-V3.2 or GLM-5 run says which is
 # right, so both phases ship unapplied (``every`` in mixer_tables.py takes them), as the
 # training GEMM grids do (profiles/measured/README.md).
-APPLIES = {"gdn": "yes", "mamba2": "yes", "dsa": "no"}
+APPLIES = {"gdn": "yes", "mamba2": "yes", "dsa": "no", "dsv4_csa": "yes", "dsv4_hca": "yes"}
 # the engines whose DSA tables are taken: SGLang 0.5.14's context rows time its dense prefill
 # (prompts up to 2048 tokens) at 0.76-0.85 ms whatever the batch (1 to 8192 tokens on an H200)
 # and its sparse prefill only at 4096-8192 tokens for one or two prompts: most of a grid would
 # be extrapolated, so SGLang's sparse attention keeps the roofline
 DSA_ENGINES = ("vllm", "trtllm")
+# DeepSeek-V4's module tables: the autoplan kind of each table (its AIConfigurator attention
+# kind) and the compress ratio its rows were timed at
+DSV4_KINDS = {"csa": ("dsv4_csa", 4), "hca": ("dsv4_hca", 128)}
+# the engines whose DeepSeek-V4 tables are taken: SGLang 0.5.14's prefill rows stop at 8,192
+# tokens a batch (two thirds of the kept grid would be extrapolated) and its C rows time the
+# indexer's top-k on the collector's degenerate scores, which AIConfigurator itself takes off
+# with its dsv4_csa_topk_calib table (up to 0.08 ms of a 0.11-0.19 ms decode layer on an
+# H200), a correction its compiled core interpolates: SGLang's compressed layers keep the
+# roofline (module doc)
+DSV4_ENGINES = ("vllm", "trtllm")
+DSV4_GEMM = "fp8_block"  # the only GEMM dtype the tables hold (the collectors' fp8 checkpoints)
+DSV4_CONTEXT_LENGTHS = (1, 16, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+DSV4_GENERATION_LENGTHS = (1, 128, 512, 2048, 8192, 32768, 65536)
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,6 +389,132 @@ def _dsa(package: Package, system: str, engine: str, version: str, command: str,
     return MixerFile(_file_name(system, engine, version, "dsa", package), header, rows)
 
 
+# --------------------------------------------------------------------------- DeepSeek-V4
+
+def dsv4_model(package: Package, name: str) -> Model:
+    """The model AIConfigurator's DeepSeek-V4 rows of ``name`` were timed at: the config its
+    package ships for it (``model_configs/<owner>--<name>_config.json``, the file its
+    collectors read), imported by autoplan's own reader (its ``model_type`` set to
+    ``deepseek_v4``, as TensorRT-LLM's collector does: the FP8 repacks name ``deepseek_ref``)."""
+    import json
+
+    from autoplan.descriptors.hf import model_from_hf_config
+
+    path = package.data.parent.parent / "model_configs" / f"{name.replace('/', '--')}_config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError.single(str(path), "", f"cannot read the config of {name}: {exc}") from None
+    if not isinstance(config, dict):
+        raise InputError.single(str(path), "", "expected a JSON object")
+    return model_from_hf_config({**config, "model_type": "deepseek_v4"}, str(path))
+
+
+def _dsv4(package: Package, system: str, engine: str, version: str, command: str, which: str
+          ) -> MixerFile | None:
+    from autoplan.descriptors.model import CSA, HCA
+    from autoplan.serving.kinds import V4_DIMS, V4_INDEX_DIMS, v4_dims
+
+    kind, ratio = DSV4_KINDS[which]
+    mixer = CSA if which == "csa" else HCA
+    base = package.data / system / "sparse_attention" / engine / version
+    paths = {phase: base / f"dsv4_{which}_{phase}_module_perf.parquet" for phase in ("context", "generation")}
+    if not all(path.is_file() for path in paths.values()):
+        return None
+    frames = {}
+    for phase, path in paths.items():
+        frame = _read(path)
+        _need(frame, path, ("op_name", "kernel_source", "model", "kv_cache_dtype", "gemm_type", "num_heads",
+                            "tp_size", "batch_size", "isl", "step", "compress_ratio", "latency"))
+        frame = frame[(frame["op_name"] == f"dsv4_{which}_{phase}_module") & (frame["gemm_type"] == DSV4_GEMM)
+                      & frame["kv_cache_dtype"].isin(list(KV_DTYPES)) & (frame["compress_ratio"] == ratio)]
+        frame = _positive(frame, ["num_heads", "tp_size", "batch_size"])
+        if phase == "context":  # prompts without a prefix (the step > 0 rows are left out)
+            frame = frame[(frame["step"] == 0) & (frame["isl"] > 0)].assign(length=lambda f: f["isl"])
+            keep = DSV4_CONTEXT_LENGTHS
+        else:  # one token each, reading ``step`` tokens of cache
+            frame = frame[frame["step"] > 0].assign(length=lambda f: f["step"])
+            keep = DSV4_GENERATION_LENGTHS
+        frames[phase] = frame[frame["length"].isin(list(keep)) & frame["batch_size"].isin(list(BATCHES))]
+    names = sorted(set().union(*(set(f["model"]) for f in frames.values())))
+    models = {name: dsv4_model(package, name) for name in names}
+    dims = {name: v4_dims(m, mixer) for name, m in models.items()}
+    aliases = {d: f"a{i}" for i, d in enumerate(sorted(set(dims.values()), key=lambda d: [int(v) for v in
+                                                                                          d.split(":")]))}
+    grids: dict[str, dict[str, Cells]] = {}
+    axes: dict[str, list[int]] = {}
+    kernels: dict[str, set[str]] = {}
+    for phase, frame in frames.items():
+        # rank-local heads (AIConfigurator's convention: num_heads x tp_size is the model's), at
+        # the model's own compress ratio for the kind
+        heads = frame["model"].map(lambda n: models[n].heads)
+        ratios = frame["model"].map(lambda n: models[n].csa_ratio if mixer == CSA else models[n].hca_ratio)
+        frame = frame[(frame["num_heads"] * frame["tp_size"] == heads) & (ratios == ratio)]
+        frame = frame.assign(dims=frame["model"].map(dims), kv=frame["kv_cache_dtype"].map(KV_DTYPES))
+        frame = frame.drop_duplicates(["model", "num_heads", "kv", "batch_size", "length"])
+        kernels[phase] = set(frame["kernel_source"])
+        frame = frame.groupby(["dims", "num_heads", "kv", "batch_size", "length"],
+                              as_index=False)["latency"].median()
+        lengths = sorted(int(s) for s in frame["length"].unique())
+        axes[phase] = lengths
+        grids[phase] = {f"{aliases[str(arch)]}/{int(local)}/{kv}": {
+            (int(r.batch_size), int(r.length)): float(r.latency) for r in group.itertuples()}
+            for (arch, local, kv), group in frame.groupby(["dims", "num_heads", "kv"], sort=True)}
+    if not axes.get("context") or not axes.get("generation"):
+        return None
+    # a key is kept where both phases measured one sequence at their shortest length (the grid
+    # fills from there); the collectors' partial runs are left out whole (module doc)
+    keys = sorted(set(grids["context"]) | set(grids["generation"]))
+    kept = [k for k in keys if all((1, axes[p][0]) in grids[p].get(k, {}) for p in grids)]
+    rows: list[list[str]] = []
+    filled = 0
+    for phase in grids:
+        for key in kept:
+            got, n = _grid_rows(phase, key, grids[phase][key], axes[phase])
+            rows += got
+            filled += n
+    if not rows:
+        return None
+    fields = V4_DIMS + (":" + V4_INDEX_DIMS if mixer == CSA else "")
+    source = (f"sparse_attention/{engine}/{version}/dsv4_{which}_{{context,generation}}_module_perf.parquet")
+    header = _header(kind, system, engine, version, frames["context"], source, package)
+    header.update({
+        "kernels": "; ".join(f"{phase}: the whole DeepSeek-V4 {which.upper()} attention module "
+                             f"({', '.join(sorted(k))})" for phase, k in kernels.items()),
+        "key": "architecture/heads of one GPU/KV cache dtype",
+        "gemm": f"{DSV4_GEMM} (the projections' GEMM dtype the collectors ran)",
+        **{f"arch.{alias}": f"{'+'.join(n for n in names if dims[n] == d)} {d} ({fields})"
+           for d, alias in aliases.items()},
+        "axis.context": "seq " + " ".join(map(str, axes["context"])),
+        "axis.generation": "context " + " ".join(map(str, axes["generation"])),
+        "units": "microseconds of one layer's attention module (projections, compressor"
+                 + (", indexer and top-k" if mixer == CSA else "") + ", sliding window and compressed "
+                 "attention, grouped output projection), a CUDA graph replayed; context: one row per "
+                 "batch, one column per prompt tokens (no prefix); generation: one column per tokens "
+                 "of cache each sequence reads",
+        "filled": f"{filled} cells (module doc: from the nearest smaller batch, time x b / b')",
+        "skipped": " ".join(k for k in keys if k not in kept) or "none",
+        "command": command,
+    })
+    if header["skipped"] != "none":
+        header["skipped"] += " (partial collections: no one-sequence rows at the shortest length)"
+    return MixerFile(_file_name(system, engine, version, kind, package), header, rows)
+
+
+def _dsv4_version(package: Package, system: str, engine: str, version: str) -> str | None:
+    """The version of ``engine``'s DeepSeek-V4 tables to take: ``version`` where the package
+    holds them there, else the newest release holding them of the same line (major.minor.
+    patch): TensorRT-LLM's are at 1.3.0rc23 alone, its first release that runs the model
+    (autoplan/serving/engines/trtllm.py), where its serving profile ships at 1.3.0rc20."""
+    found = _versions_with(package.data, system, "sparse_attention", engine,
+                           "dsv4_csa_context_module_perf.parquet")
+    if version in found:
+        return version
+    line = version_key(version)[0]
+    same = [v for v in found if version_key(v)[0] == line]
+    return max(same, key=version_key) if same else None
+
+
 def _heads(arch: str) -> int:
     from autoplan.descriptors.library import resolve_model
 
@@ -402,4 +544,10 @@ def mixer_files(package: Package, system: str, command: str = MIXERS_COMMAND,
             dsa = _dsa(package, system, engine, version, command, _heads)
             if dsa is not None:
                 out.append(dsa)
+        v4 = _dsv4_version(package, system, engine, version) if engine in DSV4_ENGINES else None
+        for which in DSV4_KINDS if v4 is not None else ():
+            assert v4 is not None
+            got = _dsv4(package, system, engine, v4, command, which)
+            if got is not None:
+                out.append(got)
     return out

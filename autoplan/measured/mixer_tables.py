@@ -48,7 +48,7 @@ FORMAT = "1"
 MAX_TABLE_BYTES = 1 << 20
 US = 1e-6
 PHASES = ("context", "generation")
-KINDS = ("gdn", "mamba2", "dsa")
+KINDS = ("gdn", "mamba2", "dsa", "dsv4_csa", "dsv4_hca")
 
 
 def _label(path: Path) -> str:
