@@ -429,6 +429,7 @@ def _dsv4(package: Package, system: str, engine: str, version: str, command: str
         frame = frame[(frame["op_name"] == f"dsv4_{which}_{phase}_module") & (frame["gemm_type"] == DSV4_GEMM)
                       & frame["kv_cache_dtype"].isin(list(KV_DTYPES)) & (frame["compress_ratio"] == ratio)]
         frame = _positive(frame, ["num_heads", "tp_size", "batch_size"])
+        keep: tuple[int, ...]
         if phase == "context":  # prompts without a prefix (the step > 0 rows are left out)
             frame = frame[(frame["step"] == 0) & (frame["isl"] > 0)].assign(length=lambda f: f["isl"])
             keep = DSV4_CONTEXT_LENGTHS
