@@ -1,6 +1,7 @@
 """Serving's measured token-mixer tables from NVIDIA AIConfigurator's kernel tables: the
-Gated DeltaNet and Mamba-2 kernels of its ``linear_attention`` tables and the DeepSeek Sparse
-Attention module of its ``sparse_attention`` tables, per GPU and engine version, written as
+Gated DeltaNet and Mamba-2 kernels of its ``linear_attention`` tables, and the DeepSeek Sparse
+Attention module and DeepSeek-V4's compressed-attention modules of its ``sparse_attention``
+tables, per GPU and engine version, written as
 ``profiles/measured/mixers/<device>-<engine>-<version>-<kind>-aiconfigurator-<aic>.csv``
 (format and lookup: :mod:`autoplan.measured.mixer_tables`; ``python
 scripts/aiconfigurator_profiles.py mixers``).
@@ -40,6 +41,45 @@ in milliseconds):
   ``isl`` tokens with no prefix (``step`` 0; the ``step`` 128 rows are left out);
   generation: ``batch_size`` sequences of one token each reading ``step`` tokens of cache.
   Taken from vLLM and TensorRT-LLM only (:data:`DSA_ENGINES` says why not SGLang's).
+- ``dsv4_{csa,hca}_{context,generation}_module_perf.parquet`` (kinds ``dsv4_csa``,
+  ``dsv4_hca``: DeepSeek-V4's C and H layers). What a row is was read from AIConfigurator's
+  collectors (``collector/vllm/collect_dsv4_attn.py``, ``collector/trtllm/
+  collect_dsv4_attn.py`` in its repository), its model builder (``sdk/models/
+  deepseek_v4.py``) and its core's sources (``operators/dsv4.rs``, ``perf_database/
+  dsv4.rs``; the wheel's compiled core itself is not readable): one layer's whole
+  ``DeepseekV4Attention`` forward, built by the engine from a one-layer config of the
+  ``model`` column's checkpoint with ``compress_ratios`` [4] (CSA) or [128] (HCA) and dummy
+  fp8 weights: the q down and up projections, the key-value projection, the compressor(s)
+  (C: its indexer's too), C's indexer (query heads, head weights, FP4 logits, top-k), the
+  sparse attention over the sliding window and the pooled keys in one kernel
+  (``FLASHMLA_SPARSE_DSV4`` in vLLM, ``DeepseekV4TrtllmAttention`` in TensorRT-LLM), the
+  grouped ``wo_a`` and ``wo_b``; timed as a replayed CUDA graph (both collectors'
+  ``benchmark_with_power(use_cuda_graph=True)``), no collective (TP is simulated in one
+  process). AIConfigurator prices a layer's attention with this one op, no separate
+  projection GEMMs (``sdk/models/deepseek_v4.py``), as serving does here: the module less
+  its projections at fp8 (``StepModel._block_gemms``), the layer's GEMMs priced apart.
+  ``num_heads`` is the GPU's share (the collectors' "rank-local" convention: ``num_heads x
+  tp_size`` is the model's heads; rows breaking it are left out); ``tp_size`` the TP it
+  stands for. Context rows: ``batch_size`` prompts of ``isl`` new tokens after ``step``
+  tokens of prefix; only ``step`` 0 is kept (the serving cost prices a chunk after a prefix
+  as the larger of its own time and that of prefix + chunk less that of the prefix: against
+  vLLM's measured prefix rows on an H200, Flash at TP 8, within 13% for C, 3% for H).
+  Generation rows: ``batch_size`` sequences of one token each after ``step`` tokens of
+  cache. The dims of each ``model`` (``sgl-project/DeepSeek-V4-Flash-FP8``, ``...-Pro-FP8``,
+  ``deepseek-ai/DeepSeek-V4-Pro``) are read by autoplan's HuggingFace import from the config
+  the package ships for it, the one its collectors read (:func:`dsv4_model`), and written in
+  each file (``arch.`` lines, through ``serving.kinds.v4_dims``). Only ``fp8_block`` GEMMs and
+  an fp8 cache were timed. Taken from vLLM 0.24.0 (six GPUs) and TensorRT-LLM 1.3.0rc23
+  (B200, B300, GB200, GB300: its first release that runs the model; its other tables ship
+  at 1.3.0rc20); not SGLang's (:data:`DSV4_ENGINES` says why). Dummy weights give the
+  indexer near-constant scores; AIConfigurator corrects SGLang's C rows for the top-k this
+  makes slow (``dsv4_csa_topk_calib``) and takes vLLM's and TensorRT-LLM's as measured
+  (their collectors: "no trtllm calib table is produced yet - same accepted state as vllm
+  0.24.0"), as here. A key whose collection is partial (no one-sequence row at the shortest
+  length in a phase: vLLM's Pro rows on B300 and GB300) is left out whole, named in the
+  file's ``# skipped:`` line. ``dsv4_hca_attn_module``, ``dsv4_paged_mqa_logits_module``
+  and ``dsv4_csa_topk_calib`` are not taken: AIConfigurator reads them only for context
+  parallelism's composition and SGLang's top-k correction.
 
 Grids: per key, one row per batch size, one column per sequence length (context: tokens
 per sequence; generation: GDN and Mamba-2 one token, DSA its context), microseconds. A cell
@@ -48,7 +88,8 @@ runs out) is filled from the nearest smaller measured batch at its rate per sequ
 (time x b / b': sequences are independent), else the nearest shorter length (time x s / s');
 each file counts them in its ``# filled:`` line. DSA's length axes are thinned to
 :data:`DSA_CONTEXT_LENGTHS` and :data:`DSA_GENERATION_LENGTHS` and its heads to the
-architectures' heads over TP 1, 2, 4, 8 (the shipped files stay small).
+architectures' heads over TP 1, 2, 4, 8, DeepSeek-V4's to :data:`DSV4_CONTEXT_LENGTHS` and
+:data:`DSV4_GENERATION_LENGTHS` (the shipped files stay small).
 """
 
 from __future__ import annotations
@@ -113,7 +154,13 @@ SHIPPED_ENGINES = ("vllm", "sglang", "trtllm")
 # sparse MLA) at 2.8-19x the roofline's time (TensorRT-LLM 1.3.0rc20 on an H200: 3.2 ms a
 # layer for a 2,048-token prompt): no measured DeepSeek-V3.2 or GLM-5 run says which is
 # right, so both phases ship unapplied (``every`` in mixer_tables.py takes them), as the
-# training GEMM grids do (profiles/measured/README.md).
+# training GEMM grids do (profiles/measured/README.md). DeepSeek-V4's modules apply in both
+# phases: their collectors replay each as a CUDA graph (module doc), the form an engine's
+# decode step runs in, and no other measurement of the model's attention exists. They run
+# 3-20x the roofline of the same work (benchmarks/serving_mixer_tables.py: Flash at TP 8 on an
+# H200 with vLLM, a C layer's decode of 64 sequences of 4,096 tokens 125 us against 19 us; its
+# TPOT at 2 requests/s 5.2 -> 7.5 ms): no measured DeepSeek-V4 run says which is right; "no"
+# here (and a rewrite) keeps the roofline.
 APPLIES = {"gdn": "yes", "mamba2": "yes", "dsa": "no", "dsv4_csa": "yes", "dsv4_hca": "yes"}
 # the engines whose DSA tables are taken: SGLang 0.5.14's context rows time its dense prefill
 # (prompts up to 2048 tokens) at 0.76-0.85 ms whatever the batch (1 to 8192 tokens on an H200)
