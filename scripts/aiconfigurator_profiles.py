@@ -19,7 +19,8 @@ same per profile). ``kernels`` writes training's measured kernel grids
 TensorRT-LLM's table and the NCCL grid (``autoplan.measured.aiconfigurator.kernel_grids``).
 ``mixers`` writes serving's measured token-mixer tables (``autoplan/measured/mixer_tables.py``):
 per device of :data:`SYSTEMS` and engine at the version its serving profile ships at, the
-Gated DeltaNet and Mamba-2 kernels and the DeepSeek Sparse Attention block
+Gated DeltaNet and Mamba-2 kernels, the DeepSeek Sparse Attention block and DeepSeek-V4's C
+and H attention modules (TensorRT-LLM's at 1.3.0rc23, its first release that runs the model)
 (``autoplan.measured.aiconfigurator_mixers.mixer_files``).
 """
 

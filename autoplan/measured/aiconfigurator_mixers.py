@@ -1,6 +1,7 @@
 """Serving's measured token-mixer tables from NVIDIA AIConfigurator's kernel tables: the
-Gated DeltaNet and Mamba-2 kernels of its ``linear_attention`` tables and the DeepSeek Sparse
-Attention module of its ``sparse_attention`` tables, per GPU and engine version, written as
+Gated DeltaNet and Mamba-2 kernels of its ``linear_attention`` tables, and the DeepSeek Sparse
+Attention module and DeepSeek-V4's compressed-attention modules of its ``sparse_attention``
+tables, per GPU and engine version, written as
 ``profiles/measured/mixers/<device>-<engine>-<version>-<kind>-aiconfigurator-<aic>.csv``
 (format and lookup: :mod:`autoplan.measured.mixer_tables`; ``python
 scripts/aiconfigurator_profiles.py mixers``).
@@ -40,6 +41,45 @@ in milliseconds):
   ``isl`` tokens with no prefix (``step`` 0; the ``step`` 128 rows are left out);
   generation: ``batch_size`` sequences of one token each reading ``step`` tokens of cache.
   Taken from vLLM and TensorRT-LLM only (:data:`DSA_ENGINES` says why not SGLang's).
+- ``dsv4_{csa,hca}_{context,generation}_module_perf.parquet`` (kinds ``dsv4_csa``,
+  ``dsv4_hca``: DeepSeek-V4's C and H layers). What a row is was read from AIConfigurator's
+  collectors (``collector/vllm/collect_dsv4_attn.py``, ``collector/trtllm/
+  collect_dsv4_attn.py`` in its repository), its model builder (``sdk/models/
+  deepseek_v4.py``) and its core's sources (``operators/dsv4.rs``, ``perf_database/
+  dsv4.rs``; the wheel's compiled core itself is not readable): one layer's whole
+  ``DeepseekV4Attention`` forward, built by the engine from a one-layer config of the
+  ``model`` column's checkpoint with ``compress_ratios`` [4] (CSA) or [128] (HCA) and dummy
+  fp8 weights: the q down and up projections, the key-value projection, the compressor(s)
+  (C: its indexer's too), C's indexer (query heads, head weights, FP4 logits, top-k), the
+  sparse attention over the sliding window and the pooled keys in one kernel
+  (``FLASHMLA_SPARSE_DSV4`` in vLLM, ``DeepseekV4TrtllmAttention`` in TensorRT-LLM), the
+  grouped ``wo_a`` and ``wo_b``; timed as a replayed CUDA graph (both collectors'
+  ``benchmark_with_power(use_cuda_graph=True)``), no collective (TP is simulated in one
+  process). AIConfigurator prices a layer's attention with this one op, no separate
+  projection GEMMs (``sdk/models/deepseek_v4.py``), as serving does here: the module less
+  its projections at fp8 (``StepModel._block_gemms``), the layer's GEMMs priced apart.
+  ``num_heads`` is the GPU's share (the collectors' "rank-local" convention: ``num_heads x
+  tp_size`` is the model's heads; rows breaking it are left out); ``tp_size`` the TP it
+  stands for. Context rows: ``batch_size`` prompts of ``isl`` new tokens after ``step``
+  tokens of prefix; only ``step`` 0 is kept (the serving cost prices a chunk after a prefix
+  as the larger of its own time and that of prefix + chunk less that of the prefix: against
+  vLLM's measured prefix rows on an H200, Flash at TP 8, within 13% for C, 3% for H).
+  Generation rows: ``batch_size`` sequences of one token each after ``step`` tokens of
+  cache. The dims of each ``model`` (``sgl-project/DeepSeek-V4-Flash-FP8``, ``...-Pro-FP8``,
+  ``deepseek-ai/DeepSeek-V4-Pro``) are read by autoplan's HuggingFace import from the config
+  the package ships for it, the one its collectors read (:func:`dsv4_model`), and written in
+  each file (``arch.`` lines, through ``serving.kinds.v4_dims``). Only ``fp8_block`` GEMMs and
+  an fp8 cache were timed. Taken from vLLM 0.24.0 (six GPUs) and TensorRT-LLM 1.3.0rc23
+  (B200, B300, GB200, GB300: its first release that runs the model; its other tables ship
+  at 1.3.0rc20); not SGLang's (:data:`DSV4_ENGINES` says why). Dummy weights give the
+  indexer near-constant scores; AIConfigurator corrects SGLang's C rows for the top-k this
+  makes slow (``dsv4_csa_topk_calib``) and takes vLLM's and TensorRT-LLM's as measured
+  (their collectors: "no trtllm calib table is produced yet - same accepted state as vllm
+  0.24.0"), as here. A key whose collection is partial (no one-sequence row at the shortest
+  length in a phase: vLLM's Pro rows on B300 and GB300) is left out whole, named in the
+  file's ``# skipped:`` line. ``dsv4_hca_attn_module``, ``dsv4_paged_mqa_logits_module``
+  and ``dsv4_csa_topk_calib`` are not taken: AIConfigurator reads them only for context
+  parallelism's composition and SGLang's top-k correction.
 
 Grids: per key, one row per batch size, one column per sequence length (context: tokens
 per sequence; generation: GDN and Mamba-2 one token, DSA its context), microseconds. A cell
@@ -48,7 +88,8 @@ runs out) is filled from the nearest smaller measured batch at its rate per sequ
 (time x b / b': sequences are independent), else the nearest shorter length (time x s / s');
 each file counts them in its ``# filled:`` line. DSA's length axes are thinned to
 :data:`DSA_CONTEXT_LENGTHS` and :data:`DSA_GENERATION_LENGTHS` and its heads to the
-architectures' heads over TP 1, 2, 4, 8 (the shipped files stay small).
+architectures' heads over TP 1, 2, 4, 8, DeepSeek-V4's to :data:`DSV4_CONTEXT_LENGTHS` and
+:data:`DSV4_GENERATION_LENGTHS` (the shipped files stay small).
 """
 
 from __future__ import annotations
@@ -71,13 +112,16 @@ from autoplan.measured.aiconfigurator import (
     _versions_with,
     engine_versions,
 )
+from autoplan.measured.shipped import version_key
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from autoplan.descriptors.model import Model
+
 FORMAT = "1"
 MIXERS_COMMAND = "python scripts/aiconfigurator_profiles.py mixers"
-KINDS = ("gdn", "mamba2", "dsa")
+KINDS = ("gdn", "mamba2", "dsa", "dsv4_csa", "dsv4_hca")
 # the aiconfigurator kernels each phase of a layer sums (module doc), by the table's names
 GDN_KERNELS = {
     "context": ("causal_conv1d_fn", ("chunk_gated_delta_rule", "chunk_gated_delta_rule_flashinfer")),
@@ -110,13 +154,32 @@ SHIPPED_ENGINES = ("vllm", "sglang", "trtllm")
 # sparse MLA) at 2.8-19x the roofline's time (TensorRT-LLM 1.3.0rc20 on an H200: 3.2 ms a
 # layer for a 2,048-token prompt): no measured DeepSeek-V3.2 or GLM-5 run says which is
 # right, so both phases ship unapplied (``every`` in mixer_tables.py takes them), as the
-# training GEMM grids do (profiles/measured/README.md).
-APPLIES = {"gdn": "yes", "mamba2": "yes", "dsa": "no"}
+# training GEMM grids do (profiles/measured/README.md). DeepSeek-V4's modules apply in both
+# phases: their collectors replay each as a CUDA graph (module doc), the form an engine's
+# decode step runs in, and no other measurement of the model's attention exists. They run
+# 3-20x the roofline of the same work (benchmarks/serving_mixer_tables.py: Flash at TP 8 on an
+# H200 with vLLM, a C layer's decode of 64 sequences of 4,096 tokens 125 us against 19 us; its
+# TPOT at 2 requests/s 5.2 -> 7.5 ms): no measured DeepSeek-V4 run says which is right; "no"
+# here (and a rewrite) keeps the roofline.
+APPLIES = {"gdn": "yes", "mamba2": "yes", "dsa": "no", "dsv4_csa": "yes", "dsv4_hca": "yes"}
 # the engines whose DSA tables are taken: SGLang 0.5.14's context rows time its dense prefill
 # (prompts up to 2048 tokens) at 0.76-0.85 ms whatever the batch (1 to 8192 tokens on an H200)
 # and its sparse prefill only at 4096-8192 tokens for one or two prompts: most of a grid would
 # be extrapolated, so SGLang's sparse attention keeps the roofline
 DSA_ENGINES = ("vllm", "trtllm")
+# DeepSeek-V4's module tables: the autoplan kind of each table (its AIConfigurator attention
+# kind) and the compress ratio its rows were timed at
+DSV4_KINDS = {"csa": ("dsv4_csa", 4), "hca": ("dsv4_hca", 128)}
+# the engines whose DeepSeek-V4 tables are taken: SGLang 0.5.14's prefill rows stop at 8,192
+# tokens a batch (two thirds of the kept grid would be extrapolated) and its C rows time the
+# indexer's top-k on the collector's degenerate scores, which AIConfigurator itself takes off
+# with its dsv4_csa_topk_calib table (up to 0.08 ms of a 0.11-0.19 ms decode layer on an
+# H200), a correction its compiled core interpolates: SGLang's compressed layers keep the
+# roofline (module doc)
+DSV4_ENGINES = ("vllm", "trtllm")
+DSV4_GEMM = "fp8_block"  # the only GEMM dtype the tables hold (the collectors' fp8 checkpoints)
+DSV4_CONTEXT_LENGTHS = (1, 16, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+DSV4_GENERATION_LENGTHS = (1, 128, 512, 2048, 8192, 32768, 65536)
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,6 +436,133 @@ def _dsa(package: Package, system: str, engine: str, version: str, command: str,
     return MixerFile(_file_name(system, engine, version, "dsa", package), header, rows)
 
 
+# --------------------------------------------------------------------------- DeepSeek-V4
+
+def dsv4_model(package: Package, name: str) -> Model:
+    """The model AIConfigurator's DeepSeek-V4 rows of ``name`` were timed at: the config its
+    package ships for it (``model_configs/<owner>--<name>_config.json``, the file its
+    collectors read), imported by autoplan's own reader (its ``model_type`` set to
+    ``deepseek_v4``, as TensorRT-LLM's collector does: the FP8 repacks name ``deepseek_ref``)."""
+    import json
+
+    from autoplan.descriptors.hf import model_from_hf_config
+
+    path = package.data.parent.parent / "model_configs" / f"{name.replace('/', '--')}_config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError.single(str(path), "", f"cannot read the config of {name}: {exc}") from None
+    if not isinstance(config, dict):
+        raise InputError.single(str(path), "", "expected a JSON object")
+    return model_from_hf_config({**config, "model_type": "deepseek_v4"}, str(path))
+
+
+def _dsv4(package: Package, system: str, engine: str, version: str, command: str, which: str
+          ) -> MixerFile | None:
+    from autoplan.descriptors.model import CSA, HCA
+    from autoplan.serving.kinds import V4_DIMS, V4_INDEX_DIMS, v4_dims
+
+    kind, ratio = DSV4_KINDS[which]
+    mixer = CSA if which == "csa" else HCA
+    base = package.data / system / "sparse_attention" / engine / version
+    paths = {phase: base / f"dsv4_{which}_{phase}_module_perf.parquet" for phase in ("context", "generation")}
+    if not all(path.is_file() for path in paths.values()):
+        return None
+    frames = {}
+    for phase, path in paths.items():
+        frame = _read(path)
+        _need(frame, path, ("op_name", "kernel_source", "model", "kv_cache_dtype", "gemm_type", "num_heads",
+                            "tp_size", "batch_size", "isl", "step", "compress_ratio", "latency"))
+        frame = frame[(frame["op_name"] == f"dsv4_{which}_{phase}_module") & (frame["gemm_type"] == DSV4_GEMM)
+                      & frame["kv_cache_dtype"].isin(list(KV_DTYPES)) & (frame["compress_ratio"] == ratio)]
+        frame = _positive(frame, ["num_heads", "tp_size", "batch_size"])
+        keep: tuple[int, ...]
+        if phase == "context":  # prompts without a prefix (the step > 0 rows are left out)
+            frame = frame[(frame["step"] == 0) & (frame["isl"] > 0)].assign(length=lambda f: f["isl"])
+            keep = DSV4_CONTEXT_LENGTHS
+        else:  # one token each, reading ``step`` tokens of cache
+            frame = frame[frame["step"] > 0].assign(length=lambda f: f["step"])
+            keep = DSV4_GENERATION_LENGTHS
+        frames[phase] = frame[frame["length"].isin(list(keep)) & frame["batch_size"].isin(list(BATCHES))]
+    names = sorted(set().union(*(set(f["model"]) for f in frames.values())))
+    models = {name: dsv4_model(package, name) for name in names}
+    dims = {name: v4_dims(m, mixer) for name, m in models.items()}
+    aliases = {d: f"a{i}" for i, d in enumerate(sorted(set(dims.values()), key=lambda d: [int(v) for v in
+                                                                                          d.split(":")]))}
+    grids: dict[str, dict[str, Cells]] = {}
+    axes: dict[str, list[int]] = {}
+    kernels: dict[str, set[str]] = {}
+    for phase, frame in frames.items():
+        # rank-local heads (AIConfigurator's convention: num_heads x tp_size is the model's), at
+        # the model's own compress ratio for the kind
+        heads = frame["model"].map(lambda n: models[n].heads)
+        ratios = frame["model"].map(lambda n: models[n].csa_ratio if mixer == CSA else models[n].hca_ratio)
+        frame = frame[(frame["num_heads"] * frame["tp_size"] == heads) & (ratios == ratio)]
+        frame = frame.assign(dims=frame["model"].map(dims), kv=frame["kv_cache_dtype"].map(KV_DTYPES))
+        frame = frame.drop_duplicates(["model", "num_heads", "kv", "batch_size", "length"])
+        kernels[phase] = set(frame["kernel_source"])
+        frame = frame.groupby(["dims", "num_heads", "kv", "batch_size", "length"],
+                              as_index=False)["latency"].median()
+        lengths = sorted(int(s) for s in frame["length"].unique())
+        axes[phase] = lengths
+        grids[phase] = {f"{aliases[str(arch)]}/{int(local)}/{kv}": {
+            (int(r.batch_size), int(r.length)): float(r.latency) for r in group.itertuples()}
+            for (arch, local, kv), group in frame.groupby(["dims", "num_heads", "kv"], sort=True)}
+    if not axes.get("context") or not axes.get("generation"):
+        return None
+    # a key is kept where both phases measured one sequence at their shortest length (the grid
+    # fills from there); the collectors' partial runs are left out whole (module doc)
+    keys = sorted(set(grids["context"]) | set(grids["generation"]))
+    kept = [k for k in keys if all((1, axes[p][0]) in grids[p].get(k, {}) for p in grids)]
+    rows: list[list[str]] = []
+    filled = 0
+    for phase in grids:
+        for key in kept:
+            got, n = _grid_rows(phase, key, grids[phase][key], axes[phase])
+            rows += got
+            filled += n
+    if not rows:
+        return None
+    fields = V4_DIMS + (":" + V4_INDEX_DIMS if mixer == CSA else "")
+    source = (f"sparse_attention/{engine}/{version}/dsv4_{which}_{{context,generation}}_module_perf.parquet")
+    header = _header(kind, system, engine, version, frames["context"], source, package)
+    header.update({
+        "kernels": "; ".join(f"{phase}: the whole DeepSeek-V4 {which.upper()} attention module "
+                             f"({', '.join(sorted(k))})" for phase, k in kernels.items()),
+        "key": "architecture/heads of one GPU/KV cache dtype",
+        "gemm": f"{DSV4_GEMM} (the projections' GEMM dtype the collectors ran)",
+        **{f"arch.{alias}": f"{'+'.join(n for n in names if dims[n] == d)} {d} ({fields})"
+           for d, alias in aliases.items()},
+        "axis.context": "seq " + " ".join(map(str, axes["context"])),
+        "axis.generation": "context " + " ".join(map(str, axes["generation"])),
+        "units": "microseconds of one layer's attention module (projections, compressor"
+                 + (", indexer and top-k" if mixer == CSA else "") + ", sliding window and compressed "
+                 "attention, grouped output projection), a CUDA graph replayed; context: one row per "
+                 "batch, one column per prompt tokens (no prefix); generation: one column per tokens "
+                 "of cache each sequence reads",
+        "filled": f"{filled} cells (module doc: from the nearest smaller batch, time x b / b')",
+        "skipped": " ".join(k for k in keys if k not in kept) or "none",
+        "command": command,
+    })
+    if header["skipped"] != "none":
+        header["skipped"] += " (partial collections: no one-sequence rows at the shortest length)"
+    return MixerFile(_file_name(system, engine, version, kind, package), header, rows)
+
+
+def _dsv4_version(package: Package, system: str, engine: str, version: str) -> str | None:
+    """The version of ``engine``'s DeepSeek-V4 tables to take: ``version`` where the package
+    holds them there, else the newest release holding them of the same line (major.minor.
+    patch): TensorRT-LLM's are at 1.3.0rc23 alone, its first release that runs the model
+    (autoplan/serving/engines/trtllm.py), where its serving profile ships at 1.3.0rc20."""
+    found = _versions_with(package.data, system, "sparse_attention", engine,
+                           "dsv4_csa_context_module_perf.parquet")
+    if version in found:
+        return version
+    line = version_key(version)[0]
+    same = [v for v in found if version_key(v)[0] == line]
+    return max(same, key=version_key) if same else None
+
+
 def _heads(arch: str) -> int:
     from autoplan.descriptors.library import resolve_model
 
@@ -402,4 +592,10 @@ def mixer_files(package: Package, system: str, command: str = MIXERS_COMMAND,
             dsa = _dsa(package, system, engine, version, command, _heads)
             if dsa is not None:
                 out.append(dsa)
+        v4 = _dsv4_version(package, system, engine, version) if engine in DSV4_ENGINES else None
+        for which in DSV4_KINDS if v4 is not None else ():
+            assert v4 is not None
+            got = _dsv4(package, system, engine, v4, command, which)
+            if got is not None:
+                out.append(got)
     return out

@@ -1,17 +1,19 @@
 """Serving's measured token-mixer tables: one layer's Gated DeltaNet kernels, Mamba-2's causal
-conv and DeepSeek Sparse Attention's whole block, timed per GPU and engine version, shipped
+conv, DeepSeek Sparse Attention's whole block and DeepSeek-V4's compressed-attention modules
+(C, H), timed per GPU and engine version, shipped
 under ``profiles/measured/mixers/`` (made from NVIDIA AIConfigurator's tables by
 :mod:`autoplan.measured.aiconfigurator_mixers`, which says what each table measured).
 
 Plain Python on the lookup path (no pandas): a serving simulation asks for thousands of
 iterations.
 
-A file (``# autoplan-mixer-kernels: 1``) holds one ``kind`` (gdn, mamba2, dsa) of one
-``descriptor`` (the autoplan device), ``engine`` and ``engine_version``; its ``key``
-line says what a key is (a GPU's share of a layer: its heads and head dims, its conv
-channels, or a DSA architecture's dims with its heads and KV dtype); ``axis.context`` and
-``axis.generation`` the lengths of its columns (tokens a sequence computes; DSA's
-generation: the context each sequence reads); each row ``phase,key,batch,us...`` one
+A file (``# autoplan-mixer-kernels: 1``) holds one ``kind`` (gdn, mamba2, dsa, dsv4_csa,
+dsv4_hca) of one ``descriptor`` (the autoplan device), ``engine`` and ``engine_version``; its
+``key`` line says what a key is (a GPU's share of a layer: its heads and head dims, its conv
+channels, or a DSA or DeepSeek-V4 architecture's dims with its heads and KV dtype, the dims
+written as the alias of an ``arch.<alias>: <name> <dims>`` line); ``axis.context`` and
+``axis.generation`` the lengths of its columns (tokens a sequence computes; DSA's and
+DeepSeek-V4's generation: the context each sequence reads); each row ``phase,key,batch,us...`` one
 batch size's microseconds over that phase's lengths. ``applies`` names the phases the cost
 model takes from the file (``context``, ``generation``; ``yes``: both, ``no``: none); the
 rest of the file is shipped, read by :func:`shipped_mixers` with ``every=True``.
@@ -48,7 +50,7 @@ FORMAT = "1"
 MAX_TABLE_BYTES = 1 << 20
 US = 1e-6
 PHASES = ("context", "generation")
-KINDS = ("gdn", "mamba2", "dsa")
+KINDS = ("gdn", "mamba2", "dsa", "dsv4_csa", "dsv4_hca")
 
 
 def _label(path: Path) -> str:

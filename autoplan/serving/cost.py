@@ -19,9 +19,10 @@ decoding sequence. Per GPU of a pipeline stage it costs, layer by layer:
   kv_heads), MLA its compressed latent (kv_lora_rank + rope dims, replicated over TP;
   DeepSeek-V2 Sec. 2.1; decode runs the absorbed form);
 - a model whose layers differ (``serving.kinds``): each kind's mixer and MLP; Gated
-  DeltaNet, Mamba-2's conv and DeepSeek Sparse Attention from the measured mixer tables of
-  the plan's engine where the device carries them and they hold the layer's shape
-  (``Device.mixer_kernels``, :meth:`StepModel._init_tables`), the roofline elsewhere;
+  DeltaNet, Mamba-2's conv, DeepSeek Sparse Attention and DeepSeek-V4's compressed
+  attention (C, H) from the measured mixer tables of the plan's engine where the device
+  carries them, they apply and they hold the layer's shape (``Device.mixer_kernels``,
+  :meth:`StepModel._init_tables`), the roofline elsewhere;
 - tensor parallel: two all-reduces of the tokens' hidden states per layer (Megatron-LM,
   Shoeybi et al. 2019), expert parallel: a dispatch and a combine all-to-all of the
   routed tokens; pipeline parallel: a send of the hidden states per stage boundary; on
@@ -54,6 +55,7 @@ from autoplan.descriptors.model import (
     COMPRESSED_MIXERS,
     CSA,
     FULL,
+    HCA,
     LINEAR_MIXERS,
     MAMBA,
     MOE,
@@ -90,6 +92,13 @@ from autoplan.vocab import Dtype
 
 ACT_BYTES = 2  # hidden states move in 16 bits between kernels and over the links
 TABLE_PHASES = ("context", "generation")  # the phases a measured mixer table prices (prefill, decode)
+# the mixers whose measured tables time a layer's whole block, its projections included
+# (DeepSeek Sparse Attention's and DeepSeek-V4's attention modules): the block less its
+# projections, which the layer's GEMMs price (StepModel._block_gemms)
+BLOCK_MIXERS = (SPARSE, CSA, HCA)
+# the GEMM dtype DeepSeek-V4's module tables were timed with (fp8_block: the collectors'
+# FP8 checkpoints; autoplan.measured.aiconfigurator_mixers.DSV4_GEMM)
+V4_TABLE_DTYPE = Dtype.FP8
 LOGIT_BYTES = 4  # logits are sampled in fp32
 # kernels per transformer layer in an iteration: a dense layer's 14 (norms, QKV, RoPE,
 # attention, O, residual, the MLP's GEMMs and activation, the collectives); layers with more
@@ -261,6 +270,9 @@ class StepModel:
     _table_keys: dict[str, tuple[str, str]] = field(default_factory=dict, init=False, repr=False)
     _table_sources: dict[tuple[str, str], str] = field(default_factory=dict, init=False, repr=False)
     _table_memo: dict[tuple[str, str, int, int], float] = field(default_factory=dict, init=False, repr=False)
+    # a block mixer's projections as its table timed them (_block_gemms)
+    _block_shapes: dict[str, tuple[tuple[float, float, float], ...]] = field(
+        default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         d, m, dev = self.deployment, self.model, self.cluster.device
@@ -836,8 +848,9 @@ class StepModel:
     def _init_tables(self, rate: float) -> None:
         """The mixers a measured table prices (``Device.mixer_kernels``, the serving door's:
         AIConfigurator's timings of one layer; serving.kinds.table_key files a layer): per
-        mixer its table kind and key, and per phase whether a table applies. What the tables
-        leave to the roofline: Mamba-2's SSD scan and state (its tables time the conv);
+        mixer its table kind and key, and per phase whether a table applies; a block mixer's
+        projections as its table timed them (:meth:`_block_gemms`). What the tables leave to
+        the roofline: Mamba-2's SSD scan and state (its tables time the conv);
         the projections of a sparse layer are in its measured block and priced apart with
         the layer's GEMMs, so the block's time less theirs is added here."""
         m, d = self.model, self.deployment
@@ -860,6 +873,21 @@ class StepModel:
             self._ssm_state_s = 2.0 * ssm / self.mem_eff_Bps
         if SPARSE in self._table_keys:
             self._sparse_mixer_shapes = self._shapes(mixers.mixer_gemms(m, SPARSE, 1.0, d.tp))
+            self._block_shapes[SPARSE] = self._sparse_mixer_shapes
+        for mixer in COMPRESSED_MIXERS & self._table_keys.keys():  # fp8 weights, as timed
+            self._block_shapes[mixer] = tuple((g.n, g.k, 1.0 if g.quantized else ACT_BYTES)
+                                              for g in mixers.mixer_gemms(m, mixer, 1.0, d.tp))
+
+    def _block_gemms(self, mixer: str, tokens: float) -> float:
+        """The projections of a block mixer's layer for ``tokens`` rows as its table timed
+        them, which its block's time is taken less of (the layer's GEMMs price them at the
+        plan's precision): DSA's at the plan's (its tables' median over bf16 and fp8 GEMMs,
+        taken for 16-bit and fp8 plans alone), DeepSeek-V4's at fp8 (its tables' one dtype),
+        whatever the plan's weights."""
+        shapes = self._block_shapes[mixer]
+        if mixer == SPARSE:
+            return self._gemms(tokens, shapes)
+        return sum(gemm_time(tokens, n, k, self.device, V4_TABLE_DTYPE, wb) for n, k, wb in shapes)
 
     def table_sources(self) -> dict[str, dict[str, str | None]]:
         """Per mixer a measured table prices in some phase: phase (``context``, ``generation``)
@@ -874,8 +902,13 @@ class StepModel:
         """The roofline's seconds of one layer's tabled part for ``batch`` sequences of
         ``length`` (what scales a measured time past its table's edge): the recurrent
         kernels' time is linear in tokens; a sparse layer's block is its projections, the
-        indexer over every earlier key and MLA over at most index_topk of them."""
+        indexer over every earlier key and MLA over at most index_topk of them; a compressed
+        layer's its projections, its window's keys and its pooled ones (C: at most index_topk
+        of them, and the indexer over all), as :meth:`_attention_kinds` and
+        :meth:`_decode_kinds` price them."""
         m = self.model
+        if mixer in COMPRESSED_MIXERS:
+            return self._compressed_roofline(mixer, phase, batch, length)
         if mixer != SPARSE:
             return batch * length
         if phase == "context":
@@ -885,6 +918,23 @@ class StepModel:
                     + self._pair_s[SPARSE] * max(0.0, sparse) + self._index_pair_s * pairs)
         return (self._gemms(batch, self._sparse_mixer_shapes)
                 + batch * (self._ctx_s[SPARSE] * min(length, m.index_topk) + self._index_ctx_s * length))
+
+    def _compressed_roofline(self, mixer: str, phase: str, batch: float, length: float) -> float:
+        """:meth:`_table_roofline` of a DeepSeek-V4 compressed layer (C, H)."""
+        m, r = self.model, self._ratio(mixer)
+        if phase == "context":
+            pairs = batch * length * (length + 1) / 2
+            pooled = pairs / r
+            attend = min(pairs, batch * length * m.sliding_window)
+            if mixer == CSA:
+                attend += min(pooled, batch * length * m.index_topk)
+                index = self._index_pair_s * pooled
+            else:
+                attend, index = attend + pooled, 0.0
+            return self._block_gemms(mixer, batch * length) + self._pair_s[mixer] * attend + index
+        keys = min(length, m.sliding_window) + (min(length / r, m.index_topk) if mixer == CSA else length / r)
+        index = self._index_ctx_s * length / r if mixer == CSA else 0.0
+        return self._block_gemms(mixer, batch) + batch * (self._ctx_s[mixer] * keys + index)
 
     def _table(self, mixer: str, phase: str, batch: float, length: float) -> float:
         """One layer's measured seconds of ``mixer`` for ``batch`` sequences of ``length``
@@ -991,38 +1041,38 @@ class StepModel:
     def _decode_table(self, mixer: str, decodes: int, context: float) -> tuple[float, float]:
         """(const, slope) of one layer's measured decode (:meth:`_decode_kinds`): a recurrent
         layer's kernels for ``decodes x width`` rows (Mamba-2: its conv; its SSM state read and
-        written by the roofline), constant in the context; a sparse layer's block at the
-        mean context a sequence reads, linear about it (its slope over an eighth of an octave),
-        less its projections (priced with the layer's GEMMs)."""
+        written by the roofline), constant in the context; a sparse or compressed layer's
+        block at the mean context a sequence reads, linear about it (its slope over an eighth
+        of an octave), less its projections (priced with the layer's GEMMs)."""
         n = float(decodes)
         rows = n * self.width
-        if mixer != SPARSE:
+        if mixer not in BLOCK_MIXERS:
             t = self._table(mixer, "generation", rows, 1.0)
             return t + (n * self._ssm_state_s if mixer == MAMBA else 0.0), 0.0
         per_seq = max(1.0, context / n)
-        t0 = self._table(SPARSE, "generation", rows, per_seq)
+        t0 = self._table(mixer, "generation", rows, per_seq)
         step = 2.0 ** (1 / 8)
-        t1 = self._table(SPARSE, "generation", rows, per_seq * step)
+        t1 = self._table(mixer, "generation", rows, per_seq * step)
         slope = max(0.0, (t1 - t0) / (n * per_seq * (step - 1)))
-        t0 = max(0.0, t0 - self._gemms(rows, self._sparse_mixer_shapes))
+        t0 = max(0.0, t0 - self._block_gemms(mixer, rows))
         return t0 - slope * context, slope
 
     def _prefill_table(self, mixer: str, prompts: float, chunk: float, prior: float, tokens: float) -> float:
         """One layer's measured prefill for ``prompts`` chunks of ``chunk`` tokens after
         ``prior`` tokens each (:meth:`_attention_kinds`): a recurrent layer's kernels over the
         chunks (they carry the state in: no prior to re-read; Mamba-2: its conv, the SSD scan
-        by the roofline over the ``tokens``); a sparse layer's block for the chunks, the
-        part of a (prior + chunk)-token prefill past its first prior tokens where that is
-        more, less its projections (priced with the layer's GEMMs)."""
+        by the roofline over the ``tokens``); a sparse or compressed layer's block for the
+        chunks, the part of a (prior + chunk)-token prefill past its first prior tokens where
+        that is more, less its projections (priced with the layer's GEMMs)."""
         t = self._table(mixer, "context", prompts, chunk)
         if mixer == MAMBA:
             return t + self._scan_s * tokens
-        if mixer != SPARSE:
+        if mixer not in BLOCK_MIXERS:
             return t
         if prior >= 1.0:
-            t = max(t, self._table(SPARSE, "context", prompts, prior + chunk)
-                    - self._table(SPARSE, "context", prompts, prior))
-        return max(0.0, t - self._gemms(tokens, self._sparse_mixer_shapes))
+            t = max(t, self._table(mixer, "context", prompts, prior + chunk)
+                    - self._table(mixer, "context", prompts, prior))
+        return max(0.0, t - self._block_gemms(mixer, tokens))
 
     def _attention_kinds(self, decodes: int, decode_context: float, prefill_pairs: float,
                          prefill_context: float, prompt_tokens: float) -> tuple[float, float]:

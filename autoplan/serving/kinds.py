@@ -39,7 +39,8 @@ indexer, windowed attention), projections :func:`autoplan.kernels.mixers.mixer_g
 
 Measured kernels: where the serving door attached the device's measured mixer tables of the
 plan's engine (``Device.mixer_kernels``: AIConfigurator's Gated DeltaNet kernels, Mamba-2
-conv and DeepSeek Sparse Attention block; autoplan/measured/mixer_tables.py), a layer whose
+conv, DeepSeek Sparse Attention block and DeepSeek-V4's compressed-attention modules, C and
+H; autoplan/measured/mixer_tables.py), a layer whose
 shape on one GPU they hold (:func:`table_key`) takes their time in the phases they apply to
 instead of the roofline's (``StepModel._init_tables``); the prediction says which
 (``serving.trust``).
@@ -59,8 +60,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from autoplan.descriptors.model import (
+    COMPRESSED_MIXERS,
+    CSA,
     FULL,
     GDN,
+    HCA,
     LINEAR_MIXERS,
     MAMBA,
     MIXERS,
@@ -185,7 +189,23 @@ def state_block_tokens(model: Model, tp: int, kv_bytes: float, state_bytes: floa
 
 
 # the measured mixer tables' kinds (autoplan.measured.mixer_tables) of the mixers they time
-TABLE_KINDS = {GDN: "gdn", MAMBA: "mamba2", SPARSE: "dsa"}
+TABLE_KINDS = {GDN: "gdn", MAMBA: "mamba2", SPARSE: "dsa", CSA: "dsv4_csa", HCA: "dsv4_hca"}
+# a DeepSeek-V4 compressed layer's dims, as a key's first part (v4_dims; the C layer's
+# indexer too)
+V4_DIMS = "hidden:heads:q_lora_rank:head_dim:o_groups:o_lora_rank:sliding_window:ratio"
+V4_INDEX_DIMS = "index_heads:index_head_dim:index_topk"
+
+
+def v4_dims(model: Model, mixer: str) -> str:
+    """The dims a DeepSeek-V4 module table files a C or H layer under (:data:`V4_DIMS`, and
+    :data:`V4_INDEX_DIMS` for C): the import writes those of the configs AIConfigurator timed
+    (autoplan.measured.aiconfigurator_mixers) through this same function."""
+    ratio = model.csa_ratio if mixer == CSA else model.hca_ratio
+    values = [model.hidden, model.heads, model.q_lora_rank, model.kv_channels, model.o_groups,
+              model.o_lora_rank, model.sliding_window, ratio]
+    if mixer == CSA:
+        values += [model.index_heads, model.index_head_dim, model.index_topk]
+    return ":".join(str(int(v)) for v in values)
 
 
 def table_key(model: Model, mixer: str, tp: int, kv_cache: str, weights: str) -> str | None:
@@ -196,7 +216,11 @@ def table_key(model: Model, mixer: str, tp: int, kv_cache: str, weights: str) ->
     architecture's dims (hidden, q_lora_rank, kv_lora_rank, qk_nope_head_dim,
     qk_rope_head_dim, v_head_dim, index_topk, index_heads, index_head_dim), its query heads
     on the GPU and the KV cache's dtype (bf16, fp8), for 16-bit or fp8 weights (the GEMM
-    dtypes the tables measured). A split that leaves a fraction of a head has no key."""
+    dtypes the tables measured); DeepSeek-V4's compressed layers (C, H) by their dims
+    (:func:`v4_dims`), their query heads on the GPU and an fp8 KV cache (the only one the
+    tables hold: vLLM runs the model on ``fp8_ds_mla`` alone), for any weights (their
+    projections are taken off the block at the GEMM dtype it was timed with, fp8:
+    ``StepModel._block_gemms``). A split that leaves a fraction of a head has no key."""
     if mixer == GDN:
         nk, nv = model.linear_key_heads, model.linear_heads
         if not nk or nk % tp or nv % tp:
@@ -216,6 +240,10 @@ def table_key(model: Model, mixer: str, tp: int, kv_cache: str, weights: str) ->
             model.qk_rope_head_dim, model.v_head_dim, model.index_topk, model.index_heads,
             model.index_head_dim))
         return f"{dims}/{model.heads // tp}/{kv}"
+    if mixer in COMPRESSED_MIXERS:
+        if kv_cache != "fp8" or not model.is_v4_attention or model.heads % tp:
+            return None
+        return f"{v4_dims(model, mixer)}/{model.heads // tp}/fp8"
     return None
 
 

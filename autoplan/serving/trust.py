@@ -17,10 +17,11 @@ predictions of its kind were on measured runs kept out of the fit.
   surrogate). The KV read of decode and the fused elementwise kernels are priced from the
   HBM bandwidth alone (``serving.cost``), measured or not; for a model whose layers differ,
   each token mixer's kernels (``mixers``): full and sliding-window GQA attention measured
-  where the profile's attention or decode rows correct them; gated delta net, Mamba-2 and
-  sparse attention where a measured mixer table of the plan's engine and device covers the
-  layer's shape (``Device.mixer_kernels``: profiles/measured/mixers/, AIConfigurator's
-  timings; ``mixer_tables`` names the file per phase): "measured" where it prices both
+  where the profile's attention or decode rows correct them; gated delta net, Mamba-2,
+  sparse attention and DeepSeek-V4's compressed sparse and heavily compressed attention
+  where a measured mixer table of the plan's engine and device covers the layer's shape
+  (``Device.mixer_kernels``: profiles/measured/mixers/, AIConfigurator's timings;
+  ``mixer_tables`` names the file per phase): "measured" where it prices both
   prefill and decode, "partly measured" where one phase or, for Mamba-2, the conv alone
   (no table times its SSD scan), else "roofline"; Kimi delta attention and MLA from the
   roofline (no shipped table of the shipped engine versions measures them);
@@ -52,7 +53,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from autoplan.descriptors.model import FULL, GDN, MAMBA, MIXERS, NO_MIXER, SLIDING, SPARSE
+from autoplan.descriptors.model import CSA, FULL, GDN, HCA, MAMBA, MIXERS, NO_MIXER, SLIDING, SPARSE
 from autoplan.errors import InputError
 from autoplan.kernels.comm import Group
 from autoplan.serving.cost import ACT_BYTES, TABLE_PHASES, StepModel
@@ -282,7 +283,10 @@ def mixer_kernels(step: StepModel) -> tuple[tuple[str, str], ...]:
 
 # what a measured mixer table times of a layer, per mixer (autoplan.measured.aiconfigurator_mixers)
 TABLE_COVERS = {GDN: "its conv and delta-rule kernels", MAMBA: "its conv (the SSD scan from the roofline)",
-                SPARSE: "its whole block, projections included"}
+                SPARSE: "its whole block, projections included",
+                CSA: "its whole attention module: projections, compressors, indexer and top-k, window and "
+                     "compressed attention",
+                HCA: "its whole attention module: projections, compressor, window and compressed attention"}
 
 
 def mixer_tables(step: StepModel) -> tuple[tuple[str, str, str | None, str | None], ...]:

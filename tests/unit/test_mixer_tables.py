@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
-from autoplan.descriptors.model import Model
+from autoplan.descriptors.model import CSA, HCA, Model
 from autoplan.errors import InputError
 from autoplan.measured.aiconfigurator_mixers import fill
 from autoplan.measured.door import corrected, with_mixers
@@ -21,6 +21,8 @@ from autoplan.measured.mixer_tables import MixerTables, mixers_dir, parse_mixer_
 from autoplan.serving.cost import StepModel, prefill_prompts
 from autoplan.serving.deployment import Deployment, Precision
 from autoplan.serving.engine import Engine
+from autoplan.serving.engines.trtllm import FIRST_RELEASE
+from autoplan.serving.kinds import table_key
 from autoplan.serving.trust import mixer_kernels, mixer_tables
 from tests.helpers import autoplan
 from tests.unit.test_serving_hybrid import nemotron_h_like, qwen3_next_like
@@ -54,8 +56,10 @@ def _step(model: Model, engine: Engine, version: str, gpus: int = 1, cluster: st
 
 def test_every_shipped_mixer_table_parses_and_says_where_it_came_from() -> None:
     paths = sorted(mixers_dir().glob("*.csv"))
-    assert len(paths) == 36  # 6 GPUs: GDN of 3 engines, DSA of vLLM and TensorRT-LLM, Mamba-2 of TRT-LLM
-    assert sum(p.stat().st_size for p in paths) < 400_000
+    # 6 GPUs: GDN of 3 engines, DSA of vLLM and TensorRT-LLM, Mamba-2 of TRT-LLM; DeepSeek-V4's C
+    # and H modules of vLLM (6 GPUs) and TensorRT-LLM (the 4 Blackwell ones)
+    assert len(paths) == 36 + 2 * (6 + 4)
+    assert sum(p.stat().st_size for p in paths) < 500_000
     for path in paths:
         table = parse_mixer_table(path.read_text(), path.name)
         for line in ("descriptor", "device_name", "engine", "engine_version", "source", "license", "command",
@@ -71,8 +75,14 @@ def test_every_shipped_mixer_table_parses_and_says_where_it_came_from() -> None:
 def test_the_mixer_tables_come_at_the_versions_the_serving_profiles_ship() -> None:
     for path in mixers_dir().glob("*.csv"):
         table = parse_mixer_table(path.read_text(), path.name)
-        profile = path.parent.parent / (f"{table.meta['descriptor']}-{table.meta['engine']}-"
-                                        f"{table.meta['engine_version']}-aiconfigurator.csv")
+        version = table.meta["engine_version"]
+        if table.kind.startswith("dsv4") and table.meta["engine"] == "trtllm":
+            # TensorRT-LLM's DeepSeek-V4 tables: its first release that runs the model, of the
+            # line its profile ships (1.3.0rc20)
+            assert version == str(FIRST_RELEASE[CSA]) == "1.3.0rc23", path.name
+            version = "1.3.0rc20"
+        name = f"{table.meta['descriptor']}-{table.meta['engine']}-{version}-aiconfigurator.csv"
+        profile = path.parent.parent / name
         assert profile.is_file(), path.name
 
 
@@ -124,7 +134,7 @@ def test_a_training_door_attaches_no_mixer_tables_and_the_serving_door_those_of_
     trt = with_mixers(cluster, "trtllm", "1.3.0rc20").device.mixer_kernels
     assert isinstance(vllm, MixerTables) and isinstance(trt, MixerTables)
     # DSA's tables ship unapplied (aiconfigurator_mixers.APPLIES): only with every phase
-    assert set(vllm.tables) == {"gdn"} and set(trt.tables) == {"gdn", "mamba2"}
+    assert set(vllm.tables) == {"gdn", "dsv4_csa", "dsv4_hca"} and set(trt.tables) == {"gdn", "mamba2"}
     assert "dsa" in shipped_mixers("h200", "vllm", "0.24.0", every=True).tables
 
 
@@ -281,3 +291,169 @@ def test_a_sparse_layers_measured_decode_is_linear_about_the_context_it_reads() 
     block = every.seconds("dsa", "generation", key, 64, 4096)[0] - step._gemms(64, step._sparse_mixer_shapes)
     assert const + slope * 64 * 4096 == pytest.approx(block)
     assert slope > 0
+
+
+# ------------------------------------------------------------------ DeepSeek-V4's C and H modules
+
+FLASH_C = "4096:64:1024:512:8:1024:128:4:64:128:512"  # hidden:heads:q_lora:head_dim:o_groups:o_lora:w:r:index
+FLASH_H = "4096:64:1024:512:8:1024:128:128"
+V4_CSA_FILE = f"h200-vllm-0.24.0-dsv4_csa-{AIC}.csv"
+V4_HCA_FILE = f"h200-vllm-0.24.0-dsv4_hca-{AIC}.csv"
+V4_TABLE = f"""# autoplan-mixer-kernels: 1
+# kind: dsv4_csa
+# arch.a0: flash {FLASH_C} (dims)
+# axis.context: seq 1 1024
+# axis.generation: context 1 4096
+phase,key,batch,us...
+context,a0/8/fp8,1,100,400
+context,a0/8/fp8,4,120,1600
+generation,a0/8/fp8,1,90,95
+generation,a0/8/fp8,4,92,100
+"""
+
+
+def test_a_compressed_layer_is_keyed_by_its_dims_its_heads_on_a_gpu_and_an_fp8_cache() -> None:
+    flash = resolve_model("deepseek-v4-flash")
+    assert table_key(flash, CSA, 8, "fp8", "bf16") == f"{FLASH_C}/8/fp8"
+    assert table_key(flash, HCA, 2, "fp8", "fp4") == f"{FLASH_H}/32/fp8"  # any weights: taken off at fp8
+    assert table_key(flash, CSA, 8, "bf16", "fp8") is None  # the tables hold an fp8 cache alone
+    assert table_key(flash, HCA, 3, "fp8", "fp8") is None  # a fraction of a head
+    tables = MixerTables({"dsv4_csa": parse_mixer_table(V4_TABLE, "v4.csv")})
+    key = table_key(flash, CSA, 8, "fp8", "fp8")
+    assert key is not None
+    got, b, s = tables.seconds("dsv4_csa", "context", key, 2, 1024)  # the architecture's alias
+    assert got == pytest.approx(math.sqrt(400 * 1600) * 1e-6) and (b, s) == (2, 1024)
+    assert tables.seconds("dsv4_csa", "generation", key, 1, 4096)[0] == pytest.approx(95e-6)
+    # other heads on a GPU (TP 16), another architecture's dims: no grid, the roofline keeps them
+    assert tables.source("dsv4_csa", "context", f"{FLASH_C}/4/fp8") is None
+    pro_like = dataclasses.replace(flash, index_topk=1024)
+    assert tables.source("dsv4_csa", "context", table_key(pro_like, CSA, 8, "fp8", "fp8") or "") is None
+
+
+def _flash_step(**deployment) -> StepModel:
+    deployment = {"kv_cache": Precision.FP8, "weights": Precision.FP8, **deployment}
+    return _step(resolve_model("deepseek-v4-flash"), Engine.VLLM, "0.24.0", gpus=8, **deployment)
+
+
+def test_flash_prices_its_compressed_layers_by_the_module_less_its_projections_at_fp8() -> None:
+    step = _flash_step()
+    tables = step.device.mixer_kernels
+    assert tables is not None
+    assert step.table_sources() == {
+        "C": {"context": f"profiles/measured/mixers/{V4_CSA_FILE}",
+              "generation": f"profiles/measured/mixers/{V4_CSA_FILE}"},
+        "H": {"context": f"profiles/measured/mixers/{V4_HCA_FILE}",
+              "generation": f"profiles/measured/mixers/{V4_HCA_FILE}"}}
+    key = f"{FLASH_C}/8/fp8"
+    block = tables.seconds("dsv4_csa", "context", key, 4, 1024)[0]
+    projections = step._block_gemms("C", 4096)
+    assert 0 < projections < block
+    assert step._prefill_table("C", 4, 1024, 0, 4096) == pytest.approx(block - projections)
+    # bf16 weights: the same core (the module's fp8 projections taken off), the layer's GEMMs
+    # priced at bf16 apart
+    assert _flash_step(weights=Precision.BF16)._prefill_table("C", 4, 1024, 0, 4096) == pytest.approx(
+        block - projections)
+    # decode: linear about the mean context, the module less its projections there
+    const, slope = step._decode_table("H", 64, 64 * 4096)
+    module = tables.seconds("dsv4_hca", "generation", f"{FLASH_H}/8/fp8", 64, 4096)[0]
+    assert const + slope * 64 * 4096 == pytest.approx(module - step._block_gemms("H", 64))
+    # past the grid's 1,024 sequences: the edge's time scaled by the roofline's ratio
+    edge = tables.seconds("dsv4_csa", "context", key, 1024, 1024)[0]
+    roof = step._table_roofline
+    ratio = roof("C", "context", 2048, 1024) / roof("C", "context", 1024, 1024)
+    assert step._table("C", "context", 2048, 1024) == pytest.approx(edge * ratio)
+    assert 1.9 < ratio < 2.1  # twice the sequences: twice the work
+    assert dict(mixer_kernels(step)) == {"sliding-window attention": "roofline",
+                                         "compressed sparse attention": "measured",
+                                         "heavily compressed attention": "measured"}
+
+
+def test_a_compressed_shape_no_table_holds_keeps_the_roofline() -> None:
+    bf16_cache = _flash_step(kv_cache=Precision.BF16)
+    bare = _step(resolve_model("deepseek-v4-flash"), Engine.VLLM, "0.24.0", gpus=8, tables=False,
+                 kv_cache=Precision.BF16, weights=Precision.FP8)
+    assert bf16_cache.table_sources() == {} and mixer_tables(bf16_cache) == ()
+    n = 4096
+    pairs = n * (n + 1) / 2
+    assert bf16_cache.iteration(n, 0, 0.0, pairs, 0.0, 1) == bare.iteration(n, 0, 0.0, pairs, 0.0, 1)
+    assert bf16_cache._decode_kinds(16, 16 * 3000) == bare._decode_kinds(16, 16 * 3000)
+    assert dict(mixer_kernels(bf16_cache))["compressed sparse attention"] == "roofline"
+    # an indexer of other dims: its C layers keep the roofline, its H layers the table
+    other = dataclasses.replace(resolve_model("deepseek-v4-flash"), index_topk=2048)
+    step = _step(other, Engine.VLLM, "0.24.0", gpus=8, kv_cache=Precision.FP8, weights=Precision.FP8)
+    assert set(step.table_sources()) == {"H"}
+    assert dict(mixer_kernels(step)) == {"sliding-window attention": "roofline",
+                                         "compressed sparse attention": "roofline",
+                                         "heavily compressed attention": "measured"}
+
+
+def test_serve_says_flashs_compressed_layers_are_measured_and_names_the_files() -> None:
+    def job(kv: str) -> tuple[str, ...]:
+        return ("serve", "--model", "deepseek-v4-flash", "--cluster", "dgx-h200", "--gpus", "8",
+                "--kv-cache", kv, "--weights", "fp8", "--engine-version", "0.24.0", "--input-len", "2000",
+                "--output-len", "64", "--rate", "2", "--requests", "20", "--top", "1")
+
+    got = autoplan(*job("fp8"), "--format", "json")
+    assert got.returncode == 0, got.stderr
+    provenance = json.loads(got.stdout)["plans"][0]["prediction"]["evidence"]["provenance"]
+    files = (("compressed sparse attention", V4_CSA_FILE), ("heavily compressed attention", V4_HCA_FILE))
+    for mixer, name in files:
+        assert provenance["mixers"][mixer] == "measured"
+        assert provenance["mixer_tables"][mixer]["prefill"] == f"profiles/measured/mixers/{name}"
+        assert provenance["mixer_tables"][mixer]["decode"] == f"profiles/measured/mixers/{name}"
+    text = autoplan(*job("fp8")).stdout
+    assert "compressed sparse attention measured (its whole attention module" in text
+    assert V4_HCA_FILE in text
+    # the default bf16 cache: no table holds it, the line says roofline
+    plain = autoplan(*job("bf16"))
+    assert plain.returncode == 0, plain.stderr
+    assert "compressed sparse attention roofline; heavily compressed attention roofline" in plain.stdout
+
+
+def _flash_config(path: Path) -> None:
+    """DeepSeek-V4-Flash's config.json (tests/data/hf) where a package keeps its model configs."""
+    hf = Path(__file__).resolve().parents[1] / "data" / "hf"
+    source = hf / "deepseek-ai--DeepSeek-V4-Flash.config.json"
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "sgl-project--DeepSeek-V4-Flash-FP8_config.json").write_text(
+        source.read_text().replace('"deepseek_v4"', '"deepseek_ref"'))  # as the FP8 repack names it
+
+
+def test_the_v4_extraction_keeps_rank_local_rows_drops_partial_keys_and_takes_trtllms_own_release(tmp_path):
+    from autoplan.measured.aiconfigurator import Package
+    from autoplan.measured.aiconfigurator_mixers import mixer_files
+
+    data = tmp_path / "aic" / "systems" / "data"
+    _flash_config(tmp_path / "aic" / "model_configs")
+    common = {"model": "sgl-project/DeepSeek-V4-Flash-FP8", "kv_cache_dtype": "fp8", "gemm_type": "fp8_block",
+              "device": "NVIDIA B200", "kernel_source": "DeepseekV4TrtllmAttention"}
+    for which, ratio in (("csa", 4), ("hca", 128)):
+        for phase in ("context", "generation"):
+            rows = []
+            for heads, tp in ((8, 8), (16, 4), (32, 8)):  # 32 heads at TP 8: not Flash's, left out
+                for b in (1, 4):
+                    for s in (1, 1024):
+                        if heads == 16 and b == 1 and s == 1:
+                            continue  # a partial collection: the key is left out
+                        step, isl = (0, s) if phase == "context" else (s, 1)
+                        rows.append({"op_name": f"dsv4_{which}_{phase}_module", "num_heads": heads,
+                                     "tp_size": tp, "batch_size": b, "isl": isl, "step": step,
+                                     "compress_ratio": ratio,
+                                     "latency": 0.1 * b * (1 + s / 1024) * (2 if heads == 32 else 1)})
+            if phase == "context":  # a prefix row, left out (no prefix in the grid)
+                rows.append({**rows[0], "step": 128, "latency": 99.0})
+            _parquet(data / "b200_sxm" / "sparse_attention" / "trtllm" / "1.3.0rc23"
+                     / f"dsv4_{which}_{phase}_module_perf.parquet", rows, **common)
+    files = mixer_files(Package(data, "0.12.0"), "b200_sxm", versions={"trtllm": "1.3.0rc20"})
+    assert [f.name for f in files] == [f"b200-trtllm-1.3.0rc23-dsv4_csa-{AIC}.csv",
+                                       f"b200-trtllm-1.3.0rc23-dsv4_hca-{AIC}.csv"]
+    csa = parse_mixer_table(files[0].text(), files[0].name)
+    assert csa.applies == {"context", "generation"} and csa.meta["skipped"].startswith("a0/16/fp8 ")
+    assert csa.meta["arch.a0"].startswith(f"sgl-project/DeepSeek-V4-Flash-FP8 {FLASH_C} ")
+    tables = MixerTables({"dsv4_csa": csa})
+    key = table_key(resolve_model("deepseek-v4-flash"), CSA, 8, "fp8", "fp8")
+    assert key is not None
+    assert tables.seconds("dsv4_csa", "context", key, 4, 1024)[0] == pytest.approx(0.8e-3)
+    # three significant digits of microseconds, as written
+    assert tables.seconds("dsv4_csa", "generation", key, 1, 1)[0] == pytest.approx(0.1e-3, rel=1e-3)
+    assert tables.source("dsv4_csa", "context", f"{FLASH_C}/16/fp8") is None  # the partial key
