@@ -329,6 +329,23 @@ def v4_index_key_bytes(model: Model) -> float:
     return model.index_head_dim * 0.5
 
 
+V4_DIMS = "hidden:heads:q_lora_rank:head_dim:o_groups:o_lora_rank:sliding_window:ratio"
+V4_INDEX_DIMS = "index_heads:index_head_dim:index_topk"
+
+
+def v4_dims(model: Model, mixer: str) -> str:
+    """The dims a DeepSeek-V4 module table files a C or H layer under (:data:`V4_DIMS`, and
+    :data:`V4_INDEX_DIMS` for C): the import writes those of the configs AIConfigurator timed
+    (autoplan.measured.aiconfigurator_mixers) through this same function; serving.kinds keys
+    its lookups with it."""
+    ratio = model.csa_ratio if mixer == CSA else model.hca_ratio
+    values = [model.hidden, model.heads, model.q_lora_rank, model.kv_channels, model.o_groups,
+              model.o_lora_rank, model.sliding_window, ratio]
+    if mixer == CSA:
+        values += [model.index_heads, model.index_head_dim, model.index_topk]
+    return ":".join(str(int(v)) for v in values)
+
+
 def window_bytes_per_token(model: Model, mixer: str, element_bytes: float) -> float:
     """Cache bytes a DeepSeek-V4 compressed layer keeps per token of its sliding window
     (its raw key-value head, on every rank; beyond the window its keys are pooled:

@@ -68,7 +68,7 @@ in milliseconds):
   cache. The dims of each ``model`` (``sgl-project/DeepSeek-V4-Flash-FP8``, ``...-Pro-FP8``,
   ``deepseek-ai/DeepSeek-V4-Pro``) are read by autoplan's HuggingFace import from the config
   the package ships for it, the one its collectors read (:func:`dsv4_model`), and written in
-  each file (``arch.`` lines, through ``serving.kinds.v4_dims``). Only ``fp8_block`` GEMMs and
+  each file (``arch.`` lines, through ``kernels.mixers.v4_dims``). Only ``fp8_block`` GEMMs and
   an fp8 cache were timed. Taken from vLLM 0.24.0 (six GPUs) and TensorRT-LLM 1.3.0rc23
   (B200, B300, GB200, GB300: its first release that runs the model; its other tables ship
   at 1.3.0rc20); not SGLang's (:data:`DSV4_ENGINES` says why). Dummy weights give the
@@ -460,7 +460,7 @@ def dsv4_model(package: Package, name: str) -> Model:
 def _dsv4(package: Package, system: str, engine: str, version: str, command: str, which: str
           ) -> MixerFile | None:
     from autoplan.descriptors.model import CSA, HCA
-    from autoplan.serving.kinds import V4_DIMS, V4_INDEX_DIMS, v4_dims
+    from autoplan.kernels.mixers import V4_DIMS, V4_INDEX_DIMS, v4_dims
 
     kind, ratio = DSV4_KINDS[which]
     mixer = CSA if which == "csa" else HCA

@@ -192,20 +192,7 @@ def state_block_tokens(model: Model, tp: int, kv_bytes: float, state_bytes: floa
 TABLE_KINDS = {GDN: "gdn", MAMBA: "mamba2", SPARSE: "dsa", CSA: "dsv4_csa", HCA: "dsv4_hca"}
 # a DeepSeek-V4 compressed layer's dims, as a key's first part (v4_dims; the C layer's
 # indexer too)
-V4_DIMS = "hidden:heads:q_lora_rank:head_dim:o_groups:o_lora_rank:sliding_window:ratio"
-V4_INDEX_DIMS = "index_heads:index_head_dim:index_topk"
-
-
-def v4_dims(model: Model, mixer: str) -> str:
-    """The dims a DeepSeek-V4 module table files a C or H layer under (:data:`V4_DIMS`, and
-    :data:`V4_INDEX_DIMS` for C): the import writes those of the configs AIConfigurator timed
-    (autoplan.measured.aiconfigurator_mixers) through this same function."""
-    ratio = model.csa_ratio if mixer == CSA else model.hca_ratio
-    values = [model.hidden, model.heads, model.q_lora_rank, model.kv_channels, model.o_groups,
-              model.o_lora_rank, model.sliding_window, ratio]
-    if mixer == CSA:
-        values += [model.index_heads, model.index_head_dim, model.index_topk]
-    return ":".join(str(int(v)) for v in values)
+V4_DIMS, V4_INDEX_DIMS, v4_dims = mixers.V4_DIMS, mixers.V4_INDEX_DIMS, mixers.v4_dims
 
 
 def table_key(model: Model, mixer: str, tp: int, kv_cache: str, weights: str) -> str | None:
