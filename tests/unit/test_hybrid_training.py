@@ -297,3 +297,11 @@ def test_explain_shows_each_stages_layers_by_kind(tmp_path: Path) -> None:
     explained = autoplan("explain", str(out))
     assert explained.returncode == 0, explained.stderr
     assert "kinds" in explained.stdout and "M." in explained.stdout and ".-" in explained.stdout
+
+
+def test_nemotron_3_ultras_latent_experts_export_as_megatron_cores_moe_latent_size(tmp_path: Path) -> None:
+    m = resolve_model("nemotron-3-ultra-550b-a55b")
+    plan = make_plan(m, cluster="dgx-h200", gpus=512, dp=64, pp=8, ep=64, global_batch=512)
+    script, args = _megatron_words(tmp_path, plan)
+    assert script.endswith("/pretrain_hybrid.py") and args["moe_latent_size"] == ["2048"]
+    assert _config(args).moe_latent_size == 2048

@@ -136,3 +136,23 @@ def test_serve_deploys_k3_on_an_sglang_release_that_runs_it() -> None:
                       "--engine", "sglang", "--top", "1", "--format", "json")
     assert served.returncode == 0, served.stderr
     assert json.loads(served.stdout)["plans"], served.stdout
+
+
+def test_a_k3_sequence_holds_mla_latents_per_token_and_a_constant_kda_state_by_hand() -> None:
+    from autoplan.descriptors.library import resolve_cluster, with_gpus
+    from autoplan.serving.cost import StepModel
+    from autoplan.serving.deployment import Deployment
+
+    step = StepModel(_k3(), with_gpus(resolve_cluster("dgx-h200"), 32),
+                     Deployment(replicas=1, tp=8, pp=4), Engine.SGLANG, None)
+    # 4 stages of 23 / 23 / 24 / 23 layers (vLLM's split: the remainder before the last); the
+    # pool takes the most any stage holds of each
+    cache = step.cache
+    e = 2
+    # MLA: the 512-wide latent and the 64-wide shared key per token, whole on every GPU; the
+    # last stage (70..92) holds 7 MLA layers (71, 75, ..., 91 and 92)
+    assert cache.kv_per_token == 7 * (512 + 64) * e
+    # the first stage (0..22) holds 18 KDA layers (all but 3, 7, 11, 15, 19)
+    # KDA: 96 heads of 128 x 128 in fp32, and the three convs' last 3 inputs, split over TP
+    per_layer = (96 * 128 * 128 * 4 + 3 * 3 * 96 * 128 * e) / 8
+    assert cache.state_per_sequence == pytest.approx(18 * per_layer)
