@@ -658,7 +658,7 @@ def serve(
         output.quiet()
     from autoplan.serving.evaluate import serving_document
     from autoplan.serving.request import ServeOptions, build_serve_request, check_serve_options
-    from autoplan.serving.search import serve_search
+    from autoplan.serving.search import serve_pooled_search, serve_search
     from autoplan.serving.sweep import ServeObjective
     from autoplan.whatif.counts import parse_gpu_counts
 
@@ -693,9 +693,15 @@ def serve(
         _serve_sweep(req, counts, goal or ServeObjective.GOODPUT, price, disaggregated, plot, top, out_path,
                      fmt)
         return
-    with output.working(fmt.value, f"simulating deployments on {c.gpus} GPUs ..."):
-        result = serve_search(m, c, eng, workload, slo, w_list, kv_list, disaggregated=disaggregated,
-                              speculative=req.speculative, engine_version=req.engine_version)
+    if req.pools is not None:  # prefill on one pool, decode on another
+        with output.working(fmt.value, f"simulating deployments on {req.pools.gpus} GPUs in "
+                                       f"{len(req.pools.pools)} pools ..."):
+            result = serve_pooled_search(m, req.pools, eng, workload, slo, w_list, kv_list,
+                                         engine_version=req.engine_version)
+    else:
+        with output.working(fmt.value, f"simulating deployments on {c.gpus} GPUs ..."):
+            result = serve_search(m, c, eng, workload, slo, w_list, kv_list, disaggregated=disaggregated,
+                                  speculative=req.speculative, engine_version=req.engine_version)
     shown = result.plans[:top]
     if price is not None:
         shown = tuple(dataclasses.replace(r, prediction=r.prediction.priced(price)) for r in shown)
@@ -713,7 +719,10 @@ def serve(
             doc["reason"] = result.why_none(slo)
         output.emit_json(doc)
     else:
-        title = escape(f"{m.name} on {c.gpus} x {c.device.name} ({c.name}), {_engine_label(req)}, "
+        where = (" + ".join(f"{p.gpus} x {p.device.name} ({p.name})" for p in req.pools.pools)
+                 + f" of {req.pools.name}" if req.pools is not None
+                 else f"{c.gpus} x {c.device.name} ({c.name})")
+        title = escape(f"{m.name} on {where}, {_engine_label(req)}, "
                        f"{inp.mean:g} in / {outp.mean:g} out, {arrival.label()}"
                        + (f", {workload.prefix.label()}" if workload.prefix is not None else ""))
         output.out.print(render.serving_table(shown, slo, title))

@@ -105,24 +105,41 @@ ROLES = ("prefill", "decode")
 
 def _pools(plan: ServingPlan) -> list[tuple[str, ServingPlan, int, int]]:
     """(role, the pool as a plan of its own, its first GPU, its first port) per pool: the
-    prefill pool's GPUs and ports first, the decode pool's after them."""
+    prefill pool's GPUs and ports first, the decode pool's after them. On a heterogeneous
+    cluster (``ServingPlan.pools``) each side is a plan on its own pool's cluster, its GPUs
+    counted from that pool's first."""
     d = plan.deployment
     assert d.disaggregated is not None
     out, gpu, port = [], 0, BASE_PORT
     for role in ROLES:
-        pool = dataclasses.replace(plan, deployment=d.pool(role))
+        pool = dataclasses.replace(plan, deployment=d.pool(role), cluster=plan.cluster_of(role), pools=None)
+        if plan.pools is not None:
+            gpu = 0
         out.append((role, pool, gpu, port))
         gpu += pool.deployment.gpus
         port += pool.deployment.replicas
     return out
 
 
+def _first_nodes(plan: ServingPlan) -> dict[str, int]:
+    """Per role, the index of its first node among the deployment's nodes in order (NODE_ADDRS):
+    0 for both where the sides share one cluster (their GPUs are numbered through it); on a
+    heterogeneous cluster the prefill side's nodes, then the decode side's."""
+    if plan.pools is None:
+        return dict.fromkeys(ROLES, 0)
+    out, first = {}, 0
+    for role, pool, _, _ in _pools(plan):
+        out[role] = first
+        first += -(-pool.deployment.gpus // pool.cluster.gpus_per_node)
+    return out
+
+
 def _straddling(plan: ServingPlan) -> list[tuple[str, str]]:
     """(role, why) for a pool with an instance on two nodes (each instance is launched on
     the node that holds its GPUs)."""
-    node = plan.cluster.gpus_per_node
     out = []
     for role, pool, first, _ in _pools(plan):
+        node = pool.cluster.gpus_per_node
         width = pool.deployment.gpus_per_replica
         for r in range(pool.deployment.replicas):
             start = first + r * width
@@ -146,7 +163,8 @@ def _disaggregated(plan: ServingPlan, target: Engine) -> dict[str, str]:
         side = {f"{role}-{name}": text for name, text in spec.side_files(pool, step).items()}
         files[f"serve-{target.value}-{role}.sh"] = _script(
             pool, spec.command, spec.args(pool, step), side, role=role, first_gpu=first, first_port=port,
-            role_lines=dis.role_lines(pool, role))
+            role_lines=dis.role_lines(pool, role),
+            of=f"pool {pool.cluster.name}'s" if plan.pools is not None else "the deployment's")
         files.update(side)
     files[f"router-{target.value}.sh"] = _router(plan, target)
     return files
@@ -157,10 +175,16 @@ def _router(plan: ServingPlan, target: Engine) -> str:
     (NODE_ADDRS, the deployment's nodes in order; one node: 127.0.0.1) and port."""
     dis = target.spec.disaggregation
     assert dis is not None
-    node, d = plan.cluster.gpus_per_node, plan.deployment
-    nodes = -(-d.gpus // node)
+    d = plan.deployment
+    starts = _first_nodes(plan)
+    sides = _pools(plan)
+    nodes = (sum(-(-p.deployment.gpus // p.cluster.gpus_per_node) for _, p, _, _ in sides)
+             if plan.pools is not None else -(-d.gpus // plan.cluster.gpus_per_node))
+    where = (" and ".join(f"{p.deployment.gpus} x {p.cluster.device.name} ({p.cluster.name})"
+                          for _, p, _, _ in sides)
+             if plan.pools is not None else f"{d.gpus} x {plan.cluster.device.name}")
     lines = ["#!/usr/bin/env bash",
-             comment(f"Router for {plan.model.name}: {d.label()} on {d.gpus} x {plan.cluster.device.name} "
+             comment(f"Router for {plan.model.name}: {d.label()} on {where} "
                      f"({target.value}; written by autoplan export). Start the instances first: "
                      f"serve-{target.value}-prefill.sh and serve-{target.value}-decode.sh."),
              comment(f"NODE_ADDRS: the addresses of the deployment's {nodes} node(s), in order "
@@ -173,10 +197,10 @@ def _router(plan: ServingPlan, target: Engine) -> str:
              'ROUTER_PORT="${ROUTER_PORT:-30000}"',
              bash_array("ARGS", [dis.router_flags, ("--host", "0.0.0.0")]),
              'ARGS+=(--port "$ROUTER_PORT")']
-    for role, pool, first, port in _pools(plan):
-        width = pool.deployment.gpus_per_replica
+    for role, pool, first, port in sides:
+        width, node = pool.deployment.gpus_per_replica, pool.cluster.gpus_per_node
         for r in range(pool.deployment.replicas):
-            url = f'"http://${{NODES[{(first + r * width) // node}]}}:{port + r}"'
+            url = f'"http://${{NODES[{starts[role] + (first + r * width) // node}]}}:{port + r}"'
             boot = f" {dis.bootstrap_port(r)}" if role == "prefill" and dis.bootstrap_port is not None else ""
             lines.append(f"ARGS+=(--{role} {url}{boot})")
     lines.append(f'exec {dis.router} "${{ARGS[@]}}"')
@@ -201,7 +225,7 @@ def nodes_per_replica(plan: ServingPlan) -> int:
 
 def _script(plan: ServingPlan, command: str, args: list[Arg], side_files: dict[str, str], *,
             role: str = "", first_gpu: int = 0, first_port: int = BASE_PORT,
-            role_lines: Sequence[str] = ()) -> str:
+            role_lines: Sequence[str] = (), of: str = "the deployment's") -> str:
     """The launch script of one deployment, or of one pool (``role``) of a disaggregated
     one, whose GPUs start at ``first_gpu`` of the deployment and ports at ``first_port``."""
     d, c = plan.deployment, plan.cluster
@@ -215,7 +239,7 @@ def _script(plan: ServingPlan, command: str, args: list[Arg], side_files: dict[s
         *release_lines(plan),
     ]
     if nodes == 1:
-        where = (f"GPUs {first_gpu} + REPLICA x {per} of the deployment's, on the node that holds them"
+        where = (f"GPUs {first_gpu} + REPLICA x {per} of {of}, on the node that holds them"
                  if role else "on the node that holds them")
         lines.append(comment(f"Run once per replica: REPLICA=0 .. {d.replicas - 1}, {per} GPUs each, "
                              f"{where}; replica r listens on port {first_port} + r."))

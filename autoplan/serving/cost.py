@@ -50,7 +50,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from autoplan.descriptors.hardware import Cluster, Device
+from autoplan.descriptors.hardware import Cluster, Device, Link
 from autoplan.descriptors.model import (
     COMPRESSED_MIXERS,
     CSA,
@@ -164,7 +164,8 @@ def compute_dtype(weights: Precision, device: Device) -> Dtype:
     return Dtype.FP16 if weights is Precision.FP16 else Dtype.BF16
 
 
-def kv_transfer(model: Model, cluster: Cluster, d: Deployment) -> tuple[float, float]:
+def kv_transfer(model: Model, cluster: Cluster, d: Deployment,
+                between: Link | None = None) -> tuple[float, float]:
     """(seconds, seconds per prompt token) to hand a request's KV cache from its prefill
     instance to a decode instance of a disaggregated deployment (DistServe, Zhong et al.
     2024, Sec. 4.3: the cache moves once per request, layer by layer over the fabric between
@@ -172,10 +173,15 @@ def kv_transfer(model: Model, cluster: Cluster, d: Deployment) -> tuple[float, f
     request's cache lives on one attention-DP rank of each instance, split over its tp x pp
     GPUs, and the min(prefill tp x pp, decode tp x pp) GPU pairs each carry their share,
     over NVLink where both pools fit one NVLink domain and over the inter-node network
-    (RDMA, as NIXL and Mooncake move it) otherwise; one link latency to start."""
+    (RDMA, as NIXL and Mooncake move it) otherwise; one link latency to start. ``between``:
+    the link between two pools of a heterogeneous cluster, where the sides run on different
+    ones (per GPU, per direction: ``PooledCluster.between_pools``)."""
     assert d.disaggregated is not None
     pre, dec = d.disaggregated.prefill, d.disaggregated.decode
-    link = cluster.intra_node if pre.gpus + dec.gpus <= cluster.nvlink_domain else cluster.inter_node
+    if between is not None:
+        link = between
+    else:
+        link = cluster.intra_node if pre.gpus + dec.gpus <= cluster.nvlink_domain else cluster.inter_node
     pairs_Bps = min(pre.tp * pre.pp, dec.tp * dec.pp) * link.effective_Bps
     if model.is_hybrid or model.mlps:  # per kind (serving.kinds): KV of full and sparse layers
         # per token; the sliding layers' window and the recurrent states once per request

@@ -12,7 +12,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from autoplan.descriptors.hardware import Cluster, Device
+from autoplan.descriptors.hardware import Cluster, Device, PooledCluster
 from autoplan.descriptors.model import Model
 from autoplan.serving.engine import Engine, EngineVersion, Resolved, engine_defaults
 
@@ -93,10 +93,15 @@ def _shape_label(replicas: int, tp: int, pp: int, attention_dp: int, ep: int) ->
 class Disaggregated:
     """Prefill/decode disaggregation (Zhong et al. 2024 "DistServe"; Patel et al. 2024
     "Splitwise"): prefill instances run each prompt and its first token, hand its KV cache
-    to a decode instance, which generates the rest. The prefill pool's GPUs come first."""
+    to a decode instance, which generates the rest. The prefill pool's GPUs come first.
+    ``prefill_on`` / ``decode_on``: the pools of a heterogeneous cluster each side runs on
+    (Splitwise's prefill and decode on different GPU generations; ``ServingPlan.pools``),
+    empty where the plan has one cluster."""
 
     prefill: Pool
     decode: Pool
+    prefill_on: str = ""
+    decode_on: str = ""
 
 
 class SpecMethod(str, enum.Enum):
@@ -167,11 +172,14 @@ class Deployment:
     speculative: Speculative | None = None
 
     @classmethod
-    def split(cls, prefill: Pool, decode: Pool, **rest: object) -> Deployment:
+    def split(cls, prefill: Pool, decode: Pool, on: tuple[str, str] = ("", ""),
+              **rest: object) -> Deployment:
         """A disaggregated deployment of these pools, its own widths the decode pool's;
-        ``rest``: the precisions and batch limits both pools run."""
+        ``on``: the cluster pools the prefill and decode sides run on (a heterogeneous
+        cluster's); ``rest``: the precisions and batch limits both pools run."""
         return cls(replicas=decode.replicas, tp=decode.tp, pp=decode.pp, ep=decode.ep,
-                   attention_dp=decode.attention_dp, disaggregated=Disaggregated(prefill, decode),
+                   attention_dp=decode.attention_dp,
+                   disaggregated=Disaggregated(prefill, decode, on[0], on[1]),
                    **rest)  # type: ignore[arg-type]
 
     @property
@@ -194,7 +202,10 @@ class Deployment:
 
     def label(self) -> str:
         if self.disaggregated is not None:
-            return f"P {self.disaggregated.prefill.label()} + D {self.disaggregated.decode.label()}"
+            dis = self.disaggregated
+            at_p = f" @{dis.prefill_on}" if dis.prefill_on else ""
+            at_d = f" @{dis.decode_on}" if dis.decode_on else ""
+            return f"P {dis.prefill.label()}{at_p} + D {dis.decode.label()}{at_d}"
         out = _shape_label(self.replicas, self.tp, self.pp, self.attention_dp, self.ep)
         if self.speculative is not None:
             out += f" {self.speculative.label()}"
@@ -435,6 +446,18 @@ class ServingPlan:
     # the engine release the plan names (None: the engine's default line, the newest
     # fitted; serving.engine); checked where the plan is read
     engine_version: str | None = None
+    # a heterogeneous cluster whose pools the disaggregated sides run on (their
+    # ``prefill_on`` / ``decode_on``); ``cluster`` is then the decode side's pool
+    pools: PooledCluster | None = None
+
+    def cluster_of(self, side: str) -> Cluster:
+        """The cluster the ``prefill`` or ``decode`` side runs on: its pool of ``pools``, or
+        the plan's one cluster."""
+        dis = self.deployment.disaggregated
+        name = "" if dis is None else dis.prefill_on if side == "prefill" else dis.decode_on
+        if self.pools is None or not name:
+            return self.cluster
+        return self.pools.pools[self.pools.index(name)]
 
     @property
     def engine_resolved(self) -> Resolved:

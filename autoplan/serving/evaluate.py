@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoplan.descriptors.hardware import Cluster
 from autoplan.serving.cost import Memory, StepModel, kv_transfer
 from autoplan.serving.deployment import ArrivalKind, Deployment, ServingPlan, resolved_limits
 from autoplan.serving.kinds import CacheShape
@@ -71,16 +72,27 @@ def per_million(plan: ServingPlan, output_tokens_per_s: float, busy_share: float
     """GPU-hours, dollars and energy per million output tokens; None where nothing is served."""
     if output_tokens_per_s <= 0:
         return None
-    dev, gpus = plan.cluster.device, plan.deployment.gpus
+    gpus = plan.deployment.gpus
     seconds = 1e6 / output_tokens_per_s
     busy = min(1.0, max(0.0, busy_share))
-    power = None
-    if dev.power_load_W is not None and dev.power_idle_W is not None:
-        power = dev.power_load_W * busy + dev.power_idle_W * (1.0 - busy)
+    # each side on its own pool's devices (a heterogeneous cluster): GPU-weighted means
+    dis = plan.deployment.disaggregated
+    sides = ([(dis.prefill.gpus, plan.cluster_of("prefill")), (dis.decode.gpus, plan.cluster_of("decode"))]
+             if plan.pools is not None and dis is not None else [(gpus, plan.cluster)])
+    price: float | None = 0.0
+    for n, c in sides:
+        each = c.device.price_per_gpu_hour
+        price = None if price is None or each is None else price + n * each / gpus
+    power = facility = None
+    if all(c.device.power_load_W is not None and c.device.power_idle_W is not None for _, c in sides):
+        watts = [n * (c.device.power_load_W * busy + c.device.power_idle_W * (1.0 - busy))  # type: ignore[operator]
+                 for n, c in sides]
+        power = sum(watts) / gpus
+        facility = sum(w * c.pue for w, (_, c) in zip(watts, sides, strict=True))
     return PerMillion(
-        gpu_hours=gpus * seconds / 3600.0, busy_share=busy, price_per_gpu_hour=dev.price_per_gpu_hour,
+        gpu_hours=gpus * seconds / 3600.0, busy_share=busy, price_per_gpu_hour=price,
         mean_power_W=power,
-        energy_kwh=None if power is None else gpus * power * plan.cluster.pue * seconds / JOULES_PER_KWH)
+        energy_kwh=None if facility is None else facility * seconds / JOULES_PER_KWH)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,16 +215,21 @@ def _evaluate_disaggregated(plan: ServingPlan, seed: int) -> tuple[ServingPredic
     cache are its own instances'."""
     d = plan.deployment
     pools = [d.pool("prefill"), d.pool("decode")]
-    steps = [StepModel(plan.model, plan.cluster, pool, plan.engine, plan.engine_version) for pool in pools]
+    # each side on its own cluster: a heterogeneous cluster's pool (ServingPlan.pools)
+    clusters = [plan.cluster_of("prefill"), plan.cluster_of("decode")]
+    steps = [StepModel(plan.model, c, pool, plan.engine, plan.engine_version)
+             for c, pool in zip(clusters, pools, strict=True)]
     mems = [step.memory() for step in steps]
     # a pipelined worker's batches in flight share its KV cache (as evaluate_serving's)
     kvs = [step.kv_tokens(mem) // pool.pp for step, mem, pool in zip(steps, mems, pools, strict=True)]
     scheds = (schedulers_of(pools[0]), schedulers_of(pools[1]))
-    fits = all(m.peak <= plan.cluster.device.mem_bytes and m.kv_cache > 0 and kv > 0
-               for m, kv in zip(mems, kvs, strict=True))
+    fits = all(m.peak <= c.device.mem_bytes and m.kv_cache > 0 and kv > 0
+               for m, kv, c in zip(mems, kvs, clusters, strict=True))
     if not fits:
         return _unfit(max(mems, key=lambda m: m.peak), kvs[1], scheds[1]), steps
-    transfer = kv_transfer(plan.model, plan.cluster, d)
+    apart = plan.pools is not None and clusters[0] is not clusters[1]
+    transfer = kv_transfer(plan.model, plan.cluster, d,
+                           plan.pools.between_pools if apart and plan.pools is not None else None)
     sim = simulate_disaggregated(steps[0], steps[1], plan.workload, scheds, (kvs[0], kvs[1]), transfer, seed)
     pred = _prediction(plan, sim, mems[1], kvs[1], scheds[1], fits)
     moved = 1e3 * (transfer[0] + transfer[1] * float(sim.input_len.mean())) if len(sim.input_len) else 0.0
@@ -328,13 +345,23 @@ def serving_document(plan: ServingPlan, pred: ServingPrediction,
     from autoplan.plan import SCHEMA_VERSION
 
     d, c = plan.deployment, plan.cluster
-    if c.device.correction is not None or c.device.mixer_kernels is not None:
-        # a measured correction and mixer tables are no part of the cluster file
-        c = dataclasses.replace(c, device=dataclasses.replace(c.device, correction=None, mixer_kernels=None))
+
+    def bare(c: Cluster) -> Cluster:  # a measured correction and mixer tables are no part of the file
+        if c.device.correction is None and c.device.mixer_kernels is None:
+            return c
+        device = dataclasses.replace(c.device, correction=None, mixer_kernels=None)
+        return dataclasses.replace(c, device=device)
+
+    c = bare(c)
     deployment: dict[str, object]
     if d.disaggregated is not None:
-        deployment = {"disaggregated": {"prefill": d.disaggregated.prefill.to_dict(),
-                                        "decode": d.disaggregated.decode.to_dict()}}
+        dis = d.disaggregated
+        sides = {"prefill": dis.prefill.to_dict(), "decode": dis.decode.to_dict()}
+        if dis.prefill_on:
+            sides["prefill"]["pool"] = dis.prefill_on  # type: ignore[assignment]
+        if dis.decode_on:
+            sides["decode"]["pool"] = dis.decode_on  # type: ignore[assignment]
+        deployment = {"disaggregated": sides}
     else:
         deployment = {"replicas": d.replicas, "tp": d.tp, "pp": d.pp, "ep": d.ep,
                       "attention_dp": d.attention_dp}
@@ -350,8 +377,10 @@ def serving_document(plan: ServingPlan, pred: ServingPrediction,
         "autoplan": SCHEMA_VERSION,
         "kind": "serving",
         "model": plan.model.name if builtin_model_matches(plan.model) else plan.model.to_dict(),
-        # a built-in by name: whole nodes, or part of a node by its GPUs
-        "cluster": builtin_cluster_ref(c) or c.to_dict(),
+        # a built-in by name: whole nodes, or part of a node by its GPUs; a heterogeneous
+        # cluster whole, its pools' devices as their files give them
+        "cluster": (dataclasses.replace(plan.pools, pools=tuple(bare(p) for p in plan.pools.pools)).to_dict()
+                    if plan.pools is not None else builtin_cluster_ref(c) or c.to_dict()),
         # the engine by name (its default line), or with the release the plan names
         "engine": (plan.engine.value if plan.engine_version is None
                    else {"name": plan.engine.value, "version": plan.engine_version}),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autoplan.descriptors.hardware import Cluster
+from autoplan.descriptors.hardware import Cluster, PooledCluster
 from autoplan.descriptors.job import MAX_SEQ_LEN
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.strict import Fields, decimal, read_limited, shown
@@ -705,13 +705,16 @@ def image_problems(model: Model, images: int) -> list[str]:
     return []
 
 
-def _model_and_cluster(f: Fields, required: bool) -> tuple[Model | None, Cluster | None]:
+def _model_and_cluster(f: Fields, required: bool,
+                       pooled: bool = False) -> tuple[Model | None, Any]:
     """The ``model`` and ``cluster`` fields resolved (built-in, path or mapping); their
-    problems recorded with the rest."""
-    from autoplan.descriptors.library import resolve_cluster, resolve_model
+    problems recorded with the rest. ``pooled``: the cluster may be a heterogeneous one
+    (``pools:``: a disaggregated plan's sides on different pools)."""
+    from autoplan.descriptors.library import resolve_any_cluster, resolve_cluster, resolve_model
 
     out: list[Any] = []
-    for key, resolve in (("model", resolve_model), ("cluster", resolve_cluster)):
+    for key, resolve in (("model", resolve_model),
+                         ("cluster", resolve_any_cluster if pooled else resolve_cluster)):
         value = None
         try:
             if (ref := f.raw(key) if required else f.raw(key, None)) is not None:
@@ -867,17 +870,21 @@ def _disaggregated(g: Fields) -> Disaggregated | None:
     if not h.ok:
         return None
     pools: list[Pool | None] = []
+    on: list[str] = []
     for side in ("prefill", "decode"):
         q = h.child(side, h.raw(side))
         if not q.ok:
             pools.append(None)
+            on.append("")
             continue
         widths = _widths(q)
+        on.append(q.str("pool", None) or "")  # a heterogeneous cluster's pool (_pooled_sides)
         q.close()
         pools.append(None if None in widths.values() else Pool(**widths))
     h.close()
     prefill, decode = pools
-    return None if prefill is None or decode is None else Disaggregated(prefill, decode)
+    return (None if prefill is None or decode is None
+            else Disaggregated(prefill, decode, on[0], on[1]))
 
 
 def shape_problems(model: Model, tp: int, pp: int, ep: int, attention_dp: int) -> list[tuple[str, str]]:
@@ -901,7 +908,7 @@ def shape_problems(model: Model, tp: int, pp: int, ep: int, attention_dp: int) -
 
 def _check(plan: ServingPlan, f: Fields) -> None:
     d, m, c = plan.deployment, plan.model, plan.cluster
-    if d.gpus != c.gpus:
+    if plan.pools is None and d.gpus != c.gpus:
         shape = "replicas x tp x pp x attention_dp"
         if d.disaggregated is not None:
             shape = f"the prefill and decode pools' {shape}"
@@ -979,7 +986,7 @@ class ServingJob:
     """What ``autoplan serve JOB.yaml`` reads: every field optional (flags fill the rest)."""
 
     model: Model | None = None
-    cluster: Cluster | None = None
+    cluster: Cluster | PooledCluster | None = None  # pools: prefill and decode apart
     gpus: int | None = None
     engine: Engine | None = None
     engine_version: str | None = None  # the engine release (engine: {name, version})
@@ -1011,7 +1018,7 @@ def read_serving_job(data: Any, source: str) -> ServingJob:
     kind = f.str("kind", "serving")
     if kind is not None and kind != "serving":
         f.fail("kind", f"expected serving, got {kind!r}"[:120])
-    model, cluster = _model_and_cluster(f, required=False)
+    model, cluster = _model_and_cluster(f, required=False, pooled=True)
     gpus = f.int("gpus", None, min=1, max=MAX_DEGREE * 16)
     engine, engine_version = read_engine(f, None)
     inp = out = arrival = prefix = None
@@ -1063,7 +1070,7 @@ def read_serving_plan(data: Any, source: str, *, profile: Profile | None = None,
     if version is not None and version != SCHEMA_VERSION:
         f.fail("autoplan", f"expected schema version {SCHEMA_VERSION}, got {version}")
     f.str("kind")
-    model, cluster = _model_and_cluster(f, required=True)
+    model, cluster = _model_and_cluster(f, required=True, pooled=True)
     engine, engine_version = read_engine(f, Engine.VLLM)
     deployment = _deployment(f)
     w = f.child("workload", f.raw("workload"))
@@ -1090,12 +1097,66 @@ def read_serving_plan(data: Any, source: str, *, profile: Profile | None = None,
     f.close()
     if problems or None in (model, cluster, engine, deployment, workload):
         raise InputError(problems or [Problem(source, "", "incomplete serving plan")])
+    pools = cluster if isinstance(cluster, PooledCluster) else None
+    if pools is not None:
+        cluster = _pooled_sides(pools, deployment, f)  # type: ignore[arg-type]
+        if cluster is None:
+            raise InputError(problems)
+    elif deployment is not None and deployment.disaggregated is not None:
+        for side in ("prefill", "decode"):
+            if getattr(deployment.disaggregated, f"{side}_on"):
+                f.fail(f"deployment.disaggregated.{side}.pool",
+                       "names a pool of a heterogeneous cluster (pools:); this plan's cluster has none")
+        if problems:
+            raise InputError(problems)
     plan = ServingPlan(model, cluster, engine, deployment, workload, slo,  # type: ignore[arg-type]
-                       engine_version)
+                       engine_version, pools)
     _check(plan, f)
     if problems:
         raise InputError(problems)
     if correct:
-        plan = dataclasses.replace(plan, cluster=corrected(plan.cluster, profile, plan.engine,
-                                                                   plan.engine_version).cluster)
+        plan = corrected_plan(plan, profile)
     return plan
+
+
+def corrected_plan(plan: ServingPlan, profile: Profile | None = None) -> ServingPlan:
+    """The plan's cluster through the one door of measured profiles (``measured.door``):
+    each pool's of a heterogeneous one, by its own device."""
+    def fix(c: Cluster) -> Cluster:
+        return corrected(c, profile, plan.engine, plan.engine_version).cluster
+    if plan.pools is None:
+        return dataclasses.replace(plan, cluster=fix(plan.cluster))
+    pools = dataclasses.replace(plan.pools, pools=tuple(fix(p) for p in plan.pools.pools))
+    dis = plan.deployment.disaggregated
+    assert dis is not None
+    return dataclasses.replace(plan, pools=pools, cluster=pools.pools[pools.index(dis.decode_on)])
+
+
+def _pooled_sides(pools: PooledCluster, d: Deployment | None, f: Fields) -> Cluster | None:
+    """A plan on a heterogeneous cluster: a disaggregated deployment whose sides each name a
+    pool (``deployment.disaggregated.prefill.pool``), each within its pool's GPUs; the decode
+    side's pool is the plan's ``cluster``."""
+    names = [p.name for p in pools.pools]
+    dis = None if d is None else d.disaggregated
+    if dis is None:
+        f.fail("deployment", f"{pools.name} has pools of unlike nodes: a serving plan on it is "
+                             f"disaggregated, each side on a pool (disaggregated.prefill.pool, "
+                             f"disaggregated.decode.pool: one of {', '.join(names)})")
+        return None
+    ok = True
+    for side, pool, name in (("prefill", dis.prefill, dis.prefill_on), ("decode", dis.decode, dis.decode_on)):
+        key = f"deployment.disaggregated.{side}.pool"
+        if name not in names:
+            got = shown(name) if name else "nothing"
+            f.fail(key, f"expected one of {', '.join(names)} (the cluster's pools), got {got}")
+            ok = False
+            continue
+        have = pools.pools[pools.index(name)].gpus
+        if pool.gpus > have:
+            f.fail(f"deployment.disaggregated.{side}", f"{pool.gpus} GPUs, but pool {name} has {have}")
+            ok = False
+    if ok and dis.prefill_on == dis.decode_on and sum(
+            p.gpus for p in (dis.prefill, dis.decode)) > pools.pools[pools.index(dis.decode_on)].gpus:
+        f.fail("deployment.disaggregated", f"both sides on pool {dis.decode_on} need more GPUs than it has")
+        ok = False
+    return pools.pools[pools.index(dis.decode_on)] if ok else None

@@ -9,14 +9,15 @@ the cluster comes through the one door of measured profiles
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoplan.descriptors.hardware import Cluster
+from autoplan.descriptors.hardware import Cluster, PooledCluster
 from autoplan.descriptors.job import MAX_SEQ_LEN
-from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
+from autoplan.descriptors.library import resolve_any_cluster, resolve_model, with_gpus
 from autoplan.descriptors.model import Model
 from autoplan.descriptors.strict import read_yaml, shown
 from autoplan.errors import InputError, Problem
@@ -105,6 +106,9 @@ class ServeRequest:
     # over GPU counts resizes (resizing ``cluster``, part of a node, would shrink the node)
     base_cluster: Cluster | None = None
     engine_version: str | None = None  # the engine release the plans name (None: the default)
+    # a heterogeneous cluster (``pools:``): the search puts prefill on one pool, decode on
+    # another (each pool through the door of measured profiles); ``cluster`` is its first pool
+    pools: PooledCluster | None = None
 
 
 def check_serve_options(job_file: Path | None, given: ServeOptions) -> ServingJob:
@@ -123,11 +127,22 @@ def build_serve_request(job_file: Path | None, job: ServingJob, given: ServeOpti
     """The request of :func:`check_serve_options`' job and the options: descriptors
     resolved, the workload built (a trace read), the SLO merged, the cluster corrected."""
     model = resolve_model(given.model) if given.model is not None else job.model
-    base = resolve_cluster(given.cluster) if given.cluster is not None else job.cluster
-    assert model is not None and base is not None
-    count = given.gpus if given.gpus is not None else job.gpus if job.gpus is not None else base.gpus
+    found = resolve_any_cluster(given.cluster) if given.cluster is not None else job.cluster
+    assert model is not None and found is not None
     engine = _engine(given.engine) if given.engine is not None else job.engine or Engine.VLLM
     version = _engine_version(engine, job, given)
+    pools = None
+    if isinstance(found, PooledCluster):
+        if given.gpus is not None or job.gpus is not None:
+            raise InputError.single("--gpus", "", f"{found.name}'s pools give the GPUs "
+                                                  f"({found.gpus}): leave --gpus out")
+        # each pool through the one door of measured profiles, by its own device
+        pools = dataclasses.replace(found, pools=tuple(
+            corrected(p, engine=engine, version=version).cluster for p in found.pools))
+        base = found.pools[0]
+    else:
+        base = found
+    count = given.gpus if given.gpus is not None else job.gpus if job.gpus is not None else base.gpus
     # the one door of measured profiles, with the engine release whose kernels it prices
     cluster = corrected(with_gpus(base, count), engine=engine, version=version).cluster
     workload = (_traced_workload(job_file, job, given, model) if _traced(job, given)
@@ -149,7 +164,7 @@ def build_serve_request(job_file: Path | None, job: ServingJob, given: ServeOpti
     return ServeRequest(model, cluster, engine, workload, slo, tuple(weights), tuple(kv_caches),
                         _override_notes(job_file, job, given) + ((older,) if older else ()),
                         _speculative(given, model, job, job_file),
-                        corrected(base, engine=engine, version=version).cluster, version)
+                        corrected(base, engine=engine, version=version).cluster, version, pools)
 
 
 def _engine_version(engine: Engine, job: ServingJob, given: ServeOptions) -> str | None:

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from autoplan import caches
-from autoplan.descriptors.hardware import Cluster
+from autoplan.descriptors.hardware import Cluster, PooledCluster
 from autoplan.descriptors.model import Model
 from autoplan.errors import InputError
 from autoplan.serving.cost import compute_dtype
@@ -156,6 +156,56 @@ def disaggregated_deployments(model: Model, cluster: Cluster, gpus: int, weights
                 for w in weights:
                     for kv in kv_caches:
                         yield Deployment.split(prefill, decode, weights=w, kv_cache=kv)
+
+
+def pooled_deployments(model: Model, pools: PooledCluster, weights: Sequence[Precision],
+                       kv_caches: Sequence[Precision]) -> Iterator[Deployment]:
+    """Disaggregated deployments with prefill on one pool of a heterogeneous cluster and
+    decode on another (Splitwise, Patel et al. 2024: prompt and token phases on different GPU
+    generations), both orders: each side as many replicas of one worker
+    (:func:`pool_workers`, within its pool's NVLink domain) as its pool holds."""
+    for a in pools.pools:
+        for b in pools.pools:
+            if a is b:
+                continue
+            for p in pool_workers(model, min(a.nvlink_domain, a.gpus)):
+                for d in pool_workers(model, min(b.nvlink_domain, b.gpus)):
+                    n_p, n_d = a.gpus // p.gpus_per_replica, b.gpus // d.gpus_per_replica
+                    if not n_p or not n_d:
+                        continue
+                    for w in weights:
+                        for kv in kv_caches:
+                            yield Deployment.split(replace(p, replicas=n_p), replace(d, replicas=n_d),
+                                                   on=(a.name, b.name), weights=w, kv_cache=kv)
+
+
+def serve_pooled_search(model: Model, pools: PooledCluster, engine: Engine, workload: Workload,
+                        slo: Slo, weights: Sequence[Precision] = (Precision.BF16,),
+                        kv_caches: Sequence[Precision] = (Precision.BF16,), seed: int = 0,
+                        engine_version: str | None = None) -> ServeResult:
+    """Every :func:`pooled_deployments` of a heterogeneous cluster simulated and ranked as
+    :func:`serve_search` ranks (the KV hand-off over ``between_pools``); a precision a side's
+    device cannot run leaves that side's deployments out."""
+    with caches.scope():
+        ranked: list[Ranked] = []
+        evaluated = not_fitting = 0
+        for split in pooled_deployments(model, pools, weights, kv_caches):
+            dis = split.disaggregated
+            assert dis is not None
+            sides = [pools.pools[pools.index(dis.prefill_on)], pools.pools[pools.index(dis.decode_on)]]
+            if any(p in (Precision.FP8, Precision.FP4) and not c.device.supports(Dtype.FP8)
+                   and compute_dtype(p, c.device) is not Dtype.FP4
+                   for c in sides for p in (split.weights, split.kv_cache)):
+                continue
+            plan = ServingPlan(model, sides[1], engine, split, workload, slo, engine_version, pools)
+            pred = evaluate_serving(plan, seed)
+            evaluated += 1
+            if not pred.fits or not pred.simulated_requests:
+                not_fitting += 1
+                continue
+            ranked.append(Ranked(plan, pred))
+        ranked.sort(key=lambda r: rank_key(r, slo))
+        return ServeResult(tuple(ranked), pareto(ranked), evaluated, not_fitting)
 
 
 def rank_key(r: Ranked, slo: Slo) -> tuple:

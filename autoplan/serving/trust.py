@@ -305,11 +305,18 @@ def provenance(steps: Sequence[StepModel]) -> Provenance:
             merged[part] = merged.get(part, True) and measured
     corr = steps[0].device.correction
     meta: Mapping[str, str] = getattr(corr, "meta", None) or {}
-    source = getattr(corr, "profile", None) if corr is not None else None
+    # each pool's profile (a heterogeneous cluster's sides run on different devices)
+    sources: list[str] = []
+    for step in steps:
+        c = step.device.correction
+        if c is not None:
+            name = str(getattr(c, "profile", None) or "a measured correction")
+            if name not in sources:
+                sources.append(name)
     order = ("gemm", "moe", "attention", "kv_read", "elementwise", "tp_comm", "ep_comm", "pp_comm", "logits")
     parts = [p for p in order if p in merged]
     return Provenance(
-        profile=None if corr is None else str(source or "a measured correction"),
+        profile=None if corr is None else " and ".join(sources),
         device=meta.get("descriptor") or meta.get("device_name") or None,
         engine=meta.get("engine") or None, engine_version=meta.get("engine_version") or None,
         measured=tuple(p for p in parts if merged[p]), roofline=tuple(p for p in parts if not merged[p]),
