@@ -1639,7 +1639,7 @@ def _read_deepseek_v4(f: Fields) -> dict[str, Any]:
         dropout=bool(f.float("attention_dropout", 0.0, min=0.0, max=1.0)),
         experts=experts, top_k=top_k, moe_ffn_hidden=moe_ffn,
         shared_experts=f.int("n_shared_experts", 0, min=0), mtp_layers=mtp,
-        q_lora_rank=f.int("q_lora_rank", min=1), o_groups=f.int("o_groups", min=1),
+        q_lora_rank=f.int("q_lora_rank", min=1), qk_rope_head_dim=rope, o_groups=f.int("o_groups", min=1),
         o_lora_rank=f.int("o_lora_rank", min=1), attention_sinks=True,
         sliding_window=f.int("sliding_window", min=1), mixers=mixers, csa_ratio=csa,
         hca_ratio=hca, hc_mult=hc if hc != 1 else 0,

@@ -941,6 +941,10 @@ def _check_v4_attention(fail: Any, v: dict[str, Any], mixers: set[str]) -> None:
         if SPARSE in mixers:
             fail("mixers", "sparse attention (D) is MLA's; DeepSeek-V4's attention selects keys "
                            "in compressed sparse layers (C)")
+        width = v["head_dim"] or (v["hidden"] // v["heads"] if v["heads"] else 0)
+        if v["qk_rope_head_dim"] > width:
+            fail("qk_rope_head_dim", f"expected at most the head's width ({width}), got "
+                                     f"{v['qk_rope_head_dim']}")
     for key in ("csa_ratio", "hca_ratio"):
         if v[key] == 1:
             fail(key, "expected at least 2 tokens pooled per key, got 1")
@@ -1012,8 +1016,12 @@ def route_group_problem(experts: int, top_k: int, groups: int,
 def _check_mla(f: Fields, v: dict[str, Any]) -> None:
     dims = ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
     if not v["kv_lora_rank"]:
-        # DeepSeek-V4's attention projects queries through q_lora_rank without MLA
-        for key in (*dims, *(() if v["o_lora_rank"] else ("q_lora_rank",))):
+        # DeepSeek-V4's attention projects queries through q_lora_rank without MLA, and
+        # rotates the last qk_rope_head_dim channels of its heads
+        v4 = ("q_lora_rank", "qk_rope_head_dim") if v["o_lora_rank"] else ()
+        for key in (*dims, "q_lora_rank"):
+            if key in v4:
+                continue
             if v[key]:
                 f.fail(key, "is a multi-head latent attention field: give kv_lora_rank too")
         return

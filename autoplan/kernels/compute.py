@@ -57,6 +57,7 @@ from autoplan.kernels.layer import (
     elementwise_bytes_forward,
     layer_gemms,
     mlp_gemms,
+    rope_widths,
 )
 from autoplan.vocab import Dtype, Position, RecomputeModule
 
@@ -539,7 +540,7 @@ def kind_elementwise_bytes(model: Model, shard: Shard, kind: tuple[str, str]) ->
     block = shard.norm_tokens * h * e * (2 + 3 + (2.5 if model.dropout else 0))
     rope = 0.0
     if model.position is Position.ROPE:
-        q, k, _, _ = model.attn_widths
+        q, k = rope_widths(model)
         rope = shard.tokens * e * 2 * (q + k) / t
     if mlp == NO_MLP:
         act_in = 2 if model.activation.gated else 1

@@ -251,6 +251,16 @@ def distinct_experts(experts: int, top_k: int, tokens: float) -> float:
 
 # ----------------------------------------------------------------------------- elementwise
 
+def rope_widths(model: Model) -> tuple[int, int]:
+    """(query, key) channels the rotary embedding rewrites, over all heads: the attention's
+    widths; DeepSeek-V4's only the last qk_rope_head_dim of each query head and of its one
+    key-value head (its inference code's ``apply_rotary_emb`` on ``[..., -rope_head_dim:]``)."""
+    if model.is_v4_attention:
+        return model.heads * model.qk_rope_head_dim, model.qk_rope_head_dim
+    q, k, _, _ = model.attn_widths
+    return q, k
+
+
 def elementwise_bytes_forward(model: Model, shard: Shard, moe: bool = False) -> float:
     """Bytes moved by one layer's memory-bound forward ops as a training stack runs them,
     one kernel each (norms, residual adds, activation function, rotary embedding, dropout;
@@ -262,7 +272,7 @@ def elementwise_bytes_forward(model: Model, shard: Shard, moe: bool = False) -> 
         + (2 * 2.5 if model.dropout else 0)  # two dropouts: read, write, 1-byte mask
     )
     act_in = 2 if model.activation.gated else 1
-    q, k, _, _ = model.attn_widths
+    q, k = rope_widths(model)
     inside_tp = 0.0
     if model.position is Position.ROPE:
         inside_tp += shard.tokens * e * 2 * (q + k) / t
@@ -285,7 +295,8 @@ def fused_elementwise_bytes_per_token(model: Model, tp: int) -> float:
     attention residuals' mixes)."""
     h = model.hidden
     norms = 2 * 4 * h
-    rope = 2 * (model.q_dim + model.kv_dim) / tp
+    # this rank's queries and keys (DeepSeek-V4: their RoPE'd channels alone)
+    rope = 2 * (sum(rope_widths(model)) if model.is_v4_attention else model.q_dim + model.kv_dim) / tp
     ffn = max(model.ffn_hidden, model.expert_width * max(1, model.top_k))
     act = (3 if model.activation.gated else 2) * ffn / tp
     m = model.hc_mult  # hyper-connections: each block's hc_pre and hc_post over the m-wide
