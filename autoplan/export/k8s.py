@@ -81,7 +81,7 @@ def _header(plan: ServingPlan, name: str) -> list[str]:
              f"then kubectl apply -f {FILE}; the Service {name} (port {kube.PORT}) serves the OpenAI API."]
     if plan.deployment.disaggregated is not None and plan.engine.value == "vllm":
         lines.append("The router runs vllm-router (pip install vllm-router), which its image must carry: "
-                     "the vLLM images do not; give it an image built from them with it installed.")
+                     "the manifest names the vLLM image; where it lacks the router, give one with it.")
     if any(kube.nodes_of(pool) > 1 for _, pool in kube.pools(plan)):
         lines.append("Instances across nodes run as LeaderWorkerSets: install LWS "
                      "(kubernetes-sigs/lws) in the cluster first.")
