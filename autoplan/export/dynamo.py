@@ -63,7 +63,10 @@ DROPPED = {"--backend"}
 
 
 def export(plan: ServingPlan, source: str) -> dict[str, str]:
-    kube.refuse(source, "dynamo", kube.refusals(plan, "dynamo", disaggregation=True, multi_node=True))
+    problems = kube.refusals(plan, "dynamo", disaggregation=True, multi_node=True)
+    if plan.engine.value not in WORKER:
+        problems.insert(0, ("engine", f"Dynamo's workers run {', '.join(WORKER)}, not {plan.engine.value}"))
+    kube.refuse(source, "dynamo", problems)
     engine = plan.engine.value
     image = IMAGE[engine].format(release=RELEASE)
     services: dict[str, Any] = {"Frontend": {

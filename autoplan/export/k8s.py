@@ -44,9 +44,19 @@ NIXL_PORT = "5600"  # VLLM_NIXL_SIDE_CHANNEL_PORT's default (vllm/envs.py)
 CONFIG_DIR = "/etc/autoplan"  # where TensorRT-LLM's LLM API options are mounted
 
 
+# the engines whose flags for a pool's role and for a group's ranks are written here
+# (another registered engine's are refused, naming the field)
+WRITTEN = ("vllm", "sglang")
+
+
 def export(plan: ServingPlan, source: str) -> dict[str, str]:
-    kube.refuse(source, "k8s", kube.refusals(plan, "k8s", disaggregation=plan.engine.spec.disaggregation
-                                             is not None, multi_node=plan.engine.spec.multi_node is not None))
+    spec, known = plan.engine.spec, plan.engine.value in WRITTEN
+    problems = kube.refusals(plan, "k8s", disaggregation=known and spec.disaggregation is not None,
+                             multi_node=known and spec.multi_node is not None)
+    if not spec.image_of(plan.engine_release):
+        problems.insert(0, ("engine", f"{plan.engine.value} names no container image (its engine file's "
+                                      "image) for the pods to run"))
+    kube.refuse(source, "k8s", problems)
     name = kube.base_name(plan)
     docs: list[dict[str, Any]] = []
     urls: dict[str, list[str]] = {"prefill": [], "decode": []}

@@ -83,6 +83,9 @@ def flat(args: Sequence[tuple[str, ...]]) -> list[str]:
     return [str(word) for arg in args for word in arg]
 
 
+DRAFT_ENGINES = ("vllm", "sglang")  # whose draft checkpoint flag draft_args writes
+
+
 def draft_args(plan: ServingPlan) -> list[str]:
     """A draft model's or EAGLE head's flags, naming ``$(DRAFT_MODEL)`` (the launch scripts'
     ``launch_lines`` write the same from the shell variable): vLLM's ``--speculative-config``
@@ -134,6 +137,9 @@ def refusals(plan: ServingPlan, target: str, *, disaggregation: bool,
     out: list[tuple[str, str]] = []
     spec = plan.engine.spec
     disagg = plan.deployment.disaggregated is not None
+    if draft_env(plan) and plan.engine.value not in DRAFT_ENGINES:
+        out.append(("deployment.speculative", f"a draft checkpoint's flag for {plan.engine.value} is not "
+                                              f"written by autoplan ({', '.join(DRAFT_ENGINES)} are)"))
     if disagg and not disaggregation:
         out.append(("deployment.disaggregated", f"{target} runs no prefill/decode disaggregated "
                                                 f"{plan.engine.value} deployment autoplan writes"))

@@ -383,3 +383,48 @@ def test_the_strict_validation_refuses_what_a_schema_does_not_name() -> None:
     bad["decode"]["parallelism"]["pipeline"] = 2
     with pytest.raises(AssertionError):
         _check_llmd(bad)
+
+
+@pytest.mark.parametrize("target", ["k8s", "dynamo"])
+def test_an_eagle_plan_names_its_head_from_the_configmap(target: str) -> None:
+    from autoplan.descriptors.strict import read_yaml
+    from autoplan.export.kube import export_deployment
+    from autoplan.serving.planfile import read_serving_plan
+
+    path = REPO / "examples" / "serving" / "chat-eagle-plan.yaml"
+    plan = read_serving_plan(read_yaml(path), str(path), correct=False)
+    text = next(iter(export_deployment(plan, target, str(path)).values()))
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    for doc in docs:
+        _check(doc)
+    assert '"model": "$(DRAFT_MODEL)"' in text and "key: DRAFT_MODEL" in text
+    assert "--from-literal=DRAFT_MODEL=" in text  # the header says how to give it
+
+
+def test_a_registered_engine_of_its_own_exports_where_its_file_says_enough(tmp_path: Path) -> None:
+    """An engine registered from one file (tests/unit/test_engine_registry.py's toy) runs on
+    plain Kubernetes with its image and flags; Dynamo and llm-d, which run named engines,
+    refuse it naming the field, as k8s does the disaggregated launch it has no flags for."""
+    import dataclasses
+
+    from autoplan import caches
+    from autoplan.errors import InputError
+    from autoplan.export.kube import export_deployment
+    from autoplan.serving.engine import register, unregister
+    from tests.unit.test_engine_registry import TOY
+
+    engine = register(dataclasses.replace(TOY, image="example.org/toyserve:{version}"))
+    try:
+        docs = [d for d in yaml.safe_load_all(export_deployment(_plan("aggregated", "toyserve"), "k8s",
+                                                                "p.yaml")["k8s.yaml"]) if d]
+        for doc in docs:
+            _check(doc)
+        (c,) = _containers(docs[0])
+        assert _args(c).startswith("toyserve $(MODEL) --host 0.0.0.0 --port 8000 --tp 4 --max-seqs")
+        for target, shape, field in (("dynamo", "aggregated", "engine"), ("llm-d", "aggregated", "engine"),
+                                     ("k8s", "disaggregated", "deployment.disaggregated")):
+            with pytest.raises(InputError, match=f"p.yaml: {field}"):
+                export_deployment(_plan(shape, "toyserve"), target, "p.yaml")
+    finally:
+        caches.clear()
+        unregister(engine)
