@@ -1411,7 +1411,15 @@ def _export_choices() -> tuple[list[str], list[str]]:
     the launcher registry (autoplan/export/*.py) and the engine registry."""
     from autoplan.export.launcher import Target, slurm_launchers
 
-    return [t.value for t in Target] + [e.value for e in Engine], [s.name for s in slurm_launchers()]
+    return ([t.value for t in Target] + [e.value for e in Engine] + list(_deploy_targets()),
+            [s.name for s in slurm_launchers()])
+
+
+def _deploy_targets() -> tuple[str, ...]:
+    """export's Kubernetes-style targets of a serving plan (autoplan.export.kube)."""
+    from autoplan.export.kube import TARGETS
+
+    return TARGETS
 
 
 def _listed(words: list[str]) -> str:
@@ -1422,7 +1430,7 @@ _TARGETS, _SLURM_RUNS = _export_choices()
 # export's choices as its help shows them (tests/cli/test_vocabulary.py holds them to the registries)
 EXPORT_TARGETS = "<" + "|".join(_TARGETS) + ">"
 SLURM_LAUNCHERS = "<" + "|".join(_SLURM_RUNS) + ">"
-_SERVING = [e.value for e in Engine]
+_SERVING = [t for t in _TARGETS if t in {e.value for e in Engine} or t in _deploy_targets()]
 
 
 @app.command("export")
@@ -1444,18 +1452,23 @@ def export_plan(
     from autoplan.descriptors.strict import read_yaml
     from autoplan.export import Target, slurm_launchers
     from autoplan.export import export as run_export
+    from autoplan.export.kube import TARGETS as DEPLOY
+    from autoplan.export.kube import export_deployment
     from autoplan.export.serving import export_serving
     from autoplan.planfile import read_plan
     from autoplan.serving.planfile import is_serving, read_serving_plan
 
     data = read_yaml(plan_path)
-    serving_targets = {e.value for e in Engine}
+    serving_targets = {e.value for e in Engine} | set(DEPLOY)
     if is_serving(data):
         if to not in serving_targets:
             valid = ", ".join(sorted(serving_targets))
             raise InputError.single("--to", "", f"a serving plan exports to {valid}, got {to!r}")
-        written = export_serving(read_serving_plan(data, str(plan_path), correct=False), Engine(to),
-                                 str(plan_path))
+        serving_plan = read_serving_plan(data, str(plan_path), correct=False)
+        if to in DEPLOY:
+            written = export_deployment(serving_plan, to, str(plan_path))
+        else:
+            written = export_serving(serving_plan, Engine(to), str(plan_path))
     else:
         if to in serving_targets:
             raise InputError.single("--to", "", f"{to} serves models: give a serving plan (`autoplan serve "
