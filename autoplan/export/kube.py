@@ -112,11 +112,13 @@ def step_of(plan: ServingPlan) -> StepModel:
 
 def pools(plan: ServingPlan) -> list[tuple[str, ServingPlan]]:
     """(role, the pool as a plan of its own) per pool of a disaggregated plan (prefill, then
-    decode); an aggregated plan is one pool, role ""."""
+    decode), each on its own cluster (a heterogeneous cluster's pool: ``ServingPlan.pools``);
+    an aggregated plan is one pool, role ""."""
     d = plan.deployment
     if d.disaggregated is None:
         return [("", plan)]
-    return [(role, dataclasses.replace(plan, deployment=d.pool(role))) for role in ("prefill", "decode")]
+    return [(role, dataclasses.replace(plan, deployment=d.pool(role), cluster=plan.cluster_of(role),
+                                       pools=None)) for role in ("prefill", "decode")]
 
 
 def nodes_of(plan: ServingPlan) -> int:
@@ -194,7 +196,14 @@ def dump(docs: Sequence[dict[str, Any]], header: Sequence[str]) -> str:
 
 
 def release_line(plan: ServingPlan) -> str:
-    return (f"{plan.model.name} on {plan.deployment.gpus} x {plan.cluster.device.name}: "
+    if plan.pools is not None:  # each side on its own pool's GPUs: schedule its pods there
+        where = " and ".join(f"{p.deployment.gpus} x {p.cluster.device.name} ({role}, pool {p.cluster.name})"
+                             for role, p in pools(plan))
+        where += ("; put each pool's pods on its GPUs (a nodeSelector on the cluster's GPU "
+                  "product label, e.g. GPU feature discovery's nvidia.com/gpu.product)")
+    else:
+        where = f"{plan.deployment.gpus} x {plan.cluster.device.name}"
+    return (f"{plan.model.name} on {where}: "
             f"{plan.deployment.label()}, {plan.engine.value} {plan.engine_release} "
             "(written by autoplan export)")
 

@@ -93,3 +93,14 @@ def test_a_bad_pool_is_refused_naming_it(tmp_path: Path, change, field) -> None:
 def test_gpus_beside_a_pooled_cluster_is_refused() -> None:
     result = autoplan(*SERVE, "--gpus", "8")
     assert result.returncode == 2 and "--gpus" in result.stderr
+
+
+def test_the_kubernetes_exports_name_each_pools_gpus(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    assert autoplan(*SERVE, "--out", str(plan)).returncode == 0
+    for target in ("k8s", "dynamo"):
+        out = tmp_path / f"{target}.yaml"
+        result = autoplan("export", str(plan), "--to", target, "--out", str(out))
+        assert result.returncode == 0, result.stderr
+        head = out.read_text().splitlines()[0]
+        assert "pool blackwell" in head and "pool hopper" in head and "nodeSelector" in head
