@@ -650,7 +650,8 @@ def serve(
         help="Plan for traffic that changes over the day: a CSV of periods (start, rate_rps; "
              "optional input_len, output_len, concurrency, end): one replica shape, the replicas "
              "each period needs, static against scaled GPU-hours, energy and cost, the autoscaler's "
-             "thresholds; replaces --rate (--gpus: the most GPUs it may scale to).")] = None,
+             "thresholds; replaces --rate (--gpus, or the job's gpus: the most GPUs it may scale "
+             "to).")] = None,
     autoscale_out: Annotated[Path | None, typer.Option(
         "--autoscale-out", parser=files.out_path, metavar="<dir>",
         help="With --traffic: write the autoscaler settings to this folder (made if need be): "

@@ -19,7 +19,8 @@ one first at the rate per GPU it must beat, so most cost one evaluation.
 
 **Replicas per period** = ceil(rate / capacity at the period's lengths), or for a closed
 loop ceil(clients / requests in flight per replica at capacity), then checked by
-evaluating the period on that many replicas (one more while it falls short). A router is
+evaluating the period on that many replicas (where it falls short, as a closed loop's burst
+of first requests can, doubled until some number meets and bisected back to the fewest). A router is
 assumed to spread requests at random over the replicas, each a Poisson stream at its share
 of the rate (Poisson splitting: what the simulator models, ``serving.simulate``); a router
 that balances by load (least in flight, KV-aware as Dynamo's and llm-d's) does at least as
@@ -67,7 +68,7 @@ CAPACITY_TOLERANCE = 0.02  # the capacity search stops within 2% (percentiles mo
 MAX_STEPS = 40  # doublings or halvings of the rate: 2^40 spans MIN_RATE to MAX_RATE
 REPLICA_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)  # GPUs per replica tried
 SIZE_SPREAD = 4  # replica sizes tried: from the smallest that fits to 4x it
-MAX_EXTRA_REPLICAS = 8  # a period's replicas raised past the estimate at most this often
+MAX_REPLICAS = 1 << 16  # replicas of one period at most (planfile's MAX_DEGREE)
 Lengths2 = tuple[float, float]  # a period's mean prompt and output tokens
 
 
@@ -351,7 +352,8 @@ def _busiest(req: ServeRequest, traffic: Traffic) -> Period:
         inp, out = period_lengths(req, p)
         return (p.rate_rps if p.rate_rps is not None else p.concurrency or 0) * (inp + out)
 
-    rated = [p for p in traffic.periods if p.rate_rps is not None] or list(traffic.periods)
+    rated = ([p for p in traffic.periods if p.rate_rps] or [p for p in traffic.periods if p.concurrency]
+             or list(traffic.periods))
     return max(rated, key=tokens)
 
 
@@ -463,20 +465,30 @@ def _estimate(period: Period, cap: Capacity) -> int:
 
 def _replicas(ev: _Evaluator, shape: Deployment, period: Period, lengths: Lengths2, cap: Capacity,
               most: int | None) -> tuple[int, ServingPrediction | None]:
-    """The fewest replicas meeting the SLO in ``period`` (the estimate, raised while the
-    evaluation falls short), and the prediction there; one replica where nothing comes."""
+    """The fewest replicas meeting the SLO in ``period``: the estimate where it meets, else
+    doubled until some number meets (at most ``most``) and bisected back to the fewest; the
+    prediction there. One replica where nothing comes."""
     arrival = _arrival(period)
     if arrival is None:
         return 1, None
-    n = _estimate(period, cap)
-    if most is not None:
-        n = min(n, most)
+    limit = most if most is not None else MAX_REPLICAS
+    n = min(_estimate(period, cap), limit)
     pred = ev.run(replace(shape, replicas=n), lengths, arrival)
-    for _ in range(MAX_EXTRA_REPLICAS):
-        if pred.meets_slo or (most is not None and n >= most):
-            break
-        n += 1
+    if pred.meets_slo or n >= limit:
+        return n, pred
+    short = n  # falls short
+    while not pred.meets_slo and n < limit:
+        short, n = n, min(2 * n, limit)
         pred = ev.run(replace(shape, replicas=n), lengths, arrival)
+    if not pred.meets_slo:
+        return n, pred  # not even ``limit`` replicas meet it
+    while n - short > 1:
+        mid = (short + n) // 2
+        p = ev.run(replace(shape, replicas=mid), lengths, arrival)
+        if p.meets_slo:
+            n, pred = mid, p
+        else:
+            short = mid
     return n, pred
 
 

@@ -13,7 +13,7 @@ import yaml
 
 from autoplan.errors import InputError
 from autoplan.serving.autoscale import HPA_TOLERANCE, ScalingMetric
-from autoplan.serving.deployment import ArrivalKind
+from autoplan.serving.deployment import Arrival, ArrivalKind, Deployment
 from autoplan.serving.evaluate import serving_document
 from autoplan.serving.planfile import read_serving_plan
 from autoplan.serving.request import ServeOptions, ServeRequest, build_serve_request, check_serve_options
@@ -102,6 +102,22 @@ def test_a_closed_loop_period_gets_replicas_by_the_requests_in_flight_at_capacit
     assert evening.replicas >= math.ceil(96 / day.autoscale.requests_in_flight)
     assert evening.prediction is not None and evening.prediction.meets_slo
     assert evening.offered_rps == pytest.approx(evening.prediction.requests_per_s)
+    # the fewest: one replica fewer falls short (the burst of 96 first requests at once)
+    assert evening.replicas > 1
+    one_fewer = dataclasses.replace(day.shape.deployment, replicas=evening.replicas - 1)
+    fewer = _Evaluator(_request()).run(one_fewer, evening.lengths,
+                                       Arrival(ArrivalKind.CONCURRENCY, concurrency=96))
+    assert not fewer.meets_slo
+
+
+def test_each_scheduler_of_a_replica_is_simulated_for_the_jobs_requests() -> None:
+    """A pipelined replica runs a scheduler per stage: simulated for 1000 requests among all
+    four, each saw 250, ended before a queue could grow, and looked four times the capacity
+    of four one-GPU replicas."""
+    ev = _Evaluator(_request())
+    for d, requests in ((Deployment(replicas=1, tp=1, pp=4), 4000), (Deployment(replicas=3, tp=2), 3000)):
+        plan = ev.plan(d, (1024.0, 256.0), Arrival(ArrivalKind.RATE, rate_rps=50.0))
+        assert plan.workload.requests == requests
 
 
 def test_a_replica_at_its_capacity_meets_the_slo_and_a_little_more_does_not(day: TrafficPlan) -> None:
