@@ -645,7 +645,20 @@ def serve(
         "--plot", parser=files.out_path, metavar="<path>",
         help="Draw the front, tokens/s per GPU against tokens/s per user, to FILE.svg, or FILE.png "
              "(the png extra: matplotlib).")] = None,
-    top: Annotated[int, typer.Option("--top", "-k", min=1, max=MAX_TOP, help="How many plans to show.")] = 10,
+    traffic: Annotated[Path | None, typer.Option(
+        "--traffic", metavar="FILE.csv",
+        help="Plan for traffic that changes over the day: a CSV of periods (start, rate_rps; "
+             "optional input_len, output_len, concurrency, end): one replica shape, the replicas "
+             "each period needs, static against scaled GPU-hours, energy and cost, the autoscaler's "
+             "thresholds; replaces --rate (--gpus, or the job's gpus: the most GPUs it may scale "
+             "to).")] = None,
+    autoscale_out: Annotated[Path | None, typer.Option(
+        "--autoscale-out", parser=files.out_path, metavar="<dir>",
+        help="With --traffic: write the autoscaler settings to this folder (made if need be): "
+             "hpa.yaml (HorizontalPodAutoscaler), keda-scaledobject.yaml (KEDA) and "
+             "dynamo-planner.yaml (Dynamo planner).")] = None,
+    top: Annotated[int | None, typer.Option(
+        "--top", "-k", min=1, max=MAX_TOP, help="How many plans to show (default 10).")] = None,
     out_path: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Write the best plan here.", parser=files.out_path, metavar="<path>")] = None,
     quiet: Annotated[bool, typer.Option(
@@ -656,6 +669,18 @@ def serve(
     meets it, 2 bad input."""
     if quiet:
         output.quiet()
+    if traffic is not None:
+        clashing = [flag for flag, v in (
+            ("--rate", rate), ("--concurrency", concurrency), ("--offline", offline or None),
+            ("--trace", trace), ("--disaggregated", disaggregated or None), ("--objective", objective),
+            ("--plot", plot), ("--top", top)) if v is not None]
+        if clashing:
+            raise InputError.single(clashing[0], "", "--traffic plans each period of the traffic file: "
+                                                     f"leave out {', '.join(clashing)}")
+    elif autoscale_out is not None:
+        raise InputError.single("--autoscale-out", "", "writes the autoscaler settings of a day's plan: "
+                                                       "give --traffic FILE.csv")
+    top = 10 if top is None else top
     from autoplan.serving.evaluate import serving_document
     from autoplan.serving.request import ServeOptions, build_serve_request, check_serve_options
     from autoplan.serving.search import serve_pooled_search, serve_search
@@ -675,6 +700,9 @@ def serve(
         prefix_share=prefix_share,
         prefix_groups=prefix_groups, speculative=speculative, spec_tokens=spec_tokens,
         acceptance_length=acceptance_length, acceptance_rate=acceptance_rate, draft_model=draft_model)
+    if traffic is not None:
+        _serve_traffic(job_file, given, counts, traffic, autoscale_out, out_path, fmt)
+        return
     with naming(("--draft-model", draft_model)):
         job = check_serve_options(job_file, given)
     if out_path is not None:
@@ -743,6 +771,131 @@ def serve(
     if not ok:
         output.err.print(f"autoplan: {result.why_none(slo)}", markup=False)
         raise typer.Exit(1)
+
+
+def _serve_traffic(job_file: Path | None, given: Any, counts: tuple[int, ...] | None, traffic: Path,
+                   autoscale_out: Path | None, out_path: Path | None, fmt: Format) -> None:
+    """``serve --traffic FILE.csv``: one replica shape for the day, the replicas each period
+    needs, static against scaled provisioning, the autoscaler's thresholds
+    (autoplan.serving.traffic_plan); ``--out`` the plan with its ``autoscale`` block,
+    ``--autoscale-out`` the autoscalers' settings (autoplan.export.autoscale)."""
+    from autoplan.descriptors.strict import read_yaml
+    from autoplan.serving.evaluate import serving_document
+    from autoplan.serving.planfile import MIN_RATE, ServingJob, read_serving_job
+    from autoplan.serving.request import ARRIVAL_FLAGS, build_serve_request, check_serve_options
+    from autoplan.serving.traffic import read_traffic
+    from autoplan.serving.traffic_plan import plan_traffic
+
+    if counts is not None and len(counts) > 1:
+        raise InputError.single("--gpus", "", "with --traffic, the most GPUs the deployment may scale to: "
+                                              "give one count")
+    outputs = [("--out", out_path), ("--autoscale-out", autoscale_out)]
+    if out_path is not None:
+        files.check_target(out_path)
+        if files.is_stdout(out_path):
+            output.data_to_stderr()
+    if autoscale_out is not None:
+        _check_autoscale_dir(autoscale_out)
+    files.check_apart(outputs, [job_file, traffic])
+    table = read_traffic(traffic)
+    job = read_serving_job(read_yaml(job_file), str(job_file)) if job_file is not None else ServingJob()
+    # the options' checks want an arrival and lengths: the busiest period's stand in for them (the
+    # planner gives each period its own); lengths every row gives need not be given again
+    rates = [p.rate_rps for p in table.periods if p.rate_rps]
+    clients = [p.concurrency for p in table.periods if p.concurrency]
+    if not rates and not clients:
+        raise InputError.single(str(traffic), "rate_rps", "no requests in any period: nothing to plan")
+    filled: dict[str, Any] = ({"rate": max(max(rates), MIN_RATE)} if rates
+                              else {"concurrency": max(clients)})
+    for key, column in (("input_len", "input_len"), ("output_len", "output_len")):
+        cells = [getattr(p, column) for p in table.periods]
+        if getattr(given, key) is None and getattr(job, key) is None and all(c is not None for c in cells):
+            filled[key] = max(1, round(max(cells)))
+    given = dataclasses.replace(given, gpus=None, **filled)
+    with naming(("--draft-model", given.draft_model)):
+        job = check_serve_options(job_file, given)
+        req = build_serve_request(job_file, job, given)
+    for note in req.notes:
+        if note.startswith(ARRIVAL_FLAGS):
+            note = f"--traffic overrides {job_file}'s arrival"
+        output.err.print(f"autoplan: note: {note}", markup=False)
+    budget = counts[0] if counts is not None else job.gpus
+    m, c = req.model, req.base_cluster
+    assert c is not None
+    with output.working(fmt.value, f"planning {len(table.periods)} periods of {files.name(traffic)} ..."):
+        tp = plan_traffic(req, table, budget_gpus=budget, price_per_gpu_hour=given.price)
+    if tp is None:
+        why = (f"no replica shape of {m.name} on {c.device.name} meets the SLO at the busiest period's "
+               "lengths, at any rate (a looser SLO, fp8 weights or KV cache, another device)")
+        if fmt is Format.json:
+            output.emit_json({"traffic": None, "plans": [], "reason": why})
+        output.err.print(f"autoplan: {why}", markup=False)
+        raise typer.Exit(1)
+    if out_path is not None:
+        here = None if files.is_stdout(out_path) else str(Path(os.path.abspath(out_path)).parent)
+        files.write_text(out_path, _yaml(serving_document(tp.plan, tp.prediction, here)))
+    written: dict[str, str] = {}
+    if autoscale_out is not None:
+        from autoplan.export.autoscale import autoscale_files
+
+        written, notes = autoscale_files(tp.plan)
+        directory = autoscale_out.expanduser()
+        for name in written:
+            files.check_target(directory / name)
+        for name, text in written.items():
+            files.write_text(directory / name, text)
+        for note in notes:
+            output.err.print(f"autoplan: note: {note}", markup=False)
+    if fmt is Format.json:
+        output.emit_json({"traffic": tp.to_dict(), "plans": [serving_document(tp.plan, tp.prediction)]})
+    else:
+        slo = req.slo
+        shape = tp.shape
+        d = dataclasses.replace(shape.deployment, replicas=1)
+        seqs = d.max_num_seqs
+        q = f"p{slo.percentile:g}"
+        terms = [f"{name} {q} {ms:g} ms" for name, ms in (("TTFT", slo.ttft_ms), ("TPOT", slo.tpot_ms))
+                 if ms is not None]
+        title = escape(f"{m.name} on {c.device.name} ({c.name}), {_engine_label(req)}, SLO "
+                       f"{', '.join(terms) or 'none'}: {files.name(traffic)}, {len(table.periods)} periods "
+                       f"over {table.span_h:g} h")
+        output.out.print(render.traffic_table(tp, title))
+        output.out.print(render.traffic_totals_table(tp))
+        output.out.print(escape(
+            f"replica: {d.label()} ({d.gpus} GPU{'s' * (d.gpus > 1)}, max seqs {seqs or 'default'}), "
+            f"{shape.rate_rps:,.3g} req/s at {shape.lengths[0]:,.0f} in / {shape.lengths[1]:,.0f} out "
+            f"meeting the SLO: the most per GPU of {tp.shapes_tried} shapes tried ({tp.evaluations} "
+            "simulations; autoplan/serving/traffic_plan.py)"))
+        for line in render.autoscale_lines(tp):
+            output.out.print(escape(line))
+        energy = c.device.power_load_W is not None and c.device.power_idle_W is not None
+        output.out.print(escape(
+            "energy: " + (f"board power between {c.device.power_idle_W:g} W idle and "
+                          f"{c.device.power_load_W:g} W by the share of each period the GPUs run "
+                          f"iterations, PUE {c.pue:g} (an upper estimate)" if energy
+                          else f"{c.device.name}'s file gives no power_W") + "; cost: " +
+            (f"${tp.price_per_gpu_hour:g}/GPU-hour" if tp.price_per_gpu_hour is not None
+             else "no price (give --price)")))
+    if out_path is not None and not files.is_stdout(out_path):
+        output.err.print(f"wrote the plan for the busiest period with its autoscale block to "
+                         f"{files.name(out_path)}")
+    if written:
+        output.err.print(f"wrote {', '.join(written)} to {files.name(autoscale_out or Path())}")
+    if not tp.meets_slo:
+        short = [p.period.label() for p in tp.periods if not p.meets_slo]
+        why = (f"--gpus {budget} is too few" if budget is not None else
+               "no number of replicas meets the SLO at their lengths")
+        output.err.print(f"autoplan: periods {', '.join(short)} fall short of the SLO: {why}", markup=False)
+        raise typer.Exit(1)
+
+
+def _check_autoscale_dir(path: Path) -> None:
+    """``--autoscale-out DIR``: a folder (made if need be), refused before any work."""
+    if files.is_stdout(path):
+        raise InputError.single("--autoscale-out", "", "writes a folder of files, not stdout")
+    path = path.expanduser()
+    if path.exists() and not path.is_dir():
+        raise InputError.single("--autoscale-out", "", f"{files.name(path)} is not a directory")
 
 
 def _engine_label(req: Any) -> str:

@@ -12,6 +12,7 @@ from autoplan.cost.stage import StageWork
 from autoplan.kernels.memory import DEFAULT_HEADROOM_FRACTION
 from autoplan.plan import TIME_TERMS, Plan, Prediction, Uncertainty
 from autoplan.search.engine import SearchStats, pruning_reason
+from autoplan.serving.autoscale import ScalingMetric
 from autoplan.text import printable
 from autoplan.units import GiB
 from autoplan.vocab import CpComm, MoeDispatch
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from autoplan.serving.deployment import ServingPlan, Slo
     from autoplan.serving.evaluate import ServingPrediction
     from autoplan.serving.search import Ranked
+    from autoplan.serving.traffic_plan import TrafficPlan
     from autoplan.whatif.reliability import Reliability
     from autoplan.whatif.sweep import Point
 
@@ -290,6 +292,61 @@ def _per_million_line(p: ServingPrediction, pue: float) -> str:
         text += (f", {m.energy_kwh:,.3g} kWh (mean {m.mean_power_W:,.0f} W per GPU: busy "
                  f"{m.busy_share:.0%} of the run at load power; PUE {pue:g}; an upper estimate)")
     return text
+
+
+def traffic_table(tp: TrafficPlan, title: str) -> Table:
+    """``serve --traffic``: each period's load, replicas and latencies on them."""
+    q = f"p{tp.plan.slo.percentile:g}"
+    lengths = any(p.period.input_len is not None or p.period.output_len is not None for p in tp.periods)
+    clients = any(p.period.concurrency is not None for p in tp.periods)
+    table = Table(title=title, title_justify="left")
+    names = ["start", "hours", "req/s", *(["clients"] if clients else []), *(["in/out"] if lengths else []),
+             "replicas", "GPUs", "load", "TTFT p50", f"TTFT {q}", "TPOT p50", f"TPOT {q}", "SLO"]
+    for name in names:
+        table.add_column(name, justify="left" if name in ("start", "in/out", "SLO") else "right")
+    for pp in tp.periods:
+        p = pp.prediction
+        lat = (["-"] * 4 if p is None else [f"{p.ttft_ms.p50:,.0f}", f"{p.slo_ttft_ms:,.0f}",
+                                             f"{p.tpot_ms.p50:,.1f}", f"{p.slo_tpot_ms:,.1f}"])
+        row = [pp.period.label(), f"{pp.period.hours:g}", f"{pp.offered_rps:,.3g}",
+               *([str(pp.period.concurrency or "-")] if clients else []),
+               *([f"{pp.lengths[0]:,.0f}/{pp.lengths[1]:,.0f}"] if lengths else []),
+               str(pp.replicas), str(pp.gpus), f"{pp.utilization:.0%}", *lat,
+               "yes" if pp.meets_slo else "no"]
+        table.add_row(*row)
+    return table
+
+
+def traffic_totals_table(tp: TrafficPlan) -> Table:
+    """Static peak provisioning against scaling per period: GPU-hours, energy, dollars."""
+    hours = tp.traffic.span_h
+    table = Table(title=f"over the {hours:g} hours: static provisioning against scaling per period",
+                  title_justify="left")
+    for name in ("", "GPU-hours", "energy kWh", "cost $"):
+        table.add_column(name, justify="left" if not name else "right")
+
+    def cell(value: float | None, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    static, scaled, saved = tp.static, tp.scaled, tp.saving
+    most = tp.autoscale.max_replicas
+    for label, t in ((f"static: {most} replica(s) all day", static), ("scaled per period", scaled)):
+        table.add_row(label, cell(t.gpu_hours, ",.1f"), cell(t.energy_kwh, ",.1f"), cell(t.cost_usd, ",.2f"))
+    share = saved.gpu_hours / static.gpu_hours if static.gpu_hours else 0.0
+    table.add_row(f"saving ({share:.0%})", cell(saved.gpu_hours, ",.1f"), cell(saved.energy_kwh, ",.1f"),
+                  cell(saved.cost_usd, ",.2f"))
+    return table
+
+
+def autoscale_lines(tp: TrafficPlan) -> list[str]:
+    """What to give an autoscaler, in words."""
+    a = tp.autoscale
+    return [
+        f"autoscale: {a.min_replicas} to {a.max_replicas} replicas; scale out above "
+        f"{a.target_of(ScalingMetric.REQUESTS_IN_FLIGHT):,.1f} requests in flight per replica "
+        f"({a.requests_in_flight:,.1f} at capacity, less the HPA's 10% tolerance) or KV cache "
+        f"{a.target_of(ScalingMetric.KV_CACHE_USAGE):.0%} in use ({a.kv_cache_usage:.0%} at capacity)",
+    ]
 
 
 def serving_front_table(front: Sequence[Ranked], show_gpus: bool = False) -> Table:

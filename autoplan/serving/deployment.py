@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from autoplan.descriptors.hardware import Cluster, Device, PooledCluster
 from autoplan.descriptors.model import Model
+from autoplan.serving.autoscale import Autoscale
 from autoplan.serving.engine import Engine, EngineVersion, Resolved, engine_defaults
 
 
@@ -446,6 +447,10 @@ class ServingPlan:
     # the engine release the plan names (None: the engine's default line, the newest
     # fitted; serving.engine); checked where the plan is read
     engine_version: str | None = None
+    # the replicas a day's traffic needs and the threshold an autoscaler holds (``serve
+    # --traffic``; None: a fixed deployment). With it the cluster holds the most replicas,
+    # its nodes whole (serving.planfile)
+    autoscale: Autoscale | None = None
     # a heterogeneous cluster whose pools the disaggregated sides run on (their
     # ``prefill_on`` / ``decode_on``); ``cluster`` is then the decode side's pool
     pools: PooledCluster | None = None

@@ -126,6 +126,9 @@ class ServingPrediction:
     # a model whose layers differ: what a sequence holds per GPU (serving.kinds.CacheShape;
     # None for one whose layers are alike: kv_cache_tokens says it)
     cache: CacheShape | None = None
+    # KV cache tokens the decoding sequences of one scheduler hold on average over the run
+    # (:func:`kv_in_use`; None: a closed loop, whose measured requests are a part of its run)
+    kv_in_use_tokens: float | None = None
 
     def priced(self, price_per_gpu_hour: float) -> ServingPrediction:
         """The prediction with dollars at ``price_per_gpu_hour`` (``--price``)."""
@@ -298,6 +301,25 @@ def deployment_rate(plan: ServingPlan, sim: SimResult, schedulers: int) -> Rate:
     return Rate(rps, min(1.0, sim.busy_s / window))
 
 
+def kv_in_use(sim: SimResult) -> float | None:
+    """KV cache tokens one scheduler holds on average in its steady state, by Little's law:
+    the rate requests arrive at times the mean of what each holds over its time, a request
+    holding from its first token to its last its prompt and, on average, half its output
+    (the arrival rate, not the run's span, so the run's first and last requests, which run
+    beside fewer others, weigh no more than the rest). A prompt being prefilled, and the
+    block a sequence rounds up to, add a little: a lower estimate of the engines' gauge
+    (vLLM's ``kv_cache_usage_perc``). None where requests do not arrive over time (a closed
+    loop, an offline batch) or fewer than two were served."""
+    n = len(sim.arrival)
+    if sim.in_flight > 0 or n < 2:
+        return None
+    span = float(sim.arrival.max() - sim.arrival.min())
+    if span <= 0:
+        return None
+    held = (sim.finish - sim.first_token) * (sim.input_len + sim.output_len / 2.0)
+    return (n - 1) / span * float(held.mean())
+
+
 def _prediction(plan: ServingPlan, sim: SimResult, mem: Memory, kv: int, sched: int,
                 fits: bool) -> ServingPrediction:
     slo = plan.slo
@@ -324,6 +346,7 @@ def _prediction(plan: ServingPlan, sim: SimResult, mem: Memory, kv: int, sched: 
              and (slo.tpot_ms is None or slo_tpot <= slo.tpot_ms))
     out_rate = rps * out_per_request
     return ServingPrediction(
+        kv_in_use_tokens=kv_in_use(sim),
         ttft_ms=Latency.of(ttft), tpot_ms=Latency.of(tpot), e2e_ms=Latency.of(e2e),
         output_tokens_per_s=out_rate,
         total_tokens_per_s=rps * (out_per_request + in_per_request),
@@ -389,5 +412,7 @@ def serving_document(plan: ServingPlan, pred: ServingPrediction,
     }
     if plan.slo.any:
         doc["slo"] = plan.slo.to_dict()
+    if plan.autoscale is not None:
+        doc["autoscale"] = plan.autoscale.to_dict()
     doc["prediction"] = pred.to_dict()
     return doc

@@ -23,6 +23,7 @@ from autoplan.descriptors.strict import Fields, decimal, read_limited, shown
 from autoplan.errors import InputError, Problem
 from autoplan.measured.door import corrected
 from autoplan.measured.profile import Profile
+from autoplan.serving.autoscale import Autoscale, ScalingMetric, ScalingPeriod
 from autoplan.serving.deployment import (
     KV_PRECISIONS,
     Arrival,
@@ -908,7 +909,9 @@ def shape_problems(model: Model, tp: int, pp: int, ep: int, attention_dp: int) -
 
 def _check(plan: ServingPlan, f: Fields) -> None:
     d, m, c = plan.deployment, plan.model, plan.cluster
-    if plan.pools is None and d.gpus != c.gpus:
+    if plan.autoscale is not None:
+        _check_autoscale(plan, f)
+    elif plan.pools is None and d.gpus != c.gpus:
         shape = "replicas x tp x pp x attention_dp"
         if d.disaggregated is not None:
             shape = f"the prefill and decode pools' {shape}"
@@ -954,6 +957,102 @@ def _check(plan: ServingPlan, f: Fields) -> None:
             f.fail("deployment.max_batched_tokens", f"without chunked prefill a prompt must fit one "
                                                     f"iteration: at least {prompt:,.0f}, got "
                                                     f"{d.max_batched_tokens:,}")
+
+
+# an autoscale block's periods: a year of hourly periods is far fewer; hours a period spans
+MAX_SCALING_PERIODS = 10_000
+MAX_SCALING_HOURS = 24.0 * 366
+
+
+def _autoscale(f: Fields) -> Autoscale | None:
+    """``autoscale: {min_replicas, max_replicas, metric, target, at_capacity: {rate_rps,
+    requests_in_flight, kv_cache_usage}, periods: [{start_h, hours, rate_rps, replicas}]}``
+    (:class:`autoplan.serving.autoscale.Autoscale`, written by ``serve --traffic``); None
+    where wrong (the problems recorded)."""
+    g = f.child("autoscale", f.raw("autoscale"))
+    if not g.ok:
+        return None
+    lo = g.int("min_replicas", min=1, max=MAX_DEGREE)
+    hi = g.int("max_replicas", min=1, max=MAX_DEGREE)
+    metric = g.enum("metric", ScalingMetric)
+    target = g.float("target", positive=True, max=MAX_REQUESTS)
+    cap = g.child("at_capacity", g.raw("at_capacity"))
+    rate = in_flight = kv = None
+    if cap.ok:
+        rate = cap.float("rate_rps", positive=True, max=MAX_RATE)
+        in_flight = cap.float("requests_in_flight", positive=True, max=MAX_REQUESTS)
+        kv = cap.float("kv_cache_usage", min=0.0, max=1.0)
+        cap.close()
+    periods = _scaling_periods(g)
+    g.close()
+    if lo is None or hi is None or metric is None or target is None or rate is None \
+            or in_flight is None or kv is None or periods is None:
+        return None
+    if lo > hi:
+        g.fail("min_replicas", f"expected at most max_replicas ({hi}), got {lo}")
+        return None
+    for i, p in enumerate(periods):
+        if not lo <= p.replicas <= hi:
+            g.fail(f"periods[{i}].replicas", f"expected min_replicas to max_replicas ({lo} to {hi}), "
+                                             f"got {p.replicas}")
+            return None
+    return Autoscale(min_replicas=lo, max_replicas=hi, metric=metric, target=target, capacity_rps=rate,
+                     requests_in_flight=in_flight, kv_cache_usage=kv, periods=periods)
+
+
+def _scaling_periods(g: Fields) -> tuple[ScalingPeriod, ...] | None:
+    """The autoscale block's ``periods``: a list, each starting where the one before ends."""
+    raw = g.raw("periods")
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not raw:
+        g.fail("periods", "expected a list of {start_h, hours, rate_rps, replicas}")
+        return None
+    if len(raw) > MAX_SCALING_PERIODS:
+        g.fail("periods", f"expected at most {MAX_SCALING_PERIODS:,} periods, got {len(raw):,}")
+        return None
+    out: list[ScalingPeriod] = []
+    for i, item in enumerate(raw):
+        h = g.child(f"periods[{i}]", item)
+        if not h.ok:
+            return None
+        start = h.float("start_h", min=0.0, max=MAX_SCALING_HOURS)
+        hours = h.float("hours", positive=True, max=MAX_SCALING_HOURS)
+        rate = h.float("rate_rps", min=0.0, max=MAX_RATE)
+        replicas = h.int("replicas", min=1, max=MAX_DEGREE)
+        h.close()
+        if None in (start, hours, rate, replicas):
+            return None
+        if out and abs(start - (out[-1].start_h + out[-1].hours)) > 1e-6:
+            h.fail("start_h", f"expected {out[-1].start_h + out[-1].hours:g}, where the period before "
+                              f"ends, got {start:g}")
+            return None
+        out.append(ScalingPeriod(start_h=start, hours=hours, rate_rps=rate, replicas=replicas))
+    return tuple(out)
+
+
+def _check_autoscale(plan: ServingPlan, f: Fields) -> None:
+    """An autoscaled plan: an aggregated deployment of its most replicas, on a cluster of
+    the nodes that hold them (part of one node, or whole nodes: the last may be shared)."""
+    d, c, a = plan.deployment, plan.cluster, plan.autoscale
+    assert a is not None
+    if d.disaggregated is not None:
+        f.fail("autoscale", "autoscaling a disaggregated deployment (two pools) is not planned: "
+                            "give it on an aggregated one")
+        return
+    if d.replicas != a.max_replicas:
+        f.fail("deployment.replicas", f"expected autoscale.max_replicas ({a.max_replicas}): an "
+                                      f"autoscaled plan's deployment is its most replicas, got {d.replicas}")
+    holding = holding_gpus(d.gpus, c.gpus_per_node)
+    if c.gpus != holding:
+        f.fail("deployment", f"replicas x tp x pp x attention_dp = {d.gpus} GPUs, but the cluster has "
+                             f"{c.gpus} (expected the nodes that hold them: {holding})")
+
+
+def holding_gpus(gpus: int, per_node: int) -> int:
+    """The GPUs of the nodes that hold ``gpus``: part of one node as they are, else whole
+    nodes (the cluster an autoscaled plan names; ``with_gpus`` sizes it so)."""
+    return gpus if gpus <= per_node else -(-gpus // per_node) * per_node
 
 
 def read_engine(f: Fields, default: Engine | None) -> tuple[Engine | None, str | None]:
@@ -1092,6 +1191,7 @@ def read_serving_plan(data: Any, source: str, *, profile: Profile | None = None,
             workload = None
         w.close()
     slo = _slo(f) if f.has("slo") else Slo()
+    autoscale = _autoscale(f) if f.has("autoscale") else None
     if f.has("prediction") and not isinstance(f.raw("prediction"), Mapping):
         f.fail("prediction", "expected a mapping (written by autoplan serve or evaluate)")
     f.close()
@@ -1110,7 +1210,7 @@ def read_serving_plan(data: Any, source: str, *, profile: Profile | None = None,
         if problems:
             raise InputError(problems)
     plan = ServingPlan(model, cluster, engine, deployment, workload, slo,  # type: ignore[arg-type]
-                       engine_version, pools)
+                       engine_version, autoscale, pools)
     _check(plan, f)
     if problems:
         raise InputError(problems)

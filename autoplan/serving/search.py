@@ -197,7 +197,7 @@ def serve_pooled_search(model: Model, pools: PooledCluster, engine: Engine, work
                    and compute_dtype(p, c.device) is not Dtype.FP4
                    for c in sides for p in (split.weights, split.kv_cache)):
                 continue
-            plan = ServingPlan(model, sides[1], engine, split, workload, slo, engine_version, pools)
+            plan = ServingPlan(model, sides[1], engine, split, workload, slo, engine_version, pools=pools)
             pred = evaluate_serving(plan, seed)
             evaluated += 1
             if not pred.fits or not pred.simulated_requests:
