@@ -4,10 +4,10 @@ One file per schedule (``schedules/gpipe.py``, ``one_f_one_b.py``, ...) register
 :class:`ScheduleSpec`: its per-stage operation order, how many model chunks a stage holds
 and where they sit, whether it runs the backward's input and weight gradients apart,
 whether it runs breadth-first, its peak in-flight count in closed form (or none: the order
-is walked), its shape rule, and the names launchers run it by. Everything else (the
-simulator, the memory walk, the cost model, the search's bounds, the plan rules, the
-exports and ``validate``) asks the spec, never a schedule's name nor its flags: the
-spec's methods answer each question they ask (what stage work reads of it,
+is walked), its shape rule, and the names launchers run it by. The simulator and the
+memory walk (here) read those; everything else (the cost model, the search's bounds, the
+plan rules, the exports and ``validate``) asks the spec's questions, never a schedule's
+name nor its flags: its methods answer each question they ask (what stage work reads of it,
 :attr:`ScheduleSpec.work_key`; the output layer's stage; the sends per stage; the chunk
 counts the search tries; the drain the bounds count; what backward TP hides behind; how
 often ZeRO-3 gathers; which schedules the search chains or splits unevenly; the torch
@@ -75,8 +75,8 @@ class ScheduleSpec:
         return self.chunks is Chunks.V
 
     # -- what the cost model and the search ask of a schedule --------------------------
-    # (each a question of theirs, answered from the fields above; a schedule whose answer
-    # differs subclasses the spec in its own file)
+    # (each a question of theirs, answered from the fields above; outside ``schedules/``
+    # only the rules of chunk placement read ``chunks`` itself: ``parallel.pp``)
 
     @property
     def work_key(self) -> tuple[bool, bool, bool]:
