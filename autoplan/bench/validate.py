@@ -229,7 +229,7 @@ def unsupported(plan: Plan, source: str, options: Options, machine: Machine) -> 
         if plan.zero is ZeroStage.PARAMETERS:
             no("zero", "--slice keeps one rank's optimizer shard but cannot gather ZeRO-3 "
                        "parameters without communication; validate zero 3 without --slice")
-        if plan.schedule.splits_backward and lay.pp > 1:
+        if "W" in plan.schedule.spec.op_kinds and lay.pp > 1:
             no("schedule", f"--slice runs fused backwards; {plan.schedule.value} splits them")
         if options.stage is not None and not 0 <= options.stage < lay.pp:
             out.append(Problem("--stage", "", f"expected a stage in 0..{lay.pp - 1}, got {options.stage}"))

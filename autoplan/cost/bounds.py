@@ -79,7 +79,7 @@ def step_time_lower_bound(plan: Plan, works: tuple[StageWork, ...]) -> float:
        drain its reduction hides behind at most.
     """
     m, v = plan.num_microbatches, plan.layout.vpp
-    split = plan.schedule.splits_backward
+    split = not plan.schedule.spec.drain_counts_w
     if plan.chunks is not None:  # the first chunk of each stage, by its own size
         firsts = chunk_work(plan)[:plan.layout.pp]
         fwd = [c.forward for c in firsts]

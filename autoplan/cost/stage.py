@@ -32,7 +32,7 @@ from autoplan.parallel.mesh import count_free
 from autoplan.plan import Layout, Memory, Plan
 from autoplan.schedules import Schedule
 from autoplan.schedules.memory import peak_held
-from autoplan.schedules.registry import representative
+from autoplan.schedules.registry import alike
 from autoplan.units import GiB
 from autoplan.vocab import (
     NO_OFFLOAD,
@@ -207,13 +207,12 @@ def stage_state_params(model: Model, lay: Layout, first: bool, last: bool, layer
 @memo(16384)
 def cost_key(plan: Plan) -> Plan:
     """The plan as far as per-stage work depends on it. The schedule enters only through
-    whether it splits the backward, runs in a V, or runs breadth-first; ZeRO 0-2 differ
-    only in memory (their collectives run after the pipeline); the layer split is applied
-    per stage; offload moves memory and adds its own time (``evaluate``), not the stage's."""
-    schedule = representative(plan.schedule.splits_backward, plan.schedule.v_shape,
-                              plan.schedule.breadth_first)
+    its spec's ``work_key`` (whether it splits the backward, runs in a V, or gathers ZeRO-3
+    once a step: ``schedules.registry.alike``); ZeRO 0-2 differ only in memory (their
+    collectives run after the pipeline); the layer split is applied per stage; offload
+    moves memory and adds its own time (``evaluate``), not the stage's."""
     return plan.replace(
-        schedule=schedule,
+        schedule=alike(plan.schedule),
         zero=plan.zero if plan.zero is ZeroStage.PARAMETERS else ZeroStage.NONE, stages=None,
         chunks=None, offload=NO_OFFLOAD)
 
@@ -650,7 +649,7 @@ def _stage(plan: Plan, first: bool, last: bool, mtp: int, layers: int, dense: in
     # communication runs beside compute (not one CPU core per rank: Device.overlaps_communication)
     hides = t.compute_w if plan.cluster.device.overlaps_communication else 0.0
     tp_b = (tp.exposed_backward(t.tp_b_total, hides, plan.schedule)
-            + (t.tp_b_deferred if plan.schedule.splits_backward else t.tp_b_fixed))
+            + (t.tp_b_fixed if plan.schedule.spec.hides_tp_behind_w else t.tp_b_deferred))
     ep_f = ep_b = t.ep
     cp_f, cp_b = t.cp_f, t.cp_b
     recompute = 0.0
@@ -674,13 +673,16 @@ def _stage(plan: Plan, first: bool, last: bool, mtp: int, layers: int, dense: in
     if plan.ep_overlap and (ep_f or ep_b):
         ep_f, ep_b = ep.overlap_exposed(plan, ep_f, ep_b, t.compute_f,
                                         t.compute_b + t.compute_w + recompute)
-    if plan.schedule.breadth_first:
-        # a chunk's gathers and reduce-scatter once a step, behind all m microbatches'
-        # compute (Lamy-Poirier 2023, Sec. 3): per microbatch, a 1/m share of that
-        m = plan.num_microbatches
-        zero3_f, zero3_b = (x / m for x in dp.zero3_exposed(
-            plan, t.shared.groups, t.params, t.expert_params, m * t.compute_f, m * t.compute_b,
-            m * t.compute_w, t.n))
+    m = plan.num_microbatches
+    passes = plan.schedule.spec.zero3_passes(m)
+    if passes != m:
+        # a chunk's gathers and reduce-scatter once every m / passes microbatches, behind
+        # their compute (``ScheduleSpec.zero3_passes``: breadth-first, Lamy-Poirier 2023,
+        # Sec. 3): per microbatch, a share of that
+        k = m // passes
+        zero3_f, zero3_b = (x / k for x in dp.zero3_exposed(
+            plan, t.shared.groups, t.params, t.expert_params, k * t.compute_f, k * t.compute_b,
+            k * t.compute_w, t.n))
     else:
         zero3_f, zero3_b = dp.zero3_exposed(plan, t.shared.groups, t.params, t.expert_params,
                                             t.compute_f, t.compute_b, t.compute_w, t.n)

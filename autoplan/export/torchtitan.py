@@ -85,10 +85,7 @@ def schedule_name(schedule: Schedule) -> str:
     torch has one; else a class of the same stage placement (ZBVZeroBubble places stages
     in a V, PipelineScheduleMulti in a loop: ``pipeline_module_split``), the order then
     coming from the schedule CSV (:func:`schedule_csv`)."""
-    name = schedule.spec.torchtitan
-    if name is not None:
-        return name
-    return "ZBVZeroBubble" if schedule.v_shape else "PipelineScheduleMulti"
+    return schedule.spec.torchtitan_schedule
 
 
 def schedule_csv(plan: Plan) -> str | None:
@@ -104,7 +101,7 @@ def schedule_csv(plan: Plan) -> str | None:
     if lay.pp == 1 or schedule.spec.torchtitan is not None:
         return None
     p, m = lay.pp, plan.num_microbatches
-    kinds = {"F": "F", "B": "I" if schedule.splits_backward else "B", "W": "W"}
+    kinds = {"F": "F", "B": "I" if "W" in schedule.spec.op_kinds else "B", "W": "W"}
     rows = []
     for stage, ops in enumerate(orders.stage_orders(schedule, p, m, lay.vpp)):
         rows.append(",".join(f"{orders.virtual_stage(schedule, p, stage, chunk)}{kinds[kind]}{mb}"

@@ -87,7 +87,7 @@ def _interleaved_microbatches(plan: Plan) -> str | None:
 
 def _v_chunks(plan: Plan) -> str | None:
     lay, sched = plan.layout, plan.schedule
-    if sched.v_shape and (lay.vpp != 2 or lay.pp < 2):
+    if sched.spec.chunks is Chunks.V and (lay.vpp != 2 or lay.pp < 2):
         return (f"{sched.value} places two model chunks per stage in a V: "
                 f"it needs vpp = 2 and pp >= 2, got vpp={lay.vpp}, pp={lay.pp}")
     return None
@@ -140,7 +140,7 @@ def _chunks_mtp(plan: Plan) -> str | None:
 
 
 def _chunks_schedule(plan: Plan) -> str | None:
-    if plan.chunks is not None and plan.schedule.v_shape:
+    if plan.chunks is not None and not plan.schedule.spec.looping:
         return (f"per-chunk layouts follow Megatron's order (chunk k of stage s is virtual "
                 f"stage k*pp + s); {plan.schedule.value} places its chunks in a V")
     return None
@@ -200,22 +200,17 @@ def degrees(rest: int, space: SearchSpace) -> Iterator[int]:
 
 
 def schedule_choices(lay: Layout, space: SearchSpace) -> list[tuple[Schedule, int, bool]]:
-    """(schedule, vpp, split): split variants take the best uneven layer split the
-    launcher can express (with vpp > 1 a per-chunk layout; not for V-shapes, whose
-    chunks do not follow Megatron's order); the others the uniform one."""
+    """(schedule, vpp, split): each schedule at the chunk counts it runs
+    (``ScheduleSpec.chunk_counts``); split variants take the best uneven layer split the
+    launcher can express (with vpp > 1 a per-chunk layout), of the schedules taking one
+    (``ScheduleSpec.uneven_splits``: not V-shapes, whose chunks do not follow Megatron's
+    order, nor breadth-first ones); the others the uniform one."""
     if lay.pp == 1:  # without a pipeline every schedule is the same: generate one
         return [(Schedule.ONE_F_ONE_B, 1, False)]
-    out: list[tuple[Schedule, int, bool]] = []
-    for sched in space.schedules:
-        if sched.spec.chunks is Chunks.LAYOUT:  # interleaved: the space's vpp degrees
-            out.extend((sched, v, False) for v in range(2, space.vpp_max + 1))
-        elif sched.v_shape:
-            out.append((sched, 2, False))  # two chunks per stage, down and back
-        else:
-            out.append((sched, 1, False))
-    if space.stage_shape is not StageShape.UNIFORM:  # not for breadth-first either: uniform
-        out.extend((sched, v, True) for sched, v, _ in list(out)
-                   if not sched.v_shape and not sched.breadth_first)
+    out: list[tuple[Schedule, int, bool]] = [
+        (sched, v, False) for sched in space.schedules for v in sched.spec.chunk_counts(space.vpp_max)]
+    if space.stage_shape is not StageShape.UNIFORM:
+        out.extend((sched, v, True) for sched, v, _ in list(out) if sched.spec.uneven_splits)
     return out
 
 
@@ -223,8 +218,8 @@ def schedule_choices(lay: Layout, space: SearchSpace) -> list[tuple[Schedule, in
 
 def output_stage(plan: Plan) -> int:
     """The stage holding the output layer and the logits: the last, except for V-shape
-    schedules, whose last model chunk comes back to stage 0."""
-    return 0 if plan.schedule.v_shape else plan.layout.pp - 1
+    schedules, whose last model chunk comes back to stage 0 (``ScheduleSpec.output_stage``)."""
+    return plan.schedule.spec.output_stage(plan.layout.pp)
 
 
 def dense_per_stage(plan: Plan) -> tuple[int, ...]:
@@ -304,18 +299,9 @@ def _indices(layers: tuple[int, ...], v: int, schedule: Schedule) -> tuple[tuple
 
 
 def sends(plan: Plan, stage: int) -> tuple[int, int]:
-    """Activation sends (forward) and gradient sends (backward) of one stage per microbatch.
-
-    Every chunk hands its output on, except the model's last chunk (forward) and first
-    chunk (backward); interleaved chunks wrap between the end stages; in a V the turning
-    stage passes chunk 0 to its own chunk 1 without a send."""
-    p, v = plan.layout.pp, plan.layout.vpp
-    if p == 1:
-        return 0, 0
-    if plan.schedule.v_shape:
-        both = (stage < p - 1) + (stage > 0)
-        return both, both
-    return (v - 1 if stage == p - 1 else v), (v - 1 if stage == 0 else v)
+    """Activation sends (forward) and gradient sends (backward) of one stage per microbatch,
+    as its schedule places its chunks (``ScheduleSpec.sends``)."""
+    return plan.schedule.spec.sends(plan.layout.pp, plan.layout.vpp, stage)
 
 
 def _cross_domain(plan: Plan) -> bool:

@@ -81,7 +81,7 @@ def _placed_pipeline(plan: Plan) -> str | None:
     sends to s + 1, costed on the link between their pools), the optimizer on the GPUs."""
     if plan.placement is None:
         return None
-    if plan.layout.vpp > 1 or plan.chunks is not None or plan.schedule.v_shape:
+    if plan.layout.vpp > 1 or plan.chunks is not None or not plan.schedule.spec.looping:
         return ("a plan across pools runs one model chunk per stage (vpp = 1, no V-shape "
                 f"schedule, no per-chunk layout); got vpp={plan.layout.vpp}, "
                 f"schedule {plan.schedule.value}")

@@ -108,8 +108,8 @@ def boundary_seconds(act_bytes: float, group: comm.Group) -> float:
 def exposed_backward(total: float, weight_grad: float, schedule: Schedule) -> float:
     """Backward TP collectives overlap the weight-gradient GEMMs (Megatron-LM's
     LinearWithGradAccumulationAndAsyncCommunication); a schedule that defers W to fill
-    bubbles leaves nothing to hide them behind."""
-    overlap = 0.0 if schedule.splits_backward else weight_grad
+    bubbles leaves nothing to hide them behind (``ScheduleSpec.hides_tp_behind_w``)."""
+    overlap = weight_grad if schedule.spec.hides_tp_behind_w else 0.0
     return max(0.0, total - overlap)
 
 

@@ -52,11 +52,11 @@ from autoplan.vocab import (
 )
 
 # the V schedule whose stage work stands for every V's in the bounds (the work of a
-# stage reads only whether its schedule is a V and splits the backward: cost.stage.cost_key)
+# stage reads only the spec's ``work_key``: cost.stage.cost_key)
 V_WORK = representative(splits_backward=True, v_shape=True)
-# the breadth-first schedule whose stage work stands for every breadth-first one's
-# (its ZeRO-3 passes, once a step: ``cost.stage``); None where none is registered
-BF_WORK = next((s for s in Schedule if s.breadth_first), None)
+# the schedule gathering ZeRO-3 once a step whose stage work stands for every such one's
+# (``ScheduleSpec.gathers_once_a_step``: ``cost.stage``); None where none is registered
+BF_WORK = next((s for s in Schedule if s.spec.gathers_once_a_step), None)
 
 
 # (non-expert parameters, expert parameters, layers run) of a pipeline stage
@@ -207,7 +207,7 @@ def _output_stage(model: Model, unit: _Unit, p: int, scheds: Sequence[Sched]) ->
 
     heads = (1 + model.mtp_layers) * lc + model.mtp_layers * (c_m if model.is_moe else c_d)
     least = float("inf")
-    flat = [v for sched, v, _ in scheds if not sched.v_shape]
+    flat = [v for sched, v, _ in scheds if sched.spec.looping]
     if flat:
         least = min(flat) * layer(p - 1)
     if len(flat) < len(scheds):
@@ -285,12 +285,12 @@ def _one_chunk_kinds(scheds: Sequence[Sched]) -> tuple[bool, bool] | None:
     split); None where some run more chunks or a V (their fill is bounded apart)."""
     fused = split = False
     for sched, v, _ in scheds:
-        if v > 1 or sched.v_shape:
+        if v > 1 or not sched.spec.looping:
             return None
-        if sched.splits_backward:
-            split = True
-        else:
+        if sched.spec.drain_counts_w:
             fused = True
+        else:
+            split = True
     return fused, split
 
 
@@ -378,15 +378,15 @@ class TimeBounds:
         p, m, layers = plan.layout.pp, plan.num_microbatches, model.layers
         moe = model.moe_layers if model.is_moe else 0
         uniform = p > 1 and not any(split for *_, split in scheds)
-        one_chunk = [x for x in scheds if x[1] == 1 and not x[0].v_shape]
+        one_chunk = [x for x in scheds if x[1] == 1 and x[0].spec.looping]
         chained = _one_chunk_kinds(one_chunk) if one_chunk else None
         # the one-chunk members' fill for any split; where others split, theirs is not bounded
         if not uniform and len(one_chunk) < len(scheds):
             chained = None
-        flat = [layers // (p * v) for sched, v, _ in scheds if not sched.v_shape and v > 1]
-        v_shaped = any(sched.v_shape for sched, _, _ in scheds)
+        flat = [layers // (p * v) for sched, v, _ in scheds if sched.spec.looping and v > 1]
+        v_shaped = any(not sched.spec.looping for sched, _, _ in scheds)
         zero3 = uniform and plan.zero is ZeroStage.PARAMETERS
-        breadth_first = any(sched.breadth_first for sched, _, _ in scheds)
+        once = any(sched.spec.gathers_once_a_step for sched, _, _ in scheds)
         states = self._last_stage_states(plan, scheds) if zero3 else ((), None)
         least = float("inf")
         for cp_comm in cps:
@@ -412,7 +412,7 @@ class TimeBounds:
                 stage = m * (layers // p) * per_dense  # m microbatches of a stage's layers
                 z_flat, z_v = (self._zero3_passes(plan, cp_comm, states, core, c_f, c_b)
                                if zero3 else (0.0, 0.0))
-                if breadth_first:  # its passes are once a step, not once a microbatch
+                if once:  # its passes are once a step, not once a microbatch
                     z_flat = 0.0
                 if one_chunk and chained is not None:
                     # the uniform split's chain, and the last stage's with ZeRO-3
@@ -637,7 +637,7 @@ class TimeBounds:
         ``pp.dense_per_stage``), and of the V ones (virtual stages p - 1 and p), None
         without; what ZeRO-3 gathers there (:meth:`layout_floor`). Per layout and chunk
         counts."""
-        vs = frozenset(0 if sched.v_shape else v for sched, v, _ in scheds)  # V: 0
+        vs = frozenset(v if sched.spec.looping else 0 for sched, v, _ in scheds)  # V: 0
         key = (plan.layout, vs)
         hit = self._last_states.get(key)
         if hit is not None:
@@ -840,13 +840,14 @@ class TimeBounds:
 
     def _group_bound(self, plan: Plan, scheds: Sequence[Sched], cps: tuple[CpComm, ...],
                      sync: bool, with_drained: bool = True) -> float:
-        splits = tuple((sched.splits_backward, v) for sched, v, s in scheds if s)
+        splits = tuple(v for _, v, s in scheds if s)  # the split variants' chunks
         split = bool(splits)
-        flat = [v for sched, v, _ in scheds if not sched.v_shape]
-        # the most chunks a breadth-first member runs, where its ZeRO-3 passes differ (0: none)
-        breadth_first = max((v for sched, v, _ in scheds if sched.breadth_first), default=0) \
-            if plan.zero is ZeroStage.PARAMETERS else 0
-        fused = not any(sched.splits_backward for sched, _, _ in scheds if not sched.v_shape)
+        flat = [v for sched, v, _ in scheds if sched.spec.looping]
+        # the most chunks a member gathering ZeRO-3 once a step runs, where its passes
+        # differ (0: none)
+        breadth_first = max((v for sched, v, _ in scheds if sched.spec.gathers_once_a_step),
+                            default=0) if plan.zero is ZeroStage.PARAMETERS else 0
+        fused = all(sched.spec.drain_counts_w for sched, _, _ in scheds if sched.spec.looping)
         v_base = plan.replace(layout=self.ctx.at_vpp(plan.layout, 2), schedule=V_WORK)
         drained = (self._drained_sync(plan, stage_work(plan), v_base, scheds, cps)
                    if sync and with_drained else 0.0)
@@ -869,7 +870,7 @@ class TimeBounds:
                 bound = min(bound, busiest_stage_bound(v_plan, stage_work(v_plan), 2,
                                                        sync, True, drained))
             if split:  # at its split variants' fewest chunks: their fewest sends
-                fewest = min(c for _, c in splits)
+                fewest = min(splits)
                 at = own if fewest == 1 else own.replace(layout=self.ctx.at_vpp(own.layout, fewest))
                 bound = min(bound, split_bound(at, works, fill=False))
         return bound
@@ -892,8 +893,8 @@ class TimeBounds:
         if plan.zero is ZeroStage.PARAMETERS:
             return 0.0
         exchanges = [plan.cp_comm, *(c for c in cps if c is not plan.cp_comm)]
-        flat = [(sched.splits_backward, v) for sched, v, split in scheds
-                if not split and not sched.v_shape]
+        flat = [(not sched.spec.hides_tp_behind_w, v) for sched, v, split in scheds
+                if not split and sched.spec.looping]
         least = float("inf")
         if flat:
             send = (pp.send_seconds(plan, activation_bytes(plan))
@@ -901,7 +902,7 @@ class TimeBounds:
             splits = any(b for b, _ in flat)
             sets = [works, *(stage_work(plan.replace(cp_comm=c)) for c in exchanges[1:])]
             least = self._drained_of(plan, self._drain_stages(sets, splits), send, 1)
-        if any(sched.v_shape and not split for sched, _, split in scheds):
+        if any(not sched.spec.looping and not split for sched, _, split in scheds):
             sets = [stage_work(v_plan), *(stage_work(v_plan.replace(cp_comm=c))
                                           for c in exchanges[1:])]
             least = min(least, self._drained_of(plan, self._drain_stages(sets, False), 0.0, 2))

@@ -372,18 +372,18 @@ class MemoryFloors:
         # (stage, V) -> the least activations of a member, and what the floor keeps of it
         fewest_act: dict[tuple[int, bool], tuple[float, int, tuple[int, StageWork, float, float]]] = {}
         for i, (s, n, v, sched) in enumerate(fewest):
-            if sched.v_shape:  # its own works (``cost_key``), its output layer on stage 0
-                alike_v = (lay, plan.stages, plan.chunks, (v, sched.splits_backward,
-                                                           sched.breadth_first))
+            if not sched.spec.looping:  # its own works (``cost_key``), its output layer on stage 0
+                alike_v = (lay, plan.stages, plan.chunks, (v, sched.spec.work_key))
                 v_works = shapes.get(alike_v)
                 if v_works is None:
                     v_works = shapes[alike_v] = stage_work(
                         plan.replace(layout=self.ctx.at_vpp(lay, v), schedule=sched))
-                work, output = v_works[s], 0
+                work = v_works[s]
             else:
-                work, output = flat[s], lay.pp - 1
+                work = flat[s]
+            output = sched.spec.output_stage(lay.pp)
             held, moved = held_in_equal_chunks(plan, terms, v, output, s, work, n)
-            kind = (s, sched.v_shape)
+            kind = (s, not sched.spec.looping)
             if kind not in fewest_act or held < fewest_act[kind][0]:
                 fewest_act[kind] = (held, i, (s, work, held, moved))
         return tuple(member for _, _, member in sorted(fewest_act.values(), key=lambda f: f[1]))
@@ -411,9 +411,10 @@ class MemoryFloors:
                 continue
             for s in sorted({0, lay.pp - 1}):
                 n = peak_inflight(sched, lay.pp, m, v, s)
-                held = out.get((s, v, sched.v_shape))
+                kind = (s, v, not sched.spec.looping)
+                held = out.get(kind)
                 if held is None or n < held[1]:
-                    out[(s, v, sched.v_shape)] = (s, n, v, sched)
+                    out[kind] = (s, n, v, sched)
         every = self._every_memo[key] = tuple(out.values())
         return every
 
@@ -438,9 +439,10 @@ class MemoryFloors:
                 continue
             for s in stages:
                 n = peak_inflight(sched, lay.pp, m, v, s)
-                held = fewest.get((s, sched.v_shape))
+                kind = (s, not sched.spec.looping)
+                held = fewest.get(kind)
                 if held is None or n * held[1] < held[0] * v:
-                    fewest[(s, sched.v_shape)] = (n, v, sched)
+                    fewest[kind] = (n, v, sched)
         out = self._fewest_memo[key] = tuple((s, *fewest[(s, vs)]) for s, vs in sorted(fewest))
         return out
 

@@ -54,8 +54,8 @@ MEMORY_FIRST = 0.5
 # their bubbles exceed the fill and drain of ``step_time_lower_bound`` (by 16-40% on GPT-3
 # 175B / 1024 A100). ZB-V's, with its output layer on stage 0, by 1-3% there: its chain
 # cuts the plans simulated from 92 to 74 (the flat schedules' chains cut none, at more
-# cost than the simulations they would save: seven searches of the golden check). Every
-# V-shaped schedule of the registry is chained (``Schedule.v_shape``).
+# cost than the simulations they would save: seven searches of the golden check). Each
+# schedule says whether it is chained (``ScheduleSpec.chain_bounded``).
 
 _Item = Group | Candidate | Split | Unopened | Block
 
@@ -161,7 +161,7 @@ class Frontier:
                 self._push(evolve_candidate(exact, bound=max(bound, exact.bound),
                                             bare=max(item.unpressured, exact.bound)))
             return None
-        if not item.chained and item.plan.schedule.v_shape:
+        if not item.chained and item.plan.schedule.spec.chain_bounded:
             tight = chain_bound(item.plan, stage_work(item.plan))
             item = Candidate(max(bound, tight), item.key, item.plan, item.fits, True,
                              bare=None if item.fits else max(item.unpressured, tight))
@@ -290,9 +290,10 @@ class Frontier:
                     continue
                 out.append(Split(bound, rank_key_static(plan), plan))
                 continue
-            v = 0 if plan.schedule.v_shape else plan.layout.vpp
-            fused = not plan.schedule.splits_backward
-            bf = plan.schedule.breadth_first
+            spec = plan.schedule.spec
+            v = plan.layout.vpp if spec.looping else 0
+            fused = spec.drain_counts_w
+            bf = spec.gathers_once_a_step
             bare = busiest.get((plan.cp_comm, v, fused, bf))
             if bare is None:
                 bare = busiest[(plan.cp_comm, v, fused, bf)] = self.bounds.member_bound(

@@ -529,12 +529,12 @@ def _group(model: Model, first: Cluster, job: Job, space: SearchSpace, lay: Layo
                 OUTSIDE_SPACE if space_problems(plan, space) else ""))
         return hit
 
-    probes: dict[bool, Plan] = {}
+    probes: dict[tuple[bool, ...], Plan] = {}  # one per kind of stage work (``cost_key``)
     for sched, zero in combos:
-        if sched.splits_backward not in probes:
+        if sched.spec.work_key not in probes:
             plan, why = ask(sched, zero)
             if not why:
-                probes[sched.splits_backward] = plan.replace(zero=min(zero, ZeroStage.GRADIENTS))
+                probes[sched.spec.work_key] = plan.replace(zero=min(zero, ZeroStage.GRADIENTS))
 
     def variants(counts: SearchStats) -> list[Plan]:
         out = []

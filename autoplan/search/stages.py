@@ -301,7 +301,8 @@ def _layer_costs_of(key: Plan) -> tuple[tuple[float, ...], tuple[float, ...], in
     # the lightest kind's is a bound below every stage (tests/unit/test_bounds.py)
     dense = n - key.model.moe_layers if _mixed(key) else 0
     times = (dense_step,) * dense + (step,) * (n - dense)
-    fill, dense_fill = (fwd, dense_fwd) if key.schedule.splits_backward else (step, dense_step)
+    # (``ScheduleSpec.drain_counts_w``: where W runs apart the drain counts B alone)
+    fill, dense_fill = (step, dense_step) if key.schedule.spec.drain_counts_w else (fwd, dense_fwd)
     fills = (dense_fill / v,) * dense + (fill / v,) * (n - dense)
     return times, fills, int(v > 1)
 
@@ -402,7 +403,7 @@ def with_best_stages(plan: Plan, shape: StageShape,
     vpp > 1, a per-chunk layout: :func:`chunks_of` the best layers per rank); None when
     no split the launcher can express fits in memory."""
     lay = plan.layout
-    if shape is StageShape.UNIFORM or lay.pp == 1 or plan.schedule.v_shape:
+    if shape is StageShape.UNIFORM or lay.pp == 1 or not plan.schedule.spec.looping:
         return plan
     layers = _best(problem or partition_problem(plan, shape))
     if layers is None:
