@@ -81,7 +81,7 @@ def export(plan: ServingPlan, source: str) -> dict[str, str]:
     doc = {"apiVersion": "nvidia.com/v1alpha1", "kind": "DynamoGraphDeployment",
            "metadata": {"name": kube.base_name(plan)},
            "spec": {"backendFramework": engine, "envs": envs, "services": services}}
-    return {FILE: kube.dump([doc, *kube.autoscaling_manifests(plan)], _header(plan, image))}
+    return {FILE: kube.dump([doc, *kube.autoscaling_manifests(plan, "dynamo")], _header(plan, image))}
 
 
 def _header(plan: ServingPlan, image: str) -> list[str]:

@@ -79,7 +79,9 @@ def export(plan: ServingPlan, source: str) -> dict[str, str]:
                 urls[role].append(f"http://{one}:{kube.PORT}")
     if plan.deployment.disaggregated is not None:
         docs += _router(plan, name, urls)
-    docs += kube.autoscaling_manifests(plan)
+    else:  # the replicas' workload scales (serve --traffic's autoscale block)
+        workload = f"{name}-group" if kube.nodes_of(plan) > 1 else name
+        docs += kube.autoscaling_manifests(plan, "k8s", workload)
     return {FILE: kube.dump(docs, _header(plan, name))}
 
 

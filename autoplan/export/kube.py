@@ -20,6 +20,7 @@ references $(VAR_NAME) are expanded using the container's environment").
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -160,18 +161,27 @@ def refusals(plan: ServingPlan, target: str, *, disaggregation: bool,
     return list(dict.fromkeys(out))
 
 
-def autoscaling_manifests(plan: ServingPlan) -> list[dict[str, Any]]:
-    """The autoscaler's objects for ``plan``: none yet (a plan fixes its replicas).
+def autoscaling_manifests(plan: ServingPlan, target: str = "k8s",
+                          workload: str | None = None) -> list[dict[str, Any]]:
+    """The autoscaler's objects for a plan with an ``autoscale:`` block (``serve --traffic``:
+    minimum and maximum replicas and the per-replica target an autoscaler keeps, requests in
+    flight or KV-cache use), none for a plan of fixed replicas: for ``k8s`` a
+    HorizontalPodAutoscaler on the replicas' ``workload`` (``export.autoscale``; none where
+    the engine exports no Prometheus gauge it could read: TensorRT-LLM), for ``dynamo`` a
+    ConfigMap holding the Dynamo planner's settings (``planner.json``: the planner reads its
+    PlannerConfig from a file). ``serve --traffic --autoscale-out`` writes a KEDA ScaledObject
+    too, for clusters that scale with KEDA instead."""
+    from autoplan.export import autoscale
 
-    The hook each Kubernetes-style export calls: a serving plan's future ``autoscale:`` block
-    (minimum and maximum replicas per pool, and the per-replica target an autoscaler keeps,
-    requests in flight or KV-cache use, from ``serve --traffic``'s per-period plan) becomes a
-    HorizontalPodAutoscaler or a KEDA ScaledObject per pool for ``k8s`` and ``llm-d``, and
-    the Dynamo planner's settings for ``dynamo``; each export appends what this returns to
-    the documents it writes (``k8s``), or maps it into its values (``llm-d``: the pools'
-    ``autoscaling``; ``dynamo``: the services' scaling), so wiring the block in is one
-    change here."""
-    return []
+    if plan.autoscale is None:
+        return []
+    if target == "dynamo":
+        return [{"apiVersion": "v1", "kind": "ConfigMap",
+                 "metadata": {"name": f"{base_name(plan)}-planner"},
+                 "data": {"planner.json": json.dumps(autoscale.dynamo_planner_config(plan), indent=2)}}]
+    if plan.engine.value not in autoscale.ENGINE_GAUGES:
+        return []
+    return [autoscale.horizontal_pod_autoscaler(plan, name=workload or base_name(plan))]
 
 
 class _Dumper(yaml.SafeDumper):

@@ -6,6 +6,7 @@ ScaledObject (keda.sh/v1alpha1) and the Dynamo planner's PlannerConfig."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -172,3 +173,20 @@ def test_a_plan_without_an_autoscale_block_is_refused() -> None:
 
     with pytest.raises(InputError, match="no autoscale block"):
         autoscale_files(dataclasses.replace(_plan(), autoscale=None))
+
+
+def test_the_k8s_and_dynamo_exports_carry_an_autoscaled_plans_autoscaler() -> None:
+    from autoplan.export import kube
+
+    plan = _plan()
+    docs = list(yaml.safe_load_all(kube.export_deployment(plan, "k8s", "p.yaml")["k8s.yaml"]))
+    (hpa,) = [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]
+    _valid(hpa, HPA)
+    workload = [d for d in docs if d["kind"] == "Deployment"][0]["metadata"]["name"]
+    assert hpa["spec"]["scaleTargetRef"]["name"] == workload  # the export's own Deployment
+    dgd = list(yaml.safe_load_all(kube.export_deployment(plan, "dynamo", "p.yaml")["dynamo.yaml"]))
+    (config,) = [d for d in dgd if d["kind"] == "ConfigMap"]
+    _valid(json.loads(config["data"]["planner.json"]), DYNAMO)
+    fixed = dataclasses.replace(plan, autoscale=None)
+    assert not [d for d in yaml.safe_load_all(kube.export_deployment(fixed, "k8s", "p.yaml")["k8s.yaml"])
+                if d["kind"] == "HorizontalPodAutoscaler"]
