@@ -1569,8 +1569,8 @@ def _export_choices() -> tuple[list[str], list[str]]:
 
 
 def _deploy_targets() -> tuple[str, ...]:
-    """export's Kubernetes-style targets of a serving plan (autoplan.export.kube)."""
-    from autoplan.export.kube import TARGETS
+    """export's Kubernetes-style targets of a serving plan (autoplan.export.deploy)."""
+    from autoplan.export.deploy import TARGETS
 
     return TARGETS
 
@@ -1605,8 +1605,8 @@ def export_plan(
     from autoplan.descriptors.strict import read_yaml
     from autoplan.export import Target, slurm_launchers
     from autoplan.export import export as run_export
-    from autoplan.export.kube import TARGETS as DEPLOY
-    from autoplan.export.kube import export_deployment
+    from autoplan.export.deploy import TARGETS as DEPLOY
+    from autoplan.export.deploy import export_deployment
     from autoplan.export.serving import export_serving
     from autoplan.planfile import read_plan
     from autoplan.serving.planfile import is_serving, read_serving_plan

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -218,23 +218,7 @@ def release_line(plan: ServingPlan) -> str:
             "(written by autoplan export)")
 
 
-Export = Callable[[ServingPlan, str], dict[str, str]]
 
-
-def _targets() -> dict[str, Export]:
-    from autoplan.export import dynamo, k8s, llmd
-
-    return {"dynamo": dynamo.export, "llm-d": llmd.export, "k8s": k8s.export}
-
-
-# the deployment targets of `export --to`, in the order the help lists them
-TARGETS = ("dynamo", "llm-d", "k8s")
-
-
-def export_deployment(plan: ServingPlan, target: str, source: str) -> dict[str, str]:
-    """``{filename: text}`` of ``target`` (one of :data:`TARGETS`), or InputError naming
-    ``source`` and each field it cannot run."""
-    return _targets()[target](plan, source)
 
 
 def refuse(source: str, target: str, problems: list[tuple[str, str]]) -> None:

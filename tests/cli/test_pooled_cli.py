@@ -132,10 +132,10 @@ def test_a_bad_pooled_cluster_file_exits_2_naming_the_field(tmp_path: Path) -> N
     assert f"{path}: cluster.between_pools.latency_us: missing required field" in r.stderr
 
 
-def test_serving_needs_one_kind_of_node(tmp_path: Path) -> None:
+def test_serving_on_pools_puts_prefill_and_decode_on_different_ones(tmp_path: Path) -> None:
     cluster = tmp_path / "small.yaml"
     cluster.write_text(yaml.safe_dump(SMALL))
     r = autoplan("serve", "-m", "llama3-8b", "-c", cluster, "--rate", "10", "--input-len", "512",
-                 "--output-len", "128")
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "small-mix has pools of unlike nodes" in r.stderr
+                 "--output-len", "128", "--requests", "100", "--top", "2")
+    assert r.returncode == 0 and "Traceback" not in r.stderr
+    assert "@hopper" in r.stdout and "@ampere" in r.stdout

@@ -302,7 +302,7 @@ def test_device_shows_its_choices_in_help_and_refuses_others(command: str) -> No
 def test_exports_choices_in_help_are_the_targets_launchers_and_engines() -> None:
     from autoplan.cli.main import EXPORT_TARGETS, SLURM_LAUNCHERS
     from autoplan.export import Launcher, Target
-    from autoplan.export.kube import TARGETS
+    from autoplan.export.deploy import TARGETS
     from autoplan.serving.engine import Engine
 
     assert EXPORT_TARGETS.strip("<>").split("|") == ([t.value for t in Target] + [e.value for e in Engine]

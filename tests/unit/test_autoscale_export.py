@@ -176,17 +176,17 @@ def test_a_plan_without_an_autoscale_block_is_refused() -> None:
 
 
 def test_the_k8s_and_dynamo_exports_carry_an_autoscaled_plans_autoscaler() -> None:
-    from autoplan.export import kube
+    from autoplan.export import deploy
 
     plan = _plan()
-    docs = list(yaml.safe_load_all(kube.export_deployment(plan, "k8s", "p.yaml")["k8s.yaml"]))
+    docs = list(yaml.safe_load_all(deploy.export_deployment(plan, "k8s", "p.yaml")["k8s.yaml"]))
     (hpa,) = [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]
     _valid(hpa, HPA)
     workload = [d for d in docs if d["kind"] == "Deployment"][0]["metadata"]["name"]
     assert hpa["spec"]["scaleTargetRef"]["name"] == workload  # the export's own Deployment
-    dgd = list(yaml.safe_load_all(kube.export_deployment(plan, "dynamo", "p.yaml")["dynamo.yaml"]))
+    dgd = list(yaml.safe_load_all(deploy.export_deployment(plan, "dynamo", "p.yaml")["dynamo.yaml"]))
     (config,) = [d for d in dgd if d["kind"] == "ConfigMap"]
     _valid(json.loads(config["data"]["planner.json"]), DYNAMO)
     fixed = dataclasses.replace(plan, autoscale=None)
-    assert not [d for d in yaml.safe_load_all(kube.export_deployment(fixed, "k8s", "p.yaml")["k8s.yaml"])
+    assert not [d for d in yaml.safe_load_all(deploy.export_deployment(fixed, "k8s", "p.yaml")["k8s.yaml"])
                 if d["kind"] == "HorizontalPodAutoscaler"]

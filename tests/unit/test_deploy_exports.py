@@ -52,7 +52,7 @@ def _plan(shape: str, engine: str = "vllm", model: str = "llama3.1-70b") -> Any:
 
 
 def _export(shape: str, target: str, engine: str = "vllm") -> list[dict[str, Any]]:
-    from autoplan.export.kube import export_deployment
+    from autoplan.export.deploy import export_deployment
 
     files = export_deployment(_plan(shape, engine), target, "plan.yaml")
     assert len(files) == 1
@@ -249,7 +249,7 @@ def test_dynamo_trtllm_flags_are_dynamo_trtllms_and_the_llm_api_options_json() -
 
 
 def test_dynamo_names_the_engine_release_its_image_holds_against_the_plans() -> None:
-    from autoplan.export.kube import export_deployment
+    from autoplan.export.deploy import export_deployment
 
     text = export_deployment(_plan("aggregated"), "dynamo", "plan.yaml")["dynamo.yaml"]
     assert "holds vllm 0.19.0" in text and "--engine-version 0.19.0" in text
@@ -388,7 +388,7 @@ def test_the_strict_validation_refuses_what_a_schema_does_not_name() -> None:
 @pytest.mark.parametrize("target", ["k8s", "dynamo"])
 def test_an_eagle_plan_names_its_head_from_the_configmap(target: str) -> None:
     from autoplan.descriptors.strict import read_yaml
-    from autoplan.export.kube import export_deployment
+    from autoplan.export.deploy import export_deployment
     from autoplan.serving.planfile import read_serving_plan
 
     path = REPO / "examples" / "serving" / "chat-eagle-plan.yaml"
@@ -409,7 +409,7 @@ def test_a_registered_engine_of_its_own_exports_where_its_file_says_enough(tmp_p
 
     from autoplan import caches
     from autoplan.errors import InputError
-    from autoplan.export.kube import export_deployment
+    from autoplan.export.deploy import export_deployment
     from autoplan.serving.engine import register, unregister
     from tests.unit.test_engine_registry import TOY
 
