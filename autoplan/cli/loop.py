@@ -183,7 +183,7 @@ def tune(
         "--checkpoint", help="--serving: the weights the engines serve, a path or HuggingFace id "
                              "(default: $MODEL, as the export's scripts read it).")] = None,
     health_timeout: Annotated[float, typer.Option(
-        "--health-timeout", min=1.0, max=1e6,
+        "--health-timeout", min=0.1, max=1e6,
         help="--serving: seconds an engine has to answer /health before its trial fails.")] = 1200.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
     fmt: FormatOpt = Format.table,

@@ -577,6 +577,7 @@ CalibrationOpt = Annotated[Path | None, typer.Option(
 
 @app.command()
 def serve(
+    ctx: typer.Context,
     job_file: Annotated[Path | None, typer.Argument(
         metavar="JOB.yaml", help="Serving job file: model, cluster, gpus, engine, workload, slo "
                                  "(options override it).")] = None,
@@ -691,7 +692,7 @@ def serve(
     files.check_apart([("--out", out_path), ("--plot", plot)], [job_file])
     with naming(("--draft-model", draft_model)):
         req = build_serve_request(job_file, job, given)
-    _calibrate_with(calibration, engine=(req.engine, req.engine_version))
+    _calibrate_with(ctx, calibration, engine=(req.engine, req.engine_version))
     m, c, eng, slo = req.model, req.cluster, req.engine, req.slo
     arrival, inp, outp = req.workload.arrival, req.workload.input_len, req.workload.output_len
     w_list, kv_list, workload = list(req.weights), list(req.kv_caches), req.workload
@@ -932,6 +933,7 @@ def _reliabilities(plan: Plan) -> dict[str, Any]:
 
 @app.command()
 def evaluate(
+    ctx: typer.Context,
     plans: Annotated[list[Path], typer.Argument(metavar="PLAN.yaml", help="Plan files.")],
     profile: ProfileOpt = None,
     stack: StackOpt = None,
@@ -957,7 +959,7 @@ def evaluate(
     serving_ok = True
     if calibration is not None and not serving:
         raise InputError.single("--calibration", "", "a serving engine's constants: give serving plans")
-    _calibrate_with(calibration, plans=[plan for _, plan in serving])
+    _calibrate_with(ctx, calibration, plans=[plan for _, plan in serving])
     if serving:
         serving_ok = _evaluate_serving(serving, fmt, also_training=bool(loaded))
         if not loaded:
@@ -998,16 +1000,15 @@ def evaluate(
         raise typer.Exit(1)
 
 
-def _calibrate_with(path: Path | None, *, engine: tuple[Any, str | None] | None = None,
+def _calibrate_with(ctx: typer.Context, path: Path | None, *, engine: tuple[Any, str | None] | None = None,
                     plans: Sequence[Any] = ()) -> None:
     """``--calibration``: the file read (its errors naming the flag), checked against the
     engine and release searched or the plans given (each must run its engine release line),
-    and its constants applied until the command ends (click's ``Context.with_resource``: the
-    engine's constants are restored however the command ends)."""
+    and its constants applied until the command ends (the command's context holds them as a
+    resource, ``Context.with_resource``: the engine's constants are restored however the
+    command ends)."""
     if path is None:
         return
-    import click
-
     from autoplan.serving.calibration import applied, check, check_engine, read_calibration
 
     with naming(("--calibration", path)):
@@ -1015,7 +1016,7 @@ def _calibrate_with(path: Path | None, *, engine: tuple[Any, str | None] | None 
     if engine is not None:
         check_engine(calibration, *engine)
     check(calibration, plans)
-    click.get_current_context().with_resource(applied(calibration))
+    ctx.with_resource(applied(calibration))
 
 
 def _read_profile(profile: Path | None) -> Profile | None:

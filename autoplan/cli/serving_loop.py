@@ -304,7 +304,10 @@ def calibrate_serving_command(runs_path: Path, serving: list[Any], engine: str |
 
 
 def _pct(x: float) -> str:
-    return "-" if x != x else (f"{x:.1f}%" if x < 1e4 else f"{x:.3g}%")
+    """A percentage in a few digits (two decimals under 1%, a fit's error on synthetic runs)."""
+    if x != x:
+        return "-"
+    return f"{x:.2f}%" if x < 1 else f"{x:.1f}%" if x < 1e4 else f"{x:.3g}%"
 
 
 def calibration_file(result: Any, runs_path: Path) -> str:

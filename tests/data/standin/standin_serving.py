@@ -10,7 +10,8 @@ engine line's constants so scaled, so that `autoplan calibrate` can be shown to 
 them; without it, the trial sidecar's prediction with every latency times STANDIN_FACTOR
 (default 1.1) and every throughput over it (no autoplan import: fast).
 
-Environment: STANDIN_HEALTH_DELAY (seconds before /health answers 200, default 0.1),
+Environment: STANDIN_FACTOR, STANDIN_TP_FACTORS (``2:3``: tp 2 deployments measure 3x their
+prediction), STANDIN_HEALTH_DELAY (seconds before /health answers 200, default 0.1),
 STANDIN_MODE (server: ok | hang, never healthy | crash, exits at once), STANDIN_CLIENT_MODE
 (ok | fail, exits 1 | hang), STANDIN_PIDS (a file each process appends its pid to),
 STANDIN_ARGS (a file each process appends its argv to, one JSON line)."""
@@ -133,6 +134,12 @@ def truth(plan_doc: dict[str, Any], scale: dict[str, float]) -> dict[str, float]
 def quick(sidecar: dict[str, Any]) -> dict[str, float]:
     """The sidecar's prediction, latencies times STANDIN_FACTOR, throughputs over it."""
     k = float(os.environ.get("STANDIN_FACTOR", "1.1"))
+    # STANDIN_TP_FACTORS "2:3": a deployment of tp 2 measures 3x its prediction (so that
+    # measurement and prediction rank apart)
+    for item in filter(None, os.environ.get("STANDIN_TP_FACTORS", "").split(",")):
+        tp, factor = item.split(":")
+        if sidecar["plan"]["deployment"]["tp"] == int(tp):
+            k = float(factor)
     p = sidecar["predicted"]
     return {
         "ttft_mean": p["ttft_ms"]["mean"] * k,
