@@ -87,6 +87,10 @@ def appended_runs(path: Path, runs: list[Any], *, check: bool = True, room: int 
             except UnicodeDecodeError as exc:
                 raise InputError.single(str(path), "", f"not UTF-8 text (byte {exc.start})") from None
         text = csv_text(runs, existing, str(path), path.parent if check else None)
+        if check and existing.strip():  # its serving rows too, as calibrate reads them
+            from autoplan.tune.serving_runs import parse_serving_runs
+
+            parse_serving_runs(existing.removeprefix("\ufeff"), str(path))
         body = existing.removeprefix("\ufeff")
         if room and body.strip() and count_rows(body, str(path)) + room > MAX_ROWS:
             raise InputError.single(str(path), "", f"no room for {room} more runs under the runs log's "

@@ -69,7 +69,7 @@ class Calibration:
     def description(self) -> str:
         """What the constants were calibrated on, for the prediction's evidence."""
         where = f" ({self.path})" if self.path else ""
-        return (f"on {self.runs} measured runs of {self.origin or 'a runs log'}{where}: "
+        return (f"on {self.runs} serving runs of {self.origin or 'a runs log'}{where}: "
                 + (", ".join(f"{k} {self.constants[k]:.4g}" for k in self.fitted) or "none fitted"))
 
     def entry(self) -> Fitted:

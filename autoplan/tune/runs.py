@@ -347,10 +347,7 @@ def csv_text(runs: Iterable[Run | LogRow], existing: str = "", source: str = "ru
     if body.strip():
         header = _header(body, source)
         if base is not None:
-            from autoplan.tune.serving_runs import parse_serving_runs
-
             parse_runs(body, source, base)
-            parse_serving_runs(body, source)
         rows = count_rows(body, source)
     else:
         header, rows = list(COLUMNS), 0

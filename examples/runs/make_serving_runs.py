@@ -42,9 +42,9 @@ def main() -> None:
                            f"workload: {{input_len: {load['input_len']}, output_len: 64, "
                            f"arrival: {load['arrival']}, requests: {load['requests']}}}\n"
                            "slo: {ttft_ms: 500, tpot_ms: 40}\n")
-            subprocess.run([sys.executable, "-m", "autoplan.cli.main", "tune", "--serving", str(job), "--top", "2",
-                            "--runs", str(OUT), "--workdir", str(Path(tmp) / f"work-{i}"), "--quiet"],
-                           env=env, check=True, cwd=tmp)
+            subprocess.run([sys.executable, "-m", "autoplan.cli.main", "tune", "--serving", str(job),
+                            "--top", "2", "--runs", str(OUT), "--workdir", str(Path(tmp) / f"work-{i}"),
+                            "--quiet"], env=env, check=True, cwd=tmp)
         first = sorted((Path(tmp) / "work-0").iterdir())[0]
         shutil.rmtree(TRIAL, ignore_errors=True)
         TRIAL.mkdir()

@@ -287,13 +287,13 @@ def test_runs_import_reads_each_clients_result_and_calibrate_recovers_the_consta
     assert r.returncode == 0, r.stderr
     calibrated = json.loads(r.stdout)["plans"][0]["prediction"]
     assert calibrated["evidence"]["engine"]["constants"] == "calibrated"
-    assert "6 measured runs" in calibrated["evidence"]["engine"]["source"]
+    assert "6 serving runs" in calibrated["evidence"]["engine"]["source"]
     assert calibrated["tpot_ms"]["mean"] > plain["prediction"]["tpot_ms"]["mean"]
     serve = ("serve", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "1", "--input-len", "128",
              "--output-len", "16", "--rate", "2", "--requests", "12")
     r = autoplan(*serve, "--calibration", cal)
     assert r.returncode == 0, r.stderr
-    assert "constants calibrated on 6 measured runs" in " ".join(r.stdout.split())
+    assert "constants calibrated on 6 serving runs" in " ".join(r.stdout.split())
     # another engine's plans: refused, naming the flag
     r = autoplan(*serve, "--engine", "sglang", "--calibration", cal)
     assert r.returncode == 2 and "--calibration" in r.stderr and "not sglang" in r.stderr
