@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import io
 import json
 import os
 import sys
@@ -351,3 +352,27 @@ def test_runs_import_refuses_a_result_it_cannot_match_to_a_plan(tmp_path):
     r = autoplan("runs", "import", broken, "--plan", other, "--runs", runs)
     assert r.returncode == 2 and f"{broken}: mean_tpot_ms: missing" in r.stderr
     assert not runs.read_text().count("\n") > 2  # header and the one row taken
+
+
+def test_the_training_readers_pass_serving_rows_by_and_refuse_an_unknown_kind(tmp_path):
+    from autoplan.errors import InputError
+    from autoplan.tune.runs import parse_runs
+    from autoplan.tune.serving_runs import parse_serving_runs
+
+    runs = tmp_path / "runs.csv"
+    training = ROOT / "examples" / "runs" / "tiny-llama-2cpu.csv"
+    runs.write_text(training.read_text())
+    serving = write_runs(tmp_path / "serving", _plans()[:1])
+    assert autoplan("runs", "import", *serving, "--runs", runs).returncode == 0
+    text = runs.read_text()
+    assert [r.measured_step_time_s for r in parse_runs(text, "runs.csv", training.parent)] == [
+        r.measured_step_time_s for r in parse_runs(training.read_text(), "t.csv", training.parent)]
+    (run,) = parse_serving_runs(text, "runs.csv")
+    assert run.client == "vllm-bench" and run.plan.engine.value == "vllm"
+    rows_ = list(csv.reader(io.StringIO(text)))
+    rows_[1][rows_[0].index("kind")] = "inference"
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows_)
+    bad = out.getvalue()
+    with pytest.raises(InputError, match=r"row 1\.kind: expected one of training, serving, got 'inference'"):
+        parse_runs(bad, "runs.csv", training.parent)
