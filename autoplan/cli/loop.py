@@ -87,6 +87,10 @@ def appended_runs(path: Path, runs: list[Any], *, check: bool = True, room: int 
             except UnicodeDecodeError as exc:
                 raise InputError.single(str(path), "", f"not UTF-8 text (byte {exc.start})") from None
         text = csv_text(runs, existing, str(path), path.parent if check else None)
+        if check and existing.strip():  # its serving rows too, as calibrate reads them
+            from autoplan.tune.serving_runs import parse_serving_runs
+
+            parse_serving_runs(existing.removeprefix("\ufeff"), str(path))
         body = existing.removeprefix("\ufeff")
         if room and body.strip() and count_rows(body, str(path)) + room > MAX_ROWS:
             raise InputError.single(str(path), "", f"no room for {room} more runs under the runs log's "
@@ -174,13 +178,50 @@ def tune(
     out_path: Annotated[Path | None, typer.Option(
         "--out", "-o", parser=files.out_path, metavar="<path>",
         help="Write the fastest measured plan here, with its measurements.")] = None,
+    serving: Annotated[Path | None, typer.Option(
+        "--serving", metavar="JOB.yaml",
+        help="A serving job file: run serve's best deployments for it on this node (--runner "
+             "local), each with its engine's server and benchmark client, and rank them by measured "
+             "goodput.")] = None,
+    checkpoint: Annotated[str | None, typer.Option(
+        "--checkpoint", help="--serving: the weights the engines serve, a path or HuggingFace id "
+                             "(default: $MODEL, as the export's scripts read it).")] = None,
+    health_timeout: Annotated[float, typer.Option(
+        "--health-timeout", min=0.1, max=1e6,
+        help="--serving: seconds an engine has to answer /health before its trial fails.")] = 1200.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
     fmt: FormatOpt = Format.table,
 ) -> None:
-    """Run the best few plans of a search for real and rank them by measured step time:
-    exit 0 a plan measured, 1 none did, 2 bad input."""
+    """Run the best few plans of a search for real and rank them by measured step time (with
+    --serving, serving deployments by measured goodput): exit 0 a plan measured, 1 none did,
+    2 bad input."""
     if quiet:
         output.quiet()
+    if serving is not None:
+        from autoplan.cli.serving_loop import tune_serving_command
+
+        given = [flag for flag, value in (
+            ("JOB.yaml", job_file), ("--model", model), ("--cluster", cluster), ("--gpus", gpus),
+            ("--global-batch", global_batch), ("--seq-len", seq_len), ("--dtype", dtype), ("--space", space),
+            ("--profile", profile), ("--stack", stack), ("--within", within)) if value is not None]
+        if no_offload:
+            given.append("--no-offload")
+        if given:
+            raise InputError.single(given[0], "", "tune --serving reads the model, cluster and workload from "
+                                                  "its job file: leave the training options out")
+        if runner != "local":
+            raise InputError.single("--runner", "", f"tune --serving runs deployments on this node: --runner "
+                                                    f"local, got {runner!r}")
+        if top is not None and top_k is not None and top != top_k:
+            raise InputError.single("--top", "", f"given twice, as --top {top} and --top-k {top_k}: give one")
+        tune_serving_command(serving, top_k=top if top is not None else top_k if top_k is not None else 3,
+                             log=None if no_runs else (runs or DEFAULT_RUNS), workdir=workdir,
+                             out_path=out_path, checkpoint=checkpoint, health_timeout=health_timeout,
+                             timeout=timeout, fmt=fmt, ctrl_c=_CtrlC(), appended_runs=appended_runs)
+        return
+    if checkpoint is not None:
+        raise InputError.single("--checkpoint", "", "the weights a serving engine serves: with --serving "
+                                                    "only")
     from autoplan.kernels.memory import default_headroom_bytes
     from autoplan.request import build_request
     from autoplan.search.launchable import search as run_search
@@ -351,12 +392,16 @@ MAX_LOG_BYTES = 512 * 2**20  # a training log of many thousands of steps; more i
 def runs_import(
     logs: Annotated[list[Path], typer.Argument(
         metavar="LOG...", help="Megatron-LM or torchtitan training logs (stdout of the run, or "
-                               "Slurm's output file), one run each.")],
-    plan_path: Annotated[Path, typer.Option(
-        "--plan", "-p", help="The plan file the logged runs ran (what the runs log records).")],
+                               "Slurm's output file), or serving benchmark results (vllm bench serve's "
+                               "--save-result JSON, sglang.bench_serving's --output-file, aiperf's "
+                               "profile_export_aiperf.json), one run each.")],
     out_path: Annotated[Path, typer.Option(
         "--runs", "--out", "-o", parser=files.out_path, metavar="<path>",
         help="The runs log to append to (created if missing; --out is its other name).")],
+    plan_path: Annotated[Path | None, typer.Option(
+        "--plan", "-p", help="The plan file the logged runs ran (what the runs log records); for "
+                             "serving results, the serving plan the client drove (default: the "
+                             "autoplan-trial.json tune --serving writes beside each result).")] = None,
     warmup: Annotated[int, typer.Option(
         "--warmup", min=0, max=10**6, help="Logged steps to leave out before the timed ones.")] = 2,
     group: Annotated[str, typer.Option(
@@ -368,6 +413,8 @@ def runs_import(
     import datetime
     import statistics
 
+    from autoplan.cli.serving_loop import import_serving, is_serving_result
+    from autoplan.cli.serving_loop import said as said_serving
     from autoplan.cost.evaluate import evaluate
     from autoplan.descriptors.strict import name_problem, read_limited, read_yaml
     from autoplan.errors import Problem
@@ -382,6 +429,19 @@ def runs_import(
     if files.is_stdout(out_path):
         raise InputError.single("--runs", "", "the runs log is a file to append to, not stdout")
     appended_runs(out_path, [], room=len(logs))  # refused, every row of it, before any log is read
+    serving = [is_serving_result(path) for path in logs]
+    if any(serving):
+        if not all(serving):
+            raise InputError.single(str(logs[serving.index(False)]), "", (
+                "a training log beside serving results: import each kind on its own"))
+        imported = import_serving(logs, plan_path, group)
+        files.write_text(out_path, appended_runs(out_path, imported, check=False))
+        for run, path in zip(imported, logs, strict=True):
+            output.err.print(said_serving(run, path), markup=False)
+        output.err.print(f"appended {len(imported)} runs to {files.name(out_path)}")
+        return
+    if plan_path is None:
+        raise InputError.single("--plan", "", "missing: the plan file the logged runs ran")
     plan = read_plan(read_yaml(plan_path), str(plan_path))
     pred = evaluate(plan)
     # the prediction is recorded where it is in the runs log's range (calibrate predicts again)
@@ -438,15 +498,25 @@ def calibrate(
              "with --stack FILE).")] = None,
     name: Annotated[str | None, typer.Option(
         "--name", help="The calibrated stack's name (default: the base's, with -calibrated).")] = None,
+    engine: Annotated[str | None, typer.Option(
+        "--engine", help="Calibrate a serving engine's constants (host time per iteration and per "
+                         "sequence, kernel scale, launch and request time) on the log's serving runs: "
+                         "vllm, sglang or trtllm (default: the one the serving runs name, where the "
+                         "log holds no training run).")] = None,
+    engine_version: Annotated[str | None, typer.Option(
+        "--engine-version", help="With --engine: the release whose release line to calibrate (default: "
+                                 "the one line the runs ran).")] = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Fit a stack's constants (compute efficiency, step overhead, host cost per kernel,
-    overlap slowdown) to measured runs, with leave-one-group-out held-out error before and
-    after: exit 0, 2 bad input or runs that identify no constant."""
+    overlap slowdown) to measured runs, or a serving engine release line's to measured
+    serving runs, with held-out error before and after: exit 0, 2 bad input or runs that
+    identify no constant."""
     from autoplan.descriptors.library import resolve_stack
     from autoplan.descriptors.strict import name_problem
     from autoplan.tune.calibrate import calibrate as run_calibrate
     from autoplan.tune.runs import read_runs
+    from autoplan.tune.serving_runs import read_serving_runs
 
     if out_path is not None:
         files.check_target(out_path)
@@ -454,6 +524,19 @@ def calibrate(
     if name is not None and (why := name_problem(name)):
         raise InputError.single("--name", "", why)
     runs = read_runs(runs_path)
+    wants_serving = engine is not None or engine_version is not None
+    if wants_serving and stack is not None:
+        raise InputError.single("--stack", "", "a training stack: --engine calibrates serving runs; give one")
+    if wants_serving or (stack is None and not any(r.ok for r in runs)):
+        serving = read_serving_runs(runs_path)
+        if wants_serving or any(r.ok for r in serving):
+            if name is not None:
+                raise InputError.single("--name", "", "names a calibrated training stack: a serving "
+                                                      "calibration is named by its engine and release line")
+            from autoplan.cli.serving_loop import calibrate_serving_command
+
+            calibrate_serving_command(runs_path, serving, engine, engine_version, out_path, fmt)
+            return
     if stack is not None:
         base = resolve_stack(stack, "--stack", "")
     else:

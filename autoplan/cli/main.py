@@ -569,8 +569,15 @@ def _search_whatif(req: Request, whatif: _WhatIf, top: int, out_path: Path | Non
 
 
 
+CalibrationOpt = Annotated[Path | None, typer.Option(
+    "--calibration", metavar="<path>",
+    help="A serving engine's constants calibrated on measured runs (autoplan calibrate --out of serving "
+         "runs): plans of its engine release line are predicted with them.")]
+
+
 @app.command()
 def serve(
+    ctx: typer.Context,
     job_file: Annotated[Path | None, typer.Argument(
         metavar="JOB.yaml", help="Serving job file: model, cluster, gpus, engine, workload, slo "
                                  "(options override it).")] = None,
@@ -661,6 +668,7 @@ def serve(
         "--top", "-k", min=1, max=MAX_TOP, help="How many plans to show (default 10).")] = None,
     out_path: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Write the best plan here.", parser=files.out_path, metavar="<path>")] = None,
+    calibration: CalibrationOpt = None,
     quiet: Annotated[bool, typer.Option(
         "--quiet", "-q", help="No progress on stderr (a spinner on a terminal, lines elsewhere).")] = False,
     fmt: FormatOpt = Format.table,
@@ -712,6 +720,7 @@ def serve(
     files.check_apart([("--out", out_path), ("--plot", plot)], [job_file])
     with naming(("--draft-model", draft_model)):
         req = build_serve_request(job_file, job, given)
+    _calibrate_with(ctx, calibration, engine=(req.engine, req.engine_version))
     m, c, eng, slo = req.model, req.cluster, req.engine, req.slo
     arrival, inp, outp = req.workload.arrival, req.workload.input_len, req.workload.output_len
     w_list, kv_list, workload = list(req.weights), list(req.kv_caches), req.workload
@@ -1086,6 +1095,7 @@ def _reliabilities(plan: Plan) -> dict[str, Any]:
 
 @app.command()
 def evaluate(
+    ctx: typer.Context,
     plans: Annotated[list[Path], typer.Argument(metavar="PLAN.yaml", help="Plan files.")],
     profile: ProfileOpt = None,
     stack: StackOpt = None,
@@ -1093,6 +1103,7 @@ def evaluate(
         "--runs", help="A runs log (autoplan tune, runs import): add the step time its measured "
                        "runs predict for each plan (a random forest of measured / predicted over "
                        "layout and breakdown), with its 10th-90th percentile band.")] = None,
+    calibration: CalibrationOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Predict each plan with a breakdown: exit 0 all fit, 1 some do not fit, 2 bad input."""
@@ -1108,6 +1119,9 @@ def evaluate(
     plans = [p for p, d in documents if not is_serving(d)]
     loaded = [_read_training(d, p, profile, given) for p, d in documents if not is_serving(d)]
     serving_ok = True
+    if calibration is not None and not serving:
+        raise InputError.single("--calibration", "", "a serving engine's constants: give serving plans")
+    _calibrate_with(ctx, calibration, plans=[plan for _, plan in serving])
     if serving:
         serving_ok = _evaluate_serving(serving, fmt, also_training=bool(loaded))
         if not loaded:
@@ -1146,6 +1160,25 @@ def evaluate(
                     f"({p10:.3f} to {p90:.3f} s, 10th to 90th percentile over the trees)"))
     if not all(pred.feasible for _, pred in results):
         raise typer.Exit(1)
+
+
+def _calibrate_with(ctx: typer.Context, path: Path | None, *, engine: tuple[Any, str | None] | None = None,
+                    plans: Sequence[Any] = ()) -> None:
+    """``--calibration``: the file read (its errors naming the flag), checked against the
+    engine and release searched or the plans given (each must run its engine release line),
+    and its constants applied until the command ends (the command's context holds them as a
+    resource, ``Context.with_resource``: the engine's constants are restored however the
+    command ends)."""
+    if path is None:
+        return
+    from autoplan.serving.calibration import applied, check, check_engine, read_calibration
+
+    with naming(("--calibration", path)):
+        calibration = read_calibration(path)
+    if engine is not None:
+        check_engine(calibration, *engine)
+    check(calibration, plans)
+    ctx.with_resource(applied(calibration))
 
 
 def _read_profile(profile: Path | None) -> Profile | None:

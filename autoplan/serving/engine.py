@@ -198,6 +198,9 @@ class Fitted:
     # before the overlap scheduler was modelled): the line's ``host_hidden`` is not applied
     # to them again
     serial: bool = False
+    # calibrated on the user's own measured runs (``autoplan calibrate``'s file, given to
+    # serve or evaluate with --calibration): what they were calibrated on, "" for the file's own
+    calibration: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

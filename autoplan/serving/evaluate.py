@@ -168,14 +168,17 @@ def schedulers_of(d: Deployment) -> int:
     return d.replicas * d.attention_dp * d.pp
 
 
-def evaluate_serving(plan: ServingPlan, seed: int = 0) -> ServingPrediction:
+def evaluate_serving(plan: ServingPlan, seed: int = 0, *, evidence: bool = True) -> ServingPrediction:
     """Simulate one scheduler of the plan (see :mod:`autoplan.serving.simulate`), with the
-    evidence it stands on (:func:`autoplan.serving.trust.evidence_of`)."""
+    evidence it stands on (:func:`autoplan.serving.trust.evidence_of`; ``evidence=False``:
+    without it, for a fit that predicts the same plans many times)."""
     if plan.deployment.disaggregated is not None:
         pred, steps = _evaluate_disaggregated(plan, seed)
     else:
         pred, step = _evaluate_aggregated(plan, seed)
         steps = [step]
+    if not evidence:
+        return pred
     cache = steps[-1].cache if steps[-1].hybrid else None
     return dataclasses.replace(pred, evidence=evidence_of(plan, steps), cache=cache)
 
@@ -359,9 +362,10 @@ def _prediction(plan: ServingPlan, sim: SimResult, mem: Memory, kv: int, sched: 
         prefix_hit_share=None if plan.workload.prefix is None else sim.prefix_hit_share)
 
 
-def serving_document(plan: ServingPlan, pred: ServingPrediction,
+def serving_document(plan: ServingPlan, pred: ServingPrediction | None,
                      plan_dir: str | None = None) -> dict[str, object]:
-    """The serving plan file (``kind: serving``; issue 15's schema), with its prediction.
+    """The serving plan file (``kind: serving``; issue 15's schema), with its prediction
+    (None: without one, what the runs log records of a run).
     Built-in models and clusters are written by name; an arrival trace by its path relative
     to ``plan_dir`` (the folder the plan is written to; None: absolute)."""
     from autoplan.descriptors.library import builtin_cluster_ref, builtin_model_matches
@@ -414,5 +418,6 @@ def serving_document(plan: ServingPlan, pred: ServingPrediction,
         doc["slo"] = plan.slo.to_dict()
     if plan.autoscale is not None:
         doc["autoscale"] = plan.autoscale.to_dict()
-    doc["prediction"] = pred.to_dict()
+    if pred is not None:
+        doc["prediction"] = pred.to_dict()
     return doc

@@ -1194,6 +1194,8 @@ def read_serving_plan(data: Any, source: str, *, profile: Profile | None = None,
     autoscale = _autoscale(f) if f.has("autoscale") else None
     if f.has("prediction") and not isinstance(f.raw("prediction"), Mapping):
         f.fail("prediction", "expected a mapping (written by autoplan serve or evaluate)")
+    if f.has("measured") and not isinstance(f.raw("measured"), Mapping):
+        f.fail("measured", "expected a mapping (written by autoplan tune --serving)")
     f.close()
     if problems or None in (model, cluster, engine, deployment, workload):
         raise InputError(problems or [Problem(source, "", "incomplete serving plan")])

@@ -76,7 +76,7 @@ class EngineEvidence:
     name: str
     release: str  # the plan's release, else the default line's
     line: str  # the release line that predicts it
-    constants: str  # "fitted" (for this line), "fitted for <line>", or "prior"
+    constants: str  # "fitted" (for this line), "fitted for <line>", "prior", or "calibrated"
     source: str  # what the constants were fitted on, or why they are a prior
     note: str | None = None  # a release older than every line
 
@@ -181,8 +181,9 @@ class Evidence:
     def lines(self) -> list[str]:
         """The evidence in words (the tables' footnote)."""
         e, p = self.engine, self.provenance
-        constants = {"fitted": "constants fitted for it", "prior": "constants a prior (not fitted)"}.get(
-            e.constants, f"constants {e.constants}")
+        constants = {"fitted": "constants fitted for it", "prior": "constants a prior (not fitted)",
+                     "calibrated": f"constants calibrated {e.source}"}.get(e.constants,
+                                                                            f"constants {e.constants}")
         out = [f"engine {e.name} {e.release}: predicted as release line {e.line}, {constants}"]
         if e.note:
             out.append(e.note)
@@ -204,14 +205,17 @@ def engine_evidence(plan: ServingPlan) -> EngineEvidence:
     resolved = plan.engine_resolved
     line = resolved.line
     fitted = line.fitted
-    if fitted is None or fitted.prior:
+    if fitted is not None and fitted.calibration:
+        constants = "calibrated"
+    elif fitted is None or fitted.prior:
         constants = "prior"
     elif line.is_fitted:
         constants = "fitted"
     else:
         constants = f"fitted for {line.fitted_line}"
-    return EngineEvidence(plan.engine.value, resolved.release, line.version or "-", constants,
-                          "" if fitted is None else fitted.source, resolved.note)
+    source = "" if fitted is None else fitted.calibration or fitted.source
+    return EngineEvidence(plan.engine.value, resolved.release, line.version or "-", constants, source,
+                          resolved.note)
 
 
 # -- which kernels were measured ----------------------------------------------------------

@@ -18,7 +18,35 @@ One row per run of one plan. Columns (``COLUMNS``, in this order when autoplan w
 - ``steps`` (timed steps), ``status`` (ok | oom | timeout | failed), ``reason``;
 - ``measured_step_time_s`` (required where status is ok), ``measured_peak_gib``
   (optional), ``predicted_step_time_s``, ``predicted_peak_gib`` (what autoplan predicted
-  when the run was made; calibrate predicts again).
+  when the run was made; calibrate predicts again);
+- ``kind``: ``training`` (or empty, as in logs written before serving runs were) or
+  ``serving``.
+
+A serving run (``kind`` serving: ``tune --serving``, ``runs import`` of a benchmark
+client's result; :mod:`autoplan.tune.serving_runs` reads it, the training readers pass it
+by) is one replica of a serving deployment driven at its share of the job's traffic by
+the engine's benchmark client. Its ``plan`` cell is that replica's serving plan file
+(required: the row is read from it); ``model``, ``cluster``, ``gpus`` (the replica's),
+``tp``, ``pp``, ``ep``, ``time``, ``source``, ``runner``, ``plan_id``, ``group``,
+``status`` and ``reason`` mean what they mean above, and its own columns
+(``SERVING_COLUMNS``) are:
+
+- what ran: ``engine`` (vllm | sglang | trtllm), ``release`` (the engine release the plan
+  names, else its default line's), ``client`` (vllm-bench | sglang-bench | aiperf),
+  ``gpu`` (the device), ``deployment`` (the deployment the replica stands for, as serve
+  labels it: ``2x tp4``), ``replicas`` (its replicas: the run is one of them),
+  ``attention_dp``, ``weights``, ``kv_cache``; the workload: ``input_len``,
+  ``output_len`` (tokens, fixed), ``arrival`` (``rate R``, ``concurrency C`` or
+  ``offline``), ``requests``, ``ttft_slo_ms``, ``tpot_slo_ms``;
+- what the client measured (of the replica): ``completed`` requests,
+  ``measured_ttft_mean_ms``, ``measured_ttft_p50_ms``, ``measured_ttft_p99_ms``, the same
+  for ``tpot`` and ``itl`` (the mean TTFT and TPOT are required where status is ok),
+  ``measured_requests_per_s``, ``measured_output_tokens_per_s``,
+  ``measured_goodput_rps`` (requests/s within the SLO);
+- what autoplan predicted for it when it ran: ``predicted_ttft_mean_ms``,
+  ``predicted_ttft_p99_ms``, ``predicted_tpot_mean_ms``, ``predicted_tpot_p99_ms``,
+  ``predicted_requests_per_s``, ``predicted_output_tokens_per_s``,
+  ``predicted_goodput_rps`` (calibrate predicts again).
 
 A user's CSV needs only ``model``, ``cluster``, ``global_batch``, ``seq_len``, ``dp``,
 ``tp``, ``pp``, ``micro_batch`` and ``measured_step_time_s`` (or ``plan`` and the
@@ -61,13 +89,24 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from autoplan.descriptors.strict import DuplicateKey, json_object, shown
 from autoplan.errors import InputError, Problem
 from autoplan.plan import Plan
 from autoplan.text import one_line
 
+# a serving run's own columns (module doc), after every training column
+SERVING_COLUMNS = (
+    "engine", "release", "client", "gpu", "deployment", "replicas", "attention_dp", "weights", "kv_cache",
+    "input_len", "output_len", "arrival", "requests", "ttft_slo_ms", "tpot_slo_ms", "completed",
+    "measured_ttft_mean_ms", "measured_ttft_p50_ms", "measured_ttft_p99_ms",
+    "measured_tpot_mean_ms", "measured_tpot_p50_ms", "measured_tpot_p99_ms",
+    "measured_itl_mean_ms", "measured_itl_p50_ms", "measured_itl_p99_ms",
+    "measured_requests_per_s", "measured_output_tokens_per_s", "measured_goodput_rps",
+    "predicted_ttft_mean_ms", "predicted_ttft_p99_ms", "predicted_tpot_mean_ms", "predicted_tpot_p99_ms",
+    "predicted_requests_per_s", "predicted_output_tokens_per_s", "predicted_goodput_rps",
+)
 COLUMNS = (
     "time", "source", "runner", "plan_id", "group",
     "model", "cluster", "gpus", "global_batch", "seq_len", "dtype",
@@ -75,13 +114,15 @@ COLUMNS = (
     "sequence_parallel", "stack",
     "steps", "status", "reason",
     "measured_step_time_s", "measured_peak_gib", "predicted_step_time_s", "predicted_peak_gib",
-    "plan",
+    "plan", "kind", *SERVING_COLUMNS,
 )
+KINDS = ("training", "serving")  # the ``kind`` column ("" reads as training)
 # columns holding numbers: never escaped as text (a negative number is a number)
 NUMBER_COLUMNS = frozenset((
     "gpus", "global_batch", "seq_len", "dp", "tp", "pp", "cp", "ep", "etp", "vpp", "micro_batch",
     "zero", "steps", "measured_step_time_s", "measured_peak_gib", "predicted_step_time_s",
-    "predicted_peak_gib"))
+    "predicted_peak_gib", "replicas", "attention_dp", "input_len", "output_len", "requests",
+    *(c for c in SERVING_COLUMNS if c.endswith(("_ms", "_per_s", "_rps")) or c == "completed")))
 TEXT_COLUMNS = tuple(c for c in COLUMNS if c not in NUMBER_COLUMNS)
 STATUSES = ("ok", "oom", "timeout", "failed")
 SOURCES = ("tune", "validate", "import", "user")
@@ -257,7 +298,7 @@ def row_of(run: Run) -> dict[str, str]:
         "measured_peak_gib": _num(run.measured_peak_gib),
         "predicted_step_time_s": _num(run.predicted_step_time_s),
         "predicted_peak_gib": _num(run.predicted_peak_gib),
-        "plan": text,
+        "plan": text, "kind": "training",
     }
 
 
@@ -271,7 +312,24 @@ def _written(row: dict[str, str], header: Sequence[str]) -> list[str]:
     return cells
 
 
-def csv_text(runs: Iterable[Run], existing: str = "", source: str = "runs log",
+class LogRow(Protocol):
+    """A run of another kind than training's (a serving run: :mod:`autoplan.tune.serving_runs`)
+    as the writer takes it: its problems and its row."""
+
+    def problems(self, source: str = ..., where: str = ...) -> list[Problem]: ...
+
+    def row(self) -> dict[str, str]: ...
+
+
+def _problems_of(run: Run | LogRow, source: str) -> list[Problem]:
+    return run_problems(run, source, "new run") if isinstance(run, Run) else run.problems(source, "new run")
+
+
+def _row_of(run: Run | LogRow) -> dict[str, str]:
+    return row_of(run) if isinstance(run, Run) else run.row()
+
+
+def csv_text(runs: Iterable[Run | LogRow], existing: str = "", source: str = "runs log",
              base: Path | None = None) -> str:
     """The runs log with ``runs`` appended. ``existing`` is the file's text ('' for a new
     one): autoplan's own (its header ``COLUMNS``: appended to, what was there kept byte for
@@ -281,7 +339,7 @@ def csv_text(runs: Iterable[Run], existing: str = "", source: str = "runs log",
     nothing is added to a file the readers refuse; without it, the header only. A run the
     reader would refuse (:func:`run_problems`) is refused here."""
     runs = list(runs)
-    problems = [p for run in runs for p in run_problems(run, source, "new run")]
+    problems = [p for run in runs for p in _problems_of(run, source)]
     if problems:
         raise InputError(problems[:MAX_PROBLEMS])
     body = existing.removeprefix("\ufeff")
@@ -316,7 +374,7 @@ def csv_text(runs: Iterable[Run], existing: str = "", source: str = "runs log",
                 writer.writerow([*cells, *[""] * (len(header) - len(cells))])
         head = bom
     for run in runs:
-        writer.writerow(_written(row_of(run), header))
+        writer.writerow(_written(_row_of(run), header))
     text = head + buf.getvalue()
     if len(text.encode()) > MAX_RUNS_BYTES:
         raise InputError.single(source, "", f"appending would make the runs log larger than "
@@ -459,6 +517,13 @@ def parse_runs(text: str, source: str, base: Path) -> list[Run]:
             if len(cells) < width:  # a short row: the rest empty
                 cells = cells + [""] * (width - len(cells))
             row = _cells(cells, own)
+            kind = row.get("kind", "")
+            if kind == "serving":  # a serving run: autoplan.tune.serving_runs reads it
+                continue
+            if kind not in ("", "training"):
+                problems.append(Problem(source, f"row {i}.kind", f"expected one of {', '.join(KINDS)}, "
+                                                                 f"got {shown(one_line(kind))}"))
+                continue
             if not row.get("plan"):
                 row.update(_cells(cells, what_ran))
             if not any(row.values()) and not any(c.strip() for c in cells):

@@ -1,0 +1,385 @@
+"""The serving side of the auto-tuner loop's commands (:mod:`autoplan.cli.loop` calls
+these): ``tune --serving`` (run serve's best deployments with their engines and benchmark
+clients), ``runs import`` of a benchmark client's result, and ``calibrate`` of serving
+runs (an engine release line's constants, written as a file ``serve --calibration`` and
+``evaluate --calibration`` read)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.markup import escape
+
+from autoplan.cli import files, output
+from autoplan.cli.app import Format, _yaml
+from autoplan.errors import InputError, Problem
+
+
+def tune_serving_command(job_file: Path, *, top_k: int, log: Path | None, workdir: Path | None,
+                         out_path: Path | None, checkpoint: str | None, health_timeout: float, timeout: float,
+                         fmt: Format, ctrl_c: Any, appended_runs: Any) -> None:
+    """``autoplan tune --serving JOB.yaml --runner local``: exit 0 a deployment measured, 1
+    none did (or none the local runner can run), 2 bad input."""
+    from autoplan.serving.evaluate import serving_document
+    from autoplan.serving.request import ServeOptions, build_serve_request, check_serve_options
+    from autoplan.serving.search import serve_search
+    from autoplan.tune.serving_tune import (
+        LocalServingRunner,
+        ServingTrial,
+        check_programs,
+        pick,
+        runs_of,
+        tune_serving,
+        workload_refusals,
+    )
+
+    given = ServeOptions()
+    job = check_serve_options(job_file, given)
+    weights = checkpoint if checkpoint is not None else os.environ.get("MODEL")
+    if not weights or not weights.strip():
+        raise InputError.single("--checkpoint", "", "missing: the weights the engine serves, a path or a "
+                                                    "HuggingFace id (or set MODEL, as the export's scripts "
+                                                    "read it)")
+    for target in (out_path, log):
+        if target is not None:
+            files.check_target(target)
+    files.check_apart([("--out", out_path), ("--runs", log)], [job_file])
+    if files.is_stdout(log):
+        raise InputError.single("--runs", "", "the runs log is a file to append to, not stdout")
+    if log is not None:
+        appended_runs(log, [], room=top_k)
+    if files.is_stdout(out_path):
+        output.data_to_stderr()
+    folder = workdir or Path("autoplan-tune")
+    if (folder.exists() or folder.is_symlink()) and not folder.is_dir():
+        raise InputError.single("--workdir", "", f"{folder}: not a folder (each trial's logs and results go "
+                                                 "in a folder of it)")
+    req = build_serve_request(job_file, job, given)
+    refused = [p for p in workload_refusals(req, str(job_file))]
+    if refused:
+        raise InputError(refused)
+    for note in req.notes:
+        output.err.print(f"autoplan: note: {note}", markup=False)
+    with output.working(fmt.value, f"simulating deployments on {req.cluster.gpus} GPUs ..."):
+        found = serve_search(req.model, req.cluster, req.engine, req.workload, req.slo, req.weights,
+                             req.kv_caches, speculative=req.speculative, engine_version=req.engine_version)
+    if not found.plans:
+        output.err.print(f"autoplan: {found.why_none(req.slo)}", markup=False)
+        raise typer.Exit(1)
+    ranked = [(r.plan, r.prediction) for r in found.plans]
+    chosen, skipped = pick(ranked, top_k)
+    if not chosen:
+        for rank, plan, why in skipped:
+            output.err.print(f"autoplan: searched deployment {rank} ({plan.deployment.label()}): {why}",
+                             markup=False)
+        output.err.print("autoplan: no deployment the local runner can run", markup=False)
+        raise typer.Exit(1)
+    check_programs([plan for _, plan, _ in chosen])  # the engine and its client are here, or exit 2
+    trial = ServingTrial(checkpoint=weights.strip(), health_timeout_s=health_timeout, timeout_s=timeout)
+    with ctrl_c as stopping, output.working(fmt.value, "tuning on local ...", lines=True) as told:
+        def done(t: Any) -> None:
+            o, m = t.outcome, t.outcome.measured
+            what = (f"TTFT {m.ttft_ms.mean:.4g} ms, TPOT {m.tpot_ms.mean:.4g} ms measured "
+                    f"({t.replica_prediction.ttft_ms.mean:.4g}, {t.replica_prediction.tpot_ms.mean:.4g} "
+                    "predicted)" if m is not None else f"{o.status}: {o.reason}")
+            line = f"trial done: {t.deployment.deployment.label()}: {what}"
+            if output.interactive(fmt.value):
+                output.err.print(f"autoplan: {line}", markup=False)
+            else:
+                told(line)
+
+        result = tune_serving(ranked, LocalServingRunner(), trial, top_k=top_k, workdir=folder,
+                              progress=told, stop=stopping.stopping, done=done)
+    if log is not None and result.trials:
+        files.write_text(log, appended_runs(log, runs_of(result, "local"), check=False))
+    best = result.best
+    if out_path is not None and best is not None:
+        t = result.trials[best]
+        doc = serving_document(t.deployment, t.prediction)
+        doc["measured"] = _measured_block(t)
+        files.write_text(out_path, _yaml(doc))
+    if fmt is Format.json:
+        output.emit_json({
+            "trials": [t.to_dict(serving_document(t.deployment, t.prediction)) for t in result.trials],
+            "best": best,
+            "skipped": [{"searched_rank": rank, "plan": serving_document(plan, None), "reason": why}
+                        for rank, plan, why in result.skipped],
+            "interrupted": result.interrupted,
+        })
+    else:
+        _print_tuning(result, req, len(found.plans))
+    if log is not None and result.trials and fmt is not Format.json:
+        output.err.print(f"appended {len(result.trials)} runs to {files.name(log)}")
+    if out_path is not None and best is not None and not files.is_stdout(out_path):
+        output.err.print(f"wrote the best measured deployment to {files.name(out_path)}")
+    if best is None:
+        raise typer.Exit(1)
+
+
+def _measured_block(t: Any) -> dict[str, Any]:
+    m = t.outcome.measured
+    assert m is not None
+    return {"client": t.client, "replicas_run": 1, "time": t.started, "ttft_ms": m.ttft_ms.to_dict(),
+            "tpot_ms": m.tpot_ms.to_dict(), "goodput_rps": t.measured_goodput_rps,
+            "output_tokens_per_s": t.measured_tokens_per_s}
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.4g}"
+
+
+def _print_tuning(result: Any, req: Any, searched: int) -> None:
+    from rich.table import Table
+
+    slo = req.slo
+    by = "goodput" if slo.any else "output tokens/s"
+    title = escape(f"{req.model.name} on {req.cluster.gpus} x {req.cluster.device.name}, {req.engine.value}: "
+                   f"measured on local (one replica each, at its share of the traffic), by measured {by}")
+    table = Table(title=title, title_justify="left")
+    for col in ("#", "deployment", "searched", "client", "TTFT ms pred", "TTFT ms meas", "TPOT ms pred",
+                "TPOT ms meas", "goodput r/s pred", "goodput r/s meas", "tok/s pred", "tok/s meas", "status"):
+        table.add_column(col, justify="left" if col in ("deployment", "client", "status") else "right")
+    for i, t in enumerate(result.trials, start=1):
+        o, m, p = t.outcome, t.outcome.measured, t.replica_prediction
+        table.add_row(str(i), escape(t.deployment.deployment.label()), str(t.searched_rank), t.client,
+                      _ms(p.ttft_ms.mean), _ms(None if m is None else m.ttft_ms.mean), _ms(p.tpot_ms.mean),
+                      _ms(None if m is None else m.tpot_ms.mean), f"{t.predicted_goodput_rps:.3g}",
+                      "-" if t.measured_goodput_rps is None else f"{t.measured_goodput_rps:.3g}",
+                      f"{t.predicted_tokens_per_s:,.0f}",
+                      "-" if t.measured_tokens_per_s is None else f"{t.measured_tokens_per_s:,.0f}",
+                      o.status if o.status == "ok" else escape(f"{o.status}: {o.reason}"))
+    output.out.print(table)
+    if result.best is not None:
+        b = result.trials[result.best]
+        output.out.print(escape(f"best measured: {b.deployment.deployment.label()} (searched rank "
+                                f"{b.searched_rank} of {searched}); the trials' logs and results are in "
+                                f"{b.folder.parent if b.folder is not None else '-'}"))
+    else:
+        output.out.print("no deployment measured")
+    for rank, plan, why in result.skipped:
+        output.err.print(f"note: skipped searched deployment {rank} ({plan.deployment.label()}): {why}",
+                         markup=False)
+    if result.interrupted:
+        output.err.print("note: interrupted: the trials above are what was measured", markup=False)
+    for t in result.trials:
+        for line in t.outcome.notes:
+            output.err.print(f"note: {t.deployment.deployment.label()}: {line}", markup=False)
+
+
+# --------------------------------------------------------------------------- runs import
+
+def is_serving_result(path: Path) -> bool:
+    """Whether ``path`` looks like a benchmark client's JSON result (its first
+    non-blank character opens a JSON object), not a training log."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] == b"{"
+
+
+def import_serving(results: list[Path], plan_path: Path | None, group: str) -> list[Any]:
+    """Serving runs of the clients' result files: each matched to the plan it ran, from the
+    ``autoplan-trial.json`` beside it (``tune --serving`` writes one) or ``--plan`` (the
+    serving plan the client drove, all its replicas behind a load balancer at the plan's
+    traffic: recorded as one replica at its share, its throughput the plan's over its
+    replicas). What cannot be matched is refused, naming the file and the field."""
+    import dataclasses
+
+    from autoplan.descriptors.strict import read_yaml
+    from autoplan.serving.evaluate import evaluate_serving
+    from autoplan.serving.planfile import is_serving, read_serving_plan
+    from autoplan.tune.serving_clients import measured_of, mismatches, read_result_file
+    from autoplan.tune.serving_runs import Predicted, ServingRun, load_of
+    from autoplan.tune.serving_tune import SIDECAR, read_sidecar, replica_plan
+
+    given = None
+    if plan_path is not None:
+        data = read_yaml(plan_path)
+        if not is_serving(data):
+            raise InputError.single(str(plan_path), "kind", "a training plan: a benchmark client's result "
+                                                            "needs the serving plan it ran (kind: serving)")
+        given = read_serving_plan(data, str(plan_path))
+        if given.deployment.disaggregated is not None:
+            raise InputError.single(str(plan_path), "deployment.disaggregated",
+                                    "runs import records aggregated deployments (tune --serving's)")
+    found = []
+    for path in results:
+        client, doc = read_result_file(path)
+        sidecar = path.parent / SIDECAR
+        if given is not None:
+            replica, _ = replica_plan(given)
+            replicas, label, predicted = given.deployment.replicas, given.deployment.label(), None
+            drove = load_of(given)
+        elif sidecar.is_file():
+            side = read_sidecar(sidecar)
+            if side.client != client.name:
+                raise InputError.single(str(path), "", f"written by {client.name}, but {sidecar} says its "
+                                                       f"trial ran {side.client}: give --plan, the serving "
+                                                       "plan it ran")
+            replica, replicas, label, predicted = side.plan, side.replicas, side.label, side.predicted
+            drove = load_of(replica)
+        else:
+            raise InputError.single(str(path), "", f"no {SIDECAR} beside it (tune --serving writes one): "
+                                                   "give --plan, the serving plan the client drove")
+        measured = measured_of(client, doc, str(path), drove)
+        wrong = mismatches(measured, drove)
+        if wrong:
+            against = f"--plan {plan_path}" if given is not None else str(sidecar)
+            raise InputError([Problem(str(path), field, f"{why} ({against})") for field, why in wrong])
+        if measured.completed < 1:
+            raise InputError.single(str(path), "completed", "no request completed: no measurement")
+        if given is not None and replicas > 1:  # the deployment's throughput: one replica's share
+            measured = dataclasses.replace(
+                measured, requests_per_s=measured.requests_per_s / replicas,
+                output_tokens_per_s=measured.output_tokens_per_s / replicas,
+                goodput_rps=None if measured.goodput_rps is None else measured.goodput_rps / replicas)
+        if predicted is None:
+            predicted = Predicted.of(evaluate_serving(replica))
+        when = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.timezone.utc).isoformat(
+            timespec="seconds")
+        run = ServingRun(plan=replica, replicas=replicas, label=label, client=client.name, measured=measured,
+                         predicted=predicted, source="import", runner=client.name, time=when, group=group)
+        if problems := run.problems(str(path)):
+            raise InputError(problems)
+        found.append(run)
+    return found
+
+
+def said(run: Any, path: Path) -> str:
+    m = run.measured
+    one = "its replica" if run.replicas == 1 else f"one of its {run.replicas} replicas"
+    return (f"{files.name(path)}: {run.client}: TTFT {m.ttft_ms.mean:.4g} ms, TPOT {m.tpot_ms.mean:.4g} ms "
+            f"over {m.completed} requests ({run.label}: {one})")
+
+
+# --------------------------------------------------------------------------- calibrate
+
+def calibrate_serving_command(runs_path: Path, serving: list[Any], engine: str | None,
+                              engine_version: str | None, out_path: Path | None, fmt: Format) -> None:
+    """``calibrate`` of the log's serving runs: one engine release line (module doc)."""
+    from autoplan.serving.engine import Engine
+    from autoplan.serving.versions import VersionError
+    from autoplan.tune.serving_calibrate import calibrate_serving, lines_of
+
+    lines = lines_of(serving)
+    if engine is not None:
+        try:
+            chosen = Engine(engine)
+        except ValueError:
+            raise InputError.single("--engine", "", f"expected one of {', '.join(e.value for e in Engine)}, "
+                                                    f"got {engine[:40]!r}") from None
+        lines = {k: v for k, v in lines.items() if k[0] is chosen}
+        if engine_version is not None:
+            try:
+                line = chosen.spec.at(engine_version).version
+            except VersionError as exc:
+                raise InputError.single("--engine-version", "", str(exc)) from None
+            lines = {k: v for k, v in lines.items() if k[1] == line}
+    elif engine_version is not None:
+        raise InputError.single("--engine-version", "", "a release of which engine? give --engine too")
+    if not lines:
+        what = f" of {engine}" + (f" {engine_version}" if engine_version else "") if engine else ""
+        raise InputError.single(str(runs_path), "", f"no measured serving run{what} (tune --serving and runs "
+                                                    "import of a benchmark client's result write them)")
+    if len(lines) > 1:
+        listed = ", ".join(f"{e.value} {line or '-'}: {len(v)} runs" for (e, line), v in sorted(
+            lines.items(), key=lambda kv: (kv[0][0].value, kv[0][1])))
+        raise InputError.single(str(runs_path), "", f"serving runs of several engine release lines "
+                                                    f"({listed}): name one with --engine (and "
+                                                    "--engine-version)")
+    (chosen_engine, line), _ = next(iter(lines.items()))
+    result = calibrate_serving(serving, chosen_engine, line, str(runs_path))
+    if out_path is not None:
+        files.write_text(out_path, calibration_file(result, runs_path))
+    _print_calibration(result, fmt)
+    if out_path is not None and not files.is_stdout(out_path):
+        output.err.print(f"wrote the calibrated constants to {files.name(out_path)} (serve and evaluate take "
+                         "it with --calibration)")
+
+
+def _pct(x: float) -> str:
+    """A percentage in a few digits (two decimals under 1%, a fit's error on synthetic runs)."""
+    if x != x:
+        return "-"
+    return f"{x:.2f}%" if x < 1 else f"{x:.1f}%" if x < 1e4 else f"{x:.3g}%"
+
+
+def calibration_file(result: Any, runs_path: Path) -> str:
+    from autoplan.text import one_line
+
+    label = f"{result.engine.value} release line {result.line}" if result.line else result.engine.value
+    lines = [
+        f"# Calibrated by `autoplan calibrate` on {one_line(str(runs_path))}: {result.runs} measured serving "
+        f"runs of {label} in {result.groups} groups.",
+        f"# Held out (each group predicted without it): TTFT error {_pct(result.mape(0, False))} before, "
+        f"{_pct(result.mape(0, True))} after; TPOT {_pct(result.mape(1, False))} before, "
+        f"{_pct(result.mape(1, True))} after.",
+        "# Fitted: " + ", ".join(f"{k} {result.constants[k]:.4g}" for k in result.fitted) + ".",
+    ]
+    lines += [f"# Not fitted, {k}: {one_line(v)}" for k, v in result.not_fitted.items()]
+    lines.append("# autoplan serve/evaluate --calibration THIS_FILE predicts that line with these constants.")
+    return "\n".join(lines) + "\n" + _yaml(result.calibration(one_line(str(runs_path))).to_dict())
+
+
+def _load_text(run: Any) -> str:
+    a, w = run.plan.workload.arrival, run.plan.workload
+    how = (f"{a.rate_rps:g} r/s" if a.rate_rps else f"c{a.concurrency}" if a.concurrency else "offline")
+    return f"{w.input_len.mean:g}/{w.output_len.mean:g} {how}"
+
+
+def _print_calibration(result: Any, fmt: Format) -> None:
+    from rich.table import Table
+
+    from autoplan.serving.calibration import CONSTANTS
+
+    held = result.held_out
+    if fmt is Format.json:
+        output.emit_json({
+            "engine": result.engine.value, "line": result.line, "base": result.base,
+            "constants": result.constants, "fitted": list(result.fitted), "not_fitted": result.not_fitted,
+            "runs": result.runs, "groups": result.groups,
+            "held_out": {"ttft_mape_before": result.mape(0, False), "ttft_mape_after": result.mape(0, True),
+                         "tpot_mape_before": result.mape(1, False), "tpot_mape_after": result.mape(1, True),
+                         "runs": [{"plan_id": h.run.plan_id, "deployment": h.run.label or
+                                   h.run.plan.deployment.label(), "measured_ms": list(h.measured),
+                                   "before_ms": list(h.before), "after_ms": list(h.after)} for h in held]},
+            "rms_log_error": {"before": result.rms_before, "after": result.rms_after},
+        })
+        return
+    label = f"{result.engine.value} release line {result.line}" if result.line else result.engine.value
+    table = Table(title=escape(f"{label} calibrated on {result.runs} serving runs ({result.groups} groups)"),
+                  title_justify="left")
+    for col in ("constant", "line's", "calibrated", "fitted"):
+        table.add_column(col, justify="left" if col in ("constant", "fitted") else "right")
+    notes: list[str] = []
+    for k in CONSTANTS:
+        if k in result.fitted:
+            mark = "yes"
+        else:
+            notes.append(f"({len(notes) + 1}) {k} kept: {result.not_fitted.get(k, '')}")
+            mark = f"no ({len(notes)})"
+        table.add_row(k, f"{result.base[k]:.4g}", f"{result.constants[k]:.4g}", mark)
+    output.out.print(table)
+    for line in notes:
+        output.out.print(escape(line))
+    runs = Table(title="held out: each group predicted by constants fitted without it (ms)",
+                 title_justify="left")
+    for col in ("deployment", "load", "TTFT meas", "TTFT line's", "TTFT calib", "TPOT meas", "TPOT line's",
+                "TPOT calib"):
+        runs.add_column(col, justify="left" if col in ("deployment", "load") else "right")
+    for h in held[:20]:
+        runs.add_row(escape(h.run.label or h.run.plan.deployment.label()), escape(_load_text(h.run)),
+                     _ms(h.measured[0]), _ms(h.before[0]), _ms(h.after[0]), _ms(h.measured[1]),
+                     _ms(h.before[1]), _ms(h.after[1]))
+    output.out.print(runs)
+    if len(held) > 20:
+        output.out.print(f"... and {len(held) - 20} more runs (--format json lists every run)")
+    output.out.print(f"held-out error (mean absolute percentage): TTFT {_pct(result.mape(0, False))} before, "
+                     f"{_pct(result.mape(0, True))} after; TPOT {_pct(result.mape(1, False))} before, "
+                     f"{_pct(result.mape(1, True))} after")

@@ -1,0 +1,10 @@
+"""A stand-in for `python -m sglang.bench_serving ...`: appends its JSON line to --output-file
+(standin_serving.py)."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import standin_serving  # noqa: E402
+
+if __name__ == "__main__":
+    standin_serving.sglang_bench(sys.argv[1:])
