@@ -72,9 +72,13 @@ def export(plan: ServingPlan, source: str) -> dict[str, str]:
         "prefill": (_pool(by_role["prefill"], "prefill", disagg) if disagg
                     else {"create": False, "replicas": 0}),
     }
-    # the autoscaling hook: a future autoscale block fills each pool's ``autoscaling`` here
-    assert not kube.autoscaling_manifests(plan)
-    return {FILE: kube.dump([values], _header(plan, name))}
+    head = _header(plan, name)
+    if plan.autoscale is not None:  # the chart's pools take autoscaling: {enabled} and no more
+        head.append(f"autoscale ({plan.autoscale.min_replicas} to {plan.autoscale.max_replicas} "
+                    f"replicas): {CHART}'s values take no autoscaler's settings; apply the "
+                    "HorizontalPodAutoscaler or KEDA ScaledObject `autoplan serve --traffic ... "
+                    "--autoscale-out DIR` writes to the decode pool's Deployment")
+    return {FILE: kube.dump([values], head)}
 
 
 def _header(plan: ServingPlan, name: str) -> list[str]:

@@ -190,3 +190,11 @@ def test_the_k8s_and_dynamo_exports_carry_an_autoscaled_plans_autoscaler() -> No
     fixed = dataclasses.replace(plan, autoscale=None)
     assert not [d for d in yaml.safe_load_all(deploy.export_deployment(fixed, "k8s", "p.yaml")["k8s.yaml"])
                 if d["kind"] == "HorizontalPodAutoscaler"]
+
+
+def test_the_llm_d_values_of_an_autoscaled_plan_say_where_its_autoscaler_goes() -> None:
+    from autoplan.export import deploy
+
+    text = deploy.export_deployment(_plan(), "llm-d", "p.yaml")["llm-d-values.yaml"]
+    assert "autoscale (1 to 3 replicas)" in text and "--autoscale-out" in text
+    assert yaml.safe_load(text)["decode"]["replicas"] == 3
