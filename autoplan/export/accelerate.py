@@ -41,8 +41,8 @@ import yaml
 
 from autoplan.export.launcher import LauncherSpec
 from autoplan.export.megatron import header
-from autoplan.export.shell import bash_array, comment, launch_tail
 from autoplan.plan import Plan
+from autoplan.shell import bash_array, comment, launch_tail
 from autoplan.vocab import Dtype, Recompute, ZeroStage
 
 CONFIG = "accelerate_config.yaml"

@@ -25,8 +25,8 @@ from typing import Any
 
 from autoplan.export.launcher import LauncherSpec, SlurmProgram
 from autoplan.export.megatron import header
-from autoplan.export.shell import comment, launch_tail
 from autoplan.plan import Plan
+from autoplan.shell import comment, launch_tail
 from autoplan.vocab import Dtype, Recompute
 
 CONFIG = "ds_config.json"

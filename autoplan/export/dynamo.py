@@ -40,6 +40,7 @@ from typing import Any
 import yaml
 
 from autoplan.export import kube
+from autoplan.export.engines import launch
 from autoplan.serving.deployment import ServingPlan
 from autoplan.serving.versions import dynamo_engine_version, parse_version
 
@@ -96,7 +97,7 @@ def _header(plan: ServingPlan, image: str) -> list[str]:
     lines += kube.setup_lines(plan, FILE)
     lines.append(f"then kubectl apply -f {FILE} (Dynamo's operator installed); the Frontend serves the "
                  f"OpenAI API on port {kube.PORT}.")
-    return lines + plan.engine.spec.notes(plan)
+    return lines + launch(plan.engine).notes(plan)
 
 
 def _worker(pool: ServingPlan, role: str, image: str) -> dict[str, Any]:
@@ -119,7 +120,7 @@ def _engine_args(pool: ServingPlan, role: str) -> list[str]:
     engine = pool.engine.value
     if engine == "trtllm":
         return _trtllm_args(pool, role)
-    out = kube.flat(pool.engine.spec.args(pool, kube.step_of(pool))) + kube.draft_args(pool)
+    out = kube.flat(launch(pool.engine).args(pool, kube.step_of(pool))) + kube.draft_args(pool)
     if engine == "sglang":
         out.append("--skip-tokenizer-init")
     if role and engine == "vllm":
@@ -133,7 +134,7 @@ def _engine_args(pool: ServingPlan, role: str) -> list[str]:
 
 def _trtllm_args(pool: ServingPlan, role: str) -> list[str]:
     """dynamo.trtllm's flags for what trtllm-serve's say, and the LLM API options as JSON."""
-    spec = pool.engine.spec
+    spec = launch(pool.engine)
     step = kube.step_of(pool)
     out: list[str] = []
     fraction = None

@@ -35,6 +35,7 @@ import shlex
 from typing import Any
 
 from autoplan.export import kube
+from autoplan.export.engines import launch, launch_of
 from autoplan.serving.deployment import Precision, ServingPlan
 
 FILE = "k8s.yaml"
@@ -50,10 +51,12 @@ WRITTEN = ("vllm", "sglang")
 
 
 def export(plan: ServingPlan, source: str) -> dict[str, str]:
-    spec, known = plan.engine.spec, plan.engine.value in WRITTEN
-    problems = kube.refusals(plan, "k8s", disaggregation=known and spec.disaggregation is not None,
-                             multi_node=known and spec.multi_node is not None)
-    if not spec.image_of(plan.engine_release):
+    spec = launch_of(plan.engine)  # None: kube.refusals refuses the engine
+    known = plan.engine.value in WRITTEN
+    problems = kube.refusals(
+        plan, "k8s", disaggregation=known and spec is not None and spec.disaggregation is not None,
+        multi_node=known and spec is not None and spec.multi_node is not None)
+    if spec is not None and not spec.image_of(plan.engine_release):
         problems.insert(0, ("engine", f"{plan.engine.value} names no container image (its engine file's "
                                       "image) for the pods to run"))
     kube.refuse(source, "k8s", problems)
@@ -86,7 +89,7 @@ def export(plan: ServingPlan, source: str) -> dict[str, str]:
 
 
 def _header(plan: ServingPlan, name: str) -> list[str]:
-    spec = plan.engine.spec
+    spec = launch(plan.engine)
     lines = [kube.release_line(plan),
              f"image {spec.image_of(plan.engine_release)} (the release the plan was predicted for)",
              *kube.setup_lines(plan, FILE),
@@ -115,7 +118,7 @@ def _leader(pool: ServingPlan) -> dict[str, str]:
 
 def _config(pool: ServingPlan, role: str) -> list[dict[str, Any]]:
     """A ConfigMap of the engine's side files (TensorRT-LLM's LLM API options), if any."""
-    files = pool.engine.spec.side_files(pool, kube.step_of(pool))
+    files = launch(pool.engine).side_files(pool, kube.step_of(pool))
     if not files:
         return []
     return [{"apiVersion": "v1", "kind": "ConfigMap",
@@ -129,7 +132,7 @@ def _config_name(pool: ServingPlan, role: str) -> str:
 
 def _container(pool: ServingPlan, role: str, node: str) -> dict[str, Any]:
     """The engine's container; ``node``: "" (an instance in one pod), "leader" or "worker"."""
-    spec = pool.engine.spec
+    spec = launch(pool.engine)
     step = kube.step_of(pool)
     command = [w.replace("$MODEL", "$(MODEL)") for w in shlex.split(spec.command)]
     args = ["--host", "0.0.0.0", "--port", str(kube.PORT), *kube.flat(spec.args(pool, step)),
@@ -190,7 +193,7 @@ def _multi_node_args(pool: ServingPlan, node: str) -> list[str]:
 
 def _pod(pool: ServingPlan, role: str, node: str) -> dict[str, Any]:
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
-    if pool.engine.spec.side_files(pool, kube.step_of(pool)):
+    if launch(pool.engine).side_files(pool, kube.step_of(pool)):
         volumes.append({"name": "config", "configMap": {"name": _config_name(pool, role)}})
     return {"containers": [_container(pool, role, node)], "volumes": volumes}
 
@@ -222,9 +225,9 @@ def _service(name: str, selector: dict[str, str]) -> dict[str, Any]:
 
 
 def _router(plan: ServingPlan, name: str, urls: dict[str, list[str]]) -> list[dict[str, Any]]:
-    """The engine's router as the launch scripts run it (its file's ``DISAGGREGATION``):
+    """The engine's router as the launch scripts run it (its launch file's ``DISAGGREGATION``):
     every prefill instance (with its bootstrap port, SGLang) and decode instance by address."""
-    dis = plan.engine.spec.disaggregation
+    dis = launch(plan.engine).disaggregation
     assert dis is not None  # refusals turn down an engine without one
     args = [*dis.router_flags, "--host", "0.0.0.0", "--port", str(kube.PORT)]
     for url in urls["prefill"]:
@@ -233,7 +236,7 @@ def _router(plan: ServingPlan, name: str, urls: dict[str, list[str]]) -> list[di
         args += ["--decode", url]
     router = f"{name}-router"
     labels = _labels(router, "router")
-    container = {"name": "router", "image": plan.engine.spec.image_of(plan.engine_release),
+    container = {"name": "router", "image": launch(plan.engine).image_of(plan.engine_release),
                  "command": shlex.split(dis.router), "args": args,
                  "ports": [{"name": "http", "containerPort": kube.PORT}]}
     return [{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": router, "labels": labels},

@@ -4,8 +4,8 @@ YAML they are written as, what none of them runs, and the autoscaling hook.
 
 Each target is a module of its own (:mod:`autoplan.export.dynamo`, :mod:`autoplan.export.llmd`,
 :mod:`autoplan.export.k8s`), a pure function from a plan to ``{filename: text}``;
-:func:`export_deployment` picks one by name. The engine's flags are its file's ``args``
-(``autoplan/serving/engines/``), the same the launch scripts write
+:func:`export_deployment` picks one by name. The engine's flags are its launch file's ``args``
+(``autoplan/export/engines/``), the same the launch scripts write
 (:mod:`autoplan.export.serving`), so a deployment runs the batch limits, memory budget and
 widths the prediction used.
 
@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from autoplan.errors import InputError, Problem
-from autoplan.export.shell import comment
+from autoplan.export.engines import launch_of, no_launch
 from autoplan.serving.deployment import ServingPlan, SpecMethod
+from autoplan.shell import comment
 
 if TYPE_CHECKING:
     from autoplan.serving.cost import StepModel
@@ -97,7 +98,7 @@ def draft_args(plan: ServingPlan) -> list[str]:
     if spec is None or spec.method not in (SpecMethod.DRAFT, SpecMethod.EAGLE):
         return []
     if plan.engine.value == "vllm":
-        from autoplan.serving.engines.vllm import SPEC_METHOD
+        from autoplan.export.engines.vllm import SPEC_METHOD
 
         config = {"method": SPEC_METHOD[spec.method], "model": "$(DRAFT_MODEL)",
                   "num_speculative_tokens": spec.tokens}
@@ -137,8 +138,10 @@ def refusals(plan: ServingPlan, target: str, *, disaggregation: bool,
     """(field, why) for what the target cannot run: the engine's own refusals per pool, an
     instance across nodes that does not fill them, a multi-node instance or a disaggregated
     plan where the target has no launch for it (``disaggregation``, ``multi_node``)."""
+    spec = launch_of(plan.engine)
+    if spec is None:
+        return [("engine", no_launch(plan.engine))]
     out: list[tuple[str, str]] = []
-    spec = plan.engine.spec
     disagg = plan.deployment.disaggregated is not None
     if draft_env(plan) and plan.engine.value not in DRAFT_ENGINES:
         out.append(("deployment.speculative", f"a draft checkpoint's flag for {plan.engine.value} is not "
@@ -149,7 +152,7 @@ def refusals(plan: ServingPlan, target: str, *, disaggregation: bool,
     for role, pool in pools(plan):
         at = f"deployment.disaggregated.{role}" if role else "deployment"
         out += [((at + field.removeprefix("deployment")) if role else field, why)
-                for field, why in spec.refusals(pool)]
+                for field, why in spec.problems(pool)]
         d, node = pool.deployment, pool.cluster.gpus_per_node
         if d.gpus_per_replica > node:
             if d.gpus_per_replica % node:

@@ -40,6 +40,7 @@ import shlex
 from typing import Any
 
 from autoplan.export import kube
+from autoplan.export.engines import launch
 from autoplan.serving.deployment import ServingPlan
 from autoplan.units import GiB
 
@@ -84,7 +85,7 @@ def export(plan: ServingPlan, source: str) -> dict[str, str]:
 def _header(plan: ServingPlan, name: str) -> list[str]:
     return [kube.release_line(plan),
             f"Values of llm-d's model service chart ({CHART}), vLLM image "
-            f"{plan.engine.spec.image_of(plan.engine_release)} (the release the plan was predicted for; "
+            f"{launch(plan.engine).image_of(plan.engine_release)} (the release the plan was predicted for; "
             "llm-d's own ghcr.io/llm-d/llm-d-cuda carries its vLLM build)",
             f"helm install {name} llm-d-modelservice/llm-d-modelservice -f {FILE} "
             "--set modelArtifacts.name=<HuggingFace id of the checkpoint>",
@@ -95,7 +96,7 @@ def _header(plan: ServingPlan, name: str) -> list[str]:
             f"target port {kube.PORT}"
             + (" (its prefill/decode profile sends each prompt to a prefill pod)"
                if plan.deployment.disaggregated is not None else "") + ".",
-            *plan.engine.spec.notes(plan)]
+            *launch(plan.engine).notes(plan)]
 
 
 def _cache_size(plan: ServingPlan) -> str:
@@ -119,7 +120,7 @@ def _pool(pool: ServingPlan, role: str, disagg: bool) -> dict[str, Any]:
     d = pool.deployment
     nodes = kube.nodes_of(pool)
     port = _port(role, disagg)
-    args = [a for a in pool.engine.spec.args(pool, kube.step_of(pool))
+    args = [a for a in launch(pool.engine).args(pool, kube.step_of(pool))
             if not (nodes == 1 and a[0] in CHART_FLAGS)]
     flags = kube.flat(args) + kube.draft_args(pool)
     env: list[dict[str, Any]] = [
@@ -136,7 +137,7 @@ def _pool(pool: ServingPlan, role: str, disagg: bool) -> dict[str, Any]:
         ports.append({"containerPort": 5600, "protocol": "TCP"})
     gpus = str(kube.gpus_per_pod(pool))
     container: dict[str, Any] = {
-        "name": "vllm", "image": pool.engine.spec.image_of(pool.engine_release),
+        "name": "vllm", "image": launch(pool.engine).image_of(pool.engine_release),
         "env": env, "ports": ports, "mountModelVolume": True,
         "resources": {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}

@@ -93,8 +93,8 @@ from autoplan.export.launcher import (
     TuneLaunch,
 )
 from autoplan.export.nodes import launch, pool_lines
-from autoplan.export.shell import Arg, bash_array, comment, continued, quote, slug
 from autoplan.plan import Plan
+from autoplan.shell import Arg, bash_array, comment, continued, quote, slug
 from autoplan.vocab import (
     Activation,
     CpComm,

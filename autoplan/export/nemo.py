@@ -51,8 +51,8 @@ from autoplan.export.megatron import (
 )
 from autoplan.export.megatron import master_problems as megatron_master_problems
 from autoplan.export.megatron import model_problems as megatron_model_problems
-from autoplan.export.shell import comment
 from autoplan.plan import Plan
+from autoplan.shell import comment
 from autoplan.vocab import (
     CpComm,
     Dtype,

@@ -55,7 +55,7 @@ def problems(plan: Plan) -> list[tuple[str, str]]:
 
 def pool_lines(where: Launch) -> list[str]:
     """Comment lines naming which node ranks must be which pool's (none on one pool)."""
-    from autoplan.export.shell import comment
+    from autoplan.shell import comment
 
     if not where.pools:
         return []

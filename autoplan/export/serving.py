@@ -6,11 +6,12 @@ front spreads requests over them, as the simulation assumed. A replica larger th
 takes whole nodes, and the script runs on each (``NODE=0 ..``, ``MASTER_ADDR`` the address
 of the replica's first node, which serves the API; vLLM and SGLang only). ``MODEL`` is the checkpoint
 (a path or a HuggingFace id) and must be set: a descriptor does not say where weights live.
-Every value passes through :func:`autoplan.export.shell.quote`.
+Every value passes through :func:`autoplan.shell.quote`.
 
-Each engine's file (``autoplan/serving/engines/``) gives its command, its flags from the
-engine's own argument definitions and what it cannot run; this module writes the script
-around them:
+Each engine's launch file (``autoplan/export/engines/``, its
+:class:`~autoplan.export.engines.launch.LaunchSpec`) gives its command, its flags from the
+engine's own argument definitions and what its launch cannot express; this module writes the
+script around them:
 
 - vLLM (``vllm serve``, vllm/engine/arg_utils.py): ``--tensor-parallel-size``,
   ``--pipeline-parallel-size``, ``--data-parallel-size`` with ``--enable-expert-parallel``
@@ -51,21 +52,26 @@ import dataclasses
 from collections.abc import Sequence
 
 from autoplan.errors import InputError, Problem
-from autoplan.export.shell import Arg, bash_array, comment, slug
+from autoplan.export.engines import LaunchSpec, launch, launch_of, no_launch
 from autoplan.serving.cost import StepModel
 from autoplan.serving.deployment import Precision, ServingPlan
 from autoplan.serving.engine import Engine
+from autoplan.shell import Arg, bash_array, comment, slug
 
 BASE_PORT = 8000
 
 
 def refusals(plan: ServingPlan, target: Engine) -> list[tuple[str, str]]:
     """(field, why) for what the target cannot run as the plan says: what no engine's
-    launch here expresses, then the target engine's own (its spec's ``refusals``)."""
+    launch here expresses, then the target engine's own (its launch's ``problems``); an
+    engine without a launch file, that alone."""
     d, c = plan.deployment, plan.cluster
+    spec = launch_of(target)
+    if spec is None:
+        return [("engine", no_launch(target))]
     out: list[tuple[str, str]] = []
     if d.disaggregated is not None:
-        if target.spec.disaggregation is None:
+        if spec.disaggregation is None:
             out.append(("deployment.disaggregated", f"{target.value}'s prefill/decode disaggregated "
                                                     "launch is not written by autoplan (vllm and sglang "
                                                     "are)"))
@@ -77,14 +83,14 @@ def refusals(plan: ServingPlan, target: Engine) -> list[tuple[str, str]]:
     if d.disaggregated is not None:  # each pool's workers as the engine launches them
         for role, pool, _, _ in _pools(plan):
             out += [(f"deployment.disaggregated.{role}" + field.removeprefix("deployment"), why)
-                    for field, why in target.spec.refusals(pool)]
+                    for field, why in spec.problems(pool)]
         return out
-    if (d.gpus_per_replica > c.gpus_per_node and target.spec.multi_node is not None
+    if (d.gpus_per_replica > c.gpus_per_node and spec.multi_node is not None
             and d.gpus_per_replica % c.gpus_per_node):
         out.append(("deployment", f"a replica of {d.gpus_per_replica} GPUs spans nodes of "
                                   f"{c.gpus_per_node} without filling them: a multi-node replica "
                                   "takes whole nodes"))
-    return out + target.spec.refusals(plan)
+    return out + spec.problems(plan)
 
 
 def export_serving(plan: ServingPlan, target: Engine, source: str) -> dict[str, str]:
@@ -94,10 +100,10 @@ def export_serving(plan: ServingPlan, target: Engine, source: str) -> dict[str, 
         raise InputError([Problem(source, field, f"--to {target.value}: {why}") for field, why in problems])
     if plan.deployment.disaggregated is not None:
         return _disaggregated(plan, target)
-    spec = target.spec
+    spec = launch(target)
     step = StepModel(plan.model, plan.cluster, plan.deployment, plan.engine, plan.engine_version)
     side = spec.side_files(plan, step)
-    return {spec.script: _script(plan, spec.command, spec.args(plan, step), side), **side}
+    return {spec.script: _script(plan, spec, spec.args(plan, step), side), **side}
 
 
 ROLES = ("prefill", "decode")
@@ -154,7 +160,7 @@ def _disaggregated(plan: ServingPlan, target: Engine) -> dict[str, str]:
     """A prefill/decode disaggregated deployment: a launch script per pool (run once per
     instance, ``REPLICA=0 ..``, on the node that holds its GPUs) with the engine's flags
     for its role, and the router's script, which lists every instance."""
-    spec = target.spec
+    spec = launch(target)
     dis = spec.disaggregation
     assert dis is not None
     files: dict[str, str] = {}
@@ -162,7 +168,7 @@ def _disaggregated(plan: ServingPlan, target: Engine) -> dict[str, str]:
         step = StepModel(pool.model, pool.cluster, pool.deployment, pool.engine, pool.engine_version)
         side = {f"{role}-{name}": text for name, text in spec.side_files(pool, step).items()}
         files[f"serve-{target.value}-{role}.sh"] = _script(
-            pool, spec.command, spec.args(pool, step), side, role=role, first_gpu=first, first_port=port,
+            pool, spec, spec.args(pool, step), side, role=role, first_gpu=first, first_port=port,
             role_lines=dis.role_lines(pool, role),
             of=f"pool {pool.cluster.name}'s" if plan.pools is not None else "the deployment's")
         files.update(side)
@@ -173,7 +179,7 @@ def _disaggregated(plan: ServingPlan, target: Engine) -> dict[str, str]:
 def _router(plan: ServingPlan, target: Engine) -> str:
     """The router's script: every prefill and decode instance by its node's address
     (NODE_ADDRS, the deployment's nodes in order; one node: 127.0.0.1) and port."""
-    dis = target.spec.disaggregation
+    dis = launch(target).disaggregation
     assert dis is not None
     d = plan.deployment
     starts = _first_nodes(plan)
@@ -209,8 +215,8 @@ def _router(plan: ServingPlan, target: Engine) -> str:
 
 def release_lines(plan: ServingPlan) -> list[str]:
     """The comment naming the engine release the plan was predicted with: its container
-    image and pip pin (each engine's file names them)."""
-    spec, release = plan.engine.spec, plan.engine_release
+    image and pip pin (each engine's launch file names them)."""
+    spec, release = launch(plan.engine), plan.engine_release
     image, pip = spec.image_of(release), spec.pip_of(release)
     if not image and not pip:
         return []
@@ -223,7 +229,7 @@ def nodes_per_replica(plan: ServingPlan) -> int:
     return plan.nodes_per_replica
 
 
-def _script(plan: ServingPlan, command: str, args: list[Arg], side_files: dict[str, str], *,
+def _script(plan: ServingPlan, spec: LaunchSpec, args: list[Arg], side_files: dict[str, str], *,
             role: str = "", first_gpu: int = 0, first_port: int = BASE_PORT,
             role_lines: Sequence[str] = (), of: str = "the deployment's") -> str:
     """The launch script of one deployment, or of one pool (``role``) of a disaggregated
@@ -274,9 +280,8 @@ def _script(plan: ServingPlan, command: str, args: list[Arg], side_files: dict[s
     if d.weights in (Precision.INT8, Precision.INT4, Precision.FP4):
         lines.append(comment(f"{d.weights.value} weights: MODEL must be a checkpoint quantized to "
                              f"{d.weights.value} (the engine reads its format from the checkpoint)"))
-    lines += [comment(note) for note in plan.engine.spec.notes(plan)]
+    lines += [comment(note) for note in spec.notes(plan)]
     lines.append(bash_array("ARGS", args))
-    spec = plan.engine.spec
     lines += spec.launch_lines(plan)
     lines += role_lines
     if nodes > 1:
@@ -285,5 +290,5 @@ def _script(plan: ServingPlan, command: str, args: list[Arg], side_files: dict[s
     extra = ""
     for name in side_files:  # each side file on the command line, beside the script
         extra = f' {spec.side_flag} "$(dirname "$0")/{name}"'
-    lines.append(f'exec {command} --host 0.0.0.0 --port "$PORT" "${{ARGS[@]}}"{extra}')
+    lines.append(f'exec {spec.command} --host 0.0.0.0 --port "$PORT" "${{ARGS[@]}}"{extra}')
     return "\n".join(lines) + "\n"

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from autoplan.export.launcher import LauncherSpec
 from autoplan.export.megatron import header
-from autoplan.export.shell import continued, quote, slug
 from autoplan.plan import Plan
+from autoplan.shell import continued, quote, slug
 
 FILENAME = "job.sbatch"
 

@@ -39,9 +39,9 @@ from autoplan.descriptors.model import Model
 from autoplan.export import nodes
 from autoplan.export.launcher import PLACEMENT, LauncherSpec, SlurmProgram, TuneLaunch
 from autoplan.export.nodes import launch, pool_lines
-from autoplan.export.shell import comment
 from autoplan.plan import Plan
 from autoplan.schedules import Schedule, orders
+from autoplan.shell import comment
 from autoplan.vocab import Dtype, Recompute, TpOverlap, ZeroStage
 
 FILENAME = "torchtitan.toml"

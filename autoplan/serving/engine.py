@@ -1,13 +1,15 @@
 """The serving engines autoplan knows, by name, as Vidur registers its schedulers.
 
 One file per engine (``serving/engines/vllm.py``, ``sglang.py``, ``trtllm.py``) registers
-an :class:`EngineSpec`: its batching limits and memory budget by default (what the
-simulation admits against), its host time per iteration, and how a plan is launched on it
-(the command, its flags from the engine's own argument definitions, what it cannot run).
-The simulation, the search, the plan files, the command line and the exports read the
-spec, never an engine's name, so adding an engine is one file
-(``tests/unit/test_engine_registry.py`` adds one). ``autoplan/serving/__init__.py``
-registers the built-in ones.
+an :class:`EngineSpec`: what costs a deployment on it: its batching limits and memory budget
+by default (what the simulation admits against), its host time per iteration, how it caches
+a model whose layers differ, the models it cannot run. How a plan is launched on it (the
+command, its flags from the engine's own argument definitions, what a launch cannot express)
+is the exports' and sits beside them: the engine's file in ``autoplan/export/engines/``
+registers its :class:`autoplan.export.engines.launch.LaunchSpec`. The simulation, the
+search, the plan files and the command line read the spec, never an engine's name, so
+adding an engine is its cost file and its launch file (``tests/unit/test_engine_registry.py``
+adds one). ``autoplan/serving/__init__.py`` registers the built-in ones.
 
 Engines by version. What an engine does changes between releases (vLLM's async scheduling
 on by default from 0.14, TensorRT-LLM's overlap scheduler and CUDA graphs with its PyTorch
@@ -31,20 +33,13 @@ import enum
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from autoplan.descriptors.hardware import Device
 from autoplan.descriptors.model import LINEAR_MIXERS, MAMBA, SLIDING, Model
 from autoplan.registry import Named
+from autoplan.serving.instances import Deployment
 from autoplan.serving.versions import Version, VersionError, parse_version
-
-# What the spec's functions take: a ``serving.deployment.ServingPlan`` and its
-# ``serving.cost.StepModel``, which sit above this module (they name the engine), so they
-# are typed here by role; each engine's file types them fully.
-ServingPlan = Any
-StepModel = Any
-Deployment = Any  # serving.deployment.Deployment
-Arg = tuple[str, ...]  # ``export.shell.Arg``: a flag and its values
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,39 +63,6 @@ class EngineDefaults:
     # SGLang ran where its default of about 0.86 leaves none). 0.95 keeps 5% back for
     # fragmentation and CUDA graphs: a modelling choice, not an engine's number
     raised_fraction: float = 0.95
-
-
-def _none(plan: ServingPlan) -> list[tuple[str, str]]:
-    return []
-
-
-def _no_lines(plan: ServingPlan) -> list[str]:
-    return []
-
-
-@dataclass(frozen=True, slots=True)
-class Disaggregation:
-    """How an engine launches a prefill/decode disaggregated deployment: each pool's
-    instances with the engine's own flags for their role, and a router in front that
-    sends each request to a prefill instance and then a decode instance."""
-
-    # shell lines after a role's ARGS (role "prefill" or "decode"; they may read REPLICA and
-    # PORT): the KV connector, the role, per-instance ports
-    role_lines: Callable[[ServingPlan, str], list[str]]
-    router: str  # the router's command (shell text), before its flags
-    router_flags: tuple[str, ...]  # the flags that turn on its prefill/decode mode
-    # the prefill instances' bootstrap ports, as the router's --prefill URL PORT pairs take
-    # them (replica -> port); None: the router takes URLs alone
-    bootstrap_port: Callable[[int], int] | None = None
-    parser: str = ""  # where the router's own argument parser lives (the export tests run it)
-
-
-def _no_files(plan: ServingPlan, step: StepModel) -> dict[str, str]:
-    return {}
-
-
-def _no_notes(plan: ServingPlan) -> list[str]:
-    return []
 
 
 def _overlap_always(deployment: Deployment) -> str | None:
@@ -279,19 +241,6 @@ class EngineSpec:
     attr: str  # its Python name (``Engine.VLLM``)
     doc: str
     defaults: Callable[[Device], EngineDefaults]  # its server's defaults on a device
-    command: str  # the launch command, the checkpoint as "$MODEL" (shell text)
-    args: Callable[[ServingPlan, StepModel], list[Arg]]  # its flags for the plan
-    refusals: Callable[[ServingPlan], list[tuple[str, str]]] = _none  # (field, why) it cannot run
-    # a multi-node replica's launch lines (reading NODE, MASTER_ADDR, DIST_PORT), given the
-    # nodes per replica; None: it has none autoplan writes (refused)
-    multi_node: Callable[[ServingPlan, int], list[str]] | None = None
-    side_files: Callable[[ServingPlan, StepModel], dict[str, str]] = _no_files  # beside the script
-    side_flag: str = ""  # the flag naming a side file on the command line
-    notes: Callable[[ServingPlan], list[str]] = _no_notes  # comments for the script's reader
-    parser: str = ""  # where the engine's own argument parser lives (the export tests run it)
-    # shell lines after ARGS (reading the environment: a draft checkpoint's path)
-    launch_lines: Callable[[ServingPlan], list[str]] = _no_lines
-    disaggregation: Disaggregation | None = None  # None: disaggregated launches refused
     # an engine without a version table: its constants (:class:`Fitted`'s), one line of
     # its own; with one, its default line's (set from the table: the lines read ``fitted``)
     host_step_s: float = 0.0
@@ -308,10 +257,6 @@ class EngineSpec:
     model_refusals: Callable[[str, Model], list[tuple[str, str]]] = _runs_every_model
     versions: tuple[EngineVersion, ...] = ()  # its release lines, oldest first (module doc)
     fitted: Mapping[str, Fitted] = field(default_factory=dict, compare=False)  # line -> constants
-    # the container image of a release ("{version}" the release, without a leading v) and
-    # how pip installs it, for the launch scripts' comment
-    image: str = ""
-    pip: str = ""
     _lines: tuple[EngineVersion, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -320,10 +265,6 @@ class EngineSpec:
             line = self.default_line
             for name in ("host_step_s", "host_seq_s", "kernel_scale"):
                 object.__setattr__(self, name, getattr(line, name))
-
-    @property
-    def script(self) -> str:
-        return f"serve-{self.name}.sh"
 
     @property
     def lines(self) -> tuple[EngineVersion, ...]:
@@ -371,16 +312,6 @@ class EngineSpec:
                                        host_seq_s=constants.host_seq_s, kernel_scale=constants.kernel_scale)
         assert any(v.version == line for v in self.versions), line
         return dataclasses.replace(self, fitted={**self.fitted, line: constants})
-
-    def image_of(self, release: str) -> str:
-        """The container image of ``release`` (empty where the engine names none)."""
-        return self.image.format(version=release.removeprefix("v")) if self.image else ""
-
-    def pip_of(self, release: str) -> str:
-        """How pip installs ``release`` (empty for a nightly build or where none is named)."""
-        if not self.pip or parse_version(release).nightly:
-            return ""
-        return self.pip.format(version=release.removeprefix("v"))
 
 
 def _resolve_lines(spec: EngineSpec) -> tuple[EngineVersion, ...]:

@@ -215,6 +215,7 @@ def replica_plan(plan: ServingPlan) -> tuple[ServingPlan, list[str]]:
 
 def refusal(plan: ServingPlan) -> str | None:
     """Why the local runner cannot run ``plan`` on this node (None: it can)."""
+    from autoplan.export.engines import launch_of
     from autoplan.export.serving import refusals
 
     d = plan.deployment
@@ -226,7 +227,8 @@ def refusal(plan: ServingPlan) -> str | None:
                 "the local runner runs one node")
     if client_for(plan.engine.value) is None:
         return f"autoplan runs no benchmark client for {plan.engine.value}"
-    if plan.engine.spec.launch_lines(plan):
+    spec = launch_of(plan.engine)
+    if spec is not None and spec.launch_lines(plan):
         return "its launch needs a draft checkpoint (DRAFT_MODEL): export it and run its script"
     found = refusals(plan, plan.engine)
     if found:
@@ -263,9 +265,10 @@ def engine_command(plan: ServingPlan, checkpoint: str, port: int, folder: Path
     """The engine's server command for ``plan`` (its export's command and flags:
     autoplan/export/serving.py ``_script``, with this node's port), every path absolute,
     and the side files it reads (name -> text, written into ``folder``)."""
+    from autoplan.export.engines import launch
     from autoplan.serving.cost import StepModel
 
-    spec = plan.engine.spec
+    spec = launch(plan.engine)
     step = StepModel(plan.model, plan.cluster, plan.deployment, plan.engine, plan.engine_version)
     words = [checkpoint if w == "$MODEL" else w for w in shlex.split(spec.command)]
     flags = [part for arg in spec.args(plan, step) for part in arg]
@@ -306,6 +309,8 @@ def missing_program(argv: Sequence[str], env: dict[str, str] | None = None) -> s
 def check_programs(plans: Sequence[ServingPlan]) -> None:
     """Before any trial: each engine's server and benchmark client can start here (an
     InputError naming --runner, exit 2, otherwise)."""
+    from autoplan.export.engines import launch
+
     problems: list[Problem] = []
     seen: set[str] = set()
     for plan in plans:
@@ -314,8 +319,9 @@ def check_programs(plans: Sequence[ServingPlan]) -> None:
         seen.add(plan.engine.value)
         client = client_for(plan.engine.value)
         assert client is not None  # refusal() took the others out
-        server = [w for w in shlex.split(plan.engine.spec.command) if w != "$MODEL"]
-        how = plan.engine.spec.pip_of(plan.engine_release)
+        spec = launch(plan.engine)
+        server = [w for w in shlex.split(spec.command) if w != "$MODEL"]
+        how = spec.pip_of(plan.engine_release)
         for argv, what in ((server, "server"), (list(client.program), "benchmark client")):
             why = missing_program(argv)
             if why:

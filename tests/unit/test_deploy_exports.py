@@ -402,18 +402,20 @@ def test_an_eagle_plan_names_its_head_from_the_configmap(target: str) -> None:
 
 
 def test_a_registered_engine_of_its_own_exports_where_its_file_says_enough(tmp_path: Path) -> None:
-    """An engine registered from one file (tests/unit/test_engine_registry.py's toy) runs on
-    plain Kubernetes with its image and flags; Dynamo and llm-d, which run named engines,
-    refuse it naming the field, as k8s does the disaggregated launch it has no flags for."""
-    import dataclasses
-
+    """An engine registered in one file (tests/unit/test_engine_registry.py's toy: its cost
+    spec and its launch spec) runs on plain Kubernetes with its image and flags; Dynamo and
+    llm-d, which run named engines, refuse it naming the field, as k8s does the disaggregated
+    launch it has no flags for."""
     from autoplan import caches
     from autoplan.errors import InputError
     from autoplan.export.deploy import export_deployment
+    from autoplan.export.engines import LaunchSpec, register_launch, unregister_launch
     from autoplan.serving.engine import register, unregister
-    from tests.unit.test_engine_registry import TOY
+    from tests.unit.test_engine_registry import TOY, args
 
-    engine = register(dataclasses.replace(TOY, image="example.org/toyserve:{version}"))
+    engine = register(TOY)
+    register_launch(LaunchSpec(engine=engine, command='toyserve "$MODEL"', args=args,
+                               image="example.org/toyserve:{version}"))
     try:
         docs = [d for d in yaml.safe_load_all(export_deployment(_plan("aggregated", "toyserve"), "k8s",
                                                                 "p.yaml")["k8s.yaml"]) if d]
@@ -427,4 +429,5 @@ def test_a_registered_engine_of_its_own_exports_where_its_file_says_enough(tmp_p
                 export_deployment(_plan(shape, "toyserve"), target, "p.yaml")
     finally:
         caches.clear()
+        unregister_launch(engine)
         unregister(engine)

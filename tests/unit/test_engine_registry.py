@@ -1,10 +1,11 @@
-"""The serving-engine registry (``autoplan/serving/engine.py``): an engine is one file.
+"""The serving-engine registry (``autoplan/serving/engine.py``): an engine is its cost spec and
+its launch spec (``autoplan/export/engines/launch.py``), one file each in the tree.
 
-This file is that file for a toy engine ("toyserve": a small batch limit, a slow host
-step, a launch command of its own). Registered here and nowhere else, it is taken by
+This file holds both for a toy engine ("toyserve": a small batch limit, a slow host step,
+a launch command of its own). Registered here and nowhere else, it is taken by
 ``autoplan serve --engine``, simulated with its limits and host time, written to and read
 from a serving plan file, and exported as a launch script of its own: nothing else in
-the tree names it.
+the tree names it. Registered without a launch, it is served and refused by the exports.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import pytest
 from autoplan import caches
 from autoplan.descriptors.hardware import Device
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
-from autoplan.export.shell import Arg
+from autoplan.export.engines import LaunchSpec, register_launch, unregister_launch
 from autoplan.serving.cost import StepModel
 from autoplan.serving.deployment import Deployment, ServingPlan
 from autoplan.serving.engine import Engine, EngineDefaults, EngineSpec, register, unregister
+from autoplan.shell import Arg
 from tests.helpers import autoplan, engine_constants
 
 
@@ -34,7 +36,7 @@ def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
 
 
 TOY = EngineSpec(name="toyserve", attr="TOYSERVE", doc="A toy engine.", defaults=defaults,
-                 host_step_s=5e-3, command='toyserve "$MODEL"', args=args)
+                 host_step_s=5e-3)
 
 SERVE = ("serve", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
          "--input-len", "512", "--output-len", "64", "--rate", "4", "--requests", "100")
@@ -42,6 +44,19 @@ SERVE = ("serve", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8"
 
 @pytest.fixture
 def toy() -> Iterator[Engine]:
+    engine = register(TOY)
+    register_launch(LaunchSpec(engine=engine, command='toyserve "$MODEL"', args=args))
+    try:
+        yield engine
+    finally:
+        caches.clear()
+        unregister_launch(engine)
+        unregister(engine)
+
+
+@pytest.fixture
+def unlaunched() -> Iterator[Engine]:
+    """The toy engine with no launch registered: its cost side alone."""
     engine = register(TOY)
     try:
         yield engine
@@ -95,6 +110,23 @@ def test_export_writes_its_own_launch_script(toy, tmp_path):
     assert "--max-seqs" in script
     refused = autoplan("export", out, "--to", "vllm", "-o", tmp_path / "other")
     assert refused.returncode == 2 and "predicted for toyserve" in refused.stderr
+
+
+def test_a_launch_registered_twice_is_refused(toy):
+    with pytest.raises(ValueError, match="registered already"):
+        register_launch(LaunchSpec(engine=toy, command="other", args=args))
+
+
+def test_an_engine_without_a_launch_is_served_and_every_export_refuses_it(unlaunched, tmp_path):
+    out = tmp_path / "toy.yaml"
+    served = autoplan(*SERVE, "--engine", "toyserve", "--out", out)
+    assert served.returncode == 0, served.stderr
+    for target in ("toyserve", "k8s", "dynamo", "llm-d"):
+        refused = autoplan("export", out, "--to", target, "-o", tmp_path / target)
+        assert refused.returncode == 2, (target, refused.stdout)
+        assert "autoplan writes no launch of toyserve" in refused.stderr, (target, refused.stderr)
+        assert "Traceback" not in refused.stderr
+        assert not (tmp_path / target).exists()
 
 
 def test_an_engines_host_and_kernel_constants_enter_an_iteration_as_stated():

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from autoplan import caches
 from autoplan.descriptors.hardware import Device
 from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gpus
+from autoplan.export.engines import launch
 from autoplan.export.serving import export_serving
 from autoplan.serving.cost import StepModel, iteration_seconds
 from autoplan.serving.deployment import Deployment
@@ -241,8 +242,6 @@ def _defaults(device: Device) -> EngineDefaults:
 
 VERSIONED = EngineSpec(
     name="toyver", attr="TOYVER", doc="A toy engine with release lines.", defaults=_defaults,
-    command='toyver "$MODEL"', args=lambda plan, step: [("--tp", str(plan.deployment.tp))],
-    image="toy/toyver:{version}",
     versions=(EngineVersion(version="1.0", host_hidden=0.0, cuda_graphs=False, source="test"),
               EngineVersion(version="2.0", host_hidden=1.0, cuda_graphs=True, graph_max_batch=32,
                             source="test")),
@@ -372,7 +371,7 @@ def _plan(engine: Engine, version: str | None, **dep):
     (Engine.VLLM, None, "vllm 0.33.0 (the release the plan was predicted for)"),
 ])
 def test_the_launch_script_pins_the_release_the_plan_was_predicted_for(engine, version, pin) -> None:
-    script = export_serving(_plan(engine, version), engine, "p.yaml")[engine.spec.script]
+    script = export_serving(_plan(engine, version), engine, "p.yaml")[launch(engine).script]
     assert pin in script.splitlines()[2]
 
 

@@ -1130,7 +1130,7 @@ def test_megatron_refuses_biased_experts_split_by_expert_tensor_parallelism() ->
 def test_a_comment_line_holds_no_line_break_of_any_kind() -> None:
     """YAML reads U+2028, U+2029 and U+0085 as line breaks: none may survive in a comment a
     plan built in code could carry (loaded names refuse them: Fields.name)."""
-    from autoplan.export.shell import comment
+    from autoplan.shell import comment
     text = comment("a\u2028b\u2029c\u0085d\re\nf\x1b[2Jg\u202eh")
     assert text == "# a b c d e f [2Jg h"
     assert len(yaml.safe_load(f"{text}\nkey: 1")) == 1

@@ -2,6 +2,9 @@
 
 - the package's modules import each other without a cycle, and every import runs down
   the floors of ``FLOORS`` (docs/ARCHITECTURE.md draws them), never up;
+- no two of its packages import each other (``autoplan.serving`` and ``autoplan.export`` did:
+  the engines' files imported the export's shell quoting, and the exports the engines' costs),
+  lazy imports inside functions counted; the serving package imports nothing of the exports;
 - ``autoplan.cost`` knows nothing of what corrects it (``autoplan.measured``), of the
   search, of the command line, or of measuring (``autoplan.bench``, torch);
 - ``autoplan.measured`` (profiles, the machine fit, the learned correction) never
@@ -44,23 +47,44 @@ def imported_modules(path: Path) -> Iterator[tuple[int, str]]:
                 yield node.lineno, f"{node.module}.{alias.name}"
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 @functools.cache
-def import_graph() -> dict[str, set[str]]:
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     """Module -> the package's modules it imports (at any depth, lazy imports and
     ``TYPE_CHECKING`` ones included: a cycle held together by a lazy import is still a
     cycle). ``from a import b`` counts ``a.b`` where that is a module, else ``a``."""
-    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    modules = {module_name(p, package.parent): p for p in package.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         found = {m for _, m in imported_modules(path) if m in modules and m != name}
         # ``from autoplan.kernels import comm`` names the package and the module: keep the module
         graph[name] = {m for m in found if not any(o.startswith(m + ".") for o in found)}
     return graph
+
+
+def package_of(module: str) -> str:
+    """The package directly under ``autoplan`` that holds a module (``autoplan.serving`` for
+    ``autoplan.serving.engines.vllm``; a top-level module is its own)."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Package -> the other packages its modules import (:func:`import_graph`'s edges, lazy
+    ones included)."""
+    out: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        mine = package_of(module)
+        out.setdefault(mine, set()).update(p for p in map(package_of, imported) if p != mine)
+    return out
+
+
+def importing_each_other(packages: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The pairs of packages that import each other, each pair once, in order."""
+    return sorted((a, b) for a, outs in packages.items() for b in outs if a < b and a in packages.get(b, ()))
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -108,7 +132,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 # Within a floor modules may import each other (without a cycle).
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("autoplan", "autoplan.units", "autoplan.errors", "autoplan.vocab",
-              "autoplan.resources", "autoplan.caches", "autoplan.registry", "autoplan.text")),
+              "autoplan.resources", "autoplan.caches", "autoplan.registry", "autoplan.text",
+              "autoplan.shell")),
     ("schedules", ("autoplan.schedules",)),  # operation orders, in-flight counts, the simulator
     ("descriptors", ("autoplan.descriptors", "autoplan.plan")),  # data-only types, loaded strictly
     ("kernels", ("autoplan.kernels",)),  # collectives, GEMM/attention kernels, memory, FLOPs, a layer
@@ -138,6 +163,49 @@ def test_the_package_has_no_import_cycle():
 def test_the_cycle_finder_finds_a_cycle_held_by_a_lazy_import():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_two_packages_import_each_other():
+    graph = import_graph()
+    pairs = importing_each_other(package_graph(graph))
+    assert pairs == [], "\n".join(
+        f"{a} <-> {b}: " + ", ".join(sorted(f"{m} imports {o}" for m, outs in graph.items() for o in outs
+                                            if {package_of(m), package_of(o)} == {a, b}))
+        for a, b in pairs)
+
+
+def test_the_serving_package_imports_nothing_of_the_exports():
+    """The exports read serving plans and the engines' costs; an engine's launch (its flags,
+    its scripts' text) sits beside them (autoplan/export/engines/), shell quoting on the base
+    floor (autoplan.shell)."""
+    assert offending_imports("serving", ("autoplan.export",)) == []
+
+
+def test_a_function_level_import_that_ties_two_packages_together_is_caught(tmp_path):
+    """serving <-> export as it was: no module cycle (the engine's file imported the export's
+    shell module, which imports nothing back), a package cycle all the same, held by an import
+    inside a function."""
+    files = {"__init__.py": "", "serving/__init__.py": "", "export/__init__.py": "",
+             "serving/engine.py": "def args():\n    from autoplan.export.shell import quote\n",
+             "export/shell.py": "import shlex\n",
+             "export/serving.py": "from autoplan.serving.engine import args\n"}
+    for name, text in files.items():
+        (tmp_path / "autoplan" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "autoplan" / name).write_text(text)
+    graph = import_graph(tmp_path / "autoplan")
+    assert graph["autoplan.serving.engine"] == {"autoplan.export.shell"}
+    assert cycles(graph) == []
+    assert importing_each_other(package_graph(graph)) == [("autoplan.export", "autoplan.serving")]
+
+
+def test_the_deployment_targets_share_kube_and_only_deploy_dispatches_to_them():
+    """``export --to dynamo | llm-d | k8s``: each target imports kube; kube and the launch
+    scripts import none of them (autoplan/export/deploy.py picks one by name)."""
+    targets = {"autoplan.export.dynamo", "autoplan.export.llmd", "autoplan.export.k8s"}
+    graph = import_graph()
+    assert all("autoplan.export.kube" in graph[t] for t in targets)
+    importers = sorted(m for m, outs in graph.items() if outs & targets)
+    assert importers == ["autoplan.export.deploy"]
 
 
 def test_every_import_runs_down_the_floors():

@@ -15,6 +15,7 @@ import pytest
 
 from autoplan.descriptors.strict import parse_yaml
 from autoplan.errors import InputError
+from autoplan.export.engines import launch
 from autoplan.export.serving import export_serving
 from autoplan.serving.engine import Engine
 from autoplan.serving.planfile import read_serving_plan
@@ -213,7 +214,7 @@ def _parse(engine: str, helper: str, argvs: list[list[str]], *extra: str) -> lis
 
 def _router_parser(engine: str) -> str:
     """Where the engine's router parses its arguments, as its file says."""
-    dis = Engine(engine).spec.disaggregation
+    dis = launch(Engine(engine)).disaggregation
     assert dis is not None
     return dis.parser
 

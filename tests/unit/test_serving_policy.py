@@ -313,7 +313,7 @@ def test_a_deployment_whose_weights_fill_the_default_budget_launches_with_the_ra
     # DeepSeek-R1 in fp8 on 4 B200 under SGLang (NVIDIA's measured runs): its weights fill
     # the default 0.88 of the GPU; the launch raises --mem-fraction-static to 0.95 and the
     # KV cache gets what that leaves; on 8 GPUs the default stands
-    from autoplan.serving.engines import sglang as sglang_engine
+    from autoplan.export.engines import sglang as sglang_engine
 
     model, b200 = resolve_model("deepseek-r1"), resolve_cluster("dgx-b200")
     dep = Deployment(replicas=1, tp=4, weights=Precision.FP8, kv_cache=Precision.FP8)

@@ -5,12 +5,8 @@ from __future__ import annotations
 
 from autoplan.descriptors.hardware import Device
 from autoplan.descriptors.model import CSA, GDN, HCA, KDA, MAMBA, MIXERS, SPARSE, Model
-from autoplan.export.shell import Arg
-from autoplan.serving.cost import StepModel
-from autoplan.serving.deployment import Precision, ServingPlan, SpecMethod
 from autoplan.serving.engine import (
     SILICON_FIT,
-    Disaggregation,
     EngineDefaults,
     EngineSpec,
     EngineVersion,
@@ -19,7 +15,6 @@ from autoplan.serving.engine import (
     StateReuse,
     register,
     release_version,
-    uses_recurrent,
 )
 from autoplan.serving.versions import parse_version
 from autoplan.units import GiB
@@ -49,11 +44,11 @@ VERSIONS = (
                   prefill_first=True,
                   source="LMSYS blog 2024-12-04 (SGLang v0.4); sglang/srt/server_args.py"),
     # 0.5.23: attention data parallelism as --attn-dp-size (deprecating --dp-size N
-    # --enable-dp-attention, which the launch scripts write before it: ``args``)
+    # --enable-dp-attention, which the launch scripts write before it: ``args`` in
+    # autoplan/export/engines/sglang.py)
     EngineVersion(version="0.5.23", host_hidden=1.0, cuda_graphs=True, graph_max_batch=160,
                   prefill_first=True, source="sglang/srt/server_args.py (0.5.23: --attn-dp-size)"),
 )
-ATTN_DP_SIZE_SINCE = parse_version("0.5.23")
 
 # The constants fitted per line (benchmarks/serving_fit.py). A prior until the silicon rows
 # fit them: no SGLang row in serving_calibration.csv. Set by hand as the host time an
@@ -113,94 +108,8 @@ def family_refusals(release: str, model: Model) -> list[tuple[str, str]]:
     return out
 
 
-def refusals(plan: ServingPlan) -> list[tuple[str, str]]:
-    return family_refusals(plan.engine_release, plan.model)
-
-
-def args(plan: ServingPlan, step: StepModel) -> list[Arg]:
-    """Flags from sglang/srt/server_args.py: ``--tp-size``, ``--pp-size``, ``--attn-dp-size``
-    (attention data parallel within the TP group), ``--ep-size``, ``--max-running-requests``,
-    ``--chunked-prefill-size`` (-1 turns it off), ``--mem-fraction-static``,
-    ``--kv-cache-dtype fp8_e4m3``, ``--quantization fp8``, ``--context-length``;
-    ``--speculative-algorithm``, ``--speculative-num-steps``, ``--speculative-eagle-topk``,
-    ``--speculative-num-draft-tokens`` (speculative decoding)."""
-    d = plan.deployment
-    out: list[Arg] = [("--tp-size", str(d.tp * d.attention_dp)), ("--pp-size", str(d.pp))]
-    if d.attention_dp > 1:  # SGLang's DP attention splits its TP group into attention-DP ranks
-        # (--attn-dp-size since 0.5.23, which deprecates --dp-size N --enable-dp-attention)
-        if parse_version(plan.engine_release) >= ATTN_DP_SIZE_SINCE:
-            out.append(("--attn-dp-size", str(d.attention_dp)))
-        else:
-            out += [("--dp-size", str(d.attention_dp)), ("--enable-dp-attention",)]
-    if d.ep > 1:
-        out.append(("--ep-size", str(d.ep)))
-    out += [("--max-running-requests", str(step.max_num_seqs)),
-            ("--chunked-prefill-size", str(step.max_batched_tokens) if step.chunked_prefill else "-1"),
-            ("--mem-fraction-static", f"{step.memory_fraction:g}"),
-            ("--context-length", str(plan.max_model_len))]
-    if d.kv_cache is Precision.FP8:
-        out.append(("--kv-cache-dtype", "fp8_e4m3"))
-    if d.weights is Precision.FP8:
-        out.append(("--quantization", "fp8"))
-    if uses_recurrent(plan.model):  # the states in fp32, as predicted (serving.kinds.STATE_BYTES)
-        out.append(("--mamba-ssm-dtype", "float32"))
-    if plan.workload.images_per_request:  # the model's image processor and vision encoder
-        out.append(("--enable-multimodal",))
-    spec = d.speculative
-    if spec is not None:  # one chain of proposals (top-k 1), verified k + 1 positions at once
-        out += [("--speculative-algorithm", SPEC_ALGORITHM[spec.method]),
-                ("--speculative-num-steps", str(spec.tokens)), ("--speculative-eagle-topk", "1"),
-                ("--speculative-num-draft-tokens", str(spec.tokens + 1))]
-    return out
-
-
-# sglang/srt/speculative/spec_info.py's SpeculativeAlgorithm for each proposer (NEXTN: the
-# model's own MTP module; STANDALONE: a separate draft model)
-SPEC_ALGORITHM = {SpecMethod.DRAFT: "STANDALONE", SpecMethod.EAGLE: "EAGLE", SpecMethod.MTP: "NEXTN",
-                  SpecMethod.NGRAM: "NGRAM"}
-
-
-def launch_lines(plan: ServingPlan) -> list[str]:
-    """The draft model's or EAGLE head's checkpoint, from DRAFT_MODEL."""
-    spec = plan.deployment.speculative
-    if spec is None or spec.method not in (SpecMethod.DRAFT, SpecMethod.EAGLE):
-        return []
-    what = "the draft model" if spec.method is SpecMethod.DRAFT else "the EAGLE head"
-    return [': "${DRAFT_MODEL:?set DRAFT_MODEL to the checkpoint of ' + what + ' (path or HuggingFace id)}"',
-            'ARGS+=(--speculative-draft-model-path "$DRAFT_MODEL")']
-
-
-BOOTSTRAP_PORT = 8998  # --disaggregation-bootstrap-port's default, the first prefill instance's
-
-
-def role_lines(plan: ServingPlan, role: str) -> list[str]:
-    """``--disaggregation-mode prefill|decode`` over NIXL (``--disaggregation-transfer-backend``);
-    each prefill instance of a node on a bootstrap port of its own."""
-    line = f"ARGS+=(--disaggregation-mode {role} --disaggregation-transfer-backend nixl"
-    if role == "prefill":
-        line += f' --disaggregation-bootstrap-port "$(( {BOOTSTRAP_PORT} + REPLICA ))"'
-    return [line + ")"]
-
-
-DISAGGREGATION = Disaggregation(
-    role_lines=role_lines, router="python -m sglang_router.launch_router",
-    router_flags=("--pd-disaggregation",),
-    bootstrap_port=lambda replica: BOOTSTRAP_PORT + replica,
-    parser="sglang_router.launch_router:parse_router_args")
-
-
-def multi_node(plan: ServingPlan, nodes: int) -> list[str]:
-    """``--nnodes``, ``--node-rank`` and ``--dist-init-addr``."""
-    return [f'ARGS+=(--nnodes {nodes} --node-rank "$NODE" --dist-init-addr "$MASTER_ADDR:$DIST_PORT")']
-
-
 SGLANG = register(EngineSpec(
     name="sglang", attr="SGLANG", doc="SGLang's server (python -m sglang.launch_server).",
     defaults=defaults, versions=VERSIONS, fitted=FITTED,
-    # the project's images on Docker Hub (tags v<release>) and its wheel on PyPI
-    image="lmsysorg/sglang:v{version}", pip='pip install "sglang[all]=={version}"',
     kv_block_tokens=1,  # the radix cache's page_size (server_args.py default 1)
-    command='python -m sglang.launch_server --model-path "$MODEL"', args=args,
-    multi_node=multi_node, parser="sglang.srt.server_args:ServerArgs.add_cli_args",
-    refusals=refusals, hybrid_cache=hybrid_cache, model_refusals=family_refusals,
-    launch_lines=launch_lines, disaggregation=DISAGGREGATION))
+    hybrid_cache=hybrid_cache, model_refusals=family_refusals))

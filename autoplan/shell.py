@@ -3,6 +3,10 @@
 Every value a plan carries (a model name with quotes, spaces or ``$(...)``) goes
 through ``shlex.quote``; text that lands in a comment loses its line breaks, so it
 cannot end the comment and start a command.
+
+Pure text, on the base floor beside :mod:`autoplan.text`: the launchers' exports
+(``autoplan/export/``) and the serving engines' launch files (``autoplan/export/engines/``)
+write their scripts with it.
 """
 
 from __future__ import annotations
