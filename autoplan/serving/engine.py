@@ -1,7 +1,7 @@
 """The serving engines autoplan knows, by name, as Vidur registers its schedulers.
 
 One file per engine (``serving/engines/vllm.py``, ``sglang.py``, ``trtllm.py``) registers
-an :class:`EngineSpec`: what costs a deployment on it: its batching limits and memory budget
+an :class:`EngineSpec`: what a deployment costs on it: its batching limits and memory budget
 by default (what the simulation admits against), its host time per iteration, how it caches
 a model whose layers differ, the models it cannot run. How a plan is launched on it (the
 command, its flags from the engine's own argument definitions, what a launch cannot express)
