@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.table import Table
 
+from autoplan.api._base import layout_text, offload_text
 from autoplan.cost.stage import StageWork
 from autoplan.kernels.memory import DEFAULT_HEADROOM_FRACTION
 from autoplan.plan import TIME_TERMS, Plan, Prediction, Uncertainty
@@ -15,9 +16,9 @@ from autoplan.search.engine import SearchStats, pruning_reason
 from autoplan.serving.autoscale import ScalingMetric
 from autoplan.text import printable
 from autoplan.units import GiB
-from autoplan.vocab import CpComm, MoeDispatch
 
 if TYPE_CHECKING:
+    from autoplan.api.search import LauncherFree
     from autoplan.descriptors.space import SearchSpace
     from autoplan.search.results import Ranked as Found
     from autoplan.serving.cost import StepModel
@@ -29,26 +30,6 @@ if TYPE_CHECKING:
     from autoplan.whatif.sweep import Point
 
 MOE_MFU_NOTE = " of active parameters"
-
-
-def layout_text(plan: Plan) -> str:
-    lay = plan.layout
-    text = f"dp{lay.dp} tp{lay.tp} pp{lay.pp}"
-    if lay.dp_shard < lay.dp:
-        text += f" shard{lay.dp_shard}"  # HSDP: ZeRO over dp_shard, replicated over the rest
-    if lay.cp > 1:
-        text += f" cp{lay.cp}" + (" a2a" if plan.cp_comm is CpComm.A2A else "")
-    if plan.model.is_moe:
-        text += f" ep{lay.ep}" + (f" etp{lay.etp}" if lay.etp != lay.tp else "")
-        if plan.moe_dispatch is not MoeDispatch.ALLTOALL:
-            text += f" {plan.moe_dispatch.value}"
-        if plan.ep_overlap:
-            text += " ep-overlap"
-    if lay.vpp > 1:
-        text += f" vpp{lay.vpp}"
-    if len(set(plan.stage_layers)) > 1:
-        text += " stages " + "/".join(str(n) for n in plan.stage_layers)
-    return text
 
 
 def exposed_comm(pred: Prediction) -> float:
@@ -81,7 +62,7 @@ def space_words(space: SearchSpace) -> str:
     return f"space {space.name}, stack {space.stack.name}"
 
 
-def gap_line(free: Found, faster_by: float) -> str:
+def gap_line(free: Found | LauncherFree, faster_by: float) -> str:
     """Under a launchable search's table: the launcher-free plan that beats its best."""
     plan = free.plan
     return (f"a plan no launcher runs is {faster_by:.0%} faster: {layout_text(plan)} mbs "
@@ -146,13 +127,6 @@ def placement_text(plan: Plan) -> str:
         return f"{plan.cluster.name} alone"
     return ", ".join(f"{pool.name} {'/'.join(str(plan.stage_layers[s]) for s in stages)}"
                      for pool, stages in plan.placement.runs())
-
-
-def offload_text(plan: Plan) -> str:
-    """What the plan keeps in host memory: ``optimizer``, ``act 50%``, both, or ``-``."""
-    parts = (["optimizer"] if plan.offload.optimizer else []) + (
-        [f"act {plan.offload.activations:.0%}"] if plan.offload.activations else [])
-    return " + ".join(parts) or "-"
 
 
 def headroom_note(headroom_bytes: float, default: bool) -> str:

@@ -1,0 +1,16 @@
+"""autoplan as a library: each command of the command line as a function taking the same
+descriptors and options (paths, built-in names or objects) and returning a typed result
+whose ``to_dict()`` is the document the command's ``--format json`` prints, ``to_json()``
+its text, and, where a table is natural, ``to_frame()`` a pandas DataFrame.
+
+Bad input raises the errors the command reports (:class:`InputError`, exit 2 there, naming
+the option or the file and field); nothing prints, nothing exits. docs/API.md has each
+function with an example."""
+
+from autoplan.api.search import RankedPlan, SearchJob, SearchResult, prepare_search, search
+from autoplan.errors import AutoplanError, InputError, NoFeasiblePlan, Problem
+
+__all__ = [
+    "AutoplanError", "InputError", "NoFeasiblePlan", "Problem",
+    "RankedPlan", "SearchJob", "SearchResult", "prepare_search", "search",
+]
