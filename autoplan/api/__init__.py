@@ -7,10 +7,24 @@ Bad input raises the errors the command reports (:class:`InputError`, exit 2 the
 the option or the file and field); nothing prints, nothing exits. docs/API.md has each
 function with an example."""
 
+from autoplan.api.plans import (
+    CheckResult,
+    Evaluated,
+    EvaluateResult,
+    ExplainResult,
+    ExportResult,
+    check,
+    evaluate,
+    explain,
+    export,
+)
 from autoplan.api.search import RankedPlan, SearchJob, SearchResult, prepare_search, search
+from autoplan.api.serve import ServeJob, ServeResult, prepare_serve, serve
 from autoplan.errors import AutoplanError, InputError, NoFeasiblePlan, Problem
 
 __all__ = [
-    "AutoplanError", "InputError", "NoFeasiblePlan", "Problem",
-    "RankedPlan", "SearchJob", "SearchResult", "prepare_search", "search",
+    "AutoplanError", "CheckResult", "EvaluateResult", "Evaluated", "ExplainResult", "ExportResult",
+    "InputError", "NoFeasiblePlan", "Problem", "RankedPlan", "SearchJob", "SearchResult", "ServeJob",
+    "ServeResult", "check", "evaluate", "explain", "export", "prepare_search", "prepare_serve", "search",
+    "serve",
 ]

@@ -128,7 +128,7 @@ def gpu_counts(gpus: int | str | Sequence[int] | None) -> tuple[int, ...] | None
     if isinstance(gpus, bool) or not isinstance(gpus, (int, Sequence)):
         raise InputError.single("--gpus", "", f"expected a GPU count, a list of them or text such as "
                                               f"64..1024, got {gpus!r}")
-    counts = [gpus] if isinstance(gpus, int) else list(gpus)
+    counts: list[Any] = [gpus] if isinstance(gpus, int) else list(gpus)
     if not counts or any(isinstance(n, bool) or not isinstance(n, int) for n in counts):
         raise InputError.single("--gpus", "", f"expected whole GPU counts, got {gpus!r}")
     return check_gpu_counts(sorted(set(counts)), "--gpus")

@@ -32,7 +32,6 @@ from autoplan.cli.app import (
     StackOpt,
     _yaml,
     app,
-    naming,
 )
 from autoplan.errors import AutoplanError, InputError, Problem
 from autoplan.plan import Plan, Prediction
@@ -736,23 +735,11 @@ def _print_prediction(path: Path, plan: Plan, pred: Prediction, *extra: Any) -> 
     output.out.print(render.memory_table(pred))
     if (docs := plan.job.documents) is not None:
         output.out.print(escape(render.packing_line(plan, docs)))
-    if found := _reliabilities(plan):
+    from autoplan.api.plans import reliabilities
+
+    if found := reliabilities(plan):
         for line in render.reliability_lines(found, plan.cluster.gpus):
             output.out.print(escape(line))
-
-
-def _reliabilities(plan: Plan) -> dict[str, Any]:
-    """What failures and checkpoints cost a run on the plan (whatif/reliability.py), saved
-    synchronously, and asynchronously where the cluster gives its host link; {} where its
-    cluster file gives no failure rate and storage."""
-    if plan.placement is not None or not plan.cluster.fails:
-        return {}
-    from autoplan.whatif.reliability import reliability
-
-    out = {"synchronous": reliability(plan)}
-    if plan.cluster.host_link_Bps is not None:
-        out["asynchronous"] = reliability(plan, asynchronous=True)
-    return {k: v for k, v in out.items() if v is not None}
 
 
 @app.command()
@@ -769,172 +756,46 @@ def evaluate(
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Predict each plan with a breakdown: exit 0 all fit, 1 some do not fit, 2 bad input."""
-    from autoplan.descriptors.strict import read_yaml
-    from autoplan.serving.planfile import is_serving
+    from autoplan.api.plans import evaluate as run_evaluate
 
-    given = _read_profile(profile)
-    measured_runs = _read_runs(runs)
-    documents = [(p, read_yaml(p)) for p in plans]
-    # all validated before any output; serving plans (kind: serving) apart; each plan's
-    # cluster through the one door of measured profiles (planfile.read_plan)
-    serving = [(p, _read_serving(d, p, profile, given)) for p, d in documents if is_serving(d)]
-    plans = [p for p, d in documents if not is_serving(d)]
-    loaded = [_read_training(d, p, profile, given) for p, d in documents if not is_serving(d)]
-    serving_ok = True
-    if calibration is not None and not serving:
-        raise InputError.single("--calibration", "", "a serving engine's constants: give serving plans")
-    _calibrate_with(ctx, calibration, plans=[plan for _, plan in serving])
-    if serving:
-        serving_ok = _evaluate_serving(serving, fmt, also_training=bool(loaded))
-        if not loaded:
-            raise typer.Exit(0 if serving_ok else 1)
-    results = _predicted(_with_stack(loaded, stack), given)
-    learned = None
-    if measured_runs is not None:
-        from autoplan.tune.residual import fit_residual
+    result = run_evaluate(plans, profile=profile, stack=stack, runs=runs, calibration=calibration)
+    kinds = {e.serving for e in result.plans}
+    if fmt is Format.json and len(kinds) > 1:
+        raise InputError.single("--format", "", "json takes training or serving plans, not both at once")
+    if result.calibration is not None:  # the tables too are drawn with its constants
+        from autoplan.serving.calibration import applied
 
-        with naming(("--runs", runs), every="--runs"):
-            learned = fit_residual(measured_runs, str(runs))
-    # a plan on a device no run measured is predicted, not corrected: said once, on stderr
-    corrects = [learned is not None and learned.why_not(plan) is None for plan, _ in results]
-    if learned is not None and runs is not None:
-        for path, (plan, _), ok in zip(plans, results, corrects, strict=True):
-            if not ok:
-                output.err.print(f"autoplan: note: --runs: {files.name(runs)}: no correction for "
-                                 f"{files.name(path)}: {learned.why_not(plan)}", markup=False)
+        ctx.with_resource(applied(result.calibration))
+    for note in result.notes:
+        output.err.print(note, markup=False)
     if fmt is Format.json:
-        docs = [_training_document(p, r) for p, r in results]
-        for doc, (p, r), ok in zip(docs, results, corrects, strict=True):
-            if ok:
-                assert learned is not None
-                doc["prediction"]["learned_from_runs"] = learned.to_dict(p, r)
-        output.emit_json({"plans": docs})
+        output.emit_json(result.to_dict())
     else:
-        for path, (plan, pred), ok in zip(plans, results, corrects, strict=True):
-            _print_prediction(path, plan, pred)
-            if ok:
-                assert learned is not None
-                p10, p50, p90 = learned.band(plan, pred)
+        learned = result.residual
+        # serving plans first, then training plans, each kind in the order given
+        for e in sorted(result.plans, key=lambda e: not e.serving):
+            if e.serving:
+                _print_serving(e.source, e.plan, e.prediction)
+                continue
+            _print_prediction(Path(e.source), e.plan, e.prediction)
+            if e.learned is not None:
+                p10, p50, p90 = learned.band(e.plan, e.prediction)
                 output.out.print(escape(
-                    f"step time: {pred.step_time_s:.3f} s predicted by the cost model (above); "
-                    f"{p50:.3f} s corrected by the {learned.runs_for(plan)} measured runs of {runs} "
-                    f"on {plan.cluster.device.name} "
+                    f"step time: {e.prediction.step_time_s:.3f} s predicted by the cost model (above); "
+                    f"{p50:.3f} s corrected by the {learned.runs_for(e.plan)} measured runs of {runs} "
+                    f"on {e.plan.cluster.device.name} "
                     f"({p10:.3f} to {p90:.3f} s, 10th to 90th percentile over the trees)"))
-    if not all(pred.feasible for _, pred in results):
+    if not result.ok:
         raise typer.Exit(1)
 
 
-def _calibrate_with(ctx: typer.Context, path: Path | None, *, engine: tuple[Any, str | None] | None = None,
-                    plans: Sequence[Any] = ()) -> None:
-    """``--calibration``: the file read (its errors naming the flag), checked against the
-    engine and release searched or the plans given (each must run its engine release line),
-    and its constants applied until the command ends (the command's context holds them as a
-    resource, ``Context.with_resource``: the engine's constants are restored however the
-    command ends)."""
-    if path is None:
-        return
-    from autoplan.serving.calibration import applied, check, check_engine, read_calibration
-
-    with naming(("--calibration", path)):
-        calibration = read_calibration(path)
-    if engine is not None:
-        check_engine(calibration, *engine)
-    check(calibration, plans)
-    ctx.with_resource(applied(calibration))
-
-
-def _read_profile(profile: Path | None) -> Profile | None:
-    """``--profile``: the profile CSV, its errors naming the flag."""
-    if profile is None:
-        return None
-    from autoplan.measured.profile import read_profile
-
-    with naming(("--profile", profile)):
-        return read_profile(profile)
-
-
-def _read_runs(runs: Path | None) -> list[Any] | None:
-    """``--runs``: the runs log, every error naming the flag and the log (a row's own
-    model or cluster file too)."""
-    if runs is None:
-        return None
-    from autoplan.tune.runs import read_runs
-
-    with naming(("--runs", runs), every="--runs"):
-        return read_runs(runs)
-
-
-def _read_training(data: Any, path: Path, profile: Path | None, given: Profile | None) -> Plan:
-    """A training plan file, its cluster through the one door of measured profiles."""
-    from autoplan.planfile import read_plan
-
-    with naming(("--profile", profile)):
-        return read_plan(data, str(path), profile=given)
-
-
-def _read_serving(data: Any, path: Path, profile: Path | None, given: Profile | None) -> Any:
-    from autoplan.serving.planfile import read_serving_plan
-
-    with naming(("--profile", profile)):
-        return read_serving_plan(data, str(path), profile=given)
-
-
-def _with_stack(loaded: list[Plan], stack: str | None) -> list[Plan]:
-    """``--stack``: the plans run on that stack instead of the one they name."""
-    if stack is None:
-        return loaded
-    from autoplan.descriptors.library import resolve_stack
-
-    with naming(("--stack", stack)):
-        named = resolve_stack(stack, "--stack", "")
-    return [dataclasses.replace(plan, stack=named) for plan in loaded]
-
-
-def _predicted(loaded: list[Plan], given: Profile | None) -> list[tuple[Plan, Prediction]]:
-    """Each plan's prediction; with the uncertainty band where its device carries a
-    fitted correction (scikit-learn is loaded already then)."""
-    from autoplan.cost.evaluate import evaluate as predict
-    from autoplan.measured.door import Corrected
-
-    results = []
-    for plan in loaded:
-        if plan.cluster.device.correction is None:
-            results.append((plan, predict(plan)))
-            continue
-        from autoplan.measured.surrogate import predict_with_band
-
-        if note := Corrected(plan.cluster, given).note:
-            output.err.print(note, markup=False)
-        results.append((plan, predict_with_band(plan)))
-    return results
-
-
-def _training_document(plan: Plan, pred: Prediction) -> dict[str, Any]:
-    """A training plan and its prediction as evaluate's (and explain's) JSON gives it."""
-    from autoplan.planfile import plan_document
-
-    doc = plan_document(plan, pred)
-    if found := _reliabilities(plan):
-        doc["prediction"]["reliability"] = {k: v.to_dict() for k, v in found.items()}
-    return doc
-
-
-def _evaluate_serving(serving: list[tuple[Path, Any]], fmt: Format, also_training: bool) -> bool:
-    """Simulate and show each serving plan; whether all fit and meet their SLOs."""
+def _print_serving(source: str, plan: Any, pred: Any) -> None:
+    """A serving plan's evaluation for people."""
     from autoplan.serving.cost import StepModel
-    from autoplan.serving.evaluate import evaluate_serving, serving_document
 
-    if fmt is Format.json and also_training:
-        raise InputError.single("--format", "", "json takes training or serving plans, not both at once")
-    results = [(path, plan, evaluate_serving(plan)) for path, plan in serving]
-    if fmt is Format.json:
-        output.emit_json({"plans": [serving_document(plan, pred) for _, plan, pred in results]})
-    else:
-        for path, plan, pred in results:
-            step = StepModel(plan.model, plan.cluster, plan.deployment, plan.engine, plan.engine_version)
-            for renderable in render.serving_evaluation(str(path), plan, pred, step):
-                output.out.print(renderable)
-    return all(pred.fits and (not plan.slo.any or pred.meets_slo) for _, plan, pred in results)
+    step = StepModel(plan.model, plan.cluster, plan.deployment, plan.engine, plan.engine_version)
+    for renderable in render.serving_evaluation(source, plan, pred, step):
+        output.out.print(renderable)
 
 
 @app.command()
@@ -954,68 +815,43 @@ def explain(
     """Where time and memory go, and the simulated pipeline schedule as a timeline. --format
     json gives evaluate's JSON of the plan with the explanation added (per-stage times, the
     simulated schedule's makespan and idle share per stage)."""
-    from autoplan.cost.evaluate import simulate_timeline
-    from autoplan.cost.stage import stage_work
-    from autoplan.descriptors.strict import read_yaml
-    from autoplan.parallel.pp import MAX_PIPELINE_OPS
+    from autoplan.api.plans import explain as run_explain
     from autoplan.schedules import timeline as tl
-    from autoplan.serving.planfile import is_serving
 
     if timeline is not None:
+        from autoplan.descriptors.strict import read_yaml
+        from autoplan.serving.planfile import is_serving
+
         if files.is_stdout(timeline):
             raise InputError.single("--timeline", "", "expected a file, got '-'")
         _check_image("--timeline", timeline)
-    given = _read_profile(profile)
-    data = read_yaml(plan_path)
-    if is_serving(data):
-        if timeline is not None or microbatches is not None or stack is not None:
-            flag = ("--timeline" if timeline is not None else "--microbatches" if microbatches is not None
-                    else "--stack")
-            raise InputError.single(flag, "", (
-                "sets a training plan's software stack; a serving plan's engine is in the plan"
-                if flag == "--stack" else "draws a training pipeline's schedule; a serving plan's "
-                                          "batch over the run is shown in the output"))
-        ok = _evaluate_serving([(plan_path, _read_serving(data, plan_path, profile, given))], fmt, False)
-        raise typer.Exit(0 if ok else 1)
-    plan = _with_stack([_read_training(data, plan_path, profile, given)], stack)[0]
-    chunks = plan.layout.pp * plan.layout.vpp
-    if microbatches is not None and microbatches * chunks > MAX_PIPELINE_OPS:
-        raise InputError.single("--microbatches", "", f"at most {MAX_PIPELINE_OPS // chunks:,} for "
-                                f"this plan (pp x vpp = {chunks}: {MAX_PIPELINE_OPS:,} pipeline "
-                                f"operations), got {microbatches:,}")
-    pred = _predicted([plan], given)[0][1]
-    sim = simulate_timeline(plan, microbatches)
-    works = stage_work(plan)
-    m = plan.num_microbatches
-    sim_m = m if microbatches is None else microbatches
-    title = (f"{plan.model.name}: {plan.schedule.value}, pp={plan.layout.pp}"
-             + (f", vpp={plan.layout.vpp}" if plan.layout.vpp > 1 else "")
-             + f", {sim_m} microbatches" + (f" (the plan runs {m})" if sim_m != m else ""))
+        if is_serving(read_yaml(plan_path)):
+            raise InputError.single("--timeline", "", "draws a training pipeline's schedule; a serving "
+                                                      "plan's batch over the run is shown in the output")
+    result = run_explain(plan_path, microbatches=microbatches, profile=profile, stack=stack)
+    for note in result.notes:
+        output.err.print(note, markup=False)
+    plan, pred = result.plan, result.prediction
+    if result.serving:
+        if fmt is Format.json:
+            output.emit_json(result.to_dict())
+        else:
+            _print_serving(str(plan_path), plan, pred)
+        raise typer.Exit(0 if result.ok else 1)
+    sim = result.timeline
     if fmt is Format.json:
-        doc = _training_document(plan, pred)
-        idle = tl.idle_fraction(sim.events, plan.layout.pp)
-        doc["explanation"] = {
-            "stages": [{"stage": s, "layers": w.layers, "forward_s": w.forward,
-                        "backward_input_s": w.backward_input, "backward_weight_s": w.backward_weight,
-                        "exposed_comm_s": w.comm.total} for s, w in enumerate(works)],
-            "timeline": {"schedule": plan.schedule.value, "pp": plan.layout.pp, "vpp": plan.layout.vpp,
-                         "microbatches": sim_m, "plan_microbatches": m, "makespan_s": sim.makespan,
-                         "stages": [{"stage": s, "busy_s": sim.busy[s], "idle_share": idle[s],
-                                     "peak_inflight": sim.peak_inflight[s]}
-                                    for s in range(plan.layout.pp)]},
-        }
-        output.emit_json({"plans": [doc]})
+        output.emit_json(result.to_dict())
     else:
-        _print_prediction(plan_path, plan, pred, render.stage_table(plan, works))
-        output.out.print(f"[bold]timeline[/bold]: {escape(title)}")
+        _print_prediction(plan_path, plan, pred, render.stage_table(plan, result.stages or ()))
+        output.out.print(f"[bold]timeline[/bold]: {escape(result.title)}")
         label = len(f"stage {plan.layout.pp - 1} ") + 12  # stage label and idle share per line
         output.out.print(tl.timeline_rich(sim.events, plan.layout.pp,
                                           width=max(20, min(160, output.out.width - label))))
     if timeline is not None:
         if timeline.suffix.lower() == ".svg":
-            files.write_text(timeline, tl.timeline_svg(sim.events, plan.layout.pp, title=title))
+            files.write_text(timeline, result.timeline_svg())
         else:
-            files.write_bytes(timeline, tl.timeline_png(sim.events, plan.layout.pp, title=title))
+            files.write_bytes(timeline, tl.timeline_png(sim.events, plan.layout.pp, title=result.title))
         output.err.print(f"wrote the timeline to {escape(str(timeline))}")
 
 
@@ -1297,40 +1133,9 @@ def export_plan(
                             "instead of printing.")] = None,
 ) -> None:
     """Write a launcher's configuration for a plan: exit 0, or 2 on bad input or a plan it can't run."""
-    from autoplan.descriptors.strict import read_yaml
-    from autoplan.export import Target, slurm_launchers
-    from autoplan.export import export as run_export
-    from autoplan.export.deploy import TARGETS as DEPLOY
-    from autoplan.export.deploy import export_deployment
-    from autoplan.export.serving import export_serving
-    from autoplan.planfile import read_plan
-    from autoplan.serving.planfile import is_serving, read_serving_plan
+    from autoplan.api.plans import export as run_export
 
-    data = read_yaml(plan_path)
-    serving_targets = {e.value for e in Engine} | set(DEPLOY)
-    if is_serving(data):
-        if to not in serving_targets:
-            valid = ", ".join(sorted(serving_targets))
-            raise InputError.single("--to", "", f"a serving plan exports to {valid}, got {to!r}")
-        serving_plan = read_serving_plan(data, str(plan_path), correct=False)
-        if to in DEPLOY:
-            written = export_deployment(serving_plan, to, str(plan_path))
-        else:
-            written = export_serving(serving_plan, Engine(to), str(plan_path))
-    else:
-        if to in serving_targets:
-            raise InputError.single("--to", "", f"{to} serves models: give a serving plan (`autoplan serve "
-                                                "--out plan.yaml` writes one)")
-        target = _choice("--to", to, Target)  # as registered now (a launcher found since start-up too)
-        runs = _choice("--launcher", launcher, [s.name for s in slurm_launchers()])
-        if target is not Target.SLURM and runs != "megatron":
-            raise InputError.single("--launcher", "", "only --to slurm takes a launcher")
-        plan = read_plan(data, str(plan_path), correct=False)  # exported, not predicted
-        if plan.placement is None:  # its checkpoint interval prices the step with the grids evaluate takes
-            from autoplan.measured.door import with_kernels
-
-            plan = plan.replace(cluster=with_kernels(plan.cluster))
-        written = run_export(plan, target, str(plan_path), runs)
+    written = run_export(plan_path, to=to, launcher=launcher).files
     if out_path is None or files.is_stdout(out_path):
         for name, text in written.items():
             if len(written) > 1:
@@ -1349,16 +1154,6 @@ def export_plan(
     for name, path in paths.items():
         files.write_text(path, written[name], executable=name.endswith((".sh", ".sbatch")))
         output.err.print(f"wrote {escape(str(path))}")
-
-
-def _choice(option: str, value: str, kind: Any) -> Any:
-    """A member of ``kind`` (an enum, a registry such as ``Engine``, or names) by value, or a
-    usage error listing the valid ones (exit 2)."""
-    for member in kind:
-        if getattr(member, "value", member) == value:
-            return member
-    valid = ", ".join(getattr(m, "value", m) for m in kind)
-    raise InputError.single(option, "", f"expected one of {valid}, got {value!r}")
 
 
 @app.command()
@@ -1549,30 +1344,18 @@ def check_plan_file(
     """CI gate for a committed plan: valid, fits memory (with --min-headroom), within
     --max-regression of the best plan: exit 0 pass, 1 a rule failed (each named), 2 bad input.
     With --format json or junit a plan that does not read is still reported, rule `valid` in error."""
-    from autoplan.check import Status, check_plan
-    from autoplan.search.launchable import launcher_space, resolve_space
+    from autoplan.api.plans import check, check_space
+    from autoplan.check import Status
 
-    if launcher is not None and space is not None:
-        raise InputError.single("--launcher", "", "--space names the space already: give one")
-    with naming(("--space", space)):
-        searchspace = (launcher_space(launcher) if launcher is not None
-                       else resolve_space(space) if space is not None else None)
+    searchspace = check_space(space, launcher)
     if out_path is not None:
         files.check_target(out_path)
         files.check_apart([("--out", out_path)], [plan_path] + ([runs] if runs else []))
-    software = None
-    if stack is not None:
-        from autoplan.descriptors.library import resolve_stack
-
-        with naming(("--stack", stack)):
-            software = resolve_stack(stack, "--stack", "")
-    measured_runs = _read_runs(runs)
     searching = output.working(fmt.value, f"checking {plan_path}: searching the "
                                f"{searchspace.name if searchspace else 'recorded'} space ...")
     with searching if max_regression is not None else contextlib.nullcontext():
-        report = check_plan(plan_path, space=searchspace, max_regression=max_regression,
-                            min_headroom_gib=min_headroom, runs=measured_runs,
-                            max_slowdown=max_slowdown, runs_source=str(runs), stack=software)
+        report = check(plan_path, max_regression=max_regression, min_headroom=min_headroom, space=searchspace,
+                       runs=runs, max_slowdown=max_slowdown, stack=stack).report
     if fmt is CheckFormat.json:
         doc = output.json_text(report.to_dict())
     elif fmt is CheckFormat.junit:
