@@ -260,71 +260,11 @@ def said(run: Any, path: Path) -> str:
 
 # --------------------------------------------------------------------------- calibrate
 
-def calibrate_serving_command(runs_path: Path, serving: list[Any], engine: str | None,
-                              engine_version: str | None, out_path: Path | None, fmt: Format) -> None:
-    """``calibrate`` of the log's serving runs: one engine release line (module doc)."""
-    from autoplan.serving.engine import Engine
-    from autoplan.serving.versions import VersionError
-    from autoplan.tune.serving_calibrate import calibrate_serving, lines_of
-
-    lines = lines_of(serving)
-    if engine is not None:
-        try:
-            chosen = Engine(engine)
-        except ValueError:
-            raise InputError.single("--engine", "", f"expected one of {', '.join(e.value for e in Engine)}, "
-                                                    f"got {engine[:40]!r}") from None
-        lines = {k: v for k, v in lines.items() if k[0] is chosen}
-        if engine_version is not None:
-            try:
-                line = chosen.spec.at(engine_version).version
-            except VersionError as exc:
-                raise InputError.single("--engine-version", "", str(exc)) from None
-            lines = {k: v for k, v in lines.items() if k[1] == line}
-    elif engine_version is not None:
-        raise InputError.single("--engine-version", "", "a release of which engine? give --engine too")
-    if not lines:
-        what = f" of {engine}" + (f" {engine_version}" if engine_version else "") if engine else ""
-        raise InputError.single(str(runs_path), "", f"no measured serving run{what} (tune --serving and runs "
-                                                    "import of a benchmark client's result write them)")
-    if len(lines) > 1:
-        listed = ", ".join(f"{e.value} {line or '-'}: {len(v)} runs" for (e, line), v in sorted(
-            lines.items(), key=lambda kv: (kv[0][0].value, kv[0][1])))
-        raise InputError.single(str(runs_path), "", f"serving runs of several engine release lines "
-                                                    f"({listed}): name one with --engine (and "
-                                                    "--engine-version)")
-    (chosen_engine, line), _ = next(iter(lines.items()))
-    result = calibrate_serving(serving, chosen_engine, line, str(runs_path))
-    if out_path is not None:
-        files.write_text(out_path, calibration_file(result, runs_path))
-    _print_calibration(result, fmt)
-    if out_path is not None and not files.is_stdout(out_path):
-        output.err.print(f"wrote the calibrated constants to {files.name(out_path)} (serve and evaluate take "
-                         "it with --calibration)")
-
-
 def _pct(x: float) -> str:
     """A percentage in a few digits (two decimals under 1%, a fit's error on synthetic runs)."""
     if x != x:
         return "-"
     return f"{x:.2f}%" if x < 1 else f"{x:.1f}%" if x < 1e4 else f"{x:.3g}%"
-
-
-def calibration_file(result: Any, runs_path: Path) -> str:
-    from autoplan.text import one_line
-
-    label = f"{result.engine.value} release line {result.line}" if result.line else result.engine.value
-    lines = [
-        f"# Calibrated by `autoplan calibrate` on {one_line(str(runs_path))}: {result.runs} measured serving "
-        f"runs of {label} in {result.groups} groups.",
-        f"# Held out (each group predicted without it): TTFT error {_pct(result.mape(0, False))} before, "
-        f"{_pct(result.mape(0, True))} after; TPOT {_pct(result.mape(1, False))} before, "
-        f"{_pct(result.mape(1, True))} after.",
-        "# Fitted: " + ", ".join(f"{k} {result.constants[k]:.4g}" for k in result.fitted) + ".",
-    ]
-    lines += [f"# Not fitted, {k}: {one_line(v)}" for k, v in result.not_fitted.items()]
-    lines.append("# autoplan serve/evaluate --calibration THIS_FILE predicts that line with these constants.")
-    return "\n".join(lines) + "\n" + _yaml(result.calibration(one_line(str(runs_path))).to_dict())
 
 
 def _load_text(run: Any) -> str:
@@ -333,25 +273,12 @@ def _load_text(run: Any) -> str:
     return f"{w.input_len.mean:g}/{w.output_len.mean:g} {how}"
 
 
-def _print_calibration(result: Any, fmt: Format) -> None:
+def print_serving_calibration(result: Any) -> None:
     from rich.table import Table
 
     from autoplan.serving.calibration import CONSTANTS
 
     held = result.held_out
-    if fmt is Format.json:
-        output.emit_json({
-            "engine": result.engine.value, "line": result.line, "base": result.base,
-            "constants": result.constants, "fitted": list(result.fitted), "not_fitted": result.not_fitted,
-            "runs": result.runs, "groups": result.groups,
-            "held_out": {"ttft_mape_before": result.mape(0, False), "ttft_mape_after": result.mape(0, True),
-                         "tpot_mape_before": result.mape(1, False), "tpot_mape_after": result.mape(1, True),
-                         "runs": [{"plan_id": h.run.plan_id, "deployment": h.run.label or
-                                   h.run.plan.deployment.label(), "measured_ms": list(h.measured),
-                                   "before_ms": list(h.before), "after_ms": list(h.after)} for h in held]},
-            "rms_log_error": {"before": result.rms_before, "after": result.rms_after},
-        })
-        return
     label = f"{result.engine.value} release line {result.line}" if result.line else result.engine.value
     table = Table(title=escape(f"{label} calibrated on {result.runs} serving runs ({result.groups} groups)"),
                   title_justify="left")
