@@ -7,6 +7,7 @@ Bad input raises the errors the command reports (:class:`InputError`, exit 2 the
 the option or the file and field); nothing prints, nothing exits. docs/API.md has each
 function with an example."""
 
+from autoplan.api.loop import CalibrationResult, TuneJob, TuneResult, calibrate, prepare_tune, tune
 from autoplan.api.plans import (
     CheckResult,
     Evaluated,
@@ -23,8 +24,8 @@ from autoplan.api.serve import ServeJob, ServeResult, prepare_serve, serve
 from autoplan.errors import AutoplanError, InputError, NoFeasiblePlan, Problem
 
 __all__ = [
-    "AutoplanError", "CheckResult", "EvaluateResult", "Evaluated", "ExplainResult", "ExportResult",
+    "AutoplanError", "CalibrationResult", "CheckResult", "EvaluateResult", "Evaluated", "ExplainResult", "ExportResult",
     "InputError", "NoFeasiblePlan", "Problem", "RankedPlan", "SearchJob", "SearchResult", "ServeJob",
-    "ServeResult", "check", "evaluate", "explain", "export", "prepare_search", "prepare_serve", "search",
-    "serve",
+    "ServeResult", "TuneJob", "TuneResult", "calibrate", "check", "evaluate", "explain", "export",
+    "prepare_search", "prepare_serve", "prepare_tune", "search", "serve", "tune",
 ]
