@@ -7,7 +7,18 @@ Bad input raises the errors the command reports (:class:`InputError`, exit 2 the
 the option or the file and field); nothing prints, nothing exits. docs/API.md has each
 function with an example."""
 
-from autoplan.api.loop import CalibrationResult, TuneJob, TuneResult, calibrate, prepare_tune, tune
+from autoplan.api.loop import (
+    CalibrationResult,
+    ServingTuneJob,
+    ServingTuneResult,
+    TuneJob,
+    TuneResult,
+    calibrate,
+    prepare_tune,
+    prepare_tune_serving,
+    tune,
+    tune_serving,
+)
 from autoplan.api.plans import (
     CheckResult,
     Evaluated,
@@ -24,8 +35,9 @@ from autoplan.api.serve import ServeJob, ServeResult, prepare_serve, serve
 from autoplan.errors import AutoplanError, InputError, NoFeasiblePlan, Problem
 
 __all__ = [
-    "AutoplanError", "CalibrationResult", "CheckResult", "EvaluateResult", "Evaluated", "ExplainResult", "ExportResult",
-    "InputError", "NoFeasiblePlan", "Problem", "RankedPlan", "SearchJob", "SearchResult", "ServeJob",
-    "ServeResult", "TuneJob", "TuneResult", "calibrate", "check", "evaluate", "explain", "export",
-    "prepare_search", "prepare_serve", "prepare_tune", "search", "serve", "tune",
+    "AutoplanError", "CalibrationResult", "CheckResult", "EvaluateResult", "Evaluated", "ExplainResult",
+    "ExportResult", "InputError", "NoFeasiblePlan", "Problem", "RankedPlan", "SearchJob", "SearchResult",
+    "ServeJob", "ServeResult", "ServingTuneJob", "ServingTuneResult", "TuneJob", "TuneResult", "calibrate",
+    "check", "evaluate", "explain", "export", "prepare_search", "prepare_serve", "prepare_tune",
+    "prepare_tune_serving", "search", "serve", "tune", "tune_serving",
 ]

@@ -348,6 +348,181 @@ def tune(
         workdir=workdir, runs=runs).run(progress, stop=stop, on_trial=on_trial)
 
 
+# --------------------------------------------------------------------------- tune --serving
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServingTuneResult(Result):
+    """Serving deployments run with their engine's server and benchmark client, best
+    measured first (by goodput where the job has an SLO, else output tokens/s); ``reason``:
+    why nothing ran (no deployment fits, or none the local runner can run)."""
+
+    request: Any  # autoplan.serving.request.ServeRequest
+    trials: tuple[Any, ...]  # autoplan.tune.serving_tune.ServingTrialResult
+    best: int | None
+    skipped: tuple[tuple[int, Any, str], ...] = ()
+    interrupted: bool = False
+    searched: int = 0
+    reason: str | None = None
+    runs_log: Path | None = None
+
+    @property
+    def ok(self) -> bool:
+        """A deployment measured (the command's exit 0; 1 otherwise)."""
+        return self.best is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``tune --serving --format json``'s document."""
+        from autoplan.serving.evaluate import serving_document
+
+        doc: dict[str, Any] = {
+            "trials": [t.to_dict(serving_document(t.deployment, t.prediction)) for t in self.trials],
+            "best": self.best,
+            "skipped": [{"searched_rank": rank, "plan": serving_document(plan, None), "reason": why}
+                        for rank, plan, why in self.skipped],
+            "interrupted": self.interrupted,
+        }
+        if self.reason is not None:
+            doc["reason"] = self.reason
+        return doc
+
+    def to_frame(self) -> pandas.DataFrame:
+        """A row per trial: the deployment, its searched rank, predicted and measured TTFT,
+        TPOT, goodput and output tokens/s, status."""
+        rows = []
+        for t in self.trials:
+            m, p = t.outcome.measured, t.replica_prediction
+            rows.append({"deployment": t.deployment.deployment.label(), "searched_rank": t.searched_rank,
+                         "client": t.client, "ttft_ms_predicted": p.ttft_ms.mean,
+                         "ttft_ms_measured": None if m is None else m.ttft_ms.mean,
+                         "tpot_ms_predicted": p.tpot_ms.mean,
+                         "tpot_ms_measured": None if m is None else m.tpot_ms.mean,
+                         "goodput_rps_predicted": t.predicted_goodput_rps,
+                         "goodput_rps_measured": t.measured_goodput_rps,
+                         "tokens_per_s_predicted": t.predicted_tokens_per_s,
+                         "tokens_per_s_measured": t.measured_tokens_per_s, "status": t.outcome.status})
+        return frame(rows, ("deployment", "searched_rank", "client", "ttft_ms_predicted", "ttft_ms_measured",
+                            "tpot_ms_predicted", "tpot_ms_measured", "goodput_rps_predicted",
+                            "goodput_rps_measured", "tokens_per_s_predicted", "tokens_per_s_measured",
+                            "status"))
+
+    table = to_frame
+
+    def best_yaml(self) -> str:
+        """The best measured deployment with what it measured, as ``tune --serving --out`` writes it."""
+        from autoplan.serving.evaluate import serving_document
+
+        if self.best is None:
+            raise InputError.single("--out", "", "no deployment measured: no plan to write")
+        t = self.trials[self.best]
+        doc = serving_document(t.deployment, t.prediction)
+        m = t.outcome.measured
+        doc["measured"] = {"client": t.client, "replicas_run": 1, "time": t.started,
+                           "ttft_ms": m.ttft_ms.to_dict(), "tpot_ms": m.tpot_ms.to_dict(),
+                           "goodput_rps": t.measured_goodput_rps,
+                           "output_tokens_per_s": t.measured_tokens_per_s}
+        return _yaml(doc)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServingTuneJob:
+    """A serving tuning checked and ready: the request, the trial's settings."""
+
+    request: Any
+    top: int
+    trial: Any  # autoplan.tune.serving_tune.ServingTrial
+    workdir: Path
+    runs: Path | None
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return self.request.notes  # type: ignore[no-any-return]
+
+    def search(self) -> Any:
+        """serve's search of the job: the deployments the trials are picked from."""
+        from autoplan.serving.search import serve_search
+
+        req = self.request
+        return serve_search(req.model, req.cluster, req.engine, req.workload, req.slo, req.weights,
+                            req.kv_caches, speculative=req.speculative, engine_version=req.engine_version)
+
+    def run(self, progress: Progress | None = None, *, found: Any = None,
+            stop: Callable[[], bool] | None = None, on_trial: Callable[[Any], None] | None = None
+            ) -> ServingTuneResult:
+        """Search (unless ``found`` is given), run the trials on this node, append each to
+        the runs log. The engine and its benchmark client must be installed (InputError
+        naming them otherwise, before any trial)."""
+        from autoplan.tune.serving_tune import LocalServingRunner, check_programs, pick, runs_of, tune_serving
+
+        req = self.request
+        if found is None:
+            found = self.search()
+        if not found.plans:
+            return ServingTuneResult(request=req, trials=(), best=None, reason=found.why_none(req.slo))
+        ranked = [(r.plan, r.prediction) for r in found.plans]
+        chosen, skipped = pick(ranked, self.top)
+        if not chosen:
+            return ServingTuneResult(request=req, trials=(), best=None, skipped=tuple(skipped),
+                                     searched=len(found.plans),
+                                     reason="no deployment the local runner can run")
+        check_programs([plan for _, plan, _ in chosen])  # the engine and its client are here
+        result = tune_serving(ranked, LocalServingRunner(), self.trial, top_k=self.top, workdir=self.workdir,
+                              progress=told(progress), stop=stop or (lambda: False),
+                              done=on_trial or (lambda _: None))
+        if self.runs is not None and result.trials:
+            write_text(self.runs, appended_runs(self.runs, runs_of(result, "local"), check=False))
+        return ServingTuneResult(request=req, trials=tuple(result.trials), best=result.best,
+                                 skipped=tuple(result.skipped), interrupted=result.interrupted,
+                                 searched=len(found.plans), runs_log=self.runs if result.trials else None)
+
+
+def prepare_tune_serving(job: str | Path, *, top: int = 3, runs: str | Path | None = DEFAULT_RUNS,
+                         workdir: str | Path | None = None, checkpoint: str | None = None,
+                         health_timeout: float = 1200.0, timeout: float = 1800.0) -> ServingTuneJob:
+    """Every option of :func:`tune_serving` checked, the runs log read whole, the request
+    built, before any search or trial."""
+    from autoplan.serving.request import ServeOptions, build_serve_request, check_serve_options
+    from autoplan.tune.serving_tune import ServingTrial, workload_refusals
+
+    job_file = Path(job)
+    check_top(top, most=MAX_TOP_K)
+    check_at_least("--health-timeout", health_timeout, 0.1, 1e6)
+    check_at_least("--timeout", timeout, 1.0, 1e6)
+    given = ServeOptions()
+    serving_job = check_serve_options(job_file, given)
+    weights = checkpoint if checkpoint is not None else os.environ.get("MODEL")
+    if not weights or not weights.strip():
+        raise InputError.single("--checkpoint", "", "missing: the weights the engine serves, a path or a "
+                                                    "HuggingFace id (or set MODEL, as the export's scripts "
+                                                    "read it)")
+    log = path_or_none(runs)
+    if log is not None:
+        appended_runs(log, [], room=top)
+    folder = path_or_none(workdir) or Path("autoplan-tune")
+    if (folder.exists() or folder.is_symlink()) and not folder.is_dir():
+        raise InputError.single("--workdir", "", f"{folder}: not a folder (each trial's logs and results go "
+                                                 "in a folder of it)")
+    req = build_serve_request(job_file, serving_job, given)
+    refused = list(workload_refusals(req, str(job_file)))
+    if refused:
+        raise InputError(refused)
+    trial = ServingTrial(checkpoint=weights.strip(), health_timeout_s=health_timeout, timeout_s=timeout)
+    return ServingTuneJob(request=req, top=top, trial=trial, workdir=folder, runs=log)
+
+
+def tune_serving(job: str | Path, *, top: int = 3, runs: str | Path | None = DEFAULT_RUNS,
+                 workdir: str | Path | None = None, checkpoint: str | None = None,
+                 health_timeout: float = 1200.0, timeout: float = 1800.0, progress: Progress | None = None,
+                 stop: Callable[[], bool] | None = None,
+                 on_trial: Callable[[Any], None] | None = None) -> ServingTuneResult:
+    """``autoplan tune --serving JOB.yaml --runner local``: serve's best ``top``
+    deployments for the serving job run on this node, each with its engine's server and
+    benchmark client (``checkpoint``: the weights served, default ``$MODEL``), ranked by
+    measured goodput; each appended to the ``runs`` log (None: none)."""
+    return prepare_tune_serving(job, top=top, runs=runs, workdir=workdir, checkpoint=checkpoint,
+                                health_timeout=health_timeout, timeout=timeout).run(
+        progress, stop=stop, on_trial=on_trial)
+
+
 # --------------------------------------------------------------------------- calibrate
 
 def _percent(x: float) -> str:

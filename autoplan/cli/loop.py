@@ -179,7 +179,7 @@ def tune(
         tune_serving_command(serving, top_k=top if top is not None else top_k if top_k is not None else 3,
                              log=None if no_runs else (runs or DEFAULT_RUNS), workdir=workdir,
                              out_path=out_path, checkpoint=checkpoint, health_timeout=health_timeout,
-                             timeout=timeout, fmt=fmt, ctrl_c=_CtrlC(), appended_runs=appended_runs)
+                             timeout=timeout, fmt=fmt, ctrl_c=_CtrlC())
         return
     if checkpoint is not None:
         raise InputError.single("--checkpoint", "", "the weights a serving engine serves: with --serving "

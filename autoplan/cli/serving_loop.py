@@ -7,7 +7,6 @@ runs (an engine release line's constants, written as a file ``serve --calibratio
 from __future__ import annotations
 
 import datetime
-import os
 from pathlib import Path
 from typing import Any
 
@@ -15,71 +14,35 @@ import typer
 from rich.markup import escape
 
 from autoplan.cli import files, output
-from autoplan.cli.app import Format, _yaml
+from autoplan.cli.app import Format
 from autoplan.errors import InputError, Problem
 
 
 def tune_serving_command(job_file: Path, *, top_k: int, log: Path | None, workdir: Path | None,
                          out_path: Path | None, checkpoint: str | None, health_timeout: float, timeout: float,
-                         fmt: Format, ctrl_c: Any, appended_runs: Any) -> None:
+                         fmt: Format, ctrl_c: Any) -> None:
     """``autoplan tune --serving JOB.yaml --runner local``: exit 0 a deployment measured, 1
     none did (or none the local runner can run), 2 bad input."""
-    from autoplan.serving.evaluate import serving_document
-    from autoplan.serving.request import ServeOptions, build_serve_request, check_serve_options
-    from autoplan.serving.search import serve_search
-    from autoplan.tune.serving_tune import (
-        LocalServingRunner,
-        ServingTrial,
-        check_programs,
-        pick,
-        runs_of,
-        tune_serving,
-        workload_refusals,
-    )
+    from autoplan.api.loop import prepare_tune_serving
 
-    given = ServeOptions()
-    job = check_serve_options(job_file, given)
-    weights = checkpoint if checkpoint is not None else os.environ.get("MODEL")
-    if not weights or not weights.strip():
-        raise InputError.single("--checkpoint", "", "missing: the weights the engine serves, a path or a "
-                                                    "HuggingFace id (or set MODEL, as the export's scripts "
-                                                    "read it)")
     for target in (out_path, log):
         if target is not None:
             files.check_target(target)
     files.check_apart([("--out", out_path), ("--runs", log)], [job_file])
     if files.is_stdout(log):
         raise InputError.single("--runs", "", "the runs log is a file to append to, not stdout")
-    if log is not None:
-        appended_runs(log, [], room=top_k)
+    prepared = prepare_tune_serving(job_file, top=top_k, runs=log, workdir=workdir, checkpoint=checkpoint,
+                                    health_timeout=health_timeout, timeout=timeout)
     if files.is_stdout(out_path):
         output.data_to_stderr()
-    folder = workdir or Path("autoplan-tune")
-    if (folder.exists() or folder.is_symlink()) and not folder.is_dir():
-        raise InputError.single("--workdir", "", f"{folder}: not a folder (each trial's logs and results go "
-                                                 "in a folder of it)")
-    req = build_serve_request(job_file, job, given)
-    refused = [p for p in workload_refusals(req, str(job_file))]
-    if refused:
-        raise InputError(refused)
-    for note in req.notes:
+    req = prepared.request
+    for note in prepared.notes:
         output.err.print(f"autoplan: note: {note}", markup=False)
     with output.working(fmt.value, f"simulating deployments on {req.cluster.gpus} GPUs ..."):
-        found = serve_search(req.model, req.cluster, req.engine, req.workload, req.slo, req.weights,
-                             req.kv_caches, speculative=req.speculative, engine_version=req.engine_version)
+        found = prepared.search()
     if not found.plans:
         output.err.print(f"autoplan: {found.why_none(req.slo)}", markup=False)
         raise typer.Exit(1)
-    ranked = [(r.plan, r.prediction) for r in found.plans]
-    chosen, skipped = pick(ranked, top_k)
-    if not chosen:
-        for rank, plan, why in skipped:
-            output.err.print(f"autoplan: searched deployment {rank} ({plan.deployment.label()}): {why}",
-                             markup=False)
-        output.err.print("autoplan: no deployment the local runner can run", markup=False)
-        raise typer.Exit(1)
-    check_programs([plan for _, plan, _ in chosen])  # the engine and its client are here, or exit 2
-    trial = ServingTrial(checkpoint=weights.strip(), health_timeout_s=health_timeout, timeout_s=timeout)
     with ctrl_c as stopping, output.working(fmt.value, "tuning on local ...", lines=True) as told:
         def done(t: Any) -> None:
             o, m = t.outcome, t.outcome.measured
@@ -92,40 +55,26 @@ def tune_serving_command(job_file: Path, *, top_k: int, log: Path | None, workdi
             else:
                 told(line)
 
-        result = tune_serving(ranked, LocalServingRunner(), trial, top_k=top_k, workdir=folder,
-                              progress=told, stop=stopping.stopping, done=done)
-    if log is not None and result.trials:
-        files.write_text(log, appended_runs(log, runs_of(result, "local"), check=False))
+        result = prepared.run(told, found=found, stop=stopping.stopping, on_trial=done)
+    if not result.trials and result.reason is not None:  # none the local runner can run
+        for rank, plan, why in result.skipped:
+            output.err.print(f"autoplan: searched deployment {rank} ({plan.deployment.label()}): {why}",
+                             markup=False)
+        output.err.print(f"autoplan: {result.reason}", markup=False)
+        raise typer.Exit(1)
     best = result.best
     if out_path is not None and best is not None:
-        t = result.trials[best]
-        doc = serving_document(t.deployment, t.prediction)
-        doc["measured"] = _measured_block(t)
-        files.write_text(out_path, _yaml(doc))
+        files.write_text(out_path, result.best_yaml())
     if fmt is Format.json:
-        output.emit_json({
-            "trials": [t.to_dict(serving_document(t.deployment, t.prediction)) for t in result.trials],
-            "best": best,
-            "skipped": [{"searched_rank": rank, "plan": serving_document(plan, None), "reason": why}
-                        for rank, plan, why in result.skipped],
-            "interrupted": result.interrupted,
-        })
+        output.emit_json(result.to_dict())
     else:
-        _print_tuning(result, req, len(found.plans))
+        _print_tuning(result, req, result.searched)
     if log is not None and result.trials and fmt is not Format.json:
         output.err.print(f"appended {len(result.trials)} runs to {files.name(log)}")
     if out_path is not None and best is not None and not files.is_stdout(out_path):
         output.err.print(f"wrote the best measured deployment to {files.name(out_path)}")
     if best is None:
         raise typer.Exit(1)
-
-
-def _measured_block(t: Any) -> dict[str, Any]:
-    m = t.outcome.measured
-    assert m is not None
-    return {"client": t.client, "replicas_run": 1, "time": t.started, "ttft_ms": m.ttft_ms.to_dict(),
-            "tpot_ms": m.tpot_ms.to_dict(), "goodput_rps": t.measured_goodput_rps,
-            "output_tokens_per_s": t.measured_tokens_per_s}
 
 
 def _ms(x: float | None) -> str:

@@ -158,6 +158,16 @@ def test_bad_input_raises_input_error_naming_the_option_never_system_exit(call, 
     assert capsys.readouterr() == ("", "")  # nothing printed
 
 
+def test_tune_serving_refuses_a_job_without_weights_to_serve_before_any_search(monkeypatch, tmp_path):
+    monkeypatch.delenv("MODEL", raising=False)
+    job = ROOT / "examples" / "serving" / "tune-job.yaml"
+    with pytest.raises(api.InputError, match="--checkpoint: missing: the weights the engine serves"):
+        api.tune_serving(job, runs=None, workdir=tmp_path / "w")
+    prepared = api.prepare_tune_serving(job, runs=None, workdir=tmp_path / "w", checkpoint="/models/8b")
+    assert prepared.trial.checkpoint == "/models/8b" and prepared.top == 3
+    assert not (tmp_path / "w").exists()  # nothing run
+
+
 def test_a_missing_plan_file_is_named_and_the_library_prints_nothing(capsys, tmp_path):
     with pytest.raises(api.InputError, match="plan.yaml: file not found"):
         api.evaluate(tmp_path / "plan.yaml")
