@@ -86,6 +86,16 @@ def test_evaluate_and_explain_return_the_commands_documents_for_a_file_and_an_ob
     assert explained.timeline_svg().startswith("<svg")
 
 
+def test_a_serving_plan_missing_its_slo_fails_evaluate_beside_a_training_plan_that_fits(tmp_path):
+    # the command once exited 0 here: with training plans given, only they decided its exit
+    tight = tmp_path / "tight.yaml"
+    chat = (ROOT / "examples" / "serving" / "chat-plan.yaml").read_text()
+    tight.write_text(chat.replace("slo: {ttft_ms: 1500.0,", "slo: {ttft_ms: 1.0,"))
+    result = api.evaluate([tight, PLAN])
+    assert [e.ok for e in result.plans] == [False, True] and not result.ok
+    assert autoplan("evaluate", tight, PLAN).returncode == 1
+
+
 @pytest.mark.parametrize(("plan", "to"), [(PLAN, "megatron"), (DEEPSPEED, "deepspeed")])
 def test_export_returns_the_files_the_command_prints(plan, to):
     exported = api.export(plan, to=to)
