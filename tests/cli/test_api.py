@@ -51,7 +51,11 @@ def test_search_returns_the_document_and_table_the_command_prints():
 
 
 def test_a_search_over_gpu_counts_prices_each_as_the_command_does():
-    result = api.search(gpus=[8, 16, 32], train_tokens=1e11, **TRAIN)
+    told: list[str] = []
+    result = api.search(gpus=[8, 16, 32], train_tokens=1e11, progress=told.append, **TRAIN)
+    # each count as its search ends, in the order they end
+    assert sorted(int(line.split()[1]) for line in told) == [8, 16, 32]
+    assert all(line.startswith("searched ") and line.endswith(" of 3 counts)") for line in told)
     assert result.to_dict() == cli_json("search", *TRAIN_ARGS, "--gpus", "8..32", "--train-tokens", "1e11")
     assert result.train is not None
     front = result.train.to_frame()
@@ -186,6 +190,26 @@ def test_a_missing_plan_file_is_named_and_the_library_prints_nothing(capsys, tmp
     result = api.search(job, seq_len=2048, top=1)
     assert result.notes == (f"--seq-len 2048 overrides {job}'s 4096",)  # said in the result, not printed
     assert capsys.readouterr() == ("", "")
+
+
+def test_the_api_package_neither_prints_nor_exits_nor_knows_the_command_line():
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "autoplan" / "api").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            called = node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
+            if called in ("print", "exit"):
+                found.append(f"{path.name}:{node.lineno}: {node.func.id}()")
+            if isinstance(node, ast.Attribute) and node.attr in ("exit", "stdout", "stderr") and \
+                    isinstance(node.value, ast.Name) and node.value.id == "sys":
+                found.append(f"{path.name}:{node.lineno}: sys.{node.attr}")
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                         else [a.name for a in node.names])
+                found += [f"{path.name}:{node.lineno}: import {n}" for n in names
+                          if n.split(".")[0] in ("typer", "rich") or n.startswith("autoplan.cli")]
+    assert found == []
 
 
 def run_example(name: str, args: list[str], cwd: Path, monkeypatch) -> int:
