@@ -310,7 +310,10 @@ def recompute_modules_option(value: str | Sequence[RecomputeModule | str]) -> tu
     return tuple(known[n] for n in names)
 
 
-# search's objectives; serve's goodput is a serving one (docs/CLI.md)
+# The objectives' one vocabulary (docs/CLI.md): cost and energy mean the same to search and
+# serve (dollars, energy per unit of work); the third is each one's own measure of speed, with
+# no meaning to the other: days to train a run (search's time) is not goodput per GPU of a
+# deployment (serve's goodput), which ranks counts as cost does at one price
 OTHER_OBJECTIVE = ("goodput per GPU ranks serving deployments, autoplan serve's; a training run's speed "
                    "is its days to train, time")
 

@@ -296,6 +296,11 @@ class ServeJob:
                                      "plans": [serving_document(tp.plan, tp.prediction)]})
 
 
+# search's time is a training objective (docs/CLI.md: the objectives' one vocabulary)
+OTHER_OBJECTIVE = ("days to train ranks training runs, autoplan search's; a deployment's speed is its "
+                   "goodput per GPU, goodput")
+
+
 def _serve_objective(value: ServeObjective | str | None, counts: tuple[int, ...] | None
                      ) -> ServeObjective | None:
     """``--objective``: it ranks GPU counts, so it needs several."""
@@ -304,9 +309,8 @@ def _serve_objective(value: ServeObjective | str | None, counts: tuple[int, ...]
     if value is None:
         return None
     if value == "time":
-        raise InputError.single("--objective", "", "expected one of goodput, cost, energy, got 'time': days "
-                                                   "to train ranks training runs, autoplan search's; a "
-                                                   "deployment's speed is its goodput per GPU, goodput")
+        raise InputError.single("--objective", "", f"expected one of goodput, cost, energy, got 'time': "
+                                                   f"{OTHER_OBJECTIVE}")
     goal: ServeObjective = choice("--objective", value, ServeObjective)
     if counts is None or len(counts) < 2:
         raise InputError.single("--objective", "", "it chooses among GPU counts: give several with --gpus "

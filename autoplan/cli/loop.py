@@ -31,12 +31,6 @@ from autoplan.errors import InputError
 from autoplan.units import GiB
 
 
-def _one_of(flag: str, value: str, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise InputError.single(flag, "", f"expected one of {', '.join(choices)}, got {value!r}")
-    return value
-
-
 def _runner_help() -> tuple[str, str, str, str, str]:
     """--runner's and --launcher's choices and help, from the runner and launcher registries
     (``tune/runner_*.py``, ``export/*.py``: a new one is listed without an edit here)."""

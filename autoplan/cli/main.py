@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
+from autoplan.api.search import OTHER_OBJECTIVE as SEARCH_OTHER
+from autoplan.api.serve import OTHER_OBJECTIVE as SERVE_OTHER
 from autoplan.cli import files, output, render
 from autoplan.cli.app import (
     MAX_TOP,
@@ -47,18 +49,7 @@ if TYPE_CHECKING:
 # (dollars, energy per unit of work); the third is each command's own measure of speed, with
 # no meaning to the other: days to train a run (search's time) is not goodput per GPU of a
 # deployment (serve's goodput), which ranks counts as cost does at one price
-_OTHER_OBJECTIVE = {
-    "search": {"goodput": "goodput per GPU ranks serving deployments, autoplan serve's; a "
-                          "training run's speed is its days to train, time"},
-    "serve": {"time": "days to train ranks training runs, autoplan search's; a deployment's "
-                      "speed is its goodput per GPU, goodput"},
-}
-
-
-def _objective(name: str | None, kind: Any) -> Any:
-    """``--objective`` as a member of ``kind`` (search's Objective, serve's ServeObjective),
-    checked by the option's callback (:func:`_objective_choices`)."""
-    return None if name is None else kind(name)
+_OTHER_OBJECTIVE = {"search": {"goodput": SEARCH_OTHER}, "serve": {"time": SERVE_OTHER}}
 
 
 def _objective_choices(command: str, names: tuple[str, ...]) -> Any:
