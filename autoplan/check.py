@@ -163,7 +163,7 @@ class CheckReport:
 def check_plan(path: Path, *, space: SearchSpace | None = None, max_regression: float | None = None,
                min_headroom_gib: float = 0.0, runs: Sequence[Run] | None = None,
                max_slowdown: float = 0.10, runs_source: str = "runs log",
-               stack: Stack | None = None) -> CheckReport:
+               stack: Stack | None = None, data: Any = None) -> CheckReport:
     """Check the plan file at ``path``. A plan that does not read is reported (rule
     ``valid`` in error, exit code 2), not raised, so CI reports can show why; bad options
     (a negative regression or headroom) raise :class:`InputError`. ``space``: where
@@ -171,7 +171,9 @@ def check_plan(path: Path, *, space: SearchSpace | None = None, max_regression: 
     by search), else the default one. ``runs``: a runs log whose last run of the plan is
     held to ``max_slowdown`` (rule ``measured``). ``stack``: predict the plan, and search
     for --max-regression, on this software stack (a calibrated one: ``autoplan calibrate``)
-    instead of the plan's; the runs log still matches the plan as written."""
+    instead of the plan's; the runs log still matches the plan as written. ``data``: the
+    plan file's mapping, given instead of read from ``path`` (``path`` then only names it:
+    a plan object checked through ``autoplan.api.check``)."""
     if max_regression is not None and not max_regression >= 0.0:
         raise InputError.single("--max-regression", "", f"expected a fraction >= 0 (0.05 = 5 %), "
                                                          f"got {max_regression}")
@@ -187,7 +189,8 @@ def check_plan(path: Path, *, space: SearchSpace | None = None, max_regression: 
     if runs is not None:
         later.append(Rule.MEASURED)
     try:
-        data = read_yaml(path)
+        if data is None:
+            data = read_yaml(path)
         if is_serving(data):
             if runs is not None:
                 raise InputError.single("--runs", "", "measured runs are of training plans; this "

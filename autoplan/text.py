@@ -4,6 +4,7 @@ document or a terminal."""
 
 from __future__ import annotations
 
+import json
 import unicodedata
 
 # Unicode categories no name may hold: controls (C0, C1 with U+0085), format characters
@@ -87,3 +88,19 @@ def json_ready(obj: object) -> object:
     if isinstance(obj, (list, tuple)):
         return [json_ready(v) for v in obj]
     return obj
+
+
+def json_text(data: object) -> str:
+    """``data`` as the JSON every command writes (and every API result's ``to_json``):
+    indented, ASCII (so UTF-8 whatever the names hold), and valid for strict readers such
+    as jq: a lone surrogate (a file name that is not UTF-8) written as its escape text, a
+    NaN or infinity as null (:func:`json_ready`). The common case is dumped once: a
+    surrogate shows in the ASCII text as ``\\ud...``, a non-finite number fails
+    ``allow_nan=False``."""
+    try:
+        text = json.dumps(data, indent=2, sort_keys=False, allow_nan=False)
+        if "\\ud" not in text:
+            return text + "\n"
+    except ValueError:
+        pass
+    return json.dumps(json_ready(data), indent=2, sort_keys=False) + "\n"

@@ -5,11 +5,9 @@ the auto-tuner loop's.)"""
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import os
 import typing
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,8 +15,9 @@ import typer
 import yaml
 
 from autoplan import __version__
+from autoplan.api._base import MAX_TOP as _MAX_TOP
 from autoplan.cli import files, output
-from autoplan.errors import InputError, Problem
+from autoplan.errors import InputError, naming  # noqa: F401 (naming: the commands' import)
 from autoplan.vocab import TRAINING_DTYPES, Dtype
 
 
@@ -87,9 +86,8 @@ app = typer.Typer(
 )
 
 
-# more plans than anyone reads: past it a search would evaluate every candidate (seconds to
-# minutes) to rank plans no table or script uses
-MAX_TOP = 1000
+# more plans than anyone reads (autoplan.api: the API refuses more too)
+MAX_TOP = _MAX_TOP
 
 
 class Format(str, enum.Enum):
@@ -145,41 +143,6 @@ def training_dtype(value: str) -> Dtype:
 DtypeOpt = Annotated[Dtype | None, typer.Option(
     "--dtype", parser=training_dtype, metavar="<" + "|".join(d.value for d in TRAINING_DTYPES) + ">",
     help="Training precision.")]
-
-
-@contextlib.contextmanager
-def naming(*given: tuple[str, object | None], every: str | None = None) -> Iterator[None]:
-    """Errors about a file a flag named say so: a problem whose source is a flag's value (a
-    path: ``--stack /dev/zero``) is reported as ``FLAG: PATH: ...``, so that the message
-    names the flag as well as the file (for the flags whose file is not the command's
-    subject: a stack, a space, a profile, a draft model, a runs log; a model or cluster
-    file's errors start with the file, as a plan's do). ``every``: the flag every problem
-    raised in the block is about (``--runs``: a runs log's rows name files of their own, a
-    cluster or model path; the message then names the flag and the log first)."""
-    try:
-        yield
-    except InputError as exc:
-        values: dict[str, tuple[str, str]] = {}
-        for flag, value in given:
-            if value is not None:
-                for spelling in (str(value), str(Path(str(value))), str(Path(str(value)).expanduser())):
-                    values.setdefault(spelling, (flag, str(value)))
-        flags = {flag for flag, _ in given}
-
-        def named(p: Problem) -> Problem:
-            if p.source in flags:
-                return p
-            if p.source in values:
-                return Problem(values[p.source][0], "", str(p))
-            if every is not None:
-                path = next((v for f, v in given if f == every and v is not None), None)
-                return Problem(every, "", f"{path}: {p}" if path is not None else str(p))
-            return p
-
-        problems = [named(p) for p in exc.problems]
-        if problems == list(exc.problems):
-            raise
-        raise InputError(problems) from None
 
 
 def _version(value: bool) -> None:

@@ -5,8 +5,6 @@ this module."""
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import signal
 from pathlib import Path
 from typing import Annotated, Any
@@ -14,9 +12,9 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from autoplan.api.loop import DEFAULT_RUNS, MAX_TOP_K, appended_runs
 from autoplan.cli import files, output
 from autoplan.cli.app import (
-    MAX_TOP,
     ClusterOpt,
     DtypeOpt,
     Format,
@@ -27,21 +25,10 @@ from autoplan.cli.app import (
     ProfileOpt,
     SeqLenOpt,
     StackOpt,
-    _yaml,
     app,
 )
 from autoplan.errors import InputError
 from autoplan.units import GiB
-from autoplan.vocab import NO_OFFLOAD
-
-DEFAULT_RUNS = Path("autoplan-runs.csv")
-MAX_TOP_K = 20
-
-
-def _one_of(flag: str, value: str, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise InputError.single(flag, "", f"expected one of {', '.join(choices)}, got {value!r}")
-    return value
 
 
 def _runner_help() -> tuple[str, str, str, str, str]:
@@ -65,37 +52,6 @@ def _or(words: list[str], last: str) -> str:
 
 
 RUNNER_METAVAR, RUNNER_HELP, LAUNCHER_METAVAR, LAUNCHER_HELP, _LAUNCHING = _runner_help()
-
-
-def appended_runs(path: Path, runs: list[Any], *, check: bool = True, room: int = 0) -> str:
-    """The runs log at ``path`` (if it exists) with ``runs`` appended (:func:`csv_text`:
-    a user's CSV gains the columns it lacks). ``check``: every existing row is read as
-    calibrate and check read it, so nothing is appended to a log they refuse (done before
-    any trial or import; the append after it checks the header only). ``room``: rows that
-    must fit after the existing ones (a tuning's trials). Errors name ``--runs`` and the
-    log (:func:`naming`)."""
-    from autoplan.cli.app import naming
-    from autoplan.descriptors.strict import read_limited
-    from autoplan.tune.runs import MAX_ROWS, MAX_RUNS_BYTES, count_rows, csv_text
-
-    with naming(("--runs", path), every="--runs"):
-        existing = ""
-        if path.exists() or path.is_symlink():
-            data = read_limited(path, MAX_RUNS_BYTES, "a runs log", source="--runs")
-            try:
-                existing = data.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise InputError.single(str(path), "", f"not UTF-8 text (byte {exc.start})") from None
-        text = csv_text(runs, existing, str(path), path.parent if check else None)
-        if check and existing.strip():  # its serving rows too, as calibrate reads them
-            from autoplan.tune.serving_runs import parse_serving_runs
-
-            parse_serving_runs(existing.removeprefix("\ufeff"), str(path))
-        body = existing.removeprefix("\ufeff")
-        if room and body.strip() and count_rows(body, str(path)) + room > MAX_ROWS:
-            raise InputError.single(str(path), "", f"no room for {room} more runs under the runs log's "
-                                                   f"{MAX_ROWS:,} rows: append to a new one")
-        return text
 
 
 class _CtrlC:
@@ -217,33 +173,18 @@ def tune(
         tune_serving_command(serving, top_k=top if top is not None else top_k if top_k is not None else 3,
                              log=None if no_runs else (runs or DEFAULT_RUNS), workdir=workdir,
                              out_path=out_path, checkpoint=checkpoint, health_timeout=health_timeout,
-                             timeout=timeout, fmt=fmt, ctrl_c=_CtrlC(), appended_runs=appended_runs)
+                             timeout=timeout, fmt=fmt, ctrl_c=_CtrlC())
         return
     if checkpoint is not None:
         raise InputError.single("--checkpoint", "", "the weights a serving engine serves: with --serving "
                                                     "only")
-    from autoplan.kernels.memory import default_headroom_bytes
-    from autoplan.request import build_request
-    from autoplan.search.launchable import search as run_search
-    from autoplan.tune.runners import Trial, get_runner, tuned_launchers
-    from autoplan.tune.tune import layout_text, pick, runs_of
-    from autoplan.tune.tune import tune as run_tune
+    from autoplan.api.loop import prepare_tune
+    from autoplan.tune.tune import layout_text
 
-    runs_with = get_runner(runner)
-    launch = {s.name: s for s in tuned_launchers()}
-    _one_of("--launcher", launcher, tuple(launch))
-    if runs_with.launches and not runs_with.accepts(launch[launcher]):
-        takes = [name for name, s in launch.items() if runs_with.accepts(s)]
-        raise InputError.single("--launcher", "", f"the {runner} runner launches {', '.join(takes)}, "
-                                                  f"got {launcher!r}")
-    _one_of("--device", device, ("cpu", "cuda"))
     if top is not None and top_k is not None and top != top_k:
         raise InputError.single("--top", "", f"given twice, as --top {top} and --top-k {top_k} "
                                              "(--top-k is its former name): give one")
     top_k = top if top is not None else top_k if top_k is not None else 3
-    if within is not None and not math.isfinite(within):
-        raise InputError.single("--within", "", f"expected a finite fraction of the best's predicted "
-                                                f"step time (0.05 = 5%), got {within}")
     log = None if no_runs else (runs or DEFAULT_RUNS)
     for target in (out_path, log):
         if target is not None:
@@ -251,48 +192,21 @@ def tune(
     files.check_apart([("--out", out_path), ("--runs", log)], [job_file])
     if files.is_stdout(log):
         raise InputError.single("--runs", "", "the runs log is a file to append to, not stdout")
-    if log is not None:
-        # a log that cannot be appended to (any row calibrate would refuse, no room left) is
-        # refused before any search or trial
-        appended_runs(log, [], room=top_k)
     if files.is_stdout(out_path):
         output.data_to_stderr()
-    folder = (workdir or Path("autoplan-tune")) if runs_with.launches else None
-    if folder is not None and (folder.exists() or folder.is_symlink()) and not folder.is_dir():
-        raise InputError.single("--workdir", "", f"{folder}: not a folder (each trial's scripts "
-                                                 "and logs go in a folder of it)")
-    # a launch runs one launcher: its plans alone, its uneven layer splits too
-    runs_one = space is None and runs_with.launches and job_file is None
-    req = build_request(job_file, model=model, cluster=cluster, gpus=gpus, global_batch=global_batch,
-                        seq_len=seq_len, dtype=dtype, space=space, profile=profile, stack=stack,
-                        launcher=launcher if runs_one else None)
-    if req.pools is not None:
-        raise InputError.single("--cluster", "", f"{req.pools.name} has pools of unlike GPUs: tune "
-                                                 "runs plans on one kind of GPU")
-    if len(req.clusters) > 1:
-        raise InputError.single("--gpus", "", "tune runs plans for one GPU count")
-    if no_offload:
-        req = dataclasses.replace(req, space=req.space.changed(offload=(NO_OFFLOAD,)))
-    for line in req.notes:
+    prepared = prepare_tune(
+        job_file, model=model, cluster=cluster, gpus=gpus, global_batch=global_batch, seq_len=seq_len,
+        dtype=dtype, space=space, profile=profile, stack=stack, no_offload=no_offload, runner=runner,
+        launcher=launcher, device=device, top=top_k, within=within, steps=steps, warmup=warmup,
+        timeout=timeout, diverge=diverge, workdir=workdir, runs=log)
+    req = prepared.request
+    for line in prepared.notes:
         output.err.print(f"autoplan: note: {line}", markup=False)
-    runs_with.check(req, device)  # what the runner cannot run: before the search, not after it
-    the_runner = runs_with.make(device, launcher)
-    headroom = default_headroom_bytes(req.cluster.device.mem_bytes)
-    # candidates to find top_k distinct, runnable plans among: more while the search had
-    # more to give and too few were found
-    pool = max(30, 10 * top_k)
     with output.working(fmt.value, f"searching {req.space.name} space on {req.cluster.gpus} GPUs ..."):
-        while True:
-            found = run_search(req.model, req.cluster, req.job, req.space, pool, headroom)
-            chosen, _ = pick([(r.plan, r.prediction) for r in found.plans], the_runner, top_k, within)
-            if len(chosen) >= top_k or len(found.plans) < pool or pool >= MAX_TOP:
-                break
-            pool = min(MAX_TOP, pool * 8)
+        found = prepared.search()
     if not found.plans:
         output.err.print(f"autoplan: {found.why_none()}", markup=False)
         raise typer.Exit(1)
-    trial = Trial(steps=steps, warmup=warmup, timeout_s=timeout, diverge=diverge)
-    ranked = [(r.plan, r.prediction) for r in found.plans]
     with _CtrlC() as ctrl_c, output.working(fmt.value, f"tuning on {runner} ...", lines=True) as told:
         def done(t: Any) -> None:
             o = t.outcome
@@ -304,49 +218,25 @@ def tune(
             else:
                 told(line)
 
-        result = run_tune(ranked, the_runner, trial, top_k=top_k, within=within, workdir=folder,
-                          progress=told, stop=ctrl_c.stopping, done=done)
-    if log is not None and result.trials:
-        files.write_text(log, appended_runs(log, runs_of(result, runner, steps), check=False))
-    best = result.best
-    if out_path is not None and best is not None:
-        files.write_text(out_path, _yaml(_measured_document(result.trials[best], req.space.name, runner,
-                                                            steps)))
-    _print_tuning(result, fmt, req, runner, len(found.plans))
+        result = prepared.run(told, found=found, stop=ctrl_c.stopping, on_trial=done)
+    if out_path is not None and result.best is not None:
+        files.write_text(out_path, result.best_yaml())
+    _print_tuning(result, fmt, req, runner, result.searched)
     if log is not None and result.trials and fmt is not Format.json:
         output.err.print(f"appended {len(result.trials)} runs to {files.name(log)}")
-    if out_path is not None and best is not None and not files.is_stdout(out_path):
+    if out_path is not None and result.best is not None and not files.is_stdout(out_path):
         output.err.print(f"wrote the fastest measured plan to {files.name(out_path)}")
-    if best is None:
+    if result.best is None:
         raise typer.Exit(1)
-
-
-def _measured_document(t: Any, space: str, runner: str, steps: int) -> dict[str, Any]:
-    """A plan file of the trial with what it measured."""
-    from autoplan.planfile import plan_document
-
-    doc = plan_document(t.plan, t.prediction, space)
-    o = t.outcome
-    doc["measured"] = {"step_time_s": o.step_time_s, "peak_memory_gib": o.peak_gib,
-                       "steps": steps, "runner": runner, "time": t.started}
-    return doc
 
 
 def _print_tuning(result: Any, fmt: Format, req: Any, runner: str, searched: int) -> None:
     from rich.table import Table
 
-    from autoplan.planfile import plan_document
     from autoplan.tune.tune import layout_text
 
     if fmt is Format.json:
-        output.emit_json({
-            "trials": [t.to_dict(plan_document(t.plan, t.prediction, req.space.name))
-                       for t in result.trials],
-            "best": result.best,
-            "skipped": [{"searched_rank": rank, "plan": plan_document(plan), "reason": why}
-                        for rank, plan, why in result.skipped],
-            "interrupted": result.interrupted,
-        })
+        output.emit_json(result.to_dict())
         return
     tokens = req.job.global_batch * req.job.seq_len
     title = escape(f"{req.model.name} on {req.cluster.gpus} x {req.cluster.device.name}, global batch "
@@ -512,60 +402,27 @@ def calibrate(
     overlap slowdown) to measured runs, or a serving engine release line's to measured
     serving runs, with held-out error before and after: exit 0, 2 bad input or runs that
     identify no constant."""
-    from autoplan.descriptors.library import resolve_stack
-    from autoplan.descriptors.strict import name_problem
-    from autoplan.tune.calibrate import calibrate as run_calibrate
-    from autoplan.tune.runs import read_runs
-    from autoplan.tune.serving_runs import read_serving_runs
+    from autoplan.api.loop import calibrate as run_calibrate
 
     if out_path is not None:
         files.check_target(out_path)
         files.check_apart([("--out", out_path)], [runs_path])
-    if name is not None and (why := name_problem(name)):
-        raise InputError.single("--name", "", why)
-    runs = read_runs(runs_path)
-    wants_serving = engine is not None or engine_version is not None
-    if wants_serving and stack is not None:
-        raise InputError.single("--stack", "", "a training stack: --engine calibrates serving runs; give one")
-    if wants_serving or (stack is None and not any(r.ok for r in runs)):
-        serving = read_serving_runs(runs_path)
-        if wants_serving or any(r.ok for r in serving):
-            if name is not None:
-                raise InputError.single("--name", "", "names a calibrated training stack: a serving "
-                                                      "calibration is named by its engine and release line")
-            from autoplan.cli.serving_loop import calibrate_serving_command
-
-            calibrate_serving_command(runs_path, serving, engine, engine_version, out_path, fmt)
-            return
-    if stack is not None:
-        base = resolve_stack(stack, "--stack", "")
-    else:
-        names = sorted({r.plan.stack.name for r in runs if r.ok})
-        if len(names) > 1:
-            raise InputError.single(str(runs_path), "stack", f"runs of several stacks ({', '.join(names)}): "
-                                    "name the one to calibrate with --stack")
-        base = next((r.plan.stack for r in runs if r.ok), None) or resolve_stack("megatron-core")
-    result = run_calibrate(runs, base, name or f"{base.name}-calibrated", str(runs_path))
+    calibrated = run_calibrate(runs_path, stack=stack, name=name, engine=engine,
+                               engine_version=engine_version)
     if out_path is not None:
-        files.write_text(out_path, _stack_file(result, runs_path))
-    _print_calibration(result, fmt)
+        files.write_text(out_path, calibrated.file_text())
+    if fmt is Format.json:
+        output.emit_json(calibrated.to_dict())
+    elif calibrated.serving:
+        from autoplan.cli.serving_loop import print_serving_calibration
+
+        print_serving_calibration(calibrated.result)
+    else:
+        _print_calibration(calibrated.result)
     if out_path is not None and not files.is_stdout(out_path):
-        output.err.print(f"wrote the calibrated stack to {files.name(out_path)}")
-
-
-def _stack_file(result: Any, runs_path: Path) -> str:
-    from autoplan.text import one_line
-
-    before, after = result.mape_before, result.mape_after
-    lines = [
-        f"# Calibrated by `autoplan calibrate` on {one_line(str(runs_path))}: {result.runs} measured runs "
-        f"in {result.groups} groups,",
-        f"# from the stack {one_line(result.base.name)}. Held out (each group predicted without it): "
-        f"step time error {_percent(before)} before, {_percent(after)} after.",
-        "# Fitted: " + (", ".join(f"{k} {v:.4g}" for k, v in result.fitted.items()) or "none") + ".",
-    ]
-    lines += [f"# Not fitted, {k}: {one_line(v)}" for k, v in result.not_fitted.items()]
-    return "\n".join(lines) + "\n" + _yaml({"stack": result.stack.to_dict()})
+        output.err.print(f"wrote the calibrated constants to {files.name(out_path)} (serve and evaluate take "
+                         "it with --calibration)" if calibrated.serving
+                         else f"wrote the calibrated stack to {files.name(out_path)}")
 
 
 MAX_SHOWN_PLANS = 20  # the held-out table's rows; --format json lists every run
@@ -585,31 +442,17 @@ def _short_plan(plan: Any, models: int) -> str:
     return " ".join(parts)
 
 
-def _print_calibration(result: Any, fmt: Format) -> None:
+def _print_calibration(result: Any) -> None:
     import statistics
 
     from rich.table import Table
 
-    from autoplan.tune.calibrate import by_regime, constants_of, regime_of
+    from autoplan.tune.calibrate import by_regime, constants_of
     from autoplan.tune.runs import distinct_plans
 
     held = result.held_out
     before, after = result.mape_before, result.mape_after
     base, fitted = constants_of(result.base), constants_of(result.stack)
-    if fmt is Format.json:
-        output.emit_json({
-            "stack": result.stack.to_dict(), "base": result.base.name,
-            "runs": result.runs, "groups": result.groups,
-            "fitted": result.fitted, "not_fitted": result.not_fitted,
-            "held_out": {"mape_before": before, "mape_after": after,
-                         "by_regime": {k: {"runs": n, "mape_before": b, "mape_after": a}
-                                       for k, (n, b, a) in by_regime(held).items()},
-                         "runs": [{"plan_id": h.run.plan_id, "regime": regime_of(h.run.plan),
-                                   "measured_s": h.measured_s, "before_s": h.before_s,
-                                   "after_s": h.after_s} for h in held]},
-            "log_loss": {"before": result.loss_before, "after": result.loss_after},
-        })
-        return
     table = Table(title=escape(f"stack {result.base.name} calibrated on {result.runs} runs "
                                f"({result.groups} groups)"), title_justify="left")
     for col in ("constant", "base", "calibrated", "fitted"):

@@ -6,18 +6,17 @@ import contextlib
 import copy
 import dataclasses
 import enum
-import functools
-import math
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 
+from autoplan.api.search import OTHER_OBJECTIVE as SEARCH_OTHER
+from autoplan.api.serve import OTHER_OBJECTIVE as SERVE_OTHER
 from autoplan.cli import files, output, render
 from autoplan.cli.app import (
     MAX_TOP,
@@ -35,50 +34,22 @@ from autoplan.cli.app import (
     StackOpt,
     _yaml,
     app,
-    naming,
 )
 from autoplan.errors import AutoplanError, InputError, Problem
 from autoplan.plan import Plan, Prediction
 from autoplan.serving.engine import Engine
-from autoplan.units import MAX_MONEY, GiB, MiB
-from autoplan.vocab import NO_OFFLOAD, RecomputeModule
+from autoplan.units import GiB, MiB
 from autoplan.whatif.economics import Objective
 
 if TYPE_CHECKING:
     from autoplan.bench.validate import Validation
     from autoplan.measured.profile import Profile
-    from autoplan.request import Request, TrainGoal
-
-def _recompute_modules_option(text: str) -> tuple[RecomputeModule, ...]:
-    """``--recompute-modules moe_act,layernorm``: Megatron-Core's module names, each once."""
-    from autoplan.descriptors import strict
-
-    names = [n.strip() for n in text.split(",")]
-    known = {m.value: m for m in RecomputeModule}
-    bad = [n for n in names if n not in known]
-    if bad or not names or len(set(names)) != len(names):
-        raise InputError.single("--recompute-modules", "", (
-            f"expected a comma-separated list of distinct modules from {', '.join(known)}, "
-            f"got {strict.shown(text)}"))
-    return tuple(known[n] for n in names)
-
 
 # The objectives' one vocabulary (docs/CLI.md): cost and energy mean the same to both commands
 # (dollars, energy per unit of work); the third is each command's own measure of speed, with
 # no meaning to the other: days to train a run (search's time) is not goodput per GPU of a
 # deployment (serve's goodput), which ranks counts as cost does at one price
-_OTHER_OBJECTIVE = {
-    "search": {"goodput": "goodput per GPU ranks serving deployments, autoplan serve's; a "
-                          "training run's speed is its days to train, time"},
-    "serve": {"time": "days to train ranks training runs, autoplan search's; a deployment's "
-                      "speed is its goodput per GPU, goodput"},
-}
-
-
-def _objective(name: str | None, kind: Any) -> Any:
-    """``--objective`` as a member of ``kind`` (search's Objective, serve's ServeObjective),
-    checked by the option's callback (:func:`_objective_choices`)."""
-    return None if name is None else kind(name)
+_OTHER_OBJECTIVE = {"search": {"goodput": SEARCH_OTHER}, "serve": {"time": SERVE_OTHER}}
 
 
 def _objective_choices(command: str, names: tuple[str, ...]) -> Any:
@@ -166,19 +137,15 @@ def search(
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Rank the plans that fit: exit 0 found, 1 none fits, 2 bad input."""
+    from autoplan.api.search import prepare_search
+
     if quiet:
         output.quiet()
-    objective = _objective(objective_name, Objective)
-    from autoplan.planfile import plan_document
-    from autoplan.request import build_request
-    from autoplan.search.launchable import ANY, launcher_free_best
-    from autoplan.search.launchable import search as run_search
-    from autoplan.whatif.counts import parse_gpu_counts
-
-    counts = parse_gpu_counts(gpus) if gpus is not None else None
     for target in (out_path, plot):  # refused before the search, not after it
         if target is not None:
             files.check_target(target)
+    if plot is not None:
+        _check_image("--plot", plot)
     if export_dir is not None:
         _check_export_dir(export_dir)
     files.check_apart([("--out", out_path), ("--plot", plot), ("--export", export_dir)], [job_file])
@@ -186,94 +153,51 @@ def search(
         raise InputError.single("--plot", "", "--out already writes to stdout ('-')")
     if files.is_stdout(out_path) or files.is_stdout(plot):
         output.data_to_stderr()
-    modules = None if recompute_modules is None else _recompute_modules_option(recompute_modules)
-    with naming(("--space", space), ("--profile", profile), ("--stack", stack)):
-        req = build_request(job_file, model=model, cluster=cluster,
-                            gpus=None if counts is None else counts[0] if len(counts) == 1 else counts,
-                            global_batch=global_batch, seq_len=seq_len, dtype=dtype, space=space,
-                            moe_imbalance=moe_imbalance, profile=profile, stack=stack,
-                            recompute_modules=modules, launcher=launcher,
-                            train_flags=(("--train-tokens", train_tokens),
-                                         ("--objective", objective and objective.value),
-                                         ("--price", price), ("--deadline", deadline),
-                                         ("--budget", budget)))
-    whatif = _WhatIf.from_flags_and_file(req.train, train_tokens, objective, price, deadline, budget,
-                                         plot)
-    if no_offload:
-        req = dataclasses.replace(req, space=req.space.changed(offload=(NO_OFFLOAD,)))
-    if allow_bf16_states:
-        from autoplan.search.launchable import with_bf16_states
-
-        req = dataclasses.replace(req, space=with_bf16_states(req.space))
-    if export_dir is not None and (whatif is not None or req.pools is not None):
+    prepared = prepare_search(
+        job_file, model=model, cluster=cluster, gpus=gpus, global_batch=global_batch, seq_len=seq_len,
+        dtype=dtype, space=space, launcher=launcher, moe_imbalance=moe_imbalance, top=top, profile=profile,
+        stack=stack, min_headroom=min_headroom, train_tokens=train_tokens, objective=objective_name,
+        price=price, deadline=deadline, budget=budget, no_offload=no_offload,
+        allow_bf16_states=allow_bf16_states, recompute_modules=recompute_modules,
+        async_checkpoint=async_checkpoint)
+    if plot is not None and not prepared.sweep:
+        raise InputError.single("--plot", "", "needs --train-tokens (the run it prices)")
+    if export_dir is not None and (prepared.sweep or prepared.pooled):
         raise InputError.single("--export", "", "writes the best plan of one search: save a plan "
                                 "of the sweep or the pools with --out and `autoplan export` it")
-    if req.pools is not None:
-        if whatif is not None:
-            raise InputError.single("--train-tokens", "", f"cluster {req.pools.name} has pools: "
-                                    "time to train is answered for one kind of GPU")
-        for line in req.notes:
-            output.err.print(f"autoplan: note: {line}", markup=False)
-        _search_pooled(req, top, out_path, fmt, min_headroom)
-        return
-    if async_checkpoint and whatif is None:
-        raise InputError.single("--async-checkpoint", "", "needs --train-tokens (the run it prices)")
-    if async_checkpoint and not (req.cluster.fails and req.cluster.host_link_Bps):
-        raise InputError.single("--async-checkpoint", "", f"cluster {req.cluster.name} gives no "
-                                "reliability, storage and host link (host_link_GBps) to cost it")
-    if whatif is None and len(req.clusters) > 1:
-        raise InputError.single("--gpus", "", "a sweep over GPU counts answers how long and how "
-                                              "much: give --train-tokens too")
-    for line in req.notes:
+    for line in prepared.notes:
         output.err.print(f"autoplan: note: {line}", markup=False)
-    from autoplan.kernels.memory import default_headroom_bytes
-
-    headroom = (min_headroom * GiB if min_headroom is not None
-                else default_headroom_bytes(req.cluster.device.mem_bytes))
-    if headroom >= req.cluster.device.mem_bytes:
-        raise InputError.single("--min-headroom", "", f"expected less than the device's "
-                                f"{req.cluster.device.mem_bytes / GiB:.0f} GiB, got {min_headroom:g}")
-    if whatif is not None:
-        _search_whatif(req, whatif, top, out_path, fmt, headroom, async_checkpoint)
+    req = prepared.request
+    if req.pools is not None:
+        _search_pooled(prepared, out_path, fmt, min_headroom)
+        return
+    if prepared.sweep:
+        _search_whatif(prepared, out_path, fmt, plot)
         return
     with output.working(fmt.value, f"searching {req.space.name} space on {req.cluster.gpus} GPUs ..."):
-        free = _launcher_free(req, headroom, no_offload)  # beside the search, in a second process
-        try:
-            result = run_search(req.model, req.cluster, req.job, req.space, top, headroom)
-        except BaseException:
-            if free is not None:
-                free.abandon()
-            raise
-        gap = launcher_free_best(result.plans, free.result()) if free is not None else None
-    if not result.plans:
+        result = prepared.run()
+    headroom = result.headroom_bytes
+    assert headroom is not None
+    if not result.ok:
         if fmt is Format.json:
-            output.emit_json({"plans": [], "stats": result.stats.to_dict(),
-                              "reason": result.why_none()})
+            output.emit_json(result.to_dict())
         else:
             output.out.print(render.stats_text(result.stats))
-        output.err.print(f"autoplan: {result.why_none()}", markup=False)
+        output.err.print(f"autoplan: {result.reason}", markup=False)
         if headroom > 0 and result.closest is not None:
             output.err.print(f"autoplan: plans must leave {headroom / GiB:.1f} GiB free per GPU "
                              "(--min-headroom 0 allows up to the device's memory)", markup=False)
         raise typer.Exit(1)
-    from autoplan.export import launchers
-
-    runs_on = [launchers(r.plan) for r in result.plans]
-    docs = [{**plan_document(r.plan, r.prediction, req.space.name), "launchers": list(on)}
-            for r, on in zip(result.plans, runs_on, strict=True)]
+    runs_on = [r.launchers or () for r in result.plans]
+    best = result.plans[0]
     if export_dir is not None:
-        _export_best(result.plans[0].plan, docs[0], runs_on[0], launcher, export_dir)
+        _export_best(best.plan, best.to_dict(), runs_on[0], launcher, export_dir)
     if out_path is not None:
-        files.write_text(out_path, _yaml(docs[0]))
+        files.write_text(out_path, _yaml(best.to_dict()))
     if fmt is Format.json:
-        doc: dict[str, Any] = {"plans": docs, "stats": result.stats.to_dict()}
-        if gap is not None:
-            doc["launcher_free"] = {"faster_by": gap[1], "plan": plan_document(
-                gap[0].plan, gap[0].prediction, ANY)}
-        if req.profile is not None:
-            doc["profile"] = req.profile.source
-        output.emit_json(doc)
+        output.emit_json(result.to_dict())
     else:
+        gap = result.launcher_free
         # names come from user files: escape them, or rich reads "[...]" as markup
         title = escape(f"{req.model.name} on {req.cluster.gpus} x {req.cluster.device.name} "
                        f"({req.cluster.name}), global batch {req.job.global_batch} x "
@@ -284,8 +208,8 @@ def search(
         if any_space:  # a space of every launcher's choices: say whose each is
             output.out.print(escape(render.launchers_line(runs_on)))
         if gap is not None:
-            output.out.print(escape(render.gap_line(*gap)))
-        hint = render.uneven_hint(result.plans[0].plan) if req.space.parts else None
+            output.out.print(escape(render.gap_line(gap, gap.faster_by)))
+        hint = render.uneven_hint(best.plan) if req.space.parts else None
         if hint is not None:
             output.out.print(escape(hint))
         output.out.print(render.stats_text(result.stats))
@@ -294,25 +218,6 @@ def search(
             output.out.print(escape(render.profile_text(req.profile.source)))
         if out_path is not None:
             output.err.print(f"wrote the best plan to {files.name(out_path)}")
-
-
-def _launcher_free(req: Request, headroom: float, no_offload: bool) -> Any:
-    """The launcher-free space's best plan (``--space any``), searched beside a search of
-    the launchers' spaces (``forking.beside``: in a second process where one runs) to say
-    under the table where it is faster; None for any other search."""
-    if not req.space.parts:
-        return None
-    from autoplan import forking
-    from autoplan.search.engine import search as engine_search
-    from autoplan.search.launchable import ANY, resolve_space
-
-    free = resolve_space(ANY)
-    # the choices the user fixed hold for it too: the stack, the modules, --no-offload
-    free = dataclasses.replace(free, stack=req.space.stack,
-                               recompute_modules=req.space.recompute_modules,
-                               offload=(NO_OFFLOAD,) if no_offload else free.offload)
-    return forking.beside(functools.partial(engine_search, req.model, req.cluster, req.job, free, 1,
-                                            headroom))
 
 
 def _check_export_dir(path: Path) -> None:
@@ -346,47 +251,27 @@ def _export_best(plan: Plan, doc: dict[str, Any], runs_on: Sequence[str], launch
                      f"{', '.join(written)}")
 
 
-def _search_pooled(req: Request, top: int, out_path: Path | None, fmt: Format,
-                   min_headroom: float | None) -> None:
+def _search_pooled(prepared: Any, out_path: Path | None, fmt: Format, min_headroom: float | None) -> None:
     """``search`` on a cluster of pools: plans across pools and on each alone, ranked
     together, and which pools the best leaves out (autoplan.search.pooled)."""
-    from autoplan.planfile import plan_document
-    from autoplan.search.pooled import search_pooled
-
-    assert req.pools is not None
+    req = prepared.request
     pools = req.pools
-    headroom = None if min_headroom is None else min_headroom * GiB
-    smallest = min(p.device.mem_bytes for p in pools.pools)
-    if headroom is not None and headroom >= smallest:
-        raise InputError.single("--min-headroom", "", f"expected less than the smallest "
-                                f"device's {smallest / GiB:.0f} GiB, got {min_headroom:g}")
     with output.working(fmt.value, f"searching {req.space.name} space on {pools.gpus} GPUs in "
                         f"{len(pools.pools)} pools ...", lines=True) as tell:
-        result = search_pooled(req.model, pools, req.job, req.space, top, headroom, tell)
-    verdict = result.verdict()
-    alone = [{"pool": p.name, "gpus": p.gpus, "device": p.device.name,
-              **({"tokens_per_s": r.plans[0].prediction.tokens_per_s,
-                  "step_time_s": r.plans[0].prediction.step_time_s} if r.plans else
-                 {"tokens_per_s": None, "reason": r.why_none()})}
-             for p, r in zip(pools.pools, result.alone, strict=True)]
-    pooled_doc: dict[str, Any] = {"cluster": pools.name, "verdict": verdict, "alone": alone}
-    if not result.plans:
+        result = prepared.run(tell)
+    assert result.pools is not None
+    if not result.ok:
         if fmt is Format.json:
-            output.emit_json({"plans": [], "stats": result.stats.to_dict(), "pools": pooled_doc,
-                              "reason": verdict})
+            output.emit_json(result.to_dict())
         else:
             output.out.print(render.stats_text(result.stats))
-        output.err.print(f"autoplan: {verdict}", markup=False)
+        output.err.print(f"autoplan: {result.pools.verdict}", markup=False)
         raise typer.Exit(1)
-    from autoplan.export import launchers
-
-    runs_on = [launchers(r.plan) for r in result.plans]
-    docs = [{**plan_document(r.plan, r.prediction, req.space.name), "launchers": list(on)}
-            for r, on in zip(result.plans, runs_on, strict=True)]
+    runs_on = [r.launchers or () for r in result.plans]
     if out_path is not None:
-        files.write_text(out_path, _yaml(docs[0]))
+        files.write_text(out_path, _yaml(result.plans[0].to_dict()))
     if fmt is Format.json:
-        output.emit_json({"plans": docs, "stats": result.stats.to_dict(), "pools": pooled_doc})
+        output.emit_json(result.to_dict())
     else:
         what = "; ".join(f"{p.name}: {p.gpus} x {p.device.name}" for p in pools.pools)
         title = escape(f"{req.model.name} on {pools.name} ({what}), global batch "
@@ -398,7 +283,7 @@ def _search_pooled(req: Request, top: int, out_path: Path | None, fmt: Format,
         if any_space:  # a space of every launcher's choices: say whose each is
             output.out.print(escape(render.launchers_line(runs_on)))
         output.out.print(render.stats_text(result.stats))
-        output.out.print(escape(f"pools: {verdict}"))
+        output.out.print(escape(f"pools: {result.pools.verdict}"))
         if min_headroom is None:
             from autoplan.kernels.memory import DEFAULT_HEADROOM_FRACTION
 
@@ -411,162 +296,62 @@ def _search_pooled(req: Request, top: int, out_path: Path | None, fmt: Format,
             output.err.print(f"wrote the best plan to {files.name(out_path)}")
 
 
-@dataclass(frozen=True, slots=True)
-class _WhatIf:
-    """The time-to-train options of ``search``, checked."""
-
-    train_tokens: float
-    objective: Objective
-    price: float | None
-    deadline: float | None
-    budget: float | None
-    plot: Path | None
-
-    @classmethod
-    def read(cls, train_tokens: float | None, objective: Objective | None, price: float | None,
-             deadline: float | None, budget: float | None, plot: Path | None) -> _WhatIf | None:
-        given = {"--objective": objective, "--price": price, "--deadline": deadline,
-                 "--budget": budget, "--plot": plot}
-        if train_tokens is None:
-            for flag, value in given.items():
-                if value is not None:
-                    raise InputError.single(flag, "", "needs --train-tokens (the run it prices)")
-            return None
-        from autoplan.request import MAX_DEADLINE_DAYS, MAX_TRAIN_TOKENS
-
-        problems = []
-        for flag, value, hi in (("--train-tokens", train_tokens, MAX_TRAIN_TOKENS),
-                                ("--price", price, MAX_MONEY),
-                                ("--deadline", deadline, MAX_DEADLINE_DAYS),
-                                ("--budget", budget, MAX_MONEY)):
-            if value is not None and not (math.isfinite(value) and 0 < value <= hi):
-                problems.append(Problem(flag, "", f"expected a number > 0 and <= {hi:g}, "
-                                                  f"got {value:g}"))
-        if plot is not None:
-            try:
-                _check_image("--plot", plot)
-            except InputError as exc:
-                problems.extend(exc.problems)
-        if problems:
-            raise InputError(problems)
-        return cls(train_tokens, objective or Objective.TIME, price, deadline, budget, plot)
-
-    @classmethod
-    def from_flags_and_file(cls, goal: TrainGoal | None, train_tokens: float | None,
-                            objective: Objective | None, price: float | None, deadline: float | None,
-                            budget: float | None, plot: Path | None) -> _WhatIf | None:
-        """The flags over the job file's ``train:`` section (each flag overrides its field;
-        ``build_request`` notes where it does)."""
-        if goal is None:
-            return cls.read(train_tokens, objective, price, deadline, budget, plot)
-        return cls.read(train_tokens or goal.tokens, objective or goal.objective,
-                        price or goal.price_per_gpu_hour, deadline or goal.deadline_days,
-                        budget or goal.budget_usd, plot)
-
-
-def _search_whatif(req: Request, whatif: _WhatIf, top: int, out_path: Path | None,
-                   fmt: Format, headroom: float, asynchronous: bool = False) -> None:
+def _search_whatif(prepared: Any, out_path: Path | None, fmt: Format, plot: Path | None) -> None:
     """``search --train-tokens``: a search per GPU count, ranked by the objective, with
     the Pareto front of days against dollars (autoplan.whatif)."""
-    from autoplan.planfile import plan_document
-    from autoplan.whatif.plot import front_svg
-    from autoplan.whatif.sweep import constrain, meets, sweep
-
+    req = prepared.request
     device = req.cluster.device
-    price = whatif.price if whatif.price is not None else device.price_per_gpu_hour
-    if price is None and whatif.budget is not None:
-        raise InputError.single("--budget", "", f"{device.name} has no price_per_gpu_hour in its "
-                                                f"device file: give --price")
-    if whatif.objective is Objective.ENERGY and device.power_load_W is None:
-        raise InputError.single("--objective", "", f"energy needs {device.name}'s power_W "
-                                                   f"(load, idle) in its device file")
     counts = [c.gpus for c in req.clusters]
-
     with output.working(fmt.value, f"searching {req.space.name} space on "
                         f"{', '.join(map(str, counts))} GPUs ...", lines=len(counts) > 1) as tell:
-        result = sweep(req.model, req.clusters, req.job, req.space, train_tokens=whatif.train_tokens,
-                       objective=whatif.objective, price_per_gpu_hour=price, top_k=top,
-                       min_headroom_bytes=headroom, progress=tell, asynchronous=asynchronous,
-                       deadline_days=whatif.deadline, budget_usd=whatif.budget)
-    limits = constrain(result.front, whatif.objective, deadline_days=whatif.deadline,
-                       budget_usd=whatif.budget)
-    ranked = [p for p in result.ranked() if all(meets(p, whatif.deadline, whatif.budget))][:top]
-    labels = {p.gpus: render.layout_text(p.plan) + (
-        f" offload {render.offload_text(p.plan)}" if p.plan.offload.any else "")
-        for p in result.points}
-    summary = {
-        "tokens": whatif.train_tokens,
-        "objective": whatif.objective.value,
-        "gpus": counts,
-        "price_per_gpu_hour": price,
-        "price_source": ("--price" if whatif.price is not None
-                         else f"device {device.name}" if price is not None else None),
-        "pue": req.cluster.pue,
-        "deadline_days": whatif.deadline,
-        "budget_usd": whatif.budget,
-        "binding": list(limits.binding),
-        "best_gpus": limits.chosen.gpus if limits.chosen is not None else None,
-        "reason": limits.reason,
-    }
-    if not result.points:
-        why = result.why_none()
+        result = prepared.run(tell)
+    train = result.train
+    assert train is not None
+    sweep, limits, summary = train.sweep, train.limits, train.summary
+    if not sweep.points:
         if fmt is Format.json:
-            output.emit_json({"plans": [], "stats": result.stats().to_dict(), "pareto": [],
-                              "train": summary, "reason": why})
+            output.emit_json(result.to_dict())
         else:
-            output.out.print(render.stats_text(result.stats()))
-        output.err.print(f"autoplan: {why}", markup=False)
+            output.out.print(render.stats_text(result.stats))
+        output.err.print(f"autoplan: {result.reason}", markup=False)
         raise typer.Exit(1)
-    if whatif.plot is not None:
-        title = (f"{req.model.name} on {device.name}, {whatif.train_tokens:.3g} tokens: "
-                 f"days against {'dollars' if price is not None else 'GPU-hours'}")
-        if _is_png(whatif.plot):
+    if plot is not None:
+        if _is_png(plot):
             from autoplan.png import training_front_png
 
-            files.write_bytes(whatif.plot, training_front_png(
-                result.points, result.front, limits.chosen, labels, title,
-                deadline_days=whatif.deadline, budget_usd=whatif.budget))
+            files.write_bytes(plot, training_front_png(
+                sweep.points, sweep.front, limits.chosen, train.labels, train.title(),
+                deadline_days=summary["deadline_days"], budget_usd=summary["budget_usd"]))
         else:
-            files.write_text(whatif.plot, front_svg(
-                result.points, result.front, limits.chosen, labels, title,
-                deadline_days=whatif.deadline, budget_usd=whatif.budget))
-    if ranked and out_path is not None:
-        files.write_text(out_path, _yaml(plan_document(ranked[0].plan, ranked[0].prediction,
-                                                       req.space.name)))
+            files.write_text(plot, train.front_svg())
+    if result.plans and out_path is not None:
+        files.write_text(out_path, result.plans[0].to_yaml())
     if fmt is Format.json:
-        pareto = [{**p.economics.to_dict(), "layout": labels[p.gpus],
-                   "plan": plan_document(p.plan, p.prediction, req.space.name)} for p in limits.kept]
-        output.emit_json({"plans": [plan_document(p.plan, p.prediction, req.space.name)
-                                     for p in ranked],
-                          "stats": result.stats().to_dict(), "pareto": pareto, "train": summary})
+        output.emit_json(result.to_dict())
     else:
         title = escape(f"{req.model.name} on {', '.join(map(str, counts))} x {device.name} "
                        f"({req.cluster.name}), global batch {req.job.global_batch} x "
                        f"{req.job.seq_len} tokens, {req.job.dtype.value}, space {req.space.name}, "
-                       f"ranked by {whatif.objective.value} to train {whatif.train_tokens:.3g} "
+                       f"ranked by {summary['objective']} to train {summary['tokens']:.3g} "
                        f"tokens")
-        if ranked:
-            output.out.print(render.plans_table([(p.plan, p.prediction) for p in ranked], title,
+        if result.plans:
+            output.out.print(render.plans_table([(p.plan, p.prediction) for p in result.plans], title,
                                                 show_gpus=True))
-        output.out.print(render.front_table(result.points, result.front, limits.kept,
-                                            limits.chosen, labels, price_known=price is not None))
-        for n, r in zip(result.counts, result.results, strict=True):
+        output.out.print(render.front_table(sweep.points, sweep.front, limits.kept, limits.chosen,
+                                            train.labels, price_known=train.price_per_gpu_hour is not None))
+        for n, r in zip(sweep.counts, sweep.results, strict=True):
             if not r.plans:
                 output.out.print(escape(f"{n} GPUs: {r.why_none()}"))
         output.out.print(escape(render.economics_note(summary)))
         if limits.reason:
             output.out.print(escape(limits.reason))
-        if out_path is not None and ranked:
+        if out_path is not None and result.plans:
             output.err.print(f"wrote the best plan to {files.name(out_path)}")
-        if whatif.plot is not None:
-            output.err.print(f"wrote the front to {files.name(whatif.plot)}")
-    if not ranked:
+        if plot is not None:
+            output.err.print(f"wrote the front to {files.name(plot)}")
+    if not result.plans:
         output.err.print(f"autoplan: {limits.reason}", markup=False)
         raise typer.Exit(1)
-
-
-
-
 
 
 CalibrationOpt = Annotated[Path | None, typer.Option(
@@ -675,97 +460,75 @@ def serve(
 ) -> None:
     """Rank serving deployments under a workload: exit 0 one meets the SLO, 1 none fits or
     meets it, 2 bad input."""
+    from autoplan.api.serve import check_traffic_options, prepare_serve
+
     if quiet:
         output.quiet()
     if traffic is not None:
-        clashing = [flag for flag, v in (
-            ("--rate", rate), ("--concurrency", concurrency), ("--offline", offline or None),
-            ("--trace", trace), ("--disaggregated", disaggregated or None), ("--objective", objective),
-            ("--plot", plot), ("--top", top)) if v is not None]
-        if clashing:
-            raise InputError.single(clashing[0], "", "--traffic plans each period of the traffic file: "
-                                                     f"leave out {', '.join(clashing)}")
+        check_traffic_options((("--rate", rate), ("--concurrency", concurrency),
+                               ("--offline", offline or None), ("--trace", trace),
+                               ("--disaggregated", disaggregated or None),
+                               ("--objective", objective), ("--plot", plot), ("--top", top)))
     elif autoscale_out is not None:
         raise InputError.single("--autoscale-out", "", "writes the autoscaler settings of a day's plan: "
                                                        "give --traffic FILE.csv")
-    top = 10 if top is None else top
-    from autoplan.serving.evaluate import serving_document
-    from autoplan.serving.request import ServeOptions, build_serve_request, check_serve_options
-    from autoplan.serving.search import serve_pooled_search, serve_search
-    from autoplan.serving.sweep import ServeObjective
-    from autoplan.whatif.counts import parse_gpu_counts
-
-    counts = parse_gpu_counts(gpus) if gpus is not None else None
-    goal = _serve_objective(objective, counts)
     if plot is not None:
         _check_plot(plot)
-    given = ServeOptions(
-        model=model, cluster=cluster, gpus=None if counts is None else counts[0], input_len=input_len,
-        output_len=output_len,
-        rate=rate, concurrency=concurrency, offline=offline, trace=trace, requests=requests,
-        ttft_slo=ttft_slo, tpot_slo=tpot_slo, percentile=percentile, engine=engine,
-        engine_version=engine_version, weights=weights, kv_cache=kv_cache, price=price,
-        prefix_share=prefix_share,
-        prefix_groups=prefix_groups, speculative=speculative, spec_tokens=spec_tokens,
-        acceptance_length=acceptance_length, acceptance_rate=acceptance_rate, draft_model=draft_model)
-    if traffic is not None:
-        _serve_traffic(job_file, given, counts, traffic, autoscale_out, out_path, fmt)
-        return
-    with naming(("--draft-model", draft_model)):
-        job = check_serve_options(job_file, given)
+    outputs = [("--out", out_path), ("--plot", plot), ("--autoscale-out", autoscale_out)]
     if out_path is not None:
         files.check_target(out_path)
         if files.is_stdout(out_path):
             output.data_to_stderr()
-    files.check_apart([("--out", out_path), ("--plot", plot)], [job_file])
-    with naming(("--draft-model", draft_model)):
-        req = build_serve_request(job_file, job, given)
-    _calibrate_with(ctx, calibration, engine=(req.engine, req.engine_version))
-    m, c, eng, slo = req.model, req.cluster, req.engine, req.slo
-    arrival, inp, outp = req.workload.arrival, req.workload.input_len, req.workload.output_len
-    w_list, kv_list, workload = list(req.weights), list(req.kv_caches), req.workload
-    for note in req.notes:
+    if autoscale_out is not None:
+        _check_autoscale_dir(autoscale_out)
+    files.check_apart([(flag, path) for flag, path in outputs if path is not None],
+                      [job_file, traffic])
+    prepared = prepare_serve(
+        job_file, model=model, cluster=cluster, gpus=gpus, input_len=input_len, output_len=output_len,
+        rate=rate, concurrency=concurrency, offline=offline, trace=trace, requests=requests,
+        ttft_slo=ttft_slo, tpot_slo=tpot_slo, percentile=percentile, engine=engine,
+        engine_version=engine_version,
+        weights=weights, kv_cache=kv_cache, price=price, disaggregated=disaggregated,
+        prefix_share=prefix_share, prefix_groups=prefix_groups, speculative=speculative,
+        spec_tokens=spec_tokens, acceptance_length=acceptance_length, acceptance_rate=acceptance_rate,
+        draft_model=draft_model, objective=objective, traffic=traffic, top=top, calibration=calibration)
+    if prepared.calibration is not None:  # the tables too are drawn with its constants
+        from autoplan.serving.calibration import applied
+
+        ctx.with_resource(applied(prepared.calibration))
+    for note in prepared.notes:
         output.err.print(f"autoplan: note: {note}", markup=False)
-    if counts is not None and len(counts) > 1:
-        _serve_sweep(req, counts, goal or ServeObjective.GOODPUT, price, disaggregated, plot, top, out_path,
-                     fmt)
+    if traffic is not None:
+        _serve_traffic(prepared, traffic, autoscale_out, out_path, fmt)
         return
-    if req.pools is not None:  # prefill on one pool, decode on another
-        with output.working(fmt.value, f"simulating deployments on {req.pools.gpus} GPUs in "
-                                       f"{len(req.pools.pools)} pools ..."):
-            result = serve_pooled_search(m, req.pools, eng, workload, slo, w_list, kv_list,
-                                         engine_version=req.engine_version)
-    else:
-        with output.working(fmt.value, f"simulating deployments on {c.gpus} GPUs ..."):
-            result = serve_search(m, c, eng, workload, slo, w_list, kv_list, disaggregated=disaggregated,
-                                  speculative=req.speculative, engine_version=req.engine_version)
-    shown = result.plans[:top]
-    if price is not None:
-        shown = tuple(dataclasses.replace(r, prediction=r.prediction.priced(price)) for r in shown)
-    docs = [serving_document(r.plan, r.prediction) for r in shown]
-    ok = bool(shown) and shown[0].prediction.meets_slo
+    if prepared.sweep:
+        _serve_sweep(prepared, plot, out_path, fmt)
+        return
+    req = prepared.request
+    c = req.cluster
+    where = (f"{req.pools.gpus} GPUs in {len(req.pools.pools)} pools" if req.pools is not None
+             else f"{c.gpus} GPUs")
+    with output.working(fmt.value, f"simulating deployments on {where} ..."):
+        result = prepared.run()
+    search = result.search
+    shown = result.plans
     if out_path is not None and shown:
-        _write_serving_plan(out_path, shown[0])
+        _write_serving_plan(out_path, result)
     if fmt is Format.json:
-        front = [{"deployment": r.plan.deployment.label(), "tokens_per_s_per_gpu": r.per_gpu,
-                  "tokens_per_s_per_user": r.user_tokens_per_s,
-                  "tpot_ms_mean": r.prediction.tpot_ms.mean,
-                  "max_num_seqs": _max_num_seqs(r)} for r in result.front]
-        doc: dict[str, Any] = {"plans": docs, "pareto": front}
-        if not ok:
-            doc["reason"] = result.why_none(slo)
-        output.emit_json(doc)
+        output.emit_json(result.to_dict())
     else:
+        workload = req.workload
         where = (" + ".join(f"{p.gpus} x {p.device.name} ({p.name})" for p in req.pools.pools)
                  + f" of {req.pools.name}" if req.pools is not None
                  else f"{c.gpus} x {c.device.name} ({c.name})")
-        title = escape(f"{m.name} on {where}, {_engine_label(req)}, "
-                       f"{inp.mean:g} in / {outp.mean:g} out, {arrival.label()}"
+        title = escape(f"{req.model.name} on {where}, {_engine_label(req)}, "
+                       f"{workload.input_len.mean:g} in / {workload.output_len.mean:g} out, "
+                       f"{workload.arrival.label()}"
                        + (f", {workload.prefix.label()}" if workload.prefix is not None else ""))
-        output.out.print(render.serving_table(shown, slo, title))
-        output.out.print(render.serving_front_table(result.front))
+        output.out.print(render.serving_table(shown, req.slo, title))
+        output.out.print(render.serving_front_table(search.front))
         output.out.print(escape(
-            f"deployments: {result.evaluated} simulated, {result.not_fitting} leave no room for "
+            f"deployments: {search.evaluated} simulated, {search.not_fitting} leave no room for "
             "the KV cache; TTFT/TPOT over the simulated requests of one scheduler "
             "(autoplan/serving/simulate.py)"))
         if shown:
@@ -773,76 +536,32 @@ def serve(
                 output.out.print(line)
     if out_path is not None and shown and not files.is_stdout(out_path):
         output.err.print(f"wrote the best plan to {files.name(out_path)}")
-    if plot is not None and result.plans:
-        _write_serving_front(plot, result.plans, result.front, result.plans[0],
-                             f"{m.name} on {c.gpus} x {c.device.name}, {eng.value}: the serving front")
+    if plot is not None and search.plans:
+        _write_serving_front(plot, result)
         output.err.print(f"wrote the front to {files.name(plot)}")
-    if not ok:
-        output.err.print(f"autoplan: {result.why_none(slo)}", markup=False)
+    if not result.ok:
+        output.err.print(f"autoplan: {result.reason}", markup=False)
         raise typer.Exit(1)
 
 
-def _serve_traffic(job_file: Path | None, given: Any, counts: tuple[int, ...] | None, traffic: Path,
-                   autoscale_out: Path | None, out_path: Path | None, fmt: Format) -> None:
+def _serve_traffic(prepared: Any, traffic: Path, autoscale_out: Path | None, out_path: Path | None,
+                   fmt: Format) -> None:
     """``serve --traffic FILE.csv``: one replica shape for the day, the replicas each period
     needs, static against scaled provisioning, the autoscaler's thresholds
     (autoplan.serving.traffic_plan); ``--out`` the plan with its ``autoscale`` block,
     ``--autoscale-out`` the autoscalers' settings (autoplan.export.autoscale)."""
-    from autoplan.descriptors.strict import read_yaml
-    from autoplan.serving.evaluate import serving_document
-    from autoplan.serving.planfile import MIN_RATE, ServingJob, read_serving_job
-    from autoplan.serving.request import ARRIVAL_FLAGS, build_serve_request, check_serve_options
-    from autoplan.serving.traffic import read_traffic
-    from autoplan.serving.traffic_plan import plan_traffic
-
-    if counts is not None and len(counts) > 1:
-        raise InputError.single("--gpus", "", "with --traffic, the most GPUs the deployment may scale to: "
-                                              "give one count")
-    outputs = [("--out", out_path), ("--autoscale-out", autoscale_out)]
-    if out_path is not None:
-        files.check_target(out_path)
-        if files.is_stdout(out_path):
-            output.data_to_stderr()
-    if autoscale_out is not None:
-        _check_autoscale_dir(autoscale_out)
-    files.check_apart(outputs, [job_file, traffic])
-    table = read_traffic(traffic)
-    job = read_serving_job(read_yaml(job_file), str(job_file)) if job_file is not None else ServingJob()
-    # the options' checks want an arrival and lengths: the busiest period's stand in for them (the
-    # planner gives each period its own); lengths every row gives need not be given again
-    rates = [p.rate_rps for p in table.periods if p.rate_rps]
-    clients = [p.concurrency for p in table.periods if p.concurrency]
-    if not rates and not clients:
-        raise InputError.single(str(traffic), "rate_rps", "no requests in any period: nothing to plan")
-    filled: dict[str, Any] = ({"rate": max(max(rates), MIN_RATE)} if rates
-                              else {"concurrency": max(clients)})
-    for key, column in (("input_len", "input_len"), ("output_len", "output_len")):
-        cells = [getattr(p, column) for p in table.periods]
-        if getattr(given, key) is None and getattr(job, key) is None and all(c is not None for c in cells):
-            filled[key] = max(1, round(max(cells)))
-    given = dataclasses.replace(given, gpus=None, **filled)
-    with naming(("--draft-model", given.draft_model)):
-        job = check_serve_options(job_file, given)
-        req = build_serve_request(job_file, job, given)
-    for note in req.notes:
-        if note.startswith(ARRIVAL_FLAGS):
-            note = f"--traffic overrides {job_file}'s arrival"
-        output.err.print(f"autoplan: note: {note}", markup=False)
-    budget = counts[0] if counts is not None else job.gpus
+    req, table = prepared.request, prepared.traffic
     m, c = req.model, req.base_cluster
-    assert c is not None
     with output.working(fmt.value, f"planning {len(table.periods)} periods of {files.name(traffic)} ..."):
-        tp = plan_traffic(req, table, budget_gpus=budget, price_per_gpu_hour=given.price)
+        result = prepared.run()
+    tp = result.traffic
     if tp is None:
-        why = (f"no replica shape of {m.name} on {c.device.name} meets the SLO at the busiest period's "
-               "lengths, at any rate (a looser SLO, fp8 weights or KV cache, another device)")
         if fmt is Format.json:
-            output.emit_json({"traffic": None, "plans": [], "reason": why})
-        output.err.print(f"autoplan: {why}", markup=False)
+            output.emit_json(result.to_dict())
+        output.err.print(f"autoplan: {result.reason}", markup=False)
         raise typer.Exit(1)
     if out_path is not None:
-        here = None if files.is_stdout(out_path) else str(Path(os.path.abspath(out_path)).parent)
-        files.write_text(out_path, _yaml(serving_document(tp.plan, tp.prediction, here)))
+        _write_serving_plan(out_path, result)
     written: dict[str, str] = {}
     if autoscale_out is not None:
         from autoplan.export.autoscale import autoscale_files
@@ -856,7 +575,7 @@ def _serve_traffic(job_file: Path | None, given: Any, counts: tuple[int, ...] | 
         for note in notes:
             output.err.print(f"autoplan: note: {note}", markup=False)
     if fmt is Format.json:
-        output.emit_json({"traffic": tp.to_dict(), "plans": [serving_document(tp.plan, tp.prediction)]})
+        output.emit_json(result.to_dict())
     else:
         slo = req.slo
         shape = tp.shape
@@ -890,11 +609,8 @@ def _serve_traffic(job_file: Path | None, given: Any, counts: tuple[int, ...] | 
                          f"{files.name(out_path)}")
     if written:
         output.err.print(f"wrote {', '.join(written)} to {files.name(autoscale_out or Path())}")
-    if not tp.meets_slo:
-        short = [p.period.label() for p in tp.periods if not p.meets_slo]
-        why = (f"--gpus {budget} is too few" if budget is not None else
-               "no number of replicas meets the SLO at their lengths")
-        output.err.print(f"autoplan: periods {', '.join(short)} fall short of the SLO: {why}", markup=False)
+    if not result.ok:
+        output.err.print(f"autoplan: {result.reason}", markup=False)
         raise typer.Exit(1)
 
 
@@ -912,27 +628,11 @@ def _engine_label(req: Any) -> str:
     return req.engine.value + (f" {req.engine_version}" if req.engine_version is not None else "")
 
 
-def _serve_objective(objective: str | None, counts: tuple[int, ...] | None) -> Any:
-    """``--objective`` as a ServeObjective (None: not given); it ranks GPU counts, so it needs
-    several."""
-    from autoplan.serving.sweep import ServeObjective
-
-    if objective is None:
-        return None
-    goal = _objective(objective, ServeObjective)
-    if counts is None or len(counts) < 2:
-        raise InputError.single("--objective", "", "it chooses among GPU counts: give several with --gpus "
-                                                   "(8,16,32 or 8..64)")
-    return goal
-
-
-def _write_serving_plan(out_path: Path, ranked: Any) -> None:
-    """A ranked serving deployment as its plan file; a trace is named relative to the plan
+def _write_serving_plan(out_path: Path, result: Any) -> None:
+    """The best serving deployment as its plan file; a trace is named relative to the plan
     file, so the two can move together."""
-    from autoplan.serving.evaluate import serving_document
-
     here = None if files.is_stdout(out_path) else str(Path(os.path.abspath(out_path)).parent)
-    files.write_text(out_path, _yaml(serving_document(ranked.plan, ranked.prediction, here)))
+    files.write_text(out_path, result.plan_yaml(here))
 
 
 def _check_plot(plot: Path) -> None:
@@ -961,99 +661,51 @@ def _check_image(flag: str, path: Path) -> None:
     files.check_target(path)
 
 
-def _write_serving_front(plot: Path, points: Any, front: Any, chosen: Any, title: str,
-                         label_gpus: bool = False) -> None:
+def _write_serving_front(plot: Path, result: Any) -> None:
     """``serve --plot``: the serving front as an SVG, or a PNG for a .png file."""
     if _is_png(plot):
         from autoplan.png import serving_front_png
 
+        points, front, chosen, label_gpus, title = result.front_parts()
         files.write_bytes(plot, serving_front_png(points, front, chosen, title, label_gpus=label_gpus))
     else:
-        from autoplan.serving.plot import serving_front_svg
-
-        files.write_text(plot, serving_front_svg(points, front, chosen, title, label_gpus=label_gpus))
+        files.write_text(plot, result.front_svg())
 
 
-def _serve_sweep(req: Any, counts: tuple[int, ...], goal: Any, price: float | None, disaggregated: bool,
-                 plot: Path | None, top: int, out_path: Path | None, fmt: Format) -> None:
+def _serve_sweep(prepared: Any, plot: Path | None, out_path: Path | None, fmt: Format) -> None:
     """``serve --gpus 8,16,32``: the serve search at each count, the count the objective
     prefers, the front over all of them (autoplan.serving.sweep)."""
-    from autoplan.serving.evaluate import serving_document
-    from autoplan.serving.sweep import objective_value, serve_sweep
-
-    m, c, eng, slo = req.model, req.base_cluster, req.engine, req.slo
-    assert c is not None
+    req, counts = prepared.request, prepared.counts
+    m, c = req.model, req.base_cluster
     with output.working(fmt.value, f"simulating deployments on {', '.join(map(str, counts))} GPUs ...",
                         lines=True) as tell:
-        sweep = serve_sweep(m, c, counts, eng, req.workload, slo, req.weights, req.kv_caches,
-                            objective=goal, price_per_gpu_hour=price, disaggregated=disaggregated,
-                            speculative=req.speculative, progress=tell, engine_version=req.engine_version)
-    chosen = sweep.chosen
-    best = None if chosen is None else chosen.best
+        result = prepared.run(tell)
+    sweep = result.sweep
+    best = None if sweep.result.chosen is None else sweep.result.chosen.best
     if out_path is not None and best is not None:  # checked by serve before the sweep ran
-        _write_serving_plan(out_path, best)
-    rows = []
-    for cr in sweep.counts:
-        b = cr.best
-        row: dict[str, Any] = {"gpus": cr.gpus, "chosen": chosen is not None and cr.gpus == chosen.gpus}
-        if b is None:
-            row.update(fits=False, reason=cr.result.why_none(slo))
-        else:
-            p = b.prediction
-            row.update(fits=True, deployment=b.plan.deployment.label(), meets_slo=p.meets_slo,
-                       goodput_rps=p.goodput_rps, tokens_per_s_per_gpu=b.per_gpu,
-                       tokens_per_s_per_user=b.user_tokens_per_s, ttft_ms_slo=p.slo_ttft_ms,
-                       tpot_ms_slo=p.slo_tpot_ms,
-                       usd_per_million_tokens=None if p.per_million is None else p.per_million.cost_usd,
-                       kwh_per_million_tokens=None if p.per_million is None else p.per_million.energy_kwh,
-                       objective_value=_finite(objective_value(b, goal, slo)))
-        rows.append(row)
-    front = [{"gpus": r.plan.deployment.gpus, "deployment": r.plan.deployment.label(),
-              "tokens_per_s_per_gpu": r.per_gpu, "tokens_per_s_per_user": r.user_tokens_per_s,
-              "tpot_ms_mean": r.prediction.tpot_ms.mean} for r in sweep.front]
-    ok = best is not None and best.prediction.meets_slo
+        here = None if files.is_stdout(out_path) else str(Path(os.path.abspath(out_path)).parent)
+        from autoplan.api.search import plan_yaml
+        from autoplan.serving.evaluate import serving_document
+
+        files.write_text(out_path, plan_yaml(serving_document(best.plan, best.prediction, here)))
     if fmt is Format.json:
-        doc: dict[str, Any] = {"objective": goal.value,
-                               "chosen_gpus": None if chosen is None else chosen.gpus,
-                               "sweep": rows, "pareto": front,
-                               "plans": [serving_document(cr.best.plan, cr.best.prediction)
-                                         for cr in sweep.counts if cr.best is not None][:top]}
-        if not ok:
-            doc["reason"] = ("no GPU count fits" if best is None else
-                             sweep.chosen.result.why_none(slo) if sweep.chosen is not None else "")
-        output.emit_json(doc)
+        output.emit_json(result.to_dict())
     else:
-        output.out.print(render.serving_sweep_table(rows, goal.value, escape(
+        output.out.print(render.serving_sweep_table(list(sweep.rows), sweep.objective.value, escape(
             f"{m.name} on {c.device.name} ({c.name}), {_engine_label(req)}, "
             f"{req.workload.input_len.mean:g} in / "
             f"{req.workload.output_len.mean:g} out, {req.workload.arrival.label()}: by GPU count")))
-        output.out.print(render.serving_front_table(sweep.front, show_gpus=True))
-    if plot is not None:
-        every = [r for cr in sweep.counts for r in cr.result.plans]
-        if every:
-            _write_serving_front(plot, every, sweep.front, best, (
-                f"{m.name} on {c.device.name}, {eng.value}: the serving front at "
-                f"{', '.join(map(str, counts))} GPUs"), label_gpus=True)
-            output.err.print(f"wrote the front to {files.name(plot)}")
+        output.out.print(render.serving_front_table(sweep.result.front, show_gpus=True))
+    if plot is not None and any(cr.result.plans for cr in sweep.result.counts):
+        _write_serving_front(plot, result)
+        output.err.print(f"wrote the front to {files.name(plot)}")
     if out_path is not None and best is not None and not files.is_stdout(out_path):
         output.err.print(f"wrote the chosen plan to {files.name(out_path)}")
-    if not ok:
+    if not result.ok:
         why = ("no GPU count's best deployment meets the SLO" if best is not None
                else "no deployment fits at any GPU count")
         output.err.print(f"autoplan: {why}", markup=False)
         raise typer.Exit(1)
-
-
-def _finite(v: float) -> float | None:
-    return v if math.isfinite(v) else None
-
-
-def _max_num_seqs(r: Any) -> int:
-    """The batch limit a ranked serving plan ran with (the engine's default where unset)."""
-    from autoplan.serving.deployment import resolved_limits
-
-    p = r.plan
-    return resolved_limits(p.deployment, p.engine, p.cluster.device, p.engine_version)[0]
 
 
 def _print_prediction(path: Path, plan: Plan, pred: Prediction, *extra: Any) -> None:
@@ -1074,23 +726,11 @@ def _print_prediction(path: Path, plan: Plan, pred: Prediction, *extra: Any) -> 
     output.out.print(render.memory_table(pred))
     if (docs := plan.job.documents) is not None:
         output.out.print(escape(render.packing_line(plan, docs)))
-    if found := _reliabilities(plan):
+    from autoplan.api.plans import reliabilities
+
+    if found := reliabilities(plan):
         for line in render.reliability_lines(found, plan.cluster.gpus):
             output.out.print(escape(line))
-
-
-def _reliabilities(plan: Plan) -> dict[str, Any]:
-    """What failures and checkpoints cost a run on the plan (whatif/reliability.py), saved
-    synchronously, and asynchronously where the cluster gives its host link; {} where its
-    cluster file gives no failure rate and storage."""
-    if plan.placement is not None or not plan.cluster.fails:
-        return {}
-    from autoplan.whatif.reliability import reliability
-
-    out = {"synchronous": reliability(plan)}
-    if plan.cluster.host_link_Bps is not None:
-        out["asynchronous"] = reliability(plan, asynchronous=True)
-    return {k: v for k, v in out.items() if v is not None}
 
 
 @app.command()
@@ -1107,172 +747,46 @@ def evaluate(
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Predict each plan with a breakdown: exit 0 all fit, 1 some do not fit, 2 bad input."""
-    from autoplan.descriptors.strict import read_yaml
-    from autoplan.serving.planfile import is_serving
+    from autoplan.api.plans import evaluate as run_evaluate
 
-    given = _read_profile(profile)
-    measured_runs = _read_runs(runs)
-    documents = [(p, read_yaml(p)) for p in plans]
-    # all validated before any output; serving plans (kind: serving) apart; each plan's
-    # cluster through the one door of measured profiles (planfile.read_plan)
-    serving = [(p, _read_serving(d, p, profile, given)) for p, d in documents if is_serving(d)]
-    plans = [p for p, d in documents if not is_serving(d)]
-    loaded = [_read_training(d, p, profile, given) for p, d in documents if not is_serving(d)]
-    serving_ok = True
-    if calibration is not None and not serving:
-        raise InputError.single("--calibration", "", "a serving engine's constants: give serving plans")
-    _calibrate_with(ctx, calibration, plans=[plan for _, plan in serving])
-    if serving:
-        serving_ok = _evaluate_serving(serving, fmt, also_training=bool(loaded))
-        if not loaded:
-            raise typer.Exit(0 if serving_ok else 1)
-    results = _predicted(_with_stack(loaded, stack), given)
-    learned = None
-    if measured_runs is not None:
-        from autoplan.tune.residual import fit_residual
+    result = run_evaluate(plans, profile=profile, stack=stack, runs=runs, calibration=calibration)
+    kinds = {e.serving for e in result.plans}
+    if fmt is Format.json and len(kinds) > 1:
+        raise InputError.single("--format", "", "json takes training or serving plans, not both at once")
+    if result.calibration is not None:  # the tables too are drawn with its constants
+        from autoplan.serving.calibration import applied
 
-        with naming(("--runs", runs), every="--runs"):
-            learned = fit_residual(measured_runs, str(runs))
-    # a plan on a device no run measured is predicted, not corrected: said once, on stderr
-    corrects = [learned is not None and learned.why_not(plan) is None for plan, _ in results]
-    if learned is not None and runs is not None:
-        for path, (plan, _), ok in zip(plans, results, corrects, strict=True):
-            if not ok:
-                output.err.print(f"autoplan: note: --runs: {files.name(runs)}: no correction for "
-                                 f"{files.name(path)}: {learned.why_not(plan)}", markup=False)
+        ctx.with_resource(applied(result.calibration))
+    for note in result.notes:
+        output.err.print(note, markup=False)
     if fmt is Format.json:
-        docs = [_training_document(p, r) for p, r in results]
-        for doc, (p, r), ok in zip(docs, results, corrects, strict=True):
-            if ok:
-                assert learned is not None
-                doc["prediction"]["learned_from_runs"] = learned.to_dict(p, r)
-        output.emit_json({"plans": docs})
+        output.emit_json(result.to_dict())
     else:
-        for path, (plan, pred), ok in zip(plans, results, corrects, strict=True):
-            _print_prediction(path, plan, pred)
-            if ok:
-                assert learned is not None
-                p10, p50, p90 = learned.band(plan, pred)
+        learned = result.residual
+        # serving plans first, then training plans, each kind in the order given
+        for e in sorted(result.plans, key=lambda e: not e.serving):
+            if e.serving:
+                _print_serving(e.source, e.plan, e.prediction)
+                continue
+            _print_prediction(Path(e.source), e.plan, e.prediction)
+            if e.learned is not None:
+                p10, p50, p90 = learned.band(e.plan, e.prediction)
                 output.out.print(escape(
-                    f"step time: {pred.step_time_s:.3f} s predicted by the cost model (above); "
-                    f"{p50:.3f} s corrected by the {learned.runs_for(plan)} measured runs of {runs} "
-                    f"on {plan.cluster.device.name} "
+                    f"step time: {e.prediction.step_time_s:.3f} s predicted by the cost model (above); "
+                    f"{p50:.3f} s corrected by the {learned.runs_for(e.plan)} measured runs of {runs} "
+                    f"on {e.plan.cluster.device.name} "
                     f"({p10:.3f} to {p90:.3f} s, 10th to 90th percentile over the trees)"))
-    if not all(pred.feasible for _, pred in results):
+    if not result.ok:
         raise typer.Exit(1)
 
 
-def _calibrate_with(ctx: typer.Context, path: Path | None, *, engine: tuple[Any, str | None] | None = None,
-                    plans: Sequence[Any] = ()) -> None:
-    """``--calibration``: the file read (its errors naming the flag), checked against the
-    engine and release searched or the plans given (each must run its engine release line),
-    and its constants applied until the command ends (the command's context holds them as a
-    resource, ``Context.with_resource``: the engine's constants are restored however the
-    command ends)."""
-    if path is None:
-        return
-    from autoplan.serving.calibration import applied, check, check_engine, read_calibration
-
-    with naming(("--calibration", path)):
-        calibration = read_calibration(path)
-    if engine is not None:
-        check_engine(calibration, *engine)
-    check(calibration, plans)
-    ctx.with_resource(applied(calibration))
-
-
-def _read_profile(profile: Path | None) -> Profile | None:
-    """``--profile``: the profile CSV, its errors naming the flag."""
-    if profile is None:
-        return None
-    from autoplan.measured.profile import read_profile
-
-    with naming(("--profile", profile)):
-        return read_profile(profile)
-
-
-def _read_runs(runs: Path | None) -> list[Any] | None:
-    """``--runs``: the runs log, every error naming the flag and the log (a row's own
-    model or cluster file too)."""
-    if runs is None:
-        return None
-    from autoplan.tune.runs import read_runs
-
-    with naming(("--runs", runs), every="--runs"):
-        return read_runs(runs)
-
-
-def _read_training(data: Any, path: Path, profile: Path | None, given: Profile | None) -> Plan:
-    """A training plan file, its cluster through the one door of measured profiles."""
-    from autoplan.planfile import read_plan
-
-    with naming(("--profile", profile)):
-        return read_plan(data, str(path), profile=given)
-
-
-def _read_serving(data: Any, path: Path, profile: Path | None, given: Profile | None) -> Any:
-    from autoplan.serving.planfile import read_serving_plan
-
-    with naming(("--profile", profile)):
-        return read_serving_plan(data, str(path), profile=given)
-
-
-def _with_stack(loaded: list[Plan], stack: str | None) -> list[Plan]:
-    """``--stack``: the plans run on that stack instead of the one they name."""
-    if stack is None:
-        return loaded
-    from autoplan.descriptors.library import resolve_stack
-
-    with naming(("--stack", stack)):
-        named = resolve_stack(stack, "--stack", "")
-    return [dataclasses.replace(plan, stack=named) for plan in loaded]
-
-
-def _predicted(loaded: list[Plan], given: Profile | None) -> list[tuple[Plan, Prediction]]:
-    """Each plan's prediction; with the uncertainty band where its device carries a
-    fitted correction (scikit-learn is loaded already then)."""
-    from autoplan.cost.evaluate import evaluate as predict
-    from autoplan.measured.door import Corrected
-
-    results = []
-    for plan in loaded:
-        if plan.cluster.device.correction is None:
-            results.append((plan, predict(plan)))
-            continue
-        from autoplan.measured.surrogate import predict_with_band
-
-        if note := Corrected(plan.cluster, given).note:
-            output.err.print(note, markup=False)
-        results.append((plan, predict_with_band(plan)))
-    return results
-
-
-def _training_document(plan: Plan, pred: Prediction) -> dict[str, Any]:
-    """A training plan and its prediction as evaluate's (and explain's) JSON gives it."""
-    from autoplan.planfile import plan_document
-
-    doc = plan_document(plan, pred)
-    if found := _reliabilities(plan):
-        doc["prediction"]["reliability"] = {k: v.to_dict() for k, v in found.items()}
-    return doc
-
-
-def _evaluate_serving(serving: list[tuple[Path, Any]], fmt: Format, also_training: bool) -> bool:
-    """Simulate and show each serving plan; whether all fit and meet their SLOs."""
+def _print_serving(source: str, plan: Any, pred: Any) -> None:
+    """A serving plan's evaluation for people."""
     from autoplan.serving.cost import StepModel
-    from autoplan.serving.evaluate import evaluate_serving, serving_document
 
-    if fmt is Format.json and also_training:
-        raise InputError.single("--format", "", "json takes training or serving plans, not both at once")
-    results = [(path, plan, evaluate_serving(plan)) for path, plan in serving]
-    if fmt is Format.json:
-        output.emit_json({"plans": [serving_document(plan, pred) for _, plan, pred in results]})
-    else:
-        for path, plan, pred in results:
-            step = StepModel(plan.model, plan.cluster, plan.deployment, plan.engine, plan.engine_version)
-            for renderable in render.serving_evaluation(str(path), plan, pred, step):
-                output.out.print(renderable)
-    return all(pred.fits and (not plan.slo.any or pred.meets_slo) for _, plan, pred in results)
+    step = StepModel(plan.model, plan.cluster, plan.deployment, plan.engine, plan.engine_version)
+    for renderable in render.serving_evaluation(source, plan, pred, step):
+        output.out.print(renderable)
 
 
 @app.command()
@@ -1292,68 +806,43 @@ def explain(
     """Where time and memory go, and the simulated pipeline schedule as a timeline. --format
     json gives evaluate's JSON of the plan with the explanation added (per-stage times, the
     simulated schedule's makespan and idle share per stage)."""
-    from autoplan.cost.evaluate import simulate_timeline
-    from autoplan.cost.stage import stage_work
-    from autoplan.descriptors.strict import read_yaml
-    from autoplan.parallel.pp import MAX_PIPELINE_OPS
+    from autoplan.api.plans import explain as run_explain
     from autoplan.schedules import timeline as tl
-    from autoplan.serving.planfile import is_serving
 
     if timeline is not None:
+        from autoplan.descriptors.strict import read_yaml
+        from autoplan.serving.planfile import is_serving
+
         if files.is_stdout(timeline):
             raise InputError.single("--timeline", "", "expected a file, got '-'")
         _check_image("--timeline", timeline)
-    given = _read_profile(profile)
-    data = read_yaml(plan_path)
-    if is_serving(data):
-        if timeline is not None or microbatches is not None or stack is not None:
-            flag = ("--timeline" if timeline is not None else "--microbatches" if microbatches is not None
-                    else "--stack")
-            raise InputError.single(flag, "", (
-                "sets a training plan's software stack; a serving plan's engine is in the plan"
-                if flag == "--stack" else "draws a training pipeline's schedule; a serving plan's "
-                                          "batch over the run is shown in the output"))
-        ok = _evaluate_serving([(plan_path, _read_serving(data, plan_path, profile, given))], fmt, False)
-        raise typer.Exit(0 if ok else 1)
-    plan = _with_stack([_read_training(data, plan_path, profile, given)], stack)[0]
-    chunks = plan.layout.pp * plan.layout.vpp
-    if microbatches is not None and microbatches * chunks > MAX_PIPELINE_OPS:
-        raise InputError.single("--microbatches", "", f"at most {MAX_PIPELINE_OPS // chunks:,} for "
-                                f"this plan (pp x vpp = {chunks}: {MAX_PIPELINE_OPS:,} pipeline "
-                                f"operations), got {microbatches:,}")
-    pred = _predicted([plan], given)[0][1]
-    sim = simulate_timeline(plan, microbatches)
-    works = stage_work(plan)
-    m = plan.num_microbatches
-    sim_m = m if microbatches is None else microbatches
-    title = (f"{plan.model.name}: {plan.schedule.value}, pp={plan.layout.pp}"
-             + (f", vpp={plan.layout.vpp}" if plan.layout.vpp > 1 else "")
-             + f", {sim_m} microbatches" + (f" (the plan runs {m})" if sim_m != m else ""))
+        if is_serving(read_yaml(plan_path)):
+            raise InputError.single("--timeline", "", "draws a training pipeline's schedule; a serving "
+                                                      "plan's batch over the run is shown in the output")
+    result = run_explain(plan_path, microbatches=microbatches, profile=profile, stack=stack)
+    for note in result.notes:
+        output.err.print(note, markup=False)
+    plan, pred = result.plan, result.prediction
+    if result.serving:
+        if fmt is Format.json:
+            output.emit_json(result.to_dict())
+        else:
+            _print_serving(str(plan_path), plan, pred)
+        raise typer.Exit(0 if result.ok else 1)
+    sim = result.timeline
     if fmt is Format.json:
-        doc = _training_document(plan, pred)
-        idle = tl.idle_fraction(sim.events, plan.layout.pp)
-        doc["explanation"] = {
-            "stages": [{"stage": s, "layers": w.layers, "forward_s": w.forward,
-                        "backward_input_s": w.backward_input, "backward_weight_s": w.backward_weight,
-                        "exposed_comm_s": w.comm.total} for s, w in enumerate(works)],
-            "timeline": {"schedule": plan.schedule.value, "pp": plan.layout.pp, "vpp": plan.layout.vpp,
-                         "microbatches": sim_m, "plan_microbatches": m, "makespan_s": sim.makespan,
-                         "stages": [{"stage": s, "busy_s": sim.busy[s], "idle_share": idle[s],
-                                     "peak_inflight": sim.peak_inflight[s]}
-                                    for s in range(plan.layout.pp)]},
-        }
-        output.emit_json({"plans": [doc]})
+        output.emit_json(result.to_dict())
     else:
-        _print_prediction(plan_path, plan, pred, render.stage_table(plan, works))
-        output.out.print(f"[bold]timeline[/bold]: {escape(title)}")
+        _print_prediction(plan_path, plan, pred, render.stage_table(plan, result.stages or ()))
+        output.out.print(f"[bold]timeline[/bold]: {escape(result.title)}")
         label = len(f"stage {plan.layout.pp - 1} ") + 12  # stage label and idle share per line
         output.out.print(tl.timeline_rich(sim.events, plan.layout.pp,
                                           width=max(20, min(160, output.out.width - label))))
     if timeline is not None:
         if timeline.suffix.lower() == ".svg":
-            files.write_text(timeline, tl.timeline_svg(sim.events, plan.layout.pp, title=title))
+            files.write_text(timeline, result.timeline_svg())
         else:
-            files.write_bytes(timeline, tl.timeline_png(sim.events, plan.layout.pp, title=title))
+            files.write_bytes(timeline, tl.timeline_png(sim.events, plan.layout.pp, title=result.title))
         output.err.print(f"wrote the timeline to {escape(str(timeline))}")
 
 
@@ -1635,40 +1124,9 @@ def export_plan(
                             "instead of printing.")] = None,
 ) -> None:
     """Write a launcher's configuration for a plan: exit 0, or 2 on bad input or a plan it can't run."""
-    from autoplan.descriptors.strict import read_yaml
-    from autoplan.export import Target, slurm_launchers
-    from autoplan.export import export as run_export
-    from autoplan.export.deploy import TARGETS as DEPLOY
-    from autoplan.export.deploy import export_deployment
-    from autoplan.export.serving import export_serving
-    from autoplan.planfile import read_plan
-    from autoplan.serving.planfile import is_serving, read_serving_plan
+    from autoplan.api.plans import export as run_export
 
-    data = read_yaml(plan_path)
-    serving_targets = {e.value for e in Engine} | set(DEPLOY)
-    if is_serving(data):
-        if to not in serving_targets:
-            valid = ", ".join(sorted(serving_targets))
-            raise InputError.single("--to", "", f"a serving plan exports to {valid}, got {to!r}")
-        serving_plan = read_serving_plan(data, str(plan_path), correct=False)
-        if to in DEPLOY:
-            written = export_deployment(serving_plan, to, str(plan_path))
-        else:
-            written = export_serving(serving_plan, Engine(to), str(plan_path))
-    else:
-        if to in serving_targets:
-            raise InputError.single("--to", "", f"{to} serves models: give a serving plan (`autoplan serve "
-                                                "--out plan.yaml` writes one)")
-        target = _choice("--to", to, Target)  # as registered now (a launcher found since start-up too)
-        runs = _choice("--launcher", launcher, [s.name for s in slurm_launchers()])
-        if target is not Target.SLURM and runs != "megatron":
-            raise InputError.single("--launcher", "", "only --to slurm takes a launcher")
-        plan = read_plan(data, str(plan_path), correct=False)  # exported, not predicted
-        if plan.placement is None:  # its checkpoint interval prices the step with the grids evaluate takes
-            from autoplan.measured.door import with_kernels
-
-            plan = plan.replace(cluster=with_kernels(plan.cluster))
-        written = run_export(plan, target, str(plan_path), runs)
+    written = run_export(plan_path, to=to, launcher=launcher).files
     if out_path is None or files.is_stdout(out_path):
         for name, text in written.items():
             if len(written) > 1:
@@ -1687,16 +1145,6 @@ def export_plan(
     for name, path in paths.items():
         files.write_text(path, written[name], executable=name.endswith((".sh", ".sbatch")))
         output.err.print(f"wrote {escape(str(path))}")
-
-
-def _choice(option: str, value: str, kind: Any) -> Any:
-    """A member of ``kind`` (an enum, a registry such as ``Engine``, or names) by value, or a
-    usage error listing the valid ones (exit 2)."""
-    for member in kind:
-        if getattr(member, "value", member) == value:
-            return member
-    valid = ", ".join(getattr(m, "value", m) for m in kind)
-    raise InputError.single(option, "", f"expected one of {valid}, got {value!r}")
 
 
 @app.command()
@@ -1887,30 +1335,18 @@ def check_plan_file(
     """CI gate for a committed plan: valid, fits memory (with --min-headroom), within
     --max-regression of the best plan: exit 0 pass, 1 a rule failed (each named), 2 bad input.
     With --format json or junit a plan that does not read is still reported, rule `valid` in error."""
-    from autoplan.check import Status, check_plan
-    from autoplan.search.launchable import launcher_space, resolve_space
+    from autoplan.api.plans import check, check_space
+    from autoplan.check import Status
 
-    if launcher is not None and space is not None:
-        raise InputError.single("--launcher", "", "--space names the space already: give one")
-    with naming(("--space", space)):
-        searchspace = (launcher_space(launcher) if launcher is not None
-                       else resolve_space(space) if space is not None else None)
+    searchspace = check_space(space, launcher)
     if out_path is not None:
         files.check_target(out_path)
         files.check_apart([("--out", out_path)], [plan_path] + ([runs] if runs else []))
-    software = None
-    if stack is not None:
-        from autoplan.descriptors.library import resolve_stack
-
-        with naming(("--stack", stack)):
-            software = resolve_stack(stack, "--stack", "")
-    measured_runs = _read_runs(runs)
     searching = output.working(fmt.value, f"checking {plan_path}: searching the "
                                f"{searchspace.name if searchspace else 'recorded'} space ...")
     with searching if max_regression is not None else contextlib.nullcontext():
-        report = check_plan(plan_path, space=searchspace, max_regression=max_regression,
-                            min_headroom_gib=min_headroom, runs=measured_runs,
-                            max_slowdown=max_slowdown, runs_source=str(runs), stack=software)
+        report = check(plan_path, max_regression=max_regression, min_headroom=min_headroom, space=searchspace,
+                       runs=runs, max_slowdown=max_slowdown, stack=stack).report
     if fmt is CheckFormat.json:
         doc = output.json_text(report.to_dict())
     elif fmt is CheckFormat.junit:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -13,7 +12,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from autoplan.text import json_ready, printable
+from autoplan.text import json_text, printable
 from autoplan.units import GiB
 
 
@@ -98,21 +97,6 @@ def data_to_stderr() -> None:
     out = _Console(stderr=True, highlight=False, soft_wrap=False,
                   width=None if sys.stderr.isatty() else PIPED_WIDTH)
     _data_to_stderr = True
-
-
-def json_text(data: Any) -> str:
-    """``data`` as the JSON every command writes: indented, ASCII (so UTF-8 whatever the
-    names hold), and valid for strict readers such as jq: a lone surrogate (a file name
-    that is not UTF-8) written as its escape text, a NaN or infinity as null
-    (:func:`autoplan.text.json_ready`). The common case is dumped once: a surrogate shows
-    in the ASCII text as ``\\ud...``, a non-finite number fails ``allow_nan=False``."""
-    try:
-        text = json.dumps(data, indent=2, sort_keys=False, allow_nan=False)
-        if "\\ud" not in text:
-            return text + "\n"
-    except ValueError:
-        pass
-    return json.dumps(json_ready(data), indent=2, sort_keys=False) + "\n"
 
 
 def emit_json(data: Any) -> None:

@@ -8,16 +8,24 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.table import Table
 
+from autoplan.api._base import layout_text, offload_text
+from autoplan.api.reports import (  # noqa: F401 (the commands' names for them)
+    CHECK_SUITE,
+    check_junit,
+    check_message,
+    check_text,
+    cluster_text,
+    plan_words,
+)
 from autoplan.cost.stage import StageWork
 from autoplan.kernels.memory import DEFAULT_HEADROOM_FRACTION
 from autoplan.plan import TIME_TERMS, Plan, Prediction, Uncertainty
 from autoplan.search.engine import SearchStats, pruning_reason
 from autoplan.serving.autoscale import ScalingMetric
-from autoplan.text import printable
 from autoplan.units import GiB
-from autoplan.vocab import CpComm, MoeDispatch
 
 if TYPE_CHECKING:
+    from autoplan.api.search import LauncherFree
     from autoplan.descriptors.space import SearchSpace
     from autoplan.search.results import Ranked as Found
     from autoplan.serving.cost import StepModel
@@ -29,26 +37,6 @@ if TYPE_CHECKING:
     from autoplan.whatif.sweep import Point
 
 MOE_MFU_NOTE = " of active parameters"
-
-
-def layout_text(plan: Plan) -> str:
-    lay = plan.layout
-    text = f"dp{lay.dp} tp{lay.tp} pp{lay.pp}"
-    if lay.dp_shard < lay.dp:
-        text += f" shard{lay.dp_shard}"  # HSDP: ZeRO over dp_shard, replicated over the rest
-    if lay.cp > 1:
-        text += f" cp{lay.cp}" + (" a2a" if plan.cp_comm is CpComm.A2A else "")
-    if plan.model.is_moe:
-        text += f" ep{lay.ep}" + (f" etp{lay.etp}" if lay.etp != lay.tp else "")
-        if plan.moe_dispatch is not MoeDispatch.ALLTOALL:
-            text += f" {plan.moe_dispatch.value}"
-        if plan.ep_overlap:
-            text += " ep-overlap"
-    if lay.vpp > 1:
-        text += f" vpp{lay.vpp}"
-    if len(set(plan.stage_layers)) > 1:
-        text += " stages " + "/".join(str(n) for n in plan.stage_layers)
-    return text
 
 
 def exposed_comm(pred: Prediction) -> float:
@@ -81,7 +69,7 @@ def space_words(space: SearchSpace) -> str:
     return f"space {space.name}, stack {space.stack.name}"
 
 
-def gap_line(free: Found, faster_by: float) -> str:
+def gap_line(free: Found | LauncherFree, faster_by: float) -> str:
     """Under a launchable search's table: the launcher-free plan that beats its best."""
     plan = free.plan
     return (f"a plan no launcher runs is {faster_by:.0%} faster: {layout_text(plan)} mbs "
@@ -146,13 +134,6 @@ def placement_text(plan: Plan) -> str:
         return f"{plan.cluster.name} alone"
     return ", ".join(f"{pool.name} {'/'.join(str(plan.stage_layers[s]) for s in stages)}"
                      for pool, stages in plan.placement.runs())
-
-
-def offload_text(plan: Plan) -> str:
-    """What the plan keeps in host memory: ``optimizer``, ``act 50%``, both, or ``-``."""
-    parts = (["optimizer"] if plan.offload.optimizer else []) + (
-        [f"act {plan.offload.activations:.0%}"] if plan.offload.activations else [])
-    return " + ".join(parts) or "-"
 
 
 def headroom_note(headroom_bytes: float, default: bool) -> str:
@@ -535,19 +516,6 @@ def memory_table(pred: Prediction) -> Table:
     return table
 
 
-def cluster_text(plan: Plan) -> str:
-    """What the plan runs on: ``32 x h100-sxm (dgx-h100)``, or across pools each pool's
-    GPUs the plan uses (``h100-a100: ampere 32 x a100-80gb, hopper 32 x h100-sxm``)."""
-    if plan.placement is None:
-        return f"{plan.cluster.gpus} x {plan.cluster.device.name} ({plan.cluster.name})"
-    placement, lay = plan.placement, plan.layout
-    block = lay.dp * lay.tp * lay.cp
-    used = dict.fromkeys(placement.stage_pools)  # in pipeline order
-    return f"{placement.cluster.name}: " + ", ".join(
-        f"{pool.name} {block * placement.stages_on(i)} x {pool.device.name}"
-        for i, pool in ((i, placement.cluster.pools[i]) for i in used))
-
-
 def _rate(tflops: float) -> str:
     """TFLOP/s as whole numbers on a GPU, with three significant digits below 10 (a CPU's
     0.21 is not 0)."""
@@ -580,95 +548,7 @@ def profile_text(source: str) -> str:
 # --------------------------------------------------------------------------- check and diff
 
 if TYPE_CHECKING:
-    from autoplan.check import CheckReport, RuleResult
     from autoplan.diff import Delta, PlanDiff, ServingDiff
-
-CHECK_SUITE = "autoplan check"  # the JUnit testsuite's name
-
-
-def plan_words(plan: Plan) -> str:
-    """A plan in a few words: layout, micro-batch, schedule, recompute, ZeRO, sp."""
-    return (f"{layout_text(plan)}, micro_batch {plan.micro_batch}, {plan.schedule.value}, "
-            f"recompute {plan.recompute_label}, zero {int(plan.zero)}"
-            + (", sp" if plan.sequence_parallel else ""))
-
-
-def check_message(report: CheckReport, result: RuleResult) -> str:
-    """A rule's one-line message; the regression rule names the best plan."""
-    from autoplan.check import Rule
-
-    reg = report.regression
-    if result.rule is Rule.REGRESSION and reg is not None and reg.best is not None:
-        return f"{result.message} (best: {plan_words(reg.best.plan)})"
-    return result.message
-
-
-def check_text(report: CheckReport) -> str:
-    """The check for a CI log: what was checked, one line per rule, the verdict. Plain
-    text (names come from user files), the same bytes for the same input."""
-    from autoplan.check import Status
-
-    marks = {Status.PASSED: "PASS", Status.FAILED: "FAIL", Status.ERROR: "ERROR",
-             Status.SKIPPED: "SKIP"}
-    plan = report.plan
-    head = report.source
-    if plan is not None:
-        head += f": {plan.model.name} on {cluster_text(plan)}, {plan_words(plan)}"
-    elif report.summary:
-        head += f": {report.summary}"
-    lines = [head]
-    width = max(len(r.rule.value) for r in report.rules)
-    for r in report.rules:
-        lines.append(f"  {marks[r.status]:<5} {r.rule.value:<{width}}  {check_message(report, r)}")
-        lines.extend(f"  {'':<5} {'':<{width}}    {d}" for d in r.details)
-    if report.bad_input:
-        lines.append("check: bad input (exit 2)")
-    elif report.passed:
-        lines.append(f"check passed: {len(report.rules)} rules")
-    else:
-        failed = ", ".join(r.rule.value for r in report.failed)
-        lines.append(f"check failed: {len(report.failed)} of {len(report.rules)} rules ({failed})")
-    return printable("\n".join(lines)) + "\n"  # a path may hold an escape sequence
-
-
-def check_junit(report: CheckReport) -> str:
-    """JUnit XML as CI systems render it: one testsuite "autoplan check", one testcase per
-    rule, ``<failure>`` for a failed rule, ``<error>`` for bad input, ``<skipped>`` for a
-    rule not evaluated. No times: the same bytes for the same input."""
-    import xml.etree.ElementTree as ET
-
-    from autoplan.check import Status
-
-    # a path, a name or a runs log's time may hold what XML cannot, or what a CI page would
-    # render as other than it is spelled (a bidi override, a line separator): shown as escapes
-    from autoplan.text import report_safe as x
-
-    counts = {s: sum(r.status is s for r in report.rules) for s in Status}
-    attrs = {"tests": str(len(report.rules)), "failures": str(counts[Status.FAILED]),
-             "errors": str(counts[Status.ERROR]), "skipped": str(counts[Status.SKIPPED])}
-    root = ET.Element("testsuites", {"name": "autoplan", **attrs})
-    suite = ET.SubElement(root, "testsuite", {"name": CHECK_SUITE, **attrs})
-    props = ET.SubElement(suite, "properties")
-    ET.SubElement(props, "property", {"name": "plan", "value": x(report.source)})
-    if report.regression is not None:
-        ET.SubElement(props, "property", {"name": "space", "value": x(report.regression.space)})
-        ET.SubElement(props, "property", {"name": "max_regression",
-                                          "value": repr(report.regression.max_regression)})
-    for r in report.rules:
-        case = ET.SubElement(suite, "testcase", {"classname": x(report.source), "name": r.rule.value})
-        message = x(check_message(report, r))
-        text = x("\n".join((message, *r.details)))
-        if r.status is Status.FAILED:
-            ET.SubElement(case, "failure", {"message": message, "type": r.rule.value}).text = text
-        elif r.status is Status.ERROR:
-            ET.SubElement(case, "error", {"message": message, "type": "bad input"}).text = text
-        elif r.status is Status.SKIPPED:
-            ET.SubElement(case, "skipped", {"message": message})
-        else:
-            ET.SubElement(case, "system-out").text = text
-    ET.indent(root)
-    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
-
 
 def _value_text(value: object) -> str:
     if value is None:

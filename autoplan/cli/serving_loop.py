@@ -7,7 +7,6 @@ runs (an engine release line's constants, written as a file ``serve --calibratio
 from __future__ import annotations
 
 import datetime
-import os
 from pathlib import Path
 from typing import Any
 
@@ -15,71 +14,35 @@ import typer
 from rich.markup import escape
 
 from autoplan.cli import files, output
-from autoplan.cli.app import Format, _yaml
+from autoplan.cli.app import Format
 from autoplan.errors import InputError, Problem
 
 
 def tune_serving_command(job_file: Path, *, top_k: int, log: Path | None, workdir: Path | None,
                          out_path: Path | None, checkpoint: str | None, health_timeout: float, timeout: float,
-                         fmt: Format, ctrl_c: Any, appended_runs: Any) -> None:
+                         fmt: Format, ctrl_c: Any) -> None:
     """``autoplan tune --serving JOB.yaml --runner local``: exit 0 a deployment measured, 1
     none did (or none the local runner can run), 2 bad input."""
-    from autoplan.serving.evaluate import serving_document
-    from autoplan.serving.request import ServeOptions, build_serve_request, check_serve_options
-    from autoplan.serving.search import serve_search
-    from autoplan.tune.serving_tune import (
-        LocalServingRunner,
-        ServingTrial,
-        check_programs,
-        pick,
-        runs_of,
-        tune_serving,
-        workload_refusals,
-    )
+    from autoplan.api.loop import prepare_tune_serving
 
-    given = ServeOptions()
-    job = check_serve_options(job_file, given)
-    weights = checkpoint if checkpoint is not None else os.environ.get("MODEL")
-    if not weights or not weights.strip():
-        raise InputError.single("--checkpoint", "", "missing: the weights the engine serves, a path or a "
-                                                    "HuggingFace id (or set MODEL, as the export's scripts "
-                                                    "read it)")
     for target in (out_path, log):
         if target is not None:
             files.check_target(target)
     files.check_apart([("--out", out_path), ("--runs", log)], [job_file])
     if files.is_stdout(log):
         raise InputError.single("--runs", "", "the runs log is a file to append to, not stdout")
-    if log is not None:
-        appended_runs(log, [], room=top_k)
+    prepared = prepare_tune_serving(job_file, top=top_k, runs=log, workdir=workdir, checkpoint=checkpoint,
+                                    health_timeout=health_timeout, timeout=timeout)
     if files.is_stdout(out_path):
         output.data_to_stderr()
-    folder = workdir or Path("autoplan-tune")
-    if (folder.exists() or folder.is_symlink()) and not folder.is_dir():
-        raise InputError.single("--workdir", "", f"{folder}: not a folder (each trial's logs and results go "
-                                                 "in a folder of it)")
-    req = build_serve_request(job_file, job, given)
-    refused = [p for p in workload_refusals(req, str(job_file))]
-    if refused:
-        raise InputError(refused)
-    for note in req.notes:
+    req = prepared.request
+    for note in prepared.notes:
         output.err.print(f"autoplan: note: {note}", markup=False)
     with output.working(fmt.value, f"simulating deployments on {req.cluster.gpus} GPUs ..."):
-        found = serve_search(req.model, req.cluster, req.engine, req.workload, req.slo, req.weights,
-                             req.kv_caches, speculative=req.speculative, engine_version=req.engine_version)
+        found = prepared.search()
     if not found.plans:
         output.err.print(f"autoplan: {found.why_none(req.slo)}", markup=False)
         raise typer.Exit(1)
-    ranked = [(r.plan, r.prediction) for r in found.plans]
-    chosen, skipped = pick(ranked, top_k)
-    if not chosen:
-        for rank, plan, why in skipped:
-            output.err.print(f"autoplan: searched deployment {rank} ({plan.deployment.label()}): {why}",
-                             markup=False)
-        output.err.print("autoplan: no deployment the local runner can run", markup=False)
-        raise typer.Exit(1)
-    check_programs([plan for _, plan, _ in chosen])  # the engine and its client are here, or exit 2
-    trial = ServingTrial(checkpoint=weights.strip(), health_timeout_s=health_timeout, timeout_s=timeout)
     with ctrl_c as stopping, output.working(fmt.value, "tuning on local ...", lines=True) as told:
         def done(t: Any) -> None:
             o, m = t.outcome, t.outcome.measured
@@ -92,40 +55,26 @@ def tune_serving_command(job_file: Path, *, top_k: int, log: Path | None, workdi
             else:
                 told(line)
 
-        result = tune_serving(ranked, LocalServingRunner(), trial, top_k=top_k, workdir=folder,
-                              progress=told, stop=stopping.stopping, done=done)
-    if log is not None and result.trials:
-        files.write_text(log, appended_runs(log, runs_of(result, "local"), check=False))
+        result = prepared.run(told, found=found, stop=stopping.stopping, on_trial=done)
+    if not result.trials and result.reason is not None:  # none the local runner can run
+        for rank, plan, why in result.skipped:
+            output.err.print(f"autoplan: searched deployment {rank} ({plan.deployment.label()}): {why}",
+                             markup=False)
+        output.err.print(f"autoplan: {result.reason}", markup=False)
+        raise typer.Exit(1)
     best = result.best
     if out_path is not None and best is not None:
-        t = result.trials[best]
-        doc = serving_document(t.deployment, t.prediction)
-        doc["measured"] = _measured_block(t)
-        files.write_text(out_path, _yaml(doc))
+        files.write_text(out_path, result.best_yaml())
     if fmt is Format.json:
-        output.emit_json({
-            "trials": [t.to_dict(serving_document(t.deployment, t.prediction)) for t in result.trials],
-            "best": best,
-            "skipped": [{"searched_rank": rank, "plan": serving_document(plan, None), "reason": why}
-                        for rank, plan, why in result.skipped],
-            "interrupted": result.interrupted,
-        })
+        output.emit_json(result.to_dict())
     else:
-        _print_tuning(result, req, len(found.plans))
+        _print_tuning(result, req, result.searched)
     if log is not None and result.trials and fmt is not Format.json:
         output.err.print(f"appended {len(result.trials)} runs to {files.name(log)}")
     if out_path is not None and best is not None and not files.is_stdout(out_path):
         output.err.print(f"wrote the best measured deployment to {files.name(out_path)}")
     if best is None:
         raise typer.Exit(1)
-
-
-def _measured_block(t: Any) -> dict[str, Any]:
-    m = t.outcome.measured
-    assert m is not None
-    return {"client": t.client, "replicas_run": 1, "time": t.started, "ttft_ms": m.ttft_ms.to_dict(),
-            "tpot_ms": m.tpot_ms.to_dict(), "goodput_rps": t.measured_goodput_rps,
-            "output_tokens_per_s": t.measured_tokens_per_s}
 
 
 def _ms(x: float | None) -> str:
@@ -260,71 +209,11 @@ def said(run: Any, path: Path) -> str:
 
 # --------------------------------------------------------------------------- calibrate
 
-def calibrate_serving_command(runs_path: Path, serving: list[Any], engine: str | None,
-                              engine_version: str | None, out_path: Path | None, fmt: Format) -> None:
-    """``calibrate`` of the log's serving runs: one engine release line (module doc)."""
-    from autoplan.serving.engine import Engine
-    from autoplan.serving.versions import VersionError
-    from autoplan.tune.serving_calibrate import calibrate_serving, lines_of
-
-    lines = lines_of(serving)
-    if engine is not None:
-        try:
-            chosen = Engine(engine)
-        except ValueError:
-            raise InputError.single("--engine", "", f"expected one of {', '.join(e.value for e in Engine)}, "
-                                                    f"got {engine[:40]!r}") from None
-        lines = {k: v for k, v in lines.items() if k[0] is chosen}
-        if engine_version is not None:
-            try:
-                line = chosen.spec.at(engine_version).version
-            except VersionError as exc:
-                raise InputError.single("--engine-version", "", str(exc)) from None
-            lines = {k: v for k, v in lines.items() if k[1] == line}
-    elif engine_version is not None:
-        raise InputError.single("--engine-version", "", "a release of which engine? give --engine too")
-    if not lines:
-        what = f" of {engine}" + (f" {engine_version}" if engine_version else "") if engine else ""
-        raise InputError.single(str(runs_path), "", f"no measured serving run{what} (tune --serving and runs "
-                                                    "import of a benchmark client's result write them)")
-    if len(lines) > 1:
-        listed = ", ".join(f"{e.value} {line or '-'}: {len(v)} runs" for (e, line), v in sorted(
-            lines.items(), key=lambda kv: (kv[0][0].value, kv[0][1])))
-        raise InputError.single(str(runs_path), "", f"serving runs of several engine release lines "
-                                                    f"({listed}): name one with --engine (and "
-                                                    "--engine-version)")
-    (chosen_engine, line), _ = next(iter(lines.items()))
-    result = calibrate_serving(serving, chosen_engine, line, str(runs_path))
-    if out_path is not None:
-        files.write_text(out_path, calibration_file(result, runs_path))
-    _print_calibration(result, fmt)
-    if out_path is not None and not files.is_stdout(out_path):
-        output.err.print(f"wrote the calibrated constants to {files.name(out_path)} (serve and evaluate take "
-                         "it with --calibration)")
-
-
 def _pct(x: float) -> str:
     """A percentage in a few digits (two decimals under 1%, a fit's error on synthetic runs)."""
     if x != x:
         return "-"
     return f"{x:.2f}%" if x < 1 else f"{x:.1f}%" if x < 1e4 else f"{x:.3g}%"
-
-
-def calibration_file(result: Any, runs_path: Path) -> str:
-    from autoplan.text import one_line
-
-    label = f"{result.engine.value} release line {result.line}" if result.line else result.engine.value
-    lines = [
-        f"# Calibrated by `autoplan calibrate` on {one_line(str(runs_path))}: {result.runs} measured serving "
-        f"runs of {label} in {result.groups} groups.",
-        f"# Held out (each group predicted without it): TTFT error {_pct(result.mape(0, False))} before, "
-        f"{_pct(result.mape(0, True))} after; TPOT {_pct(result.mape(1, False))} before, "
-        f"{_pct(result.mape(1, True))} after.",
-        "# Fitted: " + ", ".join(f"{k} {result.constants[k]:.4g}" for k in result.fitted) + ".",
-    ]
-    lines += [f"# Not fitted, {k}: {one_line(v)}" for k, v in result.not_fitted.items()]
-    lines.append("# autoplan serve/evaluate --calibration THIS_FILE predicts that line with these constants.")
-    return "\n".join(lines) + "\n" + _yaml(result.calibration(one_line(str(runs_path))).to_dict())
 
 
 def _load_text(run: Any) -> str:
@@ -333,25 +222,12 @@ def _load_text(run: Any) -> str:
     return f"{w.input_len.mean:g}/{w.output_len.mean:g} {how}"
 
 
-def _print_calibration(result: Any, fmt: Format) -> None:
+def print_serving_calibration(result: Any) -> None:
     from rich.table import Table
 
     from autoplan.serving.calibration import CONSTANTS
 
     held = result.held_out
-    if fmt is Format.json:
-        output.emit_json({
-            "engine": result.engine.value, "line": result.line, "base": result.base,
-            "constants": result.constants, "fitted": list(result.fitted), "not_fitted": result.not_fitted,
-            "runs": result.runs, "groups": result.groups,
-            "held_out": {"ttft_mape_before": result.mape(0, False), "ttft_mape_after": result.mape(0, True),
-                         "tpot_mape_before": result.mape(1, False), "tpot_mape_after": result.mape(1, True),
-                         "runs": [{"plan_id": h.run.plan_id, "deployment": h.run.label or
-                                   h.run.plan.deployment.label(), "measured_ms": list(h.measured),
-                                   "before_ms": list(h.before), "after_ms": list(h.after)} for h in held]},
-            "rms_log_error": {"before": result.rms_before, "after": result.rms_after},
-        })
-        return
     label = f"{result.engine.value} release line {result.line}" if result.line else result.engine.value
     table = Table(title=escape(f"{label} calibrated on {result.runs} serving runs ({result.groups} groups)"),
                   title_justify="left")

@@ -298,6 +298,14 @@ def test_runs_import_reads_each_clients_result_and_calibrate_recovers_the_consta
     # another engine's plans: refused, naming the flag
     r = autoplan(*serve, "--engine", "sglang", "--calibration", cal)
     assert r.returncode == 2 and "--calibration" in r.stderr and "not sglang" in r.stderr
+    # a day's traffic is planned with them too (--traffic once left --calibration unread)
+    day = tmp_path / "day.csv"
+    day.write_text("start,rate_rps\n00:00,1\n12:00,2\n")
+    traffic = (*serve[:7], "--input-len", "128", "--output-len", "16", "--traffic", day, "--format", "json")
+    r = autoplan(*traffic, "--calibration", cal)
+    assert r.returncode in (0, 1), r.stderr
+    shape = json.loads(r.stdout)["plans"][0]["prediction"]["evidence"]["engine"]
+    assert shape["constants"] == "calibrated" and "6 serving runs" in shape["source"]
 
 
 def test_calibrate_refuses_what_the_runs_cannot_identify(tmp_path):

@@ -143,6 +143,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("commands", ("autoplan.planfile", "autoplan.request", "autoplan.check", "autoplan.diff", "autoplan.png",
                   "autoplan.search", "autoplan.serving", "autoplan.export", "autoplan.whatif",
                   "autoplan.bench", "autoplan.tune")),
+    ("api", ("autoplan.api",)),  # the commands as functions (autoplan.api): what the command line calls
     ("cli", ("autoplan.cli",)),
 )
 # imports allowed to run upwards, as (importer, imported): at most one, each with its reason
