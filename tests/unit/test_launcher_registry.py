@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+import autoplan.cli.main  # noqa: F401  (its --to choices read before a fake registers: they must not keep it)
 import autoplan.export as export_package
 import autoplan.tune as tune_package
 from autoplan import caches
