@@ -973,21 +973,17 @@ def _read_kimi_k25(f: Fields) -> dict[str, Any]:
     return {**_wrapper_tie(f, values, False), "vision": vision}
 
 
-def _moonvit(v: Fields, text_hidden: int | None) -> Vision | None:
-    """MoonViT (Kimi-K2.5's vision_tower): a Conv2d patch embedding with bias, a learned
-    init_pos_emb_height x init_pos_emb_width position table, LayerNorm blocks with biased
-    wqkv/wo and a plain GELU MLP, a final LayerNorm; the patch-merger projector
-    (mm_projector: LayerNorm, merge^2 x hidden -> same -> text hidden, both biased)."""
-    before = len(v.problems)
-    # the checkpoint's configuration_kimi_k25.py is not transformers': its defaults are
-    # not read here, every size is required
+def _moonvit_shape(v: Fields) -> dict[str, Any]:
+    """A MoonViT tower's sizes (Kimi-K2.5's and Kimi-K3's vision_config): blocks, widths,
+    heads, patch, the projector's output width, the square merge kernel and the learned
+    position table's rows."""
     height = v.int("init_pos_emb_height", min=1)
     width = v.int("init_pos_emb_width", min=1)
     merge = v.int_list("merge_kernel_size", min=1, max=VISION_LIMITS["merge"])
     if merge is not None and (len(merge) != 2 or merge[0] != merge[1]):
         v.fail("merge_kernel_size", f"expected a square kernel [k, k], got {list(merge)}")
         merge = None
-    values = {
+    return {
         "layers": v.int("vt_num_hidden_layers", min=1, max=VISION_LIMITS["layers"]),
         "hidden": v.int("vt_hidden_size", min=1, max=VISION_LIMITS["hidden"]),
         "heads": v.int("vt_num_attention_heads", min=1, max=VISION_LIMITS["heads"]),
@@ -997,6 +993,17 @@ def _moonvit(v: Fields, text_hidden: int | None) -> Vision | None:
         "merge": merge[0] if merge else None,
         "positions": height * width if height and width else None,
     }
+
+
+def _moonvit(v: Fields, text_hidden: int | None) -> Vision | None:
+    """MoonViT (Kimi-K2.5's vision_tower): a Conv2d patch embedding with bias, a learned
+    init_pos_emb_height x init_pos_emb_width position table, LayerNorm blocks with biased
+    wqkv/wo and a plain GELU MLP, a final LayerNorm; the patch-merger projector
+    (mm_projector: LayerNorm, merge^2 x hidden -> same -> text hidden, both biased)."""
+    before = len(v.problems)
+    # the checkpoint's configuration_kimi_k25.py is not transformers': its defaults are
+    # not read here, every size is required
+    values = _moonvit_shape(v)
     projector = v.str("mm_projector_type")
     if projector is not None and projector != "patchmerger":
         v.fail("mm_projector_type", f"expected patchmerger (Kimi-K2.5's), got {shown(projector)}")
@@ -1708,23 +1715,8 @@ def _moonvit_v2(v: Fields, text_hidden: int | None) -> Vision | None:
     the patchmergerv2 projector: merge^2 x hidden -> same -> text hidden, GELU between, no
     biases, an RMSNorm over its output (mm_projector.post_norm)."""
     before = len(v.problems)
-    height = v.int("init_pos_emb_height", min=1)
-    width = v.int("init_pos_emb_width", min=1)
-    merge = v.int_list("merge_kernel_size", min=1, max=VISION_LIMITS["merge"])
-    if merge is not None and (len(merge) != 2 or merge[0] != merge[1]):
-        v.fail("merge_kernel_size", f"expected a square kernel [k, k], got {list(merge)}")
-        merge = None
-    values = {
-        "layers": v.int("vt_num_hidden_layers", min=1, max=VISION_LIMITS["layers"]),
-        "hidden": v.int("vt_hidden_size", min=1, max=VISION_LIMITS["hidden"]),
-        "heads": v.int("vt_num_attention_heads", min=1, max=VISION_LIMITS["heads"]),
-        "ffn_hidden": v.int("vt_intermediate_size", min=1, max=VISION_LIMITS["ffn_hidden"]),
-        "patch_size": v.int("patch_size", min=1, max=VISION_LIMITS["patch_size"]),
-        "out_hidden": v.int("text_hidden_size", min=1, max=VISION_LIMITS["out_hidden"]),
-        "merge": merge[0] if merge else None,
-        "positions": height * width if height and width else None,
-        "attn_width": v.int("qkv_hidden_size", min=1, max=VISION_LIMITS["hidden"]),
-    }
+    values = _moonvit_shape(v)
+    values["attn_width"] = v.int("qkv_hidden_size", min=1, max=VISION_LIMITS["hidden"])
     for key, expected in (("mm_projector_type", "patchmergerv2"), ("norm_type", "rmsnorm"),
                           ("mlp_type", "mlp2")):
         got = v.str(key, expected)

@@ -187,8 +187,7 @@ def serve_pooled_search(model: Model, pools: PooledCluster, engine: Engine, work
     :func:`serve_search` ranks (the KV hand-off over ``between_pools``); a precision a side's
     device cannot run leaves that side's deployments out."""
     with caches.scope():
-        ranked: list[Ranked] = []
-        evaluated = not_fitting = 0
+        plans = []
         for split in pooled_deployments(model, pools, weights, kv_caches):
             dis = split.disaggregated
             assert dis is not None
@@ -197,15 +196,25 @@ def serve_pooled_search(model: Model, pools: PooledCluster, engine: Engine, work
                    and compute_dtype(p, c.device) is not Dtype.FP4
                    for c in sides for p in (split.weights, split.kv_cache)):
                 continue
-            plan = ServingPlan(model, sides[1], engine, split, workload, slo, engine_version, pools=pools)
-            pred = evaluate_serving(plan, seed)
-            evaluated += 1
-            if not pred.fits or not pred.simulated_requests:
-                not_fitting += 1
-                continue
-            ranked.append(Ranked(plan, pred))
+            plans.append(ServingPlan(model, sides[1], engine, split, workload, slo, engine_version,
+                                     pools=pools))
+        ranked, evaluated, not_fitting = _rank_splits(plans, seed)
         ranked.sort(key=lambda r: rank_key(r, slo))
         return ServeResult(tuple(ranked), pareto(ranked), evaluated, not_fitting)
+
+
+def _rank_splits(plans: Sequence[ServingPlan], seed: int) -> tuple[list[Ranked], int, int]:
+    """Disaggregated plans simulated: (those that fit and serve, unsorted; how many were
+    simulated; how many left no room for the cache or served no request)."""
+    ranked: list[Ranked] = []
+    not_fitting = 0
+    for plan in plans:
+        pred = evaluate_serving(plan, seed)
+        if not pred.fits or not pred.simulated_requests:
+            not_fitting += 1
+            continue
+        ranked.append(Ranked(plan, pred))
+    return ranked, len(plans), not_fitting
 
 
 def rank_key(r: Ranked, slo: Slo) -> tuple:
@@ -282,13 +291,10 @@ def _serve_search(model: Model, cluster: Cluster, engine: Engine, workload: Work
                 running = pred.max_concurrency
             ranked.append(Ranked(plan, pred))
     if disaggregated:
-        for split in disaggregated_deployments(model, cluster, cluster.gpus, weights, kv_caches):
-            plan = ServingPlan(model, cluster, engine, split, workload, slo, engine_version)
-            pred = evaluate_serving(plan, seed)
-            evaluated += 1
-            if not pred.fits or not pred.simulated_requests:
-                not_fitting += 1
-                continue
-            ranked.append(Ranked(plan, pred))
+        splits = [ServingPlan(model, cluster, engine, split, workload, slo, engine_version)
+                  for split in disaggregated_deployments(model, cluster, cluster.gpus, weights, kv_caches)]
+        more, n, unfit = _rank_splits(splits, seed)
+        ranked += more
+        evaluated, not_fitting = evaluated + n, not_fitting + unfit
     ranked.sort(key=lambda r: rank_key(r, slo))
     return ServeResult(tuple(ranked), pareto(ranked), evaluated, not_fitting)
