@@ -25,7 +25,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from autoplan.errors import InputError
+from autoplan.errors import AutoplanError, InputError
 
 STDOUT = "-"
 # outputs given with a trailing slash (``--out newdir/``): pathlib drops it, but it says
@@ -170,3 +170,30 @@ def write_bytes(path: Path, data: bytes, executable: bool = False) -> None:
         if tmp is not None:  # the rename did not happen: leave nothing behind
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def check_plot(plot: Path) -> None:
+    """``--plot``: an image file (``check_image``), not stdout."""
+    if is_stdout(plot):
+        raise InputError.single("--plot", "", "expected a file, got '-'")
+    check_image("--plot", plot)
+
+
+def is_png(path: Path) -> bool:
+    return path.suffix.lower() == ".png"
+
+
+def check_image(flag: str, path: Path) -> None:
+    """An image output (``--plot``, ``--timeline``), refused before any work: a .svg (or
+    ``-``, SVG to stdout, where the command allows it), or a .png with matplotlib (the png
+    extra) installed; a path the command can write."""
+    if not is_stdout(path) and path.suffix.lower() not in (".svg", ".png"):
+        raise InputError.single(flag, "", f"expected a .svg or .png file, got {path}")
+    if is_png(path):
+        from autoplan.png import require_png
+
+        try:
+            require_png()
+        except AutoplanError as exc:
+            raise InputError.single(flag, "", str(exc)) from None
+    check_target(path)

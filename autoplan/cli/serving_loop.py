@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 
 from autoplan.cli import files, output
-from autoplan.cli.app import Format
+from autoplan.cli.options import Format
 from autoplan.errors import InputError, Problem
 
 

@@ -1,7 +1,6 @@
-"""The auto-tuner loop's commands: ``tune`` (run the top plans, rank by measurement),
-``runs import`` (launcher logs into the runs log) and ``calibrate`` (a stack learned from
-the runs log). Registered on the one ``app`` (:mod:`autoplan.cli.app`) when :mod:`autoplan.cli.main` imports
-this module."""
+"""``autoplan tune``: run the top plans and rank them by measurement.
+Registered on the one ``app`` (:mod:`autoplan.cli.app`) when :mod:`autoplan.cli.main`
+imports this module."""
 
 from __future__ import annotations
 
@@ -12,9 +11,10 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from autoplan.api.loop import DEFAULT_RUNS, MAX_TOP_K, appended_runs
+from autoplan.api.loop import DEFAULT_RUNS, MAX_TOP_K
 from autoplan.cli import files, output
-from autoplan.cli.app import (
+from autoplan.cli.app import app
+from autoplan.cli.options import (
     ClusterOpt,
     DtypeOpt,
     Format,
@@ -25,10 +25,8 @@ from autoplan.cli.app import (
     ProfileOpt,
     SeqLenOpt,
     StackOpt,
-    app,
 )
 from autoplan.errors import InputError
-from autoplan.units import GiB
 
 
 def _runner_help() -> tuple[str, str, str, str, str]:
@@ -270,231 +268,3 @@ def _print_tuning(result: Any, fmt: Format, req: Any, runner: str, searched: int
         for line in t.outcome.notes:
             output.err.print(f"note: {layout_text(t.plan)}: {line}", markup=False)
 
-
-runs_app = typer.Typer(help="The runs log: measured runs that calibrate and check --runs read.",
-                       no_args_is_help=True)
-app.add_typer(runs_app, name="runs")
-
-MAX_LOG_BYTES = 512 * 2**20  # a training log of many thousands of steps; more is not one run's
-
-
-@runs_app.command("import")
-def runs_import(
-    logs: Annotated[list[Path], typer.Argument(
-        metavar="LOG...", help="Megatron-LM or torchtitan training logs (stdout of the run, or "
-                               "Slurm's output file), or serving benchmark results (vllm bench serve's "
-                               "--save-result JSON, sglang.bench_serving's --output-file, aiperf's "
-                               "profile_export_aiperf.json), one run each.")],
-    out_path: Annotated[Path, typer.Option(
-        "--runs", "--out", "-o", parser=files.out_path, metavar="<path>",
-        help="The runs log to append to (created if missing; --out is its other name).")],
-    plan_path: Annotated[Path | None, typer.Option(
-        "--plan", "-p", help="The plan file the logged runs ran (what the runs log records); for "
-                             "serving results, the serving plan the client drove (default: the "
-                             "autoplan-trial.json tune --serving writes beside each result).")] = None,
-    warmup: Annotated[int, typer.Option(
-        "--warmup", min=0, max=10**6, help="Logged steps to leave out before the timed ones.")] = 2,
-    group: Annotated[str, typer.Option(
-        "--group", help="Runs calibrate holds out together (default: the plan's id).")] = "",
-) -> None:
-    """Read step times and peak memory from training logs into the runs log: the median
-    logged step after --warmup, the peak the launcher reports; a log that ran out of memory
-    is recorded as such. Exit 0, 2 bad input."""
-    import datetime
-    import statistics
-
-    from autoplan.cli.serving_loop import import_serving, is_serving_result
-    from autoplan.cli.serving_loop import said as said_serving
-    from autoplan.cost.evaluate import evaluate
-    from autoplan.descriptors.strict import name_problem, read_limited, read_yaml
-    from autoplan.errors import Problem
-    from autoplan.planfile import read_plan
-    from autoplan.tune.logs import read_log
-    from autoplan.tune.runs import Run, peak_gib_problem, run_problems, step_time_problem
-
-    if group and (why := name_problem(group)):
-        raise InputError.single("--group", "", why)
-    files.check_target(out_path)
-    files.check_apart([("--runs", out_path)], [plan_path, *logs])
-    if files.is_stdout(out_path):
-        raise InputError.single("--runs", "", "the runs log is a file to append to, not stdout")
-    appended_runs(out_path, [], room=len(logs))  # refused, every row of it, before any log is read
-    serving = [is_serving_result(path) for path in logs]
-    if any(serving):
-        if not all(serving):
-            raise InputError.single(str(logs[serving.index(False)]), "", (
-                "a training log beside serving results: import each kind on its own"))
-        imported = import_serving(logs, plan_path, group)
-        files.write_text(out_path, appended_runs(out_path, imported, check=False))
-        for run, path in zip(imported, logs, strict=True):
-            output.err.print(said_serving(run, path), markup=False)
-        output.err.print(f"appended {len(imported)} runs to {files.name(out_path)}")
-        return
-    if plan_path is None:
-        raise InputError.single("--plan", "", "missing: the plan file the logged runs ran")
-    plan = read_plan(read_yaml(plan_path), str(plan_path))
-    pred = evaluate(plan)
-    # the prediction is recorded where it is in the runs log's range (calibrate predicts again)
-    pred_step = pred.step_time_s if step_time_problem(pred.step_time_s) is None else None
-    pred_peak = pred.memory.peak / GiB if peak_gib_problem(pred.memory.peak / GiB) is None else None
-    tokens = plan.job.global_batch * plan.job.seq_len
-    found: list[Run] = []
-    said: list[str] = []
-    for path in logs:
-        text = read_limited(path, MAX_LOG_BYTES, "a training log").decode("utf-8", "replace")
-        reading = read_log(text, tokens_per_step=tokens, gpus=plan.layout.gpus)
-        if reading.problems:  # a number that is no measurement: the log, not the runs log, is wrong
-            raise InputError([Problem(str(path), f"line {n}", message) for n, message in reading.problems])
-        timed = reading.timed(warmup)
-        when = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.timezone.utc).isoformat(
-            timespec="seconds")
-        if reading.oom:
-            run = Run(plan=plan, status="oom", reason=f"{path.name}: out of memory",
-                      measured_peak_gib=reading.peak_gib, source="import", runner=reading.format,
-                      time=when, group=group, predicted_step_time_s=pred_step, predicted_peak_gib=pred_peak)
-        elif not timed:
-            got = len(reading.step_times_s)
-            raise InputError.single(str(path), "", (
-                f"{got} step lines, none after --warmup {warmup}" if reading.format else
-                "no Megatron-LM (iteration ... elapsed time per iteration) or torchtitan "
-                "(step: ... tps:) step line"))
-        else:
-            run = Run(plan=plan, measured_step_time_s=statistics.median(timed),
-                      measured_peak_gib=reading.peak_gib, source="import", runner=reading.format,
-                      time=when, steps=len(timed), group=group, predicted_step_time_s=pred_step,
-                      predicted_peak_gib=pred_peak)
-        if problems := run_problems(run, str(path)):  # what the runs log would refuse to read back
-            raise InputError(problems)
-        found.append(run)
-        shown = (f"{run.measured_step_time_s:.4g} s per step over {len(timed)} steps"
-                 if run.ok else run.status)
-        said.append(f"{files.name(path)}: {reading.format or 'log'}: {shown}")
-    files.write_text(out_path, appended_runs(out_path, found, check=False))
-    for line in said:
-        output.err.print(line, markup=False)
-    output.err.print(f"appended {len(found)} runs to {files.name(out_path)}")
-
-
-@app.command()
-def calibrate(
-    runs_path: Annotated[Path, typer.Argument(metavar="RUNS.csv", help="A runs log (autoplan tune, "
-                                                                      "runs import, or your own).")],
-    stack: Annotated[str | None, typer.Option(
-        "--stack", help="The stack to calibrate: a built-in name or stack file (default: the one "
-                        "every run names).")] = None,
-    out_path: Annotated[Path | None, typer.Option(
-        "--out", "-o", parser=files.out_path, metavar="<path>",
-        help="Write the calibrated stack file here (search, evaluate, serve and check take it "
-             "with --stack FILE).")] = None,
-    name: Annotated[str | None, typer.Option(
-        "--name", help="The calibrated stack's name (default: the base's, with -calibrated).")] = None,
-    engine: Annotated[str | None, typer.Option(
-        "--engine", help="Calibrate a serving engine's constants (host time per iteration and per "
-                         "sequence, kernel scale, launch and request time) on the log's serving runs: "
-                         "vllm, sglang or trtllm (default: the one the serving runs name, where the "
-                         "log holds no training run).")] = None,
-    engine_version: Annotated[str | None, typer.Option(
-        "--engine-version", help="With --engine: the release whose release line to calibrate (default: "
-                                 "the one line the runs ran).")] = None,
-    fmt: FormatOpt = Format.table,
-) -> None:
-    """Fit a stack's constants (compute efficiency, step overhead, host cost per kernel,
-    overlap slowdown) to measured runs, or a serving engine release line's to measured
-    serving runs, with held-out error before and after: exit 0, 2 bad input or runs that
-    identify no constant."""
-    from autoplan.api.loop import calibrate as run_calibrate
-
-    if out_path is not None:
-        files.check_target(out_path)
-        files.check_apart([("--out", out_path)], [runs_path])
-    calibrated = run_calibrate(runs_path, stack=stack, name=name, engine=engine,
-                               engine_version=engine_version)
-    if out_path is not None:
-        files.write_text(out_path, calibrated.file_text())
-    if fmt is Format.json:
-        output.emit_json(calibrated.to_dict())
-    elif calibrated.serving:
-        from autoplan.cli.serving_loop import print_serving_calibration
-
-        print_serving_calibration(calibrated.result)
-    else:
-        _print_calibration(calibrated.result)
-    if out_path is not None and not files.is_stdout(out_path):
-        output.err.print(f"wrote the calibrated constants to {files.name(out_path)} (serve and evaluate take "
-                         "it with --calibration)" if calibrated.serving
-                         else f"wrote the calibrated stack to {files.name(out_path)}")
-
-
-MAX_SHOWN_PLANS = 20  # the held-out table's rows; --format json lists every run
-
-
-def _short_plan(plan: Any, models: int) -> str:
-    """A plan in a few words for a narrow table: its layout and micro-batch, and what else
-    sets it apart from the default (the model where the log holds several)."""
-    from autoplan.tune.tune import layout_words
-
-    parts = ([plan.model.name] if models > 1 else []) + layout_words(plan)
-    parts.append(f"mbs{plan.micro_batch}")
-    if int(plan.zero):
-        parts.append(f"zero{int(plan.zero)}")
-    if plan.recompute.value != "none":
-        parts.append(f"rc-{plan.recompute.value}")
-    return " ".join(parts)
-
-
-def _print_calibration(result: Any) -> None:
-    import statistics
-
-    from rich.table import Table
-
-    from autoplan.tune.calibrate import by_regime, constants_of
-    from autoplan.tune.runs import distinct_plans
-
-    held = result.held_out
-    before, after = result.mape_before, result.mape_after
-    base, fitted = constants_of(result.base), constants_of(result.stack)
-    table = Table(title=escape(f"stack {result.base.name} calibrated on {result.runs} runs "
-                               f"({result.groups} groups)"), title_justify="left")
-    for col in ("constant", "base", "calibrated", "fitted"):
-        table.add_column(col, justify="left" if col in ("constant", "fitted") else "right")
-    notes: list[str] = []
-    for k in base:
-        if k in result.fitted:
-            mark = "yes"
-        else:
-            notes.append(f"({len(notes) + 1}) {k} kept: {result.not_fitted.get(k, '')}")
-            mark = f"no ({len(notes)})"
-        table.add_row(k, f"{base[k]:.4g}", f"{fitted[k]:.4g}", mark)
-    output.out.print(table)
-    for line in notes:
-        output.out.print(escape(line))
-    # held out, a row a plan: its runs' median measurement and predictions
-    plans, of = distinct_plans(h.run.plan for h in held)
-    mine: list[list[Any]] = [[] for _ in plans]
-    for h, j in zip(held, of, strict=True):
-        mine[j].append(h)
-    models = len({p.model.name for p in plans})
-    runs = Table(title="held out: each group predicted by constants fitted without it",
-                 title_justify="left")
-    for col in ("plan", "runs", "measured s", "base s", "calibrated s"):
-        runs.add_column(col, justify="left" if col == "plan" else "right")
-    for plan, hs in list(zip(plans, mine, strict=True))[:MAX_SHOWN_PLANS]:
-        runs.add_row(escape(_short_plan(plan, models)), str(len(hs)),
-                     f"{statistics.median(h.measured_s for h in hs):.4g}",
-                     f"{statistics.median(h.before_s for h in hs):.4g}",
-                     f"{statistics.median(h.after_s for h in hs):.4g}")
-    output.out.print(runs)
-    if len(plans) > MAX_SHOWN_PLANS:
-        output.out.print(f"... and {len(plans) - MAX_SHOWN_PLANS} more plans (--format json lists every run)")
-    if any(len(hs) > 1 for hs in mine):
-        output.out.print("(seconds: the median of each plan's runs)")
-    for regime, (n, b, a) in by_regime(held).items():
-        output.out.print(escape(f"{regime}: {n} runs, held-out error {_percent(b)} before, "
-                                f"{_percent(a)} after"))
-    output.out.print(f"all: held-out step time error {_percent(before)} before, {_percent(after)} after "
-                     "(mean absolute percentage)")
-
-
-def _percent(x: float) -> str:
-    """A percentage in at most a few digits however large (a prediction 10^6 times off)."""
-    return f"{x:.1f}%" if x < 1e4 else f"{x:.3g}%"
