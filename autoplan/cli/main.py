@@ -12,7 +12,7 @@ import typer
 from autoplan.cli import output
 from autoplan.cli.app import app
 
-# the commands, each registering itself on ``app`` as it is imported, in the order --help lists them
+# the commands, each registering itself on ``app`` as it is imported
 from autoplan.cli.commands import (  # noqa: E402,F401,I001  # noqa: E402,F401,I001  # noqa: E402,F401,I001
     bench,
     calibrate,

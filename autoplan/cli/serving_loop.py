@@ -1,8 +1,8 @@
-"""The serving side of the auto-tuner loop's commands (:mod:`autoplan.cli.loop` calls
-these): ``tune --serving`` (run serve's best deployments with their engines and benchmark
-clients), ``runs import`` of a benchmark client's result, and ``calibrate`` of serving
-runs (an engine release line's constants, written as a file ``serve --calibration`` and
-``evaluate --calibration`` read)."""
+"""The serving side of the auto-tuner loop's commands (:mod:`autoplan.cli.commands.tune`,
+``runs`` and ``calibrate`` call these): ``tune --serving`` (run serve's best deployments with
+their engines and benchmark clients), ``runs import`` of a benchmark client's result, and
+``calibrate`` of serving runs (an engine release line's constants, written as a file ``serve
+--calibration`` and ``evaluate --calibration`` read)."""
 
 from __future__ import annotations
 

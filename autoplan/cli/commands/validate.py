@@ -81,7 +81,7 @@ def validate(
     if cluster is not None and profile is not None:
         raise InputError.single("--cluster", "", "give --cluster or --profile, not both")
     if runs is not None:
-        from autoplan.cli.loop import appended_runs
+        from autoplan.api.loop import appended_runs
 
         if slice_ or device == "cuda":
             raise InputError.single("--runs", "", "a slice's compute time is not a step time: "
@@ -101,7 +101,7 @@ def validate(
     if runs is not None:
         import datetime
 
-        from autoplan.cli.loop import appended_runs
+        from autoplan.api.loop import appended_runs
         from autoplan.tune.runs import Run
 
         files.write_text(runs, appended_runs(runs, [Run(
