@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from autoplan.cli import output, render
+from autoplan.cli import output, render, render_serving
 from autoplan.cli.app import app
 from autoplan.cli.options import (
     CalibrationOpt,
@@ -101,6 +101,6 @@ def _print_serving(source: str, plan: Any, pred: Any) -> None:
     from autoplan.serving.cost import StepModel
 
     step = StepModel(plan.model, plan.cluster, plan.deployment, plan.engine, plan.engine_version)
-    for renderable in render.serving_evaluation(source, plan, pred, step):
+    for renderable in render_serving.serving_evaluation(source, plan, pred, step):
         output.out.print(renderable)
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from autoplan.cli import files, output, render
+from autoplan.cli import files, output, render_serving
 from autoplan.cli.app import app
 from autoplan.cli.options import (
     MAX_TOP,
@@ -192,14 +192,14 @@ def serve(
                        f"{workload.input_len.mean:g} in / {workload.output_len.mean:g} out, "
                        f"{workload.arrival.label()}"
                        + (f", {workload.prefix.label()}" if workload.prefix is not None else ""))
-        output.out.print(render.serving_table(shown, req.slo, title))
-        output.out.print(render.serving_front_table(search.front))
+        output.out.print(render_serving.serving_table(shown, req.slo, title))
+        output.out.print(render_serving.serving_front_table(search.front))
         output.out.print(escape(
             f"deployments: {search.evaluated} simulated, {search.not_fitting} leave no room for "
             "the KV cache; TTFT/TPOT over the simulated requests of one scheduler "
             "(autoplan/serving/simulate.py)"))
         if shown:
-            for line in render.evidence_lines(shown[0].prediction, "#1: "):
+            for line in render_serving.evidence_lines(shown[0].prediction, "#1: "):
                 output.out.print(line)
     if out_path is not None and shown and not files.is_stdout(out_path):
         output.err.print(f"wrote the best plan to {files.name(out_path)}")
@@ -254,14 +254,14 @@ def _serve_traffic(prepared: Any, traffic: Path, autoscale_out: Path | None, out
         title = escape(f"{m.name} on {c.device.name} ({c.name}), {_engine_label(req)}, SLO "
                        f"{', '.join(terms) or 'none'}: {files.name(traffic)}, {len(table.periods)} periods "
                        f"over {table.span_h:g} h")
-        output.out.print(render.traffic_table(tp, title))
-        output.out.print(render.traffic_totals_table(tp))
+        output.out.print(render_serving.traffic_table(tp, title))
+        output.out.print(render_serving.traffic_totals_table(tp))
         output.out.print(escape(
             f"replica: {d.label()} ({d.gpus} GPU{'s' * (d.gpus > 1)}, max seqs {seqs or 'default'}), "
             f"{shape.rate_rps:,.3g} req/s at {shape.lengths[0]:,.0f} in / {shape.lengths[1]:,.0f} out "
             f"meeting the SLO: the most per GPU of {tp.shapes_tried} shapes tried ({tp.evaluations} "
             "simulations; autoplan/serving/traffic_plan.py)"))
-        for line in render.autoscale_lines(tp):
+        for line in render_serving.autoscale_lines(tp):
             output.out.print(escape(line))
         energy = c.device.power_load_W is not None and c.device.power_idle_W is not None
         output.out.print(escape(
@@ -332,11 +332,11 @@ def _serve_sweep(prepared: Any, plot: Path | None, out_path: Path | None, fmt: F
     if fmt is Format.json:
         output.emit_json(result.to_dict())
     else:
-        output.out.print(render.serving_sweep_table(list(sweep.rows), sweep.objective.value, escape(
+        output.out.print(render_serving.serving_sweep_table(list(sweep.rows), sweep.objective.value, escape(
             f"{m.name} on {c.device.name} ({c.name}), {_engine_label(req)}, "
             f"{req.workload.input_len.mean:g} in / "
             f"{req.workload.output_len.mean:g} out, {req.workload.arrival.label()}: by GPU count")))
-        output.out.print(render.serving_front_table(sweep.result.front, show_gpus=True))
+        output.out.print(render_serving.serving_front_table(sweep.result.front, show_gpus=True))
     if plot is not None and any(cr.result.plans for cr in sweep.result.counts):
         _write_serving_front(plot, result)
         output.err.print(f"wrote the front to {files.name(plot)}")
