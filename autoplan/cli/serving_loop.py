@@ -13,6 +13,7 @@ from typing import Any
 import typer
 from rich.markup import escape
 
+from autoplan.api import outputs
 from autoplan.cli import files, output
 from autoplan.cli.options import Format
 from autoplan.errors import InputError, Problem
@@ -29,8 +30,7 @@ def tune_serving_command(job_file: Path, *, top_k: int, log: Path | None, workdi
         if target is not None:
             files.check_target(target)
     files.check_apart([("--out", out_path), ("--runs", log)], [job_file])
-    if files.is_stdout(log):
-        raise InputError.single("--runs", "", "the runs log is a file to append to, not stdout")
+    outputs.not_stdout("--runs", log, "the runs log is a file to append to, not stdout")
     prepared = prepare_tune_serving(job_file, top=top_k, runs=log, workdir=workdir, checkpoint=checkpoint,
                                     health_timeout=health_timeout, timeout=timeout)
     if files.is_stdout(out_path):

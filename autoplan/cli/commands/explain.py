@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from autoplan.api import outputs
 from autoplan.cli import files, output, render
 from autoplan.cli.app import app
 from autoplan.cli.commands.evaluate import _print_prediction, _print_serving
@@ -46,8 +47,7 @@ def explain(
         from autoplan.descriptors.strict import read_yaml
         from autoplan.serving.planfile import is_serving
 
-        if files.is_stdout(timeline):
-            raise InputError.single("--timeline", "", "expected a file, got '-'")
+        outputs.not_stdout("--timeline", timeline, "expected a file, got '-'")
         files.check_image("--timeline", timeline)
         if is_serving(read_yaml(plan_path)):
             raise InputError.single("--timeline", "", "draws a training pipeline's schedule; a serving "

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from autoplan.api import outputs
 from autoplan.api.loop import appended_runs
 from autoplan.cli import files, output
 from autoplan.cli.app import app
@@ -59,8 +60,7 @@ def runs_import(
         raise InputError.single("--group", "", why)
     files.check_target(out_path)
     files.check_apart([("--runs", out_path)], [plan_path, *logs])
-    if files.is_stdout(out_path):
-        raise InputError.single("--runs", "", "the runs log is a file to append to, not stdout")
+    outputs.not_stdout("--runs", out_path, "the runs log is a file to append to, not stdout")
     appended_runs(out_path, [], room=len(logs))  # refused, every row of it, before any log is read
     serving = [is_serving_result(path) for path in logs]
     if any(serving):

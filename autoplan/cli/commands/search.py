@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from autoplan.api import outputs
 from autoplan.cli import files, output, render
 from autoplan.cli.app import _yaml, app
 from autoplan.cli.options import (
@@ -116,8 +117,7 @@ def search(
     if export_dir is not None:
         _check_export_dir(export_dir)
     files.check_apart([("--out", out_path), ("--plot", plot), ("--export", export_dir)], [job_file])
-    if files.is_stdout(out_path) and files.is_stdout(plot):
-        raise InputError.single("--plot", "", "--out already writes to stdout ('-')")
+    outputs.one_stdout("--plot", plot, "--out", out_path)
     if files.is_stdout(out_path) or files.is_stdout(plot):
         output.data_to_stderr()
     prepared = prepare_search(
@@ -189,11 +189,7 @@ def search(
 
 def _check_export_dir(path: Path) -> None:
     """``search --export DIR``: a folder (made if need be), refused before the search."""
-    if files.is_stdout(path):
-        raise InputError.single("--export", "", "writes a folder of launch files, not stdout")
-    path = path.expanduser()
-    if path.exists() and not path.is_dir():
-        raise InputError.single("--export", "", f"{files.name(path)} is not a directory")
+    outputs.check_folder("--export", path, "writes a folder of launch files, not stdout")
 
 
 def _export_best(plan: Plan, doc: dict[str, Any], runs_on: Sequence[str], launcher: str | None,

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from autoplan.api import outputs
 from autoplan.cli import files, output, render_serving
 from autoplan.cli.app import app
 from autoplan.cli.options import (
@@ -283,11 +284,7 @@ def _serve_traffic(prepared: Any, traffic: Path, autoscale_out: Path | None, out
 
 def _check_autoscale_dir(path: Path) -> None:
     """``--autoscale-out DIR``: a folder (made if need be), refused before any work."""
-    if files.is_stdout(path):
-        raise InputError.single("--autoscale-out", "", "writes a folder of files, not stdout")
-    path = path.expanduser()
-    if path.exists() and not path.is_dir():
-        raise InputError.single("--autoscale-out", "", f"{files.name(path)} is not a directory")
+    outputs.check_folder("--autoscale-out", path, "writes a folder of files, not stdout")
 
 
 def _engine_label(req: Any) -> str:

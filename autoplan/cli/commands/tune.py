@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from autoplan.api import outputs
 from autoplan.api.loop import DEFAULT_RUNS, MAX_TOP_K
 from autoplan.cli import files, output
 from autoplan.cli.app import app
@@ -188,8 +189,7 @@ def tune(
         if target is not None:
             files.check_target(target)
     files.check_apart([("--out", out_path), ("--runs", log)], [job_file])
-    if files.is_stdout(log):
-        raise InputError.single("--runs", "", "the runs log is a file to append to, not stdout")
+    outputs.not_stdout("--runs", log, "the runs log is a file to append to, not stdout")
     if files.is_stdout(out_path):
         output.data_to_stderr()
     prepared = prepare_tune(

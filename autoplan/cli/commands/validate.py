@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
+from autoplan.api import outputs
 from autoplan.cli import files, output
 from autoplan.cli.app import app
 from autoplan.cli.options import (
@@ -88,8 +89,7 @@ def validate(
                                                   "the runs log takes distributed runs (--device cpu)")
         files.check_target(runs)
         files.check_apart([("--runs", runs)], [plan_path])
-        if files.is_stdout(runs):
-            raise InputError.single("--runs", "", "the runs log is a file to append to, not stdout")
+        outputs.not_stdout("--runs", runs, "the runs log is a file to append to, not stdout")
         appended_runs(runs, [])  # refused before the run, not after it
     plan = read_plan(read_yaml(plan_path), str(plan_path))
     options = Options(device=device, profile=profile, cluster=cluster, slice=slice_, stage=stage,
