@@ -20,7 +20,6 @@ from autoplan.cli.options import (
     ProfileOpt,
     StackOpt,
 )
-from autoplan.errors import InputError
 from autoplan.plan import Plan, Prediction
 
 
@@ -66,9 +65,8 @@ def evaluate(
     from autoplan.api.plans import evaluate as run_evaluate
 
     result = run_evaluate(plans, profile=profile, stack=stack, runs=runs, calibration=calibration)
-    kinds = {e.serving for e in result.plans}
-    if fmt is Format.json and len(kinds) > 1:
-        raise InputError.single("--format", "", "json takes training or serving plans, not both at once")
+    if fmt is Format.json:
+        result.check_one_kind()
     if result.calibration is not None:  # the tables too are drawn with its constants
         from autoplan.serving.calibration import applied
 

@@ -20,7 +20,6 @@ from autoplan.cli.options import (
     ProfileOpt,
     StackOpt,
 )
-from autoplan.errors import InputError
 
 
 @app.command()
@@ -44,14 +43,11 @@ def explain(
     from autoplan.schedules import timeline as tl
 
     if timeline is not None:
-        from autoplan.descriptors.strict import read_yaml
-        from autoplan.serving.planfile import is_serving
+        from autoplan.api.plans import check_timeline
 
         outputs.not_stdout("--timeline", timeline, "expected a file, got '-'")
         files.check_image("--timeline", timeline)
-        if is_serving(read_yaml(plan_path)):
-            raise InputError.single("--timeline", "", "draws a training pipeline's schedule; a serving "
-                                                      "plan's batch over the run is shown in the output")
+        check_timeline(plan_path)
     result = run_explain(plan_path, microbatches=microbatches, profile=profile, stack=stack)
     for note in result.notes:
         output.err.print(note, markup=False)

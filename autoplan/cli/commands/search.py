@@ -29,7 +29,6 @@ from autoplan.cli.options import (
     StackOpt,
     objective_choices,
 )
-from autoplan.errors import InputError
 from autoplan.plan import Plan
 from autoplan.units import GiB
 from autoplan.whatif.economics import Objective
@@ -127,11 +126,7 @@ def search(
         price=price, deadline=deadline, budget=budget, no_offload=no_offload,
         allow_bf16_states=allow_bf16_states, recompute_modules=recompute_modules,
         async_checkpoint=async_checkpoint)
-    if plot is not None and not prepared.sweep:
-        raise InputError.single("--plot", "", "needs --train-tokens (the run it prices)")
-    if export_dir is not None and (prepared.sweep or prepared.pooled):
-        raise InputError.single("--export", "", "writes the best plan of one search: save a plan "
-                                "of the sweep or the pools with --out and `autoplan export` it")
+    prepared.check_outputs(plot=plot is not None, export=export_dir is not None)
     for line in prepared.notes:
         output.err.print(f"autoplan: note: {line}", markup=False)
     req = prepared.request
@@ -196,14 +191,9 @@ def _export_best(plan: Plan, doc: dict[str, Any], runs_on: Sequence[str], launch
                  directory: Path) -> None:
     """The best plan's launch files (``export --to`` its first launcher, or ``--launcher``)
     and the plan itself (``plan.yaml``) into ``directory``; every target checked first."""
-    from autoplan.export import Target
-    from autoplan.export import export as run_export
+    from autoplan.api.search import best_plan_files
 
-    name = launcher or (runs_on[0] if runs_on else None)
-    if name is None:
-        raise InputError.single("--export", "", "no launcher runs the best plan as it is "
-                                                "(--space any): search without --space")
-    written = {**run_export(plan, Target(name), "the best plan"), "plan.yaml": _yaml(doc)}
+    name, written = best_plan_files(plan, _yaml(doc), runs_on, launcher)
     directory = directory.expanduser()
     paths = {n: directory / n for n in written}
     for path in paths.values():

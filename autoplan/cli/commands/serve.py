@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from autoplan.api import outputs
+from autoplan.api.outputs import check_folder
 from autoplan.cli import files, output, render_serving
 from autoplan.cli.app import app
 from autoplan.cli.options import (
@@ -24,7 +24,6 @@ from autoplan.cli.options import (
     ModelOpt,
     objective_choices,
 )
-from autoplan.errors import InputError
 from autoplan.serving.engine import Engine
 
 
@@ -128,7 +127,7 @@ def serve(
 ) -> None:
     """Rank serving deployments under a workload: exit 0 one meets the SLO, 1 none fits or
     meets it, 2 bad input."""
-    from autoplan.api.serve import check_traffic_options, prepare_serve
+    from autoplan.api.serve import check_autoscale_out, check_traffic_options, prepare_serve
 
     if quiet:
         output.quiet()
@@ -137,9 +136,7 @@ def serve(
                                ("--offline", offline or None), ("--trace", trace),
                                ("--disaggregated", disaggregated or None),
                                ("--objective", objective), ("--plot", plot), ("--top", top)))
-    elif autoscale_out is not None:
-        raise InputError.single("--autoscale-out", "", "writes the autoscaler settings of a day's plan: "
-                                                       "give --traffic FILE.csv")
+    check_autoscale_out(autoscale_out, traffic)
     if plot is not None:
         files.check_plot(plot)
     outputs = [("--out", out_path), ("--plot", plot), ("--autoscale-out", autoscale_out)]
@@ -284,7 +281,7 @@ def _serve_traffic(prepared: Any, traffic: Path, autoscale_out: Path | None, out
 
 def _check_autoscale_dir(path: Path) -> None:
     """``--autoscale-out DIR``: a folder (made if need be), refused before any work."""
-    outputs.check_folder("--autoscale-out", path, "writes a folder of files, not stdout")
+    check_folder("--autoscale-out", path, "writes a folder of files, not stdout")
 
 
 def _engine_label(req: Any) -> str:

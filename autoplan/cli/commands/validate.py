@@ -18,7 +18,6 @@ from autoplan.cli.options import (
     Format,
     FormatOpt,
 )
-from autoplan.errors import InputError
 from autoplan.units import GiB, MiB
 
 if TYPE_CHECKING:
@@ -73,20 +72,16 @@ def validate(
 ) -> None:
     """Run the plan for real with torch's distributed engine and compare measured with predicted
     step time and peak memory: exit 0 within tolerance, 1 not, 2 bad input or a failed run."""
-    from autoplan.bench.validate import Options
+    from autoplan.bench.validate import Options, check_options
     from autoplan.bench.validate import validate as run_validation
     from autoplan.descriptors.strict import read_yaml
     from autoplan.planfile import read_plan
 
     device = device_kind.value
-    if cluster is not None and profile is not None:
-        raise InputError.single("--cluster", "", "give --cluster or --profile, not both")
+    check_options(cluster=cluster, profile=profile, runs=runs, slice_=slice_, device=device)
     if runs is not None:
         from autoplan.api.loop import appended_runs
 
-        if slice_ or device == "cuda":
-            raise InputError.single("--runs", "", "a slice's compute time is not a step time: "
-                                                  "the runs log takes distributed runs (--device cpu)")
         files.check_target(runs)
         files.check_apart([("--runs", runs)], [plan_path])
         outputs.not_stdout("--runs", runs, "the runs log is a file to append to, not stdout")
