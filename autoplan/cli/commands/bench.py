@@ -16,7 +16,6 @@ from autoplan.cli.app import app
 from autoplan.cli.options import (
     Device,
 )
-from autoplan.errors import InputError
 
 if TYPE_CHECKING:
     from autoplan.measured.profile import Profile
@@ -64,28 +63,20 @@ def bench(
     import shlex
     import time
 
+    from autoplan.api.bench import check_options, check_profile_use, model_names
     from autoplan.bench import run as bench_run
-    from autoplan.bench.presets import PRESET_NAMES
-    from autoplan.descriptors.strict import name_problem, shown
     from autoplan.measured.profile import format_profile, parse_profile, read_profile
 
-    if name_problem(name):  # written into the descriptor, which must load again
-        raise InputError.single("--name", "", str(name_problem(name)))
-    if preset not in PRESET_NAMES:  # refused before minutes of measuring, not after the imports
-        raise InputError.single("--preset", "", f"expected one of {', '.join(PRESET_NAMES)}, "
-                                                f"got {shown(preset)}")
+    check_options(name, preset)
     for target in (out_path, describe):  # refused before minutes of measuring
         if target is not None:
             files.check_target(target)
     files.check_apart([("--out", out_path), ("--describe", describe)], [profile_path])
     if profile_path is not None:
-        if not (fit or describe):
-            raise InputError.single("--profile", "", "give --fit or --describe with a profile to read")
+        check_profile_use(fit, describe)
         _fit_and_describe(read_profile(profile_path), fit, fit_cluster, describe, name)
         return
-    models = [m.strip() for m in model.split(",") if m.strip()] if model is not None else None
-    if models == []:
-        raise InputError.single("--model", "", "expected one or more model names or paths")
+    models = model_names(model)
     kwargs: dict[str, Any] = dict(device=None if device is None else device.value, preset=preset,
                                   models=models, world=world, descriptor=descriptor,
                                   command=shlex.join(["autoplan", *sys.argv[1:]]))
@@ -156,9 +147,9 @@ def _fit_and_describe(profile: Profile, fit: bool, cluster_ref: str | None, desc
     if describe is not None:
         import shlex
 
-        if profile.meta.get("device_kind") != "cpu":
-            raise InputError.single("--describe", "", "describes a CPU profile's machine; for a GPU, use "
-                                    "its built-in device with --profile on search and evaluate")
+        from autoplan.api.bench import check_describe
+
+        check_describe(profile)
         ranks = surrogate.measured_machine(profile).gpus_per_node
         # each local process is one "GPU" and gets an equal share of the machine's memory
         cluster = describe_machine(profile, name=name, ranks_per_node=ranks,

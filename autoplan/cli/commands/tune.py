@@ -27,7 +27,6 @@ from autoplan.cli.options import (
     SeqLenOpt,
     StackOpt,
 )
-from autoplan.errors import InputError
 
 
 def _runner_help() -> tuple[str, str, str, str, str]:
@@ -150,6 +149,8 @@ def tune(
     """Run the best few plans of a search for real and rank them by measured step time (with
     --serving, serving deployments by measured goodput): exit 0 a plan measured, 1 none did,
     2 bad input."""
+    from autoplan.api.loop import check_serving_options, check_training_options, one_top
+
     if quiet:
         output.quiet()
     if serving is not None:
@@ -161,29 +162,17 @@ def tune(
             ("--profile", profile), ("--stack", stack), ("--within", within)) if value is not None]
         if no_offload:
             given.append("--no-offload")
-        if given:
-            raise InputError.single(given[0], "", "tune --serving reads the model, cluster and workload from "
-                                                  "its job file: leave the training options out")
-        if runner != "local":
-            raise InputError.single("--runner", "", f"tune --serving runs deployments on this node: --runner "
-                                                    f"local, got {runner!r}")
-        if top is not None and top_k is not None and top != top_k:
-            raise InputError.single("--top", "", f"given twice, as --top {top} and --top-k {top_k}: give one")
-        tune_serving_command(serving, top_k=top if top is not None else top_k if top_k is not None else 3,
+        check_serving_options(given, runner)
+        tune_serving_command(serving, top_k=one_top(top, top_k, former=False),
                              log=None if no_runs else (runs or DEFAULT_RUNS), workdir=workdir,
                              out_path=out_path, checkpoint=checkpoint, health_timeout=health_timeout,
                              timeout=timeout, fmt=fmt, ctrl_c=_CtrlC())
         return
-    if checkpoint is not None:
-        raise InputError.single("--checkpoint", "", "the weights a serving engine serves: with --serving "
-                                                    "only")
+    check_training_options(checkpoint)
     from autoplan.api.loop import prepare_tune
     from autoplan.tune.tune import layout_text
 
-    if top is not None and top_k is not None and top != top_k:
-        raise InputError.single("--top", "", f"given twice, as --top {top} and --top-k {top_k} "
-                                             "(--top-k is its former name): give one")
-    top_k = top if top is not None else top_k if top_k is not None else 3
+    top_k = one_top(top, top_k)
     log = None if no_runs else (runs or DEFAULT_RUNS)
     for target in (out_path, log):
         if target is not None:
