@@ -13,7 +13,6 @@ import yaml
 
 from autoplan import __version__
 from autoplan.cli import files, output
-from autoplan.errors import InputError, naming  # noqa: F401 (naming: the commands' import)
 
 
 def _flag_type_hidden(display: Any) -> Any:
