@@ -22,8 +22,6 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from rich.markup import escape
-
 from autoplan.errors import AutoplanError, InputError
 
 STDOUT = "-"
@@ -34,8 +32,9 @@ def is_stdout(path: Path | None) -> bool:
 
 
 def name(path: Path) -> str:
-    """The path as a message names it (``-``: stdout), markup escaped."""
-    return "stdout" if is_stdout(path) else escape(str(path))
+    """The path as a message names it (``-``: stdout), as given: messages are plain text,
+    not console markup."""
+    return "stdout" if is_stdout(path) else str(path)
 
 
 def _refuse(path: Path, why: str) -> InputError:

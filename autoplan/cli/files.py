@@ -10,6 +10,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from rich.markup import escape
+
 from autoplan.api import outputs
 
 STDOUT = "-"
@@ -38,7 +40,12 @@ def reset() -> None:
 
 
 is_stdout = outputs.is_stdout
-name = outputs.name
+
+
+def name(path: Path) -> str:
+    """The path as console markup names it (``-``: stdout), escaped."""
+    return "stdout" if is_stdout(path) else escape(str(path))
+
 check_apart = outputs.check_apart
 is_png = outputs.is_png
 
