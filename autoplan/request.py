@@ -91,7 +91,7 @@ class Request:
         # the space never names a recompute module the model lacks (the plans it would
         # give are refused by the plan reader): ``build_request`` checks the space file's
         # and ``recompute_modules``'s with their sources; a space replaced afterwards is
-        # one ``search --recompute-modules`` set (autoplan.cli.main)
+        # one ``search --recompute-modules`` set (autoplan.cli.commands.search)
         problem = recompute_modules_problem(self.model, self.space.recompute_modules)
         if problem:
             raise InputError.single("--recompute-modules", "", problem)

@@ -230,6 +230,35 @@ class TuneJob:
                           runs_log=self.runs if result.trials else None)
 
 
+def check_serving_options(given: Sequence[str], runner: str) -> None:
+    """``tune --serving``: the training options (``given``, the flags given in the
+    command's order) left out, and the deployments run on this node."""
+    if given:
+        raise InputError.single(given[0], "", "tune --serving reads the model, cluster and workload from "
+                                              "its job file: leave the training options out")
+    if runner != "local":
+        raise InputError.single("--runner", "", f"tune --serving runs deployments on this node: --runner "
+                                                f"local, got {runner!r}")
+
+
+def check_training_options(checkpoint: object) -> None:
+    """``tune`` of training plans: ``--checkpoint`` (the weights a serving engine serves) left out."""
+    if checkpoint is not None:
+        raise InputError.single("--checkpoint", "", "the weights a serving engine serves: with --serving "
+                                                    "only")
+
+
+def one_top(top: int | None, top_k: int | None, *, former: bool = True) -> int:
+    """``--top``, also given as ``--top-k`` (its former name): the two must agree; 3 by
+    default. ``former``: the message names --top-k as the former name."""
+    if top is not None and top_k is not None and top != top_k:
+        if former:
+            raise InputError.single("--top", "", f"given twice, as --top {top} and --top-k {top_k} "
+                                                 "(--top-k is its former name): give one")
+        raise InputError.single("--top", "", f"given twice, as --top {top} and --top-k {top_k}: give one")
+    return top if top is not None else top_k if top_k is not None else 3
+
+
 def prepare_tune(
     job: str | Path | None = None,
     *,

@@ -190,6 +190,11 @@ class EvaluateResult(Result):
         """Every plan fits (the command's exit 0; 1 otherwise)."""
         return all(e.ok for e in self.plans)
 
+    def check_one_kind(self) -> None:
+        """One JSON document (``--format json``) holds training or serving plans, not both."""
+        if len({e.serving for e in self.plans}) > 1:
+            raise InputError.single("--format", "", "json takes training or serving plans, not both at once")
+
     def to_dict(self) -> dict[str, Any]:
         """``evaluate --format json``'s document (the command takes training or serving
         plans in one JSON document, not both)."""
@@ -341,6 +346,45 @@ class ExplainResult(Result):
             raise InputError.single("--timeline", "", "draws a training pipeline's schedule; a serving "
                                                       "plan's batch over the run is in its evaluation")
         return tl.timeline_svg(self.timeline.events, self.plan.layout.pp, title=self.title)
+
+
+def diff(a: str | Path, b: str | Path) -> Any:
+    """``autoplan diff``: what changed from plan file ``a`` to plan file ``b`` and what it
+    does to the prediction (:class:`autoplan.diff.PlanDiff`, or ``ServingDiff`` for two
+    serving plans); both files' problems at once, two of a kind or refused."""
+    from autoplan.descriptors.strict import read_yaml
+    from autoplan.diff import diff_plans, diff_serving
+    from autoplan.planfile import read_plan
+    from autoplan.serving.planfile import is_serving, read_serving_plan
+
+    a_path, b_path = Path(a), Path(b)
+    problems: list[Any] = []
+    plans: list[Any] = []
+    documents = [read_yaml(a_path), read_yaml(b_path)]
+    kinds = [is_serving(d) for d in documents]
+    if kinds[0] != kinds[1]:
+        raise InputError.single(str(b_path), "kind", "one plan is a serving plan and the other a training "
+                                                     "plan: diff compares two of a kind")
+    for path, data in zip((a_path, b_path), documents, strict=True):  # every problem at once
+        try:
+            plans.append(read_serving_plan(data, str(path)) if kinds[0] else read_plan(data, str(path)))
+        except InputError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise InputError(problems)
+    return (diff_serving(plans[0], plans[1], str(a_path), str(b_path)) if kinds[0]
+            else diff_plans(plans[0], plans[1], str(a_path), str(b_path)))
+
+
+def check_timeline(plan_path: str | Path) -> None:
+    """``explain --timeline`` draws a training pipeline's schedule: refused for a serving plan
+    file."""
+    from autoplan.descriptors.strict import read_yaml
+    from autoplan.serving.planfile import is_serving
+
+    if is_serving(read_yaml(Path(plan_path))):
+        raise InputError.single("--timeline", "", "draws a training pipeline's schedule; a serving "
+                                                  "plan's batch over the run is shown in the output")
 
 
 def explain(plan: PlanLike, *, microbatches: int | None = None, profile: str | Path | None = None,

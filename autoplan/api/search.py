@@ -330,6 +330,21 @@ def _objective(value: Objective | str | None) -> Objective | None:
     return choice("--objective", value, Objective)  # type: ignore[no-any-return]
 
 
+def best_plan_files(plan: Plan, plan_text: str, runs_on: Sequence[str],
+                    launcher: str | None) -> tuple[str, dict[str, str]]:
+    """``search --export``: the launcher and the files that launch the best plan (``export
+    --to`` its first launcher, or ``launcher``), with the plan itself (``plan.yaml``,
+    ``plan_text``); refused where no launcher runs it."""
+    from autoplan.export import Target
+    from autoplan.export import export as run_export
+
+    name = launcher or (runs_on[0] if runs_on else None)
+    if name is None:
+        raise InputError.single("--export", "", "no launcher runs the best plan as it is "
+                                                "(--space any): search without --space")
+    return name, {**run_export(plan, Target(name), "the best plan"), "plan.yaml": plan_text}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SearchJob:
     """A search checked and ready to run: the request (descriptors resolved, notes on what
@@ -354,6 +369,16 @@ class SearchJob:
     @property
     def sweep(self) -> bool:
         return self.whatif is not None
+
+    def check_outputs(self, *, plot: bool = False, export: bool = False) -> None:
+        """Refuse, before the search, what this search does not make: a front to draw
+        (``--plot``) without a run to price, one best plan to export (``--export``) of a
+        sweep or of pools."""
+        if plot and not self.sweep:
+            raise InputError.single("--plot", "", "needs --train-tokens (the run it prices)")
+        if export and (self.sweep or self.pooled):
+            raise InputError.single("--export", "", "writes the best plan of one search: save a plan "
+                                    "of the sweep or the pools with --out and `autoplan export` it")
 
     @property
     def price_per_gpu_hour(self) -> float | None:

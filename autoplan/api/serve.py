@@ -159,6 +159,13 @@ def check_traffic_options(given: Sequence[tuple[str, object]]) -> None:
                                                  f"leave out {', '.join(clashing)}")
 
 
+def check_autoscale_out(autoscale_out: object, traffic: object) -> None:
+    """``--autoscale-out`` writes a day's plan's autoscaler settings: only with ``--traffic``."""
+    if autoscale_out is not None and traffic is None:
+        raise InputError.single("--autoscale-out", "", "writes the autoscaler settings of a day's plan: "
+                                                       "give --traffic FILE.csv")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServeJob:
     """A serve checked and ready to run."""

@@ -149,6 +149,17 @@ class Machine:
 TORCH_MISSING = "autoplan validate needs torch: pip install 'autoplan[bench]'"
 
 
+def check_options(*, cluster: object = None, profile: object = None, runs: object = None,
+                  slice_: bool = False, device: str = "cpu") -> None:
+    """What ``validate`` refuses before any run: a machine given twice (``--cluster`` and
+    ``--profile``), and a runs log (``--runs``) of a slice's compute time, not a step time."""
+    if cluster is not None and profile is not None:
+        raise InputError.single("--cluster", "", "give --cluster or --profile, not both")
+    if runs is not None and (slice_ or device == "cuda"):
+        raise InputError.single("--runs", "", "a slice's compute time is not a step time: "
+                                              "the runs log takes distributed runs (--device cpu)")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Options:
     device: str = "cpu"  # cpu | cuda

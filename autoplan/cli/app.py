@@ -1,24 +1,18 @@
-"""The one Typer app every command registers on, and what the commands' options share:
-the output formats, the --profile and --stack options, the most plans a table shows, and
-plan files written as YAML. (``main`` registers the commands and runs the app; ``loop``
-the auto-tuner loop's.)"""
+"""The one Typer app every command registers on (:mod:`autoplan.cli.commands`, one module a
+command; the options they share in :mod:`autoplan.cli.options`), its root options, how number
+flags parse, and plan files written as YAML. (``main`` imports the commands and runs the app.)"""
 
 from __future__ import annotations
 
-import enum
 import os
 import typing
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 import yaml
 
 from autoplan import __version__
-from autoplan.api._base import MAX_TOP as _MAX_TOP
 from autoplan.cli import files, output
-from autoplan.errors import InputError, naming  # noqa: F401 (naming: the commands' import)
-from autoplan.vocab import TRAINING_DTYPES, Dtype
 
 
 def _flag_type_hidden(display: Any) -> Any:
@@ -85,64 +79,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-
-# more plans than anyone reads (autoplan.api: the API refuses more too)
-MAX_TOP = _MAX_TOP
-
-
-class Format(str, enum.Enum):
-    table = "table"
-    json = "json"
-
-
-class Device(str, enum.Enum):
-    """Where bench and validate run: the host's cores, or a CUDA GPU."""
-
-    cpu = "cpu"
-    cuda = "cuda"
-
-
-FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="table for people, json for machines")]
-ProfileOpt = Annotated[Path | None, typer.Option(
-    "--profile", help="Microbenchmark profile CSV (autoplan bench) whose learned correction and "
-                      "uncertainty band apply; default: the one shipped for the cluster's device.")]
-LauncherOpt = Annotated[str | None, typer.Option(
-    "--launcher", metavar="<megatron|nemo|torchtitan|deepspeed|...>",
-    help="Rank only plans this launcher runs (export --to), its uneven layer splits too; "
-         "default: every launcher's plans (each tagged with the launchers that run it).")]
-StackOpt = Annotated[str | None, typer.Option(
-    "--stack", help="Software stack: megatron-core, megatron-lm, torchtitan, torchtitan-compiled, "
-                    "torchtitan-async-tp, deepspeed, fsdp, nemo-1, or a stack file; default: the one "
-                    "the space (or plan) names. A plan's states its job leaves unset are the stack's.")]
-# what a training job is, as search and tune take it (a job file, or the flags over it)
-JobFileArg = Annotated[Path | None, typer.Argument(
-    metavar="JOB.yaml", help="Job file: model, cluster, job, optional gpus and space.")]
-ModelOpt = Annotated[str | None, typer.Option(
-    "--model", "-m", help="Built-in model name, descriptor path, or HuggingFace config.json.")]
-ClusterOpt = Annotated[str | None, typer.Option(
-    "--cluster", "-c", help="Built-in cluster name or descriptor path.")]
-GlobalBatchOpt = Annotated[int | None, typer.Option(
-    "--global-batch", "-b", help="Sequences per optimizer step.")]
-SeqLenOpt = Annotated[int | None, typer.Option("--seq-len", "-s", help="Tokens per sequence.")]
-
-
-def training_dtype(value: str) -> Dtype:
-    """``--dtype``'s value: a training precision (a choice's usage error otherwise); a
-    serving one (fp4) refused with what it is for."""
-    for d in TRAINING_DTYPES:
-        if value.lower() == d.value:
-            return d
-    exc = typer.BadParameter(f"expected one of {', '.join(d.value for d in TRAINING_DTYPES)}")
-    if any(value.lower() == d.value for d in Dtype):  # a dtype, but not one a job trains in
-        exc.autoplan_hint = (  # type: ignore[attr-defined]
-            f"{value.lower()} GEMMs are a serving precision (autoplan serve --weights "
-            f"{value.lower()}), not a training one")
-    raise exc
-
-
-DtypeOpt = Annotated[Dtype | None, typer.Option(
-    "--dtype", parser=training_dtype, metavar="<" + "|".join(d.value for d in TRAINING_DTYPES) + ">",
-    help="Training precision.")]
 
 
 def _version(value: bool) -> None:

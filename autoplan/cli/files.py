@@ -1,31 +1,18 @@
 """Where the commands write what they were asked to (``--out``, ``--plot``, ``--timeline``,
-``--describe``): the whole file or nothing, never something that is not a file replaced.
-
-* ``-``: standard output.
-* A regular file, or a path where nothing is yet: written to a temporary file beside it
-  and renamed into place (a reader never sees half a file; a failed write leaves what
-  was there).
-* A symbolic link: followed to its target, which is then written as above (the link
-  stays a link).
-* A FIFO or a character device (``/dev/stdout``, ``/dev/null``, a terminal): opened and
-  written through, as a shell's ``>`` would; a rename would replace the node itself.
-* Anything else (a directory, a socket, a block device) is refused with exit 2, and
-  :func:`check_target` refuses it before any work is done.
+``--describe``): ``-`` is standard output, written here; anything else is written, and
+refused before any work when it cannot be, by :mod:`autoplan.api.outputs` (the whole file
+or nothing, never something that is not a file replaced). An output given with a trailing
+slash names a directory, which this module remembers as the command line is parsed.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import stat
 import sys
-import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 
 from rich.markup import escape
 
-from autoplan.errors import InputError
+from autoplan.api import outputs
 
 STDOUT = "-"
 # outputs given with a trailing slash (``--out newdir/``): pathlib drops it, but it says
@@ -52,73 +39,32 @@ def reset() -> None:
     _named_as_directory.clear()
 
 
-def is_stdout(path: Path | None) -> bool:
-    return path is not None and str(path) == STDOUT
+is_stdout = outputs.is_stdout
 
 
 def name(path: Path) -> str:
-    """The path as a message names it (``-``: stdout), markup escaped."""
+    """The path as console markup names it (``-``: stdout), escaped."""
     return "stdout" if is_stdout(path) else escape(str(path))
 
-
-def _refuse(path: Path, why: str) -> InputError:
-    return InputError.single(str(path), "", f"cannot write: {why}")
-
-
-def _kind(path: Path) -> tuple[str, Path]:
-    """('stdout' | 'file' | 'stream', where to write) for ``path``, or an InputError."""
-    if is_stdout(path):
-        return "stdout", path
-    if named_as_directory(path):
-        raise _refuse(path, f"{path}/ names a directory (a trailing '/'): give a file name")
-    path = path.expanduser()
-    try:
-        mode = os.stat(path).st_mode  # through links
-    except FileNotFoundError:
-        # nothing there yet, or a link to nothing: the file is created where it points
-        return "file", Path(os.path.realpath(path))
-    except OSError as exc:
-        raise _refuse(path, exc.strerror or str(exc)) from None
-    if stat.S_ISREG(mode):
-        return "file", Path(os.path.realpath(path))
-    if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
-        return "stream", path
-    if stat.S_ISDIR(mode):
-        raise _refuse(path, "a directory (give a file name)")
-    if stat.S_ISBLK(mode):
-        raise _refuse(path, "a block device (a disk is never written over)")
-    raise _refuse(path, "not a regular file, FIFO or character device")
+check_apart = outputs.check_apart
+is_png = outputs.is_png
 
 
 def check_target(path: Path) -> None:
-    """Refuse, before any work, a path :func:`write_text` would refuse. A FIFO is not
-    opened here: that waits for its reader."""
-    kind, where = _kind(path)
-    if kind == "file" and not where.parent.is_dir() and where.parent.exists():
-        raise _refuse(path, f"{where.parent} is not a directory")
+    """Refuse, before any work, a path :func:`write_text` would refuse
+    (:func:`autoplan.api.outputs.check_target`)."""
+    outputs.check_target(path, named_as_directory(path))
 
 
-def check_apart(targets: Sequence[tuple[str, Path | None]],
-                inputs: Sequence[Path | None] = ()) -> None:
-    """Refuse, before any work, two outputs of one command naming the same file, or an
-    output naming one of the command's own input files (``export p.yaml --out p.yaml``
-    would replace the plan with a script). Standard output is checked elsewhere."""
-    def same(a: Path, b: Path) -> bool:
-        try:
-            return os.path.samefile(a, b)
-        except OSError:  # one does not exist yet: compare where they would be
-            return os.path.realpath(a.expanduser()) == os.path.realpath(b.expanduser())
+def check_image(flag: str, path: Path) -> None:
+    """An image output (``--plot``, ``--timeline``), refused before any work
+    (:func:`autoplan.api.outputs.check_image`)."""
+    outputs.check_image(flag, path, named_as_directory(path))
 
-    given = [(flag, path) for flag, path in targets if path is not None and not is_stdout(path)]
-    for i, (flag, path) in enumerate(given):
-        for other_flag, other in given[:i]:
-            if same(path, other):
-                raise InputError.single(flag, "", f"{other_flag} already writes {name(path)}: "
-                                                  "give each output its own file")
-        for source in inputs:
-            if source is not None and not is_stdout(source) and same(path, source):
-                raise InputError.single(flag, "", f"{name(path)} is this command's input: "
-                                                  "write the output to another file")
+
+def check_plot(plot: Path) -> None:
+    """``--plot``: an image file, not stdout (:func:`autoplan.api.outputs.check_plot`)."""
+    outputs.check_plot(plot, named_as_directory(plot))
 
 
 def write_text(path: Path, text: str, executable: bool = False) -> None:
@@ -132,41 +78,9 @@ def write_text(path: Path, text: str, executable: bool = False) -> None:
 
 
 def write_bytes(path: Path, data: bytes, executable: bool = False) -> None:
-    kind, where = _kind(path)
-    if kind == "stdout":
+    if is_stdout(path):
         sys.stdout.flush()
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
         return
-    if kind == "stream":
-        try:
-            with open(where, "wb") as fh:
-                fh.write(data)
-        except OSError as exc:
-            raise _refuse(path, exc.strerror or str(exc)) from None
-        return
-    tmp: str | None = None
-    try:
-        where.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=where.parent, prefix=f".{where.name}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        # mkstemp makes the file 0600: give it the mode of the file it replaces, or the
-        # one a plain open() would
-        try:
-            mode = stat.S_IMODE(os.stat(where).st_mode)
-        except FileNotFoundError:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        if executable:
-            mode |= (mode & 0o444) >> 2
-        os.chmod(tmp, mode)
-        os.replace(tmp, where)
-        tmp = None
-    except OSError as exc:
-        raise _refuse(path, exc.strerror or str(exc)) from None
-    finally:
-        if tmp is not None:  # the rename did not happen: leave nothing behind
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+    outputs.write_file(path, data, executable, named_as_directory(path))

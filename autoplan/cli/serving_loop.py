@@ -1,21 +1,19 @@
-"""The serving side of the auto-tuner loop's commands (:mod:`autoplan.cli.loop` calls
-these): ``tune --serving`` (run serve's best deployments with their engines and benchmark
-clients), ``runs import`` of a benchmark client's result, and ``calibrate`` of serving
-runs (an engine release line's constants, written as a file ``serve --calibration`` and
-``evaluate --calibration`` read)."""
+"""The serving side of the auto-tuner loop's commands (:mod:`autoplan.cli.commands.tune` and
+``calibrate`` call these): ``tune --serving`` (run serve's best deployments with their
+engines and benchmark clients) and ``calibrate`` of serving runs (an engine release line's
+constants, written as a file ``serve --calibration`` and ``evaluate --calibration`` read)."""
 
 from __future__ import annotations
 
-import datetime
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.markup import escape
 
+from autoplan.api import outputs
 from autoplan.cli import files, output
-from autoplan.cli.app import Format
-from autoplan.errors import InputError, Problem
+from autoplan.cli.options import Format
 
 
 def tune_serving_command(job_file: Path, *, top_k: int, log: Path | None, workdir: Path | None,
@@ -29,8 +27,7 @@ def tune_serving_command(job_file: Path, *, top_k: int, log: Path | None, workdi
         if target is not None:
             files.check_target(target)
     files.check_apart([("--out", out_path), ("--runs", log)], [job_file])
-    if files.is_stdout(log):
-        raise InputError.single("--runs", "", "the runs log is a file to append to, not stdout")
+    outputs.not_stdout("--runs", log, "the runs log is a file to append to, not stdout")
     prepared = prepare_tune_serving(job_file, top=top_k, runs=log, workdir=workdir, checkpoint=checkpoint,
                                     health_timeout=health_timeout, timeout=timeout)
     if files.is_stdout(out_path):
@@ -120,92 +117,6 @@ def _print_tuning(result: Any, req: Any, searched: int) -> None:
 
 
 # --------------------------------------------------------------------------- runs import
-
-def is_serving_result(path: Path) -> bool:
-    """Whether ``path`` looks like a benchmark client's JSON result (its first
-    non-blank character opens a JSON object), not a training log."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4096)
-    except OSError:
-        return False
-    return head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] == b"{"
-
-
-def import_serving(results: list[Path], plan_path: Path | None, group: str) -> list[Any]:
-    """Serving runs of the clients' result files: each matched to the plan it ran, from the
-    ``autoplan-trial.json`` beside it (``tune --serving`` writes one) or ``--plan`` (the
-    serving plan the client drove, all its replicas behind a load balancer at the plan's
-    traffic: recorded as one replica at its share, its throughput the plan's over its
-    replicas). What cannot be matched is refused, naming the file and the field."""
-    import dataclasses
-
-    from autoplan.descriptors.strict import read_yaml
-    from autoplan.serving.evaluate import evaluate_serving
-    from autoplan.serving.planfile import is_serving, read_serving_plan
-    from autoplan.tune.serving_clients import measured_of, mismatches, read_result_file
-    from autoplan.tune.serving_runs import Predicted, ServingRun, load_of
-    from autoplan.tune.serving_tune import SIDECAR, read_sidecar, replica_plan
-
-    given = None
-    if plan_path is not None:
-        data = read_yaml(plan_path)
-        if not is_serving(data):
-            raise InputError.single(str(plan_path), "kind", "a training plan: a benchmark client's result "
-                                                            "needs the serving plan it ran (kind: serving)")
-        given = read_serving_plan(data, str(plan_path))
-        if given.deployment.disaggregated is not None:
-            raise InputError.single(str(plan_path), "deployment.disaggregated",
-                                    "runs import records aggregated deployments (tune --serving's)")
-    found = []
-    for path in results:
-        client, doc = read_result_file(path)
-        sidecar = path.parent / SIDECAR
-        if given is not None:
-            replica, _ = replica_plan(given)
-            replicas, label, predicted = given.deployment.replicas, given.deployment.label(), None
-            drove = load_of(given)
-        elif sidecar.is_file():
-            side = read_sidecar(sidecar)
-            if side.client != client.name:
-                raise InputError.single(str(path), "", f"written by {client.name}, but {sidecar} says its "
-                                                       f"trial ran {side.client}: give --plan, the serving "
-                                                       "plan it ran")
-            replica, replicas, label, predicted = side.plan, side.replicas, side.label, side.predicted
-            drove = load_of(replica)
-        else:
-            raise InputError.single(str(path), "", f"no {SIDECAR} beside it (tune --serving writes one): "
-                                                   "give --plan, the serving plan the client drove")
-        measured = measured_of(client, doc, str(path), drove)
-        wrong = mismatches(measured, drove)
-        if wrong:
-            against = f"--plan {plan_path}" if given is not None else str(sidecar)
-            raise InputError([Problem(str(path), field, f"{why} ({against})") for field, why in wrong])
-        if measured.completed < 1:
-            raise InputError.single(str(path), "completed", "no request completed: no measurement")
-        if given is not None and replicas > 1:  # the deployment's throughput: one replica's share
-            measured = dataclasses.replace(
-                measured, requests_per_s=measured.requests_per_s / replicas,
-                output_tokens_per_s=measured.output_tokens_per_s / replicas,
-                goodput_rps=None if measured.goodput_rps is None else measured.goodput_rps / replicas)
-        if predicted is None:
-            predicted = Predicted.of(evaluate_serving(replica))
-        when = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.timezone.utc).isoformat(
-            timespec="seconds")
-        run = ServingRun(plan=replica, replicas=replicas, label=label, client=client.name, measured=measured,
-                         predicted=predicted, source="import", runner=client.name, time=when, group=group)
-        if problems := run.problems(str(path)):
-            raise InputError(problems)
-        found.append(run)
-    return found
-
-
-def said(run: Any, path: Path) -> str:
-    m = run.measured
-    one = "its replica" if run.replicas == 1 else f"one of its {run.replicas} replicas"
-    return (f"{files.name(path)}: {run.client}: TTFT {m.ttft_ms.mean:.4g} ms, TPOT {m.tpot_ms.mean:.4g} ms "
-            f"over {m.completed} requests ({run.label}: {one})")
-
 
 # --------------------------------------------------------------------------- calibrate
 

@@ -267,6 +267,30 @@ def select(package: Package, system: str | None = None, engine: str | None = Non
     return out
 
 
+SOURCES = ("aiconfigurator",)  # ``profiles import SOURCE``: the tools whose measurements it reads
+
+
+def check_source(source: str) -> None:
+    """``profiles import``'s SOURCE: a tool it reads."""
+    if source not in SOURCES:
+        raise InputError.single("SOURCE", "", f"expected one of {', '.join(SOURCES)}, got {source!r}")
+
+
+def select_for(package: Package, system: str | None, engine: str | None, version: str | None,
+               *, directory: bool) -> list[Selection]:
+    """:func:`select`, refused where nothing is selected, or several where the output is
+    one file (``directory``: each profile gets its own file)."""
+    chosen = select(package, system, engine, version)
+    if not chosen:
+        raise InputError.single("--system", "", "the package has no GEMM table of the engines asked for")
+    if len(chosen) > 1 and not directory:
+        names = ", ".join(s.label for s in chosen)
+        raise InputError.single("--out", "", (
+            f"{len(chosen)} profiles selected ({names}): give a directory (-o DIR/), or one --system "
+            "and --backend"))
+    return chosen
+
+
 # --------------------------------------------------------------------------- rows
 
 def _read(path: Path) -> pd.DataFrame:

@@ -71,7 +71,7 @@ def test_with_nothing_to_shard_a_search_offers_one_zero_stage_per_plan() -> None
 
 
 def test_the_fit_report_says_which_rows_it_counts_and_where_the_surrogate_loses() -> None:
-    from autoplan.cli.main import _fit_notes
+    from autoplan.cli.commands.bench import _fit_notes
 
     kinds = ["gemm"] * 5 + ["collective"] * 3 + ["elementwise"] * 2
     profile = SimpleNamespace(rows=pd.DataFrame({"kind": kinds}))

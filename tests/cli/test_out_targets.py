@@ -191,3 +191,16 @@ def test_an_output_never_replaces_the_commands_input_or_another_output(tmp_path:
         assert f"{flag}: " in r.stderr and needle in r.stderr, r.stderr
     assert plan.read_text() == before
     assert not (tmp_path / "x.svg").exists()
+
+
+# issue 53, item 3: the output checks moved to the library (autoplan.api.outputs), whose
+# messages are plain text: a path with brackets was named markup-escaped ("a\[b]/x.svg")
+def test_a_refused_output_is_named_as_given_even_with_brackets(tmp_path: Path) -> None:
+    folder = tmp_path / "a[b]"
+    folder.mkdir()
+    target = folder / "x.svg"
+    r = autoplan("search", "-m", "llama3-8b", "-c", "dgx-h100", "-n", "8", "-b", "8", "-s", "4096",
+                 "--train-tokens", "1e12", "--plot", target, "--out", target)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == (f"autoplan: error: --plot: --out already writes {target}: "
+                                "give each output its own file")

@@ -133,7 +133,7 @@ PLAN_A = cpu_plan()
 
 
 def test_calibrate_and_import_print_bounded_numbers(tmp_path):
-    from autoplan.cli.loop import _percent
+    from autoplan.cli.commands.calibrate import _percent
 
     assert _percent(50.79) == "50.8%" and len(_percent(1e300)) < 10
     log, runs = tmp_path / "train.log", tmp_path / "runs.csv"

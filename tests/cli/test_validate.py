@@ -149,7 +149,7 @@ def test_one_ranks_slice_runs_on_cpu_and_compares_compute_time(tmp_path: Path) -
 
 def test_the_table_says_what_ran_and_how_it_compares(capsys: pytest.CaptureFixture[str]) -> None:
     """A slice's table (the run itself: ``test_one_ranks_slice_runs_on_cpu_and_compares_compute_time``)."""
-    from autoplan.cli.main import _print_validation
+    from autoplan.cli.commands.validate import _print_validation
     from autoplan.cost.evaluate import evaluate
 
     plan = example("plan-tp2.yaml")
@@ -291,7 +291,7 @@ def test_a_run_over_its_time_is_stopped(tmp_path: Path) -> None:
 
 
 def test_the_band_is_a_field_that_json_and_the_table_both_show(capsys: pytest.CaptureFixture[str]) -> None:
-    from autoplan.cli.main import _print_validation
+    from autoplan.cli.commands.validate import _print_validation
     from autoplan.cost.evaluate import evaluate
 
     plan = example("plan-pp2.yaml")

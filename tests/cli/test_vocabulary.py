@@ -180,7 +180,7 @@ SERVE = ("serve", "examples/serving/chat-job.yaml", "--gpus", "4,8", "--requests
 
 
 def test_serve_and_search_objectives_share_cost_and_energy_and_their_values_are_the_enums() -> None:
-    from autoplan.cli.main import _OTHER_OBJECTIVE
+    from autoplan.cli.options import _OTHER_OBJECTIVE
     from autoplan.serving.sweep import ServeObjective
     from autoplan.whatif.economics import Objective
 
@@ -300,7 +300,7 @@ def test_device_shows_its_choices_in_help_and_refuses_others(command: str) -> No
 
 
 def test_exports_choices_in_help_are_the_targets_launchers_and_engines() -> None:
-    from autoplan.cli.main import EXPORT_TARGETS, SLURM_LAUNCHERS
+    from autoplan.cli.commands.export import EXPORT_TARGETS, SLURM_LAUNCHERS
     from autoplan.export import Launcher, Target
     from autoplan.export.deploy import TARGETS
     from autoplan.serving.engine import Engine

@@ -140,7 +140,7 @@ def test_dtype_fp4_on_the_command_line_says_what_fp4_is_for() -> None:
 
 
 def test_dtype_takes_any_case_of_a_training_precision() -> None:
-    from autoplan.cli.app import training_dtype
+    from autoplan.cli.options import training_dtype
 
     assert training_dtype("FP8") is Dtype.FP8 and training_dtype("bf16") is Dtype.BF16
 

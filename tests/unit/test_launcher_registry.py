@@ -209,7 +209,7 @@ def test_tune_refuses_a_launcher_its_runner_does_not_launch(tmp_path: Path) -> N
 
 
 def test_the_built_in_runners_are_local_torchrun_and_slurm_with_their_help() -> None:
-    from autoplan.cli.loop import LAUNCHER_HELP, LAUNCHER_METAVAR, RUNNER_HELP, RUNNER_METAVAR
+    from autoplan.cli.commands.tune import LAUNCHER_HELP, LAUNCHER_METAVAR, RUNNER_HELP, RUNNER_METAVAR
 
     assert runner_names() == RUNNERS
     assert RUNNER_METAVAR == "<local|torchrun|slurm>" and LAUNCHER_METAVAR == "<megatron|torchtitan>"

@@ -15,14 +15,10 @@ from rich.markup import escape
 
 from autoplan.cli import files, output
 from autoplan.cli.app import app
-from autoplan.errors import InputError
 
 profiles_app = typer.Typer(help="Measured profiles made from other tools' measurements.",
                            no_args_is_help=True)
 app.add_typer(profiles_app, name="profiles")
-
-SOURCES = ("aiconfigurator",)
-
 
 @profiles_app.command("import")
 def profiles_import(
@@ -54,19 +50,11 @@ def profiles_import(
     from autoplan.measured import aiconfigurator
     from autoplan.measured.profile import format_profile, parse_profile
 
-    if source not in SOURCES:
-        raise InputError.single("SOURCE", "", f"expected one of {', '.join(SOURCES)}, got {source!r}")
+    aiconfigurator.check_source(source)
     directory = out_path is not None and not files.is_stdout(out_path) and (
         files.named_as_directory(out_path) or out_path.expanduser().is_dir())
     package = aiconfigurator.locate()
-    chosen = aiconfigurator.select(package, system, backend, version)
-    if not chosen:
-        raise InputError.single("--system", "", "the package has no GEMM table of the engines asked for")
-    if len(chosen) > 1 and not directory:
-        names = ", ".join(s.label for s in chosen)
-        raise InputError.single("--out", "", (
-            f"{len(chosen)} profiles selected ({names}): give a directory (-o DIR/), or one --system "
-            "and --backend"))
+    chosen = aiconfigurator.select_for(package, system, backend, version, directory=bool(directory))
     targets = [(s, out_path.expanduser() / s.file_name if directory and out_path is not None else out_path)
                for s in chosen]
     for _, target in targets:  # every one refused before any table is read
