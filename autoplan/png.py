@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from autoplan.whatif.sweep import Point
 
 
-# the SVGs' colours (autoplan.whatif.plot)
+# the SVGs' colours (autoplan.svg)
 FRONT, OTHER, LIMIT, CHOSEN = "#4c78a8", "#9d9d9d", "#e45756", "#f58518"
 
 

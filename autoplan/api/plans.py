@@ -102,12 +102,12 @@ def load_plans(plans: PlanLike | Sequence[PlanLike], profile: str | Path | None 
 
 
 def reliabilities(plan: Plan) -> dict[str, Any]:
-    """What failures and checkpoints cost a run on the plan (whatif/reliability.py), saved
+    """What failures and checkpoints cost a run on the plan (cost/reliability.py), saved
     synchronously, and asynchronously where the cluster gives its host link; {} where its
     cluster file gives no failure rate and storage."""
     if plan.placement is not None or not plan.cluster.fails:
         return {}
-    from autoplan.whatif.reliability import reliability
+    from autoplan.cost.reliability import reliability
 
     out = {"synchronous": reliability(plan)}
     if plan.cluster.host_link_Bps is not None:

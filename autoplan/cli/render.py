@@ -26,9 +26,9 @@ from autoplan.units import GiB
 
 if TYPE_CHECKING:
     from autoplan.api.search import LauncherFree
+    from autoplan.cost.reliability import Reliability
     from autoplan.descriptors.space import SearchSpace
     from autoplan.search.results import Ranked as Found
-    from autoplan.whatif.reliability import Reliability
     from autoplan.whatif.sweep import Point
 
 MOE_MFU_NOTE = " of active parameters"
@@ -184,7 +184,7 @@ def packing_line(plan: Plan, docs: Any) -> str:
 
 
 def reliability_lines(found: dict[str, Reliability], gpus: int) -> list[str]:
-    """What failures and checkpoints cost a run (autoplan.whatif.reliability), in words:
+    """What failures and checkpoints cost a run (autoplan.cost.reliability), in words:
     each way of saving of ``found`` (synchronous, asynchronous)."""
     first = next(iter(found.values()))
     out = [f"failures: one every {first.mtbf_s / 3600:,.2f} h on {gpus:,} GPUs, each costing a "

@@ -323,7 +323,7 @@ class Cluster:
     host_link_Bps: float | None = None
     host_mem_bytes: float | None = None
     host_mem_Bps: float | None = None
-    # reliability and checkpoint storage (autoplan.whatif.reliability); None where the
+    # reliability and checkpoint storage (autoplan.cost.reliability); None where the
     # cluster file gives none (then a run's wall clock is its steps alone): failures per
     # GPU-hour, the seconds from a failure to training again (detection, rescheduling, the
     # processes' start; the checkpoint's load is counted apart), the checkpoint file
@@ -369,7 +369,7 @@ class Cluster:
     @property
     def fails(self) -> bool:
         """The cluster file gives its failure rate and checkpoint storage: a run's wall clock
-        counts failures, restarts and checkpoints (autoplan.whatif.reliability)."""
+        counts failures, restarts and checkpoints (autoplan.cost.reliability)."""
         return self.failures_per_gpu_hour is not None and self.storage_Bps is not None
 
     @property

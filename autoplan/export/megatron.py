@@ -507,8 +507,8 @@ def program(plan: Plan) -> str:
 
 def _save_interval(plan: Plan) -> str:
     """Steps between checkpoints: Daly's optimum for the cluster's failure rate and
-    storage (autoplan/whatif/reliability.py) where its file gives them, else once at the end."""
-    from autoplan.whatif.reliability import checkpoint_steps
+    storage (autoplan/cost/reliability.py) where its file gives them, else once at the end."""
+    from autoplan.cost.reliability import checkpoint_steps
 
     steps = checkpoint_steps(plan) if plan.placement is None else None
     return "$TRAIN_ITERS" if steps is None else str(steps)

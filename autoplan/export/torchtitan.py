@@ -25,7 +25,7 @@ tests by its own ``ConfigManager``:
   where the plan runs async TP (``cost.stage.tp_overlap_in``: its stack's, with tp > 1).
 - ``[model]``: name, flavor, converters ("float8" for fp8 GEMMs, through torchao).
 - ``[checkpoint]`` enable, interval (steps), where the cluster file gives its failure rate
-  and storage: Daly's optimum interval (autoplan/whatif/reliability.py).
+  and storage: Daly's optimum interval (autoplan/cost/reliability.py).
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def config(plan: Plan) -> dict[str, dict[str, Any]]:
            "training": training, "parallelism": par, "activation_checkpoint": ac}
     if compiled:  # the stack's kernels are Inductor's (torchtitan-compiled)
         out["compile"] = {"enable": True, "components": ["model", "loss"]}
-    from autoplan.whatif.reliability import checkpoint_steps
+    from autoplan.cost.reliability import checkpoint_steps
 
     steps = checkpoint_steps(plan) if plan.placement is None else None
     if steps is not None:  # Daly's optimum interval for the cluster's failure rate

@@ -3,7 +3,7 @@ one point per deployment, the non-dominated ones joined and labelled, the chosen
 (the throughput-interactivity trade-off of NVIDIA's and SemiAnalysis's inference charts).
 
 Pure: returns the SVG text; axes and ticks as the training sweep's plot
-(:mod:`autoplan.whatif.plot`) draws them.
+draws them (:mod:`autoplan.svg`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from autoplan.serving.search import Ranked
-from autoplan.whatif.plot import (
+from autoplan.svg import (
     BOTTOM,
     CHOSEN,
     FRONT,
@@ -25,7 +25,7 @@ from autoplan.whatif.plot import (
     escape,
     svg_open,
 )
-from autoplan.whatif.plot import _axis as axis
+from autoplan.svg import _axis as axis
 
 
 def serving_front_svg(points: Sequence[Ranked], front: Sequence[Ranked], chosen: Ranked | None,

@@ -17,7 +17,7 @@ step's share is what a token budget buys). From there:
   counted beyond what the PUE factor covers.
 - Where the cluster file gives its failure rate and checkpoint storage, the wall clock is
   the training time times the failures' and checkpoints' factor
-  (``whatif/reliability.py``: Daly's optimum interval and expected wall clock), and
+  (``cost/reliability.py``: Daly's optimum interval and expected wall clock), and
   GPU-hours, cost and energy grow with it (the GPUs are held, and draw their mean power,
   through lost work, restarts and checkpoint stalls alike: an upper estimate).
 """
@@ -28,8 +28,8 @@ import enum
 import math
 from dataclasses import dataclass
 
+from autoplan.cost.reliability import Reliability, reliability
 from autoplan.plan import Plan, Prediction
-from autoplan.whatif.reliability import Reliability, reliability
 
 SECONDS_PER_DAY = 86_400.0
 JOULES_PER_MWH = 3.6e9
@@ -106,7 +106,7 @@ def mean_power_W(plan: Plan, pred: Prediction) -> float | None:
 def economics(plan: Plan, pred: Prediction, train_tokens: float,
               price_per_gpu_hour: float | None, asynchronous: bool = False) -> Economics:
     """Time, GPU-hours, cost and energy of ``train_tokens`` tokens on ``plan``;
-    ``asynchronous``: checkpoints saved behind training (whatif/reliability.py)."""
+    ``asynchronous``: checkpoints saved behind training (cost/reliability.py)."""
     assert train_tokens > 0 and pred.tokens_per_s > 0
     gpus = plan.cluster.gpus
     fails = reliability(plan, asynchronous)

@@ -88,7 +88,7 @@ def sweep(model: Model, clusters: Sequence[Cluster], job: Job, space: SearchSpac
     searches run at once (None: one per usable CPU). ``min_headroom_bytes``: what every
     plan leaves free per GPU (``search.engine.search``; a ``searcher`` given decides its own).
     ``progress``: told of each count as its search ends. ``asynchronous``: checkpoints
-    saved behind training, where the clusters fail (whatif/reliability.py).
+    saved behind training, where the clusters fail (cost/reliability.py).
 
     Each count's search returns its best plan and those of its top_k that can enter the
     sweep's top_k by the objective among the plans meeting ``deadline_days`` and
