@@ -4,7 +4,9 @@
   the floors of ``FLOORS`` (docs/ARCHITECTURE.md draws them), never up;
 - no two of its packages import each other (``autoplan.serving`` and ``autoplan.export`` did:
   the engines' files imported the export's shell quoting, and the exports the engines' costs),
-  lazy imports inside functions counted; the serving package imports nothing of the exports;
+  lazy imports inside functions counted, and no loop of packages runs round either (serving,
+  whatif, search and export did); the serving package imports nothing of the exports;
+- every module is on exactly one floor, named in ``FLOORS``;
 - ``autoplan.cost`` knows nothing of what corrects it (``autoplan.measured``), of the
   search, of the command line, or of measuring (``autoplan.bench``, torch);
 - ``autoplan.measured`` (profiles, the machine fit, the learned correction) never
