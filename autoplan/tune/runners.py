@@ -496,19 +496,7 @@ class LaunchRunner:
                 pass
         # the whole group, the launcher's children too (the run may have exited, its
         # workers not): asked to end, then killed once they have had their seconds
-        for sig, seconds in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 30.0)):
-            if proc.poll() is not None and not _group_running(proc.pid):
-                break
-            try:
-                os.killpg(proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                if proc.poll() is None:
-                    proc.kill()
-            deadline = time.monotonic() + seconds
-            while time.monotonic() < deadline:
-                if proc.poll() is not None and not _group_running(proc.pid):
-                    break
-                time.sleep(0.02)
+        end_group(proc, term_s=10.0, kill_s=30.0)
         if proc.stdout is not None:
             proc.stdout.close()
         return outcome if outcome is not None else Outcome(status="failed")
@@ -517,6 +505,25 @@ class LaunchRunner:
         """Where a run's log is: the launch's own output, and a batch job's output file."""
         batch = self.runner.batch
         return [log_path] + ([batch.output(workdir, job_id)] if batch is not None and job_id else [])
+
+
+def end_group(proc: subprocess.Popen[Any], *, term_s: float, kill_s: float) -> None:
+    """End ``proc``'s whole process group: SIGTERM, ``term_s`` seconds for it to go, then
+    SIGKILL and ``kill_s`` more, stopping as soon as no process of the group is left (the
+    leader may have exited, its children not)."""
+    for sig, seconds in ((signal.SIGTERM, term_s), (signal.SIGKILL, kill_s)):
+        if proc.poll() is not None and not _group_running(proc.pid):
+            break
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            if proc.poll() is None:
+                proc.kill()
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if proc.poll() is not None and not _group_running(proc.pid):
+                break
+            time.sleep(0.02)
 
 
 def _group_running(pgid: int) -> bool:

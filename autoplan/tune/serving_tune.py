@@ -43,7 +43,6 @@ import math
 import os
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -353,23 +352,11 @@ def healthy(port: int) -> bool:
 def stop_group(proc: subprocess.Popen[bytes] | None) -> None:
     """End ``proc``'s whole process group (its children too, which may outlive it):
     SIGTERM, then SIGKILL after ``TERM_S``, until no process of the group is left."""
-    from autoplan.tune.runners import _group_running
+    from autoplan.tune.runners import end_group
 
     if proc is None:
         return
-    for sig, seconds in ((signal.SIGTERM, TERM_S), (signal.SIGKILL, TERM_S)):
-        if proc.poll() is not None and not _group_running(proc.pid):
-            break
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            if proc.poll() is None:
-                proc.kill()
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if proc.poll() is not None and not _group_running(proc.pid):
-                break
-            time.sleep(0.02)
+    end_group(proc, term_s=TERM_S, kill_s=TERM_S)
     proc.poll()
 
 
