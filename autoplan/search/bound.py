@@ -307,7 +307,7 @@ class TimeBounds:
         self._runs: dict[int, tuple[_Run, ...]] = {}  # :meth:`_uniform_runs`
         self._overhead: float | None = None  # :meth:`layout_mean_floor`
         self._group_bounds: dict[tuple, float] = {}  # :meth:`group_bound`
-        self._twins: dict[Plan, Plan] = {}  # :meth:`_twin`
+        self._time_twins: dict[Plan, Plan] = {}  # :meth:`_time_twin`
         self._member_bounds: dict[tuple, float] = {}  # :meth:`member_bound`
         self._layout_floors: dict[tuple, float] = {}  # :meth:`layout_floor`
         self._offload_shifts: dict[tuple, float] = {}  # :meth:`offloaded_bound`
@@ -379,10 +379,10 @@ class TimeBounds:
         moe = model.moe_layers if model.is_moe else 0
         uniform = p > 1 and not any(split for *_, split in scheds)
         one_chunk = [x for x in scheds if x[1] == 1 and x[0].spec.looping]
-        chained = _one_chunk_kinds(one_chunk) if one_chunk else None
+        chain_kinds = _one_chunk_kinds(one_chunk) if one_chunk else None
         # the one-chunk members' fill for any split; where others split, theirs is not bounded
         if not uniform and len(one_chunk) < len(scheds):
-            chained = None
+            chain_kinds = None
         flat = [layers // (p * v) for sched, v, _ in scheds if sched.spec.looping and v > 1]
         v_shaped = any(not sched.spec.looping for sched, _, _ in scheds)
         zero3 = uniform and plan.zero is ZeroStage.PARAMETERS
@@ -400,8 +400,8 @@ class TimeBounds:
                 floor = max(floor, m * _output_stage(model, unit, p, scheds),
                             m * _fullest_stage(model, unit, p))
             kinds = []
-            if chained is not None:
-                kinds.append(_pipeline_floor(_chain_parts(layers, moe, core, work), m, p, *chained))
+            if chain_kinds is not None:
+                kinds.append(_pipeline_floor(_chain_parts(layers, moe, core, work), m, p, *chain_kinds))
             if uniform:
                 # stage p - 1's compute, forward and backward (ZeRO-3's gathers hide behind it)
                 c_f = (layers // p) * min(lt.forward, lt_moe.forward)
@@ -414,11 +414,11 @@ class TimeBounds:
                                if zero3 else (0.0, 0.0))
                 if once:  # its passes are once a step, not once a microbatch
                     z_flat = 0.0
-                if one_chunk and chained is not None:
+                if one_chunk and chain_kinds is not None:
                     # the uniform split's chain, and the last stage's with ZeRO-3
                     last = (p - 1) * (layers // p) * forward + stage + m * (logits + z_flat)
                     kinds[0] = max(kinds[0], last, _uniform_chain(
-                        _unit(core, work), self._uniform_runs(plan.layout), m, *chained))
+                        _unit(core, work), self._uniform_runs(plan.layout), m, *chain_kinds))
                 if flat:
                     kinds.append((p - 1) * min(flat) * forward + stage + m * (logits + z_flat))
                 if v_shaped:
@@ -662,7 +662,7 @@ class TimeBounds:
         return out
 
     # -- a layout's bound, shared by its groups ------------------------------------------
-    def laid(self, group: Group) -> Group:
+    def with_layout_bound(self, group: Group) -> Group:
         """The group with its layout's bound (:meth:`_layout_bound`, for every ZeRO stage
         below 3, or ZeRO-3, as the group's, and for every job; for its recompute, or for a
         bundle's least, :meth:`bound_choice`, and every recompute above it; shifted by its
@@ -671,13 +671,13 @@ class TimeBounds:
         that comes up. A ZeRO-3 group first takes its own compute floor (:meth:`layout_floor`,
         with ZeRO-3's passes), then the bound of the stages below 3, where one of them
         shards the optimizer as ZeRO-3 does (ZeRO-3 only adds gathers to their work):
-        where one raises its bound it comes back (``steps``), laid only when it comes up
+        where one raises its bound it comes back (``steps``), its layout bound counted only when it comes up
         again (most do not; ZeRO-3's bound needs stage works of its own)."""
         plan = group.plan
         if group.recomputes and plan.ep_overlap:
             # its groups' bounds are their own (``Enumeration.unbundled``): under EP overlap
             # more recompute shortens the forward, so no bound read at its least holds
-            return evolve_group(group, laid=True)
+            return evolve_group(group, layout_bounded=True)
         zeros = dp.zero_stages(plan.layout, self.ctx.space)
         below: ZeroStage | None = max(
             (z for z in zeros if z is not ZeroStage.PARAMETERS), default=None)
@@ -701,7 +701,7 @@ class TimeBounds:
         own = self.offloaded(self.shared_layout_bound(group, below), plan)
         if group.recomputes and plan.zero is not ZeroStage.PARAMETERS:
             own = max(own, self.offloaded(self.bundle_bound(group), plan))
-        return evolve_group(group, bound=max(group.bound, own), laid=True)
+        return evolve_group(group, bound=max(group.bound, own), layout_bounded=True)
 
     def bundle_bound(self, group: Group) -> float:
         """A bound valid for every group of a bundle below ZeRO-3 (its ZeRO stage, each
@@ -721,15 +721,15 @@ class TimeBounds:
         """The recompute choice the group's shared bounds are read at: its own; a bundle's
         least (``Context.least``, below each of its choices: no choice of a bundle of
         several module sets need hold another's modules). (An EP overlap bundle reads none:
-        :meth:`laid`.)"""
+        :meth:`with_layout_bound`.)"""
         if group.recomputes:
             return self.ctx.least
         return group.plan.recompute, group.plan.recompute_modules
 
     def fully_laid(self, group: Group) -> Group:
-        """:meth:`laid` until it is (for tests and tools)."""
-        while not group.laid:
-            group = self.laid(group)
+        """:meth:`with_layout_bound` until it is (for tests and tools)."""
+        while not group.layout_bounded:
+            group = self.with_layout_bound(group)
         return group
 
     def shared_layout_bound(self, group: Group, zero: ZeroStage) -> float:
@@ -818,7 +818,7 @@ class TimeBounds:
         # it reads no activation offload (a candidate's own bound counts the copies): the
         # variants of a group offloading more or less of them share one; ZeRO-2's groups
         # share ZeRO-1's (``dp.time_twin``)
-        plan = self._twin(plan)
+        plan = self._time_twin(plan)
         key = (plan, tuple(scheds), cps, sync, drained)
         bound = self._group_bounds.get(key)
         if bound is None:
@@ -826,15 +826,15 @@ class TimeBounds:
                                                                 drained)
         return bound
 
-    def _twin(self, plan: Plan) -> Plan:
+    def _time_twin(self, plan: Plan) -> Plan:
         """The plan whose group and member bounds ``plan``'s are (:meth:`group_bound`,
         :meth:`member_bound`): without activation offload, at its ZeRO stage's time twin
         (``plan`` itself where it is that). Made once per plan."""
         if not plan.offload.activations and plan.zero is not ZeroStage.GRADIENTS:
             return plan
-        twin = self._twins.get(plan)
+        twin = self._time_twins.get(plan)
         if twin is None:
-            twin = self._twins[plan] = plan.replace(
+            twin = self._time_twins[plan] = plan.replace(
                 zero=dp.time_twin(plan.zero), offload=Offload(optimizer=plan.offload.optimizer))
         return twin
 
@@ -938,7 +938,7 @@ class TimeBounds:
                      breadth_first: bool = False) -> float:
         """:meth:`_member_bound`, memoized: the groups of a plan's time twin (ZeRO-2's of
         ZeRO-1; offloading more or less of their activations) share it."""
-        key = (self._twin(group_plan), cp_comm, v, fused, breadth_first)
+        key = (self._time_twin(group_plan), cp_comm, v, fused, breadth_first)
         bound = self._member_bounds.get(key)
         if bound is None:
             bound = self._member_bounds[key] = self._member_bound(group_plan, cp_comm, v, fused,

@@ -45,7 +45,7 @@ def recompute_choices(model: Model, space: SearchSpace) -> tuple[Choice, ...]:
     MoE modules for MoE models, mla_up_proj for multi-head latent attention, mlp where a
     layer has a dense MLP), full. Where no set is left, selective recomputes the
     attention core. (A space's one ``recompute_modules`` set the model lacks is refused
-    where the request is built, ``autoplan.request``.)"""
+    where the request is built, ``autoplan.commands.request``.)"""
     out: list[Choice] = []
     for rc in sorted(space.recompute, key=lambda r: r.level):
         if rc is not Recompute.SELECTIVE:

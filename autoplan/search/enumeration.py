@@ -219,7 +219,7 @@ class Enumeration:
         ``Context.bound_job``). An EP overlap bundle is opened when it comes up, its
         groups each at its own recompute's floor (:meth:`unbundled`): more recompute
         shortens the forward's exposed dispatch, which a bundle's own bounds, read at its
-        least recompute, do not allow (:meth:`TimeBounds.laid`)."""
+        least recompute, do not allow (:meth:`TimeBounds.with_layout_bound`)."""
         ctx, bounds = self.ctx, self.bounds
         # (EP overlap, the least recompute, the choices, the schedules, those that run)
         kinds = [(False, ctx.least, recomputes, scheds, runnable)]
@@ -253,16 +253,16 @@ class Enumeration:
               runnable: tuple[Sched, ...], recomputes: tuple[Choice, ...] = (),
               steps: int = 0) -> Group:
         """The group of ``plan``'s schedules (a bundle where more than one recompute is
-        given), yet to be laid (:meth:`TimeBounds.laid`)."""
+        given), its layout bound yet to be counted (:meth:`TimeBounds.with_layout_bound`)."""
         return Group(bound, rank_key_static(plan), plan, tuple(scheds), tuple(cps),
                      runnable=runnable, recomputes=recomputes if len(recomputes) > 1 else (),
-                     laid=False, steps=steps)
+                     layout_bounded=False, steps=steps)
 
     def unbundled(self, group: Group) -> list[Group]:
         """The groups a bundle stands for (the group itself if it is none), in rank: the
         first, at the bundle's recompute, with the bundle's bound; the others with their
-        own recompute's layout compute floor if more, to be laid at their own
-        recompute's layout bound when they come up."""
+        own recompute's layout compute floor if more, their own recompute's layout bound
+        counted when they come up."""
         if not group.recomputes:
             return [group]
         out = []
@@ -277,7 +277,7 @@ class Enumeration:
             # (a ZeRO-3 group's floor at its recompute is its own ZeRO-3 floor)
             out.append(evolve_group(
                 self.group(plan, bound, group.schedules, group.cp_comms, group.runnable),
-                laid=group.laid and first,
+                layout_bounded=group.layout_bounded and first,
                 steps=group.steps if first else int(plan.zero is ZeroStage.PARAMETERS)))
         return out
 
@@ -318,7 +318,8 @@ class Enumeration:
             bound = self.bounds.offloaded_bound(group.bound, plan, off)
             variant = plan.replace(offload=off)
             out.append(evolve_group(group, plan=variant, bound=bound,
-                                    key=rank_key_static(variant), bare=bound, floored=False))
+                                    key=rank_key_static(variant), unpressured_bound=bound,
+                                    memory_floored=False))
         self.stats.generated += sum(g.size for g in out)
         return out
 

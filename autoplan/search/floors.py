@@ -210,10 +210,10 @@ class MemoryFloors:
     def _fitted(self, item: Candidate, worst: Memory) -> Candidate:
         """The candidate known to fit, its pressure-free bound charged the pressure of its
         peak (at least what its group's floor charged: the peak is no lower)."""
-        bare = item.unpressured
-        pressure = memory_pressure(bare - step_overhead(item.plan), worst.peak, self.capacity)
-        return Candidate(max(item.bound, bare + pressure), item.key, item.plan, fits=True,
-                         chained=item.chained)
+        unpressured = item.unpressured
+        pressure = memory_pressure(unpressured - step_overhead(item.plan), worst.peak, self.capacity)
+        return Candidate(max(item.bound, unpressured + pressure), item.key, item.plan, fits=True,
+                         chain_counted=item.chain_counted)
 
     def _fitting_memory(self, plan: Plan, works: tuple[StageWork, ...]) -> Memory | None:
         """The memory of the plan's fullest stage, or None (counted, and noted for the

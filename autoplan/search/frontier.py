@@ -55,7 +55,7 @@ MEMORY_FIRST = 0.5
 # 175B / 1024 A100). ZB-V's, with its output layer on stage 0, by 1-3% there: its chain
 # cuts the plans simulated from 92 to 74 (the flat schedules' chains cut none, at more
 # cost than the simulations they would save: seven searches of the golden check). Each
-# schedule says whether it is chained (``ScheduleSpec.chain_bounded``).
+# schedule says whether its chain counts (``ScheduleSpec.chain_bounded``).
 
 _Item = Group | Candidate | Split | Unopened | Block
 
@@ -159,12 +159,12 @@ class Frontier:
             exact = self.candidate(item.plan)
             if exact is not None:  # back in line at its own bound
                 self._push(evolve_candidate(exact, bound=max(bound, exact.bound),
-                                            bare=max(item.unpressured, exact.bound)))
+                                            unpressured_bound=max(item.unpressured, exact.bound)))
             return None
-        if not item.chained and item.plan.schedule.spec.chain_bounded:
+        if not item.chain_counted and item.plan.schedule.spec.chain_bounded:
             tight = chain_bound(item.plan, stage_work(item.plan))
             item = Candidate(max(bound, tight), item.key, item.plan, item.fits, True,
-                             bare=None if item.fits else max(item.unpressured, tight))
+                             unpressured_bound=None if item.fits else max(item.unpressured, tight))
             if tight > bound:  # back in line at the chain's bound
                 self._push(item)
                 return None
@@ -178,10 +178,10 @@ class Frontier:
         its own, its memory floor's pressure (back in line where that raises it, or
         dropped where no member fits); a bundle opened into its groups; a group past
         every bound into its candidates and split variants."""
-        if not item.laid:
-            if not item.floored and self._too_big(item):
+        if not item.layout_bounded:
+            if not item.memory_floored and self._too_big(item):
                 return
-            item = self.bounds.laid(item)
+            item = self.bounds.with_layout_bound(item)
             if item.bound > bound:  # back in line at its layout's bound
                 self._push(item)
                 return
@@ -191,15 +191,15 @@ class Frontier:
             return
         if not item.exact:
             own = self.bounds.group_bound(item.plan, item.runnable, item.cp_comms)
-            item = evolve_group(item, bound=max(own, bound), exact=True, bare=max(own, bound))
+            item = evolve_group(item, bound=max(own, bound), exact=True, unpressured_bound=max(own, bound))
             if own > bound:  # back in line at its own bound
                 self._push(item)
                 return
-        if not item.floored:
-            floored = self._floored(item, bound)
-            if floored is None:
+        if not item.memory_floored:
+            at_floor = self._with_memory_floor(item, bound)
+            if at_floor is None:
                 return
-            item = floored
+            item = at_floor
         for new in self.expand(item):
             self._push(new)
 
@@ -240,10 +240,10 @@ class Frontier:
             self._drop(group, floor, self._seq)
         return True
 
-    def _floored(self, item: Group, bound: float) -> Group | None:
+    def _with_memory_floor(self, item: Group, bound: float) -> Group | None:
         """The group past its memory floor: dropped (None) where no member fits, its offload
         variants queued where the search tries them; back in line (None) where the
-        allocator's pressure at the floor raises its bound; else the group, floored."""
+        allocator's pressure at the floor raises its bound; else the group, past its memory floor."""
         floor = self.floors.memory_floor(item)
         if self.walk.wants_offload(item, floor):
             for variant in self.walk.offloaded(item):
@@ -251,7 +251,7 @@ class Frontier:
         if floor is not None and floor.peak > self.ctx.limit:
             self._drop(item, floor, self._seq)
             return None
-        item = evolve_group(item, floored=True)
+        item = evolve_group(item, memory_floored=True)
         if floor is not None:
             own = bound + memory_pressure(bound - step_overhead(item.plan), floor.peak,
                                           self.ctx.capacity)
@@ -294,19 +294,20 @@ class Frontier:
             v = plan.layout.vpp if spec.looping else 0
             fused = spec.drain_counts_w
             bf = spec.gathers_once_a_step
-            bare = busiest.get((plan.cp_comm, v, fused, bf))
-            if bare is None:
-                bare = busiest[(plan.cp_comm, v, fused, bf)] = self.bounds.member_bound(
+            unpressured = busiest.get((plan.cp_comm, v, fused, bf))
+            if unpressured is None:
+                unpressured = busiest[(plan.cp_comm, v, fused, bf)] = self.bounds.member_bound(
                     group.plan, plan.cp_comm, v, fused, drains, bf)
             # the group's bounds hold for it: the pressure-free one, and the one that
             # charges the group's memory floor (its own peak is no lower)
-            bare = max(bare, group.bare)
-            bound = max(bare, group.bound)
+            unpressured = max(unpressured, group.unpressured_bound)
+            bound = max(unpressured, group.bound)
             if bound > limit:
                 self.stats.pruned[BOUND] += 1
                 continue
             # its own works, bound and memory wait until it comes up (:meth:`_step_candidate`)
-            out.append(Candidate(bound, rank_key_static(plan), plan, pending=True, bare=bare))
+            out.append(Candidate(bound, rank_key_static(plan), plan, pending=True,
+                                 unpressured_bound=unpressured))
         return out
 
     def candidate(self, plan: Plan) -> Candidate | None:

@@ -22,26 +22,33 @@ recompute_modules``; () with selective: the attention core)."""
 
 @dataclass(frozen=True, slots=True)
 class Group:
+    """Plans that differ only in schedule, context-parallel exchange and (a bundle)
+    recompute, under one ``bound``. Its bound is tightened in steps, each named by a flag:
+    ``layout_bounded`` (its layout's bound counted), ``exact`` (its own group bound, not its
+    layout's), ``memory_floored`` (the allocator's pressure at its memory floor charged;
+    ``unpressured_bound`` holds the bound without it)."""
+
     bound: float
     key: tuple
     plan: Plan  # the group's 1F1B, vpp = 1 member
     schedules: tuple[Sched, ...]  # (schedule, vpp, split)
     cp_comms: tuple[CpComm, ...] = (CpComm.RING,)  # context-parallel exchanges to try
-    exact: bool = False  # the bound is the group's own, not its layout's (:meth:`TimeBounds.laid`)
+    exact: bool = False  # the bound is the group's own, not its layout's (:meth:`TimeBounds.group_bound`)
     runnable: tuple[Sched, ...] = ()  # those passing the schedule rules
     # once exact: its own bound without the allocator's pressure, which ``bound`` charges
     # at the group's memory floor (:meth:`MemoryFloors.memory_floor`)
-    bare: float = 0.0
-    floored: bool = False  # past the memory floor: ``bound`` charges its pressure
+    unpressured_bound: float = 0.0
+    memory_floored: bool = False  # past the memory floor: ``bound`` charges its pressure
     # a bundle: the groups of ``plan`` at each of these recompute choices (and selective
     # recompute's module sets), one bound for all, ``plan`` at the first (the least in
     # rank, so the bundle comes up when its first group would); opened only if it comes
     # up (:meth:`Enumeration.unbundled`)
     recomputes: tuple[Choice, ...] = ()
-    # ``bound`` counts its layout's bound (else its compute floor, :meth:`TimeBounds.laid`)
-    laid: bool = True
-    # ZeRO-3, before it is laid: ``bound`` counts its own compute floor (1; else its
-    # layout's below ZeRO-3), then (2) the layout bound of the stages below 3
+    # ``bound`` counts its layout's bound (else its compute floor:
+    # :meth:`TimeBounds.with_layout_bound`)
+    layout_bounded: bool = True
+    # ZeRO-3, before its layout bound is counted: ``bound`` counts its own compute floor
+    # (1; else its layout's below ZeRO-3), then (2) the layout bound of the stages below 3
     steps: int = 0
 
     @property
@@ -51,22 +58,26 @@ class Group:
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
+    """One plan under its ``bound``: ``pending`` (its group's busiest-stage bound), then
+    ``chain_counted`` (its schedule's critical chain counted) and ``fits`` (its memory
+    checked, the allocator's pressure charged; ``unpressured_bound`` without it)."""
+
     bound: float
     key: tuple
     plan: Plan
     fits: bool = False  # its memory is checked (and its bound charges the pressure)
-    chained: bool = False  # its bound counts its schedule's critical chain
+    chain_counted: bool = False  # its bound counts its schedule's critical chain
     # its bound is its group's busiest-stage bound: its own stage works, exact bound and
     # memory are yet to be worked out
     pending: bool = False
     # the bound without the allocator's pressure, where ``bound`` charges one already
     # (its group's memory floor's, before its own memory is known); None: ``bound``
-    bare: float | None = None
+    unpressured_bound: float | None = None
 
     @property
     def unpressured(self) -> float:
         """A step time the plan cannot beat before the allocator's pressure."""
-        return self.bound if self.bare is None else self.bare
+        return self.bound if self.unpressured_bound is None else self.unpressured_bound
 
 
 @dataclass(frozen=True, slots=True)

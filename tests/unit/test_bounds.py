@@ -90,7 +90,7 @@ def _model(name):
 
 def _every_group(walk, every):
     """Every ``every``-th group of the walk's bundles, opened (``Enumeration.unbundled``),
-    not laid: the bounds asked of them are worked out for these alone."""
+    without their layout bound: the bounds asked of them are worked out for these alone."""
     groups = (g for bundle in walk.walk.groups() for g in walk.walk.unbundled(bundle))
     return itertools.islice(groups, 0, None, every)
 
@@ -414,7 +414,7 @@ def test_a_layouts_shared_bound_holds_for_its_every_zero_and_recompute_group(cas
             stand_ins = ([below] if plan.zero < 3
                          else [ZeroStage.PARAMETERS] + ([below] if below >= 1 else []))
             # at its recompute, and at its bundle's least (``TimeBounds.bound_choice``: an EP
-            # overlap bundle reads no shared bound, search.bound.TimeBounds.laid)
+            # overlap bundle reads no shared bound, search.bound.TimeBounds.with_layout_bound)
             ofs = [group] + ([] if plan.ep_overlap else [dataclasses.replace(
                 group, recomputes=bundle.recomputes)])
             for zero in stand_ins:  # every stand-in it may be bounded by
@@ -481,7 +481,7 @@ def test_a_groups_bounds_never_exceed_a_members_step(case):
     checked = 0
     for group in _every_group(walk, every):
         own = walk.bounds.group_bound(group.plan, group.runnable, group.cp_comms)
-        group = dataclasses.replace(group, bound=own, bare=own, exact=True, floored=True)
+        group = dataclasses.replace(group, bound=own, unpressured_bound=own, exact=True, memory_floored=True)
         steps = {plan: evaluate(plan).step_time_s
                  for plan, split in walk.walk.schedule_plans(group) if not split}
         for plan, step in steps.items():
@@ -496,7 +496,7 @@ def test_a_groups_bounds_never_exceed_a_members_step(case):
 @pytest.mark.slow  # more than about 3 s on 2 cores
 @pytest.mark.parametrize("case", [CASES[0], CASES[5]], ids=lambda c: f"{c[0]}-{c[5]}")
 def test_a_bundles_synced_bound_never_exceeds_a_members_step(case):
-    """A bundle below ZeRO-3 is laid at its least recompute's group bound with the
+    """A bundle below ZeRO-3 has its layout bound counted at its least recompute's group bound with the
     gradient sync but not the drained one (search.bound.TimeBounds.bundle_bound): it holds
     for every member of every recompute it stands for, and it is at most the own bound
     of its first group (which counts the drained sync too)."""
@@ -504,7 +504,8 @@ def test_a_bundles_synced_bound_never_exceeds_a_members_step(case):
     walk = _Search(_model(name), with_gpus(resolve_cluster(cluster), gpus),
                    Job(global_batch=gbs, seq_len=seq), load_space(space_name), top_k=1)
     checked = 0
-    # (an EP overlap bundle is not laid at its least recompute: search.bound.TimeBounds.laid)
+    # (an EP overlap bundle's layout bound is not counted at its least recompute:
+    # search.bound.TimeBounds.with_layout_bound)
     bundles = [b for b in walk.walk.groups()
                if b.recomputes and b.plan.zero < 3 and not b.plan.ep_overlap]
     for bundle in bundles[::max(1, every // 2)]:
@@ -635,7 +636,7 @@ def test_a_layouts_compute_floor_never_exceeds_a_members_step(case):
                    Job(global_batch=gbs, seq_len=seq), space, top_k=1)
     checked = filled = zero3 = 0
     for i, bundle in enumerate(walk.walk.groups()):
-        assert not bundle.laid
+        assert not bundle.layout_bounded
         # with a split variant (at the fewest chunks of its own: a stage holds a layer a
         # chunk whatever the split) the fill is not counted
         fewest = min(v for _, v, _ in bundle.runnable)
