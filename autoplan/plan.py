@@ -1,6 +1,6 @@
 """Plans (the execution) and predictions (what the cost model says of one): data-only
 types on the descriptors' floor. The plan file is read and written by
-:mod:`autoplan.planfile`, which checks the rules of every axis."""
+:mod:`autoplan.plans.file`, which checks the rules of every axis."""
 
 from __future__ import annotations
 

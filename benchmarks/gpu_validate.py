@@ -36,7 +36,7 @@ from autoplan.descriptors.strict import read_yaml
 from autoplan.errors import AutoplanError
 from autoplan.measured.shipped import shipped_profile
 from autoplan.measured.surrogate import calibrate
-from autoplan.planfile import read_plan
+from autoplan.plans.file import read_plan
 from autoplan.units import GiB
 
 HERE = Path(__file__).resolve().parent / "gpu"

@@ -32,12 +32,12 @@ from pathlib import Path
 
 import yaml
 
-from autoplan.check import check_plan
+from autoplan.commands.check import check_plan
 from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.job import Job
 from autoplan.descriptors.library import resolve_cluster, resolve_model
 from autoplan.plan import Layout, Plan
-from autoplan.planfile import plan_document
+from autoplan.plans.file import plan_document
 from autoplan.schedules import Schedule
 from autoplan.tune.calibrate import calibrate
 from autoplan.tune.residual import fit_residual

@@ -12,7 +12,7 @@ import yaml
 
 from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.strict import read_yaml
-from autoplan.planfile import read_plan
+from autoplan.plans.file import read_plan
 
 
 def rounded(value):

@@ -33,7 +33,7 @@ from autoplan.errors import InputError, naming
 if TYPE_CHECKING:
     import pandas
 
-    from autoplan.request import Request
+    from autoplan.commands.request import Request
     from autoplan.vocab import Dtype
 
 DEFAULT_RUNS = Path("autoplan-runs.csv")
@@ -123,7 +123,7 @@ class TuneResult(Result):
 
     def to_dict(self) -> dict[str, Any]:
         """``tune --format json``'s document."""
-        from autoplan.planfile import plan_document
+        from autoplan.plans.file import plan_document
 
         space = self.request.space.name
         doc: dict[str, Any] = {
@@ -154,7 +154,7 @@ class TuneResult(Result):
     def best_yaml(self) -> str:
         """The fastest measured plan with its measurements, as ``tune --out`` writes it."""
         from autoplan.api.search import plan_yaml
-        from autoplan.planfile import plan_document
+        from autoplan.plans.file import plan_document
 
         if self.best is None:
             raise InputError.single("--out", "", "no plan measured: no plan to write")
@@ -287,7 +287,7 @@ def prepare_tune(
     """Every option of :func:`tune` checked, the runs log read whole (nothing is appended
     to a log calibrate would refuse), the request built and the runner made, before any
     search or trial."""
-    from autoplan.request import build_request
+    from autoplan.commands.request import build_request
     from autoplan.tune.runners import Trial, get_runner, tuned_launchers
     from autoplan.vocab import NO_OFFLOAD
 

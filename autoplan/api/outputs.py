@@ -180,7 +180,7 @@ def check_image(flag: str, path: Path, as_directory: bool = False) -> None:
     if not is_stdout(path) and path.suffix.lower() not in (".svg", ".png"):
         raise InputError.single(flag, "", f"expected a .svg or .png file, got {path}")
     if is_png(path):
-        from autoplan.png import require_png
+        from autoplan.api.png import require_png
 
         try:
             require_png()

@@ -17,7 +17,7 @@ from autoplan.errors import InputError, naming
 if TYPE_CHECKING:
     import pandas
 
-    from autoplan.check import CheckReport
+    from autoplan.commands.check import CheckReport
     from autoplan.descriptors.space import SearchSpace
     from autoplan.measured.profile import Profile
     from autoplan.plan import Plan, Prediction
@@ -77,7 +77,7 @@ def load_plans(plans: PlanLike | Sequence[PlanLike], profile: str | Path | None 
     ``given``) or taken as it is (an object); serving plans told apart. Every file is read
     before any is predicted."""
     from autoplan.descriptors.strict import read_yaml
-    from autoplan.planfile import read_plan
+    from autoplan.plans.file import read_plan
     from autoplan.serving.deployment import ServingPlan
     from autoplan.serving.planfile import is_serving, read_serving_plan
 
@@ -117,7 +117,7 @@ def reliabilities(plan: Plan) -> dict[str, Any]:
 
 def training_document(plan: Plan, pred: Prediction) -> dict[str, Any]:
     """A training plan and its prediction as evaluate's (and explain's) JSON gives it."""
-    from autoplan.planfile import plan_document
+    from autoplan.plans.file import plan_document
 
     doc = plan_document(plan, pred)
     if found := reliabilities(plan):
@@ -350,11 +350,11 @@ class ExplainResult(Result):
 
 def diff(a: str | Path, b: str | Path) -> Any:
     """``autoplan diff``: what changed from plan file ``a`` to plan file ``b`` and what it
-    does to the prediction (:class:`autoplan.diff.PlanDiff`, or ``ServingDiff`` for two
+    does to the prediction (:class:`autoplan.commands.diff.PlanDiff`, or ``ServingDiff`` for two
     serving plans); both files' problems at once, two of a kind or refused."""
+    from autoplan.commands.diff import diff_plans, diff_serving
     from autoplan.descriptors.strict import read_yaml
-    from autoplan.diff import diff_plans, diff_serving
-    from autoplan.planfile import read_plan
+    from autoplan.plans.file import read_plan
     from autoplan.serving.planfile import is_serving, read_serving_plan
 
     a_path, b_path = Path(a), Path(b)
@@ -458,7 +458,7 @@ def export(plan: PlanLike, *, to: str, launcher: str = "megatron") -> ExportResu
     from autoplan.export.deploy import TARGETS as DEPLOY
     from autoplan.export.deploy import export_deployment
     from autoplan.export.serving import export_serving
-    from autoplan.planfile import read_plan
+    from autoplan.plans.file import read_plan
     from autoplan.serving.deployment import ServingPlan
     from autoplan.serving.engine import Engine
     from autoplan.serving.planfile import is_serving, read_serving_plan
@@ -566,7 +566,7 @@ def check(plan: PlanLike, *, max_regression: float | None = None, min_headroom: 
     ``space`` (or ``launcher``'s; default the one the plan records); ``runs``: the last
     measured run of the plan within ``max_slowdown`` of its baseline; ``stack``: predicted
     on this stack (a calibrated one) instead of the plan's."""
-    from autoplan.check import check_plan
+    from autoplan.commands.check import check_plan
 
     searchspace = check_space(space, launcher)
     check_at_least("--max-slowdown", max_slowdown, 0.0, 1e6)
@@ -580,7 +580,7 @@ def check(plan: PlanLike, *, max_regression: float | None = None, min_headroom: 
 
             data = serving_document(plan, None)
         else:
-            from autoplan.planfile import plan_document
+            from autoplan.plans.file import plan_document
 
             data = plan_document(plan)  # type: ignore[arg-type]
         source: Path = Path(OBJECT)

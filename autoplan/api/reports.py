@@ -10,7 +10,7 @@ from autoplan.api._base import layout_text
 from autoplan.text import printable
 
 if TYPE_CHECKING:
-    from autoplan.check import CheckReport, RuleResult
+    from autoplan.commands.check import CheckReport, RuleResult
     from autoplan.plan import Plan
 
 
@@ -39,7 +39,7 @@ def plan_words(plan: Plan) -> str:
 
 def check_message(report: CheckReport, result: RuleResult) -> str:
     """A rule's one-line message; the regression rule names the best plan."""
-    from autoplan.check import Rule
+    from autoplan.commands.check import Rule
 
     reg = report.regression
     if result.rule is Rule.REGRESSION and reg is not None and reg.best is not None:
@@ -50,7 +50,7 @@ def check_message(report: CheckReport, result: RuleResult) -> str:
 def check_text(report: CheckReport) -> str:
     """The check for a CI log: what was checked, one line per rule, the verdict. Plain
     text (names come from user files), the same bytes for the same input."""
-    from autoplan.check import Status
+    from autoplan.commands.check import Status
 
     marks = {Status.PASSED: "PASS", Status.FAILED: "FAIL", Status.ERROR: "ERROR",
              Status.SKIPPED: "SKIP"}
@@ -81,7 +81,7 @@ def check_junit(report: CheckReport) -> str:
     rule not evaluated. No times: the same bytes for the same input."""
     import xml.etree.ElementTree as ET
 
-    from autoplan.check import Status
+    from autoplan.commands.check import Status
 
     # a path, a name or a runs log's time may hold what XML cannot, or what a CI page would
     # render as other than it is spelled (a bidi override, a line separator): shown as escapes

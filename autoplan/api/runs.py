@@ -58,7 +58,7 @@ def import_runs(logs: Sequence[Path], plan_path: Path | None = None, *, warmup: 
 def _import_training(logs: Sequence[Path], plan_path: Path | None, warmup: int, group: str) -> Imported:
     from autoplan.cost.evaluate import evaluate
     from autoplan.descriptors.strict import read_limited, read_yaml
-    from autoplan.planfile import read_plan
+    from autoplan.plans.file import read_plan
     from autoplan.tune.logs import read_log
     from autoplan.tune.runs import Run, peak_gib_problem, run_problems, step_time_problem
 

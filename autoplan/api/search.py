@@ -37,9 +37,9 @@ from autoplan.errors import InputError, Problem, naming
 if TYPE_CHECKING:
     import pandas
 
+    from autoplan.commands.request import Request, TrainGoal
     from autoplan.descriptors.model import Model
     from autoplan.plan import Plan, Prediction
-    from autoplan.request import Request, TrainGoal
     from autoplan.search.stats import SearchStats
     from autoplan.vocab import Dtype, RecomputeModule
     from autoplan.whatif.economics import Objective
@@ -59,7 +59,7 @@ class RankedPlan:
 
     def to_dict(self) -> dict[str, Any]:
         """The plan file's document with its prediction (``search --format json``'s plans)."""
-        from autoplan.planfile import plan_document
+        from autoplan.plans.file import plan_document
 
         doc = plan_document(self.plan, self.prediction, self.space)
         if self.launchers is not None:
@@ -68,7 +68,7 @@ class RankedPlan:
 
     def to_yaml(self) -> str:
         """The plan file ``search --out`` writes (without the launchers it runs on)."""
-        from autoplan.planfile import plan_document
+        from autoplan.plans.file import plan_document
 
         return plan_yaml(plan_document(self.plan, self.prediction, self.space))
 
@@ -89,7 +89,7 @@ class LauncherFree:
     faster_by: float
 
     def to_dict(self) -> dict[str, Any]:
-        from autoplan.planfile import plan_document
+        from autoplan.plans.file import plan_document
         from autoplan.search.launchable import ANY
 
         return {"faster_by": self.faster_by, "plan": plan_document(self.plan, self.prediction, ANY)}
@@ -144,7 +144,7 @@ class TrainSweep:
         return self.summary["best_gpus"]  # type: ignore[no-any-return]
 
     def pareto(self) -> list[dict[str, Any]]:
-        from autoplan.planfile import plan_document
+        from autoplan.plans.file import plan_document
 
         return [{**p.economics.to_dict(), "layout": self.labels[p.gpus],
                  "plan": plan_document(p.plan, p.prediction, self.space)} for p in self.limits.kept]
@@ -258,7 +258,7 @@ class _WhatIf:
     @classmethod
     def read(cls, train_tokens: float | None, objective: Objective | None, price: float | None,
              deadline: float | None, budget: float | None) -> _WhatIf | None:
-        from autoplan.request import MAX_DEADLINE_DAYS, MAX_TRAIN_TOKENS
+        from autoplan.commands.request import MAX_DEADLINE_DAYS, MAX_TRAIN_TOKENS
         from autoplan.units import MAX_MONEY
         from autoplan.whatif.economics import Objective
 
@@ -531,8 +531,8 @@ def prepare_search(
     async_checkpoint: bool = False,
 ) -> SearchJob:
     """Every option of :func:`search` checked and its request built, without searching."""
+    from autoplan.commands.request import build_request
     from autoplan.kernels.memory import default_headroom_bytes
-    from autoplan.request import build_request
     from autoplan.units import GiB
     from autoplan.vocab import NO_OFFLOAD
 

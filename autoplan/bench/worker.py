@@ -165,7 +165,7 @@ def _run_distributed(spec: dict[str, Any], rank: int) -> dict[str, Any]:
 
     import torch.distributed as dist
 
-    from autoplan.planfile import read_plan
+    from autoplan.plans.file import read_plan
 
     plan = read_plan(spec["plan"], "<validate spec>", correct=False)  # run, not predicted
     world = plan.layout.gpus
@@ -295,7 +295,7 @@ def _run_slice(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from autoplan.bench import torch_model as tm
-    from autoplan.planfile import read_plan
+    from autoplan.plans.file import read_plan
     from autoplan.schedules.orders import stage_chunks, stage_orders
 
     plan = read_plan(spec["plan"], "<validate spec>", correct=False)  # run, not predicted

@@ -314,7 +314,7 @@ def profile_text(source: str) -> str:
 # --------------------------------------------------------------------------- check and diff
 
 if TYPE_CHECKING:
-    from autoplan.diff import Delta, PlanDiff, ServingDiff
+    from autoplan.commands.diff import Delta, PlanDiff, ServingDiff
 
 def _value_text(value: object) -> str:
     if value is None:
@@ -375,7 +375,7 @@ def diff_metrics_table(diff: PlanDiff | ServingDiff) -> Table:
 def diff_summary(diff: PlanDiff | ServingDiff) -> str:
     """For people: which file is A and which B, each in a few words, and B against A in step
     time and peak memory (serving: whether each meets its SLO)."""
-    from autoplan.diff import ServingDiff
+    from autoplan.commands.diff import ServingDiff
 
     if isinstance(diff, ServingDiff):
         meets = {True: "meets its SLO", False: "misses its SLO or does not fit"}

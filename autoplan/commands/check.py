@@ -3,7 +3,7 @@
 A plan passes when every rule it is checked against passes. The rules, by stable id:
 
 - ``valid``: the file reads as a plan (schema v1, every field valid) and its layout
-  divides the model, the batch and the GPUs. Both come from :func:`autoplan.planfile.read_plan`,
+  divides the model, the batch and the GPUs. Both come from :func:`autoplan.plans.file.read_plan`,
   the one reader every command uses; when it fails, the input is bad (exit 2) and the
   other rules are skipped.
 - ``fits-memory``: every pipeline stage's predicted peak (which includes the device's
@@ -40,7 +40,7 @@ from autoplan.descriptors.space import SearchSpace
 from autoplan.descriptors.strict import read_yaml
 from autoplan.errors import InputError
 from autoplan.plan import SCHEMA_VERSION, Plan, Prediction
-from autoplan.planfile import plan_document, read_plan, searched_space
+from autoplan.plans.file import plan_document, read_plan, searched_space
 from autoplan.search.engine import Ranked
 from autoplan.search.launchable import resolve_space
 from autoplan.search.launchable import search as launchable_search

@@ -84,7 +84,7 @@ class PlanDiff:
 
 
 def diff_plans(a: Plan, b: Plan, source_a: str = "A", source_b: str = "B") -> PlanDiff:
-    """Compare two valid plans (``autoplan.planfile.read_plan``); both are evaluated."""
+    """Compare two valid plans (``autoplan.plans.file.read_plan``); both are evaluated."""
     pa, pb = evaluate(a), evaluate(b)
     return PlanDiff(source_a=source_a, source_b=source_b, plan_a=a, plan_b=b,
                     prediction_a=pa, prediction_b=pb, changes=plan_changes(a, b),

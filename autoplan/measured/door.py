@@ -1,8 +1,8 @@
 """The one door through which a measured profile reaches a prediction.
 
 Every command that costs a plan resolves its cluster through :func:`corrected`: the plan
-reader (``planfile.read_plan``: evaluate, explain, check, diff), the search request
-(``request.build_request``: search and the what-if sweep), and serving's plan reader and
+reader (``plans.file.read_plan``: evaluate, explain, check, diff), the search request
+(``commands.request.build_request``: search and the what-if sweep), and serving's plan reader and
 request (``serve``). The profile is the one given (``--profile``, a job file's
 ``profile:``), else the one shipped under ``profiles/measured/`` for the cluster's device;
 none leaves the cluster analytic. So one plan on one cluster gets one number whatever the

@@ -3,7 +3,7 @@ space lets it run.
 
 Plan rules live beside their axis (``tp.py``, ``ep.py``, ``dp.py``, ``cp.py``,
 ``pp.py``) and are listed here in the order the plan reader reports them. The reader
-(``planfile.read_plan``) reports every broken rule; the search prunes by the first broken
+(``plans.file.read_plan``) reports every broken rule; the search prunes by the first broken
 rule of each scope as it fixes choices, counting candidates by rule id; validate and
 the exporters judge plans by the same predicates. A rule's id is stable: search
 statistics and scripts key on it.
@@ -95,7 +95,7 @@ def recompute_modules_problem(model: Model, modules: Iterable[RecomputeModule]) 
     (None: it has them all): Megatron-Core's checks (TransformerConfig.__post_init__), the
     MoE ones need MoE layers, mla_up_proj multi-head latent attention, shared_experts shared
     experts, and mlp a dense MLP. One rule for a plan file's ``recompute_modules``, a search
-    space's and ``--recompute-modules`` (autoplan.request), so that a search never writes a
+    space's and ``--recompute-modules`` (autoplan.commands.request), so that a search never writes a
     plan its reader refuses."""
     from autoplan.vocab import RecomputeModule as M
 

@@ -1,6 +1,6 @@
 """A serving request: a serving job file (model, cluster, gpus, engine, workload, slo)
 merged with the command line's options, which win over the file (with a note); the
-serving counterpart of :mod:`autoplan.request`.
+serving counterpart of :mod:`autoplan.commands.request`.
 
 Every option is checked at once, each problem naming its flag (or the job file's field);
 the cluster comes through the one door of measured profiles

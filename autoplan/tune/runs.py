@@ -220,7 +220,7 @@ class Run:
 
 def plan_document_of(plan: Plan) -> dict[str, Any]:
     """The plan file of ``plan`` without prediction (built-ins by name)."""
-    from autoplan.planfile import plan_document
+    from autoplan.plans.file import plan_document
 
     return plan_document(plan)
 
@@ -607,7 +607,7 @@ def _int_or_text(text: str) -> int | str:
 def _build(row: dict[str, str], source: str, base: Path, has_plan: bool) -> Plan:
     """The plan a row says ran (its ``plan`` cell, else its columns); a row it cannot be
     built from raises :class:`_Refused`, its problems named at ``ROW``."""
-    from autoplan.planfile import read_plan
+    from autoplan.plans.file import read_plan
 
     try:
         if has_plan and row.get("plan"):

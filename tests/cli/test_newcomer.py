@@ -89,7 +89,7 @@ def test_the_fit_report_says_which_rows_it_counts_and_where_the_surrogate_loses(
 def test_validate_takes_a_built_in_cluster_name_as_search_does(tmp_path: Path) -> None:
     from autoplan.bench import validate as v
     from autoplan.descriptors.strict import read_yaml
-    from autoplan.planfile import read_plan
+    from autoplan.plans.file import read_plan
 
     plan_path = REPO / "examples" / "cpu" / "plan-dp2.yaml"
     plan = read_plan(read_yaml(plan_path), str(plan_path))

@@ -64,7 +64,7 @@ def test_the_shipped_profile_moves_the_prediction_it_is_applied_to(searched):
     analytic one (a profile given on the command line replaces the shipped one)."""
     from autoplan.cost.evaluate import evaluate
     from autoplan.descriptors.strict import read_yaml
-    from autoplan.planfile import read_plan
+    from autoplan.plans.file import read_plan
 
     plan, step = searched
     analytic = evaluate(read_plan(read_yaml(plan), str(plan), correct=False)).step_time_s

@@ -26,7 +26,7 @@ from autoplan.errors import InputError
 from autoplan.export import Launcher, Target
 from autoplan.export import export as export_training
 from autoplan.export.serving import export_serving
-from autoplan.planfile import read_plan
+from autoplan.plans.file import read_plan
 from autoplan.serving.engine import Engine
 from autoplan.serving.planfile import read_serving_plan
 from autoplan.text import NOT_IN_NAMES

@@ -57,7 +57,7 @@ def test_exports_save_at_the_optimum_interval_where_the_cluster_fails(tmp_path):
     import tomllib
 
     from autoplan.cost.evaluate import evaluate
-    from autoplan.planfile import read_plan
+    from autoplan.plans.file import read_plan
     from autoplan.whatif.reliability import reliability
 
     def plan_with(zero: int) -> tuple[object, int]:

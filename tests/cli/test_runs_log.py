@@ -154,16 +154,16 @@ def test_a_runs_log_of_too_many_rows_is_refused_before_any_plan_is_built(tmp_pat
 
 
 def test_each_distinct_plan_of_a_runs_log_is_built_once(monkeypatch):
-    import autoplan.planfile
+    import autoplan.plans.file
 
     built = []
-    real = autoplan.planfile.read_plan
+    real = autoplan.plans.file.read_plan
 
     def counting(*args, **kwargs):
         built.append(args[1:])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(autoplan.planfile, "read_plan", counting)
+    monkeypatch.setattr(autoplan.plans.file, "read_plan", counting)
     plans = [cpu_plan(), cpu_plan(dp=1, tp=2, micro_batch=8)]
     text = csv_text([Run(plan=plans[i % 2], measured_step_time_s=1 + i / 1000) for i in range(2000)])
     user = USER_HEADER + USER_ROW * 2000

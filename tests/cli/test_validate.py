@@ -25,7 +25,7 @@ from autoplan.bench import validate as v
 from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.strict import read_yaml
 from autoplan.errors import InputError
-from autoplan.planfile import read_plan
+from autoplan.plans.file import read_plan
 from autoplan.schedules import Schedule
 from autoplan.units import MiB
 from autoplan.vocab import Dtype, ZeroStage

@@ -269,7 +269,7 @@ def test_search_and_serve_plot_their_fronts_as_png(tmp_path: Path) -> None:
 
 def test_the_png_fronts_draw_names_as_written_not_as_mathtext() -> None:
     pytest.importorskip("matplotlib")
-    from autoplan.png import training_front_png
+    from autoplan.api.png import training_front_png
     from autoplan.whatif.economics import Objective
     from autoplan.whatif.sweep import sweep
     from tests.helpers import make_plan

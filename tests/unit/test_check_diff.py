@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import yaml
 
-from autoplan.check import Rule, Status, check_plan
+from autoplan.commands.check import Rule, Status, check_plan
+from autoplan.commands.diff import diff_plans
 from autoplan.descriptors.space import load_space
 from autoplan.descriptors.strict import read_yaml
-from autoplan.diff import diff_plans
-from autoplan.planfile import read_plan
+from autoplan.plans.file import read_plan
 from tests.helpers import BEST, MALFORMED, NOT_DIVISIBLE, ONE_F_ONE_B, OOM, SLOW, ZB_V
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ from autoplan.kernels.compute import attention_core_time, gemm_time, layer_times
 from autoplan.kernels.layer import elementwise_bytes_forward, layer_gemms
 from autoplan.measured.machine import describe_machine, link_terms, reduced_bytes
 from autoplan.measured.profile import format_profile, parse_profile
-from autoplan.planfile import read_plan
+from autoplan.plans.file import read_plan
 from autoplan.vocab import Dtype
 
 CPU = Path(__file__).resolve().parents[2] / "examples" / "cpu"

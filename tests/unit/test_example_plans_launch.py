@@ -10,7 +10,7 @@ import pytest
 
 from autoplan.descriptors.strict import read_yaml
 from autoplan.export import export, launchers
-from autoplan.planfile import read_plan
+from autoplan.plans.file import read_plan
 
 PLANS = sorted((Path(__file__).resolve().parents[2] / "examples" / "plans").glob("*.yaml"))
 

@@ -33,7 +33,7 @@ from autoplan.errors import InputError
 from autoplan.export import Launcher, Target, export, refusals
 from autoplan.parallel.rules import plan_problems
 from autoplan.plan import Plan
-from autoplan.planfile import read_plan
+from autoplan.plans.file import read_plan
 from autoplan.schedules import Schedule
 from autoplan.vocab import (
     Activation,
@@ -1031,7 +1031,7 @@ def test_a_multi_file_export_with_o_fills_a_directory(tmp_path: Path) -> None:
 
 
 def _plan_doc(plan: Plan) -> dict[str, Any]:
-    from autoplan.planfile import plan_document
+    from autoplan.plans.file import plan_document
 
     return plan_document(plan)
 

@@ -117,7 +117,7 @@ def test_hsdp_over_other_than_one_node_is_refused() -> None:
 
 
 def test_export_to_accelerate_writes_the_config_and_a_launch_line(tmp_path: Path) -> None:
-    from autoplan.planfile import plan_document
+    from autoplan.plans.file import plan_document
 
     plan_path = tmp_path / "plan.yaml"
     plan_path.write_text(yaml.safe_dump(plan_document(fsdp_plan(micro_batch=2))))

@@ -22,7 +22,7 @@ from autoplan.kernels import comm, memory
 from autoplan.parallel import dp, mesh
 from autoplan.parallel.rules import plan_problems
 from autoplan.plan import Layout
-from autoplan.planfile import plan_document, read_plan
+from autoplan.plans.file import plan_document, read_plan
 from autoplan.search.engine import search
 from autoplan.vocab import Axis, Dtype, ZeroStage
 from tests.helpers import make_plan

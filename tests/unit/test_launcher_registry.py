@@ -37,7 +37,7 @@ from autoplan.descriptors.strict import read_yaml
 from autoplan.export import Launcher, Target, export, launchers, refusals
 from autoplan.export.launcher import get, names, refresh, space_file, specs
 from autoplan.kernels.memory import default_headroom_bytes
-from autoplan.planfile import read_plan
+from autoplan.plans.file import read_plan
 from autoplan.search.engine import search
 from autoplan.serving.engine import Engine
 from autoplan.tune.logs import FORMATS

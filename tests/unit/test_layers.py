@@ -145,9 +145,11 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("axes", ("autoplan.parallel",)),  # one module per parallel axis
     ("cost", ("autoplan.cost",)),  # per-stage sums, the plan's evaluation, the search's bounds
     ("measured", ("autoplan.measured",)),  # profiles and what is fitted on them
-    ("commands", ("autoplan.planfile", "autoplan.request", "autoplan.check", "autoplan.diff", "autoplan.png",
-                  "autoplan.search", "autoplan.serving", "autoplan.export", "autoplan.whatif",
+    ("plans", ("autoplan.plans",)),  # a plan file read strictly and written (plans/file.py)
+    # the training search, serving, launchers, sweeps, microbenchmarks, tuning
+    ("planners", ("autoplan.search", "autoplan.serving", "autoplan.export", "autoplan.whatif",
                   "autoplan.bench", "autoplan.tune")),
+    ("commands", ("autoplan.commands",)),  # the search request, the CI gate, the diff: read several planners
     ("api", ("autoplan.api",)),  # the commands as functions (autoplan.api): what the command line calls
     ("cli", ("autoplan.cli",)),
 )
@@ -286,14 +288,26 @@ def test_a_new_top_level_module_is_on_no_floor_until_floors_names_it():
     assert floor_of("autoplan.newthing") is None
     assert floor_of("autoplan") == 0
     assert floor_of("autoplan.searchlight") is None  # a package's name is no bare prefix
-    assert floor_of("autoplan.search.engine") == floor_of("autoplan.search") == floor_of("autoplan.check")
-    assert floor_of("autoplan.planfile") != floor_of("autoplan.plan")
+    planners = floor_of("autoplan.search")
+    assert floor_of("autoplan.search.engine") == planners == floor_of("autoplan.serving.cost")
+    assert floor_of("autoplan.plan") < floor_of("autoplan.plans.file") < floor_of("autoplan.search")
+    assert floor_of("autoplan.search") < floor_of("autoplan.commands.check") < floor_of("autoplan.api")
+
+
+def test_a_planner_that_reads_a_command_is_reported():
+    """The commands read the planners and the planners read plan files, never the other
+    way: a search that imports the search request, or a plan reader that imports the runs
+    log, runs up a floor."""
+    graph = {"autoplan.search.engine": {"autoplan.commands.request"}, "autoplan.commands.request": set(),
+             "autoplan.tune.runs": {"autoplan.plans.file"}, "autoplan.plans.file": {"autoplan.tune.runs"}}
+    assert upward_imports(graph) == [("autoplan.plans.file", "autoplan.tune.runs"),
+                                     ("autoplan.search.engine", "autoplan.commands.request")]
 
 
 def test_an_import_from_the_base_floor_up_to_a_command_is_reported():
-    graph = {"autoplan.units": {"autoplan.check"}, "autoplan.check": {"autoplan.units"},
+    graph = {"autoplan.units": {"autoplan.commands.check"}, "autoplan.commands.check": {"autoplan.units"},
              "autoplan.cli.main": {"autoplan.search.engine"}}
-    assert upward_imports(graph) == [("autoplan.units", "autoplan.check")]
+    assert upward_imports(graph) == [("autoplan.units", "autoplan.commands.check")]
 
 
 def test_a_module_on_two_floors_is_refused():
@@ -312,13 +326,13 @@ def offending_imports(package: str, forbidden: tuple[str, ...]) -> list[str]:
 
 
 def test_the_cost_model_imports_nothing_above_it_nor_torch():
-    forbidden = ("autoplan.measured", "autoplan.search", "autoplan.cli", "autoplan.request",
+    forbidden = ("autoplan.measured", "autoplan.search", "autoplan.cli", "autoplan.commands.request",
                  "autoplan.bench", "torch")
     assert offending_imports("cost", forbidden) == []
 
 
 def test_the_measured_package_imports_neither_torch_nor_bench_nor_the_layers_above():
-    forbidden = ("torch", "autoplan.bench", "autoplan.cli", "autoplan.request", "autoplan.search")
+    forbidden = ("torch", "autoplan.bench", "autoplan.cli", "autoplan.commands.request", "autoplan.search")
     assert offending_imports("measured", forbidden) == []
 
 
@@ -353,7 +367,7 @@ def test_a_profile_is_fitted_and_applied_with_torch_blocked():
         from autoplan.descriptors.strict import read_yaml
         from autoplan.measured.profile import read_profile
         from autoplan.measured.surrogate import calibrate, predict_with_band
-        from autoplan.planfile import read_plan
+        from autoplan.plans.file import read_plan
         import dataclasses
         path = Path("examples/cpu/plan-pp2.yaml")
         plan = read_plan(read_yaml(path), str(path))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from autoplan.commands.request import build_request
 from autoplan.descriptors.library import (
     builtin_names,
     resolve_any_cluster,
@@ -22,8 +23,7 @@ from autoplan.descriptors.library import (
 from autoplan.descriptors.space import builtin_spaces, load_space
 from autoplan.descriptors.strict import Fields, parse_yaml, read_yaml
 from autoplan.errors import AutoplanError, InputError, Problem
-from autoplan.planfile import read_plan
-from autoplan.request import build_request
+from autoplan.plans.file import read_plan
 from autoplan.schedules import Schedule
 from autoplan.vocab import Dtype
 
@@ -473,7 +473,7 @@ def test_a_job_file_given_as_a_plan_says_so() -> None:
 
 
 def test_an_option_is_named_once_in_its_error() -> None:
-    from autoplan.request import build_request
+    from autoplan.commands.request import build_request
 
     with pytest.raises(InputError) as exc:
         build_request(None, model="llama9", cluster="dgx-h100", global_batch=8, seq_len=128)
@@ -494,7 +494,7 @@ micro_batch: 1
 
 def test_a_plan_may_use_part_of_a_node_and_writes_it_back_so():
     from autoplan.descriptors.library import resolve_cluster, with_gpus
-    from autoplan.planfile import plan_document, read_plan
+    from autoplan.plans.file import plan_document, read_plan
 
     plan = read_plan(yaml.safe_load(PART), "<part>", correct=False)
     assert plan.cluster == with_gpus(resolve_cluster("dgx-h100"), 4)
@@ -511,7 +511,7 @@ def test_a_plan_may_use_part_of_a_node_and_writes_it_back_so():
     ("{name: dgx-h100, gpus: 4, nodes: 1}", "cluster.gpus: give nodes or gpus, not both"),
 ])
 def test_a_bad_gpu_count_names_the_field(cluster, message):
-    from autoplan.planfile import read_plan
+    from autoplan.plans.file import read_plan
 
     with pytest.raises(InputError) as exc:
         read_plan(yaml.safe_load(PART.replace("{name: dgx-h100, gpus: 4}", cluster)), "p.yaml")

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autoplan.commands.request import build_request
 from autoplan.descriptors.library import resolve_cluster, resolve_device, resolve_model
 from autoplan.errors import InputError
 from autoplan.kernels import comm
@@ -32,7 +33,6 @@ from autoplan.measured.kernels import (
     parse_gemm_grid,
     shipped_kernels,
 )
-from autoplan.request import build_request
 from autoplan.vocab import Dtype
 
 H100 = "h100-sxm"

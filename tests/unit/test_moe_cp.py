@@ -17,7 +17,7 @@ from autoplan.kernels import comm, flops
 from autoplan.parallel.pp import dense_per_stage as stage_dense_layers
 from autoplan.parallel.rules import plan_problems
 from autoplan.plan import Layout
-from autoplan.planfile import plan_document, read_plan
+from autoplan.plans.file import plan_document, read_plan
 from autoplan.schedules import Schedule
 from autoplan.search.engine import search
 from autoplan.vocab import Activation, Axis, CpComm, Position, ZeroStage

@@ -21,7 +21,7 @@ from autoplan.errors import InputError
 from autoplan.kernels import comm
 from autoplan.parallel import ep
 from autoplan.parallel.rules import plan_problems
-from autoplan.planfile import plan_document, read_plan
+from autoplan.plans.file import plan_document, read_plan
 from autoplan.schedules import Schedule
 from autoplan.vocab import Axis, MoeDispatch, Recompute
 from tests.helpers import make_plan

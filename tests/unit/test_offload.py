@@ -18,7 +18,7 @@ from autoplan.descriptors.library import builtin_stack, resolve_cluster, resolve
 from autoplan.descriptors.space import load_space
 from autoplan.errors import InputError
 from autoplan.kernels import offload
-from autoplan.planfile import read_plan
+from autoplan.plans.file import read_plan
 from autoplan.resources import searchspace_dir
 from autoplan.schedules import Schedule
 from autoplan.search.engine import candidate_plans, search

@@ -25,7 +25,7 @@ from autoplan.descriptors.pipeline_layout import (
     stage_lists,
 )
 from autoplan.errors import InputError
-from autoplan.planfile import read_plan
+from autoplan.plans.file import read_plan
 from autoplan.schedules import Schedule
 from autoplan.schedules.memory import peak_held, peak_inflight
 from autoplan.schedules.simulator import simulate_exact
@@ -246,7 +246,7 @@ def test_megatron_docs_deepseek_layout_puts_the_mtp_on_rank_14():
 
 
 def test_diff_names_the_layout_that_changed():
-    from autoplan.diff import plan_fields
+    from autoplan.commands.diff import plan_fields
 
     uniform = _interleaved()
     chunked = dataclasses.replace(uniform, chunks=from_stage_lists([[9, 11], [10, 10],

@@ -28,7 +28,7 @@ from autoplan.descriptors.space import load_space
 from autoplan.errors import InputError
 from autoplan.parallel.rules import plan_problems
 from autoplan.plan import Placement, Plan
-from autoplan.planfile import plan_document, read_plan
+from autoplan.plans.file import plan_document, read_plan
 from autoplan.schedules import Schedule
 from autoplan.schedules.memory import peak_inflight
 from autoplan.search.engine import SearchStats

@@ -21,7 +21,7 @@ from autoplan.errors import InputError
 from autoplan.kernels import comm
 from autoplan.kernels.memory import BytesPerParam, bytes_per_param
 from autoplan.parallel import dp, mesh
-from autoplan.planfile import read_plan
+from autoplan.plans.file import read_plan
 from autoplan.schedules import Schedule
 from autoplan.vocab import Axis, Dtype, MasterWeights, Recompute, StateDtype, ZeroStage
 from tests.helpers import ROOT, autoplan, make_plan
@@ -234,7 +234,7 @@ def test_nemotron_4_340b_on_128_h100_fits_under_its_recipes_states_as_counted_by
 
 def test_diff_names_the_states_two_plans_keep():
     """``autoplan diff`` shows a change of states, the job's or the stack's default's."""
-    from autoplan.diff import plan_changes
+    from autoplan.commands.diff import plan_changes
 
     a, b = _plan(), _plan(main_grads=BF16)
     assert [(c.field, c.a, c.b) for c in plan_changes(a, b)] == [("job.main_grads", "fp32", "bf16")]

@@ -15,7 +15,7 @@ from autoplan.errors import InputError
 from autoplan.kernels import memory
 from autoplan.kernels.compute import gemm_time, module_forward
 from autoplan.kernels.layer import BF16_BYTES, mlp_gemms
-from autoplan.planfile import read_plan
+from autoplan.plans.file import read_plan
 from autoplan.vocab import Recompute
 from autoplan.vocab import RecomputeModule as M
 from tests.helpers import autoplan

@@ -14,7 +14,7 @@ from autoplan.descriptors.model import Model
 from autoplan.descriptors.space import load_space
 from autoplan.parallel import rules
 from autoplan.parallel.common import Scope
-from autoplan.planfile import plan_document, read_plan
+from autoplan.plans.file import plan_document, read_plan
 from autoplan.search.engine import (
     SEARCH_PRUNING,
     SearchResult,

@@ -22,7 +22,7 @@ from autoplan.descriptors.library import resolve_cluster, resolve_model, with_gp
 from autoplan.descriptors.space import load_space
 from autoplan.errors import InputError
 from autoplan.export import Target, export
-from autoplan.planfile import plan_document, read_plan
+from autoplan.plans.file import plan_document, read_plan
 from autoplan.schedules import Schedule
 from autoplan.schedules.memory import peak_inflight
 from autoplan.schedules.registry import Chunks, Op, ScheduleSpec, register, unregister

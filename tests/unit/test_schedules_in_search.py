@@ -15,7 +15,7 @@ from autoplan.descriptors.pipeline_layout import render_layout, stage_lists
 from autoplan.descriptors.space import StageShape, load_space
 from autoplan.export.megatron import export as megatron_export
 from autoplan.parallel.rules import plan_problems, space_problems
-from autoplan.planfile import plan_document, read_plan
+from autoplan.plans.file import plan_document, read_plan
 from autoplan.schedules import Schedule
 from autoplan.schedules.registry import Chunks
 from autoplan.search.engine import search

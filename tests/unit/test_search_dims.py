@@ -232,7 +232,7 @@ def test_a_space_file_names_its_module_sets_and_the_old_single_set_still_reads()
     assert sets.module_sets == ((), (M.LAYERNORM, M.MOE), (M.MLP,))  # [core_attn] is the default
     one = read_space(parse_yaml(SPACE_TEXT + "  recompute_modules: [moe_act]\n", "s.yaml"), "s.yaml")
     assert one.module_sets == ((M.MOE_ACT,),)
-    # --recompute-modules (autoplan.request) fixes one set in any space
+    # --recompute-modules (autoplan.commands.request) fixes one set in any space
     assert dataclasses.replace(load_space("megatron"), recompute_modules=(M.MLP,)).module_sets == (
         (M.MLP,),)
     # a space file's one set (a launcher's file with it added) is searched alone
@@ -286,9 +286,9 @@ def test_the_ep_overlap_charge_per_layer_is_at_least_the_slowdown_and_at_most_wh
 
 
 def test_the_recompute_modules_option_fixes_one_set_in_a_space_of_several():
-    """``search --recompute-modules`` (autoplan.request) searches its one set, in a space
+    """``search --recompute-modules`` (autoplan.commands.request) searches its one set, in a space
     listing several; without it the space's sets are searched."""
-    from autoplan.request import build_request
+    from autoplan.commands.request import build_request
 
     args = dict(model="deepseek-v3", cluster="dgx-h100", gpus=64, global_batch=64, seq_len=4096,
                 space="megatron")

@@ -367,7 +367,7 @@ def test_diff_compares_two_serving_plans_and_refuses_one_of_each(tmp_path) -> No
 
 def test_training_plans_may_say_kind_training(tmp_path) -> None:
     from autoplan.descriptors.strict import read_yaml
-    from autoplan.planfile import read_plan
+    from autoplan.plans.file import read_plan
 
     example = read_yaml(Path(__file__).resolve().parents[2] / "examples/plans/llama3-8b-32xh100-1f1b.yaml")
     plan = read_plan({**example, "kind": "training"}, "t.yaml")

@@ -18,6 +18,7 @@ import pytest
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from autoplan import resources
+from autoplan.commands.request import build_request
 from autoplan.cost.evaluate import evaluate
 from autoplan.descriptors.library import resolve_cluster
 from autoplan.errors import InputError
@@ -33,7 +34,6 @@ from autoplan.measured.surrogate import (
     calibrate,
     fit_report,
 )
-from autoplan.request import build_request
 from autoplan.vocab import Dtype
 from tests.helpers import autoplan, autoplan_subprocess, make_plan
 
@@ -202,7 +202,7 @@ def test_corrected_and_uncorrected_devices_never_share_memoized_costs(profile):
 
 
 def test_the_same_profile_gives_the_same_prediction_byte_for_byte(profile_text):
-    from autoplan.planfile import plan_document
+    from autoplan.plans.file import plan_document
 
     docs = []
     for source in ("a.csv", "a.csv"):
@@ -314,7 +314,7 @@ def test_evaluate_without_a_profile_prints_what_it_printed_before(plan_path):
     doc = json.loads(autoplan("evaluate", plan_path, "-f", "json").stdout)
     assert "uncertainty" not in doc["plans"][0]["prediction"]
     from autoplan.descriptors.strict import read_yaml
-    from autoplan.planfile import plan_document, read_plan
+    from autoplan.plans.file import plan_document, read_plan
 
     plan = read_plan(read_yaml(plan_path), str(plan_path))
     assert doc["plans"][0] == json.loads(json.dumps(plan_document(plan, evaluate(plan))))

@@ -21,7 +21,7 @@ from autoplan.descriptors.library import builtin_stack, resolve_stack
 from autoplan.errors import InputError
 from autoplan.export import Target, export
 from autoplan.parallel import tp
-from autoplan.planfile import read_plan
+from autoplan.plans.file import read_plan
 from autoplan.schedules import Schedule
 from autoplan.vocab import Recompute, TpOverlap, ZeroStage
 from tests.helpers import make_plan

@@ -65,7 +65,7 @@ def check_plan_file(
     --max-regression of the best plan: exit 0 pass, 1 a rule failed (each named), 2 bad input.
     With --format json or junit a plan that does not read is still reported, rule `valid` in error."""
     from autoplan.api.plans import check, check_space
-    from autoplan.check import Status
+    from autoplan.commands.check import Status
 
     searchspace = check_space(space, launcher)
     if out_path is not None:

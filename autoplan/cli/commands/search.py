@@ -270,7 +270,7 @@ def _search_whatif(prepared: Any, out_path: Path | None, fmt: Format, plot: Path
         raise typer.Exit(1)
     if plot is not None:
         if files.is_png(plot):
-            from autoplan.png import training_front_png
+            from autoplan.api.png import training_front_png
 
             files.write_bytes(plot, training_front_png(
                 sweep.points, sweep.front, limits.chosen, train.labels, train.title(),

@@ -299,7 +299,7 @@ def _write_serving_plan(out_path: Path, result: Any) -> None:
 def _write_serving_front(plot: Path, result: Any) -> None:
     """``serve --plot``: the serving front as an SVG, or a PNG for a .png file."""
     if files.is_png(plot):
-        from autoplan.png import serving_front_png
+        from autoplan.api.png import serving_front_png
 
         points, front, chosen, label_gpus, title = result.front_parts()
         files.write_bytes(plot, serving_front_png(points, front, chosen, title, label_gpus=label_gpus))

@@ -75,7 +75,7 @@ def validate(
     from autoplan.bench.validate import Options, check_options
     from autoplan.bench.validate import validate as run_validation
     from autoplan.descriptors.strict import read_yaml
-    from autoplan.planfile import read_plan
+    from autoplan.plans.file import read_plan
 
     device = device_kind.value
     check_options(cluster=cluster, profile=profile, runs=runs, slice_=slice_, device=device)
