@@ -25,33 +25,40 @@ from autoplan.vocab import NO_OFFLOAD, CpComm, MoeDispatch, Offload, Recompute, 
 SCHEMA_VERSION = 1
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Layout:
     """One degree per mesh axis; their product (without ep and etp) is the GPU count.
 
     Expert layers fold the same ranks differently (Megatron-Core's MoE parallel folding,
     Liu et al. 2025): the tp*cp*dp ranks of a stage are etp x ep x edp for the experts,
-    etp innermost. etp = 0 on construction means "as tp" (Megatron-LM's default)."""
+    etp innermost.
+
+    Every field holds its degree from construction on: an ``etp`` not given is tp
+    (Megatron-LM's default), a ``dp_shard`` not given is dp (ZeRO over all of dp). The
+    constructor resolves them before it writes a field, so no field is back-filled."""
 
     dp: int
     tp: int
     pp: int
-    cp: int = 1
-    ep: int = 1
-    vpp: int = 1
-    etp: int = 0
+    cp: int
+    ep: int
+    vpp: int
+    etp: int
     # hybrid sharded data parallelism (HSDP, hierarchical ZeRO): ZeRO shards states over
     # dp_shard x cp ranks and replicates them over dp / dp_shard (torchtitan's
-    # data_parallel_shard_degree x replicate_degree); 0 on construction means "as dp"
-    dp_shard: int = 0
+    # data_parallel_shard_degree x replicate_degree)
+    dp_shard: int
     # plans and memoized costs key on layouts: hashed once (the degrees are frozen)
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        if self.etp == 0:
-            object.__setattr__(self, "etp", self.tp)
-        if self.dp_shard == 0:
-            object.__setattr__(self, "dp_shard", self.dp)
+    def __init__(self, *, dp: int, tp: int, pp: int, cp: int = 1, ep: int = 1, vpp: int = 1,
+                 etp: int | None = None, dp_shard: int | None = None) -> None:
+        # each slot written once, through its descriptor, as a frozen dataclass's own
+        # __init__ writes its fields
+        for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("vpp", vpp),
+                            ("etp", tp if etp is None else etp),
+                            ("dp_shard", dp if dp_shard is None else dp_shard)):
+            _LAYOUT_SLOTS[name](self, value)
         cache_hash(self)
 
     @property
@@ -79,6 +86,9 @@ class Layout:
         if self.dp_shard != self.dp:
             out["dp_shard"] = self.dp_shard
         return out
+
+
+_LAYOUT_SLOTS = {f.name: getattr(Layout, f.name).__set__ for f in fields(Layout)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

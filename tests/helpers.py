@@ -31,7 +31,7 @@ def make_plan(model: str | Model = "llama3-8b", cluster: str = "dgx-h100", gpus:
               micro_batch: int = 1, schedule: Schedule = Schedule.ONE_F_ONE_B,
               recompute: Recompute = Recompute.NONE, zero: ZeroStage = ZeroStage.OPTIMIZER,
               sequence_parallel: bool = False, stages: tuple[int, ...] | None = None,
-              ep: int = 1, etp: int = 0, cp_comm: CpComm = CpComm.RING,
+              ep: int = 1, etp: int | None = None, cp_comm: CpComm = CpComm.RING,
               moe_imbalance: float = 1.25, stack: str | None = None,
               offload: Offload = NO_OFFLOAD) -> Plan:
     extra: dict[str, Any] = {} if stack is None else {"stack": builtin_stack(stack)}

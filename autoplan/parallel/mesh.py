@@ -44,18 +44,17 @@ def groups_of(c: Cluster, lay: Layout) -> dict[Axis, comm.Group]:
 
 @memo(4096)
 def _groups(c: Cluster, dp: int, tp: int, cp: int, ep: int, etp: int,
-            dp_shard: int = 0) -> dict[Axis, comm.Group]:
+            dp_shard: int) -> dict[Axis, comm.Group]:
     """The communicators of a stage's ranks (one dict for the layouts that differ only in
     pp or vpp: PP is the outermost rank, outside every group)."""
     edp = dp * cp * tp // (ep * etp)  # Layout.edp
-    shard = dp_shard or dp
     return {
         **layer_groups(c, tp, cp, ep, etp),
         # gradients are reduced (and ZeRO shards) over dp x cp (Megatron-LM); under hybrid
         # sharding over the innermost dp_shard x cp of them, the dp / dp_shard replicas of
         # that shard outside (FSDP2 HSDP: the shard dimension innermost)
-        Axis.DP: comm.place_group(c, shard * cp, tp),
-        Axis.DPR: comm.place_group(c, dp // shard, tp * cp * shard),
+        Axis.DP: comm.place_group(c, dp_shard * cp, tp),
+        Axis.DPR: comm.place_group(c, dp // dp_shard, tp * cp * dp_shard),
         Axis.EDP: comm.place_group(c, edp, etp * ep),
     }
 

@@ -74,8 +74,8 @@ def read_plan(data: Any, source: str, path: str = "", *, profile: Profile | None
     layout_values = dict(
         dp=lf.int("dp", min=1), tp=lf.int("tp", min=1), pp=lf.int("pp", min=1),
         cp=lf.int("cp", 1, min=1), ep=lf.int("ep", 1, min=1), vpp=lf.int("vpp", 1, min=1),
-        etp=lf.int("etp", 0, min=1),
-        dp_shard=lf.int("dp_shard", 0, min=1),
+        etp=lf.int("etp", None, min=1),  # None: as tp (Layout)
+        dp_shard=lf.int("dp_shard", None, min=1),  # None: as dp
     )
     lf.close()
     values = dict(

@@ -257,6 +257,22 @@ def test_etp_defaults_to_tp_as_in_megatron():
     assert Layout(dp=1, tp=4, pp=1).etp == 4
 
 
+def test_a_layouts_degrees_are_set_at_construction_never_back_filled():
+    """STYLE.md 6: an etp or dp_shard not given is resolved before any field is written (no
+    ``__post_init__`` overwrites one); given and defaulted layouts are one value, one hash,
+    and ``dataclasses.replace`` keeps the degrees it is not told to change."""
+    lay = Layout(dp=8, tp=2, pp=2)
+    assert (lay.etp, lay.dp_shard) == (2, 8)
+    explicit = Layout(dp=8, tp=2, pp=2, cp=1, ep=1, vpp=1, etp=2, dp_shard=8)
+    assert lay == explicit and hash(lay) == hash(explicit)
+    assert not hasattr(Layout, "__post_init__")
+    assert dataclasses.replace(lay, dp_shard=4) == Layout(dp=8, tp=2, pp=2, dp_shard=4)
+    assert dataclasses.replace(lay, tp=4).etp == 2  # a given etp stays as it was
+    assert Layout(dp=4, tp=4, pp=1, ep=4, etp=1).etp == 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        lay.etp = 1  # type: ignore[misc]
+
+
 # -- search ----------------------------------------------------------------------------
 
 def test_search_explores_ep_and_etp_within_the_rules():
