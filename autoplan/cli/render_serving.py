@@ -208,9 +208,11 @@ def serving_evaluation(path: str, plan: ServingPlan, pred: ServingPrediction,
     out.append(_serving_memory_table(pred))
     ctx = w.input_len.mean + w.output_len.mean / 2
     batch = max(1, pred.max_concurrency)
-    decode = step.iteration(batch, batch, batch * ctx, 0.0, 0.0, batch)
+    decode = step.iteration(batch, decodes=batch, decode_context=batch * ctx, prefill_pairs=0.0,
+                            prefill_context=0.0, sampled=batch)
     n = int(min(w.input_len.mean, step.max_batched_tokens))
-    prefill = step.iteration(n, 0, 0.0, n * (n + 1) / 2, 0.0, 1)
+    prefill = step.iteration(n, decodes=0, decode_context=0.0, prefill_pairs=n * (n + 1) / 2,
+                             prefill_context=0.0, sampled=1)
     parts = Table(title=f"where an iteration goes, ms (decode: {batch} sequences at {ctx:,.0f} tokens "
                         f"of context; prefill: one {n:,}-token prompt)", title_justify="left")
     for name in ("", "decode", "prefill"):

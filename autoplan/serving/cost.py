@@ -573,16 +573,22 @@ class StepModel:
             t = 0.0
             if dr._serial:  # the serial loop's arithmetic: its iterations less their host time
                 if decodes:
-                    t += k * (dr.step_seconds(decodes, decodes, decode_context, 0.0, 0.0, decodes)
+                    t += k * (dr.step_seconds(decodes, decodes=decodes, decode_context=decode_context,
+                                              prefill_pairs=0.0, prefill_context=0.0, sampled=decodes)
                               - dr._host_step - dr._host_seq * decodes)
                 if prefill_tokens:
-                    t += (dr.step_seconds(prefill_tokens, 0, 0.0, prefill_pairs, prefill_context, 0)
+                    t += (dr.step_seconds(prefill_tokens, decodes=0, decode_context=0.0,
+                                          prefill_pairs=prefill_pairs, prefill_context=prefill_context,
+                                          sampled=0)
                           - dr._host_step)
                 return t
             if decodes:
-                t += k * dr.device_seconds(decodes, decodes, decode_context, 0.0, 0.0, decodes)
+                t += k * dr.device_seconds(decodes, decodes=decodes, decode_context=decode_context,
+                                           prefill_pairs=0.0, prefill_context=0.0, sampled=decodes)
             if prefill_tokens:
-                t += dr.device_seconds(prefill_tokens, 0, 0.0, prefill_pairs, prefill_context, 0)
+                t += dr.device_seconds(prefill_tokens, decodes=0, decode_context=0.0,
+                                       prefill_pairs=prefill_pairs, prefill_context=prefill_context,
+                                       sampled=0)
             return t
         t = 0.0
         if decodes:  # each proposal: the head layer, its KV read, the shared output head
@@ -607,7 +613,7 @@ class StepModel:
             layer += expert_params_per_rank(m, d.ep, self.etp)
         return layer * d.weights.bytes + ACT_BYTES * 2 * m.hidden * m.hidden, self.kv_token_layer
 
-    def iteration(self, tokens: int, decodes: int, decode_context: float,
+    def iteration(self, tokens: int, *, decodes: int, decode_context: float,
                   prefill_pairs: float, prefill_context: float, sampled: int) -> Breakdown:
         """One iteration of one scheduler's batch through the whole pipeline.
 
@@ -615,7 +621,8 @@ class StepModel:
         ``decode_context``: the decoding sequences and the KV tokens they read;
         ``prefill_pairs``: causal (query, key) pairs of the prefill chunks, summed;
         ``prefill_context``: KV tokens of earlier chunks the prefill re-reads;
-        ``sampled``: sequences that sample a token (decodes + prompts finishing)."""
+        ``sampled``: sequences that sample a token (decodes + prompts finishing). All but
+        ``tokens`` are named at the call (six counts in a row are easily swapped)."""
         if tokens <= 0:
             return Breakdown()
         prompt = tokens - decodes * self.width
@@ -631,7 +638,7 @@ class StepModel:
         shown = iteration_seconds(gpu, out.host, self._hidden, self._launch_floor(tokens, decodes)) - gpu
         return replace(out, host=shown)
 
-    def step_seconds(self, tokens: int, decodes: int, decode_context: float,
+    def step_seconds(self, tokens: int, *, decodes: int, decode_context: float,
                      prefill_pairs: float, prefill_context: float, sampled: int) -> float:
         """:meth:`iteration`'s total, without building its breakdown (a simulation asks
         this every iteration). With pp > 1 the engine keeps pp batches in flight (vLLM's
@@ -640,7 +647,9 @@ class StepModel:
             return 0.0
         if not self._serial:
             return iteration_seconds(
-                self.device_seconds(tokens, decodes, decode_context, prefill_pairs, prefill_context, sampled),
+                self.device_seconds(tokens, decodes=decodes, decode_context=decode_context,
+                                    prefill_pairs=prefill_pairs, prefill_context=prefill_context,
+                                    sampled=sampled),
                 self._host_step + self._host_seq * sampled, self._hidden, self._launch_floor(tokens, decodes))
         total = self._token_totals.get(tokens)
         if total is None:
@@ -654,7 +663,7 @@ class StepModel:
                                     prefill_context)
         return total + attention + kv_read + self._logits(sampled + decodes * (self.width - 1)) + host + draft
 
-    def device_seconds(self, tokens: int, decodes: int, decode_context: float,
+    def device_seconds(self, tokens: int, *, decodes: int, decode_context: float,
                        prefill_pairs: float, prefill_context: float, sampled: int) -> float:
         """The GPU's seconds of an iteration (:meth:`step_seconds` without host time)."""
         if tokens <= 0:

@@ -495,8 +495,10 @@ class _EngineLoop:
         n_dec = sched.decodes.count if batch.decoding else 0
         tokens = n_dec * self.width + batch.new_kv
         done = sched.computed(batch)
-        elapsed = self.step.step_seconds(tokens, n_dec, sched.decodes.context if n_dec else 0.0, batch.pairs,
-                                         batch.prior, n_dec + len(done)) + batch.started * self.encoder_s
+        elapsed = self.step.step_seconds(
+            tokens, decodes=n_dec, decode_context=sched.decodes.context if n_dec else 0.0,
+            prefill_pairs=batch.pairs, prefill_context=batch.prior, sampled=n_dec + len(done),
+        ) + batch.started * self.encoder_s
         self.t += elapsed
         self.busy += elapsed
         self.max_running = max(self.max_running, batch.running)

@@ -84,8 +84,9 @@ def test_its_host_step_and_batch_limit_reach_the_iteration(toy):
     with engine_constants(Engine.VLLM, host_step_s=2e-3, serial=True):
         mine, vllm = StepModel(model, cluster, dep, toy), StepModel(model, cluster, dep, Engine.VLLM)
         assert mine.max_num_seqs == 64
-        step = (100, 100, 100 * 600.0, 0.0, 0.0, 100)  # a decode iteration of 100 sequences
-        assert mine.step_seconds(*step) - vllm.step_seconds(*step) == pytest.approx(5e-3 - 2e-3)
+        step = dict(tokens=100, decodes=100, decode_context=100 * 600.0, prefill_pairs=0.0,
+                    prefill_context=0.0, sampled=100)  # a decode iteration of 100 sequences
+        assert mine.step_seconds(**step) - vllm.step_seconds(**step) == pytest.approx(5e-3 - 2e-3)
 
 
 def test_serve_takes_it_and_its_plan_file_reads_back(toy, tmp_path):
@@ -145,17 +146,23 @@ def test_an_engines_host_and_kernel_constants_enter_an_iteration_as_stated():
         slow_engine = register(slow_spec)
         try:
             slow = StepModel(model, cluster, d, slow_engine)
-            b0 = base.iteration(300, 44, 44 * 900.0, 256 * 257 / 2, 0.0, 45)
-            b1 = slow.iteration(300, 44, 44 * 900.0, 256 * 257 / 2, 0.0, 45)
+            b0 = base.iteration(300, decodes=44, decode_context=44 * 900.0, prefill_pairs=256 * 257 / 2,
+                                prefill_context=0.0, sampled=45)
+            b1 = slow.iteration(300, decodes=44, decode_context=44 * 900.0, prefill_pairs=256 * 257 / 2,
+                                prefill_context=0.0, sampled=45)
             kernels = ("gemm", "attention", "kv_read", "logits")
             for part in kernels:
                 assert getattr(b1, part) == pytest.approx(1.5 * getattr(b0, part), rel=1e-12)
             for part in ("elementwise", "tp_comm", "kernel_gaps"):
                 assert getattr(b1, part) == getattr(b0, part)
             assert b1.host - b0.host == pytest.approx(45 * 20e-6, rel=1e-12)
-            assert slow.step_seconds(300, 44, 44 * 900.0, 256 * 257 / 2, 0.0, 45) == pytest.approx(b1.total)
+            assert slow.step_seconds(300, decodes=44, decode_context=44 * 900.0, prefill_pairs=256 * 257 / 2,
+                                     prefill_context=0.0, sampled=45) == pytest.approx(b1.total)
             a, c = slow.decode_coefficients(44)
-            assert a + c * 44 * 900.0 == pytest.approx(slow.step_seconds(44, 44, 44 * 900.0, 0.0, 0.0, 44))
+            assert a + c * 44 * 900.0 == pytest.approx(slow.step_seconds(44, decodes=44,
+                                                                         decode_context=44 * 900.0,
+                                                                         prefill_pairs=0.0,
+                                                                         prefill_context=0.0, sampled=44))
         finally:
             unregister(slow_engine)
     finally:

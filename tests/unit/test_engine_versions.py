@@ -174,14 +174,15 @@ def trtllm_overlapped() -> Iterator[None]:
 def test_tensorrt_llm_1x_hides_its_host_time_behind_the_gpus_work_where_0x_adds_it(trtllm_overlapped) -> None:
     # issue 49: the 2.98 ms fitted on TensorRT-LLM v0.5-v0.17 runs, whose loop was serial,
     # made TensorRT-LLM 1.x (overlap scheduler) ~42% too slow per token
-    step = (64, 64, 64 * 1200.0, 0.0, 0.0, 64)  # a decode of 64 sequences
+    step = dict(tokens=64, decodes=64, decode_context=64 * 1200.0, prefill_pairs=0.0, prefill_context=0.0,
+                sampled=64)  # a decode of 64 sequences
     old, new = _steps(Engine.TRTLLM, "0.17.0"), _steps(Engine.TRTLLM, "1.2.0rc6")
     assert new.line.version == "1.0.0rc0" and new.line.host_step_s == old.line.host_step_s == 2.98e-3
-    gpu = new.device_seconds(*step)
+    gpu = new.device_seconds(**step)
     host = new.line.host_step_s + new.line.host_seq_s * 64
-    assert old.step_seconds(*step) == pytest.approx(gpu + host, rel=1e-12)
-    assert new.step_seconds(*step) == pytest.approx(max(gpu, host), rel=1e-12)
-    assert new.step_seconds(*step) < old.step_seconds(*step) - 0.9 * min(gpu, host)
+    assert old.step_seconds(**step) == pytest.approx(gpu + host, rel=1e-12)
+    assert new.step_seconds(**step) == pytest.approx(max(gpu, host), rel=1e-12)
+    assert new.step_seconds(**step) < old.step_seconds(**step) - 0.9 * min(gpu, host)
 
 
 def test_a_decode_run_sums_what_its_iterations_take_one_by_one_across_the_host_bound_crossover(
@@ -190,7 +191,8 @@ def test_a_decode_run_sums_what_its_iterations_take_one_by_one_across_the_host_b
     new = StepModel(resolve_model("gpt-1.7b"), H1, Deployment(replicas=1, tp=1), Engine.TRTLLM, "1.2.0rc6")
     assert new.line.hidden_share(new.deployment) == 1.0  # max(GPU, host): the overlap's crossover
     n, ctx = 16, 100.0
-    one_by_one = [new.step_seconds(n, n, n * (ctx + i * new.gain), 0.0, 0.0, n) for i in range(4000)]
+    one_by_one = [new.step_seconds(n, decodes=n, decode_context=n * (ctx + i * new.gain), prefill_pairs=0.0,
+                                   prefill_context=0.0, sampled=n) for i in range(4000)]
     host = new.line.host_step_s + new.line.host_seq_s * n
     assert one_by_one[0] == pytest.approx(host) and one_by_one[-1] > host  # it crosses over
     run = new.decode_run(n, n * ctx)
@@ -261,12 +263,15 @@ def toyver() -> Iterator[Engine]:
 def test_a_line_without_cuda_graphs_runs_no_faster_than_its_host_launches_its_kernels(toyver) -> None:
     eager, graphs = _steps(toyver, "1.0"), _steps(toyver, "2.0")
     kernels = eager.layers_stage * 14  # serving.cost.KERNELS_PER_LAYER
-    decode = (1, 1, 50.0, 0.0, 0.0, 1)  # one short sequence: far less GPU work than launching
-    assert eager.step_seconds(*decode) == pytest.approx(kernels * 20e-6 + 1e-3)
+    decode = dict(tokens=1, decodes=1, decode_context=50.0, prefill_pairs=0.0, prefill_context=0.0,
+                  sampled=1)  # one short sequence: far less GPU work than launching
+    assert eager.step_seconds(**decode) == pytest.approx(kernels * 20e-6 + 1e-3)
     # 2.0 replays decode batches of up to 32 as graphs, and launches the larger ones
-    assert graphs.step_seconds(*decode) == pytest.approx(max(graphs.device_seconds(*decode), 1e-3))
-    big = (64, 64, 64 * 50.0, 0.0, 0.0, 64)
-    assert graphs.step_seconds(*big) == pytest.approx(max(graphs.device_seconds(*big), kernels * 20e-6, 1e-3))
+    assert graphs.step_seconds(**decode) == pytest.approx(max(graphs.device_seconds(**decode), 1e-3))
+    big = dict(tokens=64, decodes=64, decode_context=64 * 50.0, prefill_pairs=0.0, prefill_context=0.0,
+               sampled=64)
+    launched = max(graphs.device_seconds(**big), kernels * 20e-6, 1e-3)
+    assert graphs.step_seconds(**big) == pytest.approx(launched)
 
 
 def test_a_versioned_engine_registered_in_a_test_is_served_at_a_release_and_named_in_the_plan(
@@ -392,14 +397,15 @@ def test_the_fit_benchmark_trials_reach_the_prediction(monkeypatch) -> None:
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from serving_fit import constants
 
-    step = (8, 8, 8 * 300.0, 0.0, 0.0, 8)
+    step = dict(tokens=8, decodes=8, decode_context=8 * 300.0, prefill_pairs=0.0, prefill_context=0.0,
+                sampled=8)
     # the default line's entry as the host time shown (the probes' linear form: constants)
     with engine_constants(Engine.TRTLLM, host_step_s=5e-3, serial=True):
         registered = Engine.TRTLLM.spec
         with constants(Engine.TRTLLM, (0.0, 0.0, 0.0)):
-            bare = _steps(Engine.TRTLLM, None).step_seconds(*step)
+            bare = _steps(Engine.TRTLLM, None).step_seconds(**step)
         with constants(Engine.TRTLLM, (1e-3, 0.0, 0.0)):
-            host = _steps(Engine.TRTLLM, None).step_seconds(*step)
+            host = _steps(Engine.TRTLLM, None).step_seconds(**step)
         assert host - bare == pytest.approx(1e-3)
         assert Engine.TRTLLM.spec is registered and registered.at(None).host_step_s == 5e-3  # restored
 
@@ -430,7 +436,9 @@ def test_an_iteration_not_replayed_as_a_graph_takes_at_least_its_kernels_launch_
         step = _steps(Engine.VLLM, "0.19.0")
         assert step.line.launch_s == 1e-3
         floor = step._kernels * 1e-3
-        prefill = step.step_seconds(64, 0, 0.0, 64 * 64 / 2, 0.0, 1)
+        prefill = step.step_seconds(64, decodes=0, decode_context=0.0, prefill_pairs=64 * 64 / 2,
+                                    prefill_context=0.0, sampled=1)
         assert prefill == pytest.approx(1e-3 + floor)  # launch-bound: 448 ms of launches
-        decode = step.step_seconds(8, 8, 8 * 100.0, 0.0, 0.0, 8)
+        decode = step.step_seconds(8, decodes=8, decode_context=8 * 100.0, prefill_pairs=0.0,
+                                   prefill_context=0.0, sampled=8)
         assert decode < 0.1 * floor

@@ -78,7 +78,8 @@ def test_an_fp4_prefill_on_b200_runs_fp4_gemms_and_on_h100_fp8_ones() -> None:
     def prefill_gemm(cluster: str, weights: Precision) -> float:
         step = StepModel(m, with_gpus(resolve_cluster(cluster), 8),
                          Deployment(replicas=1, tp=8, weights=weights), Engine.VLLM)
-        return step.iteration(8192, 0, 0.0, 8192 * 8192 / 2, 0.0, 1).gemm
+        return step.iteration(8192, decodes=0, decode_context=0.0, prefill_pairs=8192 * 8192 / 2,
+                              prefill_context=0.0, sampled=1).gemm
 
     b200 = prefill_gemm("dgx-b200", Precision.FP8) / prefill_gemm("dgx-b200", Precision.FP4)
     assert b200 == pytest.approx(9000 * 0.51 / (4500 * 0.78), rel=0.01)

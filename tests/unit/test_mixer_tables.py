@@ -152,7 +152,8 @@ def test_a_gated_deltanet_prefill_and_decode_take_the_tables_time_where_it_cover
     tables = step.device.mixer_kernels
     assert tables is not None
     n = 8192
-    prefill = step.iteration(n, 0, 0.0, n * (n + 1) / 2, 0.0, 1).attention
+    prefill = step.iteration(n, decodes=0, decode_context=0.0, prefill_pairs=n * (n + 1) / 2,
+                             prefill_context=0.0, sampled=1).attention
     full = bare._kscale * bare._pair_s["A"] * n * (n + 1) / 2
     gdn = tables.seconds("gdn", "context", QNEXT_KEY, 1, n)[0]
     assert prefill == pytest.approx(full + step._kscale * 3 * gdn)
@@ -172,7 +173,9 @@ def test_a_layer_no_table_covers_keeps_the_roofline_and_is_reported_as_roofline(
     n = 4096
     assert step.table_sources() == {}
     pairs = n * (n + 1) / 2
-    assert step.iteration(n, 0, 0.0, pairs, 0.0, 1) == bare.iteration(n, 0, 0.0, pairs, 0.0, 1)
+    assert step.iteration(n, decodes=0, decode_context=0.0, prefill_pairs=pairs, prefill_context=0.0,
+                          sampled=1) == bare.iteration(n, decodes=0, decode_context=0.0, prefill_pairs=pairs,
+                                                       prefill_context=0.0, sampled=1)
     assert step._decode_kinds(16, 16 * 500) == bare._decode_kinds(16, 16 * 500)
     assert dict(mixer_kernels(step))["gated delta net"] == "roofline" and mixer_tables(step) == ()
 
@@ -375,7 +378,10 @@ def test_a_compressed_shape_no_table_holds_keeps_the_roofline() -> None:
     assert bf16_cache.table_sources() == {} and mixer_tables(bf16_cache) == ()
     n = 4096
     pairs = n * (n + 1) / 2
-    assert bf16_cache.iteration(n, 0, 0.0, pairs, 0.0, 1) == bare.iteration(n, 0, 0.0, pairs, 0.0, 1)
+    assert bf16_cache.iteration(n, decodes=0, decode_context=0.0, prefill_pairs=pairs, prefill_context=0.0,
+                                sampled=1) == bare.iteration(n, decodes=0, decode_context=0.0,
+                                                             prefill_pairs=pairs, prefill_context=0.0,
+                                                             sampled=1)
     assert bf16_cache._decode_kinds(16, 16 * 3000) == bare._decode_kinds(16, 16 * 3000)
     assert dict(mixer_kernels(bf16_cache))["compressed sparse attention"] == "roofline"
     # an indexer of other dims: its C layers keep the roofline, its H layers the table

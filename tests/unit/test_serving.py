@@ -70,7 +70,7 @@ def test_distinct_experts_is_the_expected_coverage() -> None:
 def test_a_one_token_decode_reads_every_weight_once() -> None:
     # batch 1 at TP 8: the GEMMs are bound by reading this GPU's share of the layer weights
     step = StepModel(L70, H8, Deployment(replicas=1, tp=8), Engine.VLLM)
-    b = step.iteration(1, 1, 0, 0.0, 0.0, 1)
+    b = step.iteration(1, decodes=1, decode_context=0, prefill_pairs=0.0, prefill_context=0.0, sampled=1)
     dev = H8.device
     layer_weights = (L70.params_attention + L70.params_mlp) * 2 / 8  # bytes per GPU
     floor = L70.layers * layer_weights / (dev.hbm_Bps * dev.hbm_efficiency)
@@ -82,7 +82,7 @@ def test_a_one_token_decode_reads_every_weight_once() -> None:
 def test_decode_attention_reads_each_sequences_kv_cache() -> None:
     step = StepModel(L70, H8, Deployment(replicas=1, tp=8), Engine.VLLM)
     ctx = 64 * 4096  # 64 sequences of 4096 tokens
-    b = step.iteration(64, 64, ctx, 0.0, 0.0, 64)
+    b = step.iteration(64, decodes=64, decode_context=ctx, prefill_pairs=0.0, prefill_context=0.0, sampled=64)
     kv_bytes = ctx * 80 * 8 * 128 * 2 * 2 / 8
     dev = H8.device
     assert b.kv_read == pytest.approx(step._kscale * kv_bytes / (dev.hbm_Bps * dev.hbm_efficiency), rel=1e-9)
@@ -96,9 +96,21 @@ def test_the_simulations_fast_step_is_the_breakdowns_total() -> None:
         step = StepModel(resolve_model(name), H8, dep, Engine.SGLANG)
         for _ in range(50):
             tokens, decodes = int(rng.integers(1, 8192)), int(rng.integers(0, 256))
-            args = (tokens, decodes, float(rng.uniform(0, 1e6)), float(rng.uniform(0, 1e7)),
-                    float(rng.uniform(0, 1e5)), int(rng.integers(0, 300)))
-            assert step.step_seconds(*args) == pytest.approx(step.iteration(*args).total, rel=1e-12)
+            args = dict(tokens=tokens, decodes=decodes, decode_context=float(rng.uniform(0, 1e6)),
+                        prefill_pairs=float(rng.uniform(0, 1e7)), prefill_context=float(rng.uniform(0, 1e5)),
+                        sampled=int(rng.integers(0, 300)))
+            assert step.step_seconds(**args) == pytest.approx(step.iteration(**args).total, rel=1e-12)
+
+
+def test_an_iterations_counts_are_named_never_six_in_a_row() -> None:
+    """Issue 53: six positional numbers were easily swapped (decodes for sampled, pairs
+    for context); all but ``tokens`` are keyword-only."""
+    step = StepModel(resolve_model("llama3-8b"), H8, Deployment(replicas=1, tp=1), Engine.VLLM)
+    for method in (step.step_seconds, step.device_seconds, step.iteration):
+        with pytest.raises(TypeError):
+            method(8, 8, 800.0, 0.0, 0.0, 8)  # type: ignore[misc]
+    assert step.step_seconds(8, decodes=8, decode_context=800.0, prefill_pairs=0.0, prefill_context=0.0,
+                             sampled=8) > 0
 
 
 def test_memory_leaves_the_kv_cache_what_vllm_budgets() -> None:
@@ -130,7 +142,7 @@ def test_every_request_is_served_once_with_causal_times() -> None:
     assert len(sim.arrival) == 300
     assert np.all(sim.first_token > sim.arrival) and np.all(sim.finish >= sim.first_token)
     # a token per iteration at most: the last token comes at least (out - 1) steps later
-    fastest = step.step_seconds(1, 1, 0, 0, 0, 1)
+    fastest = step.step_seconds(1, decodes=1, decode_context=0, prefill_pairs=0, prefill_context=0, sampled=1)
     assert np.all(sim.finish - sim.first_token >= 127 * fastest * 0.999)
 
 
@@ -865,7 +877,8 @@ def test_a_prefilled_request_decodes_without_computing_its_prompt() -> None:
     one = (np.zeros(1), np.array([4096]), np.array([65]))
     cold = run_requests(step, *one, 100_000)
     warm = run_requests(step, *one, 100_000, prefilled=True)
-    decode = step.step_seconds(1, 1, 4096.0, 0.0, 0.0, 1)  # one sequence's decode iteration
+    decode = step.step_seconds(1, decodes=1, decode_context=4096.0, prefill_pairs=0.0, prefill_context=0.0,
+                               sampled=1)  # one sequence's decode iteration
     # 65 tokens: the cold run's first comes with its prefill, the warm run decodes all 65
     assert warm.finish[0] == pytest.approx(65 * decode, rel=0.02)
     assert cold.finish[0] - cold.first_token[0] == pytest.approx(64 * decode, rel=0.02)

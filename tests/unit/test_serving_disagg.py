@@ -62,8 +62,10 @@ def test_one_request_in_a_closed_loop_over_one_prefill_and_one_decode_worker_by_
     dec = StepModel(L8, h2, d.pool("decode"), Engine.VLLM)
     latency, per_token = kv_transfer(L8, h2, d)
     assert pre.request_s == 5e-3
-    ttft = pre.request_s + pre.step_seconds(512, 0, 0.0, 512 * 513 / 2, 0.0, 1) + latency + per_token * 512
-    tpot = sum(dec.step_seconds(1, 1, 512.0 + j, 0.0, 0.0, 1) for j in range(63)) / 63
+    ttft = pre.request_s + pre.step_seconds(512, decodes=0, decode_context=0.0, prefill_pairs=512 * 513 / 2,
+                                            prefill_context=0.0, sampled=1) + latency + per_token * 512
+    tpot = sum(dec.step_seconds(1, decodes=1, decode_context=512.0 + j, prefill_pairs=0.0,
+                                prefill_context=0.0, sampled=1) for j in range(63)) / 63
     assert pred.simulated_requests == 20
     assert pred.ttft_ms.mean == pytest.approx(1e3 * ttft, rel=1e-9)
     assert pred.ttft_ms.p99 == pytest.approx(1e3 * ttft, rel=1e-9)
@@ -85,7 +87,8 @@ def test_an_open_loops_first_token_reaches_the_client_with_the_kv_cache(vllm_con
     pre = StepModel(L8, h2, d.pool("prefill"), Engine.VLLM)
     latency, per_token = kv_transfer(L8, h2, d)
     assert pre.request_s == 5e-3
-    prefill = pre.request_s + pre.step_seconds(512, 0, 0.0, 512 * 513 / 2, 0.0, 1)
+    prefill = pre.request_s + pre.step_seconds(512, decodes=0, decode_context=0.0,
+                                               prefill_pairs=512 * 513 / 2, prefill_context=0.0, sampled=1)
     assert pred.ttft_ms.p99 == pytest.approx(1e3 * (prefill + latency + per_token * 512), rel=1e-9)
     one = Workload(Lengths(512.0), Lengths(1.0), w.arrival, 20)
     assert evaluate_serving(ServingPlan(L8, h2, Engine.VLLM, d, one, Slo())).ttft_ms.p99 == \
@@ -127,7 +130,9 @@ def _wide_ep_decode_spreads() -> None:
     step = StepModel(QWEN_MOE, h8, decode, Engine.SGLANG)
     # a decode iteration of 8 sequences at about the mean context
     mid = 8 * (1024 + 128.0)
-    assert wide.tpot_ms.mean == pytest.approx(1e3 * step.step_seconds(8, 8, mid, 0.0, 0.0, 8), rel=0.02)
+    assert wide.tpot_ms.mean == pytest.approx(1e3 * step.step_seconds(8, decodes=8, decode_context=mid,
+                                                                      prefill_pairs=0.0, prefill_context=0.0,
+                                                                      sampled=8), rel=0.02)
     replicas = evaluate_serving(ServingPlan(QWEN_MOE, h8, Engine.SGLANG,
                                             Deployment.split(Pool(1, 4), Pool(4, 1)), w, Slo()))
     assert wide.tpot_ms.mean < replicas.tpot_ms.mean

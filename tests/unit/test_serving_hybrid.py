@@ -189,7 +189,9 @@ def test_decoding_reads_the_full_layers_whole_context_and_the_sliding_ones_their
 
 def test_a_recurrent_layer_decodes_in_the_same_time_at_any_context() -> None:
     step = step_of(qwen3_next_like())
-    short, long = step.iteration(8, 8, 8 * 100, 0, 0, 8), step.iteration(8, 8, 8 * 100_000, 0, 0, 8)
+    short, long = step.iteration(8, decodes=8, decode_context=8 * 100, prefill_pairs=0, prefill_context=0,
+                                 sampled=8), step.iteration(8, decodes=8, decode_context=8 * 100_000,
+                                                            prefill_pairs=0, prefill_context=0, sampled=8)
     only_full = step_of(qwen3_next_like())._decode_kinds(8, 8 * 100)[1]
     assert long.kv_read - short.kv_read == pytest.approx(step._kscale * only_full * 8 * (100_000 - 100))
 
@@ -197,7 +199,8 @@ def test_a_recurrent_layer_decodes_in_the_same_time_at_any_context() -> None:
 def test_a_recurrent_prefill_grows_linearly_where_attention_grows_with_the_pairs() -> None:
     step = step_of(qwen3_next_like())
     def core(n: int) -> float:
-        return step.iteration(n, 0, 0.0, n * (n + 1) / 2, 0.0, 1).attention
+        return step.iteration(n, decodes=0, decode_context=0.0, prefill_pairs=n * (n + 1) / 2,
+                              prefill_context=0.0, sampled=1).attention
     recurrent = sum(c * step._recurrent_s[m] for m, c in step._mixer_counts.items() if m == "G")
     full = step._mixer_counts["A"] * step._pair_s["A"]
     for n in (1000, 8000):

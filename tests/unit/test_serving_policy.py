@@ -65,12 +65,14 @@ def _step(engine: Engine, prefill_first: bool | None = None) -> StepModel:
 
 def _prefill(step: StepModel, prompt: int, n: int = 1) -> float:
     """One iteration prefilling ``n`` whole prompts of ``prompt`` tokens, no decodes."""
-    return step.step_seconds(n * prompt, 0, 0.0, n * prompt * (prompt + 1) / 2, 0.0, n)
+    return step.step_seconds(n * prompt, decodes=0, decode_context=0.0,
+                             prefill_pairs=n * prompt * (prompt + 1) / 2, prefill_context=0.0, sampled=n)
 
 
 def _decode(step: StepModel, context: float) -> float:
     """One iteration decoding one sequence over ``context`` tokens."""
-    return step.step_seconds(1, 1, context, 0.0, 0.0, 1)
+    return step.step_seconds(1, decodes=1, decode_context=context, prefill_pairs=0.0, prefill_context=0.0,
+                             sampled=1)
 
 
 def _closed(inp: int, out: int, concurrency: int, requests: int) -> Workload:
@@ -119,7 +121,8 @@ def test_a_new_prompt_runs_alone_and_delays_the_decoding_sequence_by_exactly_its
 
     mixed_step = _step(Engine.SGLANG, prefill_first=False)
     mixed = run_requests(mixed_step, *args, step_over_decodes=step_over_decodes)
-    m = mixed_step.step_seconds(1 + 256, 1, 512.0 + 2, 256 * 257 / 2, 0.0, 2)
+    m = mixed_step.step_seconds(1 + 256, decodes=1, decode_context=512.0 + 2, prefill_pairs=256 * 257 / 2,
+                                prefill_context=0.0, sampled=2)
     assert mixed.first_token[1] == pytest.approx(start + m, rel=1e-12)
     assert mixed.finish[0] == pytest.approx(p_a + sum(d) - d[2] + m, rel=1e-12)
     assert mixed.iterations == 8
@@ -304,7 +307,8 @@ def test_a_disaggregated_closed_loop_passes_the_front_end_once_at_the_prefill_po
     assert pre.request_s == dec.request_s == 0.01
     latency, per_token = kv_transfer(L8, h2, d)
     ttft = 0.01 + _prefill(pre, 512) + latency + per_token * 512
-    tpot = sum(dec.step_seconds(1, 1, 512.0 + j, 0.0, 0.0, 1) for j in range(63)) / 63
+    tpot = sum(dec.step_seconds(1, decodes=1, decode_context=512.0 + j, prefill_pairs=0.0,
+                                prefill_context=0.0, sampled=1) for j in range(63)) / 63
     assert pred.ttft_ms.mean == pytest.approx(1e3 * ttft, rel=1e-9)
     assert pred.tpot_ms.mean == pytest.approx(1e3 * tpot, rel=1e-9)
 

@@ -49,8 +49,11 @@ def test_a_prefix_hit_prefills_only_the_rest_of_the_prompt_by_hand() -> None:
     kv = step.kv_tokens(step.memory())
     w = Workload(Lengths(1024), Lengths(1), Arrival(ArrivalKind.CONCURRENCY, concurrency=1), 3, Prefix(0.5))
     ttft = simulate(step, w, 1, kv).ttft
-    cold = step.request_s + step.step_seconds(1024, 0, 0.0, 1024 * 1025 / 2, 0.0, 1)
-    warm = step.request_s + step.step_seconds(512, 0, 0.0, 512 * 512 + 512 * 513 / 2, 512.0, 1)
+    cold = step.request_s + step.step_seconds(1024, decodes=0, decode_context=0.0,
+                                              prefill_pairs=1024 * 1025 / 2, prefill_context=0.0, sampled=1)
+    warm = step.request_s + step.step_seconds(512, decodes=0, decode_context=0.0,
+                                              prefill_pairs=512 * 512 + 512 * 513 / 2, prefill_context=512.0,
+                                              sampled=1)
     assert ttft == pytest.approx([cold, warm, warm], rel=1e-12)
     without = simulate(step, Workload(Lengths(1024), Lengths(1), w.arrival, 3), 1, kv).ttft
     assert without == pytest.approx([cold, cold, cold], rel=1e-12)

@@ -52,7 +52,8 @@ def test_one_request_decodes_in_fewer_wider_steps_by_hand(step_over: bool) -> No
     step = StepModel(L70, H4, Deployment(replicas=1, tp=4, speculative=spec), Engine.VLLM)
     got = run_requests(step, np.zeros(1), np.array([1000]), np.array([201]), 100_000,
                        step_over_decodes=step_over)
-    decode = sum(step.step_seconds(4, 1, 1000.0 + 2 * i, 0.0, 0.0, 1) for i in range(100))
+    decode = sum(step.step_seconds(4, decodes=1, decode_context=1000.0 + 2 * i, prefill_pairs=0.0,
+                                   prefill_context=0.0, sampled=1) for i in range(100))
     assert got.finish[0] - got.first_token[0] == pytest.approx(decode, rel=1e-9)
     assert got.tpot[0] == pytest.approx(decode / 200, rel=1e-9)
 
@@ -63,8 +64,10 @@ def test_a_verify_step_schedules_k_plus_one_positions_and_the_proposer_costs_its
     eagle = Speculative(SpecMethod.EAGLE, 3, acceptance_length=2.5)
     spec_step = StepModel(L70, H4, Deployment(replicas=1, tp=4, speculative=eagle), Engine.VLLM)
     plain = StepModel(L70, H4, Deployment(replicas=1, tp=4), Engine.VLLM)
-    b = spec_step.iteration(64, 16, 16 * 2000.0, 0.0, 0.0, 16)
-    p64 = plain.iteration(64, 64, 64 * 2000.0, 0.0, 0.0, 64)
+    b = spec_step.iteration(64, decodes=16, decode_context=16 * 2000.0, prefill_pairs=0.0,
+                            prefill_context=0.0, sampled=16)
+    p64 = plain.iteration(64, decodes=64, decode_context=64 * 2000.0, prefill_pairs=0.0, prefill_context=0.0,
+                          sampled=64)
     assert b.gemm == pytest.approx(p64.gemm, rel=1e-12)  # 64 rows either way
     assert b.logits == pytest.approx(p64.logits, rel=1e-12)  # 64 positions sampled
     kv = 2000.0 * 16 * spec_step.kv_token_layer / spec_step.mem_eff_Bps
@@ -73,7 +76,8 @@ def test_a_verify_step_schedules_k_plus_one_positions_and_the_proposer_costs_its
     assert b.draft == pytest.approx(3 * (head + spec_step._logits(16)), rel=1e-12)
     ngram = StepModel(L70, H4, Deployment(replicas=1, tp=4, speculative=Speculative(
         SpecMethod.NGRAM, 3, acceptance_length=2.5)), Engine.VLLM)
-    assert ngram.iteration(64, 16, 16 * 2000.0, 0.0, 0.0, 16).draft == 0.0
+    assert ngram.iteration(64, decodes=16, decode_context=16 * 2000.0, prefill_pairs=0.0,
+                           prefill_context=0.0, sampled=16).draft == 0.0
 
 
 def test_a_draft_model_costs_k_of_its_own_decode_iterations_and_holds_its_weights_and_kv() -> None:
@@ -81,8 +85,10 @@ def test_a_draft_model_costs_k_of_its_own_decode_iterations_and_holds_its_weight
     step = StepModel(L70, H4, Deployment(replicas=1, tp=4, speculative=draft), Engine.VLLM)
     small = StepModel(L8, H4, Deployment(replicas=1, tp=4), Engine.VLLM)
     host = Engine.VLLM.spec
-    b = step.iteration(5 * 8, 8, 8 * 1500.0, 0.0, 0.0, 8)
-    one = small.step_seconds(8, 8, 8 * 1500.0, 0.0, 0.0, 8) - host.host_step_s - host.host_seq_s * 8
+    b = step.iteration(5 * 8, decodes=8, decode_context=8 * 1500.0, prefill_pairs=0.0, prefill_context=0.0,
+                       sampled=8)
+    one = small.step_seconds(8, decodes=8, decode_context=8 * 1500.0, prefill_pairs=0.0, prefill_context=0.0,
+                             sampled=8) - host.host_step_s - host.host_seq_s * 8
     assert b.draft == pytest.approx(4 * one, rel=1e-12)
     plain = StepModel(L70, H4, Deployment(replicas=1, tp=4), Engine.VLLM)
     assert step.memory().weights == pytest.approx(plain.memory().weights + small.memory_weights())
@@ -181,7 +187,8 @@ def test_mtp_runs_on_a_model_with_its_module() -> None:
     step = StepModel(plan.model, plan.cluster, plan.deployment, plan.engine)
     plain = StepModel(plan.model, plan.cluster, Deployment(replicas=1, tp=8), plan.engine)
     assert step.memory().weights > plain.memory().weights  # one MoE layer more
-    assert step.iteration(16, 8, 8 * 1000.0, 0.0, 0.0, 8).draft > 0
+    assert step.iteration(16, decodes=8, decode_context=8 * 1000.0, prefill_pairs=0.0, prefill_context=0.0,
+                          sampled=8).draft > 0
 
 
 SERVE = ("serve", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "4", "--input-len", "1000",
