@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -303,9 +304,15 @@ def _engine_loop(step: StepModel, arrival: np.ndarray, inputs: np.ndarray, outpu
     pool = KVPool(kv_tokens, reserves=bool(config.reserve_output),
                   prefix=tokens // block * block if groups else 0, per_seq=step.seq_units)
     scheduler = Scheduler(config, pool)
-    loop = _EngineLoop(step, scheduler, arrival, inputs, outputs, prefilled, shared, groups)
-    loop.encoder_s = 0.0 if prefilled else encoder_s
-    return loop
+
+    def make(i: int, prompt: int, steps: int) -> Request:
+        if groups:  # prefix caching
+            return Request(i, prompt, steps, prefilled, shared[i], i % groups)
+        return Request(i, prompt, steps, prefilled)
+
+    # a prefilled request is handed over by a prefill instance: no front end, no encoder
+    requests = _Requests(arrival, inputs, outputs, config.steps, 0.0 if prefilled else step.request_s, make)
+    return _EngineLoop(step, scheduler, requests, 0.0 if prefilled else encoder_s)
 
 
 class _Refill:
@@ -313,77 +320,54 @@ class _Refill:
     requests at time 0, and one more each time one finishes, while a measured one is
     unfinished (or still to be sent)."""
 
-    __slots__ = ("loop", "mine", "pending")
+    __slots__ = ("requests", "mine", "pending")
 
     def __init__(self, loop: _EngineLoop, closed: ClosedLoop):
-        self.loop = loop
-        self.mine = np.zeros(loop.n, dtype=bool)
+        self.requests = loop.requests
+        self.mine = np.zeros(self.requests.n, dtype=bool)
         self.mine[closed.measure()] = True
         self.pending = closed.burst + closed.measured  # measured requests not yet finished
-        loop.arrival[closed.in_flight:] = np.inf
-        loop.times[closed.in_flight:] = [math.inf] * (loop.n - closed.in_flight)
-        loop.issued = min(loop.n, closed.in_flight)
-        # the front end has passed the burst alone, not the later slots' placeholder
-        # times (they are sent as requests finish: ``issue``)
-        loop.frontend_free = loop.times[loop.issued - 1] if loop.issued else -math.inf
+        self.requests.hold_back(closed.in_flight)  # the rest are sent as requests finish
         loop.on_finish = self.finished
 
     def finished(self, i: int, t: float) -> None:
         if self.mine[i]:
             self.pending -= 1
-        if self.pending > 0 and self.loop.issued < self.loop.n:
-            self.loop.issue(t)
+        if self.pending > 0 and self.requests.issued < self.requests.n:
+            self.requests.issue(t)
 
 
-class _EngineLoop:
-    """The engine's busy loop over one scheduler (vLLM V1's ``EngineCore.step``: schedule,
-    run the model, update the requests): the clock, the arrivals, and each request's first
-    and last token. An iteration takes ``StepModel.step_seconds``; the clock jumps over
-    idle time to the next arrival.
+class _Requests:
+    """The requests one scheduler is given and how they reach it: each one's arrival
+    (``arrival``, as its client sends it; ``times``, past the engine's front end) and
+    lengths, and two cursors: ``issued`` requests have been given arrival times (all of them
+    unless a closed loop sends them as it goes: :meth:`issue`), ``queued`` have reached the
+    scheduler's queue. ``horizon``: no request not yet issued is sent before it (a
+    disaggregated closed loop's other pool: :func:`simulate_closed_disaggregated`).
 
-    Requests are given arrival times up to ``issued`` (all of them unless a closed loop
-    sends them as it goes: :meth:`issue`); ``on_finish(i, t)`` is told of each request's
-    last token; ``horizon``: no request is sent before it that is not yet issued (a
-    disaggregated closed loop's other pool: :func:`simulate_closed_disaggregated`)."""
+    A request reaches the scheduler through the engine's front end: ``request_s`` a
+    request, one after another (HTTP, tokenizing, routing), which clients' requests pass
+    and a prefilled request handed over by a prefill instance does not."""
 
-    __slots__ = ("step", "sched", "arrival", "inputs", "outputs", "times", "lengths", "prefilled",
-                 "n", "first", "finish", "next_arrival", "issued", "t", "it", "busy", "max_running",
-                 "timeline", "sample_every", "shared", "groups", "width", "gain", "on_finish", "horizon",
-                 "request_s", "frontend_free", "prefill_alone", "encoder_s")
+    __slots__ = ("arrival", "inputs", "outputs", "times", "lengths", "n", "queued", "issued", "horizon",
+                 "steps", "request_s", "frontend_free", "make")
 
-    def __init__(self, step: StepModel, sched: Scheduler, arrival: np.ndarray, inputs: np.ndarray,
-                 outputs: np.ndarray, prefilled: bool, shared: list[int], groups: int):
-        """``shared``, ``groups``: each request's cached prefix and the prefix groups (0: no
-        prefix caching)."""
-        self.step, self.sched, self.prefilled = step, sched, prefilled
-        self.shared, self.groups = shared, groups
-        self.width, self.gain = sched.config.width, sched.config.gain  # speculative decoding's
+    def __init__(self, arrival: np.ndarray, inputs: np.ndarray, outputs: np.ndarray,
+                 steps: Callable[[int], int], request_s: float, make: Callable[[int, int, int], Request]):
+        """``steps``: the iterations a request of so many output tokens decodes in (fewer
+        with speculative decoding); ``make(i, prompt, steps)``: request i as the scheduler
+        holds it."""
         self.arrival, self.inputs, self.outputs = arrival, inputs, outputs
-        # per request, as Python floats and ints: the loop reads them one at a time; a
-        # request reaches the scheduler through the engine's front end (``request_s`` a
-        # request, one after another: HTTP, tokenizing, routing), which clients' requests
-        # pass and a prefilled request handed over by a prefill instance does not
-        self.request_s = 0.0 if prefilled else step.request_s
+        self.steps, self.make, self.request_s = steps, make, request_s
         self.frontend_free = -math.inf
+        # per request, as Python floats and ints: the loop reads them one at a time
         self.times: list[float] = [self._through_frontend(t)
                                    for t in np.asarray(arrival, dtype=float).tolist()]
-        # each request's prompt and the iterations it decodes in (its output tokens, fewer
-        # with speculative decoding)
-        steps = [sched.config.steps(o) for o in outputs.tolist()]
-        self.lengths: list[tuple[int, int]] = list(zip(inputs.tolist(), steps, strict=True))
-        self.n = n = len(arrival)
-        self.first = [math.nan] * n
-        self.finish = [math.nan] * n
-        self.next_arrival, self.issued = 0, n  # requests queued; given arrival times
-        self.t, self.it = 0.0, 0  # the clock and the decodes' iterations
-        self.prefill_alone = 0  # iterations of a prefill batch alone (prefill_first)
-        self.busy = 0.0  # seconds of iterations (the clock also jumps to arrivals, idle)
-        self.max_running = 0
-        self.timeline: list[tuple[float, int, int]] = []
-        self.sample_every = max(1, int(outputs.sum()) // max(1, min(n, 400)) // 4)
-        self.on_finish: Callable[[int, float], None] | None = None
+        self.lengths: list[tuple[int, int]] = list(zip(inputs.tolist(), map(steps, outputs.tolist()),
+                                                       strict=True))
+        self.n = len(arrival)
+        self.queued, self.issued = 0, self.n
         self.horizon = math.inf
-        self.encoder_s = 0.0  # a vision encoder's seconds per request starting its prefill
 
     def issue(self, t: float, prompt: int | None = None, out: int | None = None) -> int:
         """Send the next request at ``t`` (no earlier than any sent before it), with these
@@ -393,9 +377,18 @@ class _EngineLoop:
         self.times[i] = self._through_frontend(t)
         if prompt is not None and out is not None:
             self.inputs[i], self.outputs[i] = prompt, out
-            self.lengths[i] = (prompt, self.sched.config.steps(out))
+            self.lengths[i] = (prompt, self.steps(out))
         self.issued += 1
         return i
+
+    def hold_back(self, sent: int) -> None:
+        """Send only the first ``sent`` now (a closed loop's burst); the rest wait for
+        :meth:`issue`. The front end has passed the burst alone, not the later slots'
+        placeholder times."""
+        self.arrival[sent:] = np.inf
+        self.times[sent:] = [math.inf] * (self.n - sent)
+        self.issued = min(self.n, sent)
+        self.frontend_free = self.times[self.issued - 1] if self.issued else -math.inf
 
     def _through_frontend(self, t: float) -> float:
         """When a request a client sends at ``t`` reaches the scheduler: the front end
@@ -407,14 +400,63 @@ class _EngineLoop:
         self.frontend_free = max(t, self.frontend_free) + self.request_s
         return self.frontend_free
 
+    def next_time(self) -> float:
+        """When the next request reaches the scheduler (inf: none is sent yet)."""
+        return self.times[self.queued] if self.queued < self.issued else math.inf
+
+    def arrive(self, t: float, waiting: deque[Request]) -> None:
+        """Queue on ``waiting`` the requests that have reached the scheduler by ``t``."""
+        times, issued = self.times, self.issued
+        while self.queued < issued and times[self.queued] <= t:
+            i = self.queued
+            waiting.append(self.make(i, *self.lengths[i]))
+            self.queued += 1
+
+
+class _Tally:
+    """What one scheduler's loop records: each request's first and last token (NaN: not
+    yet), the seconds of iterations (the clock also jumps to arrivals, idle), the most
+    sequences running at once, and a timeline sampled every ``sample_every`` decode
+    iterations."""
+
+    __slots__ = ("first", "finish", "busy", "max_running", "timeline", "sample_every")
+
+    def __init__(self, n: int, sample_every: int):
+        self.first = [math.nan] * n
+        self.finish = [math.nan] * n
+        self.busy = 0.0
+        self.max_running = 0
+        self.timeline: list[tuple[float, int, int]] = []
+        self.sample_every = sample_every
+
+
+class _EngineLoop:
+    """The engine's busy loop over one scheduler (vLLM V1's ``EngineCore.step``: schedule,
+    run the model, update the requests): the clock ``t``, the decodes' iteration count
+    ``it``, the requests (:class:`_Requests`) and what is recorded (:class:`_Tally`). An
+    iteration takes ``StepModel.step_seconds``; the clock jumps over idle time to the next
+    arrival. ``on_finish(i, t)`` is told of each request's last token."""
+
+    __slots__ = ("step", "sched", "requests", "tally", "t", "it", "prefill_alone", "width", "gain",
+                 "encoder_s", "on_finish")
+
+    def __init__(self, step: StepModel, sched: Scheduler, requests: _Requests, encoder_s: float):
+        """``encoder_s``: a vision encoder's seconds per request starting its prefill."""
+        self.step, self.sched, self.requests, self.encoder_s = step, sched, requests, encoder_s
+        self.width, self.gain = sched.config.width, sched.config.gain  # speculative decoding's
+        outputs = requests.outputs
+        n = requests.n
+        self.tally = _Tally(n, max(1, int(outputs.sum()) // max(1, min(n, 400)) // 4))
+        self.t, self.it = 0.0, 0  # the clock and the decodes' iterations
+        self.prefill_alone = 0  # iterations of a prefill batch alone (prefill_first)
+        self.on_finish: Callable[[int, float], None] | None = None
+
     def ready(self) -> float:
         """When the loop's next step begins: now, where a request waits or runs; else the
         next request's arrival (inf: none sent yet)."""
         if not self.sched.idle():
             return self.t
-        if self.next_arrival < self.issued:
-            return max(self.t, self.times[self.next_arrival])
-        return math.inf
+        return max(self.t, self.requests.next_time())
 
     def run(self, step_over_decodes: bool) -> None:
         """Iterate until every request has finished or what waits can never be admitted."""
@@ -426,12 +468,12 @@ class _EngineLoop:
         ones: :meth:`_step_over`), or move the clock to the next arrival. False where
         nothing can happen until a request is sent (none arrives, or what waits can never
         be admitted)."""
-        sched = self.sched
-        self._arrive()
+        sched, requests = self.sched, self.requests
+        requests.arrive(self.t, sched.waiting)
         if sched.idle():
-            if self.next_arrival >= self.issued:
+            if requests.queued >= requests.issued:
                 return False
-            self.t = self.times[self.next_arrival]
+            self.t = requests.times[requests.queued]
             return True
         self.it += 1
         if self.it + self.prefill_alone > MAX_ITERATIONS:
@@ -439,9 +481,9 @@ class _EngineLoop:
                                 "limit this small for outputs this long is more than it simulates")
         batch = sched.schedule(self.it)
         if not batch.chunks and not sched.decodes.count:
-            if self.next_arrival >= self.issued:
+            if requests.queued >= requests.issued:
                 return False  # what waits can never be admitted
-            self.t = max(self.t, self.times[self.next_arrival])
+            self.t = max(self.t, requests.times[requests.queued])
             return True
         if not batch.decoding:  # a prefill batch alone: the decodes' clock stands still
             self.it -= 1
@@ -451,25 +493,13 @@ class _EngineLoop:
             self._execute(batch)
         return True
 
-    def _arrive(self) -> None:
-        """Queue the requests that have arrived by now."""
-        while self.next_arrival < self.issued and self.times[self.next_arrival] <= self.t:
-            i = self.next_arrival
-            if self.groups:  # prefix caching
-                r = Request(i, *self.lengths[i], self.prefilled, self.shared[i], i % self.groups)
-            else:
-                r = Request(i, *self.lengths[i], self.prefilled)
-            self.sched.waiting.append(r)
-            self.next_arrival += 1
-
     def _step_over(self, running: int) -> bool:
         """Decode-only iterations change nothing but the clock, the contexts and the cache
         until a sequence finishes, the cache fills or (with nothing queued) a request
         arrives: take all of them at once (their times are a closed-form sum). False where
         a run of one is all there is (the iteration is then executed as any other)."""
-        sched, dec = self.sched, self.sched.decodes
-        nxt = self.times[self.next_arrival] if self.next_arrival < self.issued else math.inf
-        nxt = min(nxt, self.horizon)
+        sched, dec, tally = self.sched, self.sched.decodes, self.tally
+        nxt = min(self.requests.next_time(), self.requests.horizon)
         # with a request queued, no arrival can change the batch
         until = None if sched.waiting or nxt == math.inf else nxt - self.t
         span = _decode_run(self.step, dec.count, dec.context, dec.to_finish(self.it),
@@ -478,11 +508,11 @@ class _EngineLoop:
             return False
         k, elapsed = span
         self.t += elapsed
-        self.busy += elapsed
-        self.max_running = max(self.max_running, running)
+        tally.busy += elapsed
+        tally.max_running = max(tally.max_running, running)
         self.it += k - 1
-        if self.it // self.sample_every > (self.it - k) // self.sample_every:
-            self.timeline.append((self.t, running, dec.count))
+        if self.it // tally.sample_every > (self.it - k) // tally.sample_every:
+            tally.timeline.append((self.t, running, dec.count))
         sched.pool.grow(dec.advance(k))
         for r in dec.retire(self.it):
             self._finished(r)
@@ -491,7 +521,7 @@ class _EngineLoop:
     def _execute(self, batch: Batch) -> None:
         """Run one iteration of ``batch``: time it, store its tokens' KV, and record the
         first tokens and the finishes it produced."""
-        sched, it = self.sched, self.it
+        sched, it, tally = self.sched, self.it, self.tally
         n_dec = sched.decodes.count if batch.decoding else 0
         tokens = n_dec * self.width + batch.new_kv
         done = sched.computed(batch)
@@ -500,10 +530,10 @@ class _EngineLoop:
             prefill_pairs=batch.pairs, prefill_context=batch.prior, sampled=n_dec + len(done),
         ) + batch.started * self.encoder_s
         self.t += elapsed
-        self.busy += elapsed
-        self.max_running = max(self.max_running, batch.running)
-        if it % self.sample_every == 0:
-            self.timeline.append((self.t, batch.running, tokens))
+        tally.busy += elapsed
+        tally.max_running = max(tally.max_running, batch.running)
+        if it % tally.sample_every == 0:
+            tally.timeline.append((self.t, batch.running, tokens))
         sched.pool.grow(n_dec * self.gain + batch.stored if self.gain != 1.0 else n_dec + batch.stored)
         if batch.decoding:
             sched.decodes.advance(1)
@@ -518,19 +548,20 @@ class _EngineLoop:
 
     def _first_token(self, r: Request) -> None:
         """``r``'s first token came now (not again after a preemption)."""
-        if math.isnan(self.first[r.i]):
-            self.first[r.i] = self.t
+        if math.isnan(self.tally.first[r.i]):
+            self.tally.first[r.i] = self.t
 
     def _finished(self, r: Request) -> None:
         """``r``'s last token came now (``on_finish`` is told: a closed loop sends the next)."""
-        self.finish[r.i] = self.t
+        self.tally.finish[r.i] = self.t
         if self.on_finish is not None:
             self.on_finish(r.i, self.t)
 
     def result(self, open_loop: bool, measure: np.ndarray | None = None, in_flight: float = 0.0) -> SimResult:
         """The served requests (those not refused; of a closed loop's, the ``measure``d ones,
         by index) and the scheduler's totals (over the whole run)."""
-        arrival, first, finish = self.arrival, np.array(self.first), np.array(self.finish)
+        requests, tally = self.requests, self.tally
+        arrival, first, finish = requests.arrival, np.array(tally.first), np.array(tally.finish)
         served = ~np.isnan(finish)
         duration = float(finish[served].max() - arrival[served].min()) if served.any() else 0.0
         given = len(arrival)
@@ -541,16 +572,17 @@ class _EngineLoop:
             position = np.cumsum(mine) - 1  # among the measured
             served &= mine
             given = len(measure)
-        return SimResult(arrival[served], first[served], finish[served], self.inputs[served],
-                         self.outputs[served], duration, min(self.busy, duration),
+        return SimResult(arrival[served], first[served], finish[served], requests.inputs[served],
+                         requests.outputs[served], duration, min(tally.busy, duration),
                          self.it + self.prefill_alone,
-                         self.sched.preemptions, self.max_running, tuple(self.timeline),
+                         self.sched.preemptions, tally.max_running, tuple(tally.timeline),
                          # a queue that grows is a rate the deployment cannot keep up with; an
                          # offline batch queues by design and a closed loop cannot outrun itself
                          _steady(arrival[served], first[served]) if open_loop else True,
                          position[served], given,
                          # of the prompts sent (a closed loop's unsent slots are none)
-                         self.sched.cached_tokens / max(1, int(self.inputs[:self.issued].sum())), in_flight)
+                         self.sched.cached_tokens / max(1, int(requests.inputs[:requests.issued].sum())),
+                         in_flight)
 
 
 def simulate_disaggregated(prefill: StepModel, decode: StepModel, workload: Workload,
@@ -670,9 +702,10 @@ def simulate_closed_disaggregated(prefill: StepModel, decode: StepModel, workloa
                        prefix=_prefix(workload), encoder_s=_encoder(prefill, workload))
     dec = _engine_loop(decode, np.full(n_d, math.inf), np.ones(n_d, dtype=np.int64),
                        np.full(n_d, 2, dtype=np.int64), kv_tokens[1], prefilled=True)
-    pre.issued = dec.issued = 0
+    pre.requests.hold_back(0)
+    dec.requests.hold_back(0)
     # the timeline's samples: as for the decode scheduler's expected output tokens
-    dec.sample_every = max(1, int(n_d * workload.output_len.mean) // min(n_d, 400) // 4)
+    dec.tally.sample_every = max(1, int(n_d * workload.output_len.mean) // min(n_d, 400) // 4)
     source = np.full(n_d, -1, dtype=np.int64)  # the prefill request each decode request stands for
     first = np.full(n_p, np.nan)  # the first token of each prefill request (its hand-off)
     pending: list[tuple[float, int]] = []  # hand-offs not yet sent to the decode scheduler
@@ -680,8 +713,8 @@ def simulate_closed_disaggregated(prefill: StepModel, decode: StepModel, workloa
 
     def send(t: float, count: int) -> None:
         for _ in range(count):
-            if pre.issued < n_p and state.pending > 0:
-                pre.issue(t)
+            if pre.requests.issued < n_p and state.pending > 0:
+                pre.requests.issue(t)
 
     def done(i: int, t: float) -> None:
         """A prefill request is done: its first token at ``t``."""
@@ -715,8 +748,8 @@ def simulate_closed_disaggregated(prefill: StepModel, decode: StepModel, workloa
         bound = tp if tp < math.inf else dec.ready()
         while pending and pending[0][0] <= bound:
             h, i = heapq.heappop(pending)
-            if dec.issued < n_d:
-                source[dec.issue(h, int(inputs[i]), int(outputs[i]) - 1)] = i
+            if dec.requests.issued < n_d:
+                source[dec.requests.issue(h, int(inputs[i]), int(outputs[i]) - 1)] = i
             else:  # out of slots (cannot happen within the bound above): the request is dropped
                 state.pending -= int(measured[i])
         td = dec.ready()
@@ -726,7 +759,7 @@ def simulate_closed_disaggregated(prefill: StepModel, decode: StepModel, workloa
             if not pre.advance(False):
                 break
         else:
-            dec.horizon = min(tp, pending[0][0] if pending else math.inf)
+            dec.requests.horizon = min(tp, pending[0][0] if pending else math.inf)
             if not dec.advance(True):
                 break
     return _closed_result(pre, dec, source, first, inputs, outputs, measured[:n_p],
@@ -751,24 +784,25 @@ def _closed_result(pre: _EngineLoop, dec: _EngineLoop, source: np.ndarray, first
     index): those the decode scheduler finished, each with the arrival and first token of
     the prefill request it stands for, and those of one token the prefill scheduler
     finished; the decode scheduler's totals."""
-    d_finish = np.array(dec.finish[:dec.issued])
-    src = source[:dec.issued]
+    d_finish = np.array(dec.tally.finish[:dec.requests.issued])
+    src = source[:dec.requests.issued]
     mine = ~np.isnan(d_finish) & measured[src]
-    p_finish = np.array(pre.finish)
+    p_finish = np.array(pre.tally.finish)
     served = ~np.isnan(p_finish)  # prefilled (the rest never sent, or refused)
     one = np.flatnonzero(measured & (outputs <= 1) & served)
     req = np.concatenate([src[mine], one])
     finish = np.concatenate([d_finish[mine], first[one]])
-    arrival = pre.arrival[req]
+    arrival = pre.requests.arrival[req]
     order = np.argsort(arrival, kind="stable")
     req, finish, arrival = req[order], finish[order], arrival[order]
-    start = float(pre.arrival[served].min()) if served.any() else 0.0
+    start = float(pre.requests.arrival[served].min()) if served.any() else 0.0
     ends = np.concatenate([d_finish[~np.isnan(d_finish)], p_finish[served], [start]])
     duration = float(ends.max()) - start
     return SimResult(arrival, first[req], finish, inputs[req], outputs[req], duration,
-                     min(dec.busy, duration), dec.it, pre.sched.preemptions + dec.sched.preemptions,
-                     dec.max_running, tuple(dec.timeline), True, np.arange(len(req)),
-                     max(1, len(req)), pre.sched.cached_tokens / max(1, int(inputs[:pre.issued].sum())),
+                     min(dec.tally.busy, duration), dec.it, pre.sched.preemptions + dec.sched.preemptions,
+                     dec.tally.max_running, tuple(dec.tally.timeline), True, np.arange(len(req)),
+                     max(1, len(req)),
+                     pre.sched.cached_tokens / max(1, int(inputs[:pre.requests.issued].sum())),
                      in_flight)
 
 

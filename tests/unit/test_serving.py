@@ -102,6 +102,17 @@ def test_the_simulations_fast_step_is_the_breakdowns_total() -> None:
             assert step.step_seconds(**args) == pytest.approx(step.iteration(**args).total, rel=1e-12)
 
 
+def test_the_engine_loop_keeps_requests_and_records_apart() -> None:
+    """Issue 53: the loop carried 23 fields (clock, requests, front end, records); the
+    requests and their front end are :class:`_Requests`, what is recorded :class:`_Tally`,
+    and no one of them holds more than 13."""
+    from autoplan.serving import simulate
+
+    parts = (simulate._EngineLoop, simulate._Requests, simulate._Tally)
+    assert all(len(cls.__slots__) <= 13 for cls in parts), {c.__name__: len(c.__slots__) for c in parts}
+    assert {"requests", "tally"} <= set(simulate._EngineLoop.__slots__)
+
+
 def test_an_iterations_counts_are_named_never_six_in_a_row() -> None:
     """Issue 53: six positional numbers were easily swapped (decodes for sampled, pairs
     for context); all but ``tokens`` are keyword-only."""
