@@ -79,7 +79,7 @@ class Enumeration:
 
     def blocks(self) -> list[Block]:
         """Every layout (:meth:`layouts`), in blocks of one shard (tp, cp, ep, etp), each
-        at a bound valid for all its candidates (:meth:`TimeBounds.block_floor`); its
+        at a bound valid for all its candidates (:meth:`LayoutFloors.block_floor`); its
         candidates counted as generated here. A block's layouts are bounded and their
         rules asked only if it comes up (:meth:`unblocked`): without the fill, which the
         layouts' own bounds count, most blocks never do."""
@@ -93,7 +93,7 @@ class Enumeration:
         for layouts in by_shard.values():
             base, (_, _, sps, cps, _, _) = layouts[0]
             n = sum(c[-1] for _, c in layouts) * len(space.micro_batches)
-            bound = self.bounds.block_floor(base, sps or (False,), cps, least, layouts)
+            bound = self.bounds.floors.block_floor(base, sps or (False,), cps, least, layouts)
             out.append(Block(bound, rank_key_static(ctx.probe(base)), tuple(layouts), n))
         self.stats.generated += sum(b.size for b in out)
         return out
@@ -101,7 +101,7 @@ class Enumeration:
     def unblocked(self, block: Block, bounded: bool = True) -> Iterator[Unopened]:
         """The block's layouts that pass the rules of a valid plan that read the layout
         alone (``Scope.JOB``, ``Scope.LAYOUT``), unopened, each at a bound valid for all
-        its candidates (:meth:`TimeBounds.layout_mean_floor`, at least the block's; 0
+        its candidates (:meth:`LayoutFloors.layout_mean_floor`, at least the block's; 0
         unless ``bounded``: to be opened at once); those the rules prune counted by the
         rule."""
         ctx, stats = self.ctx, self.stats
@@ -117,7 +117,7 @@ class Enumeration:
             if rule:
                 stats.pruned[rule.id] += size
                 continue
-            bound = max(block.bound, self.bounds.layout_mean_floor(base, sps, cps, least, scheds)
+            bound = max(block.bound, self.bounds.floors.layout_mean_floor(base, sps, cps, least, scheds)
                         ) if bounded else 0.0
             yield Unopened(bound, rank_key_static(probe), base, size, choices)
 
@@ -213,7 +213,7 @@ class Enumeration:
                    floors: dict[tuple[bool, bool], float]) -> Iterator[Group]:
         """The bundle of the layout's recompute choices at ``zero``, ``job`` and ``off``,
         and where EP overlap runs the bundle of those it runs with, each at its layout's
-        compute floor (:meth:`TimeBounds.layout_floor` at the least recompute of those it
+        compute floor (:meth:`LayoutFloors.layout_floor` at the least recompute of those it
         stands for, ``Context.least``; with EP overlap its dispatch at the least it
         exposes whatever the recompute: the bounds of the probes hold for every job,
         ``Context.bound_job``). An EP overlap bundle is opened when it comes up, its
@@ -229,7 +229,7 @@ class Enumeration:
             probe = ctx.probe(base, mbs, sp, zero, cps[-1], least, ep_overlap)
             floor = floors.get((zero3, ep_overlap))
             if floor is None:
-                floor = floors[(zero3, ep_overlap)] = bounds.layout_floor(probe, cps, runs)
+                floor = floors[(zero3, ep_overlap)] = bounds.floors.layout_floor(probe, cps, runs)
             plan = ctx.recomputed(probe, choices[0]) if choices[0] != least else probe
             if job is not plan.job or off.any:
                 plan = plan.replace(job=job, offload=off)
@@ -273,7 +273,7 @@ class Enumeration:
             first = i == 0 and not overlap
             plan = group.plan if i == 0 else self.ctx.recomputed(group.plan, rc)
             bound = group.bound if first else max(
-                group.bound, self.bounds.layout_floor(plan, group.cp_comms, group.runnable))
+                group.bound, self.bounds.floors.layout_floor(plan, group.cp_comms, group.runnable))
             # (a ZeRO-3 group's floor at its recompute is its own ZeRO-3 floor)
             out.append(evolve_group(
                 self.group(plan, bound, group.schedules, group.cp_comms, group.runnable),

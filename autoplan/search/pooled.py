@@ -69,7 +69,6 @@ from autoplan.plan import Layout, Placement, Plan
 from autoplan.schedules import Schedule
 from autoplan.schedules.memory import peak_inflight
 from autoplan.schedules.registry import Chunks
-from autoplan.search.bound import layer_work
 from autoplan.search.context import recompute_choices, state_jobs
 from autoplan.search.engine import (
     BOUND,
@@ -81,6 +80,7 @@ from autoplan.search.engine import (
     search,
 )
 from autoplan.search.items import Choice
+from autoplan.search.layout_floor import layer_work
 from autoplan.vocab import NO_OFFLOAD, CpComm, ZeroStage
 
 MAX_ALL_ORDERS = 3  # pools whose every order along the pipeline is tried
@@ -579,7 +579,7 @@ def _work(view: Plan, stage: int, n: int, dense: bool) -> StageWork:
 def compute_floor(probes: Sequence[Plan]) -> float:
     """A step time no plan of a group beats (``probes``: its plans alike but for their
     kind of backward, ``_groups``), cheaper and looser than :func:`fluid_bound`: read off
-    one layer's costs on each pool (``search.bound.layer_work``: its forward, input- and
+    one layer's costs on each pool (``search.layout_floor.layer_work``: its forward, input- and
     weight-gradient compute, forward TP collectives, CP exchange both ways, MoE dispatch
     and combine both ways and what its recompute runs again), tau_q on pool q (the less
     of a dense and an MoE layer), and the logits' compute on the last stage. A stage of n

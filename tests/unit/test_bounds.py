@@ -41,9 +41,9 @@ from autoplan.parallel.dp import (
     zero_stages,
 )
 from autoplan.schedules import Schedule
-from autoplan.search.bound import _uniform_chain
 from autoplan.search.engine import _Search, candidate_plans
 from autoplan.search.items import Candidate as _Candidate
+from autoplan.search.layout_floor import _uniform_chain
 from autoplan.search.stages import (
     partition_problem,
     split_bound,
@@ -314,7 +314,7 @@ def test_the_optimizer_floor_is_the_step_of_a_rank_holding_the_mean_state():
 @pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[5]], ids=lambda c: f"{c[0]}-{c[5]}")
 def test_an_unopened_layouts_bound_holds_for_every_group_it_opens_into(case):
     """A layout enters the queue unopened, at the least mean-work floor over its micro-batches
-    and sequence parallelism (search.bound.TimeBounds.layout_mean_floor, worked out per
+    and sequence parallelism (search.layout_floor.LayoutFloors.layout_mean_floor, worked out per
     shard): no group it opens into may enter below it, so a layout left unopened holds no
     plan the search needed."""
     name, cluster, gpus, gbs, seq, space_name, _ = case
@@ -335,7 +335,7 @@ def test_an_unopened_layouts_bound_holds_for_every_group_it_opens_into(case):
 @pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[5]], ids=lambda c: f"{c[0]}-{c[5]}")
 def test_a_blocks_bound_holds_for_every_layout_in_it(case):
     """Layouts enter the queue in blocks of one shard (tp, cp, ep, etp), at the least mean
-    work of any pipeline degree (search.bound.TimeBounds.block_floor): it is the mean
+    work of any pipeline degree (search.layout_floor.LayoutFloors.block_floor): it is the mean
     term of each layout's own bound (m / pp is the same for all, by hand below), so no
     layout of the block enters below it, and the block counts every candidate of its
     layouts."""
@@ -351,7 +351,7 @@ def test_a_blocks_bound_holds_for_every_layout_in_it(case):
         for lay, (scheds, _, sps, cps, _, per_mbs) in block.layouts:
             assert per_mbs * len(walk.space.micro_batches) <= block.size
             if sps:
-                own = walk.bounds.layout_mean_floor(lay, sps, cps, least, scheds)
+                own = walk.bounds.floors.layout_mean_floor(lay, sps, cps, least, scheds)
                 assert block.bound <= own * TIGHT, (lay, block.bound, own)
         for item in walk.walk.unblocked(block):
             assert item.bound >= block.bound
@@ -368,8 +368,8 @@ def test_a_blocks_bound_holds_for_every_layout_in_it(case):
 def test_a_blocks_fill_holds_for_every_layout_that_runs():
     """DeepSeek-V3 (61 layers: no interleaving, no V below 62 stages) on 262,144 H100: at
     each micro-batch a block's layouts run with flat one-chunk schedules alone, the block
-    counts the fill any split pays at its least pipeline degree (search.bound.TimeBounds.
-    block_floor), which grows with the degree at m / pp fixed: it holds for each layout's
+    counts the fill any split pays at its least pipeline degree (search.layout_floor.
+    LayoutFloors.block_floor), which grows with the degree at m / pp fixed: it holds for each layout's
     own bound (every micro-batch it runs), and it lifts some blocks above the mean."""
     model = resolve_model("deepseek-v3")
     walk = _Search(model, with_gpus(resolve_cluster("dgx-h100"), 262144),
@@ -378,12 +378,12 @@ def test_a_blocks_fill_holds_for_every_layout_that_runs():
     lifted = 0
     for block in walk.walk.blocks():
         base, (_, _, sps, cps, _, _) = block.layouts[0]
-        mean = walk.bounds.block_floor(base, sps or (False,), cps, least)  # no layouts: mean
+        mean = walk.bounds.floors.block_floor(base, sps or (False,), cps, least)  # no layouts: mean
         assert block.bound >= mean
         lifted += block.bound > mean * 1.2
         for item in walk.walk.unblocked(block):  # the layouts passing the layout rules
             _, (scheds, _, sps, cps, _, _) = next(x for x in block.layouts if x[0] == item.base)
-            own = walk.bounds.layout_mean_floor(item.base, sps, cps, least, scheds)
+            own = walk.bounds.floors.layout_mean_floor(item.base, sps, cps, least, scheds)
             assert block.bound <= own * TIGHT, (item.base, block.bound, own)
     assert lifted >= 50
     # the fill at m = c p grows with p (c = 0.5, share 1 and 0.4)
@@ -623,8 +623,8 @@ MOE_UNIFORM = ("deepseek-v3-mini", "dgx-h100", 32, 256, 4096, "default", 49)
 @pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[5], MOE_UNIFORM],
                          ids=lambda c: f"{c[0]}-{c[5]}")
 def test_a_layouts_compute_floor_never_exceeds_a_members_step(case):
-    """Groups start in the queue at their layout's compute floor (search.bound.TimeBounds.
-    layout_floor), their layout's bound worked out only if they come up: the floor must
+    """Groups start in the queue at their layout's compute floor (search.layout_floor.
+    LayoutFloors.layout_floor), their layout's bound worked out only if they come up: the floor must
     not exceed the step of any member, uniform or split, of any recompute, ZeRO stage,
     exchange or offload, nor, at a group's own recompute (and ZeRO-3's passes, where it
     is one), the step of any member of that group. Where no member is a split variant
@@ -640,7 +640,7 @@ def test_a_layouts_compute_floor_never_exceeds_a_members_step(case):
         # with a split variant (at the fewest chunks of its own: a stage holds a layer a
         # chunk whatever the split) the fill is not counted
         fewest = min(v for _, v, _ in bundle.runnable)
-        mean = walk.bounds.layout_floor(bundle.plan, bundle.cp_comms,
+        mean = walk.bounds.floors.layout_floor(bundle.plan, bundle.cp_comms,
                                         bundle.runnable + ((Schedule.ONE_F_ONE_B, fewest, True),))
         assert mean <= bundle.bound
         filled += mean < bundle.bound
@@ -648,7 +648,7 @@ def test_a_layouts_compute_floor_never_exceeds_a_members_step(case):
             continue  # every so many, and the first three the fill raises
         for group in walk.walk.unbundled(bundle):
             # its own: at its recompute, and ZeRO-3's where it is one (``_laid``)
-            own = walk.bounds.layout_floor(group.plan, group.cp_comms, group.runnable)
+            own = walk.bounds.floors.layout_floor(group.plan, group.cp_comms, group.runnable)
             for plan, split in walk.walk.schedule_plans(group, count=False):
                 if split:
                     plan = with_best_stages(plan, space.stage_shape)
@@ -728,7 +728,7 @@ def test_a_deep_pipelines_unopened_bound_counts_its_fill():
     assert groups and all(item.bound <= g.bound * TIGHT for g in groups)
     bounds = walk.bounds
     scheds, _, sps, cps, _, _ = item.choices
-    assert bounds.layout_mean_floor(base, sps, cps, walk.ctx.least, scheds) == item.bound
+    assert bounds.floors.layout_mean_floor(base, sps, cps, walk.ctx.least, scheds) == item.bound
     mean = min(g.plan.num_microbatches * sum(w.forward + w.backward for w in stage_work(g.plan))
                / base.pp for g in groups)
     assert item.bound > 1.5 * mean

@@ -372,7 +372,7 @@ def test_the_compute_floor_is_the_least_split_of_one_layers_work_by_hand() -> No
     (search.pooled.compute_floor): worked here stage by stage from each pool's layer
     costs, and never above the fluid bound of the stages' own works."""
     from autoplan.cost.stage import layer_core
-    from autoplan.search.bound import layer_work
+    from autoplan.search.layout_floor import layer_work
 
     plan = next(p for p in _candidates("llama3-8b", _pooled(hopper=("dgx-h100", 1),
                                                             ampere=("dgx-a100", 1)))

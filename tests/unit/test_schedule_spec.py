@@ -95,7 +95,7 @@ def test_no_module_outside_schedules_reads_a_schedule_flag():
              if FLAGS.search(line)]
     assert sites == []
     assert library_files_naming("representative(") == [PACKAGE / "schedules" / "registry.py",
-                                                       PACKAGE / "search" / "bound.py"]
+                                                       PACKAGE / "search" / "layout_floor.py"]
 
 
 def test_a_schedule_defined_in_a_test_touches_one_file(fifo):

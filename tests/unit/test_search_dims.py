@@ -22,9 +22,9 @@ from autoplan.parallel.common import divisors
 from autoplan.parallel.rules import plan_problems
 from autoplan.plan import Layout, Plan
 from autoplan.schedules import Schedule
-from autoplan.search.bound import overlap_ep, overlap_share
 from autoplan.search.context import recompute_choices, state_jobs
 from autoplan.search.engine import candidate_plans, rank_key, search
+from autoplan.search.layout_floor import overlap_ep, overlap_share
 from autoplan.vocab import Axis, MoeDispatch, Recompute, StateDtype, ZeroStage
 from autoplan.vocab import RecomputeModule as M
 
@@ -248,7 +248,7 @@ def test_a_space_file_names_its_module_sets_and_the_old_single_set_still_reads()
 
 
 def test_the_ep_overlap_charge_per_layer_is_at_least_the_slowdown_and_at_most_what_evaluate_exposes():
-    """The bounds charge an MoE layer under EP overlap (search.bound.overlap_ep) at least
+    """The bounds charge an MoE layer under EP overlap (search.layout_floor.overlap_ep) at least
     the SM-sharing slowdown of its paired share of passes, and summed over a stage's MoE
     layers (less what its dense layers' and logits' forward may hide) at most the
     dispatch and combine ``evaluate``'s stage works expose, each way, on every stage."""
