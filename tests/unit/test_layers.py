@@ -310,6 +310,25 @@ def test_an_import_from_the_base_floor_up_to_a_command_is_reported():
     assert upward_imports(graph) == [("autoplan.units", "autoplan.commands.check")]
 
 
+def test_a_real_module_moved_to_a_wrong_floor_fails_the_floors_checks(tmp_path):
+    """The package's own files, with one module deliberately misplaced: the CI gate
+    (commands/check.py, which reads the search, serving and the runs log) dropped into the
+    kernels, and a new top-level module nobody named. Both checks that guard the floors
+    fail on the copy, naming the module."""
+    import shutil
+
+    copy = tmp_path / "autoplan"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "commands" / "check.py").rename(copy / "kernels" / "check.py")
+    (copy / "stray.py").write_text("from autoplan.units import GiB\n")
+    graph = import_graph(copy)
+    upward = upward_imports(graph)
+    assert upward and {m for m, _ in upward} == {"autoplan.kernels.check"}
+    assert {o for _, o in upward} >= {"autoplan.search.engine", "autoplan.plans.file"}
+    assert unplaced(graph) == ["autoplan.stray"]
+    assert upward_imports(import_graph()) == [] and unplaced(import_graph()) == []  # the real tree
+
+
 def test_a_module_on_two_floors_is_refused():
     floors = (("low", ("autoplan", "autoplan.x")), ("high", ("autoplan.x",)))
     with pytest.raises(AssertionError, match="autoplan.x.y is on floors"):
