@@ -242,7 +242,7 @@ class EngineSpec:
     doc: str
     defaults: Callable[[Device], EngineDefaults]  # its server's defaults on a device
     # an engine without a version table: its constants (:class:`Fitted`'s), one line of
-    # its own; with one, its default line's (set from the table: the lines read ``fitted``)
+    # its own; with one, unused: each line's are set from ``fitted`` (:meth:`at`)
     host_step_s: float = 0.0
     host_seq_s: float = 0.0
     kernel_scale: float = 1.0
@@ -260,11 +260,9 @@ class EngineSpec:
     _lines: tuple[EngineVersion, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        # the lines resolved once (a memo, as a cached hash: ``lines`` reads it); no given
+        # field is overwritten: a versioned engine's constants are its lines' (:meth:`at`)
         object.__setattr__(self, "_lines", _resolve_lines(self))
-        if self.versions:  # the spec's own constants: the default line's
-            line = self.default_line
-            for name in ("host_step_s", "host_seq_s", "kernel_scale"):
-                object.__setattr__(self, name, getattr(line, name))
 
     @property
     def lines(self) -> tuple[EngineVersion, ...]:

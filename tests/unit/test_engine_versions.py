@@ -143,9 +143,10 @@ def test_a_line_without_a_fit_takes_the_constants_of_the_fitted_line_before_it()
     # a line before every fitted one takes the oldest fitted line after it
     later = dataclasses.replace(VERSIONED, fitted={"2.0": fit}).at("1.0")
     assert later.fitted_line == "2.0" and later.host_step_s == 3e-3 and not later.is_fitted
-    # the spec's own constants are the default line's, as before versions
-    assert spec.at(None).version == "3.0" and spec.host_step_s == 9e-3
-    assert VERSIONED.with_fitted("1.0", fit).host_step_s == fit.host_step_s == 3e-3
+    # the default line's constants (the spec's own fields are not overwritten: STYLE.md 6)
+    assert spec.at(None).version == "3.0" and spec.at(None).host_step_s == 9e-3
+    assert VERSIONED.with_fitted("1.0", fit).at(None).host_step_s == fit.host_step_s == 3e-3
+    assert spec.host_step_s == VERSIONED.host_step_s  # as given
 
 
 def test_each_line_documents_where_its_behaviour_is_read() -> None:

@@ -84,7 +84,7 @@ def test_a_draft_model_costs_k_of_its_own_decode_iterations_and_holds_its_weight
     draft = Speculative(SpecMethod.DRAFT, 4, acceptance_rate=0.7, draft=L8)
     step = StepModel(L70, H4, Deployment(replicas=1, tp=4, speculative=draft), Engine.VLLM)
     small = StepModel(L8, H4, Deployment(replicas=1, tp=4), Engine.VLLM)
-    host = Engine.VLLM.spec
+    host = Engine.VLLM.spec.at(None)  # the default line
     b = step.iteration(5 * 8, decodes=8, decode_context=8 * 1500.0, prefill_pairs=0.0, prefill_context=0.0,
                        sampled=8)
     one = small.step_seconds(8, decodes=8, decode_context=8 * 1500.0, prefill_pairs=0.0, prefill_context=0.0,
