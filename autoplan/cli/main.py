@@ -13,7 +13,7 @@ from autoplan.cli import output
 from autoplan.cli.app import app
 
 # the commands, each registering itself on ``app`` as it is imported
-from autoplan.cli.commands import (  # noqa: E402,F401,I001  # noqa: E402,F401,I001  # noqa: E402,F401,I001
+from autoplan.cli.commands import (  # noqa: E402,F401,I001
     bench,
     calibrate,
     check,

@@ -154,7 +154,7 @@ def tune(
     if quiet:
         output.quiet()
     if serving is not None:
-        from autoplan.cli.serving_loop import tune_serving_command
+        from autoplan.cli.commands.tune_serving import tune_serving_command
 
         given = [flag for flag, value in (
             ("JOB.yaml", job_file), ("--model", model), ("--cluster", cluster), ("--gpus", gpus),

@@ -1,7 +1,7 @@
-"""The serving side of the auto-tuner loop's commands (:mod:`autoplan.cli.commands.tune` and
-``calibrate`` call these): ``tune --serving`` (run serve's best deployments with their
-engines and benchmark clients) and ``calibrate`` of serving runs (an engine release line's
-constants, written as a file ``serve --calibration`` and ``evaluate --calibration`` read)."""
+"""``autoplan tune --serving JOB.yaml``: serve's best deployments run with their engines and
+benchmark clients (:func:`autoplan.api.loop.prepare_tune_serving` searches and runs them);
+here its progress lines and its table. :mod:`autoplan.cli.commands.tune` parses the options
+and calls :func:`tune_serving_command`."""
 
 from __future__ import annotations
 
@@ -114,59 +114,3 @@ def _print_tuning(result: Any, req: Any, searched: int) -> None:
     for t in result.trials:
         for line in t.outcome.notes:
             output.err.print(f"note: {t.deployment.deployment.label()}: {line}", markup=False)
-
-
-# --------------------------------------------------------------------------- runs import
-
-# --------------------------------------------------------------------------- calibrate
-
-def _pct(x: float) -> str:
-    """A percentage in a few digits (two decimals under 1%, a fit's error on synthetic runs)."""
-    if x != x:
-        return "-"
-    return f"{x:.2f}%" if x < 1 else f"{x:.1f}%" if x < 1e4 else f"{x:.3g}%"
-
-
-def _load_text(run: Any) -> str:
-    a, w = run.plan.workload.arrival, run.plan.workload
-    how = (f"{a.rate_rps:g} r/s" if a.rate_rps else f"c{a.concurrency}" if a.concurrency else "offline")
-    return f"{w.input_len.mean:g}/{w.output_len.mean:g} {how}"
-
-
-def print_serving_calibration(result: Any) -> None:
-    from rich.table import Table
-
-    from autoplan.serving.calibration import CONSTANTS
-
-    held = result.held_out
-    label = f"{result.engine.value} release line {result.line}" if result.line else result.engine.value
-    table = Table(title=escape(f"{label} calibrated on {result.runs} serving runs ({result.groups} groups)"),
-                  title_justify="left")
-    for col in ("constant", "line's", "calibrated", "fitted"):
-        table.add_column(col, justify="left" if col in ("constant", "fitted") else "right")
-    notes: list[str] = []
-    for k in CONSTANTS:
-        if k in result.fitted:
-            mark = "yes"
-        else:
-            notes.append(f"({len(notes) + 1}) {k} kept: {result.not_fitted.get(k, '')}")
-            mark = f"no ({len(notes)})"
-        table.add_row(k, f"{result.base[k]:.4g}", f"{result.constants[k]:.4g}", mark)
-    output.out.print(table)
-    for line in notes:
-        output.out.print(escape(line))
-    runs = Table(title="held out: each group predicted by constants fitted without it (ms)",
-                 title_justify="left")
-    for col in ("deployment", "load", "TTFT meas", "TTFT line's", "TTFT calib", "TPOT meas", "TPOT line's",
-                "TPOT calib"):
-        runs.add_column(col, justify="left" if col in ("deployment", "load") else "right")
-    for h in held[:20]:
-        runs.add_row(escape(h.run.label or h.run.plan.deployment.label()), escape(_load_text(h.run)),
-                     _ms(h.measured[0]), _ms(h.before[0]), _ms(h.after[0]), _ms(h.measured[1]),
-                     _ms(h.before[1]), _ms(h.after[1]))
-    output.out.print(runs)
-    if len(held) > 20:
-        output.out.print(f"... and {len(held) - 20} more runs (--format json lists every run)")
-    output.out.print(f"held-out error (mean absolute percentage): TTFT {_pct(result.mape(0, False))} before, "
-                     f"{_pct(result.mape(0, True))} after; TPOT {_pct(result.mape(1, False))} before, "
-                     f"{_pct(result.mape(1, True))} after")
