@@ -56,8 +56,8 @@ class Layout:
         # each slot written once, through its descriptor, as a frozen dataclass's own
         # __init__ writes its fields
         for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("vpp", vpp),
-                            ("etp", tp if etp is None else etp),
-                            ("dp_shard", dp if dp_shard is None else dp_shard)):
+                            ("etp", etp or tp),  # None (or 0, as it was spelled before): as tp
+                            ("dp_shard", dp_shard or dp)):
             _LAYOUT_SLOTS[name](self, value)
         cache_hash(self)
 

@@ -269,6 +269,7 @@ def test_a_layouts_degrees_are_set_at_construction_never_back_filled():
     assert dataclasses.replace(lay, dp_shard=4) == Layout(dp=8, tp=2, pp=2, dp_shard=4)
     assert dataclasses.replace(lay, tp=4).etp == 2  # a given etp stays as it was
     assert Layout(dp=4, tp=4, pp=1, ep=4, etp=1).etp == 1
+    assert Layout(dp=8, tp=2, pp=2, etp=0, dp_shard=0) == lay  # 0 still means "as tp", "as dp"
     with pytest.raises(dataclasses.FrozenInstanceError):
         lay.etp = 1  # type: ignore[misc]
 
