@@ -554,16 +554,24 @@ def tune_serving(job: str | Path, *, top: int = 3, runs: str | Path | None = DEF
 
 # --------------------------------------------------------------------------- calibrate
 
-def _percent(x: float) -> str:
+def percent_text(x: float) -> str:
     """A percentage in at most a few digits however large (a prediction 10^6 times off)."""
     return f"{x:.1f}%" if x < 1e4 else f"{x:.3g}%"
 
 
-def _pct(x: float) -> str:
+def error_percent_text(x: float) -> str:
     """A percentage in a few digits (two decimals under 1%, a fit's error on synthetic runs)."""
     if x != x:
         return "-"
     return f"{x:.2f}%" if x < 1 else f"{x:.1f}%" if x < 1e4 else f"{x:.3g}%"
+
+
+def serving_held_out_text(result: Any, ttft: str = "TTFT") -> str:
+    """A serving calibration's held-out errors, TTFT's (named ``ttft``) and TPOT's, with the
+    line's constants and with the calibrated ones (the calibration file's comment and the
+    command's table)."""
+    e = [error_percent_text(result.mape(i, after)) for i in (0, 1) for after in (False, True)]
+    return f"{ttft} {e[0]} before, {e[1]} after; TPOT {e[2]} before, {e[3]} after"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -654,7 +662,7 @@ def _stack_file(result: Any, runs_path: str) -> str:
         f"# Calibrated by `autoplan calibrate` on {one_line(runs_path)}: {result.runs} measured runs "
         f"in {result.groups} groups,",
         f"# from the stack {one_line(result.base.name)}. Held out (each group predicted without it): "
-        f"step time error {_percent(before)} before, {_percent(after)} after.",
+        f"step time error {percent_text(before)} before, {percent_text(after)} after.",
         "# Fitted: " + (", ".join(f"{k} {v:.4g}" for k, v in result.fitted.items()) or "none") + ".",
     ]
     lines += [f"# Not fitted, {k}: {one_line(v)}" for k, v in result.not_fitted.items()]
@@ -668,9 +676,7 @@ def _calibration_file(result: Any, runs_path: str) -> str:
     lines = [
         f"# Calibrated by `autoplan calibrate` on {one_line(runs_path)}: {result.runs} measured serving "
         f"runs of {label} in {result.groups} groups.",
-        f"# Held out (each group predicted without it): TTFT error {_pct(result.mape(0, False))} before, "
-        f"{_pct(result.mape(0, True))} after; TPOT {_pct(result.mape(1, False))} before, "
-        f"{_pct(result.mape(1, True))} after.",
+        f"# Held out (each group predicted without it): {serving_held_out_text(result, 'TTFT error')}.",
         "# Fitted: " + ", ".join(f"{k} {result.constants[k]:.4g}" for k in result.fitted) + ".",
     ]
     lines += [f"# Not fitted, {k}: {one_line(v)}" for k, v in result.not_fitted.items()]

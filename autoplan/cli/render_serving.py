@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 
 
 
+def ms(x: float | None) -> str:
+    """Milliseconds in a table cell ("-": none)."""
+    return "-" if x is None else f"{x:,.4g}"
+
+
 def _serving_label(r: Ranked) -> str:
     d = r.plan.deployment
     text = d.label()

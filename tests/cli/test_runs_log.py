@@ -133,9 +133,9 @@ PLAN_A = cpu_plan()
 
 
 def test_calibrate_and_import_print_bounded_numbers(tmp_path):
-    from autoplan.cli.commands.calibrate import _percent
+    from autoplan.api.loop import percent_text
 
-    assert _percent(50.79) == "50.8%" and len(_percent(1e300)) < 10
+    assert percent_text(50.79) == "50.8%" and len(percent_text(1e300)) < 10
     log, runs = tmp_path / "train.log", tmp_path / "runs.csv"
     log.write_text(megatron_log(["1e-3", "1e-3", "1.234567e-3"]))
     r = autoplan("runs", "import", log, "--plan", PLAN, "--runs", runs, "--warmup", "2")

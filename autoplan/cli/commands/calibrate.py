@@ -10,12 +10,14 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from autoplan.api.loop import percent_text, serving_held_out_text
 from autoplan.cli import files, output
 from autoplan.cli.app import app
 from autoplan.cli.options import (
     Format,
     FormatOpt,
 )
+from autoplan.cli.render_serving import ms
 
 
 @app.command()
@@ -94,22 +96,9 @@ def _print_calibration(result: Any) -> None:
 
     held = result.held_out
     before, after = result.mape_before, result.mape_after
-    base, fitted = constants_of(result.base), constants_of(result.stack)
-    table = Table(title=escape(f"stack {result.base.name} calibrated on {result.runs} runs "
-                               f"({result.groups} groups)"), title_justify="left")
-    for col in ("constant", "base", "calibrated", "fitted"):
-        table.add_column(col, justify="left" if col in ("constant", "fitted") else "right")
-    notes: list[str] = []
-    for k in base:
-        if k in result.fitted:
-            mark = "yes"
-        else:
-            notes.append(f"({len(notes) + 1}) {k} kept: {result.not_fitted.get(k, '')}")
-            mark = f"no ({len(notes)})"
-        table.add_row(k, f"{base[k]:.4g}", f"{fitted[k]:.4g}", mark)
-    output.out.print(table)
-    for line in notes:
-        output.out.print(escape(line))
+    base = constants_of(result.base)
+    _print_constants(f"stack {result.base.name} calibrated on {result.runs} runs ({result.groups} groups)",
+                     "base", base, base, constants_of(result.stack), result)
     # held out, a row a plan: its runs' median measurement and predictions
     plans, of = distinct_plans(h.run.plan for h in held)
     mine: list[list[Any]] = [[] for _ in plans]
@@ -131,22 +120,31 @@ def _print_calibration(result: Any) -> None:
     if any(len(hs) > 1 for hs in mine):
         output.out.print("(seconds: the median of each plan's runs)")
     for regime, (n, b, a) in by_regime(held).items():
-        output.out.print(escape(f"{regime}: {n} runs, held-out error {_percent(b)} before, "
-                                f"{_percent(a)} after"))
-    output.out.print(f"all: held-out step time error {_percent(before)} before, {_percent(after)} after "
-                     "(mean absolute percentage)")
+        output.out.print(escape(f"{regime}: {n} runs, held-out error {percent_text(b)} before, "
+                                f"{percent_text(a)} after"))
+    output.out.print(f"all: held-out step time error {percent_text(before)} before, "
+                     f"{percent_text(after)} after (mean absolute percentage)")
 
 
-def _percent(x: float) -> str:
-    """A percentage in at most a few digits however large (a prediction 10^6 times off)."""
-    return f"{x:.1f}%" if x < 1e4 else f"{x:.3g}%"
+def _print_constants(title: str, before: str, names: Any, base: Any, calibrated: Any, result: Any) -> None:
+    """A calibration's constants (a stack's or an engine line's): each one's value ``before``
+    and calibrated, and whether the runs fitted it, with a numbered note of why not."""
+    from rich.table import Table
 
-
-def _pct(x: float) -> str:
-    """A percentage in a few digits (two decimals under 1%, a fit's error on synthetic runs)."""
-    if x != x:
-        return "-"
-    return f"{x:.2f}%" if x < 1 else f"{x:.1f}%" if x < 1e4 else f"{x:.3g}%"
+    table = Table(title=escape(title), title_justify="left")
+    for col in ("constant", before, "calibrated", "fitted"):
+        table.add_column(col, justify="left" if col in ("constant", "fitted") else "right")
+    notes: list[str] = []
+    for k in names:
+        if k in result.fitted:
+            mark = "yes"
+        else:
+            notes.append(f"({len(notes) + 1}) {k} kept: {result.not_fitted.get(k, '')}")
+            mark = f"no ({len(notes)})"
+        table.add_row(k, f"{base[k]:.4g}", f"{calibrated[k]:.4g}", mark)
+    output.out.print(table)
+    for line in notes:
+        output.out.print(escape(line))
 
 
 def _load_text(run: Any) -> str:
@@ -162,21 +160,8 @@ def print_serving_calibration(result: Any) -> None:
 
     held = result.held_out
     label = f"{result.engine.value} release line {result.line}" if result.line else result.engine.value
-    table = Table(title=escape(f"{label} calibrated on {result.runs} serving runs ({result.groups} groups)"),
-                  title_justify="left")
-    for col in ("constant", "line's", "calibrated", "fitted"):
-        table.add_column(col, justify="left" if col in ("constant", "fitted") else "right")
-    notes: list[str] = []
-    for k in CONSTANTS:
-        if k in result.fitted:
-            mark = "yes"
-        else:
-            notes.append(f"({len(notes) + 1}) {k} kept: {result.not_fitted.get(k, '')}")
-            mark = f"no ({len(notes)})"
-        table.add_row(k, f"{result.base[k]:.4g}", f"{result.constants[k]:.4g}", mark)
-    output.out.print(table)
-    for line in notes:
-        output.out.print(escape(line))
+    _print_constants(f"{label} calibrated on {result.runs} serving runs ({result.groups} groups)", "line's",
+                     CONSTANTS, result.base, result.constants, result)
     runs = Table(title="held out: each group predicted by constants fitted without it (ms)",
                  title_justify="left")
     for col in ("deployment", "load", "TTFT meas", "TTFT line's", "TTFT calib", "TPOT meas", "TPOT line's",
@@ -184,15 +169,9 @@ def print_serving_calibration(result: Any) -> None:
         runs.add_column(col, justify="left" if col in ("deployment", "load") else "right")
     for h in held[:20]:
         runs.add_row(escape(h.run.label or h.run.plan.deployment.label()), escape(_load_text(h.run)),
-                     _ms(h.measured[0]), _ms(h.before[0]), _ms(h.after[0]), _ms(h.measured[1]),
-                     _ms(h.before[1]), _ms(h.after[1]))
+                     ms(h.measured[0]), ms(h.before[0]), ms(h.after[0]), ms(h.measured[1]),
+                     ms(h.before[1]), ms(h.after[1]))
     output.out.print(runs)
     if len(held) > 20:
         output.out.print(f"... and {len(held) - 20} more runs (--format json lists every run)")
-    output.out.print(f"held-out error (mean absolute percentage): TTFT {_pct(result.mape(0, False))} before, "
-                     f"{_pct(result.mape(0, True))} after; TPOT {_pct(result.mape(1, False))} before, "
-                     f"{_pct(result.mape(1, True))} after")
-
-
-def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x:,.4g}"
+    output.out.print(f"held-out error (mean absolute percentage): {serving_held_out_text(result)}")

@@ -14,6 +14,7 @@ from rich.markup import escape
 from autoplan.api import outputs
 from autoplan.cli import files, output
 from autoplan.cli.options import Format
+from autoplan.cli.render_serving import ms
 
 
 def tune_serving_command(job_file: Path, *, top_k: int, log: Path | None, workdir: Path | None,
@@ -74,10 +75,6 @@ def tune_serving_command(job_file: Path, *, top_k: int, log: Path | None, workdi
         raise typer.Exit(1)
 
 
-def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x:,.4g}"
-
-
 def _print_tuning(result: Any, req: Any, searched: int) -> None:
     from rich.table import Table
 
@@ -92,8 +89,8 @@ def _print_tuning(result: Any, req: Any, searched: int) -> None:
     for i, t in enumerate(result.trials, start=1):
         o, m, p = t.outcome, t.outcome.measured, t.replica_prediction
         table.add_row(str(i), escape(t.deployment.deployment.label()), str(t.searched_rank), t.client,
-                      _ms(p.ttft_ms.mean), _ms(None if m is None else m.ttft_ms.mean), _ms(p.tpot_ms.mean),
-                      _ms(None if m is None else m.tpot_ms.mean), f"{t.predicted_goodput_rps:.3g}",
+                      ms(p.ttft_ms.mean), ms(None if m is None else m.ttft_ms.mean), ms(p.tpot_ms.mean),
+                      ms(None if m is None else m.tpot_ms.mean), f"{t.predicted_goodput_rps:.3g}",
                       "-" if t.measured_goodput_rps is None else f"{t.measured_goodput_rps:.3g}",
                       f"{t.predicted_tokens_per_s:,.0f}",
                       "-" if t.measured_tokens_per_s is None else f"{t.measured_tokens_per_s:,.0f}",
