@@ -1,5 +1,5 @@
-"""Lower bounds on step time, each valid for all a queue item stands for (search/items.py):
-a layout's compute floor, read off one layer's costs; a layout's bound, for every ZeRO
+"""Lower bounds on step time, each valid for all a queue item stands for (search/items.py),
+above a layout's compute floor (search/layout_floor.py): a layout's bound, for every ZeRO
 stage below 3 (or ZeRO-3) and every recompute from its own up; a group's own bound, over
 its schedules and exchanges; the busiest-stage bound of a member at its own chunk count;
 a candidate's exact bound; each moved by an offload. Each docstring says why its bound
@@ -17,23 +17,19 @@ from autoplan.cost.bounds import (
     stage_work,
     step_time_lower_bound,
 )
-from autoplan.cost.stage import (
-    activation_bytes,
-)
+from autoplan.cost.stage import activation_bytes
 from autoplan.parallel import dp, mesh, pp
 from autoplan.plan import Layout, Plan
 from autoplan.schedules import Schedule
 from autoplan.search.context import Context
 from autoplan.search.items import Choice, Group, Sched, evolve_group
-from autoplan.search.layout_floor import BF_WORK, V_WORK, LayoutFloors
+from autoplan.search.layout_floor import V_WORK, LayoutFloors
 from autoplan.search.stages import split_bound
-from autoplan.vocab import (
-    NO_OFFLOAD,
-    CpComm,
-    Offload,
-    Recompute,
-    ZeroStage,
-)
+from autoplan.vocab import NO_OFFLOAD, CpComm, Offload, Recompute, ZeroStage
+
+# the schedule gathering ZeRO-3 once a step whose stage work stands for every such one's
+# (``ScheduleSpec.gathers_once_a_step``: ``cost.stage``); None where none is registered
+BF_WORK = next((s for s in Schedule if s.spec.gathers_once_a_step), None)
 
 
 class TimeBounds:

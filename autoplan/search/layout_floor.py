@@ -45,9 +45,6 @@ from autoplan.vocab import (
 # the V schedule whose stage work stands for every V's in the bounds (the work of a
 # stage reads only the spec's ``work_key``: cost.stage.cost_key)
 V_WORK = representative(splits_backward=True, v_shape=True)
-# the schedule gathering ZeRO-3 once a step whose stage work stands for every such one's
-# (``ScheduleSpec.gathers_once_a_step``: ``cost.stage``); None where none is registered
-BF_WORK = next((s for s in Schedule if s.spec.gathers_once_a_step), None)
 
 
 # (non-expert parameters, expert parameters, layers run) of a pipeline stage
